@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The quick start's main job on the embedded defaults: offline, CPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PATH="$PWD/.venv/bin:$PATH"
+PROJECT=${1:-${TMPDIR:-/tmp}/dllm-starter}
+if [ -e "$PROJECT" ]; then echo "$PROJECT exists; pass another folder: bash ci/main_job.sh DIR" >&2; exit 2; fi
+dllm init "$PROJECT"
+cd "$PROJECT"
+dllm config validate --config train.yaml > /dev/null
+dllm doctor --config train.yaml

@@ -1,0 +1,280 @@
+"""The CLI skeleton: help, version, error contract, config/recipe/init/doctor commands."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import yaml
+
+from tests.helpers import assert_user_error
+from turbo_dllm import __version__
+
+
+def write(path, text):
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def test_help_lists_command_groups(cli):
+    result = cli("--help")
+    assert result.code == 0
+    for name in ("config", "doctor", "init", "recipe"):
+        assert name in result.out
+
+
+def test_version(cli):
+    result = cli("--version")
+    assert result.code == 0 and result.out.strip() == f"dllm {__version__}"
+
+
+def test_group_without_subcommand_prints_its_help(cli):
+    result = cli("recipe")
+    assert result.code == 2 and "list" in result.err
+
+
+def test_user_error_in_real_process_has_no_traceback(cli_process, tmp_path):
+    result = cli_process("config", "validate", "--config", tmp_path / "missing.yaml")
+    assert_user_error(result, "config file not found", "hint:")
+
+
+# --- config validate -----------------------------------------------------------------------
+
+
+def test_validate_prints_resolved_spec_with_overrides(cli, tmp_path):
+    config = write(
+        tmp_path / "run.yaml",
+        """
+        training:
+          steps: 7
+    """,
+    )
+    result = cli(
+        "config", "validate", "--config", config, "--set", "training.micro_batch_size=3", "--json"
+    )
+    assert result.code == 0, result.err
+    resolved = json.loads(result.out)
+    assert resolved["training"]["steps"] == 7
+    assert resolved["training"]["micro_batch_size"] == 3
+    assert resolved["model"]["family"] == "qwen3"  # defaults are filled in
+
+
+def test_validate_yaml_output_round_trips(cli, tmp_path):
+    config = write(tmp_path / "run.yaml", "launch: {seed: 5}\n")
+    result = cli("config", "validate", "--config", config)
+    assert result.code == 0
+    assert yaml.safe_load(result.out)["launch"]["seed"] == 5
+
+
+def test_missing_file(cli, tmp_path):
+    assert_user_error(cli("config", "validate", "--config", tmp_path / "nope.yaml"), "not found")
+
+
+def test_yaml_syntax_error_names_line(cli, tmp_path):
+    config = write(tmp_path / "bad.yaml", "training:\n  steps: [1, 2\n")
+    assert_user_error(
+        cli("config", "validate", "--config", config), "YAML syntax error", "bad.yaml:"
+    )
+
+
+def test_top_level_must_be_mapping(cli, tmp_path):
+    config = write(tmp_path / "list.yaml", "- 1\n- 2\n")
+    assert_user_error(cli("config", "validate", "--config", config), "mapping")
+
+
+def test_unknown_key_names_path_and_nearest(cli, tmp_path):
+    config = write(
+        tmp_path / "run.yaml",
+        """
+        training:
+          stpes: 10
+    """,
+    )
+    assert_user_error(
+        cli("config", "validate", "--config", config),
+        "training.stpes: unknown key",
+        "did you mean 'steps'",
+    )
+
+
+def test_wrong_type(cli, tmp_path):
+    config = write(tmp_path / "run.yaml", "training:\n  steps: many\n")
+    assert_user_error(cli("config", "validate", "--config", config), "training.steps", "'many'")
+
+
+def test_several_cross_field_errors_reported_at_once(cli, tmp_path):
+    config = write(
+        tmp_path / "run.yaml",
+        """
+        objective: {block_size: 24}
+        data: {seq_len: 100, synthetic: {vocab_size: 64}}
+        topology: {sp: true, ep: 2}
+        scheduler: {warmup_steps: 500}
+    """,
+    )
+    result = cli("config", "validate", "--config", config)
+    assert_user_error(
+        result, "data.seq_len", "topology.sp", "topology.ep", "scheduler.warmup_steps"
+    )
+
+
+def test_override_syntax_error(cli, tmp_path):
+    config = write(tmp_path / "run.yaml", "{}\n")
+    assert_user_error(
+        cli("config", "validate", "--config", config, "--set", "training"), "bad override"
+    )
+
+
+def test_world_size_mismatch(cli, tmp_path):
+    config = write(tmp_path / "run.yaml", "topology: {fsdp: 2}\n")
+    assert cli("config", "validate", "--config", config, "--world-size", "2").code == 0
+    assert_user_error(
+        cli("config", "validate", "--config", config, "--world-size", "4"),
+        "topology",
+        "4 processes",
+    )
+
+
+def test_schema_is_json_schema(cli):
+    result = cli("config", "schema")
+    schema = json.loads(result.out)
+    assert result.code == 0
+    assert set(schema["properties"]) >= {
+        "launch",
+        "model",
+        "objective",
+        "data",
+        "training",
+        "topology",
+        "optimizer",
+        "scheduler",
+        "checkpoint",
+        "logging",
+        "profiler",
+        "kernels",
+    }
+
+
+# --- recipes -------------------------------------------------------------------------------
+
+
+def test_recipe_list_json(cli):
+    result = cli("recipe", "list", "--json")
+    names = {r["name"] for r in json.loads(result.out)["recipes"]}
+    assert {"smoke/cpu-tiny", "h200/fast-dllm-v2-qwen3-1.7b", "2xh200/csbp-qwen3-1.7b-64k"} <= names
+
+
+def test_recipe_show_and_copy_never_overwrites(cli, tmp_path):
+    shown = cli("recipe", "show", "smoke/cpu-tiny")
+    assert shown.code == 0 and "block_diffusion" in shown.out
+    dest = tmp_path / "run.yaml"
+    assert cli("recipe", "copy", "smoke/cpu-tiny", dest).code == 0
+    assert dest.read_text() == shown.out
+    assert cli("config", "validate", "--config", dest).code == 0
+    dest.write_text("mine")
+    assert_user_error(cli("recipe", "copy", "smoke/cpu-tiny", dest), "already exists")
+    assert dest.read_text() == "mine"
+
+
+def test_recipe_copy_into_folder(cli, tmp_path):
+    assert cli("recipe", "copy", "smoke/cpu-tiny", tmp_path).code == 0
+    assert (tmp_path / "cpu-tiny.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    "name", ["../../../etc/passwd", "/etc/passwd", "smoke/../../x", "smoke\\x"]
+)
+def test_recipe_rejects_path_traversal(cli, tmp_path, name):
+    assert_user_error(cli("recipe", "copy", name, tmp_path / "x.yaml"), "recipe name")
+
+
+def test_recipe_unknown_suggests(cli):
+    assert_user_error(cli("recipe", "show", "smoke/cpu-tiy"), "no recipe", "smoke/cpu-tiny")
+
+
+# --- init -----------------------------------------------------------------------------------
+
+
+def test_init_creates_a_project_that_validates(cli, tmp_path):
+    project = tmp_path / "p"
+    result = cli("init", project)
+    assert result.code == 0, result.err
+    for name in ("prepare.yaml", "train.yaml", "README.md", ".gitignore", "data/train.jsonl"):
+        assert (project / name).is_file(), name
+    lines = (project / "data/train.jsonl").read_text().splitlines()
+    assert len(lines) >= 100 and all(json.loads(line)["text"] for line in lines)
+    validated = cli("config", "validate", "--config", project / "train.yaml", "--json")
+    assert validated.code == 0
+    # Relative paths resolve against the config's folder, not the working directory.
+    assert json.loads(validated.out)["data"]["artifact"] == str(project / "data/prepared")
+
+
+def test_init_never_overwrites(cli, tmp_path):
+    project = tmp_path / "p"
+    project.mkdir()
+    (project / "train.yaml").write_text("mine")
+    assert_user_error(cli("init", project), "not overwriting")
+    assert (project / "train.yaml").read_text() == "mine"
+    assert sorted(p.name for p in project.iterdir()) == ["train.yaml"]
+
+
+def test_init_rolls_back_on_failure(cli, tmp_path, monkeypatch):
+    import turbo_dllm.config.load as load
+
+    def broken(*args, **kwargs):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(load, "load_runspec", broken)
+    project = tmp_path / "new" / "p"
+    with pytest.raises(OSError):
+        cli("init", project)
+    assert not (tmp_path / "new").exists()
+
+
+def test_init_refuses_a_file(cli, tmp_path):
+    target = tmp_path / "file"
+    target.write_text("x")
+    assert_user_error(cli("init", target), "not a folder")
+
+
+# --- doctor ---------------------------------------------------------------------------------
+
+
+def test_doctor_with_starter_config_is_ready(cli, tmp_path):
+    cli("init", tmp_path / "p")
+    result = cli("doctor", "--config", tmp_path / "p/train.yaml", "--json")
+    report = json.loads(result.out)
+    assert report["format"] == "turbo_dllm.doctor.v1"
+    assert result.code == 0 and report["ready"] is True
+    names = {c["name"] for c in report["checks"]}
+    assert {"python", "torch", "venv", "cache dir", "run dir", "disk", "config"} <= names
+    for check in report["checks"]:
+        assert check["status"] in ("pass", "warn", "fail")
+        assert check["status"] == "pass" or check["fix"]
+
+
+def test_doctor_bad_config_is_not_ready(cli, tmp_path):
+    config = write(tmp_path / "run.yaml", "training: {stpes: 1}\n")
+    result = cli("doctor", "--config", config, "--json")
+    report = json.loads(result.out)
+    assert result.code == 1 and report["ready"] is False
+    failed = [c for c in report["checks"] if c["status"] == "fail"]
+    assert [c["name"] for c in failed] == ["config"]
+    assert "dllm config validate" in failed[0]["fix"]
+
+
+def test_doctor_human_output(cli):
+    result = cli("doctor")
+    assert result.code in (0, 1)
+    assert "python" in result.out and ("ready" in result.out)
+
+
+def test_doctor_unwritable_cache_fails(cli, tmp_path, monkeypatch):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("DLLM_HOME", str(blocker / "home"))
+    result = cli("doctor", "--json")
+    report = json.loads(result.out)
+    cache = next(c for c in report["checks"] if c["name"] == "cache dir")
+    assert result.code == 1 and cache["status"] == "fail" and "DLLM_HOME" in cache["fix"]

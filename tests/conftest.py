@@ -1,0 +1,75 @@
+"""Shared fixtures: an isolated DLLM_HOME per test, an in-process CLI runner, GPU skipping."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+
+import pytest
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except Exception:
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def isolated_home(tmp_path_factory, monkeypatch):
+    home = tmp_path_factory.mktemp("dllm-home")
+    monkeypatch.setenv("DLLM_HOME", str(home))
+    return home
+
+
+@dataclasses.dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@pytest.fixture
+def cli(capsys):
+    """Run `dllm ARGS...` in-process; returns Result(code, out, err)."""
+    from turbo_dllm.cli import main
+
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as exit_:  # argparse usage errors and --help/--version
+            code = exit_.code if isinstance(exit_.code, int) else 1
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return run
+
+
+@pytest.fixture
+def cli_process():
+    """Run `python -m turbo_dllm ARGS...` as a real subprocess."""
+
+    def run(*args: str, cwd=None, env=None, timeout=600) -> Result:
+        merged = {**os.environ, **(env or {})}
+        proc = subprocess.run(
+            [sys.executable, "-m", "turbo_dllm", *map(str, args)],
+            cwd=cwd,
+            env=merged,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+        return Result(proc.returncode, proc.stdout, proc.stderr)
+
+    return run

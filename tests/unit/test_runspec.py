@@ -1,0 +1,149 @@
+"""RunSpec rules, and a property test: any document yields a spec or a DllmError, nothing else."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from turbo_dllm.config.load import apply_overrides, load_model
+from turbo_dllm.config.runspec import RunSpec
+from turbo_dllm.config.validate import check, problems
+from turbo_dllm.errors import DllmError
+
+
+def spec(**sections) -> RunSpec:
+    return load_model(RunSpec, sections, "test")
+
+
+def paths(s: RunSpec, world_size=None) -> set[str]:
+    return {p.path for p in problems(s, world_size)}
+
+
+def test_defaults_are_valid():
+    assert problems(RunSpec()) == []
+
+
+def test_unavailable_capabilities_are_rejected_by_name():
+    s = spec(model={"family": "dflash"}, objective={"name": "dflash_distillation"})
+    messages = [str(p) for p in problems(s)]
+    assert any("model.family" in m and "not available in this version" in m for m in messages)
+    assert any("objective.name" in m and "not available in this version" in m for m in messages)
+
+
+def test_objective_must_suit_family():
+    assert "objective.name" in paths(
+        spec(model={"family": "qwen3"}, objective={"name": "diffusiongemma_sft"})
+    )
+
+
+def test_bp_cp_layout_rule():
+    s = spec(topology={"cp": 4, "bp": 2}, data={"seq_len": 1024, "synthetic": {}})
+    assert "topology.bp" in paths(s)
+
+
+def test_world_size_is_product_of_degrees():
+    s = spec(topology={"dp": 2, "fsdp": 2, "tp": 2})
+    assert s.topology.world_size == 8
+    assert "topology" in paths(s, world_size=4)
+    assert "topology" not in paths(s, world_size=8)
+
+
+def test_prod_rules():
+    s = spec(launch={"kind": "prod"}, kernels="jit")
+    assert {"data.artifact", "model.path", "kernels"} <= paths(s)
+    pinned = spec(
+        launch={"kind": "prod"},
+        model={"path": "/m", "from_config": None, "revision": "main"},
+        data={"artifact": "/d"},
+    )
+    assert "model.revision" in paths(pinned)
+
+
+def test_exactly_one_model_source_and_data_source():
+    both = spec(model={"path": "/m"}, data={"artifact": "/a", "synthetic": {}})
+    assert {"model", "data"} <= paths(both)
+
+
+def test_check_lists_every_problem():
+    s = spec(objective={"block_size": 7}, topology={"sp": True}, scheduler={"warmup_steps": 999})
+    with pytest.raises(DllmError) as info:
+        check(s)
+    text = info.value.message
+    assert "4 problems" in text  # sp is also unavailable in this version
+    for path in ("data.seq_len", "topology.sp", "scheduler.warmup_steps"):
+        assert path in text
+
+
+def test_apply_overrides_creates_sections_and_parses_scalars():
+    doc = apply_overrides(
+        {"training": {"steps": 1}}, ["training.steps=5", "topology.tp=2", "launch.name=null"]
+    )
+    assert doc == {"training": {"steps": 5}, "topology": {"tp": 2}, "launch": {"name": None}}
+
+
+def test_override_into_a_value_is_an_error():
+    with pytest.raises(DllmError):
+        apply_overrides({"kernels": "native"}, ["kernels.x=1"])
+
+
+_SECTIONS = [
+    "launch",
+    "model",
+    "objective",
+    "data",
+    "training",
+    "topology",
+    "optimizer",
+    "scheduler",
+    "checkpoint",
+    "logging",
+    "profiler",
+    "kernels",
+    "bogus",
+]
+_FIELDS = [
+    "seed",
+    "kind",
+    "family",
+    "name",
+    "block_size",
+    "seq_len",
+    "steps",
+    "dp",
+    "cp",
+    "bp",
+    "tp",
+    "sp",
+    "ep",
+    "lr",
+    "warmup_steps",
+    "synthetic",
+    "artifact",
+    "path",
+    "x",
+]
+_scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 70000),
+    st.floats(allow_nan=True),
+    st.text(max_size=8),
+    st.sampled_from(["qwen3", "prod", "flex", "cosine"]),
+)
+_values = st.recursive(
+    _scalars,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(_FIELDS), inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.one_of(st.dictionaries(st.sampled_from(_SECTIONS), _values, max_size=6), _values))
+def test_random_documents_give_spec_or_dllm_error(document):
+    try:
+        check(load_model(RunSpec, document, "random.yaml"))
+    except DllmError as error:
+        assert error.message.startswith("random.yaml")

@@ -1,0 +1,3 @@
+from turbo_dllm.cli import main
+
+raise SystemExit(main())

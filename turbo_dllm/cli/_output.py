@@ -1,0 +1,27 @@
+"""Printing helpers shared by the command modules: JSON on stdout, humans on stdout, logs on stderr."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+__all__ = ["emit_json", "group", "stderr_console"]
+
+
+def emit_json(obj: Any) -> None:
+    """Print exactly one JSON object on stdout (the `--json` contract)."""
+    sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+def stderr_console():
+    from rich.console import Console
+
+    return Console(stderr=True)
+
+
+def group(subparsers, name: str, help: str):
+    """Add a command group (`dllm NAME SUB ...`) and return its sub-subparsers."""
+    parser = subparsers.add_parser(name, help=help, description=help)
+    parser.set_defaults(func=None, group_parser=parser)
+    return parser.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND")

@@ -1,0 +1,57 @@
+"""`dllm doctor [--config F] [--json]`: readiness report; exit 0 ready, 1 not ready, 2 error."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from turbo_dllm.cli._output import emit_json
+
+_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "doctor",
+        help="check that this host is ready to train",
+        description="Readiness report: exit 0 ready, 1 not ready, 2 error.",
+    )
+    p.add_argument("--config", help="also check this RunSpec")
+    p.add_argument(
+        "--world-size", type=int, default=None, help="check for a launch with this many processes"
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_doctor)
+
+
+def build_context(config: str | None, world_size: int | None = None):
+    """Parse the config for the checks; a bad config is a failed check, not a crash."""
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.doctor import DoctorContext
+    from turbo_dllm.errors import DllmError
+
+    context = DoctorContext(config_path=Path(config) if config else None, world_size=world_size)
+    if config:
+        try:
+            context.spec = load_runspec(config, world_size=world_size)
+        except DllmError as error:
+            context.config_error = error.message
+    return context
+
+
+def _doctor(args) -> int:
+    from turbo_dllm.doctor import run_checks
+
+    report = run_checks(build_context(args.config, args.world_size))
+    if args.json:
+        emit_json(report.to_json())
+    else:
+        from rich.console import Console
+        from rich.markup import escape
+
+        console = Console(highlight=False)
+        for r in report.results:
+            console.print(f"{_STYLE[r.status]}  {r.name:<14} {escape(r.detail)}")
+            if r.fix and r.status != "pass":
+                console.print(f"      fix: {escape(r.fix)}")
+        console.print("[bold green]ready[/]" if report.ready else "[bold red]not ready[/]")
+    return 0 if report.ready else 1

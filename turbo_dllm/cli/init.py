@@ -1,0 +1,25 @@
+"""`dllm init DIR`: a starter project."""
+
+from __future__ import annotations
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "init",
+        help="create a starter project (never overwrites)",
+        description="Create a starter project that trains offline on CPU.",
+    )
+    p.add_argument("directory")
+    p.set_defaults(func=_init)
+
+
+def _init(args) -> int:
+    from turbo_dllm.project_init import init_project
+
+    for path in init_project(args.directory):
+        print(f"created {path}")
+    print(
+        f"\nnext:\n  cd {args.directory}\n  dllm data prepare --config prepare.yaml\n"
+        "  dllm doctor --config train.yaml"
+    )
+    return 0

@@ -1,0 +1,192 @@
+"""Load YAML configs into strict pydantic models with readable errors.
+
+Shared by the RunSpec and every other YAML the user writes (prepare.yaml). A bad document never
+escapes as a raw pydantic or YAML exception: it becomes one `DllmError` that lists every problem
+with its dotted path, and an unknown key comes with the nearest valid name.
+"""
+
+from __future__ import annotations
+
+import difflib
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from turbo_dllm.errors import DllmError
+
+__all__ = [
+    "apply_overrides",
+    "format_validation_error",
+    "load_model",
+    "load_runspec",
+    "read_yaml",
+    "resolve_paths",
+]
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise DllmError(
+            f"config file not found: {str(path)!r}",
+            hint="check the path, or create one with `dllm init DIR`",
+        ) from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+        raise DllmError(f"cannot read config {str(path)!r}: {error}") from None
+    try:
+        document = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+        problem = getattr(error, "problem", None) or str(error)
+        raise DllmError(
+            f"YAML syntax error at {where}: {problem}",
+            hint="check indentation and quoting on that line",
+        ) from None
+    if document is None:
+        return {}
+    if not isinstance(document, dict):
+        raise DllmError(
+            f"{path}: the top level must be a mapping of sections, not {type(document).__name__}"
+        )
+    return document
+
+
+def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Apply `key.path=value` overrides; values are parsed as YAML scalars (`3`, `true`, `null`)."""
+    result = _deep_copy(document)
+    for item in overrides:
+        key, sep, raw = item.partition("=")
+        if not sep or not key or any(not part for part in key.split(".")):
+            raise DllmError(f"bad override {item!r}", hint="write --set section.field=value")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = result
+        parts = key.split(".")
+        for part in parts[:-1]:
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if not isinstance(child, dict):
+                raise DllmError(f"override {item!r}: {part!r} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return result
+
+
+def load_model(model: type[M], document: Any, source: str) -> M:
+    try:
+        return model.model_validate(document)
+    except ValidationError as error:
+        raise DllmError(
+            format_validation_error(error, model, source),
+            hint="`dllm config schema` lists every field and its type",
+        ) from None
+    except (TypeError, ValueError, RecursionError) as error:  # exotic YAML values
+        raise DllmError(f"{source}: invalid document: {error}") from None
+
+
+def load_runspec(
+    path: str | Path, overrides: list[str] | None = None, world_size: int | None = None
+):
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.config.validate import check
+
+    document = apply_overrides(read_yaml(path), overrides or [])
+    spec = resolve_paths(load_model(RunSpec, document, str(path)), Path(path).resolve().parent)
+    return check(spec, world_size=world_size, source=str(path))
+
+
+def resolve_paths(spec, base_dir: Path):
+    """Make the spec's relative file paths absolute against `base_dir` (the config's folder)."""
+
+    def absolute(value: str | None) -> str | None:
+        if value is None or Path(value).is_absolute():
+            return value
+        return str((base_dir / value).resolve())
+
+    model = spec.model
+    from_config = model.from_config
+    if from_config and (from_config.endswith(".json") or "/" in from_config):
+        from_config = absolute(from_config)
+    return spec.model_copy(
+        update={
+            "model": model.model_copy(
+                update={"path": absolute(model.path), "from_config": from_config}
+            ),
+            "data": spec.data.model_copy(update={"artifact": absolute(spec.data.artifact)}),
+            "launch": spec.launch.model_copy(update={"run_dir": absolute(spec.launch.run_dir)}),
+            "checkpoint": spec.checkpoint.model_copy(update={"dir": absolute(spec.checkpoint.dir)}),
+        }
+    )
+
+
+def format_validation_error(error: ValidationError, model: type[BaseModel], source: str) -> str:
+    lines = []
+    for item in error.errors():
+        loc = [str(p) for p in item["loc"]]
+        path = ".".join(loc) or "(top level)"
+        if item["type"] == "extra_forbidden":
+            names = _field_names_at(model, item["loc"][:-1])
+            close = difflib.get_close_matches(loc[-1], names, n=1, cutoff=0.5)
+            suggestion = f"; did you mean {close[0]!r}?" if close else ""
+            valid = f" (valid: {', '.join(sorted(names))})" if names and not close else ""
+            lines.append(f"  - {path}: unknown key{suggestion}{valid}")
+        else:
+            given = item.get("input")
+            shown = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
+            lines.append(f"  - {path}: {item['msg']}{shown}")
+    count = len(lines)
+    return f"{source} has {count} problem{'s' if count > 1 else ''}:\n" + "\n".join(lines)
+
+
+def _field_names_at(model: type[BaseModel], loc: tuple) -> list[str]:
+    """The field names of the sub-model found by following `loc` from `model`."""
+    current: Any = model
+    for part in loc:
+        current = _submodel(current, part)
+        if current is None:
+            return []
+    return list(current.model_fields) if _is_model(current) else []
+
+
+def _submodel(annotation: Any, part: Any) -> Any:
+    if _is_model(annotation):
+        field = annotation.model_fields.get(str(part))
+        return _unwrap(field.annotation) if field else None
+    if isinstance(part, int):
+        args = typing.get_args(annotation)
+        return _unwrap(args[0]) if args else None
+    # A tagged or plain union: pydantic puts the member's name in the path.
+    for arg in typing.get_args(annotation):
+        if _is_model(arg) and arg.__name__ == part:
+            return arg
+    return None
+
+
+def _unwrap(annotation: Any) -> Any:
+    models = [a for a in typing.get_args(annotation) if _is_model(a)]
+    if len(models) == 1:
+        return models[0]
+    return annotation
+
+
+def _is_model(obj: Any) -> bool:
+    return isinstance(obj, type) and issubclass(obj, BaseModel)
+
+
+def _deep_copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _deep_copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_deep_copy(v) for v in value]
+    return value

@@ -1,0 +1,189 @@
+"""RunSpec: the typed description of one training run.
+
+Strict pydantic models (`extra="forbid"`): unknown keys are errors. Field-level rules (ranges,
+choices) live here; rules that relate several fields live in `turbo_dllm.config.validate`, which
+collects every problem at once. Defaults are the CPU smoke run, so an almost empty file works.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+
+__all__ = [
+    "CheckpointSpec",
+    "DataSpec",
+    "LaunchSpec",
+    "LoggingSpec",
+    "ModelSpec",
+    "ObjectiveSpec",
+    "OptimizerSpec",
+    "ProfilerSpec",
+    "RunSpec",
+    "SchedulerSpec",
+    "SyntheticDataSpec",
+    "TopologySpec",
+    "TrainingSpec",
+    "WandbSpec",
+]
+
+ModelFamily = Literal["causal_lm", "dflash", "diffusion_gemma", "nemotron_diffusion", "qwen3"]
+ObjectiveName = Literal[
+    "block_diffusion", "fast_dllm_v2", "dflash_distillation", "diffusiongemma_sft"
+]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class LaunchSpec(_Strict):
+    seed: int = Field(0, ge=0, description="Seed for model init, noise and data order.")
+    kind: Literal["smoke", "profile", "prod"] = Field(
+        "smoke", description="prod enables the strict reproducibility rules."
+    )
+    run_dir: str | None = Field(
+        None, description="Run directory; default runs/<UTC stamp>-<short id>."
+    )
+    name: str | None = Field(None, description="Human name shown in `dllm run list`.")
+
+
+class ModelSpec(_Strict):
+    family: ModelFamily = "qwen3"
+    path: str | None = Field(None, description="Local Hugging Face model folder.")
+    revision: str | None = Field(None, description="Pinned revision (commit) of `path`.")
+    from_config: str | None = Field(
+        "tiny",
+        description="Random init from a preset name (tiny, qwen3-0.6b, qwen3-1.7b) or a config.json path.",
+    )
+    config_overrides: dict[str, int | float | bool | str] = Field(default_factory=dict)
+    dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="Parameter dtype; bfloat16 autocast is used on CUDA either way."
+    )
+    attention: Literal["reference", "flex"] = Field(
+        "reference", description="reference: SDPA + explicit mask (CPU); flex: FlexAttention (GPU)."
+    )
+
+
+class ObjectiveSpec(_Strict):
+    name: ObjectiveName = "block_diffusion"
+    block_size: PositiveInt = 16
+    noise_schedule: Literal["log_linear"] = "log_linear"
+    eps_min: float = Field(1e-3, gt=0.0, le=1.0)
+    eps_max: float = Field(1.0, gt=0.0, le=1.0)
+    antithetic: bool = True
+    loss_weighting: Literal["inverse_t", "unit"] | None = Field(
+        None, description="Default: inverse_t for block_diffusion, unit for fast_dllm_v2."
+    )
+    mask_token_id: int | None = Field(
+        None,
+        ge=0,
+        description="Default: the data artifact's mask token (or vocab_size-1 for synthetic).",
+    )
+
+
+class SyntheticDataSpec(_Strict):
+    num_sequences: PositiveInt = 256
+    vocab_size: PositiveInt = 512
+
+
+class DataSpec(_Strict):
+    artifact: str | None = Field(None, description="Folder made by `dllm data prepare`.")
+    synthetic: SyntheticDataSpec | None = Field(None, description="Random tokens (smoke tests).")
+    seq_len: PositiveInt = 256
+
+
+class TrainingSpec(_Strict):
+    micro_batch_size: PositiveInt = 2
+    grad_accumulation: PositiveInt = 1
+    steps: PositiveInt = 50
+    clip_grad_norm: float | None = Field(1.0, gt=0.0)
+    activation_checkpointing: bool = False
+    compile: bool = False
+    max_duration_s: float | None = Field(
+        None, gt=0.0, description="Stop (after a checkpoint) once this many seconds have passed."
+    )
+
+
+class TopologySpec(_Strict):
+    dp: PositiveInt = Field(1, description="Replicated data parallel degree.")
+    fsdp: PositiveInt = Field(1, description="Sharded data parallel degree (FSDP2).")
+    cp: PositiveInt = Field(1, description="Context parallel degree.")
+    bp: PositiveInt = Field(1, description="Block parallel degree (CSBP).")
+    tp: PositiveInt = Field(1, description="Tensor parallel degree.")
+    sp: bool = Field(False, description="Sequence parallelism inside the tensor-parallel group.")
+    ep: PositiveInt = Field(1, description="Expert parallel degree (MoE families).")
+
+    @property
+    def context_degree(self) -> int:
+        """Ranks sharing one sequence: cp and bp fuse into one group of max(cp, bp) ranks."""
+        return max(self.cp, self.bp)
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.fsdp * self.context_degree * self.tp
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["adamw"] = "adamw"
+    lr: float = Field(3e-4, gt=0.0)
+    betas: tuple[float, float] = (0.9, 0.95)
+    eps: float = Field(1e-8, gt=0.0)
+    weight_decay: float = Field(0.1, ge=0.0)
+
+
+class SchedulerSpec(_Strict):
+    name: Literal["constant", "linear", "cosine"] = "cosine"
+    warmup_steps: int = Field(5, ge=0)
+    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+
+
+class CheckpointSpec(_Strict):
+    dir: str | None = Field(None, description="Default: <run_dir>/checkpoints.")
+    interval: PositiveInt | None = Field(
+        None, description="Steps between checkpoints; None: only at the end."
+    )
+    keep_last: PositiveInt = 2
+    resume: Literal["auto", "never"] | str = Field(
+        "auto", description="auto: latest checkpoint in dir if any; never; or a checkpoint path."
+    )
+
+
+class WandbSpec(_Strict):
+    project: str
+    entity: str | None = None
+    mode: Literal["online", "offline"] = "offline"
+
+
+class LoggingSpec(_Strict):
+    console: bool = True
+    jsonl: bool = True
+    every: PositiveInt = 1
+    wandb: WandbSpec | None = None
+
+
+class ProfilerSpec(_Strict):
+    enabled: bool = False
+    start_step: int = Field(3, ge=0)
+    num_steps: PositiveInt = 3
+
+
+class RunSpec(_Strict):
+    """One training run. `dllm config schema` prints this as JSON Schema."""
+
+    launch: LaunchSpec = LaunchSpec()
+    model: ModelSpec = ModelSpec()
+    objective: ObjectiveSpec = ObjectiveSpec()
+    data: DataSpec = DataSpec(synthetic=SyntheticDataSpec())
+    training: TrainingSpec = TrainingSpec()
+    topology: TopologySpec = TopologySpec()
+    optimizer: OptimizerSpec = OptimizerSpec()
+    scheduler: SchedulerSpec = SchedulerSpec()
+    checkpoint: CheckpointSpec = CheckpointSpec()
+    logging: LoggingSpec = LoggingSpec()
+    profiler: ProfilerSpec = ProfilerSpec()
+    kernels: Literal["native", "reference", "jit"] = Field(
+        "reference",
+        description="native: ops from the installed bundle; reference: pure torch; jit: build from source (never in prod).",
+    )

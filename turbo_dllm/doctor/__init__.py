@@ -1,0 +1,93 @@
+"""Readiness checks shared by `dllm doctor`, `dllm launch` and the trainer.
+
+A check is a function `(DoctorContext) -> CheckResult | list[CheckResult]` registered with
+`@register_check`. Check modules live in `turbo_dllm.doctor.checks` and are all imported when the
+checks run, so a new capability adds its checks by adding a module there.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+__all__ = ["CheckResult", "DoctorContext", "Report", "register_check", "run_checks"]
+
+Status = Literal["pass", "warn", "fail"]
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    name: str
+    status: Status
+    detail: str
+    fix: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.status != "pass" and not self.fix:
+            raise ValueError(f"check {self.name!r} reported {self.status} without a fix line")
+
+
+@dataclass
+class DoctorContext:
+    """What the checks may look at. `spec` is set when a config was given and parsed."""
+
+    config_path: Path | None = None
+    spec: Any = None  # RunSpec
+    config_error: str | None = None
+    world_size: int | None = None
+    run_dir: Path | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def prod(self) -> bool:
+        return self.spec is not None and self.spec.launch.kind == "prod"
+
+
+@dataclass(frozen=True)
+class Report:
+    results: list[CheckResult]
+
+    @property
+    def ready(self) -> bool:
+        return all(r.status != "fail" for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": "turbo_dllm.doctor.v1",
+            "ready": self.ready,
+            "checks": [asdict(r) for r in self.results],
+        }
+
+
+CheckFunction = Callable[[DoctorContext], "CheckResult | list[CheckResult]"]
+_REGISTRY: list[tuple[int, str, CheckFunction]] = []
+
+
+def register_check(order: int) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a check; lower `order` runs (and prints) first."""
+
+    def decorate(func: CheckFunction) -> CheckFunction:
+        _REGISTRY.append((order, f"{func.__module__}.{func.__qualname__}", func))
+        return func
+
+    return decorate
+
+
+def _load_check_modules() -> None:
+    from turbo_dllm.doctor import checks
+
+    for info in pkgutil.iter_modules(checks.__path__):
+        importlib.import_module(f"{checks.__name__}.{info.name}")
+
+
+def run_checks(context: DoctorContext) -> Report:
+    _load_check_modules()
+    results: list[CheckResult] = []
+    for _, _, func in sorted(_REGISTRY, key=lambda item: (item[0], item[1])):
+        outcome = func(context)
+        results.extend(outcome if isinstance(outcome, list) else [outcome])
+    return Report(results)

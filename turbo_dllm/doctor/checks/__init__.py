@@ -1,0 +1,1 @@
+"""Check modules; each registers its checks with `turbo_dllm.doctor.register_check`."""

@@ -1,0 +1,139 @@
+"""Portable checks: they hold on any host, with or without a GPU."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
+from turbo_dllm.paths import dllm_home
+
+MIN_PYTHON = (3, 10)
+MIN_FREE_BYTES = 2 * 1024**3
+
+
+@register_check(order=10)
+def python_version(ctx: DoctorContext) -> CheckResult:
+    version = ".".join(map(str, sys.version_info[:3]))
+    if sys.version_info[:2] < MIN_PYTHON:
+        return CheckResult(
+            "python",
+            "fail",
+            f"Python {version} at {sys.executable}",
+            fix="use Python >= 3.10 (e.g. `uv venv --python 3.12`)",
+        )
+    return CheckResult("python", "pass", f"Python {version} at {sys.executable}")
+
+
+@register_check(order=20)
+def torch_import(ctx: DoctorContext) -> CheckResult:
+    try:
+        import torch
+    except Exception as error:  # any import failure is what this check reports
+        return CheckResult(
+            "torch",
+            "fail",
+            f"import torch failed: {error}",
+            fix="pip install torch (CPU) or the CUDA build for your driver",
+        )
+    cuda = torch.version.cuda or "cpu"
+    return CheckResult("torch", "pass", f"torch {torch.__version__} ({cuda})")
+
+
+@register_check(order=30)
+def venv_isolation(ctx: DoctorContext) -> CheckResult:
+    in_venv = sys.prefix != sys.base_prefix or "CONDA_PREFIX" in os.environ
+    if in_venv:
+        return CheckResult("venv", "pass", f"isolated environment at {sys.prefix}")
+    status = "fail" if ctx.prod else "warn"
+    return CheckResult(
+        "venv",
+        status,
+        f"running in the system interpreter {sys.prefix}",
+        fix="python3 -m venv .venv && . .venv/bin/activate (or `uv venv`)",
+    )
+
+
+def _writable(path: Path) -> str | None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=path, prefix=".dllm-write-test-"):
+            pass
+    except OSError as error:
+        return str(error)
+    return None
+
+
+@register_check(order=40)
+def cache_dir(ctx: DoctorContext) -> CheckResult:
+    home = dllm_home()
+    error = _writable(home)
+    if error:
+        return CheckResult(
+            "cache dir",
+            "fail",
+            f"{home} is not writable: {error}",
+            fix="set DLLM_HOME to a writable folder",
+        )
+    return CheckResult("cache dir", "pass", f"{home} is writable")
+
+
+@register_check(order=41)
+def run_dir(ctx: DoctorContext) -> CheckResult:
+    target = ctx.run_dir
+    if target is None and ctx.spec is not None and ctx.spec.launch.run_dir:
+        target = Path(ctx.spec.launch.run_dir)
+    if target is None:
+        target = Path("runs")
+    target = target.resolve()
+    # Probe the nearest existing ancestor: doctor must not create the run dir itself.
+    probe = target
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not os.access(probe, os.W_OK | os.X_OK):
+        return CheckResult(
+            "run dir",
+            "fail",
+            f"cannot create runs under {target} ({probe} is not writable)",
+            fix="set launch.run_dir to a writable folder",
+        )
+    return CheckResult("run dir", "pass", f"runs go under {target}")
+
+
+@register_check(order=50)
+def disk_space(ctx: DoctorContext) -> CheckResult:
+    home = dllm_home()
+    probe = home if home.exists() else Path.cwd()
+    free = shutil.disk_usage(probe).free
+    detail = f"{free / 1024**3:.1f} GiB free at {probe}"
+    if free < MIN_FREE_BYTES:
+        return CheckResult(
+            "disk",
+            "warn",
+            detail,
+            fix="free space or point DLLM_HOME and launch.run_dir at a larger disk",
+        )
+    return CheckResult("disk", "pass", detail)
+
+
+@register_check(order=60)
+def config_validity(ctx: DoctorContext) -> CheckResult:
+    if ctx.config_path is None:
+        return CheckResult("config", "pass", "no config given (pass --config to check one)")
+    if ctx.config_error:
+        return CheckResult(
+            "config",
+            "fail",
+            ctx.config_error,
+            fix=f"dllm config validate --config {ctx.config_path}",
+        )
+    spec = ctx.spec
+    return CheckResult(
+        "config",
+        "pass",
+        f"{ctx.config_path}: {spec.model.family} / {spec.objective.name}, "
+        f"world size {spec.topology.world_size}",
+    )
