@@ -144,6 +144,6 @@ _values = st.recursive(
 @given(st.one_of(st.dictionaries(st.sampled_from(_SECTIONS), _values, max_size=6), _values))
 def test_random_documents_give_spec_or_dllm_error(document):
     try:
-        check(load_model(RunSpec, document, "random.yaml"))
+        check(load_model(RunSpec, document, "random.yaml"), source="random.yaml")
     except DllmError as error:
         assert error.message.startswith("random.yaml")
