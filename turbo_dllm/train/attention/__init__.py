@@ -1,0 +1,23 @@
+"""Block-diffusion attention: the mask predicate (`layout`) and the kernels (`backends`)."""
+
+from turbo_dllm.train.attention.backends import FlexAttention, ReferenceAttention, build_attention
+from turbo_dllm.train.attention.layout import (
+    BlockDiffusionLayout,
+    allowed,
+    allowed_pairs,
+    dense_mask,
+    local_allowed,
+    prefix_allowed,
+)
+
+__all__ = [
+    "BlockDiffusionLayout",
+    "FlexAttention",
+    "ReferenceAttention",
+    "allowed",
+    "allowed_pairs",
+    "build_attention",
+    "dense_mask",
+    "local_allowed",
+    "prefix_allowed",
+]

@@ -1,0 +1,117 @@
+"""Attention backends for the block-diffusion stream.
+
+A backend has two halves: `prepare(layout, doc_ids, device)` turns the batch's layout into the
+mask object its kernel wants (once per micro-batch, shared by every layer), and
+`__call__(q, k, v, mask)` attends. q: (B, Hq, S, D); k, v: (B, Hkv, S, D) with Hq % Hkv == 0.
+
+- `reference`: scaled_dot_product_attention with an explicit boolean (B, 1, 2L, 2L) mask.
+  Simple and exact; memory grows with (2L)^2, so it is for CPU, tests and short sequences.
+- `flex`: FlexAttention with a BlockMask built from the same predicate; compiled, it skips
+  fully masked tiles and never materialises the mask. The GPU default. (On CPU, torch can run
+  it forward-only, which the tests use to check the BlockMask.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.train.attention.layout import BlockDiffusionLayout, allowed, dense_mask
+
+__all__ = ["FlexAttention", "ReferenceAttention", "build_attention"]
+
+
+def _gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
+    return q.shape[1] != k.shape[1]
+
+
+class ReferenceAttention:
+    name = "reference"
+
+    def prepare(
+        self,
+        layout: BlockDiffusionLayout,
+        doc_ids: torch.Tensor | None,
+        device: torch.device,
+    ) -> torch.Tensor:
+        return dense_mask(layout, doc_ids, device=device)
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
+    ) -> torch.Tensor:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=_gqa(q, k))
+
+
+class FlexAttention:
+    """FlexAttention over a BlockMask. `compile=False` runs the unfused (eager) path."""
+
+    name = "flex"
+
+    def __init__(self, compile: bool = True) -> None:
+        self.compile = compile
+        self._kernel = None
+        self._static: dict[tuple, Any] = {}
+
+    def _flex(self):
+        if self._kernel is None:
+            from torch.nn.attention.flex_attention import flex_attention
+
+            self._kernel = (
+                torch.compile(flex_attention, dynamic=False) if self.compile else flex_attention
+            )
+        return self._kernel
+
+    def prepare(
+        self,
+        layout: BlockDiffusionLayout,
+        doc_ids: torch.Tensor | None,
+        device: torch.device,
+    ) -> Any:
+        from torch.nn.attention.flex_attention import create_block_mask
+
+        S = layout.stream_len
+        compile_mask = self.compile and torch.device(device).type == "cuda"
+        if doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all()):
+            # One document per row: the mask is the same for every batch and step; cache it.
+            key = (layout, str(device))
+            if key not in self._static:
+
+                def mask_mod(b, h, q_idx, kv_idx):
+                    return allowed(layout, q_idx, kv_idx)
+
+                self._static[key] = create_block_mask(
+                    mask_mod, None, None, S, S, device=device, _compile=compile_mask
+                )
+            return self._static[key]
+        docs = doc_ids.to(device=device, dtype=torch.int32)
+
+        def doc_mask_mod(b, h, q_idx, kv_idx):
+            same_doc = docs[b, layout.token(q_idx)] == docs[b, layout.token(kv_idx)]
+            return allowed(layout, q_idx, kv_idx) & same_doc
+
+        return create_block_mask(
+            doc_mask_mod, docs.shape[0], None, S, S, device=device, _compile=compile_mask
+        )
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
+    ) -> torch.Tensor:
+        return self._flex()(q, k, v, block_mask=mask, enable_gqa=_gqa(q, k))
+
+
+def build_attention(name: str, device: torch.device, compile: bool = True):
+    """The backend a RunSpec names (`model.attention`), refused where it cannot train."""
+    if name == "reference":
+        return ReferenceAttention()
+    if name == "flex":
+        if torch.device(device).type != "cuda":
+            raise DllmError(
+                "model.attention 'flex' needs a CUDA GPU to train (torch has no FlexAttention "
+                "backward on CPU)",
+                hint="set model.attention: reference for CPU runs",
+            )
+        return FlexAttention(compile=compile)
+    raise DllmError(f"unknown attention backend {name!r}", hint="use 'reference' or 'flex'")

@@ -1,0 +1,298 @@
+"""The decoder's shape, read from (and written back to) a Hugging Face `config.json`.
+
+One frozen dataclass covers the Llama / Qwen2 / Qwen3 family: they differ only in which
+projections carry a bias, whether q/k get a per-head RMSNorm (Qwen3) and how RoPE is scaled.
+Presets give random-init shapes: `tiny` for CPU tests, and the real Qwen3 shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["PRESETS", "DecoderConfig", "resolve_model_config"]
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+
+# HF config.json dicts (only the fields we read). Real shapes from the published Qwen3 configs.
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": {
+        "model_type": "qwen3",
+        "vocab_size": 512,
+        "hidden_size": 128,
+        "intermediate_size": 384,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 32,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 8192,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-0.6b": {
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": True,
+    },
+    "qwen3-1.7b": {
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "hidden_size": 2048,
+        "intermediate_size": 6144,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "tie_word_embeddings": True,
+    },
+}
+
+_ARCHITECTURES = {
+    "llama": "LlamaForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class DecoderConfig:
+    """Everything the decoder needs; field names follow Hugging Face's config.json."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    initializer_range: float = 0.02
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            problems.append(
+                f"model_type {self.model_type!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
+            )
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+        ):
+            if int(getattr(self, name)) <= 0:
+                problems.append(f"{name} must be positive (got {getattr(self, name)!r})")
+        if self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads:
+            problems.append(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            problems.append(f"head_dim must be even for RoPE (got {self.head_dim})")
+        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
+        if rope_type not in SUPPORTED_ROPE_TYPES:
+            problems.append(
+                f"rope type {rope_type!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+            )
+        if problems:
+            raise DllmError(
+                "model config is not usable:\n" + "\n".join(f"  - {p}" for p in problems),
+                hint="fix config.json or model.config_overrides",
+            )
+
+    # --- Hugging Face config.json ---------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any]) -> DecoderConfig:
+        """Read a transformers config dict (4.x flat rope keys or 5.x `rope_parameters`)."""
+        model_type = hf.get("model_type")
+        if model_type is None:
+            raise DllmError("config.json has no 'model_type'", hint="is this a decoder LM config?")
+        if hf.get("use_sliding_window"):
+            raise DllmError(
+                "sliding-window attention is not supported",
+                hint="set use_sliding_window: false in config.json",
+            )
+        try:
+            heads = int(hf["num_attention_heads"])
+            hidden = int(hf["hidden_size"])
+            rope = dict(hf.get("rope_parameters") or {})
+            legacy_scaling = hf.get("rope_scaling")
+            if legacy_scaling:
+                rope.update(legacy_scaling)
+                if "type" in legacy_scaling and "rope_type" not in legacy_scaling:
+                    rope["rope_type"] = legacy_scaling["type"]
+            rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
+            rope.pop("type", None)
+            scaling = rope if rope.get("rope_type", "default") != "default" else None
+            attention_bias = bool(hf.get("attention_bias", False))
+            return cls(
+                model_type=str(model_type),
+                vocab_size=int(hf["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(hf["intermediate_size"]),
+                num_hidden_layers=int(hf["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
+                head_dim=int(hf.get("head_dim") or hidden // heads),
+                rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+                rope_theta=rope_theta,
+                rope_scaling=scaling,
+                max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                # Qwen2 always biases q/k/v (and never o); Llama/Qwen3 follow attention_bias.
+                qkv_bias=True if model_type == "qwen2" else attention_bias,
+                o_bias=False if model_type == "qwen2" else attention_bias,
+                mlp_bias=bool(hf.get("mlp_bias", False)),
+                qk_norm=model_type == "qwen3",
+                initializer_range=float(hf.get("initializer_range", 0.02)),
+            )
+        except KeyError as missing:
+            raise DllmError(
+                f"config.json lacks the field {missing.args[0]!r}",
+                hint="a Llama/Qwen2/Qwen3 config.json from Hugging Face has it",
+            ) from None
+        except (TypeError, ValueError) as error:
+            raise DllmError(f"config.json has a bad value: {error}") from None
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A config.json that transformers loads into the matching *ForCausalLM."""
+        rope: dict[str, Any] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if self.rope_scaling:
+            rope.update(self.rope_scaling)
+            rope["rope_theta"] = self.rope_theta
+        out: dict[str, Any] = {
+            "architectures": [_ARCHITECTURES[self.model_type]],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": "silu",
+            "rms_norm_eps": self.rms_norm_eps,
+            # Both spellings, so transformers 4.x and 5.x read the same RoPE.
+            "rope_theta": self.rope_theta,
+            "rope_scaling": dict(self.rope_scaling) if self.rope_scaling else None,
+            "rope_parameters": rope,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "initializer_range": self.initializer_range,
+            "attention_dropout": 0.0,
+            "torch_dtype": "float32",
+        }
+        if self.model_type != "qwen2":
+            out["attention_bias"] = self.qkv_bias
+        if self.model_type == "llama":
+            out["mlp_bias"] = self.mlp_bias
+        if self.model_type in ("qwen2", "qwen3"):
+            out["use_sliding_window"] = False
+            out["sliding_window"] = None
+        return out
+
+    # --- sizes ----------------------------------------------------------------------------
+    @property
+    def layer_matmul_params(self) -> int:
+        """Weights one decoder layer multiplies each token by (norms and biases excluded)."""
+        h, d = self.hidden_size, self.head_dim
+        q = h * self.num_attention_heads * d
+        kv = 2 * h * self.num_key_value_heads * d
+        o = self.num_attention_heads * d * h
+        mlp = 3 * h * self.intermediate_size
+        return q + kv + o + mlp
+
+    @property
+    def body_matmul_params(self) -> int:
+        return self.num_hidden_layers * self.layer_matmul_params
+
+    @property
+    def head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def num_params(self) -> int:
+        """Total parameters, counting a tied embedding once."""
+        h = self.hidden_size
+        per_layer = self.layer_matmul_params + 2 * h
+        if self.qk_norm:
+            per_layer += 2 * self.head_dim
+        if self.qkv_bias:
+            per_layer += (self.num_attention_heads + 2 * self.num_key_value_heads) * self.head_dim
+        if self.o_bias:
+            per_layer += h
+        if self.mlp_bias:
+            per_layer += 2 * self.intermediate_size + h
+        embeddings = self.head_params * (1 if self.tie_word_embeddings else 2)
+        return self.num_hidden_layers * per_layer + embeddings + h
+
+
+def resolve_model_config(
+    *,
+    path: str | None,
+    from_config: str | None,
+    overrides: dict[str, Any] | None = None,
+) -> DecoderConfig:
+    """The model shape a RunSpec asks for: a local HF folder, a preset, or a config.json path."""
+    if path is not None:
+        hf = _read_json(Path(path) / "config.json", what="model folder")
+    elif from_config is not None:
+        if from_config in PRESETS:
+            hf = dict(PRESETS[from_config])
+        elif from_config.endswith(".json") or "/" in from_config:
+            hf = _read_json(Path(from_config), what="model config")
+        else:
+            raise DllmError(
+                f"unknown model preset {from_config!r}",
+                hint=f"use one of {', '.join(PRESETS)} or a path to a config.json",
+            )
+    else:
+        raise DllmError("the RunSpec names no model", hint="set model.path or model.from_config")
+    for key, value in (overrides or {}).items():
+        hf[key] = value
+        if key == "rope_theta" and isinstance(hf.get("rope_parameters"), dict):
+            hf["rope_parameters"] = {**hf["rope_parameters"], "rope_theta": value}
+    return DecoderConfig.from_hf_dict(hf)
+
+
+def _read_json(path: Path, *, what: str) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DllmError(
+            f"{what} config not found: {str(path)!r}",
+            hint="point model.path at a Hugging Face folder holding config.json",
+        ) from None
+    except (OSError, ValueError) as error:
+        raise DllmError(f"cannot read {str(path)!r}: {error}") from None

@@ -1,0 +1,222 @@
+"""A Llama / Qwen2 / Qwen3 decoder with a pluggable attention backend.
+
+Module names and parameter names mirror Hugging Face's (`model.layers.3.self_attn.q_proj.weight`),
+so a state dict *is* the HF layout and loading/saving needs no renaming table. The model knows
+nothing about parallelism, checkpointing or compilation (torchtitan style): those are applied
+from outside by `turbo_dllm.train.parallel`. Attention is a backend object called as
+`backend(q, k, v, mask)` with q (B, Hq, S, D) and k/v (B, Hkv, S, D), so the block-diffusion
+mask (or a context-parallel strategy) is chosen without touching this file.
+
+Positions are explicit: the block-diffusion stream [x_t ; x_0] reuses positions 0..L-1 twice.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from turbo_dllm.train.models.config import DecoderConfig
+
+__all__ = [
+    "Attention",
+    "AttentionBackend",
+    "DecoderLM",
+    "DecoderLayer",
+    "RMSNorm",
+    "rope_cos_sin",
+    "rope_inv_freq",
+]
+
+
+class AttentionBackend(Protocol):
+    """What a layer calls: `backend(q, k, v, mask) -> out` (out shaped like q)."""
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
+    ) -> torch.Tensor: ...
+
+
+class RMSNorm(nn.Module):
+    """RMSNorm computed in float32, like transformers (weight applied in the input dtype)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
+        return self.weight * normed.to(x.dtype)
+
+
+def rope_inv_freq(config: DecoderConfig, device: torch.device | None = None) -> torch.Tensor:
+    """RoPE inverse frequencies, with linear or Llama-3 scaling when the config asks."""
+    dim = config.head_dim
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
+    inv_freq = 1.0 / (config.rope_theta**exponent)
+    scaling = config.rope_scaling or {}
+    kind = scaling.get("rope_type", "default")
+    if kind == "linear":
+        inv_freq = inv_freq / float(scaling["factor"])
+    elif kind == "llama3":
+        factor = float(scaling["factor"])
+        low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
+        old_len = float(scaling["original_max_position_embeddings"])
+        wavelen = 2 * math.pi / inv_freq
+        scaled = torch.where(wavelen > old_len / low, inv_freq / factor, inv_freq)
+        smooth = (old_len / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
+        inv_freq = torch.where(medium, smoothed, scaled)
+    return inv_freq
+
+
+def rope_cos_sin(
+    config: DecoderConfig, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables (..., S, D) for integer `positions` (S,) or (B, S); float32 math."""
+    inv_freq = rope_inv_freq(config, positions.device)
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (B, H, S, D); cos/sin: (S, D) or (B, S, D) -> broadcast over heads.
+    if cos.dim() == 3:
+        cos, sin = cos[:, None], sin[:, None]
+    return x * cos + _rotate_half(x) * sin
+
+
+class Attention(nn.Module):
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        h, d = config.hidden_size, config.head_dim
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = d
+        self.q_proj = nn.Linear(h, self.num_heads * d, bias=config.qkv_bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * d, bias=config.qkv_bias)
+        self.o_proj = nn.Linear(self.num_heads * d, h, bias=config.o_bias)
+        if config.qk_norm:
+            self.q_norm = RMSNorm(d, config.rms_norm_eps)
+            self.k_norm = RMSNorm(d, config.rms_norm_eps)
+        else:
+            self.q_norm = self.k_norm = None
+        self.backend = backend
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Any
+    ) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        out = self.backend(q, k, v, mask)
+        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, config: DecoderConfig) -> None:
+        super().__init__()
+        h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
+        self.gate_proj = nn.Linear(h, i, bias=bias)
+        self.up_proj = nn.Linear(h, i, bias=bias)
+        self.down_proj = nn.Linear(i, h, bias=bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.self_attn = Attention(config, backend)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Any
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderBody(nn.Module):
+    """Hugging Face's `model.` submodule: embeddings, layers, final norm."""
+
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            DecoderLayer(config, backend) for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: Any) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        # Under autocast the layers compute in bf16; RoPE tables follow the compute dtype.
+        dtype = torch.get_autocast_dtype(x.device.type) if _autocast_on(x) else x.dtype
+        cos, sin = rope_cos_sin(self.config, positions, dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return self.norm(x)
+
+
+def _autocast_on(x: torch.Tensor) -> bool:
+    return torch.is_autocast_enabled(x.device.type)
+
+
+OutputFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class DecoderLM(nn.Module):
+    """Decoder + LM head. `forward(..., output=fn)` hands (hidden, head weight) to `fn`.
+
+    The output hook lets an objective compute a chunked cross-entropy straight from the final
+    hidden states without materialising logits, *inside* this module's forward (so FSDP2 has the
+    head weight unsharded while it is used). Without a hook, forward returns full logits.
+    """
+
+    def __init__(self, config: DecoderConfig, backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.model = DecoderBody(config, backend)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: Any = None,
+        output: OutputFn | None = None,
+    ) -> torch.Tensor:
+        hidden = self.model(input_ids, positions, mask)
+        if output is None:
+            return self.lm_head(hidden)
+        return output(hidden, self.lm_head.weight)
+
+    def set_attention(self, backend: AttentionBackend) -> None:
+        """Swap the attention backend of every layer (e.g. reference -> flex, or CSBP)."""
+        for module in self.modules():
+            if isinstance(module, Attention):
+                module.backend = backend

@@ -1,0 +1,174 @@
+"""Filling a (meta-built, possibly sharded) decoder with weights, and writing them out.
+
+Random init is deterministic per parameter name: every parameter gets its own generator seeded
+from (seed, name), the full tensor is drawn and each rank keeps its shard. So the same seed
+gives the same model at any data-parallel size, and activation checkpointing or compile wrappers
+(which change module paths) do not change the weights. Hugging Face safetensors are read one
+tensor at a time, so no rank ever holds a second full copy of the model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.train.models.config import DecoderConfig
+
+__all__ = [
+    "clean_fqn",
+    "full_state_dict",
+    "init_weights",
+    "load_hf_weights",
+    "named_parameters_clean",
+    "save_hf",
+]
+
+# Wrapper segments that activation checkpointing, torch.compile and FSDP1 add to module paths.
+_WRAPPER_SEGMENTS = ("_checkpoint_wrapped_module", "_orig_mod", "_fsdp_wrapped_module")
+
+
+def clean_fqn(name: str) -> str:
+    return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
+
+
+def named_parameters_clean(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
+    """Parameters under their Hugging Face names (a tied weight appears once)."""
+    for name, param in model.named_parameters():
+        yield clean_fqn(name), param
+
+
+def _seed_for(seed: int, name: str) -> int:
+    digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def _fill(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Copy a full tensor into a parameter, keeping only the local shard of a DTensor."""
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    with torch.no_grad():
+        if isinstance(param, DTensor):
+            shard = distribute_tensor(
+                full, param.device_mesh, param.placements, src_data_rank=None
+            ).to_local()
+            param.to_local().copy_(shard)
+        else:
+            param.copy_(full)
+
+
+def _param_device(param: torch.Tensor) -> torch.device:
+    from torch.distributed.tensor import DTensor
+
+    return param.to_local().device if isinstance(param, DTensor) else param.device
+
+
+@torch.no_grad()
+def init_weights(model: nn.Module, config: DecoderConfig, seed: int) -> None:
+    """HF-style init: linear/embedding weights ~ N(0, initializer_range), norms 1, biases 0."""
+    std = config.initializer_range
+    for name, param in named_parameters_clean(model):
+        device = _param_device(param)
+        if name.endswith("norm.weight"):
+            full = torch.ones(param.shape, dtype=param.dtype, device=device)
+        elif name.endswith(".bias"):
+            full = torch.zeros(param.shape, dtype=param.dtype, device=device)
+        else:
+            generator = torch.Generator(device=device).manual_seed(_seed_for(seed, name))
+            full = torch.empty(param.shape, dtype=torch.float32, device=device)
+            full.normal_(0.0, std, generator=generator)
+            full = full.to(param.dtype)
+        _fill(param, full)
+
+
+def _safetensors_index(folder: Path) -> dict[str, Path]:
+    """Map every tensor name to the file holding it (single file or sharded index)."""
+    index = folder / "model.safetensors.index.json"
+    if index.exists():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: folder / file for name, file in weight_map.items()}
+    single = folder / "model.safetensors"
+    if not single.exists():
+        raise DllmError(
+            f"no safetensors weights in {str(folder)!r}",
+            hint="the folder needs model.safetensors or model.safetensors.index.json "
+            "(convert .bin checkpoints with transformers' save_pretrained)",
+        )
+    from safetensors import safe_open
+
+    with safe_open(str(single), framework="pt") as handle:
+        return {name: single for name in handle.keys()}  # noqa: SIM118 - safe_open has no iter
+
+
+@torch.no_grad()
+def load_hf_weights(model: nn.Module, config: DecoderConfig, folder: str | Path) -> None:
+    """Load HF-layout safetensors into the model; every parameter must be found."""
+    from safetensors import safe_open
+
+    folder = Path(folder)
+    where = _safetensors_index(folder)
+    wanted = dict(named_parameters_clean(model))
+    if config.tie_word_embeddings:
+        wanted.pop("lm_head.weight", None)
+    missing = sorted(name for name in wanted if name not in where)
+    if missing:
+        shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
+        raise DllmError(
+            f"{len(missing)} weights missing from {str(folder)!r}: {shown}",
+            hint="does config.json match the weights (model_type, layers, tie_word_embeddings)?",
+        )
+    by_file: dict[Path, list[str]] = {}
+    for name in wanted:
+        by_file.setdefault(where[name], []).append(name)
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt") as handle:
+            for name in names:
+                param = wanted[name]
+                tensor = handle.get_tensor(name)
+                if tuple(tensor.shape) != tuple(param.shape):
+                    raise DllmError(
+                        f"weight {name!r} has shape {tuple(tensor.shape)} in {file.name}, "
+                        f"the model expects {tuple(param.shape)}",
+                        hint="config.json does not match the weights",
+                    )
+                _fill(param, tensor.to(device=_param_device(param), dtype=param.dtype))
+
+
+def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) CPU tensors under HF names; collective when the model is sharded."""
+    from torch.distributed.tensor import DTensor
+
+    out: dict[str, torch.Tensor] = {}
+    for name, param in named_parameters_clean(model):
+        tensor = param.full_tensor() if isinstance(param, DTensor) else param
+        out[name] = tensor.detach().to("cpu").contiguous()
+    return out
+
+
+def save_hf(
+    state: dict[str, torch.Tensor],
+    config: DecoderConfig,
+    folder: str | Path,
+    dtype: torch.dtype | None = None,
+) -> Path:
+    """Write config.json + model.safetensors in the Hugging Face layout."""
+    from safetensors.torch import save_file
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, tensor in state.items():
+        if config.tie_word_embeddings and name == "lm_head.weight":
+            continue  # transformers re-ties it from embed_tokens
+        tensors[name] = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
+    hf = config.to_hf_dict()
+    if dtype is not None:
+        hf["torch_dtype"] = str(dtype).removeprefix("torch.")
+    (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
+    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    return folder

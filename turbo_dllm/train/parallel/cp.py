@@ -1,0 +1,65 @@
+"""Context parallelism over the whole 2L sequence: the baseline CSBP is measured against.
+
+Both streams are sharded zigzag over the cp ranks (rank r holds chunks r and 2cp-1-r of each
+stream), so every rank does about the same causal work; its local sequence is
+[noisy chunks ; clean chunks] at the same positions (see `CpLayout`). Per layer the rank
+all-gathers the packed K+V of every rank's local sequence (noisy and clean: 2L tokens in all),
+then runs one attention of its queries over all keys with the block-diffusion mask, the way
+all-gather context parallelism (Llama 3 style) does it for causal LMs. Backward reduce-scatters
+dK/dV to their owners through the gather's autograd node.
+
+Unlike CSBP, the noisy K/V travel too, and nothing is overlapped with the gather.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from turbo_dllm.train.parallel.collectives import start_all_gather
+from turbo_dllm.train.parallel.csbp import gathered_heads
+from turbo_dllm.train.parallel.layout import CpLayout
+from turbo_dllm.train.parallel.partial_attention import AttentionBackend, build_partial_attention
+from turbo_dllm.train.parallel.visibility import TokenSet, two_stream_tokens
+
+__all__ = ["CpAttention"]
+
+
+class CpAttention:
+    """Attention over this rank's [noisy chunks ; clean chunks] under the CP baseline."""
+
+    def __init__(
+        self,
+        layout: CpLayout,
+        doc_ids: torch.Tensor,
+        group: dist.ProcessGroup | None,
+        *,
+        backend: AttentionBackend = "reference",
+        scale: float | None = None,
+    ) -> None:
+        if layout.cp > 1 and (group is None or dist.get_world_size(group) != layout.cp):
+            raise ValueError(f"CP with cp={layout.cp} needs a process group of that size")
+        self.layout = layout
+        self.group = group
+        self.num_local = 2 * int(layout.positions.numel())
+        block_size = layout.block_size
+        local = two_stream_tokens(layout.positions, block_size=block_size, doc_ids=doc_ids)
+        per_rank = layout.gathered_positions.chunk(layout.cp)
+        gathered = TokenSet.concat(
+            *(two_stream_tokens(p, block_size=block_size, doc_ids=doc_ids) for p in per_rank)
+        )
+        self._attend = build_partial_attention(local, gathered, backend, scale)
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q (B, H, 2*L/cp, D), k/v (B, Hkv, 2*L/cp, D), local order -> out like q."""
+        if q.shape[2] != self.num_local or k.shape[2] != self.num_local:
+            raise ValueError(
+                f"CP rank expects {self.num_local} tokens, got q {tuple(q.shape)}, "
+                f"k {tuple(k.shape)}"
+            )
+        if self.layout.cp > 1:
+            k_all, v_all = gathered_heads(start_all_gather(torch.stack([k, v]), self.group).wait())
+        else:
+            k_all, v_all = k, v
+        out, _ = self._attend(q, k_all, v_all)
+        return out

@@ -1,0 +1,148 @@
+"""Parallel degrees of a run, validated once, and the device mesh they span.
+
+Ranks are laid out as dp_replicate x dp_shard x clean_replica x cp x tp (outermost first), so the
+chattiest groups (tp, then cp) hold neighbouring ranks, on one host where possible. The
+`context` group of max(cp, bp) ranks shares one sequence; it is (clean_replica, cp):
+
+* CP baseline (cp > 1, bp == 1): clean_replica = 1; both streams are zigzag-sharded over cp.
+* CSBP (bp > 1): noisy blocks are spread over all bp ranks of the context group; the clean stream
+  is zigzag-sharded over the cp ranks of each clean group and replicated over bp / cp such groups
+  (cp == 1: every rank recomputes its clean prefix, no attention traffic; cp == bp: fully sharded).
+
+Flattened meshes answer the questions the trainer asks:
+  "dp"           (dp_replicate, dp_shard)                  which batch a rank reads
+  "context"      (clean_replica, cp)                       which ranks share a sequence
+  "dp_shard_ctx" (dp_shard, clean_replica, cp)             FSDP2 shards parameters here
+  "loss"         (dp_replicate, dp_shard, clean_replica, cp) global token counts, loss sums
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal
+
+from turbo_dllm.errors import DllmError
+
+if TYPE_CHECKING:
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from turbo_dllm.config.runspec import TopologySpec
+
+__all__ = ["ContextMode", "MESH_DIMS", "ParallelDims", "layout_problems"]
+
+ContextMode = Literal["none", "cp", "csbp"]
+MESH_DIMS: tuple[str, ...] = ("dp_replicate", "dp_shard", "clean_replica", "cp", "tp")
+_FLATTENED: dict[str, tuple[str, ...]] = {
+    "dp": ("dp_replicate", "dp_shard"),
+    "context": ("clean_replica", "cp"),
+    "dp_shard_ctx": ("dp_shard", "clean_replica", "cp"),
+    "loss": ("dp_replicate", "dp_shard", "clean_replica", "cp"),
+}
+
+
+def layout_problems(cp: int, bp: int) -> list[str]:
+    """Why a (cp, bp) pair cannot be laid out; empty when it can."""
+    found = []
+    if cp < 1 or bp < 1:
+        found.append(f"cp and bp must be >= 1 (got cp={cp}, bp={bp})")
+    elif cp > 1 and bp > 1 and (bp < cp or bp % cp):
+        found.append(
+            f"fused CP+BP needs bp >= cp and bp % cp == 0 (got cp={cp}, bp={bp}): the clean "
+            f"stream is sharded over cp ranks and that shard is replicated over bp/cp groups, "
+            f"so the bp ranks holding noisy blocks must form whole clean groups"
+        )
+    return found
+
+
+@dataclass
+class ParallelDims:
+    """Degrees of every parallel axis; `build_mesh` turns them into a named DeviceMesh."""
+
+    dp_replicate: int
+    dp_shard: int
+    cp: int
+    bp: int
+    tp: int
+    world_size: int
+    _meshes: dict[str, DeviceMesh] = field(default_factory=dict, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        found = layout_problems(self.cp, self.bp)
+        for name in ("dp_replicate", "dp_shard", "tp"):
+            if getattr(self, name) < 1:
+                found.append(f"{name} must be >= 1 (got {getattr(self, name)})")
+        product = self.dp_replicate * self.dp_shard * self.context * self.tp
+        if not found and product != self.world_size:
+            found.append(
+                f"dp*fsdp*max(cp,bp)*tp = {self.dp_replicate}*{self.dp_shard}*{self.context}*"
+                f"{self.tp} = {product} but the world has {self.world_size} processes"
+            )
+        if found:
+            raise DllmError(
+                "invalid parallel layout: " + "; ".join(found),
+                hint="see docs/parallelism.md for the supported cp/bp/dp combinations",
+            )
+
+    @classmethod
+    def from_topology(cls, topology: TopologySpec, world_size: int) -> ParallelDims:
+        return cls(
+            dp_replicate=topology.dp,
+            dp_shard=topology.fsdp,
+            cp=topology.cp,
+            bp=topology.bp,
+            tp=topology.tp,
+            world_size=world_size,
+        )
+
+    # --- derived degrees ----------------------------------------------------------------------
+    @property
+    def context(self) -> int:
+        """Ranks that share one sequence."""
+        return max(self.cp, self.bp)
+
+    @property
+    def clean_replica(self) -> int:
+        """CSBP: how many clean groups of cp ranks form the context group."""
+        return self.context // self.cp
+
+    @property
+    def mode(self) -> ContextMode:
+        if self.bp > 1:
+            return "csbp"
+        return "cp" if self.cp > 1 else "none"
+
+    @property
+    def dp(self) -> int:
+        """Distinct batches per step (data-parallel degree as the loader sees it)."""
+        return self.dp_replicate * self.dp_shard
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return (self.dp_replicate, self.dp_shard, self.clean_replica, self.cp, self.tp)
+
+    # --- mesh ---------------------------------------------------------------------------------
+    def build_mesh(self, device_type: str) -> DeviceMesh:
+        """Create the world mesh and its flattened views (needs torch.distributed initialised)."""
+        from torch.distributed.device_mesh import init_device_mesh
+
+        world = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=MESH_DIMS)
+        meshes: dict[str, DeviceMesh] = {"world": world}
+        for name in MESH_DIMS:
+            meshes[name] = world[name]
+        for name, dims in _FLATTENED.items():
+            meshes[name] = world[dims]._flatten(name)
+        self._meshes = meshes
+        return world
+
+    def get_mesh(self, name: str) -> DeviceMesh:
+        """The mesh of axis or flattened group `name`; raises if unknown or not built."""
+        if not self._meshes:
+            raise RuntimeError("ParallelDims.build_mesh() has not been called")
+        if name not in self._meshes:
+            raise KeyError(f"no mesh named {name!r} (known: {', '.join(sorted(self._meshes))})")
+        return self._meshes[name]
+
+    def get_optional_mesh(self, name: str) -> DeviceMesh | None:
+        """Like `get_mesh`, but None when that group has a single rank (axis not in use)."""
+        mesh = self.get_mesh(name)
+        return mesh if mesh.size() > 1 else None
