@@ -33,6 +33,7 @@ class _State:
 
     def __init__(self, group: dist.ProcessGroup) -> None:
         self.group = group
+        self.world = dist.get_world_size(group)
         self.gather_work: Any = None
         self.scatter_work: Any = None
         self.scatter_out: torch.Tensor | None = None
@@ -42,12 +43,12 @@ class _State:
 class _Start(torch.autograd.Function):
     @staticmethod
     def forward(ctx, local: torch.Tensor, state: _State) -> torch.Tensor:
-        world = dist.get_world_size(state.group)
+        world = state.world
         local = local.contiguous()
         out = local.new_empty((world * local.shape[0], *local.shape[1:]))
         state.gather_work = _all_gather(out, local, group=state.group, async_op=True)
         ctx.state = state
-        return out.view(world, *local.shape)
+        return out
 
     @staticmethod
     def backward(ctx, _unused: torch.Tensor):
@@ -64,15 +65,14 @@ class _Wait(torch.autograd.Function):
         state.gather_work.wait()
         state.gather_work = None
         ctx.state = state
-        ctx.world = gathered.shape[0]
         return gathered.view_as(gathered)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         state: _State = ctx.state
-        grad = grad.contiguous().flatten(0, 1)
+        grad = grad.contiguous()
         state.scatter_in = grad  # keep the source alive until the reduce-scatter finishes
-        state.scatter_out = grad.new_empty((grad.shape[0] // ctx.world, *grad.shape[1:]))
+        state.scatter_out = grad.new_empty((grad.shape[0] // state.world, *grad.shape[1:]))
         state.scatter_work = _reduce_scatter(
             state.scatter_out, grad, group=state.group, async_op=True
         )
@@ -82,18 +82,21 @@ class _Wait(torch.autograd.Function):
 class GatherHandle:
     """An all-gather in flight; `wait()` returns the (world, *shape) result exactly once."""
 
-    def __init__(self, started: torch.Tensor, state: _State) -> None:
+    def __init__(self, started: torch.Tensor, state: _State, shape: torch.Size) -> None:
         self._started: torch.Tensor | None = started
         self._state = state
+        self._shape = shape
 
     def wait(self) -> torch.Tensor:
         if self._started is None:
             raise RuntimeError("GatherHandle.wait() called twice")
         started, self._started = self._started, None
-        return _Wait.apply(started, self._state)
+        # The (world, *shape) view is taken outside the custom Functions: autograd forbids
+        # views created inside one when their base is written by the collective.
+        return _Wait.apply(started, self._state).view(self._state.world, *self._shape)
 
 
 def start_all_gather(local: torch.Tensor, group: dist.ProcessGroup) -> GatherHandle:
     """Launch an all-gather of `local` over `group`; gradients reduce-scatter back (summed)."""
     state = _State(group)
-    return GatherHandle(_Start.apply(local, state), state)
+    return GatherHandle(_Start.apply(local, state), state, local.shape)

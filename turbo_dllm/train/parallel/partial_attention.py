@@ -11,8 +11,8 @@ The mask is built once when the attention is constructed (per step: it depends o
 the document ids only) and reused by every layer.
 
 Shapes: q (B, H, Sq, D), k/v (B, Hkv, Sk, D) with H % Hkv == 0 (grouped-query attention).
-Returns out (B, H, Sq, D) in q's dtype and lse (B, H, Sq) float32, natural log; a query that sees
-no key gets out 0 and lse -inf.
+Returns out (B, H, Sq, D) in q's dtype and lse (B, H, Sq) in float32 (or wider), natural log; a
+query that sees no key gets out 0 and lse -inf.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def dense_attention_with_lse(
     mask: torch.Tensor,
     scale: float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference attention in float32; `mask` (B or 1, 1, Sq, Sk) bool, True = visible.
+    """Reference attention in float32 (float64 stays float64); `mask` (B|1, 1, Sq, Sk) bool.
 
     Fully masked rows are made finite before the softmax and zeroed after, so neither the
     forward nor the backward produces NaN (their lse is -inf, their gradient zero).
@@ -56,9 +56,10 @@ def dense_attention_with_lse(
         raise ValueError(f"query heads {heads} are not a multiple of key/value heads {kv_heads}")
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     group = heads // kv_heads
-    qf = q.float().reshape(batch, kv_heads, group, sq, dim)
-    kf = k.float()[:, :, None]
-    vf = v.float()[:, :, None]
+    compute = torch.promote_types(q.dtype, torch.float32)
+    qf = q.to(compute).reshape(batch, kv_heads, group, sq, dim)
+    kf = k.to(compute)[:, :, None]
+    vf = v.to(compute)[:, :, None]
     visible = mask[:, :, None]  # (B, 1, 1, Sq, Sk)
     scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
     scores = scores.masked_fill(~visible, float("-inf"))
