@@ -1,0 +1,191 @@
+"""CSBP and the CP baseline against the single-rank 2L attention, on real gloo processes.
+
+One spawn per world size runs every layout; each rank builds the mesh with `ParallelDims`,
+shards a float64 batch by its layout, runs the parallel attention forward and backward, and
+scatters its outputs and dq/dk/dv back into full-sequence buffers that are summed over the
+context group. Those must equal the single-rank attention with the block-diffusion mask. A layout
+that splits a diffusion block across two ranks must NOT match (the harness can fail).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from turbo_dllm.train.parallel.cp import CpAttention
+from turbo_dllm.train.parallel.csbp import CsbpAttention
+from turbo_dllm.train.parallel.dims import ParallelDims
+from turbo_dllm.train.parallel.layout import CpLayout, CsbpLayout
+from turbo_dllm.train.parallel.partial_attention import dense_attention_with_lse
+from turbo_dllm.train.parallel.visibility import dense_mask, two_stream_tokens
+
+TOLERANCE = 1e-9  # float64 throughout
+HEADS, KV_HEADS, HEAD_DIM, BATCH = 4, 2, 8, 2
+
+
+# --- harness (also used by the training tests) ------------------------------------------------
+def _entry(rank: int, world: int, store: str, fn, args) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+    except Exception:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo(fn, world: int, tmp_path: Path, *args) -> None:
+    """Run fn(rank, world, *args) on `world` gloo processes (module-level fn, picklable args)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    store = tmp_path / f"store-{world}"
+    mp.spawn(_entry, args=(world, str(store), fn, args), nprocs=world, join=True)
+
+
+def torch_merge(out_a, lse_a, out_b, lse_b):
+    """LSE merge for the tests until the kernel op lands (same contract, -inf safe)."""
+    lse = torch.logaddexp(lse_a, lse_b)
+    safe = torch.where(torch.isinf(lse), torch.zeros_like(lse), lse)
+    w_a = torch.exp(lse_a - safe)[..., None]
+    w_b = torch.exp(lse_b - safe)[..., None]
+    return (w_a * out_a + w_b * out_b).to(out_a.dtype), lse
+
+
+# --- cases -----------------------------------------------------------------------------------
+# (name, mode, cp, bp, seq_len, block_size); the world decides dp = world / max(cp, bp).
+CASES: dict[int, list[tuple[str, str, int, int, int, int]]] = {
+    2: [
+        ("csbp-bp2-cp1", "csbp", 1, 2, 64, 4),
+        ("csbp-bp2-cp2", "csbp", 2, 2, 64, 4),
+        ("cp-baseline-cp2", "cp", 2, 1, 64, 4),
+        ("csbp-bp2-split-block", "broken", 2, 2, 64, 4),
+    ],
+    4: [
+        ("csbp-bp4-cp1", "csbp", 1, 4, 64, 4),
+        ("csbp-bp4-cp2", "csbp", 2, 4, 64, 4),
+        ("csbp-bp4-cp4", "csbp", 4, 4, 64, 4),
+        ("csbp-bp4-cp2-odd-blocks", "csbp", 2, 4, 44, 4),
+        ("csbp-bp2-cp2-dp2", "csbp", 2, 2, 64, 4),
+        ("cp-baseline-cp4", "cp", 4, 1, 64, 4),
+        ("cp-baseline-cp2-dp2", "cp", 2, 1, 64, 4),
+        ("csbp-bp4-split-block", "broken", 4, 4, 64, 4),
+    ],
+}
+
+
+def _split_block(layouts: list[CsbpLayout], ctx_rank: int) -> CsbpLayout:
+    """Ranks 0 and 1 swap the second half of their first block: every token still has one owner,
+    but two diffusion blocks are now split across ranks."""
+    own = layouts[ctx_rank]
+    if ctx_rank > 1:
+        return own
+    other = layouts[1 - ctx_rank]
+    half, size = own.block_size // 2, own.block_size
+    noisy = own.noisy_positions.clone()
+    noisy[half:size] = other.noisy_positions[half:size]
+    return CsbpLayout(**{**own.__dict__, "noisy_positions": noisy})
+
+
+def _batch(seed: int, seq_len: int):
+    gen = torch.Generator().manual_seed(seed)
+
+    def rand(heads):
+        return torch.randn(BATCH, heads, 2 * seq_len, HEAD_DIM, generator=gen, dtype=torch.float64)
+
+    q, k, v, grad = rand(HEADS), rand(KV_HEADS), rand(KV_HEADS), rand(HEADS)
+    docs = torch.zeros(BATCH, seq_len, dtype=torch.long)
+    docs[1, seq_len // 3 :] = 1  # packed documents in row 1, cut mid-block
+    docs[1, (2 * seq_len) // 3 :] = 2
+    return q, k, v, grad, docs
+
+
+def _reference(q, k, v, grad, docs, block_size):
+    seq_len = docs.shape[1]
+    tokens = two_stream_tokens(torch.arange(seq_len), block_size=block_size, doc_ids=docs)
+    q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
+    out, _ = dense_attention_with_lse(q, k, v, dense_mask(tokens, tokens))
+    (out * grad).sum().backward()
+    return out.detach(), q.grad, k.grad, v.grad
+
+
+def _run_case(world, mode, cp, bp, seq_len, block_size) -> float:
+    """Max abs difference to the reference over outputs and q/k/v gradients (all ranks)."""
+    dims = ParallelDims(
+        dp_replicate=1, dp_shard=world // max(cp, bp), cp=cp, bp=bp, tp=1, world_size=world
+    )
+    dims.build_mesh("cpu")
+    ctx_mesh = dims.get_mesh("context")
+    ctx_rank, dp_rank = ctx_mesh.get_local_rank(), dims.get_mesh("dp").get_local_rank()
+    q, k, v, grad, docs = _batch(seed=100 + dp_rank, seq_len=seq_len)
+    ref = _reference(q, k, v, grad, docs, block_size)
+    clean_group = dims.get_mesh("cp").get_group() if cp > 1 else None
+    if mode == "cp":
+        layout = CpLayout.build(seq_len, block_size, cp, ctx_rank)
+        attention = CpAttention(layout, docs, clean_group)
+        index = torch.cat([layout.positions, seq_len + layout.positions])
+    else:
+        layouts = [CsbpLayout.build(seq_len, block_size, bp, cp, r) for r in range(bp)]
+        layout = _split_block(layouts, ctx_rank) if mode == "broken" else layouts[ctx_rank]
+        attention = CsbpAttention(layout, docs, clean_group, merge=torch_merge)
+        index = torch.cat([layout.noisy_positions, seq_len + layout.clean_positions])
+    local = [t[:, :, index].clone().requires_grad_() for t in (q, k, v)]
+    out = attention(*local)
+    # Tokens held by several ranks (replicated clean stream) share their upstream gradient.
+    holders = torch.zeros(2 * seq_len, dtype=torch.float64)
+    holders[index] = 1.0
+    dist.all_reduce(holders, group=ctx_mesh.get_group())
+    (out * grad[:, :, index] / holders[index][:, None]).sum().backward()
+    # Replicated outputs count once; gradients are partial sums, so they simply add up.
+    shared = (out.detach() / holders[index][:, None], *(t.grad for t in local))
+    full = []
+    for local_value, ref_value in zip(shared, ref, strict=True):
+        buffer = torch.zeros_like(ref_value)
+        buffer.index_add_(2, index, local_value)
+        full.append(buffer)
+    error = torch.zeros((), dtype=torch.float64)
+    for buffer, ref_value in zip(full, ref, strict=True):
+        dist.all_reduce(buffer, group=ctx_mesh.get_group())
+        error = torch.maximum(error, (buffer - ref_value).abs().max())
+    dist.all_reduce(error, op=dist.ReduceOp.MAX)
+    return float(error)
+
+
+def _worker(rank: int, world: int, results: str) -> None:
+    errors = {
+        name: _run_case(world, mode, cp, bp, seq_len, block)
+        for name, mode, cp, bp, seq_len, block in CASES[world]
+    }
+    if rank == 0:
+        Path(results).write_text(json.dumps(errors))
+
+
+@pytest.fixture(scope="module")
+def errors(tmp_path_factory):
+    found = {}
+    for world in CASES:
+        tmp = tmp_path_factory.mktemp(f"attn-{world}")
+        results = tmp / "errors.json"
+        run_gloo(_worker, world, tmp, str(results))
+        found[world] = json.loads(results.read_text())
+    return found
+
+
+@pytest.mark.parametrize(
+    "world,name", [(w, c[0]) for w, cases in CASES.items() for c in cases if c[1] != "broken"]
+)
+def test_parallel_attention_equals_single_rank(errors, world, name):
+    assert errors[world][name] < TOLERANCE, (name, errors[world][name])
+
+
+@pytest.mark.parametrize(
+    "world,name", [(w, c[0]) for w, cases in CASES.items() for c in cases if c[1] == "broken"]
+)
+def test_splitting_a_block_across_ranks_is_detected(errors, world, name):
+    assert errors[world][name] > 1e-3, (name, errors[world][name])
