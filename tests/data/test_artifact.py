@@ -1,0 +1,105 @@
+"""Artifact identity and integrity: fingerprints, verification, and what validate catches."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.data.helpers import prepare_config, write_config, write_jsonl
+from tests.helpers import assert_user_error
+from turbo_dllm.data.artifact import read_manifest, verify
+from turbo_dllm.errors import DllmError
+
+
+@pytest.fixture
+def corpus(tmp_path):
+    """Enough lines for several chunks (1024 records each), so 2 workers really interleave."""
+    rows = [{"text": f"document {i}: " + "lorem ipsum " * (i % 17)} for i in range(2600)]
+    write_jsonl(tmp_path / "data.jsonl", rows)
+    return tmp_path
+
+
+def test_fingerprint_is_identical_across_workers_and_output_paths(corpus, tmp_path):
+    one = prepare_config(write_config(corpus, workers=1, output={"path": "a"}))
+    two = prepare_config(write_config(corpus, "p2.yaml", workers=2, output={"path": "sub/b"}))
+    assert two.workers == 2
+    assert one.manifest.fingerprint == two.manifest.fingerprint
+    # Nothing path- or run-dependent anywhere: the manifests are byte-identical.
+    assert (one.path / "manifest.json").read_bytes() == (two.path / "manifest.json").read_bytes()
+    for name in ("tokens.bin", "loss_mask.bin", "documents.bin"):
+        assert (one.path / name).read_bytes() == (two.path / name).read_bytes()
+    assert one.manifest.stats.records == 2600
+
+
+def test_fingerprint_identical_with_a_hf_tokenizer_in_two_workers(corpus, hf_tokenizer):
+    tokenizer = {"kind": "huggingface", "path": str(hf_tokenizer)}
+    one = prepare_config(write_config(corpus, tokenizer=tokenizer, workers=1))
+    two = prepare_config(
+        write_config(corpus, "p2.yaml", tokenizer=tokenizer, workers=2, output={"path": "b"})
+    )
+    assert one.manifest.fingerprint == two.manifest.fingerprint
+    assert one.manifest.vocab_size > 260 and one.manifest.special_tokens["mask"] >= 0
+
+
+def test_fingerprint_changes_with_content(corpus):
+    base = prepare_config(write_config(corpus))
+    other = prepare_config(
+        write_config(
+            corpus, "p2.yaml", packing={"seq_len": 64, "block_size": 16}, output={"path": "b"}
+        )
+    )
+    assert base.manifest.fingerprint != other.manifest.fingerprint
+
+
+@pytest.mark.parametrize("name", ["tokens.bin", "loss_mask.bin", "documents.bin"])
+def test_validate_catches_a_flipped_byte_in_any_array(corpus, cli, name):
+    result = prepare_config(write_config(corpus))
+    assert cli("data", "validate", result.path).code == 0
+    file = result.path / name
+    data = bytearray(file.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    file.write_bytes(bytes(data))
+    assert_user_error(cli("data", "validate", result.path), name, "sha256 mismatch")
+
+
+def test_validate_catches_a_truncated_array_and_an_edited_manifest(corpus, cli):
+    result = prepare_config(write_config(corpus))
+    manifest_file = result.path / "manifest.json"
+    document = json.loads(manifest_file.read_text())
+    document["special_tokens"]["mask"] = 5
+    manifest_file.write_text(json.dumps(document))
+    assert_user_error(cli("data", "validate", result.path), "fingerprint mismatch")
+    (result.path / "tokens.bin").write_bytes(b"\0" * 10)
+    assert_user_error(cli("data", "validate", result.path), "tokens.bin", "10 bytes")
+
+
+def test_validate_catches_a_changed_tokenizer_file(corpus, cli, hf_tokenizer):
+    tokenizer = {"kind": "huggingface", "path": str(hf_tokenizer)}
+    result = prepare_config(write_config(corpus, tokenizer=tokenizer))
+    copied = result.path / "tokenizer" / "tokenizer.json"
+    copied.write_text(copied.read_text() + " ")
+    assert_user_error(cli("data", "validate", result.path), "tokenizer/tokenizer.json")
+
+
+def test_read_manifest_errors_are_user_errors(tmp_path):
+    with pytest.raises(DllmError, match="not found"):
+        read_manifest(tmp_path / "nope")
+    (tmp_path / "x").mkdir()
+    (tmp_path / "x/manifest.json").write_text(json.dumps({"format": "other.v1"}))
+    with pytest.raises(DllmError, match="not a turbo_dllm.data.v1 manifest"):
+        read_manifest(tmp_path / "x")
+    (tmp_path / "x/manifest.json").write_text(json.dumps({"format": "turbo_dllm.data.v1"}))
+    with pytest.raises(DllmError, match="invalid manifest"):
+        verify(tmp_path / "x")
+
+
+def test_manifest_carries_the_contract_fields(corpus):
+    manifest = prepare_config(write_config(corpus)).manifest
+    assert manifest.format == "turbo_dllm.data.v1"
+    assert len(manifest.fingerprint) == 64
+    assert (manifest.seq_len, manifest.block_size, manifest.vocab_size) == (64, 8, 260)
+    assert manifest.special_tokens == {"bos": 256, "eos": 257, "mask": 259, "pad": 258}
+    assert manifest.num_sequences == manifest.arrays["tokens"].shape[0]
+    assert manifest.num_documents == 2600
+    assert manifest.tokenizer.kind == "byte_level" and len(manifest.tokenizer.vocab_sha256) == 64

@@ -1,0 +1,179 @@
+"""Bad input: clear errors naming the record, on_error: skip counts, never a partial artifact."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.data.helpers import leftovers, prepare_config, write_config, write_jsonl
+from tests.helpers import assert_user_error
+from turbo_dllm.data.artifact import verify
+from turbo_dllm.errors import DllmError
+
+
+def _prepare_fails(cli, config, *needles):
+    result = cli("data", "prepare", "--config", config)
+    assert_user_error(result, *needles)
+    folder = config.parent
+    assert not (folder / "out").exists()
+    assert leftovers(folder) == []
+    return result
+
+
+def test_malformed_json_names_file_and_line(cli, tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"text": "ok"}\n\n{"text": "a" "b"}\n{"text": "c"}\n')
+    _prepare_fails(cli, write_config(tmp_path), "data.jsonl:3: malformed JSON", "on_error: skip")
+
+
+def test_on_error_skip_counts_every_reason(tmp_path):
+    (tmp_path / "data.jsonl").write_text(
+        '{"text": "good"}\n'
+        "not json\n"
+        '{"txt": "missing"}\n'
+        '{"text": 5}\n'
+        "[1, 2]\n"
+        '{"text": "also good"}\n'
+    )
+    result = prepare_config(write_config(tmp_path, on_error="skip"))
+    stats = result.manifest.stats
+    assert stats.skipped == {"bad_field": 1, "malformed_json": 2, "missing_field": 1}
+    assert (stats.records, stats.documents) == (6, 2)
+
+
+def test_missing_field_names_the_path_and_the_keys(cli, tmp_path):
+    write_jsonl(tmp_path / "data.jsonl", [{"meta": {"title": "t"}}])
+    config = write_config(tmp_path, records={"kind": "text", "field": "meta.body"})
+    _prepare_fails(cli, config, "data.jsonl:1", "missing field 'meta.body'", "keys: title")
+
+
+def test_empty_result_is_an_error(cli, tmp_path):
+    (tmp_path / "data.jsonl").write_text('{"text": ""}\n\n')
+    _prepare_fails(cli, write_config(tmp_path), "no documents")
+    (tmp_path / "data.jsonl").write_text('{"x": 1}\n')
+    _prepare_fails(cli, write_config(tmp_path, on_error="skip"), "no documents", "missing_field 1")
+
+
+def test_chat_without_assistant_turn_under_assistant_only(cli, tmp_path, hf_tokenizer):
+    write_jsonl(tmp_path / "data.jsonl", [{"messages": [{"role": "user", "content": "hi"}]}])
+    config = write_config(tmp_path, records={"kind": "chat"}, supervision="assistant_only")
+    _prepare_fails(cli, config, "data.jsonl:1", "no assistant")
+    config = write_config(
+        tmp_path,
+        records={"kind": "chat"},
+        supervision="assistant_only",
+        tokenizer={"kind": "huggingface", "path": str(hf_tokenizer)},
+    )
+    _prepare_fails(cli, config, "data.jsonl:1", "no assistant turn")
+
+
+def test_template_without_generation_markers_is_refused(cli, tmp_path, hf_tokenizer_plain_template):
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    write_jsonl(tmp_path / "data.jsonl", [{"messages": chat}])
+    tokenizer = {"kind": "huggingface", "path": str(hf_tokenizer_plain_template)}
+    config = write_config(
+        tmp_path, records={"kind": "chat"}, supervision="assistant_only", tokenizer=tokenizer
+    )
+    _prepare_fails(cli, config, "{% generation %}", "never guesses")
+    # The same template is fine for full supervision.
+    config = write_config(tmp_path, records={"kind": "chat"}, tokenizer=tokenizer)
+    assert cli("data", "prepare", "--config", config).code == 0
+
+
+def test_tokenizer_without_mask_token(cli, tmp_path, hf_tokenizer_no_mask):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "hello"}])
+    tokenizer = {"kind": "huggingface", "path": str(hf_tokenizer_no_mask)}
+    _prepare_fails(cli, write_config(tmp_path, tokenizer=tokenizer), "has no mask token")
+    # A spare id past the vocabulary works and widens the artifact's vocab.
+    result = prepare_config(write_config(tmp_path, tokenizer={**tokenizer, "mask_token_id": 1000}))
+    assert result.manifest.special_tokens["mask"] == 1000
+    assert result.manifest.vocab_size == 1001
+
+
+def test_token_ids_outside_the_vocab_or_equal_to_mask(cli, tmp_path):
+    write_jsonl(tmp_path / "data.jsonl", [[1, 2], [3, 300]])
+    config = write_config(tmp_path, source={"kind": "token_ids", "paths": ["data.jsonl"]})
+    _prepare_fails(cli, config, "data.jsonl:2", "token id 300 is outside the vocabulary (0..259)")
+    np.save(tmp_path / "ids.npy", np.array([[1, 2], [259, 4]]))
+    config = write_config(tmp_path, source={"kind": "token_ids", "paths": ["ids.npy"]})
+    _prepare_fails(cli, config, "ids.npy row 1", "mask token")
+
+
+def test_too_long_documents_under_reject(cli, tmp_path):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "ok"}, {"text": "x" * 80}])
+    config = write_config(tmp_path, packing={"seq_len": 64, "block_size": 8, "overflow": "reject"})
+    _prepare_fails(cli, config, "data.jsonl:2", "81 tokens", "packing.overflow")
+
+
+def test_bad_files(cli, tmp_path):
+    config = write_config(tmp_path, source={"kind": "jsonl", "paths": ["nothing/*.jsonl"]})
+    _prepare_fails(cli, config, "no file matches")
+    (tmp_path / "bad.txt").write_bytes(b"ok\xff\xfe")
+    config = write_config(tmp_path, source={"kind": "text", "paths": ["bad.txt"]})
+    _prepare_fails(cli, config, "bad.txt", "not UTF-8")
+    (tmp_path / "bad.parquet").write_bytes(b"PAR1 nope")
+    config = write_config(tmp_path, source={"kind": "parquet", "paths": ["bad.parquet"]})
+    _prepare_fails(cli, config, "bad.parquet", "not a readable parquet file")
+    config = write_config(tmp_path, source={"kind": "huggingface", "path": "no-such-folder"})
+    _prepare_fails(cli, config, "dataset folder not found")
+
+
+def test_existing_output_needs_overwrite(cli, tmp_path):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "one"}])
+    config = write_config(tmp_path)
+    assert cli("data", "prepare", "--config", config).code == 0
+    assert_user_error(cli("data", "prepare", "--config", config), "already exists", "overwrite")
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine/notes.txt").write_text("precious")
+    other = write_config(tmp_path, "p2.yaml", output={"path": "mine", "overwrite": True})
+    assert_user_error(cli("data", "prepare", "--config", other), "not a data artifact")
+    assert (tmp_path / "mine/notes.txt").read_text() == "precious"
+
+
+def test_failed_overwrite_keeps_the_old_artifact(cli, tmp_path):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "one"}])
+    config = write_config(tmp_path, output={"path": "out", "overwrite": True})
+    before = prepare_config(config).manifest.fingerprint
+    (tmp_path / "data.jsonl").write_text('{"text": "two"}\n{broken\n')
+    assert_user_error(cli("data", "prepare", "--config", config), "data.jsonl:2")
+    assert verify(tmp_path / "out").fingerprint == before
+    assert leftovers(tmp_path) == []
+    (tmp_path / "data.jsonl").write_text('{"text": "two"}\n')
+    after = prepare_config(config).manifest.fingerprint
+    assert after != before and verify(tmp_path / "out").fingerprint == after
+    assert leftovers(tmp_path) == []
+
+
+def test_interrupt_midway_leaves_nothing(tmp_path, monkeypatch):
+    import turbo_dllm.data.packing as packing
+
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "x" * 50}] * 20)
+    calls = {"n": 0}
+    original = packing.Packer._flush
+
+    def flaky(self, rows):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            original(self, rows)  # some rows are already on disk in staging
+            raise KeyboardInterrupt
+        return original(self, rows)
+
+    monkeypatch.setattr(packing.Packer, "_flush", flaky)
+    with pytest.raises(KeyboardInterrupt):
+        prepare_config(write_config(tmp_path))
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+def test_leftovers_of_a_killed_job_are_recovered(tmp_path):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "one"}])
+    config = write_config(tmp_path, output={"path": "out", "overwrite": True})
+    fingerprint = prepare_config(config).manifest.fingerprint
+    # Killed between "move the old artifact aside" and "move the new one in":
+    (tmp_path / "out").rename(tmp_path / ".out.backup-abc")
+    (tmp_path / ".out.staging-def").mkdir()
+    (tmp_path / ".out.staging-def/tokens.bin").write_bytes(b"partial")
+    (tmp_path / "data.jsonl").write_text("{broken\n")
+    with pytest.raises(DllmError):
+        prepare_config(config)
+    # The backup was restored as the artifact and the stale staging folder removed.
+    assert verify(tmp_path / "out").fingerprint == fingerprint
+    assert leftovers(tmp_path) == []

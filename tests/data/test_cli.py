@@ -1,0 +1,149 @@
+"""The `dllm data` commands end to end, starting from a `dllm init` project (offline)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.data.helpers import write_config, write_jsonl
+from tests.helpers import assert_user_error
+
+
+@pytest.fixture
+def project(cli, tmp_path):
+    folder = tmp_path / "p"
+    assert cli("init", folder).code == 0
+    return folder
+
+
+def test_starter_project_prepares_validates_and_is_ready(cli, project, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # relative paths resolve against prepare.yaml, not the cwd
+    result = cli("data", "prepare", "--config", project / "prepare.yaml", "--json")
+    assert result.code == 0, result.err
+    summary = json.loads(result.out)  # exactly one JSON object on stdout
+    assert summary["path"] == str(project / "data/prepared")
+    assert summary["num_sequences"] > 0 and summary["stats"]["documents"] == 150
+    assert summary["special_tokens"] == {"bos": 256, "eos": 257, "mask": 259, "pad": 258}
+
+    validated = cli(
+        "data", "validate", project / "data/prepared", "--config", project / "train.yaml", "--json"
+    )
+    assert validated.code == 0, validated.err
+    report = json.loads(validated.out)
+    assert report["valid"] and report["fingerprint"] == summary["fingerprint"]
+    assert report["checked_against_config"] == ["seq_len", "block_size", "vocab", "mask_token"]
+
+    doctor = json.loads(cli("doctor", "--config", project / "train.yaml", "--json").out)
+    checks = {c["name"]: c for c in doctor["checks"]}
+    assert checks["data artifact"]["status"] == "pass"
+    assert checks["data fit"]["status"] == "pass"
+
+
+def test_doctor_warns_before_prepare_and_fails_on_a_mismatch(cli, project):
+    doctor = json.loads(cli("doctor", "--config", project / "train.yaml", "--json").out)
+    check = {c["name"]: c for c in doctor["checks"]}["data artifact"]
+    assert check["status"] == "warn" and "dllm data prepare" in check["fix"]
+    assert cli("data", "prepare", "--config", project / "prepare.yaml").code == 0
+    train = project / "train.yaml"
+    train.write_text(train.read_text().replace("seq_len: 256", "seq_len: 128"))
+    doctor = cli("doctor", "--config", train, "--json")
+    assert doctor.code == 1
+    check = {c["name"]: c for c in json.loads(doctor.out)["checks"]}["data fit"]
+    assert check["status"] == "fail" and "data.seq_len: 128" in check["detail"]
+
+
+def test_validate_against_a_runspec_lists_every_misfit(cli, project):
+    assert cli("data", "prepare", "--config", project / "prepare.yaml").code == 0
+    train = project / "train.yaml"
+    text = train.read_text().replace("seq_len: 256", "seq_len: 128")
+    text = text.replace("block_size: 16", "block_size: 32")
+    text = text.replace(
+        "from_config: tiny", "from_config: tiny\n  config_overrides: {vocab_size: 200}"
+    )
+    text = text.replace("block_size: 32", "block_size: 32\n  mask_token_id: 5")
+    train.write_text(text)
+    result = cli("data", "validate", project / "data/prepared", "--config", train)
+    assert_user_error(
+        result,
+        "data.seq_len: 128",
+        "objective.block_size: 32",
+        "vocabulary of 200",
+        "objective.mask_token_id: 5",
+    )
+
+
+def test_prepare_with_overrides_and_human_output(cli, project):
+    result = cli(
+        "data",
+        "prepare",
+        "--config",
+        project / "prepare.yaml",
+        "--set",
+        "packing.seq_len=128",
+        "--set",
+        "output.path=other",
+    )
+    assert result.code == 0, result.err
+    assert f"wrote {project / 'other'}" in result.out
+    assert "128 tokens" in result.out and "fingerprint" in result.out
+    assert_user_error(
+        cli("data", "prepare", "--config", project / "prepare.yaml", "--set", "packing.sq_len=1"),
+        "packing.sq_len: unknown key; did you mean 'seq_len'?",
+    )
+
+
+def test_inspect_marks_supervised_spans(cli, tmp_path):
+    write_jsonl(tmp_path / "data.jsonl", [{"prompt": "Q?", "completion": " A!"}])
+    config = write_config(
+        tmp_path, records={"kind": "prompt_completion"}, supervision="completion_only"
+    )
+    assert cli("data", "prepare", "--config", config).code == 0
+    result = cli("data", "inspect", tmp_path / "out", "--n", "1", "--json")
+    sample = json.loads(result.out)["samples"][0]
+    spans = [(s["text"], s["supervised"], s["padding"]) for s in sample["spans"]]
+    assert spans[:2] == [("Q?", False, False), (" A!<|eos|>", True, False)]
+    assert spans[2][1:] == (False, True)  # then padding to the end of the row
+    human = cli("data", "inspect", tmp_path / "out")
+    assert human.code == 0 and "Q?⟦ A!<|eos|>⟧" in human.out and "pad x" in human.out
+
+
+def test_inspect_decodes_with_the_copied_hf_tokenizer(cli, tmp_path, hf_tokenizer):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "hello world"}])
+    config = write_config(tmp_path, tokenizer={"kind": "huggingface", "path": str(hf_tokenizer)})
+    assert cli("data", "prepare", "--config", config).code == 0
+    result = cli("data", "inspect", tmp_path / "out", "--json")
+    assert json.loads(result.out)["samples"][0]["spans"][0]["text"] == "hello world<|endoftext|>"
+
+
+def test_stats_and_plot(cli, project, tmp_path):
+    assert cli("data", "prepare", "--config", project / "prepare.yaml").code == 0
+    result = cli("data", "stats", project / "data/prepared", "--json", "--plot", tmp_path / "s.png")
+    stats = json.loads(result.out)
+    assert stats["documents"] == 150 and stats["supervised_fraction"] == 1.0
+    assert sum(stats["document_length"]["histogram"]["counts"]) == 150
+    assert stats["tokens"] + stats["padding_tokens"] == stats["sequences"] * stats["seq_len"]
+    assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    human = cli("data", "stats", project / "data/prepared")
+    assert "documents        150" in human.out and "#" in human.out
+
+
+def test_validate_and_inspect_errors(cli, tmp_path):
+    assert_user_error(cli("data", "validate", tmp_path / "none"), "not found", "dllm data prepare")
+    assert_user_error(cli("data", "inspect", tmp_path / "none"), "not found")
+    assert_user_error(cli("data", "stats", tmp_path / "none"), "not found")
+
+
+def test_schema_lists_the_sections(cli):
+    schema = json.loads(cli("data", "schema").out)
+    assert {"source", "records", "tokenizer", "supervision", "packing", "output"} <= set(
+        schema["properties"]
+    )
+
+
+def test_prepare_in_a_real_subprocess(cli_process, cli, project):
+    result = cli_process("data", "prepare", "--config", "prepare.yaml", cwd=project)
+    assert result.code == 0, result.err
+    assert "wrote" in result.out and "Traceback" not in result.err
+    result = cli_process("data", "validate", "data/prepared", "--config", "train.yaml", cwd=project)
+    assert result.code == 0, result.err

@@ -1,0 +1,285 @@
+"""Every source x record kind that applies: the artifact holds exactly the expected documents."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.data.helpers import (
+    byte_doc,
+    documents,
+    prepare_config,
+    write_config,
+    write_jsonl,
+)
+
+TEXTS = ["alpha beta", "gamma", "délta ünïcode ✓", "x" * 30]
+
+
+def _texts_back(path) -> list[bytes]:
+    """Document contents without the trailing eos, as bytes (byte-level artifacts)."""
+    out = []
+    for tokens, _ in documents(path):
+        assert tokens[-1] == 257
+        out.append(bytes(tokens[:-1].tolist()))
+    return out
+
+
+# --- jsonl -------------------------------------------------------------------------------------
+
+
+def test_jsonl_text_with_dotted_field(tmp_path):
+    write_jsonl(
+        tmp_path / "data.jsonl", [{"meta": {"body": t}, "id": i} for i, t in enumerate(TEXTS)]
+    )
+    config = write_config(tmp_path, records={"kind": "text", "field": "meta.body"})
+    result = prepare_config(config)
+    assert _texts_back(result.path) == [t.encode() for t in TEXTS]
+    assert result.manifest.stats.records == len(TEXTS)
+    assert result.manifest.source.records == "text"
+
+
+def test_jsonl_gz_and_globs_read_in_sorted_order(tmp_path):
+    write_jsonl(tmp_path / "d/b.jsonl.gz", [{"text": "second"}], gz=True)
+    write_jsonl(tmp_path / "d/a.jsonl", [{"text": "first"}])
+    write_jsonl(tmp_path / "d/sub/c.jsonl.gz", [{"text": "third"}], gz=True)
+    config = write_config(tmp_path, source={"kind": "jsonl", "paths": ["d/**/*.jsonl*"]})
+    result = prepare_config(config)
+    assert _texts_back(result.path) == [b"first", b"second", b"third"]
+    names = [f.name for f in result.manifest.source.files]
+    assert names == ["a.jsonl", "b.jsonl.gz", "sub/c.jsonl.gz"]  # relative, no local paths
+    assert all(len(f.sha256) == 64 for f in result.manifest.source.files)
+
+
+def test_jsonl_prompt_completion_completion_only(tmp_path, hf_tokenizer):
+    from transformers import AutoTokenizer
+
+    rows = [{"q": "What is 2+2?", "a": " Four."}, {"q": "Say hello", "a": " hello world"}]
+    write_jsonl(tmp_path / "data.jsonl", rows)
+    config = write_config(
+        tmp_path,
+        records={"kind": "prompt_completion", "prompt_field": "q", "completion_field": "a"},
+        tokenizer={"kind": "huggingface", "path": str(hf_tokenizer)},
+        supervision="completion_only",
+    )
+    result = prepare_config(config)
+    tok = AutoTokenizer.from_pretrained(str(hf_tokenizer))
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    for (tokens, mask), row in zip(documents(result.path), rows, strict=True):
+        prompt = tok(row["q"], add_special_tokens=False)["input_ids"]
+        completion = tok(row["a"], add_special_tokens=False)["input_ids"]
+        assert tokens.tolist() == prompt + completion + [eos]
+        assert mask.tolist() == [False] * len(prompt) + [True] * (len(completion) + 1)
+    assert result.manifest.supervision == "completion_only"
+    assert result.manifest.tokenizer.kind == "huggingface"
+
+
+def test_jsonl_chat_assistant_only_uses_the_template_mask(tmp_path, hf_tokenizer):
+    from transformers import AutoTokenizer
+
+    chats = [
+        [
+            {"role": "user", "content": "hello"},
+            {"role": "assistant", "content": "world test"},
+            {"role": "user", "content": "again"},
+            {"role": "assistant", "content": "the quick fox"},
+        ],
+        [{"role": "system", "content": "be brief"}, {"role": "assistant", "content": "ok"}],
+    ]
+    write_jsonl(tmp_path / "data.jsonl", [{"messages": c} for c in chats])
+    config = write_config(
+        tmp_path,
+        records={"kind": "chat"},
+        tokenizer={"kind": "huggingface", "path": str(hf_tokenizer)},
+        supervision="assistant_only",
+    )
+    result = prepare_config(config)
+    tok = AutoTokenizer.from_pretrained(str(hf_tokenizer))
+    for (tokens, mask), chat in zip(documents(result.path), chats, strict=True):
+        expected = tok.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"]
+        assert tokens[: len(expected)].tolist() == expected
+        # The supervised text is exactly the assistant turns with their end-of-turn token; the
+        # eos separator after the last turn is supervised like the token before it.
+        edges = np.flatnonzero(np.diff(np.r_[0, mask.astype(int), 0]))
+        spans = [
+            tok.decode(tokens[a:b].tolist()) for a, b in zip(edges[::2], edges[1::2], strict=True)
+        ]
+        want = [m["content"] + "<|im_end|>" for m in chat if m["role"] == "assistant"]
+        want[-1] += "<|endoftext|>"
+        assert spans == want
+        assert not mask[0]
+    assert result.manifest.tokenizer.chat_template_sha256 is not None
+    assert (result.path / "tokenizer" / "tokenizer.json").is_file()
+
+
+def test_chat_full_supervision_with_byte_level_builtin_template(tmp_path):
+    chat = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
+    write_jsonl(tmp_path / "data.jsonl", [{"messages": chat}])
+    config = write_config(tmp_path, records={"kind": "chat"})
+    ((tokens, mask),) = documents(prepare_config(config).path)
+    expected = list(b"<|user|>\nhi") + [257] + list(b"<|assistant|>\nyo") + [257]
+    assert tokens.tolist() == expected  # ends with eos already: no extra separator
+    assert mask.all()
+
+
+def test_chat_assistant_only_byte_level_spans_are_exact(tmp_path):
+    chat = [
+        {"role": "system", "content": "sys"},
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "yo"},
+        {"role": "user", "content": "more"},
+        {"role": "assistant", "content": "ok!"},
+    ]
+    write_jsonl(tmp_path / "data.jsonl", [{"conv": {"turns": chat}}])
+    config = write_config(
+        tmp_path, records={"kind": "chat", "field": "conv.turns"}, supervision="assistant_only"
+    )
+    ((tokens, mask),) = documents(prepare_config(config).path)
+    supervised = [t for t, m in zip(tokens.tolist(), mask.tolist(), strict=True) if m]
+    assert supervised == list(b"yo") + [257] + list(b"ok!") + [257]
+
+
+# --- parquet ------------------------------------------------------------------------------------
+
+
+def _parquet(path, columns: dict):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table(columns), path, row_group_size=2)
+    return path
+
+
+def test_parquet_text(tmp_path):
+    _parquet(tmp_path / "p/0.parquet", {"text": TEXTS, "other": list(range(len(TEXTS)))})
+    config = write_config(tmp_path, source={"kind": "parquet", "paths": ["p/*.parquet"]})
+    assert _texts_back(prepare_config(config).path) == [t.encode() for t in TEXTS]
+
+
+def test_parquet_prompt_completion_full(tmp_path):
+    _parquet(tmp_path / "pc.parquet", {"prompt": ["Q: a?", "Q: b?"], "completion": [" A", " B"]})
+    config = write_config(
+        tmp_path,
+        source={"kind": "parquet", "paths": "pc.parquet"},
+        records={"kind": "prompt_completion"},
+    )
+    docs = documents(prepare_config(config).path)
+    assert [t.tolist() for t, _ in docs] == [byte_doc("Q: a? A"), byte_doc("Q: b? B")]
+    assert all(m.all() for _, m in docs)
+
+
+def test_parquet_pretokenized_with_provided_loss_mask(tmp_path):
+    ids = [[1, 2, 3, 4], [5, 6], [7, 8, 9]]
+    masks = [[0, 0, 1, 1], [1, 0], [0, 1, 1]]
+    _parquet(tmp_path / "t.parquet", {"input_ids": ids, "loss_mask": masks})
+    config = write_config(
+        tmp_path,
+        source={"kind": "parquet", "paths": ["t.parquet"]},
+        records={"kind": "tokens", "loss_mask_field": "loss_mask"},
+        supervision="provided",
+    )
+    docs = documents(prepare_config(config).path)
+    assert [t.tolist() for t, _ in docs] == [i + [257] for i in ids]
+    # The eos separator is supervised like the document's last token.
+    assert [m.astype(int).tolist() for _, m in docs] == [m + [m[-1]] for m in masks]
+
+
+# --- text ---------------------------------------------------------------------------------------
+
+
+def test_text_by_document_and_by_line(tmp_path):
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t/a.txt").write_text("line one\nline two\n\n", encoding="utf-8")
+    (tmp_path / "t/b.txt").write_text("solo", encoding="utf-8")
+    config = write_config(tmp_path, source={"kind": "text", "paths": ["t/*.txt"]})
+    assert _texts_back(prepare_config(config).path) == [b"line one\nline two\n\n", b"solo"]
+    config = write_config(
+        tmp_path,
+        source={"kind": "text", "paths": ["t/*.txt"], "unit": "line"},
+        output={"path": "out", "overwrite": True},
+    )
+    assert _texts_back(prepare_config(config).path) == [b"line one", b"line two", b"solo"]
+
+
+# --- token ids ----------------------------------------------------------------------------------
+
+
+def test_token_ids_npy_bin_and_jsonl(tmp_path):
+    np.save(tmp_path / "a.npy", np.array([1, 2, 0, 3, 4, 5, 0, 6], dtype=np.int32))
+    np.save(tmp_path / "b.npy", np.array([[7, 8], [9, 10]], dtype=np.uint16))
+    np.array([11, 12, 13], dtype="<u2").tofile(tmp_path / "c.bin")
+    write_jsonl(tmp_path / "d.jsonl", [[14, 15], [16]])
+    config = write_config(
+        tmp_path,
+        source={
+            "kind": "token_ids",
+            "paths": ["a.npy", "b.npy", "c.bin", "d.jsonl"],
+            "dtype": "uint16",
+            "document_separator_id": 0,
+        },
+    )
+    result = prepare_config(config)
+    docs = [t.tolist() for t, _ in documents(result.path)]
+    expected = [[1, 2], [3, 4, 5], [6], [7, 8], [9, 10], [11, 12, 13], [14, 15], [16]]
+    assert docs == [d + [257] for d in expected]
+    assert result.manifest.source.kind == "token_ids"
+
+
+# --- huggingface --------------------------------------------------------------------------------
+
+
+def test_huggingface_save_to_disk_dataset_and_dict(tmp_path):
+    import datasets
+
+    rows = {"text": TEXTS, "n": list(range(len(TEXTS)))}
+    datasets.Dataset.from_dict(rows).save_to_disk(str(tmp_path / "ds"))
+    datasets.DatasetDict(
+        {
+            "train": datasets.Dataset.from_dict(rows),
+            "test": datasets.Dataset.from_dict({"text": ["t"], "n": [0]}),
+        }
+    ).save_to_disk(str(tmp_path / "dd"))
+    config = write_config(tmp_path, source={"kind": "huggingface", "path": "ds"})
+    result = prepare_config(config)
+    assert _texts_back(result.path) == [t.encode() for t in TEXTS]
+    assert result.manifest.source.dataset["num_rows"] == len(TEXTS)
+    assert "fingerprint" in result.manifest.source.dataset
+    config = write_config(
+        tmp_path,
+        source={"kind": "huggingface", "path": "dd", "split": "test", "streaming": True},
+        output={"path": "out2"},
+    )
+    assert _texts_back(prepare_config(config).path) == [b"t"]
+
+
+def test_huggingface_local_data_files_json_builder(tmp_path):
+    write_jsonl(tmp_path / "f/x.jsonl", [{"body": t} for t in TEXTS])
+    config = write_config(
+        tmp_path,
+        source={"kind": "huggingface", "data_files": ["f/*.jsonl"]},
+        records={"kind": "text", "field": "body"},
+    )
+    result = prepare_config(config)
+    assert _texts_back(result.path) == [t.encode() for t in TEXTS]
+    assert result.manifest.source.dataset["builder"] == "json"
+    assert [f.name for f in result.manifest.source.files] == ["x.jsonl"]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_huggingface_chat_records(tmp_path, streaming):
+    import datasets
+
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    datasets.Dataset.from_list([{"messages": chat}, {"messages": chat}]).save_to_disk(
+        str(tmp_path / "ds")
+    )
+    config = write_config(
+        tmp_path,
+        source={"kind": "huggingface", "path": "ds", "streaming": streaming},
+        records={"kind": "chat"},
+        supervision="assistant_only",
+    )
+    docs = documents(prepare_config(config).path)
+    assert len(docs) == 2
+    assert [t for t, m in zip(*docs[0], strict=True) if m] == [ord("a"), 257]

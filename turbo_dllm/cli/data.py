@@ -1,0 +1,229 @@
+"""`dllm data prepare | validate | inspect | stats | schema`."""
+
+from __future__ import annotations
+
+import sys
+
+from turbo_dllm.cli._output import emit_json, group
+
+
+def register(subparsers) -> None:
+    commands = group(subparsers, "data", "prepare, check and look inside training data artifacts")
+
+    p = commands.add_parser("prepare", help="tokenize and pack a dataset into an artifact")
+    p.add_argument("--config", required=True, help="prepare.yaml")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a field, e.g. --set workers=4 (repeatable)",
+    )
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.set_defaults(func=_prepare)
+
+    p = commands.add_parser(
+        "validate", help="recompute hashes and fingerprint; with --config, check against a RunSpec"
+    )
+    p.add_argument("artifact", help="artifact folder")
+    p.add_argument("--config", help="RunSpec (train.yaml) the artifact must fit")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_validate)
+
+    p = commands.add_parser("inspect", help="decoded sequences with supervised spans marked")
+    p.add_argument("artifact", help="artifact folder")
+    p.add_argument("--n", type=int, default=3, help="how many sequences (default 3)")
+    p.add_argument("--start", type=int, default=0, help="first sequence to show")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_inspect)
+
+    p = commands.add_parser("stats", help="tokens, documents, supervision, length histogram")
+    p.add_argument("artifact", help="artifact folder")
+    p.add_argument("--plot", metavar="OUT.png", help="also write the histogram as a PNG")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_stats)
+
+    p = commands.add_parser("schema", help="print the prepare.yaml JSON Schema (for editors)")
+    p.set_defaults(func=_schema)
+
+
+def _prepare(args) -> int:
+    from turbo_dllm.data.prepare import prepare
+    from turbo_dllm.data.spec import load_prepare_spec
+
+    spec = load_prepare_spec(args.config, args.overrides)
+    result = prepare(spec)
+    manifest = result.manifest
+    if args.json:
+        emit_json(
+            {
+                "path": str(result.path),
+                "fingerprint": manifest.fingerprint,
+                "num_sequences": manifest.num_sequences,
+                "seq_len": manifest.seq_len,
+                "vocab_size": manifest.vocab_size,
+                "special_tokens": manifest.special_tokens,
+                "stats": manifest.stats.model_dump(mode="json"),
+                "seconds": round(result.seconds, 3),
+                "tokens_per_second": round(result.tokens_per_second, 1),
+                "workers": result.workers,
+            }
+        )
+        return 0
+    s = manifest.stats
+    supervised = s.supervised_tokens / s.tokens if s.tokens else 0.0
+    padding = s.padding_tokens / (manifest.num_sequences * manifest.seq_len)
+    print(f"wrote {result.path}")
+    print(
+        f"  {manifest.num_sequences:,} sequences x {manifest.seq_len} tokens; "
+        f"{s.documents:,} documents from {s.records:,} records"
+    )
+    print(
+        f"  {s.tokens:,} tokens, {supervised:.1%} supervised, {padding:.1%} padding"
+        + (f", {s.truncated_documents:,} truncated" if s.truncated_documents else "")
+    )
+    if s.skipped:
+        print("  skipped: " + ", ".join(f"{k} {v:,}" for k, v in s.skipped.items()))
+    print(f"  fingerprint {manifest.fingerprint}")
+    print(
+        f"  {result.seconds:.1f} s, {result.tokens_per_second:,.0f} tokens/s, "
+        f"{result.workers} worker{'s' if result.workers > 1 else ''}"
+    )
+    return 0
+
+
+def _validate(args) -> int:
+    from turbo_dllm.data.artifact import verify
+    from turbo_dllm.errors import DllmError
+
+    manifest = verify(args.artifact)
+    checked: list[str] = []
+    if args.config:
+        from turbo_dllm.config.load import load_runspec
+        from turbo_dllm.data.compat import artifact_problems
+
+        spec = load_runspec(args.config)
+        found = artifact_problems(manifest, spec)
+        if found:
+            lines = "\n".join(f"  - {p}" for p in found)
+            raise DllmError(
+                f"data artifact {args.artifact!r} does not fit {args.config}:\n{lines}",
+                hint="change the RunSpec fields above, or prepare the data again to match",
+            )
+        checked = ["seq_len", "block_size", "vocab", "mask_token"]
+    if args.json:
+        emit_json(
+            {
+                "valid": True,
+                "artifact": args.artifact,
+                "fingerprint": manifest.fingerprint,
+                "num_sequences": manifest.num_sequences,
+                "seq_len": manifest.seq_len,
+                "config": args.config,
+                "checked_against_config": checked,
+            }
+        )
+        return 0
+    print(
+        f"ok: {args.artifact}: {manifest.num_sequences:,} sequences x {manifest.seq_len}, "
+        f"vocab {manifest.vocab_size}, mask {manifest.special_tokens['mask']}"
+    )
+    print(f"  fingerprint {manifest.fingerprint} (hashes and fingerprint recomputed)")
+    if args.config:
+        print(f"  fits {args.config}: {', '.join(checked)}")
+    return 0
+
+
+def _inspect(args) -> int:
+    from turbo_dllm.data.artifact import DataArtifact
+    from turbo_dllm.data.summary import load_decoder, sample_spans, spans_json
+    from turbo_dllm.errors import DllmError
+
+    if args.n < 1:
+        raise DllmError(f"--n must be at least 1, got {args.n}")
+    artifact = DataArtifact(args.artifact)
+    decoder = load_decoder(artifact)
+    rows = range(args.start, min(args.start + args.n, len(artifact)))
+    if not rows:
+        raise DllmError(f"--start {args.start} is past the last sequence ({len(artifact) - 1})")
+    samples = [(row, sample_spans(artifact, row, decoder)) for row in rows]
+    if args.json:
+        emit_json(
+            {
+                "artifact": args.artifact,
+                "supervision": artifact.manifest.supervision,
+                "samples": [{"index": row, "spans": spans_json(spans)} for row, spans in samples],
+            }
+        )
+        return 0
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(highlight=False, soft_wrap=True)
+    console.print(
+        f"[bold]{args.artifact}[/]: supervision {artifact.manifest.supervision}; "
+        "⟦supervised⟧ (green), context (plain), ¦ document boundary, ░ padding",
+        markup=True,
+    )
+    for row, spans in samples:
+        text = Text()
+        previous = None
+        for span in spans:
+            if previous is not None and span.segment != previous:
+                text.append(" ¦ ", style="bold magenta")
+            previous = span.segment
+            if span.padding:
+                text.append(f"░ pad x{span.tokens}", style="dim")
+            elif span.supervised:
+                text.append("⟦" + span.text + "⟧", style="green")
+            else:
+                text.append(span.text)
+        supervised = sum(s.tokens for s in spans if s.supervised)
+        console.rule(f"sequence {row} ({supervised} supervised tokens)")
+        console.print(text)
+    return 0
+
+
+def _stats(args) -> int:
+    from turbo_dllm.data.artifact import DataArtifact
+    from turbo_dllm.data.summary import compute_stats, plot_stats
+
+    stats = compute_stats(DataArtifact(args.artifact))
+    plot = str(plot_stats(stats, args.plot)) if args.plot else None
+    if args.json:
+        emit_json({**stats, "plot": plot})
+        return 0
+    length = stats["document_length"]
+    print(f"{args.artifact}  (fingerprint {stats['fingerprint'][:16]})")
+    print(f"  sequences        {stats['sequences']:,} x {stats['seq_len']}")
+    print(f"  documents        {stats['documents']:,} (from {stats['records']:,} records)")
+    print(f"  tokens           {stats['tokens']:,}")
+    print(
+        f"  supervised       {stats['supervised_tokens']:,} "
+        f"({stats['supervised_fraction']:.1%}, {stats['supervision']})"
+    )
+    print(f"  padding          {stats['padding_tokens']:,} ({stats['padding_fraction']:.1%})")
+    print(
+        f"  truncated        {stats['truncated_documents']:,} documents, "
+        f"{stats['truncated_tokens']:,} tokens"
+    )
+    if stats["skipped"]:
+        print("  skipped          " + ", ".join(f"{k} {v:,}" for k, v in stats["skipped"].items()))
+    print(f"  document length  min {length['min']}, mean {length['mean']:.1f}, max {length['max']}")
+    hist = length["histogram"]
+    widest = max(hist["counts"]) or 1
+    for low, high, count in zip(hist["edges"][:-1], hist["edges"][1:], hist["counts"], strict=True):
+        if count:
+            bar = "#" * max(1, round(40 * count / widest))
+            print(f"    [{low:>7}, {high:>7})  {count:>8,}  {bar}")
+    if plot:
+        print(f"  plot             {plot}", file=sys.stderr)
+    return 0
+
+
+def _schema(args) -> int:
+    from turbo_dllm.data.spec import PrepareSpec
+
+    emit_json(PrepareSpec.model_json_schema())
+    return 0

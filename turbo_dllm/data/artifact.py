@@ -1,0 +1,325 @@
+"""The data artifact: `manifest.json` (format `turbo_dllm.data.v1`) + memory-mapped arrays.
+
+Folder layout:
+
+    manifest.json        this format (validated on read)
+    tokens.bin           uint16 or uint32, shape (num_sequences, seq_len), little-endian
+    loss_mask.bin        uint8 0/1, same shape: which tokens the loss may score
+    documents.bin        int64, shape (documents, 2): [stream start, length] of every document
+                         in the flattened token stream; gaps are padding
+    tokenizer/           the tokenizer's own files (Hugging Face tokenizers), for `inspect`
+
+The fingerprint is sha256 over canonical JSON of what training sees: shapes, dtypes and sha256
+of every array, seq_len, block size, vocab size, special token ids and the tokenizer identity.
+It never includes paths, times, or how the data was produced (worker count, chunking).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from turbo_dllm.errors import DllmError
+
+__all__ = [
+    "ARRAY_FILES",
+    "FORMAT",
+    "ArrayInfo",
+    "DataArtifact",
+    "DataManifest",
+    "DataStats",
+    "compute_fingerprint",
+    "file_sha256",
+    "read_manifest",
+    "verify",
+]
+
+FORMAT = "turbo_dllm.data.v1"
+MANIFEST = "manifest.json"
+ARRAY_FILES = {"tokens": "tokens.bin", "loss_mask": "loss_mask.bin", "documents": "documents.bin"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ArrayInfo(_Strict):
+    file: str
+    dtype: Literal["uint8", "uint16", "uint32", "int64"]
+    shape: list[int]
+    bytes: int
+    sha256: str
+
+
+class FileInfo(_Strict):
+    bytes: int
+    sha256: str
+
+
+class TokenizerIdentity(_Strict):
+    kind: Literal["byte_level", "huggingface"]
+    vocab_sha256: str
+    chat_template_sha256: str | None
+
+
+class PackingInfo(_Strict):
+    align: Literal["block", "none"]
+    overflow: Literal["split", "truncate", "reject"]
+    separator: Literal["eos", "none"]
+    prepend_bos: bool
+
+
+class SourceFile(_Strict):
+    name: str
+    bytes: int
+    sha256: str
+
+
+class SourceInfo(_Strict):
+    kind: str
+    records: str
+    files: list[SourceFile]
+    dataset: dict[str, str | int | None] | None
+
+
+class DataStats(_Strict):
+    records: int
+    documents: int
+    tokens: int  # document tokens, bos/eos included, padding excluded
+    padding_tokens: int
+    supervised_tokens: int
+    empty_documents: int
+    truncated_documents: int
+    truncated_tokens: int
+    dropped_unsupervised_documents: int
+    skipped: dict[str, int]
+
+
+class DataManifest(_Strict):
+    format: Literal["turbo_dllm.data.v1"]
+    fingerprint: str
+    producer: str
+    num_sequences: int
+    seq_len: int
+    block_size: int
+    vocab_size: int
+    special_tokens: dict[str, int]  # mask, eos, pad; bos when the tokenizer has one
+    tokenizer: TokenizerIdentity
+    supervision: Literal["full", "assistant_only", "completion_only", "provided"]
+    packing: PackingInfo
+    source: SourceInfo
+    arrays: dict[str, ArrayInfo]
+    tokenizer_files: dict[str, FileInfo]
+    stats: DataStats
+
+    @property
+    def num_documents(self) -> int:
+        return self.stats.documents
+
+
+def compute_fingerprint(fields: dict[str, Any]) -> str:
+    """sha256 of the canonical content description (see the module docstring)."""
+    content = {
+        "format": FORMAT,
+        "seq_len": fields["seq_len"],
+        "block_size": fields["block_size"],
+        "vocab_size": fields["vocab_size"],
+        "special_tokens": fields["special_tokens"],
+        "tokenizer": fields["tokenizer"],
+        "arrays": {
+            name: {"dtype": info["dtype"], "shape": info["shape"], "sha256": info["sha256"]}
+            for name, info in fields["arrays"].items()
+        },
+    }
+    canonical = json.dumps(content, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    return hashlib.sha256(canonical.encode("ascii")).hexdigest()
+
+
+def file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _manifest_path(path: str | Path) -> Path:
+    path = Path(path)
+    return path if path.name == MANIFEST and path.is_file() else path / MANIFEST
+
+
+def read_manifest(path: str | Path) -> DataManifest:
+    """Read and validate an artifact's manifest (`path`: the folder or its manifest.json)."""
+    manifest_path = _manifest_path(path)
+    if not manifest_path.is_file():
+        what = "no data artifact at" if Path(path).exists() else "data artifact not found:"
+        raise DllmError(
+            f"{what} {str(path)!r} (no {MANIFEST})",
+            hint="create it with `dllm data prepare --config prepare.yaml`",
+        )
+    try:
+        document = json.loads(manifest_path.read_text(encoding="utf-8"))
+    except (ValueError, OSError) as error:
+        raise DllmError(f"{manifest_path}: unreadable manifest: {error}") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        found = document.get("format") if isinstance(document, dict) else None
+        raise DllmError(
+            f"{manifest_path}: not a {FORMAT} manifest (format: {found!r})",
+            hint="re-create the artifact with this version of `dllm data prepare`",
+        )
+    try:
+        return DataManifest.model_validate(document)
+    except ValidationError as error:
+        details = "; ".join(
+            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5]
+        )
+        raise DllmError(f"{manifest_path}: invalid manifest: {details}") from None
+
+
+def _np_dtype(name: str) -> np.dtype:
+    return np.dtype(name).newbyteorder("<")
+
+
+def verify(path: str | Path) -> DataManifest:
+    """Recompute every hash, the fingerprint and the structural invariants; raise on any problem."""
+    root = _manifest_path(path).parent
+    manifest = read_manifest(path)
+    found: list[str] = []
+    intact = True
+    for info in manifest.arrays.values():
+        file = root / info.file
+        expected = int(np.prod(info.shape)) * _np_dtype(info.dtype).itemsize
+        if not file.is_file():
+            found.append(f"{info.file}: missing")
+            intact = False
+        elif file.stat().st_size != info.bytes or info.bytes != expected:
+            found.append(
+                f"{info.file}: {file.stat().st_size} bytes, manifest says {info.bytes} "
+                f"(shape {info.shape} of {info.dtype} is {expected})"
+            )
+            intact = False
+        elif file_sha256(file) != info.sha256:
+            found.append(f"{info.file}: sha256 mismatch (the file changed after it was written)")
+            intact = False
+    for name, info in manifest.tokenizer_files.items():
+        file = root / "tokenizer" / name
+        if not file.is_file() or file_sha256(file) != info.sha256:
+            found.append(f"tokenizer/{name}: missing or changed")
+    fingerprint = compute_fingerprint(manifest.model_dump(mode="json"))
+    if fingerprint != manifest.fingerprint:
+        found.append(
+            f"fingerprint mismatch: manifest says {manifest.fingerprint[:16]}, "
+            f"content gives {fingerprint[:16]}"
+        )
+    if set(manifest.arrays) != set(ARRAY_FILES):
+        found.append(f"arrays: expected {sorted(ARRAY_FILES)}, found {sorted(manifest.arrays)}")
+        intact = False
+    if intact:
+        found += _structure_problems(manifest, root)
+    if found:
+        lines = "\n".join(f"  - {p}" for p in found)
+        raise DllmError(
+            f"data artifact {str(root)!r} failed verification:\n{lines}",
+            hint="re-create it with `dllm data prepare --config prepare.yaml` "
+            "(output.overwrite: true)",
+        )
+    return manifest
+
+
+def _structure_problems(manifest: DataManifest, root: Path) -> list[str]:
+    found: list[str] = []
+    n, length = manifest.num_sequences, manifest.seq_len
+    for name in ("tokens", "loss_mask"):
+        if manifest.arrays[name].shape != [n, length]:
+            found.append(f"{name}: shape {manifest.arrays[name].shape}, expected {[n, length]}")
+    docs = manifest.arrays["documents"].shape
+    if len(docs) != 2 or docs[1] != 2 or docs[0] != manifest.stats.documents:
+        found.append(f"documents: shape {docs}, expected [{manifest.stats.documents}, 2]")
+    if found:
+        return found
+    artifact = DataArtifact(root, manifest)
+    if artifact.tokens.size:
+        top = int(artifact.tokens.max())
+        if top >= manifest.vocab_size:
+            found.append(f"tokens: id {top} is outside the vocabulary ({manifest.vocab_size})")
+    starts, lengths = artifact.documents[:, 0], artifact.documents[:, 1]
+    if len(starts) and (
+        starts[0] < 0
+        or (lengths <= 0).any()
+        or (starts[1:] < starts[:-1] + lengths[:-1]).any()
+        or starts[-1] + lengths[-1] > n * length
+    ):
+        found.append("documents: the index is not a sorted, non-overlapping cover of the stream")
+    if manifest.block_size <= 0 or length % manifest.block_size:
+        found.append(f"seq_len {length} is not a multiple of block_size {manifest.block_size}")
+    return found
+
+
+class DataArtifact:
+    """Read access to an artifact: memory-mapped arrays and per-row document ids."""
+
+    def __init__(self, path: str | Path, manifest: DataManifest | None = None) -> None:
+        self.root = _manifest_path(path).parent
+        self.manifest = manifest or read_manifest(path)
+        self.tokens = self._open("tokens")
+        self.loss_mask = self._open("loss_mask")
+        self.documents = self._open("documents")
+
+    def _open(self, name: str) -> np.ndarray:
+        info = self.manifest.arrays.get(name)
+        if info is None:
+            raise DllmError(f"{self.root}: manifest has no {name!r} array")
+        file = self.root / info.file
+        if not file.is_file() or file.stat().st_size != info.bytes:
+            raise DllmError(
+                f"{file}: missing or truncated ({info.bytes} bytes expected)",
+                hint="`dllm data validate` checks the whole artifact; re-create it with "
+                "`dllm data prepare`",
+            )
+        if info.bytes == 0:
+            return np.zeros(info.shape, _np_dtype(info.dtype))
+        return np.memmap(file, dtype=_np_dtype(info.dtype), mode="r", shape=tuple(info.shape))
+
+    def __len__(self) -> int:
+        return self.manifest.num_sequences
+
+    def _pieces(self, row: int) -> tuple[int, int, np.ndarray]:
+        """Stream window of `row` and the [start, length] of every document touching it."""
+        length = self.manifest.seq_len
+        low, high = row * length, (row + 1) * length
+        starts = self.documents[:, 0]
+        first = max(int(np.searchsorted(starts, low, side="right")) - 1, 0)
+        last = int(np.searchsorted(starts, high, side="left"))
+        return low, high, np.asarray(self.documents[first:last])
+
+    def doc_ids(self, row: int) -> np.ndarray:
+        """int32 per token of `row`: 0 for its first segment, +1 at every document boundary.
+
+        Segments are documents (or the part of one that falls in this row) and padding runs, so
+        equal ids mean "may attend to each other" under document masking.
+        """
+        low, high, piece = self._pieces(row)
+        edges = np.concatenate([piece[:, 0], piece[:, 0] + piece[:, 1]])
+        edges = np.unique(edges[(edges > low) & (edges < high)])
+        return np.searchsorted(edges, np.arange(low, high), side="right").astype(np.int32)
+
+    def padding(self, row: int) -> np.ndarray:
+        """bool per token of `row`: True where no document lies (padding)."""
+        low, high, piece = self._pieces(row)
+        pad = np.ones(high - low, bool)
+        for start, size in piece.tolist():
+            pad[max(start, low) - low : max(min(start + size, high) - low, 0)] = False
+        return pad
+
+    def row(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(tokens int64, loss mask bool, document ids int32) of one sequence."""
+        return (
+            np.asarray(self.tokens[index], dtype=np.int64),
+            np.asarray(self.loss_mask[index]).astype(bool),
+            self.doc_ids(index),
+        )

@@ -1,0 +1,302 @@
+"""Tokenize raw chunks into finished documents, in a process pool, in input order.
+
+A `ChunkProcessor` (one per worker) turns a `RawChunk` into a `ChunkResult`: the chunk's
+documents as one flat token array + loss mask + lengths, each document already carrying its bos /
+eos and cut to `seq_len` when the packing asks for it. Everything past record extraction is
+vectorised numpy, so a worker spends its time in the tokenizer. `ordered_results` runs the
+processor over a chunk stream with N processes and yields results in submission order with a
+bounded number in flight, so the output never depends on the worker count and memory stays flat.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import sys
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from turbo_dllm.data.records import Extracted, RecordError, extract
+from turbo_dllm.data.sources import RawChunk
+
+__all__ = ["ChunkProcessor", "ChunkResult", "WorkerConfig", "ordered_results"]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    """Everything a worker needs, picklable (pydantic sections + plain values)."""
+
+    tokenizer: Any  # prepare.yaml tokenizer section
+    records: Any  # prepare.yaml records section (defaults filled in)
+    supervision: str
+    seq_len: int
+    overflow: str
+    separator: str
+    prepend_bos: bool
+    special_tokens: dict[str, int]
+    vocab_size: int
+    token_dtype: str
+    on_error: str
+
+
+@dataclass
+class ChunkResult:
+    tokens: np.ndarray  # flat, token_dtype
+    loss_mask: np.ndarray  # flat, uint8
+    lengths: np.ndarray  # int64, one per document
+    records: int = 0
+    empty_documents: int = 0
+    truncated_documents: int = 0
+    truncated_tokens: int = 0
+    dropped_unsupervised: int = 0
+    skipped: dict[str, int] = field(default_factory=dict)
+    error: str | None = None  # "where: message" of the first bad record (on_error: stop)
+
+
+class ChunkProcessor:
+    def __init__(self, config: WorkerConfig) -> None:
+        from turbo_dllm.data.tokenizers import load_tokenizer
+
+        self.config = config
+        self.tokenizer = load_tokenizer(config.tokenizer)
+
+    # -- stage 1: records -> (flat ids, flat mask, lengths, record index per document) ---------
+
+    def _assemble(
+        self, values: list[tuple[int, Extracted]], errors: dict[int, tuple[str, str]]
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        config, tok = self.config, self.tokenizer
+        kind = config.records.kind
+        index = np.fromiter((i for i, _ in values), dtype=np.int64, count=len(values))
+        if kind == "text":
+            flat, lengths = tok.encode_texts([v.text for _, v in values])
+            return flat, np.ones(len(flat), np.uint8), lengths, index
+        if kind == "prompt_completion":
+            texts = [t for _, v in values for t in v.prompt_completion]
+            flat, pieces = tok.encode_texts(texts)
+            prompt_mask = 1 if config.supervision == "full" else 0
+            flags = np.tile(np.array([prompt_mask, 1], np.uint8), len(values))
+            mask = np.repeat(flags, pieces)
+            lengths = pieces[0::2] + pieces[1::2]
+            if config.supervision == "completion_only":
+                for (i, _), n in zip(values, pieces[1::2], strict=True):
+                    if n == 0:
+                        errors[i] = ("no_supervised_tokens", "empty completion: nothing to learn")
+            return flat, mask, lengths, index
+        ids: list[np.ndarray] = []
+        masks: list[np.ndarray] = []
+        for i, value in values:
+            if kind == "chat":
+                want = config.supervision == "assistant_only"
+                try:
+                    doc, mask = tok.encode_chat(value.messages, assistant_mask=want)
+                except Exception as error:  # Jinja raises TemplateError / TypeError / ...
+                    errors[i] = ("bad_chat", f"the chat template failed: {error}")
+                    doc, mask = np.zeros(0, np.int64), None
+                if want and mask is not None and len(doc) and not mask.any():
+                    errors[i] = (
+                        "no_supervised_tokens",
+                        "no assistant turn: the chat template marked no assistant tokens",
+                    )
+            else:
+                doc, mask = value.ids, value.loss_mask
+            ids.append(doc)
+            masks.append(np.ones(len(doc), np.uint8) if mask is None else mask)
+        lengths = np.fromiter(map(len, ids), dtype=np.int64, count=len(ids))
+        flat = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        return flat, (np.concatenate(masks) if masks else np.zeros(0, np.uint8)), lengths, index
+
+    # -- stage 2: checks and finishing, vectorised over documents ------------------------------
+
+    def process(self, chunk: RawChunk) -> ChunkResult:
+        config = self.config
+        errors: dict[int, tuple[str, str]] = {}
+        values: list[tuple[int, Extracted]] = []
+        for i, item in enumerate(chunk.items):
+            try:
+                values.append((i, extract(chunk.payload, item, config.records, config.supervision)))
+            except RecordError as error:
+                errors[i] = (error.reason, error.message)
+        flat, mask, lengths, record_of = self._assemble(values, errors)
+        result = ChunkResult(flat, mask, lengths, records=len(chunk.items))
+
+        starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
+        keep = np.ones(len(lengths), bool)
+        for d, i in enumerate(record_of):
+            if i in errors:
+                keep[d] = False
+        empty = keep & (lengths == 0)
+        result.empty_documents = int(empty.sum())
+        keep &= ~empty
+
+        # Token ids must fit the vocabulary and never be the mask token.
+        specials = config.special_tokens
+        bad = (flat < 0) | (flat >= config.vocab_size) | (flat == specials["mask"])
+        if bad.any():
+            positions = np.flatnonzero(bad)
+            docs, first = np.unique(
+                np.searchsorted(starts, positions, side="right") - 1, return_index=True
+            )
+            for d, position in zip(docs, positions[first], strict=True):
+                i = int(record_of[d])
+                if not keep[d]:
+                    continue
+                value = int(flat[position])
+                if value == specials["mask"]:
+                    errors[i] = (
+                        "mask_token_in_data",
+                        f"token {value} is the mask token; data must not contain it",
+                    )
+                else:
+                    errors[i] = (
+                        "token_out_of_range",
+                        f"token id {value} is outside the vocabulary (0..{config.vocab_size - 1})",
+                    )
+                keep[d] = False
+        if config.supervision != "full":
+            supervised = _segment_sums(mask, lengths)
+            for d in np.flatnonzero(keep & (supervised == 0)):
+                i = int(record_of[d])
+                errors.setdefault(i, ("no_supervised_tokens", "no supervised tokens"))
+                keep[d] = False
+
+        flat, mask, lengths, record_of = _select(flat, mask, lengths, record_of, keep)
+        flat, mask, lengths = self._add_specials(flat, mask, lengths)
+        if config.overflow != "split":
+            too_long = lengths > config.seq_len
+            if config.overflow == "reject":
+                for d in np.flatnonzero(too_long):
+                    errors[int(record_of[d])] = (
+                        "too_long",
+                        f"{int(lengths[d])} tokens, more than packing.seq_len ({config.seq_len}); "
+                        "set packing.overflow to truncate or split",
+                    )
+                flat, mask, lengths, record_of = _select(flat, mask, lengths, record_of, ~too_long)
+            elif too_long.any():
+                result.truncated_documents = int(too_long.sum())
+                result.truncated_tokens = int((lengths[too_long] - config.seq_len).sum())
+                flat, mask, lengths = _truncate(flat, mask, lengths, config.seq_len)
+                useful = _segment_sums(mask, lengths) > 0
+                result.dropped_unsupervised = int((~useful).sum())
+                flat, mask, lengths, record_of = _select(flat, mask, lengths, record_of, useful)
+
+        if errors and config.on_error == "stop":
+            first = min(errors)
+            result.error = f"{chunk.where(first)}: {errors[first][1]}"
+        result.skipped = dict(Counter(reason for reason, _ in errors.values()))
+        result.tokens = flat.astype(config.token_dtype)
+        result.loss_mask = mask.astype(np.uint8, copy=False)
+        result.lengths = lengths
+        return result
+
+    def _add_specials(
+        self, flat: np.ndarray, mask: np.ndarray, lengths: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Prepend bos (unsupervised) and append eos (supervised like the last token)."""
+        config = self.config
+        if not len(lengths):
+            return flat, mask, lengths
+        ends = np.cumsum(lengths)
+        bos = 1 if config.prepend_bos else 0
+        eos_id = config.special_tokens["eos"]
+        if config.separator == "eos":
+            need_eos = (flat[ends - 1] != eos_id).astype(np.int64)
+        else:
+            need_eos = np.zeros(len(lengths), np.int64)
+        if not bos and not need_eos.any():
+            return flat, mask, lengths
+        new_lengths = lengths + bos + need_eos
+        new_starts = np.concatenate([[0], np.cumsum(new_lengths)[:-1]])
+        old_starts = ends - lengths
+        out = np.empty(int(new_lengths.sum()), np.int64)
+        out_mask = np.empty(len(out), np.uint8)
+        dest = np.repeat(new_starts + bos - old_starts, lengths) + np.arange(len(flat))
+        out[dest] = flat
+        out_mask[dest] = mask
+        if bos:
+            out[new_starts] = config.special_tokens["bos"]
+            out_mask[new_starts] = 0
+        tail = np.flatnonzero(need_eos)
+        eos_at = new_starts[tail] + bos + lengths[tail]
+        out[eos_at] = eos_id
+        out_mask[eos_at] = mask[ends[tail] - 1]
+        return out, out_mask, new_lengths
+
+
+def _segment_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """Sum of `values` over each consecutive segment (empty segments sum to 0)."""
+    totals = np.concatenate([[0], np.cumsum(values, dtype=np.int64)])
+    ends = np.cumsum(lengths)
+    return totals[ends] - totals[ends - lengths]
+
+
+def _select(flat, mask, lengths, record_of, keep):
+    if keep.all():
+        return flat, mask, lengths, record_of
+    tokens = np.repeat(keep, lengths)
+    return flat[tokens], mask[tokens], lengths[keep], record_of[keep]
+
+
+def _truncate(flat, mask, lengths, limit):
+    starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    offset = np.arange(len(flat)) - np.repeat(starts, lengths)
+    tokens = offset < limit
+    return flat[tokens], mask[tokens], np.minimum(lengths, limit)
+
+
+# --- the pool -----------------------------------------------------------------------------------
+
+_WORKER: ChunkProcessor | None = None
+
+
+def _init_worker(config: WorkerConfig) -> None:
+    global _WORKER
+    # One Rust thread per process: the pool is the parallelism.
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    os.environ["RAYON_NUM_THREADS"] = "1"
+    _WORKER = ChunkProcessor(config)
+
+
+def _process(chunk: RawChunk) -> ChunkResult:
+    assert _WORKER is not None
+    return _WORKER.process(chunk)
+
+
+def _context():
+    # fork is cheap and inherits the imported libraries; elsewhere use the safe default.
+    if sys.platform.startswith("linux"):
+        return multiprocessing.get_context("fork")
+    return multiprocessing.get_context("spawn")
+
+
+def ordered_results(
+    config: WorkerConfig, chunks: Iterator[RawChunk], workers: int
+) -> Iterator[tuple[RawChunk, ChunkResult]]:
+    """Process `chunks` with `workers` processes (1: in this process), yielding in input order.
+
+    Closing the generator (or an exception in the consumer) terminates the pool.
+    """
+    if workers <= 1:
+        processor = ChunkProcessor(config)
+        for chunk in chunks:
+            yield chunk, processor.process(chunk)
+        return
+    pool = _context().Pool(workers, initializer=_init_worker, initargs=(config,))
+    try:
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append((chunk, pool.apply_async(_process, (chunk,))))
+            if len(pending) >= 2 * workers:
+                done, result = pending.popleft()
+                yield done, result.get()
+        while pending:
+            done, result = pending.popleft()
+            yield done, result.get()
+        pool.close()
+    finally:
+        pool.terminate()
+        pool.join()

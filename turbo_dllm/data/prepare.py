@@ -1,0 +1,297 @@
+"""`dllm data prepare`: one PrepareSpec -> one verified artifact folder.
+
+Reads the source in the main process, tokenizes in a pool (`pipeline`), packs the results in
+order (`packing`) while streaming the arrays into a staging folder (`writer`), then writes the
+manifest with the fingerprint and renames the folder into place. Any failure, including Ctrl-C,
+leaves no artifact and the previous one (if any) untouched.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from turbo_dllm.data.artifact import ARRAY_FILES, DataManifest, compute_fingerprint, file_sha256
+from turbo_dllm.data.pipeline import ChunkResult, WorkerConfig, ordered_results
+from turbo_dllm.data.sources import open_source
+from turbo_dllm.data.spec import (
+    PrepareSpec,
+    PromptCompletionRecords,
+    TokensRecords,
+)
+from turbo_dllm.data.tokenizers import has_generation_markers, load_tokenizer
+from turbo_dllm.data.writer import ArrayWriter, check_target, staged_artifact, write_json
+from turbo_dllm.errors import DllmError
+
+__all__ = ["PrepareResult", "prepare", "resolve_workers"]
+
+_MAX_AUTO_WORKERS = 8
+
+
+@dataclass(frozen=True)
+class PrepareResult:
+    path: Path
+    manifest: DataManifest
+    seconds: float
+    workers: int
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.manifest.stats.tokens / max(self.seconds, 1e-9)
+
+
+def resolve_workers(workers: int | str) -> int:
+    if workers == "auto":
+        return max(1, min(os.cpu_count() or 1, _MAX_AUTO_WORKERS))
+    return int(workers)
+
+
+def _columns(spec: PrepareSpec) -> list[str] | None:
+    """Top-level columns a tabular source must read (others are never decoded)."""
+    records = spec.record_spec
+    if isinstance(records, PromptCompletionRecords):
+        paths = [records.prompt_field, records.completion_field]
+    elif isinstance(records, TokensRecords):
+        paths = [records.field] + ([records.loss_mask_field] if records.loss_mask_field else [])
+    else:
+        paths = [records.field]
+    return sorted({p.split(".")[0] for p in paths})
+
+
+def _check_chat_template(spec: PrepareSpec, tokenizer) -> None:
+    if spec.record_spec.kind != "chat" or tokenizer.kind != "huggingface":
+        return
+    template = tokenizer.chat_template
+    if not template:
+        raise DllmError(
+            f"chat records need a chat template, and the tokenizer at {spec.tokenizer.path!r} "
+            "has none",
+            hint="add a chat_template to its tokenizer_config.json (or chat_template.jinja)",
+        )
+    if spec.supervision == "assistant_only" and not has_generation_markers(template):
+        raise DllmError(
+            "supervision assistant_only needs a chat template that marks assistant spans with "
+            "{% generation %} ... {% endgeneration %}; this template has no such markers, and "
+            "turbo-dllm never guesses the spans",
+            hint="use a template with generation markers, or supervision: full",
+        )
+
+
+class _Progress:
+    """Progress on stderr: a live rich bar on a terminal, else a plain line every 30 s (logs)."""
+
+    LOG_EVERY_S = 30.0
+
+    def __init__(self, total: int | None, unit: str, enabled: bool) -> None:
+        self.started = self._logged = time.perf_counter()
+        self.tokens = 0
+        self.documents = 0
+        self.enabled = enabled
+        self._bar = None
+        if not enabled or not sys.stderr.isatty():
+            return
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self._bar = Progress(
+            TextColumn("[bold]prepare[/]"),
+            BarColumn(),
+            TextColumn("{task.percentage:>5.1f}%" if total else "{task.completed:,} " + unit),
+            TextColumn("{task.fields[documents]:,} docs"),
+            TextColumn("{task.fields[tokens]:,} tokens"),
+            TextColumn("{task.fields[rate]}"),
+            TimeElapsedColumn(),
+            console=Console(stderr=True),
+        )
+        self._task = self._bar.add_task("prepare", total=total, documents=0, tokens=0, rate="")
+        self._bar.start()
+
+    def advance(self, units: int, result: ChunkResult) -> None:
+        self.tokens += int(result.lengths.sum())
+        self.documents += len(result.lengths)
+        if not self.enabled:
+            return
+        now = time.perf_counter()
+        rate = f"{self.tokens / max(now - self.started, 1e-9):,.0f} tok/s"
+        if self._bar is not None:
+            self._bar.update(
+                self._task, advance=units, documents=self.documents, tokens=self.tokens, rate=rate
+            )
+        elif now - self._logged >= self.LOG_EVERY_S:
+            self._logged = now
+            print(
+                f"prepare: {self.documents:,} documents, {self.tokens:,} tokens, {rate}",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
+    """Run one data preparation job; return the published artifact's manifest."""
+    started = time.perf_counter()
+    target = Path(spec.output.path).resolve()
+    check_target(target, spec.output.overwrite)  # fail before any work
+    tokenizer = load_tokenizer(spec.tokenizer)
+    _check_chat_template(spec, tokenizer)
+    if spec.packing.prepend_bos and "bos" not in tokenizer.special_tokens:
+        raise DllmError(
+            "packing.prepend_bos is set but the tokenizer has no bos token",
+            hint="set tokenizer.bos_token, or packing.prepend_bos: false",
+        )
+    source = open_source(spec.source, _columns(spec))
+    token_dtype = "uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32"
+    workers = resolve_workers(spec.workers)
+    config = WorkerConfig(
+        tokenizer=spec.tokenizer,
+        records=spec.record_spec,
+        supervision=spec.supervision,
+        seq_len=spec.packing.seq_len,
+        overflow=spec.packing.overflow,
+        separator=spec.packing.separator,
+        prepend_bos=spec.packing.prepend_bos,
+        special_tokens=tokenizer.special_tokens,
+        vocab_size=tokenizer.vocab_size,
+        token_dtype=token_dtype,
+        on_error=spec.on_error,
+    )
+    with staged_artifact(target, spec.output.overwrite) as staging:
+        fields = _write_arrays(spec, config, source, staging, workers, progress)
+        fields.update(
+            num_sequences=fields["arrays"]["tokens"]["shape"][0],
+            seq_len=spec.packing.seq_len,
+            block_size=spec.packing.block_size,
+            vocab_size=tokenizer.vocab_size,
+            special_tokens=dict(sorted(tokenizer.special_tokens.items())),
+            tokenizer=tokenizer.identity(),
+            supervision=spec.supervision,
+            packing={
+                "align": spec.packing.align,
+                "overflow": spec.packing.overflow,
+                "separator": spec.packing.separator,
+                "prepend_bos": spec.packing.prepend_bos,
+            },
+            source={**source.provenance(), "records": spec.record_spec.kind},
+            tokenizer_files=_copy_tokenizer(tokenizer.files(), staging / "tokenizer"),
+        )
+        fields["fingerprint"] = compute_fingerprint(fields)
+        manifest = DataManifest.model_validate(
+            {"format": "turbo_dllm.data.v1", "producer": _producer(), **fields}
+        )
+        write_json(staging / "manifest.json", manifest.model_dump(mode="json"))
+    return PrepareResult(target, manifest, time.perf_counter() - started, workers)
+
+
+def _write_arrays(
+    spec: PrepareSpec, config: WorkerConfig, source, staging: Path, workers: int, progress: bool
+) -> dict[str, Any]:
+    from turbo_dllm.data.packing import Packer
+
+    seq_len = spec.packing.seq_len
+    tokens_out = ArrayWriter(staging / ARRAY_FILES["tokens"], config.token_dtype, (seq_len,))
+    mask_out = ArrayWriter(staging / ARRAY_FILES["loss_mask"], "uint8", (seq_len,))
+
+    def write_rows(tokens: np.ndarray, mask: np.ndarray) -> None:
+        tokens_out.write(tokens)
+        mask_out.write(mask)
+
+    packer = Packer(
+        seq_len=seq_len,
+        block_size=spec.packing.block_size,
+        align=spec.packing.align == "block",
+        split=spec.packing.overflow == "split",
+        pad_id=config.special_tokens["pad"],
+        token_dtype=config.token_dtype,
+        write_rows=write_rows,
+    )
+    counts = dict(
+        records=0,
+        empty_documents=0,
+        truncated_documents=0,
+        truncated_tokens=0,
+        dropped_unsupervised_documents=0,
+        supervised_tokens=0,
+    )
+    skipped: dict[str, int] = {}
+    bar = _Progress(source.total, source.unit, progress)
+    try:
+        results = ordered_results(config, source.chunks(), workers)
+        try:
+            for chunk, result in results:
+                if result.error is not None:
+                    raise DllmError(
+                        result.error,
+                        hint="fix that record, or set on_error: skip to count and skip bad records",
+                    )
+                packer.add(result.tokens, result.loss_mask, result.lengths)
+                counts["records"] += result.records
+                counts["empty_documents"] += result.empty_documents
+                counts["truncated_documents"] += result.truncated_documents
+                counts["truncated_tokens"] += result.truncated_tokens
+                counts["dropped_unsupervised_documents"] += result.dropped_unsupervised
+                counts["supervised_tokens"] += int(result.loss_mask.sum(dtype=np.int64))
+                for reason, n in result.skipped.items():
+                    skipped[reason] = skipped.get(reason, 0) + n
+                bar.advance(chunk.advance, result)
+        finally:
+            results.close()
+        documents = packer.finish()
+    except BaseException:
+        tokens_out.abort()
+        mask_out.abort()
+        raise
+    finally:
+        bar.close()
+    if not len(documents):
+        detail = f"; skipped: {_format_counts(skipped)}" if skipped else ""
+        raise DllmError(
+            f"no documents: {counts['records']} records read, none became a document{detail}",
+            hint="check the source paths, records.field and supervision",
+        )
+    docs_out = ArrayWriter(staging / ARRAY_FILES["documents"], "int64", (2,))
+    docs_out.write(documents)
+    arrays = {
+        "tokens": tokens_out.finish(),
+        "loss_mask": mask_out.finish(),
+        "documents": docs_out.finish(),
+    }
+    total_tokens = int(documents[:, 1].sum())
+    stats = {
+        **counts,
+        "documents": len(documents),
+        "tokens": total_tokens,
+        "padding_tokens": packer.rows * seq_len - total_tokens,
+        "skipped": dict(sorted(skipped.items())),
+    }
+    return {"arrays": arrays, "stats": stats}
+
+
+def _format_counts(counts: dict[str, int]) -> str:
+    return ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items()))
+
+
+def _copy_tokenizer(files: list[Path], folder: Path) -> dict[str, dict[str, Any]]:
+    if not files:
+        return {}
+    folder.mkdir()
+    out = {}
+    for file in files:
+        shutil.copyfile(file, folder / file.name)
+        out[file.name] = {"bytes": file.stat().st_size, "sha256": file_sha256(folder / file.name)}
+    return out
+
+
+def _producer() -> str:
+    from turbo_dllm import __version__
+
+    return f"turbo-dllm {__version__}"

@@ -1,0 +1,165 @@
+"""Turn one raw record into what the tokenizer needs, or a `RecordError` that says why not.
+
+Runs inside the tokenizer workers. Each records kind reads its fields by dotted path
+(`meta.body`, `turns.0.text`) and checks their types; a problem becomes a `RecordError` with a
+short reason code (counted under `on_error: skip`) and a message that names the field.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from turbo_dllm.data.spec import (
+    ChatRecords,
+    PromptCompletionRecords,
+    TextRecords,
+    TokensRecords,
+)
+
+__all__ = ["Extracted", "RecordError", "extract", "get_field"]
+
+
+class RecordError(Exception):
+    """A record that cannot become a document. `reason` is a stable code for skip counts."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Extracted:
+    """One record's content: exactly one of the fields is set, by records kind."""
+
+    text: str | None = None
+    prompt_completion: tuple[str, str] | None = None
+    messages: list[dict[str, Any]] | None = None
+    ids: np.ndarray | None = None
+    loss_mask: np.ndarray | None = None
+
+
+_MISSING = object()
+
+
+def get_field(record: Any, path: str) -> Any:
+    """Follow a dotted path through dicts (keys) and lists (integer parts)."""
+    node = record
+    for depth, part in enumerate(path.split(".")):
+        if isinstance(node, dict):
+            child = node.get(part, _MISSING)
+        elif isinstance(node, list) and part.isdigit():
+            child = node[int(part)] if int(part) < len(node) else _MISSING
+        else:
+            child = _MISSING
+        if child is _MISSING:
+            where = ".".join(path.split(".")[:depth]) or "the record"
+            keys = (
+                f" (keys: {', '.join(sorted(map(str, node))[:8])})"
+                if isinstance(node, dict)
+                else ""
+            )
+            raise RecordError(
+                "missing_field", f"missing field {path!r}: {where} has no {part!r}{keys}"
+            )
+        node = child
+    return node
+
+
+def _string(record: Any, path: str) -> str:
+    value = get_field(record, path)
+    if not isinstance(value, str):
+        raise RecordError(
+            "bad_field", f"field {path!r} is {type(value).__name__}, expected a string"
+        )
+    return value
+
+
+def _messages(record: Any, path: str) -> list[dict[str, Any]]:
+    value = get_field(record, path)
+    if not isinstance(value, list) or not value:
+        raise RecordError("bad_field", f"field {path!r} must be a non-empty list of messages")
+    for index, message in enumerate(value):
+        if not isinstance(message, dict):
+            raise RecordError("bad_field", f"{path}.{index} is not a {{role, content}} object")
+        for key in ("role", "content"):
+            if not isinstance(message.get(key), str):
+                raise RecordError(
+                    "bad_field", f"{path}.{index}.{key} must be a string, got {message.get(key)!r}"
+                )
+    return value
+
+
+def _int_array(value: Any, path: str) -> np.ndarray:
+    if isinstance(value, np.ndarray):
+        array = value
+    elif isinstance(value, list) and all(
+        isinstance(v, int) and not isinstance(v, bool) for v in value
+    ):
+        array = np.asarray(value, dtype=np.int64)
+    else:
+        raise RecordError("bad_field", f"field {path!r} must be a list of integer token ids")
+    if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
+        raise RecordError("bad_field", f"field {path!r} must be a 1-D list of integer token ids")
+    return array.astype(np.int64, copy=False)
+
+
+def _tokens(record: Any, spec: TokensRecords, want_mask: bool) -> Extracted:
+    ids = _int_array(get_field(record, spec.field), spec.field)
+    if not want_mask or spec.loss_mask_field is None:
+        return Extracted(ids=ids)
+    raw = get_field(record, spec.loss_mask_field)
+    if isinstance(raw, list) and all(v in (0, 1) for v in raw):
+        mask = np.asarray(raw, dtype=np.uint8)
+    else:
+        raise RecordError(
+            "bad_field", f"field {spec.loss_mask_field!r} must be a list of 0/1 values"
+        )
+    if len(mask) != len(ids):
+        raise RecordError(
+            "bad_field",
+            f"field {spec.loss_mask_field!r} has {len(mask)} values but "
+            f"{spec.field!r} has {len(ids)} ids",
+        )
+    return Extracted(ids=ids, loss_mask=mask)
+
+
+def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
+    """The content of one raw item (a JSON line, a row, a text or an id array)."""
+    if payload == "text":
+        return Extracted(text=item)
+    if payload == "ids":
+        return Extracted(ids=_int_array(np.asarray(item), "ids"))
+    if payload in ("json", "json_ids"):
+        try:
+            item = json.loads(item)
+        except json.JSONDecodeError as error:
+            raise RecordError(
+                "malformed_json", f"malformed JSON: {error.msg} (column {error.colno})"
+            ) from None
+        except ValueError as error:  # bytes that are not UTF-8
+            raise RecordError("malformed_json", f"malformed JSON: {error}") from None
+        if payload == "json_ids":
+            return Extracted(ids=_int_array(item, "the line"))
+        if not isinstance(item, dict):
+            raise RecordError(
+                "malformed_json", f"expected a JSON object, got {type(item).__name__}"
+            )
+    if isinstance(records, TextRecords):
+        return Extracted(text=_string(item, records.field))
+    if isinstance(records, PromptCompletionRecords):
+        return Extracted(
+            prompt_completion=(
+                _string(item, records.prompt_field),
+                _string(item, records.completion_field),
+            )
+        )
+    if isinstance(records, ChatRecords):
+        return Extracted(messages=_messages(item, records.field))
+    if isinstance(records, TokensRecords):
+        return _tokens(item, records, want_mask=supervision == "provided")
+    raise AssertionError(f"unhandled records {records!r}")

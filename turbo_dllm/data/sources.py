@@ -1,0 +1,423 @@
+"""Read raw records from every supported source, in a fixed order, in chunks for the workers.
+
+A source yields `RawChunk`s: a list of items plus where each came from (file and line or row, for
+error messages), and how far the progress bar advances. JSONL lines travel to the workers as raw
+bytes so JSON parsing happens in parallel too. Provenance (file names relative to their common
+folder, sizes, sha256; dataset names and fingerprints) never holds a local path.
+"""
+
+from __future__ import annotations
+
+import glob
+import gzip
+import hashlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from turbo_dllm.data.spec import (
+    HuggingFaceSource,
+    JsonlSource,
+    ParquetSource,
+    TextSource,
+    TokenIdsSource,
+)
+from turbo_dllm.errors import DllmError
+
+__all__ = ["Payload", "RawChunk", "Source", "expand_paths", "open_source"]
+
+# What a chunk's items are: raw JSON lines (bytes), record dicts, plain texts, token id arrays,
+# or raw JSON lines that each hold a list of ids.
+Payload = Literal["json", "record", "text", "ids", "json_ids"]
+
+CHUNK_BYTES = 1 << 20
+CHUNK_ITEMS = 1024
+
+
+@dataclass
+class RawChunk:
+    payload: Payload
+    items: list[Any]
+    label: str  # file or dataset shown in error messages
+    numbers: list[int]  # line (1-based) or row (0-based) of each item
+    style: Literal["line", "row", "file"]
+    advance: int = 0  # progress units covered by this chunk
+    labels: list[str] | None = None  # style "file": one label per item
+
+    def where(self, index: int) -> str:
+        if self.style == "line":
+            return f"{self.label}:{self.numbers[index]}"
+        if self.style == "row":
+            return f"{self.label} row {self.numbers[index]}"
+        return self.labels[index] if self.labels else self.label
+
+
+@dataclass
+class Source:
+    """An opened source: `chunks()` iterates it once; `total`/`unit` drive the progress bar."""
+
+    kind: str
+    chunks: Any  # Callable[[], Iterator[RawChunk]]
+    total: int | None
+    unit: str
+    files: list[Path] = field(default_factory=list)
+    dataset: dict[str, Any] | None = None
+
+    def provenance(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "files": _file_provenance(self.files),
+            "dataset": self.dataset,
+        }
+
+
+def expand_paths(patterns: list[str]) -> list[Path]:
+    """Files matching each pattern, sorted per pattern, first occurrence kept."""
+    seen: set[Path] = set()
+    out: list[Path] = []
+    for pattern in patterns:
+        if glob.has_magic(pattern):
+            matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
+            matches = [p for p in matches if p.is_file()]
+        else:
+            matches = [Path(pattern)] if Path(pattern).is_file() else []
+        if not matches:
+            what = "no file matches" if glob.has_magic(pattern) else "file not found:"
+            raise DllmError(
+                f"{what} {pattern!r}",
+                hint="paths in prepare.yaml are relative to the file's folder",
+            )
+        for path in matches:
+            if path not in seen:
+                seen.add(path)
+                out.append(path)
+    return out
+
+
+def _label(path: Path) -> str:
+    """How error messages name a file: relative to the working directory when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def _file_provenance(files: list[Path]) -> list[dict[str, Any]]:
+    if not files:
+        return []
+    root = Path(os.path.commonpath([str(p.parent) for p in files]))
+    out = []
+    for path in files:
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+        out.append(
+            {
+                "name": path.relative_to(root).as_posix(),
+                "bytes": path.stat().st_size,
+                "sha256": digest.hexdigest(),
+            }
+        )
+    return out
+
+
+# --- line-oriented files ------------------------------------------------------------------------
+
+
+def _line_chunks(files: list[Path], payload: Payload) -> Iterator[RawChunk]:
+    """Non-blank lines of (possibly gzipped) files, as raw bytes; progress in on-disk bytes."""
+    for path in files:
+        label = _label(path)
+        with open(path, "rb") as raw:
+            stream = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
+            items: list[bytes] = []
+            numbers: list[int] = []
+            size = 0
+            position = 0
+            try:
+                for number, line in enumerate(stream, start=1):
+                    if not line.strip():
+                        continue
+                    items.append(line)
+                    numbers.append(number)
+                    size += len(line)
+                    if size >= CHUNK_BYTES or len(items) >= CHUNK_ITEMS:
+                        now = raw.tell()
+                        yield RawChunk(payload, items, label, numbers, "line", now - position)
+                        position, items, numbers, size = now, [], [], 0
+            except (OSError, EOFError) as error:  # a corrupt .gz
+                raise DllmError(f"{label}: cannot read: {error}") from None
+            end = raw.tell()
+            if items or end > position:
+                yield RawChunk(payload, items, label, numbers, "line", end - position)
+
+
+def _text_chunks(files: list[Path], unit: str) -> Iterator[RawChunk]:
+    if unit == "line":
+        for chunk in _line_chunks(files, "text"):
+            texts = []
+            for line, number in zip(chunk.items, chunk.numbers, strict=True):
+                try:
+                    texts.append(line.decode("utf-8").rstrip("\r\n"))
+                except UnicodeDecodeError as error:
+                    raise DllmError(
+                        f"{chunk.label}:{number}: not UTF-8 text ({error.reason})",
+                        hint="convert the file to UTF-8",
+                    ) from None
+            chunk.items = texts
+            yield chunk
+        return
+    items: list[str] = []
+    labels: list[str] = []
+    size = 0
+    for path in files:
+        data = path.read_bytes()
+        try:
+            items.append(data.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise DllmError(
+                f"{_label(path)}: not UTF-8 text ({error.reason} at byte {error.start})",
+                hint="convert the file to UTF-8",
+            ) from None
+        labels.append(_label(path))
+        size += len(data)
+        if size >= CHUNK_BYTES or len(items) >= CHUNK_ITEMS:
+            yield _file_chunk("text", items, labels, size)
+            items, labels, size = [], [], 0
+    if items:
+        yield _file_chunk("text", items, labels, size)
+
+
+def _file_chunk(payload: Payload, items: list[Any], labels: list[str], advance: int) -> RawChunk:
+    """A chunk whose items are whole files, each labelled by its own file name."""
+    return RawChunk(payload, items, "", list(range(len(items))), "file", advance, labels)
+
+
+# --- parquet ------------------------------------------------------------------------------------
+
+
+def _parquet_chunks(files: list[Path], columns: list[str] | None) -> Iterator[RawChunk]:
+    import pyarrow.parquet as pq
+
+    for path in files:
+        label = _label(path)
+        try:
+            parquet = pq.ParquetFile(path)
+        except Exception as error:  # pyarrow raises ArrowInvalid / OSError for bad files
+            raise DllmError(f"{label}: not a readable parquet file: {error}") from None
+        names = set(parquet.schema_arrow.names)
+        wanted = [c for c in columns if c in names] if columns is not None else None
+        row = 0
+        for batch in parquet.iter_batches(batch_size=CHUNK_ITEMS, columns=wanted):
+            rows = batch.to_pylist()
+            yield RawChunk(
+                "record", rows, label, list(range(row, row + len(rows))), "row", len(rows)
+            )
+            row += len(rows)
+
+
+# --- token ids ----------------------------------------------------------------------------------
+
+
+def _split_ids(array: np.ndarray, separator: int | None) -> list[np.ndarray]:
+    if separator is None:
+        return [array]
+    cuts = np.flatnonzero(array == separator)
+    pieces = np.split(array, cuts)
+    # Every piece after the first starts with the separator; drop it.
+    return [pieces[0]] + [p[1:] for p in pieces[1:]]
+
+
+def _token_id_chunks(source: TokenIdsSource, files: list[Path]) -> Iterator[RawChunk]:
+    for path in files:
+        label = _label(path)
+        name = path.name
+        if name.endswith((".jsonl", ".jsonl.gz")):
+            yield from _line_chunks([path], "json_ids")
+            continue
+        if name.endswith(".npy"):
+            try:
+                array = np.load(path, mmap_mode="r", allow_pickle=False)
+            except ValueError as error:
+                raise DllmError(f"{label}: not a numeric .npy array: {error}") from None
+        elif name.endswith(".bin"):
+            array = np.memmap(path, dtype=np.dtype(source.dtype).newbyteorder("<"), mode="r")
+        else:
+            raise DllmError(
+                f"{label}: unknown token file type",
+                hint="token_ids sources read .npy, .bin, .jsonl and .jsonl.gz files",
+            )
+        if array.dtype.kind not in "iu" or array.ndim not in (1, 2):
+            raise DllmError(
+                f"{label}: expected a 1-D or 2-D integer array, got {array.dtype} "
+                f"with shape {tuple(array.shape)}"
+            )
+        if array.ndim == 2:
+            docs = [np.asarray(row) for row in array]
+        else:
+            docs = _split_ids(np.asarray(array), source.document_separator_id)
+        for start in range(0, len(docs), CHUNK_ITEMS):
+            part = docs[start : start + CHUNK_ITEMS]
+            numbers = list(range(start, start + len(part)))
+            yield RawChunk("ids", part, label, numbers, "row", sum(d.nbytes for d in part))
+
+
+# --- Hugging Face datasets ----------------------------------------------------------------------
+
+_BUILDERS = {
+    ".jsonl": "json",
+    ".json": "json",
+    ".parquet": "parquet",
+    ".csv": "csv",
+    ".txt": "text",
+}
+
+
+def _builder_for(files: list[str]) -> str:
+    for suffix, builder in _BUILDERS.items():
+        if all(f.removesuffix(".gz").endswith(suffix) for f in files):
+            return builder
+    raise DllmError(
+        "cannot tell the dataset builder from source.data_files",
+        hint="set source.name to json, parquet, csv or text",
+    )
+
+
+def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> Source:
+    try:
+        import datasets
+    except ImportError as error:
+        raise DllmError(
+            f"a huggingface source needs the datasets library: {error}",
+            hint="pip install 'turbo-dllm[data]'",
+        ) from None
+    from turbo_dllm.paths import dllm_home
+
+    datasets.disable_progress_bars()
+    files: list[Path] = []
+    described: dict[str, Any] = {"split": source.split}
+    try:
+        if source.path is not None:
+            if not Path(source.path).is_dir():
+                raise DllmError(
+                    f"dataset folder not found: {source.path!r}",
+                    hint="source.path is a folder written by Dataset.save_to_disk",
+                )
+            loaded = datasets.load_from_disk(source.path)
+            if isinstance(loaded, datasets.DatasetDict):
+                if source.split not in loaded:
+                    raise DllmError(
+                        f"split {source.split!r} not in {source.path!r} "
+                        f"(splits: {', '.join(sorted(loaded))})",
+                        hint="set source.split",
+                    )
+                loaded = loaded[source.split]
+            described["fingerprint"] = loaded._fingerprint
+            dataset = loaded.to_iterable_dataset() if source.streaming else loaded
+        else:
+            data_files = None
+            if source.data_files is not None:
+                files = expand_paths(source.data_files)
+                data_files = [str(p) for p in files]
+            builder = source.name or _builder_for(data_files or [])
+            if source.data_files is None:
+                described.update(name=source.name, config=source.config, revision=source.revision)
+            else:
+                described["builder"] = builder
+            dataset = datasets.load_dataset(
+                builder,
+                source.config,
+                data_files=data_files,
+                split=source.split,
+                revision=source.revision,
+                streaming=source.streaming,
+                cache_dir=str(dllm_home() / "cache" / "datasets"),
+            )
+    except DllmError:
+        raise
+    except Exception as error:  # datasets raises many types (network, missing split, format)
+        what = source.path or source.name or "data_files"
+        raise DllmError(
+            f"cannot load the dataset {what!r}: {type(error).__name__}: {error}",
+            hint="check source.path / name / data_files / split; Hub datasets need network "
+            "access or a local copy",
+        ) from None
+    names = getattr(dataset, "column_names", None)
+    if columns is not None and names is not None:
+        keep = [c for c in columns if c in names]
+        if keep:
+            dataset = dataset.select_columns(keep)
+    total = getattr(dataset, "num_rows", None) if not source.streaming else None
+    if total is not None:
+        described["num_rows"] = int(total)
+    label = Path(source.path).name if source.path else (source.name or "dataset")
+
+    def chunks() -> Iterator[RawChunk]:
+        row = 0
+        try:
+            for batch in dataset.iter(batch_size=CHUNK_ITEMS):
+                keys = list(batch)
+                rows = [
+                    dict(zip(keys, values, strict=True))
+                    for values in zip(*batch.values(), strict=True)
+                ]
+                yield RawChunk(
+                    "record", rows, label, list(range(row, row + len(rows))), "row", len(rows)
+                )
+                row += len(rows)
+        except DllmError:
+            raise
+        except Exception as error:  # streaming reads can fail midway
+            raise DllmError(f"{label}: reading failed at row {row}: {error}") from None
+
+    return Source("huggingface", chunks, total, "rows", files, described)
+
+
+# --- entry --------------------------------------------------------------------------------------
+
+
+def open_source(source, columns: list[str] | None = None) -> Source:
+    """Open `source` (a prepare.yaml source section). `columns` limits what tabular sources read."""
+    if isinstance(source, HuggingFaceSource):
+        return _open_huggingface(source, columns)
+    files = expand_paths(source.paths)
+    if isinstance(source, JsonlSource):
+        return Source(
+            "jsonl",
+            lambda: _line_chunks(files, "json"),
+            sum(p.stat().st_size for p in files),
+            "bytes",
+            files,
+        )
+    if isinstance(source, TextSource):
+        return Source(
+            "text",
+            lambda: _text_chunks(files, source.unit),
+            sum(p.stat().st_size for p in files),
+            "bytes",
+            files,
+        )
+    if isinstance(source, ParquetSource):
+        import pyarrow.parquet as pq
+
+        total = 0
+        for path in files:
+            try:
+                total += pq.ParquetFile(path).metadata.num_rows
+            except Exception as error:  # pyarrow raises ArrowInvalid / OSError for bad files
+                raise DllmError(f"{_label(path)}: not a readable parquet file: {error}") from None
+        return Source("parquet", lambda: _parquet_chunks(files, columns), total, "rows", files)
+    if isinstance(source, TokenIdsSource):
+        return Source(
+            "token_ids",
+            lambda: _token_id_chunks(source, files),
+            sum(p.stat().st_size for p in files),
+            "bytes",
+            files,
+        )
+    raise AssertionError(f"unhandled source {source!r}")

@@ -1,0 +1,287 @@
+"""Tokenizers behind one small interface: the built-in byte-level one and local HF folders.
+
+Both give: `encode_texts` (a batch of strings -> flat ids + lengths, no special tokens added),
+`encode_chat` (messages -> ids + the template's own assistant mask), `decode`, the special token
+ids the artifact records, and an identity (vocab sha256 + chat template sha256) that goes into the
+artifact fingerprint. The byte-level tokenizer needs no files, so a fresh project prepares data
+offline.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from turbo_dllm.errors import DllmError
+
+__all__ = [
+    "BYTE_CHAT_TEMPLATE",
+    "ByteLevelTokenizer",
+    "HuggingFaceTokenizer",
+    "TextTokenizer",
+    "has_generation_markers",
+    "load_tokenizer",
+]
+
+# The built-in chat format of the byte-level tokenizer. This text is its definition (hashed into
+# the artifact identity), and `ByteLevelTokenizer.encode_chat` implements it exactly.
+BYTE_CHAT_TEMPLATE = (
+    "turbo_dllm.byte_chat.v1: for each message, the UTF-8 bytes of '<|' + role + '|>' + '\\n', "
+    "then the UTF-8 bytes of its content, then the <|eos|> token (id 257). Under assistant_only "
+    "the supervised span of an assistant message is its content bytes and that <|eos|>."
+)
+
+_GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
+_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+)
+
+
+def _sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _vocab_sha256(pairs: Sequence[tuple[str, int]]) -> str:
+    """sha256 of the vocabulary as canonical JSON `[[token, id], ...]` sorted by id."""
+    ordered = sorted(pairs, key=lambda item: (item[1], item[0]))
+    return _sha256_text(json.dumps(ordered, ensure_ascii=False, separators=(",", ":")))
+
+
+def has_generation_markers(template: str) -> bool:
+    """True when a chat template marks assistant spans with `{% generation %}` blocks."""
+    return bool(_GENERATION_MARKER.search(template))
+
+
+class TextTokenizer(Protocol):
+    kind: str
+    vocab_size: int
+    special_tokens: dict[str, int]
+
+    def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], assistant_mask: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]: ...
+
+    def decode(self, ids: Sequence[int]) -> str: ...
+
+    def identity(self) -> dict[str, Any]: ...
+
+    def files(self) -> list[Path]: ...
+
+
+class ByteLevelTokenizer:
+    """Ids 0..255 are the bytes of UTF-8 text; 256 <|bos|>, 257 <|eos|>, 258 <|pad|>, 259 <|mask|>.
+
+    Text never produces a special token (the string "<|mask|>" is eight bytes), so any text is
+    safe to train on.
+    """
+
+    kind = "byte_level"
+    BOS, EOS, PAD, MASK = 256, 257, 258, 259
+    vocab_size = 260
+    special_tokens = {"bos": BOS, "eos": EOS, "pad": PAD, "mask": MASK}
+    SPECIAL_NAMES = {BOS: "<|bos|>", EOS: "<|eos|>", PAD: "<|pad|>", MASK: "<|mask|>"}
+
+    def encode(self, text: str) -> np.ndarray:
+        return np.frombuffer(text.encode("utf-8"), dtype=np.uint8).astype(np.int64)
+
+    def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        encoded = [t.encode("utf-8") for t in texts]
+        lengths = np.fromiter((len(b) for b in encoded), dtype=np.int64, count=len(encoded))
+        flat = np.frombuffer(b"".join(encoded), dtype=np.uint8).astype(np.int64)
+        return flat, lengths
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], assistant_mask: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        ids: list[np.ndarray] = []
+        masks: list[np.ndarray] = []
+        for message in messages:
+            header = self.encode(f"<|{message['role']}|>\n")
+            body = np.append(self.encode(message["content"]), self.EOS)
+            ids += [header, body]
+            supervised = message["role"] == "assistant"
+            masks += [np.zeros(len(header), np.uint8), np.full(len(body), supervised, np.uint8)]
+        flat = np.concatenate(ids) if ids else np.zeros(0, np.int64)
+        if not assistant_mask:
+            return flat, None
+        return flat, np.concatenate(masks) if masks else np.zeros(0, np.uint8)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        out: list[str] = []
+        pending = bytearray()
+        for i in ids:
+            i = int(i)
+            if i < 256:
+                pending.append(i)
+                continue
+            out.append(pending.decode("utf-8", errors="replace"))
+            pending.clear()
+            out.append(self.SPECIAL_NAMES.get(i, f"<|{i}|>"))
+        out.append(pending.decode("utf-8", errors="replace"))
+        return "".join(out)
+
+    def identity(self) -> dict[str, Any]:
+        tokens = [(f"<0x{i:02X}>", i) for i in range(256)]
+        tokens += [(name, i) for i, name in self.SPECIAL_NAMES.items()]
+        return {
+            "kind": self.kind,
+            "vocab_sha256": _vocab_sha256(tokens),
+            "chat_template_sha256": _sha256_text(BYTE_CHAT_TEMPLATE),
+        }
+
+    def files(self) -> list[Path]:
+        return []
+
+
+class HuggingFaceTokenizer:
+    """A local tokenizer folder via `transformers.AutoTokenizer` (offline, no remote code).
+
+    Encoding goes straight to the Rust `tokenizers` backend when there is one (same ids as the
+    transformers call, without its per-batch Python overhead).
+    """
+
+    kind = "huggingface"
+
+    def __init__(self, spec) -> None:
+        path = Path(spec.path)
+        if not path.is_dir():
+            raise DllmError(
+                f"tokenizer folder not found: {str(path)!r}",
+                hint="set tokenizer.path to a folder saved with save_pretrained, "
+                "or use tokenizer {kind: byte_level}",
+            )
+        try:
+            from transformers import AutoTokenizer
+            from transformers.utils import logging as hf_logging
+        except ImportError as error:
+            raise DllmError(
+                f"a huggingface tokenizer needs transformers: {error}",
+                hint="pip install 'turbo-dllm[data]'",
+            ) from None
+        hf_logging.set_verbosity_error()
+        try:
+            self._tok = AutoTokenizer.from_pretrained(str(path), local_files_only=True)
+        except Exception as error:  # transformers raises many types for a bad folder
+            raise DllmError(
+                f"cannot load the tokenizer at {str(path)!r}: {error}",
+                hint="the folder needs tokenizer.json / tokenizer_config.json (save_pretrained)",
+            ) from None
+        self._path = path
+        self._backend = getattr(self._tok, "backend_tokenizer", None)
+        vocab = self._tok.get_vocab()
+        self._vocab_pairs = list(vocab.items())
+        tokenizer_vocab = max(vocab.values()) + 1 if vocab else 0
+        self.special_tokens = self._resolve_specials(spec, vocab)
+        self.vocab_size = max(tokenizer_vocab, self.special_tokens["mask"] + 1)
+        template = self._tok.chat_template
+        if isinstance(template, dict):
+            template = template.get("default")
+        self.chat_template: str | None = template
+
+    def _resolve_specials(self, spec, vocab: dict[str, int]) -> dict[str, int]:
+        def token_id(role: str, configured: str | None, fallback: str | None) -> int | None:
+            token = configured if configured is not None else fallback
+            if token is None:
+                return None
+            if token not in vocab:
+                raise DllmError(
+                    f"{role} token {token!r} is not in the vocabulary of {str(self._path)!r}",
+                    hint=f"set tokenizer.{role}_token to a token of this tokenizer",
+                )
+            return vocab[token]
+
+        tok = self._tok
+        eos = token_id("eos", spec.eos_token, tok.eos_token)
+        if eos is None:
+            raise DllmError(
+                f"the tokenizer at {str(self._path)!r} has no eos token",
+                hint="set tokenizer.eos_token to the token that ends a document",
+            )
+        pad = token_id("pad", spec.pad_token, tok.pad_token)
+        bos = token_id("bos", spec.bos_token, tok.bos_token)
+        if spec.mask_token_id is not None:
+            mask = spec.mask_token_id
+        else:
+            mask = token_id("mask", spec.mask_token, tok.mask_token)
+        if mask is None:
+            raise DllmError(
+                f"the tokenizer at {str(self._path)!r} has no mask token",
+                hint="set tokenizer.mask_token to an unused token of its vocabulary, or "
+                "tokenizer.mask_token_id to a spare id the model's embedding covers",
+            )
+        if mask in (eos, pad, bos):
+            raise DllmError(
+                f"the mask token id {mask} is also the eos/pad/bos token",
+                hint="diffusion needs a mask token of its own; set tokenizer.mask_token",
+            )
+        specials = {"eos": eos, "pad": eos if pad is None else pad, "mask": mask}
+        if bos is not None:
+            specials["bos"] = bos
+        return specials
+
+    def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        if self._backend is not None:
+            encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
+            id_lists = [e.ids for e in encodings]
+        else:
+            id_lists = self._tok(list(texts), add_special_tokens=False)["input_ids"]
+        lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
+        flat = np.fromiter(
+            itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum())
+        )
+        return flat, lengths
+
+    def encode_chat(
+        self, messages: list[dict[str, Any]], assistant_mask: bool
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        out = self._tok.apply_chat_template(
+            messages,
+            tokenize=True,
+            return_dict=True,
+            return_assistant_tokens_mask=assistant_mask,
+        )
+        ids = np.asarray(out["input_ids"], dtype=np.int64)
+        if not assistant_mask:
+            return ids, None
+        return ids, np.asarray(out["assistant_masks"], dtype=np.uint8)
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def identity(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "vocab_sha256": _vocab_sha256(self._vocab_pairs),
+            "chat_template_sha256": _sha256_text(self.chat_template)
+            if self.chat_template
+            else None,
+        }
+
+    def files(self) -> list[Path]:
+        """The tokenizer's own files, copied verbatim into the artifact for `inspect`."""
+        return [self._path / name for name in _TOKENIZER_FILES if (self._path / name).is_file()]
+
+
+def load_tokenizer(spec) -> ByteLevelTokenizer | HuggingFaceTokenizer:
+    """The tokenizer a `tokenizer:` section names."""
+    if spec.kind == "byte_level":
+        return ByteLevelTokenizer()
+    return HuggingFaceTokenizer(spec)

@@ -1,0 +1,158 @@
+"""Write an artifact so that it is complete or invisible.
+
+Arrays are streamed into a staging folder next to the target (same filesystem), hashing as they
+go; the manifest is written last, then the folder is renamed into place. Replacing an existing
+artifact moves it to a backup first and deletes the backup only after the new one is in place.
+A lock (under DLLM_HOME) serialises jobs writing the same target, which also makes it safe to
+clean up what a killed job left behind (stale staging folders, or a backup with no artifact).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["ArrayWriter", "check_target", "staged_artifact", "write_json"]
+
+
+class ArrayWriter:
+    """Append-only little-endian array file that hashes what it writes."""
+
+    def __init__(self, path: Path, dtype: str, row_shape: tuple[int, ...] = ()) -> None:
+        self.path = path
+        self.dtype = dtype
+        self.np_dtype = np.dtype(dtype).newbyteorder("<")
+        self.row_shape = row_shape
+        self._handle = open(path, "wb")  # noqa: SIM115 - closed in finish()
+        self._digest = hashlib.sha256()
+        self.bytes = 0
+
+    def write(self, array: np.ndarray) -> None:
+        data = np.ascontiguousarray(array, dtype=self.np_dtype)
+        view = memoryview(data).cast("B")
+        self._handle.write(view)
+        self._digest.update(view)
+        self.bytes += len(view)
+
+    def finish(self) -> dict:
+        self._handle.flush()
+        os.fsync(self._handle.fileno())
+        self._handle.close()
+        per_row = int(np.prod(self.row_shape)) if self.row_shape else 1
+        count = self.bytes // (self.np_dtype.itemsize * per_row)
+        return {
+            "file": self.path.name,
+            "dtype": self.dtype,
+            "shape": [count, *self.row_shape],
+            "bytes": self.bytes,
+            "sha256": self._digest.hexdigest(),
+        }
+
+    def abort(self) -> None:
+        self._handle.close()
+
+
+def write_json(path: Path, document: dict) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(json.dumps(document, indent=2, sort_keys=True) + "\n")
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _is_artifact(path: Path) -> bool:
+    try:
+        document = json.loads((path / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(document, dict) and str(document.get("format", "")).startswith(
+        "turbo_dllm.data."
+    )
+
+
+def check_target(target: Path, overwrite: bool) -> None:
+    """Refuse early (before any work) to clobber something we should not."""
+    if not target.exists():
+        return
+    if not target.is_dir():
+        raise DllmError(f"output path {str(target)!r} exists and is not a folder")
+    if not overwrite:
+        raise DllmError(
+            f"output {str(target)!r} already exists",
+            hint="set output.overwrite: true (or --set output.overwrite=true) to replace it",
+        )
+    if not _is_artifact(target) and any(target.iterdir()):
+        raise DllmError(
+            f"output {str(target)!r} is a non-empty folder that is not a data artifact; "
+            "refusing to replace it",
+            hint="choose another output.path",
+        )
+
+
+def _lock_for(target: Path):
+    from filelock import FileLock
+
+    from turbo_dllm.paths import dllm_home
+
+    locks = dllm_home() / "locks"
+    locks.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(str(target).encode("utf-8")).hexdigest()[:24]
+    return FileLock(str(locks / f"data-{key}.lock"))
+
+
+def _recover(target: Path) -> None:
+    """Clean up after a job that was killed (we hold the lock, so none is running)."""
+    parent = target.parent
+    for stale in parent.glob(f".{target.name}.staging-*"):
+        shutil.rmtree(stale, ignore_errors=True)
+    backups = sorted(parent.glob(f".{target.name}.backup-*"), key=lambda p: p.stat().st_mtime)
+    if backups and not target.exists():
+        # Killed between moving the old artifact aside and moving the new one in.
+        os.rename(backups.pop(), target)
+    for backup in backups:
+        shutil.rmtree(backup, ignore_errors=True)
+
+
+@contextmanager
+def staged_artifact(target: Path, overwrite: bool) -> Iterator[Path]:
+    """Yield an empty staging folder; on clean exit it replaces `target` atomically.
+
+    On any exception the staging folder is removed and `target` is left exactly as it was.
+    """
+    target = Path(target).resolve()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with _lock_for(target):
+        _recover(target)
+        check_target(target, overwrite)
+        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+        try:
+            yield staging
+            _publish(staging, target)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+
+def _publish(staging: Path, target: Path) -> None:
+    if not target.exists():
+        os.rename(staging, target)
+        return
+    check_target(target, overwrite=True)
+    backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.backup-", dir=target.parent))
+    os.rmdir(backup)
+    os.rename(target, backup)
+    try:
+        os.rename(staging, target)
+    except BaseException:
+        os.rename(backup, target)
+        raise
+    shutil.rmtree(backup, ignore_errors=True)
