@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 __all__ = [
     "PRESETS",
     "DecoderConfig",
+    "allocate",
     "build_model",
     "materialize",
     "resolve_model_config",
@@ -36,6 +37,17 @@ def build_model(
         model = DecoderLM(config, backend)
     if dtype is not None:
         model.to(dtype)
+    return model
+
+
+def allocate(model: DecoderLM, device: torch.device) -> DecoderLM:
+    """Give a meta model uninitialised storage on `device` (keeping tied weights tied)."""
+    model.to_empty(device=device)
+    if (
+        model.config.tie_word_embeddings
+        and model.lm_head.weight is not model.model.embed_tokens.weight
+    ):
+        model.lm_head.weight = model.model.embed_tokens.weight  # to_empty() unties plain modules
     return model
 
 

@@ -1,0 +1,142 @@
+"""The training loop end to end on CPU: learning, resume, accumulation, checkpoints, export."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from tests.helpers import assert_user_error
+from tests.train.util import losses, metrics, tiny_spec, write_config
+from turbo_dllm.train.entry import train
+
+
+def causal(q, k, v, mask):
+    return torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=True
+    )
+
+
+def test_metrics_and_checkpoints_are_written(tmp_path):
+    assert train(tiny_spec("training.steps=6", "checkpoint.interval=2"), tmp_path) == 0
+    records = metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    for key in ("loss", "lr", "grad_norm", "tokens", "tokens_per_s", "mfu", "mem_gb", "time_s"):
+        assert key in records[0], key
+    assert records[0]["tokens"] == 4 * 64 and records[0]["mfu"] is None  # no peak known on CPU
+    assert records[2]["lr"] == pytest.approx(0.003)  # warmup 2 steps, then the peak
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["step_00000004", "step_00000006"]  # keep_last: 2
+    meta = json.loads((tmp_path / "checkpoints/step_00000006/checkpoint.json").read_text())
+    assert meta["format"] == "turbo_dllm.checkpoint.v1" and meta["step"] == 6
+    assert meta["loader"] == {"epoch": 0, "cursor": 24}
+
+
+def test_resume_from_step_20_reproduces_the_loss_trace_bitwise(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    args = ("training.steps=30", "checkpoint.interval=10", "checkpoint.keep_last=3")
+    train(tiny_spec(*args), straight)
+    train(tiny_spec(*args), resumed)
+    # Simulate a crash after step 20: the step-30 checkpoint never happened.
+    shutil.rmtree(resumed / "checkpoints/step_00000030")
+    train(tiny_spec(*args), resumed)  # auto-resume from step 20
+    assert [r["step"] for r in metrics(resumed)] == list(range(1, 31))
+    assert losses(resumed) == losses(straight)  # bitwise
+    assert [r["grad_norm"] for r in metrics(resumed)] == [r["grad_norm"] for r in metrics(straight)]
+
+
+def test_a_finished_run_is_not_retrained(tmp_path, capsys):
+    train(tiny_spec("training.steps=2"), tmp_path)
+    train(tiny_spec("training.steps=2"), tmp_path)
+    assert "nothing to do" in capsys.readouterr().err
+    assert len(metrics(tmp_path)) == 2
+
+
+def test_gradient_accumulation_equals_the_larger_micro_batch(tmp_path):
+    """Same global batch and noise: mb=4 x 1 and mb=2 x 2 give the same losses."""
+    train(tiny_spec("training.steps=4"), tmp_path / "a")
+    train(
+        tiny_spec(
+            "training.steps=4", "training.micro_batch_size=2", "training.grad_accumulation=2"
+        ),
+        tmp_path / "b",
+    )
+    torch.testing.assert_close(losses(tmp_path / "b"), losses(tmp_path / "a"), rtol=1e-5, atol=1e-5)
+
+
+def test_activation_checkpointing_does_not_change_training(tmp_path):
+    train(tiny_spec("training.steps=3"), tmp_path / "a")
+    train(tiny_spec("training.steps=3", "training.activation_checkpointing=true"), tmp_path / "b")
+    torch.testing.assert_close(losses(tmp_path / "b"), losses(tmp_path / "a"), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("objective", ["block_diffusion", "fast_dllm_v2"])
+def test_loss_falls_on_synthetic_data(tmp_path, objective):
+    train(
+        tiny_spec(
+            "training.steps=40",
+            f"objective.name={objective}",
+            "objective.loss_weighting=unit",
+            "checkpoint.interval=null",
+        ),
+        tmp_path,
+    )
+    trace = losses(tmp_path)
+    first, last = sum(trace[:5]) / 5, sum(trace[-5:]) / 5
+    assert last < 0.8 * first, (first, last)
+
+
+def test_cli_train_and_export_loadable_by_transformers(cli, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = write_config(tmp_path / "train.yaml", "training.steps=3")
+    result = cli("train", "--config", config, "--run-dir", tmp_path / "run")
+    assert result.code == 0, result.err
+    assert len(metrics(tmp_path / "run")) == 3
+    result = cli("export", "--checkpoint", tmp_path / "run/checkpoints", "--out", tmp_path / "hf")
+    assert result.code == 0, result.err
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+
+    from turbo_dllm.train.models import build_model, materialize, resolve_model_config
+
+    config = resolve_model_config(path=str(tmp_path / "hf"), from_config=None)
+    exported = materialize(
+        build_model(config, causal), torch.device("cpu"), seed=0, weights_from=str(tmp_path / "hf")
+    )
+    fresh = materialize(build_model(config, causal), torch.device("cpu"), seed=0)
+    assert not torch.equal(exported.model.norm.weight, fresh.model.norm.weight)  # trained weights
+    ids = torch.randint(0, 500, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            exported(ids, torch.arange(16)), hf(input_ids=ids).logits, atol=2e-5, rtol=1e-4
+        )
+    result = cli("export", "--checkpoint", tmp_path / "run/checkpoints", "--out", tmp_path / "hf")
+    assert_user_error(result, "already exists")
+
+
+def test_flex_attention_on_cpu_is_a_user_error(cli, tmp_path):
+    config = write_config(tmp_path / "train.yaml", "model.attention=flex")
+    assert_user_error(cli("train", "--config", config, "--run-dir", tmp_path / "run"), "CUDA")
+
+
+def test_wrong_world_size_is_a_user_error(cli, tmp_path):
+    config = write_config(tmp_path / "train.yaml", "topology.fsdp=2")
+    assert_user_error(cli("train", "--config", config, "--run-dir", tmp_path / "run"), "processes")
+
+
+def test_resume_with_another_model_shape_is_refused(cli, tmp_path):
+    config = write_config(tmp_path / "train.yaml", "training.steps=2")
+    assert cli("train", "--config", config, "--run-dir", tmp_path / "run").code == 0
+    result = cli(
+        "train",
+        "--config",
+        config,
+        "--run-dir",
+        tmp_path / "run",
+        "--set",
+        "training.steps=4",
+        "--set",
+        "model.config_overrides.num_hidden_layers=3",
+    )
+    assert_user_error(result, "different model shape")

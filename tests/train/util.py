@@ -1,0 +1,51 @@
+"""Small helpers for the trainer tests: a tiny RunSpec and reading metrics."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from turbo_dllm.config.load import apply_overrides
+from turbo_dllm.config.runspec import RunSpec
+from turbo_dllm.config.validate import check
+
+TINY: dict[str, Any] = {
+    "launch": {"seed": 0},
+    "model": {
+        "from_config": "tiny",
+        "config_overrides": {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "head_dim": 16,
+        },
+    },
+    "objective": {"name": "block_diffusion", "block_size": 8},
+    "data": {"synthetic": {"num_sequences": 64, "vocab_size": 512}, "seq_len": 64},
+    "training": {"micro_batch_size": 4, "steps": 10},
+    "optimizer": {"lr": 0.003},
+    "scheduler": {"name": "cosine", "warmup_steps": 2},
+    "checkpoint": {"interval": 5, "keep_last": 2},
+    "logging": {"console": False},
+}
+
+
+def tiny_spec(*overrides: str, base: dict[str, Any] | None = None) -> RunSpec:
+    document = apply_overrides(base or TINY, list(overrides))
+    return check(RunSpec.model_validate(document))
+
+
+def write_config(path: Path, *overrides: str, base: dict[str, Any] | None = None) -> Path:
+    import yaml
+
+    path.write_text(yaml.safe_dump(apply_overrides(base or TINY, list(overrides))))
+    return path
+
+
+def metrics(run_dir: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines()]
+
+
+def losses(run_dir: Path) -> list[float]:
+    return [record["loss"] for record in metrics(run_dir)]

@@ -1,0 +1,38 @@
+"""`dllm export --checkpoint C --out DIR`: a training checkpoint as a Hugging Face folder."""
+
+from __future__ import annotations
+
+from turbo_dllm.cli._output import emit_json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "export",
+        help="write a checkpoint's model as a Hugging Face folder",
+        description="Write config.json + model.safetensors (HF layout) from a training checkpoint.",
+    )
+    p.add_argument(
+        "--checkpoint",
+        required=True,
+        help="a checkpoints/step_<N> folder (or a checkpoints/ folder: its latest)",
+    )
+    p.add_argument("--out", required=True, help="new folder to write")
+    p.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default=None,
+        help="weights dtype (default: the training parameter dtype)",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_export)
+
+
+def _export(args) -> int:
+    from turbo_dllm.train.export import export_checkpoint
+
+    out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype)
+    if args.json:
+        emit_json({"out": str(out), "files": sorted(p.name for p in out.iterdir())})
+    else:
+        print(f"wrote {out}")
+    return 0

@@ -1,0 +1,223 @@
+"""Checkpoints: torch.distributed.checkpoint (DCP) for model and optimizer, JSON for the rest.
+
+A checkpoint is a folder `step_<NNNNNNNN>/` (N = optimizer steps completed) holding the DCP
+files of {"model", "optim"} (sharded tensors; DCP reshards them on load, so a checkpoint saved
+at one data-parallel size loads at another), `checkpoint.json` (format
+`turbo_dllm.checkpoint.v1`: step, model config, scheduler, loader state, seed, world layout)
+and one `rank_<r>.pt` per rank (RNG states). It is written under `.tmp-step_<N>` and renamed
+into place once every rank finished, so a folder named `step_*` is always complete: a crash
+mid-save leaves only a temp folder, which the next save removes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+from turbo_dllm.errors import DllmError
+
+__all__ = [
+    "CHECKPOINT_FORMAT",
+    "CheckpointMeta",
+    "Checkpointer",
+    "find_latest",
+    "read_meta",
+]
+
+CHECKPOINT_FORMAT = "turbo_dllm.checkpoint.v1"
+_STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class CheckpointMeta(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    format: Literal["turbo_dllm.checkpoint.v1"]
+    step: int
+    world_size: int
+    dp_replicate: int
+    dp_shard: int
+    seed: int
+    objective: str
+    model: dict[str, Any]  # Hugging Face config.json of the trained model
+    param_dtype: str
+    scheduler: dict[str, Any]
+    loader: dict[str, Any]
+    data_fingerprint: str | None
+    train_time_s: float
+
+
+def read_meta(path: str | Path) -> CheckpointMeta:
+    meta_path = Path(path) / "checkpoint.json"
+    if not meta_path.is_file():
+        raise DllmError(
+            f"not a checkpoint: {str(path)!r} (no checkpoint.json)",
+            hint="pass a checkpoints/step_<N> folder written by `dllm train`",
+        )
+    try:
+        return CheckpointMeta.model_validate_json(meta_path.read_text())
+    except ValueError as error:
+        raise DllmError(f"{meta_path}: invalid checkpoint metadata: {error}") from None
+
+
+def find_latest(directory: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step in `directory`, if any."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return None
+    best: tuple[int, Path] | None = None
+    for child in directory.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and (child / "checkpoint.json").is_file():
+            step = int(match.group(1))
+            if best is None or step > best[0]:
+                best = (step, child)
+    return None if best is None else best[1]
+
+
+def _barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _scheduler_state(scheduler) -> dict[str, Any]:
+    state = dict(scheduler.state_dict())
+    state.pop("lr_lambdas", None)  # functions, rebuilt from the RunSpec
+    return json.loads(json.dumps(state))
+
+
+def _rng_state() -> dict[str, Any]:
+    state: dict[str, Any] = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+class Checkpointer:
+    """Saves and restores the whole training state of one rank (collective calls)."""
+
+    def __init__(
+        self, directory: str | Path, *, keep_last: int, rank: int, world_size: int
+    ) -> None:
+        self.directory = Path(directory)
+        self.keep_last = keep_last
+        self.rank = rank
+        self.world_size = world_size
+
+    # --- save ----------------------------------------------------------------------------------
+    def save(
+        self,
+        step: int,
+        *,
+        model,
+        optimizer,
+        scheduler,
+        loader,
+        meta: dict[str, Any],
+    ) -> Path:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        final = self.directory / f"step_{step:08d}"
+        tmp = self.directory / f".tmp-step_{step:08d}"
+        if self.rank == 0:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            if tmp.exists():
+                shutil.rmtree(tmp)
+            tmp.mkdir()
+        _barrier()
+        model_state, optim_state = get_state_dict(model, optimizer)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # single-process DCP warns that it is single-process
+            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
+        torch.save({"rng": _rng_state()}, tmp / f"rank_{self.rank:05d}.pt")
+        _barrier()
+        if self.rank == 0:
+            record = CheckpointMeta(
+                format=CHECKPOINT_FORMAT,
+                step=step,
+                world_size=self.world_size,
+                scheduler=_scheduler_state(scheduler),
+                loader=loader.state_dict(),
+                **meta,
+            )
+            _write_synced(tmp / "checkpoint.json", record.model_dump_json(indent=2) + "\n")
+            if final.exists():
+                shutil.rmtree(final)
+            os.replace(tmp, final)
+            _fsync_dir(self.directory)
+            self._prune()
+        _barrier()
+        return final
+
+    def _prune(self) -> None:
+        complete = sorted(
+            child
+            for child in self.directory.iterdir()
+            if _STEP_DIR.match(child.name) and (child / "checkpoint.json").is_file()
+        )
+        for old in complete[: -self.keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+        for child in self.directory.iterdir():  # temp folders of saves that never finished
+            if child.name.startswith(".tmp-step_"):
+                shutil.rmtree(child, ignore_errors=True)
+
+    # --- load ----------------------------------------------------------------------------------
+    def load(self, path: str | Path, *, model, optimizer, scheduler, loader) -> CheckpointMeta:
+        """Restore everything saved at `path`; returns its metadata (meta.step = next step)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        path = Path(path)
+        meta = read_meta(path)
+        model_state, optim_state = get_state_dict(model, optimizer)
+        state = {"model": model_state, "optim": optim_state}
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            dcp.load(state, checkpoint_id=str(path))
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+        )
+        scheduler.load_state_dict(
+            {**meta.scheduler, "lr_lambdas": [None] * len(scheduler.lr_lambdas)}
+        )
+        loader.load_state_dict(meta.loader)
+        rank_file = path / f"rank_{self.rank:05d}.pt"
+        if meta.world_size == self.world_size and rank_file.is_file():
+            rng = torch.load(rank_file, weights_only=False)["rng"]
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state_all(rng["cuda"])
+        return meta
+
+
+def _write_synced(path: Path, text: str) -> None:
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

@@ -1,0 +1,51 @@
+"""The worker entry: `train(spec, run_dir)`, the same in one process and under torchrun.
+
+`dllm train` calls it in-process; `torchrun --nproc-per-node N -m turbo_dllm train ...` runs it
+once per rank, each joining the process group torchrun describes in its environment.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+__all__ = ["resolve_run_dir", "train", "world_size_from_env"]
+
+
+def world_size_from_env() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def resolve_run_dir(spec, requested: str | Path | None) -> Path:
+    """--run-dir, else launch.run_dir, else a fresh runs/<stamp>-<id> agreed by all ranks."""
+    if requested is not None:
+        return Path(requested).absolute()
+    if spec.launch.run_dir is not None:
+        return Path(spec.launch.run_dir)
+    from turbo_dllm.paths import new_run_dir
+
+    if world_size_from_env() == 1:
+        return new_run_dir().absolute()
+    import torch.distributed as dist
+
+    from turbo_dllm.train.distributed import init_distributed
+
+    env = init_distributed()
+    chosen = [str(new_run_dir().absolute()) if env.is_main else None]
+    dist.broadcast_object_list(chosen, src=0)
+    return Path(chosen[0])
+
+
+def train(spec, run_dir: str | Path) -> int:
+    """Train `spec` (a validated RunSpec) into `run_dir`; returns the exit code (0)."""
+    import torch.distributed as dist
+
+    from turbo_dllm.train.distributed import init_distributed
+    from turbo_dllm.train.trainer import Trainer
+
+    env = init_distributed()
+    try:
+        return Trainer(spec, run_dir, env).build().run()
+    finally:
+        if env.distributed and dist.is_initialized():
+            dist.destroy_process_group()

@@ -1,0 +1,197 @@
+"""Step metrics: model FLOPs and MFU, metrics.jsonl, the console line, W&B, the profiler window.
+
+Model FLOPs of one training step (forward + backward = 3x forward), counted from what the
+objective needs, not from what a kernel happens to compute:
+
+    body       6 * (decoder matmul weights) * (stream tokens: rows * 2L)
+    head       6 * vocab * hidden * (scored tokens)
+    attention  12 * head_dim * heads * layers * (allowed query/key pairs of the mask)
+
+MFU divides by the step time and the accelerator's dense bf16 peak (989 TFLOP/s for H100/H200;
+`DLLM_PEAK_TFLOPS` overrides). On CPU the peak is unknown and MFU is reported as null.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.train.models.config import DecoderConfig
+
+__all__ = [
+    "MetricsLogger",
+    "ProfilerWindow",
+    "peak_flops",
+    "peak_memory_gb",
+    "step_flops",
+]
+
+_PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "B200": 2250.0, "A100": 312.0}
+
+
+def step_flops(
+    config: DecoderConfig, *, stream_tokens: int, scored_tokens: int, pairs: int
+) -> float:
+    body = 6.0 * config.body_matmul_params * stream_tokens
+    head = 6.0 * config.head_params * scored_tokens
+    attention = (
+        12.0 * config.head_dim * config.num_attention_heads * config.num_hidden_layers * pairs
+    )
+    return body + head + attention
+
+
+def peak_flops(device: torch.device) -> float | None:
+    """Dense bf16 peak FLOP/s of one device, or None when unknown (CPU, unlisted GPU)."""
+    override = os.environ.get("DLLM_PEAK_TFLOPS")
+    if override:
+        return float(override) * 1e12
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    for key, tflops in _PEAK_TFLOPS.items():
+        if key in name:
+            return tflops * 1e12
+    return None
+
+
+def peak_memory_gb(device: torch.device) -> float:
+    """Peak accelerator memory since the last reset (CUDA), else the process's peak RSS."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 1e9
+    rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss_kb * (1 if sys.platform != "darwin" else 1 / 1024) / 1e6
+
+
+class _NullLogger:
+    def log(self, record: dict[str, Any], step: int) -> None:
+        pass
+
+    def finish(self) -> None:
+        pass
+
+
+class _WandbLogger:
+    def __init__(self, spec, run_dir: Path, config: dict[str, Any]) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise DllmError(
+                "logging.wandb is set but wandb is not installed",
+                hint="pip install 'turbo-dllm[wandb]', or remove logging.wandb",
+            ) from None
+        self._run = wandb.init(
+            project=spec.project,
+            entity=spec.entity,
+            mode=spec.mode,
+            dir=str(run_dir),
+            config=config,
+            resume="allow",
+        )
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        self._run.log({k: v for k, v in record.items() if v is not None}, step=step)
+
+    def finish(self) -> None:
+        self._run.finish()
+
+
+class MetricsLogger:
+    """metrics.jsonl + console progress line + optional W&B; only rank 0 writes."""
+
+    def __init__(
+        self,
+        run_dir: Path,
+        spec,
+        *,
+        is_main: bool,
+        total_steps: int,
+        config: dict[str, Any] | None = None,
+    ) -> None:
+        self.spec = spec  # LoggingSpec
+        self.is_main = is_main
+        self.total_steps = total_steps
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.remote = (
+            _WandbLogger(spec.wandb, Path(run_dir), config or {})
+            if is_main and spec.wandb is not None
+            else _NullLogger()
+        )
+
+    def truncate_after(self, step: int) -> None:
+        """Drop lines of steps after `step` (written by a run that died after its checkpoint)."""
+        if not (self.is_main and self.path.exists()):
+            return
+        kept = [
+            line
+            for line in self.path.read_text().splitlines()
+            if line.strip() and json.loads(line).get("step", 0) <= step
+        ]
+        self.path.write_text("".join(line + "\n" for line in kept))
+
+    def log(self, record: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
+        step = int(record["step"])
+        if self.spec.jsonl:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(json.dumps(record, sort_keys=True) + "\n")
+        if self.spec.console and (step % self.spec.every == 0 or step == self.total_steps):
+            print(self.console_line(record), file=sys.stderr, flush=True)
+        self.remote.log(record, step)
+
+    def console_line(self, r: dict[str, Any]) -> str:
+        width = len(str(self.total_steps))
+        parts = [
+            f"step {r['step']:>{width}}/{self.total_steps}",
+            f"loss {r['loss']:.4f}",
+            f"lr {r['lr']:.2e}",
+            f"gnorm {r['grad_norm']:.3f}",
+            f"{r['tokens_per_s']:,.0f} tok/s",
+        ]
+        if r.get("mfu") is not None:
+            parts.append(f"mfu {100 * r['mfu']:.1f}%")
+        parts.append(f"mem {r['mem_gb']:.1f} GB")
+        return " | ".join(parts)
+
+    def close(self) -> None:
+        self.remote.finish()
+
+
+class ProfilerWindow:
+    """torch.profiler over steps [start_step, start_step + num_steps); one trace per rank."""
+
+    def __init__(self, spec, out_dir: Path, rank: int) -> None:
+        self.enabled = spec.enabled
+        self.start = spec.start_step
+        self.stop = spec.start_step + spec.num_steps
+        self.out_dir = Path(out_dir)
+        self.rank = rank
+        self._profiler = None
+
+    def before_step(self, step: int) -> None:
+        if self.enabled and step == self.start and self._profiler is None:
+            from torch.profiler import ProfilerActivity, profile
+
+            activities = [ProfilerActivity.CPU]
+            if torch.cuda.is_available():
+                activities.append(ProfilerActivity.CUDA)
+            self._profiler = profile(activities=activities, record_shapes=True, profile_memory=True)
+            self._profiler.__enter__()
+
+    def after_step(self, step: int) -> Path | None:
+        if self._profiler is None or step + 1 < self.stop:
+            return None
+        self._profiler.__exit__(None, None, None)
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        trace = self.out_dir / f"trace_rank{self.rank}_steps{self.start}-{self.stop - 1}.json"
+        self._profiler.export_chrome_trace(str(trace))
+        self._profiler = None
+        self.enabled = False
+        return trace

@@ -1,0 +1,48 @@
+"""Learning-rate schedules as tiny functions of the step (multipliers of the peak lr).
+
+Linear warmup from lr/warmup to lr over `warmup_steps`, then constant, linear or cosine decay
+to `min_lr_ratio * lr` at the last step. Wrapped in a LambdaLR so its state checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+
+__all__ = ["build_scheduler", "lr_multiplier"]
+
+
+def lr_multiplier(
+    step: int, *, name: str, warmup_steps: int, total_steps: int, min_lr_ratio: float
+) -> float:
+    """The lr multiplier used for optimizer step `step` (0-based)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if name == "constant":
+        return 1.0
+    decay_steps = max(1, total_steps - warmup_steps - 1)
+    progress = min(1.0, (step - warmup_steps) / decay_steps)
+    if name == "linear":
+        shape = 1.0 - progress
+    elif name == "cosine":
+        shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    else:
+        raise ValueError(f"unknown schedule {name!r}")
+    return min_lr_ratio + (1.0 - min_lr_ratio) * shape
+
+
+def build_scheduler(optimizer, spec, total_steps: int):
+    """A LambdaLR over `spec` (a SchedulerSpec)."""
+    from functools import partial
+
+    from torch.optim.lr_scheduler import LambdaLR
+
+    return LambdaLR(
+        optimizer,
+        partial(
+            lr_multiplier,
+            name=spec.name,
+            warmup_steps=spec.warmup_steps,
+            total_steps=total_steps,
+            min_lr_ratio=spec.min_lr_ratio,
+        ),
+    )

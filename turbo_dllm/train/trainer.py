@@ -1,0 +1,350 @@
+"""The training loop. Read it top to bottom: build steps, then one straight `train_step`.
+
+    Trainer(spec, run_dir, env).build()     model -> data -> objective -> optimizer -> checkpoints
+                              .run()        resume, then steps: batches, noise, forward through the
+                                            chunked-CE head, backward, clip, step, log, checkpoint
+
+Derived quantities, computed once here:
+- global batch = micro_batch_size * grad_accumulation * dp_size sequences per optimizer step;
+- loss = sum over the step's micro-batches and ranks of the weighted CE, divided by the GLOBAL
+  supervised-token count (one all-reduce before the forward passes), so the loss, and its
+  gradient, are the same however the batch is split across ranks and micro-batches;
+- FSDP averages gradients over the dp_size ranks, so each rank backpropagates dp_size * loss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.train.attention import allowed_pairs, build_attention
+from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta
+from turbo_dllm.train.data import build_data
+from turbo_dllm.train.distributed import (
+    DataParallelDims,
+    DistEnv,
+    apply_activation_checkpointing,
+    apply_compile,
+    apply_fsdp,
+)
+from turbo_dllm.train.metrics import (
+    MetricsLogger,
+    ProfilerWindow,
+    peak_flops,
+    peak_memory_gb,
+    step_flops,
+)
+from turbo_dllm.train.models import build_model, materialize, resolve_model_config
+from turbo_dllm.train.objectives import NoiseKey, build_objective, score
+from turbo_dllm.train.schedules import build_scheduler
+
+__all__ = ["Trainer"]
+
+
+def print0(env: DistEnv, *args) -> None:
+    if env.is_main:
+        import sys
+
+        print(*args, file=sys.stderr, flush=True)
+
+
+class Trainer:
+    def __init__(self, spec, run_dir: str | Path, env: DistEnv) -> None:
+        self.spec = spec
+        self.run_dir = Path(run_dir)
+        self.env = env
+        self.device = env.device
+        self.dims = DataParallelDims.from_spec(spec.topology, env.world_size)
+        self.total_steps = spec.training.steps
+        self.samples_per_step = (
+            spec.training.micro_batch_size * spec.training.grad_accumulation * self.dims.dp_size
+        )
+        on_cuda = self.device.type == "cuda"
+        self.autocast = (
+            partial(torch.autocast, "cuda", dtype=torch.bfloat16)
+            if on_cuda
+            else contextlib.nullcontext
+        )
+        self.train_time_offset = 0.0
+
+    # ============================== build steps ==============================================
+    def build(self) -> Trainer:
+        if self.env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.build_model()
+        self.build_data()
+        self.build_optimizer()
+        self.build_checkpointer()
+        self.build_logging()
+        return self
+
+    def build_model(self) -> None:
+        """Meta model -> activation checkpointing -> compile -> FSDP2 -> weights on device."""
+        spec = self.spec.model
+        self.model_config = resolve_model_config(
+            path=spec.path,
+            from_config=None if spec.path else spec.from_config,
+            overrides=dict(spec.config_overrides),
+        )
+        self.attention = build_attention(spec.attention, self.device)
+        dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
+        model = build_model(self.model_config, self.attention, dtype)
+        if self.spec.training.activation_checkpointing:
+            apply_activation_checkpointing(model)
+        if self.spec.training.compile:
+            apply_compile(model)
+        self.mesh = self.dims.build_mesh(self.device.type)
+        if self.mesh is not None:
+            apply_fsdp(model, self.mesh)
+        self.model = materialize(
+            model, self.device, seed=self.spec.launch.seed, weights_from=spec.path
+        )
+        self.model.train()
+
+    def build_data(self) -> None:
+        self.data = build_data(
+            self.spec,
+            model_vocab_size=self.model_config.vocab_size,
+            dp_rank=self.env.rank,
+            dp_size=self.dims.dp_size,
+        )
+        self.loader = self.data.loader
+        self.objective = build_objective(self.spec.objective, self.data.mask_token_id)
+
+    def build_optimizer(self) -> None:
+        """AdamW (fused on CUDA); no weight decay on norms and biases (1-D parameters)."""
+        opt = self.spec.optimizer
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": opt.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        fused = self.device.type == "cuda"
+        self.optimizer = torch.optim.AdamW(
+            groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, fused=fused or None
+        )
+        self.scheduler = build_scheduler(self.optimizer, self.spec.scheduler, self.total_steps)
+
+    def build_checkpointer(self) -> None:
+        ckpt = self.spec.checkpoint
+        self.checkpoint_dir = Path(ckpt.dir) if ckpt.dir else self.run_dir / "checkpoints"
+        self.checkpointer = Checkpointer(
+            self.checkpoint_dir,
+            keep_last=ckpt.keep_last,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+        )
+
+    def build_logging(self) -> None:
+        self.metrics = MetricsLogger(
+            self.run_dir,
+            self.spec.logging,
+            is_main=self.env.is_main,
+            total_steps=self.total_steps,
+            config=self.spec.model_dump(mode="json"),
+        )
+        self.profiler = ProfilerWindow(self.spec.profiler, self.run_dir / "profile", self.env.rank)
+        self.peak = peak_flops(self.device)
+
+    # ============================== resume / save ============================================
+    def resume(self) -> int:
+        """Restore the checkpoint `checkpoint.resume` names; returns the first step to run."""
+        choice = self.spec.checkpoint.resume
+        if choice == "never":
+            return 0
+        if choice == "auto":
+            path = find_latest(self.checkpoint_dir)
+            if path is None:
+                return 0
+        else:
+            path = Path(choice)
+            if not (path / "checkpoint.json").is_file():
+                raise DllmError(
+                    f"checkpoint.resume points at {choice!r}, which is not a complete checkpoint",
+                    hint="use auto, never, or a checkpoints/step_<N> folder",
+                )
+        if read_meta(path).model != self.model_config.to_hf_dict():
+            raise DllmError(
+                f"checkpoint {str(path)!r} holds a different model shape than this RunSpec",
+                hint="resume with the model the checkpoint was trained with, or "
+                "set checkpoint.resume: never",
+            )
+        meta = self.checkpointer.load(
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            loader=self.loader,
+        )
+        self.train_time_offset = meta.train_time_s
+        self.metrics.truncate_after(meta.step)
+        print0(self.env, f"resumed from {path} (step {meta.step})")
+        return meta.step
+
+    def save(self, step: int, train_time: float) -> Path:
+        return self.checkpointer.save(
+            step,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            loader=self.loader,
+            meta={
+                "dp_replicate": self.dims.dp_replicate,
+                "dp_shard": self.dims.dp_shard,
+                "seed": self.spec.launch.seed,
+                "objective": self.objective.name,
+                "model": self.model_config.to_hf_dict(),
+                "param_dtype": self.spec.model.dtype,
+                "data_fingerprint": self.data.fingerprint,
+                "train_time_s": train_time,
+            },
+        )
+
+    # ============================== one optimizer step =======================================
+    def train_step(self, step: int) -> dict[str, float]:
+        spec, env, dims = self.spec, self.env, self.dims
+        accum, micro = spec.training.grad_accumulation, spec.training.micro_batch_size
+
+        # -- the step's batches and the global supervised-token count -------------------------
+        batches = [next(self.loader) for _ in range(accum)]
+        counts = torch.tensor(
+            [float(sum(self.objective.supervised_count(b) for b in batches))], device=self.device
+        )
+        self._all_reduce(counts)
+        denominator = max(float(counts[0]), 1.0)
+
+        # -- forward / backward per micro-batch -------------------------------------------------
+        loss_sum = torch.zeros((), device=self.device)
+        flops = 0.0
+        for index, batch in enumerate(batches):
+            key = NoiseKey(
+                seed=spec.launch.seed,
+                step=step,
+                first_sample=(index * dims.dp_size + env.rank) * micro,
+                samples_per_step=self.samples_per_step,
+            )
+            diffusion = self.objective.corrupt(batch, key)
+            rows = diffusion.input_ids.shape[0]
+            flops += step_flops(
+                self.model_config,
+                stream_tokens=diffusion.input_ids.numel(),
+                scored_tokens=diffusion.num_scored,
+                pairs=allowed_pairs(diffusion.layout, diffusion.doc_ids)
+                * (1 if diffusion.doc_ids is not None else rows),
+            )
+            diffusion = diffusion.to(self.device)
+            mask = self.attention.prepare(diffusion.layout, diffusion.doc_ids, self.device)
+            positions = diffusion.layout.positions(self.device)
+            if self.mesh is not None:
+                self.model.set_requires_gradient_sync(index == accum - 1)
+            with self.autocast():
+                local = self.model(
+                    diffusion.input_ids, positions, mask, output=partial(score, diffusion)
+                )
+            loss = local / denominator
+            (loss * dims.dp_size).backward()
+            loss_sum += loss.detach()
+
+        # -- clip, step ---------------------------------------------------------------------------
+        grad_norm = self._clip_gradients()
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+
+        totals = torch.stack([loss_sum.float(), torch.tensor(flops, device=self.device)])
+        self._all_reduce(totals)
+        return {
+            "loss": float(totals[0]),
+            "flops": float(totals[1]),
+            "grad_norm": grad_norm,
+            "lr": lr,
+        }
+
+    def _clip_gradients(self) -> float:
+        from torch.distributed.tensor import DTensor
+
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.spec.training.clip_grad_norm
+        norm = torch.nn.utils.clip_grad_norm_(
+            params, max_norm if max_norm is not None else float("inf"), foreach=True
+        )
+        if isinstance(norm, DTensor):
+            norm = norm.full_tensor()
+        return float(norm)
+
+    def _all_reduce(self, tensor: torch.Tensor) -> None:
+        if self.env.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor)
+
+    # ============================== the loop =================================================
+    def run(self) -> int:
+        start = self.resume()
+        if start >= self.total_steps:
+            print0(
+                self.env, f"nothing to do: the checkpoint is at step {start} of {self.total_steps}"
+            )
+            return 0
+        spec, env = self.spec, self.env
+        tokens_per_step = self.samples_per_step * spec.data.seq_len
+        interval = spec.checkpoint.interval
+        max_duration = spec.training.max_duration_s
+        began = time.perf_counter()
+        print0(
+            env,
+            f"training {self.model_config.model_type} ({self.model_config.num_params() / 1e6:.1f}M "
+            f"params) on {env.world_size} x {self.device.type}, steps {start + 1}..{self.total_steps}, "
+            f"run dir {self.run_dir}",
+        )
+        last_saved = start
+        for step in range(start, self.total_steps):
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+            self.profiler.before_step(step)
+            tick = time.perf_counter()
+            stats = self.train_step(step)
+            step_time = time.perf_counter() - tick
+            self.profiler.after_step(step)
+            done = step + 1
+            if not math.isfinite(stats["loss"]):
+                raise DllmError(
+                    f"the loss became {stats['loss']} at step {done}",
+                    hint="lower optimizer.lr, keep training.clip_grad_norm set, or check the data",
+                )
+            elapsed = self.train_time_offset + time.perf_counter() - began
+            self.metrics.log(
+                {
+                    "step": done,
+                    "loss": stats["loss"],
+                    "lr": stats["lr"],
+                    "grad_norm": stats["grad_norm"],
+                    "tokens": tokens_per_step,
+                    "tokens_per_s": tokens_per_step / step_time,
+                    "mfu": (
+                        stats["flops"] / (step_time * self.peak * env.world_size)
+                        if self.peak
+                        else None
+                    ),
+                    "mem_gb": peak_memory_gb(self.device),
+                    "step_time_s": step_time,
+                    "time_s": elapsed,
+                }
+            )
+            out_of_time = max_duration is not None and elapsed >= max_duration
+            if (interval and done % interval == 0) or done == self.total_steps or out_of_time:
+                self.save(done, elapsed)
+                last_saved = done
+            if out_of_time:
+                print0(env, f"stopping after step {done}: training.max_duration_s reached")
+                break
+        self.metrics.close()
+        print0(env, f"done: {last_saved} steps, checkpoint in {self.checkpoint_dir}")
+        return 0
