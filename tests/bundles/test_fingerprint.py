@@ -1,0 +1,129 @@
+"""The host fingerprint: probes without torch import or CUDA init, and DLLM_OVERRIDE_* values."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.host import (
+    FINGERPRINT_FORMAT,
+    GpuArch,
+    HostFingerprint,
+    collect_fingerprint,
+    probes,
+)
+
+
+def test_fingerprint_of_this_host_round_trips_through_json():
+    fingerprint = collect_fingerprint(environ={})
+    data = fingerprint.model_dump(mode="json")
+    assert data["format"] == FINGERPRINT_FORMAT
+    assert data["python_tag"] == f"cp{sys.version_info.major}{sys.version_info.minor}"
+    assert fingerprint.overrides == ()
+    assert HostFingerprint.model_validate_json(json.dumps(data)) == fingerprint
+
+
+def test_fingerprint_reports_what_torch_reports():
+    import torch
+
+    fingerprint = collect_fingerprint(environ={})
+    assert fingerprint.torch == torch.__version__
+    assert (fingerprint.torch_cuda is None) == (torch.version.cuda is None)
+    assert fingerprint.cxx11_abi == bool(torch._C._GLIBCXX_USE_CXX11_ABI)
+
+
+def test_collecting_does_not_import_torch():
+    code = (
+        "import sys; from turbo_dllm.host import collect_fingerprint; f = collect_fingerprint(); "
+        "print(f.torch, f.cxx11_abi, 'torch' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    import torch
+
+    version, abi, imported = out.stdout.split()
+    assert version == torch.__version__
+    assert abi == str(bool(torch._C._GLIBCXX_USE_CXX11_ABI))  # read from libc10's symbols
+    assert imported == "False"
+
+
+def test_overrides_let_a_cpu_node_pose_as_a_gpu_host():
+    fingerprint = collect_fingerprint(
+        environ={
+            "DLLM_OVERRIDE_PYTHON": "3.12",
+            "DLLM_OVERRIDE_TORCH": "2.11.0+cu130",
+            "DLLM_OVERRIDE_CUDA": "13.0",
+            "DLLM_OVERRIDE_GPUS": "sm90,9.0",
+            "DLLM_OVERRIDE_DRIVER": "580.95.05",
+        }
+    )
+    assert str(fingerprint.python_tag) == "cp312"
+    assert str(fingerprint.torch_release) == "torch2.11"
+    assert str(fingerprint.torch_cuda) == "cu130"
+    assert [str(g.arch) for g in fingerprint.gpus] == ["sm90", "sm90"]
+    assert fingerprint.gpu_archs == (GpuArch(9, 0),)
+    assert fingerprint.driver == "580.95.05"
+    assert set(fingerprint.overrides) == {
+        "python",
+        "python_tag",
+        "torch",
+        "torch_cuda",
+        "gpus",
+        "driver",
+    }
+    assert "2x sm90" in fingerprint.summary()
+
+
+@pytest.mark.parametrize("value", ["", "none"])
+def test_empty_gpu_override_means_no_gpu(value):
+    fingerprint = collect_fingerprint(
+        environ={"DLLM_OVERRIDE_GPUS": value, "DLLM_OVERRIDE_CUDA": "none"}
+    )
+    assert fingerprint.gpus == () and fingerprint.torch_cuda is None
+
+
+def test_bad_override_is_a_user_error_naming_the_variable():
+    with pytest.raises(DllmError, match="DLLM_OVERRIDE_GPUS='volta'"):
+        collect_fingerprint(environ={"DLLM_OVERRIDE_GPUS": "volta"})
+
+
+def test_overrides_can_be_ignored():
+    fingerprint = collect_fingerprint(
+        apply_overrides=False, environ={"DLLM_OVERRIDE_PYTHON": "3.99"}
+    )
+    assert fingerprint.overrides == ()
+
+
+def test_driver_probe_reads_sys_then_proc(tmp_path):
+    sys_file, proc_file = tmp_path / "sys", tmp_path / "proc"
+    proc_file.write_text(
+        "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.65.06  Release Build\n"
+    )
+    assert probes.probe_driver(sys_file, proc_file) == "580.65.06"
+    sys_file.write_text("575.51.03\n")
+    assert probes.probe_driver(sys_file, proc_file) == "575.51.03"
+
+
+def test_visible_devices_follow_cuda_rules():
+    rows = [
+        (0, "H200", "9.0", "GPU-aaa"),
+        (1, "H200", "9.0", "GPU-bbb"),
+        (2, "A100", "8.0", "GPU-ccc"),
+    ]
+    pick = probes._apply_visible_devices
+    assert pick(rows, None) == rows
+    assert pick(rows, "") == []
+    assert [r[0] for r in pick(rows, "2,0")] == [2, 0]
+    assert [r[0] for r in pick(rows, "GPU-bbb")] == [1]
+    assert [r[0] for r in pick(rows, "1,7,0")] == [1]  # CUDA stops at the first unknown entry
+
+
+def test_torch_version_file_is_parsed_not_imported(tmp_path):
+    (tmp_path / "version.py").write_text(
+        "from typing import Optional\n__version__ = '2.11.0+cu130'\ncuda: Optional[str] = '13.0'\n"
+        "raise SystemExit('imported!')\n"
+    )
+    assert probes._read_torch_version_file(tmp_path / "version.py") == ("2.11.0+cu130", "13.0")

@@ -1,0 +1,216 @@
+"""Probes that read facts about this machine without importing torch or initializing CUDA.
+
+Why so careful: `dllm bundle install` runs on login nodes and inside launchers, where importing
+torch costs seconds and touching CUDA can grab a GPU or break a later fork. Everything here reads
+files, package metadata or `nvidia-smi`; torch is consulted directly only when the caller has
+already imported it.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.metadata
+import importlib.util
+import mmap
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "GpuProbe",
+    "TorchFacts",
+    "probe_driver",
+    "probe_glibc",
+    "probe_gpus",
+    "probe_package_version",
+    "probe_torch",
+]
+
+NVIDIA_SMI_TIMEOUT_S = 15.0
+
+
+@dataclass(frozen=True)
+class TorchFacts:
+    version: str | None
+    cuda: str | None
+    cxx11_abi: bool | None
+    notes: tuple[str, ...] = ()
+
+
+def probe_torch() -> TorchFacts:
+    """torch's version, CUDA build and C++11 ABI flag, read from its files.
+
+    The version and CUDA build come from `torch/version.py` (parsed, not imported). The ABI flag
+    is exact when torch is already imported; otherwise it is read from the symbol names in
+    `libc10.so` (`std::__cxx11::basic_string` appears only in the new ABI).
+    """
+    loaded = sys.modules.get("torch")
+    if loaded is not None and hasattr(loaded, "_C"):
+        return TorchFacts(
+            loaded.__version__,
+            loaded.version.cuda,
+            bool(loaded._C._GLIBCXX_USE_CXX11_ABI),
+        )
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        return TorchFacts(None, None, None)
+    root = Path(spec.origin).parent
+    notes: list[str] = []
+    version, cuda = _read_torch_version_file(root / "version.py")
+    if version is None:
+        try:
+            version = importlib.metadata.version("torch")
+        except importlib.metadata.PackageNotFoundError:
+            notes.append(f"cannot read torch's version from {root}")
+    abi = _abi_from_libc10(root / "lib")
+    if abi is None and version is not None:
+        notes.append("C++ ABI of torch unknown (libc10 not found)")
+    return TorchFacts(version, cuda, abi, tuple(notes))
+
+
+def _read_torch_version_file(path: Path) -> tuple[str | None, str | None]:
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+    except (OSError, SyntaxError, ValueError):
+        return None, None
+    values: dict[str, object] = {}
+    for node in tree.body:
+        target = None
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        if isinstance(target, ast.Name):
+            try:
+                values[target.id] = ast.literal_eval(value)
+            except ValueError:
+                continue
+    version = values.get("__version__")
+    cuda = values.get("cuda")
+    return (
+        version if isinstance(version, str) else None,
+        cuda if isinstance(cuda, str) else None,
+    )
+
+
+def _abi_from_libc10(libdir: Path) -> bool | None:
+    for name in ("libc10.so", "libc10.dylib"):
+        path = libdir / name
+        if not path.is_file():
+            continue
+        try:
+            with (
+                path.open("rb") as handle,
+                mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as data,
+            ):
+                return data.find(b"St7__cxx1112basic_string") >= 0
+        except (OSError, ValueError):
+            return None
+    return None
+
+
+def probe_glibc() -> str | None:
+    try:
+        text = os.confstr("CS_GNU_LIBC_VERSION")  # "glibc 2.36"
+    except (AttributeError, ValueError, OSError):
+        return None
+    if not text or not text.startswith("glibc "):
+        return None
+    return text.split()[1]
+
+
+def probe_package_version(*names: str) -> str | None:
+    """The version of the first installed distribution among `names` (package metadata only)."""
+    for name in names:
+        try:
+            return importlib.metadata.version(name)
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+_PROC_DRIVER = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
+
+
+def probe_driver(
+    sys_path: Path = Path("/sys/module/nvidia/version"),
+    proc_path: Path = Path("/proc/driver/nvidia/version"),
+) -> str | None:
+    """The NVIDIA kernel driver version, in the order uv uses: /sys, /proc, then nvidia-smi."""
+    try:
+        text = sys_path.read_text().strip()
+        if text:
+            return text
+    except OSError:
+        pass
+    try:
+        match = _PROC_DRIVER.search(proc_path.read_text())
+        if match:
+            return match.group(1)
+    except OSError:
+        pass
+    lines = _nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"])
+    return lines[0].strip() if lines else None
+
+
+@dataclass(frozen=True)
+class GpuProbe:
+    gpus: tuple[tuple[int, str, str], ...]  # (index, name, compute capability "9.0")
+    notes: tuple[str, ...] = field(default=())
+
+
+def probe_gpus() -> GpuProbe:
+    """Every GPU this process can see (CUDA_VISIBLE_DEVICES applied), via nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return GpuProbe(())
+    lines = _nvidia_smi(["--query-gpu=index,name,compute_cap,uuid", "--format=csv,noheader"])
+    if lines is None:
+        return GpuProbe((), ("nvidia-smi is installed but failed; GPU list unknown",))
+    rows = []
+    for line in lines:
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) != 4 or not parts[0].isdigit():
+            return GpuProbe((), (f"unexpected nvidia-smi output: {line!r}",))
+        rows.append((int(parts[0]), parts[1], parts[2], parts[3]))
+    visible = _apply_visible_devices(rows, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return GpuProbe(tuple((index, name, cap) for index, name, cap, _ in visible))
+
+
+def _apply_visible_devices(rows: list, setting: str | None) -> list:
+    """CUDA's rule: list order, indices or UUID prefixes, stop at the first unknown entry."""
+    if setting is None:
+        return rows
+    chosen = []
+    for token in (t.strip() for t in setting.split(",")):
+        match = None
+        if token.isdigit():
+            match = next((r for r in rows if r[0] == int(token)), None)
+        elif token.startswith("GPU-"):
+            found = [r for r in rows if r[3].startswith(token)]
+            match = found[0] if len(found) == 1 else None
+        if match is None or match in chosen:
+            break
+        chosen.append(match)
+    return chosen
+
+
+def _nvidia_smi(arguments: list[str]) -> list[str] | None:
+    binary = shutil.which("nvidia-smi")
+    if binary is None:
+        return None
+    try:
+        proc = subprocess.run(
+            [binary, *arguments],
+            capture_output=True,
+            text=True,
+            timeout=NVIDIA_SMI_TIMEOUT_S,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    return [line for line in proc.stdout.splitlines() if line.strip()]
