@@ -108,7 +108,13 @@ def _flex(q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None) -> Partia
 
     batch = qd.shape[0]
     block_mask = create_block_mask(
-        mask_mod, batch, None, len(q_tokens), len(k_tokens), device=qd.device
+        mask_mod,
+        batch,
+        None,
+        len(q_tokens),
+        len(k_tokens),
+        device=qd.device,
+        _compile=qd.device.type == "cuda",  # never materialise Sq x Sk on the GPU
     )
     flex = _flex_attention()
 

@@ -1,0 +1,171 @@
+"""How the ranks of a context group share each training sequence: the trainer's one hook.
+
+The model is plain (it attends with whatever backend it was given); a *sequence plan* decides
+which tokens of the 2L stream [x_t ; x_0] a rank feeds it, with which RoPE positions, which
+attention object the layers call, and which of the objective's scored positions are local:
+
+    plan = build_sequence_plan(dims, attention, merge_backend=...)
+    model = build_model(config, plan.attention_backend)          # every layer calls the plan
+    inputs = plan.prepare(diffusion_batch, device)                # per micro-batch
+    loss_sum = model(inputs.input_ids, inputs.positions, inputs.mask, output=partial(score, inputs.batch))
+
+* `WholeSequence` (no cp/bp): the full stream, the trainer's own attention backend.
+* `ContextParallel` (cp and/or bp > 1): this rank's share (`CsbpLayout` or `CpLayout`) and a
+  per-step `CsbpAttention` / `CpAttention` as the layers' mask object.
+
+Each rank's loss covers only the scored positions it holds, so the sum over ranks is the
+single-rank loss; dividing by the global supervised-token count is left to the trainer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+import torch
+
+from turbo_dllm.train.objectives.base import DiffusionBatch
+from turbo_dllm.train.parallel.cp import CpAttention
+from turbo_dllm.train.parallel.csbp import CsbpAttention
+from turbo_dllm.train.parallel.dims import ParallelDims
+from turbo_dllm.train.parallel.layout import CpLayout, CsbpLayout
+from turbo_dllm.train.parallel.partial_attention import AttentionBackend
+
+__all__ = [
+    "ContextParallel",
+    "ModelInputs",
+    "SequencePlan",
+    "WholeSequence",
+    "build_sequence_plan",
+    "call_mask",
+]
+
+
+@dataclass
+class ModelInputs:
+    """What one rank feeds the model for one micro-batch; `batch` is what `score` reads."""
+
+    input_ids: torch.Tensor  # (R, S_local)
+    positions: torch.Tensor  # (S_local,)
+    mask: Any
+    batch: DiffusionBatch  # score_index / targets / weights restricted to this rank
+
+
+class SequencePlan(Protocol):
+    attention_backend: Any
+    context_size: int
+
+    def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs: ...
+
+
+def call_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
+    """The layers' backend under context parallelism: the per-step mask object attends."""
+    return mask(q, k, v)
+
+
+class WholeSequence:
+    """Every rank holds whole sequences (data parallelism only)."""
+
+    context_size = 1
+
+    def __init__(self, attention: Any) -> None:
+        self.attention_backend = attention
+
+    def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
+        mask = self.attention_backend.prepare(batch.layout, batch.doc_ids, device)
+        return ModelInputs(
+            input_ids=batch.input_ids,
+            positions=batch.layout.positions(device),
+            mask=mask,
+            batch=batch,
+        )
+
+
+class ContextParallel:
+    """CSBP (bp > 1) or the CP baseline (cp > 1, bp == 1) over the context group of `dims`."""
+
+    attention_backend = staticmethod(call_mask)
+
+    def __init__(
+        self,
+        dims: ParallelDims,
+        *,
+        backend: AttentionBackend = "reference",
+        merge_backend: str = "reference",
+    ) -> None:
+        if dims.mode == "none":
+            raise ValueError("ContextParallel needs cp > 1 or bp > 1")
+        self.dims = dims
+        self.backend = backend
+        self.merge_backend = merge_backend
+        self.context_size = dims.context
+        self.ctx_rank = dims.get_mesh("context").get_local_rank()
+        cp_mesh = dims.get_optional_mesh("cp")
+        self.cp_group = cp_mesh.get_group() if cp_mesh is not None else None
+        self._layouts: dict[tuple[int, int], CsbpLayout | CpLayout] = {}
+
+    def layout(self, seq_len: int, block_size: int) -> CsbpLayout | CpLayout:
+        key = (seq_len, block_size)
+        if key not in self._layouts:
+            dims = self.dims
+            if dims.mode == "csbp":
+                self._layouts[key] = CsbpLayout.build(
+                    seq_len, block_size, dims.bp, dims.cp, self.ctx_rank
+                )
+            else:
+                self._layouts[key] = CpLayout.build(seq_len, block_size, dims.cp, self.ctx_rank)
+        return self._layouts[key]
+
+    def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
+        seq_len, block_size = batch.layout.seq_len, batch.layout.block_size
+        layout = self.layout(seq_len, block_size)
+        noisy, clean = layout.noisy_positions, layout.clean_positions
+        stream_index = torch.cat([noisy, seq_len + clean]).to(device)
+        doc_ids = batch.doc_ids
+        if doc_ids is None:  # one document per row: a broadcast row of zeros
+            doc_ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
+        doc_ids = doc_ids.to(device)
+        if isinstance(layout, CsbpLayout):
+            mask: Any = CsbpAttention(
+                layout,
+                doc_ids,
+                self.cp_group,
+                backend=self.backend,
+                merge_backend=self.merge_backend,
+            )
+        else:
+            mask = CpAttention(layout, doc_ids, self.cp_group, backend=self.backend)
+        # Scored positions: keep those whose output this rank computes, renumbered locally.
+        local_of = torch.full((2 * seq_len,), -1, dtype=torch.long, device=device)
+        local_of[stream_index] = torch.arange(stream_index.numel(), device=device)
+        score_index = batch.score_index.to(device)
+        row, col = score_index // (2 * seq_len), score_index % (2 * seq_len)
+        local = local_of[col]
+        keep = local >= 0
+        width = stream_index.numel()
+        scored = replace(
+            batch,
+            input_ids=batch.input_ids.to(device).index_select(1, stream_index),
+            score_index=row[keep] * width + local[keep],
+            targets=batch.targets.to(device)[keep],
+            weights=batch.weights.to(device)[keep],
+        )
+        return ModelInputs(
+            input_ids=scored.input_ids,
+            positions=torch.cat([noisy, clean]).to(device),
+            mask=mask,
+            batch=scored,
+        )
+
+
+def build_sequence_plan(
+    dims: ParallelDims | None,
+    attention: Any,
+    *,
+    merge_backend: str = "reference",
+) -> SequencePlan:
+    """The plan for `dims`; `attention` is the trainer's backend (its `name` picks the kernel)."""
+    if dims is None or dims.mode == "none":
+        return WholeSequence(attention)
+    backend = getattr(attention, "name", "reference")
+    return ContextParallel(dims, backend=backend, merge_backend=merge_backend)
