@@ -1,0 +1,209 @@
+"""The run manifest: what it pins, how it is written and read, how drift is found."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+
+import pytest
+
+from tests.helpers import assert_user_error
+from turbo_dllm.errors import DllmError
+from turbo_dllm.jobs import provenance
+from turbo_dllm.jobs.drift import flatten, manifest_drift
+from turbo_dllm.jobs.manifest import (
+    CodeVersion,
+    DataRef,
+    read_manifest,
+    spec_sha256,
+    write_exclusive,
+    write_manifest,
+)
+
+
+@pytest.fixture
+def manifest(cli, spec_file):
+    result = cli("launch", "--config", spec_file, "--dry-run", "--json")
+    assert result.code == 0, result.err
+    from turbo_dllm.jobs.manifest import RunManifest
+
+    return RunManifest.model_validate(json.loads(result.out)["manifest"])
+
+
+def test_manifest_pins_every_input(manifest, spec_file):
+    import torch
+
+    import turbo_dllm
+
+    assert manifest.format == "turbo_dllm.run_manifest.v1"
+    assert manifest.spec["training"]["steps"] == 4
+    assert manifest.spec_sha256 == spec_sha256(manifest.spec)
+    assert manifest.host["format"] == "turbo_dllm.fingerprint.v1"
+    assert manifest.packages["torch"] == torch.__version__
+    assert manifest.packages["pydantic"]
+    assert manifest.code.package_version == turbo_dllm.__version__
+    assert manifest.seeds == {"launch.seed": 0}
+    assert manifest.data is None  # synthetic data: the spec itself pins it
+    assert manifest.argv == ["dllm", "launch", "--config", str(spec_file)]
+
+
+def test_spec_hash_ignores_where_the_run_goes(manifest):
+    moved = {**manifest.spec, "launch": {**manifest.spec["launch"], "run_dir": "/elsewhere"}}
+    assert spec_sha256(moved) == manifest.spec_sha256
+    changed = {**manifest.spec, "training": {**manifest.spec["training"], "steps": 5}}
+    assert spec_sha256(changed) != manifest.spec_sha256
+
+
+def test_write_is_atomic_exclusive_and_read_back(manifest, tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    path = write_manifest(manifest, folder)
+    assert read_manifest(folder) == manifest
+    assert [p.name for p in folder.iterdir()] == ["manifest.json"]  # no temp file left
+    with pytest.raises(DllmError, match="already exists"):
+        write_manifest(manifest, folder)
+    assert read_manifest(path) == manifest
+    assert [p.name for p in folder.iterdir()] == ["manifest.json"]
+
+
+def test_concurrent_exclusive_writers_have_one_winner(tmp_path):
+    target = tmp_path / "x.json"
+    outcomes: list[str] = []
+
+    def write(payload: bytes) -> None:
+        try:
+            write_exclusive(target, payload)
+            outcomes.append("won")
+        except DllmError:
+            outcomes.append("lost")
+
+    threads = [threading.Thread(target=write, args=(bytes([65 + i]) * 1000,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(outcomes) == ["lost"] * 7 + ["won"]
+    assert len(set(target.read_bytes())) == 1  # one writer's whole payload
+
+
+def test_edited_manifest_is_refused(cli, manifest, tmp_path):
+    document = manifest.model_dump(mode="json")
+    document["spec"]["training"]["steps"] = 999
+    path = tmp_path / "manifest.json"
+    path.write_text(json.dumps(document))
+    with pytest.raises(DllmError, match="spec_sha256 does not match"):
+        read_manifest(path)
+    assert_user_error(cli("launch", "--manifest", path), "not a valid run manifest")
+    path.write_text(json.dumps({"format": "turbo_dllm.data.v1"}))
+    assert_user_error(cli("launch", "--manifest", path), "is not a run manifest")
+
+
+def _with(manifest, **update):
+    return manifest.model_copy(update=update)
+
+
+def test_drift_names_each_changed_field(manifest):
+    assert manifest_drift(manifest, manifest) == []
+    packages = {**manifest.packages, "torch": "0.0.1", "newpkg": "1.0"}
+    host = {**manifest.host, "glibc": "9.99"}
+    code = CodeVersion(package_version="0.0.0", git_commit="f" * 40, diff_sha256="0" * 64)
+    data = DataRef(artifact="/d", fingerprint="abc", num_sequences=1, seq_len=64, vocab_size=260)
+    current = _with(manifest, packages=packages, host=host, code=code, data=data)
+    fields = [item.field for item in manifest_drift(manifest, current)]
+    assert fields == [
+        "host.glibc",
+        "packages.newpkg",
+        "packages.torch",
+        "data",
+        "code.package_version",
+        "code.git_commit",
+        "code.diff_sha256",
+    ]
+    [torch] = [i for i in manifest_drift(manifest, current) if i.field == "packages.torch"]
+    assert torch.recorded == manifest.packages["torch"] and torch.current == "0.0.1"
+
+
+def test_drift_ignores_what_names_a_machine_rather_than_describes_it(manifest):
+    current = _with(manifest, host={**manifest.host, "hostname": "other-node"})
+    assert manifest_drift(manifest, current) == []
+
+
+def test_flatten_paths():
+    assert flatten({"a": {"b": 1, "c": [{"d": 2}]}, "e": [1, 2]}) == {
+        "a.b": 1,
+        "a.c[0].d": 2,
+        "e": [1, 2],
+    }
+
+
+# --- code version ------------------------------------------------------------------------------
+
+
+def _git(repo, *args):
+    subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@example.com", "-C", str(repo), *args],
+        check=True,
+        capture_output=True,
+    )
+
+
+@pytest.fixture
+def checkout(tmp_path):
+    repo = tmp_path / "repo"
+    package = repo / "pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("x = 1\n")
+    (repo / ".gitignore").write_text("runs/\n")
+    _git(repo, "init", "-q")
+    _git(repo, "add", ".")
+    _git(repo, "commit", "-q", "-m", "init")
+    return repo, package
+
+
+def test_code_version_tracks_commit_diff_and_untracked_files(checkout):
+    repo, package = checkout
+    clean = provenance._git_state(package)
+    assert len(clean["git_commit"]) == 40 and clean["dirty"] is False
+
+    (package / "__init__.py").write_text("x = 2\n")
+    edited = provenance._git_state(package)
+    assert edited["dirty"] and edited["diff_sha256"] != clean["diff_sha256"]
+    assert edited["git_commit"] == clean["git_commit"]
+
+    (package / "new.py").write_text("y = 1\n")
+    untracked = provenance._git_state(package)
+    assert untracked["diff_sha256"] != edited["diff_sha256"]
+    (package / "new.py").write_text("y = 2\n")
+    assert provenance._git_state(package)["diff_sha256"] != untracked["diff_sha256"]
+
+    (package / "new.py").unlink()
+    (repo / "runs").mkdir()
+    (repo / "runs" / "metrics.jsonl").write_text("{}\n")  # ignored: not code
+    assert provenance._git_state(package) == edited
+
+
+def test_code_version_is_null_outside_a_checkout(tmp_path):
+    package = tmp_path / "site-packages" / "pkg"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    assert provenance._git_state(package) == {
+        "git_commit": None,
+        "diff_sha256": None,
+        "dirty": None,
+    }
+
+
+def test_code_version_is_null_for_an_untracked_package_inside_a_repo(checkout):
+    repo, _ = checkout
+    venv_package = repo / ".venv" / "pkg"
+    venv_package.mkdir(parents=True)
+    (venv_package / "__init__.py").write_text("")
+    (repo / ".gitignore").write_text("runs/\n.venv/\n")
+    assert provenance._git_state(venv_package)["git_commit"] is None
+
+
+def test_installed_packages_uses_canonical_names():
+    packages = provenance.installed_packages()
+    assert "turbo-dllm" in packages and "pyyaml" in packages
+    assert list(packages) == sorted(packages)

@@ -1,0 +1,299 @@
+"""Dry-run plans for the layouts the issue names, and launches that must fail before starting."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+
+from tests.helpers import assert_user_error
+from turbo_dllm.config.load import load_runspec
+from turbo_dllm.jobs.compiler import compile_plan
+from turbo_dllm.jobs.hostinfo import HostView
+from turbo_dllm.jobs.options import LaunchOptions, NodeRange
+
+
+def dry_run(cli, *args):
+    result = cli("launch", "--dry-run", "--json", *args)
+    assert result.code == 0, result.err
+    payload = json.loads(result.out)
+    assert payload["dry_run"] is True
+    assert payload["manifest"]["plan"] == payload["plan"]
+    return payload["plan"], payload["manifest"]
+
+
+def test_one_gpu_runs_in_process(cli, spec_file, gpus, workdir):
+    gpus(1)
+    plan, manifest = dry_run(cli, "--config", spec_file)
+    assert plan["backend"] == "local" and plan["device"] == "cuda"
+    assert plan["world_sizes"] == [1] and plan["dist_backend"] is None
+    assert plan["rendezvous"]["kind"] == "none"
+    [command] = plan["commands"]
+    assert command["argv"][1:5] == ["-m", "turbo_dllm", "train", "--config"]
+    assert command["argv"][5] == f"{plan['run_dir']}/spec.yaml"
+    assert command["argv"][6:] == ["--run-dir", plan["run_dir"]]
+    assert manifest["host"]["gpus"][0]["arch"] == "sm90"
+    assert manifest["spec"]["launch"]["run_dir"] == plan["run_dir"]
+    assert not (workdir / "runs").exists()  # a dry run touches nothing
+
+
+def test_eight_gpus_one_node_uses_torchrun_standalone(cli, spec_file, gpus):
+    gpus(8)
+    plan, _ = dry_run(cli, "--config", spec_file, "--set", "topology.fsdp=8")
+    assert plan["backend"] == "torchrun" and plan["dist_backend"] == "nccl"
+    assert plan["nproc_per_node"] == 8 and plan["world_sizes"] == [8]
+    assert {a["name"]: a["degree"] for a in plan["mesh"]} == {
+        "dp": 1,
+        "fsdp": 8,
+        "context": 1,
+        "tp": 1,
+    }
+    assert [r["local_rank"] for r in plan["ranks"]] == list(range(8))
+    [command] = plan["commands"]
+    argv = command["argv"]
+    assert argv[1:3] == ["-m", "torch.distributed.run"]
+    assert "--standalone" in argv
+    assert argv[argv.index("--nproc-per-node") + 1] == "8"
+    assert argv[argv.index("-m", 3) :][:3] == ["-m", "turbo_dllm", "train"]
+    assert plan["env"]["PYTHONHASHSEED"] == "0"
+
+
+def test_two_nodes_by_eight_static_rendezvous(cli, spec_file, gpus, workdir):
+    gpus(8)
+    plan, _ = dry_run(
+        cli,
+        "--config",
+        spec_file,
+        "--set",
+        "topology.fsdp=8",
+        "--set",
+        "topology.dp=2",
+        "--nnodes",
+        "2",
+        "--master-addr",
+        "10.1.2.3",
+        "--master-port",
+        "29555",
+        "--node-rank",
+        "1",
+        "--run-dir",
+        workdir / "shared" / "run1",
+    )
+    assert plan["world_sizes"] == [16] and plan["node_rank"] == 1
+    assert plan["rendezvous"] == {"kind": "static", "endpoint": "10.1.2.3:29555", "run_id": None}
+    assert [c["where"] for c in plan["commands"]] == ["node 0", "node 1 (this node)"]
+    for rank, command in enumerate(plan["commands"]):
+        argv = command["argv"]
+        assert argv[argv.index("--node-rank") + 1] == str(rank)
+        assert argv[argv.index("--master-addr") + 1] == "10.1.2.3"
+        assert argv[argv.index("--nnodes") + 1] == "2"
+    ranks = plan["ranks"]
+    assert len(ranks) == 16
+    assert ranks[9] == {
+        "rank": 9,
+        "node_rank": 1,
+        "local_rank": 1,
+        "coords": {"dp": 1, "fsdp": 1, "context": 0, "tp": 0},
+    }
+    assert not (workdir / "shared").exists()
+
+
+def test_elastic_one_to_four_nodes(cli, spec_file, gpus, workdir):
+    gpus(8)
+    plan, manifest = dry_run(
+        cli,
+        "--config",
+        spec_file,
+        "--nnodes",
+        "1:4",
+        "--rdzv-endpoint",
+        "head:29400",
+        "--max-restarts",
+        "3",
+        "--run-dir",
+        workdir / "shared" / "elastic",
+    )
+    assert plan["world_sizes"] == [8, 16, 24, 32]
+    assert plan["elastic_axis"] == "dp" and plan["ranks"] is None
+    assert plan["rendezvous"] == {"kind": "c10d", "endpoint": "head:29400", "run_id": "elastic"}
+    [command] = plan["commands"]
+    assert command["where"] == "every node"
+    argv = command["argv"]
+    assert argv[argv.index("--nnodes") + 1] == "1:4"
+    assert argv[argv.index("--max-restarts") + 1] == "3"
+    assert "turbo_dllm.jobs.elastic" in argv
+    assert manifest["spec"]["topology"]["dp"] == 1  # the spec stays as written
+
+
+def test_elastic_needs_divisible_fixed_degrees(cli, spec_file, gpus):
+    gpus(8)
+    result = cli(
+        "launch",
+        "--config",
+        spec_file,
+        "--dry-run",
+        "--set",
+        "topology.dp=3",
+        "--set",
+        "topology.fsdp=2",
+        "--nnodes",
+        "1:2",
+        "--rdzv-endpoint",
+        "head:29400",
+        "--run-dir",
+        "x",
+    )
+    assert_user_error(result, "elastic launch", "dp = 3", "multiple of 3")
+
+
+def test_slurm_plan_and_script(cli, spec_file, workdir, monkeypatch):
+    plan, _ = dry_run(
+        cli,
+        "--config",
+        spec_file,
+        "--backend",
+        "slurm",
+        "--set",
+        "topology.fsdp=16",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--partition",
+        "h200",
+        "--time",
+        "02:00:00",
+    )
+    assert plan["backend"] == "slurm" and plan["device"] == "cuda"
+    assert plan["slurm"]["nodes"] == "2" and plan["slurm"]["gpus_per_node"] == 8
+    assert plan["rendezvous"]["endpoint"] == "$DLLM_HEAD_NODE:29500"
+    assert not (workdir / "runs").exists()
+
+    # The real launch writes the run dir and the script; without sbatch it only says how.
+    monkeypatch.setenv("PATH", str(workdir / "bin"))
+    result = cli(
+        "launch",
+        "--config",
+        spec_file,
+        "--backend",
+        "slurm",
+        "--set",
+        "topology.fsdp=16",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--partition",
+        "h200",
+    )
+    assert result.code == 0, result.err
+    [run_dir] = (workdir / "runs").iterdir()
+    script = (run_dir / "job.sbatch").read_text()
+    assert f"submit with: sbatch {run_dir / 'job.sbatch'}" in result.out
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --partition=h200",
+        'scontrol show hostnames "$SLURM_JOB_NODELIST"',
+        '--rdzv-endpoint "$DLLM_HEAD_NODE:29500"',
+        '--rdzv-id "$SLURM_JOB_ID"',
+        "srun --kill-on-bad-exit=1",
+    ):
+        assert line in script, line
+    assert (run_dir / "manifest.json").is_file() and (run_dir / "spec.yaml").is_file()
+    assert not (run_dir / "result.json").exists()
+
+
+def test_slurm_submit_calls_sbatch_or_explains(cli, spec_file, workdir, monkeypatch):
+    bin_dir = workdir / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    args = ("launch", "--config", spec_file, "--backend", "slurm", "--nproc-per-node", "1")
+    result = cli(*args, "--submit")
+    assert_user_error(result, "sbatch, which is not on PATH", "drop --submit")
+    assert not (workdir / "runs").exists()
+
+    sbatch = bin_dir / "sbatch"
+    log = workdir / "sbatch.log"
+    sbatch.write_text(f'#!/bin/sh\necho "$@" > {log}\necho "Submitted batch job 4242"\n')
+    sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
+    result = cli(*args, "--submit")
+    assert result.code == 0, result.err
+    assert "Submitted batch job 4242" in result.out
+    assert log.read_text().strip().endswith("job.sbatch")
+
+
+@pytest.mark.parametrize("dry", [True, False])
+def test_world_size_mismatch_fails_before_anything_starts(cli, spec_file, workdir, dry):
+    result = cli(
+        "launch",
+        "--config",
+        spec_file,
+        "--nproc-per-node",
+        "2",
+        *(["--dry-run"] if dry else []),
+    )
+    assert_user_error(result, "dp*fsdp*max(cp,bp)*tp = 1", "2 process", "--set topology.dp=2")
+    assert not (workdir / "runs").exists()
+
+
+def test_too_few_gpus_is_not_ready(cli, spec_file, gpus, workdir):
+    gpus(2)
+    result = cli("launch", "--config", spec_file, "--set", "topology.fsdp=4")
+    assert_user_error(
+        result, "not ready to launch", "gpus: 4 processes per node but 2 visible GPU", "fix:"
+    )
+    assert not (workdir / "runs").exists()
+
+
+def test_multi_node_needs_a_meeting_point_and_a_node_rank(cli, spec_file, gpus, workdir):
+    gpus(8)
+    base = ("launch", "--config", spec_file, "--set", "topology.fsdp=16", "--dry-run")
+    assert_user_error(cli(*base, "--nnodes", "2"), "needs a meeting point", "--master-addr")
+    assert_user_error(
+        cli(*base, "--nnodes", "2", "--master-addr", "h0", "--run-dir", "r"), "--node-rank"
+    )
+    assert_user_error(
+        cli(*base, "--nnodes", "2", "--master-addr", "h0", "--node-rank", "0"),
+        "same run dir",
+        "--run-dir",
+    )
+
+
+def test_local_backend_refuses_what_it_cannot_do(cli, spec_file, workdir):
+    base = ("launch", "--config", spec_file, "--dry-run", "--backend", "local")
+    assert_user_error(
+        cli(*base, "--set", "topology.dp=2", "--nproc-per-node", "2"), "runs one process"
+    )
+    assert_user_error(cli(*base, "--max-restarts", "1"), "--max-restarts needs a supervisor")
+
+
+def test_bad_nnodes_is_a_user_error(cli, spec_file):
+    assert_user_error(cli("launch", "--config", spec_file, "--nnodes", "4:2"), "node range")
+    assert_user_error(cli("launch", "--config", spec_file, "--nnodes", "two"), "--nnodes")
+
+
+def test_rank_coordinates_put_tensor_parallel_innermost(spec_file):
+    spec = load_runspec(spec_file, ["topology.dp=2", "topology.fsdp=2"])
+    # tp is not available yet in this version, so build the mesh from dp x fsdp only.
+    plan = compile_plan(
+        spec,
+        LaunchOptions(nproc_per_node=2, nnodes=NodeRange(2, 2), master_addr="h", node_rank=0),
+        HostView(gpus=("H200",) * 2, cpu_count=8),
+        run_dir=spec_file.parent / "r",
+    )
+    coords = [(r.node_rank, r.coords["dp"], r.coords["fsdp"]) for r in plan.ranks]
+    assert coords == [(0, 0, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1)]
+    assert plan.env["OMP_NUM_THREADS"] == "4"
+
+
+def test_dry_run_human_output_shows_plan_and_manifest(cli, spec_file, gpus, workdir):
+    gpus(8)
+    result = cli("launch", "--config", spec_file, "--dry-run", "--set", "topology.fsdp=8")
+    assert result.code == 0, result.err
+    assert "processes    1 node(s) x 8 per node = 8 (cuda, nccl)" in result.out
+    assert "mesh         dp=1 x fsdp=8 x context=1 x tp=1" in result.out
+    assert '"format": "turbo_dllm.run_manifest.v1"' in result.out
+    assert not (workdir / "runs").exists()

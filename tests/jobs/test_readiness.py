@@ -1,0 +1,80 @@
+"""Launch readiness checks (doctor orders 400-499) judged against the real launch."""
+
+from __future__ import annotations
+
+import socket
+import stat
+
+from tests.helpers import assert_user_error
+from turbo_dllm.doctor.checks.launch import GpuProcess, busy_gpus, query_gpu_processes
+
+FAKE_SMI = """#!/bin/sh
+case "$1" in
+  --query-gpu=*) printf '0, GPU-aaa\\n1, GPU-bbb\\n2, GPU-ccc\\n3, GPU-ddd\\n' ;;
+  --query-compute-apps=*) printf '%s' "$DLLM_TEST_SMI_APPS" ;;
+  *) exit 9 ;;
+esac
+"""
+
+
+def install_fake_smi(folder, monkeypatch, apps: str) -> None:
+    folder.mkdir(exist_ok=True)
+    smi = folder / "nvidia-smi"
+    smi.write_text(FAKE_SMI)
+    smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
+    monkeypatch.setenv("DLLM_TEST_SMI_APPS", apps)
+
+
+def test_query_reads_processes_per_gpu_index(tmp_path, monkeypatch):
+    install_fake_smi(tmp_path / "bin", monkeypatch, "GPU-ccc, 4321, 30720\nGPU-zzz, 1, 5\n")
+    assert query_gpu_processes() == [GpuProcess(gpu_index=2, pid=4321, used_mib=30720.0)]
+
+
+def test_busy_gpus_only_counts_the_gpus_the_launch_uses():
+    procs = [GpuProcess(gpu_index=3, pid=99999999, used_mib=1.0)]
+    assert busy_gpus(procs, None, 2) == []
+    assert busy_gpus(procs, None, 4) == procs
+    assert busy_gpus(procs, [3, 0], 1) == procs  # CUDA_VISIBLE_DEVICES=3,0: first is GPU 3
+
+
+def test_launch_refuses_busy_gpus(cli, spec_file, gpus, workdir, monkeypatch):
+    gpus(4)
+    install_fake_smi(workdir / "bin", monkeypatch, "GPU-bbb, 4321, 40960\n")
+    result = cli("launch", "--config", spec_file, "--set", "topology.fsdp=4")
+    assert_user_error(result, "busy gpus", "GPU 1: pid 4321 uses 40.0 GiB", "CUDA_VISIBLE_DEVICES")
+    assert not (workdir / "runs").exists()
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2,3")
+    report = cli("doctor", "--config", spec_file, "--world-size", "1", "--json")
+    assert '"busy gpus"' in report.out and "are free" in report.out
+
+
+def test_doctor_checks_gpus_against_the_world_size(cli, spec_file, gpus):
+    gpus(2)
+    result = cli("doctor", "--config", spec_file, "--json")
+    assert "1 process(es) on 2 visible GPU(s)" in result.out
+    result = cli("doctor", "--config", spec_file, "--world-size", "4")
+    assert result.code == 1
+    assert "4 processes per node but 2 visible GPU(s)" in result.out
+
+
+def test_taken_rendezvous_port_is_not_ready(cli, spec_file, workdir):
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        result = cli(
+            "launch",
+            "--config",
+            spec_file,
+            "--set",
+            "topology.dp=2",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(port),
+        )
+    assert_user_error(result, "rendezvous", f"port {port} is taken", "--master-port")
+    assert not (workdir / "runs").exists()

@@ -1,0 +1,92 @@
+"""`dllm run list | show | diff | plot` over run dirs written by `dllm launch`."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from tests.helpers import assert_user_error
+
+
+def slurm_run(cli, spec_file, *extra):
+    """A real run dir (manifest, spec, script) without starting workers: the SLURM backend."""
+    result = cli(
+        "launch", "--config", spec_file, "--backend", "slurm", "--nproc-per-node", "1", *extra
+    )
+    assert result.code == 0, result.err
+    return result
+
+
+def write_metrics(run_dir, losses):
+    lines = [
+        {"step": i + 1, "loss": loss, "tokens_per_s": 1000.0 + i, "mem_gb": 0.5, "lr": 1e-3}
+        for i, loss in enumerate(losses)
+    ]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_list_show_diff(cli, spec_file, workdir):
+    assert "no runs under runs/" in cli("run", "list").out
+    slurm_run(cli, spec_file, "--set", "launch.name=first")
+    slurm_run(cli, spec_file, "--set", "training.steps=6", "--set", "launch.name=second")
+    by_name = {
+        json.loads((d / "manifest.json").read_text())["spec"]["launch"]["name"]: d
+        for d in (workdir / "runs").iterdir()
+    }
+    first, second = by_name["first"], by_name["second"]
+    write_metrics(first, [5.0, 4.5, 4.25])
+
+    listing = json.loads(cli("run", "list", "--json").out)
+    runs = {r["name"]: r for r in listing["runs"]}
+    assert runs["first"]["steps_done"] == 3 and runs["first"]["steps_total"] == 4
+    assert runs["first"]["last_loss"] == 4.25
+    assert runs["second"]["steps_done"] is None and runs["second"]["status"] == "no result"
+    text = cli("run", "list").out
+    assert first.name in text and "3/4" in text and "4.2500" in text
+
+    shown = cli("run", "show", first.name[:-2])  # a unique prefix is enough
+    assert shown.code == 0, shown.err
+    assert f"run          {first.name} (first)" in shown.out
+    assert "progress     3/4 steps, last loss 4.2500" in shown.out
+    assert "backend      slurm" in shown.out
+    whole = json.loads(cli("run", "show", str(first), "--json").out)
+    assert whole["format"] == "turbo_dllm.run_manifest.v1"
+
+    diff = json.loads(cli("run", "diff", first.name, second.name, "--json").out)
+    spec_fields = {item["field"]: item for item in diff["diff"]["spec"]}
+    assert spec_fields["spec.training.steps"]["recorded"] == 4
+    assert spec_fields["spec.training.steps"]["current"] == 6
+    assert diff["diff"]["inputs"] == []
+    human = cli("run", "diff", first.name, second.name)
+    assert "spec.training.steps" in human.out and "identical" in human.out
+
+
+def test_show_unknown_or_ambiguous_run(cli, spec_file, workdir):
+    assert_user_error(cli("run", "show", "nope"), "no run 'nope' under runs")
+    slurm_run(cli, spec_file)
+    slurm_run(cli, spec_file)
+    assert_user_error(cli("run", "show", "2"), "matches 2 runs")
+
+
+def test_plot_writes_pngs(cli, spec_file, workdir):
+    pytest.importorskip("matplotlib")
+    slurm_run(cli, spec_file)
+    [run_dir] = (workdir / "runs").iterdir()
+    assert_user_error(cli("run", "plot", run_dir.name), "has no metrics yet")
+    write_metrics(run_dir, [5.0, 4.0, 3.5])
+    result = cli("run", "plot", run_dir.name)
+    assert result.code == 0, result.err
+    for name in ("loss.png", "tokens_per_s.png", "memory.png"):
+        png = run_dir / "plots" / name
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert f"wrote {png}" in result.out
+
+
+def test_plot_without_matplotlib_is_a_clear_error(cli, spec_file, workdir, monkeypatch):
+    slurm_run(cli, spec_file)
+    [run_dir] = (workdir / "runs").iterdir()
+    write_metrics(run_dir, [5.0])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
+    assert_user_error(cli("run", "plot", run_dir.name), "needs matplotlib", "pip install")

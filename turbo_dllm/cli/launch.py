@@ -1,0 +1,250 @@
+"""`dllm launch`: compile a RunSpec into a job, record its manifest, start its workers.
+
+dllm launch --config F [--set k=v] [--nproc-per-node N] [--nnodes N|MIN:MAX]
+            [--node-rank R --master-addr A --master-port P | --rdzv-endpoint H:P]
+            [--max-restarts K] [--backend auto|local|torchrun|slurm] [--dry-run]
+dllm launch --manifest runs/<id>/manifest.json [--allow-drift]
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from turbo_dllm.cli._output import emit_json
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "launch",
+        help="compile a RunSpec into a job, write its manifest and run it",
+        description="Compile a RunSpec and this host into a job plan, write "
+        "runs/<id>/manifest.json before any worker starts, and run the job locally, under "
+        "torchrun or as a SLURM job. With --manifest, replay a recorded run.",
+    )
+    source = p.add_mutually_exclusive_group(required=True)
+    source.add_argument("--config", help="RunSpec YAML")
+    source.add_argument("--manifest", help="replay the run recorded in this manifest")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a spec field, e.g. --set training.steps=10 (repeatable)",
+    )
+    p.add_argument("--allow-drift", action="store_true", help="replay despite drift and record it")
+    layout = p.add_argument_group("layout")
+    layout.add_argument("--backend", choices=("auto", "local", "torchrun", "slurm"), default="auto")
+    layout.add_argument("--nproc-per-node", type=int, default=None, metavar="N")
+    layout.add_argument("--nnodes", default=None, metavar="N|MIN:MAX")
+    layout.add_argument("--max-restarts", type=int, default=None, metavar="K")
+    meet = p.add_argument_group("rendezvous (multi-node)")
+    meet.add_argument("--node-rank", type=int, default=None, metavar="R")
+    meet.add_argument("--master-addr", default=None, metavar="HOST")
+    meet.add_argument("--master-port", type=int, default=None, metavar="PORT")
+    meet.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
+    meet.add_argument("--rdzv-id", default=None, metavar="ID")
+    where = p.add_argument_group("run dir")
+    where.add_argument("--run-dir", default=None, help="exactly this run dir (must be new)")
+    where.add_argument("--run-root", default=None, help="make <root>/<stamp>-<id> (default runs)")
+    slurm = p.add_argument_group("slurm")
+    slurm.add_argument("--submit", action="store_true", help="call sbatch on the script")
+    slurm.add_argument("--gpus-per-node", type=int, default=None)
+    slurm.add_argument("--cpus-per-task", type=int, default=None)
+    slurm.add_argument("--partition", default=None)
+    slurm.add_argument("--account", default=None)
+    slurm.add_argument("--time", default=None, help="SLURM time limit, e.g. 04:00:00")
+    slurm.add_argument(
+        "--sbatch", action="append", default=[], metavar="OPTION", help="extra #SBATCH line"
+    )
+    p.add_argument("--dry-run", action="store_true", help="print plan and manifest; touch nothing")
+    p.add_argument("--json", action="store_true", help="with --dry-run: one JSON object")
+    p.set_defaults(func=_launch)
+
+
+def _options(args):
+    from turbo_dllm.jobs.options import LaunchOptions, NodeRange, SlurmOptions
+
+    return LaunchOptions(
+        backend=args.backend,
+        nproc_per_node=args.nproc_per_node,
+        nnodes=NodeRange.parse(args.nnodes) if args.nnodes else NodeRange(),
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+        rdzv_endpoint=args.rdzv_endpoint,
+        rdzv_id=args.rdzv_id,
+        max_restarts=args.max_restarts or 0,
+        run_root=args.run_root,
+        run_dir=args.run_dir,
+        slurm=SlurmOptions(
+            gpus_per_node=args.gpus_per_node,
+            cpus_per_task=args.cpus_per_task,
+            partition=args.partition,
+            account=args.account,
+            time=args.time,
+            extra=tuple(args.sbatch),
+        ),
+    )
+
+
+def _canonical_argv(args) -> list[str]:
+    """The launch as a command line, rebuilt from the parsed options (what the manifest records)."""
+    argv = ["dllm", "launch"]
+    for action_dest, flag in (
+        ("config", "--config"),
+        ("manifest", "--manifest"),
+        ("backend", "--backend"),
+        ("nproc_per_node", "--nproc-per-node"),
+        ("nnodes", "--nnodes"),
+        ("max_restarts", "--max-restarts"),
+        ("node_rank", "--node-rank"),
+        ("master_addr", "--master-addr"),
+        ("master_port", "--master-port"),
+        ("rdzv_endpoint", "--rdzv-endpoint"),
+        ("rdzv_id", "--rdzv-id"),
+        ("run_dir", "--run-dir"),
+        ("run_root", "--run-root"),
+        ("gpus_per_node", "--gpus-per-node"),
+        ("cpus_per_task", "--cpus-per-task"),
+        ("partition", "--partition"),
+        ("account", "--account"),
+        ("time", "--time"),
+    ):
+        value = getattr(args, action_dest)
+        if value is not None and not (action_dest == "backend" and value == "auto"):
+            argv += [flag, str(value)]
+    for override in args.overrides:
+        argv += ["--set", override]
+    for line in args.sbatch:
+        argv += ["--sbatch", line]
+    for flag in ("allow_drift", "submit"):
+        if getattr(args, flag):
+            argv.append("--" + flag.replace("_", "-"))
+    return argv
+
+
+def _replay_conflicts(args) -> list[str]:
+    """Flags that would change a recorded job (a replay keeps its spec and layout)."""
+    fixed = {
+        "--set": args.overrides,
+        "--backend": args.backend != "auto",
+        "--nproc-per-node": args.nproc_per_node is not None,
+        "--nnodes": args.nnodes is not None,
+        "--max-restarts": args.max_restarts is not None,
+        "--gpus-per-node": args.gpus_per_node is not None,
+        "--cpus-per-task": args.cpus_per_task is not None,
+        "--partition": args.partition,
+        "--account": args.account,
+        "--time": args.time,
+        "--sbatch": args.sbatch,
+    }
+    return [flag for flag, given in fixed.items() if given]
+
+
+def _launch(args) -> int:
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.jobs import launcher
+
+    if args.json and not args.dry_run:
+        raise DllmError("--json goes with --dry-run", hint="a real launch streams the workers")
+    if args.allow_drift and not args.manifest:
+        raise DllmError("--allow-drift only applies to a replay (--manifest)")
+    if args.submit and args.backend != "slurm" and not args.manifest:
+        raise DllmError("--submit goes with --backend slurm")
+    argv = _canonical_argv(args)
+    options = _options(args)
+    if args.manifest:
+        conflicts = _replay_conflicts(args)
+        if conflicts:
+            raise DllmError(
+                f"a replay runs the recorded job; {', '.join(conflicts)} would change it",
+                hint="launch the config with the new settings instead (dllm launch --config F)",
+            )
+        job = launcher.prepare_replay(args.manifest, options, argv, allow_drift=args.allow_drift)
+    else:
+        job = launcher.prepare_launch(args.config, args.overrides, options, argv)
+
+    if args.dry_run:
+        return _print_dry_run(job, args.json)
+    if args.submit:
+        from turbo_dllm.jobs.backends.slurm import find_sbatch
+
+        find_sbatch()  # before anything is written: fail early, not after the run dir exists
+
+    report = launcher.readiness(job)
+    if not report.ready:
+        failed = [r for r in report.results if r.status == "fail"]
+        raise DllmError(
+            "not ready to launch:\n"
+            + "\n".join(f"  - {r.name}: {r.detail}\n    fix: {r.fix}" for r in failed),
+            hint="fix the checks above (`dllm doctor --config F` shows them all)",
+        )
+    _print_warnings(report)
+    launcher.materialize(job)
+    _print_start(job)
+    code = launcher.start(job, submit=args.submit)
+    _print_end(job, code, args.submit)
+    return code
+
+
+def _print_dry_run(job, as_json: bool) -> int:
+    from turbo_dllm.jobs.describe import describe_plan
+
+    manifest = job.manifest.model_dump(mode="json")
+    if as_json:
+        emit_json(
+            {
+                "dry_run": True,
+                "plan": job.plan.model_dump(mode="json"),
+                "manifest": manifest,
+                "drift": [d.model_dump(mode="json") for d in job.drift],
+            }
+        )
+        return 0
+    print("# plan (dry run: nothing written, nothing started)")
+    for line in describe_plan(job.plan):
+        print(line)
+    if job.drift:
+        print("\n# drift since the recorded run (recorded -> now)")
+        for item in job.drift:
+            print(f"  {item}")
+    print(f"\n# manifest (would be written to {job.run_dir}/manifest.json)")
+    print(json.dumps(manifest, indent=2, sort_keys=True))
+    return 0
+
+
+def _print_warnings(report) -> None:
+    for r in report.results:
+        if r.status == "warn":
+            print(f"dllm: warning: {r.name}: {r.detail} (fix: {r.fix})", file=sys.stderr)
+
+
+def _print_start(job) -> None:
+    plan = job.plan
+    sizes = "/".join(map(str, plan.world_sizes))
+    err = sys.stderr
+    print(
+        f"dllm: run {plan.run_id}: {plan.backend}, {plan.nnodes} node(s) x "
+        f"{plan.nproc_per_node} process(es) = {sizes} on {plan.device}",
+        file=err,
+    )
+    print(f"dllm: manifest {job.run_dir / 'manifest.json'}", file=err)
+    if job.drift:
+        print(
+            f"dllm: replaying with {len(job.drift)} drifted input(s), recorded in the manifest",
+            file=err,
+        )
+    err.flush()
+
+
+def _print_end(job, code: int, submit: bool) -> None:
+    plan = job.plan
+    if plan.backend == "slurm":
+        if not submit:
+            print(f"wrote {plan.slurm.script}\nsubmit with: sbatch {plan.slurm.script}")
+        return
+    verdict = "finished" if code == 0 else f"failed (exit {code})"
+    print(f"dllm: run {plan.run_id} {verdict}: {job.run_dir}", file=sys.stderr)
+    print(f"dllm: plots: dllm run plot {job.run_dir}", file=sys.stderr)

@@ -1,0 +1,132 @@
+"""`dllm run list | show ID | diff A B | plot ID`: look at recorded runs (default root ./runs)."""
+
+from __future__ import annotations
+
+from turbo_dllm.cli._output import emit_json, group
+
+
+def register(subparsers) -> None:
+    commands = group(subparsers, "run", "list, inspect, compare and plot recorded runs")
+
+    def add(name: str, help: str, func, *positional: str):
+        p = commands.add_parser(name, help=help, description=help)
+        for arg in positional:
+            p.add_argument(arg, help="run id (or a unique prefix), or a run dir")
+        p.add_argument("--root", default="runs", help="folder holding run dirs (default runs)")
+        p.set_defaults(func=func)
+        return p
+
+    p = add("list", "list runs with their status, steps and last loss", _list)
+    p.add_argument("--json", action="store_true")
+    p = add("show", "a run's manifest summary, plan and latest metrics", _show, "run")
+    p.add_argument("--json", action="store_true", help="print the whole manifest")
+    p = add("diff", "two runs' manifests side by side (fields that differ)", _diff, "a", "b")
+    p.add_argument("--json", action="store_true")
+    p = add("plot", "PNG plots of loss, tokens/s and memory from metrics.jsonl", _plot, "run")
+    p.add_argument("--out", default=None, help="folder for the PNGs (default <run>/plots)")
+
+
+def _list(args) -> int:
+    from turbo_dllm.jobs.runs import list_runs
+
+    runs = list_runs(args.root)
+    if args.json:
+        emit_json({"root": args.root, "runs": [r.to_json() for r in runs]})
+        return 0
+    if not runs:
+        print(f"no runs under {args.root}/ (start one with `dllm launch --config F`)")
+        return 0
+    rows = [("run", "name", "created", "layout", "steps", "loss", "status", "replay of")]
+    for r in runs:
+        steps = f"{r.steps_done if r.steps_done is not None else 0}/{r.steps_total}"
+        loss = f"{r.last_loss:.4f}" if isinstance(r.last_loss, (int, float)) else "-"
+        rows.append(
+            (
+                r.run_id,
+                r.name or "-",
+                r.created_at,
+                f"{r.backend} {r.processes}",
+                steps,
+                loss,
+                r.status,
+                r.replay_of or "-",
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in rows:  # plain columns: never truncated, easy to grep
+        print(
+            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        )
+    return 0
+
+
+def _show(args) -> int:
+    from turbo_dllm.jobs.describe import describe_manifest, describe_plan
+    from turbo_dllm.jobs.manifest import read_manifest
+    from turbo_dllm.jobs.runs import find_run, summarize
+
+    run_dir = find_run(args.run, args.root)
+    manifest = read_manifest(run_dir)
+    if args.json:
+        emit_json(manifest.model_dump(mode="json"))
+        return 0
+    summary = summarize(run_dir, manifest)
+    for line in describe_manifest(manifest):
+        print(line)
+    steps = summary.steps_done if summary.steps_done is not None else 0
+    loss = f", last loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
+    print(f"progress     {steps}/{summary.steps_total} steps{loss}; {summary.status}")
+    print()
+    for line in describe_plan(manifest.plan):
+        print(line)
+    return 0
+
+
+def _diff(args) -> int:
+    from turbo_dllm.jobs.manifest import read_manifest
+    from turbo_dllm.jobs.runs import diff_manifests, find_run
+
+    a = read_manifest(find_run(args.a, args.root))
+    b = read_manifest(find_run(args.b, args.root))
+    groups = diff_manifests(a, b)
+    if args.json:
+        emit_json(
+            {
+                "a": a.run_id,
+                "b": b.run_id,
+                "diff": {
+                    name: [item.model_dump(mode="json") for item in items]
+                    for name, items in groups.items()
+                },
+            }
+        )
+        return 0
+    rows = [("field", a.run_id, b.run_id)]
+    for name, items in groups.items():
+        if items:
+            rows.append((f"# {name}", "", ""))
+            rows += [(i.field, _cell(i.recorded), _cell(i.current)) for i in items]
+    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    for field, left, right in rows:
+        print(f"{field.ljust(widths[0])}  {left.ljust(widths[1])}  {right}".rstrip())
+    if not groups["inputs"]:
+        print("inputs (host, packages, bundle, data, code): identical")
+    return 0
+
+
+def _plot(args) -> int:
+    from turbo_dllm.jobs.plot import plot_run
+    from turbo_dllm.jobs.runs import find_run
+
+    for path in plot_run(find_run(args.run, args.root), args.out):
+        print(f"wrote {path}")
+    return 0
+
+
+def _cell(value) -> str:
+    import json
+
+    if value is None:
+        return "-"
+    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    return text if len(text) <= 72 else text[:69] + "..."

@@ -1,0 +1,242 @@
+"""Launch readiness: the real world size against the topology, GPUs against processes, busy
+GPUs, and the rendezvous port.
+
+`dllm launch` passes its compiled JobPlan in `ctx.extras["job_plan"]` (and the host view in
+`ctx.extras["host_view"]`), so these checks judge the launch that is about to happen: 2 nodes x
+8 processes, not one local process. Plain `dllm doctor` checks a single-node launch of
+`--world-size` (default: the topology's product) processes.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass
+
+from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
+
+__all__ = ["GpuProcess", "busy_gpus", "query_gpu_processes"]
+
+
+def _plan(ctx: DoctorContext):
+    return ctx.extras.get("job_plan")
+
+
+def _host(ctx: DoctorContext):
+    host = ctx.extras.get("host_view")
+    if host is None:
+        from turbo_dllm.jobs.hostinfo import host_view
+
+        host = ctx.extras["host_view"] = host_view()
+    return host
+
+
+def _nproc_per_node(ctx: DoctorContext) -> int | None:
+    plan = _plan(ctx)
+    if plan is not None:
+        return plan.nproc_per_node
+    if ctx.world_size is not None:
+        return ctx.world_size
+    return ctx.spec.topology.world_size if ctx.spec is not None else None
+
+
+@register_check(order=400)
+def topology_world_size(ctx: DoctorContext) -> CheckResult:
+    name = "world size"
+    if ctx.spec is None:
+        return CheckResult(name, "pass", "no RunSpec given (pass --config to check a launch)")
+    topo = ctx.spec.topology
+    product = (
+        f"dp*fsdp*max(cp,bp)*tp = {topo.dp}*{topo.fsdp}*{topo.context_degree}*{topo.tp} "
+        f"= {topo.world_size}"
+    )
+    plan = _plan(ctx)
+    if plan is not None and plan.elastic_axis:
+        sizes = ", ".join(map(str, plan.world_sizes))
+        return CheckResult(
+            name, "pass", f"elastic: topology.{plan.elastic_axis} follows the world size ({sizes})"
+        )
+    world = plan.world_size if plan is not None else ctx.world_size
+    if world is None:
+        return CheckResult(name, "pass", f"{product} (pass --world-size to check a launch)")
+    if world != topo.world_size:
+        return CheckResult(
+            name,
+            "fail",
+            f"{product}, but the launch starts {world} processes",
+            fix="change topology (e.g. --set topology.dp=N) or the process count "
+            "(--nproc-per-node, --nnodes) so they match",
+        )
+    return CheckResult(name, "pass", f"{product} = the launch's {world} processes")
+
+
+@register_check(order=410)
+def gpus_for_processes(ctx: DoctorContext) -> CheckResult:
+    name = "gpus"
+    plan = _plan(ctx)
+    if plan is not None and plan.backend == "slurm":
+        return CheckResult(
+            name, "pass", f"SLURM allocates {plan.slurm.gpus_per_node} GPU(s) on each node"
+        )
+    nproc = _nproc_per_node(ctx)
+    host = _host(ctx)
+    gpus = len(host.gpus)
+    if nproc is None:
+        return CheckResult(name, "pass", f"{gpus} visible GPU(s)" if gpus else "no GPU: CPU runs")
+    if gpus == 0:
+        if nproc > host.cpu_count:
+            return CheckResult(
+                name,
+                "warn",
+                f"no GPU: {nproc} CPU processes on {host.cpu_count} core(s) will oversubscribe",
+                fix=f"use --nproc-per-node <= {host.cpu_count} (or a host with GPUs)",
+            )
+        return CheckResult(name, "pass", f"no GPU: {nproc} CPU process(es) per node (gloo)")
+    if nproc > gpus:
+        return CheckResult(
+            name,
+            "fail",
+            f"{nproc} processes per node but {gpus} visible GPU(s) ({', '.join(host.gpus)})",
+            fix=f"use --nproc-per-node {gpus} with a matching topology, add nodes, or check "
+            "CUDA_VISIBLE_DEVICES",
+        )
+    return CheckResult(name, "pass", f"{nproc} process(es) on {gpus} visible GPU(s)")
+
+
+@dataclass(frozen=True)
+class GpuProcess:
+    gpu_index: int
+    pid: int
+    used_mib: float
+
+
+@register_check(order=420)
+def free_gpus(ctx: DoctorContext) -> CheckResult:
+    name = "busy gpus"
+    plan = _plan(ctx)
+    if plan is not None and plan.backend == "slurm":
+        return CheckResult(name, "pass", "SLURM gives the job its own GPUs")
+    host = _host(ctx)
+    if not host.gpus:
+        return CheckResult(name, "pass", "no GPU on this host")
+    nproc = _nproc_per_node(ctx) or len(host.gpus)
+    processes = query_gpu_processes()
+    if processes is None:
+        return CheckResult(
+            name,
+            "warn",
+            "cannot tell whether the GPUs are free (nvidia-smi not found or failed)",
+            fix="install the NVIDIA driver utilities, or check by hand with nvidia-smi",
+        )
+    busy = busy_gpus(processes, _visible_indices(), nproc)
+    if busy:
+        detail = "; ".join(
+            f"GPU {p.gpu_index}: pid {p.pid} uses {p.used_mib / 1024:.1f} GiB" for p in busy
+        )
+        return CheckResult(
+            name,
+            "fail",
+            f"GPUs this launch needs are in use: {detail}",
+            fix="stop those processes, or pick free GPUs with CUDA_VISIBLE_DEVICES",
+        )
+    return CheckResult(name, "pass", f"the {nproc} GPU(s) this launch uses are free")
+
+
+@register_check(order=430)
+def rendezvous_port(ctx: DoctorContext) -> CheckResult:
+    name = "rendezvous"
+    plan = _plan(ctx)
+    if plan is None or plan.rendezvous.kind in ("none", "standalone"):
+        return CheckResult(name, "pass", "single host: torchrun picks a free port")
+    rdzv = plan.rendezvous
+    if plan.backend == "slurm":
+        return CheckResult(name, "pass", f"c10d on the allocation's first node ({rdzv.endpoint})")
+    host, _, port_text = (rdzv.endpoint or "").rpartition(":")
+    hosting = (rdzv.kind == "static" and plan.node_rank == 0) or _is_local(host)
+    if not hosting:
+        return CheckResult(name, "pass", f"{rdzv.kind} rendezvous at {rdzv.endpoint} (remote)")
+    port = int(port_text)
+    error = _bind_error(port)
+    if error:
+        return CheckResult(
+            name,
+            "fail",
+            f"this node hosts the rendezvous at {rdzv.endpoint}, but port {port} is taken: {error}",
+            fix="choose a free port with --master-port (or --rdzv-endpoint HOST:PORT)",
+        )
+    return CheckResult(name, "pass", f"{rdzv.kind} rendezvous at {rdzv.endpoint}: port is free")
+
+
+# --- probes -----------------------------------------------------------------------------------
+
+
+def query_gpu_processes() -> list[GpuProcess] | None:
+    """Compute processes on every GPU (by nvidia-smi index), or None when nvidia-smi can't say."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        gpus = _smi(smi, "--query-gpu=index,uuid")
+        apps = _smi(smi, "--query-compute-apps=gpu_uuid,pid,used_memory")
+    except (OSError, subprocess.SubprocessError, ValueError):
+        return None
+    index_of = {row[1]: int(row[0]) for row in gpus if len(row) >= 2}
+    found = []
+    for row in apps:
+        if len(row) < 3 or row[0] not in index_of:
+            continue
+        used = float(row[2]) if row[2].replace(".", "", 1).isdigit() else 0.0
+        found.append(GpuProcess(gpu_index=index_of[row[0]], pid=int(row[1]), used_mib=used))
+    return found
+
+
+def busy_gpus(
+    processes: list[GpuProcess], visible: list[int] | None, nproc: int
+) -> list[GpuProcess]:
+    """The processes (other than us) on the GPUs the launch will use: the first `nproc` visible."""
+    used = visible[:nproc] if visible is not None else list(range(nproc))
+    return [p for p in processes if p.gpu_index in used and p.pid != os.getpid()]
+
+
+def _smi(smi: str, query: str) -> list[list[str]]:
+    proc = subprocess.run(
+        [smi, query, "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    if proc.returncode != 0:
+        raise ValueError(proc.stderr)
+    return [[c.strip() for c in line.split(",")] for line in proc.stdout.splitlines() if line]
+
+
+def _visible_indices() -> list[int] | None:
+    """CUDA_VISIBLE_DEVICES as physical indices (None: all GPUs, in order)."""
+    value = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if value is None:
+        return None
+    indices = []
+    for item in value.split(","):
+        item = item.strip()
+        if not item.isdigit():
+            return None  # UUIDs or MIG names: assume the visible set is what nvidia-smi lists
+        indices.append(int(item))
+    return indices
+
+
+def _is_local(host: str) -> bool:
+    if host in ("localhost", "127.0.0.1", "::1", "0.0.0.0"):
+        return True
+    return host in (socket.gethostname(), socket.getfqdn())
+
+
+def _bind_error(port: int) -> str | None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("", port))
+        except OSError as error:
+            return error.strerror or str(error)
+    return None

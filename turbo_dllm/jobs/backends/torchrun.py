@@ -1,0 +1,159 @@
+"""torchrun backend: `python -m torch.distributed.run` supervises the workers.
+
+torchrun gives us what a launcher should not re-implement: one process per rank with RANK /
+LOCAL_RANK / WORLD_SIZE set, static or c10d (elastic) rendezvous across nodes, and restarts of
+the whole worker group on failure (`--max-restarts`), after which the trainer resumes from its
+last complete checkpoint. We start it as a child, stream its output (and keep a copy in the run
+dir), forward termination signals, and return its exit status.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import IO
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.jobs.backends import exit_code
+from turbo_dllm.jobs.plan import Command, JobPlan, Rendezvous
+
+__all__ = ["node_commands", "run_process", "run_torchrun", "torchrun_argv"]
+
+_FORWARDED = (signal.SIGINT, signal.SIGTERM)
+
+
+def torchrun_argv(
+    python: str,
+    worker: list[str],
+    nnodes: str,
+    nproc_per_node: int,
+    rendezvous: Rendezvous,
+    node_rank: int | None,
+    max_restarts: int,
+) -> list[str]:
+    """The torchrun command line for one node; `worker` is `[python, "-m", module, args...]`."""
+    argv = [python, "-m", "torch.distributed.run", "--nnodes", nnodes]
+    argv += ["--nproc-per-node", str(nproc_per_node)]
+    if rendezvous.kind == "standalone":
+        argv.append("--standalone")
+    elif rendezvous.kind == "static":
+        host, _, port = (rendezvous.endpoint or "").rpartition(":")
+        argv += ["--node-rank", str(node_rank or 0), "--master-addr", host, "--master-port", port]
+    elif rendezvous.kind == "c10d":
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous.endpoint or ""]
+        argv += ["--rdzv-id", rendezvous.run_id or "dllm"]
+    argv += ["--max-restarts", str(max_restarts)]
+    return argv + worker[1:]
+
+
+def node_commands(
+    *,
+    python: str,
+    worker: list[str],
+    nnodes: str,
+    nproc_per_node: int,
+    rendezvous: Rendezvous,
+    node_rank: int | None,
+    max_restarts: int,
+) -> list[Command]:
+    """One command for every node (rendezvous assigns ranks) or one per static node rank."""
+    if rendezvous.kind == "static" and nnodes != "1":
+        return [
+            Command(
+                where=f"node {rank}" + (" (this node)" if rank == node_rank else ""),
+                argv=torchrun_argv(
+                    python, worker, nnodes, nproc_per_node, rendezvous, rank, max_restarts
+                ),
+            )
+            for rank in range(int(nnodes))
+        ]
+    where = "every node" if rendezvous.kind == "c10d" else "this node"
+    argv = torchrun_argv(
+        python, worker, nnodes, nproc_per_node, rendezvous, node_rank, max_restarts
+    )
+    return [Command(where=where, argv=argv)]
+
+
+def run_torchrun(plan: JobPlan, log_path: Path | None = None) -> int:
+    commands = plan.commands
+    if len(commands) > 1:
+        mine = [c for c in commands if c.where.endswith("(this node)")]
+        if len(mine) != 1:
+            raise DllmError("the plan has no command for this node", hint="pass --node-rank")
+        commands = mine
+    return run_process(commands[0].argv, env=plan.env, cwd=plan.cwd, log_path=log_path)
+
+
+def run_process(
+    argv: list[str], *, env: dict[str, str], cwd: str, log_path: Path | None = None
+) -> int:
+    """Run `argv`, stream its stdout/stderr to ours (and to `log_path`), forward SIGINT/SIGTERM."""
+    log = open(log_path, "ab") if log_path else None  # noqa: SIM115 (closed below)
+    try:
+        proc = subprocess.Popen(
+            argv,
+            cwd=cwd,
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+    except OSError as error:
+        if log:
+            log.close()
+        raise DllmError(f"cannot start {argv[0]!r}: {error}") from None
+    lock = threading.Lock()
+    pumps = [
+        threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, log, lock), daemon=True),
+        threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, log, lock), daemon=True),
+    ]
+    for pump in pumps:
+        pump.start()
+    previous = _forward_signals(proc)
+    try:
+        returncode = proc.wait()
+    finally:
+        _restore_signals(previous)
+        for pump in pumps:
+            pump.join()
+        if log:
+            log.close()
+    return exit_code(returncode)
+
+
+def _pump(source: IO[bytes], sink: IO[str], log: IO[bytes] | None, lock: threading.Lock) -> None:
+    target = getattr(sink, "buffer", None)
+    for chunk in iter(lambda: source.read1(65536), b""):  # type: ignore[attr-defined]
+        with lock:
+            if target is not None:
+                target.write(chunk)
+                target.flush()
+            else:  # a text-only stream (e.g. a test's capture)
+                sink.write(chunk.decode(errors="replace"))
+                sink.flush()
+            if log:
+                log.write(chunk)
+                log.flush()
+    source.close()
+
+
+def _forward_signals(proc: subprocess.Popen) -> dict[int, object]:
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    previous = {}
+    for signum in _FORWARDED:
+
+        def forward(received, _frame, _proc=proc):
+            if _proc.poll() is None:
+                _proc.send_signal(received)
+
+        previous[signum] = signal.signal(signum, forward)
+    return previous
+
+
+def _restore_signals(previous: dict[int, object]) -> None:
+    for signum, handler in previous.items():
+        signal.signal(signum, handler)  # type: ignore[arg-type]

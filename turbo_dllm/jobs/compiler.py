@@ -1,0 +1,312 @@
+"""Compile a RunSpec and launch options into a JobPlan.
+
+The compiler decides everything a launch needs before anything runs: the backend, the process
+layout and its world size (checked against the topology's product, so a mismatch fails here and
+not in rank 0's log), the device mesh and each rank's coordinates, how processes meet, the
+worker environment and the exact command lines. It is a pure function of its inputs (spec,
+options, host view, run dir), which is what makes a plan printable by `--dry-run` and
+replayable from a manifest.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+from turbo_dllm.config.runspec import RunSpec
+from turbo_dllm.config.validate import check
+from turbo_dllm.errors import DllmError
+from turbo_dllm.jobs.backends import slurm as slurm_backend
+from turbo_dllm.jobs.backends import torchrun as torchrun_backend
+from turbo_dllm.jobs.hostinfo import HostView
+from turbo_dllm.jobs.options import LaunchOptions
+from turbo_dllm.jobs.plan import Command, JobPlan, MeshAxis, RankRole, Rendezvous
+
+__all__ = ["DEFAULT_PORT", "MESH_ORDER", "compile_plan", "worker_command"]
+
+DEFAULT_PORT = 29500
+# Outermost to innermost: tensor parallel ranks are adjacent (same node, fastest links), then
+# the context group, then the data-parallel axes (the torchtitan order).
+MESH_ORDER = ("dp", "fsdp", "context", "tp")
+ELASTIC_MODULE = "turbo_dllm.jobs.elastic"
+
+
+def compile_plan(
+    spec: RunSpec,
+    options: LaunchOptions,
+    host: HostView,
+    *,
+    run_dir: Path,
+    cwd: Path | None = None,
+    python: str | None = None,
+) -> JobPlan:
+    python = python or sys.executable
+    cwd = (cwd or Path.cwd()).resolve()
+    run_dir = Path(run_dir).resolve()
+    nnodes = options.nnodes
+    gpus_per_node = _gpus_per_node(options, host)
+    device = "cuda" if gpus_per_node else "cpu"
+    nproc = _nproc_per_node(spec, options, gpus_per_node)
+
+    elastic_axis = None
+    if nnodes.elastic:
+        elastic_axis, world_sizes = _elastic_world_sizes(spec, nproc, nnodes.min, nnodes.max)
+    else:
+        world_sizes = [nproc * nnodes.min]
+        _check_world_size(spec, world_sizes[0], nproc, nnodes.min)
+    backend = _choose_backend(options, world_sizes)
+
+    if backend == "local" and world_sizes != [1]:
+        raise DllmError(
+            f"the local backend runs one process, but this job has {world_sizes[0]}",
+            hint="use --backend torchrun (or leave --backend at auto)",
+        )
+    if backend == "local" and options.max_restarts:
+        raise DllmError(
+            "--max-restarts needs a supervisor that restarts workers",
+            hint="use --backend torchrun (or leave --backend at auto)",
+        )
+
+    mesh = _mesh(spec, elastic_axis, world_sizes[0])
+    ranks = None if nnodes.elastic else _rank_roles(mesh, nproc, world_sizes[0])
+    rendezvous = _rendezvous(options, backend, run_dir.name)
+    node_rank = _node_rank(options, backend, rendezvous)
+    dist_backend = None if world_sizes == [1] else ("nccl" if device == "cuda" else "gloo")
+    env = _worker_env(spec, backend, run_dir, host, nproc, options)
+    worker = worker_command(python, run_dir, elastic_axis)
+
+    notes: list[str] = []
+    if elastic_axis:
+        notes.append(
+            f"elastic: topology.{elastic_axis} follows the node count "
+            f"({', '.join(str(w) for w in world_sizes)} processes); the global batch scales with it"
+        )
+    if device == "cpu" and world_sizes[0] > 1 and nproc > host.cpu_count and backend != "slurm":
+        notes.append(f"{nproc} processes on {host.cpu_count} CPU cores will oversubscribe them")
+
+    plan_fields = dict(
+        run_id=run_dir.name,
+        run_dir=str(run_dir),
+        cwd=str(cwd),
+        device=device,
+        dist_backend=dist_backend,
+        nnodes_min=nnodes.min,
+        nnodes_max=nnodes.max,
+        nproc_per_node=nproc,
+        node_rank=node_rank,
+        world_sizes=world_sizes,
+        elastic_axis=elastic_axis,
+        mesh=mesh,
+        ranks=ranks,
+        rendezvous=rendezvous,
+        max_restarts=options.max_restarts,
+        env=env,
+        worker=worker,
+        notes=notes,
+    )
+    if backend == "local":
+        commands = [Command(where="this process (in-process)", argv=worker)]
+        return JobPlan(backend="local", commands=commands, **plan_fields)
+    if backend == "torchrun":
+        commands = torchrun_backend.node_commands(
+            python=python,
+            worker=worker,
+            nnodes=str(nnodes),
+            nproc_per_node=nproc,
+            rendezvous=rendezvous,
+            node_rank=node_rank,
+            max_restarts=options.max_restarts,
+        )
+        return JobPlan(backend="torchrun", commands=commands, **plan_fields)
+    job = slurm_backend.slurm_job(run_dir, nnodes, gpus_per_node, options.slurm)
+    commands = [
+        Command(where="submit host", argv=job.submit),
+        Command(
+            where="every node (srun)",
+            argv=slurm_backend.srun_torchrun_argv(
+                python, worker, str(nnodes), nproc, options.max_restarts, rendezvous
+            ),
+        ),
+    ]
+    return JobPlan(backend="slurm", commands=commands, slurm=job, **plan_fields)
+
+
+def worker_command(python: str, run_dir: Path, elastic_axis: str | None) -> list[str]:
+    """The trainer command each worker runs; elastic jobs go through a shim that sizes the axis."""
+    config = str(run_dir / "spec.yaml")
+    if elastic_axis:
+        return [
+            python,
+            "-m",
+            ELASTIC_MODULE,
+            "--axis",
+            elastic_axis,
+            "--config",
+            config,
+            "--run-dir",
+            str(run_dir),
+        ]
+    return [python, "-m", "turbo_dllm", "train", "--config", config, "--run-dir", str(run_dir)]
+
+
+# --- layout ------------------------------------------------------------------------------------
+
+
+def _choose_backend(options: LaunchOptions, world_sizes: list[int]) -> str:
+    """auto: one process in-process; anything more (or restarts, or a rendezvous) via torchrun."""
+    if options.backend != "auto":
+        return options.backend
+    distributed = options.max_restarts or options.master_addr or options.rdzv_endpoint
+    return "local" if world_sizes == [1] and not distributed else "torchrun"
+
+
+def _gpus_per_node(options: LaunchOptions, host: HostView) -> int:
+    if options.backend == "slurm":
+        # The job runs on the allocated nodes, not here: the plan asks for what the spec needs.
+        if options.slurm.gpus_per_node is not None:
+            return options.slurm.gpus_per_node
+        return options.nproc_per_node or 0
+    return len(host.gpus)
+
+
+def _nproc_per_node(spec: RunSpec, options: LaunchOptions, gpus_per_node: int) -> int:
+    if options.nproc_per_node is not None:
+        return options.nproc_per_node
+    nodes = options.nnodes
+    if nodes.elastic:
+        if gpus_per_node:
+            return gpus_per_node
+        raise DllmError(
+            f"an elastic launch ({nodes}) on a host without GPUs needs --nproc-per-node",
+            hint="give the number of processes every node starts, e.g. --nproc-per-node 8",
+        )
+    world = spec.topology.world_size
+    if world % nodes.min:
+        raise DllmError(
+            f"the topology's {world} processes do not split evenly over {nodes.min} nodes",
+            hint="set --nproc-per-node, or change topology so its product is a multiple "
+            "of the node count",
+        )
+    return world // nodes.min
+
+
+def _check_world_size(spec: RunSpec, world: int, nproc: int, nnodes: int) -> None:
+    try:
+        check(spec, world_size=world, source="RunSpec")
+    except DllmError as error:
+        topo = spec.topology
+        raise DllmError(
+            f"{error.message}\n  launch: {nnodes} node(s) x {nproc} process(es) = {world}",
+            hint=f"make topology dp*fsdp*max(cp,bp)*tp ({topo.world_size}) equal the process "
+            f"count ({world}): e.g. --set topology.dp={_suggest_dp(spec, world)} or "
+            f"--nproc-per-node {max(1, topo.world_size // nnodes)}",
+        ) from None
+
+
+def _suggest_dp(spec: RunSpec, world: int) -> str:
+    topo = spec.topology
+    rest = topo.fsdp * topo.context_degree * topo.tp
+    return str(world // rest) if world % rest == 0 else "N"
+
+
+def _elastic_world_sizes(spec: RunSpec, nproc: int, low: int, high: int) -> tuple[str, list[int]]:
+    """The data-parallel axis absorbs the node count; every other degree stays fixed."""
+    topo = spec.topology
+    axis = "fsdp" if topo.fsdp > 1 else "dp"
+    fixed = topo.world_size // getattr(topo, axis)
+    sizes = [n * nproc for n in range(low, high + 1)]
+    bad = [w for w in sizes if w % fixed]
+    if bad:
+        raise DllmError(
+            f"elastic launch: the fixed part of the topology (max(cp,bp)*tp"
+            f"{'*dp' if axis == 'fsdp' else '*fsdp'} = {fixed}) does not divide the world "
+            f"size(s) {', '.join(map(str, bad))} ({low}:{high} nodes x {nproc} processes)",
+            hint=f"make --nproc-per-node a multiple of {fixed}",
+        )
+    check(spec, world_size=None, source="RunSpec")
+    return axis, sizes
+
+
+def _mesh(spec: RunSpec, elastic_axis: str | None, world: int) -> list[MeshAxis]:
+    topo = spec.topology
+    degrees = {"dp": topo.dp, "fsdp": topo.fsdp, "context": topo.context_degree, "tp": topo.tp}
+    if elastic_axis:
+        fixed = math.prod(v for k, v in degrees.items() if k != elastic_axis)
+        degrees[elastic_axis] = world // fixed
+    return [MeshAxis(name=name, degree=degrees[name]) for name in MESH_ORDER]
+
+
+def _rank_roles(mesh: list[MeshAxis], nproc: int, world: int) -> list[RankRole]:
+    roles = []
+    for rank in range(world):
+        coords: dict[str, int] = {}
+        rest = rank
+        for axis in reversed(mesh):  # innermost axis varies fastest
+            coords[axis.name] = rest % axis.degree
+            rest //= axis.degree
+        ordered = {axis.name: coords[axis.name] for axis in mesh}
+        roles.append(
+            RankRole(rank=rank, node_rank=rank // nproc, local_rank=rank % nproc, coords=ordered)
+        )
+    return roles
+
+
+def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous:
+    nodes = options.nnodes
+    rdzv_id = options.rdzv_id or run_id
+    if backend == "local":
+        return Rendezvous(kind="none")
+    if backend == "slurm":
+        port = options.master_port or DEFAULT_PORT
+        return Rendezvous(kind="c10d", endpoint=f"$DLLM_HEAD_NODE:{port}", run_id="$SLURM_JOB_ID")
+    if options.rdzv_endpoint:
+        return Rendezvous(kind="c10d", endpoint=options.rdzv_endpoint, run_id=rdzv_id)
+    if options.master_addr:
+        endpoint = f"{options.master_addr}:{options.master_port or DEFAULT_PORT}"
+        if nodes.elastic:
+            return Rendezvous(kind="c10d", endpoint=endpoint, run_id=rdzv_id)
+        return Rendezvous(kind="static", endpoint=endpoint)
+    if nodes.max > 1:
+        raise DllmError(
+            f"a {nodes}-node launch needs a meeting point",
+            hint="static: --master-addr HOST [--master-port PORT] --node-rank R on every node; "
+            "elastic: --rdzv-endpoint HOST:PORT on every node; or --backend slurm",
+        )
+    if options.master_port:
+        return Rendezvous(kind="static", endpoint=f"127.0.0.1:{options.master_port}")
+    return Rendezvous(kind="standalone")
+
+
+def _node_rank(options: LaunchOptions, backend: str, rendezvous: Rendezvous) -> int | None:
+    """This node's rank where the launch fixes it; None where rendezvous assigns it."""
+    if backend == "slurm" or rendezvous.kind == "c10d":
+        return None
+    if rendezvous.kind == "static" and options.nnodes.max > 1:
+        if options.node_rank is None:
+            raise DllmError(
+                "a static multi-node launch needs --node-rank on every node",
+                hint="run the same command on each node with --node-rank 0, 1, ...",
+            )
+        return options.node_rank
+    return 0
+
+
+def _worker_env(
+    spec: RunSpec,
+    backend: str,
+    run_dir: Path,
+    host: HostView,
+    nproc: int,
+    options: LaunchOptions,
+) -> dict[str, str]:
+    env = {"DLLM_RUN_ID": run_dir.name, "DLLM_RUN_DIR": str(run_dir)}
+    if backend == "local":
+        # In-process: the interpreter (hash seed, thread pools) already exists; set nothing
+        # that would only pretend to apply.
+        return env
+    env["PYTHONHASHSEED"] = str(spec.launch.seed)
+    cpus = options.slurm.cpus_per_task if backend == "slurm" else host.cpu_count
+    if cpus:
+        env["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
+    return env

@@ -1,0 +1,89 @@
+"""Plain-text summaries of plans and manifests for `dllm launch --dry-run` and `dllm run show`."""
+
+from __future__ import annotations
+
+import shlex
+
+from turbo_dllm.jobs.manifest import RunManifest
+from turbo_dllm.jobs.plan import JobPlan
+
+__all__ = ["describe_manifest", "describe_plan"]
+
+MAX_RANKS_SHOWN = 16
+
+
+def describe_plan(plan: JobPlan) -> list[str]:
+    sizes = ", ".join(map(str, plan.world_sizes))
+    comm = f", {plan.dist_backend}" if plan.dist_backend else ""
+    lines = [
+        f"backend      {plan.backend}",
+        f"run dir      {plan.run_dir}",
+        f"processes    {plan.nnodes} node(s) x {plan.nproc_per_node} per node = {sizes} "
+        f"({plan.device}{comm})",
+        "mesh         "
+        + " x ".join(f"{a.name}={a.degree}" for a in plan.mesh)
+        + (f"  (elastic axis: {plan.elastic_axis})" if plan.elastic_axis else ""),
+        f"rendezvous   {_rendezvous(plan)}",
+        f"restarts     {plan.max_restarts}",
+    ]
+    if plan.node_rank is not None:
+        lines.append(f"node rank    {plan.node_rank}")
+    lines += [f"env          {k}={v}" for k, v in sorted(plan.env.items())]
+    lines.append(f"worker       {shlex.join(plan.worker)}")
+    for command in plan.commands:
+        lines.append(f"command      [{command.where}]")
+        lines.append(f"             {shlex.join(command.argv)}")
+    if plan.slurm:
+        job = plan.slurm
+        lines.append(
+            f"slurm        {job.script}: nodes={job.nodes} gpus-per-node={job.gpus_per_node}"
+        )
+    if plan.ranks:
+        for role in plan.ranks[:MAX_RANKS_SHOWN]:
+            coords = " ".join(f"{k}{v}" for k, v in role.coords.items())
+            lines.append(
+                f"rank {role.rank:<7} node {role.node_rank} local {role.local_rank}  {coords}"
+            )
+        if len(plan.ranks) > MAX_RANKS_SHOWN:
+            lines.append(f"rank ...     ({len(plan.ranks) - MAX_RANKS_SHOWN} more in the plan)")
+    lines += [f"note         {note}" for note in plan.notes]
+    return lines
+
+
+def describe_manifest(manifest: RunManifest) -> list[str]:
+    spec = manifest.spec
+    code = manifest.code
+    commit = code.git_commit[:12] if code.git_commit else "not a git checkout"
+    dirty = " + uncommitted changes" if code.dirty else ""
+    bundle = manifest.bundle
+    data = manifest.data
+    lines = [
+        f"run          {manifest.run_id}"
+        + (f" ({spec['launch']['name']})" if spec["launch"].get("name") else ""),
+        f"created      {manifest.created_at}",
+        f"spec         sha256 {manifest.spec_sha256[:16]}  {spec['model']['family']} / "
+        f"{spec['objective']['name']}, {spec['training']['steps']} steps",
+        f"code         turbo-dllm {code.package_version} @ {commit}{dirty}",
+        f"packages     {len(manifest.packages)} installed"
+        + (f", torch {manifest.packages['torch']}" if "torch" in manifest.packages else ""),
+        "bundle       "
+        + (f"{bundle.bundle_id} ({bundle.sha256[:12]})" if bundle else "none active"),
+        "data         "
+        + (f"{data.artifact} (fingerprint {data.fingerprint[:16]})" if data else "synthetic"),
+        "seeds        " + ", ".join(f"{k}={v}" for k, v in manifest.seeds.items()),
+    ]
+    if manifest.replay_of:
+        ref = manifest.replay_of
+        lines.append(f"replay of    {ref.run_id} ({len(ref.drift)} drifted input(s))")
+        lines += [f"  drift      {item}" for item in ref.drift]
+    return lines
+
+
+def _rendezvous(plan: JobPlan) -> str:
+    rdzv = plan.rendezvous
+    if rdzv.kind == "none":
+        return "none (single process)"
+    if rdzv.kind == "standalone":
+        return "standalone (this host, free port)"
+    extra = f" id={rdzv.run_id}" if rdzv.run_id else ""
+    return f"{rdzv.kind} {rdzv.endpoint}{extra}"

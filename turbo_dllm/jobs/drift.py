@@ -1,0 +1,105 @@
+"""Drift: how the inputs of a job now differ from what its manifest recorded.
+
+A replay is only the same job if the same code runs on the same kind of host with the same
+packages, kernel bundle and data. `manifest_drift` compares those five groups field by field
+(flattened to dotted paths) and ignores what legitimately differs between two runs of one job:
+the host's name, times, the run id and dir. `flat_diff` is the general side-by-side comparison
+behind `dllm run diff`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turbo_dllm.jobs.manifest import DriftItem, RunManifest
+
+__all__ = ["DRIFT_GROUPS", "VOLATILE_HOST_KEYS", "flat_diff", "flatten", "manifest_drift"]
+
+DRIFT_GROUPS = ("host", "packages", "bundle", "data", "code")
+# Fingerprint keys that name or time a machine instead of describing what it runs.
+VOLATILE_HOST_KEYS = frozenset(
+    {"hostname", "host", "node", "collected_at", "created_at", "timestamp", "time", "pid", "user"}
+)
+# Fields of a data ref that locate rather than identify the artifact.
+_DATA_IDENTITY = ("fingerprint", "num_sequences", "seq_len", "vocab_size")
+_CODE_IDENTITY = ("package_version", "git_commit", "diff_sha256")
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """Nested dicts -> {"a.b.c": leaf}; lists of dicts index as `a[0].b`, other lists are leaves."""
+    out: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if not value and prefix:
+            out[prefix] = {}
+        for key in sorted(value, key=str):
+            out.update(flatten(value[key], f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(value, list) and any(isinstance(item, dict) for item in value):
+        for index, item in enumerate(value):
+            out.update(flatten(item, f"{prefix}[{index}]"))
+        if not value:
+            out[prefix] = []
+    else:
+        out[prefix] = value
+    return out
+
+
+def flat_diff(
+    recorded: dict[str, Any], current: dict[str, Any], prefix: str = ""
+) -> list[DriftItem]:
+    left, right = flatten(recorded, prefix), flatten(current, prefix)
+    return [
+        DriftItem(field=key, recorded=left.get(key), current=right.get(key))
+        for key in sorted(set(left) | set(right))
+        if left.get(key) != right.get(key)
+    ]
+
+
+def manifest_drift(recorded: RunManifest, current: RunManifest) -> list[DriftItem]:
+    """Every host / packages / bundle / data / code field that differs, in that order."""
+    items: list[DriftItem] = []
+    items += flat_diff(_stable_host(recorded.host), _stable_host(current.host), "host")
+    items += _package_drift(recorded.packages, current.packages)
+    items += _ref_drift(
+        "bundle", _dump(recorded.bundle), _dump(current.bundle), ("bundle_id", "sha256")
+    )
+    items += _ref_drift("data", _dump(recorded.data), _dump(current.data), _DATA_IDENTITY)
+    items += _ref_drift("code", _dump(recorded.code), _dump(current.code), _CODE_IDENTITY)
+    return items
+
+
+def _stable_host(host: dict[str, Any]) -> dict[str, Any]:
+    def strip(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items() if k not in VOLATILE_HOST_KEYS}
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        return value
+
+    return strip({k: v for k, v in host.items() if k != "format"})
+
+
+def _package_drift(recorded: dict[str, str], current: dict[str, str]) -> list[DriftItem]:
+    return [
+        DriftItem(field=f"packages.{name}", recorded=recorded.get(name), current=current.get(name))
+        for name in sorted(set(recorded) | set(current))
+        if recorded.get(name) != current.get(name)
+    ]
+
+
+def _ref_drift(
+    group: str, recorded: dict | None, current: dict | None, keys: tuple[str, ...]
+) -> list[DriftItem]:
+    if recorded is None and current is None:
+        return []
+    if recorded is None or current is None:
+        pick = lambda ref: None if ref is None else {k: ref.get(k) for k in keys}  # noqa: E731
+        return [DriftItem(field=group, recorded=pick(recorded), current=pick(current))]
+    return [
+        DriftItem(field=f"{group}.{key}", recorded=recorded.get(key), current=current.get(key))
+        for key in keys
+        if recorded.get(key) != current.get(key)
+    ]
+
+
+def _dump(model: Any) -> dict | None:
+    return None if model is None else model.model_dump(mode="json")

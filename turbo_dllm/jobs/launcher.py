@@ -1,0 +1,418 @@
+"""`dllm launch` as a library: prepare (compile + manifest), check, materialize, start.
+
+The steps are separate so `--dry-run` can stop after `prepare_*` with nothing written, and so a
+replay shares every step with a fresh launch except how the spec and layout are obtained
+(from the recorded manifest) and the drift comparison against it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from turbo_dllm.config.runspec import RunSpec
+from turbo_dllm.errors import DllmError
+from turbo_dllm.jobs import provenance
+from turbo_dllm.jobs.compiler import compile_plan
+from turbo_dllm.jobs.drift import manifest_drift
+from turbo_dllm.jobs.hostinfo import HostView
+from turbo_dllm.jobs.manifest import (
+    MANIFEST_NAME,
+    CodeVersion,
+    DriftItem,
+    ReplayRef,
+    RunManifest,
+    read_manifest,
+    spec_sha256,
+    write_exclusive,
+    write_manifest,
+)
+from turbo_dllm.jobs.options import LaunchOptions, NodeRange, SlurmOptions
+from turbo_dllm.jobs.plan import JobPlan
+from turbo_dllm.paths import new_run_dir
+
+__all__ = [
+    "RESULT_FORMAT",
+    "PreparedJob",
+    "build_manifest",
+    "materialize",
+    "prepare_launch",
+    "prepare_replay",
+    "readiness",
+    "start",
+]
+
+SPEC_NAME = "spec.yaml"
+RESULT_NAME = "result.json"
+RESULT_FORMAT = "turbo_dllm.run_result.v1"
+DEFAULT_ROOT = "runs"
+
+
+@dataclass(frozen=True)
+class PreparedJob:
+    """A compiled job, not yet written anywhere."""
+
+    spec: RunSpec
+    plan: JobPlan
+    manifest: RunManifest
+    source: str  # the config or manifest it came from
+    host: HostView
+    drift: list[DriftItem] = field(default_factory=list)
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.plan.run_dir)
+
+    @property
+    def multi_node(self) -> bool:
+        return self.plan.nnodes_max > 1 and self.plan.backend == "torchrun"
+
+
+# --- prepare ----------------------------------------------------------------------------------
+
+
+def prepare_launch(
+    config: str | Path,
+    overrides: list[str],
+    options: LaunchOptions,
+    argv: list[str],
+) -> PreparedJob:
+    """Compile a RunSpec file into a plan and the manifest it would write (no side effects)."""
+    from turbo_dllm.config.load import load_runspec
+
+    spec = load_runspec(config, overrides)
+    run_dir, explicit = _run_dir(options, spec.launch.run_dir, DEFAULT_ROOT)
+    fingerprint = _fingerprint()
+    host = HostView.from_fingerprint(fingerprint)
+    spec, plan = _compile(spec, options, host, run_dir, explicit)
+    _check_artifact(spec, config)
+    manifest = build_manifest(spec, plan, argv, fingerprint)
+    return PreparedJob(spec=spec, plan=plan, manifest=manifest, source=str(config), host=host)
+
+
+def prepare_replay(
+    manifest_path: str | Path,
+    options: LaunchOptions,
+    argv: list[str],
+    *,
+    allow_drift: bool = False,
+) -> PreparedJob:
+    """Re-compile a recorded job into a new run dir; refuse (or record) any input drift."""
+    path = Path(manifest_path)
+    recorded = read_manifest(path)
+    recorded_bytes = (path / MANIFEST_NAME if path.is_dir() else path).read_bytes()
+    spec = _recorded_spec(recorded)
+    old_dir = Path(recorded.plan.run_dir)
+    spec = _check_checkpoint_dir(spec)
+    layout = _recorded_options(recorded.plan, options)
+    run_dir, explicit = _run_dir(layout, None, str(old_dir.parent))
+    fingerprint = _fingerprint()
+    host = HostView.from_fingerprint(fingerprint)
+    spec, plan = _compile(spec, layout, host, run_dir, explicit)
+    current = build_manifest(spec, plan, argv, fingerprint, missing_data_ok=True)
+    drift = manifest_drift(recorded, current) + _data_content_drift(spec)
+    if drift and not allow_drift:
+        lines = "\n".join(f"  - {item}" for item in drift)
+        raise DllmError(
+            f"replay of run {recorded.run_id} refused: {len(drift)} input"
+            f"{'s' if len(drift) > 1 else ''} drifted since it was recorded "
+            f"(recorded -> now):\n{lines}",
+            hint="restore the recorded packages / data / code / bundle, or pass --allow-drift "
+            "to run anyway (the drift is written into the new manifest)",
+        )
+    import hashlib
+
+    replay_of = ReplayRef(
+        run_id=recorded.run_id,
+        manifest=str(path.resolve()),
+        manifest_sha256=hashlib.sha256(recorded_bytes).hexdigest(),
+        drift=drift,
+    )
+    manifest = current.model_copy(update={"replay_of": replay_of})
+    return PreparedJob(
+        spec=spec, plan=plan, manifest=manifest, source=str(path), host=host, drift=drift
+    )
+
+
+def _check_artifact(spec: RunSpec, source: str | Path) -> None:
+    """The data artifact must fit the spec (sequence length, blocks, vocabulary, mask token)."""
+    if spec.data.artifact is None:
+        return
+    from turbo_dllm.data.artifact import read_manifest as read_data_manifest
+    from turbo_dllm.data.compat import artifact_problems
+
+    found = artifact_problems(read_data_manifest(spec.data.artifact), spec)
+    if found:
+        lines = "\n".join(f"  - {problem}" for problem in found)
+        raise DllmError(
+            f"{source}: the data artifact {spec.data.artifact} does not fit the spec:\n{lines}",
+            hint="change the spec, or prepare the data again to match it",
+        )
+
+
+def _data_content_drift(spec: RunSpec) -> list[DriftItem]:
+    """Re-hash the artifact's arrays: bytes changed under an unchanged manifest.json are drift
+    too (a launch trusts the manifest; a replay checks it)."""
+    if spec.data.artifact is None or not Path(spec.data.artifact).exists():
+        return []
+    from turbo_dllm.data.artifact import verify
+
+    try:
+        verify(spec.data.artifact)
+    except DllmError as error:
+        return [
+            DriftItem(field="data.content", recorded="matches its manifest", current=error.message)
+        ]
+    return []
+
+
+def build_manifest(
+    spec: RunSpec,
+    plan: JobPlan,
+    argv: list[str],
+    fingerprint: Any,
+    *,
+    missing_data_ok: bool = False,
+) -> RunManifest:
+    """The manifest of a compiled job; `missing_data_ok` (replays) records a vanished data
+    artifact as no data, which then shows up as drift instead of stopping the comparison."""
+    spec_doc = spec.model_dump(mode="json")
+    seeds = {"launch.seed": spec.launch.seed}
+    if "PYTHONHASHSEED" in plan.env:
+        seeds["PYTHONHASHSEED"] = int(plan.env["PYTHONHASHSEED"])
+    return RunManifest(
+        run_id=plan.run_id,
+        created_at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        argv=list(argv),
+        spec=spec_doc,
+        spec_sha256=spec_sha256(spec_doc),
+        host=fingerprint.model_dump(mode="json"),
+        packages=provenance.installed_packages(),
+        bundle=provenance.active_bundle_ref(),
+        data=_data_ref(spec.data.artifact, missing_data_ok),
+        code=CodeVersion(**provenance.code_version()),
+        seeds=seeds,
+        plan=plan,
+        commands=[c.argv for c in plan.commands],
+    )
+
+
+def _data_ref(artifact: str | None, missing_ok: bool):
+    if missing_ok and artifact is not None and not Path(artifact).exists():
+        return None
+    return provenance.data_ref(artifact)
+
+
+def _fingerprint() -> Any:
+    from turbo_dllm.host import collect_fingerprint
+
+    return collect_fingerprint()
+
+
+def _compile(
+    spec: RunSpec, options: LaunchOptions, host: HostView, run_dir: Path, explicit: bool
+) -> tuple[RunSpec, JobPlan]:
+    spec = spec.model_copy(
+        update={"launch": spec.launch.model_copy(update={"run_dir": str(run_dir)})}
+    )
+    plan = compile_plan(spec, options, host, run_dir=run_dir)
+    if plan.backend == "torchrun" and plan.nnodes_max > 1 and not explicit:
+        raise DllmError(
+            "every node of a multi-node launch must write into the same run dir",
+            hint="pass --run-dir DIR on shared storage (the same on every node), "
+            "or set launch.run_dir in the spec",
+        )
+    return spec, plan
+
+
+def _run_dir(
+    options: LaunchOptions, spec_run_dir: str | None, default_root: str
+) -> tuple[Path, bool]:
+    """The run dir and whether the user named it (a fresh stamped dir otherwise)."""
+    if options.run_dir:
+        return Path(options.run_dir).resolve(), True
+    if spec_run_dir:
+        return Path(spec_run_dir).resolve(), True
+    return new_run_dir(options.run_root or default_root).resolve(), False
+
+
+def _recorded_spec(recorded: RunManifest) -> RunSpec:
+    from turbo_dllm.config.load import load_model
+
+    return load_model(RunSpec, recorded.spec, f"run {recorded.run_id} manifest spec")
+
+
+def _check_checkpoint_dir(spec: RunSpec) -> RunSpec:
+    """A replay must not share (and auto-resume from) the original run's checkpoints."""
+    ckpt = spec.checkpoint.dir
+    if ckpt is None:
+        return spec
+    raise DllmError(
+        f"the recorded spec writes checkpoints to a fixed folder ({ckpt}); a replay would "
+        "resume from the original run's checkpoints",
+        hint="leave checkpoint.dir unset (default: <run dir>/checkpoints) for replayable runs",
+    )
+
+
+def _recorded_options(plan: JobPlan, given: LaunchOptions) -> LaunchOptions:
+    """The recorded layout; only where processes meet and where the run goes may change."""
+    rdzv = plan.rendezvous
+    master_addr = master_port = rdzv_endpoint = None
+    if rdzv.kind == "static" and rdzv.endpoint:
+        host, _, port = rdzv.endpoint.rpartition(":")
+        master_addr, master_port = host, int(port)
+    elif rdzv.kind == "c10d" and rdzv.endpoint:
+        if plan.backend == "slurm":
+            master_port = int(rdzv.endpoint.rpartition(":")[2])
+        else:
+            rdzv_endpoint = rdzv.endpoint
+    if given.master_addr or given.master_port or given.rdzv_endpoint:
+        master_addr, master_port = given.master_addr, given.master_port
+        rdzv_endpoint = given.rdzv_endpoint
+    slurm = plan.slurm
+    return LaunchOptions(
+        backend=plan.backend,
+        nproc_per_node=plan.nproc_per_node,
+        nnodes=NodeRange(plan.nnodes_min, plan.nnodes_max),
+        node_rank=given.node_rank if given.node_rank is not None else plan.node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=given.rdzv_id,
+        max_restarts=plan.max_restarts,
+        run_root=given.run_root,
+        run_dir=given.run_dir,
+        slurm=SlurmOptions(
+            gpus_per_node=slurm.gpus_per_node,
+            cpus_per_task=slurm.cpus_per_task,
+            partition=slurm.partition,
+            account=slurm.account,
+            time=slurm.time,
+            extra=tuple(slurm.extra),
+        )
+        if slurm
+        else SlurmOptions(),
+    )
+
+
+# --- check, write, start ----------------------------------------------------------------------
+
+
+def readiness(job: PreparedJob):
+    """Doctor's checks for this launch: the real world size and the plan are in the context."""
+    from turbo_dllm.doctor import DoctorContext, run_checks
+
+    context = DoctorContext(
+        config_path=Path(job.source),
+        spec=job.spec,
+        world_size=job.plan.world_size,
+        run_dir=job.run_dir,
+        extras={"job_plan": job.plan, "host_view": job.host},
+    )
+    return run_checks(context)
+
+
+def materialize(job: PreparedJob) -> None:
+    """Create the run dir with spec.yaml, manifest.json (and the sbatch script) before any
+    worker starts. A multi-node launch joins a run dir another node created for the same job."""
+    run_dir = job.run_dir
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DllmError(f"cannot create run dir {run_dir}: {error}") from None
+    if (run_dir / MANIFEST_NAME).exists():
+        if job.multi_node:
+            _join(job)
+            return
+        raise DllmError(
+            f"{run_dir} already holds a run",
+            hint="launch into a new run dir (leave --run-dir unset for a fresh one); "
+            f"to run the same job again: dllm launch --manifest {run_dir / MANIFEST_NAME}",
+        )
+    spec_text = yaml.safe_dump(job.manifest.spec, sort_keys=False).encode()
+    spec_path = run_dir / SPEC_NAME
+    if not (job.multi_node and spec_path.exists() and spec_path.read_bytes() == spec_text):
+        write_exclusive(spec_path, spec_text)
+    if job.plan.slurm is not None:
+        from turbo_dllm.jobs.backends.slurm import render_script
+
+        script = Path(job.plan.slurm.script)
+        write_exclusive(script, render_script(job.plan).encode())
+        script.chmod(0o755)
+    try:
+        write_manifest(job.manifest, run_dir)
+    except DllmError:
+        if job.multi_node:  # another node won the race: join its manifest
+            _join(job)
+            return
+        raise
+
+
+def _join(job: PreparedJob) -> None:
+    other = read_manifest(job.run_dir)
+    if other.spec_sha256 != job.manifest.spec_sha256:
+        raise DllmError(
+            f"{job.run_dir} holds a different job (spec {other.spec_sha256[:12]}, "
+            f"this node's {job.manifest.spec_sha256[:12]})",
+            hint="launch the same config on every node",
+        )
+    drift = manifest_drift(other, job.manifest)
+    drift = [d for d in drift if not d.field.startswith("host.")]
+    if drift:
+        lines = "\n".join(f"  - {item}" for item in drift)
+        raise DllmError(
+            f"this node differs from the node that recorded {job.run_dir}:\n{lines}",
+            hint="install the same packages, code and data on every node",
+        )
+
+
+def start(job: PreparedJob, *, submit: bool = False) -> int:
+    """Start the workers (or write/submit the SLURM job) and return the exit status."""
+    plan = job.plan
+    if plan.backend == "slurm":
+        if not submit:
+            return 0
+        from turbo_dllm.jobs.backends.slurm import submit as sbatch
+
+        print(sbatch(Path(plan.slurm.script)))
+        return 0
+    started = _now()
+    if plan.backend == "local":
+        from turbo_dllm.jobs.backends.local import run_local
+
+        code = run_local(plan)
+    else:
+        from turbo_dllm.jobs.backends.torchrun import run_torchrun
+
+        log = job.run_dir / (
+            "console.log" if not job.multi_node else f"console-{os.uname()[1]}.log"
+        )
+        code = run_torchrun(plan, log_path=log)
+    if not job.multi_node:
+        _write_result(job.run_dir, code, started, plan.backend)
+    return code
+
+
+def _write_result(run_dir: Path, code: int, started: str, backend: str) -> None:
+    result = {
+        "format": RESULT_FORMAT,
+        "exit_code": code,
+        "started_at": started,
+        "finished_at": _now(),
+        "backend": backend,
+        "python": sys.executable,
+    }
+    tmp = run_dir / f".{RESULT_NAME}.tmp"
+    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, run_dir / RESULT_NAME)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

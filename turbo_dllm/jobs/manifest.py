@@ -1,0 +1,220 @@
+"""The run manifest (`turbo_dllm.run_manifest.v1`): what a run pinned, written before it starts.
+
+A manifest records the resolved RunSpec (and its hash), the host fingerprint, the installed
+Python packages, the active kernel bundle, the data artifact's fingerprint, the code version,
+the seeds, the JobPlan and the exact commands. `dllm launch --manifest` replays it and refuses
+when any of those inputs drifted. It is written atomically and never replaced: a run dir holds
+one job.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.jobs.plan import JobPlan
+
+__all__ = [
+    "FORMAT",
+    "BundleRef",
+    "CodeVersion",
+    "DataRef",
+    "DriftItem",
+    "ReplayRef",
+    "RunManifest",
+    "canonical_json",
+    "read_manifest",
+    "sha256_json",
+    "spec_sha256",
+    "write_exclusive",
+    "write_manifest",
+]
+
+FORMAT = "turbo_dllm.run_manifest.v1"
+MANIFEST_NAME = "manifest.json"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CodeVersion(_Strict):
+    package_version: str
+    git_commit: str | None = None
+    diff_sha256: str | None = Field(
+        None, description="sha256 of `git diff HEAD` plus untracked, not-ignored files"
+    )
+    dirty: bool | None = None
+
+
+class BundleRef(_Strict):
+    bundle_id: str
+    sha256: str
+    target: str | None = None
+
+
+class DataRef(_Strict):
+    artifact: str
+    fingerprint: str
+    num_sequences: int
+    seq_len: int
+    vocab_size: int
+
+
+class DriftItem(_Strict):
+    field: str
+    recorded: Any
+    current: Any
+
+    def __str__(self) -> str:
+        return f"{self.field}: {_show(self.recorded)} -> {_show(self.current)}"
+
+
+class ReplayRef(_Strict):
+    run_id: str
+    manifest: str
+    manifest_sha256: str
+    drift: list[DriftItem] = Field(
+        default_factory=list, description="inputs that differed, when replayed with --allow-drift"
+    )
+
+
+class RunManifest(_Strict):
+    format: Literal["turbo_dllm.run_manifest.v1"] = FORMAT
+    run_id: str
+    created_at: str
+    argv: list[str] = Field(description="the `dllm launch` command that made this run")
+    spec: dict[str, Any]
+    spec_sha256: str
+    host: dict[str, Any]
+    packages: dict[str, str]
+    bundle: BundleRef | None
+    data: DataRef | None
+    code: CodeVersion
+    seeds: dict[str, int]
+    plan: JobPlan
+    commands: list[list[str]]
+    replay_of: ReplayRef | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> RunManifest:
+        if self.spec_sha256 != spec_sha256(self.spec):
+            raise ValueError("spec_sha256 does not match the recorded spec")
+        if self.commands != [c.argv for c in self.plan.commands]:
+            raise ValueError("commands do not match plan.commands")
+        if self.run_id != self.plan.run_id:
+            raise ValueError("run_id does not match plan.run_id")
+        return self
+
+
+def canonical_json(value: Any) -> bytes:
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def sha256_json(value: Any) -> str:
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def spec_sha256(spec: dict[str, Any]) -> str:
+    """Hash of the job a spec describes: its canonical JSON without `launch.run_dir` (where a run
+    is written is not what it computes, so a replay into a new dir keeps the hash)."""
+    launch = {k: v for k, v in spec.get("launch", {}).items() if k != "run_dir"}
+    return sha256_json({**spec, "launch": launch})
+
+
+def read_manifest(path: str | Path) -> RunManifest:
+    path = Path(path)
+    if path.is_dir():
+        path = path / MANIFEST_NAME
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DllmError(
+            f"run manifest not found: {str(path)!r}",
+            hint="pass runs/<id>/manifest.json (see `dllm run list`)",
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise DllmError(f"cannot read run manifest {str(path)!r}: {error}") from None
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        found = document.get("format") if isinstance(document, dict) else None
+        raise DllmError(
+            f"{path} is not a run manifest (format {found!r}, expected {FORMAT!r})",
+            hint="pass the manifest.json that `dllm launch` wrote into a run dir",
+        )
+    try:
+        return RunManifest.model_validate(document)
+    except ValidationError as error:
+        problems = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in error.errors()[:8]
+        )
+        raise DllmError(
+            f"{path} is not a valid run manifest: {problems}",
+            hint="a manifest must not be edited by hand; replay an unmodified one",
+        ) from None
+
+
+def manifest_bytes(manifest: RunManifest) -> bytes:
+    return (json.dumps(manifest.model_dump(mode="json"), indent=2, sort_keys=True) + "\n").encode()
+
+
+def write_manifest(manifest: RunManifest, run_dir: Path) -> Path:
+    """Write run_dir/manifest.json atomically; refuse to replace an existing one."""
+    return write_exclusive(Path(run_dir) / MANIFEST_NAME, manifest_bytes(manifest))
+
+
+def write_exclusive(path: Path, data: bytes) -> Path:
+    """Atomically create `path` with `data`: readers see the whole file or none; never replaces.
+
+    The bytes go to a temporary file in the same folder (fsynced), which is then hard-linked to
+    the final name; link() fails if the name exists, so two writers cannot both win.
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            raise DllmError(
+                f"{path} already exists; a run dir holds one job",
+                hint="launch into a new run dir (leave --run-dir unset for a fresh one)",
+            ) from None
+        except OSError:  # filesystems without hard links: exclusive-create then rename
+            if path.exists():
+                raise DllmError(f"{path} already exists; a run dir holds one job") from None
+            os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    _fsync_dir(path.parent)
+    return path
+
+
+def _fsync_dir(folder: Path) -> None:
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _show(value: Any) -> str:
+    if value is None:
+        return "(none)"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return str(value)

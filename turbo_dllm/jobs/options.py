@@ -1,0 +1,107 @@
+"""Launch options: what the command line adds to a RunSpec to make a job.
+
+The RunSpec says *what* to train (including the parallel topology); the launch options say
+*where*: how many nodes and processes, how they meet (rendezvous), how often they may restart
+and which backend starts them. `NodeRange` is the parsed value of `--nnodes N|MIN:MAX`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Literal
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["BACKENDS", "LaunchOptions", "NodeRange", "SlurmOptions"]
+
+Backend = Literal["auto", "local", "torchrun", "slurm"]
+BACKENDS: tuple[str, ...] = ("auto", "local", "torchrun", "slurm")
+
+_NODES = re.compile(r"^\s*(\d+)\s*(?::\s*(\d+)\s*)?$")
+
+
+@dataclass(frozen=True)
+class NodeRange:
+    """`--nnodes`: a fixed count (`2`) or an elastic range (`1:4`)."""
+
+    min: int = 1
+    max: int = 1
+
+    def __post_init__(self) -> None:
+        if self.min < 1 or self.max < self.min:
+            raise DllmError(
+                f"invalid node range {self.min}:{self.max}",
+                hint="--nnodes takes N or MIN:MAX with 1 <= MIN <= MAX",
+            )
+
+    @classmethod
+    def parse(cls, text: str | int) -> NodeRange:
+        match = _NODES.match(str(text))
+        if not match:
+            raise DllmError(
+                f"invalid --nnodes {str(text)!r}", hint="write a count (2) or a range (1:4)"
+            )
+        low = int(match.group(1))
+        high = int(match.group(2)) if match.group(2) else low
+        return cls(low, high)
+
+    @property
+    def elastic(self) -> bool:
+        return self.min != self.max
+
+    def __str__(self) -> str:
+        return str(self.min) if not self.elastic else f"{self.min}:{self.max}"
+
+
+@dataclass(frozen=True)
+class SlurmOptions:
+    """Extra `#SBATCH` lines; everything else is derived from the plan."""
+
+    gpus_per_node: int | None = None  # default: --nproc-per-node (one GPU per process)
+    partition: str | None = None
+    account: str | None = None
+    time: str | None = None
+    cpus_per_task: int | None = None
+    extra: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class LaunchOptions:
+    backend: Backend = "auto"
+    nproc_per_node: int | None = None
+    nnodes: NodeRange = field(default_factory=NodeRange)
+    node_rank: int | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    max_restarts: int = 0
+    run_root: str | None = None
+    run_dir: str | None = None
+    slurm: SlurmOptions = field(default_factory=SlurmOptions)
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise DllmError(
+                f"unknown backend {self.backend!r}", hint=f"choose one of {', '.join(BACKENDS)}"
+            )
+        if self.nproc_per_node is not None and self.nproc_per_node < 1:
+            raise DllmError(f"--nproc-per-node must be >= 1 (got {self.nproc_per_node})")
+        if self.max_restarts < 0:
+            raise DllmError(f"--max-restarts must be >= 0 (got {self.max_restarts})")
+        if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes.max:
+            raise DllmError(
+                f"--node-rank {self.node_rank} is outside 0..{self.nnodes.max - 1}",
+                hint="node ranks count from 0 to nnodes-1",
+            )
+        if self.master_port is not None and not 0 < self.master_port < 65536:
+            raise DllmError(f"--master-port {self.master_port} is not a TCP port")
+        if self.rdzv_endpoint and (self.master_addr or self.master_port):
+            raise DllmError(
+                "--rdzv-endpoint and --master-addr/--master-port are two ways to meet; pick one",
+                hint="static multi-node: --master-addr HOST --master-port PORT --node-rank R; "
+                "elastic: --rdzv-endpoint HOST:PORT",
+            )
+        if self.run_dir and self.run_root:
+            raise DllmError("give --run-dir or --run-root, not both")

@@ -1,0 +1,71 @@
+"""PNG plots of a run's metrics.jsonl: loss, throughput and memory against the step."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.jobs.runs import read_metrics
+
+__all__ = ["PLOTS", "plot_run"]
+
+# file name -> (metric key, y label)
+PLOTS: dict[str, tuple[str, str]] = {
+    "loss.png": ("loss", "loss"),
+    "tokens_per_s.png": ("tokens_per_s", "tokens / s"),
+    "memory.png": ("mem_gb", "memory (GB)"),
+}
+
+
+def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
+    """Write one PNG per metric that the run logged; returns their paths."""
+    run_dir = Path(run_dir)
+    records = _last_per_step(read_metrics(run_dir))
+    if not records:
+        raise DllmError(
+            f"{run_dir} has no metrics yet (metrics.jsonl is missing or empty)",
+            hint="plots need at least one logged step; check logging.jsonl in the spec",
+        )
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise DllmError(
+            "plotting needs matplotlib, which is not installed",
+            hint="python -m pip install matplotlib",
+        ) from None
+    out_dir = Path(out_dir) if out_dir else run_dir / "plots"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (key, label) in PLOTS.items():
+        points = [(r["step"], r[key]) for r in records if _number(r.get(key))]
+        if not points:
+            continue
+        figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
+        axes.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.5)
+        axes.set_xlabel("step")
+        axes.set_ylabel(label)
+        axes.set_title(f"{run_dir.name}: {label}")
+        axes.grid(alpha=0.3)
+        figure.tight_layout()
+        path = out_dir / name
+        figure.savefig(path)
+        plt.close(figure)
+        written.append(path)
+    return written
+
+
+def _last_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """After a restart a step may be logged again; the last record of a step wins."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for record in records:
+        if isinstance(record.get("step"), int):
+            by_step[record["step"]] = record
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value

@@ -1,0 +1,131 @@
+"""Provenance probes for the run manifest: packages, code version, kernel bundle, data.
+
+Each probe answers "what exactly would this job run with?" for one input, as plain JSON-able
+values, so the manifest can pin it and a replay can compare it field by field.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "active_bundle_ref",
+    "code_version",
+    "data_ref",
+    "host_fingerprint",
+    "installed_packages",
+]
+
+
+def installed_packages() -> dict[str, str]:
+    """Every installed distribution -> version, by canonical name; the first on sys.path wins
+    (the one `import` would load)."""
+    from packaging.utils import canonicalize_name
+
+    found: dict[str, str] = {}
+    for dist in metadata.distributions():
+        name = dist.metadata.get("Name") if dist.metadata else None
+        if name:
+            found.setdefault(canonicalize_name(name), dist.version)
+    return dict(sorted(found.items()))
+
+
+def host_fingerprint() -> dict[str, Any]:
+    from turbo_dllm.host import collect_fingerprint
+
+    return collect_fingerprint().model_dump(mode="json")
+
+
+def active_bundle_ref() -> dict[str, Any] | None:
+    """The active native-kernel bundle (id, sha256, target), or None when none is active."""
+    try:
+        from turbo_dllm.bundles.store import active_bundle
+    except ModuleNotFoundError as error:
+        if error.name != "turbo_dllm.bundles.store":
+            raise
+        return None  # a version without bundle support cannot have one active
+
+    bundle = active_bundle()
+    if bundle is None:
+        return None
+    target = getattr(bundle, "target", None)
+    return {
+        "bundle_id": str(bundle.bundle_id),
+        "sha256": str(bundle.sha256),
+        "target": None if target is None else str(target),
+    }
+
+
+def data_ref(artifact: str | None) -> dict[str, Any] | None:
+    """The data artifact's identity (its content fingerprint); None for synthetic data."""
+    if artifact is None:
+        return None
+    from turbo_dllm.data.artifact import read_manifest
+
+    manifest = read_manifest(Path(artifact))
+    return {
+        "artifact": str(artifact),
+        "fingerprint": str(manifest.fingerprint),
+        "num_sequences": int(manifest.num_sequences),
+        "seq_len": int(manifest.seq_len),
+        "vocab_size": int(manifest.vocab_size),
+    }
+
+
+def code_version() -> dict[str, Any]:
+    """Package version, plus the git commit and a hash of uncommitted changes (tracked diffs and
+    untracked, not-ignored files) when turbo_dllm runs from a git checkout; else those are None."""
+    import turbo_dllm
+
+    state = _git_state(Path(turbo_dllm.__file__).resolve().parent)
+    return {"package_version": turbo_dllm.__version__, **state}
+
+
+def _git(repo: Path, *args: str) -> bytes | None:
+    try:
+        proc = subprocess.run(
+            ["git", "--no-optional-locks", "-C", str(repo), *args],
+            capture_output=True,
+            timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return proc.stdout if proc.returncode == 0 else None
+
+
+def _git_state(package_dir: Path) -> dict[str, Any]:
+    none = {"git_commit": None, "diff_sha256": None, "dirty": None}
+    top = _git(package_dir, "rev-parse", "--show-toplevel")
+    if top is None:
+        return none
+    repo = Path(top.decode().strip())
+    # The package must be tracked in that repo (not, say, a venv that sits inside a project).
+    if _git(repo, "ls-files", "--error-unmatch", str(package_dir / "__init__.py")) is None:
+        return none
+    head = _git(repo, "rev-parse", "--verify", "HEAD")
+    commit = head.decode().strip() if head else None
+    diff = _git(repo, "diff", "HEAD", "--binary", "--no-ext-diff", "--no-color") if commit else b""
+    untracked = _git(repo, "ls-files", "--others", "--exclude-standard", "-z") or b""
+    digest = hashlib.sha256()
+    digest.update(diff or b"")
+    names = sorted(n for n in untracked.decode(errors="surrogateescape").split("\0") if n)
+    for name in names:
+        digest.update(b"\0untracked\0" + name.encode(errors="surrogateescape") + b"\0")
+        digest.update(_file_sha256(repo / name).encode())
+    dirty = bool(diff) or bool(names)
+    return {"git_commit": commit, "diff_sha256": digest.hexdigest(), "dirty": dirty}
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as handle:
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                digest.update(chunk)
+    except OSError as error:  # vanished or unreadable between listing and reading
+        return f"unreadable:{error.errno}"
+    return digest.hexdigest()
