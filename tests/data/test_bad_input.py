@@ -177,3 +177,11 @@ def test_leftovers_of_a_killed_job_are_recovered(tmp_path):
     # The backup was restored as the artifact and the stale staging folder removed.
     assert verify(tmp_path / "out").fingerprint == fingerprint
     assert leftovers(tmp_path) == []
+
+
+def test_hub_dataset_without_network_is_a_clear_error(cli_process, tmp_path):
+    config = write_config(tmp_path, source={"kind": "huggingface", "name": "someone/no-such-set"})
+    env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}
+    result = cli_process("data", "prepare", "--config", config, env=env, timeout=120)
+    assert_user_error(result, "cannot load the dataset 'someone/no-such-set'", "network")
+    assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []

@@ -283,3 +283,8 @@ def test_huggingface_chat_records(tmp_path, streaming):
     docs = documents(prepare_config(config).path)
     assert len(docs) == 2
     assert [t for t, m in zip(*docs[0], strict=True) if m] == [ord("a"), 257]
+
+
+def test_jsonl_with_a_byte_order_mark_and_crlf_lines(tmp_path):
+    (tmp_path / "data.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "one"}\r\n{"text": "two"}\r\n')
+    assert _texts_back(prepare_config(write_config(tmp_path)).path) == [b"one", b"two"]

@@ -3,7 +3,7 @@
 A `ChunkProcessor` (one per worker) turns a `RawChunk` into a `ChunkResult`: the chunk's
 documents as one flat token array + loss mask + lengths, each document already carrying its bos /
 eos and cut to `seq_len` when the packing asks for it. Everything past record extraction is
-vectorised numpy, so a worker spends its time in the tokenizer. `ordered_results` runs the
+vectorised numpy, so a worker spends its time in the tokenizer. `TokenizePool` runs the
 processor over a chunk stream with N processes and yields results in submission order with a
 bounded number in flight, so the output never depends on the worker count and memory stays flat.
 """
@@ -23,7 +23,7 @@ import numpy as np
 from turbo_dllm.data.records import Extracted, RecordError, extract
 from turbo_dllm.data.sources import RawChunk
 
-__all__ = ["ChunkProcessor", "ChunkResult", "WorkerConfig", "ordered_results"]
+__all__ = ["ChunkProcessor", "ChunkResult", "TokenizePool", "WorkerConfig"]
 
 
 @dataclass(frozen=True)
@@ -273,30 +273,47 @@ def _context():
     return multiprocessing.get_context("spawn")
 
 
-def ordered_results(
-    config: WorkerConfig, chunks: Iterator[RawChunk], workers: int
-) -> Iterator[tuple[RawChunk, ChunkResult]]:
-    """Process `chunks` with `workers` processes (1: in this process), yielding in input order.
+class TokenizePool:
+    """`workers` processes (1: this process) that process chunks and return results in order.
 
-    Closing the generator (or an exception in the consumer) terminates the pool.
+    The pool starts in `__enter__`, before the caller starts any thread of its own (a progress
+    bar), so fork happens in a quiet process; `__exit__` terminates it, also on errors.
     """
-    if workers <= 1:
-        processor = ChunkProcessor(config)
-        for chunk in chunks:
-            yield chunk, processor.process(chunk)
-        return
-    pool = _context().Pool(workers, initializer=_init_worker, initargs=(config,))
-    try:
+
+    def __init__(self, config: WorkerConfig, workers: int) -> None:
+        self.config = config
+        self.workers = workers
+        self._pool = None
+        self._local: ChunkProcessor | None = None
+
+    def __enter__(self) -> TokenizePool:
+        if self.workers <= 1:
+            self._local = ChunkProcessor(self.config)
+        else:
+            self._pool = _context().Pool(
+                self.workers, initializer=_init_worker, initargs=(self.config,)
+            )
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        if self._pool is not None:
+            self._pool.terminate()
+            self._pool.join()
+            self._pool = None
+
+    def results(self, chunks: Iterator[RawChunk]) -> Iterator[tuple[RawChunk, ChunkResult]]:
+        """Process `chunks`, yielding (chunk, result) in input order, 2 x workers in flight."""
+        if self._local is not None:
+            for chunk in chunks:
+                yield chunk, self._local.process(chunk)
+            return
+        assert self._pool is not None, "use TokenizePool as a context manager"
         pending: deque = deque()
         for chunk in chunks:
-            pending.append((chunk, pool.apply_async(_process, (chunk,))))
-            if len(pending) >= 2 * workers:
+            pending.append((chunk, self._pool.apply_async(_process, (chunk,))))
+            if len(pending) >= 2 * self.workers:
                 done, result = pending.popleft()
                 yield done, result.get()
         while pending:
             done, result = pending.popleft()
             yield done, result.get()
-        pool.close()
-    finally:
-        pool.terminate()
-        pool.join()

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 
 from turbo_dllm.data.artifact import ARRAY_FILES, DataManifest, compute_fingerprint, file_sha256
-from turbo_dllm.data.pipeline import ChunkResult, WorkerConfig, ordered_results
+from turbo_dllm.data.pipeline import ChunkResult, TokenizePool, WorkerConfig
 from turbo_dllm.data.sources import open_source
 from turbo_dllm.data.spec import (
     PrepareSpec,
@@ -223,35 +223,34 @@ def _write_arrays(
         supervised_tokens=0,
     )
     skipped: dict[str, int] = {}
-    bar = _Progress(source.total, source.unit, progress)
     try:
-        results = ordered_results(config, source.chunks(), workers)
-        try:
-            for chunk, result in results:
-                if result.error is not None:
-                    raise DllmError(
-                        result.error,
-                        hint="fix that record, or set on_error: skip to count and skip bad records",
-                    )
-                packer.add(result.tokens, result.loss_mask, result.lengths)
-                counts["records"] += result.records
-                counts["empty_documents"] += result.empty_documents
-                counts["truncated_documents"] += result.truncated_documents
-                counts["truncated_tokens"] += result.truncated_tokens
-                counts["dropped_unsupervised_documents"] += result.dropped_unsupervised
-                counts["supervised_tokens"] += int(result.loss_mask.sum(dtype=np.int64))
-                for reason, n in result.skipped.items():
-                    skipped[reason] = skipped.get(reason, 0) + n
-                bar.advance(chunk.advance, result)
-        finally:
-            results.close()
+        with TokenizePool(config, workers) as pool:
+            bar = _Progress(source.total, source.unit, progress)
+            try:
+                for chunk, result in pool.results(source.chunks()):
+                    if result.error is not None:
+                        raise DllmError(
+                            result.error,
+                            hint="fix that record, or set on_error: skip to count and skip "
+                            "bad records",
+                        )
+                    packer.add(result.tokens, result.loss_mask, result.lengths)
+                    counts["records"] += result.records
+                    counts["empty_documents"] += result.empty_documents
+                    counts["truncated_documents"] += result.truncated_documents
+                    counts["truncated_tokens"] += result.truncated_tokens
+                    counts["dropped_unsupervised_documents"] += result.dropped_unsupervised
+                    counts["supervised_tokens"] += int(result.loss_mask.sum(dtype=np.int64))
+                    for reason, n in result.skipped.items():
+                        skipped[reason] = skipped.get(reason, 0) + n
+                    bar.advance(chunk.advance, result)
+            finally:
+                bar.close()
         documents = packer.finish()
     except BaseException:
         tokens_out.abort()
         mask_out.abort()
         raise
-    finally:
-        bar.close()
     if not len(documents):
         detail = f"; skipped: {_format_counts(skipped)}" if skipped else ""
         raise DllmError(

@@ -135,6 +135,8 @@ def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
     if payload == "ids":
         return Extracted(ids=_int_array(np.asarray(item), "ids"))
     if payload in ("json", "json_ids"):
+        if item[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte order mark on the first line
+            item = item[3:]
         try:
             item = json.loads(item)
         except json.JSONDecodeError as error:

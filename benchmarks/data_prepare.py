@@ -1,0 +1,302 @@
+"""Tokens/s of `dllm data prepare` against `datasets.map(batched=True)` on >= 100 MB of real text.
+
+The corpus is built from text already on the machine: the Python sources and docs under
+`sys.prefix`, one JSONL record per file, in sorted path order. A byte-level BPE tokenizer is
+trained on the first few MB with `tokenizers` and saved as a transformers folder; both sides use
+that same fast tokenizer:
+
+- baseline: `datasets.load_dataset("json")` -> `Dataset.map(tokenizer(...), batched=True)` ->
+  numpy concatenation of the ids (a flat token stream, nothing packed or hashed);
+- turbo-dllm: `turbo_dllm.data.prepare.prepare` (jsonl source, text records, eos separators,
+  packing into 2048-token rows, loss masks, document index, sha256 + fingerprint, manifest).
+
+Both start from the same JSONL file and the timing covers loading the tokenizer, reading,
+tokenizing and producing the tokens; library imports happen before any timing. With `--repeat N`
+the two pipelines alternate N times and the best time of each counts (the host may be shared).
+The script checks that both produced the same token stream, prints a table and writes JSON
+(`--out`).
+
+    python benchmarks/data_prepare.py [--mb 100] [--workers auto] [--repeat 1] [--out r.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+SPECIALS = ["<|dllm_eos|>", "<|dllm_pad|>", "<|dllm_mask|>"]
+
+
+def build_corpus(out: Path, megabytes: float) -> tuple[int, int]:
+    """Write Python sources/docs under sys.prefix as JSONL until `megabytes` of text."""
+    want = int(megabytes * 1e6)
+    roots = sorted({Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()})
+    size = files = 0
+    with open(out, "w", encoding="utf-8") as handle:
+        for root in roots:
+            for path in sorted(root.rglob("*")):
+                if path.suffix not in (".py", ".rst", ".txt", ".md") or not path.is_file():
+                    continue
+                try:
+                    text = path.read_text(encoding="utf-8")
+                except (UnicodeDecodeError, OSError):
+                    continue
+                if not text.strip() or any(s in text for s in SPECIALS):
+                    continue
+                handle.write(json.dumps({"text": text}) + "\n")
+                size += len(text.encode("utf-8"))
+                files += 1
+                if size >= want:
+                    return size, files
+    raise SystemExit(f"only {size / 1e6:.1f} MB of text under {roots}; lower --mb")
+
+
+def train_tokenizer(corpus: Path, folder: Path, sample_mb: float = 8.0, vocab: int = 16384) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    def sample():
+        seen = 0
+        with open(corpus, encoding="utf-8") as handle:
+            for line in handle:
+                text = json.loads(line)["text"]
+                seen += len(text)
+                yield text
+                if seen >= sample_mb * 1e6:
+                    return
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab,
+        special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(sample(), trainer)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[1], mask_token=SPECIALS[2]
+    ).save_pretrained(str(folder))
+
+
+def _cpu_seconds() -> float:
+    """CPU time of this process, its threads and its reaped children (pool workers)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def run_baseline(corpus: Path, tokenizer: Path, cache: Path, num_proc: int | None) -> dict:
+    import datasets
+    from transformers import AutoTokenizer
+
+    datasets.disable_progress_bars()
+    datasets.disable_caching()
+    cpu = _cpu_seconds()
+    started = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(str(tokenizer))
+    ds = datasets.load_dataset("json", data_files=str(corpus), split="train", cache_dir=str(cache))
+    ds = ds.map(
+        lambda batch: tok(batch["text"], add_special_tokens=False),
+        batched=True,
+        remove_columns=ds.column_names,
+        num_proc=num_proc,
+    )
+    ids = np.concatenate(
+        [np.asarray(row, dtype=np.uint32) for row in ds.with_format("numpy")["input_ids"]]
+    )
+    seconds = time.perf_counter() - started
+    return {"seconds": seconds, "cpu": _cpu_seconds() - cpu, "tokens": int(ids.size), "ids": ids}
+
+
+def run_turbo(corpus: Path, tokenizer: Path, out: Path, workers: str | int) -> dict:
+    from turbo_dllm.data.artifact import DataArtifact
+    from turbo_dllm.data.prepare import prepare
+    from turbo_dllm.data.spec import validate_prepare_document
+
+    spec = validate_prepare_document(
+        {
+            "source": {"kind": "jsonl", "paths": [str(corpus)]},
+            "tokenizer": {"kind": "huggingface", "path": str(tokenizer)},
+            "packing": {"seq_len": 2048, "block_size": 16, "align": "none"},
+            "output": {"path": str(out), "overwrite": True},
+            "workers": workers,
+        },
+        "benchmark",
+    )
+    cpu = _cpu_seconds()
+    started = time.perf_counter()
+    result = prepare(spec, progress=False)
+    seconds = time.perf_counter() - started
+    cpu = _cpu_seconds() - cpu
+    # The content tokens (documents without their eos separator), to compare with the baseline.
+    artifact = DataArtifact(result.path)
+    stream = np.asarray(artifact.tokens).reshape(-1)
+    docs = np.asarray(artifact.documents)
+    keep = np.zeros(len(stream), bool)
+    starts, lengths = docs[:, 0], docs[:, 1] - 1
+    covered = (
+        np.repeat(starts, lengths)
+        + np.arange(lengths.sum())
+        - np.repeat(np.cumsum(lengths) - lengths, lengths)
+    )
+    keep[covered] = True
+    return {
+        "seconds": seconds,
+        "cpu": cpu,
+        "tokens": int(lengths.sum()),
+        "ids": stream[keep],
+        "workers": result.workers,
+        "fingerprint": result.manifest.fingerprint,
+    }
+
+
+def _commit() -> str:
+    try:
+        root = Path(__file__).resolve().parents[1]
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def _cpu() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=100.0, help="corpus size in MB (>= 100)")
+    parser.add_argument("--workers", default="auto", help="turbo-dllm workers (default auto)")
+    parser.add_argument("--out", help="write the results as JSON here")
+    parser.add_argument("--workdir", help="keep corpus, tokenizer and outputs here")
+    parser.add_argument("--repeat", type=int, default=1, help="alternate runs, keep the best")
+    parser.add_argument(
+        "--parallel-baseline",
+        action="store_true",
+        help="also time the baseline with map(num_proc=CPU count)",
+    )
+    args = parser.parse_args()
+    workers = args.workers if args.workers == "auto" else int(args.workers)
+
+    work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dllm-bench-"))
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        corpus = work / "corpus.jsonl"
+        t = time.perf_counter()
+        text_bytes, files = build_corpus(corpus, args.mb)
+        print(
+            f"corpus: {files:,} files, {text_bytes / 1e6:.1f} MB ({time.perf_counter() - t:.1f} s)"
+        )
+        tokenizer = work / "tokenizer"
+        t = time.perf_counter()
+        train_tokenizer(corpus, tokenizer)
+        print(f"tokenizer: BPE 16k trained on 8 MB ({time.perf_counter() - t:.1f} s)")
+
+        # Import everything both sides use before timing either of them.
+        import datasets  # noqa: F401
+        import transformers  # noqa: F401
+
+        import turbo_dllm.data.prepare  # noqa: F401
+
+        baseline_times, turbo_times, baseline_cpu, turbo_cpu = [], [], [], []
+        for attempt in range(args.repeat):
+            shutil.rmtree(work / "hf-cache", ignore_errors=True)
+            baseline = run_baseline(corpus, tokenizer, work / "hf-cache", None)
+            baseline_times.append(baseline["seconds"])
+            baseline_cpu.append(baseline["cpu"])
+            print(
+                f"[{attempt + 1}] baseline map(batched=True): {baseline['seconds']:.1f} s "
+                f"(cpu {baseline['cpu']:.1f} s)"
+            )
+            ours = run_turbo(corpus, tokenizer, work / "artifact", workers)
+            turbo_times.append(ours["seconds"])
+            turbo_cpu.append(ours["cpu"])
+            print(
+                f"[{attempt + 1}] turbo-dllm prepare ({ours['workers']} workers): "
+                f"{ours['seconds']:.1f} s"
+            )
+            if not np.array_equal(baseline["ids"], ours["ids"]):
+                raise SystemExit("token streams differ between the baseline and turbo-dllm")
+        baseline["seconds"], ours["seconds"] = min(baseline_times), min(turbo_times)
+        parallel = None
+        if args.parallel_baseline:
+            shutil.rmtree(work / "hf-cache", ignore_errors=True)
+            parallel = run_baseline(corpus, tokenizer, work / "hf-cache", os.cpu_count())
+            print(f"baseline map(num_proc={os.cpu_count()}): {parallel['seconds']:.1f} s")
+
+        tokens = baseline["tokens"]
+        rows = [("datasets.map(batched=True) + np.concatenate", baseline["seconds"])]
+        if parallel:
+            rows.append(
+                (f"datasets.map(batched=True, num_proc={os.cpu_count()})", parallel["seconds"])
+            )
+        rows.append((f"dllm data prepare (workers={ours['workers']})", ours["seconds"]))
+        print()
+        print(f"{'pipeline':<52} {'seconds':>8} {'tokens/s':>12} {'vs baseline':>12}")
+        for name, seconds in rows:
+            print(
+                f"{name:<52} {seconds:>8.1f} {tokens / seconds:>12,.0f} "
+                f"{baseline['seconds'] / seconds:>11.2f}x"
+            )
+        result = {
+            "benchmark": "data_prepare",
+            "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
+            "commit": _commit(),
+            "hardware": f"{_cpu()}, {os.cpu_count()} CPUs",
+            "python": platform.python_version(),
+            "corpus_bytes": text_bytes,
+            "corpus_files": files,
+            "tokens": tokens,
+            "baseline": "datasets.load_dataset(json) + Dataset.map(tokenizer, batched=True) + "
+            "np.concatenate",
+            "baseline_seconds": round(baseline["seconds"], 2),
+            "baseline_tokens_per_s": round(tokens / baseline["seconds"]),
+            "parallel_baseline_seconds": round(parallel["seconds"], 2) if parallel else None,
+            "baseline_runs_seconds": [round(x, 2) for x in baseline_times],
+            "turbo_runs_seconds": [round(x, 2) for x in turbo_times],
+            "baseline_cpu_seconds": round(min(baseline_cpu), 2),
+            "turbo_cpu_seconds": round(min(turbo_cpu), 2),
+            "load_average_1m": round(os.getloadavg()[0], 2),
+            "turbo_seconds": round(ours["seconds"], 2),
+            "turbo_tokens_per_s": round(tokens / ours["seconds"]),
+            "turbo_workers": ours["workers"],
+            "ratio": round(baseline["seconds"] / ours["seconds"], 2),
+            "fingerprint": ours["fingerprint"],
+            "same_tokens": True,
+        }
+        print(json.dumps(result, indent=2))
+        if args.out:
+            Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    finally:
+        if not args.workdir:
+            shutil.rmtree(work, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
