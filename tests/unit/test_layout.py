@@ -174,7 +174,8 @@ def test_dense_attention_matches_sdpa_and_survives_empty_rows():
 # --- parallel dims ----------------------------------------------------------------------------
 def test_parallel_dims_modes_and_degrees():
     csbp = ParallelDims(dp_replicate=1, dp_shard=2, cp=2, bp=4, tp=1, world_size=8)
-    assert (csbp.mode, csbp.context, csbp.clean_replica, csbp.dp) == ("csbp", 4, 2, 2)
+    assert (csbp.mode, csbp.context, csbp.clean_replica, csbp.dp_size) == ("csbp", 4, 2, 2)
+    assert csbp.grad_average_size == 8 and csbp.dp_rank == 0
     assert csbp.mesh_shape == (1, 2, 2, 2, 1)
     cp = ParallelDims(dp_replicate=1, dp_shard=1, cp=4, bp=1, tp=1, world_size=4)
     assert (cp.mode, cp.clean_replica) == ("cp", 1)

@@ -9,7 +9,10 @@ Derived quantities, computed once here:
 - loss = sum over the step's micro-batches and ranks of the weighted CE, divided by the GLOBAL
   supervised-token count (one all-reduce before the forward passes), so the loss, and its
   gradient, are the same however the batch is split across ranks and micro-batches;
-- FSDP averages gradients over the dp_size ranks, so each rank backpropagates dp_size * loss.
+- FSDP averages gradients over all dp x context ranks (`dims.grad_average_size`), and each
+  rank's loss covers only the tokens it holds, so each rank backpropagates that many x loss;
+- with cp/bp > 1 the ranks of a context group share each batch and `self.plan` gives each its
+  share of the tokens (turbo_dllm.train.parallel), so counts and FLOPs are divided by its size.
 """
 
 from __future__ import annotations
@@ -27,7 +30,6 @@ from turbo_dllm.train.attention import allowed_pairs, build_attention
 from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta
 from turbo_dllm.train.data import build_data
 from turbo_dllm.train.distributed import (
-    DataParallelDims,
     DistEnv,
     apply_activation_checkpointing,
     apply_compile,
@@ -42,6 +44,8 @@ from turbo_dllm.train.metrics import (
 )
 from turbo_dllm.train.models import build_model, materialize, resolve_model_config
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
+from turbo_dllm.train.parallel.dims import ParallelDims
+from turbo_dllm.train.parallel.plan import build_sequence_plan
 from turbo_dllm.train.schedules import build_scheduler
 
 __all__ = ["Trainer"]
@@ -60,7 +64,7 @@ class Trainer:
         self.run_dir = Path(run_dir)
         self.env = env
         self.device = env.device
-        self.dims = DataParallelDims.from_spec(spec.topology, env.world_size)
+        self.dims = ParallelDims.from_topology(spec.topology, env.world_size)
         self.total_steps = spec.training.steps
         self.samples_per_step = (
             spec.training.micro_batch_size * spec.training.grad_accumulation * self.dims.dp_size
@@ -93,13 +97,15 @@ class Trainer:
             overrides=dict(spec.config_overrides),
         )
         self.attention = build_attention(spec.attention, self.device)
+        self.mesh = self.dims.build_mesh(self.device.type)
+        # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
+        self.plan = build_sequence_plan(self.dims, self.attention, merge_backend=self.spec.kernels)
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
-        model = build_model(self.model_config, self.attention, dtype)
+        model = build_model(self.model_config, self.plan.attention_backend, dtype)
         if self.spec.training.activation_checkpointing:
             apply_activation_checkpointing(model)
         if self.spec.training.compile:
             apply_compile(model)
-        self.mesh = self.dims.build_mesh(self.device.type)
         if self.mesh is not None:
             apply_fsdp(model, self.mesh)
         self.model = materialize(
@@ -111,7 +117,7 @@ class Trainer:
         self.data = build_data(
             self.spec,
             model_vocab_size=self.model_config.vocab_size,
-            dp_rank=self.env.rank,
+            dp_rank=self.dims.dp_rank,
             dp_size=self.dims.dp_size,
         )
         self.loader = self.data.loader
@@ -208,14 +214,14 @@ class Trainer:
 
     # ============================== one optimizer step =======================================
     def train_step(self, step: int) -> dict[str, float]:
-        spec, env, dims = self.spec, self.env, self.dims
+        spec, dims = self.spec, self.dims
         accum, micro = spec.training.grad_accumulation, spec.training.micro_batch_size
 
         # -- the step's batches and the global supervised-token count -------------------------
         batches = [next(self.loader) for _ in range(accum)]
-        counts = torch.tensor(
-            [float(sum(self.objective.supervised_count(b) for b in batches))], device=self.device
-        )
+        supervised = float(sum(self.objective.supervised_count(b) for b in batches))
+        # The ranks of a context group hold the same batches: count them once.
+        counts = torch.tensor([supervised / self.plan.context_size], device=self.device)
         self._all_reduce(counts)
         denominator = max(float(counts[0]), 1.0)
 
@@ -226,7 +232,7 @@ class Trainer:
             key = NoiseKey(
                 seed=spec.launch.seed,
                 step=step,
-                first_sample=(index * dims.dp_size + env.rank) * micro,
+                first_sample=(index * dims.dp_size + dims.dp_rank) * micro,
                 samples_per_step=self.samples_per_step,
             )
             diffusion = self.objective.corrupt(batch, key)
@@ -238,17 +244,18 @@ class Trainer:
                 pairs=allowed_pairs(diffusion.layout, diffusion.doc_ids)
                 * (1 if diffusion.doc_ids is not None else rows),
             )
-            diffusion = diffusion.to(self.device)
-            mask = self.attention.prepare(diffusion.layout, diffusion.doc_ids, self.device)
-            positions = diffusion.layout.positions(self.device)
+            inputs = self.plan.prepare(diffusion.to(self.device), self.device)
             if self.mesh is not None:
                 self.model.set_requires_gradient_sync(index == accum - 1)
             with self.autocast():
                 local = self.model(
-                    diffusion.input_ids, positions, mask, output=partial(score, diffusion)
+                    inputs.input_ids,
+                    inputs.positions,
+                    inputs.mask,
+                    output=partial(score, inputs.batch),
                 )
             loss = local / denominator
-            (loss * dims.dp_size).backward()
+            (loss * dims.grad_average_size).backward()
             loss_sum += loss.detach()
 
         # -- clip, step ---------------------------------------------------------------------------
@@ -258,6 +265,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
 
+        flops /= self.plan.context_size  # each rank of a context group counted the whole batch
         totals = torch.stack([loss_sum.float(), torch.tensor(flops, device=self.device)])
         self._all_reduce(totals)
         return {

@@ -14,6 +14,7 @@ Flattened meshes answer the questions the trainer asks:
   "context"      (clean_replica, cp)                       which ranks share a sequence
   "dp_shard_ctx" (dp_shard, clean_replica, cp)             FSDP2 shards parameters here
   "loss"         (dp_replicate, dp_shard, clean_replica, cp) global token counts, loss sums
+  "fsdp"         2-D (dp_replicate, dp_shard_ctx): what `build_mesh` returns for FSDP2 / HSDP
 """
 
 from __future__ import annotations
@@ -85,6 +86,16 @@ class ParallelDims:
 
     @classmethod
     def from_topology(cls, topology: TopologySpec, world_size: int) -> ParallelDims:
+        for axis in ("tp", "ep"):
+            if getattr(topology, axis) > 1:
+                raise DllmError(
+                    f"topology.{axis} > 1 is not available in this version",
+                    hint="train with dp/fsdp and cp/bp only",
+                )
+        if topology.sp:
+            raise DllmError(
+                "topology.sp is not available in this version", hint="set topology.sp: false"
+            )
         return cls(
             dp_replicate=topology.dp,
             dp_shard=topology.fsdp,
@@ -112,27 +123,57 @@ class ParallelDims:
         return "cp" if self.cp > 1 else "none"
 
     @property
-    def dp(self) -> int:
-        """Distinct batches per step (data-parallel degree as the loader sees it)."""
+    def dp_size(self) -> int:
+        """Distinct batches per step (the data-parallel degree the loader and noise see)."""
         return self.dp_replicate * self.dp_shard
+
+    @property
+    def grad_average_size(self) -> int:
+        """Ranks FSDP averages gradients over (every rank but tensor-parallel peers).
+
+        Each rank's loss covers only its share of the scored tokens, so the trainer scales its
+        loss by this to turn FSDP's average into the sum the single-rank gradient is.
+        """
+        return self.dp_replicate * self.dp_shard * self.context
+
+    @property
+    def dp_rank(self) -> int:
+        """Which batch this rank reads: ranks of one context group share it."""
+        mesh = self._meshes.get("dp")
+        return mesh.get_local_rank() if mesh is not None else 0
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
         return (self.dp_replicate, self.dp_shard, self.clean_replica, self.cp, self.tp)
 
     # --- mesh ---------------------------------------------------------------------------------
-    def build_mesh(self, device_type: str) -> DeviceMesh:
-        """Create the world mesh and its flattened views (needs torch.distributed initialised)."""
+    def build_mesh(self, device_type: str) -> DeviceMesh | None:
+        """Create the meshes (needs torch.distributed initialised); None for one process.
+
+        Returns the mesh FSDP2 shards over: 2-D (dp_replicate, dp_shard_ctx), HSDP when both are
+        > 1. The world mesh and every named group are then available from `get_mesh`.
+        """
+        if self.world_size == 1:
+            return None
         from torch.distributed.device_mesh import init_device_mesh
 
+        if self.tp != 1:
+            raise NotImplementedError("tensor parallelism is not available in this version")
         world = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=MESH_DIMS)
         meshes: dict[str, DeviceMesh] = {"world": world}
         for name in MESH_DIMS:
             meshes[name] = world[name]
         for name, dims in _FLATTENED.items():
             meshes[name] = world[dims]._flatten(name)
+        # With tp == 1 the ranks of (dp_shard, clean_replica, cp) are consecutive, so a fresh
+        # 2-D mesh has the same groups as the flattened view, without slicing flattened dims.
+        meshes["fsdp"] = init_device_mesh(
+            device_type,
+            (self.dp_replicate, self.dp_shard * self.context),
+            mesh_dim_names=("dp_replicate", "dp_shard_ctx"),
+        )
         self._meshes = meshes
-        return world
+        return meshes["fsdp"]
 
     def get_mesh(self, name: str) -> DeviceMesh:
         """The mesh of axis or flattened group `name`; raises if unknown or not built."""
