@@ -1,0 +1,134 @@
+"""Publishing to a mirror, the store's activation/rollback/uninstall, and safe extraction."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests.bundles.crafting import member, raw_archive, unpack, variant
+from turbo_dllm.bundles.archive import BundleRejected, extract_bundle, pack_bundle
+from turbo_dllm.bundles.fetch import sha256_file
+from turbo_dllm.bundles.install import plan_install, run_install
+from turbo_dllm.bundles.publish import publish
+from turbo_dllm.bundles.store import BundleStore
+from turbo_dllm.errors import DllmError
+
+
+def test_packing_is_reproducible(cpu_bundle, tmp_path):
+    unpacked = unpack(cpu_bundle.archive, tmp_path / "u")
+    again = pack_bundle(unpacked.manifest, unpacked.root, tmp_path / "again.tar.zst")
+    assert sha256_file(again) == cpu_bundle.sha256
+
+
+def test_publish_is_idempotent_and_refuses_other_bytes(cpu_bundle, tmp_path):
+    mirror = tmp_path / "m"
+    first = publish([cpu_bundle.archive], release="v1", mirror=mirror)
+    again = publish([cpu_bundle.archive], release="v1", mirror=mirror)
+    assert first.catalog_sha256 == again.catalog_sha256 and again.unchanged and not again.added
+    (mirror / "bundles" / cpu_bundle.archive.name).write_bytes(b"other bytes")
+    with pytest.raises(DllmError, match="already exists with other bytes"):
+        publish([cpu_bundle.archive], release="v2", mirror=mirror)
+
+
+def test_publish_refuses_replacing_a_release_entry(cpu_bundle, tmp_path):
+    mirror = tmp_path / "m"
+    publish([cpu_bundle.archive], release="v1", mirror=mirror)
+    newer = variant(cpu_bundle, tmp_path, version="0.1.1")
+    with pytest.raises(DllmError, match="already lists a bundle for"):
+        publish([newer], release="v1", mirror=mirror)
+    assert publish([newer], release="v2", mirror=mirror).added  # a new release is fine
+
+
+def test_publish_refuses_a_broken_archive(tmp_path):
+    broken = raw_archive(tmp_path / "x.tar.zst", [member("lib/x.so", b"x")])
+    with pytest.raises(BundleRejected, match="first member must be bundle.json"):
+        publish([broken], release="v1", mirror=tmp_path / "m")
+    (tmp_path / "junk.tar.zst").write_bytes(b"not zstd")
+    with pytest.raises(BundleRejected, match="not a valid .tar.zst"):
+        publish([tmp_path / "junk.tar.zst"], release="v1", mirror=tmp_path / "m")
+
+
+def test_extraction_checks_sizes_and_hashes(cpu_bundle, tmp_path):
+    good = unpack(cpu_bundle.archive, tmp_path / "good")
+    manifest = (good.root / "bundle.json").read_bytes()
+    library = (good.root / "lib" / "merge_attention_partials.so").read_bytes()
+    flipped = bytes([library[0] ^ 1]) + library[1:]
+    bad = raw_archive(
+        tmp_path / "a.tar.zst",
+        [member("bundle.json", manifest), member("lib/merge_attention_partials.so", flipped)],
+    )
+    with pytest.raises(BundleRejected, match="has sha256"):
+        extract_bundle(bad, tmp_path / "out1")
+    short = raw_archive(
+        tmp_path / "b.tar.zst",
+        [member("bundle.json", manifest), member("lib/merge_attention_partials.so", library[:-1])],
+    )
+    with pytest.raises(BundleRejected, match="bundle.json says"):
+        extract_bundle(short, tmp_path / "out2")
+    missing = raw_archive(tmp_path / "c.tar.zst", [member("bundle.json", manifest)])
+    with pytest.raises(BundleRejected, match="lacks listed files"):
+        extract_bundle(missing, tmp_path / "out3")
+    twice = raw_archive(
+        tmp_path / "d.tar.zst",
+        [
+            member("bundle.json", manifest),
+            member("lib/merge_attention_partials.so", library),
+            member("lib/merge_attention_partials.so", library),
+        ],
+    )
+    with pytest.raises(BundleRejected, match="appears twice"):
+        extract_bundle(twice, tmp_path / "out4")
+
+
+def _install(cpu_bundle, tmp_path, version):
+    archive = (
+        cpu_bundle.archive if version is None else variant(cpu_bundle, tmp_path, version=version)
+    )
+    mirror = tmp_path / f"m-{version}"
+    sha = publish([archive], release="v", mirror=mirror).catalog_sha256
+    return run_install(plan_install("v", index=str(mirror), catalog_sha256=sha)).bundle
+
+
+def test_activation_rollback_and_uninstall(cli, cpu_bundle, tmp_path):
+    a = _install(cpu_bundle, tmp_path, None)
+    b = _install(cpu_bundle, tmp_path, "0.1.1")
+    store = BundleStore()
+    assert store.active().sha256 == b.sha256 and store.previous().sha256 == a.sha256
+    assert os.readlink(store.root / "active") == f"store/{b.sha256}"  # relative: DLLM_HOME may move
+    listing = json.loads(cli("bundle", "list", "--json").out)["bundles"]
+    assert {x["sha256"]: x["state"] for x in listing} == {a.sha256: "previous", b.sha256: "active"}
+
+    refused = cli("bundle", "uninstall", b.short_sha)
+    assert refused.code == 2 and "is active" in refused.err
+    assert cli("bundle", "rollback").code == 0
+    assert store.active().sha256 == a.sha256 and store.previous().sha256 == b.sha256
+    assert cli("bundle", "uninstall", b.bundle_id).code == 0
+    assert store.previous() is None and [x.sha256 for x in store.installed()] == [a.sha256]
+    missing = cli("bundle", "rollback")
+    assert missing.code == 2 and "no previous bundle" in missing.err
+    unknown = cli("bundle", "uninstall", "ffffff")
+    assert unknown.code == 2 and "no installed bundle" in unknown.err
+
+
+def test_verify_reports_modified_and_extra_files(cli, installed):
+    library = installed.path / "lib" / "merge_attention_partials.so"
+    library.chmod(0o644)
+    library.write_bytes(library.read_bytes() + b"\0")
+    (installed.path / "lib" / "extra").write_text("x")
+    result = cli("bundle", "verify", "--json")
+    assert result.code == 1
+    (problems,) = json.loads(result.out)["bundles"].values()
+    assert any("merge_attention_partials.so" in p for p in problems)
+    assert any("extra: not part of the bundle" in p for p in problems)
+    # A damaged bundle in the store is re-extracted when its release is installed again.
+    assert BundleStore().verify(installed)
+
+
+def test_stale_staging_is_swept_by_the_next_operation(installed):
+    store = BundleStore()
+    (store.store_dir / ".staging-deadbeef").mkdir()
+    with store.locked():
+        pass
+    assert not (store.store_dir / ".staging-deadbeef").exists()

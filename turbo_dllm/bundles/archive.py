@@ -1,0 +1,216 @@
+"""Bundle archives: pack (`.tar.zst`, reproducible) and safe, verifying extraction.
+
+Extraction trusts nothing in the archive. `bundle.json` must come first; every later member must
+be a regular file with a plain relative path that `bundle.json` lists with the same size, and its
+bytes must hash to the listed sha256. Links (symbolic or hard), devices, FIFOs, absolute paths,
+`..` components, duplicates and unlisted files are refused before a byte of them is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import tarfile
+from pathlib import Path
+
+from turbo_dllm.bundles.manifest import (
+    MANIFEST_NAME,
+    BundleManifest,
+    check_relative_path,
+    parse_manifest,
+)
+from turbo_dllm.errors import DllmError
+
+__all__ = [
+    "MAX_BUNDLE_BYTES",
+    "BundleRejected",
+    "extract_bundle",
+    "pack_bundle",
+    "read_archive_manifest",
+]
+
+MAX_MANIFEST_BYTES = 1024 * 1024
+MAX_BUNDLE_BYTES = 16 * 1024**3  # unpacked
+ZSTD_LEVEL = 10
+_CHUNK = 1024 * 1024
+
+
+class BundleRejected(DllmError):
+    """An archive or download that failed a safety or integrity check; nothing was installed."""
+
+
+def pack_bundle(manifest: BundleManifest, files_root: Path, out_path: Path) -> Path:
+    """Write `bundle.json` then every listed file into a reproducible `.tar.zst` at `out_path`."""
+    import zstandard
+
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
+    compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+    try:
+        with tmp.open("wb") as raw, compressor.stream_writer(raw, closefd=False) as zst:
+            with tarfile.open(fileobj=zst, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+                data = manifest.to_json().encode()
+                tar.addfile(_tarinfo(MANIFEST_NAME, len(data)), io.BytesIO(data))
+                for entry in manifest.files:
+                    with (files_root / entry.path).open("rb") as handle:
+                        tar.addfile(_tarinfo(entry.path, entry.size), handle)
+        tmp.replace(out_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return out_path
+
+
+def _tarinfo(name: str, size: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size = size
+    info.mode = 0o644
+    info.mtime = 0
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info
+
+
+def _kind(member: tarfile.TarInfo) -> str:
+    if member.issym():
+        return f"a symbolic link to {member.linkname!r}"
+    if member.islnk():
+        return f"a hard link to {member.linkname!r}"
+    if member.ischr():
+        return "a character device"
+    if member.isblk():
+        return "a block device"
+    if member.isfifo():
+        return "a FIFO"
+    if member.isdir():
+        return "a directory"
+    return "not a regular file"
+
+
+def _check_member_name(name: str, archive: str) -> str:
+    if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
+        raise BundleRejected(f"{archive}: member {name!r} is an absolute path; refusing to extract")
+    if ".." in name.replace("\\", "/").split("/"):
+        raise BundleRejected(
+            f"{archive}: member {name!r} climbs out of the bundle ('..'); refusing to extract"
+        )
+    try:
+        return check_relative_path(name)
+    except ValueError as error:
+        raise BundleRejected(f"{archive}: member {error}; refusing to extract") from None
+
+
+def extract_bundle(archive_path: Path, dest: Path, *, label: str | None = None) -> BundleManifest:
+    """Extract into the new folder `dest` (must not exist) and verify every file.
+
+    Raises BundleRejected on the first problem; `dest` may then hold a partial extraction, which
+    the caller (the store's staging area) removes.
+    """
+    import zstandard
+
+    label = label or archive_path.name
+    dest.mkdir(parents=False, exist_ok=False)
+    decompressor = zstandard.ZstdDecompressor()
+    try:
+        with archive_path.open("rb") as raw, decompressor.stream_reader(raw) as stream:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                return _extract_members(tar, dest, label)
+    except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
+        raise BundleRejected(f"{label}: not a valid .tar.zst bundle archive: {error}") from None
+
+
+def _extract_members(tar: tarfile.TarFile, dest: Path, label: str) -> BundleManifest:
+    manifest: BundleManifest | None = None
+    expected: dict[str, tuple[str, int]] = {}
+    written: set[str] = set()
+    total = 0
+    for member in tar:
+        if manifest is None:
+            if member.name != MANIFEST_NAME or not member.isreg():
+                raise BundleRejected(
+                    f"{label}: the first member must be {MANIFEST_NAME}, found {member.name!r}"
+                )
+            if member.size > MAX_MANIFEST_BYTES:
+                raise BundleRejected(f"{label}: {MANIFEST_NAME} is larger than 1 MiB")
+            handle = tar.extractfile(member)
+            assert handle is not None
+            data = handle.read()
+            manifest = parse_manifest(data, f"{label}:{MANIFEST_NAME}")
+            if manifest.total_size > MAX_BUNDLE_BYTES:
+                raise BundleRejected(
+                    f"{label}: unpacks to {manifest.total_size} bytes, over the cap"
+                )
+            expected = {f.path: (f.sha256, f.size) for f in manifest.files}
+            (dest / MANIFEST_NAME).write_bytes(data)
+            continue
+        name = _check_member_name(member.name, label)
+        if not member.isreg():
+            raise BundleRejected(
+                f"{label}: member {name!r} is {_kind(member)}; bundles hold only regular files"
+            )
+        if name in written or name == MANIFEST_NAME:
+            raise BundleRejected(f"{label}: member {name!r} appears twice")
+        if name not in expected:
+            raise BundleRejected(f"{label}: member {name!r} is not listed in {MANIFEST_NAME}")
+        sha256, size = expected[name]
+        if member.size != size:
+            raise BundleRejected(
+                f"{label}: member {name!r} has {member.size} bytes, {MANIFEST_NAME} says {size}"
+            )
+        total += size
+        source = tar.extractfile(member)
+        assert source is not None
+        digest = hashlib.sha256()
+        try:
+            target = dest / name
+            target.parent.mkdir(parents=True, exist_ok=True)
+            with open(target, "xb") as out:  # "x": never follow or overwrite anything
+                while chunk := source.read(_CHUNK):
+                    digest.update(chunk)
+                    out.write(chunk)
+        except OSError as error:
+            raise BundleRejected(f"{label}: cannot extract member {name!r}: {error}") from None
+        if digest.hexdigest() != sha256:
+            raise BundleRejected(
+                f"{label}: member {name!r} has sha256 {digest.hexdigest()}, "
+                f"{MANIFEST_NAME} says {sha256}"
+            )
+        written.add(name)
+    if manifest is None:
+        raise BundleRejected(f"{label}: empty archive")
+    missing = sorted(set(expected) - written)
+    if missing:
+        raise BundleRejected(f"{label}: archive lacks listed files: {', '.join(missing)}")
+    for path in [dest / MANIFEST_NAME, *(dest / name for name in written)]:
+        path.chmod(0o444)
+    return manifest
+
+
+def read_archive_manifest(archive_path: Path) -> BundleManifest:
+    """Only the leading `bundle.json` of an archive (cheap: stops after the first member)."""
+    import zstandard
+
+    try:
+        with (
+            archive_path.open("rb") as raw,
+            zstandard.ZstdDecompressor().stream_reader(raw) as stream,
+        ):
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                member = tar.next()
+                if member is None or member.name != MANIFEST_NAME or not member.isreg():
+                    raise BundleRejected(
+                        f"{archive_path.name}: the first member must be {MANIFEST_NAME}"
+                    )
+                if member.size > MAX_MANIFEST_BYTES:
+                    raise BundleRejected(
+                        f"{archive_path.name}: {MANIFEST_NAME} is larger than 1 MiB"
+                    )
+                handle = tar.extractfile(member)
+                assert handle is not None
+                return parse_manifest(handle.read(), f"{archive_path.name}:{MANIFEST_NAME}")
+    except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
+        raise BundleRejected(
+            f"{archive_path.name}: not a valid .tar.zst bundle archive: {error}"
+        ) from None
+    except OSError as error:
+        raise DllmError(f"cannot read {archive_path}: {error.strerror}") from None

@@ -1,0 +1,134 @@
+"""`dllm bundle build`: compile every native op for one target and pack a verified bundle.
+
+Each op is compiled in a child process (which also loads the library and checks it against the
+torch reference), copied to `lib/<op>.so`, hashed into `bundle.json` together with its source
+hash, torch.ops namespace and the build provenance, and packed into
+`turbo-dllm-kernels-<version>-<target>.tar.zst`. Compiler outputs are cached per namespace under
+`dllm_home()/build`, so rebuilding unchanged sources only relinks.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from turbo_dllm import __version__
+from turbo_dllm.bundles.archive import pack_bundle
+from turbo_dllm.bundles.fetch import sha256_file
+from turbo_dllm.bundles.manifest import (
+    BuildProvenance,
+    BundleFile,
+    BundleManifest,
+    BundleOp,
+    archive_name,
+)
+from turbo_dllm.bundles.target import BundleTarget
+from turbo_dllm.bundles.targets import pick_build_target
+from turbo_dllm.errors import DllmError
+from turbo_dllm.host import collect_fingerprint
+from turbo_dllm.paths import dllm_home
+
+__all__ = ["BuildResult", "build_bundle"]
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    archive: Path
+    sha256: str
+    size: int
+    manifest: BundleManifest
+
+    @property
+    def target(self) -> BundleTarget:
+        return self.manifest.target
+
+
+def build_bundle(
+    out_dir: Path,
+    *,
+    target: str = "auto",
+    ops: list[str] | None = None,
+    verbose: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> BuildResult:
+    """Build every op (or `ops`) for `target` into `out_dir`; `log` receives progress lines."""
+    import torch  # the build uses the running torch; import it so the fingerprint is exact
+
+    from turbo_dllm.kernels.compile import namespace_for, run_compile_subprocess
+    from turbo_dllm.kernels.sources import load_native_op, native_op_names
+
+    host = collect_fingerprint(apply_overrides=False)
+    _, bundle_target = pick_build_target(target, host)
+    names = ops or native_op_names()
+    if not names:
+        raise DllmError("no native ops found to build")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    bundle_ops: list[BundleOp] = []
+    files: list[BundleFile] = []
+    compiled_ops = []
+    with tempfile.TemporaryDirectory(prefix=".dllm-bundle-", dir=out_dir) as staging_name:
+        staging = Path(staging_name)
+        (staging / "lib").mkdir()
+        for name in names:
+            op = load_native_op(name)
+            unsupported = [a for a in bundle_target.archs if a not in op.spec.cuda_archs]
+            if unsupported:
+                raise DllmError(
+                    f"op {name!r} is not written for {'+'.join(map(str, unsupported))} "
+                    f"(its spec lists {', '.join(map(str, op.spec.cuda_archs)) or 'no GPU'})",
+                    hint=f"add the architecture to native/{name}/op.toml once qualified",
+                )
+            if log:
+                log(f"compiling {name} for {bundle_target} ...")
+            source_sha = op.source_sha256()
+            namespace = namespace_for(source_sha, "bundle", str(bundle_target))
+            compiled = run_compile_subprocess(
+                name,
+                namespace=namespace,
+                build_dir=dllm_home() / "build" / namespace,
+                archs=bundle_target.archs,
+                verbose=verbose,
+            )
+            relative = f"lib/{name}.so"
+            shutil.copyfile(compiled.library, staging / relative)
+            files.append(
+                BundleFile(
+                    path=relative,
+                    sha256=sha256_file(staging / relative),
+                    size=(staging / relative).stat().st_size,
+                )
+            )
+            bundle_ops.append(
+                BundleOp(
+                    name=name,
+                    namespace=namespace,
+                    library=relative,
+                    source_sha256=source_sha,
+                    devices=compiled.devices,
+                    archs=bundle_target.archs,
+                )
+            )
+            compiled_ops.append(compiled)
+        first = compiled_ops[0]
+        manifest = BundleManifest(
+            name=archive_name(__version__, bundle_target).removesuffix(".tar.zst"),
+            version=__version__,
+            target=bundle_target,
+            files=tuple(files),
+            ops=tuple(bundle_ops),
+            build=BuildProvenance(
+                turbo_dllm=__version__,
+                cxx=first.cxx,
+                nvcc=first.nvcc,
+                cflags=first.cflags,
+                cuda_cflags=first.cuda_cflags,
+                torch=torch.__version__,
+                cuda=torch.version.cuda,
+                host=host,
+            ),
+        )
+        archive = pack_bundle(manifest, staging, out_dir / archive_name(__version__, bundle_target))
+    return BuildResult(archive, sha256_file(archive), archive.stat().st_size, manifest)

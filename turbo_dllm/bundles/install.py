@@ -1,0 +1,171 @@
+"""`dllm bundle install`: catalog -> trust check -> resolve -> download -> verify -> activate.
+
+`plan_install` does everything that needs no lock (fetch and check the catalog, pick the bundle);
+`--dry-run` stops there. `run_install` then holds the store lock while it downloads, extracts into
+staging, verifies, renames into the store and swaps `active`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from turbo_dllm.bundles.archive import BundleRejected
+from turbo_dllm.bundles.catalog import (
+    MAX_CATALOG_BYTES,
+    Catalog,
+    CatalogEntry,
+    ReleasesLock,
+    catalog_path,
+    check_release,
+    parse_catalog,
+    read_releases_lock,
+    sha256_bytes,
+    trusted_catalog_sha256,
+)
+from turbo_dllm.bundles.fetch import Progress, Source, download, open_source
+from turbo_dllm.bundles.resolve import Resolution, select_bundle
+from turbo_dllm.bundles.store import (
+    DEFAULT_LOCK_TIMEOUT_S,
+    BundleStore,
+    InstalledBundle,
+    new_record,
+)
+from turbo_dllm.bundles.target import BundleTarget
+from turbo_dllm.host import HostFingerprint, collect_fingerprint
+
+__all__ = ["InstallPlan", "InstallResult", "install", "plan_install", "run_install"]
+
+
+@dataclass(frozen=True)
+class InstallPlan:
+    release: str
+    source: Source
+    catalog: Catalog
+    catalog_sha256: str
+    entry: CatalogEntry
+    resolution: Resolution
+
+    def to_json(self) -> dict:
+        return {
+            "release": self.release,
+            "index": self.source.location,
+            "catalog_sha256": self.catalog_sha256,
+            "bundle": {
+                "target": str(self.entry.target),
+                "version": self.entry.version,
+                "file": self.entry.file,
+                "size": self.entry.size,
+                "sha256": self.entry.sha256,
+            },
+            "candidates": [
+                {
+                    "target": str(c.entry.target),
+                    "fits": c.fits,
+                    "differences": [str(d) for d in c.differences],
+                }
+                for c in self.resolution.candidates
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    plan: InstallPlan
+    bundle: InstalledBundle
+    previous: InstalledBundle | None
+    reused: bool  # the store already held this bundle; nothing was downloaded
+
+
+def plan_install(
+    release: str,
+    *,
+    index: str | None = None,
+    target: BundleTarget | None = None,
+    catalog_sha256: str | None = None,
+    fingerprint: HostFingerprint | None = None,
+    releases_lock: ReleasesLock | None = None,
+) -> InstallPlan:
+    """Fetch and verify the release's catalog and pick the bundle (auto, or `target`)."""
+    check_release(release)
+    source = open_source(index)
+    lock = releases_lock or read_releases_lock()
+    expected = trusted_catalog_sha256(release, lock, catalog_sha256)
+    path = catalog_path(release)
+    data = source.read_small(path, MAX_CATALOG_BYTES)
+    actual = sha256_bytes(data)
+    if actual != expected:
+        pinned_by = "--catalog-sha256" if catalog_sha256 else "releases.lock"
+        raise BundleRejected(
+            f"catalog {source.url(path)} has sha256 {actual}, but {pinned_by} pins {expected}",
+            hint="the index serves a different catalog than the one this release was published "
+            "with; use the official index or a faithful mirror",
+        )
+    catalog = parse_catalog(data, source.url(path))
+    if catalog.release != release:
+        raise BundleRejected(
+            f"{source.url(path)} is the catalog of release {catalog.release!r}, not {release!r}"
+        )
+    host = fingerprint or collect_fingerprint()
+    entry, resolution = select_bundle(catalog, host, target=target)
+    return InstallPlan(release, source, catalog, actual, entry, resolution)
+
+
+def run_install(
+    plan: InstallPlan,
+    *,
+    store: BundleStore | None = None,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    retries: int = 4,
+    backoff_s: float = 0.5,
+    progress: Progress | None = None,
+) -> InstallResult:
+    store = store or BundleStore()
+    entry = plan.entry
+    with store.locked(lock_timeout_s):
+        previous = store.active()
+        existing = store.get(entry.sha256)
+        reused = existing is not None and not store.verify(existing)
+        if not reused:
+            archive = download(
+                plan.source,
+                f"bundles/{entry.file}",
+                sha256=entry.sha256,
+                size=entry.size,
+                dest_dir=store.downloads_dir,
+                retries=retries,
+                backoff_s=backoff_s,
+                progress=progress,
+            )
+            record = new_record(
+                archive_sha256=entry.sha256,
+                release=plan.release,
+                source=plan.source.url(f"bundles/{entry.file}"),
+                catalog_sha256=plan.catalog_sha256,
+            )
+            try:
+                store.add_archive(
+                    archive,
+                    entry.sha256,
+                    expect_target=entry.target,
+                    expect_version=entry.version,
+                    record=record,
+                )
+            finally:
+                archive.unlink(missing_ok=True)
+        bundle = store.activate(entry.sha256)
+    if previous is not None and previous.sha256 == bundle.sha256:
+        previous = None
+    return InstallResult(plan, bundle, previous, reused)
+
+
+def install(
+    release: str,
+    *,
+    index: str | None = None,
+    target: BundleTarget | None = None,
+    catalog_sha256: str | None = None,
+    **options,
+) -> InstallResult:
+    """Plan and run in one call (the library equivalent of `dllm bundle install --auto`)."""
+    plan = plan_install(release, index=index, target=target, catalog_sha256=catalog_sha256)
+    return run_install(plan, **options)

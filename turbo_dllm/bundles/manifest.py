@@ -1,0 +1,167 @@
+"""`bundle.json`: what a native-kernel bundle holds and how it was built.
+
+The first member of every bundle archive. It names the bundle's target, lists every other file
+with its sha256 and size (extraction checks each file against it), records per op the library,
+torch.ops namespace and source hash (the loader checks it), and the build provenance.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Literal
+
+from packaging.version import InvalidVersion, Version
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from turbo_dllm.bundles.target import BundleTarget
+from turbo_dllm.errors import DllmError
+from turbo_dllm.host import GpuArch, HostFingerprint
+
+__all__ = [
+    "ARCHIVE_PREFIX",
+    "ARCHIVE_SUFFIX",
+    "BUNDLE_FORMAT",
+    "MANIFEST_NAME",
+    "BuildProvenance",
+    "BundleFile",
+    "BundleManifest",
+    "BundleOp",
+    "archive_name",
+    "canonical_version",
+    "check_relative_path",
+    "parse_manifest",
+    "read_manifest",
+]
+
+BUNDLE_FORMAT = "turbo_dllm.bundle.v1"
+MANIFEST_NAME = "bundle.json"
+ARCHIVE_PREFIX = "turbo-dllm-kernels-"
+ARCHIVE_SUFFIX = ".tar.zst"
+SHA256 = r"^[0-9a-f]{64}$"
+_PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+
+
+def check_relative_path(path: str) -> str:
+    """A plain relative path inside a bundle: `lib/x.so`; no `..`, no absolute, no oddities."""
+    parts = path.split("/")
+    if not path or path.startswith("/") or any(not _PART.match(p) for p in parts):
+        raise ValueError(f"{path!r} is not a plain relative path (a/b.c, no '..', no '/' first)")
+    return path
+
+
+def canonical_version(text: str) -> str:
+    try:
+        return str(Version(text))
+    except InvalidVersion:
+        raise ValueError(f"invalid version: {text!r}") from None
+
+
+def archive_name(version: str, target: BundleTarget) -> str:
+    return f"{ARCHIVE_PREFIX}{canonical_version(version)}-{target}{ARCHIVE_SUFFIX}"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class BundleFile(_Strict):
+    path: str
+    sha256: str = Field(pattern=SHA256)
+    size: int = Field(ge=0)
+
+    @field_validator("path")
+    @classmethod
+    def _plain(cls, value: str) -> str:
+        return check_relative_path(value)
+
+
+class BundleOp(_Strict):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
+    namespace: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="torch.ops namespace")
+    library: str = Field(description="Path of the shared library inside the bundle")
+    source_sha256: str = Field(pattern=SHA256)
+    devices: tuple[Literal["cpu", "cuda"], ...]
+    archs: tuple[GpuArch, ...] = ()
+
+
+class BuildProvenance(_Strict):
+    turbo_dllm: str
+    cxx: str
+    nvcc: str | None = None
+    cflags: tuple[str, ...]
+    cuda_cflags: tuple[str, ...] = ()
+    torch: str
+    cuda: str | None = None
+    host: HostFingerprint
+
+
+class BundleManifest(_Strict):
+    format: Literal["turbo_dllm.bundle.v1"] = BUNDLE_FORMAT
+    name: str
+    version: str
+    target: BundleTarget
+    files: tuple[BundleFile, ...]
+    ops: tuple[BundleOp, ...]
+    build: BuildProvenance
+
+    @field_validator("version")
+    @classmethod
+    def _canonical(cls, value: str) -> str:
+        return canonical_version(value)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> BundleManifest:
+        problems = []
+        expected = archive_name(self.version, self.target).removesuffix(ARCHIVE_SUFFIX)
+        if self.name != expected:
+            problems.append(f"name {self.name!r} should be {expected!r}")
+        paths = [f.path for f in self.files]
+        duplicates = sorted({p for p in paths if paths.count(p) > 1})
+        if duplicates:
+            problems.append(f"files listed twice: {', '.join(duplicates)}")
+        if MANIFEST_NAME in paths:
+            problems.append(f"{MANIFEST_NAME} must not list itself")
+        names = [op.name for op in self.ops]
+        if len(set(names)) != len(names):
+            problems.append("an op is listed twice")
+        for op in self.ops:
+            if op.library not in paths:
+                problems.append(f"op {op.name!r}: library {op.library!r} is not in files")
+            if "cuda" in op.devices and self.target.cuda is None:
+                problems.append(f"op {op.name!r} has CUDA kernels in a CPU bundle")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def op(self, name: str) -> BundleOp | None:
+        return next((op for op in self.ops if op.name == name), None)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
+
+
+def parse_manifest(data: bytes, source: str) -> BundleManifest:
+    try:
+        return BundleManifest.model_validate_json(data)
+    except ValidationError as error:
+        details = "; ".join(
+            f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in error.errors()
+        )
+        raise DllmError(
+            f"{source}: invalid {MANIFEST_NAME}: {details}",
+            hint="the bundle is damaged or not a turbo-dllm bundle; rebuild or re-download it",
+        ) from None
+
+
+def read_manifest(path: Path) -> BundleManifest:
+    try:
+        data = path.read_bytes()
+    except OSError as error:
+        raise DllmError(f"cannot read {path}: {error.strerror}") from None
+    return parse_manifest(data, str(path))

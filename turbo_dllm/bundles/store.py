@@ -1,0 +1,341 @@
+"""The bundle store under `dllm_home()/bundles`: content-addressed installs, atomic activation.
+
+    bundles/
+      store/<archive sha256>/     one verified, read-only bundle (bundle.json, install.json, lib/)
+      store/.staging-*            extractions in progress (invisible; swept by the next install)
+      downloads/<sha256>.part     partial downloads, resumed by the next attempt
+      active -> store/<sha256>    the bundle the kernel loader uses
+      previous -> store/<sha256>  what `dllm bundle rollback` returns to
+      install.lock                serializes installs, uninstalls and rollbacks
+
+A bundle becomes visible only by renaming its finished staging folder into place, and becomes
+active only by renaming a new symlink over `active`; a process killed at any point leaves the
+previous bundle active and no partial state visible.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from turbo_dllm.bundles.archive import BundleRejected, extract_bundle
+from turbo_dllm.bundles.manifest import MANIFEST_NAME, SHA256, BundleManifest, read_manifest
+from turbo_dllm.bundles.target import BundleTarget
+from turbo_dllm.errors import DllmError
+from turbo_dllm.paths import dllm_home
+
+__all__ = [
+    "ActiveBundle",
+    "BundleStore",
+    "InstallRecord",
+    "InstalledBundle",
+    "active_bundle",
+    "new_record",
+]
+
+RECORD_NAME = "install.json"
+DEFAULT_LOCK_TIMEOUT_S = 60.0
+
+
+class InstallRecord(BaseModel):
+    """Where an installed bundle came from (`install.json`, next to its bundle.json)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    format: Literal["turbo_dllm.bundle_install.v1"] = "turbo_dllm.bundle_install.v1"
+    archive_sha256: str = Field(pattern=SHA256)
+    release: str | None = None
+    source: str | None = None
+    catalog_sha256: str | None = None
+    installed_at: str
+
+
+@dataclass(frozen=True)
+class InstalledBundle:
+    """A verified bundle in the store. `bundle_id` is `<version>-<target>`."""
+
+    sha256: str
+    path: Path
+    manifest: BundleManifest
+    record: InstallRecord
+
+    @property
+    def bundle_id(self) -> str:
+        return f"{self.manifest.version}-{self.manifest.target}"
+
+    @property
+    def target(self) -> BundleTarget:
+        return self.manifest.target
+
+    @property
+    def version(self) -> str:
+        return self.manifest.version
+
+    @property
+    def short_sha(self) -> str:
+        return self.sha256[:12]
+
+    def to_json(self) -> dict:
+        return {
+            "bundle_id": self.bundle_id,
+            "sha256": self.sha256,
+            "version": self.version,
+            "target": str(self.target),
+            "path": str(self.path),
+            "release": self.record.release,
+            "source": self.record.source,
+            "installed_at": self.record.installed_at,
+            "ops": [op.name for op in self.manifest.ops],
+        }
+
+
+ActiveBundle = InstalledBundle  # the contract's name for what `active_bundle()` returns
+
+
+class BundleStore:
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = root or dllm_home() / "bundles"
+
+    # --- layout -----------------------------------------------------------------------------
+    @property
+    def store_dir(self) -> Path:
+        return self.root / "store"
+
+    @property
+    def downloads_dir(self) -> Path:
+        return self.root / "downloads"
+
+    @property
+    def lock_path(self) -> Path:
+        return self.root / "install.lock"
+
+    # --- reading ----------------------------------------------------------------------------
+    def _load(self, sha256: str) -> InstalledBundle | None:
+        path = self.store_dir / sha256
+        if not (path / MANIFEST_NAME).is_file():
+            return None
+        manifest = read_manifest(path / MANIFEST_NAME)
+        try:
+            record = InstallRecord.model_validate_json((path / RECORD_NAME).read_bytes())
+        except (OSError, ValidationError) as error:
+            raise DllmError(
+                f"bundle {sha256[:12]} in {self.store_dir} has a damaged {RECORD_NAME}: {error}",
+                hint=f"dllm bundle uninstall {sha256[:12]} and install it again",
+            ) from None
+        return InstalledBundle(sha256, path, manifest, record)
+
+    def _link(self, name: str) -> str | None:
+        """The sha256 a store link (`active`, `previous`) points at, if any."""
+        try:
+            target = os.readlink(self.root / name)
+        except (FileNotFoundError, OSError):
+            return None
+        sha = Path(target).name
+        return sha if (self.store_dir / sha).is_dir() else None
+
+    def active(self) -> InstalledBundle | None:
+        sha = self._link("active")
+        return self._load(sha) if sha else None
+
+    def previous(self) -> InstalledBundle | None:
+        sha = self._link("previous")
+        return self._load(sha) if sha else None
+
+    def installed(self) -> list[InstalledBundle]:
+        if not self.store_dir.is_dir():
+            return []
+        bundles = []
+        for path in sorted(self.store_dir.iterdir()):
+            if path.name.startswith(".") or not path.is_dir():
+                continue
+            bundle = self._load(path.name)
+            if bundle is not None:
+                bundles.append(bundle)
+        return sorted(bundles, key=lambda b: b.record.installed_at)
+
+    def get(self, sha256: str) -> InstalledBundle | None:
+        return self._load(sha256)
+
+    def find(self, ident: str) -> InstalledBundle:
+        """By bundle id (`0.1.0-cp312-...`) or a sha256 prefix of at least 6 characters."""
+        bundles = self.installed()
+        matches = [b for b in bundles if b.bundle_id == ident]
+        if not matches and len(ident) >= 6:
+            matches = [b for b in bundles if b.sha256.startswith(ident.lower())]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            known = ", ".join(f"{b.short_sha} ({b.bundle_id})" for b in bundles) or "none"
+            raise DllmError(f"no installed bundle {ident!r} (installed: {known})")
+        listed = ", ".join(b.short_sha for b in matches)
+        raise DllmError(
+            f"{ident!r} names several installed bundles: {listed}",
+            hint="pass a sha256 prefix instead",
+        )
+
+    def verify(self, bundle: InstalledBundle) -> list[str]:
+        """Problems with an installed bundle's files (empty: every file matches bundle.json)."""
+        from turbo_dllm.bundles.fetch import sha256_file
+
+        problems = []
+        listed = {MANIFEST_NAME, RECORD_NAME}
+        for entry in bundle.manifest.files:
+            listed.add(entry.path)
+            path = bundle.path / entry.path
+            if not path.is_file() or path.is_symlink():
+                problems.append(f"{entry.path}: missing")
+            elif path.stat().st_size != entry.size:
+                problems.append(f"{entry.path}: {path.stat().st_size} bytes, expected {entry.size}")
+            elif sha256_file(path) != entry.sha256:
+                problems.append(f"{entry.path}: sha256 differs from bundle.json")
+        for path in bundle.path.rglob("*"):
+            relative = path.relative_to(bundle.path).as_posix()
+            if (path.is_file() or path.is_symlink()) and relative not in listed:
+                problems.append(f"{relative}: not part of the bundle")
+        return problems
+
+    # --- changing (callers hold the lock) ---------------------------------------------------
+    @contextlib.contextmanager
+    def locked(self, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[None]:
+        """The install lock (flock: released by the kernel if the holder dies, never stale)."""
+        from filelock import FileLock, Timeout
+
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock = FileLock(str(self.lock_path), timeout=timeout_s)
+        owner = self.root / "install.lock.owner"
+        try:
+            lock.acquire()
+        except Timeout:
+            holder = owner.read_text().strip() if owner.exists() else "unknown"
+            raise DllmError(
+                f"another bundle operation is running ({holder}); waited {timeout_s:g} s for "
+                f"{self.lock_path}",
+                hint="wait for it to finish and run the command again (or raise --lock-timeout)",
+            ) from None
+        try:
+            owner.write_text(f"pid {os.getpid()} since {_now()}\n")
+            self._sweep_staging()
+            yield
+        finally:
+            owner.unlink(missing_ok=True)
+            lock.release()
+
+    def _sweep_staging(self) -> None:
+        if self.store_dir.is_dir():
+            for path in self.store_dir.glob(".*"):
+                _remove_tree(path)
+
+    def add_archive(
+        self,
+        archive: Path,
+        sha256: str,
+        *,
+        expect_target: BundleTarget | None,
+        expect_version: str | None,
+        record: InstallRecord,
+    ) -> InstalledBundle:
+        """Extract + verify `archive` into the store (no-op if that sha256 is already there)."""
+        existing = self.get(sha256)
+        if existing is not None and not self.verify(existing):
+            return existing
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        staging = self.store_dir / f".staging-{secrets.token_hex(6)}"
+        try:
+            staging.mkdir()
+            manifest = extract_bundle(archive, staging / "bundle", label=archive.name)
+            if expect_target is not None and manifest.target != expect_target:
+                raise BundleRejected(
+                    f"{archive.name} holds a bundle for target {manifest.target}, but the "
+                    f"catalog lists it for {expect_target}",
+                    hint="the mirror serves a bundle for another target under this name; "
+                    "re-publish the release",
+                )
+            if expect_version is not None and manifest.version != expect_version:
+                raise BundleRejected(
+                    f"{archive.name} holds bundle version {manifest.version}, the catalog "
+                    f"says {expect_version}"
+                )
+            (staging / "bundle" / RECORD_NAME).write_text(record.model_dump_json(indent=2))
+            (staging / "bundle" / RECORD_NAME).chmod(0o444)
+            final = self.store_dir / sha256
+            if existing is not None:  # damaged copy of the same bundle: replace it
+                _remove_tree(final)
+            os.replace(staging / "bundle", final)
+        finally:
+            _remove_tree(staging)
+        bundle = self.get(sha256)
+        assert bundle is not None
+        return bundle
+
+    def activate(self, sha256: str) -> InstalledBundle:
+        bundle = self.get(sha256)
+        if bundle is None:
+            raise DllmError(f"bundle {sha256[:12]} is not installed")
+        current = self._link("active")
+        if current != sha256:
+            if current:
+                self._set_link("previous", current)
+            self._set_link("active", sha256)
+        return bundle
+
+    def rollback(self) -> InstalledBundle:
+        previous, current = self._link("previous"), self._link("active")
+        if previous is None:
+            raise DllmError(
+                "there is no previous bundle to roll back to",
+                hint="`dllm bundle list` shows installed bundles",
+            )
+        self._set_link("active", previous)
+        if current:
+            self._set_link("previous", current)
+        bundle = self.get(previous)
+        assert bundle is not None
+        return bundle
+
+    def uninstall(self, ident: str) -> InstalledBundle:
+        bundle = self.find(ident)
+        if self._link("active") == bundle.sha256:
+            raise DllmError(
+                f"bundle {bundle.bundle_id} ({bundle.short_sha}) is active",
+                hint="`dllm bundle rollback` or install another bundle first",
+            )
+        if self._link("previous") == bundle.sha256:
+            (self.root / "previous").unlink(missing_ok=True)
+        trash = self.store_dir / f".trash-{secrets.token_hex(6)}"
+        os.replace(bundle.path, trash)
+        _remove_tree(trash)
+        return bundle
+
+    def _set_link(self, name: str, sha256: str) -> None:
+        tmp = self.root / f".{name}.{secrets.token_hex(6)}"
+        os.symlink(f"store/{sha256}", tmp)
+        os.replace(tmp, self.root / name)
+
+
+def _remove_tree(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink(missing_ok=True)
+    elif path.is_dir():
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def new_record(**fields) -> InstallRecord:
+    return InstallRecord(installed_at=_now(), **fields)
+
+
+def active_bundle() -> InstalledBundle | None:
+    """The active bundle of this DLLM_HOME, or None (the cross-issue contract)."""
+    return BundleStore().active()

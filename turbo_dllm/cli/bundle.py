@@ -1,0 +1,333 @@
+"""`dllm bundle fingerprint | build | publish | install | list | status | verify | uninstall | rollback`."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from turbo_dllm import __version__
+from turbo_dllm.cli._output import emit_json, group
+
+DEFAULT_RELEASE = f"v{__version__}"
+
+
+def register(subparsers) -> None:
+    commands = group(subparsers, "bundle", "native-kernel bundles: fingerprint, build, install")
+
+    p = commands.add_parser("fingerprint", help="print this host's fingerprint")
+    p.add_argument("--no-overrides", action="store_true", help="ignore DLLM_OVERRIDE_* variables")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_fingerprint)
+
+    p = commands.add_parser("build", help="compile the native ops and pack a bundle")
+    p.add_argument("--target", default="auto", help="a name from bundles/targets.toml, or auto")
+    p.add_argument("--out", required=True, type=Path, help="folder for the .tar.zst archive")
+    p.add_argument("--op", action="append", dest="ops", help="build only this op (repeatable)")
+    p.add_argument("--verbose", action="store_true", help="show compiler commands and output")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_build)
+
+    p = commands.add_parser("publish", help="add bundles to a mirror folder and its catalog")
+    p.add_argument("archives", nargs="+", type=Path)
+    p.add_argument("--release", required=True)
+    p.add_argument("--mirror", required=True, type=Path, help="mirror folder (created if needed)")
+    p.add_argument("--lock", type=Path, help="also pin the release in this releases.lock")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_publish)
+
+    p = commands.add_parser("install", help="install the bundle for this host from an index")
+    p.add_argument("--release", default=DEFAULT_RELEASE, help=f"default: {DEFAULT_RELEASE}")
+    choice = p.add_mutually_exclusive_group(required=True)
+    choice.add_argument("--auto", action="store_true", help="pick the bundle for this host")
+    choice.add_argument("--target", help="install this catalog target (must fit the host)")
+    source = p.add_mutually_exclusive_group()
+    source.add_argument("--index", help="https://, http:// or file:// URL (or $DLLM_BUNDLE_INDEX)")
+    source.add_argument("--mirror", help="a mirror folder")
+    p.add_argument("--catalog-sha256", help="trust a catalog not pinned in releases.lock")
+    p.add_argument("--dry-run", action="store_true", help="print the choice and stop")
+    p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
+    p.add_argument("--retries", type=int, default=4, help="download retries (each resumes)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_install)
+
+    p = commands.add_parser("list", help="installed bundles")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_list)
+
+    p = commands.add_parser("status", help="the active bundle and whether it fits this host")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_status)
+
+    p = commands.add_parser("verify", help="re-hash installed bundles against their bundle.json")
+    p.add_argument("bundle", nargs="?", help="bundle id or sha256 prefix (default: all)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_verify)
+
+    p = commands.add_parser("uninstall", help="remove an installed, inactive bundle")
+    p.add_argument("bundle", help="bundle id or sha256 prefix")
+    p.add_argument("--lock-timeout", type=float, default=60.0)
+    p.set_defaults(func=_uninstall)
+
+    p = commands.add_parser("rollback", help="make the previous bundle active again")
+    p.add_argument("--lock-timeout", type=float, default=60.0)
+    p.set_defaults(func=_rollback)
+
+
+def _fingerprint(args) -> int:
+    from turbo_dllm.host import collect_fingerprint
+
+    fingerprint = collect_fingerprint(apply_overrides=not args.no_overrides)
+    if args.json:
+        emit_json(fingerprint.model_dump(mode="json"))
+        return 0
+    data = fingerprint.model_dump(mode="json")
+    for key in ("python", "python_tag", "platform", "glibc", "torch", "torch_cuda", "cxx11_abi"):
+        print(f"{key:<11} {data[key] if data[key] is not None else '-'}")
+    print(f"{'driver':<11} {data['driver'] or '-'}")
+    if fingerprint.gpus:
+        for gpu in fingerprint.gpus:
+            print(f"{'gpu ' + str(gpu.index):<11} {gpu.name} ({gpu.arch})")
+    else:
+        print(f"{'gpus':<11} none")
+    print(f"{'nccl':<11} {data['nccl'] or '-'}")
+    print(f"{'triton':<11} {data['triton'] or '-'}")
+    if fingerprint.overrides:
+        print(f"overridden by DLLM_OVERRIDE_*: {', '.join(fingerprint.overrides)}")
+    for note in fingerprint.notes:
+        print(f"note: {note}", file=sys.stderr)
+    return 0
+
+
+def _build(args) -> int:
+    from turbo_dllm.bundles.build import build_bundle
+
+    result = build_bundle(
+        args.out,
+        target=args.target,
+        ops=args.ops,
+        verbose=args.verbose,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    if args.json:
+        emit_json(
+            {
+                "archive": str(result.archive),
+                "sha256": result.sha256,
+                "size": result.size,
+                "target": str(result.target),
+                "ops": [op.name for op in result.manifest.ops],
+            }
+        )
+        return 0
+    print(f"built {result.archive}")
+    print(f"  target {result.target}, {result.size} bytes, sha256 {result.sha256}")
+    print(f"next: dllm bundle publish {result.archive} --release {DEFAULT_RELEASE} --mirror DIR")
+    return 0
+
+
+def _publish(args) -> int:
+    from turbo_dllm.bundles.catalog import pin_release
+    from turbo_dllm.bundles.publish import publish
+
+    result = publish(args.archives, release=args.release, mirror=args.mirror)
+    pinned = pin_release(args.lock, args.release, result.catalog_sha256) if args.lock else None
+    if args.json:
+        emit_json(
+            {
+                "release": result.release,
+                "catalog": str(result.catalog),
+                "catalog_sha256": result.catalog_sha256,
+                "added": [str(e.target) for e in result.added],
+                "unchanged": [str(e.target) for e in result.unchanged],
+                "pinned": pinned,
+            }
+        )
+        return 0
+    for entry in result.added:
+        print(f"added     {entry.file}")
+    for entry in result.unchanged:
+        print(f"unchanged {entry.file}")
+    print(f"catalog   {result.catalog}")
+    print(f"sha256    {result.catalog_sha256}")
+    if args.lock:
+        print(f"pinned {args.release} in {args.lock}" if pinned else f"{args.lock} already pins it")
+    else:
+        print(
+            f'releases.lock line: "{args.release}" = {{ catalog_sha256 = "{result.catalog_sha256}" }}'
+        )
+    print(
+        f"install: dllm bundle install --release {args.release} --auto --mirror {args.mirror} "
+        f"--catalog-sha256 {result.catalog_sha256}"
+    )
+    return 0
+
+
+def _progress():
+    """A rich progress bar on stderr when it is a terminal; otherwise silence."""
+    if not sys.stderr.isatty():
+        return None, None
+    from rich.progress import BarColumn, DownloadColumn, Progress, TransferSpeedColumn
+
+    bar = Progress(
+        "[progress.description]{task.description}",
+        BarColumn(),
+        DownloadColumn(),
+        TransferSpeedColumn(),
+        transient=True,
+    )
+    task = None
+
+    def update(done: int, total: int) -> None:
+        nonlocal task
+        if task is None:
+            task = bar.add_task("download", total=total)
+        bar.update(task, completed=done)
+
+    return bar, update
+
+
+def _install(args) -> int:
+    from turbo_dllm.bundles.install import plan_install, run_install
+    from turbo_dllm.bundles.target import BundleTarget
+
+    target = BundleTarget.parse(args.target) if args.target else None
+    plan = plan_install(
+        args.release,
+        index=args.index or args.mirror,
+        target=target,
+        catalog_sha256=args.catalog_sha256,
+    )
+    if args.dry_run:
+        if args.json:
+            emit_json({"dry_run": True, **plan.to_json()})
+        else:
+            print(f"release {plan.release} from {plan.source.location}")
+            print(plan.resolution.trace())
+            print(f"would install {plan.entry.file} ({plan.entry.size} bytes)")
+        return 0
+    bar, update = _progress()
+    if bar is not None:
+        with bar:
+            result = run_install(
+                plan, lock_timeout_s=args.lock_timeout, retries=args.retries, progress=update
+            )
+    else:
+        result = run_install(plan, lock_timeout_s=args.lock_timeout, retries=args.retries)
+    if args.json:
+        emit_json(
+            {
+                "dry_run": False,
+                **plan.to_json(),
+                "installed": result.bundle.to_json(),
+                "previous": result.previous.to_json() if result.previous else None,
+                "reused": result.reused,
+            }
+        )
+        return 0
+    verb = "activated (already in the store)" if result.reused else "installed and activated"
+    print(f"{verb} {result.bundle.bundle_id} ({result.bundle.short_sha})")
+    if result.previous:
+        print(f"previous: {result.previous.bundle_id} (dllm bundle rollback returns to it)")
+    return 0
+
+
+def _list(args) -> int:
+    from turbo_dllm.bundles.store import BundleStore
+
+    store = BundleStore()
+    active, previous = store.active(), store.previous()
+    bundles = store.installed()
+
+    def mark(bundle) -> str:
+        if active and bundle.sha256 == active.sha256:
+            return "active"
+        if previous and bundle.sha256 == previous.sha256:
+            return "previous"
+        return ""
+
+    if args.json:
+        emit_json({"bundles": [{**b.to_json(), "state": mark(b) or None} for b in bundles]})
+        return 0
+    if not bundles:
+        print(
+            f"no bundles installed (next: dllm bundle install --release {DEFAULT_RELEASE} --auto)"
+        )
+        return 0
+    for bundle in bundles:
+        print(
+            f"{bundle.short_sha}  {mark(bundle):<8}  {bundle.bundle_id}  {bundle.record.installed_at}"
+        )
+    return 0
+
+
+def _status(args) -> int:
+    from turbo_dllm.bundles.store import BundleStore
+    from turbo_dllm.host import collect_fingerprint
+
+    store = BundleStore()
+    active, previous = store.active(), store.previous()
+    host = collect_fingerprint()
+    differences = [str(d) for d in active.target.differences(host)] if active else []
+    if args.json:
+        emit_json(
+            {
+                "active": active.to_json() if active else None,
+                "previous": previous.to_json() if previous else None,
+                "fits_host": bool(active) and not differences,
+                "differences": differences,
+                "host": host.summary(),
+            }
+        )
+        return 0
+    print(f"host      {host.summary()}")
+    if active is None:
+        print(f"active    none (dllm bundle install --release {DEFAULT_RELEASE} --auto)")
+    else:
+        fit = "fits this host" if not differences else "DOES NOT fit: " + "; ".join(differences)
+        print(f"active    {active.bundle_id} ({active.short_sha}), {fit}")
+    print(f"previous  {previous.bundle_id if previous else 'none'}")
+    return 0
+
+
+def _verify(args) -> int:
+    from turbo_dllm.bundles.store import BundleStore
+
+    store = BundleStore()
+    bundles = [store.find(args.bundle)] if args.bundle else store.installed()
+    report = {b.bundle_id + "@" + b.short_sha: store.verify(b) for b in bundles}
+    ok = all(not problems for problems in report.values())
+    if args.json:
+        emit_json({"ok": ok, "bundles": report})
+    else:
+        if not bundles:
+            print("no bundles installed")
+        for name, problems in report.items():
+            print(f"{'ok  ' if not problems else 'FAIL'}  {name}")
+            for problem in problems:
+                print(f"      {problem}")
+        if not ok:
+            print(
+                "fix: dllm bundle uninstall ID (after rollback if active), then install again",
+                file=sys.stderr,
+            )
+    return 0 if ok else 1
+
+
+def _uninstall(args) -> int:
+    from turbo_dllm.bundles.store import BundleStore
+
+    store = BundleStore()
+    with store.locked(args.lock_timeout):
+        removed = store.uninstall(args.bundle)
+    print(f"uninstalled {removed.bundle_id} ({removed.short_sha})")
+    return 0
+
+
+def _rollback(args) -> int:
+    from turbo_dllm.bundles.store import BundleStore
+
+    store = BundleStore()
+    with store.locked(args.lock_timeout):
+        bundle = store.rollback()
+    print(f"active: {bundle.bundle_id} ({bundle.short_sha})")
+    return 0

@@ -1,0 +1,234 @@
+"""Compile one native op into a shared library with torch.utils.cpp_extension (ninja).
+
+Both paths that build kernels use this: `dllm bundle build` (run in a child process through
+`python -m turbo_dllm.kernels.compile`, so the builder never holds a half-loaded library and the
+child proves the library loads and matches the reference) and the `jit` backend (in-process).
+
+Every build gets its own torch.ops namespace (`-DTURBO_DLLM_NS=...`): torch lets one process
+register a namespace once, so distinct builds (a bundle and a JIT build, two bundles) can then
+live in one process side by side.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.host import GpuArch
+from turbo_dllm.kernels.sources import NativeOp, load_native_op
+
+__all__ = ["CompiledOp", "compile_op", "namespace_for", "run_compile_subprocess"]
+
+CXX_FLAGS = ("-O3",)
+CUDA_FLAGS = ("-O3", "-lineinfo")
+
+
+@dataclass(frozen=True)
+class CompiledOp:
+    """What a build produced and how: the provenance a bundle records."""
+
+    op: str
+    namespace: str
+    library: str  # path of the shared library
+    source_sha256: str
+    devices: tuple[str, ...]
+    archs: tuple[str, ...]
+    cxx: str
+    nvcc: str | None
+    cflags: tuple[str, ...]
+    cuda_cflags: tuple[str, ...]
+
+
+def namespace_for(source_sha256: str, flavour: str, identity: str) -> str:
+    """A torch.ops namespace unique to (sources, build flavour, target or JIT key)."""
+    digest = hashlib.sha256(f"{source_sha256}|{flavour}|{identity}".encode()).hexdigest()
+    return f"turbo_dllm_{flavour}_{digest[:12]}"
+
+
+@contextlib.contextmanager
+def _arch_list(archs: tuple[GpuArch, ...]):
+    previous = os.environ.get("TORCH_CUDA_ARCH_LIST")
+    if archs:
+        os.environ["TORCH_CUDA_ARCH_LIST"] = ";".join(a.capability for a in archs)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TORCH_CUDA_ARCH_LIST", None)
+        else:
+            os.environ["TORCH_CUDA_ARCH_LIST"] = previous
+
+
+def _first_line(command: list[str], last: bool = False) -> str | None:
+    try:
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    lines = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    if proc.returncode != 0 or not lines:
+        return None
+    return lines[-1] if last else lines[0]
+
+
+def compile_op(
+    op: NativeOp,
+    *,
+    namespace: str,
+    build_dir: Path,
+    archs: tuple[GpuArch, ...] = (),
+    verbose: bool = False,
+) -> CompiledOp:
+    """Build `op` (CUDA too when `archs` is not empty) into `build_dir` and load it here."""
+    import torch
+    from torch.utils import cpp_extension
+
+    if shutil.which("ninja") is None and not _has_ninja_module():
+        raise DllmError("building kernels needs ninja", hint="pip install ninja")
+    if archs and torch.version.cuda is None:
+        raise DllmError(
+            f"cannot build CUDA kernels for {'+'.join(map(str, archs))}: this torch "
+            f"({torch.__version__}) has no CUDA",
+            hint="install a CUDA build of torch, or build the CPU target",
+        )
+    if archs and cpp_extension.CUDA_HOME is None:
+        raise DllmError(
+            "cannot build CUDA kernels: nvcc not found",
+            hint="set CUDA_HOME to the CUDA toolkit matching torch.version.cuda",
+        )
+    define = f"-DTURBO_DLLM_NS={namespace}"
+    cflags = (*CXX_FLAGS, define)
+    cuda_cflags = (*CUDA_FLAGS, define) if archs else ()
+    sources = [str(p) for p in op.cpu_source_paths()]
+    if archs:
+        sources += [str(p) for p in op.cuda_source_paths()]
+    build_dir.mkdir(parents=True, exist_ok=True)
+    name = f"{namespace}_{op.name}"
+    with _arch_list(archs):
+        try:
+            library = cpp_extension.load(
+                name=name,
+                sources=sources,
+                extra_cflags=list(cflags),
+                extra_cuda_cflags=list(cuda_cflags),
+                extra_include_paths=[str(op.directory)],
+                build_directory=str(build_dir),
+                with_cuda=bool(archs),
+                is_python_module=False,
+                verbose=verbose,
+            )
+        except (RuntimeError, subprocess.CalledProcessError) as error:
+            raise DllmError(
+                f"building native op {op.name!r} failed: {str(error).strip()[-2000:]}",
+                hint="run again with --verbose for the compiler output; check that the C++ "
+                "compiler (and nvcc) match torch's requirements",
+            ) from None
+    nvcc = None
+    if archs and cpp_extension.CUDA_HOME:
+        nvcc = _first_line(
+            [str(Path(cpp_extension.CUDA_HOME) / "bin" / "nvcc"), "--version"], last=True
+        )
+    cxx = cpp_extension.get_cxx_compiler()
+    return CompiledOp(
+        op=op.name,
+        namespace=namespace,
+        library=str(library or build_dir / f"{name}.so"),
+        source_sha256=op.source_sha256(),
+        devices=("cpu", "cuda") if archs else ("cpu",),
+        archs=tuple(str(a) for a in archs),
+        cxx=_first_line([cxx, "--version"]) or cxx,
+        nvcc=nvcc,
+        cflags=cflags,
+        cuda_cflags=cuda_cflags,
+    )
+
+
+def _has_ninja_module() -> bool:
+    try:
+        from torch.utils.cpp_extension import is_ninja_available
+
+        return is_ninja_available()
+    except ImportError:
+        return False
+
+
+def run_compile_subprocess(
+    op_name: str,
+    *,
+    namespace: str,
+    build_dir: Path,
+    archs: tuple[GpuArch, ...],
+    verbose: bool = False,
+) -> CompiledOp:
+    """Compile in a child Python, which also loads the library and checks it against the
+    reference (forward and backward); compiler output goes to our stderr."""
+    result_file = build_dir / "compiled.json"
+    build_dir.mkdir(parents=True, exist_ok=True)
+    result_file.unlink(missing_ok=True)
+    command = [
+        sys.executable,
+        "-m",
+        "turbo_dllm.kernels.compile",
+        "--op",
+        op_name,
+        "--namespace",
+        namespace,
+        "--build-dir",
+        str(build_dir),
+        "--result",
+        str(result_file),
+        *(["--archs", ",".join(map(str, archs))] if archs else []),
+        *(["--verbose"] if verbose else []),
+    ]
+    proc = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
+    if proc.returncode != 0 or not result_file.is_file():
+        message = proc.stderr.strip()
+        marker = "dllm: error: "
+        if marker in message:  # the child's own DllmError, already phrased for users
+            message = message[message.index(marker) + len(marker) :]
+        raise DllmError(
+            f"building native op {op_name!r} failed:\n{message[-4000:]}",
+            hint="run with --verbose for the full compiler output",
+        )
+    data = json.loads(result_file.read_text())
+    return CompiledOp(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
+
+
+def _main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m turbo_dllm.kernels.compile")
+    parser.add_argument("--op", required=True)
+    parser.add_argument("--namespace", required=True)
+    parser.add_argument("--build-dir", required=True, type=Path)
+    parser.add_argument("--result", required=True, type=Path)
+    parser.add_argument("--archs", default="")
+    parser.add_argument("--verbose", action="store_true")
+    args = parser.parse_args(argv)
+    archs = tuple(GpuArch.parse(a) for a in args.archs.split(",") if a)
+    try:
+        compiled = compile_op(
+            load_native_op(args.op),
+            namespace=args.namespace,
+            build_dir=args.build_dir,
+            archs=archs,
+            verbose=args.verbose,
+        )
+        from turbo_dllm.kernels.selftest import self_test
+
+        self_test(args.op, args.namespace, cuda=bool(archs))
+    except DllmError as error:
+        print(f"dllm: error: {error.message}", file=sys.stderr)
+        return 2
+    args.result.write_text(json.dumps(asdict(compiled), indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -1,0 +1,116 @@
+"""Load native ops from the active bundle, after checking they belong in this process.
+
+Checks, in order, each failing with what differs and the command that fixes it: a bundle is
+active; its target fits this process (Python, platform, torch major.minor, torch CUDA, C++ ABI,
+visible GPUs); the op's source hash equals the hash of the sources this turbo-dllm ships; the
+library's bytes match bundle.json. Only then is it loaded (torch.ops.load_library) and given its
+Python side (autograd, fake kernels). The result is cached per (bundle, op) for the process.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+
+from turbo_dllm import __version__
+from turbo_dllm.bundles.store import BundleStore, InstalledBundle
+from turbo_dllm.errors import DllmError
+
+__all__ = ["LoadedOp", "install_command", "load_bundle_op", "process_fingerprint"]
+
+_LOCK = threading.Lock()
+_CACHE: dict[tuple[str, str], LoadedOp] = {}
+
+
+@dataclass(frozen=True)
+class LoadedOp:
+    name: str
+    namespace: str
+    devices: tuple[str, ...]
+    bundle_id: str
+    sha256: str
+
+
+def install_command() -> str:
+    return f"dllm bundle install --release v{__version__} --auto"
+
+
+def process_fingerprint():
+    """The fingerprint of this very process: torch imported (exact ABI), no overrides."""
+    import torch  # noqa: F401  (probe_torch reads the imported module: exact values)
+
+    from turbo_dllm.host import collect_fingerprint
+
+    return collect_fingerprint(apply_overrides=False)
+
+
+def check_bundle_fits(bundle: InstalledBundle, fingerprint=None) -> None:
+    differences = bundle.target.differences(fingerprint or process_fingerprint())
+    if differences:
+        raise DllmError(
+            f"the active kernel bundle {bundle.bundle_id} ({bundle.short_sha}) was built for "
+            f"another environment: " + "; ".join(map(str, differences)),
+            hint=f"install the bundle for this environment: {install_command()}",
+        )
+
+
+def load_bundle_op(name: str, store: BundleStore | None = None) -> LoadedOp:
+    """Load op `name` from the active bundle (cached); DllmError with a fix on any mismatch."""
+    store = store or BundleStore()
+    key = (os.path.realpath(store.root / "active"), name)
+    with _LOCK:
+        cached = _CACHE.get(key)
+        if cached is not None:
+            return cached
+        loaded = _load(name, store)
+        _CACHE[key] = loaded
+        return loaded
+
+
+def _load(name: str, store: BundleStore) -> LoadedOp:
+    import torch
+
+    from turbo_dllm.bundles.fetch import sha256_file
+    from turbo_dllm.kernels.ops import register_python_side
+    from turbo_dllm.kernels.sources import load_native_op
+
+    bundle = store.active()
+    if bundle is None:
+        raise DllmError(
+            "no native-kernel bundle is installed (kernels: native needs one)",
+            hint=f"{install_command()}   (or use `kernels: reference`)",
+        )
+    check_bundle_fits(bundle)
+    op = bundle.manifest.op(name)
+    if op is None:
+        raise DllmError(
+            f"the active bundle {bundle.bundle_id} has no op {name!r}",
+            hint=f"install the bundle of this turbo-dllm version: {install_command()}",
+        )
+    expected = load_native_op(name).source_sha256()
+    if op.source_sha256 != expected:
+        raise DllmError(
+            f"op {name!r} in the active bundle {bundle.bundle_id} was built from other sources "
+            f"than turbo-dllm {__version__} ships (source sha256 {op.source_sha256[:12]} vs "
+            f"{expected[:12]})",
+            hint=f"{install_command()}; while developing kernels use `kernels: jit`",
+        )
+    library = bundle.path / op.library
+    entry = next(f for f in bundle.manifest.files if f.path == op.library)
+    if not library.is_file() or sha256_file(library) != entry.sha256:
+        raise DllmError(
+            f"{library} does not match its bundle.json (damaged or modified after install)",
+            hint=f"dllm bundle verify; then {install_command()}",
+        )
+    if not hasattr(getattr(torch.ops, op.namespace), name):
+        try:
+            torch.ops.load_library(str(library))
+        except OSError as error:
+            raise DllmError(
+                f"cannot load {library}: {error}",
+                hint="an 'undefined symbol' means a torch or C++ ABI mismatch; "
+                f"{install_command()}",
+            ) from None
+    register_python_side(name, op.namespace)
+    return LoadedOp(name, op.namespace, tuple(op.devices), bundle.bundle_id, bundle.sha256)
