@@ -1,0 +1,154 @@
+"""The `dllm bundle` commands' error contract, and the doctor / launcher kernel checks."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.bundles.server import MirrorServer
+from tests.helpers import assert_user_error
+from turbo_dllm.errors import DllmError
+from turbo_dllm.kernels.readiness import require_kernels
+
+
+def test_cli_fingerprint_json(cli, monkeypatch):
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "sm90")
+    result = cli("bundle", "fingerprint", "--json")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert data["format"] == "turbo_dllm.fingerprint.v1"
+    assert data["gpus"][0]["arch"] == "sm90" and "gpus" in data["overrides"]
+    human = cli("bundle", "fingerprint", "--no-overrides")
+    assert human.code == 0 and "python_tag" in human.out and "overridden" not in human.out
+
+
+def test_empty_store_commands(cli):
+    assert cli("bundle", "list").out.startswith("no bundles installed")
+    status = json.loads(cli("bundle", "status", "--json").out)
+    assert status["active"] is None and status["fits_host"] is False
+    assert cli("bundle", "verify").code == 0
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["install", "--auto"], ["no bundle index given", "DLLM_BUNDLE_INDEX"]),
+        (["install", "--target", "cp3-x", "--mirror", "."], ["invalid bundle target"]),
+        (["install", "--auto", "--index", "ftp://example.com/x"], ["unsupported index"]),
+        (["install", "--auto", "--mirror", "/nonexistent/mirror"], ["does not exist"]),
+        (["install", "--auto", "--release", "../x", "--mirror", "."], ["invalid release name"]),
+        (
+            ["install", "--auto", "--release", "v9", "--mirror", "."],
+            ["not pinned", "--catalog-sha256"],
+        ),
+        (["uninstall", "abcdef"], ["no installed bundle"]),
+        (["build", "--target", "sm75", "--out", "out"], ["unknown build target"]),
+    ],
+)
+def test_user_errors(cli_process, tmp_path, args, needles):
+    result = cli_process("bundle", *args, cwd=tmp_path)
+    assert_user_error(result, *needles)
+
+
+def test_install_needs_auto_or_target(cli):
+    result = cli("bundle", "install", "--mirror", ".")
+    assert result.code == 2 and "--auto" in result.err
+
+
+def test_missing_release_over_http(cli, tmp_path):
+    with MirrorServer(tmp_path) as server:
+        result = cli(
+            "bundle",
+            "install",
+            "--auto",
+            "--release",
+            "v9",
+            "--index",
+            server.url,
+            "--catalog-sha256",
+            "a" * 64,
+        )
+    assert_user_error(result, "was not found (HTTP 404)")
+
+
+def test_publish_prints_the_pin_and_updates_a_lock(cli, cpu_bundle, tmp_path):
+    lock = tmp_path / "releases.lock"
+    lock.write_text('format = "turbo_dllm.releases.v1"\n[releases]\n')
+    result = cli(
+        "bundle",
+        "publish",
+        cpu_bundle.archive,
+        "--release",
+        "v1",
+        "--mirror",
+        tmp_path / "m",
+        "--lock",
+        lock,
+        "--json",
+    )
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert data["pinned"] is True and data["catalog_sha256"] in lock.read_text()
+    text = cli(
+        "bundle", "publish", cpu_bundle.archive, "--release", "v1", "--mirror", tmp_path / "m"
+    )
+    assert f"--catalog-sha256 {data['catalog_sha256']}" in text.out
+
+
+# --- doctor and launcher checks -----------------------------------------------------------------
+
+
+def _doctor(cli, tmp_path, kernels):
+    config = tmp_path / "train.yaml"
+    config.write_text(f"kernels: {kernels}\n")
+    result = cli("doctor", "--config", config, "--json")
+    checks = {c["name"]: c for c in json.loads(result.out)["checks"]}
+    return result.code, checks
+
+
+def test_doctor_passes_on_cpu_with_reference_kernels(cli, tmp_path):
+    _, checks = _doctor(cli, tmp_path, "reference")
+    assert checks["fingerprint"]["status"] == "pass"
+    assert checks["kernel bundle"]["status"] == "pass"
+    assert checks["kernels"]["status"] == "pass"
+
+
+def test_doctor_fails_native_without_a_bundle_with_the_install_command(cli, tmp_path):
+    code, checks = _doctor(cli, tmp_path, "native")
+    assert code == 1
+    for name in ("kernel bundle", "kernels"):
+        assert checks[name]["status"] == "fail"
+        assert "dllm bundle install --release v" in checks[name]["fix"]
+
+
+def test_doctor_passes_native_with_a_matching_bundle(cli, tmp_path, installed):
+    code, checks = _doctor(cli, tmp_path, "native")
+    assert checks["kernel bundle"]["status"] == "pass", checks["kernel bundle"]
+    assert checks["kernels"]["status"] == "pass"
+    assert "loaded merge_attention_partials" in checks["kernels"]["detail"]
+
+
+def test_doctor_fails_native_when_the_bundle_does_not_fit(cli, tmp_path, installed, monkeypatch):
+    monkeypatch.setenv("DLLM_OVERRIDE_CXX11_ABI", "0" if installed.target.cxx11_abi else "1")
+    _, checks = _doctor(cli, tmp_path, "native")
+    assert checks["fingerprint"]["status"] == "warn"  # overrides are never silent
+    assert checks["kernel bundle"]["status"] == "fail"
+    assert "cxx11_abi: host" in checks["kernel bundle"]["detail"]
+
+
+def test_require_kernels_for_launchers(installed, monkeypatch):
+    assert "nothing to install" in require_kernels("reference")
+    assert "jit" in require_kernels("jit")
+    assert "fits this host" in require_kernels("native")
+    assert "loaded merge_attention_partials" in require_kernels("native", load=True)
+    monkeypatch.setenv("DLLM_OVERRIDE_PYTHON", "3.99")
+    with pytest.raises(DllmError, match="does not fit this host: python") as caught:
+        require_kernels("native")
+    assert caught.value.hint.startswith("dllm bundle install")
+
+
+def test_require_kernels_without_a_bundle():
+    with pytest.raises(DllmError, match="no kernel bundle is installed") as caught:
+        require_kernels("native")
+    assert "dllm bundle install --release v" in caught.value.hint

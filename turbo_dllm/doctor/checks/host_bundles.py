@@ -1,0 +1,110 @@
+"""Host and kernel checks (orders 100-199): fingerprint, active bundle, kernels for the spec."""
+
+from __future__ import annotations
+
+from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
+from turbo_dllm.errors import DllmError
+
+
+def _fingerprint(ctx: DoctorContext):
+    if "fingerprint" not in ctx.extras:
+        from turbo_dllm.host import collect_fingerprint
+
+        ctx.extras["fingerprint"] = collect_fingerprint()
+    return ctx.extras["fingerprint"]
+
+
+def _wants(ctx: DoctorContext) -> str | None:
+    return ctx.spec.kernels if ctx.spec is not None else None
+
+
+@register_check(order=100)
+def host_fingerprint(ctx: DoctorContext) -> CheckResult:
+    try:
+        fingerprint = _fingerprint(ctx)
+    except DllmError as error:
+        return CheckResult(
+            "fingerprint", "fail", error.message, fix=error.hint or "fix DLLM_OVERRIDE_*"
+        )
+    detail = fingerprint.summary()
+    if fingerprint.driver:
+        detail += f", driver {fingerprint.driver}"
+    if fingerprint.overrides:
+        return CheckResult(
+            "fingerprint",
+            "warn",
+            f"{detail} (overridden: {', '.join(fingerprint.overrides)})",
+            fix="unset the DLLM_OVERRIDE_* variables to check the real host",
+        )
+    if fingerprint.notes:
+        return CheckResult(
+            "fingerprint",
+            "warn",
+            f"{detail}; {'; '.join(fingerprint.notes)}",
+            fix="check the NVIDIA driver (`nvidia-smi` must work) and the torch installation",
+        )
+    return CheckResult("fingerprint", "pass", detail)
+
+
+@register_check(order=110)
+def kernel_bundle(ctx: DoctorContext) -> CheckResult:
+    from turbo_dllm.bundles.store import active_bundle
+    from turbo_dllm.kernels.loader import install_command
+
+    wants_native = _wants(ctx) == "native"
+    try:
+        bundle = active_bundle()
+        fingerprint = _fingerprint(ctx)
+    except DllmError as error:
+        return CheckResult(
+            "kernel bundle",
+            "fail" if wants_native else "warn",
+            error.message,
+            fix=error.hint or install_command(),
+        )
+    if bundle is None:
+        if wants_native:
+            return CheckResult(
+                "kernel bundle",
+                "fail",
+                "none installed, but the config asks for `kernels: native`",
+                fix=install_command(),
+            )
+        why = f"not needed for `kernels: {_wants(ctx)}`" if ctx.spec else "none installed"
+        return CheckResult("kernel bundle", "pass", why)
+    differences = bundle.target.differences(fingerprint)
+    if differences:
+        return CheckResult(
+            "kernel bundle",
+            "fail" if wants_native else "warn",
+            f"{bundle.bundle_id} ({bundle.short_sha}) does not fit this host: "
+            + "; ".join(map(str, differences)),
+            fix=install_command(),
+        )
+    return CheckResult("kernel bundle", "pass", f"{bundle.bundle_id} ({bundle.short_sha}) active")
+
+
+@register_check(order=120)
+def kernels_for_spec(ctx: DoctorContext) -> CheckResult:
+    """Load the kernels the config asks for (or, without a config, the active bundle's)."""
+    from turbo_dllm.bundles.store import active_bundle
+    from turbo_dllm.kernels.readiness import require_kernels
+
+    kind = _wants(ctx)
+    if kind is None:
+        try:
+            if active_bundle() is None:
+                return CheckResult(
+                    "kernels", "pass", "no bundle to load (pass --config to check one)"
+                )
+        except DllmError as error:
+            return CheckResult("kernels", "warn", error.message, fix=error.hint or "reinstall")
+        kind = "native"
+    try:
+        detail = require_kernels(kind, load=True, fingerprint=_fingerprint(ctx))
+    except DllmError as error:
+        status = "fail" if ctx.spec is not None else "warn"
+        return CheckResult(
+            "kernels", status, error.message, fix=error.hint or "see docs/bundles.md"
+        )
+    return CheckResult("kernels", "pass", detail)
