@@ -140,3 +140,30 @@ def test_resume_with_another_model_shape_is_refused(cli, tmp_path):
         "model.config_overrides.num_hidden_layers=3",
     )
     assert_user_error(result, "different model shape")
+
+
+def test_starter_project_trains_on_its_prepared_artifact(cli, tmp_path):
+    """dllm init -> dllm data prepare -> dllm train: the tiny preset learns the sample corpus."""
+    project = tmp_path / "project"
+    assert cli("init", project).code == 0
+    result = cli("data", "prepare", "--config", project / "prepare.yaml")
+    assert result.code == 0, result.err
+    run = tmp_path / "run"
+    result = cli(
+        "train",
+        "--config",
+        project / "train.yaml",
+        "--run-dir",
+        run,
+        "--set",
+        "training.steps=50",
+        "--set",
+        "logging.console=false",
+    )
+    assert result.code == 0, result.err
+    trace = losses(run)
+    assert len(trace) == 50
+    first, last = sum(trace[:3]) / 3, sum(trace[-5:]) / 5
+    assert last < 0.6 * first, (first, last)  # ln(259) ~ 5.6 at the start
+    meta = json.loads((run / "checkpoints/step_00000050/checkpoint.json").read_text())
+    assert meta["data_fingerprint"] and meta["loader"]["format"] == "turbo_dllm.loader.v1"

@@ -1,12 +1,10 @@
-"""Processes, the data-parallel mesh, and the wrappers applied to a plain model.
+"""Processes, and the wrappers applied to a plain model from outside (torchtitan's order).
 
-`init_distributed` reads torchrun's environment (one process without it). `DataParallelDims`
-validates the data-parallel degrees once and builds the mesh ("dp_replicate", "dp_shard").
-The model is then wrapped from outside, in this order: activation checkpointing -> compile ->
-FSDP2 (`fully_shard` per decoder layer, then the root, which owns embeddings, final norm and
-the (tied) head). With dp_replicate > 1 and dp_shard > 1 that is HSDP; with one of them 1 it
-is plain FSDP or plain replication. Context/block parallel axes (cp, bp, tp) are handled by
-`turbo_dllm.train.parallel`, whose ParallelDims supersedes this one when they are in use.
+`init_distributed` reads torchrun's environment (one process without it). The degrees and the
+device mesh live in `turbo_dllm.train.parallel.dims.ParallelDims`. The model is wrapped in this
+order: activation checkpointing -> compile -> FSDP2 (`fully_shard` per decoder layer, then the
+root, which owns embeddings, final norm and the (tied) head) over the mesh's 2-D
+(replicate, shard) FSDP view: HSDP when both are > 1, plain FSDP or plain replication otherwise.
 """
 
 from __future__ import annotations
@@ -17,11 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from turbo_dllm.errors import DllmError
-
 __all__ = [
     "DistEnv",
-    "DataParallelDims",
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_fsdp",
@@ -63,49 +58,6 @@ def init_distributed() -> DistEnv:
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend=backend, **kwargs)
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=device)
-
-
-@dataclass(frozen=True)
-class DataParallelDims:
-    """Data-parallel degrees: replicated (dp) x sharded (fsdp) == world size."""
-
-    dp_replicate: int
-    dp_shard: int
-    world_size: int
-
-    def __post_init__(self) -> None:
-        if self.dp_replicate * self.dp_shard != self.world_size:
-            raise DllmError(
-                f"topology dp={self.dp_replicate} x fsdp={self.dp_shard} does not match "
-                f"{self.world_size} processes",
-                hint="make topology.dp * topology.fsdp equal --nproc-per-node * nodes",
-            )
-
-    @classmethod
-    def from_spec(cls, topology, world_size: int) -> DataParallelDims:
-        for axis in ("cp", "bp", "tp", "ep"):
-            if getattr(topology, axis) > 1:
-                raise DllmError(
-                    f"topology.{axis} > 1 is not handled by the data-parallel trainer",
-                    hint="this version trains with dp/fsdp only",
-                )
-        return cls(topology.dp, topology.fsdp, world_size)
-
-    @property
-    def dp_size(self) -> int:
-        return self.dp_replicate * self.dp_shard
-
-    def build_mesh(self, device_type: str):
-        """The 2-D data-parallel mesh, or None for a single process."""
-        if self.world_size == 1:
-            return None
-        from torch.distributed.device_mesh import init_device_mesh
-
-        return init_device_mesh(
-            device_type,
-            (self.dp_replicate, self.dp_shard),
-            mesh_dim_names=("dp_replicate", "dp_shard"),
-        )
 
 
 def decoder_layers(model: nn.Module) -> nn.ModuleList:

@@ -127,6 +127,8 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
         q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        # Under autocast an fp32 norm weight promotes q/k back to fp32; kernels want one dtype.
+        q, k = q.to(v.dtype), k.to(v.dtype)
         out = self.backend(q, k, v, mask)
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 

@@ -1,0 +1,62 @@
+"""The trainer's doctor checks: attention backend, model source, W&B."""
+
+from __future__ import annotations
+
+import json
+
+from tests.train.util import write_config
+
+
+def checks(cli, config) -> dict[str, dict]:
+    result = cli("doctor", "--config", config, "--json")
+    return {c["name"]: c for c in json.loads(result.out)["checks"]}
+
+
+def test_defaults_pass(cli, tmp_path):
+    found = checks(cli, write_config(tmp_path / "train.yaml"))
+    assert found["attention backend"]["status"] == "pass"
+    assert found["model"]["status"] == "pass" and "random init" in found["model"]["detail"]
+    assert found["wandb"]["status"] == "pass"
+
+
+def test_flex_without_cuda_fails_with_a_fix(cli, tmp_path):
+    found = checks(cli, write_config(tmp_path / "train.yaml", "model.attention=flex"))
+    assert found["attention backend"]["status"] == "fail"
+    assert "model.attention: reference" in found["attention backend"]["fix"]
+
+
+def test_model_folder_without_weights_fails(cli, tmp_path):
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "qwen3",
+                "vocab_size": 512,
+                "hidden_size": 64,
+                "intermediate_size": 128,
+                "num_hidden_layers": 2,
+                "num_attention_heads": 4,
+                "num_key_value_heads": 2,
+                "head_dim": 16,
+            }
+        )
+    )
+    config = write_config(tmp_path / "train.yaml", f"model.path={folder}", "model.from_config=null")
+    found = checks(cli, config)
+    assert found["model"]["status"] == "fail" and "safetensors" in found["model"]["detail"]
+    missing = write_config(
+        tmp_path / "b.yaml", f"model.path={tmp_path}/nope", "model.from_config=null"
+    )
+    assert checks(cli, missing)["model"]["status"] == "fail"
+
+
+def test_wandb_configured_but_missing(cli, tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a)
+    )
+    found = checks(cli, write_config(tmp_path / "train.yaml", "logging.wandb.project=p"))
+    assert found["wandb"]["status"] == "fail" and "pip install" in found["wandb"]["fix"]

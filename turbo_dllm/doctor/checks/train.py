@@ -1,0 +1,91 @@
+"""Trainer readiness: the attention backend fits the host, the model folder loads, W&B exists.
+
+Cheap checks (no weights are read): they catch the mistakes that would otherwise surface only
+after the workers started.
+"""
+
+from __future__ import annotations
+
+from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
+from turbo_dllm.errors import DllmError
+
+__all__: list[str] = []
+
+
+def _no_spec(name: str) -> CheckResult:
+    return CheckResult(name, "pass", "no RunSpec given (pass --config to check the trainer)")
+
+
+@register_check(order=450)
+def attention_backend(ctx: DoctorContext) -> CheckResult:
+    name = "attention backend"
+    if ctx.spec is None:
+        return _no_spec(name)
+    backend = ctx.spec.model.attention
+    if backend == "reference":
+        return CheckResult(name, "pass", "reference (SDPA + explicit mask; fine for CPU and tests)")
+    import torch
+
+    if not torch.cuda.is_available():
+        return CheckResult(
+            name,
+            "fail",
+            "flex needs a CUDA GPU (torch has no FlexAttention backward on CPU)",
+            fix="set model.attention: reference for CPU runs, or run on a GPU host",
+        )
+    from torch.nn.attention import flex_attention  # noqa: F401 - present since torch 2.5
+
+    return CheckResult(name, "pass", f"flex on {torch.cuda.get_device_name(0)}")
+
+
+@register_check(order=455)
+def model_source(ctx: DoctorContext) -> CheckResult:
+    name = "model"
+    if ctx.spec is None:
+        return _no_spec(name)
+    from pathlib import Path
+
+    from turbo_dllm.train.models.config import resolve_model_config
+
+    model = ctx.spec.model
+    try:
+        config = resolve_model_config(
+            path=model.path,
+            from_config=None if model.path else model.from_config,
+            overrides=dict(model.config_overrides),
+        )
+    except DllmError as error:
+        return CheckResult(
+            name, "fail", error.message, fix=error.hint or "fix model.* in the RunSpec"
+        )
+    size = f"{config.model_type}, {config.num_params() / 1e6:,.1f}M parameters"
+    if model.path is None:
+        return CheckResult(name, "pass", f"random init from {model.from_config!r} ({size})")
+    folder = Path(model.path)
+    if not any(
+        (folder / f).is_file() for f in ("model.safetensors", "model.safetensors.index.json")
+    ):
+        return CheckResult(
+            name,
+            "fail",
+            f"{folder} has config.json but no safetensors weights",
+            fix="save the model with transformers' save_pretrained (safetensors) into that folder",
+        )
+    return CheckResult(name, "pass", f"{folder} ({size})")
+
+
+@register_check(order=460)
+def wandb_installed(ctx: DoctorContext) -> CheckResult:
+    name = "wandb"
+    if ctx.spec is None or ctx.spec.logging.wandb is None:
+        return CheckResult(name, "pass", "W&B logging is off")
+    import importlib.util
+
+    if importlib.util.find_spec("wandb") is None:
+        return CheckResult(
+            name,
+            "fail",
+            "logging.wandb is set but wandb is not installed",
+            fix="pip install 'turbo-dllm[wandb]', or remove logging.wandb",
+        )
+    return CheckResult(name, "pass", f"W&B project {ctx.spec.logging.wandb.project!r}")
