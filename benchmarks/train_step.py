@@ -145,7 +145,8 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
     hf_config = transformers.Qwen3Config(
         **{k: v for k, v in config_dict.items() if k != "architectures"}
     )
-    del trainer.model, trainer.optimizer  # free our model before building theirs
+    del trainer.model, trainer.optimizer, trainer.scheduler  # free ours before building theirs
+    torch._dynamo.reset()
     reset_memory(device)
     torch.manual_seed(0)
     with torch.device(device):

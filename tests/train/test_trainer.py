@@ -142,6 +142,7 @@ def test_resume_with_another_model_shape_is_refused(cli, tmp_path):
     assert_user_error(result, "different model shape")
 
 
+@pytest.mark.slow
 def test_starter_project_trains_on_its_prepared_artifact(cli, tmp_path):
     """dllm init -> dllm data prepare -> dllm train: the tiny preset learns the sample corpus."""
     project = tmp_path / "project"

@@ -221,9 +221,11 @@ class Trainer:
         batches = [next(self.loader) for _ in range(accum)]
         supervised = float(sum(self.objective.supervised_count(b) for b in batches))
         # The ranks of a context group hold the same batches: count them once.
-        counts = torch.tensor([supervised / self.plan.context_size], device=self.device)
-        self._all_reduce(counts)
-        denominator = max(float(counts[0]), 1.0)
+        if self.env.distributed:  # (one process: no device round trip before the forward)
+            counts = torch.tensor([supervised / self.plan.context_size], device=self.device)
+            self._all_reduce(counts)
+            supervised = float(counts[0])
+        denominator = max(supervised, 1.0)
 
         # -- forward / backward per micro-batch -------------------------------------------------
         loss_sum = torch.zeros((), device=self.device)

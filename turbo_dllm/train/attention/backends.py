@@ -99,6 +99,10 @@ class FlexAttention:
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
     ) -> torch.Tensor:
+        if torch.compiler.is_compiling():  # inside a compiled layer: that graph fuses it
+            from torch.nn.attention.flex_attention import flex_attention
+
+            return flex_attention(q, k, v, block_mask=mask, enable_gqa=_gqa(q, k))
         return self._flex()(q, k, v, block_mask=mask, enable_gqa=_gqa(q, k))
 
 
