@@ -8,14 +8,10 @@ already imported it.
 
 from __future__ import annotations
 
-import ast
-import importlib.metadata
 import importlib.util
-import mmap
 import os
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,9 +58,12 @@ def probe_torch() -> TorchFacts:
     notes: list[str] = []
     version, cuda = _read_torch_version_file(root / "version.py")
     if version is None:
+        from importlib.metadata import PackageNotFoundError
+        from importlib.metadata import version as distribution_version
+
         try:
-            version = importlib.metadata.version("torch")
-        except importlib.metadata.PackageNotFoundError:
+            version = distribution_version("torch")
+        except PackageNotFoundError:
             notes.append(f"cannot read torch's version from {root}")
     abi = _abi_from_libc10(root / "lib")
     if abi is None and version is not None:
@@ -73,6 +72,8 @@ def probe_torch() -> TorchFacts:
 
 
 def _read_torch_version_file(path: Path) -> tuple[str | None, str | None]:
+    import ast
+
     try:
         tree = ast.parse(path.read_text(encoding="utf-8"))
     except (OSError, SyntaxError, ValueError):
@@ -98,6 +99,8 @@ def _read_torch_version_file(path: Path) -> tuple[str | None, str | None]:
 
 
 def _abi_from_libc10(libdir: Path) -> bool | None:
+    import mmap
+
     for name in ("libc10.so", "libc10.dylib"):
         path = libdir / name
         if not path.is_file():
@@ -125,6 +128,8 @@ def probe_glibc() -> str | None:
 
 def probe_package_version(*names: str) -> str | None:
     """The version of the first installed distribution among `names` (package metadata only)."""
+    import importlib.metadata
+
     for name in names:
         try:
             return importlib.metadata.version(name)
@@ -199,6 +204,8 @@ def _apply_visible_devices(rows: list, setting: str | None) -> list:
 
 
 def _nvidia_smi(arguments: list[str]) -> list[str] | None:
+    import subprocess
+
     binary = shutil.which("nvidia-smi")
     if binary is None:
         return None
