@@ -1,0 +1,134 @@
+"""The loop's smaller parts: schedules, synthetic data, data checks, checkpoint atomicity,
+time limit, profiler, W&B, and the benchmark's CPU smoke mode."""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import types
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.train.util import metrics, tiny_spec
+from turbo_dllm.errors import DllmError
+from turbo_dllm.train.checkpoint import find_latest
+from turbo_dllm.train.data import build_data
+from turbo_dllm.train.entry import train
+from turbo_dllm.train.schedules import lr_multiplier
+from turbo_dllm.train.synthetic import SyntheticLoader
+
+
+def test_schedules():
+    kw = dict(warmup_steps=4, total_steps=14, min_lr_ratio=0.1)
+    assert [lr_multiplier(s, name="constant", **kw) for s in range(6)] == [0.25, 0.5, 0.75, 1, 1, 1]
+    linear = [lr_multiplier(s, name="linear", **kw) for s in range(4, 14)]
+    assert linear[0] == 1.0 and math.isclose(linear[-1], 0.1)
+    assert all(a > b for a, b in zip(linear, linear[1:], strict=False))
+    cosine = [lr_multiplier(s, name="cosine", **kw) for s in range(4, 14)]
+    assert cosine[0] == 1.0 and math.isclose(cosine[-1], 0.1)
+    assert math.isclose(lr_multiplier(4 + 4.5, name="cosine", **kw), 0.55)  # halfway
+
+
+def test_synthetic_loader_slices_the_global_stream_by_rank():
+    common = dict(num_sequences=10, vocab_size=50, seq_len=16, seed=3)
+    whole = SyntheticLoader(micro_batch_size=4, **common)
+    ranks = [SyntheticLoader(micro_batch_size=2, dp_rank=r, dp_size=2, **common) for r in (0, 1)]
+    for _ in range(5):  # crosses an epoch boundary (10 sequences, 4 per call)
+        expected = next(whole)["input_ids"]
+        got = torch.cat([next(loader)["input_ids"] for loader in ranks])
+        assert torch.equal(got, expected)
+    assert whole.state_dict() == ranks[0].state_dict() == {"epoch": 2, "cursor": 4}
+    batch = next(whole)
+    assert batch["input_ids"].max() < 49  # the last id is left for the mask token
+    assert batch["loss_mask"].all() and (batch["doc_ids"] == 0).all()
+    resumed = SyntheticLoader(micro_batch_size=4, **common)
+    resumed.load_state_dict(ranks[0].state_dict())
+    assert torch.equal(next(resumed)["input_ids"], batch["input_ids"])
+
+
+def test_synthetic_batch_larger_than_dataset_is_a_user_error():
+    with pytest.raises(DllmError, match="num_sequences"):
+        SyntheticLoader(num_sequences=3, vocab_size=50, seq_len=8, micro_batch_size=2, dp_size=2)
+
+
+def test_mask_token_and_vocab_checks():
+    source = build_data(tiny_spec(), model_vocab_size=512, dp_rank=0, dp_size=1)
+    assert source.mask_token_id == 511 and source.fingerprint is None
+    chosen = build_data(
+        tiny_spec("objective.mask_token_id=7"), model_vocab_size=512, dp_rank=0, dp_size=1
+    )
+    assert chosen.mask_token_id == 7
+    with pytest.raises(DllmError, match="vocabulary"):
+        build_data(tiny_spec(), model_vocab_size=256, dp_rank=0, dp_size=1)
+
+
+def test_unfinished_checkpoint_is_invisible_and_cleaned(tmp_path):
+    train(tiny_spec("training.steps=2", "checkpoint.interval=1"), tmp_path)
+    ckpts = tmp_path / "checkpoints"
+    partial = ckpts / ".tmp-step_00000003"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half")
+    not_done = ckpts / "step_00000004"  # a step folder without checkpoint.json is not complete
+    not_done.mkdir()
+    assert find_latest(ckpts).name == "step_00000002"
+    train(tiny_spec("training.steps=3", "checkpoint.interval=1"), tmp_path)
+    assert not partial.exists()
+    assert find_latest(ckpts).name == "step_00000003"
+
+
+def test_max_duration_stops_after_a_checkpoint(tmp_path):
+    train(tiny_spec("training.steps=50", "training.max_duration_s=0.001"), tmp_path)
+    assert [r["step"] for r in metrics(tmp_path)] == [1]
+    assert find_latest(tmp_path / "checkpoints").name == "step_00000001"
+
+
+def test_profiler_window_writes_a_trace(tmp_path):
+    train(
+        tiny_spec(
+            "training.steps=3",
+            "profiler.enabled=true",
+            "profiler.start_step=1",
+            "profiler.num_steps=1",
+        ),
+        tmp_path,
+    )
+    traces = list((tmp_path / "profile").glob("*.json"))
+    assert [t.name for t in traces] == ["trace_rank0_steps1-1.json"]
+    assert "traceEvents" in json.loads(traces[0].read_text())
+
+
+def test_wandb_receives_the_step_records(tmp_path, monkeypatch):
+    logged, finished = [], []
+
+    class Run:
+        def log(self, record, step):
+            logged.append((step, record))
+
+        def finish(self):
+            finished.append(True)
+
+    fake = types.ModuleType("wandb")
+    fake.init = lambda **kwargs: Run()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    train(tiny_spec("training.steps=2", "logging.wandb.project=p"), tmp_path)
+    assert [step for step, _ in logged] == [1, 2] and "loss" in logged[0][1]
+    assert "mfu" not in logged[0][1]  # None values are not sent
+    assert finished == [True]
+
+
+def test_benchmark_smoke_on_cpu(tmp_path):
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import train_step
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "bench.json"
+    assert train_step.main(["--tiny", "--steps", "1", "--warmup", "1", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    names = [r["name"] for r in report["results"]]
+    assert names == ["turbo-dllm", "hf-sdpa-dense-mask"]
+    assert all(r["tokens_per_s"] > 0 for r in report["results"]) and report["speedup"] > 0
