@@ -1,0 +1,82 @@
+"""Drift detection: missing, mismatched and extra packages, exact versions, local labels."""
+
+from __future__ import annotations
+
+import sys
+
+from tests.envs.test_manifest import manifest
+from turbo_dllm.envs.check import compare
+from turbo_dllm.envs.inventory import Environment, Installed, inspect_environment
+from turbo_dllm.envs.manifest import Provided
+
+
+def environment(*dists: tuple[str, str], python: str = "3.11") -> Environment:
+    return Environment(
+        python=python,
+        executable="/venv/bin/python",
+        prefix="/venv",
+        base_prefix="/usr",
+        distributions=tuple(Installed(n, v, f"/venv/lib/{n}") for n, v in dists),
+    )
+
+
+EXACT = (("typing-extensions", "4.16.0"), ("torch", "2.13.0+cpu"), ("turbo-dllm", "0.1.0"))
+
+
+def test_exact_environment_is_clean():
+    drift = compare(manifest(), environment(*EXACT, ("pip", "25.0")))
+    assert drift.clean, drift.summary()
+    assert drift.checked == 3
+    assert "3 packages match" in drift.summary()
+
+
+def test_each_kind_of_drift_is_named():
+    drift = compare(
+        manifest(),
+        environment(
+            ("typing-extensions", "4.15.0"), ("turbo-dllm", "0.1.0"), ("requests", "2.32.0")
+        ),
+    )
+    assert [(m.name, m.expected, m.found) for m in drift.mismatched] == [
+        ("typing-extensions", "4.16.0", "4.15.0")
+    ]
+    assert [(m.name, m.version) for m in drift.missing] == [("torch", "2.13.0+cpu")]
+    assert [(e.name, e.version) for e in drift.extra] == [("requests", "2.32.0")]
+    summary = drift.summary()
+    assert "typing-extensions 4.15.0 != 4.16.0" in summary and "torch==2.13.0+cpu" in summary
+    data = drift.to_json()
+    assert data["clean"] is False and data["format"] == "turbo_dllm.env_check.v1"
+
+
+def test_local_label_is_part_of_the_version():
+    env = environment(
+        ("typing-extensions", "4.16.0"), ("torch", "2.13.0+cu130"), ("turbo-dllm", "0.1.0")
+    )
+    drift = compare(manifest(), env)
+    assert [(m.name, m.found) for m in drift.mismatched] == [("torch", "2.13.0+cu130")]
+
+
+def test_equal_versions_spelled_differently_match():
+    env = environment(("typing-extensions", "4.16"), ("torch", "2.13.0+cpu"), ("turbo-dllm", "0.1"))
+    assert compare(manifest(), env).clean
+
+
+def test_provided_packages_are_version_checked():
+    with_base = manifest(provided=[Provided(name="numpy", version="2.0.0")])
+    assert [m.name for m in compare(with_base, environment(*EXACT)).missing] == ["numpy"]
+    assert compare(with_base, environment(*EXACT, ("numpy", "2.0.0"))).clean
+
+
+def test_other_python_is_drift():
+    drift = compare(manifest(), environment(*EXACT, python="3.12"))
+    assert [(m.name, m.expected, m.found) for m in drift.mismatched] == [("python", "3.11", "3.12")]
+
+
+def test_inspecting_another_interpreter_matches_in_process():
+    inside = inspect_environment()
+    outside = inspect_environment(sys.executable)
+    assert outside.python == inside.python
+    names_inside = {d.name: d.version for d in inside.distributions}
+    names_outside = {d.name: d.version for d in outside.distributions}
+    assert names_outside["pytest"] == names_inside["pytest"]
+    assert "turbo-dllm" in names_outside

@@ -1,0 +1,78 @@
+"""The doctor's environment check: pass on an exact environment, warn on drift, fail for prod."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from turbo_dllm.doctor import DoctorContext
+from turbo_dllm.doctor.checks import env as env_check
+from turbo_dllm.envs import select
+from turbo_dllm.envs.inventory import inspect_environment
+from turbo_dllm.envs.manifest import EnvManifest, Pin, Project, WheelFile
+from turbo_dllm.errors import DllmError
+
+
+def manifest_of_this_environment(change: str | None = None) -> EnvManifest:
+    """A manifest that pins exactly what this interpreter has (optionally one version off)."""
+    pins = []
+    for dist in inspect_environment().distributions:
+        if dist.name in ("turbo-dllm", "pip"):
+            continue
+        version = "999.0" if dist.name == change else dist.version
+        wheel = WheelFile(
+            filename=f"{dist.name.replace('-', '_')}-{version}-py3-none-any.whl", sha256="c" * 64
+        )
+        pins.append(Pin(name=dist.name, version=version, wheels=[wheel]))
+    return EnvManifest(
+        target="cpu-x86_64",
+        bundle_target="cp311-torch2.13-cpu-cxx11-linux_x86_64",
+        python=inspect_environment().python,
+        python_platform="x86_64-manylinux_2_28",
+        resolver="test",
+        project=Project(name="turbo-dllm", version=__import__("turbo_dllm").__version__),
+        requirements=[],
+        packages=pins,
+    )
+
+
+def use(monkeypatch, manifest):
+    monkeypatch.setattr(select, "environment_manifest", lambda *a, **k: (manifest, "test"))
+
+
+def prod_context() -> DoctorContext:
+    return DoctorContext(spec=SimpleNamespace(launch=SimpleNamespace(kind="prod")))
+
+
+def test_exact_environment_passes(monkeypatch):
+    use(monkeypatch, manifest_of_this_environment())
+    result = env_check.environment_manifest(DoctorContext())
+    assert result.status == "pass", result.detail
+    assert "match manifest cpu-x86_64" in result.detail
+
+
+def test_drift_warns_and_fails_for_prod(monkeypatch):
+    use(monkeypatch, manifest_of_this_environment(change="pytest"))
+    result = env_check.environment_manifest(DoctorContext())
+    assert result.status == "warn"
+    assert "pytest" in result.detail and "999.0" in result.detail
+    assert "dllm env sync --target cpu-x86_64" in result.fix
+    assert env_check.environment_manifest(prod_context()).status == "fail"
+
+
+@pytest.mark.parametrize("prod", [False, True])
+def test_no_manifest_for_the_host(monkeypatch, prod):
+    def missing(*args, **kwargs):
+        raise DllmError("no environment manifest fits this host", hint="pass --target NAME")
+
+    monkeypatch.setattr(select, "environment_manifest", missing)
+    result = env_check.environment_manifest(prod_context() if prod else DoctorContext())
+    assert result.status == ("fail" if prod else "warn")
+    assert result.fix == "pass --target NAME"
+
+
+def test_doctor_reports_the_environment_check(cli, monkeypatch):
+    use(monkeypatch, manifest_of_this_environment(change="pytest"))
+    result = cli("doctor")
+    assert "environment" in result.out and "pytest" in result.out

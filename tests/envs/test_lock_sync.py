@@ -1,0 +1,162 @@
+"""`dllm env lock` and `dllm env sync` with uv, offline, on wheels built in the test."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.envs.wheelfactory import make_wheel
+from tests.helpers import assert_user_error
+from turbo_dllm.envs.lock import LockRequest, lock_environment
+from turbo_dllm.envs.manifest import EnvManifest, Project, dump_manifest
+from turbo_dllm.envs.sync import sync_environment, venv_python
+from turbo_dllm.envs.uvtool import uv_binary
+from turbo_dllm.errors import DllmError
+
+PYTHON = f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+@pytest.fixture(autouse=True)
+def private_uv_cache(tmp_path, monkeypatch):
+    """A fresh uv cache: every install really reads the wheels the test points at."""
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+
+
+@pytest.fixture
+def wheels(tmp_path) -> Path:
+    folder = tmp_path / "wheels"
+    make_wheel(folder, "dllm-fixture-a", "1.0")
+    make_wheel(folder, "dllm-fixture-a", "1.1")
+    make_wheel(folder, "dllm-fixture-b", "2.0", requires=("dllm-fixture-a",))
+    make_wheel(folder, "dllm-fixture-c", "3.0")
+    return folder
+
+
+def lock_fixtures(wheels: Path, *requirements: str) -> EnvManifest:
+    return lock_environment(
+        LockRequest(
+            target="cpu-x86_64",
+            python_version=PYTHON,
+            torch_version="2.13.0",
+            requirements=list(requirements) or ["dllm-fixture-b==2.0", "dllm-fixture-a<1.1"],
+            project=Project(name="turbo-dllm", version="0.1.0"),
+            index_url=None,
+            extra_index_urls=[],
+            find_links=[str(wheels)],
+            offline=True,
+        )
+    )
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_lock_pins_versions_and_wheel_hashes(wheels):
+    manifest = lock_fixtures(wheels)
+    assert [(p.name, p.version) for p in manifest.packages] == [
+        ("dllm-fixture-a", "1.0"),
+        ("dllm-fixture-b", "2.0"),  # the dependency was resolved, not only the inputs
+    ]
+    wheel = manifest.pin("dllm-fixture-a").wheels[0]
+    assert wheel.filename == "dllm_fixture_a-1.0-py3-none-any.whl"
+    assert wheel.sha256 == sha256(wheels / wheel.filename)
+    assert wheel.size == (wheels / wheel.filename).stat().st_size
+    assert [(i.url, i.kind) for i in manifest.indexes] == [(wheels.as_uri(), "find-links")]
+    assert manifest.bundle_target == f"cp{PYTHON.replace('.', '')}-torch2.13-cpu-cxx11-linux_x86_64"
+    assert manifest.resolver.startswith("uv ")
+
+
+def test_lock_refuses_what_the_target_does_not_allow(wheels):
+    with pytest.raises(DllmError, match="not one of target cpu-x86_64"):
+        lock_environment(
+            LockRequest(
+                target="cpu-x86_64",
+                torch_version="2.5.0",
+                requirements=["dllm-fixture-c"],
+                project=Project(name="turbo-dllm", version="0.1.0"),
+            )
+        )
+    with pytest.raises(DllmError, match="unknown target"):
+        lock_environment(LockRequest(target="tpu-v9", requirements=[]))
+
+
+def test_lock_reports_unresolvable_requirements(wheels):
+    with pytest.raises(DllmError, match="resolving the environment") as error:
+        lock_fixtures(wheels, "dllm-fixture-a==9.9")
+    assert "dllm-fixture-a" in error.value.message
+
+
+def test_sync_check_drift_and_resync(wheels, tmp_path, cli):
+    manifest = lock_fixtures(wheels)
+    venv = tmp_path / "venv"
+    result = sync_environment(manifest, venv)
+    assert result.created and result.drift.clean is True
+    python = venv_python(venv)
+    out = subprocess.run(
+        [python, "-c", "import dllm_fixture_a, dllm_fixture_b; print(dllm_fixture_a.VERSION)"],
+        capture_output=True,
+        text=True,
+    )
+    assert out.stdout.strip() == "1.0", out.stderr
+    # The venv records what it was synced to, so `env check --python` needs no target.
+    assert (venv / "dllm-env-manifest.toml").is_file()
+
+    # Drift: one package at another version, one extra package.
+    subprocess.run(
+        [uv_binary(), "pip", "install", "--python", python, "--no-index", "--find-links", wheels,
+         "dllm-fixture-a==1.1", "dllm-fixture-c"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    checked = cli("env", "check", "--python", python, "--json")
+    assert checked.code == 1, checked.err
+    report = json.loads(checked.out)
+    assert report["mismatched"] == [{"name": "dllm-fixture-a", "expected": "1.0", "found": "1.1"}]
+    assert report["extra"] == [{"name": "dllm-fixture-c", "version": "3.0"}]
+    assert report["missing"] == [{"name": "turbo-dllm", "version": "0.1.0"}]  # never installed
+    human = cli("env", "check", "--python", python)
+    assert "dllm-fixture-a: installed 1.1, manifest 1.0" in human.out
+
+    # A second sync restores the pin and removes the extra.
+    again = sync_environment(manifest, venv)
+    assert not again.created and again.removed == ["dllm-fixture-c"]
+    report = json.loads(cli("env", "check", "--python", python, "--json").out)
+    assert report["mismatched"] == [] and report["extra"] == []
+
+
+def test_sync_refuses_a_wheel_whose_hash_is_not_pinned(wheels, tmp_path):
+    manifest = lock_fixtures(wheels)
+    data = manifest.model_dump()
+    data["packages"][0]["wheels"][0]["sha256"] = "0" * 64
+    with pytest.raises(DllmError, match="installing manifest") as error:
+        sync_environment(EnvManifest.model_validate(data), tmp_path / "venv")
+    assert "hash" in error.value.message.lower()
+
+
+def test_sync_cli_errors(wheels, tmp_path, cli):
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(lock_fixtures(wheels)))
+    result = cli("env", "sync", "--manifest", manifest_file, "--offline", "--venv", tmp_path / "v")
+    assert_user_error(result, "--offline needs --mirror")
+    result = cli(
+        "env", "sync", "--manifest", manifest_file, "--venv", tmp_path / "v", "--python", "/nope"
+    )
+    assert_user_error(result, "/nope")
+    (tmp_path / "notvenv").mkdir()
+    (tmp_path / "notvenv" / "file").write_text("x")
+    result = cli("env", "sync", "--manifest", manifest_file, "--venv", tmp_path / "notvenv")
+    assert_user_error(result, "not a virtual environment")
+
+
+def test_sync_never_installs_into_a_prefix_that_is_not_a_venv(wheels, tmp_path):
+    prefix = tmp_path / "prefix"
+    (prefix / "bin").mkdir(parents=True)
+    (prefix / "bin" / "python").symlink_to(sys.executable)  # looks like an interpreter prefix
+    with pytest.raises(DllmError, match="not a virtual environment"):
+        sync_environment(lock_fixtures(wheels), prefix)

@@ -1,0 +1,141 @@
+"""The environment manifest format: round trip, strict validation, requirement lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from turbo_dllm.envs.manifest import (
+    EnvManifest,
+    Index,
+    Pin,
+    Project,
+    WheelFile,
+    dump_manifest,
+    load_manifest,
+    parse_manifest,
+)
+from turbo_dllm.errors import DllmError
+
+SHA_A = "a" * 64
+SHA_B = "b" * 64
+
+
+def manifest(**changes) -> EnvManifest:
+    fields = dict(
+        target="cpu-x86_64",
+        bundle_target="cp311-torch2.13-cpu-cxx11-linux_x86_64",
+        python="3.11",
+        python_platform="x86_64-manylinux_2_28",
+        resolver="uv 0.0.0",
+        project=Project(name="turbo-dllm", version="0.1.0", extras=["env"]),
+        requirements=["numpy>=1.24", "torch==2.13.0+cpu"],
+        indexes=[Index(url="https://pypi.org/simple")],
+        packages=[
+            Pin(
+                name="Typing_Extensions",
+                version="4.16.0",
+                wheels=[
+                    WheelFile(filename="typing_extensions-4.16.0-py3-none-any.whl", sha256=SHA_A)
+                ],
+            ),
+            Pin(
+                name="torch",
+                version="2.13.0+cpu",
+                wheels=[
+                    WheelFile(
+                        filename="torch-2.13.0+cpu-cp311-cp311-manylinux_2_28_x86_64.whl",
+                        sha256=SHA_B,
+                        size=12,
+                    )
+                ],
+            ),
+        ],
+    )
+    fields.update(changes)
+    return EnvManifest(**fields)
+
+
+def test_round_trip_keeps_content_and_hash(tmp_path):
+    original = manifest()
+    path = tmp_path / "m.toml"
+    path.write_text(dump_manifest(original))
+    loaded = load_manifest(path)
+    assert loaded == original
+    assert loaded.content_sha256() == original.content_sha256()
+    text = path.read_text()
+    assert 'format = "turbo_dllm.env_manifest.v1"' in text
+    assert "[[packages]]" in text and "[[indexes]]" in text
+    # names are normalized (PEP 503), so lookups do not depend on spelling
+    assert loaded.pin("typing_extensions").version == "4.16.0"
+
+
+def test_index_is_recorded_apart_from_pins():
+    text = dump_manifest(manifest())
+    packages_part = text.split("[[packages]]", 1)[1]
+    assert "https://" not in packages_part  # pins name files and hashes, never a URL
+
+
+def test_requirement_lines_carry_every_hash():
+    pin = manifest().pin("torch")
+    assert pin.requirement_line() == f"torch==2.13.0+cpu --hash=sha256:{SHA_B}"
+
+
+def test_content_hash_changes_with_a_pin():
+    changed = manifest(
+        packages=[
+            Pin(
+                name="torch",
+                version="2.13.1+cpu",
+                wheels=[WheelFile(filename="torch-2.13.1+cpu-cp311-none-any.whl", sha256=SHA_B)],
+            )
+        ]
+    )
+    assert changed.content_sha256() != manifest().content_sha256()
+
+
+@pytest.mark.parametrize(
+    ("edit", "needle"),
+    [
+        (
+            lambda t: t.replace('"turbo_dllm.env_manifest.v1"', '"turbo_dllm.env_manifest.v9"'),
+            "format",
+        ),
+        (lambda t: t.replace("a" * 64, "a" * 63), "sha256"),
+        (
+            lambda t: t.replace('target = "cpu-x86_64"', 'target = "cpu-x86_64"\nsurprise = 1'),
+            "surprise",
+        ),
+        (lambda t: t.replace('version = "4.16.0"', 'version = "four"'), "version"),
+        (
+            lambda t: (
+                t
+                + '[[packages]]\nname = "torch"\nversion = "1.0"\nwheels = [{filename = "t-1.0-py3-none-any.whl", sha256 = "'
+                + "c" * 64
+                + '"}]\n'
+            ),
+            "twice",
+        ),
+        (lambda t: t.replace(".whl", ".tar.gz", 1), "wheel"),
+        (lambda t: t + "[[[", "TOML"),
+        (lambda t: t.replace("cp311-torch2.13-cpu", "cp311-pytorch2.13-cpu"), "bundle_target"),
+    ],
+)
+def test_invalid_manifests_are_user_errors(edit, needle):
+    text = edit(dump_manifest(manifest()))
+    with pytest.raises(DllmError) as error:
+        parse_manifest(text, "m.toml")
+    assert needle in error.value.message
+    assert "m.toml" in error.value.message
+
+
+def test_project_cannot_be_pinned():
+    with pytest.raises(ValueError, match="must not be pinned"):
+        manifest(
+            packages=[
+                Pin(
+                    name="turbo-dllm",
+                    version="0.1.0",
+                    wheels=[WheelFile(filename="turbo_dllm-0.1.0-py3-none-any.whl", sha256=SHA_A)],
+                )
+            ]
+        )

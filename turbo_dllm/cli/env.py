@@ -1,0 +1,257 @@
+"""`dllm env lock | sync | check | list`: pinned Python environments per target (uv)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from turbo_dllm.cli._output import emit_json, group
+
+
+def register(subparsers) -> None:
+    commands = group(subparsers, "env", "pinned Python environments per target (uv)")
+
+    p = commands.add_parser(
+        "lock",
+        help="resolve a target's environment with uv and write manifests/<target>.toml",
+        description="Resolve the project's dependencies for a target (its Python, platform and "
+        "torch build) with uv, wheels only, and write the manifest: every package's version and "
+        "the sha256 of every wheel that fits the target, plus the indexes used.",
+    )
+    p.add_argument("--target", required=True, help="an entry of bundles/targets.toml")
+    p.add_argument("--output", help="manifest file (default: manifests/<target>.toml)")
+    p.add_argument("--python-version", help="Python X.Y to lock for (default: this one)")
+    p.add_argument("--torch", help="torch version to pin, e.g. 2.13.0 (default: the running one)")
+    p.add_argument("--cuda", help="CUDA build of torch, for a target that lists several")
+    p.add_argument(
+        "--extra",
+        action="append",
+        dest="extras",
+        help="project extra to include (repeatable; default: data, env)",
+    )
+    p.add_argument("--index-url", default=None, help="default index (default: PyPI)")
+    p.add_argument("--no-index", action="store_true", help="use no default index")
+    p.add_argument(
+        "--extra-index-url",
+        action="append",
+        default=None,
+        help="extra index (repeatable; default: PyTorch's index for the target's torch build)",
+    )
+    p.add_argument(
+        "--no-torch-index", action="store_true", help="do not add PyTorch's index for torch"
+    )
+    p.add_argument(
+        "--find-links",
+        action="append",
+        default=[],
+        help="folder or page of wheels to resolve from too (recorded in the manifest)",
+    )
+    p.add_argument("--python-platform", help="uv --python-platform (default: from the target)")
+    p.add_argument("--offline", action="store_true", help="resolve from local sources only")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_lock)
+
+    p = commands.add_parser(
+        "sync",
+        help="create or update a venv to exactly a target's manifest (uv, hashes required)",
+        description="Install exactly the manifest's packages into a virtual environment with uv "
+        "(hashes required, wheels only) and remove the packages it does not list.",
+    )
+    p.add_argument("--target", default="auto", help="target name, or auto (default)")
+    p.add_argument("--manifest", help="use this manifest file instead of a packaged one")
+    p.add_argument("--mirror", help="install only from this mirror (folder or http URL)")
+    p.add_argument("--offline", action="store_true", help="contact nothing but the mirror")
+    p.add_argument("--venv", default=".venv", help="the virtual environment (default: .venv)")
+    p.add_argument("--python", help="interpreter to create the venv with (default: this one)")
+    p.add_argument(
+        "--system-site-packages",
+        action="store_true",
+        default=None,
+        help="let the venv see the base interpreter's packages (needed for `provided` ones)",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_sync)
+
+    p = commands.add_parser(
+        "check",
+        help="compare an environment with its target's manifest (exit 1 on drift)",
+        description="List missing, mismatched and extra packages of the running environment "
+        "(or --python's) against the manifest of its target. Exit 0 clean, 1 drift, 2 error.",
+    )
+    p.add_argument(
+        "--target",
+        default=None,
+        help="target name, or auto (default: the manifest a synced venv records, else auto)",
+    )
+    p.add_argument("--manifest", help="compare with this manifest file")
+    p.add_argument("--mirror", help="take the manifest from this mirror")
+    p.add_argument("--python", help="check this interpreter's environment instead of this one")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_check)
+
+    p = commands.add_parser(
+        "requirements",
+        help="print a manifest as requirements.txt (hash-pinned), e.g. for `pip download`",
+    )
+    p.add_argument("--target", default="auto", help="target name, or auto (default)")
+    p.add_argument("--manifest", help="use this manifest file")
+    p.add_argument("--mirror", help="take the manifest from this mirror")
+    p.add_argument(
+        "--no-sources", action="store_true", help="omit the --index-url/--find-links lines"
+    )
+    p.set_defaults(func=_requirements)
+
+    p = commands.add_parser("list", help="list the available environment manifests")
+    p.add_argument("--mirror", help="list a mirror's manifests")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_list)
+
+
+def _mirror(location):
+    if not location:
+        return None
+    from turbo_dllm.mirror.source import open_mirror
+
+    return open_mirror(location)
+
+
+def _lock(args) -> int:
+    from turbo_dllm.envs.lock import DEFAULT_EXTRAS, DEFAULT_INDEX, LockRequest, lock_environment
+    from turbo_dllm.envs.manifest import dump_manifest
+    from turbo_dllm.envs.targets import source_root
+    from turbo_dllm.errors import DllmError
+
+    extra_indexes = args.extra_index_url
+    if args.no_torch_index:
+        extra_indexes = extra_indexes or []
+    request = LockRequest(
+        target=args.target,
+        extras=tuple(args.extras) if args.extras else DEFAULT_EXTRAS,
+        python_version=args.python_version,
+        torch_version=args.torch,
+        cuda=args.cuda,
+        index_url=None if args.no_index else (args.index_url or DEFAULT_INDEX),
+        extra_index_urls=extra_indexes,
+        find_links=args.find_links,
+        python_platform=args.python_platform,
+        offline=args.offline,
+    )
+    manifest = lock_environment(request)
+    if args.output:
+        output = Path(args.output)
+    else:
+        root = source_root()
+        if root is None:
+            raise DllmError("where should the manifest go?", hint="pass --output FILE")
+        output = root / "manifests" / f"{manifest.target}.toml"
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(dump_manifest(manifest), encoding="utf-8")
+    if args.json:
+        emit_json(
+            {
+                "manifest": str(output),
+                "target": manifest.target,
+                "packages": len(manifest.packages),
+                "sha256": manifest.content_sha256(),
+            }
+        )
+    else:
+        torch = manifest.pin("torch")
+        print(
+            f"wrote {output}: {len(manifest.packages)} packages"
+            + (f", torch {torch.version}" if torch else "")
+            + f" ({manifest.resolver})"
+        )
+    return 0
+
+
+def _sync(args) -> int:
+    from turbo_dllm.envs.select import select_manifest
+    from turbo_dllm.envs.sync import sync_environment
+
+    mirror = _mirror(args.mirror)
+    manifest = select_manifest(args.target, mirror=mirror, manifest_file=args.manifest)
+    result = sync_environment(
+        manifest,
+        args.venv,
+        python=args.python,
+        mirror=mirror,
+        offline=args.offline,
+        system_site_packages=args.system_site_packages,
+    )
+    if args.json:
+        emit_json(
+            {
+                "target": manifest.target,
+                "manifest_sha256": manifest.content_sha256(),
+                "venv": str(result.venv),
+                "python": str(result.python),
+                "created": result.created,
+                "packages": result.installed,
+                "removed": result.removed,
+                "project": result.project,
+                "clean": result.drift.clean if result.drift else None,
+                "notes": result.notes,
+            }
+        )
+        return 0
+    verb = "created" if result.created else "updated"
+    print(f"{verb} {result.venv}: {result.installed} packages of {manifest.target}")
+    if result.removed:
+        print(f"removed: {', '.join(result.removed)}")
+    if result.project:
+        print(f"installed {result.project}")
+    for note in result.notes:
+        print(f"note: {note}")
+    print(f"activate: . {result.venv}/bin/activate")
+    return 0
+
+
+def _check(args) -> int:
+    from turbo_dllm.envs.check import compare
+    from turbo_dllm.envs.inventory import inspect_environment
+    from turbo_dllm.envs.select import environment_manifest
+
+    environment = inspect_environment(args.python)
+    manifest, origin = environment_manifest(
+        environment.prefix, args.target, mirror=_mirror(args.mirror), manifest_file=args.manifest
+    )
+    drift = compare(manifest, environment)
+    if args.json:
+        emit_json({**drift.to_json(), "manifest": origin, "environment": environment.prefix})
+        return 0 if drift.clean else 1
+    print(f"{environment.prefix} against {manifest.target} ({origin})")
+    print(drift.summary())
+    for m in drift.mismatched:
+        print(f"  mismatched  {m.name}: installed {m.found}, manifest {m.expected}")
+    for m in drift.missing:
+        print(f"  missing     {m.name}=={m.version}")
+    for e in drift.extra:
+        print(f"  extra       {e.name} {e.version}")
+    if not drift.clean:
+        print(f"fix: dllm env sync --target {manifest.target} --venv VENV")
+    return 0 if drift.clean else 1
+
+
+def _requirements(args) -> int:
+    from turbo_dllm.envs.select import select_manifest
+
+    manifest = select_manifest(
+        args.target, mirror=_mirror(args.mirror), manifest_file=args.manifest
+    )
+    print(f"# {manifest.target} ({manifest.bundle_target}), sha256 {manifest.content_sha256()}")
+    print(manifest.requirements_txt(sources=not args.no_sources), end="")
+    return 0
+
+
+def _list(args) -> int:
+    from turbo_dllm.envs.select import available_targets
+
+    found = available_targets(_mirror(args.mirror))
+    if args.json:
+        emit_json({"manifests": found})
+        return 0
+    for target, where in sorted(found.items()):
+        print(f"{target}  {where}")
+    if not found:
+        print("no environment manifests (create one with `dllm env lock --target NAME`)")
+    return 0

@@ -1,0 +1,118 @@
+"""What is installed in a Python environment: the running one, or another interpreter's.
+
+Another interpreter is asked through a small stdlib-only script (it may not have turbo-dllm), so
+`dllm env check --python .venv/bin/python` and `dllm env sync` read a venv from the outside
+with the same code path as the in-process check.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["Environment", "Installed", "inspect_environment"]
+
+# Runs inside the inspected interpreter: stdlib only, prints one JSON object.
+_PROBE = r"""
+import json, sys, os
+from importlib import metadata
+seen = {}
+for dist in metadata.distributions():
+    name = dist.metadata["Name"]
+    if not name:
+        continue
+    key = name.lower().replace("_", "-").replace(".", "-")
+    while "--" in key:
+        key = key.replace("--", "-")
+    if key in seen:
+        continue  # the first one on sys.path is the one that imports
+    path = getattr(dist, "_path", None)
+    location = os.path.realpath(str(path)) if path is not None else ""
+    editable = False
+    try:
+        direct = dist.read_text("direct_url.json")
+        editable = bool(direct and json.loads(direct).get("dir_info", {}).get("editable"))
+    except Exception:
+        pass
+    seen[key] = {"name": key, "version": dist.version, "location": location, "editable": editable}
+print(json.dumps({
+    "python": "%d.%d" % sys.version_info[:2],
+    "executable": sys.executable,
+    "prefix": os.path.realpath(sys.prefix),
+    "base_prefix": os.path.realpath(sys.base_prefix),
+    "distributions": sorted(seen.values(), key=lambda d: d["name"]),
+}))
+"""
+
+
+@dataclass(frozen=True)
+class Installed:
+    name: str  # PEP 503 normalized
+    version: str
+    location: str
+    editable: bool = False
+
+
+@dataclass(frozen=True)
+class Environment:
+    python: str  # major.minor
+    executable: str
+    prefix: str
+    base_prefix: str
+    distributions: tuple[Installed, ...]
+
+    @property
+    def is_venv(self) -> bool:
+        return self.prefix != self.base_prefix
+
+    def own(self, dist: Installed) -> bool:
+        """Installed in this environment itself, not inherited from the base interpreter."""
+        if not self.is_venv:
+            return True
+        return Path(dist.location).is_relative_to(self.prefix)
+
+    def get(self, name: str) -> Installed | None:
+        return next((d for d in self.distributions if d.name == name), None)
+
+
+def _parse(payload: dict) -> Environment:
+    return Environment(
+        python=payload["python"],
+        executable=payload["executable"],
+        prefix=payload["prefix"],
+        base_prefix=payload["base_prefix"],
+        distributions=tuple(Installed(**d) for d in payload["distributions"]),
+    )
+
+
+def inspect_environment(python: str | Path | None = None) -> Environment:
+    """The distributions visible to `python` (default: this interpreter), first on path wins."""
+    if python is None:
+        namespace: dict = {}
+        import contextlib
+        import io
+
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            exec(compile(_PROBE, "<env-probe>", "exec"), namespace)
+        return _parse(json.loads(buffer.getvalue()))
+    executable = str(python)
+    try:
+        proc = subprocess.run(
+            [executable, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=120
+        )
+    except OSError as error:
+        raise DllmError(
+            f"cannot run Python at {executable}: {error}",
+            hint="pass --python with the path of an interpreter (e.g. .venv/bin/python)",
+        ) from error
+    if proc.returncode != 0:
+        raise DllmError(
+            f"{executable} could not list its packages: {proc.stderr.strip()[-500:]}",
+            hint="pass --python with a working interpreter",
+        )
+    return _parse(json.loads(proc.stdout))

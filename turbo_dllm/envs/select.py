@@ -1,0 +1,113 @@
+"""Which manifest a command uses: an explicit file, a mirror's, or the packaged one.
+
+Order: `--manifest FILE`; else the mirror's `manifests/` when a mirror is given (an air-gapped
+host trusts what it carried in, and `dllm mirror verify` checked its hashes); else the
+manifests shipped with turbo-dllm. `--target auto` (or none) picks the one that fits this host.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from turbo_dllm.envs.manifest import EnvManifest, load_manifest, parse_manifest
+from turbo_dllm.envs.targets import auto_target, manifest_dirs
+from turbo_dllm.errors import DllmError
+
+__all__ = [
+    "RECORDED_MANIFEST",
+    "available_targets",
+    "environment_manifest",
+    "recorded_manifest_path",
+    "select_manifest",
+]
+
+RECORDED_MANIFEST = "dllm-env-manifest.toml"
+
+
+def available_targets(mirror=None) -> dict[str, str]:
+    """{target: where its manifest is} for the mirror (if given) or the packaged manifests."""
+    if mirror is not None:
+        index = mirror.index()
+        return {
+            Path(f.path).stem: f"{mirror.location}/{f.path}"
+            for f in index.of_kind("manifest")
+            if f.path.startswith("manifests/")
+        }
+    found: dict[str, str] = {}
+    for folder in manifest_dirs():
+        for path in sorted(folder.glob("*.toml")):
+            found.setdefault(path.stem, str(path))
+    return found
+
+
+def select_manifest(
+    target: str | None = None, *, mirror=None, manifest_file: str | Path | None = None
+) -> EnvManifest:
+    if manifest_file is not None:
+        manifest = load_manifest(manifest_file)
+        if target not in (None, "auto") and manifest.target != target:
+            raise DllmError(
+                f"{manifest_file} is the manifest of {manifest.target}, not {target}",
+                hint="drop --target or pass the matching manifest",
+            )
+        return manifest
+    candidates = available_targets(mirror)
+    where = f"mirror {mirror.location}" if mirror is not None else "turbo-dllm's manifests/"
+    if not candidates:
+        raise DllmError(
+            f"no environment manifests in {where}",
+            hint="generate one with `dllm env lock --target NAME` or pass --manifest FILE",
+        )
+    if target in (None, "auto"):
+        loaded = {name: _load(name, location, mirror) for name, location in candidates.items()}
+        return loaded[auto_target(loaded)]
+    if target not in candidates:
+        raise DllmError(
+            f"no environment manifest for target {target} in {where}",
+            hint=f"available: {', '.join(sorted(candidates))}",
+        )
+    return _load(target, candidates[target], mirror)
+
+
+def _load(target: str, location: str, mirror) -> EnvManifest:
+    if mirror is not None:
+        text = mirror.manifest_text(target)
+        if text is None:
+            raise DllmError(f"mirror {mirror.location} lists manifests/{target}.toml but lacks it")
+        manifest = parse_manifest(text, location)
+    else:
+        manifest = load_manifest(location)
+    if manifest.target != target:
+        raise DllmError(f"{location} declares target {manifest.target}, not {target}")
+    return manifest
+
+
+def recorded_manifest_path(prefix: str | Path) -> Path:
+    """Where `dllm env sync` leaves a copy of the manifest it installed: the venv's root."""
+    return Path(prefix) / RECORDED_MANIFEST
+
+
+def environment_manifest(
+    prefix: str | Path | None = None,
+    target: str | None = None,
+    *,
+    mirror=None,
+    manifest_file: str | Path | None = None,
+) -> tuple[EnvManifest, str]:
+    """The manifest an environment should match, and where it came from.
+
+    Without an explicit choice, a venv made by `dllm env sync` answers for itself (the copy sync
+    left at its root); any other environment gets the packaged manifest of this host's target.
+    """
+    if manifest_file is None and mirror is None and target in (None, "auto"):
+        recorded = recorded_manifest_path(sys.prefix if prefix is None else prefix)
+        if recorded.is_file():
+            return load_manifest(recorded), f"synced copy {recorded}"
+    manifest = select_manifest(target, mirror=mirror, manifest_file=manifest_file)
+    origin = (
+        str(manifest_file)
+        if manifest_file
+        else (f"mirror {mirror.location}" if mirror is not None else "packaged")
+    )
+    return manifest, origin

@@ -1,0 +1,237 @@
+"""`dllm env sync`: make a virtual environment hold exactly a manifest's packages.
+
+uv installs the pins with `--require-hashes` (a file whose sha256 is not in the manifest is
+refused), wheels only, no dependency resolution (the manifest is already the full closure).
+Packages the venv holds beyond the manifest are then uninstalled, and the result is checked
+with the same code as `dllm env check`; a sync that leaves drift is an error.
+
+Sources: the manifest's indexes, or only the mirror when one is given. `offline` means nothing but
+the mirror is contacted: a folder mirror is read with uv's own `--offline`; a served mirror is the
+only index uv is told about.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from turbo_dllm.envs.check import IGNORED_EXTRAS, Drift, compare, same_version
+from turbo_dllm.envs.inventory import Environment, inspect_environment
+from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
+from turbo_dllm.envs.select import recorded_manifest_path
+from turbo_dllm.envs.uvtool import run_uv
+from turbo_dllm.errors import DllmError
+
+__all__ = ["SyncResult", "sync_environment", "venv_python"]
+
+
+@dataclass
+class SyncResult:
+    venv: Path
+    python: Path
+    created: bool
+    installed: int
+    removed: list[str] = field(default_factory=list)
+    project: str | None = None  # "turbo-dllm 0.1.0 from <mirror>", or None when not installed
+    drift: Drift | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def venv_python(venv: Path) -> Path:
+    scripts = venv / ("Scripts" if sys.platform == "win32" else "bin")
+    return scripts / ("python.exe" if sys.platform == "win32" else "python")
+
+
+def _interpreter_version(python: str) -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(
+            [python, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except OSError as error:
+        raise DllmError(f"cannot run --python {python}: {error}") from error
+    if out.returncode != 0:
+        raise DllmError(f"cannot run --python {python}: {out.stderr.strip()[-300:]}")
+    return out.stdout.strip()
+
+
+def _system_site_packages(venv: Path) -> bool:
+    config = venv / "pyvenv.cfg"
+    for line in config.read_text(encoding="utf-8").splitlines():
+        key, _, value = line.partition("=")
+        if key.strip() == "include-system-site-packages":
+            return value.strip().lower() == "true"
+    return False
+
+
+def _prepare_venv(
+    manifest: EnvManifest, venv: Path, python: str | None, system_site_packages: bool | None
+) -> bool:
+    """Create the venv (True) or check the existing one fits the manifest (False)."""
+    existing = venv_python(venv)
+    if (venv / "pyvenv.cfg").is_file() and existing.exists():
+        version = _interpreter_version(str(existing))
+        if version != manifest.python:
+            raise DllmError(
+                f"{venv} runs Python {version}; manifest {manifest.target} is for {manifest.python}",
+                hint=f"remove {venv} or pass another --venv",
+            )
+        if system_site_packages is not None and system_site_packages != _system_site_packages(venv):
+            raise DllmError(
+                f"{venv} was created {'without' if system_site_packages else 'with'} "
+                "system site packages",
+                hint=f"remove {venv} to recreate it, or match --system-site-packages",
+            )
+        return False
+    if venv.exists() and any(venv.iterdir()):
+        raise DllmError(
+            f"{venv} exists and is not a virtual environment", hint="pass another --venv"
+        )
+    interpreter = python or sys.executable
+    version = _interpreter_version(interpreter)
+    if version != manifest.python:
+        raise DllmError(
+            f"{interpreter} is Python {version}; manifest {manifest.target} needs {manifest.python}",
+            hint=f"pass --python with a Python {manifest.python} interpreter",
+        )
+    args = ["venv", str(venv), "--python", interpreter, "--quiet"]
+    if system_site_packages or (system_site_packages is None and manifest.provided):
+        # `provided` packages come from the base interpreter: the venv must see them.
+        args.append("--system-site-packages")
+    run_uv(args, what=f"creating {venv}")
+    return True
+
+
+def _check_provided(manifest: EnvManifest, environment: Environment) -> None:
+    problems = []
+    for package in manifest.provided:
+        found = environment.get(package.name)
+        if found is None or not same_version(found.version, package.version):
+            have = found.version if found else "absent"
+            problems.append(f"{package.name}=={package.version} (base has: {have})")
+    if problems:
+        raise DllmError(
+            "the base interpreter does not provide: " + ", ".join(problems),
+            hint="create the venv with --system-site-packages from the interpreter (container) "
+            "the manifest was made for (--python)",
+        )
+
+
+def _source_args(manifest: EnvManifest, mirror, offline: bool) -> list[str]:
+    if mirror is not None:
+        args = ["--index-url", mirror.simple_url]
+        # A folder mirror needs no network at all; uv's --offline makes sure it uses none.
+        return args + (["--offline"] if offline and mirror.is_local else [])
+    if offline:
+        raise DllmError(
+            "--offline needs --mirror DIR|URL", hint="create one with `dllm mirror create`"
+        )
+    simple = [i.url for i in manifest.indexes if i.kind == "simple"]
+    args = ["--index-url", simple[0]] if simple else ["--no-index"]
+    for url in simple[1:]:
+        args += ["--extra-index-url", url]
+    for index in manifest.indexes:
+        if index.kind == "find-links":
+            args += ["--find-links", index.url]
+    return args
+
+
+def _project_line(manifest: EnvManifest, mirror) -> tuple[str | None, str | None]:
+    """The project's requirement line from the mirror (hash from MIRROR.json), if it has it."""
+    if mirror is None:
+        return None, None
+    project = mirror.index().project
+    if project is None or project.name != manifest.project.name:
+        return None, None
+    if project.version != manifest.project.version:
+        raise DllmError(
+            f"mirror has {project.name} {project.version}; manifest {manifest.target} is for "
+            f"{manifest.project.version}",
+            hint="use the mirror made for this release",
+        )
+    line = f"{project.name}=={project.version} --hash=sha256:{project.sha256}"
+    return line, f"{project.name} {project.version} from {mirror.location}"
+
+
+def sync_environment(
+    manifest: EnvManifest,
+    venv: str | Path,
+    *,
+    python: str | None = None,
+    mirror=None,
+    offline: bool = False,
+    system_site_packages: bool | None = None,
+) -> SyncResult:
+    venv = Path(venv).absolute()
+    source_args = _source_args(manifest, mirror, offline)
+    created = _prepare_venv(manifest, venv, python, system_site_packages)
+    interpreter = venv_python(venv)
+    before = inspect_environment(interpreter)
+    _check_provided(manifest, before)
+    project_line, project_source = _project_line(manifest, mirror)
+    requirements = manifest.requirements_txt()
+    if project_line:
+        requirements += project_line + "\n"
+    result = SyncResult(venv, interpreter, created, installed=len(manifest.packages))
+    if requirements:
+        with tempfile.TemporaryDirectory(prefix="dllm-sync-") as tmp:
+            path = Path(tmp) / "requirements.txt"
+            path.write_text(requirements, encoding="utf-8")
+            run_uv(
+                [
+                    "pip",
+                    "install",
+                    "--python",
+                    str(interpreter),
+                    "--requirement",
+                    str(path),
+                    "--require-hashes",
+                    "--no-deps",
+                    "--only-binary",
+                    ":all:",
+                    "--index-strategy",
+                    "unsafe-best-match",
+                    *source_args,
+                ],
+                what=f"installing manifest {manifest.target} into {venv}",
+                hint="the mirror or index must hold every pinned wheel "
+                "(`dllm mirror verify DIR` lists what a mirror has)",
+                stream=True,
+            )
+    result.project = project_source
+    # Remove what the manifest does not list, from the venv itself only (never the base).
+    after = inspect_environment(interpreter)
+    keep = {p.name for p in manifest.packages} | {p.name for p in manifest.provided}
+    keep |= {manifest.project.name} | IGNORED_EXTRAS
+    extras = sorted(d.name for d in after.distributions if d.name not in keep and after.own(d))
+    if extras:
+        run_uv(
+            ["pip", "uninstall", "--python", str(interpreter), *extras],
+            what=f"removing packages the manifest does not list from {venv}",
+        )
+        result.removed = extras
+    drift = compare(manifest, inspect_environment(interpreter))
+    if project_line is None:
+        # Without a mirror that carries the project's wheel, the project is the user's to install.
+        drift.missing = [m for m in drift.missing if m.name != manifest.project.name]
+        if not any(d.name == manifest.project.name for d in after.distributions):
+            result.notes.append(
+                f"{manifest.project.name} itself is not installed: install its wheel with "
+                f"`uv pip install --python {interpreter} --no-deps WHEEL`"
+            )
+    result.drift = drift
+    # The venv answers `dllm env check` and doctor for itself from now on.
+    recorded_manifest_path(venv).write_text(dump_manifest(manifest), encoding="utf-8")
+    if not drift.clean:
+        raise DllmError(
+            f"after sync, {venv} still differs: {drift.summary()}",
+            hint="packages the base interpreter provides cannot be removed by sync; "
+            "create the venv without --system-site-packages",
+        )
+    return result

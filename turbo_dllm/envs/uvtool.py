@@ -1,0 +1,115 @@
+"""Running uv: the resolver and installer behind `dllm env lock` and `dllm env sync`.
+
+uv comes from the `uv` Python package (`turbo-dllm[env]`), so its version is pinned like any other
+dependency. Every call passes `--no-config` and runs with uv's index variables removed from the
+environment: the manifest and the command line decide where packages come from, never a stray
+`uv.toml` or `UV_INDEX_URL` on the host.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from functools import lru_cache
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["uv_binary", "uv_version", "run_uv"]
+
+# Variables that would add or replace package sources behind the manifest's back.
+_SOURCE_VARIABLES = (
+    "UV_INDEX",
+    "UV_INDEX_URL",
+    "UV_DEFAULT_INDEX",
+    "UV_EXTRA_INDEX_URL",
+    "UV_FIND_LINKS",
+    "UV_NO_INDEX",
+    "UV_INDEX_STRATEGY",
+    "UV_CONFIG_FILE",
+    "UV_PYTHON",
+    "UV_SYSTEM_PYTHON",
+    "UV_REQUIRE_HASHES",
+    "UV_OFFLINE",
+    "UV_PYTHON_DOWNLOADS",
+    "VIRTUAL_ENV",
+    "CONDA_PREFIX",
+)
+
+
+@lru_cache(maxsize=1)
+def uv_binary() -> str:
+    try:
+        import uv
+    except ImportError as error:
+        raise DllmError(
+            "uv is not installed in this environment",
+            hint=f"{sys.executable} -m pip install 'turbo-dllm[env]' (or pip install uv)",
+        ) from error
+    try:
+        return uv.find_uv_bin()
+    except FileNotFoundError as error:
+        raise DllmError(
+            "the uv package is installed but its binary is missing",
+            hint=f"{sys.executable} -m pip install --force-reinstall uv",
+        ) from error
+
+
+@lru_cache(maxsize=1)
+def uv_version() -> str:
+    """`uv X.Y.Z`, recorded in every manifest as the resolver that produced it."""
+    out = subprocess.run(
+        [uv_binary(), "--version"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    return " ".join(out[:2])
+
+
+def run_uv(
+    args: Sequence[str],
+    *,
+    what: str,
+    hint: str | None = None,
+    extra_env: dict[str, str] | None = None,
+    stream: bool = False,
+) -> subprocess.CompletedProcess[str]:
+    """Run `uv ARGS --no-config`; a failure is a DllmError that quotes uv's own explanation.
+
+    `stream=True` lets uv's progress reach the terminal (stderr) instead of capturing it.
+    """
+    env = {k: v for k, v in os.environ.items() if k not in _SOURCE_VARIABLES}
+    env["UV_PYTHON_DOWNLOADS"] = "never"  # never fetch an interpreter behind the user's back
+    env.update(extra_env or {})
+    command = [uv_binary(), *args, "--no-config"]
+    if stream:
+        returncode, stdout, stderr = _tee(command, env)
+        proc = subprocess.CompletedProcess(command, returncode, stdout, stderr)
+    else:
+        proc = subprocess.run(command, env=env, text=True, capture_output=True)
+    if proc.returncode != 0:
+        detail = (proc.stderr or "").strip().splitlines()
+        explanation = "\n".join(detail[-25:]) if detail else f"exit status {proc.returncode}"
+        raise DllmError(f"{what} failed:\n{explanation}", hint=hint)
+    return proc
+
+
+def _tee(command: list[str], env: dict[str, str]) -> tuple[int, str, str]:
+    """Run with uv's stderr (its progress) copied to ours line by line, and kept for errors."""
+    import threading
+
+    with subprocess.Popen(
+        command, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    ) as proc:
+        kept: list[str] = []
+
+        def pump() -> None:
+            for line in proc.stderr:
+                kept.append(line)
+                sys.stderr.write(line)
+
+        thread = threading.Thread(target=pump, daemon=True)
+        thread.start()
+        stdout = proc.stdout.read()
+        proc.wait()
+        thread.join()
+    return proc.returncode, stdout, "".join(kept)

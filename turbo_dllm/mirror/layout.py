@@ -1,0 +1,145 @@
+"""The mirror's on-disk layout and its inventory file, `MIRROR.json` (`turbo_dllm.mirror.v1`).
+
+```
+DIR/MIRROR.json                  every file below with sha256 + size (written last)
+DIR/simple/index.html            PEP 503 root: one link per project
+DIR/simple/<project>/index.html  one link per wheel: ../../wheels/<file>#sha256=<hex>
+DIR/wheels/<file>.whl            flat, so DIR/wheels also works as `--find-links`
+DIR/manifests/<target>.toml      the environment manifests the mirror serves
+DIR/releases/<vX>/catalog.toml   bundle catalogs (the bundles' publish layout)
+DIR/bundles/...                  bundle archives (the bundles' publish layout)
+```
+
+The same folder works as a path (`--mirror DIR`, `file://`) and over HTTP (`dllm mirror serve`):
+every link is relative.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import re
+import zipfile
+from email.parser import HeaderParser
+from pathlib import Path
+from typing import Literal
+from urllib.parse import quote
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "MIRROR_FILE",
+    "MIRROR_FORMAT",
+    "FileKind",
+    "MirrorFile",
+    "MirrorIndex",
+    "MirrorProject",
+    "sha256_file",
+    "simple_pages",
+    "wheel_project",
+]
+
+MIRROR_FILE = "MIRROR.json"
+MIRROR_FORMAT = "turbo_dllm.mirror.v1"
+
+FileKind = Literal["wheel", "index", "manifest", "catalog", "bundle", "other"]
+
+_SHA256 = r"^[0-9a-f]{64}$"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MirrorFile(_Strict):
+    path: str = Field(description="POSIX path relative to the mirror root")
+    sha256: str = Field(pattern=_SHA256)
+    size: int = Field(ge=0)
+    kind: FileKind
+
+
+class MirrorProject(_Strict):
+    """The project's own wheel: not pinned by manifests (built per release), listed here."""
+
+    name: str
+    version: str
+    wheel: str
+    sha256: str = Field(pattern=_SHA256)
+
+
+class MirrorIndex(_Strict):
+    format: Literal["turbo_dllm.mirror.v1"] = MIRROR_FORMAT
+    created_by: str
+    release: str | None = None
+    targets: list[str] = Field(default_factory=list)
+    project: MirrorProject | None = None
+    files: list[MirrorFile] = Field(default_factory=list)
+
+    def file(self, path: str) -> MirrorFile | None:
+        return next((f for f in self.files if f.path == path), None)
+
+    def of_kind(self, kind: FileKind) -> list[MirrorFile]:
+        return [f for f in self.files if f.kind == kind]
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def wheel_project(filename: str) -> tuple[str, str]:
+    """(normalized project name, version) from a wheel file name."""
+    name, version, _, _ = parse_wheel_filename(filename)
+    return canonicalize_name(name), str(version)
+
+
+def _requires_python(wheel: Path) -> str | None:
+    """Requires-Python from the wheel's METADATA, for `data-requires-python` (PEP 503)."""
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            name = next(
+                (n for n in archive.namelist() if re.match(r"^[^/]+\.dist-info/METADATA$", n)),
+                None,
+            )
+            if name is None:
+                return None
+            headers = HeaderParser().parsestr(archive.read(name).decode("utf-8", "replace"))
+    except (zipfile.BadZipFile, OSError):
+        return None
+    return headers.get("Requires-Python")
+
+
+def _page(title: str, links: list[str]) -> str:
+    body = "\n".join(links)
+    return (
+        "<!DOCTYPE html>\n<html>\n<head>\n"
+        '<meta name="pypi:repository-version" content="1.0">\n'
+        f"<title>{html.escape(title)}</title>\n</head>\n<body>\n{body}\n</body>\n</html>\n"
+    )
+
+
+def simple_pages(wheels: dict[str, tuple[Path, str]]) -> dict[str, str]:
+    """PEP 503 pages for `wheels` ({file name: (local path, sha256)}): {relative path: html}."""
+    projects: dict[str, list[tuple[str, str, str | None]]] = {}
+    for filename, (path, sha256) in sorted(wheels.items()):
+        name, _ = wheel_project(filename)
+        projects.setdefault(name, []).append((filename, sha256, _requires_python(path)))
+    pages: dict[str, str] = {}
+    root_links = [f'<a href="{quote(name)}/">{html.escape(name)}</a>' for name in sorted(projects)]
+    pages["simple/index.html"] = _page("Simple index", root_links)
+    for name, files in projects.items():
+        links = []
+        for filename, sha256, requires_python in files:
+            attribute = (
+                f' data-requires-python="{html.escape(requires_python, quote=True)}"'
+                if requires_python
+                else ""
+            )
+            href = f"../../wheels/{quote(filename)}#sha256={sha256}"
+            links.append(f'<a href="{href}"{attribute}>{html.escape(filename)}</a>')
+        pages[f"simple/{name}/index.html"] = _page(f"Links for {name}", links)
+    return pages

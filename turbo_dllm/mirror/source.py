@@ -1,0 +1,105 @@
+"""A mirror to read from: a folder (`DIR`, `file://DIR`) or a served one (`http(s)://HOST:PORT`).
+
+Readers (`dllm env sync --mirror`, `dllm mirror verify`) go through `MirrorSource`, so a folder
+carried to an air-gapped machine and the same folder served on loopback behave the same.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+from pydantic import ValidationError
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.mirror.layout import MIRROR_FILE, MIRROR_FORMAT, MirrorIndex
+
+__all__ = ["MirrorSource", "open_mirror"]
+
+_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class MirrorSource:
+    location: str  # as the user wrote it
+    local: Path | None  # the folder, for a local mirror
+    url: str | None  # the base URL (trailing slash), for a served mirror
+
+    @property
+    def is_local(self) -> bool:
+        return self.local is not None
+
+    @property
+    def simple_url(self) -> str:
+        """The PEP 503 index root, for pip's and uv's `--index-url`."""
+        if self.local is not None:
+            return (self.local / "simple").as_uri() + "/"
+        return f"{self.url}simple/"
+
+    def read_bytes(self, relative: str) -> bytes | None:
+        """A file of the mirror, or None when the mirror does not have it."""
+        if self.local is not None:
+            path = self.local / relative
+            return path.read_bytes() if path.is_file() else None
+        import requests
+
+        try:
+            response = requests.get(self.url + relative, timeout=_TIMEOUT_S)
+        except requests.RequestException as error:
+            raise DllmError(
+                f"cannot reach the mirror at {self.url}: {error}",
+                hint="start it with `dllm mirror serve DIR` or pass --mirror DIR",
+            ) from error
+        if response.status_code == 404:
+            return None
+        if response.status_code != 200:
+            raise DllmError(f"mirror {self.url}{relative}: HTTP {response.status_code}")
+        return response.content
+
+    def index(self) -> MirrorIndex:
+        raw = self.read_bytes(MIRROR_FILE)
+        if raw is None:
+            raise DllmError(
+                f"{self.location} is not a mirror (no {MIRROR_FILE})",
+                hint="create one with `dllm mirror create DIR --release vX`",
+            )
+        try:
+            data = json.loads(raw)
+        except json.JSONDecodeError as error:
+            raise DllmError(f"{self.location}/{MIRROR_FILE}: not JSON: {error}") from error
+        if not isinstance(data, dict) or data.get("format") != MIRROR_FORMAT:
+            raise DllmError(
+                f"{self.location}/{MIRROR_FILE}: format is not {MIRROR_FORMAT!r}",
+                hint="recreate the mirror with this version of dllm",
+            )
+        try:
+            return MirrorIndex.model_validate(data)
+        except ValidationError as error:
+            raise DllmError(f"{self.location}/{MIRROR_FILE}: invalid: {error}") from error
+
+    def manifest_text(self, target: str) -> str | None:
+        raw = self.read_bytes(f"manifests/{target}.toml")
+        return raw.decode("utf-8") if raw is not None else None
+
+
+def open_mirror(location: str | Path) -> MirrorSource:
+    """`DIR`, `file:///DIR` or `http(s)://HOST[:PORT][/PREFIX]`."""
+    text = str(location)
+    parsed = urlparse(text)
+    if parsed.scheme in ("http", "https"):
+        return MirrorSource(text, None, text.rstrip("/") + "/")
+    if parsed.scheme == "file":
+        text_path = Path(unquote(parsed.path))
+    elif parsed.scheme and len(parsed.scheme) > 1:
+        raise DllmError(
+            f"unsupported mirror location {text!r}",
+            hint="pass a folder, file:///folder or http://host:port",
+        )
+    else:
+        text_path = Path(text)
+    folder = text_path.expanduser().resolve()
+    if not folder.is_dir():
+        raise DllmError(f"mirror folder {folder} does not exist")
+    return MirrorSource(text, folder, None)
