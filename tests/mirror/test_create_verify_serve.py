@@ -1,0 +1,184 @@
+"""Mirror layout, verify and the HTTP server, on small fixture wheels (fast, no bundle)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+import requests
+
+from tests.envs.wheelfactory import make_wheel
+from tests.helpers import assert_user_error
+from turbo_dllm.envs.manifest import EnvManifest, Index, Pin, Project, WheelFile, dump_manifest
+from turbo_dllm.errors import DllmError
+from turbo_dllm.mirror.create import MirrorPlan, create_mirror
+from turbo_dllm.mirror.serve import MirrorServer
+from turbo_dllm.mirror.verify import verify_mirror
+
+
+def sha256(path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def wheels(tmp_path):
+    folder = tmp_path / "wheels-in"
+    make_wheel(folder, "dllm-fixture-a", "1.0", requires_python=">=3.9")
+    make_wheel(folder, "Dllm.Fixture_B", "2.0")
+    make_wheel(folder, "turbo-dllm", "0.1.0")  # stands in for the project's wheel
+    make_wheel(folder, "unrelated", "1.0")
+    return folder
+
+
+def manifest_for(wheels, *names) -> EnvManifest:
+    pins = []
+    for path in sorted(wheels.glob("*.whl")):
+        name, version = path.name.split("-")[:2]
+        if name in names:
+            wheel = WheelFile(filename=path.name, sha256=sha256(path), size=path.stat().st_size)
+            pins.append(Pin(name=name, version=version, wheels=[wheel]))
+    return EnvManifest(
+        target="cpu-x86_64",
+        bundle_target="cp311-torch2.13-cpu-cxx11-linux_x86_64",
+        python="3.11",
+        python_platform="x86_64-manylinux_2_28",
+        resolver="test",
+        project=Project(name="turbo-dllm", version="0.1.0"),
+        requirements=[],
+        packages=pins,
+    )
+
+
+@pytest.fixture
+def mirror(tmp_path, wheels):
+    plan = MirrorPlan(
+        dest=tmp_path / "mirror",
+        release=None,
+        manifests=[manifest_for(wheels, "dllm_fixture_a", "dllm_fixture_b")],
+        wheels_from=wheels,
+    )
+    index = create_mirror(plan)
+    return plan.dest, index
+
+
+def test_layout_inventory_and_simple_index(mirror, wheels):
+    root, index = mirror
+    assert sorted(p.name for p in (root / "wheels").iterdir()) == [
+        "dllm_fixture_a-1.0-py3-none-any.whl",
+        "dllm_fixture_b-2.0-py3-none-any.whl",
+        "turbo_dllm-0.1.0-py3-none-any.whl",
+    ]  # the unrelated wheel stayed out
+    data = json.loads((root / "MIRROR.json").read_text())
+    assert data["format"] == "turbo_dllm.mirror.v1"
+    assert data["project"]["wheel"] == "wheels/turbo_dllm-0.1.0-py3-none-any.whl"
+    listed = {f["path"]: f for f in data["files"]}
+    assert listed["manifests/cpu-x86_64.toml"]["kind"] == "manifest"
+    assert listed["simple/dllm-fixture-b/index.html"]["kind"] == "index"
+    for entry in data["files"]:
+        assert entry["sha256"] == sha256(root / entry["path"])
+    page = (root / "simple/dllm-fixture-a/index.html").read_text()
+    digest = sha256(wheels / "dllm_fixture_a-1.0-py3-none-any.whl")
+    assert f'href="../../wheels/dllm_fixture_a-1.0-py3-none-any.whl#sha256={digest}"' in page
+    assert 'data-requires-python="&gt;=3.9"' in page
+    assert '<a href="dllm-fixture-b/">' in (root / "simple/index.html").read_text()
+
+
+def test_verify_passes_then_names_every_problem(mirror, cli):
+    root, _ = mirror
+    assert verify_mirror(root).ok
+    assert cli("mirror", "verify", root).code == 0
+    wheel = root / "wheels/dllm_fixture_a-1.0-py3-none-any.whl"
+    wheel.write_bytes(wheel.read_bytes() + b"tampered")
+    (root / "wheels/stray.whl").write_bytes(b"x")
+    (root / "simple/turbo-dllm/index.html").unlink()
+    report = verify_mirror(root)
+    text = "\n".join(report.problems)
+    assert "wheels/dllm_fixture_a-1.0-py3-none-any.whl: sha256" in text
+    assert "wheels/stray.whl: not listed" in text
+    assert "simple/turbo-dllm/index.html: missing" in text
+    result = cli("mirror", "verify", root, "--json")
+    assert result.code == 1 and json.loads(result.out)["ok"] is False
+
+
+def test_verify_catches_a_manifest_pin_without_a_wheel(tmp_path, wheels):
+    manifest = manifest_for(wheels, "dllm_fixture_a")
+    root = tmp_path / "m"
+    create_mirror(MirrorPlan(dest=root, release=None, manifests=[manifest], wheels_from=wheels))
+    other = manifest_for(wheels, "dllm_fixture_a", "unrelated")
+    (root / "manifests/cpu-x86_64.toml").write_text(dump_manifest(other))
+    text = "\n".join(verify_mirror(root).problems)
+    assert "manifests/cpu-x86_64.toml: sha256" in text
+    assert "no wheel in the mirror for unrelated==1.0" in text
+
+
+def test_create_refuses_missing_wheels_and_existing_folders(tmp_path, wheels):
+    manifest = manifest_for(wheels, "dllm_fixture_a")
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(DllmError, match="dllm-fixture-a==1.0") as error:
+        create_mirror(MirrorPlan(tmp_path / "m1", None, [manifest], wheels_from=empty))
+    assert "--with-wheels" in error.value.hint
+    assert not (tmp_path / "m1").exists()  # nothing half-built left behind
+    create_mirror(MirrorPlan(tmp_path / "m2", None, [manifest], wheels_from=wheels))
+    with pytest.raises(DllmError, match="not empty"):
+        create_mirror(MirrorPlan(tmp_path / "m2", None, [manifest], wheels_from=wheels))
+    create_mirror(MirrorPlan(tmp_path / "m2", None, [manifest], wheels_from=wheels, force=True))
+    assert verify_mirror(tmp_path / "m2").ok
+
+
+def test_server_content_types_ranges_and_no_listings(mirror):
+    root, _ = mirror
+    with MirrorServer(root, quiet=True) as server:
+        assert server.url.startswith("http://127.0.0.1:")
+        page = requests.get(f"{server.url}/simple/dllm-fixture-a/", timeout=10)
+        assert page.status_code == 200
+        assert page.headers["Content-Type"] == "text/html; charset=utf-8"
+        assert "#sha256=" in page.text
+        mirror_json = requests.get(f"{server.url}/MIRROR.json", timeout=10)
+        assert mirror_json.headers["Content-Type"] == "application/json"
+        wheel = root / "wheels/dllm_fixture_a-1.0-py3-none-any.whl"
+        data = wheel.read_bytes()
+        url = f"{server.url}/wheels/{wheel.name}"
+        whole = requests.get(url, timeout=10)
+        assert whole.content == data and whole.headers["Accept-Ranges"] == "bytes"
+        part = requests.get(url, headers={"Range": "bytes=10-19"}, timeout=10)
+        assert part.status_code == 206 and part.content == data[10:20]
+        assert part.headers["Content-Range"] == f"bytes 10-19/{len(data)}"
+        tail = requests.get(url, headers={"Range": "bytes=-5"}, timeout=10)
+        assert tail.status_code == 206 and tail.content == data[-5:]
+        rest = requests.get(url, headers={"Range": f"bytes={len(data) - 3}-"}, timeout=10)
+        assert rest.content == data[-3:]
+        beyond = requests.get(url, headers={"Range": f"bytes={len(data)}-"}, timeout=10)
+        assert beyond.status_code == 416
+        assert requests.get(f"{server.url}/wheels/", timeout=10).status_code == 404
+        assert requests.get(f"{server.url}/../../etc/passwd", timeout=10).status_code == 404
+
+
+def test_serve_and_verify_refuse_a_folder_that_is_not_a_mirror(tmp_path, cli):
+    assert_user_error(cli("mirror", "serve", tmp_path, "--port", "0"), "not a mirror")
+    assert_user_error(cli("mirror", "verify", tmp_path), "not a mirror")
+    assert_user_error(cli("mirror", "verify", tmp_path / "nope"), "does not exist")
+
+
+def test_with_wheels_downloads_from_the_manifest_index_by_hash(mirror, wheels, tmp_path):
+    root, _ = mirror
+    with MirrorServer(root, quiet=True) as server:
+        manifest = manifest_for(wheels, "dllm_fixture_a", "dllm_fixture_b")
+        online = manifest.model_copy(update={"indexes": [Index(url=f"{server.url}/simple")]})
+        plan = MirrorPlan(tmp_path / "copy", None, [online], with_wheels=True)
+        create_mirror(plan)
+        copied = sorted(p.name for p in (tmp_path / "copy" / "wheels").iterdir())
+        assert copied == [
+            "dllm_fixture_a-1.0-py3-none-any.whl",
+            "dllm_fixture_b-2.0-py3-none-any.whl",
+        ]
+        assert any("no turbo-dllm 0.1.0 wheel" in note for note in plan.notes)
+        assert verify_mirror(tmp_path / "copy").ok
+
+        data = online.model_dump()
+        data["packages"][0]["wheels"][0]["sha256"] = "e" * 64
+        forged = EnvManifest.model_validate(data)
+        with pytest.raises(DllmError, match="is not the manifest's"):
+            create_mirror(MirrorPlan(tmp_path / "forged", None, [forged], with_wheels=True))
+        assert not (tmp_path / "forged").exists()

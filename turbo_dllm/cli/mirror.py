@@ -1,0 +1,145 @@
+"""`dllm mirror create | verify | serve`: one folder with wheels, manifests, catalogs and bundles."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from turbo_dllm.cli._output import emit_json, group
+
+
+def register(subparsers) -> None:
+    commands = group(subparsers, "mirror", "offline mirrors: wheels, manifests, catalogs, bundles")
+
+    p = commands.add_parser(
+        "create",
+        help="build a mirror folder for a release and its targets",
+        description="Copy the targets' environment manifests, the wheels they pin (PEP 503 "
+        "index), the release catalog and the targets' bundles into DIR, with MIRROR.json "
+        "listing every file and its sha256.",
+    )
+    p.add_argument("dest", metavar="DIR")
+    p.add_argument("--release", required=True, help="bundle release, e.g. v0.1.0")
+    p.add_argument(
+        "--targets",
+        default="auto",
+        help="comma-separated target names, `all`, or auto (this host's; default)",
+    )
+    p.add_argument(
+        "--manifest",
+        action="append",
+        default=[],
+        help="use this manifest file for its target (repeatable; instead of the packaged one)",
+    )
+    p.add_argument(
+        "--with-wheels", action="store_true", help="download pinned wheels from their indexes"
+    )
+    p.add_argument(
+        "--wheels-from", help="folder of wheels to take pinned (and project) wheels from"
+    )
+    p.add_argument(
+        "--from",
+        dest="source",
+        help="where the release's catalog and bundles come from (URL or folder)",
+    )
+    p.add_argument(
+        "--catalog-sha256", help="trust this catalog hash (release not in releases.lock)"
+    )
+    p.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_create)
+
+    p = commands.add_parser(
+        "verify",
+        help="re-hash every file of a mirror against MIRROR.json and the locks",
+        description="Exit 0 when every file matches, 1 when problems were found, 2 on error.",
+    )
+    p.add_argument("mirror", metavar="DIR|URL")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_verify)
+
+    p = commands.add_parser(
+        "serve",
+        help="serve a mirror over HTTP (PEP 503 index at /simple/)",
+        description="Serve DIR with a threaded HTTP server on 127.0.0.1 (pass --host 0.0.0.0 to "
+        "expose it). pip/uv: --index-url http://HOST:PORT/simple; dllm: --mirror http://HOST:PORT",
+    )
+    p.add_argument("mirror", metavar="DIR")
+    p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--quiet", action="store_true", help="do not log requests")
+    p.set_defaults(func=_serve)
+
+
+def _create(args) -> int:
+    from turbo_dllm.mirror.create import MirrorPlan, create_mirror
+    from turbo_dllm.mirror.release import add_release, mirror_manifests
+
+    manifests = mirror_manifests(args.targets, args.manifest)
+    plan = MirrorPlan(
+        dest=Path(args.dest),
+        release=args.release,
+        manifests=manifests,
+        with_wheels=args.with_wheels,
+        wheels_from=Path(args.wheels_from) if args.wheels_from else None,
+        bundles_from=args.source,
+        catalog_sha256=args.catalog_sha256,
+        force=args.force,
+    )
+    index = create_mirror(plan, add_release=add_release)
+    counts: dict[str, int] = {}
+    for entry in index.files:
+        counts[entry.kind] = counts.get(entry.kind, 0) + 1
+    if args.json:
+        emit_json(
+            {
+                "mirror": str(plan.dest),
+                "release": index.release,
+                "targets": index.targets,
+                "files": counts,
+                "project": index.project.model_dump() if index.project else None,
+                "notes": plan.notes,
+            }
+        )
+        return 0
+    print(
+        f"wrote {plan.dest}: release {index.release}, targets {', '.join(index.targets)}; "
+        + ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items()))
+    )
+    for note in plan.notes:
+        print(f"note: {note}")
+    print(f"next: dllm mirror verify {plan.dest} && dllm mirror serve {plan.dest}")
+    return 0
+
+
+def _verify(args) -> int:
+    from turbo_dllm.mirror.verify import verify_mirror
+
+    report = verify_mirror(args.mirror)
+    if args.json:
+        emit_json(report.to_json())
+        return 0 if report.ok else 1
+    for problem in report.problems:
+        print(f"problem: {problem}")
+    for note in report.notes:
+        print(f"note: {note}")
+    state = "ok" if report.ok else f"{len(report.problems)} problems"
+    print(f"{args.mirror}: {report.checked_files} files checked, {state}")
+    return 0 if report.ok else 1
+
+
+def _serve(args) -> int:
+    from turbo_dllm.mirror.serve import MirrorServer
+
+    server = MirrorServer(args.mirror, host=args.host, port=args.port, quiet=args.quiet)
+    print(
+        f"serving {server.root} at {server.url}/ (pip/uv index: {server.url}/simple/)", flush=True
+    )
+    print(f"install: dllm env sync --mirror {server.url} --offline", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        print("stopped", file=sys.stderr)
+    finally:
+        server.httpd.server_close()
+    return 0

@@ -1,0 +1,193 @@
+"""`dllm mirror create`: one folder with everything an air-gapped host needs.
+
+For each target: its environment manifest, every wheel the manifest pins (from `--wheels-from`
+and, with `--with-wheels`, downloaded from the manifest's indexes), the project's own wheel when
+one is at hand, the release catalog and the target's bundles. Built in a staging folder next to
+DIR and renamed into place, so DIR is either the old mirror or the complete new one.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from turbo_dllm import __version__
+from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
+from turbo_dllm.errors import DllmError
+from turbo_dllm.mirror.layout import (
+    MIRROR_FILE,
+    FileKind,
+    MirrorFile,
+    MirrorIndex,
+    MirrorProject,
+    sha256_file,
+    simple_pages,
+)
+from turbo_dllm.mirror.wheels import LocalWheels, WheelSource, download_wheel, scan_wheels
+
+__all__ = ["MirrorPlan", "create_mirror"]
+
+
+@dataclass
+class MirrorPlan:
+    dest: Path
+    release: str | None
+    manifests: list[EnvManifest]
+    with_wheels: bool = False  # download what --wheels-from lacks
+    wheels_from: Path | None = None
+    bundles_from: str | None = None  # release source (URL or folder) for catalog + bundles
+    catalog_sha256: str | None = None
+    force: bool = False
+    notes: list[str] = field(default_factory=list)
+
+
+def _say(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def _collect_wheels(
+    plan: MirrorPlan, local: LocalWheels, wheels_dir: Path
+) -> tuple[dict[str, str], list[str]]:
+    """Copy or download every pinned wheel into `wheels_dir`; {file name: sha256}, problems."""
+    collected: dict[str, str] = {}
+    missing: list[str] = []
+    for manifest in plan.manifests:
+        source = WheelSource.of(manifest)
+        for pin in manifest.packages:
+            have = 0
+            for wheel in pin.wheels:
+                if wheel.filename in collected:
+                    have += 1
+                    continue
+                found = local.find(wheel)
+                if found is not None:
+                    shutil.copyfile(found, wheels_dir / wheel.filename)
+                    collected[wheel.filename] = wheel.sha256
+                    have += 1
+            if have == 0 and plan.with_wheels:
+                # One wheel per pin is enough: the manifest lists all that fit the target, and
+                # an installer takes any of them.
+                for wheel in pin.wheels:
+                    urls = source.candidate_urls(pin, wheel)
+                    if not urls:
+                        continue
+                    _say(f"downloading {wheel.filename}")
+                    download_wheel(urls, wheel, wheels_dir)
+                    collected[wheel.filename] = wheel.sha256
+                    have = 1
+                    break
+            if have == 0:
+                missing.append(f"{pin.name}=={pin.version} ({manifest.target})")
+    return collected, missing
+
+
+def _project_wheel(plan: MirrorPlan, local: LocalWheels, wheels_dir: Path) -> MirrorProject | None:
+    projects = {(m.project.name, m.project.version) for m in plan.manifests}
+    if len(projects) != 1:
+        raise DllmError(
+            "the manifests are for different project versions: "
+            + ", ".join(f"{n} {v}" for n, v in sorted(projects))
+        )
+    ((name, version),) = projects
+    candidates = local.project_wheels(name, version)
+    if not candidates:
+        plan.notes.append(
+            f"no {name} {version} wheel in --wheels-from: the mirror installs its dependencies "
+            "only (build one with `pip wheel --no-deps .` and pass its folder)"
+        )
+        return None
+    if len(candidates) > 1:
+        raise DllmError(
+            f"several {name} {version} wheels in {plan.wheels_from}: "
+            + ", ".join(p.name for p in candidates),
+            hint="keep one",
+        )
+    wheel = candidates[0]
+    shutil.copyfile(wheel, wheels_dir / wheel.name)
+    return MirrorProject(
+        name=name, version=version, wheel=f"wheels/{wheel.name}", sha256=sha256_file(wheel)
+    )
+
+
+def _inventory(root: Path, kinds: dict[str, FileKind]) -> list[MirrorFile]:
+    files = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file()):
+        relative = path.relative_to(root).as_posix()
+        if relative == MIRROR_FILE:
+            continue
+        top = relative.split("/", 1)[0]
+        kind = kinds.get(relative) or {
+            "wheels": "wheel",
+            "simple": "index",
+            "manifests": "manifest",
+            "releases": "catalog",
+            "bundles": "bundle",
+        }.get(top, "other")
+        files.append(
+            MirrorFile(path=relative, sha256=sha256_file(path), size=path.stat().st_size, kind=kind)
+        )
+    return files
+
+
+def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
+    """Build the mirror; `add_release(plan, staging_root)` copies catalogs and bundles in."""
+    dest = plan.dest.absolute()
+    if dest.exists() and any(dest.iterdir()) and not plan.force:
+        raise DllmError(f"{dest} exists and is not empty", hint="pass --force to replace it")
+    if not plan.manifests:
+        raise DllmError("no targets to mirror", hint="pass --targets NAME[,NAME]")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    try:
+        (staging / "manifests").mkdir()
+        for manifest in plan.manifests:
+            path = staging / "manifests" / f"{manifest.target}.toml"
+            path.write_text(dump_manifest(manifest), encoding="utf-8")
+        project = None
+        if plan.with_wheels or plan.wheels_from is not None:
+            wheels_dir = staging / "wheels"
+            wheels_dir.mkdir()
+            local = scan_wheels(plan.wheels_from)
+            collected, missing = _collect_wheels(plan, local, wheels_dir)
+            if missing:
+                raise DllmError(
+                    f"{len(missing)} pinned packages have no wheel: {', '.join(missing[:10])}"
+                    + (", ..." if len(missing) > 10 else ""),
+                    hint="pass --with-wheels to download them, or --wheels-from DIR holding them "
+                    "(pip download --require-hashes --no-deps -r requirements.txt -d DIR)",
+                )
+            project = _project_wheel(plan, local, wheels_dir)
+            wheels = {p.name: (p, sha256_file(p)) for p in sorted(wheels_dir.glob("*.whl"))}
+            for relative, text in simple_pages(wheels).items():
+                page = staging / relative
+                page.parent.mkdir(parents=True, exist_ok=True)
+                page.write_text(text, encoding="utf-8")
+        if add_release is not None and plan.release is not None:
+            add_release(plan, staging)
+        index = MirrorIndex(
+            created_by=f"dllm {__version__}",
+            release=plan.release,
+            targets=sorted(m.target for m in plan.manifests),
+            project=project,
+            files=_inventory(staging, {}),
+        )
+        # MIRROR.json last: a folder without it is not a mirror.
+        (staging / MIRROR_FILE).write_text(
+            json.dumps(index.model_dump(mode="json"), indent=2, sort_keys=True) + "\n",
+            encoding="utf-8",
+        )
+        if dest.exists():
+            old = dest.with_name(f".{dest.name}.old")
+            shutil.rmtree(old, ignore_errors=True)
+            dest.rename(old)
+            staging.rename(dest)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            staging.rename(dest)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return index

@@ -1,0 +1,149 @@
+"""`dllm mirror serve`: the mirror folder over HTTP, for pip, uv and `dllm bundle install`.
+
+A threaded `http.server` (one thread per connection, so a slow bundle download does not block
+the index) that serves files and folder `index.html` pages only, no listings, with content types
+pip and uv expect and single-range `Range` requests (206), so an interrupted bundle download
+resumes. Binds to 127.0.0.1 unless told otherwise: expose it to a cluster on purpose.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+import threading
+from functools import partial
+from http import HTTPStatus
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.mirror.layout import MIRROR_FILE
+
+__all__ = ["MirrorServer", "MirrorRequestHandler"]
+
+_RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+_CHUNK = 1 << 20
+
+
+class MirrorRequestHandler(SimpleHTTPRequestHandler):
+    extensions_map = {
+        "": "application/octet-stream",
+        ".html": "text/html; charset=utf-8",
+        ".json": "application/json",
+        ".toml": "application/toml",
+        ".lock": "text/plain; charset=utf-8",
+        ".whl": "application/octet-stream",
+        ".zst": "application/zstd",
+        ".sha256": "text/plain; charset=utf-8",
+    }
+    server_version = "dllm-mirror"
+    quiet = False
+
+    def list_directory(self, path):  # no listings: a mirror is its index pages
+        self.send_error(HTTPStatus.NOT_FOUND, "not found")
+        return None
+
+    def log_message(self, format: str, *args) -> None:
+        if not self.quiet:
+            sys.stderr.write(f"{self.address_string()} {format % args}\n")
+
+    _advertised_ranges = False
+
+    def send_head(self):
+        self._remaining = None
+        header = self.headers.get("Range")
+        path = self.translate_path(self.path)
+        if not header or not os.path.isfile(path):
+            return super().send_head()
+        match = _RANGE.match(header.strip())
+        size = os.path.getsize(path)
+        if not match or (not match[1] and not match[2]):
+            return super().send_head()  # a form we do not serve partially: whole file
+        if match[1]:
+            start = int(match[1])
+            end = min(int(match[2]), size - 1) if match[2] else size - 1
+        else:  # suffix range: the last N bytes
+            start, end = max(size - int(match[2]), 0), size - 1
+        if start >= size or start > end:
+            self.send_response(HTTPStatus.REQUESTED_RANGE_NOT_SATISFIABLE)
+            self.send_header("Content-Range", f"bytes */{size}")
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return None
+        handle = open(path, "rb")  # noqa: SIM115 - closed by copyfile's caller (do_GET)
+        handle.seek(start)
+        self.send_response(HTTPStatus.PARTIAL_CONTENT)
+        self.send_header("Content-Type", self.guess_type(path))
+        self.send_header("Content-Range", f"bytes {start}-{end}/{size}")
+        self.send_header("Content-Length", str(end - start + 1))
+        self.end_headers()
+        self._remaining = end - start + 1
+        return handle
+
+    def end_headers(self) -> None:
+        if not self._advertised_ranges:  # tell resuming clients that Range works
+            self.send_header("Accept-Ranges", "bytes")
+            self._advertised_ranges = True
+        super().end_headers()
+
+    def copyfile(self, source, outputfile) -> None:
+        remaining = getattr(self, "_remaining", None)
+        if remaining is None:
+            return super().copyfile(source, outputfile)
+        self._remaining = None
+        while remaining > 0:
+            block = source.read(min(_CHUNK, remaining))
+            if not block:
+                break
+            outputfile.write(block)
+            remaining -= len(block)
+
+
+class MirrorServer:
+    """A running server for one mirror folder; `with MirrorServer(DIR) as s: s.url`."""
+
+    def __init__(
+        self, root: str | Path, host: str = "127.0.0.1", port: int = 0, quiet: bool = False
+    ) -> None:
+        self.root = Path(root).resolve()
+        if not (self.root / MIRROR_FILE).is_file():
+            raise DllmError(
+                f"{self.root} is not a mirror (no {MIRROR_FILE})",
+                hint="create one with `dllm mirror create DIR --release vX`",
+            )
+        handler = type("Handler", (MirrorRequestHandler,), {"quiet": quiet})
+        try:
+            self.httpd = ThreadingHTTPServer((host, port), partial(handler, directory=self.root))
+        except OSError as error:
+            raise DllmError(
+                f"cannot listen on {host}:{port}: {error}", hint="pass another --port"
+            ) from error
+        self.httpd.daemon_threads = True
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host, port = self.httpd.server_address[:2]
+        host = f"[{host}]" if ":" in str(host) else host
+        return f"http://{host}:{port}"
+
+    def serve_forever(self) -> None:
+        self.httpd.serve_forever()
+
+    def start(self) -> MirrorServer:
+        self._thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def __enter__(self) -> MirrorServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

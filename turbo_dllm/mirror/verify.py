@@ -1,0 +1,190 @@
+"""`dllm mirror verify`: is every byte of the mirror what `MIRROR.json` and the locks say?
+
+Checks, collecting every problem before reporting: each listed file's sha256 and size; no
+unlisted files; the PEP 503 pages are exactly what the wheels produce; every pin of every
+manifest has a wheel whose hash the manifest allows; the project wheel; each catalog parses,
+is the one `releases.lock` pins (when it pins the release) and every bundle it lists that the
+mirror carries has the catalog's sha256 and size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from turbo_dllm.envs.manifest import parse_manifest
+from turbo_dllm.errors import DllmError
+from turbo_dllm.mirror.layout import MIRROR_FILE, MirrorIndex, simple_pages
+from turbo_dllm.mirror.source import MirrorSource, open_mirror
+
+__all__ = ["VerifyReport", "verify_mirror"]
+
+
+@dataclass
+class VerifyReport:
+    location: str
+    index: MirrorIndex
+    checked_files: int = 0
+    problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_json(self) -> dict:
+        return {
+            "format": "turbo_dllm.mirror_verify.v1",
+            "mirror": self.location,
+            "ok": self.ok,
+            "release": self.index.release,
+            "targets": self.index.targets,
+            "files": self.checked_files,
+            "problems": self.problems,
+            "notes": self.notes,
+        }
+
+
+def _file_digest(source: MirrorSource, relative: str) -> tuple[str, int] | None:
+    if source.local is not None:
+        path = source.local / relative
+        if not path.is_file():
+            return None
+        digest = hashlib.sha256()
+        with open(path, "rb") as handle:
+            while block := handle.read(1 << 20):
+                digest.update(block)
+        return digest.hexdigest(), path.stat().st_size
+    data = source.read_bytes(relative)
+    return (hashlib.sha256(data).hexdigest(), len(data)) if data is not None else None
+
+
+def _check_files(source: MirrorSource, report: VerifyReport) -> None:
+    for entry in report.index.files:
+        found = _file_digest(source, entry.path)
+        report.checked_files += 1
+        if found is None:
+            report.problems.append(f"{entry.path}: missing")
+        elif found != (entry.sha256, entry.size):
+            report.problems.append(
+                f"{entry.path}: sha256 {found[0][:16]}... size {found[1]}, "
+                f"MIRROR.json says {entry.sha256[:16]}... size {entry.size}"
+            )
+    if source.local is not None:
+        listed = {f.path for f in report.index.files} | {MIRROR_FILE}
+        for path in sorted(p for p in source.local.rglob("*") if p.is_file()):
+            relative = path.relative_to(source.local).as_posix()
+            if relative not in listed:
+                report.problems.append(f"{relative}: not listed in MIRROR.json")
+
+
+def _check_simple_index(source: MirrorSource, report: VerifyReport) -> None:
+    if source.local is None:
+        return
+    wheels = {
+        Path(f.path).name: (source.local / f.path, f.sha256) for f in report.index.of_kind("wheel")
+    }
+    if not wheels:
+        return
+    for relative, text in simple_pages(wheels).items():
+        path = source.local / relative
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            report.problems.append(f"{relative}: does not match the wheels (rebuild the mirror)")
+
+
+def _check_manifests(source: MirrorSource, report: VerifyReport) -> None:
+    wheel_hashes = {Path(f.path).name: f.sha256 for f in report.index.of_kind("wheel")}
+    for target in report.index.targets:
+        text = source.manifest_text(target)
+        if text is None:
+            report.problems.append(f"manifests/{target}.toml: missing")
+            continue
+        try:
+            manifest = parse_manifest(text, f"manifests/{target}.toml")
+        except DllmError as error:
+            report.problems.append(error.message)
+            continue
+        if not wheel_hashes:
+            continue
+        uncovered = [
+            f"{pin.name}=={pin.version}"
+            for pin in manifest.packages
+            if not any(wheel_hashes.get(w.filename) == w.sha256 for w in pin.wheels)
+        ]
+        if uncovered:
+            report.problems.append(
+                f"manifest {target}: no wheel in the mirror for {', '.join(uncovered[:8])}"
+                + (", ..." if len(uncovered) > 8 else "")
+            )
+    project = report.index.project
+    if project is not None:
+        listed = report.index.file(project.wheel)
+        if listed is None or listed.sha256 != project.sha256:
+            report.problems.append(f"project wheel {project.wheel}: not listed with its sha256")
+
+
+def _check_catalogs(source: MirrorSource, report: VerifyReport) -> None:
+    from turbo_dllm.bundles.catalog import parse_catalog, read_releases_lock
+
+    catalogs = [f for f in report.index.of_kind("catalog") if f.path.endswith("/catalog.toml")]
+    bundles = {Path(f.path).name: f for f in report.index.of_kind("bundle")}
+    lock = read_releases_lock()
+    for entry in catalogs:
+        data = source.read_bytes(entry.path)
+        if data is None:
+            continue  # reported as missing already
+        try:
+            catalog = parse_catalog(data, entry.path)
+        except DllmError as error:
+            report.problems.append(error.message)
+            continue
+        pin = lock.releases.get(catalog.release)
+        digest = hashlib.sha256(data).hexdigest()
+        if pin is None:
+            report.notes.append(
+                f"release {catalog.release} is not pinned in this dllm's releases.lock: "
+                f"install with --catalog-sha256 {digest}"
+            )
+        elif pin.catalog_sha256 != digest:
+            report.problems.append(
+                f"{entry.path}: sha256 {digest} is not the one releases.lock pins for "
+                f"{catalog.release} ({pin.catalog_sha256})"
+            )
+        for bundle in catalog.bundles:
+            carried = bundles.get(bundle.file)
+            if carried is None:
+                continue
+            if (carried.sha256, carried.size) != (bundle.sha256, bundle.size):
+                report.problems.append(
+                    f"{carried.path}: does not match catalog {catalog.release} "
+                    f"(sha256 {bundle.sha256[:16]}..., size {bundle.size})"
+                )
+    catalog_files = {
+        b.file
+        for f in catalogs
+        if (data := source.read_bytes(f.path)) is not None
+        for b in _safe_entries(data, f.path)
+    }
+    for name, carried in sorted(bundles.items()):
+        if carried.path.endswith(".tar.zst") and name not in catalog_files:
+            report.problems.append(f"{carried.path}: listed in no catalog of the mirror")
+
+
+def _safe_entries(data: bytes, source: str):
+    from turbo_dllm.bundles.catalog import parse_catalog
+
+    try:
+        return parse_catalog(data, source).bundles
+    except DllmError:
+        return ()
+
+
+def verify_mirror(location: str | Path) -> VerifyReport:
+    source = open_mirror(location)
+    report = VerifyReport(location=str(location), index=source.index())
+    _check_files(source, report)
+    _check_simple_index(source, report)
+    _check_manifests(source, report)
+    _check_catalogs(source, report)
+    return report
