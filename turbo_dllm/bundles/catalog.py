@@ -102,11 +102,11 @@ class Catalog(_Strict):
 
 
 def parse_catalog(data: bytes, source: str) -> Catalog:
-    import tomlkit
+    from turbo_dllm.bundles.toml import TomlError, loads
 
     try:
-        document = tomlkit.parse(data.decode("utf-8")).unwrap()
-    except Exception as error:  # tomlkit raises several types for bad documents
+        document = loads(data.decode("utf-8"))
+    except (TomlError, UnicodeDecodeError) as error:
         raise DllmError(f"{source}: not a valid catalog.toml: {error}") from None
     try:
         return Catalog.model_validate(document)
@@ -151,13 +151,12 @@ class ReleasesLock(_Strict):
 
 def read_releases_lock(path: Path | None = None) -> ReleasesLock:
     """The lock shipped inside this package (or the one at `path`)."""
-    import tomlkit
-
     from turbo_dllm.bundles.resources import releases_lock_path
+    from turbo_dllm.bundles.toml import loads
 
     path = path or releases_lock_path()
     try:
-        document = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
+        document = loads(path.read_text(encoding="utf-8"))
         return ReleasesLock.model_validate(document)
     except Exception as error:  # unreadable, not TOML, or not a lock: all mean a broken install
         raise DllmError(

@@ -87,13 +87,12 @@ class TargetsFile(BaseModel):
 
 
 def read_targets(path: Path | None = None) -> TargetsFile:
-    import tomlkit
-
     from turbo_dllm.bundles.resources import targets_path
+    from turbo_dllm.bundles.toml import loads
 
     path = path or targets_path()
     try:
-        return TargetsFile.model_validate(tomlkit.parse(path.read_text(encoding="utf-8")).unwrap())
+        return TargetsFile.model_validate(loads(path.read_text(encoding="utf-8")))
     except (OSError, ValidationError, ValueError) as error:
         raise DllmError(f"invalid targets file {path}: {error}") from None
 

@@ -81,7 +81,7 @@ def native_op_names(root: Path | None = None) -> list[str]:
 
 
 def load_native_op(name: str, root: Path | None = None) -> NativeOp:
-    import tomlkit
+    from turbo_dllm.bundles.toml import loads
 
     root = root or native_root()
     path = root / name / "op.toml"
@@ -89,7 +89,7 @@ def load_native_op(name: str, root: Path | None = None) -> NativeOp:
         known = ", ".join(native_op_names(root)) or "none"
         raise DllmError(f"unknown native op {name!r} (known: {known})")
     try:
-        document = tomlkit.parse(path.read_text(encoding="utf-8")).unwrap()
+        document = loads(path.read_text(encoding="utf-8"))
         spec = OpSpec.model_validate(document)
     except Exception as error:  # a broken spec in our own sources is a packaging bug
         raise RuntimeError(f"invalid op spec {path}: {error}") from error
