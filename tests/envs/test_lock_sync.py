@@ -160,3 +160,22 @@ def test_sync_never_installs_into_a_prefix_that_is_not_a_venv(wheels, tmp_path):
     (prefix / "bin" / "python").symlink_to(sys.executable)  # looks like an interpreter prefix
     with pytest.raises(DllmError, match="not a virtual environment"):
         sync_environment(lock_fixtures(wheels), prefix)
+
+
+def test_env_cli_lists_and_prints_the_shipped_manifest(cli):
+    listed = cli("env", "list", "--json")
+    assert "cpu-x86_64" in json.loads(listed.out)["manifests"]
+    printed = cli("env", "requirements", "--target", "cpu-x86_64")
+    lines = printed.out.splitlines()
+    assert lines[0].startswith("# cpu-x86_64 (cp3") and lines[1].startswith("--index-url ")
+    torch = next(line for line in lines if line.startswith("torch=="))
+    assert torch.startswith("torch==2.13.0+cpu --hash=sha256:")
+    assert "--index-url" not in cli("env", "requirements", "--target", "cpu-x86_64",
+                                     "--no-sources").out  # fmt: skip
+
+
+def test_env_lock_cli_errors(cli):
+    assert_user_error(cli("env", "lock", "--target", "tpu-v9"), "unknown target")
+    assert_user_error(
+        cli("env", "lock", "--target", "cpu-x86_64", "--torch", "2.5.0"), "not one of target"
+    )

@@ -182,3 +182,23 @@ def test_with_wheels_downloads_from_the_manifest_index_by_hash(mirror, wheels, t
         with pytest.raises(DllmError, match="is not the manifest's"):
             create_mirror(MirrorPlan(tmp_path / "forged", None, [forged], with_wheels=True))
         assert not (tmp_path / "forged").exists()
+
+
+def test_env_sync_offline_from_a_mirror_folder(mirror, tmp_path, monkeypatch, cli):
+    root, _ = mirror
+    monkeypatch.setenv("UV_CACHE_DIR", str(tmp_path / "uv-cache"))
+    venv = tmp_path / "venv"
+    result = cli("env", "sync", "--mirror", root, "--offline", "--venv", venv,
+                 "--target", "cpu-x86_64", "--json")  # fmt: skip
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["clean"] is True and report["packages"] == 2
+    assert report["project"] == f"turbo-dllm 0.1.0 from {root}"  # the mirror's wheel, hash-checked
+    checked = cli("env", "check", "--python", venv / "bin" / "python", "--json")
+    assert checked.code == 0, checked.out
+    listed = cli("env", "list", "--mirror", root)
+    assert "cpu-x86_64" in listed.out
+    assert_user_error(
+        cli("env", "sync", "--mirror", root, "--target", "sm90", "--venv", venv),
+        "no environment manifest for target sm90",
+    )
