@@ -129,6 +129,9 @@ def test_verify_reports_modified_and_extra_files(cli, installed):
 def test_stale_staging_is_swept_by_the_next_operation(installed):
     store = BundleStore()
     (store.store_dir / ".staging-deadbeef").mkdir()
+    os.symlink(f"store/{installed.sha256}", store.root / ".active.0123")
     with store.locked():
         pass
     assert not (store.store_dir / ".staging-deadbeef").exists()
+    assert not (store.root / ".active.0123").is_symlink()
+    assert store.active().sha256 == installed.sha256

@@ -230,9 +230,13 @@ class BundleStore:
             lock.release()
 
     def _sweep_staging(self) -> None:
+        """Remove what killed operations left: staging/trash folders, half-made symlinks."""
         if self.store_dir.is_dir():
             for path in self.store_dir.glob(".*"):
                 _remove_tree(path)
+        for pattern in (".active.*", ".previous.*"):
+            for path in self.root.glob(pattern):
+                path.unlink(missing_ok=True)
 
     def add_archive(
         self,
