@@ -32,13 +32,7 @@ for dist in metadata.distributions():
         continue  # the first one on sys.path is the one that imports
     path = getattr(dist, "_path", None)
     location = os.path.realpath(str(path)) if path is not None else ""
-    editable = False
-    try:
-        direct = dist.read_text("direct_url.json")
-        editable = bool(direct and json.loads(direct).get("dir_info", {}).get("editable"))
-    except Exception:
-        pass
-    seen[key] = {"name": key, "version": dist.version, "location": location, "editable": editable}
+    seen[key] = {"name": key, "version": dist.version, "location": location}
 print(json.dumps({
     "python": "%d.%d" % sys.version_info[:2],
     "executable": sys.executable,
@@ -54,7 +48,6 @@ class Installed:
     name: str  # PEP 503 normalized
     version: str
     location: str
-    editable: bool = False
 
 
 @dataclass(frozen=True)

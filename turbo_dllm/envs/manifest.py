@@ -8,7 +8,8 @@ mirror folder or from a loopback mirror without a change. `provided` lists packa
 interpreter must already have (a vendor container's torch, say): sync does not install them and
 check compares their versions only.
 
-TOML through tomlkit, validated with pydantic (`extra="forbid"`) on every read.
+Written with tomlkit, read with the standard library's parser where it exists, validated with
+pydantic (`extra="forbid"`) on every read.
 """
 
 from __future__ import annotations
@@ -202,12 +203,11 @@ class EnvManifest(_Strict):
 
 
 def parse_manifest(text: str, source: str) -> EnvManifest:
-    import tomlkit
-    from tomlkit.exceptions import TOMLKitError
+    from turbo_dllm.bundles.toml import TomlError, loads
 
     try:
-        data = tomlkit.parse(text).unwrap()
-    except TOMLKitError as error:
+        data = loads(text)
+    except TomlError as error:
         raise DllmError(f"{source}: not valid TOML: {error}") from error
     if data.get("format") != FORMAT:
         raise DllmError(
