@@ -111,13 +111,19 @@ def wheel_of_size(path: Path, size: int) -> Path:
     return path
 
 
-def timed(command: list[str], env: dict[str, str]) -> float:
+def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
+    """(wall seconds, CPU seconds user+sys) of one child process."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     proc = subprocess.run(command, env=env, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
         raise SystemExit(f"command failed: {' '.join(command)}\n{proc.stdout}\n{proc.stderr}")
-    return elapsed
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return elapsed, cpu
 
 
 def verify_throughput(work: Path, size: int) -> dict[str, float]:
@@ -195,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = []
         try:
             for mib, release, catalog_sha, size, wheel in cases:
-                dllm_times, pip_times = [], []
+                dllm_times, pip_times, dllm_cpu, pip_cpu = [], [], [], []
                 for repeat in range(-1, args.repeats):  # -1: untimed warm-up (bytecode caches)
                     home = work / f"home-{mib}-{repeat}"
                     dllm = [
@@ -207,11 +213,13 @@ def main(argv: list[str] | None = None) -> int:
                         "--no-cache-dir", "--disable-pip-version-check", "--target",
                         str(work / f"site-{mib}-{repeat}"), f"{url}/{wheel.relative_to(mirror).as_posix()}",
                     ]  # fmt: skip
-                    dllm_s = timed(dllm, {**env, "DLLM_HOME": str(home)})
-                    pip_s = timed(pip, env)
+                    dllm_run = timed(dllm, {**env, "DLLM_HOME": str(home)})
+                    pip_run = timed(pip, env)
                     if repeat >= 0:
-                        dllm_times.append(dllm_s)
-                        pip_times.append(pip_s)
+                        dllm_times.append(dllm_run[0])
+                        pip_times.append(pip_run[0])
+                        dllm_cpu.append(dllm_run[1])
+                        pip_cpu.append(pip_run[1])
                     shutil.rmtree(home, ignore_errors=True)
                     shutil.rmtree(work / f"site-{mib}-{repeat}", ignore_errors=True)
                 dllm_s, pip_s = statistics.median(dllm_times), statistics.median(pip_times)
@@ -223,6 +231,9 @@ def main(argv: list[str] | None = None) -> int:
                         "dllm_install_s": dllm_s,
                         "pip_install_s": pip_s,
                         "ratio": dllm_s / pip_s,
+                        "dllm_cpu_s": statistics.median(dllm_cpu),
+                        "pip_cpu_s": statistics.median(pip_cpu),
+                        "cpu_ratio": statistics.median(dllm_cpu) / statistics.median(pip_cpu),
                         "dllm_runs_s": dllm_times,
                         "pip_runs_s": pip_times,
                     }
@@ -244,12 +255,14 @@ def main(argv: list[str] | None = None) -> int:
         "verify": verify,
     }
     print(
-        f"{'archive':>12} {'dllm install':>13} {'pip install':>12} {'ratio':>7}   (median of {args.repeats})"
+        f"{'archive':>12} {'dllm wall':>10} {'pip wall':>10} {'ratio':>6} "
+        f"{'dllm cpu':>10} {'pip cpu':>10} {'ratio':>6}   (medians of {args.repeats})"
     )
     for row in rows:
         print(
-            f"{row['archive_bytes'] / MIB:>9.2f} MiB {row['dllm_install_s']:>11.3f} s "
-            f"{row['pip_install_s']:>10.3f} s {row['ratio']:>7.2f}x"
+            f"{row['archive_bytes'] / MIB:>8.2f} MiB {row['dllm_install_s']:>8.3f} s "
+            f"{row['pip_install_s']:>8.3f} s {row['ratio']:>5.2f}x {row['dllm_cpu_s']:>8.3f} s "
+            f"{row['pip_cpu_s']:>8.3f} s {row['cpu_ratio']:>5.2f}x"
         )
     print(
         f"sha256 verify: {verify['streamed_file_gb_s']:.2f} GB/s streamed from file, "
