@@ -126,18 +126,24 @@ def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
     return elapsed, cpu
 
 
-def verify_throughput(work: Path, size: int) -> dict[str, float]:
-    """sha256 GB/s: our streamed file hash (page cache warm) and hashlib on bytes in memory."""
+def verify_throughput(work: Path, size: int, repeats: int = 3) -> dict[str, float]:
+    """sha256 GB/s, best of `repeats`: our streamed file hash (`sha256_file`, the one installs
+    and `dllm bundle verify` use; page cache warm) and hashlib over bytes already in memory."""
     path = work / "verify.bin"
     random_file(path, size)
     sha256_file(path)  # warm the page cache
-    start = time.perf_counter()
-    sha256_file(path)
-    streamed = size / (time.perf_counter() - start) / 1e9
+
+    def best(fn) -> float:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return size / min(times) / 1e9
+
+    streamed = best(lambda: sha256_file(path))
     data = path.read_bytes()
-    start = time.perf_counter()
-    hashlib.sha256(data).hexdigest()
-    memory = size / (time.perf_counter() - start) / 1e9
+    memory = best(lambda: hashlib.sha256(data).hexdigest())
     path.unlink()
     return {"bytes": size, "streamed_file_gb_s": streamed, "hashlib_memory_gb_s": memory}
 
@@ -266,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         )
     print(
         f"sha256 verify: {verify['streamed_file_gb_s']:.2f} GB/s streamed from file, "
-        f"{verify['hashlib_memory_gb_s']:.2f} GB/s hashlib in memory ({verify['bytes'] // MIB} MiB)"
+        f"{verify['hashlib_memory_gb_s']:.2f} GB/s hashlib in memory "
+        f"({verify['bytes'] // MIB} MiB, best of 3)"
     )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
