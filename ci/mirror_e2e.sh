@@ -59,7 +59,8 @@ dllm mirror verify "$WORK/mirror"
 du -sh "$WORK/mirror"
 
 step "2/4 dllm mirror serve on 127.0.0.1"
-dllm mirror serve "$WORK/mirror" --port 0 --quiet > "$WORK/serve.log" 2>&1 &
+# Not through the dllm() function: $! must be the server itself, so the trap can stop it.
+"$PYTHON" -m turbo_dllm mirror serve "$WORK/mirror" --port 0 --quiet > "$WORK/serve.log" 2>&1 &
 SERVER=$!
 trap 'kill $SERVER 2>/dev/null || true' EXIT
 for _ in $(seq 100); do grep -q ' at http' "$WORK/serve.log" && break; sleep 0.1; done
