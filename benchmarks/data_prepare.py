@@ -10,9 +10,11 @@ that same fast tokenizer:
 - turbo-dllm: `turbo_dllm.data.prepare.prepare` (jsonl source, text records, eos separators,
   packing into 2048-token rows, loss masks, document index, sha256 + fingerprint, manifest).
 
-Both start from the same JSONL file and the timing covers loading the tokenizer, reading,
-tokenizing and producing the tokens; library imports happen before any timing. With `--repeat N`
-the two pipelines alternate N times and the best time of each counts (the host may be shared).
+Both start from the same JSONL file; each run is a fresh process whose timing covers loading the
+tokenizer, reading, tokenizing and producing the tokens (library imports happen before the clock
+starts). With `--repeat N` the two pipelines alternate N times, each side going first in turn,
+and the best time of each counts (the host may be shared); CPU seconds (process + children) are
+reported too.
 The script checks that both produced the same token stream, prints a table and writes JSON
 (`--out`).
 
@@ -188,20 +190,51 @@ def _cpu() -> str:
     return platform.processor() or platform.machine()
 
 
+def _child(args) -> int:
+    """One timed run in a fresh process (imports done before timing); result JSON on stdout."""
+    import datasets  # noqa: F401  (import cost is not what we measure)
+    from transformers import AutoTokenizer  # noqa: F401  (transformers imports lazily)
+
+    import turbo_dllm.data.prepare  # noqa: F401
+
+    work = Path(args.workdir)
+    if args.child == "baseline":
+        shutil.rmtree(work / "hf-cache", ignore_errors=True)
+        num_proc = os.cpu_count() if args.num_proc else None
+        run = run_baseline(work / "corpus.jsonl", work / "tokenizer", work / "hf-cache", num_proc)
+    else:
+        workers = args.workers if args.workers == "auto" else int(args.workers)
+        run = run_turbo(work / "corpus.jsonl", work / "tokenizer", work / "artifact", workers)
+    np.save(work / f"ids-{args.child}.npy", run.pop("ids"))
+    print(json.dumps(run))
+    return 0
+
+
+def _timed(work: Path, which: str, *extra: str) -> dict:
+    command = [sys.executable, __file__, "--child", which, "--workdir", str(work), *extra]
+    out = subprocess.run(command, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"{which} run failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--mb", type=float, default=100.0, help="corpus size in MB (>= 100)")
     parser.add_argument("--workers", default="auto", help="turbo-dllm workers (default auto)")
+    parser.add_argument("--repeat", type=int, default=1, help="alternate runs, keep the best")
     parser.add_argument("--out", help="write the results as JSON here")
     parser.add_argument("--workdir", help="keep corpus, tokenizer and outputs here")
-    parser.add_argument("--repeat", type=int, default=1, help="alternate runs, keep the best")
     parser.add_argument(
         "--parallel-baseline",
         action="store_true",
         help="also time the baseline with map(num_proc=CPU count)",
     )
+    parser.add_argument("--child", choices=["baseline", "turbo"], help=argparse.SUPPRESS)
+    parser.add_argument("--num-proc", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    workers = args.workers if args.workers == "auto" else int(args.workers)
+    if args.child:
+        return _child(args)
 
     work = Path(args.workdir) if args.workdir else Path(tempfile.mkdtemp(prefix="dllm-bench-"))
     work.mkdir(parents=True, exist_ok=True)
@@ -212,56 +245,47 @@ def main() -> int:
         print(
             f"corpus: {files:,} files, {text_bytes / 1e6:.1f} MB ({time.perf_counter() - t:.1f} s)"
         )
-        tokenizer = work / "tokenizer"
         t = time.perf_counter()
-        train_tokenizer(corpus, tokenizer)
-        print(f"tokenizer: BPE 16k trained on 8 MB ({time.perf_counter() - t:.1f} s)")
+        train_tokenizer(corpus, work / "tokenizer")
+        print(f"tokenizer: byte-level BPE 16k trained on 8 MB ({time.perf_counter() - t:.1f} s)")
 
-        # Import everything both sides use before timing either of them.
-        import datasets  # noqa: F401
-        import transformers  # noqa: F401
-
-        import turbo_dllm.data.prepare  # noqa: F401
-
-        baseline_times, turbo_times, baseline_cpu, turbo_cpu = [], [], [], []
+        runs: dict[str, list[dict]] = {"baseline": [], "turbo": [], "parallel": []}
         for attempt in range(args.repeat):
-            shutil.rmtree(work / "hf-cache", ignore_errors=True)
-            baseline = run_baseline(corpus, tokenizer, work / "hf-cache", None)
-            baseline_times.append(baseline["seconds"])
-            baseline_cpu.append(baseline["cpu"])
-            print(
-                f"[{attempt + 1}] baseline map(batched=True): {baseline['seconds']:.1f} s "
-                f"(cpu {baseline['cpu']:.1f} s)"
+            # Alternate which side goes first, so a load change on a shared host hits both.
+            order = ["baseline", "turbo"] if attempt % 2 == 0 else ["turbo", "baseline"]
+            for which in order:
+                extra = ["--workers", str(args.workers)] if which == "turbo" else []
+                run = _timed(work, which, *extra)
+                runs[which].append(run)
+                print(
+                    f"[{attempt + 1}] {which}: {run['seconds']:.1f} s wall, {run['cpu']:.1f} s cpu, "
+                    f"load {os.getloadavg()[0]:.1f}"
+                )
+            same = np.array_equal(
+                np.load(work / "ids-baseline.npy"), np.load(work / "ids-turbo.npy")
             )
-            ours = run_turbo(corpus, tokenizer, work / "artifact", workers)
-            turbo_times.append(ours["seconds"])
-            turbo_cpu.append(ours["cpu"])
-            print(
-                f"[{attempt + 1}] turbo-dllm prepare ({ours['workers']} workers): "
-                f"{ours['seconds']:.1f} s"
-            )
-            if not np.array_equal(baseline["ids"], ours["ids"]):
+            if not same:
                 raise SystemExit("token streams differ between the baseline and turbo-dllm")
-        baseline["seconds"], ours["seconds"] = min(baseline_times), min(turbo_times)
-        parallel = None
-        if args.parallel_baseline:
-            shutil.rmtree(work / "hf-cache", ignore_errors=True)
-            parallel = run_baseline(corpus, tokenizer, work / "hf-cache", os.cpu_count())
-            print(f"baseline map(num_proc={os.cpu_count()}): {parallel['seconds']:.1f} s")
+            if args.parallel_baseline:
+                run = _timed(work, "baseline", "--num-proc")
+                runs["parallel"].append(run)
+                print(f"[{attempt + 1}] baseline num_proc={os.cpu_count()}: {run['seconds']:.1f} s")
 
-        tokens = baseline["tokens"]
-        rows = [("datasets.map(batched=True) + np.concatenate", baseline["seconds"])]
-        if parallel:
+        best = {k: min(v, key=lambda r: r["seconds"]) for k, v in runs.items() if v}
+        tokens = best["baseline"]["tokens"]
+        base_s = best["baseline"]["seconds"]
+        rows = [("datasets.map(batched=True) + np.concatenate", best["baseline"])]
+        if "parallel" in best:
             rows.append(
-                (f"datasets.map(batched=True, num_proc={os.cpu_count()})", parallel["seconds"])
+                (f"datasets.map(batched=True, num_proc={os.cpu_count()})", best["parallel"])
             )
-        rows.append((f"dllm data prepare (workers={ours['workers']})", ours["seconds"]))
+        rows.append((f"dllm data prepare (workers={best['turbo']['workers']})", best["turbo"]))
         print()
-        print(f"{'pipeline':<52} {'seconds':>8} {'tokens/s':>12} {'vs baseline':>12}")
-        for name, seconds in rows:
+        print(f"{'pipeline':<52} {'wall s':>7} {'cpu s':>7} {'tokens/s':>11} {'vs baseline':>12}")
+        for name, run in rows:
             print(
-                f"{name:<52} {seconds:>8.1f} {tokens / seconds:>12,.0f} "
-                f"{baseline['seconds'] / seconds:>11.2f}x"
+                f"{name:<52} {run['seconds']:>7.1f} {run['cpu']:>7.1f} "
+                f"{tokens / run['seconds']:>11,.0f} {base_s / run['seconds']:>11.2f}x"
             )
         result = {
             "benchmark": "data_prepare",
@@ -273,20 +297,20 @@ def main() -> int:
             "corpus_files": files,
             "tokens": tokens,
             "baseline": "datasets.load_dataset(json) + Dataset.map(tokenizer, batched=True) + "
-            "np.concatenate",
-            "baseline_seconds": round(baseline["seconds"], 2),
-            "baseline_tokens_per_s": round(tokens / baseline["seconds"]),
-            "parallel_baseline_seconds": round(parallel["seconds"], 2) if parallel else None,
-            "baseline_runs_seconds": [round(x, 2) for x in baseline_times],
-            "turbo_runs_seconds": [round(x, 2) for x in turbo_times],
-            "baseline_cpu_seconds": round(min(baseline_cpu), 2),
-            "turbo_cpu_seconds": round(min(turbo_cpu), 2),
-            "load_average_1m": round(os.getloadavg()[0], 2),
-            "turbo_seconds": round(ours["seconds"], 2),
-            "turbo_tokens_per_s": round(tokens / ours["seconds"]),
-            "turbo_workers": ours["workers"],
-            "ratio": round(baseline["seconds"] / ours["seconds"], 2),
-            "fingerprint": ours["fingerprint"],
+            "np.concatenate (same tokenizer folder)",
+            "baseline_seconds": round(base_s, 2),
+            "baseline_cpu_seconds": round(best["baseline"]["cpu"], 2),
+            "turbo_seconds": round(best["turbo"]["seconds"], 2),
+            "turbo_cpu_seconds": round(best["turbo"]["cpu"], 2),
+            "turbo_workers": best["turbo"]["workers"],
+            "parallel_baseline_seconds": round(best["parallel"]["seconds"], 2)
+            if "parallel" in best
+            else None,
+            "runs_seconds": {k: [round(r["seconds"], 2) for r in v] for k, v in runs.items()},
+            "baseline_tokens_per_s": round(tokens / base_s),
+            "turbo_tokens_per_s": round(tokens / best["turbo"]["seconds"]),
+            "ratio": round(base_s / best["turbo"]["seconds"], 2),
+            "fingerprint": best["turbo"]["fingerprint"],
             "same_tokens": True,
         }
         print(json.dumps(result, indent=2))

@@ -98,6 +98,17 @@ def test_token_ids_outside_the_vocab_or_equal_to_mask(cli, tmp_path):
     _prepare_fails(cli, config, "ids.npy row 1", "mask token")
 
 
+def test_pretokenized_records_with_bad_ids(cli, tmp_path):
+    (tmp_path / "data.jsonl").write_text(
+        '{"input_ids": [1, 2]}\n{"input_ids": [1, 1180591620717411303424]}\n'
+        '{"input_ids": [1, "a"]}\n{"input_ids": [-1]}\n'
+    )
+    config = write_config(tmp_path, records={"kind": "tokens"}, on_error="skip")
+    stats = prepare_config(config).manifest.stats
+    assert stats.skipped == {"bad_field": 1, "token_out_of_range": 2}
+    assert stats.documents == 1
+
+
 def test_too_long_documents_under_reject(cli, tmp_path):
     write_jsonl(tmp_path / "data.jsonl", [{"text": "ok"}, {"text": "x" * 80}])
     config = write_config(tmp_path, packing={"seq_len": 64, "block_size": 8, "overflow": "reject"})

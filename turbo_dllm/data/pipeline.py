@@ -58,11 +58,11 @@ class ChunkResult:
 
 
 class ChunkProcessor:
-    def __init__(self, config: WorkerConfig) -> None:
+    def __init__(self, config: WorkerConfig, tokenizer=None) -> None:
         from turbo_dllm.data.tokenizers import load_tokenizer
 
         self.config = config
-        self.tokenizer = load_tokenizer(config.tokenizer)
+        self.tokenizer = tokenizer if tokenizer is not None else load_tokenizer(config.tokenizer)
 
     # -- stage 1: records -> (flat ids, flat mask, lengths, record index per document) ---------
 
@@ -251,6 +251,7 @@ def _truncate(flat, mask, lengths, limit):
 # --- the pool -----------------------------------------------------------------------------------
 
 _WORKER: ChunkProcessor | None = None
+_INHERITED: ChunkProcessor | None = None  # set in the parent just before a fork
 
 
 def _init_worker(config: WorkerConfig) -> None:
@@ -258,7 +259,12 @@ def _init_worker(config: WorkerConfig) -> None:
     # One Rust thread per process: the pool is the parallelism.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
-    _WORKER = ChunkProcessor(config)
+    inherited = _INHERITED
+    # A forked worker reuses the parent's loaded tokenizer (copy-on-write) instead of loading
+    # it again; a spawned one loads its own.
+    _WORKER = inherited if inherited is not None and inherited.config == config else None
+    if _WORKER is None:
+        _WORKER = ChunkProcessor(config)
 
 
 def _process(chunk: RawChunk) -> ChunkResult:
@@ -280,19 +286,27 @@ class TokenizePool:
     bar), so fork happens in a quiet process; `__exit__` terminates it, also on errors.
     """
 
-    def __init__(self, config: WorkerConfig, workers: int) -> None:
+    def __init__(self, config: WorkerConfig, workers: int, tokenizer=None) -> None:
         self.config = config
         self.workers = workers
+        self.tokenizer = tokenizer  # an already loaded tokenizer for `config`, if any
         self._pool = None
         self._local: ChunkProcessor | None = None
 
     def __enter__(self) -> TokenizePool:
         if self.workers <= 1:
-            self._local = ChunkProcessor(self.config)
-        else:
-            self._pool = _context().Pool(
+            self._local = ChunkProcessor(self.config, self.tokenizer)
+            return self
+        global _INHERITED
+        context = _context()
+        if context.get_start_method() == "fork":
+            _INHERITED = ChunkProcessor(self.config, self.tokenizer)
+        try:
+            self._pool = context.Pool(
                 self.workers, initializer=_init_worker, initargs=(self.config,)
             )
+        finally:
+            _INHERITED = None
         return self
 
     def __exit__(self, *exc_info) -> None:

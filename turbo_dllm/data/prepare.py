@@ -32,7 +32,7 @@ from turbo_dllm.errors import DllmError
 
 __all__ = ["PrepareResult", "prepare", "resolve_workers"]
 
-_MAX_AUTO_WORKERS = 8
+_MAX_AUTO_WORKERS = 32
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,13 @@ class PrepareResult:
 
 
 def resolve_workers(workers: int | str) -> int:
+    """`auto`: one tokenizer process per CPU this process may run on (at most 32)."""
     if workers == "auto":
-        return max(1, min(os.cpu_count() or 1, _MAX_AUTO_WORKERS))
+        try:
+            usable = len(os.sched_getaffinity(0))
+        except AttributeError:  # not on Linux
+            usable = os.cpu_count() or 1
+        return max(1, min(usable, _MAX_AUTO_WORKERS))
     return int(workers)
 
 
@@ -166,7 +171,7 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
         on_error=spec.on_error,
     )
     with staged_artifact(target, spec.output.overwrite) as staging:
-        fields = _write_arrays(spec, config, source, staging, workers, progress)
+        fields = _write_arrays(spec, config, tokenizer, source, staging, workers, progress)
         fields.update(
             num_sequences=fields["arrays"]["tokens"]["shape"][0],
             seq_len=spec.packing.seq_len,
@@ -193,7 +198,13 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
 
 
 def _write_arrays(
-    spec: PrepareSpec, config: WorkerConfig, source, staging: Path, workers: int, progress: bool
+    spec: PrepareSpec,
+    config: WorkerConfig,
+    tokenizer,
+    source,
+    staging: Path,
+    workers: int,
+    progress: bool,
 ) -> dict[str, Any]:
     from turbo_dllm.data.packing import Packer
 
@@ -224,7 +235,7 @@ def _write_arrays(
     )
     skipped: dict[str, int] = {}
     try:
-        with TokenizePool(config, workers) as pool:
+        with TokenizePool(config, workers, tokenizer) as pool:
             bar = _Progress(source.total, source.unit, progress)
             try:
                 for chunk, result in pool.results(source.chunks()):

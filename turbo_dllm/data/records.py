@@ -100,7 +100,12 @@ def _int_array(value: Any, path: str) -> np.ndarray:
     elif isinstance(value, list) and all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
-        array = np.asarray(value, dtype=np.int64)
+        try:
+            array = np.asarray(value, dtype=np.int64)
+        except OverflowError:
+            raise RecordError(
+                "token_out_of_range", f"field {path!r} holds an id too large for int64"
+            ) from None
     else:
         raise RecordError("bad_field", f"field {path!r} must be a list of integer token ids")
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):

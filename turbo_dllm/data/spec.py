@@ -212,7 +212,7 @@ class PrepareSpec(_Strict):
     packing: PackingSpec
     output: OutputSpec
     workers: PositiveInt | Literal["auto"] = Field(
-        "auto", description="Tokenizer processes; 1 runs in-process; auto = CPU count (max 8)."
+        "auto", description="Tokenizer processes; 1 runs in-process; auto = usable CPUs (max 32)."
     )
     on_error: Literal["stop", "skip"] = Field(
         "stop", description="stop at the first bad record (file:line), or count and skip it."
