@@ -43,12 +43,40 @@ def test_empty_store_commands(cli):
             ["not pinned", "--catalog-sha256"],
         ),
         (["uninstall", "abcdef"], ["no installed bundle"]),
+        (["install", "--auto", "--offline", "--index", "https://example.org/x"], ["offline mode"]),
         (["build", "--target", "sm75", "--out", "out"], ["unknown build target"]),
     ],
 )
 def test_user_errors(cli_process, tmp_path, args, needles):
     result = cli_process("bundle", *args, cwd=tmp_path)
     assert_user_error(result, *needles)
+
+
+def test_offline_mode_allows_local_sources(cli, mirror, monkeypatch):
+    root, catalog_sha = mirror
+    monkeypatch.setenv("DLLM_OFFLINE", "1")
+    refused = cli(
+        "bundle", "install", "--auto", "--release", "v-test", "--index", "http://10.1.2.3:8000"
+    )
+    assert_user_error(refused, "offline mode: refusing to contact '10.1.2.3'")
+    with MirrorServer(root) as server:
+        loopback = cli(
+            "bundle", "install", "--auto", "--release", "v-test", "--index", server.url,
+            "--catalog-sha256", catalog_sha, "--dry-run",
+        )  # fmt: skip
+    assert loopback.code == 0, loopback.err
+    folder = cli(
+        "bundle",
+        "install",
+        "--auto",
+        "--release",
+        "v-test",
+        "--mirror",
+        root,
+        "--catalog-sha256",
+        catalog_sha,
+    )
+    assert folder.code == 0, folder.err
 
 
 def test_install_needs_auto_or_target(cli):

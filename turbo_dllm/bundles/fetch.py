@@ -22,16 +22,20 @@ from turbo_dllm.errors import DllmError
 
 __all__ = [
     "INDEX_VARIABLE",
+    "OFFLINE_VARIABLE",
     "HttpSource",
     "LocalSource",
     "Opened",
     "Source",
     "download",
+    "offline_requested",
     "open_source",
     "sha256_file",
 ]
 
 INDEX_VARIABLE = "DLLM_BUNDLE_INDEX"
+OFFLINE_VARIABLE = "DLLM_OFFLINE"
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 CHUNK = 1024 * 1024
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
@@ -192,8 +196,13 @@ class HttpSource(Source):
         return Opened(chunks(), total, start, response.close)
 
 
-def open_source(location: str | None) -> Source:
-    """`--index URL` / `--mirror PATH`, else $DLLM_BUNDLE_INDEX."""
+def offline_requested(flag: bool = False) -> bool:
+    """`--offline`, or DLLM_OFFLINE=1: only local sources (folders, file://, loopback HTTP)."""
+    return flag or os.environ.get(OFFLINE_VARIABLE, "").strip().lower() in ("1", "true", "yes")
+
+
+def open_source(location: str | None, *, offline: bool = False) -> Source:
+    """`--index URL` / `--mirror PATH`, else $DLLM_BUNDLE_INDEX; `offline` refuses the network."""
     location = location or os.environ.get(INDEX_VARIABLE)
     if not location:
         raise DllmError(
@@ -202,6 +211,13 @@ def open_source(location: str | None) -> Source:
         )
     parsed = urlparse(location)
     if parsed.scheme in ("http", "https"):
+        host = (parsed.hostname or "").lower()
+        if offline_requested(offline) and host not in _LOOPBACK:
+            raise DllmError(
+                f"offline mode: refusing to contact {host or location!r}",
+                hint="use a mirror folder (--mirror DIR), a file:// URL or a mirror served on "
+                f"127.0.0.1; or drop --offline / unset {OFFLINE_VARIABLE}",
+            )
         return HttpSource(location)
     if parsed.scheme == "file":
         if parsed.netloc not in ("", "localhost"):

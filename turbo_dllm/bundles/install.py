@@ -84,10 +84,11 @@ def plan_install(
     catalog_sha256: str | None = None,
     fingerprint: HostFingerprint | None = None,
     releases_lock: ReleasesLock | None = None,
+    offline: bool = False,
 ) -> InstallPlan:
     """Fetch and verify the release's catalog and pick the bundle (auto, or `target`)."""
     check_release(release)
-    source = open_source(index)
+    source = open_source(index, offline=offline)
     lock = releases_lock or read_releases_lock()
     expected = trusted_catalog_sha256(release, lock, catalog_sha256)
     path = catalog_path(release)

@@ -44,6 +44,11 @@ def register(subparsers) -> None:
     source.add_argument("--index", help="https://, http:// or file:// URL (or $DLLM_BUNDLE_INDEX)")
     source.add_argument("--mirror", help="a mirror folder")
     p.add_argument("--catalog-sha256", help="trust a catalog not pinned in releases.lock")
+    p.add_argument(
+        "--offline",
+        action="store_true",
+        help="contact no network host: folders, file:// and 127.0.0.1 only (or DLLM_OFFLINE=1)",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the choice and stop")
     p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
     p.add_argument("--retries", type=int, default=4, help="download retries (each resumes)")
@@ -196,6 +201,7 @@ def _install(args) -> int:
         index=args.index or args.mirror,
         target=target,
         catalog_sha256=args.catalog_sha256,
+        offline=args.offline,
     )
     if args.dry_run:
         if args.json:
