@@ -92,7 +92,9 @@ def manifest_file(work, project_wheel, cpu_bundle_archive, uv_env) -> Path:
     keep_out = {"turbo-dllm", "pip", "dllm-fixture-a"}
     provided = [
         {"name": d.name, "version": d.version}
-        for d in inspect_environment().distributions
+        # A fresh interpreter, not this process: importing setuptools (cpp_extension does) puts
+        # its vendored packages on sys.path, which the venv's base interpreter does not see.
+        for d in inspect_environment(sys.executable).distributions
         if d.name not in keep_out
     ]
     manifest = EnvManifest.model_validate({**manifest.model_dump(), "provided": provided})
