@@ -278,3 +278,13 @@ def test_doctor_unwritable_cache_fails(cli, tmp_path, monkeypatch):
     report = json.loads(result.out)
     cache = next(c for c in report["checks"] if c["name"] == "cache dir")
     assert result.code == 1 and cache["status"] == "fail" and "DLLM_HOME" in cache["fix"]
+
+
+def test_each_cli_module_registers_the_command_named_like_it():
+    """The lazy parser imports only `turbo_dllm.cli.<argv[0]>`: module and command names agree."""
+    from turbo_dllm.cli import build_parser, command_names
+
+    for name in command_names():
+        parser = build_parser(only=name)
+        choices = parser._subparsers._group_actions[0].choices
+        assert list(choices) == [name]

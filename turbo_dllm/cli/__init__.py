@@ -1,7 +1,8 @@
 """The `dllm` command line: argparse subcommands over the library API.
 
-Every module in this package whose name does not start with `_` is a command group and defines
-`register(subparsers)`, which adds its parser and sets `func` (args -> exit code). Handlers only
+Every module in this package whose name does not start with `_` is a command group named like
+the module and defines `register(subparsers)`, which adds its parser and sets `func`
+(args -> exit code). Only the module of the command being run is imported. Handlers only
 parse and print; the work lives in the library. Heavy imports (torch, datasets) stay inside the
 handlers so `dllm --help` is instant.
 """
@@ -20,26 +21,26 @@ from turbo_dllm.errors import DllmError
 __all__ = ["build_parser", "main"]
 
 
-def _command_modules():
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
-        if not info.name.startswith("_"):
-            yield importlib.import_module(f"{__name__}.{info.name}")
+def command_names() -> list[str]:
+    return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The full parser, or (with `only`) one holding just that command, for a faster start."""
     parser = argparse.ArgumentParser(
         prog="dllm",
         description="Train block-diffusion language models reproducibly.",
     )
     parser.add_argument("--version", action="version", version=f"dllm {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for module in _command_modules():
-        module.register(subparsers)
+    for name in [only] if only else command_names():
+        importlib.import_module(f"{__name__}.{name}").register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(only=argv[0] if argv and argv[0] in command_names() else None)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:
