@@ -202,3 +202,67 @@ def test_parallel_dims_rejections_explain_themselves(kwargs, needle):
 def test_get_mesh_before_build_is_an_error():
     with pytest.raises(RuntimeError, match="build_mesh"):
         ParallelDims(1, 1, 1, 1, 1, 1).get_mesh("cp")
+
+
+def test_flex_backend_mask_matches_the_dense_reference(monkeypatch):
+    """The FlexAttention mask_mod (run eagerly, forward only, on CPU) equals the dense mask,
+    including queries that see nothing (lse -inf)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    from turbo_dllm.train.parallel import partial_attention
+    from turbo_dllm.train.parallel.partial_attention import build_partial_attention
+    from turbo_dllm.train.parallel.visibility import TokenSet
+
+    monkeypatch.setattr(partial_attention, "_compiled_flex", flex_attention)
+    torch.manual_seed(0)
+    seq_len, block = 256, 16
+    layout = CsbpLayout.build(seq_len, block, 2, 2, 1)
+    docs = torch.zeros(2, seq_len, dtype=torch.long)
+    docs[1, 100:] = 1
+
+    def tokens(positions, noisy):
+        return TokenSet.from_positions(positions, noisy=noisy, block_size=block, doc_ids=docs)
+
+    queries = TokenSet.concat(
+        tokens(layout.noisy_positions, True), tokens(layout.clean_positions, False)
+    )
+    keys = tokens(layout.gathered_clean_positions, False)
+    q = torch.randn(2, 4, len(queries), 16)
+    k, v = torch.randn(2, 2, len(keys), 16), torch.randn(2, 2, len(keys), 16)
+    out_flex, lse_flex = build_partial_attention(queries, keys, "flex")(q, k, v)
+    out_dense, lse_dense = build_partial_attention(queries, keys, "reference")(q, k, v)
+    assert torch.allclose(out_flex, out_dense, atol=1e-5)
+    assert torch.equal(torch.isneginf(lse_flex), torch.isneginf(lse_dense))
+    assert torch.isneginf(lse_dense).any()
+    finite = torch.isfinite(lse_dense)
+    assert torch.allclose(lse_flex[finite], lse_dense[finite], atol=1e-5)
+
+
+# --- RunSpec rules for cp/bp ------------------------------------------------------------------
+def _topology_spec(**topology):
+    from turbo_dllm.config.runspec import RunSpec
+
+    return RunSpec.model_validate({"topology": topology, "data": {"seq_len": 256, "synthetic": {}}})
+
+
+def test_runspec_accepts_the_supported_layouts():
+    from turbo_dllm.config.validate import problems
+
+    for topology in ({"cp": 2}, {"bp": 2}, {"cp": 2, "bp": 2}, {"cp": 2, "bp": 4}, {"bp": 4}):
+        assert problems(_topology_spec(**topology), world_size=max(topology.values())) == []
+
+
+@pytest.mark.parametrize(
+    "topology,path,needle",
+    [
+        ({"cp": 2, "bp": 3}, "topology.bp", "bp/cp groups"),
+        ({"cp": 4, "bp": 2}, "topology.bp", "bp >= cp"),
+        ({"cp": 16}, "data.seq_len", "multiple of 512"),
+        ({"bp": 16}, "data.seq_len", "at least 32 blocks"),
+    ],
+)
+def test_runspec_rejects_layouts_with_the_reason(topology, path, needle):
+    from turbo_dllm.config.validate import problems
+
+    found = {p.path: p.message for p in problems(_topology_spec(**topology))}
+    assert path in found and needle in found[path], found

@@ -95,7 +95,9 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
     if topo.cp > 1 and topo.bp > 1 and (topo.bp < topo.cp or topo.bp % topo.cp):
         add(
             "topology.bp",
-            f"fused CP+BP needs bp >= cp and bp % cp == 0 (got cp={topo.cp}, bp={topo.bp})",
+            f"fused CP+BP needs bp >= cp and bp % cp == 0 (got cp={topo.cp}, bp={topo.bp}): "
+            f"the bp ranks that own noisy blocks form bp/cp groups of cp ranks, each group "
+            f"holding one copy of the clean stream sharded over its cp ranks",
         )
     if topo.cp > 1 and data.seq_len % (2 * topo.cp * objective.block_size):
         add(

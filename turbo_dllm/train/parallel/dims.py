@@ -139,8 +139,12 @@ class ParallelDims:
     @property
     def dp_rank(self) -> int:
         """Which batch this rank reads: ranks of one context group share it."""
-        mesh = self._meshes.get("dp")
-        return mesh.get_local_rank() if mesh is not None else 0
+        if "dp" in self._meshes:
+            return self._meshes["dp"].get_local_rank()
+        if "fsdp" in self._meshes:  # data parallelism only: the rank's place in the 2-D mesh
+            replica, shard = self._meshes["fsdp"].get_coordinate()
+            return replica * self.dp_shard + shard
+        return 0
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
@@ -159,6 +163,14 @@ class ParallelDims:
 
         if self.tp != 1:
             raise NotImplementedError("tensor parallelism is not available in this version")
+        if self.mode == "none":  # data parallelism only: one 2-D mesh, no context groups
+            fsdp = init_device_mesh(
+                device_type,
+                (self.dp_replicate, self.dp_shard),
+                mesh_dim_names=("dp_replicate", "dp_shard"),
+            )
+            self._meshes = {"fsdp": fsdp, "world": fsdp}
+            return fsdp
         world = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=MESH_DIMS)
         meshes: dict[str, DeviceMesh] = {"world": world}
         for name in MESH_DIMS:

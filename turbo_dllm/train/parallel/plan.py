@@ -103,6 +103,7 @@ class ContextParallel:
         cp_mesh = dims.get_optional_mesh("cp")
         self.cp_group = cp_mesh.get_group() if cp_mesh is not None else None
         self._layouts: dict[tuple[int, int], CsbpLayout | CpLayout] = {}
+        self._static: dict[tuple[int, int, str], Any] = {}
 
     def layout(self, seq_len: int, block_size: int) -> CsbpLayout | CpLayout:
         key = (seq_len, block_size)
@@ -116,25 +117,33 @@ class ContextParallel:
                 self._layouts[key] = CpLayout.build(seq_len, block_size, dims.cp, self.ctx_rank)
         return self._layouts[key]
 
-    def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
-        seq_len, block_size = batch.layout.seq_len, batch.layout.block_size
-        layout = self.layout(seq_len, block_size)
-        noisy, clean = layout.noisy_positions, layout.clean_positions
-        stream_index = torch.cat([noisy, seq_len + clean]).to(device)
-        doc_ids = batch.doc_ids
-        if doc_ids is None:  # one document per row: a broadcast row of zeros
-            doc_ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
-        doc_ids = doc_ids.to(device)
+    def _attention(self, layout: CsbpLayout | CpLayout, doc_ids: torch.Tensor) -> Any:
         if isinstance(layout, CsbpLayout):
-            mask: Any = CsbpAttention(
+            return CsbpAttention(
                 layout,
                 doc_ids,
                 self.cp_group,
                 backend=self.backend,
                 merge_backend=self.merge_backend,
             )
+        return CpAttention(layout, doc_ids, self.cp_group, backend=self.backend)
+
+    def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
+        seq_len, block_size = batch.layout.seq_len, batch.layout.block_size
+        layout = self.layout(seq_len, block_size)
+        noisy, clean = layout.noisy_positions, layout.clean_positions
+        stream_index = torch.cat([noisy, seq_len + clean]).to(device)
+        doc_ids = batch.doc_ids
+        one_document = doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all())
+        key = (seq_len, block_size, str(device))
+        if one_document and key in self._static:
+            mask: Any = self._static[key]  # same layout, no documents: reuse the block masks
         else:
-            mask = CpAttention(layout, doc_ids, self.cp_group, backend=self.backend)
+            if one_document:  # a broadcast row of zeros: the masks hold for every batch
+                doc_ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
+            mask = self._attention(layout, doc_ids.to(device))
+            if one_document:
+                self._static[key] = mask
         # Scored positions: keep those whose output this rank computes, renumbered locally.
         local_of = torch.full((2 * seq_len,), -1, dtype=torch.long, device=device)
         local_of[stream_index] = torch.arange(stream_index.numel(), device=device)
