@@ -11,7 +11,8 @@ failure ends one measurement, not the benchmark:
   (cp = 1: every rank recomputes its clean prefix, no attention traffic). Ratios against `cp`.
 - max context: the longest sequence one training step fits in memory, on 1 GPU (whole sequence)
   and on `--gpus` GPUs (csbp), by doubling from `--search-start` and then bisecting to
-  `--search-granularity`, within `--budget-s`. Probe steps make every diffusion block its own
+  `--search-granularity` (each cut aimed where the measured peak memory meets the GPU's
+  capacity), within `--budget-s`; a trial starts only if it can end inside the budget. Probe steps make every diffusion block its own
   document: same tensors, same code path, same memory, but attention costs O(L) instead of
   O(L^2), so a probe at 512K tokens takes seconds, not many minutes (`--full-probe` disables it).
 
@@ -144,12 +145,25 @@ def worker(args) -> int:
         if args.memory_limit_gb and env.device.type != "cuda" and peak > args.memory_limit_gb:
             finish("oom", peak_gb=peak, note="peak RSS above --memory-limit-gb")
             return 0
-        finish("ok", step_times_s=times, peak_gb=peak)
+        finish("ok", step_times_s=times, peak_gb=peak, **_device_facts(args, env.device))
         return 0
     except torch.OutOfMemoryError as error:
         finish("oom", error=str(error).splitlines()[0])
         sys.stdout.flush()
         os._exit(3)  # peers may be blocked in a collective: torchrun tears the job down
+
+
+def _device_facts(args, device) -> dict[str, Any]:
+    """Name and usable memory (GB) of this rank's device: the limit the search aims at."""
+    import torch
+
+    if device.type == "cuda":
+        total = torch.cuda.get_device_properties(device).total_memory / 1e9
+        return {
+            "device": torch.cuda.get_device_name(device),
+            "capacity_gb": min(total, args.memory_limit_gb or total),
+        }
+    return {"device": "cpu (gloo)", "capacity_gb": args.memory_limit_gb}
 
 
 # ============================== driver ===========================================================
@@ -224,6 +238,8 @@ def measure(args, mode: str, gpus: int, seq_len: int, *, steps: int, warmup: int
             step_time_s=step,
             tokens_per_s=seq_len / step,
             peak_gb_per_gpu=max(r["peak_gb"] for r in ranks),
+            device=ranks[0].get("device"),
+            capacity_gb=ranks[0].get("capacity_gb"),
         )
     print(_describe(result), file=sys.stderr, flush=True)
     return result
@@ -260,43 +276,69 @@ def _passthrough(args) -> list[str]:
     return flags
 
 
-def search(args, gpus: int, mode: str, deadline: float) -> dict[str, Any]:
-    """Longest seq_len whose probe step fits: doubling, then bisection to the granularity."""
+def _next_length(fit, fail, peaks, capacity, grain) -> int:
+    """Inside the bracket (fit, fail): where a linear fit of peak memory against length meets
+    the device's capacity (regula falsi), else the midpoint; on the granularity grid."""
+    guess = (fit + fail) // 2
+    if capacity and len(peaks) >= 2:
+        (l0, m0), (l1, m1) = sorted(peaks)[-2:]
+        if l1 > l0 and m1 > m0:
+            slope = (m1 - m0) / (l1 - l0)
+            guess = int(l1 + (0.98 * capacity - m1) / slope)
+    guess = guess // grain * grain
+    return min(max(guess, fit + grain), fail - grain)
+
+
+def search(args, gpus: int, mode: str, deadline: float, found: dict, save) -> dict[str, Any]:
+    """Longest seq_len whose probe step fits: doubling, then bisection to the granularity.
+
+    Bisection points follow the measured peak memory (a line through the two largest fitting
+    lengths, aimed at the device capacity) and fall back to the midpoint. A trial starts only if
+    the slowest trial so far would still end before `deadline`. Progress goes into `found`
+    (part of the result) and `save()` writes it after every trial.
+    """
     grain = args.search_granularity
-    fit, fail, trials = None, None, []
-    length, status = args.search_start, "converged"
+    fit, fail, peaks, trials = None, None, [], []
+    found.update(gpus=gpus, mode=mode, max_seq_len=None, first_failure=None, status="running",
+                 trials=trials)  # fmt: skip
+    length, slowest = args.search_start, 0.0
     while True:
-        if time.perf_counter() > deadline:
-            status = "budget exhausted"
+        if time.perf_counter() + 1.2 * slowest > deadline:
+            found["status"] = "budget exhausted"
             break
         r = measure(args, mode, gpus, length, steps=1, warmup=0, probe=not args.full_probe)
+        slowest = max(slowest, r["wall_s"])
         trials.append({k: r.get(k) for k in ("seq_len", "status", "peak_gb_per_gpu", "wall_s")})
         if r["status"] == "ok":
             fit = length
+            peaks.append((length, r["peak_gb_per_gpu"]))
+            found["capacity_gb"] = r.get("capacity_gb")
         elif r["status"] in ("oom", "timeout"):
             fail = length
         else:
-            status = "failed"
+            found["status"] = "failed"
             trials[-1]["log_tail"] = r.get("log_tail")
             break
+        found.update(max_seq_len=fit, first_failure=fail)
+        save()
         if fit is None:  # the start does not fit: halve
             if length <= grain:
+                found["status"] = "nothing fits"
                 break
             length = max(grain, (length // 2) // grain * grain)
             continue
         if fail is None:
             if 2 * fit > args.search_max:
-                status = "reached --search-max"
+                found["status"] = "reached --search-max"
                 break
             length = 2 * fit
             continue
         if fail - fit <= grain:
+            found["status"] = "converged"
             break
-        length = (fit + fail) // 2 // grain * grain
-        if length <= fit:
-            length = fit + grain
-    return {"gpus": gpus, "mode": mode, "max_seq_len": fit, "first_failure": fail,
-            "status": status, "trials": trials}  # fmt: skip
+        length = _next_length(fit, fail, peaks, found.get("capacity_gb"), grain)
+    found.update(max_seq_len=fit, first_failure=fail)
+    return found
 
 
 def print_tables(result: dict[str, Any]) -> None:
@@ -344,7 +386,6 @@ def driver(args) -> int:
     result.update(
         benchmark="context_parallel",
         date=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        device=_device_name(args),
         python=platform.python_version(),
         torch=_torch_version(),
         config={
@@ -355,53 +396,51 @@ def driver(args) -> int:
             "activation_checkpointing": not args.no_ac,
             "compile": args.compile,
             "tiny": args.tiny,
+            "probe": "full attention" if args.full_probe else "one document per block",
         },
     )
+    result.setdefault("device", "cpu (gloo)" if args.tiny else "unknown")
+
+    def save() -> None:  # after every measurement, so a killed run keeps what it measured
+        one = result.get("search", {}).get("1gpu")
+        two = result.get("search", {}).get("2gpu")
+        if one and two and one.get("max_seq_len") and two.get("max_seq_len"):
+            result["max_context_ratio"] = two["max_seq_len"] / one["max_seq_len"]
+        result["wall_s"] = round(time.perf_counter() - began, 1)
+        if out:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(json.dumps(result, indent=2) + "\n")
+
     parts = set(args.parts.split(","))
     if "throughput" in parts:
-        rows = []
+        rows = result["throughput"] = []
         for seq_len in [int(x) for x in args.seq_lens.split(",")]:
             for mode in args.modes.split(","):
-                rows.append(
-                    measure(
-                        args,
-                        mode,
-                        args.gpus,
-                        seq_len,
-                        steps=args.steps,
-                        warmup=args.warmup,
-                        probe=False,
-                    )  # fmt: skip
-                )
-            base = next((r for r in rows if r["seq_len"] == seq_len and r["mode"] == "cp"), None)
-            for r in rows:
-                if r["seq_len"] == seq_len and r["status"] == "ok" and base:
-                    if base["status"] == "ok":
-                        r["speedup_vs_cp"] = r["tokens_per_s"] / base["tokens_per_s"]
-        result["throughput"] = rows
+                row = measure(args, mode, args.gpus, seq_len, steps=args.steps,
+                              warmup=args.warmup, probe=False)  # fmt: skip
+                result["device"] = row.get("device") or result["device"]
+                rows.append(row)
+                _speedups(rows)
+                save()
     if "search" in parts:
         found = result.setdefault("search", {})
         for gpus in [int(x) for x in args.search_gpus.split(",")]:
             mode = "none" if gpus == 1 else "csbp"
-            found[f"{gpus}gpu"] = search(args, gpus, mode, deadline)
-    one, two = result.get("search", {}).get("1gpu"), result.get("search", {}).get("2gpu")
-    if one and two and one["max_seq_len"] and two["max_seq_len"]:
-        result["max_context_ratio"] = two["max_seq_len"] / one["max_seq_len"]
-    result["wall_s"] = round(time.perf_counter() - began, 1)
+            search(args, gpus, mode, deadline, found.setdefault(f"{gpus}gpu", {}), save)
+            save()
+    save()
     print_tables(result)
     if out:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"\nwrote {out}")
     return 0
 
 
-def _device_name(args) -> str:
-    if args.tiny:
-        return "cpu (gloo)"
-    import torch
-
-    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu"
+def _speedups(rows: list[dict[str, Any]]) -> None:
+    """tokens/s of every row against the CP baseline at the same length."""
+    for row in rows:
+        base = next((r for r in rows if r["seq_len"] == row["seq_len"] and r["mode"] == "cp"), None)
+        if base and row["status"] == "ok" and base["status"] == "ok":
+            row["speedup_vs_cp"] = row["tokens_per_s"] / base["tokens_per_s"]
 
 
 def _torch_version() -> str:
