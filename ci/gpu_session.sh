@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# Everything we run on a lent H200 host, in one script: bash ci/gpu_session.sh STAGE...
+# Stages: deps, qualify (sm90 bundle build/install + op tests), tests (tests/gpu), train (train_step
+# benchmark), tests2 (2-GPU tests), cp (CSBP vs CP throughput), search1/search2 (longest
+# context on 1/2 GPUs; needs 2 GPUs). Logs and JSON go to $OUT (or ./gpu-out).
+# The host has torch/CUDA but no registry: missing pure-Python deps travel as wheels in .whl/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+# NVLink multicast stays off on shared hosts (see the device notes).
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
+status=0
+for stage in "$@"; do
+  echo "=== $stage ($(date -u +%H:%M:%S))"
+  case $stage in
+    deps)
+      [ -d .whl ] && python3 -m pip install -q --no-index --find-links .whl \
+        pydantic tomlkit zstandard platformdirs rich pyyaml requests filelock pytest packaging \
+        ninja hypothesis 2>&1 | tail -3
+      nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+      python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.device_count())' ;;
+    qualify) # outputs go to a scratch dir (many files); the logs that matter are copied to $OUT
+      rm -rf /tmp/qualify; bash ci/gpu_qualify.sh /tmp/qualify > "$OUT/qualify.log" 2>&1 || status=1
+      cp /tmp/qualify/summary.txt "$OUT/qualify-summary.txt" 2>/dev/null
+      cp /tmp/qualify/pytest-gpu.log "$OUT/qualify-pytest.log" 2>/dev/null
+      grep -E "passed|failed|Error|error:" "$OUT/qualify.log" | tail -15 ;;
+    tests) python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 || status=1 ;;
+    train) python3 benchmarks/train_step.py --out "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.log" | tail -8 || status=1 ;;
+    train-mb2) python3 benchmarks/train_step.py --micro-batch 2 --no-baseline --out "$OUT/train_step_mb2.json" 2>&1 | tee "$OUT/train_step_mb2.log" | tail -6 || status=1 ;;
+    tests2) python3 -m pytest -q -p no:cacheprovider tests/distributed/test_csbp_gpu.py \
+          "tests/gpu/test_train_gpu.py::test_two_gpus_nccl_match_one" 2>&1 | tee "$OUT/gpu-tests2.log" | tail -8 || status=1 ;;
+    cp) python3 benchmarks/context_parallel.py --parts throughput --out "$OUT/context_parallel.json" \
+          2>&1 | tee "$OUT/cp-throughput.log" | tail -20 || status=1 ;;
+    search1|search2) python3 benchmarks/context_parallel.py --parts search --search-gpus "${stage#search}" \
+          --budget-s "${SEARCH_BUDGET_S:-200}" --out "$OUT/context_parallel.json" 2>&1 \
+          | tee "$OUT/cp-$stage.log" | tail -12 || status=1 ;;
+    *) echo "unknown stage $stage"; status=2 ;;
+  esac
+done
+exit $status
