@@ -126,6 +126,33 @@ def test_elastic_one_to_four_nodes(cli, spec_file, gpus, workdir):
     assert manifest["spec"]["topology"]["dp"] == 1  # the spec stays as written
 
 
+def test_restarts_use_a_fresh_rendezvous_store_per_attempt(cli, spec_file, gpus, workdir):
+    """torchrun's static rendezvous reuses one store across restarts (stale worker addresses):
+    with --max-restarts, a master address becomes a c10d endpoint and store sharing is off."""
+    gpus(8)
+    plan, _ = dry_run(
+        cli,
+        "--config",
+        spec_file,
+        "--set",
+        "topology.fsdp=16",
+        "--nnodes",
+        "2",
+        "--master-addr",
+        "10.1.2.3",
+        "--max-restarts",
+        "2",
+        "--run-dir",
+        workdir / "shared" / "r",
+    )
+    assert plan["rendezvous"] == {"kind": "c10d", "endpoint": "10.1.2.3:29500", "run_id": "r"}
+    assert plan["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    assert plan["node_rank"] is None and [c["where"] for c in plan["commands"]] == ["every node"]
+    single, _ = dry_run(cli, "--config", spec_file, "--max-restarts", "1")
+    assert single["backend"] == "torchrun" and single["rendezvous"]["kind"] == "standalone"
+    assert single["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
 def test_elastic_needs_divisible_fixed_degrees(cli, spec_file, gpus):
     gpus(8)
     result = cli(

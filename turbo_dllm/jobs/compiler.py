@@ -77,6 +77,11 @@ def compile_plan(
     worker = worker_command(python, run_dir, elastic_axis)
 
     notes: list[str] = []
+    if options.max_restarts and options.master_addr and not nnodes.elastic:
+        notes.append(
+            "restarts: the master address serves a c10d rendezvous (node ranks assigned when "
+            "nodes join), since a static rendezvous cannot restart workers"
+        )
     if elastic_axis:
         notes.append(
             f"elastic: topology.{elastic_axis} follows the node count "
@@ -253,6 +258,10 @@ def _rank_roles(mesh: list[MeshAxis], nproc: int, world: int) -> list[RankRole]:
 
 
 def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous:
+    """How processes meet. Restarts need a rendezvous that gives every attempt a fresh store:
+    torchrun's static rendezvous keeps one store across attempts, so restarted workers read
+    the dead workers' addresses (gloo: "connectFullMesh ... Connection refused", or a hang);
+    with restarts, a master address therefore becomes a c10d endpoint."""
     nodes = options.nnodes
     rdzv_id = options.rdzv_id or run_id
     if backend == "local":
@@ -262,9 +271,15 @@ def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous
         return Rendezvous(kind="c10d", endpoint=f"$DLLM_HEAD_NODE:{port}", run_id="$SLURM_JOB_ID")
     if options.rdzv_endpoint:
         return Rendezvous(kind="c10d", endpoint=options.rdzv_endpoint, run_id=rdzv_id)
-    if options.master_addr:
-        endpoint = f"{options.master_addr}:{options.master_port or DEFAULT_PORT}"
-        if nodes.elastic:
+    if options.master_addr or options.master_port:
+        host = options.master_addr or "127.0.0.1"
+        if host == "127.0.0.1" and nodes.max > 1:
+            raise DllmError(
+                "a multi-node launch needs --master-addr (the host of node 0)",
+                hint="pass --master-addr HOST reachable from every node",
+            )
+        endpoint = f"{host}:{options.master_port or DEFAULT_PORT}"
+        if nodes.elastic or options.max_restarts:
             return Rendezvous(kind="c10d", endpoint=endpoint, run_id=rdzv_id)
         return Rendezvous(kind="static", endpoint=endpoint)
     if nodes.max > 1:
@@ -273,8 +288,6 @@ def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous
             hint="static: --master-addr HOST [--master-port PORT] --node-rank R on every node; "
             "elastic: --rdzv-endpoint HOST:PORT on every node; or --backend slurm",
         )
-    if options.master_port:
-        return Rendezvous(kind="static", endpoint=f"127.0.0.1:{options.master_port}")
     return Rendezvous(kind="standalone")
 
 
@@ -306,6 +319,11 @@ def _worker_env(
         # that would only pretend to apply.
         return env
     env["PYTHONHASHSEED"] = str(spec.launch.seed)
+    if options.max_restarts:
+        # torchrun shares one TCPStore across restart attempts by default, and the restarted
+        # workers then read the dead ones' gloo/NCCL addresses from it. Opting out gives each
+        # attempt a fresh store (torch.distributed.elastic.rendezvous.dynamic_rendezvous).
+        env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
     cpus = options.slurm.cpus_per_task if backend == "slurm" else host.cpu_count
     if cpus:
         env["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))

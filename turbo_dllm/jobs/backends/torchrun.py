@@ -100,6 +100,7 @@ def run_process(
             env={**os.environ, **env},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
         )
     except OSError as error:
         if log:
@@ -122,6 +123,18 @@ def run_process(
         if log:
             log.close()
     return exit_code(returncode)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: ask Linux to SIGTERM it when the launcher dies, so a killed
+    launcher never leaves torchrun and its workers running without anyone streaming them."""
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGTERM)
+    except (OSError, AttributeError):
+        pass
 
 
 def _pump(source: IO[bytes], sink: IO[str], log: IO[bytes] | None, lock: threading.Lock) -> None:

@@ -1,0 +1,277 @@
+"""Real launches on CPU: a 2-process gloo run, its bitwise replay, drift refusals, a prepared-data
+run whose artifact changes, and a killed worker that torchrun restarts from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+import turbo_dllm
+from tests.helpers import assert_user_error
+from turbo_dllm.jobs import provenance
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+launch:
+  seed: 3
+model:
+  family: qwen3
+  from_config: tiny
+objective:
+  name: block_diffusion
+  block_size: 16
+data:
+  synthetic:
+    num_sequences: 32
+    vocab_size: 512
+  seq_len: 64
+training:
+  micro_batch_size: 2
+  steps: 6
+scheduler:
+  warmup_steps: 1
+checkpoint:
+  interval: 2
+"""
+
+# The working tree can change while a long test session runs (edits elsewhere in the repo); pin
+# the code version so each test sees exactly the drift it makes. tests/jobs/test_manifest.py
+# checks that real code changes move these fields.
+PINNED_CODE = {
+    "package_version": turbo_dllm.__version__,
+    "git_commit": "c0de" * 10,
+    "diff_sha256": "0" * 64,
+    "dirty": False,
+}
+
+
+def losses(run_dir: Path) -> list[tuple[int, float]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
+
+
+@pytest.fixture(scope="module")
+def recorded(tmp_path_factory):
+    """One uninterrupted 2-process gloo run, shared by the replay, drift and restart tests."""
+    root = tmp_path_factory.mktemp("recorded")
+    spec = root / "train.yaml"
+    spec.write_text(textwrap.dedent(SPEC))
+    from turbo_dllm.cli import main
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DLLM_HOME", str(tmp_path_factory.mktemp("home")))
+        mp.delenv("DLLM_OVERRIDE_GPUS", raising=False)
+        mp.setattr(provenance, "code_version", lambda: dict(PINNED_CODE))
+        run_dir = root / "original"
+        args = ["launch", "--config", str(spec), "--nproc-per-node", "2", "--set", "topology.dp=2"]
+        code = main([*args, "--run-dir", str(run_dir)])
+    assert code == 0
+    return spec, run_dir
+
+
+@pytest.fixture
+def pinned_code(monkeypatch):
+    monkeypatch.setattr(provenance, "code_version", lambda: dict(PINNED_CODE))
+
+
+def test_two_process_gloo_run_completes(recorded):
+    _, run_dir = recorded
+    assert [step for step, _ in losses(run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 0
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    plan = manifest["plan"]
+    assert plan["backend"] == "torchrun" and plan["dist_backend"] == "gloo"
+    assert plan["world_sizes"] == [2]
+    assert (run_dir / "spec.yaml").is_file() and (run_dir / "console.log").stat().st_size > 0
+    assert (run_dir / "checkpoints" / "step_00000006").is_dir()
+
+
+def test_replay_reproduces_the_loss_column_bitwise(recorded, cli, pinned_code, tmp_path):
+    _, run_dir = recorded
+    replay_dir = tmp_path / "replay"
+    result = cli("launch", "--manifest", run_dir / "manifest.json", "--run-dir", replay_dir)
+    assert result.code == 0, result.err
+    assert losses(replay_dir) == losses(run_dir)
+    original = json.loads((run_dir / "manifest.json").read_text())
+    replay = json.loads((replay_dir / "manifest.json").read_text())
+    assert replay["spec_sha256"] == original["spec_sha256"]
+    assert replay["replay_of"]["run_id"] == original["run_id"]
+    assert replay["replay_of"]["drift"] == []
+    assert replay["plan"]["nproc_per_node"] == 2
+
+
+def test_replay_refuses_a_changed_package(recorded, cli, pinned_code, monkeypatch, tmp_path):
+    _, run_dir = recorded
+    real = provenance.installed_packages()
+    changed = {**real, "numpy": "0.0.1"}
+    monkeypatch.setattr(provenance, "installed_packages", lambda: changed)
+    target = tmp_path / "refused"
+    result = cli("launch", "--manifest", run_dir / "manifest.json", "--run-dir", target)
+    assert_user_error(
+        result, "replay of run original refused", f"packages.numpy: {real['numpy']} -> 0.0.1"
+    )
+    assert "--allow-drift" in result.err
+    assert not target.exists()
+
+    # --allow-drift runs it and the manifest records the drift (shown here by the dry run).
+    result = cli(
+        "launch", "--manifest", run_dir / "manifest.json", "--allow-drift", "--dry-run", "--json"
+    )
+    assert result.code == 0, result.err
+    drift = json.loads(result.out)["manifest"]["replay_of"]["drift"]
+    assert drift == [{"field": "packages.numpy", "recorded": real["numpy"], "current": "0.0.1"}]
+
+
+def test_replay_refuses_changed_code(recorded, cli, monkeypatch, tmp_path):
+    _, run_dir = recorded
+    edited = {**PINNED_CODE, "diff_sha256": "e" * 64, "dirty": True}
+    monkeypatch.setattr(provenance, "code_version", lambda: edited)
+    result = cli("launch", "--manifest", run_dir / "manifest.json", "--run-dir", tmp_path / "x")
+    assert_user_error(result, "code.diff_sha256: " + "0" * 64 + " -> " + "e" * 64)
+    assert not (tmp_path / "x").exists()
+
+
+def test_replay_keeps_the_recorded_layout(recorded, cli):
+    _, run_dir = recorded
+    result = cli("launch", "--manifest", run_dir / "manifest.json", "--nproc-per-node", "4")
+    assert_user_error(result, "a replay runs the recorded job", "--nproc-per-node")
+
+
+# --- prepared data -----------------------------------------------------------------------------
+
+PREPARE = """
+source:
+  kind: jsonl
+  paths: [corpus.jsonl]
+records:
+  kind: text
+  field: text
+tokenizer:
+  kind: byte_level
+supervision: full
+packing:
+  seq_len: 64
+  block_size: 16
+  overflow: split
+output:
+  path: prepared
+workers: 1
+"""
+
+
+def prepare(cli, folder: Path, word: str) -> None:
+    import shutil
+
+    shutil.rmtree(folder / "prepared", ignore_errors=True)
+    with open(folder / "corpus.jsonl", "w") as handle:
+        for i in range(24):
+            handle.write(json.dumps({"text": f"{word} {i}: " + "a tiny corpus line. " * 3}) + "\n")
+    (folder / "prepare.yaml").write_text(textwrap.dedent(PREPARE))
+    result = cli("data", "prepare", "--config", folder / "prepare.yaml")
+    assert result.code == 0, result.err
+
+
+def test_replay_refuses_a_changed_data_artifact(cli, workdir, pinned_code):
+    prepare(cli, workdir, "first")
+    spec = workdir / "train.yaml"
+    spec.write_text(
+        textwrap.dedent(SPEC)
+        .replace("  synthetic:\n    num_sequences: 32\n    vocab_size: 512\n", "")
+        .replace("data:\n", "data:\n  artifact: prepared\n")
+        .replace("steps: 6", "steps: 2")
+    )
+    result = cli("launch", "--config", spec, "--run-dir", workdir / "original")
+    assert result.code == 0, result.err
+    recorded = json.loads((workdir / "original" / "manifest.json").read_text())
+    assert recorded["data"]["artifact"] == str(workdir / "prepared")
+    manifest = workdir / "original" / "manifest.json"
+
+    # Bytes changed under an unchanged data manifest: the replay re-hashes the arrays.
+    tokens = workdir / "prepared" / "tokens.bin"
+    original_bytes = tokens.read_bytes()
+    tokens.write_bytes(bytes([original_bytes[0] ^ 1]) + original_bytes[1:])
+    assert_user_error(cli("launch", "--manifest", manifest), "data.content")
+    tokens.write_bytes(original_bytes)
+
+    # The artifact prepared again from other text: a new fingerprint.
+    prepare(cli, workdir, "second")
+    result = cli("launch", "--manifest", manifest, "--run-dir", workdir / "refused")
+    assert_user_error(result, "data.fingerprint: " + recorded["data"]["fingerprint"])
+    assert not (workdir / "refused").exists()
+
+    result = cli("launch", "--manifest", manifest, "--allow-drift", "--run-dir", workdir / "drift")
+    assert result.code == 0, result.err
+    replay = json.loads((workdir / "drift" / "manifest.json").read_text())
+    fields = [item["field"] for item in replay["replay_of"]["drift"]]
+    assert "data.fingerprint" in fields
+    assert replay["data"]["fingerprint"] != recorded["data"]["fingerprint"]
+    assert [step for step, _ in losses(workdir / "drift")] == [1, 2]
+
+
+# --- restarts ----------------------------------------------------------------------------------
+
+
+def _workers_of(run_dir: Path) -> list[int]:
+    """PIDs of trainer worker processes (not torchrun, not the launcher) writing into run_dir."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if str(run_dir) in argv and "train" in argv and "torch.distributed.run" not in argv:
+            if "launch" not in argv:
+                found.append(int(entry.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds workers through /proc")
+def test_killed_worker_resumes_from_last_checkpoint(recorded, tmp_path):
+    spec, original = recorded
+    run_dir = tmp_path / "killed"
+    env = {**os.environ, "DLLM_HOME": str(tmp_path / "home")}
+    env.pop("DLLM_OVERRIDE_GPUS", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "turbo_dllm", "launch", "--config", str(spec)]
+        + ["--nproc-per-node", "2", "--set", "topology.dp=2", "--max-restarts", "1"]
+        + ["--run-dir", str(run_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: cleanup reaches torchrun and workers
+    )
+    try:
+        deadline = time.monotonic() + 240
+        first_checkpoint = run_dir / "checkpoints" / "step_00000002"
+        while not first_checkpoint.is_dir():
+            assert launcher.poll() is None, launcher.stdout.read()
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        victims = _workers_of(run_dir)
+        assert len(victims) == 2, victims
+        os.kill(victims[-1], signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=300)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    assert launcher.returncode == 0, output
+    assert "resumed from" in output, output
+    manifest = json.loads((run_dir / "manifest.json").read_text())
+    assert manifest["plan"]["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+    # No step lost or repeated, and the restarted run computes exactly the uninterrupted one.
+    assert [step for step, _ in losses(run_dir)] == [1, 2, 3, 4, 5, 6]
+    assert losses(run_dir) == losses(original)
