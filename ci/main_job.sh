@@ -9,3 +9,11 @@ dllm init "$PROJECT"
 cd "$PROJECT"
 dllm config validate --config train.yaml > /dev/null
 dllm doctor --config train.yaml
+dllm data prepare --config prepare.yaml
+# Compile the RunSpec into a job, write runs/first/manifest.json, train on CPU (~2 minutes).
+dllm launch --config train.yaml --run-dir runs/first
+dllm run plot runs/first
+echo
+echo "run:      $PROJECT/runs/first (metrics.jsonl, checkpoints/)"
+echo "manifest: $PROJECT/runs/first/manifest.json (replay: dllm launch --manifest runs/first/manifest.json)"
+echo "plots:    $PROJECT/runs/first/plots/"
