@@ -275,3 +275,41 @@ def test_killed_worker_resumes_from_last_checkpoint(recorded, tmp_path):
     # No step lost or repeated, and the restarted run computes exactly the uninterrupted one.
     assert [step for step, _ in losses(run_dir)] == [1, 2, 3, 4, 5, 6]
     assert losses(run_dir) == losses(original)
+
+
+# --- elastic -----------------------------------------------------------------------------------
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_elastic_launch_sizes_data_parallel_from_the_world(recorded, cli, tmp_path):
+    """--nnodes 1:2 on one host: the spec says dp=1, the shim makes it dp=2 for the 2 processes
+    that joined, which is exactly the recorded 2-process job."""
+    spec, original = recorded
+    run_dir = tmp_path / "elastic"
+    result = cli(
+        "launch",
+        "--config",
+        spec,
+        "--nnodes",
+        "1:2",
+        "--nproc-per-node",
+        "2",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{_free_port()}",
+        "--rdzv-conf",
+        "last_call_timeout=1",
+        "--run-dir",
+        run_dir,
+    )
+    assert result.code == 0, result.err
+    plan = json.loads((run_dir / "manifest.json").read_text())["plan"]
+    assert plan["elastic_axis"] == "dp" and plan["world_sizes"] == [2, 4]
+    assert "--rdzv-conf" in plan["commands"][0]["argv"]
+    assert losses(run_dir) == losses(original)

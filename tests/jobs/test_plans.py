@@ -81,7 +81,12 @@ def test_two_nodes_by_eight_static_rendezvous(cli, spec_file, gpus, workdir):
         workdir / "shared" / "run1",
     )
     assert plan["world_sizes"] == [16] and plan["node_rank"] == 1
-    assert plan["rendezvous"] == {"kind": "static", "endpoint": "10.1.2.3:29555", "run_id": None}
+    assert plan["rendezvous"] == {
+        "kind": "static",
+        "endpoint": "10.1.2.3:29555",
+        "run_id": None,
+        "conf": None,
+    }
     assert [c["where"] for c in plan["commands"]] == ["node 0", "node 1 (this node)"]
     for rank, command in enumerate(plan["commands"]):
         argv = command["argv"]
@@ -116,7 +121,12 @@ def test_elastic_one_to_four_nodes(cli, spec_file, gpus, workdir):
     )
     assert plan["world_sizes"] == [8, 16, 24, 32]
     assert plan["elastic_axis"] == "dp" and plan["ranks"] is None
-    assert plan["rendezvous"] == {"kind": "c10d", "endpoint": "head:29400", "run_id": "elastic"}
+    assert plan["rendezvous"] == {
+        "kind": "c10d",
+        "endpoint": "head:29400",
+        "run_id": "elastic",
+        "conf": None,
+    }
     [command] = plan["commands"]
     assert command["where"] == "every node"
     argv = command["argv"]
@@ -145,7 +155,12 @@ def test_restarts_use_a_fresh_rendezvous_store_per_attempt(cli, spec_file, gpus,
         "--run-dir",
         workdir / "shared" / "r",
     )
-    assert plan["rendezvous"] == {"kind": "c10d", "endpoint": "10.1.2.3:29500", "run_id": "r"}
+    assert plan["rendezvous"] == {
+        "kind": "c10d",
+        "endpoint": "10.1.2.3:29500",
+        "run_id": "r",
+        "conf": None,
+    }
     assert plan["env"]["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
     assert plan["node_rank"] is None and [c["where"] for c in plan["commands"]] == ["every node"]
     single, _ = dry_run(cli, "--config", spec_file, "--max-restarts", "1")
@@ -324,3 +339,23 @@ def test_dry_run_human_output_shows_plan_and_manifest(cli, spec_file, gpus, work
     assert "mesh         dp=1 x fsdp=8 x context=1 x tp=1" in result.out
     assert '"format": "turbo_dllm.run_manifest.v1"' in result.out
     assert not (workdir / "runs").exists()
+
+
+def test_elastic_shim_sizes_the_axis_and_refuses_misfits(spec_file, monkeypatch):
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.jobs import elastic
+
+    spec = load_runspec(spec_file, ["topology.dp=3", "topology.fsdp=2"])
+    assert elastic.elastic_degree(spec, "fsdp", 12) == 4
+    assert elastic.elastic_degree(spec, "dp", 8) == 4
+    with pytest.raises(DllmError, match="world size 8: not a multiple"):
+        elastic.elastic_degree(spec, "fsdp", 8)
+
+    seen = []
+    monkeypatch.setattr("turbo_dllm.cli.main", lambda argv: seen.append(argv) or 0)
+    monkeypatch.setenv("WORLD_SIZE", "6")
+    args = ["--axis", "dp", "--config", str(spec_file), "--run-dir", "r"]
+    assert elastic.main(args) == 0
+    assert seen == [
+        ["train", "--config", str(spec_file), "--run-dir", "r", "--set", "topology.dp=6"]
+    ]

@@ -45,6 +45,13 @@ def register(subparsers) -> None:
     meet.add_argument("--master-port", type=int, default=None, metavar="PORT")
     meet.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
     meet.add_argument("--rdzv-id", default=None, metavar="ID")
+    meet.add_argument(
+        "--rdzv-conf",
+        default=None,
+        metavar="K=V,...",
+        help="c10d rendezvous settings, e.g. last_call_timeout=5 (how long an elastic job waits "
+        "for more nodes once MIN have joined; torchrun's default is 30 s)",
+    )
     where = p.add_argument_group("run dir")
     where.add_argument("--run-dir", default=None, help="exactly this run dir (must be new)")
     where.add_argument("--run-root", default=None, help="make <root>/<stamp>-<id> (default runs)")
@@ -75,6 +82,7 @@ def _options(args):
         master_port=args.master_port,
         rdzv_endpoint=args.rdzv_endpoint,
         rdzv_id=args.rdzv_id,
+        rdzv_conf=args.rdzv_conf,
         max_restarts=args.max_restarts or 0,
         run_root=args.run_root,
         run_dir=args.run_dir,
@@ -104,6 +112,7 @@ def _canonical_argv(args) -> list[str]:
         ("master_port", "--master-port"),
         ("rdzv_endpoint", "--rdzv-endpoint"),
         ("rdzv_id", "--rdzv-id"),
+        ("rdzv_conf", "--rdzv-conf"),
         ("run_dir", "--run-dir"),
         ("run_root", "--run-root"),
         ("gpus_per_node", "--gpus-per-node"),

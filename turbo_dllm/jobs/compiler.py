@@ -264,13 +264,18 @@ def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous
     with restarts, a master address therefore becomes a c10d endpoint."""
     nodes = options.nnodes
     rdzv_id = options.rdzv_id or run_id
+    conf = options.rdzv_conf
+    if conf and backend == "local":
+        raise DllmError("--rdzv-conf applies to torchrun's c10d rendezvous, not one process")
     if backend == "local":
         return Rendezvous(kind="none")
     if backend == "slurm":
         port = options.master_port or DEFAULT_PORT
-        return Rendezvous(kind="c10d", endpoint=f"$DLLM_HEAD_NODE:{port}", run_id="$SLURM_JOB_ID")
+        return Rendezvous(
+            kind="c10d", endpoint=f"$DLLM_HEAD_NODE:{port}", run_id="$SLURM_JOB_ID", conf=conf
+        )
     if options.rdzv_endpoint:
-        return Rendezvous(kind="c10d", endpoint=options.rdzv_endpoint, run_id=rdzv_id)
+        return Rendezvous(kind="c10d", endpoint=options.rdzv_endpoint, run_id=rdzv_id, conf=conf)
     if options.master_addr or options.master_port:
         host = options.master_addr or "127.0.0.1"
         if host == "127.0.0.1" and nodes.max > 1:
@@ -279,8 +284,8 @@ def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous
                 hint="pass --master-addr HOST reachable from every node",
             )
         endpoint = f"{host}:{options.master_port or DEFAULT_PORT}"
-        if nodes.elastic or options.max_restarts:
-            return Rendezvous(kind="c10d", endpoint=endpoint, run_id=rdzv_id)
+        if nodes.elastic or options.max_restarts or conf:
+            return Rendezvous(kind="c10d", endpoint=endpoint, run_id=rdzv_id, conf=conf)
         return Rendezvous(kind="static", endpoint=endpoint)
     if nodes.max > 1:
         raise DllmError(
@@ -288,6 +293,8 @@ def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous
             hint="static: --master-addr HOST [--master-port PORT] --node-rank R on every node; "
             "elastic: --rdzv-endpoint HOST:PORT on every node; or --backend slurm",
         )
+    if conf:
+        raise DllmError("--rdzv-conf needs a c10d rendezvous", hint="add --rdzv-endpoint HOST:PORT")
     return Rendezvous(kind="standalone")
 
 

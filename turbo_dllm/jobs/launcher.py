@@ -276,6 +276,7 @@ def _recorded_options(plan: JobPlan, given: LaunchOptions) -> LaunchOptions:
     if given.master_addr or given.master_port or given.rdzv_endpoint:
         master_addr, master_port = given.master_addr, given.master_port
         rdzv_endpoint = given.rdzv_endpoint
+    rdzv_conf = given.rdzv_conf if given.rdzv_conf is not None else rdzv.conf
     slurm = plan.slurm
     return LaunchOptions(
         backend=plan.backend,
@@ -286,6 +287,7 @@ def _recorded_options(plan: JobPlan, given: LaunchOptions) -> LaunchOptions:
         master_port=master_port,
         rdzv_endpoint=rdzv_endpoint,
         rdzv_id=given.rdzv_id,
+        rdzv_conf=rdzv_conf,
         max_restarts=plan.max_restarts,
         run_root=given.run_root,
         run_dir=given.run_dir,

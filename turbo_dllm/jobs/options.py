@@ -76,6 +76,7 @@ class LaunchOptions:
     master_port: int | None = None
     rdzv_endpoint: str | None = None
     rdzv_id: str | None = None
+    rdzv_conf: str | None = None  # torchrun --rdzv-conf, e.g. "last_call_timeout=5"
     max_restarts: int = 0
     run_root: str | None = None
     run_dir: str | None = None

@@ -41,6 +41,7 @@ class Rendezvous(_Strict):
     kind: Literal["none", "standalone", "static", "c10d"]
     endpoint: str | None = None  # host:port of the c10d store or of rank 0
     run_id: str | None = None
+    conf: str | None = None  # c10d settings (torchrun --rdzv-conf), e.g. last_call_timeout=5
 
 
 class Command(_Strict):

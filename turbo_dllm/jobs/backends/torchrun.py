@@ -46,6 +46,8 @@ def torchrun_argv(
     elif rendezvous.kind == "c10d":
         argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rendezvous.endpoint or ""]
         argv += ["--rdzv-id", rendezvous.run_id or "dllm"]
+        if rendezvous.conf:
+            argv += ["--rdzv-conf", rendezvous.conf]
     argv += ["--max-restarts", str(max_restarts)]
     return argv + worker[1:]
 
