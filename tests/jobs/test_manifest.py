@@ -124,6 +124,20 @@ def test_drift_names_each_changed_field(manifest):
     assert torch.recorded == manifest.packages["torch"] and torch.current == "0.0.1"
 
 
+def test_bundle_drift(manifest):
+    from turbo_dllm.jobs.manifest import BundleRef
+
+    one = BundleRef(bundle_id="0.1.0-cpu", sha256="a" * 64, target="cpu")
+    other = BundleRef(bundle_id="0.1.0-cpu", sha256="b" * 64, target="cpu")
+    drift = manifest_drift(_with(manifest, bundle=one), _with(manifest, bundle=other))
+    assert [(i.field, i.recorded, i.current) for i in drift] == [
+        ("bundle.sha256", "a" * 64, "b" * 64)
+    ]
+    [appeared] = manifest_drift(manifest, _with(manifest, bundle=one))
+    assert appeared.field == "bundle" and appeared.recorded is None
+    assert appeared.current == {"bundle_id": "0.1.0-cpu", "sha256": "a" * 64}
+
+
 def test_drift_ignores_what_names_a_machine_rather_than_describes_it(manifest):
     current = _with(manifest, host={**manifest.host, "hostname": "other-node"})
     assert manifest_drift(manifest, current) == []

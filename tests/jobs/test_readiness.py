@@ -10,25 +10,30 @@ from turbo_dllm.doctor.checks.launch import GpuProcess, busy_gpus, query_gpu_pro
 
 FAKE_SMI = """#!/bin/sh
 case "$1" in
-  --query-gpu=*) printf '0, GPU-aaa\\n1, GPU-bbb\\n2, GPU-ccc\\n3, GPU-ddd\\n' ;;
+  --query-gpu=*) printf '0, GPU-aaa, 1\\n1, GPU-bbb, 40961\\n2, GPU-ccc, 30721\\n3, GPU-ddd, %s\\n' "$DLLM_TEST_SMI_GPU3_MIB" ;;
   --query-compute-apps=*) printf '%s' "$DLLM_TEST_SMI_APPS" ;;
   *) exit 9 ;;
 esac
 """
 
 
-def install_fake_smi(folder, monkeypatch, apps: str) -> None:
+def install_fake_smi(folder, monkeypatch, apps: str, gpu3_mib: str = "0") -> None:
     folder.mkdir(exist_ok=True)
     smi = folder / "nvidia-smi"
     smi.write_text(FAKE_SMI)
     smi.chmod(smi.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{folder}:/usr/bin:/bin")
     monkeypatch.setenv("DLLM_TEST_SMI_APPS", apps)
+    monkeypatch.setenv("DLLM_TEST_SMI_GPU3_MIB", gpu3_mib)
 
 
 def test_query_reads_processes_per_gpu_index(tmp_path, monkeypatch):
     install_fake_smi(tmp_path / "bin", monkeypatch, "GPU-ccc, 4321, 30720\nGPU-zzz, 1, 5\n")
-    assert query_gpu_processes() == [GpuProcess(gpu_index=2, pid=4321, used_mib=30720.0)]
+    # GPU 1 has 40 GiB in use but no process nvidia-smi can name (another container).
+    assert query_gpu_processes() == [
+        GpuProcess(gpu_index=2, pid=4321, used_mib=30720.0),
+        GpuProcess(gpu_index=1, pid=None, used_mib=40961.0),
+    ]
 
 
 def test_busy_gpus_only_counts_the_gpus_the_launch_uses():
@@ -40,10 +45,19 @@ def test_busy_gpus_only_counts_the_gpus_the_launch_uses():
 
 def test_launch_refuses_busy_gpus(cli, spec_file, gpus, workdir, monkeypatch):
     gpus(4)
-    install_fake_smi(workdir / "bin", monkeypatch, "GPU-bbb, 4321, 40960\n")
+    install_fake_smi(
+        workdir / "bin", monkeypatch, "GPU-bbb, 4321, 40960\nGPU-ccc, 77, 30720\n", "9000"
+    )
     result = cli("launch", "--config", spec_file, "--set", "topology.fsdp=4")
-    assert_user_error(result, "busy gpus", "GPU 1: pid 4321 uses 40.0 GiB", "CUDA_VISIBLE_DEVICES")
+    assert_user_error(
+        result,
+        "busy gpus",
+        "GPU 1: pid 4321 use 40.0 GiB",
+        "GPU 3: processes nvidia-smi cannot name use 8.8 GiB",
+        "CUDA_VISIBLE_DEVICES",
+    )
     assert not (workdir / "runs").exists()
+    install_fake_smi(workdir / "bin", monkeypatch, "GPU-bbb, 4321, 40960\n")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,2,3")
     report = cli("doctor", "--config", spec_file, "--world-size", "1", "--json")
     assert '"busy gpus"' in report.out and "are free" in report.out

@@ -107,9 +107,20 @@ def gpus_for_processes(ctx: DoctorContext) -> CheckResult:
 
 @dataclass(frozen=True)
 class GpuProcess:
+    """A user of a GPU: a process nvidia-smi names, or (pid None) memory in use by processes it
+    cannot see, e.g. from another container."""
+
     gpu_index: int
-    pid: int
+    pid: int | None
     used_mib: float
+
+    def __str__(self) -> str:
+        who = f"pid {self.pid}" if self.pid is not None else "processes nvidia-smi cannot name"
+        return f"GPU {self.gpu_index}: {who} use {self.used_mib / 1024:.1f} GiB"
+
+
+# Memory in use on a GPU with no visible process above this means someone else is on it.
+UNSEEN_USE_MIB = 2048.0
 
 
 @register_check(order=420)
@@ -132,9 +143,7 @@ def free_gpus(ctx: DoctorContext) -> CheckResult:
         )
     busy = busy_gpus(processes, _visible_indices(), nproc)
     if busy:
-        detail = "; ".join(
-            f"GPU {p.gpu_index}: pid {p.pid} uses {p.used_mib / 1024:.1f} GiB" for p in busy
-        )
+        detail = "; ".join(str(p) for p in busy)
         return CheckResult(
             name,
             "fail",
@@ -173,12 +182,12 @@ def rendezvous_port(ctx: DoctorContext) -> CheckResult:
 
 
 def query_gpu_processes() -> list[GpuProcess] | None:
-    """Compute processes on every GPU (by nvidia-smi index), or None when nvidia-smi can't say."""
+    """Who uses each GPU (by nvidia-smi index), or None when nvidia-smi can't say."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
         return None
     try:
-        gpus = _smi(smi, "--query-gpu=index,uuid")
+        gpus = _smi(smi, "--query-gpu=index,uuid,memory.used")
         apps = _smi(smi, "--query-compute-apps=gpu_uuid,pid,used_memory")
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
@@ -187,17 +196,27 @@ def query_gpu_processes() -> list[GpuProcess] | None:
     for row in apps:
         if len(row) < 3 or row[0] not in index_of:
             continue
-        used = float(row[2]) if row[2].replace(".", "", 1).isdigit() else 0.0
-        found.append(GpuProcess(gpu_index=index_of[row[0]], pid=int(row[1]), used_mib=used))
+        found.append(GpuProcess(gpu_index=index_of[row[0]], pid=int(row[1]), used_mib=_mib(row[2])))
+    named = {p.gpu_index for p in found}
+    for row in gpus:
+        if len(row) >= 3 and int(row[0]) not in named and _mib(row[2]) > UNSEEN_USE_MIB:
+            found.append(GpuProcess(gpu_index=int(row[0]), pid=None, used_mib=_mib(row[2])))
     return found
 
 
 def busy_gpus(
     processes: list[GpuProcess], visible: list[int] | None, nproc: int
 ) -> list[GpuProcess]:
-    """The processes (other than us) on the GPUs the launch will use: the first `nproc` visible."""
+    """The users (other than us) of the GPUs the launch will use: the first `nproc` visible."""
     used = visible[:nproc] if visible is not None else list(range(nproc))
     return [p for p in processes if p.gpu_index in used and p.pid != os.getpid()]
+
+
+def _mib(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:  # "[N/A]" on some MIG setups
+        return 0.0
 
 
 def _smi(smi: str, query: str) -> list[list[str]]:
