@@ -141,6 +141,15 @@ def test_replay_refuses_changed_code(recorded, cli, monkeypatch, tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_replay_refuses_another_kind_of_host(recorded, cli, pinned_code, monkeypatch, tmp_path):
+    _, run_dir = recorded
+    monkeypatch.setenv("DLLM_OVERRIDE_GLIBC", "9.99")
+    result = cli("launch", "--manifest", run_dir / "manifest.json", "--run-dir", tmp_path / "x")
+    recorded_glibc = json.loads((run_dir / "manifest.json").read_text())["host"]["glibc"]
+    assert_user_error(result, f"host.glibc: {recorded_glibc} -> 9.99")
+    assert not (tmp_path / "x").exists()
+
+
 def test_replay_keeps_the_recorded_layout(recorded, cli):
     _, run_dir = recorded
     result = cli("launch", "--manifest", run_dir / "manifest.json", "--nproc-per-node", "4")

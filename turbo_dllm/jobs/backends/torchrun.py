@@ -141,7 +141,8 @@ def _die_with_parent() -> None:
 
 def _pump(source: IO[bytes], sink: IO[str], log: IO[bytes] | None, lock: threading.Lock) -> None:
     target = getattr(sink, "buffer", None)
-    for chunk in iter(lambda: source.read1(65536), b""):  # type: ignore[attr-defined]
+    # Whole lines, so the two streams interleave line by line in the log.
+    for chunk in iter(source.readline, b""):
         with lock:
             if target is not None:
                 target.write(chunk)
