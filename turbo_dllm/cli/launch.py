@@ -35,16 +35,39 @@ def register(subparsers) -> None:
     )
     p.add_argument("--allow-drift", action="store_true", help="replay despite drift and record it")
     layout = p.add_argument_group("layout")
-    layout.add_argument("--backend", choices=("auto", "local", "torchrun", "slurm"), default="auto")
-    layout.add_argument("--nproc-per-node", type=int, default=None, metavar="N")
-    layout.add_argument("--nnodes", default=None, metavar="N|MIN:MAX")
-    layout.add_argument("--max-restarts", type=int, default=None, metavar="K")
+    layout.add_argument(
+        "--backend",
+        choices=("auto", "local", "torchrun", "slurm"),
+        default="auto",
+        help="auto: one process in-process, anything more under torchrun",
+    )
+    layout.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=None,
+        metavar="N",
+        help="processes per node (default: the topology's product / nodes)",
+    )
+    layout.add_argument(
+        "--nnodes", default=None, metavar="N|MIN:MAX", help="node count, or an elastic range"
+    )
+    layout.add_argument(
+        "--max-restarts",
+        type=int,
+        default=None,
+        metavar="K",
+        help="restart the workers up to K times; they resume from the last checkpoint",
+    )
     meet = p.add_argument_group("rendezvous (multi-node)")
-    meet.add_argument("--node-rank", type=int, default=None, metavar="R")
-    meet.add_argument("--master-addr", default=None, metavar="HOST")
+    meet.add_argument(
+        "--node-rank", type=int, default=None, metavar="R", help="this node (static launches)"
+    )
+    meet.add_argument("--master-addr", default=None, metavar="HOST", help="node 0's address")
     meet.add_argument("--master-port", type=int, default=None, metavar="PORT")
-    meet.add_argument("--rdzv-endpoint", default=None, metavar="HOST:PORT")
-    meet.add_argument("--rdzv-id", default=None, metavar="ID")
+    meet.add_argument(
+        "--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous (elastic)"
+    )
+    meet.add_argument("--rdzv-id", default=None, metavar="ID", help="default: the run id")
     meet.add_argument(
         "--rdzv-conf",
         default=None,
@@ -57,10 +80,12 @@ def register(subparsers) -> None:
     where.add_argument("--run-root", default=None, help="make <root>/<stamp>-<id> (default runs)")
     slurm = p.add_argument_group("slurm")
     slurm.add_argument("--submit", action="store_true", help="call sbatch on the script")
-    slurm.add_argument("--gpus-per-node", type=int, default=None)
-    slurm.add_argument("--cpus-per-task", type=int, default=None)
-    slurm.add_argument("--partition", default=None)
-    slurm.add_argument("--account", default=None)
+    slurm.add_argument(
+        "--gpus-per-node", type=int, default=None, metavar="G", help="default: --nproc-per-node"
+    )
+    slurm.add_argument("--cpus-per-task", type=int, default=None, metavar="C")
+    slurm.add_argument("--partition", default=None, metavar="NAME")
+    slurm.add_argument("--account", default=None, metavar="NAME")
     slurm.add_argument("--time", default=None, help="SLURM time limit, e.g. 04:00:00")
     slurm.add_argument(
         "--sbatch", action="append", default=[], metavar="OPTION", help="extra #SBATCH line"
