@@ -93,8 +93,11 @@ def test_native_cuda_under_torch_compile(qualified_home):
     step(*inputs).backward()
     ref = [t.detach().clone().requires_grad_(True) for t in inputs]
     reference.merge_attention_partials(*ref)[0].square().sum().backward()
+    # Inductor fuses the loss's backward differently from eager: float32 rounding of the lse
+    # gradient (a sum over D) differs by ~1e-5, as in the uncompiled float32 comparison.
+    tol = TOLERANCE[torch.float32]
     for a, b in zip(inputs, ref, strict=True):
-        torch.testing.assert_close(a.grad, b.grad, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.grad, b.grad, atol=tol, rtol=tol)
 
 
 def _time(fn, repeats=20):
