@@ -42,6 +42,18 @@ def test_fingerprint_identical_with_a_hf_tokenizer_in_two_workers(corpus, hf_tok
     assert one.manifest.vocab_size > 260 and one.manifest.special_tokens["mask"] >= 0
 
 
+def test_spawned_workers_give_the_same_artifact(corpus, monkeypatch):
+    """The start method used off Linux (spawn: workers load their own tokenizer)."""
+    import multiprocessing
+
+    import turbo_dllm.data.pipeline as pipeline
+
+    one = prepare_config(write_config(corpus, workers=1))
+    monkeypatch.setattr(pipeline, "_context", lambda: multiprocessing.get_context("spawn"))
+    two = prepare_config(write_config(corpus, "p2.yaml", workers=2, output={"path": "b"}))
+    assert one.manifest.fingerprint == two.manifest.fingerprint
+
+
 def test_fingerprint_changes_with_content(corpus):
     base = prepare_config(write_config(corpus))
     other = prepare_config(

@@ -74,7 +74,8 @@ def test_jsonl_prompt_completion_completion_only(tmp_path, hf_tokenizer):
     assert result.manifest.tokenizer.kind == "huggingface"
 
 
-def test_jsonl_chat_assistant_only_uses_the_template_mask(tmp_path, hf_tokenizer):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_jsonl_chat_assistant_only_uses_the_template_mask(tmp_path, hf_tokenizer, workers):
     from transformers import AutoTokenizer
 
     chats = [
@@ -92,6 +93,7 @@ def test_jsonl_chat_assistant_only_uses_the_template_mask(tmp_path, hf_tokenizer
         records={"kind": "chat"},
         tokenizer={"kind": "huggingface", "path": str(hf_tokenizer)},
         supervision="assistant_only",
+        workers=workers,
     )
     result = prepare_config(config)
     tok = AutoTokenizer.from_pretrained(str(hf_tokenizer))
