@@ -46,6 +46,15 @@ def test_missing_field_names_the_path_and_the_keys(cli, tmp_path):
     _prepare_fails(cli, config, "data.jsonl:1", "missing field 'meta.body'", "keys: title")
 
 
+def test_parquet_without_the_field_lists_its_columns(cli, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"body": ["a"], "id": [1]}), tmp_path / "t.parquet")
+    config = write_config(tmp_path, source={"kind": "parquet", "paths": ["t.parquet"]})
+    _prepare_fails(cli, config, "t.parquet row 0", "missing field 'text'", "keys: body, id")
+
+
 def test_empty_result_is_an_error(cli, tmp_path):
     (tmp_path / "data.jsonl").write_text('{"text": ""}\n\n')
     _prepare_fails(cli, write_config(tmp_path), "no documents")

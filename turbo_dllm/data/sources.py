@@ -211,9 +211,10 @@ def _parquet_chunks(files: list[Path], columns: list[str] | None) -> Iterator[Ra
         except Exception as error:  # pyarrow raises ArrowInvalid / OSError for bad files
             raise DllmError(f"{label}: not a readable parquet file: {error}") from None
         names = set(parquet.schema_arrow.names)
+        # Read only the needed columns; if none exist, read all so the error can list them.
         wanted = [c for c in columns if c in names] if columns is not None else None
         row = 0
-        for batch in parquet.iter_batches(batch_size=CHUNK_ITEMS, columns=wanted):
+        for batch in parquet.iter_batches(batch_size=CHUNK_ITEMS, columns=wanted or None):
             rows = batch.to_pylist()
             yield RawChunk(
                 "record", rows, label, list(range(row, row + len(rows))), "row", len(rows)
