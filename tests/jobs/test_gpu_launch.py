@@ -26,7 +26,9 @@ def _gpu_count() -> int:
 
 
 def _losses(run_dir):
-    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().split()]
+    return [
+        json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()
+    ]
 
 
 def test_one_gpu_launch_runs_in_process(cli, spec_file, workdir):
