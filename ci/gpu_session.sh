@@ -30,7 +30,8 @@ for stage in "$@"; do
     train-mb2) python3 benchmarks/train_step.py --micro-batch 2 --no-baseline --out "$OUT/train_step_mb2.json" 2>&1 | tee "$OUT/train_step_mb2.log" | tail -6 || status=1 ;;
     tests2) python3 -m pytest -q -p no:cacheprovider tests/distributed/test_csbp_gpu.py \
           "tests/gpu/test_train_gpu.py::test_two_gpus_nccl_match_one" 2>&1 | tee "$OUT/gpu-tests2.log" | tail -8 || status=1 ;;
-    cp) python3 benchmarks/context_parallel.py --parts throughput --out "$OUT/context_parallel.json" \
+    cp) python3 benchmarks/context_parallel.py --parts throughput --seq-lens "${CP_SEQ_LENS:-32768,65536}" \
+          --out "$OUT/context_parallel.json" \
           2>&1 | tee "$OUT/cp-throughput.log" | tail -20 || status=1 ;;
     search1|search2) python3 benchmarks/context_parallel.py --parts search --search-gpus "${stage#search}" \
           --budget-s "${SEARCH_BUDGET_S:-200}" --out "$OUT/context_parallel.json" 2>&1 \
