@@ -288,3 +288,19 @@ def test_each_cli_module_registers_the_command_named_like_it():
         parser = build_parser(only=name)
         choices = parser._subparsers._group_actions[0].choices
         assert list(choices) == [name]
+
+
+def test_closed_stdout_pipe_is_not_a_traceback():
+    """`dllm ... | head`: the reader is gone before we write; exit quietly with 141."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "turbo_dllm", "config", "schema"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdout.close()  # close our end before the child (still importing) writes
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=60) == 141, stderr
+    assert "Traceback" not in stderr
