@@ -3,7 +3,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PATH="$PWD/.venv/bin:$PATH"
-PROJECT=${1:-${TMPDIR:-/tmp}/dllm-starter}
+PROJECT=${1:-$(mktemp -d -u "${TMPDIR:-/tmp}/dllm-starter-XXXXXX")}
 if [ -e "$PROJECT" ]; then echo "$PROJECT exists; pass another folder: bash ci/main_job.sh DIR" >&2; exit 2; fi
 dllm init "$PROJECT"
 cd "$PROJECT"
