@@ -30,6 +30,7 @@ from turbo_dllm.bundles.catalog import (
 from turbo_dllm.bundles.fetch import sha256_file
 from turbo_dllm.bundles.manifest import archive_name
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import write_atomic
 
 __all__ = ["PublishResult", "publish"]
 
@@ -77,7 +78,7 @@ def publish(archives: list[Path], *, release: str, mirror: Path) -> PublishResul
     # Validate what we are about to publish with the same parser installs use.
     parse_catalog(data, str(catalog_file))
     catalog_file.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_write(catalog_file, data)
+    write_atomic(catalog_file, data)
     return PublishResult(release, catalog_file, sha256_bytes(data), added, unchanged)
 
 
@@ -110,9 +111,3 @@ def _copy_immutable(source: Path, dest: Path) -> None:
         tmp.replace(dest)
     finally:
         tmp.unlink(missing_ok=True)
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_bytes(data)
-    tmp.replace(path)

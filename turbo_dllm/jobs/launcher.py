@@ -19,6 +19,7 @@ import yaml
 
 from turbo_dllm.config.runspec import RunSpec
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import write_atomic
 from turbo_dllm.jobs import provenance
 from turbo_dllm.jobs.compiler import compile_plan
 from turbo_dllm.jobs.drift import manifest_drift
@@ -411,9 +412,7 @@ def _write_result(run_dir: Path, code: int, started: str, backend: str) -> None:
         "backend": backend,
         "python": sys.executable,
     }
-    tmp = run_dir / f".{RESULT_NAME}.tmp"
-    tmp.write_text(json.dumps(result, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, run_dir / RESULT_NAME)
+    write_atomic(run_dir / RESULT_NAME, json.dumps(result, indent=2, sort_keys=True) + "\n")
 
 
 def _now() -> str:

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import fsync_dir
 from turbo_dllm.jobs.plan import JobPlan
 
 __all__ = [
@@ -195,21 +196,8 @@ def write_exclusive(path: Path, data: bytes) -> Path:
     finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-    _fsync_dir(path.parent)
+    fsync_dir(path.parent)
     return path
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def _show(value: Any) -> str:

@@ -23,6 +23,7 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import fsync_dir, write_atomic
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -150,11 +151,11 @@ class Checkpointer:
                 loader=loader.state_dict(),
                 **meta,
             )
-            _write_synced(tmp / "checkpoint.json", record.model_dump_json(indent=2) + "\n")
+            write_atomic(tmp / "checkpoint.json", record.model_dump_json(indent=2) + "\n")
             if final.exists():
                 shutil.rmtree(final)
             os.replace(tmp, final)
-            _fsync_dir(self.directory)
+            fsync_dir(self.directory)
             self._prune()
         _barrier()
         return final
@@ -201,23 +202,3 @@ class Checkpointer:
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(rng["cuda"])
         return meta
-
-
-def _write_synced(path: Path, text: str) -> None:
-    with open(path, "w", encoding="utf-8") as handle:
-        handle.write(text)
-        handle.flush()
-        os.fsync(handle.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
