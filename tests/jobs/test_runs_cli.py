@@ -5,8 +5,6 @@ from __future__ import annotations
 import json
 import sys
 
-import pytest
-
 from tests.helpers import assert_user_error
 
 
@@ -71,7 +69,6 @@ def test_show_unknown_or_ambiguous_run(cli, spec_file, workdir):
 
 
 def test_plot_writes_pngs(cli, spec_file, workdir):
-    pytest.importorskip("matplotlib")
     slurm_run(cli, spec_file)
     [run_dir] = (workdir / "runs").iterdir()
     assert_user_error(cli("run", "plot", run_dir.name), "has no metrics yet")
