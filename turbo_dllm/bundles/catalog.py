@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from turbo_dllm.bundles.manifest import SHA256, archive_name, canonical_version
 from turbo_dllm.bundles.target import BundleTarget
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, describe_validation_error
 
 __all__ = [
     "CATALOG_FORMAT",
@@ -111,9 +111,7 @@ def parse_catalog(data: bytes, source: str) -> Catalog:
     try:
         return Catalog.model_validate(document)
     except ValidationError as error:
-        details = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in error.errors()
-        )
+        details = describe_validation_error(error)
         raise DllmError(
             f"{source}: invalid catalog: {details}",
             hint="the release catalog is malformed; ask its publisher to fix it",

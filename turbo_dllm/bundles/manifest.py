@@ -16,7 +16,7 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from turbo_dllm.bundles.target import BundleTarget
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, describe_validation_error
 from turbo_dllm.host import GpuArch, HostFingerprint
 
 __all__ = [
@@ -150,9 +150,7 @@ def parse_manifest(data: bytes, source: str) -> BundleManifest:
     try:
         return BundleManifest.model_validate_json(data)
     except ValidationError as error:
-        details = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in error.errors()
-        )
+        details = describe_validation_error(error)
         raise DllmError(
             f"{source}: invalid {MANIFEST_NAME}: {details}",
             hint="the bundle is damaged or not a turbo-dllm bundle; rebuild or re-download it",

@@ -24,7 +24,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, describe_validation_error
 
 __all__ = [
     "ARRAY_FILES",
@@ -175,9 +175,7 @@ def read_manifest(path: str | Path) -> DataManifest:
     try:
         return DataManifest.model_validate(document)
     except ValidationError as error:
-        details = "; ".join(
-            f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in error.errors()[:5]
-        )
+        details = describe_validation_error(error, limit=5)
         raise DllmError(f"{manifest_path}: invalid manifest: {details}") from None
 
 

@@ -32,7 +32,7 @@ from pydantic import (
     model_validator,
 )
 
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, describe_validation_error
 
 __all__ = [
     "FORMAT",
@@ -217,9 +217,7 @@ def parse_manifest(text: str, source: str) -> EnvManifest:
     try:
         return EnvManifest.model_validate(data)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in e['loc']) or '<root>'}: {e['msg']}" for e in error.errors()
-        )
+        problems = describe_validation_error(error)
         raise DllmError(
             f"{source}: invalid environment manifest: {problems}",
             hint="regenerate it with `dllm env lock --target TARGET`",

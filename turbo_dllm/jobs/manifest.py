@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, describe_validation_error
 from turbo_dllm.fsutil import fsync_dir
 from turbo_dllm.jobs.plan import JobPlan
 
@@ -152,9 +152,7 @@ def read_manifest(path: str | Path) -> RunManifest:
     try:
         return RunManifest.model_validate(document)
     except ValidationError as error:
-        problems = "; ".join(
-            f"{'.'.join(map(str, e['loc'])) or '(top)'}: {e['msg']}" for e in error.errors()[:8]
-        )
+        problems = describe_validation_error(error, limit=8)
         raise DllmError(
             f"{path} is not a valid run manifest: {problems}",
             hint="a manifest must not be edited by hand; replay an unmodified one",
