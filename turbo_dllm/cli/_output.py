@@ -1,4 +1,5 @@
-"""Printing helpers shared by the command modules: JSON on stdout, humans on stdout, logs on stderr."""
+"""Helpers shared by the command modules: JSON on stdout, humans on stdout, logs on stderr,
+and the options several commands take."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["emit_json", "group", "stderr_console"]
+__all__ = ["add_overrides", "emit_json", "group", "stderr_console"]
 
 
 def emit_json(obj: Any) -> None:
@@ -25,3 +26,15 @@ def group(subparsers, name: str, help: str):
     parser = subparsers.add_parser(name, help=help, description=help)
     parser.set_defaults(func=None, group_parser=parser)
     return parser.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND")
+
+
+def add_overrides(parser, example: str = "training.steps=10") -> None:
+    """The `--set KEY=VALUE` option (repeatable) of every command that reads a YAML config."""
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a field, e.g. --set {example} (repeatable)",
+    )

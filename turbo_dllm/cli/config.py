@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from turbo_dllm.cli._output import emit_json, group
+from turbo_dllm.cli._output import add_overrides, emit_json, group
 
 
 def register(subparsers) -> None:
     commands = group(subparsers, "config", "validate RunSpecs and print their schema")
     p = commands.add_parser("validate", help="validate a RunSpec and print it fully resolved")
     p.add_argument("--config", required=True, help="RunSpec YAML")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, e.g. --set training.steps=10 (repeatable)",
-    )
+    add_overrides(p)
     p.add_argument(
         "--world-size",
         type=int,

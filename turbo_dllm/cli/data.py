@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from turbo_dllm.cli._output import emit_json, group
+from turbo_dllm.cli._output import add_overrides, emit_json, group
 
 
 def register(subparsers) -> None:
@@ -12,14 +12,7 @@ def register(subparsers) -> None:
 
     p = commands.add_parser("prepare", help="tokenize and pack a dataset into an artifact")
     p.add_argument("--config", required=True, help="prepare.yaml")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, e.g. --set workers=4 (repeatable)",
-    )
+    add_overrides(p, "workers=4")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_prepare)
 

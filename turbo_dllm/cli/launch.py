@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import sys
 
-from turbo_dllm.cli._output import emit_json
+from turbo_dllm.cli._output import add_overrides, emit_json
 
 
 def register(subparsers) -> None:
@@ -25,14 +25,7 @@ def register(subparsers) -> None:
     source = p.add_mutually_exclusive_group(required=True)
     source.add_argument("--config", help="RunSpec YAML")
     source.add_argument("--manifest", help="replay the run recorded in this manifest")
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a spec field, e.g. --set training.steps=10 (repeatable)",
-    )
+    add_overrides(p)
     p.add_argument("--allow-drift", action="store_true", help="replay despite drift and record it")
     layout = p.add_argument_group("layout")
     layout.add_argument(

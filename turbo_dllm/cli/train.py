@@ -5,6 +5,8 @@ Under `torchrun --nproc-per-node N -m turbo_dllm train ...` every rank runs this
 
 from __future__ import annotations
 
+from turbo_dllm.cli._output import add_overrides
+
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
@@ -18,14 +20,7 @@ def register(subparsers) -> None:
         default=None,
         help="run directory (default: launch.run_dir, else runs/<UTC stamp>-<id>)",
     )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a field, e.g. --set training.steps=10 (repeatable)",
-    )
+    add_overrides(p)
     p.set_defaults(func=_train)
 
 
