@@ -51,6 +51,18 @@ def run_gloo(fn, world: int, tmp_path: Path, *args, backend: str = "gloo") -> No
     mp.spawn(_entry, args=(world, str(store), fn, args, backend), nprocs=world, join=True)
 
 
+def errors_per_world(worker, worlds, tmp_path_factory, prefix: str) -> dict[int, dict]:
+    """Run worker(rank, world, results_path) for each world size; rank 0 writes a JSON dict of
+    case name -> error, returned here keyed by world size."""
+    found = {}
+    for world in worlds:
+        tmp = tmp_path_factory.mktemp(f"{prefix}-{world}")
+        results = tmp / "errors.json"
+        run_gloo(worker, world, tmp, str(results))
+        found[world] = json.loads(results.read_text())
+    return found
+
+
 # --- cases -----------------------------------------------------------------------------------
 # (name, mode, cp, bp, seq_len, block_size); the world decides dp = world / max(cp, bp).
 CASES: dict[int, list[tuple[str, str, int, int, int, int]]] = {
@@ -168,13 +180,7 @@ def _worker(rank: int, world: int, results: str) -> None:
 
 @pytest.fixture(scope="module")
 def errors(tmp_path_factory):
-    found = {}
-    for world in CASES:
-        tmp = tmp_path_factory.mktemp(f"attn-{world}")
-        results = tmp / "errors.json"
-        run_gloo(_worker, world, tmp, str(results))
-        found[world] = json.loads(results.read_text())
-    return found
+    return errors_per_world(_worker, CASES, tmp_path_factory, "attn")
 
 
 @pytest.mark.parametrize(

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed.test_csbp_attention import run_gloo
+from tests.distributed.test_csbp_attention import errors_per_world
 from turbo_dllm.config.runspec import ObjectiveSpec
 from turbo_dllm.train.attention import ReferenceAttention
 from turbo_dllm.train.models import build_model, materialize, resolve_model_config
@@ -145,13 +145,7 @@ def _worker(rank: int, world: int, results: str) -> None:
 
 @pytest.fixture(scope="module")
 def errors(tmp_path_factory):
-    found = {}
-    for world in CASES:
-        tmp = tmp_path_factory.mktemp(f"model-{world}")
-        results = tmp / "errors.json"
-        run_gloo(_worker, world, tmp, str(results))
-        found[world] = json.loads(results.read_text())
-    return found
+    return errors_per_world(_worker, CASES, tmp_path_factory, "model")
 
 
 @pytest.mark.parametrize(
