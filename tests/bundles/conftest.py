@@ -32,6 +32,16 @@ def cpu_bundle(tmp_path_factory):
             os.environ["DLLM_HOME"] = saved
 
 
+@pytest.fixture(params=[False, True], ids=["hash-inline", "hash-threaded"])
+def hashing(request, monkeypatch):
+    """Both ways of hashing an archive while it downloads: inline, and on a helper thread
+    (what archives of `THREADED_HASH_BYTES` and more get)."""
+    if request.param:
+        from turbo_dllm.bundles import fetch
+
+        monkeypatch.setattr(fetch, "THREADED_HASH_BYTES", 0)
+
+
 @pytest.fixture
 def mirror(tmp_path, cpu_bundle):
     """A mirror folder with the built bundle published as release `v-test`."""

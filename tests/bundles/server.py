@@ -3,7 +3,9 @@
 `MirrorServer(root)` serves a mirror folder from a background thread. Faults, set per test:
 `truncate_after` (send only that many body bytes of a bundle archive, then close; `truncate_times`
 limits how many responses are cut), `throttle_bps` (slow bundle downloads to a crawl, for the
-killed-install test). Every request is logged as (path, Range header).
+killed-install test), `fail_status` (answer bundle requests with this HTTP status, `fail_times`
+times), `ranges = False` (ignore Range headers, like a server without range support). Every
+request is logged as (path, Range header).
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ class _Handler(SimpleHTTPRequestHandler):
         state = self.server.state
         state.requests.append((self.path, self.headers.get("Range")))
         path = Path(self.translate_path(self.path))
+        if "/bundles/" in self.path and state.fail_status and state.fail_times != 0:
+            state.fail_times -= 1
+            self.send_error(state.fail_status)
+            return
         if not path.is_file():
             self.send_error(404)
             return
@@ -81,6 +87,8 @@ class _State:
         self.throttle_bps: float | None = None
         self.chunk = 65536
         self.ranges = True
+        self.fail_status: int | None = None
+        self.fail_times: int = -1  # -1: every request
 
 
 class _Server(ThreadingHTTPServer):

@@ -56,7 +56,7 @@ def assert_previous_still_active(previous):
     assert hidden == [], hidden  # no staging or trash left behind
 
 
-def test_flipped_byte_is_refused(bundle_b, installed):
+def test_flipped_byte_is_refused(bundle_b, installed, hashing):
     mirror, catalog_sha, entry = bundle_b
     path = mirror / "bundles" / entry.file
     data = bytearray(path.read_bytes())
@@ -88,7 +88,7 @@ def test_truncated_transfer_is_retried_then_refused(bundle_b, installed):
     assert_previous_still_active(installed)
 
 
-def test_truncated_transfer_resumes_and_succeeds(bundle_b, installed):
+def test_truncated_transfer_resumes_and_succeeds(bundle_b, installed, hashing):
     mirror, catalog_sha, entry = bundle_b
     with MirrorServer(mirror) as server:
         server.state.truncate_after, server.state.truncate_times = 5000, 1

@@ -127,3 +127,27 @@ def test_torch_version_file_is_parsed_not_imported(tmp_path):
         "raise SystemExit('imported!')\n"
     )
     assert probes._read_torch_version_file(tmp_path / "version.py") == ("2.11.0+cu130", "13.0")
+
+
+def test_package_versions_come_from_dist_info_folders(tmp_path, monkeypatch):
+    first, second = tmp_path / "a", tmp_path / "b"
+    for folder, names in (
+        (first, ["nvidia_nccl_cu12-2.21.5.dist-info", "Triton-3.1.0.dist-info"]),
+        (second, ["nvidia_nccl_cu13-2.27.3.dist-info", "triton-9.9.dist-info", "README"]),
+    ):
+        folder.mkdir()
+        for name in names:
+            (folder / name).mkdir()
+    monkeypatch.setattr(sys, "path", [str(first), str(second), str(tmp_path / "missing")])
+    # The first name that is installed anywhere wins; among copies, the first on sys.path.
+    assert probes.probe_package_version("nvidia-nccl-cu13", "nvidia-nccl-cu12") == "2.27.3"
+    assert probes.probe_package_version("triton", "pytorch-triton") == "3.1.0"
+    assert probes.probe_package_version("NVIDIA.NCCL_cu12") == "2.21.5"
+    assert probes.probe_package_version("absent") is None
+
+
+def test_package_version_probe_agrees_with_importlib_metadata():
+    from importlib.metadata import version
+
+    for name in ("pytest", "zstandard", "typing-extensions", "turbo-dllm"):
+        assert probes.probe_package_version(name) == version(name)

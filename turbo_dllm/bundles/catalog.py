@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-from turbo_dllm.bundles.manifest import SHA256, archive_name, canonical_version
+from turbo_dllm.bundles.manifest import SHA256, archive_name, canonical_version, check_sha256
 from turbo_dllm.bundles.target import BundleTarget
-from turbo_dllm.errors import DllmError, describe_validation_error
+from turbo_dllm.errors import DllmError
+from turbo_dllm.records import Record, RecordError, checked
 
 __all__ = [
     "CATALOG_FORMAT",
@@ -55,50 +55,36 @@ def catalog_path(release: str) -> str:
     return f"releases/{check_release(release)}/catalog.toml"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class CatalogEntry(Record):
+    """One bundle of a release; `file` is the archive's name under the mirror's bundles/."""
 
-
-class CatalogEntry(_Strict):
     target: BundleTarget
-    version: str
-    file: str = Field(description="Archive file name under the mirror's bundles/ folder")
-    size: int = Field(gt=0)
-    sha256: str = Field(pattern=SHA256)
+    version: str = checked(canonical_version)
+    file: str
+    size: int
+    sha256: str = checked(check_sha256)
 
-    @field_validator("version")
-    @classmethod
-    def _canonical(cls, value: str) -> str:
-        return canonical_version(value)
-
-    @model_validator(mode="after")
-    def _file_name(self) -> CatalogEntry:
+    def _problems(self) -> Iterator[tuple[str, str]]:
+        if self.size <= 0:
+            yield "size", f"must be > 0, got {self.size}"
         expected = archive_name(self.version, self.target)
         if self.file != expected:
-            raise ValueError(f"file {self.file!r} should be {expected!r}")
-        return self
+            yield "file", f"file {self.file!r} should be {expected!r}"
 
 
-class Catalog(_Strict):
+class Catalog(Record):
     format: Literal["turbo_dllm.catalog.v1"] = CATALOG_FORMAT
     release: str
     bundles: tuple[CatalogEntry, ...] = ()
 
-    @model_validator(mode="after")
-    def _no_duplicates(self) -> Catalog:
-        problems = []
+    def _problems(self) -> Iterator[tuple[str, str]]:
         for key, label in ((lambda e: str(e.target), "target"), (lambda e: e.file, "file")):
             seen: dict[str, int] = {}
             for entry in self.bundles:
                 seen[key(entry)] = seen.get(key(entry), 0) + 1
-            problems += [
-                f"duplicate catalog entry: {label} {value} is listed {n} times"
-                for value, n in seen.items()
-                if n > 1
-            ]
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+            for value, n in seen.items():
+                if n > 1:
+                    yield "bundles", f"duplicate catalog entry: {label} {value} is listed {n} times"
 
 
 def parse_catalog(data: bytes, source: str) -> Catalog:
@@ -110,10 +96,9 @@ def parse_catalog(data: bytes, source: str) -> Catalog:
         raise DllmError(f"{source}: not a valid catalog.toml: {error}") from None
     try:
         return Catalog.model_validate(document)
-    except ValidationError as error:
-        details = describe_validation_error(error)
+    except RecordError as error:
         raise DllmError(
-            f"{source}: invalid catalog: {details}",
+            f"{source}: invalid catalog: {error}",
             hint="the release catalog is malformed; ask its publisher to fix it",
         ) from None
 
@@ -138,13 +123,13 @@ def dump_catalog(catalog: Catalog) -> str:
     return tomlkit.dumps(document)
 
 
-class ReleasePin(_Strict):
-    catalog_sha256: str = Field(pattern=SHA256)
+class ReleasePin(Record):
+    catalog_sha256: str = checked(check_sha256)
 
 
-class ReleasesLock(_Strict):
+class ReleasesLock(Record):
     format: Literal["turbo_dllm.releases.v1"] = LOCK_FORMAT
-    releases: dict[str, ReleasePin] = Field(default_factory=dict)
+    releases: dict[str, ReleasePin] = {}
 
 
 def read_releases_lock(path: Path | None = None) -> ReleasesLock:

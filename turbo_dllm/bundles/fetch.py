@@ -1,238 +1,43 @@
-"""Fetch catalogs and bundle archives from an index: https://, http://, file:// or a folder.
+"""Resumable, verified downloads of bundle archives from a `Source` (see `sources`).
 
-One code path for online and offline installs: a `Source` opens a file at an offset, and
-`download` drives it with resume (HTTP Range), a streamed sha256, a size cap taken from the
-catalog, and retries with backoff for transient failures. Partial downloads live next to the
-store as `<sha256>.part` and are resumed by the next attempt, even from another process.
+`download` fetches a file into `<sha256>.part` next to the store, resuming a kept partial file
+with an HTTP Range request (even one a killed process left), computing the sha256 while
+streaming, capping the transfer at the catalog's size, and retrying transient failures with
+backoff. `download_unpacked` does the same while the bytes also stream through an unpacker, so
+installing reads a large archive once.
 """
 
 from __future__ import annotations
 
 import hashlib
-import os
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import unquote, urlparse
+from typing import BinaryIO, TypeVar
 
-from turbo_dllm import __version__
 from turbo_dllm.bundles.archive import BundleRejected
+from turbo_dllm.bundles.sources import (
+    CHUNK,
+    INDEX_VARIABLE,
+    Opened,
+    Source,
+    TransientError,
+    open_source,
+)
 from turbo_dllm.errors import DllmError
 
 __all__ = [
-    "INDEX_VARIABLE",
-    "OFFLINE_VARIABLE",
-    "HttpSource",
-    "LocalSource",
-    "Opened",
-    "Source",
+    "INDEX_VARIABLE",  # re-exported with open_source: what callers of download need
+    "Progress",
     "download",
-    "offline_requested",
+    "download_unpacked",
     "open_source",
     "sha256_file",
 ]
 
-INDEX_VARIABLE = "DLLM_BUNDLE_INDEX"
-OFFLINE_VARIABLE = "DLLM_OFFLINE"
-_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
-CHUNK = 1024 * 1024
-CONNECT_TIMEOUT_S = 10.0
-READ_TIMEOUT_S = 60.0
-
+THREADED_HASH_BYTES = 16 * CHUNK  # archives this large are hashed on a helper thread
 Progress = Callable[[int, int], None]
-
-
-class TransientError(Exception):
-    """A failure worth retrying (connection reset, truncated body, 5xx)."""
-
-
-@dataclass
-class Opened:
-    """An open remote file: its chunks from `offset`, and the full size when the source knows it."""
-
-    chunks: Iterator[bytes]
-    total: int | None
-    offset: int
-    close: Callable[[], None]
-
-
-class Source:
-    """Where releases live; paths are relative: `releases/v1/catalog.toml`, `bundles/x.tar.zst`."""
-
-    location: str
-
-    def open(self, path: str, offset: int = 0) -> Opened:  # pragma: no cover - abstract
-        raise NotImplementedError
-
-    def url(self, path: str) -> str:
-        return f"{self.location.rstrip('/')}/{path}"
-
-    def read_small(self, path: str, limit: int, retries: int = 3, backoff_s: float = 0.5) -> bytes:
-        """The whole file, refused when it is larger than `limit` bytes."""
-        for attempt in range(retries + 1):
-            try:
-                opened = self.open(path)
-                try:
-                    if opened.total is not None and opened.total > limit:
-                        raise BundleRejected(
-                            f"{self.url(path)} is {opened.total} bytes, over the {limit}-byte cap"
-                        )
-                    data = bytearray()
-                    for chunk in opened.chunks:
-                        data += chunk
-                        if len(data) > limit:
-                            raise BundleRejected(f"{self.url(path)} is over the {limit}-byte cap")
-                    if opened.total is not None and len(data) != opened.total:
-                        raise TransientError(f"got {len(data)} of {opened.total} bytes")
-                    return bytes(data)
-                finally:
-                    opened.close()
-            except TransientError as error:
-                if attempt == retries:
-                    raise DllmError(
-                        f"cannot fetch {self.url(path)}: {error}",
-                        hint="check the index URL and your connection, then retry",
-                    ) from None
-                time.sleep(backoff_s * 2**attempt)
-        raise AssertionError("unreachable")
-
-
-class LocalSource(Source):
-    """A mirror folder, given as a path or a file:// URL."""
-
-    def __init__(self, root: Path, location: str | None = None) -> None:
-        self.root = root
-        self.location = location or str(root)
-
-    def open(self, path: str, offset: int = 0) -> Opened:
-        file = self.root / path
-        try:
-            handle = file.open("rb")
-        except FileNotFoundError:
-            raise DllmError(
-                f"{self.url(path)} does not exist",
-                hint="check the mirror folder and the release name (`ls MIRROR/releases`)",
-            ) from None
-        except OSError as error:
-            raise DllmError(f"cannot read {file}: {error.strerror}") from None
-        total = os.fstat(handle.fileno()).st_size
-        handle.seek(min(offset, total))
-
-        def chunks() -> Iterator[bytes]:
-            while chunk := handle.read(CHUNK):
-                yield chunk
-
-        return Opened(chunks(), total, min(offset, total), handle.close)
-
-
-class HttpSource(Source):
-    """An index served over HTTP(S) (a release server, or a loopback mirror)."""
-
-    def __init__(self, base_url: str) -> None:
-        import requests
-
-        self.location = base_url.rstrip("/")
-        self.session = requests.Session()
-        self.session.headers["User-Agent"] = f"turbo-dllm/{__version__}"
-
-    def open(self, path: str, offset: int = 0) -> Opened:
-        import requests
-
-        headers = {"Accept-Encoding": "identity"}
-        if offset:
-            headers["Range"] = f"bytes={offset}-"
-        url = self.url(path)
-        try:
-            response = self.session.get(
-                url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
-            )
-        except (requests.ConnectionError, requests.Timeout) as error:
-            raise TransientError(f"{url}: {error.__class__.__name__}: {error}") from None
-        status = response.status_code
-        if status == 416:  # our partial file is not a prefix the server can continue
-            response.close()
-            return self.open(path, 0)
-        if status in (408, 429) or status >= 500:
-            response.close()
-            raise TransientError(f"{url}: HTTP {status}")
-        if status == 404:
-            response.close()
-            raise DllmError(
-                f"{url} was not found (HTTP 404)",
-                hint="check the index URL and the release name",
-            )
-        if status not in (200, 206):
-            response.close()
-            raise DllmError(f"{url}: HTTP {status} {response.reason}")
-        start = offset if status == 206 else 0
-        total = None
-        if status == 206:
-            content_range = response.headers.get("Content-Range", "")
-            if not content_range.startswith(f"bytes {offset}-"):
-                response.close()
-                return self.open(path, 0)
-            size = content_range.rpartition("/")[2]
-            total = int(size) if size.isdigit() else None
-        elif response.headers.get("Content-Length", "").isdigit():
-            total = int(response.headers["Content-Length"])
-
-        def chunks() -> Iterator[bytes]:
-            # read1 returns what has arrived: a connection that breaks off loses nothing already
-            # received (a looping read would discard its partial buffer), so resume is exact.
-            import urllib3
-
-            raw = response.raw
-            read = getattr(raw, "read1", None) or raw.read
-            while True:
-                try:
-                    chunk = read(CHUNK, decode_content=False)
-                except (urllib3.exceptions.HTTPError, OSError) as error:
-                    raise TransientError(f"{url}: transfer broke off: {error}") from None
-                if not chunk:
-                    return
-                yield chunk
-
-        return Opened(chunks(), total, start, response.close)
-
-
-def offline_requested(flag: bool = False) -> bool:
-    """`--offline`, or DLLM_OFFLINE=1: only local sources (folders, file://, loopback HTTP)."""
-    return flag or os.environ.get(OFFLINE_VARIABLE, "").strip().lower() in ("1", "true", "yes")
-
-
-def open_source(location: str | None, *, offline: bool = False) -> Source:
-    """`--index URL` / `--mirror PATH`, else $DLLM_BUNDLE_INDEX; `offline` refuses the network."""
-    location = location or os.environ.get(INDEX_VARIABLE)
-    if not location:
-        raise DllmError(
-            "no bundle index given",
-            hint=f"pass --index URL or --mirror PATH, or set {INDEX_VARIABLE}",
-        )
-    parsed = urlparse(location)
-    if parsed.scheme in ("http", "https"):
-        host = (parsed.hostname or "").lower()
-        if offline_requested(offline) and host not in _LOOPBACK:
-            raise DllmError(
-                f"offline mode: refusing to contact {host or location!r}",
-                hint="use a mirror folder (--mirror DIR), a file:// URL or a mirror served on "
-                f"127.0.0.1; or drop --offline / unset {OFFLINE_VARIABLE}",
-            )
-        return HttpSource(location)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise DllmError(f"{location!r}: file:// URLs must name a local path (file:///path)")
-        root = Path(unquote(parsed.path))
-    elif parsed.scheme and len(parsed.scheme) > 1:
-        raise DllmError(
-            f"unsupported index {location!r}",
-            hint="use https://, http://, file:// or a plain folder path",
-        )
-    else:
-        root = Path(location).expanduser()
-    if not root.is_dir():
-        raise DllmError(f"mirror folder {str(root)!r} does not exist", hint="check the path")
-    return LocalSource(root.resolve(), location)
+T = TypeVar("T")
 
 
 def sha256_file(path: Path, chunk: int = CHUNK) -> str:
@@ -254,19 +59,64 @@ def download(
     backoff_s: float = 0.5,
     progress: Progress | None = None,
 ) -> Path:
-    """Fetch `path` into `dest_dir/<sha256>.part`, resuming what is there; verify; rename.
+    """Fetch `path` into `dest_dir/<sha256>.tar.zst`, resuming a kept `<sha256>.part`.
 
     The catalog's `size` caps the transfer and `sha256` must match the bytes. A mismatched hash
     or a source file of the wrong size is refused at once (retrying cannot fix a bad mirror);
     broken connections and truncated bodies are retried, each attempt resuming where the last
     one stopped.
     """
+    done = dest_dir / f"{sha256}.tar.zst"
+    part = _fetch(source, path, sha256, size, dest_dir, retries, backoff_s, progress, None)[0]
+    part.replace(done)
+    return done
+
+
+def download_unpacked(
+    source: Source,
+    path: str,
+    *,
+    unpack: Callable[[BinaryIO], T],
+    sha256: str,
+    size: int,
+    dest_dir: Path,
+    retries: int = 4,
+    backoff_s: float = 0.5,
+    progress: Progress | None = None,
+) -> T:
+    """Like `download`, but the bytes also stream through `unpack(reader)` as they arrive, so a
+    large archive is read once: no second pass over the finished file.
+
+    The partial file is kept for resume as with `download`, and removed at the end. Each attempt
+    calls `unpack` afresh (it must start over). Its result is returned only once the whole
+    archive matched `size` and `sha256`; until then a DllmError it raises is held back, so a
+    corrupt download is reported as a hash mismatch, not as whatever the damage looked like.
+    """
+    part, result = _fetch(
+        source, path, sha256, size, dest_dir, retries, backoff_s, progress, unpack
+    )
+    part.unlink(missing_ok=True)
+    return result
+
+
+def _fetch(
+    source: Source,
+    path: str,
+    sha256: str,
+    size: int,
+    dest_dir: Path,
+    retries: int,
+    backoff_s: float,
+    progress: Progress | None,
+    unpack: Callable[[BinaryIO], T] | None,
+) -> tuple[Path, T | None]:
+    """The retry loop: (the verified `<sha256>.part`, what `unpack` returned)."""
     dest_dir.mkdir(parents=True, exist_ok=True)
     part = dest_dir / f"{sha256}.part"
     done = dest_dir / f"{sha256}.tar.zst"
+    if done.is_file() and not part.exists():
+        done.replace(part)  # a finished download is a complete partial one: verified again below
     url = source.url(path)
-    if done.is_file() and done.stat().st_size == size and sha256_file(done) == sha256:
-        return done
     last_error = "no attempt made"
     fresh_restart_done = False
     for attempt in range(retries + 1):
@@ -276,76 +126,199 @@ def download(
         if have > size:
             part.unlink()
             have = 0
+        incoming = _Incoming(source, path, part, have, size, progress)
+        held: DllmError | None = None
         try:
-            received, digest, resumed = _transfer(source, path, part, have, size, progress)
+            try:
+                result = unpack(incoming) if unpack is not None else None
+            except Exception as error:
+                if incoming.failure is not None:
+                    raise incoming.failure from None
+                if not isinstance(error, DllmError):
+                    raise
+                held, result = error, None
+            incoming.drain()
         except TransientError as error:
             last_error = str(error)
             continue
-        if received < size:
-            last_error = f"the transfer stopped at {received} of {size} bytes"
+        except BundleRejected:
+            part.unlink(missing_ok=True)
+            raise
+        finally:
+            incoming.close()
+        if incoming.position < size:
+            last_error = f"the transfer stopped at {incoming.position} of {size} bytes"
             continue
-        actual = digest.hexdigest()
-        if actual == sha256:
-            part.replace(done)
-            return done
-        part.unlink()
-        if resumed and not fresh_restart_done:
-            # The old partial may have been the bad part: one clean retry from byte 0.
-            fresh_restart_done = True
-            last_error = "sha256 mismatch after resuming"
-            continue
-        raise BundleRejected(
-            f"{url}: sha256 mismatch: the catalog says {sha256}, the downloaded bytes hash to "
-            f"{actual}",
-            hint="the mirror's copy is corrupt or was tampered with; re-publish it or use "
-            "another mirror",
-        )
+        actual = incoming.digest.hexdigest()
+        if actual != sha256:
+            part.unlink()
+            if incoming.resumed and not fresh_restart_done:
+                # The old partial may have been the bad part: one clean retry from byte 0.
+                fresh_restart_done = True
+                last_error = "sha256 mismatch after resuming"
+                continue
+            raise BundleRejected(
+                f"{url}: sha256 mismatch: the catalog says {sha256}, the downloaded bytes hash "
+                f"to {actual}",
+                hint="the mirror's copy is corrupt or was tampered with; re-publish it or use "
+                "another mirror",
+            )
+        if held is not None:
+            part.unlink()
+            raise held
+        return part, result
     raise DllmError(
         f"download of {url} failed after {retries + 1} attempts: {last_error}",
         hint="run the same command again: it resumes the partial download",
     )
 
 
-def _transfer(
-    source: Source, path: str, part: Path, have: int, size: int, progress: Progress | None
-) -> tuple[int, hashlib._Hash, bool]:
-    """One attempt: (bytes the .part file holds afterwards, their sha256, resumed or not).
+class _Incoming:
+    """One attempt's bytes, in order, as a readable stream: the `have` bytes kept in the .part
+    file, then what the source sends from there (appended to the .part file as it arrives).
 
-    The hash is streamed: the kept prefix is hashed once, new bytes as they arrive.
+    Everything read is hashed into `digest`; `position` counts it. More than `size` bytes, or a
+    source of another size, is refused. A failure of the transfer itself is kept in `failure`,
+    so the caller can tell it from a problem of whoever was reading. `drain()` reads what the
+    reader left, so the whole file is hashed and kept either way.
     """
-    opened = source.open(path, have)
-    url = source.url(path)
-    try:
-        if opened.total is not None and opened.total != size:
+
+    def __init__(
+        self,
+        source: Source,
+        path: str,
+        part: Path,
+        have: int,
+        size: int,
+        progress: Progress | None,
+    ) -> None:
+        self.digest = _Sha256() if size < THREADED_HASH_BYTES else _ThreadedSha256()
+        self.position = 0
+        self.failure: Exception | None = None
+        self._source, self._path, self._part = source, path, part
+        self._have, self._size, self._progress = have, size, progress
+        self._kept: BinaryIO | None = part.open("rb") if have else None
+        self._out: BinaryIO | None = None
+        self._opened: Opened | None = None
+        self._pending = b""
+
+    @property
+    def resumed(self) -> bool:
+        """Whether this attempt continued a kept partial file."""
+        return self._have > 0
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes (all of the next block when `n` < 0); b"" at the end."""
+        if not self._pending:
+            try:
+                self._pending = self._next_block()
+            except Exception as error:  # the transfer's own failure, not the reader's
+                self.failure = error
+                raise
+        if 0 <= n < len(self._pending):
+            block, self._pending = self._pending[:n], self._pending[n:]
+            return block
+        block, self._pending = self._pending, b""
+        return block
+
+    def drain(self) -> None:
+        self._pending = b""
+        while self._next_block():
+            pass
+
+    def _next_block(self) -> bytes:
+        if self._opened is None and self._have < self._size:
+            self._open()  # first: whether the source can continue after the kept bytes
+        if self._kept is not None:
+            block = self._kept.read(min(CHUNK, self._have - self.position))
+            if block:
+                self.digest.update(block)
+                self.position += len(block)
+                return block
+            self._kept.close()
+            self._kept = None
+            if self.position < self._have:  # the .part shrank under us: start over next attempt
+                raise TransientError(f"{self._part} changed while it was being resumed")
+        if self._opened is None:
+            return b""  # the kept .part was complete: nothing to fetch
+        assert self._out is not None
+        block = next(self._opened.chunks, b"")
+        if block:
+            self.position += len(block)
+            if self.position > self._size:
+                raise BundleRejected(
+                    f"{self._source.url(self._path)}: wrong size: the source sent more than the "
+                    f"catalog's {self._size} bytes",
+                    hint="the mirror's copy does not belong to this catalog; re-publish it",
+                )
+            self.digest.update(block)
+            self._out.write(block)
+            if self._progress:
+                self._progress(self.position, self._size)
+        return block
+
+    def _open(self) -> None:
+        self._opened = opened = self._source.open(self._path, self._have)
+        if opened.total is not None and opened.total != self._size:
             raise BundleRejected(
-                f"{url}: wrong size: the catalog says {size} bytes, the source has {opened.total}",
+                f"{self._source.url(self._path)}: wrong size: the catalog says {self._size} "
+                f"bytes, the source has {opened.total}",
                 hint="the mirror's copy does not belong to this catalog; re-publish it",
             )
-        position = opened.offset
-        digest = hashlib.sha256()
-        if position:
-            with part.open("rb") as kept:
-                remaining = position
-                while remaining and (block := kept.read(min(CHUNK, remaining))):
-                    digest.update(block)
-                    remaining -= len(block)
-        with part.open("r+b" if position else "wb") as out:
-            out.seek(position)
-            out.truncate()
-            for chunk in opened.chunks:
-                position += len(chunk)
-                if position > size:
-                    raise BundleRejected(
-                        f"{url}: wrong size: the source sent more than the catalog's {size} bytes",
-                        hint="the mirror's copy does not belong to this catalog; re-publish it",
-                    )
-                digest.update(chunk)
-                out.write(chunk)
-                if progress:
-                    progress(position, size)
-        return position, digest, opened.offset > 0
-    except BundleRejected:
-        part.unlink(missing_ok=True)
-        raise
-    finally:
-        opened.close()
+        if opened.offset != self._have:  # the source starts from byte 0: so do we
+            if self._kept is not None:
+                self._kept.close()
+                self._kept = None
+            self._have = 0
+        if self._have:
+            self._out = self._part.open("r+b")
+            self._out.seek(self._have)
+        else:
+            # "wb", not a truncate: on ext4 truncating makes close() flush the file to disk.
+            self._out = self._part.open("wb")
+
+    def close(self) -> None:
+        self.digest.hexdigest()  # stops a hashing thread
+        for handle in (self._kept, self._out):
+            if handle is not None:
+                handle.close()
+        if self._opened is not None:
+            self._opened.close()
+
+
+class _Sha256:
+    def __init__(self) -> None:
+        self._digest = hashlib.sha256()
+        self.update = self._digest.update
+
+    def hexdigest(self) -> str:
+        return self._digest.hexdigest()
+
+
+class _ThreadedSha256:
+    """sha256 of the blocks given, in order, on a helper thread: hashlib releases the GIL, so
+    hashing a large archive overlaps with unpacking it (decompress, hash and write each file)."""
+
+    def __init__(self) -> None:
+        import queue
+        import threading
+
+        self._digest = hashlib.sha256()
+        self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=64)  # <= 64 MiB ahead
+        self._thread = threading.Thread(target=self._run, name="dllm-sha256", daemon=True)
+        self._thread.start()
+        self._hex: str | None = None
+
+    def _run(self) -> None:
+        while (block := self._blocks.get()) is not None:
+            self._digest.update(block)
+
+    def update(self, block: bytes) -> None:
+        self._blocks.put(block)
+
+    def hexdigest(self) -> str:
+        if self._hex is None:
+            self._blocks.put(None)
+            self._thread.join()
+            self._hex = self._digest.hexdigest()
+        return self._hex

@@ -1,15 +1,17 @@
 """`dllm bundle install`: catalog -> trust check -> resolve -> download -> verify -> activate.
 
 `plan_install` does everything that needs no lock (fetch and check the catalog, pick the bundle);
-`--dry-run` stops there. `run_install` then holds the store lock while it downloads, extracts into
-staging, verifies, renames into the store and swaps `active`.
+`--dry-run` stops there. `run_install` then holds the store lock while it downloads and extracts
+in one pass (the archive streams through the safe extractor into staging as it arrives, its
+sha256 computed on the way), then, once the archive's hash is verified, renames the extraction
+into the store and swaps `active`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import BinaryIO, NamedTuple
 
-from turbo_dllm.bundles.archive import BundleRejected
+from turbo_dllm.bundles.archive import BundleRejected, extract_stream
 from turbo_dllm.bundles.catalog import (
     MAX_CATALOG_BYTES,
     Catalog,
@@ -22,8 +24,10 @@ from turbo_dllm.bundles.catalog import (
     sha256_bytes,
     trusted_catalog_sha256,
 )
-from turbo_dllm.bundles.fetch import Progress, Source, download, open_source
+from turbo_dllm.bundles.fetch import Progress, download_unpacked
+from turbo_dllm.bundles.manifest import BundleManifest
 from turbo_dllm.bundles.resolve import Resolution, select_bundle
+from turbo_dllm.bundles.sources import Source, open_source
 from turbo_dllm.bundles.store import (
     DEFAULT_LOCK_TIMEOUT_S,
     BundleStore,
@@ -36,8 +40,7 @@ from turbo_dllm.host import HostFingerprint, collect_fingerprint
 __all__ = ["InstallPlan", "InstallResult", "install", "plan_install", "run_install"]
 
 
-@dataclass(frozen=True)
-class InstallPlan:
+class InstallPlan(NamedTuple):
     release: str
     source: Source
     catalog: Catalog
@@ -68,8 +71,7 @@ class InstallPlan:
         }
 
 
-@dataclass(frozen=True)
-class InstallResult:
+class InstallResult(NamedTuple):
     plan: InstallPlan
     bundle: InstalledBundle
     previous: InstalledBundle | None
@@ -127,32 +129,42 @@ def run_install(
         existing = store.get(entry.sha256)
         reused = existing is not None and not store.verify(existing)
         if not reused:
-            archive = download(
-                plan.source,
-                f"bundles/{entry.file}",
-                sha256=entry.sha256,
-                size=entry.size,
-                dest_dir=store.downloads_dir,
-                retries=retries,
-                backoff_s=backoff_s,
-                progress=progress,
-            )
-            record = new_record(
-                archive_sha256=entry.sha256,
-                release=plan.release,
-                source=plan.source.url(f"bundles/{entry.file}"),
-                catalog_sha256=plan.catalog_sha256,
-            )
-            try:
-                store.add_archive(
-                    archive,
+            path = f"bundles/{entry.file}"
+            with store.staging() as staging:
+                folder = staging / "bundle"
+
+                def unpack(reader: BinaryIO) -> BundleManifest:
+                    if folder.exists():  # what a failed attempt extracted
+                        import shutil
+
+                        shutil.rmtree(folder)
+                    return extract_stream(reader, folder, label=entry.file)
+
+                manifest = download_unpacked(
+                    plan.source,
+                    path,
+                    unpack=unpack,
+                    sha256=entry.sha256,
+                    size=entry.size,
+                    dest_dir=store.downloads_dir,
+                    retries=retries,
+                    backoff_s=backoff_s,
+                    progress=progress,
+                )
+                store.add_extracted(
+                    folder,
+                    manifest,
                     entry.sha256,
+                    label=entry.file,
                     expect_target=entry.target,
                     expect_version=entry.version,
-                    record=record,
+                    record=new_record(
+                        archive_sha256=entry.sha256,
+                        release=plan.release,
+                        source=plan.source.url(path),
+                        catalog_sha256=plan.catalog_sha256,
+                    ),
                 )
-            finally:
-                archive.unlink(missing_ok=True)
         bundle = store.activate(entry.sha256)
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None

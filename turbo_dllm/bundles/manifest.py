@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal
 
-from packaging.version import InvalidVersion, Version
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
 from turbo_dllm.bundles.target import BundleTarget
-from turbo_dllm.errors import DllmError, describe_validation_error
+from turbo_dllm.errors import DllmError
 from turbo_dllm.host import GpuArch, HostFingerprint
+from turbo_dllm.records import Record, RecordError, checked
 
 __all__ = [
     "ARCHIVE_PREFIX",
@@ -31,6 +30,7 @@ __all__ = [
     "archive_name",
     "canonical_version",
     "check_relative_path",
+    "check_sha256",
     "parse_manifest",
     "read_manifest",
 ]
@@ -40,7 +40,21 @@ MANIFEST_NAME = "bundle.json"
 ARCHIVE_PREFIX = "turbo-dllm-kernels-"
 ARCHIVE_SUFFIX = ".tar.zst"
 SHA256 = r"^[0-9a-f]{64}$"
+_SHA256 = re.compile(SHA256)
 _PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
+_NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+def check_sha256(value: str) -> str:
+    if not _SHA256.match(value):
+        raise ValueError(f"{value!r} is not a sha256 hex digest (64 lowercase hex digits)")
+    return value
+
+
+def _check_name(value: str) -> str:
+    if not _NAME.match(value):
+        raise ValueError(f"{value!r} is not a lowercase identifier (a-z, 0-9, _)")
+    return value
 
 
 def check_relative_path(path: str) -> str:
@@ -52,6 +66,8 @@ def check_relative_path(path: str) -> str:
 
 
 def canonical_version(text: str) -> str:
+    from packaging.version import InvalidVersion, Version
+
     try:
         return str(Version(text))
     except InvalidVersion:
@@ -62,31 +78,29 @@ def archive_name(version: str, target: BundleTarget) -> str:
     return f"{ARCHIVE_PREFIX}{canonical_version(version)}-{target}{ARCHIVE_SUFFIX}"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class BundleFile(Record):
+    path: str = checked(check_relative_path)
+    sha256: str = checked(check_sha256)
+    size: int
+
+    def _problems(self) -> Iterator[tuple[str, str]]:
+        if self.size < 0:
+            yield "size", f"must be >= 0, got {self.size}"
 
 
-class BundleFile(_Strict):
-    path: str
-    sha256: str = Field(pattern=SHA256)
-    size: int = Field(ge=0)
+class BundleOp(Record):
+    """A native op: `namespace` is its torch.ops namespace, `library` the shared library's path
+    inside the bundle."""
 
-    @field_validator("path")
-    @classmethod
-    def _plain(cls, value: str) -> str:
-        return check_relative_path(value)
-
-
-class BundleOp(_Strict):
-    name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
-    namespace: str = Field(pattern=r"^[a-z][a-z0-9_]*$", description="torch.ops namespace")
-    library: str = Field(description="Path of the shared library inside the bundle")
-    source_sha256: str = Field(pattern=SHA256)
+    name: str = checked(_check_name)
+    namespace: str = checked(_check_name)
+    library: str
+    source_sha256: str = checked(check_sha256)
     devices: tuple[Literal["cpu", "cuda"], ...]
     archs: tuple[GpuArch, ...] = ()
 
 
-class BuildProvenance(_Strict):
+class BuildProvenance(Record):
     turbo_dllm: str
     cxx: str
     nvcc: str | None = None
@@ -97,43 +111,33 @@ class BuildProvenance(_Strict):
     host: HostFingerprint
 
 
-class BundleManifest(_Strict):
+class BundleManifest(Record):
     format: Literal["turbo_dllm.bundle.v1"] = BUNDLE_FORMAT
     name: str
-    version: str
+    version: str = checked(canonical_version)
     target: BundleTarget
     files: tuple[BundleFile, ...]
     ops: tuple[BundleOp, ...]
     build: BuildProvenance
 
-    @field_validator("version")
-    @classmethod
-    def _canonical(cls, value: str) -> str:
-        return canonical_version(value)
-
-    @model_validator(mode="after")
-    def _consistent(self) -> BundleManifest:
-        problems = []
+    def _problems(self) -> Iterator[tuple[str, str]]:
         expected = archive_name(self.version, self.target).removesuffix(ARCHIVE_SUFFIX)
         if self.name != expected:
-            problems.append(f"name {self.name!r} should be {expected!r}")
+            yield "name", f"name {self.name!r} should be {expected!r}"
         paths = [f.path for f in self.files]
         duplicates = sorted({p for p in paths if paths.count(p) > 1})
         if duplicates:
-            problems.append(f"files listed twice: {', '.join(duplicates)}")
+            yield "files", f"files listed twice: {', '.join(duplicates)}"
         if MANIFEST_NAME in paths:
-            problems.append(f"{MANIFEST_NAME} must not list itself")
+            yield "files", f"{MANIFEST_NAME} must not list itself"
         names = [op.name for op in self.ops]
         if len(set(names)) != len(names):
-            problems.append("an op is listed twice")
+            yield "ops", "an op is listed twice"
         for op in self.ops:
             if op.library not in paths:
-                problems.append(f"op {op.name!r}: library {op.library!r} is not in files")
+                yield "ops", f"op {op.name!r}: library {op.library!r} is not in files"
             if "cuda" in op.devices and self.target.cuda is None:
-                problems.append(f"op {op.name!r} has CUDA kernels in a CPU bundle")
-        if problems:
-            raise ValueError("; ".join(problems))
-        return self
+                yield "ops", f"op {op.name!r} has CUDA kernels in a CPU bundle"
 
     @property
     def total_size(self) -> int:
@@ -149,10 +153,9 @@ class BundleManifest(_Strict):
 def parse_manifest(data: bytes, source: str) -> BundleManifest:
     try:
         return BundleManifest.model_validate_json(data)
-    except ValidationError as error:
-        details = describe_validation_error(error)
+    except RecordError as error:
         raise DllmError(
-            f"{source}: invalid {MANIFEST_NAME}: {details}",
+            f"{source}: invalid {MANIFEST_NAME}: {error}",
             hint="the bundle is damaged or not a turbo-dllm bundle; rebuild or re-download it",
         ) from None
 

@@ -7,7 +7,7 @@ several matches is an error that prints the host's values, that trace, and what 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from turbo_dllm.bundles.catalog import Catalog, CatalogEntry
 from turbo_dllm.bundles.target import BundleTarget, FieldDifference
@@ -17,8 +17,7 @@ from turbo_dllm.host import HostFingerprint
 __all__ = ["Candidate", "Resolution", "host_values", "resolve", "select_bundle"]
 
 
-@dataclass(frozen=True)
-class Candidate:
+class Candidate(NamedTuple):
     entry: CatalogEntry
     differences: tuple[FieldDifference, ...]
 
@@ -27,8 +26,7 @@ class Candidate:
         return not self.differences
 
 
-@dataclass(frozen=True)
-class Resolution:
+class Resolution(NamedTuple):
     release: str
     host: HostFingerprint
     candidates: tuple[Candidate, ...]

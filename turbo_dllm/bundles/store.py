@@ -2,7 +2,7 @@
 
     bundles/
       store/<archive sha256>/     one verified, read-only bundle (bundle.json, install.json, lib/)
-      store/.staging-*            extractions in progress (invisible; swept by the next install)
+      staging/<random>/           extractions in progress (swept by the next locked operation)
       downloads/<sha256>.part     partial downloads, resumed by the next attempt
       active -> store/<sha256>    the bundle the kernel loader uses
       previous -> store/<sha256>  what `dllm bundle rollback` returns to
@@ -17,21 +17,17 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
-import shutil
+import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
-from typing import Literal
+from typing import Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
-
-from turbo_dllm.bundles.archive import BundleRejected, extract_bundle
-from turbo_dllm.bundles.manifest import MANIFEST_NAME, SHA256, BundleManifest, read_manifest
+from turbo_dllm.bundles.archive import BundleRejected
+from turbo_dllm.bundles.manifest import MANIFEST_NAME, BundleManifest, check_sha256, read_manifest
 from turbo_dllm.bundles.target import BundleTarget
 from turbo_dllm.errors import DllmError
 from turbo_dllm.paths import dllm_home
+from turbo_dllm.records import Record, RecordError, checked
 
 __all__ = [
     "ActiveBundle",
@@ -44,23 +40,21 @@ __all__ = [
 
 RECORD_NAME = "install.json"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
+LOCK_POLL_S = 0.05
 
 
-class InstallRecord(BaseModel):
+class InstallRecord(Record):
     """Where an installed bundle came from (`install.json`, next to its bundle.json)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
     format: Literal["turbo_dllm.bundle_install.v1"] = "turbo_dllm.bundle_install.v1"
-    archive_sha256: str = Field(pattern=SHA256)
+    archive_sha256: str = checked(check_sha256)
     release: str | None = None
     source: str | None = None
     catalog_sha256: str | None = None
     installed_at: str
 
 
-@dataclass(frozen=True)
-class InstalledBundle:
+class InstalledBundle(NamedTuple):
     """A verified bundle in the store. `bundle_id` is `<version>-<target>`."""
 
     sha256: str
@@ -111,6 +105,10 @@ class BundleStore:
         return self.root / "store"
 
     @property
+    def staging_dir(self) -> Path:
+        return self.root / "staging"
+
+    @property
     def downloads_dir(self) -> Path:
         return self.root / "downloads"
 
@@ -126,7 +124,7 @@ class BundleStore:
         manifest = read_manifest(path / MANIFEST_NAME)
         try:
             record = InstallRecord.model_validate_json((path / RECORD_NAME).read_bytes())
-        except (OSError, ValidationError) as error:
+        except (OSError, RecordError) as error:
             raise DllmError(
                 f"bundle {sha256[:12]} in {self.store_dir} has a damaged {RECORD_NAME}: {error}",
                 hint=f"dllm bundle uninstall {sha256[:12]} and install it again",
@@ -206,76 +204,91 @@ class BundleStore:
     # --- changing (callers hold the lock) ---------------------------------------------------
     @contextlib.contextmanager
     def locked(self, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[None]:
-        """The install lock (flock: released by the kernel if the holder dies, never stale)."""
-        from filelock import FileLock, Timeout
-
+        """The install lock: `flock` on install.lock, released by the kernel when the holder
+        dies, so it is never stale. Waits up to `timeout_s`, then names the holder."""
         self.root.mkdir(parents=True, exist_ok=True)
-        lock = FileLock(str(self.lock_path), timeout=timeout_s)
         owner = self.root / "install.lock.owner"
+        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            lock.acquire()
-        except Timeout:
-            holder = owner.read_text().strip() if owner.exists() else "unknown"
-            raise DllmError(
-                f"another bundle operation is running ({holder}); waited {timeout_s:g} s for "
-                f"{self.lock_path}",
-                hint="wait for it to finish and run the command again (or raise --lock-timeout)",
-            ) from None
-        try:
+            if not _flock(fd, timeout_s):
+                holder = owner.read_text().strip() if owner.exists() else "unknown"
+                raise DllmError(
+                    f"another bundle operation is running ({holder}); waited {timeout_s:g} s "
+                    f"for {self.lock_path}",
+                    hint="wait for it to finish and run the command again "
+                    "(or raise --lock-timeout)",
+                )
             owner.write_text(f"pid {os.getpid()} since {_now()}\n")
-            self._sweep_staging()
-            yield
+            try:
+                self._sweep_staging()
+                yield
+            finally:
+                owner.unlink(missing_ok=True)
         finally:
-            owner.unlink(missing_ok=True)
-            lock.release()
+            os.close(fd)  # releases the lock
 
     def _sweep_staging(self) -> None:
         """Remove what killed operations left: staging/trash folders, half-made symlinks."""
-        if self.store_dir.is_dir():
-            for path in self.store_dir.glob(".*"):
-                _remove_tree(path)
+        for folder, pattern in ((self.staging_dir, "*"), (self.store_dir, ".*")):
+            if folder.is_dir():
+                for path in folder.glob(pattern):
+                    _remove_tree(path)
         for pattern in (".active.*", ".previous.*"):
             for path in self.root.glob(pattern):
                 path.unlink(missing_ok=True)
 
-    def add_archive(
+    @contextlib.contextmanager
+    def staging(self) -> Iterator[Path]:
+        """A new folder to extract one bundle into, outside `store/` (which holds only complete
+        bundles) but on its file system; removed on exit, or by the next locked operation when
+        this process dies first."""
+        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.staging_dir.mkdir(exist_ok=True)
+        staging = self.staging_dir / os.urandom(6).hex()
+        staging.mkdir()
+        try:
+            yield staging
+        finally:
+            _remove_tree(staging)
+
+    def add_extracted(
         self,
-        archive: Path,
+        folder: Path,
+        manifest: BundleManifest,
         sha256: str,
         *,
+        label: str,
         expect_target: BundleTarget | None,
         expect_version: str | None,
         record: InstallRecord,
     ) -> InstalledBundle:
-        """Extract + verify `archive` into the store (no-op if that sha256 is already there)."""
-        existing = self.get(sha256)
-        if existing is not None and not self.verify(existing):
-            return existing
-        self.store_dir.mkdir(parents=True, exist_ok=True)
-        staging = self.store_dir / f".staging-{secrets.token_hex(6)}"
-        try:
-            staging.mkdir()
-            manifest = extract_bundle(archive, staging / "bundle", label=archive.name)
-            if expect_target is not None and manifest.target != expect_target:
-                raise BundleRejected(
-                    f"{archive.name} holds a bundle for target {manifest.target}, but the "
-                    f"catalog lists it for {expect_target}",
-                    hint="the mirror serves a bundle for another target under this name; "
-                    "re-publish the release",
-                )
-            if expect_version is not None and manifest.version != expect_version:
-                raise BundleRejected(
-                    f"{archive.name} holds bundle version {manifest.version}, the catalog "
-                    f"says {expect_version}"
-                )
-            (staging / "bundle" / RECORD_NAME).write_text(record.model_dump_json(indent=2))
-            (staging / "bundle" / RECORD_NAME).chmod(0o444)
-            final = self.store_dir / sha256
-            if existing is not None:  # damaged copy of the same bundle: replace it
-                _remove_tree(final)
-            os.replace(staging / "bundle", final)
-        finally:
-            _remove_tree(staging)
+        """Rename a verified extraction (in `staging()`) into the store as bundle `sha256`.
+
+        A copy of the same bundle already there is replaced (the caller found it damaged).
+        `expect_*` are the catalog's word for what the archive `label` holds.
+        """
+        if expect_target is not None and manifest.target != expect_target:
+            raise BundleRejected(
+                f"{label} holds a bundle for target {manifest.target}, but the catalog lists it "
+                f"for {expect_target}",
+                hint="the mirror serves a bundle for another target under this name; "
+                "re-publish the release",
+            )
+        if expect_version is not None and manifest.version != expect_version:
+            raise BundleRejected(
+                f"{label} holds bundle version {manifest.version}, the catalog says "
+                f"{expect_version}"
+            )
+        (folder / RECORD_NAME).write_text(record.model_dump_json(indent=2))
+        (folder / RECORD_NAME).chmod(0o444)
+        final = self.store_dir / sha256
+        if final.exists():
+            trash = self.store_dir / f".trash-{os.urandom(6).hex()}"
+            os.replace(final, trash)
+            os.replace(folder, final)
+            _remove_tree(trash)
+        else:
+            os.replace(folder, final)
         bundle = self.get(sha256)
         assert bundle is not None
         return bundle
@@ -314,26 +327,43 @@ class BundleStore:
             )
         if self._link("previous") == bundle.sha256:
             (self.root / "previous").unlink(missing_ok=True)
-        trash = self.store_dir / f".trash-{secrets.token_hex(6)}"
+        trash = self.store_dir / f".trash-{os.urandom(6).hex()}"
         os.replace(bundle.path, trash)
         _remove_tree(trash)
         return bundle
 
     def _set_link(self, name: str, sha256: str) -> None:
-        tmp = self.root / f".{name}.{secrets.token_hex(6)}"
+        tmp = self.root / f".{name}.{os.urandom(6).hex()}"
         os.symlink(f"store/{sha256}", tmp)
         os.replace(tmp, self.root / name)
+
+
+def _flock(fd: int, timeout_s: float) -> bool:
+    """An exclusive flock on `fd`, polling until `timeout_s` has passed (False: not taken)."""
+    import fcntl
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(LOCK_POLL_S)
 
 
 def _remove_tree(path: Path) -> None:
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
     elif path.is_dir():
+        import shutil
+
         shutil.rmtree(path, ignore_errors=True)
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def new_record(**fields) -> InstallRecord:

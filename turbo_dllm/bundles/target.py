@@ -13,7 +13,7 @@ the architectures must cover every visible GPU.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from turbo_dllm.host import (
     CudaVersion,
@@ -29,8 +29,7 @@ from turbo_dllm.host import (
 __all__ = ["BundleTarget", "FieldDifference"]
 
 
-@dataclass(frozen=True)
-class FieldDifference:
+class FieldDifference(NamedTuple):
     """One reason a target does not fit a host: `field`, the host's value, the target's."""
 
     field: str
@@ -41,16 +40,32 @@ class FieldDifference:
         return f"{self.field}: host {self.host}, bundle {self.target}"
 
 
-@dataclass(frozen=True, order=True)
 class BundleTarget(Identifier):
+    __slots__ = ("python", "torch", "cuda", "cxx11_abi", "platform", "archs")
     python: PythonTag
     torch: TorchRelease
     cuda: CudaVersion | None
     cxx11_abi: bool
     platform: Platform
-    archs: tuple[GpuArch, ...] = ()
+    archs: tuple[GpuArch, ...]
 
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        python: PythonTag,
+        torch: TorchRelease,
+        cuda: CudaVersion | None,
+        cxx11_abi: bool,
+        platform: Platform,
+        archs: tuple[GpuArch, ...] = (),
+    ) -> None:
+        self._init(
+            python=python,
+            torch=torch,
+            cuda=cuda,
+            cxx11_abi=cxx11_abi,
+            platform=platform,
+            archs=tuple(sorted(set(archs))),  # one canonical form
+        )
         if self.cuda is None and self.archs:
             raise InvalidIdentifier(f"a CPU target has no GPU architectures: {self!s}")
         if self.cuda is not None and not self.archs:
@@ -58,8 +73,6 @@ class BundleTarget(Identifier):
                 f"a CUDA target needs GPU architectures: {self!s}",
                 hint="append them, e.g. -sm90",
             )
-        if tuple(sorted(set(self.archs))) != self.archs:
-            object.__setattr__(self, "archs", tuple(sorted(set(self.archs))))
 
     @classmethod
     def parse(cls, text: str) -> BundleTarget:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
-import pkgutil
 import sys
 from collections.abc import Sequence
 
@@ -23,7 +22,18 @@ __all__ = ["build_parser", "main"]
 
 
 def command_names() -> list[str]:
+    import pkgutil
+
     return sorted(m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+
+
+def _is_command(name: str) -> bool:
+    """Whether `name` is a command group, without listing them all (pkgutil imports inspect)."""
+    import importlib.util
+
+    if not name.isidentifier() or name.startswith("_"):
+        return False
+    return importlib.util.find_spec(f"{__name__}.{name}") is not None
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
@@ -41,7 +51,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(only=argv[0] if argv and argv[0] in command_names() else None)
+    parser = build_parser(only=argv[0] if argv and _is_command(argv[0]) else None)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
     if func is None:

@@ -9,11 +9,9 @@ reads a fingerprint can mistake a pretend host for a real one.
 from __future__ import annotations
 
 import os
-import platform as _platform
-from collections.abc import Callable, Mapping
+import sys
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.host import probes
@@ -25,6 +23,7 @@ from turbo_dllm.host.identifiers import (
     PythonTag,
     TorchRelease,
 )
+from turbo_dllm.records import Record
 
 __all__ = [
     "FINGERPRINT_FORMAT",
@@ -38,35 +37,40 @@ FINGERPRINT_FORMAT = "turbo_dllm.fingerprint.v1"
 _NONE_WORDS = {"", "none", "cpu", "no"}
 
 
-class GpuInfo(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    index: int = Field(ge=0)
+class GpuInfo(Record):
+    index: int
     name: str
     arch: GpuArch
 
+    def _problems(self) -> Iterator[tuple[str, str]]:
+        if self.index < 0:
+            yield "index", f"must be >= 0, got {self.index}"
 
-class HostFingerprint(BaseModel):
-    """What this host is, for bundle selection. No paths, no timestamps, no serial numbers."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+class HostFingerprint(Record):
+    """What this host is, for bundle selection. No paths, no timestamps, no serial numbers.
+
+    `python` is the interpreter version (3.12.7), `python_tag` its ABI tag (cp312), `platform`
+    the OS and CPU in wheel-tag spelling (linux_x86_64), `torch` torch's full version
+    (2.11.0+cu130), `torch_cuda` the CUDA torch was built with, `cxx11_abi` torch's
+    _GLIBCXX_USE_CXX11_ABI, `driver` the NVIDIA kernel driver; `overrides` lists the fields taken
+    from DLLM_OVERRIDE_* variables instead of probes, `notes` the probes that could not answer.
+    """
 
     format: Literal["turbo_dllm.fingerprint.v1"] = FINGERPRINT_FORMAT
-    python: str = Field(description="Interpreter version, e.g. 3.12.7")
-    python_tag: PythonTag = Field(description="ABI tag, e.g. cp312")
-    platform: Platform = Field(description="OS and CPU in wheel-tag spelling, e.g. linux_x86_64")
+    python: str
+    python_tag: PythonTag
+    platform: Platform
     glibc: str | None = None
-    torch: str | None = Field(None, description="Full torch version, e.g. 2.11.0+cu130")
-    torch_cuda: CudaVersion | None = Field(None, description="CUDA torch was built with")
-    cxx11_abi: bool | None = Field(None, description="torch's _GLIBCXX_USE_CXX11_ABI")
-    driver: str | None = Field(None, description="NVIDIA kernel driver version")
+    torch: str | None = None
+    torch_cuda: CudaVersion | None = None
+    cxx11_abi: bool | None = None
+    driver: str | None = None
     gpus: tuple[GpuInfo, ...] = ()
     nccl: str | None = None
     triton: str | None = None
-    overrides: tuple[str, ...] = Field(
-        (), description="Fields taken from DLLM_OVERRIDE_* variables instead of probes"
-    )
-    notes: tuple[str, ...] = Field((), description="Probes that could not answer, and why")
+    overrides: tuple[str, ...] = ()
+    notes: tuple[str, ...] = ()
 
     @property
     def torch_release(self) -> TorchRelease | None:
@@ -191,7 +195,7 @@ def collect_fingerprint(
                 f"GPU {index} ({name}) reports an unknown compute capability {capability!r}"
             )
     fields: dict[str, Any] = {
-        "python": _platform.python_version(),
+        "python": sys.version.split()[0],  # what platform.python_version() returns
         "python_tag": PythonTag.running(),
         "platform": Platform.running(),
         "glibc": probes.probe_glibc(),

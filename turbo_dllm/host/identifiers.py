@@ -3,14 +3,15 @@
 Each is an immutable value that parses from text and prints back its canonical form
 (`PythonTag.parse("3.12") -> cp312`, `GpuArch.parse("9.0") -> sm90`), in the spirit of
 `packaging.tags.Tag`: code compares values, never glued-together strings. Each works as a pydantic
-field type (validated from a string, serialized to its canonical string).
+field type (validated from a string, serialized to its canonical string) and as a record field
+(`turbo_dllm.records`). They are plain slotted classes, not dataclasses, because every
+`dllm bundle install` imports them (see `turbo_dllm.records` for why that matters).
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from turbo_dllm.errors import DllmError
@@ -33,7 +34,57 @@ class InvalidIdentifier(DllmError, ValueError):
 
 
 class Identifier:
-    """Base of identifiers: `parse` + canonical `__str__` + pydantic (de)serialization."""
+    """Base of identifiers: `parse` + canonical `__str__` + pydantic (de)serialization.
+
+    A subclass lists its fields in `__slots__` and sets them in `__init__` with `_init`; it then
+    compares, orders and hashes by those fields (in order), like a frozen, ordered dataclass.
+    """
+
+    __slots__: tuple[str, ...] = ()
+
+    def _init(self, **values: Any) -> None:
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+    def _key(self) -> tuple[Any, ...]:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._key() == other._key()  # type: ignore[attr-defined]
+
+    def __lt__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._key() < other._key()  # type: ignore[attr-defined]
+
+    def __le__(self, other: object) -> bool:
+        return self == other or self < other
+
+    def __gt__(self, other: object) -> bool:
+        if type(other) is not type(self):
+            return NotImplemented
+        return self._key() > other._key()  # type: ignore[attr-defined]
+
+    def __ge__(self, other: object) -> bool:
+        return self == other or self > other
+
+    def __hash__(self) -> int:
+        return hash((type(self).__name__, self._key()))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __delattr__(self, name: str) -> None:
+        raise AttributeError(f"{type(self).__name__} is immutable")
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return type(self), self._key()
 
     @classmethod
     def parse(cls: type[T], text: str) -> T:  # pragma: no cover - every subclass overrides
@@ -61,14 +112,17 @@ class Identifier:
         return {"type": "string", "title": cls.__name__}
 
 
-@dataclass(frozen=True, order=True)
 class PythonTag(Identifier):
     """A Python ABI tag: `cp312`, `cp313t` (free-threaded). Parses `3.12` and `cp312`."""
 
+    __slots__ = ("implementation", "major", "minor", "abiflags")
     implementation: str
     major: int
     minor: int
-    abiflags: str = ""
+    abiflags: str
+
+    def __init__(self, implementation: str, major: int, minor: int, abiflags: str = "") -> None:
+        self._init(implementation=implementation, major=major, minor=minor, abiflags=abiflags)
 
     _PATTERN = re.compile(r"^(?:(?P<impl>[a-z]{2})(?P<ver>\d{2,3})|(?P<dotted>\d+\.\d+))(?P<t>t?)$")
 
@@ -95,13 +149,16 @@ class PythonTag(Identifier):
         return f"{self.implementation}{self.major}{self.minor}{self.abiflags}"
 
 
-@dataclass(frozen=True, order=True)
 class GpuArch(Identifier):
     """A CUDA compute capability: `sm90`, `sm90a`, `sm100`. Parses `sm_90`, `9.0`, `90`."""
 
+    __slots__ = ("major", "minor", "suffix")
     major: int
     minor: int
-    suffix: str = ""
+    suffix: str
+
+    def __init__(self, major: int, minor: int, suffix: str = "") -> None:
+        self._init(major=major, minor=minor, suffix=suffix)
 
     _PATTERN = re.compile(
         r"^(?:sm_?)?(?:(?P<maj>\d+)\.(?P<min>\d)|(?P<digits>\d{2,3}))(?P<sfx>[af]?)$"
@@ -128,12 +185,15 @@ class GpuArch(Identifier):
         return f"sm{self.major}{self.minor}{self.suffix}"
 
 
-@dataclass(frozen=True, order=True)
 class TorchRelease(Identifier):
     """torch major.minor, the part of its version that fixes the C++ ABI: `torch2.11`."""
 
+    __slots__ = ("major", "minor")
     major: int
     minor: int
+
+    def __init__(self, major: int, minor: int) -> None:
+        self._init(major=major, minor=minor)
 
     _PATTERN = re.compile(r"^(?:torch)?(?P<maj>\d+)\.(?P<min>\d+)(?:\.\d+)?(?:[+.\-a-z0-9]*)$")
 
@@ -155,12 +215,15 @@ class TorchRelease(Identifier):
         return f"torch{self.major}.{self.minor}"
 
 
-@dataclass(frozen=True, order=True)
 class CudaVersion(Identifier):
     """The CUDA major.minor torch was built with: `cu130` (parses `13.0` and `cu130`)."""
 
+    __slots__ = ("major", "minor")
     major: int
     minor: int
+
+    def __init__(self, major: int, minor: int) -> None:
+        self._init(major=major, minor=minor)
 
     _PATTERN = re.compile(r"^(?:cu(?P<digits>\d{2,3})|(?P<maj>\d+)\.(?P<min>\d+)(?:\.\d+)*)$")
 
@@ -184,11 +247,14 @@ class CudaVersion(Identifier):
         return f"cu{self.major}{self.minor}"
 
 
-@dataclass(frozen=True, order=True)
 class Platform(Identifier):
     """An OS + CPU pair in wheel-tag spelling: `linux_x86_64`, `linux_aarch64`."""
 
+    __slots__ = ("name",)
     name: str
+
+    def __init__(self, name: str) -> None:
+        self._init(name=name)
 
     _PATTERN = re.compile(r"^[a-z0-9]+(?:_[a-z0-9]+)+$")
 

@@ -1,0 +1,177 @@
+"""Sources and resumable downloads: both HTTP clients (requests for remote indexes, http.client
+for a mirror on this machine), Range resume, servers without ranges, and the one-pass
+download-and-unpack the installer uses (its hash verdict comes before the unpacker's)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+
+import pytest
+
+from tests.bundles.server import MirrorServer
+from turbo_dllm.bundles.archive import BundleRejected
+from turbo_dllm.bundles.fetch import download, download_unpacked
+from turbo_dllm.bundles.sources import HttpSource, LocalSource, LoopbackHttpSource, open_source
+from turbo_dllm.errors import DllmError
+
+SIZE = 300_000
+
+
+@pytest.fixture
+def index(tmp_path):
+    """A folder index holding `bundles/blob.bin` (random bytes); returns (root, sha256)."""
+    root = tmp_path / "index"
+    (root / "bundles").mkdir(parents=True)
+    data = os.urandom(SIZE)
+    (root / "bundles" / "blob.bin").write_bytes(data)
+    return root, hashlib.sha256(data).hexdigest()
+
+
+@pytest.fixture(params=["stdlib", "requests"])
+def client(request):
+    """Each HTTP client, pointed at the same loopback server."""
+    return LoopbackHttpSource if request.param == "stdlib" else HttpSource
+
+
+def fetch_blob(source, sha, dest, **options):
+    options.setdefault("backoff_s", 0.01)
+    return download(source, "bundles/blob.bin", sha256=sha, size=SIZE, dest_dir=dest, **options)
+
+
+def bundle_requests(server):
+    return [r for path, r in server.state.requests if "/bundles/" in path]
+
+
+def test_sources_by_location(tmp_path):
+    assert isinstance(open_source("http://127.0.0.1:8000/x"), LoopbackHttpSource)
+    assert isinstance(open_source("http://localhost:8000"), LoopbackHttpSource)
+    assert isinstance(open_source("http://[::1]:8000"), LoopbackHttpSource)
+    # Remote and TLS indexes keep requests: proxy variables, CA bundles, certificates.
+    assert isinstance(open_source("http://mirror.cluster:8000"), HttpSource)
+    assert isinstance(open_source("https://127.0.0.1:8443"), HttpSource)
+    assert isinstance(open_source(str(tmp_path)), LocalSource)
+    assert isinstance(open_source(tmp_path.as_uri()), LocalSource)
+
+
+def test_truncated_transfers_resume_with_range(index, client, hashing, tmp_path):
+    root, sha = index
+    with MirrorServer(root) as server:
+        server.state.truncate_after, server.state.truncate_times = 100_000, 2
+        path = fetch_blob(client(server.url), sha, tmp_path / "dl")
+        assert bundle_requests(server) == [None, "bytes=100000-", "bytes=200000-"]
+    assert path.name == f"{sha}.tar.zst" and hashlib.sha256(path.read_bytes()).hexdigest() == sha
+    assert not list(path.parent.glob("*.part"))
+
+
+def test_http_errors(index, client, tmp_path):
+    root, sha = index
+    with MirrorServer(root) as server:
+        source = client(server.url)
+        server.state.fail_status, server.state.fail_times = 503, 1  # transient: retried
+        assert fetch_blob(source, sha, tmp_path / "a").is_file()
+        server.state.fail_status, server.state.fail_times = 503, -1
+        with pytest.raises(DllmError, match="failed after 2 attempts: .*HTTP 503") as caught:
+            fetch_blob(source, sha, tmp_path / "b", retries=1)
+        assert "run the same command again" in caught.value.hint
+        server.state.fail_status = None
+        with pytest.raises(DllmError, match="not found .HTTP 404."):
+            download(source, "bundles/missing.bin", sha256=sha, size=SIZE, dest_dir=tmp_path)
+        with pytest.raises(DllmError, match="catalog.toml was not found"):
+            client(server.url).read_small("releases/v/catalog.toml", 100, backoff_s=0.01)
+
+
+def test_refused_connection_is_transient(index, client, tmp_path):
+    root, sha = index
+    with MirrorServer(root) as server:
+        url = server.url
+    with pytest.raises(DllmError, match="failed after 2 attempts"):
+        fetch_blob(client(url), sha, tmp_path, retries=1)  # the server is gone
+
+
+def test_server_without_ranges_restarts_from_zero(index, client, tmp_path):
+    root, sha = index
+    dest = tmp_path / "dl"
+    dest.mkdir()
+    data = (root / "bundles" / "blob.bin").read_bytes()
+    (dest / f"{sha}.part").write_bytes(data[:1000])  # a partial download of an earlier run
+    with MirrorServer(root) as server:
+        server.state.ranges = False
+        path = fetch_blob(client(server.url), sha, dest)
+        assert bundle_requests(server) == ["bytes=1000-"]  # answered with the whole file
+    assert path.read_bytes() == data
+
+
+def test_a_finished_download_is_verified_not_fetched_again(index, tmp_path):
+    root, sha = index
+    with MirrorServer(root) as server:
+        first = fetch_blob(open_source(server.url), sha, tmp_path)
+        again = fetch_blob(open_source(server.url), sha, tmp_path)
+        assert len(bundle_requests(server)) == 1
+    assert again == first
+    first.write_bytes(b"x" * SIZE)  # damaged on disk: fetched again
+    with MirrorServer(root) as server:
+        assert fetch_blob(open_source(server.url), sha, tmp_path).read_bytes() != b"x" * SIZE
+        assert bundle_requests(server) == [None]
+
+
+def reading_unpacker(seen: list):
+    def unpack(reader):
+        data = b""
+        while block := reader.read(70_000):
+            data += block
+        seen.append(len(data))
+        return hashlib.sha256(data).hexdigest()
+
+    return unpack
+
+
+def test_download_unpacked_reads_once_and_resumes(index, hashing, tmp_path):
+    root, sha = index
+    seen: list[int] = []
+    with MirrorServer(root) as server:
+        server.state.truncate_after, server.state.truncate_times = 120_000, 1
+        result = download_unpacked(
+            open_source(server.url),
+            "bundles/blob.bin",
+            unpack=reading_unpacker(seen),
+            sha256=sha,
+            size=SIZE,
+            dest_dir=tmp_path / "dl",
+            backoff_s=0.01,
+        )
+        assert bundle_requests(server) == [None, "bytes=120000-"]
+    # Each attempt unpacks afresh; the second gets the kept bytes, then the rest.
+    assert seen == [120_000, SIZE] and result == sha
+    assert list((tmp_path / "dl").iterdir()) == []  # the verified archive is not kept
+
+
+def test_download_unpacked_reports_a_bad_hash_before_the_unpacker(index, hashing, tmp_path):
+    root, sha = index
+
+    def broken(reader):
+        reader.read(10)
+        raise BundleRejected("member 'x' is not listed in bundle.json")
+
+    with pytest.raises(BundleRejected, match="sha256 mismatch"):
+        download_unpacked(
+            LocalSource(root), "bundles/blob.bin", unpack=broken, sha256="0" * 64,
+            size=SIZE, dest_dir=tmp_path / "dl",
+        )  # fmt: skip
+    with pytest.raises(BundleRejected, match="not listed in bundle.json"):  # the right bytes
+        download_unpacked(
+            LocalSource(root), "bundles/blob.bin", unpack=broken, sha256=sha, size=SIZE,
+            dest_dir=tmp_path / "dl",
+        )  # fmt: skip
+    assert list((tmp_path / "dl").iterdir()) == []
+
+
+def test_download_unpacked_refuses_a_wrong_size_at_once(index, tmp_path):
+    root, sha = index
+    calls: list[int] = []
+    with pytest.raises(BundleRejected, match="wrong size"):
+        download_unpacked(
+            LocalSource(root), "bundles/blob.bin", unpack=reading_unpacker(calls),
+            sha256=sha, size=SIZE - 1, dest_dir=tmp_path / "dl", backoff_s=0.01,
+        )  # fmt: skip
+    assert calls == [] and list((tmp_path / "dl").iterdir()) == []

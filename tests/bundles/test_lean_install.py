@@ -1,0 +1,41 @@
+"""`dllm bundle install` stays lean: its process never imports what it does not need (issue 3:
+an install must take a fraction of the time of `pip install` of a wheel of the same size)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+from tests.bundles.server import MirrorServer
+
+# Each costs a visible share of an install's ~0.1 s: pydantic and its models, requests (+urllib3),
+# torch and numpy, rich, filelock, tomlkit, importlib.metadata, and dataclasses (creating one
+# runs exec for every generated method).
+HEAVY = (
+    "pydantic", "requests", "urllib3", "torch", "numpy", "rich", "filelock", "tomlkit",
+    "importlib.metadata", "dataclasses",
+)  # fmt: skip
+
+PROGRAM = """
+import json, sys
+from turbo_dllm.cli import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "modules": sorted(sys.modules)}))
+"""
+
+
+def test_install_from_a_loopback_mirror_imports_nothing_heavy(mirror):
+    root, catalog_sha = mirror
+    with MirrorServer(root) as server:
+        proc = subprocess.run(
+            [sys.executable, "-c", PROGRAM, "bundle", "install", "--release", "v-test", "--auto",
+             "--index", server.url, "--catalog-sha256", catalog_sha],
+            capture_output=True, text=True, check=True,
+        )  # fmt: skip
+    *_, last = proc.stdout.splitlines()
+    report = json.loads(last)
+    assert report["code"] == 0, proc.stderr
+    assert "installed and activated" in proc.stdout
+    loaded = [m for m in HEAVY if m in report["modules"]]
+    assert loaded == [], f"dllm bundle install imported {loaded}"

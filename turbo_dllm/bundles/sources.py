@@ -1,0 +1,311 @@
+"""Where bundle indexes live: a folder, a file:// URL, or an HTTP(S) server.
+
+One code path for online and offline installs: a `Source` opens a file of the index at an
+offset (`Opened`: its chunks as they arrive, its size when known); `turbo_dllm.bundles.fetch`
+drives sources with resume, verification and retries. Two HTTP clients share one reading of the
+answer (status codes, ranges, sizes): `requests` for remote servers (proxies, CA bundles) and the
+standard library's `http.client` for a mirror on this machine, where no proxy applies and the
+install should not pay for importing `requests`.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import NamedTuple
+from urllib.parse import unquote, urlparse
+
+from turbo_dllm import __version__
+from turbo_dllm.bundles.archive import BundleRejected
+from turbo_dllm.errors import DllmError
+
+__all__ = [
+    "CHUNK",
+    "INDEX_VARIABLE",
+    "OFFLINE_VARIABLE",
+    "HttpSource",
+    "LocalSource",
+    "LoopbackHttpSource",
+    "Opened",
+    "Source",
+    "TransientError",
+    "offline_requested",
+    "open_source",
+]
+
+INDEX_VARIABLE = "DLLM_BUNDLE_INDEX"
+OFFLINE_VARIABLE = "DLLM_OFFLINE"
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+CHUNK = 1024 * 1024
+CONNECT_TIMEOUT_S = 10.0
+READ_TIMEOUT_S = 60.0
+
+
+class TransientError(Exception):
+    """A failure worth retrying (connection reset, truncated body, 5xx)."""
+
+
+class Opened(NamedTuple):
+    """An open remote file: its chunks from `offset`, and the full size when the source knows it."""
+
+    chunks: Iterator[bytes]
+    total: int | None
+    offset: int
+    close: Callable[[], None]
+
+
+class Source:
+    """Where releases live; paths are relative: `releases/v1/catalog.toml`, `bundles/x.tar.zst`."""
+
+    location: str
+
+    def open(self, path: str, offset: int = 0) -> Opened:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def url(self, path: str) -> str:
+        return f"{self.location.rstrip('/')}/{path}"
+
+    def read_small(self, path: str, limit: int, retries: int = 3, backoff_s: float = 0.5) -> bytes:
+        """The whole file, refused when it is larger than `limit` bytes."""
+        for attempt in range(retries + 1):
+            try:
+                opened = self.open(path)
+                try:
+                    if opened.total is not None and opened.total > limit:
+                        raise BundleRejected(
+                            f"{self.url(path)} is {opened.total} bytes, over the {limit}-byte cap"
+                        )
+                    data = bytearray()
+                    for chunk in opened.chunks:
+                        data += chunk
+                        if len(data) > limit:
+                            raise BundleRejected(f"{self.url(path)} is over the {limit}-byte cap")
+                    if opened.total is not None and len(data) != opened.total:
+                        raise TransientError(f"got {len(data)} of {opened.total} bytes")
+                    return bytes(data)
+                finally:
+                    opened.close()
+            except TransientError as error:
+                if attempt == retries:
+                    raise DllmError(
+                        f"cannot fetch {self.url(path)}: {error}",
+                        hint="check the index URL and your connection, then retry",
+                    ) from None
+                time.sleep(backoff_s * 2**attempt)
+        raise AssertionError("unreachable")
+
+
+class LocalSource(Source):
+    """A mirror folder, given as a path or a file:// URL."""
+
+    def __init__(self, root: Path, location: str | None = None) -> None:
+        self.root = root
+        self.location = location or str(root)
+
+    def open(self, path: str, offset: int = 0) -> Opened:
+        file = self.root / path
+        try:
+            handle = file.open("rb")
+        except FileNotFoundError:
+            raise DllmError(
+                f"{self.url(path)} does not exist",
+                hint="check the mirror folder and the release name (`ls MIRROR/releases`)",
+            ) from None
+        except OSError as error:
+            raise DllmError(f"cannot read {file}: {error.strerror}") from None
+        total = os.fstat(handle.fileno()).st_size
+        handle.seek(min(offset, total))
+
+        def chunks() -> Iterator[bytes]:
+            while chunk := handle.read(CHUNK):
+                yield chunk
+
+        return Opened(chunks(), total, min(offset, total), handle.close)
+
+
+class _HttpSource(Source):
+    """An index served over HTTP(S). Subclasses send the request; the answer is read here."""
+
+    def __init__(self, base_url: str) -> None:
+        self.location = base_url.rstrip("/")
+
+    def _get(self, url: str, headers: dict[str, str]) -> _Response:  # pragma: no cover
+        raise NotImplementedError
+
+    def open(self, path: str, offset: int = 0) -> Opened:
+        headers = {"Accept-Encoding": "identity", "User-Agent": f"turbo-dllm/{__version__}"}
+        if offset:
+            headers["Range"] = f"bytes={offset}-"
+        url = self.url(path)
+        response = self._get(url, headers)
+        status = response.status
+        if status == 416:  # our partial file is not a prefix the server can continue
+            response.close()
+            return self.open(path, 0)
+        if status in (408, 429) or status >= 500:
+            response.close()
+            raise TransientError(f"{url}: HTTP {status}")
+        if status == 404:
+            response.close()
+            raise DllmError(
+                f"{url} was not found (HTTP 404)",
+                hint="check the index URL and the release name",
+            )
+        if status not in (200, 206):
+            response.close()
+            raise DllmError(f"{url}: HTTP {status} {response.reason}")
+        start = offset if status == 206 else 0
+        total = None
+        if status == 206:
+            content_range = response.header("Content-Range")
+            if not content_range.startswith(f"bytes {offset}-"):
+                response.close()
+                return self.open(path, 0)
+            size = content_range.rpartition("/")[2]
+            total = int(size) if size.isdigit() else None
+        elif response.header("Content-Length").isdigit():
+            total = int(response.header("Content-Length"))
+        return Opened(response.chunks, total, start, response.close)
+
+
+class _Response(NamedTuple):
+    """What `_HttpSource.open` needs of an HTTP response, whichever client made it."""
+
+    status: int
+    reason: str
+    header: Callable[[str], str]  # a header's value, "" when absent
+    chunks: Iterator[bytes]  # the body as it arrives; raises TransientError if it breaks off
+    close: Callable[[], None]
+
+
+class HttpSource(_HttpSource):
+    """A remote index (https://, or http:// to another host), through `requests`: it honours the
+    proxy variables (HTTPS_PROXY, NO_PROXY, ...) and CA bundles (REQUESTS_CA_BUNDLE, certifi)."""
+
+    def __init__(self, base_url: str) -> None:
+        import requests
+
+        super().__init__(base_url)
+        self.session = requests.Session()
+
+    def _get(self, url: str, headers: dict[str, str]) -> _Response:
+        import requests
+
+        try:
+            response = self.session.get(
+                url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
+            )
+        except (requests.ConnectionError, requests.Timeout) as error:
+            raise TransientError(f"{url}: {error.__class__.__name__}: {error}") from None
+
+        def chunks() -> Iterator[bytes]:
+            # read1 returns what has arrived: a connection that breaks off loses nothing already
+            # received (a looping read would discard its partial buffer), so resume is exact.
+            import urllib3
+
+            raw = response.raw
+            read = getattr(raw, "read1", None) or raw.read
+            while True:
+                try:
+                    chunk = read(CHUNK, decode_content=False)
+                except (urllib3.exceptions.HTTPError, OSError) as error:
+                    raise TransientError(f"{url}: transfer broke off: {error}") from None
+                if not chunk:
+                    return
+                yield chunk
+
+        return _Response(
+            response.status_code,
+            response.reason or "",
+            lambda name: response.headers.get(name, ""),
+            chunks(),
+            response.close,
+        )
+
+
+class LoopbackHttpSource(_HttpSource):
+    """An index served on this machine (127.0.0.1, localhost, ::1), through the standard
+    library's `http.client`: no proxy can reach this host's loopback, so none is consulted, and
+    the install does not pay for importing `requests`."""
+
+    def _get(self, url: str, headers: dict[str, str]) -> _Response:
+        import http.client
+        from urllib.parse import quote, urlsplit
+
+        parts = urlsplit(url)
+        target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=~") + (
+            f"?{parts.query}" if parts.query else ""
+        )
+        connection = http.client.HTTPConnection(
+            parts.hostname or "127.0.0.1", parts.port, timeout=CONNECT_TIMEOUT_S
+        )
+        try:
+            connection.connect()
+            assert connection.sock is not None
+            connection.sock.settimeout(READ_TIMEOUT_S)
+            connection.request("GET", target, headers=headers)
+            response = connection.getresponse()
+        except (OSError, http.client.HTTPException) as error:
+            connection.close()
+            raise TransientError(f"{url}: {error.__class__.__name__}: {error}") from None
+
+        def chunks() -> Iterator[bytes]:
+            while True:
+                try:
+                    chunk = response.read1(CHUNK)
+                except (OSError, http.client.HTTPException) as error:
+                    raise TransientError(f"{url}: transfer broke off: {error}") from None
+                if not chunk:
+                    return
+                yield chunk
+
+        return _Response(
+            response.status,
+            response.reason,
+            lambda name: response.getheader(name, ""),
+            chunks(),
+            connection.close,
+        )
+
+
+def offline_requested(flag: bool = False) -> bool:
+    """`--offline`, or DLLM_OFFLINE=1: only local sources (folders, file://, loopback HTTP)."""
+    return flag or os.environ.get(OFFLINE_VARIABLE, "").strip().lower() in ("1", "true", "yes")
+
+
+def open_source(location: str | None, *, offline: bool = False) -> Source:
+    """`--index URL` / `--mirror PATH`, else $DLLM_BUNDLE_INDEX; `offline` refuses the network."""
+    location = location or os.environ.get(INDEX_VARIABLE)
+    if not location:
+        raise DllmError(
+            "no bundle index given",
+            hint=f"pass --index URL or --mirror PATH, or set {INDEX_VARIABLE}",
+        )
+    parsed = urlparse(location)
+    if parsed.scheme in ("http", "https"):
+        host = (parsed.hostname or "").lower()
+        if offline_requested(offline) and host not in _LOOPBACK:
+            raise DllmError(
+                f"offline mode: refusing to contact {host or location!r}",
+                hint="use a mirror folder (--mirror DIR), a file:// URL or a mirror served on "
+                f"127.0.0.1; or drop --offline / unset {OFFLINE_VARIABLE}",
+            )
+        if parsed.scheme == "http" and host in _LOOPBACK:
+            return LoopbackHttpSource(location)
+        return HttpSource(location)
+    if parsed.scheme == "file":
+        if parsed.netloc not in ("", "localhost"):
+            raise DllmError(f"{location!r}: file:// URLs must name a local path (file:///path)")
+        root = Path(unquote(parsed.path))
+    elif parsed.scheme and len(parsed.scheme) > 1:
+        raise DllmError(
+            f"unsupported index {location!r}",
+            hint="use https://, http://, file:// or a plain folder path",
+        )
+    else:
+        root = Path(location).expanduser()
+    if not root.is_dir():
+        raise DllmError(f"mirror folder {str(root)!r} does not exist", hint="check the path")
+    return LocalSource(root.resolve(), location)
