@@ -9,7 +9,9 @@ new folder, --no-deps --no-index --no-cache-dir. The bundle is the real one buil
 (`dllm bundle build --target auto`, or --archive), padded with incompressible bytes to reach the
 larger sizes; the wheel holds the same number of random bytes (stored, not compressed). Prints a
 table and writes JSON (--out, default runs/benchmarks/bundle_install.json). Both sides get one
-untimed warm-up run and then run with warm bytecode caches, as installed packages do.
+untimed warm-up run and then run with warm bytecode caches, as installed packages do; each
+repeat runs the two back to back (alternating which goes first), and `paired_ratio` is the
+median of the per-repeat ratios.
 Targets from the issue: install <= 0.3x pip, verify >= 1 GB/s.
 """
 
@@ -157,6 +159,16 @@ def build_archive(work: Path) -> Path:
     return build_bundle(work / "dist", log=lambda line: print(line, file=sys.stderr)).archive
 
 
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(
@@ -209,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             for mib, release, catalog_sha, size, wheel in cases:
                 dllm_times, pip_times, dllm_cpu, pip_cpu = [], [], [], []
                 for repeat in range(-1, args.repeats):  # -1: untimed warm-up (bytecode caches)
+                    # Back to back, so each pair sees about the same host load; the order
+                    # alternates so neither side always runs second.
                     home = work / f"home-{mib}-{repeat}"
                     dllm = [
                         sys.executable, "-m", "turbo_dllm", "bundle", "install", "--release", release,
@@ -219,8 +233,12 @@ def main(argv: list[str] | None = None) -> int:
                         "--no-cache-dir", "--disable-pip-version-check", "--target",
                         str(work / f"site-{mib}-{repeat}"), f"{url}/{wheel.relative_to(mirror).as_posix()}",
                     ]  # fmt: skip
-                    dllm_run = timed(dllm, {**env, "DLLM_HOME": str(home)})
-                    pip_run = timed(pip, env)
+                    if repeat % 2:
+                        pip_run = timed(pip, env)
+                        dllm_run = timed(dllm, {**env, "DLLM_HOME": str(home)})
+                    else:
+                        dllm_run = timed(dllm, {**env, "DLLM_HOME": str(home)})
+                        pip_run = timed(pip, env)
                     if repeat >= 0:
                         dllm_times.append(dllm_run[0])
                         pip_times.append(pip_run[0])
@@ -237,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
                         "dllm_install_s": dllm_s,
                         "pip_install_s": pip_s,
                         "ratio": dllm_s / pip_s,
+                        "paired_ratio": statistics.median(
+                            d / p for d, p in zip(dllm_times, pip_times, strict=True)
+                        ),
                         "dllm_cpu_s": statistics.median(dllm_cpu),
                         "pip_cpu_s": statistics.median(pip_cpu),
                         "cpu_ratio": statistics.median(dllm_cpu) / statistics.median(pip_cpu),
@@ -255,20 +276,24 @@ def main(argv: list[str] | None = None) -> int:
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
         "commit": git_commit(),
         "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+        "cpu": cpu_model(),
+        "pip": subprocess.run(
+            [sys.executable, "-m", "pip", "--version"], capture_output=True, text=True
+        ).stdout.split(" from ")[0],
         "baseline": "pip install --no-deps --no-index --no-cache-dir --target of a same-size wheel, same HTTP server",
         "repeats": args.repeats,
         "cases": rows,
         "verify": verify,
     }
     print(
-        f"{'archive':>12} {'dllm wall':>10} {'pip wall':>10} {'ratio':>6} "
+        f"{'archive':>12} {'dllm wall':>10} {'pip wall':>10} {'ratio':>6} {'paired':>6} "
         f"{'dllm cpu':>10} {'pip cpu':>10} {'ratio':>6}   (medians of {args.repeats})"
     )
     for row in rows:
         print(
             f"{row['archive_bytes'] / MIB:>8.2f} MiB {row['dllm_install_s']:>8.3f} s "
-            f"{row['pip_install_s']:>8.3f} s {row['ratio']:>5.2f}x {row['dllm_cpu_s']:>8.3f} s "
-            f"{row['pip_cpu_s']:>8.3f} s {row['cpu_ratio']:>5.2f}x"
+            f"{row['pip_install_s']:>8.3f} s {row['ratio']:>5.2f}x {row['paired_ratio']:>5.2f}x "
+            f"{row['dllm_cpu_s']:>8.3f} s {row['pip_cpu_s']:>8.3f} s {row['cpu_ratio']:>5.2f}x"
         )
     print(
         f"sha256 verify: {verify['streamed_file_gb_s']:.2f} GB/s streamed from file, "
