@@ -125,6 +125,16 @@ class LocalSource(Source):
         return Opened(chunks(), total, min(offset, total), handle.close)
 
 
+class _Response(NamedTuple):
+    """What `_HttpSource.open` needs of an HTTP response, whichever client made it."""
+
+    status: int
+    reason: str
+    header: Callable[[str], str]  # a header's value, "" when absent
+    chunks: Iterator[bytes]  # the body as it arrives; raises TransientError if it breaks off
+    close: Callable[[], None]
+
+
 class _HttpSource(Source):
     """An index served over HTTP(S). Subclasses send the request; the answer is read here."""
 
@@ -168,16 +178,6 @@ class _HttpSource(Source):
         elif response.header("Content-Length").isdigit():
             total = int(response.header("Content-Length"))
         return Opened(response.chunks, total, start, response.close)
-
-
-class _Response(NamedTuple):
-    """What `_HttpSource.open` needs of an HTTP response, whichever client made it."""
-
-    status: int
-    reason: str
-    header: Callable[[str], str]  # a header's value, "" when absent
-    chunks: Iterator[bytes]  # the body as it arrives; raises TransientError if it breaks off
-    close: Callable[[], None]
 
 
 class HttpSource(_HttpSource):
