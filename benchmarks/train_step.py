@@ -124,6 +124,8 @@ def run_ours(spec: RunSpec, args, device) -> tuple[dict, Trainer]:
                 f"  ours step {step}: {time.perf_counter() - tick:.3f} s, loss {stats['loss']:.3f}",
                 file=sys.stderr,
             )
+        if args.profile:
+            profile_steps(trainer, args.warmup + args.steps, args.profile, device)
     tokens = spec.training.micro_batch_size * spec.data.seq_len
     result = summarize(
         "turbo-dllm",
@@ -135,6 +137,26 @@ def run_ours(spec: RunSpec, args, device) -> tuple[dict, Trainer]:
         {"compile": spec.training.compile, "attention": spec.model.attention},
     )
     return result, trainer
+
+
+def profile_steps(trainer: Trainer, first_step: int, path: Path, device) -> None:
+    """Two more steps under torch.profiler: the kernels by GPU time, and how busy the GPU was."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    sync(device)
+    tick = time.perf_counter()
+    with profile(activities=activities) as prof:
+        for step in range(first_step, first_step + 2):
+            trainer.train_step(step)
+        sync(device)
+    wall = time.perf_counter() - tick
+    events = prof.key_averages()
+    busy = sum(e.self_device_time_total for e in events) / 1e6
+    sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
+    table = events.table(sort_by=sort_by, row_limit=40, max_name_column_width=90)
+    path.write_text(f"2 steps: wall {wall:.3f} s, GPU kernel time {busy:.3f} s\n\n{table}\n")
+    print(f"profile: wall {wall:.3f} s, GPU busy {busy:.3f} s -> {path}", file=sys.stderr)
 
 
 def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
@@ -257,7 +279,24 @@ def main(argv=None) -> int:
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    parser.add_argument(
+        "--profile", type=Path, default=None, help="profile two extra steps; kernel table here"
+    )
+    parser.add_argument(
+        "--inductor",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="set torch._inductor.config KEY (e.g. max_autotune=True) before compiling",
+    )
     args = parser.parse_args(argv)
+    for item in args.inductor:
+        import ast
+
+        import torch._inductor.config as inductor_config
+
+        key, _, value = item.partition("=")
+        inductor_config.__setattr__(key, ast.literal_eval(value))
     args.seq_len = args.seq_len or (128 if args.tiny else 8192)
     args.block_size = args.block_size or (16 if args.tiny else 32)
     args.steps = args.steps or (3 if args.tiny else 10)
@@ -301,6 +340,7 @@ def main(argv=None) -> int:
             "seq_len": args.seq_len,
             "block_size": args.block_size,
             "micro_batch": args.micro_batch,
+            "inductor": args.inductor,
             "results": results,
             "speedup": speedup,
         }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything we run on a lent H200 host, in one script: bash ci/gpu_session.sh STAGE...
 # Stages: deps, qualify (sm90 bundle build/install + op tests), tests (tests/gpu), train (train_step
-# benchmark), tests2 (2-GPU tests), cp (CSBP vs CP throughput), search1/search2 (longest
+# benchmark), train-exp (profile + variants), flex-tune, tests2 (2-GPU tests), cp (CSBP vs CP throughput), search1/search2 (longest
 # context on 1/2 GPUs; needs 2 GPUs). Logs and JSON go to $OUT (or ./gpu-out).
 # The host has torch/CUDA but no registry: missing pure-Python deps travel as wheels in .whl/.
 set -uo pipefail
@@ -28,13 +28,22 @@ for stage in "$@"; do
     tests) python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 || status=1 ;;
     train) python3 benchmarks/train_step.py --out "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.log" | tail -8 || status=1 ;;
     train-mb2) python3 benchmarks/train_step.py --micro-batch 2 --no-baseline --out "$OUT/train_step_mb2.json" 2>&1 | tee "$OUT/train_step_mb2.log" | tail -6 || status=1 ;;
+    train-exp) # where the step's time goes, and the variants worth trying (ours only)
+      python3 benchmarks/train_step.py --no-baseline --profile "$OUT/train_profile.txt" \
+        --out "$OUT/ts_default.json" 2>&1 | tail -3 || status=1
+      python3 benchmarks/train_step.py --no-baseline --micro-batch 2 --out "$OUT/ts_mb2.json" 2>&1 | tail -2 || status=1
+      timeout 300 python3 benchmarks/train_step.py --no-baseline --inductor max_autotune=True \
+        --out "$OUT/ts_autotune.json" 2>&1 | tail -2 || status=1 ;;
+    flex-tune) python3 benchmarks/flex_tune.py --autotune --out "$OUT/flex_tune.json" 2>&1 \
+          | grep -v "^\s*$" | tee "$OUT/flex_tune.log" | grep -E "ms|AUTOTUNE|BLOCK|failed" | tail -60 || status=1 ;;
     tests2) python3 -m pytest -q -p no:cacheprovider tests/distributed/test_csbp_gpu.py \
           "tests/gpu/test_train_gpu.py::test_two_gpus_nccl_match_one" 2>&1 | tee "$OUT/gpu-tests2.log" | tail -8 || status=1 ;;
     cp) python3 benchmarks/context_parallel.py --parts throughput --seq-lens "${CP_SEQ_LENS:-32768,65536}" \
           --out "$OUT/context_parallel.json" \
           2>&1 | tee "$OUT/cp-throughput.log" | tail -20 || status=1 ;;
     search1|search2) python3 benchmarks/context_parallel.py --parts search --search-gpus "${stage#search}" \
-          --budget-s "${SEARCH_BUDGET_S:-200}" --out "$OUT/context_parallel.json" 2>&1 \
+          --budget-s "${SEARCH_BUDGET_S:-200}" --search-start "${SEARCH_START:-65536}" \
+          --search-granularity "${SEARCH_GRAIN:-32768}" --out "$OUT/context_parallel.json" 2>&1 \
           | tee "$OUT/cp-$stage.log" | tail -12 || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac

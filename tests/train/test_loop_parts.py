@@ -126,9 +126,13 @@ def test_benchmark_smoke_on_cpu(tmp_path):
         import train_step
     finally:
         sys.path.pop(0)
-    out = tmp_path / "bench.json"
-    assert train_step.main(["--tiny", "--steps", "1", "--warmup", "1", "--out", str(out)]) == 0
+    out, profile = tmp_path / "bench.json", tmp_path / "profile.txt"
+    argv = ["--tiny", "--steps", "1", "--warmup", "1", "--out", str(out), "--profile", str(profile)]
+    assert train_step.main(argv + ["--inductor", "max_autotune=False"]) == 0
     report = json.loads(out.read_text())
     names = [r["name"] for r in report["results"]]
     assert names == ["turbo-dllm", "hf-sdpa-dense-mask"]
     assert all(r["tokens_per_s"] > 0 for r in report["results"]) and report["speedup"] > 0
+    assert report["inductor"] == ["max_autotune=False"]
+    # The profile names the kernels the two extra steps ran (on CPU: the aten ops).
+    assert profile.read_text().startswith("2 steps: wall") and "aten::mm" in profile.read_text()
