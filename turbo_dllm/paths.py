@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import secrets
-from datetime import datetime, timezone
 from pathlib import Path
 
 __all__ = ["dllm_home", "new_run_dir"]
@@ -21,5 +19,9 @@ def dllm_home() -> Path:
 
 
 def new_run_dir(root: str | Path = "runs") -> Path:
+    # Imported here: every `dllm bundle install` imports this module and never needs them.
+    import secrets
+    from datetime import datetime, timezone
+
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return Path(root) / f"{stamp}-{secrets.token_hex(3)}"
