@@ -195,3 +195,19 @@ def test_parallel_attention_equals_single_rank(errors, world, name):
 )
 def test_splitting_a_block_across_ranks_is_detected(errors, world, name):
     assert errors[world][name] > 1e-3, (name, errors[world][name])
+
+
+def test_packed_kv_shards_gather_into_views_of_the_concatenated_sequence():
+    from turbo_dllm.train.parallel.csbp import pack_kv, unpack_kv
+
+    world, batch, heads, length, dim = 3, 2, 4, 5, 8
+    ks = [torch.randn(batch, heads, length, dim) for _ in range(world)]
+    vs = [torch.randn(batch, heads, length, dim) for _ in range(world)]
+    shards = [pack_kv(k, v) for k, v in zip(ks, vs, strict=True)]
+    assert all(s.is_contiguous() and s.shape == (length, 2, batch, heads, dim) for s in shards)
+    gathered = torch.stack(shards)  # what an all-gather along dim 0 produces, (world, *shape)
+    k_all, v_all = unpack_kv(gathered)
+    assert torch.equal(k_all, torch.cat(ks, dim=2)) and torch.equal(v_all, torch.cat(vs, dim=2))
+    # Views, not copies: the gathered buffer is the only storage of the whole K/V.
+    assert k_all.untyped_storage().data_ptr() == gathered.untyped_storage().data_ptr()
+    assert v_all.untyped_storage().data_ptr() == gathered.untyped_storage().data_ptr()

@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from turbo_dllm.train.parallel.collectives import start_all_gather
-from turbo_dllm.train.parallel.csbp import gathered_heads
+from turbo_dllm.train.parallel.csbp import pack_kv, unpack_kv
 from turbo_dllm.train.parallel.layout import CpLayout
 from turbo_dllm.train.parallel.partial_attention import AttentionBackend, build_partial_attention
 from turbo_dllm.train.parallel.visibility import TokenSet, two_stream_tokens
@@ -58,7 +58,7 @@ class CpAttention:
                 f"k {tuple(k.shape)}"
             )
         if self.layout.cp > 1:
-            k_all, v_all = gathered_heads(start_all_gather(torch.stack([k, v]), self.group).wait())
+            k_all, v_all = unpack_kv(start_all_gather(pack_kv(k, v), self.group).wait())
         else:
             k_all, v_all = k, v
         out, _ = self._attend(q, k_all, v_all)

@@ -31,7 +31,7 @@ from turbo_dllm.train.parallel.layout import CsbpLayout
 from turbo_dllm.train.parallel.partial_attention import AttentionBackend, build_partial_attention
 from turbo_dllm.train.parallel.visibility import TokenSet
 
-__all__ = ["CsbpAttention", "MergeFn", "gathered_heads", "kernel_merge"]
+__all__ = ["CsbpAttention", "MergeFn", "kernel_merge", "pack_kv", "unpack_kv"]
 
 MergeFn = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
@@ -45,11 +45,23 @@ def kernel_merge(backend: str = "reference") -> MergeFn:
     return functools.partial(merge_attention_partials, backend=backend)
 
 
-def gathered_heads(gathered: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(world, 2, B, Hkv, S, D) packed shards -> k, v of shape (B, Hkv, world*S, D), rank-major."""
-    world, _, batch, heads, length, dim = gathered.shape
-    kv = gathered.permute(1, 2, 3, 0, 4, 5).reshape(2, batch, heads, world * length, dim)
-    return kv[0], kv[1]
+def pack_kv(k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """k, v (B, Hkv, S, D) -> one contiguous (S, 2, B, Hkv, D) buffer, sequence-major.
+
+    Sequence-major shards gathered along dim 0 are already the concatenated sequence, so
+    `unpack_kv` hands k and v back as views: no reordering copy of the gathered K/V in the
+    forward, and none of its gradient before the reduce-scatter in the backward.
+    """
+    return torch.stack([k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)], dim=1)
+
+
+def unpack_kv(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(world, S, 2, B, Hkv, D) gathered `pack_kv` shards -> k, v views (B, Hkv, world*S, D).
+
+    The sequence is rank-major (rank 0's S tokens first), the order of the gathered positions.
+    """
+    packed = packed.flatten(0, 1)
+    return packed[:, 0].permute(1, 2, 0, 3), packed[:, 1].permute(1, 2, 0, 3)
 
 
 class CsbpAttention:
@@ -105,10 +117,10 @@ class CsbpAttention:
         v_noisy, v_clean = v.split([ln, lc], dim=2)
         handle = None
         if self.layout.cp > 1:
-            handle = start_all_gather(torch.stack([k_clean, v_clean]), self.clean_group)
+            handle = start_all_gather(pack_kv(k_clean, v_clean), self.clean_group)
         out_own, lse_own = self._own_block(q[:, :, :ln], k_noisy, v_noisy)
         if handle is not None:
-            k_all, v_all = gathered_heads(handle.wait())
+            k_all, v_all = unpack_kv(handle.wait())
         else:
             k_all, v_all = k_clean, v_clean
         out_prefix, lse_prefix = self._clean_prefix(q, k_all, v_all)
