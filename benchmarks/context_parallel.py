@@ -10,9 +10,9 @@ failure ends one measurement, not the benchmark:
   zigzag), `cp` (the baseline: both streams zigzag, all-gather of all K/V), optionally `bp`
   (cp = 1: every rank recomputes its clean prefix, no attention traffic). Ratios against `cp`.
 - max context: the longest sequence one training step fits in memory, on 1 GPU (whole sequence)
-  and on `--gpus` GPUs (csbp), by doubling from `--search-start` and then bisecting to
-  `--search-granularity` (each cut aimed where the measured peak memory meets the GPU's
-  capacity), within `--budget-s`; a trial starts only if it can end inside the budget. Probe steps make every diffusion block its own
+  and on `--gpus` GPUs (csbp): from `--search-start`, doubling until two fits give a memory
+  slope, then jumping to where that line meets the GPU's capacity, then bisecting to
+  `--search-granularity` (each cut aimed the same way), within `--budget-s`; a trial starts only if it can end inside the budget. Probe steps make every diffusion block its own
   document: same tensors, same code path, same memory, but attention costs O(L) instead of
   O(L^2), so a probe at 512K tokens takes seconds, not many minutes (`--full-probe` disables it).
 
@@ -276,16 +276,27 @@ def _passthrough(args) -> list[str]:
     return flags
 
 
+def _predicted_length(peaks, capacity, grain) -> int | None:
+    """Where a line through the two longest fitting lengths' peak memory meets 98 % of the
+    device's capacity, on the granularity grid; None without two increasing points."""
+    if not capacity or len(peaks) < 2:
+        return None
+    (l0, m0), (l1, m1) = sorted(peaks)[-2:]
+    if l1 <= l0 or m1 <= m0:
+        return None
+    slope = (m1 - m0) / (l1 - l0)
+    return int(l1 + (0.98 * capacity - m1) / slope) // grain * grain
+
+
 def _next_length(fit, fail, peaks, capacity, grain) -> int:
-    """Inside the bracket (fit, fail): where a linear fit of peak memory against length meets
-    the device's capacity (regula falsi), else the midpoint; on the granularity grid."""
-    guess = (fit + fail) // 2
-    if capacity and len(peaks) >= 2:
-        (l0, m0), (l1, m1) = sorted(peaks)[-2:]
-        if l1 > l0 and m1 > m0:
-            slope = (m1 - m0) / (l1 - l0)
-            guess = int(l1 + (0.98 * capacity - m1) / slope)
-    guess = guess // grain * grain
+    """The next trial after the longest fit `fit`. Below a known failure: inside the bracket
+    (fit, fail), the predicted length (regula falsi), else the midpoint. With no failure yet:
+    the predicted length once two fits give a memory slope (peak memory is linear in the
+    length), else double."""
+    predicted = _predicted_length(peaks, capacity, grain)
+    if fail is None:
+        return max(predicted, fit + grain) if predicted is not None else 2 * fit
+    guess = predicted if predicted is not None else (fit + fail) // 2 // grain * grain
     return min(max(guess, fit + grain), fail - grain)
 
 
@@ -327,16 +338,15 @@ def search(args, gpus: int, mode: str, deadline: float, found: dict, save) -> di
                 break
             length = max(grain, (length // 2) // grain * grain)
             continue
-        if fail is None:
-            if 2 * fit > args.search_max:
-                found["status"] = "reached --search-max"
-                break
-            length = 2 * fit
-            continue
-        if fail - fit <= grain:
+        if fail is None and fit + grain > args.search_max:
+            found["status"] = "reached --search-max"
+            break
+        if fail is not None and fail - fit <= grain:
             found["status"] = "converged"
             break
         length = _next_length(fit, fail, peaks, found.get("capacity_gb"), grain)
+        if fail is None:
+            length = min(length, args.search_max // grain * grain)
     found.update(max_seq_len=fit, first_failure=fail)
     return found
 

@@ -34,3 +34,27 @@ def test_tiny_benchmark_smoke(tmp_path):
         assert found["status"] == "reached --search-max"
     assert result["max_context_ratio"] == 1.0
     assert "Longest context" in proc.stdout and "Throughput" in proc.stdout
+
+
+def _benchmark_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("context_parallel_bench", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_context_search_jumps_to_the_capacity_its_memory_slope_predicts():
+    bench = _benchmark_module()
+    # One fit: no slope yet, double.
+    assert bench._next_length(64, None, [(64, 10.0)], 100.0, 32) == 128
+    # Two fits, 10 GB per 64 tokens: the line meets 98 GB at 627 -> 608 on the 32 grid.
+    peaks = [(64, 10.0), (128, 20.0)]
+    assert bench._next_length(128, None, peaks, 100.0, 32) == 608
+    # Below a failure the same prediction is clamped inside the bracket...
+    assert bench._next_length(128, 512, peaks, 100.0, 32) == 480
+    # ...and without a usable slope (flat memory) it bisects.
+    assert bench._next_length(128, 512, [(64, 20.0), (128, 20.0)], 100.0, 32) == 320
+    # Never re-tries a length already known to fit.
+    assert bench._next_length(600, None, [(64, 10.0), (600, 97.9)], 100.0, 32) == 632
