@@ -111,6 +111,9 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             f"block parallelism gives each rank a pair of blocks: needs at least "
             f"{2 * topo.bp} blocks, got {data.seq_len // objective.block_size}",
         )
+    if topo.tp > 1:
+        for message in _tensor_parallel_problems(spec):
+            add("topology.tp", message)
     if world_size is not None and topo.world_size != world_size:
         add(
             "topology",
@@ -149,6 +152,27 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             f"{spec.scheduler.warmup_steps} exceeds training.steps ({spec.training.steps})",
         )
     return found
+
+
+def _tensor_parallel_problems(spec: RunSpec) -> list[str]:
+    """tp must divide the heads, key/value heads and MLP width of the model the spec names.
+
+    The shape is read from the preset or the local config.json; a model that cannot be read here
+    is left to the other rules (and the trainer checks again when it builds the model).
+    """
+    from turbo_dllm.train.models.config import resolve_model_config
+    from turbo_dllm.train.parallel.tensor import tensor_parallel_problems
+
+    model = spec.model
+    try:
+        config = resolve_model_config(
+            path=model.path,
+            from_config=None if model.path else model.from_config,
+            overrides=dict(model.config_overrides),
+        )
+        return tensor_parallel_problems(config, spec.topology.tp)
+    except (DllmError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        return []
 
 
 def check(spec: RunSpec, world_size: int | None = None, source: str = "RunSpec") -> RunSpec:

@@ -2,9 +2,14 @@
 
 `init_distributed` reads torchrun's environment (one process without it). The degrees and the
 device mesh live in `turbo_dllm.train.parallel.dims.ParallelDims`. The model is wrapped in this
-order: activation checkpointing -> compile -> FSDP2 (`fully_shard` per decoder layer, then the
-root, which owns embeddings, final norm and the (tied) head) over the mesh's 2-D
-(replicate, shard) FSDP view: HSDP when both are > 1, plain FSDP or plain replication otherwise.
+order: tensor parallelism (`turbo_dllm.train.parallel.tensor`) -> activation checkpointing ->
+compile -> FSDP2 (`fully_shard` per decoder layer, then the root, which owns embeddings, final
+norm and the (tied) head) over the mesh's 2-D (replicate, shard) FSDP view: HSDP when both are
+> 1, plain FSDP or plain replication otherwise.
+
+With tensor parallelism the parameters live on two meshes: the tp-sharded projections are 2-D
+DTensors (dp x tp), the replicated ones (norms, embeddings) 1-D dp DTensors (or plain tensors
+when nothing is data-parallel). `clip_grad_norm` computes the norm per mesh and combines them.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ __all__ = [
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_fsdp",
+    "clip_grad_norm",
     "decoder_layers",
     "init_distributed",
 ]
@@ -87,3 +93,35 @@ def apply_fsdp(model: nn.Module, mesh, *, reshard_after_forward: bool = True) ->
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
     # Backward starts with the root's parameters (head, final norm): keep them gathered.
     fully_shard(model, mesh=mesh, reshard_after_forward=False)
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
+    """Clip gradients to a global L2 norm; returns the norm before clipping.
+
+    torch's `clip_grad_norm_` stacks the per-parameter norms, which fails when DTensor gradients
+    live on different meshes (tensor parallelism: 2-D dp x tp and 1-D dp). Here the norm is
+    computed per mesh (a DTensor reduction over that mesh, made whole with `full_tensor`), the
+    squares are summed, and `clip_grads_with_norm_` scales every gradient by the same factor.
+    A single mesh takes torch's path unchanged.
+    """
+    from torch.distributed.tensor import DTensor
+
+    limit = max_norm if max_norm is not None else float("inf")
+    by_mesh: dict[object, list[torch.Tensor]] = {}
+    for param in params:
+        if param.grad is not None:
+            mesh = param.grad.device_mesh if isinstance(param.grad, DTensor) else None
+            by_mesh.setdefault(mesh, []).append(param)
+    if len(by_mesh) <= 1:
+        norm = torch.nn.utils.clip_grad_norm_(params, limit, foreach=True)
+        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+    squares = []
+    for group in by_mesh.values():
+        norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0, foreach=True)
+        norm = norm.full_tensor() if isinstance(norm, DTensor) else norm
+        squares.append(norm.float() ** 2)
+    total = torch.stack(squares).sum().sqrt()
+    if max_norm is not None:
+        for group in by_mesh.values():
+            torch.nn.utils.clip_grads_with_norm_(group, limit, total, foreach=True)
+    return float(total)

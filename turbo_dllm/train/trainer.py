@@ -12,7 +12,10 @@ Derived quantities, computed once here:
 - FSDP averages gradients over all dp x context ranks (`dims.grad_average_size`), and each
   rank's loss covers only the tokens it holds, so each rank backpropagates that many x loss;
 - with cp/bp > 1 the ranks of a context group share each batch and `self.plan` gives each its
-  share of the tokens (turbo_dllm.train.parallel), so counts and FLOPs are divided by its size.
+  share of the tokens (turbo_dllm.train.parallel), so counts and FLOPs are divided by its size;
+- with tp > 1 the ranks of a tp group compute the same loss on the same tokens (each holds a
+  slice of every layer's matmuls): sums over ranks go over `dims.loss_group()`, which holds one
+  rank per tp group, so nothing is counted tp times (FLOPs per GPU divide by the whole world).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from turbo_dllm.train.distributed import (
     apply_activation_checkpointing,
     apply_compile,
     apply_fsdp,
+    clip_grad_norm,
 )
 from turbo_dllm.train.metrics import (
     MetricsLogger,
@@ -46,6 +50,7 @@ from turbo_dllm.train.models import build_model, materialize, resolve_model_conf
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.plan import build_sequence_plan
+from turbo_dllm.train.parallel.tensor import apply_tensor_parallel, check_tensor_parallel
 from turbo_dllm.train.schedules import build_scheduler
 
 __all__ = ["Trainer"]
@@ -89,19 +94,22 @@ class Trainer:
         return self
 
     def build_model(self) -> None:
-        """Meta model -> activation checkpointing -> compile -> FSDP2 -> weights on device."""
+        """Meta model -> TP -> activation checkpointing -> compile -> FSDP2 -> weights."""
         spec = self.spec.model
         self.model_config = resolve_model_config(
             path=spec.path,
             from_config=None if spec.path else spec.from_config,
             overrides=dict(spec.config_overrides),
         )
+        check_tensor_parallel(self.model_config, self.dims.tp)  # before any collective
         self.attention = build_attention(spec.attention, self.device)
         self.mesh = self.dims.build_mesh(self.device.type)
         # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
         self.plan = build_sequence_plan(self.dims, self.attention, merge_backend=self.spec.kernels)
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
         model = build_model(self.model_config, self.plan.attention_backend, dtype)
+        if self.dims.tp > 1:
+            apply_tensor_parallel(model, self.dims.get_mesh("tp"))
         if self.spec.training.activation_checkpointing:
             apply_activation_checkpointing(model)
         if self.spec.training.compile:
@@ -131,10 +139,22 @@ class Trainer:
             {"params": [p for p in params if p.dim() >= 2], "weight_decay": opt.weight_decay},
             {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
         ]
-        fused = self.device.type == "cuda"
+        from torch.distributed.tensor import DTensor
+
+        # Fused and foreach kernels take all DTensors or all plain tensors; tensor parallelism
+        # without FSDP leaves the replicated parameters plain, so that mix loops per tensor.
+        mixed = len({isinstance(p, DTensor) for p in params}) > 1
+        fused = self.device.type == "cuda" and not mixed
         self.optimizer = torch.optim.AdamW(
-            groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, fused=fused or None
+            groups,
+            lr=opt.lr,
+            betas=tuple(opt.betas),
+            eps=opt.eps,
+            fused=fused or None,
+            foreach=False if mixed else None,
         )
+        # Kernel choice depends on this run's layout, not the checkpoint's: restored on resume.
+        self.optimizer_kernels = {"fused": fused or None, "foreach": False if mixed else None}
         self.scheduler = build_scheduler(self.optimizer, self.spec.scheduler, self.total_steps)
 
     def build_checkpointer(self) -> None:
@@ -188,6 +208,8 @@ class Trainer:
             scheduler=self.scheduler,
             loader=self.loader,
         )
+        for group in self.optimizer.param_groups:  # load_state_dict took the saved flags
+            group.update(self.optimizer_kernels)
         self.train_time_offset = meta.train_time_s
         self.metrics.truncate_after(meta.step)
         print0(self.env, f"resumed from {path} (step {meta.step})")
@@ -278,22 +300,15 @@ class Trainer:
         }
 
     def _clip_gradients(self) -> float:
-        from torch.distributed.tensor import DTensor
-
         params = [p for p in self.model.parameters() if p.grad is not None]
-        max_norm = self.spec.training.clip_grad_norm
-        norm = torch.nn.utils.clip_grad_norm_(
-            params, max_norm if max_norm is not None else float("inf"), foreach=True
-        )
-        if isinstance(norm, DTensor):
-            norm = norm.full_tensor()
-        return float(norm)
+        return clip_grad_norm(params, self.spec.training.clip_grad_norm)
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
+        """Sum over the ranks, counting each tensor-parallel group once."""
         if self.env.distributed:
             import torch.distributed as dist
 
-            dist.all_reduce(tensor)
+            dist.all_reduce(tensor, group=self.dims.loss_group())
 
     # ============================== the loop =================================================
     def run(self) -> int:

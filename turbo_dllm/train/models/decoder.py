@@ -120,9 +120,11 @@ class Attention(nn.Module):
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Any
     ) -> torch.Tensor:
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, self.num_heads, self.head_dim)
-        k = self.k_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
-        v = self.v_proj(x).view(batch, seq, self.num_kv_heads, self.head_dim)
+        # Head counts come from the projections' widths: under tensor parallelism each rank
+        # holds num_heads / tp query heads and num_kv_heads / tp key/value heads (same GQA ratio).
+        q = self.q_proj(x).view(batch, seq, -1, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, -1, self.head_dim)
+        v = self.v_proj(x).view(batch, seq, -1, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)

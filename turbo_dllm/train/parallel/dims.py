@@ -15,6 +15,11 @@ Flattened meshes answer the questions the trainer asks:
   "dp_shard_ctx" (dp_shard, clean_replica, cp)             FSDP2 shards parameters here
   "loss"         (dp_replicate, dp_shard, clean_replica, cp) global token counts, loss sums
   "fsdp"         2-D (dp_replicate, dp_shard_ctx): what `build_mesh` returns for FSDP2 / HSDP
+  "tp"           the tensor-parallel group (tp > 1): ranks that split each layer's matmuls
+
+With tp > 1 the "fsdp" and "tp" meshes are slices of one (dp_replicate, dp_shard_ctx, tp) mesh,
+so FSDP2's data-parallel placements compose with the tensor-parallel ones into 2-D DTensors. The
+ranks of a tp group hold identical losses: reductions over ranks use `loss_group()`.
 """
 
 from __future__ import annotations
@@ -86,12 +91,11 @@ class ParallelDims:
 
     @classmethod
     def from_topology(cls, topology: TopologySpec, world_size: int) -> ParallelDims:
-        for axis in ("tp", "ep"):
-            if getattr(topology, axis) > 1:
-                raise DllmError(
-                    f"topology.{axis} > 1 is not available in this version",
-                    hint="train with dp/fsdp and cp/bp only",
-                )
+        if topology.ep > 1:
+            raise DllmError(
+                "topology.ep > 1 is not available in this version",
+                hint="train with dp/fsdp, cp/bp and tp only",
+            )
         if topology.sp:
             raise DllmError(
                 "topology.sp is not available in this version", hint="set topology.sp: false"
@@ -152,18 +156,17 @@ class ParallelDims:
 
     # --- mesh ---------------------------------------------------------------------------------
     def build_mesh(self, device_type: str) -> DeviceMesh | None:
-        """Create the meshes (needs torch.distributed initialised); None for one process.
+        """Create the meshes (needs torch.distributed initialised).
 
         Returns the mesh FSDP2 shards over: 2-D (dp_replicate, dp_shard_ctx), HSDP when both are
-        > 1. The world mesh and every named group are then available from `get_mesh`.
+        > 1; None for one process, and with tensor parallelism alone (no rank to shard over).
+        The world mesh and every named group are then available from `get_mesh`.
         """
         if self.world_size == 1:
             return None
         from torch.distributed.device_mesh import init_device_mesh
 
-        if self.tp != 1:
-            raise NotImplementedError("tensor parallelism is not available in this version")
-        if self.mode == "none":  # data parallelism only: one 2-D mesh, no context groups
+        if self.tp == 1 and self.mode == "none":  # data parallelism only: one 2-D mesh
             fsdp = init_device_mesh(
                 device_type,
                 (self.dp_replicate, self.dp_shard),
@@ -177,6 +180,19 @@ class ParallelDims:
             meshes[name] = world[name]
         for name, dims in _FLATTENED.items():
             meshes[name] = world[dims]._flatten(name)
+        if self.tp > 1:
+            # FSDP2 composes its placements with the tensor-parallel ones only when both meshes
+            # share one root: a 3-D (dp_replicate, dp_shard_ctx, tp) mesh (same rank groups as
+            # the world mesh) gives both, without slicing flattened dimensions.
+            dp_tp = init_device_mesh(
+                device_type,
+                (self.dp_replicate, self.dp_shard * self.context, self.tp),
+                mesh_dim_names=("dp_replicate", "dp_shard_ctx", "tp"),
+            )
+            meshes["fsdp"] = dp_tp[("dp_replicate", "dp_shard_ctx")]
+            meshes["tp"] = dp_tp["tp"]
+            self._meshes = meshes
+            return meshes["fsdp"] if self.grad_average_size > 1 else None
         # With tp == 1 the ranks of (dp_shard, clean_replica, cp) are consecutive, so a fresh
         # 2-D mesh has the same groups as the flattened view, without slicing flattened dims.
         meshes["fsdp"] = init_device_mesh(
@@ -194,6 +210,12 @@ class ParallelDims:
         if name not in self._meshes:
             raise KeyError(f"no mesh named {name!r} (known: {', '.join(sorted(self._meshes))})")
         return self._meshes[name]
+
+    def loss_group(self):
+        """Process group for sums over ranks that count each tp group once (None = world)."""
+        if self.tp == 1:
+            return None
+        return self.get_mesh("loss").get_group()
 
     def get_optional_mesh(self, name: str) -> DeviceMesh | None:
         """Like `get_mesh`, but None when that group has a single rank (axis not in use)."""

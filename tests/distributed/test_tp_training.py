@@ -1,0 +1,105 @@
+"""`dllm train` with tensor parallelism (torchrun, gloo) against one process, checkpoints across tp.
+
+* tp = 2 (2 processes) trains the same losses and gradient norms as one process on the same
+  global batch; its checkpoint resumes at tp = 1 and continues the single-process trace, and
+  `dllm export` of it writes the same Hugging Face weights as the single-process run.
+* tp = 2 x fsdp = 2 (4 processes) resumes the single-process checkpoint (tp = 1 -> tp = 2) and
+  continues the same trace (the token counts and loss sums must count each tp group once).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.train.test_distributed import torchrun
+from tests.train.util import TINY, losses, metrics, tiny_spec, write_config
+from turbo_dllm.train.entry import train
+from turbo_dllm.train.export import export_checkpoint
+
+ARGS = ("training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=2")
+TOL = {"rtol": 5e-5, "atol": 5e-5}
+
+
+def _grad_norms(run_dir):
+    return [record["grad_norm"] for record in metrics(run_dir)]
+
+
+@pytest.mark.slow
+def test_tp2_matches_one_process_resumes_at_tp1_and_exports(tmp_path):
+    single, tp2 = tmp_path / "single", tmp_path / "tp2"
+    train(tiny_spec(*ARGS), single)
+    config = write_config(tmp_path / "train.yaml", *ARGS)
+    run = ("train", "--config", str(config), "--run-dir")
+    torchrun(2, *run, str(tp2), "--set", "topology.tp=2", cwd=tmp_path)
+    torch.testing.assert_close(losses(tp2), losses(single), **TOL)
+    torch.testing.assert_close(_grad_norms(tp2), _grad_norms(single), **TOL)
+    assert '"world_size": 2' in (tp2 / "checkpoints/step_00000002/checkpoint.json").read_text()
+
+    # tp = 2 checkpoint -> one process: the next steps continue the single-process trace.
+    resumed = tmp_path / "resumed"
+    train(tiny_spec(*ARGS, f"checkpoint.resume={tp2 / 'checkpoints/step_00000002'}"), resumed)
+    assert [r["step"] for r in metrics(resumed)] == [3, 4]
+    torch.testing.assert_close(losses(resumed), losses(single)[2:], **TOL)
+
+    # Export of the tp-trained checkpoint: whole HF tensors equal to the single-process ones.
+    from safetensors.torch import load_file
+
+    export_checkpoint(tp2 / "checkpoints", tmp_path / "hf-tp2")
+    export_checkpoint(single / "checkpoints", tmp_path / "hf-single")
+    got = load_file(str(tmp_path / "hf-tp2/model.safetensors"))
+    want = load_file(str(tmp_path / "hf-single/model.safetensors"))
+    assert sorted(got) == sorted(want)
+    for name, tensor in want.items():
+        assert got[name].shape == tensor.shape, name
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+
+    # tp = 1 checkpoint -> tp = 2 x fsdp = 2 on 4 processes continues the same trace.
+    both = tmp_path / "tp2-fsdp2"
+    torchrun(
+        4,
+        *run,
+        str(both),
+        "--set",
+        "topology.tp=2",
+        "--set",
+        "topology.fsdp=2",
+        "--set",
+        "training.micro_batch_size=2",
+        "--set",
+        f"checkpoint.resume={single / 'checkpoints/step_00000002'}",
+        cwd=tmp_path,
+    )
+    assert [r["step"] for r in metrics(both)] == [3, 4]
+    torch.testing.assert_close(losses(both), losses(single)[2:], **TOL)
+    torch.testing.assert_close(_grad_norms(both), _grad_norms(single)[2:], **TOL)
+
+
+def test_heads_not_divisible_by_tp_fail_validation_and_the_trainer(cli, tmp_path):
+    """`dllm config validate` names the numbers; the trainer checks again when it builds."""
+    from tests.helpers import assert_user_error
+    from turbo_dllm.config.load import apply_overrides
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.train.distributed import DistEnv
+    from turbo_dllm.train.trainer import Trainer
+
+    overrides = (
+        "model.config_overrides.num_attention_heads=3",
+        "model.config_overrides.num_key_value_heads=1",
+        "topology.tp=2",
+    )
+    config = write_config(tmp_path / "train.yaml", *ARGS, *overrides)
+    assert_user_error(
+        cli("config", "validate", "--config", config),
+        "topology.tp: num_attention_heads = 3 is not divisible by topology.tp = 2",
+        "topology.tp: num_key_value_heads = 1 is not divisible by topology.tp = 2",
+    )
+    assert cli("config", "validate", "--config", config, "--set", "topology.tp=1").code == 0
+
+    spec = RunSpec.model_validate(apply_overrides(TINY, [*ARGS, *overrides]))  # unchecked
+    env = DistEnv(rank=0, world_size=2, local_rank=0, device=torch.device("cpu"))
+    with pytest.raises(DllmError) as info:
+        Trainer(spec, tmp_path, env).build_model()
+    assert "num_attention_heads = 3 is not divisible by topology.tp = 2" in info.value.message
+    assert "num_key_value_heads = 1" in info.value.message

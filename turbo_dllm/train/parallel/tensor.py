@@ -1,0 +1,93 @@
+"""Tensor parallelism (Megatron style) applied to a plain decoder from outside (torchtitan's way).
+
+Inside every decoder layer the two matmul pairs are split over the `tp` ranks so that each pair
+needs one all-reduce in the forward pass and one in the backward pass:
+
+* attention: q_proj, k_proj, v_proj column-wise (each rank computes num_heads / tp query heads and
+  num_kv_heads / tp key/value heads, so the GQA ratio is unchanged), o_proj row-wise (its partial
+  sums are all-reduced into the replicated residual stream);
+* MLP: gate_proj and up_proj column-wise (intermediate_size / tp columns), down_proj row-wise.
+
+The attention code reads head counts from tensor shapes, so the attention backends and the
+CSBP / CP objects simply see fewer heads; nothing in them knows about tp. Qwen3's q/k norms act
+on head_dim, so every rank applies the whole (replicated) weight to its local heads; each rank's
+weight gradient then covers only its heads, so the norms run as DTensors sharded on the head
+dimension (`SequenceParallel(sequence_dim=2)`), which all-reduces that gradient over tp.
+
+Not sharded (replicated on every tp rank): token embeddings, the RMSNorms, the final norm and the
+(tied) LM head. Their cost: each tp rank stores the full embedding/head matrix and recomputes the
+head's chunked cross-entropy over all of its tokens, and the residual stream is whole on every
+rank (no sequence parallelism). For the dense models trained here the head is a small part of the
+FLOPs and FSDP2 still shards these weights over the data-parallel ranks; sharding the vocabulary
+would need a vocab-parallel cross-entropy inside the objective's chunked head.
+
+Because every tp rank of a group holds the same residual stream, the same loss and the same full
+gradients of the replicated parameters, reductions over ranks (token counts, loss sums, FLOPs)
+must count one rank per tp group: the trainer reduces them over the `loss` mesh, which has no
+tp dimension.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from turbo_dllm.errors import DllmError
+
+if TYPE_CHECKING:
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from turbo_dllm.train.models.config import DecoderConfig
+
+__all__ = ["apply_tensor_parallel", "check_tensor_parallel", "tensor_parallel_problems"]
+
+
+def tensor_parallel_problems(config: DecoderConfig, tp: int) -> list[str]:
+    """Why `config` cannot be split over `tp` ranks; empty when it can."""
+    if tp <= 1:
+        return []
+    found = []
+    for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        value = getattr(config, field)
+        if value % tp:
+            found.append(f"{field} = {value} is not divisible by topology.tp = {tp}")
+    return found
+
+
+def check_tensor_parallel(config: DecoderConfig, tp: int) -> None:
+    """Raise a DllmError naming every dimension that `tp` does not divide."""
+    found = tensor_parallel_problems(config, tp)
+    if found:
+        heads, kv = config.num_attention_heads, config.num_key_value_heads
+        raise DllmError(
+            "tensor parallelism cannot split this model: " + "; ".join(found),
+            hint=f"choose a topology.tp that divides the attention heads ({heads}), the "
+            f"key/value heads ({kv}) and intermediate_size ({config.intermediate_size}), "
+            f"or use fsdp / cp / bp for the remaining GPUs",
+        )
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Shard every decoder layer's projections over `tp_mesh` (in place, before FSDP2)."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        RowwiseParallel,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    check_tensor_parallel(model.config, tp_mesh.size())
+    plan = {
+        "self_attn.q_proj": ColwiseParallel(),
+        "self_attn.k_proj": ColwiseParallel(),
+        "self_attn.v_proj": ColwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(),
+        "mlp.gate_proj": ColwiseParallel(),
+        "mlp.up_proj": ColwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(),
+    }
+    if model.config.qk_norm:  # input (B, S, local heads, head_dim): heads are dim 2
+        plan["self_attn.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+        plan["self_attn.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+    for layer in model.model.layers:
+        parallelize_module(layer, tp_mesh, plan)
