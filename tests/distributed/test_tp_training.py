@@ -25,8 +25,14 @@ def _grad_norms(run_dir):
     return [record["grad_norm"] for record in metrics(run_dir)]
 
 
+def _flops(run_dir, world: int) -> list[float]:
+    """Model FLOPs of each step, back from the logged MFU (DLLM_PEAK_TFLOPS=1 per GPU)."""
+    return [r["mfu"] * r["step_time_s"] * 1e12 * world for r in metrics(run_dir)]
+
+
 @pytest.mark.slow
-def test_tp2_matches_one_process_resumes_at_tp1_and_exports(tmp_path):
+def test_tp2_matches_one_process_resumes_at_tp1_and_exports(tmp_path, monkeypatch):
+    monkeypatch.setenv("DLLM_PEAK_TFLOPS", "1")  # an MFU on CPU, to read the FLOPs back
     single, tp2 = tmp_path / "single", tmp_path / "tp2"
     train(tiny_spec(*ARGS), single)
     config = write_config(tmp_path / "train.yaml", *ARGS)
@@ -34,6 +40,8 @@ def test_tp2_matches_one_process_resumes_at_tp1_and_exports(tmp_path):
     torchrun(2, *run, str(tp2), "--set", "topology.tp=2", cwd=tmp_path)
     torch.testing.assert_close(losses(tp2), losses(single), **TOL)
     torch.testing.assert_close(_grad_norms(tp2), _grad_norms(single), **TOL)
+    # Each tp group counted once: the same model FLOPs as one process, spread over 2 GPUs.
+    torch.testing.assert_close(_flops(tp2, 2), _flops(single, 1), rtol=1e-6, atol=0)
     assert '"world_size": 2' in (tp2 / "checkpoints/step_00000002/checkpoint.json").read_text()
 
     # tp = 2 checkpoint -> one process: the next steps continue the single-process trace.
@@ -45,21 +53,28 @@ def test_tp2_matches_one_process_resumes_at_tp1_and_exports(tmp_path):
     # Export of the tp-trained checkpoint: whole HF tensors equal to the single-process ones.
     from safetensors.torch import load_file
 
-    export_checkpoint(tp2 / "checkpoints", tmp_path / "hf-tp2")
     export_checkpoint(single / "checkpoints", tmp_path / "hf-single")
-    got = load_file(str(tmp_path / "hf-tp2/model.safetensors"))
     want = load_file(str(tmp_path / "hf-single/model.safetensors"))
-    assert sorted(got) == sorted(want)
-    for name, tensor in want.items():
-        assert got[name].shape == tensor.shape, name
-        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
 
-    # tp = 1 checkpoint -> tp = 2 x fsdp = 2 on 4 processes continues the same trace.
+    def assert_exports_match(run_dir, name):
+        export_checkpoint(run_dir / "checkpoints", tmp_path / name)
+        got = load_file(str(tmp_path / name / "model.safetensors"))
+        assert sorted(got) == sorted(want)
+        for key, tensor in want.items():
+            assert got[key].shape == tensor.shape, key
+            torch.testing.assert_close(got[key], tensor, rtol=1e-4, atol=1e-5, msg=key)
+
+    assert_exports_match(tp2, "hf-tp2")
+
+    # tp = 1 checkpoint -> tp = 2 x fsdp = 2 on 4 processes (with activation checkpointing)
+    # continues the same trace.
     both = tmp_path / "tp2-fsdp2"
     torchrun(
         4,
         *run,
         str(both),
+        "--set",
+        "training.activation_checkpointing=true",
         "--set",
         "topology.tp=2",
         "--set",
@@ -73,6 +88,8 @@ def test_tp2_matches_one_process_resumes_at_tp1_and_exports(tmp_path):
     assert [r["step"] for r in metrics(both)] == [3, 4]
     torch.testing.assert_close(losses(both), losses(single)[2:], **TOL)
     torch.testing.assert_close(_grad_norms(both), _grad_norms(single)[2:], **TOL)
+    torch.testing.assert_close(_flops(both, 4), _flops(single, 1)[2:], rtol=1e-6, atol=0)
+    assert_exports_match(both, "hf-tp2-fsdp2")  # saved as 2-D (fsdp x tp) DTensors
 
 
 def test_heads_not_divisible_by_tp_fail_validation_and_the_trainer(cli, tmp_path):
@@ -103,3 +120,33 @@ def test_heads_not_divisible_by_tp_fail_validation_and_the_trainer(cli, tmp_path
         Trainer(spec, tmp_path, env).build_model()
     assert "num_attention_heads = 3 is not divisible by topology.tp = 2" in info.value.message
     assert "num_key_value_heads = 1" in info.value.message
+
+
+def test_launch_dry_run_and_doctor_accept_tp(cli, tmp_path, monkeypatch):
+    """The launch compiler puts tp innermost in the world size; doctor's launch checks pass."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "sm90,sm90,sm90,sm90")
+    config = write_config(tmp_path / "train.yaml", *ARGS, "topology.tp=2", "topology.fsdp=2")
+    result = cli("launch", "--config", config, "--dry-run", "--json")
+    assert result.code == 0, result.err
+    plan = json.loads(result.out)["plan"]
+    assert plan["world_sizes"] == [4]
+    assert {a["name"]: a["degree"] for a in plan["mesh"]} == {
+        "dp": 1,
+        "fsdp": 2,
+        "context": 1,
+        "tp": 2,
+    }
+    assert [(r["coords"]["fsdp"], r["coords"]["tp"]) for r in plan["ranks"]] == [
+        (0, 0),
+        (0, 1),
+        (1, 0),
+        (1, 1),
+    ]
+    result = cli("doctor", "--config", config, "--world-size", "4", "--json")
+    checks = {c["name"]: c for c in json.loads(result.out)["checks"]}
+    assert checks["config"]["status"] == "pass", checks["config"]
+    assert checks["world size"]["status"] == "pass", checks["world size"]
+    assert "*2 = 4" in checks["world size"]["detail"]

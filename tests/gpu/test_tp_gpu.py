@@ -3,7 +3,7 @@
 The CPU equivalence case of tests/distributed/test_tp_model.py (tp = 2: loss, every gradient,
 clipped gradient norm, an optimizer step over the mixed parameter kinds) on cuda:0 and cuda:1 with
 the dense reference attention and with FlexAttention, then a 2-process `dllm train` with
-tp = 2 in bfloat16 against one GPU.
+tp = 2 in bfloat16 against one GPU (also compiled, with activation checkpointing).
 """
 
 from __future__ import annotations
@@ -44,13 +44,17 @@ def test_tp2_nccl_loss_and_gradients_equal_one_gpu(tmp_path):
             assert found[key] < 1e-3, (attention, key, found)  # fp32; TF32 off by default
 
 
-def test_tp2_train_bf16_matches_one_gpu(tmp_path):
-    """`dllm train` (bf16 autocast, flex attention, fused AdamW path) at tp = 2 vs one GPU."""
+@pytest.mark.parametrize(
+    "wrappers", [(), ("training.compile=true", "training.activation_checkpointing=true")]
+)
+def test_tp2_train_bf16_matches_one_gpu(tmp_path, wrappers):
+    """`dllm train` (bf16 autocast, flex attention) at tp = 2 vs one GPU, plain and with
+    torch.compile + activation checkpointing applied after tensor parallelism."""
     from tests.train.test_distributed import torchrun
     from tests.train.util import losses, tiny_spec, write_config
     from turbo_dllm.train.entry import train
 
-    args = ("training.steps=4", "model.attention=flex", "checkpoint.interval=null")
+    args = ("training.steps=4", "model.attention=flex", "checkpoint.interval=null", *wrappers)
     train(tiny_spec(*args), tmp_path / "one")
     config = write_config(tmp_path / "train.yaml", *args)
     run_dir = tmp_path / "tp2"
