@@ -25,7 +25,11 @@ from turbo_dllm.train.models import build_model, materialize, resolve_model_conf
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.plan import build_sequence_plan
-from turbo_dllm.train.parallel.tensor import apply_tensor_parallel, check_tensor_parallel
+from turbo_dllm.train.parallel.tensor import (
+    apply_tensor_parallel,
+    check_tensor_parallel,
+    replicate_partial_grads,
+)
 
 SEQ_LEN, BLOCK, ROWS, MASK_ID = 64, 8, 2, 511
 RTOL = 5e-5  # float32, different summation orders
@@ -105,6 +109,13 @@ def _run_case(
     )
     loss = local / denominator
     (loss * dims.grad_average_size).backward()  # FSDP averages over the non-tp ranks
+    replicate_partial_grads(model.parameters())  # as the trainer does before clipping
+    pending = [
+        n
+        for n, p in model.named_parameters()
+        if isinstance(p.grad, DTensor) and p.grad.placements != p.placements
+    ]
+    assert not pending, pending  # every gradient in its parameter's layout for the optimizer
     total = loss.detach().clone()
     dist.all_reduce(total, group=dims.loss_group())
     want = float(single_loss.detach())

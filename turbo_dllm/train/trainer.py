@@ -50,7 +50,11 @@ from turbo_dllm.train.models import build_model, materialize, resolve_model_conf
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.plan import build_sequence_plan
-from turbo_dllm.train.parallel.tensor import apply_tensor_parallel, check_tensor_parallel
+from turbo_dllm.train.parallel.tensor import (
+    apply_tensor_parallel,
+    check_tensor_parallel,
+    replicate_partial_grads,
+)
 from turbo_dllm.train.schedules import build_scheduler
 
 __all__ = ["Trainer"]
@@ -301,6 +305,8 @@ class Trainer:
 
     def _clip_gradients(self) -> float:
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.dims.tp > 1:
+            replicate_partial_grads(params)
         return clip_grad_norm(params, self.spec.training.clip_grad_norm)
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:

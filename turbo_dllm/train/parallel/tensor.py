@@ -12,7 +12,10 @@ The attention code reads head counts from tensor shapes, so the attention backen
 CSBP / CP objects simply see fewer heads; nothing in them knows about tp. Qwen3's q/k norms act
 on head_dim, so every rank applies the whole (replicated) weight to its local heads; each rank's
 weight gradient then covers only its heads, so the norms run as DTensors sharded on the head
-dimension (`SequenceParallel(sequence_dim=2)`), which all-reduces that gradient over tp.
+dimension (`SequenceParallel(sequence_dim=2)`): their gradient comes out as a pending sum over tp
+(`Partial`). FSDP2 reduces it with its own gradient reduction; without FSDP (tp alone)
+`replicate_partial_grads` all-reduces it once before clipping, instead of letting every
+optimizer op redistribute it again.
 
 Not sharded (replicated on every tp rank): token embeddings, the RMSNorms, the final norm and the
 (tied) LM head. Their cost: each tp rank stores the full embedding/head matrix and recomputes the
@@ -39,7 +42,12 @@ if TYPE_CHECKING:
 
     from turbo_dllm.train.models.config import DecoderConfig
 
-__all__ = ["apply_tensor_parallel", "check_tensor_parallel", "tensor_parallel_problems"]
+__all__ = [
+    "apply_tensor_parallel",
+    "check_tensor_parallel",
+    "replicate_partial_grads",
+    "tensor_parallel_problems",
+]
 
 
 def tensor_parallel_problems(config: DecoderConfig, tp: int) -> list[str]:
@@ -91,3 +99,13 @@ def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
         plan["self_attn.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, plan)
+
+
+def replicate_partial_grads(params) -> None:
+    """All-reduce gradients still pending a sum over tp (`Partial`) into the parameter's layout."""
+    from torch.distributed.tensor import DTensor
+
+    for param in params:
+        grad = param.grad
+        if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
+            param.grad = grad.redistribute(grad.device_mesh, param.placements)
