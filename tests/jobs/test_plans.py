@@ -318,15 +318,15 @@ def test_bad_nnodes_is_a_user_error(cli, spec_file):
 
 
 def test_rank_coordinates_put_tensor_parallel_innermost(spec_file):
-    spec = load_runspec(spec_file, ["topology.dp=2", "topology.fsdp=2"])
-    # tp is not available yet in this version, so build the mesh from dp x fsdp only.
+    spec = load_runspec(spec_file, ["topology.dp=2", "topology.tp=2"])
     plan = compile_plan(
         spec,
         LaunchOptions(nproc_per_node=2, nnodes=NodeRange(2, 2), master_addr="h", node_rank=0),
         HostView(gpus=("H200",) * 2, cpu_count=8),
         run_dir=spec_file.parent / "r",
     )
-    coords = [(r.node_rank, r.coords["dp"], r.coords["fsdp"]) for r in plan.ranks]
+    # The two tp ranks of a data-parallel replica share a node (NVLink), replicas span nodes.
+    coords = [(r.node_rank, r.coords["dp"], r.coords["tp"]) for r in plan.ranks]
     assert coords == [(0, 0, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1)]
     assert plan.env["OMP_NUM_THREADS"] == "4"
 
