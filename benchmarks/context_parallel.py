@@ -145,12 +145,28 @@ def worker(args) -> int:
         if args.memory_limit_gb and env.device.type != "cuda" and peak > args.memory_limit_gb:
             finish("oom", peak_gb=peak, note="peak RSS above --memory-limit-gb")
             return 0
-        finish("ok", step_times_s=times, peak_gb=peak, **_device_facts(args, env.device))
+        facts = {**_device_facts(args, env.device), **_allocator_state(env.device)}
+        finish("ok", step_times_s=times, peak_gb=peak, **facts)
         return 0
     except torch.OutOfMemoryError as error:
-        finish("oom", error=str(error).splitlines()[0])
+        # What the allocator held when it gave up: reserved far above allocated = fragmentation.
+        finish("oom", error=str(error).splitlines()[0], **_allocator_state(env.device))
         sys.stdout.flush()
         os._exit(3)  # peers may be blocked in a collective: torchrun tears the job down
+
+
+def _allocator_state(device) -> dict[str, float]:
+    """Allocated vs reserved memory now and at peak (GB), CUDA only."""
+    import torch
+
+    if device.type != "cuda":
+        return {}
+    gb = 1e9
+    return {
+        "allocated_gb": torch.cuda.memory_allocated(device) / gb,
+        "reserved_gb": torch.cuda.memory_reserved(device) / gb,
+        "peak_reserved_gb": torch.cuda.max_memory_reserved(device) / gb,
+    }
 
 
 def _device_facts(args, device) -> dict[str, Any]:
@@ -225,6 +241,11 @@ def measure(args, mode: str, gpus: int, seq_len: int, *, steps: int, warmup: int
     statuses = {r["status"] for r in ranks}
     if "oom" in statuses:
         result["status"] = "oom"
+        result["oom_ranks"] = [
+            {k: r[k] for k in ("rank", "allocated_gb", "reserved_gb") if k in r}
+            for r in ranks
+            if r["status"] == "oom"
+        ]
     elif timed_out:
         result["status"] = "timeout"
     elif proc.returncode != 0 or statuses != {"ok"} or len(ranks) != gpus:
@@ -238,6 +259,7 @@ def measure(args, mode: str, gpus: int, seq_len: int, *, steps: int, warmup: int
             step_time_s=step,
             tokens_per_s=seq_len / step,
             peak_gb_per_gpu=max(r["peak_gb"] for r in ranks),
+            peak_reserved_gb_per_gpu=max(r.get("peak_reserved_gb", 0.0) for r in ranks),
             device=ranks[0].get("device"),
             capacity_gb=ranks[0].get("capacity_gb"),
         )
@@ -319,7 +341,8 @@ def search(args, gpus: int, mode: str, deadline: float, found: dict, save) -> di
             break
         r = measure(args, mode, gpus, length, steps=1, warmup=0, probe=not args.full_probe)
         slowest = max(slowest, r["wall_s"])
-        trials.append({k: r.get(k) for k in ("seq_len", "status", "peak_gb_per_gpu", "wall_s")})
+        keys = ("seq_len", "status", "peak_gb_per_gpu", "peak_reserved_gb_per_gpu", "wall_s")
+        trials.append({k: r.get(k) for k in keys} | {"oom_ranks": r.get("oom_ranks")})
         if r["status"] == "ok":
             fit = length
             peaks.append((length, r["peak_gb_per_gpu"]))
