@@ -93,7 +93,7 @@ def _run_case(
     single_loss = single_loss / denominator
     single_loss.backward()
     expected = {n: p.grad.clone() for n, p in single.named_parameters()}
-    expected_norm = clip_grad_norm(list(single.parameters()), 0.5)
+    expected_norm = float(clip_grad_norm(list(single.parameters()), 0.5))
 
     # --- the parallel run (the trainer's order) ----------------------------------------------
     plan = build_sequence_plan(dims, build_attention(attention, cpu))
@@ -131,7 +131,7 @@ def _run_case(
         grad_error = max(grad_error, float((grad - ref).abs().max()) / scale)
     errors["grads"] = grad_error
     errors["tp_sharded_params"] = sharded
-    norm = clip_grad_norm(list(model.parameters()), 0.5)
+    norm = float(clip_grad_norm(list(model.parameters()), 0.5))
     errors["norm"] = abs(norm - expected_norm) / expected_norm
     # After clipping every gradient is scaled by the same factor as the single-rank one.
     clipped = 0.0

@@ -95,8 +95,11 @@ def apply_fsdp(model: nn.Module, mesh, *, reshard_after_forward: bool = True) ->
     fully_shard(model, mesh=mesh, reshard_after_forward=False)
 
 
-def clip_grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
-    """Clip gradients to a global L2 norm; returns the norm before clipping.
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:
+    """Clip gradients to a global L2 norm; returns the norm before clipping (a 0-d tensor).
+
+    The norm stays on the device: reading it here would stall the host until the backward has
+    finished, leaving the GPU idle while the optimizer step is launched.
 
     torch's `clip_grad_norm_` stacks the per-parameter norms, which fails when DTensor gradients
     live on different meshes (tensor parallelism: 2-D dp x tp and 1-D dp). Here the norm is
@@ -114,7 +117,7 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
             by_mesh.setdefault(mesh, []).append(param)
     if len(by_mesh) <= 1:
         norm = torch.nn.utils.clip_grad_norm_(params, limit, foreach=True)
-        return float(norm.full_tensor() if isinstance(norm, DTensor) else norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
     squares = []
     for group in by_mesh.values():
         norm = torch.nn.utils.get_total_norm([p.grad for p in group], 2.0, foreach=True)
@@ -124,4 +127,4 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float | None) -> float:
     if max_norm is not None:
         for group in by_mesh.values():
             torch.nn.utils.clip_grads_with_norm_(group, limit, total, foreach=True)
-    return float(total)
+    return total

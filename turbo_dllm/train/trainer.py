@@ -296,14 +296,11 @@ class Trainer:
         flops /= self.plan.context_size  # each rank of a context group counted the whole batch
         totals = torch.stack([loss_sum.float(), torch.tensor(flops, device=self.device)])
         self._all_reduce(totals)
-        return {
-            "loss": float(totals[0]),
-            "flops": float(totals[1]),
-            "grad_norm": grad_norm,
-            "lr": lr,
-        }
+        # The step's one host sync: everything above was queued without waiting on the device.
+        loss, flops, grad_norm = torch.cat([totals, grad_norm.reshape(1).to(totals)]).tolist()
+        return {"loss": loss, "flops": flops, "grad_norm": grad_norm, "lr": lr}
 
-    def _clip_gradients(self) -> float:
+    def _clip_gradients(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.dims.tp > 1:
             replicate_partial_grads(params)
