@@ -31,9 +31,8 @@ for stage in "$@"; do
     train-exp) # where the step's time goes, and the variants worth trying (ours only)
       python3 benchmarks/train_step.py --no-baseline --profile "$OUT/train_profile.txt" \
         --out "$OUT/ts_default.json" 2>&1 | tail -3 || status=1
-      python3 benchmarks/train_step.py --no-baseline --micro-batch 2 --out "$OUT/ts_mb2.json" 2>&1 | tail -2 || status=1
-      timeout 300 python3 benchmarks/train_step.py --no-baseline --inductor max_autotune=True \
-        --out "$OUT/ts_autotune.json" 2>&1 | tail -2 || status=1 ;;
+      # (--inductor max_autotune=True over the whole model did not finish compiling in 300 s)
+      python3 benchmarks/train_step.py --no-baseline --micro-batch 2 --out "$OUT/ts_mb2.json" 2>&1 | tail -2 || status=1 ;;
     flex-tune) python3 benchmarks/flex_tune.py --autotune --out "$OUT/flex_tune.json" 2>&1 \
           | grep -v "^\s*$" | tee "$OUT/flex_tune.log" | grep -E "ms|AUTOTUNE|BLOCK|failed" | tail -60 || status=1 ;;
     tests2) python3 -m pytest -q -p no:cacheprovider tests/distributed/test_csbp_gpu.py \
