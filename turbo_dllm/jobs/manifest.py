@@ -12,14 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from turbo_dllm.errors import DllmError, describe_validation_error
-from turbo_dllm.fsutil import fsync_dir
+from turbo_dllm.fsutil import synced_temp_file
 from turbo_dllm.jobs.plan import JobPlan
 
 __all__ = [
@@ -174,12 +173,7 @@ def write_exclusive(path: Path, data: bytes) -> Path:
     The bytes go to a temporary file in the same folder (fsynced), which is then hard-linked to
     the final name; link() fails if the name exists, so two writers cannot both win.
     """
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-            handle.flush()
-            os.fsync(handle.fileno())
+    with synced_temp_file(path, data) as tmp:
         try:
             os.link(tmp, path)
         except FileExistsError:
@@ -191,10 +185,6 @@ def write_exclusive(path: Path, data: bytes) -> Path:
             if path.exists():
                 raise DllmError(f"{path} already exists; a run dir holds one job") from None
             os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    fsync_dir(path.parent)
     return path
 
 
