@@ -8,14 +8,10 @@ the same trace (DCP reshards it).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.train.util import metrics, tiny_spec, write_config
+from tests.train.util import metrics, tiny_spec, torchrun, write_config
 from turbo_dllm.train.entry import train
 
 ARGS = ("training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=2")
@@ -30,28 +26,10 @@ def assert_same_trace(run, reference, start: int = 0) -> None:
         torch.testing.assert_close(got, want, **TOL, msg=lambda m, k=key: f"{k}: {m}")
 
 
-def torchrun(nproc: int, config, run_dir, *overrides: str) -> None:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "turbo_dllm",
-        "train",
-        "--config",
-        str(config),
-        "--run-dir",
-        str(run_dir),
-    ]
-    for override in overrides:
-        command += ["--set", override]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        command, cwd=run_dir.parent, env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+def train_under_torchrun(nproc: int, config, run_dir, *overrides: str) -> None:
+    sets = [arg for override in overrides for arg in ("--set", override)]
+    run = ["train", "--config", str(config), "--run-dir", str(run_dir), *sets]
+    torchrun(nproc, *run, cwd=run_dir.parent)
 
 
 @pytest.fixture(scope="module")
@@ -69,7 +47,7 @@ def single(tmp_path_factory):
 def test_csbp_run_matches_one_process_and_resumes_there(tmp_path, single):
     config = write_config(tmp_path / "train.yaml", *ARGS)
     csbp = tmp_path / "csbp"
-    torchrun(2, config, csbp, "topology.bp=2", "topology.cp=2")
+    train_under_torchrun(2, config, csbp, "topology.bp=2", "topology.cp=2")
     assert_same_trace(csbp, single["block_diffusion"])
     resumed = tmp_path / "resumed"
     train(tiny_spec(*ARGS, f"checkpoint.resume={csbp / 'checkpoints/step_00000002'}"), resumed)
@@ -93,5 +71,5 @@ def test_fast_dllm_v2_under_context_parallelism_matches_one_process(
 ):
     config = write_config(tmp_path / "train.yaml", *ARGS, "objective.name=fast_dllm_v2")
     run = tmp_path / "run"
-    torchrun(nproc, config, run, *topology)
+    train_under_torchrun(nproc, config, run, *topology)
     assert_same_trace(run, single["fast_dllm_v2"])

@@ -12,8 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.train.test_distributed import torchrun
-from tests.train.util import TINY, losses, metrics, tiny_spec, write_config
+from tests.train.util import TINY, losses, metrics, tiny_spec, torchrun, write_config
 from turbo_dllm.train.entry import train
 from turbo_dllm.train.export import export_checkpoint
 

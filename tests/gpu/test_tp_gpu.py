@@ -50,8 +50,7 @@ def test_tp2_nccl_loss_and_gradients_equal_one_gpu(tmp_path):
 def test_tp2_train_bf16_matches_one_gpu(tmp_path, wrappers):
     """`dllm train` (bf16 autocast, flex attention) at tp = 2 vs one GPU, plain and with
     torch.compile + activation checkpointing applied after tensor parallelism."""
-    from tests.train.test_distributed import torchrun
-    from tests.train.util import losses, tiny_spec, write_config
+    from tests.train.util import losses, tiny_spec, torchrun, write_config
     from turbo_dllm.train.entry import train
 
     args = ("training.steps=4", "model.attention=flex", "checkpoint.interval=null", *wrappers)

@@ -2,34 +2,13 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import pytest
 import torch
 
-from tests.train.util import losses, metrics, tiny_spec, write_config
+from tests.train.util import losses, metrics, tiny_spec, torchrun, write_config
 from turbo_dllm.train.entry import train
 
 ARGS = ("training.steps=6", "checkpoint.interval=3", "checkpoint.keep_last=2")
-
-
-def torchrun(nproc: int, *args: str, cwd) -> subprocess.CompletedProcess:
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        f"--nproc-per-node={nproc}",
-        "-m",
-        "turbo_dllm",
-        *args,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return proc
 
 
 @pytest.mark.slow

@@ -1,8 +1,11 @@
-"""Small helpers for the trainer tests: a tiny RunSpec and reading metrics."""
+"""Small helpers for the trainer tests: a tiny RunSpec, reading metrics, torchrun."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +52,20 @@ def metrics(run_dir: Path) -> list[dict[str, Any]]:
 
 def losses(run_dir: Path) -> list[float]:
     return [record["loss"] for record in metrics(run_dir)]
+
+
+def torchrun(nproc: int, *args: str, cwd) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        "-m",
+        "turbo_dllm",
+        *args,
+    ]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc
