@@ -9,16 +9,11 @@ that splits a diffusion block across two ranks must NOT match (the harness can f
 
 from __future__ import annotations
 
-import json
-import os
-import traceback
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from tests.distributed.harness import errors_per_world
 from turbo_dllm.train.parallel.cp import CpAttention
 from turbo_dllm.train.parallel.csbp import CsbpAttention
 from turbo_dllm.train.parallel.dims import ParallelDims
@@ -28,39 +23,6 @@ from turbo_dllm.train.parallel.visibility import dense_mask, two_stream_tokens
 
 TOLERANCE = 5e-6  # float64 inputs; the merge op takes float32 log-sum-exps
 HEADS, KV_HEADS, HEAD_DIM, BATCH = 4, 2, 16, 2  # head_dim >= 16 for flex on GPU
-
-
-# --- harness (also used by the training tests) ------------------------------------------------
-def _entry(rank: int, world: int, store: str, fn, args, backend: str) -> None:
-    if backend == "nccl":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
-    try:
-        fn(rank, world, *args)
-    except Exception:
-        traceback.print_exc()
-        raise
-    finally:
-        dist.destroy_process_group()
-
-
-def run_gloo(fn, world: int, tmp_path: Path, *args, backend: str = "gloo") -> None:
-    """Run fn(rank, world, *args) on `world` processes (module-level fn, picklable args)."""
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    store = tmp_path / f"store-{world}"
-    mp.spawn(_entry, args=(world, str(store), fn, args, backend), nprocs=world, join=True)
-
-
-def errors_per_world(worker, worlds, tmp_path_factory, prefix: str) -> dict[int, dict]:
-    """Run worker(rank, world, results_path) for each world size; rank 0 writes a JSON dict of
-    case name -> error, returned here keyed by world size."""
-    found = {}
-    for world in worlds:
-        tmp = tmp_path_factory.mktemp(f"{prefix}-{world}")
-        results = tmp / "errors.json"
-        run_gloo(worker, world, tmp, str(results))
-        found[world] = json.loads(results.read_text())
-    return found
 
 
 # --- cases -----------------------------------------------------------------------------------
@@ -169,18 +131,13 @@ def _run_case(world, mode, cp, bp, seq_len, block_size, device="cpu", backend="r
     return float(error)
 
 
-def _worker(rank: int, world: int, results: str) -> None:
-    errors = {
-        name: _run_case(world, mode, cp, bp, seq_len, block)
-        for name, mode, cp, bp, seq_len, block in CASES[world]
-    }
-    if rank == 0:
-        Path(results).write_text(json.dumps(errors))
+def _named_case(world: int, name: str, *params) -> float:
+    return _run_case(world, *params)
 
 
 @pytest.fixture(scope="module")
 def errors(tmp_path_factory):
-    return errors_per_world(_worker, CASES, tmp_path_factory, "attn")
+    return errors_per_world(_named_case, CASES, tmp_path_factory, "attn")
 
 
 @pytest.mark.parametrize(

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.test_csbp_attention import _run_case, run_gloo
+from tests.distributed.harness import run_gloo
+from tests.distributed.test_csbp_attention import _run_case
 from turbo_dllm.train.parallel.csbp import CsbpAttention
 from turbo_dllm.train.parallel.layout import CsbpLayout
 

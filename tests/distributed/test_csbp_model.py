@@ -9,15 +9,13 @@ full gradients must match a single process running every batch whole.
 
 from __future__ import annotations
 
-import json
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed.test_csbp_attention import errors_per_world
+from tests.distributed.harness import errors_per_world
 from turbo_dllm.config.runspec import ObjectiveSpec
 from turbo_dllm.train.attention import ReferenceAttention
 from turbo_dllm.train.models import build_model, materialize, resolve_model_config
@@ -137,15 +135,9 @@ def _run_case(world: int, name: str, cp: int, bp: int, objective_name: str) -> f
     return error
 
 
-def _worker(rank: int, world: int, results: str) -> None:
-    errors = {c[0]: _run_case(world, *c) for c in CASES[world]}
-    if rank == 0:
-        Path(results).write_text(json.dumps(errors))
-
-
 @pytest.fixture(scope="module")
 def errors(tmp_path_factory):
-    return errors_per_world(_worker, CASES, tmp_path_factory, "model")
+    return errors_per_world(_run_case, CASES, tmp_path_factory, "model")
 
 
 @pytest.mark.parametrize(

@@ -8,15 +8,13 @@ objective on their share of the batch and backpropagate. The summed loss, the fu
 
 from __future__ import annotations
 
-import json
 from functools import partial
-from pathlib import Path
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed.test_csbp_attention import errors_per_world
+from tests.distributed.harness import errors_per_world
 from turbo_dllm.config.runspec import ObjectiveSpec
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train.attention import build_attention
@@ -148,15 +146,9 @@ def _run_case(
     return errors
 
 
-def _worker(rank: int, world: int, results: str) -> None:
-    errors = {c[0]: _run_case(world, *c) for c in CASES[world]}
-    if rank == 0:
-        Path(results).write_text(json.dumps(errors))
-
-
 @pytest.fixture(scope="module")
 def errors(tmp_path_factory):
-    return errors_per_world(_worker, CASES, tmp_path_factory, "tp-model")
+    return errors_per_world(_run_case, CASES, tmp_path_factory, "tp-model")
 
 
 @pytest.mark.parametrize("world,name", [(w, c[0]) for w, cases in CASES.items() for c in cases])

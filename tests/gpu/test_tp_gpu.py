@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.distributed.test_csbp_attention import run_gloo
+from tests.distributed.harness import run_gloo
 from tests.distributed.test_tp_model import _run_case
 
 pytestmark = [

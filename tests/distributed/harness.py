@@ -1,0 +1,51 @@
+"""Real multi-process runs for the parallel tests: spawn ranks, collect per-case errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def _entry(rank: int, world: int, store: str, fn, args, backend: str) -> None:
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
+    try:
+        fn(rank, world, *args)
+    except Exception:
+        traceback.print_exc()
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gloo(fn, world: int, tmp_path: Path, *args, backend: str = "gloo") -> None:
+    """Run fn(rank, world, *args) on `world` processes (module-level fn, picklable args)."""
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    store = tmp_path / f"store-{world}"
+    mp.spawn(_entry, args=(world, str(store), fn, args, backend), nprocs=world, join=True)
+
+
+def _cases_worker(rank: int, world: int, results: str, run_case, cases) -> None:
+    errors = {case[0]: run_case(world, *case) for case in cases[world]}
+    if rank == 0:
+        Path(results).write_text(json.dumps(errors))
+
+
+def errors_per_world(run_case, cases, tmp_path_factory, prefix: str) -> dict[int, dict]:
+    """For each world size in `cases` (world -> [(name, *params)]), run every case on that many
+    processes as run_case(world, name, *params) (a module-level function); rank 0's results,
+    name -> error, are returned keyed by world size."""
+    found = {}
+    for world in cases:
+        tmp = tmp_path_factory.mktemp(f"{prefix}-{world}")
+        results = tmp / "errors.json"
+        run_gloo(_cases_worker, world, tmp, str(results), run_case, cases)
+        found[world] = json.loads(results.read_text())
+    return found
