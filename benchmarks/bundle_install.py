@@ -39,6 +39,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.provenance import cpu_model, git_commit  # noqa: E402
 from turbo_dllm.bundles.archive import extract_bundle, pack_bundle  # noqa: E402
 from turbo_dllm.bundles.fetch import sha256_file  # noqa: E402
 from turbo_dllm.bundles.manifest import BundleFile, archive_name  # noqa: E402
@@ -157,29 +158,6 @@ def build_archive(work: Path) -> Path:
         "building the bundle for this host (dllm bundle build --target auto) ...", file=sys.stderr
     )
     return build_bundle(work / "dist", log=lambda line: print(line, file=sys.stderr)).archive
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def git_commit() -> str:
-    try:
-        return subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def main(argv: list[str] | None = None) -> int:

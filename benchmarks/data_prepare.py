@@ -39,6 +39,12 @@ from pathlib import Path
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.provenance import cpu_model, git_commit  # noqa: E402
+
 SPECIALS = ["<|dllm_eos|>", "<|dllm_pad|>", "<|dllm_mask|>"]
 
 
@@ -167,30 +173,6 @@ def run_turbo(corpus: Path, tokenizer: Path, out: Path, workers: str | int) -> d
     }
 
 
-def _commit() -> str:
-    try:
-        root = Path(__file__).resolve().parents[1]
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        )
-        return out.stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-
-
-def _cpu() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
 def _child(args) -> int:
     """One timed run in a fresh process (imports done before timing); result JSON on stdout."""
     import datasets  # noqa: F401  (import cost is not what we measure)
@@ -299,8 +281,8 @@ def main() -> int:
         result = {
             "benchmark": "data_prepare",
             "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d"),
-            "commit": _commit(),
-            "hardware": f"{_cpu()}, {os.cpu_count()} CPUs",
+            "commit": git_commit(),
+            "hardware": f"{cpu_model()}, {os.cpu_count()} CPUs",
             "python": platform.python_version(),
             "corpus_bytes": text_bytes,
             "corpus_files": files,
