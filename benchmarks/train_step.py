@@ -24,6 +24,7 @@ both sides, so the MFU ratio equals the speed ratio.
 from __future__ import annotations
 
 import argparse
+import ast
 import datetime
 import gc
 import json
@@ -34,6 +35,7 @@ import time
 from pathlib import Path
 
 import torch
+import torch._inductor.config
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -291,12 +293,8 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     for item in args.inductor:
-        import ast
-
-        import torch._inductor.config as inductor_config
-
         key, _, value = item.partition("=")
-        inductor_config.__setattr__(key, ast.literal_eval(value))
+        setattr(torch._inductor.config, key, ast.literal_eval(value))
     args.seq_len = args.seq_len or (128 if args.tiny else 8192)
     args.block_size = args.block_size or (16 if args.tiny else 32)
     args.steps = args.steps or (3 if args.tiny else 10)
