@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -44,3 +46,15 @@ def test_two_processes_match_one_and_checkpoint_reshards(tmp_path, axis):
     )
     assert [r["step"] for r in metrics(resumed)] == [4, 5, 6]
     torch.testing.assert_close(losses(resumed), losses(single)[3:], rtol=2e-5, atol=2e-5)
+
+
+def test_init_distributed_grows_allocator_segments_unless_the_user_chose(monkeypatch):
+    from turbo_dllm.train.distributed import ALLOC_CONF_VARIABLE, init_distributed
+
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    monkeypatch.delenv(ALLOC_CONF_VARIABLE, raising=False)
+    init_distributed()
+    assert os.environ[ALLOC_CONF_VARIABLE] == "expandable_segments:True"
+    monkeypatch.setenv(ALLOC_CONF_VARIABLE, "max_split_size_mb:512")
+    init_distributed()
+    assert os.environ[ALLOC_CONF_VARIABLE] == "max_split_size_mb:512"

@@ -21,6 +21,7 @@ import torch
 from torch import nn
 
 __all__ = [
+    "ALLOC_CONF_VARIABLE",
     "DistEnv",
     "apply_activation_checkpointing",
     "apply_compile",
@@ -29,6 +30,9 @@ __all__ = [
     "decoder_layers",
     "init_distributed",
 ]
+
+
+ALLOC_CONF_VARIABLE = "PYTORCH_CUDA_ALLOC_CONF"
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,10 @@ def init_distributed() -> DistEnv:
     """Join the process group torchrun set up (NCCL on GPU, gloo on CPU); no-op for 1 process."""
     import torch.distributed as dist
 
+    # Long-context steps allocate and free multi-GB tensors of changing sizes; growable segments
+    # keep the caching allocator from stranding them as fragments (torchtitan's default too).
+    # Read when CUDA first allocates, so it must be set before; a user's own setting wins.
+    os.environ.setdefault(ALLOC_CONF_VARIABLE, "expandable_segments:True")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
