@@ -128,4 +128,8 @@ class CsbpAttention:
         out_noisy, _ = self._merge(
             out_own, lse_own.float(), out_prefix[:, :, :ln], lse_prefix[:, :, :ln].float()
         )
-        return torch.cat([out_noisy.to(out_prefix.dtype), out_prefix[:, :, ln:]], dim=2)
+        # Concatenated in (B, S, H, D) memory order, the order the layer's output projection
+        # reads: its transpose + reshape is then a view, not a second copy of the output kept
+        # alive until the backward.
+        parts = [out_noisy.to(out_prefix.dtype), out_prefix[:, :, ln:]]
+        return torch.cat([part.transpose(1, 2) for part in parts], dim=1).transpose(1, 2)
