@@ -123,6 +123,7 @@ def worker(args) -> int:
         record.update(status=status, **extra)
         out.write_text(json.dumps(record))
 
+    snapshot = _start_memory_history(args, env)
     if env.device.type == "cuda" and args.memory_limit_gb:
         total = torch.cuda.get_device_properties(env.device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_limit_gb * 1e9 / total))
@@ -146,13 +147,33 @@ def worker(args) -> int:
             finish("oom", peak_gb=peak, note="peak RSS above --memory-limit-gb")
             return 0
         facts = {**_device_facts(args, env.device), **_allocator_state(env.device)}
+        snapshot()
         finish("ok", step_times_s=times, peak_gb=peak, **facts)
         return 0
     except torch.OutOfMemoryError as error:
         # What the allocator held when it gave up: reserved far above allocated = fragmentation.
+        snapshot()
         finish("oom", error=str(error).splitlines()[0], **_allocator_state(env.device))
         sys.stdout.flush()
         os._exit(3)  # peers may be blocked in a collective: torchrun tears the job down
+
+
+def _start_memory_history(args, env):
+    """With --memory-snapshot DIR (CUDA): record every allocation with its Python stack; the
+    returned function dumps the allocator's snapshot (what is alive, and where it was allocated)
+    to DIR for `benchmarks/memory_snapshot.py`. Rank 0 only: the ranks are symmetric."""
+    import torch
+
+    if not args.memory_snapshot or env.device.type != "cuda" or env.rank != 0:
+        return lambda: None
+    torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
+    target = Path(args.memory_snapshot) / f"{args.mode}-x{env.world_size}-{args.seq_len}.pickle"
+
+    def dump() -> None:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        torch.cuda.memory._dump_snapshot(str(target))
+
+    return dump
 
 
 def _allocator_state(device) -> dict[str, float]:
@@ -295,6 +316,8 @@ def _passthrough(args) -> list[str]:
         flags.append("--compile")
     if args.memory_limit_gb:
         flags += ["--memory-limit-gb", str(args.memory_limit_gb)]
+    if args.memory_snapshot:
+        flags += ["--memory-snapshot", str(Path(args.memory_snapshot).absolute())]
     return flags
 
 
@@ -505,6 +528,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-max", type=int, default=None, help="default 4194304 (tiny: 4096)")
     p.add_argument("--full-probe", action="store_true", help="search with full attention")
     p.add_argument("--memory-limit-gb", type=float, default=None, help="pretend GPUs are smaller")
+    p.add_argument("--memory-snapshot", help="CUDA: dump rank 0's allocator snapshot here")
     p.add_argument("--budget-s", type=float, default=540.0, help="wall budget of this run")
     p.add_argument("--trial-timeout-s", type=float, default=420.0)
     # worker-only

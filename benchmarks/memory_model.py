@@ -128,6 +128,7 @@ def _spec(args, cp: int, bp: int, world: int):
             "family": "qwen3",
             "from_config": "tiny",
             "attention": "reference",
+            "dtype": args.dtype,
             "config_overrides": {
                 "hidden_size": 256,
                 "intermediate_size": 768,
@@ -145,6 +146,7 @@ def _spec(args, cp: int, bp: int, world: int):
         "scheduler": {"name": "constant", "warmup_steps": 0},
         "checkpoint": {"resume": "never"},
         "logging": {"console": False, "jsonl": False},
+        "kernels": args.kernels,
     }
     return check(RunSpec.model_validate(document), world_size=world)
 
@@ -199,6 +201,8 @@ def main(argv=None) -> int:
     p.add_argument("--seq-len", type=int, default=4096)
     p.add_argument("--block-size", type=int, default=32)
     p.add_argument("--modes", default="whole,csbp,cp")
+    p.add_argument("--dtype", default="float32", help="parameter dtype; bfloat16 is the GPU case")
+    p.add_argument("--kernels", default="reference", help="merge op backend: reference|jit|native")
     p.add_argument("--top", type=int, default=10, help="largest live tensors to list")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)

@@ -27,3 +27,53 @@ def test_csbp_rank_holds_about_half_of_a_whole_sequence_rank(tmp_path):
         assert 0.5 * whole[0]["peak_mb"] < row["peak_mb"] < 0.75 * whole[0]["peak_mb"], rows
     # The peak's largest tensors are named, so a regression can be traced to its op.
     assert csbp[0]["largest"] and csbp[0]["largest"][0]["mb"] > 0
+
+
+def _load_snapshot_module():
+    import importlib.util
+
+    path = SCRIPT.parent / "memory_snapshot.py"
+    spec = importlib.util.spec_from_file_location("memory_snapshot", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_memory_snapshot_groups_live_blocks_by_our_allocating_line(tmp_path):
+    """The allocator snapshot summary: live blocks only, attributed to turbo_dllm's frame."""
+    import pickle
+
+    ours = {"filename": "/x/turbo_dllm/train/parallel/csbp.py", "line": 120, "name": "__call__"}
+    torch_frame = {"filename": "/y/torch/nn/functional.py", "line": 9, "name": "linear"}
+    snapshot = {
+        "segments": [
+            {
+                "total_size": 8 * 10**9,
+                "blocks": [
+                    {"size": 3 * 10**9, "state": "active_allocated", "frames": [torch_frame, ours]},
+                    {"size": 1 * 10**9, "state": "active_allocated", "frames": [torch_frame]},
+                    {"size": 2 * 10**9, "state": "inactive", "frames": [ours]},
+                ],
+            }
+        ],
+        "device_traces": [[{"action": "oom", "size": 5 * 10**9, "frames": [ours]}]],
+    }
+    path = tmp_path / "s.pickle"
+    path.write_bytes(pickle.dumps(snapshot))
+    report = _load_snapshot_module().summarise(pickle.loads(path.read_bytes()))
+    assert report["reserved_gb"] == 8 and report["allocated_gb"] == 4
+    assert report["sites"][0] == {
+        "site": "turbo_dllm/train/parallel/csbp.py:120 __call__",
+        "gb": 3.0,
+        "blocks": 1,
+    }
+    assert report["sites"][1]["site"] == "functional.py:9 linear"
+    assert report["oom"] == {
+        "request_gb": 5.0,
+        "site": "turbo_dllm/train/parallel/csbp.py:120 __call__",
+    }
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT.parent / "memory_snapshot.py"), str(path)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert proc.returncode == 0 and "failed request: 5.00 GB" in proc.stdout, proc.stderr
