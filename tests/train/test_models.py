@@ -163,3 +163,53 @@ def test_missing_weights_name_the_tensor(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(DllmError, match=r"model\.layers\.2\."):
         _ours(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "x_dtype, w_dtype",
+    [
+        (torch.float32, torch.float32),
+        (torch.bfloat16, torch.bfloat16),
+        (torch.bfloat16, torch.float32),
+    ],
+)
+def test_rmsnorm_matches_the_eager_formula_and_saves_only_its_input(x_dtype, w_dtype):
+    """transformers' RMSNorm math, forward and backward, without keeping float32 copies."""
+
+    from turbo_dllm.train.models.decoder import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(64, eps=1e-6).to(w_dtype)
+    with torch.no_grad():
+        norm.weight.add_(0.1 * torch.randn(64, dtype=w_dtype))
+    x = torch.randn(3, 5, 64, dtype=x_dtype, requires_grad=True)
+    out = norm(x)
+    want = norm.weight * F.rms_norm(x.float(), (64,), eps=1e-6).to(x_dtype)
+    assert out.dtype == want.dtype
+    torch.testing.assert_close(out, want, rtol=0, atol=1e-6)
+    saved = out.grad_fn.saved_tensors
+    assert saved[0].data_ptr() == x.data_ptr()  # the input itself, not a float32 copy
+    assert [t.shape for t in saved[1:]] == [norm.weight.shape, (3, 5, 1)]
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (x, norm.weight), grad)
+    expected = torch.autograd.grad(want, (x, norm.weight), grad)
+    for a, b in zip(got, expected, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_swiglu_gradients_are_the_eager_graphs_without_keeping_silu(dtype):
+    from turbo_dllm.train.models.decoder import _SwiGLU
+
+    torch.manual_seed(0)
+    gate = torch.randn(4, 7, 32, dtype=dtype, requires_grad=True)
+    up = torch.randn(4, 7, 32, dtype=dtype, requires_grad=True)
+    out = _SwiGLU.apply(gate, up)
+    want = F.silu(gate) * up
+    assert torch.equal(out, want)
+    assert [t.data_ptr() for t in out.grad_fn.saved_tensors] == [gate.data_ptr(), up.data_ptr()]
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (gate, up), grad)
+    expected = torch.autograd.grad(want, (gate, up), grad)
+    for a, b in zip(got, expected, strict=True):
+        assert torch.equal(a, b)
