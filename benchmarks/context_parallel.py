@@ -9,10 +9,13 @@ failure ends one measurement, not the benchmark:
   of each mode on `--gpus` GPUs: `csbp` (cp = bp = P: noisy blocks in dual-end pairs, clean stream
   zigzag), `cp` (the baseline: both streams zigzag, all-gather of all K/V), optionally `bp`
   (cp = 1: every rank recomputes its clean prefix, no attention traffic). Ratios against `cp`.
-- max context: the longest sequence one training step fits in memory, on 1 GPU (whole sequence)
+- max context: the longest sequence training fits in memory, on 1 GPU (whole sequence)
   and on `--gpus` GPUs (csbp): from `--search-start`, doubling until two fits give a memory
   slope, then jumping to where that line meets the GPU's capacity, then bisecting to
-  `--search-granularity` (each cut aimed the same way), within `--budget-s`; a trial starts only if it can end inside the budget. Probe steps make every diffusion block its own
+  `--search-granularity` (each cut aimed the same way), within `--budget-s`; a trial starts only
+  if it can end inside the budget. A trial runs two steps, so the second carries the optimizer
+  state every later step carries (AdamW's moments appear in step one's update, after its
+  backward peak). Probe steps make every diffusion block its own
   document: same tensors, same code path, same memory, but attention costs O(L) instead of
   O(L^2), so a probe at 512K tokens takes seconds, not many minutes (`--full-probe` disables it).
 
@@ -362,7 +365,7 @@ def search(args, gpus: int, mode: str, deadline: float, found: dict, save) -> di
         if time.perf_counter() + 1.2 * slowest > deadline:
             found["status"] = "budget exhausted"
             break
-        r = measure(args, mode, gpus, length, steps=1, warmup=0, probe=not args.full_probe)
+        r = measure(args, mode, gpus, length, steps=1, warmup=1, probe=not args.full_probe)
         slowest = max(slowest, r["wall_s"])
         keys = ("seq_len", "status", "peak_gb_per_gpu", "peak_reserved_gb_per_gpu", "wall_s")
         trials.append({k: r.get(k) for k in keys} | {"oom_ranks": r.get("oom_ranks")})
@@ -418,7 +421,7 @@ def print_tables(result: dict[str, Any]) -> None:
             )
     found = result.get("search", {})
     if found:
-        print("\nLongest context one training step fits in (probe steps)")
+        print("\nLongest context training fits in (two probe steps)")
         print(f"{'gpus':>4}  {'mode':>5}  {'max seq_len':>11}  {'first OOM':>9}  status")
         for key in sorted(found):
             s = found[key]
