@@ -60,3 +60,19 @@ def test_wandb_configured_but_missing(cli, tmp_path, monkeypatch):
     )
     found = checks(cli, write_config(tmp_path / "train.yaml", "logging.wandb.project=p"))
     assert found["wandb"]["status"] == "fail" and "pip install" in found["wandb"]["fix"]
+
+
+def test_block_parallel_flex_with_the_reference_merge_warns_with_a_fix(cli, tmp_path):
+    found = checks(cli, write_config(tmp_path / "a.yaml"))
+    assert found["attention merge"]["status"] == "pass"  # bp = 1: nothing to merge
+    config = write_config(
+        tmp_path / "b.yaml", "topology.cp=2", "topology.bp=2", "model.attention=flex"
+    )
+    merge = checks(cli, config)["attention merge"]
+    assert merge["status"] == "warn" and "float32 copies" in merge["detail"]
+    assert "kernels: native" in merge["fix"]
+    native = write_config(
+        tmp_path / "c.yaml", "topology.cp=2", "topology.bp=2", "model.attention=flex",
+        "kernels=native",
+    )  # fmt: skip
+    assert checks(cli, native)["attention merge"]["status"] == "pass"

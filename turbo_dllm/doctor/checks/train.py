@@ -1,4 +1,5 @@
-"""Trainer readiness: the attention backend fits the host, the model folder loads, W&B exists.
+"""Trainer readiness: the attention backend fits the host, the merge op suits block parallelism,
+the model folder loads, W&B exists.
 
 Cheap checks (no weights are read): they catch the mistakes that would otherwise surface only
 after the workers started.
@@ -36,6 +37,29 @@ def attention_backend(ctx: DoctorContext) -> CheckResult:
     from torch.nn.attention import flex_attention  # noqa: F401 - present since torch 2.5
 
     return CheckResult(name, "pass", f"flex on {torch.cuda.get_device_name(0)}")
+
+
+@register_check(order=452)
+def partial_merge(ctx: DoctorContext) -> CheckResult:
+    """Block parallelism merges two attention partials per layer: on GPUs, use the native op."""
+    name = "attention merge"
+    if ctx.spec is None:
+        return _no_spec(name)
+    spec = ctx.spec
+    if spec.topology.bp <= 1:
+        return CheckResult(name, "pass", "no partials to merge (topology.bp = 1)")
+    if spec.kernels != "reference" or spec.model.attention != "flex":
+        return CheckResult(
+            name, "pass", f"kernels: {spec.kernels}, attention: {spec.model.attention}"
+        )
+    return CheckResult(
+        name,
+        "warn",
+        "bp > 1 with `kernels: reference` on GPUs: the pure-torch merge keeps float32 copies of "
+        "both attention partials until the backward (4.3 GB per GPU at 524K tokens, Qwen3-1.7B) "
+        "and runs ~8x slower than the native op",
+        fix="set `kernels: native` after `dllm bundle install --auto`",
+    )
 
 
 @register_check(order=455)
