@@ -22,9 +22,10 @@ from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
-from turbo_dllm.errors import DllmError, describe_validation_error
+from turbo_dllm.errors import DllmError
+from turbo_dllm.formats import validate_document
 
 __all__ = [
     "ARRAY_FILES",
@@ -166,17 +167,14 @@ def read_manifest(path: str | Path) -> DataManifest:
         document = json.loads(manifest_path.read_text(encoding="utf-8"))
     except (ValueError, OSError) as error:
         raise DllmError(f"{manifest_path}: unreadable manifest: {error}") from None
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        found = document.get("format") if isinstance(document, dict) else None
-        raise DllmError(
-            f"{manifest_path}: not a {FORMAT} manifest (format: {found!r})",
-            hint="re-create the artifact with this version of `dllm data prepare`",
-        )
-    try:
-        return DataManifest.model_validate(document)
-    except ValidationError as error:
-        details = describe_validation_error(error, limit=5)
-        raise DllmError(f"{manifest_path}: invalid manifest: {details}") from None
+    return validate_document(
+        document,
+        DataManifest,
+        expected=FORMAT,
+        what="data artifact manifest",
+        source=str(manifest_path),
+        hint="re-create the artifact with this version of `dllm data prepare`",
+    )
 
 
 def _np_dtype(name: str) -> np.dtype:

@@ -27,12 +27,12 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
-    ValidationError,
     field_validator,
     model_validator,
 )
 
-from turbo_dllm.errors import DllmError, describe_validation_error
+from turbo_dllm.errors import DllmError
+from turbo_dllm.formats import validate_document
 
 __all__ = [
     "FORMAT",
@@ -209,19 +209,14 @@ def parse_manifest(text: str, source: str) -> EnvManifest:
         data = loads(text)
     except TomlError as error:
         raise DllmError(f"{source}: not valid TOML: {error}") from error
-    if data.get("format") != FORMAT:
-        raise DllmError(
-            f"{source}: format is {data.get('format')!r}, expected {FORMAT!r}",
-            hint="regenerate it with `dllm env lock --target TARGET`",
-        )
-    try:
-        return EnvManifest.model_validate(data)
-    except ValidationError as error:
-        problems = describe_validation_error(error)
-        raise DllmError(
-            f"{source}: invalid environment manifest: {problems}",
-            hint="regenerate it with `dllm env lock --target TARGET`",
-        ) from error
+    return validate_document(
+        data,
+        EnvManifest,
+        expected=FORMAT,
+        what="environment manifest",
+        source=source,
+        hint="regenerate it with `dllm env lock --target TARGET`",
+    )
 
 
 def load_manifest(path: str | Path) -> EnvManifest:

@@ -15,9 +15,10 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from turbo_dllm.errors import DllmError, describe_validation_error
+from turbo_dllm.errors import DllmError
+from turbo_dllm.formats import validate_document
 from turbo_dllm.fsutil import synced_temp_file
 from turbo_dllm.jobs.plan import JobPlan
 
@@ -142,20 +143,14 @@ def read_manifest(path: str | Path) -> RunManifest:
         ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise DllmError(f"cannot read run manifest {str(path)!r}: {error}") from None
-    if not isinstance(document, dict) or document.get("format") != FORMAT:
-        found = document.get("format") if isinstance(document, dict) else None
-        raise DllmError(
-            f"{path} is not a run manifest (format {found!r}, expected {FORMAT!r})",
-            hint="pass the manifest.json that `dllm launch` wrote into a run dir",
-        )
-    try:
-        return RunManifest.model_validate(document)
-    except ValidationError as error:
-        problems = describe_validation_error(error, limit=8)
-        raise DllmError(
-            f"{path} is not a valid run manifest: {problems}",
-            hint="a manifest must not be edited by hand; replay an unmodified one",
-        ) from None
+    return validate_document(
+        document,
+        RunManifest,
+        expected=FORMAT,
+        what="run manifest",
+        source=str(path),
+        hint="pass an unmodified manifest.json that `dllm launch` wrote into a run dir",
+    )
 
 
 def manifest_bytes(manifest: RunManifest) -> bytes:

@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
-from pydantic import ValidationError
-
 from turbo_dllm.errors import DllmError
+from turbo_dllm.formats import validate_document
 from turbo_dllm.mirror.layout import MIRROR_FILE, MIRROR_FORMAT, MirrorIndex
 
 __all__ = ["MirrorSource", "open_mirror"]
@@ -69,15 +68,14 @@ class MirrorSource:
             data = json.loads(raw)
         except json.JSONDecodeError as error:
             raise DllmError(f"{self.location}/{MIRROR_FILE}: not JSON: {error}") from error
-        if not isinstance(data, dict) or data.get("format") != MIRROR_FORMAT:
-            raise DllmError(
-                f"{self.location}/{MIRROR_FILE}: format is not {MIRROR_FORMAT!r}",
-                hint="recreate the mirror with this version of dllm",
-            )
-        try:
-            return MirrorIndex.model_validate(data)
-        except ValidationError as error:
-            raise DllmError(f"{self.location}/{MIRROR_FILE}: invalid: {error}") from error
+        return validate_document(
+            data,
+            MirrorIndex,
+            expected=MIRROR_FORMAT,
+            what="mirror index",
+            source=f"{self.location}/{MIRROR_FILE}",
+            hint="recreate the mirror with this version of dllm",
+        )
 
     def manifest_text(self, target: str) -> str | None:
         raw = self.read_bytes(f"manifests/{target}.toml")
