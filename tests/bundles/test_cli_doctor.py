@@ -35,7 +35,7 @@ def test_empty_store_commands(cli):
     [
         (["install", "--auto"], ["no bundle index given", "DLLM_BUNDLE_INDEX"]),
         (["install", "--target", "cp3-x", "--mirror", "."], ["invalid bundle target"]),
-        (["install", "--auto", "--index", "ftp://example.com/x"], ["unsupported index"]),
+        (["install", "--auto", "--index", "ftp://example.com/x"], ["unsupported bundle source"]),
         (["install", "--auto", "--mirror", "/nonexistent/mirror"], ["does not exist"]),
         (["install", "--auto", "--release", "../x", "--mirror", "."], ["invalid release name"]),
         (

@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
-from urllib.parse import unquote, urlparse
+from urllib.parse import urlparse
 
 from turbo_dllm import __version__
 from turbo_dllm.bundles.archive import BundleRejected
 from turbo_dllm.errors import DllmError
+from turbo_dllm.locations import parse_location
 
 __all__ = [
     "CHUNK",
@@ -283,29 +284,15 @@ def open_source(location: str | None, *, offline: bool = False) -> Source:
             "no bundle index given",
             hint=f"pass --index URL or --mirror PATH, or set {INDEX_VARIABLE}",
         )
-    parsed = urlparse(location)
-    if parsed.scheme in ("http", "https"):
-        host = (parsed.hostname or "").lower()
-        if offline_requested(offline) and host not in _LOOPBACK:
-            raise DllmError(
-                f"offline mode: refusing to contact {host or location!r}",
-                hint="use a mirror folder (--mirror DIR), a file:// URL or a mirror served on "
-                f"127.0.0.1; or drop --offline / unset {OFFLINE_VARIABLE}",
-            )
-        if parsed.scheme == "http" and host in _LOOPBACK:
-            return LoopbackHttpSource(location)
-        return HttpSource(location)
-    if parsed.scheme == "file":
-        if parsed.netloc not in ("", "localhost"):
-            raise DllmError(f"{location!r}: file:// URLs must name a local path (file:///path)")
-        root = Path(unquote(parsed.path))
-    elif parsed.scheme and len(parsed.scheme) > 1:
+    where = parse_location(location, "bundle source")
+    if where.folder is not None:
+        return LocalSource(where.folder, location)
+    if offline_requested(offline) and where.host not in _LOOPBACK:
         raise DllmError(
-            f"unsupported index {location!r}",
-            hint="use https://, http://, file:// or a plain folder path",
+            f"offline mode: refusing to contact {where.host or location!r}",
+            hint="use a mirror folder (--mirror DIR), a file:// URL or a mirror served on "
+            f"127.0.0.1; or drop --offline / unset {OFFLINE_VARIABLE}",
         )
-    else:
-        root = Path(location).expanduser()
-    if not root.is_dir():
-        raise DllmError(f"mirror folder {str(root)!r} does not exist", hint="check the path")
-    return LocalSource(root.resolve(), location)
+    if urlparse(location).scheme == "http" and where.host in _LOOPBACK:
+        return LoopbackHttpSource(location)
+    return HttpSource(location)

@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from urllib.parse import unquote, urlparse
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.formats import validate_document
+from turbo_dllm.locations import parse_location
 from turbo_dllm.mirror.layout import MIRROR_FILE, MIRROR_FORMAT, MirrorIndex
 
 __all__ = ["MirrorSource", "open_mirror"]
@@ -85,19 +85,7 @@ class MirrorSource:
 def open_mirror(location: str | Path) -> MirrorSource:
     """`DIR`, `file:///DIR` or `http(s)://HOST[:PORT][/PREFIX]`."""
     text = str(location)
-    parsed = urlparse(text)
-    if parsed.scheme in ("http", "https"):
-        return MirrorSource(text, None, text.rstrip("/") + "/")
-    if parsed.scheme == "file":
-        text_path = Path(unquote(parsed.path))
-    elif parsed.scheme and len(parsed.scheme) > 1:
-        raise DllmError(
-            f"unsupported mirror location {text!r}",
-            hint="pass a folder, file:///folder or http://host:port",
-        )
-    else:
-        text_path = Path(text)
-    folder = text_path.expanduser().resolve()
-    if not folder.is_dir():
-        raise DllmError(f"mirror folder {folder} does not exist")
-    return MirrorSource(text, folder, None)
+    where = parse_location(text, "mirror")
+    if where.url is not None:
+        return MirrorSource(text, None, where.url.rstrip("/") + "/")
+    return MirrorSource(text, where.folder, None)
