@@ -100,6 +100,7 @@ def _spec(args, mode: str, gpus: int, seq_len: int):
             "micro_batch_size": 1,
             "steps": 1000,
             "activation_checkpointing": not args.no_ac,
+            "mlp_chunks": args.mlp_chunks,
             "compile": args.compile,
         },
         "topology": {"cp": cp, "bp": bp},
@@ -317,6 +318,8 @@ def _passthrough(args) -> list[str]:
         flags.append("--no-ac")
     if args.compile:
         flags.append("--compile")
+    if args.mlp_chunks > 1:
+        flags += ["--mlp-chunks", str(args.mlp_chunks)]
     if args.memory_limit_gb:
         flags += ["--memory-limit-gb", str(args.memory_limit_gb)]
     if args.memory_snapshot:
@@ -454,6 +457,7 @@ def driver(args) -> int:
             "kernels": args.kernels,
             "activation_checkpointing": not args.no_ac,
             "compile": args.compile,
+            "mlp_chunks": args.mlp_chunks,
             "tiny": args.tiny,
             "probe": "full attention" if args.full_probe else "one document per block",
         },
@@ -529,6 +533,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--no-ac", action="store_true", help="no activation checkpointing")
     p.add_argument("--compile", action="store_true", help="torch.compile the decoder layers")
+    p.add_argument("--mlp-chunks", type=int, default=1, help="training.mlp_chunks")
     p.add_argument("--search-gpus", default="1,2")
     p.add_argument("--search-start", type=int, default=None, help="default 65536 (tiny: 256)")
     p.add_argument("--search-granularity", type=int, default=None, help="default 32768")

@@ -141,7 +141,12 @@ def _spec(args, cp: int, bp: int, world: int):
         },
         "objective": {"name": "block_diffusion", "block_size": args.block_size},
         "data": {"synthetic": {"num_sequences": 8, "vocab_size": 512}, "seq_len": args.seq_len},
-        "training": {"micro_batch_size": 1, "steps": 10, "activation_checkpointing": True},
+        "training": {
+            "micro_batch_size": 1,
+            "steps": 10,
+            "activation_checkpointing": True,
+            "mlp_chunks": args.mlp_chunks,
+        },
         "topology": {"cp": cp, "bp": bp},
         "scheduler": {"name": "constant", "warmup_steps": 0},
         "checkpoint": {"resume": "never"},
@@ -203,6 +208,7 @@ def main(argv=None) -> int:
     p.add_argument("--modes", default="whole,csbp,cp")
     p.add_argument("--dtype", default="float32", help="parameter dtype; bfloat16 is the GPU case")
     p.add_argument("--kernels", default="reference", help="merge op backend: reference|jit|native")
+    p.add_argument("--mlp-chunks", type=int, default=1, help="training.mlp_chunks")
     p.add_argument("--top", type=int, default=10, help="largest live tensors to list")
     p.add_argument("--out", type=Path)
     args = p.parse_args(argv)

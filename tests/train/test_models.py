@@ -213,3 +213,38 @@ def test_swiglu_gradients_are_the_eager_graphs_without_keeping_silu(dtype):
     expected = torch.autograd.grad(want, (gate, up), grad)
     for a, b in zip(got, expected, strict=True):
         assert torch.equal(a, b)
+
+
+def test_chunked_mlp_equals_the_whole_one_and_keeps_less_for_the_backward():
+    """mlp.chunks > 1: same output and gradients; intermediates are recomputed per chunk."""
+    from turbo_dllm.train.models.decoder import MLP
+
+    config = resolve_model_config(path=None, from_config="tiny")
+    torch.manual_seed(0)
+    whole = MLP(config)
+    chunked = MLP(config)
+    chunked.load_state_dict(whole.state_dict())
+    chunked.chunks = 3
+    x = torch.randn(2, 10, config.hidden_size, requires_grad=True)
+    grad = torch.randn(2, 10, config.hidden_size)
+    outs, grads = [], []
+    for mlp in (whole, chunked):
+        out = mlp(x)
+        outs.append(out)
+        grads.append(torch.autograd.grad(out, (x, *mlp.parameters()), grad))
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads[1], grads[0], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+    def saved_bytes(mlp):
+        sizes = []
+        with torch.autograd.graph.saved_tensors_hooks(
+            lambda t: sizes.append(t.numel() * t.element_size()) or t, lambda t: t
+        ):
+            mlp(x)
+        return sum(sizes)
+
+    # The whole MLP saves its intermediate-sized activations; the chunked one only its inputs.
+    assert saved_bytes(chunked) < saved_bytes(whole) / 3
+    with torch.no_grad():  # no autograd: no checkpointing, plain forward
+        torch.testing.assert_close(chunked(x), whole(x), rtol=1e-6, atol=1e-6)

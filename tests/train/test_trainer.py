@@ -72,6 +72,17 @@ def test_activation_checkpointing_does_not_change_training(tmp_path):
     torch.testing.assert_close(losses(tmp_path / "b"), losses(tmp_path / "a"), rtol=1e-6, atol=1e-6)
 
 
+def test_mlp_chunks_with_activation_checkpointing_do_not_change_training(tmp_path):
+    train(tiny_spec("training.steps=3"), tmp_path / "a")
+    chunked = (
+        "training.steps=3",
+        "training.activation_checkpointing=true",
+        "training.mlp_chunks=3",
+    )
+    train(tiny_spec(*chunked), tmp_path / "b")
+    torch.testing.assert_close(losses(tmp_path / "b"), losses(tmp_path / "a"), rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("objective", ["block_diffusion", "fast_dllm_v2"])
 def test_loss_falls_on_synthetic_data(tmp_path, objective):
     train(

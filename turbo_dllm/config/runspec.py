@@ -100,6 +100,12 @@ class TrainingSpec(_Strict):
     steps: PositiveInt = 50
     clip_grad_norm: float | None = Field(1.0, gt=0.0)
     activation_checkpointing: bool = False
+    mlp_chunks: PositiveInt = Field(
+        1,
+        description="Split each MLP's tokens into this many chunks, each recomputed on its own in "
+        "the backward: the MLP's activations (its largest) then peak at 1/mlp_chunks, for one "
+        "more MLP forward per step; for the longest contexts, where attention dominates the cost.",
+    )
     compile: bool = False
     max_duration_s: float | None = Field(
         None, gt=0.0, description="Stop (after a checkpoint) once this many seconds have passed."

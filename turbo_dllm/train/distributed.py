@@ -26,6 +26,7 @@ __all__ = [
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_fsdp",
+    "apply_mlp_chunking",
     "clip_grad_norm",
     "decoder_layers",
     "init_distributed",
@@ -85,6 +86,12 @@ def apply_activation_checkpointing(model: nn.Module) -> None:
     layers = decoder_layers(model)
     for index, layer in enumerate(layers):
         layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
+
+
+def apply_mlp_chunking(model: nn.Module, chunks: int) -> None:
+    """Run every decoder MLP over `chunks` token pieces, each recomputed alone in the backward."""
+    for layer in decoder_layers(model):
+        layer.mlp.chunks = chunks
 
 
 def apply_compile(model: nn.Module) -> None:

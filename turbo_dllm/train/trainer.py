@@ -37,6 +37,7 @@ from turbo_dllm.train.distributed import (
     apply_activation_checkpointing,
     apply_compile,
     apply_fsdp,
+    apply_mlp_chunking,
     clip_grad_norm,
 )
 from turbo_dllm.train.metrics import (
@@ -98,7 +99,7 @@ class Trainer:
         return self
 
     def build_model(self) -> None:
-        """Meta model -> TP -> activation checkpointing -> compile -> FSDP2 -> weights."""
+        """Meta model -> TP -> MLP chunking -> activation checkpointing -> compile -> FSDP2 -> weights."""
         spec = self.spec.model
         self.model_config = resolve_model_config(
             path=spec.path,
@@ -114,6 +115,8 @@ class Trainer:
         model = build_model(self.model_config, self.plan.attention_backend, dtype)
         if self.dims.tp > 1:
             apply_tensor_parallel(model, self.dims.get_mesh("tp"))
+        if self.spec.training.mlp_chunks > 1:
+            apply_mlp_chunking(model, self.spec.training.mlp_chunks)
         if self.spec.training.activation_checkpointing:
             apply_activation_checkpointing(model)
         if self.spec.training.compile:

@@ -184,14 +184,27 @@ class _SwiGLU(torch.autograd.Function):
 
 
 class MLP(nn.Module):
+    """SwiGLU. With `chunks` > 1 (set from outside, `training.mlp_chunks`) and autograd on, the
+    tokens go through in `chunks` pieces, each checkpointed: the backward recomputes one piece at
+    a time, so the intermediate-sized activations never exist for the whole sequence at once."""
+
     def __init__(self, config: DecoderConfig) -> None:
         super().__init__()
         h, i, bias = config.hidden_size, config.intermediate_size, config.mlp_bias
         self.gate_proj = nn.Linear(h, i, bias=bias)
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
+        self.chunks = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.chunks == 1 or not torch.is_grad_enabled():
+            return self._swiglu(x)
+        from torch.utils.checkpoint import checkpoint
+
+        pieces = x.chunk(self.chunks, dim=1)
+        return torch.cat([checkpoint(self._swiglu, p, use_reentrant=False) for p in pieces], 1)
+
+    def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(_SwiGLU.apply(self.gate_proj(x), self.up_proj(x)))
 
 
