@@ -48,9 +48,9 @@ for stage in "$@"; do
           --search-granularity "${SEARCH_GRAIN:-32768}" --kernels "${CP_KERNELS:-jit}" \
           --out "$OUT/context_parallel.json" 2>&1 \
           | tee "$OUT/cp-$stage.log" | tail -12 || status=1 ;;
-    snap) # one probe trial at SNAP_LEN on SNAP_GPUS GPUs, with rank 0's allocator snapshot
+    snap) # exactly one probe trial (--budget-s 1) at SNAP_LEN on SNAP_GPUS GPUs, with rank 0's allocator snapshot
       python3 benchmarks/context_parallel.py --parts search --search-gpus "${SNAP_GPUS:-2}" \
-          --search-start "${SNAP_LEN:-524288}" --search-max "${SNAP_LEN:-524288}" --budget-s 400 \
+          --search-start "${SNAP_LEN:-524288}" --search-max "${SNAP_LEN:-524288}" --budget-s 1 \
           --kernels "${CP_KERNELS:-jit}" --memory-snapshot /tmp/snapshots --out "$OUT/snap.json" 2>&1 \
           | tee "$OUT/snap.log" | tail -4
       for f in /tmp/snapshots/*.pickle; do
