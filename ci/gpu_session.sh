@@ -3,6 +3,7 @@
 # Stages: deps, qualify (sm90 bundle build/install + op tests), tests (tests/gpu), train (train_step
 # benchmark), train-exp (profile + variants), flex-tune, tests2 (2-GPU tests), cp (CSBP vs CP throughput), search1/search2 (longest
 # context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an allocator snapshot). Logs and JSON go to $OUT (or ./gpu-out).
+# CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
 # CSBP's merge op: the jit backend builds the bundle's CUDA sources in place (CP_KERNELS=reference
 # for the pure-torch merge, which keeps float32 copies of both partial outputs for its backward).
 # The host has torch/CUDA but no registry: missing pure-Python deps travel as wheels in .whl/.
@@ -40,7 +41,7 @@ for stage in "$@"; do
     tests2) python3 -m pytest -q -p no:cacheprovider tests/distributed/test_csbp_gpu.py \
           "tests/gpu/test_train_gpu.py::test_two_gpus_nccl_match_one" 2>&1 | tee "$OUT/gpu-tests2.log" | tail -8 || status=1 ;;
     cp) python3 benchmarks/context_parallel.py --parts throughput --seq-lens "${CP_SEQ_LENS:-32768,65536}" \
-          --kernels "${CP_KERNELS:-jit}" \
+          --kernels "${CP_KERNELS:-jit}" ${CP_FLAGS:-} \
           --out "$OUT/context_parallel.json" \
           2>&1 | tee "$OUT/cp-throughput.log" | tail -20 || status=1 ;;
     search1|search2) python3 benchmarks/context_parallel.py --parts search --search-gpus "${stage#search}" \
@@ -51,7 +52,7 @@ for stage in "$@"; do
     snap) # exactly one probe trial (--budget-s 1) at SNAP_LEN on SNAP_GPUS GPUs, with rank 0's allocator snapshot
       python3 benchmarks/context_parallel.py --parts search --search-gpus "${SNAP_GPUS:-2}" \
           --search-start "${SNAP_LEN:-524288}" --search-max "${SNAP_LEN:-524288}" --budget-s 1 \
-          --kernels "${CP_KERNELS:-jit}" --memory-snapshot /tmp/snapshots --out "$OUT/snap.json" 2>&1 \
+          --kernels "${CP_KERNELS:-jit}" ${CP_FLAGS:-} --memory-snapshot /tmp/snapshots --out "$OUT/snap.json" 2>&1 \
           | tee "$OUT/snap.log" | tail -4
       for f in /tmp/snapshots/*.pickle; do
         python3 benchmarks/memory_snapshot.py "$f" --top 30 > "$OUT/$(basename "$f" .pickle).txt" 2>&1
