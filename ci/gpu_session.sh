@@ -46,7 +46,7 @@ for stage in "$@"; do
           2>&1 | tee "$OUT/cp-throughput.log" | tail -20 || status=1 ;;
     search1|search2) python3 benchmarks/context_parallel.py --parts search --search-gpus "${stage#search}" \
           --budget-s "${SEARCH_BUDGET_S:-200}" --search-start "${SEARCH_START:-65536}" \
-          --search-granularity "${SEARCH_GRAIN:-32768}" --kernels "${CP_KERNELS:-jit}" \
+          --search-granularity "${SEARCH_GRAIN:-32768}" --kernels "${CP_KERNELS:-jit}" ${CP_FLAGS:-} \
           --out "$OUT/context_parallel.json" 2>&1 \
           | tee "$OUT/cp-$stage.log" | tail -12 || status=1 ;;
     snap) # exactly one probe trial (--budget-s 1) at SNAP_LEN on SNAP_GPUS GPUs, with rank 0's allocator snapshot
