@@ -99,7 +99,10 @@ def test_read_manifest_errors_are_user_errors(tmp_path):
         read_manifest(tmp_path / "nope")
     (tmp_path / "x").mkdir()
     (tmp_path / "x/manifest.json").write_text(json.dumps({"format": "other.v1"}))
-    with pytest.raises(DllmError, match="is not a data artifact manifest .format .other.v1., expected .turbo_dllm.data.v1."):
+    with pytest.raises(
+        DllmError,
+        match="is not a data artifact manifest .format .other.v1., expected .turbo_dllm.data.v1.",
+    ):
         read_manifest(tmp_path / "x")
     (tmp_path / "x/manifest.json").write_text(json.dumps({"format": "turbo_dllm.data.v1"}))
     with pytest.raises(DllmError, match="is not a valid data artifact manifest"):
