@@ -29,16 +29,6 @@ def test_csbp_rank_holds_about_half_of_a_whole_sequence_rank(tmp_path):
     assert csbp[0]["largest"] and csbp[0]["largest"][0]["mb"] > 0
 
 
-def _load_snapshot_module():
-    import importlib.util
-
-    path = SCRIPT.parent / "memory_snapshot.py"
-    spec = importlib.util.spec_from_file_location("memory_snapshot", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_memory_snapshot_groups_live_blocks_by_our_allocating_line(tmp_path):
     """The allocator snapshot summary: live blocks only, attributed to turbo_dllm's frame."""
     import pickle
@@ -60,7 +50,9 @@ def test_memory_snapshot_groups_live_blocks_by_our_allocating_line(tmp_path):
     }
     path = tmp_path / "s.pickle"
     path.write_bytes(pickle.dumps(snapshot))
-    report = _load_snapshot_module().summarise(pickle.loads(path.read_bytes()))
+    from turbo_dllm.train.memory import summarise
+
+    report = summarise(pickle.loads(path.read_bytes()))
     assert report["reserved_gb"] == 8 and report["allocated_gb"] == 4
     assert report["sites"][0] == {
         "site": "turbo_dllm/train/parallel/csbp.py:120 __call__",

@@ -179,3 +179,29 @@ def test_starter_project_trains_on_its_prepared_artifact(cli, tmp_path):
     assert last < 0.6 * first, (first, last)  # ln(259) ~ 5.6 at the start
     meta = json.loads((run / "checkpoints/step_00000050/checkpoint.json").read_text())
     assert meta["data_fingerprint"] and meta["loader"]["format"] == "turbo_dllm.loader.v1"
+
+
+def test_running_out_of_memory_is_a_user_error_with_the_fixes(tmp_path, monkeypatch):
+    """An OOM in a step becomes a DllmError naming the step and what to change (no traceback);
+    the checkpoints written before it stay."""
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.train.distributed import init_distributed
+    from turbo_dllm.train.trainer import Trainer
+
+    spec = tiny_spec("training.steps=4", "checkpoint.interval=2")
+    trainer = Trainer(spec, tmp_path / "run", init_distributed()).build()
+    real_step = trainer.train_step
+
+    def step(index):
+        if index == 2:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.44 GiB")
+        return real_step(index)
+
+    monkeypatch.setattr(trainer, "train_step", step)
+    with pytest.raises(DllmError) as caught:
+        trainer.run()
+    assert caught.value.message == "out of GPU memory in step 3"
+    for fix in ("data.seq_len", "activation_checkpointing", "mlp_chunks", "topology.cp/bp"):
+        assert fix in caught.value.hint
+    assert "profiler.memory_snapshot: true" in caught.value.hint
+    assert (tmp_path / "run/checkpoints/step_00000002").is_dir()

@@ -173,6 +173,12 @@ class ProfilerSpec(_Strict):
     enabled: bool = False
     start_step: int = Field(3, ge=0)
     num_steps: PositiveInt = 3
+    memory_snapshot: bool = Field(
+        False,
+        description="CUDA: record allocations from the first step; dump the allocator snapshot "
+        "and a summary by allocating line into profile/ after the window's last step and when "
+        "a step runs out of memory.",
+    )
 
 
 class RunSpec(_Strict):

@@ -40,6 +40,7 @@ from turbo_dllm.train.distributed import (
     apply_mlp_chunking,
     clip_grad_norm,
 )
+from turbo_dllm.train.memory import MemoryRecorder, out_of_memory
 from turbo_dllm.train.metrics import (
     MetricsLogger,
     ProfilerWindow,
@@ -183,6 +184,9 @@ class Trainer:
             config=self.spec.model_dump(mode="json"),
         )
         self.profiler = ProfilerWindow(self.spec.profiler, self.run_dir / "profile", self.env.rank)
+        self.memory = MemoryRecorder(
+            self.spec.profiler, self.run_dir / "profile", self.env.rank, self.device
+        )
         self.peak = peak_flops(self.device)
 
     # ============================== resume / save ============================================
@@ -341,9 +345,13 @@ class Trainer:
                 torch.cuda.reset_peak_memory_stats(self.device)
             self.profiler.before_step(step)
             tick = time.perf_counter()
-            stats = self.train_step(step)
+            try:
+                stats = self.train_step(step)
+            except torch.OutOfMemoryError:
+                raise out_of_memory(step, self.device, self.memory.dump()) from None
             step_time = time.perf_counter() - tick
             self.profiler.after_step(step)
+            self.memory.after_step(step)
             done = step + 1
             if not math.isfinite(stats["loss"]):
                 raise DllmError(
