@@ -64,6 +64,32 @@ def test_bf16_training_steps_with_flex_and_compile(tmp_path):
         assert records[-1]["mfu"] is not None
 
 
+def test_memory_snapshot_and_out_of_memory_on_a_gpu(tmp_path):
+    """profiler.memory_snapshot writes the snapshot and its by-line summary; a step that runs
+    out of memory (a process capped at 1 % of the GPU) is a DllmError pointing at the summary."""
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.train.entry import train
+
+    snap = ("profiler.memory_snapshot=true", "profiler.start_step=0", "profiler.num_steps=2")
+    spec = tiny_spec("training.steps=3", "model.attention=flex", "data.seq_len=256", *snap)
+    assert train(spec, tmp_path / "a") == 0
+    summary = (tmp_path / "a/profile/memory_rank0.txt").read_text()
+    assert (tmp_path / "a/profile/memory_rank0.pickle").stat().st_size > 0
+    assert "allocated" in summary and "turbo_dllm/" in summary
+    wide = "model.config_overrides.intermediate_size=65536"  # a 17 GB MLP activation
+    big = tiny_spec("training.steps=3", "model.attention=flex", "data.seq_len=8192", wide, *snap)
+    torch.cuda.set_per_process_memory_fraction(0.01, CUDA)
+    try:
+        with pytest.raises(DllmError) as caught:
+            train(big, tmp_path / "b")
+    finally:
+        torch.cuda.set_per_process_memory_fraction(1.0, CUDA)
+        torch.cuda.memory._record_memory_history(enabled=None)
+    assert caught.value.message.startswith("out of GPU memory in step 1")
+    assert "memory_rank0.txt" in caught.value.hint
+    assert "failed request" in (tmp_path / "b/profile/memory_rank0.txt").read_text()
+
+
 def test_flex_and_reference_train_alike(tmp_path):
     from turbo_dllm.train.entry import train
 
