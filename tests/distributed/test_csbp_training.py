@@ -61,10 +61,19 @@ def test_csbp_run_matches_one_process_and_resumes_there(tmp_path, single):
     [
         (2, ("topology.cp=2",)),  # the CP baseline
         (4, ("topology.bp=4", "topology.cp=2")),  # fused: two clean groups of two ranks
-        # activation checkpointing re-runs the clean all-gathers inside the backward pass
-        (2, ("topology.bp=2", "topology.cp=2", "training.activation_checkpointing=true")),
+        # activation checkpointing re-runs the clean all-gathers inside the backward pass, and
+        # chunked MLPs checkpoint again inside it
+        (
+            2,
+            (
+                "topology.bp=2",
+                "topology.cp=2",
+                "training.activation_checkpointing=true",
+                "training.mlp_chunks=3",
+            ),
+        ),
     ],
-    ids=["cp2", "bp4-cp2", "csbp2-activation-checkpointing"],
+    ids=["cp2", "bp4-cp2", "csbp2-activation-checkpointing-mlp-chunks"],
 )
 def test_fast_dllm_v2_under_context_parallelism_matches_one_process(
     tmp_path, single, nproc, topology
