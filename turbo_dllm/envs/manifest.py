@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -31,6 +30,7 @@ from pydantic import (
     model_validator,
 )
 
+from turbo_dllm.bundles.manifest import check_sha256
 from turbo_dllm.errors import DllmError
 from turbo_dllm.formats import validate_document
 
@@ -49,14 +49,6 @@ __all__ = [
 
 FORMAT = "turbo_dllm.env_manifest.v1"
 
-_SHA256 = re.compile(r"^[0-9a-f]{64}$")
-
-
-def _sha256(value: str) -> str:
-    if not _SHA256.match(value):
-        raise ValueError(f"not a sha256 hex digest: {value!r}")
-    return value
-
 
 def _package_name(value: str) -> str:
     name = canonicalize_name(value)
@@ -73,7 +65,7 @@ def _version(value: str) -> str:
     return value
 
 
-Sha256 = Annotated[str, AfterValidator(_sha256)]
+Sha256 = Annotated[str, AfterValidator(check_sha256)]
 PackageName = Annotated[str, AfterValidator(_package_name)]
 VersionText = Annotated[str, AfterValidator(_version)]
 
