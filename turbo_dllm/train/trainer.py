@@ -153,16 +153,11 @@ class Trainer:
         # without FSDP leaves the replicated parameters plain, so that mix loops per tensor.
         mixed = len({isinstance(p, DTensor) for p in params}) > 1
         fused = self.device.type == "cuda" and not mixed
-        self.optimizer = torch.optim.AdamW(
-            groups,
-            lr=opt.lr,
-            betas=tuple(opt.betas),
-            eps=opt.eps,
-            fused=fused or None,
-            foreach=False if mixed else None,
-        )
         # Kernel choice depends on this run's layout, not the checkpoint's: restored on resume.
         self.optimizer_kernels = {"fused": fused or None, "foreach": False if mixed else None}
+        self.optimizer = torch.optim.AdamW(
+            groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, **self.optimizer_kernels
+        )
         self.scheduler = build_scheduler(self.optimizer, self.spec.scheduler, self.total_steps)
 
     def build_checkpointer(self) -> None:
