@@ -127,7 +127,7 @@ def worker(args) -> int:
         record.update(status=status, **extra)
         out.write_text(json.dumps(record))
 
-    snapshot = _start_memory_history(args, env)
+    recorder = _memory_recorder(args, env)
     if env.device.type == "cuda" and args.memory_limit_gb:
         total = torch.cuda.get_device_properties(env.device).total_memory
         torch.cuda.set_per_process_memory_fraction(min(1.0, args.memory_limit_gb * 1e9 / total))
@@ -151,33 +151,27 @@ def worker(args) -> int:
             finish("oom", peak_gb=peak, note="peak RSS above --memory-limit-gb")
             return 0
         facts = {**_device_facts(args, env.device), **_allocator_state(env.device)}
-        snapshot()
+        recorder.dump()
         finish("ok", step_times_s=times, peak_gb=peak, **facts)
         return 0
     except torch.OutOfMemoryError as error:
         # What the allocator held when it gave up: reserved far above allocated = fragmentation.
-        snapshot()
+        recorder.dump()
         finish("oom", error=str(error).splitlines()[0], **_allocator_state(env.device))
         sys.stdout.flush()
         os._exit(3)  # peers may be blocked in a collective: torchrun tears the job down
 
 
-def _start_memory_history(args, env):
-    """With --memory-snapshot DIR (CUDA): record every allocation with its Python stack; the
-    returned function dumps the allocator's snapshot (what is alive, and where it was allocated)
-    to DIR for `benchmarks/memory_snapshot.py`. Rank 0 only: the ranks are symmetric."""
-    import torch
+def _memory_recorder(args, env):
+    """With --memory-snapshot DIR (CUDA, rank 0: the ranks are symmetric): the trainer's own
+    recorder, whose `dump()` writes the allocator snapshot and its by-line summary into
+    DIR/<mode>-x<world>-<seq_len>/. A no-op otherwise."""
+    from turbo_dllm.config.runspec import ProfilerSpec
+    from turbo_dllm.train.memory import MemoryRecorder
 
-    if not args.memory_snapshot or env.device.type != "cuda" or env.rank != 0:
-        return lambda: None
-    torch.cuda.memory._record_memory_history(max_entries=200_000, stacks="python")
-    target = Path(args.memory_snapshot) / f"{args.mode}-x{env.world_size}-{args.seq_len}.pickle"
-
-    def dump() -> None:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        torch.cuda.memory._dump_snapshot(str(target))
-
-    return dump
+    wanted = bool(args.memory_snapshot) and env.rank == 0
+    folder = Path(args.memory_snapshot or ".") / f"{args.mode}-x{env.world_size}-{args.seq_len}"
+    return MemoryRecorder(ProfilerSpec(memory_snapshot=wanted), folder, env.rank, env.device)
 
 
 def _allocator_state(device) -> dict[str, float]:

@@ -1,12 +1,13 @@
 """Where the GPU memory is: summarise a CUDA allocator snapshot by allocation site.
 
 `benchmarks/context_parallel.py --memory-snapshot DIR` dumps rank 0's snapshot when a trial
-ends (or runs out of memory); a training run with `profiler.memory_snapshot: true` writes
-`profile/memory_rank<R>.pickle`. This groups the live blocks by the line of our code that
+ends (or runs out of memory) into `DIR/<trial>/`; a training run with
+`profiler.memory_snapshot: true` writes `profile/memory_rank<R>.pickle`. Both also write this
+summary next to the snapshot (`.txt`). This groups the live blocks by the line of our code that
 allocated them (the innermost frame under `turbo_dllm/`, else the innermost frame at all) and,
 after an out-of-memory error, shows the request that failed:
 
-    python benchmarks/memory_snapshot.py DIR/csbp-x2-524288.pickle --top 25
+    python benchmarks/memory_snapshot.py DIR/csbp-x2-524288/memory_rank0.pickle --top 25
 
 Reading it on a machine without a GPU is fine: the snapshot is a plain pickle of dicts.
 """

@@ -54,9 +54,8 @@ for stage in "$@"; do
           --search-start "${SNAP_LEN:-524288}" --search-max "${SNAP_LEN:-524288}" --budget-s 1 \
           --kernels "${CP_KERNELS:-jit}" ${CP_FLAGS:-} --memory-snapshot /tmp/snapshots --out "$OUT/snap.json" 2>&1 \
           | tee "$OUT/snap.log" | tail -4
-      for f in /tmp/snapshots/*.pickle; do
-        python3 benchmarks/memory_snapshot.py "$f" --top 30 > "$OUT/$(basename "$f" .pickle).txt" 2>&1
-        head -12 "$OUT/$(basename "$f" .pickle).txt"
+      for f in /tmp/snapshots/*/memory_rank0.txt; do  # the summaries the benchmark wrote
+        cp "$f" "$OUT/$(basename "$(dirname "$f")").txt" && head -12 "$f"
       done ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
