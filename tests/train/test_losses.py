@@ -109,3 +109,61 @@ def test_default_chunk_size_bounds_chunk_bytes():
     chunk = default_chunk_size(151936)
     assert chunk * 151936 * 4 <= (1 << 30) and chunk >= 64 and chunk % 64 == 0
     assert default_chunk_size(512) == 16384
+
+
+def test_chunks_split_evenly_under_the_limit():
+    from turbo_dllm.train.losses import _even_chunks
+
+    assert _even_chunks(4096, 3520) == 2048  # two equal GEMMs, not 3520 + 576
+    assert _even_chunks(100, 3520) == 128  # one chunk, rounded to a multiple of 64
+    assert _even_chunks(10_000, 64) == 64
+    for n, limit in [(1, 64), (4097, 2048), (50_000, 3520)]:
+        size = _even_chunks(n, limit)
+        assert size <= limit and size % 64 == 0 and math.ceil(n / size) == math.ceil(n / limit)
+
+
+@pytest.mark.parametrize("exclude", [None, 5])
+def test_softmax_gradient_written_over_the_logits(exclude):
+    """The in-place per-row op: losses and gradient equal autograd through F.cross_entropy,
+    for float32 (in place) and bf16 logits (a float32 copy written back)."""
+    from turbo_dllm.train.softmax_grad import softmax_cross_entropy_
+
+    torch.manual_seed(0)
+    n, V = 9, 37
+    z = torch.randn(n, V, dtype=torch.float64) * 3
+    targets = torch.randint(0, V, (n,))
+    if exclude is not None:
+        targets[targets == exclude] = 0
+    weights = torch.rand(n) + 0.5
+    ref = z.clone().requires_grad_(True)
+    masked = ref if exclude is None else ref.index_fill(1, torch.tensor([exclude]), -math.inf)
+    per_row = F.cross_entropy(masked, targets, reduction="none") * weights.double()
+    per_row.sum().backward()
+    for dtype, tol in [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)]:
+        logits = z.to(dtype)
+        losses = softmax_cross_entropy_(logits, targets, weights, exclude, write_grad=True)
+        assert losses.dtype == torch.float32
+        torch.testing.assert_close(losses.double(), per_row.detach(), rtol=tol, atol=tol)
+        torch.testing.assert_close(logits.double(), ref.grad, rtol=tol, atol=tol)
+    without_grad = softmax_cross_entropy_(z.float(), targets, weights, exclude, write_grad=False)
+    torch.testing.assert_close(without_grad.double(), per_row.detach(), rtol=1e-5, atol=1e-5)
+
+
+def test_bf16_matmuls_match_float64_within_bf16_error():
+    torch.manual_seed(0)
+    N, H, V = 300, 32, 500
+    hidden = torch.randn(N, H, dtype=torch.float64) / 4
+    weight = torch.randn(V, H, dtype=torch.float64) / 4
+    targets = torch.randint(0, V, (N,))
+    h16 = hidden.bfloat16().requires_grad_(True)
+    w32 = weight.float().requires_grad_(True)
+    got = linear_cross_entropy(h16, w32, targets, compute_dtype=torch.bfloat16, chunk_size=128)
+    got.backward()
+    assert got.dtype == torch.float32 and h16.grad.dtype == torch.bfloat16
+    assert w32.grad.dtype == torch.float32
+    h, w = hidden.requires_grad_(True), weight.requires_grad_(True)
+    expected = dense_reference(h, w, targets, torch.ones(N, dtype=torch.float64), None)
+    expected.backward()
+    torch.testing.assert_close(got.double(), expected.detach(), rtol=1e-2, atol=0)
+    torch.testing.assert_close(h16.grad.double(), h.grad, rtol=0.05, atol=5e-3)
+    torch.testing.assert_close(w32.grad.double(), w.grad, rtol=0.05, atol=5e-3)

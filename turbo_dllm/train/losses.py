@@ -5,21 +5,46 @@ gradient). `linear_cross_entropy` walks the tokens in chunks: for each chunk it 
 logits, the loss and, right away, the gradients with respect to the hidden states and the head
 weight, then drops the chunk. The backward pass only scales the stored gradients, so nothing is
 recomputed and the peak is one chunk of logits (about `chunk_bytes`) plus the weight gradient.
+On CUDA the softmax gradient is written over the logits in their own dtype by one Triton
+kernel (`softmax_grad`), so a chunk costs no float32 copy.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
+
+from turbo_dllm.train.softmax_grad import softmax_cross_entropy_
 
 __all__ = ["default_chunk_size", "linear_cross_entropy"]
 
-_CHUNK_BYTES = 1 << 30  # fp32 logits per chunk
+_CHUNK_BYTES = 1 << 30  # logits (and their float32 math copy off CUDA) per chunk
 
 
-def default_chunk_size(vocab_size: int, chunk_bytes: int = _CHUNK_BYTES) -> int:
-    """Tokens per chunk so that one chunk of fp32 logits stays near `chunk_bytes`."""
-    tokens = chunk_bytes // (4 * vocab_size)
+def default_chunk_size(
+    vocab_size: int, chunk_bytes: int = _CHUNK_BYTES, element_size: int = 4
+) -> int:
+    """Tokens per chunk so that one chunk of logits stays near `chunk_bytes`."""
+    tokens = chunk_bytes // (element_size * vocab_size)
     return int(max(64, min(16384, tokens // 64 * 64 or 64)))
+
+
+def _even_chunks(n: int, limit: int) -> int:
+    """The chunk size that splits n into the fewest near-equal pieces of at most `limit`
+    (multiples of 64): 4096 tokens at a limit of 3520 become 2 x 2048, not 3520 + 576."""
+    pieces = max(1, math.ceil(n / limit))
+    return min(limit, math.ceil(math.ceil(n / pieces) / 64) * 64)
+
+
+def _accumulate_outer(grad_weight: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
+    """grad_weight += g.T @ h, in grad_weight's (float32+) dtype without a product copy."""
+    if grad_weight.dtype == g.dtype:
+        grad_weight.addmm_(g.t(), h)
+    elif g.is_cuda:  # cuBLAS accumulates bf16/fp16 products straight into float32
+        torch.addmm(grad_weight, g.t(), h, out_dtype=grad_weight.dtype, out=grad_weight)
+    else:
+        grad_weight.add_(g.t() @ h)
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
@@ -48,29 +73,23 @@ class _LinearCrossEntropy(torch.autograd.Function):
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
             h = hidden[start:end].to(compute_dtype)
-            tgt = targets[start:end]
-            tw = token_weights[start:end].to(math_dtype)
-            logits = (h @ w.t()).to(math_dtype)
-            if exclude_index is not None:
-                logits[:, exclude_index] = float("-inf")
-            lse = torch.logsumexp(logits, dim=-1)
-            picked = logits.gather(1, tgt[:, None]).squeeze(1)
-            total += (tw * (lse - picked)).sum()
-            if not (need_hidden or need_weight):
+            logits = h @ w.t()
+            write_grad = need_hidden or need_weight
+            losses = softmax_cross_entropy_(
+                logits, targets[start:end], token_weights[start:end], exclude_index, write_grad
+            )
+            total += losses.sum().to(math_dtype)
+            if not write_grad:
                 continue
-            # d/dlogits of w * (lse - logit_t) = w * (softmax - onehot), computed in place.
-            probs = logits.sub_(lse[:, None]).exp_()
-            probs[torch.arange(end - start, device=probs.device), tgt] -= 1.0
-            probs.mul_(tw[:, None])
-            g = probs.to(compute_dtype)
-            del logits, probs
+            g = logits  # now w * (softmax - onehot), in compute dtype
             if need_hidden:
-                grad_hidden[start:end] = (g @ w).to(hidden.dtype)
+                if hidden.dtype == compute_dtype:
+                    torch.mm(g, w, out=grad_hidden[start:end])
+                else:
+                    grad_hidden[start:end] = (g @ w).to(hidden.dtype)
             if need_weight:
-                if compute_dtype == math_dtype:
-                    grad_weight.addmm_(g.t(), h)
-                else:  # mixed-dtype in-place add: no float32 copy of the product
-                    grad_weight.add_(g.t() @ h)
+                _accumulate_outer(grad_weight, g, h)
+            del logits, g
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
         return total
@@ -112,8 +131,13 @@ def linear_cross_entropy(
     if compute_dtype is None:
         autocast = torch.is_autocast_enabled(hidden.device.type)
         compute_dtype = torch.get_autocast_dtype(hidden.device.type) if autocast else hidden.dtype
-    chunk = chunk_size or default_chunk_size(weight.shape[0])
+    if chunk_size is None:
+        logit_bytes = compute_dtype.itemsize
+        if not hidden.is_cuda and logit_bytes < 4:
+            logit_bytes += 4  # the torch reference's float32 copy
+        limit = default_chunk_size(weight.shape[0], element_size=logit_bytes)
+        chunk_size = _even_chunks(hidden.shape[0], limit)
     with torch.autocast(hidden.device.type, enabled=False):
         return _LinearCrossEntropy.apply(
-            hidden, weight, targets, token_weights, exclude_index, chunk, compute_dtype
+            hidden, weight, targets, token_weights, exclude_index, chunk_size, compute_dtype
         )
