@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything we run on a lent H200 host, in one script: bash ci/gpu_session.sh STAGE...
 # Stages: deps, qualify (sm90 bundle build/install + op tests), tests (tests/gpu), tests-train (the
-# loss, trainer and TP GPU tests: everything in tests/gpu but the native-merge ones), train (train_step
+# loss, trainer and TP GPU tests: everything in tests/gpu but the native-merge ones), tests-tp, train (train_step
 # benchmark), train-exp (profile + variants), flex-tune, tests2 (2-GPU tests), cp (CSBP vs CP throughput), search1/search2 (longest
 # context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an allocator snapshot). Logs and JSON go to $OUT (or ./gpu-out).
 # CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
@@ -32,6 +32,8 @@ for stage in "$@"; do
     tests) python3 -m pytest -q -m gpu tests/gpu -p no:cacheprovider 2>&1 | tee "$OUT/gpu-tests.log" | tail -25 || status=1 ;;
     tests-train) python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_losses_gpu.py \
           tests/gpu/test_train_gpu.py tests/gpu/test_tp_gpu.py 2>&1 | tee "$OUT/gpu-tests-train.log" | tail -25 || status=1 ;;
+    tests-tp) python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_tp_gpu.py 2>&1 \
+          | tee "$OUT/gpu-tests-tp.log" | tail -5 || status=1 ;;
     train) python3 benchmarks/train_step.py --out "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.log" | tail -8 || status=1 ;;
     train-mb2) python3 benchmarks/train_step.py --micro-batch 2 --no-baseline --out "$OUT/train_step_mb2.json" 2>&1 | tee "$OUT/train_step_mb2.log" | tail -6 || status=1 ;;
     train-exp) # where the step's time goes, and the variants worth trying (ours only)

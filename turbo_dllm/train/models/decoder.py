@@ -60,7 +60,10 @@ class _RMSNorm(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):
         x, weight, rstd = ctx.saved_tensors
         normed = x.float() * rstd
-        grad_weight = (grad * normed.to(x.dtype)).reshape(-1, x.shape[-1]).sum(0)
+        # A sum over the leading dims, not a reshape: under TP the q/k-norm inputs are DTensors
+        # sharded on the heads dim, which a flatten cannot cross without a redistribution.
+        leading = tuple(range(x.dim() - 1))
+        grad_weight = (grad * normed.to(x.dtype)).sum(leading)
         # Rounded to x's dtype on the way, as autograd through the eager graph does.
         grad_normed = (grad * weight).to(x.dtype).float()
         mean = (grad_normed * normed).mean(-1, keepdim=True)
