@@ -136,7 +136,11 @@ def run_ours(spec: RunSpec, args, device) -> tuple[dict, Trainer]:
         tokens,
         peak_flops(device),
         device,
-        {"compile": spec.training.compile, "attention": spec.model.attention},
+        {
+            "compile": spec.training.compile,
+            "attention": spec.model.attention,
+            "micro_batch": spec.training.micro_batch_size,
+        },
     )
     return result, trainer
 
@@ -182,12 +186,12 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
         model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda" or None
     )
     objective, loader = trainer.objective, trainer.loader
-    samples = spec.training.micro_batch_size
+    samples = args.baseline_micro_batch or spec.training.micro_batch_size
 
     def step(index: int) -> tuple[float, float]:
         from turbo_dllm.train.objectives import NoiseKey
 
-        batch = next(loader)
+        batch = {name: rows[:samples] for name, rows in next(loader).items()}
         diffusion = objective.corrupt(batch, NoiseKey(0, index, 0, samples))
         layout = diffusion.layout
         flops = step_flops(
@@ -252,7 +256,7 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
         tokens,
         peak_flops(device),
         device,
-        {"gradient_checkpointing": checkpointing},
+        {"gradient_checkpointing": checkpointing, "micro_batch": samples},
     )
 
 
@@ -273,6 +277,13 @@ def main(argv=None) -> int:
         "--block-size", type=int, default=None, help="B (default 32, 16 with --tiny)"
     )
     parser.add_argument("--micro-batch", type=int, default=1)
+    parser.add_argument(
+        "--baseline-micro-batch",
+        type=int,
+        default=None,
+        help="the baseline's micro-batch when it differs from ours (at most --micro-batch): "
+        "each side at the largest that fits one GPU",
+    )
     parser.add_argument("--steps", type=int, default=None, help="timed steps (default 10, 3 tiny)")
     parser.add_argument(
         "--warmup", type=int, default=None, help="untimed steps (default 3, 1 tiny)"
@@ -313,7 +324,9 @@ def main(argv=None) -> int:
     if not args.no_baseline:
         results.append(run_baseline(trainer, spec, args, device))
 
-    print(f"\n{'':22} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'mem GB':>7}")
+    print(
+        f"\n{'':22} {'mb':>3} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'mem GB':>7}"
+    )
     for r in results:
         if "error" in r:
             print(f"{r['name']:22} {r['error']}")
@@ -321,7 +334,7 @@ def main(argv=None) -> int:
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         mem = f"{r['peak_memory_gb']:.1f}" if r["peak_memory_gb"] is not None else "-"
         print(
-            f"{r['name']:22} {r['step_time_s']:8.3f} {r['tokens_per_s']:10,.0f} "
+            f"{r['name']:22} {r['micro_batch']:3} {r['step_time_s']:8.3f} {r['tokens_per_s']:10,.0f} "
             f"{r['tflops_per_s']:8.1f} {mfu:>6} {mem:>7}"
         )
     speedup = None
