@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Everything we run on a lent H200 host, in one script: bash ci/gpu_session.sh STAGE...
 # Stages: deps, qualify (sm90 bundle build/install + op tests), tests (tests/gpu), tests-train (the
-# loss, trainer and TP GPU tests: everything in tests/gpu but the native-merge ones), tests-tp, train (train_step
-# benchmark), train-exp (profile + variants), flex-tune, tests2 (2-GPU tests), cp (CSBP vs CP throughput), search1/search2 (longest
-# context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an allocator snapshot). Logs and JSON go to $OUT (or ./gpu-out).
+# loss, trainer and TP GPU tests: all of tests/gpu but the native-merge ones), tests-tp, train
+# (train_step benchmark), train-best (ours at micro-batch 2 against the baseline at 1), train-mb2,
+# train-exp (profile + variants), flex-tune, tests2 (2-GPU tests), cp (CSBP vs CP throughput),
+# search1/search2 (longest context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an
+# allocator snapshot). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh machine with deps.
 # CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
 # CSBP's merge op: the jit backend builds the bundle's CUDA sources in place (CP_KERNELS=reference
 # for the pure-torch merge, which keeps float32 copies of both partial outputs for its backward).
