@@ -1,8 +1,9 @@
-"""The trainer's doctor checks: attention backend, model source, W&B."""
+"""The trainer's doctor checks: attention backend, merge, model source, compile cache, W&B."""
 
 from __future__ import annotations
 
 import json
+import os
 
 from tests.train.util import write_config
 
@@ -76,3 +77,28 @@ def test_block_parallel_flex_with_the_reference_merge_warns_with_a_fix(cli, tmp_
         "kernels=native",
     )  # fmt: skip
     assert checks(cli, native)["attention merge"]["status"] == "pass"
+
+
+def test_compile_cache_reported_cold_then_warm(cli, tmp_path, monkeypatch):
+    from turbo_dllm.train.compile_cache import (
+        INDUCTOR_CACHE_VARIABLE,
+        TRITON_CACHE_VARIABLE,
+        compile_cache_dir,
+    )
+
+    for name in (INDUCTOR_CACHE_VARIABLE, TRITON_CACHE_VARIABLE, "DLLM_COMPILE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("DLLM_HOME", str(tmp_path / "home"))
+    plain = checks(cli, write_config(tmp_path / "a.yaml"))["compile cache"]
+    assert plain["status"] == "pass" and "nothing compiles" in plain["detail"]
+    config = write_config(tmp_path / "b.yaml", "training.compile=true")
+    cold = checks(cli, config)["compile cache"]
+    assert cold["status"] == "pass" and "cold" in cold["detail"]
+    assert str(compile_cache_dir()) in cold["detail"]
+    assert INDUCTOR_CACHE_VARIABLE not in os.environ  # doctor sets nothing in its process
+    (compile_cache_dir() / "inductor" / "x").write_bytes(b"1" * 2_000_000)
+    warm = checks(cli, config)["compile cache"]
+    assert "warm (2 MB)" in warm["detail"]
+    monkeypatch.setenv("DLLM_COMPILE_CACHE", str(config))  # a file: not a folder
+    broken = checks(cli, config)["compile cache"]
+    assert broken["status"] == "fail" and "DLLM_COMPILE_CACHE" in broken["fix"]

@@ -31,6 +31,11 @@ import torch
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train.attention import allowed_pairs, build_attention
 from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta
+from turbo_dllm.train.compile_cache import (
+    INDUCTOR_CACHE_VARIABLE,
+    cache_size_bytes,
+    use_compile_cache,
+)
 from turbo_dllm.train.data import build_data
 from turbo_dllm.train.distributed import (
     DistEnv,
@@ -87,6 +92,7 @@ class Trainer:
             else contextlib.nullcontext
         )
         self.train_time_offset = 0.0
+        self.compile_cache: dict[str, str] = {}  # the cache variables in effect, when compiling
 
     # ============================== build steps ==============================================
     def build(self) -> Trainer:
@@ -108,6 +114,8 @@ class Trainer:
             overrides=dict(spec.config_overrides),
         )
         check_tensor_parallel(self.model_config, self.dims.tp)  # before any collective
+        if self.spec.training.compile or self.device.type == "cuda":  # inductor or Triton builds
+            self.compile_cache = use_compile_cache()
         self.attention = build_attention(spec.attention, self.device)
         self.mesh = self.dims.build_mesh(self.device.type)
         # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
@@ -334,6 +342,11 @@ class Trainer:
             f"params) on {env.world_size} x {self.device.type}, steps {start + 1}..{self.total_steps}, "
             f"run dir {self.run_dir}",
         )
+        if self.compile_cache:
+            inductor = Path(self.compile_cache[INDUCTOR_CACHE_VARIABLE])
+            size = cache_size_bytes(inductor)
+            state = f"warm, {size / 1e6:,.0f} MB" if size else "cold: the first step compiles"
+            print0(env, f"compile cache {inductor.parent} ({state})")
         last_saved = start
         for step in range(start, self.total_steps):
             if self.device.type == "cuda":

@@ -1,11 +1,13 @@
 """Trainer readiness: the attention backend fits the host, the merge op suits block parallelism,
-the model folder loads, W&B exists.
+the model folder loads, the compile cache is usable, W&B exists.
 
 Cheap checks (no weights are read): they catch the mistakes that would otherwise surface only
 after the workers started.
 """
 
 from __future__ import annotations
+
+from pathlib import Path
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
 from turbo_dllm.errors import DllmError
@@ -96,6 +98,37 @@ def model_source(ctx: DoctorContext) -> CheckResult:
             fix="save the model with transformers' save_pretrained (safetensors) into that folder",
         )
     return CheckResult(name, "pass", f"{folder} ({size})")
+
+
+@register_check(order=458)
+def compile_cache(ctx: DoctorContext) -> CheckResult:
+    """Where compiled kernels are kept, and whether the first step will have to build them."""
+    name = "compile cache"
+    if ctx.spec is None:
+        return _no_spec(name)
+    import torch
+
+    if not (ctx.spec.training.compile or torch.cuda.is_available()):
+        return CheckResult(name, "pass", "nothing compiles (CPU, training.compile: false)")
+    from turbo_dllm.train.compile_cache import (
+        INDUCTOR_CACHE_VARIABLE,
+        cache_size_bytes,
+        prepare_compile_cache,
+    )
+
+    try:  # creates the folders, as the workers will; sets nothing in this process
+        folder = Path(prepare_compile_cache()[INDUCTOR_CACHE_VARIABLE])
+    except DllmError as error:
+        return CheckResult(name, "fail", error.message, fix=error.hint)
+    size = cache_size_bytes(folder)
+    if size:
+        return CheckResult(name, "pass", f"{folder.parent}: warm ({size / 1e6:,.0f} MB)")
+    return CheckResult(
+        name,
+        "pass",
+        f"{folder.parent}: cold, so the first step compiles (minutes for a 1-2B model on an "
+        "H200); later runs with this torch/Triton reuse it",
+    )
 
 
 @register_check(order=460)
