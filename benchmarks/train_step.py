@@ -310,6 +310,11 @@ def main(argv=None) -> int:
     args.block_size = args.block_size or (16 if args.tiny else 32)
     args.steps = args.steps or (3 if args.tiny else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    if (
+        args.baseline_micro_batch is not None
+        and not 1 <= args.baseline_micro_batch <= args.micro_batch
+    ):
+        parser.error("--baseline-micro-batch must be between 1 and --micro-batch")
 
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")

@@ -117,6 +117,7 @@ def test_chunks_split_evenly_under_the_limit():
     assert _even_chunks(4096, 3520) == 2048  # two equal GEMMs, not 3520 + 576
     assert _even_chunks(100, 3520) == 128  # one chunk, rounded to a multiple of 64
     assert _even_chunks(10_000, 64) == 64
+    assert _even_chunks(0, 3520) == 3520
     for n, limit in [(1, 64), (4097, 2048), (50_000, 3520)]:
         size = _even_chunks(n, limit)
         assert size <= limit and size % 64 == 0 and math.ceil(n / size) == math.ceil(n / limit)
@@ -167,3 +168,13 @@ def test_bf16_matmuls_match_float64_within_bf16_error():
     torch.testing.assert_close(got.double(), expected.detach(), rtol=1e-2, atol=0)
     torch.testing.assert_close(h16.grad.double(), h.grad, rtol=0.05, atol=5e-3)
     torch.testing.assert_close(w32.grad.double(), w.grad, rtol=0.05, atol=5e-3)
+
+
+def test_no_scored_tokens_give_zero_loss_and_zero_gradients():
+    """A micro-batch can draw no masked token: the loss is 0, not an error."""
+    hidden = torch.randn(0, 8, requires_grad=True)
+    weight = torch.randn(20, 8, requires_grad=True)
+    loss = linear_cross_entropy(hidden, weight, torch.zeros(0, dtype=torch.long))
+    loss.backward()
+    assert loss.item() == 0.0 and hidden.grad.shape == (0, 8)
+    assert torch.equal(weight.grad, torch.zeros_like(weight))

@@ -33,7 +33,9 @@ def default_chunk_size(
 def _even_chunks(n: int, limit: int) -> int:
     """The chunk size that splits n into the fewest near-equal pieces of at most `limit`
     (multiples of 64): 4096 tokens at a limit of 3520 become 2 x 2048, not 3520 + 576."""
-    pieces = max(1, math.ceil(n / limit))
+    if n <= 0:  # nothing scored (a micro-batch can draw no masked token): any size loops 0 times
+        return limit
+    pieces = math.ceil(n / limit)
     return min(limit, math.ceil(math.ceil(n / pieces) / 64) * 64)
 
 
