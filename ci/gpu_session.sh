@@ -37,7 +37,7 @@ for stage in "$@"; do
     tests-tp) python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_tp_gpu.py 2>&1 \
           | tee "$OUT/gpu-tests-tp.log" | tail -5 || status=1 ;;
     train) python3 benchmarks/train_step.py --out "$OUT/train_step.json" 2>&1 | tee "$OUT/train_step.log" | tail -8 || status=1 ;;
-    train-best) # each side at its best micro-batch on one H200 (the baseline's 2 needs ~190 GB)
+    train-best) # each side at its best micro-batch on one H200 (the baseline's 2 needs ~170 GB)
       python3 benchmarks/train_step.py --micro-batch 2 --baseline-micro-batch 1 --out "$OUT/train_step_best.json" \
           2>&1 | tee "$OUT/train_step_best.log" | tail -6 || status=1 ;;
     train-mb2) python3 benchmarks/train_step.py --micro-batch 2 --no-baseline --out "$OUT/train_step_mb2.json" 2>&1 | tee "$OUT/train_step_mb2.log" | tail -6 || status=1 ;;
