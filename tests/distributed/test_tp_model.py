@@ -34,10 +34,15 @@ RTOL = 5e-5  # float32, different summation orders
 # The tiny preset with 2 layers: 4 query heads, 2 key/value heads, intermediate 384.
 OVERRIDES = {"num_hidden_layers": 2}
 
-# (name, fsdp, cp, bp); tp = world / (fsdp * max(cp, bp))
+# (name, fsdp, cp, bp); tp = world / (fsdp * max(cp, bp)); "-sp": sequence parallelism on
 CASES: dict[int, list[tuple[str, int, int, int]]] = {
-    2: [("tp2", 1, 1, 1)],
-    4: [("tp2-fsdp2", 2, 1, 1), ("tp2-csbp-cp2-bp2", 1, 2, 2)],
+    2: [("tp2", 1, 1, 1), ("tp2-sp", 1, 1, 1)],
+    4: [
+        ("tp2-fsdp2", 2, 1, 1),
+        ("tp2-csbp-cp2-bp2", 1, 2, 2),
+        ("tp2-sp-fsdp2", 2, 1, 1),
+        ("tp2-sp-csbp-cp2-bp2", 1, 2, 2),
+    ],
 }
 
 
@@ -96,12 +101,20 @@ def _run_case(
     # --- the parallel run (the trainer's order) ----------------------------------------------
     plan = build_sequence_plan(dims, build_attention(attention, cpu))
     model = build_model(config, plan.attention_backend)
-    apply_tensor_parallel(model, dims.get_mesh("tp"))
+    apply_tensor_parallel(model, dims.get_mesh("tp"), sequence_parallel="sp" in name.split("-"))
     if fsdp_mesh is not None:
         apply_fsdp(model, fsdp_mesh)
     model = materialize(model, cpu, seed=5)
     diffusion = objective.corrupt(batches[dp_rank], _key(dp_rank, fsdp)).to(cpu)
     inputs = plan.prepare(diffusion, cpu)
+    # How many of this rank's tokens the residual stream holds between blocks (1/tp with SP).
+    seen = []
+    norm = model.model.layers[0].post_attention_layernorm
+    norm.register_forward_hook(
+        lambda _m, _args, out: seen.append(
+            (out.to_local() if isinstance(out, DTensor) else out).shape[1]
+        )
+    )
     local = model(
         inputs.input_ids, inputs.positions, inputs.mask, output=partial(score, inputs.batch)
     )
@@ -118,6 +131,7 @@ def _run_case(
     dist.all_reduce(total, group=dims.loss_group())
     want = float(single_loss.detach())
     errors = {"loss": abs(float(total) - want) / abs(want)}
+    errors["stream_fraction"] = seen[0] / inputs.input_ids.shape[1]
     grad_error = 0.0
     sharded = 0
     for param_name, param in model.named_parameters():
@@ -154,8 +168,12 @@ def errors(tmp_path_factory):
 @pytest.mark.parametrize("world,name", [(w, c[0]) for w, cases in CASES.items() for c in cases])
 def test_tensor_parallel_loss_gradients_and_norm_equal_single_rank(errors, world, name):
     found = errors[world][name]
-    # 7 projections and the q/k norms (replicated, head-sharded inputs) per layer
-    assert found["tp_sharded_params"] == 9 * OVERRIDES["num_hidden_layers"], found
+    # 7 projections and the q/k norms (replicated, head-sharded inputs) per layer; with
+    # sequence parallelism also both layer norms and the final norm (sequence-sharded inputs)
+    layers = OVERRIDES["num_hidden_layers"]
+    expected = 11 * layers + 1 if "sp" in name.split("-") else 9 * layers
+    assert found["tp_sharded_params"] == expected, found
+    assert found["stream_fraction"] == (0.5 if "sp" in name.split("-") else 1.0), found
     for key in ("loss", "grads", "norm", "clipped"):
         assert found[key] < RTOL, (name, key, found)
 

@@ -149,3 +149,20 @@ def test_launch_dry_run_and_doctor_accept_tp(cli, tmp_path, monkeypatch):
     assert checks["config"]["status"] == "pass", checks["config"]
     assert checks["world size"]["status"] == "pass", checks["world size"]
     assert "*2 = 4" in checks["world size"]["detail"]
+
+
+@pytest.mark.slow
+def test_tp2_sequence_parallel_matches_one_process_and_resumes_at_tp1(tmp_path):
+    """Sequence parallelism (with activation checkpointing) trains the single-process trace, and
+    its checkpoint resumes without it."""
+    args = (*ARGS, "training.activation_checkpointing=true")
+    single, sp = tmp_path / "single", tmp_path / "sp"
+    train(tiny_spec(*args), single)
+    config = write_config(tmp_path / "train.yaml", *args)
+    run = ("train", "--config", str(config), "--run-dir", str(sp))
+    torchrun(2, *run, "--set", "topology.tp=2", "--set", "topology.sp=true", cwd=tmp_path)
+    torch.testing.assert_close(losses(sp), losses(single), **TOL)
+    torch.testing.assert_close(_grad_norms(sp), _grad_norms(single), **TOL)
+    resumed = tmp_path / "resumed"
+    train(tiny_spec(*args, f"checkpoint.resume={sp / 'checkpoints/step_00000002'}"), resumed)
+    torch.testing.assert_close(losses(resumed), losses(single)[2:], **TOL)

@@ -44,12 +44,14 @@ def test_tp2_nccl_loss_and_gradients_equal_one_gpu(tmp_path):
             assert found[key] < 1e-3, (attention, key, found)  # fp32; TF32 off by default
 
 
+@pytest.mark.parametrize("sequence_parallel", [False, True])
 @pytest.mark.parametrize(
     "wrappers", [(), ("training.compile=true", "training.activation_checkpointing=true")]
 )
-def test_tp2_train_bf16_matches_one_gpu(tmp_path, wrappers):
+def test_tp2_train_bf16_matches_one_gpu(tmp_path, wrappers, sequence_parallel):
     """`dllm train` (bf16 autocast, flex attention) at tp = 2 vs one GPU, plain and with
-    torch.compile + activation checkpointing applied after tensor parallelism."""
+    torch.compile + activation checkpointing applied after tensor parallelism, with and
+    without sequence parallelism."""
     from tests.train.util import losses, tiny_spec, torchrun, write_config
     from turbo_dllm.train.entry import train
 
@@ -61,6 +63,7 @@ def test_tp2_train_bf16_matches_one_gpu(tmp_path, wrappers):
         2,
         *("train", "--config", str(config), "--run-dir", str(run_dir)),
         *("--set", "topology.tp=2"),
+        *(("--set", "topology.sp=true") if sequence_parallel else ()),
         cwd=tmp_path,
     )
     # bf16 compute with a different reduction split: close, not equal.

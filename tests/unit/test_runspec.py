@@ -70,9 +70,20 @@ def test_check_lists_every_problem():
     with pytest.raises(DllmError) as info:
         check(s)
     text = info.value.message
-    assert "4 problems" in text  # sp is also unavailable in this version
+    assert "3 problems" in text  # sp needs tp > 1
     for path in ("data.seq_len", "topology.sp", "scheduler.warmup_steps"):
         assert path in text
+
+
+def test_sequence_parallel_rules():
+    ok = spec(topology={"tp": 2, "sp": True})
+    assert "topology.sp" not in paths(ok)
+    uneven = spec(
+        data={"seq_len": 200}, objective={"block_size": 8}, topology={"tp": 3, "sp": True}
+    )
+    assert "topology.sp" in paths(uneven)  # 200 tokens do not split over max(cp, bp) x tp = 3
+    chunked = spec(topology={"tp": 2, "sp": True}, training={"mlp_chunks": 2})
+    assert "topology.sp" in paths(chunked)
 
 
 def test_apply_overrides_creates_sections_and_parses_scalars():

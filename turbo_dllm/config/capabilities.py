@@ -18,7 +18,7 @@ __all__ = [
 AVAILABLE_FAMILIES: frozenset[str] = frozenset({"causal_lm", "qwen3"})
 AVAILABLE_OBJECTIVES: frozenset[str] = frozenset({"block_diffusion", "fast_dllm_v2"})
 # Topology axes (besides plain data parallelism) whose code has landed.
-AVAILABLE_PARALLEL: frozenset[str] = frozenset({"dp", "fsdp", "cp", "bp", "tp"})
+AVAILABLE_PARALLEL: frozenset[str] = frozenset({"dp", "fsdp", "cp", "bp", "tp", "sp"})
 
 MOE_FAMILIES: frozenset[str] = frozenset({"diffusion_gemma"})
 

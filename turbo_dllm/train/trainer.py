@@ -123,7 +123,9 @@ class Trainer:
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
         model = build_model(self.model_config, self.plan.attention_backend, dtype)
         if self.dims.tp > 1:
-            apply_tensor_parallel(model, self.dims.get_mesh("tp"))
+            apply_tensor_parallel(
+                model, self.dims.get_mesh("tp"), sequence_parallel=self.spec.topology.sp
+            )
         if self.spec.training.mlp_chunks > 1:
             apply_mlp_chunking(model, self.spec.training.mlp_chunks)
         if self.spec.training.activation_checkpointing:

@@ -96,10 +96,6 @@ class ParallelDims:
                 "topology.ep > 1 is not available in this version",
                 hint="train with dp/fsdp, cp/bp and tp only",
             )
-        if topology.sp:
-            raise DllmError(
-                "topology.sp is not available in this version", hint="set topology.sp: false"
-            )
         return cls(
             dp_replicate=topology.dp,
             dp_shard=topology.fsdp,

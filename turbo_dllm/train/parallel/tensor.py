@@ -19,8 +19,9 @@ optimizer op redistribute it again.
 
 Not sharded (replicated on every tp rank): token embeddings, the RMSNorms, the final norm and the
 (tied) LM head. Their cost: each tp rank stores the full embedding/head matrix and recomputes the
-head's chunked cross-entropy over all of its tokens, and the residual stream is whole on every
-rank (no sequence parallelism). For the dense models trained here the head is a small part of the
+head's chunked cross-entropy over all of its tokens, and, without sequence parallelism, the
+residual stream is whole on every rank. `sequence_parallel=True` (`topology.sp`) splits it along
+the sequence (see `apply_tensor_parallel`). For the dense models trained here the head is a small part of the
 FLOPs and FSDP2 still shards these weights over the data-parallel ranks; sharding the vocabulary
 would need a vocab-parallel cross-entropy inside the objective's chunked head.
 
@@ -75,30 +76,78 @@ def check_tensor_parallel(config: DecoderConfig, tp: int) -> None:
         )
 
 
-def apply_tensor_parallel(model: nn.Module, tp_mesh: DeviceMesh) -> None:
-    """Shard every decoder layer's projections over `tp_mesh` (in place, before FSDP2)."""
+def apply_tensor_parallel(
+    model: nn.Module, tp_mesh: DeviceMesh, *, sequence_parallel: bool = False
+) -> None:
+    """Shard every decoder layer's projections over `tp_mesh` (in place, before FSDP2).
+
+    With `sequence_parallel` the residual stream between the attention and MLP blocks is split
+    along the sequence over the tp ranks as well (Megatron-SP): the RMSNorms and the residual
+    adds run on 1/tp of the tokens, each block all-gathers its input and the row-wise o/down
+    projections reduce-scatter their output instead of all-reducing it (the same traffic).
+    """
+    from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
+        PrepareModuleInput,
+        PrepareModuleOutput,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
     )
 
     check_tensor_parallel(model.config, tp_mesh.size())
+    # The residual stream's layout between blocks: whole (TP) or split along the sequence (SP).
+    stream = Shard(1) if sequence_parallel else Replicate()
     plan = {
         "self_attn.q_proj": ColwiseParallel(),
         "self_attn.k_proj": ColwiseParallel(),
         "self_attn.v_proj": ColwiseParallel(),
-        "self_attn.o_proj": RowwiseParallel(),
+        "self_attn.o_proj": RowwiseParallel(output_layouts=stream),
         "mlp.gate_proj": ColwiseParallel(),
         "mlp.up_proj": ColwiseParallel(),
-        "mlp.down_proj": RowwiseParallel(),
+        "mlp.down_proj": RowwiseParallel(output_layouts=stream),
     }
     if model.config.qk_norm:  # input (B, S, local heads, head_dim): heads are dim 2
         plan["self_attn.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         plan["self_attn.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
+    if sequence_parallel:
+        plan["input_layernorm"] = SequenceParallel()
+        plan["post_attention_layernorm"] = SequenceParallel()
+        # Attention and MLP see the whole sequence (cos/sin and the mask pass through).
+        plan["self_attn"] = PrepareModuleInput(
+            input_layouts=(Shard(1), None, None, None),
+            desired_input_layouts=(Replicate(), None, None, None),
+            use_local_output=True,
+        )
+        plan["mlp"] = PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
+        )
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, plan)
+    if sequence_parallel:
+        # The embeddings stay replicated (tied to the head); their output is cut along the
+        # sequence without communication, and the final norm's output is gathered whole for
+        # the objective's head.
+        parallelize_module(
+            model.model,
+            tp_mesh,
+            {
+                "embed_tokens": PrepareModuleOutput(
+                    output_layouts=Replicate(), desired_output_layouts=Shard(1)
+                ),
+                "norm": SequenceParallel(),
+            },
+        )
+        parallelize_module(
+            model,
+            tp_mesh,
+            {
+                "model": PrepareModuleOutput(
+                    output_layouts=Shard(1), desired_output_layouts=Replicate()
+                )
+            },
+        )
 
 
 def replicate_partial_grads(params) -> None:
