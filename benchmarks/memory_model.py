@@ -1,4 +1,4 @@
-"""Per-rank activation memory of one training step, whole sequence vs CSBP vs CP, on CPU.
+"""Per-rank activation memory of one training step (whole sequence, CSBP, CP, TP, TP + SP) on CPU.
 
 The 2-GPU context search (benchmarks/context_parallel.py) says how long a sequence fits; this
 script says where the bytes go, without a GPU. It runs the real `Trainer.train_step` (plan-sharded
@@ -12,6 +12,7 @@ fixed FSDP buffers (parameter all-gathers, gradient reduce-scatters).
 
     python benchmarks/memory_model.py                      # L = 4096, whole / csbp / cp
     python benchmarks/memory_model.py --seq-len 8192 --modes whole,csbp --top 15
+    python benchmarks/memory_model.py --modes whole,tp,tp-sp   # tensor / sequence parallelism
 
 What it cannot see: the CUDA caching allocator (fragmentation, stream-ordered frees of buffers
 used by NCCL), NCCL's own buffers, and kernel workspaces.
@@ -37,7 +38,14 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-MODES = {"whole": (1, 1, 1), "csbp": (2, 2, 2), "cp": (2, 2, 1)}  # mode -> (world, cp, bp)
+# mode -> (world, topology): every mode runs on 2 processes except the whole sequence.
+MODES: dict[str, tuple[int, dict]] = {
+    "whole": (1, {}),
+    "csbp": (2, {"cp": 2, "bp": 2}),
+    "cp": (2, {"cp": 2}),
+    "tp": (2, {"tp": 2}),
+    "tp-sp": (2, {"tp": 2, "sp": True}),
+}
 
 
 class FlexLikeAttention(torch.autograd.Function):
@@ -118,7 +126,7 @@ def _install_stand_in() -> None:
     backends.ReferenceAttention.__call__ = lambda self, q, k, v, mask: attend(q, k, v)[0]
 
 
-def _spec(args, cp: int, bp: int, world: int):
+def _spec(args, topology: dict, world: int):
     from turbo_dllm.config.runspec import RunSpec
     from turbo_dllm.config.validate import check
 
@@ -147,7 +155,7 @@ def _spec(args, cp: int, bp: int, world: int):
             "activation_checkpointing": True,
             "mlp_chunks": args.mlp_chunks,
         },
-        "topology": {"cp": cp, "bp": bp},
+        "topology": topology,
         "scheduler": {"name": "constant", "warmup_steps": 0},
         "checkpoint": {"resume": "never"},
         "logging": {"console": False, "jsonl": False},
@@ -157,7 +165,7 @@ def _spec(args, cp: int, bp: int, world: int):
 
 
 def _worker(rank: int, args, mode: str, port: int, out_dir: str) -> None:
-    world, cp, bp = MODES[mode]
+    world, topology = MODES[mode]
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(world),
@@ -172,7 +180,7 @@ def _worker(rank: int, args, mode: str, port: int, out_dir: str) -> None:
 
     env = init_distributed()
     with tempfile.TemporaryDirectory() as run_dir:
-        trainer = Trainer(_spec(args, cp, bp, world), run_dir, env).build()
+        trainer = Trainer(_spec(args, topology, world), run_dir, env).build()
         trainer.train_step(0)  # optimizer state exists from here on: not activation memory
         tracker = LiveBytes()
         with tracker:

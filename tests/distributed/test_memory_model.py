@@ -1,4 +1,4 @@
-"""benchmarks/memory_model.py: per-rank live bytes of a real trainer step, whole vs CSBP."""
+"""benchmarks/memory_model.py: per-rank live bytes of a real trainer step (whole, CSBP, TP, SP)."""
 
 from __future__ import annotations
 
@@ -69,3 +69,18 @@ def test_memory_snapshot_groups_live_blocks_by_our_allocating_line(tmp_path):
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert proc.returncode == 0 and "failed request: 5.00 GB" in proc.stdout, proc.stderr
+
+
+def test_sequence_parallel_holds_less_than_plain_tensor_parallel(tmp_path):
+    """With sp the residual stream (and so the checkpointed layer inputs) is split over tp."""
+    out = tmp_path / "mm.json"
+    command = [sys.executable, str(SCRIPT), "--seq-len", "1024", "--modes", "tp,tp-sp"]
+    proc = subprocess.run(
+        [*command, "--out", str(out)], capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    tp = [r["peak_mb"] for r in rows if r["mode"] == "tp"]
+    sp = [r["peak_mb"] for r in rows if r["mode"] == "tp-sp"]
+    assert len(tp) == len(sp) == 2
+    assert max(sp) < 0.95 * min(tp), rows
