@@ -18,7 +18,7 @@ from tests.distributed.harness import errors_per_world
 from turbo_dllm.config.runspec import ObjectiveSpec
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train.attention import build_attention
-from turbo_dllm.train.distributed import apply_fsdp, clip_grad_norm
+from turbo_dllm.train.distributed import apply_fsdp, apply_mlp_chunking, clip_grad_norm
 from turbo_dllm.train.models import build_model, materialize, resolve_model_config
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
@@ -34,7 +34,8 @@ RTOL = 5e-5  # float32, different summation orders
 # The tiny preset with 2 layers: 4 query heads, 2 key/value heads, intermediate 384.
 OVERRIDES = {"num_hidden_layers": 2}
 
-# (name, fsdp, cp, bp); tp = world / (fsdp * max(cp, bp)); "-sp": sequence parallelism on
+# (name, fsdp, cp, bp); tp = world / (fsdp * max(cp, bp)); "-sp": sequence parallelism on,
+# "-chunks": the MLPs run in 3 token pieces
 CASES: dict[int, list[tuple[str, int, int, int]]] = {
     2: [("tp2", 1, 1, 1), ("tp2-sp", 1, 1, 1)],
     4: [
@@ -42,6 +43,7 @@ CASES: dict[int, list[tuple[str, int, int, int]]] = {
         ("tp2-csbp-cp2-bp2", 1, 2, 2),
         ("tp2-sp-fsdp2", 2, 1, 1),
         ("tp2-sp-csbp-cp2-bp2", 1, 2, 2),
+        ("tp2-sp-chunks-fsdp2", 2, 1, 1),
     ],
 }
 
@@ -102,6 +104,8 @@ def _run_case(
     plan = build_sequence_plan(dims, build_attention(attention, cpu))
     model = build_model(config, plan.attention_backend)
     apply_tensor_parallel(model, dims.get_mesh("tp"), sequence_parallel="sp" in name.split("-"))
+    if "chunks" in name.split("-"):
+        apply_mlp_chunking(model, 3)  # pieces of 16 of a rank's 48 local tokens (uneven split)
     if fsdp_mesh is not None:
         apply_fsdp(model, fsdp_mesh)
     model = materialize(model, cpu, seed=5)

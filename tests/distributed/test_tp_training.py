@@ -153,9 +153,9 @@ def test_launch_dry_run_and_doctor_accept_tp(cli, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_tp2_sequence_parallel_matches_one_process_and_resumes_at_tp1(tmp_path):
-    """Sequence parallelism (with activation checkpointing) trains the single-process trace, and
-    its checkpoint resumes without it."""
-    args = (*ARGS, "training.activation_checkpointing=true")
+    """Sequence parallelism (with activation checkpointing and MLP chunks) trains the
+    single-process trace, and its checkpoint resumes without it."""
+    args = (*ARGS, "training.activation_checkpointing=true", "training.mlp_chunks=2")
     single, sp = tmp_path / "single", tmp_path / "sp"
     train(tiny_spec(*args), single)
     config = write_config(tmp_path / "train.yaml", *args)

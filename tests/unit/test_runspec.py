@@ -83,7 +83,7 @@ def test_sequence_parallel_rules():
     )
     assert "topology.sp" in paths(uneven)  # 200 tokens do not split over max(cp, bp) x tp = 3
     chunked = spec(topology={"tp": 2, "sp": True}, training={"mlp_chunks": 2})
-    assert "topology.sp" in paths(chunked)
+    assert "topology.sp" not in paths(chunked)  # pieces are gathered one at a time
 
 
 def test_apply_overrides_creates_sections_and_parses_scalars():

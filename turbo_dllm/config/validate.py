@@ -94,13 +94,6 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
                 f"sequence parallelism splits each rank's tokens over tp: data.seq_len "
                 f"({data.seq_len}) must be a multiple of max(cp, bp) x tp = {context * topo.tp}",
             )
-        if spec.training.mlp_chunks > 1:
-            add(
-                "topology.sp",
-                "sequence parallelism does not combine with training.mlp_chunks > 1 (each chunk "
-                "would be scattered over tp on its own, out of the residual stream's order); "
-                "set training.mlp_chunks: 1, or topology.sp: false",
-            )
     if topo.ep > 1 and model.family not in caps.MOE_FAMILIES:
         add(
             "topology.ep",

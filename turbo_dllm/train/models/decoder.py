@@ -198,6 +198,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
         self.chunks = 1
+        # Where the tokens enter the projections: a no-op here, the point where sequence
+        # parallelism gathers each piece's tokens from the tp ranks (train/parallel/tensor.py).
+        self.gather_tokens = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.chunks == 1 or not torch.is_grad_enabled():
@@ -208,6 +211,7 @@ class MLP(nn.Module):
         return torch.cat([checkpoint(self._swiglu, p, use_reentrant=False) for p in pieces], 1)
 
     def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.gather_tokens(x)
         return self.down_proj(_SwiGLU.apply(self.gate_proj(x), self.up_proj(x)))
 
 

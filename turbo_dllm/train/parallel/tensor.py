@@ -112,15 +112,18 @@ def apply_tensor_parallel(
         plan["self_attn.q_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
         plan["self_attn.k_norm"] = SequenceParallel(sequence_dim=2, use_local_output=True)
     if sequence_parallel:
-        plan["input_layernorm"] = SequenceParallel()
-        plan["post_attention_layernorm"] = SequenceParallel()
+        # Local outputs: the MLP splits its pieces from this rank's own tokens.
+        plan["input_layernorm"] = SequenceParallel(use_local_output=True)
+        plan["post_attention_layernorm"] = SequenceParallel(use_local_output=True)
         # Attention and MLP see the whole sequence (cos/sin and the mask pass through).
         plan["self_attn"] = PrepareModuleInput(
             input_layouts=(Shard(1), None, None, None),
             desired_input_layouts=(Replicate(), None, None, None),
             use_local_output=True,
         )
-        plan["mlp"] = PrepareModuleInput(
+        # Gathered per MLP piece (`training.mlp_chunks`): each piece of this rank's tokens is
+        # all-gathered, and its output reduce-scattered back, in the residual stream's order.
+        plan["mlp.gather_tokens"] = PrepareModuleInput(
             input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True
         )
     for layer in model.model.layers:
