@@ -44,6 +44,7 @@ CASES: dict[int, list[tuple[str, int, int, int]]] = {
         ("tp2-sp-fsdp2", 2, 1, 1),
         ("tp2-sp-csbp-cp2-bp2", 1, 2, 2),
         ("tp2-sp-chunks-fsdp2", 2, 1, 1),
+        ("tp2-sp-cp2", 1, 2, 1),
     ],
 }
 

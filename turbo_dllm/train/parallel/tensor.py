@@ -20,10 +20,10 @@ optimizer op redistribute it again.
 Not sharded (replicated on every tp rank): token embeddings, the RMSNorms, the final norm and the
 (tied) LM head. Their cost: each tp rank stores the full embedding/head matrix and recomputes the
 head's chunked cross-entropy over all of its tokens, and, without sequence parallelism, the
-residual stream is whole on every rank. `sequence_parallel=True` (`topology.sp`) splits it along
-the sequence (see `apply_tensor_parallel`). For the dense models trained here the head is a small part of the
-FLOPs and FSDP2 still shards these weights over the data-parallel ranks; sharding the vocabulary
-would need a vocab-parallel cross-entropy inside the objective's chunked head.
+residual stream is whole on every rank (`sequence_parallel=True`, `topology.sp`, splits it along
+the sequence: see `apply_tensor_parallel`). For the dense models trained here the head is a small
+part of the FLOPs and FSDP2 still shards these weights over the data-parallel ranks; sharding the
+vocabulary would need a vocab-parallel cross-entropy inside the objective's chunked head.
 
 Because every tp rank of a group holds the same residual stream, the same loss and the same full
 gradients of the replicated parameters, reductions over ranks (token counts, loss sums, FLOPs)
