@@ -344,7 +344,7 @@ class Trainer:
             f"params) on {env.world_size} x {self.device.type}, steps {start + 1}..{self.total_steps}, "
             f"run dir {self.run_dir}",
         )
-        if self.compile_cache:
+        if self.compile_cache and env.is_main:  # one rank walks the cache folder, not all
             inductor = Path(self.compile_cache[INDUCTOR_CACHE_VARIABLE])
             size = cache_size_bytes(inductor)
             state = f"warm, {size / 1e6:,.0f} MB" if size else "cold: the first step compiles"
