@@ -25,7 +25,6 @@ __all__ = [
     "TRITON_CACHE_VARIABLE",
     "cache_size_bytes",
     "compile_cache_dir",
-    "compile_cache_settings",
     "prepare_compile_cache",
     "toolchain_key",
     "use_compile_cache",
@@ -62,19 +61,15 @@ def compile_cache_dir() -> Path:
     return base / toolchain_key()
 
 
-def compile_cache_settings() -> dict[str, str]:
-    """The two cache variables a worker will use: the user's own where set, else ours."""
+def prepare_compile_cache() -> dict[str, str]:
+    """The two cache variables a worker will use (the user's own where set, else ours), with
+    their folders created (a DllmError when they cannot be)."""
     folder = compile_cache_dir()
     defaults = {
         INDUCTOR_CACHE_VARIABLE: folder / "inductor",
         TRITON_CACHE_VARIABLE: folder / "triton",
     }
-    return {name: os.environ.get(name) or str(path) for name, path in defaults.items()}
-
-
-def prepare_compile_cache() -> dict[str, str]:
-    """`compile_cache_settings()`, with their folders created (a DllmError when they cannot be)."""
-    settings = compile_cache_settings()
+    settings = {name: os.environ.get(name) or str(path) for name, path in defaults.items()}
     for path in settings.values():
         try:
             Path(path).mkdir(parents=True, exist_ok=True)
