@@ -84,11 +84,11 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             )
 
     # --- topology ---------------------------------------------------------------------------
-    if topo.sp and topo.tp <= 1:
-        add("topology.sp", "sequence parallelism needs topology.tp > 1")
-    if topo.sp and topo.tp > 1:
+    if topo.sp:
         context = max(topo.cp, topo.bp)
-        if data.seq_len % (context * topo.tp):
+        if topo.tp <= 1:
+            add("topology.sp", "sequence parallelism needs topology.tp > 1")
+        elif data.seq_len % (context * topo.tp):
             add(
                 "topology.sp",
                 f"sequence parallelism splits each rank's tokens over tp: data.seq_len "
