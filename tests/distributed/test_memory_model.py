@@ -10,14 +10,19 @@ from pathlib import Path
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "memory_model.py"
 
 
-def test_csbp_rank_holds_about_half_of_a_whole_sequence_rank(tmp_path):
+def _rows(tmp_path: Path, modes: str) -> list[dict]:
+    """The script's JSON rows for `modes` at L = 1024."""
     out = tmp_path / "mm.json"
-    command = [sys.executable, str(SCRIPT), "--seq-len", "1024", "--modes", "whole,csbp"]
+    command = [sys.executable, str(SCRIPT), "--seq-len", "1024", "--modes", modes]
     proc = subprocess.run(
         [*command, "--out", str(out)], capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["rows"]
+    return json.loads(out.read_text())["rows"]
+
+
+def test_csbp_rank_holds_about_half_of_a_whole_sequence_rank(tmp_path):
+    rows = _rows(tmp_path, "whole,csbp")
     whole = [r for r in rows if r["mode"] == "whole"]
     csbp = [r for r in rows if r["mode"] == "csbp"]
     assert len(whole) == 1 and len(csbp) == 2
@@ -73,13 +78,7 @@ def test_memory_snapshot_groups_live_blocks_by_our_allocating_line(tmp_path):
 
 def test_sequence_parallel_holds_less_than_plain_tensor_parallel(tmp_path):
     """With sp the residual stream (and so the checkpointed layer inputs) is split over tp."""
-    out = tmp_path / "mm.json"
-    command = [sys.executable, str(SCRIPT), "--seq-len", "1024", "--modes", "tp,tp-sp"]
-    proc = subprocess.run(
-        [*command, "--out", str(out)], capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    rows = json.loads(out.read_text())["rows"]
+    rows = _rows(tmp_path, "tp,tp-sp")
     tp = [r["peak_mb"] for r in rows if r["mode"] == "tp"]
     sp = [r["peak_mb"] for r in rows if r["mode"] == "tp-sp"]
     assert len(tp) == len(sp) == 2
