@@ -46,7 +46,7 @@ from turbo_dllm.config.runspec import RunSpec  # noqa: E402
 from turbo_dllm.config.validate import check  # noqa: E402
 from turbo_dllm.train.attention import allowed_pairs, dense_mask  # noqa: E402
 from turbo_dllm.train.distributed import init_distributed  # noqa: E402
-from turbo_dllm.train.metrics import peak_flops, step_flops  # noqa: E402
+from turbo_dllm.train.metrics import peak_flops  # noqa: E402
 from turbo_dllm.train.trainer import Trainer  # noqa: E402
 
 
@@ -194,8 +194,7 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
         batch = {name: rows[:samples] for name, rows in next(loader).items()}
         diffusion = objective.corrupt(batch, NoiseKey(0, index, 0, samples))
         layout = diffusion.layout
-        flops = step_flops(
-            trainer.model_config,
+        flops = trainer.model_config.step_flops(
             stream_tokens=diffusion.input_ids.numel(),
             scored_tokens=diffusion.num_scored,
             pairs=allowed_pairs(layout) * diffusion.input_ids.shape[0],

@@ -17,12 +17,14 @@ import torch.distributed as dist
 
 from tests.distributed.harness import errors_per_world
 from turbo_dllm.config.runspec import ObjectiveSpec
+from turbo_dllm.families.decoder.runtime import build_model
+from turbo_dllm.registry import get_family
 from turbo_dllm.train.attention import ReferenceAttention
-from turbo_dllm.train.models import build_model, materialize, resolve_model_config
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.layout import CsbpLayout
 from turbo_dllm.train.parallel.plan import ContextParallel
+from turbo_dllm.train.weights import materialize
 
 SEQ_LEN, BLOCK, ROWS, MASK_ID = 128, 16, 2, 511
 RTOL = 5e-5  # float32, different summation orders (observed ~3e-6)
@@ -85,7 +87,7 @@ def _run_case(world: int, name: str, cp: int, bp: int, objective_name: str) -> f
     dims = ParallelDims(dp_replicate=1, dp_shard=dp, cp=cp, bp=bp, tp=1, world_size=world)
     dims.build_mesh("cpu")
     dp_rank = dims.get_mesh("dp").get_local_rank()
-    config = resolve_model_config(path=None, from_config="tiny", overrides={})
+    config = get_family("qwen3").resolve_config(path=None, from_config="tiny", overrides={})
     objective = build_objective(ObjectiveSpec(name=objective_name, block_size=BLOCK), MASK_ID)
     cpu = torch.device("cpu")
     batches = [_loader_batch(d) for d in range(dp)]

@@ -17,17 +17,23 @@ import torch.distributed as dist
 from tests.distributed.harness import errors_per_world
 from turbo_dllm.config.runspec import ObjectiveSpec
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.decoder.runtime import (
+    apply_tensor_parallel,
+    build_model,
+    check_tensor_parallel,
+)
+from turbo_dllm.registry import get_family
 from turbo_dllm.train.attention import build_attention
-from turbo_dllm.train.distributed import apply_fsdp, apply_mlp_chunking, clip_grad_norm
-from turbo_dllm.train.models import build_model, materialize, resolve_model_config
+from turbo_dllm.train.distributed import (
+    apply_fsdp,
+    apply_mlp_chunking,
+    clip_grad_norm,
+    replicate_partial_grads,
+)
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.plan import build_sequence_plan
-from turbo_dllm.train.parallel.tensor import (
-    apply_tensor_parallel,
-    check_tensor_parallel,
-    replicate_partial_grads,
-)
+from turbo_dllm.train.weights import materialize
 
 SEQ_LEN, BLOCK, ROWS, MASK_ID = 64, 8, 2, 511
 RTOL = 5e-5  # float32, different summation orders
@@ -80,7 +86,7 @@ def _run_case(
     cpu = torch.device(device)
     fsdp_mesh = dims.build_mesh(cpu.type)
     dp_rank = dims.dp_rank
-    config = resolve_model_config(path=None, from_config="tiny", overrides=OVERRIDES)
+    config = get_family("qwen3").resolve_config(path=None, from_config="tiny", overrides=OVERRIDES)
     objective = build_objective(ObjectiveSpec(name="block_diffusion", block_size=BLOCK), MASK_ID)
     batches = [_loader_batch(d) for d in range(fsdp)]
     denominator = float(sum(objective.supervised_count(b) for b in batches))
@@ -106,9 +112,11 @@ def _run_case(
     model = build_model(config, plan.attention_backend)
     apply_tensor_parallel(model, dims.get_mesh("tp"), sequence_parallel="sp" in name.split("-"))
     if "chunks" in name.split("-"):
-        apply_mlp_chunking(model, 3)  # pieces of 16 of a rank's 48 local tokens (uneven split)
+        apply_mlp_chunking(
+            model.model.layers, 3
+        )  # pieces of 16 of a rank's 48 local tokens (uneven split)
     if fsdp_mesh is not None:
-        apply_fsdp(model, fsdp_mesh)
+        apply_fsdp(model, model.model.layers, fsdp_mesh)
     model = materialize(model, cpu, seed=5)
     diffusion = objective.corrupt(batches[dp_rank], _key(dp_rank, fsdp)).to(cpu)
     inputs = plan.prepare(diffusion, cpu)
@@ -184,7 +192,7 @@ def test_tensor_parallel_loss_gradients_and_norm_equal_single_rank(errors, world
 
 
 def test_heads_not_divisible_by_tp_is_a_clear_error():
-    config = resolve_model_config(
+    config = get_family("qwen3").resolve_config(
         path=None, from_config="tiny", overrides={"num_attention_heads": 6, "head_dim": 16}
     )
     with pytest.raises(DllmError, match="num_key_value_heads = 2 is not divisible by") as info:

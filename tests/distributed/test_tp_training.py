@@ -133,12 +133,13 @@ def test_launch_dry_run_and_doctor_accept_tp(cli, tmp_path, monkeypatch):
     plan = json.loads(result.out)["plan"]
     assert plan["world_sizes"] == [4]
     assert {a["name"]: a["degree"] for a in plan["mesh"]} == {
-        "dp": 1,
-        "fsdp": 2,
-        "context": 1,
+        "dp_replicate": 1,
+        "dp_shard": 2,
+        "clean_replica": 1,
+        "cp": 1,
         "tp": 2,
     }
-    assert [(r["coords"]["fsdp"], r["coords"]["tp"]) for r in plan["ranks"]] == [
+    assert [(r["coords"]["dp_shard"], r["coords"]["tp"]) for r in plan["ranks"]] == [
         (0, 0),
         (0, 1),
         (1, 0),

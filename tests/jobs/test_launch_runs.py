@@ -240,9 +240,10 @@ def _workers_of(run_dir: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        if str(run_dir) in argv and "train" in argv and "torch.distributed.run" not in argv:
-            if "launch" not in argv:
-                found.append(int(entry.name))
+        manifest = str(run_dir / "manifest.json")
+        worker = "turbo_dllm.jobs.worker" in argv and manifest in argv
+        if worker and "torch.distributed.run" not in argv:
+            found.append(int(entry.name))
     return found
 
 

@@ -10,7 +10,7 @@ import pytest
 from tests.helpers import assert_user_error
 from turbo_dllm.config.load import load_runspec
 from turbo_dllm.jobs.compiler import compile_plan
-from turbo_dllm.jobs.hostinfo import HostView
+from turbo_dllm.host.view import HostView
 from turbo_dllm.jobs.options import LaunchOptions, NodeRange
 
 
@@ -30,9 +30,14 @@ def test_one_gpu_runs_in_process(cli, spec_file, gpus, workdir):
     assert plan["world_sizes"] == [1] and plan["dist_backend"] is None
     assert plan["rendezvous"]["kind"] == "none"
     [command] = plan["commands"]
-    assert command["argv"][1:5] == ["-m", "turbo_dllm", "train", "--config"]
-    assert command["argv"][5] == f"{plan['run_dir']}/spec.yaml"
-    assert command["argv"][6:] == ["--run-dir", plan["run_dir"]]
+    # The worker reads the spec and the layout from the manifest the launcher writes.
+    assert command["argv"][1:] == [
+        "-m",
+        "turbo_dllm.jobs.worker",
+        "--manifest",
+        f"{plan['run_dir']}/manifest.json",
+    ]
+    assert plan["layout"] == {"dp": 1, "fsdp": 1, "cp": 1, "bp": 1, "tp": 1, "sp": False, "ep": 1}
     assert manifest["host"]["gpus"][0]["arch"] == "sm90"
     assert manifest["spec"]["launch"]["run_dir"] == plan["run_dir"]
     assert not (workdir / "runs").exists()  # a dry run touches nothing
@@ -44,9 +49,10 @@ def test_eight_gpus_one_node_uses_torchrun_standalone(cli, spec_file, gpus):
     assert plan["backend"] == "torchrun" and plan["dist_backend"] == "nccl"
     assert plan["nproc_per_node"] == 8 and plan["world_sizes"] == [8]
     assert {a["name"]: a["degree"] for a in plan["mesh"]} == {
-        "dp": 1,
-        "fsdp": 8,
-        "context": 1,
+        "dp_replicate": 1,
+        "dp_shard": 8,
+        "clean_replica": 1,
+        "cp": 1,
         "tp": 1,
     }
     assert [r["local_rank"] for r in plan["ranks"]] == list(range(8))
@@ -55,7 +61,7 @@ def test_eight_gpus_one_node_uses_torchrun_standalone(cli, spec_file, gpus):
     assert argv[1:3] == ["-m", "torch.distributed.run"]
     assert "--standalone" in argv
     assert argv[argv.index("--nproc-per-node") + 1] == "8"
-    assert argv[argv.index("-m", 3) :][:3] == ["-m", "turbo_dllm", "train"]
+    assert argv[argv.index("-m", 3) :][:2] == ["-m", "turbo_dllm.jobs.worker"]
     assert plan["env"]["PYTHONHASHSEED"] == "0"
 
 
@@ -99,7 +105,7 @@ def test_two_nodes_by_eight_static_rendezvous(cli, spec_file, gpus, workdir):
         "rank": 9,
         "node_rank": 1,
         "local_rank": 1,
-        "coords": {"dp": 1, "fsdp": 1, "context": 0, "tp": 0},
+        "coords": {"dp_replicate": 1, "dp_shard": 1, "clean_replica": 0, "cp": 0, "tp": 0},
     }
     assert not (workdir / "shared").exists()
 
@@ -132,7 +138,7 @@ def test_elastic_one_to_four_nodes(cli, spec_file, gpus, workdir):
     argv = command["argv"]
     assert argv[argv.index("--nnodes") + 1] == "1:4"
     assert argv[argv.index("--max-restarts") + 1] == "3"
-    assert "turbo_dllm.jobs.elastic" in argv
+    assert "turbo_dllm.jobs.worker" in argv
     assert manifest["spec"]["topology"]["dp"] == 1  # the spec stays as written
 
 
@@ -326,7 +332,7 @@ def test_rank_coordinates_put_tensor_parallel_innermost(spec_file):
         run_dir=spec_file.parent / "r",
     )
     # The two tp ranks of a data-parallel replica share a node (NVLink), replicas span nodes.
-    coords = [(r.node_rank, r.coords["dp"], r.coords["tp"]) for r in plan.ranks]
+    coords = [(r.node_rank, r.coords["dp_replicate"], r.coords["tp"]) for r in plan.ranks]
     assert coords == [(0, 0, 0), (0, 0, 1), (1, 1, 0), (1, 1, 1)]
     assert plan.env["OMP_NUM_THREADS"] == "4"
 
@@ -336,26 +342,28 @@ def test_dry_run_human_output_shows_plan_and_manifest(cli, spec_file, gpus, work
     result = cli("launch", "--config", spec_file, "--dry-run", "--set", "topology.fsdp=8")
     assert result.code == 0, result.err
     assert "processes    1 node(s) x 8 per node = 8 (cuda, nccl)" in result.out
-    assert "mesh         dp=1 x fsdp=8 x context=1 x tp=1" in result.out
+    assert "mesh         dp_replicate=1 x dp_shard=8 x clean_replica=1 x cp=1 x tp=1" in result.out
     assert '"format": "turbo_dllm.run_manifest.v1"' in result.out
     assert not (workdir / "runs").exists()
 
 
-def test_elastic_shim_sizes_the_axis_and_refuses_misfits(spec_file, monkeypatch):
+def test_elastic_worker_resizes_the_planned_layout_and_refuses_misfits(spec_file, monkeypatch):
+    """An elastic worker trains the plan's layout with the elastic axis resized to the live
+    world size; the spec is not rewritten."""
     from turbo_dllm.errors import DllmError
-    from turbo_dllm.jobs import elastic
+    from turbo_dllm.jobs.plan import JobPlan
+    from turbo_dllm.jobs.worker import layout_for_world
 
     spec = load_runspec(spec_file, ["topology.dp=3", "topology.fsdp=2"])
-    assert elastic.elastic_degree(spec, "fsdp", 12) == 4
-    assert elastic.elastic_degree(spec, "dp", 8) == 4
+    plan = compile_plan(
+        spec,
+        LaunchOptions(nproc_per_node=6, nnodes=NodeRange(1, 2), rdzv_endpoint="h:29400"),
+        HostView(gpus=("H200",) * 6, cpu_count=8),
+        run_dir=spec_file.parent / "r",
+    )
+    assert isinstance(plan, JobPlan) and plan.elastic_axis == "fsdp"
+    assert layout_for_world(plan, spec, 12).fsdp == 4
+    assert layout_for_world(plan, spec, 12).dp == 3
     with pytest.raises(DllmError, match="world size 8: not a multiple"):
-        elastic.elastic_degree(spec, "fsdp", 8)
-
-    seen = []
-    monkeypatch.setattr("turbo_dllm.cli.main", lambda argv: seen.append(argv) or 0)
-    monkeypatch.setenv("WORLD_SIZE", "6")
-    args = ["--axis", "dp", "--config", str(spec_file), "--run-dir", "r"]
-    assert elastic.main(args) == 0
-    assert seen == [
-        ["train", "--config", str(spec_file), "--run-dir", "r", "--set", "topology.dp=6"]
-    ]
+        layout_for_world(plan, spec, 8)
+    assert spec.topology.fsdp == 2

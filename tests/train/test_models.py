@@ -9,9 +9,10 @@ import torch
 import torch.nn.functional as F
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.decoder.runtime import build_model
+from turbo_dllm.registry import get_family
 from turbo_dllm.train.attention import BlockDiffusionLayout, ReferenceAttention, dense_mask
-from turbo_dllm.train.models import build_model, materialize, resolve_model_config
-from turbo_dllm.train.models.weights import full_state_dict, save_hf
+from turbo_dllm.train.weights import full_state_dict, materialize, save_hf
 
 transformers = pytest.importorskip("transformers")
 
@@ -50,7 +51,7 @@ def _hf_model(model_type: str, **extra):
 
 
 def _ours(folder, backend=causal):
-    config = resolve_model_config(path=str(folder), from_config=None)
+    config = get_family("causal_lm").resolve_config(path=str(folder), from_config=None)
     model = build_model(config, backend)
     return materialize(model, torch.device("cpu"), seed=0, weights_from=str(folder)).eval()
 
@@ -62,6 +63,10 @@ def _ours(folder, backend=causal):
         ("qwen3", {"tie_word_embeddings": True}),
         ("qwen2", {}),
         ("llama", {"attention_bias": True, "mlp_bias": True}),
+        # hidden_act is honoured, not rewritten to silu (a gelu config trained silently wrong).
+        ("llama", {"hidden_act": "gelu"}),
+        ("qwen3", {"hidden_act": "gelu_pytorch_tanh"}),
+        ("qwen2", {"hidden_act": "relu"}),
         (
             "llama",
             {
@@ -106,7 +111,9 @@ def test_block_diffusion_forward_matches_transformers_with_dense_mask(tmp_path):
 
 
 def test_saved_folder_loads_in_transformers_with_same_logits(tmp_path):
-    config = resolve_model_config(path=None, from_config="tiny", overrides={"num_hidden_layers": 2})
+    config = get_family("causal_lm").resolve_config(
+        path=None, from_config="tiny", overrides={"num_hidden_layers": 2}
+    )
     model = materialize(build_model(config, causal), torch.device("cpu"), seed=3).eval()
     save_hf(full_state_dict(model), config, tmp_path)
     assert json.loads((tmp_path / "config.json").read_text())["tie_word_embeddings"] is True
@@ -119,7 +126,7 @@ def test_saved_folder_loads_in_transformers_with_same_logits(tmp_path):
 
 
 def test_random_init_is_deterministic_and_seeded():
-    config = resolve_model_config(path=None, from_config="tiny")
+    config = get_family("causal_lm").resolve_config(path=None, from_config="tiny")
     a = materialize(build_model(config, causal), torch.device("cpu"), seed=1)
     b = materialize(build_model(config, causal), torch.device("cpu"), seed=1)
     c = materialize(build_model(config, causal), torch.device("cpu"), seed=2)
@@ -134,10 +141,10 @@ def test_random_init_is_deterministic_and_seeded():
 
 
 def test_presets_have_real_qwen3_shapes():
-    config = resolve_model_config(path=None, from_config="qwen3-1.7b")
+    config = get_family("causal_lm").resolve_config(path=None, from_config="qwen3-1.7b")
     assert 1.6e9 < config.num_params() < 2.2e9
     assert config.qk_norm and config.tie_word_embeddings and config.head_dim == 128
-    overridden = resolve_model_config(
+    overridden = get_family("causal_lm").resolve_config(
         path=None, from_config="qwen3-1.7b", overrides={"num_hidden_layers": 2}
     )
     assert overridden.num_hidden_layers == 2
@@ -145,14 +152,19 @@ def test_presets_have_real_qwen3_shapes():
 
 def test_bad_configs_are_user_errors(tmp_path):
     with pytest.raises(DllmError, match="unknown model preset"):
-        resolve_model_config(path=None, from_config="gpt5")
+        get_family("causal_lm").resolve_config(path=None, from_config="gpt5")
     with pytest.raises(DllmError, match="config not found"):
-        resolve_model_config(path=str(tmp_path), from_config=None)
+        get_family("causal_lm").resolve_config(path=str(tmp_path), from_config=None)
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "gpt2", "vocab_size": 3}))
+    with pytest.raises(DllmError, match="'gpt2' model, which model.family 'causal_lm' does not"):
+        get_family("causal_lm").resolve_config(path=str(tmp_path), from_config=None)
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 3}))
     with pytest.raises(DllmError, match="lacks the field"):
-        resolve_model_config(path=str(tmp_path), from_config=None)
+        get_family("causal_lm").resolve_config(path=str(tmp_path), from_config=None)
     with pytest.raises(DllmError, match="multiple of num_key_value_heads"):
-        resolve_model_config(path=None, from_config="tiny", overrides={"num_key_value_heads": 3})
+        get_family("causal_lm").resolve_config(
+            path=None, from_config="tiny", overrides={"num_key_value_heads": 3}
+        )
 
 
 def test_missing_weights_name_the_tensor(tmp_path):
@@ -176,7 +188,7 @@ def test_missing_weights_name_the_tensor(tmp_path):
 def test_rmsnorm_matches_the_eager_formula_and_saves_only_its_input(x_dtype, w_dtype):
     """transformers' RMSNorm math, forward and backward, without keeping float32 copies."""
 
-    from turbo_dllm.train.models.decoder import RMSNorm
+    from turbo_dllm.families.decoder.model import RMSNorm
 
     torch.manual_seed(0)
     norm = RMSNorm(64, eps=1e-6).to(w_dtype)
@@ -199,7 +211,7 @@ def test_rmsnorm_matches_the_eager_formula_and_saves_only_its_input(x_dtype, w_d
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_swiglu_gradients_are_the_eager_graphs_without_keeping_silu(dtype):
-    from turbo_dllm.train.models.decoder import _SwiGLU
+    from turbo_dllm.families.decoder.model import _SwiGLU
 
     torch.manual_seed(0)
     gate = torch.randn(4, 7, 32, dtype=dtype, requires_grad=True)
@@ -217,9 +229,9 @@ def test_swiglu_gradients_are_the_eager_graphs_without_keeping_silu(dtype):
 
 def test_chunked_mlp_equals_the_whole_one_and_keeps_less_for_the_backward():
     """mlp.chunks > 1: same output and gradients; intermediates are recomputed per chunk."""
-    from turbo_dllm.train.models.decoder import MLP
+    from turbo_dllm.families.decoder.model import MLP
 
-    config = resolve_model_config(path=None, from_config="tiny")
+    config = get_family("causal_lm").resolve_config(path=None, from_config="tiny")
     torch.manual_seed(0)
     whole = MLP(config)
     chunked = MLP(config)
@@ -248,3 +260,13 @@ def test_chunked_mlp_equals_the_whole_one_and_keeps_less_for_the_backward():
     assert saved_bytes(chunked) < saved_bytes(whole) / 3
     with torch.no_grad():  # no autograd: no checkpointing, plain forward
         torch.testing.assert_close(chunked(x), whole(x), rtol=1e-6, atol=1e-6)
+
+
+def test_hidden_act_round_trips_and_unknown_is_refused(tmp_path):
+    _hf_model("llama", hidden_act="gelu").save_pretrained(tmp_path)
+    config = get_family("causal_lm").resolve_config(path=str(tmp_path), from_config=None)
+    assert config.to_hf_dict()["hidden_act"] == "gelu"  # export writes what it read
+    with pytest.raises(DllmError, match="hidden_act 'swish_beta' is not supported"):
+        get_family("causal_lm").resolve_config(
+            path=None, from_config="tiny", overrides={"hidden_act": "swish_beta"}
+        )

@@ -109,9 +109,11 @@ def test_cli_train_and_export_loadable_by_transformers(cli, tmp_path):
     assert result.code == 0, result.err
     hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
 
-    from turbo_dllm.train.models import build_model, materialize, resolve_model_config
+    from turbo_dllm.families.decoder.runtime import build_model
+    from turbo_dllm.registry import get_family
+    from turbo_dllm.train.weights import materialize
 
-    config = resolve_model_config(path=str(tmp_path / "hf"), from_config=None)
+    config = get_family("qwen3").resolve_config(path=str(tmp_path / "hf"), from_config=None)
     exported = materialize(
         build_model(config, causal), torch.device("cpu"), seed=0, weights_from=str(tmp_path / "hf")
     )

@@ -9,8 +9,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from turbo_dllm.config.topology import ParallelLayout
 from turbo_dllm.errors import DllmError
-from turbo_dllm.train.parallel.dims import ParallelDims, layout_problems
+from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.layout import (
     CpLayout,
     CsbpLayout,
@@ -125,7 +126,7 @@ def test_cp_layout_is_zigzag_of_whole_blocks():
 
 # --- visibility -------------------------------------------------------------------------------
 def _naive_visible(q, k, seq_len, block, docs):
-    """The rule exactly as DESIGN.md states it, on 2L stream indices (noisy first)."""
+    """The rule exactly as docs/architecture.md states it, on 2L stream indices (noisy first)."""
     qn, kn = q < seq_len, k < seq_len
     qp, kp = q % seq_len, k % seq_len
     qb, kb = qp // block, kp // block
@@ -187,7 +188,7 @@ def test_parallel_dims_modes_and_degrees():
     [
         ({"cp": 4, "bp": 2}, "bp >= cp"),
         ({"cp": 2, "bp": 3}, "bp % cp"),
-        ({"cp": 1, "bp": 2, "world_size": 4}, "world has 4 processes"),
+        ({"cp": 1, "bp": 2, "world_size": 4}, "launch has 4 processes"),
     ],
 )
 def test_parallel_dims_rejections_explain_themselves(kwargs, needle):
@@ -196,7 +197,7 @@ def test_parallel_dims_rejections_explain_themselves(kwargs, needle):
     with pytest.raises(DllmError, match=needle):
         ParallelDims(**args)
     if "world_size" not in kwargs:
-        assert layout_problems(kwargs["cp"], kwargs["bp"])
+        assert ParallelLayout(cp=kwargs["cp"], bp=kwargs["bp"]).problems()
 
 
 def test_get_mesh_before_build_is_an_error():
@@ -266,3 +267,31 @@ def test_runspec_rejects_layouts_with_the_reason(topology, path, needle):
 
     found = {p.path: p.message for p in problems(_topology_spec(**topology))}
     assert path in found and needle in found[path], found
+
+
+# --- the torch-free parallel layout -------------------------------------------------------------
+def test_layout_coordinates_are_the_device_mesh_order():
+    """`init_device_mesh` lays ranks out as arange(world).view(mesh_shape): the plan's
+    rank -> coordinates map must be exactly that unravelling, tp fastest."""
+    layout = ParallelLayout(dp=2, fsdp=2, cp=2, bp=4, tp=2)
+    assert layout.mesh_shape == (2, 2, 2, 2, 2) and layout.world_size == 32
+    grid = torch.arange(layout.world_size).view(layout.mesh_shape)
+    for rank in range(layout.world_size):
+        where = [int(i[0]) for i in torch.nonzero(grid == rank, as_tuple=True)]
+        assert list(layout.coordinates(rank).values()) == where
+    assert layout.coordinates(1)["tp"] == 1 and layout.coordinates(2)["cp"] == 1
+    assert layout.dp_rank(31) == 3
+    with pytest.raises(ValueError, match="outside a world of 32"):
+        layout.coordinates(32)
+
+
+def test_layout_round_trips_and_resizes_the_elastic_axis():
+    layout = ParallelLayout(dp=3, fsdp=2, tp=2, sp=True)
+    assert ParallelLayout.from_dict(layout.to_dict()) == layout
+    assert layout.resized("fsdp", 24) == ParallelLayout(dp=3, fsdp=4, tp=2, sp=True)
+    with pytest.raises(DllmError, match="world size 10: not a multiple of the fixed"):
+        layout.resized("dp", 10)
+    assert layout.problems(12) == []
+    assert layout.problems(8) == [
+        ("topology", "dp*fsdp*max(cp,bp)*tp = 3*2*1*2 = 12 but the launch has 8 processes")
+    ]

@@ -7,9 +7,11 @@ collects every problem at once. Defaults are the CPU smoke run, so an almost emp
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt
+
+from turbo_dllm import registry
 
 __all__ = [
     "CheckpointSpec",
@@ -28,10 +30,26 @@ __all__ = [
     "WandbSpec",
 ]
 
-ModelFamily = Literal["causal_lm", "dflash", "diffusion_gemma", "nemotron_diffusion", "qwen3"]
-ObjectiveName = Literal[
-    "block_diffusion", "fast_dllm_v2", "dflash_distillation", "diffusiongemma_sft"
-]
+
+def _landed(kind: str, available: tuple[str, ...]):
+    """Refuse a name the product defines but this version lacks, saying so (not 'unknown')."""
+
+    def check(value):
+        if value in registry.PLANNED[kind] and value not in available:
+            raise ValueError(
+                f"{kind} {value!r} is not available in this version "
+                f"(available: {', '.join(available)})"
+            )
+        return value
+
+    return BeforeValidator(check)
+
+
+# The schema offers exactly what the registry holds: what this version can run.
+_FAMILIES = tuple(registry.FAMILIES)
+_OBJECTIVES = tuple(registry.OBJECTIVES)
+ModelFamily = Annotated[Literal[_FAMILIES], _landed("family", _FAMILIES)]  # type: ignore[valid-type]
+ObjectiveName = Annotated[Literal[_OBJECTIVES], _landed("objective", _OBJECTIVES)]  # type: ignore[valid-type]
 
 
 class _Strict(BaseModel):
@@ -122,13 +140,19 @@ class TopologySpec(_Strict):
     ep: PositiveInt = Field(1, description="Expert parallel degree (MoE families).")
 
     @property
+    def layout(self):
+        """This topology as the torch-free `ParallelLayout` (degrees, rules, rank coordinates)."""
+        from turbo_dllm.config.topology import ParallelLayout
+
+        return ParallelLayout.from_topology(self)
+
+    @property
     def context_degree(self) -> int:
-        """Ranks sharing one sequence: cp and bp fuse into one group of max(cp, bp) ranks."""
-        return max(self.cp, self.bp)
+        return self.layout.context
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.fsdp * self.context_degree * self.tp
+        return self.layout.world_size
 
 
 class OptimizerSpec(_Strict):

@@ -10,9 +10,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from turbo_dllm.config import capabilities as caps
+from turbo_dllm import registry
 from turbo_dllm.config.runspec import RunSpec
+from turbo_dllm.config.topology import ParallelLayout
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import FamilyMismatch
 
 __all__ = ["Problem", "check", "problems"]
 
@@ -36,34 +38,21 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
 
     model, objective, data, topo = spec.model, spec.objective, spec.data, spec.topology
 
-    # --- capabilities of this version -------------------------------------------------------
-    if model.family not in caps.AVAILABLE_FAMILIES:
-        add(
-            "model.family",
-            f"{model.family!r} is not available in this version "
-            f"(available: {', '.join(sorted(caps.AVAILABLE_FAMILIES))})",
-        )
-    if objective.name not in caps.AVAILABLE_OBJECTIVES:
-        add(
-            "objective.name",
-            f"{objective.name!r} is not available in this version "
-            f"(available: {', '.join(sorted(caps.AVAILABLE_OBJECTIVES))})",
-        )
-    for axis in ("cp", "bp", "tp", "ep"):
-        if getattr(topo, axis) > 1 and axis not in caps.AVAILABLE_PARALLEL:
-            add(f"topology.{axis}", f"{axis} > 1 is not available in this version")
-    if topo.sp and "sp" not in caps.AVAILABLE_PARALLEL:
-        add("topology.sp", "sequence parallelism is not available in this version")
-
-    # --- model ------------------------------------------------------------------------------
+    # --- what the family supports (turbo_dllm.registry) ---------------------------------------
+    family = registry.FAMILIES[model.family]
     if (model.path is None) == (model.from_config is None):
         add("model", "set exactly one of model.path (a local HF folder) or model.from_config")
-    if objective.name not in caps.OBJECTIVES_FOR_FAMILY[model.family]:
-        allowed = ", ".join(sorted(caps.OBJECTIVES_FOR_FAMILY[model.family]))
+    if objective.name not in family.objectives:
         add(
             "objective.name",
-            f"{objective.name!r} cannot train model family {model.family!r} (allowed: {allowed})",
+            f"{objective.name!r} cannot train model family {model.family!r} "
+            f"(allowed: {', '.join(family.objectives)})",
         )
+    for axis in registry.AXES:
+        used = getattr(topo, axis)
+        if (used is True or (used is not False and used > 1)) and axis not in family.axes:
+            reason = family.axis_reasons.get(axis, f"family {model.family!r} does not support it")
+            add(f"topology.{axis}", f"{axis} is not supported here: {reason}")
 
     # --- objective and data shapes ---------------------------------------------------------
     if objective.eps_min > objective.eps_max:
@@ -94,19 +83,8 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
                 f"sequence parallelism splits each rank's tokens over tp: data.seq_len "
                 f"({data.seq_len}) must be a multiple of max(cp, bp) x tp = {context * topo.tp}",
             )
-    if topo.ep > 1 and model.family not in caps.MOE_FAMILIES:
-        add(
-            "topology.ep",
-            f"expert parallelism needs a mixture-of-experts family "
-            f"({', '.join(sorted(caps.MOE_FAMILIES))}), not {model.family!r}",
-        )
-    if topo.cp > 1 and topo.bp > 1 and (topo.bp < topo.cp or topo.bp % topo.cp):
-        add(
-            "topology.bp",
-            f"fused CP+BP needs bp >= cp and bp % cp == 0 (got cp={topo.cp}, bp={topo.bp}): "
-            f"the bp ranks that own noisy blocks form bp/cp groups of cp ranks, each group "
-            f"holding one copy of the clean stream sharded over its cp ranks",
-        )
+    for path, message in ParallelLayout.from_topology(topo).problems(world_size):
+        add(path, message)
     if topo.cp > 1 and data.seq_len % (2 * topo.cp * objective.block_size):
         add(
             "data.seq_len",
@@ -119,14 +97,8 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             f"block parallelism gives each rank a pair of blocks: needs at least "
             f"{2 * topo.bp} blocks, got {data.seq_len // objective.block_size}",
         )
-    if topo.tp > 1:
-        for message in _tensor_parallel_problems(spec):
-            add("topology.tp", message)
-    if world_size is not None and topo.world_size != world_size:
-        add(
-            "topology",
-            f"dp*fsdp*max(cp,bp)*tp = {topo.world_size} but the launch has {world_size} processes",
-        )
+    for path, message in _family_rules(spec, family):
+        add(path, message)
 
     # --- production rules -------------------------------------------------------------------
     if spec.launch.kind == "prod":
@@ -162,25 +134,19 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
     return found
 
 
-def _tensor_parallel_problems(spec: RunSpec) -> list[str]:
-    """tp must divide the heads, key/value heads and MLP width of the model the spec names.
+def _family_rules(spec: RunSpec, family) -> list[tuple[str, str]]:
+    """The family's own rules (e.g. tp must divide the heads) on the model the spec names.
 
     The shape is read from the preset or the local config.json; a model that cannot be read here
-    is left to the other rules (and the trainer checks again when it builds the model).
+    is reported by `dllm doctor`'s model check and by the trainer when it builds the model.
     """
-    from turbo_dllm.train.models.config import resolve_model_config
-    from turbo_dllm.train.parallel.tensor import tensor_parallel_problems
-
-    model = spec.model
     try:
-        config = resolve_model_config(
-            path=model.path,
-            from_config=None if model.path else model.from_config,
-            overrides=dict(model.config_overrides),
-        )
-        return tensor_parallel_problems(config, spec.topology.tp)
-    except (DllmError, OSError, ValueError, KeyError, TypeError, AttributeError):
+        config = registry.resolve_model_config(spec.model)
+    except FamilyMismatch as error:
+        return [("model.family", f"{error.message}; {error.hint}")]
+    except DllmError:
         return []
+    return family.rules(spec, config) if family.rules else []
 
 
 def check(spec: RunSpec, world_size: int | None = None, source: str = "RunSpec") -> RunSpec:

@@ -7,55 +7,26 @@ the mask token the objective will use is the artifact's and inside the model's v
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from turbo_dllm.data.artifact import DataManifest
 from turbo_dllm.errors import DllmError
 
-__all__ = ["FALLBACK_PRESET_VOCAB", "artifact_problems", "model_vocab_size"]
-
-# Used only when the trainer's model package cannot be imported (a data-only install without
-# torch): the vocabulary sizes of the model presets in turbo_dllm.train.models.config.PRESETS.
-FALLBACK_PRESET_VOCAB = {"tiny": 512, "qwen3-0.6b": 151936, "qwen3-1.7b": 151936}
+__all__ = ["artifact_problems", "model_vocab_size"]
 
 
 def model_vocab_size(model) -> tuple[int | None, str]:
     """(vocab size, where it came from) for a RunSpec `model` section; None when unknowable.
 
-    Order: model.config_overrides.vocab_size; then the trainer's own resolution
-    (`turbo_dllm.train.models.config.resolve_model_config`: a local HF folder's config.json, a
-    preset, or a config.json path); without the trainer installed, config.json files are read
-    directly and presets come from FALLBACK_PRESET_VOCAB.
+    Order: model.config_overrides.vocab_size; then the family's own config reader
+    (`turbo_dllm.registry.resolve_model_config`: a local HF folder's config.json, a preset, or a
+    config.json path).
     """
     override = model.config_overrides.get("vocab_size")
     if isinstance(override, int) and not isinstance(override, bool):
         return override, "model.config_overrides.vocab_size"
     where = f"model.path {model.path}" if model.path else f"model.from_config {model.from_config}"
-    try:
-        from turbo_dllm.train.models.config import resolve_model_config
-    except ImportError:
-        resolve_model_config = None
-    if resolve_model_config is not None:
-        config = resolve_model_config(
-            path=model.path, from_config=model.from_config, overrides=model.config_overrides
-        )
-        return int(config.vocab_size), where
-    if model.path is not None:
-        return _json_vocab(Path(model.path) / "config.json"), where
-    if model.from_config in FALLBACK_PRESET_VOCAB:
-        return FALLBACK_PRESET_VOCAB[model.from_config], where
-    if model.from_config is not None and model.from_config.endswith(".json"):
-        return _json_vocab(Path(model.from_config)), where
-    return None, where
+    from turbo_dllm.registry import resolve_model_config
 
-
-def _json_vocab(path: Path) -> int | None:
-    try:
-        value = json.loads(path.read_text(encoding="utf-8")).get("vocab_size")
-    except (OSError, ValueError):
-        raise DllmError(f"cannot read the model config {str(path)!r}") from None
-    return value if isinstance(value, int) else None
+    return int(resolve_model_config(model).vocab_size), where
 
 
 def artifact_problems(manifest: DataManifest, spec) -> list[str]:

@@ -10,26 +10,23 @@ replayable from a manifest.
 
 from __future__ import annotations
 
-import math
 import sys
 from pathlib import Path
 
 from turbo_dllm.config.runspec import RunSpec
+from turbo_dllm.config.topology import MESH_DIMS, ParallelLayout
 from turbo_dllm.config.validate import check
 from turbo_dllm.errors import DllmError
+from turbo_dllm.host.view import HostView
 from turbo_dllm.jobs.backends import slurm as slurm_backend
 from turbo_dllm.jobs.backends import torchrun as torchrun_backend
-from turbo_dllm.jobs.hostinfo import HostView
 from turbo_dllm.jobs.options import LaunchOptions
 from turbo_dllm.jobs.plan import Command, JobPlan, MeshAxis, RankRole, Rendezvous
 
-__all__ = ["DEFAULT_PORT", "MESH_ORDER", "compile_plan", "worker_command"]
+__all__ = ["DEFAULT_PORT", "WORKER_MODULE", "compile_plan", "worker_command"]
 
 DEFAULT_PORT = 29500
-# Outermost to innermost: tensor parallel ranks are adjacent (same node, fastest links), then
-# the context group, then the data-parallel axes (the torchtitan order).
-MESH_ORDER = ("dp", "fsdp", "context", "tp")
-ELASTIC_MODULE = "turbo_dllm.jobs.elastic"
+WORKER_MODULE = "turbo_dllm.jobs.worker"  # reads the run's manifest: spec, plan and layout
 
 
 def compile_plan(
@@ -68,13 +65,15 @@ def compile_plan(
             hint="use --backend torchrun (or leave --backend at auto)",
         )
 
-    mesh = _mesh(spec, elastic_axis, world_sizes[0])
-    ranks = None if nnodes.elastic else _rank_roles(mesh, nproc, world_sizes[0])
+    layout = spec.topology.layout
+    first = layout.resized(elastic_axis, world_sizes[0]) if elastic_axis else layout
+    mesh = [MeshAxis(name=n, degree=d) for n, d in zip(MESH_DIMS, first.mesh_shape, strict=True)]
+    ranks = None if nnodes.elastic else _rank_roles(layout, nproc)
     rendezvous = _rendezvous(options, backend, run_dir.name)
     node_rank = _node_rank(options, backend, rendezvous)
     dist_backend = None if world_sizes == [1] else ("nccl" if device == "cuda" else "gloo")
     env = _worker_env(spec, backend, run_dir, host, nproc, options)
-    worker = worker_command(python, run_dir, elastic_axis)
+    worker = worker_command(python, run_dir)
 
     notes: list[str] = []
     if options.max_restarts and options.master_addr and not nnodes.elastic:
@@ -102,6 +101,7 @@ def compile_plan(
         node_rank=node_rank,
         world_sizes=world_sizes,
         elastic_axis=elastic_axis,
+        layout=layout.to_dict(),
         mesh=mesh,
         ranks=ranks,
         rendezvous=rendezvous,
@@ -137,22 +137,9 @@ def compile_plan(
     return JobPlan(backend="slurm", commands=commands, slurm=job, **plan_fields)
 
 
-def worker_command(python: str, run_dir: Path, elastic_axis: str | None) -> list[str]:
-    """The trainer command each worker runs; elastic jobs go through a shim that sizes the axis."""
-    config = str(run_dir / "spec.yaml")
-    if elastic_axis:
-        return [
-            python,
-            "-m",
-            ELASTIC_MODULE,
-            "--axis",
-            elastic_axis,
-            "--config",
-            config,
-            "--run-dir",
-            str(run_dir),
-        ]
-    return [python, "-m", "turbo_dllm", "train", "--config", config, "--run-dir", str(run_dir)]
+def worker_command(python: str, run_dir: Path) -> list[str]:
+    """The command every worker runs: it reads the spec and its layout from the run manifest."""
+    return [python, "-m", WORKER_MODULE, "--manifest", str(run_dir / "manifest.json")]
 
 
 # --- layout ------------------------------------------------------------------------------------
@@ -233,28 +220,16 @@ def _elastic_world_sizes(spec: RunSpec, nproc: int, low: int, high: int) -> tupl
     return axis, sizes
 
 
-def _mesh(spec: RunSpec, elastic_axis: str | None, world: int) -> list[MeshAxis]:
-    topo = spec.topology
-    degrees = {"dp": topo.dp, "fsdp": topo.fsdp, "context": topo.context_degree, "tp": topo.tp}
-    if elastic_axis:
-        fixed = math.prod(v for k, v in degrees.items() if k != elastic_axis)
-        degrees[elastic_axis] = world // fixed
-    return [MeshAxis(name=name, degree=degrees[name]) for name in MESH_ORDER]
-
-
-def _rank_roles(mesh: list[MeshAxis], nproc: int, world: int) -> list[RankRole]:
-    roles = []
-    for rank in range(world):
-        coords: dict[str, int] = {}
-        rest = rank
-        for axis in reversed(mesh):  # innermost axis varies fastest
-            coords[axis.name] = rest % axis.degree
-            rest //= axis.degree
-        ordered = {axis.name: coords[axis.name] for axis in mesh}
-        roles.append(
-            RankRole(rank=rank, node_rank=rank // nproc, local_rank=rank % nproc, coords=ordered)
+def _rank_roles(layout: ParallelLayout, nproc: int) -> list[RankRole]:
+    return [
+        RankRole(
+            rank=rank,
+            node_rank=rank // nproc,
+            local_rank=rank % nproc,
+            coords=layout.coordinates(rank),
         )
-    return roles
+        for rank in range(layout.world_size)
+    ]
 
 
 def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous:
@@ -320,7 +295,7 @@ def _worker_env(
     nproc: int,
     options: LaunchOptions,
 ) -> dict[str, str]:
-    env = {"DLLM_RUN_ID": run_dir.name, "DLLM_RUN_DIR": str(run_dir)}
+    env: dict[str, str] = {}
     if backend == "local":
         # In-process: the interpreter (hash seed, thread pools) already exists; set nothing
         # that would only pretend to apply.

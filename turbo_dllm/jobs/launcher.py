@@ -20,10 +20,10 @@ import yaml
 from turbo_dllm.config.runspec import RunSpec
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import write_atomic
+from turbo_dllm.host.view import HostView
 from turbo_dllm.jobs import provenance
 from turbo_dllm.jobs.compiler import compile_plan
 from turbo_dllm.jobs.drift import manifest_drift
-from turbo_dllm.jobs.hostinfo import HostView
 from turbo_dllm.jobs.manifest import (
     MANIFEST_NAME,
     CodeVersion,

@@ -8,7 +8,7 @@ and read back on replay, so it carries no live objects.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -20,9 +20,10 @@ class _Strict(BaseModel):
 
 
 class MeshAxis(_Strict):
-    """One named axis of the device mesh; the product of the degrees is the world size."""
+    """One named axis of the device mesh (`config.topology.MESH_DIMS`); the degrees multiply to
+    the world size. (Plans before the layout moved into them named dp, fsdp, context, tp.)"""
 
-    name: Literal["dp", "fsdp", "context", "tp"]
+    name: Literal["dp_replicate", "dp_shard", "clean_replica", "cp", "tp", "dp", "fsdp", "context"]
     degree: int = Field(ge=1)
 
 
@@ -79,6 +80,11 @@ class JobPlan(_Strict):
     world_sizes: list[int] = Field(description="every world size the job may run at")
     elastic_axis: Literal["dp", "fsdp"] | None = Field(
         None, description="the data-parallel axis that follows the node count (elastic jobs)"
+    )
+    layout: dict[str, Any] | None = Field(
+        None,
+        description="the parallel layout the workers train with (config.topology.ParallelLayout); "
+        "elastic jobs resize elastic_axis to the live world size",
     )
     mesh: list[MeshAxis]
     ranks: list[RankRole] | None = Field(

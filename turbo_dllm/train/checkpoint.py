@@ -47,6 +47,7 @@ class CheckpointMeta(BaseModel):
     dp_shard: int
     seed: int
     objective: str
+    family: str | None = None  # model.family (None: written before the registry; see export)
     model: dict[str, Any]  # Hugging Face config.json of the trained model
     param_dtype: str
     scheduler: dict[str, Any]

@@ -2,7 +2,7 @@
 
 `init_distributed` reads torchrun's environment (one process without it). The degrees and the
 device mesh live in `turbo_dllm.train.parallel.dims.ParallelDims`. The model is wrapped in this
-order: tensor parallelism (`turbo_dllm.train.parallel.tensor`) -> activation checkpointing ->
+order: tensor parallelism (the family's plan, e.g. `families/decoder/parallelize.py`) -> activation checkpointing ->
 compile -> FSDP2 (`fully_shard` per decoder layer, then the root, which owns embeddings, final
 norm and the (tied) head) over the mesh's 2-D (replicate, shard) FSDP view: HSDP when both are
 > 1, plain FSDP or plain replication otherwise.
@@ -28,8 +28,8 @@ __all__ = [
     "apply_fsdp",
     "apply_mlp_chunking",
     "clip_grad_norm",
-    "decoder_layers",
     "init_distributed",
+    "replicate_partial_grads",
 ]
 
 
@@ -75,36 +75,33 @@ def init_distributed() -> DistEnv:
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=device)
 
 
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    return model.model.layers
-
-
-def apply_activation_checkpointing(model: nn.Module) -> None:
-    """Recompute each decoder layer in backward instead of storing its activations."""
+def apply_activation_checkpointing(layers: nn.ModuleList) -> None:
+    """Recompute each layer in backward instead of storing its activations."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    layers = decoder_layers(model)
     for index, layer in enumerate(layers):
         layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
 
 
-def apply_mlp_chunking(model: nn.Module, chunks: int) -> None:
-    """Run every decoder MLP over `chunks` token pieces, each recomputed alone in the backward."""
-    for layer in decoder_layers(model):
+def apply_mlp_chunking(layers: nn.ModuleList, chunks: int) -> None:
+    """Run every layer's MLP over `chunks` token pieces, each recomputed alone in the backward."""
+    for layer in layers:
         layer.mlp.chunks = chunks
 
 
-def apply_compile(model: nn.Module) -> None:
-    """torch.compile each decoder layer in place (same parameter names, one graph per layer)."""
-    for layer in decoder_layers(model):
+def apply_compile(layers: nn.ModuleList) -> None:
+    """torch.compile each layer in place (same parameter names, one graph per layer)."""
+    for layer in layers:
         layer.compile(fullgraph=False, dynamic=False)
 
 
-def apply_fsdp(model: nn.Module, mesh, *, reshard_after_forward: bool = True) -> None:
+def apply_fsdp(
+    model: nn.Module, layers: nn.ModuleList, mesh, *, reshard_after_forward: bool = True
+) -> None:
     """FSDP2 over the data-parallel mesh: each layer, then the root (embeddings + head)."""
     from torch.distributed.fsdp import fully_shard
 
-    for layer in decoder_layers(model):
+    for layer in layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
     # Backward starts with the root's parameters (head, final norm): keep them gathered.
     fully_shard(model, mesh=mesh, reshard_after_forward=False)
@@ -143,3 +140,13 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float | None) -> torch.
         for group in by_mesh.values():
             torch.nn.utils.clip_grads_with_norm_(group, limit, total, foreach=True)
     return total
+
+
+def replicate_partial_grads(params) -> None:
+    """All-reduce gradients still pending a sum over tp (`Partial`) into the parameter's layout."""
+    from torch.distributed.tensor import DTensor
+
+    for param in params:
+        grad = param.grad
+        if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
+            param.grad = grad.redistribute(grad.device_mesh, param.placements)

@@ -1,7 +1,7 @@
-"""The worker entry: `train(spec, run_dir)`, the same in one process and under torchrun.
+"""`train(spec, run_dir, layout)`: the same in one process and on every rank under torchrun.
 
-`dllm train` calls it in-process; `torchrun --nproc-per-node N -m turbo_dllm train ...` runs it
-once per rank, each joining the process group torchrun describes in its environment.
+A launched job's workers call it from `turbo_dllm.jobs.worker` with the plan's layout; `dllm
+train` calls it in-process (or on every rank of a hand-written torchrun) with the spec's own.
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ def resolve_run_dir(spec, requested: str | Path | None) -> Path:
     return Path(chosen[0])
 
 
-def train(spec, run_dir: str | Path) -> int:
-    """Train `spec` (a validated RunSpec) into `run_dir`; returns the exit code (0)."""
+def train(spec, run_dir: str | Path, layout=None) -> int:
+    """Train `spec` (a validated RunSpec) into `run_dir` with `layout` (default: the spec's
+    topology as a `ParallelLayout`); returns the exit code (0)."""
     import torch.distributed as dist
 
     from turbo_dllm.train.distributed import init_distributed
@@ -45,7 +46,7 @@ def train(spec, run_dir: str | Path) -> int:
 
     env = init_distributed()
     try:
-        return Trainer(spec, run_dir, env).build().run()
+        return Trainer(spec, run_dir, env, layout=layout).build().run()
     finally:
         if env.distributed and dist.is_initialized():
             dist.destroy_process_group()

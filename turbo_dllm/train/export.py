@@ -21,9 +21,9 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     import torch
     import torch.distributed.checkpoint as dcp
 
+    from turbo_dllm.registry import get_family
     from turbo_dllm.train.checkpoint import find_latest, read_meta
-    from turbo_dllm.train.models import DecoderConfig, allocate, build_model
-    from turbo_dllm.train.models.weights import full_state_dict, save_hf
+    from turbo_dllm.train.weights import allocate, full_state_dict, save_hf
 
     checkpoint, out = Path(checkpoint), Path(out)
     if not (checkpoint / "checkpoint.json").is_file():
@@ -36,8 +36,10 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     name = dtype or meta.param_dtype
     if name not in ("float32", "bfloat16"):
         raise DllmError(f"unknown dtype {name!r}", hint="use float32 or bfloat16")
-    config = DecoderConfig.from_hf_dict(meta.model)
-    model = allocate(build_model(config, backend=None), torch.device("cpu"))
+    # Checkpoints written before the registry name no family: the decoder read them all.
+    family = get_family(meta.family or "causal_lm")
+    config = family.read_config(meta.model)
+    model = allocate(family.runtime().build_model(config, None), torch.device("cpu"))
     state = {"model": model.state_dict()}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -23,28 +23,15 @@ from typing import Any
 import torch
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.train.models.config import DecoderConfig
 
 __all__ = [
     "MetricsLogger",
     "ProfilerWindow",
     "peak_flops",
     "peak_memory_gb",
-    "step_flops",
 ]
 
 _PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "B200": 2250.0, "A100": 312.0}
-
-
-def step_flops(
-    config: DecoderConfig, *, stream_tokens: int, scored_tokens: int, pairs: int
-) -> float:
-    body = 6.0 * config.body_matmul_params * stream_tokens
-    head = 6.0 * config.head_params * scored_tokens
-    attention = (
-        12.0 * config.head_dim * config.num_attention_heads * config.num_hidden_layers * pairs
-    )
-    return body + head + attention
 
 
 def peak_flops(device: torch.device) -> float | None:

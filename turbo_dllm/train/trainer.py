@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.registry import get_family, resolve_model_config
 from turbo_dllm.train.attention import allowed_pairs, build_attention
 from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta
 from turbo_dllm.train.compile_cache import (
@@ -44,6 +45,7 @@ from turbo_dllm.train.distributed import (
     apply_fsdp,
     apply_mlp_chunking,
     clip_grad_norm,
+    replicate_partial_grads,
 )
 from turbo_dllm.train.memory import MemoryRecorder, out_of_memory
 from turbo_dllm.train.metrics import (
@@ -51,18 +53,12 @@ from turbo_dllm.train.metrics import (
     ProfilerWindow,
     peak_flops,
     peak_memory_gb,
-    step_flops,
 )
-from turbo_dllm.train.models import build_model, materialize, resolve_model_config
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.plan import build_sequence_plan
-from turbo_dllm.train.parallel.tensor import (
-    apply_tensor_parallel,
-    check_tensor_parallel,
-    replicate_partial_grads,
-)
 from turbo_dllm.train.schedules import build_scheduler
+from turbo_dllm.train.weights import materialize
 
 __all__ = ["Trainer"]
 
@@ -75,12 +71,13 @@ def print0(env: DistEnv, *args) -> None:
 
 
 class Trainer:
-    def __init__(self, spec, run_dir: str | Path, env: DistEnv) -> None:
+    def __init__(self, spec, run_dir: str | Path, env: DistEnv, layout=None) -> None:
         self.spec = spec
         self.run_dir = Path(run_dir)
         self.env = env
         self.device = env.device
-        self.dims = ParallelDims.from_topology(spec.topology, env.world_size)
+        # The job plan's layout (turbo_dllm.jobs.worker), else the spec's own topology.
+        self.dims = ParallelDims.from_layout(layout or spec.topology.layout, env.world_size)
         self.total_steps = spec.training.steps
         self.samples_per_step = (
             spec.training.micro_batch_size * spec.training.grad_accumulation * self.dims.dp_size
@@ -106,14 +103,15 @@ class Trainer:
         return self
 
     def build_model(self) -> None:
-        """Meta model -> TP -> MLP chunking -> activation checkpointing -> compile -> FSDP2 -> weights."""
+        """Meta model -> TP -> MLP chunking -> activation checkpointing -> compile -> FSDP2 -> weights.
+
+        Everything family-specific comes from the family's runtime (turbo_dllm.registry).
+        """
         spec = self.spec.model
-        self.model_config = resolve_model_config(
-            path=spec.path,
-            from_config=None if spec.path else spec.from_config,
-            overrides=dict(spec.config_overrides),
-        )
-        check_tensor_parallel(self.model_config, self.dims.tp)  # before any collective
+        runtime = get_family(spec.family).runtime()
+        self.model_config = resolve_model_config(spec)
+        if self.dims.tp > 1:
+            runtime.check_tensor_parallel(self.model_config, self.dims.tp)  # before collectives
         if self.spec.training.compile or self.device.type == "cuda":  # inductor or Triton builds
             self.compile_cache = use_compile_cache()
         self.attention = build_attention(spec.attention, self.device)
@@ -121,19 +119,20 @@ class Trainer:
         # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
         self.plan = build_sequence_plan(self.dims, self.attention, merge_backend=self.spec.kernels)
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
-        model = build_model(self.model_config, self.plan.attention_backend, dtype)
+        model = runtime.build_model(self.model_config, self.plan.attention_backend, dtype)
+        layers = runtime.layers(model)
         if self.dims.tp > 1:
-            apply_tensor_parallel(
+            runtime.apply_tensor_parallel(
                 model, self.dims.get_mesh("tp"), sequence_parallel=self.spec.topology.sp
             )
         if self.spec.training.mlp_chunks > 1:
-            apply_mlp_chunking(model, self.spec.training.mlp_chunks)
+            apply_mlp_chunking(layers, self.spec.training.mlp_chunks)
         if self.spec.training.activation_checkpointing:
-            apply_activation_checkpointing(model)
+            apply_activation_checkpointing(layers)
         if self.spec.training.compile:
-            apply_compile(model)
+            apply_compile(layers)
         if self.mesh is not None:
-            apply_fsdp(model, self.mesh)
+            apply_fsdp(model, layers, self.mesh)
         self.model = materialize(
             model, self.device, seed=self.spec.launch.seed, weights_from=spec.path
         )
@@ -243,6 +242,7 @@ class Trainer:
                 "dp_shard": self.dims.dp_shard,
                 "seed": self.spec.launch.seed,
                 "objective": self.objective.name,
+                "family": self.spec.model.family,
                 "model": self.model_config.to_hf_dict(),
                 "param_dtype": self.spec.model.dtype,
                 "data_fingerprint": self.data.fingerprint,
@@ -277,8 +277,7 @@ class Trainer:
             )
             diffusion = self.objective.corrupt(batch, key)
             rows = diffusion.input_ids.shape[0]
-            flops += step_flops(
-                self.model_config,
+            flops += self.model_config.step_flops(
                 stream_tokens=diffusion.input_ids.numel(),
                 scored_tokens=diffusion.num_scored,
                 pairs=allowed_pairs(diffusion.layout, diffusion.doc_ids)

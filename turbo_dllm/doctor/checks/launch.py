@@ -27,7 +27,7 @@ def _plan(ctx: DoctorContext):
 def _host(ctx: DoctorContext):
     host = ctx.extras.get("host_view")
     if host is None:
-        from turbo_dllm.jobs.hostinfo import host_view
+        from turbo_dllm.host.view import host_view
 
         host = ctx.extras["host_view"] = host_view()
     return host
@@ -48,10 +48,7 @@ def topology_world_size(ctx: DoctorContext) -> CheckResult:
     if ctx.spec is None:
         return CheckResult(name, "pass", "no RunSpec given (pass --config to check a launch)")
     topo = ctx.spec.topology
-    product = (
-        f"dp*fsdp*max(cp,bp)*tp = {topo.dp}*{topo.fsdp}*{topo.context_degree}*{topo.tp} "
-        f"= {topo.world_size}"
-    )
+    product = topo.layout.describe()
     plan = _plan(ctx)
     if plan is not None and plan.elastic_axis:
         sizes = ", ".join(map(str, plan.world_sizes))

@@ -71,15 +71,11 @@ def model_source(ctx: DoctorContext) -> CheckResult:
         return _no_spec(name)
     from pathlib import Path
 
-    from turbo_dllm.train.models.config import resolve_model_config
+    from turbo_dllm.registry import resolve_model_config
 
     model = ctx.spec.model
     try:
-        config = resolve_model_config(
-            path=model.path,
-            from_config=None if model.path else model.from_config,
-            overrides=dict(model.config_overrides),
-        )
+        config = resolve_model_config(model)
     except DllmError as error:
         return CheckResult(
             name, "fail", error.message, fix=error.hint or "fix model.* in the RunSpec"

@@ -1,8 +1,8 @@
 """Local backend: one worker, run in this process.
 
 A single process needs no supervisor, so the launcher runs the recorded worker command's
-arguments through the same CLI entry (`dllm train ...`) in-process: what the manifest says ran is
-exactly what ran, without a second interpreter start.
+arguments through the same worker entry (`turbo_dllm.jobs.worker`) in-process: what the manifest
+says ran is exactly what ran, without a second interpreter start.
 """
 
 from __future__ import annotations
@@ -16,10 +16,13 @@ __all__ = ["run_local"]
 
 
 def run_local(plan: JobPlan) -> int:
+    from turbo_dllm.jobs.worker import main
+
     worker = plan.worker
-    if worker[1:3] != ["-m", "turbo_dllm"]:
-        raise DllmError(f"the local backend runs `python -m turbo_dllm ...`, not {worker!r}")
-    from turbo_dllm.cli import main
+    if worker[1:3] != ["-m", "turbo_dllm.jobs.worker"]:
+        raise DllmError(
+            f"the local backend runs `python -m turbo_dllm.jobs.worker ...`, not {worker!r}"
+        )
 
     saved = {key: os.environ.get(key) for key in plan.env}
     os.environ.update(plan.env)

@@ -20,7 +20,7 @@ from turbo_dllm.train.objectives.base import (
     sample_generator,
 )
 
-__all__ = ["BlockDiffusion"]
+__all__ = ["BlockDiffusion", "build"]
 
 
 class BlockDiffusion:
@@ -79,3 +79,15 @@ class BlockDiffusion:
             exclude_index=self.mask_token_id,
             layout=layout,
         )
+
+
+def build(spec, mask_token_id: int) -> BlockDiffusion:
+    """The objective of a RunSpec's `objective` section (the registry's entry point)."""
+    return BlockDiffusion(
+        block_size=spec.block_size,
+        mask_token_id=mask_token_id,
+        eps_min=spec.eps_min,
+        eps_max=spec.eps_max,
+        antithetic=spec.antithetic,
+        weighting=spec.loss_weighting or "inverse_t",
+    )

@@ -23,7 +23,7 @@ from turbo_dllm.train.objectives.base import (
     sample_generator,
 )
 
-__all__ = ["FastDllmV2", "shift_valid"]
+__all__ = ["FastDllmV2", "build", "shift_valid"]
 
 
 def shift_valid(batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -101,3 +101,14 @@ class FastDllmV2:
             exclude_index=None,
             layout=layout,
         )
+
+
+def build(spec, mask_token_id: int) -> FastDllmV2:
+    """The objective of a RunSpec's `objective` section (the registry's entry point)."""
+    return FastDllmV2(
+        block_size=spec.block_size,
+        mask_token_id=mask_token_id,
+        eps=spec.eps_min,
+        antithetic=spec.antithetic,
+        weighting=spec.loss_weighting or "unit",
+    )

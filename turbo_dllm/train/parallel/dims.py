@@ -1,13 +1,7 @@
-"""Parallel degrees of a run, validated once, and the device mesh they span.
+"""The device meshes of a run's parallel layout (`turbo_dllm.config.topology.ParallelLayout`).
 
-Ranks are laid out as dp_replicate x dp_shard x clean_replica x cp x tp (outermost first), so the
-chattiest groups (tp, then cp) hold neighbouring ranks, on one host where possible. The
-`context` group of max(cp, bp) ranks shares one sequence; it is (clean_replica, cp):
-
-* CP baseline (cp > 1, bp == 1): clean_replica = 1; both streams are zigzag-sharded over cp.
-* CSBP (bp > 1): noisy blocks are spread over all bp ranks of the context group; the clean stream
-  is zigzag-sharded over the cp ranks of each clean group and replicated over bp / cp such groups
-  (cp == 1: every rank recomputes its clean prefix, no attention traffic; cp == bp: fully sharded).
+The layout (degrees, rules, rank coordinates; torch-free) is decided before any worker starts and
+reaches the worker in its job plan; this module only builds the meshes it describes.
 
 Flattened meshes answer the questions the trainer asks:
   "dp"           (dp_replicate, dp_shard)                  which batch a rank reads
@@ -25,8 +19,9 @@ ranks of a tp group hold identical losses: reductions over ranks use `loss_group
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
 
+from turbo_dllm.config.topology import MESH_DIMS, ContextMode, ParallelLayout
 from turbo_dllm.errors import DllmError
 
 if TYPE_CHECKING:
@@ -34,30 +29,14 @@ if TYPE_CHECKING:
 
     from turbo_dllm.config.runspec import TopologySpec
 
-__all__ = ["ContextMode", "MESH_DIMS", "ParallelDims", "layout_problems"]
+__all__ = ["MESH_DIMS", "ContextMode", "ParallelDims"]
 
-ContextMode = Literal["none", "cp", "csbp"]
-MESH_DIMS: tuple[str, ...] = ("dp_replicate", "dp_shard", "clean_replica", "cp", "tp")
 _FLATTENED: dict[str, tuple[str, ...]] = {
     "dp": ("dp_replicate", "dp_shard"),
     "context": ("clean_replica", "cp"),
     "dp_shard_ctx": ("dp_shard", "clean_replica", "cp"),
     "loss": ("dp_replicate", "dp_shard", "clean_replica", "cp"),
 }
-
-
-def layout_problems(cp: int, bp: int) -> list[str]:
-    """Why a (cp, bp) pair cannot be laid out; empty when it can."""
-    found = []
-    if cp < 1 or bp < 1:
-        found.append(f"cp and bp must be >= 1 (got cp={cp}, bp={bp})")
-    elif cp > 1 and bp > 1 and (bp < cp or bp % cp):
-        found.append(
-            f"fused CP+BP needs bp >= cp and bp % cp == 0 (got cp={cp}, bp={bp}): the clean "
-            f"stream is sharded over cp ranks and that shard is replicated over bp/cp groups, "
-            f"so the bp ranks holding noisy blocks must form whole clean groups"
-        )
-    return found
 
 
 @dataclass
@@ -73,59 +52,55 @@ class ParallelDims:
     _meshes: dict[str, DeviceMesh] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
-        found = layout_problems(self.cp, self.bp)
-        for name in ("dp_replicate", "dp_shard", "tp"):
-            if getattr(self, name) < 1:
-                found.append(f"{name} must be >= 1 (got {getattr(self, name)})")
-        product = self.dp_replicate * self.dp_shard * self.context * self.tp
-        if not found and product != self.world_size:
-            found.append(
-                f"dp*fsdp*max(cp,bp)*tp = {self.dp_replicate}*{self.dp_shard}*{self.context}*"
-                f"{self.tp} = {product} but the world has {self.world_size} processes"
-            )
+        found = [message for _, message in self.layout.problems(self.world_size)]
         if found:
             raise DllmError(
                 "invalid parallel layout: " + "; ".join(found),
                 hint="see docs/parallelism.md for the supported cp/bp/dp combinations",
             )
 
+    @property
+    def layout(self) -> ParallelLayout:
+        return ParallelLayout(
+            dp=self.dp_replicate, fsdp=self.dp_shard, cp=self.cp, bp=self.bp, tp=self.tp
+        )
+
     @classmethod
-    def from_topology(cls, topology: TopologySpec, world_size: int) -> ParallelDims:
-        if topology.ep > 1:
+    def from_layout(cls, layout: ParallelLayout, world_size: int) -> ParallelDims:
+        if layout.ep > 1:
             raise DllmError(
                 "topology.ep > 1 is not available in this version",
                 hint="train with dp/fsdp, cp/bp and tp only",
             )
         return cls(
-            dp_replicate=topology.dp,
-            dp_shard=topology.fsdp,
-            cp=topology.cp,
-            bp=topology.bp,
-            tp=topology.tp,
+            dp_replicate=layout.dp,
+            dp_shard=layout.fsdp,
+            cp=layout.cp,
+            bp=layout.bp,
+            tp=layout.tp,
             world_size=world_size,
         )
 
-    # --- derived degrees ----------------------------------------------------------------------
+    @classmethod
+    def from_topology(cls, topology: TopologySpec, world_size: int) -> ParallelDims:
+        return cls.from_layout(ParallelLayout.from_topology(topology), world_size)
+
+    # --- derived degrees (the layout's) -------------------------------------------------------
     @property
     def context(self) -> int:
-        """Ranks that share one sequence."""
-        return max(self.cp, self.bp)
+        return self.layout.context
 
     @property
     def clean_replica(self) -> int:
-        """CSBP: how many clean groups of cp ranks form the context group."""
-        return self.context // self.cp
+        return self.layout.clean_replica
 
     @property
     def mode(self) -> ContextMode:
-        if self.bp > 1:
-            return "csbp"
-        return "cp" if self.cp > 1 else "none"
+        return self.layout.mode
 
     @property
     def dp_size(self) -> int:
-        """Distinct batches per step (the data-parallel degree the loader and noise see)."""
-        return self.dp_replicate * self.dp_shard
+        return self.layout.dp_size
 
     @property
     def grad_average_size(self) -> int:
@@ -148,7 +123,7 @@ class ParallelDims:
 
     @property
     def mesh_shape(self) -> tuple[int, ...]:
-        return (self.dp_replicate, self.dp_shard, self.clean_replica, self.cp, self.tp)
+        return self.layout.mesh_shape
 
     # --- mesh ---------------------------------------------------------------------------------
     def build_mesh(self, device_type: str) -> DeviceMesh | None:

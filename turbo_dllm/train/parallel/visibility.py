@@ -4,7 +4,7 @@ Parallel attention sees queries and keys in shard order (zigzag, owned blocks, g
 never in natural order, so the mask is computed from per-token metadata rather than from indices:
 each token carries its stream (noisy or clean), its block index and its document id.
 
-The rule (DESIGN.md, "Block diffusion semantics"): a noisy query in block i sees noisy keys of
+The rule (docs/architecture.md, "Block-diffusion semantics"): a noisy query in block i sees noisy keys of
 block i and clean keys of blocks < i; a clean query in block i sees clean keys of blocks <= i;
 clean never sees noisy; nobody sees another document.
 """

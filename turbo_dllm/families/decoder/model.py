@@ -20,7 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from turbo_dllm.train.models.config import DecoderConfig
+from turbo_dllm.families.decoder.config import DecoderConfig
 
 __all__ = [
     "Attention",
@@ -186,8 +186,18 @@ class _SwiGLU(torch.autograd.Function):
         return grad_gate, F.silu(gate).mul_(grad)
 
 
+# hidden_act -> the gate's activation (names as transformers' ACT2FN); silu runs as _SwiGLU.
+_GATE_ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor] | None] = {
+    "silu": None,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
 class MLP(nn.Module):
-    """SwiGLU. With `chunks` > 1 (set from outside, `training.mlp_chunks`) and autograd on, the
+    """A gated MLP (SwiGLU for silu). With `chunks` > 1 (set from outside, `training.mlp_chunks`) and autograd on, the
     tokens go through in `chunks` pieces, each checkpointed: the backward recomputes one piece at
     a time, so the intermediate-sized activations never exist for the whole sequence at once."""
 
@@ -198,8 +208,9 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(h, i, bias=bias)
         self.down_proj = nn.Linear(i, h, bias=bias)
         self.chunks = 1
+        self.act = _GATE_ACTIVATIONS[config.hidden_act]  # None: silu, the fused _SwiGLU
         # Where the tokens enter the projections: a no-op here, the point where sequence
-        # parallelism gathers each piece's tokens from the tp ranks (train/parallel/tensor.py).
+        # parallelism gathers each piece's tokens from the tp ranks (parallelize.py).
         self.gather_tokens = nn.Identity()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -212,7 +223,9 @@ class MLP(nn.Module):
 
     def _swiglu(self, x: torch.Tensor) -> torch.Tensor:
         x = self.gather_tokens(x)
-        return self.down_proj(_SwiGLU.apply(self.gate_proj(x), self.up_proj(x)))
+        if self.act is None:
+            return self.down_proj(_SwiGLU.apply(self.gate_proj(x), self.up_proj(x)))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class DecoderLayer(nn.Module):
@@ -286,6 +299,11 @@ class DecoderLM(nn.Module):
         if output is None:
             return self.lm_head(hidden)
         return output(hidden, self.lm_head.weight)
+
+    def tie_weights(self) -> None:
+        """Share the head with the embeddings when the config ties them (after `to_empty`)."""
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
 
     def set_attention(self, backend: AttentionBackend) -> None:
         """Swap the attention backend of every layer (e.g. reference -> flex, or CSBP)."""

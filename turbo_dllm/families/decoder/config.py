@@ -8,16 +8,16 @@ Presets give random-init shapes: `tiny` for CPU tests, and the real Qwen3 shapes
 from __future__ import annotations
 
 import dataclasses
-import json
-from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["PRESETS", "DecoderConfig", "resolve_model_config"]
+__all__ = ["ACTIVATIONS", "PRESETS", "DecoderConfig", "tensor_parallel_problems"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# The MLP activations of HF configs (`hidden_act`) the decoder implements (model.ACTIVATIONS).
+ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")
 
 # HF config.json dicts (only the fields we read). Real shapes from the published Qwen3 configs.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -93,6 +93,7 @@ class DecoderConfig:
     o_bias: bool = False
     mlp_bias: bool = False
     qk_norm: bool = False
+    hidden_act: str = "silu"
     initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
@@ -125,6 +126,11 @@ class DecoderConfig:
             problems.append(
                 f"rope type {rope_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
+            )
+        if self.hidden_act not in ACTIVATIONS:
+            problems.append(
+                f"hidden_act {self.hidden_act!r} is not supported "
+                f"(supported: {', '.join(ACTIVATIONS)})"
             )
         if problems:
             raise DllmError(
@@ -176,6 +182,7 @@ class DecoderConfig:
                 o_bias=False if model_type == "qwen2" else attention_bias,
                 mlp_bias=bool(hf.get("mlp_bias", False)),
                 qk_norm=model_type == "qwen3",
+                hidden_act=str(hf.get("hidden_act") or hf.get("hidden_activation") or "silu"),
                 initializer_range=float(hf.get("initializer_range", 0.02)),
             )
         except KeyError as missing:
@@ -202,7 +209,7 @@ class DecoderConfig:
             "num_attention_heads": self.num_attention_heads,
             "num_key_value_heads": self.num_key_value_heads,
             "head_dim": self.head_dim,
-            "hidden_act": "silu",
+            "hidden_act": self.hidden_act,
             "rms_norm_eps": self.rms_norm_eps,
             # Both spellings, so transformers 4.x and 5.x read the same RoPE.
             "rope_theta": self.rope_theta,
@@ -257,42 +264,21 @@ class DecoderConfig:
         embeddings = self.head_params * (1 if self.tie_word_embeddings else 2)
         return self.num_hidden_layers * per_layer + embeddings + h
 
-
-def resolve_model_config(
-    *,
-    path: str | None,
-    from_config: str | None,
-    overrides: dict[str, Any] | None = None,
-) -> DecoderConfig:
-    """The model shape a RunSpec asks for: a local HF folder, a preset, or a config.json path."""
-    if path is not None:
-        hf = _read_json(Path(path) / "config.json", what="model folder")
-    elif from_config is not None:
-        if from_config in PRESETS:
-            hf = dict(PRESETS[from_config])
-        elif from_config.endswith(".json") or "/" in from_config:
-            hf = _read_json(Path(from_config), what="model config")
-        else:
-            raise DllmError(
-                f"unknown model preset {from_config!r}",
-                hint=f"use one of {', '.join(PRESETS)} or a path to a config.json",
-            )
-    else:
-        raise DllmError("the RunSpec names no model", hint="set model.path or model.from_config")
-    for key, value in (overrides or {}).items():
-        hf[key] = value
-        if key == "rope_theta" and isinstance(hf.get("rope_parameters"), dict):
-            hf["rope_parameters"] = {**hf["rope_parameters"], "rope_theta": value}
-    return DecoderConfig.from_hf_dict(hf)
+    def step_flops(self, *, stream_tokens: int, scored_tokens: int, pairs: int) -> float:
+        """Model FLOPs of one forward+backward: 6 x matmul params per token, plus attention."""
+        body = 6.0 * self.body_matmul_params * stream_tokens
+        head = 6.0 * self.head_params * scored_tokens
+        attention = 12.0 * self.head_dim * self.num_attention_heads * self.num_hidden_layers * pairs
+        return body + head + attention
 
 
-def _read_json(path: Path, *, what: str) -> dict[str, Any]:
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DllmError(
-            f"{what} config not found: {str(path)!r}",
-            hint="point model.path at a Hugging Face folder holding config.json",
-        ) from None
-    except (OSError, ValueError) as error:
-        raise DllmError(f"cannot read {str(path)!r}: {error}") from None
+def tensor_parallel_problems(config: DecoderConfig, tp: int) -> list[str]:
+    """Why `config` cannot be split over `tp` ranks; empty when it can."""
+    if tp <= 1:
+        return []
+    found = []
+    for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
+        value = getattr(config, field)
+        if value % tp:
+            found.append(f"{field} = {value} is not divisible by topology.tp = {tp}")
+    return found

@@ -14,7 +14,7 @@ on head_dim, so every rank applies the whole (replicated) weight to its local he
 weight gradient then covers only its heads, so the norms run as DTensors sharded on the head
 dimension (`SequenceParallel(sequence_dim=2)`): their gradient comes out as a pending sum over tp
 (`Partial`). FSDP2 reduces it with its own gradient reduction; without FSDP (tp alone)
-`replicate_partial_grads` all-reduces it once before clipping, instead of letting every
+`turbo_dllm.train.distributed.replicate_partial_grads` all-reduces it once before clipping, instead of letting every
 optimizer op redistribute it again.
 
 Not sharded (replicated on every tp rank): token embeddings, the RMSNorms, the final norm and the
@@ -36,31 +36,13 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.decoder.config import DecoderConfig, tensor_parallel_problems
 
 if TYPE_CHECKING:
     from torch import nn
     from torch.distributed.device_mesh import DeviceMesh
 
-    from turbo_dllm.train.models.config import DecoderConfig
-
-__all__ = [
-    "apply_tensor_parallel",
-    "check_tensor_parallel",
-    "replicate_partial_grads",
-    "tensor_parallel_problems",
-]
-
-
-def tensor_parallel_problems(config: DecoderConfig, tp: int) -> list[str]:
-    """Why `config` cannot be split over `tp` ranks; empty when it can."""
-    if tp <= 1:
-        return []
-    found = []
-    for field in ("num_attention_heads", "num_key_value_heads", "intermediate_size"):
-        value = getattr(config, field)
-        if value % tp:
-            found.append(f"{field} = {value} is not divisible by topology.tp = {tp}")
-    return found
+__all__ = ["apply_tensor_parallel", "check_tensor_parallel"]
 
 
 def check_tensor_parallel(config: DecoderConfig, tp: int) -> None:
@@ -151,13 +133,3 @@ def apply_tensor_parallel(
                 )
             },
         )
-
-
-def replicate_partial_grads(params) -> None:
-    """All-reduce gradients still pending a sum over tp (`Partial`) into the parameter's layout."""
-    from torch.distributed.tensor import DTensor
-
-    for param in params:
-        grad = param.grad
-        if isinstance(grad, DTensor) and any(p.is_partial() for p in grad.placements):
-            param.grad = grad.redistribute(grad.device_mesh, param.placements)

@@ -1,4 +1,8 @@
-"""Filling a (meta-built, possibly sharded) decoder with weights, and writing them out.
+"""Filling a (meta-built, possibly sharded) model of any family with weights, and writing them out.
+
+The contract a family's model keeps (docs/architecture.md): parameters under their Hugging Face
+names, a `config` with `tie_word_embeddings`, `initializer_range` and `to_hf_dict()`, and
+`tie_weights()` to re-tie a tied head after `to_empty`.
 
 Random init is deterministic per parameter name: every parameter gets its own generator seeded
 from (seed, name), the full tensor is drawn and each rank keeps its shard. So the same seed
@@ -18,13 +22,14 @@ import torch
 from torch import nn
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.train.models.config import DecoderConfig
 
 __all__ = [
+    "allocate",
     "clean_fqn",
     "full_state_dict",
     "init_weights",
     "load_hf_weights",
+    "materialize",
     "named_parameters_clean",
     "save_hf",
 ]
@@ -69,7 +74,7 @@ def _param_device(param: torch.Tensor) -> torch.device:
 
 
 @torch.no_grad()
-def init_weights(model: nn.Module, config: DecoderConfig, seed: int) -> None:
+def init_weights(model: nn.Module, config, seed: int) -> None:
     """HF-style init: linear/embedding weights ~ N(0, initializer_range), norms 1, biases 0."""
     std = config.initializer_range
     for name, param in named_parameters_clean(model):
@@ -106,7 +111,7 @@ def _safetensors_index(folder: Path) -> dict[str, Path]:
 
 
 @torch.no_grad()
-def load_hf_weights(model: nn.Module, config: DecoderConfig, folder: str | Path) -> None:
+def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     """Load HF-layout safetensors into the model; every parameter must be found."""
     from safetensors import safe_open
 
@@ -152,7 +157,7 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def save_hf(
     state: dict[str, torch.Tensor],
-    config: DecoderConfig,
+    config,
     folder: str | Path,
     dtype: torch.dtype | None = None,
 ) -> Path:
@@ -172,3 +177,22 @@ def save_hf(
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
     save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
     return folder
+
+
+def allocate(model: nn.Module, device: torch.device) -> nn.Module:
+    """Give a meta model uninitialised storage on `device` (keeping tied weights tied)."""
+    model.to_empty(device=device)
+    model.tie_weights()  # to_empty() unties plain modules
+    return model
+
+
+def materialize(
+    model: nn.Module, device: torch.device, *, seed: int, weights_from: str | None = None
+) -> nn.Module:
+    """Allocate storage on `device` and fill it: HF weights from a folder, else random init."""
+    allocate(model, device)
+    if weights_from is not None:
+        load_hf_weights(model, model.config, weights_from)
+    else:
+        init_weights(model, model.config, seed)
+    return model

@@ -1,0 +1,142 @@
+"""The parallel layout of a run: its degrees, the rules they obey, and where every rank sits.
+
+One torch-free value for every layer (docs/architecture.md, "The parallel layout"): validation
+checks its rules, the job compiler embeds it in the plan with the rank -> coordinates map, the
+workers read it back from the plan, and `turbo_dllm.train.parallel.dims.ParallelDims` only turns
+it into device meshes.
+
+Ranks are laid out as dp_replicate x dp_shard x clean_replica x cp x tp (`MESH_DIMS`, outermost
+first), so the chattiest groups (tp, then cp) hold neighbouring ranks, on one host where
+possible. The `context` group of max(cp, bp) ranks shares one sequence; it is (clean_replica, cp):
+
+* CP baseline (cp > 1, bp == 1): clean_replica = 1; both streams are zigzag-sharded over cp.
+* CSBP (bp > 1): noisy blocks are spread over all bp ranks of the context group; the clean stream
+  is zigzag-sharded over the cp ranks of each clean group and replicated over bp / cp such groups
+  (cp == 1: every rank recomputes its clean prefix, no attention traffic; cp == bp: fully sharded).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["MESH_DIMS", "ContextMode", "ParallelLayout"]
+
+ContextMode = Literal["none", "cp", "csbp"]
+MESH_DIMS: tuple[str, ...] = ("dp_replicate", "dp_shard", "clean_replica", "cp", "tp")
+WORLD_RULE = "dp*fsdp*max(cp,bp)*tp"
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Degrees of every parallel axis (the RunSpec's topology names: dp, fsdp, cp, bp, tp)."""
+
+    dp: int = 1  # replicated data parallel (dp_replicate)
+    fsdp: int = 1  # sharded data parallel (dp_shard)
+    cp: int = 1
+    bp: int = 1
+    tp: int = 1
+    sp: bool = False
+    ep: int = 1
+
+    @classmethod
+    def from_topology(cls, topology: Any) -> ParallelLayout:
+        return cls(**{f.name: getattr(topology, f.name) for f in dataclasses.fields(cls)})
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> ParallelLayout:
+        return cls(**{f.name: data[f.name] for f in dataclasses.fields(cls) if f.name in data})
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    # --- derived degrees --------------------------------------------------------------------
+    @property
+    def context(self) -> int:
+        """Ranks that share one sequence: cp and bp fuse into one group of max(cp, bp)."""
+        return max(self.cp, self.bp)
+
+    @property
+    def clean_replica(self) -> int:
+        """CSBP: how many clean groups of cp ranks form the context group."""
+        return self.context // self.cp
+
+    @property
+    def mode(self) -> ContextMode:
+        if self.bp > 1:
+            return "csbp"
+        return "cp" if self.cp > 1 else "none"
+
+    @property
+    def dp_size(self) -> int:
+        """Distinct batches per step (the data-parallel degree the loader and noise see)."""
+        return self.dp * self.fsdp
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.fsdp * self.context * self.tp
+
+    @property
+    def mesh_shape(self) -> tuple[int, ...]:
+        return (self.dp, self.fsdp, self.clean_replica, self.cp, self.tp)
+
+    def describe(self) -> str:
+        """The world-size rule with this layout's numbers, e.g. `dp*fsdp*max(cp,bp)*tp = ...`."""
+        return f"{WORLD_RULE} = {self.dp}*{self.fsdp}*{self.context}*{self.tp} = {self.world_size}"
+
+    # --- rules ------------------------------------------------------------------------------
+    def problems(self, world_size: int | None = None) -> list[tuple[str, str]]:
+        """Every rule the degrees break, as (RunSpec field, message); empty when they fit."""
+        found: list[tuple[str, str]] = []
+        for name in ("dp", "fsdp", "cp", "bp", "tp", "ep"):
+            if getattr(self, name) < 1:
+                found.append((f"topology.{name}", f"must be >= 1 (got {getattr(self, name)})"))
+        if found:
+            return found
+        cp, bp = self.cp, self.bp
+        if cp > 1 and bp > 1 and (bp < cp or bp % cp):
+            found.append(
+                (
+                    "topology.bp",
+                    f"fused CP+BP needs bp >= cp and bp % cp == 0 (got cp={cp}, bp={bp}): the "
+                    f"clean stream is sharded over cp ranks and that shard is replicated over "
+                    f"bp/cp groups, so the bp ranks holding noisy blocks must form whole clean "
+                    f"groups",
+                )
+            )
+        if world_size is not None and world_size != self.world_size:
+            found.append(
+                ("topology", f"{self.describe()} but the launch has {world_size} processes")
+            )
+        return found
+
+    def resized(self, axis: Literal["dp", "fsdp"], world_size: int) -> ParallelLayout:
+        """The layout an elastic restart at `world_size` runs: `axis` absorbs the change."""
+        fixed = self.world_size // getattr(self, axis)
+        if world_size % fixed:
+            raise DllmError(
+                f"elastic restart at world size {world_size}: not a multiple of the fixed "
+                f"parallel degrees ({fixed})",
+                hint="use a node count whose process count is a multiple of the fixed degrees",
+            )
+        return dataclasses.replace(self, **{axis: world_size // fixed})
+
+    # --- ranks ------------------------------------------------------------------------------
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Where global `rank` sits on every mesh dimension (innermost, tp, varies fastest)."""
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"rank {rank} is outside a world of {self.world_size}")
+        coords: dict[str, int] = {}
+        rest = rank
+        for name, degree in reversed(list(zip(MESH_DIMS, self.mesh_shape, strict=True))):
+            coords[name] = rest % degree
+            rest //= degree
+        return {name: coords[name] for name in MESH_DIMS}
+
+    def dp_rank(self, rank: int) -> int:
+        """Which batch `rank` reads: the ranks of one context group (and tp group) share it."""
+        c = self.coordinates(rank)
+        return c["dp_replicate"] * self.fsdp + c["dp_shard"]

@@ -1,0 +1,159 @@
+"""What a model family and a training objective are, as the registry (`turbo_dllm.registry`) holds them.
+
+A family is one folder under `turbo_dllm/families/` (docs/architecture.md, "Adding a family"):
+its torch-free half (this descriptor, the Hugging Face config reader, presets, validation rules)
+is imported by `config/` to build the RunSpec schema and validate specs; its torch half (model,
+parallelize plan, state-dict adapter) is named by a module path and imported only by the
+trainer, export and tests, through `Family.runtime()`. The trainer never branches on a family's
+name: it calls the runtime's functions (`FamilyRuntime`).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Protocol
+
+from turbo_dllm.errors import DllmError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+__all__ = [
+    "AXES",
+    "Family",
+    "FamilyConfig",
+    "FamilyMismatch",
+    "FamilyRuntime",
+    "Objective",
+    "read_hf_config",
+]
+
+# Topology axes beyond plain replicated data parallelism (`topology.dp`), as the RunSpec names them.
+AXES = ("fsdp", "cp", "bp", "tp", "sp", "ep")
+
+
+class FamilyMismatch(DllmError):
+    """The model a RunSpec points at is of a type its `model.family` does not read."""
+
+    def __init__(self, message: str, hint: str | None = None, *, model_type: Any = None) -> None:
+        super().__init__(message, hint)
+        self.model_type = model_type
+
+
+class FamilyConfig(Protocol):
+    """What the trainer reads from any family's model config (a frozen, torch-free value)."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+
+    def to_hf_dict(self) -> dict[str, Any]: ...
+    def num_params(self) -> int: ...
+    def step_flops(self, *, stream_tokens: int, scored_tokens: int, pairs: int) -> float: ...
+
+
+class FamilyRuntime(Protocol):
+    """The torch half of a family: a module with these functions (see the decoder's runtime)."""
+
+    def build_model(
+        self, config: Any, backend: Any, dtype: torch.dtype | None = None
+    ) -> nn.Module: ...
+    def layers(self, model: nn.Module) -> nn.ModuleList: ...
+    def apply_tensor_parallel(
+        self, model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = False
+    ) -> None: ...
+
+
+@dataclass(frozen=True)
+class Family:
+    """One model family: what it reads, what trains it, how it may be split, where its code is."""
+
+    name: str
+    summary: str
+    model_types: tuple[str, ...]  # Hugging Face `model_type` values its config reader accepts
+    objectives: tuple[str, ...]  # objective names that can train it
+    axes: frozenset[str]  # topology axes (of AXES) it supports
+    presets: Mapping[str, Mapping[str, Any]]  # random-init shapes: name -> HF config dict
+    read_config: Callable[[dict[str, Any]], FamilyConfig]  # HF config dict -> config (torch-free)
+    runtime_module: str  # module path of the torch half (a FamilyRuntime)
+    # Family-specific rules on a RunSpec: (field path, message) pairs, given the model's config.
+    rules: Callable[[Any, FamilyConfig], list[tuple[str, str]]] | None = None
+    # Why an axis it lacks is refused, where there is more to say than "not supported".
+    axis_reasons: Mapping[str, str] = field(default_factory=dict)
+
+    def runtime(self) -> FamilyRuntime:
+        module: ModuleType = importlib.import_module(self.runtime_module)
+        return module  # type: ignore[return-value]
+
+    def resolve_config(
+        self,
+        *,
+        path: str | None,
+        from_config: str | None,
+        overrides: Mapping[str, Any] | None = None,
+    ) -> FamilyConfig:
+        """The model shape a RunSpec asks for: a local HF folder, a preset, or a config.json."""
+        if path is not None:
+            hf = read_hf_config(Path(path) / "config.json", what="model folder")
+            where = f"model.path {path!r}"
+        elif from_config is not None:
+            if from_config in self.presets:
+                hf = json.loads(json.dumps(self.presets[from_config]))  # a deep, plain copy
+            elif from_config.endswith(".json") or "/" in from_config:
+                hf = read_hf_config(Path(from_config), what="model config")
+            else:
+                raise DllmError(
+                    f"unknown model preset {from_config!r} for family {self.name!r}",
+                    hint=f"use one of {', '.join(self.presets)} or a path to a config.json",
+                )
+            where = f"model.from_config {from_config!r}"
+        else:
+            raise DllmError(
+                "the RunSpec names no model", hint="set model.path or model.from_config"
+            )
+        for key, value in (overrides or {}).items():
+            hf[key] = value
+            if key == "rope_theta" and isinstance(hf.get("rope_parameters"), dict):
+                hf["rope_parameters"] = {**hf["rope_parameters"], "rope_theta": value}
+        model_type = hf.get("model_type")
+        if model_type not in self.model_types:
+            raise FamilyMismatch(
+                f"{where} is a {model_type!r} model, which model.family {self.name!r} does not "
+                f"read (it reads {', '.join(self.model_types)})",
+                hint="set model.family to the family of that model",
+                model_type=model_type,
+            )
+        return self.read_config(hf)
+
+
+@dataclass(frozen=True)
+class Objective:
+    """One training objective; its module has `build(objective_spec, mask_token_id)`."""
+
+    name: str
+    summary: str
+    runtime_module: str
+
+    def build(self, spec: Any, mask_token_id: int) -> Any:
+        return importlib.import_module(self.runtime_module).build(spec, mask_token_id)
+
+
+def read_hf_config(path: Path, *, what: str) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DllmError(
+            f"{what} config not found: {str(path)!r}",
+            hint="point model.path at a Hugging Face folder holding config.json",
+        ) from None
+    except (OSError, ValueError, RecursionError) as error:
+        raise DllmError(f"cannot read {str(path)!r}: {error}") from None
+    if not isinstance(value, dict):
+        raise DllmError(f"{str(path)!r} is not a JSON object", hint="is this a config.json?")
+    return value

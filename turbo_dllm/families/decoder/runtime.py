@@ -1,0 +1,36 @@
+"""The decoder families' torch half (`FamilyRuntime`): build, layers, tensor-parallel plan."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from turbo_dllm.families.decoder.parallelize import apply_tensor_parallel, check_tensor_parallel
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from turbo_dllm.families.decoder.config import DecoderConfig
+    from turbo_dllm.families.decoder.model import AttentionBackend, DecoderLM
+
+__all__ = ["apply_tensor_parallel", "build_model", "check_tensor_parallel", "layers"]
+
+
+def build_model(
+    config: DecoderConfig, backend: AttentionBackend, dtype: torch.dtype | None = None
+) -> DecoderLM:
+    """The decoder on the meta device (parameters have shapes, no storage)."""
+    import torch
+
+    from turbo_dllm.families.decoder.model import DecoderLM
+
+    with torch.device("meta"):
+        model = DecoderLM(config, backend)
+    if dtype is not None:
+        model.to(dtype)
+    return model
+
+
+def layers(model: nn.Module) -> nn.ModuleList:
+    """The repeated blocks that checkpointing, compile, MLP chunks and FSDP2 wrap one by one."""
+    return model.model.layers

@@ -1,0 +1,66 @@
+"""The worker entry of a launched job: `python -m turbo_dllm.jobs.worker --manifest M`.
+
+Every worker of a `dllm launch` (in-process, under torchrun, on every SLURM node) reads the run
+manifest the launcher wrote before it started them, and trains exactly what it records: the
+resolved spec and the plan's parallel layout. Nothing is recomputed from the spec or rewritten:
+in an elastic job the plan names the data-parallel axis that absorbs the live world size
+(`ParallelLayout.resized`), and the spec stays as the manifest recorded it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+__all__ = ["layout_for_world", "main"]
+
+
+def layout_for_world(plan, spec, world_size: int):
+    """The layout this worker group trains with: the plan's, resized on an elastic restart."""
+    from turbo_dllm.config.topology import ParallelLayout
+
+    layout = ParallelLayout.from_dict(plan.layout) if plan.layout else spec.topology.layout
+    if plan.elastic_axis:
+        return layout.resized(plan.elastic_axis, world_size)
+    return layout
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m turbo_dllm.jobs.worker")
+    parser.add_argument("--manifest", required=True, help="runs/<id>/manifest.json")
+    args = parser.parse_args(argv)
+
+    from turbo_dllm.config.load import load_model
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.config.validate import check
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.jobs.manifest import read_manifest
+
+    try:
+        manifest = read_manifest(Path(args.manifest).parent)
+        spec = load_model(RunSpec, manifest.spec, f"{args.manifest} (spec)")
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        layout = layout_for_world(manifest.plan, spec, world)
+        check(spec, source=f"{args.manifest} (spec)")
+        problems = layout.problems(world)
+        if problems:
+            raise DllmError(
+                "the plan's layout does not fit this worker group: "
+                + "; ".join(message for _, message in problems),
+                hint="launch the job again with `dllm launch --manifest` on the planned nodes",
+            )
+    except DllmError as error:
+        print(f"dllm: error: {error.message}", file=sys.stderr)
+        if error.hint:
+            print(f"hint: {error.hint}", file=sys.stderr)
+        return 2
+
+    from turbo_dllm.train.entry import train
+
+    return train(spec, Path(manifest.plan.run_dir), layout=layout)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""The one place that lists every model family and training objective of this version.
+
+Torch-free (`config/` derives the RunSpec schema and its validation from it). Adding a family is
+its folder under `turbo_dllm/families/` plus one line in `FAMILIES`; adding an objective is its
+module under `turbo_dllm/train/objectives/` plus one line in `OBJECTIVES`
+(docs/architecture.md, "Adding a family").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import AXES, Family, FamilyConfig, FamilyMismatch, Objective
+from turbo_dllm.families.decoder import CAUSAL_LM, QWEN3
+
+__all__ = [
+    "AXES",
+    "FAMILIES",
+    "OBJECTIVES",
+    "PLANNED",
+    "families_reading",
+    "get_family",
+    "get_objective",
+    "resolve_model_config",
+]
+
+FAMILIES: Mapping[str, Family] = {
+    family.name: family
+    for family in (
+        CAUSAL_LM,
+        QWEN3,
+    )
+}
+
+OBJECTIVES: Mapping[str, Objective] = {
+    objective.name: objective
+    for objective in (
+        Objective(
+            "block_diffusion",
+            "BD3-LM: absorbing mask per block, antithetic t, 1/t weight",
+            "turbo_dllm.train.objectives.block_diffusion",
+        ),
+        Objective(
+            "fast_dllm_v2",
+            "Fast-dLLM v2: complementary masks, labels shifted by one, unit weight",
+            "turbo_dllm.train.objectives.fast_dllm_v2",
+        ),
+    )
+}
+
+# Names the product defines whose code has not landed: refused with "not available in this
+# version" rather than "unknown" (they are not in the schema).
+PLANNED: Mapping[str, tuple[str, ...]] = {
+    "family": ("dflash", "diffusion_gemma", "nemotron_diffusion", "qwen3_8"),
+    "objective": ("dflash_distillation", "diffusiongemma_sft"),
+}
+
+
+def get_family(name: str) -> Family:
+    try:
+        return FAMILIES[name]
+    except KeyError:
+        raise DllmError(
+            f"model family {name!r} is not available in this version",
+            hint=f"available: {', '.join(FAMILIES)}",
+        ) from None
+
+
+def get_objective(name: str) -> Objective:
+    try:
+        return OBJECTIVES[name]
+    except KeyError:
+        raise DllmError(
+            f"objective {name!r} is not available in this version",
+            hint=f"available: {', '.join(OBJECTIVES)}",
+        ) from None
+
+
+def families_reading(model_type: Any) -> list[str]:
+    """The families whose config reader accepts a Hugging Face `model_type`."""
+    return [f.name for f in FAMILIES.values() if model_type in f.model_types]
+
+
+def resolve_model_config(model: Any) -> FamilyConfig:
+    """The config of a RunSpec's `model` section (family, path or from_config, overrides)."""
+    try:
+        return get_family(model.family).resolve_config(
+            path=model.path,
+            from_config=None if model.path else model.from_config,
+            overrides=dict(model.config_overrides),
+        )
+    except FamilyMismatch as error:
+        model_type = error.model_type
+        readers = families_reading(model_type)
+        hint = (
+            f"set model.family to {' or '.join(readers)}"
+            if readers
+            else (f"no family of this version reads {model_type!r} models")
+        )
+        raise FamilyMismatch(error.message, hint=hint, model_type=model_type) from None
