@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import random
 import shutil
 import signal
 import socket
@@ -109,6 +110,9 @@ def _write_conf(root: Path, node_line: str) -> Path:
         "\n".join(
             [
                 "ClusterName=dllmtest",
+                # Jobs take their rendezvous port from their id: clusters of parallel test
+                # sessions on one machine start their ids apart so their ports differ too.
+                f"FirstJobId={random.randrange(1, 1_000_000)}",
                 f"SlurmctldHost={node}(127.0.0.1)",
                 f"SlurmctldPort={_free_port()}",
                 f"SlurmdPort={_free_port()}",
@@ -192,6 +196,7 @@ def _stop(cluster: SlurmCluster) -> None:
 def slurm_cluster(tmp_path_factory):
     binaries = _binaries()
     root = tmp_path_factory.mktemp("slurm")
+    root.chmod(0o711)  # munged wants every folder above its socket searchable
     for sub in ("state", "spool", "log"):
         (root / sub).mkdir()
     munge_dir = root / "munge"
