@@ -98,6 +98,13 @@ def test_gpu_plan_and_script(cli, spec_file, gpus, workdir, monkeypatch):
     assert not (run_dir / "result.json").exists()
 
 
+def test_gpus_follow_the_topology_without_nproc_per_node(cli, spec_file, gpus):
+    gpus(8)
+    plan, _ = dry_run(cli, "--config", spec_file, *SLURM, "--set", "topology.fsdp=4")
+    assert plan["nproc_per_node"] == 4 and plan["slurm"]["gpus_per_node"] == 4
+    assert plan["device"] == "cuda" and plan["dist_backend"] == "nccl"
+
+
 def test_cpu_host_asks_for_cpus_only(cli, spec_file, workdir):
     """Without GPUs here the job asks for none: --gpus-per-node on a CPU cluster is an invalid
     gres request that sbatch refuses."""

@@ -45,9 +45,13 @@ def compile_plan(
     cwd = (cwd or Path.cwd()).resolve()
     run_dir = Path(run_dir).resolve()
     nnodes = options.nnodes
-    gpus_per_node = _gpus_per_node(options, host)
+    if options.backend == "slurm":
+        nproc = _nproc_per_node(spec, options, options.slurm.gpus_per_node or len(host.gpus))
+        gpus_per_node = _slurm_gpus_per_node(options, host, nproc)
+    else:
+        gpus_per_node = len(host.gpus)
+        nproc = _nproc_per_node(spec, options, gpus_per_node)
     device = "cuda" if gpus_per_node else "cpu"
-    nproc = _nproc_per_node(spec, options, gpus_per_node)
 
     elastic_axis = None
     if nnodes.elastic:
@@ -172,15 +176,13 @@ def _choose_backend(options: LaunchOptions, world_sizes: list[int]) -> str:
     return "local" if world_sizes == [1] and not distributed else "torchrun"
 
 
-def _gpus_per_node(options: LaunchOptions, host: HostView) -> int:
-    if options.backend == "slurm":
-        # The job runs on the allocated nodes, not here. A submit host with GPUs stands for
-        # GPU nodes (one GPU per process); one without asks for none: `--gpus-per-node` on a
-        # CPU-only cluster is an invalid gres request that sbatch refuses.
-        if options.slurm.gpus_per_node is not None:
-            return options.slurm.gpus_per_node
-        return (options.nproc_per_node or 0) if host.gpus else 0
-    return len(host.gpus)
+def _slurm_gpus_per_node(options: LaunchOptions, host: HostView, nproc: int) -> int:
+    """The job runs on the allocated nodes, not here. A submit host with GPUs stands for GPU
+    nodes (one GPU per process); one without asks for none: `--gpus-per-node` on a CPU-only
+    cluster is an invalid gres request that sbatch refuses."""
+    if options.slurm.gpus_per_node is not None:
+        return options.slurm.gpus_per_node
+    return nproc if host.gpus else 0
 
 
 def _cpus_per_node(options: LaunchOptions, backend: str, host: HostView, nproc: int) -> int:
