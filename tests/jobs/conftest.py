@@ -1,10 +1,13 @@
-"""Fixtures for the job tests: a small RunSpec, a pretend GPU count, a working folder."""
+"""Fixtures for the job tests: a small RunSpec, a pretend GPU count, a working folder, and a
+real one-node SLURM cluster (tests/jobs/slurm_cluster.py)."""
 
 from __future__ import annotations
 
 import textwrap
 
 import pytest
+
+from tests.jobs.slurm_cluster import slurm_cluster  # noqa: F401 (a session fixture)
 
 SMALL_SPEC = """
 launch:

@@ -323,3 +323,21 @@ def test_elastic_launch_sizes_data_parallel_from_the_world(recorded, cli, tmp_pa
     assert plan["elastic_axis"] == "dp" and plan["world_sizes"] == [2, 4]
     assert "--rdzv-conf" in plan["commands"][0]["argv"]
     assert losses(run_dir) == losses(original)
+
+
+def test_dry_run_prints_a_command_that_runs_as_pasted(recorded, cli, workdir):
+    """The plan's torchrun line reads <run dir>/manifest.json, which a dry run does not write; the
+    line it prints to run the plan does, and trains exactly the printed job."""
+    spec, original = recorded
+    args = ("--config", spec, "--backend", "torchrun", "--nproc-per-node", "2")
+    result = cli("launch", *args, "--set", "topology.dp=2", "--dry-run")
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    command = lines[lines.index(next(x for x in lines if x.startswith("# to run it"))) + 1]
+    run_dir = Path(next(x for x in lines if x.startswith("run dir")).split()[-1])
+    assert not run_dir.exists()
+
+    proc = subprocess.run(["bash", "-c", command], cwd="/", capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert losses(run_dir) == losses(original)
+    assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 0

@@ -1,16 +1,16 @@
-"""Dry-run plans for the layouts the issue names, and launches that must fail before starting."""
+"""Dry-run plans for the layouts the issue names, and launches that must fail before starting
+(SLURM plans and scripts: test_slurm_plans.py)."""
 
 from __future__ import annotations
 
 import json
-import stat
 
 import pytest
 
 from tests.helpers import assert_user_error
 from turbo_dllm.config.load import load_runspec
-from turbo_dllm.jobs.compiler import compile_plan
 from turbo_dllm.host.view import HostView
+from turbo_dllm.jobs.compiler import compile_plan
 from turbo_dllm.jobs.options import LaunchOptions, NodeRange
 
 
@@ -193,84 +193,6 @@ def test_elastic_needs_divisible_fixed_degrees(cli, spec_file, gpus):
         "x",
     )
     assert_user_error(result, "elastic launch", "dp = 3", "multiple of 3")
-
-
-def test_slurm_plan_and_script(cli, spec_file, workdir, monkeypatch):
-    plan, _ = dry_run(
-        cli,
-        "--config",
-        spec_file,
-        "--backend",
-        "slurm",
-        "--set",
-        "topology.fsdp=16",
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "8",
-        "--partition",
-        "h200",
-        "--time",
-        "02:00:00",
-    )
-    assert plan["backend"] == "slurm" and plan["device"] == "cuda"
-    assert plan["slurm"]["nodes"] == "2" and plan["slurm"]["gpus_per_node"] == 8
-    assert plan["rendezvous"]["endpoint"] == "$DLLM_HEAD_NODE:29500"
-    assert not (workdir / "runs").exists()
-
-    # The real launch writes the run dir and the script; without sbatch it only says how.
-    monkeypatch.setenv("PATH", str(workdir / "bin"))
-    result = cli(
-        "launch",
-        "--config",
-        spec_file,
-        "--backend",
-        "slurm",
-        "--set",
-        "topology.fsdp=16",
-        "--nnodes",
-        "2",
-        "--nproc-per-node",
-        "8",
-        "--partition",
-        "h200",
-    )
-    assert result.code == 0, result.err
-    [run_dir] = (workdir / "runs").iterdir()
-    script = (run_dir / "job.sbatch").read_text()
-    assert f"submit with: sbatch {run_dir / 'job.sbatch'}" in result.out
-    for line in (
-        "#SBATCH --nodes=2",
-        "#SBATCH --ntasks-per-node=1",
-        "#SBATCH --gpus-per-node=8",
-        "#SBATCH --partition=h200",
-        'scontrol show hostnames "$SLURM_JOB_NODELIST"',
-        '--rdzv-endpoint "$DLLM_HEAD_NODE:29500"',
-        '--rdzv-id "$SLURM_JOB_ID"',
-        "srun --kill-on-bad-exit=1",
-    ):
-        assert line in script, line
-    assert (run_dir / "manifest.json").is_file() and (run_dir / "spec.yaml").is_file()
-    assert not (run_dir / "result.json").exists()
-
-
-def test_slurm_submit_calls_sbatch_or_explains(cli, spec_file, workdir, monkeypatch):
-    bin_dir = workdir / "bin"
-    bin_dir.mkdir()
-    monkeypatch.setenv("PATH", str(bin_dir))
-    args = ("launch", "--config", spec_file, "--backend", "slurm", "--nproc-per-node", "1")
-    result = cli(*args, "--submit")
-    assert_user_error(result, "sbatch, which is not on PATH", "drop --submit")
-    assert not (workdir / "runs").exists()
-
-    sbatch = bin_dir / "sbatch"
-    log = workdir / "sbatch.log"
-    sbatch.write_text(f'#!/bin/sh\necho "$@" > {log}\necho "Submitted batch job 4242"\n')
-    sbatch.chmod(sbatch.stat().st_mode | stat.S_IEXEC)
-    result = cli(*args, "--submit")
-    assert result.code == 0, result.err
-    assert "Submitted batch job 4242" in result.out
-    assert log.read_text().strip().endswith("job.sbatch")
 
 
 @pytest.mark.parametrize("dry", [True, False])

@@ -40,7 +40,7 @@ def test_list_show_diff(cli, spec_file, workdir):
     runs = {r["name"]: r for r in listing["runs"]}
     assert runs["first"]["steps_done"] == 3 and runs["first"]["steps_total"] == 4
     assert runs["first"]["last_loss"] == 4.25
-    assert runs["second"]["steps_done"] is None and runs["second"]["status"] == "no result"
+    assert runs["second"]["steps_done"] is None and runs["second"]["status"] == "not submitted"
     text = cli("run", "list").out
     assert first.name in text and "3/4" in text and "4.2500" in text
 

@@ -56,7 +56,13 @@ def register(subparsers) -> None:
         "--node-rank", type=int, default=None, metavar="R", help="this node (static launches)"
     )
     meet.add_argument("--master-addr", default=None, metavar="HOST", help="node 0's address")
-    meet.add_argument("--master-port", type=int, default=None, metavar="PORT")
+    meet.add_argument(
+        "--master-port",
+        type=int,
+        default=None,
+        metavar="PORT",
+        help="default 29500; SLURM: derived from the job id, so jobs sharing a node differ",
+    )
     meet.add_argument(
         "--rdzv-endpoint", default=None, metavar="HOST:PORT", help="c10d rendezvous (elastic)"
     )
@@ -74,14 +80,28 @@ def register(subparsers) -> None:
     slurm = p.add_argument_group("slurm")
     slurm.add_argument("--submit", action="store_true", help="call sbatch on the script")
     slurm.add_argument(
-        "--gpus-per-node", type=int, default=None, metavar="G", help="default: --nproc-per-node"
+        "--gpus-per-node",
+        type=int,
+        default=None,
+        metavar="G",
+        help="default: --nproc-per-node on a host with GPUs, none on a CPU host",
     )
-    slurm.add_argument("--cpus-per-task", type=int, default=None, metavar="C")
+    slurm.add_argument(
+        "--cpus-per-task",
+        type=int,
+        default=None,
+        metavar="C",
+        help="CPUs for each node's processes (default: one per process)",
+    )
     slurm.add_argument("--partition", default=None, metavar="NAME")
     slurm.add_argument("--account", default=None, metavar="NAME")
     slurm.add_argument("--time", default=None, help="SLURM time limit, e.g. 04:00:00")
     slurm.add_argument(
-        "--sbatch", action="append", default=[], metavar="OPTION", help="extra #SBATCH line"
+        "--sbatch",
+        action="append",
+        default=[],
+        metavar="OPTION",
+        help="extra #SBATCH line, e.g. --sbatch=--exclusive",
     )
     p.add_argument("--dry-run", action="store_true", help="print plan and manifest; touch nothing")
     p.add_argument("--json", action="store_true", help="with --dry-run: one JSON object")
@@ -194,7 +214,7 @@ def _launch(args) -> int:
         job = launcher.prepare_launch(args.config, args.overrides, options, argv)
 
     if args.dry_run:
-        return _print_dry_run(job, args.json)
+        return _print_dry_run(job, args.json, _start_command(argv, job))
     if args.submit:
         from turbo_dllm.jobs.backends.slurm import find_sbatch
 
@@ -216,7 +236,26 @@ def _launch(args) -> int:
     return code
 
 
-def _print_dry_run(job, as_json: bool) -> int:
+def _start_command(argv: list[str], job) -> str:
+    """The launch that starts exactly the printed plan, as a bash line that runs when pasted.
+
+    The plan's own commands read <run dir>/spec.yaml, which only a launch writes (with the
+    manifest, before any worker starts), and a launch without --run-dir stamps a new run id:
+    so the line is this launch, pinned to the printed run dir, from the directory it ran in.
+    """
+    import shlex
+
+    words = argv[2:]
+    if "--run-root" in words:
+        at = words.index("--run-root")
+        del words[at : at + 2]
+    if "--run-dir" not in words:
+        words += ["--run-dir", str(job.run_dir)]
+    launch = [sys.executable, "-m", "turbo_dllm", "launch", *words]
+    return f"cd {shlex.quote(job.plan.cwd)} && {shlex.join(launch)}"
+
+
+def _print_dry_run(job, as_json: bool, start_command: str) -> int:
     from turbo_dllm.jobs.describe import describe_plan
 
     manifest = job.manifest.model_dump(mode="json")
@@ -227,12 +266,18 @@ def _print_dry_run(job, as_json: bool) -> int:
                 "plan": job.plan.model_dump(mode="json"),
                 "manifest": manifest,
                 "drift": [d.model_dump(mode="json") for d in job.drift],
+                "start_command": start_command,
             }
         )
         return 0
     print("# plan (dry run: nothing written, nothing started)")
     for line in describe_plan(job.plan):
         print(line)
+    print(
+        "\n# to run it (paste into bash): writes the run dir's spec.yaml and manifest.json, "
+        "then runs the command(s) above"
+    )
+    print(start_command)
     if job.drift:
         print("\n# drift since the recorded run (recorded -> now)")
         for item in job.drift:
@@ -270,7 +315,16 @@ def _print_end(job, code: int, submit: bool) -> None:
     plan = job.plan
     if plan.backend == "slurm":
         if not submit:
-            print(f"wrote {plan.slurm.script}\nsubmit with: sbatch {plan.slurm.script}")
+            print(
+                f"wrote {plan.slurm.script}\nsubmit with: sbatch {plan.slurm.script} "
+                "(or launch with --submit, and `dllm run list` follows the job)"
+            )
+        else:
+            print(
+                f"dllm: follow it with `dllm run show {job.run_dir}` (state from SLURM); "
+                "cancel with scancel",
+                file=sys.stderr,
+            )
         return
     verdict = "finished" if code == 0 else f"failed (exit {code})"
     print(f"dllm: run {plan.run_id} {verdict}: {job.run_dir}", file=sys.stderr)

@@ -76,6 +76,9 @@ def _show(args) -> int:
     steps = summary.steps_done if summary.steps_done is not None else 0
     loss = f", last loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
     print(f"progress     {steps}/{summary.steps_total} steps{loss}; {summary.status}")
+    if summary.slurm_job_id:
+        state = f" ({summary.slurm_state})" if summary.slurm_state else ""
+        print(f"slurm job    {summary.slurm_job_id}{state}")
     print()
     for line in describe_plan(manifest.plan):
         print(line)

@@ -6,6 +6,7 @@
 - `provenance`: packages, code version, bundle and data probes for the manifest
 - `drift`: field-by-field comparison of a recorded manifest with the present
 - `launcher`: prepare / check / materialize / start, used by `dllm launch`
-- `backends`: local (in-process), torchrun, SLURM
+- `backends`: local (in-process), torchrun, SLURM (sbatch script, submission, job states)
+- `result`: `result.json`, how a run ended
 - `runs`, `plot`: `dllm run list | show | diff | plot`
 """

@@ -42,9 +42,13 @@ def compile_plan(
     cwd = (cwd or Path.cwd()).resolve()
     run_dir = Path(run_dir).resolve()
     nnodes = options.nnodes
-    gpus_per_node = _gpus_per_node(options, host)
+    if options.backend == "slurm":
+        nproc = _nproc_per_node(spec, options, options.slurm.gpus_per_node or len(host.gpus))
+        gpus_per_node = _slurm_gpus_per_node(options, host, nproc)
+    else:
+        gpus_per_node = len(host.gpus)
+        nproc = _nproc_per_node(spec, options, gpus_per_node)
     device = "cuda" if gpus_per_node else "cpu"
-    nproc = _nproc_per_node(spec, options, gpus_per_node)
 
     elastic_axis = None
     if nnodes.elastic:
@@ -72,7 +76,8 @@ def compile_plan(
     rendezvous = _rendezvous(options, backend, run_dir.name)
     node_rank = _node_rank(options, backend, rendezvous)
     dist_backend = None if world_sizes == [1] else ("nccl" if device == "cuda" else "gloo")
-    env = _worker_env(spec, backend, run_dir, host, nproc, options)
+    cpus = _cpus_per_node(options, backend, host, nproc)
+    env = _worker_env(spec, backend, run_dir, cpus, nproc, options)
     worker = worker_command(python, run_dir)
 
     notes: list[str] = []
@@ -88,6 +93,11 @@ def compile_plan(
         )
     if device == "cpu" and world_sizes[0] > 1 and nproc > host.cpu_count and backend != "slurm":
         notes.append(f"{nproc} processes on {host.cpu_count} CPU cores will oversubscribe them")
+    if backend == "slurm" and not gpus_per_node:
+        notes.append(
+            "slurm: no GPU on this host, so the job asks for CPUs only (gloo); "
+            "pass --gpus-per-node G to run on GPU nodes"
+        )
 
     plan_fields = dict(
         run_id=run_dir.name,
@@ -124,13 +134,13 @@ def compile_plan(
             max_restarts=options.max_restarts,
         )
         return JobPlan(backend="torchrun", commands=commands, **plan_fields)
-    job = slurm_backend.slurm_job(run_dir, nnodes, gpus_per_node, options.slurm)
+    job = slurm_backend.slurm_job(run_dir, nnodes, gpus_per_node, cpus, options.slurm)
     commands = [
         Command(where="submit host", argv=job.submit),
         Command(
             where="every node (srun)",
             argv=slurm_backend.srun_torchrun_argv(
-                python, worker, str(nnodes), nproc, options.max_restarts, rendezvous
+                python, worker, str(nnodes), nproc, options.max_restarts, rendezvous, cpus
             ),
         ),
     ]
@@ -153,13 +163,21 @@ def _choose_backend(options: LaunchOptions, world_sizes: list[int]) -> str:
     return "local" if world_sizes == [1] and not distributed else "torchrun"
 
 
-def _gpus_per_node(options: LaunchOptions, host: HostView) -> int:
-    if options.backend == "slurm":
-        # The job runs on the allocated nodes, not here: the plan asks for what the spec needs.
-        if options.slurm.gpus_per_node is not None:
-            return options.slurm.gpus_per_node
-        return options.nproc_per_node or 0
-    return len(host.gpus)
+def _slurm_gpus_per_node(options: LaunchOptions, host: HostView, nproc: int) -> int:
+    """The job runs on the allocated nodes, not here. A submit host with GPUs stands for GPU
+    nodes (one GPU per process); one without asks for none: `--gpus-per-node` on a CPU-only
+    cluster is an invalid gres request that sbatch refuses."""
+    if options.slurm.gpus_per_node is not None:
+        return options.slurm.gpus_per_node
+    return nproc if host.gpus else 0
+
+
+def _cpus_per_node(options: LaunchOptions, backend: str, host: HostView, nproc: int) -> int:
+    """CPUs for one node's processes: this host's cores, or what the SLURM task asks for
+    (--cpus-per-task, by default one per process: SLURM otherwise gives the task one CPU)."""
+    if backend == "slurm":
+        return options.slurm.cpus_per_task or nproc
+    return host.cpu_count
 
 
 def _nproc_per_node(spec: RunSpec, options: LaunchOptions, gpus_per_node: int) -> int:
@@ -245,10 +263,8 @@ def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous
     if backend == "local":
         return Rendezvous(kind="none")
     if backend == "slurm":
-        port = options.master_port or DEFAULT_PORT
-        return Rendezvous(
-            kind="c10d", endpoint=f"$DLLM_HEAD_NODE:{port}", run_id="$SLURM_JOB_ID", conf=conf
-        )
+        endpoint = slurm_backend.rendezvous_endpoint(options.master_port)
+        return Rendezvous(kind="c10d", endpoint=endpoint, run_id="$SLURM_JOB_ID", conf=conf)
     if options.rdzv_endpoint:
         return Rendezvous(kind="c10d", endpoint=options.rdzv_endpoint, run_id=rdzv_id, conf=conf)
     if options.master_addr or options.master_port:
@@ -291,7 +307,7 @@ def _worker_env(
     spec: RunSpec,
     backend: str,
     run_dir: Path,
-    host: HostView,
+    cpus: int,
     nproc: int,
     options: LaunchOptions,
 ) -> dict[str, str]:
@@ -306,7 +322,6 @@ def _worker_env(
         # workers then read the dead ones' gloo/NCCL addresses from it. Opting out gives each
         # attempt a fresh store (torch.distributed.elastic.rendezvous.dynamic_rendezvous).
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    cpus = options.slurm.cpus_per_task if backend == "slurm" else host.cpu_count
     if cpus:
         env["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
     return env

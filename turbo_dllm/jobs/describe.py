@@ -32,11 +32,12 @@ def describe_plan(plan: JobPlan) -> list[str]:
     lines.append(f"worker       {shlex.join(plan.worker)}")
     for command in plan.commands:
         lines.append(f"command      [{command.where}]")
-        lines.append(f"             {shlex.join(command.argv)}")
+        lines.append(f"             {_command_line(plan, command.argv)}")
     if plan.slurm:
         job = plan.slurm
         lines.append(
-            f"slurm        {job.script}: nodes={job.nodes} gpus-per-node={job.gpus_per_node}"
+            f"slurm        {job.script}: nodes={job.nodes} gpus-per-node={job.gpus_per_node} "
+            f"cpus-per-task={job.cpus_per_task}"
         )
     if plan.ranks:
         for role in plan.ranks[:MAX_RANKS_SHOWN]:
@@ -77,6 +78,16 @@ def describe_manifest(manifest: RunManifest) -> list[str]:
         lines.append(f"replay of    {ref.run_id} ({len(ref.drift)} drifted input(s))")
         lines += [f"  drift      {item}" for item in ref.drift]
     return lines
+
+
+def _command_line(plan: JobPlan, argv: list[str]) -> str:
+    """A command as bash reads it; the srun step's `$DLLM_HEAD_NODE`-style words are the batch
+    script's variables, so they are shown as the script expands them, not single-quoted."""
+    if plan.backend == "slurm":
+        from turbo_dllm.jobs.backends.slurm import shell_line
+
+        return shell_line(argv)
+    return shlex.join(argv)
 
 
 def _rendezvous(plan: JobPlan) -> str:

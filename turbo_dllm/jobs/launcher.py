@@ -7,9 +7,7 @@ replay shares every step with a fresh launch except how the spec and layout are 
 
 from __future__ import annotations
 
-import json
 import os
-import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -19,7 +17,6 @@ import yaml
 
 from turbo_dllm.config.runspec import RunSpec
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import write_atomic
 from turbo_dllm.host.view import HostView
 from turbo_dllm.jobs import provenance
 from turbo_dllm.jobs.compiler import compile_plan
@@ -37,10 +34,10 @@ from turbo_dllm.jobs.manifest import (
 )
 from turbo_dllm.jobs.options import LaunchOptions, NodeRange, SlurmOptions
 from turbo_dllm.jobs.plan import JobPlan
+from turbo_dllm.jobs.result import now, write_result
 from turbo_dllm.paths import new_run_dir
 
 __all__ = [
-    "RESULT_FORMAT",
     "PreparedJob",
     "build_manifest",
     "materialize",
@@ -51,8 +48,6 @@ __all__ = [
 ]
 
 SPEC_NAME = "spec.yaml"
-RESULT_NAME = "result.json"
-RESULT_FORMAT = "turbo_dllm.run_result.v1"
 DEFAULT_ROOT = "runs"
 
 
@@ -271,7 +266,9 @@ def _recorded_options(plan: JobPlan, given: LaunchOptions) -> LaunchOptions:
         master_addr, master_port = host, int(port)
     elif rdzv.kind == "c10d" and rdzv.endpoint:
         if plan.backend == "slurm":
-            master_port = int(rdzv.endpoint.rpartition(":")[2])
+            # A fixed --master-port is recorded as a number; the default port follows the job.
+            port = rdzv.endpoint.rpartition(":")[2]
+            master_port = int(port) if port.isdigit() else None
         else:
             rdzv_endpoint = rdzv.endpoint
     if given.master_addr or given.master_port or given.rdzv_endpoint:
@@ -384,9 +381,9 @@ def start(job: PreparedJob, *, submit: bool = False) -> int:
             return 0
         from turbo_dllm.jobs.backends.slurm import submit as sbatch
 
-        print(sbatch(Path(plan.slurm.script)))
+        print(f"Submitted batch job {sbatch(plan.slurm, job.run_dir)}")
         return 0
-    started = _now()
+    started = now()
     if plan.backend == "local":
         from turbo_dllm.jobs.backends.local import run_local
 
@@ -399,21 +396,5 @@ def start(job: PreparedJob, *, submit: bool = False) -> int:
         )
         code = run_torchrun(plan, log_path=log)
     if not job.multi_node:
-        _write_result(job.run_dir, code, started, plan.backend)
+        write_result(job.run_dir, code, started, plan.backend)
     return code
-
-
-def _write_result(run_dir: Path, code: int, started: str, backend: str) -> None:
-    result = {
-        "format": RESULT_FORMAT,
-        "exit_code": code,
-        "started_at": started,
-        "finished_at": _now(),
-        "backend": backend,
-        "python": sys.executable,
-    }
-    write_atomic(run_dir / RESULT_NAME, json.dumps(result, indent=2, sort_keys=True) + "\n")
-
-
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds")

@@ -1,15 +1,21 @@
-"""Run dirs as data: find, list, summarize and compare the runs under a root (default ./runs)."""
+"""Run dirs as data: find, list, summarize and compare the runs under a root (default ./runs).
+
+A run's status comes from its `result.json` (the exit code) and, for a submitted SLURM job,
+from SLURM itself: its job is pending or running before any result exists, and a job SLURM
+ends (scancel, time limit, node failure) never writes one.
+"""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs.drift import flat_diff, manifest_drift
 from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
+from turbo_dllm.jobs.result import read_result
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -18,12 +24,14 @@ __all__ = [
     "find_run",
     "list_runs",
     "read_metrics",
-    "read_result",
     "summarize",
 ]
 
 DEFAULT_ROOT = "runs"
 METRICS_NAME = "metrics.jsonl"
+# SLURM states in which the batch script ran to its end and wrote result.json: the exit code
+# there says more than SLURM's word. Every other end state (CANCELLED, TIMEOUT, ...) is SLURM's.
+_SCRIPT_ENDED = ("COMPLETED", "FAILED")
 
 
 @dataclass(frozen=True)
@@ -39,12 +47,22 @@ class RunSummary:
     last_loss: float | None
     exit_code: int | None
     replay_of: str | None
+    slurm_job_id: str | None = None
+    slurm_state: str | None = None  # None: not a submitted SLURM job, or SLURM forgot it
 
     @property
     def status(self) -> str:
-        if self.exit_code is None:
-            return "no result"  # still running, submitted to SLURM, or its launcher was killed
-        return "ok" if self.exit_code == 0 else f"exit {self.exit_code}"
+        if self.slurm_state and self.slurm_state not in _SCRIPT_ENDED:
+            return self.slurm_state.lower()  # pending, running, cancelled, timeout, ...
+        if self.exit_code is not None:
+            return "ok" if self.exit_code == 0 else f"exit {self.exit_code}"
+        if self.slurm_state:
+            return self.slurm_state.lower()
+        if self.backend == "slurm":
+            # Submitted, but neither a result nor SLURM's memory of the job (squeue keeps
+            # finished jobs for minutes; sacct only where the cluster keeps accounting).
+            return "unknown" if self.slurm_job_id else "not submitted"
+        return "no result"  # still running, or its launcher was killed
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +77,8 @@ class RunSummary:
             "last_loss": self.last_loss,
             "exit_code": self.exit_code,
             "status": self.status,
+            "slurm_job_id": self.slurm_job_id,
+            "slurm_state": self.slurm_state,
             "replay_of": self.replay_of,
         }
 
@@ -98,19 +118,23 @@ def list_runs(root: str | Path = DEFAULT_ROOT) -> list[RunSummary]:
     summaries = []
     for manifest_path in sorted(root.glob(f"*/{MANIFEST_NAME}")):
         try:
-            summaries.append(summarize(manifest_path.parent))
+            summaries.append(summarize(manifest_path.parent, ask_slurm=False))
         except DllmError:
             continue  # not ours or damaged; `dllm run show` explains it
+    summaries = _with_slurm_states(summaries)
     return sorted(summaries, key=lambda s: (s.created_at, s.run_id))
 
 
-def summarize(run_dir: Path, manifest: RunManifest | None = None) -> RunSummary:
+def summarize(
+    run_dir: Path, manifest: RunManifest | None = None, *, ask_slurm: bool = True
+) -> RunSummary:
+    """A run's summary; `ask_slurm` queries SLURM for a submitted job's state."""
     manifest = manifest or read_manifest(run_dir)
     metrics = read_metrics(run_dir)
     last = metrics[-1] if metrics else {}
     result = read_result(run_dir)
     plan = manifest.plan
-    return RunSummary(
+    summary = RunSummary(
         run_id=manifest.run_id,
         path=Path(run_dir),
         name=manifest.spec.get("launch", {}).get("name"),
@@ -122,7 +146,31 @@ def summarize(run_dir: Path, manifest: RunManifest | None = None) -> RunSummary:
         last_loss=last.get("loss"),
         exit_code=None if result is None else result.get("exit_code"),
         replay_of=manifest.replay_of.run_id if manifest.replay_of else None,
+        slurm_job_id=_slurm_job_id(run_dir) if plan.backend == "slurm" else None,
     )
+    return _with_slurm_states([summary])[0] if ask_slurm else summary
+
+
+def _slurm_job_id(run_dir: Path) -> str | None:
+    from turbo_dllm.jobs.backends.slurm import read_submission
+
+    record = read_submission(run_dir)
+    return str(record["job_id"]) if record else None
+
+
+def _with_slurm_states(summaries: list[RunSummary]) -> list[RunSummary]:
+    """Fill in SLURM's state of the submitted jobs that may still be running or that SLURM may
+    have ended (one query for all of them); a clean exit code needs no question."""
+    from turbo_dllm.jobs.backends.slurm import job_states
+
+    ask = [s.slurm_job_id for s in summaries if s.slurm_job_id and s.exit_code != 0]
+    if not ask:
+        return summaries
+    states = job_states(ask)
+    return [
+        replace(s, slurm_state=states.get(s.slurm_job_id)) if s.slurm_job_id in ask else s
+        for s in summaries
+    ]
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
@@ -141,14 +189,6 @@ def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
         if isinstance(record, dict):
             records.append(record)
     return records
-
-
-def read_result(run_dir: Path) -> dict[str, Any] | None:
-    path = Path(run_dir) / "result.json"
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
-        return None
 
 
 def diff_manifests(a: RunManifest, b: RunManifest) -> dict[str, list[DriftItem]]:

@@ -1,37 +1,73 @@
 """SLURM backend: an sbatch script in the run dir that starts torchrun on every node.
 
-One SLURM task per node runs torchrun, which starts one worker per GPU. The nodes meet through a
-c10d rendezvous on the allocation's first host (from SLURM_JOB_NODELIST), with the job id as the
-rendezvous id, so the script needs no address known at submission time. `--submit` hands the
-script to `sbatch` when it is on PATH.
+One SLURM task per node runs torchrun, which starts one worker per GPU (or per CPU process).
+The nodes meet through a c10d rendezvous on the allocation's first host (from
+SLURM_JOB_NODELIST), with the job id as the rendezvous id, so the script needs no address known
+at submission time. Its port is derived from the job id too (unless --master-port fixes one):
+two jobs that share a node then meet on different ports instead of the second one failing with
+RendezvousConnectionError.
+
+`--submit` hands the script to `sbatch` and records the job id in the run dir
+(`slurm_job.json`); the script records srun's exit status (`result.json`) when it ends, and
+`job_states` asks SLURM (squeue, then sacct) about jobs that have not ended or never got there
+(cancelled, timed out).
 """
 
 from __future__ import annotations
 
+import json
+import re
 import shlex
 import shutil
 import subprocess
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import write_atomic
 from turbo_dllm.jobs.backends.torchrun import torchrun_argv
 from turbo_dllm.jobs.options import NodeRange, SlurmOptions
 from turbo_dllm.jobs.plan import JobPlan, Rendezvous, SlurmJob
+from turbo_dllm.jobs.result import now
 
 __all__ = [
+    "PORT_BASE",
+    "PORT_SPAN",
     "SCRIPT_NAME",
+    "SUBMISSION_NAME",
     "find_sbatch",
+    "job_states",
+    "read_submission",
     "render_script",
+    "rendezvous_endpoint",
+    "shell_line",
     "slurm_job",
     "srun_torchrun_argv",
     "submit",
 ]
 
 SCRIPT_NAME = "job.sbatch"
+SUBMISSION_NAME = "slurm_job.json"
+SUBMISSION_FORMAT = "turbo_dllm.slurm_job.v1"
+# Rendezvous ports 20000..29999: below Linux's ephemeral range (32768+), where the kernel picks
+# the ports of outgoing connections, so a derived port is not taken by chance.
+PORT_BASE = 20000
+PORT_SPAN = 10000
+_DERIVED_PORT = "$DLLM_RDZV_PORT"
+_HEAD_NODE = "$DLLM_HEAD_NODE"
+_NAMES = r"(?:DLLM_HEAD_NODE|DLLM_RDZV_PORT|DLLM_STARTED|DLLM_STATUS|SLURM_JOB_ID)\b"
+_SCRIPT_VARIABLE = re.compile(r"\$" + _NAMES)
+_OTHER_DOLLAR = re.compile(r"\$(?!" + _NAMES + ")")
+_JOB_ID = re.compile(r"^(\d+)(?:;(\S+))?$|Submitted batch job (\d+)")
 
 
 def slurm_job(
-    run_dir: Path, nnodes: NodeRange, gpus_per_node: int, options: SlurmOptions
+    run_dir: Path,
+    nnodes: NodeRange,
+    gpus_per_node: int,
+    cpus_per_task: int,
+    options: SlurmOptions,
 ) -> SlurmJob:
     script = str(Path(run_dir) / SCRIPT_NAME)
     nodes = str(nnodes.min) if not nnodes.elastic else f"{nnodes.min}-{nnodes.max}"
@@ -39,13 +75,18 @@ def slurm_job(
         script=script,
         nodes=nodes,
         gpus_per_node=gpus_per_node,
-        cpus_per_task=options.cpus_per_task,
+        cpus_per_task=cpus_per_task,
         partition=options.partition,
         account=options.account,
         time=options.time,
         extra=list(options.extra),
-        submit=["sbatch", script],
+        submit=["sbatch", "--parsable", script],
     )
+
+
+def rendezvous_endpoint(master_port: int | None) -> str:
+    """The c10d endpoint the script expands: the head node, a fixed port or the job's own."""
+    return f"{_HEAD_NODE}:{master_port if master_port else _DERIVED_PORT}"
 
 
 def srun_torchrun_argv(
@@ -55,9 +96,12 @@ def srun_torchrun_argv(
     nproc_per_node: int,
     max_restarts: int,
     rendezvous: Rendezvous,
+    cpus_per_task: int,
 ) -> list[str]:
     inner = torchrun_argv(python, worker, nnodes, nproc_per_node, rendezvous, None, max_restarts)
-    return ["srun", "--kill-on-bad-exit=1", *inner]
+    # srun does not inherit sbatch's --cpus-per-task (SLURM 22.05+): without it the step, and
+    # so every worker torchrun starts, may be confined to one CPU.
+    return ["srun", "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}", *inner]
 
 
 def render_script(plan: JobPlan) -> str:
@@ -83,18 +127,51 @@ def render_script(plan: JobPlan) -> str:
     head.append(f"#SBATCH --output={plan.run_dir}/slurm-%j.out")
     head += [f"#SBATCH {line}" for line in job.extra]
     srun = next(c.argv for c in plan.commands if c.argv[0] == "srun")
+    port = []
+    if _DERIVED_PORT in (plan.rendezvous.endpoint or ""):
+        port = [
+            "# Jobs sharing a node must not share a rendezvous port: each takes its own from the "
+            "job id.",
+            f"DLLM_RDZV_PORT=$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))",
+        ]
+    record = [
+        plan.worker[0],
+        "-m",
+        "turbo_dllm.jobs.result",
+        "--run-dir",
+        plan.run_dir,
+        "--backend",
+        "slurm",
+        "--slurm-job-id",
+        "$SLURM_JOB_ID",
+        "--started",
+        "$DLLM_STARTED",
+        "--exit-code",
+        "$DLLM_STATUS",
+    ]
     body = [
         "",
         "set -euo pipefail",
         f"cd {shlex.quote(plan.cwd)}",
         "# The first node of the allocation hosts the c10d rendezvous store.",
         'DLLM_HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
-        "export DLLM_HEAD_NODE",
+        *port,
         *(f"export {key}={shlex.quote(value)}" for key, value in sorted(plan.env.items())),
-        _wrapped(srun),
+        "DLLM_STARTED=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)",
+        "DLLM_STATUS=0",
+        _wrapped(srun) + " || DLLM_STATUS=$?",
+        "# How the workers ended, for `dllm run list` (a job SLURM kills never gets here).",
+        shell_line(record),
+        'exit "$DLLM_STATUS"',
         "",
     ]
     return "\n".join(head + body)
+
+
+def shell_line(argv: list[str]) -> str:
+    """One bash command line that lets the script's `$VAR`s expand (endpoint, job id) and
+    quotes everything else: what `--dry-run` prints for the srun step."""
+    return " ".join(_shell_word(word) for word in argv)
 
 
 def find_sbatch() -> str:
@@ -108,16 +185,95 @@ def find_sbatch() -> str:
     return sbatch
 
 
-def submit(script: Path) -> str:
-    """Submit with sbatch; returns its output (the job id line)."""
+def submit(job: SlurmJob, run_dir: Path) -> str:
+    """Submit with sbatch, record the job id in the run dir and return it."""
     sbatch = find_sbatch()
-    proc = subprocess.run([sbatch, str(script)], capture_output=True, text=True)
+    proc = subprocess.run([sbatch, *job.submit[1:]], capture_output=True, text=True)
     if proc.returncode != 0:
         raise DllmError(
             f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}",
-            hint=f"fix the #SBATCH lines in {script} or pass --slurm-* options, then sbatch it",
+            hint=f"fix the #SBATCH lines in {job.script} and sbatch it, or launch again with "
+            "--partition, --account, --time, --gpus-per-node, --cpus-per-task or "
+            "--sbatch 'OPTION'",
         )
-    return proc.stdout.strip()
+    job_id, cluster = _parse_job_id(proc.stdout)
+    record = {
+        "format": SUBMISSION_FORMAT,
+        "job_id": job_id,
+        "cluster": cluster,
+        "submitted_at": now(),
+        "script": job.script,
+    }
+    write_atomic(Path(run_dir) / SUBMISSION_NAME, json.dumps(record, indent=2) + "\n")
+    return job_id
+
+
+def read_submission(run_dir: Path) -> dict[str, Any] | None:
+    """The submission record of a run dir, or None if its job was never submitted."""
+    try:
+        record = json.loads((Path(run_dir) / SUBMISSION_NAME).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+    return record if isinstance(record, dict) and record.get("job_id") else None
+
+
+def job_states(job_ids: Iterable[str]) -> dict[str, str]:
+    """SLURM's state (PENDING, RUNNING, COMPLETED, CANCELLED, ...) of each job it knows.
+
+    squeue answers from the controller's memory, which also keeps finished jobs for a while
+    (MinJobAge, 300 s by default); sacct answers from accounting, where a cluster keeps it.
+    Jobs neither knows (or no SLURM commands here) are left out: their state is unknown.
+    """
+    ids = sorted(set(job_ids))
+    if not ids:
+        return {}
+    states = _states(
+        ["squeue", "--states=all", "--noheader", "--format=%i|%T", f"--jobs={','.join(ids)}"]
+    )
+    missing = [job_id for job_id in ids if job_id not in states]
+    if missing:
+        states |= _states(
+            [
+                "sacct",
+                "--allocations",
+                "--noheader",
+                "--parsable2",
+                "--format=JobIDRaw,State",
+                f"--jobs={','.join(missing)}",
+            ]
+        )
+    return {job_id: states[job_id] for job_id in ids if job_id in states}
+
+
+def _states(argv: list[str]) -> dict[str, str]:
+    """`id|STATE` lines of a SLURM query; nothing when the command is missing or refuses (an
+    id the controller has forgotten, accounting disabled, controller down)."""
+    command = shutil.which(argv[0])
+    if command is None:
+        return {}
+    try:
+        proc = subprocess.run([command, *argv[1:]], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if proc.returncode != 0:
+        return {}
+    states = {}
+    for line in proc.stdout.splitlines():
+        job_id, sep, state = line.strip().partition("|")
+        if sep and state.strip():
+            states[job_id.strip()] = state.split()[0]  # sacct: "CANCELLED by 0"
+    return states
+
+
+def _parse_job_id(output: str) -> tuple[str, str | None]:
+    for line in reversed(output.strip().splitlines()):
+        match = _JOB_ID.search(line.strip())
+        if match:
+            return match.group(1) or match.group(3), match.group(2)
+    raise DllmError(
+        f"sbatch printed no job id: {output.strip()!r}",
+        hint="check the job with squeue; `dllm run list` cannot follow it without the id",
+    )
 
 
 def _wrapped(argv: list[str]) -> str:
@@ -128,12 +284,14 @@ def _wrapped(argv: list[str]) -> str:
         if word.startswith("-") and segments[-1][-1:] != ["-m"]:
             segments.append([])
         segments[-1].append(word)
-    lines = [" ".join(_shell_word(word) for word in segment) for segment in segments]
+    lines = [shell_line(segment) for segment in segments]
     return " \\\n    ".join(lines)
 
 
 def _shell_word(word: str) -> str:
-    """Quote for bash, but let `$VAR` references expand (rendezvous endpoint and id)."""
-    if "$" in word:
-        return '"' + word.replace("\\", "\\\\").replace('"', '\\"') + '"'
-    return shlex.quote(word)
+    """Quote for bash, but let the script's own variables expand (rendezvous endpoint and id,
+    start time, exit status); any other `$` (in a path, say) stays literal."""
+    if not _SCRIPT_VARIABLE.search(word):
+        return shlex.quote(word)
+    escaped = word.replace("\\", "\\\\").replace('"', '\\"').replace("`", "\\`")
+    return '"' + _OTHER_DOLLAR.sub(r"\\$", escaped) + '"'

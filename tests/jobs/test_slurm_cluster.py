@@ -1,0 +1,144 @@
+"""`dllm launch --backend slurm --submit` on a real one-node SLURM cluster (slurm_cluster.py):
+a 2-rank CPU job trains exactly like the torchrun run, `dllm run list/show` follow its state
+through SLURM, two jobs share the node at once, and a cancelled job is reported cancelled.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.slow
+
+SPEC = """
+launch:
+  seed: 5
+model:
+  family: qwen3
+  from_config: tiny
+objective:
+  name: block_diffusion
+  block_size: 16
+data:
+  synthetic:
+    num_sequences: 32
+    vocab_size: 512
+  seq_len: 64
+training:
+  micro_batch_size: 2
+  steps: 3
+scheduler:
+  warmup_steps: 1
+"""
+TWO_RANKS = ("--nproc-per-node", "2", "--set", "topology.dp=2")
+
+
+def losses(run_dir: Path) -> list[tuple[int, float]]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [(r["step"], r["loss"]) for r in map(json.loads, lines)]
+
+
+@pytest.fixture(scope="module")
+def torchrun_losses(tmp_path_factory):
+    """The same job under torchrun on this host: the trace every SLURM run must reproduce."""
+    root = tmp_path_factory.mktemp("torchrun")
+    (root / "train.yaml").write_text(textwrap.dedent(SPEC))
+    from turbo_dllm.cli import main
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        mp.setenv("DLLM_HOME", str(tmp_path_factory.mktemp("home")))
+        mp.delenv("DLLM_OVERRIDE_GPUS", raising=False)
+        code = main(["launch", "--config", "train.yaml", *TWO_RANKS, "--run-dir", "ref"])
+    assert code == 0
+    return losses(root / "ref")
+
+
+@pytest.fixture
+def submit(cli, workdir, slurm_cluster, monkeypatch):
+    """`dllm launch --backend slurm --submit` into runs/NAME; returns (run dir, job id)."""
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    (workdir / "train.yaml").write_text(textwrap.dedent(SPEC))
+
+    def run(name: str, *extra: str) -> tuple[Path, str]:
+        run_dir = workdir / "runs" / name
+        args = ("--config", "train.yaml", "--backend", "slurm", "--submit", *TWO_RANKS)
+        result = cli("launch", *args, "--run-dir", run_dir, *extra)
+        assert result.code == 0, result.err
+        job_id = json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
+        assert f"Submitted batch job {job_id}" in result.out
+        return run_dir, job_id
+
+    return run
+
+
+def statuses(cli) -> dict[str, str]:
+    listing = json.loads(cli("run", "list", "--json").out)
+    return {run["run_id"]: run["status"] for run in listing["runs"]}
+
+
+def test_submitted_job_trains_like_torchrun(submit, slurm_cluster, torchrun_losses, cli):
+    # As many CPUs as this host has, so the workers' OMP_NUM_THREADS equal torchrun's.
+    cpus = str(len(os.sched_getaffinity(0)))
+    run_dir, job_id = submit("one", "--cpus-per-task", cpus)
+    assert statuses(cli)["one"] in ("pending", "running")
+
+    slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED"})
+    output = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert slurm_cluster.state(job_id) == "COMPLETED", output
+    assert losses(run_dir) == torchrun_losses
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["exit_code"] == 0 and result["slurm_job_id"] == job_id
+
+    listing = json.loads(cli("run", "list", "--json").out)
+    [run] = listing["runs"]
+    assert run["status"] == "ok" and run["slurm_job_id"] == job_id
+    assert run["steps_done"] == 3 and run["backend"] == "slurm"
+    shown = cli("run", "show", "one")
+    assert "progress     3/3 steps" in shown.out and "; ok" in shown.out
+    assert f"slurm job    {job_id}" in shown.out
+
+
+def test_two_jobs_share_the_node(submit, slurm_cluster, cli):
+    # One CPU each, so both fit on the node at once; held, then released together. The second
+    # runs longer: on a shared rendezvous port it would lose its store when the first ends.
+    hold = ("--cpus-per-task", "1", "--sbatch=--hold")
+    first, first_id = submit("first", *hold)
+    second, second_id = submit("second", *hold, "--set", "training.steps=12")
+    assert statuses(cli) == {"first": "pending", "second": "pending"}
+    released = slurm_cluster.run("scontrol", "release", f"{first_id},{second_id}")
+    assert released.returncode == 0, released.stderr
+    deadline = time.monotonic() + 120
+    together = False
+    while time.monotonic() < deadline and not together:
+        states = {slurm_cluster.state(first_id), slurm_cluster.state(second_id)}
+        together = states == {"RUNNING"}
+        if "COMPLETED" in states or "FAILED" in states:
+            break
+        time.sleep(0.2)
+    assert together, f"the two jobs never ran at once: {states}"
+    for run_dir, job_id in ((first, first_id), (second, second_id)):
+        slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED"})
+        output = (run_dir / f"slurm-{job_id}.out").read_text()
+        assert slurm_cluster.state(job_id) == "COMPLETED", output
+    assert [step for step, _ in losses(first)] == [1, 2, 3]
+    assert [step for step, _ in losses(second)] == list(range(1, 13))
+    assert statuses(cli) == {"first": "ok", "second": "ok"}
+
+
+def test_cancelled_job_is_reported_cancelled(submit, slurm_cluster, cli):
+    run_dir, job_id = submit("long", "--cpus-per-task", "1", "--set", "training.steps=100000")
+    slurm_cluster.wait_for(job_id, {"RUNNING"})
+    assert statuses(cli)["long"] == "running"
+    cancel = slurm_cluster.run("scancel", job_id)
+    assert cancel.returncode == 0, cancel.stderr
+    slurm_cluster.wait_for(job_id, {"CANCELLED"})
+    assert statuses(cli)["long"] == "cancelled"
+    shown = cli("run", "show", "long")
+    assert f"; cancelled\nslurm job    {job_id} (CANCELLED)" in shown.out

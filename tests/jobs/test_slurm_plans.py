@@ -1,0 +1,270 @@
+"""SLURM plans and scripts without a cluster: what the script asks for, its rendezvous port,
+how sbatch failures read, and how `dllm run list` follows a job through (fake) SLURM commands.
+A real cluster runs the jobs in test_slurm_cluster.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.helpers import assert_user_error
+from tests.jobs.test_plans import dry_run
+from turbo_dllm.jobs.backends.slurm import PORT_BASE, PORT_SPAN
+
+SLURM = ("--backend", "slurm")
+TWO_CPU_RANKS = ("--nproc-per-node", "2", "--set", "topology.dp=2")
+
+
+def fake_command(bin_dir: Path, name: str, script: str) -> Path:
+    """A stand-in for a SLURM command on PATH: a shell script."""
+    bin_dir.mkdir(exist_ok=True)
+    path = bin_dir / name
+    path.write_text("#!/bin/sh\n" + script)
+    path.chmod(path.stat().st_mode | stat.S_IEXEC)
+    return path
+
+
+def slurm_launch(cli, spec_file, *extra):
+    result = cli("launch", "--config", spec_file, *SLURM, *TWO_CPU_RANKS, *extra)
+    assert result.code == 0, result.err
+    return result
+
+
+def test_gpu_plan_and_script(cli, spec_file, gpus, workdir, monkeypatch):
+    gpus(8)  # a submit host with GPUs stands for GPU nodes: one GPU per process
+    plan, _ = dry_run(
+        cli,
+        "--config",
+        spec_file,
+        *SLURM,
+        "--set",
+        "topology.fsdp=16",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--partition",
+        "h200",
+        "--time",
+        "02:00:00",
+    )
+    assert plan["backend"] == "slurm" and plan["device"] == "cuda"
+    assert plan["slurm"]["nodes"] == "2" and plan["slurm"]["gpus_per_node"] == 8
+    assert plan["slurm"]["cpus_per_task"] == 8  # one per process unless --cpus-per-task
+    assert plan["rendezvous"]["endpoint"] == "$DLLM_HEAD_NODE:$DLLM_RDZV_PORT"
+    assert not (workdir / "runs").exists()
+
+    # The real launch writes the run dir and the script; without sbatch it only says how.
+    monkeypatch.setenv("PATH", str(workdir / "bin"))
+    result = cli(
+        "launch",
+        "--config",
+        spec_file,
+        *SLURM,
+        "--set",
+        "topology.fsdp=16",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "8",
+        "--partition",
+        "h200",
+    )
+    assert result.code == 0, result.err
+    [run_dir] = (workdir / "runs").iterdir()
+    script = (run_dir / "job.sbatch").read_text()
+    assert f"submit with: sbatch {run_dir / 'job.sbatch'}" in result.out
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=1",
+        "#SBATCH --gpus-per-node=8",
+        "#SBATCH --cpus-per-task=8",
+        "#SBATCH --partition=h200",
+        'scontrol show hostnames "$SLURM_JOB_NODELIST"',
+        f"DLLM_RDZV_PORT=$(({PORT_BASE} + SLURM_JOB_ID % {PORT_SPAN}))",
+        '--rdzv-endpoint "$DLLM_HEAD_NODE:$DLLM_RDZV_PORT"',
+        '--rdzv-id "$SLURM_JOB_ID"',
+        "srun --kill-on-bad-exit=1 --cpus-per-task=8",
+        "export OMP_NUM_THREADS=1",
+    ):
+        assert line in script, line
+    assert (run_dir / "manifest.json").is_file() and (run_dir / "spec.yaml").is_file()
+    assert not (run_dir / "result.json").exists()
+
+
+def test_gpus_follow_the_topology_without_nproc_per_node(cli, spec_file, gpus):
+    gpus(8)
+    plan, _ = dry_run(cli, "--config", spec_file, *SLURM, "--set", "topology.fsdp=4")
+    assert plan["nproc_per_node"] == 4 and plan["slurm"]["gpus_per_node"] == 4
+    assert plan["device"] == "cuda" and plan["dist_backend"] == "nccl"
+
+
+def test_cpu_host_asks_for_cpus_only(cli, spec_file, workdir):
+    """Without GPUs here the job asks for none: --gpus-per-node on a CPU cluster is an invalid
+    gres request that sbatch refuses."""
+    plan, _ = dry_run(cli, "--config", spec_file, *SLURM, *TWO_CPU_RANKS)
+    assert plan["device"] == "cpu" and plan["dist_backend"] == "gloo"
+    assert plan["slurm"]["gpus_per_node"] == 0 and plan["slurm"]["cpus_per_task"] == 2
+    assert any("--gpus-per-node G" in note for note in plan["notes"])
+
+    slurm_launch(cli, spec_file, "--cpus-per-task", "6")
+    [run_dir] = (workdir / "runs").iterdir()
+    script = (run_dir / "job.sbatch").read_text()
+    assert "--gpus-per-node" not in script
+    assert "#SBATCH --cpus-per-task=6" in script and "export OMP_NUM_THREADS=3" in script
+    assert "srun --kill-on-bad-exit=1 --cpus-per-task=6" in script
+    plan, _ = dry_run(cli, "--config", spec_file, *SLURM, *TWO_CPU_RANKS, "--gpus-per-node", "4")
+    assert plan["slurm"]["gpus_per_node"] == 4 and plan["device"] == "cuda"
+
+
+def port_for(script: str, job_id: int) -> int:
+    """What the script's port line computes for a job id, run by bash."""
+    [line] = [x for x in script.splitlines() if x.startswith("DLLM_RDZV_PORT=")]
+    shell = f"SLURM_JOB_ID={job_id}; {line}; echo $DLLM_RDZV_PORT"
+    return int(subprocess.run(["bash", "-c", shell], capture_output=True, text=True).stdout)
+
+
+def test_rendezvous_port_follows_the_job_id(cli, spec_file, workdir):
+    slurm_launch(cli, spec_file, "--run-dir", "runs/derived")
+    script = (workdir / "runs" / "derived" / "job.sbatch").read_text()
+    ports = {port_for(script, job_id) for job_id in (41, 42, 43)}
+    assert len(ports) == 3 and all(PORT_BASE <= p < PORT_BASE + PORT_SPAN for p in ports)
+    assert port_for(script, 41 + PORT_SPAN) == port_for(script, 41)
+
+    slurm_launch(cli, spec_file, "--master-port", "29511", "--run-dir", "runs/fixed")
+    script = (workdir / "runs" / "fixed" / "job.sbatch").read_text()
+    assert "DLLM_RDZV_PORT" not in script
+    assert '--rdzv-endpoint "$DLLM_HEAD_NODE:29511"' in script
+
+
+def test_replay_keeps_how_the_port_is_chosen(cli, spec_file, workdir):
+    for name, extra in (("derived", ()), ("fixed", ("--master-port", "29511"))):
+        slurm_launch(cli, spec_file, "--run-dir", f"runs/{name}", *extra)
+        manifest = workdir / "runs" / name / "manifest.json"
+        plan, _ = dry_run(cli, "--manifest", manifest, "--run-dir", f"runs/{name}-again")
+        expected = "$DLLM_RDZV_PORT" if name == "derived" else "29511"
+        assert plan["rendezvous"]["endpoint"] == f"$DLLM_HEAD_NODE:{expected}"
+
+
+def test_dry_run_prints_the_srun_line_as_the_script_runs_it(cli, spec_file):
+    result = cli("launch", "--config", spec_file, *SLURM, *TWO_CPU_RANKS, "--dry-run")
+    assert result.code == 0, result.err
+    assert '--rdzv-endpoint "$DLLM_HEAD_NODE:$DLLM_RDZV_PORT" --rdzv-id "$SLURM_JOB_ID"' in (
+        result.out
+    )
+    assert "'$" not in result.out  # nothing single-quoted that the script expands
+
+
+def test_script_records_how_srun_ended(cli, spec_file, workdir):
+    """The batch script itself writes result.json (its launcher only submitted it)."""
+    slurm_launch(cli, spec_file, "--run-dir", "runs/scripted")
+    run_dir = workdir / "runs" / "scripted"
+    bin_dir = workdir / "bin"
+    fake_command(bin_dir, "scontrol", "echo node7\n")
+    fake_command(bin_dir, "srun", 'echo "$@" > srun.args\nexit 3\n')
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_ID": "77",
+        "SLURM_JOB_NODELIST": "node7",
+    }
+    proc = subprocess.run(["bash", run_dir / "job.sbatch"], env=env, capture_output=True)
+    assert proc.returncode == 3, proc.stderr
+    srun_args = (workdir / "srun.args").read_text()
+    assert f"--rdzv-endpoint node7:{port_for((run_dir / 'job.sbatch').read_text(), 77)}" in (
+        srun_args
+    )
+    assert "--rdzv-id 77" in srun_args
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["exit_code"] == 3 and result["slurm_job_id"] == "77"
+    assert result["backend"] == "slurm" and result["format"] == "turbo_dllm.run_result.v1"
+
+
+def test_submit_calls_sbatch_or_explains(cli, spec_file, workdir, monkeypatch):
+    bin_dir = workdir / "bin"
+    bin_dir.mkdir()
+    monkeypatch.setenv("PATH", str(bin_dir))
+    args = ("launch", "--config", spec_file, *SLURM, "--nproc-per-node", "1")
+    result = cli(*args, "--submit")
+    assert_user_error(result, "sbatch, which is not on PATH", "drop --submit")
+    assert not (workdir / "runs").exists()
+
+    log = workdir / "sbatch.log"
+    fake_command(bin_dir, "sbatch", f'echo "$@" > {log}\necho "4242;cluster-a"\n')
+    result = cli(*args, "--submit")
+    assert result.code == 0, result.err
+    assert "Submitted batch job 4242" in result.out
+    assert log.read_text().split() == ["--parsable", str(next(workdir.glob("runs/*/job.sbatch")))]
+    [record] = workdir.glob("runs/*/slurm_job.json")
+    submitted = json.loads(record.read_text())
+    assert submitted["job_id"] == "4242" and submitted["cluster"] == "cluster-a"
+
+
+def test_failed_sbatch_names_options_that_exist(cli, spec_file, workdir, monkeypatch):
+    bin_dir = workdir / "bin"
+    fake_command(bin_dir, "sbatch", "echo 'sbatch: error: Invalid generic resource' >&2\nexit 1\n")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    result = cli("launch", "--config", spec_file, *SLURM, "--nproc-per-node", "1", "--submit")
+    assert result.code == 2 and "Traceback" not in result.err
+    error = result.err[result.err.index("dllm: error:") :]  # after the launch's own lines
+    assert error.startswith("dllm: error: sbatch failed (exit 1): sbatch: error: Invalid generic")
+    hint = error.split("hint:", 1)[1]
+    named = set(re.findall(r"--[a-z][a-z-]+", hint))
+    assert {"--partition", "--gpus-per-node", "--cpus-per-task", "--sbatch"} <= named
+    help_text = cli("launch", "--help").out
+    assert all(re.search(rf"{flag}\b", help_text) for flag in named), named
+
+
+def test_list_follows_the_job_through_slurm(cli, spec_file, workdir, monkeypatch):
+    bin_dir = workdir / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    fake_command(bin_dir, "sbatch", "echo 4242\n")
+    slurm_launch(cli, spec_file, "--run-dir", "runs/submitted", "--submit")
+    slurm_launch(cli, spec_file, "--run-dir", "runs/written")
+    run_dir = workdir / "runs" / "submitted"
+
+    def status(squeue: str, sacct: str) -> dict:
+        fake_command(bin_dir, "squeue", squeue)
+        fake_command(bin_dir, "sacct", sacct)
+        listing = json.loads(cli("run", "list", "--json").out)
+        return {run["run_id"]: run for run in listing["runs"]}
+
+    forgotten = "echo 'slurm_load_jobs error: Invalid job id specified' >&2\nexit 1\n"
+    no_accounting = "echo 'Slurm accounting storage is disabled' >&2\nexit 1\n"
+    runs = status("echo '4242|PENDING'\n", no_accounting)
+    assert runs["submitted"]["status"] == "pending" and runs["submitted"]["slurm_job_id"] == "4242"
+    assert runs["written"]["status"] == "not submitted"
+    assert status("echo '4242|RUNNING'\n", no_accounting)["submitted"]["status"] == "running"
+    # squeue forgets finished jobs after MinJobAge; accounting remembers them.
+    runs = status(forgotten, "echo '4242|CANCELLED by 0'\n")
+    assert runs["submitted"]["status"] == "cancelled"
+    assert runs["submitted"]["slurm_state"] == "CANCELLED"
+    assert status(forgotten, no_accounting)["submitted"]["status"] == "unknown"
+
+    from turbo_dllm.jobs.result import write_result
+
+    write_result(run_dir, 0, "2026-01-01T00:00:00+00:00", "slurm", slurm_job_id="4242")
+    assert status(forgotten, no_accounting)["submitted"]["status"] == "ok"
+    # A job SLURM killed after srun returned still reads as SLURM ended it.
+    write_result(run_dir, 143, "2026-01-01T00:00:00+00:00", "slurm", slurm_job_id="4242")
+    assert status("echo '4242|TIMEOUT'\n", no_accounting)["submitted"]["status"] == "timeout"
+    assert status("echo '4242|FAILED'\n", no_accounting)["submitted"]["status"] == "exit 143"
+
+    shown = cli("run", "show", "submitted")
+    assert "; exit 143\nslurm job    4242 (FAILED)" in shown.out
+
+
+def test_result_module_writes_result_json(tmp_path):
+    from turbo_dllm.jobs.result import main, read_result
+
+    args = ["--run-dir", str(tmp_path), "--exit-code", "0", "--started", "2026-01-01T00:00:00Z"]
+    assert main([*args, "--backend", "slurm", "--slurm-job-id", "9"]) == 0
+    result = read_result(tmp_path)
+    assert result["exit_code"] == 0 and result["slurm_job_id"] == "9"
+    assert result["python"] == sys.executable

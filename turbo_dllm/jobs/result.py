@@ -1,0 +1,69 @@
+"""`result.json`: how a run ended (its exit code), written once the workers are done.
+
+The launcher writes it after a local or torchrun job. A SLURM job's launcher only submits, so
+the batch script writes it itself when `srun` returns (`python -m turbo_dllm.jobs.result`); a
+job SLURM kills (scancel, time limit) never gets that far, and `dllm run list` asks SLURM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from turbo_dllm.fsutil import write_atomic
+
+__all__ = ["RESULT_FORMAT", "RESULT_NAME", "now", "read_result", "write_result"]
+
+RESULT_NAME = "result.json"
+RESULT_FORMAT = "turbo_dllm.run_result.v1"
+
+
+def now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def write_result(run_dir: Path, code: int, started: str, backend: str, **extra: str | None) -> None:
+    result: dict[str, Any] = {
+        "format": RESULT_FORMAT,
+        "exit_code": code,
+        "started_at": started,
+        "finished_at": now(),
+        "backend": backend,
+        "python": sys.executable,
+        **{key: value for key, value in extra.items() if value is not None},
+    }
+    write_atomic(Path(run_dir) / RESULT_NAME, json.dumps(result, indent=2, sort_keys=True) + "\n")
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((Path(run_dir) / RESULT_NAME).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The batch script's last step: record srun's exit status in the run dir."""
+    parser = argparse.ArgumentParser(prog="python -m turbo_dllm.jobs.result")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--exit-code", type=int, required=True)
+    parser.add_argument("--started", required=True, help="ISO time the job started")
+    parser.add_argument("--backend", required=True)
+    parser.add_argument("--slurm-job-id", default=None)
+    args = parser.parse_args(argv)
+    write_result(
+        Path(args.run_dir),
+        args.exit_code,
+        args.started,
+        args.backend,
+        slurm_job_id=args.slurm_job_id,
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
