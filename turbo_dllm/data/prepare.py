@@ -231,6 +231,7 @@ def _write_arrays(
         truncated_documents=0,
         truncated_tokens=0,
         dropped_unsupervised_documents=0,
+        special_token_text=0,
         supervised_tokens=0,
     )
     skipped: dict[str, int] = {}
@@ -251,6 +252,7 @@ def _write_arrays(
                     counts["truncated_documents"] += result.truncated_documents
                     counts["truncated_tokens"] += result.truncated_tokens
                     counts["dropped_unsupervised_documents"] += result.dropped_unsupervised
+                    counts["special_token_text"] += result.special_token_text
                     counts["supervised_tokens"] += int(result.loss_mask.sum(dtype=np.int64))
                     for reason, n in result.skipped.items():
                         skipped[reason] = skipped.get(reason, 0) + n

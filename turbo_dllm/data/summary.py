@@ -105,6 +105,7 @@ def compute_stats(artifact: DataArtifact) -> dict[str, Any]:
         "truncated_tokens": s.truncated_tokens,
         "empty_documents": s.empty_documents,
         "dropped_unsupervised_documents": s.dropped_unsupervised_documents,
+        "special_token_text": s.special_token_text,
         "skipped": dict(s.skipped),
         "supervision": manifest.supervision,
     }
