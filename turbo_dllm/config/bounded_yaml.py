@@ -139,8 +139,9 @@ def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
     """
     if len(text) > MAX_YAML_BYTES:
         raise DllmError(f"{source}: larger than {MAX_YAML_BYTES >> 20} MiB; not a config file")
-    loader = _BoundedLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)  # its reader already refuses control characters
         return loader.get_single_data()
     except _Refused as refused:
         if key is not None:
@@ -161,4 +162,5 @@ def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
             hint="check indentation and quoting on that line",
         ) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
