@@ -196,3 +196,37 @@ def test_seq_len_is_bounded_before_anything_is_written(tmp_path):
     result = run_dllm("data", "prepare", "--config", config, memory_mib=600, file_mib=64)
     assert_user_error(result, "packing.seq_len", "4194304")
     assert not (tmp_path / "out").exists()
+
+
+# --- output paths -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "needles"),
+    [
+        ("/proc/no-such/out", ["cannot create the folder of output path", "No such file"]),
+        ("/proc/self/out", ["cannot write next to output path"]),
+        ("y" * 300, ["output path", "(", "chars): File name too long"]),
+        ("a/" + "y" * 5000, ["chars): File name too long"]),
+    ],
+)
+def test_an_output_path_that_cannot_be_written(cli, tmp_path, path, needles):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "x"}])
+    result = cli("data", "prepare", "--config", write_config(tmp_path, output={"path": path}))
+    assert_user_error(result, *needles)
+    assert len(result.err) < 600
+
+
+def test_a_full_disk_mid_job_is_an_error_and_leaves_nothing(cli, tmp_path, monkeypatch):
+    import errno
+
+    from turbo_dllm.data import writer
+
+    def full(self, array):
+        raise OSError(errno.ENOSPC, "No space left on device", str(self.path))
+
+    monkeypatch.setattr(writer.ArrayWriter, "write", full)
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "x"}])
+    result = cli("data", "prepare", "--config", write_config(tmp_path))
+    assert_user_error(result, "tokens.bin: No space left on device", "no artifact was written")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.jsonl", "prepare.yaml"]
