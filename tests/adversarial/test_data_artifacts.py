@@ -87,3 +87,32 @@ def test_a_scrambled_document_index_is_refused(cli, broken, command):
     (folder / "documents.bin").write_bytes(index.tobytes())
     result = cli("data", *command, folder)
     assert_user_error(result, "documents: the index is not a sorted, non-overlapping cover")
+
+
+@pytest.fixture(scope="module")
+def hf_artifact(tmp_path_factory):
+    from tests.data.conftest import CHAT_TEMPLATE, _train_tokenizer
+
+    folder = tmp_path_factory.mktemp("hf")
+    tokenizer = _train_tokenizer(folder / "tokenizer", CHAT_TEMPLATE)
+    write_jsonl(folder / "data.jsonl", [{"text": "hello world"}])
+    config = write_config(
+        folder,
+        tokenizer={"kind": "huggingface", "path": str(tokenizer)},
+        packing={"seq_len": 16, "block_size": 8},
+    )
+    return prepare_config(config).path
+
+
+@pytest.mark.parametrize("listed", [True, False], ids=["listed", "unlisted"])
+def test_inspect_with_a_broken_tokenizer_copy(cli, hf_artifact, tmp_path, listed):
+    copy = tmp_path / "artifact"
+    shutil.copytree(hf_artifact, copy)
+    (copy / "tokenizer" / "tokenizer.json").write_text("garbage")
+    if not listed:  # the manifest does not know the file: loading it is what fails
+        manifest = json.loads((copy / "manifest.json").read_text())
+        manifest["tokenizer_files"] = {}
+        (copy / "manifest.json").write_text(json.dumps(manifest))
+    result = cli("data", "inspect", copy)
+    needle = "tokenizer/tokenizer.json is missing or changed" if listed else "cannot load its"
+    assert_user_error(result, needle)
