@@ -144,7 +144,10 @@ def test_a_device_or_huge_file_as_config_is_refused_in_bounded_memory(tmp_path):
 def test_every_yaml_read_goes_through_the_bounded_loader():
     """No module parses YAML on its own: a new reader would escape every bound above."""
     package = Path(turbo_dllm.__file__).parent
-    loaders = re.compile(r"\byaml\.(safe_load|load|full_load|unsafe_load|compose|parse)\b|CLoader")
+    loaders = re.compile(
+        r"\byaml\.(safe_load|load|full_load|unsafe_load|compose|parse)(_all)?\b"
+        r"|\bC?(Safe|Full|Unsafe)?Loader\b|from yaml import"
+    )
     offenders = [
         f"{path.relative_to(package)}:{number}"
         for path in package.rglob("*.py")
