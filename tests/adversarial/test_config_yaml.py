@@ -136,7 +136,7 @@ def test_a_device_or_huge_file_as_config_is_refused_in_bounded_memory(tmp_path):
     result = run_dllm("config", "validate", "--config", "/dev/zero", memory_mib=400)
     assert_user_error(result, "/dev/zero", "larger than 4 MiB")
     big = tmp_path / "big.yaml"
-    big.write_bytes(b"# padding\n" * 500_000)
+    big.write_bytes("# é\n".encode() * 1_000_000)  # cut anywhere, é may split in two
     result = run_dllm("data", "prepare", "--config", big, memory_mib=400)
     assert_user_error(result, "big.yaml", "larger than 4 MiB")
 

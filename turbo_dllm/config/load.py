@@ -37,6 +37,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
         with open(path, "rb") as handle:
             # Bounded: a config named by mistake as /dev/zero or a huge file must not fill memory.
             data = handle.read(MAX_YAML_BYTES + 1)
+        if len(data) > MAX_YAML_BYTES:
+            raise DllmError(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB; not a config file")
         text = data.decode("utf-8")
     except FileNotFoundError:
         raise DllmError(
