@@ -5,6 +5,8 @@ silently become that control token mid-document: `tokenizer.special_tokens_in_te
 from __future__ import annotations
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tests.data.conftest import CHAT_TEMPLATE, _train_tokenizer
 from tests.data.helpers import documents, prepare_config, write_config, write_jsonl
@@ -17,6 +19,14 @@ IM_END = 2  # <|im_end|>
 @pytest.fixture(scope="module")
 def tokenizer(tmp_path_factory):
     return _train_tokenizer(tmp_path_factory.mktemp("tok") / "tokenizer", CHAT_TEMPLATE)
+
+
+@pytest.fixture(scope="module")
+def loaded(tokenizer):
+    from turbo_dllm.data.spec import HuggingFaceTokenizerSpec
+    from turbo_dllm.data.tokenizers import HuggingFaceTokenizer
+
+    return HuggingFaceTokenizer(HuggingFaceTokenizerSpec(kind="huggingface", path=str(tokenizer)))
 
 
 def _config(folder, tokenizer, mode=None, **sections):
@@ -89,3 +99,34 @@ def test_byte_level_has_no_choice_to_make(cli, tmp_path):
     assert_user_error(result, "tokenizer.special_tokens_in_text")
     stats = prepare_config(write_config(tmp_path)).manifest.stats
     assert stats.special_token_text == 0
+
+
+_pieces = st.sampled_from(
+    ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>", "<|mask|>", "<|", "|>", "<", "\n"]
+)
+_texts = st.lists(st.one_of(_pieces, st.text(max_size=6)), max_size=8).map("".join)
+
+
+@settings(
+    max_examples=200,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(texts=st.lists(_texts, min_size=1, max_size=4))
+def test_property_text_mode_never_yields_a_special_id(loaded, texts):
+    """Under the default, any text encodes to ordinary ids only and decodes back to itself; the
+    literals found are exactly the texts that hold one."""
+    flat, lengths = loaded.encode_texts(texts)
+    specials = {0, 1, 2, 3, 4}
+    assert not specials & set(flat.tolist())
+    start = 0
+    for text, length in zip(texts, lengths.tolist(), strict=True):
+        assert loaded.decode(flat[start : start + length]) == text
+        start += length
+    holds = [
+        any(s in t for s in ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|pad|>", "<|mask|>"))
+        for t in texts
+    ]
+    assert [found is not None for found in loaded.special_text(texts)] == holds
