@@ -78,12 +78,26 @@ def _prepare(args) -> int:
     )
     if s.skipped:
         print("  skipped: " + ", ".join(f"{k} {v:,}" for k, v in s.skipped.items()))
+    if s.special_token_text:
+        print(f"  warning: {_special_text_warning(s.special_token_text, spec)}")
     print(f"  fingerprint {manifest.fingerprint}")
     print(
         f"  {result.seconds:.1f} s, {result.tokens_per_second:,.0f} tokens/s, "
         f"{result.workers} worker{'s' if result.workers > 1 else ''}"
     )
     return 0
+
+
+def _special_text_warning(count: int, spec) -> str:
+    became = (
+        "became those control tokens"
+        if spec.tokenizer.special_tokens_in_text == "control"
+        else "were tokenized as plain text"
+    )
+    return (
+        f"{count:,} documents hold the literal string of a special token (like <|endoftext|>) "
+        f"and {became}; tokenizer.special_tokens_in_text chooses"
+    )
 
 
 def _validate(args) -> int:
@@ -203,6 +217,10 @@ def _stats(args) -> int:
     )
     if stats["skipped"]:
         print("  skipped          " + ", ".join(f"{k} {v:,}" for k, v in stats["skipped"].items()))
+    if stats["special_token_text"]:
+        print(
+            f"  special text     {stats['special_token_text']:,} documents hold a special token's literal string"
+        )
     print(f"  document length  min {length['min']}, mean {length['mean']:.1f}, max {length['max']}")
     hist = length["histogram"]
     widest = max(hist["counts"]) or 1

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
+from turbo_dllm.config.bounded_yaml import MAX_DEPTH, MAX_YAML_BYTES, parse_yaml
 from turbo_dllm.errors import DllmError
 
 __all__ = [
@@ -30,26 +31,23 @@ M = TypeVar("M", bound=BaseModel)
 
 
 def read_yaml(path: str | Path) -> dict[str, Any]:
+    """The mapping in the YAML file `path`, parsed within the bounds of `bounded_yaml`."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as handle:
+            # Bounded: a config named by mistake as /dev/zero or a huge file must not fill memory.
+            data = handle.read(MAX_YAML_BYTES + 1)
+        if len(data) > MAX_YAML_BYTES:
+            raise DllmError(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB; not a config file")
+        text = data.decode("utf-8")
     except FileNotFoundError:
         raise DllmError(
             f"config file not found: {str(path)!r}",
             hint="check the path, or create one with `dllm init DIR`",
         ) from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as error:
+    except (OSError, UnicodeDecodeError) as error:
         raise DllmError(f"cannot read config {str(path)!r}: {error}") from None
-    try:
-        document = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        mark = getattr(error, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        problem = getattr(error, "problem", None) or str(error)
-        raise DllmError(
-            f"YAML syntax error at {where}: {problem}",
-            hint="check indentation and quoting on that line",
-        ) from None
+    document = parse_yaml(text, str(path))
     if document is None:
         return {}
     if not isinstance(document, dict):
@@ -65,10 +63,14 @@ def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str,
     for item in overrides:
         key, sep, raw = item.partition("=")
         if not sep or not key or any(not part for part in key.split(".")):
-            raise DllmError(f"bad override {item!r}", hint="write --set section.field=value")
+            raise DllmError(
+                f"bad override {_shorten(item)!r}", hint="write --set section.field=value"
+            )
+        if key.count(".") >= MAX_DEPTH:
+            raise DllmError(f"--set {_shorten(key)}: nested deeper than {MAX_DEPTH} levels")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
-        except yaml.YAMLError:
+            value = parse_yaml(raw, f"--set {key}", key=key) if raw.strip() else ""
+        except yaml.YAMLError:  # not YAML: the value is the text itself
             value = raw
         node = result
         parts = key.split(".")
@@ -77,7 +79,7 @@ def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str,
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise DllmError(f"override {item!r}: {part!r} is a value, not a section")
+                raise DllmError(f"override {_shorten(item)!r}: {part!r} is a value, not a section")
             node = child
         node[parts[-1]] = value
     return result
@@ -190,3 +192,7 @@ def _deep_copy(value: Any) -> Any:
     if isinstance(value, list):
         return [_deep_copy(v) for v in value]
     return value
+
+
+def _shorten(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text)} characters)"

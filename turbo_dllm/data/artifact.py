@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from pathlib import Path
 from typing import Any, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.formats import validate_document
@@ -36,6 +37,7 @@ __all__ = [
     "DataStats",
     "compute_fingerprint",
     "file_sha256",
+    "layout_problems",
     "read_manifest",
     "verify",
 ]
@@ -43,6 +45,8 @@ __all__ = [
 FORMAT = "turbo_dllm.data.v1"
 MANIFEST = "manifest.json"
 ARRAY_FILES = {"tokens": "tokens.bin", "loss_mask": "loss_mask.bin", "documents": "documents.bin"}
+_ARRAY_DTYPES = {"tokens": ("uint16", "uint32"), "loss_mask": ("uint8",), "documents": ("int64",)}
+_MAX_MANIFEST_BYTES = 256 << 20  # a manifest lists source files; this only stops a runaway file
 
 
 class _Strict(BaseModel):
@@ -52,13 +56,13 @@ class _Strict(BaseModel):
 class ArrayInfo(_Strict):
     file: str
     dtype: Literal["uint8", "uint16", "uint32", "int64"]
-    shape: list[int]
-    bytes: int
+    shape: list[NonNegativeInt] = Field(max_length=2)
+    bytes: NonNegativeInt
     sha256: str
 
 
 class FileInfo(_Strict):
-    bytes: int
+    bytes: NonNegativeInt
     sha256: str
 
 
@@ -89,27 +93,30 @@ class SourceInfo(_Strict):
 
 
 class DataStats(_Strict):
-    records: int
-    documents: int
-    tokens: int  # document tokens, bos/eos included, padding excluded
-    padding_tokens: int
-    supervised_tokens: int
-    empty_documents: int
-    truncated_documents: int
-    truncated_tokens: int
-    dropped_unsupervised_documents: int
-    skipped: dict[str, int]
+    records: NonNegativeInt
+    documents: NonNegativeInt
+    tokens: NonNegativeInt  # document tokens, bos/eos included, padding excluded
+    padding_tokens: NonNegativeInt
+    supervised_tokens: NonNegativeInt
+    empty_documents: NonNegativeInt
+    truncated_documents: NonNegativeInt
+    truncated_tokens: NonNegativeInt
+    dropped_unsupervised_documents: NonNegativeInt
+    # Documents whose text holds a special token's literal string (see special_tokens_in_text);
+    # 0 in artifacts made before it was counted.
+    special_token_text: NonNegativeInt = 0
+    skipped: dict[str, NonNegativeInt]
 
 
 class DataManifest(_Strict):
     format: Literal["turbo_dllm.data.v1"]
     fingerprint: str
     producer: str
-    num_sequences: int
-    seq_len: int
-    block_size: int
-    vocab_size: int
-    special_tokens: dict[str, int]  # mask, eos, pad; bos when the tokenizer has one
+    num_sequences: NonNegativeInt
+    seq_len: PositiveInt
+    block_size: PositiveInt
+    vocab_size: PositiveInt
+    special_tokens: dict[str, NonNegativeInt]  # mask, eos, pad; bos when the tokenizer has one
     tokenizer: TokenizerIdentity
     supervision: Literal["full", "assistant_only", "completion_only", "provided"]
     packing: PackingInfo
@@ -164,8 +171,12 @@ def read_manifest(path: str | Path) -> DataManifest:
             hint="create it with `dllm data prepare --config prepare.yaml`",
         )
     try:
-        document = json.loads(manifest_path.read_text(encoding="utf-8"))
-    except (ValueError, OSError) as error:
+        with open(manifest_path, "rb") as handle:
+            data = handle.read(_MAX_MANIFEST_BYTES + 1)
+        if len(data) > _MAX_MANIFEST_BYTES:
+            raise ValueError(f"larger than {_MAX_MANIFEST_BYTES >> 20} MiB")
+        document = json.loads(data)
+    except (ValueError, OSError, RecursionError) as error:
         raise DllmError(f"{manifest_path}: unreadable manifest: {error}") from None
     return validate_document(
         document,
@@ -181,42 +192,78 @@ def _np_dtype(name: str) -> np.dtype:
     return np.dtype(name).newbyteorder("<")
 
 
+def layout_problems(manifest: DataManifest) -> list[str]:
+    """What the manifest alone gets wrong about its arrays: names, dtypes, shapes and sizes.
+
+    Cheap (no file is read), so every reader checks it before mapping an array: a manifest with
+    a negative, huge or mismatched shape must be an error, not an mmap of the wrong size.
+    """
+    found: list[str] = []
+    arrays = manifest.arrays
+    if set(arrays) != set(ARRAY_FILES):
+        found.append(f"arrays: expected {sorted(ARRAY_FILES)}, found {sorted(arrays)}")
+    expected_shapes = {
+        "tokens": [manifest.num_sequences, manifest.seq_len],
+        "loss_mask": [manifest.num_sequences, manifest.seq_len],
+        "documents": [manifest.stats.documents, 2],
+    }
+    for name, info in sorted(arrays.items()):
+        if name not in ARRAY_FILES:
+            continue
+        where = f"arrays.{name}"
+        if info.file != ARRAY_FILES[name]:
+            found.append(f"{where}.file: {info.file!r}, expected {ARRAY_FILES[name]!r}")
+        if info.dtype not in _ARRAY_DTYPES[name]:
+            found.append(
+                f"{where}.dtype: {info.dtype}, expected {' or '.join(_ARRAY_DTYPES[name])}"
+            )
+        if info.shape != expected_shapes[name]:
+            found.append(f"{where}.shape: {info.shape}, expected {expected_shapes[name]}")
+        size = math.prod(info.shape) * _np_dtype(info.dtype).itemsize
+        if info.bytes != size:
+            found.append(
+                f"{where}.bytes: {info.bytes}, but shape {info.shape} of {info.dtype} is {size}"
+            )
+    if manifest.seq_len % manifest.block_size:
+        found.append(
+            f"seq_len: {manifest.seq_len} is not a multiple of block_size {manifest.block_size}"
+        )
+    return found
+
+
 def verify(path: str | Path) -> DataManifest:
     """Recompute every hash, the fingerprint and the structural invariants; raise on any problem."""
     root = _manifest_path(path).parent
     manifest = read_manifest(path)
-    found: list[str] = []
-    intact = True
+    found = layout_problems(manifest)
+    intact = not found
     for info in manifest.arrays.values():
         file = root / info.file
-        expected = int(np.prod(info.shape)) * _np_dtype(info.dtype).itemsize
-        if not file.is_file():
+        if not _inside(file, root):  # layout_problems named it
+            intact = False
+        elif not file.is_file():
             found.append(f"{info.file}: missing")
             intact = False
-        elif file.stat().st_size != info.bytes or info.bytes != expected:
-            found.append(
-                f"{info.file}: {file.stat().st_size} bytes, manifest says {info.bytes} "
-                f"(shape {info.shape} of {info.dtype} is {expected})"
-            )
+        elif file.stat().st_size != info.bytes:
+            found.append(f"{info.file}: {file.stat().st_size} bytes, manifest says {info.bytes}")
             intact = False
         elif file_sha256(file) != info.sha256:
             found.append(f"{info.file}: sha256 mismatch (the file changed after it was written)")
             intact = False
     for name, info in manifest.tokenizer_files.items():
         file = root / "tokenizer" / name
-        if not file.is_file() or file_sha256(file) != info.sha256:
-            found.append(f"tokenizer/{name}: missing or changed")
+        if not _inside(file, root / "tokenizer") or not file.is_file():
+            found.append(f"tokenizer/{name}: missing")
+        elif file_sha256(file) != info.sha256:
+            found.append(f"tokenizer/{name}: changed")
     fingerprint = compute_fingerprint(manifest.model_dump(mode="json"))
     if fingerprint != manifest.fingerprint:
         found.append(
             f"fingerprint mismatch: manifest says {manifest.fingerprint[:16]}, "
             f"content gives {fingerprint[:16]}"
         )
-    if set(manifest.arrays) != set(ARRAY_FILES):
-        found.append(f"arrays: expected {sorted(ARRAY_FILES)}, found {sorted(manifest.arrays)}")
-        intact = False
     if intact:
-        found += _structure_problems(manifest, root)
+        found += _content_problems(DataArtifact(root, manifest, check_index=False))
     if found:
         lines = "\n".join(f"  - {p}" for p in found)
         raise DllmError(
@@ -227,49 +274,50 @@ def verify(path: str | Path) -> DataManifest:
     return manifest
 
 
-def _structure_problems(manifest: DataManifest, root: Path) -> list[str]:
+def _inside(file: Path, folder: Path) -> bool:
+    """Whether `file` names an entry of `folder` itself (no `..`, no absolute path, no NUL)."""
+    return file.parent == folder and file.name not in ("", ".", "..") and "\x00" not in file.name
+
+
+def _content_problems(artifact: DataArtifact) -> list[str]:
     found: list[str] = []
-    n, length = manifest.num_sequences, manifest.seq_len
-    for name in ("tokens", "loss_mask"):
-        if manifest.arrays[name].shape != [n, length]:
-            found.append(f"{name}: shape {manifest.arrays[name].shape}, expected {[n, length]}")
-    docs = manifest.arrays["documents"].shape
-    if len(docs) != 2 or docs[1] != 2 or docs[0] != manifest.stats.documents:
-        found.append(f"documents: shape {docs}, expected [{manifest.stats.documents}, 2]")
-    if found:
-        return found
-    artifact = DataArtifact(root, manifest)
+    manifest = artifact.manifest
     if artifact.tokens.size:
         top = int(artifact.tokens.max())
         if top >= manifest.vocab_size:
             found.append(f"tokens: id {top} is outside the vocabulary ({manifest.vocab_size})")
-    starts, lengths = artifact.documents[:, 0], artifact.documents[:, 1]
-    if len(starts) and (
-        starts[0] < 0
-        or (lengths <= 0).any()
-        or (starts[1:] < starts[:-1] + lengths[:-1]).any()
-        or starts[-1] + lengths[-1] > n * length
-    ):
-        found.append("documents: the index is not a sorted, non-overlapping cover of the stream")
-    if manifest.block_size <= 0 or length % manifest.block_size:
-        found.append(f"seq_len {length} is not a multiple of block_size {manifest.block_size}")
+    found += artifact.index_problems()
     return found
 
 
 class DataArtifact:
     """Read access to an artifact: memory-mapped arrays and per-row document ids."""
 
-    def __init__(self, path: str | Path, manifest: DataManifest | None = None) -> None:
+    def __init__(
+        self, path: str | Path, manifest: DataManifest | None = None, *, check_index: bool = True
+    ) -> None:
         self.root = _manifest_path(path).parent
         self.manifest = manifest or read_manifest(path)
+        found = layout_problems(self.manifest)
+        if found:
+            lines = "\n".join(f"  - {p}" for p in found)
+            raise DllmError(
+                f"data artifact {str(self.root)!r} has an inconsistent manifest:\n{lines}",
+                hint="re-create it with `dllm data prepare`",
+            )
         self.tokens = self._open("tokens")
         self.loss_mask = self._open("loss_mask")
         self.documents = self._open("documents")
+        found = self.index_problems() if check_index else []
+        if found:
+            raise DllmError(
+                f"data artifact {str(self.root)!r}: {found[0]}",
+                hint="`dllm data validate` checks the whole artifact; re-create it with "
+                "`dllm data prepare`",
+            )
 
     def _open(self, name: str) -> np.ndarray:
-        info = self.manifest.arrays.get(name)
-        if info is None:
-            raise DllmError(f"{self.root}: manifest has no {name!r} array")
+        info = self.manifest.arrays[name]
         file = self.root / info.file
         if not file.is_file() or file.stat().st_size != info.bytes:
             raise DllmError(
@@ -280,6 +328,28 @@ class DataArtifact:
         if info.bytes == 0:
             return np.zeros(info.shape, _np_dtype(info.dtype))
         return np.memmap(file, dtype=_np_dtype(info.dtype), mode="r", shape=tuple(info.shape))
+
+    def index_problems(self) -> list[str]:
+        """Whether the document index is a sorted, non-overlapping cover of the token stream.
+
+        One pass over the index (not the tokens), so every reader checks it on open: `inspect`,
+        `stats` and the loader turn it into positions.
+        """
+        starts, lengths = self.documents[:, 0], self.documents[:, 1]
+        total = self.manifest.num_sequences * self.manifest.seq_len
+        if (
+            len(starts)
+            and (
+                (starts < 0).any()
+                or (starts > total).any()
+                or (lengths <= 0).any()
+                or (lengths > total).any()  # so that no sum below overflows
+                or (starts[1:] < starts[:-1] + lengths[:-1]).any()
+                or starts[-1] + lengths[-1] > total
+            )
+        ):
+            return ["documents: the index is not a sorted, non-overlapping cover of the stream"]
+        return []
 
     def __len__(self) -> int:
         return self.manifest.num_sequences

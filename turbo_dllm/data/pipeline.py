@@ -53,6 +53,7 @@ class ChunkResult:
     truncated_documents: int = 0
     truncated_tokens: int = 0
     dropped_unsupervised: int = 0
+    special_token_text: int = 0  # documents whose text holds a special token's literal string
     skipped: dict[str, int] = field(default_factory=dict)
     error: str | None = None  # "where: message" of the first bad record (on_error: stop)
 
@@ -67,16 +68,28 @@ class ChunkProcessor:
     # -- stage 1: records -> (flat ids, flat mask, lengths, record index per document) ---------
 
     def _assemble(
-        self, values: list[tuple[int, Extracted]], errors: dict[int, tuple[str, str]]
+        self,
+        values: list[tuple[int, Extracted]],
+        errors: dict[int, tuple[str, str]],
+        literals: dict[int, str],
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Tokenize; `literals` gets the special token literal each record's text holds, if any."""
         config, tok = self.config, self.tokenizer
         kind = config.records.kind
         index = np.fromiter((i for i, _ in values), dtype=np.int64, count=len(values))
         if kind == "text":
-            flat, lengths = tok.encode_texts([v.text for _, v in values])
+            texts = [v.text for _, v in values]
+            for (i, _), found in zip(values, tok.special_text(texts), strict=True):
+                if found:
+                    literals[i] = found
+            flat, lengths = tok.encode_texts(texts)
             return flat, np.ones(len(flat), np.uint8), lengths, index
         if kind == "prompt_completion":
             texts = [t for _, v in values for t in v.prompt_completion]
+            found = tok.special_text(texts)
+            for k, (i, _) in enumerate(values):
+                if found[2 * k] or found[2 * k + 1]:
+                    literals[i] = found[2 * k] or found[2 * k + 1]
             flat, pieces = tok.encode_texts(texts)
             prompt_mask = 1 if config.supervision == "full" else 0
             flags = np.tile(np.array([prompt_mask, 1], np.uint8), len(values))
@@ -91,6 +104,10 @@ class ChunkProcessor:
         masks: list[np.ndarray] = []
         for i, value in values:
             if kind == "chat":
+                said = [m[key] for m in value.messages for key in ("role", "content")]
+                found = next((f for f in tok.special_text(said) if f), None)
+                if found:
+                    literals[i] = found
                 want = config.supervision == "assistant_only"
                 try:
                     doc, mask = tok.encode_chat(value.messages, assistant_mask=want)
@@ -121,8 +138,10 @@ class ChunkProcessor:
                 values.append((i, extract(chunk.payload, item, config.records, config.supervision)))
             except RecordError as error:
                 errors[i] = (error.reason, error.message)
-        flat, mask, lengths, record_of = self._assemble(values, errors)
+        literals: dict[int, str] = {}
+        flat, mask, lengths, record_of = self._assemble(values, errors, literals)
         result = ChunkResult(flat, mask, lengths, records=len(chunk.items))
+        self._refuse_special_text(literals, errors)
 
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
         keep = np.ones(len(lengths), bool)
@@ -184,6 +203,8 @@ class ChunkProcessor:
                 result.dropped_unsupervised = int((~useful).sum())
                 flat, mask, lengths, record_of = _select(flat, mask, lengths, record_of, useful)
 
+        if literals:
+            result.special_token_text = int(np.isin(record_of, list(literals)).sum())
         if errors and config.on_error == "stop":
             first = min(errors)
             result.error = f"{chunk.where(first)}: {errors[first][1]}"
@@ -192,6 +213,35 @@ class ChunkProcessor:
         result.loss_mask = mask.astype(np.uint8, copy=False)
         result.lengths = lengths
         return result
+
+    def _refuse_special_text(
+        self, literals: dict[int, str], errors: dict[int, tuple[str, str]]
+    ) -> None:
+        """Make records holding a special token's literal string bad records where the spec's
+        `special_tokens_in_text` says so (or where a chat template cannot keep it as text)."""
+        mode = self.config.tokenizer.special_tokens_in_text
+        chat = self.config.records.kind == "chat"
+        if mode == "control" or not literals:
+            return
+        for i, found in list(literals.items()):
+            if i in errors:
+                continue
+            if mode == "error":
+                errors[i] = (
+                    "special_token_text",
+                    f"the text holds {found!r}, the literal string of a special token "
+                    "(tokenizer.special_tokens_in_text: error)",
+                )
+            elif chat:
+                errors[i] = (
+                    "special_token_text",
+                    f"a message holds {found!r}, the literal string of a special token, which "
+                    "the chat template would turn into that token; set "
+                    "tokenizer.special_tokens_in_text: control to accept it as the token",
+                )
+            else:
+                continue
+            del literals[i]
 
     def _add_specials(
         self, flat: np.ndarray, mask: np.ndarray, lengths: np.ndarray

@@ -12,6 +12,8 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -170,7 +172,7 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
         token_dtype=token_dtype,
         on_error=spec.on_error,
     )
-    with staged_artifact(target, spec.output.overwrite) as staging:
+    with _os_errors_explained(), staged_artifact(target, spec.output.overwrite) as staging:
         fields = _write_arrays(spec, config, tokenizer, source, staging, workers, progress)
         fields.update(
             num_sequences=fields["arrays"]["tokens"]["shape"][0],
@@ -195,6 +197,19 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
         )
         write_json(staging / "manifest.json", manifest.model_dump(mode="json"))
     return PrepareResult(target, manifest, time.perf_counter() - started, workers)
+
+
+@contextmanager
+def _os_errors_explained() -> Iterator[None]:
+    """A disk that fills up or a file that vanishes mid-job is the user's to fix, not a bug."""
+    try:
+        yield
+    except OSError as error:
+        where = f"{error.filename}: " if error.filename else ""
+        raise DllmError(
+            f"data prepare failed: {where}{error.strerror or error}",
+            hint="check free space and permissions; no artifact was written",
+        ) from None
 
 
 def _write_arrays(
@@ -231,6 +246,7 @@ def _write_arrays(
         truncated_documents=0,
         truncated_tokens=0,
         dropped_unsupervised_documents=0,
+        special_token_text=0,
         supervised_tokens=0,
     )
     skipped: dict[str, int] = {}
@@ -251,6 +267,7 @@ def _write_arrays(
                     counts["truncated_documents"] += result.truncated_documents
                     counts["truncated_tokens"] += result.truncated_tokens
                     counts["dropped_unsupervised_documents"] += result.dropped_unsupervised
+                    counts["special_token_text"] += result.special_token_text
                     counts["supervised_tokens"] += int(result.loss_mask.sum(dtype=np.int64))
                     for reason, n in result.skipped.items():
                         skipped[reason] = skipped.get(reason, 0) + n

@@ -8,11 +8,14 @@ short reason code (counted under `on_error: skip`) and a message that names the 
 from __future__ import annotations
 
 import json
+import re
+import reprlib
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from turbo_dllm.data.sources import Oversized
 from turbo_dllm.data.spec import (
     ChatRecords,
     PromptCompletionRecords,
@@ -44,6 +47,13 @@ class Extracted:
 
 
 _MISSING = object()
+_INT64 = np.iinfo(np.int64)
+# A JSON escape of a UTF-16 surrogate (\ud800-\udfff): only these can make json.loads return a
+# string that is not valid Unicode (a lone surrogate), which no tokenizer can encode.
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+_repr = reprlib.Repr()  # bounded, even for a value nested a thousand deep
+_repr.maxlevel, _repr.maxstring, _repr.maxother, _repr.maxlong = 2, 40, 40, 40
+_short = _repr.repr
 
 
 def get_field(record: Any, path: str) -> Any:
@@ -59,7 +69,7 @@ def get_field(record: Any, path: str) -> Any:
         if child is _MISSING:
             where = ".".join(path.split(".")[:depth]) or "the record"
             keys = (
-                f" (keys: {', '.join(sorted(map(str, node))[:8])})"
+                f" (keys: {', '.join(str(k)[:40] for k in sorted(map(str, node))[:8])})"
                 if isinstance(node, dict)
                 else ""
             )
@@ -89,32 +99,41 @@ def _messages(record: Any, path: str) -> list[dict[str, Any]]:
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
                 raise RecordError(
-                    "bad_field", f"{path}.{index}.{key} must be a string, got {message.get(key)!r}"
+                    "bad_field",
+                    f"{path}.{index}.{key} must be a string, got {_short(message.get(key))}",
                 )
     return value
 
 
-def _int_array(value: Any, path: str) -> np.ndarray:
+def _int_array(value: Any, what: str) -> np.ndarray:
+    """`value` (a list of ints or an integer array) as int64 ids; `what` names it in errors."""
     if isinstance(value, np.ndarray):
         array = value
+        if array.dtype == np.uint64 and array.size and array.max() > _INT64.max:
+            too_large = int(array[np.argmax(array > _INT64.max)])
+            raise RecordError(
+                "token_out_of_range", f"{what} holds token id {too_large}, outside any vocabulary"
+            )
     elif isinstance(value, list) and all(
         isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
         try:
             array = np.asarray(value, dtype=np.int64)
         except OverflowError:
+            too_large = next(v for v in value if not _INT64.min <= v <= _INT64.max)
             raise RecordError(
-                "token_out_of_range", f"field {path!r} holds an id too large for int64"
+                "token_out_of_range",
+                f"{what} holds token id {_short(too_large)}, outside any vocabulary",
             ) from None
     else:
-        raise RecordError("bad_field", f"field {path!r} must be a list of integer token ids")
+        raise RecordError("bad_field", f"{what} must be a list of integer token ids")
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise RecordError("bad_field", f"field {path!r} must be a 1-D list of integer token ids")
+        raise RecordError("bad_field", f"{what} must be a 1-D list of integer token ids")
     return array.astype(np.int64, copy=False)
 
 
 def _tokens(record: Any, spec: TokensRecords, want_mask: bool) -> Extracted:
-    ids = _int_array(get_field(record, spec.field), spec.field)
+    ids = _int_array(get_field(record, spec.field), f"field {spec.field!r}")
     if not want_mask or spec.loss_mask_field is None:
         return Extracted(ids=ids)
     raw = get_field(record, spec.loss_mask_field)
@@ -135,13 +154,17 @@ def _tokens(record: Any, spec: TokensRecords, want_mask: bool) -> Extracted:
 
 def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
     """The content of one raw item (a JSON line, a row, a text or an id array)."""
+    if isinstance(item, Oversized):
+        raise RecordError("too_large", item.message())
     if payload == "text":
         return Extracted(text=item)
     if payload == "ids":
-        return Extracted(ids=_int_array(np.asarray(item), "ids"))
+        return Extracted(ids=_int_array(np.asarray(item), "the array"))
+    check_unicode = False
     if payload in ("json", "json_ids"):
         if item[:3] == b"\xef\xbb\xbf":  # a UTF-8 byte order mark on the first line
             item = item[3:]
+        check_unicode = _SURROGATE_ESCAPE.search(item) is not None
         try:
             item = json.loads(item)
         except json.JSONDecodeError as error:
@@ -150,12 +173,21 @@ def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
             ) from None
         except ValueError as error:  # bytes that are not UTF-8
             raise RecordError("malformed_json", f"malformed JSON: {error}") from None
+        except RecursionError:  # the decoder recurses once per [ or {
+            raise RecordError("malformed_json", "malformed JSON: nested too deeply") from None
         if payload == "json_ids":
             return Extracted(ids=_int_array(item, "the line"))
         if not isinstance(item, dict):
             raise RecordError(
                 "malformed_json", f"expected a JSON object, got {type(item).__name__}"
             )
+    extracted = _extract_record(item, records, supervision)
+    if check_unicode:
+        _check_unicode(extracted, records)
+    return extracted
+
+
+def _extract_record(item: Any, records, supervision: str) -> Extracted:
     if isinstance(records, TextRecords):
         return Extracted(text=_string(item, records.field))
     if isinstance(records, PromptCompletionRecords):
@@ -170,3 +202,24 @@ def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
     if isinstance(records, TokensRecords):
         return _tokens(item, records, want_mask=supervision == "provided")
     raise AssertionError(f"unhandled records {records!r}")
+
+
+def _check_unicode(extracted: Extracted, records) -> None:
+    """Refuse text holding a lone surrogate (JSON `"\\ud800"`): it has no UTF-8 encoding."""
+    texts: list[tuple[str, str]] = []
+    if extracted.text is not None:
+        texts.append((records.field, extracted.text))
+    if extracted.prompt_completion is not None:
+        fields = (records.prompt_field, records.completion_field)
+        texts += zip(fields, extracted.prompt_completion, strict=True)
+    for index, message in enumerate(extracted.messages or []):
+        texts += [(f"{records.field}.{index}.{key}", message[key]) for key in ("role", "content")]
+    for path, text in texts:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as error:
+            raise RecordError(
+                "bad_text",
+                f"field {path!r} is not valid Unicode: a lone surrogate "
+                f"{text[error.start]!r} at character {error.start}",
+            ) from None

@@ -12,6 +12,7 @@ import glob
 import gzip
 import hashlib
 import os
+import stat
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,7 +29,15 @@ from turbo_dllm.data.spec import (
 )
 from turbo_dllm.errors import DllmError
 
-__all__ = ["Payload", "RawChunk", "Source", "expand_paths", "open_source"]
+__all__ = [
+    "MAX_ITEM_BYTES",
+    "Oversized",
+    "Payload",
+    "RawChunk",
+    "Source",
+    "expand_paths",
+    "open_source",
+]
 
 # What a chunk's items are: raw JSON lines (bytes), record dicts, plain texts, token id arrays,
 # or raw JSON lines that each hold a list of ids.
@@ -36,6 +45,22 @@ Payload = Literal["json", "record", "text", "ids", "json_ids"]
 
 CHUNK_BYTES = 1 << 20
 CHUNK_ITEMS = 1024
+# The largest line (JSONL, text lines) or whole-file document read into memory: far past any real
+# record, and it bounds what one item costs a worker (a runaway or corrupt file has no newline).
+MAX_ITEM_BYTES = 32 << 20
+
+
+@dataclass(frozen=True)
+class Oversized:
+    """Stands for an item longer than MAX_ITEM_BYTES, which is never held in memory whole.
+
+    It travels to the worker like any item and becomes a bad record there (stop or skip).
+    """
+
+    bytes: int  # how long the item is (a line: up to its newline)
+
+    def message(self) -> str:
+        return f"{self.bytes:,} bytes, more than the {MAX_ITEM_BYTES >> 20} MiB a record may have"
 
 
 @dataclass
@@ -82,13 +107,13 @@ def expand_paths(patterns: list[str]) -> list[Path]:
     for pattern in patterns:
         if glob.has_magic(pattern):
             matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
-            matches = [p for p in matches if p.is_file()]
+            matches = [p for p in matches if _regular_file(p, pattern)]
         else:
-            matches = [Path(pattern)] if Path(pattern).is_file() else []
+            matches = [Path(pattern)] if _regular_file(Path(pattern), pattern, named=True) else []
         if not matches:
             what = "no file matches" if glob.has_magic(pattern) else "file not found:"
             raise DllmError(
-                f"{what} {pattern!r}",
+                f"{what} {_shown(pattern)}",
                 hint="paths in prepare.yaml are relative to the file's folder",
             )
         for path in matches:
@@ -96,6 +121,44 @@ def expand_paths(patterns: list[str]) -> list[Path]:
                 seen.add(path)
                 out.append(path)
     return out
+
+
+_NOT_REGULAR = {
+    stat.S_IFDIR: "a directory",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a pipe",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _regular_file(path: Path, pattern: str, named: bool = False) -> bool:
+    """Whether `path` is a regular file; a file named outright that is something else (a
+    device such as /dev/zero, a folder) is an error, not a missing file."""
+    try:
+        mode = path.stat().st_mode
+    except FileNotFoundError:
+        return False
+    except OSError as error:  # a name too long, a loop of links, no permission
+        raise DllmError(f"cannot read {_shown(pattern)}: {error.strerror}") from None
+    if stat.S_ISREG(mode):
+        return True
+    if named:
+        what = _NOT_REGULAR.get(stat.S_IFMT(mode), "not a regular file")
+        hint = (
+            f"name the files inside it, e.g. {str(Path(pattern) / '*.jsonl')!r}"
+            if stat.S_ISDIR(mode)
+            else "sources read regular files"
+        )
+        raise DllmError(f"source path {_shown(pattern)} is {what}, not a regular file", hint=hint)
+    return False
+
+
+def _shown(pattern: str, limit: int = 200) -> str:
+    """A path as error messages quote it: whole, unless absurdly long."""
+    if len(pattern) <= limit:
+        return repr(pattern)
+    return repr(f"{pattern[: limit // 2]}...{pattern[-limit // 2 :]}") + f" ({len(pattern)} chars)"
 
 
 def _label(path: Path) -> str:
@@ -129,23 +192,37 @@ def _file_provenance(files: list[Path]) -> list[dict[str, Any]]:
 # --- line-oriented files ------------------------------------------------------------------------
 
 
+def _lines(stream) -> Iterator[tuple[int, bytes | Oversized]]:
+    """(line number, line) of a binary stream, each line read with a bounded buffer."""
+    number = 0
+    while line := stream.readline(MAX_ITEM_BYTES + 1):
+        number += 1
+        if len(line) <= MAX_ITEM_BYTES or line.endswith(b"\n"):
+            yield number, line
+            continue
+        size = len(line)  # read the rest of this line in bounded pieces, keeping none of it
+        while (rest := stream.readline(MAX_ITEM_BYTES)) and not rest.endswith(b"\n"):
+            size += len(rest)
+        yield number, Oversized(size + len(rest))
+
+
 def _line_chunks(files: list[Path], payload: Payload) -> Iterator[RawChunk]:
     """Non-blank lines of (possibly gzipped) files, as raw bytes; progress in on-disk bytes."""
     for path in files:
         label = _label(path)
         with open(path, "rb") as raw:
             stream = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
-            items: list[bytes] = []
+            items: list[bytes | Oversized] = []
             numbers: list[int] = []
             size = 0
             position = 0
             try:
-                for number, line in enumerate(stream, start=1):
-                    if not line.strip():
+                for number, line in _lines(stream):
+                    if isinstance(line, bytes) and not line.strip():
                         continue
                     items.append(line)
                     numbers.append(number)
-                    size += len(line)
+                    size += len(line) if isinstance(line, bytes) else MAX_ITEM_BYTES
                     if size >= CHUNK_BYTES or len(items) >= CHUNK_ITEMS:
                         now = raw.tell()
                         yield RawChunk(payload, items, label, numbers, "line", now - position)
@@ -160,8 +237,11 @@ def _line_chunks(files: list[Path], payload: Payload) -> Iterator[RawChunk]:
 def _text_chunks(files: list[Path], unit: str) -> Iterator[RawChunk]:
     if unit == "line":
         for chunk in _line_chunks(files, "text"):
-            texts = []
+            texts: list[str | Oversized] = []
             for line, number in zip(chunk.items, chunk.numbers, strict=True):
+                if isinstance(line, Oversized):
+                    texts.append(line)
+                    continue
                 try:
                     texts.append(line.decode("utf-8").rstrip("\r\n"))
                 except UnicodeDecodeError as error:
@@ -172,18 +252,22 @@ def _text_chunks(files: list[Path], unit: str) -> Iterator[RawChunk]:
             chunk.items = texts
             yield chunk
         return
-    items: list[str] = []
+    items: list[str | Oversized] = []
     labels: list[str] = []
     size = 0
     for path in files:
-        data = path.read_bytes()
-        try:
-            items.append(data.decode("utf-8"))
-        except UnicodeDecodeError as error:
-            raise DllmError(
-                f"{_label(path)}: not UTF-8 text ({error.reason} at byte {error.start})",
-                hint="convert the file to UTF-8",
-            ) from None
+        with open(path, "rb") as handle:
+            data = handle.read(MAX_ITEM_BYTES + 1)  # bounded: the file may grow meanwhile
+        if len(data) > MAX_ITEM_BYTES:
+            items.append(Oversized(max(path.stat().st_size, len(data))))
+        else:
+            try:
+                items.append(data.decode("utf-8"))
+            except UnicodeDecodeError as error:
+                raise DllmError(
+                    f"{_label(path)}: not UTF-8 text ({error.reason} at byte {error.start})",
+                    hint="convert the file to UTF-8",
+                ) from None
         labels.append(_label(path))
         size += len(data)
         if size >= CHUNK_BYTES or len(items) >= CHUNK_ITEMS:
@@ -234,6 +318,30 @@ def _split_ids(array: np.ndarray, separator: int | None) -> list[np.ndarray]:
     return [pieces[0]] + [p[1:] for p in pieces[1:]]
 
 
+def _load_npy(path: Path, label: str) -> np.ndarray:
+    try:
+        array = np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, EOFError, OSError) as error:  # empty, truncated, pickled, bad header
+        raise DllmError(f"{label}: not a readable .npy array: {error}") from None
+    if not isinstance(array, np.ndarray):  # an .npz archive under an .npy name
+        raise DllmError(f"{label}: not a .npy array (an .npz archive?)")
+    return array
+
+
+def _map_bin(path: Path, label: str, dtype: str | None) -> np.ndarray:
+    element = np.dtype(dtype).newbyteorder("<")
+    size = path.stat().st_size
+    if size == 0:
+        raise DllmError(f"{label}: empty file (no token ids)")
+    if size % element.itemsize:
+        raise DllmError(
+            f"{label}: {size} bytes is not a whole number of {dtype} ids "
+            f"({element.itemsize} bytes each)",
+            hint="check source.dtype, or whether the file was cut short",
+        )
+    return np.memmap(path, dtype=element, mode="r")
+
+
 def _token_id_chunks(source: TokenIdsSource, files: list[Path]) -> Iterator[RawChunk]:
     for path in files:
         label = _label(path)
@@ -242,12 +350,9 @@ def _token_id_chunks(source: TokenIdsSource, files: list[Path]) -> Iterator[RawC
             yield from _line_chunks([path], "json_ids")
             continue
         if name.endswith(".npy"):
-            try:
-                array = np.load(path, mmap_mode="r", allow_pickle=False)
-            except ValueError as error:
-                raise DllmError(f"{label}: not a numeric .npy array: {error}") from None
+            array = _load_npy(path, label)
         elif name.endswith(".bin"):
-            array = np.memmap(path, dtype=np.dtype(source.dtype).newbyteorder("<"), mode="r")
+            array = _map_bin(path, label, source.dtype)
         else:
             raise DllmError(
                 f"{label}: unknown token file type",

@@ -24,6 +24,7 @@ __all__ = [
     "HuggingFaceSource",
     "HuggingFaceTokenizerSpec",
     "JsonlSource",
+    "MAX_SEQ_LEN",
     "OutputSpec",
     "PackingSpec",
     "ParquetSource",
@@ -155,6 +156,9 @@ class ByteLevelTokenizerSpec(_Strict):
     """Built in: ids 0..255 are bytes, 256 <|bos|>, 257 <|eos|>, 258 <|pad|>, 259 <|mask|>."""
 
     kind: Literal["byte_level"]
+    special_tokens_in_text: Literal["text"] = Field(
+        "text", description="Always text: byte-level text never produces a special token."
+    )
 
 
 class HuggingFaceTokenizerSpec(_Strict):
@@ -169,6 +173,14 @@ class HuggingFaceTokenizerSpec(_Strict):
     eos_token: str | None = Field(None, description="Default: the tokenizer's eos token.")
     pad_token: str | None = Field(None, description="Default: the tokenizer's pad token, or eos.")
     bos_token: str | None = Field(None, description="Default: the tokenizer's bos token.")
+    special_tokens_in_text: Literal["text", "control", "error"] = Field(
+        "text",
+        description="What a special token's literal string in the data (`<|endoftext|>` typed "
+        "into a document) becomes. text: ordinary text, never that token (the safe default); "
+        "control: that special token; error: a bad record. Chat records go through the chat "
+        "template, which cannot keep it as text: under text they are bad records too. Records "
+        "that hold one are counted in the artifact's stats.special_token_text.",
+    )
 
 
 TokenizerSpec = Annotated[
@@ -178,8 +190,15 @@ TokenizerSpec = Annotated[
 # --- packing, output ----------------------------------------------------------------------------
 
 
+MAX_SEQ_LEN = 1 << 22  # 4M tokens, past any context trained here; stops runaway artifacts
+
+
 class PackingSpec(_Strict):
-    seq_len: PositiveInt = Field(description="Tokens per training sequence.")
+    seq_len: PositiveInt = Field(
+        le=MAX_SEQ_LEN,
+        description="Tokens per training sequence (at most 4,194,304: every row, even the last, "
+        "is written in full).",
+    )
     block_size: PositiveInt = Field(description="Diffusion block size; seq_len is a multiple.")
     align: Literal["block", "none"] = Field(
         "block", description="block: every document starts on a block boundary (pad before)."

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from turbo_dllm.data.artifact import DataArtifact
+from turbo_dllm.data.artifact import DataArtifact, file_sha256
 from turbo_dllm.errors import DllmError
 
 __all__ = ["Span", "compute_stats", "load_decoder", "plot_stats", "sample_spans", "spans_json"]
@@ -40,11 +40,21 @@ def load_decoder(artifact: DataArtifact):
     folder = artifact.root / "tokenizer"
     if not folder.is_dir():
         raise DllmError(f"{artifact.root}: the artifact has no tokenizer/ folder to decode with")
+    for name, info in artifact.manifest.tokenizer_files.items():
+        file = folder / name
+        if file.parent != folder or not file.is_file() or file_sha256(file) != info.sha256:
+            raise DllmError(
+                f"{artifact.root}: tokenizer/{name} is missing or changed since prepare",
+                hint="`dllm data validate` checks the whole artifact",
+            )
     from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as error:  # transformers raises many types for a bad folder
+        raise DllmError(f"{artifact.root}: cannot load its tokenizer/: {error}") from None
 
     class _Decoder:
         def decode(self, ids) -> str:
@@ -105,6 +115,7 @@ def compute_stats(artifact: DataArtifact) -> dict[str, Any]:
         "truncated_tokens": s.truncated_tokens,
         "empty_documents": s.empty_documents,
         "dropped_unsupervised_documents": s.dropped_unsupervised_documents,
+        "special_token_text": s.special_token_text,
         "skipped": dict(s.skipped),
         "supervision": manifest.supervision,
     }

@@ -81,6 +81,8 @@ class TextTokenizer(Protocol):
 
     def decode(self, ids: Sequence[int]) -> str: ...
 
+    def special_text(self, texts: Sequence[str]) -> list[str | None]: ...
+
     def identity(self) -> dict[str, Any]: ...
 
     def files(self) -> list[Path]: ...
@@ -138,6 +140,10 @@ class ByteLevelTokenizer:
         out.append(pending.decode("utf-8", errors="replace"))
         return "".join(out)
 
+    def special_text(self, texts: Sequence[str]) -> list[str | None]:
+        """No text ever encodes to a special token here, so there is nothing to find."""
+        return [None] * len(texts)
+
     def identity(self) -> dict[str, Any]:
         tokens = [(f"<0x{i:02X}>", i) for i in range(256)]
         tokens += [(name, i) for i, name in self.SPECIAL_NAMES.items()]
@@ -186,6 +192,13 @@ class HuggingFaceTokenizer:
             ) from None
         self._path = path
         self._backend = getattr(self._tok, "backend_tokenizer", None)
+        # Added tokens marked special are what the tokenizer turns a literal string into.
+        literals = {t.content for t in self._tok.added_tokens_decoder.values() if t.special}
+        longest_first = sorted(literals, key=lambda t: (-len(t), t))
+        self._special_pattern = (
+            re.compile("|".join(map(re.escape, longest_first))) if longest_first else None
+        )
+        self._split_special = spec.special_tokens_in_text != "control"
         vocab = self._tok.get_vocab()
         self._vocab_pairs = list(vocab.items())
         tokenizer_vocab = max(vocab.values()) + 1 if vocab else 0
@@ -238,11 +251,17 @@ class HuggingFaceTokenizer:
         return specials
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
+        """Ids of plain texts; a special token's literal string stays text unless the spec says
+        `special_tokens_in_text: control`."""
         if self._backend is not None:
+            # Set on every call: transformers resets it whenever it encodes (chat templates).
+            self._backend.encode_special_tokens = self._split_special
             encodings = self._backend.encode_batch_fast(list(texts), add_special_tokens=False)
             id_lists = [e.ids for e in encodings]
         else:
-            id_lists = self._tok(list(texts), add_special_tokens=False)["input_ids"]
+            id_lists = self._tok(
+                list(texts), add_special_tokens=False, split_special_tokens=self._split_special
+            )["input_ids"]
         lengths = np.fromiter(map(len, id_lists), dtype=np.int64, count=len(id_lists))
         flat = np.fromiter(
             itertools.chain.from_iterable(id_lists), dtype=np.int64, count=int(lengths.sum())
@@ -265,6 +284,14 @@ class HuggingFaceTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tok.decode([int(i) for i in ids], skip_special_tokens=False)
+
+    def special_text(self, texts: Sequence[str]) -> list[str | None]:
+        """The first special token literal (`<|endoftext|>`) found in each text, else None."""
+        pattern = self._special_pattern
+        # One search over the whole batch first: most batches hold none.
+        if pattern is None or not pattern.search("\x00".join(texts)):
+            return [None] * len(texts)
+        return [m.group() if (m := pattern.search(t)) else None for t in texts]
 
     def identity(self) -> dict[str, Any]:
         return {

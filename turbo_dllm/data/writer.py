@@ -81,8 +81,11 @@ def _is_artifact(path: Path) -> bool:
 
 def check_target(target: Path, overwrite: bool) -> None:
     """Refuse early (before any work) to clobber something we should not."""
-    if not target.exists():
-        return
+    try:
+        if not target.exists():
+            return
+    except OSError as error:  # a name too long, a loop of links
+        raise DllmError(f"output path {_shown(target)}: {error.strerror}") from None
     if not target.is_dir():
         raise DllmError(f"output path {str(target)!r} exists and is not a folder")
     if not overwrite:
@@ -96,6 +99,13 @@ def check_target(target: Path, overwrite: bool) -> None:
             "refusing to replace it",
             hint="choose another output.path",
         )
+
+
+def _shown(target: Path, limit: int = 200) -> str:
+    text = str(target)
+    return (
+        repr(text) if len(text) <= limit else repr(f"{text[:limit]}...") + f" ({len(text)} chars)"
+    )
 
 
 def _lock_for(target: Path):
@@ -129,11 +139,24 @@ def staged_artifact(target: Path, overwrite: bool) -> Iterator[Path]:
     On any exception the staging folder is removed and `target` is left exactly as it was.
     """
     target = Path(target).resolve()
-    target.parent.mkdir(parents=True, exist_ok=True)
+    check_target(target, overwrite)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DllmError(
+            f"cannot create the folder of output path {_shown(target)}: {error.strerror}",
+            hint="choose an output.path in a folder you can write",
+        ) from None
     with _lock_for(target):
         _recover(target)
         check_target(target, overwrite)
-        staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+        try:
+            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+        except OSError as error:
+            raise DllmError(
+                f"cannot write next to output path {_shown(target)}: {error.strerror}",
+                hint="choose an output.path in a folder you can write (with a shorter name)",
+            ) from None
         try:
             yield staging
             _publish(staging, target)

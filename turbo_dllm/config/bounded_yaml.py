@@ -1,0 +1,166 @@
+"""The one YAML parser of turbo-dllm: PyYAML's safe loader with bounds on what a document may cost.
+
+The safe loader runs no code, but it does not bound size. An alias shares its anchor's node, so a
+few hundred bytes of nested anchors stand for billions of nodes as soon as anything walks the
+result (the `--set` merge copies it, pydantic validates it); an alias may sit inside its own
+anchor (a cycle that nothing can walk); nesting is composed recursively (`[[[...` a thousand deep
+exhausts the stack); and Python refuses to convert an integer of 4300+ digits. This loader
+measures every node while composing, before anything is built, and refuses documents past the
+bounds below with a `DllmError` naming the line, column and key path. It also refuses NUL
+characters: no path, name or value of a config may hold one, and the OS rejects them in paths.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import yaml
+from yaml.nodes import MappingNode, ScalarNode, SequenceNode
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "MAX_YAML_BYTES", "parse_yaml"]
+
+MAX_YAML_BYTES = 4 << 20  # configs are kilobytes; this only stops a runaway file (/dev/zero)
+MAX_DEPTH = 64  # config sections nest a handful of levels
+MAX_ALIAS_NODES = 10_000  # how many nodes aliases may add to a document beyond its own
+_MAX_INT_CHARS = 80  # a 64-bit integer in any YAML notation (even 0b...) is shorter
+_INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # int64 and uint64 values
+_INT_TAG = "tag:yaml.org,2002:int"
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+
+
+class _Refused(yaml.YAMLError):
+    def __init__(self, mark, path: list[str], problem: str) -> None:
+        super().__init__(problem)
+        self.mark = mark
+        parts = [part for part in path if part]
+        if len(parts) > 8:  # a path 64 levels deep says no more than its ends
+            parts = [*parts[:3], f"...({len(parts) - 5} more)...", *parts[-2:]]
+        self.path = ".".join(parts) or "(top level)"
+        self.problem = problem
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    def __init__(self, stream: str) -> None:
+        super().__init__(stream)
+        self._path: list[str] = []  # key path of the node being composed ("" for a key)
+        self._open_anchors: set[str] = set()  # anchors whose node is still being composed
+        self._measured: dict[int, tuple[int, int]] = {}  # id(node) -> (nodes, depth) expanded
+        self._distinct = 0  # nodes composed, each counted once
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        if isinstance(index, ScalarNode):  # a mapping value: its key names it
+            part = str(index.value)
+        else:  # a sequence item (its position), a key or the root
+            part = "" if index is None else str(index)
+        if isinstance(event, yaml.AliasEvent):
+            if event.anchor in self._open_anchors:
+                raise _Refused(
+                    event.start_mark,
+                    [*self._path, part],
+                    f"alias *{event.anchor} lies inside its own anchor &{event.anchor} "
+                    "(a recursive document)",
+                )
+            return super().compose_node(parent, index)  # already measured
+        if len(self._path) >= MAX_DEPTH:
+            raise _Refused(event.start_mark, self._path, f"nested deeper than {MAX_DEPTH} levels")
+        self._path.append(part)
+        if event.anchor is not None:
+            self._open_anchors.add(event.anchor)
+        try:
+            node = super().compose_node(parent, index)
+            self._measure(node)
+        finally:
+            self._path.pop()
+            self._open_anchors.discard(event.anchor)
+        return node
+
+    def _measure(self, node) -> None:
+        if isinstance(node, ScalarNode):
+            self._check_scalar(node)
+            nodes, depth = 1, 1
+        else:
+            if isinstance(node, SequenceNode):
+                children = node.value
+            else:
+                assert isinstance(node, MappingNode)
+                children = [child for pair in node.value for child in pair]
+            sizes = [self._measured[id(child)] for child in children]
+            nodes = 1 + sum(n for n, _ in sizes)
+            depth = 1 + max((d for _, d in sizes), default=0)
+        self._distinct += 1
+        self._measured[id(node)] = (nodes, depth)
+        if depth > MAX_DEPTH:
+            raise _Refused(
+                node.start_mark, self._path, f"nested deeper than {MAX_DEPTH} levels (via aliases)"
+            )
+        if nodes - self._distinct > MAX_ALIAS_NODES:
+            raise _Refused(
+                node.start_mark,
+                self._path,
+                f"aliases expand this value to more than {MAX_ALIAS_NODES:,} extra nodes "
+                "(an alias bomb?)",
+            )
+
+    def _check_scalar(self, node: ScalarNode) -> None:
+        if "\x00" in node.value:
+            raise _Refused(node.start_mark, self._path, "a NUL character is not allowed")
+        if node.tag == _INT_TAG:
+            if len(node.value) > _MAX_INT_CHARS:
+                raise _Refused(
+                    node.start_mark,
+                    self._path,
+                    f"integer of {len(node.value)} characters is out of range "
+                    "(config integers fit in 64 bits)",
+                )
+            value = self.construct_yaml_int(node)
+            if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
+                raise _Refused(
+                    node.start_mark,
+                    self._path,
+                    f"integer {value} is out of range (config integers fit in 64 bits)",
+                )
+        elif node.tag == _TIMESTAMP_TAG:
+            try:
+                self.construct_yaml_timestamp(node)
+            except ValueError as error:  # 2026-13-45 looks like a date but is none
+                raise _Refused(
+                    node.start_mark, self._path, f"invalid date {node.value!r}: {error}"
+                ) from None
+
+
+def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
+    """The document in `text`, or a `DllmError` naming `source` and where in it.
+
+    `key` marks a `--set KEY=VALUE` value (`source` then names the key): problems name no line,
+    and a syntax error is left to the caller (an unparsable value is taken as a plain string).
+    """
+    if len(text) > MAX_YAML_BYTES:
+        raise DllmError(f"{source}: larger than {MAX_YAML_BYTES >> 20} MiB; not a config file")
+    loader = None
+    try:
+        loader = _BoundedLoader(text)  # its reader already refuses control characters
+        return loader.get_single_data()
+    except _Refused as refused:
+        if key is not None:
+            inner = "" if refused.path == "(top level)" else f".{refused.path}"
+            raise DllmError(f"{source}{inner}: {refused.problem}") from None
+        mark = refused.mark
+        raise DllmError(
+            f"{source}:{mark.line + 1}:{mark.column + 1}: {refused.path}: {refused.problem}"
+        ) from None
+    except yaml.YAMLError as error:
+        if key is not None:
+            raise
+        mark = getattr(error, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
+        problem = getattr(error, "problem", None) or str(error)
+        raise DllmError(
+            f"YAML syntax error at {where}: {problem}",
+            hint="check indentation and quoting on that line",
+        ) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
