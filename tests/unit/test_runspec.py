@@ -166,3 +166,18 @@ def test_random_documents_give_spec_or_dllm_error(document):
         check(load_model(RunSpec, document, "random.yaml"), source="random.yaml")
     except DllmError as error:
         assert error.message.startswith("random.yaml")
+
+
+@pytest.mark.parametrize(
+    "sections,field",
+    [
+        ({"optimizer": {"lr": float("inf")}}, "optimizer.lr"),
+        ({"training": {"max_duration_s": float("nan")}}, "training.max_duration_s"),
+        ({"data": {"seq_len": 2**31}}, "data.seq_len"),
+        ({"launch": {"seed": 2**64 - 1}}, "launch.seed"),
+        ({"model": {"config_overrides": {f"k{i}": i for i in range(300)}}}, "config_overrides"),
+    ],
+)
+def test_values_past_any_sane_bound_are_refused(sections, field):
+    with pytest.raises(DllmError, match=field):
+        spec(**sections)

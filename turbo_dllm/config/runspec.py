@@ -52,12 +52,23 @@ ModelFamily = Annotated[Literal[_FAMILIES], _landed("family", _FAMILIES)]  # typ
 ObjectiveName = Annotated[Literal[_OBJECTIVES], _landed("objective", _OBJECTIVES)]  # type: ignore[valid-type]
 
 
+# Bounds a typo cannot cross: past any context trained here (data artifacts share it), and seeds
+# every generator we seed accepts.
+MAX_SEQ_LEN = 1 << 22
+MAX_SEED = (1 << 63) - 1
+
+
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+    # inf / nan are never a learning rate, epsilon or duration.
+    model_config = ConfigDict(
+        extra="forbid", frozen=True, validate_default=True, allow_inf_nan=False
+    )
 
 
 class LaunchSpec(_Strict):
-    seed: int = Field(0, ge=0, description="Seed for model init, noise and data order.")
+    seed: int = Field(
+        0, ge=0, le=MAX_SEED, description="Seed for model init, noise and data order."
+    )
     kind: Literal["smoke", "profile", "prod"] = Field(
         "smoke", description="prod enables the strict reproducibility rules."
     )
@@ -75,7 +86,9 @@ class ModelSpec(_Strict):
         "tiny",
         description="Random init from a preset name (tiny, qwen3-0.6b, qwen3-1.7b) or a config.json path.",
     )
-    config_overrides: dict[str, int | float | bool | str] = Field(default_factory=dict)
+    config_overrides: dict[str, int | float | bool | str] = Field(
+        default_factory=dict, max_length=256, description="config.json keys to change."
+    )
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Parameter dtype; bfloat16 autocast is used on CUDA either way."
     )
@@ -109,7 +122,7 @@ class SyntheticDataSpec(_Strict):
 class DataSpec(_Strict):
     artifact: str | None = Field(None, description="Folder made by `dllm data prepare`.")
     synthetic: SyntheticDataSpec | None = Field(None, description="Random tokens (smoke tests).")
-    seq_len: PositiveInt = 256
+    seq_len: PositiveInt = Field(256, le=MAX_SEQ_LEN)
 
 
 class TrainingSpec(_Strict):

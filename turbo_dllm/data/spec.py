@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PositiveInt, create_model, field_validator
 
+from turbo_dllm.config.runspec import MAX_SEQ_LEN as RUNSPEC_MAX_SEQ_LEN
 from turbo_dllm.errors import DllmError
 
 __all__ = [
@@ -190,7 +191,9 @@ TokenizerSpec = Annotated[
 # --- packing, output ----------------------------------------------------------------------------
 
 
-MAX_SEQ_LEN = 1 << 22  # 4M tokens, past any context trained here; stops runaway artifacts
+MAX_SEQ_LEN = (
+    RUNSPEC_MAX_SEQ_LEN  # 4M tokens, past any context trained here; stops runaway artifacts
+)
 
 
 class PackingSpec(_Strict):
