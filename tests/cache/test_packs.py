@@ -1,0 +1,128 @@
+"""Compile-cache packs on CPU: a pack made from a real torch.compile run installs into a fresh
+home and the next run compiles nothing; a pack for another torch/Triton/GPU is refused with the
+fields that differ; a tampered pack is refused and nothing is installed."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_user_error
+
+PROBE = Path(__file__).with_name("compile_probe.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _compile_run(home: Path) -> dict:
+    env = {**os.environ, "DLLM_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "DLLM_COMPILE_CACHE"):
+        env.pop(variable, None)
+    proc = subprocess.run(
+        [sys.executable, str(PROBE)], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    """(pack path, counters of the cold run): compiled once in its own home, then packed."""
+    home = tmp_path_factory.mktemp("pack-home")
+    cold = _compile_run(home)
+    out = tmp_path_factory.mktemp("packs")
+    env = {**os.environ, "DLLM_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-m", "turbo_dllm", "cache", "pack", "--out", str(out), "--json"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    made = json.loads(proc.stdout)
+    assert made["files"] > 0 and Path(made["pack"]).parent == out
+    return Path(made["pack"]), cold
+
+
+def test_a_pack_makes_the_next_run_compile_nothing(pack, cli, isolated_home):
+    path, cold = pack
+    assert cold["inductor"].get("fxgraph_cache_miss", 0) > 0  # the cold run compiled
+    installed = cli("cache", "install", path, "--json")
+    assert installed.code == 0, installed.err
+    record = json.loads(installed.out)
+    assert record["added"] == record["files"] > 0
+    assert cli("cache", "verify").code == 0
+    assert record["sha256"][:12] in cli("cache", "list").out
+
+    warm = _compile_run(isolated_home)  # a fresh home that only has the pack
+    assert warm["inductor"].get("fxgraph_cache_miss", 0) == 0, warm
+    assert warm["inductor"]["fxgraph_cache_hit"] == cold["inductor"]["fxgraph_cache_miss"]
+
+    again = json.loads(cli("cache", "install", path, "--json").out)
+    assert again["added"] == 0  # everything already there: idempotent
+    removed = cli("cache", "remove", record["sha256"][:12])
+    assert removed.code == 0 and f"{record['files']} files deleted" in removed.out
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [
+        ("DLLM_OVERRIDE_TORCH", "2.11.0+cpu", "torch: host 2.11.0+cpu, pack "),
+        ("DLLM_OVERRIDE_TRITON", "3.0.0", "triton: host 3.0.0, pack "),
+        ("DLLM_OVERRIDE_GPUS", "sm90", "gpus: host sm90, pack none"),
+    ],
+)
+def test_a_pack_for_another_host_is_refused(pack, cli, monkeypatch, variable, value, field):
+    monkeypatch.setenv(variable, value)
+    result = cli("cache", "install", pack[0])
+    assert_user_error(result, "does not fit this host", field)
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+
+
+def _rewrite(source: Path, dest: Path, change, extra: tuple[str, bytes] | None = None) -> None:
+    """Copy the pack, passing every member's (info, bytes) through `change`, then `extra`."""
+    import zstandard
+
+    with source.open("rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as stream:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar]
+    if extra is not None:
+        members.append((tarfile.TarInfo(extra[0]), extra[1]))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for info, data in members:
+            info, data = change(info, data)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    dest.write_bytes(zstandard.ZstdCompressor().compress(buffer.getvalue()))
+
+
+@pytest.mark.parametrize("how", ["flipped-byte", "extra-member", "pack-json-lies"])
+def test_a_tampered_pack_is_refused_and_nothing_installed(pack, cli, tmp_path, how):
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    source = pack[0]
+    tampered = tmp_path / source.name
+
+    def change(info, data):
+        if how == "flipped-byte" and info.name.startswith("inductor/") and data:
+            return info, bytes([data[0] ^ 1]) + data[1:]
+        if how == "pack-json-lies" and info.name == "pack.json":
+            document = json.loads(data)
+            document["files"][-1]["sha256"] = "0" * 64
+            return info, json.dumps(document).encode()
+        return info, data
+
+    extra = ("inductor/zz/evil.py", b"boom\n") if how == "extra-member" else None
+    _rewrite(source, tampered, change, extra)
+    result = cli("cache", "install", tampered)
+    expected = {"flipped-byte": "sha256", "extra-member": "not listed", "pack-json-lies": "0" * 64}
+    assert_user_error(result, expected[how])
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+    cache = compile_cache_dir()
+    assert not [p for p in cache.rglob("*") if p.is_file()], "a refused pack left files"
