@@ -126,3 +126,18 @@ def test_a_tampered_pack_is_refused_and_nothing_installed(pack, cli, tmp_path, h
     assert cli("cache", "list").out.startswith("no compile-cache packs installed")
     cache = compile_cache_dir()
     assert not [p for p in cache.rglob("*") if p.is_file()], "a refused pack left files"
+
+
+def test_a_mirror_carries_packs_and_offers_them(pack, cli, tmp_path, monkeypatch):
+    from tests.envs.test_manifest import manifest
+    from turbo_dllm.mirror.create import MirrorPlan, create_mirror
+
+    root = tmp_path / "mirror"
+    index = create_mirror(
+        MirrorPlan(dest=root, release=None, manifests=[manifest()], packs=[pack[0]])
+    )
+    (carried,) = [f for f in index.files if f.kind == "pack"]
+    assert carried.path == f"packs/{pack[0].name}"
+    monkeypatch.setenv("DLLM_BUNDLE_INDEX", str(root))
+    offered = json.loads(cli("cache", "list", "--available", "--json").out)["available"]
+    assert offered == [{"path": str(root / carried.path), "fits": True, "differences": []}]

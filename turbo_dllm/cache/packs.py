@@ -57,6 +57,7 @@ __all__ = [
     "read_pack_manifest",
     "remove_pack",
     "verify_pack",
+    "verify_pack_archive",
 ]
 
 PACK_FORMAT = "turbo_dllm.compile_pack.v1"
@@ -295,6 +296,13 @@ def _extract(path: Path, dest: Path) -> PackManifest:
     if missing:
         raise PackRejected(f"{label}: the archive lacks listed files: {', '.join(missing[:5])}")
     return manifest
+
+
+def verify_pack_archive(path: Path) -> PackManifest:
+    """Check every member of the pack at `path` against its pack.json (extracting to a scratch
+    folder that is then removed); its manifest, or PackRejected."""
+    with tempfile.TemporaryDirectory(prefix="dllm-pack-check-") as tmp:
+        return _extract(path, Path(tmp) / "pack")
 
 
 # --- installed packs ------------------------------------------------------------------------
