@@ -141,3 +141,38 @@ def test_a_mirror_carries_packs_and_offers_them(pack, cli, tmp_path, monkeypatch
     monkeypatch.setenv("DLLM_BUNDLE_INDEX", str(root))
     offered = json.loads(cli("cache", "list", "--available", "--json").out)["available"]
     assert offered == [{"path": str(root / carried.path), "fits": True, "differences": []}]
+
+
+def test_doctor_and_launch_name_a_fitting_pack_that_is_not_installed(cli, tmp_path, monkeypatch):
+    """`dllm doctor --config` (whose warnings `dllm launch` prints) offers a pack made for this
+    spec on this kind of host, and stops once it is installed."""
+    from tests.train.util import write_config
+    from turbo_dllm.cache.key import host_pack_key, spec_digest
+    from turbo_dllm.cache.packs import make_pack
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.host import collect_fingerprint
+
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "DLLM_COMPILE_CACHE"):
+        monkeypatch.delenv(name, raising=False)
+    config = write_config(tmp_path / "train.yaml", "training.compile=true")
+    other = write_config(tmp_path / "other.yaml", "training.compile=true", "objective.block_size=16")
+    made = tmp_path / "made" / "inductor" / "ab"
+    made.mkdir(parents=True)
+    (made / "cabc.py").write_text("# a compiled graph\n")
+    key = host_pack_key(
+        collect_fingerprint(apply_overrides=False), spec_digest(load_runspec(config))
+    )
+    path, _ = make_pack({"inductor": made.parent}, tmp_path / "offered", key)
+    monkeypatch.setenv("DLLM_PACK_PATH", str(tmp_path / "offered"))
+
+    def compile_check(config_file):
+        result = cli("doctor", "--config", config_file, "--json")
+        return {c["name"]: c for c in json.loads(result.out)["checks"]}["compile cache"]
+
+    offered = compile_check(config)
+    assert offered["status"] == "warn" and f"dllm cache install {path}" in offered["fix"]
+    assert compile_check(other)["status"] == "pass"  # made for another spec: not offered
+    assert cli("cache", "install", path, "--config", config).code == 0
+    assert compile_check(config)["status"] == "pass"
+    refused = cli("cache", "install", path, "--config", other)
+    assert_user_error(refused, "spec: host ")

@@ -53,7 +53,7 @@ __all__ = [
     "installed_packs",
     "make_pack",
     "pack_folders",
-    "pack_hint",
+    "fitting_pack",
     "read_pack_manifest",
     "remove_pack",
     "verify_pack",
@@ -495,14 +495,12 @@ def available_packs(host: HostFingerprint, spec_sha256: str | None = None) -> li
     return offered
 
 
-def pack_hint(host: HostFingerprint, spec_sha256: str) -> str | None:
-    """One line when a pack fitting this host and run is on offer and not installed, else None."""
+def fitting_pack(host: HostFingerprint, spec_sha256: str) -> Path | None:
+    """A pack on offer made for this run's spec that fits `host` and is not installed, if any."""
     installed = {p.manifest.content_digest for p in installed_packs()}
     for offer in available_packs(host, spec_sha256):
-        if offer.fits and offer.manifest.key.spec_sha256 == spec_sha256:
+        key = offer.manifest.key
+        if offer.fits and key.spec_sha256 == spec_sha256:
             if offer.manifest.content_digest not in installed:
-                return (
-                    f"a compile-cache pack fits this run and is not installed: "
-                    f"dllm cache install {offer.path} (the first step then skips compiling)"
-                )
+                return offer.path
     return None
