@@ -5,7 +5,8 @@
 # (train_step benchmark), train-best (ours at micro-batch 2 against the baseline at 1), train-mb2,
 # train-exp (profile + variants), flex-tune, tests2 (2-GPU tests), cp (CSBP vs CP throughput),
 # search1/search2 (longest context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an
-# allocator snapshot). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh machine with deps.
+# allocator snapshot), packs (first-step compile overhead of the 1.7B / 8K shape in a fresh home,
+# cold and then with a compile-cache pack made from the cold run). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh machine with deps.
 # CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
 # CSBP's merge op: the jit backend builds the bundle's CUDA sources in place (CP_KERNELS=reference
 # for the pure-torch merge, which keeps float32 copies of both partial outputs for its backward).
@@ -67,6 +68,9 @@ for stage in "$@"; do
       for f in /tmp/snapshots/*/memory_rank0.txt; do  # the summaries the benchmark wrote
         cp "$f" "$OUT/$(basename "$(dirname "$f")").txt" && head -12 "$f"
       done ;;
+    packs) # target: with the pack, first step - median step <= 5 s (exit 1 when missed)
+      python3 benchmarks/first_step.py --out "$OUT/packs" 2>&1 | tee "$OUT/packs.log" | tail -40
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

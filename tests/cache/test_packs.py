@@ -147,7 +147,7 @@ def test_doctor_and_launch_name_a_fitting_pack_that_is_not_installed(cli, tmp_pa
     """`dllm doctor --config` (whose warnings `dllm launch` prints) offers a pack made for this
     spec on this kind of host, and stops once it is installed."""
     from tests.train.util import write_config
-    from turbo_dllm.cache.key import host_pack_key, spec_digest
+    from turbo_dllm.cache.key import compile_relevant, host_pack_key, spec_digest
     from turbo_dllm.cache.packs import make_pack
     from turbo_dllm.config.load import load_runspec
     from turbo_dllm.host import collect_fingerprint
@@ -155,14 +155,18 @@ def test_doctor_and_launch_name_a_fitting_pack_that_is_not_installed(cli, tmp_pa
     for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "DLLM_COMPILE_CACHE"):
         monkeypatch.delenv(name, raising=False)
     config = write_config(tmp_path / "train.yaml", "training.compile=true")
-    other = write_config(tmp_path / "other.yaml", "training.compile=true", "objective.block_size=16")
+    other = write_config(
+        tmp_path / "other.yaml", "training.compile=true", "objective.block_size=16"
+    )
     made = tmp_path / "made" / "inductor" / "ab"
     made.mkdir(parents=True)
     (made / "cabc.py").write_text("# a compiled graph\n")
-    key = host_pack_key(
-        collect_fingerprint(apply_overrides=False), spec_digest(load_runspec(config))
+    spec = load_runspec(config)
+    key = host_pack_key(collect_fingerprint(apply_overrides=False), spec_digest(spec))
+    path, made_manifest = make_pack(
+        {"inductor": made.parent}, tmp_path / "offered", key, spec=compile_relevant(spec)
     )
-    path, _ = make_pack({"inductor": made.parent}, tmp_path / "offered", key)
+    assert json.loads(made_manifest.spec)["data"] == {"seq_len": 64}
     monkeypatch.setenv("DLLM_PACK_PATH", str(tmp_path / "offered"))
 
     def compile_check(config_file):
@@ -176,3 +180,16 @@ def test_doctor_and_launch_name_a_fitting_pack_that_is_not_installed(cli, tmp_pa
     assert compile_check(config)["status"] == "pass"
     refused = cli("cache", "install", path, "--config", other)
     assert_user_error(refused, "spec: host ")
+
+
+def test_warm_needs_a_config(cli, tmp_path):
+    assert_user_error(cli("cache", "pack", "--warm", "--out", tmp_path), "--config")
+
+
+def test_the_cache_modules_import_no_torch():
+    program = (
+        "import sys, turbo_dllm.cache.key, turbo_dllm.cache.packs, turbo_dllm.cache.warm, "
+        "turbo_dllm.cli.cache; print('torch' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert proc.stdout.strip() == "False", proc.stderr

@@ -185,8 +185,9 @@ def make_pack(
             f"the compile caches are empty ({listed}): nothing to pack",
             hint="run the recipe once (or pass --warm to run its first step), then pack",
         )
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":")) if spec is not None else None
     manifest = PackManifest(
-        key=key, spec=spec, created_by=f"turbo-dllm {__version__}", files=tuple(files)
+        key=key, spec=text, created_by=f"turbo-dllm {__version__}", files=tuple(files)
     )
     with tempfile.TemporaryDirectory(prefix="dllm-pack-") as tmp:
         root = Path(tmp)

@@ -21,7 +21,8 @@ def warm_caches(config: Path, overrides: list[str], root: Path, world_size: int)
     """Train one step of `config` with its compile caches under `root`; returns the toolchain
     folder holding `inductor/` and `triton/`."""
     args = ["train", "--config", str(config), "--run-dir", str(root / "run")]
-    for override in [*overrides, "training.steps=1"]:
+    # One step; what only shapes later steps (the warm-up length, checkpoints) must allow it.
+    for override in [*overrides, "training.steps=1", "scheduler.warmup_steps=0"]:
         args += ["--set", override]
     if world_size > 1:
         command = [

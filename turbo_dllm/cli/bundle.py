@@ -39,6 +39,14 @@ def register(subparsers) -> None:
     p.add_argument("--release", required=True)
     p.add_argument("--mirror", required=True, type=Path, help="mirror folder (created if needed)")
     p.add_argument("--lock", type=Path, help="also pin the release in this releases.lock")
+    p.add_argument(
+        "--pack",
+        action="append",
+        dest="packs",
+        default=[],
+        type=Path,
+        help="also publish this compile-cache pack in MIRROR/packs/ (repeatable)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_publish)
 
@@ -191,7 +199,7 @@ def _publish(args) -> int:
     from turbo_dllm.bundles.catalog import pin_release
     from turbo_dllm.bundles.publish import publish
 
-    result = publish(args.archives, release=args.release, mirror=args.mirror)
+    result = publish(args.archives, release=args.release, mirror=args.mirror, packs=args.packs)
     pinned = pin_release(args.lock, args.release, result.catalog_sha256) if args.lock else None
     if args.json:
         emit_json(
@@ -201,6 +209,7 @@ def _publish(args) -> int:
                 "catalog_sha256": result.catalog_sha256,
                 "added": [str(e.target) for e in result.added],
                 "unchanged": [str(e.target) for e in result.unchanged],
+                "packs": [str(p) for p in result.packs],
                 "pinned": pinned,
             }
         )
@@ -209,6 +218,8 @@ def _publish(args) -> int:
         print(f"added     {entry.file}")
     for entry in result.unchanged:
         print(f"unchanged {entry.file}")
+    for pack in result.packs:
+        print(f"pack      {pack.name}")
     print(f"catalog   {result.catalog}")
     print(f"sha256    {result.catalog_sha256}")
     if args.lock:
