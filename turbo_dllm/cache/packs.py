@@ -382,7 +382,9 @@ def install_pack(
             if target.exists():
                 continue
             target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(Path(tmp) / "pack" / entry.path, target)
+            # A rename where staging and cache share a file system; a copy where the user put
+            # the two caches on different ones.
+            shutil.move(Path(tmp) / "pack" / entry.path, target)
             added += 1
     record = InstalledPack(
         sha256,

@@ -40,7 +40,13 @@ def warm_caches(config: Path, overrides: list[str], root: Path, world_size: int)
             f"the warm-up step of {config} failed (exit {proc.returncode})",
             hint=f"run `dllm train --config {config} --set training.steps=1` to see why",
         )
-    folders = [p for p in (root / "cache").iterdir() if p.is_dir()]
+    cache = root / "cache"
+    folders = [p for p in cache.iterdir() if p.is_dir()] if cache.is_dir() else []
+    if not folders:
+        raise DllmError(
+            f"the warm-up step of {config} compiled nothing",
+            hint="nothing compiles on CPU unless training.compile is true",
+        )
     if len(folders) != 1:
-        raise DllmError(f"the warm-up step left {len(folders)} compile caches in {root / 'cache'}")
+        raise DllmError(f"the warm-up step left {len(folders)} compile caches in {cache}")
     return folders[0]
