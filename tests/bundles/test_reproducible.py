@@ -5,12 +5,16 @@ published catalog; the first release pinned in releases.lock is one anyone can r
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import assert_user_error
 from turbo_dllm.bundles.archive import extract_bundle
-from turbo_dllm.bundles.build import build_bundle
 from turbo_dllm.bundles.catalog import parse_catalog, read_releases_lock, sha256_bytes
 from turbo_dllm.bundles.publish import publish
 from turbo_dllm.bundles.resources import shipped_path
@@ -19,19 +23,33 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture
-def second_build(tmp_path, monkeypatch):
-    """The same target built again: another DLLM_HOME (so nothing is reused from the build
-    cache), another output folder, a later time."""
-    monkeypatch.setenv("DLLM_HOME", str(tmp_path / "other-home"))
-    return build_bundle(tmp_path / "elsewhere" / "out")
+def second_build(tmp_path):
+    """The same target built again from a copy of the sources in another folder, with another
+    DLLM_HOME (nothing reused from the build cache) and output folder, at a later time."""
+    checkout = tmp_path / "elsewhere" / "checkout"
+    for name in ("turbo_dllm", "native", "bundles", "manifests"):
+        shutil.copytree(
+            ROOT / name, checkout / name, symlinks=True,
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )  # fmt: skip
+    out = tmp_path / "elsewhere" / "out"
+    env = {**os.environ, "PYTHONPATH": str(checkout), "DLLM_HOME": str(tmp_path / "other-home")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "turbo_dllm", "bundle", "build", "--out", str(out), "--json"],
+        cwd=checkout, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    built = json.loads(proc.stdout)
+    assert built["archive"].startswith(str(out))
+    return Path(built["archive"]), built["sha256"]
 
 
 def test_two_builds_are_byte_identical(cpu_bundle, second_build, tmp_path):
-    assert second_build.archive.parent != cpu_bundle.archive.parent
-    assert second_build.sha256 == cpu_bundle.sha256
-    assert second_build.archive.read_bytes() == cpu_bundle.archive.read_bytes()
-    # No folder of the build host inside the library (what -ffile-prefix-map removes).
-    manifest = extract_bundle(second_build.archive, tmp_path / "x")
+    archive, sha256 = second_build
+    assert sha256 == cpu_bundle.sha256
+    assert archive.read_bytes() == cpu_bundle.archive.read_bytes()
+    # No folder of either build host inside the library (what -ffile-prefix-map removes).
+    manifest = extract_bundle(archive, tmp_path / "x")
     library = (tmp_path / "x" / manifest.ops[0].library).read_bytes()
     import torch
 
@@ -71,3 +89,11 @@ def test_first_release_is_pinned_and_its_catalog_ships(cpu_bundle):
         for entry in catalog.bundles:
             if entry.target == cpu_bundle.target:
                 assert entry.sha256 == cpu_bundle.sha256, (release, entry.file)
+
+
+def test_build_check_names_a_catalog_without_this_hosts_target(cli, tmp_path):
+    """Refused before anything compiles: the catalog must list the target this host builds."""
+    catalog = tmp_path / "catalog.toml"
+    catalog.write_text('format = "turbo_dllm.catalog.v1"\nrelease = "v-none"\nbundles = []\n')
+    result = cli("bundle", "build", "--check", catalog)
+    assert_user_error(result, "release v-none has no bundle for", "lists: none")

@@ -76,3 +76,12 @@ def test_requirements_from_a_mirror_use_its_index_and_pin_the_project(cli, tmp_p
     assert f"--index-url {(root / 'simple').as_uri()}/" in lines
     assert not any("pypi.org" in line or "download.pytorch.org" in line for line in lines)
     assert f"turbo-dllm==0.1.0 --hash=sha256:{'ab' * 32}" in lines
+
+
+def test_from_environment_refuses_resolution_flags(cli, tmp_path):
+    from tests.helpers import assert_user_error
+
+    result = cli("env", "lock", "--target", "cpu-x86_64", "--from-environment", "--torch", "2.11.0",
+                 "--output", tmp_path / "x.toml")  # fmt: skip
+    assert_user_error(result, "--torch")
+    assert not (tmp_path / "x.toml").exists()

@@ -173,16 +173,18 @@ def check_build(
     except OSError as error:
         raise DllmError(f"cannot read the catalog {catalog_file}: {error.strerror}") from None
     catalog = parse_catalog(data, str(catalog_file))
+    # Which entry this host rebuilds, known before minutes of compiling.
+    _, bundle_target = pick_build_target(target, collect_fingerprint(apply_overrides=False))
+    entry = next((e for e in catalog.bundles if e.target == bundle_target), None)
+    if entry is None:
+        listed = ", ".join(str(e.target) for e in catalog.bundles) or "none"
+        raise DllmError(
+            f"release {catalog.release} has no bundle for {bundle_target}, the target this "
+            f"host builds (the catalog lists: {listed})",
+            hint="rebuild under the Python and torch of a listed target",
+        )
     with tempfile.TemporaryDirectory(prefix="dllm-build-check-") as tmp:
         result = build_bundle(Path(tmp), target=target, verbose=verbose, log=log)
-        entry = next((e for e in catalog.bundles if e.target == result.target), None)
-        if entry is None:
-            listed = ", ".join(str(e.target) for e in catalog.bundles) or "none"
-            raise DllmError(
-                f"release {catalog.release} has no bundle for {result.target}, the target this "
-                f"host builds (the catalog lists: {listed})",
-                hint="rebuild under the Python and torch of a listed target",
-            )
         differing = None
         published = catalog_file.parent.parent.parent / "bundles" / entry.file
         if entry.sha256 != result.sha256 and published.is_file():

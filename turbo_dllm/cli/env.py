@@ -123,9 +123,31 @@ def _mirror(location):
 
 def _lock(args) -> int:
     from turbo_dllm.envs.lock import DEFAULT_EXTRAS, DEFAULT_INDEX, LockRequest, lock_environment
+    from turbo_dllm.errors import DllmError
 
     if args.from_environment:
         from turbo_dllm.envs.freeze import lock_from_environment
+
+        resolving = {
+            "--python-version": args.python_version,
+            "--torch": args.torch,
+            "--cuda": args.cuda,
+            "--extra": args.extras,
+            "--index-url": args.index_url,
+            "--no-index": args.no_index,
+            "--extra-index-url": args.extra_index_url,
+            "--no-torch-index": args.no_torch_index,
+            "--find-links": args.find_links,
+            "--python-platform": args.python_platform,
+            "--offline": args.offline,
+        }
+        given = [flag for flag, value in resolving.items() if value]
+        if given:
+            raise DllmError(
+                f"--from-environment locks what is installed; {', '.join(given)} only "
+                "shape a resolution",
+                hint="drop them, or drop --from-environment to resolve with uv",
+            )
 
         manifest = lock_from_environment(args.target)
         return _write_manifest(args, manifest)
