@@ -2,10 +2,12 @@
 dllm compile cache, compile, print torch's cache counters as JSON on the last line."""
 
 import json
+import sys
 
 from turbo_dllm.train.compile_cache import use_compile_cache
 
 if __name__ == "__main__":
+    device = sys.argv[1] if len(sys.argv) > 1 else "cpu"  # cuda: Triton kernels too
     use_compile_cache()
     import torch
     from torch._dynamo.utils import counters
@@ -13,6 +15,7 @@ if __name__ == "__main__":
     def step(x, w):
         return torch.nn.functional.silu(x @ w).sum(-1)
 
-    out = torch.compile(step)(torch.randn(8, 16), torch.randn(16, 16))
+    x, w = torch.randn(8, 16, device=device), torch.randn(16, 16, device=device)
+    out = torch.compile(step)(x, w)
     assert out.shape == (8,)
     print(json.dumps({k: dict(counters[k]) for k in ("inductor", "aot_autograd")}))

@@ -20,12 +20,12 @@ PROBE = Path(__file__).with_name("compile_probe.py")
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _compile_run(home: Path) -> dict:
+def _compile_run(home: Path, device: str = "cpu") -> dict:
     env = {**os.environ, "DLLM_HOME": str(home), "PYTHONPATH": str(ROOT)}
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "DLLM_COMPILE_CACHE"):
         env.pop(variable, None)
     proc = subprocess.run(
-        [sys.executable, str(PROBE)], env=env, capture_output=True, text=True, timeout=300
+        [sys.executable, str(PROBE), device], env=env, capture_output=True, text=True, timeout=300
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -193,3 +193,27 @@ def test_the_cache_modules_import_no_torch():
     )
     proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
     assert proc.stdout.strip() == "False", proc.stderr
+
+
+@pytest.mark.gpu
+def test_a_gpu_pack_carries_the_triton_kernels(cli, tmp_path, isolated_home):
+    """On CUDA the pack holds Triton's compiled kernels too; the next run in a fresh home only
+    hits the caches."""
+    home = tmp_path / "gpu-home"
+    cold = _compile_run(home, "cuda")
+    assert cold["inductor"].get("fxgraph_cache_miss", 0) > 0
+    env = {**os.environ, "DLLM_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    made = subprocess.run(
+        [sys.executable, "-m", "turbo_dllm", "cache", "pack", "--out", str(tmp_path), "--json"],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    path = Path(json.loads(made.stdout)["pack"])
+    from turbo_dllm.cache.packs import read_pack_manifest
+
+    manifest = read_pack_manifest(path)
+    assert manifest.key.gpus and manifest.key.cuda
+    assert any(f.path.startswith("triton/") for f in manifest.files)
+    assert cli("cache", "install", path).code == 0
+    warm = _compile_run(isolated_home, "cuda")
+    assert warm["inductor"].get("fxgraph_cache_miss", 0) == 0, warm
+    assert warm["inductor"]["fxgraph_cache_hit"] == cold["inductor"]["fxgraph_cache_miss"]
