@@ -85,3 +85,28 @@ def test_from_environment_refuses_resolution_flags(cli, tmp_path):
                  "--output", tmp_path / "x.toml")  # fmt: skip
     assert_user_error(result, "--torch")
     assert not (tmp_path / "x.toml").exists()
+
+
+def test_a_wheel_whose_hash_the_installer_recorded_becomes_a_pin(tmp_path, monkeypatch):
+    """pip records `archive_info.hashes` in direct_url.json for a wheel installed from a file or
+    URL: then the manifest pins that wheel's sha256, not just the installed files."""
+    from turbo_dllm.envs.freeze import lock_from_environment
+
+    info = tmp_path / "site" / "dllm_fixture_pinned-1.2.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: dllm-fixture-pinned\nVersion: 1.2.0\n"
+    )
+    (info / "RECORD").write_text("dllm_fixture_pinned-1.2.0.dist-info/METADATA,,\n")
+    wheel = "dllm_fixture_pinned-1.2.0-py3-none-any.whl"
+    (info / "direct_url.json").write_text(
+        json.dumps(
+            {"url": f"file:///wheels/{wheel}", "archive_info": {"hashes": {"sha256": "cd" * 32}}}
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    manifest = lock_from_environment("cpu-x86_64")
+    pin = manifest.pin("dllm-fixture-pinned")
+    assert pin is not None and pin.version == "1.2.0"
+    assert [(w.filename, w.sha256) for w in pin.wheels] == [(wheel, "cd" * 32)]
+    assert "dllm-fixture-pinned" not in {p.name for p in manifest.provided}

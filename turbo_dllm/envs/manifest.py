@@ -262,5 +262,6 @@ def dump_manifest(manifest: EnvManifest) -> str:
             wheels.append(inline)
         table["wheels"] = wheels
         packages.append(table)
-    doc["packages"] = packages
+    if data["packages"]:  # an empty array of tables would print as `packages = []`, first
+        doc["packages"] = packages
     return tomlkit.dumps(doc)
