@@ -138,6 +138,8 @@ def test_a_mirror_carries_packs_and_offers_them(pack, cli, tmp_path, monkeypatch
     )
     (carried,) = [f for f in index.files if f.kind == "pack"]
     assert carried.path == f"packs/{pack[0].name}"
+    verified = cli("mirror", "verify", root)
+    assert verified.code == 0, verified.out + verified.err
     monkeypatch.setenv("DLLM_BUNDLE_INDEX", str(root))
     offered = json.loads(cli("cache", "list", "--available", "--json").out)["available"]
     assert offered == [{"path": str(root / carried.path), "fits": True, "differences": []}]
