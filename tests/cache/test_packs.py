@@ -219,3 +219,24 @@ def test_a_gpu_pack_carries_the_triton_kernels(cli, tmp_path, isolated_home):
     warm = _compile_run(isolated_home, "cuda")
     assert warm["inductor"].get("fxgraph_cache_miss", 0) == 0, warm
     assert warm["inductor"]["fxgraph_cache_hit"] == cold["inductor"]["fxgraph_cache_miss"]
+
+
+def test_remove_takes_away_only_what_the_install_added(cli, tmp_path):
+    from turbo_dllm.cache.key import host_pack_key
+    from turbo_dllm.cache.packs import make_pack
+    from turbo_dllm.host import collect_fingerprint
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    source = tmp_path / "inductor" / "ab"
+    source.mkdir(parents=True)
+    for name in ("c1.py", "c2.py"):
+        (source / name).write_text(f"# {name}\n")
+    key = host_pack_key(collect_fingerprint(apply_overrides=False), None)
+    path, _ = make_pack({"inductor": source.parent}, tmp_path / "packs", key)
+    mine = compile_cache_dir() / "inductor" / "ab" / "c1.py"  # already in this host's cache
+    mine.parent.mkdir(parents=True)
+    mine.write_text("# c1.py\n")
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 1
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 0
+    assert "1 files deleted" in cli("cache", "remove", path.name).out
+    assert mine.is_file() and not (mine.parent / "c2.py").exists()

@@ -66,6 +66,7 @@ PACK_PREFIX = "turbo-dllm-compile-"
 PACKS_VARIABLE = "DLLM_PACK_PATH"  # folders (":"-separated) that hold packs to offer
 CACHES = ("inductor", "triton")
 MAX_PACK_JSON_BYTES = 64 * 1024 * 1024  # a large model's cache lists tens of thousands of files
+MAX_PACK_BYTES = 64 * 1024**3  # unpacked; a 1.7B recipe's caches are well under 1 GB
 _CHUNK = 1024 * 1024
 
 
@@ -118,6 +119,7 @@ class InstalledPack(NamedTuple):
     caches: dict[str, str]  # cache name -> the folder its files went into
     installed_at: str
     source: str
+    added: tuple[str, ...]  # the pack's files this install wrote (the others were there already)
 
     @property
     def short_sha(self) -> str:
@@ -129,6 +131,7 @@ class InstalledPack(NamedTuple):
             "file": self.manifest.file_name,
             "key": self.manifest.key.model_dump(mode="json"),
             "files": len(self.manifest.files),
+            "added": len(self.added),
             "bytes": self.manifest.total_size,
             "caches": self.caches,
             "installed_at": self.installed_at,
@@ -258,6 +261,10 @@ def _extract(path: Path, dest: Path) -> PackManifest:
                         handle = tar.extractfile(member)
                         assert handle is not None
                         manifest = _parse(handle.read(), label)
+                        if manifest.total_size > MAX_PACK_BYTES:
+                            raise PackRejected(
+                                f"{label}: unpacks to {manifest.total_size} bytes, over the cap"
+                            )
                         expected = {f.path: (f.sha256, f.size) for f in manifest.files}
                         continue
                     name = member.name
@@ -320,7 +327,12 @@ def installed_packs() -> list[InstalledPack]:
             manifest = PackManifest.model_validate(data["manifest"])
             packs.append(
                 InstalledPack(
-                    path.stem, manifest, data["caches"], data["installed_at"], data["source"]
+                    path.stem,
+                    manifest,
+                    data["caches"],
+                    data["installed_at"],
+                    data["source"],
+                    tuple(data["added"]),
                 )
             )
         except (OSError, ValueError, KeyError, RecordError) as error:
@@ -371,7 +383,7 @@ def install_pack(
             "compile",
         )
     sha256 = sha256_file(path)
-    added = 0
+    added: list[str] = []
     with tempfile.TemporaryDirectory(prefix=".dllm-pack-", dir=_staging_root(caches)) as tmp:
         manifest = _extract(path, Path(tmp) / "pack")
         if manifest.key.differences(host, spec_sha256):  # the checked copy must say the same
@@ -385,13 +397,17 @@ def install_pack(
             # A rename where staging and cache share a file system; a copy where the user put
             # the two caches on different ones.
             shutil.move(Path(tmp) / "pack" / entry.path, target)
-            added += 1
+            added.append(entry.path)
+    # Installing again keeps what the first install added (so `remove` still removes it).
+    earlier = next((p for p in installed_packs() if p.sha256 == sha256), None)
+    owned = sorted({*added, *(earlier.added if earlier else ())})
     record = InstalledPack(
         sha256,
         manifest,
         {name: str(folder) for name, folder in caches.items()},
         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         str(path),
+        tuple(owned),
     )
     from turbo_dllm.fsutil import write_atomic
 
@@ -404,11 +420,12 @@ def install_pack(
                 "caches": record.caches,
                 "installed_at": record.installed_at,
                 "source": record.source,
+                "added": list(record.added),
             },
             indent=1,
         ),
     )
-    return record, added
+    return record, len(added)
 
 
 def _staging_root(caches: dict[str, Path]) -> Path:
@@ -434,8 +451,9 @@ def verify_pack(pack: InstalledPack) -> list[str]:
 
 
 def remove_pack(pack: InstalledPack) -> int:
-    """Delete the pack's files that are still intact and that no other installed pack lists,
-    then its record; returns how many files were deleted."""
+    """Delete the files this pack's install added that are still intact and that no other
+    installed pack lists, then its record; returns how many files were deleted. Files that were
+    in the cache before the install stay."""
     from turbo_dllm.bundles.fetch import sha256_file
 
     others = {
@@ -445,7 +463,10 @@ def remove_pack(pack: InstalledPack) -> int:
         for f in p.manifest.files
     }
     removed = 0
+    added = set(pack.added)
     for entry in pack.manifest.files:
+        if entry.path not in added:
+            continue
         cache, _, relative = entry.path.partition("/")
         path = Path(pack.caches[cache]) / relative
         if path in others or not path.is_file() or sha256_file(path) != entry.sha256:
