@@ -57,10 +57,12 @@ def test_two_builds_are_byte_identical(cpu_bundle, second_build, tmp_path):
         assert str(folder).encode() not in library, folder
 
 
-def test_build_check_against_a_published_catalog(cli_process, cpu_bundle, tmp_path):
+def test_build_check_against_a_published_catalog(cli_process, cpu_bundle, build_home, tmp_path):
     root = tmp_path / "mirror"
     catalog = publish([cpu_bundle.archive], release="v-check", mirror=root).catalog
-    result = cli_process("bundle", "build", "--check", catalog, "--json")
+    # The first build's cache: the rebuild relinks (the cold rebuild is the test above).
+    home = {"DLLM_HOME": str(build_home)}
+    result = cli_process("bundle", "build", "--check", catalog, "--json", env=home)
     assert result.code == 0, result.err
     report = json.loads(result.out)
     assert report["identical"] and report["sha256"] == cpu_bundle.sha256
@@ -69,7 +71,7 @@ def test_build_check_against_a_published_catalog(cli_process, cpu_bundle, tmp_pa
     tampered = tmp_path / "releases" / "v-check" / "catalog.toml"
     tampered.parent.mkdir(parents=True)
     tampered.write_text(catalog.read_text().replace(cpu_bundle.sha256, "0" * 64))
-    result = cli_process("bundle", "build", "--check", tampered)
+    result = cli_process("bundle", "build", "--check", tampered, env=home)
     assert result.code == 1 and "DIFFERENT" in result.out and "0" * 64 in result.out
 
 
