@@ -111,8 +111,9 @@ def host_pack_key(host: HostFingerprint, spec_sha256: str | None) -> PackKey:
 def compile_relevant(spec: Any) -> dict[str, Any]:
     """The compile-relevant part of a RunSpec (a pydantic model or its JSON dict).
 
-    A model given as a local folder is represented by its config.json (minus the keys that do
-    not shape the model), not its path: the same model in another folder compiles the same.
+    A model given as a local folder (or a preset given as a config.json path) is represented by
+    its config.json (minus the keys that do not shape the model), not its path: the same model
+    in another folder compiles the same.
     """
     document = spec if isinstance(spec, dict) else spec.model_dump(mode="json")
     part: dict[str, Any] = {}
@@ -123,14 +124,21 @@ def compile_relevant(spec: Any) -> dict[str, Any]:
         else:
             part[section] = {f: value.get(f) for f in fields}
     model = document.get("model") or {}
+    preset = model.get("from_config")
     if model.get("path"):
-        config = Path(model["path"]) / "config.json"
-        try:
-            shape = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            shape = {"unreadable_config": str(config)}
-        part["model"]["config"] = {k: v for k, v in sorted(shape.items()) if k not in _CONFIG_NOISE}
+        part["model"]["config"] = _model_shape(Path(model["path"]) / "config.json")
+    elif isinstance(preset, str) and preset.endswith(".json"):  # a config.json given by path
+        part["model"]["from_config"] = None
+        part["model"]["config"] = _model_shape(Path(preset))
     return part
+
+
+def _model_shape(config: Path) -> dict[str, Any]:
+    try:
+        shape = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {"unreadable_config": str(config)}
+    return {k: v for k, v in sorted(shape.items()) if k not in _CONFIG_NOISE}
 
 
 def spec_digest(spec: Any) -> str:
