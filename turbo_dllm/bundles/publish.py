@@ -4,11 +4,6 @@ Mirror layout (served as is over HTTP, or used as a folder / file:// index):
 
     MIRROR/bundles/turbo-dllm-kernels-<version>-<target>.tar.zst
     MIRROR/releases/<release>/catalog.toml
-    MIRROR/packs/turbo-dllm-compile-<...>.tar.zst     compile-cache packs, e.g. for the packaged
-                                                      GPU recipes (`dllm cache pack`)
-
-Packs are not catalog entries (each is keyed and verified on its own, see turbo_dllm.cache);
-publishing one verifies every member against its pack.json first.
 
 Every archive is fully extracted and verified before it is published. Published bytes never
 change: an existing file or catalog entry with other bytes is refused, not replaced.
@@ -47,16 +42,12 @@ class PublishResult:
     catalog_sha256: str
     added: list[CatalogEntry] = field(default_factory=list)
     unchanged: list[CatalogEntry] = field(default_factory=list)
-    packs: list[Path] = field(default_factory=list)
 
 
-def publish(
-    archives: list[Path], *, release: str, mirror: Path, packs: list[Path] = ()
-) -> PublishResult:
+def publish(archives: list[Path], *, release: str, mirror: Path) -> PublishResult:
     check_release(release)
     if not archives:
         raise DllmError("nothing to publish: pass one or more bundle archives")
-    checked_packs = [(pack, _checked_pack_name(pack)) for pack in packs]  # before any copy
     mirror.mkdir(parents=True, exist_ok=True)
     catalog_file = mirror / catalog_path(release)
     if catalog_file.exists():
@@ -82,30 +73,13 @@ def publish(
             added.append(entry)
         else:
             unchanged.append(entry)
-    published_packs = [_copy_pack(pack, name, mirror) for pack, name in checked_packs]
     text = dump_catalog(Catalog(release=release, bundles=tuple(entries.values())))
     data = text.encode()
     # Validate what we are about to publish with the same parser installs use.
     parse_catalog(data, str(catalog_file))
     catalog_file.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(catalog_file, data)
-    return PublishResult(
-        release, catalog_file, sha256_bytes(data), added, unchanged, published_packs
-    )
-
-
-def _checked_pack_name(pack: Path) -> str:
-    from turbo_dllm.cache.packs import verify_pack_archive
-
-    if not pack.is_file():
-        raise DllmError(f"no such pack: {pack}")
-    return verify_pack_archive(pack).file_name
-
-
-def _copy_pack(pack: Path, name: str, mirror: Path) -> Path:
-    dest = mirror / "packs" / name
-    _copy_immutable(pack, dest)
-    return dest
+    return PublishResult(release, catalog_file, sha256_bytes(data), added, unchanged)
 
 
 def _checked_entry(archive: Path) -> CatalogEntry:

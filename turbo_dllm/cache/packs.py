@@ -48,10 +48,13 @@ __all__ = [
     "PackManifest",
     "PackRejected",
     "available_packs",
+    "check_packs",
+    "copy_packs",
     "find_installed",
     "install_pack",
     "installed_packs",
     "make_pack",
+    "publish_packs",
     "pack_folders",
     "fitting_pack",
     "read_pack_manifest",
@@ -311,6 +314,47 @@ def verify_pack_archive(path: Path) -> PackManifest:
     folder that is then removed); its manifest, or PackRejected."""
     with tempfile.TemporaryDirectory(prefix="dllm-pack-check-") as tmp:
         return _extract(path, Path(tmp) / "pack")
+
+
+def check_packs(packs: list[Path]) -> list[tuple[Path, str]]:
+    """(path, published name) of each pack, each verified completely (PackRejected if not)."""
+    checked = []
+    for pack in packs:
+        if not pack.is_file():
+            raise DllmError(f"no such pack: {pack}")
+        checked.append((pack, verify_pack_archive(pack).file_name))
+    return checked
+
+
+def copy_packs(checked: list[tuple[Path, str]], mirror: Path) -> list[Path]:
+    """Copy checked packs into `mirror/packs/`. Published bytes never change: a file of that
+    name with other bytes is refused (a pack's name ends with its content digest)."""
+    from turbo_dllm.bundles.fetch import sha256_file
+
+    published = []
+    for pack, name in checked:
+        dest = mirror / "packs" / name
+        if dest.exists():
+            if sha256_file(dest) != sha256_file(pack):
+                raise DllmError(
+                    f"{dest} already exists with other bytes",
+                    hint="published files never change; one of the two packs is damaged",
+                )
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{name}.tmp-{os.getpid()}")
+            try:
+                shutil.copyfile(pack, tmp)
+                tmp.replace(dest)
+            finally:
+                tmp.unlink(missing_ok=True)
+        published.append(dest)
+    return published
+
+
+def publish_packs(packs: list[Path], mirror: Path) -> list[Path]:
+    """Verify every pack, then (only if all pass) copy them into `mirror/packs/`."""
+    return copy_packs(check_packs(packs), mirror)
 
 
 # --- installed packs ------------------------------------------------------------------------

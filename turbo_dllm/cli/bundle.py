@@ -199,7 +199,19 @@ def _publish(args) -> int:
     from turbo_dllm.bundles.catalog import pin_release
     from turbo_dllm.bundles.publish import publish
 
-    result = publish(args.archives, release=args.release, mirror=args.mirror, packs=args.packs)
+    checked = []
+    if (
+        args.packs
+    ):  # compile-cache packs (turbo_dllm.cache): all verified before anything is written
+        from turbo_dllm.cache.packs import check_packs
+
+        checked = check_packs(args.packs)
+    result = publish(args.archives, release=args.release, mirror=args.mirror)
+    packs = []
+    if checked:
+        from turbo_dllm.cache.packs import copy_packs
+
+        packs = copy_packs(checked, args.mirror)
     pinned = pin_release(args.lock, args.release, result.catalog_sha256) if args.lock else None
     if args.json:
         emit_json(
@@ -209,7 +221,7 @@ def _publish(args) -> int:
                 "catalog_sha256": result.catalog_sha256,
                 "added": [str(e.target) for e in result.added],
                 "unchanged": [str(e.target) for e in result.unchanged],
-                "packs": [str(p) for p in result.packs],
+                "packs": [str(p) for p in packs],
                 "pinned": pinned,
             }
         )
@@ -218,7 +230,7 @@ def _publish(args) -> int:
         print(f"added     {entry.file}")
     for entry in result.unchanged:
         print(f"unchanged {entry.file}")
-    for pack in result.packs:
+    for pack in packs:
         print(f"pack      {pack.name}")
     print(f"catalog   {result.catalog}")
     print(f"sha256    {result.catalog_sha256}")

@@ -136,15 +136,12 @@ def _inventory(root: Path, kinds: dict[str, FileKind]) -> list[MirrorFile]:
     return files
 
 
-def _carry_packs(packs: list[Path], folder: Path) -> None:
+def _carry_packs(packs: list[Path], staging: Path) -> None:
     """Verify each pack completely (every member against its pack.json) and copy it in."""
-    from turbo_dllm.cache.packs import verify_pack_archive
+    from turbo_dllm.cache.packs import publish_packs
 
-    for pack in packs:
-        manifest = verify_pack_archive(pack)
-        folder.mkdir(exist_ok=True)
-        shutil.copyfile(pack, folder / manifest.file_name)
-        _say(f"pack {manifest.file_name} ({manifest.key.label()})")
+    for path in publish_packs(packs, staging):
+        _say(f"pack {path.name}")
 
 
 def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
@@ -182,7 +179,7 @@ def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
                 page.write_text(text, encoding="utf-8")
         if add_release is not None and plan.release is not None:
             add_release(plan, staging)
-        _carry_packs(plan.packs, staging / "packs")
+        _carry_packs(plan.packs, staging)
         index = MirrorIndex(
             created_by=f"dllm {__version__}",
             release=plan.release,
