@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import subprocess
 import sys
 import tarfile
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.cache.conftest import clean_env
 from tests.helpers import assert_user_error
 
 PROBE = Path(__file__).with_name("compile_probe.py")
@@ -21,9 +21,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _compile_run(home: Path, device: str = "cpu") -> dict:
-    env = {**os.environ, "DLLM_HOME": str(home), "PYTHONPATH": str(ROOT)}
-    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "DLLM_COMPILE_CACHE"):
-        env.pop(variable, None)
+    env = clean_env(DLLM_HOME=str(home), PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, str(PROBE), device], env=env, capture_output=True, text=True, timeout=300
     )
@@ -37,7 +35,7 @@ def pack(tmp_path_factory):
     home = tmp_path_factory.mktemp("pack-home")
     cold = _compile_run(home)
     out = tmp_path_factory.mktemp("packs")
-    env = {**os.environ, "DLLM_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env = clean_env(DLLM_HOME=str(home), PYTHONPATH=str(ROOT))
     proc = subprocess.run(
         [sys.executable, "-m", "turbo_dllm", "cache", "pack", "--out", str(out), "--json"],
         env=env, capture_output=True, text=True, timeout=300,
@@ -154,8 +152,6 @@ def test_doctor_and_launch_name_a_fitting_pack_that_is_not_installed(cli, tmp_pa
     from turbo_dllm.config.load import load_runspec
     from turbo_dllm.host import collect_fingerprint
 
-    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "DLLM_COMPILE_CACHE"):
-        monkeypatch.delenv(name, raising=False)
     config = write_config(tmp_path / "train.yaml", "training.compile=true")
     other = write_config(
         tmp_path / "other.yaml", "training.compile=true", "objective.block_size=16"
@@ -204,7 +200,7 @@ def test_a_gpu_pack_carries_the_triton_kernels(cli, tmp_path, isolated_home):
     home = tmp_path / "gpu-home"
     cold = _compile_run(home, "cuda")
     assert cold["inductor"].get("fxgraph_cache_miss", 0) > 0
-    env = {**os.environ, "DLLM_HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env = clean_env(DLLM_HOME=str(home), PYTHONPATH=str(ROOT))
     made = subprocess.run(
         [sys.executable, "-m", "turbo_dllm", "cache", "pack", "--out", str(tmp_path), "--json"],
         env=env, capture_output=True, text=True, check=True,
