@@ -5,7 +5,9 @@
 # (train_step benchmark), train-best (ours at micro-batch 2 against the baseline at 1), train-mb2,
 # train-exp (profile + variants), flex-tune, tests2 (2-GPU tests), cp (CSBP vs CP throughput),
 # search1/search2 (longest context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an
-# allocator snapshot). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh machine with deps.
+# allocator snapshot), packs (first-step compile overhead of the 1.7B / 8K shape in a fresh home,
+# cold and then with a compile-cache pack made from the cold run), repro (the sm90 bundle built
+# twice in fresh homes and folders: the two archives must be byte-identical). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh machine with deps.
 # CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
 # CSBP's merge op: the jit backend builds the bundle's CUDA sources in place (CP_KERNELS=reference
 # for the pure-torch merge, which keeps float32 copies of both partial outputs for its backward).
@@ -67,6 +69,18 @@ for stage in "$@"; do
       for f in /tmp/snapshots/*/memory_rank0.txt; do  # the summaries the benchmark wrote
         cp "$f" "$OUT/$(basename "$(dirname "$f")").txt" && head -12 "$f"
       done ;;
+    packs) # the CUDA pack test, then the target: with the pack, first step - median step <= 5 s
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/cache 2>&1 | tee "$OUT/packs-tests.log" | tail -5
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      python3 benchmarks/first_step.py --out "$OUT/packs" 2>&1 | tee "$OUT/packs.log" | tail -40
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    repro) # nvcc too must keep this host's paths and times out of the bundle
+      rm -rf /tmp/repro && for i in 1 2; do
+        DLLM_HOME=/tmp/repro/home$i python3 -m turbo_dllm bundle build --target sm90 \
+          --out /tmp/repro/out$i/dist --json > "$OUT/repro-$i.json" 2> "$OUT/repro-$i.log" || status=1
+      done
+      sha256sum /tmp/repro/out*/dist/*.tar.zst | tee "$OUT/repro-sha256.txt"
+      [ "$(cut -d' ' -f1 "$OUT/repro-sha256.txt" | sort -u | wc -l)" -eq 1 ] || { echo "NOT reproducible"; status=1; } ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

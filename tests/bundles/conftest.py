@@ -15,11 +15,17 @@ from turbo_dllm.bundles.publish import publish
 
 
 @pytest.fixture(scope="session")
-def cpu_bundle(tmp_path_factory):
+def build_home(tmp_path_factory):
+    """The DLLM_HOME `cpu_bundle` builds in: its build cache lets a rebuild only relink."""
+    return tmp_path_factory.mktemp("build-home")
+
+
+@pytest.fixture(scope="session")
+def cpu_bundle(tmp_path_factory, build_home):
     """BuildResult of `dllm bundle build --target auto` on this host (built once)."""
     from turbo_dllm.bundles.build import build_bundle
 
-    home = tmp_path_factory.mktemp("build-home")
+    home = build_home
     out = tmp_path_factory.mktemp("build-out")
     saved = os.environ.get("DLLM_HOME")
     os.environ["DLLM_HOME"] = str(home)

@@ -135,3 +135,33 @@ def test_stale_staging_is_swept_by_the_next_operation(installed):
     assert not (store.store_dir / ".staging-deadbeef").exists()
     assert not (store.root / ".active.0123").is_symlink()
     assert store.active().sha256 == installed.sha256
+
+
+def test_a_release_carries_verified_compile_cache_packs(cli, cpu_bundle, tmp_path):
+    """`dllm bundle publish --pack`: packs (e.g. for the packaged GPU recipes) go to
+    MIRROR/packs/ after every member is checked; with a damaged one nothing is written."""
+    from turbo_dllm.cache.key import host_pack_key
+    from turbo_dllm.cache.packs import make_pack
+    from turbo_dllm.host import collect_fingerprint
+
+    cache = tmp_path / "inductor" / "ab"
+    cache.mkdir(parents=True)
+    (cache / "cabc.py").write_text("# compiled\n")
+    key = host_pack_key(collect_fingerprint(apply_overrides=False), None)
+    pack, manifest = make_pack({"inductor": cache.parent}, tmp_path / "packs", key)
+    root = tmp_path / "site"
+    result = cli("bundle", "publish", cpu_bundle.archive, "--release", "v-packs", "--mirror", root,
+                 "--pack", pack, "--json")  # fmt: skip
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["packs"] == [str(root / "packs" / manifest.file_name)]
+    assert (root / "packs" / manifest.file_name).read_bytes() == pack.read_bytes()
+
+    damaged = tmp_path / "damaged" / pack.name
+    damaged.parent.mkdir()
+    data = bytearray(pack.read_bytes())
+    data[-40] ^= 0xFF
+    damaged.write_bytes(bytes(data))
+    result = cli("bundle", "publish", cpu_bundle.archive, "--release", "v-packs2", "--mirror",
+                 tmp_path / "s2", "--pack", damaged)  # fmt: skip
+    assert result.code == 2 and "dllm: error:" in result.err
+    assert not (tmp_path / "s2").exists()  # refused before anything was written

@@ -29,6 +29,7 @@ __all__ = [
     "extract_bundle",
     "extract_stream",
     "pack_bundle",
+    "pack_members",
     "read_archive_manifest",
 ]
 
@@ -44,6 +45,20 @@ class BundleRejected(DllmError):
 
 def pack_bundle(manifest: BundleManifest, files_root: Path, out_path: Path) -> Path:
     """Write `bundle.json` then every listed file into a reproducible `.tar.zst` at `out_path`."""
+    files = [(entry.path, entry.size) for entry in manifest.files]
+    return pack_members(MANIFEST_NAME, manifest.to_json().encode(), files, files_root, out_path)
+
+
+def pack_members(
+    first_name: str,
+    first_data: bytes,
+    files: list[tuple[str, int]],
+    files_root: Path,
+    out_path: Path,
+) -> Path:
+    """A reproducible `.tar.zst`: `first_name` (the archive's manifest) then `files` (relative
+    path, size) from `files_root`, in the given order, with fixed times, owners and modes, so
+    equal inputs give equal bytes. Written to a temporary name and renamed into place."""
     import zstandard
 
     out_path.parent.mkdir(parents=True, exist_ok=True)
@@ -52,11 +67,10 @@ def pack_bundle(manifest: BundleManifest, files_root: Path, out_path: Path) -> P
     try:
         with tmp.open("wb") as raw, compressor.stream_writer(raw, closefd=False) as zst:
             with tarfile.open(fileobj=zst, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                data = manifest.to_json().encode()
-                tar.addfile(_tarinfo(MANIFEST_NAME, len(data)), io.BytesIO(data))
-                for entry in manifest.files:
-                    with (files_root / entry.path).open("rb") as handle:
-                        tar.addfile(_tarinfo(entry.path, entry.size), handle)
+                tar.addfile(_tarinfo(first_name, len(first_data)), io.BytesIO(first_data))
+                for path, size in files:
+                    with (files_root / path).open("rb") as handle:
+                        tar.addfile(_tarinfo(path, size), handle)
         tmp.replace(out_path)
     finally:
         tmp.unlink(missing_ok=True)

@@ -5,6 +5,11 @@ torch reference), copied to `lib/<op>.so`, hashed into `bundle.json` together wi
 hash, torch.ops namespace and the build provenance, and packed into
 `turbo-dllm-kernels-<version>-<target>.tar.zst`. Compiler outputs are cached per namespace under
 `dllm_home()/build`, so rebuilding unchanged sources only relinks.
+
+Builds are reproducible: the same sources built with the same toolchain give a byte-identical
+archive in any folder at any time (the compiler maps this host's folders out of the library,
+`pack_bundle` fixes member order, times and owners). `check_build` is how anyone verifies a
+published entry: rebuild here, compare with the catalog's sha256.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from pathlib import Path
 
 from turbo_dllm import __version__
 from turbo_dllm.bundles.archive import pack_bundle
+from turbo_dllm.bundles.catalog import CatalogEntry
 from turbo_dllm.bundles.fetch import sha256_file
 from turbo_dllm.bundles.manifest import (
     BuildProvenance,
@@ -31,7 +37,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.host import collect_fingerprint
 from turbo_dllm.paths import dllm_home
 
-__all__ = ["BuildResult", "build_bundle"]
+__all__ = ["BuildCheck", "BuildResult", "build_bundle", "check_build"]
 
 
 @dataclass(frozen=True)
@@ -132,3 +138,61 @@ def build_bundle(
         )
         archive = pack_bundle(manifest, staging, out_dir / archive_name(__version__, bundle_target))
     return BuildResult(archive, sha256_file(archive), archive.stat().st_size, manifest)
+
+
+@dataclass(frozen=True)
+class BuildCheck:
+    """A rebuild compared with a published catalog entry."""
+
+    result: BuildResult
+    published: CatalogEntry
+    differing_files: tuple[str, ...] | None  # None when the published archive was not at hand
+
+    @property
+    def identical(self) -> bool:
+        return self.result.sha256 == self.published.sha256
+
+
+def check_build(
+    catalog_file: Path,
+    *,
+    target: str = "auto",
+    verbose: bool = False,
+    log: Callable[[str], None] | None = None,
+) -> BuildCheck:
+    """Rebuild this host's target and compare it with its entry in `catalog_file`.
+
+    When the published archive sits where a mirror keeps it (`<root>/bundles/<file>`, the catalog
+    being `<root>/releases/<release>/catalog.toml`), a mismatch also names the files that differ.
+    """
+    from turbo_dllm.bundles.archive import read_archive_manifest
+    from turbo_dllm.bundles.catalog import parse_catalog
+
+    try:
+        data = catalog_file.read_bytes()
+    except OSError as error:
+        raise DllmError(f"cannot read the catalog {catalog_file}: {error.strerror}") from None
+    catalog = parse_catalog(data, str(catalog_file))
+    # Which entry this host rebuilds, known before minutes of compiling.
+    _, bundle_target = pick_build_target(target, collect_fingerprint(apply_overrides=False))
+    entry = next((e for e in catalog.bundles if e.target == bundle_target), None)
+    if entry is None:
+        listed = ", ".join(str(e.target) for e in catalog.bundles) or "none"
+        raise DllmError(
+            f"release {catalog.release} has no bundle for {bundle_target}, the target this "
+            f"host builds (the catalog lists: {listed})",
+            hint="rebuild under the Python and torch of a listed target",
+        )
+    with tempfile.TemporaryDirectory(prefix="dllm-build-check-") as tmp:
+        result = build_bundle(Path(tmp), target=target, verbose=verbose, log=log)
+        differing = None
+        published = catalog_file.parent.parent.parent / "bundles" / entry.file
+        if entry.sha256 != result.sha256 and published.is_file():
+            theirs = {f.path: f.sha256 for f in read_archive_manifest(published).files}
+            ours = {f.path: f.sha256 for f in result.manifest.files}
+            differing = tuple(
+                sorted(p for p in set(theirs) | set(ours) if theirs.get(p) != ours.get(p))
+            )
+        # Report the rebuilt archive by name only: the temporary folder is gone on return.
+        kept = BuildResult(Path(result.archive.name), result.sha256, result.size, result.manifest)
+    return BuildCheck(kept, entry, differing)

@@ -5,10 +5,17 @@
 in one pass (the archive streams through the safe extractor into staging as it arrives, its
 sha256 computed on the way), then, once the archive's hash is verified, renames the extraction
 into the store and swaps `active`.
+
+`build_and_install` is the explicit alternative (`--build missing`) when no published bundle can
+serve the host (`BundleUnavailable`: no index, an unreachable one, or no fitting entry): it builds
+the bundle from the package's native sources with the local toolchain (each op's self-test runs
+in the build), verifies the archive like a download, and installs it marked "built on this host".
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from typing import BinaryIO, NamedTuple
 
 from turbo_dllm.bundles.archive import BundleRejected, extract_stream
@@ -26,8 +33,13 @@ from turbo_dllm.bundles.catalog import (
 )
 from turbo_dllm.bundles.fetch import Progress, download_unpacked
 from turbo_dllm.bundles.manifest import BundleManifest
-from turbo_dllm.bundles.resolve import Resolution, select_bundle
-from turbo_dllm.bundles.sources import Source, open_source
+from turbo_dllm.bundles.resolve import (
+    BUILD_MISSING_HINT,
+    BundleUnavailable,
+    Resolution,
+    select_bundle,
+)
+from turbo_dllm.bundles.sources import INDEX_VARIABLE, Source, open_source
 from turbo_dllm.bundles.store import (
     DEFAULT_LOCK_TIMEOUT_S,
     BundleStore,
@@ -35,9 +47,20 @@ from turbo_dllm.bundles.store import (
     new_record,
 )
 from turbo_dllm.bundles.target import BundleTarget
+from turbo_dllm.errors import DllmError
 from turbo_dllm.host import HostFingerprint, collect_fingerprint
 
-__all__ = ["InstallPlan", "InstallResult", "install", "plan_install", "run_install"]
+__all__ = [
+    "BUILT_HERE",
+    "InstallPlan",
+    "InstallResult",
+    "build_and_install",
+    "install",
+    "plan_install",
+    "run_install",
+]
+
+BUILT_HERE = "built on this host"
 
 
 class InstallPlan(NamedTuple):
@@ -72,7 +95,7 @@ class InstallPlan(NamedTuple):
 
 
 class InstallResult(NamedTuple):
-    plan: InstallPlan
+    plan: InstallPlan | None  # None for a bundle built on this host
     bundle: InstalledBundle
     previous: InstalledBundle | None
     reused: bool  # the store already held this bundle; nothing was downloaded
@@ -90,11 +113,24 @@ def plan_install(
 ) -> InstallPlan:
     """Fetch and verify the release's catalog and pick the bundle (auto, or `target`)."""
     check_release(release)
+    if not (index or os.environ.get(INDEX_VARIABLE)):
+        raise BundleUnavailable(
+            "no bundle index given",
+            hint=f"pass --index URL or --mirror PATH, or set {INDEX_VARIABLE}; "
+            + BUILD_MISSING_HINT,
+        )
     source = open_source(index, offline=offline)
     lock = releases_lock or read_releases_lock()
     expected = trusted_catalog_sha256(release, lock, catalog_sha256)
     path = catalog_path(release)
-    data = source.read_small(path, MAX_CATALOG_BYTES)
+    try:
+        data = source.read_small(path, MAX_CATALOG_BYTES)
+    except BundleRejected:
+        raise
+    except DllmError as error:  # missing or unreachable: nothing published can be read
+        raise BundleUnavailable(
+            error.message, hint=f"{error.hint or 'check the index'}; {BUILD_MISSING_HINT}"
+        ) from None
     actual = sha256_bytes(data)
     if actual != expected:
         pinned_by = "--catalog-sha256" if catalog_sha256 else "releases.lock"
@@ -169,6 +205,41 @@ def run_install(
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None
     return InstallResult(plan, bundle, previous, reused)
+
+
+def build_and_install(
+    *,
+    store: BundleStore | None = None,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
+    log: Callable[[str], None] | None = None,
+) -> InstallResult:
+    """Build this host's bundle from the package's sources, verify it and make it active."""
+    from turbo_dllm.bundles.archive import extract_bundle
+    from turbo_dllm.bundles.build import build_bundle
+
+    store = store or BundleStore()
+    with store.locked(lock_timeout_s):
+        previous = store.active()
+        with store.staging() as staging:
+            built = build_bundle(staging / "out", log=log)
+            folder = staging / "bundle"
+            # The same checks a downloaded archive gets, so a broken build is never installed.
+            manifest = extract_bundle(built.archive, folder)
+            store.add_extracted(
+                folder,
+                manifest,
+                built.sha256,
+                label=built.archive.name,
+                expect_target=built.target,
+                expect_version=built.manifest.version,
+                record=new_record(
+                    archive_sha256=built.sha256, source=BUILT_HERE, provenance=BUILT_HERE
+                ),
+            )
+        bundle = store.activate(built.sha256)
+    if previous is not None and previous.sha256 == bundle.sha256:
+        previous = None
+    return InstallResult(None, bundle, previous, False)
 
 
 def install(

@@ -14,7 +14,27 @@ from turbo_dllm.bundles.target import BundleTarget, FieldDifference
 from turbo_dllm.errors import DllmError
 from turbo_dllm.host import HostFingerprint
 
-__all__ = ["Candidate", "Resolution", "host_values", "resolve", "select_bundle"]
+__all__ = [
+    "BUILD_MISSING_HINT",
+    "BundleUnavailable",
+    "Candidate",
+    "Resolution",
+    "host_values",
+    "resolve",
+    "select_bundle",
+]
+
+BUILD_MISSING_HINT = (
+    "or build one here from the package's sources: dllm bundle install --auto --build missing"
+)
+
+
+class BundleUnavailable(DllmError):
+    """No published bundle can serve this host: none fits, or there is no index to read.
+
+    The one case `dllm bundle install --build missing` builds for; integrity and trust failures
+    are other errors and never lead to a build.
+    """
 
 
 class Candidate(NamedTuple):
@@ -90,12 +110,11 @@ def select_bundle(
     if len(matches) == 1:
         return matches[0], resolution
     if not matches:
-        raise DllmError(
+        raise BundleUnavailable(
             f"no bundle in release {catalog.release} fits this host\n"
             f"  host: {host_values(host)}\n  candidates:\n{resolution.trace()}",
             hint="install a Python/torch that one of these targets uses, run with "
-            "`kernels: reference`, or build a bundle for this host: "
-            "dllm bundle build --target auto --out DIR",
+            f"`kernels: reference`, {BUILD_MISSING_HINT}",
         )
     raise DllmError(
         f"{len(matches)} bundles in release {catalog.release} fit this host; expected exactly one\n"

@@ -51,6 +51,8 @@ class InstallRecord(Record):
     release: str | None = None
     source: str | None = None
     catalog_sha256: str | None = None
+    # "published" (downloaded from a release) or "built on this host" (`--build missing`).
+    provenance: str = "published"
     installed_at: str
 
 
@@ -87,6 +89,7 @@ class InstalledBundle(NamedTuple):
             "path": str(self.path),
             "release": self.record.release,
             "source": self.record.source,
+            "provenance": self.record.provenance,
             "installed_at": self.record.installed_at,
             "ops": [op.name for op in self.manifest.ops],
         }

@@ -21,7 +21,14 @@ def register(subparsers) -> None:
 
     p = commands.add_parser("build", help="compile the native ops and pack a bundle")
     p.add_argument("--target", default="auto", help="a name from bundles/targets.toml, or auto")
-    p.add_argument("--out", required=True, type=Path, help="folder for the .tar.zst archive")
+    out = p.add_mutually_exclusive_group(required=True)
+    out.add_argument("--out", type=Path, help="folder for the .tar.zst archive")
+    out.add_argument(
+        "--check",
+        type=Path,
+        metavar="CATALOG",
+        help="rebuild and compare with this host's entry in a release catalog.toml",
+    )
     p.add_argument("--op", action="append", dest="ops", help="build only this op (repeatable)")
     p.add_argument("--verbose", action="store_true", help="show compiler commands and output")
     p.add_argument("--json", action="store_true")
@@ -32,6 +39,14 @@ def register(subparsers) -> None:
     p.add_argument("--release", required=True)
     p.add_argument("--mirror", required=True, type=Path, help="mirror folder (created if needed)")
     p.add_argument("--lock", type=Path, help="also pin the release in this releases.lock")
+    p.add_argument(
+        "--pack",
+        action="append",
+        dest="packs",
+        default=[],
+        type=Path,
+        help="also publish this compile-cache pack in MIRROR/packs/ (repeatable)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_publish)
 
@@ -48,6 +63,12 @@ def register(subparsers) -> None:
         "--offline",
         action="store_true",
         help="contact no network host: folders, file:// and 127.0.0.1 only (or DLLM_OFFLINE=1)",
+    )
+    p.add_argument(
+        "--build",
+        choices=["missing"],
+        help="missing: when no published bundle fits (or no index is reachable), build this "
+        "host's bundle from the package's sources, self-test and install it",
     )
     p.add_argument("--dry-run", action="store_true", help="print the choice and stop")
     p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
@@ -106,6 +127,8 @@ def _fingerprint(args) -> int:
 def _build(args) -> int:
     from turbo_dllm.bundles.build import build_bundle
 
+    if args.check:
+        return _build_check(args)
     result = build_bundle(
         args.out,
         target=args.target,
@@ -130,11 +153,65 @@ def _build(args) -> int:
     return 0
 
 
+def _build_check(args) -> int:
+    from turbo_dllm.bundles.build import check_build
+    from turbo_dllm.errors import DllmError
+
+    if args.ops:
+        raise DllmError("--check rebuilds every op of the target; drop --op")
+    check = check_build(
+        args.check,
+        target=args.target,
+        verbose=args.verbose,
+        log=lambda line: print(line, file=sys.stderr),
+    )
+    if args.json:
+        emit_json(
+            {
+                "identical": check.identical,
+                "target": str(check.result.target),
+                "sha256": check.result.sha256,
+                "published_sha256": check.published.sha256,
+                "differing_files": check.differing_files,
+            }
+        )
+    elif check.identical:
+        print(f"identical  {check.published.file}")
+        print(f"  sha256 {check.result.sha256}: this host rebuilt the published bundle exactly")
+    else:
+        print(f"DIFFERENT  {check.published.file}")
+        print(f"  rebuilt   sha256 {check.result.sha256}")
+        print(f"  published sha256 {check.published.sha256}")
+        if check.differing_files is not None:
+            print(
+                f"  files that differ: {', '.join(check.differing_files) or 'none (bundle.json)'}"
+            )
+        print(
+            "  same sources (the release's commit) and the same toolchain (compiler, torch, "
+            "Python) must give the same bytes; compare `dllm bundle fingerprint` and the "
+            "published bundle.json's build section",
+            file=sys.stderr,
+        )
+    return 0 if check.identical else 1
+
+
 def _publish(args) -> int:
     from turbo_dllm.bundles.catalog import pin_release
     from turbo_dllm.bundles.publish import publish
 
+    checked = []
+    if (
+        args.packs
+    ):  # compile-cache packs (turbo_dllm.cache): all verified before anything is written
+        from turbo_dllm.cache.packs import check_packs
+
+        checked = check_packs(args.packs)
     result = publish(args.archives, release=args.release, mirror=args.mirror)
+    packs = []
+    if checked:
+        from turbo_dllm.cache.packs import copy_packs
+
+        packs = copy_packs(checked, args.mirror)
     pinned = pin_release(args.lock, args.release, result.catalog_sha256) if args.lock else None
     if args.json:
         emit_json(
@@ -144,6 +221,7 @@ def _publish(args) -> int:
                 "catalog_sha256": result.catalog_sha256,
                 "added": [str(e.target) for e in result.added],
                 "unchanged": [str(e.target) for e in result.unchanged],
+                "packs": [str(p) for p in packs],
                 "pinned": pinned,
             }
         )
@@ -152,6 +230,8 @@ def _publish(args) -> int:
         print(f"added     {entry.file}")
     for entry in result.unchanged:
         print(f"unchanged {entry.file}")
+    for pack in packs:
+        print(f"pack      {pack.name}")
     print(f"catalog   {result.catalog}")
     print(f"sha256    {result.catalog_sha256}")
     if args.lock:
@@ -193,16 +273,25 @@ def _progress():
 
 def _install(args) -> int:
     from turbo_dllm.bundles.install import plan_install, run_install
+    from turbo_dllm.bundles.resolve import BundleUnavailable
     from turbo_dllm.bundles.target import BundleTarget
+    from turbo_dllm.errors import DllmError
 
+    if args.build and args.target:
+        raise DllmError("--build missing builds this host's own target; use it with --auto")
     target = BundleTarget.parse(args.target) if args.target else None
-    plan = plan_install(
-        args.release,
-        index=args.index or args.mirror,
-        target=target,
-        catalog_sha256=args.catalog_sha256,
-        offline=args.offline,
-    )
+    try:
+        plan = plan_install(
+            args.release,
+            index=args.index or args.mirror,
+            target=target,
+            catalog_sha256=args.catalog_sha256,
+            offline=args.offline,
+        )
+    except BundleUnavailable as error:
+        if args.build != "missing":
+            raise
+        return _build_missing(args, error)
     if args.dry_run:
         if args.json:
             emit_json({"dry_run": True, **plan.to_json()})
@@ -237,6 +326,44 @@ def _install(args) -> int:
     return 0
 
 
+def _build_missing(args, reason) -> int:
+    """`--build missing` after `reason` (a BundleUnavailable): build, verify, install."""
+    from turbo_dllm.bundles.install import build_and_install
+
+    print(f"no published bundle: {reason.message.splitlines()[0]}", file=sys.stderr)
+    if args.dry_run:
+        if args.json:
+            emit_json({"dry_run": True, "build": True, "reason": reason.message})
+        else:
+            print("would build this host's bundle from the package's sources (--build missing)")
+        return 0
+    print(
+        "building this host's bundle from the package's sources (--build missing)", file=sys.stderr
+    )
+    result = build_and_install(
+        lock_timeout_s=args.lock_timeout, log=lambda line: print(line, file=sys.stderr)
+    )
+    if args.json:
+        emit_json(
+            {
+                "dry_run": False,
+                "build": True,
+                "reason": reason.message,
+                "installed": result.bundle.to_json(),
+                "previous": result.previous.to_json() if result.previous else None,
+                "reused": False,
+            }
+        )
+        return 0
+    print(
+        f"built, self-tested, installed and activated {result.bundle.bundle_id} "
+        f"({result.bundle.short_sha}), {result.bundle.record.provenance}"
+    )
+    if result.previous:
+        print(f"previous: {result.previous.bundle_id} (dllm bundle rollback returns to it)")
+    return 0
+
+
 def _list(args) -> int:
     from turbo_dllm.bundles.store import BundleStore
 
@@ -260,8 +387,10 @@ def _list(args) -> int:
         )
         return 0
     for bundle in bundles:
+        built = "  (built on this host)" if bundle.record.provenance != "published" else ""
         print(
-            f"{bundle.short_sha}  {mark(bundle):<8}  {bundle.bundle_id}  {bundle.record.installed_at}"
+            f"{bundle.short_sha}  {mark(bundle):<8}  {bundle.bundle_id}  "
+            f"{bundle.record.installed_at}{built}"
         )
     return 0
 

@@ -19,6 +19,13 @@ def register(subparsers) -> None:
     )
     p.add_argument("--target", required=True, help="an entry of bundles/targets.toml")
     p.add_argument("--output", help="manifest file (default: manifests/<target>.toml)")
+    p.add_argument(
+        "--from-environment",
+        action="store_true",
+        help="lock what the running environment has installed instead of resolving "
+        "(each package by its wheel sha256 where recorded, else its RECORD sha256, else "
+        "name+version; the manifest says which)",
+    )
     p.add_argument("--python-version", help="Python X.Y to lock for (default: this one)")
     p.add_argument("--torch", help="torch version to pin, e.g. 2.13.0 (default: the running one)")
     p.add_argument("--cuda", help="CUDA build of torch, for a target that lists several")
@@ -116,10 +123,34 @@ def _mirror(location):
 
 def _lock(args) -> int:
     from turbo_dllm.envs.lock import DEFAULT_EXTRAS, DEFAULT_INDEX, LockRequest, lock_environment
-    from turbo_dllm.envs.manifest import dump_manifest
-    from turbo_dllm.envs.targets import source_root
     from turbo_dllm.errors import DllmError
 
+    if args.from_environment:
+        from turbo_dllm.envs.freeze import lock_from_environment
+
+        resolving = {
+            "--python-version": args.python_version,
+            "--torch": args.torch,
+            "--cuda": args.cuda,
+            "--extra": args.extras,
+            "--index-url": args.index_url,
+            "--no-index": args.no_index,
+            "--extra-index-url": args.extra_index_url,
+            "--no-torch-index": args.no_torch_index,
+            "--find-links": args.find_links,
+            "--python-platform": args.python_platform,
+            "--offline": args.offline,
+        }
+        given = [flag for flag, value in resolving.items() if value]
+        if given:
+            raise DllmError(
+                f"--from-environment locks what is installed; {', '.join(given)} only "
+                "shape a resolution",
+                hint="drop them, or drop --from-environment to resolve with uv",
+            )
+
+        manifest = lock_from_environment(args.target)
+        return _write_manifest(args, manifest)
     extra_indexes = args.extra_index_url
     if args.no_torch_index:
         extra_indexes = extra_indexes or []
@@ -135,7 +166,14 @@ def _lock(args) -> int:
         python_platform=args.python_platform,
         offline=args.offline,
     )
-    manifest = lock_environment(request)
+    return _write_manifest(args, lock_environment(request))
+
+
+def _write_manifest(args, manifest) -> int:
+    from turbo_dllm.envs.manifest import dump_manifest
+    from turbo_dllm.envs.targets import source_root
+    from turbo_dllm.errors import DllmError
+
     if args.output:
         output = Path(args.output)
     else:
@@ -155,9 +193,12 @@ def _lock(args) -> int:
             }
         )
     else:
-        torch = manifest.pin("torch")
+        torch = manifest.pin("torch") or next(
+            (p for p in manifest.provided if p.name == "torch"), None
+        )
+        provided = f" + {len(manifest.provided)} provided" if manifest.provided else ""
         print(
-            f"wrote {output}: {len(manifest.packages)} packages"
+            f"wrote {output}: {len(manifest.packages)} packages{provided}"
             + (f", torch {torch.version}" if torch else "")
             + f" ({manifest.resolver})"
         )
@@ -239,7 +280,20 @@ def _requirements(args) -> int:
         args.target, mirror=_mirror(args.mirror), manifest_file=args.manifest
     )
     print(f"# {manifest.target} ({manifest.bundle_target}), sha256 {manifest.content_sha256()}")
-    print(manifest.requirements_txt(sources=not args.no_sources), end="")
+    if args.mirror is None:
+        print(manifest.requirements_txt(sources=not args.no_sources), end="")
+        return 0
+    # From a mirror: its own index (not the ones the pins were resolved from), and the
+    # project's wheel the mirror carries, hash-pinned like every other line.
+    mirror = _mirror(args.mirror)
+    if not args.no_sources:
+        print(f"--index-url {mirror.simple_url}")
+    print(manifest.requirements_txt(), end="")
+    project = mirror.index().project
+    if project is None:
+        print(f"# mirror {mirror.location} carries no {manifest.project.name} wheel")
+    else:
+        print(f"{project.name}=={project.version} --hash=sha256:{project.sha256}")
     return 0
 
 

@@ -45,6 +45,14 @@ def register(subparsers) -> None:
     p.add_argument(
         "--catalog-sha256", help="trust this catalog hash (release not in releases.lock)"
     )
+    p.add_argument(
+        "--pack",
+        action="append",
+        dest="packs",
+        default=[],
+        type=Path,
+        help="a compile-cache pack to carry in packs/ (repeatable; see `dllm cache pack`)",
+    )
     p.add_argument("--force", action="store_true", help="replace DIR if it exists")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_create)
@@ -84,6 +92,7 @@ def _create(args) -> int:
         wheels_from=Path(args.wheels_from) if args.wheels_from else None,
         bundles_from=args.source,
         catalog_sha256=args.catalog_sha256,
+        packs=args.packs,
         force=args.force,
     )
     index = create_mirror(plan, add_release=add_release)

@@ -108,6 +108,7 @@ def compare(manifest: EnvManifest, environment: Environment) -> Drift:
         drift.mismatched.append(Mismatch("python", manifest.python, environment.python))
     expected = {p.name: p.version for p in manifest.packages}
     expected.update({p.name: p.version for p in manifest.provided})
+    records = {p.name: p.record_sha256 for p in manifest.provided if p.record_sha256}
     expected[manifest.project.name] = manifest.project.version
     for name, version in sorted(expected.items()):
         installed = environment.get(name)
@@ -116,6 +117,15 @@ def compare(manifest: EnvManifest, environment: Environment) -> Drift:
             drift.missing.append(PackageRef(name, version))
         elif not same_version(installed.version, version):
             drift.mismatched.append(Mismatch(name, version, installed.version))
+        elif records.get(name) and installed.record_sha256 != records[name]:
+            # Same version, other files (a rebuilt wheel, an edited install).
+            drift.mismatched.append(
+                Mismatch(
+                    name,
+                    f"{version} (RECORD {records[name][:12]})",
+                    f"{installed.version} (RECORD {(installed.record_sha256 or 'none')[:12]})",
+                )
+            )
     for dist in environment.distributions:
         if dist.name not in expected and dist.name not in IGNORED_EXTRAS:
             drift.extra.append(PackageRef(dist.name, dist.version))

@@ -18,7 +18,7 @@ __all__ = ["Environment", "Installed", "inspect_environment"]
 
 # Runs inside the inspected interpreter: stdlib only, prints one JSON object.
 _PROBE = r"""
-import json, sys, os
+import hashlib, json, sys, os
 from importlib import metadata
 seen = {}
 for dist in metadata.distributions():
@@ -32,7 +32,23 @@ for dist in metadata.distributions():
         continue  # the first one on sys.path is the one that imports
     path = getattr(dist, "_path", None)
     location = os.path.realpath(str(path)) if path is not None else ""
-    seen[key] = {"name": key, "version": dist.version, "location": location}
+    record = dist.read_text("RECORD")
+    record_sha256 = hashlib.sha256(record.encode()).hexdigest() if record else None
+    wheel = None  # (file name, sha256) when the installer recorded the wheel it installed
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "null")
+    except ValueError:
+        direct = None
+    if isinstance(direct, dict):
+        info = direct.get("archive_info") or {}
+        digest = (info.get("hashes") or {}).get("sha256")
+        if not digest and str(info.get("hash", "")).startswith("sha256="):
+            digest = info["hash"][len("sha256="):]
+        filename = direct.get("url", "").rsplit("/", 1)[-1]
+        if digest and filename.endswith(".whl"):
+            wheel = [filename, digest]
+    seen[key] = {"name": key, "version": dist.version, "location": location,
+                 "record_sha256": record_sha256, "wheel": wheel}
 print(json.dumps({
     "python": "%d.%d" % sys.version_info[:2],
     "executable": sys.executable,
@@ -48,6 +64,12 @@ class Installed:
     name: str  # PEP 503 normalized
     version: str
     location: str
+    record_sha256: str | None = None  # sha256 of its RECORD: the installed files and their hashes
+    wheel: tuple[str, str] | None = None  # (file name, sha256) when direct_url.json recorded it
+
+    def __post_init__(self) -> None:
+        if isinstance(self.wheel, list):  # from the probe's JSON
+            object.__setattr__(self, "wheel", tuple(self.wheel))
 
 
 @dataclass(frozen=True)

@@ -106,10 +106,12 @@ class Pin(_Strict):
 
 
 class Provided(_Strict):
-    """A package the base interpreter supplies (e.g. a container's torch); version-checked only."""
+    """A package the base interpreter supplies (e.g. a container's torch); version-checked only,
+    plus its installed files when `record_sha256` (the sha256 of its RECORD) is given."""
 
     name: PackageName
     version: VersionText
+    record_sha256: Sha256 | None = None
 
 
 class Index(_Strict):
@@ -147,6 +149,11 @@ class EnvManifest(_Strict):
     indexes: list[Index] = Field(default_factory=list)
     provided: list[Provided] = Field(default_factory=list)
     packages: list[Pin] = Field(default_factory=list)
+    identity: str | None = Field(
+        None,
+        description="how packages are identified, when not by resolved wheel hashes "
+        "(a manifest locked from an environment says so here)",
+    )
 
     @field_validator("bundle_target")
     @classmethod
@@ -230,6 +237,8 @@ def dump_manifest(manifest: EnvManifest) -> str:
     doc.add(tomlkit.comment("Pins name files and hashes; `indexes` say where they were resolved."))
     for key in ("format", "target", "bundle_target", "python", "python_platform", "resolver"):
         doc[key] = data[key]
+    if data.get("identity"):
+        doc["identity"] = data["identity"]
     requirements = tomlkit.array()
     requirements.multiline(True)
     requirements.extend(data["requirements"])
@@ -253,5 +262,6 @@ def dump_manifest(manifest: EnvManifest) -> str:
             wheels.append(inline)
         table["wheels"] = wheels
         packages.append(table)
-    doc["packages"] = packages
+    if data["packages"]:  # an empty array of tables would print as `packages = []`, first
+        doc["packages"] = packages
     return tomlkit.dumps(doc)

@@ -123,6 +123,7 @@ def auto_target(manifests: Mapping[str, object], *, what: str = "environment man
         listing = "\n".join(reasons) or "  (none)"
         raise DllmError(
             f"no {what} fits this host ({host.summary()}):\n{listing}",
-            hint="pass --target NAME, or make one with `dllm env lock --target NAME`",
+            hint="pass --target NAME, or make one with `dllm env lock --target NAME` (on a host "
+            "whose environment is already right: add --from-environment)",
         )
     raise DllmError(f"several {what}s fit this host: {', '.join(fits)}", hint="pass --target NAME")

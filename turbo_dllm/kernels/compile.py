@@ -107,6 +107,7 @@ def compile_op(
     define = f"-DTURBO_DLLM_NS={namespace}"
     cflags = (*CXX_FLAGS, define)
     cuda_cflags = (*CUDA_FLAGS, define) if archs else ()
+    reproducible = _reproducible_flags(op, build_dir)
     sources = [str(p) for p in op.cpu_source_paths()]
     if archs:
         sources += [str(p) for p in op.cuda_source_paths()]
@@ -117,8 +118,8 @@ def compile_op(
             library = cpp_extension.load(
                 name=name,
                 sources=sources,
-                extra_cflags=list(cflags),
-                extra_cuda_cflags=list(cuda_cflags),
+                extra_cflags=[*cflags, *reproducible],
+                extra_cuda_cflags=[*cuda_cflags, *_for_nvcc(reproducible)] if archs else [],
                 extra_include_paths=[str(op.directory)],
                 build_directory=str(build_dir),
                 with_cuda=bool(archs),
@@ -149,6 +150,34 @@ def compile_op(
         cflags=cflags,
         cuda_cflags=cuda_cflags,
     )
+
+
+def _reproducible_flags(op: NativeOp, build_dir: Path) -> list[str]:
+    """Flags that keep this host's folders out of the library, so two builds of the same sources
+    with the same toolchain are byte-identical wherever they ran: `__FILE__` in torch's and our
+    headers (assert messages) would otherwise embed the site-packages, source and build paths.
+    `-Werror=date-time` refuses `__DATE__`/`__TIME__`. Not recorded in the bundle's cflags: they
+    name the build host's paths, which is exactly what a bundle must not carry."""
+    import torch
+
+    maps = {
+        Path(torch.__file__).parent: "torch",
+        op.directory: f"native/{op.name}",
+        build_dir: "build",
+    }
+    # Both spellings of each folder: the compiler sees paths as given (through _data/ links).
+    spellings = {
+        (str(form), name) for path, name in maps.items() for form in (path, path.resolve())
+    }
+    return [
+        *(f"-ffile-prefix-map={p}={name}" for p, name in sorted(spellings)),
+        "-Werror=date-time",
+    ]
+
+
+def _for_nvcc(flags: list[str]) -> list[str]:
+    """nvcc passes host-compiler flags through -Xcompiler."""
+    return [part for flag in flags for part in ("-Xcompiler", flag)]
 
 
 def _has_ninja_module() -> bool:

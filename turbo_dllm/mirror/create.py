@@ -2,7 +2,8 @@
 
 For each target: its environment manifest, every wheel the manifest pins (from `--wheels-from`
 and, with `--with-wheels`, downloaded from the manifest's indexes), the project's own wheel when
-one is at hand, the release catalog and the target's bundles. Built in a staging folder next to
+one is at hand, the release catalog and the target's bundles, and any compile-cache packs given
+(each fully verified first; `packs/` of a mirror is where `dllm launch` looks for them). Built in a staging folder next to
 DIR and renamed into place, so DIR is either the old mirror or the complete new one.
 """
 
@@ -41,6 +42,7 @@ class MirrorPlan:
     wheels_from: Path | None = None
     bundles_from: str | None = None  # release source (URL or folder) for catalog + bundles
     catalog_sha256: str | None = None
+    packs: list[Path] = field(default_factory=list)  # compile-cache packs to carry
     force: bool = False
     notes: list[str] = field(default_factory=list)
 
@@ -126,11 +128,20 @@ def _inventory(root: Path, kinds: dict[str, FileKind]) -> list[MirrorFile]:
             "manifests": "manifest",
             "releases": "catalog",
             "bundles": "bundle",
+            "packs": "pack",
         }.get(top, "other")
         files.append(
             MirrorFile(path=relative, sha256=sha256_file(path), size=path.stat().st_size, kind=kind)
         )
     return files
+
+
+def _carry_packs(packs: list[Path], staging: Path) -> None:
+    """Verify each pack completely (every member against its pack.json) and copy it in."""
+    from turbo_dllm.cache.packs import publish_packs
+
+    for path in publish_packs(packs, staging):
+        _say(f"pack {path.name}")
 
 
 def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
@@ -168,6 +179,7 @@ def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
                 page.write_text(text, encoding="utf-8")
         if add_release is not None and plan.release is not None:
             add_release(plan, staging)
+        _carry_packs(plan.packs, staging)
         index = MirrorIndex(
             created_by=f"dllm {__version__}",
             release=plan.release,

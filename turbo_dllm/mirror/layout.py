@@ -8,6 +8,7 @@ DIR/wheels/<file>.whl            flat, so DIR/wheels also works as `--find-links
 DIR/manifests/<target>.toml      the environment manifests the mirror serves
 DIR/releases/<vX>/catalog.toml   bundle catalogs (the bundles' publish layout)
 DIR/bundles/...                  bundle archives (the bundles' publish layout)
+DIR/packs/<pack>.tar.zst         compile-cache packs (`dllm cache`; offered to `dllm launch`)
 ```
 
 The same folder works as a path (`--mirror DIR`, `file://`) and over HTTP (`dllm mirror serve`):
@@ -43,7 +44,7 @@ __all__ = [
 MIRROR_FILE = "MIRROR.json"
 MIRROR_FORMAT = "turbo_dllm.mirror.v1"
 
-FileKind = Literal["wheel", "index", "manifest", "catalog", "bundle", "other"]
+FileKind = Literal["wheel", "index", "manifest", "catalog", "bundle", "pack", "other"]
 
 _SHA256 = r"^[0-9a-f]{64}$"
 

@@ -116,7 +116,23 @@ def compile_cache(ctx: DoctorContext) -> CheckResult:
         folder = Path(prepare_compile_cache()[INDUCTOR_CACHE_VARIABLE])
     except DllmError as error:
         return CheckResult(name, "fail", error.message, fix=error.hint)
+    from turbo_dllm.cache.key import spec_digest
+    from turbo_dllm.cache.packs import fitting_pack
+    from turbo_dllm.host import collect_fingerprint
+
+    # A fitting pack on offer (DLLM_PACK_PATH, a local mirror's packs/) and not installed: say so
+    # (`dllm launch` prints doctor's warnings), warm cache or not: the pack may hold this recipe.
+    offer = fitting_pack(collect_fingerprint(), spec_digest(ctx.spec))
     size = cache_size_bytes(folder)
+    if offer:
+        state = f"warm ({size / 1e6:,.0f} MB)" if size else "cold"
+        return CheckResult(
+            name,
+            "warn",
+            f"{folder.parent}: {state}; a compile-cache pack made for this run fits this host "
+            "and is not installed",
+            fix=f"dllm cache install {offer} (the first step then skips most compiling)",
+        )
     if size:
         return CheckResult(name, "pass", f"{folder.parent}: warm ({size / 1e6:,.0f} MB)")
     return CheckResult(

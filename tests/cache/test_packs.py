@@ -1,0 +1,238 @@
+"""Compile-cache packs on CPU: a pack made from a real torch.compile run installs into a fresh
+home and the next run compiles nothing; a pack for another torch/Triton/GPU is refused with the
+fields that differ; a tampered pack is refused and nothing is installed."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from tests.cache.conftest import clean_env
+from tests.helpers import assert_user_error
+
+PROBE = Path(__file__).with_name("compile_probe.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _compile_run(home: Path, device: str = "cpu") -> dict:
+    env = clean_env(DLLM_HOME=str(home), PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, str(PROBE), device], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def pack(tmp_path_factory):
+    """(pack path, counters of the cold run): compiled once in its own home, then packed."""
+    home = tmp_path_factory.mktemp("pack-home")
+    cold = _compile_run(home)
+    out = tmp_path_factory.mktemp("packs")
+    env = clean_env(DLLM_HOME=str(home), PYTHONPATH=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "turbo_dllm", "cache", "pack", "--out", str(out), "--json"],
+        env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    made = json.loads(proc.stdout)
+    assert made["files"] > 0 and Path(made["pack"]).parent == out
+    return Path(made["pack"]), cold
+
+
+def test_a_pack_makes_the_next_run_compile_nothing(pack, cli, isolated_home):
+    path, cold = pack
+    assert cold["inductor"].get("fxgraph_cache_miss", 0) > 0  # the cold run compiled
+    installed = cli("cache", "install", path, "--json")
+    assert installed.code == 0, installed.err
+    record = json.loads(installed.out)
+    assert record["added"] == record["files"] > 0
+    assert cli("cache", "verify").code == 0
+    assert record["sha256"][:12] in cli("cache", "list").out
+
+    warm = _compile_run(isolated_home)  # a fresh home that only has the pack
+    assert warm["inductor"].get("fxgraph_cache_miss", 0) == 0, warm
+    assert warm["inductor"]["fxgraph_cache_hit"] == cold["inductor"]["fxgraph_cache_miss"]
+
+    again = json.loads(cli("cache", "install", path, "--json").out)
+    assert again["added"] == 0  # everything already there: idempotent
+    removed = cli("cache", "remove", record["sha256"][:12])
+    assert removed.code == 0 and f"{record['files']} files deleted" in removed.out
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+
+
+@pytest.mark.parametrize(
+    ("variable", "value", "field"),
+    [
+        ("DLLM_OVERRIDE_TORCH", "2.11.0+cpu", "torch: host 2.11.0+cpu, pack "),
+        ("DLLM_OVERRIDE_TRITON", "3.0.0", "triton: host 3.0.0, pack "),
+        ("DLLM_OVERRIDE_GPUS", "sm90", "gpus: host sm90, pack none"),
+    ],
+)
+def test_a_pack_for_another_host_is_refused(pack, cli, monkeypatch, variable, value, field):
+    monkeypatch.setenv(variable, value)
+    result = cli("cache", "install", pack[0])
+    assert_user_error(result, "does not fit this host", field)
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+
+
+def _rewrite(source: Path, dest: Path, change, extra: tuple[str, bytes] | None = None) -> None:
+    """Copy the pack, passing every member's (info, bytes) through `change`, then `extra`."""
+    import zstandard
+
+    with source.open("rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as stream:
+        with tarfile.open(fileobj=stream, mode="r|") as tar:
+            members = [(m, tar.extractfile(m).read()) for m in tar]
+    if extra is not None:
+        members.append((tarfile.TarInfo(extra[0]), extra[1]))
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for info, data in members:
+            info, data = change(info, data)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    dest.write_bytes(zstandard.ZstdCompressor().compress(buffer.getvalue()))
+
+
+@pytest.mark.parametrize("how", ["flipped-byte", "extra-member", "pack-json-lies"])
+def test_a_tampered_pack_is_refused_and_nothing_installed(pack, cli, tmp_path, how):
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    source = pack[0]
+    tampered = tmp_path / source.name
+
+    def change(info, data):
+        if how == "flipped-byte" and info.name.startswith("inductor/") and data:
+            return info, bytes([data[0] ^ 1]) + data[1:]
+        if how == "pack-json-lies" and info.name == "pack.json":
+            document = json.loads(data)
+            document["files"][-1]["sha256"] = "0" * 64
+            return info, json.dumps(document).encode()
+        return info, data
+
+    extra = ("inductor/zz/evil.py", b"boom\n") if how == "extra-member" else None
+    _rewrite(source, tampered, change, extra)
+    result = cli("cache", "install", tampered)
+    expected = {"flipped-byte": "sha256", "extra-member": "not listed", "pack-json-lies": "0" * 64}
+    assert_user_error(result, expected[how])
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+    cache = compile_cache_dir()
+    assert not [p for p in cache.rglob("*") if p.is_file()], "a refused pack left files"
+
+
+def test_a_mirror_carries_packs_and_offers_them(pack, cli, tmp_path, monkeypatch):
+    from tests.envs.test_manifest import manifest
+    from turbo_dllm.mirror.create import MirrorPlan, create_mirror
+
+    root = tmp_path / "mirror"
+    index = create_mirror(
+        MirrorPlan(dest=root, release=None, manifests=[manifest()], packs=[pack[0]])
+    )
+    (carried,) = [f for f in index.files if f.kind == "pack"]
+    assert carried.path == f"packs/{pack[0].name}"
+    verified = cli("mirror", "verify", root)
+    assert verified.code == 0, verified.out + verified.err
+    monkeypatch.setenv("DLLM_BUNDLE_INDEX", str(root))
+    offered = json.loads(cli("cache", "list", "--available", "--json").out)["available"]
+    assert offered == [{"path": str(root / carried.path), "fits": True, "differences": []}]
+
+
+def test_doctor_and_launch_name_a_fitting_pack_that_is_not_installed(cli, tmp_path, monkeypatch):
+    """`dllm doctor --config` (whose warnings `dllm launch` prints) offers a pack made for this
+    spec on this kind of host, and stops once it is installed."""
+    from tests.train.util import write_config
+    from turbo_dllm.cache.key import compile_relevant, host_pack_key, spec_digest
+    from turbo_dllm.cache.packs import make_pack
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.host import collect_fingerprint
+
+    config = write_config(tmp_path / "train.yaml", "training.compile=true")
+    other = write_config(
+        tmp_path / "other.yaml", "training.compile=true", "objective.block_size=16"
+    )
+    made = tmp_path / "made" / "inductor" / "ab"
+    made.mkdir(parents=True)
+    (made / "cabc.py").write_text("# a compiled graph\n")
+    spec = load_runspec(config)
+    key = host_pack_key(collect_fingerprint(apply_overrides=False), spec_digest(spec))
+    path, made_manifest = make_pack(
+        {"inductor": made.parent}, tmp_path / "offered", key, spec=compile_relevant(spec)
+    )
+    assert json.loads(made_manifest.spec)["data"] == {"seq_len": 64}
+    monkeypatch.setenv("DLLM_PACK_PATH", str(tmp_path / "offered"))
+
+    def compile_check(config_file):
+        result = cli("doctor", "--config", config_file, "--json")
+        return {c["name"]: c for c in json.loads(result.out)["checks"]}["compile cache"]
+
+    offered = compile_check(config)
+    assert offered["status"] == "warn" and f"dllm cache install {path}" in offered["fix"]
+    assert compile_check(other)["status"] == "pass"  # made for another spec: not offered
+    assert cli("cache", "install", path, "--config", config).code == 0
+    assert compile_check(config)["status"] == "pass"
+    refused = cli("cache", "install", path, "--config", other)
+    assert_user_error(refused, "spec: host ")
+
+
+def test_warm_needs_a_config(cli, tmp_path):
+    assert_user_error(cli("cache", "pack", "--warm", "--out", tmp_path), "--config")
+
+
+def test_the_cache_modules_import_no_torch():
+    program = (
+        "import sys, turbo_dllm.cache.key, turbo_dllm.cache.packs, turbo_dllm.cache.warm, "
+        "turbo_dllm.cli.cache; print('torch' in sys.modules)"
+    )
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert proc.stdout.strip() == "False", proc.stderr
+
+
+@pytest.mark.gpu
+def test_a_gpu_pack_carries_the_triton_kernels(cli, tmp_path, isolated_home):
+    """On CUDA the pack holds Triton's compiled kernels too; the next run in a fresh home only
+    hits the caches."""
+    home = tmp_path / "gpu-home"
+    cold = _compile_run(home, "cuda")
+    assert cold["inductor"].get("fxgraph_cache_miss", 0) > 0
+    env = clean_env(DLLM_HOME=str(home), PYTHONPATH=str(ROOT))
+    made = subprocess.run(
+        [sys.executable, "-m", "turbo_dllm", "cache", "pack", "--out", str(tmp_path), "--json"],
+        env=env, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    path = Path(json.loads(made.stdout)["pack"])
+    from turbo_dllm.cache.packs import read_pack_manifest
+
+    manifest = read_pack_manifest(path)
+    assert manifest.key.gpus and manifest.key.cuda
+    assert any(f.path.startswith("triton/") for f in manifest.files)
+    assert cli("cache", "install", path).code == 0
+    warm = _compile_run(isolated_home, "cuda")
+    assert warm["inductor"].get("fxgraph_cache_miss", 0) == 0, warm
+    assert warm["inductor"]["fxgraph_cache_hit"] == cold["inductor"]["fxgraph_cache_miss"]
+
+
+def test_remove_takes_away_only_what_the_install_added(cli, tmp_path):
+    from turbo_dllm.cache.key import host_pack_key
+    from turbo_dllm.cache.packs import make_pack
+    from turbo_dllm.host import collect_fingerprint
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    source = tmp_path / "inductor" / "ab"
+    source.mkdir(parents=True)
+    for name in ("c1.py", "c2.py"):
+        (source / name).write_text(f"# {name}\n")
+    key = host_pack_key(collect_fingerprint(apply_overrides=False), None)
+    path, _ = make_pack({"inductor": source.parent}, tmp_path / "packs", key)
+    mine = compile_cache_dir() / "inductor" / "ab" / "c1.py"  # already in this host's cache
+    mine.parent.mkdir(parents=True)
+    mine.write_text("# c1.py\n")
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 1
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 0
+    assert "1 files deleted" in cli("cache", "remove", path.name).out
+    assert mine.is_file() and not (mine.parent / "c2.py").exists()

@@ -1,0 +1,574 @@
+"""Compile-cache packs: `pack.json`, making a pack, verified extraction, installed-pack records.
+
+    turbo-dllm-compile-<python>-torch<torch>-<cpu|archs>-<spec12|any>-<content12>.tar.zst
+      pack.json              format, key (PackKey), the compile-relevant spec part, every file
+      inductor/<...>         TORCHINDUCTOR_CACHE_DIR's files (FX graph, AOTAutograd, kernels)
+      triton/<...>           TRITON_CACHE_DIR's files
+
+A pack is content-addressed: its name ends with the digest of its file list, its identity is the
+archive's sha256, and `pack.json` pins every member's sha256 and size. Installing verifies the
+whole archive in a staging folder first (nothing reaches the cache from a pack that fails a
+check), refuses a pack whose key does not fit the host (the fields that differ, like a bundle),
+then copies its files into the compile cache this host's runs use and records what it wrote
+under `<dllm home>/compile-packs/installed/<sha256>.json` (`list`, `verify`, `remove` read it).
+
+Why folders and not `torch.compiler.save_cache_artifacts`: the portable artifacts are collected
+in the process that compiled, so they cannot pack the caches a finished run left; and on CPU
+they do not carry inductor's compiled C++ kernels. The cache folders (which inductor reads
+relocated: its entries are keyed by content, not path) serve both `--warm` and an earlier run.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal, NamedTuple
+
+from turbo_dllm.bundles.manifest import check_relative_path, check_sha256
+from turbo_dllm.cache.key import PackDifference, PackKey
+from turbo_dllm.errors import DllmError
+from turbo_dllm.host import HostFingerprint
+from turbo_dllm.paths import dllm_home
+from turbo_dllm.records import Record, RecordError, checked
+
+__all__ = [
+    "PACK_FORMAT",
+    "PACK_NAME",
+    "PACKS_VARIABLE",
+    "InstalledPack",
+    "OfferedPack",
+    "PackFile",
+    "PackManifest",
+    "PackRejected",
+    "available_packs",
+    "check_packs",
+    "copy_packs",
+    "find_installed",
+    "install_pack",
+    "installed_packs",
+    "make_pack",
+    "publish_packs",
+    "pack_folders",
+    "fitting_pack",
+    "read_pack_manifest",
+    "remove_pack",
+    "verify_pack",
+    "verify_pack_archive",
+]
+
+PACK_FORMAT = "turbo_dllm.compile_pack.v1"
+PACK_NAME = "pack.json"
+PACK_PREFIX = "turbo-dllm-compile-"
+PACKS_VARIABLE = "DLLM_PACK_PATH"  # folders (":"-separated) that hold packs to offer
+CACHES = ("inductor", "triton")
+MAX_PACK_JSON_BYTES = 64 * 1024 * 1024  # a large model's cache lists tens of thousands of files
+MAX_PACK_BYTES = 64 * 1024**3  # unpacked; a 1.7B recipe's caches are well under 1 GB
+_CHUNK = 1024 * 1024
+
+
+class PackRejected(DllmError):
+    """A pack that failed an integrity or fit check; nothing was installed."""
+
+
+class PackFile(Record):
+    path: str = checked(check_relative_path)
+    sha256: str = checked(check_sha256)
+    size: int
+
+
+class PackManifest(Record):
+    format: Literal["turbo_dllm.compile_pack.v1"] = PACK_FORMAT
+    key: PackKey
+    spec: str | None = None  # the compile-relevant spec part the key digests, as canonical JSON
+    created_by: str
+    files: tuple[PackFile, ...]
+
+    def _problems(self) -> Iterator[tuple[str, str]]:
+        paths = [f.path for f in self.files]
+        if len(set(paths)) != len(paths):
+            yield "files", "a file is listed twice"
+        for path in paths:
+            if path.split("/")[0] not in CACHES:
+                yield "files", f"{path!r} is in neither inductor/ nor triton/"
+
+    @property
+    def content_digest(self) -> str:
+        listing = "\n".join(f"{f.path} {f.sha256} {f.size}" for f in self.files)
+        return hashlib.sha256(listing.encode()).hexdigest()
+
+    @property
+    def file_name(self) -> str:
+        spec = (self.key.spec_sha256 or "any")[:12]
+        return f"{PACK_PREFIX}{self.key.label()}-{spec}-{self.content_digest[:12]}.tar.zst"
+
+    @property
+    def total_size(self) -> int:
+        return sum(f.size for f in self.files)
+
+    def to_json(self) -> str:
+        return json.dumps(self.model_dump(mode="json"), indent=1, sort_keys=True) + "\n"
+
+
+class InstalledPack(NamedTuple):
+    sha256: str
+    manifest: PackManifest
+    caches: dict[str, str]  # cache name -> the folder its files went into
+    installed_at: str
+    source: str
+    added: tuple[str, ...]  # the pack's files this install wrote (the others were there already)
+
+    @property
+    def short_sha(self) -> str:
+        return self.sha256[:12]
+
+    def to_json(self) -> dict:
+        return {
+            "sha256": self.sha256,
+            "file": self.manifest.file_name,
+            "key": self.manifest.key.model_dump(mode="json"),
+            "files": len(self.manifest.files),
+            "added": len(self.added),
+            "bytes": self.manifest.total_size,
+            "caches": self.caches,
+            "installed_at": self.installed_at,
+            "source": self.source,
+        }
+
+
+# --- making ---------------------------------------------------------------------------------
+def _skipped(relative: str) -> bool:
+    """Lock files and half-written entries: never part of a pack."""
+    parts = relative.split("/")
+    return (
+        "locks" in parts
+        or relative.endswith(".lock")
+        or any(p.startswith(("tmp", ".")) for p in parts)
+    )
+
+
+def make_pack(
+    caches: dict[str, Path],
+    out_dir: Path,
+    key: PackKey,
+    *,
+    spec: dict[str, Any] | None = None,
+) -> tuple[Path, PackManifest]:
+    """Pack the files under `caches` ({"inductor": folder, "triton": folder}) into `out_dir`."""
+    from turbo_dllm import __version__
+    from turbo_dllm.bundles.archive import pack_members
+    from turbo_dllm.bundles.fetch import sha256_file
+
+    files: list[PackFile] = []
+    sources: dict[str, Path] = {}
+    for name in CACHES:
+        folder = caches.get(name)
+        if folder is None or not folder.is_dir():
+            continue
+        for path in sorted(folder.rglob("*")):
+            if path.is_symlink() or not path.is_file():
+                continue
+            relative = f"{name}/{path.relative_to(folder).as_posix()}"
+            if _skipped(relative):
+                continue
+            try:
+                check_relative_path(relative)
+            except ValueError:
+                continue  # a name no pack can carry safely; the cache rebuilds that entry
+            files.append(
+                PackFile(path=relative, sha256=sha256_file(path), size=path.stat().st_size)
+            )
+            sources[relative] = path
+    if not files:
+        listed = ", ".join(str(p) for p in caches.values())
+        raise DllmError(
+            f"the compile caches are empty ({listed}): nothing to pack",
+            hint="run the recipe once (or pass --warm to run its first step), then pack",
+        )
+    text = json.dumps(spec, sort_keys=True, separators=(",", ":")) if spec is not None else None
+    manifest = PackManifest(
+        key=key, spec=text, created_by=f"turbo-dllm {__version__}", files=tuple(files)
+    )
+    with tempfile.TemporaryDirectory(prefix="dllm-pack-") as tmp:
+        root = Path(tmp)
+        for entry in files:  # a stable copy: a live cache may change while it is read
+            target = root / entry.path
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(sources[entry.path], target)
+            if sha256_file(target) != entry.sha256:
+                raise DllmError(f"{sources[entry.path]} changed while it was packed; pack again")
+        out = pack_members(
+            PACK_NAME,
+            manifest.to_json().encode(),
+            [(f.path, f.size) for f in files],
+            root,
+            out_dir / manifest.file_name,
+        )
+    return out, manifest
+
+
+# --- reading and verified extraction --------------------------------------------------------
+def _parse(data: bytes, label: str) -> PackManifest:
+    try:
+        return PackManifest.model_validate_json(data)
+    except RecordError as error:
+        raise PackRejected(f"{label}: invalid {PACK_NAME}: {error}") from None
+
+
+def read_pack_manifest(path: Path) -> PackManifest:
+    """Only the leading `pack.json` (cheap: stops after the first member)."""
+    import zstandard
+
+    try:
+        with path.open("rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as stream:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                member = tar.next()
+                if member is None or member.name != PACK_NAME or not member.isreg():
+                    raise PackRejected(f"{path.name}: the first member must be {PACK_NAME}")
+                if member.size > MAX_PACK_JSON_BYTES:
+                    raise PackRejected(f"{path.name}: {PACK_NAME} is too large")
+                handle = tar.extractfile(member)
+                assert handle is not None
+                return _parse(handle.read(), path.name)
+    except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
+        raise PackRejected(f"{path.name}: not a valid compile-cache pack: {error}") from None
+    except OSError as error:
+        raise DllmError(f"cannot read {path}: {error.strerror}") from None
+
+
+def _extract(path: Path, dest: Path) -> PackManifest:
+    """Extract `path` into the new folder `dest`, checking every member against pack.json:
+    regular files only, plain relative paths, listed, right size and sha256, none missing."""
+    import zstandard
+
+    dest.mkdir()
+    manifest: PackManifest | None = None
+    expected: dict[str, tuple[str, int]] = {}
+    written: set[str] = set()
+    label = path.name
+    try:
+        with path.open("rb") as raw, zstandard.ZstdDecompressor().stream_reader(raw) as stream:
+            with tarfile.open(fileobj=stream, mode="r|") as tar:
+                for member in tar:
+                    if manifest is None:
+                        if member.name != PACK_NAME or not member.isreg():
+                            raise PackRejected(f"{label}: the first member must be {PACK_NAME}")
+                        if member.size > MAX_PACK_JSON_BYTES:
+                            raise PackRejected(f"{label}: {PACK_NAME} is too large")
+                        handle = tar.extractfile(member)
+                        assert handle is not None
+                        manifest = _parse(handle.read(), label)
+                        if manifest.total_size > MAX_PACK_BYTES:
+                            raise PackRejected(
+                                f"{label}: unpacks to {manifest.total_size} bytes, over the cap"
+                            )
+                        expected = {f.path: (f.sha256, f.size) for f in manifest.files}
+                        continue
+                    name = member.name
+                    if not member.isreg():
+                        raise PackRejected(f"{label}: member {name!r} is not a regular file")
+                    if name in written or name not in expected:
+                        raise PackRejected(
+                            f"{label}: member {name!r} is not listed in {PACK_NAME} (or twice)"
+                        )
+                    sha256, size = expected[name]
+                    if member.size != size:
+                        raise PackRejected(
+                            f"{label}: member {name!r} has {member.size} bytes, "
+                            f"{PACK_NAME} says {size}"
+                        )
+                    source = tar.extractfile(member)
+                    assert source is not None
+                    digest = hashlib.sha256()
+                    target = dest / name
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    with open(target, "xb") as out:
+                        while chunk := source.read(_CHUNK):
+                            digest.update(chunk)
+                            out.write(chunk)
+                    if digest.hexdigest() != sha256:
+                        raise PackRejected(
+                            f"{label}: member {name!r} has sha256 {digest.hexdigest()}, "
+                            f"{PACK_NAME} says {sha256}",
+                            hint="the pack is damaged or was altered; get it again",
+                        )
+                    written.add(name)
+    except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
+        raise PackRejected(f"{label}: not a valid compile-cache pack: {error}") from None
+    if manifest is None:
+        raise PackRejected(f"{label}: empty archive")
+    missing = sorted(set(expected) - written)
+    if missing:
+        raise PackRejected(f"{label}: the archive lacks listed files: {', '.join(missing[:5])}")
+    return manifest
+
+
+def verify_pack_archive(path: Path) -> PackManifest:
+    """Check every member of the pack at `path` against its pack.json (extracting to a scratch
+    folder that is then removed); its manifest, or PackRejected."""
+    with tempfile.TemporaryDirectory(prefix="dllm-pack-check-") as tmp:
+        return _extract(path, Path(tmp) / "pack")
+
+
+def check_packs(packs: list[Path]) -> list[tuple[Path, str]]:
+    """(path, published name) of each pack, each verified completely (PackRejected if not)."""
+    checked = []
+    for pack in packs:
+        if not pack.is_file():
+            raise DllmError(f"no such pack: {pack}")
+        checked.append((pack, verify_pack_archive(pack).file_name))
+    return checked
+
+
+def copy_packs(checked: list[tuple[Path, str]], mirror: Path) -> list[Path]:
+    """Copy checked packs into `mirror/packs/`. Published bytes never change: a file of that
+    name with other bytes is refused (a pack's name ends with its content digest)."""
+    from turbo_dllm.bundles.fetch import sha256_file
+
+    published = []
+    for pack, name in checked:
+        dest = mirror / "packs" / name
+        if dest.exists():
+            if sha256_file(dest) != sha256_file(pack):
+                raise DllmError(
+                    f"{dest} already exists with other bytes",
+                    hint="published files never change; one of the two packs is damaged",
+                )
+        else:
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{name}.tmp-{os.getpid()}")
+            try:
+                shutil.copyfile(pack, tmp)
+                tmp.replace(dest)
+            finally:
+                tmp.unlink(missing_ok=True)
+        published.append(dest)
+    return published
+
+
+def publish_packs(packs: list[Path], mirror: Path) -> list[Path]:
+    """Verify every pack, then (only if all pass) copy them into `mirror/packs/`."""
+    return copy_packs(check_packs(packs), mirror)
+
+
+# --- installed packs ------------------------------------------------------------------------
+def _records_dir() -> Path:
+    return dllm_home() / "compile-packs" / "installed"
+
+
+def installed_packs() -> list[InstalledPack]:
+    folder = _records_dir()
+    packs = []
+    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
+        try:
+            data = json.loads(path.read_text())
+            manifest = PackManifest.model_validate(data["manifest"])
+            packs.append(
+                InstalledPack(
+                    path.stem,
+                    manifest,
+                    data["caches"],
+                    data["installed_at"],
+                    data["source"],
+                    tuple(data["added"]),
+                )
+            )
+        except (OSError, ValueError, KeyError, RecordError) as error:
+            raise DllmError(
+                f"the installed-pack record {path} is damaged: {error}",
+                hint=f"delete {path} (the cache files stay; they are only a cache)",
+            ) from None
+    return sorted(packs, key=lambda p: p.installed_at)
+
+
+def find_installed(ident: str) -> InstalledPack:
+    """By sha256 prefix (6+ characters) or file name."""
+    packs = installed_packs()
+    matches = [p for p in packs if p.manifest.file_name == ident]
+    if not matches and len(ident) >= 6:
+        matches = [p for p in packs if p.sha256.startswith(ident.lower())]
+    if len(matches) == 1:
+        return matches[0]
+    known = ", ".join(p.short_sha for p in packs) or "none"
+    if not matches:
+        raise DllmError(f"no installed compile-cache pack {ident!r} (installed: {known})")
+    raise DllmError(f"{ident!r} names several installed packs", hint="pass more of the sha256")
+
+
+def install_pack(
+    path: Path,
+    caches: dict[str, Path],
+    host: HostFingerprint,
+    *,
+    spec_sha256: str | None = None,
+) -> tuple[InstalledPack, int]:
+    """Verify `path`, check it fits `host` (and the run `spec_sha256`), copy its files into
+    `caches`; returns the record and how many files were new there.
+
+    A file already in the cache is left as it is: entries are named by content, and a live cache
+    is the user's."""
+    from turbo_dllm.bundles.fetch import sha256_file
+
+    if not path.is_file():
+        raise DllmError(f"no such pack: {path}")
+    manifest = read_pack_manifest(path)
+    differences = manifest.key.differences(host, spec_sha256)
+    if differences:
+        raise PackRejected(
+            f"compile-cache pack {path.name} does not fit this host: "
+            + "; ".join(map(str, differences)),
+            hint="make a pack on a host like this one (dllm cache pack), or let the first step "
+            "compile",
+        )
+    sha256 = sha256_file(path)
+    added: list[str] = []
+    with tempfile.TemporaryDirectory(prefix=".dllm-pack-", dir=_staging_root(caches)) as tmp:
+        manifest = _extract(path, Path(tmp) / "pack")
+        if manifest.key.differences(host, spec_sha256):  # the checked copy must say the same
+            raise PackRejected(f"{path.name}: pack.json changed between reads")
+        for entry in manifest.files:
+            cache, _, relative = entry.path.partition("/")
+            target = caches[cache] / relative
+            if target.exists():
+                continue
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # A rename where staging and cache share a file system; a copy where the user put
+            # the two caches on different ones.
+            shutil.move(Path(tmp) / "pack" / entry.path, target)
+            added.append(entry.path)
+    # Installing again keeps what the first install added (so `remove` still removes it).
+    earlier = next((p for p in installed_packs() if p.sha256 == sha256), None)
+    owned = sorted({*added, *(earlier.added if earlier else ())})
+    record = InstalledPack(
+        sha256,
+        manifest,
+        {name: str(folder) for name, folder in caches.items()},
+        time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        str(path),
+        tuple(owned),
+    )
+    from turbo_dllm.fsutil import write_atomic
+
+    _records_dir().mkdir(parents=True, exist_ok=True)
+    write_atomic(
+        _records_dir() / f"{sha256}.json",
+        json.dumps(
+            {
+                "manifest": manifest.model_dump(mode="json"),
+                "caches": record.caches,
+                "installed_at": record.installed_at,
+                "source": record.source,
+                "added": list(record.added),
+            },
+            indent=1,
+        ),
+    )
+    return record, len(added)
+
+
+def _staging_root(caches: dict[str, Path]) -> Path:
+    """A staging folder on the cache's file system, so files move in by rename."""
+    root = Path(next(iter(caches.values()))).parent
+    root.mkdir(parents=True, exist_ok=True)
+    return root
+
+
+def verify_pack(pack: InstalledPack) -> list[str]:
+    """Problems with an installed pack's files in the cache (empty: all present and intact)."""
+    from turbo_dllm.bundles.fetch import sha256_file
+
+    problems = []
+    for entry in pack.manifest.files:
+        cache, _, relative = entry.path.partition("/")
+        path = Path(pack.caches[cache]) / relative
+        if not path.is_file():
+            problems.append(f"{entry.path}: missing")
+        elif path.stat().st_size != entry.size or sha256_file(path) != entry.sha256:
+            problems.append(f"{entry.path}: differs from pack.json")
+    return problems
+
+
+def remove_pack(pack: InstalledPack) -> int:
+    """Delete the files this pack's install added that are still intact and that no other
+    installed pack lists, then its record; returns how many files were deleted. Files that were
+    in the cache before the install stay."""
+    from turbo_dllm.bundles.fetch import sha256_file
+
+    others = {
+        (Path(p.caches[f.path.partition("/")[0]]) / f.path.partition("/")[2])
+        for p in installed_packs()
+        if p.sha256 != pack.sha256
+        for f in p.manifest.files
+    }
+    removed = 0
+    added = set(pack.added)
+    for entry in pack.manifest.files:
+        if entry.path not in added:
+            continue
+        cache, _, relative = entry.path.partition("/")
+        path = Path(pack.caches[cache]) / relative
+        if path in others or not path.is_file() or sha256_file(path) != entry.sha256:
+            continue
+        path.unlink()
+        removed += 1
+    (_records_dir() / f"{pack.sha256}.json").unlink(missing_ok=True)
+    return removed
+
+
+# --- packs on offer -------------------------------------------------------------------------
+class OfferedPack(NamedTuple):
+    path: Path
+    manifest: PackManifest
+    differences: tuple[PackDifference, ...]
+
+    @property
+    def fits(self) -> bool:
+        return not self.differences
+
+
+def pack_folders() -> list[Path]:
+    """Where packs are offered: $DLLM_PACK_PATH folders, and `packs/` of a local bundle index
+    or mirror ($DLLM_BUNDLE_INDEX as a folder or file:// URL; `dllm mirror create` fills it)."""
+    from turbo_dllm.bundles.sources import INDEX_VARIABLE
+
+    folders = [Path(p) for p in os.environ.get(PACKS_VARIABLE, "").split(os.pathsep) if p]
+    index = os.environ.get(INDEX_VARIABLE, "")
+    if index.startswith("file://"):
+        from urllib.parse import unquote, urlparse
+
+        folders.append(Path(unquote(urlparse(index).path)) / "packs")
+    elif index and "://" not in index:
+        folders.append(Path(index) / "packs")
+    return [f for f in folders if f.is_dir()]
+
+
+def available_packs(host: HostFingerprint, spec_sha256: str | None = None) -> list[OfferedPack]:
+    """Every readable pack on offer, with why it does or does not fit."""
+    offered = []
+    for folder in pack_folders():
+        for path in sorted(folder.glob(f"{PACK_PREFIX}*.tar.zst")):
+            try:
+                manifest = read_pack_manifest(path)
+            except DllmError:
+                continue  # not ours to judge here; `dllm cache install` reports it
+            offered.append(
+                OfferedPack(path, manifest, tuple(manifest.key.differences(host, spec_sha256)))
+            )
+    return offered
+
+
+def fitting_pack(host: HostFingerprint, spec_sha256: str) -> Path | None:
+    """A pack on offer made for this run's spec that fits `host` and is not installed, if any."""
+    installed = {p.manifest.content_digest for p in installed_packs()}
+    for offer in available_packs(host, spec_sha256):
+        key = offer.manifest.key
+        if offer.fits and key.spec_sha256 == spec_sha256:
+            if offer.manifest.content_digest not in installed:
+                return offer.path
+    return None

@@ -1,0 +1,199 @@
+"""`dllm cache pack | install | list | verify | remove`: compile-cache packs (turbo_dllm.cache)."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+from turbo_dllm.cli._output import add_overrides, emit_json, group
+
+
+def register(subparsers) -> None:
+    commands = group(subparsers, "cache", "compile-cache packs: skip the first step's compiling")
+
+    p = commands.add_parser("pack", help="pack the inductor and Triton caches a run produced")
+    p.add_argument("--config", type=Path, help="the RunSpec the caches are for (keys the pack)")
+    add_overrides(p)
+    p.add_argument("--out", required=True, type=Path, help="folder for the .tar.zst pack")
+    p.add_argument(
+        "--warm",
+        action="store_true",
+        help="first run the spec's first step with fresh caches, and pack exactly those",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_pack)
+
+    p = commands.add_parser("install", help="verify a pack and add it to this host's cache")
+    p.add_argument("pack", type=Path)
+    p.add_argument("--config", type=Path, help="also refuse a pack made for another spec")
+    add_overrides(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_install)
+
+    p = commands.add_parser("list", help="installed packs (and, with --available, offered ones)")
+    p.add_argument("--available", action="store_true", help="also packs on $DLLM_PACK_PATH")
+    p.add_argument("--config", type=Path, help="judge offered packs against this spec too")
+    add_overrides(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_list)
+
+    p = commands.add_parser("verify", help="re-hash installed packs' files in the cache")
+    p.add_argument("pack", nargs="?", help="sha256 prefix or file name (default: all)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_verify)
+
+    p = commands.add_parser("remove", help="delete an installed pack's files from the cache")
+    p.add_argument("pack", help="sha256 prefix or file name")
+    p.set_defaults(func=_remove)
+
+
+def _spec(args):
+    """(spec, digest, compile-relevant part) of --config, or Nones."""
+    if not args.config:
+        return None, None, None
+    from turbo_dllm.cache.key import compile_relevant, spec_digest
+    from turbo_dllm.config.load import load_runspec
+
+    spec = load_runspec(args.config, args.overrides)
+    return spec, spec_digest(spec), compile_relevant(spec)
+
+
+def _caches() -> dict[str, Path]:
+    from turbo_dllm.train.compile_cache import (
+        INDUCTOR_CACHE_VARIABLE,
+        TRITON_CACHE_VARIABLE,
+        prepare_compile_cache,
+    )
+
+    settings = prepare_compile_cache()
+    return {
+        "inductor": Path(settings[INDUCTOR_CACHE_VARIABLE]),
+        "triton": Path(settings[TRITON_CACHE_VARIABLE]),
+    }
+
+
+def _pack(args) -> int:
+    from turbo_dllm.cache.key import host_pack_key
+    from turbo_dllm.cache.packs import make_pack
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.host import collect_fingerprint
+
+    spec, digest, part = _spec(args)
+    key = host_pack_key(collect_fingerprint(apply_overrides=False), digest)
+    if args.warm:
+        if spec is None:
+            raise DllmError("--warm runs the spec's first step: pass --config F")
+        from turbo_dllm.cache.warm import warm_caches
+
+        with tempfile.TemporaryDirectory(prefix="dllm-warm-") as tmp:
+            folder = warm_caches(args.config, args.overrides, Path(tmp), spec.topology.world_size)
+            path, manifest = make_pack(
+                {"inductor": folder / "inductor", "triton": folder / "triton"},
+                args.out,
+                key,
+                spec=part,
+            )
+    else:
+        path, manifest = make_pack(_caches(), args.out, key, spec=part)
+    from turbo_dllm.bundles.fetch import sha256_file
+
+    sha256 = sha256_file(path)
+    if args.json:
+        emit_json(
+            {
+                "pack": str(path),
+                "sha256": sha256,
+                "files": len(manifest.files),
+                "bytes": manifest.total_size,
+                "key": manifest.key.model_dump(mode="json"),
+            }
+        )
+        return 0
+    print(f"packed {path}")
+    print(f"  {len(manifest.files)} files, {manifest.total_size / 1e6:,.1f} MB, sha256 {sha256}")
+    print(f"  for {manifest.key.label()}, spec {(digest or 'any (no --config)')[:12]}")
+    print(f"next: dllm cache install {path}   (on a host like this one)")
+    return 0
+
+
+def _install(args) -> int:
+    from turbo_dllm.cache.packs import install_pack
+    from turbo_dllm.host import collect_fingerprint
+
+    _, digest, _ = _spec(args)
+    pack, added = install_pack(args.pack, _caches(), collect_fingerprint(), spec_sha256=digest)
+    if args.json:
+        emit_json({**pack.to_json(), "added": added})
+        return 0
+    kept = len(pack.manifest.files) - added
+    print(f"installed {pack.manifest.file_name} ({pack.short_sha})")
+    print(f"  {added} files added to {Path(pack.caches['inductor']).parent}, {kept} already there")
+    return 0
+
+
+def _list(args) -> int:
+    from turbo_dllm.cache.packs import available_packs, installed_packs
+
+    packs = installed_packs()
+    offered = []
+    if args.available:
+        from turbo_dllm.host import collect_fingerprint
+
+        _, digest, _ = _spec(args)
+        offered = available_packs(collect_fingerprint(), digest)
+    if args.json:
+        emit_json(
+            {
+                "installed": [p.to_json() for p in packs],
+                "available": [
+                    {
+                        "path": str(o.path),
+                        "fits": o.fits,
+                        "differences": [str(d) for d in o.differences],
+                    }
+                    for o in offered
+                ],
+            }
+        )
+        return 0
+    if not packs:
+        print("no compile-cache packs installed")
+    for pack in packs:
+        print(
+            f"{pack.short_sha}  {pack.manifest.key.label()}  {len(pack.manifest.files)} files  "
+            f"{pack.installed_at}  {pack.manifest.file_name}"
+        )
+    for offer in offered:
+        verdict = "fits" if offer.fits else "; ".join(map(str, offer.differences))
+        print(f"offered  {offer.path}: {verdict}")
+    return 0
+
+
+def _verify(args) -> int:
+    from turbo_dllm.cache.packs import find_installed, installed_packs, verify_pack
+
+    packs = [find_installed(args.pack)] if args.pack else installed_packs()
+    report = {p.short_sha: verify_pack(p) for p in packs}
+    ok = not any(report.values())
+    if args.json:
+        emit_json({"ok": ok, "packs": report})
+        return 0 if ok else 1
+    if not packs:
+        print("no compile-cache packs installed")
+    for name, problems in report.items():
+        print(f"{'ok  ' if not problems else 'FAIL'}  {name}")
+        for problem in problems[:20]:
+            print(f"      {problem}")
+    if not ok:
+        print("fix: dllm cache remove ID, then install the pack again", file=sys.stderr)
+    return 0 if ok else 1
+
+
+def _remove(args) -> int:
+    from turbo_dllm.cache.packs import find_installed, remove_pack
+
+    pack = find_installed(args.pack)
+    removed = remove_pack(pack)
+    print(f"removed {pack.manifest.file_name} ({pack.short_sha}): {removed} files deleted")
+    return 0
