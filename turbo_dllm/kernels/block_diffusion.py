@@ -15,6 +15,7 @@ once per source hash.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -68,6 +69,12 @@ def plan_block_diffusion_attention(
         raise ValueError(f"q_doc has {q_doc.shape[0]} rows, k_doc {k_doc.shape[0]}")
     if backend == "reference":
         return BlockDiffusionPlan(backend, (q_noisy, q_block, q_doc), (k_noisy, k_block, k_doc))
+    if q_noisy.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise DllmError(
+            f"block_diffusion_attention ({backend}) runs Triton kernels on a CUDA GPU, "
+            f"not on {q_noisy.device.type}",
+            hint="its CPU twin is the reference backend (model.attention: reference)",
+        )
     from turbo_dllm.kernels.triton_ops import triton_module
 
     module = triton_module(OP, backend)

@@ -62,5 +62,5 @@ def triton_module(op: str, backend: str) -> ModuleType:
         from turbo_dllm.kernels.loader import load_bundle_triton_op
 
         path, source_sha = load_bundle_triton_op(op)
-        return import_triton_source(path, op, source_sha)
+        return import_triton_source(Path(path), op, source_sha)
     raise ValueError(f"unknown kernel backend {backend!r} (expected reference, native or jit)")
