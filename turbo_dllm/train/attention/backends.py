@@ -21,7 +21,23 @@ import torch.nn.functional as F
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train.attention.layout import BlockDiffusionLayout, allowed, dense_mask
 
-__all__ = ["FlexAttention", "ReferenceAttention", "build_attention"]
+__all__ = ["FlexAttention", "ReferenceAttention", "build_attention", "create_block_mask_for"]
+
+_compiled_create_block_mask = None
+
+
+def create_block_mask_for(device: torch.device | str):
+    """FlexAttention's `create_block_mask`, compiled on CUDA so it never materialises the S x S
+    mask there. torch.compile(create_block_mask) is the supported form (torch >= 2.11 deprecates
+    the `_compile=True` flag, which did the same per call)."""
+    global _compiled_create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if torch.device(device).type != "cuda":
+        return create_block_mask
+    if _compiled_create_block_mask is None:
+        _compiled_create_block_mask = torch.compile(create_block_mask)
+    return _compiled_create_block_mask
 
 
 def _gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -70,10 +86,8 @@ class FlexAttention:
         doc_ids: torch.Tensor | None,
         device: torch.device,
     ) -> Any:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         S = layout.stream_len
-        compile_mask = self.compile and torch.device(device).type == "cuda"
+        create_block_mask = create_block_mask_for(device if self.compile else "cpu")
         if doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all()):
             # One document per row: the mask is the same for every batch and step; cache it.
             key = (layout, str(device))
@@ -82,9 +96,7 @@ class FlexAttention:
                 def mask_mod(b, h, q_idx, kv_idx):
                     return allowed(layout, q_idx, kv_idx)
 
-                self._static[key] = create_block_mask(
-                    mask_mod, None, None, S, S, device=device, _compile=compile_mask
-                )
+                self._static[key] = create_block_mask(mask_mod, None, None, S, S, device=device)
             return self._static[key]
         docs = doc_ids.to(device=device, dtype=torch.int32)
 
@@ -92,9 +104,7 @@ class FlexAttention:
             same_doc = docs[b, layout.token(q_idx)] == docs[b, layout.token(kv_idx)]
             return allowed(layout, q_idx, kv_idx) & same_doc
 
-        return create_block_mask(
-            doc_mask_mod, docs.shape[0], None, S, S, device=device, _compile=compile_mask
-        )
+        return create_block_mask(doc_mask_mod, docs.shape[0], None, S, S, device=device)
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any

@@ -96,7 +96,7 @@ def _flex_attention() -> Callable:
 
 
 def _flex(q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None) -> PartialAttention:
-    from torch.nn.attention.flex_attention import create_block_mask
+    from turbo_dllm.train.attention.backends import create_block_mask_for
 
     qn, qb, qd = q_tokens.noisy, q_tokens.block, q_tokens.doc
     kn, kb, kd = k_tokens.noisy, k_tokens.block, k_tokens.doc
@@ -107,14 +107,8 @@ def _flex(q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None) -> Partia
         )
 
     batch = qd.shape[0]
-    block_mask = create_block_mask(
-        mask_mod,
-        batch,
-        None,
-        len(q_tokens),
-        len(k_tokens),
-        device=qd.device,
-        _compile=qd.device.type == "cuda",  # never materialise Sq x Sk on the GPU
+    block_mask = create_block_mask_for(qd.device)(  # compiled on the GPU: no Sq x Sk mask
+        mask_mod, batch, None, len(q_tokens), len(k_tokens), device=qd.device
     )
     flex = _flex_attention()
 
