@@ -252,7 +252,7 @@ def _fwd_kernel(
     stride_vb, stride_vh, stride_vs,
     stride_ob, stride_oh, stride_os,
     stride_qdb, stride_kdb,
-    H, GROUP, Sq, Sk, Mt, Nt,
+    H, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
@@ -260,8 +260,9 @@ def _fwd_kernel(
     b = bh // H
     h = bh % H
     hk = h // GROUP
-    row = b * Mt + tl.load(ORDER + b * Mt + pid)
-    m_tile = row - b * Mt
+    lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
+    m_tile = tl.load(ORDER + lb * Mt + pid)
+    row = lb * Mt + m_tile
     offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_j = tl.arange(0, BLOCK_N)
@@ -387,7 +388,7 @@ def _bwd_dkdv_kernel(
     stride_dob, stride_doh, stride_dos,
     stride_dkb, stride_dkh, stride_dks,
     stride_qdb, stride_kdb,
-    H, HK, GROUP, Sq, Sk, Mt, Nt,
+    H, HK, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """One key tile of one kv head: dK, dV summed over the query tiles and the GQA group."""
@@ -395,8 +396,9 @@ def _bwd_dkdv_kernel(
     bhk = tl.program_id(1)
     b = bhk // HK
     hk = bhk % HK
-    row = b * Nt + tl.load(ORDER + b * Nt + pid)
-    n_tile = row - b * Nt
+    lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
+    n_tile = tl.load(ORDER + lb * Nt + pid)
+    row = lb * Nt + n_tile
     offs_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_i = tl.arange(0, BLOCK_M)
@@ -491,7 +493,7 @@ def _bwd_dq_kernel(
     stride_dob, stride_doh, stride_dos,
     stride_dqb, stride_dqh, stride_dqs,
     stride_qdb, stride_kdb,
-    H, GROUP, Sq, Sk, Mt, Nt,
+    H, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """One query tile of one head: dQ over its key tiles."""
@@ -500,8 +502,9 @@ def _bwd_dq_kernel(
     b = bh // H
     h = bh % H
     hk = h // GROUP
-    row = b * Mt + tl.load(ORDER + b * Mt + pid)
-    m_tile = row - b * Mt
+    lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
+    m_tile = tl.load(ORDER + lb * Mt + pid)
+    row = lb * Mt + m_tile
     offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_j = tl.arange(0, BLOCK_N)
@@ -586,8 +589,17 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule
             f"schedule covers {qn.numel()} queries and {kn.numel()} keys, "
             f"got {q.shape[2]} and {k.shape[2]}"
         )
-    if qd.shape[0] != q.shape[0] or kd.shape[0] != q.shape[0]:
-        raise ValueError(f"schedule doc ids cover {qd.shape[0]} rows, the batch has {q.shape[0]}")
+    if qd.shape[0] != kd.shape[0] or qd.shape[0] not in (1, q.shape[0]):
+        raise ValueError(
+            f"schedule doc ids cover {qd.shape[0]} and {kd.shape[0]} rows, the batch has "
+            f"{q.shape[0]} (one row serves every batch row)"
+        )
+
+
+def _doc_strides(schedule: Schedule) -> tuple[int, int]:
+    """Batch strides of the doc ids: 0 when one row serves the whole batch."""
+    qd, kd = schedule.q_meta[2], schedule.k_meta[2]
+    return (qd.stride(0) if qd.shape[0] > 1 else 0), (kd.stride(0) if kd.shape[0] > 1 else 0)
 
 
 def forward(
@@ -602,7 +614,7 @@ def forward(
     out = torch.empty_like(q)
     lse = torch.empty((batch, heads, sq), device=q.device, dtype=torch.float32)
     lists = schedule.by_query_tile(config.fwd_m, config.fwd_n)
-    mt, nt = lists.index.shape[1], lists.index.shape[2]
+    lists_rows, mt, nt = lists.index.shape
     qn, qb, qd = schedule.q_meta
     kn, kb, kd = schedule.k_meta
     _fwd_kernel[(mt, batch * heads)](
@@ -614,8 +626,8 @@ def forward(
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         out.stride(0), out.stride(1), out.stride(2),
-        qd.stride(0), kd.stride(0),
-        heads, heads // kv_heads, sq, sk, mt, nt,
+        *_doc_strides(schedule),
+        heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
         HEAD_DIM=dim, BLOCK_M=config.fwd_m, BLOCK_N=config.fwd_n,
         num_warps=config.fwd_warps, num_stages=config.fwd_stages,
     )  # fmt: skip
@@ -649,7 +661,7 @@ def backward(
     dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # dk, dv share strides
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     cols = schedule.by_key_tile(config.dkdv_m, config.dkdv_n)
-    nt, mt = cols.index.shape[1], cols.index.shape[2]
+    lists_rows, nt, mt = cols.index.shape
     _bwd_dkdv_kernel[(nt, batch * kv_heads)](
         q, k, v, grad_out, dk, dv, lse2, delta,
         qn, qb, qd, kn, kb, kd,
@@ -660,14 +672,14 @@ def backward(
         v.stride(0), v.stride(1), v.stride(2),
         grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2),
-        qd.stride(0), kd.stride(0),
-        heads, kv_heads, heads // kv_heads, sq, sk, mt, nt,
+        *_doc_strides(schedule),
+        heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
         HEAD_DIM=dim, BLOCK_M=config.dkdv_m, BLOCK_N=config.dkdv_n,
         num_warps=config.dkdv_warps, num_stages=config.dkdv_stages,
     )  # fmt: skip
     dq = torch.empty_like(q)
     rows = schedule.by_query_tile(config.dq_m, config.dq_n)
-    mt, nt = rows.index.shape[1], rows.index.shape[2]
+    lists_rows, mt, nt = rows.index.shape
     _bwd_dq_kernel[(mt, batch * heads)](
         q, k, v, grad_out, dq, lse2, delta,
         qn, qb, qd, kn, kb, kd,
@@ -678,8 +690,8 @@ def backward(
         v.stride(0), v.stride(1), v.stride(2),
         grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),
-        qd.stride(0), kd.stride(0),
-        heads, heads // kv_heads, sq, sk, mt, nt,
+        *_doc_strides(schedule),
+        heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
         HEAD_DIM=dim, BLOCK_M=config.dq_m, BLOCK_N=config.dq_n,
         num_warps=config.dq_warps, num_stages=config.dq_stages,
     )  # fmt: skip

@@ -54,9 +54,9 @@ def docs_for(batch, seq_len, cuts):
     return doc
 
 
-def run(name, q_tokens, k_tokens, heads, kv_heads, dim, seed):
+def run(name, q_tokens, k_tokens, heads, kv_heads, dim, seed, batch=None):
     gen = torch.Generator().manual_seed(seed)
-    batch = q_tokens.doc.shape[0]
+    batch = batch or q_tokens.doc.shape[0]  # one doc row may serve the whole batch
     sq, sk = len(q_tokens), len(k_tokens)
     meta = (q_tokens.noisy, q_tokens.block, q_tokens.doc, k_tokens.noisy, k_tokens.block, k_tokens.doc)
     plan = plan_block_diffusion_attention(*meta, backend="jit", config=TINY)
@@ -120,7 +120,8 @@ else:
     local = two_stream_tokens(cp.positions, block_size=16, doc_ids=d1)
     all_keys = TokenSet.concat(*(two_stream_tokens(p, block_size=16, doc_ids=d1)
                                  for p in cp.gathered_positions.chunk(2)))
-    results.append(run("cp baseline B=16 D=64", local, all_keys, 2, 1, 64, 4))
+    # One document per row: one doc row (and one schedule) serves a batch of 2, as in the trainer.
+    results.append(run("cp baseline B=16 D=64", local, all_keys, 2, 1, 64, 4, batch=2))
 print(json.dumps(results))
 """
 
