@@ -96,7 +96,33 @@ L = 64
 docs = docs_for(2, L, [0, 23])  # a document boundary inside a block
 whole16 = two_stream_tokens(torch.arange(L), block_size=16, doc_ids=docs)
 whole64 = two_stream_tokens(torch.arange(2 * L), block_size=64, doc_ids=docs_for(1, 2 * L, [50]))
-if sys.argv[1] == "relabelled":
+if sys.argv[1] == "trainer":
+    # The trainer's two entry points: the whole-stream backend and CSBP (cp 1) with turbo.
+    from turbo_dllm.train.attention import BlockDiffusionLayout, ReferenceAttention, TurboAttention
+    from turbo_dllm.train.parallel.csbp import CsbpAttention
+
+    module.SM90_CONFIGS = {64: TINY, 128: TINY}  # the default tiles are too big to interpret
+    gen = torch.Generator().manual_seed(5)
+    layout = BlockDiffusionLayout(64, 16)
+    docs = docs_for(2, 64, [0, 23])
+    q = torch.randn(2, 4, 128, 64, generator=gen).half()
+    k, v = (torch.randn(2, 2, 128, 64, generator=gen).half() for _ in range(2))
+    turbo, ref = TurboAttention("jit"), ReferenceAttention()
+    for doc_ids in (docs, None):
+        got = turbo(q, k, v, turbo.prepare(layout, doc_ids, torch.device("cpu")))
+        want = ref(q.float(), k.float(), v.float(), ref.prepare(layout, doc_ids, "cpu"))
+        results.append({"case": f"TurboAttention docs={doc_ids is not None}",
+                        "rel": float((got.float() - want).abs().max() / want.abs().max())})
+    csbp_layout = CsbpLayout.build(64, 16, bp=2, cp=1, ctx_rank=0)
+    width = csbp_layout.num_noisy + csbp_layout.num_clean
+    qc = torch.randn(2, 4, width, 64, generator=gen).half()
+    kc, vc = (torch.randn(2, 2, width, 64, generator=gen).half() for _ in range(2))
+    outs = [CsbpAttention(csbp_layout, docs, None, backend=b, kernels="jit")(
+                qc if b == "turbo" else qc.float(), *((kc, vc) if b == "turbo" else (kc.float(), vc.float())))
+            for b in ("turbo", "reference")]
+    results.append({"case": "CsbpAttention turbo",
+                    "rel": float((outs[0].float() - outs[1]).abs().max() / outs[1].abs().max())})
+elif sys.argv[1] == "relabelled":
     for name, before, after in (("partial-as-full", module.PARTIAL, module.FULL),
                                 ("full-as-partial", module.FULL, module.PARTIAL)):
         module.classify_tiles = relabel(before, after)
@@ -240,3 +266,16 @@ def test_reference_matches_the_training_reference_attention():
     want_out, want_lse = dense_attention_with_lse(q, k, v, dense_mask(tokens, tokens))
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(lse, want_lse)
+
+
+def test_trainer_backends_run_the_kernels():
+    """TurboAttention (with and without documents) and CsbpAttention(backend='turbo') equal
+    their reference twins."""
+    results = _child("trainer")
+    assert [r["case"] for r in results] == [
+        "TurboAttention docs=True",
+        "TurboAttention docs=False",
+        "CsbpAttention turbo",
+    ]
+    for r in results:
+        assert r["rel"] < TOLERANCE, r
