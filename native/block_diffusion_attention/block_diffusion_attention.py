@@ -255,8 +255,8 @@ def _fwd_kernel(
     H, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
+    pid = tl.program_id(1)  # tile rank: heaviest first across all heads (axis 0 runs first)
+    bh = tl.program_id(0)
     b = bh // H
     h = bh % H
     hk = h // GROUP
@@ -392,8 +392,8 @@ def _bwd_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """One key tile of one kv head: dK, dV summed over the query tiles and the GQA group."""
-    pid = tl.program_id(0)
-    bhk = tl.program_id(1)
+    pid = tl.program_id(1)  # tile rank: heaviest first across all heads (axis 0 runs first)
+    bhk = tl.program_id(0)
     b = bhk // HK
     hk = bhk % HK
     lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
@@ -497,8 +497,8 @@ def _bwd_dq_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):  # fmt: skip
     """One query tile of one head: dQ over its key tiles."""
-    pid = tl.program_id(0)
-    bh = tl.program_id(1)
+    pid = tl.program_id(1)  # tile rank: heaviest first across all heads (axis 0 runs first)
+    bh = tl.program_id(0)
     b = bh // H
     h = bh % H
     hk = h // GROUP
@@ -617,7 +617,7 @@ def forward(
     lists_rows, mt, nt = lists.index.shape
     qn, qb, qd = schedule.q_meta
     kn, kb, kd = schedule.k_meta
-    _fwd_kernel[(mt, batch * heads)](
+    _fwd_kernel[(batch * heads, mt)](
         q, k, v, out, lse,
         qn, qb, qd, kn, kb, kd,
         lists.order, lists.index, lists.count,
@@ -662,7 +662,7 @@ def backward(
     dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
     cols = schedule.by_key_tile(config.dkdv_m, config.dkdv_n)
     lists_rows, nt, mt = cols.index.shape
-    _bwd_dkdv_kernel[(nt, batch * kv_heads)](
+    _bwd_dkdv_kernel[(batch * kv_heads, nt)](
         q, k, v, grad_out, dk, dv, lse2, delta,
         qn, qb, qd, kn, kb, kd,
         cols.order, cols.index, cols.count,
@@ -680,7 +680,7 @@ def backward(
     dq = torch.empty_like(q)
     rows = schedule.by_query_tile(config.dq_m, config.dq_n)
     lists_rows, mt, nt = rows.index.shape
-    _bwd_dq_kernel[(mt, batch * heads)](
+    _bwd_dq_kernel[(batch * heads, mt)](
         q, k, v, grad_out, dq, lse2, delta,
         qn, qb, qd, kn, kb, kd,
         rows.order, rows.index, rows.count,
