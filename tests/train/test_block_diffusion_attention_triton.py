@@ -146,6 +146,9 @@ else:
     local = two_stream_tokens(cp.positions, block_size=16, doc_ids=d1)
     all_keys = TokenSet.concat(*(two_stream_tokens(p, block_size=16, doc_ids=d1)
                                  for p in cp.gathered_positions.chunk(2)))
+    # 2 x 40 tokens: tiles of 32 run past the end (ragged tiles are partial, bounds-checked).
+    ragged = two_stream_tokens(torch.arange(40), block_size=16, doc_ids=docs_for(1, 40, [0]))
+    results.append(run("ragged 80 tokens B=16 D=64", ragged, ragged, 2, 2, 64, 5))
     # One document per row: one doc row (and one schedule) serves a batch of 2, as in the trainer.
     results.append(run("cp baseline B=16 D=64", local, all_keys, 2, 1, 64, 4, batch=2))
 print(json.dumps(results))
@@ -174,6 +177,7 @@ def test_kernels_match_the_reference_for_every_mask_shape():
         "stream B=64 docs D=128",
         "csbp local B=16 D=64",
         "csbp prefix B=16 GQA D=128",
+        "ragged 80 tokens B=16 D=64",
         "cp baseline B=16 D=64",
     ]
     for r in results:
