@@ -658,8 +658,8 @@ def backward(
     )  # fmt: skip
     qn, qb, qd = schedule.q_meta
     kn, kb, kd = schedule.k_meta
-    dk = torch.empty(k.shape, dtype=k.dtype, device=k.device)  # dk, dv share strides
-    dv = torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    dk = k.new_empty(k.shape)  # contiguous: dk and dv share strides in the kernel
+    dv = v.new_empty(v.shape)
     cols = schedule.by_key_tile(config.dkdv_m, config.dkdv_n)
     lists_rows, nt, mt = cols.index.shape
     _bwd_dkdv_kernel[(batch * kv_heads, nt)](

@@ -186,7 +186,8 @@ def _custom_op(module):
 
     @backward.register_fake
     def _(grad_out, grad_lse, q, k, v, out, lse, meta, lists, scale, config):
-        return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        # What `backward` allocates: dq like q, dk and dv contiguous.
+        return torch.empty_like(q), k.new_empty(k.shape), v.new_empty(v.shape)
 
     def setup_context(ctx, inputs, output):
         q, k, v, meta, lists, scale, config = inputs
