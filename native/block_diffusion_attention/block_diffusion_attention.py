@@ -287,9 +287,10 @@ def _fwd_kernel(
         offs_n = tl.load(idx + i) * BLOCK_N + offs_j
         k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :])
         v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :])
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        p = tl.math.exp2(s - m_new[:, None])
+        # Raw scores: the row max scales as a vector, the exponent is one multiply-add.
+        s = tl.dot(q, tl.trans(k))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+        p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m_i - m_new)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
@@ -316,11 +317,10 @@ def _fwd_kernel(
             qn[:, None], qb[:, None], qd[:, None], kn[None, :], kb[None, :], kd[None, :]
         )
         visible = visible & col_ok[None, :] & row_ok[:, None]
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
+        s = tl.where(visible, tl.dot(q, tl.trans(k)), float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
         m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.math.exp2(s - m_safe[:, None])
+        p = tl.math.exp2(s * qk_scale - m_safe[:, None])
         alpha = tl.math.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
         acc = acc * alpha[:, None]
