@@ -57,6 +57,9 @@ class KernelConfig:
     dq_n: int = 64
     dq_warps: int = 8
     dq_stages: int = 2
+    # Full tiles through the bulk tensor copy engine (host-side descriptors); partial tiles keep
+    # bounds-checked pointer loads. Off by default until timed on the H200 (`--sweep`).
+    tma: bool = False
 
 
 SM90_CONFIGS = {
@@ -68,13 +71,15 @@ SM90_CONFIGS = {
 SM90_SWEEP = {
     64: [
         SM90_CONFIGS[64],
+        KernelConfig(fwd_n=128, fwd_stages=3, tma=True),
         KernelConfig(fwd_n=64, fwd_stages=4),
         KernelConfig(fwd_n=128, fwd_stages=2, dkdv_m=32, dq_n=32, dkdv_stages=3, dq_stages=3),
     ],
     128: [
         SM90_CONFIGS[128],
+        KernelConfig(fwd_n=64, fwd_stages=3, tma=True),
         KernelConfig(fwd_n=128, fwd_stages=2),
-        KernelConfig(fwd_n=64, fwd_stages=2, dkdv_m=32, dq_n=32, dkdv_stages=3, dq_stages=3),
+        KernelConfig(fwd_n=64, fwd_stages=2, dkdv_m=64, dkdv_n=64, dq_n=32, dq_stages=3),
     ],
 }
 
@@ -243,7 +248,7 @@ def _visible(qn, qb, qd, kn, kb, kd):
 
 @triton.jit
 def _fwd_kernel(
-    Q, K, V, OUT, LSE,
+    Q, K, V, OUT, LSE, A_TMA, B_TMA,
     QN, QB, QD, KN, KB, KD,
     ORDER, IDX, COUNT,
     qk_scale,
@@ -253,7 +258,7 @@ def _fwd_kernel(
     stride_ob, stride_oh, stride_os,
     stride_qdb, stride_kdb,
     H, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(1)  # tile rank: heaviest first across all heads (axis 0 runs first)
     bh = tl.program_id(0)
@@ -284,9 +289,14 @@ def _fwd_kernel(
 
     # Full tiles: every pair allowed, no bounds or mask arithmetic; m_new is finite here.
     for i in range(0, n_full):
-        offs_n = tl.load(idx + i) * BLOCK_N + offs_j
-        k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :])
-        v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :])
+        n0 = tl.load(idx + i) * BLOCK_N
+        if USE_TMA:  # A_TMA, B_TMA: descriptors of K and V, boxes (1, 1, BLOCK_N, D)
+            k = A_TMA.load([b, hk, n0, 0]).reshape(BLOCK_N, HEAD_DIM)
+            v = B_TMA.load([b, hk, n0, 0]).reshape(BLOCK_N, HEAD_DIM)
+        else:
+            offs_n = n0 + offs_j
+            k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :])
+            v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :])
         # Raw scores: the row max scales as a vector, the exponent is one multiply-add.
         s = tl.dot(q, tl.trans(k))
         m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
@@ -378,7 +388,7 @@ def _bwd_preprocess_kernel(
 
 @triton.jit
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, DK, DV, LSE2, DELTA,
+    Q, K, V, DO, DK, DV, LSE2, DELTA, A_TMA, B_TMA,
     QN, QB, QD, KN, KB, KD,
     ORDER, IDX, COUNT,
     qk_scale, sm_scale,
@@ -389,7 +399,7 @@ def _bwd_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dks,
     stride_qdb, stride_kdb,
     H, HK, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     """One key tile of one kv head: dK, dV summed over the query tiles and the GQA group."""
     pid = tl.program_id(1)  # tile rank: heaviest first across all heads (axis 0 runs first)
@@ -427,9 +437,14 @@ def _bwd_dkdv_kernel(
         do_base = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh
         stat = (b64 * H + h) * Sq
         for i in range(0, n_full):
-            offs_m = tl.load(idx + i) * BLOCK_M + offs_i
-            q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :])
-            do = tl.load(do_base + offs_m[:, None] * stride_dos + offs_d[None, :])
+            m0 = tl.load(idx + i) * BLOCK_M
+            offs_m = m0 + offs_i
+            if USE_TMA:  # A_TMA, B_TMA: descriptors of Q and dO, boxes (1, 1, BLOCK_M, D)
+                q = A_TMA.load([b, h, m0, 0]).reshape(BLOCK_M, HEAD_DIM)
+                do = B_TMA.load([b, h, m0, 0]).reshape(BLOCK_M, HEAD_DIM)
+            else:
+                q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :])
+                do = tl.load(do_base + offs_m[:, None] * stride_dos + offs_d[None, :])
             lse2 = tl.load(LSE2 + stat + offs_m)
             delta = tl.load(DELTA + stat + offs_m)
             s_t = tl.dot(k, tl.trans(q)) * qk_scale
@@ -483,7 +498,7 @@ def _bwd_dkdv_kernel(
 
 @triton.jit
 def _bwd_dq_kernel(
-    Q, K, V, DO, DQ, LSE2, DELTA,
+    Q, K, V, DO, DQ, LSE2, DELTA, A_TMA, B_TMA,
     QN, QB, QD, KN, KB, KD,
     ORDER, IDX, COUNT,
     qk_scale, sm_scale,
@@ -494,7 +509,7 @@ def _bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqs,
     stride_qdb, stride_kdb,
     H, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
 ):  # fmt: skip
     """One query tile of one head: dQ over its key tiles."""
     pid = tl.program_id(1)  # tile rank: heaviest first across all heads (axis 0 runs first)
@@ -529,9 +544,14 @@ def _bwd_dq_kernel(
     n_partial = tl.load(COUNT + row * 2 + 1)
     idx = IDX + row.to(tl.int64) * Nt
     for i in range(0, n_full):
-        offs_n = tl.load(idx + i) * BLOCK_N + offs_j
-        k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :])
-        v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :])
+        n0 = tl.load(idx + i) * BLOCK_N
+        if USE_TMA:  # A_TMA, B_TMA: descriptors of K and V, boxes (1, 1, BLOCK_N, D)
+            k = A_TMA.load([b, hk, n0, 0]).reshape(BLOCK_N, HEAD_DIM)
+            v = B_TMA.load([b, hk, n0, 0]).reshape(BLOCK_N, HEAD_DIM)
+        else:
+            offs_n = n0 + offs_j
+            k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :])
+            v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :])
         s = tl.dot(q, tl.trans(k)) * qk_scale
         p = tl.math.exp2(s - lse2[:, None])
         dp = tl.dot(do, tl.trans(v))
@@ -596,6 +616,29 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule
         )
 
 
+def _tma_fits(t: torch.Tensor) -> bool:
+    """The bulk tensor copy engine wants 16-byte aligned base and strides."""
+    size = t.element_size()
+    return t.data_ptr() % 16 == 0 and all((st * size) % 16 == 0 for st in t.stride()[:-1])
+
+
+def _uses_tma(wanted: bool, *tensors: torch.Tensor) -> bool:
+    return bool(wanted) and all(_tma_fits(t) for t in tensors)
+
+
+def _descriptors(wanted: bool, tensors, rows: int):
+    """Host-side TMA descriptors (boxes of `rows` x D) for full tiles, or the tensors themselves
+    (unused) when TMA is off or a layout does not fit it (the pointer path then runs)."""
+    if not _uses_tma(wanted, *tensors):
+        return tuple(tensors)
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return tuple(
+        TensorDescriptor(t, list(t.shape), list(t.stride()), [1, 1, rows, t.shape[-1]])
+        for t in tensors
+    )
+
+
 def _doc_strides(schedule: Schedule) -> tuple[int, int]:
     """Batch strides of the doc ids: 0 when one row serves the whole batch."""
     qd, kd = schedule.q_meta[2], schedule.k_meta[2]
@@ -618,7 +661,7 @@ def forward(
     qn, qb, qd = schedule.q_meta
     kn, kb, kd = schedule.k_meta
     _fwd_kernel[(batch * heads, mt)](
-        q, k, v, out, lse,
+        q, k, v, out, lse, *_descriptors(config.tma, (k, v), config.fwd_n),
         qn, qb, qd, kn, kb, kd,
         lists.order, lists.index, lists.count,
         scale * LOG2E,
@@ -628,7 +671,7 @@ def forward(
         out.stride(0), out.stride(1), out.stride(2),
         *_doc_strides(schedule),
         heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
-        HEAD_DIM=dim, BLOCK_M=config.fwd_m, BLOCK_N=config.fwd_n,
+        HEAD_DIM=dim, BLOCK_M=config.fwd_m, BLOCK_N=config.fwd_n, USE_TMA=_uses_tma(config.tma, q, k, v),
         num_warps=config.fwd_warps, num_stages=config.fwd_stages,
     )  # fmt: skip
     return out, lse
@@ -664,6 +707,7 @@ def backward(
     lists_rows, nt, mt = cols.index.shape
     _bwd_dkdv_kernel[(batch * kv_heads, nt)](
         q, k, v, grad_out, dk, dv, lse2, delta,
+        *_descriptors(config.tma, (q, grad_out), config.dkdv_m),
         qn, qb, qd, kn, kb, kd,
         cols.order, cols.index, cols.count,
         scale * LOG2E, scale,
@@ -674,14 +718,14 @@ def backward(
         dk.stride(0), dk.stride(1), dk.stride(2),
         *_doc_strides(schedule),
         heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
-        HEAD_DIM=dim, BLOCK_M=config.dkdv_m, BLOCK_N=config.dkdv_n,
+        HEAD_DIM=dim, BLOCK_M=config.dkdv_m, BLOCK_N=config.dkdv_n, USE_TMA=_uses_tma(config.tma, q, k, v, grad_out),
         num_warps=config.dkdv_warps, num_stages=config.dkdv_stages,
     )  # fmt: skip
     dq = torch.empty_like(q)
     rows = schedule.by_query_tile(config.dq_m, config.dq_n)
     lists_rows, mt, nt = rows.index.shape
     _bwd_dq_kernel[(batch * heads, mt)](
-        q, k, v, grad_out, dq, lse2, delta,
+        q, k, v, grad_out, dq, lse2, delta, *_descriptors(config.tma, (k, v), config.dq_n),
         qn, qb, qd, kn, kb, kd,
         rows.order, rows.index, rows.count,
         scale * LOG2E, scale,
@@ -692,7 +736,7 @@ def backward(
         dq.stride(0), dq.stride(1), dq.stride(2),
         *_doc_strides(schedule),
         heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
-        HEAD_DIM=dim, BLOCK_M=config.dq_m, BLOCK_N=config.dq_n,
+        HEAD_DIM=dim, BLOCK_M=config.dq_m, BLOCK_N=config.dq_n, USE_TMA=_uses_tma(config.tma, q, k, v, grad_out),
         num_warps=config.dq_warps, num_stages=config.dq_stages,
     )  # fmt: skip
     return dq, dk, dv

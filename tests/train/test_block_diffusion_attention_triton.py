@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
-import json, sys, torch
+import dataclasses, json, sys, torch
 from turbo_dllm.kernels.block_diffusion import (
     block_diffusion_attention, plan_block_diffusion_attention)
 from turbo_dllm.kernels.triton_ops import triton_module
@@ -54,7 +54,7 @@ def docs_for(batch, seq_len, cuts):
     return doc
 
 
-def run(name, q_tokens, k_tokens, heads, kv_heads, dim, seed, batch=None):
+def run(name, q_tokens, k_tokens, heads, kv_heads, dim, seed, batch=None, views=False):
     gen = torch.Generator().manual_seed(seed)
     batch = batch or q_tokens.doc.shape[0]  # one doc row may serve the whole batch
     sq, sk = len(q_tokens), len(k_tokens)
@@ -64,11 +64,14 @@ def run(name, q_tokens, k_tokens, heads, kv_heads, dim, seed, batch=None):
     q = torch.randn(batch, heads, sq, dim, generator=gen).half()
     k = torch.randn(batch, kv_heads, sk, dim, generator=gen).half()
     v = torch.randn(batch, kv_heads, sk, dim, generator=gen).half()
+    if views:  # (B, S, H, D) memory seen as (B, H, S, D), what the attention layer passes
+        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     grad_out = torch.randn(batch, heads, sq, dim, generator=gen)
     grad_lse = torch.randn(batch, heads, sq, generator=gen)
 
     def attend(p):
-        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        leaves = [t.detach().clone(memory_format=torch.preserve_format).requires_grad_(True)
+                  for t in (q, k, v)]
         out, lse = block_diffusion_attention(*leaves, p)
         finite = torch.isfinite(lse)
         loss = (out.float() * grad_out).sum() + (torch.where(finite, lse, 0) * grad_lse).sum()
@@ -88,7 +91,8 @@ def run(name, q_tokens, k_tokens, heads, kv_heads, dim, seed, batch=None):
     classes = plan.schedule.classes(TINY.fwd_m, TINY.fwd_n)
     tiles = {c: int((classes == v).sum()) for c, v in (("full", 2), ("partial", 1), ("empty", 0))}
     unseen = int((~torch.isfinite(want[1])).sum())
-    return {"case": name, "errors": errors, "tiles": tiles, "unseen_rows": unseen}
+    tma = TINY.tma and module._uses_tma(True, q, k, v)
+    return {"case": name, "errors": errors, "tiles": tiles, "unseen_rows": unseen, "tma": tma}
 
 
 results = []
@@ -131,6 +135,10 @@ elif sys.argv[1] == "relabelled":
 else:
     results.append(run("stream B=16 docs GQA D=64", whole16, whole16, 4, 2, 64, 0))
     results.append(run("stream B=64 docs D=128", whole64, whole64, 2, 1, 128, 1))
+    # Full tiles through TMA descriptors (the sweep's opt-in path), q/k/v as the model's views.
+    TINY = dataclasses.replace(TINY, tma=True)
+    results.append(run("stream B=16 docs GQA D=64 tma", whole16, whole16, 4, 2, 64, 0, views=True))
+    TINY = dataclasses.replace(TINY, tma=False)
     # CSBP, 4 block-parallel ranks over 2 clean shards, rank 0 (blocks 0 and 7): both parts.
     csbp = CsbpLayout.build(128, 16, bp=4, cp=2, ctx_rank=0)
     d = docs_for(2, 128, [0, 40])
@@ -175,6 +183,7 @@ def test_kernels_match_the_reference_for_every_mask_shape():
     assert [r["case"] for r in results] == [
         "stream B=16 docs GQA D=64",
         "stream B=64 docs D=128",
+        "stream B=16 docs GQA D=64 tma",
         "csbp local B=16 D=64",
         "csbp prefix B=16 GQA D=128",
         "ragged 80 tokens B=16 D=64",
@@ -186,6 +195,7 @@ def test_kernels_match_the_reference_for_every_mask_shape():
     # The cases walk full and partial tiles and skip empty ones (the whole stream has all three).
     for r in results[:2]:
         assert min(r["tiles"].values()) > 0, r
+    assert [r["case"] for r in results if r["tma"]] == ["stream B=16 docs GQA D=64 tma"]
     # CSBP's prefix part holds queries that see no key (noisy block 0): lse -inf, out 0.
     prefix = next(r for r in results if r["case"].startswith("csbp prefix"))
     assert prefix["unseen_rows"] > 0

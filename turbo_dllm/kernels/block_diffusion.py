@@ -124,7 +124,7 @@ def block_diffusion_attention(
 _CONFIG_FIELDS = (
     "fwd_m", "fwd_n", "fwd_warps", "fwd_stages",
     "dkdv_m", "dkdv_n", "dkdv_warps", "dkdv_stages",
-    "dq_m", "dq_n", "dq_warps", "dq_stages",
+    "dq_m", "dq_n", "dq_warps", "dq_stages", "tma",
 )  # fmt: skip
 
 
@@ -139,7 +139,8 @@ def _custom_op(module):
         return _REGISTERED[namespace]
 
     def unpack(meta, lists, ints):
-        config = module.KernelConfig(**dict(zip(_CONFIG_FIELDS, ints, strict=True)))
+        fields = dict(zip(_CONFIG_FIELDS, ints, strict=True))
+        config = module.KernelConfig(**fields | {"tma": bool(fields["tma"])})
         fwd, dkdv, dq = (module.TileLists(*lists[i : i + 3]) for i in (0, 3, 6))
         schedule = module.Schedule(
             tuple(meta[:3]),
