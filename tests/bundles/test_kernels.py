@@ -310,3 +310,18 @@ def test_loader_refuses_a_modified_triton_source(cpu_bundle, tmp_path):
     copy.write_text(copy.read_text().replace("exp2", "exp"))
     with pytest.raises(DllmError, match="does not match its bundle.json"):
         load_bundle_op("block_diffusion_attention")
+
+
+def test_turbo_attention_needs_a_bundle_with_its_gpu_kernels(installed):
+    from turbo_dllm.config.load import load_model
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.kernels.readiness import require_attention_kernels
+
+    turbo = load_model(RunSpec, {"model": {"attention": "turbo"}}, "test")
+    with pytest.raises(DllmError, match="no GPU kernels for block_diffusion_attention") as caught:
+        require_attention_kernels(turbo)  # the CPU bundle skips Triton ops
+    assert "dllm bundle install" in caught.value.hint
+    jit = turbo.model_copy(update={"kernels": "jit"})
+    assert "shipped Triton source" in require_attention_kernels(jit)
+    flex = load_model(RunSpec, {"model": {"attention": "flex"}}, "test")
+    assert "no kernel bundle needed" in require_attention_kernels(flex)

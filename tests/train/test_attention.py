@@ -163,3 +163,9 @@ def test_block_masks_are_built_without_the_deprecated_compile_flag():
     with warnings.catch_warnings():
         warnings.simplefilter("error", DeprecationWarning)
         FlexAttention(compile=False).prepare(layout, None, torch.device("cpu"))
+
+
+def test_turbo_needs_cuda_to_train():
+    with pytest.raises(DllmError, match="turbo") as caught:
+        build_attention("turbo", torch.device("cpu"))
+    assert "model.attention: reference" in caught.value.hint

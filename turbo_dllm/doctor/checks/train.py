@@ -45,8 +45,17 @@ def attention_backend(ctx: DoctorContext) -> CheckResult:
 
 def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:
     """turbo: our Triton op from a bundle that fits this host (no fallback to flex)."""
+    import torch
+
     from turbo_dllm.kernels.readiness import require_attention_kernels
 
+    if ctx.spec.kernels == "jit" and not torch.cuda.is_available():
+        return CheckResult(
+            name,
+            "fail",
+            "turbo runs Triton kernels on a CUDA GPU; none is visible here",
+            fix="set model.attention: reference for CPU runs, or run on a GPU host",
+        )
     try:
         # Loading it checks the real process too; with DLLM_OVERRIDE_* (a login node checking
         # for its compute nodes) only the bundle's target is compared.

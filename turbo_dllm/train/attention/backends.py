@@ -181,7 +181,12 @@ def build_attention(name: str, device: torch.device, compile: bool = True, kerne
                 "model.attention 'turbo' runs Triton kernels on a CUDA GPU",
                 hint="set model.attention: reference for CPU runs",
             )
-        return TurboAttention("jit" if kernels == "jit" else "native")
+        source = "jit" if kernels == "jit" else "native"
+        if source == "native":  # fail now, with the install command, not at the first step
+            from turbo_dllm.kernels.loader import load_bundle_op
+
+            load_bundle_op("block_diffusion_attention")
+        return TurboAttention(source)
     if name == "flex":
         if torch.device(device).type != "cuda":
             raise DllmError(
