@@ -22,7 +22,7 @@ from turbo_dllm.kernels.triton_ops import triton_module
 
 pytestmark = pytest.mark.gpu
 CUDA = torch.device("cuda", 0)
-TOLERANCE = 2e-2  # max |error| / max |reference|, bf16 inputs, fp32 accumulation
+TOLERANCE = 3e-2  # max |error| / max |reference|: bf16 inputs and probabilities, fp32 sums
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -176,7 +176,7 @@ def compare_block_diffusion_attention(
     return errors
 
 
-def self_test_triton(op: str, backend: str = "jit", tolerance: float = 2e-2) -> str:
+def self_test_triton(op: str, backend: str = "jit", tolerance: float = 3e-2) -> str:
     """Compile and check a Triton op on this host's GPU; DllmError on a mismatch."""
     import torch
 
