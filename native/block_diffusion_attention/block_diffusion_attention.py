@@ -687,6 +687,7 @@ def backward(
     kv_heads, sk = k.shape[1], k.shape[2]
     config = config or default_config(dim)
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    grad_out = grad_out.to(q.dtype)  # the matmuls take it in q's dtype
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
     delta = torch.empty((batch, heads, sq), device=q.device, dtype=torch.float32)
     lse2 = torch.empty_like(delta)
