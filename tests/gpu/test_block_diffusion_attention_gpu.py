@@ -145,3 +145,24 @@ def test_native_backend_imports_the_bundle_copy(monkeypatch):
     assert "cuda" in loaded.devices
     errors = compare_block_diffusion_attention("native", seq_len=1024, block_size=32)
     assert max(errors.values()) < TOLERANCE, errors
+
+
+def test_trainer_with_turbo_trains_like_flex(tmp_path):
+    """model.attention turbo (kernels: jit) in the compiled, checkpointed trainer: the same
+    losses as FlexAttention within bf16 noise."""
+    from tests.train.util import losses, tiny_spec
+    from turbo_dllm.train.entry import train
+
+    common = (
+        "training.steps=4",
+        "training.compile=true",
+        "training.activation_checkpointing=true",
+        "model.config_overrides.head_dim=64",
+        "data.seq_len=256",
+    )
+    assert train(tiny_spec(*common, "model.attention=flex"), tmp_path / "flex") == 0
+    turbo = tiny_spec(*common, "model.attention=turbo", "kernels=jit")
+    assert train(turbo, tmp_path / "turbo") == 0
+    torch.testing.assert_close(
+        losses(tmp_path / "turbo"), losses(tmp_path / "flex"), atol=5e-2, rtol=2e-2
+    )
