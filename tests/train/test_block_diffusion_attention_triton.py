@@ -126,6 +126,26 @@ if sys.argv[1] == "trainer":
             for b in ("turbo", "reference")]
     results.append({"case": "CsbpAttention turbo",
                     "rel": float((outs[0].float() - outs[1]).abs().max() / outs[1].abs().max())})
+elif sys.argv[1] == "compiled":
+    # torch.compile(fullgraph) traces the op's Python side (plan lookups, the custom op and its
+    # autograd) without a graph break; aot_eager keeps the interpreter's kernels.
+    whole = two_stream_tokens(torch.arange(32), block_size=16, doc_ids=docs_for(1, 32, [0]))
+    meta = (whole.noisy, whole.block, whole.doc)
+    plan = plan_block_diffusion_attention(*meta, *meta, backend="jit", config=TINY)
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(1, 2, 64, 64, generator=gen).half().requires_grad_()
+    k, v = (torch.randn(1, 1, 64, 64, generator=gen).half().requires_grad_() for _ in range(2))
+
+    def layer(q, k, v):
+        out, lse = block_diffusion_attention(q * 2, k, v, plan)
+        return out.float().square().sum() + lse.sum()
+
+    eager = torch.autograd.grad(layer(q, k, v), (q, k, v))
+    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    rel = max(float((g.float() - e.float()).abs().max() / e.float().abs().max())
+              for g, e in zip(got, eager))
+    results.append({"case": "torch.compile fullgraph", "rel": rel})
 elif sys.argv[1] == "relabelled":
     for name, before, after in (("partial-as-full", module.PARTIAL, module.FULL),
                                 ("full-as-partial", module.FULL, module.PARTIAL)):
@@ -293,3 +313,8 @@ def test_trainer_backends_run_the_kernels():
     ]
     for r in results:
         assert r["rel"] < TOLERANCE, r
+
+
+def test_the_op_traces_into_torch_compile_without_a_graph_break():
+    (result,) = _child("compiled")
+    assert result["rel"] < 1e-3, result  # the same kernels run: equal up to summation order
