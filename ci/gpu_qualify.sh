@@ -6,7 +6,8 @@
 #
 # 1. fingerprint the host          4. serve the mirror on 127.0.0.1 and `dllm bundle install --auto`
 # 2. build the sm90 bundle         5. status + verify the installed bundle
-# 3. publish it to a temp mirror   6. run tests/gpu/test_merge_attention_gpu.py against it
+# 3. publish it to a temp mirror   6. run tests/gpu/test_merge_attention_gpu.py (and the
+#                                      Triton op's bundle test) against it
 # Everything goes to OUT_DIR (default: $OUT, else a temp dir): build/publish/install JSON, the
 # bundle archive, pytest's log and junit XML, and summary.txt.
 # TARGET=cpu-x86_64 runs the same steps on a CPU host (the GPU tests then skip): a dry run of
@@ -76,7 +77,9 @@ kill $SERVER 2>/dev/null || true
 log "GPU op tests"
 set +e
 DLLM_GPU_TEST_HOME="$DLLM_HOME" "$PY" -m pytest -q -rA -s -p no:cacheprovider \
-  tests/gpu/test_merge_attention_gpu.py --junitxml="$OUT_DIR/pytest-gpu.xml" 2>&1 | tee "$OUT_DIR/pytest-gpu.log"
+  tests/gpu/test_merge_attention_gpu.py \
+  "tests/gpu/test_block_diffusion_attention_gpu.py::test_native_backend_imports_the_bundle_copy" \
+  --junitxml="$OUT_DIR/pytest-gpu.xml" 2>&1 | tee "$OUT_DIR/pytest-gpu.log"
 status=${PIPESTATUS[0]}
 set -e
 tail -n 3 "$OUT_DIR/pytest-gpu.log" >> "$OUT_DIR/summary.txt"

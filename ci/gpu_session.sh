@@ -3,7 +3,10 @@
 # Stages: deps, qualify (sm90 bundle build/install + op tests), tests (tests/gpu), tests-train (the
 # loss, trainer and TP GPU tests: all of tests/gpu but the native-merge ones), tests-tp, train
 # (train_step benchmark), train-best (ours at micro-batch 2 against the baseline at 1), train-mb2,
-# train-exp (profile + variants), flex-tune, tests2 (2-GPU tests), cp (CSBP vs CP throughput),
+# train-exp (profile + variants), flex-tune, attention (= attention-tests: the block-diffusion
+# kernel's GPU tests, then attention-bench: turbo vs flex vs causal SDPA; ATTN_FLAGS adds
+# benchmarks/attention.py flags, e.g. "--stream-lens 16384 --block-sizes 32 --sweep"),
+# tests2 (2-GPU tests), cp (CSBP vs CP throughput),
 # search1/search2 (longest context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an
 # allocator snapshot), packs (first-step compile overhead of the 1.7B / 8K shape in a fresh home,
 # cold and then with a compile-cache pack made from the cold run), repro (the sm90 bundle built
@@ -50,6 +53,15 @@ for stage in "$@"; do
       python3 benchmarks/train_step.py --no-baseline --micro-batch 2 --out "$OUT/ts_mb2.json" 2>&1 | tail -2 || status=1 ;;
     flex-tune) python3 benchmarks/flex_tune.py --autotune --out "$OUT/flex_tune.json" 2>&1 \
           | grep -v "^\s*$" | tee "$OUT/flex_tune.log" | grep -E "ms|AUTOTUNE|BLOCK|failed" | tail -60 || status=1 ;;
+    attention|attention-tests|attention-bench) # block-diffusion attention: turbo (Triton) vs reference, flex, SDPA
+      if [ "$stage" != attention-bench ]; then
+        python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_block_diffusion_attention_gpu.py \
+          2>&1 | tee "$OUT/gpu-tests-attention.log" | tail -8 || status=1
+      fi
+      if [ "$stage" != attention-tests ]; then
+        python3 benchmarks/attention.py ${ATTN_FLAGS:-} --out "$OUT/attention.json" 2>&1 \
+          | tee "$OUT/attention.log" | tail -45 || status=1
+      fi ;;
     tests2) python3 -m pytest -q -p no:cacheprovider tests/distributed/test_csbp_gpu.py \
           "tests/gpu/test_train_gpu.py::test_two_gpus_nccl_match_one" 2>&1 | tee "$OUT/gpu-tests2.log" | tail -8 || status=1 ;;
     cp) python3 benchmarks/context_parallel.py --parts throughput --seq-lens "${CP_SEQ_LENS:-32768,65536}" \

@@ -239,3 +239,89 @@ def test_jit_builds_from_source_past_a_stale_torch_baton(jit_home, monkeypatch):
     errors = compare_merge_attention_partials(jit)
     assert max(errors.values()) <= 1e-5, errors
     assert not (build_dir / "lock").exists()
+
+
+# --- a Triton op in a bundle -------------------------------------------------------------------
+
+
+def _with_triton_op(cpu_bundle, tmp_path, **op_changes):
+    """The CPU bundle plus block_diffusion_attention packed the way `dllm bundle build` packs it
+    for a GPU target (its source under triton/<op>/, hashed into bundle.json)."""
+    from tests.bundles.crafting import unpack
+    from turbo_dllm.bundles.archive import pack_bundle
+    from turbo_dllm.bundles.build import _pack_triton_op
+    from turbo_dllm.bundles.manifest import BundleManifest, BundleOp, archive_name
+    from turbo_dllm.kernels.sources import load_native_op
+
+    unpacked = unpack(cpu_bundle.archive, tmp_path / "unpacked-triton")
+    op = load_native_op("block_diffusion_attention")
+    shipped = _pack_triton_op(op, unpacked.root, verbose=False)  # self-test: no GPU here
+    entry = BundleOp(
+        name=op.name,
+        namespace="turbo_dllm_bundle_triton0000",
+        library=shipped[0].path,
+        source_sha256=op.source_sha256(),
+        devices=("cpu",),  # a CPU target: only the loader's checks are under test
+    ).model_copy(update=op_changes)
+    target = unpacked.manifest.target
+    manifest = unpacked.manifest.model_dump(mode="json") | {
+        "version": "0.1.2",
+        "name": archive_name("0.1.2", target).removesuffix(".tar.zst"),
+        "files": [f.model_dump(mode="json") for f in (*unpacked.manifest.files, *shipped)],
+        "ops": [o.model_dump(mode="json") for o in (*unpacked.manifest.ops, entry)],
+    }
+    manifest = BundleManifest.model_validate(manifest)
+    return pack_bundle(manifest, unpacked.root, tmp_path / "dist" / archive_name("0.1.2", target))
+
+
+def test_bundle_ships_the_triton_source_and_the_loader_checks_and_imports_it(cpu_bundle, tmp_path):
+    from turbo_dllm.kernels.loader import load_bundle_op, load_bundle_triton_op
+    from turbo_dllm.kernels.sources import load_native_op
+
+    bundle = _install(_with_triton_op(cpu_bundle, tmp_path), tmp_path, "v-triton").bundle
+    loaded = load_bundle_op("block_diffusion_attention")
+    copy = bundle.path / "triton" / "block_diffusion_attention" / "block_diffusion_attention.py"
+    assert loaded.source == str(copy)
+    shipped = load_native_op("block_diffusion_attention")
+    assert copy.read_bytes() == shipped.triton_source_paths()[0].read_bytes()
+    assert loaded.namespace.startswith("turbo_dllm_triton_block_diffusion_attention_")
+    assert load_bundle_triton_op("block_diffusion_attention") == (
+        str(copy),
+        shipped.source_sha256(),
+    )
+
+
+def test_loader_refuses_a_triton_op_from_other_sources(cpu_bundle, tmp_path):
+    from turbo_dllm.kernels.loader import load_bundle_op
+
+    archive = _with_triton_op(cpu_bundle, tmp_path, source_sha256="1" * 64)
+    _install(archive, tmp_path, "v-triton-other")
+    with pytest.raises(DllmError, match="built from other sources") as caught:
+        load_bundle_op("block_diffusion_attention")
+    assert "dllm bundle install" in caught.value.hint
+
+
+def test_loader_refuses_a_modified_triton_source(cpu_bundle, tmp_path):
+    from turbo_dllm.kernels.loader import load_bundle_op
+
+    bundle = _install(_with_triton_op(cpu_bundle, tmp_path), tmp_path, "v-triton-mod").bundle
+    copy = bundle.path / "triton" / "block_diffusion_attention" / "block_diffusion_attention.py"
+    copy.chmod(0o644)
+    copy.write_text(copy.read_text().replace("exp2", "exp"))
+    with pytest.raises(DllmError, match="does not match its bundle.json"):
+        load_bundle_op("block_diffusion_attention")
+
+
+def test_turbo_attention_needs_a_bundle_with_its_gpu_kernels(installed):
+    from turbo_dllm.config.load import load_model
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.kernels.readiness import require_attention_kernels
+
+    turbo = load_model(RunSpec, {"model": {"attention": "turbo"}}, "test")
+    with pytest.raises(DllmError, match="no GPU kernels for block_diffusion_attention") as caught:
+        require_attention_kernels(turbo)  # the CPU bundle skips Triton ops
+    assert "dllm bundle install" in caught.value.hint
+    jit = turbo.model_copy(update={"kernels": "jit"})
+    assert "shipped Triton source" in require_attention_kernels(jit)
+    flex = load_model(RunSpec, {"model": {"attention": "flex"}}, "test")
+    assert "no kernel bundle needed" in require_attention_kernels(flex)

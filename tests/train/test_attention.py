@@ -146,3 +146,26 @@ def test_flex_needs_cuda_to_train():
 def test_layout_rejects_partial_blocks():
     with pytest.raises(ValueError, match="multiple of block_size"):
         BlockDiffusionLayout(10, 4)
+
+
+def test_block_masks_are_built_without_the_deprecated_compile_flag():
+    """On CUDA the BlockMask builder is torch.compile(create_block_mask), the form torch 2.11+
+    supports (create_block_mask(_compile=True) warns and will go); on CPU it stays eager."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    from turbo_dllm.train.attention.backends import create_block_mask_for
+
+    assert create_block_mask_for("cpu") is create_block_mask
+    compiled = create_block_mask_for("cuda")  # torch.compile is lazy: no GPU needed to build it
+    assert compiled is create_block_mask_for(torch.device("cuda", 0))  # one wrapper per process
+    assert getattr(compiled, "_torchdynamo_orig_callable", None) is create_block_mask
+    layout = BlockDiffusionLayout(32, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", DeprecationWarning)
+        FlexAttention(compile=False).prepare(layout, None, torch.device("cpu"))
+
+
+def test_turbo_needs_cuda_to_train():
+    with pytest.raises(DllmError, match="turbo") as caught:
+        build_attention("turbo", torch.device("cpu"))
+    assert "model.attention: reference" in caught.value.hint

@@ -26,6 +26,17 @@ def test_flex_without_cuda_fails_with_a_fix(cli, tmp_path):
     assert "model.attention: reference" in found["attention backend"]["fix"]
 
 
+def test_turbo_without_a_bundle_fails_with_the_install_command(cli, tmp_path):
+    turbo = ("model.attention=turbo", "model.config_overrides.head_dim=64")
+    found = checks(cli, write_config(tmp_path / "train.yaml", *turbo))
+    check = found["attention backend"]
+    assert check["status"] == "fail" and "model.attention: turbo" in check["detail"]
+    assert "dllm bundle install" in check["fix"]
+    jit = checks(cli, write_config(tmp_path / "jit.yaml", *turbo, "kernels=jit"))
+    assert jit["attention backend"]["status"] == "fail"  # no bundle needed, but a GPU
+    assert "CUDA GPU" in jit["attention backend"]["detail"]
+
+
 def test_model_folder_without_weights_fails(cli, tmp_path):
     folder = tmp_path / "model"
     folder.mkdir()

@@ -94,6 +94,14 @@ def test_sequence_parallel_rules():
     assert "topology.sp" not in paths(chunked)  # pieces are gathered one at a time
 
 
+def test_turbo_attention_needs_head_dim_64_or_128():
+    tiny = spec(model={"attention": "turbo"})  # the tiny preset has head dim 32
+    (problem,) = [p for p in problems(tiny) if p.path == "model.attention"]
+    assert "head dim 64 or 128" in problem.message and "32" in problem.message
+    qwen = spec(model={"attention": "turbo", "from_config": "qwen3-0.6b"})
+    assert "model.attention" not in paths(qwen)  # head dim 128 (the bundle is doctor's check)
+
+
 def test_apply_overrides_creates_sections_and_parses_scalars():
     doc = apply_overrides(
         {"training": {"steps": 1}}, ["training.steps=5", "topology.tp=2", "launch.name=null"]

@@ -87,10 +87,30 @@ def build_bundle(
                     f"(its spec lists {', '.join(map(str, op.spec.cuda_archs)) or 'no GPU'})",
                     hint=f"add the architecture to native/{name}/op.toml once qualified",
                 )
-            if log:
-                log(f"compiling {name} for {bundle_target} ...")
             source_sha = op.source_sha256()
             namespace = namespace_for(source_sha, "bundle", str(bundle_target))
+            if op.spec.is_triton:
+                if not bundle_target.archs:  # GPU kernels only; the reference is the CPU twin
+                    if log:
+                        log(f"skipping {name}: Triton kernels have no CPU target")
+                    continue
+                if log:
+                    log(f"packing the Triton op {name} for {bundle_target} ...")
+                shipped = _pack_triton_op(op, staging, verbose=verbose)
+                files.extend(shipped)
+                bundle_ops.append(
+                    BundleOp(
+                        name=name,
+                        namespace=namespace,
+                        library=shipped[0].path,
+                        source_sha256=source_sha,
+                        devices=("cuda",),
+                        archs=bundle_target.archs,
+                    )
+                )
+                continue
+            if log:
+                log(f"compiling {name} for {bundle_target} ...")
             compiled = run_compile_subprocess(
                 name,
                 namespace=namespace,
@@ -118,6 +138,8 @@ def build_bundle(
                 )
             )
             compiled_ops.append(compiled)
+        if not compiled_ops:
+            raise DllmError("a bundle needs at least one compiled (C++) op for its provenance")
         first = compiled_ops[0]
         manifest = BundleManifest(
             name=archive_name(__version__, bundle_target).removesuffix(".tar.zst"),
@@ -196,3 +218,30 @@ def check_build(
         # Report the rebuilt archive by name only: the temporary folder is gone on return.
         kept = BuildResult(Path(result.archive.name), result.sha256, result.size, result.manifest)
     return BuildCheck(kept, entry, differing)
+
+
+def _pack_triton_op(op, staging: Path, *, verbose: bool) -> list[BundleFile]:
+    """Copy a Triton op's sources to `triton/<op>/` (the first is its module) and, where this
+    host has a GPU, check the kernels against the reference (which also compiles them here)."""
+    import subprocess
+    import sys
+
+    folder = staging / "triton" / op.name
+    folder.mkdir(parents=True)
+    shipped = []
+    for path in op.triton_source_paths():
+        shutil.copyfile(path, folder / path.name)
+        relative = f"triton/{op.name}/{path.name}"
+        shipped.append(
+            BundleFile(
+                path=relative, sha256=sha256_file(staging / relative), size=path.stat().st_size
+            )
+        )
+    command = [sys.executable, "-m", "turbo_dllm.kernels.selftest", "--op", op.name]
+    proc = subprocess.run(command, capture_output=not verbose, text=True)
+    if proc.returncode != 0:
+        raise DllmError(
+            f"the Triton op {op.name!r} failed its self-test: {(proc.stderr or '').strip()[-3000:]}",
+            hint="the kernels are wrong for this GPU/Triton; do not ship them",
+        )
+    return shipped

@@ -92,8 +92,11 @@ class ModelSpec(_Strict):
     dtype: Literal["float32", "bfloat16"] = Field(
         "float32", description="Parameter dtype; bfloat16 autocast is used on CUDA either way."
     )
-    attention: Literal["reference", "flex"] = Field(
-        "reference", description="reference: SDPA + explicit mask (CPU); flex: FlexAttention (GPU)."
+    attention: Literal["reference", "flex", "turbo"] = Field(
+        "reference",
+        description="reference: SDPA + explicit mask (CPU); flex: FlexAttention (GPU); turbo: "
+        "our Triton block-diffusion kernel (GPU; from the kernel bundle, or the shipped source "
+        "with kernels: jit; head dim 64 or 128).",
     )
 
 

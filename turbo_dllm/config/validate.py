@@ -99,6 +99,9 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
         )
     for path, message in _family_rules(spec, family):
         add(path, message)
+    if model.attention == "turbo":
+        for message in _turbo_rules(spec):
+            add("model.attention", message)
 
     # --- production rules -------------------------------------------------------------------
     if spec.launch.kind == "prod":
@@ -147,6 +150,19 @@ def _family_rules(spec: RunSpec, family) -> list[tuple[str, str]]:
     except DllmError:
         return []
     return family.rules(spec, config) if family.rules else []
+
+
+def _turbo_rules(spec: RunSpec) -> list[str]:
+    """turbo's kernels are written for head dims 64 and 128 (whether a bundle holds them is a
+    host question: `dllm doctor --config` and the launch readiness check ask it)."""
+    try:
+        config = registry.resolve_model_config(spec.model)
+    except DllmError:
+        return []  # reported by the family rules, doctor or the trainer
+    head_dim = getattr(config, "head_dim", None)
+    if head_dim in (None, 64, 128):
+        return []
+    return [f"turbo supports head dim 64 or 128, this model has {head_dim}; use flex"]
 
 
 def check(spec: RunSpec, world_size: int | None = None, source: str = "RunSpec") -> RunSpec:

@@ -3,6 +3,9 @@
     from turbo_dllm.kernels import merge_attention_partials
     out, lse = merge_attention_partials(out_a, lse_a, out_b, lse_b, backend="native")
 
+The Triton op `block_diffusion_attention` (a per-step plan, then one call per layer) lives in
+`turbo_dllm.kernels.block_diffusion`, with the same reference / native / jit backends.
+
 Importing this package is cheap; nothing is loaded or built until an op is first called with a
 native or jit backend. A native op that cannot be used raises a DllmError with the fixing
 command: there is never a silent fallback to the reference.

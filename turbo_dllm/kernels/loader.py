@@ -17,7 +17,13 @@ from turbo_dllm import __version__
 from turbo_dllm.bundles.store import BundleStore, InstalledBundle
 from turbo_dllm.errors import DllmError
 
-__all__ = ["LoadedOp", "install_command", "load_bundle_op", "process_fingerprint"]
+__all__ = [
+    "LoadedOp",
+    "install_command",
+    "load_bundle_op",
+    "load_bundle_triton_op",
+    "process_fingerprint",
+]
 
 _LOCK = threading.Lock()
 _CACHE: dict[tuple[str, str], LoadedOp] = {}
@@ -30,6 +36,7 @@ class LoadedOp:
     devices: tuple[str, ...]
     bundle_id: str
     sha256: str
+    source: str | None = None  # a Triton op: the path of its module inside the bundle
 
 
 def install_command() -> str:
@@ -88,7 +95,8 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
             f"the active bundle {bundle.bundle_id} has no op {name!r}",
             hint=f"install the bundle of this turbo-dllm version: {install_command()}",
         )
-    expected = load_native_op(name).source_sha256()
+    native = load_native_op(name)
+    expected = native.source_sha256()
     if op.source_sha256 != expected:
         raise DllmError(
             f"op {name!r} in the active bundle {bundle.bundle_id} was built from other sources "
@@ -103,6 +111,13 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
             f"{library} does not match its bundle.json (damaged or modified after install)",
             hint=f"dllm bundle verify; then {install_command()}",
         )
+    if native.spec.is_triton:  # imported from the bundle's copy, named by the source hash
+        from turbo_dllm.kernels.triton_ops import import_triton_source
+
+        module = import_triton_source(library, name, op.source_sha256)
+        return LoadedOp(
+            name, module.__name__, tuple(op.devices), bundle.bundle_id, bundle.sha256, str(library)
+        )
     if not hasattr(getattr(torch.ops, op.namespace), name):
         try:
             torch.ops.load_library(str(library))
@@ -114,3 +129,13 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
             ) from None
     register_python_side(name, op.namespace)
     return LoadedOp(name, op.namespace, tuple(op.devices), bundle.bundle_id, bundle.sha256)
+
+
+def load_bundle_triton_op(name: str, store: BundleStore | None = None) -> tuple[str, str]:
+    """(module path in the active bundle, source sha256) of Triton op `name`, checked."""
+    loaded = load_bundle_op(name, store)
+    if loaded.source is None:
+        raise DllmError(f"op {name!r} of the active bundle is not a Triton op")
+    from turbo_dllm.kernels.sources import load_native_op
+
+    return loaded.source, load_native_op(name).source_sha256()

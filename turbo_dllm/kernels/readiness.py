@@ -4,6 +4,9 @@
 `kernels: native` needs an active bundle that fits the host (and, with `load=True`, whose ops
 load into this process); `kernels: jit` needs ninja and a C++ compiler; `kernels: reference`
 always runs. There is no fallback from native to reference.
+
+`require_attention_kernels(spec)` does the same for `model.attention: turbo`, whose Triton op
+comes from the active bundle (or, with `kernels: jit`, from the shipped source).
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["require_kernels"]
+__all__ = ["require_attention_kernels", "require_kernels"]
+
+TURBO_OP = "block_diffusion_attention"
 
 
 def _kind(spec_or_kind: Any) -> str:
@@ -68,3 +73,39 @@ def require_kernels(spec_or_kind: Any, *, load: bool = False, fingerprint=None) 
         names = ", ".join(op.name for op in loaded)
         return f"loaded {names} from {bundle.bundle_id} ({bundle.short_sha})"
     return f"{bundle.bundle_id} ({bundle.short_sha}) fits this host"
+
+
+def require_attention_kernels(spec: Any, *, load: bool = False, fingerprint=None) -> str:
+    """Raise unless `model.attention: turbo` can run here (a bundle that fits this host and
+    holds its op, unless `kernels: jit`); returns a one-line summary. Other backends pass."""
+    if spec.model.attention != "turbo":
+        return f"model.attention {spec.model.attention}: no kernel bundle needed"
+    if spec.kernels == "jit":
+        return f"turbo: {TURBO_OP} from the shipped Triton source (kernels: jit)"
+    from turbo_dllm.bundles.store import active_bundle
+    from turbo_dllm.host import collect_fingerprint
+    from turbo_dllm.kernels.loader import install_command, load_bundle_op
+
+    bundle = active_bundle()
+    if bundle is None:
+        raise DllmError(
+            "the RunSpec asks for `model.attention: turbo`, but no kernel bundle is installed",
+            hint=f"{install_command()}   (or set `model.attention: flex`)",
+        )
+    differences = bundle.target.differences(fingerprint or collect_fingerprint())
+    if differences:
+        raise DllmError(
+            f"the RunSpec asks for `model.attention: turbo`, but the active bundle "
+            f"{bundle.bundle_id} does not fit this host: " + "; ".join(map(str, differences)),
+            hint=install_command(),
+        )
+    op = bundle.manifest.op(TURBO_OP)
+    if op is None or "cuda" not in op.devices:
+        raise DllmError(
+            f"the RunSpec asks for `model.attention: turbo`, but the active bundle "
+            f"{bundle.bundle_id} has no GPU kernels for {TURBO_OP}",
+            hint=f"install a GPU bundle of this turbo-dllm version: {install_command()}",
+        )
+    if load:
+        load_bundle_op(TURBO_OP)
+    return f"turbo: {TURBO_OP} from {bundle.bundle_id} ({bundle.short_sha})"

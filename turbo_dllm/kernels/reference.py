@@ -6,9 +6,16 @@ exact edge cases, not speed.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-__all__ = ["merge_attention_partials", "merge_attention_partials_backward"]
+__all__ = [
+    "block_diffusion_attention",
+    "block_diffusion_visible",
+    "merge_attention_partials",
+    "merge_attention_partials_backward",
+]
 
 
 def _merge_weights(
@@ -92,3 +99,46 @@ def _check(out_a, lse_a, out_b, lse_b) -> None:
         )
     if lse_a.dtype != torch.float32 or lse_b.dtype != torch.float32:
         raise ValueError(f"lse must be float32, got {lse_a.dtype} and {lse_b.dtype}")
+
+
+def block_diffusion_visible(q_noisy, q_block, q_doc, k_noisy, k_block, k_doc) -> torch.Tensor:
+    """(B, Sq, Sk) bool: the block-diffusion rule on per-token metadata (docs/training.md).
+
+    Noisy query of block i: noisy keys of block i and clean keys of blocks < i; clean query of
+    block i: clean keys of blocks <= i; never another document. noisy/block (S,), doc (B, S).
+    """
+    qn, qb = q_noisy.bool()[:, None], q_block.long()[:, None]
+    kn, kb = k_noisy.bool()[None, :], k_block.long()[None, :]
+    rule = (qn & kn & (qb == kb)) | (qn & ~kn & (kb < qb)) | (~qn & ~kn & (kb <= qb))
+    return rule[None] & (q_doc.long()[:, :, None] == k_doc.long()[:, None, :])
+
+
+def block_diffusion_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    visible: torch.Tensor,
+    scale: float | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Dense masked attention -> (out in q's dtype, lse float32 natural log), differentiable.
+
+    q (B, H, Sq, D), k/v (B, Hkv, Sk, D), H % Hkv == 0; `visible` (B, Sq, Sk) bool. Math in
+    float32 (float64 stays float64). A query that sees no key gets out 0 and lse -inf, and no
+    NaN in either direction.
+    """
+    batch, heads, sq, dim = q.shape
+    kv_heads = k.shape[1]
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    compute = torch.promote_types(q.dtype, torch.float32)
+    qf = q.to(compute).reshape(batch, kv_heads, heads // kv_heads, sq, dim)
+    kf, vf = k.to(compute)[:, :, None], v.to(compute)[:, :, None]
+    mask = visible[:, None, None]  # (B, 1, 1, Sq, Sk)
+    scores = torch.matmul(qf, kf.transpose(-1, -2)) * scale
+    seen = mask.any(-1)
+    scores = torch.where(mask, scores, float("-inf"))
+    scores = torch.where(seen[..., None], scores, 0.0)  # finite rows for the softmax
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.where(mask, torch.exp(scores - lse[..., None]), 0.0)
+    out = torch.matmul(probs, vf).reshape(batch, heads, sq, dim).to(q.dtype)
+    lse = torch.where(seen, lse, float("-inf")).reshape(batch, heads, sq)
+    return out, lse.to(torch.promote_types(lse.dtype, torch.float32))

@@ -6,9 +6,16 @@ the library computes the same function, it is not a benchmark.
 
 from __future__ import annotations
 
+import sys
+
 from turbo_dllm.errors import DllmError
 
-__all__ = ["compare_merge_attention_partials", "self_test"]
+__all__ = [
+    "compare_block_diffusion_attention",
+    "compare_merge_attention_partials",
+    "self_test",
+    "self_test_triton",
+]
 
 
 def _random_partials(shape, dtype, device, generator, masked: float = 0.2):
@@ -94,3 +101,115 @@ def self_test(op: str, namespace: str, *, cuda: bool) -> None:
                     f"({errors})",
                     hint="the kernel sources are wrong for this compiler/torch; do not ship it",
                 )
+
+
+def block_diffusion_tokens(seq_len: int, block_size: int, batch: int, doc_cut: int | None):
+    """Metadata (noisy, block, doc) of the 2L stream [x_t ; x_0]; row 1 splits at `doc_cut`."""
+    import torch
+
+    pos = torch.arange(seq_len)
+    noisy = torch.cat(
+        [torch.ones(seq_len, dtype=torch.bool), torch.zeros(seq_len, dtype=torch.bool)]
+    )
+    block = torch.cat([pos // block_size, pos // block_size])
+    doc = torch.zeros(batch, seq_len, dtype=torch.long)
+    if doc_cut is not None and batch > 1:
+        doc[1, doc_cut:] = 1
+    return noisy, block, torch.cat([doc, doc], dim=1)
+
+
+def compare_block_diffusion_attention(
+    backend: str = "jit",
+    *,
+    device: str = "cuda",
+    dtype=None,
+    seq_len: int = 512,
+    block_size: int = 32,
+    batch: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    head_dim: int = 64,
+    doc_cut: int | None = 200,
+    seed: int = 0,
+    config=None,
+) -> dict[str, float]:
+    """Max abs error / max abs reference, per output and gradient, kernel vs reference."""
+    import torch
+
+    from turbo_dllm.kernels.block_diffusion import (
+        block_diffusion_attention,
+        plan_block_diffusion_attention,
+    )
+
+    dtype = dtype or torch.bfloat16
+    meta = [t.to(device) for t in block_diffusion_tokens(seq_len, block_size, batch, doc_cut)]
+    kernel = plan_block_diffusion_attention(*meta, *meta, backend=backend, config=config)
+    reference = plan_block_diffusion_attention(*meta, *meta, backend="reference")
+    gen = torch.Generator().manual_seed(seed)
+    s = 2 * seq_len
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device=device, dtype=dtype)
+
+    q = randn(batch, heads, s, head_dim)
+    k, v = randn(batch, kv_heads, s, head_dim), randn(batch, kv_heads, s, head_dim)
+    grad_out = torch.randn(batch, heads, s, head_dim, generator=gen).to(device)
+    grad_lse = torch.randn(batch, heads, s, generator=gen).to(device)
+
+    def run(plan):
+        leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
+        out, lse = block_diffusion_attention(*leaves, plan)
+        finite = torch.isfinite(lse)
+        loss = (out.float() * grad_out).sum() + (torch.where(finite, lse, 0) * grad_lse).sum()
+        loss.backward()
+        return [out, lse, *(leaf.grad for leaf in leaves)]
+
+    errors = {}
+    for name, g, w in zip(
+        ("out", "lse", "dq", "dk", "dv"), run(kernel), run(reference), strict=True
+    ):
+        g, w = g.detach().float(), w.detach().float()
+        if torch.isnan(g).any() or not torch.equal(torch.isinf(g), torch.isinf(w)):
+            raise AssertionError(f"{name}: NaN or infinities where the reference has none")
+        finite = torch.isfinite(w)
+        errors[name] = float((g - w)[finite].abs().max() / w[finite].abs().max().clamp(min=1e-6))
+    return errors
+
+
+def self_test_triton(op: str, backend: str = "jit", tolerance: float = 3e-2) -> str:
+    """Compile and check a Triton op on this host's GPU; DllmError on a mismatch."""
+    import torch
+
+    if op != "block_diffusion_attention":
+        raise RuntimeError(f"no self-test for Triton op {op!r}")
+    if not torch.cuda.is_available():
+        return f"{op}: no GPU on this host; its Triton kernels compile on first use"
+    worst = {}
+    for head_dim in (64, 128):
+        errors = compare_block_diffusion_attention(backend, head_dim=head_dim)
+        worst[head_dim] = max(errors.values())
+        if worst[head_dim] > tolerance:
+            raise DllmError(
+                f"{op} (head dim {head_dim}) differs from the reference by {worst[head_dim]:.3g} "
+                f"({errors})",
+                hint="the kernels are wrong for this GPU/Triton; do not ship them",
+            )
+    return f"{op}: matches the reference on {torch.cuda.get_device_name()} (worst {worst})"
+
+
+def _main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m turbo_dllm.kernels.selftest")
+    parser.add_argument("--op", required=True)
+    args = parser.parse_args(argv)
+    try:
+        print(self_test_triton(args.op))
+    except DllmError as error:
+        print(f"dllm: error: {error.message}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(_main())

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from turbo_dllm.bundles.resources import native_root
 from turbo_dllm.errors import DllmError
@@ -31,11 +31,24 @@ class OpSpec(BaseModel):
     name: str = Field(pattern=r"^[a-z][a-z0-9_]*$")
     summary: str
     headers: tuple[str, ...] = ()
-    sources: tuple[str, ...] = Field(min_length=1)
+    sources: tuple[str, ...] = ()
     cuda_sources: tuple[str, ...] = ()
+    # A Triton op: Python modules holding the kernels (the first is the one the op imports);
+    # no C++ sources then. The bundle ships them as they are, under the source hash.
+    triton_sources: tuple[str, ...] = ()
     cuda_archs: tuple[GpuArch, ...] = ()
 
-    @field_validator("headers", "sources", "cuda_sources")
+    @model_validator(mode="after")
+    def _one_language(self) -> OpSpec:
+        if bool(self.triton_sources) == bool(self.sources):
+            raise ValueError("an op has C++ `sources` or `triton_sources`, exactly one of them")
+        return self
+
+    @property
+    def is_triton(self) -> bool:
+        return bool(self.triton_sources)
+
+    @field_validator("headers", "sources", "cuda_sources", "triton_sources")
     @classmethod
     def _plain_file_names(cls, names: tuple[str, ...]) -> tuple[str, ...]:
         for name in names:
@@ -58,7 +71,9 @@ class NativeOp:
     def files(self) -> list[str]:
         """Every file the source hash covers, sorted."""
         spec = self.spec
-        return sorted({"op.toml", *spec.headers, *spec.sources, *spec.cuda_sources})
+        return sorted(
+            {"op.toml", *spec.headers, *spec.sources, *spec.cuda_sources, *spec.triton_sources}
+        )
 
     def source_sha256(self) -> str:
         digest = hashlib.sha256()
@@ -73,6 +88,9 @@ class NativeOp:
 
     def cuda_source_paths(self) -> list[Path]:
         return [self.directory / name for name in self.spec.cuda_sources]
+
+    def triton_source_paths(self) -> list[Path]:
+        return [self.directory / name for name in self.spec.triton_sources]
 
 
 def native_op_names(root: Path | None = None) -> list[str]:

@@ -114,7 +114,7 @@ class Trainer:
             runtime.check_tensor_parallel(self.model_config, self.dims.tp)  # before collectives
         if self.spec.training.compile or self.device.type == "cuda":  # inductor or Triton builds
             self.compile_cache = use_compile_cache()
-        self.attention = build_attention(spec.attention, self.device)
+        self.attention = build_attention(spec.attention, self.device, kernels=self.spec.kernels)
         self.mesh = self.dims.build_mesh(self.device.type)
         # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
         self.plan = build_sequence_plan(self.dims, self.attention, merge_backend=self.spec.kernels)

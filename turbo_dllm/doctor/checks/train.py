@@ -29,6 +29,8 @@ def attention_backend(ctx: DoctorContext) -> CheckResult:
         return CheckResult(name, "pass", "reference (SDPA + explicit mask; fine for CPU and tests)")
     import torch
 
+    if backend == "turbo":
+        return _turbo_attention(ctx, name)
     if not torch.cuda.is_available():
         return CheckResult(
             name,
@@ -39,6 +41,37 @@ def attention_backend(ctx: DoctorContext) -> CheckResult:
     from torch.nn.attention import flex_attention  # noqa: F401 - present since torch 2.5
 
     return CheckResult(name, "pass", f"flex on {torch.cuda.get_device_name(0)}")
+
+
+def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:
+    """turbo: our Triton op from a bundle that fits this host (no fallback to flex)."""
+    import torch
+
+    from turbo_dllm.kernels.readiness import require_attention_kernels
+
+    if ctx.spec.kernels == "jit" and not torch.cuda.is_available():
+        return CheckResult(
+            name,
+            "fail",
+            "turbo runs Triton kernels on a CUDA GPU; none is visible here",
+            fix="set model.attention: reference for CPU runs, or run on a GPU host",
+        )
+    try:
+        # Loading it checks the real process too; with DLLM_OVERRIDE_* (a login node checking
+        # for its compute nodes) only the bundle's target is compared.
+        detail = require_attention_kernels(ctx.spec, load=_can_load(ctx))
+    except DllmError as error:
+        return CheckResult(name, "fail", error.message, fix=error.hint or "see docs/bundles.md")
+    return CheckResult(name, "pass", detail)
+
+
+def _can_load(ctx: DoctorContext) -> bool:
+    import os
+
+    import torch
+
+    overridden = any(key.startswith("DLLM_OVERRIDE_") for key in os.environ)
+    return torch.cuda.is_available() and not overridden
 
 
 @register_check(order=452)

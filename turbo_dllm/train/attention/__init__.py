@@ -1,6 +1,11 @@
 """Block-diffusion attention: the mask predicate (`layout`) and the kernels (`backends`)."""
 
-from turbo_dllm.train.attention.backends import FlexAttention, ReferenceAttention, build_attention
+from turbo_dllm.train.attention.backends import (
+    FlexAttention,
+    ReferenceAttention,
+    TurboAttention,
+    build_attention,
+)
 from turbo_dllm.train.attention.layout import (
     BlockDiffusionLayout,
     allowed,
@@ -14,6 +19,7 @@ __all__ = [
     "BlockDiffusionLayout",
     "FlexAttention",
     "ReferenceAttention",
+    "TurboAttention",
     "allowed",
     "allowed_pairs",
     "build_attention",

@@ -9,6 +9,10 @@ mask object its kernel wants (once per micro-batch, shared by every layer), and
 - `flex`: FlexAttention with a BlockMask built from the same predicate; compiled, it skips
   fully masked tiles and never materialises the mask. The GPU default. (On CPU, torch can run
   it forward-only, which the tests use to check the BlockMask.)
+- `turbo`: our Triton op `block_diffusion_attention` (turbo_dllm.kernels.block_diffusion): the
+  mask's tiles classified once per micro-batch into full / partial / empty, full tiles without
+  mask arithmetic, empty ones never visited. Its kernels come from the active bundle
+  (`kernels: native`, the default) or from the shipped source (`kernels: jit`); CUDA only.
 """
 
 from __future__ import annotations
@@ -21,7 +25,29 @@ import torch.nn.functional as F
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train.attention.layout import BlockDiffusionLayout, allowed, dense_mask
 
-__all__ = ["FlexAttention", "ReferenceAttention", "build_attention"]
+__all__ = [
+    "FlexAttention",
+    "ReferenceAttention",
+    "TurboAttention",
+    "build_attention",
+    "create_block_mask_for",
+]
+
+_compiled_create_block_mask = None
+
+
+def create_block_mask_for(device: torch.device | str):
+    """FlexAttention's `create_block_mask`, compiled on CUDA so it never materialises the S x S
+    mask there. torch.compile(create_block_mask) is the supported form (torch >= 2.11 deprecates
+    the `_compile=True` flag, which did the same per call)."""
+    global _compiled_create_block_mask
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    if torch.device(device).type != "cuda":
+        return create_block_mask
+    if _compiled_create_block_mask is None:
+        _compiled_create_block_mask = torch.compile(create_block_mask)
+    return _compiled_create_block_mask
 
 
 def _gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -70,10 +96,8 @@ class FlexAttention:
         doc_ids: torch.Tensor | None,
         device: torch.device,
     ) -> Any:
-        from torch.nn.attention.flex_attention import create_block_mask
-
         S = layout.stream_len
-        compile_mask = self.compile and torch.device(device).type == "cuda"
+        create_block_mask = create_block_mask_for(device if self.compile else "cpu")
         if doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all()):
             # One document per row: the mask is the same for every batch and step; cache it.
             key = (layout, str(device))
@@ -82,9 +106,7 @@ class FlexAttention:
                 def mask_mod(b, h, q_idx, kv_idx):
                     return allowed(layout, q_idx, kv_idx)
 
-                self._static[key] = create_block_mask(
-                    mask_mod, None, None, S, S, device=device, _compile=compile_mask
-                )
+                self._static[key] = create_block_mask(mask_mod, None, None, S, S, device=device)
             return self._static[key]
         docs = doc_ids.to(device=device, dtype=torch.int32)
 
@@ -92,9 +114,7 @@ class FlexAttention:
             same_doc = docs[b, layout.token(q_idx)] == docs[b, layout.token(kv_idx)]
             return allowed(layout, q_idx, kv_idx) & same_doc
 
-        return create_block_mask(
-            doc_mask_mod, docs.shape[0], None, S, S, device=device, _compile=compile_mask
-        )
+        return create_block_mask(doc_mask_mod, docs.shape[0], None, S, S, device=device)
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
@@ -106,10 +126,67 @@ class FlexAttention:
         return self._flex()(q, k, v, block_mask=mask, enable_gqa=_gqa(q, k))
 
 
-def build_attention(name: str, device: torch.device, compile: bool = True):
-    """The backend a RunSpec names (`model.attention`), refused where it cannot train."""
+class TurboAttention:
+    """The `block_diffusion_attention` Triton op over the 2L stream; `kernels`: native or jit."""
+
+    name = "turbo"
+
+    def __init__(self, kernels: str = "native") -> None:
+        self.kernels = kernels
+        self._static: dict[tuple, Any] = {}
+
+    def prepare(
+        self,
+        layout: BlockDiffusionLayout,
+        doc_ids: torch.Tensor | None,
+        device: torch.device,
+    ) -> Any:
+        from turbo_dllm.kernels.block_diffusion import plan_block_diffusion_attention
+
+        one_document = doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all())
+        key = (layout, str(device))
+        if one_document and key in self._static:
+            return self._static[key]
+        idx = torch.arange(layout.stream_len, device=device)
+        noisy, block = layout.is_noisy(idx), layout.block(idx)
+        if one_document:  # one broadcast row: the plan holds for every batch and step
+            docs = torch.zeros(1, layout.stream_len, dtype=torch.int32, device=device)
+        else:
+            docs = doc_ids.to(device=device, dtype=torch.int32).repeat(1, 2)  # both streams
+        plan = plan_block_diffusion_attention(
+            noisy, block, docs, noisy, block, docs, backend=self.kernels
+        )
+        if one_document:
+            self._static[key] = plan
+        return plan
+
+    def __call__(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
+    ) -> torch.Tensor:
+        from turbo_dllm.kernels.block_diffusion import block_diffusion_attention
+
+        return block_diffusion_attention(q, k, v, mask)[0]
+
+
+def build_attention(name: str, device: torch.device, compile: bool = True, kernels: str = "native"):
+    """The backend a RunSpec names (`model.attention`), refused where it cannot train.
+
+    `kernels` is the RunSpec's kernels setting: `turbo` runs the bundle's kernels unless it is
+    `jit` (the shipped sources, for kernel development)."""
     if name == "reference":
         return ReferenceAttention()
+    if name == "turbo":
+        if torch.device(device).type != "cuda":
+            raise DllmError(
+                "model.attention 'turbo' runs Triton kernels on a CUDA GPU",
+                hint="set model.attention: reference for CPU runs",
+            )
+        source = "jit" if kernels == "jit" else "native"
+        if source == "native":  # fail now, with the install command, not at the first step
+            from turbo_dllm.kernels.loader import load_bundle_op
+
+            load_bundle_op("block_diffusion_attention")
+        return TurboAttention(source)
     if name == "flex":
         if torch.device(device).type != "cuda":
             raise DllmError(
@@ -118,4 +195,6 @@ def build_attention(name: str, device: torch.device, compile: bool = True):
                 hint="set model.attention: reference for CPU runs",
             )
         return FlexAttention(compile=compile)
-    raise DllmError(f"unknown attention backend {name!r}", hint="use 'reference' or 'flex'")
+    raise DllmError(
+        f"unknown attention backend {name!r}", hint="use 'reference', 'flex' or 'turbo'"
+    )

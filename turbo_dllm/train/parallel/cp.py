@@ -36,6 +36,7 @@ class CpAttention:
         *,
         backend: AttentionBackend = "reference",
         scale: float | None = None,
+        kernels: str = "native",
     ) -> None:
         if layout.cp > 1 and (group is None or dist.get_world_size(group) != layout.cp):
             raise ValueError(f"CP with cp={layout.cp} needs a process group of that size")
@@ -48,7 +49,7 @@ class CpAttention:
         gathered = TokenSet.concat(
             *(two_stream_tokens(p, block_size=block_size, doc_ids=doc_ids) for p in per_rank)
         )
-        self._attend = build_partial_attention(local, gathered, backend, scale)
+        self._attend = build_partial_attention(local, gathered, backend, scale, kernels)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q (B, H, 2*L/cp, D), k/v (B, Hkv, 2*L/cp, D), local order -> out like q."""

@@ -68,7 +68,8 @@ class CsbpAttention:
     """Attention over this rank's [noisy blocks ; clean shard] under CSBP.
 
     `clean_group` is the process group of the rank's clean group (the `cp` mesh axis); it may be
-    None only when cp == 1. `merge` defaults to the kernel op with `merge_backend`.
+    None only when cp == 1. `merge` defaults to the kernel op with `merge_backend`. `kernels`
+    (native or jit) is where the `turbo` backend takes its kernels from.
     """
 
     def __init__(
@@ -81,6 +82,7 @@ class CsbpAttention:
         merge: MergeFn | None = None,
         merge_backend: str = "reference",
         scale: float | None = None,
+        kernels: str = "native",
     ) -> None:
         if layout.cp > 1:
             if clean_group is None or dist.get_world_size(clean_group) != layout.cp:
@@ -99,9 +101,9 @@ class CsbpAttention:
         gathered = TokenSet.from_positions(
             layout.gathered_clean_positions, noisy=False, block_size=block_size, doc_ids=doc_ids
         )
-        self._own_block = build_partial_attention(noisy, noisy, backend, scale)
+        self._own_block = build_partial_attention(noisy, noisy, backend, scale, kernels)
         self._clean_prefix = build_partial_attention(
-            TokenSet.concat(noisy, clean), gathered, backend, scale
+            TokenSet.concat(noisy, clean), gathered, backend, scale, kernels
         )
         self._merge = merge or kernel_merge(merge_backend)
 

@@ -6,6 +6,9 @@ and merges the two partial outputs by their log-sum-exp. Both partials come from
 * `reference`: dense float32 math with an explicit boolean mask (CPU, tests, small shapes);
 * `flex`: `torch.nn.attention.flex_attention` with a block-sparse mask built once per step
   (GPU; masked tiles are skipped, so work follows the block-diffusion sparsity).
+* `turbo`: our Triton op `block_diffusion_attention` with its tile lists built once per step
+  (GPU; `kernels` native: the active bundle, jit: the shipped source). It returns the lse the
+  merge needs from the same kernel, with its gradient.
 
 The mask is built once when the attention is constructed (per step: it depends on the layout and
 the document ids only) and reused by every layer.
@@ -32,7 +35,7 @@ __all__ = [
     "dense_attention_with_lse",
 ]
 
-AttentionBackend = Literal["reference", "flex"]
+AttentionBackend = Literal["reference", "flex", "turbo"]
 PartialAttention = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
 ]
@@ -96,7 +99,7 @@ def _flex_attention() -> Callable:
 
 
 def _flex(q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None) -> PartialAttention:
-    from torch.nn.attention.flex_attention import create_block_mask
+    from turbo_dllm.train.attention.backends import create_block_mask_for
 
     qn, qb, qd = q_tokens.noisy, q_tokens.block, q_tokens.doc
     kn, kb, kd = k_tokens.noisy, k_tokens.block, k_tokens.doc
@@ -107,14 +110,8 @@ def _flex(q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None) -> Partia
         )
 
     batch = qd.shape[0]
-    block_mask = create_block_mask(
-        mask_mod,
-        batch,
-        None,
-        len(q_tokens),
-        len(k_tokens),
-        device=qd.device,
-        _compile=qd.device.type == "cuda",  # never materialise Sq x Sk on the GPU
+    block_mask = create_block_mask_for(qd.device)(  # compiled on the GPU: no Sq x Sk mask
+        mask_mod, batch, None, len(q_tokens), len(k_tokens), device=qd.device
     )
     flex = _flex_attention()
 
@@ -133,15 +130,44 @@ def _flex(q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None) -> Partia
     return attend
 
 
+def _turbo(
+    q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None, kernels: str
+) -> PartialAttention:
+    from turbo_dllm.kernels.block_diffusion import (
+        block_diffusion_attention,
+        plan_block_diffusion_attention,
+    )
+
+    plan = plan_block_diffusion_attention(
+        q_tokens.noisy,
+        q_tokens.block,
+        q_tokens.doc,
+        k_tokens.noisy,
+        k_tokens.block,
+        k_tokens.doc,
+        backend=kernels,
+    )
+
+    def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        return block_diffusion_attention(q, k, v, plan, scale)
+
+    return attend
+
+
 def build_partial_attention(
     q_tokens: TokenSet,
     k_tokens: TokenSet,
     backend: AttentionBackend = "reference",
     scale: float | None = None,
+    kernels: str = "native",
 ) -> PartialAttention:
-    """Attention of the queries described by `q_tokens` over the keys of `k_tokens`."""
+    """Attention of the queries described by `q_tokens` over the keys of `k_tokens`.
+
+    `kernels` (native or jit) says where `turbo` takes its kernels from."""
     if backend == "reference":
         return _reference(q_tokens, k_tokens, scale)
     if backend == "flex":
         return _flex(q_tokens, k_tokens, scale)
-    raise ValueError(f"unknown attention backend {backend!r} (reference, flex)")
+    if backend == "turbo":
+        return _turbo(q_tokens, k_tokens, scale, kernels)
+    raise ValueError(f"unknown attention backend {backend!r} (reference, flex, turbo)")

@@ -92,12 +92,14 @@ class ContextParallel:
         *,
         backend: AttentionBackend = "reference",
         merge_backend: str = "reference",
+        kernels: str = "native",
     ) -> None:
         if dims.mode == "none":
             raise ValueError("ContextParallel needs cp > 1 or bp > 1")
         self.dims = dims
         self.backend = backend
         self.merge_backend = merge_backend
+        self.kernels = kernels  # where `turbo` takes its kernels from (native or jit)
         self.context_size = dims.context
         self.ctx_rank = dims.get_mesh("context").get_local_rank()
         cp_mesh = dims.get_optional_mesh("cp")
@@ -125,8 +127,11 @@ class ContextParallel:
                 self.cp_group,
                 backend=self.backend,
                 merge_backend=self.merge_backend,
+                kernels=self.kernels,
             )
-        return CpAttention(layout, doc_ids, self.cp_group, backend=self.backend)
+        return CpAttention(
+            layout, doc_ids, self.cp_group, backend=self.backend, kernels=self.kernels
+        )
 
     def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
         seq_len, block_size = batch.layout.seq_len, batch.layout.block_size
@@ -177,4 +182,5 @@ def build_sequence_plan(
     if dims is None or dims.mode == "none":
         return WholeSequence(attention)
     backend = getattr(attention, "name", "reference")
-    return ContextParallel(dims, backend=backend, merge_backend=merge_backend)
+    kernels = getattr(attention, "kernels", "native")  # TurboAttention's kernel source
+    return ContextParallel(dims, backend=backend, merge_backend=merge_backend, kernels=kernels)

@@ -1,0 +1,240 @@
+"""Block-diffusion attention kernels on one GPU: `turbo` (our Triton op), FlexAttention with the
+same mask, and causal flash SDPA over the same 2L stream as the dense-kernel ceiling.
+
+Useful TFLOP/s count only the (query, key) pairs the mask allows (`allowed_pairs`; causal SDPA:
+its causal pairs), 4 * D flops per pair and head forward, 2.5x that backward (dQ, dK, dV and the
+recomputed scores: 5 matmuls against 2). Forward, backward and forward+backward, at stream
+lengths 2L = 8K, 16K, 32K and block sizes 16, 32, 64, with a batch that keeps tokens per call
+constant. Prints a table and writes JSON.
+
+    python benchmarks/attention.py --out attention.json
+    python benchmarks/attention.py --stream-lens 16384 --block-sizes 32 --sweep   # turbo configs
+
+Targets (issue 16): turbo fwd+bwd >= 1.3x FlexAttention and >= 450 useful TFLOP/s at 16K;
+forward >= 500.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from turbo_dllm.kernels.block_diffusion import (  # noqa: E402
+    block_diffusion_attention,
+    plan_block_diffusion_attention,
+)
+from turbo_dllm.kernels.selftest import block_diffusion_tokens  # noqa: E402
+from turbo_dllm.train.attention import BlockDiffusionLayout, allowed_pairs  # noqa: E402
+from turbo_dllm.train.attention.backends import FlexAttention  # noqa: E402
+
+BWD_FLOP_RATIO = 2.5
+
+
+def time_ms(fn, repeats: int) -> float:
+    """Median of `repeats` timed calls after warm-up (CUDA events)."""
+    for _ in range(3):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end))
+    return sorted(times)[len(times) // 2]
+
+
+def measure(attend, q, k, v, repeats: int) -> dict[str, float]:
+    """fwd, bwd and fwd+bwd milliseconds of `attend(q, k, v) -> out`."""
+    grad = torch.randn_like(q)
+    leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
+    with torch.no_grad():
+        fwd = time_ms(lambda: attend(*leaves), repeats)
+    out = attend(*leaves)
+    bwd = time_ms(lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True), repeats)
+
+    def both():
+        torch.autograd.grad(attend(*leaves), leaves, grad)
+
+    return {"fwd_ms": fwd, "bwd_ms": bwd, "fwdbwd_ms": time_ms(both, repeats)}
+
+
+def turbo_attend(layout: BlockDiffusionLayout, device, config=None, backend="jit"):
+    # One doc row: the schedule serves every batch row (what the trainer does for one document).
+    tokens = block_diffusion_tokens(layout.seq_len, layout.block_size, 1, None)
+    meta = [t.to(device) for t in tokens]
+    plan = plan_block_diffusion_attention(*meta, *meta, backend=backend, config=config)
+    return lambda q, k, v: block_diffusion_attention(q, k, v, plan)[0]
+
+
+def flex_attend(layout: BlockDiffusionLayout, device):
+    backend = FlexAttention(compile=True)
+    mask = backend.prepare(layout, None, device)
+    return lambda q, k, v: backend(q, k, v, mask)
+
+
+def sdpa_causal(q, k, v):
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def rates(row: dict, pairs: int, heads: int, dim: int) -> dict:
+    fwd_flops = 4.0 * pairs * heads * dim
+    for part, flops in (
+        ("fwd", fwd_flops),
+        ("bwd", BWD_FLOP_RATIO * fwd_flops),
+        ("fwdbwd", (1 + BWD_FLOP_RATIO) * fwd_flops),
+    ):
+        row[f"{part}_tflops"] = flops / (row[f"{part}_ms"] * 1e-3) / 1e12
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    # Every (shape, block, grad mode) is its own compiled flex graph: past dynamo's default of 8
+    # recompiles flex silently falls back to its unfused, scores-materialising eager path (that
+    # ran out of memory on the H200 at the third block size).
+    torch._dynamo.config.recompile_limit = 256
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--stream-lens", default="8192,16384,32768", help="2L values")
+    parser.add_argument("--block-sizes", default="16,32,64")
+    parser.add_argument("--tokens", type=int, default=65536, help="batch * 2L per call")
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--kernels", default="turbo,flex,sdpa")
+    parser.add_argument("--backend", default="jit", help="turbo's kernel backend: jit or native")
+    parser.add_argument("--sweep", action="store_true", help="also time turbo's other sm90 configs")
+    parser.add_argument("--out", type=Path)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("benchmarks/attention.py needs a CUDA GPU", file=sys.stderr)
+        return 2
+    device = torch.device("cuda")
+    kernels = args.kernels.split(",")
+    heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
+    rows: list[dict] = []
+    print(
+        f"{torch.cuda.get_device_name()}, torch {torch.__version__}, H={heads} Hkv={kv_heads} D={dim}"
+    )
+    header = f"{'kernel':<18}{'2L':>7}{'blk':>5}{'B':>4}{'fwd ms':>9}{'bwd ms':>9}{'f+b ms':>9}"
+    header += f"{'fwd TF':>9}{'bwd TF':>9}{'f+b TF':>9}"
+    print(header)
+    for stream_len in (int(x) for x in args.stream_lens.split(",")):
+        batch = max(1, args.tokens // stream_len)
+        gen = torch.Generator(device=device).manual_seed(0)
+
+        shape = (batch, stream_len, dim)
+        q, k, v = (
+            torch.randn(shape[0], h, *shape[1:], device=device, generator=gen).bfloat16()
+            for h in (heads, kv_heads, kv_heads)
+        )
+        for block_size in (int(x) for x in args.block_sizes.split(",")):
+            layout = BlockDiffusionLayout(stream_len // 2, block_size)
+            pairs = allowed_pairs(layout) * batch
+            candidates: list[tuple[str, object]] = []
+            if "turbo" in kernels:
+                candidates.append(("turbo", turbo_attend(layout, device, backend=args.backend)))
+                if args.sweep:
+                    from turbo_dllm.kernels.triton_ops import triton_module
+
+                    module = triton_module("block_diffusion_attention", args.backend)
+                    for i, config in enumerate(module.SM90_SWEEP[dim][1:], start=1):
+                        attend = turbo_attend(layout, device, config, args.backend)
+                        candidates.append((f"turbo-cfg{i}", attend))
+            if "flex" in kernels:
+                candidates.append(("flex", flex_attend(layout, device)))
+            if "turbo" in kernels and "flex" in kernels:
+                with torch.no_grad():
+                    diff = candidates[0][1](q, k, v).float() - candidates[-1][1](q, k, v).float()
+                print(
+                    f"  turbo vs flex max |diff| {diff.abs().max().item():.3g} (2L={stream_len}, B={block_size})"
+                )
+            for name, attend in candidates:
+                row = {"kernel": name, "stream_len": stream_len, "block_size": block_size,
+                       "batch": batch, "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
+                       "useful_pairs": pairs}  # fmt: skip
+                try:
+                    row.update(measure(attend, q, k, v, args.repeats))
+                except Exception as error:  # one failing kernel must not hide the others
+                    row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+                    print(
+                        f"{name:<18}{stream_len:>7}{block_size:>5}{batch:>4}  failed: {row['error']}"
+                    )
+                    rows.append(row)
+                    continue
+                rows.append(rates(row, pairs, heads, dim))
+                print(
+                    f"{name:<18}{stream_len:>7}{block_size:>5}{batch:>4}{row['fwd_ms']:>9.2f}"
+                    f"{row['bwd_ms']:>9.2f}{row['fwdbwd_ms']:>9.2f}{row['fwd_tflops']:>9.0f}"
+                    f"{row['bwd_tflops']:>9.0f}{row['fwdbwd_tflops']:>9.0f}"
+                )
+        if "sdpa" in kernels:
+            causal_pairs = batch * stream_len * (stream_len + 1) // 2
+            row = {"kernel": "sdpa-causal", "stream_len": stream_len, "block_size": None,
+                   "batch": batch, "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
+                   "useful_pairs": causal_pairs}  # fmt: skip
+            try:
+                group = heads // kv_heads  # flash SDPA gets K/V expanded to every query head
+                k_all, v_all = (t.repeat_interleave(group, dim=1) for t in (k, v))
+                row.update(measure(sdpa_causal, q, k_all, v_all, args.repeats))
+                del k_all, v_all
+                rows.append(rates(row, causal_pairs, heads, dim))
+                print(
+                    f"{'sdpa-causal':<18}{stream_len:>7}{'-':>5}{batch:>4}{row['fwd_ms']:>9.2f}"
+                    f"{row['bwd_ms']:>9.2f}{row['fwdbwd_ms']:>9.2f}{row['fwd_tflops']:>9.0f}"
+                    f"{row['bwd_tflops']:>9.0f}{row['fwdbwd_tflops']:>9.0f}"
+                )
+            except Exception as error:
+                row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+                rows.append(row)
+                print(f"sdpa-causal failed: {row['error']}")
+        del q, k, v
+        torch.cuda.empty_cache()
+    summary = _summary(rows)
+    for line in summary["lines"]:
+        print(line)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({"rows": rows, "summary": summary}, indent=2))
+        print(f"wrote {args.out}")
+    return 0
+
+
+def _summary(rows: list[dict]) -> dict:
+    """turbo / flex speed-ups per shape, and the issue's targets at 2L = 16K."""
+    by_key = {(r["kernel"], r["stream_len"], r["block_size"]): r for r in rows if "error" not in r}
+    lines, speedups = [], []
+    for (kernel, stream_len, block_size), turbo in sorted(by_key.items(), key=str):
+        flex = by_key.get(("flex", stream_len, block_size))
+        if kernel != "turbo" or flex is None:
+            continue
+        ratio = flex["fwdbwd_ms"] / turbo["fwdbwd_ms"]
+        speedups.append({"stream_len": stream_len, "block_size": block_size,
+                         "fwdbwd_speedup": ratio, "fwd_speedup": flex["fwd_ms"] / turbo["fwd_ms"]})  # fmt: skip
+        ok = ratio >= 1.3 and (
+            stream_len != 16384 or (turbo["fwdbwd_tflops"] >= 450 and turbo["fwd_tflops"] >= 500)
+        )
+        lines.append(
+            f"2L={stream_len} B={block_size}: turbo fwd+bwd {ratio:.2f}x flex, "
+            f"{turbo['fwdbwd_tflops']:.0f} TF/s (fwd {turbo['fwd_tflops']:.0f}) "
+            f"{'meets' if ok else 'misses'} the targets"
+        )
+    return {"speedups": speedups, "lines": lines}
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

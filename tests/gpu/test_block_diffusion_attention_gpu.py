@@ -1,0 +1,168 @@
+"""block_diffusion_attention compiled on a GPU (bf16) against the torch reference, at shapes the
+trainer uses: the whole 2L stream with documents, CSBP's local and prefix parts (whose merge by
+log-sum-exp must equal the whole-stream attention), every sm90 config the benchmark may sweep,
+and the op inside torch.compile. The interpreter runs the same kernels on CPU in
+tests/train/test_block_diffusion_attention_triton.py.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from turbo_dllm.kernels import merge_attention_partials
+from turbo_dllm.kernels.block_diffusion import (
+    block_diffusion_attention,
+    plan_block_diffusion_attention,
+)
+from turbo_dllm.kernels.selftest import compare_block_diffusion_attention
+from turbo_dllm.kernels.triton_ops import triton_module
+
+pytestmark = pytest.mark.gpu
+CUDA = torch.device("cuda", 0)
+TOLERANCE = 3e-2  # max |error| / max |reference|: bf16 inputs and probabilities, fp32 sums
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+@pytest.mark.parametrize("block_size", [16, 64, 256])
+def test_whole_stream_matches_reference(head_dim, block_size):
+    errors = compare_block_diffusion_attention(
+        "jit",
+        seq_len=2048,
+        block_size=block_size,
+        batch=2,
+        heads=8,
+        kv_heads=2,
+        head_dim=head_dim,
+        doc_cut=777,
+    )
+    assert max(errors.values()) < TOLERANCE, errors
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_every_sweep_config_matches_reference(head_dim):
+    module = triton_module("block_diffusion_attention", "jit")
+    for config in module.SM90_SWEEP[head_dim]:
+        errors = compare_block_diffusion_attention(
+            "jit", seq_len=1024, block_size=32, head_dim=head_dim, config=config
+        )
+        assert max(errors.values()) < TOLERANCE, (config, errors)
+
+
+def _tokens(positions, *, noisy, block_size, docs):
+    from turbo_dllm.train.parallel.visibility import TokenSet
+
+    return TokenSet.from_positions(positions, noisy=noisy, block_size=block_size, doc_ids=docs)
+
+
+def _meta(tokens):
+    return tokens.noisy, tokens.block, tokens.doc
+
+
+def test_csbp_parts_merge_to_the_whole_stream():
+    """CSBP rank 0 of 4 (cp 2): local part + prefix part, merged by lse, equal the whole-stream
+    attention of the rank's queries over every key, and each part equals its reference."""
+    from turbo_dllm.train.parallel.layout import CsbpLayout
+    from turbo_dllm.train.parallel.visibility import TokenSet
+
+    seq_len, block_size, heads, kv_heads, dim = 4096, 64, 8, 4, 128
+    docs = torch.zeros(1, seq_len, dtype=torch.long, device=CUDA)
+    docs[0, 1500:] = 1
+    layout = CsbpLayout.build(seq_len, block_size, bp=4, cp=2, ctx_rank=0)
+    noisy = _tokens(layout.noisy_positions, noisy=True, block_size=block_size, docs=docs)
+    clean = _tokens(layout.clean_positions, noisy=False, block_size=block_size, docs=docs)
+    gathered = _tokens(
+        layout.gathered_clean_positions, noisy=False, block_size=block_size, docs=docs
+    )
+    queries = TokenSet.concat(noisy, clean)
+    gen = torch.Generator(device=CUDA).manual_seed(0)
+    ln, lc, lg = len(noisy), len(clean), len(gathered)
+    q = torch.randn(1, heads, ln + lc, dim, device=CUDA, generator=gen).bfloat16()
+    k_all = torch.randn(1, kv_heads, ln + lg, dim, device=CUDA, generator=gen).bfloat16()
+    v_all = torch.randn(1, kv_heads, ln + lg, dim, device=CUDA, generator=gen).bfloat16()
+    k_noisy, k_clean = k_all.split([ln, lg], dim=2)
+    v_noisy, v_clean = v_all.split([ln, lg], dim=2)
+
+    def attend(q_tokens, k_tokens, qq, kk, vv, backend):
+        plan = plan_block_diffusion_attention(*_meta(q_tokens), *_meta(k_tokens), backend=backend)
+        return block_diffusion_attention(qq, kk, vv, plan)
+
+    for backend in ("jit", "reference"):
+        own, own_lse = attend(noisy, noisy, q[:, :, :ln], k_noisy, v_noisy, backend)
+        prefix, prefix_lse = attend(queries, gathered, q, k_clean, v_clean, backend)
+        merged, merged_lse = merge_attention_partials(
+            own, own_lse, prefix[:, :, :ln], prefix_lse[:, :, :ln]
+        )
+        keys = TokenSet.concat(noisy, gathered)
+        whole, whole_lse = attend(queries, keys, q, k_all, v_all, backend)
+        scale = whole.float().abs().max()
+        assert (merged.float() - whole[:, :, :ln].float()).abs().max() / scale < TOLERANCE
+        assert torch.allclose(merged_lse, whole_lse[:, :, :ln], atol=2e-2)
+        if backend == "jit":
+            kernel_parts = (own, own_lse, prefix, prefix_lse)
+        else:
+            for got, want in zip(kernel_parts, (own, own_lse, prefix, prefix_lse), strict=True):
+                finite = torch.isfinite(want)
+                err = (got.float() - want.float())[finite].abs().max()
+                assert err / want.float()[finite].abs().max() < TOLERANCE
+                assert torch.equal(torch.isinf(got), torch.isinf(want))
+
+
+def test_op_runs_inside_torch_compile():
+    from turbo_dllm.kernels.selftest import block_diffusion_tokens
+
+    meta = [t.to(CUDA) for t in block_diffusion_tokens(1024, 32, 2, 300)]
+    plan = plan_block_diffusion_attention(*meta, *meta, backend="jit")
+    gen = torch.Generator(device=CUDA).manual_seed(1)
+    q = torch.randn(2, 8, 2048, 128, device=CUDA, generator=gen).bfloat16().requires_grad_()
+    k = torch.randn(2, 4, 2048, 128, device=CUDA, generator=gen).bfloat16().requires_grad_()
+    v = torch.randn(2, 4, 2048, 128, device=CUDA, generator=gen).bfloat16().requires_grad_()
+
+    def layer(q, k, v):
+        out, _ = block_diffusion_attention(q * 1.0, k, v, plan)
+        return (out.float() ** 2).sum()
+
+    eager = torch.autograd.grad(layer(q, k, v), (q, k, v))
+    compiled = torch.compile(layer, fullgraph=True)
+    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
+    for g, e in zip(got, eager, strict=True):
+        torch.testing.assert_close(g, e)
+
+
+def test_native_backend_imports_the_bundle_copy(monkeypatch):
+    """With the sm90 bundle `ci/gpu_qualify.sh` installed: the op comes from the bundle, under
+    the shipped source hash, and matches the reference."""
+    home = os.environ.get("DLLM_GPU_TEST_HOME")
+    if not home:
+        pytest.skip("set DLLM_GPU_TEST_HOME to the DLLM_HOME holding the installed sm90 bundle")
+    monkeypatch.setenv("DLLM_HOME", home)
+    from turbo_dllm.kernels.loader import load_bundle_op
+
+    loaded = load_bundle_op("block_diffusion_attention")
+    assert loaded.source is not None and loaded.source.startswith(home)
+    assert "cuda" in loaded.devices
+    errors = compare_block_diffusion_attention("native", seq_len=1024, block_size=32)
+    assert max(errors.values()) < TOLERANCE, errors
+
+
+def test_trainer_with_turbo_trains_like_flex(tmp_path):
+    """model.attention turbo (kernels: jit) in the compiled, checkpointed trainer: the same
+    losses as FlexAttention within bf16 noise."""
+    from tests.train.util import losses, tiny_spec
+    from turbo_dllm.train.entry import train
+
+    common = (
+        "training.steps=4",
+        "training.compile=true",
+        "training.activation_checkpointing=true",
+        "model.config_overrides.head_dim=64",
+        "data.seq_len=256",
+    )
+    assert train(tiny_spec(*common, "model.attention=flex"), tmp_path / "flex") == 0
+    turbo = tiny_spec(*common, "model.attention=turbo", "kernels=jit")
+    assert train(turbo, tmp_path / "turbo") == 0
+    torch.testing.assert_close(
+        losses(tmp_path / "turbo"), losses(tmp_path / "flex"), atol=5e-2, rtol=2e-2
+    )
