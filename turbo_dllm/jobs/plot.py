@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.jobs.runs import read_metrics
+from turbo_dllm.train.metrics import read_metrics
 
 __all__ = ["PLOTS", "plot_run"]
 

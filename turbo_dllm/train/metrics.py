@@ -18,18 +18,25 @@ import os
 import resource
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from turbo_dllm.errors import DllmError
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that need it: `dllm run list` reads metrics.jsonl
+# through `read_metrics` and must stay torch-free.
 
 __all__ = [
     "MetricsLogger",
     "ProfilerWindow",
     "peak_flops",
     "peak_memory_gb",
+    "read_metrics",
 ]
+
+METRICS_NAME = "metrics.jsonl"
 
 _PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "B200": 2250.0, "A100": 312.0}
 
@@ -41,6 +48,8 @@ def peak_flops(device: torch.device) -> float | None:
         return float(override) * 1e12
     if device.type != "cuda":
         return None
+    import torch
+
     name = torch.cuda.get_device_name(device)
     for key, tflops in _PEAK_TFLOPS.items():
         if key in name:
@@ -51,9 +60,30 @@ def peak_flops(device: torch.device) -> float | None:
 def peak_memory_gb(device: torch.device) -> float:
     """Peak accelerator memory since the last reset (CUDA), else the process's peak RSS."""
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.max_memory_allocated(device) / 1e9
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss_kb * (1 if sys.platform != "darwin" else 1 / 1024) / 1e6
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """metrics.jsonl records in file order; a torn line (a run killed mid-write, or one still
+    writing) is skipped. The one reader: resume and `dllm run` both read through it."""
+    path = Path(run_dir) / METRICS_NAME
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 class _NullLogger:
@@ -104,7 +134,8 @@ class MetricsLogger:
         self.spec = spec  # LoggingSpec
         self.is_main = is_main
         self.total_steps = total_steps
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / METRICS_NAME
         self.remote = (
             _WandbLogger(spec.wandb, Path(run_dir), config or {})
             if is_main and spec.wandb is not None
@@ -115,12 +146,8 @@ class MetricsLogger:
         """Drop lines of steps after `step` (written by a run that died after its checkpoint)."""
         if not (self.is_main and self.path.exists()):
             return
-        kept = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= step]
+        self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.is_main:
@@ -164,6 +191,7 @@ class ProfilerWindow:
 
     def before_step(self, step: int) -> None:
         if self.enabled and step == self.start and self._profiler is None:
+            import torch
             from torch.profiler import ProfilerActivity, profile
 
             activities = [ProfilerActivity.CPU]

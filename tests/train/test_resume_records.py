@@ -1,0 +1,19 @@
+"""What a resumed run reads back from its run dir: metrics.jsonl (torn lines included)."""
+
+from __future__ import annotations
+
+import shutil
+
+from tests.train.util import metrics, tiny_spec
+from turbo_dllm.train.entry import train
+
+
+def test_resume_after_a_torn_metrics_line(tmp_path):
+    """A run killed mid-write leaves half a JSON line; the resume drops it and carries on."""
+    args = ("training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=2")
+    train(tiny_spec(*args), tmp_path)
+    shutil.rmtree(tmp_path / "checkpoints/step_00000004")  # the crash came after step 3
+    text = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    (tmp_path / "metrics.jsonl").write_text("\n".join(text[:3]) + '\n{"step": 4, "lo')
+    assert train(tiny_spec(*args), tmp_path) == 0
+    assert [r["step"] for r in metrics(tmp_path)] == [1, 2, 3, 4]
