@@ -40,6 +40,7 @@ from turbo_dllm.train.compile_cache import (
 from turbo_dllm.train.data import build_data
 from turbo_dllm.train.distributed import (
     DistEnv,
+    any_rank,
     apply_activation_checkpointing,
     apply_compile,
     apply_fsdp,
@@ -386,7 +387,8 @@ class Trainer:
                     "time_s": elapsed,
                 }
             )
-            out_of_time = max_duration is not None and elapsed >= max_duration
+            # Every rank must agree: the stop leads to a collective save (see `any_rank`).
+            out_of_time = max_duration is not None and any_rank(elapsed >= max_duration, env)
             if (interval and done % interval == 0) or done == self.total_steps or out_of_time:
                 self.save(done, elapsed)
                 last_saved = done
