@@ -196,7 +196,9 @@ class CheckpointSpec(_Strict):
 class WandbSpec(_Strict):
     project: str
     entity: str | None = None
-    mode: Literal["online", "offline"] = "offline"
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        None, description="W&B mode; unset: the environment's WANDB_MODE, else offline."
+    )
 
 
 class LoggingSpec(_Strict):

@@ -1,4 +1,5 @@
-"""Step metrics: model FLOPs and MFU, metrics.jsonl, the console line, W&B, the profiler window.
+"""Step metrics: model FLOPs and MFU, metrics.jsonl, the console line, W&B, the profiler
+window.
 
 Model FLOPs of one training step (forward + backward = 3x forward), counted from what the
 objective needs, not from what a kernel happens to compute:
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import write_atomic
 
 if TYPE_CHECKING:
     import torch
@@ -95,7 +97,12 @@ class _NullLogger:
 
 
 class _WandbLogger:
-    def __init__(self, spec, run_dir: Path, config: dict[str, Any]) -> None:
+    """W&B, one run per dllm run: named after it, its id kept in the run dir so a resume
+    continues the same W&B run instead of starting a new one."""
+
+    ID_FILE = "wandb_run_id"
+
+    def __init__(self, spec, run_dir: Path, name: str, config: dict[str, Any]) -> None:
         try:
             import wandb
         except ImportError:
@@ -103,20 +110,43 @@ class _WandbLogger:
                 "logging.wandb is set but wandb is not installed",
                 hint="pip install 'turbo-dllm[wandb]', or remove logging.wandb",
             ) from None
+        id_file = run_dir / self.ID_FILE
+        run_id = id_file.read_text().strip() if id_file.is_file() else None
         self._run = wandb.init(
             project=spec.project,
             entity=spec.entity,
-            mode=spec.mode,
+            # The spec's mode, else the user's WANDB_MODE (e.g. disabled), else offline.
+            mode=spec.mode or os.environ.get("WANDB_MODE") or "offline",
             dir=str(run_dir),
+            name=name,
+            id=run_id,
             config=config,
             resume="allow",
         )
+        new_id = getattr(self._run, "id", None)
+        if new_id and new_id != run_id:
+            write_atomic(id_file, f"{new_id}\n")
 
     def log(self, record: dict[str, Any], step: int) -> None:
         self._run.log({k: v for k, v in record.items() if v is not None}, step=step)
 
     def finish(self) -> None:
         self._run.finish()
+
+
+class _Sinks:
+    """Several remote loggers behind one log/finish."""
+
+    def __init__(self, sinks: list) -> None:
+        self._sinks = sinks
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        for sink in self._sinks:
+            sink.log(record, step)
+
+    def finish(self) -> None:
+        for sink in self._sinks:
+            sink.finish()
 
 
 class MetricsLogger:
@@ -137,9 +167,7 @@ class MetricsLogger:
         self.run_dir = Path(run_dir)
         self.path = self.run_dir / METRICS_NAME
         self.remote = (
-            _WandbLogger(spec.wandb, Path(run_dir), config or {})
-            if is_main and spec.wandb is not None
-            else _NullLogger()
+            _remote_loggers(spec, self.run_dir, config or {}) if is_main else _NullLogger()
         )
 
     def truncate_after(self, step: int) -> None:
@@ -176,6 +204,14 @@ class MetricsLogger:
 
     def close(self) -> None:
         self.remote.finish()
+
+
+def _remote_loggers(spec, run_dir: Path, config: dict[str, Any]):
+    sinks: list = []
+    if spec.wandb is not None:
+        name = (config.get("launch") or {}).get("name") or run_dir.name
+        sinks.append(_WandbLogger(spec.wandb, run_dir, name, config))
+    return _Sinks(sinks) if sinks else _NullLogger()
 
 
 class ProfilerWindow:
