@@ -1,4 +1,4 @@
-"""W&B (a fake `wandb` module) beside metrics.jsonl."""
+"""W&B (a fake `wandb` module) and TensorBoard beside metrics.jsonl."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import types
 
 import pytest
 
-from tests.train.util import tiny_spec
+from tests.train.util import losses, tiny_spec
 from turbo_dllm.train.entry import train
 
 
@@ -56,3 +56,14 @@ def test_a_resume_continues_the_same_wandb_run_named_after_the_dllm_run(tmp_path
     assert first["name"] == resumed["name"] == run.name
     train(tiny_spec("training.steps=2", "logging.wandb.project=p", "launch.name=sweep-3"), tmp_path)
     assert fake_wandb[-1]["name"] == "sweep-3"
+
+
+def test_tensorboard_event_file_holds_the_loss(tmp_path):
+    from tensorboard.backend.event_processing import event_accumulator  # the tensorboard extra
+
+    train(tiny_spec("training.steps=3", "logging.tensorboard=true"), tmp_path)
+    events = event_accumulator.EventAccumulator(str(tmp_path / "tensorboard"))
+    events.Reload()
+    scalars = events.Scalars("train/loss")
+    assert [s.step for s in scalars] == [1, 2, 3]
+    assert [s.value for s in scalars] == pytest.approx(losses(tmp_path), rel=1e-6)

@@ -206,6 +206,10 @@ class LoggingSpec(_Strict):
     jsonl: bool = True
     every: PositiveInt = 1
     wandb: WandbSpec | None = None
+    tensorboard: bool = Field(
+        False,
+        description="Write the step records as TensorBoard scalars into <run_dir>/tensorboard/.",
+    )
 
 
 class ProfilerSpec(_Strict):

@@ -1,5 +1,5 @@
-"""Step metrics: model FLOPs and MFU, metrics.jsonl, the console line, W&B, the profiler
-window.
+"""Step metrics: model FLOPs and MFU, metrics.jsonl, the console line, W&B and TensorBoard, the
+profiler window.
 
 Model FLOPs of one training step (forward + backward = 3x forward), counted from what the
 objective needs, not from what a kernel happens to compute:
@@ -134,6 +134,28 @@ class _WandbLogger:
         self._run.finish()
 
 
+class _TensorBoardLogger:
+    """The numeric step records as TensorBoard scalars under <run_dir>/tensorboard/."""
+
+    def __init__(self, run_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise DllmError(
+                "logging.tensorboard is set but tensorboard is not installed",
+                hint="pip install 'turbo-dllm[tensorboard]', or remove logging.tensorboard",
+            ) from None
+        self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(f"train/{key}", value, global_step=step)
+
+    def finish(self) -> None:
+        self._writer.close()
+
+
 class _Sinks:
     """Several remote loggers behind one log/finish."""
 
@@ -211,6 +233,8 @@ def _remote_loggers(spec, run_dir: Path, config: dict[str, Any]):
     if spec.wandb is not None:
         name = (config.get("launch") or {}).get("name") or run_dir.name
         sinks.append(_WandbLogger(spec.wandb, run_dir, name, config))
+    if spec.tensorboard:
+        sinks.append(_TensorBoardLogger(run_dir))
     return _Sinks(sinks) if sinks else _NullLogger()
 
 
