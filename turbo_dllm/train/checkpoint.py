@@ -54,6 +54,10 @@ class CheckpointMeta(BaseModel):
     loader: dict[str, Any]
     data_fingerprint: str | None
     train_time_s: float
+    # Where export finds the files a Hugging Face folder needs beside the weights
+    # (generation_config.json, the tokenizer): the model.path folder and the data artifact.
+    model_path: str | None = None
+    data_artifact: str | None = None
 
 
 def read_meta(path: str | Path) -> CheckpointMeta:

@@ -48,6 +48,7 @@ from turbo_dllm.train.distributed import (
     clip_grad_norm,
     replicate_partial_grads,
 )
+from turbo_dllm.train.export import export_sources
 from turbo_dllm.train.memory import MemoryRecorder, out_of_memory
 from turbo_dllm.train.metrics import (
     MetricsLogger,
@@ -248,6 +249,7 @@ class Trainer:
                 "param_dtype": self.spec.model.dtype,
                 "data_fingerprint": self.data.fingerprint,
                 "train_time_s": train_time,
+                **export_sources(self.spec),
             },
         )
 
