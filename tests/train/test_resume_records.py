@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 
 from tests.train.util import metrics, tiny_spec
@@ -17,3 +18,18 @@ def test_resume_after_a_torn_metrics_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("\n".join(text[:3]) + '\n{"step": 4, "lo')
     assert train(tiny_spec(*args), tmp_path) == 0
     assert [r["step"] for r in metrics(tmp_path)] == [1, 2, 3, 4]
+
+
+def test_resume_at_another_world_size_says_the_rng_is_not_restored(tmp_path, capsys):
+    args = ("training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=2")
+    train(tiny_spec(*args), tmp_path)
+    shutil.rmtree(tmp_path / "checkpoints/step_00000004")
+    meta_path = tmp_path / "checkpoints/step_00000002/checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    meta["world_size"] = 2  # as if two ranks had saved it (their RNG files are rank-local)
+    meta_path.write_text(json.dumps(meta))
+    capsys.readouterr()
+    train(tiny_spec(*args), tmp_path)
+    assert "was saved by 2 rank(s) and this run has 1: the RNG states are not restored" in (
+        capsys.readouterr().err
+    )

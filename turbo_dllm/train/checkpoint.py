@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -201,6 +202,15 @@ class Checkpointer:
         )
         loader.load_state_dict(meta.loader)
         rank_file = path / f"rank_{self.rank:05d}.pt"
+        if meta.world_size != self.world_size and self.rank == 0:
+            # Per-rank RNG streams do not map onto another number of ranks; noise is keyed by
+            # (seed, step, sample), so the loss trace is unaffected, but say what was skipped.
+            print(
+                f"warning: {path} was saved by {meta.world_size} rank(s) and this run has "
+                f"{self.world_size}: the RNG states are not restored",
+                file=sys.stderr,
+                flush=True,
+            )
         if meta.world_size == self.world_size and rank_file.is_file():
             rng = torch.load(rank_file, weights_only=False)["rng"]
             torch.set_rng_state(rng["torch"])
