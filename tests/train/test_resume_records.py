@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import warnings
 
 from tests.train.util import metrics, tiny_spec
 from turbo_dllm.train.entry import train
@@ -33,3 +34,31 @@ def test_resume_at_another_world_size_says_the_rng_is_not_restored(tmp_path, cap
     assert "was saved by 2 rank(s) and this run has 1: the RNG states are not restored" in (
         capsys.readouterr().err
     )
+
+
+def test_checkpoint_and_export_hide_only_the_known_dcp_notice(tmp_path, monkeypatch):
+    """DCP's single-process notice is filtered; any other warning from a save, a load or an
+    export reaches the user."""
+    import torch.distributed.checkpoint as dcp
+
+    from turbo_dllm.train.export import export_checkpoint
+
+    def noisy(real):
+        def call(*args, **kwargs):
+            warnings.warn(f"new problem in {real.__name__}", UserWarning, stacklevel=2)
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(dcp, "save", noisy(dcp.save))
+    monkeypatch.setattr(dcp, "load", noisy(dcp.load))
+    args = ("training.steps=4", "checkpoint.interval=2")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tiny_spec(*args), tmp_path / "run")
+        shutil.rmtree(tmp_path / "run/checkpoints/step_00000004")
+        train(tiny_spec(*args), tmp_path / "run")  # a resume loads
+        export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    messages = [str(w.message) for w in caught]
+    assert messages.count("new problem in save") == 3 and messages.count("new problem in load") == 2
+    assert not any("single process" in m for m in messages)

@@ -11,6 +11,7 @@ mid-save leaves only a temp folder, which the next save removes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -31,6 +32,7 @@ __all__ = [
     "CheckpointMeta",
     "Checkpointer",
     "find_latest",
+    "quiet_dcp_warnings",
     "read_meta",
 ]
 
@@ -89,6 +91,18 @@ def find_latest(directory: str | Path) -> Path | None:
     return None if best is None else best[1]
 
 
+# DCP in one process (no process group) says so on every save and load; nothing else is hidden.
+_KNOWN_DCP_NOISE = r"torch\.distributed is disabled, unavailable or uninitialized"
+
+
+@contextlib.contextmanager
+def quiet_dcp_warnings():
+    """Silence only DCP's known single-process notice; every other warning still shows."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_KNOWN_DCP_NOISE, category=UserWarning)
+        yield
+
+
 def _barrier() -> None:
     import torch.distributed as dist
 
@@ -143,8 +157,7 @@ class Checkpointer:
             tmp.mkdir()
         _barrier()
         model_state, optim_state = get_state_dict(model, optimizer)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # single-process DCP warns that it is single-process
+        with quiet_dcp_warnings():
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
         torch.save({"rng": _rng_state()}, tmp / f"rank_{self.rank:05d}.pt")
         _barrier()
@@ -188,8 +201,7 @@ class Checkpointer:
         meta = read_meta(path)
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet_dcp_warnings():
             dcp.load(state, checkpoint_id=str(path))
         set_state_dict(
             model,

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -55,7 +54,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     import torch.distributed.checkpoint as dcp
 
     from turbo_dllm.registry import get_family
-    from turbo_dllm.train.checkpoint import find_latest, read_meta
+    from turbo_dllm.train.checkpoint import find_latest, quiet_dcp_warnings, read_meta
     from turbo_dllm.train.weights import allocate, full_state_dict, save_hf
 
     checkpoint, out = Path(checkpoint), Path(out)
@@ -74,8 +73,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     config = family.read_config(meta.model)
     model = allocate(family.runtime().build_model(config, None), torch.device("cpu"))
     state = {"model": model.state_dict()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with quiet_dcp_warnings():
         dcp.load(state, checkpoint_id=str(checkpoint))
     model.load_state_dict(state["model"])
     staging = out.parent / f".{out.name}.partial"
