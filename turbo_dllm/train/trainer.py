@@ -114,8 +114,11 @@ class Trainer:
         self.model_config = resolve_model_config(spec)
         if self.dims.tp > 1:
             runtime.check_tensor_parallel(self.model_config, self.dims.tp)  # before collectives
+        # Always: importing torch._dynamo (FSDP2 and DCP do) creates inductor's cache folder, in
+        # the temp folder unless pointed elsewhere. Reported only when something compiles.
+        cache = use_compile_cache()
         if self.spec.training.compile or self.device.type == "cuda":  # inductor or Triton builds
-            self.compile_cache = use_compile_cache()
+            self.compile_cache = cache
         self.attention = build_attention(spec.attention, self.device)
         self.mesh = self.dims.build_mesh(self.device.type)
         # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
