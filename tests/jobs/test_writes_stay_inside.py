@@ -55,3 +55,15 @@ def test_a_training_run_leaves_no_inductor_folder_in_temp(cli_process, tmp_path,
     run = cli_process("train", "--config", "train.yaml", "--run-dir", "run", cwd=tmp_path, env=env)
     assert run.code == 0, run.err
     assert leftovers(folders) == []
+
+
+def test_a_torchrun_launch_keeps_its_logs_in_the_run_dir(cli_process, tmp_path, sealed):
+    env, folders = sealed
+    (tmp_path / "train.yaml").write_text(textwrap.dedent(SPEC))
+    launch = cli_process(
+        "launch", "--config", "train.yaml", "--nproc-per-node", "2", "--set", "topology.dp=2",
+        "--run-dir", "run", cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert launch.code == 0, launch.err
+    assert (tmp_path / "run/torchelastic").is_dir()
+    assert leftovers(folders) == []
