@@ -67,3 +67,24 @@ def test_a_torchrun_launch_keeps_its_logs_in_the_run_dir(cli_process, tmp_path, 
     assert launch.code == 0, launch.err
     assert (tmp_path / "run/torchelastic").is_dir()
     assert leftovers(folders) == []
+
+
+def test_run_and_data_plots_keep_matplotlib_out_of_home(cli_process, tmp_path, sealed):
+    """matplotlib's config and font cache go under the dllm home, not ~/.config or ~/.cache."""
+    env, folders = sealed
+    (tmp_path / "train.yaml").write_text(textwrap.dedent(SPEC))
+    launch = cli_process(
+        "launch", "--config", "train.yaml", "--run-dir", "run", cwd=tmp_path, env=env
+    )
+    assert launch.code == 0, launch.err
+    plot = cli_process("run", "plot", "run", cwd=tmp_path, env=env)
+    assert plot.code == 0, plot.err
+    assert list((tmp_path / "run/plots").glob("*.png"))
+    assert cli_process("init", "p", cwd=tmp_path, env=env).code == 0
+    project = tmp_path / "p"
+    prepare = cli_process("data", "prepare", "--config", "prepare.yaml", cwd=project, env=env)
+    assert prepare.code == 0, prepare.err
+    stats = cli_process("data", "stats", "data/prepared", "--plot", "s.png", cwd=project, env=env)
+    assert stats.code == 0, stats.err
+    assert (project / "s.png").is_file()
+    assert leftovers(folders) == []
