@@ -1,5 +1,5 @@
-"""pyproject's requirements say what the code needs: the torch floor is a torch that has the
-APIs the trainer calls."""
+"""pyproject's requirements say what the code needs: the test extra has what the tests import,
+the torch floor is a torch that has the APIs the trainer calls."""
 
 from __future__ import annotations
 
@@ -16,6 +16,10 @@ def requirements(group: str | None = None) -> dict[str, Requirement]:
     project = tomlkit.parse(PYPROJECT.read_text())["project"]
     listed = project["dependencies"] if group is None else project["optional-dependencies"][group]
     return {req.name: req for req in map(Requirement, listed)}
+
+
+def test_the_test_extra_installs_transformers_for_the_parity_tests():
+    assert "transformers" in requirements("test")
 
 
 def test_the_torch_floor_has_fsdp2_public_and_get_total_norm():
