@@ -58,6 +58,7 @@ from turbo_dllm.train.metrics import (
 )
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
+from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
 from turbo_dllm.train.parallel.plan import build_sequence_plan
 from turbo_dllm.train.schedules import build_scheduler
 from turbo_dllm.train.weights import materialize
@@ -123,6 +124,8 @@ class Trainer:
         self.mesh = self.dims.build_mesh(self.device.type)
         # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
         self.plan = build_sequence_plan(self.dims, self.attention, merge_backend=self.spec.kernels)
+        if slow_merge := slow_merge_warning(self.dims.bp, self.spec.kernels, self.device.type):
+            print0(self.env, f"warning: {slow_merge} (set `kernels: native`)")
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
         model = runtime.build_model(self.model_config, self.plan.attention_backend, dtype)
         layers = runtime.layers(model)
