@@ -1,12 +1,14 @@
-"""What a resumed run reads back from its run dir: metrics.jsonl (torn lines included)."""
+"""What a resume reads back: metrics.jsonl (torn lines included), the checkpoint (RNG, model
+config) and what DCP says while it loads."""
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 import warnings
 
-from tests.train.util import metrics, tiny_spec
+from tests.train.util import TINY, metrics, tiny_spec
 from turbo_dllm.train.entry import train
 
 
@@ -62,3 +64,22 @@ def test_checkpoint_and_export_hide_only_the_known_dcp_notice(tmp_path, monkeypa
     messages = [str(w.message) for w in caught]
     assert messages.count("new problem in save") == 3 and messages.count("new problem in load") == 2
     assert not any("single process" in m for m in messages)
+
+
+def test_a_checkpoint_from_before_the_token_ids_resumes(tmp_path):
+    """Checkpoints written before the decoder config carried bos/eos/pad ids lack them."""
+    from tests.train.test_export_generation import save_source_model
+
+    save_source_model(tmp_path / "source")  # its config.json has eos and bos ids
+    base = copy.deepcopy(TINY)
+    base["model"] = {"path": str(tmp_path / "source"), "from_config": None}
+    args = ("training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=2")
+    train(tiny_spec(*args, base=base), tmp_path / "run")
+    shutil.rmtree(tmp_path / "run/checkpoints/step_00000004")
+    meta_path = tmp_path / "run/checkpoints/step_00000002/checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        meta["model"].pop(field, None)
+    meta_path.write_text(json.dumps(meta))
+    assert train(tiny_spec(*args, base=base), tmp_path / "run") == 0
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3, 4]

@@ -34,6 +34,7 @@ __all__ = [
     "find_latest",
     "quiet_dcp_warnings",
     "read_meta",
+    "same_model",
 ]
 
 CHECKPOINT_FORMAT = "turbo_dllm.checkpoint.v1"
@@ -74,6 +75,20 @@ def read_meta(path: str | Path) -> CheckpointMeta:
         return CheckpointMeta.model_validate_json(meta_path.read_text())
     except ValueError as error:
         raise DllmError(f"{meta_path}: invalid checkpoint metadata: {error}") from None
+
+
+# config.json fields that name tokens rather than shape the model; checkpoints written before
+# the decoder config carried them lack them, and still resume.
+_TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def same_model(saved: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether a checkpoint's model config (`meta.model`) is the model a run would build."""
+
+    def shape(config: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in config.items() if k not in _TOKEN_ID_FIELDS}
+
+    return shape(saved) == shape(current)
 
 
 def find_latest(directory: str | Path) -> Path | None:

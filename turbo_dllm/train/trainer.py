@@ -31,7 +31,7 @@ import torch
 from turbo_dllm.errors import DllmError
 from turbo_dllm.registry import get_family, resolve_model_config
 from turbo_dllm.train.attention import allowed_pairs, build_attention
-from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta
+from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta, same_model
 from turbo_dllm.train.compile_cache import (
     INDUCTOR_CACHE_VARIABLE,
     cache_size_bytes,
@@ -218,7 +218,7 @@ class Trainer:
                     f"checkpoint.resume points at {choice!r}, which is not a complete checkpoint",
                     hint="use auto, never, or a checkpoints/step_<N> folder",
                 )
-        if read_meta(path).model != self.model_config.to_hf_dict():
+        if not same_model(read_meta(path).model, self.model_config.to_hf_dict()):
             raise DllmError(
                 f"checkpoint {str(path)!r} holds a different model shape than this RunSpec",
                 hint="resume with the model the checkpoint was trained with, or "
