@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import shutil
 
 import torch
 import transformers
@@ -86,3 +87,17 @@ def test_a_random_init_model_takes_the_data_artifacts_tokenizer(tmp_path):
     assert (
         json.loads((out / "generation_config.json").read_text())["eos_token_id"] == specials["eos"]
     )
+
+
+def test_a_vanished_source_folder_is_said_not_silent(tmp_path, capsys):
+    save_source_model(tmp_path / "source")
+    base = copy.deepcopy(TINY)
+    base["model"] = {"path": str(tmp_path / "source"), "from_config": None}
+    train(tiny_spec("training.steps=2", base=base), tmp_path / "run")
+    shutil.rmtree(tmp_path / "source")
+    capsys.readouterr()
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    assert f"warning: {tmp_path / 'source'} (recorded in the checkpoint) is gone" in (
+        capsys.readouterr().err
+    )
+    assert not (out / "tokenizer.json").exists()

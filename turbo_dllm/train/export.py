@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,15 @@ def _copy_generation_files(meta, folder: Path) -> None:
     """generation_config.json, the tokenizer and the special token ids, from the sources."""
     model_path = Path(meta.model_path) if meta.model_path else None
     artifact = Path(meta.data_artifact) if meta.data_artifact else None
+    for source in (model_path, artifact):
+        if source is not None and not source.is_dir():  # moved or deleted since training
+            print(
+                f"warning: {source} (recorded in the checkpoint) is gone: the export has no "
+                "tokenizer or generation_config.json from it",
+                file=sys.stderr,
+            )
+    model_path = model_path if model_path and model_path.is_dir() else None
+    artifact = artifact if artifact and artifact.is_dir() else None
     tokenizer_from = model_path
     if model_path is None or not any((model_path / f).is_file() for f in TOKENIZER_FILES):
         tokenizer_from = artifact / "tokenizer" if artifact else None
