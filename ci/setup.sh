@@ -7,4 +7,4 @@ PYTHON=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PYTHON" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q "torch==${TORCH_VERSION:-2.13.0}"
-.venv/bin/python -m pip install -q -e ".[data,test,env,plot]"
+.venv/bin/python -m pip install -q -e ".[data,test,env,plot,tensorboard]"

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-__all__ = ["dllm_home", "new_run_dir"]
+__all__ = ["dllm_home", "new_run_dir", "use_matplotlib_config_dir"]
+
+MATPLOTLIB_CONFIG_VARIABLE = "MPLCONFIGDIR"
 
 
 def dllm_home() -> Path:
@@ -25,3 +27,13 @@ def new_run_dir(root: str | Path = "runs") -> Path:
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
     return Path(root) / f"{stamp}-{secrets.token_hex(3)}"
+
+
+def use_matplotlib_config_dir() -> Path:
+    """Point matplotlib's config and font cache at `<dllm home>/matplotlib` (a user's own
+    MPLCONFIGDIR wins); call before importing matplotlib. Left alone it writes them under
+    ~/.config and ~/.cache, or into a fresh temp folder when those are not writable."""
+    folder = Path(os.environ.get(MATPLOTLIB_CONFIG_VARIABLE) or dllm_home() / "matplotlib")
+    folder.mkdir(parents=True, exist_ok=True)
+    os.environ[MATPLOTLIB_CONFIG_VARIABLE] = str(folder)
+    return folder

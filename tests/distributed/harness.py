@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
+from datetime import timedelta
 from pathlib import Path
 
 import torch
@@ -12,24 +13,35 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def _entry(rank: int, world: int, store: str, fn, args, backend: str) -> None:
+def _entry(rank: int, world: int, store: str, fn, args, backend: str, timeout_s) -> None:
     if backend == "nccl":
         torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
+    timeout = {"timeout": timedelta(seconds=timeout_s)} if timeout_s else {}
+    dist.init_process_group(
+        backend, init_method=f"file://{store}", rank=rank, world_size=world, **timeout
+    )
     try:
         fn(rank, world, *args)
     except Exception:
         traceback.print_exc()
         raise
     finally:
-        dist.destroy_process_group()
+        if dist.is_initialized():  # the trainer's entry destroys the group it ran in
+            dist.destroy_process_group()
 
 
-def run_gloo(fn, world: int, tmp_path: Path, *args, backend: str = "gloo") -> None:
-    """Run fn(rank, world, *args) on `world` processes (module-level fn, picklable args)."""
+def run_gloo(
+    fn, world: int, tmp_path: Path, *args, backend: str = "gloo", timeout_s: float | None = None
+) -> None:
+    """Run fn(rank, world, *args) on `world` processes (module-level fn, picklable args).
+
+    `timeout_s` bounds every collective (default: torch's), so a test of a would-be hang fails.
+    """
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     store = tmp_path / f"store-{world}"
-    mp.spawn(_entry, args=(world, str(store), fn, args, backend), nprocs=world, join=True)
+    mp.spawn(
+        _entry, args=(world, str(store), fn, args, backend, timeout_s), nprocs=world, join=True
+    )
 
 
 def _cases_worker(rank: int, world: int, results: str, run_case, cases) -> None:

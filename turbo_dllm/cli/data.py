@@ -197,6 +197,10 @@ def _stats(args) -> int:
     from turbo_dllm.data.summary import compute_stats, plot_stats
 
     stats = compute_stats(DataArtifact(args.artifact))
+    if args.plot:
+        from turbo_dllm.paths import use_matplotlib_config_dir
+
+        use_matplotlib_config_dir()  # before plot_stats imports matplotlib
     plot = str(plot_stats(stats, args.plot)) if args.plot else None
     if args.json:
         emit_json({**stats, "plot": plot})

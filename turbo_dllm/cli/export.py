@@ -9,7 +9,9 @@ def register(subparsers) -> None:
     p = subparsers.add_parser(
         "export",
         help="write a checkpoint's model as a Hugging Face folder",
-        description="Write config.json + model.safetensors (HF layout) from a training checkpoint.",
+        description="Write config.json + model.safetensors (HF layout) from a training checkpoint, "
+        "with the tokenizer and generation_config.json of the model folder (or data artifact) "
+        "it was trained from.",
     )
     p.add_argument(
         "--checkpoint",

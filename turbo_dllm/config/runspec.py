@@ -199,7 +199,9 @@ class CheckpointSpec(_Strict):
 class WandbSpec(_Strict):
     project: str
     entity: str | None = None
-    mode: Literal["online", "offline"] = "offline"
+    mode: Literal["online", "offline", "disabled"] | None = Field(
+        None, description="W&B mode; unset: the environment's WANDB_MODE, else offline."
+    )
 
 
 class LoggingSpec(_Strict):
@@ -207,6 +209,10 @@ class LoggingSpec(_Strict):
     jsonl: bool = True
     every: PositiveInt = 1
     wandb: WandbSpec | None = None
+    tensorboard: bool = Field(
+        False,
+        description="Write the step records as TensorBoard scalars into <run_dir>/tensorboard/.",
+    )
 
 
 class ProfilerSpec(_Strict):

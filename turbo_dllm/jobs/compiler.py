@@ -132,6 +132,7 @@ def compile_plan(
             rendezvous=rendezvous,
             node_rank=node_rank,
             max_restarts=options.max_restarts,
+            log_dir=str(run_dir / TORCHRUN_LOG_DIR),
         )
         return JobPlan(backend="torchrun", commands=commands, **plan_fields)
     job = slurm_backend.slurm_job(run_dir, nnodes, gpus_per_node, cpus, options.slurm)
@@ -140,11 +141,22 @@ def compile_plan(
         Command(
             where="every node (srun)",
             argv=slurm_backend.srun_torchrun_argv(
-                python, worker, str(nnodes), nproc, options.max_restarts, rendezvous, cpus
+                python,
+                worker,
+                str(nnodes),
+                nproc,
+                options.max_restarts,
+                rendezvous,
+                cpus,
+                str(run_dir / TORCHRUN_LOG_DIR),
             ),
         ),
     ]
     return JobPlan(backend="slurm", commands=commands, slurm=job, **plan_fields)
+
+
+# torchrun's own logs and the workers' error files (it would otherwise use a temp folder).
+TORCHRUN_LOG_DIR = "torchelastic"
 
 
 def worker_command(python: str, run_dir: Path) -> list[str]:

@@ -1,7 +1,7 @@
 """Drift: how the inputs of a job now differ from what its manifest recorded.
 
 A replay is only the same job if the same code runs on the same kind of host with the same
-packages, kernel bundle and data. `manifest_drift` compares those five groups field by field
+packages, kernel bundle, data and weights. `manifest_drift` compares those six groups field by field
 (flattened to dotted paths) and ignores what legitimately differs between two runs of one job:
 the host's name, times, the run id and dir. `flat_diff` is the general side-by-side comparison
 behind `dllm run diff`.
@@ -15,7 +15,7 @@ from turbo_dllm.jobs.manifest import DriftItem, RunManifest
 
 __all__ = ["DRIFT_GROUPS", "VOLATILE_HOST_KEYS", "flat_diff", "flatten", "manifest_drift"]
 
-DRIFT_GROUPS = ("host", "packages", "bundle", "data", "code")
+DRIFT_GROUPS = ("host", "packages", "bundle", "data", "weights", "code")
 # Fingerprint keys that name or time a machine instead of describing what it runs.
 VOLATILE_HOST_KEYS = frozenset(
     {"hostname", "host", "node", "collected_at", "created_at", "timestamp", "time", "pid", "user"}
@@ -55,7 +55,7 @@ def flat_diff(
 
 
 def manifest_drift(recorded: RunManifest, current: RunManifest) -> list[DriftItem]:
-    """Every host / packages / bundle / data / code field that differs, in that order."""
+    """Every host / packages / bundle / data / weights / code field that differs, in order."""
     items: list[DriftItem] = []
     items += flat_diff(_stable_host(recorded.host), _stable_host(current.host), "host")
     items += _package_drift(recorded.packages, current.packages)
@@ -63,6 +63,7 @@ def manifest_drift(recorded: RunManifest, current: RunManifest) -> list[DriftIte
         "bundle", _dump(recorded.bundle), _dump(current.bundle), ("bundle_id", "sha256")
     )
     items += _ref_drift("data", _dump(recorded.data), _dump(current.data), _DATA_IDENTITY)
+    items += _weights_drift(_dump(recorded.weights), _dump(current.weights))
     items += _ref_drift("code", _dump(recorded.code), _dump(current.code), _CODE_IDENTITY)
     return items
 
@@ -98,6 +99,18 @@ def _ref_drift(
         DriftItem(field=f"{group}.{key}", recorded=recorded.get(key), current=current.get(key))
         for key in keys
         if recorded.get(key) != current.get(key)
+    ]
+
+
+def _weights_drift(recorded: dict | None, current: dict | None) -> list[DriftItem]:
+    """One item per model file whose content changed, appeared or vanished (paths ignored)."""
+    if recorded is None or current is None:
+        return _ref_drift("weights", recorded, current, ("files",))
+    old, new = recorded["files"], current["files"]
+    return [
+        DriftItem(field=f"weights.files.{name}", recorded=old.get(name), current=new.get(name))
+        for name in sorted(set(old) | set(new))
+        if old.get(name) != new.get(name)
     ]
 
 

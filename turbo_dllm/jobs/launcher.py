@@ -120,7 +120,7 @@ def prepare_replay(
             f"replay of run {recorded.run_id} refused: {len(drift)} input"
             f"{'s' if len(drift) > 1 else ''} drifted since it was recorded "
             f"(recorded -> now):\n{lines}",
-            hint="restore the recorded packages / data / code / bundle, or pass --allow-drift "
+            hint="restore the recorded packages / data / weights / code / bundle, or pass --allow-drift "
             "to run anyway (the drift is written into the new manifest)",
         )
     import hashlib
@@ -193,6 +193,7 @@ def build_manifest(
         packages=provenance.installed_packages(),
         bundle=provenance.active_bundle_ref(),
         data=_data_ref(spec.data.artifact, missing_data_ok),
+        weights=provenance.weights_ref(spec.model.path),
         code=CodeVersion(**provenance.code_version()),
         seeds=seeds,
         plan=plan,

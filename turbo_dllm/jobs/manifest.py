@@ -1,8 +1,8 @@
 """The run manifest (`turbo_dllm.run_manifest.v1`): what a run pinned, written before it starts.
 
 A manifest records the resolved RunSpec (and its hash), the host fingerprint, the installed
-Python packages, the active kernel bundle, the data artifact's fingerprint, the code version,
-the seeds, the JobPlan and the exact commands. `dllm launch --manifest` replays it and refuses
+Python packages, the active kernel bundle, the data artifact's fingerprint, the content hashes of
+the model.path weights, the code version, the seeds, the JobPlan and the exact commands. `dllm launch --manifest` replays it and refuses
 when any of those inputs drifted. It is written atomically and never replaced: a run dir holds
 one job.
 """
@@ -30,6 +30,7 @@ __all__ = [
     "DriftItem",
     "ReplayRef",
     "RunManifest",
+    "WeightsRef",
     "canonical_json",
     "read_manifest",
     "sha256_json",
@@ -69,6 +70,13 @@ class DataRef(_Strict):
     vocab_size: int
 
 
+class WeightsRef(_Strict):
+    """The model.path folder's content: sha256 of each file that defines the model."""
+
+    path: str
+    files: dict[str, str] = Field(description="file name -> sha256 (config, safetensors, index)")
+
+
 class DriftItem(_Strict):
     field: str
     recorded: Any
@@ -98,6 +106,7 @@ class RunManifest(_Strict):
     packages: dict[str, str]
     bundle: BundleRef | None
     data: DataRef | None
+    weights: WeightsRef | None = None  # None: random init (or a manifest from before weights)
     code: CodeVersion
     seeds: dict[str, int]
     plan: JobPlan

@@ -6,7 +6,8 @@ from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.jobs.runs import read_metrics
+from turbo_dllm.paths import use_matplotlib_config_dir
+from turbo_dllm.train.metrics import read_metrics
 
 __all__ = ["PLOTS", "plot_run"]
 
@@ -27,6 +28,7 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
             f"{run_dir} has no metrics yet (metrics.jsonl is missing or empty)",
             hint="plots need at least one logged step; check logging.jsonl in the spec",
         )
+    use_matplotlib_config_dir()
     try:
         import matplotlib
 

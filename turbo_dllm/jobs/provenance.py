@@ -1,4 +1,4 @@
-"""Provenance probes for the run manifest: packages, code version, kernel bundle, data.
+"""Provenance probes for the run manifest: packages, code version, kernel bundle, data, weights.
 
 Each probe answers "what exactly would this job run with?" for one input, as plain JSON-able
 values, so the manifest can pin it and a replay can compare it field by field.
@@ -18,7 +18,11 @@ __all__ = [
     "data_ref",
     "host_fingerprint",
     "installed_packages",
+    "weights_ref",
 ]
+
+# The files of a Hugging Face model folder that decide what the trainer loads.
+_WEIGHT_PATTERNS = ("config.json", "*.safetensors", "*.safetensors.index.json")
 
 
 def installed_packages() -> dict[str, str]:
@@ -74,6 +78,16 @@ def data_ref(artifact: str | None) -> dict[str, Any] | None:
         "seq_len": int(manifest.seq_len),
         "vocab_size": int(manifest.vocab_size),
     }
+
+
+def weights_ref(model_path: str | None) -> dict[str, Any] | None:
+    """The model.path folder's identity: the sha256 of its config.json, safetensors files and
+    index (streamed; names relative to the folder, no paths or times); None for random init."""
+    if model_path is None:
+        return None
+    folder = Path(model_path)
+    names = sorted({p.name for pattern in _WEIGHT_PATTERNS for p in folder.glob(pattern)})
+    return {"path": str(model_path), "files": {name: _file_sha256(folder / name) for name in names}}
 
 
 def code_version() -> dict[str, Any]:

@@ -7,7 +7,6 @@ ends (scancel, time limit, node failure) never writes one.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs.drift import flat_diff, manifest_drift
 from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
 from turbo_dllm.jobs.result import read_result
+from turbo_dllm.train.metrics import read_metrics
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -23,12 +23,10 @@ __all__ = [
     "diff_manifests",
     "find_run",
     "list_runs",
-    "read_metrics",
     "summarize",
 ]
 
 DEFAULT_ROOT = "runs"
-METRICS_NAME = "metrics.jsonl"
 # SLURM states in which the batch script ran to its end and wrote result.json: the exit code
 # there says more than SLURM's word. Every other end state (CANCELLED, TIMEOUT, ...) is SLURM's.
 _SCRIPT_ENDED = ("COMPLETED", "FAILED")
@@ -171,24 +169,6 @@ def _with_slurm_states(summaries: list[RunSummary]) -> list[RunSummary]:
         replace(s, slurm_state=states.get(s.slurm_job_id)) if s.slurm_job_id in ask else s
         for s in summaries
     ]
-
-
-def read_metrics(run_dir: Path) -> list[dict[str, Any]]:
-    """metrics.jsonl records in file order; a torn last line (a run still writing) is skipped."""
-    path = Path(run_dir) / METRICS_NAME
-    if not path.is_file():
-        return []
-    records = []
-    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
-            continue
-        if isinstance(record, dict):
-            records.append(record)
-    return records
 
 
 def diff_manifests(a: RunManifest, b: RunManifest) -> dict[str, list[DriftItem]]:

@@ -11,10 +11,12 @@ mid-save leaves only a temp folder, which the next save removes.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Any, Literal
@@ -30,7 +32,9 @@ __all__ = [
     "CheckpointMeta",
     "Checkpointer",
     "find_latest",
+    "quiet_dcp_warnings",
     "read_meta",
+    "same_model",
 ]
 
 CHECKPOINT_FORMAT = "turbo_dllm.checkpoint.v1"
@@ -54,6 +58,10 @@ class CheckpointMeta(BaseModel):
     loader: dict[str, Any]
     data_fingerprint: str | None
     train_time_s: float
+    # Where export finds the files a Hugging Face folder needs beside the weights
+    # (generation_config.json, the tokenizer): the model.path folder and the data artifact.
+    model_path: str | None = None
+    data_artifact: str | None = None
 
 
 def read_meta(path: str | Path) -> CheckpointMeta:
@@ -69,6 +77,20 @@ def read_meta(path: str | Path) -> CheckpointMeta:
         raise DllmError(f"{meta_path}: invalid checkpoint metadata: {error}") from None
 
 
+# config.json fields that name tokens rather than shape the model; checkpoints written before
+# the decoder config carried them lack them, and still resume.
+_TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+
+
+def same_model(saved: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether a checkpoint's model config (`meta.model`) is the model a run would build."""
+
+    def shape(config: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in config.items() if k not in _TOKEN_ID_FIELDS}
+
+    return shape(saved) == shape(current)
+
+
 def find_latest(directory: str | Path) -> Path | None:
     """The complete checkpoint with the highest step in `directory`, if any."""
     directory = Path(directory)
@@ -82,6 +104,18 @@ def find_latest(directory: str | Path) -> Path | None:
             if best is None or step > best[0]:
                 best = (step, child)
     return None if best is None else best[1]
+
+
+# DCP in one process (no process group) says so on every save and load; nothing else is hidden.
+_KNOWN_DCP_NOISE = r"torch\.distributed is disabled, unavailable or uninitialized"
+
+
+@contextlib.contextmanager
+def quiet_dcp_warnings():
+    """Silence only DCP's known single-process notice; every other warning still shows."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=_KNOWN_DCP_NOISE, category=UserWarning)
+        yield
 
 
 def _barrier() -> None:
@@ -138,8 +172,7 @@ class Checkpointer:
             tmp.mkdir()
         _barrier()
         model_state, optim_state = get_state_dict(model, optimizer)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # single-process DCP warns that it is single-process
+        with quiet_dcp_warnings():
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
         torch.save({"rng": _rng_state()}, tmp / f"rank_{self.rank:05d}.pt")
         _barrier()
@@ -183,8 +216,7 @@ class Checkpointer:
         meta = read_meta(path)
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
+        with quiet_dcp_warnings():
             dcp.load(state, checkpoint_id=str(path))
         set_state_dict(
             model,
@@ -197,6 +229,15 @@ class Checkpointer:
         )
         loader.load_state_dict(meta.loader)
         rank_file = path / f"rank_{self.rank:05d}.pt"
+        if meta.world_size != self.world_size and self.rank == 0:
+            # Per-rank RNG streams do not map onto another number of ranks; noise is keyed by
+            # (seed, step, sample), so the loss trace is unaffected, but say what was skipped.
+            print(
+                f"warning: {path} was saved by {meta.world_size} rank(s) and this run has "
+                f"{self.world_size}: the RNG states are not restored",
+                file=sys.stderr,
+                flush=True,
+            )
         if meta.world_size == self.world_size and rank_file.is_file():
             rng = torch.load(rank_file, weights_only=False)["rng"]
             torch.set_rng_state(rng["torch"])

@@ -23,6 +23,7 @@ from torch import nn
 __all__ = [
     "ALLOC_CONF_VARIABLE",
     "DistEnv",
+    "any_rank",
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_fsdp",
@@ -73,6 +74,22 @@ def init_distributed() -> DistEnv:
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend=backend, **kwargs)
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=device)
+
+
+def any_rank(flag: bool, env: DistEnv) -> bool:
+    """True on every rank when `flag` is true on any rank (an all-reduce MAX).
+
+    A decision that leads to a collective (checkpoint, stop) must be the same on every rank;
+    a rank-local clock is not: with skewed clocks one rank would save and stop while another
+    kept stepping, and the next collective would hang (NCCL) or time out (gloo).
+    """
+    if not env.distributed:
+        return flag
+    import torch.distributed as dist
+
+    vote = torch.tensor([1.0 if flag else 0.0], device=env.device)
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX)
+    return bool(vote.item())
 
 
 def apply_activation_checkpointing(layers: nn.ModuleList) -> None:

@@ -3,17 +3,50 @@
 Runs in one process on the CPU whatever data-parallel size saved the checkpoint: DCP reads the
 sharded model tensors back as full tensors. The optimizer state is not read. The folder is
 written next to its destination and renamed into place, so it is complete or absent.
+
+Beside the weights, a folder `generate` can use needs the tokenizer and the token that ends a
+sequence. Both are copied from where training got them (recorded in the checkpoint by
+`export_sources`): the model.path folder's generation_config.json and tokenizer files; for a
+random-init model trained on a prepared data artifact, the artifact's tokenizer and special
+token ids. Without a source generation_config.json, one is written from the config's ids.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
-import warnings
+import sys
 from pathlib import Path
+from typing import Any
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["export_checkpoint"]
+__all__ = ["export_checkpoint", "export_sources"]
+
+GENERATION_CONFIG = "generation_config.json"
+# The files `save_pretrained` writes for a tokenizer (the same list data preparation copies).
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "vocab.txt",
+    "merges.txt",
+    "tokenizer.model",
+)
+_TOKEN_ID_FIELDS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "pad_token_id"}
+
+
+def export_sources(spec) -> dict[str, str | None]:
+    """The checkpoint fields naming the folders export copies from (absolute paths)."""
+
+    def absolute(path: str | None) -> str | None:
+        return str(Path(path).absolute()) if path else None
+
+    return {"model_path": absolute(spec.model.path), "data_artifact": absolute(spec.data.artifact)}
 
 
 def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None = None) -> Path:
@@ -22,7 +55,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     import torch.distributed.checkpoint as dcp
 
     from turbo_dllm.registry import get_family
-    from turbo_dllm.train.checkpoint import find_latest, read_meta
+    from turbo_dllm.train.checkpoint import find_latest, quiet_dcp_warnings, read_meta
     from turbo_dllm.train.weights import allocate, full_state_dict, save_hf
 
     checkpoint, out = Path(checkpoint), Path(out)
@@ -41,15 +74,54 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     config = family.read_config(meta.model)
     model = allocate(family.runtime().build_model(config, None), torch.device("cpu"))
     state = {"model": model.state_dict()}
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
+    with quiet_dcp_warnings():
         dcp.load(state, checkpoint_id=str(checkpoint))
     model.load_state_dict(state["model"])
     staging = out.parent / f".{out.name}.partial"
     if staging.exists():
         shutil.rmtree(staging)
     save_hf(full_state_dict(model), config, staging, dtype=getattr(torch, name))
+    _copy_generation_files(meta, staging)
     if out.exists():
         out.rmdir()
     staging.rename(out)
     return out
+
+
+def _copy_generation_files(meta, folder: Path) -> None:
+    """generation_config.json, the tokenizer and the special token ids, from the sources."""
+    model_path = Path(meta.model_path) if meta.model_path else None
+    artifact = Path(meta.data_artifact) if meta.data_artifact else None
+    for source in (model_path, artifact):
+        if source is not None and not source.is_dir():  # moved or deleted since training
+            print(
+                f"warning: {source} (recorded in the checkpoint) is gone: the export has no "
+                "tokenizer or generation_config.json from it",
+                file=sys.stderr,
+            )
+    model_path = model_path if model_path and model_path.is_dir() else None
+    artifact = artifact if artifact and artifact.is_dir() else None
+    tokenizer_from = model_path
+    if model_path is None or not any((model_path / f).is_file() for f in TOKENIZER_FILES):
+        tokenizer_from = artifact / "tokenizer" if artifact else None
+    if tokenizer_from is not None:
+        for name in TOKENIZER_FILES:
+            if (tokenizer_from / name).is_file():
+                shutil.copy2(tokenizer_from / name, folder / name)
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    if artifact is not None and (artifact / "manifest.json").is_file():
+        from turbo_dllm.data.artifact import read_manifest
+
+        specials = read_manifest(artifact).special_tokens
+        for role, field in _TOKEN_ID_FIELDS.items():  # fill what the model's config lacks
+            if config.get(field) is None and role in specials:
+                config[field] = specials[role]
+        config_path.write_text(json.dumps(config, indent=2) + "\n")
+    if model_path is not None and (model_path / GENERATION_CONFIG).is_file():
+        shutil.copy2(model_path / GENERATION_CONFIG, folder / GENERATION_CONFIG)
+        return
+    ids = {f: config[f] for f in _TOKEN_ID_FIELDS.values() if config.get(f) is not None}
+    if ids:
+        generation: dict[str, Any] = {**ids, "_from_model_config": True}
+        (folder / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")

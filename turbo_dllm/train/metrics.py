@@ -1,4 +1,5 @@
-"""Step metrics: model FLOPs and MFU, metrics.jsonl, the console line, W&B, the profiler window.
+"""Step metrics: model FLOPs and MFU, metrics.jsonl, the console line, W&B and TensorBoard, the
+profiler window.
 
 Model FLOPs of one training step (forward + backward = 3x forward), counted from what the
 objective needs, not from what a kernel happens to compute:
@@ -18,18 +19,26 @@ import os
 import resource
 import sys
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import write_atomic
+
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported inside the functions that need it: `dllm run list` reads metrics.jsonl
+# through `read_metrics` and must stay torch-free.
 
 __all__ = [
     "MetricsLogger",
     "ProfilerWindow",
     "peak_flops",
     "peak_memory_gb",
+    "read_metrics",
 ]
+
+METRICS_NAME = "metrics.jsonl"
 
 _PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "H800": 989.0, "B200": 2250.0, "A100": 312.0}
 
@@ -41,6 +50,8 @@ def peak_flops(device: torch.device) -> float | None:
         return float(override) * 1e12
     if device.type != "cuda":
         return None
+    import torch
+
     name = torch.cuda.get_device_name(device)
     for key, tflops in _PEAK_TFLOPS.items():
         if key in name:
@@ -51,9 +62,30 @@ def peak_flops(device: torch.device) -> float | None:
 def peak_memory_gb(device: torch.device) -> float:
     """Peak accelerator memory since the last reset (CUDA), else the process's peak RSS."""
     if device.type == "cuda":
+        import torch
+
         return torch.cuda.max_memory_allocated(device) / 1e9
     rss_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return rss_kb * (1 if sys.platform != "darwin" else 1 / 1024) / 1e6
+
+
+def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
+    """metrics.jsonl records in file order; a torn line (a run killed mid-write, or one still
+    writing) is skipped. The one reader: resume and `dllm run` both read through it."""
+    path = Path(run_dir) / METRICS_NAME
+    if not path.is_file():
+        return []
+    records = []
+    for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
 
 
 class _NullLogger:
@@ -65,7 +97,12 @@ class _NullLogger:
 
 
 class _WandbLogger:
-    def __init__(self, spec, run_dir: Path, config: dict[str, Any]) -> None:
+    """W&B, one run per dllm run: named after it, its id kept in the run dir so a resume
+    continues the same W&B run instead of starting a new one."""
+
+    ID_FILE = "wandb_run_id"
+
+    def __init__(self, spec, run_dir: Path, name: str, config: dict[str, Any]) -> None:
         try:
             import wandb
         except ImportError:
@@ -73,20 +110,65 @@ class _WandbLogger:
                 "logging.wandb is set but wandb is not installed",
                 hint="pip install 'turbo-dllm[wandb]', or remove logging.wandb",
             ) from None
+        id_file = run_dir / self.ID_FILE
+        run_id = id_file.read_text().strip() if id_file.is_file() else None
         self._run = wandb.init(
             project=spec.project,
             entity=spec.entity,
-            mode=spec.mode,
+            # The spec's mode, else the user's WANDB_MODE (e.g. disabled), else offline.
+            mode=spec.mode or os.environ.get("WANDB_MODE") or "offline",
             dir=str(run_dir),
+            name=name,
+            id=run_id,
             config=config,
             resume="allow",
         )
+        new_id = getattr(self._run, "id", None)
+        if new_id and new_id != run_id:
+            write_atomic(id_file, f"{new_id}\n")
 
     def log(self, record: dict[str, Any], step: int) -> None:
         self._run.log({k: v for k, v in record.items() if v is not None}, step=step)
 
     def finish(self) -> None:
         self._run.finish()
+
+
+class _TensorBoardLogger:
+    """The numeric step records as TensorBoard scalars under <run_dir>/tensorboard/."""
+
+    def __init__(self, run_dir: Path) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise DllmError(
+                "logging.tensorboard is set but tensorboard is not installed",
+                hint="pip install 'turbo-dllm[tensorboard]', or remove logging.tensorboard",
+            ) from None
+        self._writer = SummaryWriter(log_dir=str(run_dir / "tensorboard"))
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        for key, value in record.items():
+            if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                self._writer.add_scalar(f"train/{key}", value, global_step=step)
+
+    def finish(self) -> None:
+        self._writer.close()
+
+
+class _Sinks:
+    """Several remote loggers behind one log/finish."""
+
+    def __init__(self, sinks: list) -> None:
+        self._sinks = sinks
+
+    def log(self, record: dict[str, Any], step: int) -> None:
+        for sink in self._sinks:
+            sink.log(record, step)
+
+    def finish(self) -> None:
+        for sink in self._sinks:
+            sink.finish()
 
 
 class MetricsLogger:
@@ -104,23 +186,18 @@ class MetricsLogger:
         self.spec = spec  # LoggingSpec
         self.is_main = is_main
         self.total_steps = total_steps
-        self.path = Path(run_dir) / "metrics.jsonl"
+        self.run_dir = Path(run_dir)
+        self.path = self.run_dir / METRICS_NAME
         self.remote = (
-            _WandbLogger(spec.wandb, Path(run_dir), config or {})
-            if is_main and spec.wandb is not None
-            else _NullLogger()
+            _remote_loggers(spec, self.run_dir, config or {}) if is_main else _NullLogger()
         )
 
     def truncate_after(self, step: int) -> None:
         """Drop lines of steps after `step` (written by a run that died after its checkpoint)."""
         if not (self.is_main and self.path.exists()):
             return
-        kept = [
-            line
-            for line in self.path.read_text().splitlines()
-            if line.strip() and json.loads(line).get("step", 0) <= step
-        ]
-        self.path.write_text("".join(line + "\n" for line in kept))
+        kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= step]
+        self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.is_main:
@@ -151,6 +228,16 @@ class MetricsLogger:
         self.remote.finish()
 
 
+def _remote_loggers(spec, run_dir: Path, config: dict[str, Any]):
+    sinks: list = []
+    if spec.wandb is not None:
+        name = (config.get("launch") or {}).get("name") or run_dir.name
+        sinks.append(_WandbLogger(spec.wandb, run_dir, name, config))
+    if spec.tensorboard:
+        sinks.append(_TensorBoardLogger(run_dir))
+    return _Sinks(sinks) if sinks else _NullLogger()
+
+
 class ProfilerWindow:
     """torch.profiler over steps [start_step, start_step + num_steps); one trace per rank."""
 
@@ -164,6 +251,7 @@ class ProfilerWindow:
 
     def before_step(self, step: int) -> None:
         if self.enabled and step == self.start and self._profiler is None:
+            import torch
             from torch.profiler import ProfilerActivity, profile
 
             activities = [ProfilerActivity.CPU]

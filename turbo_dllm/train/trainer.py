@@ -31,7 +31,7 @@ import torch
 from turbo_dllm.errors import DllmError
 from turbo_dllm.registry import get_family, resolve_model_config
 from turbo_dllm.train.attention import allowed_pairs, build_attention
-from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta
+from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta, same_model
 from turbo_dllm.train.compile_cache import (
     INDUCTOR_CACHE_VARIABLE,
     cache_size_bytes,
@@ -40,6 +40,7 @@ from turbo_dllm.train.compile_cache import (
 from turbo_dllm.train.data import build_data
 from turbo_dllm.train.distributed import (
     DistEnv,
+    any_rank,
     apply_activation_checkpointing,
     apply_compile,
     apply_fsdp,
@@ -47,6 +48,7 @@ from turbo_dllm.train.distributed import (
     clip_grad_norm,
     replicate_partial_grads,
 )
+from turbo_dllm.train.export import export_sources
 from turbo_dllm.train.memory import MemoryRecorder, out_of_memory
 from turbo_dllm.train.metrics import (
     MetricsLogger,
@@ -56,6 +58,7 @@ from turbo_dllm.train.metrics import (
 )
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
+from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
 from turbo_dllm.train.parallel.plan import build_sequence_plan
 from turbo_dllm.train.schedules import build_scheduler
 from turbo_dllm.train.weights import materialize
@@ -112,12 +115,17 @@ class Trainer:
         self.model_config = resolve_model_config(spec)
         if self.dims.tp > 1:
             runtime.check_tensor_parallel(self.model_config, self.dims.tp)  # before collectives
+        # Always: importing torch._dynamo (FSDP2 and DCP do) creates inductor's cache folder, in
+        # the temp folder unless pointed elsewhere. Reported only when something compiles.
+        cache = use_compile_cache()
         if self.spec.training.compile or self.device.type == "cuda":  # inductor or Triton builds
-            self.compile_cache = use_compile_cache()
+            self.compile_cache = cache
         self.attention = build_attention(spec.attention, self.device, kernels=self.spec.kernels)
         self.mesh = self.dims.build_mesh(self.device.type)
         # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
         self.plan = build_sequence_plan(self.dims, self.attention, merge_backend=self.spec.kernels)
+        if slow_merge := slow_merge_warning(self.dims.bp, self.spec.kernels, self.device.type):
+            print0(self.env, f"warning: {slow_merge} (set `kernels: native`)")
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
         model = runtime.build_model(self.model_config, self.plan.attention_backend, dtype)
         layers = runtime.layers(model)
@@ -210,7 +218,7 @@ class Trainer:
                     f"checkpoint.resume points at {choice!r}, which is not a complete checkpoint",
                     hint="use auto, never, or a checkpoints/step_<N> folder",
                 )
-        if read_meta(path).model != self.model_config.to_hf_dict():
+        if not same_model(read_meta(path).model, self.model_config.to_hf_dict()):
             raise DllmError(
                 f"checkpoint {str(path)!r} holds a different model shape than this RunSpec",
                 hint="resume with the model the checkpoint was trained with, or "
@@ -247,6 +255,7 @@ class Trainer:
                 "param_dtype": self.spec.model.dtype,
                 "data_fingerprint": self.data.fingerprint,
                 "train_time_s": train_time,
+                **export_sources(self.spec),
             },
         )
 
@@ -386,7 +395,8 @@ class Trainer:
                     "time_s": elapsed,
                 }
             )
-            out_of_time = max_duration is not None and elapsed >= max_duration
+            # Every rank must agree: the stop leads to a collective save (see `any_rank`).
+            out_of_time = max_duration is not None and any_rank(elapsed >= max_duration, env)
             if (interval and done % interval == 0) or done == self.total_steps or out_of_time:
                 self.save(done, elapsed)
                 last_saved = done

@@ -77,24 +77,37 @@ def _can_load(ctx: DoctorContext) -> bool:
 @register_check(order=452)
 def partial_merge(ctx: DoctorContext) -> CheckResult:
     """Block parallelism merges two attention partials per layer: on GPUs, use the native op."""
+    from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
+
     name = "attention merge"
     if ctx.spec is None:
         return _no_spec(name)
     spec = ctx.spec
     if spec.topology.bp <= 1:
         return CheckResult(name, "pass", "no partials to merge (topology.bp = 1)")
-    if spec.kernels != "reference" or spec.model.attention != "flex":
+    problem = slow_merge_warning(spec.topology.bp, spec.kernels, _device(ctx))
+    if problem is None:
         return CheckResult(
             name, "pass", f"kernels: {spec.kernels}, attention: {spec.model.attention}"
         )
     return CheckResult(
-        name,
-        "warn",
-        "bp > 1 with `kernels: reference` on GPUs: the pure-torch merge keeps float32 copies of "
-        "both attention partials until the backward (4.3 GB per GPU at 524K tokens, Qwen3-1.7B) "
-        "and runs ~8x slower than the native op",
-        fix="set `kernels: native` after `dllm bundle install --auto`",
+        name, "warn", problem, fix="set `kernels: native` after `dllm bundle install --auto`"
     )
+
+
+def _device(ctx: DoctorContext) -> str:
+    """Where the run will train: the launch plan's device, else this host's (flex means GPUs)."""
+    plan = ctx.extras.get("job_plan")
+    if plan is not None:
+        return plan.device
+    if ctx.spec is not None and ctx.spec.model.attention == "flex":
+        return "cuda"
+    host = ctx.extras.get("host_view")
+    if host is None:
+        from turbo_dllm.host.view import host_view
+
+        host = ctx.extras["host_view"] = host_view()
+    return "cuda" if host.gpus else "cpu"
 
 
 @register_check(order=455)

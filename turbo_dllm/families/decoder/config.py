@@ -95,6 +95,11 @@ class DecoderConfig:
     qk_norm: bool = False
     hidden_act: str = "silu"
     initializer_range: float = 0.02
+    # Special token ids: carried from the source config.json to the exported one, so generation
+    # knows where a sequence ends. eos may be several ids (a tuple here, a list in JSON).
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
 
     def __post_init__(self) -> None:
         problems = []
@@ -184,6 +189,9 @@ class DecoderConfig:
                 qk_norm=model_type == "qwen3",
                 hidden_act=str(hf.get("hidden_act") or hf.get("hidden_activation") or "silu"),
                 initializer_range=float(hf.get("initializer_range", 0.02)),
+                bos_token_id=_token_ids(hf.get("bos_token_id")),
+                eos_token_id=_token_ids(hf.get("eos_token_id"), several=True),
+                pad_token_id=_token_ids(hf.get("pad_token_id")),
             )
         except KeyError as missing:
             raise DllmError(
@@ -228,6 +236,10 @@ class DecoderConfig:
         if self.model_type in ("qwen2", "qwen3"):
             out["use_sliding_window"] = False
             out["sliding_window"] = None
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):  # written when known
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
         return out
 
     # --- sizes ----------------------------------------------------------------------------
@@ -270,6 +282,15 @@ class DecoderConfig:
         head = 6.0 * self.head_params * scored_tokens
         attention = 12.0 * self.head_dim * self.num_attention_heads * self.num_hidden_layers * pairs
         return body + head + attention
+
+
+def _token_ids(value: Any, *, several: bool = False) -> int | tuple[int, ...] | None:
+    """A config.json token id (or, for eos, a list of them) as an int, a tuple or None."""
+    if value is None:
+        return None
+    if several and isinstance(value, (list, tuple)):
+        return tuple(int(v) for v in value)
+    return int(value)
 
 
 def tensor_parallel_problems(config: DecoderConfig, tp: int) -> list[str]:

@@ -97,8 +97,11 @@ def srun_torchrun_argv(
     max_restarts: int,
     rendezvous: Rendezvous,
     cpus_per_task: int,
+    log_dir: str,
 ) -> list[str]:
-    inner = torchrun_argv(python, worker, nnodes, nproc_per_node, rendezvous, None, max_restarts)
+    inner = torchrun_argv(
+        python, worker, nnodes, nproc_per_node, rendezvous, None, max_restarts, log_dir
+    )
     # srun does not inherit sbatch's --cpus-per-task (SLURM 22.05+): without it the step, and
     # so every worker torchrun starts, may be confined to one CPU.
     return ["srun", "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}", *inner]

@@ -34,8 +34,13 @@ def torchrun_argv(
     rendezvous: Rendezvous,
     node_rank: int | None,
     max_restarts: int,
+    log_dir: str,
 ) -> list[str]:
-    """The torchrun command line for one node; `worker` is `[python, "-m", module, args...]`."""
+    """The torchrun command line for one node; `worker` is `[python, "-m", module, args...]`.
+
+    `--log-dir` keeps torchrun's per-attempt folders (workers' error files) in the run dir;
+    without it torchrun leaves a `torchelastic_*` folder in the temp folder after every run.
+    """
     argv = [python, "-m", "torch.distributed.run", "--nnodes", nnodes]
     argv += ["--nproc-per-node", str(nproc_per_node)]
     if rendezvous.kind == "standalone":
@@ -48,7 +53,7 @@ def torchrun_argv(
         argv += ["--rdzv-id", rendezvous.run_id or "dllm"]
         if rendezvous.conf:
             argv += ["--rdzv-conf", rendezvous.conf]
-    argv += ["--max-restarts", str(max_restarts)]
+    argv += ["--max-restarts", str(max_restarts), "--log-dir", log_dir]
     return argv + worker[1:]
 
 
@@ -61,6 +66,7 @@ def node_commands(
     rendezvous: Rendezvous,
     node_rank: int | None,
     max_restarts: int,
+    log_dir: str,
 ) -> list[Command]:
     """One command for every node (rendezvous assigns ranks) or one per static node rank."""
     if rendezvous.kind == "static" and nnodes != "1":
@@ -68,14 +74,14 @@ def node_commands(
             Command(
                 where=f"node {rank}" + (" (this node)" if rank == node_rank else ""),
                 argv=torchrun_argv(
-                    python, worker, nnodes, nproc_per_node, rendezvous, rank, max_restarts
+                    python, worker, nnodes, nproc_per_node, rendezvous, rank, max_restarts, log_dir
                 ),
             )
             for rank in range(int(nnodes))
         ]
     where = "every node" if rendezvous.kind == "c10d" else "this node"
     argv = torchrun_argv(
-        python, worker, nnodes, nproc_per_node, rendezvous, node_rank, max_restarts
+        python, worker, nnodes, nproc_per_node, rendezvous, node_rank, max_restarts, log_dir
     )
     return [Command(where=where, argv=argv)]
 

@@ -1,0 +1,55 @@
+"""Decisions that lead to a collective are taken by all ranks together (issue 14).
+
+`training.max_duration_s` is measured on each rank's own clock; a rank whose clock runs ahead
+must not checkpoint and stop alone while the others keep stepping (gloo times out, NCCL hangs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import types
+
+import pytest
+
+from tests.distributed.harness import run_gloo
+from tests.train.util import metrics, tiny_spec
+
+ARGS = ("training.steps=4", "training.max_duration_s=50", "topology.dp=2")
+
+
+def _skewed_clock():
+    """A clock that jumps 100 s on every read: this rank thinks the time is up after step 1."""
+    reads = iter(range(1_000_000))
+    return lambda: time.perf_counter() + 100.0 * next(reads)
+
+
+def _rank(rank: int, world: int, run_dir: str, steps_file: str) -> None:
+    import turbo_dllm.train.trainer as trainer_module
+    from turbo_dllm.train.entry import train
+
+    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
+    if rank == 1:
+        trainer_module.time = types.SimpleNamespace(perf_counter=_skewed_clock())
+    ran = []
+    original = trainer_module.Trainer.train_step
+
+    def counted(self, step):
+        ran.append(step + 1)
+        return original(self, step)
+
+    trainer_module.Trainer.train_step = counted
+    assert train(tiny_spec(*ARGS), run_dir) == 0
+    with open(f"{steps_file}.{rank}", "w") as handle:
+        json.dump(ran, handle)
+
+
+@pytest.mark.slow
+def test_a_rank_with_a_skewed_clock_stops_with_the_others(tmp_path):
+    run_dir, steps = tmp_path / "run", tmp_path / "steps"
+    run_gloo(_rank, 2, tmp_path, str(run_dir), str(steps), timeout_s=60)
+    ran = [json.loads((tmp_path / f"steps.{rank}").read_text()) for rank in (0, 1)]
+    assert ran == [[1], [1]]  # both stopped after step 1, the step rank 1's clock ran out
+    assert [r["step"] for r in metrics(run_dir)] == [1]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000001"]

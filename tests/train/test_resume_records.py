@@ -1,0 +1,94 @@
+"""What a resume reads back: metrics.jsonl (torn lines included), the checkpoint (RNG, model
+config) and what DCP says while it loads."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import warnings
+
+import pytest
+
+from tests.train.util import TINY, metrics, tiny_spec
+from turbo_dllm.train.entry import train
+
+ARGS = ("training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=2")
+
+
+@pytest.fixture(scope="module")
+def crashed_once(tmp_path_factory):
+    """A run that died after step 3: checkpoint at step 2, metrics of steps 1-4 (one shared
+    training; each test resumes a copy)."""
+    run = tmp_path_factory.mktemp("crashed") / "run"
+    train(tiny_spec(*ARGS), run)
+    shutil.rmtree(run / "checkpoints/step_00000004")
+    return run
+
+
+@pytest.fixture
+def run(crashed_once, tmp_path):
+    return shutil.copytree(crashed_once, tmp_path / "run")
+
+
+def test_resume_after_a_torn_metrics_line(run):
+    """A run killed mid-write leaves half a JSON line; the resume drops it and carries on."""
+    text = (run / "metrics.jsonl").read_text().splitlines()
+    (run / "metrics.jsonl").write_text("\n".join(text[:3]) + '\n{"step": 4, "lo')
+    assert train(tiny_spec(*ARGS), run) == 0
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
+
+
+def test_resume_at_another_world_size_says_the_rng_is_not_restored(run, capsys):
+    meta_path = run / "checkpoints/step_00000002/checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    meta["world_size"] = 2  # as if two ranks had saved it (their RNG files are rank-local)
+    meta_path.write_text(json.dumps(meta))
+    capsys.readouterr()
+    train(tiny_spec(*ARGS), run)
+    assert "was saved by 2 rank(s) and this run has 1: the RNG states are not restored" in (
+        capsys.readouterr().err
+    )
+
+
+def test_checkpoint_and_export_hide_only_the_known_dcp_notice(run, tmp_path, monkeypatch):
+    """DCP's single-process notice is filtered; any other warning from a save, a load or an
+    export reaches the user."""
+    import torch.distributed.checkpoint as dcp
+
+    from turbo_dllm.train.export import export_checkpoint
+
+    def noisy(real):
+        def call(*args, **kwargs):
+            warnings.warn(f"new problem in {real.__name__}", UserWarning, stacklevel=2)
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(dcp, "save", noisy(dcp.save))
+    monkeypatch.setattr(dcp, "load", noisy(dcp.load))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        train(tiny_spec(*ARGS), run)  # a resume loads step 2, saves step 4
+        export_checkpoint(run / "checkpoints", tmp_path / "hf")  # loads step 4
+    messages = [str(w.message) for w in caught]
+    assert messages.count("new problem in save") == 1 and messages.count("new problem in load") == 2
+    assert not any("single process" in m for m in messages)
+
+
+def test_a_checkpoint_from_before_the_token_ids_resumes(tmp_path):
+    """Checkpoints written before the decoder config carried bos/eos/pad ids lack them."""
+    from tests.train.test_export_generation import save_source_model
+
+    save_source_model(tmp_path / "source")  # its config.json has eos and bos ids
+    base = copy.deepcopy(TINY)
+    base["model"] = {"path": str(tmp_path / "source"), "from_config": None}
+    train(tiny_spec(*ARGS, base=base), tmp_path / "run")
+    shutil.rmtree(tmp_path / "run/checkpoints/step_00000004")
+    meta_path = tmp_path / "run/checkpoints/step_00000002/checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    for field in ("bos_token_id", "eos_token_id", "pad_token_id"):
+        meta["model"].pop(field, None)
+    meta_path.write_text(json.dumps(meta))
+    assert train(tiny_spec(*ARGS, base=base), tmp_path / "run") == 0
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3, 4]
