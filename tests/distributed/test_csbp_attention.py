@@ -19,7 +19,7 @@ from turbo_dllm.train.parallel.csbp import CsbpAttention
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.layout import CpLayout, CsbpLayout
 from turbo_dllm.train.parallel.partial_attention import dense_attention_with_lse
-from turbo_dllm.train.parallel.visibility import dense_mask, two_stream_tokens
+from turbo_dllm.train.parallel.visibility import tokens_mask, two_stream_tokens
 
 TOLERANCE = 5e-6  # float64 inputs; the merge op takes float32 log-sum-exps
 HEADS, KV_HEADS, HEAD_DIM, BATCH = 4, 2, 16, 2  # head_dim >= 16 for flex on GPU
@@ -77,7 +77,7 @@ def _reference(q, k, v, grad, docs, block_size):
     seq_len = docs.shape[1]
     tokens = two_stream_tokens(torch.arange(seq_len), block_size=block_size, doc_ids=docs)
     q, k, v = (t.clone().requires_grad_() for t in (q, k, v))
-    out, _ = dense_attention_with_lse(q, k, v, dense_mask(tokens, tokens))
+    out, _ = dense_attention_with_lse(q, k, v, tokens_mask(tokens, tokens))
     (out * grad).sum().backward()
     return out.detach(), q.grad, k.grad, v.grad
 

@@ -286,7 +286,7 @@ def test_reference_matches_the_training_reference_attention():
         plan_block_diffusion_attention,
     )
     from turbo_dllm.train.parallel.partial_attention import dense_attention_with_lse
-    from turbo_dllm.train.parallel.visibility import dense_mask, two_stream_tokens
+    from turbo_dllm.train.parallel.visibility import tokens_mask, two_stream_tokens
 
     docs = torch.zeros(2, 32, dtype=torch.long)
     docs[1, 10:] = 1
@@ -297,7 +297,7 @@ def test_reference_matches_the_training_reference_attention():
     q = torch.randn(2, 4, 64, 16, dtype=torch.float64)
     k, v = torch.randn(2, 2, 64, 16, dtype=torch.float64), torch.randn(2, 2, 64, 16).double()
     out, lse = block_diffusion_attention(q, k, v, plan)
-    want_out, want_lse = dense_attention_with_lse(q, k, v, dense_mask(tokens, tokens))
+    want_out, want_lse = dense_attention_with_lse(q, k, v, tokens_mask(tokens, tokens))
     torch.testing.assert_close(out, want_out)
     torch.testing.assert_close(lse, want_lse)
 

@@ -21,7 +21,7 @@ from turbo_dllm.train.parallel.layout import (
     zigzag_positions,
 )
 from turbo_dllm.train.parallel.partial_attention import dense_attention_with_lse
-from turbo_dllm.train.parallel.visibility import dense_mask, two_stream_tokens
+from turbo_dllm.train.parallel.visibility import tokens_mask, two_stream_tokens
 
 
 # --- zigzag -----------------------------------------------------------------------------------
@@ -145,10 +145,21 @@ def test_dense_mask_matches_the_stated_rule():
     seq_len, block = 12, 4
     docs = torch.tensor([[0] * 5 + [1] * 7])
     tokens = two_stream_tokens(torch.arange(seq_len), block_size=block, doc_ids=docs)
-    mask = dense_mask(tokens, tokens)[0, 0]
+    mask = tokens_mask(tokens, tokens)[0, 0]
     for q in range(2 * seq_len):
         for k in range(2 * seq_len):
             assert bool(mask[q, k]) == _naive_visible(q, k, seq_len, block, docs[0]), (q, k)
+
+
+def test_stream_mask_and_token_mask_are_one_rule():
+    """The index-based stream mask (FlexAttention, reference backend) and the tag-based token
+    mask (CSBP, CP, the Triton op's reference) come from the same definition."""
+    from turbo_dllm.train.attention.layout import BlockDiffusionLayout
+    from turbo_dllm.train.attention.layout import dense_mask as stream_mask
+
+    docs = torch.tensor([[0] * 5 + [1] * 11, [0] * 16])
+    tokens = two_stream_tokens(torch.arange(16), block_size=4, doc_ids=docs)
+    assert torch.equal(stream_mask(BlockDiffusionLayout(16, 4), docs), tokens_mask(tokens, tokens))
 
 
 # --- partial attention ------------------------------------------------------------------------

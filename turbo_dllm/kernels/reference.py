@@ -13,6 +13,9 @@ import torch
 __all__ = [
     "block_diffusion_attention",
     "block_diffusion_visible",
+    "local_visible",
+    "prefix_visible",
+    "visible",
     "merge_attention_partials",
     "merge_attention_partials_backward",
 ]
@@ -101,16 +104,41 @@ def _check(out_a, lse_a, out_b, lse_b) -> None:
         raise ValueError(f"lse must be float32, got {lse_a.dtype} and {lse_b.dtype}")
 
 
-def block_diffusion_visible(q_noisy, q_block, q_doc, k_noisy, k_block, k_doc) -> torch.Tensor:
-    """(B, Sq, Sk) bool: the block-diffusion rule on per-token metadata (docs/training.md).
+def local_visible(q_noisy, q_block, k_noisy, k_block) -> torch.Tensor:
+    """The local part of the rule, elementwise: a noisy query sees the noisy keys of its block."""
+    return q_noisy & k_noisy & (q_block == k_block)
+
+
+def prefix_visible(q_noisy, q_block, k_noisy, k_block) -> torch.Tensor:
+    """The prefix part, elementwise: any query sees clean keys of earlier blocks (noisy query) or
+    of the same and earlier blocks (clean query); clean never sees noisy."""
+    return ~k_noisy & torch.where(q_noisy, k_block < q_block, k_block <= q_block)
+
+
+def visible(q_noisy, q_block, q_doc, k_noisy, k_block, k_doc) -> torch.Tensor:
+    """The block-diffusion attention rule on per-token tags (docs/architecture.md,
+    "Block-diffusion semantics"), elementwise and broadcasting: the one definition every mask is
+    built from (dense masks, FlexAttention mask_mods, CSBP's parts, this op's reference).
 
     Noisy query of block i: noisy keys of block i and clean keys of blocks < i; clean query of
-    block i: clean keys of blocks <= i; never another document. noisy/block (S,), doc (B, S).
+    block i: clean keys of blocks <= i; never another document.
     """
-    qn, qb = q_noisy.bool()[:, None], q_block.long()[:, None]
-    kn, kb = k_noisy.bool()[None, :], k_block.long()[None, :]
-    rule = (qn & kn & (qb == kb)) | (qn & ~kn & (kb < qb)) | (~qn & ~kn & (kb <= qb))
-    return rule[None] & (q_doc.long()[:, :, None] == k_doc.long()[:, None, :])
+    rule = local_visible(q_noisy, q_block, k_noisy, k_block) | prefix_visible(
+        q_noisy, q_block, k_noisy, k_block
+    )
+    return rule & (q_doc == k_doc)
+
+
+def block_diffusion_visible(q_noisy, q_block, q_doc, k_noisy, k_block, k_doc) -> torch.Tensor:
+    """(B, Sq, Sk) bool: `visible` over token sets; noisy/block (S,), doc (B, S)."""
+    return visible(
+        q_noisy.bool()[None, :, None],
+        q_block.long()[None, :, None],
+        q_doc.long()[:, :, None],
+        k_noisy.bool()[None, None, :],
+        k_block.long()[None, None, :],
+        k_doc.long()[:, None, :],
+    )
 
 
 def block_diffusion_attention(

@@ -25,6 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
+# The rule itself lives with the op's reference (one definition); these name stream indices.
+from turbo_dllm.kernels.reference import local_visible, prefix_visible
+
 __all__ = [
     "BlockDiffusionLayout",
     "allowed",
@@ -74,25 +77,27 @@ class BlockDiffusionLayout:
         return self.token(idx) // self.block_size
 
 
+def _tags(layout: BlockDiffusionLayout, q_idx: torch.Tensor, kv_idx: torch.Tensor):
+    return (
+        layout.is_noisy(q_idx),
+        layout.block(q_idx),
+        layout.is_noisy(kv_idx),
+        layout.block(kv_idx),
+    )
+
+
 def local_allowed(
     layout: BlockDiffusionLayout, q_idx: torch.Tensor, kv_idx: torch.Tensor
 ) -> torch.Tensor:
     """Noisy query -> noisy key of the same block (ignores documents)."""
-    return (
-        layout.is_noisy(q_idx)
-        & layout.is_noisy(kv_idx)
-        & (layout.block(q_idx) == layout.block(kv_idx))
-    )
+    return local_visible(*_tags(layout, q_idx, kv_idx))
 
 
 def prefix_allowed(
     layout: BlockDiffusionLayout, q_idx: torch.Tensor, kv_idx: torch.Tensor
 ) -> torch.Tensor:
     """Any query -> clean key of an earlier block (noisy q) or same-or-earlier block (clean q)."""
-    q_noisy = layout.is_noisy(q_idx)
-    q_blk, kv_blk = layout.block(q_idx), layout.block(kv_idx)
-    clean_kv = ~layout.is_noisy(kv_idx)
-    return clean_kv & torch.where(q_noisy, kv_blk < q_blk, kv_blk <= q_blk)
+    return prefix_visible(*_tags(layout, q_idx, kv_idx))
 
 
 def allowed(

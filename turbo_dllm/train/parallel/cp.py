@@ -19,7 +19,7 @@ import torch.distributed as dist
 from turbo_dllm.train.parallel.collectives import start_all_gather
 from turbo_dllm.train.parallel.csbp import pack_kv, unpack_kv
 from turbo_dllm.train.parallel.layout import CpLayout
-from turbo_dllm.train.parallel.partial_attention import AttentionBackend, build_partial_attention
+from turbo_dllm.train.parallel.partial_attention import AttentionName, build_partial_attention
 from turbo_dllm.train.parallel.visibility import TokenSet, two_stream_tokens
 
 __all__ = ["CpAttention"]
@@ -34,7 +34,7 @@ class CpAttention:
         doc_ids: torch.Tensor,
         group: dist.ProcessGroup | None,
         *,
-        backend: AttentionBackend = "reference",
+        backend: AttentionName = "reference",
         scale: float | None = None,
         kernels: str = "native",
     ) -> None:

@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from turbo_dllm.train.parallel.collectives import start_all_gather
 from turbo_dllm.train.parallel.layout import CsbpLayout
-from turbo_dllm.train.parallel.partial_attention import AttentionBackend, build_partial_attention
+from turbo_dllm.train.parallel.partial_attention import AttentionName, build_partial_attention
 from turbo_dllm.train.parallel.visibility import TokenSet
 
 __all__ = ["CsbpAttention", "MergeFn", "kernel_merge", "pack_kv", "unpack_kv"]
@@ -78,7 +78,7 @@ class CsbpAttention:
         doc_ids: torch.Tensor,
         clean_group: dist.ProcessGroup | None,
         *,
-        backend: AttentionBackend = "reference",
+        backend: AttentionName = "reference",
         merge: MergeFn | None = None,
         merge_backend: str = "reference",
         scale: float | None = None,

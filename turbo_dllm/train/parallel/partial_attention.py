@@ -26,16 +26,19 @@ from typing import Literal
 
 import torch
 
-from turbo_dllm.train.parallel.visibility import TokenSet, block_diffusion_visible, dense_mask
+from turbo_dllm.kernels.reference import visible
+from turbo_dllm.train.parallel.visibility import TokenSet, tokens_mask
 
 __all__ = [
-    "AttentionBackend",
+    "AttentionName",
     "PartialAttention",
     "build_partial_attention",
     "dense_attention_with_lse",
 ]
 
-AttentionBackend = Literal["reference", "flex", "turbo"]
+# The attention kernels by name (RunSpec model.attention); the callable a layer holds is
+# `turbo_dllm.families.decoder.model.AttentionBackend`.
+AttentionName = Literal["reference", "flex", "turbo"]
 PartialAttention = Callable[
     [torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]
 ]
@@ -78,7 +81,7 @@ def dense_attention_with_lse(
 
 
 def _reference(q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None) -> PartialAttention:
-    mask = dense_mask(q_tokens, k_tokens)
+    mask = tokens_mask(q_tokens, k_tokens)
 
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         return dense_attention_with_lse(q, k, v, mask, scale)
@@ -105,9 +108,7 @@ def _flex(q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None) -> Partia
     kn, kb, kd = k_tokens.noisy, k_tokens.block, k_tokens.doc
 
     def mask_mod(b, h, q_idx, kv_idx):
-        return block_diffusion_visible(
-            qn[q_idx], qb[q_idx], qd[b, q_idx], kn[kv_idx], kb[kv_idx], kd[b, kv_idx]
-        )
+        return visible(qn[q_idx], qb[q_idx], qd[b, q_idx], kn[kv_idx], kb[kv_idx], kd[b, kv_idx])
 
     batch = qd.shape[0]
     block_mask = create_block_mask_for(qd.device)(  # compiled on the GPU: no Sq x Sk mask
@@ -157,7 +158,7 @@ def _turbo(
 def build_partial_attention(
     q_tokens: TokenSet,
     k_tokens: TokenSet,
-    backend: AttentionBackend = "reference",
+    backend: AttentionName = "reference",
     scale: float | None = None,
     kernels: str = "native",
 ) -> PartialAttention:

@@ -29,7 +29,7 @@ from turbo_dllm.train.parallel.cp import CpAttention
 from turbo_dllm.train.parallel.csbp import CsbpAttention
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.layout import CpLayout, CsbpLayout
-from turbo_dllm.train.parallel.partial_attention import AttentionBackend
+from turbo_dllm.train.parallel.partial_attention import AttentionName
 
 __all__ = [
     "ContextParallel",
@@ -90,7 +90,7 @@ class ContextParallel:
         self,
         dims: ParallelDims,
         *,
-        backend: AttentionBackend = "reference",
+        backend: AttentionName = "reference",
         merge_backend: str = "reference",
         kernels: str = "native",
     ) -> None:

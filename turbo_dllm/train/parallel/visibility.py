@@ -4,9 +4,10 @@ Parallel attention sees queries and keys in shard order (zigzag, owned blocks, g
 never in natural order, so the mask is computed from per-token metadata rather than from indices:
 each token carries its stream (noisy or clean), its block index and its document id.
 
-The rule (docs/architecture.md, "Block-diffusion semantics"): a noisy query in block i sees noisy keys of
-block i and clean keys of blocks < i; a clean query in block i sees clean keys of blocks <= i;
-clean never sees noisy; nobody sees another document.
+The rule is `turbo_dllm.kernels.reference.visible` (docs/architecture.md, "Block-diffusion
+semantics"): a noisy query in block i sees noisy keys of block i and clean keys of blocks < i; a
+clean query in block i sees clean keys of blocks <= i; clean never sees noisy; nobody sees another
+document.
 """
 
 from __future__ import annotations
@@ -15,22 +16,9 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["TokenSet", "block_diffusion_visible", "dense_mask", "two_stream_tokens"]
+from turbo_dllm.kernels.reference import block_diffusion_visible
 
-
-def block_diffusion_visible(
-    q_noisy: torch.Tensor,
-    q_block: torch.Tensor,
-    q_doc: torch.Tensor,
-    k_noisy: torch.Tensor,
-    k_block: torch.Tensor,
-    k_doc: torch.Tensor,
-) -> torch.Tensor:
-    """Elementwise (broadcasting) visibility; also usable inside a FlexAttention mask_mod."""
-    noisy_noisy = q_noisy & k_noisy & (q_block == k_block)
-    noisy_clean = q_noisy & ~k_noisy & (k_block < q_block)
-    clean_clean = ~q_noisy & ~k_noisy & (k_block <= q_block)
-    return (noisy_noisy | noisy_clean | clean_clean) & (q_doc == k_doc)
+__all__ = ["TokenSet", "tokens_mask", "two_stream_tokens"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,14 +71,6 @@ def two_stream_tokens(
     )
 
 
-def dense_mask(q: TokenSet, k: TokenSet) -> torch.Tensor:
-    """Boolean visibility (B, 1, Sq, Sk) for the dense reference attention."""
-    visible = block_diffusion_visible(
-        q.noisy[:, None],
-        q.block[:, None],
-        q.doc[:, :, None],
-        k.noisy[None, :],
-        k.block[None, :],
-        k.doc[:, None, :],
-    )
-    return visible[:, None]
+def tokens_mask(q: TokenSet, k: TokenSet) -> torch.Tensor:
+    """Boolean visibility (B, 1, Sq, Sk) of query tokens `q` on key tokens `k`."""
+    return block_diffusion_visible(q.noisy, q.block, q.doc, k.noisy, k.block, k.doc)[:, None]
