@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from turbo_dllm.data.records import Extracted, RecordError, extract
+from turbo_dllm.data.records import BadRecord, Extracted, extract
 from turbo_dllm.data.sources import RawChunk
 
 __all__ = ["ChunkProcessor", "ChunkResult", "TokenizePool", "WorkerConfig"]
@@ -136,7 +136,7 @@ class ChunkProcessor:
         for i, item in enumerate(chunk.items):
             try:
                 values.append((i, extract(chunk.payload, item, config.records, config.supervision)))
-            except RecordError as error:
+            except BadRecord as error:
                 errors[i] = (error.reason, error.message)
         literals: dict[int, str] = {}
         flat, mask, lengths, record_of = self._assemble(values, errors, literals)

@@ -1,7 +1,7 @@
-"""Turn one raw record into what the tokenizer needs, or a `RecordError` that says why not.
+"""Turn one raw record into what the tokenizer needs, or a `BadRecord` that says why not.
 
 Runs inside the tokenizer workers. Each records kind reads its fields by dotted path
-(`meta.body`, `turns.0.text`) and checks their types; a problem becomes a `RecordError` with a
+(`meta.body`, `turns.0.text`) and checks their types; a problem becomes a `BadRecord` with a
 short reason code (counted under `on_error: skip`) and a message that names the field.
 """
 
@@ -23,10 +23,10 @@ from turbo_dllm.data.spec import (
     TokensRecords,
 )
 
-__all__ = ["Extracted", "RecordError", "extract", "get_field"]
+__all__ = ["Extracted", "BadRecord", "extract", "get_field"]
 
 
-class RecordError(Exception):
+class BadRecord(Exception):
     """A record that cannot become a document. `reason` is a stable code for skip counts."""
 
     def __init__(self, reason: str, message: str) -> None:
@@ -73,7 +73,7 @@ def get_field(record: Any, path: str) -> Any:
                 if isinstance(node, dict)
                 else ""
             )
-            raise RecordError(
+            raise BadRecord(
                 "missing_field", f"missing field {path!r}: {where} has no {part!r}{keys}"
             )
         node = child
@@ -83,22 +83,20 @@ def get_field(record: Any, path: str) -> Any:
 def _string(record: Any, path: str) -> str:
     value = get_field(record, path)
     if not isinstance(value, str):
-        raise RecordError(
-            "bad_field", f"field {path!r} is {type(value).__name__}, expected a string"
-        )
+        raise BadRecord("bad_field", f"field {path!r} is {type(value).__name__}, expected a string")
     return value
 
 
 def _messages(record: Any, path: str) -> list[dict[str, Any]]:
     value = get_field(record, path)
     if not isinstance(value, list) or not value:
-        raise RecordError("bad_field", f"field {path!r} must be a non-empty list of messages")
+        raise BadRecord("bad_field", f"field {path!r} must be a non-empty list of messages")
     for index, message in enumerate(value):
         if not isinstance(message, dict):
-            raise RecordError("bad_field", f"{path}.{index} is not a {{role, content}} object")
+            raise BadRecord("bad_field", f"{path}.{index} is not a {{role, content}} object")
         for key in ("role", "content"):
             if not isinstance(message.get(key), str):
-                raise RecordError(
+                raise BadRecord(
                     "bad_field",
                     f"{path}.{index}.{key} must be a string, got {_short(message.get(key))}",
                 )
@@ -111,7 +109,7 @@ def _int_array(value: Any, what: str) -> np.ndarray:
         array = value
         if array.dtype == np.uint64 and array.size and array.max() > _INT64.max:
             too_large = int(array[np.argmax(array > _INT64.max)])
-            raise RecordError(
+            raise BadRecord(
                 "token_out_of_range", f"{what} holds token id {too_large}, outside any vocabulary"
             )
     elif isinstance(value, list) and all(
@@ -121,14 +119,14 @@ def _int_array(value: Any, what: str) -> np.ndarray:
             array = np.asarray(value, dtype=np.int64)
         except OverflowError:
             too_large = next(v for v in value if not _INT64.min <= v <= _INT64.max)
-            raise RecordError(
+            raise BadRecord(
                 "token_out_of_range",
                 f"{what} holds token id {_short(too_large)}, outside any vocabulary",
             ) from None
     else:
-        raise RecordError("bad_field", f"{what} must be a list of integer token ids")
+        raise BadRecord("bad_field", f"{what} must be a list of integer token ids")
     if array.ndim != 1 or (array.size and array.dtype.kind not in "iu"):
-        raise RecordError("bad_field", f"{what} must be a 1-D list of integer token ids")
+        raise BadRecord("bad_field", f"{what} must be a 1-D list of integer token ids")
     return array.astype(np.int64, copy=False)
 
 
@@ -140,11 +138,9 @@ def _tokens(record: Any, spec: TokensRecords, want_mask: bool) -> Extracted:
     if isinstance(raw, list) and all(v in (0, 1) for v in raw):
         mask = np.asarray(raw, dtype=np.uint8)
     else:
-        raise RecordError(
-            "bad_field", f"field {spec.loss_mask_field!r} must be a list of 0/1 values"
-        )
+        raise BadRecord("bad_field", f"field {spec.loss_mask_field!r} must be a list of 0/1 values")
     if len(mask) != len(ids):
-        raise RecordError(
+        raise BadRecord(
             "bad_field",
             f"field {spec.loss_mask_field!r} has {len(mask)} values but "
             f"{spec.field!r} has {len(ids)} ids",
@@ -155,7 +151,7 @@ def _tokens(record: Any, spec: TokensRecords, want_mask: bool) -> Extracted:
 def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
     """The content of one raw item (a JSON line, a row, a text or an id array)."""
     if isinstance(item, Oversized):
-        raise RecordError("too_large", item.message())
+        raise BadRecord("too_large", item.message())
     if payload == "text":
         return Extracted(text=item)
     if payload == "ids":
@@ -168,19 +164,17 @@ def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
         try:
             item = json.loads(item)
         except json.JSONDecodeError as error:
-            raise RecordError(
+            raise BadRecord(
                 "malformed_json", f"malformed JSON: {error.msg} (column {error.colno})"
             ) from None
         except ValueError as error:  # bytes that are not UTF-8
-            raise RecordError("malformed_json", f"malformed JSON: {error}") from None
+            raise BadRecord("malformed_json", f"malformed JSON: {error}") from None
         except RecursionError:  # the decoder recurses once per [ or {
-            raise RecordError("malformed_json", "malformed JSON: nested too deeply") from None
+            raise BadRecord("malformed_json", "malformed JSON: nested too deeply") from None
         if payload == "json_ids":
             return Extracted(ids=_int_array(item, "the line"))
         if not isinstance(item, dict):
-            raise RecordError(
-                "malformed_json", f"expected a JSON object, got {type(item).__name__}"
-            )
+            raise BadRecord("malformed_json", f"expected a JSON object, got {type(item).__name__}")
     extracted = _extract_record(item, records, supervision)
     if check_unicode:
         _check_unicode(extracted, records)
@@ -218,7 +212,7 @@ def _check_unicode(extracted: Extracted, records) -> None:
         try:
             text.encode("utf-8")
         except UnicodeEncodeError as error:
-            raise RecordError(
+            raise BadRecord(
                 "bad_text",
                 f"field {path!r} is not valid Unicode: a lone surrogate "
                 f"{text[error.start]!r} at character {error.start}",
