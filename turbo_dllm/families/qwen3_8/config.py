@@ -213,9 +213,11 @@ class Qwen38Config:
             layers = int(text["num_hidden_layers"])
             heads = int(text["num_attention_heads"])
             rope = dict(text.get("rope_parameters") or {})
-            layer_types = text.get("layer_types") or _hybrid(
-                layers, int(text.get("full_attention_interval", 4))
-            )
+            layer_types = text.get("layer_types")
+            if layer_types is None or "full_attention_interval" in text:
+                layer_types = _hybrid(layers, int(text.get("full_attention_interval", 4)))
+            # A num_hidden_layers override (model.config_overrides) keeps the first layers.
+            layer_types = list(layer_types)[:layers]
             return cls(
                 model_type="qwen3_5_text",
                 vocab_size=int(text["vocab_size"]),
