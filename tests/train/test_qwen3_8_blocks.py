@@ -49,7 +49,14 @@ def test_torch_reference_equals_transformers_chunked_form():
     q, k, v, g, beta, state = _inputs(T=40)  # not a multiple of the chunk: padded
     ours, _, final = gated_delta_rule(q, k, v, g, beta, initial_state=state, chunk=16)
     theirs, their_final = torch_chunk_gated_delta_rule(
-        q, k, v, g, beta, chunk_size=16, initial_state=state, output_final_state=True,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        chunk_size=16,
+        initial_state=state,
+        output_final_state=True,
         use_qk_l2norm_in_kernel=True,
     )
     torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-4)

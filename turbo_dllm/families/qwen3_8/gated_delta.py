@@ -64,6 +64,20 @@ def _recurrent(q, k, v, g, beta, state, capture_every):
     return torch.stack(outputs, 2), captured, state
 
 
+def _unit_lower_inverse(strict: torch.Tensor) -> torch.Tensor:
+    """(I + N)^-1 for strictly lower-triangular N: (I - N)(I + N^2)(I + N^4)... (N is nilpotent).
+
+    log2(chunk) batched matmuls; batched LAPACK triangular solves on many small matrices are
+    orders of magnitude slower on CPU.
+    """
+    eye = torch.eye(strict.shape[-1], dtype=strict.dtype, device=strict.device)
+    inverse, power = eye - strict, strict
+    for _ in range(max(strict.shape[-1] - 1, 1).bit_length() - 1):
+        power = power @ power
+        inverse = inverse @ (eye + power)
+    return inverse
+
+
 def _chunked(q, k, v, g, beta, state, capture_every, chunk):
     B, H, T, Dk = k.shape
     n = T // chunk
@@ -74,14 +88,10 @@ def _chunked(q, k, v, g, beta, state, capture_every, chunk):
     # decay[i, j] = exp(g_i - g_j) for j <= i: what the state written at j has lost by i.
     decay = (g[..., :, None] - g[..., None, :]).masked_fill(~causal, float("-inf")).exp()
     k_beta, v_beta = k * beta[..., None], v * beta[..., None]
-    # The UT transform: the chunk's delta-rule updates as one unit lower-triangular solve.
-    system = ((k_beta @ k.transpose(-1, -2)) * decay).tril(-1) + torch.eye(
-        chunk, dtype=q.dtype, device=q.device
-    )
-    new_values = torch.linalg.solve_triangular(system, v_beta, upper=False, unitriangular=True)
-    state_keys = torch.linalg.solve_triangular(
-        system, k_beta * g.exp()[..., None], upper=False, unitriangular=True
-    )
+    # The UT transform: the chunk's delta-rule updates as one unit lower-triangular system.
+    inverse = _unit_lower_inverse(((k_beta @ k.transpose(-1, -2)) * decay).tril(-1))
+    new_values = inverse @ v_beta
+    state_keys = inverse @ (k_beta * g.exp()[..., None])
     intra = (q @ k.transpose(-1, -2)) * decay
     q_decayed = q * g.exp()[..., None]
     k_decayed = k * (g[..., -1:] - g).exp()[..., None]
@@ -98,6 +108,11 @@ def _chunked(q, k, v, g, beta, state, capture_every, chunk):
 
 
 def _fla(q, k, v, g, beta, initial_state, capture_every):
+    if q.device.type != "cuda":
+        raise DllmError(
+            "model.linear_attention 'fla' runs on CUDA GPUs only",
+            hint="set model.linear_attention: torch for CPU runs",
+        )
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError:
@@ -106,11 +121,6 @@ def _fla(q, k, v, g, beta, initial_state, capture_every):
             hint="pip install 'turbo-dllm[gdn]' (flash-linear-attention), or set "
             "model.linear_attention: torch",
         ) from None
-    if q.device.type != "cuda":
-        raise DllmError(
-            "model.linear_attention 'fla' runs on CUDA GPUs only",
-            hint="set model.linear_attention: torch for CPU runs",
-        )
     groups = v.shape[2] // k.shape[2]
     if groups > 1:
         q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
