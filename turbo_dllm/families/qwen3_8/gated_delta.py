@@ -121,9 +121,7 @@ def _fla(q, k, v, g, beta, initial_state, capture_every):
             hint="pip install 'turbo-dllm[gdn]' (flash-linear-attention), or set "
             "model.linear_attention: torch",
         ) from None
-    groups = v.shape[2] // k.shape[2]
-    if groups > 1:
-        q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
+    # fla >= 0.6 groups value heads over key heads itself (GVA), as transformers calls it.
     B, T, H = v.shape[:3]
     state = initial_state
     if state is None:
