@@ -139,3 +139,43 @@ def test_random_init_follows_transformers_rules():
     again = materialize(build_model(config, causal), torch.device("cpu"), seed=0)
     for name, tensor in again.named_parameters():
         assert torch.equal(tensor, params[name]), name
+
+
+def test_mask_token_migration_adds_the_token_and_records_it(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.families.qwen3_8.mask_token import migrate_mask_token
+
+    hf_model().save_pretrained(tmp_path)  # vocab_size 97
+    vocab = {f"t{i}": i for i in range(90)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1").save_pretrained(
+        tmp_path
+    )
+    record = migrate_mask_token(tmp_path)
+    assert record == {
+        "mask_token_id": 90,
+        "dllm_mask_token": "<|mask|>",
+        "dllm_mask_token_id": 90,
+        "dllm_mask_token_original_vocab_size": 90,
+        "dllm_mask_token_migration_version": 1,
+    }
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert tokenizer.mask_token == "<|mask|>" and tokenizer.mask_token_id == 90
+    assert migrate_mask_token(tmp_path) == record  # twice: a no-op
+    with pytest.raises(DllmError, match="migrated with the mask token"):
+        migrate_mask_token(tmp_path, "<mask>")
+    # The record travels with the model config (checkpoint metadata, exports).
+    config = get_family("qwen3_8").resolve_config(path=str(tmp_path), from_config=None)
+    written = config.to_hf_dict()
+    assert {k: written[k] for k in record} == record
+    # A tokenizer as long as the embedding leaves no row for the mask token.
+    full = tmp_path / "full"
+    hf_model(vocab_size=90).save_pretrained(full)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1").save_pretrained(
+        full
+    )
+    with pytest.raises(DllmError, match="does not cover"):
+        migrate_mask_token(full)

@@ -46,6 +46,15 @@ def _rules(spec: Any, config: Qwen38Config) -> list[tuple[str, str]]:
                 "boundaries",
             )
         )
+    mask = config.mask_token_id
+    if mask is not None and objective.mask_token_id not in (None, mask):
+        found.append(
+            (
+                "objective.mask_token_id",
+                f"{objective.mask_token_id} is not the checkpoint's mask token ({mask}, from its "
+                "mask-token migration)",
+            )
+        )
     if objective.name == "fast_dllm_v2":
         if objective.loss_weighting not in (None, "unit"):
             found.append(("objective.loss_weighting", "fast_dllm_v2 on qwen3_8 uses unit weights"))

@@ -125,6 +125,10 @@ class Qwen38Config:
     hidden_act: str = "silu"
     initializer_range: float = 0.02
     mask_token_id: int | None = None
+    # The mask-token migration's record (mask_token.py), carried into checkpoints and exports.
+    dllm_mask_token: str | None = None
+    dllm_mask_token_original_vocab_size: int | None = None
+    dllm_mask_token_migration_version: int | None = None
     # What the decoder's gated MLP reads (Qwen3.5's MLPs have no biases).
     mlp_bias: bool = False
 
@@ -247,6 +251,9 @@ class Qwen38Config:
                 mask_token_id=(
                     None if text.get("mask_token_id") is None else int(text["mask_token_id"])
                 ),
+                dllm_mask_token=text.get("dllm_mask_token"),
+                dllm_mask_token_original_vocab_size=text.get("dllm_mask_token_original_vocab_size"),
+                dllm_mask_token_migration_version=text.get("dllm_mask_token_migration_version"),
             )
         except KeyError as missing:
             raise DllmError(
@@ -292,6 +299,13 @@ class Qwen38Config:
         }
         if self.mask_token_id is not None:
             out["mask_token_id"] = self.mask_token_id
+        if self.dllm_mask_token is not None:
+            out.update(
+                dllm_mask_token=self.dllm_mask_token,
+                dllm_mask_token_id=self.mask_token_id,
+                dllm_mask_token_original_vocab_size=self.dllm_mask_token_original_vocab_size,
+                dllm_mask_token_migration_version=self.dllm_mask_token_migration_version,
+            )
         return out
 
     # --- sizes ----------------------------------------------------------------------------

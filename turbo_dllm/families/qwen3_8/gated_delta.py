@@ -107,6 +107,7 @@ def _chunked(q, k, v, g, beta, state, capture_every, chunk):
     return torch.stack(outputs, 2).reshape(B, H, T, -1), captured, state
 
 
+@torch.compiler.disable  # fla's autograd Functions launch their own Triton kernels
 def _fla(q, k, v, g, beta, initial_state, capture_every):
     if q.device.type != "cuda":
         raise DllmError(
