@@ -135,10 +135,9 @@ class Trainer:
         )
         # An optional runtime function: what the model's `mask` argument is, from the inputs.
         self.model_mask = getattr(runtime, "model_mask", lambda inputs: inputs.mask)
-        chosen = ", ".join(f"{name} {value}" for name, value in options.items())
-        print0(
-            self.env, f"model {spec.family}: attention {spec.attention}, {chosen or 'no options'}"
-        )
+        if options:  # a kernel choice is reported, never silent
+            chosen = ", ".join(f"{name} {value}" for name, value in options.items())
+            print0(self.env, f"model {spec.family}: attention {spec.attention}, {chosen}")
         layers = runtime.layers(model)
         if self.dims.tp > 1:
             runtime.apply_tensor_parallel(
