@@ -141,7 +141,7 @@ def test_random_init_follows_transformers_rules():
         assert torch.equal(tensor, params[name]), name
 
 
-def test_mask_token_migration_adds_the_token_and_records_it(tmp_path):
+def test_mask_token_migration_adds_the_token_and_records_it(tmp_path, cli):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
     from turbo_dllm.errors import DllmError
@@ -154,7 +154,9 @@ def test_mask_token_migration_adds_the_token_and_records_it(tmp_path):
     transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1").save_pretrained(
         tmp_path
     )
-    record = migrate_mask_token(tmp_path)
+    result = cli("model", "add-mask-token", tmp_path, "--json")
+    assert result.code == 0, result.err
+    record = json.loads(result.out)
     assert record == {
         "mask_token_id": 90,
         "dllm_mask_token": "<|mask|>",
