@@ -83,7 +83,13 @@ def build_spec(args, on_gpu: bool, family: str | None = None, model: str | None 
     if family == "nemotron_diffusion":
         # The preset's own block size and mask token (the family's rules ask for them).
         objective_section["mask_token_id"] = 100
-        model_section["config_overrides"] = {"block_size": args.block_size}
+        # With every attention variant on, so the ratio to the plain decoder is their cost.
+        model_section["config_overrides"] = {
+            "block_size": args.block_size,
+            "qk_norm": True,
+            "v_norm": True,
+            "attn_output_gate": True,
+        }
     document = {
         "launch": {"seed": 0, "kind": "profile"},
         "model": model_section,
@@ -287,8 +293,19 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
         tokens,
         peak_flops(device),
         device,
-        {"gradient_checkpointing": checkpointing, "micro_batch": samples},
+        {
+            "gradient_checkpointing": checkpointing,
+            "micro_batch": samples,
+            # transformers runs its Gated DeltaNet layers with fla when it is installed.
+            **({"linear_kernel": "fla" if _has_fla() else "torch"} if hybrid else {}),
+        },
     )
+
+
+def _has_fla() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None
 
 
 def run_decoder_twin(trainer: Trainer, spec: RunSpec, args, device) -> dict:

@@ -134,11 +134,11 @@ def _fla(q, k, v, g, beta, initial_state, capture_every):
             captured.append(state)
         piece = slice(start, start + span)
         out, state = chunk_gated_delta_rule(
-            q[:, piece],
-            k[:, piece],
-            v[:, piece],
-            g=g[:, piece].float(),
-            beta=beta[:, piece],
+            q[:, piece].contiguous(),
+            k[:, piece].contiguous(),
+            v[:, piece].contiguous(),
+            g=g[:, piece].float().contiguous(),
+            beta=beta[:, piece].contiguous(),
             initial_state=state,
             output_final_state=True,
             use_qk_l2norm_in_kernel=True,
