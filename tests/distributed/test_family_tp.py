@@ -33,6 +33,8 @@ CASES = {
     2: [
         ("qwen3_8-tp2", "qwen3_8", "fast_dllm_v2", QWEN, 1, 1, 1),
         ("qwen3_8-fsdp2", "qwen3_8", "fast_dllm_v2", QWEN, 2, 1, 1),
+        ("qwen3_8-csbp-bp2", "qwen3_8", "fast_dllm_v2", QWEN, 1, 1, 2),
+        ("qwen3_8-csbp-bp2-bd", "qwen3_8", "block_diffusion", QWEN, 1, 1, 2),
         ("nemotron-tp2", "nemotron_diffusion", "block_diffusion", NEMOTRON, 1, 1, 1),
         ("nemotron-tp2-sp", "nemotron_diffusion", "block_diffusion", NEMOTRON, 1, 1, 1),
         ("nemotron-fsdp2", "nemotron_diffusion", "block_diffusion", NEMOTRON, 2, 1, 1),

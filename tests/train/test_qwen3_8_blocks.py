@@ -155,7 +155,9 @@ def test_a_broken_conv_window_is_caught(monkeypatch):
     monkeypatch.setattr(
         layer,
         "_noisy_conv",
-        lambda noisy, clean, block: layer._conv(noisy.reshape(-1, block, noisy.shape[-1])),
+        lambda noisy, clean, block, which=None: layer._conv(
+            noisy.reshape(-1, block, noisy.shape[-1])
+        ),
     )
     assert _restart_matches_prefix_run(layer) > 1e-3
 

@@ -108,7 +108,6 @@ def test_fla_on_cpu_is_a_user_error(tmp_path):
     "override,field,words",
     [
         ("topology.cp=2", "topology.cp", "state hand-off"),
-        ("topology.bp=2", "topology.bp", "state hand-off"),
         ("topology.ep=2", "topology.ep", "dense"),
         ("model.linear_attention=fla", "objective.block_size", "multiple of fla's chunk"),
         ("model.config_overrides.linear_num_key_heads=3", "topology.tp", "linear_num_key_heads"),

@@ -21,8 +21,8 @@ __all__ = ["QWEN3_8"]
 
 _CONTEXT = (
     "the linear layers capture the clean stream's recurrent state at every block boundary on "
-    "one rank; sharding the sequence over ranks needs a cross-rank state hand-off, which this "
-    "version does not have"
+    "one rank; sharding the clean stream over ranks needs a cross-rank state hand-off, which "
+    "this version does not have (block parallelism with cp 1 keeps it whole: use bp)"
 )
 
 
@@ -68,14 +68,13 @@ QWEN3_8 = Family(
     summary="Qwen3.8 / Qwen3.5 hybrid (Gated DeltaNet + gated full attention) for block diffusion",
     model_types=MODEL_TYPES,
     objectives=("fast_dllm_v2", "block_diffusion"),
-    axes=frozenset({"fsdp", "tp"}),
+    axes=frozenset({"fsdp", "tp", "bp"}),
     presets=PRESETS,
     read_config=Qwen38Config.from_hf_dict,
     runtime_module="turbo_dllm.families.qwen3_8.runtime",
     rules=_rules,
     axis_reasons={
         "cp": _CONTEXT,
-        "bp": _CONTEXT,
         "sp": "sequence parallelism would split the clean stream the linear layers' state "
         "capture reads whole",
         "ep": "Qwen3.8 is dense (no experts)",

@@ -54,6 +54,9 @@ class HybridMask:
 
     attention: Any
     layout: BlockDiffusionLayout | None = None
+    # Block parallelism (CSBP with cp = 1): this rank's noisy blocks (global ids, stream order);
+    # the stream is [those blocks ; the clean prefix up to the last of them]. None: all blocks.
+    noisy_blocks: tuple[int, ...] | None = None
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -180,15 +183,23 @@ class GatedDeltaNet(nn.Module):
             out = out[..., : x.shape[1]]
         return F.silu(out).transpose(1, 2).to(x.dtype)
 
-    def _noisy_conv(self, noisy: torch.Tensor, clean: torch.Tensor, block: int) -> torch.Tensor:
-        """Each noisy block convolved after the K-1 clean inputs before it: (R * n, B, C)."""
+    def _noisy_conv(
+        self,
+        noisy: torch.Tensor,
+        clean: torch.Tensor,
+        block: int,
+        which: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Each noisy block convolved after the K-1 clean inputs before it: (R * n, B, C).
+        `which`: the global ids of the noisy blocks (default: 0, 1, ..., every block)."""
         rows, length, channels = noisy.shape
         n, window = length // block, self.conv_kernel - 1
         blocks = noisy.reshape(rows, n, block, channels)
         if window:
             # The clean inputs just before block b: clean[b*B - (K-1) : b*B] (zeros before 0).
             prefix = F.pad(clean, (0, 0, window, 0))
-            tails = prefix.unfold(1, window, block)[:, :n].transpose(-1, -2)  # (R, n, K-1, C)
+            tails = prefix.unfold(1, window, block).transpose(-1, -2)  # (R, blocks + 1, K-1, C)
+            tails = tails[:, :n] if which is None else tails.index_select(1, which)
             blocks = torch.cat([tails, blocks], dim=2)
         out = self._conv(blocks.reshape(rows * n, block + window, channels), padded=False)
         return out
@@ -211,23 +222,30 @@ class GatedDeltaNet(nn.Module):
         if layout is None:
             out, _, _ = self._mix(self._conv(mixed), b, a)
         else:
-            L, block = layout.seq_len, layout.block_size
-            if seq != 2 * L:
-                raise ValueError(f"the stream has {seq} positions, the layout {2 * L}")
-            n = L // block
-            clean_in = mixed[:, L:]
+            block = layout.block_size
+            if mask.noisy_blocks is None:  # the whole stream: every block, the whole clean half
+                N, which = layout.seq_len, None
+                if seq != 2 * N:
+                    raise ValueError(f"the stream has {seq} positions, the layout {2 * N}")
+            else:  # this rank's blocks, then the clean prefix they need
+                N = len(mask.noisy_blocks) * block
+                which = torch.tensor(mask.noisy_blocks, device=x.device)
+            n = N // block
+            clean_in = mixed[:, N:]
             # The clean stream once, its state captured before every block...
             clean, states, _ = self._mix(
-                self._conv(clean_in), b[:, L:], a[:, L:], capture_every=block
+                self._conv(clean_in), b[:, N:], a[:, N:], capture_every=block
             )
+            if which is not None:
+                states = states.index_select(1, which)
             # ...and every noisy block from the clean state before it, all blocks as one batch.
             noisy, _, _ = self._mix(
-                self._noisy_conv(mixed[:, :L], clean_in, block),
-                b[:, :L].reshape(rows * n, block, -1),
-                a[:, :L].reshape(rows * n, block, -1),
+                self._noisy_conv(mixed[:, :N], clean_in, block, which),
+                b[:, :N].reshape(rows * n, block, -1),
+                a[:, :N].reshape(rows * n, block, -1),
                 initial_state=states.reshape(rows * n, *states.shape[2:]),
             )
-            out = torch.cat([noisy.reshape(rows, L, *noisy.shape[2:]), clean], dim=1)
+            out = torch.cat([noisy.reshape(rows, N, *noisy.shape[2:]), clean], dim=1)
         out = self.norm(out, z.reshape(rows, seq, -1, self.head_v_dim))
         return self.out_proj(out.reshape(rows, seq, -1))
 

@@ -62,4 +62,15 @@ def model_mask(inputs: Any) -> HybridMask:
             "would run from one document into the next",
             hint="prepare the data without packing (one document per sequence)",
         )
-    return HybridMask(inputs.mask, inputs.batch.layout)
+    from turbo_dllm.train.parallel.csbp import CsbpAttention
+
+    mask = inputs.mask
+    if isinstance(mask, CsbpAttention):  # block parallelism: this rank's blocks
+        layout = mask.layout
+        if layout.cp != 1:
+            raise DllmError(
+                "qwen3_8 runs block parallelism with the clean stream whole on each rank only",
+                hint="set topology.cp: 1",
+            )
+        return HybridMask(mask, inputs.batch.layout, tuple(int(b) for b in layout.noisy_blocks))
+    return HybridMask(mask, inputs.batch.layout)
