@@ -133,3 +133,15 @@ def test_linear_attention_kernel_is_refused_for_families_without_linear_layers()
 def test_sequence_parallelism_is_refused(cli, tmp_path):
     config = write_config(tmp_path / "t.yaml", "topology.tp=2", "topology.sp=true", base=HYBRID)
     assert_user_error(cli("config", "validate", "--config", config), "topology.sp")
+
+
+@pytest.mark.slow
+def test_dllm_train_with_block_parallelism_trains_the_single_process_trace(tmp_path):
+    from tests.train.util import torchrun
+
+    bp2 = write_config(tmp_path / "bp2.yaml", "training.steps=3", "topology.bp=2", base=HYBRID)
+    train(spec("training.steps=3"), tmp_path / "one")
+    torchrun(2, "train", "--config", str(bp2), "--run-dir", str(tmp_path / "bp2"), cwd=tmp_path)
+    torch.testing.assert_close(
+        losses(tmp_path / "bp2"), losses(tmp_path / "one"), rtol=1e-5, atol=1e-5
+    )
