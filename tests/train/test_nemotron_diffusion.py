@@ -120,9 +120,12 @@ def test_the_gate_changes_the_output():
 
 
 def test_block_diffusion_trains_and_the_loss_falls(tmp_path):
-    train(tiny_spec("training.steps=30", "objective.loss_weighting=unit", base=NEMOTRON), tmp_path)
+    spec = tiny_spec(
+        "training.steps=15", "optimizer.lr=0.01", "objective.loss_weighting=unit", base=NEMOTRON
+    )
+    train(spec, tmp_path)
     trace = losses(tmp_path)
-    first, last = sum(trace[:5]) / 5, sum(trace[-5:]) / 5
+    first, last = sum(trace[:3]) / 3, sum(trace[-3:]) / 3
     assert last < 0.8 * first, (first, last)
 
 

@@ -37,7 +37,8 @@ def spec(*overrides: str):
 def test_loss_falls(tmp_path, objective):
     train(
         spec(
-            "training.steps=20",
+            "training.steps=12",
+            "optimizer.lr=0.01",
             f"objective.name={objective}",
             "objective.loss_weighting=unit",
             "checkpoint.interval=null",
@@ -45,18 +46,18 @@ def test_loss_falls(tmp_path, objective):
         tmp_path,
     )
     trace = losses(tmp_path)
-    first, last = sum(trace[:4]) / 4, sum(trace[-4:]) / 4
+    first, last = sum(trace[:3]) / 3, sum(trace[-3:]) / 3
     assert last < 0.85 * first, (first, last)
 
 
 def test_resume_reproduces_the_loss_trace_bitwise(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
-    args = ("training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=3")
+    args = ("training.steps=3", "checkpoint.interval=1", "checkpoint.keep_last=3")
     train(spec(*args), straight)
     train(spec(*args), resumed)
-    shutil.rmtree(resumed / "checkpoints/step_00000004")
+    shutil.rmtree(resumed / "checkpoints/step_00000003")  # as if it crashed after step 2
     train(spec(*args), resumed)
-    assert [r["step"] for r in metrics(resumed)] == list(range(1, 5))
+    assert [r["step"] for r in metrics(resumed)] == list(range(1, 4))
     assert losses(resumed) == losses(straight)
     assert [r["grad_norm"] for r in metrics(resumed)] == [r["grad_norm"] for r in metrics(straight)]
 
