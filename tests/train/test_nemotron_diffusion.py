@@ -67,7 +67,7 @@ def test_config_reads_head_dimension_and_the_inference_paradigm():
     [
         ({"dlm_paradigm": "autoregressive"}, "dlm_paradigm"),
         ({"mask_token_id": 4096}, "outside the vocabulary"),
-        ({"rope_parameters": {"rope_type": "yarn", "factor": 2.0}}, "yarn"),
+        ({"rope_parameters": {"rope_type": "longrope", "factor": 2.0}}, "longrope"),
         ({"num_key_value_heads": 3}, "multiple of"),
     ],
 )
@@ -141,3 +141,73 @@ def test_block_diffusion_trains_and_the_loss_falls(tmp_path):
 def test_spec_rules_refuse_with_the_reason(override, field):
     with pytest.raises(DllmError, match=field.replace(".", r"\.")):
         tiny_spec(override, base=NEMOTRON)
+
+
+def _ministral3(**rope):
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    config = transformers.Ministral3Config(
+        vocab_size=97,
+        hidden_size=48,
+        intermediate_size=80,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_theta": 10000.0, **rope},
+    )
+    model = transformers.Ministral3ForCausalLM(config)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.add_(0.1 * torch.randn_like(param))
+    return model.eval()
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        # The published 3B's RoPE: YaRN with llama-4 query scaling (original length 16 here,
+        # so positions past 16 are scaled).
+        {
+            "rope_type": "yarn",
+            "factor": 4.0,
+            "beta_fast": 32.0,
+            "beta_slow": 1.0,
+            "mscale": 1.0,
+            "mscale_all_dim": 1.0,
+            "original_max_position_embeddings": 16,
+            "llama_4_scaling_beta": 0.1,
+        },
+        {
+            "rope_type": "default",
+            "llama_4_scaling_beta": 0.1,
+            "original_max_position_embeddings": 8,
+        },
+    ],
+)
+def test_plain_nemotron_equals_transformers_ministral3_causally(tmp_path, rope):
+    """Without its variants Nemotron is a Ministral3 decoder: same logits on the same weights."""
+    import torch.nn.functional as F
+
+    hf = _ministral3(**rope)
+    hf.save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    saved.update(model_type="nemotron_labs_diffusion", block_size=8, mask_token_id=90)
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    config = get_family("nemotron_diffusion").resolve_config(path=str(tmp_path), from_config=None)
+    assert NemotronConfig.from_hf_dict(config.to_hf_dict()) == config
+
+    def causal(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+
+    ours = materialize(
+        build_model(config, causal), torch.device("cpu"), seed=0, weights_from=str(tmp_path)
+    ).eval()
+    ids = torch.randint(0, 97, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ours(ids, torch.arange(40)), hf(input_ids=ids).logits, atol=2e-5, rtol=1e-4
+        )

@@ -102,9 +102,16 @@ class NemotronConfig(DecoderConfig):
                 hint="fix config.json or model.config_overrides",
             )
 
+    @property
+    def is_yarn(self) -> bool:
+        return (self.rope_scaling or {}).get("rope_type") == "yarn"
+
     def _as_decoder(self) -> DecoderConfig:
-        """The same shape as a Llama-typed decoder config (its checks and its writer)."""
+        """The same shape as a Llama-typed decoder config (its checks and its writer); YaRN
+        scaling, which the decoder does not have, is left out of that view."""
         fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(DecoderConfig)}
+        if self.is_yarn:
+            fields["rope_scaling"] = None
         return DecoderConfig(**{**fields, "model_type": "llama"})
 
     @classmethod
@@ -114,24 +121,33 @@ class NemotronConfig(DecoderConfig):
             raise DllmError(f"config.json is a {model_type!r} model, not {MODEL_TYPES[0]!r}")
         rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in SUPPORTED_ROPE_TYPES:
+        if rope_type not in (*SUPPORTED_ROPE_TYPES, "yarn"):
             raise DllmError(
                 f"RoPE type {rope_type!r} is not supported for nemotron_diffusion "
-                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})",
+                f"(supported: {', '.join((*SUPPORTED_ROPE_TYPES, 'yarn'))})",
                 hint="override rope_parameters in config.json with a supported type",
             )
         decoder_view = {**hf, "model_type": "llama"}
+        if rope_type == "yarn" or "llama_4_scaling_beta" in rope:  # read below, not by the decoder
+            theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
+            decoder_view.pop("rope_scaling", None)
+            decoder_view["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
         if "head_dim" not in hf and "head_dimension" in hf:
             decoder_view["head_dim"] = hf["head_dimension"]
         base = DecoderConfig.from_hf_dict(decoder_view)
+        scaling = base.rope_scaling
+        if rope_type == "yarn" or "llama_4_scaling_beta" in rope:
+            scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type")}
+            scaling["rope_type"] = rope_type
         try:
             return cls(
                 **{
                     f.name: getattr(base, f.name)
                     for f in dataclasses.fields(DecoderConfig)
-                    if f.name not in ("model_type", "qk_norm")
+                    if f.name not in ("model_type", "qk_norm", "rope_scaling")
                 },
                 model_type=str(model_type),
+                rope_scaling=scaling,
                 qk_norm=bool(hf.get("qk_norm", False)),
                 v_norm=bool(hf.get("v_norm", False)),
                 attn_output_gate=bool(hf.get("attn_output_gate", False)),
@@ -148,6 +164,9 @@ class NemotronConfig(DecoderConfig):
             for key, value in self._as_decoder().to_hf_dict().items()
             if key not in ("use_sliding_window", "sliding_window")
         }
+        if self.rope_scaling:  # YaRN and llama-4 scaling keys, which the decoder view drops
+            rope = {**self.rope_scaling, "rope_theta": self.rope_theta}
+            out.update(rope_parameters=rope, rope_scaling=dict(self.rope_scaling))
         out.update(
             architectures=["NemotronLabsDiffusionModel"],
             model_type=self.model_type,
