@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.decoder.config import _token_ids
 
 __all__ = [
     "GDN_CHUNK",
@@ -125,6 +126,10 @@ class Qwen38Config:
     hidden_act: str = "silu"
     initializer_range: float = 0.02
     mask_token_id: int | None = None
+    # The source's special token ids, kept so an export can generate (written when known).
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
     # The mask-token migration's record (mask_token.py), carried into checkpoints and exports.
     dllm_mask_token: str | None = None
     dllm_mask_token_original_vocab_size: int | None = None
@@ -251,6 +256,9 @@ class Qwen38Config:
                 mask_token_id=(
                     None if text.get("mask_token_id") is None else int(text["mask_token_id"])
                 ),
+                bos_token_id=_token_ids(text.get("bos_token_id")),
+                eos_token_id=_token_ids(text.get("eos_token_id"), several=True),
+                pad_token_id=_token_ids(text.get("pad_token_id")),
                 dllm_mask_token=text.get("dllm_mask_token"),
                 dllm_mask_token_original_vocab_size=text.get("dllm_mask_token_original_vocab_size"),
                 dllm_mask_token_migration_version=text.get("dllm_mask_token_migration_version"),
@@ -299,6 +307,10 @@ class Qwen38Config:
         }
         if self.mask_token_id is not None:
             out["mask_token_id"] = self.mask_token_id
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
         if self.dllm_mask_token is not None:
             out.update(
                 dllm_mask_token=self.dllm_mask_token,
