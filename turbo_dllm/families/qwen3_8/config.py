@@ -63,8 +63,8 @@ _TINY = {
     "tie_word_embeddings": True,
 }
 
-# The published Qwen3.5/3.8 27B text shape (64 layers, full attention every 4th), and the same
-# layer shapes with 8 layers for single-GPU benchmarks.
+# The published Qwen3.8-27B text config's shapes (64 layers, full attention every 4th), and the
+# same layer shapes with 8 layers for single-GPU benchmarks.
 _27B = {
     "model_type": "qwen3_5_text",
     "vocab_size": 248320,
