@@ -19,6 +19,17 @@ both sides, so the MFU ratio equals the speed ratio.
     python benchmarks/train_step.py                       # Qwen3-1.7B shape, L=8192, B=32 (GPU)
     python benchmarks/train_step.py --tiny                # CPU smoke check, seconds
     python benchmarks/train_step.py --out result.json --steps 10 --warmup 3
+
+Other families (`--family`):
+
+- `qwen3_8`: the Qwen3.8-27B layer shapes with 8 layers (`qwen3.8-27b-8l`), Fast-dLLM v2
+  batches, L=4096, B=64; ours runs the linear layers with fla's chunk kernel and the state
+  capture. Baseline: transformers' Qwen3_5ForCausalLM on the same 2L stream (its full-attention
+  layers get the dense mask; its linear layers run the stream causally, with fla when installed:
+  the same work, though not the block-diffusion semantics), full logits, the same CE.
+- `nemotron_diffusion`: the Nemotron-3B layer shapes with 8 layers, block diffusion; the
+  baseline is our own decoder family (`causal_lm`) with the same shapes, so the ratio is what
+  Nemotron's attention variants cost.
 """
 
 from __future__ import annotations
@@ -49,19 +60,42 @@ from turbo_dllm.train.distributed import init_distributed  # noqa: E402
 from turbo_dllm.train.metrics import peak_flops  # noqa: E402
 from turbo_dllm.train.trainer import Trainer  # noqa: E402
 
+# family -> (default preset, tiny preset, objective, vocabulary of the default preset)
+FAMILY_DEFAULTS = {
+    "qwen3": ("qwen3-1.7b", "tiny", "block_diffusion", 151936),
+    "qwen3_8": ("qwen3.8-27b-8l", "tiny", "fast_dllm_v2", 248320),
+    "nemotron_diffusion": ("nemotron-3b-8l", "tiny", "block_diffusion", 131072),
+}
 
-def build_spec(args, on_gpu: bool) -> RunSpec:
-    vocab_model = "qwen3-1.7b" if not args.tiny else "tiny"
+
+def build_spec(args, on_gpu: bool, family: str | None = None, model: str | None = None) -> RunSpec:
+    family = family or args.family
+    preset, tiny, objective, vocab = FAMILY_DEFAULTS.get(family, FAMILY_DEFAULTS["qwen3"])
+    model_section = {
+        "family": family,
+        "from_config": model or args.model or (tiny if args.tiny else preset),
+        "dtype": "bfloat16" if on_gpu else "float32",
+        "attention": "flex" if on_gpu else "reference",
+    }
+    objective_section = {"name": objective, "block_size": args.block_size}
+    if family == "qwen3_8":
+        model_section["linear_attention"] = "fla" if on_gpu else "torch"
+    if family == "nemotron_diffusion":
+        # The preset's own block size and mask token (the family's rules ask for them).
+        objective_section["mask_token_id"] = 100
+        # With every attention variant on, so the ratio to the plain decoder is their cost.
+        model_section["config_overrides"] = {
+            "block_size": args.block_size,
+            "qk_norm": True,
+            "v_norm": True,
+            "attn_output_gate": True,
+        }
     document = {
         "launch": {"seed": 0, "kind": "profile"},
-        "model": {
-            "from_config": args.model or vocab_model,
-            "dtype": "bfloat16" if on_gpu else "float32",
-            "attention": "flex" if on_gpu else "reference",
-        },
-        "objective": {"name": "block_diffusion", "block_size": args.block_size},
+        "model": model_section,
+        "objective": objective_section,
         "data": {
-            "synthetic": {"num_sequences": 64, "vocab_size": 512 if args.tiny else 151936},
+            "synthetic": {"num_sequences": 64, "vocab_size": 512 if args.tiny else vocab},
             "seq_len": args.seq_len,
         },
         "training": {
@@ -108,7 +142,7 @@ def summarize(name, times, flops_per_step, tokens_per_step, peak, device, extra=
 
 
 # ---------------------------------------------------------------------------------------------
-def run_ours(spec: RunSpec, args, device) -> tuple[dict, Trainer]:
+def run_ours(spec: RunSpec, args, device, name: str = "turbo-dllm") -> tuple[dict, Trainer]:
     env = init_distributed()
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(spec, run_dir, env).build()
@@ -130,7 +164,7 @@ def run_ours(spec: RunSpec, args, device) -> tuple[dict, Trainer]:
             profile_steps(trainer, args.warmup + args.steps, args.profile, device)
     tokens = spec.training.micro_batch_size * spec.data.seq_len
     result = summarize(
-        "turbo-dllm",
+        name,
         times,
         sum(flops) / len(flops),
         tokens,
@@ -139,6 +173,7 @@ def run_ours(spec: RunSpec, args, device) -> tuple[dict, Trainer]:
         {
             "compile": spec.training.compile,
             "attention": spec.model.attention,
+            "linear_attention": spec.model.linear_attention,
             "micro_batch": spec.training.micro_batch_size,
         },
     )
@@ -170,9 +205,9 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
 
     config_dict = trainer.model_config.to_hf_dict()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    hf_config = transformers.Qwen3Config(
-        **{k: v for k, v in config_dict.items() if k != "architectures"}
-    )
+    hybrid = spec.model.family == "qwen3_8"
+    config_class = transformers.Qwen3_5TextConfig if hybrid else transformers.Qwen3Config
+    hf_config = config_class(**{k: v for k, v in config_dict.items() if k != "architectures"})
     del trainer.model, trainer.optimizer, trainer.scheduler  # free ours before building theirs
     torch._dynamo.reset()
     reset_memory(device)
@@ -201,15 +236,18 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
         )
         diffusion = diffusion.to(device)
         mask = dense_mask(layout, device=device).expand(diffusion.input_ids.shape[0], -1, -1, -1)
+        if hybrid:  # per layer kind: the linear layers take no mask (they run causally)
+            mask = {"full_attention": mask, "linear_attention": None}
         positions = layout.positions(device).expand(diffusion.input_ids.shape[0], -1)
         logits = model(
             input_ids=diffusion.input_ids, attention_mask=mask, position_ids=positions
         ).logits
         hidden = logits.reshape(-1, logits.shape[-1]).index_select(0, diffusion.score_index).float()
-        hidden[:, objective.mask_token_id] = float("-inf")
+        if diffusion.exclude_index is not None:
+            hidden[:, diffusion.exclude_index] = float("-inf")
         loss = (
             F.cross_entropy(hidden, diffusion.targets, reduction="none") * diffusion.weights
-        ).sum() / batch["loss_mask"].sum().to(device)
+        ).sum() / max(objective.supervised_count(batch), 1)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -249,14 +287,47 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
             checkpointing = True
     tokens = samples * spec.data.seq_len
     return summarize(
-        "hf-sdpa-dense-mask",
+        "hf-qwen3_5-sdpa" if hybrid else "hf-sdpa-dense-mask",
         times,
         sum(flops) / len(flops),
         tokens,
         peak_flops(device),
         device,
-        {"gradient_checkpointing": checkpointing, "micro_batch": samples},
+        {
+            "gradient_checkpointing": checkpointing,
+            "micro_batch": samples,
+            # transformers runs its Gated DeltaNet layers with fla when it is installed.
+            **({"linear_kernel": "fla" if _has_fla() else "torch"} if hybrid else {}),
+        },
     )
+
+
+def _has_fla() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("fla") is not None
+
+
+def run_decoder_twin(trainer: Trainer, spec: RunSpec, args, device) -> dict:
+    """Our decoder family (`causal_lm`) with the same shapes as the Nemotron model trained."""
+    decoder = trainer.model_config._as_decoder().to_hf_dict()
+    del trainer.model, trainer.optimizer, trainer.scheduler
+    torch._dynamo.reset()
+    reset_memory(device)
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "config.json"
+        path.write_text(json.dumps(decoder))
+        twin = build_spec(args, device.type == "cuda", family="causal_lm", model=str(path))
+        twin = check(
+            RunSpec.model_validate(
+                {
+                    **twin.model_dump(mode="json"),
+                    "objective": spec.objective.model_dump(mode="json"),
+                }
+            )
+        )
+        result, _ = run_ours(twin, args, device, name="turbo-dllm decoder (same shapes)")
+    return result
 
 
 def main(argv=None) -> int:
@@ -265,6 +336,12 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--tiny", action="store_true", help="tiny model, short sequence (CPU smoke)"
+    )
+    parser.add_argument(
+        "--family",
+        choices=sorted(FAMILY_DEFAULTS),
+        default="qwen3",
+        help="model family (default qwen3); see the module docstring for each one's baseline",
     )
     parser.add_argument(
         "--model", default=None, help="preset (default qwen3-1.7b, tiny with --tiny)"
@@ -305,8 +382,9 @@ def main(argv=None) -> int:
     for item in args.inductor:
         key, _, value = item.partition("=")
         setattr(torch._inductor.config, key, ast.literal_eval(value))
-    args.seq_len = args.seq_len or (128 if args.tiny else 8192)
-    args.block_size = args.block_size or (16 if args.tiny else 32)
+    hybrid = args.family == "qwen3_8"
+    args.seq_len = args.seq_len or (128 if args.tiny else 4096 if hybrid else 8192)
+    args.block_size = args.block_size or (16 if args.tiny else 64 if hybrid else 32)
     args.steps = args.steps or (3 if args.tiny else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
     if (
@@ -319,26 +397,27 @@ def main(argv=None) -> int:
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
     spec = build_spec(args, on_gpu)
     print(
-        f"model {spec.model.from_config}, L={args.seq_len}, B={args.block_size}, "
+        f"{args.family} model {spec.model.from_config}, L={args.seq_len}, B={args.block_size}, "
         f"micro-batch {args.micro_batch}, {device}",
         file=sys.stderr,
     )
     ours, trainer = run_ours(spec, args, device)
     results = [ours]
     if not args.no_baseline:
-        results.append(run_baseline(trainer, spec, args, device))
+        baseline = run_decoder_twin if args.family == "nemotron_diffusion" else run_baseline
+        results.append(baseline(trainer, spec, args, device))
 
     print(
-        f"\n{'':22} {'mb':>3} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'mem GB':>7}"
+        f"\n{'':34} {'mb':>3} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'mem GB':>7}"
     )
     for r in results:
         if "error" in r:
-            print(f"{r['name']:22} {r['error']}")
+            print(f"{r['name']:34} {r['error']}")
             continue
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         mem = f"{r['peak_memory_gb']:.1f}" if r["peak_memory_gb"] is not None else "-"
         print(
-            f"{r['name']:22} {r['micro_batch']:3} {r['step_time_s']:8.3f} {r['tokens_per_s']:10,.0f} "
+            f"{r['name']:34} {r['micro_batch']:3} {r['step_time_s']:8.3f} {r['tokens_per_s']:10,.0f} "
             f"{r['tflops_per_s']:8.1f} {mfu:>6} {mem:>7}"
         )
     speedup = None
@@ -351,6 +430,7 @@ def main(argv=None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(0) if on_gpu else platform.processor() or "cpu",
             "torch": torch.__version__,
+            "family": args.family,
             "model": spec.model.from_config,
             "seq_len": args.seq_len,
             "block_size": args.block_size,

@@ -10,7 +10,11 @@
 # search1/search2 (longest context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an
 # allocator snapshot), packs (first-step compile overhead of the 1.7B / 8K shape in a fresh home,
 # cold and then with a compile-cache pack made from the cold run), repro (the sm90 bundle built
-# twice in fresh homes and folders: the two archives must be byte-identical). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh machine with deps.
+# twice in fresh homes and folders: the two archives must be byte-identical), families (fla's
+# chunk kernel against the torch reference, qwen3_8 training with fla, then the train_step
+# benchmark for qwen3_8 against HF Qwen3_5ForCausalLM and for nemotron_diffusion against our
+# decoder; needs fla: .whl/ holds flash_linear_attention and fla_core). Logs and JSON go to $OUT
+# (or ./gpu-out). Start every fresh machine with deps.
 # CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
 # CSBP's merge op: the jit backend builds the bundle's CUDA sources in place (CP_KERNELS=reference
 # for the pure-torch merge, which keeps float32 copies of both partial outputs for its backward).
@@ -93,6 +97,15 @@ for stage in "$@"; do
       done
       sha256sum /tmp/repro/out*/dist/*.tar.zst | tee "$OUT/repro-sha256.txt"
       [ "$(cut -d' ' -f1 "$OUT/repro-sha256.txt" | sort -u | wc -l)" -eq 1 ] || { echo "NOT reproducible"; status=1; } ;;
+    families)
+      [ -d .whl ] && python3 -m pip install -q --no-index --find-links .whl --no-deps \
+        flash-linear-attention fla-core einops 2>&1 | tail -3
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gated_delta_gpu.py 2>&1 \
+          | tee "$OUT/gpu-tests-families.log" | tail -6 || status=1
+      python3 benchmarks/train_step.py --family qwen3_8 ${FAMILY_FLAGS:-} --out "$OUT/train_step_qwen3_8.json" \
+          2>&1 | tee "$OUT/train_step_qwen3_8.log" | tail -6 || status=1
+      python3 benchmarks/train_step.py --family nemotron_diffusion --out "$OUT/train_step_nemotron.json" \
+          2>&1 | tee "$OUT/train_step_nemotron.log" | tail -6 || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -14,6 +14,8 @@ from typing import Any
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import AXES, Family, FamilyConfig, FamilyMismatch, Objective
 from turbo_dllm.families.decoder import CAUSAL_LM, QWEN3
+from turbo_dllm.families.nemotron_diffusion import NEMOTRON_DIFFUSION
+from turbo_dllm.families.qwen3_8 import QWEN3_8
 
 __all__ = [
     "AXES",
@@ -31,6 +33,8 @@ FAMILIES: Mapping[str, Family] = {
     for family in (
         CAUSAL_LM,
         QWEN3,
+        NEMOTRON_DIFFUSION,
+        QWEN3_8,
     )
 }
 
@@ -53,7 +57,7 @@ OBJECTIVES: Mapping[str, Objective] = {
 # Names the product defines whose code has not landed: refused with "not available in this
 # version" rather than "unknown" (they are not in the schema).
 PLANNED: Mapping[str, tuple[str, ...]] = {
-    "family": ("dflash", "diffusion_gemma", "nemotron_diffusion", "qwen3_8"),
+    "family": ("dflash", "diffusion_gemma"),
     "objective": ("dflash_distillation", "diffusiongemma_sft"),
 }
 

@@ -98,6 +98,12 @@ class ModelSpec(_Strict):
         "our Triton block-diffusion kernel (GPU; from the kernel bundle, or the shipped source "
         "with kernels: jit; head dim 64 or 128).",
     )
+    linear_attention: Literal["torch", "fla"] = Field(
+        "torch",
+        description="Kernel of linear-attention (Gated DeltaNet) layers: torch (chunked "
+        "reference, any device) or fla (flash-linear-attention, CUDA). Families without them "
+        "refuse fla.",
+    )
 
 
 class ObjectiveSpec(_Strict):

@@ -53,6 +53,11 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
         if (used is True or (used is not False and used > 1)) and axis not in family.axes:
             reason = family.axis_reasons.get(axis, f"family {model.family!r} does not support it")
             add(f"topology.{axis}", f"{axis} is not supported here: {reason}")
+    if model.linear_attention != "torch" and "linear_attention" not in family.model_options:
+        add(
+            "model.linear_attention",
+            f"model family {model.family!r} has no linear-attention layers (leave it at torch)",
+        )
 
     # --- objective and data shapes ---------------------------------------------------------
     if objective.eps_min > objective.eps_max:

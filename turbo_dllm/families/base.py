@@ -86,6 +86,9 @@ class Family:
     rules: Callable[[Any, FamilyConfig], list[tuple[str, str]]] | None = None
     # Why an axis it lacks is refused, where there is more to say than "not supported".
     axis_reasons: Mapping[str, str] = field(default_factory=dict)
+    # RunSpec `model` fields its runtime's build_model takes as keywords (e.g. linear_attention);
+    # a family without one refuses a spec that sets it away from its default.
+    model_options: tuple[str, ...] = ()
 
     def runtime(self) -> FamilyRuntime:
         module: ModuleType = importlib.import_module(self.runtime_module)

@@ -111,7 +111,8 @@ class Trainer:
         Everything family-specific comes from the family's runtime (turbo_dllm.registry).
         """
         spec = self.spec.model
-        runtime = get_family(spec.family).runtime()
+        family = get_family(spec.family)
+        runtime = family.runtime()
         self.model_config = resolve_model_config(spec)
         if self.dims.tp > 1:
             runtime.check_tensor_parallel(self.model_config, self.dims.tp)  # before collectives
@@ -127,7 +128,16 @@ class Trainer:
         if slow_merge := slow_merge_warning(self.dims.bp, self.spec.kernels, self.device.type):
             print0(self.env, f"warning: {slow_merge} (set `kernels: native`)")
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
-        model = runtime.build_model(self.model_config, self.plan.attention_backend, dtype)
+        # The RunSpec `model` fields this family's build_model takes (e.g. linear_attention).
+        options = {name: getattr(spec, name) for name in family.model_options}
+        model = runtime.build_model(
+            self.model_config, self.plan.attention_backend, dtype, **options
+        )
+        # An optional runtime function: what the model's `mask` argument is, from the inputs.
+        self.model_mask = getattr(runtime, "model_mask", lambda inputs: inputs.mask)
+        if options:  # a kernel choice is reported, never silent
+            chosen = ", ".join(f"{name} {value}" for name, value in options.items())
+            print0(self.env, f"model {spec.family}: attention {spec.attention}, {chosen}")
         layers = runtime.layers(model)
         if self.dims.tp > 1:
             runtime.apply_tensor_parallel(
@@ -299,7 +309,7 @@ class Trainer:
                 local = self.model(
                     inputs.input_ids,
                     inputs.positions,
-                    inputs.mask,
+                    self.model_mask(inputs),
                     output=partial(score, inputs.batch),
                 )
             loss = local / denominator

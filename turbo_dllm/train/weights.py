@@ -75,11 +75,22 @@ def _param_device(param: torch.Tensor) -> torch.device:
 
 @torch.no_grad()
 def init_weights(model: nn.Module, config, seed: int) -> None:
-    """HF-style init: linear/embedding weights ~ N(0, initializer_range), norms 1, biases 0."""
+    """HF-style init: linear/embedding weights ~ N(0, initializer_range), norms 1, biases 0.
+
+    A model whose transformers twin initialises some parameters otherwise (zero-centred norms,
+    state-space decays) says so with `initial_value(name, shape, cpu_generator)`, which returns
+    the full tensor or None for the default; its generator is seeded from (seed, name) too.
+    """
     std = config.initializer_range
+    special = getattr(model, "initial_value", None)
     for name, param in named_parameters_clean(model):
         device = _param_device(param)
-        if name.endswith("norm.weight"):
+        value = None
+        if special is not None:
+            value = special(name, param.shape, torch.Generator().manual_seed(_seed_for(seed, name)))
+        if value is not None:
+            full = value.to(device=device, dtype=param.dtype)
+        elif name.endswith("norm.weight"):
             full = torch.ones(param.shape, dtype=param.dtype, device=device)
         elif name.endswith(".bias"):
             full = torch.zeros(param.shape, dtype=param.dtype, device=device)
@@ -112,7 +123,11 @@ def _safetensors_index(folder: Path) -> dict[str, Path]:
 
 @torch.no_grad()
 def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
-    """Load HF-layout safetensors into the model; every parameter must be found."""
+    """Load HF-layout safetensors into the model; every parameter must be found.
+
+    A model may say where else a parameter can sit in a checkpoint (`checkpoint_names(name)`,
+    e.g. the text half of a multimodal folder under another prefix); the first name present wins.
+    """
     from safetensors import safe_open
 
     folder = Path(folder)
@@ -120,7 +135,13 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     wanted = dict(named_parameters_clean(model))
     if config.tie_word_embeddings:
         wanted.pop("lm_head.weight", None)
-    missing = sorted(name for name in wanted if name not in where)
+    aliases = getattr(model, "checkpoint_names", lambda name: (name,))
+    stored: dict[str, str] = {}  # parameter name -> its name in the checkpoint
+    for name in wanted:
+        found = next((alias for alias in aliases(name) if alias in where), None)
+        if found is not None:
+            stored[name] = found
+    missing = sorted(name for name in wanted if name not in stored)
     if missing:
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise DllmError(
@@ -129,12 +150,12 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
         )
     by_file: dict[Path, list[str]] = {}
     for name in wanted:
-        by_file.setdefault(where[name], []).append(name)
+        by_file.setdefault(where[stored[name]], []).append(name)
     for file, names in by_file.items():
         with safe_open(str(file), framework="pt") as handle:
             for name in names:
                 param = wanted[name]
-                tensor = handle.get_tensor(name)
+                tensor = handle.get_tensor(stored[name])
                 if tuple(tensor.shape) != tuple(param.shape):
                     raise DllmError(
                         f"weight {name!r} has shape {tuple(tensor.shape)} in {file.name}, "

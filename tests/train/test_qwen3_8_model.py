@@ -1,0 +1,183 @@
+"""qwen3_8 against transformers' Qwen3_5ForCausalLM, and the HF-layout round trips."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from turbo_dllm.families.qwen3_8.runtime import build_model
+from turbo_dllm.registry import get_family
+from turbo_dllm.train.weights import full_state_dict, materialize, save_hf
+
+transformers = pytest.importorskip("transformers")
+
+VOCAB = 97
+# Both layer kinds, grouped linear values (2 key heads serve 4 value heads), partial RoPE.
+HF_SHAPE = dict(
+    vocab_size=VOCAB,
+    hidden_size=48,
+    intermediate_size=80,
+    num_hidden_layers=3,
+    layer_types=["linear_attention", "full_attention", "linear_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=8,
+    linear_value_head_dim=12,
+    linear_conv_kernel_dim=4,
+    max_position_embeddings=256,
+    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
+)
+
+
+def causal(q, k, v, mask):
+    return F.scaled_dot_product_attention(
+        q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+def hf_model(**extra):
+    torch.manual_seed(0)
+    config = transformers.Qwen3_5TextConfig(**{**HF_SHAPE, **extra})
+    model = transformers.Qwen3_5ForCausalLM(config)
+    with torch.no_grad():  # non-trivial norms and gates, so a wrong mapping shows up
+        for name, param in model.named_parameters():
+            if "norm" in name or "dt_bias" in name or "A_log" in name:
+                param.add_(0.2 * torch.randn_like(param))
+    return model.eval()
+
+
+def ours(folder, backend=causal, kernel="torch"):
+    config = get_family("qwen3_8").resolve_config(path=str(folder), from_config=None)
+    model = build_model(config, backend, linear_attention=kernel)
+    return materialize(model, torch.device("cpu"), seed=0, weights_from=str(folder)).eval()
+
+
+@pytest.mark.parametrize("extra", [{}, {"tie_word_embeddings": True}])
+def test_causal_forward_matches_transformers(tmp_path, extra):
+    hf = hf_model(**extra)
+    hf.save_pretrained(tmp_path)
+    model = ours(tmp_path)
+    ids = torch.randint(0, VOCAB, (2, 40))
+    with torch.no_grad():
+        expected = hf(input_ids=ids).logits
+        got = model(ids, torch.arange(40))
+    torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_recurrent_kernel_gives_the_same_model(tmp_path):
+    hf_model().save_pretrained(tmp_path)
+    ids = torch.randint(0, VOCAB, (1, 24))
+    with torch.no_grad():
+        chunked = ours(tmp_path, kernel="torch")(ids, torch.arange(24))
+        recurrent = ours(tmp_path, kernel="recurrent")(ids, torch.arange(24))
+    torch.testing.assert_close(chunked, recurrent, atol=1e-5, rtol=1e-4)
+
+
+def test_multimodal_folder_reads_the_text_half(tmp_path):
+    """A qwen3_5 folder: text_config, tensors under model.language_model., vision ignored."""
+    from safetensors.torch import load_file, save_file
+
+    text = tmp_path / "text"
+    hf = hf_model()
+    hf.save_pretrained(text)
+    tensors = load_file(str(text / "model.safetensors"))
+    renamed = {
+        ("model.language_model." + k.removeprefix("model.") if k.startswith("model.") else k): v
+        for k, v in tensors.items()
+    }
+    renamed["model.visual.patch_embed.proj.weight"] = torch.zeros(3, 3)
+    mm = tmp_path / "mm"
+    mm.mkdir()
+    save_file(renamed, str(mm / "model.safetensors"))
+    text_config = json.loads((text / "config.json").read_text())
+    (mm / "config.json").write_text(
+        json.dumps({"model_type": "qwen3_5", "text_config": text_config, "vision_config": {}})
+    )
+    ids = torch.randint(0, VOCAB, (1, 16))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ours(mm)(ids, torch.arange(16)), hf(input_ids=ids).logits, atol=2e-5, rtol=1e-4
+        )
+
+
+def test_saved_folder_loads_in_transformers_with_same_logits_and_tensors(tmp_path):
+    config = get_family("qwen3_8").resolve_config(
+        path=None, from_config="tiny", overrides={"mask_token_id": 511}
+    )
+    model = materialize(build_model(config, causal), torch.device("cpu"), seed=3).eval()
+    state = full_state_dict(model)
+    save_hf(state, config, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["mask_token_id"] == 511
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert type(hf).__name__ == "Qwen3_5ForCausalLM"
+    hf_state = hf.state_dict()
+    for name, tensor in state.items():
+        torch.testing.assert_close(hf_state[name], tensor, rtol=0, atol=0)
+    ids = torch.randint(0, 512, (1, 32))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(ids, torch.arange(32)), hf(input_ids=ids).logits, atol=2e-5, rtol=1e-4
+        )
+
+
+def test_random_init_follows_transformers_rules():
+    config = get_family("qwen3_8").resolve_config(path=None, from_config="tiny")
+    model = materialize(build_model(config, causal), torch.device("cpu"), seed=0)
+    params = dict(model.named_parameters())
+    assert torch.all(params["model.layers.0.input_layernorm.weight"] == 0)  # (1 + w) = 1
+    assert torch.all(params["model.layers.1.self_attn.q_norm.weight"] == 0)
+    assert torch.all(params["model.layers.0.linear_attn.norm.weight"] == 1)
+    assert torch.all(params["model.layers.0.linear_attn.dt_bias"] == 1)
+    a = params["model.layers.0.linear_attn.A_log"].exp()
+    assert torch.all((a >= 0.01) & (a <= 16))
+    again = materialize(build_model(config, causal), torch.device("cpu"), seed=0)
+    for name, tensor in again.named_parameters():
+        assert torch.equal(tensor, params[name]), name
+
+
+def test_mask_token_migration_adds_the_token_and_records_it(tmp_path, cli):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.families.qwen3_8.mask_token import migrate_mask_token
+
+    hf_model().save_pretrained(tmp_path)  # vocab_size 97
+    vocab = {f"t{i}": i for i in range(90)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    backend.pre_tokenizer = pre_tokenizers.Whitespace()
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1").save_pretrained(
+        tmp_path
+    )
+    result = cli("model", "add-mask-token", tmp_path, "--json")
+    assert result.code == 0, result.err
+    record = json.loads(result.out)
+    assert record == {
+        "mask_token_id": 90,
+        "dllm_mask_token": "<|mask|>",
+        "dllm_mask_token_id": 90,
+        "dllm_mask_token_original_vocab_size": 90,
+        "dllm_mask_token_migration_version": 1,
+    }
+    tokenizer = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert tokenizer.mask_token == "<|mask|>" and tokenizer.mask_token_id == 90
+    assert migrate_mask_token(tmp_path) == record  # twice: a no-op
+    with pytest.raises(DllmError, match="migrated with the mask token"):
+        migrate_mask_token(tmp_path, "<mask>")
+    # The record travels with the model config (checkpoint metadata, exports).
+    config = get_family("qwen3_8").resolve_config(path=str(tmp_path), from_config=None)
+    written = config.to_hf_dict()
+    assert {k: written[k] for k in record} == record
+    # A tokenizer as long as the embedding leaves no row for the mask token.
+    full = tmp_path / "full"
+    hf_model(vocab_size=90).save_pretrained(full)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1").save_pretrained(
+        full
+    )
+    with pytest.raises(DllmError, match="does not cover"):
+        migrate_mask_token(full)

@@ -1,0 +1,148 @@
+"""qwen3_8 through the trainer on CPU: it learns, resumes bitwise, exports, refuses what it can't."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import torch
+
+from tests.helpers import assert_user_error
+from tests.train.util import losses, metrics, tiny_spec, write_config
+from turbo_dllm.errors import DllmError
+from turbo_dllm.train.entry import train
+
+HYBRID = {
+    "launch": {"seed": 0},
+    "model": {
+        "family": "qwen3_8",
+        "from_config": "tiny",
+        "config_overrides": {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96},
+    },
+    "objective": {"name": "fast_dllm_v2", "block_size": 8},
+    "data": {"synthetic": {"num_sequences": 64, "vocab_size": 512}, "seq_len": 32},
+    "training": {"micro_batch_size": 2, "steps": 10},
+    "optimizer": {"lr": 0.003},
+    "scheduler": {"name": "cosine", "warmup_steps": 2},
+    "checkpoint": {"interval": 5, "keep_last": 2},
+    "logging": {"console": False},
+}
+
+
+def spec(*overrides: str):
+    return tiny_spec(*overrides, base=HYBRID)
+
+
+@pytest.mark.parametrize("objective", ["fast_dllm_v2", "block_diffusion"])
+def test_loss_falls(tmp_path, objective):
+    train(
+        spec(
+            "training.steps=12",
+            "optimizer.lr=0.01",
+            f"objective.name={objective}",
+            "objective.loss_weighting=unit",
+            "checkpoint.interval=null",
+        ),
+        tmp_path,
+    )
+    trace = losses(tmp_path)
+    first, last = sum(trace[:3]) / 3, sum(trace[-3:]) / 3
+    assert last < 0.85 * first, (first, last)
+
+
+def test_resume_reproduces_the_loss_trace_bitwise(tmp_path):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    args = ("training.steps=3", "checkpoint.interval=1", "checkpoint.keep_last=3")
+    train(spec(*args), straight)
+    train(spec(*args), resumed)
+    shutil.rmtree(resumed / "checkpoints/step_00000003")  # as if it crashed after step 2
+    train(spec(*args), resumed)
+    assert [r["step"] for r in metrics(resumed)] == list(range(1, 4))
+    assert losses(resumed) == losses(straight)
+    assert [r["grad_norm"] for r in metrics(resumed)] == [r["grad_norm"] for r in metrics(straight)]
+
+
+def test_cli_train_and_export_reload_in_transformers(cli, tmp_path):
+    transformers = pytest.importorskip("transformers")
+    config = write_config(tmp_path / "train.yaml", "training.steps=2", base=HYBRID)
+    result = cli("train", "--config", config, "--run-dir", tmp_path / "run")
+    assert result.code == 0, result.err
+    assert "linear_attention torch" in result.err  # the kernel choice is reported
+    result = cli("export", "--checkpoint", tmp_path / "run/checkpoints", "--out", tmp_path / "hf")
+    assert result.code == 0, result.err
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path / "hf").eval()
+    assert type(hf).__name__ == "Qwen3_5ForCausalLM"
+
+    import torch.distributed.checkpoint as dcp
+
+    from turbo_dllm.families.qwen3_8.runtime import build_model
+    from turbo_dllm.registry import get_family
+    from turbo_dllm.train.weights import allocate, full_state_dict
+
+    family = get_family("qwen3_8")
+    config = family.resolve_config(path=str(tmp_path / "hf"), from_config=None)
+    model = allocate(build_model(config, None), torch.device("cpu"))
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=str(tmp_path / "run/checkpoints/step_00000002"))
+    model.load_state_dict(state["model"])
+    trained = full_state_dict(model)
+    reloaded = hf.state_dict()
+    for name, tensor in trained.items():
+        assert torch.equal(reloaded[name], tensor), name
+
+
+def test_fla_on_cpu_is_a_user_error(tmp_path):
+    with pytest.raises(DllmError, match="CUDA"):
+        train(
+            spec(
+                "training.steps=1",
+                "scheduler.warmup_steps=0",
+                "model.linear_attention=fla",
+                "objective.block_size=64",
+                "data.seq_len=64",
+            ),
+            tmp_path,
+        )
+
+
+@pytest.mark.parametrize(
+    "override,field,words",
+    [
+        ("topology.cp=2", "topology.cp", "state hand-off"),
+        ("topology.ep=2", "topology.ep", "dense"),
+        ("model.linear_attention=fla", "objective.block_size", "multiple of fla's chunk"),
+        ("model.config_overrides.linear_num_key_heads=3", "topology.tp", "linear_num_key_heads"),
+        ("model.config_overrides.num_hidden_layers=1", "model.config_overrides", "both"),
+    ],
+)
+def test_unsupported_combinations_are_refused_with_the_reason(override, field, words):
+    extra = (
+        ("topology.tp=2", "model.config_overrides.linear_num_value_heads=6")
+        if field == "topology.tp"
+        else ()
+    )
+    with pytest.raises(DllmError) as error:
+        spec(override, *extra)
+    assert field in str(error.value) and words in str(error.value)
+
+
+def test_linear_attention_kernel_is_refused_for_families_without_linear_layers():
+    with pytest.raises(DllmError, match="no linear-attention layers"):
+        tiny_spec("model.linear_attention=fla")
+
+
+def test_sequence_parallelism_is_refused(cli, tmp_path):
+    config = write_config(tmp_path / "t.yaml", "topology.tp=2", "topology.sp=true", base=HYBRID)
+    assert_user_error(cli("config", "validate", "--config", config), "topology.sp")
+
+
+@pytest.mark.slow
+def test_dllm_train_with_block_parallelism_trains_the_single_process_trace(tmp_path):
+    from tests.train.util import torchrun
+
+    bp2 = write_config(tmp_path / "bp2.yaml", "training.steps=3", "topology.bp=2", base=HYBRID)
+    train(spec("training.steps=3"), tmp_path / "one")
+    torchrun(2, "train", "--config", str(bp2), "--run-dir", str(tmp_path / "bp2"), cwd=tmp_path)
+    torch.testing.assert_close(
+        losses(tmp_path / "bp2"), losses(tmp_path / "one"), rtol=1e-5, atol=1e-5
+    )

@@ -1,0 +1,155 @@
+"""Nemotron-Labs-Diffusion: the decoder with its attention variants.
+
+Everything but the attention is the decoder's (`families/decoder/model.py`: embeddings, RMSNorm,
+RoPE, the gated MLP, the LM head and its output hook). The attention adds, as the config asks,
+per-head RMSNorms on q/k (`qk_norm`) and on v (`v_norm`), and a sigmoid output gate per head
+(`attn_output_gate`: `self_attn.g_proj`, hidden -> num_heads, scales each head's output before
+o_proj). A `self_conditioning` module some checkpoints carry gets zero input in training, so it
+is not built (its weights are not read).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from turbo_dllm.families.decoder.model import (
+    Attention,
+    AttentionBackend,
+    DecoderBody,
+    DecoderLM,
+    RMSNorm,
+    _apply_rope,
+    rope_inv_freq,
+)
+from turbo_dllm.families.nemotron_diffusion.config import NemotronConfig
+
+__all__ = ["NemotronAttention", "NemotronLM"]
+
+
+@dataclass(frozen=True)
+class Rotary:
+    """What every attention layer gets in place of the decoder's cos table: cos/sin (YaRN's
+    attention factor applied) and the per-position query scale of llama-4 scaling (or None)."""
+
+    cos: torch.Tensor
+    sin: torch.Tensor
+    q_scale: torch.Tensor | None
+
+
+def yarn_inv_freq(config: NemotronConfig, device=None) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071): inverse frequencies blended between interpolation and
+    extrapolation by a linear ramp over the dims, and the attention factor for cos/sin."""
+    scaling, dim, base = config.rope_scaling, config.head_dim, config.rope_theta
+    factor = float(scaling["factor"])
+    original = float(scaling["original_max_position_embeddings"])
+
+    def mscale(scale: float, m: float = 1.0) -> float:
+        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
+
+    low = correction_dim(float(scaling.get("beta_fast") or 32))
+    high = correction_dim(float(scaling.get("beta_slow") or 1))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = (
+        (torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low)
+    ).clamp(0, 1)
+    freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
+    extrapolate = 1 - ramp
+    inv_freq = (1.0 / (factor * freqs)) * (1 - extrapolate) + (1.0 / freqs) * extrapolate
+    return inv_freq, float(attention)
+
+
+def rotary(config: NemotronConfig, positions: torch.Tensor, dtype: torch.dtype) -> Rotary:
+    if config.is_yarn:
+        inv_freq, attention = yarn_inv_freq(config, positions.device)
+    else:
+        inv_freq, attention = rope_inv_freq(config, positions.device), 1.0
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    scaling = config.rope_scaling or {}
+    q_scale = None
+    beta = scaling.get("llama_4_scaling_beta")
+    if beta is not None:  # 1 + beta log(1 + floor(pos / original)), per position
+        original = float(scaling["original_max_position_embeddings"])
+        q_scale = (1 + beta * torch.log1p(torch.floor(positions.float() / original))).to(dtype)
+    return Rotary((emb.cos() * attention).to(dtype), (emb.sin() * attention).to(dtype), q_scale)
+
+
+class NemotronBody(DecoderBody):
+    """The decoder body with Nemotron's RoPE (YaRN, llama-4 query scaling) handed to the layers."""
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: Any) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        autocast = torch.is_autocast_enabled(x.device.type)
+        dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+        tables = rotary(self.config, positions, dtype)
+        for layer in self.layers:
+            x = layer(x, tables, None, mask)
+        return self.norm(x)
+
+
+class NemotronAttention(Attention):
+    def __init__(self, config: NemotronConfig, backend: AttentionBackend) -> None:
+        super().__init__(config, backend)
+        self.v_norm = RMSNorm(config.head_dim, config.rms_norm_eps) if config.v_norm else None
+        self.g_proj = (
+            nn.Linear(config.hidden_size, config.num_attention_heads, bias=False)
+            if config.attn_output_gate
+            else None
+        )
+
+    def forward(self, x: torch.Tensor, tables: Rotary, _unused: Any, mask: Any) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        q = self.q_proj(x).view(batch, seq, -1, self.head_dim)
+        k = self.k_proj(x).view(batch, seq, -1, self.head_dim)
+        v = self.v_proj(x).view(batch, seq, -1, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        if self.v_norm is not None:
+            v = self.v_norm(v)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        q, k = _apply_rope(q, tables.cos, tables.sin), _apply_rope(k, tables.cos, tables.sin)
+        if tables.q_scale is not None:  # (S,) or (B, S) over (B, H, S, D)
+            scale = tables.q_scale
+            q = q * (scale[:, None, :, None] if scale.dim() == 2 else scale[:, None])
+        q, k = q.to(v.dtype), k.to(v.dtype)
+        out = self.backend(q, k, v, mask).transpose(1, 2)  # (B, S, heads, D)
+        if self.g_proj is not None:
+            out = out * torch.sigmoid(self.g_proj(x))[..., None].to(out.dtype)
+        return self.o_proj(out.reshape(batch, seq, -1))
+
+
+class NemotronLM(DecoderLM):
+    """The decoder LM whose layers attend through `NemotronAttention`."""
+
+    def __init__(self, config: NemotronConfig, backend: AttentionBackend) -> None:
+        nn.Module.__init__(self)
+        self.config = config
+        self.model = NemotronBody(config, backend)
+        for layer in self.model.layers:
+            layer.self_attn = NemotronAttention(config, backend)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    @staticmethod
+    def checkpoint_names(name: str) -> tuple[str, ...]:
+        """Published checkpoints keep the decoder under `model.encoder.` as well."""
+        if name.startswith("model."):
+            return (name, "model.encoder." + name.removeprefix("model."))
+        return (name,)

@@ -1,0 +1,83 @@
+"""Qwen3.8 (transformers' `qwen3_5`): the Gated DeltaNet / full-attention hybrid, family `qwen3_8`.
+
+Torch-free: the descriptor the registry lists and its RunSpec rules. The torch half is `runtime`
+(model.py, gated_delta.py, parallelize.py); the config reader and presets are `config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turbo_dllm.families.base import Family
+from turbo_dllm.families.qwen3_8.config import (
+    GDN_CHUNK,
+    MODEL_TYPES,
+    PRESETS,
+    Qwen38Config,
+    tensor_parallel_problems,
+)
+
+__all__ = ["QWEN3_8"]
+
+_CONTEXT = (
+    "the linear layers capture the clean stream's recurrent state at every block boundary on "
+    "one rank; sharding the clean stream over ranks needs a cross-rank state hand-off, which "
+    "this version does not have (block parallelism with cp 1 keeps it whole: use bp)"
+)
+
+
+def _rules(spec: Any, config: Qwen38Config) -> list[tuple[str, str]]:
+    found = [("topology.tp", m) for m in tensor_parallel_problems(config, spec.topology.tp)]
+    objective = spec.objective
+    if "linear_attention" not in config.layer_types or "full_attention" not in config.layer_types:
+        found.append(
+            (
+                "model.config_overrides",
+                "layer_types must hold both linear_attention and "
+                "full_attention layers (Qwen3.8 is the hybrid)",
+            )
+        )
+    if spec.model.linear_attention == "fla" and objective.block_size % GDN_CHUNK:
+        found.append(
+            (
+                "objective.block_size",
+                f"{objective.block_size} is not a multiple of fla's chunk ({GDN_CHUNK}): the "
+                "clean stream's state is captured at block boundaries, which must be chunk "
+                "boundaries",
+            )
+        )
+    mask = config.mask_token_id
+    if mask is not None and objective.mask_token_id not in (None, mask):
+        found.append(
+            (
+                "objective.mask_token_id",
+                f"{objective.mask_token_id} is not the checkpoint's mask token ({mask}, from its "
+                "mask-token migration)",
+            )
+        )
+    if objective.name == "fast_dllm_v2":
+        if objective.loss_weighting not in (None, "unit"):
+            found.append(("objective.loss_weighting", "fast_dllm_v2 on qwen3_8 uses unit weights"))
+        if not objective.antithetic:
+            found.append(("objective.antithetic", "fast_dllm_v2 on qwen3_8 samples antithetic t"))
+    return found
+
+
+QWEN3_8 = Family(
+    name="qwen3_8",
+    summary="Qwen3.8 / Qwen3.5 hybrid (Gated DeltaNet + gated full attention) for block diffusion",
+    model_types=MODEL_TYPES,
+    objectives=("fast_dllm_v2", "block_diffusion"),
+    axes=frozenset({"fsdp", "tp", "bp"}),
+    presets=PRESETS,
+    read_config=Qwen38Config.from_hf_dict,
+    runtime_module="turbo_dllm.families.qwen3_8.runtime",
+    rules=_rules,
+    axis_reasons={
+        "cp": _CONTEXT,
+        "sp": "sequence parallelism would split the clean stream the linear layers' state "
+        "capture reads whole",
+        "ep": "Qwen3.8 is dense (no experts)",
+    },
+    model_options=("linear_attention",),
+)

@@ -1,0 +1,398 @@
+"""The Qwen3.8 hybrid's shape, read from (and written back to) a Hugging Face `config.json`.
+
+Qwen3.8 is transformers' `qwen3_5` model: a stack of Gated DeltaNet (linear attention) layers
+with a full-attention layer every few (`layer_types`), SwiGLU MLPs and zero-centred RMSNorms.
+A `qwen3_5` folder is the multimodal checkpoint: its text half is `text_config` (and its tensors
+sit under `model.language_model.`); a `qwen3_5_text` folder is the text model alone. Both are
+read into one frozen dataclass; it writes `qwen3_5_text` (`Qwen3_5ForCausalLM`) back.
+
+Torch-free: the registry and validation import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.families.decoder.config import _token_ids
+
+__all__ = [
+    "GDN_CHUNK",
+    "LAYER_KINDS",
+    "MODEL_TYPES",
+    "PRESETS",
+    "Qwen38Config",
+    "tensor_parallel_problems",
+]
+
+MODEL_TYPES = ("qwen3_5", "qwen3_5_text")
+LAYER_KINDS = ("linear_attention", "full_attention")
+# The chunk length of the chunked Gated DeltaNet kernels (fla's and our torch reference): the
+# clean stream's recurrent state is captured at block boundaries, which must be chunk boundaries.
+GDN_CHUNK = 64
+
+
+def _hybrid(layers: int, every: int = 4) -> list[str]:
+    """Qwen3.5's default pattern: three linear-attention layers, then one full attention."""
+    return ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
+
+
+_TINY = {
+    "model_type": "qwen3_5_text",
+    "vocab_size": 512,
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "layer_types": ["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 32,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 4,
+    "linear_key_head_dim": 32,
+    "linear_value_head_dim": 32,
+    "linear_conv_kernel_dim": 4,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000.0,
+        "partial_rotary_factor": 0.25,
+    },
+    "max_position_embeddings": 8192,
+    "tie_word_embeddings": True,
+}
+
+# The published Qwen3.8-27B text config's shapes (64 layers, full attention every 4th), and the
+# same layer shapes with 8 layers for single-GPU benchmarks.
+_27B = {
+    "model_type": "qwen3_5_text",
+    "vocab_size": 248320,
+    "hidden_size": 5120,
+    "intermediate_size": 17408,
+    "num_hidden_layers": 64,
+    "layer_types": _hybrid(64),
+    "num_attention_heads": 24,
+    "num_key_value_heads": 4,
+    "head_dim": 256,
+    "linear_num_key_heads": 16,
+    "linear_num_value_heads": 48,
+    "linear_key_head_dim": 128,
+    "linear_value_head_dim": 128,
+    "linear_conv_kernel_dim": 4,
+    "rms_norm_eps": 1e-6,
+    "rope_parameters": {
+        "rope_type": "default",
+        "rope_theta": 10000000.0,
+        "partial_rotary_factor": 0.25,
+        "mrope_section": [11, 11, 10],
+        "mrope_interleaved": True,
+    },
+    "max_position_embeddings": 262144,
+    "tie_word_embeddings": False,
+}
+PRESETS: dict[str, dict[str, Any]] = {
+    "tiny": _TINY,
+    "qwen3.8-27b": _27B,
+    "qwen3.8-27b-8l": {**_27B, "num_hidden_layers": 8, "layer_types": _hybrid(8)},
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Qwen38Config:
+    """Everything the hybrid needs; field names follow transformers' Qwen3_5TextConfig."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    layer_types: tuple[str, ...]
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int = 4
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    partial_rotary_factor: float = 0.25
+    mrope_section: tuple[int, ...] = (11, 11, 10)
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False
+    hidden_act: str = "silu"
+    initializer_range: float = 0.02
+    mask_token_id: int | None = None
+    # The source's special token ids, kept so an export can generate (written when known).
+    bos_token_id: int | None = None
+    eos_token_id: int | tuple[int, ...] | None = None
+    pad_token_id: int | None = None
+    # The mask-token migration's record (mask_token.py), carried into checkpoints and exports.
+    dllm_mask_token: str | None = None
+    dllm_mask_token_original_vocab_size: int | None = None
+    dllm_mask_token_migration_version: int | None = None
+    # What the decoder's gated MLP reads (Qwen3.5's MLPs have no biases).
+    mlp_bias: bool = False
+
+    def __post_init__(self) -> None:
+        problems = []
+        if self.model_type not in MODEL_TYPES:
+            problems.append(
+                f"model_type {self.model_type!r} is not one of {', '.join(MODEL_TYPES)}"
+            )
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+            "linear_conv_kernel_dim",
+        ):
+            if int(getattr(self, name)) <= 0:
+                problems.append(f"{name} must be positive (got {getattr(self, name)!r})")
+        if len(self.layer_types) != self.num_hidden_layers:
+            problems.append(
+                f"layer_types has {len(self.layer_types)} entries for "
+                f"{self.num_hidden_layers} layers"
+            )
+        unknown = sorted(set(self.layer_types) - set(LAYER_KINDS))
+        if unknown:
+            problems.append(f"layer_types holds {unknown} (known: {', '.join(LAYER_KINDS)})")
+        if self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads:
+            problems.append("num_attention_heads must be a multiple of num_key_value_heads")
+        if self.linear_num_key_heads > 0 and (
+            self.linear_num_value_heads % self.linear_num_key_heads
+        ):
+            problems.append("linear_num_value_heads must be a multiple of linear_num_key_heads")
+        if self.rotary_dim % 2 or self.rotary_dim <= 0:
+            problems.append(
+                f"head_dim x partial_rotary_factor = {self.rotary_dim} must be a positive even number"
+            )
+        if self.hidden_act != "silu":
+            problems.append(f"hidden_act {self.hidden_act!r} is not supported (Qwen3.5 uses silu)")
+        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
+            problems.append(
+                f"mask_token_id {self.mask_token_id} is outside the vocabulary ({self.vocab_size})"
+            )
+        if problems:
+            raise DllmError(
+                "model config is not usable:\n" + "\n".join(f"  - {p}" for p in problems),
+                hint="fix config.json or model.config_overrides",
+            )
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def num_linear_layers(self) -> int:
+        return self.layer_types.count("linear_attention")
+
+    @property
+    def num_full_layers(self) -> int:
+        return self.layer_types.count("full_attention")
+
+    # --- Hugging Face config.json ---------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any]) -> Qwen38Config:
+        """Read a `qwen3_5` (multimodal: its `text_config`) or `qwen3_5_text` config dict."""
+        model_type = hf.get("model_type")
+        if model_type not in MODEL_TYPES:
+            raise DllmError(
+                f"config.json is a {model_type!r} model, not one of {', '.join(MODEL_TYPES)}"
+            )
+        text = dict(hf)
+        if model_type == "qwen3_5":
+            nested = hf.get("text_config")
+            if not isinstance(nested, dict):
+                raise DllmError("a qwen3_5 config.json needs a text_config object")
+            # Root keys (overrides, the mask token, tying) win over the nested defaults.
+            text = {**nested, **{k: v for k, v in hf.items() if k not in ("text_config",)}}
+            text.pop("vision_config", None)
+        try:
+            layers = int(text["num_hidden_layers"])
+            heads = int(text["num_attention_heads"])
+            rope = dict(text.get("rope_parameters") or {})
+            layer_types = text.get("layer_types")
+            if layer_types is None or "full_attention_interval" in text:
+                layer_types = _hybrid(layers, int(text.get("full_attention_interval", 4)))
+            # A num_hidden_layers override (model.config_overrides) keeps the first layers.
+            layer_types = list(layer_types)[:layers]
+            return cls(
+                model_type="qwen3_5_text",
+                vocab_size=int(text["vocab_size"]),
+                hidden_size=int(text["hidden_size"]),
+                intermediate_size=int(text["intermediate_size"]),
+                num_hidden_layers=layers,
+                layer_types=tuple(str(kind) for kind in layer_types),
+                num_attention_heads=heads,
+                num_key_value_heads=int(text.get("num_key_value_heads") or heads),
+                head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
+                linear_num_key_heads=int(text["linear_num_key_heads"]),
+                linear_num_value_heads=int(text["linear_num_value_heads"]),
+                linear_key_head_dim=int(text["linear_key_head_dim"]),
+                linear_value_head_dim=int(text["linear_value_head_dim"]),
+                linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+                rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
+                partial_rotary_factor=float(
+                    rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
+                ),
+                mrope_section=tuple(int(x) for x in rope.get("mrope_section", (11, 11, 10))),
+                max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
+                tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
+                attention_bias=bool(text.get("attention_bias", False)),
+                hidden_act=str(text.get("hidden_act") or "silu"),
+                initializer_range=float(text.get("initializer_range", 0.02)),
+                mask_token_id=(
+                    None if text.get("mask_token_id") is None else int(text["mask_token_id"])
+                ),
+                bos_token_id=_token_ids(text.get("bos_token_id")),
+                eos_token_id=_token_ids(text.get("eos_token_id"), several=True),
+                pad_token_id=_token_ids(text.get("pad_token_id")),
+                dllm_mask_token=text.get("dllm_mask_token"),
+                dllm_mask_token_original_vocab_size=text.get("dllm_mask_token_original_vocab_size"),
+                dllm_mask_token_migration_version=text.get("dllm_mask_token_migration_version"),
+            )
+        except KeyError as missing:
+            raise DllmError(
+                f"config.json lacks the field {missing.args[0]!r}",
+                hint="a Qwen3.5 / Qwen3.8 config.json from Hugging Face has it",
+            ) from None
+        except (TypeError, ValueError) as error:
+            raise DllmError(f"config.json has a bad value: {error}") from None
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A `qwen3_5_text` config.json that transformers loads into `Qwen3_5ForCausalLM`."""
+        out: dict[str, Any] = {
+            "architectures": ["Qwen3_5ForCausalLM"],
+            "model_type": "qwen3_5_text",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "layer_types": list(self.layer_types),
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "linear_num_key_heads": self.linear_num_key_heads,
+            "linear_num_value_heads": self.linear_num_value_heads,
+            "linear_key_head_dim": self.linear_key_head_dim,
+            "linear_value_head_dim": self.linear_value_head_dim,
+            "linear_conv_kernel_dim": self.linear_conv_kernel_dim,
+            "hidden_act": self.hidden_act,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_parameters": {
+                "rope_type": "default",
+                "rope_theta": self.rope_theta,
+                "partial_rotary_factor": self.partial_rotary_factor,
+                "mrope_section": list(self.mrope_section),
+                "mrope_interleaved": True,
+            },
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "attention_bias": self.attention_bias,
+            "attention_dropout": 0.0,
+            "initializer_range": self.initializer_range,
+            "torch_dtype": "float32",
+        }
+        if self.mask_token_id is not None:
+            out["mask_token_id"] = self.mask_token_id
+        for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = list(value) if isinstance(value, tuple) else value
+        if self.dllm_mask_token is not None:
+            out.update(
+                dllm_mask_token=self.dllm_mask_token,
+                dllm_mask_token_id=self.mask_token_id,
+                dllm_mask_token_original_vocab_size=self.dllm_mask_token_original_vocab_size,
+                dllm_mask_token_migration_version=self.dllm_mask_token_migration_version,
+            )
+        return out
+
+    # --- sizes ----------------------------------------------------------------------------
+    @property
+    def linear_key_dim(self) -> int:
+        return self.linear_num_key_heads * self.linear_key_head_dim
+
+    @property
+    def linear_value_dim(self) -> int:
+        return self.linear_num_value_heads * self.linear_value_head_dim
+
+    def _full_matmul_params(self) -> int:
+        h, d = self.hidden_size, self.head_dim
+        q_and_gate = h * 2 * self.num_attention_heads * d
+        kv = 2 * h * self.num_key_value_heads * d
+        return q_and_gate + kv + self.num_attention_heads * d * h
+
+    def _linear_matmul_params(self) -> int:
+        h, heads = self.hidden_size, self.linear_num_value_heads
+        qkv = h * (2 * self.linear_key_dim + self.linear_value_dim)
+        return qkv + h * self.linear_value_dim + 2 * h * heads + self.linear_value_dim * h
+
+    @property
+    def body_matmul_params(self) -> int:
+        mlp = 3 * self.hidden_size * self.intermediate_size
+        return (
+            self.num_full_layers * self._full_matmul_params()
+            + self.num_linear_layers * self._linear_matmul_params()
+            + self.num_hidden_layers * mlp
+        )
+
+    @property
+    def head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def num_params(self) -> int:
+        h = self.hidden_size
+        conv = (2 * self.linear_key_dim + self.linear_value_dim) * self.linear_conv_kernel_dim
+        linear_extra = conv + 2 * self.linear_num_value_heads + self.linear_value_head_dim
+        norms = self.num_hidden_layers * 2 * h + self.num_full_layers * 2 * self.head_dim
+        embeddings = self.head_params * (1 if self.tie_word_embeddings else 2)
+        return (
+            self.body_matmul_params + self.num_linear_layers * linear_extra + norms + embeddings + h
+        )
+
+    def step_flops(self, *, stream_tokens: int, scored_tokens: int, pairs: int) -> float:
+        """Model FLOPs of one forward+backward: 6 x matmul params per token, plus the mixers.
+
+        Softmax attention: 12 x head_dim x heads per allowed (query, key) pair, on the full
+        layers. Gated DeltaNet (chunked, chunk C): per token and value head, the intra-chunk
+        products (2C(Dk + Dv)) and the state read, correction and update (6 Dk Dv), forward,
+        times three for forward+backward.
+        """
+        body = 6.0 * self.body_matmul_params * stream_tokens
+        head = 6.0 * self.head_params * scored_tokens
+        attention = 12.0 * self.head_dim * self.num_attention_heads * self.num_full_layers * pairs
+        dk, dv = self.linear_key_head_dim, self.linear_value_head_dim
+        per_token = self.linear_num_value_heads * (2 * GDN_CHUNK * (dk + dv) + 6 * dk * dv)
+        linear = 3.0 * per_token * self.num_linear_layers * stream_tokens
+        return body + head + attention + linear
+
+
+def tensor_parallel_problems(config: Qwen38Config, tp: int) -> list[str]:
+    """Why `config` cannot be split over `tp` ranks; empty when it can."""
+    if tp <= 1:
+        return []
+    found = []
+    for field in (
+        "num_attention_heads",
+        "num_key_value_heads",
+        "intermediate_size",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+    ):
+        value = getattr(config, field)
+        if value % tp:
+            found.append(f"{field} = {value} is not divisible by topology.tp = {tp}")
+    return found

@@ -1,0 +1,197 @@
+"""The gated delta rule (Gated DeltaNet's token mixer) with its state captured at block boundaries.
+
+Per value head, with a state S (Dk x Dv) that starts at `initial_state` (zeros by default):
+
+    S_t = exp(g_t) S_{t-1} + k_t (beta_t (v_t - (exp(g_t) S_{t-1})^T k_t))^T      (decay, then delta)
+    o_t = S_t^T q_t
+
+q and k are L2-normalised per head and q is scaled by Dk^-1/2 (as fla's
+`use_qk_l2norm_in_kernel`); when there are fewer key heads than value heads each key head
+serves consecutive value heads. Block diffusion needs, besides the outputs, the state *before*
+every block of the clean stream (`capture_every`): each noisy block restarts from it.
+
+Three forms, one contract (`gated_delta_rule`):
+- `recurrent`: the token loop above, the plain definition (tests);
+- `torch`: the chunked (WY / UT-transform) form in torch, chunks of `chunk` tokens: the intra-chunk
+  part as matmuls, a scan over chunks; the CPU reference and the training path without fla;
+- `fla`: flash-linear-attention's Triton `chunk_gated_delta_rule` (GPU), one call per block when
+  states are captured (its initial and final states are differentiable).
+
+Gradients flow through every captured state in all three (plain autograd, or fla's backward).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["KERNELS", "gated_delta_rule", "l2norm"]
+
+KERNELS = ("torch", "fla", "recurrent")
+_FLA_CHUNK = 64
+
+
+def l2norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
+    """x / sqrt(sum(x^2) + eps) over the last dim (fla's and transformers' form)."""
+    return x * torch.rsqrt((x * x).sum(-1, keepdim=True) + eps)
+
+
+def _heads_first(q, k, v, g, beta):
+    """(B, T, H, D) -> (B, H, T, D) in float32 (float64 stays), q/k normalised and repeated."""
+    dtype = torch.promote_types(v.dtype, torch.float32)
+    groups = v.shape[2] // k.shape[2]
+    if groups > 1:  # grouped values: key head j serves value heads j*groups .. j*groups+groups-1
+        q, k = q.repeat_interleave(groups, dim=2), k.repeat_interleave(groups, dim=2)
+    q, k, v, g, beta = (x.transpose(1, 2).to(dtype) for x in (q, k, v, g, beta))
+    q, k = l2norm(q), l2norm(k)
+    return q * q.shape[-1] ** -0.5, k, v, g, beta
+
+
+def _recurrent(q, k, v, g, beta, state, capture_every):
+    outputs, captured = [], []
+    for t in range(q.shape[2]):
+        if capture_every and t % capture_every == 0:
+            captured.append(state)
+        state = state * g[:, :, t].exp()[..., None, None]
+        remembered = (state * k[:, :, t, :, None]).sum(-2)
+        delta = (v[:, :, t] - remembered) * beta[:, :, t, None]
+        state = state + k[:, :, t, :, None] * delta[:, :, None, :]
+        outputs.append((state * q[:, :, t, :, None]).sum(-2))
+    return torch.stack(outputs, 2), captured, state
+
+
+def _unit_lower_inverse(strict: torch.Tensor) -> torch.Tensor:
+    """(I + N)^-1 for strictly lower-triangular N: (I - N)(I + N^2)(I + N^4)... (N is nilpotent).
+
+    log2(chunk) batched matmuls; batched LAPACK triangular solves on many small matrices are
+    orders of magnitude slower on CPU.
+    """
+    eye = torch.eye(strict.shape[-1], dtype=strict.dtype, device=strict.device)
+    inverse, power = eye - strict, strict
+    for _ in range(max(strict.shape[-1] - 1, 1).bit_length() - 1):
+        power = power @ power
+        inverse = inverse @ (eye + power)
+    return inverse
+
+
+def _chunked(q, k, v, g, beta, state, capture_every, chunk):
+    B, H, T, Dk = k.shape
+    n = T // chunk
+    q, k, v = (x.reshape(B, H, n, chunk, x.shape[-1]) for x in (q, k, v))
+    g, beta = g.reshape(B, H, n, chunk), beta.reshape(B, H, n, chunk)
+    g = g.cumsum(-1)  # log decay from the chunk start to each position (inclusive)
+    causal = torch.ones(chunk, chunk, dtype=torch.bool, device=q.device).tril()
+    # decay[i, j] = exp(g_i - g_j) for j <= i: what the state written at j has lost by i.
+    decay = (g[..., :, None] - g[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    k_beta, v_beta = k * beta[..., None], v * beta[..., None]
+    # The UT transform: the chunk's delta-rule updates as one unit lower-triangular system.
+    inverse = _unit_lower_inverse(((k_beta @ k.transpose(-1, -2)) * decay).tril(-1))
+    new_values = inverse @ v_beta
+    state_keys = inverse @ (k_beta * g.exp()[..., None])
+    intra = (q @ k.transpose(-1, -2)) * decay
+    q_decayed = q * g.exp()[..., None]
+    k_decayed = k * (g[..., -1:] - g).exp()[..., None]
+    chunk_decay = g[..., -1].exp()[..., None, None]
+    outputs, captured = [], []
+    every = capture_every // chunk if capture_every else 0
+    for i in range(n):
+        if every and i % every == 0:
+            captured.append(state)
+        corrected = new_values[:, :, i] - state_keys[:, :, i] @ state
+        outputs.append(q_decayed[:, :, i] @ state + intra[:, :, i] @ corrected)
+        state = state * chunk_decay[:, :, i] + k_decayed[:, :, i].transpose(-1, -2) @ corrected
+    return torch.stack(outputs, 2).reshape(B, H, T, -1), captured, state
+
+
+@torch.compiler.disable  # fla's autograd Functions launch their own Triton kernels
+def _fla(q, k, v, g, beta, initial_state, capture_every):
+    if q.device.type != "cuda":
+        raise DllmError(
+            "model.linear_attention 'fla' runs on CUDA GPUs only",
+            hint="set model.linear_attention: torch for CPU runs",
+        )
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except ImportError:
+        raise DllmError(
+            "model.linear_attention 'fla' needs the flash-linear-attention package",
+            hint="pip install 'turbo-dllm[gdn]' (flash-linear-attention), or set "
+            "model.linear_attention: torch",
+        ) from None
+    # fla >= 0.6 groups value heads over key heads itself (GVA), as transformers calls it.
+    B, T, H = v.shape[:3]
+    state = initial_state
+    if state is None:
+        state = q.new_zeros(B, H, q.shape[-1], v.shape[-1], dtype=torch.float32)
+    span = capture_every or T
+    outputs, captured = [], []
+    for start in range(0, T, span):
+        if capture_every:
+            captured.append(state)
+        piece = slice(start, start + span)
+        out, state = chunk_gated_delta_rule(
+            q[:, piece].contiguous(),
+            k[:, piece].contiguous(),
+            v[:, piece].contiguous(),
+            g=g[:, piece].float().contiguous(),
+            beta=beta[:, piece].contiguous(),
+            initial_state=state,
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
+        outputs.append(out)
+    return torch.cat(outputs, 1), captured, state
+
+
+def gated_delta_rule(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    *,
+    kernel: str = "torch",
+    initial_state: torch.Tensor | None = None,
+    capture_every: int | None = None,
+    chunk: int = _FLA_CHUNK,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """The gated delta rule over (B, T, H, D) inputs; returns (out, captured, final state).
+
+    q, k: (B, T, Hk, Dk); v: (B, T, Hv, Dv); g (log decay, <= 0), beta: (B, T, Hv);
+    initial_state: (B, Hv, Dk, Dv). With `capture_every` = b (T % b == 0), `captured` is
+    (B, T / b, Hv, Dk, Dv): the state before tokens 0, b, 2b, ... (the first is the initial
+    state). The output has v's dtype; states are float32 (float64 inputs stay float64).
+    """
+    if kernel not in KERNELS:
+        raise DllmError(f"unknown linear-attention kernel {kernel!r}", hint="use torch or fla")
+    T = q.shape[1]
+    if capture_every is not None and T % capture_every:
+        raise ValueError(f"{T} tokens are not a whole number of {capture_every}-token blocks")
+    if kernel == "fla":
+        out, captured, final = _fla(q, k, v, g, beta, initial_state, capture_every)
+    else:
+        qh, kh, vh, gh, bh = _heads_first(q, k, v, g, beta)
+        B, H, _, Dk = kh.shape
+        state = (
+            torch.zeros(B, H, Dk, vh.shape[-1], dtype=vh.dtype, device=vh.device)
+            if initial_state is None
+            else initial_state.to(vh.dtype)
+        )
+        if kernel == "recurrent":
+            out, captured, final = _recurrent(qh, kh, vh, gh, bh, state, capture_every)
+        else:
+            # Chunks must tile every captured block: the largest chunk <= `chunk` that does.
+            size = math.gcd(chunk, capture_every) if capture_every else chunk
+            pad = (size - T % size) % size
+            if pad:  # zero keys and values leave the state alone, but g decays: pad g with 0
+                qh, kh, vh = (F.pad(x, (0, 0, 0, pad)) for x in (qh, kh, vh))
+                gh, bh = F.pad(gh, (0, pad)), F.pad(bh, (0, pad))
+            out, captured, final = _chunked(qh, kh, vh, gh, bh, state, capture_every, size)
+            out = out[:, :, :T]
+        out = out.transpose(1, 2).to(v.dtype)
+    stacked = torch.stack(captured, 1) if capture_every else None
+    return out, stacked, final

@@ -1,0 +1,91 @@
+"""The mask-token migration: give a Qwen3.8 checkpoint folder the mask token diffusion needs.
+
+Qwen3.5/3.8 tokenizers have no mask token, but the checkpoint's embedding has spare rows past
+the tokenizer (vocab_size > len(tokenizer)). The migration adds the token (recipes use
+`<|mask|>`) to the tokenizer as a special token, so its id is the old tokenizer length, checks
+that id has an embedding row, and records it in config.json: `mask_token_id` (what this family's
+config reader and `dllm data prepare` read) and the migration record `dllm_mask_token`,
+`dllm_mask_token_id`, `dllm_mask_token_original_vocab_size` (the tokenizer length before),
+`dllm_mask_token_migration_version` = 1. The record travels in every checkpoint's model config
+and in exported folders. Migrating twice is a no-op; a folder migrated with another token is
+refused.
+
+Torch-free (transformers' tokenizer only).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import write_atomic
+
+__all__ = ["MIGRATION_VERSION", "migrate_mask_token"]
+
+MIGRATION_VERSION = 1
+
+
+def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict[str, Any]:
+    """Add `mask_token` to the tokenizer in `folder` and record it in its config.json.
+
+    Returns the migration record. The tokenizer files and config.json are rewritten in place.
+    """
+    from transformers import AutoTokenizer
+
+    folder = Path(folder)
+    config_path = folder / "config.json"
+    try:
+        config = json.loads(config_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DllmError(f"cannot read {str(config_path)!r}: {error}") from None
+    done = config.get("dllm_mask_token")
+    if done is not None:
+        if done != mask_token:
+            raise DllmError(
+                f"{str(folder)!r} was migrated with the mask token {done!r}, not {mask_token!r}",
+                hint=f"use {done!r}",
+            )
+        return _record(config)
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    original = len(tokenizer)
+    if mask_token in tokenizer.get_vocab():
+        raise DllmError(
+            f"the tokenizer in {str(folder)!r} already has {mask_token!r} as an ordinary token",
+            hint="choose a mask token the tokenizer does not have",
+        )
+    tokenizer.add_special_tokens({"mask_token": mask_token})
+    mask_id = tokenizer.convert_tokens_to_ids(mask_token)
+    text = config.get("text_config") if config.get("model_type") == "qwen3_5" else None
+    vocab = int((text or config).get("vocab_size", 0))
+    if mask_id != original or mask_id >= vocab:
+        raise DllmError(
+            f"the mask token would get id {mask_id}, which the checkpoint's embedding "
+            f"({vocab} rows) does not cover",
+            hint="the tokenizer must be shorter than the model's vocab_size",
+        )
+    tokenizer.save_pretrained(str(folder))
+    record = {
+        "mask_token_id": mask_id,
+        "dllm_mask_token": mask_token,
+        "dllm_mask_token_id": mask_id,
+        "dllm_mask_token_original_vocab_size": original,
+        "dllm_mask_token_migration_version": MIGRATION_VERSION,
+    }
+    config.update(record)
+    if text is not None:
+        text["mask_token_id"] = mask_id
+    write_atomic(config_path, json.dumps(config, indent=2) + "\n")
+    return record
+
+
+def _record(config: dict[str, Any]) -> dict[str, Any]:
+    keys = (
+        "mask_token_id",
+        "dllm_mask_token",
+        "dllm_mask_token_id",
+        "dllm_mask_token_original_vocab_size",
+        "dllm_mask_token_migration_version",
+    )
+    return {key: config.get(key) for key in keys}

@@ -1,0 +1,369 @@
+"""The Qwen3.8 hybrid (transformers' `qwen3_5` text model) on the block-diffusion stream.
+
+Parameter names mirror `Qwen3_5ForCausalLM`'s (`model.layers.0.linear_attn.in_proj_qkv.weight`).
+Two token mixers, by `layer_types`:
+
+* full attention (`self_attn`): q_proj emits each head's query and an output gate side by side
+  (2 x head_dim per head), zero-centred RMSNorms on q and k, RoPE on the first
+  head_dim x partial_rotary_factor dims, out = attention * sigmoid(gate) -> o_proj. It attends
+  through the trainer's backend with the block-diffusion mask, like the decoder.
+* Gated DeltaNet (`linear_attn`): in_proj_qkv -> causal depthwise conv (+ SiLU) -> q, k, v;
+  beta = sigmoid(in_proj_b); log decay g = -exp(A_log) softplus(in_proj_a + dt_bias); the gated
+  delta rule (`gated_delta`); a gated RMSNorm with z = in_proj_z -> out_proj.
+
+A recurrent mixer cannot take the block-diffusion mask, so the stream [x_t ; x_0] is run the
+way the mask says (docs/architecture.md, "Block-diffusion semantics"): the clean half x_0 once,
+causally, capturing the recurrent state and the convolution's input window at every block
+boundary; every noisy block then restarts from the clean prefix before it (state and conv window),
+all blocks as one batch, so no noisy block sees another's tokens. Gradients flow through the
+captured states. A forward without a layout (`HybridMask.layout is None`) is one causal sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.families.decoder.model import MLP
+from turbo_dllm.families.qwen3_8.config import Qwen38Config
+from turbo_dllm.families.qwen3_8.gated_delta import KERNELS, gated_delta_rule
+from turbo_dllm.train.attention.layout import BlockDiffusionLayout
+
+__all__ = [
+    "GatedAttention",
+    "GatedDeltaNet",
+    "HybridLM",
+    "HybridMask",
+    "ZeroCenteredRMSNorm",
+]
+
+
+@dataclass(frozen=True)
+class HybridMask:
+    """What the hybrid's layers need of a micro-batch: the attention mask and the stream layout.
+
+    `attention` goes to the full-attention backend unchanged; `layout` tells the linear layers
+    where the noisy and clean halves and the blocks are (None: one plain causal sequence).
+    """
+
+    attention: Any
+    layout: BlockDiffusionLayout | None = None
+    # Block parallelism (CSBP with cp = 1): this rank's noisy blocks (global ids, stream order);
+    # the stream is [those blocks ; the clean prefix up to the last of them]. None: all blocks.
+    noisy_blocks: tuple[int, ...] | None = None
+
+
+class ZeroCenteredRMSNorm(nn.Module):
+    """Qwen3.5's RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + weight), in float32; weight starts at 0."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+
+
+class GatedRMSNorm(nn.Module):
+    """RMSNorm of the mixer output, then times silu(z) (weight starts at 1)."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        normed = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+        return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
+
+
+def rope_cos_sin(
+    config: Qwen38Config, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin (S, rotary_dim) of the rotated dims. Text positions are equal in all three mRoPE
+    streams, so the interleaved sections collapse to plain RoPE on those dims."""
+    dim = config.rotary_dim
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).float() / dim
+    inv_freq = 1.0 / (config.rope_theta**exponent)
+    freqs = positions.float()[..., None] * inv_freq
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x (B, H, S, D): rotate the first cos.shape[-1] dims, pass the rest through."""
+    dim = cos.shape[-1]
+    rot, rest = x[..., :dim], x[..., dim:]
+    half = dim // 2
+    rotated = torch.cat((-rot[..., half:], rot[..., :half]), dim=-1)
+    return torch.cat((rot * cos + rotated * sin, rest), dim=-1)
+
+
+class GatedAttention(nn.Module):
+    def __init__(self, config: Qwen38Config, backend: Any) -> None:
+        super().__init__()
+        h, d, bias = config.hidden_size, config.head_dim, config.attention_bias
+        self.head_dim = d
+        self.q_proj = nn.Linear(h, config.num_attention_heads * d * 2, bias=bias)
+        self.k_proj = nn.Linear(h, config.num_key_value_heads * d, bias=bias)
+        self.v_proj = nn.Linear(h, config.num_key_value_heads * d, bias=bias)
+        self.o_proj = nn.Linear(config.num_attention_heads * d, h, bias=bias)
+        self.q_norm = ZeroCenteredRMSNorm(d, config.rms_norm_eps)
+        self.k_norm = ZeroCenteredRMSNorm(d, config.rms_norm_eps)
+        self.backend = backend
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: HybridMask
+    ) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        d = self.head_dim
+        # Per head: [query (d) | gate (d)], so tensor parallelism's row split keeps heads whole.
+        query, gate = self.q_proj(x).view(batch, seq, -1, 2 * d).chunk(2, dim=-1)
+        gate = gate.reshape(batch, seq, -1)
+        q = self.q_norm(query).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(batch, seq, -1, d)).transpose(1, 2)
+        v = self.v_proj(x).view(batch, seq, -1, d).transpose(1, 2)
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        q, k = q.to(v.dtype), k.to(v.dtype)
+        out = self.backend(q, k, v, mask.attention).transpose(1, 2).reshape(batch, seq, -1)
+        return self.o_proj(out * torch.sigmoid(gate))
+
+
+class GatedDeltaNet(nn.Module):
+    def __init__(self, config: Qwen38Config, kernel: str = "torch") -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.key_heads, self.value_heads = (
+            config.linear_num_key_heads,
+            config.linear_num_value_heads,
+        )
+        self.key_dim, self.value_dim = config.linear_key_dim, config.linear_value_dim
+        self.head_k_dim, self.head_v_dim = config.linear_key_head_dim, config.linear_value_head_dim
+        self.conv_kernel = config.linear_conv_kernel_dim
+        conv_dim = 2 * self.key_dim + self.value_dim
+        self.conv1d = nn.Conv1d(
+            conv_dim,
+            conv_dim,
+            kernel_size=self.conv_kernel,
+            groups=conv_dim,
+            bias=False,
+            padding=self.conv_kernel - 1,
+        )
+        self.dt_bias = nn.Parameter(torch.ones(self.value_heads))
+        self.A_log = nn.Parameter(torch.zeros(self.value_heads))
+        self.norm = GatedRMSNorm(self.head_v_dim, config.rms_norm_eps)
+        self.out_proj = nn.Linear(self.value_dim, h, bias=False)
+        self.in_proj_qkv = nn.Linear(h, conv_dim, bias=False)
+        self.in_proj_z = nn.Linear(h, self.value_dim, bias=False)
+        self.in_proj_b = nn.Linear(h, self.value_heads, bias=False)
+        self.in_proj_a = nn.Linear(h, self.value_heads, bias=False)
+        self.kernel = kernel
+
+    # --- the causal depthwise convolution ---------------------------------------------------
+    def _conv(self, x: torch.Tensor, padded: bool = True) -> torch.Tensor:
+        """x (N, T, C) -> silu(causal depthwise conv) (N, T', C); unpadded: T' = T - (K - 1)."""
+        weight = self.conv1d.weight
+        out = F.conv1d(
+            x.transpose(1, 2).to(weight.dtype),
+            weight,
+            padding=self.conv_kernel - 1 if padded else 0,
+            groups=weight.shape[0],
+        )
+        if padded:
+            out = out[..., : x.shape[1]]
+        return F.silu(out).transpose(1, 2).to(x.dtype)
+
+    def _noisy_conv(
+        self,
+        noisy: torch.Tensor,
+        clean: torch.Tensor,
+        block: int,
+        which: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """Each noisy block convolved after the K-1 clean inputs before it: (R * n, B, C).
+        `which`: the global ids of the noisy blocks (default: 0, 1, ..., every block)."""
+        rows, length, channels = noisy.shape
+        n, window = length // block, self.conv_kernel - 1
+        blocks = noisy.reshape(rows, n, block, channels)
+        if window:
+            # The clean inputs just before block b: clean[b*B - (K-1) : b*B] (zeros before 0).
+            prefix = F.pad(clean, (0, 0, window, 0))
+            tails = prefix.unfold(1, window, block).transpose(-1, -2)  # (R, blocks + 1, K-1, C)
+            tails = tails[:, :n] if which is None else tails.index_select(1, which)
+            blocks = torch.cat([tails, blocks], dim=2)
+        out = self._conv(blocks.reshape(rows * n, block + window, channels), padded=False)
+        return out
+
+    def _mix(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, **kwargs):
+        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        rows, seq = mixed.shape[:2]
+        q = q.reshape(rows, seq, -1, self.head_k_dim)
+        k = k.reshape(rows, seq, -1, self.head_k_dim)
+        v = v.reshape(rows, seq, -1, self.head_v_dim)
+        beta = b.sigmoid()
+        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        return gated_delta_rule(q, k, v, g, beta, kernel=self.kernel, **kwargs)
+
+    def forward(self, x: torch.Tensor, mask: HybridMask) -> torch.Tensor:
+        rows, seq, _ = x.shape
+        mixed, z = self.in_proj_qkv(x), self.in_proj_z(x)
+        b, a = self.in_proj_b(x), self.in_proj_a(x)
+        layout = mask.layout
+        if layout is None:
+            out, _, _ = self._mix(self._conv(mixed), b, a)
+        else:
+            block = layout.block_size
+            if mask.noisy_blocks is None:  # the whole stream: every block, the whole clean half
+                N, which = layout.seq_len, None
+                if seq != 2 * N:
+                    raise ValueError(f"the stream has {seq} positions, the layout {2 * N}")
+            else:  # this rank's blocks, then the clean prefix they need
+                N = len(mask.noisy_blocks) * block
+                which = torch.tensor(mask.noisy_blocks, device=x.device)
+            n = N // block
+            clean_in = mixed[:, N:]
+            # The clean stream once, its state captured before every block...
+            clean, states, _ = self._mix(
+                self._conv(clean_in), b[:, N:], a[:, N:], capture_every=block
+            )
+            if which is not None:
+                states = states.index_select(1, which)
+            # ...and every noisy block from the clean state before it, all blocks as one batch.
+            noisy, _, _ = self._mix(
+                self._noisy_conv(mixed[:, :N], clean_in, block, which),
+                b[:, :N].reshape(rows * n, block, -1),
+                a[:, :N].reshape(rows * n, block, -1),
+                initial_state=states.reshape(rows * n, *states.shape[2:]),
+            )
+            out = torch.cat([noisy.reshape(rows, N, *noisy.shape[2:]), clean], dim=1)
+        out = self.norm(out, z.reshape(rows, seq, -1, self.head_v_dim))
+        return self.out_proj(out.reshape(rows, seq, -1))
+
+
+class HybridLayer(nn.Module):
+    def __init__(self, config: Qwen38Config, kind: str, backend: Any, kernel: str) -> None:
+        super().__init__()
+        self.kind = kind
+        self.input_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        if kind == "linear_attention":
+            self.linear_attn = GatedDeltaNet(config, kernel)
+        else:
+            self.self_attn = GatedAttention(config, backend)
+        self.post_attention_layernorm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.mlp = MLP(config)  # the decoder's gated MLP: SwiGLU, chunkable, SP gather point
+
+    def forward(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: HybridMask
+    ) -> torch.Tensor:
+        normed = self.input_layernorm(x)
+        if self.kind == "linear_attention":
+            x = x + self.linear_attn(normed, mask)
+        else:
+            x = x + self.self_attn(normed, cos, sin, mask)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class HybridBody(nn.Module):
+    """transformers' `model.` submodule: embeddings, layers, final norm."""
+
+    def __init__(self, config: Qwen38Config, backend: Any, kernel: str) -> None:
+        super().__init__()
+        self.config = config
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(
+            HybridLayer(config, kind, backend, kernel) for kind in config.layer_types
+        )
+        self.norm = ZeroCenteredRMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, mask: HybridMask
+    ) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)
+        autocast = torch.is_autocast_enabled(x.device.type)
+        dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
+        cos, sin = rope_cos_sin(self.config, positions, dtype)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask)
+        return self.norm(x)
+
+
+OutputFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+class HybridLM(nn.Module):
+    """Hybrid body + LM head; `forward(..., output=fn)` hands (hidden, head weight) to `fn`."""
+
+    def __init__(self, config: Qwen38Config, backend: Any, kernel: str = "torch") -> None:
+        super().__init__()
+        if kernel not in KERNELS:
+            raise DllmError(f"unknown linear-attention kernel {kernel!r}", hint="use torch or fla")
+        self.config = config
+        self.model = HybridBody(config, backend, kernel)
+        self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
+        self.tie_weights()
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        mask: Any = None,
+        output: OutputFn | None = None,
+    ) -> torch.Tensor:
+        if not isinstance(mask, HybridMask):
+            mask = HybridMask(mask)  # a bare attention mask: one causal sequence
+        hidden = self.model(input_ids, positions, mask)
+        if output is None:
+            return self.lm_head(hidden)
+        return output(hidden, self.lm_head.weight)
+
+    def tie_weights(self) -> None:
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def set_attention(self, backend: Any) -> None:
+        for module in self.modules():
+            if isinstance(module, GatedAttention):
+                module.backend = backend
+
+    def set_linear_attention(self, kernel: str) -> None:
+        """Swap the gated-delta kernel of every linear layer (torch, fla, recurrent)."""
+        if kernel not in KERNELS:
+            raise DllmError(f"unknown linear-attention kernel {kernel!r}", hint="use torch or fla")
+        for module in self.modules():
+            if isinstance(module, GatedDeltaNet):
+                module.kernel = kernel
+
+    # --- the weight contract (turbo_dllm.train.weights) -------------------------------------
+    @staticmethod
+    def checkpoint_names(name: str) -> tuple[str, ...]:
+        """Where a parameter may sit in a checkpoint: the multimodal `qwen3_5` folders keep the
+        text model under `model.language_model.` (their vision tower is not read)."""
+        if name.startswith("model."):
+            return (name, "model.language_model." + name.removeprefix("model."))
+        return (name,)
+
+    @staticmethod
+    def initial_value(
+        name: str, shape: torch.Size, generator: torch.Generator
+    ) -> torch.Tensor | None:
+        """Random-init values transformers' `_init_weights` gives differently from the default
+        (normal weights, unit norms, zero biases); None for the default."""
+        if name.endswith("linear_attn.norm.weight"):
+            return torch.ones(shape)
+        if name.endswith("norm.weight"):  # zero-centred: (1 + weight) starts at 1
+            return torch.zeros(shape)
+        if name.endswith("dt_bias"):
+            return torch.ones(shape)
+        if name.endswith("A_log"):
+            return torch.empty(shape).uniform_(0.01, 16.0, generator=generator).log_()
+        return None
