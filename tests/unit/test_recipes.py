@@ -1,0 +1,16 @@
+"""Every packaged recipe is a RunSpec: it parses through the same loader `dllm config validate`
+uses (an unquoted 40-zero revision once read as the integer 0 and failed it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from turbo_dllm.config.bounded_yaml import parse_yaml
+from turbo_dllm.config.load import load_model
+from turbo_dllm.config.recipe_catalog import list_recipes
+from turbo_dllm.config.runspec import RunSpec
+
+
+@pytest.mark.parametrize("recipe", list_recipes(), ids=lambda r: r.name)
+def test_every_recipe_is_a_runspec(recipe):
+    load_model(RunSpec, parse_yaml(recipe.text, recipe.name), recipe.name)  # raises on a bad one
