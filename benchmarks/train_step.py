@@ -79,7 +79,7 @@ def build_spec(args, on_gpu: bool, family: str | None = None, model: str | None 
     }
     objective_section = {"name": objective, "block_size": args.block_size}
     if family == "qwen3_8":
-        model_section["linear_attention"] = "fla" if on_gpu else "torch"
+        model_section["linear_attention"] = "fla" if on_gpu and _fla_trains_here() else "torch"
     if family == "nemotron_diffusion":
         # The preset's own block size and mask token (the family's rules ask for them).
         objective_section["mask_token_id"] = 100
@@ -328,6 +328,27 @@ def run_decoder_twin(trainer: Trainer, spec: RunSpec, args, device) -> dict:
         )
         result, _ = run_ours(twin, args, device, name="turbo-dllm decoder (same shapes)")
     return result
+
+
+def _fla_trains_here() -> bool:
+    """fla's gated backward where fla accepts this host (not Hopper with Triton < 3.7.1 without
+    TileLang); the torch chunked form otherwise, recorded in the results as linear_attention."""
+    import importlib.util
+
+    import triton
+
+    from turbo_dllm.families.qwen3_8.gated_delta import fla_problem
+
+    if importlib.util.find_spec("fla") is None:
+        return False
+    problem = fla_problem(
+        triton.__version__,
+        torch.cuda.get_device_capability(),
+        importlib.util.find_spec("tilelang") is not None,
+    )
+    if problem:
+        print(f"{problem}: timing linear_attention torch instead", file=sys.stderr)
+    return problem is None
 
 
 def main(argv=None) -> int:

@@ -181,3 +181,15 @@ def test_mask_token_migration_adds_the_token_and_records_it(tmp_path, cli):
     )
     with pytest.raises(DllmError, match="does not cover"):
         migrate_mask_token(full)
+
+
+def test_fla_on_hopper_with_a_miscompiling_triton_is_refused_before_training():
+    """fla 0.6 raises at the first backward on Hopper with Triton in [3.4.0, 3.7.1) (seen on the
+    H200 host, Triton 3.6.0): the trainer says so when it builds the model, with the fixes."""
+    from turbo_dllm.families.qwen3_8.gated_delta import fla_problem
+
+    assert "Triton 3.6.0" in fla_problem("3.6.0", (9, 0), tilelang=False)
+    assert fla_problem("3.6.0", (9, 0), tilelang=True) is None  # fla uses TileLang there
+    assert fla_problem("3.7.1", (9, 0), tilelang=False) is None
+    assert fla_problem("3.6.0", (8, 0), tilelang=False) is None  # only Hopper is affected
+    assert fla_problem("3.3.1", (9, 0), tilelang=False) is None

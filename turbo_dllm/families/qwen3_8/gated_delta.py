@@ -107,6 +107,47 @@ def _chunked(q, k, v, g, beta, state, capture_every, chunk):
     return torch.stack(outputs, 2).reshape(B, H, T, -1), captured, state
 
 
+def fla_problem(triton_version: str, capability: tuple[int, int] | None, tilelang: bool):
+    """Why fla's gated-delta backward cannot run on this host, or None.
+
+    fla (0.6) itself refuses Hopper with Triton in [3.4.0, 3.7.1) unless TileLang is installed:
+    Triton miscompiles its `chunk_bwd_dqkwg` kernel there (fla issue #640). Seen on the H200 host
+    (Triton 3.6.0): the first backward raised. Saying so before the first step is kinder.
+    """
+    from packaging.version import Version
+
+    if capability is None or capability[0] != 9 or tilelang:
+        return None
+    if Version("3.4.0") <= Version(triton_version) < Version("3.7.1"):
+        return (
+            f"model.linear_attention 'fla' cannot train on this Hopper GPU with Triton "
+            f"{triton_version}: flash-linear-attention refuses its gated backward there "
+            f"(Triton >= 3.4.0, < 3.7.1 miscompiles it, fla issue #640)"
+        )
+    return None
+
+
+def check_fla_usable() -> None:
+    """Raise a DllmError when fla's kernels cannot train on this host (see `fla_problem`)."""
+    import importlib.util
+
+    if not torch.cuda.is_available():
+        return  # _fla says "CUDA GPUs only" where it matters
+    import triton
+
+    problem = fla_problem(
+        triton.__version__,
+        torch.cuda.get_device_capability(),
+        importlib.util.find_spec("tilelang") is not None,
+    )
+    if problem:
+        raise DllmError(
+            problem,
+            hint="set model.linear_attention: torch, or upgrade Triton to >= 3.7.1, or install "
+            "tilelang (fla then uses it for that kernel)",
+        )
+
+
 @torch.compiler.disable  # fla's autograd Functions launch their own Triton kernels
 def _fla(q, k, v, g, beta, initial_state, capture_every):
     if q.device.type != "cuda":

@@ -40,6 +40,10 @@ def build_model(
 
     from turbo_dllm.families.qwen3_8.model import HybridLM
 
+    if linear_attention == "fla":
+        from turbo_dllm.families.qwen3_8.gated_delta import check_fla_usable
+
+        check_fla_usable()  # before any step: fla refuses some Triton versions at the backward
     with torch.device("meta"):
         model = HybridLM(config, backend, kernel=linear_attention)
     if dtype is not None:
