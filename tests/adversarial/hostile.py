@@ -92,7 +92,7 @@ def nested_manifest() -> bytes:
     return tar_zst([member("bundle.json", b"[" * 100_000)])
 
 
-def pax_bomb(record_bytes: int) -> bytes:
+def pax_bomb(manifest: bytes, record_bytes: int) -> bytes:
     """A bundle.json-first archive whose second header is a pax record of `record_bytes` digits
     (CPython's pax parsing is quadratic in them: CVE-2024-6232); compresses to a few KB."""
     info = tarfile.TarInfo("././@PaxHeader")
@@ -100,7 +100,7 @@ def pax_bomb(record_bytes: int) -> bytes:
     info.size = record_bytes
     out = io.BytesIO()
     with zstandard.ZstdCompressor(level=3).stream_writer(out, closefd=False) as writer:
-        writer.write(_tar_block(member("bundle.json", b"{}")))
+        writer.write(_tar_block(member("bundle.json", manifest)))
         writer.write(info.tobuf(tarfile.USTAR_FORMAT))
         chunk = b"9" * (1 << 20)
         left = record_bytes

@@ -33,6 +33,8 @@ from turbo_dllm.errors import DllmError
 
 __all__ = [
     "MAX_BUNDLE_BYTES",
+    "MAX_EXPANSION",
+    "MAX_FILES",
     "BundleRejected",
     "extract_bundle",
     "pack_bundle",
@@ -43,6 +45,7 @@ __all__ = [
 MAX_MANIFEST_BYTES = 1024 * 1024
 MAX_BUNDLE_BYTES = 16 * 1024**3  # unpacked
 MAX_EXPANSION = 1000  # unpacked bytes per archive byte; kernels compress ~3-10x
+MAX_FILES = 4096  # files a bundle.json may list; a bundle holds a few dozen
 ZSTD_LEVEL = 10
 _CHUNK = 1024 * 1024
 
@@ -174,8 +177,14 @@ class _Limits:
     def __init__(self, label: str, archive_size: int, check_files: bool) -> None:
         self.label, self.archive_size, self.check_files = label, archive_size, check_files
 
-    def check_total(self, total: int) -> None:
-        label = self.label
+    def check_manifest(self, manifest: BundleManifest) -> None:
+        """Before a byte of any file: the listed files and sizes are within the caps."""
+        label, total = self.label, manifest.total_size
+        if len(manifest.files) > MAX_FILES:
+            raise BundleRejected(
+                f"{label}: {MANIFEST_NAME} lists {len(manifest.files)} files, over the "
+                f"{MAX_FILES}-file cap on a bundle"
+            )
         if total > MAX_BUNDLE_BYTES:
             raise BundleRejected(
                 f"{label}: unpacks to {total} bytes, over the {MAX_BUNDLE_BYTES}-byte "
@@ -206,7 +215,7 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
             assert handle is not None
             data = handle.read()
             manifest = parse_manifest(data, f"{label}:{MANIFEST_NAME}")
-            limits.check_total(manifest.total_size)
+            limits.check_manifest(manifest)
             expected = {f.path: (f.sha256, f.size) for f in manifest.files}
             (dest / MANIFEST_NAME).write_bytes(data)
             continue

@@ -26,7 +26,7 @@ __all__ = ["MAX_HEADERS", "MAX_PAX_BYTES", "HeaderRefused", "open_guarded"]
 # 1 KiB holds any bundle path (they are short) and keeps tarfile's quadratic pax regex under a
 # millisecond per header; a bundle has a few dozen members.
 MAX_PAX_BYTES = 1024
-MAX_HEADERS = 8192
+MAX_HEADERS = 8200  # two per file (pax + ustar) at the 4096-file cap, and bundle.json
 _SKIP_CHUNK = 1024 * 1024
 
 _REFUSED = {

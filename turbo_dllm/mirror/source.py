@@ -66,8 +66,8 @@ class MirrorSource:
             )
         try:
             data = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise DllmError(f"{self.location}/{MIRROR_FILE}: not JSON: {error}") from error
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deeply
+            raise DllmError(f"{self.location}/{MIRROR_FILE}: not JSON: {error}") from None
         return validate_document(
             data,
             MirrorIndex,
