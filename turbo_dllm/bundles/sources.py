@@ -81,13 +81,20 @@ def transfer_deadline() -> Deadline:
     return Deadline(seconds, time.monotonic() + seconds)
 
 
+def _deadline_passed(url: str) -> DeadlineExceeded:
+    return DeadlineExceeded(
+        f"{url}: the transfer deadline passed",
+        hint=f"the server is slow or stalled; try again, or raise {DEADLINE_VARIABLE} (seconds)",
+    )
+
+
 def _time_left(url: str, deadline: float | None, limit: float) -> float:
     """The socket timeout for the next wait: `limit`, or less as the deadline nears."""
     if deadline is None:
         return limit
     left = deadline - time.monotonic()
     if left <= 0:
-        raise DeadlineExceeded(f"{url}: the transfer deadline passed")
+        raise _deadline_passed(url)
     return min(limit, left)
 
 
@@ -252,7 +259,7 @@ def _until(deadline: float | None, url: str, chunks: Iterator[bytes]) -> Iterato
     for chunk in chunks:
         yield chunk
         if deadline is not None and time.monotonic() > deadline:
-            raise DeadlineExceeded(f"{url}: the transfer deadline passed")
+            raise _deadline_passed(url)
 
 
 class HttpSource(_HttpSource):
