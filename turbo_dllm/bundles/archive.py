@@ -28,7 +28,7 @@ from turbo_dllm.bundles.manifest import (
     check_relative_path,
     parse_manifest,
 )
-from turbo_dllm.bundles.targuard import HeaderRefused, open_guarded
+from turbo_dllm.bundles.targuard import HeaderRefused, member_chunks, open_guarded
 from turbo_dllm.errors import DllmError
 
 __all__ = [
@@ -234,14 +234,12 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
                 f"{label}: member {name!r} has {member.size} bytes, {MANIFEST_NAME} says {size}"
             )
         total += size
-        source = tar.extractfile(member)
-        assert source is not None
         digest = hashlib.sha256() if limits.check_files else None
         try:
             target = dest / name
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(target, "xb") as out:  # "x": never follow or overwrite anything
-                while chunk := source.read(_CHUNK):
+                for chunk in member_chunks(tar, member, _CHUNK):
                     if digest is not None:
                         digest.update(chunk)
                     out.write(chunk)

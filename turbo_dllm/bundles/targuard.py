@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import re
 import tarfile
+from collections.abc import Iterator
 from typing import BinaryIO
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["MAX_HEADERS", "MAX_PAX_BYTES", "HeaderRefused", "open_guarded"]
+__all__ = ["MAX_HEADERS", "MAX_PAX_BYTES", "HeaderRefused", "member_chunks", "open_guarded"]
 
 # 1 KiB holds any bundle path (they are short) and keeps tarfile's quadratic pax regex under a
 # millisecond per header; a bundle has a few dozen members.
@@ -156,3 +157,18 @@ def open_guarded(stream: BinaryIO) -> tarfile.TarFile:
     """`tarfile` over `stream` (the decompressed archive, read forward only), every header
     checked first; a refused header raises `HeaderRefused` from whichever call reads it."""
     return tarfile.open(fileobj=_GuardedReader(stream), mode="r:", tarinfo=_GuardedTarInfo)
+
+
+def member_chunks(tar: tarfile.TarFile, member: tarfile.TarInfo, chunk: int) -> Iterator[bytes]:
+    """A regular member's bytes, `chunk` at a time, read straight from the archive stream
+    (tarfile's own file object copies every block once more into its buffer)."""
+    reader = tar.fileobj
+    assert isinstance(reader, _GuardedReader)
+    reader.seek(member.offset_data)
+    left = member.size
+    while left:
+        block = reader.read(min(chunk, left))
+        if not block:
+            raise tarfile.ReadError(f"unexpected end of data in {member.name!r}")
+        left -= len(block)
+        yield block
