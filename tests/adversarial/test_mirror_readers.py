@@ -30,3 +30,20 @@ def test_a_mirror_document_over_the_cap_is_refused(tmp_path, monkeypatch):
 def test_a_deeply_nested_catalog_is_an_error():
     with pytest.raises(DllmError, match="not a valid catalog.toml: nested too deeply"):
         parse_catalog(b"a = " + b"[" * 100_000, "catalog.toml")
+
+
+def test_a_wheel_index_that_keeps_sending_is_cut_off_at_the_manifest_size(tmp_path):
+    from turbo_dllm.envs.manifest import WheelFile
+    from turbo_dllm.mirror.wheels import download_wheel
+
+    served = tmp_path / "index"
+    served.mkdir()
+    (served / "x-1.0-py3-none-any.whl").write_bytes(b"\0" * (3 << 20))
+    wheel = WheelFile(filename="x-1.0-py3-none-any.whl", sha256="0" * 64, size=1000)
+    dest = tmp_path / "dest"
+    dest.mkdir()
+    with MirrorServer(served) as server:
+        url = f"{server.url}/x-1.0-py3-none-any.whl"
+        with pytest.raises(DllmError, match="sent more than the manifest's 1000 bytes"):
+            download_wheel([url], wheel, dest)
+    assert list(dest.iterdir()) == []
