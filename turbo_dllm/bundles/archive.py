@@ -202,7 +202,6 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
     manifest: BundleManifest | None = None
     expected: dict[str, tuple[str, int]] = {}
     written: set[str] = set()
-    total = 0
     for member in tar:
         if manifest is None:
             if member.name != MANIFEST_NAME or not member.isreg():
@@ -233,7 +232,6 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
             raise BundleRejected(
                 f"{label}: member {name!r} has {member.size} bytes, {MANIFEST_NAME} says {size}"
             )
-        total += size
         digest = hashlib.sha256() if limits.check_files else None
         try:
             target = dest / name

@@ -4,10 +4,10 @@ One code path for online and offline installs: a `Source` opens a file of the in
 offset (`Opened`: its chunks as they arrive, its size when known); `turbo_dllm.bundles.fetch`
 drives sources with resume, verification and retries. Every fetch runs under one overall
 deadline (`transfer_deadline`, $DLLM_DOWNLOAD_DEADLINE_S): a server that trickles bytes cannot
-hold the install lock for longer, however patient each single read is. Two HTTP clients share one reading of the
-answer (status codes, ranges, sizes): `requests` for remote servers (proxies, CA bundles) and the
-standard library's `http.client` for a mirror on this machine, where no proxy applies and the
-install should not pay for importing `requests`.
+hold the install lock for longer, however patient each single read is. Two HTTP clients share
+one reading of the answer (status codes, ranges, sizes): `requests` for remote servers (proxies,
+CA bundles) and the standard library's `http.client` for a mirror on this machine, where no
+proxy applies and the install should not pay for importing `requests`.
 """
 
 from __future__ import annotations
