@@ -1,6 +1,6 @@
 """Crafting for adversarial tests: small valid bundles built without a compiler, hostile archives
 (bad pax records, bombs), a mirror that serves other bytes than its catalog pins, and a runner
-for commands that must stay within a time, memory or file-size limit even on broken code."""
+for commands that must stay within a time or memory limit even on broken code."""
 
 from __future__ import annotations
 
@@ -148,42 +148,30 @@ def serve_instead(mirror: Path, entry, hostile: bytes) -> None:
     (mirror / "bundles" / entry.file).write_bytes(hostile + b"\0" * (entry.size - len(hostile)))
 
 
-def pin_instead(folder: Path, entry, hostile: bytes) -> tuple[Path, str]:
-    """A mirror whose catalog pins `hostile` itself (a hostile publisher): (mirror, sha)."""
-    from tests.bundles.crafting import write_catalog
-
-    mirror = folder / "pinned-mirror"
-    path = mirror / "bundles" / entry.file
-    path.parent.mkdir(parents=True)
-    path.write_bytes(hostile)
-    row = {**entry.model_dump(mode="json"), "size": len(hostile), "sha256": sha256_file(path)}
-    return mirror, write_catalog(mirror, RELEASE, [row])
+def dllm_install(index: str, catalog_sha: str, *, timeout: float) -> subprocess.CompletedProcess:
+    """`dllm bundle install` of RELEASE in a child process, killed after `timeout` seconds."""
+    command = [sys.executable, "-m", "turbo_dllm", "bundle", "install", "--release", RELEASE,
+               "--auto", "--index", index, "--catalog-sha256", catalog_sha]  # fmt: skip
+    return run_limited(command, timeout=timeout)
 
 
-def dllm_install(index: str, catalog_sha: str, *, timeout: float, limits: dict | None = None,
-                 env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
-    """`dllm bundle install` in a child process with rlimits (e.g. RLIMIT_FSIZE, RLIMIT_AS):
-    code that misbehaves is stopped by the kernel or the timeout, not left running."""
-    return run_limited(
-        [sys.executable, "-m", "turbo_dllm", "bundle", "install", "--release", RELEASE, "--auto",
-         "--index", index, "--catalog-sha256", catalog_sha],
-        timeout=timeout, limits=limits, env=env,
-    )  # fmt: skip
+def run_limited(
+    command: list[str], *, timeout: float, limits: dict[int, int] | None = None
+) -> subprocess.CompletedProcess:
+    """`command` with this checkout first on PYTHONPATH and the rlimits `limits` (e.g.
+    RLIMIT_AS): code that misbehaves is stopped by the kernel or the timeout, not left running."""
 
-
-def run_limited(command: list[str], *, timeout: float, limits: dict | None = None,
-                env: dict | None = None) -> subprocess.CompletedProcess:  # fmt: skip
     def apply() -> None:
         for which, value in (limits or {}).items():
             resource.setrlimit(which, (value, value))
 
-    full_env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    path = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     try:
         return subprocess.run(
             command, capture_output=True, text=True, timeout=timeout, preexec_fn=apply,
-            env={**full_env, **(env or {})},
+            env={**os.environ, "PYTHONPATH": path},
         )  # fmt: skip
-    except subprocess.TimeoutExpired as expired:  # killed by subprocess.run
+    except subprocess.TimeoutExpired as expired:  # subprocess.run killed it
         raise AssertionError(f"still running after {timeout} s: {expired.stderr!r}") from None
 
 
