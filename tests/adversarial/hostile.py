@@ -1,14 +1,9 @@
 """Crafting for adversarial tests: small valid bundles built without a compiler, hostile archives
-(bad pax records, bombs), a mirror that serves other bytes than its catalog pins, and a runner
-for commands that must stay within a time or memory limit even on broken code."""
+(bad pax records, bombs), and a mirror that serves other bytes than its catalog pins."""
 
 from __future__ import annotations
 
 import io
-import os
-import resource
-import subprocess
-import sys
 import tarfile
 from pathlib import Path
 
@@ -20,7 +15,6 @@ from turbo_dllm.bundles.manifest import BuildProvenance, BundleFile, BundleManif
 from turbo_dllm.bundles.publish import publish
 
 RELEASE = "v-adv"
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def tiny_bundle(folder: Path, files: dict[str, bytes], version: str = "0.1.1") -> Path:
@@ -146,33 +140,6 @@ def serve_instead(mirror: Path, entry, hostile: bytes) -> None:
     catalog's size (so only the hash can tell)."""
     assert len(hostile) <= entry.size, (len(hostile), entry.size)
     (mirror / "bundles" / entry.file).write_bytes(hostile + b"\0" * (entry.size - len(hostile)))
-
-
-def dllm_install(index: str, catalog_sha: str, *, timeout: float) -> subprocess.CompletedProcess:
-    """`dllm bundle install` of RELEASE in a child process, killed after `timeout` seconds."""
-    command = [sys.executable, "-m", "turbo_dllm", "bundle", "install", "--release", RELEASE,
-               "--auto", "--index", index, "--catalog-sha256", catalog_sha]  # fmt: skip
-    return run_limited(command, timeout=timeout)
-
-
-def run_limited(
-    command: list[str], *, timeout: float, limits: dict[int, int] | None = None
-) -> subprocess.CompletedProcess:
-    """`command` with this checkout first on PYTHONPATH and the rlimits `limits` (e.g.
-    RLIMIT_AS): code that misbehaves is stopped by the kernel or the timeout, not left running."""
-
-    def apply() -> None:
-        for which, value in (limits or {}).items():
-            resource.setrlimit(which, (value, value))
-
-    path = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
-    try:
-        return subprocess.run(
-            command, capture_output=True, text=True, timeout=timeout, preexec_fn=apply,
-            env={**os.environ, "PYTHONPATH": path},
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as expired:  # subprocess.run killed it
-        raise AssertionError(f"still running after {timeout} s: {expired.stderr!r}") from None
 
 
 def leftovers(home: Path) -> list[str]:

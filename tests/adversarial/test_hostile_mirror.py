@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
+from tests.adversarial.bounded_run import run_dllm
 from tests.adversarial.hostile import (
     RELEASE,
-    dllm_install,
     hostile_pax,
     leftovers,
     manifest_of,
@@ -94,7 +94,8 @@ def test_hostile_mirror_through_the_cli_is_an_error_not_a_traceback(honest, tmp_
     shutil.copytree(mirror, evil)
     serve_instead(evil, entry, hostile_bytes("sparse-map", archive))
     with MirrorServer(evil) as server:
-        done = dllm_install(server.url, catalog_sha, timeout=60)
-    assert done.returncode == 2, done.stderr
-    assert "dllm: error:" in done.stderr and "sha256 mismatch" in done.stderr
-    assert "Traceback" not in done.stderr
+        done = run_dllm("bundle", "install", "--release", RELEASE, "--auto", "--index",
+                        server.url, "--catalog-sha256", catalog_sha)  # fmt: skip
+    assert done.code == 2, done.err
+    assert "dllm: error:" in done.err and "sha256 mismatch" in done.err
+    assert "Traceback" not in done.err
