@@ -1,14 +1,45 @@
-"""Durable file writes shared by every format we write: whole-or-nothing, synced to disk."""
+"""Durable file writes shared by every format we write: whole-or-nothing, synced to disk.
+
+Temporary files and folders are made here, not with `tempfile.mkstemp`/`mkdtemp`: those create
+0600/0700 whatever the umask, and what we write is renamed into place as the real thing
+(catalogs, mirrors, data artifacts, run manifests, checkpoints), which other users on shared
+storage must be able to read when the umask allows. Ours are created with 0666/0777 and the
+umask applied by the kernel, like any `open()` or `mkdir()`.
+"""
 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["fsync_dir", "synced_temp_file", "write_atomic"]
+__all__ = ["fsync_dir", "make_temp_dir", "make_temp_file", "synced_temp_file", "write_atomic"]
+
+_ATTEMPTS = 100
+
+
+def make_temp_file(folder: str | Path, prefix: str, suffix: str = "") -> tuple[int, str]:
+    """A new, exclusively created file in `folder` (fd, path), mode 0666 minus the umask."""
+    for _ in range(_ATTEMPTS):
+        path = os.path.join(folder, f"{prefix}{os.urandom(6).hex()}{suffix}")
+        try:
+            return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666), path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder}")
+
+
+def make_temp_dir(folder: str | Path, prefix: str) -> Path:
+    """A new folder in `folder`, mode 0777 minus the umask."""
+    for _ in range(_ATTEMPTS):
+        path = Path(folder) / f"{prefix}{os.urandom(6).hex()}"
+        try:
+            path.mkdir(0o777)
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {folder}")
 
 
 def fsync_dir(folder: str | Path) -> None:
@@ -30,7 +61,7 @@ def synced_temp_file(path: Path, data: bytes) -> Iterator[str]:
     """A temporary file beside `path` holding `data`, synced to disk, for the caller to rename
     or link into place. It is removed on exit if still there; on success the folder is synced
     so the new name survives a crash."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = make_temp_file(path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)

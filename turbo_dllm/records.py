@@ -154,6 +154,8 @@ class Record:
             document = json.loads(data)
         except ValueError as error:  # JSONDecodeError, UnicodeDecodeError
             raise RecordError([("", f"not valid JSON: {error}")]) from None
+        except RecursionError:  # json's decoder recurses per nesting level
+            raise RecordError([("", "not valid JSON: nested too deeply")]) from None
         return cls.model_validate(document)
 
     def model_dump(self, *, mode: str = "python") -> dict[str, Any]:

@@ -4,7 +4,9 @@
 `truncate_after` (send only that many body bytes of a bundle archive, then close; `truncate_times`
 limits how many responses are cut), `throttle_bps` (slow bundle downloads to a crawl, for the
 killed-install test), `fail_status` (answer bundle requests with this HTTP status, `fail_times`
-times), `ranges = False` (ignore Range headers, like a server without range support). Every
+times), `ranges = False` (ignore Range headers, like a server without range support),
+`wrong_range = True` (answer every bundle request with 206 and a Content-Range one byte later
+than asked). Every
 request is logged as (path, Range header).
 """
 
@@ -48,6 +50,8 @@ class _Handler(SimpleHTTPRequestHandler):
                 return
             status = 206
         is_bundle = "/bundles/" in self.path
+        if is_bundle and state.wrong_range:
+            start, status = min(start + 1, size), 206
         self.send_response(status)
         self.send_header("Content-Type", "application/octet-stream")
         self.send_header("Content-Length", str(size - start))
@@ -87,6 +91,7 @@ class _State:
         self.throttle_bps: float | None = None
         self.chunk = 65536
         self.ranges = True
+        self.wrong_range = False
         self.fail_status: int | None = None
         self.fail_times: int = -1  # -1: every request
 

@@ -1,6 +1,6 @@
 """Sources and resumable downloads: both HTTP clients (requests for remote indexes, http.client
 for a mirror on this machine), Range resume, servers without ranges, and the one-pass
-download-and-unpack the installer uses (its hash verdict comes before the unpacker's)."""
+download-then-unpack the installer uses (the unpacker sees only a verified file)."""
 
 from __future__ import annotations
 
@@ -116,17 +116,15 @@ def test_a_finished_download_is_verified_not_fetched_again(index, tmp_path):
 
 
 def reading_unpacker(seen: list):
-    def unpack(reader):
-        data = b""
-        while block := reader.read(70_000):
-            data += block
+    def unpack(archive):
+        data = archive.read_bytes()
         seen.append(len(data))
         return hashlib.sha256(data).hexdigest()
 
     return unpack
 
 
-def test_download_unpacked_reads_once_and_resumes(index, hashing, tmp_path):
+def test_download_unpacked_resumes_then_unpacks_the_verified_file_once(index, hashing, tmp_path):
     root, sha = index
     seen: list[int] = []
     with MirrorServer(root) as server:
@@ -141,16 +139,16 @@ def test_download_unpacked_reads_once_and_resumes(index, hashing, tmp_path):
             backoff_s=0.01,
         )
         assert bundle_requests(server) == [None, "bytes=120000-"]
-    # Each attempt unpacks afresh; the second gets the kept bytes, then the rest.
-    assert seen == [120_000, SIZE] and result == sha
+    # Verify before you parse: the truncated first attempt never reached the unpacker.
+    assert seen == [SIZE] and result == sha
     assert list((tmp_path / "dl").iterdir()) == []  # the verified archive is not kept
 
 
 def test_download_unpacked_reports_a_bad_hash_before_the_unpacker(index, hashing, tmp_path):
     root, sha = index
 
-    def broken(reader):
-        reader.read(10)
+    def broken(archive):
+        archive.read_bytes()
         raise BundleRejected("member 'x' is not listed in bundle.json")
 
     with pytest.raises(BundleRejected, match="sha256 mismatch"):

@@ -1,9 +1,17 @@
 """Bundle archives: pack (`.tar.zst`, reproducible) and safe, verifying extraction.
 
-Extraction trusts nothing in the archive. `bundle.json` must come first; every later member must
-be a regular file with a plain relative path that `bundle.json` lists with the same size, and its
-bytes must hash to the listed sha256. Links (symbolic or hard), devices, FIFOs, absolute paths,
-`..` components, duplicates and unlisted files are refused before a byte of them is written.
+Extraction trusts nothing in the archive. Its tar headers are bounded before `tarfile` parses
+them (`targuard`: pax record size, header kinds, header count). `bundle.json` must come first
+and list at most `MAX_BUNDLE_BYTES`, and at most `MAX_EXPANSION` times the archive's size, so a
+small archive cannot fill the disk; every later member must be a regular file with a plain
+relative path that `bundle.json` lists with the same size, and its bytes must hash to the listed
+sha256. Links (symbolic or hard), devices, FIFOs, absolute paths, `..` components, duplicates
+and unlisted files are refused before a byte of them is written. Whatever the damage, the
+error is a `BundleRejected`, never a traceback.
+
+Extraction reads a local file: an install first downloads the archive and checks its sha256
+against the catalog (`turbo_dllm.bundles.fetch`), so no byte of it is parsed before the hash
+matches.
 """
 
 from __future__ import annotations
@@ -13,7 +21,6 @@ import io
 import os
 import tarfile
 from pathlib import Path
-from typing import BinaryIO
 
 from turbo_dllm.bundles.manifest import (
     MANIFEST_NAME,
@@ -21,13 +28,15 @@ from turbo_dllm.bundles.manifest import (
     check_relative_path,
     parse_manifest,
 )
+from turbo_dllm.bundles.targuard import HeaderRefused, member_chunks, open_guarded
 from turbo_dllm.errors import DllmError
 
 __all__ = [
     "MAX_BUNDLE_BYTES",
+    "MAX_EXPANSION",
+    "MAX_FILES",
     "BundleRejected",
     "extract_bundle",
-    "extract_stream",
     "pack_bundle",
     "pack_members",
     "read_archive_manifest",
@@ -35,6 +44,8 @@ __all__ = [
 
 MAX_MANIFEST_BYTES = 1024 * 1024
 MAX_BUNDLE_BYTES = 16 * 1024**3  # unpacked
+MAX_EXPANSION = 1000  # unpacked bytes per archive byte; kernels compress ~3-10x
+MAX_FILES = 4096  # files a bundle.json may list; a bundle holds a few dozen
 ZSTD_LEVEL = 10
 _CHUNK = 1024 * 1024
 
@@ -116,39 +127,81 @@ def _check_member_name(name: str, archive: str) -> str:
         raise BundleRejected(f"{archive}: member {error}; refusing to extract") from None
 
 
-def extract_bundle(archive_path: Path, dest: Path, *, label: str | None = None) -> BundleManifest:
-    """Extract the archive file into the new folder `dest` (see `extract_stream`)."""
-    with archive_path.open("rb") as raw:
-        return extract_stream(raw, dest, label=label or archive_path.name)
+def extract_bundle(
+    archive_path: Path, dest: Path, *, label: str | None = None, check_files: bool = True
+) -> BundleManifest:
+    """Extract the `.tar.zst` at `archive_path` into the new folder `dest` (must not exist) and
+    verify it; `label` names the archive in errors (default: its file name).
 
-
-def extract_stream(reader: BinaryIO, dest: Path, *, label: str) -> BundleManifest:
-    """Extract a `.tar.zst` read from `reader` into the new folder `dest` (must not exist) and
-    verify every file; `label` names the archive in errors.
+    `check_files=False` skips re-hashing each file against `bundle.json`, for an archive whose
+    own sha256 already matched a pinned catalog: that hash covers every byte of it, and the
+    per-file hashes were checked when it was published (and are again by the kernel loader and
+    `dllm bundle verify`). Every other check stays.
 
     Raises BundleRejected on the first problem; `dest` may then hold a partial extraction, which
     the caller (the store's staging area) removes.
     """
     import zstandard
 
-    dest.mkdir(parents=False, exist_ok=False)
-    decompressor = zstandard.ZstdDecompressor()
+    label = label or archive_path.name
     try:
-        with decompressor.stream_reader(reader, read_size=_CHUNK, closefd=False) as stream:
-            # "r:", not the stream mode "r|": tarfile then reads members straight from the
-            # decompressor, which supports the forward-only seeks that needs (the stream mode
-            # copies every byte through its own buffer, ~10% of a large install).
-            with tarfile.open(fileobj=stream, mode="r:") as tar:
-                return _extract_members(tar, dest, label)
-    except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
-        raise BundleRejected(f"{label}: not a valid .tar.zst bundle archive: {error}") from None
+        raw = archive_path.open("rb")
+    except OSError as error:
+        raise DllmError(f"cannot read {archive_path}: {error.strerror}") from None
+    with raw:
+        archive_size = os.fstat(raw.fileno()).st_size
+        dest.mkdir(parents=False, exist_ok=False)
+        try:
+            with (
+                zstandard.ZstdDecompressor().stream_reader(
+                    raw, read_size=_CHUNK, closefd=False
+                ) as stream,
+                open_guarded(stream) as tar,
+            ):
+                limits = _Limits(label, archive_size, check_files)
+                return _extract_members(tar, dest, limits)
+        except HeaderRefused as error:
+            raise BundleRejected(f"{label}: {error.message}; refusing to extract") from None
+        except (*_PARSE_ERRORS, zstandard.ZstdError) as error:
+            raise BundleRejected(f"{label}: not a valid .tar.zst bundle archive: {error}") from None
 
 
-def _extract_members(tar: tarfile.TarFile, dest: Path, label: str) -> BundleManifest:
+# What tarfile and zstandard raise on damaged or hostile input (tarfile's pax and GNU parsing
+# raise ValueError and UnicodeError subclasses, a huge base-256 number OverflowError).
+_PARSE_ERRORS = (EOFError, ValueError, OverflowError, RecursionError, tarfile.TarError)
+
+
+class _Limits:
+    """What one extraction may do: the archive's label and size, whether files are hashed."""
+
+    def __init__(self, label: str, archive_size: int, check_files: bool) -> None:
+        self.label, self.archive_size, self.check_files = label, archive_size, check_files
+
+    def check_manifest(self, manifest: BundleManifest) -> None:
+        """Before a byte of any file: the listed files and sizes are within the caps."""
+        label, total = self.label, manifest.total_size
+        if len(manifest.files) > MAX_FILES:
+            raise BundleRejected(
+                f"{label}: {MANIFEST_NAME} lists {len(manifest.files)} files, over the "
+                f"{MAX_FILES}-file cap on a bundle"
+            )
+        if total > MAX_BUNDLE_BYTES:
+            raise BundleRejected(
+                f"{label}: unpacks to {total} bytes, over the {MAX_BUNDLE_BYTES}-byte "
+                f"({MAX_BUNDLE_BYTES // 1024**3} GiB) cap on a bundle"
+            )
+        if total > MAX_EXPANSION * self.archive_size:
+            raise BundleRejected(
+                f"{label}: {MANIFEST_NAME} lists {total} bytes in a {self.archive_size}-byte "
+                f"archive, over the {MAX_EXPANSION}x cap on expansion (a decompression bomb?)"
+            )
+
+
+def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> BundleManifest:
+    label = limits.label
     manifest: BundleManifest | None = None
     expected: dict[str, tuple[str, int]] = {}
     written: set[str] = set()
-    total = 0
     for member in tar:
         if manifest is None:
             if member.name != MANIFEST_NAME or not member.isreg():
@@ -161,10 +214,7 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, label: str) -> BundleMani
             assert handle is not None
             data = handle.read()
             manifest = parse_manifest(data, f"{label}:{MANIFEST_NAME}")
-            if manifest.total_size > MAX_BUNDLE_BYTES:
-                raise BundleRejected(
-                    f"{label}: unpacks to {manifest.total_size} bytes, over the cap"
-                )
+            limits.check_manifest(manifest)
             expected = {f.path: (f.sha256, f.size) for f in manifest.files}
             (dest / MANIFEST_NAME).write_bytes(data)
             continue
@@ -182,20 +232,18 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, label: str) -> BundleMani
             raise BundleRejected(
                 f"{label}: member {name!r} has {member.size} bytes, {MANIFEST_NAME} says {size}"
             )
-        total += size
-        source = tar.extractfile(member)
-        assert source is not None
-        digest = hashlib.sha256()
+        digest = hashlib.sha256() if limits.check_files else None
         try:
             target = dest / name
             target.parent.mkdir(parents=True, exist_ok=True)
             with open(target, "xb") as out:  # "x": never follow or overwrite anything
-                while chunk := source.read(_CHUNK):
-                    digest.update(chunk)
+                for chunk in member_chunks(tar, member, _CHUNK):
+                    if digest is not None:
+                        digest.update(chunk)
                     out.write(chunk)
         except OSError as error:
             raise BundleRejected(f"{label}: cannot extract member {name!r}: {error}") from None
-        if digest.hexdigest() != sha256:
+        if digest is not None and digest.hexdigest() != sha256:
             raise BundleRejected(
                 f"{label}: member {name!r} has sha256 {digest.hexdigest()}, "
                 f"{MANIFEST_NAME} says {sha256}"
@@ -215,27 +263,24 @@ def read_archive_manifest(archive_path: Path) -> BundleManifest:
     """Only the leading `bundle.json` of an archive (cheap: stops after the first member)."""
     import zstandard
 
+    label = archive_path.name
     try:
         with (
             archive_path.open("rb") as raw,
             zstandard.ZstdDecompressor().stream_reader(raw) as stream,
+            open_guarded(stream) as tar,
         ):
-            with tarfile.open(fileobj=stream, mode="r|") as tar:
-                member = tar.next()
-                if member is None or member.name != MANIFEST_NAME or not member.isreg():
-                    raise BundleRejected(
-                        f"{archive_path.name}: the first member must be {MANIFEST_NAME}"
-                    )
-                if member.size > MAX_MANIFEST_BYTES:
-                    raise BundleRejected(
-                        f"{archive_path.name}: {MANIFEST_NAME} is larger than 1 MiB"
-                    )
-                handle = tar.extractfile(member)
-                assert handle is not None
-                return parse_manifest(handle.read(), f"{archive_path.name}:{MANIFEST_NAME}")
-    except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
-        raise BundleRejected(
-            f"{archive_path.name}: not a valid .tar.zst bundle archive: {error}"
-        ) from None
+            member = tar.next()
+            if member is None or member.name != MANIFEST_NAME or not member.isreg():
+                raise BundleRejected(f"{label}: the first member must be {MANIFEST_NAME}")
+            if member.size > MAX_MANIFEST_BYTES:
+                raise BundleRejected(f"{label}: {MANIFEST_NAME} is larger than 1 MiB")
+            handle = tar.extractfile(member)
+            assert handle is not None
+            return parse_manifest(handle.read(), f"{label}:{MANIFEST_NAME}")
+    except HeaderRefused as error:
+        raise BundleRejected(f"{label}: {error.message}") from None
+    except (*_PARSE_ERRORS, zstandard.ZstdError) as error:
+        raise BundleRejected(f"{label}: not a valid .tar.zst bundle archive: {error}") from None
     except OSError as error:
         raise DllmError(f"cannot read {archive_path}: {error.strerror}") from None

@@ -2,9 +2,17 @@
 
 `download` fetches a file into `<sha256>.part` next to the store, resuming a kept partial file
 with an HTTP Range request (even one a killed process left), computing the sha256 while
-streaming, capping the transfer at the catalog's size, and retrying transient failures with
-backoff. `download_unpacked` does the same while the bytes also stream through an unpacker, so
-installing reads a large archive once.
+streaming (on a helper thread for large archives), capping the transfer at the catalog's size,
+and retrying transient failures with backoff, all within one overall deadline
+($DLLM_DOWNLOAD_DEADLINE_S, see `sources.transfer_deadline`). A resumed download is hashed
+again from its first byte, and a file that fails verification is deleted, so bad bytes a
+hostile mirror sent cannot poison the next attempt.
+
+`download_unpacked` is how installs read an archive: verify before you parse. The bytes cross
+the network once, into the `.part` file and the hash together; only once the whole file
+matches the catalog's sha256 does the unpacker see it, as a local file (still in the page
+cache, so reading it again costs little next to hashing and writing it). A hostile mirror's
+bytes therefore never reach tarfile or zstd.
 """
 
 from __future__ import annotations
@@ -18,11 +26,14 @@ from typing import BinaryIO, TypeVar
 from turbo_dllm.bundles.archive import BundleRejected
 from turbo_dllm.bundles.sources import (
     CHUNK,
+    DEADLINE_VARIABLE,
     INDEX_VARIABLE,
+    DeadlineExceeded,
     Opened,
     Source,
     TransientError,
     open_source,
+    transfer_deadline,
 )
 from turbo_dllm.errors import DllmError
 
@@ -62,98 +73,53 @@ def download(
     """Fetch `path` into `dest_dir/<sha256>.tar.zst`, resuming a kept `<sha256>.part`.
 
     The catalog's `size` caps the transfer and `sha256` must match the bytes. A mismatched hash
-    or a source file of the wrong size is refused at once (retrying cannot fix a bad mirror);
-    broken connections and truncated bodies are retried, each attempt resuming where the last
-    one stopped.
+    or a source file of the wrong size is refused at once and the partial file deleted
+    (retrying cannot fix a bad mirror), except that a mismatch after resuming gets one clean
+    retry from byte 0 (the kept part may have been the bad one). Broken connections and
+    truncated bodies are retried, each attempt resuming where the last one stopped, until
+    `retries` or the transfer deadline runs out.
     """
-    done = dest_dir / f"{sha256}.tar.zst"
-    part = _fetch(source, path, sha256, size, dest_dir, retries, backoff_s, progress, None)[0]
-    part.replace(done)
-    return done
-
-
-def download_unpacked(
-    source: Source,
-    path: str,
-    *,
-    unpack: Callable[[BinaryIO], T],
-    sha256: str,
-    size: int,
-    dest_dir: Path,
-    retries: int = 4,
-    backoff_s: float = 0.5,
-    progress: Progress | None = None,
-) -> T:
-    """Like `download`, but the bytes also stream through `unpack(reader)` as they arrive, so a
-    large archive is read once: no second pass over the finished file.
-
-    The partial file is kept for resume as with `download`, and removed at the end. Each attempt
-    calls `unpack` afresh (it must start over). Its result is returned only once the whole
-    archive matched `size` and `sha256`; until then a DllmError it raises is held back, so a
-    corrupt download is reported as a hash mismatch, not as whatever the damage looked like.
-    """
-    part, result = _fetch(
-        source, path, sha256, size, dest_dir, retries, backoff_s, progress, unpack
-    )
-    part.unlink(missing_ok=True)
-    return result
-
-
-def _fetch(
-    source: Source,
-    path: str,
-    sha256: str,
-    size: int,
-    dest_dir: Path,
-    retries: int,
-    backoff_s: float,
-    progress: Progress | None,
-    unpack: Callable[[BinaryIO], T] | None,
-) -> tuple[Path, T | None]:
-    """The retry loop: (the verified `<sha256>.part`, what `unpack` returned)."""
     dest_dir.mkdir(parents=True, exist_ok=True)
     part = dest_dir / f"{sha256}.part"
     done = dest_dir / f"{sha256}.tar.zst"
     if done.is_file() and not part.exists():
         done.replace(part)  # a finished download is a complete partial one: verified again below
     url = source.url(path)
+    deadline = transfer_deadline()
     last_error = "no attempt made"
     fresh_restart_done = False
     for attempt in range(retries + 1):
         if attempt:
-            time.sleep(backoff_s * 2 ** (attempt - 1))
+            pause = backoff_s * 2 ** (attempt - 1)
+            if time.monotonic() + pause >= deadline.at:
+                break
+            time.sleep(pause)
         have = part.stat().st_size if part.exists() else 0
         if have > size:
             part.unlink()
             have = 0
-        incoming = _Incoming(source, path, part, have, size, progress)
-        held: DllmError | None = None
+        transfer = _Transfer(source, path, part, have, size, progress, deadline.at)
         try:
-            try:
-                result = unpack(incoming) if unpack is not None else None
-            except Exception as error:
-                if incoming.failure is not None:
-                    raise incoming.failure from None
-                if not isinstance(error, DllmError):
-                    raise
-                held, result = error, None
-            incoming.drain()
+            transfer.run()
         except TransientError as error:
             last_error = str(error)
+            if time.monotonic() >= deadline.at:
+                break
             continue
+        except DeadlineExceeded:
+            break
         except BundleRejected:
             part.unlink(missing_ok=True)
             raise
         finally:
-            incoming.close()
-        if incoming.position < size:
-            last_error = f"the transfer stopped at {incoming.position} of {size} bytes"
+            transfer.close()
+        if transfer.position < size:
+            last_error = f"the transfer stopped at {transfer.position} of {size} bytes"
             continue
-        actual = incoming.digest.hexdigest()
+        actual = transfer.digest.hexdigest()
         if actual != sha256:
             part.unlink()
-            if incoming.resumed and not fresh_restart_done:
-                # The old partial may have been the bad part: one clean retry from byte 0.
+            if transfer.resumed and not fresh_restart_done:
                 fresh_restart_done = True
                 last_error = "sha256 mismatch after resuming"
                 continue
@@ -163,25 +129,56 @@ def _fetch(
                 hint="the mirror's copy is corrupt or was tampered with; re-publish it or use "
                 "another mirror",
             )
-        if held is not None:
-            part.unlink()
-            raise held
-        return part, result
-    raise DllmError(
-        f"download of {url} failed after {retries + 1} attempts: {last_error}",
-        hint="run the same command again: it resumes the partial download",
+        part.replace(done)
+        return done
+    else:
+        raise DllmError(
+            f"download of {url} failed after {retries + 1} attempts: {last_error}",
+            hint="run the same command again: it resumes the partial download",
+        )
+    got = part.stat().st_size if part.exists() else 0
+    raise DeadlineExceeded(
+        f"download of {url} did not finish within the {deadline.seconds:g} s transfer deadline "
+        f"({got} of {size} bytes; last problem: {last_error})",
+        hint=f"the server is slow or stalled; run the same command again to resume, or raise "
+        f"{DEADLINE_VARIABLE} (seconds)",
     )
 
 
-class _Incoming:
-    """One attempt's bytes, in order, as a readable stream: the `have` bytes kept in the .part
-    file, then what the source sends from there (appended to the .part file as it arrives).
+def download_unpacked(
+    source: Source,
+    path: str,
+    *,
+    unpack: Callable[[Path], T],
+    sha256: str,
+    size: int,
+    dest_dir: Path,
+    retries: int = 4,
+    backoff_s: float = 0.5,
+    progress: Progress | None = None,
+) -> T:
+    """`download`, then `unpack(archive)` on the verified local file, which is removed after
+    (whatever `unpack` did: a verified archive that fails to unpack is no use either)."""
+    archive = download(
+        source,
+        path,
+        sha256=sha256,
+        size=size,
+        dest_dir=dest_dir,
+        retries=retries,
+        backoff_s=backoff_s,
+        progress=progress,
+    )
+    try:
+        return unpack(archive)
+    finally:
+        archive.unlink(missing_ok=True)
 
-    Everything read is hashed into `digest`; `position` counts it. More than `size` bytes, or a
-    source of another size, is refused. A failure of the transfer itself is kept in `failure`,
-    so the caller can tell it from a problem of whoever was reading. `drain()` reads what the
-    reader left, so the whole file is hashed and kept either way.
-    """
+
+class _Transfer:
+    """One attempt: hash the `have` bytes kept in the .part file, then append what the source
+    sends from there, hashing it too. `digest` covers every byte of the file; `position`
+    counts them. More than `size` bytes, or a source of another size, is refused."""
 
     def __init__(
         self,
@@ -191,59 +188,30 @@ class _Incoming:
         have: int,
         size: int,
         progress: Progress | None,
+        deadline: float,
     ) -> None:
         self.digest = _Sha256() if size < THREADED_HASH_BYTES else _ThreadedSha256()
         self.position = 0
-        self.failure: Exception | None = None
         self._source, self._path, self._part = source, path, part
         self._have, self._size, self._progress = have, size, progress
-        self._kept: BinaryIO | None = part.open("rb") if have else None
+        self._deadline = deadline
         self._out: BinaryIO | None = None
         self._opened: Opened | None = None
-        self._pending = b""
 
     @property
     def resumed(self) -> bool:
         """Whether this attempt continued a kept partial file."""
         return self._have > 0
 
-    def read(self, n: int = -1) -> bytes:
-        """Up to `n` bytes (all of the next block when `n` < 0); b"" at the end."""
-        if not self._pending:
-            try:
-                self._pending = self._next_block()
-            except Exception as error:  # the transfer's own failure, not the reader's
-                self.failure = error
-                raise
-        if 0 <= n < len(self._pending):
-            block, self._pending = self._pending[:n], self._pending[n:]
-            return block
-        block, self._pending = self._pending, b""
-        return block
-
-    def drain(self) -> None:
-        self._pending = b""
-        while self._next_block():
-            pass
-
-    def _next_block(self) -> bytes:
-        if self._opened is None and self._have < self._size:
+    def run(self) -> None:
+        if self._have < self._size:
             self._open()  # first: whether the source can continue after the kept bytes
-        if self._kept is not None:
-            block = self._kept.read(min(CHUNK, self._have - self.position))
-            if block:
-                self.digest.update(block)
-                self.position += len(block)
-                return block
-            self._kept.close()
-            self._kept = None
-            if self.position < self._have:  # the .part shrank under us: start over next attempt
-                raise TransientError(f"{self._part} changed while it was being resumed")
+        if self._have:
+            self._hash_kept()
         if self._opened is None:
-            return b""  # the kept .part was complete: nothing to fetch
+            return  # the kept .part was complete: nothing to fetch
         assert self._out is not None
-        block = next(self._opened.chunks, b"")
-        if block:
+        for block in self._opened.chunks:
             self.position += len(block)
             if self.position > self._size:
                 raise BundleRejected(
@@ -255,10 +223,18 @@ class _Incoming:
             self._out.write(block)
             if self._progress:
                 self._progress(self.position, self._size)
-        return block
+
+    def _hash_kept(self) -> None:
+        with self._part.open("rb") as kept:
+            while self.position < self._have:
+                block = kept.read(min(CHUNK, self._have - self.position))
+                if not block:  # the .part shrank under us: start over next attempt
+                    raise TransientError(f"{self._part} changed while it was being resumed")
+                self.digest.update(block)
+                self.position += len(block)
 
     def _open(self) -> None:
-        self._opened = opened = self._source.open(self._path, self._have)
+        self._opened = opened = self._source.open(self._path, self._have, self._deadline)
         if opened.total is not None and opened.total != self._size:
             raise BundleRejected(
                 f"{self._source.url(self._path)}: wrong size: the catalog says {self._size} "
@@ -266,9 +242,6 @@ class _Incoming:
                 hint="the mirror's copy does not belong to this catalog; re-publish it",
             )
         if opened.offset != self._have:  # the source starts from byte 0: so do we
-            if self._kept is not None:
-                self._kept.close()
-                self._kept = None
             self._have = 0
         if self._have:
             self._out = self._part.open("r+b")
@@ -279,9 +252,8 @@ class _Incoming:
 
     def close(self) -> None:
         self.digest.hexdigest()  # stops a hashing thread
-        for handle in (self._kept, self._out):
-            if handle is not None:
-                handle.close()
+        if self._out is not None:
+            self._out.close()
         if self._opened is not None:
             self._opened.close()
 

@@ -1,10 +1,15 @@
 """`dllm bundle install`: catalog -> trust check -> resolve -> download -> verify -> activate.
 
 `plan_install` does everything that needs no lock (fetch and check the catalog, pick the bundle);
-`--dry-run` stops there. `run_install` then holds the store lock while it downloads and extracts
-in one pass (the archive streams through the safe extractor into staging as it arrives, its
-sha256 computed on the way), then, once the archive's hash is verified, renames the extraction
-into the store and swaps `active`.
+`--dry-run` stops there. `run_install` then holds the store lock while it downloads the archive
+(one pass over the network bytes: into the resumable `.part` file and the sha256 together),
+checks it against the catalog's sha256, and only then extracts the verified local file into
+staging with the safe extractor; it renames the extraction into the store and swaps `active`.
+
+Verify before you parse: no byte a mirror sent reaches zstd or tarfile before the whole archive
+matched the hash the catalog pins. The extractor does not hash each file again against
+`bundle.json` (the archive's hash covers those bytes, and publish, the kernel loader and `dllm
+bundle verify` check them); every other check of the extractor stays.
 
 `build_and_install` is the explicit alternative (`--build missing`) when no published bundle can
 serve the host (`BundleUnavailable`: no index, an unreachable one, or no fitting entry): it builds
@@ -16,9 +21,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import BinaryIO, NamedTuple
+from pathlib import Path
+from typing import NamedTuple
 
-from turbo_dllm.bundles.archive import BundleRejected, extract_stream
+from turbo_dllm.bundles.archive import BundleRejected, extract_bundle
 from turbo_dllm.bundles.catalog import (
     MAX_CATALOG_BYTES,
     Catalog,
@@ -169,12 +175,9 @@ def run_install(
             with store.staging() as staging:
                 folder = staging / "bundle"
 
-                def unpack(reader: BinaryIO) -> BundleManifest:
-                    if folder.exists():  # what a failed attempt extracted
-                        import shutil
-
-                        shutil.rmtree(folder)
-                    return extract_stream(reader, folder, label=entry.file)
+                def unpack(archive: Path) -> BundleManifest:
+                    # The archive matched the catalog's sha256: its files need no second hash.
+                    return extract_bundle(archive, folder, label=entry.file, check_files=False)
 
                 manifest = download_unpacked(
                     plan.source,

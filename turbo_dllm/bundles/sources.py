@@ -2,10 +2,12 @@
 
 One code path for online and offline installs: a `Source` opens a file of the index at an
 offset (`Opened`: its chunks as they arrive, its size when known); `turbo_dllm.bundles.fetch`
-drives sources with resume, verification and retries. Two HTTP clients share one reading of the
-answer (status codes, ranges, sizes): `requests` for remote servers (proxies, CA bundles) and the
-standard library's `http.client` for a mirror on this machine, where no proxy applies and the
-install should not pay for importing `requests`.
+drives sources with resume, verification and retries. Every fetch runs under one overall
+deadline (`transfer_deadline`, $DLLM_DOWNLOAD_DEADLINE_S): a server that trickles bytes cannot
+hold the install lock for longer, however patient each single read is. Two HTTP clients share
+one reading of the answer (status codes, ranges, sizes): `requests` for remote servers (proxies,
+CA bundles) and the standard library's `http.client` for a mirror on this machine, where no
+proxy applies and the install should not pay for importing `requests`.
 """
 
 from __future__ import annotations
@@ -24,8 +26,11 @@ from turbo_dllm.locations import parse_location
 
 __all__ = [
     "CHUNK",
+    "DEADLINE_VARIABLE",
     "INDEX_VARIABLE",
     "OFFLINE_VARIABLE",
+    "Deadline",
+    "DeadlineExceeded",
     "HttpSource",
     "LocalSource",
     "LoopbackHttpSource",
@@ -34,6 +39,7 @@ __all__ = [
     "TransientError",
     "offline_requested",
     "open_source",
+    "transfer_deadline",
 ]
 
 INDEX_VARIABLE = "DLLM_BUNDLE_INDEX"
@@ -42,10 +48,54 @@ _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
 CHUNK = 1024 * 1024
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
+DEADLINE_VARIABLE = "DLLM_DOWNLOAD_DEADLINE_S"
+DEFAULT_DEADLINE_S = 3600.0  # one hour: 16 GiB (the bundle cap) at ~5 MB/s
 
 
 class TransientError(Exception):
     """A failure worth retrying (connection reset, truncated body, 5xx)."""
+
+
+class DeadlineExceeded(DllmError):
+    """The transfer deadline passed; what was downloaded is kept for the next attempt."""
+
+
+class Deadline(NamedTuple):
+    seconds: float
+    at: float  # time.monotonic() value
+
+
+def transfer_deadline() -> Deadline:
+    """The deadline of one download, all its attempts included: $DLLM_DOWNLOAD_DEADLINE_S
+    seconds from now (default one hour)."""
+    text = os.environ.get(DEADLINE_VARIABLE, "").strip()
+    try:
+        seconds = float(text) if text else DEFAULT_DEADLINE_S
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds < float("inf"):
+        raise DllmError(
+            f"{DEADLINE_VARIABLE}={text!r} is not a positive number of seconds",
+            hint=f"unset it for the default ({DEFAULT_DEADLINE_S:g} s) or set e.g. 7200",
+        )
+    return Deadline(seconds, time.monotonic() + seconds)
+
+
+def _deadline_passed(url: str) -> DeadlineExceeded:
+    return DeadlineExceeded(
+        f"{url}: the transfer deadline passed",
+        hint=f"the server is slow or stalled; try again, or raise {DEADLINE_VARIABLE} (seconds)",
+    )
+
+
+def _time_left(url: str, deadline: float | None, limit: float) -> float:
+    """The socket timeout for the next wait: `limit`, or less as the deadline nears."""
+    if deadline is None:
+        return limit
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise _deadline_passed(url)
+    return min(limit, left)
 
 
 class Opened(NamedTuple):
@@ -62,7 +112,11 @@ class Source:
 
     location: str
 
-    def open(self, path: str, offset: int = 0) -> Opened:  # pragma: no cover - abstract
+    def open(
+        self, path: str, offset: int = 0, deadline: float | None = None
+    ) -> Opened:  # pragma: no cover - abstract
+        """`path` from byte `offset` (or from 0: see `Opened.offset`); reading it raises
+        DeadlineExceeded once `deadline` (a time.monotonic() value) has passed."""
         raise NotImplementedError
 
     def url(self, path: str) -> str:
@@ -70,9 +124,10 @@ class Source:
 
     def read_small(self, path: str, limit: int, retries: int = 3, backoff_s: float = 0.5) -> bytes:
         """The whole file, refused when it is larger than `limit` bytes."""
+        deadline = transfer_deadline()
         for attempt in range(retries + 1):
             try:
-                opened = self.open(path)
+                opened = self.open(path, 0, deadline.at)
                 try:
                     if opened.total is not None and opened.total > limit:
                         raise BundleRejected(
@@ -89,7 +144,7 @@ class Source:
                 finally:
                     opened.close()
             except TransientError as error:
-                if attempt == retries:
+                if attempt == retries or time.monotonic() + backoff_s * 2**attempt > deadline.at:
                     raise DllmError(
                         f"cannot fetch {self.url(path)}: {error}",
                         hint="check the index URL and your connection, then retry",
@@ -105,7 +160,7 @@ class LocalSource(Source):
         self.root = root
         self.location = location or str(root)
 
-    def open(self, path: str, offset: int = 0) -> Opened:
+    def open(self, path: str, offset: int = 0, deadline: float | None = None) -> Opened:
         file = self.root / path
         try:
             handle = file.open("rb")
@@ -142,19 +197,27 @@ class _HttpSource(Source):
     def __init__(self, base_url: str) -> None:
         self.location = base_url.rstrip("/")
 
-    def _get(self, url: str, headers: dict[str, str]) -> _Response:  # pragma: no cover
+    def _get(
+        self, url: str, headers: dict[str, str], deadline: float | None
+    ) -> _Response:  # pragma: no cover
         raise NotImplementedError
 
-    def open(self, path: str, offset: int = 0) -> Opened:
+    def open(self, path: str, offset: int = 0, deadline: float | None = None) -> Opened:
         headers = {"Accept-Encoding": "identity", "User-Agent": f"turbo-dllm/{__version__}"}
         if offset:
             headers["Range"] = f"bytes={offset}-"
         url = self.url(path)
-        response = self._get(url, headers)
+        response = self._get(url, headers, deadline)
         status = response.status
-        if status == 416:  # our partial file is not a prefix the server can continue
+        content_range = response.header("Content-Range") if status == 206 else ""
+        if offset and (
+            status == 416 or (status == 206 and not content_range.startswith(f"bytes {offset}-"))
+        ):
+            # Our partial file is not a prefix the server can continue: start over, once
+            # (offset 0 never comes back here, so a server that keeps answering this way gets
+            # an error below, not another request).
             response.close()
-            return self.open(path, 0)
+            return self.open(path, 0, deadline)
         if status in (408, 429) or status >= 500:
             response.close()
             raise TransientError(f"{url}: HTTP {status}")
@@ -164,21 +227,39 @@ class _HttpSource(Source):
                 f"{url} was not found (HTTP 404)",
                 hint="check the index URL and the release name",
             )
+        if status == 206 and not content_range.startswith(f"bytes {offset}-"):
+            response.close()
+            raise DllmError(
+                f"{url}: the server answered a request for the whole file with HTTP 206 and "
+                f"Content-Range {content_range[:80]!r}",
+                hint="the server's range support is broken; use another mirror",
+            )
+        if status == 416:
+            response.close()
+            raise DllmError(
+                f"{url}: the server answered a request for the whole file with HTTP 416 "
+                "(range not satisfiable)",
+                hint="the server's range support is broken; use another mirror",
+            )
         if status not in (200, 206):
             response.close()
             raise DllmError(f"{url}: HTTP {status} {response.reason}")
         start = offset if status == 206 else 0
         total = None
         if status == 206:
-            content_range = response.header("Content-Range")
-            if not content_range.startswith(f"bytes {offset}-"):
-                response.close()
-                return self.open(path, 0)
             size = content_range.rpartition("/")[2]
             total = int(size) if size.isdigit() else None
         elif response.header("Content-Length").isdigit():
             total = int(response.header("Content-Length"))
-        return Opened(response.chunks, total, start, response.close)
+        return Opened(_until(deadline, url, response.chunks), total, start, response.close)
+
+
+def _until(deadline: float | None, url: str, chunks: Iterator[bytes]) -> Iterator[bytes]:
+    """`chunks`, stopped with DeadlineExceeded once the deadline has passed."""
+    for chunk in chunks:
+        yield chunk
+        if deadline is not None and time.monotonic() > deadline:
+            raise _deadline_passed(url)
 
 
 class HttpSource(_HttpSource):
@@ -191,13 +272,17 @@ class HttpSource(_HttpSource):
         super().__init__(base_url)
         self.session = requests.Session()
 
-    def _get(self, url: str, headers: dict[str, str]) -> _Response:
+    def _get(self, url: str, headers: dict[str, str], deadline: float | None) -> _Response:
         import requests
 
+        # One socket timeout for the whole response (requests sets it once): no single read
+        # waits past the deadline as it stood when the request went out.
+        timeout = (
+            _time_left(url, deadline, CONNECT_TIMEOUT_S),
+            _time_left(url, deadline, READ_TIMEOUT_S),
+        )
         try:
-            response = self.session.get(
-                url, headers=headers, stream=True, timeout=(CONNECT_TIMEOUT_S, READ_TIMEOUT_S)
-            )
+            response = self.session.get(url, headers=headers, stream=True, timeout=timeout)
         except (requests.ConnectionError, requests.Timeout) as error:
             raise TransientError(f"{url}: {error.__class__.__name__}: {error}") from None
 
@@ -231,7 +316,7 @@ class LoopbackHttpSource(_HttpSource):
     library's `http.client`: no proxy can reach this host's loopback, so none is consulted, and
     the install does not pay for importing `requests`."""
 
-    def _get(self, url: str, headers: dict[str, str]) -> _Response:
+    def _get(self, url: str, headers: dict[str, str], deadline: float | None) -> _Response:
         import http.client
         from urllib.parse import quote, urlsplit
 
@@ -240,12 +325,15 @@ class LoopbackHttpSource(_HttpSource):
             f"?{parts.query}" if parts.query else ""
         )
         connection = http.client.HTTPConnection(
-            parts.hostname or "127.0.0.1", parts.port, timeout=CONNECT_TIMEOUT_S
+            parts.hostname or "127.0.0.1",
+            parts.port,
+            timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
         )
         try:
             connection.connect()
             assert connection.sock is not None
-            connection.sock.settimeout(READ_TIMEOUT_S)
+            sock = connection.sock  # kept: http.client drops it once a response will close
+            sock.settimeout(_time_left(url, deadline, READ_TIMEOUT_S))
             connection.request("GET", target, headers=headers)
             response = connection.getresponse()
         except (OSError, http.client.HTTPException) as error:
@@ -254,6 +342,7 @@ class LoopbackHttpSource(_HttpSource):
 
         def chunks() -> Iterator[bytes]:
             while True:
+                sock.settimeout(_time_left(url, deadline, READ_TIMEOUT_S))  # no wait past it
                 try:
                     chunk = response.read1(CHUNK)
                 except (OSError, http.client.HTTPException) as error:
@@ -262,12 +351,16 @@ class LoopbackHttpSource(_HttpSource):
                     return
                 yield chunk
 
+        def close() -> None:
+            response.close()  # a response that will close owns the socket, not the connection
+            connection.close()
+
         return _Response(
             response.status,
             response.reason,
             lambda name: response.getheader(name, ""),
             chunks(),
-            connection.close,
+            close,
         )
 
 

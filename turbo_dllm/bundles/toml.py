@@ -29,3 +29,5 @@ def loads(text: str) -> dict[str, Any]:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as error:
         raise TomlError(str(error)) from None
+    except RecursionError:  # tomllib recurses per nesting level of arrays and tables
+        raise TomlError("nested too deeply") from None

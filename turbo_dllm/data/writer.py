@@ -13,7 +13,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -21,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import make_temp_dir
 
 __all__ = ["ArrayWriter", "check_target", "staged_artifact", "write_json"]
 
@@ -151,7 +151,7 @@ def staged_artifact(target: Path, overwrite: bool) -> Iterator[Path]:
         _recover(target)
         check_target(target, overwrite)
         try:
-            staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.staging-", dir=target.parent))
+            staging = make_temp_dir(target.parent, f".{target.name}.staging-")
         except OSError as error:
             raise DllmError(
                 f"cannot write next to output path {_shown(target)}: {error.strerror}",
@@ -170,7 +170,7 @@ def _publish(staging: Path, target: Path) -> None:
         os.rename(staging, target)
         return
     check_target(target, overwrite=True)
-    backup = Path(tempfile.mkdtemp(prefix=f".{target.name}.backup-", dir=target.parent))
+    backup = make_temp_dir(target.parent, f".{target.name}.backup-")
     os.rmdir(backup)
     os.rename(target, backup)
     try:

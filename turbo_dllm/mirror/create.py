@@ -12,13 +12,13 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from turbo_dllm import __version__
 from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import make_temp_dir
 from turbo_dllm.mirror.layout import (
     MIRROR_FILE,
     FileKind,
@@ -152,7 +152,7 @@ def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
     if not plan.manifests:
         raise DllmError("no targets to mirror", hint="pass --targets NAME[,NAME]")
     dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.partial-", dir=dest.parent))
+    staging = make_temp_dir(dest.parent, f".{dest.name}.partial-")
     try:
         (staging / "manifests").mkdir()
         for manifest in plan.manifests:

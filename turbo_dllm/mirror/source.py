@@ -6,7 +6,9 @@ carried to an air-gapped machine and the same folder served on loopback behave t
 
 from __future__ import annotations
 
+import hashlib
 import json
+from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +20,24 @@ from turbo_dllm.mirror.layout import MIRROR_FILE, MIRROR_FORMAT, MirrorIndex
 __all__ = ["MirrorSource", "open_mirror"]
 
 _TIMEOUT_S = 60
+MAX_DOCUMENT_BYTES = 64 * 1024 * 1024  # MIRROR.json, manifests, catalogs, pages
+_CHUNK = 1024 * 1024
+
+
+def _file_chunks(path: Path) -> Generator[bytes, None, None]:
+    with path.open("rb") as handle:
+        while block := handle.read(_CHUNK):
+            yield block
+
+
+def _response_chunks(response, url: str) -> Generator[bytes, None, None]:
+    import requests
+
+    with response:
+        try:
+            yield from response.iter_content(_CHUNK)
+        except requests.RequestException as error:
+            raise DllmError(f"mirror {url}: the transfer broke off: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -37,25 +57,56 @@ class MirrorSource:
             return (self.local / "simple").as_uri() + "/"
         return f"{self.url}simple/"
 
-    def read_bytes(self, relative: str) -> bytes | None:
-        """A file of the mirror, or None when the mirror does not have it."""
+    def read_bytes(self, relative: str, limit: int | None = None) -> bytes | None:
+        """A file of the mirror, or None when the mirror does not have it; a file over `limit`
+        bytes is an error (a served mirror is not trusted to send a bounded amount)."""
+        limit = MAX_DOCUMENT_BYTES if limit is None else limit
+        chunks = self._chunks(relative)
+        if chunks is None:
+            return None
+        data = bytearray()
+        for chunk in chunks:
+            data += chunk
+            if len(data) > limit:
+                chunks.close()
+                raise DllmError(f"{self.location}: {relative} is over the {limit}-byte cap")
+        return bytes(data)
+
+    def digest(self, relative: str, limit: int) -> tuple[str, int] | None:
+        """(sha256, size) of a file of the mirror, read in chunks; reading stops past `limit`
+        bytes (the size then says so). None when the mirror does not have it."""
+        chunks = self._chunks(relative)
+        if chunks is None:
+            return None
+        digest, size = hashlib.sha256(), 0
+        for chunk in chunks:
+            digest.update(chunk)
+            size += len(chunk)
+            if size > limit:
+                chunks.close()
+                break
+        return digest.hexdigest(), size
+
+    def _chunks(self, relative: str) -> Generator[bytes, None, None] | None:
         if self.local is not None:
             path = self.local / relative
-            return path.read_bytes() if path.is_file() else None
+            return _file_chunks(path) if path.is_file() else None
         import requests
 
         try:
-            response = requests.get(self.url + relative, timeout=_TIMEOUT_S)
+            response = requests.get(self.url + relative, timeout=_TIMEOUT_S, stream=True)
         except requests.RequestException as error:
             raise DllmError(
                 f"cannot reach the mirror at {self.url}: {error}",
                 hint="start it with `dllm mirror serve DIR` or pass --mirror DIR",
             ) from error
         if response.status_code == 404:
+            response.close()
             return None
         if response.status_code != 200:
+            response.close()
             raise DllmError(f"mirror {self.url}{relative}: HTTP {response.status_code}")
-        return response.content
+        return _response_chunks(response, self.url + relative)
 
     def index(self) -> MirrorIndex:
         raw = self.read_bytes(MIRROR_FILE)
@@ -66,8 +117,8 @@ class MirrorSource:
             )
         try:
             data = json.loads(raw)
-        except json.JSONDecodeError as error:
-            raise DllmError(f"{self.location}/{MIRROR_FILE}: not JSON: {error}") from error
+        except (ValueError, RecursionError) as error:  # RecursionError: nested too deeply
+            raise DllmError(f"{self.location}/{MIRROR_FILE}: not JSON: {error}") from None
         return validate_document(
             data,
             MirrorIndex,

@@ -46,23 +46,9 @@ class VerifyReport:
         }
 
 
-def _file_digest(source: MirrorSource, relative: str) -> tuple[str, int] | None:
-    if source.local is not None:
-        path = source.local / relative
-        if not path.is_file():
-            return None
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            while block := handle.read(1 << 20):
-                digest.update(block)
-        return digest.hexdigest(), path.stat().st_size
-    data = source.read_bytes(relative)
-    return (hashlib.sha256(data).hexdigest(), len(data)) if data is not None else None
-
-
 def _check_files(source: MirrorSource, report: VerifyReport) -> None:
     for entry in report.index.files:
-        found = _file_digest(source, entry.path)
+        found = source.digest(entry.path, entry.size)
         report.checked_files += 1
         if found is None:
             report.problems.append(f"{entry.path}: missing")

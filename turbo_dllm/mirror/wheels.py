@@ -101,6 +101,10 @@ class WheelSource:
         return urls
 
 
+class _TooLarge(Exception):
+    pass
+
+
 def download_wheel(urls: list[str], wheel: WheelFile, dest: Path) -> Path:
     """Fetch the first URL whose bytes hash to `wheel.sha256` into `dest/filename`."""
     import requests
@@ -118,11 +122,17 @@ def download_wheel(urls: list[str], wheel: WheelFile, dest: Path) -> Path:
                 with requests.get(url, stream=True, timeout=_TIMEOUT_S) as response:
                     response.raise_for_status()
                     with open(partial, "wb") as handle:
+                        received = 0
                         for block in response.iter_content(1 << 20):
+                            received += len(block)
+                            if wheel.size is not None and received > wheel.size:
+                                # An index that keeps sending is not filling the disk.
+                                raise _TooLarge(f"sent more than the manifest's {wheel.size} bytes")
                             handle.write(block)
                             digest.update(block)
-        except (OSError, requests.RequestException) as error:
+        except (OSError, requests.RequestException, _TooLarge) as error:
             problems.append(f"{url}: {error}")
+            partial.unlink(missing_ok=True)
             continue
         if digest.hexdigest() != wheel.sha256:
             problems.append(f"{url}: sha256 {digest.hexdigest()} is not the manifest's")
