@@ -27,7 +27,7 @@ def test_built_bundle_describes_itself(cpu_bundle):
     (op,) = manifest.ops
     assert op.name == "merge_attention_partials" and op.devices == ("cpu",)
     assert op.library in {f.path for f in manifest.files}
-    from turbo_dllm.kernels.sources import load_native_op
+    from turbo_dllm.bundles.native import load_native_op
 
     assert op.source_sha256 == load_native_op("merge_attention_partials").source_sha256()
     assert manifest.build.host.python_tag == manifest.target.python

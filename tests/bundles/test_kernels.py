@@ -251,7 +251,7 @@ def _with_triton_op(cpu_bundle, tmp_path, **op_changes):
     from turbo_dllm.bundles.archive import pack_bundle
     from turbo_dllm.bundles.build import _pack_triton_op
     from turbo_dllm.bundles.manifest import BundleManifest, BundleOp, archive_name
-    from turbo_dllm.kernels.sources import load_native_op
+    from turbo_dllm.bundles.native import load_native_op
 
     unpacked = unpack(cpu_bundle.archive, tmp_path / "unpacked-triton")
     op = load_native_op("block_diffusion_attention")
@@ -275,8 +275,8 @@ def _with_triton_op(cpu_bundle, tmp_path, **op_changes):
 
 
 def test_bundle_ships_the_triton_source_and_the_loader_checks_and_imports_it(cpu_bundle, tmp_path):
+    from turbo_dllm.bundles.native import load_native_op
     from turbo_dllm.kernels.loader import load_bundle_op, load_bundle_triton_op
-    from turbo_dllm.kernels.sources import load_native_op
 
     bundle = _install(_with_triton_op(cpu_bundle, tmp_path), tmp_path, "v-triton").bundle
     loaded = load_bundle_op("block_diffusion_attention")

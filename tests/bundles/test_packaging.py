@@ -47,7 +47,7 @@ def test_wheel_ships_lock_targets_and_native_sources(tmp_path):
     )  # fmt: skip
     code = (
         "from turbo_dllm.bundles.resources import releases_lock_path;"
-        "from turbo_dllm.kernels.sources import load_native_op;"
+        "from turbo_dllm.bundles.native import load_native_op;"
         "print(releases_lock_path()); print(load_native_op('merge_attention_partials').source_sha256())"
     )
     out = subprocess.run(
@@ -59,6 +59,6 @@ def test_wheel_ships_lock_targets_and_native_sources(tmp_path):
         cwd=tmp_path,
     ).stdout.split()
     assert out[0].startswith(str(site))
-    from turbo_dllm.kernels.sources import load_native_op
+    from turbo_dllm.bundles.native import load_native_op
 
     assert out[1] == load_native_op("merge_attention_partials").source_sha256()

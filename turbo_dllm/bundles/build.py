@@ -63,8 +63,8 @@ def build_bundle(
     """Build every op (or `ops`) for `target` into `out_dir`; `log` receives progress lines."""
     import torch  # the build uses the running torch; import it so the fingerprint is exact
 
-    from turbo_dllm.kernels.compile import namespace_for, run_compile_subprocess
-    from turbo_dllm.kernels.sources import load_native_op, native_op_names
+    from turbo_dllm.bundles.compile import namespace_for, run_compile_subprocess
+    from turbo_dllm.bundles.native import load_native_op, native_op_names
 
     host = collect_fingerprint(apply_overrides=False)
     _, bundle_target = pick_build_target(target, host)

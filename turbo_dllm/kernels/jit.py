@@ -42,9 +42,9 @@ def jit_build(name: str, *, cuda: bool = False) -> tuple[str, Path]:
     """(torch.ops namespace, build folder) of the JIT build of `name` for this process."""
     import torch
 
+    from turbo_dllm.bundles.compile import namespace_for
+    from turbo_dllm.bundles.native import load_native_op
     from turbo_dllm.host import PythonTag
-    from turbo_dllm.kernels.compile import namespace_for
-    from turbo_dllm.kernels.sources import load_native_op
 
     source_sha = load_native_op(name).source_sha256()
     identity = "|".join(
@@ -76,9 +76,9 @@ def load_jit_op(name: str, *, cuda: bool = False, verbose: bool = False) -> str:
     import torch
     from filelock import FileLock, Timeout
 
-    from turbo_dllm.kernels.compile import compile_op
+    from turbo_dllm.bundles.compile import compile_op
+    from turbo_dllm.bundles.native import load_native_op
     from turbo_dllm.kernels.ops import register_python_side
-    from turbo_dllm.kernels.sources import load_native_op
 
     namespace, build_dir = jit_build(name, cuda=cuda)
     with _LOCK:

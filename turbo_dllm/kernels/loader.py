@@ -79,8 +79,8 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
     import torch
 
     from turbo_dllm.bundles.fetch import sha256_file
+    from turbo_dllm.bundles.native import load_native_op
     from turbo_dllm.kernels.ops import register_python_side
-    from turbo_dllm.kernels.sources import load_native_op
 
     bundle = store.active()
     if bundle is None:
@@ -136,6 +136,6 @@ def load_bundle_triton_op(name: str, store: BundleStore | None = None) -> tuple[
     loaded = load_bundle_op(name, store)
     if loaded.source is None:
         raise DllmError(f"op {name!r} of the active bundle is not a Triton op")
-    from turbo_dllm.kernels.sources import load_native_op
+    from turbo_dllm.bundles.native import load_native_op
 
     return loaded.source, load_native_op(name).source_sha256()

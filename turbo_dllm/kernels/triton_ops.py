@@ -51,7 +51,7 @@ def import_triton_source(path: Path, op: str, source_sha256: str) -> ModuleType:
 
 def triton_module(op: str, backend: str) -> ModuleType:
     """The module of Triton op `op` for `backend` ('native': the active bundle; 'jit': shipped)."""
-    from turbo_dllm.kernels.sources import load_native_op
+    from turbo_dllm.bundles.native import load_native_op
 
     if backend == "jit":
         native = load_native_op(op)

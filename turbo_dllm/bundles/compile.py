@@ -1,7 +1,7 @@
 """Compile one native op into a shared library with torch.utils.cpp_extension (ninja).
 
 Both paths that build kernels use this: `dllm bundle build` (run in a child process through
-`python -m turbo_dllm.kernels.compile`, so the builder never holds a half-loaded library and the
+`python -m turbo_dllm.kernels.build_op`, so the builder never holds a half-loaded library and the
 child proves the library loads and matches the reference) and the `jit` backend (in-process).
 
 Every build gets its own torch.ops namespace (`-DTURBO_DLLM_NS=...`): torch lets one process
@@ -11,7 +11,6 @@ live in one process side by side.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import hashlib
 import json
@@ -19,12 +18,12 @@ import os
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
+from turbo_dllm.bundles.native import NativeOp
 from turbo_dllm.errors import DllmError
 from turbo_dllm.host import GpuArch
-from turbo_dllm.kernels.sources import NativeOp, load_native_op
 
 __all__ = ["CompiledOp", "compile_op", "namespace_for", "run_compile_subprocess"]
 
@@ -205,7 +204,7 @@ def run_compile_subprocess(
     command = [
         sys.executable,
         "-m",
-        "turbo_dllm.kernels.compile",
+        "turbo_dllm.kernels.build_op",  # compile, then the op's self-test, in a fresh process
         "--op",
         op_name,
         "--namespace",
@@ -229,35 +228,3 @@ def run_compile_subprocess(
         )
     data = json.loads(result_file.read_text())
     return CompiledOp(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
-
-
-def _main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m turbo_dllm.kernels.compile")
-    parser.add_argument("--op", required=True)
-    parser.add_argument("--namespace", required=True)
-    parser.add_argument("--build-dir", required=True, type=Path)
-    parser.add_argument("--result", required=True, type=Path)
-    parser.add_argument("--archs", default="")
-    parser.add_argument("--verbose", action="store_true")
-    args = parser.parse_args(argv)
-    archs = tuple(GpuArch.parse(a) for a in args.archs.split(",") if a)
-    try:
-        compiled = compile_op(
-            load_native_op(args.op),
-            namespace=args.namespace,
-            build_dir=args.build_dir,
-            archs=archs,
-            verbose=args.verbose,
-        )
-        from turbo_dllm.kernels.selftest import self_test
-
-        self_test(args.op, args.namespace, cuda=bool(archs))
-    except DllmError as error:
-        print(f"dllm: error: {error.message}", file=sys.stderr)
-        return 2
-    args.result.write_text(json.dumps(asdict(compiled), indent=2))
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(_main())
