@@ -51,6 +51,12 @@ OBJECTIVES: Mapping[str, Objective] = {
             "Fast-dLLM v2: complementary masks, labels shifted by one, unit weight",
             "turbo_dllm.train.objectives.fast_dllm_v2",
         ),
+        Objective(
+            "autoregressive",
+            "next-token cross-entropy, token-causal attention (targets, AR drafters)",
+            "turbo_dllm.train.objectives.autoregressive",
+            stream_block_size=1,
+        ),
     )
 }
 

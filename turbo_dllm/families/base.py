@@ -142,6 +142,9 @@ class Objective:
     name: str
     summary: str
     runtime_module: str
+    # The block size its stream always uses, whatever `objective.block_size` says (the
+    # autoregressive objective: 1, token-causal); None: `objective.block_size`.
+    stream_block_size: int | None = None
 
     def build(self, spec: Any, mask_token_id: int) -> Any:
         return importlib.import_module(self.runtime_module).build(spec, mask_token_id)

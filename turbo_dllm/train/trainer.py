@@ -276,7 +276,21 @@ class Trainer:
 
         # -- the step's batches and the global supervised-token count -------------------------
         batches = [next(self.loader) for _ in range(accum)]
-        supervised = float(sum(self.objective.supervised_count(b) for b in batches))
+        keys = [
+            NoiseKey(
+                seed=spec.launch.seed,
+                step=step,
+                first_sample=(index * dims.dp_size + dims.dp_rank) * micro,
+                samples_per_step=self.samples_per_step,
+            )
+            for index in range(accum)
+        ]
+        supervised = float(
+            sum(
+                self.objective.supervised_count(b, key=k)
+                for b, k in zip(batches, keys, strict=True)
+            )
+        )
         # The ranks of a context group hold the same batches: count them once.
         if self.env.distributed:  # (one process: no device round trip before the forward)
             counts = torch.tensor([supervised / self.plan.context_size], device=self.device)
@@ -287,13 +301,7 @@ class Trainer:
         # -- forward / backward per micro-batch -------------------------------------------------
         loss_sum = torch.zeros((), device=self.device)
         flops = 0.0
-        for index, batch in enumerate(batches):
-            key = NoiseKey(
-                seed=spec.launch.seed,
-                step=step,
-                first_sample=(index * dims.dp_size + dims.dp_rank) * micro,
-                samples_per_step=self.samples_per_step,
-            )
+        for index, (batch, key) in enumerate(zip(batches, keys, strict=True)):
             diffusion = self.objective.corrupt(batch, key)
             rows = diffusion.input_ids.shape[0]
             flops += self.model_config.step_flops(

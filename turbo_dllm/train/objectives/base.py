@@ -136,8 +136,11 @@ def score(batch: DiffusionBatch, hidden: torch.Tensor, head_weight: torch.Tensor
 class Objective(Protocol):
     name: str
 
-    def supervised_count(self, batch: dict[str, torch.Tensor]) -> int:
-        """Tokens of this loader batch the loss is normalised by (known before any noise)."""
+    def supervised_count(self, batch: dict[str, torch.Tensor], key: NoiseKey | None = None) -> int:
+        """Tokens of this loader batch the loss is normalised by (known before the forward).
+
+        `key` is the micro-batch's noise key: an objective whose scored set is drawn (the
+        DFlash anchors) counts what that draw will score; the others ignore it."""
         ...
 
     def corrupt(self, batch: dict[str, torch.Tensor], key: NoiseKey) -> DiffusionBatch:
