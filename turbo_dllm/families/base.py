@@ -89,6 +89,9 @@ class Family:
     # RunSpec `model` fields its runtime's build_model takes as keywords (e.g. linear_attention);
     # a family without one refuses a spec that sets it away from its default.
     model_options: tuple[str, ...] = ()
+    # Reads a RunSpec's whole `model` section itself, instead of `resolve_config` (a family
+    # whose config comes from more than one folder: a drafter and its target).
+    configure: Callable[[Any], FamilyConfig] | None = None
 
     def runtime(self) -> FamilyRuntime:
         module: ModuleType = importlib.import_module(self.runtime_module)

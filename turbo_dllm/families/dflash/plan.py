@@ -1,0 +1,100 @@
+"""How a drafter's training micro-batch becomes model inputs: the trainer's sequence plan.
+
+`DraftPlan.prepare(draft_batch, device)` gets the target's features (online: the frozen target
+runs here, `target.TargetFeatures`; offline: the feature artifact's rows came with the batch),
+lays the anchors' blocks out as the drafter's tokens [anchor, mask x (B-1)] at positions
+anchor + 0..B-1, builds the attention mask (a block sees itself, bidirectionally, and the
+context of its document before its anchor) and the scoring hook (`paper_ce` or
+`speculators_kl`). Every rank holds whole sequences (data parallelism / FSDP only).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from turbo_dllm.families.dflash.config import DFlashConfig
+from turbo_dllm.families.dflash.losses import frozen_linear_kl
+from turbo_dllm.families.dflash.model import DraftContext
+from turbo_dllm.train.losses import linear_cross_entropy
+from turbo_dllm.train.objectives.dflash_distillation import DraftBatch
+from turbo_dllm.train.parallel.plan import ModelInputs
+
+__all__ = ["DraftPlan", "draft_attention_mask", "draft_score"]
+
+
+def draft_attention_mask(
+    anchors: torch.Tensor,
+    anchor_valid: torch.Tensor,
+    doc_ids: torch.Tensor | None,
+    context_len: int,
+    block_size: int,
+) -> torch.Tensor:
+    """(R, 1, N*B, L + N*B) bool: context rows [doc start, anchor) of the block's document,
+    then the block's own B tokens (padding blocks see only themselves)."""
+    rows, n = anchors.shape
+    device = anchors.device
+    anchor_q = anchors.repeat_interleave(block_size, dim=1)  # (R, Q)
+    valid_q = anchor_valid.repeat_interleave(block_size, dim=1)
+    kv = torch.arange(context_len, device=device)
+    context = (kv[None, None, :] < anchor_q[:, :, None]) & valid_q[:, :, None]
+    if doc_ids is not None:
+        docs = doc_ids.to(device)
+        context &= docs.gather(1, anchor_q)[:, :, None] == docs[:, None, :]
+    block = torch.arange(n * block_size, device=device) // block_size
+    local = (block[:, None] == block[None, :]).expand(rows, -1, -1)
+    return torch.cat([context, local], dim=-1)[:, None]
+
+
+def draft_score(
+    batch: DraftBatch, teacher: torch.Tensor | None, hidden: torch.Tensor, head: torch.Tensor
+) -> torch.Tensor:
+    """The objective's weighted loss summed over the supervised slots (the output hook)."""
+    flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.score_index)
+    if batch.loss == "paper_ce":
+        return linear_cross_entropy(flat, head, batch.targets, batch.weights)
+    rows = teacher.reshape(-1, teacher.shape[-1]).index_select(0, batch.teacher_index)
+    return frozen_linear_kl(flat, head, rows.to(flat.dtype), batch.weights)
+
+
+def draft_tokens(batch: DraftBatch, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, N*B) token ids [anchor token, mask x (B-1)] per block, and their positions."""
+    rows, n = batch.anchors.shape
+    b = batch.block_size
+    tokens = torch.full((rows, n, b), mask_token_id, dtype=torch.long, device=batch.anchors.device)
+    tokens[:, :, 0] = torch.where(
+        batch.anchor_valid, batch.context_ids.gather(1, batch.anchors), mask_token_id
+    )
+    positions = batch.anchors[:, :, None] + torch.arange(b, device=batch.anchors.device)
+    return tokens.reshape(rows, n * b), positions.reshape(rows, n * b)
+
+
+class DraftPlan:
+    """Whole sequences per rank; the target's features online or from the batch."""
+
+    context_size = 1
+    attention_backend = None  # the drafter attends with SDPA over an explicit mask
+
+    def __init__(self, config: DFlashConfig, target=None) -> None:
+        self.config = config
+        self.target = target  # a TargetFeatures, or None when the batches carry features
+
+    def prepare(self, batch: DraftBatch, device: torch.device) -> ModelInputs:
+        if batch.features is not None:
+            features, teacher = batch.features, batch.teacher_hidden
+        else:
+            features, teacher = self.target(batch.context_ids, batch.doc_ids)
+        tokens, positions = draft_tokens(batch, self.config.mask_token_id)
+        length = batch.context_ids.shape[1]
+        mask = draft_attention_mask(
+            batch.anchors, batch.anchor_valid, batch.doc_ids, length, batch.block_size
+        )
+        context = DraftContext(features, torch.arange(length, device=device), mask)
+        return ModelInputs(
+            input_ids=tokens,
+            positions=positions,
+            mask=context,
+            batch=batch,
+            output=partial(draft_score, batch, teacher),
+        )
