@@ -14,7 +14,7 @@ from turbo_dllm import registry
 from turbo_dllm.config.runspec import RunSpec
 from turbo_dllm.config.topology import ParallelLayout
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import FamilyMismatch
+from turbo_dllm.families.base import FamilyMismatch, ModelMisfit
 
 __all__ = ["Problem", "check", "problems"]
 
@@ -154,6 +154,8 @@ def _family_rules(spec: RunSpec, family) -> list[tuple[str, str]]:
         config = registry.resolve_model_config(spec.model)
     except FamilyMismatch as error:
         return [("model.family", f"{error.message}; {error.hint}")]
+    except ModelMisfit as error:
+        return [(error.path, error.message + (f" ({error.hint})" if error.hint else ""))]
     except DllmError:
         return []
     return family.rules(spec, config) if family.rules else []

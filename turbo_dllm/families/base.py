@@ -30,6 +30,7 @@ __all__ = [
     "FamilyConfig",
     "FamilyMismatch",
     "FamilyRuntime",
+    "ModelMisfit",
     "Objective",
     "read_hf_config",
 ]
@@ -44,6 +45,15 @@ class FamilyMismatch(DllmError):
     def __init__(self, message: str, hint: str | None = None, *, model_type: Any = None) -> None:
         super().__init__(message, hint)
         self.model_type = model_type
+
+
+class ModelMisfit(DllmError):
+    """The model a RunSpec describes cannot be built as given (reported by validation at
+    `path`, unlike a folder that cannot be read here, which doctor and the trainer report)."""
+
+    def __init__(self, message: str, hint: str | None = None, *, path: str = "model") -> None:
+        super().__init__(message, hint)
+        self.path = path
 
 
 class FamilyConfig(Protocol):

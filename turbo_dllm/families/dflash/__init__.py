@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import Family, read_hf_config
+from turbo_dllm.families.base import Family, ModelMisfit, read_hf_config
 from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
 
 __all__ = ["DFLASH", "configure", "read_target_config"]
@@ -29,12 +29,23 @@ def read_target_config(path: str) -> Any:
 
 
 def configure(model: Any) -> DFlashConfig:
-    """The drafter config of a RunSpec's `model` section, checked against its target."""
+    """The drafter config of a RunSpec's `model` section, checked against its target; every
+    misfit is a `ModelMisfit`, which validation reports before any work."""
+    try:
+        return _configure(model)
+    except ModelMisfit:
+        raise
+    except DllmError as error:
+        raise ModelMisfit(error.message, error.hint, path="model.dflash") from None
+
+
+def _configure(model: Any) -> DFlashConfig:
     spec = model.dflash
     if spec is None:
-        raise DllmError(
+        raise ModelMisfit(
             "model.family dflash needs model.dflash (at least model.dflash.target)",
             hint="name the target's folder: model.dflash.target: path/to/target",
+            path="model.dflash",
         )
     if model.config_overrides:
         raise DllmError(

@@ -22,16 +22,17 @@ class _FrozenLinearKL(torch.autograd.Function):
     def forward(ctx, hidden, weight, teacher_hidden, token_weights, chunk_size, compute_dtype):
         n = hidden.shape[0]
         w = weight.to(compute_dtype)
-        total = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        math_dtype = torch.promote_types(compute_dtype, torch.float32)  # never below fp32
+        total = torch.zeros((), dtype=math_dtype, device=hidden.device)
         grad = torch.empty_like(hidden) if ctx.needs_input_grad[0] else None
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
-            draft = (hidden[start:end].to(compute_dtype) @ w.t()).float()
-            teacher = (teacher_hidden[start:end].to(compute_dtype) @ w.t()).float()
+            draft = (hidden[start:end].to(compute_dtype) @ w.t()).to(math_dtype)
+            teacher = (teacher_hidden[start:end].to(compute_dtype) @ w.t()).to(math_dtype)
             log_q = torch.log_softmax(draft, dim=-1)
             log_p = torch.log_softmax(teacher, dim=-1)
             p = log_p.exp()
-            scale = token_weights[start:end].float()
+            scale = token_weights[start:end].to(math_dtype)
             total += (scale * (p * (log_p - log_q)).sum(-1)).sum()
             if grad is not None:
                 g = (log_q.exp() - p) * scale[:, None]

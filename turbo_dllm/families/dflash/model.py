@@ -58,7 +58,7 @@ class DFlashAttention(nn.Module):
         self.k_norm = RMSNorm(d, config.rms_norm_eps)
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:
-        return x.view(*x.shape[:2], -1, self.head_dim)
+        return x.view(*x.shape[:2], x.shape[-1] // self.head_dim, self.head_dim)
 
     def context_kv(
         self, context: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
