@@ -42,6 +42,21 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_eval)
 
+    p = commands.add_parser(
+        "export",
+        help="write a drafter checkpoint as the folder SGLang and vLLM serve",
+        description="config.json (DFlashDraftModel, dflash_config), model.safetensors without "
+        "the target's tensors, and training_export.json (provenance and sha256 of the files).",
+    )
+    p.add_argument(
+        "--checkpoint", required=True, help="a checkpoints/step_<N> folder (or its parent)"
+    )
+    p.add_argument("--out", required=True, help="new folder to write")
+    p.add_argument("--target", default=None, help="check the fit and record the target's hash")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_export)
+
 
 def _eval(args) -> int:
     from turbo_dllm.families.dflash.speculative import evaluate
@@ -71,4 +86,15 @@ def _eval(args) -> int:
     )
     hist = ", ".join(f"{k}: {v}" for k, v in sorted(report.accepted_histogram.items()))
     print(f"tokens per forward: {hist}")
+    return 0
+
+
+def _export(args) -> int:
+    from turbo_dllm.families.dflash.export import export_drafter
+
+    out = export_drafter(args.checkpoint, args.out, target=args.target, dtype=args.dtype)
+    if args.json:
+        emit_json({"out": str(out), "files": sorted(p.name for p in out.iterdir())})
+    else:
+        print(f"wrote {out}")
     return 0
