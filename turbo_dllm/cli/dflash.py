@@ -5,7 +5,7 @@ dllm dflash eval --target DIR --drafter DIR --data ARTIFACT   lossless speculati
 
 from __future__ import annotations
 
-from turbo_dllm.cli._output import emit_json
+from turbo_dllm.cli._output import add_overrides, emit_json
 
 
 def register(subparsers) -> None:
@@ -57,6 +57,21 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_export)
 
+    p = commands.add_parser(
+        "prepare-features",
+        help="run the target over a drafter run's data once and store its features",
+        description="Write a feature artifact (turbo_dllm.dflash_features.v1: compact rows, "
+        "sharded, fingerprinted; atomic and resumable) for the drafter RunSpec F; set "
+        "model.dflash.features to it and training reads it instead of running the target.",
+    )
+    p.add_argument("--config", required=True, help="the drafter's train.yaml (a dflash RunSpec)")
+    p.add_argument("--out", required=True, help="new folder to write")
+    add_overrides(p)
+    p.add_argument("--rows-per-shard", type=int, default=256)
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_prepare_features)
+
 
 def _eval(args) -> int:
     from turbo_dllm.families.dflash.speculative import evaluate
@@ -97,4 +112,20 @@ def _export(args) -> int:
         emit_json({"out": str(out), "files": sorted(p.name for p in out.iterdir())})
     else:
         print(f"wrote {out}")
+    return 0
+
+
+def _prepare_features(args) -> int:
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.families.dflash.features import prepare_features, read_features_manifest
+
+    spec = load_runspec(args.config, args.overrides)
+    out = prepare_features(
+        spec, args.out, rows_per_shard=args.rows_per_shard, device=args.device, progress=True
+    )
+    manifest = read_features_manifest(out)
+    if args.json:
+        emit_json({"out": str(out), "fingerprint": manifest.fingerprint, "rows": manifest.num_rows})
+    else:
+        print(f"wrote {out} ({manifest.num_rows} rows, fingerprint {manifest.fingerprint[:16]})")
     return 0

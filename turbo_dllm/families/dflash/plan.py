@@ -1,7 +1,8 @@
 """How a drafter's training micro-batch becomes model inputs: the trainer's sequence plan.
 
 `DraftPlan.prepare(draft_batch, device)` gets the target's features (online: the frozen target
-runs here, `target.TargetFeatures`; offline: the feature artifact's rows came with the batch),
+runs here, `target.TargetFeatures`; offline: the batch's rows of the feature artifact,
+`features.FeatureStore`),
 lays the anchors' blocks out as the drafter's tokens [anchor, mask x (B-1)] at positions
 anchor + 0..B-1, builds the attention mask (a block sees itself, bidirectionally, and the
 context of its document before its anchor) and the scoring hook (`paper_ce` or
@@ -14,6 +15,7 @@ from functools import partial
 
 import torch
 
+from turbo_dllm.errors import DllmError
 from turbo_dllm.families.dflash.config import DFlashConfig
 from turbo_dllm.families.dflash.losses import frozen_linear_kl
 from turbo_dllm.families.dflash.model import DraftContext
@@ -76,13 +78,16 @@ class DraftPlan:
     context_size = 1
     attention_backend = None  # the drafter attends with SDPA over an explicit mask
 
-    def __init__(self, config: DFlashConfig, target=None) -> None:
+    def __init__(self, config: DFlashConfig, target=None, store=None) -> None:
         self.config = config
-        self.target = target  # a TargetFeatures, or None when the batches carry features
+        self.target = target  # online: a TargetFeatures
+        self.store = store  # offline: a FeatureStore
 
     def prepare(self, batch: DraftBatch, device: torch.device) -> ModelInputs:
-        if batch.features is not None:
-            features, teacher = batch.features, batch.teacher_hidden
+        if self.store is not None:
+            if batch.rows is None:
+                raise DllmError("offline features need data.artifact (rows to look up)")
+            features, teacher = self.store.lookup(batch.rows.cpu(), device)
         else:
             features, teacher = self.target(batch.context_ids, batch.doc_ids)
         tokens, positions = draft_tokens(batch, self.config.mask_token_id)

@@ -110,7 +110,9 @@ def build_sequence_plan(dims, attention, *, spec, config: DFlashConfig, device, 
     from turbo_dllm.families.dflash.target import TargetFeatures
 
     if spec.model.dflash.features is not None:
-        return DraftPlan(config)
+        from turbo_dllm.families.dflash.features import FeatureStore
+
+        return DraftPlan(config, store=FeatureStore(spec.model.dflash.features))
     teacher = spec.objective.dflash_loss == "speculators_kl"
     target = TargetFeatures(config.target_path, config, teacher=teacher, device=device)
     return DraftPlan(config, target)

@@ -67,6 +67,17 @@ class TargetFeatures:
     def __call__(
         self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # One row at a time: a row's numbers then never depend on the batch it came in, so
+        # the offline artifact (written row by row) holds exactly what training computes here.
+        rows = [
+            self._row(input_ids[r : r + 1], None if doc_ids is None else doc_ids[r : r + 1])
+            for r in range(input_ids.shape[0])
+        ]
+        features = torch.cat([f for f, _ in rows])
+        teacher = torch.cat([t for _, t in rows]) if self.teacher else None
+        return features, teacher
+
+    def _row(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None):
         from turbo_dllm.families.decoder.model import rope_cos_sin
 
         body = self.model.model

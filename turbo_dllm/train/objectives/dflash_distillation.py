@@ -84,8 +84,7 @@ class DraftBatch:
     teacher_index: torch.Tensor
     block_size: int
     loss: str
-    features: torch.Tensor | None = None  # offline: (R, L, F) read from a feature artifact
-    teacher_hidden: torch.Tensor | None = None  # offline: (R, L, H)
+    rows: torch.Tensor | None = None  # the data artifact's rows (offline features' index)
 
     def to(self, device: torch.device) -> DraftBatch:
         def move(t):
@@ -104,8 +103,6 @@ class DraftBatch:
                     "targets",
                     "weights",
                     "teacher_index",
-                    "features",
-                    "teacher_hidden",
                 )
             },
         )
@@ -241,8 +238,7 @@ class DFlashDistillation:
             teacher_index=r * length + position - 1,
             block_size=b,
             loss=self.loss,
-            features=batch.get("features"),
-            teacher_hidden=batch.get("teacher_hidden"),
+            rows=batch.get("rows"),
         )
 
 
