@@ -30,19 +30,21 @@ def test_drafter_learns_and_resumes_bitwise(world, tmp_path, loss):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("axis", ["dp", "fsdp"])
-def test_two_processes_train_the_one_process_trace(world, tmp_path, axis):
+@pytest.mark.parametrize(
+    "topology",
+    [
+        ("topology.dp=2", "training.micro_batch_size=2"),
+        ("topology.fsdp=2", "training.micro_batch_size=2"),
+        ("topology.bp=2",),  # both ranks read the same batch, each drafts half its anchors
+    ],
+    ids=["dp2", "fsdp2", "bp2"],
+)
+def test_two_processes_train_the_one_process_trace(world, tmp_path, topology):
     args = ("training.steps=3", "checkpoint.interval=null")
     single, double = tmp_path / "single", tmp_path / "double"
     train(drafter_spec(world["target"], world["artifact"], *args), single)
     config = tmp_path / "train.yaml"
-    document = drafter_document(
-        world["target"],
-        world["artifact"],
-        *args,
-        f"topology.{axis}=2",
-        "training.micro_batch_size=2",
-    )
+    document = drafter_document(world["target"], world["artifact"], *args, *topology)
     config.write_text(yaml.safe_dump(document))
     torchrun(2, "train", "--config", str(config), "--run-dir", str(double), cwd=tmp_path)
     for key in ("loss", "grad_norm"):
@@ -52,3 +54,37 @@ def test_two_processes_train_the_one_process_trace(world, tmp_path, axis):
             rtol=2e-5,
             atol=2e-5,
         )
+
+
+def test_block_parallel_shares_are_disjoint_dual_end_and_cover_the_batch():
+    from turbo_dllm.families.dflash.plan import share_anchors
+    from turbo_dllm.train.objectives import NoiseKey
+    from turbo_dllm.train.objectives.dflash_distillation import DFlashDistillation
+
+    ids = torch.randint(0, 250, (3, 64), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids, dtype=torch.bool)
+    mask[2, 40:] = False
+    objective = DFlashDistillation(block_size=4, max_anchors=9, loss="paper_ce")
+    batch = objective.corrupt({"input_ids": ids, "loss_mask": mask}, NoiseKey(0, 0, 0, 3))
+    b = batch.block_size
+
+    def slots(part):
+        width = part.anchors.shape[1]
+        r = part.score_index // (width * b)
+        anchor = part.anchors[r, (part.score_index // b) % width]
+        return sorted(
+            zip(
+                r.tolist(),
+                anchor.tolist(),
+                (part.score_index % b).tolist(),
+                part.targets.tolist(),
+                strict=True,
+            )
+        )
+
+    shares = [share_anchors(batch, rank, 2) for rank in range(2)]
+    assert sorted(slots(shares[0]) + slots(shares[1])) == slots(batch)
+    assert not set(slots(shares[0])) & set(slots(shares[1]))
+    row = batch.anchors[0][batch.anchor_valid[0]].tolist()  # 9 anchors: pairs (0,8) (1,7) ...
+    mine = shares[0].anchors[0][shares[0].anchor_valid[0]].tolist()
+    assert mine == sorted([row[0], row[8], row[2], row[6], row[4]])

@@ -111,7 +111,7 @@ DFLASH = Family(
     summary="a DFlash block-diffusion drafter over a frozen target's hidden states",
     model_types=("qwen3",),
     objectives=("dflash_distillation",),
-    axes=frozenset({"fsdp"}),
+    axes=frozenset({"fsdp", "bp"}),
     presets=PRESETS,
     read_config=DFlashConfig.from_hf_dict,
     runtime_module="turbo_dllm.families.dflash.runtime",
@@ -120,8 +120,8 @@ DFLASH = Family(
         "tp": _NOT_SHARDED,
         "sp": _NOT_SHARDED,
         "ep": "a drafter has no experts",
-        "cp": "context sharding of the target features has not landed for drafters",
-        "bp": "anchor sharding has not landed for drafters",
+        "cp": "sharding the target's context over ranks (ring attention) has not landed for "
+        "drafters; bp shares the anchors instead",
     },
     configure=configure,
 )

@@ -6,11 +6,13 @@ runs here, `target.TargetFeatures`; offline: the batch's rows of the feature art
 lays the anchors' blocks out as the drafter's tokens [anchor, mask x (B-1)] at positions
 anchor + 0..B-1, builds the attention mask (a block sees itself, bidirectionally, and the
 context of its document before its anchor) and the scoring hook (`paper_ce` or
-`speculators_kl`). Every rank holds whole sequences (data parallelism / FSDP only).
+`speculators_kl`). Every rank holds whole sequences; under block parallelism (bp) the ranks of
+a context group share each batch's anchors in dual-end order.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import partial
 
 import torch
@@ -23,7 +25,7 @@ from turbo_dllm.train.losses import linear_cross_entropy
 from turbo_dllm.train.objectives.dflash_distillation import DraftBatch
 from turbo_dllm.train.parallel.plan import ModelInputs
 
-__all__ = ["DraftPlan", "draft_attention_mask", "draft_score"]
+__all__ = ["DraftPlan", "draft_attention_mask", "draft_score", "share_anchors"]
 
 
 def draft_attention_mask(
@@ -72,16 +74,53 @@ def draft_tokens(batch: DraftBatch, mask_token_id: int) -> tuple[torch.Tensor, t
     return tokens.reshape(rows, n * b), positions.reshape(rows, n * b)
 
 
-class DraftPlan:
-    """Whole sequences per rank; the target's features online or from the batch."""
+def share_anchors(batch: DraftBatch, rank: int, size: int) -> DraftBatch:
+    """This rank's anchors under block parallelism, in dual-end order: a row's valid anchors
+    (sorted, so cost grows with the index j: the context before it) pair up as (j, n-1-j), and
+    pair p goes to rank p % size, so every rank holds about the same context cost. Anchors are
+    compacted and the scored slots renumbered; the ranks' losses add up to the whole batch's."""
+    rows, width = batch.anchors.shape
+    b = batch.block_size
+    valid = batch.anchor_valid
+    index = valid.long().cumsum(1) - 1  # valid anchors come first in each row
+    count = valid.sum(1, keepdim=True)
+    pair = torch.minimum(index, count - 1 - index)
+    mine = valid & (pair % size == rank)
+    new_width = max(1, int(mine.sum(1).max()))
+    column = mine.long().cumsum(1) - 1
+    r, n = mine.nonzero(as_tuple=True)
+    anchors = torch.zeros(rows, new_width, dtype=batch.anchors.dtype, device=batch.anchors.device)
+    present = torch.zeros(rows, new_width, dtype=torch.bool, device=valid.device)
+    anchors[r, column[r, n]] = batch.anchors[r, n]
+    present[r, column[r, n]] = True
+    sr = batch.score_index // (width * b)
+    sn = (batch.score_index // b) % width
+    sk = batch.score_index % b
+    keep = mine[sr, sn]
+    return replace(
+        batch,
+        anchors=anchors,
+        anchor_valid=present,
+        score_index=((sr * new_width + column[sr, sn]) * b + sk)[keep],
+        targets=batch.targets[keep],
+        weights=batch.weights[keep],
+        teacher_index=batch.teacher_index[keep],
+    )
 
-    context_size = 1
+
+class DraftPlan:
+    """The target's features online or from a feature artifact; with bp > 1 each rank of the
+    context group drafts its dual-end share of the anchors (`share_anchors`)."""
+
     attention_backend = None  # the drafter attends with SDPA over an explicit mask
 
-    def __init__(self, config: DFlashConfig, target=None, store=None) -> None:
+    def __init__(
+        self, config: DFlashConfig, target=None, store=None, *, rank: int = 0, size: int = 1
+    ) -> None:
         self.config = config
         self.target = target  # online: a TargetFeatures
         self.store = store  # offline: a FeatureStore
+        self.rank, self.context_size = rank, size
 
     def prepare(self, batch: DraftBatch, device: torch.device) -> ModelInputs:
         if self.store is not None:
@@ -90,6 +129,8 @@ class DraftPlan:
             features, teacher = self.store.lookup(batch.rows.cpu(), device)
         else:
             features, teacher = self.target(batch.context_ids, batch.doc_ids)
+        if self.context_size > 1:
+            batch = share_anchors(batch, self.rank, self.context_size)
         tokens, positions = draft_tokens(batch, self.config.mask_token_id)
         length = batch.context_ids.shape[1]
         mask = draft_attention_mask(

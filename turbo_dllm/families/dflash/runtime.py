@@ -109,10 +109,13 @@ def build_sequence_plan(dims, attention, *, spec, config: DFlashConfig, device, 
     from turbo_dllm.families.dflash.plan import DraftPlan
     from turbo_dllm.families.dflash.target import TargetFeatures
 
+    share = {}
+    if dims is not None and dims.context > 1:  # bp: this rank's share of the anchors
+        share = {"rank": dims.get_mesh("context").get_local_rank(), "size": dims.context}
     if spec.model.dflash.features is not None:
         from turbo_dllm.families.dflash.features import FeatureStore
 
-        return DraftPlan(config, store=FeatureStore(spec.model.dflash.features))
+        return DraftPlan(config, store=FeatureStore(spec.model.dflash.features), **share)
     teacher = spec.objective.dflash_loss == "speculators_kl"
     target = TargetFeatures(config.target_path, config, teacher=teacher, device=device)
-    return DraftPlan(config, target)
+    return DraftPlan(config, target, **share)
