@@ -44,7 +44,10 @@ def stdlib_files(limit: int | None) -> list[Path]:
     files = sorted(
         p
         for p in root.rglob("*.py")
-        if "site-packages" not in p.parts and p.stat().st_size > 2000 and p.is_file()
+        # the library itself: no installed packages, no test suites (a third of the text)
+        if not {"site-packages", "test", "tests", "idle_test"} & set(p.parts)
+        and p.is_file()
+        and p.stat().st_size > 2000
     )
     return files[:limit] if limit else files
 

@@ -11,7 +11,7 @@ from tests.dflash.helpers import stdlib_artifact, train_target
 def world(tmp_path_factory):
     root = tmp_path_factory.mktemp("dflash-world")
     artifact = stdlib_artifact(root)
-    target = train_target(artifact, root, steps=40)
+    target = train_target(artifact, root, steps=30)
     return {"root": root, "artifact": artifact, "target": target}
 
 

@@ -16,7 +16,7 @@ from turbo_dllm.config.runspec import RunSpec
 from turbo_dllm.config.validate import check
 
 # Small, stable modules of every CPython install (sources are text every machine has).
-STDLIB_FILES = ("textwrap.py", "shlex.py", "colorsys.py", "bisect.py", "keyword.py", "glob.py")
+STDLIB_FILES = ("colorsys.py", "bisect.py", "keyword.py", "glob.py", "fnmatch.py")
 MASK = 259  # the byte-level tokenizer's <|mask|>
 
 
