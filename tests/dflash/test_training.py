@@ -87,3 +87,40 @@ def test_block_parallel_shares_are_disjoint_dual_end_and_cover_the_batch():
     row = batch.anchors[0][batch.anchor_valid[0]].tolist()  # 9 anchors: pairs (0,8) (1,7) ...
     mine = shares[0].anchors[0][shares[0].anchor_valid[0]].tolist()
     assert mine == sorted([row[0], row[8], row[2], row[6], row[4]])
+
+
+def test_block_parallel_shares_add_up_to_every_gradient(world):
+    """Each rank's share of the anchors gives part of the loss; the shares' gradients add up to
+    the whole batch's, parameter by parameter (what FSDP's reduction then sums over ranks)."""
+    from turbo_dllm.families.dflash.plan import DraftPlan
+    from turbo_dllm.families.dflash.runtime import build_model, materialize
+    from turbo_dllm.families.dflash.target import TargetFeatures
+    from turbo_dllm.registry import resolve_model_config
+    from turbo_dllm.train.data import build_data
+    from turbo_dllm.train.objectives import NoiseKey, build_objective
+
+    spec = drafter_spec(world["target"], world["artifact"], "objective.max_anchors=5")
+    config = resolve_model_config(spec.model)
+    model = materialize(build_model(config), torch.device("cpu"), seed=0)
+    data = build_data(spec, model_vocab_size=config.vocab_size, dp_rank=0, dp_size=1)
+    objective = build_objective(spec.objective, data.mask_token_id)
+    batch = objective.corrupt(next(data.loader), NoiseKey(0, 0, 0, 4))
+    target = TargetFeatures(config.target_path, config, teacher=True, device=torch.device("cpu"))
+
+    def gradients(plan):
+        model.zero_grad()
+        inputs = plan.prepare(batch, torch.device("cpu"))
+        loss = model(inputs.input_ids, inputs.positions, inputs.mask, output=inputs.output)
+        loss.backward()
+        return loss.detach(), {
+            n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None
+        }
+
+    whole_loss, whole = gradients(DraftPlan(config, target))
+    parts = [gradients(DraftPlan(config, target, rank=r, size=2)) for r in range(2)]
+    torch.testing.assert_close(parts[0][0] + parts[1][0], whole_loss, rtol=1e-5, atol=1e-6)
+    assert whole.keys() == parts[0][1].keys() and "fc.weight" in whole
+    for name, grad in whole.items():
+        torch.testing.assert_close(
+            parts[0][1][name] + parts[1][1][name], grad, rtol=1e-4, atol=1e-6, msg=name
+        )
