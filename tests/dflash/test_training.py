@@ -20,6 +20,12 @@ def test_drafter_learns_and_resumes_bitwise(world, tmp_path):
     train(drafter_spec(world["target"], world["artifact"], *args), straight)
     trace = losses(straight)
     assert trace[-1] < 0.8 * trace[0], trace
+    from torch.distributed.checkpoint import FileSystemReader
+
+    saved = FileSystemReader(str(straight / "checkpoints/step_00000008")).read_metadata()
+    names = set(saved.state_dict_metadata)
+    assert "model.fc.weight" in names  # the drafter's own tensors, never the target's:
+    assert not {n for n in names if "embed_tokens" in n or "lm_head" in n}
     train(drafter_spec(world["target"], world["artifact"], *args), resumed)
     shutil.rmtree(resumed / "checkpoints/step_00000008")
     train(drafter_spec(world["target"], world["artifact"], *args), resumed)
