@@ -113,10 +113,13 @@ def read_features_manifest(path: str | Path) -> FeaturesManifest:
 def feature_problems(manifest: FeaturesManifest, config, spec) -> list[str]:
     """Why a feature artifact cannot feed this drafter run; empty when it can."""
     found = []
-    if manifest.target_fingerprint != target_fingerprint(config.target_path):
+    # The target's weights are hashed in full (seconds per GB): a same-shaped target with other
+    # weights must not pass.
+    actual = target_fingerprint(config.target_path)
+    if manifest.target_fingerprint != actual:
         found.append(
             f"it was made from another target (fingerprint {manifest.target_fingerprint[:12]}, "
-            f"{config.target_path!r} is {target_fingerprint(config.target_path)[:12]})"
+            f"{config.target_path!r} is {actual[:12]})"
         )
     if manifest.target_layer_ids != list(config.target_layer_ids):
         found.append(
