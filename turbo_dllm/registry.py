@@ -14,9 +14,9 @@ from typing import Any
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import AXES, Family, FamilyConfig, FamilyMismatch, Objective
 from turbo_dllm.families.decoder import CAUSAL_LM, QWEN3
+from turbo_dllm.families.dflash import DFLASH
 from turbo_dllm.families.nemotron_diffusion import NEMOTRON_DIFFUSION
 from turbo_dllm.families.qwen3_8 import QWEN3_8
-from turbo_dllm.families.dflash import DFLASH
 
 __all__ = [
     "AXES",
