@@ -13,7 +13,9 @@
 # twice in fresh homes and folders: the two archives must be byte-identical), families (fla's
 # chunk kernel against the torch reference, qwen3_8 training with fla, then the train_step
 # benchmark for qwen3_8 against HF Qwen3_5ForCausalLM and for nemotron_diffusion against our
-# decoder; needs fla: .whl/ holds flash_linear_attention and fla_core). Logs and JSON go to $OUT
+# decoder; needs fla: .whl/ holds flash_linear_attention and fla_core), speculative (DFlash vs
+# AR drafter: train a target, distill both, dllm dflash eval on held-out stdlib files;
+# SPEC_FLAGS adds benchmarks/speculative.py flags). Logs and JSON go to $OUT
 # (or ./gpu-out). Start every fresh machine with deps.
 # CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
 # CSBP's merge op: the jit backend builds the bundle's CUDA sources in place (CP_KERNELS=reference
@@ -66,6 +68,8 @@ for stage in "$@"; do
         python3 benchmarks/attention.py ${ATTN_FLAGS:-} --out "$OUT/attention.json" 2>&1 \
           | tee "$OUT/attention.log" | tail -45 || status=1
       fi ;;
+    speculative) python3 benchmarks/speculative.py --out "$OUT/speculative.json" ${SPEC_FLAGS:-} \
+          2>&1 | grep -v "Loading weights" | tee "$OUT/speculative.log" | tail -12 || status=1 ;;
     tests2) python3 -m pytest -q -p no:cacheprovider tests/distributed/test_csbp_gpu.py \
           "tests/gpu/test_train_gpu.py::test_two_gpus_nccl_match_one" 2>&1 | tee "$OUT/gpu-tests2.log" | tail -8 || status=1 ;;
     cp) python3 benchmarks/context_parallel.py --parts throughput --seq-lens "${CP_SEQ_LENS:-32768,65536}" \

@@ -14,6 +14,7 @@ from typing import Any
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import AXES, Family, FamilyConfig, FamilyMismatch, Objective
 from turbo_dllm.families.decoder import CAUSAL_LM, QWEN3
+from turbo_dllm.families.dflash import DFLASH
 from turbo_dllm.families.nemotron_diffusion import NEMOTRON_DIFFUSION
 from turbo_dllm.families.qwen3_8 import QWEN3_8
 
@@ -35,6 +36,7 @@ FAMILIES: Mapping[str, Family] = {
         QWEN3,
         NEMOTRON_DIFFUSION,
         QWEN3_8,
+        DFLASH,
     )
 }
 
@@ -51,14 +53,25 @@ OBJECTIVES: Mapping[str, Objective] = {
             "Fast-dLLM v2: complementary masks, labels shifted by one, unit weight",
             "turbo_dllm.train.objectives.fast_dllm_v2",
         ),
+        Objective(
+            "autoregressive",
+            "next-token cross-entropy, token-causal attention (targets, AR drafters)",
+            "turbo_dllm.train.objectives.autoregressive",
+            stream_block_size=1,
+        ),
+        Objective(
+            "dflash_distillation",
+            "DFlash: draft blocks at sampled anchors from the target's features (CE or KL)",
+            "turbo_dllm.train.objectives.dflash_distillation",
+        ),
     )
 }
 
 # Names the product defines whose code has not landed: refused with "not available in this
 # version" rather than "unknown" (they are not in the schema).
 PLANNED: Mapping[str, tuple[str, ...]] = {
-    "family": ("dflash", "diffusion_gemma"),
-    "objective": ("dflash_distillation", "diffusiongemma_sft"),
+    "family": ("diffusion_gemma",),
+    "objective": ("diffusiongemma_sft",),
 }
 
 
@@ -89,8 +102,11 @@ def families_reading(model_type: Any) -> list[str]:
 
 def resolve_model_config(model: Any) -> FamilyConfig:
     """The config of a RunSpec's `model` section (family, path or from_config, overrides)."""
+    family = get_family(model.family)
+    if family.configure is not None:
+        return family.configure(model)
     try:
-        return get_family(model.family).resolve_config(
+        return family.resolve_config(
             path=model.path,
             from_config=None if model.path else model.from_config,
             overrides=dict(model.config_overrides),

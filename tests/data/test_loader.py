@@ -33,7 +33,7 @@ def _loader(path, **kwargs):
 def test_batches_follow_the_protocol(artifact):
     loader = _loader(artifact)
     batch = next(loader)
-    assert set(batch) == {"input_ids", "loss_mask", "doc_ids"}
+    assert set(batch) == {"input_ids", "loss_mask", "doc_ids", "rows"}
     assert batch["input_ids"].dtype == torch.long and batch["input_ids"].shape == (3, 32)
     assert batch["loss_mask"].dtype == torch.bool and batch["doc_ids"].dtype == torch.int32
     data = DataArtifact(artifact)
@@ -42,6 +42,7 @@ def test_batches_follow_the_protocol(artifact):
         assert batch["input_ids"][row].tolist() == tokens.tolist()
         assert batch["loss_mask"][row].tolist() == mask.tolist()
         assert batch["doc_ids"][row].tolist() == docs.tolist()
+        assert int(batch["rows"][row]) == index
 
 
 def test_ranks_share_each_epoch_without_loss_or_repeat(artifact):

@@ -26,7 +26,7 @@ def test_defaults_are_valid():
 
 def test_unavailable_capabilities_are_rejected_by_name():
     with pytest.raises(DllmError) as error:
-        spec(model={"family": "dflash"}, objective={"name": "dflash_distillation"})
+        spec(model={"family": "diffusion_gemma"}, objective={"name": "diffusiongemma_sft"})
     lines = str(error.value).splitlines()
     assert any("model.family" in m and "not available in this version" in m for m in lines)
     assert any("objective.name" in m and "not available in this version" in m for m in lines)

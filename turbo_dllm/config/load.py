@@ -120,10 +120,19 @@ def resolve_paths(spec, base_dir: Path):
     from_config = model.from_config
     if from_config and (from_config.endswith(".json") or "/" in from_config):
         from_config = absolute(from_config)
+    dflash = model.dflash
+    if dflash is not None:
+        dflash = dflash.model_copy(
+            update={"target": absolute(dflash.target), "features": absolute(dflash.features)}
+        )
     return spec.model_copy(
         update={
             "model": model.model_copy(
-                update={"path": absolute(model.path), "from_config": from_config}
+                update={
+                    "path": absolute(model.path),
+                    "from_config": from_config,
+                    "dflash": dflash,
+                }
             ),
             "data": spec.data.model_copy(update={"artifact": absolute(spec.data.artifact)}),
             "launch": spec.launch.model_copy(update={"run_dir": absolute(spec.launch.run_dir)}),

@@ -15,6 +15,7 @@ from turbo_dllm import registry
 
 __all__ = [
     "CheckpointSpec",
+    "DFlashSpec",
     "DataSpec",
     "LaunchSpec",
     "LoggingSpec",
@@ -78,6 +79,48 @@ class LaunchSpec(_Strict):
     name: str | None = Field(None, description="Human name shown in `dllm run list`.")
 
 
+class DFlashSpec(_Strict):
+    """A DFlash drafter's target and, for a fresh drafter (`model.from_config: target`), its
+    shape. The drafter shares the target's embeddings and LM head (frozen, read from `target`,
+    never saved with the drafter); docs/dflash.md."""
+
+    target: str = Field(
+        description="The target's local Hugging Face folder (Llama/Qwen2/Qwen3): its shape, its "
+        "frozen embeddings and LM head, and, when `features` is unset, the model run in the "
+        "training process (no grad) to produce the drafter's context features."
+    )
+    num_layers: PositiveInt = Field(1, description="Decoder layers of a fresh drafter.")
+    block_size: int = Field(
+        16,
+        ge=2,
+        description="Tokens per drafted block [anchor, mask x (B-1)]; objective.block_size must "
+        "equal it.",
+    )
+    target_layer_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+        None,
+        min_length=1,
+        description="0-based target layers whose outputs are concatenated as the drafter's "
+        "context features. Default: the middle layer for one draft layer, else one per draft "
+        "layer spread evenly over layers 1 .. n-3 (as z-lab's DFlash).",
+    )
+    mask_token_id: int = Field(
+        ge=0, description="The token id of the block's masked slots (exported in dflash_config)."
+    )
+    sample_from_anchor: bool = Field(
+        False,
+        description="Slot contract: false (z-lab): slot k drafts token anchor+k, slot 0 is the "
+        "anchor itself; true: slot k drafts anchor+1+k. objective.sample_from_anchor must equal it.",
+    )
+    intermediate_size: PositiveInt | None = Field(
+        None, description="MLP width of a fresh drafter; default: the target's."
+    )
+    features: str | None = Field(
+        None,
+        description="A feature artifact made by `dllm dflash prepare-features`: training reads "
+        "the target's features from it instead of running the target.",
+    )
+
+
 class ModelSpec(_Strict):
     family: ModelFamily = "qwen3"
     path: str | None = Field(None, description="Local Hugging Face model folder.")
@@ -104,6 +147,9 @@ class ModelSpec(_Strict):
         "reference, any device) or fla (flash-linear-attention, CUDA). Families without them "
         "refuse fla.",
     )
+    dflash: DFlashSpec | None = Field(
+        None, description="The target (and fresh shape) of a `family: dflash` drafter."
+    )
 
 
 class ObjectiveSpec(_Strict):
@@ -120,6 +166,32 @@ class ObjectiveSpec(_Strict):
         None,
         ge=0,
         description="Default: the data artifact's mask token (or vocab_size-1 for synthetic).",
+    )
+    # --- dflash_distillation -------------------------------------------------------------
+    anchor_sampling: Literal["uniform", "locality"] = Field(
+        "uniform",
+        description="dflash_distillation: how anchors are drawn among the valid ones. uniform: "
+        "a random subset; locality: a random cyclic start, stride block_size (made coprime with "
+        "the candidate count), so anchors are spread and unique with uniform marginals.",
+    )
+    max_anchors: PositiveInt = Field(
+        512, description="dflash_distillation: at most this many anchors (blocks) per sequence."
+    )
+    decay_gamma: float | None = Field(
+        None,
+        gt=0.0,
+        description="dflash_distillation: slot k's weight is exp(-(k-1)/gamma) (exp(-k/gamma) "
+        "with sample_from_anchor); None: every slot weighs 1.",
+    )
+    dflash_loss: Literal["paper_ce", "speculators_kl"] = Field(
+        "speculators_kl",
+        description="dflash_distillation: paper_ce: cross-entropy against the true token; "
+        "speculators_kl: forward KL(target || drafter) over the full vocabulary, computed in "
+        "row chunks (the target then runs all its layers).",
+    )
+    sample_from_anchor: bool = Field(
+        False,
+        description="dflash_distillation: the slot contract (model.dflash.sample_from_anchor).",
     )
 
 

@@ -14,7 +14,7 @@ from turbo_dllm import registry
 from turbo_dllm.config.runspec import RunSpec
 from turbo_dllm.config.topology import ParallelLayout
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import FamilyMismatch
+from turbo_dllm.families.base import FamilyMismatch, ModelMisfit
 
 __all__ = ["Problem", "check", "problems"]
 
@@ -62,7 +62,9 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
     # --- objective and data shapes ---------------------------------------------------------
     if objective.eps_min > objective.eps_max:
         add("objective.eps_min", f"must be <= objective.eps_max ({objective.eps_max})")
-    if data.seq_len % objective.block_size:
+    # The block size of the model's stream (the autoregressive objective always uses 1).
+    block = registry.OBJECTIVES[objective.name].stream_block_size or objective.block_size
+    if data.seq_len % block:
         add(
             "data.seq_len",
             f"{data.seq_len} is not a multiple of objective.block_size ({objective.block_size})",
@@ -90,17 +92,17 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             )
     for path, message in ParallelLayout.from_topology(topo).problems(world_size):
         add(path, message)
-    if topo.cp > 1 and data.seq_len % (2 * topo.cp * objective.block_size):
+    if topo.cp > 1 and data.seq_len % (2 * topo.cp * block):
         add(
             "data.seq_len",
             f"context parallelism shards the sequence zigzag into 2*cp chunks of "
-            f"whole blocks: seq_len must be a multiple of {2 * topo.cp * objective.block_size}",
+            f"whole blocks: seq_len must be a multiple of {2 * topo.cp * block}",
         )
-    if topo.bp > 1 and data.seq_len // objective.block_size < 2 * topo.bp:
+    if topo.bp > 1 and data.seq_len // block < 2 * topo.bp:
         add(
             "data.seq_len",
             f"block parallelism gives each rank a pair of blocks: needs at least "
-            f"{2 * topo.bp} blocks, got {data.seq_len // objective.block_size}",
+            f"{2 * topo.bp} blocks, got {data.seq_len // block}",
         )
     for path, message in _family_rules(spec, family):
         add(path, message)
@@ -152,6 +154,8 @@ def _family_rules(spec: RunSpec, family) -> list[tuple[str, str]]:
         config = registry.resolve_model_config(spec.model)
     except FamilyMismatch as error:
         return [("model.family", f"{error.message}; {error.hint}")]
+    except ModelMisfit as error:
+        return [(error.path, error.message + (f" ({error.hint})" if error.hint else ""))]
     except DllmError:
         return []
     return family.rules(spec, config) if family.rules else []

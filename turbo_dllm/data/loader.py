@@ -25,7 +25,8 @@ STATE_FORMAT = "turbo_dllm.loader.v1"
 
 
 class ArtifactLoader:
-    """Iterate dict batches {"input_ids", "loss_mask", "doc_ids"} of shape [micro_batch, seq_len]."""
+    """Iterate dict batches {"input_ids", "loss_mask", "doc_ids"} of shape [micro_batch, seq_len],
+    with "rows", the artifact rows they are (what a DFlash feature artifact is indexed by)."""
 
     def __init__(
         self,
@@ -100,6 +101,7 @@ class ArtifactLoader:
             "input_ids": torch.from_numpy(np.stack(tokens)),
             "loss_mask": torch.from_numpy(np.stack(masks)),
             "doc_ids": torch.from_numpy(np.stack(docs)),
+            "rows": torch.tensor(rows, dtype=torch.long),  # artifact rows (offline features)
         }
 
     # -- state -----------------------------------------------------------------------------------

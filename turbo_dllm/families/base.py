@@ -30,6 +30,7 @@ __all__ = [
     "FamilyConfig",
     "FamilyMismatch",
     "FamilyRuntime",
+    "ModelMisfit",
     "Objective",
     "read_hf_config",
 ]
@@ -44,6 +45,15 @@ class FamilyMismatch(DllmError):
     def __init__(self, message: str, hint: str | None = None, *, model_type: Any = None) -> None:
         super().__init__(message, hint)
         self.model_type = model_type
+
+
+class ModelMisfit(DllmError):
+    """The model a RunSpec describes cannot be built as given (reported by validation at
+    `path`, unlike a folder that cannot be read here, which doctor and the trainer report)."""
+
+    def __init__(self, message: str, hint: str | None = None, *, path: str = "model") -> None:
+        super().__init__(message, hint)
+        self.path = path
 
 
 class FamilyConfig(Protocol):
@@ -89,6 +99,9 @@ class Family:
     # RunSpec `model` fields its runtime's build_model takes as keywords (e.g. linear_attention);
     # a family without one refuses a spec that sets it away from its default.
     model_options: tuple[str, ...] = ()
+    # Reads a RunSpec's whole `model` section itself, instead of `resolve_config` (a family
+    # whose config comes from more than one folder: a drafter and its target).
+    configure: Callable[[Any], FamilyConfig] | None = None
 
     def runtime(self) -> FamilyRuntime:
         module: ModuleType = importlib.import_module(self.runtime_module)
@@ -142,6 +155,9 @@ class Objective:
     name: str
     summary: str
     runtime_module: str
+    # The block size its stream always uses, whatever `objective.block_size` says (the
+    # autoregressive objective: 1, token-causal); None: `objective.block_size`.
+    stream_block_size: int | None = None
 
     def build(self, spec: Any, mask_token_id: int) -> Any:
         return importlib.import_module(self.runtime_module).build(spec, mask_token_id)

@@ -64,6 +64,15 @@ class CheckpointMeta(BaseModel):
     data_artifact: str | None = None
 
 
+def _own_tensors(model, state: dict) -> dict:
+    """The model state without its `external_weights` (tensors another folder owns, e.g. a
+    DFlash drafter's frozen target embeddings and head): checkpoints never copy them."""
+    from turbo_dllm.train.weights import clean_fqn
+
+    external = set(getattr(model, "external_weights", ()))
+    return {k: v for k, v in state.items() if clean_fqn(k) not in external}
+
+
 def read_meta(path: str | Path) -> CheckpointMeta:
     meta_path = Path(path) / "checkpoint.json"
     if not meta_path.is_file():
@@ -172,6 +181,7 @@ class Checkpointer:
             tmp.mkdir()
         _barrier()
         model_state, optim_state = get_state_dict(model, optimizer)
+        model_state = _own_tensors(model, model_state)
         with quiet_dcp_warnings():
             dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
         torch.save({"rng": _rng_state()}, tmp / f"rank_{self.rank:05d}.pt")
@@ -214,8 +224,10 @@ class Checkpointer:
 
         path = Path(path)
         meta = read_meta(path)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions
+
         model_state, optim_state = get_state_dict(model, optimizer)
-        state = {"model": model_state, "optim": optim_state}
+        state = {"model": _own_tensors(model, model_state), "optim": optim_state}
         with quiet_dcp_warnings():
             dcp.load(state, checkpoint_id=str(path))
         set_state_dict(
@@ -223,6 +235,8 @@ class Checkpointer:
             optimizer,
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
+            # a model's external weights are not in its checkpoint (they stay as loaded)
+            options=StateDictOptions(strict=not getattr(model, "external_weights", ())),
         )
         scheduler.load_state_dict(
             {**meta.scheduler, "lr_lambdas": [None] * len(scheduler.lr_lambdas)}

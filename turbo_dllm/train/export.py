@@ -73,10 +73,13 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     family = get_family(meta.family or "causal_lm")
     config = family.read_config(meta.model)
     model = allocate(family.runtime().build_model(config, None), torch.device("cpu"))
-    state = {"model": model.state_dict()}
+    external = set(getattr(model, "external_weights", ()))  # not in checkpoints, not exported
+    state = {"model": {k: v for k, v in model.state_dict().items() if k not in external}}
     with quiet_dcp_warnings():
         dcp.load(state, checkpoint_id=str(checkpoint))
-    model.load_state_dict(state["model"])
+    missing, _ = model.load_state_dict(state["model"], strict=not external)
+    if set(missing) - external:
+        raise DllmError(f"the checkpoint lacks {sorted(set(missing) - external)[:5]}")
     staging = out.parent / f".{out.name}.partial"
     if staging.exists():
         shutil.rmtree(staging)

@@ -30,7 +30,7 @@ import torch
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.registry import get_family, resolve_model_config
-from turbo_dllm.train.attention import allowed_pairs, build_attention
+from turbo_dllm.train.attention import build_attention
 from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta, same_model
 from turbo_dllm.train.compile_cache import (
     INDUCTOR_CACHE_VARIABLE,
@@ -124,7 +124,18 @@ class Trainer:
         self.attention = build_attention(spec.attention, self.device, kernels=self.spec.kernels)
         self.mesh = self.dims.build_mesh(self.device.type)
         # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
-        self.plan = build_sequence_plan(self.dims, self.attention, merge_backend=self.spec.kernels)
+        if hasattr(runtime, "build_sequence_plan"):  # a family with its own inputs (drafters)
+            self.plan = runtime.build_sequence_plan(
+                self.dims,
+                self.attention,
+                spec=self.spec,
+                config=self.model_config,
+                device=self.device,
+            )
+        else:
+            self.plan = build_sequence_plan(
+                self.dims, self.attention, merge_backend=self.spec.kernels
+            )
         if slow_merge := slow_merge_warning(self.dims.bp, self.spec.kernels, self.device.type):
             print0(self.env, f"warning: {slow_merge} (set `kernels: native`)")
         dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
@@ -151,9 +162,8 @@ class Trainer:
             apply_compile(layers)
         if self.mesh is not None:
             apply_fsdp(model, layers, self.mesh)
-        self.model = materialize(
-            model, self.device, seed=self.spec.launch.seed, weights_from=spec.path
-        )
+        fill = getattr(runtime, "materialize", materialize)  # a family's own weight sources
+        self.model = fill(model, self.device, seed=self.spec.launch.seed, weights_from=spec.path)
         self.model.train()
 
     def build_data(self) -> None:
@@ -276,7 +286,21 @@ class Trainer:
 
         # -- the step's batches and the global supervised-token count -------------------------
         batches = [next(self.loader) for _ in range(accum)]
-        supervised = float(sum(self.objective.supervised_count(b) for b in batches))
+        keys = [
+            NoiseKey(
+                seed=spec.launch.seed,
+                step=step,
+                first_sample=(index * dims.dp_size + dims.dp_rank) * micro,
+                samples_per_step=self.samples_per_step,
+            )
+            for index in range(accum)
+        ]
+        supervised = float(
+            sum(
+                self.objective.supervised_count(b, key=k)
+                for b, k in zip(batches, keys, strict=True)
+            )
+        )
         # The ranks of a context group hold the same batches: count them once.
         if self.env.distributed:  # (one process: no device round trip before the forward)
             counts = torch.tensor([supervised / self.plan.context_size], device=self.device)
@@ -287,20 +311,12 @@ class Trainer:
         # -- forward / backward per micro-batch -------------------------------------------------
         loss_sum = torch.zeros((), device=self.device)
         flops = 0.0
-        for index, batch in enumerate(batches):
-            key = NoiseKey(
-                seed=spec.launch.seed,
-                step=step,
-                first_sample=(index * dims.dp_size + dims.dp_rank) * micro,
-                samples_per_step=self.samples_per_step,
-            )
+        for index, (batch, key) in enumerate(zip(batches, keys, strict=True)):
             diffusion = self.objective.corrupt(batch, key)
-            rows = diffusion.input_ids.shape[0]
             flops += self.model_config.step_flops(
-                stream_tokens=diffusion.input_ids.numel(),
+                stream_tokens=diffusion.stream_tokens,
                 scored_tokens=diffusion.num_scored,
-                pairs=allowed_pairs(diffusion.layout, diffusion.doc_ids)
-                * (1 if diffusion.doc_ids is not None else rows),
+                pairs=diffusion.attention_pairs(),
             )
             inputs = self.plan.prepare(diffusion.to(self.device), self.device)
             if self.mesh is not None:
@@ -310,7 +326,7 @@ class Trainer:
                     inputs.input_ids,
                     inputs.positions,
                     self.model_mask(inputs),
-                    output=partial(score, inputs.batch),
+                    output=inputs.output or partial(score, inputs.batch),
                 )
             loss = local / denominator
             (loss * dims.grad_average_size).backward()

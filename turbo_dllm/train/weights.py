@@ -133,6 +133,8 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     folder = Path(folder)
     where = _safetensors_index(folder)
     wanted = dict(named_parameters_clean(model))
+    for name in getattr(model, "external_weights", ()):  # another folder provides them
+        wanted.pop(name, None)
     if config.tie_word_embeddings:
         wanted.pop("lm_head.weight", None)
     aliases = getattr(model, "checkpoint_names", lambda name: (name,))
@@ -170,7 +172,10 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.tensor import DTensor
 
     out: dict[str, torch.Tensor] = {}
+    external = set(getattr(model, "external_weights", ()))  # owned by another folder
     for name, param in named_parameters_clean(model):
+        if name in external:
+            continue
         tensor = param.full_tensor() if isinstance(param, DTensor) else param
         out[name] = tensor.detach().to("cpu").contiguous()
     return out

@@ -19,7 +19,7 @@ def _rules(spec: Any, config: DecoderConfig) -> list[tuple[str, str]]:
 
 
 _COMMON = {
-    "objectives": ("block_diffusion", "fast_dllm_v2"),
+    "objectives": ("block_diffusion", "fast_dllm_v2", "autoregressive"),
     "axes": frozenset({"fsdp", "cp", "bp", "tp", "sp"}),
     "presets": PRESETS,
     "read_config": DecoderConfig.from_hf_dict,

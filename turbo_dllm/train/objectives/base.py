@@ -124,6 +124,18 @@ class DiffusionBatch:
     def num_scored(self) -> int:
         return int(self.targets.numel())
 
+    @property
+    def stream_tokens(self) -> int:
+        """Tokens the model runs over (for the FLOP count)."""
+        return int(self.input_ids.numel())
+
+    def attention_pairs(self) -> int:
+        """(query, key) pairs the mask allows, over the whole micro-batch."""
+        from turbo_dllm.train.attention.layout import allowed_pairs
+
+        rows = 1 if self.doc_ids is not None else self.input_ids.shape[0]
+        return allowed_pairs(self.layout, self.doc_ids) * rows
+
 
 def score(batch: DiffusionBatch, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
     """Weighted CE summed over the scored positions (an `output` hook for DecoderLM)."""
@@ -136,8 +148,11 @@ def score(batch: DiffusionBatch, hidden: torch.Tensor, head_weight: torch.Tensor
 class Objective(Protocol):
     name: str
 
-    def supervised_count(self, batch: dict[str, torch.Tensor]) -> int:
-        """Tokens of this loader batch the loss is normalised by (known before any noise)."""
+    def supervised_count(self, batch: dict[str, torch.Tensor], key: NoiseKey | None = None) -> int:
+        """Tokens of this loader batch the loss is normalised by (known before the forward).
+
+        `key` is the micro-batch's noise key: an objective whose scored set is drawn (the
+        DFlash anchors) counts what that draw will score; the others ignore it."""
         ...
 
     def corrupt(self, batch: dict[str, torch.Tensor], key: NoiseKey) -> DiffusionBatch:

@@ -44,7 +44,7 @@ class BlockDiffusion:
         self.antithetic = antithetic
         self.weighting = weighting
 
-    def supervised_count(self, batch: dict[str, torch.Tensor]) -> int:
+    def supervised_count(self, batch: dict[str, torch.Tensor], key: NoiseKey | None = None) -> int:
         return int(batch["loss_mask"].sum())
 
     def corrupt(self, batch: dict[str, torch.Tensor], key: NoiseKey) -> DiffusionBatch:

@@ -58,7 +58,7 @@ class FastDllmV2:
         self.antithetic = antithetic
         self.weighting = weighting
 
-    def supervised_count(self, batch: dict[str, torch.Tensor]) -> int:
+    def supervised_count(self, batch: dict[str, torch.Tensor], key: NoiseKey | None = None) -> int:
         return int(shift_valid(batch).sum())
 
     def corrupt(self, batch: dict[str, torch.Tensor], key: NoiseKey) -> DiffusionBatch:

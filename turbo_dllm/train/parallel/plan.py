@@ -49,6 +49,7 @@ class ModelInputs:
     positions: torch.Tensor  # (S_local,)
     mask: Any
     batch: DiffusionBatch  # score_index / targets / weights restricted to this rank
+    output: Any = None  # the model's output hook; None: `score` over `batch`
 
 
 class SequencePlan(Protocol):

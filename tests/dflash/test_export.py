@@ -1,0 +1,114 @@
+"""`dllm dflash export`: the serving folder's config keys and tensors, held to the contract SGLang
+and vLLM load (REFERENCE-FAMILIES §1(5)), reloading into our drafter bit-exactly."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import torch
+from safetensors import safe_open
+
+from tests.helpers import assert_user_error
+from turbo_dllm.families.dflash.config import DFlashConfig
+from turbo_dllm.families.dflash.runtime import build_model, materialize
+from turbo_dllm.train.weights import full_state_dict
+
+
+def _layer_shapes(config: DFlashConfig) -> dict[str, tuple[int, ...]]:
+    h, d, i = config.hidden_size, config.head_dim, config.intermediate_size
+    q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
+    shapes = {
+        "fc.weight": (h, len(config.target_layer_ids) * config.target_hidden_size),
+        "hidden_norm.weight": (h,),
+        "norm.weight": (h,),
+    }
+    for n in range(config.num_hidden_layers):
+        p = f"layers.{n}."
+        shapes.update(
+            {
+                p + "self_attn.q_proj.weight": (q, h),
+                p + "self_attn.k_proj.weight": (kv, h),
+                p + "self_attn.v_proj.weight": (kv, h),
+                p + "self_attn.o_proj.weight": (h, q),
+                p + "self_attn.q_norm.weight": (d,),
+                p + "self_attn.k_norm.weight": (d,),
+                p + "mlp.gate_proj.weight": (i, h),
+                p + "mlp.up_proj.weight": (i, h),
+                p + "mlp.down_proj.weight": (h, i),
+                p + "input_layernorm.weight": (h,),
+                p + "post_attention_layernorm.weight": (h,),
+            }
+        )
+    return shapes
+
+
+def test_export_holds_the_serving_contract_and_reloads_bit_exactly(cli, world, drafter, tmp_path):
+    out = tmp_path / "serve"
+    result = cli(
+        "dflash",
+        "export",
+        "--checkpoint",
+        drafter["run"] / "checkpoints",
+        "--out",
+        out,
+        "--target",
+        world["target"],
+    )
+    assert result.code == 0, result.err
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "training_export.json"} <= names
+    assert [n for n in names if n.endswith(".safetensors")] == ["model.safetensors"]
+    hf = json.loads((out / "config.json").read_text())
+    assert hf["architectures"] == ["DFlashDraftModel"] and hf["model_type"] == "qwen3"
+    target = json.loads((world["target"] / "config.json").read_text())
+    assert hf["dflash_config"] == {
+        "block_size": 4,
+        "mask_token_id": 259,
+        "target_layer_ids": [target["num_hidden_layers"] // 2],
+    }
+    assert hf["block_size"] == 4 and hf["target_hidden_size"] == target["hidden_size"]
+    assert hf["rope_theta"] == target["rope_theta"]
+    for key in (
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "vocab_size",
+        "rms_norm_eps",
+    ):
+        assert isinstance(hf[key], (int, float)), key
+    config = DFlashConfig.from_hf_dict(hf)
+    with safe_open(str(out / "model.safetensors"), framework="pt") as handle:
+        shapes = {name: tuple(handle.get_slice(name).get_shape()) for name in handle.keys()}  # noqa: SIM118
+    assert shapes == _layer_shapes(config)  # no embed_tokens / lm_head: the target's
+    record = json.loads((out / "training_export.json").read_text())
+    assert record["format"] == "turbo_dllm.dflash_export.v1"
+    for name in ("config.json", "model.safetensors"):
+        digest = hashlib.sha256((out / name).read_bytes()).hexdigest()
+        assert record["files"][name]["sha256"] == digest
+    # bit-exact: the exported folder loads back into our drafter as the trained weights
+    import dataclasses
+
+    config = dataclasses.replace(config, target_path=str(world["target"]))
+    reloaded = materialize(build_model(config), torch.device("cpu"), seed=5, weights_from=str(out))
+    first = materialize(
+        build_model(config), torch.device("cpu"), seed=5, weights_from=str(drafter["folder"])
+    )
+    for name, tensor in full_state_dict(reloaded).items():
+        assert torch.equal(tensor, full_state_dict(first)[name]), name
+
+
+def test_export_refuses_a_checkpoint_of_another_family(cli, world, tmp_path):
+    result = cli(
+        "dflash",
+        "export",
+        "--checkpoint",
+        world["root"] / "target-run/checkpoints",
+        "--out",
+        tmp_path / "x",
+    )
+    assert_user_error(result, "not a dflash drafter")
+    assert not (tmp_path / "x").exists()

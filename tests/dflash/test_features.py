@@ -1,0 +1,109 @@
+"""Offline target features: `dllm dflash prepare-features` writes what the online path computes,
+so training from them gives the online loss trace exactly; a mismatched artifact is refused."""
+
+from __future__ import annotations
+
+import json
+
+import yaml
+
+from tests.dflash.helpers import drafter_document, drafter_spec
+from tests.helpers import assert_user_error
+from tests.train.util import metrics
+from turbo_dllm.families.dflash.features import read_features_manifest
+from turbo_dllm.train.entry import train
+
+ARGS = ("training.steps=4", "checkpoint.interval=null")
+
+
+def _config(world, path, *overrides):
+    path.write_text(
+        yaml.safe_dump(drafter_document(world["target"], world["artifact"], *ARGS, *overrides))
+    )
+    return path
+
+
+def test_offline_features_train_the_online_trace_exactly(cli, world, tmp_path):
+    config = _config(world, tmp_path / "train.yaml")
+    features = tmp_path / "features"
+    result = cli(
+        "dflash",
+        "prepare-features",
+        "--config",
+        config,
+        "--out",
+        features,
+        "--rows-per-shard",
+        "8",
+        "--json",
+    )
+    assert result.code == 0, result.err
+    manifest = read_features_manifest(features)
+    assert manifest.teacher and len(manifest.shards) > 1
+    assert json.loads(result.out)["fingerprint"] == manifest.fingerprint
+    online, offline = tmp_path / "online", tmp_path / "offline"
+    train(drafter_spec(world["target"], world["artifact"], *ARGS), online)
+    train(
+        drafter_spec(
+            world["target"], world["artifact"], *ARGS, f"model.dflash.features={features}"
+        ),
+        offline,
+    )
+    for key in ("loss", "grad_norm"):
+        assert [r[key] for r in metrics(offline)] == [r[key] for r in metrics(online)]
+
+
+def test_prepare_features_resumes_after_an_interruption(world, tmp_path, monkeypatch):
+    import safetensors.torch
+
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.families.dflash.features import prepare_features
+
+    spec = load_runspec(_config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce"))
+    whole = prepare_features(spec, tmp_path / "whole", rows_per_shard=8, progress=False)
+    real_save, written = safetensors.torch.save_file, []
+
+    def save(tensors, path, *args, **kwargs):
+        if len(written) == 2:
+            raise KeyboardInterrupt  # killed while writing the third shard
+        written.append(path)
+        return real_save(tensors, path, *args, **kwargs)
+
+    monkeypatch.setattr(safetensors.torch, "save_file", save)
+    try:
+        prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
+    except KeyboardInterrupt:
+        pass
+    assert not (tmp_path / "again").exists() and (tmp_path / ".again.partial").is_dir()
+    monkeypatch.setattr(safetensors.torch, "save_file", real_save)
+    again = prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
+    assert not (tmp_path / ".again.partial").exists()
+    shards = len(read_features_manifest(whole).shards)
+    assert shards > 3
+    assert read_features_manifest(again).fingerprint == read_features_manifest(whole).fingerprint
+
+
+def test_features_of_another_target_are_refused_before_any_work(cli, world, tmp_path):
+    config = _config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    features = tmp_path / "features"
+    assert cli("dflash", "prepare-features", "--config", config, "--out", features).code == 0
+    other = tmp_path / "other-target"  # the same shape, other weights
+    other.mkdir()
+    for file in world["target"].iterdir():
+        (other / file.name).write_bytes(file.read_bytes())
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(other / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] + 1
+    save_file(tensors, str(other / "model.safetensors"))
+    document = drafter_document(
+        other,
+        world["artifact"],
+        *ARGS,
+        "objective.dflash_loss=paper_ce",
+        f"model.dflash.features={features}",
+    )
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(document))
+    result = cli("train", "--config", tmp_path / "bad.yaml", "--run-dir", tmp_path / "run")
+    assert_user_error(result, "model.dflash.features", "made from another target")
+    assert not (tmp_path / "run").exists()

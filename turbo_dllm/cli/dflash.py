@@ -1,0 +1,131 @@
+"""`dllm dflash ...`: speculative drafters (docs/dflash.md).
+
+dllm dflash eval --target DIR --drafter DIR --data ARTIFACT   lossless speculative decoding
+"""
+
+from __future__ import annotations
+
+from turbo_dllm.cli._output import add_overrides, emit_json
+
+
+def register(subparsers) -> None:
+    group = subparsers.add_parser(
+        "dflash",
+        help="speculative drafters: evaluate, export, target features",
+        description="DFlash speculative drafters (docs/dflash.md).",
+    )
+    commands = group.add_subparsers(dest="dflash_command", required=True, metavar="COMMAND")
+
+    p = commands.add_parser(
+        "eval",
+        help="greedy decoding with the target alone vs with a drafter (lossless, tau, speedup)",
+        description="Decode held-out prompts greedily with the target alone (KV cache) and with "
+        "the drafter proposing blocks that the target verifies in one forward each; assert the "
+        "two outputs are identical and report tau (tokens per target forward), tokens/s of "
+        "both, the speedup and the histogram of tokens gained per forward. The drafter is a "
+        "DFlash drafter folder or an autoregressive causal LM folder (the baseline).",
+    )
+    p.add_argument("--target", required=True, help="the target's Hugging Face folder")
+    p.add_argument("--drafter", required=True, help="a DFlash drafter or a small causal LM folder")
+    p.add_argument("--data", required=True, help="a data artifact of held-out text (prompts)")
+    p.add_argument(
+        "--block-size",
+        type=int,
+        default=None,
+        help="tokens per verify forward (default: the DFlash drafter's; required for an AR one)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--num-prompts", type=int, default=8)
+    p.add_argument("--prompt-len", type=int, default=32)
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_eval)
+
+    p = commands.add_parser(
+        "export",
+        help="write a drafter checkpoint as the folder SGLang and vLLM serve",
+        description="config.json (DFlashDraftModel, dflash_config), model.safetensors without "
+        "the target's tensors, and training_export.json (provenance and sha256 of the files).",
+    )
+    p.add_argument(
+        "--checkpoint", required=True, help="a checkpoints/step_<N> folder (or its parent)"
+    )
+    p.add_argument("--out", required=True, help="new folder to write")
+    p.add_argument("--target", default=None, help="check the fit and record the target's hash")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_export)
+
+    p = commands.add_parser(
+        "prepare-features",
+        help="run the target over a drafter run's data once and store its features",
+        description="Write a feature artifact (turbo_dllm.dflash_features.v1: compact rows, "
+        "sharded, fingerprinted; atomic and resumable) for the drafter RunSpec F; set "
+        "model.dflash.features to it and training reads it instead of running the target.",
+    )
+    p.add_argument("--config", required=True, help="the drafter's train.yaml (a dflash RunSpec)")
+    p.add_argument("--out", required=True, help="new folder to write")
+    add_overrides(p)
+    p.add_argument("--rows-per-shard", type=int, default=256)
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_prepare_features)
+
+
+def _eval(args) -> int:
+    from turbo_dllm.families.dflash.speculative import evaluate
+
+    report = evaluate(
+        args.target,
+        args.drafter,
+        args.data,
+        block_size=args.block_size,
+        max_new_tokens=args.max_new_tokens,
+        num_prompts=args.num_prompts,
+        prompt_len=args.prompt_len,
+        device=args.device,
+        dtype=args.dtype,
+    )
+    if args.json:
+        emit_json(report.to_dict())
+        return 0
+    print(
+        f"{report.drafter_kind} drafter, block {report.block_size}: lossless over "
+        f"{report.prompts} prompts x {report.new_tokens // report.prompts} tokens"
+    )
+    print(f"tau {report.tau:.3f} tokens per target forward ({report.target_forwards} forwards)")
+    print(
+        f"tokens/s: target alone {report.target_tokens_per_s:.1f}, speculative "
+        f"{report.speculative_tokens_per_s:.1f} (speedup {report.speedup:.2f}x)"
+    )
+    hist = ", ".join(f"{k}: {v}" for k, v in sorted(report.accepted_histogram.items()))
+    print(f"tokens per forward: {hist}")
+    return 0
+
+
+def _export(args) -> int:
+    from turbo_dllm.families.dflash.export import export_drafter
+
+    out = export_drafter(args.checkpoint, args.out, target=args.target, dtype=args.dtype)
+    if args.json:
+        emit_json({"out": str(out), "files": sorted(p.name for p in out.iterdir())})
+    else:
+        print(f"wrote {out}")
+    return 0
+
+
+def _prepare_features(args) -> int:
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.families.dflash.features import prepare_features, read_features_manifest
+
+    spec = load_runspec(args.config, args.overrides)
+    out = prepare_features(
+        spec, args.out, rows_per_shard=args.rows_per_shard, device=args.device, progress=True
+    )
+    manifest = read_features_manifest(out)
+    if args.json:
+        emit_json({"out": str(out), "fingerprint": manifest.fingerprint, "rows": manifest.num_rows})
+    else:
+        print(f"wrote {out} ({manifest.num_rows} rows, fingerprint {manifest.fingerprint[:16]})")
+    return 0

@@ -1,0 +1,127 @@
+"""DFlash speculative drafters: family `dflash`, trained by `dflash_distillation`.
+
+Torch-free: the descriptor the registry lists and how a RunSpec's `model` section becomes a
+drafter config (a drafter folder, or a fresh drafter shaped after `model.dflash.target`). The
+torch half is `runtime` (model.py, the target's features, the training plan).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import Family, ModelMisfit, read_hf_config
+from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
+
+__all__ = ["DFLASH", "configure", "read_target_config"]
+
+# `model.from_config: target` is the one preset: a fresh drafter shaped after the target.
+PRESETS: dict[str, dict[str, Any]] = {"target": {}}
+
+
+def read_target_config(path: str) -> Any:
+    """The target's DecoderConfig (a Llama / Qwen2 / Qwen3 folder)."""
+    from turbo_dllm.families.decoder import CAUSAL_LM
+
+    return CAUSAL_LM.resolve_config(path=path, from_config=None)
+
+
+def configure(model: Any) -> DFlashConfig:
+    """The drafter config of a RunSpec's `model` section, checked against its target; every
+    misfit is a `ModelMisfit`, which validation reports before any work."""
+    try:
+        return _configure(model)
+    except ModelMisfit:
+        raise
+    except DllmError as error:
+        raise ModelMisfit(error.message, error.hint, path="model.dflash") from None
+
+
+def _configure(model: Any) -> DFlashConfig:
+    spec = model.dflash
+    if spec is None:
+        raise ModelMisfit(
+            "model.family dflash needs model.dflash (at least model.dflash.target)",
+            hint="name the target's folder: model.dflash.target: path/to/target",
+            path="model.dflash",
+        )
+    if model.config_overrides:
+        raise DllmError(
+            "model.config_overrides does not apply to a dflash drafter",
+            hint="set the drafter's shape in model.dflash (num_layers, intermediate_size, ...)",
+        )
+    target = read_target_config(spec.target)
+    if model.path is not None:
+        hf = read_hf_config(Path(model.path) / "config.json", what="drafter")
+        config = dataclasses.replace(DFlashConfig.from_hf_dict(hf), target_path=spec.target)
+    elif model.from_config == "target":
+        config = DFlashConfig.from_target(target, spec, target_path=spec.target)
+    else:
+        raise DllmError(
+            f"model.from_config {model.from_config!r} is not a dflash preset",
+            hint="use model.from_config: target (a fresh drafter shaped after model.dflash."
+            "target) or model.path (a drafter folder)",
+        )
+    problems = drafter_problems(config, target)
+    if problems:
+        raise DllmError(
+            f"the drafter does not fit the target {spec.target!r}:\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            hint="shape the drafter after this target (model.from_config: target) or pick the "
+            "target it was trained for",
+        )
+    return config
+
+
+def _rules(spec: Any, config: DFlashConfig) -> list[tuple[str, str]]:
+    found = []
+    objective = spec.objective
+    if objective.block_size != config.block_size:
+        found.append(
+            (
+                "objective.block_size",
+                f"{objective.block_size} is not the drafter's block size ({config.block_size})",
+            )
+        )
+    if objective.sample_from_anchor != config.sample_from_anchor:
+        found.append(
+            (
+                "objective.sample_from_anchor",
+                f"{objective.sample_from_anchor} is not the drafter's slot contract "
+                f"(sample_from_anchor: {config.sample_from_anchor})",
+            )
+        )
+    features = spec.model.dflash.features if spec.model.dflash else None
+    if features is not None:
+        from turbo_dllm.families.dflash.features import feature_problems, read_features_manifest
+
+        try:
+            problems = feature_problems(read_features_manifest(features), config, spec)
+        except DllmError as error:
+            problems = [error.message]
+        found += [("model.dflash.features", f"{features!r}: {p}") for p in problems]
+    return found
+
+
+_NOT_SHARDED = "a drafter is small and replicated; the original refuses it too"
+DFLASH = Family(
+    name="dflash",
+    summary="a DFlash block-diffusion drafter over a frozen target's hidden states",
+    model_types=("qwen3",),
+    objectives=("dflash_distillation",),
+    axes=frozenset({"fsdp", "bp"}),
+    presets=PRESETS,
+    read_config=DFlashConfig.from_hf_dict,
+    runtime_module="turbo_dllm.families.dflash.runtime",
+    rules=_rules,
+    axis_reasons={
+        "tp": _NOT_SHARDED,
+        "sp": _NOT_SHARDED,
+        "ep": "a drafter has no experts",
+        "cp": "sharding the target's context over ranks (ring attention) has not landed for "
+        "drafters; bp shares the anchors instead",
+    },
+    configure=configure,
+)

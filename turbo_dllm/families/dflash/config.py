@@ -1,0 +1,298 @@
+"""The DFlash drafter's shape, read from (and written to) its Hugging Face `config.json`.
+
+A drafter is a few Qwen3-style decoder layers that draft a block [anchor, mask x (B-1)] while
+attending to the target's hidden states (docs/dflash.md). Its config.json is the one SGLang
+(`--speculative-algorithm DFLASH`) and vLLM (`"method": "dflash"`) load: a `qwen3` model_type,
+`architectures: ["DFlashDraftModel"]`, the layer keys at the root and a `dflash_config` holding
+the target layer ids and the mask token; `block_size` sits at the root and in `dflash_config`.
+
+`target_layer_ids` are 0-based target layer indices: feature i is the output of target layer
+`target_layer_ids[i]` (the Hugging Face hidden-state tuple's entry `id + 1`, which is how a root
+`target_layer_ids` / `aux_hidden_state_layer_ids` is spelled, so those are read minus one).
+
+Torch-free: validation and the registry import it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["ARCHITECTURES", "DFlashConfig", "default_target_layer_ids", "drafter_problems"]
+
+ARCHITECTURES = ("DFlashDraftModel",)
+# Named by the product; its extra modules (grouped convolutions, candidate selector) have not
+# landed: refused by name rather than read as a v1 drafter.
+PLANNED_ARCHITECTURES = ("DFlash2DraftModel", "DFlashSpeculator")
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
+    """As z-lab's DFlash: one middle layer for a one-layer drafter, else an even spread over
+    layers 1 .. n-3 (one feature layer per draft layer)."""
+    if num_draft_layers == 1 or num_target_layers < 4:
+        return (num_target_layers // 2,)
+    start, end = 1, num_target_layers - 3
+    span = end - start
+    return tuple(round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+
+
+@dataclasses.dataclass(frozen=True)
+class DFlashConfig:
+    """Everything the drafter needs; names follow the drafter's config.json."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    target_hidden_size: int
+    num_target_layers: int
+    target_layer_ids: tuple[int, ...]
+    block_size: int
+    mask_token_id: int
+    sample_from_anchor: bool = False
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 4096
+    tie_word_embeddings: bool = False
+    hidden_act: str = "silu"
+    initializer_range: float = 0.02
+    architecture: str = "DFlashDraftModel"
+    model_type: str = "qwen3"
+    # Where the frozen embeddings and head (and online features) come from: the target's folder.
+    # Not part of config.json (a path); set from the RunSpec's `model.dflash.target`.
+    target_path: str | None = dataclasses.field(default=None, compare=False)
+
+    # Attributes the shared decoder parts (MLP, RoPE) read.
+    rope_scaling = None
+    mlp_bias = False
+    qk_norm = True
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "target_hidden_size",
+            "num_target_layers",
+            "block_size",
+        ):
+            if int(getattr(self, name)) <= 0:
+                problems.append(f"{name} must be positive (got {getattr(self, name)!r})")
+        if self.block_size < 2:
+            problems.append(f"block_size must be at least 2 (got {self.block_size})")
+        if self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads:
+            problems.append(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.head_dim % 2:
+            problems.append(f"head_dim must be even for RoPE (got {self.head_dim})")
+        if not self.target_layer_ids:
+            problems.append("target_layer_ids is empty")
+        bad = [i for i in self.target_layer_ids if not 0 <= i < self.num_target_layers]
+        if bad:
+            problems.append(
+                f"target_layer_ids {list(bad)} are not layers of a "
+                f"{self.num_target_layers}-layer target (0 .. {self.num_target_layers - 1})"
+            )
+        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+            problems.append(f"target_layer_ids {list(self.target_layer_ids)} repeat a layer")
+        if not 0 <= self.mask_token_id < self.vocab_size:
+            problems.append(
+                f"mask_token_id {self.mask_token_id} is outside the vocabulary ({self.vocab_size})"
+            )
+        if self.hidden_act != "silu":
+            problems.append(f"hidden_act {self.hidden_act!r} is not supported (silu)")
+        if self.architecture not in ARCHITECTURES:
+            problems.append(f"architecture {self.architecture!r} is not supported")
+        if problems:
+            raise DllmError(
+                "drafter config is not usable:\n" + "\n".join(f"  - {p}" for p in problems),
+                hint="fix the drafter's config.json or model.dflash",
+            )
+
+    # --- Hugging Face config.json ---------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any]) -> DFlashConfig:
+        architectures = hf.get("architectures") or []
+        architecture = architectures[0] if architectures else None
+        if architecture in PLANNED_ARCHITECTURES:
+            raise DllmError(
+                f"{architecture} drafters are not available in this version",
+                hint=f"this version reads {', '.join(ARCHITECTURES)}",
+            )
+        if architecture not in ARCHITECTURES:
+            raise DllmError(
+                f"config.json is not a DFlash drafter (architectures: {architectures!r})",
+                hint="model.family dflash reads DFlashDraftModel folders; a target model is "
+                "named by model.dflash.target",
+            )
+        layer = dict(hf.get("transformer_layer_config") or hf)
+        dflash = dict(hf.get("dflash_config") or {})
+        try:
+            if "aux_hidden_state_layer_ids" in hf:
+                ids = [int(i) - 1 for i in hf["aux_hidden_state_layer_ids"]]
+            elif "target_layer_ids" in hf:
+                ids = [int(i) - 1 for i in hf["target_layer_ids"]]
+            else:
+                ids = [int(i) for i in dflash["target_layer_ids"]]
+            heads = int(layer["num_attention_heads"])
+            hidden = int(layer["hidden_size"])
+            rope = dict(layer.get("rope_parameters") or layer.get("rope_scaling") or {})
+            if rope.get("rope_type", "default") != "default":
+                raise DllmError(
+                    f"drafter rope type {rope['rope_type']!r} is not supported (default only)"
+                )
+            return cls(
+                vocab_size=int(layer["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(layer["intermediate_size"]),
+                num_hidden_layers=int(layer["num_hidden_layers"]),
+                num_attention_heads=heads,
+                num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
+                head_dim=int(layer.get("head_dim") or hidden // heads),
+                target_hidden_size=int(hf.get("target_hidden_size") or hidden),
+                num_target_layers=int(hf.get("num_target_layers") or max(ids) + 1),
+                target_layer_ids=tuple(ids),
+                block_size=int(hf.get("block_size") or dflash["block_size"]),
+                mask_token_id=int(dflash.get("mask_token_id", hf.get("mask_token_id"))),
+                sample_from_anchor=bool(hf.get("sample_from_anchor", False)),
+                rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(rope.get("rope_theta", layer.get("rope_theta", 10000.0))),
+                max_position_embeddings=int(layer.get("max_position_embeddings", 4096)),
+                tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+                hidden_act=str(layer.get("hidden_act") or "silu"),
+                initializer_range=float(layer.get("initializer_range", 0.02)),
+                architecture=architecture,
+                model_type=str(hf.get("model_type") or "qwen3"),
+            )
+        except KeyError as missing:
+            raise DllmError(
+                f"drafter config.json lacks the field {missing.args[0]!r}",
+                hint="a DFlash drafter config has the layer keys, block_size and dflash_config",
+            ) from None
+        except (TypeError, ValueError) as error:
+            raise DllmError(f"drafter config.json has a bad value: {error}") from None
+
+    @classmethod
+    def from_target(cls, target: Any, spec: Any, *, target_path: str | None) -> DFlashConfig:
+        """A fresh drafter shaped after `target` (a DecoderConfig) and `spec` (model.dflash)."""
+        ids = spec.target_layer_ids
+        if ids is None:
+            ids = default_target_layer_ids(target.num_hidden_layers, spec.num_layers)
+        return cls(
+            vocab_size=target.vocab_size,
+            hidden_size=target.hidden_size,
+            intermediate_size=spec.intermediate_size or target.intermediate_size,
+            num_hidden_layers=spec.num_layers,
+            num_attention_heads=target.num_attention_heads,
+            num_key_value_heads=target.num_key_value_heads,
+            head_dim=target.head_dim,
+            target_hidden_size=target.hidden_size,
+            num_target_layers=target.num_hidden_layers,
+            target_layer_ids=tuple(int(i) for i in ids),
+            block_size=spec.block_size,
+            mask_token_id=spec.mask_token_id,
+            sample_from_anchor=spec.sample_from_anchor,
+            rms_norm_eps=target.rms_norm_eps,
+            rope_theta=target.rope_theta,
+            max_position_embeddings=target.max_position_embeddings,
+            tie_word_embeddings=target.tie_word_embeddings,
+            initializer_range=target.initializer_range,
+            target_path=target_path,
+        )
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The drafter's config.json (REFERENCE-FAMILIES §1(5): what SGLang and vLLM read)."""
+        return {
+            "architectures": [self.architecture],
+            "model_type": self.model_type,
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "head_dim": self.head_dim,
+            "hidden_act": self.hidden_act,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "rope_parameters": {"rope_type": "default", "rope_theta": self.rope_theta},
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "initializer_range": self.initializer_range,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+            "target_hidden_size": self.target_hidden_size,
+            "num_target_layers": self.num_target_layers,
+            "block_size": self.block_size,
+            "sample_from_anchor": self.sample_from_anchor,
+            "dflash_config": {
+                "block_size": self.block_size,
+                "mask_token_id": self.mask_token_id,
+                "target_layer_ids": list(self.target_layer_ids),
+            },
+            "torch_dtype": "float32",
+        }
+
+    # --- sizes ----------------------------------------------------------------------------
+    @property
+    def feature_size(self) -> int:
+        return len(self.target_layer_ids) * self.target_hidden_size
+
+    @property
+    def layer_matmul_params(self) -> int:
+        h, d = self.hidden_size, self.head_dim
+        attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
+        return attention + 3 * h * self.intermediate_size
+
+    def num_params(self) -> int:
+        """The drafter's own (trainable) parameters; the target's embeddings/head excluded."""
+        h = self.hidden_size
+        per_layer = self.layer_matmul_params + 2 * h + 2 * self.head_dim
+        return self.num_hidden_layers * per_layer + self.feature_size * h + 2 * h
+
+    def step_flops(self, *, stream_tokens: int, scored_tokens: int, pairs: int) -> float:
+        """Drafter FLOPs of one forward+backward over `stream_tokens` drafted positions (the
+        context projection and the frozen target's forward are not counted)."""
+        body = 6.0 * self.num_hidden_layers * self.layer_matmul_params * stream_tokens
+        head = 4.0 * self.vocab_size * self.hidden_size * scored_tokens  # no head gradient
+        attention = 12.0 * self.head_dim * self.num_attention_heads * self.num_hidden_layers * pairs
+        return body + head + attention
+
+
+def drafter_problems(config: DFlashConfig, target: Any) -> list[str]:
+    """Why a drafter does not fit a target (a DecoderConfig); empty when it does."""
+    found = []
+    if config.vocab_size != target.vocab_size:
+        found.append(
+            f"the drafter's vocabulary ({config.vocab_size}) is not the target's "
+            f"({target.vocab_size})"
+        )
+    if config.hidden_size != target.hidden_size:
+        found.append(
+            f"the drafter's hidden size ({config.hidden_size}) is not the target's "
+            f"({target.hidden_size}): it shares the target's embeddings and LM head"
+        )
+    if config.target_hidden_size != target.hidden_size:
+        found.append(
+            f"the drafter reads target features of width {config.target_hidden_size}, "
+            f"the target's hidden size is {target.hidden_size}"
+        )
+    bad = [i for i in config.target_layer_ids if not 0 <= i < target.num_hidden_layers]
+    if bad:
+        found.append(
+            f"target_layer_ids {bad} are not layers of the {target.num_hidden_layers}-layer "
+            f"target (0 .. {target.num_hidden_layers - 1})"
+        )
+    return found

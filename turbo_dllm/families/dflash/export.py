@@ -1,0 +1,105 @@
+"""`dllm dflash export`: a drafter checkpoint as the folder SGLang and vLLM serve.
+
+Files (REFERENCE-FAMILIES §1(5)):
+- `config.json`: `architectures: ["DFlashDraftModel"]`, `model_type: qwen3`, the layer keys,
+  `block_size`, `target_hidden_size`, and `dflash_config` {block_size, mask_token_id,
+  target_layer_ids}; `rope_theta` at the root;
+- `model.safetensors`: the drafter's own tensors only (`fc`, `hidden_norm`, `norm`, `layers.*`);
+  the target's embeddings and LM head are never copied (engines take them from the target);
+- `training_export.json` (`turbo_dllm.dflash_export.v1`): where it came from (step, objective,
+  data fingerprint, seed) and the sha256 of the two files above (and of the target's
+  config.json when `--target` is given).
+
+The folder is assembled next to `out` and renamed into place: complete or absent.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["EXPORT_FORMAT", "export_drafter"]
+
+EXPORT_FORMAT = "turbo_dllm.dflash_export.v1"
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def export_drafter(
+    checkpoint: str | Path,
+    out: str | Path,
+    *,
+    target: str | Path | None = None,
+    dtype: str | None = None,
+) -> Path:
+    from turbo_dllm.families.dflash import read_target_config
+    from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
+    from turbo_dllm.train.checkpoint import find_latest, read_meta
+    from turbo_dllm.train.export import export_checkpoint
+
+    checkpoint, out = Path(checkpoint), Path(out)
+    if not (checkpoint / "checkpoint.json").is_file():
+        checkpoint = find_latest(checkpoint) or checkpoint
+    meta = read_meta(checkpoint)
+    if meta.family != "dflash":
+        raise DllmError(
+            f"{str(checkpoint)!r} is a {meta.family!r} checkpoint, not a dflash drafter",
+            hint="`dllm export` writes other families' checkpoints",
+        )
+    config = DFlashConfig.from_hf_dict(meta.model)
+    if target is not None:
+        problems = drafter_problems(config, read_target_config(str(target)))
+        if problems:
+            raise DllmError(
+                f"the drafter does not fit the target {str(target)!r}:\n"
+                + "\n".join(f"  - {p}" for p in problems),
+                hint="pass the target the drafter was distilled from",
+            )
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
+    staging = out.parent / f".{out.name}.dflash-partial"
+    if staging.exists():
+        shutil.rmtree(staging)
+    export_checkpoint(checkpoint, staging, dtype=dtype)
+    record = {
+        "format": EXPORT_FORMAT,
+        "architecture": config.architecture,
+        "checkpoint_step": meta.step,
+        "objective": meta.objective,
+        "seed": meta.seed,
+        "data_fingerprint": meta.data_fingerprint,
+        "train_time_s": meta.train_time_s,
+        "files": {
+            name: {"sha256": _sha256(staging / name), "bytes": (staging / name).stat().st_size}
+            for name in ("config.json", "model.safetensors")
+        },
+        "target_config_sha256": (
+            _sha256(Path(target) / "config.json") if target is not None else None
+        ),
+        "serve": {
+            "sglang": "--speculative-algorithm DFLASH --speculative-draft-model-path <this folder> "
+            f"--speculative-dflash-block-size {config.block_size}",
+            "vllm": json.dumps(
+                {
+                    "method": "dflash",
+                    "model": "<this folder>",
+                    "num_speculative_tokens": config.block_size - 1,
+                }
+            ),
+        },
+    }
+    (staging / "training_export.json").write_text(json.dumps(record, indent=2) + "\n")
+    if out.exists():
+        out.rmdir()
+    staging.rename(out)
+    return out

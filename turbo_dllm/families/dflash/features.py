@@ -1,0 +1,321 @@
+"""Offline target features: `dllm dflash prepare-features` writes them, training reads them.
+
+A feature artifact is a folder:
+
+    features.json            format turbo_dllm.dflash_features.v1: what made it (the target's
+                             content fingerprint, its layer ids, the data artifact's
+                             fingerprint, seq_len, whether teacher rows are there), its shards,
+                             and a fingerprint over all of that and every shard's sha256
+    shard_00000.safetensors  `features` (n_real, n_layers x H_t) and, for the KL loss,
+                             `teacher` (n_real, H_t): only the real (non-padding) positions of
+                             the shard's rows ("compact rows"); `real` (rows, L) bool says which
+
+Rows are the data artifact's rows, in order; the training loader hands each batch's row
+indices, and `FeatureStore.lookup` rebuilds the (R, L, F) features with zeros at padding
+(a position no anchor's context or teacher ever reads). The features are the numbers the
+online path computes (the same `TargetFeatures`, one row at a time in both), so training from
+them gives the online loss trace exactly.
+
+Writing is atomic and resumable: shards go into `.<out>.partial/`, each written whole and
+recorded in `progress.json` with its sha256; a rerun with the same inputs keeps the finished
+shards; the folder is renamed into place at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import sys
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from turbo_dllm.errors import DllmError
+
+__all__ = [
+    "FEATURES_FORMAT",
+    "FeatureStore",
+    "FeaturesManifest",
+    "feature_problems",
+    "prepare_features",
+    "read_features_manifest",
+    "target_fingerprint",
+]
+
+FEATURES_FORMAT = "turbo_dllm.dflash_features.v1"
+
+
+class Shard(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    file: str
+    first_row: int
+    rows: int
+    sha256: str
+
+
+class FeaturesManifest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    format: Literal["turbo_dllm.dflash_features.v1"]
+    fingerprint: str
+    target_fingerprint: str
+    target_layer_ids: list[int]
+    teacher: bool
+    data_fingerprint: str
+    seq_len: int
+    num_rows: int
+    feature_size: int
+    hidden_size: int
+    dtype: str
+    shards: list[Shard]
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def target_fingerprint(folder: str | Path) -> str:
+    """sha256 over the target's config.json and weight files (content only, no paths)."""
+    folder = Path(folder)
+    digest = hashlib.sha256(_file_sha256(folder / "config.json").encode())
+    for file in sorted(folder.glob("*.safetensors")):
+        digest.update(_file_sha256(file).encode())
+    return digest.hexdigest()
+
+
+def read_features_manifest(path: str | Path) -> FeaturesManifest:
+    from turbo_dllm.formats import validate_document
+
+    file = Path(path) / "features.json"
+    try:
+        document = json.loads(file.read_text())
+    except FileNotFoundError:
+        raise DllmError(
+            f"not a feature artifact: {str(path)!r} (no features.json)",
+            hint="make one with `dllm dflash prepare-features --config F`",
+        ) from None
+    except ValueError as error:
+        raise DllmError(f"{file}: not JSON: {error}") from None
+    return validate_document(
+        document,
+        FeaturesManifest,
+        expected=FEATURES_FORMAT,
+        what="feature artifact",
+        source=str(file),
+    )
+
+
+def feature_problems(manifest: FeaturesManifest, config, spec) -> list[str]:
+    """Why a feature artifact cannot feed this drafter run; empty when it can."""
+    found = []
+    # The target's weights are hashed in full (seconds per GB): a same-shaped target with other
+    # weights must not pass.
+    actual = target_fingerprint(config.target_path)
+    if manifest.target_fingerprint != actual:
+        found.append(
+            f"it was made from another target (fingerprint {manifest.target_fingerprint[:12]}, "
+            f"{config.target_path!r} is {actual[:12]})"
+        )
+    if manifest.target_layer_ids != list(config.target_layer_ids):
+        found.append(
+            f"it holds target layers {manifest.target_layer_ids}, the drafter reads "
+            f"{list(config.target_layer_ids)}"
+        )
+    if spec.objective.dflash_loss == "speculators_kl" and not manifest.teacher:
+        found.append("it has no teacher rows, which objective.dflash_loss speculators_kl needs")
+    if manifest.seq_len != spec.data.seq_len:
+        found.append(f"its seq_len is {manifest.seq_len}, data.seq_len is {spec.data.seq_len}")
+    if spec.data.artifact is not None:
+        from turbo_dllm.data.artifact import read_manifest
+
+        data = read_manifest(spec.data.artifact).fingerprint
+        if data != manifest.data_fingerprint:
+            found.append(
+                f"it was made from other data (fingerprint {manifest.data_fingerprint[:12]}, "
+                f"data.artifact is {data[:12]})"
+            )
+    return found
+
+
+def _plan(spec, config, data_fingerprint: str, teacher: bool) -> dict:
+    return {
+        "target_fingerprint": target_fingerprint(config.target_path),
+        "target_layer_ids": list(config.target_layer_ids),
+        "teacher": teacher,
+        "data_fingerprint": data_fingerprint,
+        "seq_len": spec.data.seq_len,
+    }
+
+
+def prepare_features(
+    spec,
+    out: str | Path,
+    *,
+    rows_per_shard: int = 256,
+    progress: bool = True,
+    device: str | None = None,
+) -> Path:
+    """Run the target over every row of `spec.data.artifact` and write the feature artifact."""
+    import torch
+    from safetensors.torch import save_file
+
+    from turbo_dllm.data.artifact import DataArtifact
+    from turbo_dllm.families.dflash.target import TargetFeatures
+    from turbo_dllm.fsutil import write_atomic
+    from turbo_dllm.registry import resolve_model_config
+
+    out = Path(out)
+    if spec.model.family != "dflash" or spec.data.artifact is None:
+        raise DllmError(
+            "prepare-features needs a dflash RunSpec with data.artifact",
+            hint="the drafter's train.yaml: model.family dflash, data.artifact",
+        )
+    if out.exists():
+        raise DllmError(f"{str(out)!r} already exists", hint="choose a new folder")
+    config = resolve_model_config(spec.model)
+    data = DataArtifact(spec.data.artifact)
+    if data.manifest.seq_len != spec.data.seq_len:
+        raise DllmError(
+            f"data.seq_len is {spec.data.seq_len}, the artifact holds {data.manifest.seq_len}"
+        )
+    teacher = spec.objective.dflash_loss == "speculators_kl"
+    plan = _plan(spec, config, data.manifest.fingerprint, teacher)
+    staging = out.parent / f".{out.name}.partial"
+    progress_file = staging / "progress.json"
+    done: dict[str, str] = {}
+    if progress_file.is_file():
+        record = json.loads(progress_file.read_text())
+        if record.get("plan") == plan and record.get("rows_per_shard") == rows_per_shard:
+            done = record["shards"]  # resume: keep what a previous run finished
+        else:
+            shutil.rmtree(staging)
+    staging.mkdir(parents=True, exist_ok=True)
+    torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    target = TargetFeatures(config.target_path, config, teacher=teacher, device=torch_device)
+    total = len(data)
+    shards = []
+    bar = _Bar(total, enabled=progress)
+    for first in range(0, total, rows_per_shard):
+        rows = list(range(first, min(first + rows_per_shard, total)))
+        name = f"shard_{first // rows_per_shard:05d}.safetensors"
+        if name in done and (staging / name).is_file():
+            bar.advance(len(rows))
+            shards.append(Shard(file=name, first_row=first, rows=len(rows), sha256=done[name]))
+            continue
+        feats, teach, real = [], [], []
+        for row in rows:
+            ids, _, docs = data.row(row)
+            pad = torch.from_numpy(data.padding(row))
+            f, t = target(torch.from_numpy(ids)[None], torch.from_numpy(docs).long()[None])
+            keep = ~pad
+            feats.append(f[0][keep.to(f.device)].cpu())
+            if t is not None:
+                teach.append(t[0][keep.to(t.device)].cpu())
+            real.append(keep)
+            bar.advance(1)
+        tensors = {"features": torch.cat(feats).contiguous(), "real": torch.stack(real)}
+        if teacher:
+            tensors["teacher"] = torch.cat(teach).contiguous()
+        partial = staging / (name + ".tmp")
+        save_file(tensors, str(partial))
+        partial.rename(staging / name)
+        done[name] = _file_sha256(staging / name)
+        write_atomic(
+            progress_file,
+            json.dumps({"plan": plan, "rows_per_shard": rows_per_shard, "shards": done}),
+        )
+        shards.append(Shard(file=name, first_row=first, rows=len(rows), sha256=done[name]))
+    bar.close()
+    dtype = str(tensors["features"].dtype).removeprefix("torch.") if shards else "float32"
+    body = {
+        **plan,
+        "num_rows": total,
+        "feature_size": config.feature_size,
+        "hidden_size": config.target_hidden_size,
+        "dtype": dtype,
+        "shards": [s.model_dump() for s in shards],
+    }
+    fingerprint = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+    manifest = FeaturesManifest(format=FEATURES_FORMAT, fingerprint=fingerprint, **body)
+    progress_file.unlink()
+    write_atomic(staging / "features.json", manifest.model_dump_json(indent=2) + "\n")
+    staging.rename(out)
+    return out
+
+
+class _Bar:
+    """A rich progress bar on a terminal, a line every few shards otherwise (stderr)."""
+
+    def __init__(self, total: int, *, enabled: bool) -> None:
+        self.total, self.count, self.enabled = total, 0, enabled
+        self._bar = None
+        if enabled and sys.stderr.isatty():
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn
+
+            self._bar = Progress(
+                TextColumn("[bold]features[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                console=Console(stderr=True),
+            )
+            self._task = self._bar.add_task("features", total=total)
+            self._bar.start()
+
+    def advance(self, rows: int) -> None:
+        self.count += rows
+        if self._bar is not None:
+            self._bar.update(self._task, advance=rows)
+        elif self.enabled and (self.count == self.total or self.count % 256 == 0):
+            print(f"features: {self.count}/{self.total} rows", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+class FeatureStore:
+    """Rows of a feature artifact, rebuilt to (R, L, F) for a batch's row indices."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.root = Path(path)
+        self.manifest = read_features_manifest(path)
+        self._open: dict[str, dict] = {}
+
+    def _shard(self, shard: Shard) -> dict:
+        if shard.file not in self._open:
+            from safetensors.torch import load_file
+
+            tensors = load_file(str(self.root / shard.file))
+            counts = tensors["real"].sum(1)
+            offsets = [0]
+            for c in counts.tolist():
+                offsets.append(offsets[-1] + int(c))
+            tensors["offsets"] = offsets
+            self._open = {shard.file: tensors}  # one shard in memory at a time
+        return self._open[shard.file]
+
+    def lookup(self, rows, device):
+        import torch
+
+        m = self.manifest
+        length = m.seq_len
+        dtype = getattr(torch, m.dtype)
+        features = torch.zeros(len(rows), length, m.feature_size, dtype=dtype)
+        teacher = torch.zeros(len(rows), length, m.hidden_size, dtype=dtype) if m.teacher else None
+        per_shard = m.shards[0].rows
+        for i, row in enumerate(rows.tolist()):
+            shard = m.shards[row // per_shard]
+            tensors = self._shard(shard)
+            local = row - shard.first_row
+            lo, hi = tensors["offsets"][local], tensors["offsets"][local + 1]
+            real = tensors["real"][local]
+            features[i, real] = tensors["features"][lo:hi]
+            if teacher is not None:
+                teacher[i, real] = tensors["teacher"][lo:hi]
+        return features.to(device), None if teacher is None else teacher.to(device)

@@ -1,0 +1,146 @@
+"""How a drafter's training micro-batch becomes model inputs: the trainer's sequence plan.
+
+`DraftPlan.prepare(draft_batch, device)` gets the target's features (online: the frozen target
+runs here, `target.TargetFeatures`; offline: the batch's rows of the feature artifact,
+`features.FeatureStore`),
+lays the anchors' blocks out as the drafter's tokens [anchor, mask x (B-1)] at positions
+anchor + 0..B-1, builds the attention mask (a block sees itself, bidirectionally, and the
+context of its document before its anchor) and the scoring hook (`paper_ce` or
+`speculators_kl`). Every rank holds whole sequences; under block parallelism (bp) the ranks of
+a context group share each batch's anchors in dual-end order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import partial
+
+import torch
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.families.dflash.config import DFlashConfig
+from turbo_dllm.families.dflash.losses import frozen_linear_kl
+from turbo_dllm.families.dflash.model import DraftContext
+from turbo_dllm.train.losses import linear_cross_entropy
+from turbo_dllm.train.objectives.dflash_distillation import DraftBatch
+from turbo_dllm.train.parallel.plan import ModelInputs
+
+__all__ = ["DraftPlan", "draft_attention_mask", "draft_score", "share_anchors"]
+
+
+def draft_attention_mask(
+    anchors: torch.Tensor,
+    anchor_valid: torch.Tensor,
+    doc_ids: torch.Tensor | None,
+    context_len: int,
+    block_size: int,
+) -> torch.Tensor:
+    """(R, 1, N*B, L + N*B) bool: context rows [doc start, anchor) of the block's document,
+    then the block's own B tokens (padding blocks see only themselves)."""
+    rows, n = anchors.shape
+    device = anchors.device
+    anchor_q = anchors.repeat_interleave(block_size, dim=1)  # (R, Q)
+    valid_q = anchor_valid.repeat_interleave(block_size, dim=1)
+    kv = torch.arange(context_len, device=device)
+    context = (kv[None, None, :] < anchor_q[:, :, None]) & valid_q[:, :, None]
+    if doc_ids is not None:
+        docs = doc_ids.to(device)
+        context &= docs.gather(1, anchor_q)[:, :, None] == docs[:, None, :]
+    block = torch.arange(n * block_size, device=device) // block_size
+    local = (block[:, None] == block[None, :]).expand(rows, -1, -1)
+    return torch.cat([context, local], dim=-1)[:, None]
+
+
+def draft_score(
+    batch: DraftBatch, teacher: torch.Tensor | None, hidden: torch.Tensor, head: torch.Tensor
+) -> torch.Tensor:
+    """The objective's weighted loss summed over the supervised slots (the output hook)."""
+    flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.score_index)
+    if batch.loss == "paper_ce":
+        return linear_cross_entropy(flat, head, batch.targets, batch.weights)
+    rows = teacher.reshape(-1, teacher.shape[-1]).index_select(0, batch.teacher_index)
+    return frozen_linear_kl(flat, head, rows.to(flat.dtype), batch.weights)
+
+
+def draft_tokens(batch: DraftBatch, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(R, N*B) token ids [anchor token, mask x (B-1)] per block, and their positions."""
+    rows, n = batch.anchors.shape
+    b = batch.block_size
+    tokens = torch.full((rows, n, b), mask_token_id, dtype=torch.long, device=batch.anchors.device)
+    tokens[:, :, 0] = torch.where(
+        batch.anchor_valid, batch.context_ids.gather(1, batch.anchors), mask_token_id
+    )
+    positions = batch.anchors[:, :, None] + torch.arange(b, device=batch.anchors.device)
+    return tokens.reshape(rows, n * b), positions.reshape(rows, n * b)
+
+
+def share_anchors(batch: DraftBatch, rank: int, size: int) -> DraftBatch:
+    """This rank's anchors under block parallelism, in dual-end order: a row's valid anchors
+    (sorted, so cost grows with the index j: the context before it) pair up as (j, n-1-j), and
+    pair p goes to rank p % size, so every rank holds about the same context cost. Anchors are
+    compacted and the scored slots renumbered; the ranks' losses add up to the whole batch's."""
+    rows, width = batch.anchors.shape
+    b = batch.block_size
+    valid = batch.anchor_valid
+    index = valid.long().cumsum(1) - 1  # valid anchors come first in each row
+    count = valid.sum(1, keepdim=True)
+    pair = torch.minimum(index, count - 1 - index)
+    mine = valid & (pair % size == rank)
+    new_width = max(1, int(mine.sum(1).max()))
+    column = mine.long().cumsum(1) - 1
+    r, n = mine.nonzero(as_tuple=True)
+    anchors = torch.zeros(rows, new_width, dtype=batch.anchors.dtype, device=batch.anchors.device)
+    present = torch.zeros(rows, new_width, dtype=torch.bool, device=valid.device)
+    anchors[r, column[r, n]] = batch.anchors[r, n]
+    present[r, column[r, n]] = True
+    sr = batch.score_index // (width * b)
+    sn = (batch.score_index // b) % width
+    sk = batch.score_index % b
+    keep = mine[sr, sn]
+    return replace(
+        batch,
+        anchors=anchors,
+        anchor_valid=present,
+        score_index=((sr * new_width + column[sr, sn]) * b + sk)[keep],
+        targets=batch.targets[keep],
+        weights=batch.weights[keep],
+        teacher_index=batch.teacher_index[keep],
+    )
+
+
+class DraftPlan:
+    """The target's features online or from a feature artifact; with bp > 1 each rank of the
+    context group drafts its dual-end share of the anchors (`share_anchors`)."""
+
+    attention_backend = None  # the drafter attends with SDPA over an explicit mask
+
+    def __init__(
+        self, config: DFlashConfig, target=None, store=None, *, rank: int = 0, size: int = 1
+    ) -> None:
+        self.config = config
+        self.target = target  # online: a TargetFeatures
+        self.store = store  # offline: a FeatureStore
+        self.rank, self.context_size = rank, size
+
+    def prepare(self, batch: DraftBatch, device: torch.device) -> ModelInputs:
+        if self.store is not None:
+            if batch.rows is None:
+                raise DllmError("offline features need data.artifact (rows to look up)")
+            features, teacher = self.store.lookup(batch.rows.cpu(), device)
+        else:
+            features, teacher = self.target(batch.context_ids, batch.doc_ids)
+        if self.context_size > 1:
+            batch = share_anchors(batch, self.rank, self.context_size)
+        tokens, positions = draft_tokens(batch, self.config.mask_token_id)
+        length = batch.context_ids.shape[1]
+        mask = draft_attention_mask(
+            batch.anchors, batch.anchor_valid, batch.doc_ids, length, batch.block_size
+        )
+        context = DraftContext(features, torch.arange(length, device=device), mask)
+        return ModelInputs(
+            input_ids=tokens,
+            positions=positions,
+            mask=context,
+            batch=batch,
+            output=partial(draft_score, batch, teacher),
+        )

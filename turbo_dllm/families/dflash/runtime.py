@@ -1,0 +1,121 @@
+"""The dflash family's torch half (`FamilyRuntime`): build, layers, weights, training plan.
+
+Beyond the decoder's runtime it provides two optional hooks the trainer calls when a family has
+them: `materialize` (the drafter's own weights, then the target's frozen embeddings and head)
+and `build_sequence_plan` (the frozen target's features and the draft-block layout).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.families.dflash.config import DFlashConfig
+from turbo_dllm.families.dflash.model import DFlashDrafter
+
+__all__ = [
+    "apply_tensor_parallel",
+    "build_model",
+    "build_sequence_plan",
+    "check_tensor_parallel",
+    "layers",
+    "load_target_weights",
+    "materialize",
+]
+
+
+def build_model(config: DFlashConfig, backend=None, dtype: torch.dtype | None = None) -> nn.Module:
+    """The drafter on the meta device (its frozen embeddings and head included)."""
+    with torch.device("meta"):
+        model = DFlashDrafter(config)
+    if dtype is not None:
+        model.to(dtype)
+    return model
+
+
+def layers(model: nn.Module) -> nn.ModuleList:
+    return model.layers
+
+
+def check_tensor_parallel(config: DFlashConfig, tp: int) -> None:
+    if tp > 1:
+        raise DllmError("a dflash drafter is replicated: topology.tp must be 1")
+
+
+def apply_tensor_parallel(model, tp_mesh, *, sequence_parallel: bool = False) -> None:
+    raise DllmError("a dflash drafter is replicated: topology.tp must be 1")
+
+
+# drafter name -> the target checkpoint's name for the same tensor
+_TARGET_NAMES = {
+    "embed_tokens.weight": "model.embed_tokens.weight",
+    "lm_head.weight": "lm_head.weight",
+}
+
+
+@torch.no_grad()
+def load_target_weights(model: DFlashDrafter, target_path: str | Path) -> None:
+    """Fill the frozen embeddings and head from the target's folder (a tied target's head is
+    its embedding)."""
+    from safetensors import safe_open
+
+    from turbo_dllm.train.weights import _fill, _param_device, _safetensors_index
+
+    where = _safetensors_index(Path(target_path))
+    params = dict(model.named_parameters(remove_duplicate=False))
+    for name, target_name in _TARGET_NAMES.items():
+        if name == "lm_head.weight" and model.config.tie_word_embeddings:
+            continue
+        if target_name not in where:
+            raise DllmError(
+                f"the target {str(target_path)!r} has no {target_name!r}",
+                hint="model.dflash.target must be the drafter's target folder",
+            )
+        param = params[name]
+        with safe_open(str(where[target_name]), framework="pt") as handle:
+            tensor = handle.get_tensor(target_name)
+        if tuple(tensor.shape) != tuple(param.shape):
+            raise DllmError(
+                f"the target's {target_name!r} has shape {tuple(tensor.shape)}, the drafter "
+                f"expects {tuple(param.shape)}",
+                hint="the drafter does not fit this target",
+            )
+        _fill(param, tensor.to(device=_param_device(param), dtype=param.dtype))
+
+
+def materialize(
+    model: DFlashDrafter, device: torch.device, *, seed: int, weights_from: str | None = None
+) -> DFlashDrafter:
+    """Allocate and fill: the drafter's weights (a folder, else deterministic random init),
+    then the target's embeddings and head."""
+    from turbo_dllm.train.weights import allocate, init_weights, load_hf_weights
+
+    allocate(model, device)
+    if weights_from is not None:
+        load_hf_weights(model, model.config, weights_from)
+    else:
+        init_weights(model, model.config, seed)
+    if model.config.target_path is None:
+        raise DllmError("the drafter names no target", hint="set model.dflash.target")
+    load_target_weights(model, model.config.target_path)
+    return model
+
+
+def build_sequence_plan(dims, attention, *, spec, config: DFlashConfig, device, merge_backend=None):
+    """The drafter's plan: the frozen target's features online, or from the feature artifact."""
+    from turbo_dllm.families.dflash.plan import DraftPlan
+    from turbo_dllm.families.dflash.target import TargetFeatures
+
+    share = {}
+    if dims is not None and dims.context > 1:  # bp: this rank's share of the anchors
+        share = {"rank": dims.get_mesh("context").get_local_rank(), "size": dims.context}
+    if spec.model.dflash.features is not None:
+        from turbo_dllm.families.dflash.features import FeatureStore
+
+        return DraftPlan(config, store=FeatureStore(spec.model.dflash.features), **share)
+    teacher = spec.objective.dflash_loss == "speculators_kl"
+    target = TargetFeatures(config.target_path, config, teacher=teacher, device=device)
+    return DraftPlan(config, target, **share)

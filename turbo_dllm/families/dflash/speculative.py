@@ -1,0 +1,348 @@
+"""Speculative decoding with a drafter, against the target decoding alone: `dllm dflash eval`.
+
+Greedy (T = 0) on held-out prompts. The target is transformers' causal LM with a KV cache
+(the folder our decoder exports). Per prompt:
+
+- target alone: prefill, then one forward per new token;
+- speculative: the drafter proposes d tokens after the last accepted one; the target checks
+  all of them in one forward [last, d_1 .. d_d]; the longest prefix agreeing with the target's
+  own greedy choices is kept, plus the target's token after it (so every forward yields
+  1 .. d + 1 tokens); the KV cache is cropped back to the accepted length.
+
+Drafters: a DFlash drafter (one block [last, mask x (B-1)] per forward, reading the target's
+hidden states of `target_layer_ids` for every accepted position), or an autoregressive drafter
+(a small causal LM with its own KV cache, proposing B - 1 tokens one at a time: the standard
+speculative-decoding baseline). Outputs must be token-for-token those of the target alone.
+
+tau = accepted tokens per target forward in the speculative loop (mean of 1 + accepted drafts).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["SpeculativeReport", "evaluate", "held_out_prompts"]
+
+
+@dataclass
+class SpeculativeReport:
+    drafter_kind: str
+    block_size: int
+    prompts: int
+    new_tokens: int
+    target_forwards: int
+    tau: float
+    target_tokens_per_s: float
+    speculative_tokens_per_s: float
+    speedup: float
+    lossless: bool
+    first_mismatch: int | None = None  # the first prompt whose outputs differ
+    accepted_histogram: dict[int, int] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        out = dict(self.__dict__)
+        out["accepted_histogram"] = {str(k): v for k, v in sorted(self.accepted_histogram.items())}
+        return out
+
+
+def held_out_prompts(artifact: str | Path, *, count: int, length: int) -> list[torch.Tensor]:
+    """Up to `count` prompts of `length` tokens, each inside one document of the artifact,
+    spread over its documents (windows at evenly spaced offsets)."""
+    import numpy as np
+
+    from turbo_dllm.data.artifact import DataArtifact
+
+    data = DataArtifact(artifact)
+    flat = np.asarray(data.tokens).reshape(-1)
+    windows = [
+        (start + offset)
+        for start, size in np.asarray(data.documents).tolist()
+        for offset in range(0, max(size - 2 * length, 0), length)
+    ]
+    if not windows:
+        raise DllmError(
+            f"no document of {str(artifact)!r} is longer than 2 x {length} tokens",
+            hint="use a shorter --prompt-len or an artifact of longer documents",
+        )
+    picks = np.linspace(0, len(windows) - 1, num=min(count, len(windows))).round().astype(int)
+    return [
+        torch.from_numpy(flat[windows[i] : windows[i] + length].astype(np.int64)) for i in picks
+    ]
+
+
+def _load_target(folder: str, device: torch.device, dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
+    return model.eval()
+
+
+def _architecture(folder: str) -> str:
+    from turbo_dllm.families.base import read_hf_config
+
+    hf = read_hf_config(Path(folder) / "config.json", what="drafter")
+    return (hf.get("architectures") or ["?"])[0]
+
+
+def _crop(cache, length: int) -> None:
+    """Keep the first `length` positions of a transformers KV cache (crop takes the count of
+    positions to drop, negative)."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def _step(model, ids: torch.Tensor, cache=None, hidden: bool = False):
+    """One cached forward: (logits (S, V), cache, hidden-state tuple or None). transformers
+    renamed `past_key_values` to `cache` (5.2x); use whichever this version's model takes."""
+    import inspect
+
+    if cache is None:
+        from transformers import DynamicCache
+
+        cache = DynamicCache()
+    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    out = model(input_ids=ids[None], use_cache=True, output_hidden_states=hidden, **{name: cache})
+    return out.logits[0], cache, out.hidden_states if hidden else None
+
+
+def _greedy_target(target, prompt: torch.Tensor, new_tokens: int) -> list[int]:
+    logits, cache, _ = _step(target, prompt)
+    token = int(logits[-1].argmax())
+    tokens = [token]
+    while len(tokens) < new_tokens:
+        logits, cache, _ = _step(target, torch.tensor([token], device=prompt.device), cache)
+        token = int(logits[-1].argmax())
+        tokens.append(token)
+    return tokens
+
+
+class _DFlashProposer:
+    """Drafts one block from the target's features of every accepted position."""
+
+    needs_hidden = True
+
+    def __init__(self, drafter, block_size: int) -> None:
+        self.drafter = drafter
+        self.block_size = block_size
+        self.ids = drafter.config.target_layer_ids
+        self.mask = drafter.config.mask_token_id
+        self.from_anchor = drafter.config.sample_from_anchor
+        self.drafts = block_size if self.from_anchor else block_size - 1
+
+    def reset(self, prompt: torch.Tensor, hidden_states) -> None:
+        self.context = self.drafter.project_context(self._features(hidden_states))
+
+    def _features(self, hidden_states) -> torch.Tensor:
+        return torch.cat([hidden_states[i + 1] for i in self.ids], dim=-1).to(
+            self.drafter.fc.weight.dtype
+        )
+
+    def propose(self, sequence: list[int]) -> list[int]:
+        from turbo_dllm.families.dflash.model import DraftContext
+
+        device = self.context.device
+        position = len(sequence) - 1  # the last accepted token: the block's anchor
+        block = torch.full((1, self.block_size), self.mask, device=device)
+        block[0, 0] = sequence[-1]
+        positions = position + torch.arange(self.block_size, device=device)[None]
+        context = DraftContext(None, torch.arange(position, device=device), None)
+        hidden = self.drafter.hidden_states(block, positions, context, projected=self.context)
+        logits = self.drafter.lm_head(hidden)[0]
+        picked = logits.argmax(-1).tolist()
+        return picked[: self.drafts] if self.from_anchor else picked[1:]
+
+    def accept(self, sequence: list[int], hidden_states, kept: int) -> None:
+        """`kept` rows of the verify forward (the anchor and the accepted drafts) are final."""
+        rows = self._features(hidden_states)[:, :kept]
+        self.context = torch.cat([self.context, self.drafter.project_context(rows)], dim=1)
+
+
+class _AutoregressiveProposer:
+    """A small causal LM drafting B - 1 tokens greedily, with its own KV cache."""
+
+    needs_hidden = False
+
+    def __init__(self, drafter, block_size: int) -> None:
+        self.drafter = drafter
+        self.drafts = block_size - 1
+
+    def reset(self, prompt: torch.Tensor, hidden_states) -> None:
+        self.cache = None
+        self.cached = 0
+
+    def propose(self, sequence: list[int]) -> list[int]:
+        device = next(self.drafter.parameters()).device
+        proposal: list[int] = []
+        pending = sequence[self.cached :]
+        for _ in range(self.drafts):
+            ids = torch.tensor(pending, device=device)
+            logits, self.cache, _ = _step(self.drafter, ids, self.cache)
+            self.cached += len(pending)
+            token = int(logits[-1].argmax())
+            proposal.append(token)
+            pending = [token]
+        return proposal
+
+    def accept(self, sequence: list[int], hidden_states, kept: int) -> None:
+        # the drafter's cache may hold rejected drafts: keep only the agreed prefix
+        valid = min(self.cached, len(sequence) - 1)
+        _crop(self.cache, valid)
+        self.cached = valid
+
+
+def _speculative(
+    target, proposer, prompt: torch.Tensor, new_tokens: int
+) -> tuple[list[int], list[int]]:
+    """(generated tokens, tokens gained per target forward)."""
+    device = prompt.device
+    logits, cache, hidden = _step(target, prompt, hidden=proposer.needs_hidden)
+    proposer.reset(prompt, hidden)
+    sequence = prompt.tolist() + [int(logits[-1].argmax())]
+    start = len(prompt)
+    gains: list[int] = []
+    while len(sequence) - start < new_tokens:
+        drafts = proposer.propose(sequence)
+        verify = torch.tensor([sequence[-1], *drafts], device=device)
+        logits, cache, hidden = _step(target, verify, cache, hidden=proposer.needs_hidden)
+        choices = logits.argmax(-1).tolist()  # choices[j]: the target's token after row j
+        accepted = 0
+        while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
+            accepted += 1
+        sequence += drafts[:accepted] + [choices[accepted]]
+        _crop(cache, len(sequence) - 1)  # rows up to the new last token's predecessor are final
+        proposer.accept(sequence, hidden, accepted + 1)
+        gains.append(accepted + 1)
+    return sequence[start : start + new_tokens], gains
+
+
+def _drafter(folder: str, target_folder: str, device, dtype):
+    """(kind, model) for a drafter folder: a DFlash drafter or an autoregressive causal LM."""
+    architecture = _architecture(folder)
+    if architecture.startswith("DFlash"):
+        import dataclasses
+
+        from turbo_dllm.families.base import read_hf_config
+        from turbo_dllm.families.dflash import read_target_config
+        from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
+        from turbo_dllm.families.dflash.runtime import build_model, materialize
+
+        config = DFlashConfig.from_hf_dict(
+            read_hf_config(Path(folder) / "config.json", what="drafter")
+        )
+        problems = drafter_problems(config, read_target_config(target_folder))
+        if problems:
+            raise DllmError(
+                f"the drafter {folder!r} does not fit the target {target_folder!r}:\n"
+                + "\n".join(f"  - {p}" for p in problems),
+                hint="evaluate the drafter with the target it was distilled from",
+            )
+        config = dataclasses.replace(config, target_path=target_folder)
+        model = materialize(build_model(config, None, dtype), device, seed=0, weights_from=folder)
+        return "dflash", model.eval()
+    return "autoregressive", _load_target(folder, device, dtype)
+
+
+def evaluate(
+    target: str,
+    drafter: str,
+    data: str,
+    *,
+    block_size: int | None = None,
+    max_new_tokens: int = 64,
+    num_prompts: int = 8,
+    prompt_len: int = 32,
+    device: str | None = None,
+    dtype: str = "float32",
+    strict: bool = True,
+) -> SpeculativeReport:
+    """Decode `num_prompts` held-out prompts of `data` both ways and compare; with `strict`
+    (the CLI), outputs that differ are an error, else the report says `lossless: false` and
+    `first_mismatch` (a benchmark records it rather than losing the run)."""
+    from turbo_dllm.families.dflash import read_target_config
+
+    torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch_dtype = getattr(torch, dtype)
+    target_config = read_target_config(target)  # a readable target before any work
+    if not _architecture(drafter).startswith("DFlash"):  # checked before loading anything
+        from turbo_dllm.families.base import read_hf_config
+
+        if block_size is None:
+            raise DllmError(
+                "an autoregressive drafter has no block size", hint="pass --block-size B"
+            )
+        vocab = read_hf_config(Path(drafter) / "config.json", what="drafter").get("vocab_size")
+        if vocab != target_config.vocab_size:
+            raise DllmError(
+                f"the drafter's vocabulary ({vocab}) is not the target's "
+                f"({target_config.vocab_size})",
+                hint="a drafter must share the target's tokenizer",
+            )
+    kind, draft_model = _drafter(drafter, target, torch_device, torch_dtype)
+    block = block_size or draft_model.config.block_size
+    if block < 2:
+        raise DllmError(f"--block-size must be at least 2 (got {block})")
+    prompts = [
+        p.to(torch_device) for p in held_out_prompts(data, count=num_prompts, length=prompt_len)
+    ]
+    target_model = _load_target(target, torch_device, torch_dtype)
+    proposer = (_DFlashProposer if kind == "dflash" else _AutoregressiveProposer)(
+        draft_model, block
+    )
+
+    def timed(fn):
+        if torch_device.type == "cuda":
+            torch.cuda.synchronize()
+        start = time.perf_counter()
+        result = fn()
+        if torch_device.type == "cuda":
+            torch.cuda.synchronize()
+        return result, time.perf_counter() - start
+
+    with torch.inference_mode():
+        # one warm-up decode each (allocator, kernels), not timed
+        _greedy_target(target_model, prompts[0], 2)
+        _speculative(target_model, proposer, prompts[0], 2)
+        plain, plain_s = timed(
+            lambda: [_greedy_target(target_model, p, max_new_tokens) for p in prompts]
+        )
+        spec, spec_s = timed(
+            lambda: [_speculative(target_model, proposer, p, max_new_tokens) for p in prompts]
+        )
+    lossless = all(a == b for a, (b, _) in zip(plain, spec, strict=True))
+    gains = [g for _, per_prompt in spec for g in per_prompt]
+    total = max_new_tokens * len(prompts)
+    report = SpeculativeReport(
+        drafter_kind=kind,
+        block_size=block,
+        prompts=len(prompts),
+        new_tokens=total,
+        target_forwards=len(gains),
+        tau=sum(gains) / len(gains),
+        target_tokens_per_s=total / plain_s,
+        speculative_tokens_per_s=total / spec_s,
+        speedup=plain_s / spec_s,
+        lossless=lossless,
+        accepted_histogram=dict(Counter(gains)),
+    )
+    if not lossless:
+        first = next(i for i, (a, (b, _)) in enumerate(zip(plain, spec, strict=True)) if a != b)
+        report.first_mismatch = first
+    if not lossless and strict:
+        first = next(i for i, (a, (b, _)) in enumerate(zip(plain, spec, strict=True)) if a != b)
+        raise DllmError(
+            f"speculative decoding changed the output of prompt {first}: "
+            f"{json.dumps(plain[first][:16])} vs {json.dumps(spec[first][0][:16])}",
+            hint="the target's greedy choices must not depend on how many tokens a forward "
+            "checks; evaluate in float32 (--dtype float32)",
+        )
+    return report

@@ -1,0 +1,98 @@
+"""The frozen target inside the drafter's training process: its hidden states at the drafter's
+`target_layer_ids` (and, for the KL loss, its final-normed last hidden states).
+
+Only the layers needed are built and loaded (up to the deepest feature layer; all of them when
+the teacher's distribution is needed). bf16 on CUDA, float32 on CPU, no grad, eval mode.
+Token-causal attention inside each packed document, as the target saw text when it was trained.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from turbo_dllm.families.dflash.config import DFlashConfig
+
+__all__ = ["TargetFeatures", "causal_document_mask"]
+
+
+def causal_document_mask(doc_ids: torch.Tensor | None, length: int, device) -> torch.Tensor:
+    """(R or 1, 1, L, L) bool: query i sees keys j <= i of its own document."""
+    idx = torch.arange(length, device=device)
+    causal = (idx[None, :] <= idx[:, None])[None, None]
+    if doc_ids is None:
+        return causal
+    docs = doc_ids.to(device)
+    return causal & (docs[:, None, :, None] == docs[:, None, None, :])
+
+
+def _attend(q, k, v, mask):
+    return F.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]
+    )
+
+
+class TargetFeatures:
+    """`features(input_ids, doc_ids) -> (features (R, L, n x H), teacher hidden (R, L, H) or None)`."""
+
+    def __init__(
+        self,
+        target_path: str,
+        config: DFlashConfig,
+        *,
+        teacher: bool,
+        device: torch.device,
+        dtype: torch.dtype | None = None,
+    ) -> None:
+        from turbo_dllm.families.decoder.runtime import build_model
+        from turbo_dllm.families.dflash import read_target_config
+        from turbo_dllm.train.weights import materialize
+
+        target = read_target_config(target_path)
+        self.layer_ids = tuple(config.target_layer_ids)
+        self.teacher = teacher
+        needed = target.num_hidden_layers if teacher else max(self.layer_ids) + 1
+        self.target_config = dataclasses.replace(target, num_hidden_layers=needed)
+        if dtype is None:
+            dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        model = build_model(self.target_config, _attend, dtype)
+        self.model = materialize(model, device, seed=0, weights_from=target_path)
+        self.model.requires_grad_(False).eval()
+        self.device = device
+
+    @torch.no_grad()
+    def __call__(
+        self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        # One row at a time: a row's numbers then never depend on the batch it came in, so
+        # the offline artifact (written row by row) holds exactly what training computes here.
+        rows = [
+            self._row(input_ids[r : r + 1], None if doc_ids is None else doc_ids[r : r + 1])
+            for r in range(input_ids.shape[0])
+        ]
+        features = torch.cat([f for f, _ in rows])
+        teacher = torch.cat([t for _, t in rows]) if self.teacher else None
+        return features, teacher
+
+    def _row(self, input_ids: torch.Tensor, doc_ids: torch.Tensor | None):
+        from turbo_dllm.families.decoder.model import rope_cos_sin
+
+        body = self.model.model
+        input_ids = input_ids.to(self.device)
+        length = input_ids.shape[1]
+        x = body.embed_tokens(input_ids)
+        cos, sin = rope_cos_sin(
+            self.target_config, torch.arange(length, device=self.device), x.dtype
+        )
+        mask = causal_document_mask(doc_ids, length, self.device)
+        wanted: dict[int, Any] = {}
+        for index, layer in enumerate(body.layers):
+            x = layer(x, cos, sin, mask)
+            if index in self.layer_ids:
+                wanted[index] = x
+        features = torch.cat([wanted[i] for i in self.layer_ids], dim=-1)
+        teacher = body.norm(x) if self.teacher else None
+        return features, teacher

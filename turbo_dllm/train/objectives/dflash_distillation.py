@@ -1,0 +1,254 @@
+"""DFlash distillation: train a drafter to draft blocks at sampled anchors of real text.
+
+For each sequence, anchors are drawn among the valid positions i (supervised, with a supervised
+next token of the same document): `uniform` (a random subset) or `locality` (a random cyclic
+start, stride block_size made coprime with the candidate count), at most `max_anchors`, sorted.
+Each anchor a gives one draft block of B slots [a's token, mask x (B-1)] at positions a + k.
+
+Slot contract (`sample_from_anchor`):
+- false (z-lab): slot k drafts the token at a + k; slot 0 (the anchor itself) is not scored;
+- true: slot k drafts the token at a + 1 + k.
+The teacher's distribution for a drafted position t is the target's prediction from t - 1.
+A slot is supervised when t is in the sequence, supervised and in the anchor's document. Slot
+weights decay with distance from the anchor: exp(-(k-1)/gamma) (exp(-k/gamma) with
+sample_from_anchor), 1 without `decay_gamma`.
+
+Losses: `paper_ce`, cross-entropy against the true token; `speculators_kl`, forward KL from the
+target's distribution (its own final norm and head on its last hidden state) to the drafter's,
+walked in row chunks without materialising [N, V] logits. The sum over supervised slots is
+divided by the GLOBAL count of supervised slots, like every objective here.
+
+Anchors are keyed noise (seed, step, global sample index), so `supervised_count(batch, key)`
+draws exactly the anchors `corrupt` will, and a resumed run redraws them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import torch
+
+from turbo_dllm.train.objectives.base import NoiseKey, sample_generator
+
+__all__ = ["DFlashDistillation", "DraftBatch", "build", "draw_anchors", "valid_anchors"]
+
+
+def valid_anchors(loss_mask: torch.Tensor, doc_ids: torch.Tensor | None) -> torch.Tensor:
+    """(R, L) bool: positions whose token and next token are supervised, in one document."""
+    supervised = loss_mask.to("cpu", torch.bool)
+    valid = torch.zeros_like(supervised)
+    valid[:, :-1] = supervised[:, :-1] & supervised[:, 1:]
+    if doc_ids is not None:
+        docs = doc_ids.to("cpu")
+        valid[:, :-1] &= (docs[:, :-1] == docs[:, 1:]) & (docs[:, :-1] >= 0)
+    return valid
+
+
+def draw_anchors(
+    candidates: torch.Tensor, limit: int, how: str, stride: int, generator: torch.Generator
+) -> torch.Tensor:
+    """At most `limit` of the sorted `candidates` (1-D positions), sorted."""
+    n = int(candidates.numel())
+    if n <= limit:
+        return candidates
+    if how == "uniform":
+        picked = torch.randperm(n, generator=generator)[:limit]
+    else:  # locality: a cyclic walk from a random start; a coprime stride keeps picks unique
+        step = max(1, stride)
+        while math.gcd(step, n) != 1:
+            step += 1
+        start = int(torch.randint(n, (), generator=generator))
+        picked = (start + step * torch.arange(limit)) % n
+    return candidates[picked.sort().values]
+
+
+@dataclass
+class DraftBatch:
+    """One micro-batch of draft blocks.
+
+    context_ids (R, L) the sequences (the target's input); doc_ids (R, L) or None;
+    anchors (R, N) positions, padded with 0 where `anchor_valid` (R, N) is False;
+    score_index (n,) flat indices into the draft tokens viewed as (R * N * B); targets (n,);
+    weights (n,) float32; teacher_index (n,) flat indices into the context viewed as (R * L):
+    the position whose target output predicts the drafted token.
+    """
+
+    context_ids: torch.Tensor
+    doc_ids: torch.Tensor | None
+    anchors: torch.Tensor
+    anchor_valid: torch.Tensor
+    score_index: torch.Tensor
+    targets: torch.Tensor
+    weights: torch.Tensor
+    teacher_index: torch.Tensor
+    block_size: int
+    loss: str
+    rows: torch.Tensor | None = None  # the data artifact's rows (offline features' index)
+
+    def to(self, device: torch.device) -> DraftBatch:
+        def move(t):
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return replace(
+            self,
+            **{
+                name: move(getattr(self, name))
+                for name in (
+                    "context_ids",
+                    "doc_ids",
+                    "anchors",
+                    "anchor_valid",
+                    "score_index",
+                    "targets",
+                    "weights",
+                    "teacher_index",
+                )
+            },
+        )
+
+    @property
+    def num_scored(self) -> int:
+        return int(self.targets.numel())
+
+    @property
+    def stream_tokens(self) -> int:
+        return int(self.anchors.numel()) * self.block_size
+
+    def attention_pairs(self) -> int:
+        """(query, key) pairs: each valid block's B x B local pairs plus B x (its context)."""
+        starts = torch.zeros_like(self.anchors)
+        if self.doc_ids is not None:
+            docs = self.doc_ids.to("cpu")
+            idx = torch.arange(docs.shape[1]).expand_as(docs)
+            new = torch.ones_like(docs, dtype=torch.bool)
+            new[:, 1:] = docs[:, 1:] != docs[:, :-1]
+            first = torch.where(new, idx, 0).cummax(dim=1).values
+            starts = first.gather(1, self.anchors.to("cpu"))
+        context = (self.anchors.to("cpu") - starts) * self.anchor_valid.to("cpu")
+        b = self.block_size
+        return int(self.anchors.numel() * b * b + b * int(context.sum()))
+
+
+class DFlashDistillation:
+    name = "dflash_distillation"
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        max_anchors: int,
+        anchor_sampling: str = "uniform",
+        decay_gamma: float | None = None,
+        sample_from_anchor: bool = False,
+        loss: str = "speculators_kl",
+    ) -> None:
+        if max_anchors < 1:
+            raise ValueError(f"max_anchors must be at least 1 (got {max_anchors})")
+        if anchor_sampling not in ("uniform", "locality"):
+            raise ValueError(f"unknown anchor sampling {anchor_sampling!r}")
+        if loss not in ("paper_ce", "speculators_kl"):
+            raise ValueError(f"unknown dflash loss {loss!r}")
+        self.block_size = block_size
+        self.max_anchors = max_anchors
+        self.anchor_sampling = anchor_sampling
+        self.decay_gamma = decay_gamma
+        self.sample_from_anchor = sample_from_anchor
+        self.loss = loss
+        self.needs_teacher = loss == "speculators_kl"
+
+    def slot_weights(self) -> torch.Tensor:
+        """(B,) float64: each slot's weight (0 for the unscored anchor slot)."""
+        k = torch.arange(self.block_size, dtype=torch.float64)
+        if self.sample_from_anchor:
+            distance = k
+        else:
+            distance = k - 1
+        weights = (
+            torch.exp(-distance / self.decay_gamma)
+            if self.decay_gamma is not None
+            else torch.ones_like(k)
+        )
+        if not self.sample_from_anchor:
+            weights[0] = 0.0
+        return weights
+
+    def _anchors(self, batch, key: NoiseKey) -> tuple[torch.Tensor, torch.Tensor]:
+        valid = valid_anchors(batch["loss_mask"], batch.get("doc_ids"))
+        picked = [
+            draw_anchors(
+                valid[r].nonzero().flatten(),
+                self.max_anchors,
+                self.anchor_sampling,
+                self.block_size,
+                sample_generator(key, key.first_sample + r),
+            )
+            for r in range(valid.shape[0])
+        ]
+        width = max(1, max(len(p) for p in picked))
+        anchors = torch.zeros(len(picked), width, dtype=torch.long)
+        present = torch.zeros(len(picked), width, dtype=torch.bool)
+        for r, p in enumerate(picked):
+            anchors[r, : len(p)] = p
+            present[r, : len(p)] = True
+        return anchors, present
+
+    def _slots(self, batch, anchors, present) -> tuple[torch.Tensor, torch.Tensor]:
+        """(R, N, B) drafted positions and whether each slot is supervised."""
+        supervised = batch["loss_mask"].to("cpu", torch.bool)
+        rows, length = supervised.shape
+        k = torch.arange(self.block_size)
+        offset = k + 1 if self.sample_from_anchor else k
+        target = anchors[:, :, None] + offset  # (R, N, B)
+        inside = target < length
+        clamped = target.clamp(max=length - 1)
+        row = torch.arange(rows)[:, None, None]
+        ok = present[:, :, None] & inside & supervised[row, clamped]
+        doc_ids = batch.get("doc_ids")
+        if doc_ids is not None:
+            docs = doc_ids.to("cpu")
+            ok &= docs[row, clamped] == docs[row, anchors[:, :, None]]
+        if not self.sample_from_anchor:
+            ok[:, :, 0] = False
+        return clamped, ok
+
+    def supervised_count(self, batch, key: NoiseKey | None = None) -> int:
+        anchors, present = self._anchors(batch, key)
+        return int(self._slots(batch, anchors, present)[1].sum())
+
+    def corrupt(self, batch, key: NoiseKey) -> DraftBatch:
+        ids = batch["input_ids"].to("cpu", torch.long)
+        rows, length = ids.shape
+        anchors, present = self._anchors(batch, key)
+        target, ok = self._slots(batch, anchors, present)
+        r, n, k = ok.nonzero(as_tuple=True)
+        b = self.block_size
+        width = anchors.shape[1]
+        position = target[r, n, k]
+        weights = self.slot_weights()[k].to(torch.float32)
+        doc_ids = batch.get("doc_ids")
+        return DraftBatch(
+            context_ids=ids,
+            doc_ids=None if doc_ids is None else doc_ids.to("cpu"),
+            anchors=anchors,
+            anchor_valid=present,
+            score_index=(r * width + n) * b + k,
+            targets=ids[r, position],
+            weights=weights,
+            teacher_index=r * length + position - 1,
+            block_size=b,
+            loss=self.loss,
+            rows=batch.get("rows"),
+        )
+
+
+def build(spec, mask_token_id: int) -> DFlashDistillation:
+    """The objective of a RunSpec's `objective` section (the registry's entry point)."""
+    return DFlashDistillation(
+        block_size=spec.block_size,
+        max_anchors=spec.max_anchors,
+        anchor_sampling=spec.anchor_sampling,
+        decay_gamma=spec.decay_gamma,
+        sample_from_anchor=spec.sample_from_anchor,
+        loss=spec.dflash_loss,
+    )
