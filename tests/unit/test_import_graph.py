@@ -37,8 +37,9 @@ LEVELS = {
     "__main__": 9,
 }
 FOUNDATION = {"errors", "fsutil", "formats", "records", "locations", "paths"}
-# The torch half of a family folder (model, parallelize plan, runtime): trainer-level code.
-FAMILY_TORCH_MODULES = {"model", "parallelize", "runtime"}
+# A family folder's torch-free half is its descriptor (`__init__`) and `config`; every other
+# module in it (model, parallelize plan, runtime, losses, export...) is trainer-level code.
+FAMILY_TORCH_FREE = {"config"}
 
 
 def module_name(path: Path) -> str:
@@ -53,7 +54,7 @@ def part_of(module: str) -> str:
     parts = module.split(".")[1:]
     if not parts or parts[0] in FOUNDATION:
         return "foundation"
-    if parts[0] == "families" and parts[-1] in FAMILY_TORCH_MODULES:
+    if parts[0] == "families" and len(parts) >= 3 and parts[2] not in FAMILY_TORCH_FREE:
         return "families.torch"
     return parts[0]
 

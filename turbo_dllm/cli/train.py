@@ -29,5 +29,8 @@ def _train(args) -> int:
     from turbo_dllm.train.entry import resolve_run_dir, train, world_size_from_env
 
     spec = load_runspec(args.config, args.overrides, world_size=world_size_from_env())
+    from turbo_dllm.jobs.launcher import check_inputs
+
+    check_inputs(spec, args.config)  # before the run dir exists
     run_dir = resolve_run_dir(spec, args.run_dir)
     return train(spec, run_dir)

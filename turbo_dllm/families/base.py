@@ -96,12 +96,23 @@ class Family:
     rules: Callable[[Any, FamilyConfig], list[tuple[str, str]]] | None = None
     # Why an axis it lacks is refused, where there is more to say than "not supported".
     axis_reasons: Mapping[str, str] = field(default_factory=dict)
+    # "module:function" (spec) -> [(field path, message)]: rules on the files a spec names beyond
+    # the model (e.g. a feature artifact), checked where data artifacts are (launch, train,
+    # `dllm data validate`), not by torch-free validation: they may read trainer-level formats.
+    input_rules: str | None = None
     # RunSpec `model` fields its runtime's build_model takes as keywords (e.g. linear_attention);
     # a family without one refuses a spec that sets it away from its default.
     model_options: tuple[str, ...] = ()
     # Reads a RunSpec's whole `model` section itself, instead of `resolve_config` (a family
     # whose config comes from more than one folder: a drafter and its target).
     configure: Callable[[Any], FamilyConfig] | None = None
+
+    def input_problems(self, spec: Any) -> list[tuple[str, str]]:
+        """The `input_rules` of this family on `spec` (empty without any)."""
+        if self.input_rules is None:
+            return []
+        module, _, name = self.input_rules.partition(":")
+        return getattr(importlib.import_module(module), name)(spec)
 
     def runtime(self) -> FamilyRuntime:
         module: ModuleType = importlib.import_module(self.runtime_module)

@@ -138,17 +138,27 @@ def prepare_replay(
 
 
 def _check_artifact(spec: RunSpec, source: str | Path) -> None:
-    """The data artifact must fit the spec (sequence length, blocks, vocabulary, mask token)."""
-    if spec.data.artifact is None:
-        return
-    from turbo_dllm.data.artifact import read_manifest as read_data_manifest
-    from turbo_dllm.data.compat import artifact_problems
+    """The data artifact must fit the spec (sequence length, blocks, vocabulary, mask token), and
+    so must the other inputs the family names (its `input_rules`)."""
+    check_inputs(spec, source)
 
-    found = artifact_problems(read_data_manifest(spec.data.artifact), spec)
+
+def check_inputs(spec: RunSpec, source: str | Path) -> None:
+    """Raise a DllmError listing every way the spec's data artifact and family inputs misfit."""
+    from turbo_dllm.registry import get_family
+
+    found = [
+        f"{path}: {message}" for path, message in get_family(spec.model.family).input_problems(spec)
+    ]
+    if spec.data.artifact is not None:
+        from turbo_dllm.data.artifact import read_manifest as read_data_manifest
+        from turbo_dllm.data.compat import artifact_problems
+
+        found = artifact_problems(read_data_manifest(spec.data.artifact), spec) + found
     if found:
         lines = "\n".join(f"  - {problem}" for problem in found)
         raise DllmError(
-            f"{source}: the data artifact {spec.data.artifact} does not fit the spec:\n{lines}",
+            f"{source}: the inputs do not fit the spec:\n{lines}",
             hint="change the spec, or prepare the data again to match it",
         )
 

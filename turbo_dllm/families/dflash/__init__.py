@@ -93,21 +93,13 @@ def _rules(spec: Any, config: DFlashConfig) -> list[tuple[str, str]]:
                 f"(sample_from_anchor: {config.sample_from_anchor})",
             )
         )
-    features = spec.model.dflash.features if spec.model.dflash else None
-    if features is not None:
-        from turbo_dllm.families.dflash.features import feature_problems, read_features_manifest
-
-        try:
-            problems = feature_problems(read_features_manifest(features), config, spec)
-        except DllmError as error:
-            problems = [error.message]
-        found += [("model.dflash.features", f"{features!r}: {p}") for p in problems]
     return found
 
 
 _NOT_SHARDED = "a drafter is small and replicated; the original refuses it too"
 DFLASH = Family(
     name="dflash",
+    input_rules="turbo_dllm.families.dflash.features:input_problems",
     summary="a DFlash block-diffusion drafter over a frozen target's hidden states",
     model_types=("qwen3",),
     objectives=("dflash_distillation",),

@@ -142,6 +142,21 @@ def feature_problems(manifest: FeaturesManifest, config, spec) -> list[str]:
     return found
 
 
+def input_problems(spec) -> list[tuple[str, str]]:
+    """The drafter's feature artifact against its spec and target (the family's input rule)."""
+    features = spec.model.dflash.features if spec.model.dflash else None
+    if features is None:
+        return []
+    from turbo_dllm.registry import resolve_model_config
+
+    try:
+        config = resolve_model_config(spec.model)
+        problems = feature_problems(read_features_manifest(features), config, spec)
+    except DllmError as error:
+        problems = [error.message]
+    return [("model.dflash.features", f"{features!r}: {p}") for p in problems]
+
+
 def _plan(spec, config, data_fingerprint: str, teacher: bool) -> dict:
     return {
         "target_fingerprint": target_fingerprint(config.target_path),
