@@ -41,9 +41,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.provenance import cpu_model, git_commit  # noqa: E402
 from turbo_dllm.bundles.archive import extract_bundle, pack_bundle  # noqa: E402
-from turbo_dllm.bundles.fetch import sha256_file  # noqa: E402
 from turbo_dllm.bundles.manifest import BundleFile, archive_name  # noqa: E402
 from turbo_dllm.bundles.publish import publish  # noqa: E402
+from turbo_dllm.fsutil import sha256_file  # noqa: E402
 
 MIB = 1024 * 1024
 

@@ -14,7 +14,14 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-__all__ = ["fsync_dir", "make_temp_dir", "make_temp_file", "synced_temp_file", "write_atomic"]
+__all__ = [
+    "fsync_dir",
+    "make_temp_dir",
+    "make_temp_file",
+    "sha256_file",
+    "synced_temp_file",
+    "write_atomic",
+]
 
 _ATTEMPTS = 100
 
@@ -81,3 +88,14 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
     with synced_temp_file(path, payload) as tmp:
         os.replace(tmp, path)
     return path
+
+
+def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
+    """The sha256 hex digest of a file's bytes, read in `chunk`-sized pieces."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        while block := handle.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()

@@ -10,9 +10,9 @@ from pathlib import Path
 import zstandard
 
 from tests.bundles.crafting import member
-from turbo_dllm.bundles.fetch import sha256_file
 from turbo_dllm.bundles.manifest import BuildProvenance, BundleFile, BundleManifest, archive_name
 from turbo_dllm.bundles.publish import publish
+from turbo_dllm.fsutil import sha256_file
 
 RELEASE = "v-adv"
 

@@ -84,8 +84,8 @@ def write_catalog(mirror: Path, release: str, entries: list[dict]) -> str:
 
 def serve_archive(mirror: Path, release: str, archive: Path, *, as_target: str) -> str:
     """Put `archive` into `mirror` listed under `as_target` (whatever its bundle.json says)."""
-    from turbo_dllm.bundles.fetch import sha256_file
     from turbo_dllm.bundles.target import BundleTarget
+    from turbo_dllm.fsutil import sha256_file
 
     target = BundleTarget.parse(as_target)
     name = archive_name("0.1.1", target)

@@ -9,11 +9,11 @@ import pytest
 
 from tests.bundles.crafting import member, raw_archive, unpack, variant
 from turbo_dllm.bundles.archive import BundleRejected, extract_bundle, pack_bundle
-from turbo_dllm.bundles.fetch import sha256_file
 from turbo_dllm.bundles.install import plan_install, run_install
 from turbo_dllm.bundles.publish import publish
 from turbo_dllm.bundles.store import BundleStore
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import sha256_file
 
 
 def test_packing_is_reproducible(cpu_bundle, tmp_path):

@@ -23,7 +23,6 @@ from pathlib import Path
 from turbo_dllm import __version__
 from turbo_dllm.bundles.archive import pack_bundle
 from turbo_dllm.bundles.catalog import CatalogEntry
-from turbo_dllm.bundles.fetch import sha256_file
 from turbo_dllm.bundles.manifest import (
     BuildProvenance,
     BundleFile,
@@ -34,6 +33,7 @@ from turbo_dllm.bundles.manifest import (
 from turbo_dllm.bundles.target import BundleTarget
 from turbo_dllm.bundles.targets import pick_build_target
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import sha256_file
 from turbo_dllm.host import collect_fingerprint
 from turbo_dllm.paths import dllm_home
 

@@ -43,20 +43,11 @@ __all__ = [
     "download",
     "download_unpacked",
     "open_source",
-    "sha256_file",
 ]
 
 THREADED_HASH_BYTES = 16 * CHUNK  # archives this large are hashed on a helper thread
 Progress = Callable[[int, int], None]
 T = TypeVar("T")
-
-
-def sha256_file(path: Path, chunk: int = CHUNK) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def download(

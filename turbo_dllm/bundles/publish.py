@@ -27,10 +27,9 @@ from turbo_dllm.bundles.catalog import (
     parse_catalog,
     sha256_bytes,
 )
-from turbo_dllm.bundles.fetch import sha256_file
 from turbo_dllm.bundles.manifest import archive_name
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import write_atomic
+from turbo_dllm.fsutil import sha256_file, write_atomic
 
 __all__ = ["PublishResult", "publish"]
 

@@ -185,7 +185,7 @@ class BundleStore:
 
     def verify(self, bundle: InstalledBundle) -> list[str]:
         """Problems with an installed bundle's files (empty: every file matches bundle.json)."""
-        from turbo_dllm.bundles.fetch import sha256_file
+        from turbo_dllm.fsutil import sha256_file
 
         problems = []
         listed = {MANIFEST_NAME, RECORD_NAME}

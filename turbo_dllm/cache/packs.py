@@ -163,7 +163,7 @@ def make_pack(
     """Pack the files under `caches` ({"inductor": folder, "triton": folder}) into `out_dir`."""
     from turbo_dllm import __version__
     from turbo_dllm.bundles.archive import pack_members
-    from turbo_dllm.bundles.fetch import sha256_file
+    from turbo_dllm.fsutil import sha256_file
 
     files: list[PackFile] = []
     sources: dict[str, Path] = {}
@@ -329,7 +329,7 @@ def check_packs(packs: list[Path]) -> list[tuple[Path, str]]:
 def copy_packs(checked: list[tuple[Path, str]], mirror: Path) -> list[Path]:
     """Copy checked packs into `mirror/packs/`. Published bytes never change: a file of that
     name with other bytes is refused (a pack's name ends with its content digest)."""
-    from turbo_dllm.bundles.fetch import sha256_file
+    from turbo_dllm.fsutil import sha256_file
 
     published = []
     for pack, name in checked:
@@ -413,7 +413,7 @@ def install_pack(
 
     A file already in the cache is left as it is: entries are named by content, and a live cache
     is the user's."""
-    from turbo_dllm.bundles.fetch import sha256_file
+    from turbo_dllm.fsutil import sha256_file
 
     if not path.is_file():
         raise DllmError(f"no such pack: {path}")
@@ -481,7 +481,7 @@ def _staging_root(caches: dict[str, Path]) -> Path:
 
 def verify_pack(pack: InstalledPack) -> list[str]:
     """Problems with an installed pack's files in the cache (empty: all present and intact)."""
-    from turbo_dllm.bundles.fetch import sha256_file
+    from turbo_dllm.fsutil import sha256_file
 
     problems = []
     for entry in pack.manifest.files:
@@ -498,7 +498,7 @@ def remove_pack(pack: InstalledPack) -> int:
     """Delete the files this pack's install added that are still intact and that no other
     installed pack lists, then its record; returns how many files were deleted. Files that were
     in the cache before the install stay."""
-    from turbo_dllm.bundles.fetch import sha256_file
+    from turbo_dllm.fsutil import sha256_file
 
     others = {
         (Path(p.caches[f.path.partition("/")[0]]) / f.path.partition("/")[2])

@@ -96,7 +96,7 @@ def _pack(args) -> int:
             )
     else:
         path, manifest = make_pack(_caches(), args.out, key, spec=part)
-    from turbo_dllm.bundles.fetch import sha256_file
+    from turbo_dllm.fsutil import sha256_file
 
     sha256 = sha256_file(path)
     if args.json:

@@ -27,6 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.formats import validate_document
+from turbo_dllm.fsutil import sha256_file
 
 __all__ = [
     "ARRAY_FILES",
@@ -36,7 +37,6 @@ __all__ = [
     "DataManifest",
     "DataStats",
     "compute_fingerprint",
-    "file_sha256",
     "layout_problems",
     "read_manifest",
     "verify",
@@ -148,14 +148,6 @@ def compute_fingerprint(fields: dict[str, Any]) -> str:
     return hashlib.sha256(canonical.encode("ascii")).hexdigest()
 
 
-def file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
 def _manifest_path(path: str | Path) -> Path:
     path = Path(path)
     return path if path.name == MANIFEST and path.is_file() else path / MANIFEST
@@ -247,14 +239,14 @@ def verify(path: str | Path) -> DataManifest:
         elif file.stat().st_size != info.bytes:
             found.append(f"{info.file}: {file.stat().st_size} bytes, manifest says {info.bytes}")
             intact = False
-        elif file_sha256(file) != info.sha256:
+        elif sha256_file(file) != info.sha256:
             found.append(f"{info.file}: sha256 mismatch (the file changed after it was written)")
             intact = False
     for name, info in manifest.tokenizer_files.items():
         file = root / "tokenizer" / name
         if not _inside(file, root / "tokenizer") or not file.is_file():
             found.append(f"tokenizer/{name}: missing")
-        elif file_sha256(file) != info.sha256:
+        elif sha256_file(file) != info.sha256:
             found.append(f"tokenizer/{name}: changed")
     fingerprint = compute_fingerprint(manifest.model_dump(mode="json"))
     if fingerprint != manifest.fingerprint:

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from turbo_dllm.data.artifact import ARRAY_FILES, DataManifest, compute_fingerprint, file_sha256
+from turbo_dllm.data.artifact import ARRAY_FILES, DataManifest, compute_fingerprint
 from turbo_dllm.data.pipeline import ChunkResult, TokenizePool, WorkerConfig
 from turbo_dllm.data.sources import open_source
 from turbo_dllm.data.spec import (
@@ -31,6 +31,7 @@ from turbo_dllm.data.spec import (
 from turbo_dllm.data.tokenizers import has_generation_markers, load_tokenizer
 from turbo_dllm.data.writer import ArrayWriter, check_target, staged_artifact, write_json
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import sha256_file
 
 __all__ = ["PrepareResult", "prepare", "resolve_workers"]
 
@@ -314,7 +315,7 @@ def _copy_tokenizer(files: list[Path], folder: Path) -> dict[str, dict[str, Any]
     out = {}
     for file in files:
         shutil.copyfile(file, folder / file.name)
-        out[file.name] = {"bytes": file.stat().st_size, "sha256": file_sha256(folder / file.name)}
+        out[file.name] = {"bytes": file.stat().st_size, "sha256": sha256_file(folder / file.name)}
     return out
 
 

@@ -13,8 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from turbo_dllm.data.artifact import DataArtifact, file_sha256
+from turbo_dllm.data.artifact import DataArtifact
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import sha256_file
 
 __all__ = ["Span", "compute_stats", "load_decoder", "plot_stats", "sample_spans", "spans_json"]
 
@@ -42,7 +43,7 @@ def load_decoder(artifact: DataArtifact):
         raise DllmError(f"{artifact.root}: the artifact has no tokenizer/ folder to decode with")
     for name, info in artifact.manifest.tokenizer_files.items():
         file = folder / name
-        if file.parent != folder or not file.is_file() or file_sha256(file) != info.sha256:
+        if file.parent != folder or not file.is_file() or sha256_file(file) != info.sha256:
             raise DllmError(
                 f"{artifact.root}: tokenizer/{name} is missing or changed since prepare",
                 hint="`dllm data validate` checks the whole artifact",

@@ -12,6 +12,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from turbo_dllm.fsutil import sha256_file
+
 __all__ = [
     "active_bundle_ref",
     "code_version",
@@ -135,11 +137,7 @@ def _git_state(package_dir: Path) -> dict[str, Any]:
 
 
 def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     try:
-        with open(path, "rb") as handle:
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                digest.update(chunk)
+        return sha256_file(path)
     except OSError as error:  # vanished or unreadable between listing and reading
         return f"unreadable:{error.errno}"
-    return digest.hexdigest()

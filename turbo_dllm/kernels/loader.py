@@ -78,8 +78,8 @@ def load_bundle_op(name: str, store: BundleStore | None = None) -> LoadedOp:
 def _load(name: str, store: BundleStore) -> LoadedOp:
     import torch
 
-    from turbo_dllm.bundles.fetch import sha256_file
     from turbo_dllm.bundles.native import load_native_op
+    from turbo_dllm.fsutil import sha256_file
     from turbo_dllm.kernels.ops import register_python_side
 
     bundle = store.active()

@@ -18,14 +18,13 @@ from pathlib import Path
 from turbo_dllm import __version__
 from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import make_temp_dir
+from turbo_dllm.fsutil import make_temp_dir, sha256_file
 from turbo_dllm.mirror.layout import (
     MIRROR_FILE,
     FileKind,
     MirrorFile,
     MirrorIndex,
     MirrorProject,
-    sha256_file,
     simple_pages,
 )
 from turbo_dllm.mirror.wheels import LocalWheels, WheelSource, download_wheel, scan_wheels

@@ -17,7 +17,6 @@ every link is relative.
 
 from __future__ import annotations
 
-import hashlib
 import html
 import re
 import zipfile
@@ -36,7 +35,6 @@ __all__ = [
     "MirrorFile",
     "MirrorIndex",
     "MirrorProject",
-    "sha256_file",
     "simple_pages",
     "wheel_project",
 ]
@@ -82,14 +80,6 @@ class MirrorIndex(_Strict):
 
     def of_kind(self, kind: FileKind) -> list[MirrorFile]:
         return [f for f in self.files if f.kind == kind]
-
-
-def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        while block := handle.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def wheel_project(filename: str) -> tuple[str, str]:

@@ -19,7 +19,8 @@ from packaging.utils import canonicalize_name
 
 from turbo_dllm.envs.manifest import EnvManifest, Index, Pin, WheelFile
 from turbo_dllm.errors import DllmError
-from turbo_dllm.mirror.layout import sha256_file, wheel_project
+from turbo_dllm.fsutil import sha256_file
+from turbo_dllm.mirror.layout import wheel_project
 
 __all__ = ["LocalWheels", "WheelSource", "download_wheel", "scan_wheels"]
 

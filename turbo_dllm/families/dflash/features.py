@@ -33,6 +33,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import sha256_file
 
 __all__ = [
     "FEATURES_FORMAT",
@@ -71,20 +72,12 @@ class FeaturesManifest(BaseModel):
     shards: list[Shard]
 
 
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def target_fingerprint(folder: str | Path) -> str:
     """sha256 over the target's config.json and weight files (content only, no paths)."""
     folder = Path(folder)
-    digest = hashlib.sha256(_file_sha256(folder / "config.json").encode())
+    digest = hashlib.sha256(sha256_file(folder / "config.json").encode())
     for file in sorted(folder.glob("*.safetensors")):
-        digest.update(_file_sha256(file).encode())
+        digest.update(sha256_file(file).encode())
     return digest.hexdigest()
 
 
@@ -239,7 +232,7 @@ def prepare_features(
         partial = staging / (name + ".tmp")
         save_file(tensors, str(partial))
         partial.rename(staging / name)
-        done[name] = _file_sha256(staging / name)
+        done[name] = sha256_file(staging / name)
         write_atomic(
             progress_file,
             json.dumps({"plan": plan, "rows_per_shard": rows_per_shard, "shards": done}),
