@@ -122,6 +122,8 @@ class Trainer:
         if self.spec.training.compile or self.device.type == "cuda":  # inductor or Triton builds
             self.compile_cache = cache
         self.attention = build_attention(spec.attention, self.device, kernels=self.spec.kernels)
+        if hasattr(runtime, "wrap_attention"):  # a family whose layers need their own masks
+            self.attention = runtime.wrap_attention(self.attention, self.model_config)
         self.mesh = self.dims.build_mesh(self.device.type)
         # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
         if hasattr(runtime, "build_sequence_plan"):  # a family with its own inputs (drafters)

@@ -137,11 +137,24 @@ class DiffusionBatch:
         return allowed_pairs(self.layout, self.doc_ids) * rows
 
 
-def score(batch: DiffusionBatch, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
-    """Weighted CE summed over the scored positions (an `output` hook for DecoderLM)."""
+def score(
+    batch: DiffusionBatch,
+    hidden: torch.Tensor,
+    head_weight: torch.Tensor,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Weighted CE summed over the scored positions (a model's `output` hook).
+
+    `softcap`: the model's final logit soft-capping (c * tanh(z / c)), where it has one.
+    """
     flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.score_index)
     return linear_cross_entropy(
-        flat, head_weight, batch.targets, batch.weights, exclude_index=batch.exclude_index
+        flat,
+        head_weight,
+        batch.targets,
+        batch.weights,
+        exclude_index=batch.exclude_index,
+        softcap=softcap,
     )
 
 
