@@ -66,6 +66,12 @@ OBJECTIVES: Mapping[str, Objective] = {
             "DFlash: draft blocks at sampled anchors from the target's features (CE or KL)",
             "turbo_dllm.train.objectives.dflash_distillation",
         ),
+        Objective(
+            "diffusiongemma_sft",
+            "DiffusionGemma native SFT: uniform-state canvas noise, encoder AR loss, "
+            "self-conditioning",
+            "turbo_dllm.train.objectives.diffusiongemma_sft",
+        ),
     )
 }
 
@@ -73,7 +79,7 @@ OBJECTIVES: Mapping[str, Objective] = {
 # version" rather than "unknown" (they are not in the schema).
 PLANNED: Mapping[str, tuple[str, ...]] = {
     "family": (),
-    "objective": ("diffusiongemma_sft",),
+    "objective": (),
 }
 
 

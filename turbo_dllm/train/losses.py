@@ -79,7 +79,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             logits = h @ w.t()
             write_grad = need_hidden or need_weight
             if softcap is not None:  # z -> c * tanh(z / c); keep tanh for the chain rule
-                capped = torch.tanh(logits.float() / softcap)
+                capped = torch.tanh(logits.to(math_dtype) / softcap)
                 logits.copy_(capped * softcap)
             losses = softmax_cross_entropy_(
                 logits, targets[start:end], token_weights[start:end], exclude_index, write_grad
@@ -88,7 +88,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             if not write_grad:
                 continue
             if softcap is not None:  # d(c tanh(z/c))/dz = 1 - tanh^2
-                logits.copy_(logits.float() * (1.0 - capped.square()))
+                logits.copy_(logits.to(math_dtype) * (1.0 - capped.square()))
                 del capped
             g = logits  # now w * (softmax - onehot), in compute dtype
             if need_hidden:

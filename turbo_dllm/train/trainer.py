@@ -61,7 +61,7 @@ from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
 from turbo_dllm.train.parallel.plan import build_sequence_plan
 from turbo_dllm.train.schedules import build_scheduler
-from turbo_dllm.train.weights import materialize
+from turbo_dllm.train.weights import materialize, named_parameters_clean
 
 __all__ = ["Trainer"]
 
@@ -176,7 +176,14 @@ class Trainer:
             dp_size=self.dims.dp_size,
         )
         self.loader = self.data.loader
-        self.objective = build_objective(self.spec.objective, self.data.mask_token_id)
+        self.objective = build_objective(
+            self.spec.objective, self.data.mask_token_id, vocab_size=self.model_config.vocab_size
+        )
+        # An objective may keep parts of the model fixed (DiffusionGemma's SFT: the routers).
+        frozen = getattr(self.objective, "frozen_parameters", ())
+        for name, param in named_parameters_clean(self.model):
+            if frozen and any(part in name for part in frozen):
+                param.requires_grad_(False)
 
     def build_optimizer(self) -> None:
         """AdamW (fused on CUDA); no weight decay on norms and biases (1-D parameters)."""
@@ -297,18 +304,9 @@ class Trainer:
             )
             for index in range(accum)
         ]
-        supervised = float(
-            sum(
-                self.objective.supervised_count(b, key=k)
-                for b, k in zip(batches, keys, strict=True)
-            )
+        denominator = self._global_counts(
+            [self.objective.supervised_count(b, key=k) for b, k in zip(batches, keys, strict=True)]
         )
-        # The ranks of a context group hold the same batches: count them once.
-        if self.env.distributed:  # (one process: no device round trip before the forward)
-            counts = torch.tensor([supervised / self.plan.context_size], device=self.device)
-            self._all_reduce(counts)
-            supervised = float(counts[0])
-        denominator = max(supervised, 1.0)
 
         # -- forward / backward per micro-batch -------------------------------------------------
         loss_sum = torch.zeros((), device=self.device)
@@ -329,8 +327,11 @@ class Trainer:
                     inputs.positions,
                     self.model_mask(inputs),
                     output=inputs.output or partial(score, inputs.batch),
+                    **inputs.batch.model_kwargs,
                 )
             loss = local / denominator
+            if loss.dim():  # an objective of several terms, each over its own count
+                loss = loss.sum()
             (loss * dims.grad_average_size).backward()
             loss_sum += loss.detach()
 
@@ -347,6 +348,26 @@ class Trainer:
         # The step's one host sync: everything above was queued without waiting on the device.
         loss, flops, grad_norm = torch.cat([totals, grad_norm.reshape(1).to(totals)]).tolist()
         return {"loss": loss, "flops": flops, "grad_norm": grad_norm, "lr": lr}
+
+    def _global_counts(self, counts: list) -> float | torch.Tensor:
+        """The loss denominator(s): the step's supervised counts summed over micro-batches and
+        ranks (a float, or a tensor of one count per loss term where the objective has several)."""
+        per_term = isinstance(counts[0], tuple)
+        if not per_term:
+            supervised = float(sum(counts))
+            # The ranks of a context group hold the same batches: count them once.
+            if self.env.distributed:  # (one process: no device round trip before the forward)
+                total = torch.tensor([supervised / self.plan.context_size], device=self.device)
+                self._all_reduce(total)
+                supervised = float(total[0])
+            return max(supervised, 1.0)
+        summed = [
+            float(sum(column)) / self.plan.context_size for column in zip(*counts, strict=True)
+        ]
+        total = torch.tensor(summed, device=self.device)
+        if self.env.distributed:
+            self._all_reduce(total)
+        return total.clamp(min=1.0)
 
     def _clip_gradients(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]

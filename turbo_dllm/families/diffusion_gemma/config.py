@@ -52,7 +52,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         top_k_experts=2,
         moe_intermediate_size=32,
         max_position_embeddings=8192,
-    ),
+    )
+    | {
+        # transformers always builds a vision tower: as small as it allows (not trained here)
+        "vision_config": {
+            "model_type": "gemma4_vision",
+            "hidden_size": 8,
+            "intermediate_size": 8,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+            "head_dim": 8,
+        }
+    },
     # A DiffusionGemma-26B-A4B-shaped model with fewer layers (one H200): ~2.9B total params,
     # ~0.9B active per token; the train-step benchmark's shape.
     "h200-bench": _text(

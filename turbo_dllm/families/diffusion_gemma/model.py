@@ -269,7 +269,9 @@ class DiffusionGemmaLM(nn.Module):
         out = dict(state)
         for name, tensor in state.items():
             if name.startswith("model.decoder.layers.") and name.endswith(".layer_scalar"):
-                out[name.replace("model.decoder.", "model.encoder.language_model.", 1)] = tensor
+                out[name.replace("model.decoder.", "model.encoder.language_model.", 1)] = (
+                    tensor.clone()
+                )
         return out
 
     def set_attention(self, backend: Any) -> None:
