@@ -189,3 +189,19 @@ def test_hf_folder_round_trip_single_and_sharded(tmp_path):
     b, _ = ours(tmp_path / "sharded")
     for (name, x), (_, y) in zip(a.named_parameters(), b.named_parameters(), strict=True):
         assert torch.equal(x, y), name
+
+
+def test_experts_not_divisible_by_ep_and_ep_outside_the_data_ranks_are_refused():
+    from turbo_dllm.config.load import load_model
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.config.validate import problems
+
+    def found(topology):
+        spec = load_model(RunSpec, dict(SFT, topology=topology), "test")
+        return [str(p) for p in problems(spec) if p.path == "topology.ep"]
+
+    assert any(
+        "num_experts = 4 is not divisible by ep = 3" in m for m in found({"fsdp": 3, "ep": 3})
+    )
+    assert any("must divide the data-parallel ranks" in m for m in found({"fsdp": 2, "ep": 4}))
+    assert found({"fsdp": 2, "ep": 2}) == []

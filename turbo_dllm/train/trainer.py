@@ -58,6 +58,7 @@ from turbo_dllm.train.metrics import (
 )
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
+from turbo_dllm.train.parallel.ep import expert_parameters, reduce_expert_grads
 from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
 from turbo_dllm.train.parallel.plan import build_sequence_plan
 from turbo_dllm.train.schedules import build_scheduler
@@ -156,6 +157,16 @@ class Trainer:
             runtime.apply_tensor_parallel(
                 model, self.dims.get_mesh("tp"), sequence_parallel=self.spec.topology.sp
             )
+        expert_params = None
+        if self.dims.ep > 1:  # before FSDP2, which then leaves the experts alone
+            replicas = self.dims.get_mesh("ep_replica")
+            runtime.apply_expert_parallel(
+                model,
+                self.dims.get_mesh("ep"),
+                replicas.get_group() if replicas.size() > 1 else None,
+                self.dims.grad_average_size,
+            )
+            expert_params = expert_parameters(model)
         if self.spec.training.mlp_chunks > 1:
             apply_mlp_chunking(layers, self.spec.training.mlp_chunks)
         if self.spec.training.activation_checkpointing:
@@ -163,7 +174,7 @@ class Trainer:
         if self.spec.training.compile:
             apply_compile(layers)
         if self.mesh is not None:
-            apply_fsdp(model, layers, self.mesh)
+            apply_fsdp(model, layers, self.mesh, ignored_params=expert_params)
         fill = getattr(runtime, "materialize", materialize)  # a family's own weight sources
         self.model = fill(model, self.device, seed=self.spec.launch.seed, weights_from=spec.path)
         self.model.train()
@@ -197,7 +208,9 @@ class Trainer:
 
         # Fused and foreach kernels take all DTensors or all plain tensors; tensor parallelism
         # without FSDP leaves the replicated parameters plain, so that mix loops per tensor.
-        mixed = len({isinstance(p, DTensor) for p in params}) > 1
+        mixed = len({isinstance(p, DTensor) for p in params}) > 1 or (
+            len({p.device_mesh for p in params if isinstance(p, DTensor)}) > 1
+        )
         fused = self.device.type == "cuda" and not mixed
         # Kernel choice depends on this run's layout, not the checkpoint's: restored on resume.
         self.optimizer_kernels = {"fused": fused or None, "foreach": False if mixed else None}
@@ -371,6 +384,8 @@ class Trainer:
 
     def _clip_gradients(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.dims.ep > 1:
+            reduce_expert_grads(self.model)
         if self.dims.tp > 1:
             replicate_partial_grads(params)
         return clip_grad_norm(params, self.spec.training.clip_grad_norm)

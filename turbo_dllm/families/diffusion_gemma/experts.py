@@ -70,6 +70,13 @@ def grouped_matmul(
     return torch.cat(pieces)
 
 
+def _local(param: torch.Tensor) -> torch.Tensor:
+    """This rank's experts of an expert-parallel (DTensor) weight, differentiably."""
+    from torch.distributed.tensor import DTensor
+
+    return param.to_local() if isinstance(param, DTensor) else param
+
+
 class Router(nn.Module):
     """norm -> x scale x hidden^-1/2 -> proj -> float32 softmax -> top-k, renormalised,
     x per_expert_scale (HF: DiffusionGemmaTextRouter)."""
@@ -104,7 +111,7 @@ class GroupedExperts(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(experts, hidden, inner))
         self.act = act
         self.gemm = "auto"
-        self.dispatch = None  # an ExpertDispatch under expert parallelism
+        self.dispatch = None  # train/parallel/ep.py: ExpertDispatch under expert parallelism
 
     def forward(self, x: torch.Tensor, weights: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
         """x (T, H), weights / index (T, k) -> (T, H): sum_k weights[t, k] * expert_k(x[t])."""
@@ -114,8 +121,9 @@ class GroupedExperts(nn.Module):
         source = order // top_k  # the token of each sorted row
         rows = x.index_select(0, source)
         counts = torch.bincount(flat, minlength=self.num_experts)
-        if self.dispatch is not None:
-            out = self.dispatch(rows, counts, self._run)
+        if self.dispatch is not None:  # expert parallelism: this rank holds some experts
+            gate_up, down = _local(self.gate_up_proj), _local(self.down_proj)
+            out = self.dispatch(rows, counts, lambda r, c: self._run(r, c, gate_up, down))
         else:
             out = self._run(rows, counts, self.gate_up_proj, self.down_proj)
         out = out * weights.reshape(-1)[order, None].to(out.dtype)

@@ -240,7 +240,8 @@ class DiffusionGemmaLM(nn.Module):
         embeds = decoder.embed(input_ids)
         noisy, clean = embeds[:, :canvas], embeds[:, canvas:]
         soft = torch.zeros_like(noisy)
-        if self_conditioning is not None and bool(self_conditioning.any()):
+        # Under expert parallelism every rank must run the same passes (all-to-all inside).
+        if self_conditioning is not None and (self._dispatching() or bool(self_conditioning.any())):
             with torch.no_grad():
                 first = decoder.body(
                     torch.cat([decoder.self_conditioning(noisy, soft), clean], 1), positions, mask
@@ -260,6 +261,9 @@ class DiffusionGemmaLM(nn.Module):
             return output(hidden, self.lm_head.weight, softcap=cap)
         logits = self.lm_head(hidden).float()
         return logits if cap is None else torch.tanh(logits / cap) * cap
+
+    def _dispatching(self) -> bool:
+        return self.model.decoder.layers[0].experts.dispatch is not None
 
     def tie_weights(self) -> None:
         self.lm_head.weight = self.model.decoder.embed_tokens.weight

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from turbo_dllm.families.diffusion_gemma.model import DiffusionGemmaLM
 
 __all__ = [
+    "apply_expert_parallel",
     "apply_tensor_parallel",
     "build_model",
     "check_tensor_parallel",
@@ -46,6 +47,14 @@ def wrap_attention(attention: Any, config: DiffusionGemmaConfig) -> Any:
     from turbo_dllm.families.diffusion_gemma.attention import StreamAttention
 
     return StreamAttention(attention, config)
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh: Any, replica_group: Any, divisor: int):
+    """Shard every layer's experts over the ep ranks (train/parallel/ep.py)."""
+    from turbo_dllm.train.parallel.ep import shard_experts
+
+    for layer in layers(model):
+        shard_experts(layer.experts, ep_mesh, replica_group, divisor)
 
 
 def check_tensor_parallel(config: DiffusionGemmaConfig, tp: int) -> None:
