@@ -205,3 +205,46 @@ def test_experts_not_divisible_by_ep_and_ep_outside_the_data_ranks_are_refused()
     )
     assert any("must divide the data-parallel ranks" in m for m in found({"fsdp": 2, "ep": 4}))
     assert found({"fsdp": 2, "ep": 2}) == []
+
+
+def test_the_benchmark_baseline_computes_our_loss_through_transformers(tmp_path):
+    """benchmarks/train_step.py --family diffusion_gemma: HF's model trains the same objective."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import train_step
+    finally:
+        sys.path.pop(0)
+    hf = hf_model(tmp_path)
+    model, attention = ours(tmp_path)
+    objective = _objective(self_conditioning_probability=0.0, encoder_loss_weight=0.5)
+    batch = _batch()
+    with torch.no_grad():
+        theirs, d = train_step.hf_gemma_loss(
+            hf, model.config, objective, batch, KEY, torch.device("cpu")
+        )
+        mask = attention.prepare(d.layout, None, torch.device("cpu"))
+        sums = model(d.input_ids, d.layout.positions(), mask, output=partial(score, d))
+    counts = torch.tensor(objective.supervised_count(batch), dtype=torch.float32)
+    torch.testing.assert_close((sums / counts).sum(), theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_benchmark_family_smoke_on_cpu(tmp_path):
+    import json
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import train_step
+    finally:
+        sys.path.pop(0)
+    out = tmp_path / "bench.json"
+    argv = ["--family", "diffusion_gemma", "--tiny", "--seq-len", "32", "--steps", "1"]
+    assert train_step.main([*argv, "--warmup", "0", "--out", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [r["name"] for r in report["results"]] == ["turbo-dllm", "hf-diffusiongemma"]
+    assert report["results"][0]["grouped_gemm"] == "loop"  # CPU float32: the exact loop
+    assert report["family"] == "diffusion_gemma" and report["speedup"] > 0

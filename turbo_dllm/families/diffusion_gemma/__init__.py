@@ -30,6 +30,14 @@ def _rules(spec: Any, config: DiffusionGemmaConfig) -> list[tuple[str, str]]:
                 f"{config.vocab_size}",
             )
         )
+    if spec.objective.name == "diffusiongemma_sft" and spec.objective.loss_weighting == "inverse_t":
+        found.append(
+            (
+                "objective.loss_weighting",
+                "diffusiongemma_sft weighs every label by its block (unit); inverse_t is for "
+                "absorbing-mask objectives",
+            )
+        )
     mask = spec.objective.mask_token_id
     if mask is not None and mask >= config.vocab_size:
         found.append(
