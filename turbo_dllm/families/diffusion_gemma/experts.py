@@ -70,6 +70,12 @@ def grouped_matmul(
     return torch.cat(pieces)
 
 
+def _compute_dtype(x: torch.Tensor) -> torch.dtype:
+    if torch.is_autocast_enabled(x.device.type):
+        return torch.get_autocast_dtype(x.device.type)
+    return x.dtype
+
+
 def _local(param: torch.Tensor) -> torch.Tensor:
     """This rank's experts of an expert-parallel (DTensor) weight, differentiably."""
     from torch.distributed.tensor import DTensor
@@ -119,7 +125,10 @@ class GroupedExperts(nn.Module):
         flat = index.reshape(-1)
         order = torch.argsort(flat, stable=True)
         source = order // top_k  # the token of each sorted row
-        rows = x.index_select(0, source)
+        # Under autocast the GEMMs (and an all-to-all) run in its dtype: the norm before the
+        # experts hands float32 when the weights are float32, and grouped_mm wants bf16.
+        dtype = _compute_dtype(x)
+        rows = x.index_select(0, source).to(dtype)
         counts = torch.bincount(flat, minlength=self.num_experts)
         if self.dispatch is not None:  # expert parallelism: this rank holds some experts
             gate_up, down = _local(self.gate_up_proj), _local(self.down_proj)
@@ -140,7 +149,7 @@ class GroupedExperts(nn.Module):
         gate_up = self.gate_up_proj if gate_up is None else gate_up
         down = self.down_proj if down is None else down
         offsets = torch.cumsum(counts, 0).to(torch.int32)
-        if gate_up.dtype != rows.dtype:  # under autocast the rows are bf16
+        if gate_up.dtype != rows.dtype:  # autocast: the weights in the rows' dtype
             gate_up, down = gate_up.to(rows.dtype), down.to(rows.dtype)
         kind = grouped_gemm_kind(rows, gate_up, down) if self.gemm == "auto" else self.gemm
         gate, up = grouped_matmul(rows, gate_up, offsets, kind).chunk(2, dim=-1)

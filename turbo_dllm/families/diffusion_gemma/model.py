@@ -27,6 +27,7 @@ from torch import nn
 from turbo_dllm.families.decoder.model import MLP, RMSNorm, _apply_rope
 from turbo_dllm.families.diffusion_gemma.config import DiffusionGemmaConfig
 from turbo_dllm.families.diffusion_gemma.experts import GroupedExperts, Router, plain_rms_norm
+from turbo_dllm.train.losses import default_chunk_size
 
 __all__ = ["DiffusionGemmaLM", "GemmaLayer", "StreamMasks", "rope_tables", "soft_embeddings"]
 
@@ -251,7 +252,7 @@ class DiffusionGemmaLM(nn.Module):
                     self.lm_head.weight,
                     self.config.final_logit_softcapping,
                     self.config.hidden_size**0.5,
-                    rows=4096,
+                    rows=default_chunk_size(self.config.vocab_size),  # ~1 GB of logits
                 ).to(noisy.dtype)
                 soft = soft * self_conditioning.to(soft.dtype)[:, None, None]
         x = torch.cat([decoder.self_conditioning(noisy, soft), clean], 1)
