@@ -53,3 +53,15 @@ def test_logits_equal_transformers_on_clean_stream_and_noisy_blocks(pair, canvas
                 continue
             got = logits[:, block * B : (block + 1) * B]
             torch.testing.assert_close(got, expected, atol=2e-5, rtol=1e-4)
+
+
+def test_parameter_count_equals_transformers(pair):
+    hf, model, _ = pair
+    text = sum(p.numel() for name, p in hf.named_parameters() if "vision" not in name)
+    scalars = sum(
+        t.numel()
+        for name, t in hf.state_dict().items()
+        if name.startswith("model.decoder") and name.endswith("layer_scalar")
+    )
+    assert model.config.num_params() == text + scalars
+    assert model.config.num_params() == sum(p.numel() for p in model.parameters())

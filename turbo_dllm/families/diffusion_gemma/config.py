@@ -11,6 +11,7 @@ of experts to a dense gated MLP. Presets give random-init shapes.
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 from turbo_dllm.errors import DllmError
@@ -65,8 +66,10 @@ PRESETS: dict[str, dict[str, Any]] = {
             "head_dim": 8,
         }
     },
-    # A DiffusionGemma-26B-A4B-shaped model with fewer layers (one H200): ~2.9B total params,
-    # ~0.9B active per token; the train-step benchmark's shape.
+    # A DiffusionGemma-like MoE shape that fits one H200 (8 layers, 64 experts top-8, 256-dim
+    # sliding heads, 512-dim full heads, vocab 262144): ~3.1B total params, ~1.1B active per
+    # token (0.5B of them the embedding); the train-step benchmark's shape. Not the published
+    # 26B-A4B config (not available offline): its proportions, with fewer layers.
     "h200-bench": _text(
         vocab_size=262_144,
         hidden_size=2048,
@@ -88,6 +91,10 @@ PRESETS: dict[str, dict[str, Any]] = {
         max_position_embeddings=262_144,
     ),
 }
+# The same with 256-wide full-attention heads, in case a kernel of the running torch does not
+# take 512 (FlexAttention's tiles on some builds).
+PRESETS["h200-bench-hd256"] = json.loads(json.dumps(PRESETS["h200-bench"]))
+PRESETS["h200-bench-hd256"]["text_config"]["global_head_dim"] = 256
 
 
 @dataclasses.dataclass(frozen=True)
@@ -380,7 +387,7 @@ class DiffusionGemmaConfig:
             d = self.layer_head_dim(kind)
             total += self._layer_active_params(kind)
             total += (self.num_experts - self.top_k_experts) * self.expert_params
-            total += 7 * h + 2 * d + self.num_experts + 1  # norms, router scales, layer scalar
+            total += 8 * h + 2 * d + self.num_experts + 1  # 7 norms, router scales, layer scalar
         self_conditioning = 3 * h * self.intermediate_size + h
         return total + self.head_params + h + self_conditioning
 
@@ -409,8 +416,6 @@ class DiffusionGemmaConfig:
 
 
 def json_copy(value: Any) -> Any:
-    import json
-
     return json.loads(json.dumps(value))
 
 
