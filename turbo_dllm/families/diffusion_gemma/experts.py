@@ -2,9 +2,9 @@
 
 Tokens are sorted by the expert each of their top-k slots chose, so every expert multiplies one
 contiguous run of rows: (tokens * top_k, hidden) rows in, never a (tokens, experts, hidden)
-tensor. The grouped multiplication is `torch._grouped_mm` where the running torch has it for
-the device and dtype (CUDA, bf16, 16-byte aligned rows), else a loop over the experts' runs
-(exact, any device). `grouped_gemm_kind` makes the choice explicit; `GroupedExperts.gemm`
+tensor. The grouped multiplication is torch's grouped GEMM (`torch.nn.functional.grouped_mm`,
+else `torch._grouped_mm`) where it runs the device and dtype (CUDA sm90+, bf16, 16-byte aligned
+rows), else a loop over the experts' runs (exact, any device). `grouped_gemm_kind` makes the choice explicit; `GroupedExperts.gemm`
 forces one ("grouped_mm" or "loop") and the trainer/benchmark report it.
 """
 
@@ -38,7 +38,9 @@ def plain_rms_norm(x: torch.Tensor, eps: float) -> torch.Tensor:
 
 def grouped_gemm_kind(x: torch.Tensor, *weights: torch.Tensor) -> str:
     """'grouped_mm' where torch's grouped GEMM runs these operands, else 'loop'."""
-    if not (hasattr(torch, "_grouped_mm") and x.is_cuda and x.dtype == torch.bfloat16):
+    # (torch 2.13 has a CPU kernel too, but its backward fails on an expert with no rows.)
+    available = hasattr(F, "grouped_mm") or hasattr(torch, "_grouped_mm")
+    if not (available and x.is_cuda and x.dtype == torch.bfloat16):
         return "loop"
     if torch.cuda.get_device_capability(x.device) < (9, 0):
         return "loop"
@@ -55,8 +57,9 @@ def grouped_matmul(
     x (N, K) sorted by expert; weight (E, M, K) as HF stores it; offsets (E,) int32 cumulative
     row counts. Returns (N, M).
     """
-    if kind == "grouped_mm":
-        return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
+    if kind == "grouped_mm":  # the public name where this torch has it
+        grouped = getattr(F, "grouped_mm", None) or torch._grouped_mm
+        return grouped(x, weight.transpose(-2, -1), offs=offsets)
     if kind != "loop":
         raise DllmError(f"unknown grouped GEMM kind {kind!r}", hint=f"use one of {GEMM_KINDS}")
     ends = offsets.tolist()
