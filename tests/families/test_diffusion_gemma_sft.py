@@ -248,3 +248,12 @@ def test_benchmark_family_smoke_on_cpu(tmp_path):
     assert [r["name"] for r in report["results"]] == ["turbo-dllm", "hf-diffusiongemma"]
     assert report["results"][0]["grouped_gemm"] == "loop"  # CPU float32: the exact loop
     assert report["family"] == "diffusion_gemma" and report["speedup"] > 0
+
+
+def test_the_turbo_kernel_is_refused_for_this_family():
+    from turbo_dllm.config.load import load_model
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.config.validate import problems
+
+    base = dict(SFT, model={**SFT["model"], "attention": "turbo"})
+    assert "model.attention" in {p.path for p in problems(load_model(RunSpec, base, "test"))}

@@ -38,6 +38,14 @@ def _rules(spec: Any, config: DiffusionGemmaConfig) -> list[tuple[str, str]]:
                 "absorbing-mask objectives",
             )
         )
+    if spec.model.attention == "turbo":
+        found.append(
+            (
+                "model.attention",
+                "the turbo kernel has no DiffusionGemma pattern (token-causal clean stream, "
+                "sliding windows)",
+            )
+        )
     mask = spec.objective.mask_token_id
     if mask is not None and mask >= config.vocab_size:
         found.append(
