@@ -27,7 +27,7 @@ TINY_VISION = {
 def tiny_hf_dict(**text) -> dict:
     """The `tiny` preset (2 sliding layers, window 5, 1 full; 4 experts, top-2), smaller."""
     hf = copy.deepcopy(PRESETS["tiny"])
-    hf["text_config"].update(
+    small = dict(
         vocab_size=97,
         hidden_size=32,
         intermediate_size=48,
@@ -36,8 +36,8 @@ def tiny_hf_dict(**text) -> dict:
         sliding_window=5,
         moe_intermediate_size=16,
         max_position_embeddings=256,
-        **text,
     )
+    hf["text_config"].update({**small, **text})
     hf["vision_config"] = dict(TINY_VISION)
     hf["canvas_length"] = 4
     return hf

@@ -33,6 +33,9 @@ class StreamAttention:
         self.base = base
         self.name = base.name
         self.windows = {kind: config.window(kind) for kind in set(config.layer_types)}
+        # The same StreamMasks object for the same layout: compiled layers guard on their inputs,
+        # and a fresh wrapper every step could make them recompile.
+        self._cache: dict[tuple, StreamMasks] = {}
 
     def prepare(
         self, layout: Any, doc_ids: torch.Tensor | None, device: torch.device
@@ -43,11 +46,16 @@ class StreamAttention:
                 hint="prepare the data without packing (one prompt/response per sequence)",
             )
         canvas = canvas_of(layout)
-        masks = {
-            kind: self.base.prepare(canvas.with_window(window), None, device)
-            for kind, window in self.windows.items()
-        }
-        return StreamMasks(masks=masks, canvas_len=canvas.canvas_len)
+        key = (canvas, str(device))
+        if key not in self._cache:
+            if len(self._cache) >= 4:
+                self._cache.clear()
+            masks = {
+                kind: self.base.prepare(canvas.with_window(window), None, device)
+                for kind, window in self.windows.items()
+            }
+            self._cache[key] = StreamMasks(masks=masks, canvas_len=canvas.canvas_len)
+        return self._cache[key]
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any):
         return self.base(q, k, v, mask)
