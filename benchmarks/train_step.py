@@ -30,6 +30,14 @@ Other families (`--family`):
 - `nemotron_diffusion`: the Nemotron-3B layer shapes with 8 layers, block diffusion; the
   baseline is our own decoder family (`causal_lm`) with the same shapes, so the ratio is what
   Nemotron's attention variants cost.
+- `diffusion_gemma`: a DiffusionGemma-like MoE (`h200-bench`: 8 layers, 64 experts top-8,
+  ~3.1B total / ~1.1B active parameters), native SFT, block 256, activation checkpointing; MFU
+  over active-parameter FLOPs; the experts' grouped GEMM is reported. Baseline: transformers'
+  DiffusionGemmaForBlockDiffusion on the same batches the way HF runs it: the encoder over the
+  clean sequence (its KV in a cache, the next-token loss from its hidden states), then the
+  decoder over the whole canvas against that cache with the canvas masks as 4-D masks per layer
+  type, full soft-capped logits (`hf_gemma_loss`, tested equal to our loss on the same weights).
+  Self-conditioning is off on both sides (HF takes it as full logits).
 """
 
 from __future__ import annotations
@@ -65,6 +73,7 @@ FAMILY_DEFAULTS = {
     "qwen3": ("qwen3-1.7b", "tiny", "block_diffusion", 151936),
     "qwen3_8": ("qwen3.8-27b-8l", "tiny", "fast_dllm_v2", 248320),
     "nemotron_diffusion": ("nemotron-3b-8l", "tiny", "block_diffusion", 131072),
+    "diffusion_gemma": ("h200-bench", "tiny", "diffusiongemma_sft", 262144),
 }
 
 
@@ -90,6 +99,8 @@ def build_spec(args, on_gpu: bool, family: str | None = None, model: str | None 
             "v_norm": True,
             "attn_output_gate": True,
         }
+    if family == "diffusion_gemma":  # HF takes self-conditioning as full logits: off on both
+        objective_section["self_conditioning_probability"] = 0.0
     document = {
         "launch": {"seed": 0, "kind": "profile"},
         "model": model_section,
@@ -101,7 +112,9 @@ def build_spec(args, on_gpu: bool, family: str | None = None, model: str | None 
         "training": {
             "micro_batch_size": args.micro_batch,
             "steps": args.warmup + args.steps,
-            "activation_checkpointing": args.activation_checkpointing,
+            # (the native SFT's own choice for DiffusionGemma)
+            "activation_checkpointing": args.activation_checkpointing
+            or family == "diffusion_gemma",
             "compile": on_gpu and not args.no_compile,
         },
         "scheduler": {"name": "constant", "warmup_steps": 0},
@@ -198,6 +211,142 @@ def profile_steps(trainer: Trainer, first_step: int, path: Path, device) -> None
     table = events.table(sort_by=sort_by, row_limit=40, max_name_column_width=90)
     path.write_text(f"2 steps: wall {wall:.3f} s, GPU kernel time {busy:.3f} s\n\n{table}\n")
     print(f"profile: wall {wall:.3f} s, GPU busy {busy:.3f} s -> {path}", file=sys.stderr)
+
+
+def grouped_gemm_in_use(trainer: Trainer, device) -> str | None:
+    """Which grouped GEMM DiffusionGemma's experts run in this benchmark's dtype."""
+    from turbo_dllm.families.diffusion_gemma.experts import grouped_gemm_kind
+
+    experts = [m for m in trainer.model.modules() if hasattr(m, "gate_up_proj")]
+    if not experts:
+        return None
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    weight = experts[0].gate_up_proj
+    weight = weight.to_local() if hasattr(weight, "to_local") else weight
+    rows = torch.zeros(1, weight.shape[-1], device=device, dtype=dtype)
+    return grouped_gemm_kind(rows, weight.to(dtype))
+
+
+def hf_gemma_loss(model, ours, objective, batch, key, device):
+    """The native-SFT loss of one micro-batch through transformers' model (see the top)."""
+    import transformers
+
+    d = objective.corrupt(batch, key)
+    layout, C = d.layout, d.layout.canvas_len
+    cap = ours.final_logit_softcapping
+    d = d.to(device)
+    rows = d.input_ids.shape[0]
+    x_t, x0 = d.input_ids[:, :C], d.input_ids[:, C:]
+    masks = {}
+    for kind in sorted(set(ours.layer_types)):  # canvas rows; keys [cached clean ; canvas]
+        dense = layout.with_window(ours.window(kind)).dense_mask(device)[:, :, :C]
+        masks[kind] = torch.cat([dense[..., C:], dense[..., :C]], -1).expand(rows, -1, -1, -1)
+    cache = transformers.DynamicCache()  # keeps every clean key (the masks do the windows)
+    encoded = model.model.encoder(input_ids=x0, cache=cache)
+    decoded = model.model.decoder(
+        decoder_input_ids=x_t,
+        cache=cache,
+        decoder_attention_mask=masks,
+        decoder_position_ids=layout.positions(device)[:C].expand(rows, -1),
+    )
+    hidden = torch.cat([decoded.last_hidden_state, encoded.last_hidden_state], 1)
+    logits = model.lm_head(hidden).float()
+    logits = (torch.tanh(logits / cap) * cap).reshape(-1, ours.vocab_size)
+    sums, start = [], 0
+    for size in d.term_sizes:
+        part = slice(start, start + size)
+        ce = F.cross_entropy(
+            logits.index_select(0, d.score_index[part]), d.targets[part], reduction="none"
+        )
+        sums.append((ce * d.weights[part]).sum())
+        start += size
+    counts = torch.tensor(objective.supervised_count(batch), device=device, dtype=torch.float32)
+    return (torch.stack(sums) / counts).sum(), d
+
+
+def run_gemma_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
+    """transformers' DiffusionGemmaForBlockDiffusion on the same kind of batches (see the top)."""
+    import transformers
+
+    from turbo_dllm.train.objectives import NoiseKey
+
+    ours = trainer.model_config
+    hf_dict = ours.to_hf_dict()
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    hf_config = transformers.DiffusionGemmaConfig(
+        text_config=hf_dict["text_config"],
+        vision_config=hf_dict.get("vision_config"),
+        canvas_length=hf_dict["canvas_length"],
+    )
+    del trainer.model, trainer.optimizer, trainer.scheduler  # free ours before building theirs
+    torch._dynamo.reset()
+    reset_memory(device)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = transformers.DiffusionGemmaForBlockDiffusion._from_config(
+            hf_config, attn_implementation="sdpa", dtype=dtype
+        )
+    model.train()
+    optimizer = torch.optim.AdamW(
+        model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda" or None
+    )
+    objective, loader = trainer.objective, trainer.loader
+    samples = args.baseline_micro_batch or spec.training.micro_batch_size
+    name = "hf-diffusiongemma"
+
+    def step(index: int) -> tuple[float, float]:
+        batch = {key: rows[:samples] for key, rows in next(loader).items()}
+        loss, d = hf_gemma_loss(
+            model, ours, objective, batch, NoiseKey(0, index, 0, samples), device
+        )
+        flops = ours.step_flops(
+            stream_tokens=d.input_ids.numel(),
+            scored_tokens=d.num_scored,
+            pairs=allowed_pairs(d.layout) * d.input_ids.shape[0],
+        )
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss.detach()), flops
+
+    checkpointing = False
+    for attempt in range(2):
+        try:
+            reset_memory(device)
+            times, flops = [], []
+            for index in range(args.warmup + args.steps):
+                sync(device)
+                tick = time.perf_counter()
+                loss, f = step(index)
+                sync(device)
+                if index >= args.warmup:
+                    times.append(time.perf_counter() - tick)
+                    flops.append(f)
+                print(
+                    f"  baseline step {index}: {time.perf_counter() - tick:.3f} s, loss {loss:.3f}",
+                    file=sys.stderr,
+                )
+            break
+        except torch.cuda.OutOfMemoryError:
+            if attempt == 1:
+                return {"name": name, "error": "out of memory even with checkpointing"}
+            print(
+                "  baseline ran out of memory; retrying with gradient checkpointing",
+                file=sys.stderr,
+            )
+            optimizer.zero_grad(set_to_none=True)
+            model.gradient_checkpointing_enable()
+            checkpointing = True
+    return summarize(
+        name,
+        times,
+        sum(flops) / len(flops),
+        samples * spec.data.seq_len,
+        peak_flops(device),
+        device,
+        {"gradient_checkpointing": checkpointing, "micro_batch": samples},
+    )
 
 
 def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
@@ -405,7 +554,10 @@ def main(argv=None) -> int:
         setattr(torch._inductor.config, key, ast.literal_eval(value))
     hybrid = args.family == "qwen3_8"
     args.seq_len = args.seq_len or (128 if args.tiny else 4096 if hybrid else 8192)
-    args.block_size = args.block_size or (16 if args.tiny else 64 if hybrid else 32)
+    gemma = args.family == "diffusion_gemma"
+    args.block_size = args.block_size or (
+        16 if args.tiny else 64 if hybrid else 256 if gemma else 32
+    )
     args.steps = args.steps or (3 if args.tiny else 10)
     args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
     if (
@@ -423,9 +575,16 @@ def main(argv=None) -> int:
         file=sys.stderr,
     )
     ours, trainer = run_ours(spec, args, device)
+    gemm = grouped_gemm_in_use(trainer, device)
+    if gemm is not None:
+        ours["grouped_gemm"] = gemm
+        print(f"experts' grouped GEMM: {gemm}", file=sys.stderr)
     results = [ours]
     if not args.no_baseline:
-        baseline = run_decoder_twin if args.family == "nemotron_diffusion" else run_baseline
+        baseline = {
+            "nemotron_diffusion": run_decoder_twin,
+            "diffusion_gemma": run_gemma_baseline,
+        }.get(args.family, run_baseline)
         results.append(baseline(trainer, spec, args, device))
 
     print(

@@ -3,10 +3,13 @@
 # Stages: deps, qualify (sm90 bundle build/install + op tests), tests (tests/gpu), tests-train (the
 # loss, trainer and TP GPU tests: all of tests/gpu but the native-merge ones), tests-tp, train
 # (train_step benchmark), train-best (ours at micro-batch 2 against the baseline at 1), train-mb2,
-# train-exp (profile + variants), flex-tune, attention (= attention-tests: the block-diffusion
-# kernel's GPU tests, then attention-bench: turbo vs flex vs causal SDPA; ATTN_FLAGS adds
-# benchmarks/attention.py flags, e.g. "--stream-lens 16384 --block-sizes 32 --sweep"),
-# tests2 (2-GPU tests), cp (CSBP vs CP throughput),
+# train-exp (profile + variants), tests-gemma (DiffusionGemma GPU tests: grouped GEMM vs loop,
+# flex training), train-gemma (train_step --family diffusion_gemma against HF's
+# DiffusionGemmaForBlockDiffusion; GEMMA_SEQ_LEN, default 8192; GEMMA_MODEL h200-bench or
+# h200-bench-hd256), flex-tune, attention (= attention-tests: the block-diffusion kernel's GPU
+# tests, then attention-bench: turbo vs flex vs causal SDPA; ATTN_FLAGS adds
+# benchmarks/attention.py flags, e.g. "--stream-lens 16384 --block-sizes 32 --sweep"), tests2
+# (2-GPU tests), cp (CSBP vs CP throughput),
 # search1/search2 (longest context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an
 # allocator snapshot), packs (first-step compile overhead of the 1.7B / 8K shape in a fresh home,
 # cold and then with a compile-cache pack made from the cold run), repro (the sm90 bundle built
@@ -57,6 +60,11 @@ for stage in "$@"; do
         --out "$OUT/ts_default.json" 2>&1 | tail -3 || status=1
       # (--inductor max_autotune=True over the whole model did not finish compiling in 300 s)
       python3 benchmarks/train_step.py --no-baseline --micro-batch 2 --out "$OUT/ts_mb2.json" 2>&1 | tail -2 || status=1 ;;
+    tests-gemma) python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_grouped_gemm_gpu.py \
+          tests/gpu/test_diffusion_gemma_gpu.py 2>&1 | tee "$OUT/gpu-tests-gemma.log" | tail -8 || status=1 ;;
+    train-gemma) python3 benchmarks/train_step.py --family diffusion_gemma --seq-len "${GEMMA_SEQ_LEN:-8192}" \
+          --model "${GEMMA_MODEL:-h200-bench}" \
+          --out "$OUT/train_step_gemma.json" 2>&1 | tee "$OUT/train_step_gemma.log" | tail -8 || status=1 ;;
     flex-tune) python3 benchmarks/flex_tune.py --autotune --out "$OUT/flex_tune.json" 2>&1 \
           | grep -v "^\s*$" | tee "$OUT/flex_tune.log" | grep -E "ms|AUTOTUNE|BLOCK|failed" | tail -60 || status=1 ;;
     attention|attention-tests|attention-bench) # block-diffusion attention: turbo (Triton) vs reference, flex, SDPA

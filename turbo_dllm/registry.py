@@ -15,6 +15,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import AXES, Family, FamilyConfig, FamilyMismatch, Objective
 from turbo_dllm.families.decoder import CAUSAL_LM, QWEN3
 from turbo_dllm.families.dflash import DFLASH
+from turbo_dllm.families.diffusion_gemma import DIFFUSION_GEMMA
 from turbo_dllm.families.nemotron_diffusion import NEMOTRON_DIFFUSION
 from turbo_dllm.families.qwen3_8 import QWEN3_8
 
@@ -37,6 +38,7 @@ FAMILIES: Mapping[str, Family] = {
         NEMOTRON_DIFFUSION,
         QWEN3_8,
         DFLASH,
+        DIFFUSION_GEMMA,
     )
 }
 
@@ -64,14 +66,20 @@ OBJECTIVES: Mapping[str, Objective] = {
             "DFlash: draft blocks at sampled anchors from the target's features (CE or KL)",
             "turbo_dllm.train.objectives.dflash_distillation",
         ),
+        Objective(
+            "diffusiongemma_sft",
+            "DiffusionGemma native SFT: uniform-state canvas noise, encoder AR loss, "
+            "self-conditioning",
+            "turbo_dllm.train.objectives.diffusiongemma_sft",
+        ),
     )
 }
 
 # Names the product defines whose code has not landed: refused with "not available in this
 # version" rather than "unknown" (they are not in the schema).
 PLANNED: Mapping[str, tuple[str, ...]] = {
-    "family": ("diffusion_gemma",),
-    "objective": ("diffusiongemma_sft",),
+    "family": (),
+    "objective": (),
 }
 
 

@@ -178,3 +178,22 @@ def test_no_scored_tokens_give_zero_loss_and_zero_gradients():
     loss.backward()
     assert loss.item() == 0.0 and hidden.grad.shape == (0, 8)
     assert torch.equal(weight.grad, torch.zeros_like(weight))
+
+
+def test_softcapped_logits_match_autograd():
+    """Gemma's final soft-capping (c * tanh(z / c)) inside the chunked CE, forward and backward."""
+    torch.manual_seed(0)
+    hidden = torch.randn(37, 16, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(50, 16, dtype=torch.float64, requires_grad=True)
+    targets = torch.randint(0, 50, (37,))
+    w = torch.rand(37, dtype=torch.float64)
+    got = linear_cross_entropy(hidden, weight, targets, w, chunk_size=8, softcap=3.0)
+    got.backward()
+    gh, gw = hidden.grad.clone(), weight.grad.clone()
+    hidden.grad = weight.grad = None
+    logits = 3.0 * torch.tanh(hidden @ weight.t() / 3.0)
+    want = (torch.nn.functional.cross_entropy(logits, targets, reduction="none") * w).sum()
+    want.backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(gh, hidden.grad)
+    torch.testing.assert_close(gw, weight.grad)

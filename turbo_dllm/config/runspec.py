@@ -193,6 +193,12 @@ class ObjectiveSpec(_Strict):
         False,
         description="dflash_distillation: the slot contract (model.dflash.sample_from_anchor).",
     )
+    self_conditioning_probability: float = Field(
+        0.5, ge=0.0, le=1.0, description="diffusiongemma_sft: share of examples self-conditioned."
+    )
+    encoder_loss_weight: float = Field(
+        1.0, ge=0.0, description="diffusiongemma_sft: weight of the encoder's next-token loss."
+    )
 
 
 class SyntheticDataSpec(_Strict):

@@ -107,6 +107,20 @@ class ParallelLayout:
                     f"groups",
                 )
             )
+        if self.ep > 1:
+            # Expert parallelism groups ep neighbouring data-parallel ranks (no axis of its own).
+            if self.dp_size % self.ep:
+                found.append(
+                    (
+                        "topology.ep",
+                        f"ep = {self.ep} must divide the data-parallel ranks dp*fsdp = "
+                        f"{self.dp_size} (the ep group is a sub-group of them)",
+                    )
+                )
+            if self.context > 1 or self.tp > 1:
+                found.append(
+                    ("topology.ep", "ep combines with dp and fsdp only (cp = bp = tp = 1)")
+                )
         if world_size is not None and world_size != self.world_size:
             found.append(
                 ("topology", f"{self.describe()} but the launch has {world_size} processes")

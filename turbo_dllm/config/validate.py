@@ -48,11 +48,13 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             f"{objective.name!r} cannot train model family {model.family!r} "
             f"(allowed: {', '.join(family.objectives)})",
         )
+    refused = set()
     for axis in registry.AXES:
         used = getattr(topo, axis)
         if (used is True or (used is not False and used > 1)) and axis not in family.axes:
             reason = family.axis_reasons.get(axis, f"family {model.family!r} does not support it")
             add(f"topology.{axis}", f"{axis} is not supported here: {reason}")
+            refused.add(f"topology.{axis}")
     if model.linear_attention != "torch" and "linear_attention" not in family.model_options:
         add(
             "model.linear_attention",
@@ -91,7 +93,8 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
                 f"({data.seq_len}) must be a multiple of max(cp, bp) x tp = {context * topo.tp}",
             )
     for path, message in ParallelLayout.from_topology(topo).problems(world_size):
-        add(path, message)
+        if path not in refused:  # a refused axis: its degree's rules do not matter
+            add(path, message)
     if topo.cp > 1 and data.seq_len % (2 * topo.cp * block):
         add(
             "data.seq_len",

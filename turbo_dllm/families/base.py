@@ -170,8 +170,10 @@ class Objective:
     # autoregressive objective: 1, token-causal); None: `objective.block_size`.
     stream_block_size: int | None = None
 
-    def build(self, spec: Any, mask_token_id: int) -> Any:
-        return importlib.import_module(self.runtime_module).build(spec, mask_token_id)
+    def build(self, spec: Any, mask_token_id: int, vocab_size: int | None = None) -> Any:
+        return importlib.import_module(self.runtime_module).build(
+            spec, mask_token_id, vocab_size=vocab_size
+        )
 
 
 def read_hf_config(path: Path, *, what: str) -> dict[str, Any]:

@@ -113,15 +113,28 @@ def apply_compile(layers: nn.ModuleList) -> None:
 
 
 def apply_fsdp(
-    model: nn.Module, layers: nn.ModuleList, mesh, *, reshard_after_forward: bool = True
+    model: nn.Module,
+    layers: nn.ModuleList,
+    mesh,
+    *,
+    reshard_after_forward: bool = True,
+    ignored_params: set | None = None,
 ) -> None:
-    """FSDP2 over the data-parallel mesh: each layer, then the root (embeddings + head)."""
+    """FSDP2 over the data-parallel mesh: each layer, then the root (embeddings + head).
+
+    `ignored_params` stay as they are (expert-parallel experts: sharded over their own mesh).
+    """
     from torch.distributed.fsdp import fully_shard
 
     for layer in layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
+        fully_shard(
+            layer,
+            mesh=mesh,
+            reshard_after_forward=reshard_after_forward,
+            ignored_params=ignored_params,
+        )
     # Backward starts with the root's parameters (head, final norm): keep them gathered.
-    fully_shard(model, mesh=mesh, reshard_after_forward=False)
+    fully_shard(model, mesh=mesh, reshard_after_forward=False, ignored_params=ignored_params)
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float | None) -> torch.Tensor:

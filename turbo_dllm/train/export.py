@@ -83,7 +83,10 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     staging = out.parent / f".{out.name}.partial"
     if staging.exists():
         shutil.rmtree(staging)
-    save_hf(full_state_dict(model), config, staging, dtype=getattr(torch, name))
+    tensors = full_state_dict(model)
+    if hasattr(model, "hf_export_state"):  # a family whose HF layout holds more names
+        tensors = model.hf_export_state(tensors)
+    save_hf(tensors, config, staging, dtype=getattr(torch, name))
     _copy_generation_files(meta, staging)
     if out.exists():
         out.rmdir()

@@ -60,6 +60,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
         exclude_index: int | None,
         chunk_size: int,
         compute_dtype: torch.dtype,
+        softcap: float | None,
     ) -> torch.Tensor:
         need_hidden, need_weight = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         n = hidden.shape[0]
@@ -77,12 +78,18 @@ class _LinearCrossEntropy(torch.autograd.Function):
             h = hidden[start:end].to(compute_dtype)
             logits = h @ w.t()
             write_grad = need_hidden or need_weight
+            if softcap is not None:  # z -> c * tanh(z / c); keep tanh for the chain rule
+                capped = torch.tanh(logits.to(math_dtype) / softcap)
+                logits.copy_(capped * softcap)
             losses = softmax_cross_entropy_(
                 logits, targets[start:end], token_weights[start:end], exclude_index, write_grad
             )
             total += losses.sum().to(math_dtype)
             if not write_grad:
                 continue
+            if softcap is not None:  # d(c tanh(z/c))/dz = 1 - tanh^2
+                logits.copy_(logits.to(math_dtype) * (1.0 - capped.square()))
+                del capped
             g = logits  # now w * (softmax - onehot), in compute dtype
             if need_hidden:
                 if hidden.dtype == compute_dtype:
@@ -104,7 +111,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
             gh = grad_hidden * grad_total.to(grad_hidden.dtype)
         if grad_weight is not None:
             gw = (grad_weight * grad_total).to(ctx.weight_dtype)
-        return gh, gw, None, None, None, None, None
+        return gh, gw, None, None, None, None, None, None
 
 
 def linear_cross_entropy(
@@ -116,8 +123,11 @@ def linear_cross_entropy(
     exclude_index: int | None = None,
     chunk_size: int | None = None,
     compute_dtype: torch.dtype | None = None,
+    softcap: float | None = None,
 ) -> torch.Tensor:
     """sum_i w_i * CE(hidden_i @ weight.T, targets_i), chunked; a float32 (or float64) scalar.
+
+    With `softcap` c the logits are c * tanh(z / c) (Gemma's final logit soft-capping).
 
     hidden (N, H), weight (V, H), targets (N,) int64, token_weights (N,) or None for ones.
     `exclude_index` removes one vocabulary entry from the softmax (the mask token in the
@@ -141,5 +151,12 @@ def linear_cross_entropy(
         chunk_size = _even_chunks(hidden.shape[0], limit)
     with torch.autocast(hidden.device.type, enabled=False):
         return _LinearCrossEntropy.apply(
-            hidden, weight, targets, token_weights, exclude_index, chunk_size, compute_dtype
+            hidden,
+            weight,
+            targets,
+            token_weights,
+            exclude_index,
+            chunk_size,
+            compute_dtype,
+            softcap,
         )

@@ -58,10 +58,11 @@ from turbo_dllm.train.metrics import (
 )
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
+from turbo_dllm.train.parallel.ep import expert_parameters, reduce_expert_grads
 from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
 from turbo_dllm.train.parallel.plan import build_sequence_plan
 from turbo_dllm.train.schedules import build_scheduler
-from turbo_dllm.train.weights import materialize
+from turbo_dllm.train.weights import materialize, named_parameters_clean
 
 __all__ = ["Trainer"]
 
@@ -122,6 +123,8 @@ class Trainer:
         if self.spec.training.compile or self.device.type == "cuda":  # inductor or Triton builds
             self.compile_cache = cache
         self.attention = build_attention(spec.attention, self.device, kernels=self.spec.kernels)
+        if hasattr(runtime, "wrap_attention"):  # a family whose layers need their own masks
+            self.attention = runtime.wrap_attention(self.attention, self.model_config)
         self.mesh = self.dims.build_mesh(self.device.type)
         # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
         if hasattr(runtime, "build_sequence_plan"):  # a family with its own inputs (drafters)
@@ -154,6 +157,16 @@ class Trainer:
             runtime.apply_tensor_parallel(
                 model, self.dims.get_mesh("tp"), sequence_parallel=self.spec.topology.sp
             )
+        expert_params = None
+        if self.dims.ep > 1:  # before FSDP2, which then leaves the experts alone
+            replicas = self.dims.get_mesh("ep_replica")
+            runtime.apply_expert_parallel(
+                model,
+                self.dims.get_mesh("ep"),
+                replicas.get_group() if replicas.size() > 1 else None,
+                self.dims.grad_average_size,
+            )
+            expert_params = expert_parameters(model)
         if self.spec.training.mlp_chunks > 1:
             apply_mlp_chunking(layers, self.spec.training.mlp_chunks)
         if self.spec.training.activation_checkpointing:
@@ -161,7 +174,7 @@ class Trainer:
         if self.spec.training.compile:
             apply_compile(layers)
         if self.mesh is not None:
-            apply_fsdp(model, layers, self.mesh)
+            apply_fsdp(model, layers, self.mesh, ignored_params=expert_params)
         fill = getattr(runtime, "materialize", materialize)  # a family's own weight sources
         self.model = fill(model, self.device, seed=self.spec.launch.seed, weights_from=spec.path)
         self.model.train()
@@ -174,7 +187,14 @@ class Trainer:
             dp_size=self.dims.dp_size,
         )
         self.loader = self.data.loader
-        self.objective = build_objective(self.spec.objective, self.data.mask_token_id)
+        self.objective = build_objective(
+            self.spec.objective, self.data.mask_token_id, vocab_size=self.model_config.vocab_size
+        )
+        # An objective may keep parts of the model fixed (DiffusionGemma's SFT: the routers).
+        frozen = getattr(self.objective, "frozen_parameters", ())
+        for name, param in named_parameters_clean(self.model):
+            if frozen and any(part in name for part in frozen):
+                param.requires_grad_(False)
 
     def build_optimizer(self) -> None:
         """AdamW (fused on CUDA); no weight decay on norms and biases (1-D parameters)."""
@@ -188,7 +208,9 @@ class Trainer:
 
         # Fused and foreach kernels take all DTensors or all plain tensors; tensor parallelism
         # without FSDP leaves the replicated parameters plain, so that mix loops per tensor.
-        mixed = len({isinstance(p, DTensor) for p in params}) > 1
+        mixed = len({isinstance(p, DTensor) for p in params}) > 1 or (
+            len({p.device_mesh for p in params if isinstance(p, DTensor)}) > 1
+        )
         fused = self.device.type == "cuda" and not mixed
         # Kernel choice depends on this run's layout, not the checkpoint's: restored on resume.
         self.optimizer_kernels = {"fused": fused or None, "foreach": False if mixed else None}
@@ -295,18 +317,9 @@ class Trainer:
             )
             for index in range(accum)
         ]
-        supervised = float(
-            sum(
-                self.objective.supervised_count(b, key=k)
-                for b, k in zip(batches, keys, strict=True)
-            )
+        denominator = self._global_counts(
+            [self.objective.supervised_count(b, key=k) for b, k in zip(batches, keys, strict=True)]
         )
-        # The ranks of a context group hold the same batches: count them once.
-        if self.env.distributed:  # (one process: no device round trip before the forward)
-            counts = torch.tensor([supervised / self.plan.context_size], device=self.device)
-            self._all_reduce(counts)
-            supervised = float(counts[0])
-        denominator = max(supervised, 1.0)
 
         # -- forward / backward per micro-batch -------------------------------------------------
         loss_sum = torch.zeros((), device=self.device)
@@ -327,8 +340,11 @@ class Trainer:
                     inputs.positions,
                     self.model_mask(inputs),
                     output=inputs.output or partial(score, inputs.batch),
+                    **inputs.batch.model_kwargs,
                 )
             loss = local / denominator
+            if loss.dim():  # an objective of several terms, each over its own count
+                loss = loss.sum()
             (loss * dims.grad_average_size).backward()
             loss_sum += loss.detach()
 
@@ -346,8 +362,30 @@ class Trainer:
         loss, flops, grad_norm = torch.cat([totals, grad_norm.reshape(1).to(totals)]).tolist()
         return {"loss": loss, "flops": flops, "grad_norm": grad_norm, "lr": lr}
 
+    def _global_counts(self, counts: list) -> float | torch.Tensor:
+        """The loss denominator(s): the step's supervised counts summed over micro-batches and
+        ranks (a float, or a tensor of one count per loss term where the objective has several)."""
+        per_term = isinstance(counts[0], tuple)
+        if not per_term:
+            supervised = float(sum(counts))
+            # The ranks of a context group hold the same batches: count them once.
+            if self.env.distributed:  # (one process: no device round trip before the forward)
+                total = torch.tensor([supervised / self.plan.context_size], device=self.device)
+                self._all_reduce(total)
+                supervised = float(total[0])
+            return max(supervised, 1.0)
+        summed = [
+            float(sum(column)) / self.plan.context_size for column in zip(*counts, strict=True)
+        ]
+        total = torch.tensor(summed, device=self.device)
+        if self.env.distributed:
+            self._all_reduce(total)
+        return total.clamp(min=1.0)
+
     def _clip_gradients(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.dims.ep > 1:
+            reduce_expert_grads(self.model)
         if self.dims.tp > 1:
             replicate_partial_grads(params)
         return clip_grad_norm(params, self.spec.training.clip_grad_norm)

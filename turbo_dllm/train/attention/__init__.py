@@ -6,6 +6,7 @@ from turbo_dllm.train.attention.backends import (
     TurboAttention,
     build_attention,
 )
+from turbo_dllm.train.attention.canvas import CanvasLayout
 from turbo_dllm.train.attention.layout import (
     BlockDiffusionLayout,
     allowed,
@@ -17,6 +18,7 @@ from turbo_dllm.train.attention.layout import (
 
 __all__ = [
     "BlockDiffusionLayout",
+    "CanvasLayout",
     "FlexAttention",
     "ReferenceAttention",
     "TurboAttention",

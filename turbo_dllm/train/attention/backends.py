@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.train.attention.canvas import CanvasLayout
 from turbo_dllm.train.attention.layout import BlockDiffusionLayout, allowed, dense_mask
 
 __all__ = [
@@ -63,6 +64,8 @@ class ReferenceAttention:
         doc_ids: torch.Tensor | None,
         device: torch.device,
     ) -> torch.Tensor:
+        if isinstance(layout, CanvasLayout):  # one document per row (the family checks)
+            return layout.dense_mask(device=device)
         return dense_mask(layout, doc_ids, device=device)
 
     def __call__(
@@ -98,12 +101,21 @@ class FlexAttention:
     ) -> Any:
         S = layout.stream_len
         create_block_mask = create_block_mask_for(device if self.compile else "cpu")
-        if doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all()):
+        if (
+            isinstance(layout, CanvasLayout)
+            or doc_ids is None
+            or bool((doc_ids == doc_ids[:, :1]).all())
+        ):
             # One document per row: the mask is the same for every batch and step; cache it.
+            # (A canvas layout depends on the batch's response start: keep the last few.)
             key = (layout, str(device))
             if key not in self._static:
+                if len(self._static) >= 16:
+                    self._static.clear()
 
                 def mask_mod(b, h, q_idx, kv_idx):
+                    if isinstance(layout, CanvasLayout):
+                        return layout.allowed(q_idx, kv_idx)
                     return allowed(layout, q_idx, kv_idx)
 
                 self._static[key] = create_block_mask(mask_mod, None, None, S, S, device=device)

@@ -135,6 +135,8 @@ def allowed_pairs(layout: BlockDiffusionLayout, doc_ids: torch.Tensor | None = N
     Used for the attention share of model FLOPs. With documents, assumes each document is one
     contiguous run of positions (what packing produces).
     """
+    if not isinstance(layout, BlockDiffusionLayout):  # a CanvasLayout: one document per row
+        return layout.pairs()
     L, B = layout.seq_len, layout.block_size
     pos = torch.arange(L)
     blk_start = (pos // B) * B

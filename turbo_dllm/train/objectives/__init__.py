@@ -17,8 +17,9 @@ __all__ = [
 ]
 
 
-def build_objective(spec, mask_token_id: int) -> Objective:
-    """The objective of `spec.objective` (an ObjectiveSpec) with a resolved mask token."""
+def build_objective(spec, mask_token_id: int, vocab_size: int | None = None) -> Objective:
+    """The objective of `spec.objective` (an ObjectiveSpec) with a resolved mask token (and the
+    model's vocabulary, for objectives that draw tokens from it)."""
     from turbo_dllm.registry import get_objective
 
-    return get_objective(spec.name).build(spec, mask_token_id)
+    return get_objective(spec.name).build(spec, mask_token_id, vocab_size=vocab_size)

@@ -45,6 +45,6 @@ class Autoregressive:
         )
 
 
-def build(spec, mask_token_id: int) -> Autoregressive:
+def build(spec, mask_token_id: int, vocab_size: int | None = None) -> Autoregressive:
     """The objective of a RunSpec's `objective` section (the registry's entry point)."""
     return Autoregressive()

@@ -15,7 +15,7 @@ noise whichever rank or micro-batch it lands in.
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
@@ -98,6 +98,9 @@ class DiffusionBatch:
     input_ids (R, 2L) rows [x_t ; x_0]; doc_ids (R, L) or None; score_index (n,) flat indices into
     the model's hidden states viewed as (R * 2L, H) (noisy positions whose output is scored);
     targets (n,); weights (n,) float32. exclude_index: vocabulary entry left out of the softmax.
+    term_sizes: for an objective of several loss terms (each normalised by its own count), how
+    many of the scored positions, in order, belong to each; `score` then sums per term.
+    model_kwargs: extra model inputs of the objective (e.g. self-conditioning rows).
     """
 
     input_ids: torch.Tensor
@@ -107,6 +110,8 @@ class DiffusionBatch:
     weights: torch.Tensor
     exclude_index: int | None
     layout: BlockDiffusionLayout
+    term_sizes: tuple[int, ...] | None = None
+    model_kwargs: dict[str, torch.Tensor] = field(default_factory=dict)
 
     def to(self, device: torch.device) -> DiffusionBatch:
         move = dict(device=device, non_blocking=True)
@@ -118,6 +123,8 @@ class DiffusionBatch:
             weights=self.weights.to(**move),
             exclude_index=self.exclude_index,
             layout=self.layout,
+            term_sizes=self.term_sizes,
+            model_kwargs={k: v.to(**move) for k, v in self.model_kwargs.items()},
         )
 
     @property
@@ -137,12 +144,41 @@ class DiffusionBatch:
         return allowed_pairs(self.layout, self.doc_ids) * rows
 
 
-def score(batch: DiffusionBatch, hidden: torch.Tensor, head_weight: torch.Tensor) -> torch.Tensor:
-    """Weighted CE summed over the scored positions (an `output` hook for DecoderLM)."""
+def score(
+    batch: DiffusionBatch,
+    hidden: torch.Tensor,
+    head_weight: torch.Tensor,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """Weighted CE summed over the scored positions (a model's `output` hook).
+
+    `softcap`: the model's final logit soft-capping (c * tanh(z / c)), where it has one.
+    """
     flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.score_index)
-    return linear_cross_entropy(
-        flat, head_weight, batch.targets, batch.weights, exclude_index=batch.exclude_index
-    )
+    if batch.term_sizes is None:
+        return linear_cross_entropy(
+            flat,
+            head_weight,
+            batch.targets,
+            batch.weights,
+            exclude_index=batch.exclude_index,
+            softcap=softcap,
+        )
+    sums, start = [], 0
+    for size in batch.term_sizes:
+        part = slice(start, start + size)
+        sums.append(
+            linear_cross_entropy(
+                flat[part],
+                head_weight,
+                batch.targets[part],
+                batch.weights[part],
+                exclude_index=batch.exclude_index,
+                softcap=softcap,
+            )
+        )
+        start += size
+    return torch.stack(sums)
 
 
 class Objective(Protocol):

@@ -81,7 +81,7 @@ class BlockDiffusion:
         )
 
 
-def build(spec, mask_token_id: int) -> BlockDiffusion:
+def build(spec, mask_token_id: int, vocab_size: int | None = None) -> BlockDiffusion:
     """The objective of a RunSpec's `objective` section (the registry's entry point)."""
     return BlockDiffusion(
         block_size=spec.block_size,

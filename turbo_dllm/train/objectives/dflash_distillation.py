@@ -242,7 +242,7 @@ class DFlashDistillation:
         )
 
 
-def build(spec, mask_token_id: int) -> DFlashDistillation:
+def build(spec, mask_token_id: int, vocab_size: int | None = None) -> DFlashDistillation:
     """The objective of a RunSpec's `objective` section (the registry's entry point)."""
     return DFlashDistillation(
         block_size=spec.block_size,

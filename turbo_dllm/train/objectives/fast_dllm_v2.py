@@ -103,7 +103,7 @@ class FastDllmV2:
         )
 
 
-def build(spec, mask_token_id: int) -> FastDllmV2:
+def build(spec, mask_token_id: int, vocab_size: int | None = None) -> FastDllmV2:
     """The objective of a RunSpec's `objective` section (the registry's entry point)."""
     return FastDllmV2(
         block_size=spec.block_size,

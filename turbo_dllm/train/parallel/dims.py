@@ -49,6 +49,7 @@ class ParallelDims:
     bp: int
     tp: int
     world_size: int
+    ep: int = 1  # expert parallel: groups of ep neighbouring data-parallel ranks
     _meshes: dict[str, DeviceMesh] = field(default_factory=dict, init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -62,16 +63,11 @@ class ParallelDims:
     @property
     def layout(self) -> ParallelLayout:
         return ParallelLayout(
-            dp=self.dp_replicate, fsdp=self.dp_shard, cp=self.cp, bp=self.bp, tp=self.tp
+            dp=self.dp_replicate, fsdp=self.dp_shard, cp=self.cp, bp=self.bp, tp=self.tp, ep=self.ep
         )
 
     @classmethod
     def from_layout(cls, layout: ParallelLayout, world_size: int) -> ParallelDims:
-        if layout.ep > 1:
-            raise DllmError(
-                "topology.ep > 1 is not available in this version",
-                hint="train with dp/fsdp, cp/bp and tp only",
-            )
         return cls(
             dp_replicate=layout.dp,
             dp_shard=layout.fsdp,
@@ -79,6 +75,7 @@ class ParallelDims:
             bp=layout.bp,
             tp=layout.tp,
             world_size=world_size,
+            ep=layout.ep,
         )
 
     @classmethod
@@ -144,6 +141,8 @@ class ParallelDims:
                 mesh_dim_names=("dp_replicate", "dp_shard"),
             )
             self._meshes = {"fsdp": fsdp, "world": fsdp}
+            if self.ep > 1:
+                self._meshes.update(self._expert_meshes(device_type))
             return fsdp
         world = init_device_mesh(device_type, self.mesh_shape, mesh_dim_names=MESH_DIMS)
         meshes: dict[str, DeviceMesh] = {"world": world}
@@ -173,6 +172,15 @@ class ParallelDims:
         )
         self._meshes = meshes
         return meshes["fsdp"]
+
+    def _expert_meshes(self, device_type: str) -> dict[str, DeviceMesh]:
+        """ep: groups of ep neighbouring ranks; ep_replica: the ranks holding the same experts."""
+        import torch
+        from torch.distributed.device_mesh import DeviceMesh
+
+        ranks = torch.arange(self.world_size).view(self.world_size // self.ep, self.ep)
+        mesh = DeviceMesh(device_type, ranks, mesh_dim_names=("ep_replica", "ep"))
+        return {"ep": mesh["ep"], "ep_replica": mesh["ep_replica"]}
 
     def get_mesh(self, name: str) -> DeviceMesh:
         """The mesh of axis or flattened group `name`; raises if unknown or not built."""

@@ -1,0 +1,76 @@
+"""DiffusionGemma (family `diffusion_gemma`): the MoE block-diffusion Gemma of transformers'
+`DiffusionGemmaForBlockDiffusion`.
+
+Torch-free: the descriptor the registry lists. The torch half is `runtime` (model.py,
+experts.py, attention.py); the config reader and presets are `config`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turbo_dllm.families.base import Family
+from turbo_dllm.families.diffusion_gemma.config import PRESETS, DiffusionGemmaConfig
+
+__all__ = ["DIFFUSION_GEMMA"]
+
+
+def _rules(spec: Any, config: DiffusionGemmaConfig) -> list[tuple[str, str]]:
+    found = []
+    ep = spec.topology.ep
+    if ep > 1 and config.num_experts % ep:
+        found.append(
+            ("topology.ep", f"num_experts = {config.num_experts} is not divisible by ep = {ep}")
+        )
+    if spec.data.synthetic is not None and spec.data.synthetic.vocab_size > config.vocab_size:
+        found.append(
+            (
+                "data.synthetic.vocab_size",
+                f"{spec.data.synthetic.vocab_size} exceeds the model's vocab_size "
+                f"{config.vocab_size}",
+            )
+        )
+    if spec.objective.name == "diffusiongemma_sft" and spec.objective.loss_weighting == "inverse_t":
+        found.append(
+            (
+                "objective.loss_weighting",
+                "diffusiongemma_sft weighs every label by its block (unit); inverse_t is for "
+                "absorbing-mask objectives",
+            )
+        )
+    if spec.model.attention == "turbo":
+        found.append(
+            (
+                "model.attention",
+                "the turbo kernel has no DiffusionGemma pattern (token-causal clean stream, "
+                "sliding windows)",
+            )
+        )
+    mask = spec.objective.mask_token_id
+    if mask is not None and mask >= config.vocab_size:
+        found.append(
+            (
+                "objective.mask_token_id",
+                f"{mask} is outside the model's vocabulary (vocab_size {config.vocab_size})",
+            )
+        )
+    return found
+
+
+DIFFUSION_GEMMA = Family(
+    name="diffusion_gemma",
+    summary="DiffusionGemma: MoE Gemma-4 transformer, clean encoder stream + noisy canvas",
+    model_types=("diffusion_gemma",),
+    objectives=("diffusiongemma_sft", "block_diffusion"),
+    axes=frozenset({"fsdp", "ep"}),
+    presets=PRESETS,
+    read_config=DiffusionGemmaConfig.from_hf_dict,
+    runtime_module="turbo_dllm.families.diffusion_gemma.runtime",
+    rules=_rules,
+    axis_reasons={
+        "tp": "tensor parallelism of the experts is not implemented (use ep)",
+        "sp": "sequence parallelism needs tensor parallelism",
+        "cp": "context parallelism of the canvas layout is not implemented for this family",
+        "bp": "block parallelism of the canvas layout is not implemented for this family",
+    },
+)

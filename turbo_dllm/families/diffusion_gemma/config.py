@@ -1,0 +1,443 @@
+"""DiffusionGemma's shape, read from (and written back to) a Hugging Face `diffusion_gemma` config.
+
+The HF config nests the text transformer under `text_config` (plus a vision tower this text-only
+family neither trains nor exports). One transformer serves both streams: the clean (encoder)
+stream, token-causal, and the noisy (decoder) canvas. Layers alternate sliding-window and full
+attention; full layers have their own head size and key/value head count (`global_head_dim`,
+`num_global_key_value_heads`) and reuse the keys as values; every layer adds a routed mixture
+of experts to a dense gated MLP. Presets give random-init shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["LAYER_TYPES", "PRESETS", "DiffusionGemmaConfig"]
+
+LAYER_TYPES = ("sliding_attention", "full_attention")
+ACTIVATIONS = ("gelu_pytorch_tanh", "silu")
+_ROPE_TYPES = {"sliding_attention": ("default",), "full_attention": ("default", "proportional")}
+_DEFAULT_ROPE = {
+    "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+    "full_attention": {
+        "rope_type": "proportional",
+        "partial_rotary_factor": 0.25,
+        "rope_theta": 1_000_000.0,
+    },
+}
+
+
+def _text(**fields: Any) -> dict[str, Any]:
+    return {"model_type": "diffusion_gemma", "canvas_length": 16, "text_config": fields}
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # CPU tests and smoke runs: 2 sliding + 1 full layers, 4 experts, top-2.
+    "tiny": _text(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        global_head_dim=32,
+        num_global_key_value_heads=1,
+        layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+        sliding_window=24,
+        num_experts=4,
+        top_k_experts=2,
+        moe_intermediate_size=32,
+        max_position_embeddings=8192,
+    )
+    | {
+        # transformers always builds a vision tower: as small as it allows (not trained here)
+        "vision_config": {
+            "model_type": "gemma4_vision",
+            "hidden_size": 8,
+            "intermediate_size": 8,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 1,
+            "num_key_value_heads": 1,
+            "head_dim": 8,
+        }
+    },
+    # A DiffusionGemma-like MoE shape that fits one H200 (8 layers, 64 experts top-8, 256-dim
+    # sliding heads, 512-dim full heads, vocab 262144): ~3.1B total params, ~1.1B active per
+    # token (0.5B of them the embedding); the train-step benchmark's shape. Not the published
+    # 26B-A4B config (not available offline): its proportions, with fewer layers.
+    "h200-bench": _text(
+        vocab_size=262_144,
+        hidden_size=2048,
+        intermediate_size=2112,
+        num_hidden_layers=8,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=256,
+        global_head_dim=512,
+        num_global_key_value_heads=2,
+        layer_types=["sliding_attention"] * 3
+        + ["full_attention"]
+        + ["sliding_attention"] * 3
+        + ["full_attention"],
+        sliding_window=1024,
+        num_experts=64,
+        top_k_experts=8,
+        moe_intermediate_size=704,
+        max_position_embeddings=262_144,
+    ),
+}
+# The same with 256-wide full-attention heads, in case a kernel of the running torch does not
+# take 512 (FlexAttention's tiles on some builds).
+PRESETS["h200-bench-hd256"] = json.loads(json.dumps(PRESETS["h200-bench"]))
+PRESETS["h200-bench-hd256"]["text_config"]["global_head_dim"] = 256
+
+
+@dataclasses.dataclass(frozen=True)
+class DiffusionGemmaConfig:
+    """Everything the model needs; names follow the HF `text_config` (plus the root's)."""
+
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    num_global_key_value_heads: int
+    head_dim: int
+    global_head_dim: int
+    layer_types: tuple[str, ...]
+    sliding_window: int
+    num_experts: int
+    top_k_experts: int
+    moe_intermediate_size: int
+    rope_parameters: dict[str, dict[str, Any]] = dataclasses.field(
+        default_factory=lambda: json_copy(_DEFAULT_ROPE)
+    )
+    rms_norm_eps: float = 1e-6
+    max_position_embeddings: int = 131_072
+    final_logit_softcapping: float | None = 30.0
+    hidden_activation: str = "gelu_pytorch_tanh"
+    initializer_range: float = 0.02
+    canvas_length: int = 256
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 2
+    eos_token_id: Any = 1
+    mask_token_id: int | None = None
+    # The root's other keys (vision config, image token ids), kept so an export round-trips.
+    extra_root: dict[str, Any] = dataclasses.field(default_factory=dict)
+    model_type: str = "diffusion_gemma"
+    tie_word_embeddings: bool = True
+    mlp_bias: bool = False  # what the shared gated MLP (families/decoder/model.py: MLP) reads
+
+    def __post_init__(self) -> None:
+        problems = []
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "num_global_key_value_heads",
+            "head_dim",
+            "global_head_dim",
+            "num_experts",
+            "top_k_experts",
+            "moe_intermediate_size",
+        ):
+            if int(getattr(self, name)) <= 0:
+                problems.append(f"{name} must be positive (got {getattr(self, name)!r})")
+        if len(self.layer_types) != self.num_hidden_layers:
+            problems.append(
+                f"layer_types has {len(self.layer_types)} entries for "
+                f"{self.num_hidden_layers} layers"
+            )
+        unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
+        if unknown:
+            problems.append(f"layer_types {unknown} are not supported (only {LAYER_TYPES})")
+        if "sliding_attention" in self.layer_types and self.sliding_window <= 1:
+            problems.append(f"sliding layers need sliding_window > 1 (got {self.sliding_window})")
+        for kv in (self.num_key_value_heads, self.num_global_key_value_heads):
+            if kv > 0 and self.num_attention_heads % kv:
+                problems.append(
+                    f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                    f"the key/value heads ({kv})"
+                )
+        if self.top_k_experts > self.num_experts:
+            problems.append(
+                f"top_k_experts ({self.top_k_experts}) exceeds num_experts ({self.num_experts})"
+            )
+        if self.hidden_activation not in ACTIVATIONS:
+            problems.append(
+                f"hidden_activation {self.hidden_activation!r} is not supported ({ACTIVATIONS})"
+            )
+        for kind in set(self.layer_types) & set(LAYER_TYPES):
+            rope = self.rope_parameters.get(kind) or {}
+            if rope.get("rope_type", "default") not in _ROPE_TYPES[kind]:
+                problems.append(
+                    f"{kind} rope_type {rope.get('rope_type')!r} is not supported "
+                    f"({', '.join(_ROPE_TYPES[kind])})"
+                )
+            if (
+                rope.get("rope_type", "default") == "default"
+                and rope.get("partial_rotary_factor", 1.0) != 1.0
+            ):
+                problems.append(f"{kind}: partial rotary needs rope_type 'proportional'")
+        if problems:
+            raise DllmError(
+                "model config is not usable:\n" + "\n".join(f"  - {p}" for p in problems),
+                hint="fix config.json or model.config_overrides",
+            )
+
+    # --- per layer type -------------------------------------------------------------------
+    def layer_head_dim(self, kind: str) -> int:
+        return self.global_head_dim if kind == "full_attention" else self.head_dim
+
+    def layer_kv_heads(self, kind: str) -> int:
+        return (
+            self.num_global_key_value_heads
+            if kind == "full_attention"
+            else self.num_key_value_heads
+        )
+
+    def window(self, kind: str) -> int | None:
+        return self.sliding_window if kind == "sliding_attention" else None
+
+    @property
+    def hidden_act(self) -> str:  # the shared gated MLP's name for it
+        return self.hidden_activation
+
+    # --- Hugging Face config.json ---------------------------------------------------------
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any]) -> DiffusionGemmaConfig:
+        """Read a transformers `diffusion_gemma` config dict (root with `text_config`)."""
+        if hf.get("model_type") != "diffusion_gemma":
+            raise DllmError(
+                f"config.json is a {hf.get('model_type')!r} model, not 'diffusion_gemma'",
+                hint="set model.family to the family of that model",
+            )
+        text = dict(hf.get("text_config") or {})
+        for key in ("mask_token_id", "final_logit_softcapping"):  # the root may carry them too
+            if key in hf and key not in text:
+                text[key] = hf[key]
+        if hf.get("tie_word_embeddings", True) is False or text.get("tie_word_embeddings") is False:
+            raise DllmError(
+                "DiffusionGemma ties its output head to the embeddings (tie_word_embeddings must "
+                "be true)",
+                hint="use an unmodified diffusion_gemma config.json",
+            )
+        if text.get("use_bidirectional_attention") == "all":
+            raise DllmError(
+                "use_bidirectional_attention 'all' is not supported: the clean stream is causal",
+                hint="remove use_bidirectional_attention from text_config",
+            )
+        if text.get("attention_k_eq_v") is False or text.get("enable_moe_block") is False:
+            raise DllmError(
+                "only the MoE DiffusionGemma with keys as values on full layers is supported "
+                "(enable_moe_block and attention_k_eq_v true)"
+            )
+        try:
+            layers = int(text["num_hidden_layers"])
+            heads = int(text["num_attention_heads"])
+            kv = int(text.get("num_key_value_heads") or heads)
+            head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+            layer_types = list(text.get("layer_types") or _default_layer_types(layers))
+            global_dim, global_kv = _global_attention(text, layer_types, kv)
+            if text.get("num_experts") is None:
+                raise DllmError(
+                    "this DiffusionGemma config has no experts (num_experts unset)",
+                    hint="the family trains the mixture-of-experts DiffusionGemma",
+                )
+            rope = json_copy(text.get("rope_parameters") or _DEFAULT_ROPE)
+            root_keys = (
+                "model_type",
+                "text_config",
+                "canvas_length",
+                "block_size",
+                "tie_word_embeddings",
+                "architectures",
+                "transformers_version",
+                "dtype",
+                "torch_dtype",
+                "mask_token_id",
+                "final_logit_softcapping",
+            )
+            return cls(
+                vocab_size=int(text["vocab_size"]),
+                hidden_size=int(text["hidden_size"]),
+                intermediate_size=int(text["intermediate_size"]),
+                num_hidden_layers=layers,
+                num_attention_heads=heads,
+                num_key_value_heads=kv,
+                num_global_key_value_heads=global_kv,
+                head_dim=head_dim,
+                global_head_dim=global_dim,
+                layer_types=tuple(layer_types),
+                sliding_window=int(text.get("sliding_window") or 512),
+                num_experts=int(text["num_experts"]),
+                top_k_experts=int(text["top_k_experts"]),
+                moe_intermediate_size=int(
+                    text.get("moe_intermediate_size") or text["expert_intermediate_size"]
+                ),
+                rope_parameters=rope,
+                rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
+                max_position_embeddings=int(text.get("max_position_embeddings", 131_072)),
+                final_logit_softcapping=(
+                    None
+                    if text.get("final_logit_softcapping", 30.0) is None
+                    else float(text.get("final_logit_softcapping", 30.0))
+                ),
+                hidden_activation=str(text.get("hidden_activation") or "gelu_pytorch_tanh"),
+                initializer_range=float(
+                    text.get("initializer_range", hf.get("initializer_range", 0.02))
+                ),
+                canvas_length=int(hf.get("canvas_length") or hf.get("block_size") or 256),
+                pad_token_id=text.get("pad_token_id", 0),
+                bos_token_id=text.get("bos_token_id", 2),
+                eos_token_id=text.get("eos_token_id", 1),
+                mask_token_id=text.get("mask_token_id"),
+                extra_root={k: v for k, v in hf.items() if k not in root_keys},
+            )
+        except KeyError as missing:
+            raise DllmError(
+                f"config.json lacks the field {missing.args[0]!r}",
+                hint="a diffusion_gemma config.json from Hugging Face has it in text_config",
+            ) from None
+        except (TypeError, ValueError) as error:
+            raise DllmError(f"config.json has a bad value: {error}") from None
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """A config.json that `DiffusionGemmaForBlockDiffusion.from_pretrained` loads."""
+        text: dict[str, Any] = {
+            "model_type": "diffusion_gemma_text",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_hidden_layers,
+            "num_attention_heads": self.num_attention_heads,
+            "num_key_value_heads": self.num_key_value_heads,
+            "num_global_key_value_heads": self.num_global_key_value_heads,
+            "head_dim": self.head_dim,
+            "global_head_dim": self.global_head_dim,
+            "layer_types": list(self.layer_types),
+            "sliding_window": self.sliding_window,
+            "num_experts": self.num_experts,
+            "top_k_experts": self.top_k_experts,
+            "moe_intermediate_size": self.moe_intermediate_size,
+            "rope_parameters": json_copy(self.rope_parameters),
+            "rms_norm_eps": self.rms_norm_eps,
+            "max_position_embeddings": self.max_position_embeddings,
+            "final_logit_softcapping": self.final_logit_softcapping,
+            "hidden_activation": self.hidden_activation,
+            "initializer_range": self.initializer_range,
+            "pad_token_id": self.pad_token_id,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": self.eos_token_id,
+            "tie_word_embeddings": True,
+            "attention_k_eq_v": True,
+            "enable_moe_block": True,
+            "attention_bias": False,
+            "attention_dropout": 0.0,
+        }
+        if self.mask_token_id is not None:
+            text["mask_token_id"] = self.mask_token_id
+        out: dict[str, Any] = {
+            "architectures": ["DiffusionGemmaForBlockDiffusion"],
+            "model_type": "diffusion_gemma",
+            **json_copy(self.extra_root),
+            "canvas_length": self.canvas_length,
+            "tie_word_embeddings": True,
+            "text_config": text,
+            "torch_dtype": "float32",
+        }
+        return out
+
+    # --- sizes ----------------------------------------------------------------------------
+    def _attention_params(self, kind: str) -> int:
+        h, d, kv = self.hidden_size, self.layer_head_dim(kind), self.layer_kv_heads(kind)
+        values = 0 if kind == "full_attention" else h * kv * d  # full layers: V = K
+        return 2 * h * self.num_attention_heads * d + h * kv * d + values
+
+    @property
+    def expert_params(self) -> int:
+        return 3 * self.hidden_size * self.moe_intermediate_size
+
+    def _layer_active_params(self, kind: str) -> int:
+        """Weights one token is multiplied by in one layer (router included, norms not)."""
+        dense = 3 * self.hidden_size * self.intermediate_size
+        router = self.hidden_size * self.num_experts
+        return (
+            self._attention_params(kind) + dense + router + self.top_k_experts * self.expert_params
+        )
+
+    @property
+    def head_params(self) -> int:
+        return self.vocab_size * self.hidden_size
+
+    def num_params(self) -> int:
+        """Total parameters (the tied embedding once), the self-conditioning MLP included."""
+        h = self.hidden_size
+        total = 0
+        for kind in self.layer_types:
+            d = self.layer_head_dim(kind)
+            total += self._layer_active_params(kind)
+            total += (self.num_experts - self.top_k_experts) * self.expert_params
+            total += 8 * h + 2 * d + self.num_experts + 1  # 7 norms, router scales, layer scalar
+        self_conditioning = 3 * h * self.intermediate_size + h
+        return total + self.head_params + h + self_conditioning
+
+    def num_active_params(self) -> int:
+        """Parameters one token meets (top-k experts of each layer)."""
+        return sum(self._layer_active_params(k) for k in self.layer_types) + self.head_params
+
+    def step_flops(self, *, stream_tokens: int, scored_tokens: int, pairs: int) -> float:
+        """Active-parameter model FLOPs of one forward+backward.
+
+        6 x active matmul params per stream token, 6 x head per scored token, and attention:
+        `pairs` (query, key) pairs on full layers; sliding layers at most `sliding_window`
+        keys per query (an upper bound where the window is not full).
+        """
+        body = 6.0 * sum(self._layer_active_params(k) for k in self.layer_types) * stream_tokens
+        head = 6.0 * self.head_params * scored_tokens
+        attention = 0.0
+        for kind in self.layer_types:
+            kind_pairs = (
+                pairs
+                if kind == "full_attention"
+                else min(pairs, stream_tokens * self.sliding_window)
+            )
+            attention += 12.0 * self.layer_head_dim(kind) * self.num_attention_heads * kind_pairs
+        return body + head + attention
+
+
+def json_copy(value: Any) -> Any:
+    return json.loads(json.dumps(value))
+
+
+def _default_layer_types(layers: int) -> list[str]:
+    """HF's default: five sliding layers then one full, the last layer always full."""
+    kinds = ["sliding_attention" if (i + 1) % 6 else "full_attention" for i in range(layers)]
+    kinds[-1] = "full_attention"
+    return kinds
+
+
+def _global_attention(text: dict[str, Any], layer_types: list[str], kv: int) -> tuple[int, int]:
+    """(head_dim, kv heads) of the full layers: `per_layer_config` (as HF writes it) or the
+    `global_head_dim` / `num_global_key_value_heads` keys (as HF reads them)."""
+    per_layer = text.get("per_layer_config") or {}
+    found = {
+        (int(v.get("head_dim", 0)), int(v.get("num_key_value_heads", kv)))
+        for i, v in per_layer.items()
+        if str(i).isdigit() and layer_types[int(i)] == "full_attention"
+    }
+    if len(found) > 1:
+        raise DllmError(f"full-attention layers disagree in per_layer_config: {sorted(found)}")
+    if found:
+        return found.pop()
+    global_kv = text.get("num_global_key_value_heads")
+    return int(text.get("global_head_dim") or 512), int(global_kv or kv)

@@ -1,0 +1,66 @@
+"""DiffusionGemma's torch half (`FamilyRuntime`): build, layers, attention, tensor parallelism."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from turbo_dllm.errors import DllmError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from turbo_dllm.families.diffusion_gemma.config import DiffusionGemmaConfig
+    from turbo_dllm.families.diffusion_gemma.model import DiffusionGemmaLM
+
+__all__ = [
+    "apply_expert_parallel",
+    "apply_tensor_parallel",
+    "build_model",
+    "check_tensor_parallel",
+    "layers",
+    "wrap_attention",
+]
+
+
+def build_model(
+    config: DiffusionGemmaConfig, backend: Any, dtype: torch.dtype | None = None
+) -> DiffusionGemmaLM:
+    """The model on the meta device (parameters have shapes, no storage)."""
+    import torch
+
+    from turbo_dllm.families.diffusion_gemma.model import DiffusionGemmaLM
+
+    with torch.device("meta"):
+        model = DiffusionGemmaLM(config, backend)
+    if dtype is not None:
+        model.to(dtype)
+    return model
+
+
+def layers(model: nn.Module) -> nn.ModuleList:
+    return model.model.decoder.layers
+
+
+def wrap_attention(attention: Any, config: DiffusionGemmaConfig) -> Any:
+    """The trainer's backend with this family's masks (one per layer type, see attention.py)."""
+    from turbo_dllm.families.diffusion_gemma.attention import StreamAttention
+
+    return StreamAttention(attention, config)
+
+
+def apply_expert_parallel(model: nn.Module, ep_mesh: Any, replica_group: Any, divisor: int):
+    """Shard every layer's experts over the ep ranks (train/parallel/ep.py)."""
+    from turbo_dllm.train.parallel.ep import shard_experts
+
+    for layer in layers(model):
+        shard_experts(layer.experts, ep_mesh, replica_group, divisor)
+
+
+def check_tensor_parallel(config: DiffusionGemmaConfig, tp: int) -> None:
+    if tp > 1:
+        raise DllmError("diffusion_gemma does not support tensor parallelism in this version")
+
+
+def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = False):
+    check_tensor_parallel(model.config, 2)
