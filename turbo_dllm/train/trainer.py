@@ -340,7 +340,7 @@ class Trainer:
                     inputs.positions,
                     self.model_mask(inputs),
                     output=inputs.output or partial(score, inputs.batch),
-                    **inputs.batch.model_kwargs,
+                    **getattr(inputs.batch, "model_kwargs", {}),  # an objective's extra inputs
                 )
             loss = local / denominator
             if loss.dim():  # an objective of several terms, each over its own count
