@@ -27,13 +27,14 @@ from turbo_dllm.locations import parse_location
 __all__ = [
     "CHUNK",
     "DEADLINE_VARIABLE",
-    "INDEX_VARIABLE",
-    "OFFLINE_VARIABLE",
     "Deadline",
     "DeadlineExceeded",
     "HttpSource",
+    "INDEX_VARIABLE",
     "LocalSource",
     "LoopbackHttpSource",
+    "NotFound",
+    "OFFLINE_VARIABLE",
     "Opened",
     "Source",
     "TransientError",
@@ -50,6 +51,10 @@ CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
 DEADLINE_VARIABLE = "DLLM_DOWNLOAD_DEADLINE_S"
 DEFAULT_DEADLINE_S = 3600.0  # one hour: 16 GiB (the bundle cap) at ~5 MB/s
+
+
+class NotFound(DllmError):
+    """The source has no file at that path (a missing file, HTTP 404)."""
 
 
 class TransientError(Exception):
@@ -165,7 +170,7 @@ class LocalSource(Source):
         try:
             handle = file.open("rb")
         except FileNotFoundError:
-            raise DllmError(
+            raise NotFound(
                 f"{self.url(path)} does not exist",
                 hint="check the mirror folder and the release name (`ls MIRROR/releases`)",
             ) from None
@@ -223,7 +228,7 @@ class _HttpSource(Source):
             raise TransientError(f"{url}: HTTP {status}")
         if status == 404:
             response.close()
-            raise DllmError(
+            raise NotFound(
                 f"{url} was not found (HTTP 404)",
                 hint="check the index URL and the release name",
             )

@@ -1,7 +1,9 @@
 """A mirror to read from: a folder (`DIR`, `file://DIR`) or a served one (`http(s)://HOST:PORT`).
 
 Readers (`dllm env sync --mirror`, `dllm mirror verify`) go through `MirrorSource`, so a folder
-carried to an air-gapped machine and the same folder served on loopback behave the same.
+carried to an air-gapped machine and the same folder served on loopback behave the same. The
+bytes come through the same `Source` a bundle install reads (bundles/sources.py: one reader of
+mirror folders and served mirrors, with its transfer deadline and bounded restarts).
 """
 
 from __future__ import annotations
@@ -12,6 +14,14 @@ from collections.abc import Generator
 from dataclasses import dataclass
 from pathlib import Path
 
+from turbo_dllm.bundles.sources import (
+    LocalSource,
+    NotFound,
+    Source,
+    TransientError,
+    open_source,
+    transfer_deadline,
+)
 from turbo_dllm.errors import DllmError
 from turbo_dllm.formats import validate_document
 from turbo_dllm.locations import parse_location
@@ -19,25 +29,7 @@ from turbo_dllm.mirror.layout import MIRROR_FILE, MIRROR_FORMAT, MirrorIndex
 
 __all__ = ["MirrorSource", "open_mirror"]
 
-_TIMEOUT_S = 60
 MAX_DOCUMENT_BYTES = 64 * 1024 * 1024  # MIRROR.json, manifests, catalogs, pages
-_CHUNK = 1024 * 1024
-
-
-def _file_chunks(path: Path) -> Generator[bytes, None, None]:
-    with path.open("rb") as handle:
-        while block := handle.read(_CHUNK):
-            yield block
-
-
-def _response_chunks(response, url: str) -> Generator[bytes, None, None]:
-    import requests
-
-    with response:
-        try:
-            yield from response.iter_content(_CHUNK)
-        except requests.RequestException as error:
-            raise DllmError(f"mirror {url}: the transfer broke off: {error}") from None
 
 
 @dataclass(frozen=True)
@@ -45,6 +37,7 @@ class MirrorSource:
     location: str  # as the user wrote it
     local: Path | None  # the folder, for a local mirror
     url: str | None  # the base URL (trailing slash), for a served mirror
+    source: Source  # the reader, shared with bundle installs (bundles/sources.py)
 
     @property
     def is_local(self) -> bool:
@@ -88,25 +81,25 @@ class MirrorSource:
         return digest.hexdigest(), size
 
     def _chunks(self, relative: str) -> Generator[bytes, None, None] | None:
-        if self.local is not None:
-            path = self.local / relative
-            return _file_chunks(path) if path.is_file() else None
-        import requests
-
+        """The file's bytes as they arrive, or None when the mirror does not have it."""
         try:
-            response = requests.get(self.url + relative, timeout=_TIMEOUT_S, stream=True)
-        except requests.RequestException as error:
-            raise DllmError(
-                f"cannot reach the mirror at {self.url}: {error}",
-                hint="start it with `dllm mirror serve DIR` or pass --mirror DIR",
-            ) from error
-        if response.status_code == 404:
-            response.close()
+            opened = self.source.open(relative, 0, transfer_deadline().at)
+        except NotFound:
             return None
-        if response.status_code != 200:
-            response.close()
-            raise DllmError(f"mirror {self.url}{relative}: HTTP {response.status_code}")
-        return _response_chunks(response, self.url + relative)
+        except TransientError as error:
+            raise DllmError(
+                f"cannot read {relative} from the mirror {self.location}: {error}",
+                hint="start it with `dllm mirror serve DIR` or pass --mirror DIR",
+            ) from None
+        return self._stream(opened, relative)
+
+    def _stream(self, opened, relative: str) -> Generator[bytes, None, None]:
+        try:
+            yield from opened.chunks
+        except TransientError as error:
+            raise DllmError(f"{self.location}: {relative} broke off: {error}") from None
+        finally:
+            opened.close()
 
     def index(self) -> MirrorIndex:
         raw = self.read_bytes(MIRROR_FILE)
@@ -138,5 +131,6 @@ def open_mirror(location: str | Path) -> MirrorSource:
     text = str(location)
     where = parse_location(text, "mirror")
     if where.url is not None:
-        return MirrorSource(text, None, where.url.rstrip("/") + "/")
-    return MirrorSource(text, where.folder, None)
+        url = where.url.rstrip("/") + "/"
+        return MirrorSource(text, None, url, open_source(url))
+    return MirrorSource(text, where.folder, None, LocalSource(where.folder, text))
