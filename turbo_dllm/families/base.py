@@ -32,6 +32,8 @@ __all__ = [
     "FamilyRuntime",
     "ModelMisfit",
     "Objective",
+    "nonpositive_fields",
+    "raise_if_unusable",
     "read_hf_config",
 ]
 
@@ -189,3 +191,25 @@ def read_hf_config(path: Path, *, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise DllmError(f"{str(path)!r} is not a JSON object", hint="is this a config.json?")
     return value
+
+
+def nonpositive_fields(config: Any, names: tuple[str, ...]) -> list[str]:
+    """A problem line for every field of `config` in `names` that is not a positive number."""
+    return [
+        f"{name} must be positive (got {getattr(config, name)!r})"
+        for name in names
+        if int(getattr(config, name)) <= 0
+    ]
+
+
+def raise_if_unusable(
+    problems: list[str],
+    *,
+    what: str = "model config",
+    hint: str = "fix config.json or model.config_overrides",
+) -> None:
+    """One DllmError listing every problem a config reader found, if it found any."""
+    if problems:
+        raise DllmError(
+            f"{what} is not usable:\n" + "\n".join(f"  - {p}" for p in problems), hint=hint
+        )

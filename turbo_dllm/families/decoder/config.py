@@ -11,6 +11,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import nonpositive_fields, raise_if_unusable
 
 __all__ = ["ACTIVATIONS", "PRESETS", "DecoderConfig", "tensor_parallel_problems"]
 
@@ -108,17 +109,18 @@ class DecoderConfig:
                 f"model_type {self.model_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-        ):
-            if int(getattr(self, name)) <= 0:
-                problems.append(f"{name} must be positive (got {getattr(self, name)!r})")
+        problems += nonpositive_fields(
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+            ),
+        )
         if self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads:
             problems.append(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -137,11 +139,7 @@ class DecoderConfig:
                 f"hidden_act {self.hidden_act!r} is not supported "
                 f"(supported: {', '.join(ACTIVATIONS)})"
             )
-        if problems:
-            raise DllmError(
-                "model config is not usable:\n" + "\n".join(f"  - {p}" for p in problems),
-                hint="fix config.json or model.config_overrides",
-            )
+        raise_if_unusable(problems)
 
     # --- Hugging Face config.json ---------------------------------------------------------
     @classmethod

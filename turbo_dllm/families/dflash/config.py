@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import nonpositive_fields, raise_if_unusable
 
 __all__ = ["ARCHITECTURES", "DFlashConfig", "default_target_layer_ids", "drafter_problems"]
 
@@ -74,20 +75,21 @@ class DFlashConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "target_hidden_size",
-            "num_target_layers",
-            "block_size",
-        ):
-            if int(getattr(self, name)) <= 0:
-                problems.append(f"{name} must be positive (got {getattr(self, name)!r})")
+        problems += nonpositive_fields(
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "target_hidden_size",
+                "num_target_layers",
+                "block_size",
+            ),
+        )
         if self.block_size < 2:
             problems.append(f"block_size must be at least 2 (got {self.block_size})")
         if self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads:
@@ -115,11 +117,9 @@ class DFlashConfig:
             problems.append(f"hidden_act {self.hidden_act!r} is not supported (silu)")
         if self.architecture not in ARCHITECTURES:
             problems.append(f"architecture {self.architecture!r} is not supported")
-        if problems:
-            raise DllmError(
-                "drafter config is not usable:\n" + "\n".join(f"  - {p}" for p in problems),
-                hint="fix the drafter's config.json or model.dflash",
-            )
+        raise_if_unusable(
+            problems, what="drafter config", hint="fix the drafter's config.json or model.dflash"
+        )
 
     # --- Hugging Face config.json ---------------------------------------------------------
     @classmethod

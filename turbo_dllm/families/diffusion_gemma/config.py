@@ -15,6 +15,7 @@ import json
 from typing import Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import nonpositive_fields, raise_if_unusable
 
 __all__ = ["LAYER_TYPES", "PRESETS", "DiffusionGemmaConfig"]
 
@@ -136,22 +137,23 @@ class DiffusionGemmaConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "num_global_key_value_heads",
-            "head_dim",
-            "global_head_dim",
-            "num_experts",
-            "top_k_experts",
-            "moe_intermediate_size",
-        ):
-            if int(getattr(self, name)) <= 0:
-                problems.append(f"{name} must be positive (got {getattr(self, name)!r})")
+        problems += nonpositive_fields(
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "num_global_key_value_heads",
+                "head_dim",
+                "global_head_dim",
+                "num_experts",
+                "top_k_experts",
+                "moe_intermediate_size",
+            ),
+        )
         if len(self.layer_types) != self.num_hidden_layers:
             problems.append(
                 f"layer_types has {len(self.layer_types)} entries for "
@@ -188,11 +190,7 @@ class DiffusionGemmaConfig:
                 and rope.get("partial_rotary_factor", 1.0) != 1.0
             ):
                 problems.append(f"{kind}: partial rotary needs rope_type 'proportional'")
-        if problems:
-            raise DllmError(
-                "model config is not usable:\n" + "\n".join(f"  - {p}" for p in problems),
-                hint="fix config.json or model.config_overrides",
-            )
+        raise_if_unusable(problems)
 
     # --- per layer type -------------------------------------------------------------------
     def layer_head_dim(self, kind: str) -> int:

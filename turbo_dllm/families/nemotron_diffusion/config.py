@@ -18,6 +18,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import raise_if_unusable
 from turbo_dllm.families.decoder.config import SUPPORTED_ROPE_TYPES, DecoderConfig
 
 __all__ = ["MODEL_TYPES", "PARADIGMS", "PRESETS", "NemotronConfig"]
@@ -96,11 +97,7 @@ class NemotronConfig(DecoderConfig):
             problems.append(
                 f"mask_token_id {self.mask_token_id} is outside the vocabulary ({self.vocab_size})"
             )
-        if problems:
-            raise DllmError(
-                "model config is not usable:\n" + "\n".join(f"  - {p}" for p in problems),
-                hint="fix config.json or model.config_overrides",
-            )
+        raise_if_unusable(problems)
 
     @property
     def is_yarn(self) -> bool:

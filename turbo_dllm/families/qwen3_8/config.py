@@ -15,6 +15,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import nonpositive_fields, raise_if_unusable
 from turbo_dllm.families.decoder.config import _token_ids
 
 __all__ = [
@@ -143,22 +144,23 @@ class Qwen38Config:
             problems.append(
                 f"model_type {self.model_type!r} is not one of {', '.join(MODEL_TYPES)}"
             )
-        for name in (
-            "vocab_size",
-            "hidden_size",
-            "intermediate_size",
-            "num_hidden_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "linear_num_key_heads",
-            "linear_num_value_heads",
-            "linear_key_head_dim",
-            "linear_value_head_dim",
-            "linear_conv_kernel_dim",
-        ):
-            if int(getattr(self, name)) <= 0:
-                problems.append(f"{name} must be positive (got {getattr(self, name)!r})")
+        problems += nonpositive_fields(
+            self,
+            (
+                "vocab_size",
+                "hidden_size",
+                "intermediate_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "linear_num_key_heads",
+                "linear_num_value_heads",
+                "linear_key_head_dim",
+                "linear_value_head_dim",
+                "linear_conv_kernel_dim",
+            ),
+        )
         if len(self.layer_types) != self.num_hidden_layers:
             problems.append(
                 f"layer_types has {len(self.layer_types)} entries for "
@@ -183,11 +185,7 @@ class Qwen38Config:
             problems.append(
                 f"mask_token_id {self.mask_token_id} is outside the vocabulary ({self.vocab_size})"
             )
-        if problems:
-            raise DllmError(
-                "model config is not usable:\n" + "\n".join(f"  - {p}" for p in problems),
-                hint="fix config.json or model.config_overrides",
-            )
+        raise_if_unusable(problems)
 
     @property
     def rotary_dim(self) -> int:
