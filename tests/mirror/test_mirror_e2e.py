@@ -33,14 +33,16 @@ pytestmark = pytest.mark.slow
 RELEASE = "v-test"
 
 
-def run(*command, env=None, check=True, timeout=300) -> subprocess.CompletedProcess:
-    """Run outside the checkout, so `python -c` cannot import turbo_dllm from the cwd."""
+def run(*command, env=None, check=True, timeout=300, isolated=False) -> subprocess.CompletedProcess:
+    """Run outside the checkout, so `python -c` cannot import turbo_dllm from the cwd;
+    `isolated` also drops PYTHONPATH, so a venv's python sees only what was installed in it."""
+    base = {k: v for k, v in os.environ.items() if not (isolated and k == "PYTHONPATH")}
     proc = subprocess.run(
         [str(c) for c in command],
         cwd=tempfile.gettempdir(),
         capture_output=True,
         text=True,
-        env={**os.environ, **(env or {})},
+        env={**base, **(env or {})},
         timeout=timeout,
     )
     if check:
@@ -168,17 +170,19 @@ def test_air_gapped_install_from_a_served_mirror(work, mirror, served, uv_env, t
     assert report["target"] == "cpu-x86_64" and report["clean"] is True
     assert report["project"] == f"turbo-dllm {__version__} from {served}"
     python = venv / "bin" / "python"
-    where = run(python, "-c", "import turbo_dllm, dllm_fixture_a; print(turbo_dllm.__file__)")
+    where = run(
+        python, "-c", "import turbo_dllm, dllm_fixture_a; print(turbo_dllm.__file__)", isolated=True
+    )
     assert where.stdout.strip().startswith(str(venv))  # the mirror's wheel, not the checkout
 
     # The venv's own dllm installs the bundle from the same server and is ready.
     home = {"DLLM_HOME": str(tmp_path / "home")}
     venv_dllm = venv / "bin" / "dllm"
     installed = run(venv_dllm, "bundle", "install", "--auto", "--release", RELEASE,
-                    "--index", served, "--catalog-sha256", catalog_sha, "--json", env=home)  # fmt: skip
+                    "--index", served, "--catalog-sha256", catalog_sha, "--json", env=home, isolated=True)  # fmt: skip
     bundle = json.loads(installed.stdout)
     assert bundle["index"] == served and bundle["installed"]["sha256"] == bundle["bundle"]["sha256"]
-    doctor = run(venv_dllm, "doctor", "--json", env=home, check=False)
+    doctor = run(venv_dllm, "doctor", "--json", env=home, check=False, isolated=True)
     checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
     assert doctor.returncode == 0, doctor.stdout
     assert checks["environment"]["status"] == "pass", checks["environment"]
@@ -189,12 +193,12 @@ def test_air_gapped_install_from_a_served_mirror(work, mirror, served, uv_env, t
     make_wheel(drift_wheels, "dllm-fixture-a", "1.1")
     run(uv_binary(), "pip", "install", "--python", python, "--no-config", "--no-index",
         "--find-links", drift_wheels, "dllm-fixture-a==1.1", env=uv_env)  # fmt: skip
-    checked = run(venv_dllm, "env", "check", "--json", env=home, check=False)
+    checked = run(venv_dllm, "env", "check", "--json", env=home, check=False, isolated=True)
     assert checked.returncode == 1
     assert json.loads(checked.stdout)["mismatched"] == [
         {"name": "dllm-fixture-a", "expected": "1.0", "found": "1.1"}
     ]
-    doctor = run(venv_dllm, "doctor", "--json", env=home, check=False)
+    doctor = run(venv_dllm, "doctor", "--json", env=home, check=False, isolated=True)
     checks = {c["name"]: c for c in json.loads(doctor.stdout)["checks"]}
     assert doctor.returncode == 0
     assert checks["environment"]["status"] == "warn"
