@@ -90,7 +90,13 @@ def test_first_release_is_pinned_and_its_catalog_ships(cpu_bundle):
         assert any(entry.target.kind == "cpu" for entry in catalog.bundles)
         for entry in catalog.bundles:
             if entry.target == cpu_bundle.target:
-                assert entry.sha256 == cpu_bundle.sha256, (release, entry.file)
+                # A release never changes: new native sources or a new toolchain need a new
+                # release (docs/bundles.md, Releases), not an edit of this one.
+                assert entry.sha256 == cpu_bundle.sha256, (
+                    f"{release}: this checkout builds {cpu_bundle.sha256}, the release lists "
+                    f"{entry.sha256} for {entry.file}; if the native sources or the toolchain "
+                    "changed on purpose, cut a new release"
+                )
 
 
 def test_build_check_names_a_catalog_without_this_hosts_target(cli, tmp_path):
