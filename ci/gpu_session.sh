@@ -13,7 +13,9 @@
 # search1/search2 (longest context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an
 # allocator snapshot), packs (first-step compile overhead of the 1.7B / 8K shape in a fresh home,
 # cold and then with a compile-cache pack made from the cold run), repro (the sm90 bundle built
-# twice in fresh homes and folders: the two archives must be byte-identical), families (fla's
+# twice in fresh homes and folders: the two archives must be byte-identical), precompiled (a
+# bundle built here, installed in a fresh home: the op launches from an empty Triton cache
+# without compiling), families (fla's
 # chunk kernel against the torch reference, qwen3_8 training with fla, then the train_step
 # benchmark for qwen3_8 against HF Qwen3_5ForCausalLM and for nemotron_diffusion against our
 # decoder; needs fla: .whl/ holds flash_linear_attention and fla_core), speculative (DFlash vs
@@ -109,6 +111,9 @@ for stage in "$@"; do
       done
       sha256sum /tmp/repro/out*/dist/*.tar.zst | tee "$OUT/repro-sha256.txt"
       [ "$(cut -d' ' -f1 "$OUT/repro-sha256.txt" | sort -u | wc -l)" -eq 1 ] || { echo "NOT reproducible"; status=1; } ;;
+    precompiled) # the sm90 bundle built here carries the compiled Triton kernels: an empty cache compiles nothing
+      python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_bundle_triton_cache_gpu.py 2>&1 \
+          | tee "$OUT/gpu-tests-precompiled.log" | tail -5 || status=1 ;;
     families)
       [ -d .whl ] && python3 -m pip install -q --no-index --find-links .whl --no-deps \
         flash-linear-attention fla-core einops 2>&1 | tail -3

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import json
 import math
+import os
 
 import pytest
 import torch
@@ -325,3 +328,75 @@ def test_turbo_attention_needs_a_bundle_with_its_gpu_kernels(installed):
     assert "shipped Triton source" in require_attention_kernels(jit)
     flex = load_model(RunSpec, {"model": {"attention": "flex"}}, "test")
     assert "no kernel bundle needed" in require_attention_kernels(flex)
+
+
+# --- compiled Triton kernels in a bundle --------------------------------------------------------
+
+
+@contextlib.contextmanager
+def _selftest_that_compiles():
+    """Stand in for the GPU self-test: write one kernel entry into the Triton cache the build
+    hands it, through Triton's own cache manager (its real layout: absolute child paths)."""
+    import subprocess
+    from unittest import mock
+
+    real_run = subprocess.run
+
+    def run(command, *args, env=None, **kwargs):
+        if command[-2:] != ["--op", "block_diffusion_attention"]:
+            return real_run(command, *args, env=env, **kwargs)
+        from triton.runtime.cache import FileCacheManager
+
+        with mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": env["TRITON_CACHE_DIR"]}):
+            manager = FileCacheManager(KERNEL_KEY)
+            files = (("_fwd_kernel.cubin", b"\x7fELF-kernel"), ("_fwd_kernel.json", "{}"))
+            manager.put_group("_fwd_kernel.json", {n: manager.put(d, n) for n, d in files})
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    with mock.patch.object(subprocess, "run", run):
+        yield
+
+
+KERNEL_KEY = "k" * 52  # the shape of a Triton cache key
+
+
+def test_bundle_ships_compiled_triton_kernels_and_the_loader_seeds_triton_cache(
+    cpu_bundle, tmp_path, monkeypatch
+):
+    from triton.runtime.cache import FileCacheManager
+
+    from turbo_dllm.kernels.loader import load_bundle_op
+
+    with _selftest_that_compiles():
+        archive = _with_triton_op(cpu_bundle, tmp_path)
+    bundle = _install(archive, tmp_path, "v-triton-compiled").bundle
+    compiled = bundle.path / "triton" / "block_diffusion_attention" / "compiled" / KERNEL_KEY
+    group = json.loads((compiled / "__grp___fwd_kernel.json").read_text())
+    # No path of the build host in the bundle: the group names its files only.
+    assert group == {"child_paths": {n: n for n in ("_fwd_kernel.cubin", "_fwd_kernel.json")}}
+
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    assert load_bundle_op("block_diffusion_attention").seeded_kernels == 1
+    # Triton itself finds the kernel: every file its group lists exists in this cache.
+    found = FileCacheManager(KERNEL_KEY).get_group("_fwd_kernel.json")
+    assert found == {n: str(cache / KERNEL_KEY / n) for n in group["child_paths"]}
+    assert (cache / KERNEL_KEY / "_fwd_kernel.cubin").read_bytes() == b"\x7fELF-kernel"
+
+
+def test_loader_refuses_a_modified_compiled_kernel(cpu_bundle, tmp_path, monkeypatch):
+    from turbo_dllm.kernels.loader import load_bundle_op
+
+    with _selftest_that_compiles():
+        archive = _with_triton_op(cpu_bundle, tmp_path)
+    bundle = _install(archive, tmp_path, "v-triton-compiled-mod").bundle
+    cubin = (
+        bundle.path / "triton/block_diffusion_attention/compiled" / KERNEL_KEY / "_fwd_kernel.cubin"
+    )
+    cubin.chmod(0o644)
+    cubin.write_bytes(b"\x7fELF-other")
+    cache = tmp_path / "triton-cache"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
+    with pytest.raises(DllmError, match="does not match its bundle.json"):
+        load_bundle_op("block_diffusion_attention")
+    assert not cache.exists() or not any(cache.iterdir())  # nothing reached Triton's cache

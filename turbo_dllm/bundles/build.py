@@ -222,26 +222,38 @@ def check_build(
 
 def _pack_triton_op(op, staging: Path, *, verbose: bool) -> list[BundleFile]:
     """Copy a Triton op's sources to `triton/<op>/` (the first is its module) and, where this
-    host has a GPU, check the kernels against the reference (which also compiles them here)."""
+    host has a GPU, check the kernels against the reference; that compiles them, into a fresh
+    Triton cache whose entries ship as `triton/<op>/compiled/<key>/` (bundles/triton_cache.py),
+    so hosts of this target launch them without compiling."""
+    import os
     import subprocess
     import sys
 
+    from turbo_dllm.bundles.triton_cache import collect
+
     folder = staging / "triton" / op.name
     folder.mkdir(parents=True)
-    shipped = []
     for path in op.triton_source_paths():
         shutil.copyfile(path, folder / path.name)
-        relative = f"triton/{op.name}/{path.name}"
-        shipped.append(
-            BundleFile(
-                path=relative, sha256=sha256_file(staging / relative), size=path.stat().st_size
+    with tempfile.TemporaryDirectory(prefix=".dllm-triton-cache-") as cache:
+        command = [sys.executable, "-m", "turbo_dllm.kernels.selftest", "--op", op.name]
+        env = {**os.environ, "TRITON_CACHE_DIR": cache}
+        proc = subprocess.run(command, capture_output=not verbose, text=True, env=env)
+        if proc.returncode != 0:
+            raise DllmError(
+                f"the Triton op {op.name!r} failed its self-test: "
+                f"{(proc.stderr or '').strip()[-3000:]}",
+                hint="the kernels are wrong for this GPU/Triton; do not ship them",
             )
-        )
-    command = [sys.executable, "-m", "turbo_dllm.kernels.selftest", "--op", op.name]
-    proc = subprocess.run(command, capture_output=not verbose, text=True)
-    if proc.returncode != 0:
-        raise DllmError(
-            f"the Triton op {op.name!r} failed its self-test: {(proc.stderr or '').strip()[-3000:]}",
-            hint="the kernels are wrong for this GPU/Triton; do not ship them",
-        )
-    return shipped
+        for relative, data in collect(Path(cache)).items():
+            (folder / "compiled" / relative).parent.mkdir(parents=True, exist_ok=True)
+            (folder / "compiled" / relative).write_bytes(data)
+    sources = [f"triton/{op.name}/{path.name}" for path in op.triton_source_paths()]
+    compiled = sorted(
+        p.relative_to(staging).as_posix() for p in (folder / "compiled").rglob("*") if p.is_file()
+    )
+    return [
+        BundleFile(path=relative, sha256=sha256_file(staging / relative),
+                   size=(staging / relative).stat().st_size)
+        for relative in sources + compiled
+    ]  # fmt: skip

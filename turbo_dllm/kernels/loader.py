@@ -37,6 +37,7 @@ class LoadedOp:
     bundle_id: str
     sha256: str
     source: str | None = None  # a Triton op: the path of its module inside the bundle
+    seeded_kernels: int = 0  # a Triton op: compiled entries this process put into Triton's cache
 
 
 def install_command() -> str:
@@ -115,9 +116,11 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
         from turbo_dllm.kernels.triton_ops import import_triton_source
 
         module = import_triton_source(library, name, op.source_sha256)
+        seeded = _seed_compiled_kernels(bundle, name)
         return LoadedOp(
-            name, module.__name__, tuple(op.devices), bundle.bundle_id, bundle.sha256, str(library)
-        )
+            name, module.__name__, tuple(op.devices), bundle.bundle_id, bundle.sha256,
+            str(library), seeded,
+        )  # fmt: skip
     if not hasattr(getattr(torch.ops, op.namespace), name):
         try:
             torch.ops.load_library(str(library))
@@ -129,6 +132,28 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
             ) from None
     register_python_side(name, op.namespace)
     return LoadedOp(name, op.namespace, tuple(op.devices), bundle.bundle_id, bundle.sha256)
+
+
+def _seed_compiled_kernels(bundle: InstalledBundle, name: str) -> int:
+    """Hand the bundle's compiled Triton kernels of op `name` to this process's Triton cache
+    (bundles/triton_cache.py), every file checked against bundle.json first."""
+    from turbo_dllm.bundles.triton_cache import seed, triton_cache_dir
+    from turbo_dllm.fsutil import sha256_file
+
+    prefix = f"triton/{name}/compiled/"
+    entries = [f for f in bundle.manifest.files if f.path.startswith(prefix)]
+    for entry in entries:
+        path = bundle.path / entry.path
+        if not path.is_file() or sha256_file(path) != entry.sha256:
+            raise DllmError(
+                f"{path} does not match its bundle.json (damaged or modified after install)",
+                hint=f"dllm bundle verify; then {install_command()}",
+            )
+    if not entries:
+        return 0
+    cache = triton_cache_dir()
+    cache.mkdir(parents=True, exist_ok=True)
+    return seed(bundle.path / prefix, cache)
 
 
 def load_bundle_triton_op(name: str, store: BundleStore | None = None) -> tuple[str, str]:

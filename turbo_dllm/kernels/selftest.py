@@ -15,6 +15,7 @@ __all__ = [
     "compare_merge_attention_partials",
     "self_test",
     "self_test_triton",
+    "warm_block_diffusion_attention",
 ]
 
 
@@ -194,7 +195,53 @@ def self_test_triton(op: str, backend: str = "jit", tolerance: float = 3e-2) -> 
                 f"({errors})",
                 hint="the kernels are wrong for this GPU/Triton; do not ship them",
             )
-    return f"{op}: matches the reference on {torch.cuda.get_device_name()} (worst {worst})"
+    warmed = warm_block_diffusion_attention(backend)
+    return (
+        f"{op}: matches the reference on {torch.cuda.get_device_name()} (worst {worst}); "
+        f"{warmed} kernel variants compiled"
+    )
+
+
+def _bshd_as_bhsd(shape, *, contiguous: bool):
+    """A random (B, S, H, D) tensor seen as (B, H, S, D): the model's view, or a copy."""
+    import torch
+
+    x = torch.randn(shape, device="cuda", dtype=torch.bfloat16).transpose(1, 2)
+    return (x.contiguous() if contiguous else x).requires_grad_(True)
+
+
+def warm_block_diffusion_attention(backend: str = "jit") -> int:
+    """Launch forward and backward in every kernel variant training reaches (head dims 64 and
+    128; one doc row for the batch or one per row; grouped or plain heads; q/k/v contiguous or
+    as the model's (B, S, H, D) views; with and without a gradient through the lse), so the
+    compiled kernels a bundle ships (bundles/triton_cache.py) cover what runs. Returns the
+    number of variants launched."""
+    import itertools
+
+    import torch
+
+    from turbo_dllm.kernels.block_diffusion import (
+        block_diffusion_attention,
+        plan_block_diffusion_attention,
+    )
+
+    seq_len, heads = 256, 4
+    variants = itertools.product((64, 128), (1, 2), (1, 2), (False, True), (False, True))
+    count = 0
+    for head_dim, batch, group, model_layout, through_lse in variants:
+        meta = [t.cuda() for t in block_diffusion_tokens(seq_len, 32, batch, 100)]
+        plan = plan_block_diffusion_attention(*meta, *meta, backend=backend)
+
+        q, k, v = (
+            _bshd_as_bhsd((batch, 2 * seq_len, n, head_dim), contiguous=not model_layout)
+            for n in (heads, heads // group, heads // group)
+        )
+        out, lse = block_diffusion_attention(q, k, v, plan)
+        loss = out.float().sum() + (torch.nan_to_num(lse, neginf=0.0).sum() if through_lse else 0)
+        loss.backward()
+        count += 1
+    torch.cuda.synchronize()
+    return count
 
 
 def _main(argv: list[str] | None = None) -> int:

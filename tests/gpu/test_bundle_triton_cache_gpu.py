@@ -1,0 +1,65 @@
+"""A bundle built on a GPU host carries the Triton op's compiled kernels: a host with an empty
+Triton cache that installs it launches the op at a training shape without compiling anything
+(bundles/triton_cache.py; docs/bundles.md, Triton ops)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
+
+# A fresh process: the op from the bundle at the 1.7B shape's heads (16 query / 8 KV, head dim
+# 128), q/k/v as the model's (B, S, H, D) views, forward and backward; then the cache entries.
+PROBE = """
+import json, os, torch
+from pathlib import Path
+from turbo_dllm.kernels.block_diffusion import block_diffusion_attention, plan_block_diffusion_attention
+from turbo_dllm.kernels.loader import load_bundle_op
+from turbo_dllm.kernels.selftest import block_diffusion_tokens
+cache = Path(os.environ["TRITON_CACHE_DIR"])
+seeded = load_bundle_op("block_diffusion_attention").seeded_kernels
+before = sorted(p.name for p in cache.iterdir())
+meta = [t.cuda() for t in block_diffusion_tokens(1024, 32, 1, None)]
+plan = plan_block_diffusion_attention(*meta, *meta, backend="native")
+def view(heads):
+    x = torch.randn(1, 2048, heads, 128, device="cuda", dtype=torch.bfloat16)
+    return x.transpose(1, 2).requires_grad_(True)
+q, k, v = view(16), view(8), view(8)
+out, lse = block_diffusion_attention(q, k, v, plan)
+out.float().sum().backward()
+torch.cuda.synchronize()
+after = sorted(p.name for p in cache.iterdir())
+print(json.dumps({"seeded": seeded, "before": before, "after": after}))
+"""
+
+
+def test_installed_bundle_launches_its_kernels_without_compiling(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    home = os.environ.get("DLLM_GPU_TEST_HOME")
+    if home is None:  # build this host's bundle (self-test, compiled kernels) and install it
+        home = str(tmp_path / "home")
+        built = subprocess.run(
+            [sys.executable, "-m", "turbo_dllm", "bundle", "install", "--auto",
+             "--build", "missing", "--offline", "--json"],
+            env={**env, "DLLM_HOME": home}, capture_output=True, text=True, timeout=900,
+        )  # fmt: skip
+        assert built.returncode == 0, built.stderr[-3000:]
+    cache = tmp_path / "empty-triton-cache"
+    cache.mkdir()
+    probe = subprocess.run(
+        [sys.executable, "-c", PROBE],
+        env={**env, "DLLM_HOME": home, "TRITON_CACHE_DIR": str(cache)},
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert probe.returncode == 0, probe.stderr[-3000:]
+    report = json.loads(probe.stdout.strip().splitlines()[-1])
+    assert report["seeded"] > 0, "the bundle carries no compiled kernels"
+    new = sorted(set(report["after"]) - set(report["before"]))
+    assert not new, f"compiled at first launch despite the bundle: {new}"
