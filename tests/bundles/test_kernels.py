@@ -365,7 +365,7 @@ def test_bundle_ships_compiled_triton_kernels_and_the_loader_seeds_triton_cache(
 ):
     from triton.runtime.cache import FileCacheManager
 
-    from turbo_dllm.kernels.loader import load_bundle_op
+    from turbo_dllm.kernels.loader import seed_compiled_kernels
 
     with _selftest_that_compiles():
         archive = _with_triton_op(cpu_bundle, tmp_path)
@@ -377,7 +377,8 @@ def test_bundle_ships_compiled_triton_kernels_and_the_loader_seeds_triton_cache(
 
     cache = tmp_path / "triton-cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
-    assert load_bundle_op("block_diffusion_attention").seeded_kernels == 1
+    assert seed_compiled_kernels("block_diffusion_attention") == 1
+    assert seed_compiled_kernels("block_diffusion_attention") == 0  # already there: kept
     # Triton itself finds the kernel: every file its group lists exists in this cache.
     found = FileCacheManager(KERNEL_KEY).get_group("_fwd_kernel.json")
     assert found == {n: str(cache / KERNEL_KEY / n) for n in group["child_paths"]}
@@ -385,7 +386,7 @@ def test_bundle_ships_compiled_triton_kernels_and_the_loader_seeds_triton_cache(
 
 
 def test_loader_refuses_a_modified_compiled_kernel(cpu_bundle, tmp_path, monkeypatch):
-    from turbo_dllm.kernels.loader import load_bundle_op
+    from turbo_dllm.kernels.loader import seed_compiled_kernels
 
     with _selftest_that_compiles():
         archive = _with_triton_op(cpu_bundle, tmp_path)
@@ -398,5 +399,5 @@ def test_loader_refuses_a_modified_compiled_kernel(cpu_bundle, tmp_path, monkeyp
     cache = tmp_path / "triton-cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
     with pytest.raises(DllmError, match="does not match its bundle.json"):
-        load_bundle_op("block_diffusion_attention")
+        seed_compiled_kernels("block_diffusion_attention")
     assert not cache.exists() or not any(cache.iterdir())  # nothing reached Triton's cache

@@ -21,10 +21,10 @@ PROBE = """
 import json, os, torch
 from pathlib import Path
 from turbo_dllm.kernels.block_diffusion import block_diffusion_attention, plan_block_diffusion_attention
-from turbo_dllm.kernels.loader import load_bundle_op
+from turbo_dllm.kernels.loader import seed_compiled_kernels
 from turbo_dllm.kernels.selftest import block_diffusion_tokens
 cache = Path(os.environ["TRITON_CACHE_DIR"])
-seeded = load_bundle_op("block_diffusion_attention").seeded_kernels
+seeded = seed_compiled_kernels("block_diffusion_attention")  # what the first plan does
 before = sorted(p.name for p in cache.iterdir())
 meta = [t.cuda() for t in block_diffusion_tokens(1024, 32, 1, None)]
 plan = plan_block_diffusion_attention(*meta, *meta, backend="native")

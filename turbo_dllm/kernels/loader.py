@@ -23,6 +23,7 @@ __all__ = [
     "load_bundle_op",
     "load_bundle_triton_op",
     "process_fingerprint",
+    "seed_compiled_kernels",
 ]
 
 _LOCK = threading.Lock()
@@ -37,7 +38,6 @@ class LoadedOp:
     bundle_id: str
     sha256: str
     source: str | None = None  # a Triton op: the path of its module inside the bundle
-    seeded_kernels: int = 0  # a Triton op: compiled entries this process put into Triton's cache
 
 
 def install_command() -> str:
@@ -116,11 +116,9 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
         from turbo_dllm.kernels.triton_ops import import_triton_source
 
         module = import_triton_source(library, name, op.source_sha256)
-        seeded = _seed_compiled_kernels(bundle, name)
         return LoadedOp(
-            name, module.__name__, tuple(op.devices), bundle.bundle_id, bundle.sha256,
-            str(library), seeded,
-        )  # fmt: skip
+            name, module.__name__, tuple(op.devices), bundle.bundle_id, bundle.sha256, str(library)
+        )
     if not hasattr(getattr(torch.ops, op.namespace), name):
         try:
             torch.ops.load_library(str(library))
@@ -134,12 +132,16 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
     return LoadedOp(name, op.namespace, tuple(op.devices), bundle.bundle_id, bundle.sha256)
 
 
-def _seed_compiled_kernels(bundle: InstalledBundle, name: str) -> int:
-    """Hand the bundle's compiled Triton kernels of op `name` to this process's Triton cache
-    (bundles/triton_cache.py), every file checked against bundle.json first."""
+def seed_compiled_kernels(name: str, store: BundleStore | None = None) -> int:
+    """Hand the active bundle's compiled Triton kernels of op `name` to this process's Triton
+    cache (bundles/triton_cache.py), every file checked against bundle.json first; returns the
+    entries written. Called where the op is about to launch, not by checks (doctor loads ops
+    without touching any cache)."""
     from turbo_dllm.bundles.triton_cache import seed, triton_cache_dir
     from turbo_dllm.fsutil import sha256_file
 
+    load_bundle_op(name, store)  # the op's checks first
+    bundle = (store or BundleStore()).active()
     prefix = f"triton/{name}/compiled/"
     entries = [f for f in bundle.manifest.files if f.path.startswith(prefix)]
     for entry in entries:

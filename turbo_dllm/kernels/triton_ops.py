@@ -20,6 +20,7 @@ from turbo_dllm.errors import DllmError
 __all__ = ["import_triton_source", "triton_module"]
 
 _LOCK = threading.Lock()
+_SEEDED: set[str] = set()
 
 
 def import_triton_source(path: Path, op: str, source_sha256: str) -> ModuleType:
@@ -59,8 +60,13 @@ def triton_module(op: str, backend: str) -> ModuleType:
             raise DllmError(f"op {op!r} has no Triton source")
         return import_triton_source(native.triton_source_paths()[0], op, native.source_sha256())
     if backend == "native":
-        from turbo_dllm.kernels.loader import load_bundle_triton_op
+        from turbo_dllm.kernels.loader import load_bundle_triton_op, seed_compiled_kernels
 
         path, source_sha = load_bundle_triton_op(op)
-        return import_triton_source(Path(path), op, source_sha)
+        module = import_triton_source(Path(path), op, source_sha)
+        with _LOCK:
+            if op not in _SEEDED:  # once per process: the bundle's compiled kernels, if any
+                seed_compiled_kernels(op)
+                _SEEDED.add(op)
+        return module
     raise ValueError(f"unknown kernel backend {backend!r} (expected reference, native or jit)")
