@@ -10,7 +10,8 @@
 # DiffusionGemmaForBlockDiffusion; GEMMA_SEQ_LEN, default 8192; GEMMA_MODEL h200-bench or
 # h200-bench-hd256), flex-tune, attention (= attention-tests: the block-diffusion kernel's GPU
 # tests, then attention-bench: turbo vs flex vs causal SDPA; ATTN_FLAGS adds
-# benchmarks/attention.py flags, e.g. "--stream-lens 16384 --block-sizes 32 --sweep"), tests2
+# benchmarks/attention.py flags, e.g. "--stream-lens 16384 --block-sizes 32"), attention-sweep
+# (turbo's kernel variants timed, the winners written as $OUT/sm90_configs.json), tests2
 # (2-GPU tests), cp (CSBP vs CP throughput),
 # search1/search2 (longest context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an
 # allocator snapshot), packs (first-step compile overhead of the 1.7B / 8K shape in a fresh home,
@@ -92,6 +93,12 @@ for stage in "$@"; do
         python3 benchmarks/attention.py ${ATTN_FLAGS:-} --out "$OUT/attention.json" 2>&1 \
           | tee "$OUT/attention.log" | tail -45 || status=1
       fi ;;
+    attention-sweep) # ~3 min: every variant of turbo's three kernels at 2L 16K and 8K block 32
+      # (compiled in 8 processes first), the winners combined, then turbo / turbo-best / flex;
+      # sm90_configs.json in $OUT is the new defaults file (copy it to native/block_diffusion_attention/)
+      python3 benchmarks/attention.py --sweep --kernels turbo,flex ${ATTN_FLAGS:-} \
+          --out "$OUT/attention_sweep.json" --write-configs "$OUT/sm90_configs.json" 2>&1 \
+          | tee "$OUT/attention_sweep.log" | grep --line-buffered -vE "^\s*$|^warm " || status=1 ;;
     speculative) python3 benchmarks/speculative.py --out "$OUT/speculative.json" ${SPEC_FLAGS:-} \
           2>&1 | grep -v "Loading weights" | tee "$OUT/speculative.log" | tail -12 || status=1 ;;
     tests2) python3 -m pytest -q -p no:cacheprovider tests/distributed/test_csbp_gpu.py \

@@ -126,6 +126,26 @@ def _load_defaults() -> dict[int, KernelConfig]:
 SM90_CONFIGS = _load_defaults()
 
 
+# The loop and load variants (fields of one kernel; the tests apply each to all three at once).
+LOOP_VARIANTS = [
+    ("tl.range", dict(pipe=1)),
+    ("tl.range ws", dict(pipe=1, ws=1)),
+    ("runs", dict(runs=1)),
+    ("runs tl.range", dict(runs=1, pipe=1)),
+    ("head-major", dict(order=1)),
+    ("head-major runs tl.range", dict(order=1, runs=1, pipe=1)),
+    ("tma host", dict(tma=1)),
+    ("tma device", dict(tma=2)),
+]
+
+
+def everywhere(config: KernelConfig, **values: int) -> KernelConfig:
+    """`config` with the same fields set in all three kernels."""
+    for kernel in KERNELS:
+        config = config.with_part(kernel, **values)
+    return config
+
+
 def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
     """Per kernel, the variants `benchmarks/attention.py --sweep` times, each a change of that
     kernel's fields on the default (the kernels are timed apart, so the winners combine)."""
@@ -151,18 +171,8 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
             ("128x128 w8 s2", dict(m=128, n=128, warps=8, stages=2)),
         ],
     }
-    # The loop and load variants, each on the kernel's default tiles.
-    for kernel in KERNELS:
-        variants[kernel] += [
-            ("tl.range", dict(pipe=1)),
-            ("tl.range ws", dict(pipe=1, ws=1)),
-            ("runs", dict(runs=1)),
-            ("runs tl.range", dict(runs=1, pipe=1)),
-            ("head-major", dict(order=1)),
-            ("head-major runs tl.range", dict(order=1, runs=1, pipe=1)),
-            ("tma host", dict(tma=1)),
-            ("tma device", dict(tma=2)),
-        ]
+    for kernel in KERNELS:  # the loop and load variants, each on the kernel's default tiles
+        variants[kernel] += LOOP_VARIANTS
     if small:  # D = 64 has room for wider key tiles
         variants["fwd"].append(("128x128 w4 s3", dict(m=128, n=128, warps=4, stages=3)))
     return {

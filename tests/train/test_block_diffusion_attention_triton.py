@@ -37,12 +37,7 @@ from turbo_dllm.train.parallel.visibility import TokenSet, two_stream_tokens
 module = triton_module("block_diffusion_attention", "jit")
 TINY = module.KernelConfig(fwd_m=16, fwd_n=32, dkdv_m=32, dkdv_n=16, dq_m=16, dq_n=16)
 REAL = module.classify_tiles
-
-
-def everywhere(config, **values):  # the same loop/load variant in all three kernels
-    for kernel in module.KERNELS:
-        config = config.with_part(kernel, **values)
-    return config
+everywhere = module.everywhere
 
 
 def relabel(before, after):  # a corrupted (or over-cautious) tile classification
@@ -164,10 +159,9 @@ elif sys.argv[1] == "variants":
     gathered = TokenSet.from_positions(
         csbp.gathered_clean_positions, noisy=False, block_size=16, doc_ids=d)
     base = TINY
-    for label, values in [("tl.range", dict(pipe=1)), ("tl.range ws", dict(pipe=1, ws=1)),
-                          ("runs", dict(runs=1)), ("runs tl.range", dict(runs=1, pipe=1)),
-                          ("head-major", dict(order=1)), ("tma device", dict(tma=2)),
-                          ("head-major runs tl.range tma host", dict(order=1, runs=1, pipe=1, tma=1))]:
+    variants = [v for v in module.LOOP_VARIANTS if v[0] != "tma host"]  # (the default case has it)
+    variants.append(("head-major runs tl.range tma host", dict(order=1, runs=1, pipe=1, tma=1)))
+    for label, values in variants:
         TINY = everywhere(base, **values)
         results.append(run(f"{label}: stream", whole16, whole16, 4, 2, 64, 0, views=True))
         if "runs" in label:
@@ -254,7 +248,7 @@ def test_every_loop_and_load_variant_matches_the_reference():
     affine loops, head-major launch order, host and device TMA descriptors), forward and every
     gradient, in all three kernels at once."""
     results = _child("variants")
-    assert len(results) == 10
+    assert len(results) == 12
     for r in results:
         for part, e in r["errors"].items():
             assert e["rel"] < TOLERANCE and e["same_inf"] and not e["nan"], (r["case"], part, e)
