@@ -144,16 +144,10 @@ def _compile_in_parallel(args) -> None:
           f"{time.perf_counter() - tick:.0f} s", flush=True)  # fmt: skip
 
 
-def sweep(args) -> dict:
-    """Time every variant at every (2L, block) of the sweep; the winners; the defaults file."""
-    module = triton_module(OP, args.backend)
-    device = torch.device("cuda")
+def _time_jobs(module, args, jobs, base, device) -> list[dict]:
+    """Rows of every (kernel, variant, config) job at every sweep shape."""
     dim = args.head_dim
-    base = module.default_config(dim)
-    _compile_in_parallel(args)
-    jobs = _jobs(module, dim)
     rows: list[dict] = []
-    print(f"{'kernel':<6}{'variant':<28}{'2L':>7}{'blk':>5}{'ms':>9}{'TF/s':>7}{'vs dflt':>9}")
     for stream_len in args.sweep_lens:
         for block in args.sweep_blocks:
             x = _inputs(module, stream_len, block, args.tokens, args.heads, args.kv_heads, dim,
@@ -167,10 +161,9 @@ def sweep(args) -> dict:
                     run = _runner(module, kernel, x, config, base)
                     got = run()
                     if kernel not in reference:  # the default's output, for the check
-                        reference[kernel] = _runner(module, kernel, x, base, base)()
-                        default_ms[kernel] = _time_ms(
-                            _runner(module, kernel, x, base, base), args.repeats
-                        )
+                        default = _runner(module, kernel, x, base, base)
+                        reference[kernel] = default()
+                        default_ms[kernel] = _time_ms(default, args.repeats)
                     row["error"] = _error(got, reference[kernel])
                     row["ms"] = _time_ms(run, args.repeats)
                 except Exception as error:  # one failing variant must not hide the others
@@ -189,6 +182,41 @@ def sweep(args) -> dict:
                       f"{row['tflops']:>7.0f}{row['vs_default']:>9.3f}{flag}", flush=True)  # fmt: skip
             del x
             torch.cuda.empty_cache()
+    return rows
+
+
+def _combinations(module, rows, base) -> list[tuple[str, str, object]]:
+    """Per kernel, the best tile variant with the best loop/load variant (each must beat the
+    default on its own), as one more job: the single-change sweep cannot see that pair."""
+    loop_names = {name for name, _ in module.LOOP_VARIANTS}
+    jobs = []
+    for kernel in module.KERNELS:
+        mine = [r for r in rows if r["kernel"] == kernel]
+        tiles = pick_winners([r for r in mine if r["variant"] not in loop_names], base)
+        loops = pick_winners([r for r in mine if r["variant"] in loop_names], base)
+        if kernel not in tiles or kernel not in loops:
+            continue
+        tile, loop = tiles[kernel], loops[kernel]
+        if tile["mean_vs_default"] >= 1.0 or loop["mean_vs_default"] >= 1.0:
+            continue
+        values = dict(module.LOOP_VARIANTS)[loop["variant"]]
+        config = base.with_part(kernel, **tile["config"]).with_part(kernel, **values)
+        jobs.append((kernel, f"{tile['variant']} + {loop['variant']}", config))
+    return jobs
+
+
+def sweep(args) -> dict:
+    """Time every variant at every (2L, block) of the sweep; the winners; the defaults file."""
+    module = triton_module(OP, args.backend)
+    device = torch.device("cuda")
+    base = module.default_config(args.head_dim)
+    _compile_in_parallel(args)
+    print(f"{'kernel':<6}{'variant':<28}{'2L':>7}{'blk':>5}{'ms':>9}{'TF/s':>7}{'vs dflt':>9}")
+    rows = _time_jobs(module, args, _jobs(module, args.head_dim), base, device)
+    combined = _combinations(module, rows, base)
+    if combined:
+        print("combinations of each kernel's best tiles and best loop variant:", flush=True)
+        rows += _time_jobs(module, args, combined, base, device)
     winners = pick_winners(rows, base)
     best = base
     for kernel, entry in winners.items():

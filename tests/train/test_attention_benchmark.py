@@ -88,3 +88,27 @@ def test_sweep_defaults_file_is_what_the_op_loads():
     assert loaded == best and loaded.dkdv_runs == 1 and loaded.dkdv_warps == 4
     # The op's own defaults come from the shipped file.
     assert module.default_config(128).fwd_n == 128
+
+
+def test_sweep_times_the_best_tiles_with_the_best_loop_variant_together():
+    from turbo_dllm.kernels.triton_ops import triton_module
+
+    sweep = _sweep()
+    module = triton_module("block_diffusion_attention", "jit")
+    base = module.default_config(128)
+    variants = dict(module.sweep_variants(128)["fwd"])
+
+    def row(variant, ratio):
+        return {"kernel": "fwd", "variant": variant, "stream_len": 16384, "block_size": 32,
+                "config": variants[variant].part("fwd"), "ms": ratio, "vs_default": ratio,
+                "wrong": False}  # fmt: skip
+
+    rows = [row("128x64 w4 s3", 0.9), row("128x128 w8 s3", 0.95), row("runs tl.range", 0.8),
+            row("head-major", 0.85)]  # fmt: skip
+    ((kernel, name, config),) = sweep._combinations(module, rows, base)
+    assert (kernel, name) == ("fwd", "128x64 w4 s3 + runs tl.range")
+    part = config.part("fwd")
+    assert (part["n"], part["warps"], part["runs"], part["pipe"]) == (64, 4, 1, 1)
+    assert config.part("dq") == base.part("dq")
+    # Nothing to combine when either kind does not beat the default.
+    assert sweep._combinations(module, [row("128x64 w4 s3", 1.1), row("runs", 0.8)], base) == []
