@@ -8,7 +8,12 @@ lengths 2L = 8K, 16K, 32K and block sizes 16, 32, 64, with a batch that keeps to
 constant. Prints a table and writes JSON.
 
     python benchmarks/attention.py --out attention.json
-    python benchmarks/attention.py --stream-lens 16384 --block-sizes 32 --sweep   # turbo configs
+    python benchmarks/attention.py --sweep --out sweep.json --write-configs sm90_configs.json
+
+`--sweep` (benchmarks/attention_sweep.py) times every variant of each of turbo's kernels at
+2L = 16K and 8K, block 32 (or --stream-lens / --block-sizes), combines the winners, writes the
+defaults file the op ships (copy it to native/block_diffusion_attention/sm90_configs.json), then
+runs the table above for turbo (default), turbo-best (the winners) and flex at those shapes.
 
 Targets (issue 16): turbo fwd+bwd >= 1.3x FlexAttention and >= 450 useful TFLOP/s at 16K;
 forward >= 500.
@@ -17,6 +22,7 @@ forward >= 500.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 from pathlib import Path
@@ -25,8 +31,9 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+for path in (ROOT, ROOT / "benchmarks"):  # turbo_dllm, and attention_sweep next to this file
+    if str(path) not in sys.path:
+        sys.path.insert(0, str(path))
 
 from turbo_dllm.kernels.block_diffusion import (  # noqa: E402
     block_diffusion_attention,
@@ -108,8 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     # ran out of memory on the H200 at the third block size).
     torch._dynamo.config.recompile_limit = 256
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stream-lens", default="8192,16384,32768", help="2L values")
-    parser.add_argument("--block-sizes", default="16,32,64")
+    parser.add_argument("--stream-lens", default=None, help="2L values (default 8K,16K,32K)")
+    parser.add_argument("--block-sizes", default=None, help="default 16,32,64")
     parser.add_argument("--tokens", type=int, default=65536, help="batch * 2L per call")
     parser.add_argument("--heads", type=int, default=16)
     parser.add_argument("--kv-heads", type=int, default=8)
@@ -117,14 +124,47 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--kernels", default="turbo,flex,sdpa")
     parser.add_argument("--backend", default="jit", help="turbo's kernel backend: jit or native")
-    parser.add_argument("--sweep", action="store_true", help="also time turbo's other sm90 configs")
+    parser.add_argument("--sweep", action="store_true", help="time turbo's kernel variants first")
+    parser.add_argument("--sweep-jobs", type=int, default=8, help="processes compiling variants")
+    parser.add_argument("--sweep-compile-timeout", type=float, default=150.0)
+    parser.add_argument("--sweep-warm", default=None, help=argparse.SUPPRESS)  # worker i/N
+    parser.add_argument("--write-configs", type=Path, help="--sweep: the defaults file to write")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
+    if args.sweep:  # its own default shapes
+        args.stream_lens = args.stream_lens or "16384,8192"
+        args.block_sizes = args.block_sizes or "32"
+        args.sweep_lens = [int(x) for x in args.stream_lens.split(",")]
+        args.sweep_blocks = [int(x) for x in args.block_sizes.split(",")]
+    args.stream_lens = args.stream_lens or "8192,16384,32768"
+    args.block_sizes = args.block_sizes or "16,32,64"
     if not torch.cuda.is_available():
         print("benchmarks/attention.py needs a CUDA GPU", file=sys.stderr)
         return 2
+    if args.sweep_warm:
+        import attention_sweep
+
+        share, shares = (int(x) for x in args.sweep_warm.split("/"))
+        return attention_sweep.warm(args, share, shares)
     device = torch.device("cuda")
     kernels = args.kernels.split(",")
+    extra_configs, swept = [], None
+    if args.sweep:
+        import attention_sweep
+
+        swept = attention_sweep.sweep(args)
+        extra_configs.append(("turbo-best", swept["best"]))
+        if args.write_configs:
+            from turbo_dllm.kernels.triton_ops import triton_module
+
+            module = triton_module("block_diffusion_attention", args.backend)
+            source = (f"{torch.cuda.get_device_name()}, torch {torch.__version__}, "
+                      f"sweep at 2L {args.stream_lens} block {args.block_sizes}: "
+                      + "; ".join(swept["lines"]))  # fmt: skip
+            table = attention_sweep.defaults_file(module, swept["best"], args.head_dim, source)
+            args.write_configs.parent.mkdir(parents=True, exist_ok=True)
+            args.write_configs.write_text(json.dumps(table, indent=2) + "\n")
+            print(f"wrote {args.write_configs} (copy it to native/block_diffusion_attention/)")
     heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
     rows: list[dict] = []
     print(
@@ -148,13 +188,8 @@ def main(argv: list[str] | None = None) -> int:
             candidates: list[tuple[str, object]] = []
             if "turbo" in kernels:
                 candidates.append(("turbo", turbo_attend(layout, device, backend=args.backend)))
-                if args.sweep:
-                    from turbo_dllm.kernels.triton_ops import triton_module
-
-                    module = triton_module("block_diffusion_attention", args.backend)
-                    for i, config in enumerate(module.SM90_SWEEP[dim][1:], start=1):
-                        attend = turbo_attend(layout, device, config, args.backend)
-                        candidates.append((f"turbo-cfg{i}", attend))
+                for name, config in extra_configs:
+                    candidates.append((name, turbo_attend(layout, device, config, args.backend)))
             if "flex" in kernels:
                 candidates.append(("flex", flex_attend(layout, device)))
             if "turbo" in kernels and "flex" in kernels:
@@ -209,7 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps({"rows": rows, "summary": summary}, indent=2))
+        report = {"rows": rows, "summary": summary}
+        if swept is not None:
+            report["sweep"] = {"rows": swept["rows"], "winners": swept["winners"],
+                               "best": dataclasses.asdict(swept["best"])}  # fmt: skip
+        args.out.write_text(json.dumps(report, indent=2))
         print(f"wrote {args.out}")
     return 0
 

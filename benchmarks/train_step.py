@@ -77,14 +77,21 @@ FAMILY_DEFAULTS = {
 }
 
 
-def build_spec(args, on_gpu: bool, family: str | None = None, model: str | None = None) -> RunSpec:
+def build_spec(
+    args,
+    on_gpu: bool,
+    family: str | None = None,
+    model: str | None = None,
+    attention: str = "flex",
+) -> RunSpec:
+    """Our RunSpec; `attention` is ours on the GPU (flex or turbo; the CPU runs reference)."""
     family = family or args.family
     preset, tiny, objective, vocab = FAMILY_DEFAULTS.get(family, FAMILY_DEFAULTS["qwen3"])
     model_section = {
         "family": family,
         "from_config": model or args.model or (tiny if args.tiny else preset),
         "dtype": "bfloat16" if on_gpu else "float32",
-        "attention": "flex" if on_gpu else "reference",
+        "attention": attention if on_gpu else "reference",
     }
     objective_section = {"name": objective, "block_size": args.block_size}
     if family == "qwen3_8":
@@ -121,6 +128,10 @@ def build_spec(args, on_gpu: bool, family: str | None = None, model: str | None 
         "checkpoint": {"interval": None, "resume": "never"},
         "logging": {"console": False, "jsonl": False},
     }
+    if model_section["attention"] == "turbo":  # the bundle's op, or the same source (jit)
+        document["kernels"] = args.kernels
+    if getattr(args, "mlp_chunks", 1) > 1:
+        document["training"]["mlp_chunks"] = args.mlp_chunks
     return check(RunSpec.model_validate(document))
 
 
@@ -155,6 +166,10 @@ def summarize(name, times, flops_per_step, tokens_per_step, peak, device, extra=
 
 
 # ---------------------------------------------------------------------------------------------
+def _ours_name(attentions: list[str], index: int) -> str:
+    return "turbo-dllm" if len(attentions) == 1 else f"turbo-dllm ({attentions[index]})"
+
+
 def run_ours(spec: RunSpec, args, device, name: str = "turbo-dllm") -> tuple[dict, Trainer]:
     env = init_distributed()
     with tempfile.TemporaryDirectory() as run_dir:
@@ -186,6 +201,9 @@ def run_ours(spec: RunSpec, args, device, name: str = "turbo-dllm") -> tuple[dic
         {
             "compile": spec.training.compile,
             "attention": spec.model.attention,
+            "kernels": spec.kernels if spec.model.attention == "turbo" else None,
+            "activation_checkpointing": spec.training.activation_checkpointing,
+            "mlp_chunks": spec.training.mlp_chunks,
             "linear_attention": spec.model.linear_attention,
             "micro_batch": spec.training.micro_batch_size,
         },
@@ -278,8 +296,7 @@ def run_gemma_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
         vision_config=hf_dict.get("vision_config"),
         canvas_length=hf_dict["canvas_length"],
     )
-    del trainer.model, trainer.optimizer, trainer.scheduler  # free ours before building theirs
-    torch._dynamo.reset()
+    _free_ours(trainer)  # free ours before building theirs
     reset_memory(device)
     torch.manual_seed(0)
     with torch.device(device):
@@ -349,28 +366,76 @@ def run_gemma_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
     )
 
 
-def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
+# Baselines of the qwen3 families: transformers' model with the block-diffusion mask as HF takes it.
+# dense: the (2L x 2L) boolean mask as a 4-D attention_mask under sdpa; hf-flex: the same mask as
+# a FlexAttention BlockMask (ours, built once) under attn_implementation="flex_attention", the
+# whole model under torch.compile (the strongest configuration a careful HF user reaches).
+HF_BASELINES = {"dense": "hf-sdpa-dense-mask", "hf-flex": "hf-flex-compiled"}
+
+
+def _free_ours(trainer: Trainer) -> None:
+    """Drop our model and optimizer (once) so the baseline has the GPU's memory."""
+    for name in ("model", "optimizer", "scheduler"):
+        if hasattr(trainer, name):
+            delattr(trainer, name)
+    torch._dynamo.reset()
+
+
+def hf_block_diffusion_loss(model, objective, batch, diffusion, mask, device):
+    """Full logits over the 2L stream, cross-entropy on the scored (masked noisy) tokens."""
+    layout = diffusion.layout
+    positions = layout.positions(device).expand(diffusion.input_ids.shape[0], -1)
+    logits = model(
+        input_ids=diffusion.input_ids, attention_mask=mask, position_ids=positions
+    ).logits
+    hidden = logits.reshape(-1, logits.shape[-1]).index_select(0, diffusion.score_index).float()
+    if diffusion.exclude_index is not None:
+        hidden[:, diffusion.exclude_index] = float("-inf")
+    return (
+        F.cross_entropy(hidden, diffusion.targets, reduction="none") * diffusion.weights
+    ).sum() / max(objective.supervised_count(batch), 1)
+
+
+def hf_mask(kind: str, layout, rows: int, device, hybrid: bool = False):
+    """The block-diffusion mask in the form baseline `kind` hands transformers."""
+    if kind == "hf-flex":
+        from turbo_dllm.train.attention.backends import FlexAttention
+
+        return FlexAttention(compile=device.type == "cuda").prepare(layout, None, device)
+    mask = dense_mask(layout, device=device).expand(rows, -1, -1, -1)
+    if hybrid:  # per layer kind: the linear layers take no mask (they run causally)
+        mask = {"full_attention": mask, "linear_attention": None}
+    return mask
+
+
+def run_baseline(trainer: Trainer, spec: RunSpec, args, device, kind: str = "dense") -> dict:
     import transformers
 
     config_dict = trainer.model_config.to_hf_dict()
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     hybrid = spec.model.family == "qwen3_8"
+    if kind == "hf-flex" and hybrid:
+        return {"name": HF_BASELINES[kind], "error": "hf-flex is a qwen3 baseline"}
+    if kind == "hf-flex" and device.type != "cuda":  # checked on CPU by the loss test instead
+        return {"name": HF_BASELINES[kind], "error": "FlexAttention has no backward on CPU"}
     config_class = transformers.Qwen3_5TextConfig if hybrid else transformers.Qwen3Config
     hf_config = config_class(**{k: v for k, v in config_dict.items() if k != "architectures"})
-    del trainer.model, trainer.optimizer, trainer.scheduler  # free ours before building theirs
-    torch._dynamo.reset()
+    _free_ours(trainer)
     reset_memory(device)
     torch.manual_seed(0)
+    implementation = "flex_attention" if kind == "hf-flex" else "sdpa"
     with torch.device(device):
         model = transformers.AutoModelForCausalLM.from_config(
-            hf_config, attn_implementation="sdpa", dtype=dtype
+            hf_config, attn_implementation=implementation, dtype=dtype
         )
     model.train()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda" or None
     )
+    forward = torch.compile(model) if kind == "hf-flex" else model
     objective, loader = trainer.objective, trainer.loader
     samples = args.baseline_micro_batch or spec.training.micro_batch_size
+    masks: dict = {}
 
     def step(index: int) -> tuple[float, float]:
         from turbo_dllm.train.objectives import NoiseKey
@@ -384,19 +449,12 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
             pairs=allowed_pairs(layout) * diffusion.input_ids.shape[0],
         )
         diffusion = diffusion.to(device)
-        mask = dense_mask(layout, device=device).expand(diffusion.input_ids.shape[0], -1, -1, -1)
-        if hybrid:  # per layer kind: the linear layers take no mask (they run causally)
-            mask = {"full_attention": mask, "linear_attention": None}
-        positions = layout.positions(device).expand(diffusion.input_ids.shape[0], -1)
-        logits = model(
-            input_ids=diffusion.input_ids, attention_mask=mask, position_ids=positions
-        ).logits
-        hidden = logits.reshape(-1, logits.shape[-1]).index_select(0, diffusion.score_index).float()
-        if diffusion.exclude_index is not None:
-            hidden[:, diffusion.exclude_index] = float("-inf")
-        loss = (
-            F.cross_entropy(hidden, diffusion.targets, reduction="none") * diffusion.weights
-        ).sum() / max(objective.supervised_count(batch), 1)
+        rows = diffusion.input_ids.shape[0]
+        if (layout, rows) not in masks:  # one document per row: the same mask every step
+            masks[(layout, rows)] = hf_mask(kind, layout, rows, device, hybrid)
+        loss = hf_block_diffusion_loss(
+            forward, objective, batch, diffusion, masks[(layout, rows)], device
+        )
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -417,26 +475,30 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
                     times.append(time.perf_counter() - tick)
                     flops.append(f)
                 print(
-                    f"  baseline step {index}: {time.perf_counter() - tick:.3f} s, loss {loss:.3f}",
+                    f"  baseline {kind} step {index}: {time.perf_counter() - tick:.3f} s, "
+                    f"loss {loss:.3f}",
                     file=sys.stderr,
                 )
             break
         except torch.cuda.OutOfMemoryError:
             if attempt == 1:
                 return {
-                    "name": "hf-sdpa-dense-mask",
+                    "name": HF_BASELINES[kind],
                     "error": "out of memory even with checkpointing",
                 }
             print(
-                "  baseline ran out of memory; retrying with gradient checkpointing",
+                f"  baseline {kind} ran out of memory; retrying with gradient checkpointing",
                 file=sys.stderr,
             )
             optimizer.zero_grad(set_to_none=True)
             model.gradient_checkpointing_enable()
             checkpointing = True
+            if kind == "hf-flex":  # the compiled graph was traced without checkpointing
+                torch._dynamo.reset()
+                forward = torch.compile(model)
     tokens = samples * spec.data.seq_len
     return summarize(
-        "hf-qwen3_5-sdpa" if hybrid else "hf-sdpa-dense-mask",
+        "hf-qwen3_5-sdpa" if hybrid else HF_BASELINES[kind],
         times,
         sum(flops) / len(flops),
         tokens,
@@ -445,6 +507,8 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
         {
             "gradient_checkpointing": checkpointing,
             "micro_batch": samples,
+            "attn_implementation": implementation,
+            "torch_compile": kind == "hf-flex",
             # transformers runs its Gated DeltaNet layers with fla when it is installed.
             **({"linear_kernel": "fla" if _has_fla() else "torch"} if hybrid else {}),
         },
@@ -460,8 +524,7 @@ def _has_fla() -> bool:
 def run_decoder_twin(trainer: Trainer, spec: RunSpec, args, device) -> dict:
     """Our decoder family (`causal_lm`) with the same shapes as the Nemotron model trained."""
     decoder = trainer.model_config._as_decoder().to_hf_dict()
-    del trainer.model, trainer.optimizer, trainer.scheduler
-    torch._dynamo.reset()
+    _free_ours(trainer)
     reset_memory(device)
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "config.json"
@@ -498,6 +561,108 @@ def _fla_trains_here() -> bool:
     if problem:
         print(f"{problem}: timing linear_attention torch instead", file=sys.stderr)
     return problem is None
+
+
+def context_search(args, argv) -> int:
+    """The longest L of --context-search that trains one step, per attention of --attention.
+
+    One document per sequence (the synthetic data has no document boundaries), so attention is
+    quadratic in L, as users train; activation checkpointing and --mlp-chunks as given. Each probe
+    is this script in a fresh process (an out-of-memory cannot poison the next one), ours only,
+    one cold step (compile included); lengths ascend and a kind stops at its first failure, or
+    when the next probe (the last one's start-up plus its step scaled by (L'/L)^2) would pass its
+    share of --search-budget-s (each probe is also killed at that share's end).
+    """
+    import subprocess
+
+    lengths = sorted(int(x) for x in args.context_search.split(","))
+    attentions = args.attention.split(",")
+    share = args.search_budget_s / len(attentions)
+    common = ["--no-baseline", "--steps", "1", "--warmup", "0", "--family", args.family]
+    common += ["--block-size", str(args.block_size), "--kernels", args.kernels]
+    common += ["--mlp-chunks", str(args.mlp_chunks)]
+    for flag, on in (("--tiny", args.tiny), ("--no-compile", args.no_compile)):
+        common += [flag] if on else []
+    common += ["--activation-checkpointing"] if args.activation_checkpointing else []
+    common += ["--model", args.model] if args.model else []
+    found: dict[str, dict] = {}
+    for attention in attentions:
+        start, last, probes = time.perf_counter(), None, []
+        for length in lengths:
+            spent = time.perf_counter() - start
+            if last is not None:
+                # start-up as measured, the step scaled like the quadratic attention
+                step = last["step_time_s"]
+                estimate = last["wall_s"] - step + step * (length / last["seq_len"]) ** 2
+                if spent + estimate > share:
+                    print(
+                        f"  {attention} L={length}: not tried (~{estimate:.0f} s, "
+                        f"{share - spent:.0f} s of the budget left)",
+                        file=sys.stderr,
+                    )
+                    probes.append({"seq_len": length, "outcome": "not tried (budget)"})
+                    break
+            with tempfile.TemporaryDirectory() as folder:
+                out = Path(folder) / "probe.json"
+                command = [sys.executable, str(Path(__file__).resolve()), *common]
+                command += ["--attention", attention, "--seq-len", str(length), "--out", str(out)]
+                tick = time.perf_counter()
+                try:
+                    done = subprocess.run(
+                        command,
+                        capture_output=True,
+                        text=True,
+                        timeout=max(60.0, share - spent),
+                    )
+                    failed, log = done.returncode != 0, done.stderr + done.stdout
+                except subprocess.TimeoutExpired:
+                    failed, log = True, "timeout"
+                wall = time.perf_counter() - tick
+                probe = {"seq_len": length, "wall_s": wall}
+                if not failed:
+                    row = json.loads(out.read_text())["results"][0]
+                    probe |= {"outcome": "trains", "step_time_s": row["step_time_s"],
+                              "peak_memory_gb": row["peak_memory_gb"]}  # fmt: skip
+                elif log == "timeout":
+                    probe["outcome"] = "timeout (budget)"
+                elif "out of memory" in log.lower() or "OutOfMemoryError" in log:
+                    probe["outcome"] = "out of memory"
+                else:
+                    probe |= {"outcome": "error", "log_tail": log[-1500:]}
+            probes.append(probe)
+            mem = probe.get("peak_memory_gb")
+            print(
+                f"  {attention} L={length}: {probe['outcome']} in {wall:.0f} s"
+                + (f", peak {mem:.1f} GB" if mem else ""),
+                file=sys.stderr,
+            )
+            if probe["outcome"] != "trains":
+                break
+            last = probe
+        fits = [p["seq_len"] for p in probes if p["outcome"] == "trains"]
+        found[attention] = {"longest": max(fits) if fits else None, "probes": probes}
+    kind = "one document per sequence (attention quadratic in L)"
+    print(f"\nlongest L that trains one step, {kind}:")
+    for attention, entry in found.items():
+        print(f"  {attention:6} {entry['longest']}")
+    if args.out:
+        report = {
+            "benchmark": "train_step context search",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "device": torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu",
+            "kind": kind,
+            "family": args.family,
+            "model": args.model,
+            "block_size": args.block_size,
+            "activation_checkpointing": args.activation_checkpointing,
+            "mlp_chunks": args.mlp_chunks,
+            "compile": not args.no_compile,
+            "budget_s": args.search_budget_s,
+            "found": found,
+        }
+        args.out.write_text(json.dumps(report, indent=2) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+    return 0
 
 
 def main(argv=None) -> int:
@@ -537,6 +702,39 @@ def main(argv=None) -> int:
     parser.add_argument("--activation-checkpointing", action="store_true")
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument(
+        "--attention",
+        default="flex",
+        help="our attention on the GPU: flex, turbo, or both comma-separated (each timed in "
+        "turn, the first compared with the baselines; the CPU runs reference)",
+    )
+    parser.add_argument(
+        "--kernels",
+        choices=("jit", "native"),
+        default="jit",
+        help="where turbo's Triton op comes from: jit (the shipped source, no bundle needed) or "
+        "native (the installed bundle's copy of the same source)",
+    )
+    parser.add_argument(
+        "--baselines",
+        default="dense",
+        help="qwen3 baselines, comma-separated: dense (HF sdpa + dense 2L mask), hf-flex (HF "
+        "flex_attention + our BlockMask, torch.compile)",
+    )
+    parser.add_argument("--mlp-chunks", type=int, default=1, help="training.mlp_chunks")
+    parser.add_argument(
+        "--context-search",
+        default=None,
+        metavar="L,L,...",
+        help="instead: the longest of these L that trains one step (one document per sequence),"
+        " each probe a fresh process; see context_search()",
+    )
+    parser.add_argument(
+        "--search-budget-s",
+        type=float,
+        default=120.0,
+        help="--context-search: stop probing once the next probe would likely pass this",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument(
         "--profile", type=Path, default=None, help="profile two extra steps; kernel table here"
@@ -566,27 +764,49 @@ def main(argv=None) -> int:
     ):
         parser.error("--baseline-micro-batch must be between 1 and --micro-batch")
 
+    attentions = args.attention.split(",")
+    baselines = [] if args.no_baseline else args.baselines.split(",")
+    if bad := [a for a in attentions if a not in ("flex", "turbo")]:
+        parser.error(f"--attention takes flex and/or turbo, not {','.join(bad)}")
+    if bad := [b for b in baselines if b not in HF_BASELINES]:
+        parser.error(f"--baselines takes {', '.join(HF_BASELINES)}, not {','.join(bad)}")
+    if args.context_search:
+        return context_search(args, argv)
+
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
-    spec = build_spec(args, on_gpu)
+    specs = [build_spec(args, on_gpu, attention=a) for a in attentions]
+    if not on_gpu and "turbo" in attentions:  # validated above; the Triton op needs CUDA
+        check(RunSpec.model_validate(specs[0].model_dump(mode="json") | {"kernels": args.kernels}))
+        print("turbo runs on a CUDA GPU: timing model.attention reference here", file=sys.stderr)
+    spec = specs[0]
     print(
         f"{args.family} model {spec.model.from_config}, L={args.seq_len}, B={args.block_size}, "
         f"micro-batch {args.micro_batch}, {device}",
         file=sys.stderr,
     )
-    ours, trainer = run_ours(spec, args, device)
+    ours, trainer = run_ours(spec, args, device, name=_ours_name(attentions, 0))
+    extra = []
+    for i, other in enumerate(specs[1:], start=1):  # ours again with the other attention
+        _free_ours(trainer)
+        reset_memory(device)
+        result, trainer = run_ours(other, args, device, name=_ours_name(attentions, i))
+        extra.append(result)
     gemm = grouped_gemm_in_use(trainer, device)
     if gemm is not None:
         ours["grouped_gemm"] = gemm
         print(f"experts' grouped GEMM: {gemm}", file=sys.stderr)
-    results = [ours]
+    results = [ours, *extra]
     if not args.no_baseline:
-        baseline = {
-            "nemotron_diffusion": run_decoder_twin,
-            "diffusion_gemma": run_gemma_baseline,
-        }.get(args.family, run_baseline)
-        results.append(baseline(trainer, spec, args, device))
-
+        if args.family in ("nemotron_diffusion", "diffusion_gemma"):
+            baseline = {
+                "nemotron_diffusion": run_decoder_twin,
+                "diffusion_gemma": run_gemma_baseline,
+            }[args.family]
+            results.append(baseline(trainer, spec, args, device))
+        else:
+            for kind in baselines:
+                results.append(run_baseline(trainer, spec, args, device, kind))
     print(
         f"\n{'':34} {'mb':>3} {'step s':>8} {'tokens/s':>10} {'TFLOP/s':>8} {'MFU':>6} {'mem GB':>7}"
     )
@@ -600,10 +820,15 @@ def main(argv=None) -> int:
             f"{r['name']:34} {r['micro_batch']:3} {r['step_time_s']:8.3f} {r['tokens_per_s']:10,.0f} "
             f"{r['tflops_per_s']:8.1f} {mfu:>6} {mem:>7}"
         )
-    speedup = None
-    if len(results) == 2 and "error" not in results[1]:
-        speedup = results[0]["tokens_per_s"] / results[1]["tokens_per_s"]
-        print(f"\nspeedup over the baseline: {speedup:.2f}x")
+    speedup, speedups = None, {}
+    for other in results[1:]:  # ours (the first attention) against every other row
+        if "error" not in other and "error" not in results[0]:
+            speedups[other["name"]] = results[0]["tokens_per_s"] / other["tokens_per_s"]
+            print(f"{results[0]['name']} / {other['name']}: {speedups[other['name']]:.2f}x")
+    if len(results) > len(attentions):  # the first baseline, as before
+        speedup = speedups.get(results[len(attentions)]["name"])
+        if speedup is not None:
+            print(f"\nspeedup over the baseline: {speedup:.2f}x")
     if args.out:
         report = {
             "benchmark": "train_step",
@@ -618,6 +843,7 @@ def main(argv=None) -> int:
             "inductor": args.inductor,
             "results": results,
             "speedup": speedup,
+            "speedups": speedups,
         }
         args.out.write_text(json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)

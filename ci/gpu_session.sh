@@ -3,12 +3,15 @@
 # Stages: deps, qualify (sm90 bundle build/install + op tests), tests (tests/gpu), tests-train (the
 # loss, trainer and TP GPU tests: all of tests/gpu but the native-merge ones), tests-tp, train
 # (train_step benchmark), train-best (ours at micro-batch 2 against the baseline at 1), train-mb2,
-# train-exp (profile + variants), tests-gemma (DiffusionGemma GPU tests: grouped GEMM vs loop,
+# train-exp (profile + variants), train-turbo (ours with model.attention turbo vs HF dense and
+# HF flex_attention + torch.compile at 8K; 32K with AC, turbo vs flex), context-1doc (longest
+# one-document context, turbo and flex), tests-gemma (DiffusionGemma GPU tests: grouped GEMM vs loop,
 # flex training), train-gemma (train_step --family diffusion_gemma against HF's
 # DiffusionGemmaForBlockDiffusion; GEMMA_SEQ_LEN, default 8192; GEMMA_MODEL h200-bench or
 # h200-bench-hd256), flex-tune, attention (= attention-tests: the block-diffusion kernel's GPU
 # tests, then attention-bench: turbo vs flex vs causal SDPA; ATTN_FLAGS adds
-# benchmarks/attention.py flags, e.g. "--stream-lens 16384 --block-sizes 32 --sweep"), tests2
+# benchmarks/attention.py flags, e.g. "--stream-lens 16384 --block-sizes 32"), attention-sweep
+# (turbo's kernel variants timed, the winners written as $OUT/sm90_configs.json), tests2
 # (2-GPU tests), cp (CSBP vs CP throughput),
 # search1/search2 (longest context on 1/2 GPUs; needs 2 GPUs), snap (one probe trial with an
 # allocator snapshot), packs (first-step compile overhead of the 1.7B / 8K shape in a fresh home,
@@ -56,6 +59,20 @@ for stage in "$@"; do
     train-best) # each side at its best micro-batch on one H200 (the baseline's 2 needs ~170 GB)
       python3 benchmarks/train_step.py --micro-batch 2 --baseline-micro-batch 1 --out "$OUT/train_step_best.json" \
           2>&1 | tee "$OUT/train_step_best.log" | tail -6 || status=1 ;;
+    train-turbo) # ~4 min: ours with turbo (kernels: jit, the bundle's source) against both HF
+      # baselines at 8K, then 32K with activation checkpointing, ours turbo vs flex (HF OOMs there)
+      python3 benchmarks/train_step.py --attention turbo --baselines dense,hf-flex --steps 5 --warmup 2 \
+          --out "$OUT/train_step_turbo.json" 2>&1 | tee "$OUT/train_step_turbo.log" \
+          | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|^hf-|speedup|out of memory|rror" || status=1
+      python3 benchmarks/train_step.py --seq-len 32768 --activation-checkpointing --attention turbo,flex \
+          --no-baseline --steps 3 --warmup 1 --out "$OUT/train_step_turbo_32k.json" 2>&1 \
+          | tee "$OUT/train_step_turbo_32k.log" | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|MFU|rror" || status=1 ;;
+    context-1doc) # ~4 min (SEARCH_BUDGET_S, split between turbo and flex): the longest L that
+      # trains one step with one document per sequence, AC on, MLP chunks 4
+      python3 benchmarks/train_step.py --context-search "${CONTEXT_LENS:-65536,98304,131072,196608}" \
+          --attention turbo,flex --activation-checkpointing --mlp-chunks 4 --no-compile \
+          --search-budget-s "${SEARCH_BUDGET_S:-240}" --out "$OUT/context_1doc.json" 2>&1 \
+          | tee "$OUT/context_1doc.log" | grep --line-buffered -E "L=|longest|^  (turbo|flex)" || status=1 ;;
     train-mb2) python3 benchmarks/train_step.py --micro-batch 2 --no-baseline --out "$OUT/train_step_mb2.json" 2>&1 | tee "$OUT/train_step_mb2.log" | tail -6 || status=1 ;;
     train-exp) # where the step's time goes, and the variants worth trying (ours only)
       python3 benchmarks/train_step.py --no-baseline --profile "$OUT/train_profile.txt" \
@@ -78,6 +95,12 @@ for stage in "$@"; do
         python3 benchmarks/attention.py ${ATTN_FLAGS:-} --out "$OUT/attention.json" 2>&1 \
           | tee "$OUT/attention.log" | tail -45 || status=1
       fi ;;
+    attention-sweep) # ~3 min: every variant of turbo's three kernels at 2L 16K and 8K block 32
+      # (compiled in 8 processes first), the winners combined, then turbo / turbo-best / flex;
+      # sm90_configs.json in $OUT is the new defaults file (copy it to native/block_diffusion_attention/)
+      python3 benchmarks/attention.py --sweep --kernels turbo,flex ${ATTN_FLAGS:-} \
+          --out "$OUT/attention_sweep.json" --write-configs "$OUT/sm90_configs.json" 2>&1 \
+          | tee "$OUT/attention_sweep.log" | grep --line-buffered -vE "^\s*$|^warm " || status=1 ;;
     speculative) python3 benchmarks/speculative.py --out "$OUT/speculative.json" ${SPEC_FLAGS:-} \
           2>&1 | grep -v "Loading weights" | tee "$OUT/speculative.log" | tail -12 || status=1 ;;
     tests2) python3 -m pytest -q -p no:cacheprovider tests/distributed/test_csbp_gpu.py \

@@ -27,8 +27,10 @@ copy; nothing here imports turbo_dllm.
 
 from __future__ import annotations
 
+import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
 
 import torch
 import triton
@@ -41,49 +43,152 @@ EMPTY, PARTIAL, FULL = 0, 1, 2
 
 
 # --- tile configurations (a small fixed set for sm90; no autotuning at run time) ------------
+KERNELS = ("fwd", "dkdv", "dq")
+
+
 @dataclass(frozen=True)
 class KernelConfig:
-    """Tile shapes, warps and pipeline depth of the three kernels."""
+    """Tiles, warps, pipelining and loads of the three kernels (fwd, dkdv, dq), each with:
+
+    m, n: query and key tile sizes; warps; stages: the kernel's pipeline depth.
+    pipe: 0 plain loops (the compiler pipelines the loads that feed dots), 1 `tl.range(...,
+      num_stages=stages)` loops, which pipeline the tile-index and metadata loads too.
+    ws: warp-specialise the full-tile loop (`tl.range(..., warp_specialize=True)`; pipe 1).
+    runs: walk the full tiles as contiguous runs of affine loops (start tile, length) instead
+      of one indirectly indexed list (the mask's full tiles are ranges of tiles).
+    tma: full-tile loads through the tensor memory accelerator: 0 pointer loads, 1 host-side
+      descriptors (4-D boxes), 2 device-side `tl.make_tensor_descriptor` (2-D, per head).
+    order: launch order: 0 heads innermost (the heaviest tiles of every head first), 1 head by
+      head (each head's tiles heaviest first; the programs running together share K/V in L2).
+
+    Every field is an int (flags 0/1) so the torch op passes the config as a list of ints.
+    """
 
     fwd_m: int = 128
     fwd_n: int = 64
     fwd_warps: int = 8
     fwd_stages: int = 3
+    fwd_pipe: int = 0
+    fwd_ws: int = 0
+    fwd_runs: int = 0
+    fwd_tma: int = 0
+    fwd_order: int = 0
     dkdv_m: int = 64
     dkdv_n: int = 128
     dkdv_warps: int = 8
     dkdv_stages: int = 2
+    dkdv_pipe: int = 0
+    dkdv_ws: int = 0
+    dkdv_runs: int = 0
+    dkdv_tma: int = 0
+    dkdv_order: int = 0
     dq_m: int = 128
     dq_n: int = 64
     dq_warps: int = 8
     dq_stages: int = 2
-    # Full tiles through the bulk tensor copy engine (host-side descriptors); partial tiles keep
-    # bounds-checked pointer loads. Off by default until timed on the H200 (`--sweep`).
-    tma: bool = False
+    dq_pipe: int = 0
+    dq_ws: int = 0
+    dq_runs: int = 0
+    dq_tma: int = 0
+    dq_order: int = 0
+
+    def part(self, kernel: str) -> dict[str, int]:
+        """One kernel's fields without its prefix: {'m': ..., 'n': ..., 'warps': ...}."""
+        prefix = kernel + "_"
+        return {
+            f.name[len(prefix) :]: getattr(self, f.name)
+            for f in fields(self)
+            if f.name.startswith(prefix)
+        }
+
+    def with_part(self, kernel: str, **values: int) -> KernelConfig:
+        return replace(self, **{f"{kernel}_{name}": value for name, value in values.items()})
+
+    def to_ints(self) -> list[int]:
+        return [int(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def from_ints(cls, ints) -> KernelConfig:
+        return cls(*(int(x) for x in ints))
 
 
-SM90_CONFIGS = {
-    64: KernelConfig(fwd_n=128, fwd_stages=3),
-    # Timed on the H200 (2026-12-01, 2L = 16K, block 32, H 16 / Hkv 8): 128 x 128 forward tiles
-    # in 2 stages ran the forward in 6.79 ms against 7.24 ms for 128 x 64 in 3.
-    128: KernelConfig(fwd_n=128, fwd_stages=2),
-}
+# The defaults per head dim: sm90_configs.json next to this file (shipped with it, under the
+# op's source hash), written from a sweep on the H200 (`benchmarks/attention.py --sweep` writes
+# the file; the lead copies it here). Fields it does not name keep the dataclass defaults.
+_DEFAULTS_FILE = Path(__file__).with_name("sm90_configs.json")
 
-# Candidates the benchmark may compare (`--sweep`); the first entry per head dim is the default.
-SM90_SWEEP = {
-    64: [
-        SM90_CONFIGS[64],
-        KernelConfig(fwd_n=128, fwd_stages=3, tma=True),
-        KernelConfig(fwd_n=64, fwd_stages=4),
-        KernelConfig(fwd_n=128, fwd_stages=2, dkdv_m=32, dq_n=32, dkdv_stages=3, dq_stages=3),
-    ],
-    128: [
-        SM90_CONFIGS[128],
-        KernelConfig(fwd_n=64, fwd_stages=3, tma=True),
-        KernelConfig(fwd_n=64, fwd_stages=3),
-        KernelConfig(fwd_n=64, fwd_stages=2, dkdv_m=64, dkdv_n=64, dq_n=32, dq_stages=3),
-    ],
-}
+
+def _load_defaults() -> dict[int, KernelConfig]:
+    table = json.loads(_DEFAULTS_FILE.read_text())["configs"]
+    return {int(dim): KernelConfig(**values) for dim, values in table.items()}
+
+
+SM90_CONFIGS = _load_defaults()
+
+
+# The loop and load variants (fields of one kernel; the tests apply each to all three at once).
+LOOP_VARIANTS = [
+    ("tl.range", dict(pipe=1)),
+    ("tl.range ws", dict(pipe=1, ws=1)),
+    ("runs", dict(runs=1)),
+    ("runs tl.range", dict(runs=1, pipe=1)),
+    ("head-major", dict(order=1)),
+    ("head-major runs tl.range", dict(order=1, runs=1, pipe=1)),
+    ("tma host", dict(tma=1)),
+    ("tma device", dict(tma=2)),
+]
+
+
+def everywhere(config: KernelConfig, **values: int) -> KernelConfig:
+    """`config` with the same fields set in all three kernels."""
+    for kernel in KERNELS:
+        config = config.with_part(kernel, **values)
+    return config
+
+
+def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
+    """Per kernel, the variants `benchmarks/attention.py --sweep` times, each a change of that
+    kernel's fields on the default (the kernels are timed apart, so the winners combine)."""
+    base = default_config(head_dim)
+    small = head_dim <= 64
+    variants: dict[str, list[tuple[str, dict]]] = {
+        "fwd": [
+            ("128x128 w8 s2", dict(m=128, n=128, warps=8, stages=2)),
+            ("128x64 w8 s3", dict(m=128, n=64, warps=8, stages=3)),
+            ("128x64 w4 s3", dict(m=128, n=64, warps=4, stages=3)),
+            ("128x128 w8 s3", dict(m=128, n=128, warps=8, stages=3)),
+        ],
+        "dkdv": [
+            ("64x128 w8 s2", dict(m=64, n=128, warps=8, stages=2)),
+            ("64x128 w8 s3", dict(m=64, n=128, warps=8, stages=3)),
+            ("64x128 w4 s2", dict(m=64, n=128, warps=4, stages=2)),
+            ("128x128 w8 s2", dict(m=128, n=128, warps=8, stages=2)),
+        ],
+        "dq": [
+            ("128x64 w8 s2", dict(m=128, n=64, warps=8, stages=2)),
+            ("128x64 w8 s3", dict(m=128, n=64, warps=8, stages=3)),
+            ("128x64 w4 s2", dict(m=128, n=64, warps=4, stages=2)),
+            ("128x128 w8 s2", dict(m=128, n=128, warps=8, stages=2)),
+        ],
+    }
+    for kernel in KERNELS:  # the loop and load variants, each on the kernel's default tiles
+        variants[kernel] += LOOP_VARIANTS
+    if small:  # D = 64 has room for wider key tiles
+        variants["fwd"].append(("128x128 w4 s3", dict(m=128, n=128, warps=4, stages=3)))
+    return {
+        kernel: [(name, base.with_part(kernel, **change)) for name, change in entries]
+        for kernel, entries in variants.items()
+    }
+
+
+def sweep_configs(head_dim: int) -> list[KernelConfig]:
+    """The default, then every distinct variant of `sweep_variants` (tests run them all)."""
+    seen = [default_config(head_dim)]
+    for entries in sweep_variants(head_dim).values():
+        for _, config in entries:
+            if config not in seen:
+                seen.append(config)
+    return seen
 
 
 def default_config(head_dim: int) -> KernelConfig:
@@ -162,12 +267,35 @@ class TileLists:
     """Per (batch, row tile): the column tiles to visit, full ones first, and how many of each.
 
     order (B, R): row tiles heaviest first (the launch order); index (B, R, C) int32; count
-    (B, R, 2) int32 = (full, partial).
+    (B, R, 3) int32 = (full, partial, runs); runs (B, R, C, 2) int32: the full tiles as
+    contiguous runs (first tile, length), `count[..., 2]` of them.
     """
 
     order: torch.Tensor
     index: torch.Tensor
     count: torch.Tensor
+    runs: torch.Tensor
+
+
+def _full_runs(index: torch.Tensor, full: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The full tiles (the first `full` of each row of `index`, ascending) as runs of
+    consecutive tiles: (runs (B, R, C, 2) = (first tile, length), number of runs (B, R))."""
+    cols = index.shape[-1]
+    j = torch.arange(cols, device=index.device)
+    is_full = j < full[..., None]
+    step = torch.ones_like(index, dtype=torch.bool)
+    step[..., 1:] = index[..., 1:] != index[..., :-1] + 1
+    starts = is_full & step
+    n_runs = starts.sum(-1, dtype=torch.int32)
+    # Positions of the run starts first (stable: ascending), then the rest.
+    pos = torch.sort(starts.to(torch.int8), dim=-1, descending=True, stable=True).indices
+    nxt = torch.cat([pos[..., 1:], torch.full_like(pos[..., :1], cols)], -1)
+    r = j.expand_as(pos)
+    nxt = torch.where(r + 1 >= n_runs[..., None], full[..., None].to(nxt.dtype), nxt)
+    first = index.gather(-1, pos)
+    length = torch.where(r < n_runs[..., None], nxt - pos, 0)
+    runs = torch.stack([first, length.to(torch.int32)], -1).to(torch.int32)
+    return runs.contiguous(), n_runs
 
 
 def tile_lists(classes: torch.Tensor) -> TileLists:
@@ -180,7 +308,9 @@ def tile_lists(classes: torch.Tensor) -> TileLists:
     )
     work = 2 * full + partial  # a full tile is cheaper, but this only orders the launch
     order = torch.sort(work, dim=-1, descending=True, stable=True).indices.to(torch.int32)
-    return TileLists(order.contiguous(), index.contiguous(), torch.stack([full, partial], -1))
+    runs, n_runs = _full_runs(index, full)
+    count = torch.stack([full, partial, n_runs], -1)
+    return TileLists(order.contiguous(), index.contiguous(), count.contiguous(), runs)
 
 
 @dataclass
@@ -203,6 +333,14 @@ class Schedule:
         self.by_query_tile(config.fwd_m, config.fwd_n)
         self.by_key_tile(config.dkdv_m, config.dkdv_n)
         self.by_query_tile(config.dq_m, config.dq_n)
+
+    def lists(self, config: KernelConfig) -> list[TileLists]:
+        """The fwd, dkdv and dq lists of `config`."""
+        return [
+            self.by_query_tile(config.fwd_m, config.fwd_n),
+            self.by_key_tile(config.dkdv_m, config.dkdv_n),
+            self.by_query_tile(config.dq_m, config.dq_n),
+        ]
 
     def classes(self, block_m: int, block_n: int) -> torch.Tensor:
         key = (block_m, block_n)
@@ -249,10 +387,69 @@ def _visible(qn, qb, qd, kn, kb, kd):
 
 
 @triton.jit
+def _program(ORDER, Mt, PER_BATCH, H, HEAD_MAJOR: tl.constexpr):
+    """(b, h, tile, list row) of this program. Launch order: axis 0 runs first, so heads
+    innermost puts every head's heaviest tile first; head-major runs one head's tiles together."""
+    if HEAD_MAJOR:
+        pid = tl.program_id(0)
+        bh = tl.program_id(1)
+    else:
+        pid = tl.program_id(1)
+        bh = tl.program_id(0)
+    b = bh // H
+    lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
+    tile = tl.load(ORDER + lb * Mt + pid)
+    return bh, b, bh % H, tile, lb * Mt + tile
+
+
+@triton.jit
+def _rows(base, stride, desc, b, h, r0, offs_r, offs_d,
+          TMA: tl.constexpr, ROWS: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """A full tile of ROWS rows from r0 (no bounds checks): pointers or a TMA descriptor."""
+    if TMA == 1:  # host descriptor over (B, H, S, D), boxes (1, 1, ROWS, D)
+        x = desc.load([b, h, r0, 0]).reshape(ROWS, HEAD_DIM)
+    elif TMA == 2:  # device descriptor over this head's (S, D)
+        x = desc.load([r0, 0])
+    else:
+        x = tl.load(base + (r0 + offs_r)[:, None] * stride + offs_d[None, :])
+    return x
+
+
+@triton.jit
+def _head_desc(base, rows, stride, desc, TMA: tl.constexpr, ROWS: tl.constexpr,
+               HEAD_DIM: tl.constexpr):  # fmt: skip
+    """The descriptor `_rows` reads: one per head made here for TMA 2, else `desc` as given."""
+    if TMA == 2:
+        d = tl.make_tensor_descriptor(base, [rows, HEAD_DIM], [stride, 1], [ROWS, HEAD_DIM])
+    else:
+        d = desc
+    return d
+
+
+@triton.jit
+def _fwd_full_tile(q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk, n0, offs_j, offs_d,
+                   stride_ks, stride_vs, qk_scale,
+                   TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """Every pair allowed: no bounds or mask arithmetic; m_new is finite here."""
+    k = _rows(k_base, stride_ks, k_desc, b, hk, n0, offs_j, offs_d, TMA, BLOCK_N, HEAD_DIM)
+    v = _rows(v_base, stride_vs, v_desc, b, hk, n0, offs_j, offs_d, TMA, BLOCK_N, HEAD_DIM)
+    # Raw scores: the row max scales as a vector, the exponent is one multiply-add (log2 units:
+    # qk_scale holds log2(e), so exp2 is exact softmax).
+    s = tl.dot(q, tl.trans(k))
+    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
+    acc = tl.dot(p.to(v.dtype), v, acc)
+    return m_new, l_i, acc
+
+
+@triton.jit
 def _fwd_kernel(
     Q, K, V, OUT, LSE, A_TMA, B_TMA,
     QN, QB, QD, KN, KB, KD,
-    ORDER, IDX, COUNT,
+    ORDER, IDX, COUNT, RUNS,
     qk_scale,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
@@ -260,16 +457,12 @@ def _fwd_kernel(
     stride_ob, stride_oh, stride_os,
     stride_qdb, stride_kdb,
     H, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+    PIPE: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr, RUN_LOOPS: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(1)  # tile rank: heaviest first across all heads (axis 0 runs first)
-    bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
+    bh, b, h, m_tile, row = _program(ORDER, Mt, PER_BATCH, H, HEAD_MAJOR)
     hk = h // GROUP
-    lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
-    m_tile = tl.load(ORDER + lb * Mt + pid)
-    row = lb * Mt + m_tile
     offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_j = tl.arange(0, BLOCK_N)
@@ -278,6 +471,8 @@ def _fwd_kernel(
     q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
+    k_desc = _head_desc(k_base, Sk, stride_ks, A_TMA, TMA, BLOCK_N, HEAD_DIM)
+    v_desc = _head_desc(v_base, Sk, stride_vs, B_TMA, TMA, BLOCK_N, HEAD_DIM)
     q = tl.load(
         q_base + offs_m[:, None] * stride_qs + offs_d[None, :], mask=row_ok[:, None], other=0.0
     )
@@ -285,35 +480,50 @@ def _fwd_kernel(
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    n_full = tl.load(COUNT + row * 2)
-    n_partial = tl.load(COUNT + row * 2 + 1)
+    n_full = tl.load(COUNT + row * 3)
+    n_partial = tl.load(COUNT + row * 3 + 1)
     idx = IDX + row.to(tl.int64) * Nt
 
-    # Full tiles: every pair allowed, no bounds or mask arithmetic; m_new is finite here.
-    for i in range(0, n_full):
-        n0 = tl.load(idx + i) * BLOCK_N
-        if USE_TMA:  # A_TMA, B_TMA: descriptors of K and V, boxes (1, 1, BLOCK_N, D)
-            k = A_TMA.load([b, hk, n0, 0]).reshape(BLOCK_N, HEAD_DIM)
-            v = B_TMA.load([b, hk, n0, 0]).reshape(BLOCK_N, HEAD_DIM)
-        else:
-            offs_n = n0 + offs_j
-            k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :])
-            v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :])
-        # Raw scores: the row max scales as a vector, the exponent is one multiply-add.
-        s = tl.dot(q, tl.trans(k))
-        m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
-        acc = tl.dot(p.to(v.dtype), v, acc)
-        m_i = m_new
+    # Full tiles: no mask arithmetic. As affine runs of tiles, or one indirect list.
+    if RUN_LOOPS:
+        runs = RUNS + row.to(tl.int64) * Nt * 2
+        for r in range(0, tl.load(COUNT + row * 3 + 2)):
+            t0 = tl.load(runs + 2 * r) * BLOCK_N
+            t1 = t0 + tl.load(runs + 2 * r + 1) * BLOCK_N
+            if PIPE:
+                for n0 in tl.range(t0, t1, BLOCK_N, num_stages=STAGES, warp_specialize=WS):
+                    m_i, l_i, acc = _fwd_full_tile(
+                        q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk,
+                        tl.multiple_of(n0, BLOCK_N), offs_j, offs_d, stride_ks, stride_vs,
+                        qk_scale, TMA, BLOCK_N, HEAD_DIM,
+                    )  # fmt: skip
+            else:
+                for n0 in range(t0, t1, BLOCK_N):
+                    m_i, l_i, acc = _fwd_full_tile(
+                        q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk,
+                        tl.multiple_of(n0, BLOCK_N), offs_j, offs_d, stride_ks, stride_vs,
+                        qk_scale, TMA, BLOCK_N, HEAD_DIM,
+                    )  # fmt: skip
+    elif PIPE:
+        for i in tl.range(0, n_full, num_stages=STAGES, warp_specialize=WS):
+            m_i, l_i, acc = _fwd_full_tile(
+                q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk,
+                tl.load(idx + i) * BLOCK_N, offs_j, offs_d, stride_ks, stride_vs,
+                qk_scale, TMA, BLOCK_N, HEAD_DIM,
+            )  # fmt: skip
+    else:
+        for i in range(0, n_full):
+            m_i, l_i, acc = _fwd_full_tile(
+                q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk,
+                tl.load(idx + i) * BLOCK_N, offs_j, offs_d, stride_ks, stride_vs,
+                qk_scale, TMA, BLOCK_N, HEAD_DIM,
+            )  # fmt: skip
 
     # Partial tiles: the predicate from metadata; a row may still see nothing (m_new = -inf).
     qn = tl.load(QN + offs_m, mask=row_ok, other=0)
     qb = tl.load(QB + offs_m, mask=row_ok, other=-1)
     qd = tl.load(QD + b64 * stride_qdb + offs_m, mask=row_ok, other=-1)
-    for i in range(n_full, n_full + n_partial):
+    for i in tl.range(n_full, n_full + n_partial, num_stages=STAGES if PIPE else None):
         offs_n = tl.load(idx + i) * BLOCK_N + offs_j
         col_ok = offs_n < Sk
         k = tl.load(
@@ -389,10 +599,29 @@ def _bwd_preprocess_kernel(
 
 
 @triton.jit
+def _dkdv_full_tile(k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h, m0, offs_i, offs_d,
+                    stride_qs, stride_dos, LSE2, DELTA, stat, qk_scale,
+                    TMA: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """dK, dV of one full (query tile, key tile): every pair allowed, no bounds checks."""
+    q = _rows(q_base, stride_qs, q_desc, b, h, m0, offs_i, offs_d, TMA, BLOCK_M, HEAD_DIM)
+    do = _rows(do_base, stride_dos, do_desc, b, h, m0, offs_i, offs_d, TMA, BLOCK_M, HEAD_DIM)
+    offs_m = m0 + offs_i
+    lse2 = tl.load(LSE2 + stat + offs_m)
+    delta = tl.load(DELTA + stat + offs_m)
+    s_t = tl.dot(k, tl.trans(q)) * qk_scale
+    p_t = tl.math.exp2(s_t - lse2[None, :])
+    dv = tl.dot(p_t.to(do.dtype), do, dv)
+    dp_t = tl.dot(v, tl.trans(do))
+    ds_t = p_t * (dp_t - delta[None, :])
+    dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    return dk, dv
+
+
+@triton.jit
 def _bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, LSE2, DELTA, A_TMA, B_TMA,
     QN, QB, QD, KN, KB, KD,
-    ORDER, IDX, COUNT,
+    ORDER, IDX, COUNT, RUNS,
     qk_scale, sm_scale,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
@@ -401,16 +630,12 @@ def _bwd_dkdv_kernel(
     stride_dkb, stride_dkh, stride_dks,
     stride_qdb, stride_kdb,
     H, HK, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+    PIPE: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr, RUN_LOOPS: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
     """One key tile of one kv head: dK, dV summed over the query tiles and the GQA group."""
-    pid = tl.program_id(1)  # tile rank: heaviest first across all heads (axis 0 runs first)
-    bhk = tl.program_id(0)
-    b = bhk // HK
-    hk = bhk % HK
-    lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
-    n_tile = tl.load(ORDER + lb * Nt + pid)
-    row = lb * Nt + n_tile
+    bhk, b, hk, n_tile, row = _program(ORDER, Nt, PER_BATCH, HK, HEAD_MAJOR)
     offs_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_i = tl.arange(0, BLOCK_M)
@@ -430,32 +655,51 @@ def _bwd_dkdv_kernel(
 
     dk = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
     dv = tl.zeros([BLOCK_N, HEAD_DIM], tl.float32)
-    n_full = tl.load(COUNT + row * 2)
-    n_partial = tl.load(COUNT + row * 2 + 1)
+    n_full = tl.load(COUNT + row * 3)
+    n_partial = tl.load(COUNT + row * 3 + 1)
+    n_runs = tl.load(COUNT + row * 3 + 2)
     idx = IDX + row.to(tl.int64) * Mt
+    runs = RUNS + row.to(tl.int64) * Mt * 2
     for g in range(0, GROUP):
         h = hk * GROUP + g
         q_base = Q + b64 * stride_qb + h.to(tl.int64) * stride_qh
         do_base = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh
+        q_desc = _head_desc(q_base, Sq, stride_qs, A_TMA, TMA, BLOCK_M, HEAD_DIM)
+        do_desc = _head_desc(do_base, Sq, stride_dos, B_TMA, TMA, BLOCK_M, HEAD_DIM)
         stat = (b64 * H + h) * Sq
-        for i in range(0, n_full):
-            m0 = tl.load(idx + i) * BLOCK_M
-            offs_m = m0 + offs_i
-            if USE_TMA:  # A_TMA, B_TMA: descriptors of Q and dO, boxes (1, 1, BLOCK_M, D)
-                q = A_TMA.load([b, h, m0, 0]).reshape(BLOCK_M, HEAD_DIM)
-                do = B_TMA.load([b, h, m0, 0]).reshape(BLOCK_M, HEAD_DIM)
-            else:
-                q = tl.load(q_base + offs_m[:, None] * stride_qs + offs_d[None, :])
-                do = tl.load(do_base + offs_m[:, None] * stride_dos + offs_d[None, :])
-            lse2 = tl.load(LSE2 + stat + offs_m)
-            delta = tl.load(DELTA + stat + offs_m)
-            s_t = tl.dot(k, tl.trans(q)) * qk_scale
-            p_t = tl.math.exp2(s_t - lse2[None, :])
-            dv = tl.dot(p_t.to(do.dtype), do, dv)
-            dp_t = tl.dot(v, tl.trans(do))
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk = tl.dot(ds_t.to(q.dtype), q, dk)
-        for i in range(n_full, n_full + n_partial):
+        if RUN_LOOPS:
+            for r in range(0, n_runs):
+                t0 = tl.load(runs + 2 * r) * BLOCK_M
+                t1 = t0 + tl.load(runs + 2 * r + 1) * BLOCK_M
+                if PIPE:
+                    for m0 in tl.range(t0, t1, BLOCK_M, num_stages=STAGES, warp_specialize=WS):
+                        dk, dv = _dkdv_full_tile(
+                            k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h,
+                            tl.multiple_of(m0, BLOCK_M), offs_i, offs_d, stride_qs, stride_dos,
+                            LSE2, DELTA, stat, qk_scale, TMA, BLOCK_M, HEAD_DIM,
+                        )  # fmt: skip
+                else:
+                    for m0 in range(t0, t1, BLOCK_M):
+                        dk, dv = _dkdv_full_tile(
+                            k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h,
+                            tl.multiple_of(m0, BLOCK_M), offs_i, offs_d, stride_qs, stride_dos,
+                            LSE2, DELTA, stat, qk_scale, TMA, BLOCK_M, HEAD_DIM,
+                        )  # fmt: skip
+        elif PIPE:
+            for i in tl.range(0, n_full, num_stages=STAGES, warp_specialize=WS):
+                dk, dv = _dkdv_full_tile(
+                    k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h,
+                    tl.load(idx + i) * BLOCK_M, offs_i, offs_d, stride_qs, stride_dos,
+                    LSE2, DELTA, stat, qk_scale, TMA, BLOCK_M, HEAD_DIM,
+                )  # fmt: skip
+        else:
+            for i in range(0, n_full):
+                dk, dv = _dkdv_full_tile(
+                    k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h,
+                    tl.load(idx + i) * BLOCK_M, offs_i, offs_d, stride_qs, stride_dos,
+                    LSE2, DELTA, stat, qk_scale, TMA, BLOCK_M, HEAD_DIM,
+                )  # fmt: skip
+        for i in tl.range(n_full, n_full + n_partial, num_stages=STAGES if PIPE else None):
             offs_m = tl.load(idx + i) * BLOCK_M + offs_i
             row_ok = offs_m < Sq
             q = tl.load(
@@ -499,10 +743,24 @@ def _bwd_dkdv_kernel(
 
 
 @triton.jit
+def _dq_full_tile(q, do, dq, lse2, delta, k_base, v_base, k_desc, v_desc, b, hk, n0, offs_j,
+                  offs_d, stride_ks, stride_vs, qk_scale,
+                  TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
+    """dQ of one full (query tile, key tile): every pair allowed, no bounds checks."""
+    k = _rows(k_base, stride_ks, k_desc, b, hk, n0, offs_j, offs_d, TMA, BLOCK_N, HEAD_DIM)
+    v = _rows(v_base, stride_vs, v_desc, b, hk, n0, offs_j, offs_d, TMA, BLOCK_N, HEAD_DIM)
+    s = tl.dot(q, tl.trans(k)) * qk_scale
+    p = tl.math.exp2(s - lse2[:, None])
+    dp = tl.dot(do, tl.trans(v))
+    ds = p * (dp - delta[:, None])
+    return tl.dot(ds.to(k.dtype), k, dq)
+
+
+@triton.jit
 def _bwd_dq_kernel(
     Q, K, V, DO, DQ, LSE2, DELTA, A_TMA, B_TMA,
     QN, QB, QD, KN, KB, KD,
-    ORDER, IDX, COUNT,
+    ORDER, IDX, COUNT, RUNS,
     qk_scale, sm_scale,
     stride_qb, stride_qh, stride_qs,
     stride_kb, stride_kh, stride_ks,
@@ -511,17 +769,13 @@ def _bwd_dq_kernel(
     stride_dqb, stride_dqh, stride_dqs,
     stride_qdb, stride_kdb,
     H, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_TMA: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
+    PIPE: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr, RUN_LOOPS: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
     """One query tile of one head: dQ over its key tiles."""
-    pid = tl.program_id(1)  # tile rank: heaviest first across all heads (axis 0 runs first)
-    bh = tl.program_id(0)
-    b = bh // H
-    h = bh % H
+    bh, b, h, m_tile, row = _program(ORDER, Mt, PER_BATCH, H, HEAD_MAJOR)
     hk = h // GROUP
-    lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
-    m_tile = tl.load(ORDER + lb * Mt + pid)
-    row = lb * Mt + m_tile
     offs_m = m_tile * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HEAD_DIM)
     offs_j = tl.arange(0, BLOCK_N)
@@ -531,6 +785,8 @@ def _bwd_dq_kernel(
     do_base = DO + b64 * stride_dob + h.to(tl.int64) * stride_doh
     k_base = K + b64 * stride_kb + hk.to(tl.int64) * stride_kh
     v_base = V + b64 * stride_vb + hk.to(tl.int64) * stride_vh
+    k_desc = _head_desc(k_base, Sk, stride_ks, A_TMA, TMA, BLOCK_N, HEAD_DIM)
+    v_desc = _head_desc(v_base, Sk, stride_vs, B_TMA, TMA, BLOCK_N, HEAD_DIM)
     q = tl.load(
         q_base + offs_m[:, None] * stride_qs + offs_d[None, :], mask=row_ok[:, None], other=0.0
     )
@@ -542,27 +798,46 @@ def _bwd_dq_kernel(
     delta = tl.load(DELTA + stat + offs_m, mask=row_ok, other=0.0)
 
     dq = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
-    n_full = tl.load(COUNT + row * 2)
-    n_partial = tl.load(COUNT + row * 2 + 1)
+    n_full = tl.load(COUNT + row * 3)
+    n_partial = tl.load(COUNT + row * 3 + 1)
     idx = IDX + row.to(tl.int64) * Nt
-    for i in range(0, n_full):
-        n0 = tl.load(idx + i) * BLOCK_N
-        if USE_TMA:  # A_TMA, B_TMA: descriptors of K and V, boxes (1, 1, BLOCK_N, D)
-            k = A_TMA.load([b, hk, n0, 0]).reshape(BLOCK_N, HEAD_DIM)
-            v = B_TMA.load([b, hk, n0, 0]).reshape(BLOCK_N, HEAD_DIM)
-        else:
-            offs_n = n0 + offs_j
-            k = tl.load(k_base + offs_n[:, None] * stride_ks + offs_d[None, :])
-            v = tl.load(v_base + offs_n[:, None] * stride_vs + offs_d[None, :])
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        p = tl.math.exp2(s - lse2[:, None])
-        dp = tl.dot(do, tl.trans(v))
-        ds = p * (dp - delta[:, None])
-        dq = tl.dot(ds.to(k.dtype), k, dq)
+    if RUN_LOOPS:
+        runs = RUNS + row.to(tl.int64) * Nt * 2
+        for r in range(0, tl.load(COUNT + row * 3 + 2)):
+            t0 = tl.load(runs + 2 * r) * BLOCK_N
+            t1 = t0 + tl.load(runs + 2 * r + 1) * BLOCK_N
+            if PIPE:
+                for n0 in tl.range(t0, t1, BLOCK_N, num_stages=STAGES, warp_specialize=WS):
+                    dq = _dq_full_tile(
+                        q, do, dq, lse2, delta, k_base, v_base, k_desc, v_desc, b, hk,
+                        tl.multiple_of(n0, BLOCK_N), offs_j, offs_d, stride_ks, stride_vs,
+                        qk_scale, TMA, BLOCK_N, HEAD_DIM,
+                    )  # fmt: skip
+            else:
+                for n0 in range(t0, t1, BLOCK_N):
+                    dq = _dq_full_tile(
+                        q, do, dq, lse2, delta, k_base, v_base, k_desc, v_desc, b, hk,
+                        tl.multiple_of(n0, BLOCK_N), offs_j, offs_d, stride_ks, stride_vs,
+                        qk_scale, TMA, BLOCK_N, HEAD_DIM,
+                    )  # fmt: skip
+    elif PIPE:
+        for i in tl.range(0, n_full, num_stages=STAGES, warp_specialize=WS):
+            dq = _dq_full_tile(
+                q, do, dq, lse2, delta, k_base, v_base, k_desc, v_desc, b, hk,
+                tl.load(idx + i) * BLOCK_N, offs_j, offs_d, stride_ks, stride_vs,
+                qk_scale, TMA, BLOCK_N, HEAD_DIM,
+            )  # fmt: skip
+    else:
+        for i in range(0, n_full):
+            dq = _dq_full_tile(
+                q, do, dq, lse2, delta, k_base, v_base, k_desc, v_desc, b, hk,
+                tl.load(idx + i) * BLOCK_N, offs_j, offs_d, stride_ks, stride_vs,
+                qk_scale, TMA, BLOCK_N, HEAD_DIM,
+            )  # fmt: skip
     qn = tl.load(QN + offs_m, mask=row_ok, other=0)
     qb = tl.load(QB + offs_m, mask=row_ok, other=-1)
     qd = tl.load(QD + b64 * stride_qdb + offs_m, mask=row_ok, other=-1)
-    for i in range(n_full, n_full + n_partial):
+    for i in tl.range(n_full, n_full + n_partial, num_stages=STAGES if PIPE else None):
         offs_n = tl.load(idx + i) * BLOCK_N + offs_j
         col_ok = offs_n < Sk
         k = tl.load(
@@ -624,14 +899,23 @@ def _tma_fits(t: torch.Tensor) -> bool:
     return t.data_ptr() % 16 == 0 and all((st * size) % 16 == 0 for st in t.stride()[:-1])
 
 
-def _uses_tma(wanted: bool, *tensors: torch.Tensor) -> bool:
-    return bool(wanted) and all(_tma_fits(t) for t in tensors)
+def _uses_tma(wanted: int, *tensors: torch.Tensor) -> int:
+    """The TMA mode a kernel runs: `wanted` where every tensor fits it, else 0 (pointers)."""
+    return int(wanted) if wanted and all(_tma_fits(t) for t in tensors) else 0
 
 
-def _descriptors(wanted: bool, tensors, rows: int):
-    """Host-side TMA descriptors (boxes of `rows` x D) for full tiles, or the tensors themselves
-    (unused) when TMA is off or a layout does not fit it (the pointer path then runs)."""
-    if not _uses_tma(wanted, *tensors):
+def _scratch(size: int, alignment: int, stream):
+    """Global memory for device-side tensor descriptors (`triton.set_allocator`)."""
+    return torch.empty(size, dtype=torch.int8, device="cuda")
+
+
+def _descriptors(mode: int, tensors, rows: int):
+    """What the kernels take as A_TMA, B_TMA: host-side descriptors (mode 1, boxes of `rows` x
+    D), else the tensors themselves (pointers, or mode 2, whose descriptors the kernel makes
+    from them; it needs Triton's scratch allocator)."""
+    if mode == 2:
+        triton.set_allocator(_scratch)
+    if mode != 1:
         return tuple(tensors)
     from triton.tools.tensor_descriptor import TensorDescriptor
 
@@ -645,6 +929,18 @@ def _doc_strides(schedule: Schedule) -> tuple[int, int]:
     """Batch strides of the doc ids: 0 when one row serves the whole batch."""
     qd, kd = schedule.q_meta[2], schedule.k_meta[2]
     return (qd.stride(0) if qd.shape[0] > 1 else 0), (kd.stride(0) if kd.shape[0] > 1 else 0)
+
+
+def _launch(kernel: str, config: KernelConfig, tiles: int, programs: int, tma: int) -> dict:
+    """Grid and compile-time options of `kernel` ('fwd', 'dkdv', 'dq') under `config`."""
+    part = config.part(kernel)
+    grid = (tiles, programs) if part["order"] else (programs, tiles)
+    options = dict(
+        TMA=tma, PIPE=part["pipe"] or part["ws"], STAGES=part["stages"], WS=part["ws"],
+        RUN_LOOPS=part["runs"], HEAD_MAJOR=part["order"],
+        num_warps=part["warps"], num_stages=part["stages"],
+    )  # fmt: skip
+    return {"grid": grid, **options}
 
 
 def forward(
@@ -662,10 +958,12 @@ def forward(
     lists_rows, mt, nt = lists.index.shape
     qn, qb, qd = schedule.q_meta
     kn, kb, kd = schedule.k_meta
-    _fwd_kernel[(batch * heads, mt)](
-        q, k, v, out, lse, *_descriptors(config.tma, (k, v), config.fwd_n),
+    tma = _uses_tma(config.fwd_tma, q, k, v)
+    launch = _launch("fwd", config, mt, batch * heads, tma)
+    _fwd_kernel[launch.pop("grid")](
+        q, k, v, out, lse, *_descriptors(tma, (k, v), config.fwd_n),
         qn, qb, qd, kn, kb, kd,
-        lists.order, lists.index, lists.count,
+        lists.order, lists.index, lists.count, lists.runs,
         scale * LOG2E,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -673,22 +971,14 @@ def forward(
         out.stride(0), out.stride(1), out.stride(2),
         *_doc_strides(schedule),
         heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
-        HEAD_DIM=dim, BLOCK_M=config.fwd_m, BLOCK_N=config.fwd_n, USE_TMA=_uses_tma(config.tma, q, k, v),
-        num_warps=config.fwd_warps, num_stages=config.fwd_stages,
+        HEAD_DIM=dim, BLOCK_M=config.fwd_m, BLOCK_N=config.fwd_n, **launch,
     )  # fmt: skip
     return out, lse
 
 
-def backward(
-    grad_out, grad_lse, q, k, v, out, lse, schedule: Schedule,
-    scale: float | None = None, config: KernelConfig | None = None,
-):  # fmt: skip
-    """(dq, dk, dv) of (out, lse) = forward(q, k, v); grad_lse may be None."""
-    _check(q, k, v, schedule)
+def backward_prepare(grad_out, grad_lse, q, out, lse):
+    """(grad_out in q's dtype, delta, lse2): what the dK/dV and dQ kernels read."""
     batch, heads, sq, dim = q.shape
-    kv_heads, sk = k.shape[1], k.shape[2]
-    config = config or default_config(dim)
-    scale = 1.0 / math.sqrt(dim) if scale is None else scale
     grad_out = grad_out.to(q.dtype)  # the matmuls take it in q's dtype
     grad_out = grad_out if grad_out.stride(-1) == 1 else grad_out.contiguous()
     delta = torch.empty((batch, heads, sq), device=q.device, dtype=torch.float32)
@@ -702,17 +992,27 @@ def backward(
         heads, sq,
         HEAD_DIM=dim, BLOCK=pre_block, HAS_GLSE=grad_lse is not None,
     )  # fmt: skip
+    return grad_out, delta, lse2
+
+
+def backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
+                  config: KernelConfig):  # fmt: skip
+    """(dk, dv), contiguous: one program per (kv head, key tile) over its query tiles."""
+    batch, heads, sq, dim = q.shape
+    kv_heads, sk = k.shape[1], k.shape[2]
     qn, qb, qd = schedule.q_meta
     kn, kb, kd = schedule.k_meta
     dk = k.new_empty(k.shape)  # contiguous: dk and dv share strides in the kernel
     dv = v.new_empty(v.shape)
     cols = schedule.by_key_tile(config.dkdv_m, config.dkdv_n)
     lists_rows, nt, mt = cols.index.shape
-    _bwd_dkdv_kernel[(batch * kv_heads, nt)](
+    tma = _uses_tma(config.dkdv_tma, q, k, v, grad_out)
+    launch = _launch("dkdv", config, nt, batch * kv_heads, tma)
+    _bwd_dkdv_kernel[launch.pop("grid")](
         q, k, v, grad_out, dk, dv, lse2, delta,
-        *_descriptors(config.tma, (q, grad_out), config.dkdv_m),
+        *_descriptors(tma, (q, grad_out), config.dkdv_m),
         qn, qb, qd, kn, kb, kd,
-        cols.order, cols.index, cols.count,
+        cols.order, cols.index, cols.count, cols.runs,
         scale * LOG2E, scale,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -721,16 +1021,27 @@ def backward(
         dk.stride(0), dk.stride(1), dk.stride(2),
         *_doc_strides(schedule),
         heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
-        HEAD_DIM=dim, BLOCK_M=config.dkdv_m, BLOCK_N=config.dkdv_n, USE_TMA=_uses_tma(config.tma, q, k, v, grad_out),
-        num_warps=config.dkdv_warps, num_stages=config.dkdv_stages,
+        HEAD_DIM=dim, BLOCK_M=config.dkdv_m, BLOCK_N=config.dkdv_n, **launch,
     )  # fmt: skip
+    return dk, dv
+
+
+def backward_dq(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
+                config: KernelConfig):  # fmt: skip
+    """dq like q: one program per (head, query tile) over its key tiles."""
+    batch, heads, sq, dim = q.shape
+    kv_heads, sk = k.shape[1], k.shape[2]
+    qn, qb, qd = schedule.q_meta
+    kn, kb, kd = schedule.k_meta
     dq = torch.empty_like(q)
     rows = schedule.by_query_tile(config.dq_m, config.dq_n)
     lists_rows, mt, nt = rows.index.shape
-    _bwd_dq_kernel[(batch * heads, mt)](
-        q, k, v, grad_out, dq, lse2, delta, *_descriptors(config.tma, (k, v), config.dq_n),
+    tma = _uses_tma(config.dq_tma, q, k, v, grad_out)
+    launch = _launch("dq", config, mt, batch * heads, tma)
+    _bwd_dq_kernel[launch.pop("grid")](
+        q, k, v, grad_out, dq, lse2, delta, *_descriptors(tma, (k, v), config.dq_n),
         qn, qb, qd, kn, kb, kd,
-        rows.order, rows.index, rows.count,
+        rows.order, rows.index, rows.count, rows.runs,
         scale * LOG2E, scale,
         q.stride(0), q.stride(1), q.stride(2),
         k.stride(0), k.stride(1), k.stride(2),
@@ -739,7 +1050,21 @@ def backward(
         dq.stride(0), dq.stride(1), dq.stride(2),
         *_doc_strides(schedule),
         heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
-        HEAD_DIM=dim, BLOCK_M=config.dq_m, BLOCK_N=config.dq_n, USE_TMA=_uses_tma(config.tma, q, k, v, grad_out),
-        num_warps=config.dq_warps, num_stages=config.dq_stages,
+        HEAD_DIM=dim, BLOCK_M=config.dq_m, BLOCK_N=config.dq_n, **launch,
     )  # fmt: skip
+    return dq
+
+
+def backward(
+    grad_out, grad_lse, q, k, v, out, lse, schedule: Schedule,
+    scale: float | None = None, config: KernelConfig | None = None,
+):  # fmt: skip
+    """(dq, dk, dv) of (out, lse) = forward(q, k, v); grad_lse may be None."""
+    _check(q, k, v, schedule)
+    dim = q.shape[-1]
+    config = config or default_config(dim)
+    scale = 1.0 / math.sqrt(dim) if scale is None else scale
+    grad_out, delta, lse2 = backward_prepare(grad_out, grad_lse, q, out, lse)
+    dk, dv = backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, config)
+    dq = backward_dq(grad_out, delta, lse2, q, k, v, schedule, scale, config)
     return dq, dk, dv

@@ -42,13 +42,17 @@ def test_whole_stream_matches_reference(head_dim, block_size):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_every_sweep_config_matches_reference(head_dim):
+def test_every_loop_and_load_variant_matches_reference(head_dim):
+    """Each variant the sweep may pick, in all three kernels at once, compiled for this GPU
+    (the sweep also checks every variant it times against the default on its own shapes)."""
     module = triton_module("block_diffusion_attention", "jit")
-    for config in module.SM90_SWEEP[head_dim]:
+    base = module.default_config(head_dim)
+    for name, values in module.LOOP_VARIANTS:
+        config = module.everywhere(base, **values)
         errors = compare_block_diffusion_attention(
             "jit", seq_len=1024, block_size=32, head_dim=head_dim, config=config
         )
-        assert max(errors.values()) < TOLERANCE, (config, errors)
+        assert max(errors.values()) < TOLERANCE, (name, errors)
 
 
 def _tokens(positions, *, noisy, block_size, docs):

@@ -38,3 +38,77 @@ def test_summary_checks_the_targets_at_16k():
     slow = bench._summary([row("turbo", 10.0, 480, 470), row("flex", 14.0, 380, 330)])
     assert "misses" in slow["lines"][0]  # forward under 500 TF/s
     assert bench._summary([row("turbo", 10.0, 520, 470)])["lines"] == []  # no flex row
+
+
+def _sweep():
+    import sys
+
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import attention_sweep
+    finally:
+        sys.path.pop(0)
+    return attention_sweep
+
+
+def test_sweep_picks_per_kernel_winners_and_never_a_wrong_or_partial_one():
+    sweep = _sweep()
+
+    def row(kernel, variant, shape, ratio, wrong=False, failed=False):
+        r = {"kernel": kernel, "variant": variant, "stream_len": shape, "block_size": 32,
+             "config": {"pipe": 1, "variant": variant}}  # fmt: skip
+        if failed:
+            return r | {"failed": "CompilationError"}
+        return r | {"ms": ratio, "vs_default": ratio, "wrong": wrong}
+
+    rows = [
+        row("fwd", "a", 8192, 0.9), row("fwd", "a", 16384, 0.9),
+        row("fwd", "fast-but-wrong", 8192, 0.5, wrong=True), row("fwd", "fast-but-wrong", 16384, 0.5),
+        row("fwd", "fails-at-16k", 8192, 0.4), row("fwd", "fails-at-16k", 16384, 0, failed=True),
+        row("dq", "b", 8192, 1.2), row("dq", "b", 16384, 0.7),  # mean 0.95
+        row("dq", "c", 8192, 1.0), row("dq", "c", 16384, 1.0),
+    ]  # fmt: skip
+    winners = sweep.pick_winners(rows, None)
+    assert winners["fwd"]["variant"] == "a" and winners["dq"]["variant"] == "b"
+    assert "dkdv" not in winners
+
+
+def test_sweep_defaults_file_is_what_the_op_loads():
+    """The file the sweep writes, copied next to the op's source, gives its winners as defaults."""
+    import json
+
+    from turbo_dllm.kernels.triton_ops import triton_module
+
+    sweep = _sweep()
+    module = triton_module("block_diffusion_attention", "jit")
+    best = module.default_config(128).with_part("dkdv", runs=1, pipe=1, warps=4)
+    table = sweep.defaults_file(module, best, 128, "a test")
+    assert table["configs"]["64"] == json.loads(module._DEFAULTS_FILE.read_text())["configs"]["64"]
+    loaded = module.KernelConfig(**json.loads(json.dumps(table))["configs"]["128"])
+    assert loaded == best and loaded.dkdv_runs == 1 and loaded.dkdv_warps == 4
+    # The op's own defaults come from the shipped file.
+    assert module.default_config(128).fwd_n == 128
+
+
+def test_sweep_times_the_best_tiles_with_the_best_loop_variant_together():
+    from turbo_dllm.kernels.triton_ops import triton_module
+
+    sweep = _sweep()
+    module = triton_module("block_diffusion_attention", "jit")
+    base = module.default_config(128)
+    variants = dict(module.sweep_variants(128)["fwd"])
+
+    def row(variant, ratio):
+        return {"kernel": "fwd", "variant": variant, "stream_len": 16384, "block_size": 32,
+                "config": variants[variant].part("fwd"), "ms": ratio, "vs_default": ratio,
+                "wrong": False}  # fmt: skip
+
+    rows = [row("128x64 w4 s3", 0.9), row("128x128 w8 s3", 0.95), row("runs tl.range", 0.8),
+            row("head-major", 0.85)]  # fmt: skip
+    ((kernel, name, config),) = sweep._combinations(module, rows, base)
+    assert (kernel, name) == ("fwd", "128x64 w4 s3 + runs tl.range")
+    part = config.part("fwd")
+    assert (part["n"], part["warps"], part["runs"], part["pipe"]) == (64, 4, 1, 1)
+    assert config.part("dq") == base.part("dq")
+    # Nothing to combine when either kind does not beat the default.
+    assert sweep._combinations(module, [row("128x64 w4 s3", 1.1), row("runs", 0.8)], base) == []

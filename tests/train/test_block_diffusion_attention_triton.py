@@ -27,7 +27,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[2]
 
 CHILD = r"""
-import dataclasses, json, sys, torch
+import json, sys, torch
 from turbo_dllm.kernels.block_diffusion import (
     block_diffusion_attention, plan_block_diffusion_attention)
 from turbo_dllm.kernels.triton_ops import triton_module
@@ -37,6 +37,7 @@ from turbo_dllm.train.parallel.visibility import TokenSet, two_stream_tokens
 module = triton_module("block_diffusion_attention", "jit")
 TINY = module.KernelConfig(fwd_m=16, fwd_n=32, dkdv_m=32, dkdv_n=16, dq_m=16, dq_n=16)
 REAL = module.classify_tiles
+everywhere = module.everywhere
 
 
 def relabel(before, after):  # a corrupted (or over-cautious) tile classification
@@ -91,8 +92,10 @@ def run(name, q_tokens, k_tokens, heads, kv_heads, dim, seed, batch=None, views=
     classes = plan.schedule.classes(TINY.fwd_m, TINY.fwd_n)
     tiles = {c: int((classes == v).sum()) for c, v in (("full", 2), ("partial", 1), ("empty", 0))}
     unseen = int((~torch.isfinite(want[1])).sum())
-    tma = TINY.tma and module._uses_tma(True, q, k, v)
-    return {"case": name, "errors": errors, "tiles": tiles, "unseen_rows": unseen, "tma": tma}
+    tma = module._uses_tma(TINY.fwd_tma, q, k, v)
+    runs = max(int(each.count[..., 2].max()) for each in plan.schedule.lists(TINY))
+    return {"case": name, "errors": errors, "tiles": tiles, "unseen_rows": unseen, "tma": tma,
+            "max_runs": runs}
 
 
 results = []
@@ -146,6 +149,25 @@ elif sys.argv[1] == "compiled":
     rel = max(float((g.float() - e.float()).abs().max() / e.float().abs().max())
               for g, e in zip(got, eager))
     results.append({"case": "torch.compile fullgraph", "rel": rel})
+elif sys.argv[1] == "variants":
+    # Every loop and load variant the sweep may pick, in all three kernels: the whole stream
+    # (every tile class, documents, GQA) and CSBP's prefix part (zigzag keys: several runs).
+    csbp = CsbpLayout.build(128, 16, bp=4, cp=2, ctx_rank=0)
+    d = docs_for(2, 128, [0, 40])
+    noisy = TokenSet.from_positions(csbp.noisy_positions, noisy=True, block_size=16, doc_ids=d)
+    clean = TokenSet.from_positions(csbp.clean_positions, noisy=False, block_size=16, doc_ids=d)
+    gathered = TokenSet.from_positions(
+        csbp.gathered_clean_positions, noisy=False, block_size=16, doc_ids=d)
+    base = TINY
+    variants = [v for v in module.LOOP_VARIANTS if v[0] != "tma host"]  # (the default case has it)
+    variants.append(("head-major runs tl.range tma host", dict(order=1, runs=1, pipe=1, tma=1)))
+    for label, values in variants:
+        TINY = everywhere(base, **values)
+        results.append(run(f"{label}: stream", whole16, whole16, 4, 2, 64, 0, views=True))
+        if "runs" in label:
+            results.append(run(f"{label}: csbp prefix", TokenSet.concat(noisy, clean), gathered,
+                               4, 1, 128, 3))
+    TINY = base
 elif sys.argv[1] == "relabelled":
     for name, before, after in (("partial-as-full", module.PARTIAL, module.FULL),
                                 ("full-as-partial", module.FULL, module.PARTIAL)):
@@ -156,9 +178,9 @@ else:
     results.append(run("stream B=16 docs GQA D=64", whole16, whole16, 4, 2, 64, 0))
     results.append(run("stream B=64 docs D=128", whole64, whole64, 2, 1, 128, 1))
     # Full tiles through TMA descriptors (the sweep's opt-in path), q/k/v as the model's views.
-    TINY = dataclasses.replace(TINY, tma=True)
+    TINY = everywhere(TINY, tma=1)
     results.append(run("stream B=16 docs GQA D=64 tma", whole16, whole16, 4, 2, 64, 0, views=True))
-    TINY = dataclasses.replace(TINY, tma=False)
+    TINY = everywhere(TINY, tma=0)
     # CSBP, 4 block-parallel ranks over 2 clean shards, rank 0 (blocks 0 and 7): both parts.
     csbp = CsbpLayout.build(128, 16, bp=4, cp=2, ctx_rank=0)
     d = docs_for(2, 128, [0, 40])
@@ -219,6 +241,20 @@ def test_kernels_match_the_reference_for_every_mask_shape():
     # CSBP's prefix part holds queries that see no key (noisy block 0): lse -inf, out 0.
     prefix = next(r for r in results if r["case"].startswith("csbp prefix"))
     assert prefix["unseen_rows"] > 0
+
+
+def test_every_loop_and_load_variant_matches_the_reference():
+    """The sweep's variants (tl.range pipelining, warp specialisation, full tiles as runs of
+    affine loops, head-major launch order, host and device TMA descriptors), forward and every
+    gradient, in all three kernels at once."""
+    results = _child("variants")
+    assert len(results) == 12
+    for r in results:
+        for part, e in r["errors"].items():
+            assert e["rel"] < TOLERANCE and e["same_inf"] and not e["nan"], (r["case"], part, e)
+    assert all(r["tma"] for r in results if "tma" in r["case"])
+    # The runs variants walk rows whose full tiles are more than one run.
+    assert max(r["max_runs"] for r in results if "runs" in r["case"]) > 1
 
 
 def test_a_partial_tile_run_as_full_is_caught_and_full_tiles_run_as_partial_stay_exact():

@@ -16,7 +16,7 @@ once per source hash.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import torch
@@ -111,25 +111,15 @@ def block_diffusion_attention(
     config = plan.kernel_config(head_dim)
     schedule = plan.schedule
     meta = [*schedule.q_meta, *schedule.k_meta]
-    fwd = schedule.by_query_tile(config.fwd_m, config.fwd_n)
-    dkdv = schedule.by_key_tile(config.dkdv_m, config.dkdv_n)
-    dq = schedule.by_query_tile(config.dq_m, config.dq_n)
-    lists = [fwd.order, fwd.index, fwd.count, dkdv.order, dkdv.index, dkdv.count]
-    lists += [dq.order, dq.index, dq.count]
+    lists = [t for each in schedule.lists(config) for t in astuple_shallow(each)]
     scale = 1.0 / head_dim**0.5 if scale is None else float(scale)
     forward = _custom_op(plan.module)
-    return forward(q, k, v, meta, lists, scale, _config_ints(config))
+    return forward(q, k, v, meta, lists, scale, config.to_ints())
 
 
-_CONFIG_FIELDS = (
-    "fwd_m", "fwd_n", "fwd_warps", "fwd_stages",
-    "dkdv_m", "dkdv_n", "dkdv_warps", "dkdv_stages",
-    "dq_m", "dq_n", "dq_warps", "dq_stages", "tma",
-)  # fmt: skip
-
-
-def _config_ints(config) -> list[int]:
-    return [int(getattr(config, name)) for name in _CONFIG_FIELDS]
+def astuple_shallow(lists) -> tuple[torch.Tensor, ...]:
+    """A TileLists' tensors in field order (dataclasses.astuple would copy them)."""
+    return tuple(getattr(lists, f.name) for f in fields(lists))
 
 
 def _custom_op(module):
@@ -138,10 +128,11 @@ def _custom_op(module):
     if namespace in _REGISTERED:
         return _REGISTERED[namespace]
 
+    per = len(fields(module.TileLists))
+
     def unpack(meta, lists, ints):
-        fields = dict(zip(_CONFIG_FIELDS, ints, strict=True))
-        config = module.KernelConfig(**fields | {"tma": bool(fields["tma"])})
-        fwd, dkdv, dq = (module.TileLists(*lists[i : i + 3]) for i in (0, 3, 6))
+        config = module.KernelConfig.from_ints(ints)
+        fwd, dkdv, dq = (module.TileLists(*lists[i * per : (i + 1) * per]) for i in range(3))
         schedule = module.Schedule(
             tuple(meta[:3]),
             tuple(meta[3:]),
