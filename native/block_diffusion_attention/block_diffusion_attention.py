@@ -445,7 +445,14 @@ def _fwd_full_tile(q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk, n0, 
     return m_new, l_i, acc
 
 
-@triton.jit
+# Sizes and counts are not specialised on (Triton would compile one variant per divisibility of
+# each: a tile count of 8 and one of 128 differ), so the kernels a bundle ships compiled
+# (bundles/triton_cache.py) are the ones every sequence length and head count launches.
+# Strides stay specialised: they are multiples of 16 at every shape the trainer uses.
+_SIZES = ["H", "GROUP", "Sq", "Sk", "Mt", "Nt", "PER_BATCH"]
+
+
+@triton.jit(do_not_specialize=_SIZES)
 def _fwd_kernel(
     Q, K, V, OUT, LSE, A_TMA, B_TMA,
     QN, QB, QD, KN, KB, KD,
@@ -562,7 +569,7 @@ def _fwd_kernel(
     tl.store(LSE + bh.to(tl.int64) * Sq + offs_m, lse, mask=row_ok)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["H", "Sq"])
 def _bwd_preprocess_kernel(
     OUT, DO, LSE, GLSE, DELTA, LSE2,
     stride_ob, stride_oh, stride_os,
@@ -617,7 +624,7 @@ def _dkdv_full_tile(k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h, m0, of
     return dk, dv
 
 
-@triton.jit
+@triton.jit(do_not_specialize=[*_SIZES, "HK"])
 def _bwd_dkdv_kernel(
     Q, K, V, DO, DK, DV, LSE2, DELTA, A_TMA, B_TMA,
     QN, QB, QD, KN, KB, KD,
@@ -756,7 +763,7 @@ def _dq_full_tile(q, do, dq, lse2, delta, k_base, v_base, k_desc, v_desc, b, hk,
     return tl.dot(ds.to(k.dtype), k, dq)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_SIZES)
 def _bwd_dq_kernel(
     Q, K, V, DO, DQ, LSE2, DELTA, A_TMA, B_TMA,
     QN, QB, QD, KN, KB, KD,
