@@ -1,16 +1,21 @@
 """Speculative decoding end to end: a DFlash drafter against an equally sized autoregressive
 drafter, both distilled/trained for the same time from one target, on held-out real text.
 
-In one run (one H200, ~8 minutes with the defaults):
+In one run (one H200, ~5 minutes with the defaults, compiles and eval included):
 1. data: the Python standard library's own sources (every machine has them), byte-level
    tokens; every 10th file (sorted by name) is held out for evaluation;
 2. target: a Qwen3-shaped decoder (~200M parameters) trained with `objective: autoregressive`
    for --target-seconds, exported as a Hugging Face folder;
-3. drafters, --drafter-seconds each: a DFlash drafter (`dflash_distillation`, online target
-   features, forward KL) and an autoregressive drafter of the same layers and width
-   (`autoregressive` on the same text);
-4. `dllm dflash eval` of both on prompts from the held-out files: lossless greedy decoding,
-   tau (tokens per target forward), tokens/s of the target alone and with each drafter.
+3. drafters, --drafter-seconds each (compiles and the online target's load inside that time):
+   a DFlash drafter (`dflash_distillation`, online target features, forward KL) and an
+   autoregressive drafter of the same layers and width (`autoregressive` on the same text);
+4. `dflash eval` of both on prompts from the held-out files (`speculative.compare`): one
+   target-alone greedy run, then each drafter through the same forward and KV-cache machinery;
+   lossless, tau (tokens per target forward), tokens/s, speedup.
+
+Each run's training throughput (median over its steps after the first few: tokens/s, step
+time, MFU; the DFlash drafter's also counting the frozen target's forward) is in the JSON and
+the last lines. Progress lines carry the seconds since the start.
 
 Targets (issue 17): DFlash tau >= 1.5 x the AR drafter's; DFlash wall-clock speedup >= 2x over
 the target alone.
@@ -23,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import sysconfig
 import time
@@ -79,7 +85,14 @@ def prepare(files: list[Path], out: Path, seq_len: int) -> Path:
     return out
 
 
-def decoder_spec(artifact, run, shape, *, seconds, seq_len, micro, lr, gpu):
+STARTED = time.perf_counter()
+
+
+def progress(line: str) -> None:
+    print(f"[{time.perf_counter() - STARTED:5.0f}s] {line}", file=sys.stderr, flush=True)
+
+
+def decoder_spec(artifact, run, shape, *, seconds, seq_len, micro, lr, gpu, every=50):
     h, layers, heads, kv, hd, inter = shape
     return {
         "launch": {"seed": 0, "run_dir": str(run)},
@@ -108,31 +121,58 @@ def decoder_spec(artifact, run, shape, *, seconds, seq_len, micro, lr, gpu):
         "optimizer": {"lr": lr, "weight_decay": 0.0},
         "scheduler": {"name": "constant", "warmup_steps": 20},
         "checkpoint": {"interval": None},
-        "logging": {"console": False},
+        # a console line every `every` steps: progress while a run trains
+        "logging": {"console": True, "every": every},
     }
 
 
-def train_and_export(document, run: Path, out: Path, kind: str = "decoder") -> Path:
+def throughput(run: Path, skip: int = 3) -> dict:
+    """A run's training record: steps, final loss, and the medians over its steps after the
+    first `skip` (compiles, warm-up) of step time, tokens/s (context tokens) and MFU."""
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    steady = rows[skip:] or rows
+    mfu = [r["mfu"] for r in steady if r.get("mfu") is not None]
+    return {
+        "steps": len(rows),
+        "loss": rows[-1]["loss"],
+        "step_time_s": statistics.median(r["step_time_s"] for r in steady),
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in steady),
+        "mfu": statistics.median(mfu) if mfu else None,
+    }
+
+
+def target_forward_flops(target: Path, tokens_per_step: int, seq_len: int) -> float:
+    """FLOPs of the frozen target's forward over one step's rows (every layer: the KL's
+    teacher needs the last), causal attention pairs within a row (an upper bound)."""
+    from turbo_dllm.families.dflash import read_target_config
+
+    config = read_target_config(str(target))
+    rows = tokens_per_step // seq_len
+    pairs = rows * seq_len * (seq_len + 1) // 2
+    return config.step_flops(stream_tokens=tokens_per_step, scored_tokens=0, pairs=pairs) / 3
+
+
+def train_and_export(document, run: Path, out: Path, kind: str = "decoder") -> tuple[Path, dict]:
     from turbo_dllm.config.runspec import RunSpec
     from turbo_dllm.config.validate import check
     from turbo_dllm.train.entry import train
 
     spec = check(RunSpec.model_validate(document))
+    progress(f"{kind}: training for {spec.training.max_duration_s:.0f} s")
     started = time.perf_counter()
     train(spec, run)
-    steps = len((run / "metrics.jsonl").read_text().splitlines())
-    last = json.loads((run / "metrics.jsonl").read_text().splitlines()[-1])
-    print(
-        f"{kind}: {steps} steps in {time.perf_counter() - started:.0f} s, loss {last['loss']:.3f}",
-        file=sys.stderr,
+    record = {"wall_s": time.perf_counter() - started, **throughput(run)}
+    progress(
+        f"{kind}: {record['steps']} steps in {record['wall_s']:.0f} s, loss {record['loss']:.3f}, "
+        f"{record['step_time_s'] * 1e3:.1f} ms/step, {record['tokens_per_s']:,.0f} tokens/s"
     )
     if kind == "dflash":
         from turbo_dllm.families.dflash.export import export_drafter
 
-        return export_drafter(run / "checkpoints", out)
+        return export_drafter(run / "checkpoints", out), record
     from turbo_dllm.train.export import export_checkpoint
 
-    return export_checkpoint(run / "checkpoints", out)
+    return export_checkpoint(run / "checkpoints", out), record
 
 
 def main() -> int:
@@ -140,21 +180,22 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=None)
     parser.add_argument("--work", type=Path, default=Path("/tmp/dllm-speculative"))
     parser.add_argument("--tiny", action="store_true", help="CPU plumbing check (seconds)")
-    parser.add_argument("--target-seconds", type=float, default=170.0)
-    parser.add_argument("--drafter-seconds", type=float, default=80.0)
+    parser.add_argument("--target-seconds", type=float, default=75.0)
+    parser.add_argument("--drafter-seconds", type=float, default=45.0)
     parser.add_argument("--drafter-layers", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=8)
     parser.add_argument("--seq-len", type=int, default=1024)
     parser.add_argument("--micro-batch", type=int, default=16)
+    parser.add_argument("--max-anchors", type=int, default=None, help="default: seq_len / 4")
     parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--num-prompts", type=int, default=16)
+    parser.add_argument("--num-prompts", type=int, default=12)
     parser.add_argument("--prompt-len", type=int, default=64)
     args = parser.parse_args()
     import shutil
 
     import torch
 
-    from turbo_dllm.families.dflash.speculative import evaluate
+    from turbo_dllm.families.dflash.speculative import compare
 
     gpu = torch.cuda.is_available() and not args.tiny
     shape = SHAPES["tiny" if args.tiny else "target"]
@@ -165,6 +206,7 @@ def main() -> int:
         )
         args.seq_len, args.micro_batch, args.max_new_tokens = 128, 4, 16
         args.num_prompts, args.prompt_len = 2, 16
+    max_anchors = args.max_anchors or max(8, args.seq_len // 4)
     work = args.work
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -174,18 +216,18 @@ def main() -> int:
     t0 = time.perf_counter()
     train_data = prepare(training, work / "train-data", args.seq_len)
     eval_data = prepare(held_out, work / "heldout-data", args.seq_len)
-    print(f"data: {len(training)} train / {len(held_out)} held-out files", file=sys.stderr)
+    progress(f"data: {len(training)} train / {len(held_out)} held-out files")
+    common_train = dict(seq_len=args.seq_len, micro=args.micro_batch, lr=1e-3)
 
-    target = train_and_export(
+    target, target_record = train_and_export(
         decoder_spec(
             train_data,
             work / "target-run",
             shape,
             seconds=args.target_seconds,
-            seq_len=args.seq_len,
-            micro=args.micro_batch,
-            lr=1e-3,
             gpu=gpu,
+            every=25,
+            **common_train,
         ),
         work / "target-run",
         work / "target",
@@ -193,30 +235,30 @@ def main() -> int:
     )
     h, _, heads, kv, hd, inter = shape
     ar_shape = (h, args.drafter_layers, heads, kv, hd, inter)
-    ar = train_and_export(
+    ar, ar_record = train_and_export(
         decoder_spec(
             train_data,
             work / "ar-run",
             ar_shape,
             seconds=args.drafter_seconds,
-            seq_len=args.seq_len,
-            micro=args.micro_batch,
-            lr=1e-3,
             gpu=gpu,
+            every=200,
+            **common_train,
         ),
         work / "ar-run",
         work / "ar-drafter",
         "ar-drafter",
     )
+    # Eager, no compile: a cold compile of the drafter's layers would take a good part of its
+    # training time (the AR drafter's layers are the target's, already in the compile cache).
     dflash_doc = decoder_spec(
         train_data,
         work / "dflash-run",
         shape,
         seconds=args.drafter_seconds,
-        seq_len=args.seq_len,
-        micro=args.micro_batch,
-        lr=1e-3,
         gpu=False,
+        every=50,
+        **common_train,
     )
     dflash_doc["model"] = {
         "family": "dflash",
@@ -231,31 +273,49 @@ def main() -> int:
     dflash_doc["objective"] = {
         "name": "dflash_distillation",
         "block_size": args.block_size,
-        "max_anchors": max(8, args.seq_len // 4),
+        "max_anchors": max_anchors,
         "anchor_sampling": "locality",
         "decay_gamma": 7.0,
         "dflash_loss": "speculators_kl",
     }
-    drafter = train_and_export(dflash_doc, work / "dflash-run", work / "dflash-drafter", "dflash")
+    drafter, dflash_record = train_and_export(
+        dflash_doc, work / "dflash-run", work / "dflash-drafter", "dflash"
+    )
+    tokens_per_step = args.micro_batch * args.seq_len
+    if dflash_record["mfu"] is not None:  # the drafter's FLOPs plus the frozen target's forward
+        from turbo_dllm.train.metrics import peak_flops
+
+        teacher = target_forward_flops(target, tokens_per_step, args.seq_len)
+        peak = peak_flops(torch.device("cuda"))
+        dflash_record["mfu_with_target"] = (
+            dflash_record["mfu"] + teacher / dflash_record["step_time_s"] / peak
+        )
     train_s = time.perf_counter() - t0
 
-    common = dict(
-        block_size=args.block_size,
-        max_new_tokens=args.max_new_tokens,
-        num_prompts=args.num_prompts,
-        prompt_len=args.prompt_len,
-        strict=False,  # a mismatch is recorded in the report, not a lost run
+    progress("eval: loading the target and both drafters")
+    d, a = (
+        r.to_dict()
+        for r in compare(
+            str(target),
+            [str(drafter), str(ar)],
+            str(eval_data),
+            block_size=args.block_size,
+            max_new_tokens=args.max_new_tokens,
+            num_prompts=args.num_prompts,
+            prompt_len=args.prompt_len,
+            strict=False,  # a mismatch is recorded in the report, not a lost run
+            progress=progress,
+        )
     )
-    reports = {
-        "dflash": evaluate(str(target), str(drafter), str(eval_data), **common).to_dict(),
-        "autoregressive": evaluate(str(target), str(ar), str(eval_data), **common).to_dict(),
-    }
-    d, a = reports["dflash"], reports["autoregressive"]
+    reports = {"dflash": d, "autoregressive": a}
     result = {
         "benchmark": "speculative",
         "device": torch.cuda.get_device_name() if gpu else "cpu",
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "max_anchors": max_anchors,
         "train_s": train_s,
+        "wall_s": time.perf_counter() - STARTED,
+        "training": {"target": target_record, "ar-drafter": ar_record, "dflash": dflash_record},
         "reports": reports,
         "tau_ratio_dflash_over_ar": d["tau"] / a["tau"],
         "targets": {
@@ -263,6 +323,17 @@ def main() -> int:
             "dflash_speedup>=2": d["speedup"] >= 2.0,
         },
     }
+    print(f"{'training':<15}{'steps':>7}{'ms/step':>9}{'tokens/s':>11}{'mfu':>7}{'loss':>8}")
+    for name, r in result["training"].items():
+        mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
+        print(
+            f"{name:<15}{r['steps']:>7}{r['step_time_s'] * 1e3:>9.1f}{r['tokens_per_s']:>11,.0f}"
+            f"{mfu:>7}{r['loss']:>8.3f}"
+        )
+    if "mfu_with_target" in dflash_record:
+        print(
+            f"dflash mfu counting the frozen target's forward: {100 * dflash_record['mfu_with_target']:.1f}%"
+        )
     print(
         f"{'drafter':<15}{'tau':>8}{'target tok/s':>15}{'spec tok/s':>13}{'speedup':>9}"
         f"{'lossless':>10}"
@@ -274,6 +345,7 @@ def main() -> int:
         )
     print(
         f"tau ratio dflash/ar: {result['tau_ratio_dflash_over_ar']:.2f}  targets: {result['targets']}"
+        f"  wall {result['wall_s']:.0f} s"
     )
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -191,3 +191,48 @@ def test_a_drafter_folder_of_another_target_is_refused(world, tmp_path):
         check(RunSpec.model_validate(document))
     text = str(error.value)
     assert "hidden size (96)" in text and "vocabulary (300)" in text
+
+
+def test_masked_attention_hands_sdpa_equal_head_counts(monkeypatch):
+    """With a mask, grouped K/V heads are expanded before SDPA (CUDA's fused kernel takes the
+    call, not the math fallback); the result is grouped-query attention's."""
+    from turbo_dllm.families.dflash import model as drafter_model
+
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 6, 8, generator=g)
+    k, v = torch.randn(2, 2, 10, 8, generator=g), torch.randn(2, 2, 10, 8, generator=g)
+    mask = torch.rand(2, 1, 6, 10, generator=g) > 0.3
+    mask[..., 0] = True  # every query sees a key
+    expected = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, enable_gqa=True
+    )
+    seen = []
+    sdpa = drafter_model.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append((q.shape[1], k.shape[1], kwargs["enable_gqa"]))
+        return sdpa(q, k, v, **kwargs)
+
+    monkeypatch.setattr(drafter_model.F, "scaled_dot_product_attention", spy)
+    out = drafter_model.masked_attention(q, k, v, mask)
+    assert seen == [(4, 4, False)]
+    torch.testing.assert_close(out, expected)
+
+
+def test_the_target_runs_a_batch_in_one_forward(world):
+    """All rows of a micro-batch go through the frozen target together (one row at a time was
+    most of a GPU drafter step); each row's features are the one-row forward's."""
+    from turbo_dllm.families.dflash.target import TargetFeatures
+
+    config = resolve_model_config(drafter_spec(world["target"], world["artifact"]).model)
+    target = TargetFeatures(str(world["target"]), config, teacher=True, device=torch.device("cpu"))
+    calls = []
+    target.model.model.layers[0].register_forward_hook(lambda *args: calls.append(1))
+    ids = torch.randint(0, 250, (3, 16), generator=torch.Generator().manual_seed(0))
+    docs = torch.tensor([[0] * 16, [0] * 5 + [1] * 11, [2] * 16])
+    features, teacher = target(ids, docs)
+    assert len(calls) == 1
+    for row in range(3):
+        alone, alone_teacher = target(ids[row : row + 1], docs[row : row + 1])
+        assert torch.equal(features[row : row + 1], alone)
+        assert torch.equal(teacher[row : row + 1], alone_teacher)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from tests.dflash.helpers import target_document
 from tests.helpers import assert_user_error
@@ -95,3 +96,53 @@ def test_a_drafter_of_another_target_is_refused_before_decoding(cli, world, draf
         world["artifact"],
     )
     assert_user_error(result, "does not fit the target", "hidden size")
+
+
+def test_autoregressive_drafts_match_a_cache_free_drafter_under_partial_acceptance():
+    """The drafter's KV cache and unread tokens stay in step with the sequence through
+    rejected drafts: every block equals the one drafted from scratch over the whole sequence."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    from turbo_dllm.families.dflash import speculative
+
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    torch.manual_seed(0)
+    target, drafter = Qwen3ForCausalLM(config).eval(), Qwen3ForCausalLM(config).eval()
+    drafter.load_state_dict(target.state_dict())
+    with torch.no_grad():  # a near copy: it agrees with the target often, not always
+        for param in drafter.parameters():
+            param.add_(torch.randn_like(param) * 0.003)
+
+    class CacheFree:
+        needs_hidden = False
+        drafts = 4
+
+        def reset(self, prompt, hidden_states):
+            self.sequence = prompt.tolist()
+
+        def propose(self, last, length):
+            ids = (self.sequence + last.tolist())[:length]
+            for _ in range(self.drafts):
+                ids.append(int(drafter(input_ids=torch.tensor([ids])).logits[0, -1].argmax()))
+            return torch.tensor(ids[length:])
+
+        def accept(self, length, hidden_states, verify, kept):
+            self.sequence = (self.sequence + verify.tolist())[: length - 1]
+
+    prompt = torch.randint(64, (12,), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        plain = speculative._greedy_target(target, prompt, 40)
+        cached = speculative._AutoregressiveProposer(drafter, block_size=5)
+        out, gains = speculative._speculative(target, cached, prompt, 40)
+        reference, reference_gains = speculative._speculative(target, CacheFree(), prompt, 40)
+    assert out == plain == reference
+    assert gains == reference_gains
+    assert 1 in gains and 5 in gains and len(set(gains)) > 2  # rejections and full blocks

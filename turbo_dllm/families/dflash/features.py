@@ -13,8 +13,10 @@ A feature artifact is a folder:
 Rows are the data artifact's rows, in order; the training loader hands each batch's row
 indices, and `FeatureStore.lookup` rebuilds the (R, L, F) features with zeros at padding
 (a position no anchor's context or teacher ever reads). The features are the numbers the
-online path computes (the same `TargetFeatures`, one row at a time in both), so training from
-them gives the online loss trace exactly.
+online path computes (the same `TargetFeatures`; written one row at a time, computed online a
+batch's rows in one forward, which on CPU gives each row the one-row numbers), so training from
+them gives the online loss trace exactly on CPU; CUDA's bf16 kernels may round a row by the
+batch it came in.
 
 Writing is atomic and resumable: shards go into `.<out>.partial/`, each written whole and
 recorded in `progress.json` with its sha256; a rerun with the same inputs keeps the finished

@@ -19,6 +19,7 @@ tau = accepted tokens per target forward in the speculative loop (mean of 1 + ac
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections import Counter
@@ -30,7 +31,7 @@ import torch
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["SpeculativeReport", "evaluate", "held_out_prompts"]
+__all__ = ["SpeculativeReport", "compare", "evaluate", "held_out_prompts"]
 
 
 @dataclass
@@ -101,29 +102,37 @@ def _crop(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def _step(model, ids: torch.Tensor, cache=None, hidden: bool = False):
-    """One cached forward: (logits (S, V), cache, hidden-state tuple or None). transformers
-    renamed `past_key_values` to `cache` (5.2x); use whichever this version's model takes."""
+@functools.cache
+def _cache_argument(model_class) -> str:
+    """transformers renamed `past_key_values` to `cache` (5.2x): the name this model takes."""
     import inspect
 
+    names = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in names else "past_key_values"
+
+
+def _step(model, ids: torch.Tensor, cache=None, hidden: bool = False):
+    """One cached forward of the 1-D `ids`: (logits (S, V), cache, hidden-state tuple or None)."""
     if cache is None:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-    name = "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+    name = _cache_argument(type(model))
     out = model(input_ids=ids[None], use_cache=True, output_hidden_states=hidden, **{name: cache})
     return out.logits[0], cache, out.hidden_states if hidden else None
 
 
 def _greedy_target(target, prompt: torch.Tensor, new_tokens: int) -> list[int]:
+    """The target alone: prefill, then one forward per token. The tokens stay on the device
+    (each forward's argmax feeds the next) and come back to the host once, at the end."""
     logits, cache, _ = _step(target, prompt)
-    token = int(logits[-1].argmax())
+    token = logits[-1:].argmax(-1)
     tokens = [token]
     while len(tokens) < new_tokens:
-        logits, cache, _ = _step(target, torch.tensor([token], device=prompt.device), cache)
-        token = int(logits[-1].argmax())
+        logits, cache, _ = _step(target, token, cache)
+        token = logits[-1:].argmax(-1)
         tokens.append(token)
-    return tokens
+    return torch.cat(tokens).tolist()
 
 
 class _DFlashProposer:
@@ -141,34 +150,38 @@ class _DFlashProposer:
 
     def reset(self, prompt: torch.Tensor, hidden_states) -> None:
         self.context = self.drafter.project_context(self._features(hidden_states))
+        self.masks = torch.full((self.block_size - 1,), self.mask, device=prompt.device)
+        self.offsets = torch.arange(self.block_size, device=prompt.device)[None]
 
     def _features(self, hidden_states) -> torch.Tensor:
         return torch.cat([hidden_states[i + 1] for i in self.ids], dim=-1).to(
             self.drafter.fc.weight.dtype
         )
 
-    def propose(self, sequence: list[int]) -> list[int]:
+    def propose(self, last: torch.Tensor, length: int) -> torch.Tensor:
+        """The drafts (d,) after the last accepted token `last` (1,), at position length - 1,
+        on the device (no host sync)."""
         from turbo_dllm.families.dflash.model import DraftContext
 
         device = self.context.device
-        position = len(sequence) - 1  # the last accepted token: the block's anchor
-        block = torch.full((1, self.block_size), self.mask, device=device)
-        block[0, 0] = sequence[-1]
-        positions = position + torch.arange(self.block_size, device=device)[None]
+        position = length - 1  # the last accepted token: the block's anchor
+        block = torch.cat([last, self.masks])[None]
         context = DraftContext(None, torch.arange(position, device=device), None)
-        hidden = self.drafter.hidden_states(block, positions, context, projected=self.context)
-        logits = self.drafter.lm_head(hidden)[0]
-        picked = logits.argmax(-1).tolist()
+        hidden = self.drafter.hidden_states(
+            block, position + self.offsets, context, projected=self.context
+        )
+        picked = self.drafter.lm_head(hidden)[0].argmax(-1)
         return picked[: self.drafts] if self.from_anchor else picked[1:]
 
-    def accept(self, sequence: list[int], hidden_states, kept: int) -> None:
+    def accept(self, length: int, hidden_states, verify: torch.Tensor, kept: int) -> None:
         """`kept` rows of the verify forward (the anchor and the accepted drafts) are final."""
         rows = self._features(hidden_states)[:, :kept]
         self.context = torch.cat([self.context, self.drafter.project_context(rows)], dim=1)
 
 
 class _AutoregressiveProposer:
-    """A small causal LM drafting B - 1 tokens greedily, with its own KV cache."""
+    """A small causal LM drafting B - 1 tokens greedily, with its own KV cache; each draft's
+    argmax feeds the next forward on the device (no host sync inside a block)."""
 
     needs_hidden = False
 
@@ -179,48 +192,54 @@ class _AutoregressiveProposer:
     def reset(self, prompt: torch.Tensor, hidden_states) -> None:
         self.cache = None
         self.cached = 0
+        self.pending = prompt  # tokens the drafter has not read yet
 
-    def propose(self, sequence: list[int]) -> list[int]:
-        device = next(self.drafter.parameters()).device
-        proposal: list[int] = []
-        pending = sequence[self.cached :]
+    def propose(self, last: torch.Tensor, length: int) -> torch.Tensor:
+        pending = torch.cat([self.pending, last]) if self.pending.numel() else last
+        proposal = []
         for _ in range(self.drafts):
-            ids = torch.tensor(pending, device=device)
-            logits, self.cache, _ = _step(self.drafter, ids, self.cache)
-            self.cached += len(pending)
-            token = int(logits[-1].argmax())
-            proposal.append(token)
-            pending = [token]
-        return proposal
+            logits, self.cache, _ = _step(self.drafter, pending, self.cache)
+            self.cached += pending.numel()
+            pending = logits[-1:].argmax(-1)
+            proposal.append(pending)
+        return torch.cat(proposal)
 
-    def accept(self, sequence: list[int], hidden_states, kept: int) -> None:
-        # the drafter's cache may hold rejected drafts: keep only the agreed prefix
-        valid = min(self.cached, len(sequence) - 1)
+    def accept(self, length: int, hidden_states, verify: torch.Tensor, kept: int) -> None:
+        # The cache may hold rejected drafts: keep the agreed prefix. The sequence's last
+        # `kept + 1` tokens are verify[:kept] and the target's own next token; queue those up
+        # to the last one that the drafter has not read (at most the last accepted draft).
+        valid = min(self.cached, length - 1)
         _crop(self.cache, valid)
         self.cached = valid
+        self.pending = verify[valid - (length - kept - 1) : kept]
 
 
 def _speculative(
     target, proposer, prompt: torch.Tensor, new_tokens: int
 ) -> tuple[list[int], list[int]]:
-    """(generated tokens, tokens gained per target forward)."""
-    device = prompt.device
+    """(generated tokens, tokens gained per target forward). One host sync per target forward:
+    the drafts and the target's choices come back together to count the agreed prefix."""
     logits, cache, hidden = _step(target, prompt, hidden=proposer.needs_hidden)
     proposer.reset(prompt, hidden)
-    sequence = prompt.tolist() + [int(logits[-1].argmax())]
+    last = logits[-1:].argmax(-1)
+    sequence = prompt.tolist() + last.tolist()
     start = len(prompt)
     gains: list[int] = []
     while len(sequence) - start < new_tokens:
-        drafts = proposer.propose(sequence)
-        verify = torch.tensor([sequence[-1], *drafts], device=device)
+        drafts = proposer.propose(last, len(sequence))
+        verify = torch.cat([last, drafts])
         logits, cache, hidden = _step(target, verify, cache, hidden=proposer.needs_hidden)
-        choices = logits.argmax(-1).tolist()  # choices[j]: the target's token after row j
+        choices = logits.argmax(-1)  # choices[j]: the target's token after row j
+        both = torch.cat([drafts, choices]).tolist()
+        d = len(both) // 2
+        drafted, chosen = both[:d], both[d:]
         accepted = 0
-        while accepted < len(drafts) and drafts[accepted] == choices[accepted]:
+        while accepted < d and drafted[accepted] == chosen[accepted]:
             accepted += 1
-        sequence += drafts[:accepted] + [choices[accepted]]
+        sequence += drafted[:accepted] + [chosen[accepted]]
+        last = choices[accepted : accepted + 1]
         _crop(cache, len(sequence) - 1)  # rows up to the new last token's predecessor are final
-        proposer.accept(sequence, hidden, accepted + 1)
+        proposer.accept(len(sequence), hidden, verify, accepted + 1)
         gains.append(accepted + 1)
     return sequence[start : start + new_tokens], gains
 
@@ -252,9 +271,15 @@ def _drafter(folder: str, target_folder: str, device, dtype):
     return "autoregressive", _load_target(folder, device, dtype)
 
 
-def evaluate(
+def evaluate(target: str, drafter: str, data: str, **options) -> SpeculativeReport:
+    """Decode held-out prompts of `data` with the target alone and with `drafter`, and compare
+    (`compare` with one drafter; the options are its)."""
+    return compare(target, [drafter], data, **options)[0]
+
+
+def compare(
     target: str,
-    drafter: str,
+    drafters: list[str],
     data: str,
     *,
     block_size: int | None = None,
@@ -264,40 +289,35 @@ def evaluate(
     device: str | None = None,
     dtype: str = "float32",
     strict: bool = True,
-) -> SpeculativeReport:
-    """Decode `num_prompts` held-out prompts of `data` both ways and compare; with `strict`
-    (the CLI), outputs that differ are an error, else the report says `lossless: false` and
-    `first_mismatch` (a benchmark records it rather than losing the run)."""
+    progress=None,
+) -> list[SpeculativeReport]:
+    """Decode `num_prompts` held-out prompts of `data` with the target alone (once) and with
+    each drafter, through the same forward and cache machinery, and compare; one report per
+    drafter, each against the same target-alone run. With `strict` (the CLI), outputs that
+    differ are an error, else the report says `lossless: false` and `first_mismatch` (a
+    benchmark records it rather than losing the run). `progress(line)`: called as each
+    decode starts and ends."""
     from turbo_dllm.families.dflash import read_target_config
 
+    say = progress or (lambda line: None)
     torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = getattr(torch, dtype)
     target_config = read_target_config(target)  # a readable target before any work
-    if not _architecture(drafter).startswith("DFlash"):  # checked before loading anything
-        from turbo_dllm.families.base import read_hf_config
-
-        if block_size is None:
-            raise DllmError(
-                "an autoregressive drafter has no block size", hint="pass --block-size B"
-            )
-        vocab = read_hf_config(Path(drafter) / "config.json", what="drafter").get("vocab_size")
-        if vocab != target_config.vocab_size:
-            raise DllmError(
-                f"the drafter's vocabulary ({vocab}) is not the target's "
-                f"({target_config.vocab_size})",
-                hint="a drafter must share the target's tokenizer",
-            )
-    kind, draft_model = _drafter(drafter, target, torch_device, torch_dtype)
-    block = block_size or draft_model.config.block_size
-    if block < 2:
-        raise DllmError(f"--block-size must be at least 2 (got {block})")
+    for drafter in drafters:
+        _check_autoregressive(drafter, block_size, target_config)  # before loading anything
+    models = [_drafter(drafter, target, torch_device, torch_dtype) for drafter in drafters]
+    blocks = [block_size or model.config.block_size for _, model in models]
+    for block in blocks:
+        if block < 2:
+            raise DllmError(f"--block-size must be at least 2 (got {block})")
     prompts = [
         p.to(torch_device) for p in held_out_prompts(data, count=num_prompts, length=prompt_len)
     ]
     target_model = _load_target(target, torch_device, torch_dtype)
-    proposer = (_DFlashProposer if kind == "dflash" else _AutoregressiveProposer)(
-        draft_model, block
-    )
+    proposers = [
+        (_DFlashProposer if kind == "dflash" else _AutoregressiveProposer)(model, block)
+        for (kind, model), block in zip(models, blocks, strict=True)
+    ]
 
     def timed(fn):
         if torch_device.type == "cuda":
@@ -308,23 +328,65 @@ def evaluate(
             torch.cuda.synchronize()
         return result, time.perf_counter() - start
 
+    total = max_new_tokens * len(prompts)
+    reports = []
     with torch.inference_mode():
         # one warm-up decode each (allocator, kernels), not timed
         _greedy_target(target_model, prompts[0], 2)
-        _speculative(target_model, proposer, prompts[0], 2)
+        for proposer in proposers:
+            _speculative(target_model, proposer, prompts[0], 2)
+        say(f"eval: target alone, {len(prompts)} prompts x {max_new_tokens} tokens")
         plain, plain_s = timed(
             lambda: [_greedy_target(target_model, p, max_new_tokens) for p in prompts]
         )
-        spec, spec_s = timed(
-            lambda: [_speculative(target_model, proposer, p, max_new_tokens) for p in prompts]
+        say(f"eval: target alone {total / plain_s:.1f} tokens/s")
+        for (kind, _), block, proposer in zip(models, blocks, proposers, strict=True):
+            spec, spec_s = timed(
+                lambda proposer=proposer: [
+                    _speculative(target_model, proposer, p, max_new_tokens) for p in prompts
+                ]
+            )
+            report = _report(kind, block, plain, plain_s, spec, spec_s, max_new_tokens)
+            say(
+                f"eval: {kind} drafter tau {report.tau:.2f}, "
+                f"{report.speculative_tokens_per_s:.1f} tokens/s ({report.speedup:.2f}x)"
+            )
+            if not report.lossless and strict:
+                first = report.first_mismatch
+                raise DllmError(
+                    f"speculative decoding changed the output of prompt {first}: "
+                    f"{json.dumps(plain[first][:16])} vs {json.dumps(spec[first][0][:16])}",
+                    hint="the target's greedy choices must not depend on how many tokens a "
+                    "forward checks; evaluate in float32 (--dtype float32)",
+                )
+            reports.append(report)
+    return reports
+
+
+def _check_autoregressive(drafter: str, block_size: int | None, target_config) -> None:
+    """An autoregressive drafter needs a block size and the target's vocabulary."""
+    if _architecture(drafter).startswith("DFlash"):
+        return
+    from turbo_dllm.families.base import read_hf_config
+
+    if block_size is None:
+        raise DllmError("an autoregressive drafter has no block size", hint="pass --block-size B")
+    vocab = read_hf_config(Path(drafter) / "config.json", what="drafter").get("vocab_size")
+    if vocab != target_config.vocab_size:
+        raise DllmError(
+            f"the drafter's vocabulary ({vocab}) is not the target's ({target_config.vocab_size})",
+            hint="a drafter must share the target's tokenizer",
         )
+
+
+def _report(kind, block, plain, plain_s, spec, spec_s, max_new_tokens) -> SpeculativeReport:
     lossless = all(a == b for a, (b, _) in zip(plain, spec, strict=True))
     gains = [g for _, per_prompt in spec for g in per_prompt]
-    total = max_new_tokens * len(prompts)
+    total = max_new_tokens * len(plain)
     report = SpeculativeReport(
         drafter_kind=kind,
         block_size=block,
-        prompts=len(prompts),
+        prompts=len(plain),
         new_tokens=total,
         target_forwards=len(gains),
         tau=sum(gains) / len(gains),
@@ -337,12 +399,4 @@ def evaluate(
     if not lossless:
         first = next(i for i, (a, (b, _)) in enumerate(zip(plain, spec, strict=True)) if a != b)
         report.first_mismatch = first
-    if not lossless and strict:
-        first = next(i for i, (a, (b, _)) in enumerate(zip(plain, spec, strict=True)) if a != b)
-        raise DllmError(
-            f"speculative decoding changed the output of prompt {first}: "
-            f"{json.dumps(plain[first][:16])} vs {json.dumps(spec[first][0][:16])}",
-            hint="the target's greedy choices must not depend on how many tokens a forward "
-            "checks; evaluate in float32 (--dtype float32)",
-        )
     return report
