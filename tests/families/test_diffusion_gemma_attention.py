@@ -71,3 +71,34 @@ def test_an_unknown_grouped_gemm_kind_is_an_error():
 
     with pytest.raises(DllmError, match="grouped GEMM"):
         grouped_matmul(torch.zeros(2, 4), torch.zeros(1, 3, 4), torch.tensor([2]), "magic")
+
+
+def test_compiled_checkpointed_layers_trace_the_grouped_gemm_path_whole(tmp_path):
+    """The trainer's compiled, checkpointed layers on the GPU's grouped-GEMM path: one graph
+    each (bincount's data-dependent size broke it, and a break inside a checkpointed layer
+    left the whole layer eager)."""
+    from tests.train.util import tiny_spec
+    from turbo_dllm.train.distributed import init_distributed
+    from turbo_dllm.train.trainer import Trainer
+
+    base = {
+        "launch": {"seed": 0},
+        "model": {"family": "diffusion_gemma", "from_config": "tiny", "dtype": "bfloat16"},
+        "objective": {"name": "diffusiongemma_sft", "block_size": 16},
+        "data": {"synthetic": {"num_sequences": 4, "vocab_size": 512}, "seq_len": 64},
+        "training": {"micro_batch_size": 1, "steps": 1, "activation_checkpointing": True},
+        "scheduler": {"name": "constant", "warmup_steps": 0},
+        "checkpoint": {"interval": None},
+        "logging": {"console": False},
+    }
+    from torch._dynamo.utils import counters
+
+    trainer = Trainer(tiny_spec(base=base), tmp_path, init_distributed()).build()
+    torch._dynamo.reset()
+    counters.clear()
+    for layer in trainer.model.model.decoder.layers:
+        layer.experts.gemm = "grouped_mm"  # (the CPU loop reads its offsets on the host)
+        layer.compile(backend="eager", dynamic=False)  # as apply_compile, inductor aside
+    assert torch.isfinite(torch.tensor(trainer.train_step(0)["loss"]))
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 2  # one per layer kind (sliding, full)
