@@ -6,7 +6,8 @@ starts mid-block (response start 10, block 8) and sliding windows shorter than t
 each rank feeds its zigzag share of [canvas ; clean] and all-gathers K/V per layer. Summed over
 the ranks the loss and every gradient (FSDP2 over the cp ranks, as the trainer shards) equal one
 process's, alone and with the experts sharded over the same two ranks (ep 2: each rank
-dispatches the tokens of its share). Then `dllm train` at cp 2 trains the single-process trace.
+dispatches the tokens of its share). Then `dllm train` at cp 2 + ep 2 trains the single-process
+trace.
 """
 
 from __future__ import annotations
@@ -146,15 +147,16 @@ SFT = {
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("extra", [(), ("--set", "topology.ep=2")], ids=["cp2", "cp2-ep2"])
-def test_dllm_train_at_cp2_trains_the_single_process_trace(tmp_path, extra):
+def test_dllm_train_at_cp2_with_ep2_trains_the_single_process_trace(tmp_path):
+    """The trainer's path: the family's plan hook, the rules, FSDP2 over the cp ranks and the
+    expert meshes on a context-parallel layout (cp alone: the model-level test above)."""
     from tests.train.util import losses, metrics, tiny_spec, torchrun, write_config
     from turbo_dllm.train.entry import train
 
     single, cp2 = tmp_path / "single", tmp_path / "cp2"
     train(tiny_spec(base=SFT), single)
     config = write_config(tmp_path / "train.yaml", base=SFT)
-    sets = ("--set", "topology.cp=2", *extra)
+    sets = ("--set", "topology.cp=2", "--set", "topology.ep=2")
     torchrun(2, "train", "--config", str(config), "--run-dir", str(cp2), *sets, cwd=tmp_path)
     tol = {"rtol": 5e-5, "atol": 5e-5}
     torch.testing.assert_close(losses(cp2), losses(single), **tol)

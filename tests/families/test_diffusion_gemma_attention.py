@@ -102,3 +102,31 @@ def test_compiled_checkpointed_layers_trace_the_grouped_gemm_path_whole(tmp_path
     assert torch.isfinite(torch.tensor(trainer.train_step(0)["loss"]))
     assert dict(counters["graph_break"]) == {}
     assert counters["stats"]["unique_graphs"] == 2  # one per layer kind (sliding, full)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_context_parallel_flex_mask_equals_the_reference_on_each_ranks_share(window, monkeypatch):
+    """cp's flex block mask (the predicate on stream indices) against the dense reference, for
+    every rank's queries over the gathered keys; eager flex here (CUDA compiles it: tests/gpu)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    import turbo_dllm.train.parallel.partial_attention as partial_attention
+    from turbo_dllm.families.diffusion_gemma.context import GemmaCpAttention, local_stream
+
+    monkeypatch.setattr(partial_attention, "_flex_attention", lambda: flex_attention)
+    layout = CanvasLayout(256, 32, 40).with_window(window)
+    gathered = torch.cat([local_stream(layout, 2, r)[0] for r in range(2)])
+    torch.manual_seed(0)
+    k = torch.randn(2, 2, gathered.numel(), 16)
+    v = torch.randn_like(k)
+    cpu = torch.device("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex warns that it is unfused
+        for rank in range(2):
+            local, _ = local_stream(layout, 2, rank)
+            q = torch.randn(2, 4, local.numel(), 16)
+            ref, flex = (
+                GemmaCpAttention(layout, local, gathered, None, backend, cpu)._attend(q, k, v)
+                for backend in ("reference", "flex")
+            )
+            torch.testing.assert_close(flex, ref, atol=1e-5, rtol=1e-5)
