@@ -415,7 +415,7 @@ def run_gemma_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
     # Ours checkpoints activations (the native SFT's choice), so HF does too from the start: at
     # 8K its full logits and dense masks alone fill much of the GPU, and an out-of-memory first
     # try followed by a checkpointed retry costs minutes of GPU time.
-    checkpointing = device.type == "cuda" and not args.baseline_no_checkpointing
+    checkpointing = not args.baseline_no_checkpointing
     if checkpointing:
         model.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW(

@@ -266,6 +266,7 @@ def test_benchmark_family_smoke_on_cpu(tmp_path):
     report = json.loads(out.read_text())
     assert [r["name"] for r in report["results"]] == ["turbo-dllm", "hf-diffusiongemma"]
     assert report["results"][0]["grouped_gemm"] == "loop"  # CPU float32: the exact loop
+    assert report["results"][1]["gradient_checkpointing"]  # like ours, from the first step
     assert report["family"] == "diffusion_gemma" and report["speedup"] > 0
 
 
