@@ -37,7 +37,11 @@ Other families (`--family`):
   clean sequence (its KV in a cache, the next-token loss from its hidden states), then the
   decoder over the whole canvas against that cache with the canvas masks as 4-D masks per layer
   type, full soft-capped logits (`hf_gemma_loss`, tested equal to our loss on the same weights).
-  Self-conditioning is off on both sides (HF takes it as full logits).
+  Self-conditioning is off on both sides (HF takes it as full logits). HF checkpoints its
+  decoder layers as ours does (`--baseline-no-checkpointing`: first try without). 2 warm-up
+  and 4 timed steps by default; every phase (build, the compiling first step, each step, HF's
+  build and steps) prints its time, a heartbeat while it runs and, past 2 minutes, every
+  thread's Python stack (`Progress`), so a cold GPU run is never silent.
 """
 
 from __future__ import annotations
@@ -231,6 +235,108 @@ def profile_steps(trainer: Trainer, first_step: int, path: Path, device) -> None
     print(f"profile: wall {wall:.3f} s, GPU busy {busy:.3f} s -> {path}", file=sys.stderr)
 
 
+class Progress:
+    """A phase that can take minutes on a cold GPU (building, compiling, the first step) says so.
+
+    While the `with` block runs, a background thread prints `phase: still running after N s`
+    every `every` seconds, and after `stacks_after` seconds (then as often again) every thread's
+    Python stack (faulthandler), so a slow run shows where it is instead of nothing. `announce`:
+    also a line when the phase starts and one with its time when it ends (else the caller
+    prints `seconds`).
+    """
+
+    def __init__(
+        self, phase: str, every: float = 20.0, stacks_after: float = 120.0, announce: bool = True
+    ) -> None:
+        self.phase, self.every, self.stacks_after = phase, every, stacks_after
+        self.announce = announce
+        self.seconds = 0.0
+
+    def __enter__(self) -> Progress:
+        import faulthandler
+        import threading
+
+        self._start = time.perf_counter()
+        self._done = threading.Event()
+        if self.announce:
+            print(f"  {self.phase} ...", file=sys.stderr, flush=True)
+
+        def beat() -> None:
+            while not self._done.wait(self.every):
+                elapsed = time.perf_counter() - self._start
+                print(
+                    f"  {self.phase}: still running after {elapsed:.0f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
+
+        self._thread = threading.Thread(target=beat, daemon=True)
+        self._thread.start()
+        try:
+            faulthandler.dump_traceback_later(self.stacks_after, repeat=True, file=sys.stderr)
+        except (OSError, ValueError):  # a captured stderr (pytest) has no file descriptor
+            pass
+        return self
+
+    def __exit__(self, *exc) -> None:
+        import faulthandler
+
+        faulthandler.cancel_dump_traceback_later()
+        self._done.set()
+        self._thread.join()
+        self.seconds = time.perf_counter() - self._start
+        if self.announce or exc[0] is not None:
+            state = "failed" if exc[0] is not None else "done"
+            print(f"  {self.phase}: {state} in {self.seconds:.1f} s", file=sys.stderr, flush=True)
+
+
+def run_gemma_ours(spec: RunSpec, args, device, name: str = "turbo-dllm") -> tuple[dict, Trainer]:
+    """`run_ours` for DiffusionGemma, with every phase timed and never silent (`Progress`):
+    the build (meta model, weights initialised on the device), the first step (compiles), each
+    timed step."""
+    env = init_distributed()
+    with tempfile.TemporaryDirectory() as run_dir:
+        with Progress("ours: build (meta model, init on the device, optimizer)") as build:
+            trainer = Trainer(spec, run_dir, env).build()
+            sync(device)
+        reset_memory(device)
+        times, flops, first = [], [], None
+        for step in range(args.warmup + args.steps):
+            label = f"ours step {step}" + (" (the first: compiles)" if step == 0 else "")
+            with Progress(label, every=20.0 if step == 0 else 10.0, announce=step == 0) as timer:
+                stats = trainer.train_step(step)
+                sync(device)
+            first = timer.seconds if step == 0 else first
+            if step >= args.warmup:
+                times.append(timer.seconds)
+                flops.append(stats["flops"])
+            print(
+                f"  ours step {step}: {timer.seconds:.3f} s, loss {stats['loss']:.3f}",
+                file=sys.stderr,
+                flush=True,
+            )
+        if args.profile:
+            profile_steps(trainer, args.warmup + args.steps, args.profile, device)
+    result = summarize(
+        name,
+        times,
+        sum(flops) / len(flops),
+        spec.training.micro_batch_size * spec.data.seq_len,
+        peak_flops(device),
+        device,
+        {
+            "compile": spec.training.compile,
+            "attention": spec.model.attention,
+            "activation_checkpointing": spec.training.activation_checkpointing,
+            "mlp_chunks": spec.training.mlp_chunks,
+            "micro_batch": spec.training.micro_batch_size,
+            "build_s": build.seconds,
+            "first_step_s": first,
+        },
+    )
+    return result, trainer
+
+
 def grouped_gemm_in_use(trainer: Trainer, device) -> str | None:
     """Which grouped GEMM DiffusionGemma's experts run in this benchmark's dtype."""
     from turbo_dllm.families.diffusion_gemma.experts import grouped_gemm_kind
@@ -299,11 +405,19 @@ def run_gemma_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
     _free_ours(trainer)  # free ours before building theirs
     reset_memory(device)
     torch.manual_seed(0)
-    with torch.device(device):
-        model = transformers.DiffusionGemmaForBlockDiffusion._from_config(
-            hf_config, attn_implementation="sdpa", dtype=dtype
-        )
+    with Progress("baseline: build transformers' model on the device"):
+        with torch.device(device):
+            model = transformers.DiffusionGemmaForBlockDiffusion._from_config(
+                hf_config, attn_implementation="sdpa", dtype=dtype
+            )
+        sync(device)
     model.train()
+    # Ours checkpoints activations (the native SFT's choice), so HF does too from the start: at
+    # 8K its full logits and dense masks alone fill much of the GPU, and an out-of-memory first
+    # try followed by a checkpointed retry costs minutes of GPU time.
+    checkpointing = not args.baseline_no_checkpointing
+    if checkpointing:
+        model.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda" or None
     )
@@ -327,26 +441,25 @@ def run_gemma_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
         optimizer.zero_grad(set_to_none=True)
         return float(loss.detach()), flops
 
-    checkpointing = False
     for attempt in range(2):
         try:
             reset_memory(device)
             times, flops = [], []
             for index in range(args.warmup + args.steps):
-                sync(device)
-                tick = time.perf_counter()
-                loss, f = step(index)
-                sync(device)
+                with Progress(f"baseline step {index}", every=10.0, announce=False) as timer:
+                    loss, f = step(index)
+                    sync(device)
                 if index >= args.warmup:
-                    times.append(time.perf_counter() - tick)
+                    times.append(timer.seconds)
                     flops.append(f)
                 print(
-                    f"  baseline step {index}: {time.perf_counter() - tick:.3f} s, loss {loss:.3f}",
+                    f"  baseline step {index}: {timer.seconds:.3f} s, loss {loss:.3f}",
                     file=sys.stderr,
+                    flush=True,
                 )
             break
         except torch.cuda.OutOfMemoryError:
-            if attempt == 1:
+            if attempt == 1 or checkpointing:
                 return {"name": name, "error": "out of memory even with checkpointing"}
             print(
                 "  baseline ran out of memory; retrying with gradient checkpointing",
@@ -735,6 +848,11 @@ def main(argv=None) -> int:
         default=120.0,
         help="--context-search: stop probing once the next probe would likely pass this",
     )
+    parser.add_argument(
+        "--baseline-no-checkpointing",
+        action="store_true",
+        help="diffusion_gemma: start HF without gradient checkpointing (retried with it on OOM)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
     parser.add_argument(
         "--profile", type=Path, default=None, help="profile two extra steps; kernel table here"
@@ -756,8 +874,11 @@ def main(argv=None) -> int:
     args.block_size = args.block_size or (
         16 if args.tiny else 64 if hybrid else 256 if gemma else 32
     )
-    args.steps = args.steps or (3 if args.tiny else 10)
-    args.warmup = args.warmup if args.warmup is not None else (1 if args.tiny else 3)
+    # (DiffusionGemma: fewer steps, so ours + HF fit a few minutes of GPU time)
+    args.steps = args.steps or (3 if args.tiny else 4 if gemma else 10)
+    args.warmup = (
+        args.warmup if args.warmup is not None else (1 if args.tiny else 2 if gemma else 3)
+    )
     if (
         args.baseline_micro_batch is not None
         and not 1 <= args.baseline_micro_batch <= args.micro_batch
@@ -785,12 +906,13 @@ def main(argv=None) -> int:
         f"micro-batch {args.micro_batch}, {device}",
         file=sys.stderr,
     )
-    ours, trainer = run_ours(spec, args, device, name=_ours_name(attentions, 0))
+    run = run_gemma_ours if gemma else run_ours
+    ours, trainer = run(spec, args, device, name=_ours_name(attentions, 0))
     extra = []
     for i, other in enumerate(specs[1:], start=1):  # ours again with the other attention
         _free_ours(trainer)
         reset_memory(device)
-        result, trainer = run_ours(other, args, device, name=_ours_name(attentions, i))
+        result, trainer = run(other, args, device, name=_ours_name(attentions, i))
         extra.append(result)
     gemm = grouped_gemm_in_use(trainer, device)
     if gemm is not None:

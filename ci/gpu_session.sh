@@ -81,8 +81,11 @@ for stage in "$@"; do
       python3 benchmarks/train_step.py --no-baseline --micro-batch 2 --out "$OUT/ts_mb2.json" 2>&1 | tail -2 || status=1 ;;
     tests-gemma) python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_grouped_gemm_gpu.py \
           tests/gpu/test_diffusion_gemma_gpu.py 2>&1 | tee "$OUT/gpu-tests-gemma.log" | tail -8 || status=1 ;;
-    train-gemma) python3 benchmarks/train_step.py --family diffusion_gemma --seq-len "${GEMMA_SEQ_LEN:-8192}" \
-          --model "${GEMMA_MODEL:-h200-bench}" \
+    # (progress lines every 10-20 s and Python stacks after 2 min in one phase; bounded by
+    # GEMMA_TIMEOUT seconds, default 420, so a slow cold compile cannot eat the whole call;
+    # GEMMA_FLAGS adds train_step flags, e.g. "--no-compile" or "--steps 3")
+    train-gemma) timeout "${GEMMA_TIMEOUT:-420}" python3 benchmarks/train_step.py --family diffusion_gemma \
+          --seq-len "${GEMMA_SEQ_LEN:-8192}" --model "${GEMMA_MODEL:-h200-bench}" ${GEMMA_FLAGS:-} \
           --out "$OUT/train_step_gemma.json" 2>&1 | tee "$OUT/train_step_gemma.log" | tail -8 || status=1 ;;
     flex-tune) python3 benchmarks/flex_tune.py --autotune --out "$OUT/flex_tune.json" 2>&1 \
           | grep -v "^\s*$" | tee "$OUT/flex_tune.log" | grep -E "ms|AUTOTUNE|BLOCK|failed" | tail -60 || status=1 ;;

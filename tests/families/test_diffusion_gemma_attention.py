@@ -71,3 +71,62 @@ def test_an_unknown_grouped_gemm_kind_is_an_error():
 
     with pytest.raises(DllmError, match="grouped GEMM"):
         grouped_matmul(torch.zeros(2, 4), torch.zeros(1, 3, 4), torch.tensor([2]), "magic")
+
+
+def test_compiled_checkpointed_layers_trace_the_grouped_gemm_path_whole(tmp_path):
+    """The trainer's compiled, checkpointed layers on the GPU's grouped-GEMM path: one graph
+    each (bincount's data-dependent size broke it, and a break inside a checkpointed layer
+    left the whole layer eager)."""
+    from tests.train.util import tiny_spec
+    from turbo_dllm.train.distributed import init_distributed
+    from turbo_dllm.train.trainer import Trainer
+
+    base = {
+        "launch": {"seed": 0},
+        "model": {"family": "diffusion_gemma", "from_config": "tiny", "dtype": "bfloat16"},
+        "objective": {"name": "diffusiongemma_sft", "block_size": 16},
+        "data": {"synthetic": {"num_sequences": 4, "vocab_size": 512}, "seq_len": 64},
+        "training": {"micro_batch_size": 1, "steps": 1, "activation_checkpointing": True},
+        "scheduler": {"name": "constant", "warmup_steps": 0},
+        "checkpoint": {"interval": None},
+        "logging": {"console": False},
+    }
+    from torch._dynamo.utils import counters
+
+    trainer = Trainer(tiny_spec(base=base), tmp_path, init_distributed()).build()
+    torch._dynamo.reset()
+    counters.clear()
+    for layer in trainer.model.model.decoder.layers:
+        layer.experts.gemm = "grouped_mm"  # (the CPU loop reads its offsets on the host)
+        layer.compile(backend="eager", dynamic=False)  # as apply_compile, inductor aside
+    assert torch.isfinite(torch.tensor(trainer.train_step(0)["loss"]))
+    assert dict(counters["graph_break"]) == {}
+    assert counters["stats"]["unique_graphs"] == 2  # one per layer kind (sliding, full)
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_context_parallel_flex_mask_equals_the_reference_on_each_ranks_share(window, monkeypatch):
+    """cp's flex block mask (the predicate on stream indices) against the dense reference, for
+    every rank's queries over the gathered keys; eager flex here (CUDA compiles it: tests/gpu)."""
+    from torch.nn.attention.flex_attention import flex_attention
+
+    import turbo_dllm.train.parallel.partial_attention as partial_attention
+    from turbo_dllm.families.diffusion_gemma.context import GemmaCpAttention, local_stream
+
+    monkeypatch.setattr(partial_attention, "_flex_attention", lambda: flex_attention)
+    layout = CanvasLayout(256, 32, 40).with_window(window)
+    gathered = torch.cat([local_stream(layout, 2, r)[0] for r in range(2)])
+    torch.manual_seed(0)
+    k = torch.randn(2, 2, gathered.numel(), 16)
+    v = torch.randn_like(k)
+    cpu = torch.device("cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # eager flex warns that it is unfused
+        for rank in range(2):
+            local, _ = local_stream(layout, 2, rank)
+            q = torch.randn(2, 4, local.numel(), 16)
+            ref, flex = (
+                GemmaCpAttention(layout, local, gathered, None, backend, cpu)._attend(q, k, v)
+                for backend in ("reference", "flex")
+            )
+            torch.testing.assert_close(flex, ref, atol=1e-5, rtol=1e-5)

@@ -207,6 +207,25 @@ def test_experts_not_divisible_by_ep_and_ep_outside_the_data_ranks_are_refused()
     assert found({"fsdp": 2, "ep": 2}) == []
 
 
+def test_cp_is_accepted_with_ep_and_bp_tp_are_refused_with_reasons():
+    from turbo_dllm.config.load import load_model
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.config.validate import problems
+
+    def found(topology, **objective):
+        document = dict(SFT, topology=topology, data={**SFT["data"], "seq_len": 192})
+        document["objective"] = {**SFT["objective"], **objective}
+        return {p.path: p.message for p in problems(load_model(RunSpec, document, "test"))}
+
+    assert found({"cp": 2}) == {}
+    assert found({"cp": 2, "ep": 2}) == {}
+    assert found({"cp": 2, "fsdp": 2, "ep": 4}) == {}
+    assert "2*cp = 6" in found({"cp": 3}, block_size=8)["objective.block_size"]
+    assert "CSBP" in found({"bp": 2})["topology.bp"]
+    assert "tensor parallelism is not implemented" in found({"tp": 2})["topology.tp"]
+    assert "bp = tp = 1" in found({"fsdp": 2, "ep": 2, "tp": 2})["topology.ep"]
+
+
 def test_the_benchmark_baseline_computes_our_loss_through_transformers(tmp_path):
     """benchmarks/train_step.py --family diffusion_gemma: HF's model trains the same objective."""
     import sys
@@ -247,6 +266,7 @@ def test_benchmark_family_smoke_on_cpu(tmp_path):
     report = json.loads(out.read_text())
     assert [r["name"] for r in report["results"]] == ["turbo-dllm", "hf-diffusiongemma"]
     assert report["results"][0]["grouped_gemm"] == "loop"  # CPU float32: the exact loop
+    assert report["results"][1]["gradient_checkpointing"]  # like ours, from the first step
     assert report["family"] == "diffusion_gemma" and report["speedup"] > 0
 
 

@@ -58,3 +58,25 @@ def test_native_sft_trains_with_flex_compile_and_bf16(tmp_path):
     train(tiny_spec(base=base), tmp_path)
     trace = losses(tmp_path)
     assert all(torch.isfinite(torch.tensor(trace))) and trace[-1] < trace[0]
+
+
+@pytest.mark.parametrize("window", [None, 40])
+def test_context_parallel_flex_equals_reference_on_each_ranks_share(window):
+    """cp's flex mask (the family's predicate on stream indices) equals the dense reference for
+    every rank's queries over the gathered keys (no collective: the attention after the gather)."""
+    from turbo_dllm.families.diffusion_gemma.context import GemmaCpAttention, local_stream
+
+    layout = CanvasLayout(256, 32, 40).with_window(window)
+    cp = 2
+    gathered = torch.cat([local_stream(layout, cp, r)[0] for r in range(cp)])
+    torch.manual_seed(0)
+    k = torch.randn(2, 2, gathered.numel(), 64, device=CUDA, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    for rank in range(cp):
+        local, _ = local_stream(layout, cp, rank)
+        q = torch.randn(2, 4, local.numel(), 64, device=CUDA, dtype=torch.bfloat16)
+        outs = [
+            GemmaCpAttention(layout, local, gathered, None, backend, CUDA)._attend(q, k, v)
+            for backend in ("reference", "flex")
+        ]
+        torch.testing.assert_close(outs[1].float(), outs[0].float(), atol=2e-2, rtol=2e-2)

@@ -46,6 +46,16 @@ def _rules(spec: Any, config: DiffusionGemmaConfig) -> list[tuple[str, str]]:
                 "sliding windows)",
             )
         )
+    # (cp and data.seq_len: the generic rule asks for whole blocks in each of 2*cp chunks)
+    cp = spec.topology.cp
+    if cp > 1 and spec.objective.block_size % (2 * cp):
+        found.append(
+            (
+                "objective.block_size",
+                f"{spec.objective.block_size} is not divisible by 2*cp = {2 * cp} (cp splits the "
+                "response canvas, which starts anywhere, into 2*cp equal chunks)",
+            )
+        )
     mask = spec.objective.mask_token_id
     if mask is not None and mask >= config.vocab_size:
         found.append(
@@ -62,15 +72,18 @@ DIFFUSION_GEMMA = Family(
     summary="DiffusionGemma: MoE Gemma-4 transformer, clean encoder stream + noisy canvas",
     model_types=("diffusion_gemma",),
     objectives=("diffusiongemma_sft", "block_diffusion"),
-    axes=frozenset({"fsdp", "ep"}),
+    axes=frozenset({"fsdp", "ep", "cp"}),
     presets=PRESETS,
     read_config=DiffusionGemmaConfig.from_hf_dict,
     runtime_module="turbo_dllm.families.diffusion_gemma.runtime",
     rules=_rules,
     axis_reasons={
-        "tp": "tensor parallelism of the experts is not implemented (use ep)",
+        "tp": "tensor parallelism is not implemented for this family (its attention heads, "
+        "dense MLP and experts would all need splitting; use ep for the experts, cp for long "
+        "sequences)",
         "sp": "sequence parallelism needs tensor parallelism",
-        "cp": "context parallelism of the canvas layout is not implemented for this family",
-        "bp": "block parallelism of the canvas layout is not implemented for this family",
+        "bp": "block parallelism (CSBP) of the canvas layout is not implemented for this "
+        "family (its canvas starts at the response, its clean stream is token-causal with "
+        "sliding windows); use cp",
     },
 )

@@ -132,7 +132,9 @@ class GroupedExperts(nn.Module):
         # experts hands float32 when the weights are float32, and grouped_mm wants bf16.
         dtype = _compute_dtype(x)
         rows = x.index_select(0, source).to(dtype)
-        counts = torch.bincount(flat, minlength=self.num_experts)
+        # (bincount's output size depends on the data: a graph break, which inside a
+        # checkpointed compiled layer leaves the whole layer eager; a scatter keeps its shape.)
+        counts = flat.new_zeros(self.num_experts).scatter_add_(0, flat, torch.ones_like(flat))
         if self.dispatch is not None:  # expert parallelism: this rank holds some experts
             gate_up, down = _local(self.gate_up_proj), _local(self.down_proj)
             out = self.dispatch(rows, counts, lambda r, c: self._run(r, c, gate_up, down))

@@ -17,6 +17,7 @@ __all__ = [
     "apply_expert_parallel",
     "apply_tensor_parallel",
     "build_model",
+    "build_sequence_plan",
     "check_tensor_parallel",
     "layers",
     "wrap_attention",
@@ -36,6 +37,19 @@ def build_model(
     if dtype is not None:
         model.to(dtype)
     return model
+
+
+def build_sequence_plan(dims: Any, attention: Any, *, spec: Any, config, device, **_: Any):
+    """The whole stream per rank, or (cp > 1) this rank's zigzag share of it (context.py)."""
+    from turbo_dllm.train.parallel.plan import WholeSequence
+
+    if dims is None or dims.mode == "none":
+        return WholeSequence(attention)
+    if dims.bp > 1:  # validation refuses it first (Family.axes); a direct caller gets this
+        raise DllmError("diffusion_gemma has no block parallelism (bp); use cp")
+    from turbo_dllm.families.diffusion_gemma.context import GemmaContextParallel
+
+    return GemmaContextParallel(dims, attention.name, config)
 
 
 def layers(model: nn.Module) -> nn.ModuleList:

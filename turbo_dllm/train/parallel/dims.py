@@ -170,11 +170,14 @@ class ParallelDims:
             (self.dp_replicate, self.dp_shard * self.context),
             mesh_dim_names=("dp_replicate", "dp_shard_ctx"),
         )
+        if self.ep > 1:  # (with cp: the layout allows ep with dp, fsdp and cp only)
+            meshes.update(self._expert_meshes(device_type))
         self._meshes = meshes
         return meshes["fsdp"]
 
     def _expert_meshes(self, device_type: str) -> dict[str, DeviceMesh]:
-        """ep: groups of ep neighbouring ranks; ep_replica: the ranks holding the same experts."""
+        """ep: groups of ep neighbouring ranks (tp == 1: every rank), ep_replica: the ranks
+        holding the same experts."""
         import torch
         from torch.distributed.device_mesh import DeviceMesh
 

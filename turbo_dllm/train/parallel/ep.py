@@ -1,8 +1,8 @@
 """Expert parallelism: the experts of every MoE layer sharded over the ep ranks, tokens moved to
 them and back with all-to-all (torch.distributed, no external dispatch library).
 
-The ep group is `ep` neighbouring data-parallel ranks (`ParallelDims`: mesh "ep"; the ranks
-holding the same experts in the other groups form "ep_replica"). Rank r of a group holds
+The ep group is `ep` neighbouring ranks, data- or context-parallel (`ParallelDims`: mesh "ep";
+the ranks holding the same experts in the other groups form "ep_replica"). Rank r of a group holds
 experts [r E/ep, (r+1) E/ep) of each layer, as DTensors sharded on dim 0 over the ep mesh (so
 checkpoints store whole expert tensors and load at any ep). Each rank routes its own tokens; the
 rows sorted by expert are sent to the owners (`ExpertDispatch`), multiplied there, and sent back
