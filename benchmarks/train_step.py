@@ -37,11 +37,12 @@ Other families (`--family`):
   clean sequence (its KV in a cache, the next-token loss from its hidden states), then the
   decoder over the whole canvas against that cache with the canvas masks as 4-D masks per layer
   type, full soft-capped logits (`hf_gemma_loss`, tested equal to our loss on the same weights).
-  Self-conditioning is off on both sides (HF takes it as full logits). HF checkpoints its
-  decoder layers as ours does (`--baseline-no-checkpointing`: first try without). 2 warm-up
-  and 4 timed steps by default; every phase (build, the compiling first step, each step, HF's
-  build and steps) prints its time, a heartbeat while it runs and, past 2 minutes, every
-  thread's Python stack (`Progress`), so a cold GPU run is never silent.
+  Self-conditioning is off on both sides (HF takes it as full logits). HF runs first (it
+  compiles nothing, so its numbers are in even if ours' cold compile outlasts a GPU call) and
+  checkpoints its decoder layers as ours does (`--baseline-no-checkpointing`: first without).
+  2 warm-up and 4 timed steps by default; every phase (build, the compiling first step, each
+  step, HF's build and steps) prints its time, a heartbeat while it runs and, past 2 minutes,
+  every thread's Python stack (`Progress`), so a cold GPU run is never silent.
 """
 
 from __future__ import annotations
@@ -388,6 +389,21 @@ def hf_gemma_loss(model, ours, objective, batch, key, device):
     return (torch.stack(sums) / counts).sum(), d
 
 
+def gemma_inputs(spec: RunSpec):
+    """What the HF baseline takes from a trainer (model config, objective, a fresh loader of
+    the same batches), without building our model: the baseline runs first (below)."""
+    from types import SimpleNamespace
+
+    from turbo_dllm.registry import resolve_model_config
+    from turbo_dllm.train.data import build_data
+    from turbo_dllm.train.objectives import build_objective
+
+    config = resolve_model_config(spec.model)
+    data = build_data(spec, model_vocab_size=config.vocab_size, dp_rank=0, dp_size=1)
+    objective = build_objective(spec.objective, data.mask_token_id, vocab_size=config.vocab_size)
+    return SimpleNamespace(model_config=config, objective=objective, loader=data.loader)
+
+
 def run_gemma_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
     """transformers' DiffusionGemmaForBlockDiffusion on the same kind of batches (see the top)."""
     import transformers
@@ -415,9 +431,13 @@ def run_gemma_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
     # Ours checkpoints activations (the native SFT's choice), so HF does too from the start: at
     # 8K its full logits and dense masks alone fill much of the GPU, and an out-of-memory first
     # try followed by a checkpointed retry costs minutes of GPU time.
+    # (transformers 5 renamed it; the old name warns)
+    enable_checkpointing = getattr(
+        model, "activation_checkpointing_enable", model.gradient_checkpointing_enable
+    )
     checkpointing = not args.baseline_no_checkpointing
     if checkpointing:
-        model.gradient_checkpointing_enable()
+        enable_checkpointing()
     optimizer = torch.optim.AdamW(
         model.parameters(), lr=3e-4, weight_decay=0.1, fused=device.type == "cuda" or None
     )
@@ -466,7 +486,7 @@ def run_gemma_baseline(trainer: Trainer, spec: RunSpec, args, device) -> dict:
                 file=sys.stderr,
             )
             optimizer.zero_grad(set_to_none=True)
-            model.gradient_checkpointing_enable()
+            enable_checkpointing()
             checkpointing = True
     return summarize(
         name,
@@ -906,6 +926,21 @@ def main(argv=None) -> int:
         f"micro-batch {args.micro_batch}, {device}",
         file=sys.stderr,
     )
+    first = []
+    if gemma and not args.no_baseline:
+        # HF first: it compiles nothing, so its numbers are in even when a cold compile of ours
+        # runs past a GPU call's time (the stage's timeout). The same batches: a fresh loader.
+        first.append(run_gemma_baseline(gemma_inputs(spec), spec, args, device))
+        reset_memory(device)
+        hf = first[0]
+        if "error" not in hf:  # in the log now, in case ours does not finish
+            mem = hf["peak_memory_gb"]
+            print(
+                f"  baseline: {hf['step_time_s']:.3f} s/step, {hf['tokens_per_s']:,.0f} tokens/s, "
+                f"MFU {100 * (hf['mfu'] or 0):.1f}%, peak {mem or 0:.1f} GB",
+                file=sys.stderr,
+                flush=True,
+            )
     run = run_gemma_ours if gemma else run_ours
     ours, trainer = run(spec, args, device, name=_ours_name(attentions, 0))
     extra = []
@@ -918,14 +953,10 @@ def main(argv=None) -> int:
     if gemm is not None:
         ours["grouped_gemm"] = gemm
         print(f"experts' grouped GEMM: {gemm}", file=sys.stderr)
-    results = [ours, *extra]
-    if not args.no_baseline:
-        if args.family in ("nemotron_diffusion", "diffusion_gemma"):
-            baseline = {
-                "nemotron_diffusion": run_decoder_twin,
-                "diffusion_gemma": run_gemma_baseline,
-            }[args.family]
-            results.append(baseline(trainer, spec, args, device))
+    results = [ours, *extra, *first]
+    if not args.no_baseline and not gemma:
+        if args.family == "nemotron_diffusion":
+            results.append(run_decoder_twin(trainer, spec, args, device))
         else:
             for kind in baselines:
                 results.append(run_baseline(trainer, spec, args, device, kind))
