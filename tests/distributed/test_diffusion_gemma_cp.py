@@ -164,3 +164,16 @@ def test_dllm_train_at_cp2_with_ep2_trains_the_single_process_trace(tmp_path):
     torch.testing.assert_close(grad_norms[0][0], grad_norms[1][0], **tol)
     # (later steps: float32 reordering, which Adam's normalised updates amplify a little)
     torch.testing.assert_close(grad_norms[0], grad_norms[1], rtol=5e-4, atol=5e-4)
+
+
+def test_the_cp_ep_recipe_passes_every_rule_but_its_data_folder():
+    import yaml
+
+    from turbo_dllm.config.recipe_catalog import find_recipe
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.config.validate import problems
+
+    recipe = find_recipe("2xh200/diffusiongemma-sft-32k-cp2-ep2")
+    spec = RunSpec.model_validate(yaml.safe_load(recipe.text))
+    assert (spec.topology.cp, spec.topology.ep) == (2, 2)
+    assert [p for p in problems(spec) if p.path != "data.artifact"] == []
