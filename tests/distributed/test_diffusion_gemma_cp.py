@@ -1,15 +1,15 @@
-"""DiffusionGemma context parallelism (gloo, 2 processes) equals one process.
+"""DiffusionGemma context and block parallelism (gloo, 2 processes) equal one process.
 
 Model level: the same weights (deterministic init), the same 2-row batch on both ranks (a
 context group shares its sequences), native-SFT loss with self-conditioning, a canvas that
-starts mid-block (response start 10, block 8) and sliding windows shorter than the stream;
-each rank feeds its zigzag share of [canvas ; clean] and all-gathers K/V per layer. Summed over
-the ranks the loss and every gradient (FSDP2 over the cp ranks, as the trainer shards) equal one
-process's, alone and with the experts sharded over the same two ranks (ep 2: each rank
-dispatches the tokens of its share). Then `dllm train` at cp 2 + ep 2 trains the single-process
-trace.
+starts mid-block (response start 2, block 8) and sliding windows shorter than the stream.
+cp 2: each rank feeds its zigzag share of [canvas ; clean] and all-gathers K/V per layer; bp 2:
+each rank its dual-end pair of canvas blocks and the whole clean stream (scoring half of its
+next-token loss). Summed over the ranks the loss and every gradient (FSDP2 over the two ranks,
+as the trainer shards) equal one process's, alone and with the experts sharded over the same two
+ranks (ep 2: each rank dispatches the tokens it holds). Then `dllm train` at cp 2 + ep 2 and at
+bp 2 trains the single-process trace.
 """
-
 from __future__ import annotations
 
 import json
@@ -26,11 +26,11 @@ def _batch():
     torch.manual_seed(0)
     ids = torch.randint(0, 512, (2, 32))
     mask = torch.zeros_like(ids, dtype=torch.bool)
-    mask[:, 10:] = True
+    mask[:, 2:] = True  # the response (canvas) starts mid-block: 4 blocks of 8 from position 2
     return {"input_ids": ids, "loss_mask": mask}
 
 
-def _loss_and_grads(world: int, ep: int = 1):
+def _loss_and_grads(world: int, cp: int = 1, bp: int = 1, ep: int = 1):
     from torch.distributed.tensor import DTensor
 
     from turbo_dllm.config.topology import ParallelLayout
@@ -48,7 +48,8 @@ def _loss_and_grads(world: int, ep: int = 1):
     hf = json.loads(json.dumps(PRESETS["tiny"]))
     hf["text_config"]["sliding_window"] = 12  # shorter than the clean stream and the prefixes
     config = DiffusionGemmaConfig.from_hf_dict(hf)
-    dims = ParallelDims.from_layout(ParallelLayout(cp=world, ep=ep), world) if world > 1 else None
+    layout = ParallelLayout(cp=cp, bp=bp, ep=ep)
+    dims = ParallelDims.from_layout(layout, world) if world > 1 else None
     mesh = dims.build_mesh("cpu") if dims else None
     plan = runtime.build_sequence_plan(
         dims, StreamAttention(ReferenceAttention(), config), spec=None, config=config, device=None
@@ -92,7 +93,8 @@ def _loss_and_grads(world: int, ep: int = 1):
     return loss.detach(), grads
 
 
-CASES = {"cp2": 1, "cp2-ep2": 2}  # name -> ep, on 2 processes
+# name -> (cp, bp, ep), on 2 processes
+CASES = {"cp2": (2, 1, 1), "cp2-ep2": (2, 1, 2), "bp2": (1, 2, 1), "bp2-ep2": (1, 2, 2)}
 
 
 def _worker(rank: int, world: int, out: str) -> None:
@@ -100,8 +102,8 @@ def _worker(rank: int, world: int, out: str) -> None:
 
     results = {}
     single_loss, single = _loss_and_grads(1) if rank == 0 else (None, None)
-    for name, ep in CASES.items():
-        loss, grads = _loss_and_grads(world, ep)
+    for name, (cp, bp, ep) in CASES.items():
+        loss, grads = _loss_and_grads(world, cp, bp, ep)
         dist.all_reduce(loss)
         if rank == 0:
             results[name] = _differences(loss, grads, single_loss, single)
@@ -127,7 +129,7 @@ def _differences(loss, grads, single_loss, single) -> list[str]:
 
 
 @pytest.mark.slow
-def test_cp2_alone_and_with_ep2_equals_one_process_in_loss_and_every_gradient(tmp_path):
+def test_cp2_and_bp2_alone_and_with_ep2_equal_one_process_in_loss_and_every_gradient(tmp_path):
     out = tmp_path / "errors.json"
     run_gloo(_worker, 2, tmp_path, str(out))
     assert json.loads(out.read_text()) == {name: [] for name in CASES}

@@ -207,7 +207,7 @@ def test_experts_not_divisible_by_ep_and_ep_outside_the_data_ranks_are_refused()
     assert found({"fsdp": 2, "ep": 2}) == []
 
 
-def test_cp_is_accepted_with_ep_and_bp_tp_are_refused_with_reasons():
+def test_cp_and_bp_are_accepted_with_ep_and_cp_with_bp_and_tp_are_refused_with_reasons():
     from turbo_dllm.config.load import load_model
     from turbo_dllm.config.runspec import RunSpec
     from turbo_dllm.config.validate import problems
@@ -221,9 +221,11 @@ def test_cp_is_accepted_with_ep_and_bp_tp_are_refused_with_reasons():
     assert found({"cp": 2, "ep": 2}) == {}
     assert found({"cp": 2, "fsdp": 2, "ep": 4}) == {}
     assert "2*cp = 6" in found({"cp": 3}, block_size=8)["objective.block_size"]
-    assert "CSBP" in found({"bp": 2})["topology.bp"]
+    assert found({"bp": 2}) == {}
+    assert found({"bp": 2, "ep": 2}) == {}
+    assert "does not combine cp and bp" in found({"cp": 2, "bp": 2})["topology.bp"]
     assert "tensor parallelism is not implemented" in found({"tp": 2})["topology.tp"]
-    assert "bp = tp = 1" in found({"fsdp": 2, "ep": 2, "tp": 2})["topology.ep"]
+    assert "(tp = 1)" in found({"fsdp": 2, "ep": 2, "tp": 2})["topology.ep"]
 
 
 def test_the_benchmark_baseline_computes_our_loss_through_transformers(tmp_path):

@@ -109,18 +109,18 @@ class ParallelLayout:
             )
         if self.ep > 1:
             # Expert parallelism groups ep neighbouring ranks (no axis of its own): each rank
-            # routes the tokens it holds, whole sequences or (cp) its share of one.
-            ranks = self.dp_size * self.cp
+            # routes the tokens it holds, whole sequences or (cp/bp) its share of one.
+            ranks = self.dp_size * self.context
             if ranks % self.ep:
                 found.append(
                     (
                         "topology.ep",
-                        f"ep = {self.ep} must divide the data-parallel ranks dp*fsdp*cp = "
-                        f"{ranks} (the ep group is a sub-group of them)",
+                        f"ep = {self.ep} must divide the data-parallel ranks "
+                        f"dp*fsdp*max(cp,bp) = {ranks} (the ep group is a sub-group of them)",
                     )
                 )
-            if self.bp > 1 or self.tp > 1:
-                found.append(("topology.ep", "ep combines with dp, fsdp and cp only (bp = tp = 1)"))
+            if self.tp > 1:
+                found.append(("topology.ep", "ep combines with dp, fsdp, cp and bp (tp = 1)"))
         if world_size is not None and world_size != self.world_size:
             found.append(
                 ("topology", f"{self.describe()} but the launch has {world_size} processes")

@@ -56,6 +56,14 @@ def _rules(spec: Any, config: DiffusionGemmaConfig) -> list[tuple[str, str]]:
                 "response canvas, which starts anywhere, into 2*cp equal chunks)",
             )
         )
+    if cp > 1 and spec.topology.bp > 1:
+        found.append(
+            (
+                "topology.bp",
+                "diffusion_gemma does not combine cp and bp (bp holds the whole clean stream on "
+                "every rank; sharding it too is not implemented): use one of them",
+            )
+        )
     mask = spec.objective.mask_token_id
     if mask is not None and mask >= config.vocab_size:
         found.append(
@@ -72,7 +80,7 @@ DIFFUSION_GEMMA = Family(
     summary="DiffusionGemma: MoE Gemma-4 transformer, clean encoder stream + noisy canvas",
     model_types=("diffusion_gemma",),
     objectives=("diffusiongemma_sft", "block_diffusion"),
-    axes=frozenset({"fsdp", "ep", "cp"}),
+    axes=frozenset({"fsdp", "ep", "cp", "bp"}),
     presets=PRESETS,
     read_config=DiffusionGemmaConfig.from_hf_dict,
     runtime_module="turbo_dllm.families.diffusion_gemma.runtime",
@@ -82,8 +90,5 @@ DIFFUSION_GEMMA = Family(
         "dense MLP and experts would all need splitting; use ep for the experts, cp for long "
         "sequences)",
         "sp": "sequence parallelism needs tensor parallelism",
-        "bp": "block parallelism (CSBP) of the canvas layout is not implemented for this "
-        "family (its canvas starts at the response, its clean stream is token-causal with "
-        "sliding windows); use cp",
     },
 )

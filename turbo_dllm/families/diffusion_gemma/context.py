@@ -15,6 +15,12 @@ S keys with the family's predicate (`CanvasLayout.allowed`, the layer type's win
 on stream indices: a canvas query sees its own block and the clean prefix in its window, a
 clean query the clean keys before it. Backward reduce-scatters dK/dV to their owners through
 the gather's autograd node. The masks depend only on the layout: built once per layout.
+
+Block parallelism (`topology.bp`, cp 1; `GemmaBlockParallel`): a rank owns whole canvas blocks
+(dual-end pairs, so every rank's noisy blocks see about as much clean prefix) and holds the whole
+clean stream, so nothing is communicated in attention (as CSBP at cp 1, where each rank holds the
+clean prefix it needs); the clean stream is computed on every rank and its next-token loss
+scored once, rank r taking the clean positions p with p % bp == r.
 """
 
 from __future__ import annotations
@@ -33,11 +39,15 @@ from turbo_dllm.train.attention.canvas import CanvasLayout
 from turbo_dllm.train.objectives.base import DiffusionBatch
 from turbo_dllm.train.parallel.collectives import start_all_gather
 from turbo_dllm.train.parallel.csbp import pack_kv, unpack_kv
-from turbo_dllm.train.parallel.layout import zigzag_positions
+from turbo_dllm.train.parallel.layout import (
+    blocks_to_positions,
+    dual_end_block_assignment,
+    zigzag_positions,
+)
 from turbo_dllm.train.parallel.partial_attention import dense_attention_with_lse
 from turbo_dllm.train.parallel.plan import ModelInputs, call_mask
 
-__all__ = ["GemmaContextParallel", "GemmaCpAttention", "local_stream"]
+__all__ = ["GemmaBlockParallel", "GemmaContextParallel", "GemmaCpAttention", "local_stream"]
 
 
 def local_stream(layout: CanvasLayout, cp: int, rank: int) -> tuple[torch.Tensor, int]:
@@ -54,7 +64,8 @@ def local_stream(layout: CanvasLayout, cp: int, rank: int) -> tuple[torch.Tensor
 
 
 class GemmaCpAttention:
-    """One layer type's attention of this rank's queries over every rank's keys."""
+    """One layer type's attention of this rank's queries over every rank's keys (`group`: the
+    ranks whose K/V are gathered, in the order of `gathered`; None: the keys are local)."""
 
     def __init__(
         self,
@@ -96,8 +107,9 @@ class GemmaCpAttention:
                 f"this cp rank holds {self.num_local} tokens, got q {tuple(q.shape)}, "
                 f"k {tuple(k.shape)}"
             )
-        k_all, v_all = unpack_kv(start_all_gather(pack_kv(k, v), self.group).wait())
-        return self._attend(q, k_all, v_all)
+        if self.group is not None:
+            k, v = unpack_kv(start_all_gather(pack_kv(k, v), self.group).wait())
+        return self._attend(q, k, v)
 
 
 class GemmaContextParallel:
@@ -133,39 +145,104 @@ class GemmaContextParallel:
         return self._masks[key]
 
     def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
-        doc_ids = batch.doc_ids
-        if doc_ids is not None and not bool((doc_ids == doc_ids[:, :1]).all()):
-            raise DllmError(
-                "DiffusionGemma trains one example per row; the batch packs several documents",
-                hint="prepare the data without packing (one prompt/response per sequence)",
-            )
         layout = canvas_of(batch.layout)
         local, masks = self._layout_masks(layout, device)
-        S = layout.stream_len
-        # Scored positions: those this rank holds, renumbered into its local stream.
-        local_of = torch.full((S,), -1, dtype=torch.long, device=device)
-        local_of[local] = torch.arange(local.numel(), device=device)
-        score_index = batch.score_index.to(device)
-        row, at = score_index // S, local_of[score_index % S]
-        keep = at >= 0
-        # Term boundaries move with the kept positions (the native SFT has two loss terms).
-        sizes = batch.term_sizes
-        if sizes is not None:
-            ends = torch.tensor(sizes).cumsum(0).tolist()
-            kept = keep.cpu().long().cumsum(0)
-            counts = [int(kept[end - 1]) if end else 0 for end in ends]
-            sizes = tuple(b - a for a, b in zip([0, *counts[:-1]], counts, strict=True))
-        scored = replace(
-            batch,
-            input_ids=batch.input_ids.to(device).index_select(1, local),
-            score_index=row[keep] * local.numel() + at[keep],
-            targets=batch.targets.to(device)[keep],
-            weights=batch.weights.to(device)[keep],
-            term_sizes=sizes,
+        return _local_inputs(batch, layout, local, None, masks, device)
+
+
+class GemmaBlockParallel:
+    """The family's sequence plan under bp > 1, cp 1 (see the top)."""
+
+    attention_backend = staticmethod(call_mask)
+
+    def __init__(self, dims: Any, backend: str, config: DiffusionGemmaConfig) -> None:
+        self.bp = dims.bp
+        self.context_size = dims.context
+        self.rank = dims.get_mesh("context").get_local_rank()
+        self.backend = backend
+        self.windows = {kind: config.window(kind) for kind in set(config.layer_types)}
+        self._masks: dict[tuple, tuple[torch.Tensor, torch.Tensor, StreamMasks]] = {}
+
+    def _layout_masks(self, layout: CanvasLayout, device: torch.device):
+        key = (layout, str(device))
+        if key not in self._masks:
+            if len(self._masks) >= 4:  # (the canvas follows the batch's response start)
+                self._masks.clear()
+            C, L = layout.canvas_len, layout.seq_len
+            try:
+                owned = dual_end_block_assignment(layout.canvas_blocks, self.bp)[self.rank]
+            except ValueError:
+                raise DllmError(
+                    f"block parallelism gives each of the bp = {self.bp} ranks a pair of canvas "
+                    f"blocks; this batch's response canvas has {layout.canvas_blocks}",
+                    hint="use a smaller bp or block size, or data with longer responses",
+                ) from None
+            canvas = blocks_to_positions(tuple(sorted(owned)), layout.block_size)
+            clean = torch.arange(L)
+            local = torch.cat([canvas, C + clean])
+            scores = torch.zeros(layout.stream_len, dtype=torch.bool)
+            scores[canvas] = True
+            scores[C + clean[clean % self.bp == self.rank]] = True  # each clean loss once
+            masks = {
+                kind: GemmaCpAttention(
+                    layout.with_window(window), local, local, None, self.backend, device
+                )
+                for kind, window in self.windows.items()
+            }
+            self._masks[key] = (
+                local.to(device),
+                scores.to(device),
+                StreamMasks(masks=masks, canvas_len=canvas.numel()),
+            )
+        return self._masks[key]
+
+    def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
+        layout = canvas_of(batch.layout)
+        local, scores, masks = self._layout_masks(layout, device)
+        return _local_inputs(batch, layout, local, scores, masks, device)
+
+
+def _local_inputs(
+    batch: DiffusionBatch,
+    layout: CanvasLayout,
+    local: torch.Tensor,
+    scores: torch.Tensor | None,
+    masks: StreamMasks,
+    device: torch.device,
+) -> ModelInputs:
+    """This rank's model inputs: the stream at `local`, the scored positions it holds (and, if
+    given, `scores` marks as its own) renumbered into its local stream."""
+    doc_ids = batch.doc_ids
+    if doc_ids is not None and not bool((doc_ids == doc_ids[:, :1]).all()):
+        raise DllmError(
+            "DiffusionGemma trains one example per row; the batch packs several documents",
+            hint="prepare the data without packing (one prompt/response per sequence)",
         )
-        return ModelInputs(
-            input_ids=scored.input_ids,
-            positions=layout.positions(device).index_select(0, local),
-            mask=masks,
-            batch=scored,
-        )
+    S = layout.stream_len
+    local_of = torch.full((S,), -1, dtype=torch.long, device=device)
+    local_of[local] = torch.arange(local.numel(), device=device)
+    score_index = batch.score_index.to(device)
+    row, col = score_index // S, score_index % S
+    at = local_of[col]
+    keep = at >= 0 if scores is None else (at >= 0) & scores[col]
+    # Term boundaries move with the kept positions (the native SFT has two loss terms).
+    sizes = batch.term_sizes
+    if sizes is not None:
+        ends = torch.tensor(sizes).cumsum(0).tolist()
+        kept = keep.cpu().long().cumsum(0)
+        counts = [int(kept[end - 1]) if end else 0 for end in ends]
+        sizes = tuple(b - a for a, b in zip([0, *counts[:-1]], counts, strict=True))
+    scored = replace(
+        batch,
+        input_ids=batch.input_ids.to(device).index_select(1, local),
+        score_index=row[keep] * local.numel() + at[keep],
+        targets=batch.targets.to(device)[keep],
+        weights=batch.weights.to(device)[keep],
+        term_sizes=sizes,
+    )
+    return ModelInputs(
+        input_ids=scored.input_ids,
+        positions=layout.positions(device).index_select(0, local),
+        mask=masks,
+        batch=scored,
+    )

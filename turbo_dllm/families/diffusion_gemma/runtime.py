@@ -40,15 +40,20 @@ def build_model(
 
 
 def build_sequence_plan(dims: Any, attention: Any, *, spec: Any, config, device, **_: Any):
-    """The whole stream per rank, or (cp > 1) this rank's zigzag share of it (context.py)."""
+    """The whole stream per rank; (cp > 1) this rank's zigzag share of it; (bp > 1) its canvas
+    blocks and the clean stream (context.py)."""
+    from turbo_dllm.families.diffusion_gemma.context import (
+        GemmaBlockParallel,
+        GemmaContextParallel,
+    )
     from turbo_dllm.train.parallel.plan import WholeSequence
 
     if dims is None or dims.mode == "none":
         return WholeSequence(attention)
-    if dims.bp > 1:  # validation refuses it first (Family.axes); a direct caller gets this
-        raise DllmError("diffusion_gemma has no block parallelism (bp); use cp")
-    from turbo_dllm.families.diffusion_gemma.context import GemmaContextParallel
-
+    if dims.bp > 1 and dims.cp > 1:  # validation refuses it first (the family's rules)
+        raise DllmError("diffusion_gemma does not combine cp and bp; use one of them")
+    if dims.bp > 1:
+        return GemmaBlockParallel(dims, attention.name, config)
     return GemmaContextParallel(dims, attention.name, config)
 
 

@@ -170,7 +170,7 @@ class ParallelDims:
             (self.dp_replicate, self.dp_shard * self.context),
             mesh_dim_names=("dp_replicate", "dp_shard_ctx"),
         )
-        if self.ep > 1:  # (with cp: the layout allows ep with dp, fsdp and cp only)
+        if self.ep > 1:  # (cp/bp: the layout allows ep with any tp == 1 layout)
             meshes.update(self._expert_meshes(device_type))
         self._meshes = meshes
         return meshes["fsdp"]
