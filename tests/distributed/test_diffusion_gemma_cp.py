@@ -10,6 +10,7 @@ as the trainer shards) equal one process's, alone and with the experts sharded o
 ranks (ep 2: each rank dispatches the tokens it holds). Then `dllm train` at cp 2 + ep 2 and at
 bp 2 trains the single-process trace.
 """
+
 from __future__ import annotations
 
 import json
@@ -149,16 +150,17 @@ SFT = {
 
 
 @pytest.mark.slow
-def test_dllm_train_at_cp2_with_ep2_trains_the_single_process_trace(tmp_path):
-    """The trainer's path: the family's plan hook, the rules, FSDP2 over the cp ranks and the
-    expert meshes on a context-parallel layout (cp alone: the model-level test above)."""
+@pytest.mark.parametrize("topology", [("cp=2", "ep=2"), ("bp=2",)], ids=["cp2-ep2", "bp2"])
+def test_dllm_train_at_cp2_ep2_and_bp2_trains_the_single_process_trace(tmp_path, topology):
+    """The trainer's path: the family's plan hook, the rules, FSDP2 over the context ranks and
+    the expert meshes on a context-parallel layout (the other mixes: the model-level test)."""
     from tests.train.util import losses, metrics, tiny_spec, torchrun, write_config
     from turbo_dllm.train.entry import train
 
     single, cp2 = tmp_path / "single", tmp_path / "cp2"
     train(tiny_spec(base=SFT), single)
     config = write_config(tmp_path / "train.yaml", base=SFT)
-    sets = ("--set", "topology.cp=2", "--set", "topology.ep=2")
+    sets = [arg for axis in topology for arg in ("--set", f"topology.{axis}")]
     torchrun(2, "train", "--config", str(config), "--run-dir", str(cp2), *sets, cwd=tmp_path)
     tol = {"rtol": 5e-5, "atol": 5e-5}
     torch.testing.assert_close(losses(cp2), losses(single), **tol)
