@@ -26,7 +26,15 @@ from turbo_dllm.train.weights import materialize
 SEQ_LEN, BLOCK, ROWS, MASK_ID = 32, 8, 2, 100
 RTOL = 5e-5
 QWEN = {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96}
-NEMOTRON = {"hidden_size": 64, "intermediate_size": 128, "head_dim": 16, "v_norm": True}
+NEMOTRON = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "head_dim": 16,
+    # every attention variant, so each topology splits them too
+    "qk_norm": True,
+    "v_norm": True,
+    "attn_output_gate": True,
+}
 # (name, family, objective, overrides, fsdp, cp, bp); "-dp2" in the name: two data-parallel
 # replicas; tp = world / (dp * fsdp * max(cp, bp)); "-sp": sequence parallelism on
 CASES = {
