@@ -20,9 +20,10 @@
 # bundle built here, installed in a fresh home: the op launches from an empty Triton cache
 # without compiling), families (~4 min:
 # fla's chunk kernel against the torch reference and qwen3_8 training with fla, which skip where
-# fla refuses the host; then the train_step benchmark, 2+4 steps each under FAMILY_TIMEOUT_S
-# (default 100 s), for qwen3_8 against HF Qwen3_5ForCausalLM and for nemotron_diffusion against
-# our decoder; fla travels in .whl/ as flash_linear_attention and fla_core), speculative (DFlash vs
+# fla refuses the host; then the train_step benchmark, 2+4 steps each, uncompiled layers unless
+# FAMILY_COMPILE=1, under QWEN_TIMEOUT_S / NEMOTRON_TIMEOUT_S (150 / 90 s), for qwen3_8 against
+# HF Qwen3_5ForCausalLM and for nemotron_diffusion against our decoder; fla travels in .whl/ as
+# flash_linear_attention and fla_core), speculative (DFlash vs
 # AR drafter: train a target, distill both, dllm dflash eval on held-out stdlib files;
 # SPEC_FLAGS adds benchmarks/speculative.py flags). Logs and JSON go to $OUT
 # (or ./gpu-out). Start every fresh machine with deps.
@@ -142,16 +143,20 @@ for stage in "$@"; do
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_bundle_triton_cache_gpu.py 2>&1 \
           | tee "$OUT/gpu-tests-precompiled.log" | tail -5 || status=1 ;;
     families) # ~4 min: the fla GPU tests (they skip where fla refuses the host), then each
-      # family's train_step benchmark under a time limit, its step lines printed as they come
+      # family's train_step benchmark under its own time limit, step lines printed as they come.
+      # Layers run uncompiled by default (FlexAttention compiles anyway): a cold layer compile
+      # alone took 180-230 s for the 1.7B decoder; FAMILY_COMPILE=1 compiles them.
       [ -d .whl ] && python3 -m pip install -q --no-index --find-links .whl --no-deps \
         flash-linear-attention fla-core einops 2>&1 | tail -3
       timeout 45 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/gpu/test_gated_delta_gpu.py \
           2>&1 | tee "$OUT/gpu-tests-families.log" | tail -6 || status=1
-      for family in qwen3_8 nemotron_diffusion; do
-        echo "--- train_step --family $family ($(date -u +%H:%M:%S))"
-        timeout "${FAMILY_TIMEOUT_S:-100}" python3 benchmarks/train_step.py --family $family --steps 4 --warmup 2 \
-            ${FAMILY_FLAGS:-} --out "$OUT/train_step_$family.json" 2>&1 | tee "$OUT/train_step_$family.log" \
-          | grep --line-buffered -E "model |step [0-9]+:|refuses|error|Error|^(turbo|hf|  *mb)|speedup|wrote"
+      compile=--no-compile; [ "${FAMILY_COMPILE:-0}" = 1 ] && compile=
+      for family in qwen3_8:${QWEN_TIMEOUT_S:-150} nemotron_diffusion:${NEMOTRON_TIMEOUT_S:-90}; do
+        name=${family%%:*}; limit=${family##*:}
+        echo "--- train_step --family $name, at most $limit s ($(date -u +%H:%M:%S))"
+        timeout "$limit" python3 benchmarks/train_step.py --family "$name" --steps 4 --warmup 2 $compile \
+            ${FAMILY_FLAGS:-} --out "$OUT/train_step_$name.json" 2>&1 | tee "$OUT/train_step_$name.log" \
+          | grep --line-buffered -E "model |step [0-9]+:|refuses|rror|^(turbo|hf)|  mb |speedup|wrote"
         [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       done ;;
     *) echo "unknown stage $stage"; status=2 ;;
