@@ -55,7 +55,14 @@ CASES = {
         ("nemotron-dp2", "nemotron_diffusion", "block_diffusion", NEMOTRON, 1, 1, 1),
         ("nemotron-cp2", "nemotron_diffusion", "block_diffusion", NEMOTRON, 1, 2, 1),
         ("nemotron-csbp-bp2", "nemotron_diffusion", "block_diffusion", NEMOTRON, 1, 1, 2),
-    ]
+    ],
+    4: [
+        # FSDP2 over tp-sharded heads (dt_bias / A_log Shard(0), the Partial conv and norm grads)
+        ("qwen3_8-fsdp2-tp2", "qwen3_8", "fast_dllm_v2", QWEN, 2, 1, 1),
+        # the clean state handed over cp while each rank runs half the heads
+        ("qwen3_8-cp2-tp2", "qwen3_8", "fast_dllm_v2", QWEN, 1, 2, 1),
+        ("nemotron-csbp-cp2-bp2", "nemotron_diffusion", "block_diffusion", NEMOTRON, 1, 2, 2),
+    ],
 }
 
 
@@ -164,9 +171,11 @@ def errors(tmp_path_factory):
     return errors_per_world(_run_case, CASES, tmp_path_factory, "family-tp")
 
 
-@pytest.mark.parametrize("name", [case[0] for case in CASES[2]])
-def test_family_split_over_ranks_equals_one_process(errors, name):
-    found = errors[2][name]
+@pytest.mark.parametrize(
+    "world,name", [(world, case[0]) for world, cases in CASES.items() for case in cases]
+)
+def test_family_split_over_ranks_equals_one_process(errors, world, name):
+    found = errors[world][name]
     if "-tp" in name or "-fsdp" in name or "-dp" in name:
         assert found["sharded"] > 0, found
     if name.startswith("qwen3_8"):  # the delta rule runs this rank's heads only under tp
