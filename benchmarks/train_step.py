@@ -553,6 +553,7 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device, kind: str = "den
         return {"name": HF_BASELINES[kind], "error": "FlexAttention has no backward on CPU"}
     config_class = transformers.Qwen3_5TextConfig if hybrid else transformers.Qwen3Config
     hf_config = config_class(**{k: v for k, v in config_dict.items() if k != "architectures"})
+    linear_kernel = _hf_linear_kernel() if hybrid else None
     _free_ours(trainer)
     reset_memory(device)
     torch.manual_seed(0)
@@ -642,16 +643,32 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device, kind: str = "den
             "micro_batch": samples,
             "attn_implementation": implementation,
             "torch_compile": kind == "hf-flex",
-            # transformers runs its Gated DeltaNet layers with fla when it is installed.
-            **({"linear_kernel": "fla" if _has_fla() else "torch"} if hybrid else {}),
+            **({"linear_kernel": linear_kernel} if hybrid else {}),
         },
     )
 
 
-def _has_fla() -> bool:
+def _hf_linear_kernel() -> str:
+    """What transformers' Gated DeltaNet layers run here: fla's kernels where fla is installed and
+    trains on this host, its torch chunked form otherwise.
+
+    transformers binds fla's functions when `fla` imports, and fla's gated backward then raises
+    where it refuses the host (Hopper with Triton < 3.7.1 without TileLang): there the
+    baseline's module-level functions are set back to transformers' own torch references (the
+    `functools.wraps` target of its fallback wrapper), as it runs without fla installed.
+    """
     import importlib.util
 
-    return importlib.util.find_spec("fla") is not None
+    if importlib.util.find_spec("fla") is None:
+        return "torch"
+    if torch.cuda.is_available() and _fla_trains_here():
+        return "fla"
+    from transformers.models.qwen3_5 import modeling_qwen3_5 as hf
+
+    for name in ("torch_chunk_gated_delta_rule", "torch_recurrent_gated_delta_rule"):
+        function = getattr(hf, name)
+        setattr(hf, name, getattr(function, "__wrapped__", function))
+    return "torch"
 
 
 def run_decoder_twin(trainer: Trainer, spec: RunSpec, args, device) -> dict:

@@ -18,10 +18,12 @@
 # cold and then with a compile-cache pack made from the cold run), repro (the sm90 bundle built
 # twice in fresh homes and folders: the two archives must be byte-identical), precompiled (a
 # bundle built here, installed in a fresh home: the op launches from an empty Triton cache
-# without compiling), families (fla's
-# chunk kernel against the torch reference, qwen3_8 training with fla, then the train_step
-# benchmark for qwen3_8 against HF Qwen3_5ForCausalLM and for nemotron_diffusion against our
-# decoder; needs fla: .whl/ holds flash_linear_attention and fla_core), speculative (DFlash vs
+# without compiling), families (~4-5 min:
+# fla's chunk kernel against the torch reference and qwen3_8 training with fla, which skip where
+# fla refuses the host, and the torch chunked form on CUDA; then the train_step benchmark, 2+4 steps each, uncompiled layers unless
+# FAMILY_COMPILE=1, under QWEN_TIMEOUT_S / NEMOTRON_TIMEOUT_S (150 / 90 s), for qwen3_8 against
+# HF Qwen3_5ForCausalLM and for nemotron_diffusion against our decoder; fla travels in .whl/ as
+# flash_linear_attention and fla_core), speculative (DFlash vs
 # AR drafter: train a target, distill both, dllm dflash eval on held-out stdlib files;
 # SPEC_FLAGS adds benchmarks/speculative.py flags). Logs and JSON go to $OUT
 # (or ./gpu-out). Start every fresh machine with deps.
@@ -140,15 +142,25 @@ for stage in "$@"; do
     precompiled) # the sm90 bundle built here carries the compiled Triton kernels: an empty cache compiles nothing
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_bundle_triton_cache_gpu.py 2>&1 \
           | tee "$OUT/gpu-tests-precompiled.log" | tail -5 || status=1 ;;
-    families)
+    families) # ~4-5 min: the gated-delta GPU tests (fla's skip where fla refuses the host; the
+      # torch chunked form's, bf16 and compiled, run), then each
+      # family's train_step benchmark under its own time limit, step lines printed as they come.
+      # Layers run uncompiled by default (FlexAttention compiles anyway): a cold layer compile
+      # alone took 180-230 s for the 1.7B decoder; FAMILY_COMPILE=1 compiles them.
       [ -d .whl ] && python3 -m pip install -q --no-index --find-links .whl --no-deps \
         flash-linear-attention fla-core einops 2>&1 | tail -3
-      python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_gated_delta_gpu.py 2>&1 \
-          | tee "$OUT/gpu-tests-families.log" | tail -6 || status=1
-      python3 benchmarks/train_step.py --family qwen3_8 ${FAMILY_FLAGS:-} --out "$OUT/train_step_qwen3_8.json" \
-          2>&1 | tee "$OUT/train_step_qwen3_8.log" | tail -6 || status=1
-      python3 benchmarks/train_step.py --family nemotron_diffusion --out "$OUT/train_step_nemotron.json" \
-          2>&1 | tee "$OUT/train_step_nemotron.log" | tail -6 || status=1 ;;
+      timeout 75 python3 -m pytest -q -m gpu -p no:cacheprovider -rs tests/gpu/test_gated_delta_gpu.py \
+          tests/gpu/test_gated_delta_torch_gpu.py 2>&1 | tee "$OUT/gpu-tests-families.log" | tail -8
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      compile=--no-compile; [ "${FAMILY_COMPILE:-0}" = 1 ] && compile=
+      for family in qwen3_8:${QWEN_TIMEOUT_S:-150} nemotron_diffusion:${NEMOTRON_TIMEOUT_S:-90}; do
+        name=${family%%:*}; limit=${family##*:}
+        echo "--- train_step --family $name, at most $limit s ($(date -u +%H:%M:%S))"
+        timeout "$limit" python3 benchmarks/train_step.py --family "$name" --steps 4 --warmup 2 $compile \
+            ${FAMILY_FLAGS:-} --out "$OUT/train_step_$name.json" 2>&1 | tee "$OUT/train_step_$name.log" \
+          | grep --line-buffered -E "model |step [0-9]+:|refuses|rror|^(turbo|hf)|  mb |speedup|wrote"
+        [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      done ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -155,7 +155,7 @@ def test_a_broken_conv_window_is_caught(monkeypatch):
     monkeypatch.setattr(
         layer,
         "_noisy_conv",
-        lambda noisy, clean, block, which=None: layer._conv(
+        lambda noisy, clean, block, which=None, tail=None: layer._conv(
             noisy.reshape(-1, block, noisy.shape[-1])
         ),
     )

@@ -7,7 +7,6 @@ import shutil
 import pytest
 import torch
 
-from tests.helpers import assert_user_error
 from tests.train.util import losses, metrics, tiny_spec, write_config
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train.entry import train
@@ -108,7 +107,8 @@ def test_fla_on_cpu_is_a_user_error(tmp_path):
 @pytest.mark.parametrize(
     "override,field,words",
     [
-        ("topology.cp=2", "topology.cp", "state hand-off"),
+        ("topology.cp=2 topology.bp=4", "topology.bp", "sharded clean stream"),
+        ("topology.cp=2 training.activation_checkpointing=true", "training.act", "hand-off"),
         ("topology.ep=2", "topology.ep", "dense"),
         ("model.linear_attention=fla", "objective.block_size", "multiple of fla's chunk"),
         ("model.config_overrides.linear_num_key_heads=3", "topology.tp", "linear_num_key_heads"),
@@ -122,7 +122,7 @@ def test_unsupported_combinations_are_refused_with_the_reason(override, field, w
         else ()
     )
     with pytest.raises(DllmError) as error:
-        spec(override, *extra)
+        spec(*override.split(), *extra)
     assert field in str(error.value) and words in str(error.value)
 
 
@@ -131,18 +131,24 @@ def test_linear_attention_kernel_is_refused_for_families_without_linear_layers()
         tiny_spec("model.linear_attention=fla")
 
 
-def test_sequence_parallelism_is_refused(cli, tmp_path):
-    config = write_config(tmp_path / "t.yaml", "topology.tp=2", "topology.sp=true", base=HYBRID)
-    assert_user_error(cli("config", "validate", "--config", config), "topology.sp")
+def test_sequence_and_context_parallelism_validate(cli, tmp_path):
+    # sp: the token mixers gather the sequence whole; cp: the clean state is handed from rank to
+    # rank (both equal to one process: tests/distributed/test_family_tp.py).
+    for overrides in (("topology.tp=2", "topology.sp=true"), ("topology.cp=2",)):
+        config = write_config(tmp_path / "t.yaml", *overrides, base=HYBRID)
+        result = cli("config", "validate", "--config", config)
+        assert result.code == 0, result.err
 
 
 @pytest.mark.slow
-def test_dllm_train_with_block_parallelism_trains_the_single_process_trace(tmp_path):
+@pytest.mark.parametrize("axis", ["topology.bp=2", "topology.cp=2"])
+def test_dllm_train_split_over_two_ranks_trains_the_single_process_trace(tmp_path, axis):
+    """bp: the clean prefix whole on each rank; cp: the clean state handed from rank to rank."""
     from tests.train.util import torchrun
 
-    bp2 = write_config(tmp_path / "bp2.yaml", "training.steps=3", "topology.bp=2", base=HYBRID)
+    two = write_config(tmp_path / "two.yaml", "training.steps=3", axis, base=HYBRID)
     train(spec("training.steps=3"), tmp_path / "one")
-    torchrun(2, "train", "--config", str(bp2), "--run-dir", str(tmp_path / "bp2"), cwd=tmp_path)
+    torchrun(2, "train", "--config", str(two), "--run-dir", str(tmp_path / "two"), cwd=tmp_path)
     torch.testing.assert_close(
-        losses(tmp_path / "bp2"), losses(tmp_path / "one"), rtol=1e-5, atol=1e-5
+        losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5, atol=1e-5
     )

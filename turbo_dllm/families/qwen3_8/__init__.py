@@ -19,16 +19,25 @@ from turbo_dllm.families.qwen3_8.config import (
 
 __all__ = ["QWEN3_8"]
 
-_CONTEXT = (
-    "the linear layers capture the clean stream's recurrent state at every block boundary on "
-    "one rank; sharding the clean stream over ranks needs a cross-rank state hand-off, which "
-    "this version does not have (block parallelism with cp 1 keeps it whole: use bp)"
+_CSBP_SHARDED = (
+    "block parallelism with a sharded clean stream (bp > 1 and cp > 1) would need each rank's "
+    "noisy blocks to get their clean states from the ranks holding those clean chunks, which this "
+    "version does not have; use bp with cp 1 (the clean prefix whole on each rank) or cp alone "
+    "(the clean state handed from rank to rank)"
+)
+_CP_RECOMPUTE = (
+    "activation checkpointing would re-run the linear layers' cross-rank state hand-off inside "
+    "the backward, out of the order the other ranks run it; turn it off with topology.cp > 1"
 )
 
 
 def _rules(spec: Any, config: Qwen38Config) -> list[tuple[str, str]]:
     found = [("topology.tp", m) for m in tensor_parallel_problems(config, spec.topology.tp)]
-    objective = spec.objective
+    topology, objective = spec.topology, spec.objective
+    if topology.cp > 1 and topology.bp > 1:
+        found.append(("topology.bp", _CSBP_SHARDED))
+    if topology.cp > 1 and spec.training.activation_checkpointing:
+        found.append(("training.activation_checkpointing", _CP_RECOMPUTE))
     if "linear_attention" not in config.layer_types or "full_attention" not in config.layer_types:
         found.append(
             (
@@ -68,15 +77,12 @@ QWEN3_8 = Family(
     summary="Qwen3.8 / Qwen3.5 hybrid (Gated DeltaNet + gated full attention) for block diffusion",
     model_types=MODEL_TYPES,
     objectives=("fast_dllm_v2", "block_diffusion"),
-    axes=frozenset({"fsdp", "tp", "bp"}),
+    axes=frozenset({"fsdp", "cp", "tp", "bp", "sp"}),
     presets=PRESETS,
     read_config=Qwen38Config.from_hf_dict,
     runtime_module="turbo_dllm.families.qwen3_8.runtime",
     rules=_rules,
     axis_reasons={
-        "cp": _CONTEXT,
-        "sp": "sequence parallelism would split the clean stream the linear layers' state "
-        "capture reads whole",
         "ep": "Qwen3.8 is dense (no experts)",
     },
     model_options=("linear_attention",),

@@ -78,6 +78,20 @@ def _unit_lower_inverse(strict: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
+@torch.compiler.disable  # a T/chunk-step loop: unrolled by dynamo it compiles for minutes
+def _scan_chunks(new_values, state_keys, k_decayed, chunk_decay, state):
+    """The sequential part of the chunked form: the state before every chunk, and each chunk's
+    corrected values (its delta-rule updates given that state); two small matmuls a chunk.
+    Everything else is batched over chunks before and after, inside the compiled layer."""
+    states, corrections = [], []
+    for i in range(new_values.shape[2]):
+        states.append(state)
+        corrected = new_values[:, :, i] - state_keys[:, :, i] @ state
+        corrections.append(corrected)
+        state = state * chunk_decay[:, :, i] + k_decayed[:, :, i].transpose(-1, -2) @ corrected
+    return torch.stack(states, 2), torch.stack(corrections, 2), state
+
+
 def _chunked(q, k, v, g, beta, state, capture_every, chunk):
     B, H, T, Dk = k.shape
     n = T // chunk
@@ -92,19 +106,15 @@ def _chunked(q, k, v, g, beta, state, capture_every, chunk):
     inverse = _unit_lower_inverse(((k_beta @ k.transpose(-1, -2)) * decay).tril(-1))
     new_values = inverse @ v_beta
     state_keys = inverse @ (k_beta * g.exp()[..., None])
-    intra = (q @ k.transpose(-1, -2)) * decay
-    q_decayed = q * g.exp()[..., None]
     k_decayed = k * (g[..., -1:] - g).exp()[..., None]
     chunk_decay = g[..., -1].exp()[..., None, None]
-    outputs, captured = [], []
+    states, corrected, state = _scan_chunks(new_values, state_keys, k_decayed, chunk_decay, state)
+    # Each chunk's output: its queries read the state before it, plus the chunk's own updates.
+    intra = (q @ k.transpose(-1, -2)) * decay
+    out = (q * g.exp()[..., None]) @ states + intra @ corrected
     every = capture_every // chunk if capture_every else 0
-    for i in range(n):
-        if every and i % every == 0:
-            captured.append(state)
-        corrected = new_values[:, :, i] - state_keys[:, :, i] @ state
-        outputs.append(q_decayed[:, :, i] @ state + intra[:, :, i] @ corrected)
-        state = state * chunk_decay[:, :, i] + k_decayed[:, :, i].transpose(-1, -2) @ corrected
-    return torch.stack(outputs, 2).reshape(B, H, T, -1), captured, state
+    captured = list(states[:, :, ::every].unbind(2)) if every else []
+    return out.reshape(B, H, T, -1), captured, state
 
 
 def fla_problem(triton_version: str, capability: tuple[int, int] | None, tilelang: bool):

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.tensor import DTensor, Partial
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.decoder.model import MLP
@@ -57,6 +58,23 @@ class HybridMask:
     # Block parallelism (CSBP with cp = 1): this rank's noisy blocks (global ids, stream order);
     # the stream is [those blocks ; the clean prefix up to the last of them]. None: all blocks.
     noisy_blocks: tuple[int, ...] | None = None
+    # Context parallelism (the CP baseline): this rank's place in the clean stream's state
+    # hand-off (`context.StateHandOff`); the stream is [its noisy chunks ; its clean chunks].
+    hand_off: Any = None
+
+
+def local_part(param: torch.Tensor) -> torch.Tensor:
+    """A tensor-parallel parameter's (or gathered output's) local part; a plain tensor passes.
+
+    A replicated one (the conv weight, the gated norm's weight) is used on this rank's heads
+    only, so its gradient comes back as a pending sum over tp (`Partial`), which FSDP2 or
+    `replicate_partial_grads` reduces; a head-sharded one (dt_bias, A_log) is this rank's heads.
+    """
+    if not isinstance(param, DTensor):
+        return param
+    if all(p.is_replicate() for p in param.placements):
+        return param.to_local(grad_placements=[Partial()] * len(param.placements))
+    return param.to_local()
 
 
 class ZeroCenteredRMSNorm(nn.Module):
@@ -84,7 +102,7 @@ class GatedRMSNorm(nn.Module):
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
         xf = x.float()
         normed = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (self.weight * normed * F.silu(gate.float())).to(x.dtype)
+        return (local_part(self.weight) * normed * F.silu(gate.float())).to(x.dtype)
 
 
 def rope_cos_sin(
@@ -168,11 +186,23 @@ class GatedDeltaNet(nn.Module):
         self.in_proj_b = nn.Linear(h, self.value_heads, bias=False)
         self.in_proj_a = nn.Linear(h, self.value_heads, bias=False)
         self.kernel = kernel
+        # Tensor parallelism (parallelize.py) runs heads [rank * H / size, (rank + 1) * H / size)
+        # of every kind here: the packed q | k | v channels and the conv are cut to them locally.
+        self.tp_rank, self.tp_size = 0, 1
+
+    def _local_channels(self, packed: torch.Tensor, dim: int = -1) -> torch.Tensor:
+        """This rank's heads of a whole q | k | v packing (the projection's output, the conv
+        weight's channels); everything with one tensor-parallel rank."""
+        if self.tp_size == 1:
+            return packed
+        r, size = self.tp_rank, self.tp_size
+        parts = packed.split([self.key_dim, self.key_dim, self.value_dim], dim=dim)
+        return torch.cat([part.chunk(size, dim=dim)[r] for part in parts], dim=dim)
 
     # --- the causal depthwise convolution ---------------------------------------------------
     def _conv(self, x: torch.Tensor, padded: bool = True) -> torch.Tensor:
         """x (N, T, C) -> silu(causal depthwise conv) (N, T', C); unpadded: T' = T - (K - 1)."""
-        weight = self.conv1d.weight
+        weight = self._local_channels(local_part(self.conv1d.weight), dim=0)
         out = F.conv1d(
             x.transpose(1, 2).to(weight.dtype),
             weight,
@@ -189,38 +219,108 @@ class GatedDeltaNet(nn.Module):
         clean: torch.Tensor,
         block: int,
         which: torch.Tensor | None = None,
+        tail: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Each noisy block convolved after the K-1 clean inputs before it: (R * n, B, C).
-        `which`: the global ids of the noisy blocks (default: 0, 1, ..., every block)."""
+        `which`: the global ids of the noisy blocks (default: 0, 1, ..., every block); `tail`:
+        the K-1 clean inputs before `clean` (default zeros: `clean` starts the stream)."""
         rows, length, channels = noisy.shape
         n, window = length // block, self.conv_kernel - 1
         blocks = noisy.reshape(rows, n, block, channels)
         if window:
             # The clean inputs just before block b: clean[b*B - (K-1) : b*B] (zeros before 0).
-            prefix = F.pad(clean, (0, 0, window, 0))
+            prefix = (
+                F.pad(clean, (0, 0, window, 0)) if tail is None else torch.cat([tail, clean], 1)
+            )
             tails = prefix.unfold(1, window, block).transpose(-1, -2)  # (R, blocks + 1, K-1, C)
             tails = tails[:, :n] if which is None else tails.index_select(1, which)
             blocks = torch.cat([tails, blocks], dim=2)
         out = self._conv(blocks.reshape(rows * n, block + window, channels), padded=False)
         return out
 
+    def _stream(self, noisy_in, clean_in, noisy_ba, clean_ba, block, which=None, start=None):
+        """Noisy blocks and the clean stretch they follow: (noisy out, clean out, final state).
+
+        The clean stretch runs once, its state captured before every block; every noisy block
+        (`which`, default all) then restarts from the clean state before it, all as one batch.
+        `start`: the (recurrent state, K-1 conv inputs) before the stretch; None: its start.
+        """
+        rows, window = noisy_in.shape[0], self.conv_kernel - 1
+        state, tail = start if start is not None else (None, None)
+        if tail is None:
+            conv = self._conv(clean_in)
+        else:
+            conv = self._conv(torch.cat([tail, clean_in], 1), padded=False)
+        clean, states, final = self._mix(conv, *clean_ba, capture_every=block, initial_state=state)
+        if which is not None:
+            states = states.index_select(1, which)
+        n = noisy_in.shape[1] // block
+        b, a = (x.reshape(rows * n, block, -1) for x in noisy_ba)
+        noisy, _, _ = self._mix(
+            self._noisy_conv(noisy_in, clean_in, block, which, tail if window else None),
+            b,
+            a,
+            initial_state=states.reshape(rows * n, *states.shape[2:]),
+        )
+        return noisy.reshape(rows, n * block, *noisy.shape[2:]), clean, final
+
+    def _handed_on(self, mixed, b, a, block: int, hand_off: Any) -> torch.Tensor:
+        """Context parallelism: this rank's two chunks of both halves, each clean chunk started
+        from the state and conv window the rank before it in stream order hands over."""
+        rows, seq, channels = mixed.shape
+        N, window = seq // 2, self.conv_kernel - 1
+        half = N // 2
+        if half < window:
+            raise ValueError(f"a context chunk of {half} tokens is shorter than the conv window")
+        heads = self.value_heads // self.tp_size
+        state_shape = (rows, heads, self.head_k_dim, self.head_v_dim)
+        state_dtype = torch.promote_types(mixed.dtype, torch.float32)
+        noisy_parts, clean_parts, kept = [], [], None
+        for j, chunk in enumerate(hand_off.chunks):
+            noisy, clean = slice(j * half, (j + 1) * half), slice(N + j * half, N + (j + 1) * half)
+            clean_in = mixed[:, clean]
+            start = hand_off.receive(
+                chunk, kept, clean_in, state_shape, state_dtype, (rows, window, channels)
+            )
+            noisy_out, clean_out, final = self._stream(
+                mixed[:, noisy],
+                clean_in,
+                (b[:, noisy], a[:, noisy]),
+                (b[:, clean], a[:, clean]),
+                block,
+                start=start,
+            )
+            inputs = torch.cat([start[1], clean_in], 1)
+            clean_out, kept = hand_off.send(chunk, clean_out, final, inputs[:, half:])
+            noisy_parts.append(noisy_out)
+            clean_parts.append(clean_out)
+        return torch.cat(noisy_parts + clean_parts, dim=1)
+
     def _mix(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, **kwargs):
-        q, k, v = torch.split(mixed, [self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        key_dim, value_dim = self.key_dim // self.tp_size, self.value_dim // self.tp_size
+        q, k, v = torch.split(mixed, [key_dim, key_dim, value_dim], dim=-1)
         rows, seq = mixed.shape[:2]
         q = q.reshape(rows, seq, -1, self.head_k_dim)
         k = k.reshape(rows, seq, -1, self.head_k_dim)
         v = v.reshape(rows, seq, -1, self.head_v_dim)
         beta = b.sigmoid()
-        g = -self.A_log.float().exp() * F.softplus(a.float() + self.dt_bias.float())
+        A_log, dt_bias = local_part(self.A_log), local_part(self.dt_bias)
+        g = -A_log.float().exp() * F.softplus(a.float() + dt_bias.float())
         return gated_delta_rule(q, k, v, g, beta, kernel=self.kernel, **kwargs)
 
     def forward(self, x: torch.Tensor, mask: HybridMask) -> torch.Tensor:
         rows, seq, _ = x.shape
-        mixed, z = self.in_proj_qkv(x), self.in_proj_z(x)
+        # Under tp: in_proj_qkv's output is gathered whole and cut to this rank's heads; z, b, a
+        # come column-wise as this rank's value heads already.
+        # (The gathered output's gradient is then a pending sum over tp: each rank used its heads.)
+        mixed = self._local_channels(local_part(self.in_proj_qkv(x)))
+        z = self.in_proj_z(x)
         b, a = self.in_proj_b(x), self.in_proj_a(x)
         layout = mask.layout
         if layout is None:
             out, _, _ = self._mix(self._conv(mixed), b, a)
+        elif mask.hand_off is not None:
+            out = self._handed_on(mixed, b, a, layout.block_size, mask.hand_off)
         else:
             block = layout.block_size
             if mask.noisy_blocks is None:  # the whole stream: every block, the whole clean half
@@ -230,22 +330,10 @@ class GatedDeltaNet(nn.Module):
             else:  # this rank's blocks, then the clean prefix they need
                 N = len(mask.noisy_blocks) * block
                 which = torch.tensor(mask.noisy_blocks, device=x.device)
-            n = N // block
-            clean_in = mixed[:, N:]
-            # The clean stream once, its state captured before every block...
-            clean, states, _ = self._mix(
-                self._conv(clean_in), b[:, N:], a[:, N:], capture_every=block
+            noisy, clean, _ = self._stream(
+                mixed[:, :N], mixed[:, N:], (b[:, :N], a[:, :N]), (b[:, N:], a[:, N:]), block, which
             )
-            if which is not None:
-                states = states.index_select(1, which)
-            # ...and every noisy block from the clean state before it, all blocks as one batch.
-            noisy, _, _ = self._mix(
-                self._noisy_conv(mixed[:, :N], clean_in, block, which),
-                b[:, :N].reshape(rows * n, block, -1),
-                a[:, :N].reshape(rows * n, block, -1),
-                initial_state=states.reshape(rows * n, *states.shape[2:]),
-            )
-            out = torch.cat([noisy.reshape(rows, N, *noisy.shape[2:]), clean], dim=1)
+            out = torch.cat([noisy, clean], dim=1)
         out = self.norm(out, z.reshape(rows, seq, -1, self.head_v_dim))
         return self.out_proj(out.reshape(rows, seq, -1))
 

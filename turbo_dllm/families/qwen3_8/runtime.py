@@ -66,15 +66,21 @@ def model_mask(inputs: Any) -> HybridMask:
             "would run from one document into the next",
             hint="prepare the data without packing (one document per sequence)",
         )
+    from turbo_dllm.families.qwen3_8.context import StateHandOff
+    from turbo_dllm.train.parallel.cp import CpAttention
     from turbo_dllm.train.parallel.csbp import CsbpAttention
 
     mask = inputs.mask
+    if isinstance(mask, CpAttention):  # context parallelism: the clean state handed rank to rank
+        layout = mask.layout
+        hand_off = StateHandOff(mask.group, layout.cp, layout.rank)
+        return HybridMask(mask, inputs.batch.layout, hand_off=hand_off)
     if isinstance(mask, CsbpAttention):  # block parallelism: this rank's blocks
         layout = mask.layout
         if layout.cp != 1:
             raise DllmError(
                 "qwen3_8 runs block parallelism with the clean stream whole on each rank only",
-                hint="set topology.cp: 1",
+                hint="set topology.cp: 1 with bp, or bp: 1 with cp",
             )
         return HybridMask(mask, inputs.batch.layout, tuple(int(b) for b in layout.noisy_blocks))
     return HybridMask(mask, inputs.batch.layout)
