@@ -129,7 +129,7 @@ def test_greedy_draft_ranks_the_top_k_by_unary_plus_pair_score():
     hidden = torch.randn(3, 8, generator=g, dtype=torch.float64)
     # a fresh selector (zero successor codebook) keeps the unary argmax
     unary = 2.0 * torch.tanh(1.5 * hidden @ model.lm_head.weight.T / 2.0)
-    assert model.greedy_draft(hidden, anchor_token=3) == unary.argmax(-1).tolist()
+    assert model.greedy_draft(hidden, torch.tensor([3])).tolist() == unary.argmax(-1).tolist()
     selector = model.candidate_selector
     with torch.no_grad():
         selector.successor_codebook.copy_(torch.randn(11, 3, generator=g, dtype=torch.float64) * 5)
@@ -147,4 +147,4 @@ def test_greedy_draft_ranks_the_top_k_by_unary_plus_pair_score():
         ]
         previous = candidates[max(range(4), key=scores.__getitem__)]
         picked.append(previous)
-    assert model.greedy_draft(hidden, anchor_token=3) == picked
+    assert model.greedy_draft(hidden, torch.tensor([3])).tolist() == picked

@@ -102,6 +102,13 @@ def test_dflash2_trains_and_exports_to_the_serving_contract_bit_exactly(cli, wor
     assert exported.keys() == saved.keys() == set(shapes)
     for name, tensor in exported.items():
         assert torch.equal(tensor, saved[name]), name
+    # `dllm dflash eval` decodes through the selector and stays lossless
+    from turbo_dllm.families.dflash.speculative import evaluate
+
+    report = evaluate(
+        str(world["target"]), str(out), str(world["artifact"]), max_new_tokens=12, num_prompts=2
+    )
+    assert report.lossless is True and report.drafter_kind == "dflash"
     # trained: the convolutions and the selector moved off their initial values
     layer = exported["layers.0.attention_conv.kernel_projection.weight"]
     assert float(layer.abs().sum()) > 0.0

@@ -303,9 +303,9 @@ class DFlashDrafter(nn.Module):
             )
         return self.norm(x)
 
-    def greedy_draft(self, hidden: torch.Tensor, anchor_token: int) -> list[int]:
-        """The greedy tokens of drafted slots' hidden states (n, H): the head's argmax."""
-        return self.lm_head(hidden).argmax(-1).tolist()
+    def greedy_draft(self, hidden: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
+        """The greedy tokens (n,) of drafted slots' hidden states (n, H): the head's argmax."""
+        return self.lm_head(hidden).argmax(-1)
 
 
 class DFlash2Drafter(DFlashDrafter):
@@ -348,21 +348,21 @@ class DFlash2Drafter(DFlashDrafter):
         return logits if cap is None else cap * torch.tanh(logits / cap)
 
     @torch.no_grad()
-    def greedy_draft(self, hidden: torch.Tensor, anchor_token: int) -> list[int]:
+    def greedy_draft(self, hidden: torch.Tensor, anchor: torch.Tensor) -> torch.Tensor:
         """Left to right: slot i's pick among its top-k unary candidates maximizes unary + pair
-        score after the previous pick (the anchor's token before the first slot)."""
+        score after the previous pick (`anchor` (1,), the anchor's token, before the first
+        slot). Tokens (n,) on the device, no host sync."""
         unary = self.unary_logits(hidden).float()
         values, candidates = unary.topk(self.config.selector_top_k, dim=-1)
-        picked, previous = [], anchor_token
+        previous, picked = anchor.reshape(1), []
         for i in range(hidden.shape[0]):
             pair = self.candidate_selector.pair_scores(
-                hidden[i : i + 1],
-                torch.tensor([previous], device=hidden.device),
-                candidates[i : i + 1],
+                hidden[i : i + 1], previous, candidates[i : i + 1]
             )
-            previous = int(candidates[i, int((values[i] + pair[0]).argmax())])
+            choice = (values[i] + pair[0]).argmax()
+            previous = candidates[i].gather(0, choice.reshape(1))
             picked.append(previous)
-        return picked
+        return torch.cat(picked)
 
 
 def drafter_class(config: DFlashConfig) -> type[DFlashDrafter]:
