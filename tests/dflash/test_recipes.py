@@ -5,17 +5,20 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from turbo_dllm.config.load import load_runspec
 from turbo_dllm.config.recipe_catalog import find_recipe
 from turbo_dllm.registry import resolve_model_config
 
 
-def test_cpu_dflash_recipe_trains_from_its_target_and_artifact(cli, world, tmp_path):
+@pytest.mark.parametrize("recipe", ["smoke/cpu-dflash", "smoke/cpu-dflash2"])
+def test_cpu_dflash_recipe_trains_from_its_target_and_artifact(cli, world, tmp_path, recipe):
     (tmp_path / "data").mkdir()
     (tmp_path / "target").symlink_to(world["target"])
     (tmp_path / "data/prepared").symlink_to(world["artifact"])
     config = tmp_path / "train.yaml"
-    assert cli("recipe", "copy", "smoke/cpu-dflash", config).code == 0
+    assert cli("recipe", "copy", recipe, config).code == 0
     result = cli(
         "train",
         "--config",
