@@ -176,23 +176,27 @@ class DFlashGroupedConv(nn.Module):
         self.kernel_projection = nn.Linear(h, 2 * self.taps * (h // self.group_size), bias=False)
 
     def coefficients(self, normed: torch.Tensor) -> torch.Tensor:
-        """(R, Q, H) normalized mixer input -> (R, Q, 2, taps, H) per-token kernels."""
+        """(R, Q, H) normalized mixer input -> (R, Q, 2, taps, H / group) dynamic coefficients."""
         rows, length, h = normed.shape
-        dyn = self.kernel_projection(normed).view(rows, length, 2, self.taps, h // self.group_size)
-        return self.base_kernel + dyn.repeat_interleave(self.group_size, dim=-1)
+        return self.kernel_projection(normed).view(rows, length, 2, self.taps, h // self.group_size)
 
     def convolve(self, x: torch.Tensor, coefficients: torch.Tensor, side: int) -> torch.Tensor:
-        """x (R, Q, H), Q whole blocks; `coefficients` from `coefficients()`."""
+        """x (R, Q, H), Q whole blocks; `coefficients` from `coefficients()`. The dynamic part
+        multiplies per group (never expanded to every channel: a [Q, taps, H] kernel would be
+        the layer's largest activation)."""
         rows, length, h = x.shape
-        b = self.block_size
+        b, groups = self.block_size, h // self.group_size
         if length % b:
             raise ValueError(f"{length} draft tokens are not whole blocks of {b}")
-        kernel = coefficients[:, :, side].view(rows, length // b, b, self.taps, h)
+        dynamic = coefficients[:, :, side].reshape(rows, length // b, b, self.taps, groups, 1)
+        base = self.base_kernel[side]
         blocks = x.view(rows, length // b, b, h)
-        out = kernel[:, :, :, 0] * blocks
-        for j in range(1, min(self.taps, b)):  # x[t - j] inside the block, zero before it
-            shifted = F.pad(blocks[:, :, : b - j], (0, 0, j, 0))
-            out = out + kernel[:, :, :, j] * shifted
+        out = None
+        for j in range(min(self.taps, b)):  # x[t - j] inside the block, zero before it
+            shifted = blocks if j == 0 else F.pad(blocks[:, :, : b - j], (0, 0, j, 0))
+            grouped = shifted.view(rows, length // b, b, groups, self.group_size)
+            term = base[j] * shifted + (dynamic[:, :, :, j] * grouped).view_as(shifted)
+            out = term if out is None else out + term
         return out.view(rows, length, h)
 
 
