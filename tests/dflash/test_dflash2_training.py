@@ -122,6 +122,7 @@ def test_dflash2_trains_and_exports_to_the_serving_contract_bit_exactly(cli, wor
         (("objective.dflash_loss=dpace",), "does not train a DFlashDraftModel"),
         ((*DFLASH2, "model.dflash.conv_group_size=5"), "must divide hidden_size"),
         ((*DFLASH2, "model.dflash.selector_top_k=999"), "exceeds the vocabulary"),
+        (("model.dflash.selector_rank=8",), "shape a DFlash2 drafter, but"),
         (("topology.ep=2", "topology.dp=2"), "ep is not supported here: a drafter has no experts"),
         (("topology.tp=2",), "tp is not supported here: a drafter is small and replicated"),
     ],

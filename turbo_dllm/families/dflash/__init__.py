@@ -14,6 +14,7 @@ from typing import Any
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import Family, ModelMisfit, read_hf_config
 from turbo_dllm.families.dflash.config import (
+    DFLASH2_FIELDS,
     HARD_LABEL_LOSSES,
     V1_LOSSES,
     DFlashConfig,
@@ -56,6 +57,13 @@ def _configure(model: Any) -> DFlashConfig:
         raise DllmError(
             "model.config_overrides does not apply to a dflash drafter",
             hint="set the drafter's shape in model.dflash (num_layers, intermediate_size, ...)",
+        )
+    shape2 = sorted(set(DFLASH2_FIELDS) & spec.model_fields_set)
+    if shape2 and spec.architecture != "DFlash2DraftModel":
+        raise DllmError(
+            f"model.dflash.{', '.join(shape2)} shape a DFlash2 drafter, but "
+            f"model.dflash.architecture is {spec.architecture}",
+            hint="set model.dflash.architecture: DFlash2DraftModel, or drop those fields",
         )
     target = read_target_config(spec.target)
     if model.path is not None:

@@ -36,6 +36,15 @@ PLANNED_ARCHITECTURES = ("DFlashSpeculator",)
 # The loss kinds each architecture trains with (the original's split: DFlash2's selector needs
 # hard labels).
 V1_LOSSES = ("paper_ce", "speculators_kl")
+# The RunSpec's model.dflash fields that shape a fresh DFlash2 drafter (dflash_config keys).
+DFLASH2_FIELDS = (
+    "conv_kernel_size",
+    "conv_group_size",
+    "selector_rank",
+    "selector_top_k",
+    "final_logit_softcapping",
+    "output_multiplier",
+)
 HARD_LABEL_LOSSES = (
     "dflash",
     "dpace",
@@ -258,17 +267,7 @@ class DFlashConfig:
             target_path=target_path,
             architecture=spec.architecture,
             **(
-                {
-                    name: getattr(spec, name)
-                    for name in (
-                        "conv_kernel_size",
-                        "conv_group_size",
-                        "selector_rank",
-                        "selector_top_k",
-                        "final_logit_softcapping",
-                        "output_multiplier",
-                    )
-                }
+                {name: getattr(spec, name) for name in DFLASH2_FIELDS}
                 if spec.architecture == DFLASH2
                 else {}
             ),
@@ -362,7 +361,17 @@ class DFlashConfig:
     def step_flops(self, *, stream_tokens: int, scored_tokens: int, pairs: int) -> float:
         """Drafter FLOPs of one forward+backward over `stream_tokens` drafted positions (the
         context projection and the frozen target's forward are not counted)."""
-        body = 6.0 * self.num_hidden_layers * self.layer_matmul_params * stream_tokens
+        matmul = self.layer_matmul_params
+        if self.is_dflash2:  # the two convolutions' kernel projections
+            matmul += (
+                2
+                * 2
+                * self.conv_kernel_size
+                * self.hidden_size
+                // self.conv_group_size
+                * self.hidden_size
+            )
+        body = 6.0 * self.num_hidden_layers * matmul * stream_tokens
         head = 4.0 * self.vocab_size * self.hidden_size * scored_tokens  # no head gradient
         attention = 12.0 * self.head_dim * self.num_attention_heads * self.num_hidden_layers * pairs
         return body + head + attention
