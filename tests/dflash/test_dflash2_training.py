@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ from safetensors import safe_open
 
 from tests.dflash.helpers import drafter_document, drafter_spec
 from tests.dflash.test_export import _layer_shapes
-from tests.train.util import losses
+from tests.train.util import losses, metrics
 from turbo_dllm.config.runspec import RunSpec
 from turbo_dllm.config.validate import check
 from turbo_dllm.families.dflash.config import DFlashConfig
@@ -53,13 +54,17 @@ def _dflash2_shapes(config: DFlashConfig) -> dict[str, tuple[int, ...]]:
 
 
 def test_dflash2_trains_and_exports_to_the_serving_contract_bit_exactly(cli, world, tmp_path):
-    run = tmp_path / "run"
-    spec = drafter_spec(
-        world["target"], world["artifact"], *DFLASH2, "training.steps=4", "checkpoint.interval=null"
-    )
-    train(spec, run)
+    run, resumed = tmp_path / "run", tmp_path / "resumed"
+    args = (*DFLASH2, "training.steps=4", "checkpoint.interval=2")
+    train(drafter_spec(world["target"], world["artifact"], *args), run)
     trace = losses(run)
     assert len(trace) == 4 and all(math.isfinite(x) and x > 0 for x in trace), trace
+    # resumed at step 2 (inside the selector's ramp): the same trace, bit for bit
+    shutil.copytree(run / "checkpoints/step_00000002", resumed / "checkpoints/step_00000002")
+    train(drafter_spec(world["target"], world["artifact"], *args), resumed)
+    assert [r["step"] for r in metrics(resumed)] == [3, 4]
+    assert losses(resumed) == trace[2:]
+    assert [r["grad_norm"] for r in metrics(resumed)] == [r["grad_norm"] for r in metrics(run)][2:]
     out = tmp_path / "serve"
     result = cli(
         "dflash", "export", "--checkpoint", run / "checkpoints", "--out", out,

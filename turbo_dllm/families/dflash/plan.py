@@ -5,9 +5,10 @@ runs here, `target.TargetFeatures`; offline: the batch's rows of the feature art
 `features.FeatureStore`),
 lays the anchors' blocks out as the drafter's tokens [anchor, mask x (B-1)] at positions
 anchor + 0..B-1, builds the attention mask (a block sees itself, bidirectionally, and the
-context of its document before its anchor) and the scoring hook (`paper_ce` or
-`speculators_kl`). Every rank holds whole sequences; under block parallelism (bp) the ranks of
-a context group share each batch's anchors in dual-end order. Under context parallelism (cp) the
+context of its document before its anchor) and the scoring hook (`paper_ce`,
+`speculators_kl`, or DFlash2's hard-label kinds, `hard_labels.py`). The max(cp, bp) ranks of a
+context group read the same batch and share its anchors in dual-end order. Under context
+parallelism (cp) the
 context is cut into cp contiguous shards: a rank projects only its shard of the features (fc,
 hidden_norm, each layer's context K/V) and the layers all-gather the context K/V over the cp
 group (`DraftContext.group`); with bp > cp (fused), bp / cp groups of cp ranks each hold one
