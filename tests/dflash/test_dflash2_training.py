@@ -130,6 +130,7 @@ def test_dflash2_trains_and_exports_to_the_serving_contract_bit_exactly(cli, wor
         (("model.dflash.selector_rank=8",), "shape a DFlash2 drafter, but"),
         (("topology.ep=2", "topology.dp=2"), "ep is not supported here: a drafter has no experts"),
         (("topology.tp=2",), "tp is not supported here: a drafter is small and replicated"),
+        (("topology.tp=2", "topology.sp=true"), "sp is not supported here: a drafter is small"),
     ],
 )
 def test_dflash2_misfits_are_refused_at_validation(world, overrides, message):
