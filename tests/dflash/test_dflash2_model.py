@@ -148,3 +148,18 @@ def test_greedy_draft_ranks_the_top_k_by_unary_plus_pair_score():
         previous = candidates[max(range(4), key=scores.__getitem__)]
         picked.append(previous)
     assert model.greedy_draft(hidden, torch.tensor([3])).tolist() == picked
+
+
+def test_the_dflash2_config_round_trips_through_config_json():
+    config = dataclasses.replace(TINY2, output_multiplier=0.5, final_logit_softcapping=30.0)
+    hf = config.to_hf_dict()
+    assert hf["architectures"] == ["DFlash2DraftModel"] and "auto_map" not in hf
+    assert hf["dflash_config"]["attention_mode"] == "gqa"  # 2 heads over 1 kv head
+    assert DFlashConfig.from_hf_dict(hf) == config
+    v1 = dataclasses.replace(TINY2, architecture="DFlashDraftModel")
+    assert set(v1.to_hf_dict()["dflash_config"]) == {
+        "block_size",
+        "mask_token_id",
+        "target_layer_ids",
+    }
+    assert DFlashConfig.from_hf_dict(v1.to_hf_dict()).architecture == "DFlashDraftModel"
