@@ -41,7 +41,7 @@ def _gradients(model, plan, batch):
     return loss.detach(), grads
 
 
-def _worker(rank: int, world: int, target: str, artifact: str, results: str) -> None:
+def _worker(rank: int, world: int, target: str, artifact: str, results: str, cases) -> None:
     import torch.distributed as dist
 
     from turbo_dllm.families.dflash.plan import DraftPlan
@@ -54,7 +54,7 @@ def _worker(rank: int, world: int, target: str, artifact: str, results: str) -> 
 
     cpu = torch.device("cpu")
     errors = {}
-    for name, overrides, cp, bp in CASES:
+    for name, overrides, cp, bp in cases:
         spec = drafter_spec(Path(target), Path(artifact), "objective.max_anchors=6", *overrides)
         config = resolve_model_config(spec.model)
         model = materialize(build_model(config), cpu, seed=0)
@@ -90,15 +90,41 @@ def _worker(rank: int, world: int, target: str, artifact: str, results: str) -> 
         Path(results).write_text(json.dumps(errors))
 
 
+@pytest.fixture(scope="module")
+def offline(world, tmp_path_factory):
+    """A feature artifact (with teacher rows) of the world's target and data."""
+    from turbo_dllm.families.dflash.features import prepare_features
+
+    out = tmp_path_factory.mktemp("cp-features") / "features"
+    spec = drafter_spec(world["target"], world["artifact"], "objective.max_anchors=6")
+    prepare_features(spec, out, rows_per_shard=8, progress=False)
+    return out
+
+
+def test_a_cp_rank_reads_only_its_span_of_offline_features(offline):
+    from turbo_dllm.families.dflash.features import FeatureStore
+
+    store = FeatureStore(offline)
+    rows = torch.tensor([0, 9, 3])  # across shards
+    whole, teacher = store.lookup(rows, torch.device("cpu"))
+    for span in (slice(0, 32), slice(32, 64), slice(16, 48)):
+        part, part_teacher = store.lookup(rows, torch.device("cpu"), span=span)
+        assert torch.equal(part, whole[:, span]) and torch.equal(part_teacher, teacher)
+
+
 @pytest.mark.slow
-def test_two_cp_processes_give_the_one_process_loss_and_every_gradient(world, tmp_path):
+def test_two_cp_processes_give_the_one_process_loss_and_every_gradient(world, offline, tmp_path):
     results = tmp_path / "errors.json"
+    cases = [
+        *CASES,
+        ("cp2-offline-features", (f"model.dflash.features={offline}",), 2, 1),
+    ]
     run_gloo(
-        _worker, 2, tmp_path, str(world["target"]), str(world["artifact"]), str(results),
+        _worker, 2, tmp_path, str(world["target"]), str(world["artifact"]), str(results), cases,
         timeout_s=120,
     )  # fmt: skip
     errors = json.loads(results.read_text())
-    assert errors == {name: [] for name, *_ in CASES}
+    assert errors == {name: [] for name, *_ in cases}
 
 
 @pytest.mark.slow

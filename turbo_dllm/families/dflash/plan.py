@@ -146,28 +146,31 @@ class DraftPlan:
         self.cp_rank, self.cp_size, self.cp_group = cp_rank, cp_size, cp_group
 
     def prepare(self, batch: DraftBatch, device: torch.device) -> ModelInputs:
+        length = batch.context_ids.shape[1]
+        shard = None
+        if self.cp_size > 1:  # this rank's contiguous shard of the context
+            if length % self.cp_size:
+                raise DllmError(f"seq_len {length} is not a multiple of cp = {self.cp_size}")
+            size = length // self.cp_size
+            shard = slice(self.cp_rank * size, (self.cp_rank + 1) * size)
         if self.store is not None:
             if batch.rows is None:
                 raise DllmError("offline features need data.artifact (rows to look up)")
-            features, teacher = self.store.lookup(batch.rows.cpu(), device)
-        else:
+            features, teacher = self.store.lookup(batch.rows.cpu(), device, span=shard)
+        else:  # the frozen target runs over the whole sequence (its own forward is not sharded)
             features, teacher = self.target(batch.context_ids, batch.doc_ids)
+            if shard is not None:
+                features = features[:, shard]
         if self.context_size > 1:
             batch = share_anchors(batch, self.rank, self.context_size)
         tokens, draft_positions = draft_tokens(batch, self.config.mask_token_id)
-        length = batch.context_ids.shape[1]
         mask = draft_attention_mask(
             batch.anchors, batch.anchor_valid, batch.doc_ids, length, batch.block_size
         )
         positions = torch.arange(length, device=device)
         group = None
-        if self.cp_size > 1:  # this rank's contiguous shard; the layers gather the K/V
-            if length % self.cp_size:
-                raise DllmError(f"seq_len {length} is not a multiple of cp = {self.cp_size}")
-            shard = slice(
-                self.cp_rank * length // self.cp_size, (self.cp_rank + 1) * length // self.cp_size
-            )
-            features, positions, group = features[:, shard], positions[shard], self.cp_group
+        if shard is not None:  # the layers gather the context K/V over the cp group
+            positions, group = positions[shard], self.cp_group
         context = DraftContext(features, positions, mask, group)
         return ModelInputs(
             input_ids=tokens,
