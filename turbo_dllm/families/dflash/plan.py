@@ -8,11 +8,11 @@ anchor + 0..B-1, builds the attention mask (a block sees itself, bidirectionally
 context of its document before its anchor) and the scoring hook (`paper_ce`,
 `speculators_kl`, or DFlash2's hard-label kinds, `hard_labels.py`). The max(cp, bp) ranks of a
 context group read the same batch and share its anchors in dual-end order. Under context
-parallelism (cp) the
-context is cut into cp contiguous shards: a rank projects only its shard of the features (fc,
-hidden_norm, each layer's context K/V) and the layers all-gather the context K/V over the cp
-group (`DraftContext.group`); with bp > cp (fused), bp / cp groups of cp ranks each hold one
-sharded copy of the context, and the anchors are still spread over all max(cp, bp) ranks.
+parallelism (cp) the context is cut into cp contiguous shards: a rank projects only its shard
+of the features (fc, hidden_norm, each layer's context K/V) and the layers all-gather the
+context K/V over the cp group (`DraftContext.group`); with bp > cp (fused), bp / cp groups of
+cp ranks each hold one sharded copy of the context, and the anchors are still spread over all
+max(cp, bp) ranks.
 """
 
 from __future__ import annotations
