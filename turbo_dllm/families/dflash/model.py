@@ -193,7 +193,7 @@ class DFlashGroupedConv(nn.Module):
         blocks = x.view(rows, length // b, b, h)
         out = None
         for j in range(min(self.taps, b)):  # x[t - j] inside the block, zero before it
-            shifted = blocks if j == 0 else F.pad(blocks[:, :, : b - j], (0, 0, j, 0))
+            shifted = blocks if j == 0 else nn.functional.pad(blocks[:, :, : b - j], (0, 0, j, 0))
             grouped = shifted.view(rows, length // b, b, groups, self.group_size)
             term = base[j] * shifted + (dynamic[:, :, :, j] * grouped).view_as(shifted)
             out = term if out is None else out + term
