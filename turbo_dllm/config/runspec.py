@@ -119,6 +119,36 @@ class DFlashSpec(_Strict):
         description="A feature artifact made by `dllm dflash prepare-features`: training reads "
         "the target's features from it instead of running the target.",
     )
+    architecture: Literal["DFlashDraftModel", "DFlash2DraftModel"] = Field(
+        "DFlashDraftModel",
+        description="A fresh drafter's architecture. DFlash2DraftModel adds block-local dynamic "
+        "grouped convolutions to every layer and a low-rank candidate selector, and trains with "
+        "the hard-label losses (objective.dflash_loss dflash / dpace...).",
+    )
+    conv_kernel_size: PositiveInt = Field(
+        4,
+        description="DFlash2: taps of each block-local causal convolution (it never reads "
+        "across a block's start).",
+    )
+    conv_group_size: PositiveInt = Field(
+        16,
+        description="DFlash2: channels that share one dynamic convolution coefficient; must "
+        "divide the hidden size.",
+    )
+    selector_rank: PositiveInt = Field(
+        64, description="DFlash2: rank of the candidate selector's (predecessor, candidate) score."
+    )
+    selector_top_k: PositiveInt = Field(
+        8,
+        description="DFlash2: candidates per slot the selector ranks (the top-k of the unary "
+        "logits).",
+    )
+    final_logit_softcapping: float | None = Field(
+        None, gt=0.0, description="DFlash2: unary logits are c * tanh(z / c); None: no cap."
+    )
+    output_multiplier: float = Field(
+        1.0, gt=0.0, description="DFlash2: unary logits = softcap(multiplier * logits)."
+    )
 
 
 class ModelSpec(_Strict):
@@ -183,11 +213,48 @@ class ObjectiveSpec(_Strict):
         description="dflash_distillation: slot k's weight is exp(-(k-1)/gamma) (exp(-k/gamma) "
         "with sample_from_anchor); None: every slot weighs 1.",
     )
-    dflash_loss: Literal["paper_ce", "speculators_kl"] = Field(
+    dflash_loss: Literal[
+        "paper_ce",
         "speculators_kl",
-        description="dflash_distillation: paper_ce: cross-entropy against the true token; "
-        "speculators_kl: forward KL(target || drafter) over the full vocabulary, computed in "
-        "row chunks (the target then runs all its layers).",
+        "dflash",
+        "dpace",
+        "dpace-cumulative-confidence-only",
+        "dpace-continuation-value-only",
+    ] = Field(
+        "speculators_kl",
+        description="dflash_distillation. DFlash drafters: paper_ce: cross-entropy against the "
+        "true token; speculators_kl: forward KL(target || drafter) over the full vocabulary, "
+        "computed in row chunks (the target then runs all its layers). DFlash2 drafters (hard "
+        "labels, plus the selector loss): dflash: cross-entropy weighted by the slot decay; "
+        "dpace: weighted by the expected accepted continuation from the slot (D-PACE, from the "
+        "drafter's own detached gold probabilities); dpace-cumulative-confidence-only: by the "
+        "probability the block is accepted up to the slot; dpace-continuation-value-only: by "
+        "the continuation beyond it (dpace / cumulative).",
+    )
+    dpace_alpha: float = Field(
+        0.5,
+        ge=0.0,
+        le=1.0,
+        description="dflash_distillation, dpace*: a slot's acceptance is (1 - alpha) p + alpha, "
+        "p the drafter's detached probability of the gold token.",
+    )
+    selector_loss_alpha: float = Field(
+        1.0,
+        ge=0.0,
+        description="dflash_distillation, DFlash2: weight of the candidate selector's "
+        "cross-entropy (over the top-k candidates) next to the token loss.",
+    )
+    selector_warmup_steps: int = Field(
+        0,
+        ge=0,
+        description="dflash_distillation, DFlash2: optimizer steps with the selector loss off "
+        "(the original spells this as a ratio of the run's steps).",
+    )
+    selector_ramp_steps: int = Field(
+        0,
+        ge=0,
+        description="dflash_distillation, DFlash2: steps after the warmup over which the "
+        "selector weight rises linearly to selector_loss_alpha (0: at once).",
     )
     sample_from_anchor: bool = Field(
         False,

@@ -13,7 +13,13 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import Family, ModelMisfit, read_hf_config
-from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
+from turbo_dllm.families.dflash.config import (
+    DFLASH2_FIELDS,
+    HARD_LABEL_LOSSES,
+    V1_LOSSES,
+    DFlashConfig,
+    drafter_problems,
+)
 
 __all__ = ["DFLASH", "configure", "read_target_config"]
 
@@ -51,6 +57,13 @@ def _configure(model: Any) -> DFlashConfig:
         raise DllmError(
             "model.config_overrides does not apply to a dflash drafter",
             hint="set the drafter's shape in model.dflash (num_layers, intermediate_size, ...)",
+        )
+    shape2 = sorted(set(DFLASH2_FIELDS) & spec.model_fields_set)
+    if shape2 and spec.architecture != "DFlash2DraftModel":
+        raise DllmError(
+            f"model.dflash.{', '.join(shape2)} shape a DFlash2 drafter, but "
+            f"model.dflash.architecture is {spec.architecture}",
+            hint="set model.dflash.architecture: DFlash2DraftModel, or drop those fields",
         )
     target = read_target_config(spec.target)
     if model.path is not None:
@@ -93,6 +106,15 @@ def _rules(spec: Any, config: DFlashConfig) -> list[tuple[str, str]]:
                 f"(sample_from_anchor: {config.sample_from_anchor})",
             )
         )
+    kinds = HARD_LABEL_LOSSES if config.is_dflash2 else V1_LOSSES
+    if objective.dflash_loss not in kinds:
+        found.append(
+            (
+                "objective.dflash_loss",
+                f"{objective.dflash_loss!r} does not train a {config.architecture} (it trains "
+                f"with {', '.join(kinds)})",
+            )
+        )
     return found
 
 
@@ -100,10 +122,10 @@ _NOT_SHARDED = "a drafter is small and replicated; the original refuses it too"
 DFLASH = Family(
     name="dflash",
     input_rules="turbo_dllm.families.dflash.features:input_problems",
-    summary="a DFlash block-diffusion drafter over a frozen target's hidden states",
+    summary="a DFlash / DFlash2 block-diffusion drafter over a frozen target's hidden states",
     model_types=("qwen3",),
     objectives=("dflash_distillation",),
-    axes=frozenset({"fsdp", "bp"}),
+    axes=frozenset({"fsdp", "cp", "bp"}),
     presets=PRESETS,
     read_config=DFlashConfig.from_hf_dict,
     runtime_module="turbo_dllm.families.dflash.runtime",
@@ -112,8 +134,6 @@ DFLASH = Family(
         "tp": _NOT_SHARDED,
         "sp": _NOT_SHARDED,
         "ep": "a drafter has no experts",
-        "cp": "sharding the target's context over ranks (ring attention) has not landed for "
-        "drafters; bp shares the anchors instead",
     },
     configure=configure,
 )

@@ -6,6 +6,12 @@ attending to the target's hidden states (docs/dflash.md). Its config.json is the
 `architectures: ["DFlashDraftModel"]`, the layer keys at the root and a `dflash_config` holding
 the target layer ids and the mask token; `block_size` sits at the root and in `dflash_config`.
 
+A DFlash2 drafter (`architectures: ["DFlash2DraftModel"]`) adds, per layer, two block-local
+dynamic grouped convolutions (`attention_conv`, `mlp_conv`) and, once, a low-rank candidate
+selector; their shape lives in `dflash_config` (conv_kernel_size, conv_group_size,
+selector_rank, selector_top_k, plus final_logit_softcapping, output_multiplier, causal and
+attention_mode), the keys SGLang's DFlash2 loader reads.
+
 `target_layer_ids` are 0-based target layer indices: feature i is the output of target layer
 `target_layer_ids[i]` (the Hugging Face hidden-state tuple's entry `id + 1`, which is how a root
 `target_layer_ids` / `aux_hidden_state_layer_ids` is spelled, so those are read minus one).
@@ -23,10 +29,28 @@ from turbo_dllm.families.base import nonpositive_fields, raise_if_unusable
 
 __all__ = ["ARCHITECTURES", "DFlashConfig", "default_target_layer_ids", "drafter_problems"]
 
-ARCHITECTURES = ("DFlashDraftModel",)
-# Named by the product; its extra modules (grouped convolutions, candidate selector) have not
-# landed: refused by name rather than read as a v1 drafter.
-PLANNED_ARCHITECTURES = ("DFlash2DraftModel", "DFlashSpeculator")
+ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
+DFLASH2 = "DFlash2DraftModel"
+# The speculators library's wrapper format: named by the original, not read by this version.
+PLANNED_ARCHITECTURES = ("DFlashSpeculator",)
+# The loss kinds each architecture trains with (the original's split: DFlash2's selector needs
+# hard labels).
+V1_LOSSES = ("paper_ce", "speculators_kl")
+# The RunSpec's model.dflash fields that shape a fresh DFlash2 drafter (dflash_config keys).
+DFLASH2_FIELDS = (
+    "conv_kernel_size",
+    "conv_group_size",
+    "selector_rank",
+    "selector_top_k",
+    "final_logit_softcapping",
+    "output_multiplier",
+)
+HARD_LABEL_LOSSES = (
+    "dflash",
+    "dpace",
+    "dpace-cumulative-confidence-only",
+    "dpace-continuation-value-only",
+)
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
@@ -64,6 +88,13 @@ class DFlashConfig:
     initializer_range: float = 0.02
     architecture: str = "DFlashDraftModel"
     model_type: str = "qwen3"
+    # --- DFlash2 only (dflash_config); ignored by a DFlashDraftModel ---------------------
+    conv_kernel_size: int = 4  # taps of each block-local causal convolution
+    conv_group_size: int = 16  # channels sharing one dynamic coefficient
+    selector_rank: int = 64  # rank of the candidate selector's pair score
+    selector_top_k: int = 8  # candidates (top-k of the unary logits) the selector ranks
+    final_logit_softcapping: float | None = None  # unary logits: c * tanh(z / c)
+    output_multiplier: float = 1.0  # unary logits: softcap(multiplier * hidden @ head)
     # Where the frozen embeddings and head (and online features) come from: the target's folder.
     # Not part of config.json (a path); set from the RunSpec's `model.dflash.target`.
     target_path: str | None = dataclasses.field(default=None, compare=False)
@@ -117,6 +148,29 @@ class DFlashConfig:
             problems.append(f"hidden_act {self.hidden_act!r} is not supported (silu)")
         if self.architecture not in ARCHITECTURES:
             problems.append(f"architecture {self.architecture!r} is not supported")
+        if self.is_dflash2:
+            problems += nonpositive_fields(
+                self, ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+            )
+            if self.conv_group_size > 0 and self.hidden_size % self.conv_group_size:
+                problems.append(
+                    f"conv_group_size ({self.conv_group_size}) must divide hidden_size "
+                    f"({self.hidden_size})"
+                )
+            if self.selector_top_k > self.vocab_size:
+                problems.append(
+                    f"selector_top_k ({self.selector_top_k}) exceeds the vocabulary "
+                    f"({self.vocab_size})"
+                )
+            if self.final_logit_softcapping is not None and self.final_logit_softcapping <= 0:
+                problems.append(
+                    f"final_logit_softcapping must be positive or null "
+                    f"(got {self.final_logit_softcapping})"
+                )
+            if self.output_multiplier <= 0:
+                problems.append(
+                    f"output_multiplier must be positive (got {self.output_multiplier})"
+                )
         raise_if_unusable(
             problems, what="drafter config", hint="fix the drafter's config.json or model.dflash"
         )
@@ -175,6 +229,7 @@ class DFlashConfig:
                 initializer_range=float(layer.get("initializer_range", 0.02)),
                 architecture=architecture,
                 model_type=str(hf.get("model_type") or "qwen3"),
+                **(_dflash2_fields(dflash) if architecture == DFLASH2 else {}),
             )
         except KeyError as missing:
             raise DllmError(
@@ -210,11 +265,28 @@ class DFlashConfig:
             tie_word_embeddings=target.tie_word_embeddings,
             initializer_range=target.initializer_range,
             target_path=target_path,
+            architecture=spec.architecture,
+            **(
+                {name: getattr(spec, name) for name in DFLASH2_FIELDS}
+                if spec.architecture == DFLASH2
+                else {}
+            ),
         )
 
+    @property
+    def is_dflash2(self) -> bool:
+        return self.architecture == DFLASH2
+
+    @property
+    def attention_mode(self) -> str:
+        return "mha" if self.num_key_value_heads == self.num_attention_heads else "gqa"
+
     def to_hf_dict(self) -> dict[str, Any]:
-        """The drafter's config.json (REFERENCE-FAMILIES §1(5): what SGLang and vLLM read)."""
-        return {
+        """The drafter's config.json (REFERENCE-FAMILIES §1(5): what SGLang and vLLM read).
+
+        No `auto_map` (the engines have the classes built in); `rope_theta` at the root as well
+        as in `rope_parameters`."""
+        hf = {
             "architectures": [self.architecture],
             "model_type": self.model_type,
             "vocab_size": self.vocab_size,
@@ -244,6 +316,20 @@ class DFlashConfig:
             },
             "torch_dtype": "float32",
         }
+        if self.is_dflash2:
+            hf["dflash_config"].update(
+                {
+                    "conv_kernel_size": self.conv_kernel_size,
+                    "conv_group_size": self.conv_group_size,
+                    "selector_rank": self.selector_rank,
+                    "selector_top_k": self.selector_top_k,
+                    "final_logit_softcapping": self.final_logit_softcapping,
+                    "output_multiplier": self.output_multiplier,
+                    "causal": False,  # a block attends to itself bidirectionally
+                    "attention_mode": self.attention_mode,
+                }
+            )
+        return hf
 
     # --- sizes ----------------------------------------------------------------------------
     @property
@@ -256,19 +342,60 @@ class DFlashConfig:
         attention = h * d * (2 * self.num_attention_heads + 2 * self.num_key_value_heads)
         return attention + 3 * h * self.intermediate_size
 
+    @property
+    def conv_params(self) -> int:
+        """One DFlash2 convolution: base kernel [2, taps, H] + kernel projection."""
+        h, taps = self.hidden_size, self.conv_kernel_size
+        return 2 * taps * h + 2 * taps * (h // self.conv_group_size) * h
+
     def num_params(self) -> int:
         """The drafter's own (trainable) parameters; the target's embeddings/head excluded."""
         h = self.hidden_size
         per_layer = self.layer_matmul_params + 2 * h + 2 * self.head_dim
-        return self.num_hidden_layers * per_layer + self.feature_size * h + 2 * h
+        total = self.num_hidden_layers * per_layer + self.feature_size * h + 2 * h
+        if self.is_dflash2:
+            total += self.num_hidden_layers * 2 * self.conv_params
+            total += self.selector_rank * (2 * self.vocab_size + h)
+        return total
 
     def step_flops(self, *, stream_tokens: int, scored_tokens: int, pairs: int) -> float:
         """Drafter FLOPs of one forward+backward over `stream_tokens` drafted positions (the
         context projection and the frozen target's forward are not counted)."""
-        body = 6.0 * self.num_hidden_layers * self.layer_matmul_params * stream_tokens
+        matmul = self.layer_matmul_params
+        if self.is_dflash2:  # the two convolutions' kernel projections
+            matmul += (
+                2
+                * 2
+                * self.conv_kernel_size
+                * self.hidden_size
+                // self.conv_group_size
+                * self.hidden_size
+            )
+        body = 6.0 * self.num_hidden_layers * matmul * stream_tokens
         head = 4.0 * self.vocab_size * self.hidden_size * scored_tokens  # no head gradient
         attention = 12.0 * self.head_dim * self.num_attention_heads * self.num_hidden_layers * pairs
         return body + head + attention
+
+
+def _dflash2_fields(dflash: dict[str, Any]) -> dict[str, Any]:
+    """The DFlash2 keys of a config.json's `dflash_config` (the field defaults where absent)."""
+    fields = {}
+    for name in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"):
+        if name in dflash:
+            fields[name] = int(dflash[name])
+    if dflash.get("final_logit_softcapping") is not None:
+        fields["final_logit_softcapping"] = float(dflash["final_logit_softcapping"])
+    if dflash.get("output_multiplier") is not None:
+        fields["output_multiplier"] = float(dflash["output_multiplier"])
+    mode = dflash.get("attention_mode", "gqa")
+    if mode not in ("gqa", "mha"):
+        raise DllmError(f"dflash_config.attention_mode {mode!r} is not gqa or mha")
+    if dflash.get("causal"):
+        raise DllmError(
+            "dflash_config.causal true (block-causal draft attention) is not supported",
+            hint="this version's drafter blocks attend to themselves bidirectionally",
+        )
+    return fields
 
 
 def drafter_problems(config: DFlashConfig, target: Any) -> list[str]:

@@ -310,13 +310,17 @@ class FeatureStore:
             self._open = {shard.file: tensors}  # one shard in memory at a time
         return self._open[shard.file]
 
-    def lookup(self, rows, device):
+    def lookup(self, rows, device, span: slice | None = None):
+        """(features (R, L, F), teacher (R, L, H) or None) of the artifact's `rows`; with
+        `span` (context parallelism: this rank's shard) the features of those positions only,
+        (R, span length, F), so no rank builds the whole context's features."""
         import torch
 
         m = self.manifest
         length = m.seq_len
         dtype = getattr(torch, m.dtype)
-        features = torch.zeros(len(rows), length, m.feature_size, dtype=dtype)
+        start, stop = (0, length) if span is None else (span.start, span.stop)
+        features = torch.zeros(len(rows), stop - start, m.feature_size, dtype=dtype)
         teacher = torch.zeros(len(rows), length, m.hidden_size, dtype=dtype) if m.teacher else None
         per_shard = m.shards[0].rows
         for i, row in enumerate(rows.tolist()):
@@ -325,7 +329,9 @@ class FeatureStore:
             local = row - shard.first_row
             lo, hi = tensors["offsets"][local], tensors["offsets"][local + 1]
             real = tensors["real"][local]
-            features[i, real] = tensors["features"][lo:hi]
+            first = lo + int(real[:start].sum())  # compact rows: real positions before the span
+            inside = real[start:stop]
+            features[i, inside] = tensors["features"][first : first + int(inside.sum())]
             if teacher is not None:
                 teacher[i, real] = tensors["teacher"][lo:hi]
         return features.to(device), None if teacher is None else teacher.to(device)

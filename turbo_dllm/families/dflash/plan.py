@@ -5,9 +5,14 @@ runs here, `target.TargetFeatures`; offline: the batch's rows of the feature art
 `features.FeatureStore`),
 lays the anchors' blocks out as the drafter's tokens [anchor, mask x (B-1)] at positions
 anchor + 0..B-1, builds the attention mask (a block sees itself, bidirectionally, and the
-context of its document before its anchor) and the scoring hook (`paper_ce` or
-`speculators_kl`). Every rank holds whole sequences; under block parallelism (bp) the ranks of
-a context group share each batch's anchors in dual-end order.
+context of its document before its anchor) and the scoring hook (`paper_ce`,
+`speculators_kl`, or DFlash2's hard-label kinds, `hard_labels.py`). The max(cp, bp) ranks of a
+context group read the same batch and share its anchors in dual-end order. Under context
+parallelism (cp) the context is cut into cp contiguous shards: a rank projects only its shard
+of the features (fc, hidden_norm, each layer's context K/V) and the layers all-gather the
+context K/V over the cp group (`DraftContext.group`); with bp > cp (fused), bp / cp groups of
+cp ranks each hold one sharded copy of the context, and the anchors are still spread over all
+max(cp, bp) ranks.
 """
 
 from __future__ import annotations
@@ -19,10 +24,11 @@ import torch
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.dflash.config import DFlashConfig
+from turbo_dllm.families.dflash.hard_labels import hard_label_loss
 from turbo_dllm.families.dflash.losses import frozen_linear_kl
 from turbo_dllm.families.dflash.model import DraftContext
 from turbo_dllm.train.losses import linear_cross_entropy
-from turbo_dllm.train.objectives.dflash_distillation import DraftBatch
+from turbo_dllm.train.objectives.dflash_distillation import HARD_LABEL_LOSSES, DraftBatch
 from turbo_dllm.train.parallel.plan import ModelInputs
 
 __all__ = ["DraftPlan", "draft_attention_mask", "draft_score", "share_anchors"]
@@ -52,9 +58,16 @@ def draft_attention_mask(
 
 
 def draft_score(
-    batch: DraftBatch, teacher: torch.Tensor | None, hidden: torch.Tensor, head: torch.Tensor
+    batch: DraftBatch,
+    teacher: torch.Tensor | None,
+    hidden: torch.Tensor,
+    head: torch.Tensor,
+    drafter=None,
 ) -> torch.Tensor:
-    """The objective's weighted loss summed over the supervised slots (the output hook)."""
+    """The objective's weighted loss summed over the supervised slots (the output hook; a
+    DFlash2 drafter hands itself as `drafter`, for its unary logits and selector)."""
+    if batch.loss in HARD_LABEL_LOSSES:
+        return hard_label_loss(batch, hidden, head, drafter)
     flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.score_index)
     if batch.loss == "paper_ce":
         return linear_cross_entropy(flat, head, batch.targets, batch.weights)
@@ -115,31 +128,53 @@ class DraftPlan:
     attention_backend = None  # the drafter attends with SDPA over an explicit mask
 
     def __init__(
-        self, config: DFlashConfig, target=None, store=None, *, rank: int = 0, size: int = 1
+        self,
+        config: DFlashConfig,
+        target=None,
+        store=None,
+        *,
+        rank: int = 0,
+        size: int = 1,
+        cp_rank: int = 0,
+        cp_size: int = 1,
+        cp_group=None,
     ) -> None:
         self.config = config
         self.target = target  # online: a TargetFeatures
         self.store = store  # offline: a FeatureStore
         self.rank, self.context_size = rank, size
+        self.cp_rank, self.cp_size, self.cp_group = cp_rank, cp_size, cp_group
 
     def prepare(self, batch: DraftBatch, device: torch.device) -> ModelInputs:
+        length = batch.context_ids.shape[1]
+        shard = None
+        if self.cp_size > 1:  # this rank's contiguous shard of the context
+            if length % self.cp_size:
+                raise DllmError(f"seq_len {length} is not a multiple of cp = {self.cp_size}")
+            size = length // self.cp_size
+            shard = slice(self.cp_rank * size, (self.cp_rank + 1) * size)
         if self.store is not None:
             if batch.rows is None:
                 raise DllmError("offline features need data.artifact (rows to look up)")
-            features, teacher = self.store.lookup(batch.rows.cpu(), device)
-        else:
+            features, teacher = self.store.lookup(batch.rows.cpu(), device, span=shard)
+        else:  # the frozen target runs over the whole sequence (its own forward is not sharded)
             features, teacher = self.target(batch.context_ids, batch.doc_ids)
+            if shard is not None:
+                features = features[:, shard]
         if self.context_size > 1:
             batch = share_anchors(batch, self.rank, self.context_size)
-        tokens, positions = draft_tokens(batch, self.config.mask_token_id)
-        length = batch.context_ids.shape[1]
+        tokens, draft_positions = draft_tokens(batch, self.config.mask_token_id)
         mask = draft_attention_mask(
             batch.anchors, batch.anchor_valid, batch.doc_ids, length, batch.block_size
         )
-        context = DraftContext(features, torch.arange(length, device=device), mask)
+        positions = torch.arange(length, device=device)
+        group = None
+        if shard is not None:  # the layers gather the context K/V over the cp group
+            positions, group = positions[shard], self.cp_group
+        context = DraftContext(features, positions, mask, group)
         return ModelInputs(
             input_ids=tokens,
-            positions=positions,
+            positions=draft_positions,
             mask=context,
             batch=batch,
             output=partial(draft_score, batch, teacher),

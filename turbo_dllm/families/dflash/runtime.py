@@ -14,7 +14,7 @@ from torch import nn
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.dflash.config import DFlashConfig
-from turbo_dllm.families.dflash.model import DFlashDrafter
+from turbo_dllm.families.dflash.model import DFlashDrafter, drafter_class
 
 __all__ = [
     "apply_tensor_parallel",
@@ -30,7 +30,7 @@ __all__ = [
 def build_model(config: DFlashConfig, backend=None, dtype: torch.dtype | None = None) -> nn.Module:
     """The drafter on the meta device (its frozen embeddings and head included)."""
     with torch.device("meta"):
-        model = DFlashDrafter(config)
+        model = drafter_class(config)(config)
     if dtype is not None:
         model.to(dtype)
     return model
@@ -110,8 +110,11 @@ def build_sequence_plan(dims, attention, *, spec, config: DFlashConfig, device, 
     from turbo_dllm.families.dflash.target import TargetFeatures
 
     share = {}
-    if dims is not None and dims.context > 1:  # bp: this rank's share of the anchors
+    if dims is not None and dims.context > 1:  # cp / bp: this rank's share of the anchors
         share = {"rank": dims.get_mesh("context").get_local_rank(), "size": dims.context}
+    if dims is not None and dims.cp > 1:  # cp: this rank's shard of the context
+        cp = dims.get_mesh("cp")
+        share.update(cp_rank=cp.get_local_rank(), cp_size=dims.cp, cp_group=cp.get_group())
     if spec.model.dflash.features is not None:
         from turbo_dllm.families.dflash.features import FeatureStore
 

@@ -170,8 +170,8 @@ class _DFlashProposer:
         hidden = self.drafter.hidden_states(
             block, position + self.offsets, context, projected=self.context
         )
-        picked = self.drafter.lm_head(hidden)[0].argmax(-1)
-        return picked[: self.drafts] if self.from_anchor else picked[1:]
+        drafted = hidden[0, : self.drafts] if self.from_anchor else hidden[0, 1:]
+        return self.drafter.greedy_draft(drafted, last)  # DFlash2: through its selector
 
     def accept(self, length: int, hidden_states, verify: torch.Tensor, kept: int) -> None:
         """`kept` rows of the verify forward (the anchor and the accepted drafts) are final."""

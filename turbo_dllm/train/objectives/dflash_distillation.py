@@ -15,8 +15,11 @@ sample_from_anchor), 1 without `decay_gamma`.
 
 Losses: `paper_ce`, cross-entropy against the true token; `speculators_kl`, forward KL from the
 target's distribution (its own final norm and head on its last hidden state) to the drafter's,
-walked in row chunks without materialising [N, V] logits. The sum over supervised slots is
-divided by the GLOBAL count of supervised slots, like every objective here.
+walked in row chunks without materialising [N, V] logits. DFlash2 drafters train with the
+hard-label kinds `dflash` / `dpace*` plus the candidate selector's loss, whose weight
+(`selector_weight`) is 0 for `selector_warmup_steps` steps and then ramps linearly to
+`selector_loss_alpha` over `selector_ramp_steps` (families/dflash/hard_labels.py). The sum over
+supervised slots is divided by the GLOBAL count of supervised slots, like every objective here.
 
 Anchors are keyed noise (seed, step, global sample index), so `supervised_count(batch, key)`
 draws exactly the anchors `corrupt` will, and a resumed run redraws them.
@@ -31,7 +34,32 @@ import torch
 
 from turbo_dllm.train.objectives.base import NoiseKey, sample_generator
 
-__all__ = ["DFlashDistillation", "DraftBatch", "build", "draw_anchors", "valid_anchors"]
+__all__ = [
+    "HARD_LABEL_LOSSES",
+    "DFlashDistillation",
+    "DraftBatch",
+    "build",
+    "draw_anchors",
+    "selector_weight",
+    "valid_anchors",
+]
+
+HARD_LABEL_LOSSES = (
+    "dflash",
+    "dpace",
+    "dpace-cumulative-confidence-only",
+    "dpace-continuation-value-only",
+)
+
+
+def selector_weight(step: int, alpha: float, warmup_steps: int, ramp_steps: int) -> float:
+    """The selector loss's weight at (0-based) optimizer step `step`: 0 during the warmup, then
+    alpha * (steps into the ramp + 1) / ramp_steps, capped at alpha."""
+    if step < warmup_steps:
+        return 0.0
+    if ramp_steps <= 0:
+        return alpha
+    return alpha * min(1.0, (step - warmup_steps + 1) / ramp_steps)
 
 
 def valid_anchors(loss_mask: torch.Tensor, doc_ids: torch.Tensor | None) -> torch.Tensor:
@@ -85,6 +113,8 @@ class DraftBatch:
     block_size: int
     loss: str
     rows: torch.Tensor | None = None  # the data artifact's rows (offline features' index)
+    dpace_alpha: float = 0.5  # D-PACE: a slot's acceptance (1 - alpha) p + alpha
+    selector_weight: float = 0.0  # DFlash2: the selector loss's weight at this step
 
     def to(self, device: torch.device) -> DraftBatch:
         def move(t):
@@ -142,13 +172,19 @@ class DFlashDistillation:
         decay_gamma: float | None = None,
         sample_from_anchor: bool = False,
         loss: str = "speculators_kl",
+        dpace_alpha: float = 0.5,
+        selector_loss_alpha: float = 1.0,
+        selector_warmup_steps: int = 0,
+        selector_ramp_steps: int = 0,
     ) -> None:
         if max_anchors < 1:
             raise ValueError(f"max_anchors must be at least 1 (got {max_anchors})")
         if anchor_sampling not in ("uniform", "locality"):
             raise ValueError(f"unknown anchor sampling {anchor_sampling!r}")
-        if loss not in ("paper_ce", "speculators_kl"):
+        if loss not in ("paper_ce", "speculators_kl", *HARD_LABEL_LOSSES):
             raise ValueError(f"unknown dflash loss {loss!r}")
+        self.dpace_alpha = dpace_alpha
+        self.selector_schedule = (selector_loss_alpha, selector_warmup_steps, selector_ramp_steps)
         self.block_size = block_size
         self.max_anchors = max_anchors
         self.anchor_sampling = anchor_sampling
@@ -239,6 +275,12 @@ class DFlashDistillation:
             block_size=b,
             loss=self.loss,
             rows=batch.get("rows"),
+            dpace_alpha=self.dpace_alpha,
+            selector_weight=(
+                selector_weight(key.step, *self.selector_schedule)
+                if self.loss in HARD_LABEL_LOSSES
+                else 0.0
+            ),
         )
 
 
@@ -251,4 +293,8 @@ def build(spec, mask_token_id: int, vocab_size: int | None = None) -> DFlashDist
         decay_gamma=spec.decay_gamma,
         sample_from_anchor=spec.sample_from_anchor,
         loss=spec.dflash_loss,
+        dpace_alpha=spec.dpace_alpha,
+        selector_loss_alpha=spec.selector_loss_alpha,
+        selector_warmup_steps=spec.selector_warmup_steps,
+        selector_ramp_steps=spec.selector_ramp_steps,
     )
