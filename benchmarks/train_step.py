@@ -148,6 +148,10 @@ def sync(device: torch.device) -> None:
 def reset_memory(device: torch.device) -> None:
     gc.collect()
     if device.type == "cuda":
+        # Before the first allocation the allocator holds no state for the device and
+        # resetting its stats raises "Invalid device argument" (the baseline can run first).
+        torch.cuda.init()
+        torch.cuda.synchronize(device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 

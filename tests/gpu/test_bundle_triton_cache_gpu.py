@@ -1,6 +1,8 @@
 """A bundle built on a GPU host carries the Triton op's compiled kernels: a host with an empty
-Triton cache that installs it launches the op at a training shape without compiling anything
-(bundles/triton_cache.py; docs/bundles.md, Triton ops)."""
+Triton cache that installs it launches the op at a training shape without compiling a kernel
+(bundles/triton_cache.py; docs/bundles.md, Triton ops). Triton's host-side launch stubs (C,
+built with the host's compiler: `cuda_utils` and one per kernel signature) are not shipped; the
+test counts them apart."""
 
 from __future__ import annotations
 
@@ -25,7 +27,9 @@ from turbo_dllm.kernels.loader import seed_compiled_kernels
 from turbo_dllm.kernels.selftest import block_diffusion_tokens
 cache = Path(os.environ["TRITON_CACHE_DIR"])
 seeded = seed_compiled_kernels("block_diffusion_attention")  # what the first plan does
-before = sorted(p.name for p in cache.iterdir())
+def entries():  # key -> a kernel (it has a group file) or a launch stub (a lone .so)
+    return {p.name: any(p.glob("__grp__*")) for p in cache.iterdir()}
+before = entries()
 meta = [t.cuda() for t in block_diffusion_tokens(1024, 32, 1, None)]
 plan = plan_block_diffusion_attention(*meta, *meta, backend="native")
 def view(heads):
@@ -35,8 +39,10 @@ q, k, v = view(16), view(8), view(8)
 out, lse = block_diffusion_attention(q, k, v, plan)
 out.float().sum().backward()
 torch.cuda.synchronize()
-after = sorted(p.name for p in cache.iterdir())
-print(json.dumps({"seeded": seeded, "before": before, "after": after}))
+after = entries()
+new = {key: kernel for key, kernel in after.items() if key not in before}
+print(json.dumps({"seeded": seeded, "new_kernels": sorted(k for k, is_kernel in new.items() if is_kernel),
+                  "new_stubs": sorted(k for k, is_kernel in new.items() if not is_kernel)}))
 """
 
 
@@ -61,5 +67,6 @@ def test_installed_bundle_launches_its_kernels_without_compiling(tmp_path):
     assert probe.returncode == 0, probe.stderr[-3000:]
     report = json.loads(probe.stdout.strip().splitlines()[-1])
     assert report["seeded"] > 0, "the bundle carries no compiled kernels"
-    new = sorted(set(report["after"]) - set(report["before"]))
-    assert not new, f"compiled at first launch despite the bundle: {new}"
+    assert not report["new_kernels"], f"kernels compiled despite the bundle: {report}"
+    # The stubs: cuda_utils and one launcher per kernel (forward, prepare, dK/dV, dQ).
+    assert len(report["new_stubs"]) <= 5, report
