@@ -211,16 +211,6 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
     return variants
 
 
-def sweep_configs(head_dim: int) -> list[KernelConfig]:
-    """The default, then every distinct variant of `sweep_variants` (tests run them all)."""
-    seen = [default_config(head_dim)]
-    for entries in sweep_variants(head_dim).values():
-        for _, config in entries:
-            if config not in seen:
-                seen.append(config)
-    return seen
-
-
 def default_config(head_dim: int) -> KernelConfig:
     if head_dim not in SM90_CONFIGS:
         raise ValueError(f"block_diffusion_attention supports head dim 64 or 128, not {head_dim}")
