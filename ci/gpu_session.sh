@@ -4,8 +4,8 @@
 # loss, trainer and TP GPU tests: all of tests/gpu but the native-merge ones), tests-tp, train
 # (train_step benchmark), train-best (ours at micro-batch 2 against the baseline at 1), train-mb2,
 # train-exp (profile + variants), train-turbo (ours with model.attention turbo vs HF dense and
-# HF flex_attention + torch.compile at 8K; 32K with AC, turbo vs flex), context-1doc (longest
-# one-document context, turbo and flex), tests-gemma (DiffusionGemma GPU tests: grouped GEMM vs loop,
+# HF flex_attention + torch.compile at 8K), train-turbo-32k (32K with AC, turbo vs flex),
+# context-1doc (longest one-document context, turbo and flex), tests-gemma (DiffusionGemma GPU tests: grouped GEMM vs loop,
 # flex training), train-gemma (train_step --family diffusion_gemma against HF's
 # DiffusionGemmaForBlockDiffusion; GEMMA_SEQ_LEN, default 8192; GEMMA_MODEL h200-bench or
 # h200-bench-hd256), flex-tune, attention (= attention-tests: the block-diffusion kernel's GPU
@@ -61,11 +61,12 @@ for stage in "$@"; do
     train-best) # each side at its best micro-batch on one H200 (the baseline's 2 needs ~170 GB)
       python3 benchmarks/train_step.py --micro-batch 2 --baseline-micro-batch 1 --out "$OUT/train_step_best.json" \
           2>&1 | tee "$OUT/train_step_best.log" | tail -6 || status=1 ;;
-    train-turbo) # ~4 min: ours with turbo (kernels: jit, the bundle's source) against both HF
-      # baselines at 8K, then 32K with activation checkpointing, ours turbo vs flex (HF OOMs there)
+    train-turbo) # ~3.5 min: ours with turbo (kernels: jit, the bundle's source) against both HF
+      # baselines at 8K, micro-batch 1 (HF flex compiles the whole model: ~1.5 min of it)
       python3 benchmarks/train_step.py --attention turbo --baselines dense,hf-flex --steps 5 --warmup 2 \
           --out "$OUT/train_step_turbo.json" 2>&1 | tee "$OUT/train_step_turbo.log" \
-          | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|^hf-|speedup|out of memory|rror" || status=1
+          | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|^hf-|speedup|out of memory|rror" || status=1 ;;
+    train-turbo-32k) # ~2.5 min: 32K with activation checkpointing, ours turbo vs flex (HF OOMs there)
       python3 benchmarks/train_step.py --seq-len 32768 --activation-checkpointing --attention turbo,flex \
           --no-baseline --steps 3 --warmup 1 --out "$OUT/train_step_turbo_32k.json" 2>&1 \
           | tee "$OUT/train_step_turbo_32k.log" | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|MFU|rror" || status=1 ;;

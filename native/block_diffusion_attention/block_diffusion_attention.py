@@ -148,47 +148,67 @@ def everywhere(config: KernelConfig, **values: int) -> KernelConfig:
 
 def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
     """Per kernel, the variants `benchmarks/attention.py --sweep` times, each a change of that
-    kernel's fields on the default (the kernels are timed apart, so the winners combine)."""
+    kernel's fields on the default (the kernels are timed apart, so the winners combine).
+
+    Why runs x stages: with the indirect list the K/V (Q/dO) address of a tile depends on a
+    scalar load in the same iteration, and Triton 3.6's pipeliner then waits for every copy
+    at the top of each iteration (no overlap of loads with the matmuls, whatever num_stages).
+    Full tiles walked as affine runs pipeline for real from 3 stages on (the TTGIR waits with
+    num = 2 or 4 outstanding copy groups); 128 x 128 forward tiles in 3 stages use 224 KB of
+    shared memory, just under the H200's 227 KB."""
     base = default_config(head_dim)
-    small = head_dim <= 64
-    variants: dict[str, list[tuple[str, dict]]] = {
+    tiles = {  # (name, change) per kernel: tile shapes and warps, indirect list
         "fwd": [
             ("128x128 w8 s2", dict(m=128, n=128, warps=8, stages=2)),
             ("128x64 w8 s3", dict(m=128, n=64, warps=8, stages=3)),
             ("128x64 w4 s3", dict(m=128, n=64, warps=4, stages=3)),
-            ("128x128 w8 s3", dict(m=128, n=128, warps=8, stages=3)),
         ],
         "dkdv": [
             ("64x128 w8 s2", dict(m=64, n=128, warps=8, stages=2)),
-            ("64x128 w8 s3", dict(m=64, n=128, warps=8, stages=3)),
             ("64x128 w4 s2", dict(m=64, n=128, warps=4, stages=2)),
             ("128x128 w8 s2", dict(m=128, n=128, warps=8, stages=2)),
         ],
         "dq": [
             ("128x64 w8 s2", dict(m=128, n=64, warps=8, stages=2)),
-            ("128x64 w8 s3", dict(m=128, n=64, warps=8, stages=3)),
             ("128x64 w4 s2", dict(m=128, n=64, warps=4, stages=2)),
             ("128x128 w8 s2", dict(m=128, n=128, warps=8, stages=2)),
         ],
     }
-    for kernel in KERNELS:  # the loop and load variants, each on the kernel's default tiles
-        variants[kernel] += LOOP_VARIANTS
-    if small:  # D = 64 has room for wider key tiles
-        variants["fwd"].append(("128x128 w4 s3", dict(m=128, n=128, warps=4, stages=3)))
-    return {
-        kernel: [(name, base.with_part(kernel, **change)) for name, change in entries]
-        for kernel, entries in variants.items()
+    runs = {  # full tiles as runs, deeper pipelines
+        "fwd": [
+            ("runs 128x128 w8 s3", dict(m=128, n=128, warps=8, stages=3)),
+            ("runs 128x64 w8 s3", dict(m=128, n=64, warps=8, stages=3)),
+            ("runs 128x64 w8 s4", dict(m=128, n=64, warps=8, stages=4)),
+            ("runs 128x64 w4 s3", dict(m=128, n=64, warps=4, stages=3)),
+            ("runs 128x64 w4 s4", dict(m=128, n=64, warps=4, stages=4)),
+        ],
+        "dkdv": [
+            ("runs 64x128 w8 s3", dict(m=64, n=128, warps=8, stages=3)),
+            ("runs 64x128 w8 s4", dict(m=64, n=128, warps=8, stages=4)),
+            ("runs 64x128 w4 s3", dict(m=64, n=128, warps=4, stages=3)),
+            ("runs 128x128 w8 s2", dict(m=128, n=128, warps=8, stages=2)),
+        ],
+        "dq": [
+            ("runs 128x64 w8 s3", dict(m=128, n=64, warps=8, stages=3)),
+            ("runs 128x64 w8 s4", dict(m=128, n=64, warps=8, stages=4)),
+            ("runs 128x64 w4 s3", dict(m=128, n=64, warps=4, stages=3)),
+            ("runs 128x128 w8 s3", dict(m=128, n=128, warps=8, stages=3)),
+        ],
     }
-
-
-def sweep_configs(head_dim: int) -> list[KernelConfig]:
-    """The default, then every distinct variant of `sweep_variants` (tests run them all)."""
-    seen = [default_config(head_dim)]
-    for entries in sweep_variants(head_dim).values():
-        for _, config in entries:
-            if config not in seen:
-                seen.append(config)
-    return seen
+    deep = {"fwd": dict(m=128, n=64, stages=4), "dkdv": dict(stages=3), "dq": dict(stages=3)}
+    variants: dict[str, list[tuple[str, KernelConfig]]] = {}
+    for kernel in KERNELS:
+        entries = list(tiles[kernel])
+        entries += [(name, change | {"runs": 1}) for name, change in runs[kernel]]
+        # The pipelined runs with the other loop and load variants.
+        for name, change in (("tl.range", dict(pipe=1)), ("head-major", dict(order=1)),
+                             ("tma host", dict(tma=1)), ("tma device", dict(tma=2))):  # fmt: skip
+            entries.append((f"runs deep {name}", deep[kernel] | change | {"runs": 1}))
+        entries += LOOP_VARIANTS  # on the default tiles
+        if head_dim <= 64 and kernel == "fwd":  # D = 64 has room for wider key tiles
+            entries.append(("runs 128x128 w4 s4", dict(m=128, n=128, warps=4, stages=4, runs=1)))
+        variants[kernel] = [(name, base.with_part(kernel, **change)) for name, change in entries]
+    return variants
 
 
 def default_config(head_dim: int) -> KernelConfig:

@@ -43,12 +43,19 @@ def test_whole_stream_matches_reference(head_dim, block_size):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_every_loop_and_load_variant_matches_reference(head_dim):
-    """Each variant the sweep may pick, in all three kernels at once, compiled for this GPU
-    (the sweep also checks every variant it times against the default on its own shapes)."""
+    """Every loop and load flag the sweep may pick, compiled for this GPU, in two configs that
+    together hold them all (the sweep also checks each variant it times against the default on
+    its own shapes): pipelined runs of full tiles, head-major order and host TMA at 3 stages;
+    device TMA with tl.range and warp specialisation on the indirect list."""
     module = triton_module("block_diffusion_attention", "jit")
     base = module.default_config(head_dim)
-    for name, values in module.LOOP_VARIANTS:
-        config = module.everywhere(base, **values)
+    configs = {
+        "runs s3 head-major tma host": module.everywhere(
+            base, runs=1, pipe=1, order=1, tma=1, stages=3, n=64
+        ).with_part("dkdv", m=64, n=128),
+        "tma device tl.range ws": module.everywhere(base, tma=2, pipe=1, ws=1),
+    }
+    for name, config in configs.items():
         errors = compare_block_diffusion_attention(
             "jit", seq_len=1024, block_size=32, head_dim=head_dim, config=config
         )

@@ -103,12 +103,18 @@ def test_sweep_times_the_best_tiles_with_the_best_loop_variant_together():
                 "config": variants[variant].part("fwd"), "ms": ratio, "vs_default": ratio,
                 "wrong": False}  # fmt: skip
 
-    rows = [row("128x64 w4 s3", 0.9), row("128x128 w8 s3", 0.95), row("runs tl.range", 0.8),
+    rows = [row("128x64 w4 s3", 0.9), row("runs 128x64 w8 s4", 0.7), row("runs tl.range", 0.8),
             row("head-major", 0.85)]  # fmt: skip
     ((kernel, name, config),) = sweep._combinations(module, rows, base)
-    assert (kernel, name) == ("fwd", "128x64 w4 s3 + runs tl.range")
+    assert (kernel, name) == ("fwd", "runs 128x64 w8 s4 + runs tl.range")
     part = config.part("fwd")
-    assert (part["n"], part["warps"], part["runs"], part["pipe"]) == (64, 4, 1, 1)
+    assert (part["n"], part["warps"], part["stages"], part["runs"], part["pipe"]) == (
+        64,
+        8,
+        4,
+        1,
+        1,
+    )
     assert config.part("dq") == base.part("dq")
     # Nothing to combine when either kind does not beat the default.
     assert sweep._combinations(module, [row("128x64 w4 s3", 1.1), row("runs", 0.8)], base) == []

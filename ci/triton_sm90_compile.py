@@ -1,0 +1,119 @@
+"""Compile block_diffusion_attention's sweep variants for sm90 on a host without a GPU.
+
+    python ci/triton_sm90_compile.py [--head-dim 128] [--only runs] [--triton-path DIR]
+
+`triton.compile` for `GPUTarget("cuda", 90, 32)` runs the whole pipeline (TTIR, TTGIR, LLVM,
+PTX, ptxas to a cubin) without a driver, so API misuse, shared-memory overflow and pass failures
+show here before GPU time is spent. Per kernel and variant it prints ok/FAILED, the shared memory,
+and the `ttg.async_wait {num = N}` of the full-tile loop (N > 0: copies stay in flight across
+iterations, i.e. the loop is software-pipelined). To check against the GPU host's Triton, put an
+unpacked wheel of that version first (`--triton-path`, e.g. `pip download triton==3.6.0` and unzip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+import time
+from pathlib import Path
+
+SOURCE = Path(__file__).resolve().parents[1] / "native/block_diffusion_attention"
+SIZES = {"H", "HK", "GROUP", "PER_BATCH"}  # upper-case scalars (the rest upper-case: pointers)
+BF16 = {"Q", "K", "V", "OUT", "DO", "DK", "DV", "DQ"}
+F32 = {"LSE", "LSE2", "DELTA"}
+I8 = {"QN", "KN"}
+
+
+def _module():
+    spec = importlib.util.spec_from_file_location(
+        "bda_sm90", SOURCE / "block_diffusion_attention.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bda_sm90"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def _signature(fn, tma: int, rows: int, dim: int, constexprs: dict):
+    """Argument types as a launch at the trainer's shapes gives them (16-divisible pointers and
+    strides)."""
+    sig, attrs = {}, {}
+    for i, name in enumerate(fn.arg_names):
+        if name in constexprs:
+            sig[name] = "constexpr"
+            continue
+        if name in ("A_TMA", "B_TMA"):
+            sig[name] = f"tensordesc<bf16[1, 1, {rows}, {dim}]>" if tma == 1 else "*bf16"
+        elif name in BF16:
+            sig[name] = "*bf16"
+        elif name in F32:
+            sig[name] = "*fp32"
+        elif name in I8:
+            sig[name] = "*i8"
+        elif name.isupper() and name not in SIZES:
+            sig[name] = "*i32"
+        elif name in ("qk_scale", "sm_scale"):
+            sig[name] = "fp32"
+        else:
+            sig[name] = "i32"
+        if sig[name].startswith("*") or name.startswith("stride"):
+            attrs[(i,)] = [["tt.divisibility", 16]]
+    return sig, attrs
+
+
+def compile_variant(module, kernel: str, config, dim: int):
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    part = config.part(kernel)
+    fn = {"fwd": module._fwd_kernel, "dkdv": module._bwd_dkdv_kernel, "dq": module._bwd_dq_kernel}
+    fn = fn[kernel]
+    launch = module._launch(kernel, config, 1, 1, part["tma"])
+    launch.pop("grid")
+    options = {"num_warps": launch.pop("num_warps"), "num_stages": launch.pop("num_stages")}
+    constexprs = dict(HEAD_DIM=dim, BLOCK_M=part["m"], BLOCK_N=part["n"], **launch)
+    rows = part["m"] if kernel == "dkdv" else part["n"]
+    sig, attrs = _signature(fn, part["tma"], rows, dim, constexprs)
+    source = ASTSource(fn, sig, constexprs, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--only", default=None, help="variants whose name contains this")
+    parser.add_argument("--triton-path", type=Path, default=None, help="an unpacked Triton wheel")
+    args = parser.parse_args(argv)
+    if args.triton_path:
+        sys.path.insert(0, str(args.triton_path))
+    import triton
+
+    module = _module()
+    print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
+    failed = 0
+    for kernel, entries in module.sweep_variants(args.head_dim).items():
+        for name, config in entries:
+            if args.only and args.only not in name:
+                continue
+            tick = time.perf_counter()
+            try:
+                compiled = compile_variant(module, kernel, config, args.head_dim)
+            except Exception as error:  # report and go on: one variant must not hide the rest
+                failed += 1
+                last = str(error).strip().splitlines()[-1:] or [type(error).__name__]
+                print(f"{kernel:5} {name:28} FAILED {last[0][:200]}", flush=True)
+                continue
+            waits = re.findall(r"async_wait .*\{num = (\d+)", compiled.asm["ttgir"])
+            print(
+                f"{kernel:5} {name:28} ok {time.perf_counter() - tick:5.1f}s "
+                f"smem {compiled.metadata.shared:>6} first-loop wait num={waits[0] if waits else '-'}",
+                flush=True,
+            )
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
