@@ -74,8 +74,13 @@ def draft_attention(
         return x.unflatten(2, (g, n)).transpose(1, 2).flatten(0, 1)
 
     def with_context(ctx: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
-        ctx = ctx[:, None].expand(-1, g, -1, -1, -1).flatten(0, 1)  # (R * G, h, C, D)
-        return torch.cat([ctx, per_group(own)], dim=2)
+        # (R * G, H, C + n, D) in one copy: the context's rows for every group and the group's
+        # own rows, the K/V heads already expanded to the query heads (as masked_attention)
+        kv_heads = ctx.shape[1]
+        shape = (rows, g, kv_heads, heads // kv_heads, -1, dim)
+        ctx = ctx[:, None, :, None].expand(shape)
+        own = own.unflatten(2, (g, n)).transpose(1, 2)[:, :, :, None].expand(shape)
+        return torch.cat([ctx, own], dim=4).flatten(2, 3).flatten(0, 1)
 
     # the mask's context columns per group, and the draft columns of the group's own tokens
     context_mask = mask[..., :c].unflatten(2, (g, n)).transpose(1, 2).flatten(0, 1)
