@@ -196,7 +196,7 @@ def test_a_drafter_folder_of_another_target_is_refused(world, tmp_path):
 def test_masked_attention_hands_sdpa_equal_head_counts(monkeypatch):
     """With a mask, grouped K/V heads are expanded before SDPA (CUDA's fused kernel takes the
     call, not the math fallback); the result is grouped-query attention's."""
-    from turbo_dllm.families.dflash import model as drafter_model
+    from turbo_dllm.families.dflash import attention as drafter_model
 
     g = torch.Generator().manual_seed(0)
     q = torch.randn(2, 4, 6, 8, generator=g)
@@ -236,3 +236,32 @@ def test_the_target_runs_a_batch_in_one_forward(world):
         alone, alone_teacher = target(ids[row : row + 1], docs[row : row + 1])
         assert torch.equal(features[row : row + 1], alone)
         assert torch.equal(teacher[row : row + 1], alone_teacher)
+
+
+@pytest.mark.parametrize("context", [16, 40, 256])
+def test_grouped_draft_attention_equals_one_sdpa_over_every_key(context):
+    """Groups of whole blocks against [context, their own draft tokens] give every query the
+    keys, and so the output, of one SDPA over [context, all draft tokens] under the same mask."""
+    from turbo_dllm.families.dflash.attention import (
+        attention_groups,
+        draft_attention,
+        masked_attention,
+    )
+
+    g = torch.Generator().manual_seed(context)
+    rows, blocks, b = 2, 12, 4
+    anchors = torch.sort(torch.randint(1, context, (rows, blocks), generator=g)).values
+    valid = torch.rand(rows, blocks, generator=g) > 0.2
+    docs = (torch.arange(context) >= context // 2).long().expand(rows, -1)
+    mask = draft_attention_mask(anchors, valid, docs, context, b)
+    q = torch.randn(rows, 4, blocks * b, 8, generator=g, requires_grad=True)
+    ck, cv = (torch.randn(rows, 2, context, 8, generator=g) for _ in range(2))
+    k, v = (torch.randn(rows, 2, blocks * b, 8, generator=g) for _ in range(2))
+    groups = attention_groups(blocks * b, context, b)
+    out = draft_attention(q, ck, cv, k, v, mask, b)
+    dense = masked_attention(q, torch.cat([ck, k], 2), torch.cat([cv, v], 2), mask)
+    torch.testing.assert_close(out, dense, rtol=1e-5, atol=1e-6)
+    (grad,) = torch.autograd.grad(out.square().sum(), q)
+    (dense_grad,) = torch.autograd.grad(dense.square().sum(), q)
+    torch.testing.assert_close(grad, dense_grad, rtol=1e-5, atol=1e-5)
+    assert groups == {16: 12, 40: 6, 256: 1}[context]  # 1: few draft tokens next to the context

@@ -28,10 +28,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from turbo_dllm.families.decoder.model import MLP, RMSNorm, _apply_rope, rope_cos_sin
+from turbo_dllm.families.dflash.attention import draft_attention, masked_attention
 from turbo_dllm.families.dflash.config import DFlashConfig
 
 __all__ = [
@@ -50,24 +50,6 @@ __all__ = [
 
 # The target's tensors the drafter uses but never owns (loaded from the target, never saved).
 EXTERNAL_WEIGHTS = ("embed_tokens.weight", "lm_head.weight")
-
-
-def masked_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None
-) -> torch.Tensor:
-    """SDPA over an explicit boolean mask, grouped K/V heads expanded to the query heads first.
-
-    With a mask and `enable_gqa`, CUDA's memory-efficient kernel took only equal head counts
-    until recent torch versions, and SDPA then falls back to its math path: float32 score
-    matrices (R, H, Q, K) written and read several times, forward and backward (the drafter's
-    are 16 x 16 x 2048 x 3072 in the speculative benchmark). Expanded heads keep a fused kernel
-    on every version; the repeated K/V are small next to the scores."""
-    if mask is not None and k.shape[1] != q.shape[1]:
-        repeat = q.shape[1] // k.shape[1]
-        k, v = k.repeat_interleave(repeat, dim=1), v.repeat_interleave(repeat, dim=1)
-    return F.scaled_dot_product_attention(
-        q, k, v, attn_mask=mask, enable_gqa=q.shape[1] != k.shape[1]
-    )
 
 
 @dataclass
@@ -104,6 +86,7 @@ class DFlashAttention(nn.Module):
         super().__init__()
         h, d = config.hidden_size, config.head_dim
         self.head_dim = d
+        self.block_size = config.block_size
         self.q_proj = nn.Linear(h, config.num_attention_heads * d, bias=False)
         self.k_proj = nn.Linear(h, config.num_key_value_heads * d, bias=False)
         self.v_proj = nn.Linear(h, config.num_key_value_heads * d, bias=False)
@@ -136,9 +119,9 @@ class DFlashAttention(nn.Module):
         v = self._heads(self.v_proj(x)).transpose(1, 2)
         q, k = _apply_rope(q, cos, sin).to(v.dtype), _apply_rope(k, cos, sin).to(v.dtype)
         context_k, context_v = context_kv
-        k = torch.cat([context_k.to(v.dtype), k], dim=2)
-        v = torch.cat([context_v.to(v.dtype), v], dim=2)
-        out = masked_attention(q, k, v, attn_mask)
+        out = draft_attention(
+            q, context_k.to(v.dtype), context_v.to(v.dtype), k, v, attn_mask, self.block_size
+        )
         return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
 
 

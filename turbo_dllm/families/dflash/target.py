@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
+from turbo_dllm.families.dflash.attention import masked_attention
 from turbo_dllm.families.dflash.config import DFlashConfig
-from turbo_dllm.families.dflash.model import masked_attention
 
 __all__ = ["TargetFeatures", "causal_document_mask"]
 
