@@ -376,7 +376,9 @@ class _ThreadedSink(_Sink):
         import threading
 
         super().__init__(out, part)
-        self._blocks: queue.Queue[tuple[bytes, bool] | None] = queue.Queue(maxsize=64)
+        # <= 16 MiB ahead: enough to ride out a slow moment of either side; a deeper queue
+        # only holds more memory (fresh pages: page faults) for the same throughput.
+        self._blocks: queue.Queue[tuple[bytes, bool] | None] = queue.Queue(maxsize=16)
         self._failure: DllmError | None = None
         self._thread = threading.Thread(target=self._run, name="dllm-sha256", daemon=True)
         self._thread.start()
