@@ -101,7 +101,8 @@ def download_unpacked(
     matched `sha256`; a mismatch raises BundleRejected naming it, even when `unpack` refused
     the bytes first (the mirror served other bytes: that is the error to report). When the
     bytes match and `unpack` refused them, its error is raised. The `.part` file is removed
-    whatever happens, except after a transient failure (it is resumed by the next command).
+    whatever happens, except when the transfer itself did not finish (the next command resumes
+    it).
     """
     part = dest_dir / f"{sha256}.part"
     result = _fetch(source, path, unpack, sha256, size, dest_dir, retries, backoff_s, progress)
@@ -376,9 +377,10 @@ class _ThreadedSink(_Sink):
         import threading
 
         super().__init__(out, part)
-        # <= 16 MiB ahead: enough to ride out a slow moment of either side; a deeper queue
-        # only holds more memory (fresh pages: page faults) for the same throughput.
-        self._blocks: queue.Queue[tuple[bytes, bool] | None] = queue.Queue(maxsize=16)
+        # Blocks are what the socket had (a static server's 64 KiB writes make most of them
+        # small, at most CHUNK): 64 of them let the receiving side run ahead of a helper
+        # thread the scheduler has set aside for a moment.
+        self._blocks: queue.Queue[tuple[bytes, bool] | None] = queue.Queue(maxsize=64)
         self._failure: DllmError | None = None
         self._thread = threading.Thread(target=self._run, name="dllm-sha256", daemon=True)
         self._thread.start()
