@@ -336,11 +336,8 @@ class LoopbackHttpSource(_HttpSource):
         lines += [f"{name}: {value}" for name, value in headers.items()]
         request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
         try:
-            # The host as bytes: a str would be encoded with the "idna" codec, whose import
-            # (with stringprep and unicodedata) costs more than the connection. Loopback names
-            # are ASCII.
             sock = socket.create_connection(
-                ((parts.hostname or "127.0.0.1").encode("ascii"), parts.port or 80),
+                (parts.hostname or "127.0.0.1", parts.port or 80),
                 timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
             )
         except OSError as error:
