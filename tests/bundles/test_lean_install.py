@@ -10,11 +10,11 @@ import sys
 from tests.bundles.server import MirrorServer
 
 # Each costs a visible share of an install's ~0.1 s: pydantic and its models, requests (+urllib3),
-# http.client (it imports ssl and email), torch and numpy, rich, filelock, tomlkit,
-# importlib.metadata, and dataclasses (creating one runs exec for every generated method).
+# torch and numpy, rich, filelock, tomlkit, importlib.metadata, and dataclasses (creating one
+# runs exec for every generated method).
 HEAVY = (
-    "pydantic", "requests", "urllib3", "http.client", "ssl", "email", "torch", "numpy", "rich",
-    "filelock", "tomlkit", "importlib.metadata", "dataclasses",
+    "pydantic", "requests", "urllib3", "torch", "numpy", "rich", "filelock", "tomlkit",
+    "importlib.metadata", "dataclasses",
 )  # fmt: skip
 
 PROGRAM = """

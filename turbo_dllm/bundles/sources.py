@@ -6,8 +6,8 @@ drives sources with resume, verification and retries. Every fetch runs under one
 deadline (`transfer_deadline`, $DLLM_DOWNLOAD_DEADLINE_S): a server that trickles bytes cannot
 hold the install lock for longer, however patient each single read is. Two HTTP clients share
 one reading of the answer (status codes, ranges, sizes): `requests` for remote servers (proxies,
-CA bundles, TLS) and a plain-socket HTTP/1.1 GET for a mirror on this machine, where no proxy
-or TLS applies and the install should not pay for importing `requests` or `http.client`.
+CA bundles) and the standard library's `http.client` for a mirror on this machine, where no
+proxy applies and the install should not pay for importing `requests`.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import BinaryIO, NamedTuple
+from typing import NamedTuple
 from urllib.parse import urlparse
 
 from turbo_dllm import __version__
@@ -317,141 +317,56 @@ class HttpSource(_HttpSource):
 
 
 class LoopbackHttpSource(_HttpSource):
-    """An index served on this machine (127.0.0.1, localhost, ::1), over a plain socket: one
-    HTTP/1.1 GET per file (`Connection: close`), the status line and headers read within
-    bounds, the body framed by Content-Length, chunked encoding, or the end of the connection.
-    No proxy can reach this host's loopback and there is no TLS, so the install pays for
-    neither requests nor `http.client` (whose imports of `ssl` and `email` are a tenth of a
-    whole install of a small bundle)."""
+    """An index served on this machine (127.0.0.1, localhost, ::1), through the standard
+    library's `http.client`: no proxy can reach this host's loopback, so none is consulted, and
+    the install does not pay for importing `requests`."""
 
     def _get(self, url: str, headers: dict[str, str], deadline: float | None) -> _Response:
-        import socket
+        import http.client
         from urllib.parse import quote, urlsplit
 
         parts = urlsplit(url)
         target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=~") + (
             f"?{parts.query}" if parts.query else ""
         )
-        lines = [f"GET {target} HTTP/1.1", f"Host: {parts.netloc}", "Connection: close"]
-        lines += [f"{name}: {value}" for name, value in headers.items()]
-        request = ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+        connection = http.client.HTTPConnection(
+            parts.hostname or "127.0.0.1",
+            parts.port,
+            timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
+        )
         try:
-            sock = socket.create_connection(
-                (parts.hostname or "127.0.0.1", parts.port or 80),
-                timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
-            )
-        except OSError as error:
-            raise TransientError(f"{url}: {error.__class__.__name__}: {error}") from None
-        reader = sock.makefile("rb")
-
-        def close() -> None:
-            reader.close()
-            sock.close()
-
-        try:
+            connection.connect()
+            assert connection.sock is not None
+            sock = connection.sock  # kept: http.client drops it once a response will close
             sock.settimeout(_time_left(url, deadline, READ_TIMEOUT_S))
-            sock.sendall(request)
-            status, reason, fields = _read_head(reader)
-        except (OSError, _BadResponse) as error:
-            close()
+            connection.request("GET", target, headers=headers)
+            response = connection.getresponse()
+        except (OSError, http.client.HTTPException) as error:
+            connection.close()
             raise TransientError(f"{url}: {error.__class__.__name__}: {error}") from None
 
         def chunks() -> Iterator[bytes]:
-            body = _body(reader, fields)
             while True:
                 sock.settimeout(_time_left(url, deadline, READ_TIMEOUT_S))  # no wait past it
                 try:
-                    chunk = next(body, b"")
-                except (OSError, _BadResponse) as error:
+                    chunk = response.read1(CHUNK)
+                except (OSError, http.client.HTTPException) as error:
                     raise TransientError(f"{url}: transfer broke off: {error}") from None
                 if not chunk:
                     return
                 yield chunk
 
-        return _Response(status, reason, lambda name: fields.get(name.lower(), ""), chunks(), close)
+        def close() -> None:
+            response.close()  # a response that will close owns the socket, not the connection
+            connection.close()
 
-
-class _BadResponse(Exception):
-    """An answer that is not well-formed HTTP/1.x, or one outside the bounds below."""
-
-
-_MAX_LINE = 65536  # http.client's bounds on a status or header line and on their count
-_MAX_HEADERS = 100
-
-
-def _read_line(reader: BinaryIO, what: str) -> bytes:
-    line = reader.readline(_MAX_LINE + 1)
-    if len(line) > _MAX_LINE:
-        raise _BadResponse(f"{what} longer than {_MAX_LINE} bytes")
-    if not line.endswith(b"\n"):
-        raise _BadResponse(f"the connection closed in the {what}")
-    return line.rstrip(b"\r\n")
-
-
-def _read_head(reader: BinaryIO) -> tuple[int, str, dict[str, str]]:
-    """(status, reason, headers by lower-case name) of the final response (1xx skipped)."""
-    while True:
-        version, _, rest = _read_line(reader, "status line").decode("latin-1").partition(" ")
-        code, _, reason = rest.partition(" ")
-        if not (version.startswith("HTTP/1.") and len(code) == 3 and code.isdigit()):
-            raise _BadResponse(f"not an HTTP/1.x status line: {version[:40]!r} {code[:10]!r}")
-        fields: dict[str, str] = {}
-        for _ in range(_MAX_HEADERS + 1):
-            line = _read_line(reader, "header line")
-            if not line:
-                break
-            name, colon, value = line.decode("latin-1").partition(":")
-            name, value = name.strip().lower(), value.strip()
-            if not colon or not name:
-                raise _BadResponse(f"a malformed header line {line[:40]!r}")
-            if name in fields and name in ("content-length", "content-range"):
-                if fields[name] != value:
-                    raise _BadResponse(f"two different {name} headers")
-            fields[name] = value
-        else:
-            raise _BadResponse(f"more than {_MAX_HEADERS} headers")
-        if int(code) >= 200:
-            return int(code), reason, fields
-
-
-def _body(reader: BinaryIO, fields: dict[str, str]) -> Iterator[bytes]:
-    """The body's bytes as they arrive; a body cut short raises _BadResponse."""
-    if "chunked" in fields.get("transfer-encoding", "").lower():
-        yield from _chunked(reader)
-        return
-    length = fields.get("content-length")
-    if length is None:  # delimited by the end of the connection
-        while chunk := reader.read1(CHUNK):
-            yield chunk
-        return
-    if not length.isdigit():
-        raise _BadResponse(f"Content-Length {length[:40]!r} is not a number")
-    yield from _exactly(reader, int(length))
-
-
-def _exactly(reader: BinaryIO, size: int) -> Iterator[bytes]:
-    left = size
-    while left:
-        chunk = reader.read1(min(CHUNK, left))
-        if not chunk:
-            raise _BadResponse(f"the body ended {left} bytes short")
-        left -= len(chunk)
-        yield chunk
-
-
-def _chunked(reader: BinaryIO) -> Iterator[bytes]:
-    while True:
-        size_text = _read_line(reader, "chunk size line").partition(b";")[0].strip()
-        if not size_text or len(size_text) > 16 or size_text.strip(b"0123456789abcdefABCDEF"):
-            raise _BadResponse(f"a malformed chunk size {size_text[:20]!r}")
-        size = int(size_text, 16)
-        if size == 0:
-            while _read_line(reader, "trailer line"):  # trailers, then the blank line
-                pass
-            return
-        yield from _exactly(reader, size)
-        if _read_line(reader, "chunk end"):
-            raise _BadResponse("a chunk longer than its size")
+        return _Response(
+            response.status,
+            response.reason,
+            lambda name: response.getheader(name, ""),
+            chunks(),
+            close,
+        )
 
 
 def offline_requested(flag: bool = False) -> bool:
