@@ -107,3 +107,35 @@ def test_the_caps_are_named(honest, tmp_path):
     )
     with pytest.raises(BundleRejected, match="4097 files, over the 4096-file cap"):
         extract(tmp_path, tar_zst([member("bundle.json", many.to_json().encode())]), "n.tar.zst")
+
+
+def test_a_frame_asking_for_a_huge_window_is_refused_not_allocated(honest, tmp_path):
+    """zstd's window is memory the decoder allocates before the first byte is checked: a
+    frame whose header asks for 2 GiB is refused by libzstd's default limit (128 MiB)."""
+    import io
+
+    import zstandard
+
+    params = zstandard.ZstdCompressionParameters(
+        window_log=31, enable_ldm=True, write_content_size=False
+    )
+    buffer = io.BytesIO()
+    with zstandard.ZstdCompressor(compression_params=params).stream_writer(
+        buffer, closefd=False
+    ) as writer:
+        writer.write(tar_zst_payload(manifest_of(honest[3])))
+    data = buffer.getvalue()
+    assert zstandard.get_frame_parameters(data).window_size == 2**31
+    with pytest.raises(BundleRejected, match="requires too much memory"):
+        extract(tmp_path, data)
+
+
+def tar_zst_payload(manifest: bytes) -> bytes:
+    """The uncompressed tar stream of an archive holding only `manifest` as bundle.json."""
+    import zstandard
+
+    return (
+        zstandard.ZstdDecompressor()
+        .decompressobj()
+        .decompress(tar_zst([member("bundle.json", manifest)]))
+    )

@@ -1,10 +1,13 @@
-"""A mirror that serves other bytes under a pinned catalog: the install fails with a DllmError,
-keeps none of the bad bytes (the next install from an honest mirror works), and parses none of
-them (the archive's hash is checked before zstd or tarfile sees a byte)."""
+"""A mirror that serves other bytes under a pinned catalog: the install fails with a DllmError
+naming the hash, keeps none of the bad bytes (the next install from an honest mirror works) and
+activates none of them. The bytes are unpacked as they download (verify before activate), so
+the extractor's bounds hold for them: nothing written outside staging, no bomb unpacked."""
 
 from __future__ import annotations
 
+import os
 import shutil
+import tarfile
 
 import pytest
 
@@ -16,8 +19,11 @@ from tests.adversarial.hostile import (
     manifest_of,
     nested_manifest,
     serve_instead,
+    tar_zst,
+    tiny_bundle,
     zero_bomb,
 )
+from tests.bundles.crafting import member
 from tests.bundles.server import MirrorServer
 from turbo_dllm.bundles.archive import BundleRejected, read_archive_manifest
 from turbo_dllm.bundles.install import plan_install, run_install
@@ -68,10 +74,13 @@ def test_a_poisoned_partial_download_is_hashed_again_not_trusted(honest, isolate
     assert leftovers(isolated_home) == [f"store/{entry.sha256}"]
 
 
-def test_a_bomb_from_the_mirror_is_never_unpacked(honest, tmp_path, isolated_home, monkeypatch):
-    """A few hundred KB that unpack to 256 MiB, served instead of the pinned archive: refused
-    on its hash, before zstd sees a byte of it (so nothing of it reaches the disk)."""
-    import zstandard
+def test_a_bomb_from_the_mirror_is_refused_before_a_byte_of_it_is_written(
+    honest, tmp_path, isolated_home, monkeypatch
+):
+    """A few hundred KB that unpack to 256 MiB, served instead of the pinned archive: its
+    bundle.json lists more than the expansion cap allows for the catalog's size, so no member
+    byte is read or written; the error is the hash, and nothing is kept."""
+    from turbo_dllm.bundles import archive as archive_module
 
     mirror, catalog_sha, entry, archive = honest
     bomb = zero_bomb(read_archive_manifest(archive), "lib/x.so", 256 * 1024 * 1024)
@@ -80,12 +89,61 @@ def test_a_bomb_from_the_mirror_is_never_unpacked(honest, tmp_path, isolated_hom
     serve_instead(evil, entry, bomb)
 
     def tripwire(*args, **kwargs):
-        raise AssertionError("zstd was given bytes that had not matched the catalog's sha256")
+        raise AssertionError("a member of an archive over the expansion cap was unpacked")
 
-    monkeypatch.setattr(zstandard, "ZstdDecompressor", tripwire)
+    monkeypatch.setattr(archive_module, "member_chunks", tripwire)
     with MirrorServer(evil) as server, pytest.raises(BundleRejected, match="sha256 mismatch"):
         install(server.url, catalog_sha)
     assert leftovers(isolated_home) == []
+
+
+def test_a_valid_bundle_with_other_bytes_unpacks_in_staging_but_never_activates(
+    honest, tmp_path, isolated_home, monkeypatch
+):
+    """Verify before activate: a mirror serves a whole, valid bundle that is not the pinned
+    one. It unpacks completely into staging as it downloads, then fails its hash: the staging
+    folder and the download are deleted and nothing is installed or active."""
+    from turbo_dllm.bundles import install as install_module
+
+    mirror, catalog_sha, entry, archive = honest
+    other = tiny_bundle(tmp_path / "other", {"lib/x.so": os.urandom(60 * 1024)})
+    evil = tmp_path / "evil-mirror"
+    shutil.copytree(mirror, evil)
+    serve_instead(evil, entry, other.read_bytes())
+    unpacked = []
+    extract = install_module.extract_stream
+
+    def spy(*args, **kwargs):
+        unpacked.append(extract(*args, **kwargs))
+        return unpacked[-1]
+
+    monkeypatch.setattr(install_module, "extract_stream", spy)
+    with MirrorServer(evil) as server, pytest.raises(BundleRejected, match="sha256 mismatch"):
+        install(server.url, catalog_sha)
+    assert [m.total_size for m in unpacked] == [60 * 1024]  # it did unpack, completely
+    assert leftovers(isolated_home) == []
+    assert BundleStore().active() is None and BundleStore().installed() == []
+
+
+def test_escaping_members_from_the_mirror_write_nothing_outside_staging(
+    honest, tmp_path, isolated_home
+):
+    """Members that climb out or link out, served under an honest pin: refused as they are
+    read (nothing lands outside staging), and the error is the hash."""
+    mirror, catalog_sha, entry, archive = honest
+    manifest = manifest_of(archive)
+    for bad in (
+        member("../escaped", b"owned"),
+        member(str(tmp_path / "escaped"), b"owned"),
+        member("lib/link", kind=tarfile.SYMTYPE, link=str(tmp_path)),
+    ):
+        evil = tmp_path / "evil-mirror"
+        shutil.rmtree(evil, ignore_errors=True)
+        shutil.copytree(mirror, evil)
+        serve_instead(evil, entry, tar_zst([member("bundle.json", manifest), bad]))
+        with MirrorServer(evil) as server, pytest.raises(BundleRejected, match="sha256 mismatch"):
+            install(server.url, catalog_sha)
+        assert not list(tmp_path.rglob("escaped")) and leftovers(isolated_home) == []
 
 
 def test_hostile_mirror_through_the_cli_is_an_error_not_a_traceback(honest, tmp_path):

@@ -1,6 +1,7 @@
 """Sources and resumable downloads: both HTTP clients (requests for remote indexes, http.client
 for a mirror on this machine), Range resume, servers without ranges, and the one-pass
-download-then-unpack the installer uses (the unpacker sees only a verified file)."""
+download-and-unpack the installer uses (one pass; the unpacker's result counts only once the
+whole archive matched its hash)."""
 
 from __future__ import annotations
 
@@ -116,15 +117,24 @@ def test_a_finished_download_is_verified_not_fetched_again(index, tmp_path):
 
 
 def reading_unpacker(seen: list):
-    def unpack(archive):
-        data = archive.read_bytes()
-        seen.append(len(data))
-        return hashlib.sha256(data).hexdigest()
+    """An unpacker that reads the stream to its end in small pieces, counting what it saw in
+    `seen` (one entry per call, updated as it reads), and returns the sha256 of it."""
+
+    def unpack(stream):
+        seen.append(0)
+        digest = hashlib.sha256()
+        while block := stream.read(65536):
+            assert len(block) <= 65536
+            digest.update(block)
+            seen[-1] += len(block)
+        return digest.hexdigest()
 
     return unpack
 
 
-def test_download_unpacked_resumes_then_unpacks_the_verified_file_once(index, hashing, tmp_path):
+def test_download_unpacked_streams_once_and_restarts_the_unpacker_on_resume(
+    index, hashing, tmp_path
+):
     root, sha = index
     seen: list[int] = []
     with MirrorServer(root) as server:
@@ -139,16 +149,18 @@ def test_download_unpacked_resumes_then_unpacks_the_verified_file_once(index, ha
             backoff_s=0.01,
         )
         assert bundle_requests(server) == [None, "bytes=120000-"]
-    # Verify before you parse: the truncated first attempt never reached the unpacker.
-    assert seen == [SIZE] and result == sha
+    # One pass: the unpacker reads the bytes as they arrive. The broken first attempt stopped
+    # it; the second starts it again from byte 0, the kept bytes read back from the .part file.
+    assert seen == [120_000, SIZE] and result == sha
     assert list((tmp_path / "dl").iterdir()) == []  # the verified archive is not kept
 
 
-def test_download_unpacked_reports_a_bad_hash_before_the_unpacker(index, hashing, tmp_path):
+def test_download_unpacked_a_bad_hash_wins_over_the_unpackers_error(index, hashing, tmp_path):
     root, sha = index
+    seen: list[int] = []
 
-    def broken(archive):
-        archive.read_bytes()
+    def broken(stream):
+        seen.append(len(stream.read(1000)))  # it stops reading early: the rest is still hashed
         raise BundleRejected("member 'x' is not listed in bundle.json")
 
     with pytest.raises(BundleRejected, match="sha256 mismatch"):
@@ -159,6 +171,30 @@ def test_download_unpacked_reports_a_bad_hash_before_the_unpacker(index, hashing
     with pytest.raises(BundleRejected, match="not listed in bundle.json"):  # the right bytes
         download_unpacked(
             LocalSource(root), "bundles/blob.bin", unpack=broken, sha256=sha, size=SIZE,
+            dest_dir=tmp_path / "dl",
+        )  # fmt: skip
+    assert seen == [1000, 1000]
+    assert list((tmp_path / "dl").iterdir()) == []
+
+
+def test_download_unpacked_the_transfers_own_error_wins(index, hashing, tmp_path):
+    """A source that sends more than the catalog's size while the unpacker reads: the error is
+    the size, not whatever the unpacker made of the cut-off stream."""
+    root, sha = index
+    (root / "bundles" / "blob.bin").write_bytes(os.urandom(SIZE + 1))
+
+    class NoSize(LocalSource):  # like a server that sends no Content-Length
+        def open(self, path, offset=0, deadline=None):
+            return super().open(path, offset, deadline)._replace(total=None)
+
+    def unpack(stream):
+        while stream.read(65536):
+            pass
+        raise BundleRejected("not a valid .tar.zst bundle archive")
+
+    with pytest.raises(BundleRejected, match="wrong size: the source sent more"):
+        download_unpacked(
+            NoSize(root), "bundles/blob.bin", unpack=unpack, sha256=sha, size=SIZE,
             dest_dir=tmp_path / "dl",
         )  # fmt: skip
     assert list((tmp_path / "dl").iterdir()) == []

@@ -9,9 +9,10 @@ sha256. Links (symbolic or hard), devices, FIFOs, absolute paths, `..` component
 and unlisted files are refused before a byte of them is written. Whatever the damage, the
 error is a `BundleRejected`, never a traceback.
 
-Extraction reads a local file: an install first downloads the archive and checks its sha256
-against the catalog (`turbo_dllm.bundles.fetch`), so no byte of it is parsed before the hash
-matches.
+An install extracts the archive as it downloads (`turbo_dllm.bundles.fetch`), before its
+sha256 is known: the extraction goes to a staging folder that becomes a bundle only once the
+whole archive matched the catalog's hash (verify before activate), so every check here holds
+for any bytes at all.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import io
 import os
 import tarfile
 from pathlib import Path
+from typing import BinaryIO
 
 from turbo_dllm.bundles.manifest import (
     MANIFEST_NAME,
@@ -37,6 +39,7 @@ __all__ = [
     "MAX_FILES",
     "BundleRejected",
     "extract_bundle",
+    "extract_stream",
     "pack_bundle",
     "pack_members",
     "read_archive_manifest",
@@ -131,39 +134,50 @@ def extract_bundle(
     archive_path: Path, dest: Path, *, label: str | None = None, check_files: bool = True
 ) -> BundleManifest:
     """Extract the `.tar.zst` at `archive_path` into the new folder `dest` (must not exist) and
-    verify it; `label` names the archive in errors (default: its file name).
-
-    `check_files=False` skips re-hashing each file against `bundle.json`, for an archive whose
-    own sha256 already matched a pinned catalog: that hash covers every byte of it, and the
-    per-file hashes were checked when it was published (and are again by the kernel loader and
-    `dllm bundle verify`). Every other check stays.
-
-    Raises BundleRejected on the first problem; `dest` may then hold a partial extraction, which
-    the caller (the store's staging area) removes.
-    """
-    import zstandard
-
+    verify it; `label` names the archive in errors (default: its file name). See
+    `extract_stream`."""
     label = label or archive_path.name
     try:
         raw = archive_path.open("rb")
     except OSError as error:
         raise DllmError(f"cannot read {archive_path}: {error.strerror}") from None
     with raw:
-        archive_size = os.fstat(raw.fileno()).st_size
-        dest.mkdir(parents=False, exist_ok=False)
-        try:
-            with (
-                zstandard.ZstdDecompressor().stream_reader(
-                    raw, read_size=_CHUNK, closefd=False
-                ) as stream,
-                open_guarded(stream) as tar,
-            ):
-                limits = _Limits(label, archive_size, check_files)
-                return _extract_members(tar, dest, limits)
-        except HeaderRefused as error:
-            raise BundleRejected(f"{label}: {error.message}; refusing to extract") from None
-        except (*_PARSE_ERRORS, zstandard.ZstdError) as error:
-            raise BundleRejected(f"{label}: not a valid .tar.zst bundle archive: {error}") from None
+        size = os.fstat(raw.fileno()).st_size
+        return extract_stream(raw, dest, label=label, archive_size=size, check_files=check_files)
+
+
+def extract_stream(
+    raw: BinaryIO, dest: Path, *, label: str, archive_size: int, check_files: bool = True
+) -> BundleManifest:
+    """Extract the `.tar.zst` read from `raw` (forward only, `archive_size` bytes at most: the
+    expansion cap is a multiple of it) into the new folder `dest` (must not exist).
+
+    The bytes may be unverified (an install extracts an archive as it downloads, and the
+    result counts only once the archive's sha256 matched): every check holds for any input,
+    and nothing is written outside `dest`. `check_files=False` skips re-hashing each file
+    against `bundle.json`, for an archive whose own sha256 is checked against a pinned
+    catalog before the extraction is used: that hash covers every byte of it, and the
+    per-file hashes were checked when it was published (and are again by the kernel loader
+    and `dllm bundle verify`). Every other check stays.
+
+    Raises BundleRejected on the first problem; `dest` may then hold a partial extraction, which
+    the caller (the store's staging area) removes.
+    """
+    import zstandard
+
+    dest.mkdir(parents=False, exist_ok=False)
+    try:
+        with (
+            zstandard.ZstdDecompressor().stream_reader(
+                raw, read_size=_CHUNK, closefd=False
+            ) as stream,
+            open_guarded(stream) as tar,
+        ):
+            return _extract_members(tar, dest, _Limits(label, archive_size, check_files))
+    except HeaderRefused as error:
+        raise BundleRejected(f"{label}: {error.message}; refusing to extract") from None
+    except (*_PARSE_ERRORS, zstandard.ZstdError) as error:
+        raise BundleRejected(f"{label}: not a valid .tar.zst bundle archive: {error}") from None
 
 
 # What tarfile and zstandard raise on damaged or hostile input (tarfile's pax and GNU parsing

@@ -8,18 +8,21 @@ and retrying transient failures with backoff, all within one overall deadline
 again from its first byte, and a file that fails verification is deleted, so bad bytes a
 hostile mirror sent cannot poison the next attempt.
 
-`download_unpacked` is how installs read an archive: verify before you parse. The bytes cross
-the network once, into the `.part` file and the hash together; only once the whole file
-matches the catalog's sha256 does the unpacker see it, as a local file (still in the page
-cache, so reading it again costs little next to hashing and writing it). A hostile mirror's
-bytes therefore never reach tarfile or zstd.
+`download_unpacked` is how installs read an archive: one pass, verify before activate. The
+bytes cross the network once and are read once: each block goes to the sha256 and the
+resumable `.part` file (together, on a helper thread for large archives) and to the unpacker,
+which extracts it into staging as it arrives. What the unpacker made counts only once the
+whole archive matched the catalog's sha256: on a mismatch the caller's staging and the `.part`
+file are deleted and the error is the mismatch, whatever the unpacker said about those bytes.
+The unpacker therefore sees unverified bytes, and must be the safe extractor (bounded headers,
+sizes and files, nothing written outside its folder); see docs/bundles.md.
 """
 
 from __future__ import annotations
 
 import hashlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
@@ -39,13 +42,14 @@ from turbo_dllm.errors import DllmError
 
 __all__ = [
     "INDEX_VARIABLE",  # re-exported with open_source: what callers of download need
+    "ArchiveStream",
     "Progress",
     "download",
     "download_unpacked",
     "open_source",
 ]
 
-THREADED_HASH_BYTES = 16 * CHUNK  # archives this large are hashed on a helper thread
+THREADED_HASH_BYTES = 16 * CHUNK  # archives this large are hashed and written on a helper thread
 Progress = Callable[[int, int], None]
 T = TypeVar("T")
 
@@ -70,11 +74,57 @@ def download(
     truncated bodies are retried, each attempt resuming where the last one stopped, until
     `retries` or the transfer deadline runs out.
     """
-    dest_dir.mkdir(parents=True, exist_ok=True)
-    part = dest_dir / f"{sha256}.part"
     done = dest_dir / f"{sha256}.tar.zst"
+    part = dest_dir / f"{sha256}.part"
     if done.is_file() and not part.exists():
         done.replace(part)  # a finished download is a complete partial one: verified again below
+    _fetch(source, path, None, sha256, size, dest_dir, retries, backoff_s, progress)
+    part.replace(done)
+    return done
+
+
+def download_unpacked(
+    source: Source,
+    path: str,
+    *,
+    unpack: Callable[[ArchiveStream], T],
+    sha256: str,
+    size: int,
+    dest_dir: Path,
+    retries: int = 4,
+    backoff_s: float = 0.5,
+    progress: Progress | None = None,
+) -> T:
+    """`download` and `unpack` in one pass: `unpack(stream)` reads the archive's bytes as they
+    arrive (once per attempt: a retried transfer starts it again from byte 0, the kept bytes
+    read back from the `.part` file). Its result is returned only when the whole archive
+    matched `sha256`; a mismatch raises BundleRejected naming it, even when `unpack` refused
+    the bytes first (the mirror served other bytes: that is the error to report). When the
+    bytes match and `unpack` refused them, its error is raised. The `.part` file is removed
+    whatever happens, except when the transfer itself did not finish (the next command resumes
+    it).
+    """
+    part = dest_dir / f"{sha256}.part"
+    result = _fetch(source, path, unpack, sha256, size, dest_dir, retries, backoff_s, progress)
+    part.unlink(missing_ok=True)
+    return result
+
+
+def _fetch(
+    source: Source,
+    path: str,
+    unpack: Callable[[ArchiveStream], T] | None,
+    sha256: str,
+    size: int,
+    dest_dir: Path,
+    retries: int,
+    backoff_s: float,
+    progress: Progress | None,
+) -> T | None:
+    """The download loop: attempts with resume and backoff until the `.part` file holds the
+    verified archive; returns what `unpack` made of it (None without `unpack`)."""
+    dest_dir.mkdir(parents=True, exist_ok=True)
+    part = dest_dir / f"{sha256}.part"
     url = source.url(path)
     deadline = transfer_deadline()
     last_error = "no attempt made"
@@ -90,8 +140,20 @@ def download(
             part.unlink()
             have = 0
         transfer = _Transfer(source, path, part, have, size, progress, deadline.at)
+        result: T | None = None
+        refusal: DllmError | None = None
         try:
-            transfer.run()
+            transfer.start()
+            if unpack is not None:
+                try:
+                    result = unpack(transfer.stream)
+                except Exception as error:
+                    transfer.check()  # the transfer's own failure wins: a broken connection
+                    if not isinstance(error, DllmError):  # a bug, not a refusal
+                        raise
+                    refusal = error  # judged below, once the hash is known
+                transfer.check()
+            transfer.drain()
         except TransientError as error:
             last_error = str(error)
             if time.monotonic() >= deadline.at:
@@ -107,7 +169,7 @@ def download(
         if transfer.position < size:
             last_error = f"the transfer stopped at {transfer.position} of {size} bytes"
             continue
-        actual = transfer.digest.hexdigest()
+        actual = transfer.hexdigest()
         if actual != sha256:
             part.unlink()
             if transfer.resumed and not fresh_restart_done:
@@ -120,8 +182,10 @@ def download(
                 hint="the mirror's copy is corrupt or was tampered with; re-publish it or use "
                 "another mirror",
             )
-        part.replace(done)
-        return done
+        if refusal is not None:  # the pinned bytes themselves are refused
+            part.unlink()
+            raise refusal
+        return result
     else:
         raise DllmError(
             f"download of {url} failed after {retries + 1} attempts: {last_error}",
@@ -136,40 +200,33 @@ def download(
     )
 
 
-def download_unpacked(
-    source: Source,
-    path: str,
-    *,
-    unpack: Callable[[Path], T],
-    sha256: str,
-    size: int,
-    dest_dir: Path,
-    retries: int = 4,
-    backoff_s: float = 0.5,
-    progress: Progress | None = None,
-) -> T:
-    """`download`, then `unpack(archive)` on the verified local file, which is removed after
-    (whatever `unpack` did: a verified archive that fails to unpack is no use either)."""
-    archive = download(
-        source,
-        path,
-        sha256=sha256,
-        size=size,
-        dest_dir=dest_dir,
-        retries=retries,
-        backoff_s=backoff_s,
-        progress=progress,
-    )
-    try:
-        return unpack(archive)
-    finally:
-        archive.unlink(missing_ok=True)
+class ArchiveStream:
+    """The archive's bytes as one attempt delivers them, as a forward-only binary reader (what
+    zstd's stream reader wants): the kept `.part` bytes first, then the source's. Each block is
+    handed to the sink (hash, and `.part` for new bytes) as it is read."""
+
+    def __init__(self, blocks: Iterator[bytes]) -> None:
+        self._blocks = blocks
+        self._pending = b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        """Up to `n` bytes (fewer at block edges; b"" at the end)."""
+        if self._pending:
+            block, self._pending = self._pending, b""
+        else:
+            block = next(self._blocks, b"")
+        if 0 <= n < len(block):
+            block, self._pending = block[:n], block[n:]
+        return block
 
 
 class _Transfer:
-    """One attempt: hash the `have` bytes kept in the .part file, then append what the source
-    sends from there, hashing it too. `digest` covers every byte of the file; `position`
-    counts them. More than `size` bytes, or a source of another size, is refused."""
+    """One attempt: the `have` bytes kept in the .part file (hashed again), then what the
+    source sends from there (hashed and appended). `position` counts the bytes read so far;
+    more than `size`, or a source of another size, is refused."""
 
     def __init__(
         self,
@@ -181,27 +238,57 @@ class _Transfer:
         progress: Progress | None,
         deadline: float,
     ) -> None:
-        self.digest = _Sha256() if size < THREADED_HASH_BYTES else _ThreadedSha256()
         self.position = 0
         self._source, self._path, self._part = source, path, part
         self._have, self._size, self._progress = have, size, progress
         self._deadline = deadline
         self._out: BinaryIO | None = None
         self._opened: Opened | None = None
+        self._sink: _Sink | None = None
+        self._failure: BaseException | None = None
+        self._iterator = self._blocks()
+        self.stream = ArchiveStream(self._iterator)
 
     @property
     def resumed(self) -> bool:
         """Whether this attempt continued a kept partial file."""
         return self._have > 0
 
-    def run(self) -> None:
+    def start(self) -> None:
         if self._have < self._size:
             self._open()  # first: whether the source can continue after the kept bytes
-        if self._have:
-            self._hash_kept()
+        sink = _Sink if self._size < THREADED_HASH_BYTES else _ThreadedSink
+        self._sink = sink(self._out, self._part)
+
+    def drain(self) -> None:
+        """Read (hash and keep) whatever the unpacker left unread."""
+        for _ in self._iterator:
+            pass
+
+    def check(self) -> None:
+        """Raise what stopped the transfer while the unpacker read it (the unpacker may have
+        turned it into an error of its own: a truncated archive, a zstd error)."""
+        if self._failure is not None:
+            raise self._failure
+
+    def hexdigest(self) -> str:
+        assert self._sink is not None
+        return self._sink.finish()
+
+    def _blocks(self) -> Iterator[bytes]:
+        """Every block of the attempt in order, each given to the sink once; one generator,
+        so `drain` continues where the unpacker stopped."""
+        try:
+            yield from self._all_blocks()
+        except BaseException as error:
+            self._failure = error
+            raise
+
+    def _all_blocks(self) -> Iterator[bytes]:
+        yield from self._kept()
         if self._opened is None:
             return  # the kept .part was complete: nothing to fetch
-        assert self._out is not None
+        assert self._sink is not None
         for block in self._opened.chunks:
             self.position += len(block)
             if self.position > self._size:
@@ -210,19 +297,23 @@ class _Transfer:
                     f"catalog's {self._size} bytes",
                     hint="the mirror's copy does not belong to this catalog; re-publish it",
                 )
-            self.digest.update(block)
-            self._out.write(block)
+            self._sink.add(block, keep=True)
             if self._progress:
                 self._progress(self.position, self._size)
+            yield block
 
-    def _hash_kept(self) -> None:
+    def _kept(self) -> Iterator[bytes]:
+        if not self._have:
+            return
+        assert self._sink is not None
         with self._part.open("rb") as kept:
             while self.position < self._have:
                 block = kept.read(min(CHUNK, self._have - self.position))
                 if not block:  # the .part shrank under us: start over next attempt
                     raise TransientError(f"{self._part} changed while it was being resumed")
-                self.digest.update(block)
+                self._sink.add(block, keep=False)
                 self.position += len(block)
+                yield block
 
     def _open(self) -> None:
         self._opened = opened = self._source.open(self._path, self._have, self._deadline)
@@ -242,46 +333,81 @@ class _Transfer:
             self._out = self._part.open("wb")
 
     def close(self) -> None:
-        self.digest.hexdigest()  # stops a hashing thread
+        if self._sink is not None:
+            self._sink.stop()  # a helper thread writes what it was given, then ends
         if self._out is not None:
             self._out.close()
         if self._opened is not None:
             self._opened.close()
 
 
-class _Sha256:
-    def __init__(self) -> None:
+class _Sink:
+    """Where each block of the archive goes besides the unpacker: the sha256 of every block,
+    and the `.part` file for the new ones (`keep`)."""
+
+    def __init__(self, out: BinaryIO | None, part: Path) -> None:
         self._digest = hashlib.sha256()
-        self.update = self._digest.update
+        self._out, self._part = out, part
+        self._hex: str | None = None
 
-    def hexdigest(self) -> str:
-        return self._digest.hexdigest()
+    def add(self, block: bytes, keep: bool) -> None:
+        self._digest.update(block)
+        if keep:
+            assert self._out is not None
+            try:
+                self._out.write(block)
+            except OSError as error:
+                raise DllmError(f"cannot write {self._part}: {error.strerror}") from None
+
+    def finish(self) -> str:
+        if self._hex is None:
+            self._hex = self._digest.hexdigest()
+        return self._hex
+
+    def stop(self) -> None:
+        pass
 
 
-class _ThreadedSha256:
-    """sha256 of the blocks given, in order, on a helper thread: hashlib releases the GIL, so
-    hashing a large archive overlaps with unpacking it (decompress, hash and write each file)."""
+class _ThreadedSink(_Sink):
+    """The same on a helper thread: hashlib and file writes release the GIL, so hashing and
+    keeping a large archive overlap with receiving and unpacking it."""
 
-    def __init__(self) -> None:
+    def __init__(self, out: BinaryIO | None, part: Path) -> None:
         import queue
         import threading
 
-        self._digest = hashlib.sha256()
-        self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=64)  # <= 64 MiB ahead
+        super().__init__(out, part)
+        # Blocks are what the socket had (a static server's 64 KiB writes make most of them
+        # small, at most CHUNK): 64 of them let the receiving side run ahead of a helper
+        # thread the scheduler has set aside for a moment.
+        self._blocks: queue.Queue[tuple[bytes, bool] | None] = queue.Queue(maxsize=64)
+        self._failure: DllmError | None = None
         self._thread = threading.Thread(target=self._run, name="dllm-sha256", daemon=True)
         self._thread.start()
-        self._hex: str | None = None
 
     def _run(self) -> None:
-        while (block := self._blocks.get()) is not None:
-            self._digest.update(block)
+        add = super().add
+        while (item := self._blocks.get()) is not None:
+            if self._failure is None:
+                try:
+                    add(*item)
+                except DllmError as error:
+                    self._failure = error
 
-    def update(self, block: bytes) -> None:
-        self._blocks.put(block)
+    def add(self, block: bytes, keep: bool) -> None:
+        if self._failure is not None:
+            raise self._failure
+        self._blocks.put((block, keep))
 
-    def hexdigest(self) -> str:
+    def finish(self) -> str:
+        self.stop()
+        if self._failure is not None:
+            raise self._failure
         if self._hex is None:
-            self._blocks.put(None)
-            self._thread.join()
             self._hex = self._digest.hexdigest()
         return self._hex
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self._blocks.put(None)
+            self._thread.join()

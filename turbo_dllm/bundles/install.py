@@ -1,15 +1,19 @@
-"""`dllm bundle install`: catalog -> trust check -> resolve -> download -> verify -> activate.
+"""`dllm bundle install`: catalog -> trust check -> resolve -> download+extract -> verify -> activate.
 
 `plan_install` does everything that needs no lock (fetch and check the catalog, pick the bundle);
 `--dry-run` stops there. `run_install` then holds the store lock while it downloads the archive
-(one pass over the network bytes: into the resumable `.part` file and the sha256 together),
-checks it against the catalog's sha256, and only then extracts the verified local file into
-staging with the safe extractor; it renames the extraction into the store and swaps `active`.
+in one pass: each block goes to the sha256, the resumable `.part` file and the safe extractor,
+which unpacks it into a private staging folder as it arrives. Only when the whole archive
+matched the catalog's sha256 is the staging folder renamed into the store and `active` swapped;
+on a mismatch or any error the staging folder and the `.part` file are deleted and nothing is
+installed.
 
-Verify before you parse: no byte a mirror sent reaches zstd or tarfile before the whole archive
-matched the hash the catalog pins. The extractor does not hash each file again against
-`bundle.json` (the archive's hash covers those bytes, and publish, the kernel loader and `dllm
-bundle verify` check them); every other check of the extractor stays.
+Verify before activate: bytes a mirror sent reach zstd and tarfile before their hash is known,
+so the extractor trusts nothing (tar headers bounded, regular files with plain paths listed in
+`bundle.json` only, sizes and file counts capped, nothing written outside staging), and
+nothing it made is visible until the hash matched. The extractor does not hash each file again
+against `bundle.json` (the archive's hash covers those bytes, and publish, the kernel loader and
+`dllm bundle verify` check them); every other check stays.
 
 `build_and_install` is the explicit alternative (`--build missing`) when no published bundle can
 serve the host (`BundleUnavailable`: no index, an unreachable one, or no fitting entry): it builds
@@ -21,10 +25,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from pathlib import Path
 from typing import NamedTuple
 
-from turbo_dllm.bundles.archive import BundleRejected, extract_bundle
+from turbo_dllm.bundles.archive import BundleRejected, extract_stream
 from turbo_dllm.bundles.catalog import (
     MAX_CATALOG_BYTES,
     Catalog,
@@ -37,7 +40,7 @@ from turbo_dllm.bundles.catalog import (
     sha256_bytes,
     trusted_catalog_sha256,
 )
-from turbo_dllm.bundles.fetch import Progress, download_unpacked
+from turbo_dllm.bundles.fetch import ArchiveStream, Progress, download_unpacked
 from turbo_dllm.bundles.manifest import BundleManifest
 from turbo_dllm.bundles.resolve import (
     BUILD_MISSING_HINT,
@@ -51,6 +54,7 @@ from turbo_dllm.bundles.store import (
     BundleStore,
     InstalledBundle,
     new_record,
+    remove_tree,
 )
 from turbo_dllm.bundles.target import BundleTarget
 from turbo_dllm.errors import DllmError
@@ -175,9 +179,14 @@ def run_install(
             with store.staging() as staging:
                 folder = staging / "bundle"
 
-                def unpack(archive: Path) -> BundleManifest:
-                    # The archive matched the catalog's sha256: its files need no second hash.
-                    return extract_bundle(archive, folder, label=entry.file, check_files=False)
+                def unpack(stream: ArchiveStream) -> BundleManifest:
+                    # Each attempt extracts from byte 0 into a fresh folder. The result is used
+                    # only once the archive matched the catalog's sha256, so its files need no
+                    # second hash.
+                    remove_tree(folder)
+                    return extract_stream(
+                        stream, folder, label=entry.file, archive_size=entry.size, check_files=False
+                    )
 
                 manifest = download_unpacked(
                     plan.source,

@@ -36,6 +36,7 @@ __all__ = [
     "InstalledBundle",
     "active_bundle",
     "new_record",
+    "remove_tree",
 ]
 
 RECORD_NAME = "install.json"
@@ -235,7 +236,7 @@ class BundleStore:
         for folder, pattern in ((self.staging_dir, "*"), (self.store_dir, ".*")):
             if folder.is_dir():
                 for path in folder.glob(pattern):
-                    _remove_tree(path)
+                    remove_tree(path)
         for pattern in (".active.*", ".previous.*"):
             for path in self.root.glob(pattern):
                 path.unlink(missing_ok=True)
@@ -252,7 +253,7 @@ class BundleStore:
         try:
             yield staging
         finally:
-            _remove_tree(staging)
+            remove_tree(staging)
 
     def add_extracted(
         self,
@@ -289,7 +290,7 @@ class BundleStore:
             trash = self.store_dir / f".trash-{os.urandom(6).hex()}"
             os.replace(final, trash)
             os.replace(folder, final)
-            _remove_tree(trash)
+            remove_tree(trash)
         else:
             os.replace(folder, final)
         bundle = self.get(sha256)
@@ -332,7 +333,7 @@ class BundleStore:
             (self.root / "previous").unlink(missing_ok=True)
         trash = self.store_dir / f".trash-{os.urandom(6).hex()}"
         os.replace(bundle.path, trash)
-        _remove_tree(trash)
+        remove_tree(trash)
         return bundle
 
     def _set_link(self, name: str, sha256: str) -> None:
@@ -356,7 +357,8 @@ def _flock(fd: int, timeout_s: float) -> bool:
             time.sleep(LOCK_POLL_S)
 
 
-def _remove_tree(path: Path) -> None:
+def remove_tree(path: Path) -> None:
+    """Remove a file, link or folder if it exists (a staging leftover: errors ignored)."""
     if path.is_symlink() or path.is_file():
         path.unlink(missing_ok=True)
     elif path.is_dir():
