@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -32,6 +33,7 @@ __all__ = [
     "FamilyRuntime",
     "ModelMisfit",
     "Objective",
+    "hf_config_errors",
     "nonpositive_fields",
     "raise_if_unusable",
     "read_hf_config",
@@ -191,6 +193,18 @@ def read_hf_config(path: Path, *, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise DllmError(f"{str(path)!r} is not a JSON object", hint="is this a config.json?")
     return value
+
+
+@contextmanager
+def hf_config_errors(*, missing_hint: str, what: str = "config.json") -> Iterator[None]:
+    """Around a config reader's `cls(...)` from a config.json dict: a missing key or a value of
+    the wrong type becomes one DllmError naming the field or the value."""
+    try:
+        yield
+    except KeyError as missing:
+        raise DllmError(f"{what} lacks the field {missing.args[0]!r}", hint=missing_hint) from None
+    except (TypeError, ValueError) as error:
+        raise DllmError(f"{what} has a bad value: {error}") from None
 
 
 def nonpositive_fields(config: Any, names: tuple[str, ...]) -> list[str]:

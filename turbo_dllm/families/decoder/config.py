@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import nonpositive_fields, raise_if_unusable
+from turbo_dllm.families.base import hf_config_errors, nonpositive_fields, raise_if_unusable
 
 __all__ = ["ACTIVATIONS", "PRESETS", "DecoderConfig", "tensor_parallel_problems"]
 
@@ -153,7 +153,9 @@ class DecoderConfig:
                 "sliding-window attention is not supported",
                 hint="set use_sliding_window: false in config.json",
             )
-        try:
+        with hf_config_errors(
+            missing_hint="a Llama/Qwen2/Qwen3 config.json from Hugging Face has it"
+        ):
             heads = int(hf["num_attention_heads"])
             hidden = int(hf["hidden_size"])
             rope = dict(hf.get("rope_parameters") or {})
@@ -191,13 +193,6 @@ class DecoderConfig:
                 eos_token_id=_token_ids(hf.get("eos_token_id"), several=True),
                 pad_token_id=_token_ids(hf.get("pad_token_id")),
             )
-        except KeyError as missing:
-            raise DllmError(
-                f"config.json lacks the field {missing.args[0]!r}",
-                hint="a Llama/Qwen2/Qwen3 config.json from Hugging Face has it",
-            ) from None
-        except (TypeError, ValueError) as error:
-            raise DllmError(f"config.json has a bad value: {error}") from None
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A config.json that transformers loads into the matching *ForCausalLM."""

@@ -25,7 +25,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import nonpositive_fields, raise_if_unusable
+from turbo_dllm.families.base import hf_config_errors, nonpositive_fields, raise_if_unusable
 
 __all__ = ["ARCHITECTURES", "DFlashConfig", "default_target_layer_ids", "drafter_problems"]
 
@@ -193,7 +193,10 @@ class DFlashConfig:
             )
         layer = dict(hf.get("transformer_layer_config") or hf)
         dflash = dict(hf.get("dflash_config") or {})
-        try:
+        with hf_config_errors(
+            missing_hint="a DFlash drafter config has the layer keys, block_size and dflash_config",
+            what="drafter config.json",
+        ):
             if "aux_hidden_state_layer_ids" in hf:
                 ids = [int(i) - 1 for i in hf["aux_hidden_state_layer_ids"]]
             elif "target_layer_ids" in hf:
@@ -231,13 +234,6 @@ class DFlashConfig:
                 model_type=str(hf.get("model_type") or "qwen3"),
                 **(_dflash2_fields(dflash) if architecture == DFLASH2 else {}),
             )
-        except KeyError as missing:
-            raise DllmError(
-                f"drafter config.json lacks the field {missing.args[0]!r}",
-                hint="a DFlash drafter config has the layer keys, block_size and dflash_config",
-            ) from None
-        except (TypeError, ValueError) as error:
-            raise DllmError(f"drafter config.json has a bad value: {error}") from None
 
     @classmethod
     def from_target(cls, target: Any, spec: Any, *, target_path: str | None) -> DFlashConfig:

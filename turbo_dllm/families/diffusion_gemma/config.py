@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import nonpositive_fields, raise_if_unusable
+from turbo_dllm.families.base import hf_config_errors, nonpositive_fields, raise_if_unusable
 
 __all__ = ["LAYER_TYPES", "PRESETS", "DiffusionGemmaConfig"]
 
@@ -239,7 +239,9 @@ class DiffusionGemmaConfig:
                 "only the MoE DiffusionGemma with keys as values on full layers is supported "
                 "(enable_moe_block and attention_k_eq_v true)"
             )
-        try:
+        with hf_config_errors(
+            missing_hint="a diffusion_gemma config.json from Hugging Face has it in text_config"
+        ):
             layers = int(text["num_hidden_layers"])
             heads = int(text["num_attention_heads"])
             kv = int(text.get("num_key_value_heads") or heads)
@@ -301,13 +303,6 @@ class DiffusionGemmaConfig:
                 mask_token_id=text.get("mask_token_id"),
                 extra_root={k: v for k, v in hf.items() if k not in root_keys},
             )
-        except KeyError as missing:
-            raise DllmError(
-                f"config.json lacks the field {missing.args[0]!r}",
-                hint="a diffusion_gemma config.json from Hugging Face has it in text_config",
-            ) from None
-        except (TypeError, ValueError) as error:
-            raise DllmError(f"config.json has a bad value: {error}") from None
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A config.json that `DiffusionGemmaForBlockDiffusion.from_pretrained` loads."""

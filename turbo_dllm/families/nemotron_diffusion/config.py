@@ -18,7 +18,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import raise_if_unusable
+from turbo_dllm.families.base import hf_config_errors, raise_if_unusable
 from turbo_dllm.families.decoder.config import SUPPORTED_ROPE_TYPES, DecoderConfig
 
 __all__ = ["MODEL_TYPES", "PARADIGMS", "PRESETS", "NemotronConfig"]
@@ -136,7 +136,7 @@ class NemotronConfig(DecoderConfig):
         if rope_type == "yarn" or "llama_4_scaling_beta" in rope:
             scaling = {k: v for k, v in rope.items() if k not in ("rope_theta", "type")}
             scaling["rope_type"] = rope_type
-        try:
+        with hf_config_errors(missing_hint="a nemotron_diffusion config.json has it"):
             return cls(
                 **{
                     f.name: getattr(base, f.name)
@@ -152,8 +152,6 @@ class NemotronConfig(DecoderConfig):
                 mask_token_id=None if hf.get("mask_token_id") is None else int(hf["mask_token_id"]),
                 dlm_paradigm=str(hf.get("dlm_paradigm", "block_diff")),
             )
-        except (TypeError, ValueError) as error:
-            raise DllmError(f"config.json has a bad value: {error}") from None
 
     def to_hf_dict(self) -> dict[str, Any]:
         out = {

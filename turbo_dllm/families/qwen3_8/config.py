@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import nonpositive_fields, raise_if_unusable
+from turbo_dllm.families.base import hf_config_errors, nonpositive_fields, raise_if_unusable
 from turbo_dllm.families.decoder.config import _token_ids
 
 __all__ = [
@@ -216,7 +216,9 @@ class Qwen38Config:
             # Root keys (overrides, the mask token, tying) win over the nested defaults.
             text = {**nested, **{k: v for k, v in hf.items() if k not in ("text_config",)}}
             text.pop("vision_config", None)
-        try:
+        with hf_config_errors(
+            missing_hint="a Qwen3.5 / Qwen3.8 config.json from Hugging Face has it"
+        ):
             layers = int(text["num_hidden_layers"])
             heads = int(text["num_attention_heads"])
             rope = dict(text.get("rope_parameters") or {})
@@ -261,13 +263,6 @@ class Qwen38Config:
                 dllm_mask_token_original_vocab_size=text.get("dllm_mask_token_original_vocab_size"),
                 dllm_mask_token_migration_version=text.get("dllm_mask_token_migration_version"),
             )
-        except KeyError as missing:
-            raise DllmError(
-                f"config.json lacks the field {missing.args[0]!r}",
-                hint="a Qwen3.5 / Qwen3.8 config.json from Hugging Face has it",
-            ) from None
-        except (TypeError, ValueError) as error:
-            raise DllmError(f"config.json has a bad value: {error}") from None
 
     def to_hf_dict(self) -> dict[str, Any]:
         """A `qwen3_5_text` config.json that transformers loads into `Qwen3_5ForCausalLM`."""
