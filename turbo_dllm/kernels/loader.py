@@ -14,6 +14,7 @@ import threading
 from dataclasses import dataclass
 
 from turbo_dllm import __version__
+from turbo_dllm.bundles.manifest import BundleFile
 from turbo_dllm.bundles.store import BundleStore, InstalledBundle
 from turbo_dllm.errors import DllmError
 
@@ -80,7 +81,6 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
     import torch
 
     from turbo_dllm.bundles.native import load_native_op
-    from turbo_dllm.fsutil import sha256_file
     from turbo_dllm.kernels.ops import register_python_side
 
     bundle = store.active()
@@ -106,12 +106,7 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
             hint=f"{install_command()}; while developing kernels use `kernels: jit`",
         )
     library = bundle.path / op.library
-    entry = next(f for f in bundle.manifest.files if f.path == op.library)
-    if not library.is_file() or sha256_file(library) != entry.sha256:
-        raise DllmError(
-            f"{library} does not match its bundle.json (damaged or modified after install)",
-            hint=f"dllm bundle verify; then {install_command()}",
-        )
+    _check_file(bundle, next(f for f in bundle.manifest.files if f.path == op.library))
     if native.spec.is_triton:  # imported from the bundle's copy, named by the source hash
         from turbo_dllm.kernels.triton_ops import import_triton_source
 
@@ -132,25 +127,31 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
     return LoadedOp(name, op.namespace, tuple(op.devices), bundle.bundle_id, bundle.sha256)
 
 
+def _check_file(bundle: InstalledBundle, entry: BundleFile) -> None:
+    """A file the loader is about to use has the bytes bundle.json lists for it."""
+    from turbo_dllm.fsutil import sha256_file
+
+    path = bundle.path / entry.path
+    if not path.is_file() or sha256_file(path) != entry.sha256:
+        raise DllmError(
+            f"{path} does not match its bundle.json (damaged or modified after install)",
+            hint=f"dllm bundle verify; then {install_command()}",
+        )
+
+
 def seed_compiled_kernels(name: str, store: BundleStore | None = None) -> int:
     """Hand the active bundle's compiled Triton kernels of op `name` to this process's Triton
     cache (bundles/triton_cache.py), every file checked against bundle.json first; returns the
     entries written. Called where the op is about to launch, not by checks (doctor loads ops
     without touching any cache)."""
     from turbo_dllm.bundles.triton_cache import seed, triton_cache_dir
-    from turbo_dllm.fsutil import sha256_file
 
     load_bundle_op(name, store)  # the op's checks first
     bundle = (store or BundleStore()).active()
     prefix = f"triton/{name}/compiled/"
     entries = [f for f in bundle.manifest.files if f.path.startswith(prefix)]
     for entry in entries:
-        path = bundle.path / entry.path
-        if not path.is_file() or sha256_file(path) != entry.sha256:
-            raise DllmError(
-                f"{path} does not match its bundle.json (damaged or modified after install)",
-                hint=f"dllm bundle verify; then {install_command()}",
-            )
+        _check_file(bundle, entry)
     if not entries:
         return 0
     cache = triton_cache_dir()
