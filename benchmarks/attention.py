@@ -35,6 +35,8 @@ for path in (ROOT, ROOT / "benchmarks"):  # turbo_dllm, and attention_sweep next
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+from gpu_timing import median_ms  # noqa: E402
+
 from turbo_dllm.kernels.block_diffusion import (  # noqa: E402
     block_diffusion_attention,
     plan_block_diffusion_attention,
@@ -46,35 +48,19 @@ from turbo_dllm.train.attention.backends import FlexAttention  # noqa: E402
 BWD_FLOP_RATIO = 2.5
 
 
-def time_ms(fn, repeats: int) -> float:
-    """Median of `repeats` timed calls after warm-up (CUDA events)."""
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def measure(attend, q, k, v, repeats: int) -> dict[str, float]:
     """fwd, bwd and fwd+bwd milliseconds of `attend(q, k, v) -> out`."""
     grad = torch.randn_like(q)
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     with torch.no_grad():
-        fwd = time_ms(lambda: attend(*leaves), repeats)
+        fwd = median_ms(lambda: attend(*leaves), repeats)
     out = attend(*leaves)
-    bwd = time_ms(lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True), repeats)
+    bwd = median_ms(lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True), repeats)
 
     def both():
         torch.autograd.grad(attend(*leaves), leaves, grad)
 
-    return {"fwd_ms": fwd, "bwd_ms": bwd, "fwdbwd_ms": time_ms(both, repeats)}
+    return {"fwd_ms": fwd, "bwd_ms": bwd, "fwdbwd_ms": median_ms(both, repeats)}
 
 
 def turbo_attend(layout: BlockDiffusionLayout, device, config=None, backend="jit"):

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import torch
+from gpu_timing import median_ms
 
 from turbo_dllm.kernels.selftest import block_diffusion_tokens
 from turbo_dllm.kernels.triton_ops import triton_module
@@ -65,21 +66,6 @@ def _runner(module, kernel: str, x: dict, config, base):
     grad_out, delta, lse2 = x["prep"]
     call = module.backward_dkdv if kernel == "dkdv" else module.backward_dq
     return lambda: call(grad_out, delta, lse2, q, k, v, schedule, scale, config)
-
-
-def _time_ms(fn, repeats: int) -> float:
-    for _ in range(2):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
 
 
 def _error(got, want) -> float:
@@ -163,9 +149,9 @@ def _time_jobs(module, args, jobs, base, device) -> list[dict]:
                     if kernel not in reference:  # the default's output, for the check
                         default = _runner(module, kernel, x, base, base)
                         reference[kernel] = default()
-                        default_ms[kernel] = _time_ms(default, args.repeats)
+                        default_ms[kernel] = median_ms(default, args.repeats, warmup=2)
                     row["error"] = _error(got, reference[kernel])
-                    row["ms"] = _time_ms(run, args.repeats)
+                    row["ms"] = median_ms(run, args.repeats, warmup=2)
                 except Exception as error:  # one failing variant must not hide the others
                     row["failed"] = f"{type(error).__name__}: {str(error)[:200]}"
                     print(f"{kernel:<6}{name:<28}{stream_len:>7}{block:>5}  failed: "

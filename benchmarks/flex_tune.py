@@ -23,6 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from gpu_timing import median_ms  # noqa: E402
+
 from turbo_dllm.train.attention import BlockDiffusionLayout, allowed_pairs  # noqa: E402
 from turbo_dllm.train.attention.backends import FlexAttention  # noqa: E402
 
@@ -51,21 +53,6 @@ CANDIDATES: dict[str, dict] = {
 }
 
 
-def time_ms(fn, repeats: int) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        fn()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start.record()
-        fn()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return sorted(times)[len(times) // 2]
-
-
 def measure(name: str, options: dict, args, mask, flops_fwd: float) -> dict:
     from torch.nn.attention.flex_attention import flex_attention
 
@@ -79,13 +66,13 @@ def measure(name: str, options: dict, args, mask, flops_fwd: float) -> dict:
     grad = torch.randn_like(q)
     kwargs = {"block_mask": mask, "enable_gqa": True, "kernel_options": options or None}
     try:
-        fwd = time_ms(lambda: flex(q, k, v, **kwargs), args.repeats)
+        fwd = median_ms(lambda: flex(q, k, v, **kwargs), args.repeats)
 
         def fwd_bwd():
             out = flex(q, k, v, **kwargs)
             out.backward(grad)
 
-        total = time_ms(fwd_bwd, args.repeats)
+        total = median_ms(fwd_bwd, args.repeats)
     except Exception as error:  # a config the GPU cannot run (shared memory, ...)
         print(f"{name:16} failed: {type(error).__name__}: {str(error)[:160]}", file=sys.stderr)
         return {"name": name, "options": options, "error": f"{type(error).__name__}"}
