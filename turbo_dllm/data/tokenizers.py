@@ -25,6 +25,7 @@ __all__ = [
     "BYTE_CHAT_TEMPLATE",
     "ByteLevelTokenizer",
     "HuggingFaceTokenizer",
+    "TOKENIZER_FILES",
     "TextTokenizer",
     "has_generation_markers",
     "load_tokenizer",
@@ -39,7 +40,8 @@ BYTE_CHAT_TEMPLATE = (
 )
 
 _GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
-_TOKENIZER_FILES = (
+# The files `save_pretrained` writes for a tokenizer: what preparation fingerprints and export copies.
+TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
     "special_tokens_map.json",
@@ -304,7 +306,7 @@ class HuggingFaceTokenizer:
 
     def files(self) -> list[Path]:
         """The tokenizer's own files, copied verbatim into the artifact for `inspect`."""
-        return [self._path / name for name in _TOKENIZER_FILES if (self._path / name).is_file()]
+        return [self._path / name for name in TOKENIZER_FILES if (self._path / name).is_file()]
 
 
 def load_tokenizer(spec) -> ByteLevelTokenizer | HuggingFaceTokenizer:

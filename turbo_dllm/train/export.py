@@ -24,19 +24,6 @@ from turbo_dllm.errors import DllmError
 __all__ = ["export_checkpoint", "export_sources"]
 
 GENERATION_CONFIG = "generation_config.json"
-# The files `save_pretrained` writes for a tokenizer (the same list data preparation copies).
-TOKENIZER_FILES = (
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "added_tokens.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "vocab.json",
-    "vocab.txt",
-    "merges.txt",
-    "tokenizer.model",
-)
 _TOKEN_ID_FIELDS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "pad_token_id"}
 
 
@@ -96,6 +83,8 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
 
 def _copy_generation_files(meta, folder: Path) -> None:
     """generation_config.json, the tokenizer and the special token ids, from the sources."""
+    from turbo_dllm.data.tokenizers import TOKENIZER_FILES
+
     model_path = Path(meta.model_path) if meta.model_path else None
     artifact = Path(meta.data_artifact) if meta.data_artifact else None
     for source in (model_path, artifact):
