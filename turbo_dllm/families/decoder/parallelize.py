@@ -72,7 +72,6 @@ def apply_tensor_parallel(
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
-        PrepareModuleOutput,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
@@ -111,25 +110,33 @@ def apply_tensor_parallel(
     for layer in model.model.layers:
         parallelize_module(layer, tp_mesh, plan)
     if sequence_parallel:
-        # The embeddings stay replicated (tied to the head); their output is cut along the
-        # sequence without communication, and the final norm's output is gathered whole for
-        # the objective's head.
-        parallelize_module(
-            model.model,
-            tp_mesh,
-            {
-                "embed_tokens": PrepareModuleOutput(
-                    output_layouts=Replicate(), desired_output_layouts=Shard(1)
-                ),
-                "norm": SequenceParallel(),
-            },
-        )
-        parallelize_module(
-            model,
-            tp_mesh,
-            {
-                "model": PrepareModuleOutput(
-                    output_layouts=Shard(1), desired_output_layouts=Replicate()
-                )
-            },
-        )
+        apply_sequence_parallel_ends(model, tp_mesh)
+
+
+def apply_sequence_parallel_ends(model: nn.Module, tp_mesh: DeviceMesh) -> None:
+    """Where sequence parallelism starts and ends for a `model.embed_tokens ... model.norm`
+    body: the embeddings stay replicated (tied to the head); their output is cut along the
+    sequence without communication, and the final norm's output is gathered whole for the
+    objective's head."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleOutput,
+        SequenceParallel,
+        parallelize_module,
+    )
+
+    parallelize_module(
+        model.model,
+        tp_mesh,
+        {
+            "embed_tokens": PrepareModuleOutput(
+                output_layouts=Replicate(), desired_output_layouts=Shard(1)
+            ),
+            "norm": SequenceParallel(),
+        },
+    )
+    parallelize_module(
+        model,
+        tp_mesh,
+        {"model": PrepareModuleOutput(output_layouts=Shard(1), desired_output_layouts=Replicate())},
+    )

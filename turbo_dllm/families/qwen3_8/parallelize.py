@@ -72,7 +72,6 @@ def apply_tensor_parallel(
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
-        PrepareModuleOutput,
         RowwiseParallel,
         SequenceParallel,
         parallelize_module,
@@ -135,22 +134,6 @@ def apply_tensor_parallel(
         else:
             parallelize_module(layer, tp_mesh, attention)
     if sequence_parallel:  # as the decoder: embeddings cut along the sequence, the body gathered
-        parallelize_module(
-            model.model,
-            tp_mesh,
-            {
-                "embed_tokens": PrepareModuleOutput(
-                    output_layouts=Replicate(), desired_output_layouts=Shard(1)
-                ),
-                "norm": SequenceParallel(),
-            },
-        )
-        parallelize_module(
-            model,
-            tp_mesh,
-            {
-                "model": PrepareModuleOutput(
-                    output_layouts=Shard(1), desired_output_layouts=Replicate()
-                )
-            },
-        )
+        from turbo_dllm.families.decoder.parallelize import apply_sequence_parallel_ends
+
+        apply_sequence_parallel_ends(model, tp_mesh)
