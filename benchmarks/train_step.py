@@ -68,6 +68,7 @@ if str(ROOT) not in sys.path:
 
 from turbo_dllm.config.runspec import RunSpec  # noqa: E402
 from turbo_dllm.config.validate import check  # noqa: E402
+from turbo_dllm.families.base import hf_cache_argument  # noqa: E402
 from turbo_dllm.train.attention import allowed_pairs, dense_mask  # noqa: E402
 from turbo_dllm.train.distributed import init_distributed  # noqa: E402
 from turbo_dllm.train.metrics import peak_flops  # noqa: E402
@@ -371,10 +372,11 @@ def hf_gemma_loss(model, ours, objective, batch, key, device):
         dense = layout.with_window(ours.window(kind)).dense_mask(device)[:, :, :C]
         masks[kind] = torch.cat([dense[..., C:], dense[..., :C]], -1).expand(rows, -1, -1, -1)
     cache = transformers.DynamicCache()  # keeps every clean key (the masks do the windows)
-    encoded = model.model.encoder(input_ids=x0, cache=cache)
-    decoded = model.model.decoder(
+    encoder, decoder = model.model.encoder, model.model.decoder
+    encoded = encoder(input_ids=x0, **{hf_cache_argument(type(encoder).forward): cache})
+    decoded = decoder(
         decoder_input_ids=x_t,
-        cache=cache,
+        **{hf_cache_argument(type(decoder).forward): cache},
         decoder_attention_mask=masks,
         decoder_position_ids=layout.positions(device)[:C].expand(rows, -1),
     )
@@ -688,7 +690,9 @@ def run_decoder_twin(trainer: Trainer, spec: RunSpec, args, device) -> dict:
             RunSpec.model_validate(
                 {
                     **twin.model_dump(mode="json"),
+                    # the same batches: the objective and data (vocabulary) of the spec trained
                     "objective": spec.objective.model_dump(mode="json"),
+                    "data": spec.data.model_dump(mode="json"),
                 }
             )
         )

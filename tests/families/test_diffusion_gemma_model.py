@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tests.families.dg_util import hf_model, ours
+from turbo_dllm.families.base import hf_cache_argument
 from turbo_dllm.train.attention import CanvasLayout
 
 transformers = pytest.importorskip("transformers")
@@ -20,8 +21,9 @@ def _hf_clean_logits(hf, ids):
 
 def _hf_block_logits(hf, prefix, block):
     cache = transformers.DynamicCache(config=hf.config.text_config)
-    hf.model.encoder(input_ids=prefix, cache=cache)
-    return hf(cache=cache, decoder_input_ids=block).logits
+    encoder = hf.model.encoder
+    encoder(input_ids=prefix, **{hf_cache_argument(type(encoder).forward): cache})
+    return hf(decoder_input_ids=block, **{hf_cache_argument(type(hf).forward): cache}).logits
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,9 @@ name: it calls the runtime's functions (`FamilyRuntime`).
 
 from __future__ import annotations
 
+import functools
 import importlib
+import inspect
 import json
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -193,6 +195,14 @@ def read_hf_config(path: Path, *, what: str) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise DllmError(f"{str(path)!r} is not a JSON object", hint="is this a config.json?")
     return value
+
+
+@functools.cache
+def hf_cache_argument(forward: Callable[..., Any]) -> str:
+    """The name a transformers `forward` takes its KV cache under: `past_key_values` until
+    transformers 5.2x renamed it `cache` (both are in use on our hosts: 5.17 on the H200)."""
+    names = inspect.signature(forward).parameters
+    return "cache" if "cache" in names else "past_key_values"
 
 
 @contextmanager

@@ -19,7 +19,6 @@ tau = accepted tokens per target forward in the speculative loop (mean of 1 + ac
 
 from __future__ import annotations
 
-import functools
 import json
 import time
 from collections import Counter
@@ -30,6 +29,7 @@ from typing import Any
 import torch
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import hf_cache_argument
 
 __all__ = ["SpeculativeReport", "compare", "evaluate", "held_out_prompts"]
 
@@ -102,22 +102,13 @@ def _crop(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-@functools.cache
-def _cache_argument(model_class) -> str:
-    """transformers renamed `past_key_values` to `cache` (5.2x): the name this model takes."""
-    import inspect
-
-    names = inspect.signature(model_class.forward).parameters
-    return "cache" if "cache" in names else "past_key_values"
-
-
 def _step(model, ids: torch.Tensor, cache=None, hidden: bool = False):
     """One cached forward of the 1-D `ids`: (logits (S, V), cache, hidden-state tuple or None)."""
     if cache is None:
         from transformers import DynamicCache
 
         cache = DynamicCache()
-    name = _cache_argument(type(model))
+    name = hf_cache_argument(type(model).forward)
     out = model(input_ids=ids[None], use_cache=True, output_hidden_states=hidden, **{name: cache})
     return out.logits[0], cache, out.hidden_states if hidden else None
 

@@ -32,8 +32,26 @@ _DEFAULT_ROPE = {
 }
 
 
+# transformers always builds a vision tower (5.17 fails on a config without one; 5.24 builds a
+# default ~167M-parameter one): every preset names one as small as it allows (never trained here).
+_SMALLEST_VISION = {
+    "model_type": "gemma4_vision",
+    "hidden_size": 8,
+    "intermediate_size": 8,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 1,
+    "num_key_value_heads": 1,
+    "head_dim": 8,
+}
+
+
 def _text(**fields: Any) -> dict[str, Any]:
-    return {"model_type": "diffusion_gemma", "canvas_length": 16, "text_config": fields}
+    return {
+        "model_type": "diffusion_gemma",
+        "canvas_length": 16,
+        "text_config": fields,
+        "vision_config": dict(_SMALLEST_VISION),
+    }
 
 
 PRESETS: dict[str, dict[str, Any]] = {
@@ -54,19 +72,7 @@ PRESETS: dict[str, dict[str, Any]] = {
         top_k_experts=2,
         moe_intermediate_size=32,
         max_position_embeddings=8192,
-    )
-    | {
-        # transformers always builds a vision tower: as small as it allows (not trained here)
-        "vision_config": {
-            "model_type": "gemma4_vision",
-            "hidden_size": 8,
-            "intermediate_size": 8,
-            "num_hidden_layers": 1,
-            "num_attention_heads": 1,
-            "num_key_value_heads": 1,
-            "head_dim": 8,
-        }
-    },
+    ),
     # A DiffusionGemma-like MoE shape that fits one H200 (8 layers, 64 experts top-8, 256-dim
     # sliding heads, 512-dim full heads, vocab 262144): ~3.1B total params, ~1.1B active per
     # token (0.5B of them the embedding); the train-step benchmark's shape. Not the published
