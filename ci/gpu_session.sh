@@ -82,7 +82,7 @@ for stage in "$@"; do
         --out "$OUT/ts_default.json" 2>&1 | tail -3 || status=1
       # (--inductor max_autotune=True over the whole model did not finish compiling in 300 s)
       python3 benchmarks/train_step.py --no-baseline --micro-batch 2 --out "$OUT/ts_mb2.json" 2>&1 | tail -2 || status=1 ;;
-    tests-gemma) python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_grouped_gemm_gpu.py \
+    tests-gemma) python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_grouped_gemm_gpu.py tests/gpu/test_block_mask_gpu.py \
           tests/gpu/test_diffusion_gemma_gpu.py 2>&1 | tee "$OUT/gpu-tests-gemma.log" | tail -8 || status=1 ;;
     # (progress lines every 10-20 s and Python stacks after 2 min in one phase; bounded by
     # GEMMA_TIMEOUT seconds, default 420, so a slow cold compile cannot eat the whole call;

@@ -82,14 +82,16 @@ class GemmaCpAttention:
             mask = layout.allowed(local[:, None], gathered[None, :])[None, None]
             self._attend = lambda q, k, v: dense_attention_with_lse(q, k, v, mask)[0]
         elif backend == "flex":
-            from turbo_dllm.train.attention.backends import create_block_mask_for
+            from turbo_dllm.train.attention.block_mask import block_mask_from_predicate
             from turbo_dllm.train.parallel.partial_attention import _flex_attention
 
             def mask_mod(b, h, q_idx, kv_idx):
                 return layout.allowed(local[q_idx], gathered[kv_idx])
 
-            block_mask = create_block_mask_for(device)(
-                mask_mod, None, None, local.numel(), gathered.numel(), device=device
+            # eager: the layout's integers change with each batch's canvas start, and a
+            # compiled builder would recompile for each
+            block_mask = block_mask_from_predicate(
+                mask_mod, local.numel(), gathered.numel(), device
             )
             flex = _flex_attention()
             self._attend = lambda q, k, v: flex(

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.train.attention.block_mask import block_mask_from_predicate
 from turbo_dllm.train.attention.canvas import CanvasLayout
 from turbo_dllm.train.attention.layout import BlockDiffusionLayout, allowed, dense_mask
 
@@ -100,7 +101,6 @@ class FlexAttention:
         device: torch.device,
     ) -> Any:
         S = layout.stream_len
-        create_block_mask = create_block_mask_for(device if self.compile else "cpu")
         if (
             isinstance(layout, CanvasLayout)
             or doc_ids is None
@@ -108,6 +108,7 @@ class FlexAttention:
         ):
             # One document per row: the mask is the same for every batch and step; cache it.
             # (A canvas layout depends on the batch's response start: keep the last few.)
+            # Built eagerly: a compiled builder would recompile for every layout.
             key = (layout, str(device))
             if key not in self._static:
                 if len(self._static) >= 16:
@@ -118,8 +119,10 @@ class FlexAttention:
                         return layout.allowed(q_idx, kv_idx)
                     return allowed(layout, q_idx, kv_idx)
 
-                self._static[key] = create_block_mask(mask_mod, None, None, S, S, device=device)
+                self._static[key] = block_mask_from_predicate(mask_mod, S, S, device)
             return self._static[key]
+        # Documents change every batch: the compiled builder, one compile per run's layout.
+        create_block_mask = create_block_mask_for(device if self.compile else "cpu")
         docs = doc_ids.to(device=device, dtype=torch.int32)
 
         def doc_mask_mod(b, h, q_idx, kv_idx):
