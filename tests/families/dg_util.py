@@ -12,17 +12,6 @@ from turbo_dllm.families.diffusion_gemma.runtime import build_model
 from turbo_dllm.train.attention import ReferenceAttention
 from turbo_dllm.train.weights import materialize
 
-# A vision tower as small as transformers allows (the family neither reads nor trains it).
-TINY_VISION = {
-    "model_type": "gemma4_vision",
-    "hidden_size": 8,
-    "intermediate_size": 8,
-    "num_hidden_layers": 1,
-    "num_attention_heads": 1,
-    "num_key_value_heads": 1,
-    "head_dim": 8,
-}
-
 
 def tiny_hf_dict(**text) -> dict:
     """The `tiny` preset (2 sliding layers, window 5, 1 full; 4 experts, top-2), smaller."""
@@ -38,7 +27,6 @@ def tiny_hf_dict(**text) -> dict:
         max_position_embeddings=256,
     )
     hf["text_config"].update({**small, **text})
-    hf["vision_config"] = dict(TINY_VISION)
     hf["canvas_length"] = 4
     return hf
 
