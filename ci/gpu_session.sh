@@ -21,7 +21,7 @@
 # without compiling), families (~4-5 min:
 # fla's chunk kernel against the torch reference and qwen3_8 training with fla, which skip where
 # fla refuses the host, and the torch chunked form on CUDA; then the train_step benchmark, 2+4 steps each, uncompiled layers unless
-# FAMILY_COMPILE=1, under QWEN_TIMEOUT_S / NEMOTRON_TIMEOUT_S (150 / 90 s), for qwen3_8 against
+# FAMILY_COMPILE=1, under QWEN_TIMEOUT_S / NEMOTRON_TIMEOUT_S (150 / 300 s), for qwen3_8 against
 # HF Qwen3_5ForCausalLM and for nemotron_diffusion against our decoder; fla travels in .whl/ as
 # flash_linear_attention and fla_core), speculative (DFlash vs
 # AR drafter: train a target, distill both, dllm dflash eval on held-out stdlib files;
@@ -143,7 +143,7 @@ for stage in "$@"; do
     precompiled) # the sm90 bundle built here carries the compiled Triton kernels: an empty cache compiles nothing
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_bundle_triton_cache_gpu.py 2>&1 \
           | tee "$OUT/gpu-tests-precompiled.log" | tail -5 || status=1 ;;
-    families) # ~4-5 min: the gated-delta GPU tests (fla's skip where fla refuses the host; the
+    families) # ~5-9 min: the gated-delta GPU tests (fla's skip where fla refuses the host; the
       # torch chunked form's, bf16 and compiled, run), then each
       # family's train_step benchmark under its own time limit, step lines printed as they come.
       # Layers run uncompiled by default (FlexAttention compiles anyway): a cold layer compile
@@ -154,7 +154,7 @@ for stage in "$@"; do
           tests/gpu/test_gated_delta_torch_gpu.py 2>&1 | tee "$OUT/gpu-tests-families.log" | tail -8
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
       compile=--no-compile; [ "${FAMILY_COMPILE:-0}" = 1 ] && compile=
-      for family in qwen3_8:${QWEN_TIMEOUT_S:-150} nemotron_diffusion:${NEMOTRON_TIMEOUT_S:-90}; do
+      for family in qwen3_8:${QWEN_TIMEOUT_S:-150} nemotron_diffusion:${NEMOTRON_TIMEOUT_S:-300}; do
         name=${family%%:*}; limit=${family##*:}
         echo "--- train_step --family $name, at most $limit s ($(date -u +%H:%M:%S))"
         timeout "$limit" python3 benchmarks/train_step.py --family "$name" --steps 4 --warmup 2 $compile \
