@@ -88,8 +88,8 @@ class GemmaCpAttention:
             def mask_mod(b, h, q_idx, kv_idx):
                 return layout.allowed(local[q_idx], gathered[kv_idx])
 
-            # eager: the layout's integers change with each batch's canvas start, and a
-            # compiled builder would recompile for each
+            # eager (train.attention.block_mask): the layout changes with each batch's canvas
+            # start, and compiling the builder costs minutes
             block_mask = block_mask_from_predicate(
                 mask_mod, local.numel(), gathered.numel(), device
             )

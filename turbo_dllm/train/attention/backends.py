@@ -108,7 +108,7 @@ class FlexAttention:
         ):
             # One document per row: the mask is the same for every batch and step; cache it.
             # (A canvas layout depends on the batch's response start: keep the last few.)
-            # Built eagerly: a compiled builder would recompile for every layout.
+            # Built eagerly (train.attention.block_mask): compiling the builder costs minutes.
             key = (layout, str(device))
             if key not in self._static:
                 if len(self._static) >= 16:

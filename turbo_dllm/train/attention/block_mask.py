@@ -1,12 +1,12 @@
 """FlexAttention BlockMasks built eagerly, a band of query tiles at a time.
 
 `torch.compile(create_block_mask)` never holds the Sq x Sk mask, but it compiles the predicate
-once per closure it is given: a mask_mod that closes over a layout's integers (block size, the
-canvas start of a DiffusionGemma batch, a window) recompiles for every new layout, a compile of
-minutes on an H200 for each (DiffusionGemma's first step sat in it for over two minutes), and
-falls back to the eager form (the whole mask at once) after dynamo's recompile limit. For a
-mask that is built once per layout and cached, evaluating the predicate eagerly over bands of
-query tiles costs milliseconds on a GPU, compiles nothing, and bounds the memory to one band.
+it is given, and compiles again when a new mask_mod closes over other integers (block size, the
+canvas start of a DiffusionGemma batch, a window) until dynamo makes them symbolic; each compile
+takes minutes on an H200 (DiffusionGemma's first step sat in its mask compiles for over two
+minutes). For a mask that is built once per layout and cached, evaluating the predicate eagerly
+over bands of query tiles compiles nothing and bounds the memory to one band: a few elementwise
+passes over Sq x Sk (0.5-0.8 s for an 8K stream on a 2-core CPU; not yet timed on a GPU).
 The result is the BlockMask `create_block_mask` makes: the same partial and full tile lists, in
 the same order, and the same mask_mod for the partial tiles.
 """
