@@ -677,25 +677,30 @@ def _hf_linear_kernel() -> str:
     return "torch"
 
 
+def decoder_twin_spec(nemotron, spec: RunSpec, args, on_gpu: bool, folder: Path) -> RunSpec:
+    """The RunSpec of our decoder family (`causal_lm`) with the shapes of the Nemotron config
+    `nemotron` (written to `folder`), on the same batches: the spec's objective and data."""
+    path = folder / "config.json"
+    path.write_text(json.dumps(nemotron._as_decoder().to_hf_dict()))
+    twin = build_spec(args, on_gpu, family="causal_lm", model=str(path))
+    return check(
+        RunSpec.model_validate(
+            {
+                **twin.model_dump(mode="json"),
+                "objective": spec.objective.model_dump(mode="json"),
+                "data": spec.data.model_dump(mode="json"),  # its vocabulary, not the decoder's
+            }
+        )
+    )
+
+
 def run_decoder_twin(trainer: Trainer, spec: RunSpec, args, device) -> dict:
     """Our decoder family (`causal_lm`) with the same shapes as the Nemotron model trained."""
-    decoder = trainer.model_config._as_decoder().to_hf_dict()
+    nemotron = trainer.model_config
     _free_ours(trainer)
     reset_memory(device)
     with tempfile.TemporaryDirectory() as folder:
-        path = Path(folder) / "config.json"
-        path.write_text(json.dumps(decoder))
-        twin = build_spec(args, device.type == "cuda", family="causal_lm", model=str(path))
-        twin = check(
-            RunSpec.model_validate(
-                {
-                    **twin.model_dump(mode="json"),
-                    # the same batches: the objective and data (vocabulary) of the spec trained
-                    "objective": spec.objective.model_dump(mode="json"),
-                    "data": spec.data.model_dump(mode="json"),
-                }
-            )
-        )
+        twin = decoder_twin_spec(nemotron, spec, args, device.type == "cuda", Path(folder))
         result, _ = run_ours(twin, args, device, name="turbo-dllm decoder (same shapes)")
     return result
 
@@ -823,7 +828,8 @@ def context_search(args, argv) -> int:
     return 0
 
 
-def main(argv=None) -> int:
+def parse_args(argv=None) -> argparse.Namespace:
+    """The command line, with each family's defaults filled in."""
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -936,6 +942,14 @@ def main(argv=None) -> int:
         parser.error(f"--attention takes flex and/or turbo, not {','.join(bad)}")
     if bad := [b for b in baselines if b not in HF_BASELINES]:
         parser.error(f"--baselines takes {', '.join(HF_BASELINES)}, not {','.join(bad)}")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    gemma = args.family == "diffusion_gemma"
+    attentions = args.attention.split(",")
+    baselines = [] if args.no_baseline else args.baselines.split(",")
     if args.context_search:
         return context_search(args, argv)
 

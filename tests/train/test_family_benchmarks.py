@@ -51,3 +51,23 @@ def test_family_recipes_parse_and_smoke_recipes_validate(name, tmp_path):
     spec = RunSpec.model_validate(yaml.safe_load(find_recipe(name).text))
     if name.startswith("smoke/"):  # the others name local folders that do not exist here
         check(spec)
+
+
+def test_nemotron_decoder_twin_trains_the_nemotron_runs_data(tmp_path):
+    """At the GPU presets the decoder twin must take the Nemotron run's data (vocabulary
+    131,072), not the default decoder's (151,936): validation refused the twin on the H200."""
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import train_step
+    finally:
+        sys.path.pop(0)
+    from turbo_dllm.registry import resolve_model_config
+
+    args = train_step.parse_args(["--family", "nemotron_diffusion"])  # the H200 shapes
+    spec = train_step.build_spec(args, on_gpu=False)
+    nemotron = resolve_model_config(spec.model)
+    twin = train_step.decoder_twin_spec(nemotron, spec, args, False, tmp_path)
+    assert twin.model.family == "causal_lm"
+    assert twin.data == spec.data and twin.objective == spec.objective
+    assert spec.data.synthetic.vocab_size == nemotron.vocab_size == 131072
