@@ -197,6 +197,18 @@ def read_hf_config(path: Path, *, what: str) -> dict[str, Any]:
     return value
 
 
+def on_meta_device(build: Callable[[], Any], dtype: Any = None) -> Any:
+    """A family's `build_model` body: the module `build()` makes on the meta device (parameters
+    have shapes, no storage; the trainer materialises them after parallelising), in `dtype`."""
+    import torch
+
+    with torch.device("meta"):
+        model = build()
+    if dtype is not None:
+        model.to(dtype)
+    return model
+
+
 @functools.cache
 def hf_cache_argument(forward: Callable[..., Any]) -> str:
     """The name a transformers `forward` takes its KV cache under: `past_key_values` until

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from turbo_dllm.families.base import on_meta_device
 from turbo_dllm.families.decoder.parallelize import apply_tensor_parallel, check_tensor_parallel
 
 if TYPE_CHECKING:
@@ -20,15 +21,9 @@ def build_model(
     config: DecoderConfig, backend: AttentionBackend, dtype: torch.dtype | None = None
 ) -> DecoderLM:
     """The decoder on the meta device (parameters have shapes, no storage)."""
-    import torch
-
     from turbo_dllm.families.decoder.model import DecoderLM
 
-    with torch.device("meta"):
-        model = DecoderLM(config, backend)
-    if dtype is not None:
-        model.to(dtype)
-    return model
+    return on_meta_device(lambda: DecoderLM(config, backend), dtype)
 
 
 def layers(model: nn.Module) -> nn.ModuleList:

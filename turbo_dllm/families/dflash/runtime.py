@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import on_meta_device
 from turbo_dllm.families.dflash.config import DFlashConfig
 from turbo_dllm.families.dflash.model import DFlashDrafter, drafter_class
 
@@ -29,11 +30,7 @@ __all__ = [
 
 def build_model(config: DFlashConfig, backend=None, dtype: torch.dtype | None = None) -> nn.Module:
     """The drafter on the meta device (its frozen embeddings and head included)."""
-    with torch.device("meta"):
-        model = drafter_class(config)(config)
-    if dtype is not None:
-        model.to(dtype)
-    return model
+    return on_meta_device(lambda: drafter_class(config)(config), dtype)
 
 
 def layers(model: nn.Module) -> nn.ModuleList:

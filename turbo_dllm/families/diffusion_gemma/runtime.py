@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import on_meta_device
 
 if TYPE_CHECKING:
     import torch
@@ -28,15 +29,9 @@ def build_model(
     config: DiffusionGemmaConfig, backend: Any, dtype: torch.dtype | None = None
 ) -> DiffusionGemmaLM:
     """The model on the meta device (parameters have shapes, no storage)."""
-    import torch
-
     from turbo_dllm.families.diffusion_gemma.model import DiffusionGemmaLM
 
-    with torch.device("meta"):
-        model = DiffusionGemmaLM(config, backend)
-    if dtype is not None:
-        model.to(dtype)
-    return model
+    return on_meta_device(lambda: DiffusionGemmaLM(config, backend), dtype)
 
 
 def build_sequence_plan(dims: Any, attention: Any, *, spec: Any, config, device, **_: Any):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from turbo_dllm.families.base import on_meta_device
 from turbo_dllm.families.nemotron_diffusion.parallelize import (
     apply_tensor_parallel,
     check_tensor_parallel,
@@ -23,15 +24,9 @@ __all__ = ["apply_tensor_parallel", "build_model", "check_tensor_parallel", "lay
 def build_model(
     config: NemotronConfig, backend: AttentionBackend, dtype: torch.dtype | None = None
 ) -> NemotronLM:
-    import torch
-
     from turbo_dllm.families.nemotron_diffusion.model import NemotronLM
 
-    with torch.device("meta"):
-        model = NemotronLM(config, backend)
-    if dtype is not None:
-        model.to(dtype)
-    return model
+    return on_meta_device(lambda: NemotronLM(config, backend), dtype)
 
 
 def layers(model: nn.Module) -> nn.ModuleList:

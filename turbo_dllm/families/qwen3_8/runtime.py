@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.base import on_meta_device
 from turbo_dllm.families.qwen3_8.parallelize import apply_tensor_parallel, check_tensor_parallel
 
 if TYPE_CHECKING:
@@ -36,19 +37,13 @@ def build_model(
     linear_attention: str = "torch",
 ) -> HybridLM:
     """The hybrid on the meta device; `linear_attention` picks the gated-delta kernel."""
-    import torch
-
     from turbo_dllm.families.qwen3_8.model import HybridLM
 
     if linear_attention == "fla":
         from turbo_dllm.families.qwen3_8.gated_delta import check_fla_usable
 
         check_fla_usable()  # before any step: fla refuses some Triton versions at the backward
-    with torch.device("meta"):
-        model = HybridLM(config, backend, kernel=linear_attention)
-    if dtype is not None:
-        model.to(dtype)
-    return model
+    return on_meta_device(lambda: HybridLM(config, backend, kernel=linear_attention), dtype)
 
 
 def layers(model: nn.Module) -> nn.ModuleList:
