@@ -71,5 +71,5 @@ def block_mask_from_predicate(
 def _ordered(tiles: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(count, indices) per query tile: the kv tiles that are set, in ascending order first."""
     count = tiles.sum(dim=-1, dtype=torch.int32)
-    indices = torch.argsort((~tiles).to(torch.int8), dim=-1, stable=True).to(torch.int32)
+    indices = torch.argsort((~tiles).to(torch.int32), dim=-1, stable=True).to(torch.int32)
     return count, indices
