@@ -52,8 +52,8 @@ def attend(q, k, v, mask):  # both sides: SDPA with the same dense block-diffusi
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
-def saved_bytes(run) -> int:
-    """Bytes of the distinct storages saved for backward by `run()`, parameters left out."""
+def saved_bytes(run) -> tuple[torch.Tensor, dict[int, int]]:
+    """run()'s result and the distinct storages it saved for backward (data pointer: bytes)."""
     seen: dict[int, int] = {}
 
     def pack(tensor):
@@ -73,24 +73,29 @@ def _batch(objective):
     return batch, objective.corrupt(batch, NoiseKey(0, 0, 0, 1))
 
 
-def saved_by_both() -> tuple[int, int]:
-    """(ours, transformers') bytes saved by one training forward of the same batch."""
+def saved_by_both(device: str = "cpu", dtype: torch.dtype = torch.float32) -> tuple[int, int]:
+    """(ours, transformers') bytes saved by one training forward of the same batch, parameters
+    left out. bf16 on CUDA: ours under the trainer's autocast, transformers' as the benchmark
+    runs it (bf16 weights, no autocast)."""
     config = get_family("qwen3_8").resolve_config(path=None, from_config="tiny", overrides=SHAPE)
-    ours = materialize(build_model(config, attend), torch.device("cpu"), seed=0).train()
+    ours = materialize(build_model(config, attend, dtype), torch.device(device), seed=0).train()
     objective = FastDllmV2(block_size=BLOCK, mask_token_id=SHAPE["vocab_size"] - 1)
     batch, diffusion = _batch(objective)
+    diffusion = diffusion.to(device)
     layout = diffusion.layout
     rows = diffusion.input_ids.shape[0]
-    mask = dense_mask(layout).expand(rows, -1, -1, -1)
+    mask = dense_mask(layout, device=device).expand(rows, -1, -1, -1)
     params = {p.untyped_storage().data_ptr() for p in ours.parameters()}
-    _, kept = saved_bytes(
-        lambda: ours(
-            diffusion.input_ids,
-            layout.positions(),
-            hybrid.HybridMask(mask, layout),
-            output=partial(score, diffusion),
+    autocast = device == "cuda" and dtype == torch.bfloat16
+    with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
+        _, kept = saved_bytes(
+            lambda: ours(
+                diffusion.input_ids,
+                layout.positions(device),
+                hybrid.HybridMask(mask, layout),
+                output=partial(score, diffusion),
+            )
         )
-    )
     ours_bytes = sum(size for ptr, size in kept.items() if ptr not in params)
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -100,12 +105,15 @@ def saved_by_both() -> tuple[int, int]:
         **{k: v for k, v in config.to_hf_dict().items() if k != "architectures"}
     )
     torch.manual_seed(0)
-    hf = transformers.AutoModelForCausalLM.from_config(hf_config, attn_implementation="sdpa")
+    with torch.device(device):
+        hf = transformers.AutoModelForCausalLM.from_config(
+            hf_config, attn_implementation="sdpa", dtype=dtype
+        )
     hf.train()
     params = {p.untyped_storage().data_ptr() for p in hf.parameters()}
     hf_mask = {"full_attention": mask, "linear_attention": None}
     _, kept = saved_bytes(
-        lambda: hf_block_diffusion_loss(hf, objective, batch, diffusion, hf_mask, "cpu")
+        lambda: hf_block_diffusion_loss(hf, objective, batch, diffusion, hf_mask, device)
     )
     hf_bytes = sum(size for ptr, size in kept.items() if ptr not in params)
     return ours_bytes, hf_bytes
