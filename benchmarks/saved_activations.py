@@ -6,13 +6,13 @@ per storage (views and re-saves of one buffer count once), parameters left out, 
 charged to where it was first saved: the innermost module running, and the innermost function
 of the model's own source files (so the Gated DeltaNet's chunked form is split by step).
 
-    python benchmarks/saved_activations.py                       # the scaled qwen3_8 shape
-    python benchmarks/saved_activations.py --seq-len 512 --dtype bfloat16 --top 25
+    python benchmarks/saved_activations.py                   # float32, the scaled shape, L = 512
+    python benchmarks/saved_activations.py --dtype bfloat16  # the docs' table (CUDA autocast)
 
 The shape: `qwen3.8-27b-8l`'s layer mix and head dims with 1/8 of its heads and widths (see
 SCALED), Fast-dLLM v2 batches (micro-batch 1 = the complementary pair, 2 rows of 2L), block 64.
 Everything saved grows linearly in heads and tokens here (FlexAttention-like attention), so the
-full shape's bytes are these times 8 (heads) times 4096 / L (tokens), per linear layer.
+full shape's bytes are about these times 8 (heads) times 4096 / L (tokens).
 Attention: a stand-in with FlexAttention's (and fused SDPA's) memory, saving q, k, v, out, lse,
 on both sides, as the GPU run's kernels do; the CPU's SDPA with a dense mask would add scores.
 """
@@ -249,7 +249,7 @@ def report(name, counter, config, top) -> dict:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--seq-len", type=int, default=1024)
+    parser.add_argument("--seq-len", type=int, default=512)
     parser.add_argument("--block-size", type=int, default=64)
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--top", type=int, default=20)
