@@ -20,6 +20,7 @@ on both sides, as the GPU run's kernels do; the CPU's SDPA with a dense mask wou
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 import tempfile
@@ -178,7 +179,9 @@ def gpu_autocast(trainer):
     return torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16)
 
 
-def measure_ours(trainer) -> SavedBytes:
+def measure_ours(trainer, peak: bool = False):
+    """Our counter, the batch and its corruption; with `peak`, also the live-byte peak of the
+    whole forward + backward (activations, transients, parameter gradients; memory_model)."""
     from turbo_dllm.train.objectives import NoiseKey
     from turbo_dllm.train.objectives.base import score
 
@@ -186,14 +189,21 @@ def measure_ours(trainer) -> SavedBytes:
     diffusion = trainer.objective.corrupt(batch, NoiseKey(0, 0, 0, 1))
     inputs = trainer.plan.prepare(diffusion, trainer.device)
     counter = SavedBytes(trainer.model, ("families/qwen3_8", "objectives", "losses"))
-    with counter.counting(), gpu_autocast(trainer):
-        loss = trainer.model(
-            inputs.input_ids,
-            inputs.positions,
-            trainer.model_mask(inputs),
-            output=partial(score, inputs.batch),
-        )
-    loss.backward()
+    import memory_model
+
+    live = memory_model.LiveBytes() if peak else contextlib.nullcontext()
+    with live:
+        with counter.counting(), gpu_autocast(trainer):
+            loss = trainer.model(
+                inputs.input_ids,
+                inputs.positions,
+                trainer.model_mask(inputs),
+                output=partial(score, inputs.batch),
+            )
+        loss.backward()
+        del loss
+    if peak:
+        print(f"ours: forward + backward live-byte peak {live.peak / 1e6:.1f} MB")
     return counter, batch, diffusion
 
 
@@ -254,13 +264,14 @@ def main(argv=None) -> int:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
     parser.add_argument("--top", type=int, default=20)
     parser.add_argument("--no-hf", action="store_true")
+    parser.add_argument("--peak", action="store_true", help="also ours' live-byte peak")
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     install_flex_like_attention()
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = build(args.seq_len, args.dtype, args.block_size, run_dir)
         config = trainer.model_config
-        ours, batch, diffusion = measure_ours(trainer)
+        ours, batch, diffusion = measure_ours(trainer, args.peak)
         results = {
             "shape": {"seq_len": args.seq_len, "block": args.block_size, "dtype": args.dtype},
             "ours": report("turbo-dllm (qwen3_8, torch chunked GDN)", ours, config, args.top),
