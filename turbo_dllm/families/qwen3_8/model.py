@@ -29,11 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed.tensor import DTensor, Partial
+from torch.utils.checkpoint import checkpoint
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.decoder.model import MLP
 from turbo_dllm.families.qwen3_8.config import Qwen38Config
 from turbo_dllm.families.qwen3_8.gated_delta import KERNELS, gated_delta_rule
+from turbo_dllm.families.qwen3_8.norms import gated_rms_norm, zero_centered_rms_norm
 from turbo_dllm.train.attention.layout import BlockDiffusionLayout
 
 __all__ = [
@@ -86,9 +88,7 @@ class ZeroCenteredRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)
-        return (normed * (1.0 + self.weight.float())).to(x.dtype)
+        return zero_centered_rms_norm(x, self.weight, self.eps)  # (keeps x, not float32 copies)
 
 
 class GatedRMSNorm(nn.Module):
@@ -100,9 +100,7 @@ class GatedRMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        normed = (xf * torch.rsqrt(xf.square().mean(-1, keepdim=True) + self.eps)).to(x.dtype)
-        return (local_part(self.weight) * normed * F.silu(gate.float())).to(x.dtype)
+        return gated_rms_norm(x, gate, local_part(self.weight), self.eps)
 
 
 def rope_cos_sin(
@@ -282,19 +280,34 @@ class GatedDeltaNet(nn.Module):
             start = hand_off.receive(
                 chunk, kept, clean_in, state_shape, state_dtype, (rows, window, channels)
             )
-            noisy_out, clean_out, final = self._stream(
+            noisy_out, clean_out, final = self._recomputed(
+                self._stream,
                 mixed[:, noisy],
                 clean_in,
                 (b[:, noisy], a[:, noisy]),
                 (b[:, clean], a[:, clean]),
                 block,
-                start=start,
+                None,
+                start,
             )
             inputs = torch.cat([start[1], clean_in], 1)
             clean_out, kept = hand_off.send(chunk, clean_out, final, inputs[:, half:])
             noisy_parts.append(noisy_out)
             clean_parts.append(clean_out)
         return torch.cat(noisy_parts + clean_parts, dim=1)
+
+    def _recomputed(self, mixing: Callable, *args):
+        """Run the token mixing (conv, gated delta rule, noisy restarts) keeping only its inputs
+        for the backward, which runs it again. The torch chunked form's per-chunk intermediates
+        (float32 q/k repeated to the value heads, [C, C] matrices and their inverse's powers, a
+        [Dk, Dv] state per chunk, kept again for every noisy block) were most of what the model
+        saved (docs/benchmarks.md, "What a qwen3_8 training forward keeps"); their FLOPs are
+        small next to the projections'. Outputs and gradients are unchanged: the same ops run
+        again on the same inputs. fla's Functions choose what they keep themselves, and so does
+        a compiled layer's partitioner: both run plainly."""
+        if self.kernel != "torch" or not torch.is_grad_enabled() or torch.compiler.is_compiling():
+            return mixing(*args)
+        return checkpoint(mixing, *args, use_reentrant=False, preserve_rng_state=False)
 
     def _mix(self, mixed: torch.Tensor, b: torch.Tensor, a: torch.Tensor, **kwargs):
         key_dim, value_dim = self.key_dim // self.tp_size, self.value_dim // self.tp_size
@@ -318,7 +331,9 @@ class GatedDeltaNet(nn.Module):
         b, a = self.in_proj_b(x), self.in_proj_a(x)
         layout = mask.layout
         if layout is None:
-            out, _, _ = self._mix(self._conv(mixed), b, a)
+            out, _, _ = self._recomputed(
+                lambda m, b, a: self._mix(self._conv(m), b, a), mixed, b, a
+            )
         elif mask.hand_off is not None:
             out = self._handed_on(mixed, b, a, layout.block_size, mask.hand_off)
         else:
@@ -330,8 +345,14 @@ class GatedDeltaNet(nn.Module):
             else:  # this rank's blocks, then the clean prefix they need
                 N = len(mask.noisy_blocks) * block
                 which = torch.tensor(mask.noisy_blocks, device=x.device)
-            noisy, clean, _ = self._stream(
-                mixed[:, :N], mixed[:, N:], (b[:, :N], a[:, :N]), (b[:, N:], a[:, N:]), block, which
+            noisy, clean, _ = self._recomputed(
+                self._stream,
+                mixed[:, :N],
+                mixed[:, N:],
+                (b[:, :N], a[:, :N]),
+                (b[:, N:], a[:, N:]),
+                block,
+                which,
             )
             out = torch.cat([noisy, clean], dim=1)
         out = self.norm(out, z.reshape(rows, seq, -1, self.head_v_dim))
