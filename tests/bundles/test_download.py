@@ -209,3 +209,24 @@ def test_download_unpacked_refuses_a_wrong_size_at_once(index, tmp_path):
             sha256=sha, size=SIZE - 1, dest_dir=tmp_path / "dl", backoff_s=0.01,
         )  # fmt: skip
     assert calls == [] and list((tmp_path / "dl").iterdir()) == []
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_a_part_file_that_cannot_be_written_is_a_clear_error(index, hashing, tmp_path):
+    """A failing `.part` write (here: a full disk) stops the download with the file's name,
+    whether the hash runs inline or on the helper thread."""
+    root, sha = index
+    dest = tmp_path / "dl"
+    dest.mkdir()
+    (dest / f"{sha}.part").symlink_to("/dev/full")  # every write: ENOSPC
+    with MirrorServer(root) as server:
+        with pytest.raises(DllmError, match=r"cannot write .*\.part: No space left on device"):
+            download_unpacked(
+                LoopbackHttpSource(server.url),
+                "bundles/blob.bin",
+                unpack=reading_unpacker([]),
+                sha256=sha,
+                size=SIZE,
+                dest_dir=dest,
+                backoff_s=0.01,
+            )

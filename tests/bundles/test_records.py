@@ -9,7 +9,7 @@ import pickle
 import pytest
 
 from turbo_dllm.bundles.catalog import Catalog, CatalogEntry, ReleasePin, ReleasesLock
-from turbo_dllm.bundles.manifest import BundleFile
+from turbo_dllm.bundles.manifest import BundleFile, canonical_version
 from turbo_dllm.bundles.store import InstallRecord
 from turbo_dllm.bundles.target import BundleTarget
 from turbo_dllm.host import GpuArch, GpuInfo, HostFingerprint, collect_fingerprint
@@ -73,6 +73,29 @@ def test_checks_normalize_and_values_round_trip():
     assert dumped == {**ENTRY, "target": TARGET}
     assert CatalogEntry.model_validate(json.loads(json.dumps(dumped))) == entry
     assert entry.model_dump()["target"] == entry.target  # python mode keeps the typed values
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["0", "0.1.0", "10.20.30", "2026.12.2", "01.0", "1.00", "v1.0", "1.0a1", "1.0.POST1",
+     "1.0.post64", "1.0+local", "1.0\n", " 1.0"],
+)  # fmt: skip
+def test_canonical_version_agrees_with_packaging(text):
+    """Plain releases skip packaging (the install path does not import it); the answer is
+    packaging's canonical spelling either way."""
+    from packaging.version import Version
+
+    assert canonical_version(text) == str(Version(text))
+
+
+@pytest.mark.parametrize("text", ["", "1.", ".1", "1..0", "1_0", "one", "\u0661.\u0660"])
+def test_canonical_version_refuses_what_packaging_refuses(text):
+    from packaging.version import InvalidVersion, Version
+
+    with pytest.raises(InvalidVersion):
+        Version(text)
+    with pytest.raises(ValueError, match="invalid version"):
+        canonical_version(text)
 
 
 def test_records_are_immutable_values():

@@ -304,3 +304,33 @@ def test_closed_stdout_pipe_is_not_a_traceback():
     stderr = proc.stderr.read().decode()
     assert proc.wait(timeout=60) == 141, stderr
     assert "Traceback" not in stderr
+
+
+FREEZE_PROGRAM = """
+import gc, sys
+from turbo_dllm.cli import main
+sys.argv = ["dllm", "bundle", "list"]
+code = main()
+print("frozen", code, gc.get_freeze_count())
+"""
+
+
+def test_the_dllm_process_freezes_its_start_up_objects_and_callers_are_left_alone(
+    cli, tmp_path, monkeypatch
+):
+    """The `dllm` process moves what start-up made out of the cyclic GC's way (a short command
+    such as `bundle install` would otherwise scan it again and again, and at exit); a caller
+    passing argv (a test, a library user) keeps its own GC untouched."""
+    import gc
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("DLLM_HOME", str(tmp_path))
+    frozen = gc.get_freeze_count()
+    assert cli("bundle", "list").code == 0
+    assert gc.get_freeze_count() == frozen
+    proc = subprocess.run(
+        [sys.executable, "-c", FREEZE_PROGRAM], capture_output=True, text=True, check=True
+    )
+    code, count = proc.stdout.split("frozen")[-1].split()
+    assert code == "0" and int(count) > 10_000, proc.stdout

@@ -10,7 +10,7 @@ hostile mirror sent cannot poison the next attempt.
 
 `download_unpacked` is how installs read an archive: one pass, verify before activate. The
 bytes cross the network once and are read once: each block goes to the sha256 and the
-resumable `.part` file (together, on a helper thread for large archives) and to the unpacker,
+resumable `.part` file (the hash on a helper thread for large archives) and to the unpacker,
 which extracts it into staging as it arrives. What the unpacker made counts only once the
 whole archive matched the catalog's sha256: on a mismatch the caller's staging and the `.part`
 file are deleted and the error is the mismatch, whatever the unpacker said about those bytes.
@@ -49,7 +49,7 @@ __all__ = [
     "open_source",
 ]
 
-THREADED_HASH_BYTES = 16 * CHUNK  # archives this large are hashed and written on a helper thread
+THREADED_HASH_BYTES = 16 * CHUNK  # archives this large are hashed on a helper thread
 Progress = Callable[[int, int], None]
 T = TypeVar("T")
 
@@ -334,7 +334,7 @@ class _Transfer:
 
     def close(self) -> None:
         if self._sink is not None:
-            self._sink.stop()  # a helper thread writes what it was given, then ends
+            self._sink.stop()  # a helper thread hashes what it was given, then ends
         if self._out is not None:
             self._out.close()
         if self._opened is not None:
@@ -351,7 +351,7 @@ class _Sink:
         self._hex: str | None = None
 
     def add(self, block: bytes, keep: bool) -> None:
-        self._digest.update(block)
+        self._hash(block)
         if keep:
             assert self._out is not None
             try:
@@ -359,7 +359,11 @@ class _Sink:
             except OSError as error:
                 raise DllmError(f"cannot write {self._part}: {error.strerror}") from None
 
+    def _hash(self, block: bytes) -> None:
+        self._digest.update(block)
+
     def finish(self) -> str:
+        self.stop()
         if self._hex is None:
             self._hex = self._digest.hexdigest()
         return self._hex
@@ -369,8 +373,10 @@ class _Sink:
 
 
 class _ThreadedSink(_Sink):
-    """The same on a helper thread: hashlib and file writes release the GIL, so hashing and
-    keeping a large archive overlap with receiving and unpacking it."""
+    """The same with the sha256 on a helper thread (hashlib releases the GIL), so hashing a
+    large archive overlaps with receiving, keeping and unpacking it. The `.part` write stays on
+    the receiving thread: the helper alone would then do the two costliest steps per byte and
+    hold the transfer back."""
 
     def __init__(self, out: BinaryIO | None, part: Path) -> None:
         import queue
@@ -380,32 +386,17 @@ class _ThreadedSink(_Sink):
         # Blocks are what the socket had (a static server's 64 KiB writes make most of them
         # small, at most CHUNK): 64 of them let the receiving side run ahead of a helper
         # thread the scheduler has set aside for a moment.
-        self._blocks: queue.Queue[tuple[bytes, bool] | None] = queue.Queue(maxsize=64)
-        self._failure: DllmError | None = None
+        self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
         self._thread = threading.Thread(target=self._run, name="dllm-sha256", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        add = super().add
-        while (item := self._blocks.get()) is not None:
-            if self._failure is None:
-                try:
-                    add(*item)
-                except DllmError as error:
-                    self._failure = error
+        update = self._digest.update
+        while (block := self._blocks.get()) is not None:
+            update(block)
 
-    def add(self, block: bytes, keep: bool) -> None:
-        if self._failure is not None:
-            raise self._failure
-        self._blocks.put((block, keep))
-
-    def finish(self) -> str:
-        self.stop()
-        if self._failure is not None:
-            raise self._failure
-        if self._hex is None:
-            self._hex = self._digest.hexdigest()
-        return self._hex
+    def _hash(self, block: bytes) -> None:
+        self._blocks.put(block)
 
     def stop(self) -> None:
         if self._thread.is_alive():

@@ -43,6 +43,9 @@ SHA256 = r"^[0-9a-f]{64}$"
 _SHA256 = re.compile(SHA256)
 _PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
+# A plain release (1.2.0; no leading zeros, no pre/post/dev/local part) is its own PEP 440
+# canonical form: checked without importing packaging (~3-8 ms of a ~0.12 s install).
+_PLAIN_RELEASE = re.compile(r"(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*")
 
 
 def check_sha256(value: str) -> str:
@@ -66,6 +69,8 @@ def check_relative_path(path: str) -> str:
 
 
 def canonical_version(text: str) -> str:
+    if _PLAIN_RELEASE.fullmatch(text):
+        return text
     from packaging.version import InvalidVersion, Version
 
     try:

@@ -10,6 +10,7 @@ handlers so `dllm --help` is instant.
 from __future__ import annotations
 
 import argparse
+import gc
 import importlib
 import os
 import sys
@@ -50,6 +51,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv_from_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(only=argv[0] if argv and _is_command(argv[0]) else None)
     args = parser.parse_args(argv)
@@ -58,6 +60,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         # A command group given without its subcommand prints that group's help.
         (getattr(args, "group_parser", None) or parser).print_help(sys.stderr)
         return 2
+    if argv_from_process:
+        # The `dllm` process itself (not a caller passing argv, such as a test): what start-up
+        # made so far (modules, classes, the parser) lives until exit, so the cyclic GC need not
+        # scan it again in every later full collection and at exit (~10 ms of a ~0.12 s
+        # `dllm bundle install`). Garbage made later is still collected.
+        gc.freeze()
     try:
         return int(func(args) or 0)
     except DllmError as error:
