@@ -51,6 +51,7 @@ import argparse
 import ast
 import datetime
 import gc
+import importlib.metadata
 import json
 import platform
 import sys
@@ -1027,6 +1028,8 @@ def main(argv=None) -> int:
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "device": torch.cuda.get_device_name(0) if on_gpu else platform.processor() or "cpu",
             "torch": torch.__version__,
+            # the baselines' library: its version changes HF's side (5.17 on the H200, 5.24 in CI)
+            "transformers": importlib.metadata.version("transformers"),
             "family": args.family,
             "model": spec.model.from_config,
             "seq_len": args.seq_len,

@@ -48,9 +48,13 @@ def test_torch_reference_equals_transformers_chunked_form():
 
     q, k, v, g, beta, state = _inputs(T=40)  # not a multiple of the chunk: padded
     ours, _, final = gated_delta_rule(q, k, v, g, beta, initial_state=state, chunk=16)
+    # Each key head serves Hv // Hk consecutive value heads. transformers 5.17's function takes
+    # q/k already repeated (its Qwen3_5GatedDeltaNet repeats them before the call); later ones
+    # repeat inside. Repeated here, both compute the same grouped form.
+    group = v.shape[2] // k.shape[2]
     theirs, their_final = torch_chunk_gated_delta_rule(
-        q,
-        k,
+        q.repeat_interleave(group, dim=2),
+        k.repeat_interleave(group, dim=2),
         v,
         g,
         beta,

@@ -41,6 +41,9 @@ def test_both_attentions_and_both_baselines_in_one_run(train_step, tmp_path):
     # ... and the flex baseline says why it cannot train here instead of timing something else.
     assert "no backward on CPU" in hf_flex["error"]
     assert dense["tokens_per_s"] > 0 and report["speedup"] == report["speedups"][dense["name"]]
+    import transformers
+
+    assert report["transformers"] == transformers.__version__  # the baseline's, 5.17 or 5.24
 
 
 def test_unknown_attention_or_baseline_is_refused(train_step):

@@ -30,3 +30,15 @@ def test_the_torch_floor_has_fsdp2_public_and_get_total_norm():
     assert hasattr(fsdp, "fully_shard") and hasattr(utils, "get_total_norm")  # used by train/
     floor = min(Version(spec.version) for spec in requirements()["torch"].specifier)
     assert floor >= Version("2.6"), floor
+
+
+def test_the_transformers_floor_is_the_oldest_tested():
+    """The floor is no lower than 5.17 (the GPU host's), the oldest transformers the tests have
+    passed on (docs/training.md); the running one has the qwen3_8 and diffusion_gemma oracles."""
+    import transformers
+
+    assert hasattr(transformers, "Qwen3_5ForCausalLM")
+    assert hasattr(transformers, "DiffusionGemmaForBlockDiffusion")
+    for extra in ("data", "test"):
+        floor = min(Version(s.version) for s in requirements(extra)["transformers"].specifier)
+        assert floor >= Version("5.17"), (extra, floor)
