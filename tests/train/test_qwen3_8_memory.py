@@ -165,20 +165,20 @@ def test_norm_functions_give_the_plain_forms_outputs_bitwise_and_their_gradients
             torch.testing.assert_close(a, b, **tolerance)
 
 
-@pytest.mark.parametrize("layout", [None, BlockDiffusionLayout(128, 64)])
-def test_rerunning_the_mixing_in_the_backward_changes_no_gradient(monkeypatch, layout):
+def assert_rerun_changes_nothing(monkeypatch, device, dtype, layout, autocast=None):
+    """A linear layer's output and every gradient are bitwise the same with the mixing rerun in
+    the backward and with it kept (the `_recomputed` hook bypassed)."""
     config = get_family("qwen3_8").resolve_config(path=None, from_config="tiny", overrides=SHAPE)
-    layer = (
-        materialize(build_model(config, attend), torch.device("cpu"), seed=0)
-        .model.layers[0]
-        .linear_attn
-    )
-    gen = torch.Generator().manual_seed(2)
-    x = torch.randn(2, 256, SHAPE["hidden_size"], generator=gen, requires_grad=True)
-    grad = torch.randn(2, 256, SHAPE["hidden_size"], generator=gen)
+    model = materialize(build_model(config, attend, dtype), torch.device(device), seed=0)
+    layer = model.model.layers[0].linear_attn
+    gen = torch.Generator(device=device).manual_seed(2)
+    x = torch.randn(2, 256, SHAPE["hidden_size"], generator=gen, device=device)
+    x = x.to(dtype or torch.float32).requires_grad_()
+    grad = torch.randn(2, 256, SHAPE["hidden_size"], generator=gen, device=device).to(x.dtype)
 
     def gradients():
-        out = layer(x, hybrid.HybridMask(None, layout))
+        with torch.autocast(device, dtype=autocast, enabled=autocast is not None):
+            out = layer(x, hybrid.HybridMask(None, layout))
         return out, torch.autograd.grad(out, (x, *layer.parameters()), grad)
 
     rerun_out, rerun = gradients()
@@ -187,3 +187,8 @@ def test_rerunning_the_mixing_in_the_backward_changes_no_gradient(monkeypatch, l
     assert torch.equal(rerun_out, kept_out)
     for a, b in zip(rerun, kept, strict=True):
         assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("layout", [None, BlockDiffusionLayout(128, 64)])
+def test_rerunning_the_mixing_in_the_backward_changes_no_gradient(monkeypatch, layout):
+    assert_rerun_changes_nothing(monkeypatch, "cpu", None, layout)
