@@ -96,3 +96,29 @@ def drafter_document(target: Path, artifact: Path, *overrides: str) -> dict[str,
 
 def drafter_spec(target: Path, artifact: Path, *overrides: str) -> RunSpec:
     return check(RunSpec.model_validate(drafter_document(target, artifact, *overrides)))
+
+
+def assert_two_processes_train_the_one_process_trace(
+    world, tmp_path: Path, topology: tuple[str, ...], common: tuple[str, ...] = ()
+):
+    """`train` in this process and `dllm train` under torchrun on 2 processes with `topology`
+    (both runs with the `common` overrides) give the same loss and gradient-norm trace."""
+    import torch
+
+    from tests.train.util import metrics, torchrun
+    from turbo_dllm.train.entry import train
+
+    args = (*common, "training.steps=3", "checkpoint.interval=null")
+    single, double = tmp_path / "single", tmp_path / "double"
+    train(drafter_spec(world["target"], world["artifact"], *args), single)
+    config = tmp_path / "train.yaml"
+    document = drafter_document(world["target"], world["artifact"], *args, *topology)
+    config.write_text(yaml.safe_dump(document))
+    torchrun(2, "train", "--config", str(config), "--run-dir", str(double), cwd=tmp_path)
+    for key in ("loss", "grad_norm"):
+        torch.testing.assert_close(
+            [r[key] for r in metrics(double)],
+            [r[key] for r in metrics(single)],
+            rtol=2e-5,
+            atol=2e-5,
+        )

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.dflash.helpers import drafter_spec
+from tests.dflash.helpers import assert_two_processes_train_the_one_process_trace, drafter_spec
 from tests.dflash.test_dflash2_training import DFLASH2
 from tests.distributed.harness import run_gloo
 
@@ -129,23 +129,6 @@ def test_two_cp_processes_give_the_one_process_loss_and_every_gradient(world, of
 
 @pytest.mark.slow
 def test_dllm_train_of_a_dflash2_drafter_under_cp_trains_the_one_process_trace(world, tmp_path):
-    import yaml
-
-    from tests.dflash.helpers import drafter_document
-    from tests.train.util import metrics, torchrun
-    from turbo_dllm.train.entry import train
-
-    args = (*DFLASH2, "training.steps=3", "checkpoint.interval=null")
-    single, double = tmp_path / "single", tmp_path / "double"
-    train(drafter_spec(world["target"], world["artifact"], *args), single)
-    config = tmp_path / "train.yaml"
-    document = drafter_document(world["target"], world["artifact"], *args, "topology.cp=2")
-    config.write_text(yaml.safe_dump(document))
-    torchrun(2, "train", "--config", str(config), "--run-dir", str(double), cwd=tmp_path)
-    for key in ("loss", "grad_norm"):
-        torch.testing.assert_close(
-            [r[key] for r in metrics(double)],
-            [r[key] for r in metrics(single)],
-            rtol=2e-5,
-            atol=2e-5,
-        )
+    assert_two_processes_train_the_one_process_trace(
+        world, tmp_path, ("topology.cp=2",), common=DFLASH2
+    )

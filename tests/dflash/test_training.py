@@ -7,10 +7,12 @@ import shutil
 
 import pytest
 import torch
-import yaml
 
-from tests.dflash.helpers import drafter_document, drafter_spec
-from tests.train.util import losses, metrics, torchrun
+from tests.dflash.helpers import (
+    assert_two_processes_train_the_one_process_trace,
+    drafter_spec,
+)
+from tests.train.util import losses, metrics
 from turbo_dllm.train.entry import train
 
 
@@ -45,20 +47,7 @@ def test_drafter_learns_and_resumes_bitwise(world, tmp_path):
     ids=["dp2", "fsdp2", "bp2"],
 )
 def test_two_processes_train_the_one_process_trace(world, tmp_path, topology):
-    args = ("training.steps=3", "checkpoint.interval=null")
-    single, double = tmp_path / "single", tmp_path / "double"
-    train(drafter_spec(world["target"], world["artifact"], *args), single)
-    config = tmp_path / "train.yaml"
-    document = drafter_document(world["target"], world["artifact"], *args, *topology)
-    config.write_text(yaml.safe_dump(document))
-    torchrun(2, "train", "--config", str(config), "--run-dir", str(double), cwd=tmp_path)
-    for key in ("loss", "grad_norm"):
-        torch.testing.assert_close(
-            [r[key] for r in metrics(double)],
-            [r[key] for r in metrics(single)],
-            rtol=2e-5,
-            atol=2e-5,
-        )
+    assert_two_processes_train_the_one_process_trace(world, tmp_path, topology)
 
 
 def test_block_parallel_shares_are_disjoint_dual_end_and_cover_the_batch():
