@@ -31,24 +31,25 @@ def _weight_grad(product: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
 
 
 def _zero_centered(x, weight, eps):
+    """(output, per-row rsqrt): the plain form, which the Function's forward runs too."""
     xf = x.float()
-    normed = xf * _rstd(xf, eps)
-    return (normed * (1.0 + weight.float())).to(x.dtype)
+    rstd = _rstd(xf, eps)
+    return (xf * rstd * (1.0 + weight.float())).to(x.dtype), rstd
 
 
 def _gated(x, gate, weight, eps):
+    """(output, per-row rsqrt): the plain form, which the Function's forward runs too."""
     xf = x.float()
-    normed = (xf * _rstd(xf, eps)).to(x.dtype)
-    return (weight * normed * F.silu(gate.float())).to(x.dtype)
+    rstd = _rstd(xf, eps)
+    return (weight * (xf * rstd).to(x.dtype) * F.silu(gate.float())).to(x.dtype), rstd
 
 
 class _ZeroCenteredRMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, eps):
-        xf = x.float()
-        rstd = _rstd(xf, eps)
+        out, rstd = _zero_centered(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
-        return (xf * rstd * (1.0 + weight.float())).to(x.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -61,10 +62,9 @@ class _ZeroCenteredRMSNorm(torch.autograd.Function):
 class _GatedRMSNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, gate, weight, eps):
-        xf = x.float()
-        rstd = _rstd(xf, eps)
+        out, rstd = _gated(x, gate, weight, eps)
         ctx.save_for_backward(x, gate, weight, rstd)
-        return (weight * (xf * rstd).to(x.dtype) * F.silu(gate.float())).to(x.dtype)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -88,7 +88,7 @@ def zero_centered_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) ->
     """x * rsqrt(mean(x^2) + eps) * (1 + weight), in float32, back to x's dtype."""
     if _plain(x, weight) and torch.is_grad_enabled():
         return _ZeroCenteredRMSNorm.apply(x, weight, eps)
-    return _zero_centered(x, weight, eps)
+    return _zero_centered(x, weight, eps)[0]
 
 
 def gated_rms_norm(
@@ -97,4 +97,4 @@ def gated_rms_norm(
     """weight * RMSNorm(x) (cast to x's dtype) * silu(gate), back to x's dtype."""
     if _plain(x, gate, weight) and torch.is_grad_enabled():
         return _GatedRMSNorm.apply(x, gate, weight, eps)
-    return _gated(x, gate, weight, eps)
+    return _gated(x, gate, weight, eps)[0]
