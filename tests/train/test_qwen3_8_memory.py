@@ -52,20 +52,6 @@ def attend(q, k, v, mask):  # both sides: SDPA with the same dense block-diffusi
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
-def saved_bytes(run) -> tuple[torch.Tensor, dict[int, int]]:
-    """run()'s result and the distinct storages it saved for backward (data pointer: bytes)."""
-    seen: dict[int, int] = {}
-
-    def pack(tensor):
-        storage = tensor.untyped_storage()
-        seen.setdefault(storage.data_ptr(), storage.nbytes())
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = run()
-    return loss, seen
-
-
 def _batch(objective):
     gen = torch.Generator().manual_seed(0)
     ids = torch.randint(0, SHAPE["vocab_size"] - 1, (1, L), generator=gen)
@@ -85,21 +71,20 @@ def saved_by_both(device: str = "cpu", dtype: torch.dtype = torch.float32) -> tu
     layout = diffusion.layout
     rows = diffusion.input_ids.shape[0]
     mask = dense_mask(layout, device=device).expand(rows, -1, -1, -1)
-    params = {p.untyped_storage().data_ptr() for p in ours.parameters()}
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from saved_activations import SavedBytes  # distinct storages, parameters left out
+    from train_step import hf_block_diffusion_loss
+
     autocast = device == "cuda" and dtype == torch.bfloat16
     with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):
-        _, kept = saved_bytes(
-            lambda: ours(
+        with SavedBytes(ours, ()).counting() as saved:
+            ours(
                 diffusion.input_ids,
                 layout.positions(device),
                 hybrid.HybridMask(mask, layout),
                 output=partial(score, diffusion),
             )
-        )
-    ours_bytes = sum(size for ptr, size in kept.items() if ptr not in params)
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from train_step import hf_block_diffusion_loss
+    ours_bytes = saved.total
 
     hf_config = transformers.Qwen3_5TextConfig(
         **{k: v for k, v in config.to_hf_dict().items() if k != "architectures"}
@@ -110,13 +95,10 @@ def saved_by_both(device: str = "cpu", dtype: torch.dtype = torch.float32) -> tu
             hf_config, attn_implementation="sdpa", dtype=dtype
         )
     hf.train()
-    params = {p.untyped_storage().data_ptr() for p in hf.parameters()}
     hf_mask = {"full_attention": mask, "linear_attention": None}
-    _, kept = saved_bytes(
-        lambda: hf_block_diffusion_loss(hf, objective, batch, diffusion, hf_mask, device)
-    )
-    hf_bytes = sum(size for ptr, size in kept.items() if ptr not in params)
-    return ours_bytes, hf_bytes
+    with SavedBytes(hf, ()).counting() as saved:
+        hf_block_diffusion_loss(hf, objective, batch, diffusion, hf_mask, device)
+    return ours_bytes, saved.total
 
 
 def test_a_training_forward_keeps_less_than_transformers_on_the_same_batch():
