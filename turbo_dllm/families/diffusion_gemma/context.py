@@ -82,6 +82,7 @@ class GemmaCpAttention:
             mask = layout.allowed(local[:, None], gathered[None, :])[None, None]
             self._attend = lambda q, k, v: dense_attention_with_lse(q, k, v, mask)[0]
         elif backend == "flex":
+            from turbo_dllm.train.attention.backends import flex_kernel_options
             from turbo_dllm.train.attention.block_mask import block_mask_from_predicate
             from turbo_dllm.train.parallel.partial_attention import _flex_attention
 
@@ -95,7 +96,12 @@ class GemmaCpAttention:
             )
             flex = _flex_attention()
             self._attend = lambda q, k, v: flex(
-                q, k, v, block_mask=block_mask, enable_gqa=q.shape[1] != k.shape[1]
+                q,
+                k,
+                v,
+                block_mask=block_mask,
+                enable_gqa=q.shape[1] != k.shape[1],
+                kernel_options=flex_kernel_options(q),
             )
         else:
             raise DllmError(

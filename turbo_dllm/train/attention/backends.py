@@ -17,6 +17,7 @@ mask object its kernel wants (once per micro-batch, shared by every layer), and
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -33,6 +34,7 @@ __all__ = [
     "TurboAttention",
     "build_attention",
     "create_block_mask_for",
+    "flex_kernel_options",
 ]
 
 _compiled_create_block_mask = None
@@ -50,6 +52,27 @@ def create_block_mask_for(device: torch.device | str):
     if _compiled_create_block_mask is None:
         _compiled_create_block_mask = torch.compile(create_block_mask)
     return _compiled_create_block_mask
+
+
+@functools.cache
+def _shared_memory_bytes(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
+
+
+def flex_kernel_options(q: torch.Tensor) -> dict[str, int] | None:
+    """FlexAttention tile options beyond torch's defaults, or None to keep them.
+
+    Over 256-wide heads (DiffusionGemma's 512-wide full-attention heads) torch's forward
+    default is 64 x 32 tiles with K and V in 3 pipeline stages: 2 bytes x (64 + 3 x 2 x 32) x
+    512 = 256 KiB of shared memory, more than a Hopper block gets (227 KiB), and compiling
+    fails with "No valid triton configs". Keep the tiles and take as many stages as fit."""
+    head_dim = q.shape[-1]
+    if q.device.type != "cuda" or head_dim <= 256:
+        return None
+    per_stage = 2 * 32 * head_dim * q.element_size()  # one K and one V tile of 32 rows
+    q_tile = 64 * head_dim * q.element_size()
+    stages = (_shared_memory_bytes(q.device.index or 0) - q_tile) // per_stage
+    return {"fwd_num_stages": int(max(1, min(3, stages)))}
 
 
 def _gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
@@ -134,11 +157,14 @@ class FlexAttention:
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
     ) -> torch.Tensor:
+        options = dict(
+            block_mask=mask, enable_gqa=_gqa(q, k), kernel_options=flex_kernel_options(q)
+        )
         if torch.compiler.is_compiling():  # inside a compiled layer: that graph fuses it
             from torch.nn.attention.flex_attention import flex_attention
 
-            return flex_attention(q, k, v, block_mask=mask, enable_gqa=_gqa(q, k))
-        return self._flex()(q, k, v, block_mask=mask, enable_gqa=_gqa(q, k))
+            return flex_attention(q, k, v, **options)
+        return self._flex()(q, k, v, **options)
 
 
 class TurboAttention:

@@ -102,7 +102,7 @@ def _flex_attention() -> Callable:
 
 
 def _flex(q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None) -> PartialAttention:
-    from turbo_dllm.train.attention.backends import create_block_mask_for
+    from turbo_dllm.train.attention.backends import create_block_mask_for, flex_kernel_options
 
     qn, qb, qd = q_tokens.noisy, q_tokens.block, q_tokens.doc
     kn, kb, kd = k_tokens.noisy, k_tokens.block, k_tokens.doc
@@ -125,6 +125,7 @@ def _flex(q_tokens: TokenSet, k_tokens: TokenSet, scale: float | None) -> Partia
             scale=scale,
             enable_gqa=q.shape[1] != k.shape[1],
             return_lse=True,
+            kernel_options=flex_kernel_options(q),
         )
         return out, lse.float()
 
