@@ -17,7 +17,6 @@ mask object its kernel wants (once per micro-batch, shared by every layer), and
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import torch
@@ -54,11 +53,6 @@ def create_block_mask_for(device: torch.device | str):
     return _compiled_create_block_mask
 
 
-@functools.cache
-def _shared_memory_bytes(device_index: int) -> int:
-    return torch.cuda.get_device_properties(device_index).shared_memory_per_block_optin
-
-
 def flex_kernel_options(q: torch.Tensor) -> dict[str, int] | None:
     """FlexAttention tile options beyond torch's defaults, or None to keep them.
 
@@ -71,7 +65,8 @@ def flex_kernel_options(q: torch.Tensor) -> dict[str, int] | None:
         return None
     per_stage = 2 * 32 * head_dim * q.element_size()  # one K and one V tile of 32 rows
     q_tile = 64 * head_dim * q.element_size()
-    stages = (_shared_memory_bytes(q.device.index or 0) - q_tile) // per_stage
+    shared = torch.cuda.get_device_properties(q.device.index or 0).shared_memory_per_block_optin
+    stages = (shared - q_tile) // per_stage
     return {"fwd_num_stages": int(max(1, min(3, stages)))}
 
 
