@@ -12,7 +12,7 @@ from tests.bundles.server import MirrorServer
 # Each costs a visible share of an install's ~0.1 s: pydantic and its models, requests (+urllib3),
 # torch and numpy, transformers, rich, filelock, tomlkit, yaml, importlib.metadata, dataclasses
 # (creating one runs exec for every generated method), and packaging (its version regex takes
-# milliseconds to compile; a plain release version needs none of it).
+# milliseconds to compile; a version already in canonical form needs none of it).
 HEAVY = (
     "pydantic", "requests", "urllib3", "torch", "numpy", "transformers", "rich", "filelock",
     "tomlkit", "yaml", "importlib.metadata", "dataclasses", "packaging",

@@ -78,14 +78,29 @@ def test_checks_normalize_and_values_round_trip():
 @pytest.mark.parametrize(
     "text",
     ["0", "0.1.0", "10.20.30", "2026.12.2", "01.0", "1.00", "v1.0", "1.0a1", "1.0.POST1",
-     "1.0.post64", "1.0+local", "1.0\n", " 1.0"],
+     "1.0.post64", "1.0+local", "1.0\n", " 1.0", "1.0rc1", "1.0b0.post2.dev3", "1.0.dev0",
+     "1.0a01", "1.0c1", "1.0-post1", "1.0post1", "1.0.post", "1.0alpha1", "0!1.0", "1!1.0",
+     "1.0.RC1", "1.0.a1", "1.0rc1.dev1+g1"],
 )  # fmt: skip
 def test_canonical_version_agrees_with_packaging(text):
-    """Plain releases skip packaging (the install path does not import it); the answer is
-    packaging's canonical spelling either way."""
+    """Versions already in canonical form skip packaging (the install path does not import it);
+    the answer is packaging's canonical spelling either way."""
     from packaging.version import Version
 
     assert canonical_version(text) == str(Version(text))
+
+
+@pytest.mark.parametrize(
+    "text", ["0.1.0", "2026.12.2", "1.0rc1", "0.1.0.post64", "1.0a1.post2.dev3", "1.0.dev0"]
+)
+def test_canonical_versions_skip_packaging(text, monkeypatch):
+    """What the fast path accepts is checked without packaging (a blocked import would fail)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "packaging.version", None)
+    assert canonical_version(text) == text
+    with pytest.raises(ImportError):
+        canonical_version("1.0.POST1")  # not canonical: needs packaging
 
 
 @pytest.mark.parametrize("text", ["", "1.", ".1", "1..0", "1_0", "one", "\u0661.\u0660"])

@@ -334,3 +334,45 @@ def test_the_dllm_process_freezes_its_start_up_objects_and_callers_are_left_alon
     )
     code, count = proc.stdout.split("frozen")[-1].split()
     assert code == "0" and int(count) > 10_000, proc.stdout
+
+
+QUICK_EXIT_PROGRAM = """
+import gc, sys
+import turbo_dllm.cli.{module} as commands
+from turbo_dllm.cli import main
+
+handler, kept = commands.{handler}, []
+
+def counting(args):
+    code = handler(args)
+    kept.append(gc.get_freeze_count())
+    kept.extend([i] for i in range(5000))  # tracked objects the command leaves alive
+    return code
+
+commands.{handler} = counting
+sys.argv = ["dllm", *{argv!r}]
+code = main()
+print("frozen", code, kept[0], gc.get_freeze_count())
+"""
+
+
+@pytest.mark.parametrize(
+    ("module", "handler", "argv", "frozen_at_exit"),
+    [("bundle", "_list", ["bundle", "list"], True), ("recipe", "_list", ["recipe", "list"], False)],
+)
+def test_quick_exit_groups_also_freeze_what_the_command_left_alive(
+    tmp_path, monkeypatch, module, handler, argv, frozen_at_exit
+):
+    """`bundle` commands (short, everything closed) freeze what they leave alive too, so the
+    interpreter's exit does not scan it again; other groups leave the GC as start-up left it."""
+    import subprocess
+    import sys
+
+    monkeypatch.setenv("DLLM_HOME", str(tmp_path))
+    program = QUICK_EXIT_PROGRAM.format(module=module, handler=handler, argv=argv)
+    proc = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    code, during, after = proc.stdout.split("frozen")[-1].split()
+    assert code == "0"
+    left_alive_frozen = int(after) - int(during) >= 5000  # (frozen objects may die meanwhile)
+    assert left_alive_frozen == frozen_at_exit

@@ -43,9 +43,14 @@ SHA256 = r"^[0-9a-f]{64}$"
 _SHA256 = re.compile(SHA256)
 _PART = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.+-]*$")
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
-# A plain release (1.2.0; no leading zeros, no pre/post/dev/local part) is its own PEP 440
-# canonical form: checked without importing packaging (~3-8 ms of a ~0.12 s install).
-_PLAIN_RELEASE = re.compile(r"(?:0|[1-9][0-9]*)(?:\.(?:0|[1-9][0-9]*))*")
+# A version already in its PEP 440 canonical spelling (1.2.0, 1.2.0rc1, 1.2.0.post3, 1.2.0.dev0:
+# no epoch, no local part, numbers without leading zeros, lowercase a/b/rc, .post, .dev) is
+# checked without importing packaging (~2-8 ms of a ~0.1 s install); any other spelling goes
+# through packaging, which canonicalizes or refuses it.
+_NUMBER = r"(?:0|[1-9][0-9]*)"
+_CANONICAL = re.compile(
+    rf"{_NUMBER}(?:\.{_NUMBER})*(?:(?:a|b|rc){_NUMBER})?(?:\.post{_NUMBER})?(?:\.dev{_NUMBER})?"
+)
 
 
 def check_sha256(value: str) -> str:
@@ -69,7 +74,7 @@ def check_relative_path(path: str) -> str:
 
 
 def canonical_version(text: str) -> str:
-    if _PLAIN_RELEASE.fullmatch(text):
+    if _CANONICAL.fullmatch(text):
         return text
     from packaging.version import InvalidVersion, Version
 

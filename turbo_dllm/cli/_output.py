@@ -21,10 +21,12 @@ def stderr_console():
     return Console(stderr=True)
 
 
-def group(subparsers, name: str, help: str):
-    """Add a command group (`dllm NAME SUB ...`) and return its sub-subparsers."""
+def group(subparsers, name: str, help: str, *, quick_exit: bool = False):
+    """Add a command group (`dllm NAME SUB ...`) and return its sub-subparsers. `quick_exit`:
+    its commands are short and close what they open, so the `dllm` process may spare the
+    interpreter's last garbage collection at exit (see `turbo_dllm.cli.main`)."""
     parser = subparsers.add_parser(name, help=help, description=help)
-    parser.set_defaults(func=None, group_parser=parser)
+    parser.set_defaults(func=None, group_parser=parser, quick_exit=quick_exit)
     return parser.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND")
 
 

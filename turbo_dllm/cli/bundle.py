@@ -12,7 +12,9 @@ DEFAULT_RELEASE = f"v{__version__}"
 
 
 def register(subparsers) -> None:
-    commands = group(subparsers, "bundle", "native-kernel bundles: fingerprint, build, install")
+    commands = group(
+        subparsers, "bundle", "native-kernel bundles: fingerprint, build, install", quick_exit=True
+    )
 
     p = commands.add_parser("fingerprint", help="print this host's fingerprint")
     p.add_argument("--no-overrides", action="store_true", help="ignore DLLM_OVERRIDE_* variables")
