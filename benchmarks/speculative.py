@@ -188,6 +188,11 @@ def main() -> int:
     parser.add_argument("--micro-batch", type=int, default=16)
     parser.add_argument("--max-anchors", type=int, default=None, help="default: seq_len / 4")
     parser.add_argument(
+        "--profile-dflash",
+        action="store_true",
+        help="torch.profiler over DFlash training steps 20-22: its ops table lands beside --out",
+    )
+    parser.add_argument(
         "--dflash-compile",
         action="store_true",
         help="compile the DFlash drafter's layers (the cold compile counts in its time)",
@@ -285,9 +290,17 @@ def main() -> int:
         "decay_gamma": 7.0,
         "dflash_loss": "speculators_kl",
     }
+    if args.profile_dflash:  # three steps well after the first (compiles, warm-up)
+        dflash_doc["profiler"] = {"enabled": True, "start_step": 20, "num_steps": 3}
     drafter, dflash_record = train_and_export(
         dflash_doc, work / "dflash-run", work / "dflash-drafter", "dflash"
     )
+    if args.profile_dflash and args.out:
+        for table in (work / "dflash-run" / "profile").glob("ops_*.txt"):
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            copy = args.out.with_name(f"{args.out.stem}_dflash_{table.name}")
+            copy.write_text(table.read_text())
+            progress(f"dflash: the profiled steps' ops by time in {copy}")
     tokens_per_step = args.micro_batch * args.seq_len
     if dflash_record["mfu"] is not None:  # the drafter's FLOPs plus the frozen target's forward
         from turbo_dllm.train.metrics import peak_flops

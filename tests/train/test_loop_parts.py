@@ -98,6 +98,9 @@ def test_profiler_window_writes_a_trace(tmp_path):
     traces = list((tmp_path / "profile").glob("*.json"))
     assert [t.name for t in traces] == ["trace_rank0_steps1-1.json"]
     assert "traceEvents" in json.loads(traces[0].read_text())
+    # and a readable table of where the step's time went, by op
+    table = (tmp_path / "profile" / "ops_rank0_steps1-1.txt").read_text()
+    assert "Self CPU time total" in table and "aten::mm" in table
 
 
 def test_wandb_receives_the_step_records(tmp_path, monkeypatch):

@@ -239,7 +239,8 @@ def _remote_loggers(spec, run_dir: Path, config: dict[str, Any]):
 
 
 class ProfilerWindow:
-    """torch.profiler over steps [start_step, start_step + num_steps); one trace per rank."""
+    """torch.profiler over steps [start_step, start_step + num_steps); per rank, a Chrome trace
+    and a text table of the ops that took the most time (device time where CUDA ran)."""
 
     def __init__(self, spec, out_dir: Path, rank: int) -> None:
         self.enabled = spec.enabled
@@ -267,6 +268,15 @@ class ProfilerWindow:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         trace = self.out_dir / f"trace_rank{self.rank}_steps{self.start}-{self.stop - 1}.json"
         self._profiler.export_chrome_trace(str(trace))
+        from torch.profiler import ProfilerActivity
+
+        on_device = ProfilerActivity.CUDA in self._profiler.activities
+        table = self._profiler.key_averages().table(
+            sort_by="self_device_time_total" if on_device else "self_cpu_time_total",
+            row_limit=40,
+            max_name_column_width=60,
+        )
+        trace.with_name(trace.stem.replace("trace_", "ops_") + ".txt").write_text(table + "\n")
         self._profiler = None
         self.enabled = False
         return trace
