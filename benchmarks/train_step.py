@@ -747,7 +747,10 @@ def context_search(args, argv) -> int:
     common += ["--mlp-chunks", str(args.mlp_chunks)]
     for flag, on in (("--tiny", args.tiny), ("--no-compile", args.no_compile)):
         common += [flag] if on else []
-    common += ["--activation-checkpointing"] if args.activation_checkpointing else []
+    if args.activation_checkpointing:
+        common.append("--activation-checkpointing")
+        if isinstance(args.activation_checkpointing, str):  # a mode's name, not plain True
+            common.append(args.activation_checkpointing)
     common += ["--model", args.model] if args.model else []
     found: dict[str, dict] = {}
     for attention in attentions:
@@ -864,7 +867,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument(
         "--warmup", type=int, default=None, help="untimed steps (default 3, 1 tiny)"
     )
-    parser.add_argument("--activation-checkpointing", action="store_true")
+    parser.add_argument(
+        "--activation-checkpointing",
+        nargs="?",
+        const=True,
+        default=False,
+        choices=[True, "keep_attention"],
+        help="ours: recompute layers in the backward (keep_attention: all but attention's "
+        "outputs); HF: gradient checkpointing",
+    )
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument(

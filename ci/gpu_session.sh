@@ -68,8 +68,9 @@ for stage in "$@"; do
       python3 benchmarks/train_step.py --attention turbo --baselines dense,hf-flex --steps 5 --warmup 2 \
           --out "$OUT/train_step_turbo.json" 2>&1 | tee "$OUT/train_step_turbo.log" \
           | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|^hf-|speedup|out of memory|rror" || status=1 ;;
-    train-turbo-32k) # ~2.5 min: 32K with activation checkpointing, ours turbo vs flex (HF OOMs there)
-      python3 benchmarks/train_step.py --seq-len 32768 --activation-checkpointing --attention turbo,flex \
+    train-turbo-32k) # ~2.5 min: 32K with activation checkpointing, ours turbo vs flex (HF OOMs there);
+      # AC_MODE=keep_attention keeps the attention outputs (selective checkpointing)
+      python3 benchmarks/train_step.py --seq-len 32768 --activation-checkpointing ${AC_MODE:-} --attention turbo,flex \
           --no-baseline --steps 3 --warmup 1 --out "$OUT/train_step_turbo_32k.json" 2>&1 \
           | tee "$OUT/train_step_turbo_32k.log" | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|MFU|rror" || status=1 ;;
     context-1doc) # ~4 min (SEARCH_BUDGET_S, split between turbo and flex): the longest L that

@@ -177,3 +177,26 @@ def test_trainer_with_turbo_trains_like_flex(tmp_path):
     torch.testing.assert_close(
         losses(tmp_path / "turbo"), losses(tmp_path / "flex"), atol=5e-2, rtol=2e-2
     )
+
+
+@pytest.mark.parametrize("attention", ["flex", "turbo"])
+def test_keep_attention_checkpointing_trains_like_full_checkpointing(tmp_path, attention):
+    """activation_checkpointing: keep_attention in the compiled trainer, for FlexAttention and
+    our op: the losses of full checkpointing (the kept outputs are the ones it recomputes)."""
+    from tests.train.util import losses, tiny_spec
+    from turbo_dllm.train.entry import train
+
+    common = (
+        "training.steps=4",
+        "training.compile=true",
+        "model.config_overrides.head_dim=64",
+        "data.seq_len=256",
+        f"model.attention={attention}",
+        "kernels=jit",
+    )
+    for mode in ("true", "keep_attention"):
+        spec = tiny_spec(*common, f"training.activation_checkpointing={mode}")
+        assert train(spec, tmp_path / mode) == 0
+    torch.testing.assert_close(
+        losses(tmp_path / "keep_attention"), losses(tmp_path / "true"), atol=1e-2, rtol=1e-2
+    )

@@ -284,7 +284,13 @@ class TrainingSpec(_Strict):
     grad_accumulation: PositiveInt = 1
     steps: PositiveInt = 50
     clip_grad_norm: float | None = Field(1.0, gt=0.0)
-    activation_checkpointing: bool = False
+    activation_checkpointing: bool | Literal["keep_attention"] = Field(
+        False,
+        description="Recompute each layer in the backward instead of keeping its activations. "
+        "'keep_attention': recompute all but the attention kernels' outputs (selective "
+        "checkpointing): the backward reruns projections, norms and MLPs but not attention, "
+        "whose cost grows with the context, for one more hidden-sized tensor kept per layer.",
+    )
     mlp_chunks: PositiveInt = Field(
         1,
         description="Split each MLP's tokens into this many chunks, each recomputed on its own in "

@@ -27,6 +27,9 @@ __all__ = ["BlockDiffusionPlan", "block_diffusion_attention", "plan_block_diffus
 
 OP = "block_diffusion_attention"
 _REGISTERED: dict[str, Any] = {}
+# The registered forward ops (one per kernel source): selective activation checkpointing keeps
+# their outputs (`train.distributed.keeps_attention`).
+FORWARD_OPS: set[torch._ops.OpOverload] = set()
 
 
 @dataclass(eq=False)
@@ -201,4 +204,5 @@ def _custom_op(module):
 
     forward.register_autograd(grad, setup_context=setup_context)
     _REGISTERED[namespace] = forward
+    FORWARD_OPS.add(forward._opoverload)
     return forward

@@ -14,6 +14,7 @@ when nothing is data-parallel). `clip_grad_norm` computes the norm per mesh and 
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 
@@ -30,6 +31,7 @@ __all__ = [
     "apply_mlp_chunking",
     "clip_grad_norm",
     "init_distributed",
+    "keeps_attention",
     "replicate_partial_grads",
 ]
 
@@ -92,12 +94,48 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
     return bool(vote.item())
 
 
-def apply_activation_checkpointing(layers: nn.ModuleList) -> None:
-    """Recompute each layer in backward instead of storing its activations."""
+def apply_activation_checkpointing(layers: nn.ModuleList, keep_attention: bool = False) -> None:
+    """Recompute each layer in backward instead of storing its activations; with
+    `keep_attention`, all but the attention kernels' outputs (`keeps_attention`)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
+    options = {"context_fn": _keep_attention_contexts} if keep_attention else {}
     for index, layer in enumerate(layers):
-        layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False)
+        layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False, **options)
+
+
+def keeps_attention(func) -> bool:
+    """Whether selective checkpointing keeps this op's outputs: the attention kernels (SDPA's
+    fused ones, FlexAttention, the forward of our `block_diffusion_attention` op), the costliest
+    ops of a layer to rerun at long context and the ones whose cost grows with it."""
+    from turbo_dllm.kernels.block_diffusion import FORWARD_OPS
+
+    return func in _torch_attention_ops() or func in FORWARD_OPS
+
+
+@functools.cache
+def _torch_attention_ops() -> frozenset:
+    aten = torch.ops.aten
+    names = (
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+    )
+    ops = {getattr(aten, name).default for name in names if hasattr(aten, name)}
+    ops.add(torch.ops.higher_order.flex_attention)
+    return frozenset(ops)
+
+
+def _keep_attention_contexts():
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+
+    def policy(ctx, func, *args, **kwargs):
+        if keeps_attention(func):
+            return CheckpointPolicy.MUST_SAVE
+        return CheckpointPolicy.PREFER_RECOMPUTE
+
+    return create_selective_checkpoint_contexts(policy)
 
 
 def apply_mlp_chunking(layers: nn.ModuleList, chunks: int) -> None:

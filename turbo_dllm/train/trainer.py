@@ -169,8 +169,8 @@ class Trainer:
             expert_params = expert_parameters(model)
         if self.spec.training.mlp_chunks > 1:
             apply_mlp_chunking(layers, self.spec.training.mlp_chunks)
-        if self.spec.training.activation_checkpointing:
-            apply_activation_checkpointing(layers)
+        if checkpointing := self.spec.training.activation_checkpointing:
+            apply_activation_checkpointing(layers, keep_attention=checkpointing == "keep_attention")
         if self.spec.training.compile:
             apply_compile(layers)
         if self.mesh is not None:

@@ -1,0 +1,167 @@
+"""`training.activation_checkpointing: keep_attention`: the backward reruns every layer but its
+attention kernels, whose outputs are kept; the numbers are those of full checkpointing.
+
+Counted with a dispatch mode over whole training runs (reference attention: CPU SDPA's fused
+kernel) and over one layer-like block on our Triton op in Triton's interpreter (a child process:
+the interpreter must be on before triton is imported).
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tests.train.util import metrics, tiny_spec
+from turbo_dllm.train.entry import train
+
+ROOT = Path(__file__).resolve().parents[2]
+SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+
+
+class CountOps(TorchDispatchMode):
+    def __init__(self, *ops) -> None:
+        super().__init__()
+        self.ops, self.counts = ops, dict.fromkeys(ops, 0)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in self.counts:
+            self.counts[func] += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _run(tmp_path: Path, checkpointing: str) -> tuple[int, list[dict]]:
+    spec = tiny_spec(
+        "training.steps=3",
+        "checkpoint.interval=null",
+        f"training.activation_checkpointing={checkpointing}",
+    )
+    with CountOps(SDPA) as count:
+        train(spec, tmp_path / checkpointing)
+    return count.counts[SDPA], metrics(tmp_path / checkpointing)
+
+
+def test_keep_attention_runs_attention_once_per_layer_and_changes_no_number(tmp_path):
+    plain, plain_rows = _run(tmp_path, "false")
+    full, full_rows = _run(tmp_path, "true")
+    keep, keep_rows = _run(tmp_path, "keep_attention")
+    layers, steps = 2, 3
+    assert plain == layers * steps  # one attention forward per layer and step
+    assert full == 2 * plain  # full checkpointing reruns it in the backward
+    assert keep == plain  # keep_attention does not
+    for field in ("loss", "grad_norm"):
+        assert [r[field] for r in keep_rows] == [r[field] for r in full_rows]
+        assert [r[field] for r in keep_rows] == [r[field] for r in plain_rows]
+
+
+class AttentionBlock(torch.nn.Module):
+    def __init__(self, width: int = 64, heads: int = 4) -> None:
+        super().__init__()
+        self.heads = heads
+        self.qkv = torch.nn.Linear(width, 3 * width)
+        self.out = torch.nn.Linear(width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, seq, width = x.shape
+        q, k, v = self.qkv(x).view(batch, seq, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
+        mask = torch.ones(seq, seq, dtype=torch.bool, device=x.device).tril()
+        o = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        return x + self.out(o.transpose(1, 2).reshape(batch, seq, width)).relu()
+
+
+@pytest.mark.parametrize(("keep", "calls"), [(False, 2), (True, 1)])
+def test_compiled_checkpointed_layers_keep_attention_too(keep, calls):
+    """Under torch.compile the policy decides the partition: full checkpointing reruns the
+    attention forward in the backward graph, keep_attention saves it (aot_eager: the graphs'
+    ops dispatch, so they can be counted)."""
+    from turbo_dllm.train.distributed import apply_activation_checkpointing
+
+    torch.manual_seed(0)
+    layers = torch.nn.ModuleList([AttentionBlock()])
+    apply_activation_checkpointing(layers, keep_attention=keep)
+    layers[0].compile(backend="aot_eager", dynamic=False)
+    x = torch.randn(2, 32, 64, requires_grad=True)
+    with CountOps(SDPA) as count:
+        layers[0](x).square().sum().backward()
+    assert count.counts[SDPA] == calls
+
+
+def test_an_unknown_checkpointing_mode_is_refused():
+    from turbo_dllm.errors import DllmError
+
+    with pytest.raises((DllmError, ValueError), match="activation_checkpointing"):
+        tiny_spec("training.activation_checkpointing=keep_everything")
+
+
+CHILD = r"""
+import functools, torch
+from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+from torch.utils._python_dispatch import TorchDispatchMode
+from turbo_dllm.kernels.block_diffusion import (
+    FORWARD_OPS, block_diffusion_attention, plan_block_diffusion_attention)
+from turbo_dllm.kernels.triton_ops import triton_module
+from turbo_dllm.train.distributed import apply_activation_checkpointing
+
+module = triton_module("block_diffusion_attention", "jit")
+TINY = module.KernelConfig(fwd_m=16, fwd_n=32, dkdv_m=32, dkdv_n=16, dq_m=16, dq_n=16)
+S, H, D = 64, 2, 64
+noisy = torch.arange(S) < 32
+block = torch.arange(S) % 32 // 16
+doc = torch.zeros(1, S, dtype=torch.long)
+plan = plan_block_diffusion_attention(noisy, block, doc, noisy, block, doc, backend="jit", config=TINY)
+
+
+class Block(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(H * D, 3 * H * D).half()
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(1, S, 3, H, D).permute(2, 0, 3, 1, 4)
+        out, _ = block_diffusion_attention(q, k, v, plan)
+        return x + out.transpose(1, 2).reshape(1, S, H * D)
+
+
+class Count(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += func in FORWARD_OPS
+        return func(*args, **(kwargs or {}))
+
+
+torch.manual_seed(0)
+x0 = torch.randn(1, S, H * D).half()
+results = {}
+for mode in ("none", "full", "keep"):
+    torch.manual_seed(1)
+    layers = torch.nn.ModuleList([Block()])
+    if mode != "none":
+        apply_activation_checkpointing(layers, keep_attention=mode == "keep")
+    x = x0.clone().requires_grad_()
+    with Count() as count:
+        layers[0](x).float().square().sum().backward()
+    results[mode] = (count.n, x.grad.clone())
+assert len(FORWARD_OPS) == 1, FORWARD_OPS
+print("calls", results["none"][0], results["full"][0], results["keep"][0])
+assert torch.equal(results["keep"][1], results["full"][1])
+assert torch.equal(results["keep"][1], results["none"][1])
+"""
+
+
+def test_keep_attention_keeps_our_triton_op_outputs():
+    pytest.importorskip("triton")
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    calls = proc.stdout.split("calls")[-1].split()
+    assert calls == ["1", "2", "1"]  # none, full checkpointing, keep_attention
