@@ -61,6 +61,17 @@ def test_drift_warns_and_fails_for_prod(monkeypatch):
     assert env_check.environment_manifest(prod_context()).status == "fail"
 
 
+def test_extra_packages_alone_warn_and_say_what_sync_would_remove(monkeypatch):
+    manifest = manifest_of_this_environment()
+    pins = [pin for pin in manifest.packages if pin.name != "pytest"]
+    use(monkeypatch, manifest.model_copy(update={"packages": pins}))
+    result = env_check.environment_manifest(DoctorContext())
+    assert result.status == "warn"
+    assert "1 extra (pytest" in result.detail
+    assert "every pinned package matches" in result.fix and "uninstalls the extras" in result.fix
+    assert env_check.environment_manifest(prod_context()).status == "fail"
+
+
 @pytest.mark.parametrize("prod", [False, True])
 def test_no_manifest_for_the_host(monkeypatch, prod):
     def missing(*args, **kwargs):

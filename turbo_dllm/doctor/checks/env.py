@@ -35,10 +35,15 @@ def environment_manifest(ctx: DoctorContext) -> CheckResult:
     if drift.clean:
         return CheckResult(NAME, "pass", f"{drift.summary()} ({short}, {origin})")
     venv = sys.prefix if sys.prefix != sys.base_prefix else ".venv"
-    return CheckResult(
-        NAME,
-        bad,
-        f"{drift.summary()} ({short}, {origin})",
-        fix=f"dllm env sync --target {manifest.target} --venv {venv} "
-        "(add --mirror DIR|URL --offline on an air-gapped host); details: dllm env check",
+    sync = (
+        f"dllm env sync --target {manifest.target} --venv {venv} "
+        "(add --mirror DIR|URL --offline on an air-gapped host)"
     )
+    if not (drift.missing or drift.mismatched):  # only packages the manifest does not pin
+        fix = (
+            f"every pinned package matches; {sync} makes the venv exactly the manifest and "
+            "uninstalls the extras (development tools such as pytest too); details: dllm env check"
+        )
+    else:
+        fix = f"{sync}; details: dllm env check"
+    return CheckResult(NAME, bad, f"{drift.summary()} ({short}, {origin})", fix=fix)
