@@ -21,6 +21,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from turbo_dllm.kernels.block_diffusion import FORWARD_OPS
+
 __all__ = [
     "ALLOC_CONF_VARIABLE",
     "DistEnv",
@@ -108,8 +110,6 @@ def keeps_attention(func) -> bool:
     """Whether selective checkpointing keeps this op's outputs: the attention kernels (SDPA's
     fused ones, FlexAttention, the forward of our `block_diffusion_attention` op), the costliest
     ops of a layer to rerun at long context and the ones whose cost grows with it."""
-    from turbo_dllm.kernels.block_diffusion import FORWARD_OPS
-
     return func in _torch_attention_ops() or func in FORWARD_OPS
 
 
