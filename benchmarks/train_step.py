@@ -993,13 +993,19 @@ def main(argv=None) -> int:
                 flush=True,
             )
     run = run_gemma_ours if gemma else run_ours
+    profile = args.profile
+    if profile is not None and len(attentions) > 1:  # one table per attention: NAME_<attention>
+        args.profile = profile.with_name(f"{profile.stem}_{attentions[0]}{profile.suffix}")
     ours, trainer = run(spec, args, device, name=_ours_name(attentions, 0))
     extra = []
     for i, other in enumerate(specs[1:], start=1):  # ours again with the other attention
         _free_ours(trainer)
         reset_memory(device)
+        if profile is not None:
+            args.profile = profile.with_name(f"{profile.stem}_{attentions[i]}{profile.suffix}")
         result, trainer = run(other, args, device, name=_ours_name(attentions, i))
         extra.append(result)
+    args.profile = profile
     gemm = grouped_gemm_in_use(trainer, device)
     if gemm is not None:
         ours["grouped_gemm"] = gemm

@@ -65,12 +65,13 @@ for stage in "$@"; do
           2>&1 | tee "$OUT/train_step_best.log" | tail -6 || status=1 ;;
     train-turbo) # ~3.5 min: ours with turbo (kernels: jit, the bundle's source) against both HF
       # baselines at 8K, micro-batch 1 (HF flex compiles the whole model: ~1.5 min of it)
-      python3 benchmarks/train_step.py --attention turbo --baselines dense,hf-flex --steps 5 --warmup 2 \
+      python3 benchmarks/train_step.py --attention turbo --baselines dense,hf-flex --steps 5 --warmup 2 ${TRAIN_FLAGS:-} \
           --out "$OUT/train_step_turbo.json" 2>&1 | tee "$OUT/train_step_turbo.log" \
           | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|^hf-|speedup|out of memory|rror" || status=1 ;;
     train-turbo-32k) # ~2.5 min: 32K with activation checkpointing, ours turbo vs flex (HF OOMs there);
-      # AC_MODE=keep_attention keeps the attention outputs (selective checkpointing)
-      python3 benchmarks/train_step.py --seq-len 32768 --activation-checkpointing ${AC_MODE:-} --attention turbo,flex \
+      # AC_MODE=keep_attention keeps the attention outputs (selective checkpointing);
+      # TRAIN_FLAGS adds train_step flags to both train-turbo stages (e.g. --profile "$OUT/p.txt")
+      python3 benchmarks/train_step.py --seq-len 32768 --activation-checkpointing ${AC_MODE:-} --attention turbo,flex ${TRAIN_FLAGS:-} \
           --no-baseline --steps 3 --warmup 1 --out "$OUT/train_step_turbo_32k.json" 2>&1 \
           | tee "$OUT/train_step_turbo_32k.log" | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|MFU|rror" || status=1 ;;
     context-1doc) # ~4 min (SEARCH_BUDGET_S, split between turbo and flex): the longest L that

@@ -11,6 +11,13 @@ baseline's shard order alike. `reference` is dense torch (the CPU twin and the g
 plan holds the mask's tile lists (built once per step, outside any compiled region); the
 Triton path is a torch custom op (opaque to torch.compile, with its own backward), registered
 once per source hash.
+
+Under torch.compile the call must trace without a graph break: a break inside a checkpointed
+layer makes dynamo run the whole checkpointed region eagerly (seen on the H200: at 32K with
+activation checkpointing every norm, RoPE and residual of every layer ran as separate eager
+kernels, 0.8x of flex's step). So the plan registers the op and flattens each head dim's
+config and tile lists into plain ints and tensors when it is built (`_Call`), and the call
+itself is a dict lookup and the op.
 """
 
 from __future__ import annotations
@@ -32,6 +39,18 @@ _REGISTERED: dict[str, Any] = {}
 FORWARD_OPS: set[torch._ops.OpOverload] = set()
 
 
+@dataclass(frozen=True)
+class _Call:
+    """The op and what it takes besides q, k, v and the scale, for one head dim: plain ints
+    and tensors, so a compiled layer traces the call without touching the module's
+    dataclasses (dynamo breaks the graph on `dataclasses.fields`)."""
+
+    op: Any
+    meta: list[torch.Tensor]
+    lists: list[torch.Tensor]
+    config: list[int]
+
+
 @dataclass(eq=False)
 class BlockDiffusionPlan:
     """What one step's attention needs besides q, k, v: metadata, backend, tile lists."""
@@ -42,6 +61,8 @@ class BlockDiffusionPlan:
     config: Any = None  # a KernelConfig forced for every head dim (tests, benchmark sweeps)
     schedule: Any = None  # the Triton module's Schedule (kernel backends)
     module: Any = None
+    # head dim -> the op's arguments beyond q, k, v, scale (kernel backends; built with the plan)
+    calls: dict[int, _Call] = field(default_factory=dict, repr=False)
     _visible: torch.Tensor | None = field(default=None, repr=False)
 
     def visible(self) -> torch.Tensor:
@@ -54,6 +75,15 @@ class BlockDiffusionPlan:
 
     def kernel_config(self, head_dim: int):
         return self.config or self.module.default_config(head_dim)
+
+    def add_call(self, head_dim: int) -> _Call:
+        """The op's arguments at `head_dim` under the forced config (eager callers only)."""
+        config = self.kernel_config(head_dim)
+        self.schedule.prepare(config)
+        lists = [t for part in self.schedule.lists(config) for t in astuple_shallow(part)]
+        meta = [*self.schedule.q_meta, *self.schedule.k_meta]
+        self.calls[head_dim] = _Call(_custom_op(self.module), meta, lists, config.to_ints())
+        return self.calls[head_dim]
 
 
 def plan_block_diffusion_attention(
@@ -82,11 +112,22 @@ def plan_block_diffusion_attention(
 
     module = triton_module(OP, backend)
     schedule = module.make_schedule(q_noisy, q_block, q_doc, k_noisy, k_block, k_doc)
-    configs = [config] if config is not None else list(module.SM90_CONFIGS.values())
-    for each in configs:
+    op = _custom_op(module)  # registered here, never while dynamo traces a layer
+    meta = [*schedule.q_meta, *schedule.k_meta]
+    calls = {}
+    for head_dim, default in module.SM90_CONFIGS.items():
+        each = config or default
         schedule.prepare(each)
+        lists = [t for part in schedule.lists(each) for t in astuple_shallow(part)]
+        calls[head_dim] = _Call(op, meta, lists, each.to_ints())
     return BlockDiffusionPlan(
-        backend, schedule.q_meta, schedule.k_meta, config=config, schedule=schedule, module=module
+        backend,
+        schedule.q_meta,
+        schedule.k_meta,
+        config=config,
+        schedule=schedule,
+        module=module,
+        calls=calls,
     )
 
 
@@ -105,19 +146,17 @@ def block_diffusion_attention(
 
         return reference.block_diffusion_attention(q, k, v, plan.visible(), scale)
     head_dim = q.shape[-1]
-    if head_dim not in plan.module.SM90_CONFIGS and plan.config is None:
-        raise DllmError(
-            f"block_diffusion_attention ({plan.backend}) supports head dim 64 or 128, "
-            f"not {head_dim}",
-            hint="use model.attention: flex for this model",
-        )
-    config = plan.kernel_config(head_dim)
-    schedule = plan.schedule
-    meta = [*schedule.q_meta, *schedule.k_meta]
-    lists = [t for each in schedule.lists(config) for t in astuple_shallow(each)]
+    call = plan.calls.get(head_dim)
+    if call is None:
+        if plan.config is None:
+            raise DllmError(
+                f"block_diffusion_attention ({plan.backend}) supports head dim 64 or 128, "
+                f"not {head_dim}",
+                hint="use model.attention: flex for this model",
+            )
+        call = plan.add_call(head_dim)  # a forced config at another head dim (tests)
     scale = 1.0 / head_dim**0.5 if scale is None else float(scale)
-    forward = _custom_op(plan.module)
-    return forward(q, k, v, meta, lists, scale, config.to_ints())
+    return call.op(q, k, v, call.meta, call.lists, scale, call.config)
 
 
 def astuple_shallow(lists) -> tuple[torch.Tensor, ...]:

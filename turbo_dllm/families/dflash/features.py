@@ -206,7 +206,14 @@ def prepare_features(
             shutil.rmtree(staging)
     staging.mkdir(parents=True, exist_ok=True)
     torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    target = TargetFeatures(config.target_path, config, teacher=teacher, device=torch_device)
+    # compiled like the online target's (training.compile), so both give the same numbers
+    target = TargetFeatures(
+        config.target_path,
+        config,
+        teacher=teacher,
+        device=torch_device,
+        compile=spec.training.compile,
+    )
     total = len(data)
     shards = []
     bar = _Bar(total, enabled=progress)

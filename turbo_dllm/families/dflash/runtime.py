@@ -117,5 +117,7 @@ def build_sequence_plan(dims, attention, *, spec, config: DFlashConfig, device, 
 
         return DraftPlan(config, store=FeatureStore(spec.model.dflash.features), **share)
     teacher = spec.objective.dflash_loss == "speculators_kl"
-    target = TargetFeatures(config.target_path, config, teacher=teacher, device=device)
+    target = TargetFeatures(
+        config.target_path, config, teacher=teacher, device=device, compile=spec.training.compile
+    )
     return DraftPlan(config, target, **share)

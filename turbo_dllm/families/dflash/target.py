@@ -4,6 +4,9 @@
 Only the layers needed are built and loaded (up to the deepest feature layer; all of them when
 the teacher's distribution is needed). bf16 on CUDA, float32 on CPU, no grad, eval mode.
 Token-causal attention inside each packed document, as the target saw text when it was trained.
+With `compile` (the run's `training.compile`) on CUDA each layer is compiled as the trainer
+compiles its own (eager, the frozen target's norms, RoPE and masks are one small kernel each: in
+the speculative benchmark's drafter step they were most of the GPU's time).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ class TargetFeatures:
         teacher: bool,
         device: torch.device,
         dtype: torch.dtype | None = None,
+        compile: bool = False,
     ) -> None:
         from turbo_dllm.families.decoder.runtime import build_model
         from turbo_dllm.families.dflash import read_target_config
@@ -59,6 +63,9 @@ class TargetFeatures:
         model = build_model(self.target_config, _attend, dtype)
         self.model = materialize(model, device, seed=0, weights_from=target_path)
         self.model.requires_grad_(False).eval()
+        if compile and device.type == "cuda":
+            for layer in self.model.model.layers:
+                layer.compile(fullgraph=False, dynamic=False)
         self.device = device
 
     @torch.no_grad()
