@@ -49,6 +49,7 @@ from turbo_dllm.train.distributed import (
     replicate_partial_grads,
 )
 from turbo_dllm.train.export import export_sources
+from turbo_dllm.train.graph_breaks import graph_break_counts, graph_break_warning
 from turbo_dllm.train.memory import MemoryRecorder, out_of_memory
 from turbo_dllm.train.metrics import (
     MetricsLogger,
@@ -422,6 +423,7 @@ class Trainer:
             state = f"warm, {size / 1e6:,.0f} MB" if size else "cold: the first step compiles"
             print0(env, f"compile cache {inductor.parent} ({state})")
         last_saved = start
+        breaks_before = graph_break_counts() if spec.training.compile else None
         for step in range(start, self.total_steps):
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
@@ -432,6 +434,14 @@ class Trainer:
             except torch.OutOfMemoryError:
                 raise out_of_memory(step, self.device, self.memory.dump()) from None
             step_time = time.perf_counter() - tick
+            if breaks_before is not None and step == start:  # the step that compiled the layers
+                warning = graph_break_warning(
+                    breaks_before,
+                    graph_break_counts(),
+                    checkpointing=bool(spec.training.activation_checkpointing),
+                )
+                if warning:
+                    print0(env, f"warning: {warning}")
             self.profiler.after_step(step)
             self.memory.after_step(step)
             done = step + 1
