@@ -872,9 +872,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         nargs="?",
         const=True,
         default=False,
-        choices=[True, "keep_attention"],
+        choices=[True, "keep_attention", "keep_matmuls"],
         help="ours: recompute layers in the backward (keep_attention: all but attention's "
-        "outputs); HF: gradient checkpointing",
+        "outputs; keep_matmuls: only the pointwise ops); HF: gradient checkpointing",
     )
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-baseline", action="store_true")

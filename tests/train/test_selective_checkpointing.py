@@ -59,6 +59,29 @@ def test_keep_attention_runs_attention_once_per_layer_and_changes_no_number(tmp_
         assert [r[field] for r in keep_rows] == [r[field] for r in plain_rows]
 
 
+def test_keep_matmuls_reruns_no_matmul_and_changes_no_number(tmp_path):
+    """keep_matmuls: the backward reruns neither attention nor any GEMM of a layer (the
+    run's matmul count is the uncheckpointed run's; full checkpointing's is higher), and the
+    losses and gradient norms are those of full checkpointing, bitwise."""
+    mm, addmm = torch.ops.aten.mm.default, torch.ops.aten.addmm.default
+    counts, rows = {}, {}
+    for mode in ("false", "true", "keep_matmuls"):
+        spec = tiny_spec(
+            "training.steps=3",
+            "checkpoint.interval=null",
+            f"training.activation_checkpointing={mode}",
+        )
+        with CountOps(SDPA, mm, addmm) as count:
+            train(spec, tmp_path / mode)
+        counts[mode], rows[mode] = count.counts, metrics(tmp_path / mode)
+    matmuls = {mode: c[mm] + c[addmm] for mode, c in counts.items()}
+    assert matmuls["true"] > matmuls["false"]  # full checkpointing reruns the projections
+    assert matmuls["keep_matmuls"] == matmuls["false"]
+    assert counts["keep_matmuls"][SDPA] == counts["false"][SDPA]
+    for field in ("loss", "grad_norm"):
+        assert [r[field] for r in rows["keep_matmuls"]] == [r[field] for r in rows["true"]]
+
+
 class AttentionBlock(torch.nn.Module):
     def __init__(self, width: int = 64, heads: int = 4) -> None:
         super().__init__()
@@ -74,21 +97,29 @@ class AttentionBlock(torch.nn.Module):
         return x + self.out(o.transpose(1, 2).reshape(batch, seq, width)).relu()
 
 
-@pytest.mark.parametrize(("keep", "calls"), [(False, 2), (True, 1)])
-def test_compiled_checkpointed_layers_keep_attention_too(keep, calls):
+@pytest.mark.parametrize(
+    ("mode", "attention_calls", "matmul_calls"),
+    [("full", 2, 2 + 4 + 2), ("keep_attention", 1, 2 + 4 + 2), ("keep_matmuls", 1, 2 + 4)],
+)
+def test_compiled_checkpointed_layers_keep_attention_too(mode, attention_calls, matmul_calls):
     """Under torch.compile the policy decides the partition: full checkpointing reruns the
-    attention forward in the backward graph, keep_attention saves it (aot_eager: the graphs'
-    ops dispatch, so they can be counted)."""
+    attention forward in the backward graph, keep_attention saves it, keep_matmuls saves the
+    two projections' GEMMs too (aot_eager: the graphs' ops dispatch, so they can be counted:
+    2 forward GEMMs, 4 in the backward's gradients, 2 more where the backward reruns them)."""
     from turbo_dllm.train.distributed import apply_activation_checkpointing
 
     torch.manual_seed(0)
     layers = torch.nn.ModuleList([AttentionBlock()])
-    apply_activation_checkpointing(layers, keep_attention=keep)
+    apply_activation_checkpointing(
+        layers, keep_attention=mode == "keep_attention", keep_matmuls=mode == "keep_matmuls"
+    )
     layers[0].compile(backend="aot_eager", dynamic=False)
     x = torch.randn(2, 32, 64, requires_grad=True)
-    with CountOps(SDPA) as count:
+    mm, addmm = torch.ops.aten.mm.default, torch.ops.aten.addmm.default
+    with CountOps(SDPA, mm, addmm) as count:
         layers[0](x).square().sum().backward()
-    assert count.counts[SDPA] == calls
+    assert count.counts[SDPA] == attention_calls
+    assert count.counts[mm] + count.counts[addmm] == matmul_calls
 
 
 def test_an_unknown_checkpointing_mode_is_refused():

@@ -284,12 +284,15 @@ class TrainingSpec(_Strict):
     grad_accumulation: PositiveInt = 1
     steps: PositiveInt = 50
     clip_grad_norm: float | None = Field(1.0, gt=0.0)
-    activation_checkpointing: bool | Literal["keep_attention"] = Field(
+    activation_checkpointing: bool | Literal["keep_attention", "keep_matmuls"] = Field(
         False,
         description="Recompute each layer in the backward instead of keeping its activations. "
         "'keep_attention': recompute all but the attention kernels' outputs (selective "
         "checkpointing): the backward reruns projections, norms and MLPs but not attention, "
-        "whose cost grows with the context, for one more hidden-sized tensor kept per layer.",
+        "whose cost grows with the context, for one more hidden-sized tensor kept per layer. "
+        "'keep_matmuls': keep the matmuls' outputs too, so only norms, activations and other "
+        "pointwise ops rerun (most of the layer's activations kept: for long contexts with "
+        "memory to spare).",
     )
     mlp_chunks: PositiveInt = Field(
         1,

@@ -96,12 +96,20 @@ def any_rank(flag: bool, env: DistEnv) -> bool:
     return bool(vote.item())
 
 
-def apply_activation_checkpointing(layers: nn.ModuleList, keep_attention: bool = False) -> None:
+def apply_activation_checkpointing(
+    layers: nn.ModuleList, keep_attention: bool = False, keep_matmuls: bool = False
+) -> None:
     """Recompute each layer in backward instead of storing its activations; with
-    `keep_attention`, all but the attention kernels' outputs (`keeps_attention`)."""
+    `keep_attention`, all but the attention kernels' outputs (`keeps_attention`); with
+    `keep_matmuls`, all but those and the matmuls' outputs (`keeps_matmul`): only norms,
+    activations and other pointwise ops rerun."""
+    from functools import partial
+
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
 
-    options = {"context_fn": _keep_attention_contexts} if keep_attention else {}
+    options = {}
+    if keep_attention or keep_matmuls:
+        options["context_fn"] = partial(_selective_contexts, keep_matmuls)
     for index, layer in enumerate(layers):
         layers[index] = checkpoint_wrapper(layer, preserve_rng_state=False, **options)
 
@@ -111,6 +119,12 @@ def keeps_attention(func) -> bool:
     fused ones, FlexAttention, the forward of our `block_diffusion_attention` op), the costliest
     ops of a layer to rerun at long context and the ones whose cost grows with it."""
     return func in _torch_attention_ops() or func in FORWARD_OPS
+
+
+def keeps_matmul(func) -> bool:
+    """The GEMMs `keep_matmuls` keeps too: projections, MLP and experts (nn.Linear reaches the
+    policy as mm / addmm; grouped experts as _grouped_mm)."""
+    return func in _matmul_ops()
 
 
 @functools.cache
@@ -127,11 +141,18 @@ def _torch_attention_ops() -> frozenset:
     return frozenset(ops)
 
 
-def _keep_attention_contexts():
+@functools.cache
+def _matmul_ops() -> frozenset:
+    aten = torch.ops.aten
+    names = ("mm", "addmm", "bmm", "baddbmm", "_grouped_mm", "_scaled_mm")
+    return frozenset(getattr(aten, name).default for name in names if hasattr(aten, name))
+
+
+def _selective_contexts(keep_matmuls: bool):
     from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     def policy(ctx, func, *args, **kwargs):
-        if keeps_attention(func):
+        if keeps_attention(func) or (keep_matmuls and keeps_matmul(func)):
             return CheckpointPolicy.MUST_SAVE
         return CheckpointPolicy.PREFER_RECOMPUTE
 

@@ -171,7 +171,11 @@ class Trainer:
         if self.spec.training.mlp_chunks > 1:
             apply_mlp_chunking(layers, self.spec.training.mlp_chunks)
         if checkpointing := self.spec.training.activation_checkpointing:
-            apply_activation_checkpointing(layers, keep_attention=checkpointing == "keep_attention")
+            apply_activation_checkpointing(
+                layers,
+                keep_attention=checkpointing == "keep_attention",
+                keep_matmuls=checkpointing == "keep_matmuls",
+            )
         if self.spec.training.compile:
             apply_compile(layers)
         if self.mesh is not None:
