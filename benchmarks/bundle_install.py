@@ -57,8 +57,13 @@ class _QuietHandler(SimpleHTTPRequestHandler):
         pass
 
 
-def serve(root: Path) -> tuple[ThreadingHTTPServer, str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(_QuietHandler, directory=str(root)))
+def serve(root: Path, kind: str = "stdlib") -> tuple[ThreadingHTTPServer, str]:
+    from turbo_dllm.mirror.serve import MirrorRequestHandler
+
+    handler = _QuietHandler
+    if kind == "mirror":
+        handler = type("QuietMirror", (MirrorRequestHandler,), {"quiet": True})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(handler, directory=str(root)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, f"http://127.0.0.1:{server.server_address[1]}"
 
@@ -193,6 +198,13 @@ def main(argv: list[str] | None = None) -> int:
         "native code (~2.7x; the wheel then holds the same file deflated)",
     )
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--server",
+        choices=("stdlib", "mirror"),
+        default="stdlib",
+        help="the loopback server both installers fetch from: the standard library's "
+        "SimpleHTTPRequestHandler, or `dllm mirror serve`'s handler (sendfile)",
+    )
     parser.add_argument("--verify-mib", type=int, default=1024)
     parser.add_argument(
         "--out", type=Path, default=ROOT / "runs" / "benchmarks" / "bundle_install.json"
@@ -223,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
                 mirror / "wheels" / f"pad{mib}" / "dllm_bench_pad-1.0-py3-none-any.whl", size, pad
             )
             cases.append((mib, release, result.catalog_sha256, size, wheel))
-        server, url = serve(mirror)
+        server, url = serve(mirror, args.server)
         rows = []
         try:
             for mib, release, catalog_sha, size, wheel in cases:

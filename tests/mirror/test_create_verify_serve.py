@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 
 import pytest
 import requests
@@ -153,6 +154,32 @@ def test_server_content_types_ranges_and_no_listings(mirror):
         assert beyond.status_code == 416
         assert requests.get(f"{server.url}/wheels/", timeout=10).status_code == 404
         assert requests.get(f"{server.url}/../../etc/passwd", timeout=10).status_code == 404
+
+
+def test_server_sends_large_files_and_ranges_whole(mirror):
+    """Files are sent with sendfile from the page cache: many MiB, whole and from an offset
+    past the first MiB, byte for byte; HEAD sends headers only."""
+    root, _ = mirror
+    blob = root / "bundles" / "big.bin"
+    blob.parent.mkdir(exist_ok=True)
+    data = random.Random(0).randbytes(5 * 1024 * 1024 + 123)
+    blob.write_bytes(data)
+    with MirrorServer(root, quiet=True) as server:
+        url = f"{server.url}/bundles/big.bin"
+        whole = requests.get(url, timeout=30)
+        assert whole.status_code == 200 and whole.content == data
+        assert whole.headers["Content-Length"] == str(len(data))
+        start = 1024 * 1024 + 7
+        part = requests.get(
+            url, headers={"Range": f"bytes={start}-{start + 3 * 1024 * 1024}"}, timeout=30
+        )
+        assert part.status_code == 206
+        assert part.content == data[start : start + 3 * 1024 * 1024 + 1]
+        rest = requests.get(url, headers={"Range": f"bytes={start}-"}, timeout=30)
+        assert rest.content == data[start:]
+        head = requests.head(url, timeout=10)
+        assert head.status_code == 200 and head.content == b""
+        assert head.headers["Content-Length"] == str(len(data))
 
 
 def test_serve_and_verify_refuse_a_folder_that_is_not_a_mirror(tmp_path, cli):
