@@ -1,0 +1,28 @@
+"""`benchmarks/speculative.py --tiny`: the whole benchmark (data from the standard library,
+target, both drafters, evaluation) runs on CPU and reports lossless decoding for both."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
+    out = tmp_path / "spec.json"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "speculative.py"), "--tiny",
+         "--work", str(tmp_path / "work"), "--out", str(out)],
+        capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(out.read_text())
+    assert result["training"]["target"]["steps"] == 40  # --target-steps, capped for --tiny
+    for name in ("dflash", "autoregressive"):
+        report = result["reports"][name]
+        assert report["lossless"] is True
+        assert report["tau"] >= 1.0
+    assert result["args"]["dflash_eager"] is False  # compiled only where there is a GPU
