@@ -98,6 +98,30 @@ def test_gradients_flow_through_captured_states_gradcheck():
     )
 
 
+def test_the_scan_op_backward_is_the_loop_s_autograd():
+    """The chunk scan runs as a custom op with a hand-written reverse scan: its gradients are
+    autograd's through the plain loop (float64, every input and every output), and gradcheck
+    holds."""
+    from turbo_dllm.families.qwen3_8.gated_delta import _scan_chunks, _scan_loop
+
+    torch.manual_seed(0)
+    b, h, n, c, dk, dv = 2, 3, 5, 4, 6, 7
+    shapes = [(b, h, n, c, dv), (b, h, n, c, dk), (b, h, n, c, dk), (b, h, n, 1, 1), (b, h, dk, dv)]
+    base = [torch.randn(shape, dtype=torch.float64) * 0.3 for shape in shapes]
+    base[3] = base[3].abs().clamp(max=1.0)  # a decay
+    loop_in = [x.clone().requires_grad_() for x in base]
+    op_in = [x.clone().requires_grad_() for x in base]
+    loop_out, op_out = _scan_loop(*loop_in), _scan_chunks(*op_in)
+    weights = [torch.randn_like(t) for t in loop_out]
+    for out in (loop_out, op_out):
+        sum((t * w).sum() for t, w in zip(out, weights, strict=True)).backward()
+    for a, o in zip(loop_out, op_out, strict=True):
+        assert torch.equal(a, o)
+    for a, o in zip(loop_in, op_in, strict=True):
+        torch.testing.assert_close(o.grad, a.grad, rtol=1e-12, atol=1e-12)
+    assert torch.autograd.gradcheck(_scan_chunks, [x.clone().requires_grad_() for x in base])
+
+
 # --- the layer and the model ----------------------------------------------------------------
 def _tiny_model(kernel="torch"):
     config = get_family("qwen3_8").resolve_config(

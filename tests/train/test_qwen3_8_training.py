@@ -152,3 +152,40 @@ def test_dllm_train_split_over_two_ranks_trains_the_single_process_trace(tmp_pat
     torch.testing.assert_close(
         losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5, atol=1e-5
     )
+
+
+def test_compiled_checkpointed_layers_trace_whole_and_train_like_eager(tmp_path, monkeypatch):
+    """The chunked gated-delta scan is a custom op, not a `torch.compiler.disable`d function:
+    under compile and activation checkpointing the layers trace with no graph break (a break
+    there runs the whole layer eagerly; the trainer would warn) and the losses are eager's.
+    aot_eager_decomp_partition: dynamo, AOTAutograd, inductor's decompositions and partitioner
+    as in a real compile, without its code generation (plain aot_eager trips over a stride
+    mismatch of torch's own softplus_backward meta on CPU)."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    import turbo_dllm.train.trainer as trainer_module
+
+    graphs: list[str] = []
+
+    def record(gm, example_inputs):
+        graphs.append(gm.print_readable(print_output=False))
+        return torch._dynamo.backends.debugging.aot_eager_decomp_partition(gm, example_inputs)
+
+    def compile_layers(layers):
+        for layer in layers:
+            layer.compile(backend=record, dynamic=False)
+
+    common = (
+        "training.steps=2",
+        "training.activation_checkpointing=true",
+        "checkpoint.interval=null",
+    )
+    train(spec(*common), tmp_path / "eager")
+    monkeypatch.setattr(trainer_module, "apply_compile", compile_layers)
+    torch._dynamo.reset()
+    counters.clear()
+    train(spec(*common, "training.compile=true"), tmp_path / "compiled")
+    assert sum(counters["graph_break"].values()) == 0, dict(counters["graph_break"])
+    assert any("gated_delta_scan" in g for g in graphs)
+    assert losses(tmp_path / "compiled") == pytest.approx(losses(tmp_path / "eager"), rel=1e-5)

@@ -78,8 +78,7 @@ def _unit_lower_inverse(strict: torch.Tensor) -> torch.Tensor:
     return inverse
 
 
-@torch.compiler.disable  # a T/chunk-step loop: unrolled by dynamo it compiles for minutes
-def _scan_chunks(new_values, state_keys, k_decayed, chunk_decay, state):
+def _scan_loop(new_values, state_keys, k_decayed, chunk_decay, state):
     """The sequential part of the chunked form: the state before every chunk, and each chunk's
     corrected values (its delta-rule updates given that state); two small matmuls a chunk.
     Everything else is batched over chunks before and after, inside the compiled layer."""
@@ -90,6 +89,117 @@ def _scan_chunks(new_values, state_keys, k_decayed, chunk_decay, state):
         corrections.append(corrected)
         state = state * chunk_decay[:, :, i] + k_decayed[:, :, i].transpose(-1, -2) @ corrected
     return torch.stack(states, 2), torch.stack(corrections, 2), state
+
+
+def _scan_loop_backward(state_keys, k_decayed, chunk_decay, states, corrections, g_states,
+                        g_corrections, g_final):  # fmt: skip
+    """The reverse scan: gradients of (new_values, state_keys, k_decayed, chunk_decay, state)
+    from those of the three outputs, walking the chunks backwards with the forward's states
+    and corrections (each chunk: C = N - K S; S' = S d + Kd^T C)."""
+    # contiguous (not empty_like: a size-1 dim's stride may differ between the traced and the
+    # real tensor, and the compiled backward views these gradients)
+    g_new, g_keys, g_kdec, g_decay = (
+        x.new_empty(x.shape) for x in (corrections, state_keys, k_decayed, chunk_decay)
+    )
+    g_next = g_final.contiguous().clone()  # d loss / d (the state after chunk i); no alias
+    for i in reversed(range(corrections.shape[2])):
+        state, corrected = states[:, :, i], corrections[:, :, i]
+        g_corrected = g_corrections[:, :, i] + k_decayed[:, :, i] @ g_next
+        g_kdec[:, :, i] = corrected @ g_next.transpose(-1, -2)
+        g_decay[:, :, i] = (state * g_next).sum((-1, -2), keepdim=True)
+        g_new[:, :, i] = g_corrected
+        g_keys[:, :, i] = -g_corrected @ state.transpose(-1, -2)
+        g_next = (
+            g_next * chunk_decay[:, :, i]
+            - state_keys[:, :, i].transpose(-1, -2) @ g_corrected
+            + g_states[:, :, i]
+        )
+    return g_new, g_keys, g_kdec, g_decay, g_next
+
+
+# The scan is a custom op (forward and backward each one opaque node to torch.compile): a loop
+# of T/chunk steps unrolled by dynamo compiles for minutes, and `torch.compiler.disable`, which
+# kept it out before, is a graph break: inside an activation-checkpointed layer that makes
+# dynamo run the whole layer eagerly.
+@torch.library.custom_op("turbo_dllm::gated_delta_scan", mutates_args=())
+def _scan_op(
+    new_values: torch.Tensor,
+    state_keys: torch.Tensor,
+    k_decayed: torch.Tensor,
+    chunk_decay: torch.Tensor,
+    state: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    states, corrections, final = _scan_loop(new_values, state_keys, k_decayed, chunk_decay, state)
+    # contiguous like the fake outputs, and never the input itself (a custom op may not alias)
+    return (
+        states,
+        corrections.contiguous(),
+        final.contiguous() if final is not state else final.clone(),
+    )
+
+
+@_scan_op.register_fake
+def _(new_values, state_keys, k_decayed, chunk_decay, state):
+    b, h, n = new_values.shape[:3]
+    return (
+        state.new_empty(b, h, n, *state.shape[-2:]),
+        new_values.new_empty(new_values.shape),
+        state.new_empty(state.shape),
+    )
+
+
+@torch.library.custom_op("turbo_dllm::gated_delta_scan_backward", mutates_args=())
+def _scan_backward_op(
+    state_keys: torch.Tensor,
+    k_decayed: torch.Tensor,
+    chunk_decay: torch.Tensor,
+    states: torch.Tensor,
+    corrections: torch.Tensor,
+    g_states: torch.Tensor,
+    g_corrections: torch.Tensor,
+    g_final: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _scan_loop_backward(
+        state_keys, k_decayed, chunk_decay, states, corrections, g_states, g_corrections, g_final
+    )
+
+
+@_scan_backward_op.register_fake
+def _(state_keys, k_decayed, chunk_decay, states, corrections, g_states, g_corrections, g_final):
+    return tuple(  # contiguous, as `_scan_loop_backward` makes them
+        x.new_empty(x.shape) for x in (corrections, state_keys, k_decayed, chunk_decay, g_final)
+    )
+
+
+def _scan_setup(ctx, inputs, output):
+    _, state_keys, k_decayed, chunk_decay, _ = inputs
+    states, corrections, _ = output
+    ctx.save_for_backward(state_keys, k_decayed, chunk_decay, states, corrections)
+
+
+def _scan_grad(ctx, g_states, g_corrections, g_final):
+    state_keys, k_decayed, chunk_decay, states, corrections = ctx.saved_tensors
+    zeros = torch.zeros_like
+    g_states = zeros(states) if g_states is None else g_states
+    g_corrections = zeros(corrections) if g_corrections is None else g_corrections
+    g_final = zeros(states[:, :, 0]) if g_final is None else g_final
+    return _scan_backward_op(
+        state_keys, k_decayed, chunk_decay, states, corrections, g_states, g_corrections, g_final
+    )
+
+
+_scan_op.register_autograd(_scan_grad, setup_context=_scan_setup)
+
+
+def _scan_chunks(new_values, state_keys, k_decayed, chunk_decay, state):
+    """`_scan_loop` as the custom op, its inputs in one dtype (the widest: the state's float32
+    or float64, also when autocast made the matmuls' inputs bf16), so its outputs' dtypes are
+    known before it runs."""
+    args = (new_values, state_keys, k_decayed, chunk_decay, state)
+    dtype = state.dtype
+    for x in args:
+        dtype = torch.promote_types(dtype, x.dtype)
+    return _scan_op(*(x.to(dtype).contiguous() for x in args))
 
 
 def _chunked(q, k, v, g, beta, state, capture_every, chunk):
