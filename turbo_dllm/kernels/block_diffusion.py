@@ -78,12 +78,16 @@ class BlockDiffusionPlan:
 
     def add_call(self, head_dim: int) -> _Call:
         """The op's arguments at `head_dim` under the forced config (eager callers only)."""
-        config = self.kernel_config(head_dim)
-        self.schedule.prepare(config)
-        lists = [t for part in self.schedule.lists(config) for t in astuple_shallow(part)]
-        meta = [*self.schedule.q_meta, *self.schedule.k_meta]
-        self.calls[head_dim] = _Call(_custom_op(self.module), meta, lists, config.to_ints())
-        return self.calls[head_dim]
+        call = _make_call(_custom_op(self.module), self.schedule, self.kernel_config(head_dim))
+        self.calls[head_dim] = call
+        return call
+
+
+def _make_call(op, schedule, config) -> _Call:
+    """`config`'s tile lists built (once per schedule and tiling) and flattened for the op."""
+    schedule.prepare(config)
+    lists = [t for part in schedule.lists(config) for t in astuple_shallow(part)]
+    return _Call(op, [*schedule.q_meta, *schedule.k_meta], lists, config.to_ints())
 
 
 def plan_block_diffusion_attention(
@@ -113,13 +117,10 @@ def plan_block_diffusion_attention(
     module = triton_module(OP, backend)
     schedule = module.make_schedule(q_noisy, q_block, q_doc, k_noisy, k_block, k_doc)
     op = _custom_op(module)  # registered here, never while dynamo traces a layer
-    meta = [*schedule.q_meta, *schedule.k_meta]
-    calls = {}
-    for head_dim, default in module.SM90_CONFIGS.items():
-        each = config or default
-        schedule.prepare(each)
-        lists = [t for part in schedule.lists(each) for t in astuple_shallow(part)]
-        calls[head_dim] = _Call(op, meta, lists, each.to_ints())
+    calls = {
+        head_dim: _make_call(op, schedule, config or default)
+        for head_dim, default in module.SM90_CONFIGS.items()
+    }
     return BlockDiffusionPlan(
         backend,
         schedule.q_meta,
