@@ -69,7 +69,7 @@ for stage in "$@"; do
           --out "$OUT/train_step_turbo.json" 2>&1 | tee "$OUT/train_step_turbo.log" \
           | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|^hf-|speedup|out of memory|rror" || status=1 ;;
     train-turbo-32k) # ~2.5 min: 32K with activation checkpointing, ours turbo vs flex (HF OOMs there);
-      # AC_MODE=keep_attention keeps the attention outputs (selective checkpointing);
+      # AC_MODE=keep_attention keeps the attention outputs, keep_matmuls the GEMMs too (selective checkpointing);
       # TRAIN_FLAGS adds train_step flags to both train-turbo stages (e.g. --profile "$OUT/p.txt")
       python3 benchmarks/train_step.py --seq-len 32768 --activation-checkpointing ${AC_MODE:-} --attention turbo,flex ${TRAIN_FLAGS:-} \
           --no-baseline --steps 3 --warmup 1 --out "$OUT/train_step_turbo_32k.json" 2>&1 \
