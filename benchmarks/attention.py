@@ -71,6 +71,26 @@ def turbo_attend(layout: BlockDiffusionLayout, device, config=None, backend="jit
     return lambda q, k, v: block_diffusion_attention(q, k, v, plan)[0]
 
 
+def config_variant(spec: str, head_dim: int, backend: str = "jit"):
+    """'NAME:field=value,field=value' -> (NAME, the default KernelConfig with those fields)."""
+    from dataclasses import replace
+
+    from turbo_dllm.kernels.triton_ops import triton_module
+
+    name, _, fields = spec.partition(":")
+    if not name or not fields:
+        raise SystemExit(f"--variant wants NAME:FIELD=VALUE[,...], got {spec!r}")
+    module = triton_module("block_diffusion_attention", backend)
+    changes = {}
+    for item in fields.split(","):
+        field, _, value = item.partition("=")
+        changes[field.strip()] = int(value)
+    try:
+        return name, replace(module.default_config(head_dim), **changes)
+    except TypeError as error:
+        raise SystemExit(f"--variant {spec!r}: {error}") from None
+
+
 def flex_attend(layout: BlockDiffusionLayout, device):
     backend = FlexAttention(compile=True)
     mask = backend.prepare(layout, None, device)
@@ -115,6 +135,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sweep-compile-timeout", type=float, default=150.0)
     parser.add_argument("--sweep-warm", default=None, help=argparse.SUPPRESS)  # worker i/N
     parser.add_argument("--write-configs", type=Path, help="--sweep: the defaults file to write")
+    parser.add_argument(
+        "--variant",
+        action="append",
+        default=[],
+        metavar="NAME:FIELD=V[,FIELD=V]",
+        help="also time turbo with these KernelConfig fields changed on the defaults, as NAME "
+        "(e.g. 'turbo-dq-fused:dkdv_dq=1'); repeatable",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.sweep:  # its own default shapes
@@ -151,6 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             args.write_configs.parent.mkdir(parents=True, exist_ok=True)
             args.write_configs.write_text(json.dumps(table, indent=2) + "\n")
             print(f"wrote {args.write_configs} (copy it to native/block_diffusion_attention/)")
+    for spec in args.variant:
+        extra_configs.append(config_variant(spec, args.head_dim, args.backend))
     heads, kv_heads, dim = args.heads, args.kv_heads, args.head_dim
     rows: list[dict] = []
     print(

@@ -22,7 +22,7 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parents[1] / "native/block_diffusion_attention"
 SIZES = {"H", "HK", "GROUP", "PER_BATCH"}  # upper-case scalars (the rest upper-case: pointers)
 BF16 = {"Q", "K", "V", "OUT", "DO", "DK", "DV", "DQ"}
-F32 = {"LSE", "LSE2", "DELTA"}
+F32 = {"LSE", "LSE2", "DELTA", "DQ_ACC"}
 I8 = {"QN", "KN"}
 
 
@@ -94,7 +94,11 @@ def main(argv: list[str] | None = None) -> int:
     module = _module()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     failed = 0
-    for kernel, entries in module.sweep_variants(args.head_dim).items():
+    variants = module.sweep_variants(args.head_dim)
+    # not a sweep entry (the sweep times kernels apart; this one replaces the dQ kernel)
+    fused = module.default_config(args.head_dim).with_part("dkdv", dq=1)
+    variants["dkdv"] = [*variants["dkdv"], ("dq fused (atomics)", fused)]
+    for kernel, entries in variants.items():
         for name, config in entries:
             if args.only and args.only not in name:
                 continue

@@ -60,6 +60,9 @@ class KernelConfig:
       descriptors (4-D boxes), 2 device-side `tl.make_tensor_descriptor` (2-D, per head).
     order: launch order: 0 heads innermost (the heaviest tiles of every head first), 1 head by
       head (each head's tiles heaviest first; the programs running together share K/V in L2).
+    dkdv_dq: 1: the dK/dV kernel also makes dQ (each tile pair's dS K added with fp32 atomics
+      into a zeroed buffer, as FlashAttention-3 does) and the dQ kernel is not launched: five
+      matmuls per tile pair instead of seven (the dQ kernel recomputes S and dP).
 
     Every field is an int (flags 0/1) so the torch op passes the config as a list of ints.
     """
@@ -82,6 +85,7 @@ class KernelConfig:
     dkdv_runs: int = 0
     dkdv_tma: int = 0
     dkdv_order: int = 0
+    dkdv_dq: int = 0
     dq_m: int = 128
     dq_n: int = 64
     dq_warps: int = 8
@@ -627,9 +631,11 @@ def _bwd_preprocess_kernel(
 
 @triton.jit
 def _dkdv_full_tile(k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h, m0, offs_i, offs_d,
-                    stride_qs, stride_dos, LSE2, DELTA, stat, qk_scale,
-                    TMA: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
-    """dK, dV of one full (query tile, key tile): every pair allowed, no bounds checks."""
+                    stride_qs, stride_dos, LSE2, DELTA, stat, qk_scale, dq_base, stride_dqas,
+                    TMA: tl.constexpr, BLOCK_M: tl.constexpr, HEAD_DIM: tl.constexpr,
+                    DQ: tl.constexpr):  # fmt: skip
+    """dK, dV of one full (query tile, key tile): every pair allowed, no bounds checks; with DQ
+    this pair's share of dQ too (added atomically)."""
     q = _rows(q_base, stride_qs, q_desc, b, h, m0, offs_i, offs_d, TMA, BLOCK_M, HEAD_DIM)
     do = _rows(do_base, stride_dos, do_desc, b, h, m0, offs_i, offs_d, TMA, BLOCK_M, HEAD_DIM)
     offs_m = m0 + offs_i
@@ -639,14 +645,17 @@ def _dkdv_full_tile(k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h, m0, of
     p_t = tl.math.exp2(s_t - lse2[None, :])
     dv = tl.dot(p_t.to(do.dtype), do, dv)
     dp_t = tl.dot(v, tl.trans(do))
-    ds_t = p_t * (dp_t - delta[None, :])
-    dk = tl.dot(ds_t.to(q.dtype), q, dk)
+    ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+    dk = tl.dot(ds_t, q, dk)
+    if DQ:
+        dq = tl.dot(tl.trans(ds_t), k)
+        tl.atomic_add(dq_base + offs_m[:, None] * stride_dqas + offs_d[None, :], dq, sem="relaxed")
     return dk, dv
 
 
 @triton.jit(do_not_specialize=[*_SIZES, "HK"])
 def _bwd_dkdv_kernel(
-    Q, K, V, DO, DK, DV, LSE2, DELTA, A_TMA, B_TMA,
+    Q, K, V, DO, DK, DV, LSE2, DELTA, A_TMA, B_TMA, DQ_ACC,
     QN, QB, QD, KN, KB, KD,
     ORDER, IDX, COUNT, RUNS,
     qk_scale, sm_scale,
@@ -655,13 +664,15 @@ def _bwd_dkdv_kernel(
     stride_vb, stride_vh, stride_vs,
     stride_dob, stride_doh, stride_dos,
     stride_dkb, stride_dkh, stride_dks,
+    stride_dqab, stride_dqah, stride_dqas,
     stride_qdb, stride_kdb,
     H, HK, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
     PIPE: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr, RUN_LOOPS: tl.constexpr,
-    HEAD_MAJOR: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr, DQ: tl.constexpr,
 ):  # fmt: skip
-    """One key tile of one kv head: dK, dV summed over the query tiles and the GQA group."""
+    """One key tile of one kv head: dK, dV summed over the query tiles and the GQA group (with
+    DQ, each pair's dS K added into the fp32 DQ_ACC too)."""
     bhk, b, hk, n_tile, row = _program(ORDER, Nt, PER_BATCH, HK, HEAD_MAJOR)
     offs_n = n_tile * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, HEAD_DIM)
@@ -694,6 +705,7 @@ def _bwd_dkdv_kernel(
         q_desc = _head_desc(q_base, Sq, stride_qs, A_TMA, TMA, BLOCK_M, HEAD_DIM)
         do_desc = _head_desc(do_base, Sq, stride_dos, B_TMA, TMA, BLOCK_M, HEAD_DIM)
         stat = (b64 * H + h) * Sq
+        dq_base = DQ_ACC + b64 * stride_dqab + h.to(tl.int64) * stride_dqah
         if RUN_LOOPS:
             for r in range(0, n_runs):
                 t0 = tl.load(runs + 2 * r) * BLOCK_M
@@ -703,28 +715,32 @@ def _bwd_dkdv_kernel(
                         dk, dv = _dkdv_full_tile(
                             k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h,
                             tl.multiple_of(m0, BLOCK_M), offs_i, offs_d, stride_qs, stride_dos,
-                            LSE2, DELTA, stat, qk_scale, TMA, BLOCK_M, HEAD_DIM,
+                            LSE2, DELTA, stat, qk_scale, dq_base, stride_dqas,
+                            TMA, BLOCK_M, HEAD_DIM, DQ,
                         )  # fmt: skip
                 else:
                     for m0 in range(t0, t1, BLOCK_M):
                         dk, dv = _dkdv_full_tile(
                             k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h,
                             tl.multiple_of(m0, BLOCK_M), offs_i, offs_d, stride_qs, stride_dos,
-                            LSE2, DELTA, stat, qk_scale, TMA, BLOCK_M, HEAD_DIM,
+                            LSE2, DELTA, stat, qk_scale, dq_base, stride_dqas,
+                            TMA, BLOCK_M, HEAD_DIM, DQ,
                         )  # fmt: skip
         elif PIPE:
             for i in tl.range(0, n_full, num_stages=STAGES, warp_specialize=WS):
                 dk, dv = _dkdv_full_tile(
                     k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h,
                     tl.load(idx + i) * BLOCK_M, offs_i, offs_d, stride_qs, stride_dos,
-                    LSE2, DELTA, stat, qk_scale, TMA, BLOCK_M, HEAD_DIM,
+                    LSE2, DELTA, stat, qk_scale, dq_base, stride_dqas,
+                    TMA, BLOCK_M, HEAD_DIM, DQ,
                 )  # fmt: skip
         else:
             for i in range(0, n_full):
                 dk, dv = _dkdv_full_tile(
                     k, v, dk, dv, q_base, do_base, q_desc, do_desc, b, h,
                     tl.load(idx + i) * BLOCK_M, offs_i, offs_d, stride_qs, stride_dos,
-                    LSE2, DELTA, stat, qk_scale, TMA, BLOCK_M, HEAD_DIM,
+                    LSE2, DELTA, stat, qk_scale, dq_base, stride_dqas,
+                    TMA, BLOCK_M, HEAD_DIM, DQ,
                 )  # fmt: skip
         for i in tl.range(n_full, n_full + n_partial, num_stages=STAGES if PIPE else None):
             offs_m = tl.load(idx + i) * BLOCK_M + offs_i
@@ -752,8 +768,16 @@ def _bwd_dkdv_kernel(
             p_t = tl.where(visible, tl.math.exp2(s_t - lse2[None, :]), 0.0)
             dv = tl.dot(p_t.to(do.dtype), do, dv)
             dp_t = tl.dot(v, tl.trans(do))
-            ds_t = p_t * (dp_t - delta[None, :])
-            dk = tl.dot(ds_t.to(q.dtype), q, dk)
+            ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+            dk = tl.dot(ds_t, q, dk)
+            if DQ:
+                dq = tl.dot(tl.trans(ds_t), k)
+                tl.atomic_add(
+                    dq_base + offs_m[:, None] * stride_dqas + offs_d[None, :],
+                    dq,
+                    mask=row_ok[:, None],
+                    sem="relaxed",
+                )
 
     dk_base = DK + b64 * stride_dkb + hk.to(tl.int64) * stride_dkh
     dv_base = DV + b64 * stride_dkb + hk.to(tl.int64) * stride_dkh
@@ -967,6 +991,8 @@ def _launch(kernel: str, config: KernelConfig, tiles: int, programs: int, tma: i
         RUN_LOOPS=part["runs"], HEAD_MAJOR=part["order"],
         num_warps=part["warps"], num_stages=part["stages"],
     )  # fmt: skip
+    if kernel == "dkdv":
+        options["DQ"] = part["dq"]
     return {"grid": grid, **options}
 
 
@@ -1023,8 +1049,9 @@ def backward_prepare(grad_out, grad_lse, q, out, lse):
 
 
 def backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
-                  config: KernelConfig):  # fmt: skip
-    """(dk, dv), contiguous: one program per (kv head, key tile) over its query tiles."""
+                  config: KernelConfig, dq_acc: torch.Tensor | None = None):  # fmt: skip
+    """(dk, dv), contiguous: one program per (kv head, key tile) over its query tiles. With
+    `dq_acc` (fp32, zeroed, like q; config.dkdv_dq) the unscaled dQ is added into it too."""
     batch, heads, sq, dim = q.shape
     kv_heads, sk = k.shape[1], k.shape[2]
     qn, qb, qd = schedule.q_meta
@@ -1035,9 +1062,12 @@ def backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: flo
     lists_rows, nt, mt = cols.index.shape
     tma = _uses_tma(config.dkdv_tma, q, k, v, grad_out)
     launch = _launch("dkdv", config, nt, batch * kv_heads, tma)
+    if (dq_acc is not None) != bool(config.dkdv_dq):
+        raise ValueError("dq_acc is the buffer of config.dkdv_dq: pass it exactly when that is 1")
+    acc = dq_acc if dq_acc is not None else delta.view(*delta.shape, 1)  # unused without DQ
     _bwd_dkdv_kernel[launch.pop("grid")](
         q, k, v, grad_out, dk, dv, lse2, delta,
-        *_descriptors(tma, (q, grad_out), config.dkdv_m),
+        *_descriptors(tma, (q, grad_out), config.dkdv_m), acc,
         qn, qb, qd, kn, kb, kd,
         cols.order, cols.index, cols.count, cols.runs,
         scale * LOG2E, scale,
@@ -1046,6 +1076,7 @@ def backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: flo
         v.stride(0), v.stride(1), v.stride(2),
         grad_out.stride(0), grad_out.stride(1), grad_out.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2),
+        acc.stride(0), acc.stride(1), acc.stride(2),
         *_doc_strides(schedule),
         heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
         HEAD_DIM=dim, BLOCK_M=config.dkdv_m, BLOCK_N=config.dkdv_n, **launch,
@@ -1092,6 +1123,10 @@ def backward(
     config = config or default_config(dim)
     scale = 1.0 / math.sqrt(dim) if scale is None else scale
     grad_out, delta, lse2 = backward_prepare(grad_out, grad_lse, q, out, lse)
+    if config.dkdv_dq:  # one kernel: dQ accumulated in fp32 by the dK/dV programs
+        dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
+        dk, dv = backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, config, dq_acc)
+        return (dq_acc * scale).to(q.dtype), dk, dv
     dk, dv = backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, config)
     dq = backward_dq(grad_out, delta, lse2, q, k, v, schedule, scale, config)
     return dq, dk, dv

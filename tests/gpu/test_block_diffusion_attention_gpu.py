@@ -46,7 +46,8 @@ def test_every_loop_and_load_variant_matches_reference(head_dim):
     """Every loop and load flag the sweep may pick, compiled for this GPU, in two configs that
     together hold them all (the sweep also checks each variant it times against the default on
     its own shapes): pipelined runs of full tiles, head-major order and host TMA at 3 stages;
-    device TMA with tl.range and warp specialisation on the indirect list."""
+    device TMA with tl.range and warp specialisation on the indirect list; dQ fused into the
+    dK/dV kernel (fp32 atomics), alone and with pipelined runs."""
     module = triton_module("block_diffusion_attention", "jit")
     base = module.default_config(head_dim)
     configs = {
@@ -54,6 +55,10 @@ def test_every_loop_and_load_variant_matches_reference(head_dim):
             base, runs=1, pipe=1, order=1, tma=1, stages=3, n=64
         ).with_part("dkdv", m=64, n=128),
         "tma device tl.range ws": module.everywhere(base, tma=2, pipe=1, ws=1),
+        "dq fused": base.with_part("dkdv", dq=1),
+        "dq fused runs s3": module.everywhere(base, runs=1, pipe=1, stages=3, n=64).with_part(
+            "dkdv", m=64, n=128, dq=1
+        ),
     }
     for name, config in configs.items():
         errors = compare_block_diffusion_attention(

@@ -118,3 +118,18 @@ def test_sweep_times_the_best_tiles_with_the_best_loop_variant_together():
     assert config.part("dq") == base.part("dq")
     # Nothing to combine when either kind does not beat the default.
     assert sweep._combinations(module, [row("128x64 w4 s3", 1.1), row("runs", 0.8)], base) == []
+
+
+def test_a_config_variant_changes_only_the_named_fields():
+    import pytest
+
+    bench = _benchmark()
+    name, config = bench.config_variant("turbo-dq-fused:dkdv_dq=1,dkdv_stages=3", 128)
+    assert name == "turbo-dq-fused"
+    assert (config.dkdv_dq, config.dkdv_stages) == (1, 3)
+    default = bench.config_variant("same:dkdv_dq=0", 128)[1]
+    assert config.fwd_m == default.fwd_m and config.dq_n == default.dq_n
+    with pytest.raises(SystemExit, match="no_such_field"):
+        bench.config_variant("x:no_such_field=1", 128)
+    with pytest.raises(SystemExit, match="NAME:FIELD"):
+        bench.config_variant("missing-fields", 128)

@@ -167,6 +167,12 @@ elif sys.argv[1] == "variants":
         if "runs" in label:
             results.append(run(f"{label}: csbp prefix", TokenSet.concat(noisy, clean), gathered,
                                4, 1, 128, 3))
+    # dQ made by the dK/dV kernel (fp32 atomics), no dQ kernel: GQA, documents, partial tiles.
+    TINY = base.with_part("dkdv", dq=1)
+    results.append(run("dq fused: stream", whole16, whole16, 4, 2, 64, 0, views=True))
+    TINY = everywhere(base, runs=1, pipe=1).with_part("dkdv", dq=1)
+    results.append(run("dq fused runs tl.range: csbp prefix", TokenSet.concat(noisy, clean),
+                       gathered, 4, 1, 128, 3))
     TINY = base
 elif sys.argv[1] == "relabelled":
     for name, before, after in (("partial-as-full", module.PARTIAL, module.FULL),
@@ -245,10 +251,10 @@ def test_kernels_match_the_reference_for_every_mask_shape():
 
 def test_every_loop_and_load_variant_matches_the_reference():
     """The sweep's variants (tl.range pipelining, warp specialisation, full tiles as runs of
-    affine loops, head-major launch order, host and device TMA descriptors), forward and every
-    gradient, in all three kernels at once."""
+    affine loops, head-major launch order, host and device TMA descriptors, dQ fused into the
+    dK/dV kernel), forward and every gradient, in all three kernels at once."""
     results = _child("variants")
-    assert len(results) == 12
+    assert len(results) == 14
     for r in results:
         for part, e in r["errors"].items():
             assert e["rel"] < TOLERANCE and e["same_inf"] and not e["nan"], (r["case"], part, e)
