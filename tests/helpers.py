@@ -1,6 +1,28 @@
-"""Assertions shared by the tests."""
+"""Assertions and runners shared by the tests."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_in_triton_interpreter(script: str, *args: str, timeout: float = 600) -> str:
+    """`script` (Python source) in a child process with Triton's interpreter on (it must be on
+    before triton is imported) and the repository importable; its stdout, once it exited 0."""
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
 
 
 def assert_user_error(result, *needles: str) -> None:

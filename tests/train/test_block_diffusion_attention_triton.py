@@ -16,15 +16,11 @@ Triton (it reads bf16 bits as another format), while fp16 exercises the same cod
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import run_in_triton_interpreter
 
 CHILD = r"""
 import json, sys, torch
@@ -139,16 +135,19 @@ elif sys.argv[1] == "compiled":
     q = torch.randn(1, 2, 64, 64, generator=gen).half().requires_grad_()
     k, v = (torch.randn(1, 1, 64, 64, generator=gen).half().requires_grad_() for _ in range(2))
 
+    def compiled_vs_eager(fn, *inputs):
+        # the largest relative gradient difference of fn compiled (fullgraph) against eager
+        eager = torch.autograd.grad(fn(*inputs), inputs)
+        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+        got = torch.autograd.grad(compiled(*inputs), inputs)
+        return max(float((g.float() - e.float()).abs().max() / e.float().abs().max())
+                   for g, e in zip(got, eager))
+
     def layer(q, k, v):
         out, lse = block_diffusion_attention(q * 2, k, v, plan)
         return out.float().square().sum() + lse.sum()
 
-    eager = torch.autograd.grad(layer(q, k, v), (q, k, v))
-    compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")
-    got = torch.autograd.grad(compiled(q, k, v), (q, k, v))
-    rel = max(float((g.float() - e.float()).abs().max() / e.float().abs().max())
-              for g, e in zip(got, eager))
-    results.append({"case": "torch.compile fullgraph", "rel": rel})
+    results.append({"case": "torch.compile fullgraph", "rel": compiled_vs_eager(layer, q, k, v)})
     # dQ fused into the dK/dV kernel, q a strided view of (B, S, H, D) as the model hands it:
     # the backward's dQ must have q's strides (what the fake says), or the graph's views fail.
     fused = plan_block_diffusion_attention(
@@ -160,12 +159,8 @@ elif sys.argv[1] == "compiled":
         out, lse = block_diffusion_attention(q, k, v, fused)
         return out.float().square().sum() + lse.sum()
 
-    eager = torch.autograd.grad(strided(q_rows, k, v), (q_rows, k, v))
-    compiled = torch.compile(strided, fullgraph=True, backend="aot_eager")
-    got = torch.autograd.grad(compiled(q_rows, k, v), (q_rows, k, v))
-    rel = max(float((g.float() - e.float()).abs().max() / e.float().abs().max())
-              for g, e in zip(got, eager))
-    results.append({"case": "torch.compile fullgraph dq fused strided q", "rel": rel})
+    results.append({"case": "torch.compile fullgraph dq fused strided q",
+                    "rel": compiled_vs_eager(strided, q_rows, k, v)})
 elif sys.argv[1] == "variants":
     # Every loop and load variant the sweep may pick, in all three kernels: the whole stream
     # (every tile class, documents, GQA) and CSBP's prefix part (zigzag keys: several runs).
@@ -231,16 +226,8 @@ TOLERANCE = 1e-2  # fp16 inputs, fp32 accumulation: the kernels and the referenc
 
 
 def _child(corrupt: str) -> list[dict]:
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, corrupt],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = run_in_triton_interpreter(CHILD, corrupt, timeout=300)
+    return json.loads(stdout.strip().splitlines()[-1])
 
 
 def test_kernels_match_the_reference_for_every_mask_shape():

@@ -8,19 +8,16 @@ the interpreter must be on before triton is imported).
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.helpers import run_in_triton_interpreter
 from tests.train.util import metrics, tiny_spec
 from turbo_dllm.train.entry import train
 
-ROOT = Path(__file__).resolve().parents[2]
 SDPA = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
 
 
@@ -129,10 +126,9 @@ def test_an_unknown_checkpointing_mode_is_refused():
         tiny_spec("training.activation_checkpointing=keep_everything")
 
 
-CHILD = r"""
-import functools, torch
-from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-from torch.utils._python_dispatch import TorchDispatchMode
+# A layer-like block (a norm, a projection, our op) over a tiny plan, for the children below.
+BLOCK = r"""
+import sys, torch
 from turbo_dllm.kernels.block_diffusion import (
     FORWARD_OPS, block_diffusion_attention, plan_block_diffusion_attention)
 from turbo_dllm.kernels.triton_ops import triton_module
@@ -153,9 +149,16 @@ class Block(torch.nn.Module):
         self.qkv = torch.nn.Linear(H * D, 3 * H * D).half()
 
     def forward(self, x):
-        q, k, v = self.qkv(x).view(1, S, 3, H, D).permute(2, 0, 3, 1, 4)
+        normed = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).half()
+        q, k, v = self.qkv(normed).view(1, S, 3, H, D).permute(2, 0, 3, 1, 4)
         out, _ = block_diffusion_attention(q, k, v, plan)
         return x + out.transpose(1, 2).reshape(1, S, H * D)
+"""
+
+CHILD = (
+    BLOCK
+    + r"""
+from torch.utils._python_dispatch import TorchDispatchMode
 
 
 class Count(TorchDispatchMode):
@@ -185,46 +188,19 @@ print("calls", results["none"][0], results["full"][0], results["keep"][0])
 assert torch.equal(results["keep"][1], results["full"][1])
 assert torch.equal(results["keep"][1], results["none"][1])
 """
+)
 
 
 def test_keep_attention_keeps_our_triton_op_outputs():
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD], capture_output=True, text=True, env=env, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    calls = proc.stdout.split("calls")[-1].split()
+    calls = run_in_triton_interpreter(CHILD).split("calls")[-1].split()
     assert calls == ["1", "2", "1"]  # none, full checkpointing, keep_attention
 
 
-COMPILED_CHILD = r"""
-import sys, torch
+COMPILED_CHILD = (
+    BLOCK
+    + r"""
 from torch._dynamo.utils import counters
-from turbo_dllm.kernels.block_diffusion import block_diffusion_attention, plan_block_diffusion_attention
-from turbo_dllm.kernels.triton_ops import triton_module
-from turbo_dllm.train.distributed import apply_activation_checkpointing
-
-module = triton_module("block_diffusion_attention", "jit")
-TINY = module.KernelConfig(fwd_m=16, fwd_n=32, dkdv_m=32, dkdv_n=16, dq_m=16, dq_n=16)
-S, H, D = 64, 2, 64
-noisy = torch.arange(S) < 32
-block = torch.arange(S) % 32 // 16
-doc = torch.zeros(1, S, dtype=torch.long)
-plan = plan_block_diffusion_attention(noisy, block, doc, noisy, block, doc, backend="jit", config=TINY)
-
-
-class Block(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.qkv = torch.nn.Linear(H * D, 3 * H * D).half()
-
-    def forward(self, x):
-        normed = x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).half()
-        q, k, v = self.qkv(normed).view(1, S, 3, H, D).permute(2, 0, 3, 1, 4)
-        out, _ = block_diffusion_attention(q, k, v, plan)
-        return x + out.transpose(1, 2).reshape(1, S, H * D)
-
 
 graphs = []
 
@@ -241,6 +217,7 @@ layers[0](x).float().square().sum().backward()
 print("graphs", len(graphs), "breaks", sum(counters["graph_break"].values()))
 print("traced", any("rsqrt" in g and "block_diffusion_attention" in g for g in graphs))
 """
+)
 
 
 @pytest.mark.parametrize("checkpointing", ["none", "full", "keep"])
@@ -250,15 +227,7 @@ def test_a_compiled_layer_traces_our_op_in_one_graph(checkpointing):
     RoPE its own kernel: 0.8x of flex's step at 32K on the H200 before the plan registered the
     op and flattened its arguments)."""
     pytest.importorskip("triton")
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", COMPILED_CHILD, checkpointing],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    lines = proc.stdout.splitlines()
-    assert "graphs 1 breaks 0" in lines, proc.stdout
-    assert "traced True" in lines, proc.stdout
+    stdout = run_in_triton_interpreter(COMPILED_CHILD, checkpointing)
+    lines = stdout.splitlines()
+    assert "graphs 1 breaks 0" in lines, stdout
+    assert "traced True" in lines, stdout

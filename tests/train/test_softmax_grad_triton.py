@@ -9,12 +9,8 @@ cases run in a child process.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.helpers import run_in_triton_interpreter
 
 CHILD = r"""
 import json, torch
@@ -53,12 +49,8 @@ print(json.dumps(results))
 
 
 def test_kernel_matches_the_torch_reference_under_the_interpreter():
-    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=300
-    )
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    stdout = run_in_triton_interpreter(CHILD, timeout=300)
+    results = json.loads(stdout.strip().splitlines()[-1])
     assert len(results) == 12
     for r in results:
         assert r["loss_dtype"] == "torch.float32", r
