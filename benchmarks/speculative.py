@@ -209,6 +209,13 @@ def main() -> int:
         "default on the GPU, the cold compile inside the drafter's time: 52.6 ms a step "
         "against 93-129 eager)",
     )
+    parser.add_argument(
+        "--dflash-variants",
+        default="plain",
+        help="comma list of DFlash drafters to train (--drafter-seconds each) and evaluate: "
+        "plain (KL on every supervised slot), greedy-path (objective.greedy_path: only slots "
+        "whose block so far is the target's greedy path); the first is `dflash` in the targets",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=12)
     parser.add_argument("--prompt-len", type=int, default=64)
@@ -228,6 +235,15 @@ def main() -> int:
         args.seq_len, args.micro_batch, args.max_new_tokens = 128, 4, 16
         args.num_prompts, args.prompt_len = 2, 16
     max_anchors = args.max_anchors or max(8, args.seq_len // 4)
+    variants = args.dflash_variants.split(",")
+    if (
+        not variants
+        or set(variants) - {"plain", "greedy-path"}
+        or len(set(variants)) < len(variants)
+    ):
+        parser.error(
+            f"--dflash-variants: distinct names of plain, greedy-path (got {args.dflash_variants!r})"
+        )
     work = args.work
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -271,75 +287,79 @@ def main() -> int:
         work / "ar-drafter",
         "ar-drafter",
     )
+
     # Compiled on the GPU (the drafter's layers and, through training.compile, the frozen
     # target's), the cold compile inside the drafter's time budget (~33 s of the 120 s on the
     # H200); the AR drafter's layers are the target's, already in the compile cache.
-    dflash_doc = decoder_spec(
-        train_data,
-        work / "dflash-run",
-        shape,
-        seconds=args.drafter_seconds,
-        gpu=False,
-        every=50,
-        **common_train,
-    )
-    dflash_doc["training"]["compile"] = gpu and not args.dflash_eager
-    dflash_doc["model"] = {
-        "family": "dflash",
-        "from_config": "target",
-        "dflash": {
-            "target": str(target),
-            "num_layers": args.drafter_layers,
-            "block_size": args.block_size,
-            "mask_token_id": 259,
-        },
-    }
-    dflash_doc["objective"] = {
-        "name": "dflash_distillation",
-        "block_size": args.block_size,
-        "max_anchors": max_anchors,
-        "anchor_sampling": "locality",
-        "decay_gamma": 7.0,
-        "dflash_loss": "speculators_kl",
-    }
-    if args.profile_dflash:  # three steps well after the first (compiles, warm-up)
-        dflash_doc["profiler"] = {"enabled": True, "start_step": 20, "num_steps": 3}
-    drafter, dflash_record = train_and_export(
-        dflash_doc, work / "dflash-run", work / "dflash-drafter", "dflash"
-    )
-    if args.profile_dflash and args.out:
-        for table in (work / "dflash-run" / "profile").glob("ops_*.txt"):
-            args.out.parent.mkdir(parents=True, exist_ok=True)
-            copy = args.out.with_name(f"{args.out.stem}_dflash_{table.name}")
-            copy.write_text(table.read_text())
-            progress(f"dflash: the profiled steps' ops by time in {copy}")
-    tokens_per_step = args.micro_batch * args.seq_len
-    if dflash_record["mfu"] is not None:  # the drafter's FLOPs plus the frozen target's forward
-        from turbo_dllm.train.metrics import peak_flops
-
-        teacher = target_forward_flops(target, tokens_per_step, args.seq_len)
-        peak = peak_flops(torch.device("cuda"))
-        dflash_record["mfu_with_target"] = (
-            dflash_record["mfu"] + teacher / dflash_record["step_time_s"] / peak
+    def train_dflash(variant: str) -> tuple[str, Path, dict]:
+        name = "dflash" if variant == variants[0] else f"dflash-{variant}"
+        doc = decoder_spec(
+            train_data,
+            work / f"{name}-run",
+            shape,
+            seconds=args.drafter_seconds,
+            gpu=False,
+            every=50,
+            **common_train,
         )
+        doc["training"]["compile"] = gpu and not args.dflash_eager
+        doc["model"] = {
+            "family": "dflash",
+            "from_config": "target",
+            "dflash": {
+                "target": str(target),
+                "num_layers": args.drafter_layers,
+                "block_size": args.block_size,
+                "mask_token_id": 259,
+            },
+        }
+        doc["objective"] = {
+            "name": "dflash_distillation",
+            "block_size": args.block_size,
+            "max_anchors": max_anchors,
+            "anchor_sampling": "locality",
+            "decay_gamma": 7.0,
+            "dflash_loss": "speculators_kl",
+            "greedy_path": variant == "greedy-path",
+        }
+        if args.profile_dflash:  # three steps well after the first (compiles, warm-up)
+            doc["profiler"] = {"enabled": True, "start_step": 20, "num_steps": 3}
+        folder, record = train_and_export(doc, work / f"{name}-run", work / f"{name}-drafter", name)
+        if args.profile_dflash and args.out:
+            for table in (work / f"{name}-run" / "profile").glob("ops_*.txt"):
+                args.out.parent.mkdir(parents=True, exist_ok=True)
+                copy = args.out.with_name(f"{args.out.stem}_{name}_{table.name}")
+                copy.write_text(table.read_text())
+                progress(f"{name}: the profiled steps' ops by time in {copy}")
+        tokens_per_step = args.micro_batch * args.seq_len
+        if record["mfu"] is not None:  # the drafter's FLOPs plus the frozen target's forward
+            from turbo_dllm.train.metrics import peak_flops
+
+            teacher = target_forward_flops(target, tokens_per_step, args.seq_len)
+            peak = peak_flops(torch.device("cuda"))
+            record["mfu_with_target"] = record["mfu"] + teacher / record["step_time_s"] / peak
+        return name, folder, record
+
+    dflash = [train_dflash(v) for v in variants]
     train_s = time.perf_counter() - t0
 
-    progress("eval: loading the target and both drafters")
-    d, a = (
-        r.to_dict()
-        for r in compare(
-            str(target),
-            [str(drafter), str(ar)],
-            str(eval_data),
-            block_size=args.block_size,
-            max_new_tokens=args.max_new_tokens,
-            num_prompts=args.num_prompts,
-            prompt_len=args.prompt_len,
-            strict=False,  # a mismatch is recorded in the report, not a lost run
-            progress=progress,
-        )
+    progress("eval: loading the target and the drafters")
+    evaluated = compare(
+        str(target),
+        [str(folder) for _, folder, _ in dflash] + [str(ar)],
+        str(eval_data),
+        block_size=args.block_size,
+        max_new_tokens=args.max_new_tokens,
+        num_prompts=args.num_prompts,
+        prompt_len=args.prompt_len,
+        strict=False,  # a mismatch is recorded in the report, not a lost run
+        progress=progress,
     )
-    reports = {"dflash": d, "autoregressive": a}
+    names = [name for name, _, _ in dflash] + ["autoregressive"]
+    reports = {name: r.to_dict() for name, r in zip(names, evaluated, strict=True)}
+    a = reports["autoregressive"]
+    ratios = {name: reports[name]["tau"] / a["tau"] for name, _, _ in dflash}
+    d = reports["dflash"]
     result = {
         "benchmark": "speculative",
         "device": torch.cuda.get_device_name() if gpu else "cpu",
@@ -347,11 +367,16 @@ def main() -> int:
         "max_anchors": max_anchors,
         "train_s": train_s,
         "wall_s": time.perf_counter() - STARTED,
-        "training": {"target": target_record, "ar-drafter": ar_record, "dflash": dflash_record},
+        "training": {
+            "target": target_record,
+            "ar-drafter": ar_record,
+            **{name: record for name, _, record in dflash},
+        },
         "reports": reports,
-        "tau_ratio_dflash_over_ar": d["tau"] / a["tau"],
+        "tau_ratio_dflash_over_ar": ratios["dflash"],
+        "tau_ratios": ratios,
         "targets": {
-            "tau_ratio>=1.5": d["tau"] / a["tau"] >= 1.5,
+            "tau_ratio>=1.5": ratios["dflash"] >= 1.5,
             "dflash_speedup>=2": d["speedup"] >= 2.0,
         },
     }
@@ -362,10 +387,11 @@ def main() -> int:
             f"{name:<15}{r['steps']:>7}{r['step_time_s'] * 1e3:>9.1f}{r['tokens_per_s']:>11,.0f}"
             f"{mfu:>7}{r['loss']:>8.3f}"
         )
-    if "mfu_with_target" in dflash_record:
-        print(
-            f"dflash mfu counting the frozen target's forward: {100 * dflash_record['mfu_with_target']:.1f}%"
-        )
+    for name, _, record in dflash:
+        if "mfu_with_target" in record:
+            print(
+                f"{name} mfu counting the frozen target's forward: {100 * record['mfu_with_target']:.1f}%"
+            )
     print(
         f"{'drafter':<15}{'tau':>8}{'target tok/s':>15}{'spec tok/s':>13}{'speedup':>9}"
         f"{'lossless':>10}"
@@ -376,7 +402,9 @@ def main() -> int:
             f"{r['speculative_tokens_per_s']:>13.1f}{r['speedup']:>8.2f}x{str(r['lossless']):>10}"
         )
     print(
-        f"tau ratio dflash/ar: {result['tau_ratio_dflash_over_ar']:.2f}  targets: {result['targets']}"
+        "tau ratio over the AR drafter's: "
+        + ", ".join(f"{name} {ratio:.2f}" for name, ratio in ratios.items())
+        + f"  targets: {result['targets']}"
         f"  wall {result['wall_s']:.0f} s"
     )
     if args.out:

@@ -170,10 +170,12 @@ def test_config_and_weights_round_trip_through_an_hf_folder(world, tmp_path):
         ("objective.max_anchors=0", "max_anchors\n  Input should be greater than 0"),
         ("model.dflash.mask_token_id=600", "outside the vocabulary"),
         ("topology.tp=2", "tp is not supported here"),
+        (("objective.greedy_path=true", "objective.dflash_loss=paper_ce"), "needs the target's"),
     ],
 )
 def test_bad_drafters_are_refused_at_validation(world, override, message):
-    document = drafter_document(world["target"], world["artifact"], override)
+    overrides = override if isinstance(override, tuple) else (override,)
+    document = drafter_document(world["target"], world["artifact"], *overrides)
     with pytest.raises(Exception, match=message):
         check(RunSpec.model_validate(document))
 

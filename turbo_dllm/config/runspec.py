@@ -231,6 +231,14 @@ class ObjectiveSpec(_Strict):
         "probability the block is accepted up to the slot; dpace-continuation-value-only: by "
         "the continuation beyond it (dpace / cumulative).",
     )
+    greedy_path: bool = Field(
+        False,
+        description="dflash_distillation, speculators_kl: score a slot only where the true tokens "
+        "from the anchor up to it are the target's greedy choices (decoding asks a slot only "
+        "after the target accepted the ones before it; elsewhere the teacher's distribution is "
+        "for a prefix it never sees). Off-path slots weigh 0; the loss is still divided by the "
+        "count of supervised slots.",
+    )
     dpace_alpha: float = Field(
         0.5,
         ge=0.0,

@@ -115,6 +115,14 @@ def _rules(spec: Any, config: DFlashConfig) -> list[tuple[str, str]]:
                 f"with {', '.join(kinds)})",
             )
         )
+    if objective.greedy_path and objective.dflash_loss != "speculators_kl":
+        found.append(
+            (
+                "objective.greedy_path",
+                f"needs the target's distribution (dflash_loss: speculators_kl), not "
+                f"{objective.dflash_loss!r}",
+            )
+        )
     return found
 
 

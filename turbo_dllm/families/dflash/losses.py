@@ -14,7 +14,7 @@ import torch
 
 from turbo_dllm.train.losses import _even_chunks, default_chunk_size
 
-__all__ = ["frozen_linear_kl"]
+__all__ = ["frozen_linear_argmax", "frozen_linear_kl"]
 
 
 class _FrozenLinearKL(torch.autograd.Function):
@@ -79,3 +79,22 @@ def frozen_linear_kl(
             chunk_size,
             compute_dtype,
         )
+
+
+@torch.no_grad()
+def frozen_linear_argmax(
+    hidden: torch.Tensor, weight: torch.Tensor, *, chunk_size: int | None = None
+) -> torch.Tensor:
+    """(N,) long: argmax_v (hidden_i @ W.T)_v, in row chunks (one chunk of logits at a time)."""
+    autocast = torch.is_autocast_enabled(hidden.device.type)
+    dtype = torch.get_autocast_dtype(hidden.device.type) if autocast else hidden.dtype
+    if chunk_size is None:
+        limit = default_chunk_size(weight.shape[0], element_size=hidden.element_size())
+        chunk_size = _even_chunks(hidden.shape[0], limit)
+    w = weight.detach().to(dtype).t()
+    out = torch.empty(hidden.shape[0], dtype=torch.long, device=hidden.device)
+    with torch.autocast(hidden.device.type, enabled=False):
+        for start in range(0, hidden.shape[0], chunk_size):
+            end = min(start + chunk_size, hidden.shape[0])
+            out[start:end] = (hidden[start:end].to(dtype) @ w).argmax(-1)
+    return out

@@ -25,13 +25,19 @@ import torch
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.dflash.config import DFlashConfig
 from turbo_dllm.families.dflash.hard_labels import hard_label_loss
-from turbo_dllm.families.dflash.losses import frozen_linear_kl
+from turbo_dllm.families.dflash.losses import frozen_linear_argmax, frozen_linear_kl
 from turbo_dllm.families.dflash.model import DraftContext
 from turbo_dllm.train.losses import linear_cross_entropy
 from turbo_dllm.train.objectives.dflash_distillation import HARD_LABEL_LOSSES, DraftBatch
 from turbo_dllm.train.parallel.plan import ModelInputs
 
-__all__ = ["DraftPlan", "draft_attention_mask", "draft_score", "share_anchors"]
+__all__ = [
+    "DraftPlan",
+    "draft_attention_mask",
+    "draft_score",
+    "greedy_path",
+    "share_anchors",
+]
 
 
 def draft_attention_mask(
@@ -72,7 +78,31 @@ def draft_score(
     if batch.loss == "paper_ce":
         return linear_cross_entropy(flat, head, batch.targets, batch.weights)
     rows = teacher.reshape(-1, teacher.shape[-1]).index_select(0, batch.teacher_index)
-    return frozen_linear_kl(flat, head, rows.to(flat.dtype), batch.weights)
+    weights = batch.weights
+    if batch.greedy_path:
+        weights = weights * greedy_path(batch, teacher, head)
+    return frozen_linear_kl(flat, head, rows.to(flat.dtype), weights)
+
+
+def greedy_path(batch: DraftBatch, teacher: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """(n,) float32: 1 for a scored slot whose block, from the anchor up to the drafted
+    position, holds the target's own greedy tokens, else 0.
+
+    Speculative decoding only ever asks slot k for its token after slots 1..k-1 were accepted,
+    that is, after the target's greedy choices; where the true text left that path, the target's
+    distribution at slot k answers a question decoding never asks. The target's argmax at every
+    context position comes from its last hidden states (`teacher`, (R, L, H)) and the frozen head.
+    """
+    rows, length, hidden = teacher.shape
+    ids = batch.context_ids.to(teacher.device)
+    guess = frozen_linear_argmax(teacher.reshape(-1, hidden), head).view(rows, length)
+    miss = torch.zeros(rows, length, dtype=torch.int32, device=teacher.device)
+    miss[:, 1:] = guess[:, :-1] != ids[:, 1:]  # position t's token is not the greedy choice
+    misses = miss.cumsum(1).flatten()  # misses[r * L + t]: off-path tokens at 1..t
+    anchors = batch.anchors.to(teacher.device).flatten()[batch.score_index // batch.block_size]
+    row = batch.teacher_index // length  # teacher_index = r * L + (drafted position - 1)
+    between = misses[batch.teacher_index] - misses[row * length + anchors]  # a + 1 .. t - 1
+    return (between == 0).to(torch.float32)
 
 
 def draft_tokens(batch: DraftBatch, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -11,7 +11,10 @@ Slot contract (`sample_from_anchor`):
 The teacher's distribution for a drafted position t is the target's prediction from t - 1.
 A slot is supervised when t is in the sequence, supervised and in the anchor's document. Slot
 weights decay with distance from the anchor: exp(-(k-1)/gamma) (exp(-k/gamma) with
-sample_from_anchor), 1 without `decay_gamma`.
+sample_from_anchor), 1 without `decay_gamma`. With `greedy_path` (KL only) a slot also weighs 0
+unless the true tokens between its anchor and it are the target's greedy choices (the only
+prefixes speculative decoding asks a slot about; families/dflash/plan.py: greedy_path); the
+normalising count stays that of the supervised slots, so it stays known before the target runs.
 
 Losses: `paper_ce`, cross-entropy against the true token; `speculators_kl`, forward KL from the
 target's distribution (its own final norm and head on its last hidden state) to the drafter's,
@@ -115,6 +118,7 @@ class DraftBatch:
     rows: torch.Tensor | None = None  # the data artifact's rows (offline features' index)
     dpace_alpha: float = 0.5  # D-PACE: a slot's acceptance (1 - alpha) p + alpha
     selector_weight: float = 0.0  # DFlash2: the selector loss's weight at this step
+    greedy_path: bool = False  # score a slot only on the target's greedy path (plan.greedy_path)
 
     def to(self, device: torch.device) -> DraftBatch:
         def move(t):
@@ -176,6 +180,7 @@ class DFlashDistillation:
         selector_loss_alpha: float = 1.0,
         selector_warmup_steps: int = 0,
         selector_ramp_steps: int = 0,
+        greedy_path: bool = False,
     ) -> None:
         if max_anchors < 1:
             raise ValueError(f"max_anchors must be at least 1 (got {max_anchors})")
@@ -191,6 +196,11 @@ class DFlashDistillation:
         self.decay_gamma = decay_gamma
         self.sample_from_anchor = sample_from_anchor
         self.loss = loss
+        if greedy_path and loss != "speculators_kl":
+            raise ValueError(
+                f"greedy_path needs the target's distribution (speculators_kl), not {loss!r}"
+            )
+        self.greedy_path = greedy_path
         self.needs_teacher = loss == "speculators_kl"
 
     def slot_weights(self) -> torch.Tensor:
@@ -281,6 +291,7 @@ class DFlashDistillation:
                 if self.loss in HARD_LABEL_LOSSES
                 else 0.0
             ),
+            greedy_path=self.greedy_path,
         )
 
 
@@ -297,4 +308,5 @@ def build(spec, mask_token_id: int, vocab_size: int | None = None) -> DFlashDist
         selector_loss_alpha=spec.selector_loss_alpha,
         selector_warmup_steps=spec.selector_warmup_steps,
         selector_ramp_steps=spec.selector_ramp_steps,
+        greedy_path=spec.greedy_path,
     )
