@@ -267,3 +267,20 @@ def test_grouped_draft_attention_equals_one_sdpa_over_every_key(context):
     (dense_grad,) = torch.autograd.grad(dense.square().sum(), q)
     torch.testing.assert_close(grad, dense_grad, rtol=1e-5, atol=1e-5)
     assert groups == {16: 12, 40: 6, 256: 1}[context]  # 1: few draft tokens next to the context
+
+
+@pytest.mark.parametrize(
+    "target_layers,draft_layers,expected",
+    [
+        (36, 5, (1, 9, 17, 25, 33)),  # z-lab's spread over 1 .. n-3
+        (16, 2, (1, 13)),
+        (8, 1, (4,)),  # one draft layer: the middle
+        (4, 2, (1,)),  # the range holds one layer: once, not [1, 1]
+        (6, 4, (1, 2, 3)),  # fewer layers than the drafter: each once, in order
+        (3, 2, (1,)),
+    ],
+)
+def test_default_target_layers_spread_without_repeats(target_layers, draft_layers, expected):
+    from turbo_dllm.families.dflash.config import default_target_layer_ids
+
+    assert default_target_layer_ids(target_layers, draft_layers) == expected

@@ -55,12 +55,14 @@ HARD_LABEL_LOSSES = (
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:
     """As z-lab's DFlash: one middle layer for a one-layer drafter, else an even spread over
-    layers 1 .. n-3 (one feature layer per draft layer)."""
+    layers 1 .. n-3 (one feature layer per draft layer; fewer, each once, where the range holds
+    fewer layers than the drafter has: z-lab's spread would repeat them)."""
     if num_draft_layers == 1 or num_target_layers < 4:
         return (num_target_layers // 2,)
     start, end = 1, num_target_layers - 3
     span = end - start
-    return tuple(round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+    spread = (round(start + i * span / (num_draft_layers - 1)) for i in range(num_draft_layers))
+    return tuple(dict.fromkeys(spread))
 
 
 @dataclasses.dataclass(frozen=True)
