@@ -159,7 +159,9 @@ def train_and_export(document, run: Path, out: Path, kind: str = "decoder") -> t
     from turbo_dllm.train.entry import train
 
     spec = check(RunSpec.model_validate(document))
-    progress(f"{kind}: training for {spec.training.max_duration_s:.0f} s")
+    seconds = spec.training.max_duration_s
+    budget = f"{spec.training.steps} steps" if seconds is None else f"{seconds:.0f} s"
+    progress(f"{kind}: training for {budget}")
     started = time.perf_counter()
     train(spec, run)
     record = {"wall_s": time.perf_counter() - started, **throughput(run)}
@@ -167,7 +169,7 @@ def train_and_export(document, run: Path, out: Path, kind: str = "decoder") -> t
         f"{kind}: {record['steps']} steps in {record['wall_s']:.0f} s, loss {record['loss']:.3f}, "
         f"{record['step_time_s'] * 1e3:.1f} ms/step, {record['tokens_per_s']:,.0f} tokens/s"
     )
-    if kind == "dflash":
+    if kind.startswith("dflash"):
         from turbo_dllm.families.dflash.export import export_drafter
 
         return export_drafter(run / "checkpoints", out), record
