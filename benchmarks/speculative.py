@@ -7,8 +7,9 @@ In one run (one H200, ~7 minutes with the defaults, compiles and eval included):
 2. target: a Qwen3-shaped decoder (~200M parameters) trained with `objective: autoregressive`
    for --target-steps (or --target-seconds), exported as a Hugging Face folder;
 3. drafters, --drafter-seconds each (compiles and the online target's load inside that time):
-   a DFlash drafter (`dflash_distillation`, online target features, forward KL; its layers and
-   the frozen target's compiled unless --dflash-eager) and an autoregressive drafter of the
+   a DFlash drafter (`dflash_distillation`, online target features, forward KL on the target's
+   greedy path (`greedy_path`); its layers and the frozen target's compiled unless
+   --dflash-eager; --dflash-variants trains several) and an autoregressive drafter of the
    same layers and width (`autoregressive` on the same text);
 4. `dflash eval` of both on prompts from the held-out files (`speculative.compare`): one
    target-alone greedy run, then each drafter through the same forward and KV-cache machinery;
@@ -213,10 +214,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--dflash-variants",
-        default="plain",
+        default="greedy-path",
         help="comma list of DFlash drafters to train (--drafter-seconds each) and evaluate: "
-        "plain (KL on every supervised slot), greedy-path (objective.greedy_path: only slots "
-        "whose block so far is the target's greedy path); the first is `dflash` in the targets",
+        "greedy-path (objective.greedy_path: KL only on slots whose block so far is the "
+        "target's greedy path; tau 5.04 against plain's 4.32 in one H200 run), plain (KL on "
+        "every supervised slot); the first is `dflash` in the targets (and pays the drafter's "
+        "cold compile)",
     )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--num-prompts", type=int, default=12)
