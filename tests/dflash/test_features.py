@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 import yaml
 
 from tests.dflash.helpers import drafter_document, drafter_spec
@@ -23,8 +24,13 @@ def _config(world, path, *overrides):
     return path
 
 
-def test_offline_features_train_the_online_trace_exactly(cli, world, tmp_path):
-    config = _config(world, tmp_path / "train.yaml")
+@pytest.mark.parametrize(
+    "loss",
+    [(), ("objective.dflash_loss=greedy_ce", "objective.greedy_path=true")],
+    ids=["kl", "greedy-ce-on-path"],
+)
+def test_offline_features_train_the_online_trace_exactly(cli, world, tmp_path, loss):
+    config = _config(world, tmp_path / "train.yaml", *loss)
     features = tmp_path / "features"
     result = cli(
         "dflash",
@@ -42,10 +48,10 @@ def test_offline_features_train_the_online_trace_exactly(cli, world, tmp_path):
     assert manifest.teacher and len(manifest.shards) > 1
     assert json.loads(result.out)["fingerprint"] == manifest.fingerprint
     online, offline = tmp_path / "online", tmp_path / "offline"
-    train(drafter_spec(world["target"], world["artifact"], *ARGS), online)
+    train(drafter_spec(world["target"], world["artifact"], *ARGS, *loss), online)
     train(
         drafter_spec(
-            world["target"], world["artifact"], *ARGS, f"model.dflash.features={features}"
+            world["target"], world["artifact"], *ARGS, *loss, f"model.dflash.features={features}"
         ),
         offline,
     )

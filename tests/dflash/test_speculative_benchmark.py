@@ -16,15 +16,15 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "speculative.py"), "--tiny",
          "--work", str(tmp_path / "work"), "--out", str(out),
-         "--dflash-variants", "plain,greedy-path"],
+         "--dflash-variants", "greedy-ce,plain"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["training"]["target"]["steps"] == 40  # --target-steps, capped for --tiny
-    assert set(result["training"]) == {"target", "ar-drafter", "dflash", "dflash-greedy-path"}
-    assert set(result["tau_ratios"]) == {"dflash", "dflash-greedy-path"}
-    for name in ("dflash", "dflash-greedy-path", "autoregressive"):
+    assert set(result["training"]) == {"target", "ar-drafter", "dflash", "dflash-plain"}
+    assert set(result["tau_ratios"]) == {"dflash", "dflash-plain"}
+    for name in ("dflash", "dflash-plain", "autoregressive"):
         report = result["reports"][name]
         assert report["lossless"] is True
         assert report["tau"] >= 1.0

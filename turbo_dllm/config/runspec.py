@@ -216,6 +216,7 @@ class ObjectiveSpec(_Strict):
     dflash_loss: Literal[
         "paper_ce",
         "speculators_kl",
+        "greedy_ce",
         "dflash",
         "dpace",
         "dpace-cumulative-confidence-only",
@@ -224,8 +225,10 @@ class ObjectiveSpec(_Strict):
         "speculators_kl",
         description="dflash_distillation. DFlash drafters: paper_ce: cross-entropy against the "
         "true token; speculators_kl: forward KL(target || drafter) over the full vocabulary, "
-        "computed in row chunks (the target then runs all its layers). DFlash2 drafters (hard "
-        "labels, plus the selector loss): dflash: cross-entropy weighted by the slot decay; "
+        "computed in row chunks (the target then runs all its layers); greedy_ce: cross-entropy "
+        "against the target's greedy token (its argmax; what greedy verification accepts). "
+        "DFlash2 drafters (hard labels, plus the selector loss): dflash: cross-entropy weighted "
+        "by the slot decay; "
         "dpace: weighted by the expected accepted continuation from the slot (D-PACE, from the "
         "drafter's own detached gold probabilities); dpace-cumulative-confidence-only: by the "
         "probability the block is accepted up to the slot; dpace-continuation-value-only: by "
@@ -233,11 +236,11 @@ class ObjectiveSpec(_Strict):
     )
     greedy_path: bool = Field(
         False,
-        description="dflash_distillation, speculators_kl: score a slot only where the true tokens "
-        "from the anchor up to it are the target's greedy choices (decoding asks a slot only "
-        "after the target accepted the ones before it; elsewhere the teacher's distribution is "
-        "for a prefix it never sees). Off-path slots weigh 0; the loss is still divided by the "
-        "count of supervised slots.",
+        description="dflash_distillation, speculators_kl or greedy_ce: score a slot only where "
+        "the true tokens from the anchor up to it are the target's greedy choices (decoding asks "
+        "a slot only after the target accepted the ones before it; elsewhere the teacher's "
+        "output is for a prefix it never sees). Off-path slots weigh 0; the loss is still "
+        "divided by the count of supervised slots.",
     )
     dpace_alpha: float = Field(
         0.5,

@@ -16,6 +16,7 @@ from turbo_dllm.families.base import Family, ModelMisfit, read_hf_config
 from turbo_dllm.families.dflash.config import (
     DFLASH2_FIELDS,
     HARD_LABEL_LOSSES,
+    TEACHER_LOSSES,
     V1_LOSSES,
     DFlashConfig,
     drafter_problems,
@@ -115,11 +116,11 @@ def _rules(spec: Any, config: DFlashConfig) -> list[tuple[str, str]]:
                 f"with {', '.join(kinds)})",
             )
         )
-    if objective.greedy_path and objective.dflash_loss != "speculators_kl":
+    if objective.greedy_path and objective.dflash_loss not in TEACHER_LOSSES:
         found.append(
             (
                 "objective.greedy_path",
-                f"needs the target's distribution (dflash_loss: speculators_kl), not "
+                f"needs the target's outputs (dflash_loss: {' or '.join(TEACHER_LOSSES)}), not "
                 f"{objective.dflash_loss!r}",
             )
         )

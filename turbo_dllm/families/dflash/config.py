@@ -35,7 +35,7 @@ DFLASH2 = "DFlash2DraftModel"
 PLANNED_ARCHITECTURES = ("DFlashSpeculator",)
 # The loss kinds each architecture trains with (the original's split: DFlash2's selector needs
 # hard labels).
-V1_LOSSES = ("paper_ce", "speculators_kl")
+V1_LOSSES = ("paper_ce", "speculators_kl", "greedy_ce")
 # The RunSpec's model.dflash fields that shape a fresh DFlash2 drafter (dflash_config keys).
 DFLASH2_FIELDS = (
     "conv_kernel_size",
@@ -51,6 +51,9 @@ HARD_LABEL_LOSSES = (
     "dpace-cumulative-confidence-only",
     "dpace-continuation-value-only",
 )
+# The DFlash losses made from the target's own outputs at the drafted positions (the target runs
+# all its layers, or the feature artifact carries its last hidden states).
+TEACHER_LOSSES = ("speculators_kl", "greedy_ce")
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:

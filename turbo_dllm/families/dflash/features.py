@@ -35,6 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.families.dflash.config import TEACHER_LOSSES
 from turbo_dllm.fsutil import sha256_file
 
 __all__ = [
@@ -121,8 +122,10 @@ def feature_problems(manifest: FeaturesManifest, config, spec) -> list[str]:
             f"it holds target layers {manifest.target_layer_ids}, the drafter reads "
             f"{list(config.target_layer_ids)}"
         )
-    if spec.objective.dflash_loss == "speculators_kl" and not manifest.teacher:
-        found.append("it has no teacher rows, which objective.dflash_loss speculators_kl needs")
+    if spec.objective.dflash_loss in TEACHER_LOSSES and not manifest.teacher:
+        found.append(
+            f"it has no teacher rows, which objective.dflash_loss {spec.objective.dflash_loss} needs"
+        )
     if manifest.seq_len != spec.data.seq_len:
         found.append(f"its seq_len is {manifest.seq_len}, data.seq_len is {spec.data.seq_len}")
     if spec.data.artifact is not None:
@@ -193,7 +196,7 @@ def prepare_features(
         raise DllmError(
             f"data.seq_len is {spec.data.seq_len}, the artifact holds {data.manifest.seq_len}"
         )
-    teacher = spec.objective.dflash_loss == "speculators_kl"
+    teacher = spec.objective.dflash_loss in TEACHER_LOSSES
     plan = _plan(spec, config, data.manifest.fingerprint, teacher)
     staging = out.parent / f".{out.name}.partial"
     progress_file = staging / "progress.json"

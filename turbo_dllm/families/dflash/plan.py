@@ -37,6 +37,7 @@ __all__ = [
     "draft_score",
     "greedy_path",
     "share_anchors",
+    "target_guesses",
 ]
 
 
@@ -77,29 +78,39 @@ def draft_score(
     flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.score_index)
     if batch.loss == "paper_ce":
         return linear_cross_entropy(flat, head, batch.targets, batch.weights)
-    rows = teacher.reshape(-1, teacher.shape[-1]).index_select(0, batch.teacher_index)
     weights = batch.weights
+    guess = None
+    if batch.greedy_path or batch.loss == "greedy_ce":
+        guess = target_guesses(teacher, head)
     if batch.greedy_path:
-        weights = weights * greedy_path(batch, teacher, head)
+        weights = weights * greedy_path(batch, guess)
+    if batch.loss == "greedy_ce":
+        return linear_cross_entropy(flat, head, guess.flatten()[batch.teacher_index], weights)
+    rows = teacher.reshape(-1, teacher.shape[-1]).index_select(0, batch.teacher_index)
     return frozen_linear_kl(flat, head, rows.to(flat.dtype), weights)
 
 
-def greedy_path(batch: DraftBatch, teacher: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+def target_guesses(teacher: torch.Tensor, head: torch.Tensor) -> torch.Tensor:
+    """(R, L) long: the target's greedy next token after every context position: the argmax of
+    the frozen head over its last hidden states (`teacher`, (R, L, H), final-normed)."""
+    rows, length, hidden = teacher.shape
+    return frozen_linear_argmax(teacher.reshape(-1, hidden), head).view(rows, length)
+
+
+def greedy_path(batch: DraftBatch, guess: torch.Tensor) -> torch.Tensor:
     """(n,) float32: 1 for a scored slot whose block, from the anchor up to the drafted
-    position, holds the target's own greedy tokens, else 0.
+    position, holds the target's own greedy tokens (`guess`, from `target_guesses`), else 0.
 
     Speculative decoding only ever asks slot k for its token after slots 1..k-1 were accepted,
-    that is, after the target's greedy choices; where the true text left that path, the target's
-    distribution at slot k answers a question decoding never asks. The target's argmax at every
-    context position comes from its last hidden states (`teacher`, (R, L, H)) and the frozen head.
+    that is, after the target's greedy choices; where the true text left that path, the
+    target's output at slot k answers a question decoding never asks.
     """
-    rows, length, hidden = teacher.shape
-    ids = batch.context_ids.to(teacher.device)
-    guess = frozen_linear_argmax(teacher.reshape(-1, hidden), head).view(rows, length)
-    miss = torch.zeros(rows, length, dtype=torch.int32, device=teacher.device)
+    rows, length = guess.shape
+    ids = batch.context_ids.to(guess.device)
+    miss = torch.zeros(rows, length, dtype=torch.int32, device=guess.device)
     miss[:, 1:] = guess[:, :-1] != ids[:, 1:]  # position t's token is not the greedy choice
     misses = miss.cumsum(1).flatten()  # misses[r * L + t]: off-path tokens at 1..t
-    anchors = batch.anchors.to(teacher.device).flatten()[batch.score_index // batch.block_size]
+    anchors = batch.anchors.to(guess.device).flatten()[batch.score_index // batch.block_size]
     row = batch.teacher_index // length  # teacher_index = r * L + (drafted position - 1)
     between = misses[batch.teacher_index] - misses[row * length + anchors]  # a + 1 .. t - 1
     return (between == 0).to(torch.float32)

@@ -11,14 +11,15 @@ Slot contract (`sample_from_anchor`):
 The teacher's distribution for a drafted position t is the target's prediction from t - 1.
 A slot is supervised when t is in the sequence, supervised and in the anchor's document. Slot
 weights decay with distance from the anchor: exp(-(k-1)/gamma) (exp(-k/gamma) with
-sample_from_anchor), 1 without `decay_gamma`. With `greedy_path` (KL only) a slot also weighs 0
+sample_from_anchor), 1 without `decay_gamma`. With `greedy_path` (KL or greedy_ce) a slot also weighs 0
 unless the true tokens between its anchor and it are the target's greedy choices (the only
 prefixes speculative decoding asks a slot about; families/dflash/plan.py: greedy_path); the
 normalising count stays that of the supervised slots, so it stays known before the target runs.
 
 Losses: `paper_ce`, cross-entropy against the true token; `speculators_kl`, forward KL from the
 target's distribution (its own final norm and head on its last hidden state) to the drafter's,
-walked in row chunks without materialising [N, V] logits. DFlash2 drafters train with the
+walked in row chunks without materialising [N, V] logits; `greedy_ce`, cross-entropy against the
+target's greedy token there (the argmax of that distribution: what greedy verification accepts). DFlash2 drafters train with the
 hard-label kinds `dflash` / `dpace*` plus the candidate selector's loss, whose weight
 (`selector_weight`) is 0 for `selector_warmup_steps` steps and then ramps linearly to
 `selector_loss_alpha` over `selector_ramp_steps` (families/dflash/hard_labels.py). The sum over
@@ -35,10 +36,12 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from turbo_dllm.families.dflash.config import HARD_LABEL_LOSSES, TEACHER_LOSSES
 from turbo_dllm.train.objectives.base import NoiseKey, sample_generator
 
 __all__ = [
     "HARD_LABEL_LOSSES",
+    "TEACHER_LOSSES",
     "DFlashDistillation",
     "DraftBatch",
     "build",
@@ -46,13 +49,6 @@ __all__ = [
     "selector_weight",
     "valid_anchors",
 ]
-
-HARD_LABEL_LOSSES = (
-    "dflash",
-    "dpace",
-    "dpace-cumulative-confidence-only",
-    "dpace-continuation-value-only",
-)
 
 
 def selector_weight(step: int, alpha: float, warmup_steps: int, ramp_steps: int) -> float:
@@ -186,7 +182,7 @@ class DFlashDistillation:
             raise ValueError(f"max_anchors must be at least 1 (got {max_anchors})")
         if anchor_sampling not in ("uniform", "locality"):
             raise ValueError(f"unknown anchor sampling {anchor_sampling!r}")
-        if loss not in ("paper_ce", "speculators_kl", *HARD_LABEL_LOSSES):
+        if loss not in ("paper_ce", *TEACHER_LOSSES, *HARD_LABEL_LOSSES):
             raise ValueError(f"unknown dflash loss {loss!r}")
         self.dpace_alpha = dpace_alpha
         self.selector_schedule = (selector_loss_alpha, selector_warmup_steps, selector_ramp_steps)
@@ -196,12 +192,12 @@ class DFlashDistillation:
         self.decay_gamma = decay_gamma
         self.sample_from_anchor = sample_from_anchor
         self.loss = loss
-        if greedy_path and loss != "speculators_kl":
+        if greedy_path and loss not in TEACHER_LOSSES:
             raise ValueError(
-                f"greedy_path needs the target's distribution (speculators_kl), not {loss!r}"
+                f"greedy_path needs the target's outputs ({' or '.join(TEACHER_LOSSES)}), not {loss!r}"
             )
         self.greedy_path = greedy_path
-        self.needs_teacher = loss == "speculators_kl"
+        self.needs_teacher = loss in TEACHER_LOSSES
 
     def slot_weights(self) -> torch.Tensor:
         """(B,) float64: each slot's weight (0 for the unscored anchor slot)."""
