@@ -11,18 +11,19 @@ Slot contract (`sample_from_anchor`):
 The teacher's distribution for a drafted position t is the target's prediction from t - 1.
 A slot is supervised when t is in the sequence, supervised and in the anchor's document. Slot
 weights decay with distance from the anchor: exp(-(k-1)/gamma) (exp(-k/gamma) with
-sample_from_anchor), 1 without `decay_gamma`. With `greedy_path` (KL or greedy_ce) a slot also weighs 0
-unless the true tokens between its anchor and it are the target's greedy choices (the only
-prefixes speculative decoding asks a slot about; families/dflash/plan.py: greedy_path); the
+sample_from_anchor), 1 without `decay_gamma`. With `greedy_path` (KL or greedy_ce) a slot also
+weighs 0 unless the true tokens between its anchor and it are the target's greedy choices (the
+only prefixes speculative decoding asks a slot about; families/dflash/plan.py: greedy_path); the
 normalising count stays that of the supervised slots, so it stays known before the target runs.
 
 Losses: `paper_ce`, cross-entropy against the true token; `speculators_kl`, forward KL from the
 target's distribution (its own final norm and head on its last hidden state) to the drafter's,
 walked in row chunks without materialising [N, V] logits; `greedy_ce`, cross-entropy against the
-target's greedy token there (the argmax of that distribution: what greedy verification accepts). DFlash2 drafters train with the
-hard-label kinds `dflash` / `dpace*` plus the candidate selector's loss, whose weight
-(`selector_weight`) is 0 for `selector_warmup_steps` steps and then ramps linearly to
-`selector_loss_alpha` over `selector_ramp_steps` (families/dflash/hard_labels.py). The sum over
+target's greedy token there (the argmax of that distribution: what greedy verification
+accepts). DFlash2 drafters train with the hard-label kinds `dflash` / `dpace*` plus the
+candidate selector's loss, whose weight (`selector_weight`) is 0 for `selector_warmup_steps`
+steps and then ramps linearly to `selector_loss_alpha` over `selector_ramp_steps`
+(families/dflash/hard_labels.py). The sum over
 supervised slots is divided by the GLOBAL count of supervised slots, like every objective here.
 
 Anchors are keyed noise (seed, step, global sample index), so `supervised_count(batch, key)`
