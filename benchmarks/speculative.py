@@ -47,9 +47,9 @@ DFLASH_VARIANTS = {
     # the same KL only on slots whose block so far is the target's greedy path (H200, session
     # 10: tau 5.04 against plain's 4.32, the AR drafter's 3.93)
     "greedy-path": {"dflash_loss": "speculators_kl", "greedy_path": True},
-    # cross-entropy against the target's greedy token, on its greedy path (CPU, two seeds:
-    # tau 4.79 / 4.15 against greedy-path's 2.99 / 3.52 at the same steps; not yet run on the
-    # GPU): the default
+    # cross-entropy against the target's greedy token, on its greedy path (CPU, three seeds:
+    # tau 4.79 / 4.15 / 3.75 against greedy-path's 2.99 / 3.52 / 2.42 at the same steps; not
+    # yet run on the GPU): the default
     "greedy-ce": {"dflash_loss": "greedy_ce", "greedy_path": True},
 }
 
