@@ -146,3 +146,34 @@ def test_autoregressive_drafts_match_a_cache_free_drafter_under_partial_acceptan
     assert out == plain == reference
     assert gains == reference_gains
     assert 1 in gains and 5 in gains and len(set(gains)) > 2  # rejections and full blocks
+
+
+def test_compare_interleaves_decoders_and_names_the_prompt_a_drafter_changed(
+    world, drafter, ar_drafter, monkeypatch
+):
+    """Prompt by prompt: the target alone, then each drafter (so drift on the host moves all of
+    them alike). A drafter whose output differs is recorded (strict=False) or refused, naming
+    the prompt (strict=True)."""
+    import turbo_dllm.families.dflash.speculative as speculative
+    from turbo_dllm.errors import DllmError
+
+    order, real = [], speculative._speculative
+
+    def record(target, proposer, prompt, new_tokens):
+        order.append(type(proposer).__name__)
+        tokens, gains = real(target, proposer, prompt, new_tokens)
+        if len(order) == 2 + 2 * 2 and isinstance(proposer, speculative._AutoregressiveProposer):
+            tokens = [tokens[0] + 1, *tokens[1:]]  # the AR drafter "changes" prompt 1's output
+        return tokens, gains
+
+    monkeypatch.setattr(speculative, "_speculative", record)
+    args = (str(world["target"]), [str(drafter["folder"]), str(ar_drafter)], str(world["artifact"]))
+    options = dict(block_size=4, max_new_tokens=8, num_prompts=2)
+    dflash, ar = speculative.compare(*args, strict=False, **options)
+    # two warm-up decodes, then per prompt: the DFlash drafter, the AR drafter
+    assert order == ["_DFlashProposer", "_AutoregressiveProposer"] * 3
+    assert dflash.lossless and dflash.first_mismatch is None
+    assert not ar.lossless and ar.first_mismatch == 1
+    order.clear()
+    with pytest.raises(DllmError, match="changed the output of prompt 1"):
+        speculative.compare(*args, strict=True, **options)

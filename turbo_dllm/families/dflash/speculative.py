@@ -326,18 +326,33 @@ def compare(
         _greedy_target(target_model, prompts[0], 2)
         for proposer in proposers:
             _speculative(target_model, proposer, prompts[0], 2)
-        say(f"eval: target alone, {len(prompts)} prompts x {max_new_tokens} tokens")
-        plain, plain_s = timed(
-            lambda: [_greedy_target(target_model, p, max_new_tokens) for p in prompts]
+        say(
+            f"eval: {len(prompts)} prompts x {max_new_tokens} tokens, the target alone and "
+            f"{len(proposers)} drafter(s) in turn on each"
         )
-        say(f"eval: target alone {total / plain_s:.1f} tokens/s")
-        for (kind, _), block, proposer in zip(models, blocks, proposers, strict=True):
-            spec, spec_s = timed(
-                lambda proposer=proposer: [
-                    _speculative(target_model, proposer, p, max_new_tokens) for p in prompts
-                ]
+        # Interleaved prompt by prompt, so a host or GPU that speeds up or slows down during
+        # the evaluation moves every decoder's time alike (one after the other, the last
+        # drafter would see only the end of any drift).
+        plain, plain_s = [], 0.0
+        spec = [[] for _ in proposers]
+        spec_s = [0.0 for _ in proposers]
+        for prompt in prompts:
+            tokens, seconds = timed(
+                lambda prompt=prompt: _greedy_target(target_model, prompt, max_new_tokens)
             )
-            report = _report(kind, block, plain, plain_s, spec, spec_s, max_new_tokens)
+            plain.append(tokens)
+            plain_s += seconds
+            for i, proposer in enumerate(proposers):
+                result, seconds = timed(
+                    lambda proposer=proposer, prompt=prompt: _speculative(
+                        target_model, proposer, prompt, max_new_tokens
+                    )
+                )
+                spec[i].append(result)
+                spec_s[i] += seconds
+        say(f"eval: target alone {total / plain_s:.1f} tokens/s")
+        for i, ((kind, _), block) in enumerate(zip(models, blocks, strict=True)):
+            report = _report(kind, block, plain, plain_s, spec[i], spec_s[i], max_new_tokens)
             say(
                 f"eval: {kind} drafter tau {report.tau:.2f}, "
                 f"{report.speculative_tokens_per_s:.1f} tokens/s ({report.speedup:.2f}x)"
@@ -346,7 +361,7 @@ def compare(
                 first = report.first_mismatch
                 raise DllmError(
                     f"speculative decoding changed the output of prompt {first}: "
-                    f"{json.dumps(plain[first][:16])} vs {json.dumps(spec[first][0][:16])}",
+                    f"{json.dumps(plain[first][:16])} vs {json.dumps(spec[i][first][0][:16])}",
                     hint="the target's greedy choices must not depend on how many tokens a "
                     "forward checks; evaluate in float32 (--dtype float32)",
                 )
