@@ -16,7 +16,7 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "speculative.py"), "--tiny",
          "--work", str(tmp_path / "work"), "--out", str(out),
-         "--dflash-variants", "greedy-ce,plain"],
+         "--dflash-variants", "greedy-ce,plain", "--dflash-warmup", "on"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -24,6 +24,8 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     assert result["training"]["target"]["steps"] == 40  # --target-steps, capped for --tiny
     assert set(result["training"]) == {"target", "ar-drafter", "dflash", "dflash-plain"}
     assert set(result["tau_ratios"]) == {"dflash", "dflash-plain"}
+    assert result["dflash_warmup_s"] > 0  # once, before the first variant's timed run
+    assert (tmp_path / "work" / "dflash-warmup-run" / "metrics.jsonl").read_text().count("\n") == 3
     for name in ("dflash", "dflash-plain", "autoregressive"):
         report = result["reports"][name]
         assert report["lossless"] is True
