@@ -29,6 +29,13 @@ CASES = [
         1,
     ),  # fmt: skip
     ("cp2-bp2-dflash2-dpace", DFLASH2, 2, 2),
+    # the greedy path reads the whole context's target outputs on every rank, anchors shared
+    (
+        "cp2-bp2-greedy-ce-on-path",
+        ("objective.dflash_loss=greedy_ce", "objective.greedy_path=true"),
+        2,
+        2,
+    ),
 ]
 
 
