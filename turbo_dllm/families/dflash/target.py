@@ -64,8 +64,9 @@ class TargetFeatures:
         self.model = materialize(model, device, seed=0, weights_from=target_path)
         self.model.requires_grad_(False).eval()
         if compile and device.type == "cuda":
-            for layer in self.model.model.layers:
-                layer.compile(fullgraph=False, dynamic=False)
+            from turbo_dllm.train.distributed import apply_compile
+
+            apply_compile(self.model.model.layers)
         self.device = device
 
     @torch.no_grad()

@@ -23,8 +23,8 @@ target's greedy token there (the argmax of that distribution: what greedy verifi
 accepts). DFlash2 drafters train with the hard-label kinds `dflash` / `dpace*` plus the
 candidate selector's loss, whose weight (`selector_weight`) is 0 for `selector_warmup_steps`
 steps and then ramps linearly to `selector_loss_alpha` over `selector_ramp_steps`
-(families/dflash/hard_labels.py). The sum over
-supervised slots is divided by the GLOBAL count of supervised slots, like every objective here.
+(families/dflash/hard_labels.py). The sum over supervised slots is divided by the GLOBAL count
+of supervised slots, like every objective here.
 
 Anchors are keyed noise (seed, step, global sample index), so `supervised_count(batch, key)`
 draws exactly the anchors `corrupt` will, and a resumed run redraws them.
