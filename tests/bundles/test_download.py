@@ -1,5 +1,5 @@
-"""Sources and resumable downloads: both HTTP clients (requests for remote indexes, http.client
-for a mirror on this machine), Range resume, servers without ranges, and the one-pass
+"""Sources and resumable downloads: both HTTP clients (requests for remote indexes, the plain-socket
+GET for a mirror on this machine), Range resume, servers without ranges, and the one-pass
 download-and-unpack the installer uses (one pass; the unpacker's result counts only once the
 whole archive matched its hash)."""
 

@@ -8,8 +8,9 @@ bundle), `sources` (folders, file:// and HTTP indexes), `fetch` (resumable verif
 
 `dllm bundle install` must start and finish in a fraction of a `pip install` (issue 3), so the
 modules it imports avoid heavy imports: formats are `turbo_dllm.records` (not pydantic), small
-results are NamedTuples (not dataclasses, whose creation runs `exec`), loopback HTTP uses
-`http.client` (not requests), the lock is `fcntl.flock` (not filelock).
+results are NamedTuples (not dataclasses, whose creation runs `exec`), loopback HTTP is a
+plain-socket GET (`loopback_http`, not requests or http.client), the lock is `fcntl.flock`
+(not filelock).
 """
 
 __all__: list[str] = []

@@ -6,8 +6,8 @@ drives sources with resume, verification and retries. Every fetch runs under one
 deadline (`transfer_deadline`, $DLLM_DOWNLOAD_DEADLINE_S): a server that trickles bytes cannot
 hold the install lock for longer, however patient each single read is. Two HTTP clients share
 one reading of the answer (status codes, ranges, sizes): `requests` for remote servers (proxies,
-CA bundles) and the standard library's `http.client` for a mirror on this machine, where no
-proxy applies and the install should not pay for importing `requests`.
+CA bundles) and a plain-socket GET (`loopback_http`) for a mirror on this machine, where no proxy
+applies and the install should not pay for importing `requests` or `http.client`.
 """
 
 from __future__ import annotations
@@ -317,55 +317,43 @@ class HttpSource(_HttpSource):
 
 
 class LoopbackHttpSource(_HttpSource):
-    """An index served on this machine (127.0.0.1, localhost, ::1), through the standard
-    library's `http.client`: no proxy can reach this host's loopback, so none is consulted, and
-    the install does not pay for importing `requests`."""
+    """An index served on this machine (127.0.0.1, localhost, ::1), through `loopback_http`'s
+    plain-socket GET: no proxy can reach this host's loopback, so none is consulted, and the
+    install pays for importing neither `requests` nor `http.client`."""
 
     def _get(self, url: str, headers: dict[str, str], deadline: float | None) -> _Response:
-        import http.client
         from urllib.parse import quote, urlsplit
+
+        from turbo_dllm.bundles import loopback_http
 
         parts = urlsplit(url)
         target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=~") + (
             f"?{parts.query}" if parts.query else ""
         )
-        connection = http.client.HTTPConnection(
-            parts.hostname or "127.0.0.1",
-            parts.port,
-            timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
-        )
         try:
-            connection.connect()
-            assert connection.sock is not None
-            sock = connection.sock  # kept: http.client drops it once a response will close
-            sock.settimeout(_time_left(url, deadline, READ_TIMEOUT_S))
-            connection.request("GET", target, headers=headers)
-            response = connection.getresponse()
-        except (OSError, http.client.HTTPException) as error:
-            connection.close()
+            response = loopback_http.get(
+                parts.hostname or "127.0.0.1",
+                parts.port or 80,
+                target,
+                headers,
+                timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
+            )
+        except OSError as error:  # refused, reset, timed out, or a malformed answer
             raise TransientError(f"{url}: {error.__class__.__name__}: {error}") from None
 
         def chunks() -> Iterator[bytes]:
             while True:
-                sock.settimeout(_time_left(url, deadline, READ_TIMEOUT_S))  # no wait past it
+                response.settimeout(_time_left(url, deadline, READ_TIMEOUT_S))  # no wait past it
                 try:
                     chunk = response.read1(CHUNK)
-                except (OSError, http.client.HTTPException) as error:
+                except OSError as error:
                     raise TransientError(f"{url}: transfer broke off: {error}") from None
                 if not chunk:
                     return
                 yield chunk
 
-        def close() -> None:
-            response.close()  # a response that will close owns the socket, not the connection
-            connection.close()
-
         return _Response(
-            response.status,
-            response.reason,
-            lambda name: response.getheader(name, ""),
-            chunks(),
-            close,
+            response.status, response.reason, response.header, chunks(), response.close
         )
 
 

@@ -1,0 +1,180 @@
+"""The loopback HTTP client against a real socket server that sends canned answers: the three
+body framings, 1xx answers, and every malformed or cut-short answer refused as ProtocolError
+(an OSError, which the download loop retries like a broken connection)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import threading
+
+import pytest
+
+from turbo_dllm.bundles.fetch import download
+from turbo_dllm.bundles.loopback_http import MAX_HEAD_BYTES, ProtocolError, get
+from turbo_dllm.bundles.sources import LoopbackHttpSource
+from turbo_dllm.errors import DllmError
+
+
+class CannedServer:
+    """Accepts connections on 127.0.0.1 and answers each with the next canned reply (the last
+    one repeats), then closes; records each request's head."""
+
+    def __init__(self, *replies: bytes) -> None:
+        self.replies = list(replies)
+        self.requests: list[bytes] = []
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self._listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            with conn:
+                head = b""
+                while b"\r\n\r\n" not in head and (data := conn.recv(4096)):
+                    head += data
+                self.requests.append(head)
+                reply = self.replies.pop(0) if len(self.replies) > 1 else self.replies[0]
+                conn.sendall(reply)
+
+    def __enter__(self) -> CannedServer:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._listener.close()
+
+
+def body_of(response, limit: int = 7) -> bytes:
+    data = b""
+    while block := response.read1(limit):
+        data += block
+    return data
+
+
+def chunked(data: bytes, size: int = 5) -> bytes:
+    parts = [
+        b"%x;ext=1\r\n%s\r\n" % (len(data[i : i + size]), data[i : i + size])
+        for i in range(0, len(data), size)
+    ]
+    return b"".join(parts) + b"0\r\nX-Trailer: yes\r\n\r\n"
+
+
+DATA = b"block-diffusion bundles, sent three ways"
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(DATA), DATA),
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n"
+        + chunked(DATA),
+        b"HTTP/1.0 200 OK\r\n\r\n" + DATA,  # framed by the close
+        b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s"
+        % (len(DATA), DATA),
+    ],
+    ids=["content-length", "chunked", "until-close", "after-100"],
+)
+def test_bodies_in_every_framing(reply):
+    with CannedServer(reply) as server:
+        response = get("127.0.0.1", server.port, "/x", {"Range": "bytes=0-"}, timeout=5)
+        assert response.status == 200
+        assert body_of(response) == DATA
+        assert response.read1(7) == b""  # and stays at the end
+        response.close()
+    request = server.requests[0].decode()
+    assert request.startswith("GET /x HTTP/1.1\r\n")
+    assert f"Host: 127.0.0.1:{server.port}\r\n" in request and "Range: bytes=0-\r\n" in request
+
+
+def test_headers_status_and_empty_bodies():
+    reply = b"HTTP/1.1 404 Not Found\r\nX-A: 1\r\nx-a: 2\r\nContent-Length: 0\r\n\r\n"
+    with CannedServer(reply) as server:
+        response = get("127.0.0.1", server.port, "/", {}, timeout=5)
+        assert (response.status, response.reason) == (404, "Not Found")
+        assert response.header("X-A") == "1, 2" and response.header("missing") == ""
+        assert response.read1(10) == b""
+        response.close()
+
+
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        (b"SSH-2.0-OpenSSH\r\n\r\n", "not an HTTP/1.x status line"),
+        (b"HTTP/1.1 2000 OK\r\n\r\n", "not an HTTP/1.x status line"),
+        (b"HTTP/1.1 200 OK\r\nno colon here\r\n\r\n", "malformed header line"),
+        (b"HTTP/1.1 200 OK\r\n folded: x\r\n\r\n", "malformed header line"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: -4\r\n\r\n", "bad Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\nContent-Length: 5\r\n\r\n", "two different"),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", "unsupported Transfer-Encoding"),
+        (b"HTTP/1.1 200 OK\r\nX: " + b"a" * (MAX_HEAD_BYTES + 10), "head is longer"),
+        (b"HTTP/1.1 200 OK\r\nContent-Le", "closed before the answer's head ended"),
+    ],
+)
+def test_malformed_heads_are_refused(reply, message):
+    with CannedServer(reply) as server, pytest.raises(ProtocolError, match=message):
+        get("127.0.0.1", server.port, "/", {}, timeout=5)
+
+
+@pytest.mark.parametrize(
+    "reply, message",
+    [
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nonly this",
+            "91 bytes before the body's end",
+        ),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n", "bad chunk size"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcdeXX",
+            "not followed by CRLF",
+        ),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n9\r\nabc", "before a chunk's end"),
+        (
+            b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nabcde\r\n",
+            "inside the chunked",
+        ),
+    ],
+)
+def test_bodies_cut_short_or_malformed_are_refused(reply, message):
+    with CannedServer(reply) as server:
+        response = get("127.0.0.1", server.port, "/", {}, timeout=5)
+        with pytest.raises(ProtocolError, match=message):
+            body_of(response)
+        response.close()
+
+
+def test_a_silent_server_times_out():
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (backlog) but never answers
+    try:
+        with pytest.raises(TimeoutError):
+            get("127.0.0.1", listener.getsockname()[1], "/", {}, timeout=0.2)
+    finally:
+        listener.close()
+
+
+def test_download_through_a_chunked_mirror_then_one_that_cuts_off(tmp_path):
+    """The install's download loop over this client: a chunked answer is a complete, verified
+    file; an answer cut short is retried (the next attempt asks for the rest) until it gives up
+    with the download's own error."""
+    data = os.urandom(50_000)
+    sha = hashlib.sha256(data).hexdigest()
+    ok = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked(data, 4096)
+    with CannedServer(ok) as server:
+        path = download(
+            LoopbackHttpSource(f"http://127.0.0.1:{server.port}"), "bundles/b.bin", sha256=sha,
+            size=len(data), dest_dir=tmp_path / "a", backoff_s=0.01,
+        )  # fmt: skip
+        assert path.read_bytes() == data
+    cut = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data[:1000])
+    with CannedServer(cut) as server, pytest.raises(DllmError, match="failed after 2 attempts"):
+        download(
+            LoopbackHttpSource(f"http://127.0.0.1:{server.port}"), "bundles/b.bin", sha256=sha,
+            size=len(data), dest_dir=tmp_path / "b", retries=1, backoff_s=0.01,
+        )  # fmt: skip
+    assert len(server.requests) == 2
+    assert b"Range: bytes=1000-" in server.requests[1]  # the second attempt resumed
+    assert (tmp_path / "b" / f"{sha}.part").stat().st_size == 1000
