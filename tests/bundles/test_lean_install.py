@@ -11,11 +11,14 @@ from tests.bundles.server import MirrorServer
 
 # Each costs a visible share of an install's ~0.1 s: pydantic and its models, requests (+urllib3),
 # torch and numpy, transformers, rich, filelock, tomlkit, yaml, importlib.metadata, dataclasses
-# (creating one runs exec for every generated method), and packaging (its version regex takes
-# milliseconds to compile; a version already in canonical form needs none of it).
+# (creating one runs exec for every generated method), packaging (its version regex takes
+# milliseconds to compile; a version already in canonical form needs none of it), and
+# http.client with the email and ssl packages it imports (~10 ms; a loopback mirror is read
+# with a plain socket), and the idna codec (getaddrinfo imports it for a str host).
 HEAVY = (
     "pydantic", "requests", "urllib3", "torch", "numpy", "transformers", "rich", "filelock",
-    "tomlkit", "yaml", "importlib.metadata", "dataclasses", "packaging",
+    "tomlkit", "yaml", "importlib.metadata", "dataclasses", "packaging", "http.client", "email",
+    "ssl", "encodings.idna",
 )  # fmt: skip
 
 PROGRAM = """
