@@ -61,7 +61,7 @@ class Response:
     ) -> None:
         self.status, self.reason = status, reason
         self._sock, self._headers, self._buffer = sock, headers, rest
-        self._chunked = False
+        self._chunked = self._chunks_done = False
         self._left: int | None = None  # body bytes still to come (of this chunk when chunked)
         coding = headers.get("transfer-encoding")
         if status < 200 or status in (204, 304):
@@ -70,7 +70,6 @@ class Response:
             if coding.lower() != "chunked":
                 raise ProtocolError(f"unsupported Transfer-Encoding {coding!r}")
             self._chunked, self._left = True, 0
-            self._chunks_done = False
         elif "content-length" in headers:
             length = headers["content-length"]
             if not (length.isascii() and length.isdigit()) or len(length) > 19:
@@ -85,8 +84,8 @@ class Response:
         self._sock.settimeout(seconds)
 
     def read1(self, limit: int) -> bytes:
-        """Up to `limit` bytes of the body, as much as has arrived (one socket read at most);
-        b"" once the body is complete."""
+        """Up to `limit` bytes of the body, as much as has arrived (blocking only until some
+        has); b"" once the body is complete."""
         if self._chunked:
             return self._read1_chunked(limit)
         if self._left == 0:
