@@ -81,7 +81,7 @@ DATA = b"block-diffusion bundles, sent three ways"
 )
 def test_bodies_in_every_framing(reply):
     with CannedServer(reply) as server:
-        response = get("127.0.0.1", server.port, "/x", {"Range": "bytes=0-"}, timeout=5)
+        response = get("127.0.0.1", server.port, "/x", {"Range": "bytes=0-"}, 5, 5)
         assert response.status == 200
         assert body_of(response) == DATA
         assert response.read1(7) == b""  # and stays at the end
@@ -94,7 +94,7 @@ def test_bodies_in_every_framing(reply):
 def test_headers_status_and_empty_bodies():
     reply = b"HTTP/1.1 404 Not Found\r\nX-A: 1\r\nx-a: 2\r\nContent-Length: 0\r\n\r\n"
     with CannedServer(reply) as server:
-        response = get("127.0.0.1", server.port, "/", {}, timeout=5)
+        response = get("127.0.0.1", server.port, "/", {}, 5, 5)
         assert (response.status, response.reason) == (404, "Not Found")
         assert response.header("X-A") == "1, 2" and response.header("missing") == ""
         assert response.read1(10) == b""
@@ -117,7 +117,7 @@ def test_headers_status_and_empty_bodies():
 )
 def test_malformed_heads_are_refused(reply, message):
     with CannedServer(reply) as server, pytest.raises(ProtocolError, match=message):
-        get("127.0.0.1", server.port, "/", {}, timeout=5)
+        get("127.0.0.1", server.port, "/", {}, 5, 5)
 
 
 @pytest.mark.parametrize(
@@ -141,7 +141,7 @@ def test_malformed_heads_are_refused(reply, message):
 )
 def test_bodies_cut_short_or_malformed_are_refused(reply, message):
     with CannedServer(reply) as server:
-        response = get("127.0.0.1", server.port, "/", {}, timeout=5)
+        response = get("127.0.0.1", server.port, "/", {}, 5, 5)
         with pytest.raises(ProtocolError, match=message):
             body_of(response)
         response.close()
@@ -151,7 +151,7 @@ def test_a_silent_server_times_out():
     listener = socket.create_server(("127.0.0.1", 0))  # accepts (backlog) but never answers
     try:
         with pytest.raises(TimeoutError):
-            get("127.0.0.1", listener.getsockname()[1], "/", {}, timeout=0.2)
+            get("127.0.0.1", listener.getsockname()[1], "/", {}, 5, 0.2)
     finally:
         listener.close()
 

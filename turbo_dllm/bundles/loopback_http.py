@@ -30,13 +30,21 @@ class ProtocolError(OSError):
     """The server's answer is not well-formed HTTP/1.x, or its body ended early."""
 
 
-def get(host: str, port: int, target: str, headers: dict[str, str], timeout: float) -> Response:
+def get(
+    host: str,
+    port: int,
+    target: str,
+    headers: dict[str, str],
+    connect_timeout: float,
+    read_timeout: float,
+) -> Response:
     """Send `GET target` to `host:port` and read the answer's head; the body is left to read
-    with `Response.read1`. `timeout` bounds the connect and each read until changed with
-    `Response.settimeout`."""
+    with `Response.read1`. `read_timeout` bounds each read of the head and the body (change it
+    with `Response.settimeout`)."""
     # Bytes, not str: getaddrinfo would import the idna codec (~1 ms) to encode a str host.
-    sock = socket.create_connection((host.encode("ascii"), port), timeout)
+    sock = socket.create_connection((host.encode("ascii"), port), connect_timeout)
     try:
+        sock.settimeout(read_timeout)
         authority = f"[{host}]" if ":" in host else host
         lines = [f"GET {target} HTTP/1.1", f"Host: {authority}:{port}", "Connection: close"]
         lines += [f"{name}: {value}" for name, value in headers.items()]

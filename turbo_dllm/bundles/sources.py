@@ -336,7 +336,8 @@ class LoopbackHttpSource(_HttpSource):
                 parts.port or 80,
                 target,
                 headers,
-                timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
+                connect_timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
+                read_timeout=_time_left(url, deadline, READ_TIMEOUT_S),
             )
         except OSError as error:  # refused, reset, timed out, or a malformed answer
             raise TransientError(f"{url}: {error.__class__.__name__}: {error}") from None
