@@ -40,6 +40,7 @@ def test_dflash_drafter_is_lossless_with_tau_above_one(cli, world, drafter):
     assert report["tau"] > 1.0
     assert sum(int(k) * v for k, v in report["accepted_histogram"].items()) >= 3 * 24
     assert set(map(int, report["accepted_histogram"])) <= set(range(1, 5))
+    assert len(report["prompt_forwards"]) == 3 and report["tau_stderr"] >= 0
 
 
 @pytest.fixture(scope="module")
@@ -177,3 +178,65 @@ def test_compare_interleaves_decoders_and_names_the_prompt_a_drafter_changed(
     order.clear()
     with pytest.raises(DllmError, match="changed the output of prompt 1"):
         speculative.compare(*args, strict=True, **options)
+
+
+def _report(tokens, forwards):
+    from turbo_dllm.families.dflash.speculative import _report as make
+
+    spec = [([0] * sum(per), per) for per in _gains(tokens, forwards)]
+    plain = [tokens_ for tokens_, _ in spec]
+    return make("dflash", 8, plain, 1.0, spec, 1.0, max(tokens))
+
+
+def _gains(tokens, forwards):
+    """Per prompt, `forwards` gains (each 1..8) summing to `tokens`."""
+    out = []
+    for total, n in zip(tokens, forwards, strict=True):
+        base, extra = divmod(total, n)
+        out.append([base + (i < extra) for i in range(n)])
+    return out
+
+
+def test_tau_stderr_is_the_spread_over_prompts_and_matches_the_jackknife():
+    from turbo_dllm.families.dflash.speculative import tau_ratio_stderr
+
+    # Every prompt at the same tau: no spread, however the forwards are distributed.
+    same = _report([40, 80, 120], [10, 20, 30])
+    assert same.tau == 4.0 and same.tau_stderr == 0.0
+    assert same.prompt_tokens == [40, 80, 120] and same.prompt_forwards == [10, 20, 30]
+    assert _report([40], [10]).tau_stderr is None  # one prompt: no estimate
+
+    # Against an oracle of another kind: the jackknife standard error of a ratio of sums, which
+    # the delta method matches as the prompt count grows.
+    generator = torch.Generator().manual_seed(0)
+    k = 400
+    forwards = (20 + torch.randint(0, 30, (k,), generator=generator)).tolist()
+    tokens = [min(8 * n, int(n * (3 + 2 * torch.rand((), generator=generator)))) for n in forwards]
+    report = _report(tokens, forwards)
+    leave_one_out = [
+        (sum(tokens) - x) / (sum(forwards) - n) for x, n in zip(tokens, forwards, strict=True)
+    ]
+    mean = sum(leave_one_out) / k
+    jackknife = ((k - 1) / k * sum((t - mean) ** 2 for t in leave_one_out)) ** 0.5
+    assert report.tau_stderr == pytest.approx(jackknife, rel=0.02)
+
+    # Paired ratio: a drafter whose forwards are the other's, halved, on every prompt has
+    # exactly twice its tau on every prompt; the prompts' differences cancel.
+    half = _report(tokens, [n // 2 for n in forwards])
+    assert half.tau_stderr > 0 and report.tau_stderr > 0
+    even = [2 * (n // 2) for n in forwards]
+    doubled = _report(tokens, even)
+    halved = _report(tokens, [n // 2 for n in even])
+    assert halved.tau / doubled.tau == pytest.approx(2.0)
+    assert tau_ratio_stderr(halved, doubled) == pytest.approx(0.0, abs=1e-12)
+    # ... and two unrelated drafters' ratio carries both spreads.
+    other = _report(list(reversed(tokens)), forwards)
+    ratio_error = tau_ratio_stderr(other, report)
+    unpaired = (
+        other.tau
+        / report.tau
+        * ((other.tau_stderr / other.tau) ** 2 + (report.tau_stderr / report.tau) ** 2) ** 0.5
+    )
+    assert ratio_error == pytest.approx(unpaired, rel=0.25)
+    with pytest.raises(ValueError, match="same prompts"):
+        tau_ratio_stderr(report, _report(tokens[:5], forwards[:5]))

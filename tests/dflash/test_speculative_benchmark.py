@@ -24,10 +24,15 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     assert result["training"]["target"]["steps"] == 40  # --target-steps, capped for --tiny
     assert set(result["training"]) == {"target", "ar-drafter", "dflash", "dflash-plain"}
     assert set(result["tau_ratios"]) == {"dflash", "dflash-plain"}
+    assert set(result["tau_ratio_stderrs"]) == {"dflash", "dflash-plain"}
+    assert all(error >= 0 for error in result["tau_ratio_stderrs"].values())
+    assert "paired over the prompts" in proc.stdout
     assert result["dflash_warmup_s"] > 0  # once, before the first variant's timed run
     assert (tmp_path / "work" / "dflash-warmup-run" / "metrics.jsonl").read_text().count("\n") == 3
     for name in ("dflash", "dflash-plain", "autoregressive"):
         report = result["reports"][name]
         assert report["lossless"] is True
         assert report["tau"] >= 1.0
+        assert len(report["prompt_forwards"]) == len(report["prompt_tokens"]) == 2
+        assert report["tau"] == sum(report["prompt_tokens"]) / sum(report["prompt_forwards"])
     assert result["args"]["dflash_eager"] is False  # compiled only where there is a GPU

@@ -94,7 +94,11 @@ def _eval(args) -> int:
         f"{report.drafter_kind} drafter, block {report.block_size}: lossless over "
         f"{report.prompts} prompts x {report.new_tokens // report.prompts} tokens"
     )
-    print(f"tau {report.tau:.3f} tokens per target forward ({report.target_forwards} forwards)")
+    spread = f" +- {report.tau_stderr:.3f}" if report.tau_stderr is not None else ""
+    print(
+        f"tau {report.tau:.3f}{spread} tokens per target forward ({report.target_forwards} "
+        "forwards; +- one standard error over the prompts)"
+    )
     print(
         f"tokens/s: target alone {report.target_tokens_per_s:.1f}, speculative "
         f"{report.speculative_tokens_per_s:.1f} (speedup {report.speedup:.2f}x)"

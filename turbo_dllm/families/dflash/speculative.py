@@ -14,7 +14,10 @@ hidden states of `target_layer_ids` for every accepted position), or an autoregr
 (a small causal LM with its own KV cache, proposing B - 1 tokens one at a time: the standard
 speculative-decoding baseline). Outputs must be token-for-token those of the target alone.
 
-tau = accepted tokens per target forward in the speculative loop (mean of 1 + accepted drafts).
+tau = accepted tokens per target forward in the speculative loop (mean of 1 + accepted drafts),
+with its standard error over the prompts (`tau_stderr`: tau is a ratio of per-prompt sums, so
+the prompts, not the forwards, are the independent samples; `tau_ratio_stderr` does the same
+for two drafters decoding the same prompts).
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ import torch
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import hf_cache_argument
 
-__all__ = ["SpeculativeReport", "compare", "evaluate", "held_out_prompts"]
+__all__ = ["SpeculativeReport", "compare", "evaluate", "held_out_prompts", "tau_ratio_stderr"]
 
 
 @dataclass
@@ -48,6 +51,9 @@ class SpeculativeReport:
     lossless: bool
     first_mismatch: int | None = None  # the first prompt whose outputs differ
     accepted_histogram: dict[int, int] = field(default_factory=dict)
+    tau_stderr: float | None = None  # over the prompts; None with fewer than two
+    prompt_tokens: list[int] = field(default_factory=list)  # accepted tokens, per prompt
+    prompt_forwards: list[int] = field(default_factory=list)  # target forwards, per prompt
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -385,9 +391,44 @@ def _check_autoregressive(drafter: str, block_size: int | None, target_config) -
         )
 
 
+def _influence(tokens: list[int], forwards: list[int]) -> list[float]:
+    """Each prompt's first-order share of the error of log(tau), tau = sum(tokens) /
+    sum(forwards) (the delta method for a ratio of sums): mean(influence) = 0, and
+    stderr(log tau) = sqrt(sum(influence^2) / (k (k - 1))) over k prompts."""
+    tau = sum(tokens) / sum(forwards)
+    mean_tokens = sum(tokens) / len(tokens)
+    return [(x - tau * n) / mean_tokens for x, n in zip(tokens, forwards, strict=True)]
+
+
+def _stderr(influence: list[float]) -> float | None:
+    k = len(influence)
+    return (sum(z * z for z in influence) / (k * (k - 1))) ** 0.5 if k > 1 else None
+
+
+def tau_ratio_stderr(a: SpeculativeReport, b: SpeculativeReport) -> float | None:
+    """The standard error of a.tau / b.tau for two drafters evaluated on the same prompts
+    (paired: a prompt that is easy for both moves both taus, and cancels in the ratio)."""
+    if len(a.prompt_forwards) != len(b.prompt_forwards):
+        raise ValueError("the two reports did not decode the same prompts")
+    paired = [
+        za - zb
+        for za, zb in zip(
+            _influence(a.prompt_tokens, a.prompt_forwards),
+            _influence(b.prompt_tokens, b.prompt_forwards),
+            strict=True,
+        )
+    ]
+    error = _stderr(paired)
+    return None if error is None else a.tau / b.tau * error
+
+
 def _report(kind, block, plain, plain_s, spec, spec_s, max_new_tokens) -> SpeculativeReport:
     lossless = all(a == b for a, (b, _) in zip(plain, spec, strict=True))
     gains = [g for _, per_prompt in spec for g in per_prompt]
+    prompt_tokens = [sum(per_prompt) for _, per_prompt in spec]
+    prompt_forwards = [len(per_prompt) for _, per_prompt in spec]
+    error = _stderr(_influence(prompt_tokens, prompt_forwards))
+    tau = sum(gains) / len(gains)
     total = max_new_tokens * len(plain)
     report = SpeculativeReport(
         drafter_kind=kind,
@@ -395,12 +436,15 @@ def _report(kind, block, plain, plain_s, spec, spec_s, max_new_tokens) -> Specul
         prompts=len(plain),
         new_tokens=total,
         target_forwards=len(gains),
-        tau=sum(gains) / len(gains),
+        tau=tau,
         target_tokens_per_s=total / plain_s,
         speculative_tokens_per_s=total / spec_s,
         speedup=plain_s / spec_s,
         lossless=lossless,
         accepted_histogram=dict(Counter(gains)),
+        tau_stderr=None if error is None else tau * error,
+        prompt_tokens=prompt_tokens,
+        prompt_forwards=prompt_forwards,
     )
     if not lossless:
         first = next(i for i, (a, (b, _)) in enumerate(zip(plain, spec, strict=True)) if a != b)
