@@ -18,13 +18,14 @@ from turbo_dllm.errors import DllmError
 
 
 class CannedServer:
-    """Accepts connections on 127.0.0.1 and answers each with the next canned reply (the last
-    one repeats), then closes; records each request's head."""
+    """Accepts connections on `host` (127.0.0.1) and answers each with the next canned reply
+    (the last one repeats), then closes; records each request's head."""
 
-    def __init__(self, *replies: bytes) -> None:
+    def __init__(self, *replies: bytes, host: str = "127.0.0.1") -> None:
         self.replies = list(replies)
         self.requests: list[bytes] = []
-        self._listener = socket.create_server(("127.0.0.1", 0))
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self._listener = socket.create_server((host, 0), family=family)
         self.port = self._listener.getsockname()[1]
         threading.Thread(target=self._serve, daemon=True).start()
 
@@ -178,3 +179,30 @@ def test_download_through_a_chunked_mirror_then_one_that_cuts_off(tmp_path):
     assert len(server.requests) == 2
     assert b"Range: bytes=1000-" in server.requests[1]  # the second attempt resumed
     assert (tmp_path / "b" / f"{sha}.part").stat().st_size == 1000
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        socket.create_server(("::1", 0), family=socket.AF_INET6).close()
+        return True
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("host", ["::1", "localhost"])
+def test_ipv6_and_localhost_mirrors(tmp_path, host):
+    """`http://[::1]:port` (the Host header brackets the address) and `http://localhost:port`
+    (resolved by name)."""
+    if host == "::1" and not _ipv6_loopback():
+        pytest.skip("this host has no IPv6 loopback")
+    data = os.urandom(1000)
+    sha = hashlib.sha256(data).hexdigest()
+    reply = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(data), data)
+    authority = f"[{host}]" if ":" in host else host
+    with CannedServer(reply, host="::1" if host == "::1" else "127.0.0.1") as server:
+        path = download(
+            LoopbackHttpSource(f"http://{authority}:{server.port}"), "bundles/b.bin", sha256=sha,
+            size=len(data), dest_dir=tmp_path, backoff_s=0.01,
+        )  # fmt: skip
+        assert path.read_bytes() == data
+    assert f"Host: {authority}:{server.port}\r\n".encode() in server.requests[0]
