@@ -1,7 +1,7 @@
 """Speculative decoding end to end: a DFlash drafter against an equally sized autoregressive
 drafter, both distilled/trained for the same time from one target, on held-out real text.
 
-In one run (one H200, ~7 minutes with the defaults, compiles and eval included):
+In one run (one H200, ~8 minutes with the defaults, compiles and eval included):
 1. data: the Python standard library's own sources (every machine has them), byte-level
    tokens; every 10th file (sorted by name) is held out for evaluation;
 2. target: a Qwen3-shaped decoder (~200M parameters) trained with `objective: autoregressive`
