@@ -58,7 +58,8 @@ class NotFound(DllmError):
 
 
 class TransientError(Exception):
-    """A failure worth retrying (connection reset, truncated body, 5xx)."""
+    """A failure worth retrying (connection reset, truncated body, 5xx); its message does not
+    name the URL, which whoever reports it puts in front."""
 
 
 class DeadlineExceeded(DllmError):
@@ -225,7 +226,7 @@ class _HttpSource(Source):
             return self.open(path, 0, deadline)
         if status in (408, 429) or status >= 500:
             response.close()
-            raise TransientError(f"{url}: HTTP {status}")
+            raise TransientError(f"HTTP {status}")
         if status == 404:
             response.close()
             raise NotFound(
@@ -289,7 +290,7 @@ class HttpSource(_HttpSource):
         try:
             response = self.session.get(url, headers=headers, stream=True, timeout=timeout)
         except (requests.ConnectionError, requests.Timeout) as error:
-            raise TransientError(f"{url}: {error.__class__.__name__}: {error}") from None
+            raise TransientError(f"{error.__class__.__name__}: {error}") from None
 
         def chunks() -> Iterator[bytes]:
             # read1 returns what has arrived: a connection that breaks off loses nothing already
@@ -302,7 +303,7 @@ class HttpSource(_HttpSource):
                 try:
                     chunk = read(CHUNK, decode_content=False)
                 except (urllib3.exceptions.HTTPError, OSError) as error:
-                    raise TransientError(f"{url}: transfer broke off: {error}") from None
+                    raise TransientError(f"transfer broke off: {error}") from None
                 if not chunk:
                     return
                 yield chunk
@@ -340,7 +341,7 @@ class LoopbackHttpSource(_HttpSource):
                 read_timeout=_time_left(url, deadline, READ_TIMEOUT_S),
             )
         except OSError as error:  # refused, reset, timed out, or a malformed answer
-            raise TransientError(f"{url}: {error.__class__.__name__}: {error}") from None
+            raise TransientError(f"{error.__class__.__name__}: {error}") from None
 
         def chunks() -> Iterator[bytes]:
             while True:
@@ -348,7 +349,7 @@ class LoopbackHttpSource(_HttpSource):
                 try:
                     chunk = response.read1(CHUNK)
                 except OSError as error:
-                    raise TransientError(f"{url}: transfer broke off: {error}") from None
+                    raise TransientError(f"transfer broke off: {error}") from None
                 if not chunk:
                     return
                 yield chunk
