@@ -147,11 +147,14 @@ class Response:
 
     def _line(self) -> bytes:
         """The next CRLF-terminated line of the body (chunked framing), without its CRLF."""
-        while (end := self._buffer.find(b"\r\n")) < 0:
-            if len(self._buffer) > MAX_LINE_BYTES:
-                raise ProtocolError(f"a chunk line is longer than {MAX_LINE_BYTES} bytes")
-            self._fill(len(self._buffer) + 1)
-        line, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
+        line, self._buffer = _split_at(
+            self._sock,
+            self._buffer,
+            b"\r\n",
+            too_long=f"a chunk line is longer than {MAX_LINE_BYTES} bytes",
+            limit=MAX_LINE_BYTES,
+            closed="the connection closed inside the chunked body",
+        )
         return line
 
     def _fill(self, n: int) -> None:
@@ -163,18 +166,34 @@ class Response:
             self._buffer += data
 
 
+def _split_at(
+    sock: socket.socket, buffer: bytes, marker: bytes, *, limit: int, too_long: str, closed: str
+) -> tuple[bytes, bytes]:
+    """(the bytes before `marker`, the bytes after it), reading from `sock` until it arrives;
+    ProtocolError(`too_long`) once more than `limit` bytes came without it, ProtocolError(`closed`)
+    when the connection closes first."""
+    while (end := buffer.find(marker)) < 0:
+        if len(buffer) > limit:
+            raise ProtocolError(too_long)
+        data = sock.recv(_HEAD_READ)
+        if not data:
+            raise ProtocolError(closed)
+        buffer += data
+    return buffer[:end], buffer[end + len(marker) :]
+
+
 def _read_answer(sock: socket.socket) -> Response:
     """Read heads until a final (non-1xx) one; return it with the bytes read past it."""
     buffer = b""
     while True:
-        while (end := buffer.find(b"\r\n\r\n")) < 0:
-            if len(buffer) > MAX_HEAD_BYTES:
-                raise ProtocolError(f"the answer's head is longer than {MAX_HEAD_BYTES} bytes")
-            data = sock.recv(_HEAD_READ)
-            if not data:
-                raise ProtocolError("the connection closed before the answer's head ended")
-            buffer += data
-        head, buffer = buffer[:end], buffer[end + 4 :]
+        head, buffer = _split_at(
+            sock,
+            buffer,
+            b"\r\n\r\n",
+            limit=MAX_HEAD_BYTES,
+            too_long=f"the answer's head is longer than {MAX_HEAD_BYTES} bytes",
+            closed="the connection closed before the answer's head ended",
+        )
         status, reason, headers = _parse_head(head)
         if not 100 <= status < 200:
             return Response(sock, status, reason, headers, buffer)
