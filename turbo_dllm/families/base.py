@@ -35,6 +35,8 @@ __all__ = [
     "FamilyRuntime",
     "ModelMisfit",
     "Objective",
+    "DECODER_SIZES",
+    "decoder_shape_problems",
     "hf_config_errors",
     "nonpositive_fields",
     "raise_if_unusable",
@@ -236,6 +238,30 @@ def nonpositive_fields(config: Any, names: tuple[str, ...]) -> list[str]:
         for name in names
         if int(getattr(config, name)) <= 0
     ]
+
+
+# The sizes every decoder family's config has; each must be positive.
+DECODER_SIZES = (
+    "vocab_size",
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+)
+
+
+def decoder_shape_problems(config: Any, extra: tuple[str, ...] = ()) -> list[str]:
+    """The checks every decoder family's config makes: `DECODER_SIZES` and the family's `extra`
+    sizes positive, the query heads a multiple of the KV heads."""
+    problems = nonpositive_fields(config, DECODER_SIZES + extra)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    if kv_heads > 0 and heads % kv_heads:
+        problems.append(
+            f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
+        )
+    return problems
 
 
 def raise_if_unusable(

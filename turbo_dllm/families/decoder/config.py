@@ -11,7 +11,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import hf_config_errors, nonpositive_fields, raise_if_unusable
+from turbo_dllm.families.base import decoder_shape_problems, hf_config_errors, raise_if_unusable
 
 __all__ = ["ACTIVATIONS", "PRESETS", "DecoderConfig", "tensor_parallel_problems"]
 
@@ -109,23 +109,7 @@ class DecoderConfig:
                 f"model_type {self.model_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_MODEL_TYPES)})"
             )
-        problems += nonpositive_fields(
-            self,
-            (
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "head_dim",
-            ),
-        )
-        if self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads:
-            problems.append(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
+        problems += decoder_shape_problems(self)
         if self.head_dim % 2:
             problems.append(f"head_dim must be even for RoPE (got {self.head_dim})")
         rope_type = (self.rope_scaling or {}).get("rope_type", "default")

@@ -25,7 +25,12 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import hf_config_errors, nonpositive_fields, raise_if_unusable
+from turbo_dllm.families.base import (
+    decoder_shape_problems,
+    hf_config_errors,
+    nonpositive_fields,
+    raise_if_unusable,
+)
 
 __all__ = ["ARCHITECTURES", "DFlashConfig", "default_target_layer_ids", "drafter_problems"]
 
@@ -111,28 +116,11 @@ class DFlashConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        problems += nonpositive_fields(
-            self,
-            (
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "head_dim",
-                "target_hidden_size",
-                "num_target_layers",
-                "block_size",
-            ),
+        problems += decoder_shape_problems(
+            self, ("target_hidden_size", "num_target_layers", "block_size")
         )
         if self.block_size < 2:
             problems.append(f"block_size must be at least 2 (got {self.block_size})")
-        if self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads:
-            problems.append(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_key_value_heads ({self.num_key_value_heads})"
-            )
         if self.head_dim % 2:
             problems.append(f"head_dim must be even for RoPE (got {self.head_dim})")
         if not self.target_layer_ids:

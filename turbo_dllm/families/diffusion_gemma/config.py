@@ -15,7 +15,7 @@ import json
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import hf_config_errors, nonpositive_fields, raise_if_unusable
+from turbo_dllm.families.base import decoder_shape_problems, hf_config_errors, raise_if_unusable
 
 __all__ = ["LAYER_TYPES", "PRESETS", "DiffusionGemmaConfig"]
 
@@ -143,17 +143,10 @@ class DiffusionGemmaConfig:
 
     def __post_init__(self) -> None:
         problems = []
-        problems += nonpositive_fields(
+        problems += decoder_shape_problems(
             self,
             (
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "num_key_value_heads",
                 "num_global_key_value_heads",
-                "head_dim",
                 "global_head_dim",
                 "num_experts",
                 "top_k_experts",
@@ -170,12 +163,12 @@ class DiffusionGemmaConfig:
             problems.append(f"layer_types {unknown} are not supported (only {LAYER_TYPES})")
         if "sliding_attention" in self.layer_types and self.sliding_window <= 1:
             problems.append(f"sliding layers need sliding_window > 1 (got {self.sliding_window})")
-        for kv in (self.num_key_value_heads, self.num_global_key_value_heads):
-            if kv > 0 and self.num_attention_heads % kv:
-                problems.append(
-                    f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                    f"the key/value heads ({kv})"
-                )
+        kv = self.num_global_key_value_heads
+        if kv > 0 and self.num_attention_heads % kv:
+            problems.append(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_global_key_value_heads ({kv})"
+            )
         if self.top_k_experts > self.num_experts:
             problems.append(
                 f"top_k_experts ({self.top_k_experts}) exceeds num_experts ({self.num_experts})"

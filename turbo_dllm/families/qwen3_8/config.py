@@ -15,7 +15,7 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import hf_config_errors, nonpositive_fields, raise_if_unusable
+from turbo_dllm.families.base import decoder_shape_problems, hf_config_errors, raise_if_unusable
 from turbo_dllm.families.decoder.config import _token_ids
 
 __all__ = [
@@ -144,16 +144,9 @@ class Qwen38Config:
             problems.append(
                 f"model_type {self.model_type!r} is not one of {', '.join(MODEL_TYPES)}"
             )
-        problems += nonpositive_fields(
+        problems += decoder_shape_problems(
             self,
             (
-                "vocab_size",
-                "hidden_size",
-                "intermediate_size",
-                "num_hidden_layers",
-                "num_attention_heads",
-                "num_key_value_heads",
-                "head_dim",
                 "linear_num_key_heads",
                 "linear_num_value_heads",
                 "linear_key_head_dim",
@@ -169,8 +162,6 @@ class Qwen38Config:
         unknown = sorted(set(self.layer_types) - set(LAYER_KINDS))
         if unknown:
             problems.append(f"layer_types holds {unknown} (known: {', '.join(LAYER_KINDS)})")
-        if self.num_key_value_heads > 0 and self.num_attention_heads % self.num_key_value_heads:
-            problems.append("num_attention_heads must be a multiple of num_key_value_heads")
         if self.linear_num_key_heads > 0 and (
             self.linear_num_value_heads % self.linear_num_key_heads
         ):
