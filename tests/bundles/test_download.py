@@ -184,7 +184,7 @@ def test_download_unpacked_the_transfers_own_error_wins(index, hashing, tmp_path
     (root / "bundles" / "blob.bin").write_bytes(os.urandom(SIZE + 1))
 
     class NoSize(LocalSource):  # like a server that sends no Content-Length
-        def open(self, path, offset=0, deadline=None):
+        def open(self, path, offset=0, deadline=None, pool=None):
             return super().open(path, offset, deadline)._replace(total=None)
 
     def unpack(stream):
@@ -230,3 +230,49 @@ def test_a_part_file_that_cannot_be_written_is_a_clear_error(index, hashing, tmp
                 dest_dir=dest,
                 backoff_s=0.01,
             )
+
+
+def test_a_buffer_pool_makes_buffers_on_demand_and_reuses_the_last_one_given_back():
+    from turbo_dllm.bundles.sources import BufferPool
+
+    pool = BufferPool(2, size=16)
+    a, b = pool.take(1), pool.take(1)
+    assert a is not b and len(a) == len(b) == 16
+    with pytest.raises(RuntimeError, match="no receive buffer was handed back"):
+        pool.take(0.01)  # both are out: a reader that never gives them back is a bug
+    pool.give(a)
+    pool.give(b)
+    assert pool.take(1) is b and pool.take(1) is a  # warm first
+
+
+def test_large_downloads_receive_into_a_few_reused_buffers(tmp_path, monkeypatch):
+    """Archives hashed on the helper thread arrive from a loopback mirror in the pool's buffers:
+    at most RECEIVE_BUFFERS of them for many more blocks, each handed back once hashed, and the
+    unpacker (which reads every block before asking for the next) sees exactly the file."""
+    from turbo_dllm.bundles import fetch
+
+    size = 12 * 1024 * 1024
+    root = tmp_path / "index"
+    (root / "bundles").mkdir(parents=True)
+    data = os.urandom(size)
+    (root / "bundles" / "blob.bin").write_bytes(data)
+    sha = hashlib.sha256(data).hexdigest()
+    monkeypatch.setattr(fetch, "THREADED_HASH_BYTES", 0)
+    buffers: set[int] = set()
+
+    def unpack(stream):
+        digest, blocks = hashlib.sha256(), 0
+        while block := stream.read():
+            assert isinstance(block, memoryview)
+            buffers.add(id(block.obj))
+            digest.update(block)
+            blocks += 1
+        return digest.hexdigest(), blocks
+
+    with MirrorServer(root) as server:
+        seen, blocks = download_unpacked(
+            open_source(server.url), "bundles/blob.bin", unpack=unpack, sha256=sha, size=size,
+            dest_dir=tmp_path / "dl",
+        )  # fmt: skip
+    assert seen == sha
+    assert blocks > fetch.RECEIVE_BUFFERS >= len(buffers) >= 1

@@ -57,6 +57,14 @@ def body_of(response, limit: int = 7) -> bytes:
     return data
 
 
+def body_into(response, limit: int = 7) -> bytes:
+    """The body through `readinto`, one reused buffer of `limit` bytes."""
+    data, buffer = b"", memoryview(bytearray(limit))
+    while got := response.readinto(buffer):
+        data += buffer[:got]
+    return data
+
+
 def chunked(data: bytes, size: int = 5) -> bytes:
     parts = [
         b"%x;ext=1\r\n%s\r\n" % (len(data[i : i + size]), data[i : i + size])
@@ -80,12 +88,13 @@ DATA = b"block-diffusion bundles, sent three ways"
     ],
     ids=["content-length", "chunked", "until-close", "after-100"],
 )
-def test_bodies_in_every_framing(reply):
+@pytest.mark.parametrize("read", [body_of, body_into])
+def test_bodies_in_every_framing(reply, read):
     with CannedServer(reply) as server:
         response = get("127.0.0.1", server.port, "/x", {"Range": "bytes=0-"}, 5, 5)
         assert response.status == 200
-        assert body_of(response) == DATA
-        assert response.read1(7) == b""  # and stays at the end
+        assert read(response) == DATA
+        assert response.read1(7) == b"" and response.readinto(memoryview(bytearray(7))) == 0
         response.close()
     request = server.requests[0].decode()
     assert request.startswith("GET /x HTTP/1.1\r\n")
@@ -140,12 +149,32 @@ def test_malformed_heads_are_refused(reply, message):
         ),
     ],
 )
-def test_bodies_cut_short_or_malformed_are_refused(reply, message):
+@pytest.mark.parametrize("read", [body_of, body_into])
+def test_bodies_cut_short_or_malformed_are_refused(reply, message, read):
     with CannedServer(reply) as server:
         response = get("127.0.0.1", server.port, "/", {}, 5, 5)
         with pytest.raises(ProtocolError, match=message):
-            body_of(response)
+            read(response)
         response.close()
+
+
+@pytest.mark.parametrize("framing", ["content-length", "until-close"])
+def test_readinto_receives_large_bodies_into_the_callers_buffer(framing):
+    """Past what arrived with the head, the socket fills the caller's buffer itself; a body cut
+    short is refused the same way."""
+    data = os.urandom(700_000)
+    length = b"Content-Length: %d\r\n" % len(data) if framing == "content-length" else b""
+    reply = b"HTTP/1.1 200 OK\r\n" + length + b"\r\n" + data
+    with CannedServer(reply) as server:
+        response = get("127.0.0.1", server.port, "/", {}, 5, 5)
+        assert body_into(response, 65536) == data
+        response.close()
+    if framing == "content-length":
+        with CannedServer(reply[:-1000]) as server:
+            response = get("127.0.0.1", server.port, "/", {}, 5, 5)
+            with pytest.raises(ProtocolError, match="1000 bytes before the body's end"):
+                body_into(response, 65536)
+            response.close()
 
 
 def test_a_silent_server_times_out():

@@ -31,6 +31,7 @@ from turbo_dllm.bundles.sources import (
     CHUNK,
     DEADLINE_VARIABLE,
     INDEX_VARIABLE,
+    BufferPool,
     DeadlineExceeded,
     Opened,
     Source,
@@ -50,6 +51,7 @@ __all__ = [
 ]
 
 THREADED_HASH_BYTES = 16 * CHUNK  # archives this large are hashed on a helper thread
+RECEIVE_BUFFERS = 8  # their blocks are received into this many reused buffers (BufferPool)
 Progress = Callable[[int, int], None]
 T = TypeVar("T")
 
@@ -203,7 +205,9 @@ def _fetch(
 class ArchiveStream:
     """The archive's bytes as one attempt delivers them, as a forward-only binary reader (what
     zstd's stream reader wants): the kept `.part` bytes first, then the source's. Each block is
-    handed to the sink (hash, and `.part` for new bytes) as it is read."""
+    handed to the sink (hash, and `.part` for new bytes) as it is read. A block may be a view
+    of a reused receive buffer (`BufferPool`): it is valid until the next `read`, so a reader
+    that keeps bytes copies them."""
 
     def __init__(self, blocks: Iterator[bytes]) -> None:
         self._blocks = blocks
@@ -255,10 +259,13 @@ class _Transfer:
         return self._have > 0
 
     def start(self) -> None:
+        threaded = self._size >= THREADED_HASH_BYTES
+        pool = BufferPool(RECEIVE_BUFFERS) if threaded else None
         if self._have < self._size:
-            self._open()  # first: whether the source can continue after the kept bytes
-        sink = _Sink if self._size < THREADED_HASH_BYTES else _ThreadedSink
-        self._sink = sink(self._out, self._part)
+            self._open(pool)  # first: whether the source can continue after the kept bytes
+        self._sink = (
+            _ThreadedSink(self._out, self._part, pool) if threaded else _Sink(self._out, self._part)
+        )
 
     def drain(self) -> None:
         """Read (hash and keep) whatever the unpacker left unread."""
@@ -315,8 +322,8 @@ class _Transfer:
                 self.position += len(block)
                 yield block
 
-    def _open(self) -> None:
-        self._opened = opened = self._source.open(self._path, self._have, self._deadline)
+    def _open(self, pool: BufferPool | None) -> None:
+        self._opened = opened = self._source.open(self._path, self._have, self._deadline, pool)
         if opened.total is not None and opened.total != self._size:
             raise BundleRejected(
                 f"{self._source.url(self._path)}: wrong size: the catalog says {self._size} "
@@ -350,7 +357,7 @@ class _Sink:
         self._out, self._part = out, part
         self._hex: str | None = None
 
-    def add(self, block: bytes, keep: bool) -> None:
+    def add(self, block: bytes | memoryview, keep: bool) -> None:
         self._hash(block)
         if keep:
             assert self._out is not None
@@ -359,7 +366,7 @@ class _Sink:
             except OSError as error:
                 raise DllmError(f"cannot write {self._part}: {error.strerror}") from None
 
-    def _hash(self, block: bytes) -> None:
+    def _hash(self, block: bytes | memoryview) -> None:
         self._digest.update(block)
 
     def finish(self) -> str:
@@ -376,26 +383,34 @@ class _ThreadedSink(_Sink):
     """The same with the sha256 on a helper thread (hashlib releases the GIL), so hashing a
     large archive overlaps with receiving, keeping and unpacking it. The `.part` write stays on
     the receiving thread: the helper alone would then do the two costliest steps per byte and
-    hold the transfer back."""
+    hold the transfer back.
 
-    def __init__(self, out: BinaryIO | None, part: Path) -> None:
+    Blocks the source received into `pool`'s buffers go back to the pool once hashed. The
+    unpacker is done with a block by then or soon after: it asks for the next block, which is
+    when the source takes a buffer again, only once it has used up the last one (the `.part`
+    write happened before it saw the block)."""
+
+    def __init__(self, out: BinaryIO | None, part: Path, pool: BufferPool | None) -> None:
         import queue
         import threading
 
         super().__init__(out, part)
+        self._pool = pool
         # Blocks are what the socket had (a static server's 64 KiB writes make most of them
         # small, at most CHUNK): 64 of them let the receiving side run ahead of a helper
-        # thread the scheduler has set aside for a moment.
-        self._blocks: queue.Queue[bytes | None] = queue.Queue(maxsize=64)
+        # thread the scheduler has set aside for a moment (the pool's size bounds its blocks).
+        self._blocks: queue.Queue[bytes | memoryview | None] = queue.Queue(maxsize=64)
         self._thread = threading.Thread(target=self._run, name="dllm-sha256", daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        update = self._digest.update
+        update, pool = self._digest.update, self._pool
         while (block := self._blocks.get()) is not None:
             update(block)
+            if pool is not None and isinstance(block, memoryview):
+                pool.give(block.obj)
 
-    def _hash(self, block: bytes) -> None:
+    def _hash(self, block: bytes | memoryview) -> None:
         self._blocks.put(block)
 
     def stop(self) -> None:

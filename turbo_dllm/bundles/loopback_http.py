@@ -57,7 +57,7 @@ def get(
 
 class Response:
     """An answer whose head has been read: `status`, `reason`, `header(name)`, and the body
-    through `read1`."""
+    through `read1` or `readinto`."""
 
     def __init__(
         self,
@@ -100,14 +100,33 @@ class Response:
             return b""
         want = limit if self._left is None else min(limit, self._left)
         data = self._take(want) or self._sock.recv(want)
-        if not data:
+        self._count(len(data))
+        return data
+
+    def readinto(self, buffer: memoryview) -> int:
+        """`read1` into `buffer` (at most its length): the number of bytes, 0 once the body
+        is complete. The socket fills the buffer itself, so a reader that reuses its buffers
+        allocates nothing per block."""
+        if self._chunked or self._buffer:  # framing lines, or bytes read with the head: copied
+            data = self.read1(len(buffer))
+            buffer[: len(data)] = data
+            return len(data)
+        if self._left == 0:
+            return 0
+        want = len(buffer) if self._left is None else min(len(buffer), self._left)
+        got = self._sock.recv_into(buffer, want)
+        self._count(got)
+        return got
+
+    def _count(self, got: int) -> None:
+        """Account for `got` body bytes just received (0: the connection closed)."""
+        if not got:
             if self._left is None:  # framed by the close: this is the end
                 self._left = 0
-                return b""
+                return
             raise ProtocolError(f"the connection closed {self._left} bytes before the body's end")
         if self._left is not None:
-            self._left -= len(data)
-        return data
+            self._left -= got
 
     def close(self) -> None:
         self._sock.close()

@@ -56,7 +56,12 @@ for target_steps in (int(s) for s in sys.argv[2:]):
         doc["model"] = {
             "family": "dflash",
             "from_config": "target",
-            "dflash": {"target": str(target), "num_layers": 2, "block_size": 8, "mask_token_id": 259},
+            "dflash": {
+                "target": str(target),
+                "num_layers": 2,
+                "block_size": 8,
+                "mask_token_id": 259,
+            },
         }
         doc["objective"] = {
             "name": "dflash_distillation", "block_size": 8, "max_anchors": 64,
