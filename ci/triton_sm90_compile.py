@@ -5,8 +5,9 @@
 `triton.compile` for `GPUTarget("cuda", 90, 32)` runs the whole pipeline (TTIR, TTGIR, LLVM,
 PTX, ptxas to a cubin) without a driver, so API misuse, shared-memory overflow and pass failures
 show here before GPU time is spent. Per kernel and variant it prints ok/FAILED, the shared memory,
-and the `ttg.async_wait {num = N}` of the full-tile loop (N > 0: copies stay in flight across
-iterations, i.e. the loop is software-pipelined). To check against the GPU host's Triton, put an
+the `ttg.async_wait {num = N}` of the full-tile loop (N > 0: copies stay in flight across
+iterations, i.e. the loop is software-pipelined), and, from the cubin (Triton's own cuobjdump),
+the registers per thread, the stack and the local-memory stores and loads of register spills. To check against the GPU host's Triton, put an
 unpacked wheel of that version first (`--triton-path`, e.g. `pip download triton==3.6.0` and unzip).
 """
 
@@ -81,6 +82,31 @@ def compile_variant(module, kernel: str, config, dim: int):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
+def register_use(cubin: bytes) -> str:
+    """ "regs R stack S spills STL/LDL" of a cubin, by the cuobjdump shipped in Triton's wheel
+    ("" when it is missing)."""
+    import subprocess
+    import tempfile
+
+    import triton
+
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.is_file():
+        return ""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+        handle.write(cubin)
+        handle.flush()
+        usage = subprocess.run(
+            [tool, "--dump-resource-usage", handle.name], capture_output=True, text=True
+        ).stdout
+        sass = subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    if not found:
+        return ""
+    stores, loads = len(re.findall(r"\bSTL", sass)), len(re.findall(r"\bLDL", sass))
+    return f" regs {found[1]} stack {found[2]:>4} spills {stores}/{loads}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--head-dim", type=int, default=128)
@@ -113,7 +139,8 @@ def main(argv: list[str] | None = None) -> int:
             waits = re.findall(r"async_wait .*\{num = (\d+)", compiled.asm["ttgir"])
             print(
                 f"{kernel:5} {name:28} ok {time.perf_counter() - tick:5.1f}s "
-                f"smem {compiled.metadata.shared:>6} first-loop wait num={waits[0] if waits else '-'}",
+                f"smem {compiled.metadata.shared:>6} first-loop wait num={waits[0] if waits else '-'}"
+                + register_use(compiled.asm["cubin"]),
                 flush=True,
             )
     return 1 if failed else 0
