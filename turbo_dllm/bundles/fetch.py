@@ -209,14 +209,14 @@ class ArchiveStream:
     of a reused receive buffer (`BufferPool`): it is valid until the next `read`, so a reader
     that keeps bytes copies them."""
 
-    def __init__(self, blocks: Iterator[bytes]) -> None:
+    def __init__(self, blocks: Iterator[bytes | memoryview]) -> None:
         self._blocks = blocks
         self._pending = b""
 
     def readable(self) -> bool:
         return True
 
-    def read(self, n: int = -1) -> bytes:
+    def read(self, n: int = -1) -> bytes | memoryview:
         """Up to `n` bytes (fewer at block edges; b"" at the end)."""
         if self._pending:
             block, self._pending = self._pending, b""

@@ -252,15 +252,19 @@ DECODER_SIZES = (
 )
 
 
-def decoder_shape_problems(config: Any, extra: tuple[str, ...] = ()) -> list[str]:
+def decoder_shape_problems(
+    config: Any,
+    extra: tuple[str, ...] = (),
+    kv_heads: tuple[str, ...] = ("num_key_value_heads",),
+) -> list[str]:
     """The checks every decoder family's config makes: `DECODER_SIZES` and the family's `extra`
-    sizes positive, the query heads a multiple of the KV heads."""
+    sizes positive, the query heads a multiple of each of the `kv_heads` counts."""
     problems = nonpositive_fields(config, DECODER_SIZES + extra)
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    if kv_heads > 0 and heads % kv_heads:
-        problems.append(
-            f"num_attention_heads ({heads}) must be a multiple of num_key_value_heads ({kv_heads})"
-        )
+    heads = config.num_attention_heads
+    for name in kv_heads:
+        kv = getattr(config, name)
+        if kv > 0 and heads % kv:
+            problems.append(f"num_attention_heads ({heads}) must be a multiple of {name} ({kv})")
     return problems
 
 

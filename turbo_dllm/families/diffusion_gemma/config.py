@@ -152,6 +152,7 @@ class DiffusionGemmaConfig:
                 "top_k_experts",
                 "moe_intermediate_size",
             ),
+            kv_heads=("num_key_value_heads", "num_global_key_value_heads"),
         )
         if len(self.layer_types) != self.num_hidden_layers:
             problems.append(
@@ -163,12 +164,6 @@ class DiffusionGemmaConfig:
             problems.append(f"layer_types {unknown} are not supported (only {LAYER_TYPES})")
         if "sliding_attention" in self.layer_types and self.sliding_window <= 1:
             problems.append(f"sliding layers need sliding_window > 1 (got {self.sliding_window})")
-        kv = self.num_global_key_value_heads
-        if kv > 0 and self.num_attention_heads % kv:
-            problems.append(
-                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                f"num_global_key_value_heads ({kv})"
-            )
         if self.top_k_experts > self.num_experts:
             problems.append(
                 f"top_k_experts ({self.top_k_experts}) exceeds num_experts ({self.num_experts})"
