@@ -174,6 +174,7 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
             # 32 query rows: the only dK/dV tiles that keep within the registers (Triton 3.6,
             # sm90: 64 x 128 spills 152 bytes, 54 stores in the loop; `ci/triton_sm90_compile.py`)
             ("32x128 w8 s2", dict(m=32, n=128, warps=8, stages=2)),
+            ("32x128 w8 s3", dict(m=32, n=128, warps=8, stages=3)),
         ],
         "dq": [
             ("128x64 w8 s2", dict(m=128, n=64, warps=8, stages=2)),
@@ -195,6 +196,9 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
             ("runs 64x128 w4 s3", dict(m=64, n=128, warps=4, stages=3)),
             ("runs 128x128 w8 s2", dict(m=128, n=128, warps=8, stages=2)),
             ("runs 32x128 w8 s3", dict(m=32, n=128, warps=8, stages=3)),
+            ("runs 32x128 w8 s4", dict(m=32, n=128, warps=8, stages=4)),
+            ("runs 32x128 w8 s3 tma host", dict(m=32, n=128, warps=8, stages=3, tma=1)),
+            ("runs 32x128 w8 s4 tma host", dict(m=32, n=128, warps=8, stages=4, tma=1)),
         ],
         "dq": [
             ("runs 128x64 w8 s3", dict(m=128, n=64, warps=8, stages=3)),
