@@ -124,6 +124,10 @@ def main(argv: list[str] | None = None) -> int:
     # not a sweep entry (the sweep times kernels apart; this one replaces the dQ kernel)
     fused = module.default_config(args.head_dim).with_part("dkdv", dq=1)
     variants["dkdv"] = [*variants["dkdv"], ("dq fused (atomics)", fused)]
+    # and the GPU tests' configs, each kernel of them (their flags combined, not one at a time)
+    for name, config in module.flag_configs(args.head_dim).items():
+        for kernel in variants:
+            variants[kernel].append((f"test: {name}", config))
     for kernel, entries in variants.items():
         for name, config in entries:
             if args.only and args.only not in name:

@@ -224,6 +224,25 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
     return variants
 
 
+def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
+    """Configs that together set every loop and load flag the sweep may pick, on the head dim's
+    defaults: the GPU tests check each against the reference, and `ci/triton_sm90_compile.py`
+    compiles them for sm90 on a host without a GPU (a pass failure shows there first)."""
+    base = default_config(head_dim)
+    return {
+        "runs s3 head-major tma host": everywhere(
+            base, runs=1, pipe=1, order=1, tma=1, stages=3, n=64
+        ).with_part("dkdv", m=64, n=128),
+        # on the indirect list, 8 warps: Triton 3.6's warp-specialisation pass fails on runs
+        # ("value not sliced") and on 4-warp forward and dQ loops ("expected non-null blocks")
+        "tma device tl.range ws": everywhere(base, tma=2, pipe=1, ws=1, runs=0, warps=8),
+        "dq fused": base.with_part("dkdv", dq=1),
+        "dq fused runs s3": everywhere(base, runs=1, pipe=1, stages=3, n=64).with_part(
+            "dkdv", m=64, n=128, dq=1
+        ),
+    }
+
+
 def default_config(head_dim: int) -> KernelConfig:
     if head_dim not in SM90_CONFIGS:
         raise ValueError(f"block_diffusion_attention supports head dim 64 or 128, not {head_dim}")

@@ -49,19 +49,7 @@ def test_every_loop_and_load_variant_matches_reference(head_dim):
     device TMA with tl.range and warp specialisation on the indirect list; dQ fused into the
     dK/dV kernel (fp32 atomics), alone and with pipelined runs."""
     module = triton_module("block_diffusion_attention", "jit")
-    base = module.default_config(head_dim)
-    configs = {
-        "runs s3 head-major tma host": module.everywhere(
-            base, runs=1, pipe=1, order=1, tma=1, stages=3, n=64
-        ).with_part("dkdv", m=64, n=128),
-        # 8 warps: Triton 3.6's warp-specialisation pass fails on D = 64's 4-warp defaults
-        # (`ci/triton_sm90_compile.py` shows it; the sweep records such variants as failed)
-        "tma device tl.range ws": module.everywhere(base, tma=2, pipe=1, ws=1, runs=0, warps=8),
-        "dq fused": base.with_part("dkdv", dq=1),
-        "dq fused runs s3": module.everywhere(base, runs=1, pipe=1, stages=3, n=64).with_part(
-            "dkdv", m=64, n=128, dq=1
-        ),
-    }
+    configs = module.flag_configs(head_dim)
     for name, config in configs.items():
         errors = compare_block_diffusion_attention(
             "jit", seq_len=1024, block_size=32, head_dim=head_dim, config=config
