@@ -138,13 +138,14 @@ def wheel_of_size(path: Path, size: int, pad: bytes | None = None) -> Path:
     return path
 
 
-def timed(command: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """(wall seconds, CPU seconds user+sys) of one child process."""
+def timed(command: list[str], env: dict[str, str], cwd: Path) -> tuple[float, float]:
+    """(wall seconds, CPU seconds user+sys) of one child process, run in `cwd` (not the source
+    tree: `python -m` puts the working directory first on sys.path)."""
     import resource
 
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
-    proc = subprocess.run(command, env=env, capture_output=True, text=True)
+    proc = subprocess.run(command, env=env, cwd=cwd, capture_output=True, text=True)
     elapsed = time.perf_counter() - start
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if proc.returncode != 0:
@@ -205,6 +206,16 @@ def main(argv: list[str] | None = None) -> int:
         help="the loopback server both installers fetch from: the standard library's "
         "SimpleHTTPRequestHandler, or `dllm mirror serve`'s handler (sendfile)",
     )
+    parser.add_argument(
+        "--python",
+        type=Path,
+        default=None,
+        help="the interpreter both installers run under, e.g. a venv where turbo-dllm is "
+        "installed from its wheel as users have it (`pip wheel --no-deps .`, then pip install "
+        "torch and the wheel there); default: this interpreter with this source tree first on "
+        "PYTHONPATH (in a development checkout, its editable-install finder loads at every "
+        "start-up, pip's included)",
+    )
     parser.add_argument("--verify-mib", type=int, default=1024)
     parser.add_argument(
         "--out", type=Path, default=ROOT / "runs" / "benchmarks" / "bundle_install.json"
@@ -212,7 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     work = Path(tempfile.mkdtemp(prefix="dllm-bench-"))
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    python = str(args.python or sys.executable)
+    env = dict(os.environ)
+    if args.python is None:  # the source tree's turbo_dllm, not an installed one
+        env["PYTHONPATH"] = f"{ROOT}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     env.pop("DLLM_BUNDLE_INDEX", None)
     # Both sides run with bytecode caches, as installed packages do (this environment may set
     # PYTHONDONTWRITEBYTECODE, which would make every run recompile turbo-dllm from source).
@@ -245,20 +259,20 @@ def main(argv: list[str] | None = None) -> int:
                     # alternates so neither side always runs second.
                     home = work / f"home-{mib}-{repeat}"
                     dllm = [
-                        sys.executable, "-m", "turbo_dllm", "bundle", "install", "--release", release,
+                        python, "-m", "turbo_dllm", "bundle", "install", "--release", release,
                         "--auto", "--index", url, "--catalog-sha256", catalog_sha,
                     ]  # fmt: skip
                     pip = [
-                        sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                        python, "-m", "pip", "install", "-q", "--no-deps", "--no-index",
                         "--no-cache-dir", "--disable-pip-version-check", "--target",
                         str(work / f"site-{mib}-{repeat}"), f"{url}/{wheel.relative_to(mirror).as_posix()}",
                     ]  # fmt: skip
                     if repeat % 2:
-                        pip_run = timed(pip, env)
-                        dllm_run = timed(dllm, {**env, "DLLM_HOME": str(home)})
+                        pip_run = timed(pip, env, work)
+                        dllm_run = timed(dllm, {**env, "DLLM_HOME": str(home)}, work)
                     else:
-                        dllm_run = timed(dllm, {**env, "DLLM_HOME": str(home)})
-                        pip_run = timed(pip, env)
+                        dllm_run = timed(dllm, {**env, "DLLM_HOME": str(home)}, work)
+                        pip_run = timed(pip, env, work)
                     if repeat >= 0:
                         dllm_times.append(dllm_run[0])
                         pip_times.append(pip_run[0])
@@ -297,8 +311,9 @@ def main(argv: list[str] | None = None) -> int:
         "commit": git_commit(),
         "host": f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
         "cpu": cpu_model(),
+        "python": python,
         "pip": subprocess.run(
-            [sys.executable, "-m", "pip", "--version"], capture_output=True, text=True
+            [python, "-m", "pip", "--version"], capture_output=True, text=True
         ).stdout.split(" from ")[0],
         "baseline": "pip install --no-deps --no-index --no-cache-dir --target of a same-size wheel, same HTTP server",
         "repeats": args.repeats,
