@@ -1,10 +1,12 @@
 """Compile block_diffusion_attention's sweep variants for sm90 on a host without a GPU.
 
     python ci/triton_sm90_compile.py [--head-dim 128] [--only runs] [--triton-path DIR]
+    python ci/triton_sm90_compile.py --defaults --head-dim 64    # what ships (a CPU test runs it)
 
 `triton.compile` for `GPUTarget("cuda", 90, 32)` runs the whole pipeline (TTIR, TTGIR, LLVM,
 PTX, ptxas to a cubin) without a driver, so API misuse, shared-memory overflow and pass failures
-show here before GPU time is spent. Per kernel and variant it prints ok/FAILED, the shared memory,
+show here before GPU time is spent; a variant asking more shared memory than an sm90 block may
+have (227 KB) fails here as it would at launch. Per kernel and variant it prints ok/FAILED, the shared memory,
 the `ttg.async_wait {num = N}` of the full-tile loop (N > 0: copies stay in flight across
 iterations, i.e. the loop is software-pipelined), and, from the cubin (Triton's own cuobjdump),
 the registers per thread, the stack and the local-memory stores and loads of register spills. To check against the GPU host's Triton, put an
@@ -25,6 +27,7 @@ SIZES = {"H", "HK", "GROUP", "PER_BATCH"}  # upper-case scalars (the rest upper-
 BF16 = {"Q", "K", "V", "OUT", "DO", "DK", "DV", "DQ"}
 F32 = {"LSE", "LSE2", "DELTA", "DQ_ACC"}
 I8 = {"QN", "KN"}
+SM90_SHARED_BYTES = 232448  # the most dynamic shared memory one block may use on H100/H200
 
 
 def _module():
@@ -112,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--only", default=None, help="variants whose name contains this")
     parser.add_argument("--triton-path", type=Path, default=None, help="an unpacked Triton wheel")
+    parser.add_argument(
+        "--defaults", action="store_true", help="only each kernel's default config (what ships)"
+    )
     args = parser.parse_args(argv)
     if args.triton_path:
         sys.path.insert(0, str(args.triton_path))
@@ -120,14 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     module = _module()
     print(f"triton {triton.__version__} from {Path(triton.__file__).parent}")
     failed = 0
-    variants = module.sweep_variants(args.head_dim)
-    # not a sweep entry (the sweep times kernels apart; this one replaces the dQ kernel)
-    fused = module.default_config(args.head_dim).with_part("dkdv", dq=1)
-    variants["dkdv"] = [*variants["dkdv"], ("dq fused (atomics)", fused)]
-    # and the GPU tests' configs, each kernel of them (their flags combined, not one at a time)
-    for name, config in module.flag_configs(args.head_dim).items():
-        for kernel in variants:
-            variants[kernel].append((f"test: {name}", config))
+    if args.defaults:
+        default = module.default_config(args.head_dim)
+        variants = {kernel: [("default", default)] for kernel in module.KERNELS}
+    else:
+        variants = _all_variants(module, args.head_dim)
     for kernel, entries in variants.items():
         for name, config in entries:
             if args.only and args.only not in name:
@@ -135,6 +138,11 @@ def main(argv: list[str] | None = None) -> int:
             tick = time.perf_counter()
             try:
                 compiled = compile_variant(module, kernel, config, args.head_dim)
+                if compiled.metadata.shared > SM90_SHARED_BYTES:
+                    raise RuntimeError(
+                        f"needs {compiled.metadata.shared} bytes of shared memory, an sm90 block "
+                        f"may use {SM90_SHARED_BYTES}"
+                    )
             except Exception as error:  # report and go on: one variant must not hide the rest
                 failed += 1
                 last = str(error).strip().splitlines()[-1:] or [type(error).__name__]
@@ -148,6 +156,19 @@ def main(argv: list[str] | None = None) -> int:
                 flush=True,
             )
     return 1 if failed else 0
+
+
+def _all_variants(module, head_dim: int) -> dict[str, list]:
+    """The sweep's variants, the fused-dQ kernel and the GPU tests' flag configs."""
+    variants = module.sweep_variants(head_dim)
+    # not a sweep entry (the sweep times kernels apart; this one replaces the dQ kernel)
+    fused = module.default_config(head_dim).with_part("dkdv", dq=1)
+    variants["dkdv"] = [*variants["dkdv"], ("dq fused (atomics)", fused)]
+    # and the GPU tests' configs, each kernel of them (their flags combined, not one at a time)
+    for name, config in module.flag_configs(head_dim).items():
+        for kernel in variants:
+            variants[kernel].append((f"test: {name}", config))
+    return variants
 
 
 if __name__ == "__main__":
