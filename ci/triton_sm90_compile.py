@@ -5,12 +5,13 @@
 
 `triton.compile` for `GPUTarget("cuda", 90, 32)` runs the whole pipeline (TTIR, TTGIR, LLVM,
 PTX, ptxas to a cubin) without a driver, so API misuse, shared-memory overflow and pass failures
-show here before GPU time is spent; a variant asking more shared memory than an sm90 block may
-have (227 KB) fails here as it would at launch. Per kernel and variant it prints ok/FAILED, the shared memory,
-the `ttg.async_wait {num = N}` of the full-tile loop (N > 0: copies stay in flight across
-iterations, i.e. the loop is software-pipelined), and, from the cubin (Triton's own cuobjdump),
-the registers per thread, the stack and the local-memory stores and loads of register spills. To check against the GPU host's Triton, put an
-unpacked wheel of that version first (`--triton-path`, e.g. `pip download triton==3.6.0` and unzip).
+show here before GPU time is spent (a variant asking more shared memory than an sm90 block may
+use, 227 KB, fails here as it would at launch). Per kernel and variant it prints ok/FAILED, the
+shared memory, the `ttg.async_wait {num = N}` of the full-tile loop (N > 0: copies stay in flight
+across iterations, i.e. the loop is software-pipelined), and, from the cubin (Triton's own
+cuobjdump), the registers per thread, the stack and the local-memory stores and loads of register
+spills. To check against the GPU host's Triton, put an unpacked wheel of that version first
+(`--triton-path`, e.g. `pip download triton==3.6.0` and unzip).
 """
 
 from __future__ import annotations

@@ -43,11 +43,11 @@ def test_whole_stream_matches_reference(head_dim, block_size):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_every_loop_and_load_variant_matches_reference(head_dim):
-    """Every loop and load flag the sweep may pick, compiled for this GPU, in two configs that
-    together hold them all (the sweep also checks each variant it times against the default on
-    its own shapes): pipelined runs of full tiles, head-major order and host TMA at 3 stages;
-    device TMA with tl.range and warp specialisation on the indirect list; dQ fused into the
-    dK/dV kernel (fp32 atomics), alone and with pipelined runs."""
+    """Every loop and load flag the sweep may pick, compiled for this GPU, in the configs of
+    `flag_configs` that together hold them all (the sweep also checks each variant it times
+    against the default on its own shapes): pipelined runs of full tiles, head-major order and
+    host TMA at 3 stages; device TMA with tl.range and warp specialisation on the indirect list;
+    dQ fused into the dK/dV kernel (fp32 atomics), alone and with pipelined runs."""
     module = triton_module("block_diffusion_attention", "jit")
     configs = module.flag_configs(head_dim)
     for name, config in configs.items():
