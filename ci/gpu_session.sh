@@ -27,7 +27,8 @@
 # HF Qwen3_5ForCausalLM and for nemotron_diffusion against our decoder; fla travels in .whl/ as
 # flash_linear_attention and fla_core), speculative (DFlash vs
 # AR drafter: train a target, distill both, dllm dflash eval on held-out stdlib files;
-# SPEC_FLAGS adds benchmarks/speculative.py flags). Logs and JSON go to $OUT
+# SPEC_FLAGS adds benchmarks/speculative.py flags, e.g. "--ar-variants constant,cosine
+# --drafter-seconds 90 --num-prompts 24": AR baselines at two lr schedules within 10 minutes). Logs and JSON go to $OUT
 # (or ./gpu-out). Start every fresh machine with deps.
 # CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
 # CSBP's merge op: the jit backend builds the bundle's CUDA sources in place (CP_KERNELS=reference
