@@ -1,12 +1,14 @@
-"""Gluon dK/dV on sm90, compile only (session 13): the block-diffusion kernel's inner loop over full
-tiles at its default shape (128 keys x 64 queries, D = 128), one head, FlashAttention-3's layout:
-a one-warp TMA producer (24 registers) streams Q and dO tiles through a 2-stage mbarrier ring to
-two consumer warpgroups (240 registers each), which hold K and V in shared memory and dK, dV in
-registers (each warpgroup 64 keys), compute S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T, dS^T,
-dK += dS^T Q with wgmma, P^T and dS^T going to their MMAs through shared memory. No masks, no
-tile lists, no GQA loop, and its numbers were never run: the question is whether the loop keeps
-within the registers (Triton's `tl` kernel spills 152 bytes in it). gluon_dkdv_probe.txt holds
-the answer: the cubin's spill stores and loads, and where they sit against the loop's HGMMAs.
+"""Gluon dK/dV on sm90, compile only (session 13): the block-diffusion kernel's inner loop at its
+default shape (128 keys x 64 queries, D = 128), one head, FlashAttention-3's layout: a one-warp
+TMA producer (24 registers) streams Q and dO tiles through a 2-stage mbarrier ring to two
+consumer warpgroups (240 registers each), which hold K and V in shared memory and dK, dV in
+registers (each warpgroup 64 keys), compute S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T,
+dS^T, dK += dS^T Q with wgmma, P^T and dS^T going to their MMAs through shared memory. Compiled
+twice: over full tiles, and over partial ones (MASKED: the block-diffusion predicate from the
+tokens' noisy / block / document metadata, as the Triton kernel's `_visible`). No tile lists, no
+GQA loop, and its numbers were never run: the question is whether the loop keeps within the
+registers (Triton's `tl` kernel spills 152 bytes in it). gluon_dkdv_probe.txt holds the answer:
+the cubin's spill stores and loads, and how many sit inside the loop.
 
     python gluon_dkdv_probe.py /tmp/triton36     # an unpacked triton 3.6.0 wheel (the H200's)
 """
@@ -48,6 +50,12 @@ def _math(
     dv_ptr,
     lse2_ptr,
     delta_ptr,
+    qn_ptr,
+    qb_ptr,
+    qd_ptr,
+    kn_ptr,
+    kb_ptr,
+    kd_ptr,
     k_s,
     v_s,
     q_s,
@@ -63,6 +71,7 @@ def _math(
     D: gl.constexpr,
     STAGES: gl.constexpr,
     WARPS: gl.constexpr,
+    MASKED: gl.constexpr,
 ):
     # S^T, dP^T: [BN keys, BM queries]; dK, dV: [BN keys, D]; keys split over the warpgroups
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(
@@ -75,6 +84,11 @@ def _math(
     dk = gl.zeros([BN, D], gl.float32, mma_d)
     dv = gl.zeros([BN, D], gl.float32, mma_d)
     offs = gl.arange(0, BM, layout=cols)
+    if MASKED:  # the key tile's metadata, once
+        krows = gl.arange(0, BN, layout=gl.SliceLayout(1, mma_s))
+        kn = gl.load(kn_ptr + krows) != 0
+        kb = gl.load(kb_ptr + krows)
+        kd = gl.load(kd_ptr + krows)
     zero = gl.zeros([BN, BM], gl.float32, mma_s)  # shape and layout only (use_acc=False)
     for i in range(0, n_tiles):
         s = i % STAGES
@@ -85,6 +99,16 @@ def _math(
         s_t = warpgroup_mma_wait(0, deps=[s_t])
         lse2 = gl.load(lse2_ptr + i * BM + offs)  # loaded where used: short live ranges
         p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+        if MASKED:  # a partial tile: the block-diffusion predicate per (key row, query column)
+            qn = gl.load(qn_ptr + i * BM + offs) != 0
+            qb = gl.load(qb_ptr + i * BM + offs)
+            qd = gl.load(qd_ptr + i * BM + offs)
+            visible = (
+                (qn[None, :] & kn[:, None] & (qb[None, :] == kb[:, None]))
+                | (qn[None, :] & ~kn[:, None] & (kb[:, None] < qb[None, :]))
+                | (~qn[None, :] & ~kn[:, None] & (kb[:, None] <= qb[None, :]))
+            ) & (qd[None, :] == kd[:, None])
+            p_t = gl.where(visible, p_t, 0.0)
         p_s.store(p_t.to(gl.bfloat16))  # P^T and dS^T go to the MMAs from shared memory
         fence_async_shared()
         gl.thread_barrier()
@@ -114,6 +138,12 @@ def dkdv(
     dv_ptr,
     lse2_ptr,
     delta_ptr,
+    qn_ptr,
+    qb_ptr,
+    qd_ptr,
+    kn_ptr,
+    kb_ptr,
+    kd_ptr,
     Sq,
     qk_scale,
     BN: gl.constexpr,
@@ -121,6 +151,7 @@ def dkdv(
     D: gl.constexpr,
     STAGES: gl.constexpr,
     WARPS: gl.constexpr,
+    MASKED: gl.constexpr,
 ):
     smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     q_desc = tma.make_tensor_descriptor(q_ptr, [Sq, D], [D, 1], [BM, D], smem)
@@ -155,6 +186,12 @@ def dkdv(
                     dv_ptr,
                     lse2_ptr,
                     delta_ptr,
+                    qn_ptr,
+                    qb_ptr,
+                    qd_ptr,
+                    kn_ptr,
+                    kb_ptr,
+                    kd_ptr,
                     k_s,
                     v_s,
                     q_s,
@@ -170,6 +207,7 @@ def dkdv(
                     D,
                     STAGES,
                     WARPS,
+                    MASKED,
                 ),
             ),
             (_loads, (q_desc, do_desc, q_s, do_s, ready, empty, n_tiles, BM, STAGES)),
@@ -188,38 +226,38 @@ if __name__ == "__main__":
 
     sig = {n: "*bf16" for n in ("q_ptr", "k_ptr", "v_ptr", "do_ptr", "dk_ptr", "dv_ptr")}
     sig |= {"lse2_ptr": "*fp32", "delta_ptr": "*fp32", "Sq": "i32", "qk_scale": "fp32"}
-    sig |= {n: "constexpr" for n in ("BN", "BM", "D", "STAGES", "WARPS")}
-    src = GluonASTSource(dkdv, sig, dict(BN=BN, BM=BM, D=D, STAGES=STAGES, WARPS=WARPS))
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
-    ptx = k.asm["ptx"]
-    print(
-        f"triton {triton.__version__}: compiled for sm90, shared memory {k.metadata.shared} bytes"
-    )
-    print(
-        "setmaxnreg:", sorted({line.strip() for line in ptx.splitlines() if "setmaxnreg" in line})
-    )
+    sig |= {"qn_ptr": "*i8", "kn_ptr": "*i8"}
+    sig |= {n: "*i32" for n in ("qb_ptr", "qd_ptr", "kb_ptr", "kd_ptr")}
+    sig |= {n: "constexpr" for n in ("BN", "BM", "D", "STAGES", "WARPS", "MASKED")}
     tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
-    with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
-        handle.write(k.asm["cubin"])
-        handle.flush()
-        usage = subprocess.run([tool, "--dump-resource-usage", handle.name], capture_output=True,
-                               text=True).stdout  # fmt: skip
-        sass = subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True).stdout
-    print("resources:", " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage)))
-    code = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
-    mma = [i for i, line in enumerate(code) if "HGMMA" in line]
-    # the loop: from the target of the first backward branch after the last HGMMA to that branch
-    address = [int(re.search(r"/\*([0-9a-f]{4})\*/", line)[1], 16) for line in code]
-    back = next(
-        i
-        for i in range(mma[-1], len(code))
-        if (m := re.search(r"BRA 0x([0-9a-f]+)", code[i])) and int(m[1], 16) < address[i]
-    )
-    top = address.index(int(re.search(r"BRA 0x([0-9a-f]+)", code[back])[1], 16))
-    spills = [(i, "STL" if "STL" in line else "LDL") for i, line in enumerate(code)
-              if re.search(r"\b(STL|LDL)", line)]  # fmt: skip
-    inside = [kind for i, kind in spills if top <= i <= back]
-    print(f"the loop: SASS lines {top}-{back} of {len(code)}, HGMMA instructions {len(mma)} in it")
-    print(f"spill stores/loads: {sum(k == 'STL' for _, k in spills)}/"
-          f"{sum(k == 'LDL' for _, k in spills)} in all, {len(inside)} inside the loop; at lines "
-          f"{[i for i, _ in spills]}")  # fmt: skip
+    for masked in (False, True):
+        constants = dict(BN=BN, BM=BM, D=D, STAGES=STAGES, WARPS=WARPS, MASKED=masked)
+        src = GluonASTSource(dkdv, sig, constants)
+        k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS})
+        ptx = k.asm["ptx"]
+        print(f"{'partial tiles (masked)' if masked else 'full tiles'}: triton {triton.__version__}, "
+              f"sm90, shared memory {k.metadata.shared} bytes")  # fmt: skip
+        print(
+            "  setmaxnreg:", sorted({ln.strip() for ln in ptx.splitlines() if "setmaxnreg" in ln})
+        )
+        with tempfile.NamedTemporaryFile(suffix=".cubin") as handle:
+            handle.write(k.asm["cubin"])
+            handle.flush()
+            usage = subprocess.run([tool, "--dump-resource-usage", handle.name],
+                                   capture_output=True, text=True).stdout  # fmt: skip
+            sass = subprocess.run([tool, "-sass", handle.name], capture_output=True,
+                                  text=True).stdout  # fmt: skip
+        print("  resources:", " ".join(re.findall(r"(REG:\d+|STACK:\d+)", usage)))
+        code = [line for line in sass.splitlines() if re.search(r"/\*[0-9a-f]{4}\*/", line)]
+        mma = [i for i, line in enumerate(code) if "HGMMA" in line]
+        # the loop: from the target of the first backward branch after the last HGMMA to it
+        address = [int(re.search(r"/\*([0-9a-f]{4})\*/", line)[1], 16) for line in code]
+        back = next(i for i in range(mma[-1], len(code))
+                    if (m := re.search(r"BRA 0x([0-9a-f]+)", code[i])) and int(m[1], 16) < address[i])  # fmt: skip
+        top = address.index(int(re.search(r"BRA 0x([0-9a-f]+)", code[back])[1], 16))
+        spills = [(i, "STL" if "STL" in line else "LDL") for i, line in enumerate(code)
+                  if re.search(r"\b(STL|LDL)", line)]  # fmt: skip
+        inside = [kind for i, kind in spills if top <= i <= back]
+        print(f"  the loop: SASS lines {top}-{back} of {len(code)}, {len(mma)} HGMMA in it")
+        print(f"  spill stores/loads: {sum(k == 'STL' for _, k in spills)}/"
+              f"{sum(k == 'LDL' for _, k in spills)} in all, {len(inside)} inside the loop")  # fmt: skip
