@@ -172,7 +172,8 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
             ("64x128 w4 s2", dict(m=64, n=128, warps=4, stages=2)),
             ("128x128 w8 s2", dict(m=128, n=128, warps=8, stages=2)),
             # 32 query rows: the only dK/dV tiles that keep within the registers (Triton 3.6,
-            # sm90: 64 x 128 spills 152 bytes, 54 stores in the loop; `ci/triton_sm90_compile.py`),
+            # sm90: 64 x 128 spills 152 bytes, 54 stores, 8 spill instructions in its full-tile
+            # loop and 52 in its partial-tile one; `ci/triton_sm90_compile.py`),
             # yet 1.08-1.21x slower than 64 x 128 on the H200 at D = 128 (session 13)
             ("32x128 w8 s2", dict(m=32, n=128, warps=8, stages=2)),
             ("32x128 w8 s3", dict(m=32, n=128, warps=8, stages=3)),

@@ -7,7 +7,8 @@ dS^T, dK += dS^T Q with wgmma, P^T and dS^T going to their MMAs through shared m
 twice: over full tiles, and over partial ones (MASKED: the block-diffusion predicate from the
 tokens' noisy / block / document metadata, as the Triton kernel's `_visible`). No tile lists, no
 GQA loop, and its numbers were never run: the question is whether the loop keeps within the
-registers (Triton's `tl` kernel spills 152 bytes in it). gluon_dkdv_probe.txt holds the answer:
+registers (Triton's `tl` kernel spills, 8 instructions in its full-tile loop and 52 in its
+partial-tile one: tl_dkdv_loop_spills.txt). gluon_dkdv_probe.txt holds the answer:
 the cubin's spill stores and loads, and how many sit inside the loop.
 
     python gluon_dkdv_probe.py /tmp/triton36     # an unpacked triton 3.6.0 wheel (the H200's)
