@@ -14,9 +14,9 @@ dS^T = P^T (dP^T - delta), dK += dS^T Q, with P^T and dS^T passed to their wgmma
 shared memory. The tile lists, the block-diffusion predicate on partial tiles, GQA and the
 numbers (lse2 in log2 units, delta, the sm scale on dK) are the op's own: its plan
 (`by_key_tile`), forward and `backward_prepare` make the inputs. Compiled for sm90 with Triton
-3.6.0 on a host without a GPU (164 KB of shared memory): 3 spill instructions inside the
-full-tile loop and 35 inside the partial-tile one (the query tile's metadata, in registers),
-where the `tl` kernel has 8 and 52. Written against Triton 3.6's Gluon, the H200's (Gluon
+3.6.0 on a host without a GPU (164 KB of shared memory): 8 spill instructions inside the
+full-tile loop and 41 inside the partial-tile one (the query tile's metadata, in registers),
+where the `tl` kernel has 8 and 52 (the one-head probe without the GQA loop, 0 and 0). Written against Triton 3.6's Gluon, the H200's (Gluon
 is experimental: 3.9 renamed `tma.async_copy_global_to_shared` to `async_load`), and without a
 GPU at hand (session 13): its first run on one is its first test.
 """
@@ -114,9 +114,11 @@ def _tile(dk, dv, k_s, v_s, q, do, p_s, ds_s, LSE2, DELTA, QN, QB, QD, stat, m0,
     p_s.store(p_t.to(gl.bfloat16))
     fence_async_shared()
     gl.thread_barrier()
-    dv = warpgroup_mma(p_s, do, dv, is_async=True)
+    # wgmma groups complete in issue order: dP^T first, so waiting for all but the newest (dV's)
+    # waits for dP^T
     dp_t = warpgroup_mma(v_s, do.permute((1, 0)), zero, use_acc=False, is_async=True)
-    dp_t = warpgroup_mma_wait(1, deps=[dp_t])  # dV's may still run
+    dv = warpgroup_mma(p_s, do, dv, is_async=True)
+    dp_t = warpgroup_mma_wait(1, deps=[dp_t])
     if MASKED:
         delta = gl.load(DELTA + stat + offs, mask=offs < Sq, other=0.0)
     else:
