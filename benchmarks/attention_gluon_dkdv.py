@@ -230,8 +230,8 @@ def gluon_dkdv_kernel(Q, K, V, DO, DK, DV, LSE2, DELTA, QN, QB, QD, KN, KB, KD, 
     )  # fmt: skip
 
 
-def gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, stages=2):
-    """(dk, dv) like the op's `backward_dkdv`, from the Gluon kernel."""
+def gluon_backward_dkdv(module, grad_out, delta, lse2, q, k, v, schedule, scale, stages=2):
+    """(dk, dv) like the op's (`module`) `backward_dkdv`, from the Gluon kernel."""
     import torch
     import triton
 
@@ -252,7 +252,7 @@ def gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, stages=
         cols.index, cols.count, scale * 1.4426950408889634, scale,
         heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(rows > 1),
         batch * heads * sq, batch * kv_heads * sk,
-        qd.stride(0) if qd.dim() == 2 else 0, kd.stride(0) if kd.dim() == 2 else 0,
+        *module._doc_strides(schedule),
         BN=BN, BM=BM, D=D, STAGES=stages, WARPS=WARPS, num_warps=WARPS,
     )  # fmt: skip
     return dk, dv
@@ -322,14 +322,19 @@ def main(args) -> int:
         return statistics.median(times)
 
     reference = module.backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, config)
-    mine = gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, args.stages)
+    mine = gluon_backward_dkdv(module, grad_out, delta, lse2, q, k, v, schedule, scale, args.stages)
+    worst = 0.0
     for name, want, got in zip(("dk", "dv"), reference, mine, strict=True):
         error = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+        worst = max(worst, error)
         print(f"{name}: max |gluon - tl| / max |tl| = {error:.3g}")
+    if not worst < 3e-2:  # the GPU tests' tolerance against the reference (NaN fails too)
+        print("MISMATCH: the Gluon kernel's dK/dV differ from the tl kernel's")
+        return 1
     tl_ms = timed(lambda: module.backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale,
                                                config))  # fmt: skip
-    gl_ms = timed(lambda: gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale,
-                                              args.stages))  # fmt: skip
+    gl_ms = timed(lambda: gluon_backward_dkdv(module, grad_out, delta, lse2, q, k, v, schedule,
+                                              scale, args.stages))  # fmt: skip
     print(f"2L={s} B={args.batch} H={args.heads}/{args.kv_heads} block {args.block_size}: dK/dV "
           f"tl {tl_ms:.3f} ms, gluon {gl_ms:.3f} ms ({tl_ms / gl_ms:.2f}x)")  # fmt: skip
     return 0

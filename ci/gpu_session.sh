@@ -28,8 +28,10 @@
 # flash_linear_attention and fla_core), speculative (DFlash vs
 # AR drafter: train a target, distill both, dllm dflash eval on held-out stdlib files;
 # SPEC_FLAGS adds benchmarks/speculative.py flags, e.g. "--ar-variants constant,cosine
-# --drafter-seconds 90 --num-prompts 24": AR baselines at two lr schedules within 10 minutes). Logs and JSON go to $OUT
-# (or ./gpu-out). Start every fresh machine with deps.
+# --drafter-seconds 90 --num-prompts 24": AR baselines at two lr schedules within 10 minutes),
+# gluon-dkdv (~1 min: the Gluon dK/dV prototype checked and timed against the tl kernel;
+# GLUON_FLAGS adds its flags). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh
+# machine with deps.
 # CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
 # CSBP's merge op: the jit backend builds the bundle's CUDA sources in place (CP_KERNELS=reference
 # for the pure-torch merge, which keeps float32 copies of both partial outputs for its backward).
@@ -112,6 +114,9 @@ for stage in "$@"; do
       python3 benchmarks/attention.py --sweep --kernels turbo,flex ${ATTN_FLAGS:-} \
           --out "$OUT/attention_sweep.json" --write-configs "$OUT/sm90_configs.json" 2>&1 \
           | tee "$OUT/attention_sweep.log" | grep --line-buffered -vE "^\s*$|^warm " || status=1 ;;
+    gluon-dkdv) # the Gluon dK/dV prototype against the tl kernel: numbers and time (GLUON_FLAGS)
+      python3 benchmarks/attention_gluon_dkdv.py ${GLUON_FLAGS:-} 2>&1 | tee "$OUT/gluon_dkdv.log" | tail -8
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     speculative) python3 benchmarks/speculative.py --out "$OUT/speculative.json" ${SPEC_FLAGS:-} \
           2>&1 | grep -v "Loading weights" | tee "$OUT/speculative.log" | tail -12 || status=1 ;;
     tests2) python3 -m pytest -q -p no:cacheprovider tests/distributed/test_csbp_gpu.py \
