@@ -179,19 +179,25 @@ def target_forward_flops(target: Path, tokens_per_step: int, seq_len: int) -> fl
     return config.step_flops(stream_tokens=tokens_per_step, scored_tokens=0, pairs=pairs) / 3
 
 
-def ar_probe(document: dict, work: Path, tiny: bool) -> float:
-    """Seconds per step of the AR drafter's spec, from a few untimed steps (the median after
-    the first three: compiles)."""
+def untimed_steps(document: dict, run: Path, steps: int) -> None:
+    """Train `document`'s spec for `steps` steps in `run`, quietly and outside any time budget
+    (a compile warm-up, a speed probe): no warm-up of the learning rate, no deadline."""
     from turbo_dllm.config.runspec import RunSpec
     from turbo_dllm.config.validate import check
     from turbo_dllm.train.entry import train
 
-    probe = json.loads(json.dumps(document))
-    probe["training"].update(steps=8 if tiny else 30, max_duration_s=None)
-    probe["scheduler"] = {"name": "constant", "warmup_steps": 0}  # only its speed counts
-    probe["launch"]["run_dir"] = str(work / "ar-probe-run")
-    probe["logging"]["console"] = False
-    train(check(RunSpec.model_validate(probe)), work / "ar-probe-run")
+    doc = json.loads(json.dumps(document))
+    doc["training"].update(steps=steps, max_duration_s=None)
+    doc["scheduler"]["warmup_steps"] = 0
+    doc["launch"]["run_dir"] = str(run)
+    doc["logging"]["console"] = False
+    train(check(RunSpec.model_validate(doc)), run)
+
+
+def ar_probe(document: dict, work: Path, tiny: bool) -> float:
+    """Seconds per step of the AR drafter's spec, from a few untimed steps (the median after
+    the first three: compiles)."""
+    untimed_steps(document, work / "ar-probe-run", 8 if tiny else 30)
     step_s = throughput(work / "ar-probe-run")["step_time_s"]
     progress(f"ar probe: {step_s * 1e3:.1f} ms/step")
     return step_s
@@ -369,18 +375,9 @@ def main() -> int:
     warmed = []
 
     def warm_compile(doc: dict) -> None:
-        from turbo_dllm.config.runspec import RunSpec
-        from turbo_dllm.config.validate import check
-        from turbo_dllm.train.entry import train
-
-        warm = json.loads(json.dumps(doc))
-        warm["training"].update(steps=3, max_duration_s=None)
-        warm["scheduler"]["warmup_steps"] = 0
-        warm["launch"]["run_dir"] = str(work / "dflash-warmup-run")
-        warm["logging"]["console"] = False
         started = time.perf_counter()
         progress("dflash: warming the compile cache (3 untimed steps)")
-        train(check(RunSpec.model_validate(warm)), work / "dflash-warmup-run")
+        untimed_steps(doc, work / "dflash-warmup-run", 3)
         warmed.append(time.perf_counter() - started)
         progress(f"dflash: compile cache warm after {warmed[0]:.0f} s")
 
