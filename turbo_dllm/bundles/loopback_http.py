@@ -39,8 +39,8 @@ def get(
     read_timeout: float,
 ) -> Response:
     """Send `GET target` to `host:port` and read the answer's head; the body is left to read
-    with `Response.read1` or `Response.readinto`. `read_timeout` bounds each read of the head and the body (change it
-    with `Response.settimeout`)."""
+    with `Response.read1` or `Response.readinto`. `read_timeout` bounds each read of the head
+    and the body (change it with `Response.settimeout`)."""
     # Bytes, not str: getaddrinfo would import the idna codec (~1 ms) to encode a str host.
     sock = socket.create_connection((host.encode("ascii"), port), connect_timeout)
     try:
