@@ -30,6 +30,11 @@ def test_schedules():
     cosine = [lr_multiplier(s, name="cosine", **kw) for s in range(4, 14)]
     assert cosine[0] == 1.0 and math.isclose(cosine[-1], 0.1)
     assert math.isclose(lr_multiplier(4 + 4.5, name="cosine", **kw), 0.55)  # halfway
+    # wsd: the peak until the last 30 % of the 9 decay intervals, then linear to 0.1
+    wsd = [lr_multiplier(s, name="wsd", decay_fraction=0.3, **kw) for s in range(4, 14)]
+    assert wsd[:7] == [1.0] * 7 and math.isclose(wsd[-1], 0.1)
+    assert math.isclose(wsd[8], 0.1 + 0.9 * (1 / 9) / 0.3)
+    assert all(a > b for a, b in zip(wsd[6:], wsd[7:], strict=False))
 
 
 def test_synthetic_loader_slices_the_global_stream_by_rank():

@@ -351,9 +351,16 @@ class OptimizerSpec(_Strict):
 
 
 class SchedulerSpec(_Strict):
-    name: Literal["constant", "linear", "cosine"] = "cosine"
+    name: Literal["constant", "linear", "cosine", "wsd"] = "cosine"
     warmup_steps: int = Field(5, ge=0)
     min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
+    decay_fraction: float = Field(
+        0.2,
+        gt=0.0,
+        le=1.0,
+        description="wsd only: the share of the steps after warmup that decay linearly to "
+        "min_lr_ratio; the rest stay at the peak lr.",
+    )
 
 
 class CheckpointSpec(_Strict):

@@ -1,7 +1,10 @@
 """Learning-rate schedules as tiny functions of the step (multipliers of the peak lr).
 
 Linear warmup from lr/warmup to lr over `warmup_steps`, then constant, linear or cosine decay
-to `min_lr_ratio * lr` at the last step. Wrapped in a LambdaLR so its state checkpoints.
+to `min_lr_ratio * lr` at the last step, or `wsd` (warmup-stable-decay): constant, then a linear
+decay to `min_lr_ratio * lr` over the last `decay_fraction` of the steps after warmup, so the
+run keeps the peak rate most of the way and still anneals at the end. Wrapped in a LambdaLR so
+its state checkpoints.
 """
 
 from __future__ import annotations
@@ -12,7 +15,13 @@ __all__ = ["build_scheduler", "lr_multiplier"]
 
 
 def lr_multiplier(
-    step: int, *, name: str, warmup_steps: int, total_steps: int, min_lr_ratio: float
+    step: int,
+    *,
+    name: str,
+    warmup_steps: int,
+    total_steps: int,
+    min_lr_ratio: float,
+    decay_fraction: float = 0.2,
 ) -> float:
     """The lr multiplier used for optimizer step `step` (0-based)."""
     if step < warmup_steps:
@@ -25,6 +34,8 @@ def lr_multiplier(
         shape = 1.0 - progress
     elif name == "cosine":
         shape = 0.5 * (1.0 + math.cos(math.pi * progress))
+    elif name == "wsd":
+        shape = min(1.0, (1.0 - progress) / decay_fraction)
     else:
         raise ValueError(f"unknown schedule {name!r}")
     return min_lr_ratio + (1.0 - min_lr_ratio) * shape
@@ -44,5 +55,6 @@ def build_scheduler(optimizer, spec, total_steps: int):
             warmup_steps=spec.warmup_steps,
             total_steps=total_steps,
             min_lr_ratio=spec.min_lr_ratio,
+            decay_fraction=spec.decay_fraction,
         ),
     )
