@@ -17,8 +17,10 @@ numbers (lse2 in log2 units, delta, the sm scale on dK) are the op's own: its pl
 3.6.0 on a host without a GPU (164 KB of shared memory): 8 spill instructions inside the
 full-tile loop and 41 inside the partial-tile one (the query tile's metadata, in registers),
 where the `tl` kernel has 8 and 52 (the one-head probe without the GQA loop, 0 and 0). Written against Triton 3.6's Gluon, the H200's (Gluon
-is experimental: 3.9 renamed `tma.async_copy_global_to_shared` to `async_load`), and without a
-GPU at hand (session 13): its first run on one is its first test.
+is experimental: 3.9 renamed `tma.async_copy_global_to_shared` to `async_load`), without a GPU
+at hand (session 13). Its first run, on an H200 in session 14: dK and dV bit for bit the `tl`
+kernel's, at 0.95-0.97x its speed (2L 16K and 32K, blocks 32 and 64, 2-4 stages;
+`results/2026-12-02-h200-s14/gluon_dkdv.txt`): the spills were not what holds dK/dV back.
 """
 
 from __future__ import annotations
