@@ -16,7 +16,7 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "speculative.py"), "--tiny",
          "--work", str(tmp_path / "work"), "--out", str(out),
-         "--dflash-variants", "greedy-ce,plain", "--dflash-warmup", "on",
+         "--dflash-variants", "greedy-ce,plain,greedy-ce-half-anchors", "--dflash-warmup", "on",
          "--ar-variants", "constant,cosine"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -25,7 +25,11 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     assert result["training"]["target"]["steps"] == 40  # --target-steps, capped for --tiny
     assert set(result["training"]) == {
         "target", "ar-drafter", "ar-drafter-cosine", "dflash", "dflash-plain",
+        "dflash-greedy-ce-half-anchors",
     }  # fmt: skip
+    # --tiny's seq_len 128 gives 32 anchors a row by default; the variant drafts half of them
+    assert result["max_anchors"] == result["training"]["dflash"]["max_anchors"] == 32
+    assert result["training"]["dflash-greedy-ce-half-anchors"]["max_anchors"] == 16
     # the cosine AR drafter decays over the steps its time holds at the constant one's rate
     cosine = [
         json.loads(line)
@@ -37,8 +41,8 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
         result["reports"][name]["tau"] for name in ("autoregressive", "autoregressive-cosine")
     )
     assert result["tau_ratios"]["dflash"] == result["reports"]["dflash"]["tau"] / best
-    assert set(result["tau_ratios"]) == {"dflash", "dflash-plain"}
-    assert set(result["tau_ratio_stderrs"]) == {"dflash", "dflash-plain"}
+    variants = {"dflash", "dflash-plain", "dflash-greedy-ce-half-anchors"}
+    assert set(result["tau_ratios"]) == set(result["tau_ratio_stderrs"]) == variants
     assert all(error >= 0 for error in result["tau_ratio_stderrs"].values())
     assert "paired over the prompts" in proc.stdout
     assert result["dflash_warmup_s"] > 0  # once, before the first variant's timed run
