@@ -12,6 +12,7 @@ import torch
 from tests.dflash.test_dflash2_model import TINY2, _drafter
 from turbo_dllm.families.dflash.config import HARD_LABEL_LOSSES as CONFIG_KINDS
 from turbo_dllm.families.dflash.hard_labels import dpace_weights, hard_label_loss
+from turbo_dllm.families.dflash.plan import draft_score, target_guesses
 from turbo_dllm.train.objectives.dflash_distillation import (
     HARD_LABEL_LOSSES,
     DraftBatch,
@@ -140,3 +141,46 @@ def test_hard_label_loss_and_its_gradients_equal_the_hand_computation(loss):
         (got - without).double(),
         (_by_hand(model, hidden, loss, 0.7) - _by_hand(model, hidden, loss, 0.0)).double(),
     )
+
+
+@pytest.mark.parametrize("loss", ["dflash", "dpace"])
+def test_on_the_greedy_path_the_hard_labels_are_the_targets_greedy_tokens(loss):
+    """With greedy_path a slot's label is the target's greedy token and only on-path slots
+    count: the same loss as the plain hard-label loss over just those slots, so labelled."""
+    config = dataclasses.replace(TINY2, final_logit_softcapping=4.0, selector_top_k=6)
+    model = _drafter(config)
+    head = model.lm_head.weight
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        model.candidate_selector.successor_codebook.normal_(0.0, 1.0, generator=g)
+    teacher = torch.randn(1, 8, config.hidden_size, generator=g)
+    guess = target_guesses(teacher, head)[0]  # the greedy token after each position
+    ids = IDS.clone()
+    ids[0, 1:] = guess[:-1]  # the text follows the target's greedy path ...
+    ids[0, 3] = (guess[2] + 1) % config.vocab_size  # ... but leaves it at position 3
+    # block 0 (anchor 1) drafts positions 2, 3, 4: slots 1 and 2 are on the path (slot 2's label
+    # is the greedy token, not the text's), slot 3 is not (the token at 3 left it); block 1
+    # (anchor 4) drafts 5, 6, both on it
+    on_path = [0, 1, 3, 4]
+    hidden = torch.randn(1, 8, 8, generator=g, dtype=torch.float64, requires_grad=True)
+    batch = dataclasses.replace(
+        _batch(loss, selector=0.7), context_ids=ids, targets=ids[0, [2, 3, 4, 5, 6]]
+    )
+    got = draft_score(dataclasses.replace(batch, greedy_path=True), teacher, hidden, head, model)
+    kept = torch.tensor(on_path)
+    want = hard_label_loss(
+        dataclasses.replace(
+            batch,
+            score_index=batch.score_index[kept],
+            targets=guess[batch.teacher_index[kept]],
+            weights=batch.weights[kept],
+            teacher_index=batch.teacher_index[kept],
+        ),
+        hidden,
+        head,
+        model,
+    )
+    torch.testing.assert_close(got, want)
+    assert int(guess[2]) != int(ids[0, 3])  # slot 2's label is not the text's token
+    plain = draft_score(batch, teacher, hidden, head, model)
+    assert not torch.allclose(got, plain)

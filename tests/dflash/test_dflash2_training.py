@@ -120,6 +120,15 @@ def test_dflash2_trains_and_exports_to_the_serving_contract_bit_exactly(cli, wor
     assert float(exported["candidate_selector.successor_codebook"].abs().sum()) > 0.0
 
 
+def test_a_dflash2_drafter_on_the_greedy_path_learns(world, tmp_path):
+    """greedy_path with hard labels: the target runs all its layers online for its greedy
+    tokens, which become the labels of the on-path slots."""
+    args = (*DFLASH2, "objective.greedy_path=true", "training.steps=6", "checkpoint.interval=null")
+    train(drafter_spec(world["target"], world["artifact"], *args), tmp_path / "run")
+    trace = losses(tmp_path / "run")
+    assert all(math.isfinite(x) and x > 0 for x in trace) and trace[-1] < trace[0], trace
+
+
 @pytest.mark.parametrize(
     "overrides,message",
     [

@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 from tests.dflash.helpers import drafter_document, drafter_spec
+from tests.dflash.test_dflash2_training import DFLASH2
 from tests.helpers import assert_user_error
 from tests.train.util import metrics
 from turbo_dllm.families.dflash.features import read_features_manifest
@@ -26,8 +27,12 @@ def _config(world, path, *overrides):
 
 @pytest.mark.parametrize(
     "loss",
-    [(), ("objective.dflash_loss=greedy_ce", "objective.greedy_path=true")],
-    ids=["kl", "greedy-ce-on-path"],
+    [
+        (),
+        ("objective.dflash_loss=greedy_ce", "objective.greedy_path=true"),
+        (*DFLASH2, "objective.greedy_path=true"),
+    ],
+    ids=["kl", "greedy-ce-on-path", "dflash2-dpace-on-path"],
 )
 def test_offline_features_train_the_online_trace_exactly(cli, world, tmp_path, loss):
     config = _config(world, tmp_path / "train.yaml", *loss)

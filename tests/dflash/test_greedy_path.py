@@ -73,8 +73,13 @@ def test_greedy_path_scores_exactly_the_slots_on_the_targets_greedy_path(from_an
 
 
 def test_greedy_path_needs_the_teachers_outputs():
-    with pytest.raises(ValueError, match="speculators_kl or greedy_ce"):
+    with pytest.raises(ValueError, match="paper_ce's labels are the true tokens"):
         DFlashDistillation(block_size=4, max_anchors=4, loss="paper_ce", greedy_path=True)
+    # DFlash2's hard labels take the target's greedy tokens instead: the target must run
+    for loss in ("dflash", "dpace"):
+        assert not DFlashDistillation(block_size=4, max_anchors=4, loss=loss).needs_teacher
+        on_path = DFlashDistillation(block_size=4, max_anchors=4, loss=loss, greedy_path=True)
+        assert on_path.needs_teacher
 
 
 def test_frozen_linear_argmax_walks_chunks_to_the_dense_argmax():

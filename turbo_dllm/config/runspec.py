@@ -236,11 +236,13 @@ class ObjectiveSpec(_Strict):
     )
     greedy_path: bool = Field(
         False,
-        description="dflash_distillation, speculators_kl or greedy_ce: score a slot only where "
-        "the true tokens from the anchor up to it are the target's greedy choices (decoding asks "
+        description="dflash_distillation, any loss but paper_ce: score a slot only where the "
+        "true tokens from the anchor up to it are the target's greedy choices (decoding asks "
         "a slot only after the target accepted the ones before it; elsewhere the teacher's "
         "output is for a prefix it never sees). Off-path slots weigh 0; the loss is still "
-        "divided by the count of supervised slots.",
+        "divided by the count of supervised slots. DFlash2's hard-label losses then take the "
+        "target's greedy token as the label (as greedy_ce does) and D-PACE counts only on-path "
+        "slots. The target runs all its layers (or the feature artifact needs teacher rows).",
     )
     dpace_alpha: float = Field(
         0.5,

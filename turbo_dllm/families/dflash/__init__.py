@@ -116,12 +116,12 @@ def _rules(spec: Any, config: DFlashConfig) -> list[tuple[str, str]]:
                 f"with {', '.join(kinds)})",
             )
         )
-    if objective.greedy_path and objective.dflash_loss not in TEACHER_LOSSES:
+    if objective.greedy_path and objective.dflash_loss == "paper_ce":
         found.append(
             (
                 "objective.greedy_path",
-                f"needs the target's outputs (dflash_loss: {' or '.join(TEACHER_LOSSES)}), not "
-                f"{objective.dflash_loss!r}",
+                "needs the target's outputs: paper_ce's labels are the true tokens (use "
+                f"{' or '.join(TEACHER_LOSSES)}; a DFlash2 drafter's hard labels work too)",
             )
         )
     return found

@@ -32,7 +32,13 @@ from turbo_dllm.families.base import (
     raise_if_unusable,
 )
 
-__all__ = ["ARCHITECTURES", "DFlashConfig", "default_target_layer_ids", "drafter_problems"]
+__all__ = [
+    "ARCHITECTURES",
+    "DFlashConfig",
+    "default_target_layer_ids",
+    "drafter_problems",
+    "needs_teacher",
+]
 
 ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
 DFLASH2 = "DFlash2DraftModel"
@@ -59,6 +65,13 @@ HARD_LABEL_LOSSES = (
 # The DFlash losses made from the target's own outputs at the drafted positions (the target runs
 # all its layers, or the feature artifact carries its last hidden states).
 TEACHER_LOSSES = ("speculators_kl", "greedy_ce")
+
+
+def needs_teacher(loss: str, greedy_path: bool) -> bool:
+    """Whether a DFlash objective reads the target's last hidden states: its teacher losses do,
+    and `greedy_path` does with any loss (the target's greedy tokens decide the path, and a
+    hard-label loss then takes them as its labels)."""
+    return loss in TEACHER_LOSSES or greedy_path
 
 
 def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> tuple[int, ...]:

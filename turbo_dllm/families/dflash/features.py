@@ -35,7 +35,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.dflash.config import TEACHER_LOSSES
+from turbo_dllm.families.dflash.config import needs_teacher
 from turbo_dllm.fsutil import sha256_file
 
 __all__ = [
@@ -122,9 +122,10 @@ def feature_problems(manifest: FeaturesManifest, config, spec) -> list[str]:
             f"it holds target layers {manifest.target_layer_ids}, the drafter reads "
             f"{list(config.target_layer_ids)}"
         )
-    if spec.objective.dflash_loss in TEACHER_LOSSES and not manifest.teacher:
+    if needs_teacher(spec.objective.dflash_loss, spec.objective.greedy_path) and not manifest.teacher:
         found.append(
-            f"it has no teacher rows, which objective.dflash_loss {spec.objective.dflash_loss} needs"
+            f"it has no teacher rows, which objective.dflash_loss {spec.objective.dflash_loss}"
+            f"{' with greedy_path' if spec.objective.greedy_path else ''} needs"
         )
     if manifest.seq_len != spec.data.seq_len:
         found.append(f"its seq_len is {manifest.seq_len}, data.seq_len is {spec.data.seq_len}")
@@ -196,7 +197,7 @@ def prepare_features(
         raise DllmError(
             f"data.seq_len is {spec.data.seq_len}, the artifact holds {data.manifest.seq_len}"
         )
-    teacher = spec.objective.dflash_loss in TEACHER_LOSSES
+    teacher = needs_teacher(spec.objective.dflash_loss, spec.objective.greedy_path)
     plan = _plan(spec, config, data.manifest.fingerprint, teacher)
     staging = out.parent / f".{out.name}.partial"
     progress_file = staging / "progress.json"

@@ -15,6 +15,8 @@ Weights w_k, by `dflash_loss`:
   `dpace-cumulative-confidence-only` w_k = prefix_k,
   `dpace-continuation-value-only` w_k = (sum_{j>=k} prefix_j mask_j) / prefix_k;
   all times mask_k. The D-PACE weights replace the decay.
+With `greedy_path` the gold token is the target's greedy token instead, and only slots on its
+greedy path count (w_k = 0 elsewhere; D-PACE's mask is the path), as `greedy_ce` does for DFlash.
 The sum (token + selector_weight x selector) is what the output hook returns; the trainer divides
 it by the global count of supervised slots, as for every objective (the original divides by the
 global sum of the weights instead).
@@ -107,27 +109,42 @@ def selector_loss(
     return (weights[rows].to(ce.dtype) * ce).sum()
 
 
-def hard_label_loss(batch, hidden: torch.Tensor, head: torch.Tensor, drafter) -> torch.Tensor:
+def hard_label_loss(
+    batch,
+    hidden: torch.Tensor,
+    head: torch.Tensor,
+    drafter,
+    *,
+    labels: torch.Tensor | None = None,
+    on_path: torch.Tensor | None = None,
+) -> torch.Tensor:
     """The token + weighted selector loss of a DFlash2 drafter's scored slots (the output
-    hook's sum; `hidden` (R, Q, H) the drafter's final hidden states)."""
+    hook's sum; `hidden` (R, Q, H) the drafter's final hidden states). With `greedy_path` the
+    caller passes the target's greedy tokens as `labels` and which slots are on its path
+    (`on_path`, (n,) bool): the others weigh 0, and D-PACE counts only on-path slots as
+    supervised (decoding never asks the rest)."""
     config = drafter.config
+    targets = batch.targets if labels is None else labels
     flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.score_index)
     scaled = drafter.scale_hidden(flat)
     cap = config.final_logit_softcapping
     probability, candidates = gold_probability_and_topk(
-        scaled.detach(), head, batch.targets, config.selector_top_k, softcap=cap
+        scaled.detach(), head, targets, config.selector_top_k, softcap=cap
     )
     weights = batch.weights
-    if batch.loss != "dflash":
+    if batch.loss == "dflash":
+        if on_path is not None:
+            weights = weights * on_path
+    else:
         b = batch.block_size
         blocks = hidden.shape[0] * (hidden.shape[1] // b)
         block, slot = batch.score_index // b, batch.score_index % b
         dense = torch.zeros(blocks, b, dtype=torch.float32, device=flat.device)
         supervised = torch.zeros(blocks, b, dtype=torch.bool, device=flat.device)
         dense[block, slot] = probability
-        supervised[block, slot] = True
+        supervised[block, slot] = True if on_path is None else on_path
         weights = dpace_weights(batch.loss, dense, supervised, batch.dpace_alpha)[block, slot]
-    total = linear_cross_entropy(scaled, head, batch.targets, weights, softcap=cap)
+    total = linear_cross_entropy(scaled, head, targets, weights, softcap=cap)
     if batch.selector_weight > 0.0:
         predecessors = batch.context_ids.reshape(-1).index_select(0, batch.teacher_index)
         total = total + batch.selector_weight * selector_loss(
@@ -136,7 +153,7 @@ def hard_label_loss(batch, hidden: torch.Tensor, head: torch.Tensor, drafter) ->
             head,
             drafter.candidate_selector,
             predecessors,
-            batch.targets,
+            targets,
             candidates,
             weights,
             cap,

@@ -74,7 +74,14 @@ def draft_score(
     """The objective's weighted loss summed over the supervised slots (the output hook; a
     DFlash2 drafter hands itself as `drafter`, for its unary logits and selector)."""
     if batch.loss in HARD_LABEL_LOSSES:
-        return hard_label_loss(batch, hidden, head, drafter)
+        if not batch.greedy_path:
+            return hard_label_loss(batch, hidden, head, drafter)
+        # on the target's greedy path the hard label is its greedy token (what verification
+        # accepts), and only on-path slots count
+        guess = target_guesses(teacher, head)
+        on_path = greedy_path(batch, guess) > 0
+        labels = guess.flatten()[batch.teacher_index]
+        return hard_label_loss(batch, hidden, head, drafter, labels=labels, on_path=on_path)
     flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.score_index)
     if batch.loss == "paper_ce":
         return linear_cross_entropy(flat, head, batch.targets, batch.weights)

@@ -14,7 +14,7 @@ from torch import nn
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import on_meta_device
-from turbo_dllm.families.dflash.config import TEACHER_LOSSES, DFlashConfig
+from turbo_dllm.families.dflash.config import DFlashConfig, needs_teacher
 from turbo_dllm.families.dflash.model import DFlashDrafter, drafter_class
 
 __all__ = [
@@ -116,7 +116,7 @@ def build_sequence_plan(dims, attention, *, spec, config: DFlashConfig, device, 
         from turbo_dllm.families.dflash.features import FeatureStore
 
         return DraftPlan(config, store=FeatureStore(spec.model.dflash.features), **share)
-    teacher = spec.objective.dflash_loss in TEACHER_LOSSES
+    teacher = needs_teacher(spec.objective.dflash_loss, spec.objective.greedy_path)
     target = TargetFeatures(
         config.target_path, config, teacher=teacher, device=device, compile=spec.training.compile
     )

@@ -11,10 +11,11 @@ Slot contract (`sample_from_anchor`):
 The teacher's distribution for a drafted position t is the target's prediction from t - 1.
 A slot is supervised when t is in the sequence, supervised and in the anchor's document. Slot
 weights decay with distance from the anchor: exp(-(k-1)/gamma) (exp(-k/gamma) with
-sample_from_anchor), 1 without `decay_gamma`. With `greedy_path` (KL or greedy_ce) a slot also
-weighs 0 unless the true tokens between its anchor and it are the target's greedy choices (the
-only prefixes speculative decoding asks a slot about; families/dflash/plan.py: greedy_path); the
-normalising count stays that of the supervised slots, so it stays known before the target runs.
+sample_from_anchor), 1 without `decay_gamma`. With `greedy_path` (any loss but paper_ce) a slot
+also weighs 0 unless the true tokens between its anchor and it are the target's greedy choices
+(the only prefixes speculative decoding asks a slot about; families/dflash/plan.py:
+greedy_path), and DFlash2's hard labels become the target's greedy tokens; the normalising
+count stays that of the supervised slots, so it stays known before the target runs.
 
 Losses: `paper_ce`, cross-entropy against the true token; `speculators_kl`, forward KL from the
 target's distribution (its own final norm and head on its last hidden state) to the drafter's,
@@ -37,7 +38,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from turbo_dllm.families.dflash.config import HARD_LABEL_LOSSES, TEACHER_LOSSES
+from turbo_dllm.families.dflash.config import HARD_LABEL_LOSSES, TEACHER_LOSSES, needs_teacher
 from turbo_dllm.train.objectives.base import NoiseKey, sample_generator
 
 __all__ = [
@@ -193,12 +194,13 @@ class DFlashDistillation:
         self.decay_gamma = decay_gamma
         self.sample_from_anchor = sample_from_anchor
         self.loss = loss
-        if greedy_path and loss not in TEACHER_LOSSES:
+        if greedy_path and loss == "paper_ce":
             raise ValueError(
-                f"greedy_path needs the target's outputs ({' or '.join(TEACHER_LOSSES)}), not {loss!r}"
+                "greedy_path needs the target's outputs: paper_ce's labels are the true tokens "
+                f"(greedy_path trains {', '.join((*TEACHER_LOSSES, *HARD_LABEL_LOSSES))})"
             )
         self.greedy_path = greedy_path
-        self.needs_teacher = loss in TEACHER_LOSSES
+        self.needs_teacher = needs_teacher(loss, greedy_path)
 
     def slot_weights(self) -> torch.Tensor:
         """(B,) float64: each slot's weight (0 for the unscored anchor slot)."""
