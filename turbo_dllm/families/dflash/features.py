@@ -122,7 +122,10 @@ def feature_problems(manifest: FeaturesManifest, config, spec) -> list[str]:
             f"it holds target layers {manifest.target_layer_ids}, the drafter reads "
             f"{list(config.target_layer_ids)}"
         )
-    if needs_teacher(spec.objective.dflash_loss, spec.objective.greedy_path) and not manifest.teacher:
+    if (
+        needs_teacher(spec.objective.dflash_loss, spec.objective.greedy_path)
+        and not manifest.teacher
+    ):
         found.append(
             f"it has no teacher rows, which objective.dflash_loss {spec.objective.dflash_loss}"
             f"{' with greedy_path' if spec.objective.greedy_path else ''} needs"
