@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 import sysconfig
@@ -58,6 +59,15 @@ DFLASH_VARIANTS = {
         "dflash_loss": "greedy_ce",
         "greedy_path": True,
         "anchor_share": 0.5,
+    },
+    # DFlash2 drafters (block-local convolutions; the candidate selector drafts left to right,
+    # each slot re-ranking its top-k by the token before it), their hard labels the target's
+    # greedy tokens on its greedy path: slot decay (`dflash`) or D-PACE weights
+    "dflash2": {"architecture": "DFlash2DraftModel", "dflash_loss": "dflash", "greedy_path": True},
+    "dflash2-dpace": {
+        "architecture": "DFlash2DraftModel",
+        "dflash_loss": "dpace",
+        "greedy_path": True,
     },
 }
 
@@ -231,10 +241,26 @@ def train_and_export(document, run: Path, out: Path, kind: str = "decoder") -> t
     if kind.startswith("dflash"):
         from turbo_dllm.families.dflash.export import export_drafter
 
-        return export_drafter(run / "checkpoints", out), record
-    from turbo_dllm.train.export import export_checkpoint
+        folder = export_drafter(run / "checkpoints", out)
+    else:
+        from turbo_dllm.train.export import export_checkpoint
 
-    return export_checkpoint(run / "checkpoints", out), record
+        folder = export_checkpoint(run / "checkpoints", out)
+    record["params"] = exported_params(folder)
+    return folder, record
+
+
+def exported_params(folder: Path) -> int:
+    """Parameters in an exported folder's safetensors: a drafter's own (a DFlash drafter's
+    export leaves out the target's embeddings and head it shares), what "equally sized" counts."""
+    from safetensors import safe_open
+
+    total = 0
+    for file in sorted(Path(folder).glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():  # noqa: SIM118 - a safe_open handle is not a dict
+                total += math.prod(handle.get_slice(name).get_shape())
+    return total
 
 
 def main() -> int:
@@ -379,16 +405,19 @@ def main() -> int:
     # target's). The AR drafter's layers have the target's shapes, so its compile cache is warm
     # when its time starts; the DFlash drafter's layers are new graphs (~25-33 s of cold compile
     # on the H200). So that "the same time" means the same training time for both, a few
-    # untimed steps of the first DFlash variant fill the cache first (the variants share their
-    # graphs); `dflash_warmup_s` in the JSON says what that took.
-    warmed = []
+    # untimed steps of the first DFlash variant of each architecture fill the cache first (the
+    # variants of one architecture share their graphs); `dflash_warmup_s` in the JSON says what
+    # that took, per architecture.
+    warmed: dict[str, float] = {}
 
     def warm_compile(doc: dict) -> None:
         started = time.perf_counter()
-        progress("dflash: warming the compile cache (3 untimed steps)")
-        untimed_steps(doc, work / "dflash-warmup-run", 3)
-        warmed.append(time.perf_counter() - started)
-        progress(f"dflash: compile cache warm after {warmed[0]:.0f} s")
+        architecture = doc["model"]["dflash"].get("architecture", "DFlashDraftModel")
+        progress(f"dflash: warming the compile cache for {architecture} (3 untimed steps)")
+        run = work / ("dflash-warmup-run" if not warmed else f"dflash-warmup-run-{architecture}")
+        untimed_steps(doc, run, 3)
+        warmed[architecture] = time.perf_counter() - started
+        progress(f"dflash: compile cache warm after {warmed[architecture]:.0f} s")
 
     def train_dflash(variant: str) -> tuple[str, Path, dict]:
         name = "dflash" if variant == variants[0] else f"dflash-{variant}"
@@ -414,6 +443,8 @@ def main() -> int:
         }
         settings = dict(DFLASH_VARIANTS[variant])
         anchors = max(1, round(max_anchors * settings.pop("anchor_share", 1.0)))
+        if "architecture" in settings:
+            doc["model"]["dflash"]["architecture"] = settings.pop("architecture")
         doc["objective"] = {
             "name": "dflash_distillation",
             "block_size": args.block_size,
@@ -425,7 +456,7 @@ def main() -> int:
         warm = args.dflash_warmup == "on" or (
             args.dflash_warmup == "auto" and doc["training"]["compile"]
         )
-        if warm and not warmed:
+        if warm and doc["model"]["dflash"].get("architecture", "DFlashDraftModel") not in warmed:
             warm_compile(doc)
         if args.profile_dflash:  # three steps well after the first (compiles, warm-up)
             doc["profiler"] = {"enabled": True, "start_step": 20, "num_steps": 3}
@@ -477,7 +508,7 @@ def main() -> int:
         "device": torch.cuda.get_device_name() if gpu else "cpu",
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
         "max_anchors": max_anchors,
-        "dflash_warmup_s": warmed[0] if warmed else None,
+        "dflash_warmup_s": warmed or None,
         "train_s": train_s,
         "wall_s": time.perf_counter() - STARTED,
         "training": {
@@ -495,12 +526,15 @@ def main() -> int:
             "dflash_speedup>=2": d["speedup"] >= 2.0,
         },
     }
-    print(f"{'training':<15}{'steps':>7}{'ms/step':>9}{'tokens/s':>11}{'mfu':>7}{'loss':>8}")
+    print(
+        f"{'training':<15}{'params':>8}{'steps':>7}{'ms/step':>9}{'tokens/s':>11}{'mfu':>7}"
+        f"{'loss':>8}"
+    )
     for name, r in result["training"].items():
         mfu = f"{100 * r['mfu']:.1f}%" if r["mfu"] is not None else "-"
         print(
-            f"{name:<15}{r['steps']:>7}{r['step_time_s'] * 1e3:>9.1f}{r['tokens_per_s']:>11,.0f}"
-            f"{mfu:>7}{r['loss']:>8.3f}"
+            f"{name:<15}{r['params'] / 1e6:>7.1f}M{r['steps']:>7}{r['step_time_s'] * 1e3:>9.1f}"
+            f"{r['tokens_per_s']:>11,.0f}{mfu:>7}{r['loss']:>8.3f}"
         )
     for name, _, record in dflash:
         if "mfu_with_target" in record:

@@ -16,7 +16,8 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "speculative.py"), "--tiny",
          "--work", str(tmp_path / "work"), "--out", str(out),
-         "--dflash-variants", "greedy-ce,plain,greedy-ce-half-anchors", "--dflash-warmup", "on",
+         "--dflash-variants", "greedy-ce,plain,greedy-ce-half-anchors,dflash2-dpace",
+         "--dflash-warmup", "on",
          "--ar-variants", "constant,cosine"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
@@ -25,7 +26,7 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     assert result["training"]["target"]["steps"] == 40  # --target-steps, capped for --tiny
     assert set(result["training"]) == {
         "target", "ar-drafter", "ar-drafter-cosine", "dflash", "dflash-plain",
-        "dflash-greedy-ce-half-anchors",
+        "dflash-greedy-ce-half-anchors", "dflash-dflash2-dpace",
     }  # fmt: skip
     # --tiny's seq_len 128 gives 32 anchors a row by default; the variant drafts half of them
     assert result["max_anchors"] == result["training"]["dflash"]["max_anchors"] == 32
@@ -35,19 +36,34 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
         json.loads(line)
         for line in (tmp_path / "work" / "ar-run-cosine" / "metrics.jsonl").read_text().splitlines()
     ]
-    assert max(row["lr"] for row in cosine) > 2 * cosine[-1]["lr"] > 0
+    # (how far it gets in its 10 s depends on the host's load: decaying is what is asserted)
+    rates = [row["lr"] for row in cosine]
+    top = rates.index(max(rates))
+    assert top < len(rates) - 1 and rates[-1] < rates[top]
+    assert all(a >= b > 0 for a, b in zip(rates[top:], rates[top + 1 :], strict=False))
     assert result["ar_baseline"] in {"autoregressive", "autoregressive-cosine"}
     best = max(
         result["reports"][name]["tau"] for name in ("autoregressive", "autoregressive-cosine")
     )
     assert result["tau_ratios"]["dflash"] == result["reports"]["dflash"]["tau"] / best
-    variants = {"dflash", "dflash-plain", "dflash-greedy-ce-half-anchors"}
+    variants = {"dflash", "dflash-plain", "dflash-greedy-ce-half-anchors", "dflash-dflash2-dpace"}
     assert set(result["tau_ratios"]) == set(result["tau_ratio_stderrs"]) == variants
     assert all(error >= 0 for error in result["tau_ratio_stderrs"].values())
     assert "paired over the prompts" in proc.stdout
-    assert result["dflash_warmup_s"] > 0  # once, before the first variant's timed run
-    assert (tmp_path / "work" / "dflash-warmup-run" / "metrics.jsonl").read_text().count("\n") == 3
-    for name in ("dflash", "dflash-plain", "autoregressive", "autoregressive-cosine"):
+    # once per architecture, before its first variant's timed run
+    warmup = result["dflash_warmup_s"]
+    assert set(warmup) == {"DFlashDraftModel", "DFlash2DraftModel"} and min(warmup.values()) > 0
+    for run in ("dflash-warmup-run", "dflash-warmup-run-DFlash2DraftModel"):
+        assert (tmp_path / "work" / run / "metrics.jsonl").read_text().count("\n") == 3
+    # each drafter's own parameters (a DFlash drafter's leave out the target's embeddings and
+    # head); DFlash2 adds its convolutions and candidate selector to the same layers
+    params = {name: record["params"] for name, record in result["training"].items()}
+    assert params["dflash"] == params["dflash-plain"] > 0 and params["ar-drafter"] > 0
+    assert params["dflash-dflash2-dpace"] > params["dflash"]
+    assert params["target"] >= params["ar-drafter"]  # --tiny: both have 2 layers
+    for name in (
+        "dflash", "dflash-plain", "dflash-dflash2-dpace", "autoregressive", "autoregressive-cosine"
+    ):  # fmt: skip
         report = result["reports"][name]
         assert report["lossless"] is True
         assert report["tau"] >= 1.0
