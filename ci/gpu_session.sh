@@ -28,8 +28,8 @@
 # flash_linear_attention and fla_core), speculative (DFlash vs
 # AR drafter: train a target, distill both, dllm dflash eval on held-out stdlib files;
 # SPEC_FLAGS adds benchmarks/speculative.py flags, e.g. "--dflash-variants
-# greedy-ce,greedy-ce-half-anchors --drafter-seconds 90 --num-prompts 24": two DFlash drafters
-# against one AR drafter within 10 minutes),
+# dflash2,greedy-ce --drafter-seconds 90 --num-prompts 32": a DFlash2 and a DFlash drafter
+# against one AR drafter within 10 minutes, each architecture's compile warmed first),
 # gluon-dkdv (~1 min: the Gluon dK/dV prototype checked and timed against the tl kernel;
 # GLUON_FLAGS adds its flags). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh
 # machine with deps.
