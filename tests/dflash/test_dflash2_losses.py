@@ -11,7 +11,7 @@ import torch
 
 from tests.dflash.test_dflash2_model import TINY2, _drafter
 from turbo_dllm.families.dflash.config import HARD_LABEL_LOSSES as CONFIG_KINDS
-from turbo_dllm.families.dflash.hard_labels import dpace_weights, hard_label_loss
+from turbo_dllm.families.dflash.hard_labels import dpace_weights, hard_label_loss, selector_loss
 from turbo_dllm.families.dflash.plan import draft_score, target_guesses
 from turbo_dllm.train.objectives.dflash_distillation import (
     HARD_LABEL_LOSSES,
@@ -184,3 +184,36 @@ def test_on_the_greedy_path_the_hard_labels_are_the_targets_greedy_tokens(loss):
     assert int(guess[2]) != int(ids[0, 3])  # slot 2's label is not the text's token
     plain = draft_score(batch, teacher, hidden, head, model)
     assert not torch.allclose(got, plain)
+
+
+def test_the_selector_loss_masks_rows_whose_gold_token_is_no_candidate():
+    """Rows are masked, not selected (no host sync): a row without its gold token among the
+    candidates adds nothing, and with none left the loss is 0 yet reaches every weight."""
+    model = _drafter(dataclasses.replace(TINY2, selector_top_k=3))
+    selector, head = model.candidate_selector, model.lm_head.weight
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        selector.successor_codebook.normal_(0.0, 1.0, generator=g)
+    n = 6
+    vocab = head.shape[0]
+    hidden = torch.randn(n, head.shape[1], generator=g, dtype=head.dtype, requires_grad=True)
+    predecessors = torch.randint(0, vocab, (n,), generator=g)
+    # candidates never include the last two tokens, the gold ones of the last two rows
+    candidates = torch.stack([torch.randperm(vocab - 2, generator=g)[:3] for _ in range(n)])
+    targets = candidates[:, 1].clone()
+    targets[4:] = torch.tensor([vocab - 1, vocab - 2])
+    weights = torch.rand(n, generator=g, dtype=head.dtype)
+    args = (head, selector, predecessors, targets, candidates, weights, None)
+    whole = selector_loss(hidden, hidden, *args)
+    first = selector_loss(
+        hidden[:4], hidden[:4], head, selector, predecessors[:4], targets[:4], candidates[:4],
+        weights[:4], None,
+    )  # fmt: skip
+    torch.testing.assert_close(whole, first)
+    none = selector_loss(
+        hidden[4:], hidden[4:], head, selector, predecessors[4:], targets[4:], candidates[4:],
+        weights[4:], None,
+    )  # fmt: skip
+    assert float(none) == 0.0
+    grads = torch.autograd.grad(none, list(selector.parameters()))
+    assert all(float(grad.abs().sum()) == 0.0 for grad in grads)

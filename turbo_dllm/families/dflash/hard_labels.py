@@ -92,21 +92,21 @@ def selector_loss(
     softcap: float | None,
 ) -> torch.Tensor:
     """sum_i w_i CE over row i's candidates of (unary + pair score), rows whose gold token is
-    a candidate only. `scaled`: the hidden states the unary logits are made from."""
+    a candidate only. `scaled`: the hidden states the unary logits are made from.
+
+    Every row is scored and the others are masked out, rather than selected: selecting them
+    (`nonzero`) would stop the host until the GPU had caught up, once per step. The masked
+    sum also reaches every selector weight when no row counts, so each rank's backward (and
+    FSDP's gradient reduction) sees the same parameters."""
     hit = candidates == targets[:, None]
     present = hit.any(dim=1)
-    if not bool(present.any()):  # a zero that still reaches every selector weight, so each
-        # rank's backward (and FSDP's gradient reduction) sees the same parameters
-        return sum(p.sum() for p in selector.parameters()) * 0.0 + hidden.sum() * 0.0
-    rows = present.nonzero()[:, 0]
-    ids = candidates[rows]
     unary = _softcap(
-        torch.einsum("nh,nkh->nk", scaled[rows], head[ids].to(scaled.dtype)).float(), softcap
+        torch.einsum("nh,nkh->nk", scaled, head[candidates].to(scaled.dtype)).float(), softcap
     )
-    score = unary + selector.pair_scores(hidden[rows], predecessors[rows], ids)
-    gold = hit[rows].float().argmax(dim=1)
+    score = unary + selector.pair_scores(hidden, predecessors, candidates)
+    gold = hit.float().argmax(dim=1)  # 0 where the gold token is no candidate (masked below)
     ce = torch.logsumexp(score, dim=-1) - score.gather(1, gold[:, None])[:, 0]
-    return (weights[rows].to(ce.dtype) * ce).sum()
+    return (torch.where(present, weights.to(ce.dtype), 0.0) * ce).sum()
 
 
 def hard_label_loss(
