@@ -165,22 +165,24 @@ class DFlashGroupedConv(nn.Module):
 
     def convolve(self, x: torch.Tensor, coefficients: torch.Tensor, side: int) -> torch.Tensor:
         """x (R, Q, H), Q whole blocks; `coefficients` from `coefficients()`. The dynamic part
-        multiplies per group (never expanded to every channel: a [Q, taps, H] kernel would be
-        the layer's largest activation)."""
+        is added to the base per group (never expanded to a [Q, taps, H] kernel, which would be
+        the layer's largest activation); each block is padded once with taps - 1 zeros in
+        front, so tap j reads a view (x[t - j], zero before the block's first token)."""
         rows, length, h = x.shape
-        b, groups = self.block_size, h // self.group_size
+        b, groups, taps = self.block_size, h // self.group_size, min(self.taps, self.block_size)
         if length % b:
             raise ValueError(f"{length} draft tokens are not whole blocks of {b}")
-        dynamic = coefficients[:, :, side].reshape(rows, length // b, b, self.taps, groups, 1)
-        base = self.base_kernel[side]
-        blocks = x.view(rows, length // b, b, h)
+        n = length // b
+        dynamic = coefficients[:, :, side].reshape(rows, n, b, self.taps, groups, 1)
+        base = self.base_kernel[side].view(self.taps, groups, self.group_size)
+        padded = nn.functional.pad(x.view(rows, n, b, h), (0, 0, taps - 1, 0))
+        padded = padded.view(rows, n, b + taps - 1, groups, self.group_size)
         out = None
-        for j in range(min(self.taps, b)):  # x[t - j] inside the block, zero before it
-            shifted = blocks if j == 0 else nn.functional.pad(blocks[:, :, : b - j], (0, 0, j, 0))
-            grouped = shifted.view(rows, length // b, b, groups, self.group_size)
-            term = base[j] * shifted + (dynamic[:, :, :, j] * grouped).view_as(shifted)
+        for j in range(taps):
+            shifted = padded[:, :, taps - 1 - j : taps - 1 - j + b]
+            term = (base[j] + dynamic[:, :, :, j]) * shifted
             out = term if out is None else out + term
-        return out.view(rows, length, h)
+        return out.reshape(rows, length, h)
 
 
 class DFlash2Layer(DFlashLayer):
