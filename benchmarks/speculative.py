@@ -412,9 +412,8 @@ def main() -> int:
     # that took, per architecture.
     warmed: dict[str, float] = {}
 
-    def warm_compile(doc: dict) -> None:
+    def warm_compile(doc: dict, architecture: str) -> None:
         started = time.perf_counter()
-        architecture = doc["model"]["dflash"].get("architecture", "DFlashDraftModel")
         progress(f"dflash: warming the compile cache for {architecture} (3 untimed steps)")
         run = work / ("dflash-warmup-run" if not warmed else f"dflash-warmup-run-{architecture}")
         untimed_steps(doc, run, 3)
@@ -445,8 +444,8 @@ def main() -> int:
         }
         settings = dict(DFLASH_VARIANTS[variant])
         anchors = max(1, round(max_anchors * settings.pop("anchor_share", 1.0)))
-        if "architecture" in settings:
-            doc["model"]["dflash"]["architecture"] = settings.pop("architecture")
+        architecture = settings.pop("architecture", "DFlashDraftModel")
+        doc["model"]["dflash"]["architecture"] = architecture
         doc["objective"] = {
             "name": "dflash_distillation",
             "block_size": args.block_size,
@@ -458,8 +457,8 @@ def main() -> int:
         warm = args.dflash_warmup == "on" or (
             args.dflash_warmup == "auto" and doc["training"]["compile"]
         )
-        if warm and doc["model"]["dflash"].get("architecture", "DFlashDraftModel") not in warmed:
-            warm_compile(doc)
+        if warm and architecture not in warmed:
+            warm_compile(doc, architecture)
         if args.profile_dflash:  # three steps well after the first (compiles, warm-up)
             doc["profiler"] = {"enabled": True, "start_step": 20, "num_steps": 3}
         folder, record = train_and_export(doc, work / f"{name}-run", work / f"{name}-drafter", name)
