@@ -73,24 +73,22 @@ def draft_score(
 ) -> torch.Tensor:
     """The objective's weighted loss summed over the supervised slots (the output hook; a
     DFlash2 drafter hands itself as `drafter`, for its unary logits and selector)."""
-    if batch.loss in HARD_LABEL_LOSSES:
-        if not batch.greedy_path:
-            return hard_label_loss(batch, hidden, head, drafter)
-        # on the target's greedy path the hard label is its greedy token (what verification
-        # accepts), and only on-path slots count
-        guess = target_guesses(teacher, head)
-        on_path = greedy_path(batch, guess) > 0
-        labels = guess.flatten()[batch.teacher_index]
-        return hard_label_loss(batch, hidden, head, drafter, labels=labels, on_path=on_path)
-    flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.score_index)
-    if batch.loss == "paper_ce":
-        return linear_cross_entropy(flat, head, batch.targets, batch.weights)
-    weights = batch.weights
-    guess = None
+    guess = path = None
     if batch.greedy_path or batch.loss == "greedy_ce":
         guess = target_guesses(teacher, head)
     if batch.greedy_path:
-        weights = weights * greedy_path(batch, guess)
+        path = greedy_path(batch, guess)
+    if batch.loss in HARD_LABEL_LOSSES:
+        if path is None:
+            return hard_label_loss(batch, hidden, head, drafter)
+        # on the target's greedy path the hard label is its greedy token (what verification
+        # accepts), and only on-path slots count
+        labels = guess.flatten()[batch.teacher_index]
+        return hard_label_loss(batch, hidden, head, drafter, labels=labels, on_path=path > 0)
+    flat = hidden.reshape(-1, hidden.shape[-1]).index_select(0, batch.score_index)
+    if batch.loss == "paper_ce":
+        return linear_cross_entropy(flat, head, batch.targets, batch.weights)
+    weights = batch.weights if path is None else batch.weights * path
     if batch.loss == "greedy_ce":
         return linear_cross_entropy(flat, head, guess.flatten()[batch.teacher_index], weights)
     rows = teacher.reshape(-1, teacher.shape[-1]).index_select(0, batch.teacher_index)
