@@ -24,7 +24,14 @@ import time
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "native/block_diffusion_attention"
-SIZES = {"H", "HK", "GROUP", "PER_BATCH"}  # upper-case scalars (the rest upper-case: pointers)
+SIZES = {
+    "H",
+    "HK",
+    "GROUP",
+    "PER_BATCH",
+    "ROWS_Q",
+    "ROWS_K",
+}  # upper-case scalars (the rest upper-case: pointers)
 BF16 = {"Q", "K", "V", "OUT", "DO", "DK", "DV", "DQ"}
 F32 = {"LSE", "LSE2", "DELTA", "DQ_ACC"}
 I8 = {"QN", "KN"}
@@ -74,6 +81,8 @@ def compile_variant(module, kernel: str, config, dim: int):
     from triton.compiler import ASTSource
 
     part = config.part(kernel)
+    if kernel == "dkdv" and part["gluon"]:
+        return compile_gluon_dkdv(module, part["stages"], dim)
     fn = {"fwd": module._fwd_kernel, "dkdv": module._bwd_dkdv_kernel, "dq": module._bwd_dq_kernel}
     fn = fn[kernel]
     launch = module._launch(kernel, config, 1, 1, part["tma"])
@@ -84,6 +93,20 @@ def compile_variant(module, kernel: str, config, dim: int):
     sig, attrs = _signature(fn, part["tma"], rows, dim, constexprs)
     source = ASTSource(fn, sig, constexprs, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def compile_gluon_dkdv(module, stages: int, dim: int):
+    """The Gluon dK/dV kernel (config.dkdv_gluon) as `_gluon_backward_dkdv` launches it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = module._gluon_dkdv_kernel
+    block_m, block_n, warps = module.GLUON_DKDV_TILE
+    constexprs = dict(BN=block_n, BM=block_m, D=dim, STAGES=stages, WARPS=warps)
+    sig, attrs = _signature(fn, 0, block_m, dim, constexprs)
+    source = GluonASTSource(fn, sig, constexprs, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
 
 
 def register_use(cubin: bytes) -> str:

@@ -63,6 +63,10 @@ class KernelConfig:
     dkdv_dq: 1: the dK/dV kernel also makes dQ (each tile pair's dS K added with fp32 atomics
       into a zeroed buffer, as FlashAttention-3 does) and the dQ kernel is not launched: five
       matmuls per tile pair instead of seven (the dQ kernel recomputes S and dP).
+    dkdv_gluon: 1: dK/dV by the Gluon kernel (`_gluon_dkdv_kernel`: a TMA producer warp, two
+      consumer warpgroups, P^T and dS^T to their wgmmas in registers) in place of the `tl` one;
+      sm90 only, 64 x 128 tiles on 8 warps, dkdv_stages deep; the other dkdv fields but `m`,
+      `n`, `warps` and `stages` do not apply to it, and `dq` must be 0.
 
     Every field is an int (flags 0/1) so the torch op passes the config as a list of ints.
     """
@@ -86,6 +90,7 @@ class KernelConfig:
     dkdv_tma: int = 0
     dkdv_order: int = 0
     dkdv_dq: int = 0
+    dkdv_gluon: int = 0
     dq_m: int = 128
     dq_n: int = 64
     dq_warps: int = 8
@@ -222,6 +227,9 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
         entries += LOOP_VARIANTS  # on the default tiles
         if head_dim <= 64 and kernel == "fwd":  # D = 64 has room for wider key tiles
             entries.append(("runs 128x128 w4 s4", dict(m=128, n=128, warps=4, stages=4, runs=1)))
+        if kernel == "dkdv":  # the Gluon kernel (its own loops and loads: only the ring's depth)
+            gluon = dict(m=64, n=128, warps=8, gluon=1)
+            entries += [(f"gluon s{stages}", gluon | {"stages": stages}) for stages in (2, 3, 4)]
         variants[kernel] = [(name, base.with_part(kernel, **change)) for name, change in entries]
     return variants
 
@@ -239,6 +247,7 @@ def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
         # ("value not sliced") and on 4-warp forward and dQ loops ("expected non-null blocks")
         "tma device tl.range ws": everywhere(base, tma=2, pipe=1, ws=1, runs=0, warps=8),
         "dq fused": base.with_part("dkdv", dq=1),
+        "gluon dkdv": base.with_part("dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3),
         "dq fused runs s3": everywhere(base, runs=1, pipe=1, stages=3, n=64).with_part(
             "dkdv", m=64, n=128, dq=1
         ),
@@ -948,6 +957,211 @@ def _bwd_dq_kernel(
     )
 
 
+# --- dK/dV in Gluon (sm90; config.dkdv_gluon) ----------------------------------------------
+# The `tl` dK/dV kernel above stays near 320 useful TFLOP/s on the H200 in every tile, pipeline
+# and load Triton's `tl` offers. Gluon (Triton's lower-level language, 3.6+) writes the
+# FlashAttention-3 structure by hand: one producer warp streams each key tile's Q and dO tiles
+# through a ring of shared-memory stages (TMA, mbarriers); two consumer warpgroups (240
+# registers each) keep K and V in shared memory and dK, dV in registers, issue dP^T right
+# behind S^T (the tensor cores compute it while the warps exponentiate S^T) and hand P^T and
+# dS^T to the dV and dK wgmmas in registers (S^T's accumulator layout is the A operand's). On
+# the H200 at 2L 16K: dK, dV bit for bit the `tl` kernel's at 1.12-1.13x its speed
+# (docs/benchmarks.md, session 16). No interpreter runs Gluon: off the GPU only its sm90 compile
+# is checked (ci/triton_sm90_compile.py).
+try:
+    from triton.experimental import gluon
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.language.nvidia.hopper import (
+        fence_async_shared,
+        mbarrier,
+        tma,
+        warpgroup_mma,
+        warpgroup_mma_wait,
+    )
+
+    # Triton 3.9 renamed the TMA load (the old name raises there); 3.6 has only the old one
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    HAS_GLUON = True
+except ImportError:  # a Triton without Gluon: dkdv_gluon is refused at launch
+    HAS_GLUON = False
+
+# (query rows, key rows, consumer warps) of the Gluon dK/dV tile: each consumer warpgroup's
+# wgmmas take 64 key rows
+GLUON_DKDV_TILE = (64, 128, 8)
+
+if HAS_GLUON:
+
+    @gluon.jit
+    def _gluon_dkdv_loads(q_desc, do_desc, q_s, do_s, ready, empty, IDX, COUNT, row, Mt, b, hk,
+                          H, GROUP, Sq, BM: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+        """The producer warp: every (head, query tile) of the key tile, full tiles first, in
+        the consumers' order; stage `it % STAGES` once the consumers released it."""
+        n_tiles = gl.load(COUNT + row * 3) + gl.load(COUNT + row * 3 + 1)
+        idx = IDX + row.to(gl.int64) * Mt
+        it = 0
+        for g in range(0, GROUP):
+            first = (b * H + hk * GROUP + g) * Sq  # the head's first row in the (B*H*Sq, D) view
+            for j in range(0, n_tiles):
+                m0 = gl.load(idx + j) * BM
+                s = it % STAGES
+                mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+                mbarrier.expect(
+                    ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
+                )
+                _tma_load(q_desc, [first + m0, 0], ready.index(s), q_s.index(s))
+                _tma_load(do_desc, [first + m0, 0], ready.index(s), do_s.index(s))
+                it += 1
+
+    @gluon.jit
+    def _gluon_dkdv_tile(dk, dv, k_s, v_s, q, do, LSE2, DELTA, QN, QB, QD, stat, m0, b, Sq,
+                         stride_qdb, kn, kb, kd, krow_ok, qk_scale, BN: gl.constexpr,
+                         BM: gl.constexpr, D: gl.constexpr, WARPS: gl.constexpr,
+                         MASKED: gl.constexpr):  # fmt: skip
+        """One (query tile, key tile) pair: dK and dV of the consumers' BN keys, updated."""
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BM, 16]
+        )
+        mma_d: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
+        )
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
+        offs = m0 + gl.arange(0, BM, layout=gl.SliceLayout(0, mma_s))
+        zero = gl.zeros([BN, BM], gl.float32, mma_s)  # shape and layout only (use_acc=False)
+        s_t = warpgroup_mma(k_s, q.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dp_t = warpgroup_mma(v_s, do.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s_t = warpgroup_mma_wait(1, deps=[s_t])  # groups complete in issue order: S^T, not dP^T
+        if MASKED:
+            q_ok = offs < Sq
+            lse2 = gl.load(LSE2 + stat + offs, mask=q_ok, other=float("inf"))
+            p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+            qn = gl.load(QN + offs, mask=q_ok, other=0) != 0
+            qb = gl.load(QB + offs, mask=q_ok, other=-1)
+            qd = gl.load(QD + b * stride_qdb + offs, mask=q_ok, other=-1)
+            visible = (
+                (qn[None, :] & kn[:, None] & (qb[None, :] == kb[:, None]))
+                | (qn[None, :] & ~kn[:, None] & (kb[:, None] < qb[None, :]))
+                | (~qn[None, :] & ~kn[:, None] & (kb[:, None] <= qb[None, :]))
+            ) & (qd[None, :] == kd[:, None])
+            visible = visible & q_ok[None, :] & krow_ok[:, None]
+            p_t = gl.where(visible, p_t, 0.0)
+            delta = gl.load(DELTA + stat + offs, mask=q_ok, other=0.0)
+        else:  # every pair allowed, every row and column in bounds
+            lse2 = gl.load(LSE2 + stat + offs)
+            p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
+            delta = gl.load(DELTA + stat + offs)
+        p_op = gl.convert_layout(p_t.to(q.dtype), a_op)
+        dv = warpgroup_mma(p_op, do, dv, is_async=True)
+        dp_t, p_op = warpgroup_mma_wait(1, deps=[dp_t, p_op])  # dP^T done; dV may still run
+        ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q.dtype), a_op)
+        dk = warpgroup_mma(ds_op, q, dk, is_async=True)
+        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv, dk, p_op, ds_op])
+        return dk, dv
+
+    @gluon.jit
+    def _gluon_dkdv_math(DK, DV, LSE2, DELTA, QN, QB, QD, KN, KB, KD, k_s, v_s, q_s, do_s,
+                         ready, empty, IDX, COUNT, row, Mt, b, hk, n0, H, HK, GROUP, Sq, Sk,
+                         stride_qdb, stride_kdb, qk_scale, sm_scale, BN: gl.constexpr,
+                         BM: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                         WARPS: gl.constexpr):  # fmt: skip
+        """The consumer warpgroups: dK, dV of the key tile over its query tiles and the group's
+        heads (the producer's order), then stored."""
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BM, 16]
+        )
+        mma_d: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
+        )
+        krows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_s))
+        krow_ok = krows < Sk
+        kn = gl.load(KN + krows, mask=krow_ok, other=0) != 0
+        kb = gl.load(KB + krows, mask=krow_ok, other=0)
+        kd = gl.load(KD + b * stride_kdb + krows, mask=krow_ok, other=-2)
+        dk = gl.zeros([BN, D], gl.float32, mma_d)
+        dv = gl.zeros([BN, D], gl.float32, mma_d)
+        n_full = gl.load(COUNT + row * 3)
+        n_partial = gl.load(COUNT + row * 3 + 1)
+        idx = IDX + row.to(gl.int64) * Mt
+        it = 0
+        for g in range(0, GROUP):
+            stat = (b * H + hk * GROUP + g) * Sq
+            for j in range(0, n_full):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                dk, dv = _gluon_dkdv_tile(
+                    dk, dv, k_s, v_s, q_s.index(s), do_s.index(s), LSE2, DELTA, QN, QB, QD,
+                    stat, gl.load(idx + j) * BM, b, Sq, stride_qdb, kn, kb, kd, krow_ok,
+                    qk_scale, BN, BM, D, WARPS, False,
+                )  # fmt: skip
+                mbarrier.arrive(empty.index(s), count=1)
+                it += 1
+            for j in range(n_full, n_full + n_partial):
+                s = it % STAGES
+                mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+                dk, dv = _gluon_dkdv_tile(
+                    dk, dv, k_s, v_s, q_s.index(s), do_s.index(s), LSE2, DELTA, QN, QB, QD,
+                    stat, gl.load(idx + j) * BM, b, Sq, stride_qdb, kn, kb, kd, krow_ok,
+                    qk_scale, BN, BM, D, WARPS, True,
+                )  # fmt: skip
+                mbarrier.arrive(empty.index(s), count=1)
+                it += 1
+        rows = n0 + gl.arange(0, BN, layout=gl.SliceLayout(1, mma_d))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, mma_d))
+        at = ((b * HK + hk) * Sk + rows).to(gl.int64)[:, None] * D + cols[None, :]
+        ok = (rows < Sk)[:, None]
+        gl.store(DK + at, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
+        gl.store(DV + at, dv.to(DV.dtype.element_ty), mask=ok)
+
+    @gluon.jit(do_not_specialize=["H", "HK", "GROUP", "Sq", "Sk", "Mt", "Nt", "PER_BATCH"])
+    def _gluon_dkdv_kernel(Q, K, V, DO, DK, DV, LSE2, DELTA, QN, QB, QD, KN, KB, KD, IDX,
+                           COUNT, qk_scale, sm_scale, H, HK, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
+                           ROWS_Q, ROWS_K, stride_qdb, stride_kdb, BN: gl.constexpr,
+                           BM: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                           WARPS: gl.constexpr):  # fmt: skip
+        """One key tile of one KV head (grid: key tiles x batch * KV heads). Q, K, V, dO, dK,
+        dV contiguous (B, heads, S, D), read as (B * heads * S, D) through TMA descriptors."""
+        n_tile = gl.program_id(0)
+        b = gl.program_id(1) // HK
+        hk = gl.program_id(1) % HK
+        row = b * PER_BATCH * Nt + n_tile  # the key tile's row of the op's tile lists
+        n0 = n_tile * BN
+        smem: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        q_desc = tma.make_tensor_descriptor(Q, [ROWS_Q, D], [D, 1], [BM, D], smem)
+        do_desc = tma.make_tensor_descriptor(DO, [ROWS_Q, D], [D, 1], [BM, D], smem)
+        k_desc = tma.make_tensor_descriptor(K, [ROWS_K, D], [D, 1], [BN, D], smem)
+        v_desc = tma.make_tensor_descriptor(V, [ROWS_K, D], [D, 1], [BN, D], smem)
+        k_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BN, D], smem)
+        v_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BN, D], smem)
+        q_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BM, D], smem)
+        do_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BM, D], smem)
+        kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=1)
+        fence_async_shared()
+        # K and V of this key tile, once (rows past the tensor's end arrive as zeros; rows of
+        # the next head past Sk are masked out of P and the stores)
+        mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        key0 = (b * HK + hk) * Sk + n0
+        _tma_load(k_desc, [key0, 0], kv_bar, k_s)
+        _tma_load(v_desc, [key0, 0], kv_bar, v_s)
+        mbarrier.wait(kv_bar, 0)
+        gl.warp_specialize(
+            [(_gluon_dkdv_math, (DK, DV, LSE2, DELTA, QN, QB, QD, KN, KB, KD, k_s, v_s, q_s,
+                                 do_s, ready, empty, IDX, COUNT, row, Mt, b, hk, n0, H, HK, GROUP,
+                                 Sq, Sk, stride_qdb, stride_kdb, qk_scale, sm_scale, BN, BM, D,
+                                 STAGES, WARPS)),
+             (_gluon_dkdv_loads, (q_desc, do_desc, q_s, do_s, ready, empty, IDX, COUNT, row, Mt,
+                                  b, hk, H, GROUP, Sq, BM, STAGES))],
+            [1],
+            [24],
+        )  # fmt: skip
+
+
 # --- launchers -----------------------------------------------------------------------------
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule) -> None:
     if q.dim() != 4 or k.shape != v.shape or k.dim() != 4:
@@ -1094,6 +1308,8 @@ def backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: flo
     launch = _launch("dkdv", config, nt, batch * kv_heads, tma)
     if (dq_acc is not None) != bool(config.dkdv_dq):
         raise ValueError("dq_acc is the buffer of config.dkdv_dq: pass it exactly when that is 1")
+    if config.dkdv_gluon:
+        return _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, config)
     acc = dq_acc if dq_acc is not None else delta.view(*delta.shape, 1)  # unused without DQ
     _bwd_dkdv_kernel[launch.pop("grid")](
         q, k, v, grad_out, dk, dv, lse2, delta,
@@ -1110,6 +1326,44 @@ def backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: flo
         *_doc_strides(schedule),
         heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
         HEAD_DIM=dim, BLOCK_M=config.dkdv_m, BLOCK_N=config.dkdv_n, **launch,
+    )  # fmt: skip
+    return dk, dv
+
+
+def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
+                         config: KernelConfig):  # fmt: skip
+    """`backward_dkdv` by the Gluon kernel (config.dkdv_gluon)."""
+    batch, heads, sq, dim = q.shape
+    kv_heads, sk = k.shape[1], k.shape[2]
+    block_m, block_n, warps = GLUON_DKDV_TILE
+    part = config.part("dkdv")
+    if not HAS_GLUON:
+        raise ValueError(
+            f"dkdv_gluon needs Triton's Gluon (3.6 or later); this is {triton.__version__}"
+        )
+    if (part["m"], part["n"], part["warps"]) != GLUON_DKDV_TILE or part["dq"]:
+        raise ValueError(
+            f"dkdv_gluon runs {block_m} x {block_n} tiles on {warps} warps without dkdv_dq, "
+            f"the config asks m={part['m']} n={part['n']} warps={part['warps']} dq={part['dq']}"
+        )
+    if dim not in (64, 128):
+        raise ValueError(f"dkdv_gluon takes head dim 64 or 128, not {dim}")
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        raise ValueError(f"dkdv_gluon runs on sm90 GPUs (Hopper), not on {q.device}")
+    # TMA reads each tensor as rows of (B * heads * S, D): contiguous copies where needed
+    q, k, v, grad_out = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, grad_out))
+    qn, qb, qd = schedule.q_meta
+    kn, kb, kd = schedule.k_meta
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    cols = schedule.by_key_tile(block_m, block_n)
+    lists_rows, nt, mt = cols.index.shape
+    triton.set_allocator(_scratch)  # the kernel's device-side TMA descriptors live there
+    _gluon_dkdv_kernel[(nt, batch * kv_heads)](
+        q, k, v, grad_out, dk, dv, lse2, delta, qn, qb, qd, kn, kb, kd,
+        cols.index, cols.count, scale * LOG2E, scale,
+        heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
+        batch * heads * sq, batch * kv_heads * sk, *_doc_strides(schedule),
+        BN=block_n, BM=block_m, D=dim, STAGES=part["stages"], WARPS=warps, num_warps=warps,
     )  # fmt: skip
     return dk, dv
 

@@ -43,3 +43,15 @@ def test_a_config_over_sm90_shared_memory_fails():
     rows = {line.split()[0]: line for line in done.stdout.splitlines() if "128x128" in line}
     assert " ok " in rows["fwd"], done.stdout
     assert "FAILED needs" in rows["dq"] and "232448" in rows["dq"], done.stdout
+
+
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_gluon_dkdv_compiles_for_sm90(head_dim):
+    """The Gluon dK/dV kernel (config.dkdv_gluon; Gluon has no interpreter, so this compile is
+    what the CPU suite can check of it) at every ring depth the sweep times, under this host's
+    Triton (the GPU host runs 3.6, this one may run a later one: the kernel must build in both)."""
+    done = _compile("--head-dim", str(head_dim), "--only", "gluon s")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = [line for line in done.stdout.splitlines() if line.startswith("dkdv ")]
+    assert [line.split()[2] for line in lines] == ["s2", "s3", "s4"], done.stdout
+    assert all(" ok " in line for line in lines), done.stdout

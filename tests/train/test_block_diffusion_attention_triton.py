@@ -325,6 +325,38 @@ def test_tile_classes_agree_with_the_dense_mask(block_size, tiles):
     assert int(partial.sum()) == int((classes == module.PARTIAL).sum())
 
 
+def test_gluon_dkdv_is_refused_where_it_cannot_run():
+    """`dkdv_gluon` (no interpreter runs Gluon; its numbers are checked on the GPU) refuses,
+    before any launch, a host without an sm90 GPU, other tiles and fused dQ, each by name."""
+    from turbo_dllm.kernels.selftest import block_diffusion_tokens
+
+    module = _module()
+    assert module.HAS_GLUON  # this host's Triton has Gluon: the refusals below are the launcher's
+    config = module.flag_configs(64)["gluon dkdv"]
+    assert config.dkdv_gluon == 1 and config.fwd_m == module.default_config(64).fwd_m
+    meta = block_diffusion_tokens(64, 16, 1, None)
+    schedule = module.make_schedule(*meta, *meta)
+    q = torch.zeros(1, 4, 128, 64, dtype=torch.bfloat16)
+    k = torch.zeros(1, 2, 128, 64, dtype=torch.bfloat16)
+    stats = torch.zeros(1, 4, 128)
+
+    def dkdv(config, dq_acc=None):
+        module.backward_dkdv(q, stats, stats, q, k, k, schedule, 0.125, config, dq_acc)
+
+    with pytest.raises(ValueError, match="sm90 GPUs"):
+        dkdv(config)
+    with pytest.raises(ValueError, match="64 x 128 tiles on 8 warps"):
+        dkdv(config.with_part("dkdv", m=32))
+    with pytest.raises(ValueError, match="without dkdv_dq"):
+        dkdv(config.with_part("dkdv", dq=1), dq_acc=torch.zeros(q.shape))
+    with pytest.raises(ValueError, match="head dim 64 or 128"):
+        module.backward_dkdv(
+            *(torch.zeros(1, 2, 128, 32, dtype=torch.bfloat16),) + (stats[:, :2],) * 2,
+            *(torch.zeros(1, 2, 128, 32, dtype=torch.bfloat16),) * 3,
+            schedule, 0.125, config,
+        )  # fmt: skip
+
+
 def test_reference_matches_the_training_reference_attention():
     """The op's torch reference equals partial_attention's dense reference (same rule)."""
     from turbo_dllm.kernels.block_diffusion import (
