@@ -82,7 +82,7 @@ def compile_variant(module, kernel: str, config, dim: int):
 
     part = config.part(kernel)
     if kernel == "dkdv" and part["gluon"]:
-        return compile_gluon_dkdv(module, part["stages"], dim)
+        return compile_gluon_dkdv(module, part["stages"], dim, part["dq"])
     fn = {"fwd": module._fwd_kernel, "dkdv": module._bwd_dkdv_kernel, "dq": module._bwd_dq_kernel}
     fn = fn[kernel]
     launch = module._launch(kernel, config, 1, 1, part["tma"])
@@ -95,7 +95,7 @@ def compile_variant(module, kernel: str, config, dim: int):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_gluon_dkdv(module, stages: int, dim: int):
+def compile_gluon_dkdv(module, stages: int, dim: int, dq: int = 0):
     """The Gluon dK/dV kernel (config.dkdv_gluon) as `_gluon_backward_dkdv` launches it."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -103,7 +103,7 @@ def compile_gluon_dkdv(module, stages: int, dim: int):
 
     fn = module._gluon_dkdv_kernel
     block_m, block_n, warps = module.GLUON_DKDV_TILE
-    constexprs = dict(BN=block_n, BM=block_m, D=dim, STAGES=stages, WARPS=warps)
+    constexprs = dict(BN=block_n, BM=block_m, D=dim, STAGES=stages, WARPS=warps, DQ=bool(dq))
     sig, attrs = _signature(fn, 0, block_m, dim, constexprs)
     source = GluonASTSource(fn, sig, constexprs, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})

@@ -66,7 +66,8 @@ class KernelConfig:
     dkdv_gluon: 1: dK/dV by the Gluon kernel (`_gluon_dkdv_kernel`: a TMA producer warp, two
       consumer warpgroups, P^T and dS^T to their wgmmas in registers) in place of the `tl` one;
       sm90 only, 64 x 128 tiles on 8 warps, dkdv_stages deep; the other dkdv fields but `m`,
-      `n`, `warps` and `stages` do not apply to it, and `dq` must be 0.
+      `n`, `warps`, `stages` and `dq` do not apply to it (with `dq`, its tile pairs' dS K are
+      added with fp32 atomics, dS^T passed through shared memory).
 
     Every field is an int (flags 0/1) so the torch op passes the config as a list of ints.
     """
@@ -248,6 +249,7 @@ def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
         "tma device tl.range ws": everywhere(base, tma=2, pipe=1, ws=1, runs=0, warps=8),
         "dq fused": base.with_part("dkdv", dq=1),
         "gluon dkdv": base.with_part("dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3),
+        "gluon dkdv dq fused": base.with_part("dkdv", m=64, n=128, warps=8, gluon=1, dq=1),
         "dq fused runs s3": everywhere(base, runs=1, pipe=1, stages=3, n=64).with_part(
             "dkdv", m=64, n=128, dq=1
         ),
@@ -979,8 +981,10 @@ try:
         warpgroup_mma_wait,
     )
 
-    # Triton 3.9 renamed the TMA load (the old name raises there); 3.6 has only the old one
+    # Triton 3.9 renamed the TMA load (the old name raises there) and the CTA barrier; 3.6 has
+    # only the old names
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
     HAS_GLUON = True
 except ImportError:  # a Triton without Gluon: dkdv_gluon is refused at launch
     HAS_GLUON = False
@@ -1013,11 +1017,15 @@ if HAS_GLUON:
                 it += 1
 
     @gluon.jit
-    def _gluon_dkdv_tile(dk, dv, k_s, v_s, q, do, LSE2, DELTA, QN, QB, QD, stat, m0, b, Sq,
-                         stride_qdb, kn, kb, kd, krow_ok, qk_scale, BN: gl.constexpr,
-                         BM: gl.constexpr, D: gl.constexpr, WARPS: gl.constexpr,
-                         MASKED: gl.constexpr):  # fmt: skip
-        """One (query tile, key tile) pair: dK and dV of the consumers' BN keys, updated."""
+    def _gluon_dkdv_tile(dk, dv, k_s, v_s, q, do, ds_s, dq_s, LSE2, DELTA, DQ_ACC, QN, QB, QD,
+                         stat, m0, b, Sq, stride_qdb, kn, kb, kd, krow_ok, qk_scale,
+                         BN: gl.constexpr, BM: gl.constexpr, D: gl.constexpr,
+                         WARPS: gl.constexpr, MASKED: gl.constexpr,
+                         DQ: gl.constexpr):  # fmt: skip
+        """One (query tile, key tile) pair: dK and dV of the consumers' BN keys, updated; with
+        DQ this pair's dQ = dS K too, added into DQ_ACC (fp32, unscaled) with atomics: dS^T
+        goes through shared memory (the A operand of dQ's wgmma is its transpose, over both
+        warpgroups' keys), the two warpgroups split dQ's head dim."""
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(
             version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BM, 16]
         )
@@ -1052,17 +1060,54 @@ if HAS_GLUON:
         p_op = gl.convert_layout(p_t.to(q.dtype), a_op)
         dv = warpgroup_mma(p_op, do, dv, is_async=True)
         dp_t, p_op = warpgroup_mma_wait(1, deps=[dp_t, p_op])  # dP^T done; dV may still run
-        ds_op = gl.convert_layout((p_t * (dp_t - delta[None, :])).to(q.dtype), a_op)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        ds_op = gl.convert_layout(ds_t, a_op)
         dk = warpgroup_mma(ds_op, q, dk, is_async=True)
-        dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv, dk, p_op, ds_op])
+        if DQ:
+            ds_s.store(ds_t)  # while dK's and dV's wgmmas run
+            # their operands and P^T, dP^T die here: dQ's accumulator takes their registers
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv, dk, p_op, ds_op])
+            fence_async_shared()
+            _cta_barrier()  # every key row of dS^T is in shared memory
+            # dQ of D = 128 in two halves of 64 columns (one 128-byte swizzle atom each): half
+            # the accumulator registers at a time (at once its loop spilled 119 instructions,
+            # in halves 44; D = 64 spills nothing at once)
+            PARTS: gl.constexpr = D // 64
+            mma_q: gl.constexpr = gl.NVMMADistributedLayout(
+                version=[3, 0], warps_per_cta=[4, WARPS // 4], instr_shape=[16, 64 // 2, 16]
+            )
+            zero_q = gl.zeros([BM, 64], gl.float32, mma_q)
+            for h in gl.static_range(PARTS):
+                part = warpgroup_mma(
+                    ds_s.permute((1, 0)), k_s.slice(h * 64, 64, dim=1), zero_q, use_acc=False
+                )
+                dq_s.slice(h * 64, 64, dim=1).store(part)
+            _cta_barrier()  # dQ whole in shared memory; dS^T read by both warpgroups
+            # added a slice of rows at a time: a pointer per element of the whole tile would
+            # hold 64 registers a thread (they spilled). The layout covers exactly D columns
+            # (a wider one would repeat elements across threads: each added twice)
+            rows_l: gl.constexpr = gl.BlockedLayout(
+                [1, 4], [32 // (D // 4), D // 4], [WARPS, 1], [1, 0]
+            )
+            for c in gl.static_range(BM // (2 * WARPS)):
+                rows_dq = dq_s.slice(c * 2 * WARPS, 2 * WARPS, dim=0).load(rows_l)
+                rows = m0 + c * 2 * WARPS + gl.arange(0, 2 * WARPS, gl.SliceLayout(1, rows_l))
+                cols = gl.arange(0, D, layout=gl.SliceLayout(0, rows_l))
+                at = DQ_ACC + (stat + rows).to(gl.int64)[:, None] * D + cols[None, :]
+                if MASKED:
+                    gl.atomic_add(at, rows_dq, mask=(rows < Sq)[:, None], sem="relaxed")
+                else:
+                    gl.atomic_add(at, rows_dq, sem="relaxed")
+        else:
+            dv, dk, p_op, ds_op = warpgroup_mma_wait(0, deps=[dv, dk, p_op, ds_op])
         return dk, dv
 
     @gluon.jit
-    def _gluon_dkdv_math(DK, DV, LSE2, DELTA, QN, QB, QD, KN, KB, KD, k_s, v_s, q_s, do_s,
-                         ready, empty, IDX, COUNT, row, Mt, b, hk, n0, H, HK, GROUP, Sq, Sk,
-                         stride_qdb, stride_kdb, qk_scale, sm_scale, BN: gl.constexpr,
-                         BM: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                         WARPS: gl.constexpr):  # fmt: skip
+    def _gluon_dkdv_math(DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD, k_s, v_s, q_s,
+                         do_s, ds_s, dq_s, ready, empty, IDX, COUNT, row, Mt, b, hk, n0, H, HK,
+                         GROUP, Sq, Sk, stride_qdb, stride_kdb, qk_scale, sm_scale,
+                         BN: gl.constexpr, BM: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                         WARPS: gl.constexpr, DQ: gl.constexpr):  # fmt: skip
         """The consumer warpgroups: dK, dV of the key tile over its query tiles and the group's
         heads (the producer's order), then stored."""
         mma_s: gl.constexpr = gl.NVMMADistributedLayout(
@@ -1088,9 +1133,9 @@ if HAS_GLUON:
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 dk, dv = _gluon_dkdv_tile(
-                    dk, dv, k_s, v_s, q_s.index(s), do_s.index(s), LSE2, DELTA, QN, QB, QD,
-                    stat, gl.load(idx + j) * BM, b, Sq, stride_qdb, kn, kb, kd, krow_ok,
-                    qk_scale, BN, BM, D, WARPS, False,
+                    dk, dv, k_s, v_s, q_s.index(s), do_s.index(s), ds_s, dq_s, LSE2, DELTA, DQ_ACC,
+                    QN, QB, QD, stat, gl.load(idx + j) * BM, b, Sq, stride_qdb, kn, kb, kd,
+                    krow_ok, qk_scale, BN, BM, D, WARPS, False, DQ,
                 )  # fmt: skip
                 mbarrier.arrive(empty.index(s), count=1)
                 it += 1
@@ -1098,9 +1143,9 @@ if HAS_GLUON:
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 dk, dv = _gluon_dkdv_tile(
-                    dk, dv, k_s, v_s, q_s.index(s), do_s.index(s), LSE2, DELTA, QN, QB, QD,
-                    stat, gl.load(idx + j) * BM, b, Sq, stride_qdb, kn, kb, kd, krow_ok,
-                    qk_scale, BN, BM, D, WARPS, True,
+                    dk, dv, k_s, v_s, q_s.index(s), do_s.index(s), ds_s, dq_s, LSE2, DELTA, DQ_ACC,
+                    QN, QB, QD, stat, gl.load(idx + j) * BM, b, Sq, stride_qdb, kn, kb, kd,
+                    krow_ok, qk_scale, BN, BM, D, WARPS, True, DQ,
                 )  # fmt: skip
                 mbarrier.arrive(empty.index(s), count=1)
                 it += 1
@@ -1112,13 +1157,14 @@ if HAS_GLUON:
         gl.store(DV + at, dv.to(DV.dtype.element_ty), mask=ok)
 
     @gluon.jit(do_not_specialize=["H", "HK", "GROUP", "Sq", "Sk", "Mt", "Nt", "PER_BATCH"])
-    def _gluon_dkdv_kernel(Q, K, V, DO, DK, DV, LSE2, DELTA, QN, QB, QD, KN, KB, KD, IDX,
-                           COUNT, qk_scale, sm_scale, H, HK, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
-                           ROWS_Q, ROWS_K, stride_qdb, stride_kdb, BN: gl.constexpr,
+    def _gluon_dkdv_kernel(Q, K, V, DO, DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD,
+                           IDX, COUNT, qk_scale, sm_scale, H, HK, GROUP, Sq, Sk, Mt, Nt,
+                           PER_BATCH, ROWS_Q, ROWS_K, stride_qdb, stride_kdb, BN: gl.constexpr,
                            BM: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                           WARPS: gl.constexpr):  # fmt: skip
+                           WARPS: gl.constexpr, DQ: gl.constexpr):  # fmt: skip
         """One key tile of one KV head (grid: key tiles x batch * KV heads). Q, K, V, dO, dK,
-        dV contiguous (B, heads, S, D), read as (B * heads * S, D) through TMA descriptors."""
+        dV contiguous (B, heads, S, D), read as (B * heads * S, D) through TMA descriptors; with
+        DQ, DQ_ACC (fp32, like Q, zeroed) gets every tile pair's unscaled dS K added."""
         n_tile = gl.program_id(0)
         b = gl.program_id(1) // HK
         hk = gl.program_id(1) % HK
@@ -1135,6 +1181,9 @@ if HAS_GLUON:
         v_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BN, D], smem)
         q_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BM, D], smem)
         do_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BM, D], smem)
+        ds_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BN if DQ else 16, BM], smem)
+        plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
+        dq_s = gl.allocate_shared_memory(gl.float32, [BM if DQ else 1, D if DQ else 4], plain)
         kv_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
         ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -1151,10 +1200,10 @@ if HAS_GLUON:
         _tma_load(v_desc, [key0, 0], kv_bar, v_s)
         mbarrier.wait(kv_bar, 0)
         gl.warp_specialize(
-            [(_gluon_dkdv_math, (DK, DV, LSE2, DELTA, QN, QB, QD, KN, KB, KD, k_s, v_s, q_s,
-                                 do_s, ready, empty, IDX, COUNT, row, Mt, b, hk, n0, H, HK, GROUP,
-                                 Sq, Sk, stride_qdb, stride_kdb, qk_scale, sm_scale, BN, BM, D,
-                                 STAGES, WARPS)),
+            [(_gluon_dkdv_math, (DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD, k_s, v_s,
+                                 q_s, do_s, ds_s, dq_s, ready, empty, IDX, COUNT, row, Mt, b, hk,
+                                 n0, H, HK, GROUP, Sq, Sk, stride_qdb, stride_kdb, qk_scale,
+                                 sm_scale, BN, BM, D, STAGES, WARPS, DQ)),
              (_gluon_dkdv_loads, (q_desc, do_desc, q_s, do_s, ready, empty, IDX, COUNT, row, Mt,
                                   b, hk, H, GROUP, Sq, BM, STAGES))],
             [1],
@@ -1309,7 +1358,7 @@ def backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: flo
     if (dq_acc is not None) != bool(config.dkdv_dq):
         raise ValueError("dq_acc is the buffer of config.dkdv_dq: pass it exactly when that is 1")
     if config.dkdv_gluon:
-        return _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, config)
+        return _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, config, dq_acc)
     acc = dq_acc if dq_acc is not None else delta.view(*delta.shape, 1)  # unused without DQ
     _bwd_dkdv_kernel[launch.pop("grid")](
         q, k, v, grad_out, dk, dv, lse2, delta,
@@ -1331,7 +1380,7 @@ def backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: flo
 
 
 def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
-                         config: KernelConfig):  # fmt: skip
+                         config: KernelConfig, dq_acc: torch.Tensor | None):  # fmt: skip
     """`backward_dkdv` by the Gluon kernel (config.dkdv_gluon)."""
     batch, heads, sq, dim = q.shape
     kv_heads, sk = k.shape[1], k.shape[2]
@@ -1341,11 +1390,13 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
         raise ValueError(
             f"dkdv_gluon needs Triton's Gluon (3.6 or later); this is {triton.__version__}"
         )
-    if (part["m"], part["n"], part["warps"]) != GLUON_DKDV_TILE or part["dq"]:
+    if (part["m"], part["n"], part["warps"]) != GLUON_DKDV_TILE:
         raise ValueError(
-            f"dkdv_gluon runs {block_m} x {block_n} tiles on {warps} warps without dkdv_dq, "
-            f"the config asks m={part['m']} n={part['n']} warps={part['warps']} dq={part['dq']}"
+            f"dkdv_gluon runs {block_m} x {block_n} tiles on {warps} warps, the config asks "
+            f"m={part['m']} n={part['n']} warps={part['warps']}"
         )
+    if dq_acc is not None and (not dq_acc.is_contiguous() or dq_acc.dtype != torch.float32):
+        raise ValueError("dkdv_gluon with dkdv_dq adds into a contiguous float32 dq_acc")
     if dim not in (64, 128):
         raise ValueError(f"dkdv_gluon takes head dim 64 or 128, not {dim}")
     if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
@@ -1359,11 +1410,13 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
     lists_rows, nt, mt = cols.index.shape
     triton.set_allocator(_scratch)  # the kernel's device-side TMA descriptors live there
     _gluon_dkdv_kernel[(nt, batch * kv_heads)](
-        q, k, v, grad_out, dk, dv, lse2, delta, qn, qb, qd, kn, kb, kd,
+        q, k, v, grad_out, dk, dv, lse2, delta, dq_acc if dq_acc is not None else delta,
+        qn, qb, qd, kn, kb, kd,
         cols.index, cols.count, scale * LOG2E, scale,
         heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
         batch * heads * sq, batch * kv_heads * sk, *_doc_strides(schedule),
-        BN=block_n, BM=block_m, D=dim, STAGES=part["stages"], WARPS=warps, num_warps=warps,
+        BN=block_n, BM=block_m, D=dim, STAGES=part["stages"], WARPS=warps, DQ=dq_acc is not None,
+        num_warps=warps,
     )  # fmt: skip
     return dk, dv
 

@@ -61,8 +61,9 @@ def test_every_loop_and_load_variant_matches_reference(head_dim):
 def test_gluon_dkdv_equals_the_tl_kernel(head_dim):
     """The Gluon dK/dV kernel (config.dkdv_gluon) against the `tl` one on the same inputs, as
     the trainer hands them: q, k, v and dO strided views of (B, S, H, D), GQA groups of 4, two
-    documents in one row, a stream (2L = 2000) that no tile size divides; then through the whole
-    op (the reference's gradients). On the H200 the two kernels agreed bit for bit."""
+    documents in one row, a stream (2L = 2000) that no tile size divides; with dQ fused into it,
+    against the `tl` dQ kernel; then through the whole op (the reference's gradients). In the
+    prototype on the H200 the two dK/dV kernels agreed bit for bit."""
     from turbo_dllm.kernels.selftest import block_diffusion_tokens
 
     module = triton_module("block_diffusion_attention", "jit")
@@ -86,10 +87,21 @@ def test_gluon_dkdv_equals_the_tl_kernel(head_dim):
         assert g.shape == w.shape and not g.isnan().any(), name
         error = float((g.float() - w.float()).abs().max() / w.float().abs().max())
         assert error < TOLERANCE / 10, (name, error)
-    errors = compare_block_diffusion_attention(
-        "jit", seq_len=1000, block_size=64, heads=8, kv_heads=2, head_dim=head_dim, config=gluon
-    )
-    assert max(errors.values()) < TOLERANCE, errors
+    # dQ fused into it (fp32 atomics into a zeroed buffer) against the `tl` dQ kernel
+    dq_acc = torch.zeros(q.shape, device=CUDA, dtype=torch.float32)
+    fused = gluon.with_part("dkdv", dq=1)
+    got = module.backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, fused, dq_acc)
+    want_dq = module.backward_dq(grad_out, delta, lse2, q, k, v, schedule, scale, base)
+    got_dq = dq_acc * scale
+    for name, w, g in zip(("dk", "dv", "dq"), (*want, want_dq), (*got, got_dq), strict=True):
+        error = float((g.float() - w.float()).abs().max() / w.float().abs().max())
+        assert error < TOLERANCE, (name, error)
+    for config in (gluon, fused):
+        errors = compare_block_diffusion_attention(
+            "jit", seq_len=1000, block_size=64, heads=8, kv_heads=2, head_dim=head_dim,
+            config=config,
+        )  # fmt: skip
+        assert max(errors.values()) < TOLERANCE, errors
 
 
 def _tokens(positions, *, noisy, block_size, docs):

@@ -327,7 +327,8 @@ def test_tile_classes_agree_with_the_dense_mask(block_size, tiles):
 
 def test_gluon_dkdv_is_refused_where_it_cannot_run():
     """`dkdv_gluon` (no interpreter runs Gluon; its numbers are checked on the GPU) refuses,
-    before any launch, a host without an sm90 GPU, other tiles and fused dQ, each by name."""
+    before any launch, a host without an sm90 GPU, other tiles, a dQ buffer it cannot add into
+    and other head dims, each by name."""
     from turbo_dllm.kernels.selftest import block_diffusion_tokens
 
     module = _module()
@@ -347,8 +348,8 @@ def test_gluon_dkdv_is_refused_where_it_cannot_run():
         dkdv(config)
     with pytest.raises(ValueError, match="64 x 128 tiles on 8 warps"):
         dkdv(config.with_part("dkdv", m=32))
-    with pytest.raises(ValueError, match="without dkdv_dq"):
-        dkdv(config.with_part("dkdv", dq=1), dq_acc=torch.zeros(q.shape))
+    with pytest.raises(ValueError, match="contiguous float32 dq_acc"):
+        dkdv(config.with_part("dkdv", dq=1), dq_acc=torch.zeros(q.shape).transpose(2, 3))
     with pytest.raises(ValueError, match="head dim 64 or 128"):
         module.backward_dkdv(
             *(torch.zeros(1, 2, 128, 32, dtype=torch.bfloat16),) + (stats[:, :2],) * 2,
