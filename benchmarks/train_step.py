@@ -752,6 +752,7 @@ def context_search(args, argv) -> int:
         if isinstance(args.activation_checkpointing, str):  # a mode's name, not plain True
             common.append(args.activation_checkpointing)
     common += ["--model", args.model] if args.model else []
+    common += ["--turbo-config", args.turbo_config] if args.turbo_config else []
     found: dict[str, dict] = {}
     for attention in attentions:
         start, last, probes = time.perf_counter(), None, []
@@ -892,6 +893,14 @@ def parse_args(argv=None) -> argparse.Namespace:
         "native (the installed bundle's copy of the same source)",
     )
     parser.add_argument(
+        "--turbo-config",
+        default=None,
+        metavar="FIELD=V[,FIELD=V]",
+        help="turbo: these fields of the op's KernelConfig over its shipped default for every "
+        "head dim, in this process (e.g. dkdv_gluon=1,dkdv_stages=3): a kernel variant timed "
+        "in the whole step before it becomes a default",
+    )
+    parser.add_argument(
         "--baselines",
         default="dense",
         help="qwen3 baselines, comma-separated: dense (HF sdpa + dense 2L mask), hf-flex (HF "
@@ -957,6 +966,28 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def apply_turbo_config(spec: str, kernels: str) -> str:
+    """'FIELD=V,...' set over the op's default KernelConfig of every head dim (what the
+    trainer's `turbo` plans use when none is forced) in this process; returns what was set."""
+    from dataclasses import replace
+
+    from turbo_dllm.kernels.triton_ops import triton_module
+
+    changes = {}
+    for item in spec.split(","):
+        field, sep, value = item.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise SystemExit(f"--turbo-config wants FIELD=INT[,...], got {item!r}")
+        changes[field.strip()] = int(value)
+    module = triton_module("block_diffusion_attention", kernels)
+    try:
+        for dim, config in list(module.SM90_CONFIGS.items()):
+            module.SM90_CONFIGS[dim] = replace(config, **changes)
+    except TypeError as error:
+        raise SystemExit(f"--turbo-config {spec!r}: {error}") from None
+    return ", ".join(f"{k}={v}" for k, v in changes.items())
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     gemma = args.family == "diffusion_gemma"
@@ -964,6 +995,8 @@ def main(argv=None) -> int:
     baselines = [] if args.no_baseline else args.baselines.split(",")
     if args.context_search:
         return context_search(args, argv)
+    if args.turbo_config:
+        print(f"turbo: {apply_turbo_config(args.turbo_config, args.kernels)}", file=sys.stderr)
 
     on_gpu = torch.cuda.is_available()
     device = torch.device("cuda", 0) if on_gpu else torch.device("cpu")
@@ -1053,6 +1086,7 @@ def main(argv=None) -> int:
             "block_size": args.block_size,
             "micro_batch": args.micro_batch,
             "inductor": args.inductor,
+            "turbo_config": args.turbo_config,
             "results": results,
             "speedup": speedup,
             "speedups": speedups,

@@ -104,3 +104,23 @@ def test_context_search_stops_at_the_budget(train_step, tmp_path):
     assert train_step.main(argv + ["--search-budget-s", "1"]) == 0
     probes = json.loads(out.read_text())["found"]["flex"]["probes"]
     assert [p["outcome"] for p in probes][1:] == ["not tried (budget)"]
+
+
+def test_turbo_config_sets_the_op_default_for_this_process(train_step, monkeypatch):
+    """--turbo-config FIELD=V,...: a kernel variant over the shipped default of every head dim,
+    read by every `turbo` plan that forces none; bad fields and values stop with the reason."""
+    from turbo_dllm.kernels.triton_ops import triton_module
+
+    module = triton_module("block_diffusion_attention", "jit")
+    shipped = dict(module.SM90_CONFIGS)
+    monkeypatch.setattr(module, "SM90_CONFIGS", dict(shipped))
+    said = train_step.apply_turbo_config("dkdv_gluon=1, dkdv_stages=3", "jit")
+    assert said == "dkdv_gluon=1, dkdv_stages=3"
+    for dim in (64, 128):
+        config = module.default_config(dim)
+        assert (config.dkdv_gluon, config.dkdv_stages) == (1, 3)
+        assert config.fwd_m == shipped[dim].fwd_m  # the rest as shipped
+    with pytest.raises(SystemExit, match="no_such_field"):
+        train_step.apply_turbo_config("no_such_field=1", "jit")
+    with pytest.raises(SystemExit, match="FIELD=INT"):
+        train_step.apply_turbo_config("dkdv_gluon=yes", "jit")
