@@ -69,7 +69,11 @@ def ar(layers: int) -> Path:
 
 
 c13 = Path("/tmp/study13/const1")
-pairs = {1: (dflash(1), ar(1)), 2: (c13 / "dflash-drafter", c13 / "ar-drafter"), 4: (dflash(4), ar(4))}
+pairs = {
+    1: (dflash(1), ar(1)),
+    2: (c13 / "dflash-drafter", c13 / "ar-drafter"),
+    4: (dflash(4), ar(4)),
+}
 drafters = [d for pair in pairs.values() for d in pair]
 names = [f"{kind}-{layers}l" for layers in pairs for kind in ("dflash", "ar")]
 reps = compare(
