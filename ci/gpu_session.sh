@@ -31,7 +31,8 @@
 # dflash2,greedy-ce --drafter-seconds 90 --num-prompts 32": a DFlash2 and a DFlash drafter
 # against one AR drafter within 10 minutes, each architecture's compile warmed first),
 # gluon-dkdv (~1 min: the Gluon dK/dV prototype checked and timed against the tl kernel;
-# GLUON_FLAGS adds its flags). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh
+# GLUON_FLAGS adds its flags), gluon-fwd (the same for the Gluon forward prototype;
+# GLUON_FWD_FLAGS, e.g. "--head-dim 64 --stages 3"). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh
 # machine with deps.
 # CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
 # CSBP's merge op: the jit backend builds the bundle's CUDA sources in place (CP_KERNELS=reference
@@ -117,6 +118,9 @@ for stage in "$@"; do
           | tee "$OUT/attention_sweep.log" | grep --line-buffered -vE "^\s*$|^warm " || status=1 ;;
     gluon-dkdv) # the Gluon dK/dV prototype against the tl kernel: numbers and time (GLUON_FLAGS)
       python3 benchmarks/attention_gluon_dkdv.py ${GLUON_FLAGS:-} 2>&1 | tee "$OUT/gluon_dkdv.log" | tail -8
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
+    gluon-fwd) # the Gluon forward prototype against the tl forward: numbers and time (GLUON_FWD_FLAGS)
+      python3 benchmarks/attention_gluon_fwd.py ${GLUON_FWD_FLAGS:-} 2>&1 | tee -a "$OUT/gluon_fwd.log" | tail -8
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     speculative) python3 benchmarks/speculative.py --out "$OUT/speculative.json" ${SPEC_FLAGS:-} \
           2>&1 | grep -v "Loading weights" | tee "$OUT/speculative.log" | tail -12 || status=1 ;;

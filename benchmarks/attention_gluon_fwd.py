@@ -1,0 +1,341 @@
+"""Prototype: the block-diffusion forward in Gluon, against the op's Triton (`tl`) forward on one
+GPU: the same inputs, out and lse compared, both timed.
+
+    python benchmarks/attention_gluon_fwd.py                        # H200: check and time
+    python benchmarks/attention_gluon_fwd.py --compile-only [--triton-path DIR]   # any host
+
+Not part of the op. The `tl` forward reaches 453-521 useful TFLOP/s on the H200 (471 at 2L 16K,
+block 16: the 500 of issue 16 is met only from 32K). This is the structure of the op's Gluon
+dK/dV kernel (session 16: 1.12x the `tl` one) turned to the forward: one producer warp streams
+the query tile's key tiles (K and V, full tiles first) through a ring of shared-memory stages
+with TMA and mbarriers; two consumer warpgroups (240 registers each, 64 query rows each) keep
+their Q rows in shared memory and the output in registers, compute S = Q K^T, the online
+softmax, and O += P V with P handed to the wgmma in registers (S's accumulator layout is the A
+operand's). The two warpgroups run apart (no barrier in the loop), so one's softmax overlaps the
+other's wgmmas. The tile lists, the block-diffusion predicate on partial tiles, GQA, documents
+and the numbers (log2-scaled scores, lse in natural log, -inf and a zero output for a query that
+sees no key) are the op's: its plan (`by_query_tile`) and launch order (`ORDER`, heaviest tiles
+first) make the inputs. Written in session 16 without a GPU at hand: compiled for sm90 with
+Triton 3.6.0 (the H200's) and 3.9.0; not yet run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _parse(argv):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--compile-only", action="store_true", help="compile for sm90, no GPU")
+    parser.add_argument("--triton-path", type=Path, help="an unpacked Triton wheel to use")
+    parser.add_argument("--seq-len", type=int, default=8192, help="L (the stream is 2L)")
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=16)
+    parser.add_argument("--kv-heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=128, choices=(64, 128))
+    parser.add_argument("--block-size", type=int, default=32)
+    parser.add_argument("--stages", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=20)
+    return parser.parse_args(argv)
+
+
+ARGS = _parse(sys.argv[1:]) if __name__ == "__main__" else None
+if ARGS is not None and ARGS.triton_path:
+    sys.path.insert(0, str(ARGS.triton_path))
+
+from triton.experimental import gluon  # noqa: E402
+from triton.experimental.gluon import language as gl  # noqa: E402
+from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+)
+
+# Triton 3.9 renamed the TMA load (the old name raises there); 3.6, the H200's, has only the old
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+BM, BN, WARPS = 128, 128, 8  # query rows and key rows per tile, consumer warps (2 warpgroups)
+LN2 = 0.6931471805599453
+
+
+@gluon.jit
+def _loads(k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt, key0,
+           BN: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    """The producer warp: the query tile's key tiles, full ones first (the consumers' order);
+    stage `it % STAGES` once both warpgroups released it."""
+    n_tiles = gl.load(COUNT + row * 3) + gl.load(COUNT + row * 3 + 1)
+    idx = IDX + row.to(gl.int64) * Nt
+    for it in range(0, n_tiles):
+        n0 = gl.load(idx + it) * BN
+        s = it % STAGES
+        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+        mbarrier.expect(ready.index(s), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+        _tma_load(k_desc, [key0 + n0, 0], ready.index(s), k_s.index(s))
+        _tma_load(v_desc, [key0 + n0, 0], ready.index(s), v_s.index(s))
+
+
+@gluon.jit
+def _softmax_tile(q_s, k, v, m_i, l_i, acc, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
+                  row_ok, qk_scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+                  WARPS: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
+    """One key tile of the online softmax: (m_i, l_i, acc) updated."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16]
+    )
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
+    )
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+    zero = gl.zeros([BM, BN], gl.float32, mma_s)  # shape and layout only (use_acc=False)
+    s = warpgroup_mma(q_s, k.permute((1, 0)), zero, use_acc=False)
+    if MASKED:  # the predicate from metadata; a row may still see nothing (m_new = -inf)
+        offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, mma_s))
+        col_ok = offs_n < Sk
+        kn = gl.load(KN + offs_n, mask=col_ok, other=0) != 0
+        kb = gl.load(KB + offs_n, mask=col_ok, other=0)
+        kd = gl.load(KD + b * stride_kdb + offs_n, mask=col_ok, other=-2)
+        visible = (
+            (qn[:, None] & kn[None, :] & (qb[:, None] == kb[None, :]))
+            | (qn[:, None] & ~kn[None, :] & (kb[None, :] < qb[:, None]))
+            | (~qn[:, None] & ~kn[None, :] & (kb[None, :] <= qb[:, None]))
+        ) & (qd[:, None] == kd[None, :])
+        visible = visible & col_ok[None, :] & row_ok[:, None]
+        s = gl.where(visible, s, float("-inf"))
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
+    else:  # every pair allowed: m_new is finite
+        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
+        m_safe = m_new
+    p = gl.exp2(s * qk_scale - m_safe[:, None])
+    alpha = gl.exp2(m_i - m_safe)
+    l_i = l_i * alpha + gl.sum(p, 1)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+    p_op = gl.convert_layout(p.to(v.dtype), a_op)
+    acc = warpgroup_mma(p_op, v, acc)
+    return m_new, l_i, acc
+
+
+@gluon.jit
+def _math(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready, empty, IDX, COUNT,
+          row, Nt, b, bh, m0, Sq, Sk, stride_qdb, stride_kdb, qk_scale, BM: gl.constexpr,
+          BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+          WARPS: gl.constexpr):  # fmt: skip
+    """The consumer warpgroups: the query tile over its key tiles, then out and lse stored."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16]
+    )
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
+    )
+    offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
+    row_ok = offs_m < Sq
+    qn = gl.load(QN + offs_m, mask=row_ok, other=0) != 0
+    qb = gl.load(QB + offs_m, mask=row_ok, other=-1)
+    qd = gl.load(QD + b * stride_qdb + offs_m, mask=row_ok, other=-1)
+    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma_s))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma_s))
+    acc = gl.zeros([BM, D], gl.float32, mma_o)
+    n_full = gl.load(COUNT + row * 3)
+    n_partial = gl.load(COUNT + row * 3 + 1)
+    idx = IDX + row.to(gl.int64) * Nt
+    mbarrier.wait(q_bar, 0)
+    for it in range(0, n_full):
+        s = it % STAGES
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        m_i, l_i, acc = _softmax_tile(
+            q_s, k_s.index(s), v_s.index(s), m_i, l_i, acc, KN, KB, KD, gl.load(idx + it) * BN,
+            b, Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale, BM, BN, D, WARPS, False,
+        )  # fmt: skip
+        mbarrier.arrive(empty.index(s), count=1)
+    for it in range(n_full, n_full + n_partial):
+        s = it % STAGES
+        mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+        m_i, l_i, acc = _softmax_tile(
+            q_s, k_s.index(s), v_s.index(s), m_i, l_i, acc, KN, KB, KD, gl.load(idx + it) * BN,
+            b, Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale, BM, BN, D, WARPS, True,
+        )  # fmt: skip
+        mbarrier.arrive(empty.index(s), count=1)
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    stat = bh.to(gl.int64) * Sq
+    gl.store(LSE + stat + offs_m, lse, mask=row_ok)
+    out = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, mma_o))[:, None]
+    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_o))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, mma_o))
+    at = (stat + rows)[:, None] * D + cols[None, :]
+    gl.store(OUT + at, out.to(OUT.dtype.element_ty), mask=(rows < Sq)[:, None])
+
+
+@gluon.jit(do_not_specialize=["H", "GROUP", "HK", "Sq", "Sk", "Mt", "Nt", "PER_BATCH"])
+def gluon_fwd_kernel(Q, K, V, OUT, LSE, QN, QB, QD, KN, KB, KD, ORDER, IDX, COUNT, qk_scale,
+                     H, GROUP, HK, Sq, Sk, Mt, Nt, PER_BATCH, ROWS_Q, ROWS_K, stride_qdb,
+                     stride_kdb, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+                     STAGES: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """One query tile of one head (grid: query tiles x batch * heads, the op's order: heaviest
+    tiles first). Q, K, V, OUT contiguous (B, heads, S, D), read as (B * heads * S, D) through
+    TMA descriptors; LSE (B, H, Sq)."""
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    hk = h // GROUP
+    lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
+    m_tile = gl.load(ORDER + lb * Mt + gl.program_id(0))
+    row = lb * Mt + m_tile  # the query tile's row of the op's tile lists
+    m0 = m_tile * BM
+    smem: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
+    q_desc = tma.make_tensor_descriptor(Q, [ROWS_Q, D], [D, 1], [BM, D], smem)
+    k_desc = tma.make_tensor_descriptor(K, [ROWS_K, D], [D, 1], [BN, D], smem)
+    v_desc = tma.make_tensor_descriptor(V, [ROWS_K, D], [D, 1], [BN, D], smem)
+    q_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BM, D], smem)
+    k_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BN, D], smem)
+    v_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BN, D], smem)
+    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(q_bar, count=1)
+    for s in gl.static_range(STAGES):
+        mbarrier.init(ready.index(s), count=1)
+        mbarrier.init(empty.index(s), count=1)
+    fence_async_shared()
+    # the query tile, once (rows past the tensor's end arrive as zeros; rows of the next head
+    # past Sq are masked out of the scores and the stores)
+    mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+    _tma_load(q_desc, [bh * Sq + m0, 0], q_bar, q_s)
+    key0 = (b * HK + hk) * Sk  # this KV head's first row in the (B*HK*Sk, D) view
+    gl.warp_specialize(
+        [(_math, (OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready, empty, IDX,
+                  COUNT, row, Nt, b, bh, m0, Sq, Sk, stride_qdb, stride_kdb, qk_scale, BM, BN, D,
+                  STAGES, WARPS)),
+         (_loads, (k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt, key0, BN,
+                   STAGES))],
+        [1],
+        [24],
+    )  # fmt: skip
+
+
+def gluon_forward(module, q, k, v, schedule, scale, stages=2):
+    """(out, lse) like the op's (`module`) `forward`, from the Gluon kernel."""
+    import torch
+    import triton
+
+    batch, heads, sq, dim = q.shape
+    kv_heads, sk = k.shape[1], k.shape[2]
+    assert dim in (64, 128) and all(t.is_contiguous() for t in (q, k, v))
+    qn, qb, qd = schedule.q_meta
+    kn, kb, kd = schedule.k_meta
+    lists = schedule.by_query_tile(BM, BN)
+    rows, mt, nt = lists.index.shape
+    out = torch.empty_like(q)
+    lse = torch.empty((batch, heads, sq), device=q.device, dtype=torch.float32)
+    # device-side TMA descriptors are written to a scratch buffer Triton asks for
+    triton.set_allocator(
+        lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda")
+    )
+    gluon_fwd_kernel[(mt, batch * heads)](
+        q, k, v, out, lse, qn, qb, qd, kn, kb, kd, lists.order, lists.index, lists.count,
+        scale * 1.4426950408889634, heads, heads // kv_heads, kv_heads, sq, sk, mt, nt,
+        int(rows > 1), batch * heads * sq, batch * kv_heads * sk,
+        *module._doc_strides(schedule),
+        BM=BM, BN=BN, D=dim, STAGES=stages, WARPS=WARPS, num_warps=WARPS,
+    )  # fmt: skip
+    return out, lse
+
+
+def compile_only(stages: int, dim: int) -> None:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    names = gluon_fwd_kernel.arg_names
+    sig = {n: "*bf16" for n in ("Q", "K", "V", "OUT")}
+    sig |= {"LSE": "*fp32", "QN": "*i8", "KN": "*i8", "qk_scale": "fp32"}
+    sig |= {n: "*i32" for n in ("QB", "QD", "KB", "KD", "ORDER", "IDX", "COUNT")}
+    sig |= {n: "constexpr" for n in ("BM", "BN", "D", "STAGES", "WARPS")}
+    sig |= {n: "i32" for n in names if n not in sig}
+    constants = dict(BM=BM, BN=BN, D=dim, STAGES=stages, WARPS=WARPS)
+    source = GluonASTSource(gluon_fwd_kernel, {n: sig[n] for n in names}, constants)
+    compiled = triton.compile(
+        source, target=GPUTarget("cuda", 90, 32), options={"num_warps": WARPS}
+    )
+    sys.path.insert(0, str(ROOT / "ci"))
+    from triton_sm90_compile import register_use
+
+    print(f"triton {triton.__version__}: gluon_fwd_kernel D={dim} {stages} stages compiled for "
+          f"sm90, shared memory {compiled.metadata.shared} bytes;"
+          + register_use(compiled.asm["cubin"]))  # fmt: skip
+
+
+def main(args) -> int:
+    if args.compile_only:
+        compile_only(args.stages, args.head_dim)
+        return 0
+    import torch
+
+    sys.path.insert(0, str(ROOT))
+    from turbo_dllm.kernels.selftest import block_diffusion_tokens
+    from turbo_dllm.kernels.triton_ops import triton_module
+
+    dim = args.head_dim
+    module = triton_module("block_diffusion_attention", "jit")
+    config = module.default_config(dim)
+    gen = torch.Generator().manual_seed(0)
+    s = 2 * args.seq_len
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=gen).to(device="cuda", dtype=torch.bfloat16)
+
+    def timed(fn) -> float:
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        times = []
+        for _ in range(args.repeats):
+            start.record()
+            fn()
+            stop.record()
+            torch.cuda.synchronize()
+            times.append(start.elapsed_time(stop))
+        return statistics.median(times)
+
+    # Correctness first on a small case with two documents and a stream no tile divides, then
+    # the timed shape (one document per row, as the benchmark's).
+    for seq_len, batch, doc_cut, timed_case in ((1000, 2, 333, False),
+                                                (args.seq_len, args.batch, None, True)):  # fmt: skip
+        meta = [t.cuda() for t in block_diffusion_tokens(seq_len, args.block_size, batch, doc_cut)]
+        schedule = module.make_schedule(*meta, *meta)
+        q = randn(batch, args.heads, 2 * seq_len, dim)
+        k = randn(batch, args.kv_heads, 2 * seq_len, dim)
+        v = randn(batch, args.kv_heads, 2 * seq_len, dim)
+        scale = dim**-0.5
+        want_out, want_lse = module.forward(q, k, v, schedule, scale, config)
+        got_out, got_lse = gluon_forward(module, q, k, v, schedule, scale, args.stages)
+        torch.cuda.synchronize()
+        out_error = float(
+            (got_out.float() - want_out.float()).abs().max() / want_out.float().abs().max()
+        )
+        same_inf = bool(torch.equal(got_lse.isinf(), want_lse.isinf()))
+        finite = ~want_lse.isinf()
+        lse_error = float((got_lse[finite] - want_lse[finite]).abs().max())
+        print(f"2L={2 * seq_len} B={batch} docs={doc_cut is not None}: out max |gluon - tl| / "
+              f"max |tl| = {out_error:.3g}, lse max abs {lse_error:.3g}, same -inf rows "
+              f"{same_inf}")  # fmt: skip
+        if not (out_error < 3e-2 and lse_error < 1e-2 and same_inf):
+            print("MISMATCH: the Gluon forward differs from the tl forward")
+            return 1
+        if timed_case:
+            inputs = (q, k, v, schedule, scale)
+            tl_ms = timed(lambda x=inputs: module.forward(*x, config))
+            gl_ms = timed(lambda x=inputs: gluon_forward(module, *x, args.stages))
+            print(f"2L={s} B={args.batch} H={args.heads}/{args.kv_heads} D={dim} block "
+                  f"{args.block_size}: forward tl {tl_ms:.3f} ms, gluon {gl_ms:.3f} ms "
+                  f"({tl_ms / gl_ms:.2f}x)")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(ARGS))
