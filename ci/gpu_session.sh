@@ -30,8 +30,8 @@
 # SPEC_FLAGS adds benchmarks/speculative.py flags, e.g. "--dflash-variants
 # dflash2,greedy-ce --drafter-seconds 90 --num-prompts 32": a DFlash2 and a DFlash drafter
 # against one AR drafter within 10 minutes, each architecture's compile warmed first),
-# gluon-dkdv (~1 min: the Gluon dK/dV prototype checked and timed against the tl kernel;
-# GLUON_FLAGS adds its flags), gluon-fwd (the same for the Gluon forward prototype;
+# gluon-dkdv (~1 min: the op's Gluon dK/dV, alone and with dQ fused, checked and timed against
+# its tl kernels; GLUON_FLAGS adds flags, e.g. "--head-dim 64 --stages 2"), gluon-fwd (the same for the Gluon forward prototype;
 # GLUON_FWD_FLAGS, e.g. "--head-dim 64 --stages 3"). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh
 # machine with deps.
 # CP_FLAGS adds context_parallel.py flags to the cp/search/snap stages (e.g. "--mlp-chunks 4").
@@ -116,8 +116,8 @@ for stage in "$@"; do
       python3 benchmarks/attention.py --sweep --kernels turbo,flex ${ATTN_FLAGS:-} \
           --out "$OUT/attention_sweep.json" --write-configs "$OUT/sm90_configs.json" 2>&1 \
           | tee "$OUT/attention_sweep.log" | grep --line-buffered -vE "^\s*$|^warm " || status=1 ;;
-    gluon-dkdv) # the Gluon dK/dV prototype against the tl kernel: numbers and time (GLUON_FLAGS)
-      python3 benchmarks/attention_gluon_dkdv.py ${GLUON_FLAGS:-} 2>&1 | tee "$OUT/gluon_dkdv.log" | tail -8
+    gluon-dkdv) # the op's Gluon dK/dV paths against its tl kernels: numbers and time (GLUON_FLAGS)
+      python3 benchmarks/attention_gluon_dkdv.py ${GLUON_FLAGS:-} 2>&1 | tee -a "$OUT/gluon_dkdv.log" | tail -14
       [ "${PIPESTATUS[0]}" -eq 0 ] || status=1 ;;
     gluon-fwd) # the Gluon forward prototype against the tl forward: numbers and time (GLUON_FWD_FLAGS)
       python3 benchmarks/attention_gluon_fwd.py ${GLUON_FWD_FLAGS:-} 2>&1 | tee -a "$OUT/gluon_fwd.log" | tail -8
