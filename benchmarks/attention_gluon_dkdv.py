@@ -11,6 +11,7 @@ shape of docs/benchmarks.md's kernel runs (H 16 / Hkv 8, one document per row):
   tile pair: the dQ kernel computes S and dP again);
 - `gluon`: `KernelConfig.dkdv_gluon` (a TMA producer warp, two consumer warpgroups with P^T and
   dS^T handed to their wgmmas in registers), then the `tl` dQ kernel;
+- `gluon both`: the Gluon dK/dV kernel, then the Gluon dQ kernel (`KernelConfig.dq_gluon`);
 - `gluon + dq`: the same kernel with `dkdv_dq` (dQ = dS K added into an fp32 buffer with atomics,
   five matmuls per tile pair; the buffer's zeroing and the final scale are timed with it).
 
@@ -90,6 +91,12 @@ def main(args) -> int:
         dk, dv = module.backward_dkdv(*inputs, gluon)
         return dk, dv, module.backward_dq(*inputs, tl_config)
 
+    backward = module.flag_configs(dim)["gluon backward"].with_part("dkdv", stages=args.stages)
+
+    def gluon_both_path():
+        dk, dv = module.backward_dkdv(*inputs, backward)
+        return dk, dv, module.backward_dq(*inputs, backward)
+
     def fused_path():
         dq_acc = torch.zeros(q.shape, device=q.device, dtype=torch.float32)
         dk, dv = module.backward_dkdv(*inputs, fused, dq_acc)
@@ -108,7 +115,8 @@ def main(args) -> int:
 
     reference = tl_path()
     worst = 0.0
-    for label, path in (("gluon", gluon_path), ("gluon + dq", fused_path)):
+    paths = (("gluon", gluon_path), ("gluon both", gluon_both_path), ("gluon + dq", fused_path))
+    for label, path in paths:
         for name, want, got in zip(("dk", "dv", "dq"), reference, path(), strict=True):
             error = float((got.float() - want.float()).abs().max() / want.float().abs().max())
             worst = max(worst, error)
@@ -121,6 +129,7 @@ def main(args) -> int:
         "gluon dK/dV": timed(lambda: module.backward_dkdv(*inputs, gluon)),
         "tl dK/dV + dQ": timed(tl_path),
         "gluon dK/dV + tl dQ": timed(gluon_path),
+        "gluon dK/dV + gluon dQ": timed(gluon_both_path),
         "gluon dK/dV/dQ fused": timed(fused_path),
     }
     print(f"2L={s} B={args.batch} H={args.heads}/{args.kv_heads} D={dim} block "

@@ -83,6 +83,8 @@ def compile_variant(module, kernel: str, config, dim: int):
     part = config.part(kernel)
     if kernel == "dkdv" and part["gluon"]:
         return compile_gluon_dkdv(module, part["stages"], dim, part["dq"])
+    if kernel == "dq" and part["gluon"]:
+        return compile_gluon_dq(module, part["stages"], dim)
     fn = {"fwd": module._fwd_kernel, "dkdv": module._bwd_dkdv_kernel, "dq": module._bwd_dq_kernel}
     fn = fn[kernel]
     launch = module._launch(kernel, config, 1, 1, part["tma"])
@@ -104,6 +106,20 @@ def compile_gluon_dkdv(module, stages: int, dim: int, dq: int = 0):
     fn = module._gluon_dkdv_kernel
     block_m, block_n, warps = module.GLUON_DKDV_TILE
     constexprs = dict(BN=block_n, BM=block_m, D=dim, STAGES=stages, WARPS=warps, DQ=bool(dq))
+    sig, attrs = _signature(fn, 0, block_m, dim, constexprs)
+    source = GluonASTSource(fn, sig, constexprs, attrs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+
+
+def compile_gluon_dq(module, stages: int, dim: int):
+    """The Gluon dQ kernel (config.dq_gluon) as `_gluon_backward_dq` launches it."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    fn = module._gluon_dq_kernel
+    block_m, block_n, warps = module.GLUON_DQ_TILE
+    constexprs = dict(BM=block_m, BN=block_n, D=dim, STAGES=stages, WARPS=warps)
     sig, attrs = _signature(fn, 0, block_m, dim, constexprs)
     source = GluonASTSource(fn, sig, constexprs, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})

@@ -68,6 +68,10 @@ class KernelConfig:
       sm90 only, 64 x 128 tiles on 8 warps, dkdv_stages deep; the other dkdv fields but `m`,
       `n`, `warps`, `stages` and `dq` do not apply to it (with `dq`, its tile pairs' dS K are
       added with fp32 atomics, dS^T passed through shared memory).
+    dq_gluon: 1: dQ by the Gluon dQ kernel (`_gluon_dq_kernel`: the same structure, K and V
+      tiles streamed, dS handed to dQ's wgmma in registers) in place of the `tl` one; sm90 only,
+      128 x 64 tiles on 8 warps, dq_stages deep; of the other dq fields only `m`, `n`, `warps`
+      and `stages` apply.
 
     Every field is an int (flags 0/1) so the torch op passes the config as a list of ints.
     """
@@ -101,6 +105,7 @@ class KernelConfig:
     dq_runs: int = 0
     dq_tma: int = 0
     dq_order: int = 0
+    dq_gluon: int = 0
 
     def part(self, kernel: str) -> dict[str, int]:
         """One kernel's fields without its prefix: {'m': ..., 'n': ..., 'warps': ...}."""
@@ -228,8 +233,9 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
         entries += LOOP_VARIANTS  # on the default tiles
         if head_dim <= 64 and kernel == "fwd":  # D = 64 has room for wider key tiles
             entries.append(("runs 128x128 w4 s4", dict(m=128, n=128, warps=4, stages=4, runs=1)))
-        if kernel == "dkdv":  # the Gluon kernel (its own loops and loads: only the ring's depth)
-            gluon = dict(m=64, n=128, warps=8, gluon=1)
+        if kernel in ("dkdv", "dq"):  # the Gluon kernels (their own loops: only the ring depth)
+            tile = GLUON_DKDV_TILE if kernel == "dkdv" else GLUON_DQ_TILE
+            gluon = dict(m=tile[0], n=tile[1], warps=tile[2], gluon=1)
             entries += [(f"gluon s{stages}", gluon | {"stages": stages}) for stages in (2, 3, 4)]
         variants[kernel] = [(name, base.with_part(kernel, **change)) for name, change in entries]
     return variants
@@ -250,6 +256,9 @@ def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
         "dq fused": base.with_part("dkdv", dq=1),
         "gluon dkdv": base.with_part("dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3),
         "gluon dkdv dq fused": base.with_part("dkdv", m=64, n=128, warps=8, gluon=1, dq=1),
+        "gluon backward": base.with_part(
+            "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3
+        ).with_part("dq", m=128, n=64, warps=8, gluon=1, stages=3),
         "dq fused runs s3": everywhere(base, runs=1, pipe=1, stages=3, n=64).with_part(
             "dkdv", m=64, n=128, dq=1
         ),
@@ -992,6 +1001,8 @@ except ImportError:  # a Triton without Gluon: dkdv_gluon is refused at launch
 # (query rows, key rows, consumer warps) of the Gluon dK/dV tile: each consumer warpgroup's
 # wgmmas take 64 key rows
 GLUON_DKDV_TILE = (64, 128, 8)
+# (query rows, key rows, consumer warps) of the Gluon dQ tile: each warpgroup's 64 query rows
+GLUON_DQ_TILE = (128, 64, 8)
 
 if HAS_GLUON:
 
@@ -1210,6 +1221,161 @@ if HAS_GLUON:
             [24],
         )  # fmt: skip
 
+    @gluon.jit
+    def _gluon_dq_loads(k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt, key0,
+                        BN: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+        """The producer warp: the query tile's key tiles, full ones first (the consumers'
+        order); stage `it % STAGES` once the consumers released it."""
+        n_tiles = gl.load(COUNT + row * 3) + gl.load(COUNT + row * 3 + 1)
+        idx = IDX + row.to(gl.int64) * Nt
+        for it in range(0, n_tiles):
+            n0 = gl.load(idx + it) * BN
+            s = it % STAGES
+            mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
+            mbarrier.expect(ready.index(s), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+            _tma_load(k_desc, [key0 + n0, 0], ready.index(s), k_s.index(s))
+            _tma_load(v_desc, [key0 + n0, 0], ready.index(s), v_s.index(s))
+
+    @gluon.jit
+    def _gluon_dq_tile(q_s, do_s, k, v, dq, lse2, delta, KN, KB, KD, n0, b, Sk, stride_kdb,
+                       qn, qb, qd, row_ok, qk_scale, BM: gl.constexpr, BN: gl.constexpr,
+                       D: gl.constexpr, WARPS: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
+        """One (query tile, key tile) pair: the consumers' dQ rows, updated. dP is issued right
+        behind S (computed while the warps exponentiate S); dS goes to dQ's wgmma in registers."""
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16]
+        )
+        mma_d: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
+        )
+        a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_d, k_width=2)
+        zero = gl.zeros([BM, BN], gl.float32, mma_s)  # shape and layout only (use_acc=False)
+        s_ = warpgroup_mma(q_s, k.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do_s, v.permute((1, 0)), zero, use_acc=False, is_async=True)
+        s_ = warpgroup_mma_wait(1, deps=[s_])  # groups complete in issue order: S, not dP
+        p = gl.exp2(s_ * qk_scale - lse2[:, None])  # lse2 = +inf for a row that sees nothing
+        if MASKED:
+            offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, mma_s))
+            col_ok = offs_n < Sk
+            kn = gl.load(KN + offs_n, mask=col_ok, other=0) != 0
+            kb = gl.load(KB + offs_n, mask=col_ok, other=0)
+            kd = gl.load(KD + b * stride_kdb + offs_n, mask=col_ok, other=-2)
+            visible = (
+                (qn[:, None] & kn[None, :] & (qb[:, None] == kb[None, :]))
+                | (qn[:, None] & ~kn[None, :] & (kb[None, :] < qb[:, None]))
+                | (~qn[:, None] & ~kn[None, :] & (kb[None, :] <= qb[:, None]))
+            ) & (qd[:, None] == kd[None, :])
+            visible = visible & col_ok[None, :] & row_ok[:, None]
+            p = gl.where(visible, p, 0.0)
+        dp = warpgroup_mma_wait(0, deps=[dp])
+        ds_op = gl.convert_layout((p * (dp - delta[:, None])).to(k.dtype), a_op)
+        dq = warpgroup_mma(ds_op, k, dq, is_async=True)
+        dq, ds_op = warpgroup_mma_wait(0, deps=[dq, ds_op])
+        return dq
+
+    @gluon.jit
+    def _gluon_dq_math(DQ, LSE2, DELTA, QN, QB, QD, KN, KB, KD, q_s, do_s, k_s, v_s, q_bar,
+                       ready, empty, IDX, COUNT, row, Nt, b, h, bh, m0, Sq, Sk, stride_qdb,
+                       stride_kdb, stride_dqb, stride_dqh, stride_dqs, qk_scale, sm_scale,
+                       BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+                       STAGES: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+        """The consumer warpgroups: dQ of the query tile over its key tiles, then stored."""
+        mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16]
+        )
+        mma_d: gl.constexpr = gl.NVMMADistributedLayout(
+            version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
+        )
+        offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
+        row_ok = offs_m < Sq
+        stat = bh.to(gl.int64) * Sq
+        lse2 = gl.load(LSE2 + stat + offs_m, mask=row_ok, other=float("inf"))
+        delta = gl.load(DELTA + stat + offs_m, mask=row_ok, other=0.0)
+        qn = gl.load(QN + offs_m, mask=row_ok, other=0) != 0
+        qb = gl.load(QB + offs_m, mask=row_ok, other=-1)
+        qd = gl.load(QD + b * stride_qdb + offs_m, mask=row_ok, other=-1)
+        dq = gl.zeros([BM, D], gl.float32, mma_d)
+        n_full = gl.load(COUNT + row * 3)
+        n_partial = gl.load(COUNT + row * 3 + 1)
+        idx = IDX + row.to(gl.int64) * Nt
+        mbarrier.wait(q_bar, 0)
+        for it in range(0, n_full):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            dq = _gluon_dq_tile(
+                q_s, do_s, k_s.index(s), v_s.index(s), dq, lse2, delta, KN, KB, KD,
+                gl.load(idx + it) * BN, b, Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale,
+                BM, BN, D, WARPS, False,
+            )  # fmt: skip
+            mbarrier.arrive(empty.index(s), count=1)
+        for it in range(n_full, n_full + n_partial):
+            s = it % STAGES
+            mbarrier.wait(ready.index(s), (it // STAGES) & 1)
+            dq = _gluon_dq_tile(
+                q_s, do_s, k_s.index(s), v_s.index(s), dq, lse2, delta, KN, KB, KD,
+                gl.load(idx + it) * BN, b, Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale,
+                BM, BN, D, WARPS, True,
+            )  # fmt: skip
+            mbarrier.arrive(empty.index(s), count=1)
+        rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_d))
+        cols = gl.arange(0, D, layout=gl.SliceLayout(0, mma_d))
+        base = b.to(gl.int64) * stride_dqb + h.to(gl.int64) * stride_dqh
+        at = base + rows.to(gl.int64)[:, None] * stride_dqs + cols[None, :]
+        gl.store(DQ + at, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows < Sq)[:, None])
+
+    @gluon.jit(do_not_specialize=["H", "GROUP", "HK", "Sq", "Sk", "Mt", "Nt", "PER_BATCH"])
+    def _gluon_dq_kernel(Q, K, V, DO, DQ, LSE2, DELTA, QN, QB, QD, KN, KB, KD, ORDER, IDX, COUNT,
+                         qk_scale, sm_scale, H, GROUP, HK, Sq, Sk, Mt, Nt, PER_BATCH, ROWS_Q,
+                         ROWS_K, stride_qdb, stride_kdb, stride_dqb, stride_dqh, stride_dqs,
+                         BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
+                         STAGES: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+        """One query tile of one head (grid: query tiles x batch * heads, the op's order:
+        heaviest tiles first). Q, K, V, dO contiguous (B, heads, S, D), read as
+        (B * heads * S, D) through TMA descriptors; dQ stored with its own strides."""
+        bh = gl.program_id(1)
+        b = bh // H
+        h = bh % H
+        hk = h // GROUP
+        lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
+        m_tile = gl.load(ORDER + lb * Mt + gl.program_id(0))
+        row = lb * Mt + m_tile  # the query tile's row of the op's tile lists
+        m0 = m_tile * BM
+        smem: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16, rank=2
+        )
+        q_desc = tma.make_tensor_descriptor(Q, [ROWS_Q, D], [D, 1], [BM, D], smem)
+        do_desc = tma.make_tensor_descriptor(DO, [ROWS_Q, D], [D, 1], [BM, D], smem)
+        k_desc = tma.make_tensor_descriptor(K, [ROWS_K, D], [D, 1], [BN, D], smem)
+        v_desc = tma.make_tensor_descriptor(V, [ROWS_K, D], [D, 1], [BN, D], smem)
+        q_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BM, D], smem)
+        do_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BM, D], smem)
+        k_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BN, D], smem)
+        v_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BN, D], smem)
+        q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_bar, count=1)
+        for s in gl.static_range(STAGES):
+            mbarrier.init(ready.index(s), count=1)
+            mbarrier.init(empty.index(s), count=1)
+        fence_async_shared()
+        # Q and dO of the query tile, once (rows past the tensor's end arrive as zeros; rows of
+        # the next head past Sq are masked out of P and the store)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+        _tma_load(q_desc, [bh * Sq + m0, 0], q_bar, q_s)
+        _tma_load(do_desc, [bh * Sq + m0, 0], q_bar, do_s)
+        key0 = (b * HK + hk) * Sk  # this KV head's first row in the (B*HK*Sk, D) view
+        gl.warp_specialize(
+            [(_gluon_dq_math, (DQ, LSE2, DELTA, QN, QB, QD, KN, KB, KD, q_s, do_s, k_s, v_s,
+                               q_bar, ready, empty, IDX, COUNT, row, Nt, b, h, bh, m0, Sq, Sk,
+                               stride_qdb, stride_kdb, stride_dqb, stride_dqh, stride_dqs,
+                               qk_scale, sm_scale, BM, BN, D, STAGES, WARPS)),
+             (_gluon_dq_loads, (k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt,
+                                key0, BN, STAGES))],
+            [1],
+            [24],
+        )  # fmt: skip
+
 
 # --- launchers -----------------------------------------------------------------------------
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, schedule: Schedule) -> None:
@@ -1379,6 +1545,24 @@ def backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: flo
     return dk, dv
 
 
+def _check_gluon(kernel: str, part: dict[str, int], tile: tuple[int, int, int], q) -> None:
+    """Refuse, by name and before any launch, what `<kernel>_gluon` cannot run."""
+    name = f"{kernel}_gluon"
+    if not HAS_GLUON:
+        raise ValueError(
+            f"{name} needs Triton's Gluon (3.6 or later); this is {triton.__version__}"
+        )
+    if (part["m"], part["n"], part["warps"]) != tile:
+        raise ValueError(
+            f"{name} runs {tile[0]} x {tile[1]} tiles on {tile[2]} warps, the config asks "
+            f"m={part['m']} n={part['n']} warps={part['warps']}"
+        )
+    if q.shape[-1] not in (64, 128):
+        raise ValueError(f"{name} takes head dim 64 or 128, not {q.shape[-1]}")
+    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
+        raise ValueError(f"{name} runs on sm90 GPUs (Hopper), not on {q.device}")
+
+
 def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
                          config: KernelConfig, dq_acc: torch.Tensor | None):  # fmt: skip
     """`backward_dkdv` by the Gluon kernel (config.dkdv_gluon)."""
@@ -1386,21 +1570,9 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
     kv_heads, sk = k.shape[1], k.shape[2]
     block_m, block_n, warps = GLUON_DKDV_TILE
     part = config.part("dkdv")
-    if not HAS_GLUON:
-        raise ValueError(
-            f"dkdv_gluon needs Triton's Gluon (3.6 or later); this is {triton.__version__}"
-        )
-    if (part["m"], part["n"], part["warps"]) != GLUON_DKDV_TILE:
-        raise ValueError(
-            f"dkdv_gluon runs {block_m} x {block_n} tiles on {warps} warps, the config asks "
-            f"m={part['m']} n={part['n']} warps={part['warps']}"
-        )
     if dq_acc is not None and (not dq_acc.is_contiguous() or dq_acc.dtype != torch.float32):
         raise ValueError("dkdv_gluon with dkdv_dq adds into a contiguous float32 dq_acc")
-    if dim not in (64, 128):
-        raise ValueError(f"dkdv_gluon takes head dim 64 or 128, not {dim}")
-    if q.device.type != "cuda" or torch.cuda.get_device_capability(q.device)[0] != 9:
-        raise ValueError(f"dkdv_gluon runs on sm90 GPUs (Hopper), not on {q.device}")
+    _check_gluon("dkdv", part, GLUON_DKDV_TILE, q)
     # TMA reads each tensor as rows of (B * heads * S, D): contiguous copies where needed
     q, k, v, grad_out = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, grad_out))
     qn, qb, qd = schedule.q_meta
@@ -1421,9 +1593,38 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
     return dk, dv
 
 
+def _gluon_backward_dq(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
+                       config: KernelConfig):  # fmt: skip
+    """`backward_dq` by the Gluon kernel (config.dq_gluon): dq like q."""
+    batch, heads, sq, dim = q.shape
+    kv_heads, sk = k.shape[1], k.shape[2]
+    block_m, block_n, warps = GLUON_DQ_TILE
+    part = config.part("dq")
+    _check_gluon("dq", part, GLUON_DQ_TILE, q)
+    dq = torch.empty_like(q)  # q's strides, as the op's fake backward promises
+    # TMA reads each tensor as rows of (B * heads * S, D): contiguous copies where needed
+    q, k, v, grad_out = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, grad_out))
+    qn, qb, qd = schedule.q_meta
+    kn, kb, kd = schedule.k_meta
+    rows = schedule.by_query_tile(block_m, block_n)
+    lists_rows, mt, nt = rows.index.shape
+    triton.set_allocator(_scratch)  # the kernel's device-side TMA descriptors live there
+    _gluon_dq_kernel[(mt, batch * heads)](
+        q, k, v, grad_out, dq, lse2, delta, qn, qb, qd, kn, kb, kd,
+        rows.order, rows.index, rows.count, scale * LOG2E, scale,
+        heads, heads // kv_heads, kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
+        batch * heads * sq, batch * kv_heads * sk, *_doc_strides(schedule),
+        dq.stride(0), dq.stride(1), dq.stride(2),
+        BM=block_m, BN=block_n, D=dim, STAGES=part["stages"], WARPS=warps, num_warps=warps,
+    )  # fmt: skip
+    return dq
+
+
 def backward_dq(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
                 config: KernelConfig):  # fmt: skip
     """dq like q: one program per (head, query tile) over its key tiles."""
+    if config.dq_gluon:
+        return _gluon_backward_dq(grad_out, delta, lse2, q, k, v, schedule, scale, config)
     batch, heads, sq, dim = q.shape
     kv_heads, sk = k.shape[1], k.shape[2]
     qn, qb, qd = schedule.q_meta

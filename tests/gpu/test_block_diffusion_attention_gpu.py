@@ -58,8 +58,9 @@ def test_every_loop_and_load_variant_matches_reference(head_dim):
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gluon_dkdv_equals_the_tl_kernel(head_dim):
-    """The Gluon dK/dV kernel (config.dkdv_gluon) against the `tl` one on the same inputs, as
+def test_gluon_kernels_equal_the_tl_kernels(head_dim):
+    """The Gluon dK/dV and dQ kernels (config.dkdv_gluon, dq_gluon) against the `tl` ones on the
+    same inputs, as
     the trainer hands them: q, k, v and dO strided views of (B, S, H, D), GQA groups of 4, two
     documents in one row, a stream (2L = 2000) that no tile size divides; with dQ fused into it,
     against the `tl` dQ kernel; then through the whole op (the reference's gradients). In the
@@ -96,7 +97,13 @@ def test_gluon_dkdv_equals_the_tl_kernel(head_dim):
     for name, w, g in zip(("dk", "dv", "dq"), (*want, want_dq), (*got, got_dq), strict=True):
         error = float((g.float() - w.float()).abs().max() / w.float().abs().max())
         assert error < TOLERANCE, (name, error)
-    for config in (gluon, fused):
+    # the Gluon dQ kernel against the `tl` one (dQ stored with q's strides: a view here)
+    backward = module.flag_configs(head_dim)["gluon backward"]
+    got_dq = module.backward_dq(grad_out, delta, lse2, q, k, v, schedule, scale, backward)
+    assert got_dq.stride() == q.stride()
+    error = float((got_dq.float() - want_dq.float()).abs().max() / want_dq.float().abs().max())
+    assert error < TOLERANCE / 10, ("gluon dq", error)
+    for config in (gluon, fused, backward):
         errors = compare_block_diffusion_attention(
             "jit", seq_len=1000, block_size=64, heads=8, kv_heads=2, head_dim=head_dim,
             config=config,

@@ -46,16 +46,16 @@ def test_a_config_over_sm90_shared_memory_fails():
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
-def test_gluon_dkdv_compiles_for_sm90(head_dim):
-    """The Gluon dK/dV kernel (config.dkdv_gluon; Gluon has no interpreter, so this compile is
-    what the CPU suite can check of it) at every ring depth the sweep times and with dQ fused,
-    under this host's Triton (the GPU host runs 3.6, this one may run a later one: the kernel
-    must build in both)."""
+def test_gluon_kernels_compile_for_sm90(head_dim):
+    """The Gluon dK/dV and dQ kernels (config.dkdv_gluon, dq_gluon; Gluon has no interpreter, so
+    this compile is what the CPU suite can check of them) at every ring depth the sweep times,
+    dK/dV also with dQ fused, under this host's Triton (the GPU host runs 3.6, this one may run a
+    later one: the kernels must build in both)."""
     done = _compile("--head-dim", str(head_dim), "--only", "gluon")
     assert done.returncode == 0, done.stdout + done.stderr
-    lines = [line for line in done.stdout.splitlines() if line.startswith("dkdv ")]
-    names = [line[6:34].strip() for line in lines]
-    assert names == [
-        "gluon s2", "gluon s3", "gluon s4", "test: gluon dkdv", "test: gluon dkdv dq fused"
-    ], done.stdout  # fmt: skip
-    assert all(" ok " in line for line in lines), done.stdout
+    tests = ["test: gluon dkdv", "test: gluon dkdv dq fused", "test: gluon backward"]
+    for kernel in ("dkdv", "dq"):  # the dQ kernel of the first two tests is the `tl` one
+        lines = [line for line in done.stdout.splitlines() if line.startswith(f"{kernel} ")]
+        names = [line[6:34].strip() for line in lines]
+        assert names == ["gluon s2", "gluon s3", "gluon s4", *tests], done.stdout
+        assert all(" ok " in line for line in lines), done.stdout

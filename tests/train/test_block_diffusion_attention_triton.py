@@ -325,8 +325,9 @@ def test_tile_classes_agree_with_the_dense_mask(block_size, tiles):
     assert int(partial.sum()) == int((classes == module.PARTIAL).sum())
 
 
-def test_gluon_dkdv_is_refused_where_it_cannot_run():
-    """`dkdv_gluon` (no interpreter runs Gluon; its numbers are checked on the GPU) refuses,
+def test_gluon_kernels_are_refused_where_they_cannot_run():
+    """`dkdv_gluon` and `dq_gluon` (no interpreter runs Gluon; their numbers are checked on the
+    GPU) refuse,
     before any launch, a host without an sm90 GPU, other tiles, a dQ buffer it cannot add into
     and other head dims, each by name."""
     from turbo_dllm.kernels.selftest import block_diffusion_tokens
@@ -350,6 +351,15 @@ def test_gluon_dkdv_is_refused_where_it_cannot_run():
         dkdv(config.with_part("dkdv", m=32))
     with pytest.raises(ValueError, match="contiguous float32 dq_acc"):
         dkdv(config.with_part("dkdv", dq=1), dq_acc=torch.zeros(q.shape).transpose(2, 3))
+    # the dQ kernel's launcher, the same way
+    dq_config = module.flag_configs(64)["gluon backward"]
+    assert dq_config.dq_gluon == 1
+    with pytest.raises(ValueError, match="dq_gluon runs on sm90 GPUs"):
+        module.backward_dq(q, stats, stats, q, k, k, schedule, 0.125, dq_config)
+    with pytest.raises(ValueError, match="dq_gluon runs 128 x 64 tiles on 8 warps"):
+        module.backward_dq(
+            q, stats, stats, q, k, k, schedule, 0.125, dq_config.with_part("dq", n=128)
+        )
     with pytest.raises(ValueError, match="head dim 64 or 128"):
         module.backward_dkdv(
             *(torch.zeros(1, 2, 128, 32, dtype=torch.bfloat16),) + (stats[:, :2],) * 2,
