@@ -71,6 +71,18 @@ def turbo_attend(layout: BlockDiffusionLayout, device, config=None, backend="jit
     return lambda q, k, v: block_diffusion_attention(q, k, v, plan)[0]
 
 
+def config_changes(fields: str, flag: str) -> dict[str, int]:
+    """'FIELD=INT,FIELD=INT' -> {field: value} for the op's KernelConfig (the fields' names are
+    checked where they are applied); a malformed item stops `flag` with the item."""
+    changes = {}
+    for item in fields.split(","):
+        field, sep, value = item.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise SystemExit(f"{flag} wants FIELD=INT[,...], got {item!r}")
+        changes[field.strip()] = int(value)
+    return changes
+
+
 def config_variant(spec: str, head_dim: int, backend: str = "jit"):
     """'NAME:field=value,field=value' -> (NAME, the default KernelConfig with those fields)."""
     from dataclasses import replace
@@ -81,10 +93,7 @@ def config_variant(spec: str, head_dim: int, backend: str = "jit"):
     if not name or not fields:
         raise SystemExit(f"--variant wants NAME:FIELD=VALUE[,...], got {spec!r}")
     module = triton_module("block_diffusion_attention", backend)
-    changes = {}
-    for item in fields.split(","):
-        field, _, value = item.partition("=")
-        changes[field.strip()] = int(value)
+    changes = config_changes(fields, "--variant")
     try:
         return name, replace(module.default_config(head_dim), **changes)
     except TypeError as error:

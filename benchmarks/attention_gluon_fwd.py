@@ -6,13 +6,15 @@ GPU: the same inputs, out and lse compared, both timed.
 
 Not part of the op. The `tl` forward reaches 453-521 useful TFLOP/s on the H200 (471 at 2L 16K,
 block 16: the 500 of issue 16 is met only from 32K). This is the structure of the op's Gluon
-dK/dV kernel (session 16: 1.12x the `tl` one) turned to the forward: one producer warp streams
-the query tile's key tiles (K and V, full tiles first) through a ring of shared-memory stages
-with TMA and mbarriers; two consumer warpgroups (240 registers each, 64 query rows each) keep
-their Q rows in shared memory and the output in registers, compute S = Q K^T, the online
-softmax, and O += P V with P handed to the wgmma in registers (S's accumulator layout is the A
-operand's). The two warpgroups run apart (no barrier in the loop), so one's softmax overlaps the
-other's wgmmas. The tile lists, the block-diffusion predicate on partial tiles, GQA, documents
+dK/dV kernel (session 16: 1.12x the `tl` one) turned to the forward: the op's producer warp
+(`_gluon_kv_loads`, its dQ kernel's) streams the query tile's key tiles (K and V, full tiles
+first) through a ring of shared-memory stages with TMA and mbarriers; two consumer warpgroups
+(240 registers each, 64 query rows each) keep their Q rows in shared memory and the output in
+registers, compute S = Q K^T, the online softmax, and O += P V with P handed to the wgmma in
+registers (S's accumulator layout is the A operand's). The two warpgroups meet once a tile (the
+partition barrier Triton puts before each stage's release), so one's softmax overlaps the
+other's wgmmas only within a tile. The tile lists, the block-diffusion predicate on partial
+tiles (the op's `_gluon_visible`), GQA, documents
 and the numbers (log2-scaled scores, lse in natural log, -inf and a zero output for a query that
 sees no key) are the op's: its plan (`by_query_tile`) and launch order (`ORDER`, heaviest tiles
 first) make the inputs. Written in session 16 without a GPU at hand: compiled for sm90 with
@@ -57,27 +59,15 @@ from triton.experimental.gluon.language.nvidia.hopper import (  # noqa: E402
     warpgroup_mma,
 )
 
-# Triton 3.9 renamed the TMA load (the old name raises there); 3.6, the H200's, has only the old
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+sys.path.insert(0, str(ROOT))
+from turbo_dllm.kernels.triton_ops import triton_module  # noqa: E402
+
+OP = triton_module("block_diffusion_attention", "jit")
+# the op's producer warp (the dQ kernel streams K and V the same way), TMA load and predicate
+_loads, _tma_load, _visible = OP._gluon_kv_loads, OP._tma_load, OP._gluon_visible
 
 BM, BN, WARPS = 128, 128, 8  # query rows and key rows per tile, consumer warps (2 warpgroups)
 LN2 = 0.6931471805599453
-
-
-@gluon.jit
-def _loads(k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt, key0,
-           BN: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
-    """The producer warp: the query tile's key tiles, full ones first (the consumers' order);
-    stage `it % STAGES` once both warpgroups released it."""
-    n_tiles = gl.load(COUNT + row * 3) + gl.load(COUNT + row * 3 + 1)
-    idx = IDX + row.to(gl.int64) * Nt
-    for it in range(0, n_tiles):
-        n0 = gl.load(idx + it) * BN
-        s = it % STAGES
-        mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-        mbarrier.expect(ready.index(s), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        _tma_load(k_desc, [key0 + n0, 0], ready.index(s), k_s.index(s))
-        _tma_load(v_desc, [key0 + n0, 0], ready.index(s), v_s.index(s))
 
 
 @gluon.jit
@@ -100,11 +90,9 @@ def _softmax_tile(q_s, k, v, m_i, l_i, acc, KN, KB, KD, n0, b, Sk, stride_kdb, q
         kn = gl.load(KN + offs_n, mask=col_ok, other=0) != 0
         kb = gl.load(KB + offs_n, mask=col_ok, other=0)
         kd = gl.load(KD + b * stride_kdb + offs_n, mask=col_ok, other=-2)
-        visible = (
-            (qn[:, None] & kn[None, :] & (qb[:, None] == kb[None, :]))
-            | (qn[:, None] & ~kn[None, :] & (kb[None, :] < qb[:, None]))
-            | (~qn[:, None] & ~kn[None, :] & (kb[None, :] <= qb[:, None]))
-        ) & (qd[:, None] == kd[None, :])
+        visible = _visible(
+            qn[:, None], qb[:, None], qd[:, None], kn[None, :], kb[None, :], kd[None, :]
+        )
         visible = visible & col_ok[None, :] & row_ok[:, None]
         s = gl.where(visible, s, float("-inf"))
         m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
@@ -278,12 +266,10 @@ def main(args) -> int:
         return 0
     import torch
 
-    sys.path.insert(0, str(ROOT))
     from turbo_dllm.kernels.selftest import block_diffusion_tokens
-    from turbo_dllm.kernels.triton_ops import triton_module
 
     dim = args.head_dim
-    module = triton_module("block_diffusion_attention", "jit")
+    module = OP
     config = module.default_config(dim)
     gen = torch.Generator().manual_seed(0)
     s = 2 * args.seq_len

@@ -971,14 +971,10 @@ def apply_turbo_config(spec: str, kernels: str) -> str:
     trainer's `turbo` plans use when none is forced) in this process; returns what was set."""
     from dataclasses import replace
 
+    from benchmarks.attention import config_changes
     from turbo_dllm.kernels.triton_ops import triton_module
 
-    changes = {}
-    for item in spec.split(","):
-        field, sep, value = item.partition("=")
-        if not sep or not value.strip().lstrip("-").isdigit():
-            raise SystemExit(f"--turbo-config wants FIELD=INT[,...], got {item!r}")
-        changes[field.strip()] = int(value)
+    changes = config_changes(spec, "--turbo-config")
     module = triton_module("block_diffusion_attention", kernels)
     try:
         for dim, config in list(module.SM90_CONFIGS.items()):

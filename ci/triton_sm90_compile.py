@@ -24,14 +24,8 @@ import time
 from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "native/block_diffusion_attention"
-SIZES = {
-    "H",
-    "HK",
-    "GROUP",
-    "PER_BATCH",
-    "ROWS_Q",
-    "ROWS_K",
-}  # upper-case scalars (the rest upper-case: pointers)
+# upper-case scalars (the other upper-case arguments are pointers)
+SIZES = {"H", "HK", "GROUP", "PER_BATCH", "ROWS_Q", "ROWS_K"}
 BF16 = {"Q", "K", "V", "OUT", "DO", "DK", "DV", "DQ"}
 F32 = {"LSE", "LSE2", "DELTA", "DQ_ACC"}
 I8 = {"QN", "KN"}
@@ -81,10 +75,16 @@ def compile_variant(module, kernel: str, config, dim: int):
     from triton.compiler import ASTSource
 
     part = config.part(kernel)
-    if kernel == "dkdv" and part["gluon"]:
-        return compile_gluon_dkdv(module, part["stages"], dim, part["dq"])
-    if kernel == "dq" and part["gluon"]:
-        return compile_gluon_dq(module, part["stages"], dim)
+    if kernel == "dkdv" and part["gluon"]:  # as `_gluon_backward_dkdv` launches it
+        return compile_gluon(
+            module._gluon_dkdv_kernel,
+            module.GLUON_DKDV_TILE,
+            dim,
+            part["stages"],
+            DQ=bool(part["dq"]),
+        )
+    if kernel == "dq" and part["gluon"]:  # as `_gluon_backward_dq` launches it
+        return compile_gluon(module._gluon_dq_kernel, module.GLUON_DQ_TILE, dim, part["stages"])
     fn = {"fwd": module._fwd_kernel, "dkdv": module._bwd_dkdv_kernel, "dq": module._bwd_dq_kernel}
     fn = fn[kernel]
     launch = module._launch(kernel, config, 1, 1, part["tma"])
@@ -97,29 +97,14 @@ def compile_variant(module, kernel: str, config, dim: int):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_gluon_dkdv(module, stages: int, dim: int, dq: int = 0):
-    """The Gluon dK/dV kernel (config.dkdv_gluon) as `_gluon_backward_dkdv` launches it."""
+def compile_gluon(fn, tile: tuple[int, int, int], dim: int, stages: int, **constexprs):
+    """One of the op's Gluon kernels (`tile`: its query rows, key rows and warps)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    fn = module._gluon_dkdv_kernel
-    block_m, block_n, warps = module.GLUON_DKDV_TILE
-    constexprs = dict(BN=block_n, BM=block_m, D=dim, STAGES=stages, WARPS=warps, DQ=bool(dq))
-    sig, attrs = _signature(fn, 0, block_m, dim, constexprs)
-    source = GluonASTSource(fn, sig, constexprs, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
-
-
-def compile_gluon_dq(module, stages: int, dim: int):
-    """The Gluon dQ kernel (config.dq_gluon) as `_gluon_backward_dq` launches it."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    fn = module._gluon_dq_kernel
-    block_m, block_n, warps = module.GLUON_DQ_TILE
-    constexprs = dict(BM=block_m, BN=block_n, D=dim, STAGES=stages, WARPS=warps)
+    block_m, block_n, warps = tile
+    constexprs |= dict(BM=block_m, BN=block_n, D=dim, STAGES=stages, WARPS=warps)
     sig, attrs = _signature(fn, 0, block_m, dim, constexprs)
     source = GluonASTSource(fn, sig, constexprs, attrs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})

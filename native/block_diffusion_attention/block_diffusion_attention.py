@@ -1007,6 +1007,15 @@ GLUON_DQ_TILE = (128, 64, 8)
 if HAS_GLUON:
 
     @gluon.jit
+    def _gluon_visible(qn, qb, qd, kn, kb, kd):
+        """`_visible` in Gluon, on metadata already broadcast against each other (noisy flags as
+        booleans)."""
+        noisy_noisy = qn & kn & (qb == kb)
+        noisy_clean = qn & ~kn & (kb < qb)
+        clean_clean = ~qn & ~kn & (kb <= qb)
+        return (noisy_noisy | noisy_clean | clean_clean) & (qd == kd)
+
+    @gluon.jit
     def _gluon_dkdv_loads(q_desc, do_desc, q_s, do_s, ready, empty, IDX, COUNT, row, Mt, b, hk,
                           H, GROUP, Sq, BM: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
         """The producer warp: every (head, query tile) of the key tile, full tiles first, in
@@ -1056,11 +1065,9 @@ if HAS_GLUON:
             qn = gl.load(QN + offs, mask=q_ok, other=0) != 0
             qb = gl.load(QB + offs, mask=q_ok, other=-1)
             qd = gl.load(QD + b * stride_qdb + offs, mask=q_ok, other=-1)
-            visible = (
-                (qn[None, :] & kn[:, None] & (qb[None, :] == kb[:, None]))
-                | (qn[None, :] & ~kn[:, None] & (kb[:, None] < qb[None, :]))
-                | (~qn[None, :] & ~kn[:, None] & (kb[:, None] <= qb[None, :]))
-            ) & (qd[None, :] == kd[:, None])
+            visible = _gluon_visible(
+                qn[None, :], qb[None, :], qd[None, :], kn[:, None], kb[:, None], kd[:, None]
+            )
             visible = visible & q_ok[None, :] & krow_ok[:, None]
             p_t = gl.where(visible, p_t, 0.0)
             delta = gl.load(DELTA + stat + offs, mask=q_ok, other=0.0)
@@ -1222,10 +1229,11 @@ if HAS_GLUON:
         )  # fmt: skip
 
     @gluon.jit
-    def _gluon_dq_loads(k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt, key0,
+    def _gluon_kv_loads(k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt, key0,
                         BN: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
-        """The producer warp: the query tile's key tiles, full ones first (the consumers'
-        order); stage `it % STAGES` once the consumers released it."""
+        """The producer warp of a query tile's kernel (dQ; the forward prototype): K and V of
+        its key tiles, full ones first (the consumers' order); stage `it % STAGES` once the
+        consumers released it."""
         n_tiles = gl.load(COUNT + row * 3) + gl.load(COUNT + row * 3 + 1)
         idx = IDX + row.to(gl.int64) * Nt
         for it in range(0, n_tiles):
@@ -1260,11 +1268,9 @@ if HAS_GLUON:
             kn = gl.load(KN + offs_n, mask=col_ok, other=0) != 0
             kb = gl.load(KB + offs_n, mask=col_ok, other=0)
             kd = gl.load(KD + b * stride_kdb + offs_n, mask=col_ok, other=-2)
-            visible = (
-                (qn[:, None] & kn[None, :] & (qb[:, None] == kb[None, :]))
-                | (qn[:, None] & ~kn[None, :] & (kb[None, :] < qb[:, None]))
-                | (~qn[:, None] & ~kn[None, :] & (kb[None, :] <= qb[:, None]))
-            ) & (qd[:, None] == kd[None, :])
+            visible = _gluon_visible(
+                qn[:, None], qb[:, None], qd[:, None], kn[None, :], kb[None, :], kd[None, :]
+            )
             visible = visible & col_ok[None, :] & row_ok[:, None]
             p = gl.where(visible, p, 0.0)
         dp = warpgroup_mma_wait(0, deps=[dp])
@@ -1370,7 +1376,7 @@ if HAS_GLUON:
                                q_bar, ready, empty, IDX, COUNT, row, Nt, b, h, bh, m0, Sq, Sk,
                                stride_qdb, stride_kdb, stride_dqb, stride_dqh, stride_dqs,
                                qk_scale, sm_scale, BM, BN, D, STAGES, WARPS)),
-             (_gluon_dq_loads, (k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt,
+             (_gluon_kv_loads, (k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt,
                                 key0, BN, STAGES))],
             [1],
             [24],

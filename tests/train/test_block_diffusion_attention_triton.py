@@ -327,9 +327,8 @@ def test_tile_classes_agree_with_the_dense_mask(block_size, tiles):
 
 def test_gluon_kernels_are_refused_where_they_cannot_run():
     """`dkdv_gluon` and `dq_gluon` (no interpreter runs Gluon; their numbers are checked on the
-    GPU) refuse,
-    before any launch, a host without an sm90 GPU, other tiles, a dQ buffer it cannot add into
-    and other head dims, each by name."""
+    GPU) refuse, before any launch, a host without an sm90 GPU, other tiles, a dQ buffer they
+    cannot add into and other head dims, each by name."""
     from turbo_dllm.kernels.selftest import block_diffusion_tokens
 
     module = _module()
