@@ -161,7 +161,7 @@ def _math(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready, empty, 
     gl.store(OUT + at, out.to(OUT.dtype.element_ty), mask=(rows < Sq)[:, None])
 
 
-@gluon.jit(do_not_specialize=["H", "GROUP", "HK", "Sq", "Sk", "Mt", "Nt", "PER_BATCH"])
+@gluon.jit(do_not_specialize=["H", "GROUP", "HK", "Mt", "Nt", "PER_BATCH"])
 def gluon_fwd_kernel(Q, K, V, OUT, LSE, QN, QB, QD, KN, KB, KD, ORDER, IDX, COUNT, qk_scale,
                      H, GROUP, HK, Sq, Sk, Mt, Nt, PER_BATCH, ROWS_Q, ROWS_K, stride_qdb,
                      stride_kdb, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,

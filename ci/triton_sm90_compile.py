@@ -43,8 +43,8 @@ def _module():
 
 
 def _signature(fn, tma: int, rows: int, dim: int, constexprs: dict):
-    """Argument types as a launch at the trainer's shapes gives them (16-divisible pointers and
-    strides)."""
+    """Argument types as a launch at the trainer's shapes gives them (16-divisible pointers,
+    strides and sequence lengths)."""
     sig, attrs = {}, {}
     for i, name in enumerate(fn.arg_names):
         if name in constexprs:
@@ -64,7 +64,7 @@ def _signature(fn, tma: int, rows: int, dim: int, constexprs: dict):
             sig[name] = "fp32"
         else:
             sig[name] = "i32"
-        if sig[name].startswith("*") or name.startswith("stride"):
+        if sig[name].startswith("*") or name.startswith("stride") or name in ("Sq", "Sk"):
             attrs[(i,)] = [["tt.divisibility", 16]]
     return sig, attrs
 

@@ -18,7 +18,8 @@ pytestmark = pytest.mark.gpu
 ROOT = Path(__file__).resolve().parents[2]
 
 # A fresh process: the op from the bundle at the 1.7B shape's heads (16 query / 8 KV, head dim
-# 128), q/k/v as the model's (B, S, H, D) views, forward and backward; then the cache entries.
+# 128), q/k/v as the model's (B, S, H, D) views, forward and backward at a stream length that is a
+# multiple of 16 and one that is not; then the cache entries.
 PROBE = """
 import json, os, torch
 from pathlib import Path
@@ -30,14 +31,15 @@ seeded = seed_compiled_kernels("block_diffusion_attention")  # what the first pl
 def entries():  # key -> a kernel (it has a group file) or a launch stub (a lone .so)
     return {p.name: any(p.glob("__grp__*")) for p in cache.iterdir()}
 before = entries()
-meta = [t.cuda() for t in block_diffusion_tokens(1024, 32, 1, None)]
-plan = plan_block_diffusion_attention(*meta, *meta, backend="native")
-def view(heads):
-    x = torch.randn(1, 2048, heads, 128, device="cuda", dtype=torch.bfloat16)
+def view(seq, heads):
+    x = torch.randn(1, seq, heads, 128, device="cuda", dtype=torch.bfloat16)
     return x.transpose(1, 2).requires_grad_(True)
-q, k, v = view(16), view(8), view(8)
-out, lse = block_diffusion_attention(q, k, v, plan)
-out.float().sum().backward()
+for seq_len in (1024, 1004):  # 2L a multiple of 16 and not: the kernels' two specialisations
+    meta = [t.cuda() for t in block_diffusion_tokens(seq_len, 32, 1, None)]
+    plan = plan_block_diffusion_attention(*meta, *meta, backend="native")
+    q, k, v = view(2 * seq_len, 16), view(2 * seq_len, 8), view(2 * seq_len, 8)
+    out, lse = block_diffusion_attention(q, k, v, plan)
+    out.float().sum().backward()
 torch.cuda.synchronize()
 after = entries()
 new = {key: kernel for key, kernel in after.items() if key not in before}

@@ -212,10 +212,11 @@ def _bshd_as_bhsd(shape, *, contiguous: bool):
 
 def warm_block_diffusion_attention(backend: str = "jit") -> int:
     """Launch forward and backward in every kernel variant training reaches (head dims 64 and
-    128; one doc row for the batch or one per row; grouped or plain heads; q/k/v contiguous or
-    as the model's (B, S, H, D) views; with and without a gradient through the lse), so the
-    compiled kernels a bundle ships (bundles/triton_cache.py) cover what runs. Returns the
-    number of variants launched."""
+    128; a stream length 2L that is a multiple of 16 and one that is not, the kernels' two
+    specialisations; one doc row for the batch or one per row; grouped or plain heads; q/k/v
+    contiguous or as the model's (B, S, H, D) views; with and without a gradient through the
+    lse), so the compiled kernels a bundle ships (bundles/triton_cache.py) cover what runs.
+    Returns the number of variants launched."""
     import itertools
 
     import torch
@@ -225,10 +226,12 @@ def warm_block_diffusion_attention(backend: str = "jit") -> int:
         plan_block_diffusion_attention,
     )
 
-    seq_len, heads = 256, 4
-    variants = itertools.product((64, 128), (1, 2), (1, 2), (False, True), (False, True))
+    heads = 4
+    variants = itertools.product(
+        (64, 128), (256, 260), (1, 2), (1, 2), (False, True), (False, True)
+    )
     count = 0
-    for head_dim, batch, group, model_layout, through_lse in variants:
+    for head_dim, seq_len, batch, group, model_layout, through_lse in variants:
         meta = [t.cuda() for t in block_diffusion_tokens(seq_len, 32, batch, 100)]
         plan = plan_block_diffusion_attention(*meta, *meta, backend=backend)
 
