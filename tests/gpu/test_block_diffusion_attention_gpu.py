@@ -27,10 +27,13 @@ TOLERANCE = 3e-2  # max |error| / max |reference|: bf16 inputs and probabilities
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 @pytest.mark.parametrize("block_size", [16, 64, 256])
-def test_whole_stream_matches_reference(head_dim, block_size):
+@pytest.mark.parametrize("seq_len", [2048, 1003])
+def test_whole_stream_matches_reference(head_dim, block_size, seq_len):
+    """2L = 4096 and 2006: the kernels are compiled apart for stream lengths that are multiples
+    of 16 and the rest."""
     errors = compare_block_diffusion_attention(
         "jit",
-        seq_len=2048,
+        seq_len=seq_len,
         block_size=block_size,
         batch=2,
         heads=8,
