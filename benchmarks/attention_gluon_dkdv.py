@@ -45,6 +45,10 @@ def _parse(argv):
     parser.add_argument("--block-size", type=int, default=32)
     parser.add_argument("--stages", type=int, default=3, help="the Gluon kernel's ring depth")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument(
+        "--split", action="store_true",
+        help="also time the Gluon dK/dV with each warpgroup its own partition (GLUON_DKDV_SPLIT)",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 
@@ -124,9 +128,25 @@ def main(args) -> int:
     if not worst < 3e-2:  # the GPU tests' tolerance against the reference (NaN fails too)
         print("MISMATCH: a Gluon path's gradients differ from the tl kernels'")
         return 1
+
+    def split_dkdv():
+        module.GLUON_DKDV_SPLIT = True
+        try:
+            return module.backward_dkdv(*inputs, gluon)
+        finally:
+            module.GLUON_DKDV_SPLIT = False
+
+    if args.split:
+        for name, want, got in zip(("dk", "dv"), reference, split_dkdv(), strict=False):
+            error = float((got.float() - want.float()).abs().max() / want.float().abs().max())
+            print(f"gluon split {name}: max |split - tl| / max |tl| = {error:.3g}")
+            if not error < 3e-2:
+                print("MISMATCH: the split Gluon dK/dV differs from the tl kernel")
+                return 1
     times = {
         "tl dK/dV": timed(lambda: module.backward_dkdv(*inputs, tl_config)),
         "gluon dK/dV": timed(lambda: module.backward_dkdv(*inputs, gluon)),
+        **({"gluon split dK/dV": timed(split_dkdv)} if args.split else {}),
         "tl dK/dV + dQ": timed(tl_path),
         "gluon dK/dV + tl dQ": timed(gluon_path),
         "gluon dK/dV + gluon dQ": timed(gluon_both_path),

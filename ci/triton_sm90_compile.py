@@ -82,6 +82,7 @@ def compile_variant(module, kernel: str, config, dim: int):
             dim,
             part["stages"],
             DQ=bool(part["dq"]),
+            SPLIT=False,
         )
     if kernel == "dq" and part["gluon"]:  # as `_gluon_backward_dq` launches it
         return compile_gluon(module._gluon_dq_kernel, module.GLUON_DQ_TILE, dim, part["stages"])

@@ -1005,6 +1005,11 @@ except ImportError:  # a Triton without Gluon: dkdv_gluon is refused at launch
 # (query rows, key rows, consumer warps) of the Gluon dK/dV tile: each consumer warpgroup's
 # wgmmas take 64 key rows
 GLUON_DKDV_TILE = (64, 128, 8)
+# An experiment (benchmarks/attention_gluon_dkdv.py --split): each consumer warpgroup its own
+# partition of 64 keys, so the two meet at no barrier (without dkdv_dq only). On the H200 at 2L
+# 16K: 9.10 ms against 9.24 in one partition, bit for bit (docs/benchmarks.md, session 17); not
+# yet a config field, nor timed in the whole step
+GLUON_DKDV_SPLIT = False
 # (query rows, key rows, consumer warps) of the Gluon dQ tile: each warpgroup's 64 query rows
 GLUON_DQ_TILE = (128, 64, 8)
 
@@ -1183,7 +1188,8 @@ if HAS_GLUON:
                            IDX, COUNT, qk_scale, sm_scale, H, HK, GROUP, Sq, Sk, Mt, Nt,
                            PER_BATCH, ROWS_Q, ROWS_K, stride_qdb, stride_kdb, BN: gl.constexpr,
                            BM: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
-                           WARPS: gl.constexpr, DQ: gl.constexpr):  # fmt: skip
+                           WARPS: gl.constexpr, DQ: gl.constexpr,
+                           SPLIT: gl.constexpr = False):  # fmt: skip
         """One key tile of one KV head (grid: key tiles x batch * KV heads). Q, K, V, dO, dK,
         dV contiguous (B, heads, S, D), read as (B * heads * S, D) through TMA descriptors; with
         DQ, DQ_ACC (fp32, like Q, zeroed) gets every tile pair's unscaled dS K added."""
@@ -1212,7 +1218,7 @@ if HAS_GLUON:
         mbarrier.init(kv_bar, count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=1)
+            mbarrier.init(empty.index(s), count=1 + SPLIT)
         fence_async_shared()
         # K and V of this key tile, once (rows past the tensor's end arrive as zeros; rows of
         # the next head past Sk are masked out of P and the stores)
@@ -1221,16 +1227,35 @@ if HAS_GLUON:
         _tma_load(k_desc, [key0, 0], kv_bar, k_s)
         _tma_load(v_desc, [key0, 0], kv_bar, v_s)
         mbarrier.wait(kv_bar, 0)
-        gl.warp_specialize(
-            [(_gluon_dkdv_math, (DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD, k_s, v_s,
-                                 q_s, do_s, ds_s, dq_s, ready, empty, IDX, COUNT, row, Mt, b, hk,
-                                 n0, H, HK, GROUP, Sq, Sk, stride_qdb, stride_kdb, qk_scale,
-                                 sm_scale, BN, BM, D, STAGES, WARPS, DQ)),
-             (_gluon_dkdv_loads, (q_desc, do_desc, q_s, do_s, ready, empty, IDX, COUNT, row, Mt,
-                                  b, hk, H, GROUP, Sq, BM, STAGES))],
-            [1],
-            [24],
-        )  # fmt: skip
+        if SPLIT:
+            HALF: gl.constexpr = BN // 2
+            gl.warp_specialize(
+                [(_gluon_dkdv_math, (DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD,
+                                     k_s.slice(0, HALF, dim=0), v_s.slice(0, HALF, dim=0), q_s,
+                                     do_s, ds_s, dq_s, ready, empty, IDX, COUNT, row, Mt, b, hk,
+                                     n0, H, HK, GROUP, Sq, Sk, stride_qdb, stride_kdb, qk_scale,
+                                     sm_scale, HALF, BM, D, STAGES, WARPS // 2, False)),
+                 (_gluon_dkdv_math, (DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD,
+                                     k_s.slice(HALF, HALF, dim=0), v_s.slice(HALF, HALF, dim=0),
+                                     q_s, do_s, ds_s, dq_s, ready, empty, IDX, COUNT, row, Mt, b,
+                                     hk, n0 + HALF, H, HK, GROUP, Sq, Sk, stride_qdb, stride_kdb,
+                                     qk_scale, sm_scale, HALF, BM, D, STAGES, WARPS // 2, False)),
+                 (_gluon_dkdv_loads, (q_desc, do_desc, q_s, do_s, ready, empty, IDX, COUNT, row,
+                                      Mt, b, hk, H, GROUP, Sq, BM, STAGES))],
+                [WARPS // 2, 1],
+                [240, 24],
+            )  # fmt: skip
+        else:
+            gl.warp_specialize(
+                [(_gluon_dkdv_math, (DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD, k_s,
+                                     v_s, q_s, do_s, ds_s, dq_s, ready, empty, IDX, COUNT, row,
+                                     Mt, b, hk, n0, H, HK, GROUP, Sq, Sk, stride_qdb, stride_kdb,
+                                     qk_scale, sm_scale, BN, BM, D, STAGES, WARPS, DQ)),
+                 (_gluon_dkdv_loads, (q_desc, do_desc, q_s, do_s, ready, empty, IDX, COUNT, row,
+                                      Mt, b, hk, H, GROUP, Sq, BM, STAGES))],
+                [1],
+                [24],
+            )  # fmt: skip
 
     @gluon.jit
     def _gluon_kv_loads(k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt, key0,
@@ -1591,6 +1616,7 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
     cols = schedule.by_key_tile(block_m, block_n)
     lists_rows, nt, mt = cols.index.shape
     triton.set_allocator(_scratch)  # the kernel's device-side TMA descriptors live there
+    split = GLUON_DKDV_SPLIT and dq_acc is None
     _gluon_dkdv_kernel[(nt, batch * kv_heads)](
         q, k, v, grad_out, dk, dv, lse2, delta, dq_acc if dq_acc is not None else delta,
         qn, qb, qd, kn, kb, kd,
@@ -1598,7 +1624,7 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
         heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
         batch * heads * sq, batch * kv_heads * sk, *_doc_strides(schedule),
         BN=block_n, BM=block_m, D=dim, STAGES=part["stages"], WARPS=warps, DQ=dq_acc is not None,
-        num_warps=warps,
+        SPLIT=split, num_warps=warps // 2 if split else warps,
     )  # fmt: skip
     return dk, dv
 
