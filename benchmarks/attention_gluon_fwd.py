@@ -83,6 +83,25 @@ LN2 = 0.6931471805599453
 
 
 @gluon.jit
+def _store_out(OUT, LSE, acc, m_i, l_i, offs_m, row_ok, m0, bh, Sq, BM: gl.constexpr,
+               D: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """The query tile's lse (natural log, -inf where a row saw nothing) and out (0 there)."""
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
+    )
+    seen = l_i > 0.0
+    l_safe = gl.where(seen, l_i, 1.0)
+    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
+    stat = bh.to(gl.int64) * Sq
+    gl.store(LSE + stat + offs_m, lse, mask=row_ok)
+    out = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, mma_o))[:, None]
+    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_o))
+    cols = gl.arange(0, D, layout=gl.SliceLayout(0, mma_o))
+    at = (stat + rows)[:, None] * D + cols[None, :]
+    gl.store(OUT + at, out.to(OUT.dtype.element_ty), mask=(rows < Sq)[:, None])
+
+
+@gluon.jit
 def _softmax_tile(q_s, k, v, m_i, l_i, acc, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
                   row_ok, qk_scale, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
                   WARPS: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
@@ -96,25 +115,8 @@ def _softmax_tile(q_s, k, v, m_i, l_i, acc, KN, KB, KD, n0, b, Sk, stride_kdb, q
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
     zero = gl.zeros([BM, BN], gl.float32, mma_s)  # shape and layout only (use_acc=False)
     s = warpgroup_mma(q_s, k.permute((1, 0)), zero, use_acc=False)
-    if MASKED:  # the predicate from metadata; a row may still see nothing (m_new = -inf)
-        offs_n = n0 + gl.arange(0, BN, layout=gl.SliceLayout(0, mma_s))
-        col_ok = offs_n < Sk
-        kn = gl.load(KN + offs_n, mask=col_ok, other=0) != 0
-        kb = gl.load(KB + offs_n, mask=col_ok, other=0)
-        kd = gl.load(KD + b * stride_kdb + offs_n, mask=col_ok, other=-2)
-        visible = _visible(
-            qn[:, None], qb[:, None], qd[:, None], kn[None, :], kb[None, :], kd[None, :]
-        )
-        visible = visible & col_ok[None, :] & row_ok[:, None]
-        s = gl.where(visible, s, float("-inf"))
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)
-    else:  # every pair allowed: m_new is finite
-        m_new = gl.maximum(m_i, gl.max(s, 1) * qk_scale)
-        m_safe = m_new
-    p = gl.exp2(s * qk_scale - m_safe[:, None])
-    alpha = gl.exp2(m_i - m_safe)
-    l_i = l_i * alpha + gl.sum(p, 1)
+    p, m_new, l_i, alpha = _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
+                                    row_ok, qk_scale, BN, WARPS, MASKED)  # fmt: skip
     acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
     p_op = gl.convert_layout(p.to(v.dtype), a_op)
     acc = warpgroup_mma(p_op, v, acc)
@@ -124,7 +126,8 @@ def _softmax_tile(q_s, k, v, m_i, l_i, acc, KN, KB, KD, n0, b, Sk, stride_kdb, q
 @gluon.jit
 def _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale,
              BN: gl.constexpr, WARPS: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
-    """`_softmax_tile`'s softmax on S already computed: (p, m_new, l_i, alpha)."""
+    """The online softmax of one key tile's S: (p, m_new, l_i, alpha). With MASKED the predicate
+    from metadata; a row may still see nothing (m_new = -inf)."""
     mma_s: gl.constexpr = gl.NVMMADistributedLayout(
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16]
     )
@@ -212,16 +215,7 @@ def _math_overlap(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready,
     p_op = gl.convert_layout(p.to(gl.bfloat16), a_op)
     acc = warpgroup_mma(p_op, v_s.index(last), acc)
     mbarrier.arrive(empty.index(last), count=1)
-    seen = l_i > 0.0
-    l_safe = gl.where(seen, l_i, 1.0)
-    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    stat = bh.to(gl.int64) * Sq
-    gl.store(LSE + stat + offs_m, lse, mask=row_ok)
-    out = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, mma_o))[:, None]
-    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_o))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, mma_o))
-    at = (stat + rows)[:, None] * D + cols[None, :]
-    gl.store(OUT + at, out.to(OUT.dtype.element_ty), mask=(rows < Sq)[:, None])
+    _store_out(OUT, LSE, acc, m_i, l_i, offs_m, row_ok, m0, bh, Sq, BM, D, WARPS)
 
 
 @gluon.jit
@@ -264,16 +258,7 @@ def _math_plain(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready, e
             b, Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale, BM, BN, D, WARPS, True,
         )  # fmt: skip
         mbarrier.arrive(empty.index(s), count=1)
-    seen = l_i > 0.0
-    l_safe = gl.where(seen, l_i, 1.0)
-    lse = gl.where(seen, (m_i + gl.log2(l_safe)) * 0.6931471805599453, float("-inf"))
-    stat = bh.to(gl.int64) * Sq
-    gl.store(LSE + stat + offs_m, lse, mask=row_ok)
-    out = acc / gl.convert_layout(l_safe, gl.SliceLayout(1, mma_o))[:, None]
-    rows = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_o))
-    cols = gl.arange(0, D, layout=gl.SliceLayout(0, mma_o))
-    at = (stat + rows)[:, None] * D + cols[None, :]
-    gl.store(OUT + at, out.to(OUT.dtype.element_ty), mask=(rows < Sq)[:, None])
+    _store_out(OUT, LSE, acc, m_i, l_i, offs_m, row_ok, m0, bh, Sq, BM, D, WARPS)
 
 
 @gluon.jit
