@@ -5,7 +5,10 @@ Useful TFLOP/s count only the (query, key) pairs the mask allows (`allowed_pairs
 its causal pairs), 4 * D flops per pair and head forward, 2.5x that backward (dQ, dK, dV and the
 recomputed scores: 5 matmuls against 2). Forward, backward and forward+backward, at stream
 lengths 2L = 8K, 16K, 32K and block sizes 16, 32, 64, with a batch that keeps tokens per call
-constant. Prints a table and writes JSON.
+constant. Prints a table and writes JSON. Each figure is the median of CUDA-event-timed calls
+queued back to back (`gpu_timing.median_ms`, as `triton.testing.do_bench` times): the GPU's time,
+the host's dispatch overlapped as in a training step; `--synced` waits for each call instead, so
+the host's work before a call's first kernel counts too (results before 2026-12-03 were timed so).
 
     python benchmarks/attention.py --out attention.json
     python benchmarks/attention.py --sweep --out sweep.json --write-configs sm90_configs.json
@@ -48,19 +51,26 @@ from turbo_dllm.train.attention.backends import FlexAttention  # noqa: E402
 BWD_FLOP_RATIO = 2.5
 
 
-def measure(attend, q, k, v, repeats: int) -> dict[str, float]:
-    """fwd, bwd and fwd+bwd milliseconds of `attend(q, k, v) -> out`."""
+def measure(attend, q, k, v, repeats: int, pipelined: bool = True) -> dict[str, float]:
+    """fwd, bwd and fwd+bwd milliseconds of `attend(q, k, v) -> out` (gpu_timing.median_ms)."""
     grad = torch.randn_like(q)
     leaves = [t.detach().requires_grad_(True) for t in (q, k, v)]
     with torch.no_grad():
-        fwd = median_ms(lambda: attend(*leaves), repeats)
+        fwd = median_ms(lambda: attend(*leaves), repeats, pipelined=pipelined)
     out = attend(*leaves)
-    bwd = median_ms(lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True), repeats)
+    bwd = median_ms(
+        lambda: torch.autograd.grad(out, leaves, grad, retain_graph=True), repeats,
+        pipelined=pipelined,
+    )  # fmt: skip
 
     def both():
         torch.autograd.grad(attend(*leaves), leaves, grad)
 
-    return {"fwd_ms": fwd, "bwd_ms": bwd, "fwdbwd_ms": median_ms(both, repeats)}
+    return {
+        "fwd_ms": fwd,
+        "bwd_ms": bwd,
+        "fwdbwd_ms": median_ms(both, repeats, pipelined=pipelined),
+    }
 
 
 def turbo_attend(layout: BlockDiffusionLayout, device, config=None, backend="jit"):
@@ -138,6 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--kernels", default="turbo,flex,sdpa")
+    parser.add_argument(
+        "--synced", action="store_true",
+        help="wait for each timed call before queueing the next (the host's dispatch and launch "
+        "then count; default: calls queued back to back, the GPU's time)",
+    )  # fmt: skip
     parser.add_argument("--backend", default="jit", help="turbo's kernel backend: jit or native")
     parser.add_argument("--sweep", action="store_true", help="time turbo's kernel variants first")
     parser.add_argument("--sweep-jobs", type=int, default=8, help="processes compiling variants")
@@ -228,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
                        "batch": batch, "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
                        "useful_pairs": pairs}  # fmt: skip
                 try:
-                    row.update(measure(attend, q, k, v, args.repeats))
+                    row.update(measure(attend, q, k, v, args.repeats, not args.synced))
                 except Exception as error:  # one failing kernel must not hide the others
                     row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
                     print(
@@ -250,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
             try:
                 group = heads // kv_heads  # flash SDPA gets K/V expanded to every query head
                 k_all, v_all = (t.repeat_interleave(group, dim=1) for t in (k, v))
-                row.update(measure(sdpa_causal, q, k_all, v_all, args.repeats))
+                row.update(measure(sdpa_causal, q, k_all, v_all, args.repeats, not args.synced))
                 del k_all, v_all
                 rows.append(rates(row, causal_pairs, heads, dim))
                 print(
@@ -269,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        report = {"rows": rows, "summary": summary}
+        report = {"rows": rows, "summary": summary,
+                  "timing": "synced" if args.synced else "pipelined"}  # fmt: skip
         if swept is not None:
             report["sweep"] = {"rows": swept["rows"], "winners": swept["winners"],
                                "best": dataclasses.asdict(swept["best"])}  # fmt: skip

@@ -47,7 +47,7 @@ def _parse(argv):
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument(
         "--split", action="store_true",
-        help="also time the Gluon dK/dV with each warpgroup its own partition (GLUON_DKDV_SPLIT)",
+        help="also time the Gluon dK/dV with each warpgroup its own partition (dkdv_split)",
     )  # fmt: skip
     return parser.parse_args(argv)
 
@@ -130,11 +130,7 @@ def main(args) -> int:
         return 1
 
     def split_dkdv():
-        module.GLUON_DKDV_SPLIT = True
-        try:
-            return module.backward_dkdv(*inputs, gluon)
-        finally:
-            module.GLUON_DKDV_SPLIT = False
+        return module.backward_dkdv(*inputs, gluon.with_part("dkdv", split=1))
 
     if args.split:
         for name, want, got in zip(("dk", "dv"), reference, split_dkdv(), strict=False):

@@ -82,7 +82,8 @@ def compile_variant(module, kernel: str, config, dim: int):
             dim,
             part["stages"],
             DQ=bool(part["dq"]),
-            SPLIT=False,
+            SPLIT=bool(part["split"]),
+            num_warps=module.GLUON_DKDV_TILE[2] // (2 if part["split"] else 1),
         )
     if kernel == "dq" and part["gluon"]:  # as `_gluon_backward_dq` launches it
         return compile_gluon(module._gluon_dq_kernel, module.GLUON_DQ_TILE, dim, part["stages"])
@@ -98,8 +99,10 @@ def compile_variant(module, kernel: str, config, dim: int):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_gluon(fn, tile: tuple[int, int, int], dim: int, stages: int, **constexprs):
-    """One of the op's Gluon kernels (`tile`: its query rows, key rows and warps)."""
+def compile_gluon(fn, tile: tuple[int, int, int], dim: int, stages: int, num_warps=None,
+                  **constexprs):  # fmt: skip
+    """One of the op's Gluon kernels (`tile`: its query rows, key rows and warps; num_warps,
+    where the launcher's differs: the warps of the default partition)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -108,7 +111,8 @@ def compile_gluon(fn, tile: tuple[int, int, int], dim: int, stages: int, **const
     constexprs |= dict(BM=block_m, BN=block_n, D=dim, STAGES=stages, WARPS=warps)
     sig, attrs = _signature(fn, 0, block_m, dim, constexprs)
     source = GluonASTSource(fn, sig, constexprs, attrs)
-    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": warps})
+    options = {"num_warps": num_warps or warps}
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
 def register_use(cubin: bytes) -> str:

@@ -69,8 +69,11 @@ class KernelConfig:
     dkdv_gluon: 1: dK/dV by the Gluon kernel (`_gluon_dkdv_kernel`: a TMA producer warp, two
       consumer warpgroups, P^T and dS^T to their wgmmas in registers) in place of the `tl` one;
       sm90 only, 64 x 128 tiles on 8 warps, dkdv_stages deep; the other dkdv fields but `m`,
-      `n`, `warps`, `stages` and `dq` do not apply to it (with `dq`, its tile pairs' dS K are
+      `n`, `warps`, `stages`, `dq` and `split` do not apply to it (with `dq`, its tile pairs' dS K are
       added with fp32 atomics, dS^T passed through shared memory).
+    dkdv_split: 1 (with dkdv_gluon, without dkdv_dq): each of the Gluon dK/dV kernel's two
+      consumer warpgroups its own partition of 64 keys, so they meet at no barrier (one
+      partition syncs both before every stage release and they run in lock-step).
     dq_gluon: 1: dQ by the Gluon dQ kernel (`_gluon_dq_kernel`: the same structure, K and V
       tiles streamed, dS handed to dQ's wgmma in registers) in place of the `tl` one; sm90 only,
       128 x 64 tiles on 8 warps, dq_stages deep; of the other dq fields only `m`, `n`, `warps`
@@ -100,6 +103,7 @@ class KernelConfig:
     dkdv_order: int = 0
     dkdv_dq: int = 0
     dkdv_gluon: int = 0
+    dkdv_split: int = 0
     dq_m: int = 128
     dq_n: int = 64
     dq_warps: int = 8
@@ -258,6 +262,9 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
             tile = GLUON_DKDV_TILE if kernel == "dkdv" else GLUON_DQ_TILE
             gluon = dict(m=tile[0], n=tile[1], warps=tile[2], gluon=1)
             entries += [(f"gluon s{stages}", gluon | {"stages": stages}) for stages in (2, 3, 4)]
+            if kernel == "dkdv":
+                entries += [(f"gluon split s{stages}", gluon | dict(stages=stages, split=1))
+                            for stages in (2, 3, 4)]  # fmt: skip
         variants[kernel] = [(name, base.with_part(kernel, **change)) for name, change in entries]
     return variants
 
@@ -278,6 +285,9 @@ def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
         "fwd lazy": base.with_part("fwd", lazy=1),
         "gluon dkdv": base.with_part("dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3),
         "gluon dkdv dq fused": base.with_part("dkdv", m=64, n=128, warps=8, gluon=1, dq=1),
+        "gluon dkdv split": base.with_part(
+            "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3, split=1
+        ),
         "gluon backward": base.with_part(
             "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3
         ).with_part("dq", m=128, n=64, warps=8, gluon=1, stages=3),
@@ -1039,11 +1049,6 @@ except ImportError:  # a Triton without Gluon: dkdv_gluon is refused at launch
 # (query rows, key rows, consumer warps) of the Gluon dK/dV tile: each consumer warpgroup's
 # wgmmas take 64 key rows
 GLUON_DKDV_TILE = (64, 128, 8)
-# An experiment (benchmarks/attention_gluon_dkdv.py --split): each consumer warpgroup its own
-# partition of 64 keys, so the two meet at no barrier (without dkdv_dq only). On the H200 at 2L
-# 16K: 9.10 ms against 9.24 in one partition, bit for bit (docs/benchmarks.md, session 17); not
-# yet a config field, nor timed in the whole step
-GLUON_DKDV_SPLIT = False
 # (query rows, key rows, consumer warps) of the Gluon dQ tile: each warpgroup's 64 query rows
 GLUON_DQ_TILE = (128, 64, 8)
 
@@ -1594,6 +1599,8 @@ def backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: flo
     launch = _launch("dkdv", config, nt, batch * kv_heads, tma)
     if (dq_acc is not None) != bool(config.dkdv_dq):
         raise ValueError("dq_acc is the buffer of config.dkdv_dq: pass it exactly when that is 1")
+    if config.dkdv_split and not config.dkdv_gluon:
+        raise ValueError("dkdv_split is a layout of the Gluon dK/dV kernel (dkdv_gluon: 1)")
     if config.dkdv_gluon:
         return _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, config, dq_acc)
     acc = dq_acc if dq_acc is not None else delta.view(*delta.shape, 1)  # unused without DQ
@@ -1643,6 +1650,8 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
     part = config.part("dkdv")
     if dq_acc is not None and (not dq_acc.is_contiguous() or dq_acc.dtype != torch.float32):
         raise ValueError("dkdv_gluon with dkdv_dq adds into a contiguous float32 dq_acc")
+    if part["split"] and dq_acc is not None:
+        raise ValueError("dkdv_split runs without dkdv_dq (dQ by its own kernel)")
     _check_gluon("dkdv", part, GLUON_DKDV_TILE, q)
     # TMA reads each tensor as rows of (B * heads * S, D): contiguous copies where needed
     q, k, v, grad_out = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, grad_out))
@@ -1652,7 +1661,7 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
     cols = schedule.by_key_tile(block_m, block_n)
     lists_rows, nt, mt = cols.index.shape
     triton.set_allocator(_scratch)  # the kernel's device-side TMA descriptors live there
-    split = GLUON_DKDV_SPLIT and dq_acc is None
+    split = part["split"]
     _gluon_dkdv_kernel[(nt, batch * kv_heads)](
         q, k, v, grad_out, dk, dv, lse2, delta, dq_acc if dq_acc is not None else delta,
         qn, qb, qd, kn, kb, kd,

@@ -62,8 +62,8 @@ def test_every_loop_and_load_variant_matches_reference(head_dim):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gluon_kernels_equal_the_tl_kernels(head_dim):
-    """The Gluon dK/dV and dQ kernels (config.dkdv_gluon, dq_gluon) against the `tl` ones on the
-    same inputs, as the trainer hands them: q, k, v and dO strided views of (B, S, H, D), GQA
+    """The Gluon dK/dV (one partition or split) and dQ kernels (config.dkdv_gluon, dkdv_split,
+    dq_gluon) against the `tl` ones on the same inputs, as the trainer hands them: q, k, v and dO strided views of (B, S, H, D), GQA
     groups of 4, two documents in one row, a stream (2L = 2000) that no tile size divides; dQ
     fused into the dK/dV kernel against the `tl` dQ kernel; then each config through the whole
     op (the reference's gradients). In the prototype on the H200 the two dK/dV kernels agreed bit
@@ -86,11 +86,13 @@ def test_gluon_kernels_equal_the_tl_kernels(head_dim):
     out, lse = module.forward(q, k, v, schedule, scale, base)
     grad_out, delta, lse2 = module.backward_prepare(rows(8), None, q, out, lse)
     want = module.backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, base)
-    got = module.backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, gluon)
-    for name, w, g in zip(("dk", "dv"), want, got, strict=True):
-        assert g.shape == w.shape and not g.isnan().any(), name
-        error = float((g.float() - w.float()).abs().max() / w.float().abs().max())
-        assert error < TOLERANCE / 10, (name, error)
+    split = module.flag_configs(head_dim)["gluon dkdv split"]
+    for config in (gluon, split):  # one partition for both warpgroups, and one each
+        got = module.backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, config)
+        for name, w, g in zip(("dk", "dv"), want, got, strict=True):
+            assert g.shape == w.shape and not g.isnan().any(), name
+            error = float((g.float() - w.float()).abs().max() / w.float().abs().max())
+            assert error < TOLERANCE / 10, (name, config.dkdv_split, error)
     # dQ fused into it (fp32 atomics into a zeroed buffer) against the `tl` dQ kernel
     dq_acc = torch.zeros(q.shape, device=CUDA, dtype=torch.float32)
     fused = gluon.with_part("dkdv", dq=1)
@@ -106,7 +108,7 @@ def test_gluon_kernels_equal_the_tl_kernels(head_dim):
     assert got_dq.stride() == q.stride()
     error = float((got_dq.float() - want_dq.float()).abs().max() / want_dq.float().abs().max())
     assert error < TOLERANCE / 10, ("gluon dq", error)
-    for config in (gluon, fused, backward):
+    for config in (gluon, split, fused, backward):
         errors = compare_block_diffusion_attention(
             "jit", seq_len=1000, block_size=64, heads=8, kv_heads=2, head_dim=head_dim,
             config=config,

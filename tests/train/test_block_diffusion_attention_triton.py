@@ -339,7 +339,8 @@ def test_tile_classes_agree_with_the_dense_mask(block_size, tiles):
 def test_gluon_kernels_are_refused_where_they_cannot_run():
     """`dkdv_gluon` and `dq_gluon` (no interpreter runs Gluon; their numbers are checked on the
     GPU) refuse, before any launch, a host without an sm90 GPU, other tiles, a dQ buffer they
-    cannot add into and other head dims, each by name."""
+    cannot add into, a split dK/dV with dQ fused or without the Gluon kernel, and other head
+    dims, each by name."""
     from turbo_dllm.kernels.selftest import block_diffusion_tokens
 
     module = _module()
@@ -361,6 +362,11 @@ def test_gluon_kernels_are_refused_where_they_cannot_run():
         dkdv(config.with_part("dkdv", m=32))
     with pytest.raises(ValueError, match="contiguous float32 dq_acc"):
         dkdv(config.with_part("dkdv", dq=1), dq_acc=torch.zeros(q.shape).transpose(2, 3))
+    split = module.flag_configs(64)["gluon dkdv split"]
+    with pytest.raises(ValueError, match="dkdv_split runs without dkdv_dq"):
+        dkdv(split.with_part("dkdv", dq=1), dq_acc=torch.zeros(q.shape))
+    with pytest.raises(ValueError, match="dkdv_split is a layout of the Gluon dK/dV kernel"):
+        dkdv(split.with_part("dkdv", gluon=0))
     # the dQ kernel's launcher, the same way
     dq_config = module.flag_configs(64)["gluon backward"]
     assert dq_config.dq_gluon == 1
