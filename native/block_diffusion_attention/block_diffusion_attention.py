@@ -60,17 +60,14 @@ class KernelConfig:
       descriptors (4-D boxes), 2 device-side `tl.make_tensor_descriptor` (2-D, per head).
     order: launch order: 0 heads innermost (the heaviest tiles of every head first), 1 head by
       head (each head's tiles heaviest first; the programs running together share K/V in L2).
-    lazy (forward only): 1: a full tile rescales the output accumulator and row sums only when
-      it raises some row's max by more than 2^8 (one check per tile), as FlashAttention-4 does;
-      otherwise the stale max stays, so the probabilities stay <= 2^8 (exact, no overflow).
     dkdv_dq: 1: the dK/dV kernel also makes dQ (each tile pair's dS K added with fp32 atomics
       into a zeroed buffer, as FlashAttention-3 does) and the dQ kernel is not launched: five
       matmuls per tile pair instead of seven (the dQ kernel recomputes S and dP).
     dkdv_gluon: 1: dK/dV by the Gluon kernel (`_gluon_dkdv_kernel`: a TMA producer warp, two
       consumer warpgroups, P^T and dS^T to their wgmmas in registers) in place of the `tl` one;
       sm90 only, 64 x 128 tiles on 8 warps, dkdv_stages deep; the other dkdv fields but `m`,
-      `n`, `warps`, `stages`, `dq` and `split` do not apply to it (with `dq`, its tile pairs' dS K are
-      added with fp32 atomics, dS^T passed through shared memory).
+      `n`, `warps`, `stages`, `dq` and `split` do not apply to it (with `dq`, its tile pairs'
+      dS K are added with fp32 atomics, dS^T passed through shared memory).
     dkdv_split: 1 (with dkdv_gluon, without dkdv_dq): each of the Gluon dK/dV kernel's two
       consumer warpgroups its own partition of 64 keys, so they meet at no barrier (one
       partition syncs both before every stage release and they run in lock-step).
@@ -91,7 +88,6 @@ class KernelConfig:
     fwd_runs: int = 0
     fwd_tma: int = 0
     fwd_order: int = 0
-    fwd_lazy: int = 0
     dkdv_m: int = 64
     dkdv_n: int = 128
     dkdv_warps: int = 8
@@ -242,22 +238,14 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
         if head_dim <= 64 and kernel == "fwd":  # D = 64 has room for wider key tiles
             entries.append(("runs 128x128 w4 s4", dict(m=128, n=128, warps=4, stages=4, runs=1)))
         if kernel == "fwd":
-            # Lazy rescaling, on the default and on the deep runs; and 64-row tiles on one
-            # warpgroup, small enough in shared memory for two programs per SM, which then
-            # interleave one's softmax with the other's matmuls (FA3's ping-pong, by the
-            # hardware's scheduler).
-            entries += [
-                ("lazy", dict(lazy=1)),
-                ("runs deep lazy", deep[kernel] | dict(runs=1, lazy=1)),
-            ]
-            # (64 x 128 on 4 warps spills 592 bytes under Triton 3.6; 64 x 64 in 3 stages
-            # takes 115 KB of shared memory and 198 registers, no spill.)
+            # 64-row tiles on one warpgroup, small enough in shared memory for two programs per
+            # SM, which then interleave one's softmax with the other's matmuls (FA3's ping-pong,
+            # by the hardware's scheduler): in 3 stages 115 KB and 198 registers, no spill (64 x
+            # 128 on 4 warps spills 592 bytes under Triton 3.6). (A lazy rescale of the
+            # accumulator, FlashAttention-4's, cost 12-20 % on the H200: docs/benchmarks.md.)
             for stages in (2, 3):
-                name, tile = (
-                    f"64x64 w4 s{stages}",
-                    dict(m=64, n=64, warps=4, stages=stages, runs=1, pipe=1),
-                )
-                entries += [(f"runs {name}", tile), (f"runs {name} lazy", tile | dict(lazy=1))]
+                tile = dict(m=64, n=64, warps=4, stages=stages, runs=1, pipe=1)
+                entries.append((f"runs 64x64 w4 s{stages}", tile))
         if kernel in ("dkdv", "dq"):  # the Gluon kernels (their own loops: only the ring depth)
             tile = GLUON_DKDV_TILE if kernel == "dkdv" else GLUON_DQ_TILE
             gluon = dict(m=tile[0], n=tile[1], warps=tile[2], gluon=1)
@@ -282,7 +270,6 @@ def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
         # ("value not sliced") and on 4-warp forward and dQ loops ("expected non-null blocks")
         "tma device tl.range ws": everywhere(base, tma=2, pipe=1, ws=1, runs=0, warps=8),
         "dq fused": base.with_part("dkdv", dq=1),
-        "fwd lazy": base.with_part("fwd", lazy=1),
         "gluon dkdv": base.with_part("dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3),
         "gluon dkdv dq fused": base.with_part("dkdv", m=64, n=128, warps=8, gluon=1, dq=1),
         "gluon dkdv split": base.with_part(
@@ -534,8 +521,8 @@ def _head_desc(base, rows, stride, desc, TMA: tl.constexpr, ROWS: tl.constexpr,
 
 @triton.jit
 def _fwd_full_tile(q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk, n0, offs_j, offs_d,
-                   stride_ks, stride_vs, qk_scale, TMA: tl.constexpr, BLOCK_N: tl.constexpr,
-                   HEAD_DIM: tl.constexpr, LAZY: tl.constexpr):  # fmt: skip
+                   stride_ks, stride_vs, qk_scale,
+                   TMA: tl.constexpr, BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):  # fmt: skip
     """Every pair allowed: no bounds or mask arithmetic; m_new is finite here."""
     k = _rows(k_base, stride_ks, k_desc, b, hk, n0, offs_j, offs_d, TMA, BLOCK_N, HEAD_DIM)
     v = _rows(v_base, stride_vs, v_desc, b, hk, n0, offs_j, offs_d, TMA, BLOCK_N, HEAD_DIM)
@@ -543,22 +530,10 @@ def _fwd_full_tile(q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk, n0, 
     # qk_scale holds log2(e), so exp2 is exact softmax).
     s = tl.dot(q, tl.trans(k))
     m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    if LAZY:
-        # Rescale acc and l_i only when some row's max grew past 2^8 (FlashAttention-4's
-        # trick): otherwise keep the stale max, so p <= 2^8, exact in fp32 and bf16 alike.
-        if tl.max(m_new - m_i, 0) > 8.0:
-            alpha = tl.math.exp2(m_i - m_new)
-            l_i = l_i * alpha
-            acc = acc * alpha[:, None]
-            m_i = m_new
-        p = tl.math.exp2(s * qk_scale - m_i[:, None])
-        l_i = l_i + tl.sum(p, 1)
-        m_new = m_i
-    else:
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, 1)
-        acc = acc * alpha[:, None]
+    p = tl.math.exp2(s * qk_scale - m_new[:, None])
+    alpha = tl.math.exp2(m_i - m_new)
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None]
     acc = tl.dot(p.to(v.dtype), v, acc)
     return m_new, l_i, acc
 
@@ -588,7 +563,7 @@ def _fwd_kernel(
     H, GROUP, Sq, Sk, Mt, Nt, PER_BATCH,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, TMA: tl.constexpr,
     PIPE: tl.constexpr, STAGES: tl.constexpr, WS: tl.constexpr, RUN_LOOPS: tl.constexpr,
-    HEAD_MAJOR: tl.constexpr, LAZY: tl.constexpr,
+    HEAD_MAJOR: tl.constexpr,
 ):  # fmt: skip
     bh, b, h, m_tile, row = _program(ORDER, Mt, PER_BATCH, H, HEAD_MAJOR)
     hk = h // GROUP
@@ -624,28 +599,28 @@ def _fwd_kernel(
                     m_i, l_i, acc = _fwd_full_tile(
                         q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk,
                         tl.multiple_of(n0, BLOCK_N), offs_j, offs_d, stride_ks, stride_vs,
-                        qk_scale, TMA, BLOCK_N, HEAD_DIM, LAZY,
+                        qk_scale, TMA, BLOCK_N, HEAD_DIM,
                     )  # fmt: skip
             else:
                 for n0 in range(t0, t1, BLOCK_N):
                     m_i, l_i, acc = _fwd_full_tile(
                         q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk,
                         tl.multiple_of(n0, BLOCK_N), offs_j, offs_d, stride_ks, stride_vs,
-                        qk_scale, TMA, BLOCK_N, HEAD_DIM, LAZY,
+                        qk_scale, TMA, BLOCK_N, HEAD_DIM,
                     )  # fmt: skip
     elif PIPE:
         for i in tl.range(0, n_full, num_stages=STAGES, warp_specialize=WS):
             m_i, l_i, acc = _fwd_full_tile(
                 q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk,
                 tl.load(idx + i) * BLOCK_N, offs_j, offs_d, stride_ks, stride_vs,
-                qk_scale, TMA, BLOCK_N, HEAD_DIM, LAZY,
+                qk_scale, TMA, BLOCK_N, HEAD_DIM,
             )  # fmt: skip
     else:
         for i in range(0, n_full):
             m_i, l_i, acc = _fwd_full_tile(
                 q, m_i, l_i, acc, k_base, v_base, k_desc, v_desc, b, hk,
                 tl.load(idx + i) * BLOCK_N, offs_j, offs_d, stride_ks, stride_vs,
-                qk_scale, TMA, BLOCK_N, HEAD_DIM, LAZY,
+                qk_scale, TMA, BLOCK_N, HEAD_DIM,
             )  # fmt: skip
 
     # Partial tiles: the predicate from metadata; a row may still see nothing (m_new = -inf).
@@ -1526,8 +1501,6 @@ def _launch(kernel: str, config: KernelConfig, tiles: int, programs: int, tma: i
     )  # fmt: skip
     if kernel == "dkdv":
         options["DQ"] = part["dq"]
-    if kernel == "fwd":
-        options["LAZY"] = part["lazy"]
     return {"grid": grid, **options}
 
 
