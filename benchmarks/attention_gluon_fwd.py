@@ -21,7 +21,12 @@ first) make the inputs. Written in session 16 without a GPU at hand: compiled fo
 Triton 3.6.0 (the H200's) and 3.9.0. On the H200 (session 17): out and lse equal the `tl`
 forward's; 0.89-0.94x its speed, 0.94x with `--split` (each warpgroup its own partition, so
 the two meet at no barrier), 0.72-0.77x with `--overlap` (FlashAttention-3's intra-warpgroup
-overlap as written here spills).
+overlap as written here spills). `--pingpong` (session 18): split, and the two warpgroups take
+turns at the tensor cores through a pair of mbarriers, FlashAttention-3's inter-warpgroup
+ping-pong: in its turn a warpgroup issues the previous tile's P V and this tile's S together,
+lets the other issue, and runs its softmax while the other's wgmmas do; full and partial tiles
+walk separate loops, so no loop holds both softmax paths (compiled for sm90 under Triton 3.6:
+24 bytes of stack, as `--split`; 3.9: none).
 """
 
 from __future__ import annotations
@@ -53,6 +58,11 @@ def _parse(argv):
     parser.add_argument(
         "--overlap", action="store_true",
         help="FlashAttention-3's intra-warpgroup overlap (softmax of tile j beside P V of j-1)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--pingpong", action="store_true",
+        help="--split with FlashAttention-3's ping-pong: the warpgroups take turns at the tensor "
+        "cores (one's softmax beside the other's wgmmas), full and partial tiles in two loops",
     )  # fmt: skip
     return parser.parse_args(argv)
 
@@ -219,6 +229,115 @@ def _math_overlap(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready,
 
 
 @gluon.jit
+def _my_turn(turn, k, WG: gl.constexpr):
+    """Wait until this warpgroup may issue its k-th pair of wgmmas: warpgroup 0's k-th turn
+    follows warpgroup 1's (k-1)-th, warpgroup 1's k-th follows warpgroup 0's k-th (each
+    arrives on the other's barrier once its wgmmas are done, so the two alternate strictly)."""
+    if WG == 0:
+        if k > 0:
+            mbarrier.wait(turn.index(0), (k - 1) & 1)
+    else:
+        mbarrier.wait(turn.index(1), k & 1)
+
+
+@gluon.jit
+def _pingpong_step(q_s, k_s, v_s, ready, empty, turn, it, p, m_i, l_i, alpha, acc, idx, KN, KB,
+                   KD, b, Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale, BM: gl.constexpr,
+                   BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                   WARPS: gl.constexpr, WG: gl.constexpr, MASKED: gl.constexpr):  # fmt: skip
+    """Tile `it` >= 1 in this warpgroup's turn `it`: O = alpha O + P V of the previous tile and
+    S = Q K^T of this one issued together, then (the other warpgroup's turn) the softmax of S."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16]
+    )
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
+    )
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+    st = it % STAGES
+    prev = (it - 1) % STAGES
+    mbarrier.wait(ready.index(st), (it // STAGES) & 1)
+    _my_turn(turn, it, WG)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+    p_op = gl.convert_layout(p.to(gl.bfloat16), a_op)
+    acc = warpgroup_mma(p_op, v_s.index(prev), acc, is_async=True)
+    zero = gl.zeros([BM, BN], gl.float32, mma_s)
+    s = warpgroup_mma(q_s, k_s.index(st).permute((1, 0)), zero, use_acc=False, is_async=True)
+    # issued: the other warpgroup may queue its wgmmas behind these (FA3 signals here too)
+    mbarrier.arrive(turn.index(1 - WG), count=1)
+    acc, s, p_op = warpgroup_mma_wait(0, deps=[acc, s, p_op])
+    mbarrier.arrive(empty.index(prev), count=1)
+    p, m_i, l_i, alpha = _softmax(s, m_i, l_i, KN, KB, KD, gl.load(idx + it) * BN, b, Sk,
+                                  stride_kdb, qn, qb, qd, row_ok, qk_scale, BN, WARPS,
+                                  MASKED)  # fmt: skip
+    return p, m_i, l_i, alpha, acc
+
+
+@gluon.jit
+def _math_pingpong(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready, empty, turn,
+                   IDX, COUNT, row, Nt, b, bh, m0, Sq, Sk, stride_qdb, stride_kdb, qk_scale,
+                   BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
+                   WARPS: gl.constexpr, WG: gl.constexpr):  # fmt: skip
+    """One warpgroup of a split kernel under FlashAttention-3's ping-pong: the two warpgroups
+    take turns at the tensor cores (`turn`), each issuing the previous tile's P V and this
+    tile's S together, so one's softmax runs while the other's wgmmas do. Full and partial tiles
+    walk separate loops (no branch on the tile class inside a loop)."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16]
+    )
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
+    )
+    a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
+    offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
+    row_ok = offs_m < Sq
+    qn = gl.load(QN + offs_m, mask=row_ok, other=0) != 0
+    qb = gl.load(QB + offs_m, mask=row_ok, other=-1)
+    qd = gl.load(QD + b * stride_qdb + offs_m, mask=row_ok, other=-1)
+    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma_s))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma_s))
+    acc = gl.zeros([BM, D], gl.float32, mma_o)
+    n_full = gl.load(COUNT + row * 3)
+    n_tiles = n_full + gl.load(COUNT + row * 3 + 1)
+    idx = IDX + row.to(gl.int64) * Nt
+    mbarrier.wait(q_bar, 0)
+    # turn 0: tile 0's S alone (a query tile has at least one key tile)
+    mbarrier.wait(ready.index(0), 0)
+    _my_turn(turn, 0, WG)
+    zero = gl.zeros([BM, BN], gl.float32, mma_s)
+    s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
+    mbarrier.arrive(turn.index(1 - WG), count=1)
+    s = warpgroup_mma_wait(0, deps=[s])
+    n0 = gl.load(idx) * BN
+    if n_full > 0:
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
+                                      row_ok, qk_scale, BN, WARPS, False)  # fmt: skip
+    else:
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
+                                      row_ok, qk_scale, BN, WARPS, True)  # fmt: skip
+    for it in range(1, n_full):
+        p, m_i, l_i, alpha, acc = _pingpong_step(
+            q_s, k_s, v_s, ready, empty, turn, it, p, m_i, l_i, alpha, acc, idx, KN, KB, KD, b,
+            Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale, BM, BN, D, STAGES, WARPS, WG, False,
+        )  # fmt: skip
+    for it in range(gl.maximum(n_full, 1), n_tiles):
+        p, m_i, l_i, alpha, acc = _pingpong_step(
+            q_s, k_s, v_s, ready, empty, turn, it, p, m_i, l_i, alpha, acc, idx, KN, KB, KD, b,
+            Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale, BM, BN, D, STAGES, WARPS, WG, True,
+        )  # fmt: skip
+    # turn n_tiles: the last tile's P V
+    last = (n_tiles - 1) % STAGES
+    _my_turn(turn, n_tiles, WG)
+    acc = acc * gl.convert_layout(alpha, gl.SliceLayout(1, mma_o))[:, None]
+    p_op = gl.convert_layout(p.to(gl.bfloat16), a_op)
+    acc = warpgroup_mma(p_op, v_s.index(last), acc, is_async=True)
+    mbarrier.arrive(turn.index(1 - WG), count=1)
+    acc, p_op = warpgroup_mma_wait(0, deps=[acc, p_op])
+    mbarrier.arrive(empty.index(last), count=1)
+    _store_out(OUT, LSE, acc, m_i, l_i, offs_m, row_ok, m0, bh, Sq, BM, D, WARPS)
+
+
+@gluon.jit
 def _math_plain(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready, empty, IDX, COUNT,
           row, Nt, b, bh, m0, Sq, Sk, stride_qdb, stride_kdb, qk_scale, BM: gl.constexpr,
           BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
@@ -282,7 +401,7 @@ def gluon_fwd_kernel(Q, K, V, OUT, LSE, QN, QB, QD, KN, KB, KD, ORDER, IDX, COUN
                      H, GROUP, HK, Sq, Sk, Mt, Nt, PER_BATCH, ROWS_Q, ROWS_K, stride_qdb,
                      stride_kdb, BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
                      STAGES: gl.constexpr, WARPS: gl.constexpr, SPLIT: gl.constexpr,
-                     OVERLAP: gl.constexpr):  # fmt: skip
+                     OVERLAP: gl.constexpr, PINGPONG: gl.constexpr = False):  # fmt: skip
     """One query tile of one head (grid: query tiles x batch * heads, the op's order: heaviest
     tiles first). Q, K, V, OUT contiguous (B, heads, S, D), read as (B * heads * S, D) through
     TMA descriptors; LSE (B, H, Sq)."""
@@ -304,17 +423,36 @@ def gluon_fwd_kernel(Q, K, V, OUT, LSE, QN, QB, QD, KN, KB, KD, ORDER, IDX, COUN
     q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     mbarrier.init(q_bar, count=1)
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1 + SPLIT)  # SPLIT: each warpgroup arrives
+    for w in gl.static_range(2):  # PINGPONG: warpgroup w waits on turn[w], the other arrives
+        mbarrier.init(turn.index(w), count=1)
     fence_async_shared()
     # the query tile, once (rows past the tensor's end arrive as zeros; rows of the next head
     # past Sq are masked out of the scores and the stores)
     mbarrier.expect(q_bar, q_desc.block_type.nbytes)
     _tma_load(q_desc, [bh * Sq + m0, 0], q_bar, q_s)
     key0 = (b * HK + hk) * Sk  # this KV head's first row in the (B*HK*Sk, D) view
-    if SPLIT:  # each warpgroup its own partition, 64 query rows each: they meet at no barrier
+    if PINGPONG:  # split, and the two take turns at the tensor cores
+        HALF: gl.constexpr = BM // 2
+        gl.warp_specialize(
+            [(_math_pingpong, (OUT, LSE, QN, QB, QD, KN, KB, KD, q_s.slice(0, HALF, dim=0), k_s,
+                               v_s, q_bar, ready, empty, turn, IDX, COUNT, row, Nt, b, bh, m0,
+                               Sq, Sk, stride_qdb, stride_kdb, qk_scale, HALF, BN, D, STAGES, 4,
+                               0)),
+             (_math_pingpong, (OUT, LSE, QN, QB, QD, KN, KB, KD, q_s.slice(HALF, HALF, dim=0),
+                               k_s, v_s, q_bar, ready, empty, turn, IDX, COUNT, row, Nt, b, bh,
+                               m0 + HALF, Sq, Sk, stride_qdb, stride_kdb, qk_scale, HALF, BN, D,
+                               STAGES, 4, 1)),
+             (_loads, (k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt, key0, BN,
+                       STAGES))],
+            [4, 1],
+            [240, 24],
+        )  # fmt: skip
+    elif SPLIT:  # each warpgroup its own partition, 64 query rows each: they meet at no barrier
         HALF: gl.constexpr = BM // 2
         gl.warp_specialize(
             [(_math, (OUT, LSE, QN, QB, QD, KN, KB, KD, q_s.slice(0, HALF, dim=0), k_s, v_s,
@@ -340,8 +478,11 @@ def gluon_fwd_kernel(Q, K, V, OUT, LSE, QN, QB, QD, KN, KB, KD, ORDER, IDX, COUN
         )  # fmt: skip
 
 
-def gluon_forward(module, q, k, v, schedule, scale, stages=2, split=False, overlap=False):
-    """(out, lse) like the op's (`module`) `forward`, from the Gluon kernel."""
+def gluon_forward(module, q, k, v, schedule, scale, stages=2, split=False, overlap=False,
+                  pingpong=False):  # fmt: skip
+    """(out, lse) like the op's (`module`) `forward`, from the Gluon kernel (`pingpong`: split,
+    the two warpgroups taking turns)."""
+    split = split or pingpong
     import torch
     import triton
 
@@ -364,12 +505,14 @@ def gluon_forward(module, q, k, v, schedule, scale, stages=2, split=False, overl
         int(rows > 1), batch * heads * sq, batch * kv_heads * sk,
         *module._doc_strides(schedule),
         BM=BM, BN=BN, D=dim, STAGES=stages, WARPS=WARPS, SPLIT=split, OVERLAP=overlap,
-        num_warps=WARPS // 2 if split else WARPS,
+        PINGPONG=pingpong, num_warps=WARPS // 2 if split else WARPS,
     )  # fmt: skip
     return out, lse
 
 
-def compile_only(stages: int, dim: int, split: bool = False, overlap: bool = False) -> None:
+def compile_only(stages: int, dim: int, split: bool = False, overlap: bool = False,
+                 pingpong: bool = False) -> None:  # fmt: skip
+    split = split or pingpong
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
@@ -378,9 +521,11 @@ def compile_only(stages: int, dim: int, split: bool = False, overlap: bool = Fal
     sig = {n: "*bf16" for n in ("Q", "K", "V", "OUT")}
     sig |= {"LSE": "*fp32", "QN": "*i8", "KN": "*i8", "qk_scale": "fp32"}
     sig |= {n: "*i32" for n in ("QB", "QD", "KB", "KD", "ORDER", "IDX", "COUNT")}
-    sig |= {n: "constexpr" for n in ("BM", "BN", "D", "STAGES", "WARPS", "SPLIT", "OVERLAP")}
+    flags = ("BM", "BN", "D", "STAGES", "WARPS", "SPLIT", "OVERLAP", "PINGPONG")
+    sig |= {n: "constexpr" for n in flags}
     sig |= {n: "i32" for n in names if n not in sig}
-    constants = dict(BM=BM, BN=BN, D=dim, STAGES=stages, WARPS=WARPS, SPLIT=split, OVERLAP=overlap)
+    constants = dict(BM=BM, BN=BN, D=dim, STAGES=stages, WARPS=WARPS, SPLIT=split,
+                     OVERLAP=overlap, PINGPONG=pingpong)  # fmt: skip
     source = GluonASTSource(gluon_fwd_kernel, {n: sig[n] for n in names}, constants)
     warps = WARPS // 2 if split else WARPS
     compiled = triton.compile(
@@ -390,14 +535,15 @@ def compile_only(stages: int, dim: int, split: bool = False, overlap: bool = Fal
     from triton_sm90_compile import register_use
 
     print(f"triton {triton.__version__}: gluon_fwd_kernel D={dim} {stages} stages"
-          f"{' split' if split else ''}{' overlap' if overlap else ''} compiled for "
+          f"{' split' if split else ''}{' overlap' if overlap else ''}"
+          f"{' pingpong' if pingpong else ''} compiled for "
           f"sm90, shared memory {compiled.metadata.shared} bytes;"
           + register_use(compiled.asm["cubin"]))  # fmt: skip
 
 
 def main(args) -> int:
     if args.compile_only:
-        compile_only(args.stages, args.head_dim, args.split, args.overlap)
+        compile_only(args.stages, args.head_dim, args.split, args.overlap, args.pingpong)
         return 0
     import torch
 
@@ -435,7 +581,7 @@ def main(args) -> int:
         scale = dim**-0.5
         want_out, want_lse = module.forward(q, k, v, schedule, scale, config)
         got_out, got_lse = gluon_forward(
-            module, q, k, v, schedule, scale, args.stages, args.split, args.overlap
+            module, q, k, v, schedule, scale, args.stages, args.split, args.overlap, args.pingpong
         )
         torch.cuda.synchronize()
         out_error = float(
@@ -454,7 +600,9 @@ def main(args) -> int:
             inputs = (q, k, v, schedule, scale)
             tl_ms = timed(lambda x=inputs: module.forward(*x, config))
             gl_ms = timed(
-                lambda x=inputs: gluon_forward(module, *x, args.stages, args.split, args.overlap)
+                lambda x=inputs: gluon_forward(
+                    module, *x, args.stages, args.split, args.overlap, args.pingpong
+                )
             )
             print(f"2L={s} B={args.batch} H={args.heads}/{args.kv_heads} D={dim} block "
                   f"{args.block_size}: forward tl {tl_ms:.3f} ms, gluon {gl_ms:.3f} ms "
