@@ -67,7 +67,7 @@ def main(args) -> int:
 
     dim = args.head_dim
     module = triton_module("block_diffusion_attention", "jit")
-    tl_config = module.default_config(dim)
+    tl_config = module.tl_default(dim)
     gluon = module.flag_configs(dim)["gluon dkdv"].with_part("dkdv", stages=args.stages)
     fused = gluon.with_part("dkdv", dq=1)
     meta = [

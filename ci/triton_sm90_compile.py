@@ -192,7 +192,7 @@ def _all_variants(module, head_dim: int) -> dict[str, list]:
     """The sweep's variants, the fused-dQ kernel and the GPU tests' flag configs."""
     variants = module.sweep_variants(head_dim)
     # not a sweep entry (the sweep times kernels apart; this one replaces the dQ kernel)
-    fused = module.default_config(head_dim).with_part("dkdv", dq=1)
+    fused = module.tl_default(head_dim).with_part("dkdv", dq=1)
     variants["dkdv"] = [*variants["dkdv"], ("dq fused (atomics)", fused)]
     # and the GPU tests' configs, each kernel of them (their flags combined, not one at a time)
     for name, config in module.flag_configs(head_dim).items():

@@ -253,15 +253,21 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
             if kernel == "dkdv":
                 entries += [(f"gluon split s{stages}", gluon | dict(stages=stages, split=1))
                             for stages in (2, 3, 4)]  # fmt: skip
-        variants[kernel] = [(name, base.with_part(kernel, **change)) for name, change in entries]
+        tl = TL_KERNELS.get(
+            kernel, {}
+        )  # a `tl` variant runs the `tl` kernel (gluon entries set it)
+        variants[kernel] = [
+            (name, base.with_part(kernel, **(tl | change))) for name, change in entries
+        ]
     return variants
 
 
 def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
     """Configs that together set every loop and load flag the sweep may pick, on the head dim's
-    defaults: the GPU tests check each against the reference, and `ci/triton_sm90_compile.py`
-    compiles them for sm90 on a host without a GPU (a pass failure shows there first)."""
-    base = default_config(head_dim)
+    defaults (on the `tl` kernels where no Gluon one is named): the GPU tests check each against
+    the reference, and `ci/triton_sm90_compile.py` compiles them for sm90 on a host without a
+    GPU (a pass failure shows there first)."""
+    base = tl_default(head_dim)  # the Gluon kernels are named where a config takes them
     return {
         "runs s3 head-major tma host": everywhere(
             base, runs=1, pipe=1, order=1, tma=1, stages=3, n=64
@@ -288,6 +294,19 @@ def default_config(head_dim: int) -> KernelConfig:
     if head_dim not in SM90_CONFIGS:
         raise ValueError(f"block_diffusion_attention supports head dim 64 or 128, not {head_dim}")
     return SM90_CONFIGS[head_dim]
+
+
+# The fields that pick a Gluon kernel: off, the `tl` kernels run with the config's other fields.
+TL_KERNELS = {"dkdv": dict(gluon=0, split=0), "dq": dict(gluon=0)}
+
+
+def tl_default(head_dim: int) -> KernelConfig:
+    """The default config on the `tl` kernels only (the Gluon kernels' reference in the tests,
+    and the base of the `tl` variants the sweep and the tests set)."""
+    config = default_config(head_dim)
+    for kernel, values in TL_KERNELS.items():
+        config = config.with_part(kernel, **values)
+    return config
 
 
 # --- tile schedule -------------------------------------------------------------------------

@@ -71,7 +71,7 @@ def test_gluon_kernels_equal_the_tl_kernels(head_dim):
     from turbo_dllm.kernels.selftest import block_diffusion_tokens
 
     module = triton_module("block_diffusion_attention", "jit")
-    base = module.default_config(head_dim)
+    base = module.tl_default(head_dim)
     gluon = module.flag_configs(head_dim)["gluon dkdv"]
     meta = [t.to(CUDA) for t in block_diffusion_tokens(1000, 32, 2, 333)]
     schedule = module.make_schedule(*meta, *meta)
