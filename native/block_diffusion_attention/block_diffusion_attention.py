@@ -291,9 +291,12 @@ def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
 
 
 def default_config(head_dim: int) -> KernelConfig:
+    """The shipped config of `head_dim`; under a Triton without Gluon (before 3.6) the same on
+    the `tl` kernels, which give the Gluon ones' numbers (the GPU tests hold them bit for bit)."""
     if head_dim not in SM90_CONFIGS:
         raise ValueError(f"block_diffusion_attention supports head dim 64 or 128, not {head_dim}")
-    return SM90_CONFIGS[head_dim]
+    config = SM90_CONFIGS[head_dim]
+    return config if HAS_GLUON else _on_tl(config)
 
 
 # The fields that pick a Gluon kernel: off, the `tl` kernels run with the config's other fields.
@@ -303,7 +306,10 @@ TL_KERNELS = {"dkdv": dict(gluon=0, split=0), "dq": dict(gluon=0)}
 def tl_default(head_dim: int) -> KernelConfig:
     """The default config on the `tl` kernels only (the Gluon kernels' reference in the tests,
     and the base of the `tl` variants the sweep and the tests set)."""
-    config = default_config(head_dim)
+    return _on_tl(default_config(head_dim))
+
+
+def _on_tl(config: KernelConfig) -> KernelConfig:
     for kernel, values in TL_KERNELS.items():
         config = config.with_part(kernel, **values)
     return config
@@ -1036,8 +1042,9 @@ try:
     # only the old names
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _cta_barrier = getattr(gl, "barrier", None) or gl.thread_barrier
-    HAS_GLUON = True
-except ImportError:  # a Triton without Gluon: dkdv_gluon is refused at launch
+    # the kernels are written against Gluon's Hopper API as of 3.6 (earlier ones differ)
+    HAS_GLUON = tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (3, 6)
+except (ImportError, ValueError):  # a Triton without Gluon: dkdv_gluon is refused at launch
     HAS_GLUON = False
 
 # (query rows, key rows, consumer warps) of the Gluon dK/dV tile: each consumer warpgroup's

@@ -373,6 +373,20 @@ def test_gluon_kernels_are_refused_where_they_cannot_run():
         )  # fmt: skip
 
 
+def test_without_gluon_the_defaults_run_the_tl_kernels(monkeypatch):
+    """Head dim 128 ships the Gluon dK/dV (split); under a Triton without Gluon's 3.6 API the
+    default is the same config on the `tl` kernels (same numbers), not a refusal at launch."""
+    module = _module()
+    assert module.HAS_GLUON
+    shipped = module.default_config(128)
+    assert (shipped.dkdv_gluon, shipped.dkdv_split) == (1, 1)
+    monkeypatch.setattr(module, "HAS_GLUON", False)
+    fallback = module.default_config(128)
+    assert (fallback.dkdv_gluon, fallback.dkdv_split, fallback.dq_gluon) == (0, 0, 0)
+    assert fallback == shipped.with_part("dkdv", gluon=0, split=0) == module.tl_default(128)
+    assert module.default_config(64) == module.SM90_CONFIGS[64]  # D = 64 ships no Gluon kernel
+
+
 def test_reference_matches_the_training_reference_attention():
     """The op's torch reference equals partial_attention's dense reference (same rule)."""
     from turbo_dllm.kernels.block_diffusion import (
