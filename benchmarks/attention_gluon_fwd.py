@@ -233,7 +233,7 @@ def _math_overlap(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready,
 def _my_turn(turn, k, WG: gl.constexpr):
     """Wait until this warpgroup may issue its k-th pair of wgmmas: warpgroup 0's k-th turn
     follows warpgroup 1's (k-1)-th, warpgroup 1's k-th follows warpgroup 0's k-th (each
-    arrives on the other's barrier once its wgmmas are done, so the two alternate strictly)."""
+    arrives on the other's barrier once its wgmmas are issued, so the two alternate strictly)."""
     if WG == 0:
         if k > 0:
             mbarrier.wait(turn.index(0), (k - 1) & 1)

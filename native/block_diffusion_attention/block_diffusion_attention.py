@@ -253,9 +253,8 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
             if kernel == "dkdv":
                 entries += [(f"gluon split s{stages}", gluon | dict(stages=stages, split=1))
                             for stages in (2, 3, 4)]  # fmt: skip
-        tl = TL_KERNELS.get(
-            kernel, {}
-        )  # a `tl` variant runs the `tl` kernel (gluon entries set it)
+        # a `tl` variant runs the `tl` kernel whatever the default's is (Gluon entries set it)
+        tl = TL_KERNELS.get(kernel, {})
         variants[kernel] = [
             (name, base.with_part(kernel, **(tl | change))) for name, change in entries
         ]

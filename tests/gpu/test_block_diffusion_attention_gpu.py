@@ -63,10 +63,10 @@ def test_every_loop_and_load_variant_matches_reference(head_dim):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gluon_kernels_equal_the_tl_kernels(head_dim):
     """The Gluon dK/dV (one partition or split) and dQ kernels (config.dkdv_gluon, dkdv_split,
-    dq_gluon) against the `tl` ones on the same inputs, as the trainer hands them: q, k, v and dO strided views of (B, S, H, D), GQA
-    groups of 4, two documents in one row, a stream (2L = 2000) that no tile size divides; dQ
-    fused into the dK/dV kernel against the `tl` dQ kernel; then each config through the whole
-    op (the reference's gradients). In the prototype on the H200 the two dK/dV kernels agreed bit
+    dq_gluon) against the `tl` ones on the same inputs, as the trainer hands them: q, k, v and
+    dO strided views of (B, S, H, D), GQA groups of 4, two documents in one row, a stream (2L =
+    2000) that no tile size divides; dQ fused into the dK/dV kernel against the `tl` dQ kernel;
+    then each config through the whole op (the reference's gradients). In the prototype on the H200 the two dK/dV kernels agreed bit
     for bit."""
     from turbo_dllm.kernels.selftest import block_diffusion_tokens
 

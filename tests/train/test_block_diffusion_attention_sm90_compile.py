@@ -49,8 +49,8 @@ def test_a_config_over_sm90_shared_memory_fails():
 def test_gluon_kernels_compile_for_sm90(head_dim):
     """The Gluon dK/dV and dQ kernels (config.dkdv_gluon, dq_gluon; Gluon has no interpreter, so
     this compile is what the CPU suite can check of them) at every ring depth the sweep times,
-    dK/dV also split and with dQ fused, under this host's Triton (the GPU host runs 3.6, this one may run a
-    later one: the kernels must build in both)."""
+    dK/dV also split and with dQ fused, under this host's Triton (the GPU host runs 3.6, this one
+    may run a later one: the kernels must build in both)."""
     done = _compile("--head-dim", str(head_dim), "--only", "gluon")
     assert done.returncode == 0, done.stdout + done.stderr
     tests = ["test: gluon dkdv", "test: gluon dkdv dq fused", "test: gluon dkdv split",
