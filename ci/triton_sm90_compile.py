@@ -86,7 +86,14 @@ def compile_variant(module, kernel: str, config, dim: int):
             num_warps=module.GLUON_DKDV_TILE[2] // (2 if part["split"] else 1),
         )
     if kernel == "dq" and part["gluon"]:  # as `_gluon_backward_dq` launches it
-        return compile_gluon(module._gluon_dq_kernel, module.GLUON_DQ_TILE, dim, part["stages"])
+        return compile_gluon(
+            module._gluon_dq_kernel,
+            module.GLUON_DQ_TILE,
+            dim,
+            part["stages"],
+            SPLIT=bool(part["split"]),
+            num_warps=module.GLUON_DQ_TILE[2] // (2 if part["split"] else 1),
+        )
     fn = {"fwd": module._fwd_kernel, "dkdv": module._bwd_dkdv_kernel, "dq": module._bwd_dq_kernel}
     fn = fn[kernel]
     launch = module._launch(kernel, config, 1, 1, part["tma"])

@@ -73,8 +73,10 @@ class KernelConfig:
       partition syncs both before every stage release and they run in lock-step).
     dq_gluon: 1: dQ by the Gluon dQ kernel (`_gluon_dq_kernel`: the same structure, K and V
       tiles streamed, dS handed to dQ's wgmma in registers) in place of the `tl` one; sm90 only,
-      128 x 64 tiles on 8 warps, dq_stages deep; of the other dq fields only `m`, `n`, `warps`
-      and `stages` apply.
+      128 x 64 tiles on 8 warps, dq_stages deep; of the other dq fields only `m`, `n`, `warps`,
+      `stages` and `split` apply.
+    dq_split: 1 (with dq_gluon): the Gluon dQ kernel's two consumer warpgroups each its own
+      partition of 64 query rows, as `dkdv_split` does for dK/dV.
 
     Every field is an int (flags 0/1) so the torch op passes the config as a list of ints.
     """
@@ -110,6 +112,7 @@ class KernelConfig:
     dq_tma: int = 0
     dq_order: int = 0
     dq_gluon: int = 0
+    dq_split: int = 0
 
     def part(self, kernel: str) -> dict[str, int]:
         """One kernel's fields without its prefix: {'m': ..., 'n': ..., 'warps': ...}."""
@@ -250,9 +253,8 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
             tile = GLUON_DKDV_TILE if kernel == "dkdv" else GLUON_DQ_TILE
             gluon = dict(m=tile[0], n=tile[1], warps=tile[2], gluon=1)
             entries += [(f"gluon s{stages}", gluon | {"stages": stages}) for stages in (2, 3, 4)]
-            if kernel == "dkdv":
-                entries += [(f"gluon split s{stages}", gluon | dict(stages=stages, split=1))
-                            for stages in (2, 3, 4)]  # fmt: skip
+            entries += [(f"gluon split s{stages}", gluon | dict(stages=stages, split=1))
+                        for stages in (2, 3, 4)]  # fmt: skip
         # a `tl` variant runs the `tl` kernel whatever the default's is (Gluon entries set it)
         tl = TL_KERNELS.get(kernel, {})
         variants[kernel] = [
@@ -283,6 +285,9 @@ def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
         "gluon backward": base.with_part(
             "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3
         ).with_part("dq", m=128, n=64, warps=8, gluon=1, stages=3),
+        "gluon backward split": base.with_part(
+            "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3, split=1
+        ).with_part("dq", m=128, n=64, warps=8, gluon=1, stages=3, split=1),
         "dq fused runs s3": everywhere(base, runs=1, pipe=1, stages=3, n=64).with_part(
             "dkdv", m=64, n=128, dq=1
         ),
@@ -299,7 +304,7 @@ def default_config(head_dim: int) -> KernelConfig:
 
 
 # The fields that pick a Gluon kernel: off, the `tl` kernels run with the config's other fields.
-TL_KERNELS = {"dkdv": dict(gluon=0, split=0), "dq": dict(gluon=0)}
+TL_KERNELS = {"dkdv": dict(gluon=0, split=0), "dq": dict(gluon=0, split=0)}
 
 
 def tl_default(head_dim: int) -> KernelConfig:
@@ -1402,10 +1407,12 @@ if HAS_GLUON:
                          qk_scale, sm_scale, H, GROUP, HK, Sq, Sk, Mt, Nt, PER_BATCH, ROWS_Q,
                          ROWS_K, stride_qdb, stride_kdb, stride_dqb, stride_dqh, stride_dqs,
                          BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
-                         STAGES: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+                         STAGES: gl.constexpr, WARPS: gl.constexpr,
+                         SPLIT: gl.constexpr = False):  # fmt: skip
         """One query tile of one head (grid: query tiles x batch * heads, the op's order:
         heaviest tiles first). Q, K, V, dO contiguous (B, heads, S, D), read as
-        (B * heads * S, D) through TMA descriptors; dQ stored with its own strides."""
+        (B * heads * S, D) through TMA descriptors; dQ stored with its own strides. SPLIT: each
+        consumer warpgroup its own partition of 64 query rows (they meet at no barrier)."""
         bh = gl.program_id(1)
         b = bh // H
         h = bh % H
@@ -1431,7 +1438,7 @@ if HAS_GLUON:
         mbarrier.init(q_bar, count=1)
         for s in gl.static_range(STAGES):
             mbarrier.init(ready.index(s), count=1)
-            mbarrier.init(empty.index(s), count=1)
+            mbarrier.init(empty.index(s), count=1 + SPLIT)  # SPLIT: each warpgroup arrives
         fence_async_shared()
         # Q and dO of the query tile, once (rows past the tensor's end arrive as zeros; rows of
         # the next head past Sq are masked out of P and the store)
@@ -1439,16 +1446,37 @@ if HAS_GLUON:
         _tma_load(q_desc, [bh * Sq + m0, 0], q_bar, q_s)
         _tma_load(do_desc, [bh * Sq + m0, 0], q_bar, do_s)
         key0 = (b * HK + hk) * Sk  # this KV head's first row in the (B*HK*Sk, D) view
-        gl.warp_specialize(
-            [(_gluon_dq_math, (DQ, LSE2, DELTA, QN, QB, QD, KN, KB, KD, q_s, do_s, k_s, v_s,
-                               q_bar, ready, empty, IDX, COUNT, row, Nt, b, h, bh, m0, Sq, Sk,
-                               stride_qdb, stride_kdb, stride_dqb, stride_dqh, stride_dqs,
-                               qk_scale, sm_scale, BM, BN, D, STAGES, WARPS)),
-             (_gluon_kv_loads, (k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt,
-                                key0, BN, STAGES))],
-            [1],
-            [24],
-        )  # fmt: skip
+        if SPLIT:
+            HALF: gl.constexpr = BM // 2
+            gl.warp_specialize(
+                [(_gluon_dq_math, (DQ, LSE2, DELTA, QN, QB, QD, KN, KB, KD,
+                                   q_s.slice(0, HALF, dim=0), do_s.slice(0, HALF, dim=0), k_s,
+                                   v_s, q_bar, ready, empty, IDX, COUNT, row, Nt, b, h, bh, m0,
+                                   Sq, Sk, stride_qdb, stride_kdb, stride_dqb, stride_dqh,
+                                   stride_dqs, qk_scale, sm_scale, HALF, BN, D, STAGES,
+                                   WARPS // 2)),
+                 (_gluon_dq_math, (DQ, LSE2, DELTA, QN, QB, QD, KN, KB, KD,
+                                   q_s.slice(HALF, HALF, dim=0), do_s.slice(HALF, HALF, dim=0),
+                                   k_s, v_s, q_bar, ready, empty, IDX, COUNT, row, Nt, b, h, bh,
+                                   m0 + HALF, Sq, Sk, stride_qdb, stride_kdb, stride_dqb,
+                                   stride_dqh, stride_dqs, qk_scale, sm_scale, HALF, BN, D,
+                                   STAGES, WARPS // 2)),
+                 (_gluon_kv_loads, (k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row,
+                                    Nt, key0, BN, STAGES))],
+                [WARPS // 2, 1],
+                [240, 24],
+            )  # fmt: skip
+        else:
+            gl.warp_specialize(
+                [(_gluon_dq_math, (DQ, LSE2, DELTA, QN, QB, QD, KN, KB, KD, q_s, do_s, k_s, v_s,
+                                   q_bar, ready, empty, IDX, COUNT, row, Nt, b, h, bh, m0, Sq,
+                                   Sk, stride_qdb, stride_kdb, stride_dqb, stride_dqh,
+                                   stride_dqs, qk_scale, sm_scale, BM, BN, D, STAGES, WARPS)),
+                 (_gluon_kv_loads, (k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row,
+                                    Nt, key0, BN, STAGES))],
+                [1],
+                [24],
+            )  # fmt: skip
 
 
 # --- launchers -----------------------------------------------------------------------------
@@ -1694,7 +1722,8 @@ def _gluon_backward_dq(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale
         heads, heads // kv_heads, kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
         batch * heads * sq, batch * kv_heads * sk, *_doc_strides(schedule),
         dq.stride(0), dq.stride(1), dq.stride(2),
-        BM=block_m, BN=block_n, D=dim, STAGES=part["stages"], WARPS=warps, num_warps=warps,
+        BM=block_m, BN=block_n, D=dim, STAGES=part["stages"], WARPS=warps,
+        SPLIT=bool(part["split"]), num_warps=warps // 2 if part["split"] else warps,
     )  # fmt: skip
     return dq
 
@@ -1702,6 +1731,8 @@ def _gluon_backward_dq(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale
 def backward_dq(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
                 config: KernelConfig):  # fmt: skip
     """dq like q: one program per (head, query tile) over its key tiles."""
+    if config.dq_split and not config.dq_gluon:
+        raise ValueError("dq_split is a layout of the Gluon dQ kernel (dq_gluon: 1)")
     if config.dq_gluon:
         return _gluon_backward_dq(grad_out, delta, lse2, q, k, v, schedule, scale, config)
     batch, heads, sq, dim = q.shape

@@ -62,12 +62,12 @@ def test_every_loop_and_load_variant_matches_reference(head_dim):
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_gluon_kernels_equal_the_tl_kernels(head_dim):
-    """The Gluon dK/dV (one partition or split) and dQ kernels (config.dkdv_gluon, dkdv_split,
-    dq_gluon) against the `tl` ones on the same inputs, as the trainer hands them: q, k, v and
-    dO strided views of (B, S, H, D), GQA groups of 4, two documents in one row, a stream (2L =
-    2000) that no tile size divides; dQ fused into the dK/dV kernel against the `tl` dQ kernel;
-    then each config through the whole op (the reference's gradients). In the prototype on the H200 the two dK/dV kernels agreed bit
-    for bit."""
+    """The Gluon dK/dV and dQ kernels, in one partition or split (config.dkdv_gluon,
+    dkdv_split, dq_gluon, dq_split) against the `tl` ones on the same inputs, as the trainer
+    hands them: q, k, v and dO strided views of (B, S, H, D), GQA groups of 4, two documents in
+    one row, a stream (2L = 2000) that no tile size divides; dQ fused into the dK/dV kernel
+    against the `tl` dQ kernel; then each config through the whole op (the reference's
+    gradients). On the H200 the Gluon and `tl` dK/dV kernels agree bit for bit."""
     from turbo_dllm.kernels.selftest import block_diffusion_tokens
 
     module = triton_module("block_diffusion_attention", "jit")
@@ -104,11 +104,13 @@ def test_gluon_kernels_equal_the_tl_kernels(head_dim):
         assert error < TOLERANCE, (name, error)
     # the Gluon dQ kernel against the `tl` one (dQ stored with q's strides: a view here)
     backward = module.flag_configs(head_dim)["gluon backward"]
-    got_dq = module.backward_dq(grad_out, delta, lse2, q, k, v, schedule, scale, backward)
-    assert got_dq.stride() == q.stride()
-    error = float((got_dq.float() - want_dq.float()).abs().max() / want_dq.float().abs().max())
-    assert error < TOLERANCE / 10, ("gluon dq", error)
-    for config in (gluon, split, fused, backward):
+    backward_split = module.flag_configs(head_dim)["gluon backward split"]
+    for config in (backward, backward_split):  # the Gluon dQ in one partition, and split
+        got_dq = module.backward_dq(grad_out, delta, lse2, q, k, v, schedule, scale, config)
+        assert got_dq.stride() == q.stride()
+        error = float((got_dq.float() - want_dq.float()).abs().max() / want_dq.float().abs().max())
+        assert error < TOLERANCE / 10, ("gluon dq", config.dq_split, error)
+    for config in (gluon, split, fused, backward, backward_split):
         errors = compare_block_diffusion_attention(
             "jit", seq_len=1000, block_size=64, heads=8, kv_heads=2, head_dim=head_dim,
             config=config,

@@ -49,15 +49,15 @@ def test_a_config_over_sm90_shared_memory_fails():
 def test_gluon_kernels_compile_for_sm90(head_dim):
     """The Gluon dK/dV and dQ kernels (config.dkdv_gluon, dq_gluon; Gluon has no interpreter, so
     this compile is what the CPU suite can check of them) at every ring depth the sweep times,
-    dK/dV also split and with dQ fused, under this host's Triton (the GPU host runs 3.6, this one
+    each also split, dK/dV also with dQ fused, under this host's Triton (the GPU host runs 3.6, this one
     may run a later one: the kernels must build in both)."""
     done = _compile("--head-dim", str(head_dim), "--only", "gluon")
     assert done.returncode == 0, done.stdout + done.stderr
     tests = ["test: gluon dkdv", "test: gluon dkdv dq fused", "test: gluon dkdv split",
-             "test: gluon backward"]  # fmt: skip
+             "test: gluon backward", "test: gluon backward split"]  # fmt: skip
     rings = ["gluon s2", "gluon s3", "gluon s4"]
     split = ["gluon split s2", "gluon split s3", "gluon split s4"]
-    expected = {"dkdv": rings + split + tests, "dq": rings + tests}
+    expected = {"dkdv": rings + split + tests, "dq": rings + split + tests}
     for kernel in ("dkdv", "dq"):  # the dQ kernel of the first three tests is the `tl` one
         lines = [line for line in done.stdout.splitlines() if line.startswith(f"{kernel} ")]
         names = [line[6:34].strip() for line in lines]

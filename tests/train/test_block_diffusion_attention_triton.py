@@ -328,8 +328,8 @@ def test_tile_classes_agree_with_the_dense_mask(block_size, tiles):
 def test_gluon_kernels_are_refused_where_they_cannot_run():
     """`dkdv_gluon` and `dq_gluon` (no interpreter runs Gluon; their numbers are checked on the
     GPU) refuse, before any launch, a host without an sm90 GPU, other tiles, a dQ buffer they
-    cannot add into, a split dK/dV with dQ fused or without the Gluon kernel, and other head
-    dims, each by name."""
+    cannot add into, a split dK/dV with dQ fused, a split dK/dV or dQ without its Gluon kernel,
+    and other head dims, each by name."""
     from turbo_dllm.kernels.selftest import block_diffusion_tokens
 
     module = _module()
@@ -361,6 +361,10 @@ def test_gluon_kernels_are_refused_where_they_cannot_run():
     assert dq_config.dq_gluon == 1
     with pytest.raises(ValueError, match="dq_gluon runs on sm90 GPUs"):
         module.backward_dq(q, stats, stats, q, k, k, schedule, 0.125, dq_config)
+    with pytest.raises(ValueError, match="dq_split is a layout of the Gluon dQ kernel"):
+        module.backward_dq(
+            q, stats, stats, q, k, k, schedule, 0.125, dq_config.with_part("dq", gluon=0, split=1)
+        )
     with pytest.raises(ValueError, match="dq_gluon runs 128 x 64 tiles on 8 warps"):
         module.backward_dq(
             q, stats, stats, q, k, k, schedule, 0.125, dq_config.with_part("dq", n=128)
