@@ -165,6 +165,41 @@ def _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd, row_ok,
 
 
 @gluon.jit
+def _query_rows(QN, QB, QD, b, m0, Sq, stride_qdb, BM: gl.constexpr, BN: gl.constexpr,
+                D: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """A consumer's query rows: (offs_m, row_ok, qn, qb, qd) and the online softmax's start
+    (m_i, l_i, acc)."""
+    mma_s: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16]
+    )
+    mma_o: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
+    )
+    offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
+    row_ok = offs_m < Sq
+    qn = gl.load(QN + offs_m, mask=row_ok, other=0) != 0
+    qb = gl.load(QB + offs_m, mask=row_ok, other=-1)
+    qd = gl.load(QD + b * stride_qdb + offs_m, mask=row_ok, other=-1)
+    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma_s))
+    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma_s))
+    acc = gl.zeros([BM, D], gl.float32, mma_o)
+    return offs_m, row_ok, qn, qb, qd, m_i, l_i, acc
+
+
+@gluon.jit
+def _first_softmax(s, m_i, l_i, KN, KB, KD, n0, n_full, b, Sk, stride_kdb, qn, qb, qd, row_ok,
+                   qk_scale, BN: gl.constexpr, WARPS: gl.constexpr):  # fmt: skip
+    """`_softmax` of a query tile's first key tile: full, unless the tile has no full ones."""
+    if n_full > 0:
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
+                                      row_ok, qk_scale, BN, WARPS, False)  # fmt: skip
+    else:
+        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
+                                      row_ok, qk_scale, BN, WARPS, True)  # fmt: skip
+    return p, m_i, l_i, alpha
+
+
+@gluon.jit
 def _math_overlap(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready, empty, IDX,
                   COUNT, row, Nt, b, bh, m0, Sq, Sk, stride_qdb, stride_kdb, qk_scale,
                   BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
@@ -179,14 +214,8 @@ def _math_overlap(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready,
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
     )
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
-    offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
-    row_ok = offs_m < Sq
-    qn = gl.load(QN + offs_m, mask=row_ok, other=0) != 0
-    qb = gl.load(QB + offs_m, mask=row_ok, other=-1)
-    qd = gl.load(QD + b * stride_qdb + offs_m, mask=row_ok, other=-1)
-    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma_s))
-    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma_s))
-    acc = gl.zeros([BM, D], gl.float32, mma_o)
+    offs_m, row_ok, qn, qb, qd, m_i, l_i, acc = _query_rows(QN, QB, QD, b, m0, Sq, stride_qdb,
+                                                            BM, BN, D, WARPS)  # fmt: skip
     zero = gl.zeros([BM, BN], gl.float32, mma_s)
     n_full = gl.load(COUNT + row * 3)
     n_tiles = n_full + gl.load(COUNT + row * 3 + 1)
@@ -195,13 +224,9 @@ def _math_overlap(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready,
     # tile 0: S and its softmax (a query tile has at least one key tile)
     mbarrier.wait(ready.index(0), 0)
     s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zero, use_acc=False)
-    n0 = gl.load(idx) * BN
-    if n_full > 0:
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
-                                      row_ok, qk_scale, BN, WARPS, False)  # fmt: skip
-    else:
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
-                                      row_ok, qk_scale, BN, WARPS, True)  # fmt: skip
+    p, m_i, l_i, alpha = _first_softmax(s, m_i, l_i, KN, KB, KD, gl.load(idx) * BN, n_full, b,
+                                        Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale, BN,
+                                        WARPS)  # fmt: skip
     for it in range(1, n_tiles):
         st = it % STAGES
         prev = (it - 1) % STAGES
@@ -290,14 +315,8 @@ def _math_pingpong(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready
         version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
     )
     a_op: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma_o, k_width=2)
-    offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
-    row_ok = offs_m < Sq
-    qn = gl.load(QN + offs_m, mask=row_ok, other=0) != 0
-    qb = gl.load(QB + offs_m, mask=row_ok, other=-1)
-    qd = gl.load(QD + b * stride_qdb + offs_m, mask=row_ok, other=-1)
-    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma_s))
-    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma_s))
-    acc = gl.zeros([BM, D], gl.float32, mma_o)
+    offs_m, row_ok, qn, qb, qd, m_i, l_i, acc = _query_rows(QN, QB, QD, b, m0, Sq, stride_qdb,
+                                                            BM, BN, D, WARPS)  # fmt: skip
     n_full = gl.load(COUNT + row * 3)
     n_tiles = n_full + gl.load(COUNT + row * 3 + 1)
     idx = IDX + row.to(gl.int64) * Nt
@@ -309,13 +328,9 @@ def _math_pingpong(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready
     s = warpgroup_mma(q_s, k_s.index(0).permute((1, 0)), zero, use_acc=False, is_async=True)
     mbarrier.arrive(turn.index(1 - WG), count=1)
     s = warpgroup_mma_wait(0, deps=[s])
-    n0 = gl.load(idx) * BN
-    if n_full > 0:
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
-                                      row_ok, qk_scale, BN, WARPS, False)  # fmt: skip
-    else:
-        p, m_i, l_i, alpha = _softmax(s, m_i, l_i, KN, KB, KD, n0, b, Sk, stride_kdb, qn, qb, qd,
-                                      row_ok, qk_scale, BN, WARPS, True)  # fmt: skip
+    p, m_i, l_i, alpha = _first_softmax(s, m_i, l_i, KN, KB, KD, gl.load(idx) * BN, n_full, b,
+                                        Sk, stride_kdb, qn, qb, qd, row_ok, qk_scale, BN,
+                                        WARPS)  # fmt: skip
     for it in range(1, n_full):
         p, m_i, l_i, alpha, acc = _pingpong_step(
             q_s, k_s, v_s, ready, empty, turn, it, p, m_i, l_i, alpha, acc, idx, KN, KB, KD, b,
@@ -344,20 +359,8 @@ def _math_plain(OUT, LSE, QN, QB, QD, KN, KB, KD, q_s, k_s, v_s, q_bar, ready, e
           BN: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
           WARPS: gl.constexpr):  # fmt: skip
     """The consumer warpgroups: the query tile over its key tiles, then out and lse stored."""
-    mma_s: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, BN, 16]
-    )
-    mma_o: gl.constexpr = gl.NVMMADistributedLayout(
-        version=[3, 0], warps_per_cta=[WARPS, 1], instr_shape=[16, D, 16]
-    )
-    offs_m = m0 + gl.arange(0, BM, layout=gl.SliceLayout(1, mma_s))
-    row_ok = offs_m < Sq
-    qn = gl.load(QN + offs_m, mask=row_ok, other=0) != 0
-    qb = gl.load(QB + offs_m, mask=row_ok, other=-1)
-    qd = gl.load(QD + b * stride_qdb + offs_m, mask=row_ok, other=-1)
-    m_i = gl.full([BM], float("-inf"), gl.float32, gl.SliceLayout(1, mma_s))
-    l_i = gl.zeros([BM], gl.float32, gl.SliceLayout(1, mma_s))
-    acc = gl.zeros([BM, D], gl.float32, mma_o)
+    offs_m, row_ok, qn, qb, qd, m_i, l_i, acc = _query_rows(QN, QB, QD, b, m0, Sq, stride_qdb,
+                                                            BM, BN, D, WARPS)  # fmt: skip
     n_full = gl.load(COUNT + row * 3)
     n_partial = gl.load(COUNT + row * 3 + 1)
     idx = IDX + row.to(gl.int64) * Nt
