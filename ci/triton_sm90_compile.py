@@ -81,18 +81,12 @@ def compile_variant(module, kernel: str, config, dim: int):
             module.GLUON_DKDV_TILE,
             dim,
             part["stages"],
+            bool(part["split"]),
             DQ=bool(part["dq"]),
-            SPLIT=bool(part["split"]),
-            num_warps=module.GLUON_DKDV_TILE[2] // (2 if part["split"] else 1),
         )
     if kernel == "dq" and part["gluon"]:  # as `_gluon_backward_dq` launches it
         return compile_gluon(
-            module._gluon_dq_kernel,
-            module.GLUON_DQ_TILE,
-            dim,
-            part["stages"],
-            SPLIT=bool(part["split"]),
-            num_warps=module.GLUON_DQ_TILE[2] // (2 if part["split"] else 1),
+            module._gluon_dq_kernel, module.GLUON_DQ_TILE, dim, part["stages"], bool(part["split"])
         )
     fn = {"fwd": module._fwd_kernel, "dkdv": module._bwd_dkdv_kernel, "dq": module._bwd_dq_kernel}
     fn = fn[kernel]
@@ -106,19 +100,19 @@ def compile_variant(module, kernel: str, config, dim: int):
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
-def compile_gluon(fn, tile: tuple[int, int, int], dim: int, stages: int, num_warps=None,
+def compile_gluon(fn, tile: tuple[int, int, int], dim: int, stages: int, split: bool,
                   **constexprs):  # fmt: skip
-    """One of the op's Gluon kernels (`tile`: its query rows, key rows and warps; num_warps,
-    where the launcher's differs: the warps of the default partition)."""
+    """One of the op's Gluon kernels (`tile`: its query rows, key rows and consumer warps;
+    `split`: each consumer warpgroup its own partition, launched on half the warps)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
     block_m, block_n, warps = tile
-    constexprs |= dict(BM=block_m, BN=block_n, D=dim, STAGES=stages, WARPS=warps)
+    constexprs |= dict(BM=block_m, BN=block_n, D=dim, STAGES=stages, WARPS=warps, SPLIT=split)
     sig, attrs = _signature(fn, 0, block_m, dim, constexprs)
     source = GluonASTSource(fn, sig, constexprs, attrs)
-    options = {"num_warps": num_warps or warps}
+    options = {"num_warps": warps // 2 if split else warps}
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
 
 
