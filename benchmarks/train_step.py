@@ -234,12 +234,35 @@ def profile_steps(trainer: Trainer, first_step: int, path: Path, device) -> None
             trainer.train_step(step)
         sync(device)
     wall = time.perf_counter() - tick
-    events = prof.key_averages()
-    busy = sum(e.self_device_time_total for e in events) / 1e6
+    kernels, busy = gpu_busy(prof)
     sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
-    table = events.table(sort_by=sort_by, row_limit=40, max_name_column_width=90)
-    path.write_text(f"2 steps: wall {wall:.3f} s, GPU kernel time {busy:.3f} s\n\n{table}\n")
-    print(f"profile: wall {wall:.3f} s, GPU busy {busy:.3f} s -> {path}", file=sys.stderr)
+    table = prof.key_averages().table(sort_by=sort_by, row_limit=40, max_name_column_width=90)
+    path.write_text(
+        f"2 steps: wall {wall:.3f} s, GPU kernels {kernels:.3f} s, GPU busy {busy:.3f} s "
+        f"(idle {wall - busy:.3f} s)\n\n{table}\n"
+    )
+    trace = path.with_suffix(".trace.json.gz")  # the timeline (chrome://tracing, Perfetto)
+    prof.export_chrome_trace(str(trace))
+    print(f"profile: wall {wall:.3f} s, GPU busy {busy:.3f} s -> {path}, {trace}", file=sys.stderr)
+
+
+def gpu_busy(prof) -> tuple[float, float]:
+    """(seconds of GPU kernels summed, seconds the GPU ran at least one): where the two differ
+    kernels overlapped; where the second falls short of the wall time the GPU idled."""
+    from torch.autograd import DeviceType
+
+    spans = sorted(
+        (e.time_range.start, e.time_range.end)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    )
+    total = sum(end - start for start, end in spans)
+    busy, reach = 0.0, float("-inf")
+    for start, end in spans:
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    return total / 1e6, busy / 1e6
 
 
 class Progress:

@@ -3,6 +3,7 @@ time limit, profiler, W&B, and the benchmark's CPU smoke mode."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import sys
@@ -144,3 +145,26 @@ def test_benchmark_smoke_on_cpu(tmp_path):
     assert report["inductor"] == ["max_autotune=False"]
     # The profile names the kernels the two extra steps ran (on CPU: the aten ops).
     assert profile.read_text().startswith("2 steps: wall") and "aten::mm" in profile.read_text()
+    trace = json.loads(gzip.decompress(profile.with_suffix(".trace.json.gz").read_bytes()))
+    assert any(e.get("name") == "aten::mm" for e in trace["traceEvents"])  # the timeline too
+
+
+def test_benchmark_gpu_busy_counts_overlapping_kernels_once():
+    """The profile's busy time is the union of the kernels' spans (idle = wall - busy), their
+    sum the kernel time; CPU events count in neither."""
+    from torch.autograd import DeviceType
+
+    root = Path(__file__).resolve().parents[2]
+    sys.path.insert(0, str(root / "benchmarks"))
+    try:
+        import train_step
+    finally:
+        sys.path.pop(0)
+
+    def event(start, end, device=DeviceType.CUDA):
+        span = types.SimpleNamespace(start=start, end=end)
+        return types.SimpleNamespace(time_range=span, device_type=device)
+
+    spans = [event(0, 10), event(5, 20), event(30, 40), event(0, 100, DeviceType.CPU)]
+    prof = types.SimpleNamespace(events=lambda: spans)
+    assert train_step.gpu_busy(prof) == (35e-6, 30e-6)
