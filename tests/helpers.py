@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def benchmark_module(name: str):
+    """The script benchmarks/<name>.py imported as a module (the scripts import their siblings
+    by name, so benchmarks/ is on the path while it loads)."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.pop(0)
 
 
 def run_in_triton_interpreter(script: str, *args: str, timeout: float = 600) -> str:

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from tests.families.dg_util import hf_model, ours, tiny_hf_dict
+from tests.helpers import benchmark_module
 from tests.train.util import losses, metrics, tiny_spec
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.diffusion_gemma.config import PRESETS
@@ -230,14 +231,7 @@ def test_cp_and_bp_are_accepted_with_ep_and_cp_with_bp_and_tp_are_refused_with_r
 
 def test_the_benchmark_baseline_computes_our_loss_through_transformers(tmp_path):
     """benchmarks/train_step.py --family diffusion_gemma: HF's model trains the same objective."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
+    train_step = benchmark_module("train_step")
     hf = hf_model(tmp_path)
     model, attention = ours(tmp_path)
     objective = _objective(self_conditioning_probability=0.0, encoder_loss_weight=0.5)
@@ -254,14 +248,8 @@ def test_the_benchmark_baseline_computes_our_loss_through_transformers(tmp_path)
 
 def test_benchmark_family_smoke_on_cpu(tmp_path):
     import json
-    import sys
-    from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
+    train_step = benchmark_module("train_step")
     out = tmp_path / "bench.json"
     argv = ["--family", "diffusion_gemma", "--tiny", "--seq-len", "32", "--steps", "1"]
     assert train_step.main([*argv, "--warmup", "0", "--out", str(out)]) == 0

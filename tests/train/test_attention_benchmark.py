@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+from tests.helpers import benchmark_module
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "attention.py"
 
 
@@ -41,14 +43,7 @@ def test_summary_checks_the_targets_at_16k():
 
 
 def _sweep():
-    import sys
-
-    sys.path.insert(0, str(SCRIPT.parent))
-    try:
-        import attention_sweep
-    finally:
-        sys.path.pop(0)
-    return attention_sweep
+    return benchmark_module("attention_sweep")
 
 
 def test_sweep_picks_per_kernel_winners_and_never_a_wrong_or_partial_one():

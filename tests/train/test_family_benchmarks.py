@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
+
+from tests.helpers import benchmark_module
 
 
 @pytest.mark.parametrize(
@@ -17,12 +17,7 @@ import pytest
     ],
 )
 def test_train_step_benchmark_runs_each_family(tmp_path, family, names):
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
+    train_step = benchmark_module("train_step")
     out = tmp_path / "bench.json"
     argv = ["--tiny", "--family", family, "--seq-len", "32", "--block-size", "8"]
     assert train_step.main(argv + ["--steps", "1", "--warmup", "0", "--out", str(out)]) == 0
@@ -56,12 +51,7 @@ def test_family_recipes_parse_and_smoke_recipes_validate(name, tmp_path):
 def test_nemotron_decoder_twin_trains_the_nemotron_runs_data(tmp_path):
     """At the GPU presets the decoder twin must take the Nemotron run's data (vocabulary
     131,072), not the default decoder's (151,936): validation refused the twin on the H200."""
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
+    train_step = benchmark_module("train_step")
     from turbo_dllm.registry import resolve_model_config
 
     args = train_step.parse_args(["--family", "nemotron_diffusion"])  # the H200 shapes

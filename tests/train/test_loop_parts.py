@@ -8,11 +8,11 @@ import json
 import math
 import sys
 import types
-from pathlib import Path
 
 import pytest
 import torch
 
+from tests.helpers import benchmark_module
 from tests.train.util import metrics, tiny_spec
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train.checkpoint import find_latest
@@ -129,12 +129,7 @@ def test_wandb_receives_the_step_records(tmp_path, monkeypatch):
 
 
 def test_benchmark_smoke_on_cpu(tmp_path):
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
+    train_step = benchmark_module("train_step")
     out, profile = tmp_path / "bench.json", tmp_path / "profile.txt"
     argv = ["--tiny", "--steps", "1", "--warmup", "1", "--out", str(out), "--profile", str(profile)]
     assert train_step.main(argv + ["--inductor", "max_autotune=False"]) == 0
@@ -154,12 +149,7 @@ def test_benchmark_gpu_busy_counts_overlapping_kernels_once():
     sum the kernel time; CPU events count in neither."""
     from torch.autograd import DeviceType
 
-    root = Path(__file__).resolve().parents[2]
-    sys.path.insert(0, str(root / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
+    train_step = benchmark_module("train_step")
 
     def event(start, end, device=DeviceType.CUDA):
         span = types.SimpleNamespace(start=start, end=end)

@@ -8,7 +8,6 @@ in the backward, and the norms keep x instead of its float32 copies.
 
 from __future__ import annotations
 
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from tests.helpers import benchmark_module
 from turbo_dllm.families.qwen3_8 import model as hybrid
 from turbo_dllm.families.qwen3_8.norms import gated_rms_norm, zero_centered_rms_norm
 from turbo_dllm.families.qwen3_8.runtime import build_model
@@ -71,9 +71,9 @@ def saved_by_both(device: str = "cpu", dtype: torch.dtype = torch.float32) -> tu
     layout = diffusion.layout
     rows = diffusion.input_ids.shape[0]
     mask = dense_mask(layout, device=device).expand(rows, -1, -1, -1)
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from saved_activations import SavedBytes  # distinct storages, parameters left out
-    from train_step import hf_block_diffusion_loss
+    # counts distinct storages, parameters left out
+    SavedBytes = benchmark_module("saved_activations").SavedBytes
+    hf_block_diffusion_loss = benchmark_module("train_step").hf_block_diffusion_loss
 
     autocast = device == "cuda" and dtype == torch.bfloat16
     with torch.autocast(device, dtype=torch.bfloat16, enabled=autocast):

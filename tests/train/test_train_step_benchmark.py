@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+
+from tests.helpers import benchmark_module
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
 def train_step():
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import train_step
-    finally:
-        sys.path.pop(0)
-    return train_step
+    return benchmark_module("train_step")
 
 
 def test_both_attentions_and_both_baselines_in_one_run(train_step, tmp_path):
