@@ -76,6 +76,12 @@ class _BlockDocuments:
         batch["doc_ids"] = blocks.to(torch.int32).expand(rows, length).contiguous()
         return batch
 
+    def state_dict(self):  # the loader contract the trainer keeps checkpoints with
+        return self.loader.state_dict()
+
+    def load_state_dict(self, state) -> None:
+        self.loader.load_state_dict(state)
+
 
 def _spec(args, mode: str, gpus: int, seq_len: int):
     from turbo_dllm.config.runspec import RunSpec

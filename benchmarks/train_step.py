@@ -125,7 +125,8 @@ def build_spec(
         },
         "training": {
             "micro_batch_size": args.micro_batch,
-            "steps": args.warmup + args.steps,
+            # (+ the profiled steps: the trainer draws batches ahead only within its run)
+            "steps": args.warmup + args.steps + (2 if getattr(args, "profile", None) else 0),
             # (the native SFT's own choice for DiffusionGemma)
             "activation_checkpointing": args.activation_checkpointing
             or family == "diffusion_gemma",

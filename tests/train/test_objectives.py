@@ -148,6 +148,17 @@ def test_fast_dllm_v2_complementary_pair_and_shift():
     assert torch.equal(out.doc_ids, torch.cat([docs, docs]))
 
 
+def test_rows_of_one_document_each_carry_no_document_ids():
+    """A row of one document has no boundary: the batch drops its doc_ids on the host, so the
+    attention backends never ask the device whether a batch has boundaries."""
+    objective = BlockDiffusion(block_size=4, mask_token_id=MASK)
+    whole_rows = torch.tensor([[0] * 8, [3] * 8])  # one document per row (ids differ by row)
+    assert objective.corrupt(batch(2, 8, docs=whole_rows), key(per_step=2)).doc_ids is None
+    packed = torch.tensor([[0] * 8, [0, 0, 0, 1, 1, 1, 1, 1]])
+    out = objective.corrupt(batch(2, 8, docs=packed), key(per_step=2))
+    assert torch.equal(out.doc_ids, packed)
+
+
 def test_fast_dllm_v2_loss_is_next_token_ce_at_masked_positions():
     V, H, L = 30, 6, 12
     b = batch(2, L, vocab=V - 1)

@@ -32,6 +32,10 @@ def test_metrics_and_checkpoints_are_written(tmp_path):
     meta = json.loads((tmp_path / "checkpoints/step_00000006/checkpoint.json").read_text())
     assert meta["format"] == "turbo_dllm.checkpoint.v1" and meta["step"] == 6
     assert meta["loader"] == {"epoch": 0, "cursor": 24}
+    # Mid-run the trainer has drawn step 5's batches ahead: the checkpoint holds where step 4 left
+    # the loader (4 steps x 4 sequences), not past the batches drawn ahead.
+    middle = json.loads((tmp_path / "checkpoints/step_00000004/checkpoint.json").read_text())
+    assert middle["loader"] == {"epoch": 0, "cursor": 16}
 
 
 def test_resume_from_step_20_reproduces_the_loss_trace_bitwise(tmp_path):
@@ -207,3 +211,19 @@ def test_running_out_of_memory_is_a_user_error_with_the_fixes(tmp_path, monkeypa
         assert fix in caught.value.hint
     assert "profiler.memory_snapshot: true" in caught.value.hint
     assert (tmp_path / "run/checkpoints/step_00000002").is_dir()
+
+
+def test_batches_drawn_ahead_go_back_to_the_loader_when_another_step_runs(tmp_path):
+    """Each step draws the next one's batches while the device works; a caller that runs some
+    other step instead (a benchmark repeating step 0) gets the stream as if nothing was drawn."""
+    from turbo_dllm.train.distributed import init_distributed
+    from turbo_dllm.train.trainer import Trainer
+
+    trainer = Trainer(tiny_spec("training.steps=4"), tmp_path / "run", init_distributed()).build()
+    trainer.train_step(0)
+    assert trainer.loader.state_dict()["cursor"] == 8  # step 1's 4 sequences drawn ahead
+    assert trainer.loader_state()["cursor"] == 4  # what a checkpoint now records
+    trainer.train_step(0)
+    assert trainer.loader_state()["cursor"] == 8
+    trainer.train_step(3)  # the run's last step draws nothing ahead
+    assert trainer.loader.state_dict()["cursor"] == trainer.loader_state()["cursor"] == 12

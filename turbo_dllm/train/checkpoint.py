@@ -166,7 +166,7 @@ class Checkpointer:
         model,
         optimizer,
         scheduler,
-        loader,
+        loader_state: dict[str, Any],
         meta: dict[str, Any],
     ) -> Path:
         import torch.distributed.checkpoint as dcp
@@ -192,7 +192,7 @@ class Checkpointer:
                 step=step,
                 world_size=self.world_size,
                 scheduler=_scheduler_state(scheduler),
-                loader=loader.state_dict(),
+                loader=loader_state,
                 **meta,
             )
             write_atomic(tmp / "checkpoint.json", record.model_dump_json(indent=2) + "\n")

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -65,7 +66,7 @@ from turbo_dllm.train.parallel.plan import build_sequence_plan
 from turbo_dllm.train.schedules import build_scheduler
 from turbo_dllm.train.weights import materialize, named_parameters_clean
 
-__all__ = ["Trainer"]
+__all__ = ["StepBatches", "Trainer"]
 
 
 def print0(env: DistEnv, *args) -> None:
@@ -73,6 +74,19 @@ def print0(env: DistEnv, *args) -> None:
         import sys
 
         print(*args, file=sys.stderr, flush=True)
+
+
+@dataclass
+class StepBatches:
+    """One step's micro-batches, corrupted on the host, and their supervised counts.
+
+    `loader_state` is the loader's position before they were drawn: a checkpoint taken while
+    they wait for their step resumes by drawing them again."""
+
+    step: int
+    loader_state: dict
+    diffusions: list
+    counts: list
 
 
 class Trainer:
@@ -94,6 +108,7 @@ class Trainer:
             else contextlib.nullcontext
         )
         self.train_time_offset = 0.0
+        self._next: StepBatches | None = None  # the next step's batches, drawn ahead
         self.compile_cache: dict[str, str] = {}  # the cache variables in effect, when compiling
 
     # ============================== build steps ==============================================
@@ -291,7 +306,7 @@ class Trainer:
             model=self.model,
             optimizer=self.optimizer,
             scheduler=self.scheduler,
-            loader=self.loader,
+            loader_state=self.loader_state(),
             meta={
                 "dp_replicate": self.dims.dp_replicate,
                 "dp_shard": self.dims.dp_shard,
@@ -307,11 +322,11 @@ class Trainer:
         )
 
     # ============================== one optimizer step =======================================
-    def train_step(self, step: int) -> dict[str, float]:
+    def draw(self, step: int) -> StepBatches:
+        """The step's micro-batches: drawn from the loader and corrupted, all on the host."""
         spec, dims = self.spec, self.dims
         accum, micro = spec.training.grad_accumulation, spec.training.micro_batch_size
-
-        # -- the step's batches and the global supervised-token count -------------------------
+        loader_state = self.loader.state_dict()
         batches = [next(self.loader) for _ in range(accum)]
         keys = [
             NoiseKey(
@@ -322,15 +337,39 @@ class Trainer:
             )
             for index in range(accum)
         ]
-        denominator = self._global_counts(
-            [self.objective.supervised_count(b, key=k) for b, k in zip(batches, keys, strict=True)]
+        return StepBatches(
+            step=step,
+            loader_state=loader_state,
+            diffusions=[self.objective.corrupt(b, k) for b, k in zip(batches, keys, strict=True)],
+            counts=[
+                self.objective.supervised_count(b, key=k)
+                for b, k in zip(batches, keys, strict=True)
+            ],
         )
+
+    def loader_state(self) -> dict:
+        """Where the loader stands for a checkpoint after the last step: before any batches
+        drawn ahead for the next one."""
+        if self._next is not None:
+            return self._next.loader_state
+        return self.loader.state_dict()
+
+    def train_step(self, step: int) -> dict[str, float]:
+        dims = self.dims
+        accum = self.spec.training.grad_accumulation
+
+        # -- the step's batches (usually drawn while the device ran the last step) --------------
+        drawn, self._next = self._next, None
+        if drawn is not None and drawn.step != step:  # drawn for another step: put them back
+            self.loader.load_state_dict(drawn.loader_state)
+            drawn = None
+        drawn = drawn or self.draw(step)
+        denominator = self._global_counts(drawn.counts)
 
         # -- forward / backward per micro-batch -------------------------------------------------
         loss_sum = torch.zeros((), device=self.device)
         flops = 0.0
-        for index, (batch, key) in enumerate(zip(batches, keys, strict=True)):
-            diffusion = self.objective.corrupt(batch, key)
+        for index, diffusion in enumerate(drawn.diffusions):
             flops += self.model_config.step_flops(
                 stream_tokens=diffusion.stream_tokens,
                 scored_tokens=diffusion.num_scored,
@@ -359,6 +398,10 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
+        # The next step's host work (loader gather, noise) overlaps this step's queued kernels:
+        # the device stays busy through the step boundary instead of waiting for the host.
+        if step + 1 < self.total_steps:
+            self._next = self.draw(step + 1)
 
         flops /= self.plan.context_size  # each rank of a context group counted the whole batch
         totals = torch.stack([loss_sum.float(), torch.tensor(flops, device=self.device)])

@@ -113,6 +113,13 @@ class DiffusionBatch:
     term_sizes: tuple[int, ...] | None = None
     model_kwargs: dict[str, torch.Tensor] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        # One document per row is no boundary at all. Found here, on the host, so the attention
+        # backends take their cached one-document masks without a device sync to find out.
+        docs = self.doc_ids
+        if docs is not None and docs.device.type == "cpu" and bool((docs == docs[:, :1]).all()):
+            self.doc_ids = None
+
     def to(self, device: torch.device) -> DiffusionBatch:
         move = dict(device=device, non_blocking=True)
         return DiffusionBatch(
