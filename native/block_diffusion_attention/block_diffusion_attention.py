@@ -1051,6 +1051,9 @@ try:
 except (ImportError, ValueError):  # a Triton without Gluon: dkdv_gluon is refused at launch
     HAS_GLUON = False
 
+# How the Gluon kernels find a head's rows in a tensor read as a matrix (`_tma_rows`): values
+# that follow the layout, not the shape's divisibility, so one compiled kernel serves both
+_ROW_LAYOUT = ["rows_qb", "rows_qh", "cols_qh", "rows_kb", "rows_kh", "cols_kh"]
 # (query rows, key rows, consumer warps) of the Gluon dK/dV tile: each consumer warpgroup's
 # wgmmas take 64 key rows
 GLUON_DKDV_TILE = (64, 128, 8)
@@ -1069,28 +1072,34 @@ if HAS_GLUON:
         return (noisy_noisy | noisy_clean | clean_clean) & (qd == kd)
 
     @gluon.jit
-    def _gluon_dkdv_loads(q_desc, do_desc, q_s, do_s, ready, empty, IDX, COUNT, row, Mt, b, hk,
-                          H, GROUP, Sq, BM: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    def _gluon_dkdv_loads(q_desc, do_desc, lse_desc, delta_desc, q_s, do_s, lse_s, delta_s,
+                          ready, empty, IDX, COUNT, row, Mt, hk, GROUP, q_row0, rows_qh, cols_qh,
+                          stat0, BM: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
         """The producer warp: every (head, query tile) of the key tile, full tiles first, in
-        the consumers' order; stage `it % STAGES` once the consumers released it."""
+        the consumers' order, into stage `it % STAGES` once the consumers released it: Q and dO
+        (rows as `_tma_rows` lays them out: head h's start at row q_row0 + h * rows_qh, column
+        h * cols_qh) and the rows' lse2 and delta (head h's in row stat0 + h of the statistics'
+        matrices, `_stat_rows`), so that the consumers' tile loop reads no global memory."""
         n_tiles = gl.load(COUNT + row * 3) + gl.load(COUNT + row * 3 + 1)
         idx = IDX + row.to(gl.int64) * Mt
         it = 0
+        nbytes: gl.constexpr = 2 * q_desc.block_type.nbytes + 2 * lse_desc.block_type.nbytes
         for g in range(0, GROUP):
-            first = (b * H + hk * GROUP + g) * Sq  # the head's first row in the (B*H*Sq, D) view
+            first = q_row0 + (hk * GROUP + g) * rows_qh
+            col = (hk * GROUP + g) * cols_qh
             for j in range(0, n_tiles):
                 m0 = gl.load(idx + j) * BM
                 s = it % STAGES
                 mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
-                mbarrier.expect(
-                    ready.index(s), q_desc.block_type.nbytes + do_desc.block_type.nbytes
-                )
-                _tma_load(q_desc, [first + m0, 0], ready.index(s), q_s.index(s))
-                _tma_load(do_desc, [first + m0, 0], ready.index(s), do_s.index(s))
+                mbarrier.expect(ready.index(s), nbytes)
+                _tma_load(q_desc, [first + m0, col], ready.index(s), q_s.index(s))
+                _tma_load(do_desc, [first + m0, col], ready.index(s), do_s.index(s))
+                _tma_load(lse_desc, [stat0 + g, m0], ready.index(s), lse_s.index(s))
+                _tma_load(delta_desc, [stat0 + g, m0], ready.index(s), delta_s.index(s))
                 it += 1
 
     @gluon.jit
-    def _gluon_dkdv_tile(dk, dv, k_s, v_s, q, do, ds_s, dq_s, LSE2, DELTA, DQ_ACC, QN, QB, QD,
+    def _gluon_dkdv_tile(dk, dv, k_s, v_s, q, do, lse_st, delta_st, ds_s, dq_s, DQ_ACC, QN, QB, QD,
                          stat, m0, b, Sq, stride_qdb, kn, kb, kd, krow_ok, qk_scale,
                          BN: gl.constexpr, BM: gl.constexpr, D: gl.constexpr,
                          WARPS: gl.constexpr, MASKED: gl.constexpr,
@@ -1110,11 +1119,14 @@ if HAS_GLUON:
         zero = gl.zeros([BN, BM], gl.float32, mma_s)  # shape and layout only (use_acc=False)
         s_t = warpgroup_mma(k_s, q.permute((1, 0)), zero, use_acc=False, is_async=True)
         dp_t = warpgroup_mma(v_s, do.permute((1, 0)), zero, use_acc=False, is_async=True)
+        # the rows' statistics, from the stage (rows past Sq arrive as zeros: their P^T is
+        # masked to 0 below, so dS^T too)
+        lse2 = lse_st.reshape([BM]).load(gl.SliceLayout(0, mma_s))
+        delta = delta_st.reshape([BM]).load(gl.SliceLayout(0, mma_s))
         s_t = warpgroup_mma_wait(1, deps=[s_t])  # groups complete in issue order: S^T, not dP^T
+        p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
             q_ok = offs < Sq
-            lse2 = gl.load(LSE2 + stat + offs, mask=q_ok, other=float("inf"))
-            p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
             qn = gl.load(QN + offs, mask=q_ok, other=0) != 0
             qb = gl.load(QB + offs, mask=q_ok, other=-1)
             qd = gl.load(QD + b * stride_qdb + offs, mask=q_ok, other=-1)
@@ -1123,11 +1135,6 @@ if HAS_GLUON:
             )
             visible = visible & q_ok[None, :] & krow_ok[:, None]
             p_t = gl.where(visible, p_t, 0.0)
-            delta = gl.load(DELTA + stat + offs, mask=q_ok, other=0.0)
-        else:  # every pair allowed, every row and column in bounds
-            lse2 = gl.load(LSE2 + stat + offs)
-            p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
-            delta = gl.load(DELTA + stat + offs)
         p_op = gl.convert_layout(p_t.to(q.dtype), a_op)
         dv = warpgroup_mma(p_op, do, dv, is_async=True)
         dp_t, p_op = warpgroup_mma_wait(1, deps=[dp_t, p_op])  # dP^T done; dV may still run
@@ -1174,8 +1181,8 @@ if HAS_GLUON:
         return dk, dv
 
     @gluon.jit
-    def _gluon_dkdv_math(DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD, k_s, v_s, q_s,
-                         do_s, ds_s, dq_s, ready, empty, IDX, COUNT, row, Mt, b, hk, n0, H, HK,
+    def _gluon_dkdv_math(DK, DV, DQ_ACC, QN, QB, QD, KN, KB, KD, k_s, v_s, q_s, do_s, lse_s,
+                         delta_s, ds_s, dq_s, ready, empty, IDX, COUNT, row, Mt, b, hk, n0, H, HK,
                          GROUP, Sq, Sk, stride_qdb, stride_kdb, qk_scale, sm_scale,
                          BN: gl.constexpr, BM: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                          WARPS: gl.constexpr, DQ: gl.constexpr):  # fmt: skip
@@ -1204,8 +1211,9 @@ if HAS_GLUON:
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 dk, dv = _gluon_dkdv_tile(
-                    dk, dv, k_s, v_s, q_s.index(s), do_s.index(s), ds_s, dq_s, LSE2, DELTA, DQ_ACC,
-                    QN, QB, QD, stat, gl.load(idx + j) * BM, b, Sq, stride_qdb, kn, kb, kd,
+                    dk, dv, k_s, v_s, q_s.index(s), do_s.index(s), lse_s.index(s),
+                    delta_s.index(s), ds_s, dq_s, DQ_ACC, QN, QB, QD, stat,
+                    gl.load(idx + j) * BM, b, Sq, stride_qdb, kn, kb, kd,
                     krow_ok, qk_scale, BN, BM, D, WARPS, False, DQ,
                 )  # fmt: skip
                 mbarrier.arrive(empty.index(s), count=1)
@@ -1214,8 +1222,9 @@ if HAS_GLUON:
                 s = it % STAGES
                 mbarrier.wait(ready.index(s), (it // STAGES) & 1)
                 dk, dv = _gluon_dkdv_tile(
-                    dk, dv, k_s, v_s, q_s.index(s), do_s.index(s), ds_s, dq_s, LSE2, DELTA, DQ_ACC,
-                    QN, QB, QD, stat, gl.load(idx + j) * BM, b, Sq, stride_qdb, kn, kb, kd,
+                    dk, dv, k_s, v_s, q_s.index(s), do_s.index(s), lse_s.index(s),
+                    delta_s.index(s), ds_s, dq_s, DQ_ACC, QN, QB, QD, stat,
+                    gl.load(idx + j) * BM, b, Sq, stride_qdb, kn, kb, kd,
                     krow_ok, qk_scale, BN, BM, D, WARPS, True, DQ,
                 )  # fmt: skip
                 mbarrier.arrive(empty.index(s), count=1)
@@ -1227,16 +1236,20 @@ if HAS_GLUON:
         gl.store(DK + at, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
         gl.store(DV + at, dv.to(DV.dtype.element_ty), mask=ok)
 
-    @gluon.jit(do_not_specialize=["H", "HK", "GROUP", "Mt", "Nt", "PER_BATCH"])
+    @gluon.jit(do_not_specialize=["H", "HK", "GROUP", "Mt", "Nt", "PER_BATCH", *_ROW_LAYOUT])
     def _gluon_dkdv_kernel(Q, K, V, DO, DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD,
                            IDX, COUNT, qk_scale, sm_scale, H, HK, GROUP, Sq, Sk, Mt, Nt,
-                           PER_BATCH, ROWS_Q, ROWS_K, stride_qdb, stride_kdb, BN: gl.constexpr,
+                           PER_BATCH, ROWS_Q, ROWS_K, stride_qdb, stride_kdb, stride_qs,
+                           rows_qb, rows_qh, cols_qh, stride_ks, rows_kb, rows_kh, cols_kh,
+                           stride_stat, BN: gl.constexpr,
                            BM: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                            WARPS: gl.constexpr, DQ: gl.constexpr,
                            SPLIT: gl.constexpr = False):  # fmt: skip
-        """One key tile of one KV head (grid: key tiles x batch * KV heads). Q, K, V, dO, dK,
-        dV contiguous (B, heads, S, D), read as (B * heads * S, D) through TMA descriptors; with
-        DQ, DQ_ACC (fp32, like Q, zeroed) gets every tile pair's unscaled dS K added."""
+        """One key tile of one KV head (grid: key tiles x batch * KV heads). Q and dO read
+        through TMA descriptors as rows of `stride_qs` elements (`_tma_rows`: rows_qb rows a
+        batch, rows_qh a head, head h's D columns from h * cols_qh), K and V likewise (the
+        `_k*` ones); dK and dV contiguous (B, KV heads, Sk, D). With DQ, DQ_ACC (fp32,
+        contiguous (B, H, Sq, D), zeroed) gets every tile pair's unscaled dS K added."""
         n_tile = gl.program_id(0)
         b = gl.program_id(1) // HK
         hk = gl.program_id(1) % HK
@@ -1245,14 +1258,26 @@ if HAS_GLUON:
         smem: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
-        q_desc = tma.make_tensor_descriptor(Q, [ROWS_Q, D], [D, 1], [BM, D], smem)
-        do_desc = tma.make_tensor_descriptor(DO, [ROWS_Q, D], [D, 1], [BM, D], smem)
-        k_desc = tma.make_tensor_descriptor(K, [ROWS_K, D], [D, 1], [BN, D], smem)
-        v_desc = tma.make_tensor_descriptor(V, [ROWS_K, D], [D, 1], [BN, D], smem)
+        q_desc = tma.make_tensor_descriptor(Q, [ROWS_Q, stride_qs], [stride_qs, 1], [BM, D], smem)
+        do_desc = tma.make_tensor_descriptor(DO, [ROWS_Q, stride_qs], [stride_qs, 1], [BM, D], smem)
+        k_desc = tma.make_tensor_descriptor(K, [ROWS_K, stride_ks], [stride_ks, 1], [BN, D], smem)
+        v_desc = tma.make_tensor_descriptor(V, [ROWS_K, stride_ks], [stride_ks, 1], [BN, D], smem)
         k_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BN, D], smem)
         v_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BN, D], smem)
         q_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BM, D], smem)
         do_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BM, D], smem)
+        # the query rows' lse2 and delta with each stage's Q and dO: (B * H, Sq) float32 rows
+        # `stride_stat` apart (`_stat_rows`), one row's BM columns a box
+        stats: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=0, element_bitwidth=32, rank=2
+        )
+        n_rows = (gl.num_programs(1) // HK) * H
+        lse_desc = tma.make_tensor_descriptor(LSE2, [n_rows, Sq], [stride_stat, 1], [1, BM], stats)
+        delta_desc = tma.make_tensor_descriptor(
+            DELTA, [n_rows, Sq], [stride_stat, 1], [1, BM], stats
+        )
+        lse_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BM], stats)
+        delta_s = gl.allocate_shared_memory(gl.float32, [STAGES, 1, BM], stats)
         ds_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BN if DQ else 16, BM], smem)
         plain: gl.constexpr = gl.SwizzledSharedLayout(1, 1, 1, [1, 0])
         dq_s = gl.allocate_shared_memory(gl.float32, [BM if DQ else 1, D if DQ else 4], plain)
@@ -1265,48 +1290,51 @@ if HAS_GLUON:
             mbarrier.init(empty.index(s), count=1 + SPLIT)
         fence_async_shared()
         # K and V of this key tile, once (rows past the tensor's end arrive as zeros; rows of
-        # the next head past Sk are masked out of P and the stores)
+        # the next head or batch past Sk are masked out of P and the stores)
         mbarrier.expect(kv_bar, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-        key0 = (b * HK + hk) * Sk + n0
-        _tma_load(k_desc, [key0, 0], kv_bar, k_s)
-        _tma_load(v_desc, [key0, 0], kv_bar, v_s)
+        key0 = b * rows_kb + hk * rows_kh + n0
+        _tma_load(k_desc, [key0, hk * cols_kh], kv_bar, k_s)
+        _tma_load(v_desc, [key0, hk * cols_kh], kv_bar, v_s)
         mbarrier.wait(kv_bar, 0)
+        loads = (q_desc, do_desc, lse_desc, delta_desc, q_s, do_s, lse_s, delta_s, ready, empty,
+                 IDX, COUNT, row, Mt, hk, GROUP, b * rows_qb, rows_qh, cols_qh,
+                 b * H + hk * GROUP, BM, STAGES)  # fmt: skip
         if SPLIT:
             HALF: gl.constexpr = BN // 2
             gl.warp_specialize(
-                [(_gluon_dkdv_math, (DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD,
+                [(_gluon_dkdv_math, (DK, DV, DQ_ACC, QN, QB, QD, KN, KB, KD,
                                      k_s.slice(0, HALF, dim=0), v_s.slice(0, HALF, dim=0), q_s,
-                                     do_s, ds_s, dq_s, ready, empty, IDX, COUNT, row, Mt, b, hk,
-                                     n0, H, HK, GROUP, Sq, Sk, stride_qdb, stride_kdb, qk_scale,
-                                     sm_scale, HALF, BM, D, STAGES, WARPS // 2, False)),
-                 (_gluon_dkdv_math, (DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD,
+                                     do_s, lse_s, delta_s, ds_s, dq_s, ready, empty, IDX, COUNT,
+                                     row, Mt, b, hk, n0, H, HK, GROUP, Sq, Sk, stride_qdb,
+                                     stride_kdb, qk_scale, sm_scale, HALF, BM, D, STAGES,
+                                     WARPS // 2, False)),
+                 (_gluon_dkdv_math, (DK, DV, DQ_ACC, QN, QB, QD, KN, KB, KD,
                                      k_s.slice(HALF, HALF, dim=0), v_s.slice(HALF, HALF, dim=0),
-                                     q_s, do_s, ds_s, dq_s, ready, empty, IDX, COUNT, row, Mt, b,
-                                     hk, n0 + HALF, H, HK, GROUP, Sq, Sk, stride_qdb, stride_kdb,
-                                     qk_scale, sm_scale, HALF, BM, D, STAGES, WARPS // 2, False)),
-                 (_gluon_dkdv_loads, (q_desc, do_desc, q_s, do_s, ready, empty, IDX, COUNT, row,
-                                      Mt, b, hk, H, GROUP, Sq, BM, STAGES))],
+                                     q_s, do_s, lse_s, delta_s, ds_s, dq_s, ready, empty, IDX,
+                                     COUNT, row, Mt, b, hk, n0 + HALF, H, HK, GROUP, Sq, Sk,
+                                     stride_qdb, stride_kdb, qk_scale, sm_scale, HALF, BM, D,
+                                     STAGES, WARPS // 2, False)),
+                 (_gluon_dkdv_loads, loads)],
                 [WARPS // 2, 1],
                 [240, 24],
             )  # fmt: skip
         else:
             gl.warp_specialize(
-                [(_gluon_dkdv_math, (DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD, k_s,
-                                     v_s, q_s, do_s, ds_s, dq_s, ready, empty, IDX, COUNT, row,
+                [(_gluon_dkdv_math, (DK, DV, DQ_ACC, QN, QB, QD, KN, KB, KD, k_s, v_s, q_s, do_s,
+                                     lse_s, delta_s, ds_s, dq_s, ready, empty, IDX, COUNT, row,
                                      Mt, b, hk, n0, H, HK, GROUP, Sq, Sk, stride_qdb, stride_kdb,
                                      qk_scale, sm_scale, BN, BM, D, STAGES, WARPS, DQ)),
-                 (_gluon_dkdv_loads, (q_desc, do_desc, q_s, do_s, ready, empty, IDX, COUNT, row,
-                                      Mt, b, hk, H, GROUP, Sq, BM, STAGES))],
+                 (_gluon_dkdv_loads, loads)],
                 [1],
                 [24],
             )  # fmt: skip
 
     @gluon.jit
     def _gluon_kv_loads(k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row, Nt, key0,
-                        BN: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+                        col, BN: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
         """The producer warp of a query tile's kernel (dQ; the forward prototype): K and V of
-        its key tiles, full ones first (the consumers' order); stage `it % STAGES` once the
-        consumers released it."""
+        its key tiles (the KV head's rows from `key0`, its columns from `col`), full ones first
+        (the consumers' order); stage `it % STAGES` once the consumers released it."""
         n_tiles = gl.load(COUNT + row * 3) + gl.load(COUNT + row * 3 + 1)
         idx = IDX + row.to(gl.int64) * Nt
         for it in range(0, n_tiles):
@@ -1314,8 +1342,8 @@ if HAS_GLUON:
             s = it % STAGES
             mbarrier.wait(empty.index(s), ((it // STAGES) & 1) ^ 1)
             mbarrier.expect(ready.index(s), k_desc.block_type.nbytes + v_desc.block_type.nbytes)
-            _tma_load(k_desc, [key0 + n0, 0], ready.index(s), k_s.index(s))
-            _tma_load(v_desc, [key0 + n0, 0], ready.index(s), v_s.index(s))
+            _tma_load(k_desc, [key0 + n0, col], ready.index(s), k_s.index(s))
+            _tma_load(v_desc, [key0 + n0, col], ready.index(s), v_s.index(s))
 
     @gluon.jit
     def _gluon_dq_tile(q_s, do_s, k, v, dq, lse2, delta, KN, KB, KD, n0, b, Sk, stride_kdb,
@@ -1402,16 +1430,18 @@ if HAS_GLUON:
         at = base + rows.to(gl.int64)[:, None] * stride_dqs + cols[None, :]
         gl.store(DQ + at, (dq * sm_scale).to(DQ.dtype.element_ty), mask=(rows < Sq)[:, None])
 
-    @gluon.jit(do_not_specialize=["H", "GROUP", "HK", "Mt", "Nt", "PER_BATCH"])
+    @gluon.jit(do_not_specialize=["H", "GROUP", "HK", "Mt", "Nt", "PER_BATCH", *_ROW_LAYOUT])
     def _gluon_dq_kernel(Q, K, V, DO, DQ, LSE2, DELTA, QN, QB, QD, KN, KB, KD, ORDER, IDX, COUNT,
                          qk_scale, sm_scale, H, GROUP, HK, Sq, Sk, Mt, Nt, PER_BATCH, ROWS_Q,
                          ROWS_K, stride_qdb, stride_kdb, stride_dqb, stride_dqh, stride_dqs,
+                         stride_qs, rows_qb, rows_qh, cols_qh, stride_ks, rows_kb, rows_kh,
+                         cols_kh,
                          BM: gl.constexpr, BN: gl.constexpr, D: gl.constexpr,
                          STAGES: gl.constexpr, WARPS: gl.constexpr,
                          SPLIT: gl.constexpr = False):  # fmt: skip
         """One query tile of one head (grid: query tiles x batch * heads, the op's order:
-        heaviest tiles first). Q, K, V, dO contiguous (B, heads, S, D), read as
-        (B * heads * S, D) through TMA descriptors; dQ stored with its own strides. SPLIT: each
+        heaviest tiles first). Q, K, V, dO read through TMA descriptors as rows (`_tma_rows`,
+        as in the dK/dV kernel); dQ stored with its own strides. SPLIT: each
         consumer warpgroup its own partition of 64 query rows (they meet at no barrier)."""
         bh = gl.program_id(1)
         b = bh // H
@@ -1424,10 +1454,10 @@ if HAS_GLUON:
         smem: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
         )
-        q_desc = tma.make_tensor_descriptor(Q, [ROWS_Q, D], [D, 1], [BM, D], smem)
-        do_desc = tma.make_tensor_descriptor(DO, [ROWS_Q, D], [D, 1], [BM, D], smem)
-        k_desc = tma.make_tensor_descriptor(K, [ROWS_K, D], [D, 1], [BN, D], smem)
-        v_desc = tma.make_tensor_descriptor(V, [ROWS_K, D], [D, 1], [BN, D], smem)
+        q_desc = tma.make_tensor_descriptor(Q, [ROWS_Q, stride_qs], [stride_qs, 1], [BM, D], smem)
+        do_desc = tma.make_tensor_descriptor(DO, [ROWS_Q, stride_qs], [stride_qs, 1], [BM, D], smem)
+        k_desc = tma.make_tensor_descriptor(K, [ROWS_K, stride_ks], [stride_ks, 1], [BN, D], smem)
+        v_desc = tma.make_tensor_descriptor(V, [ROWS_K, stride_ks], [stride_ks, 1], [BN, D], smem)
         q_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BM, D], smem)
         do_s = gl.allocate_shared_memory(Q.dtype.element_ty, [BM, D], smem)
         k_s = gl.allocate_shared_memory(Q.dtype.element_ty, [STAGES, BN, D], smem)
@@ -1443,9 +1473,9 @@ if HAS_GLUON:
         # Q and dO of the query tile, once (rows past the tensor's end arrive as zeros; rows of
         # the next head past Sq are masked out of P and the store)
         mbarrier.expect(q_bar, q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-        _tma_load(q_desc, [bh * Sq + m0, 0], q_bar, q_s)
-        _tma_load(do_desc, [bh * Sq + m0, 0], q_bar, do_s)
-        key0 = (b * HK + hk) * Sk  # this KV head's first row in the (B*HK*Sk, D) view
+        _tma_load(q_desc, [b * rows_qb + h * rows_qh + m0, h * cols_qh], q_bar, q_s)
+        _tma_load(do_desc, [b * rows_qb + h * rows_qh + m0, h * cols_qh], q_bar, do_s)
+        key0 = b * rows_kb + hk * rows_kh  # this KV head's first row
         if SPLIT:
             HALF: gl.constexpr = BM // 2
             gl.warp_specialize(
@@ -1462,7 +1492,7 @@ if HAS_GLUON:
                                    stride_dqh, stride_dqs, qk_scale, sm_scale, HALF, BN, D,
                                    STAGES, WARPS // 2)),
                  (_gluon_kv_loads, (k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row,
-                                    Nt, key0, BN, STAGES))],
+                                    Nt, key0, hk * cols_kh, BN, STAGES))],
                 [WARPS // 2, 1],
                 [240, 24],
             )  # fmt: skip
@@ -1473,7 +1503,7 @@ if HAS_GLUON:
                                    Sk, stride_qdb, stride_kdb, stride_dqb, stride_dqh,
                                    stride_dqs, qk_scale, sm_scale, BM, BN, D, STAGES, WARPS)),
                  (_gluon_kv_loads, (k_desc, v_desc, k_s, v_s, ready, empty, IDX, COUNT, row,
-                                    Nt, key0, BN, STAGES))],
+                                    Nt, key0, hk * cols_kh, BN, STAGES))],
                 [1],
                 [24],
             )  # fmt: skip
@@ -1514,6 +1544,40 @@ def _tma_fits(t: torch.Tensor) -> bool:
 def _uses_tma(wanted: int, *tensors: torch.Tensor) -> int:
     """The TMA mode a kernel runs: `wanted` where every tensor fits it, else 0 (pointers)."""
     return int(wanted) if wanted and all(_tma_fits(t) for t in tensors) else 0
+
+
+def _tma_rows(t: torch.Tensor) -> tuple[torch.Tensor, tuple[int, int, int, int]]:
+    """`t` (B, H, S, D) as the Gluon kernels' TMA descriptors read it, a matrix of rows, and
+    (row length, rows a batch, rows a head, columns a head) to find head h of batch b: its row
+    s is row b * rows_b + h * rows_h + s, from column h * cols_h. A contiguous t is B * H * S
+    rows of D; a (B, S, H, D)-contiguous one (a projection's output viewed per head and
+    transposed, as the model hands q, k, v over) B * S rows of H * D, read in place. Any other
+    layout is copied to the first."""
+    batch, heads, seq, dim = t.shape
+    if not t.is_contiguous() and t.transpose(1, 2).is_contiguous():
+        return t, (heads * dim, seq, 0, dim)
+    return t.contiguous(), (dim, heads * seq, seq, 0)
+
+
+def _tma_pair(a: torch.Tensor, b: torch.Tensor):
+    """(a, b, their `_tma_rows` layout): two tensors one set of coordinates reads (q and dO, k
+    and v), both contiguous unless they share a layout."""
+    (a, layout), (b, other) = _tma_rows(a), _tma_rows(b)
+    if layout != other:
+        (a, layout), b = _tma_rows(a.contiguous()), b.contiguous()
+    return a, b, layout
+
+
+def _stat_rows(t: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """`t` (B, H, S) float32 as the Gluon dK/dV kernel's TMA reads it: B * H rows of S, and
+    their stride. TMA wants rows 16-byte aligned: when S is not a multiple of 4 the rows are
+    copied into a padded buffer (a few MB; training lengths are multiples of 16)."""
+    rows = t.reshape(-1, t.shape[-1])
+    if t.shape[-1] % 4 == 0:
+        return rows, rows.stride(0)
+    padded = rows.new_zeros(rows.shape[0], -(-t.shape[-1] // 4) * 4)
+    padded[:, : t.shape[-1]] = rows
+    return padded, padded.stride(0)
 
 
 def _scratch(size: int, alignment: int, stream):
@@ -1679,11 +1743,12 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
     if part["split"] and dq_acc is not None:
         raise ValueError("dkdv_split runs without dkdv_dq (dQ by its own kernel)")
     _check_gluon("dkdv", part, GLUON_DKDV_TILE, q)
-    # TMA reads each tensor as rows of (B * heads * S, D): contiguous copies where needed
-    q, k, v, grad_out = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, grad_out))
+    dk, dv = k.new_empty(k.shape), v.new_empty(v.shape)  # contiguous, whatever k's layout
+    q, grad_out, q_rows = _tma_pair(q, grad_out)
+    k, v, k_rows = _tma_pair(k, v)
     qn, qb, qd = schedule.q_meta
     kn, kb, kd = schedule.k_meta
-    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    (lse2, stride_stat), (delta, _) = _stat_rows(lse2), _stat_rows(delta)
     cols = schedule.by_key_tile(block_m, block_n)
     lists_rows, nt, mt = cols.index.shape
     triton.set_allocator(_scratch)  # the kernel's device-side TMA descriptors live there
@@ -1693,8 +1758,8 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
         qn, qb, qd, kn, kb, kd,
         cols.index, cols.count, scale * LOG2E, scale,
         heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
-        batch * heads * sq, batch * kv_heads * sk, *_doc_strides(schedule),
-        BN=block_n, BM=block_m, D=dim, STAGES=part["stages"], WARPS=warps, DQ=dq_acc is not None,
+        q.numel() // q_rows[0], k.numel() // k_rows[0], *_doc_strides(schedule), *q_rows,
+        *k_rows, stride_stat, BN=block_n, BM=block_m, D=dim, STAGES=part["stages"], WARPS=warps, DQ=dq_acc is not None,
         SPLIT=split, num_warps=warps // 2 if split else warps,
     )  # fmt: skip
     return dk, dv
@@ -1709,8 +1774,8 @@ def _gluon_backward_dq(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale
     part = config.part("dq")
     _check_gluon("dq", part, GLUON_DQ_TILE, q)
     dq = torch.empty_like(q)  # q's strides, as the op's fake backward promises
-    # TMA reads each tensor as rows of (B * heads * S, D): contiguous copies where needed
-    q, k, v, grad_out = (t if t.is_contiguous() else t.contiguous() for t in (q, k, v, grad_out))
+    q, grad_out, q_rows = _tma_pair(q, grad_out)
+    k, v, k_rows = _tma_pair(k, v)
     qn, qb, qd = schedule.q_meta
     kn, kb, kd = schedule.k_meta
     rows = schedule.by_query_tile(block_m, block_n)
@@ -1720,8 +1785,8 @@ def _gluon_backward_dq(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale
         q, k, v, grad_out, dq, lse2, delta, qn, qb, qd, kn, kb, kd,
         rows.order, rows.index, rows.count, scale * LOG2E, scale,
         heads, heads // kv_heads, kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
-        batch * heads * sq, batch * kv_heads * sk, *_doc_strides(schedule),
-        dq.stride(0), dq.stride(1), dq.stride(2),
+        q.numel() // q_rows[0], k.numel() // k_rows[0], *_doc_strides(schedule),
+        dq.stride(0), dq.stride(1), dq.stride(2), *q_rows, *k_rows,
         BM=block_m, BN=block_n, D=dim, STAGES=part["stages"], WARPS=warps,
         SPLIT=bool(part["split"]), num_warps=warps // 2 if part["split"] else warps,
     )  # fmt: skip

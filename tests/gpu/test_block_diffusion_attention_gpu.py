@@ -87,12 +87,15 @@ def test_gluon_kernels_equal_the_tl_kernels(head_dim):
     grad_out, delta, lse2 = module.backward_prepare(rows(8), None, q, out, lse)
     want = module.backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, base)
     split = module.flag_configs(head_dim)["gluon dkdv split"]
-    for config in (gluon, split):  # one partition for both warpgroups, and one each
-        got = module.backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, config)
+    # one partition for both warpgroups, and one each; then dO and v contiguous beside a
+    # (B, S, H, D) q and k (two layouts in a pair: the Gluon launchers copy one)
+    for config, like in ((gluon, False), (split, False), (split, True)):
+        go, vv = (grad_out.contiguous(), v.contiguous()) if like else (grad_out, v)
+        got = module.backward_dkdv(go, delta, lse2, q, k, vv, schedule, scale, config)
         for name, w, g in zip(("dk", "dv"), want, got, strict=True):
             assert g.shape == w.shape and not g.isnan().any(), name
             error = float((g.float() - w.float()).abs().max() / w.float().abs().max())
-            assert error < TOLERANCE / 10, (name, config.dkdv_split, error)
+            assert error < TOLERANCE / 10, (name, config.dkdv_split, like, error)
     # dQ fused into it (fp32 atomics into a zeroed buffer) against the `tl` dQ kernel
     dq_acc = torch.zeros(q.shape, device=CUDA, dtype=torch.float32)
     fused = gluon.with_part("dkdv", dq=1)
@@ -105,11 +108,13 @@ def test_gluon_kernels_equal_the_tl_kernels(head_dim):
     # the Gluon dQ kernel against the `tl` one (dQ stored with q's strides: a view here)
     backward = module.flag_configs(head_dim)["gluon backward"]
     backward_split = module.flag_configs(head_dim)["gluon backward split"]
-    for config in (backward, backward_split):  # the Gluon dQ in one partition, and split
-        got_dq = module.backward_dq(grad_out, delta, lse2, q, k, v, schedule, scale, config)
+    # the Gluon dQ in one partition, and split; then with dO and v contiguous
+    for config, like in ((backward, False), (backward_split, False), (backward_split, True)):
+        go, vv = (grad_out.contiguous(), v.contiguous()) if like else (grad_out, v)
+        got_dq = module.backward_dq(go, delta, lse2, q, k, vv, schedule, scale, config)
         assert got_dq.stride() == q.stride()
         error = float((got_dq.float() - want_dq.float()).abs().max() / want_dq.float().abs().max())
-        assert error < TOLERANCE / 10, ("gluon dq", config.dq_split, error)
+        assert error < TOLERANCE / 10, ("gluon dq", config.dq_split, like, error)
     for config in (gluon, split, fused, backward, backward_split):
         errors = compare_block_diffusion_attention(
             "jit", seq_len=1000, block_size=64, heads=8, kv_heads=2, head_dim=head_dim,

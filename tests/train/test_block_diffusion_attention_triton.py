@@ -377,6 +377,43 @@ def test_gluon_kernels_are_refused_where_they_cannot_run():
         )  # fmt: skip
 
 
+def test_gluon_kernels_read_the_models_layout_in_place():
+    """The Gluon kernels' TMA reads each tensor as a matrix of rows (`_tma_rows`): q, k, v and
+    dO as the model hands them, (B, S, H, D) transposed to (B, H, S, D), are read in place
+    (they were copied before every dK/dV launch: ~7.5 ms of an 8K step), contiguous ones too;
+    anything else, and a pair of two layouts, is copied. Every element sits where the
+    coordinates the kernels compute point."""
+    module = _module()
+
+    def check(t, want_copy):
+        read, (row_len, rows_b, rows_h, cols_h) = module._tma_rows(t)
+        assert (read.data_ptr() != t.data_ptr()) == want_copy and torch.equal(read, t)
+        matrix = read.as_strided((read.numel() // row_len, row_len), (row_len, 1))
+        batch, heads, seq, dim = t.shape
+        for b in range(batch):
+            for h in range(heads):
+                first = b * rows_b + h * rows_h
+                got = matrix[first : first + seq, h * cols_h : h * cols_h + dim]
+                assert torch.equal(got, t[b, h]), (b, h)
+
+    bshd = torch.randn(2, 5, 3, 8).transpose(1, 2)  # (B, S, H, D) viewed as (B, H, S, D)
+    check(bshd, want_copy=False)
+    check(torch.randn(2, 3, 5, 8), want_copy=False)
+    check(torch.randn(2, 3, 5, 16)[..., :8], want_copy=True)  # rows with gaps
+    check(torch.randn(2, 1, 5, 8), want_copy=False)  # one head: both layouts at once
+    q, do, layout = module._tma_pair(bshd, bshd.clone())
+    assert q.data_ptr() == bshd.data_ptr() and layout == (3 * 8, 5, 0, 8)
+    q, do, layout = module._tma_pair(bshd, bshd.contiguous())  # two layouts: one set of rows
+    assert q.is_contiguous() and do.is_contiguous() and layout == (8, 3 * 5, 5, 0)
+    # the statistics (B, H, S) as rows of S, 16-byte aligned: padded where S % 4 != 0
+    for seq in (8, 5):
+        stats = torch.randn(2, 3, seq)
+        rows, stride = module._stat_rows(stats)
+        assert stride % 4 == 0 and rows.stride(0) == stride and rows.shape[0] == 2 * 3
+        assert torch.equal(rows[:, :seq], stats.reshape(6, seq))
+        assert (rows.data_ptr() == stats.data_ptr()) == (seq == 8)
+
+
 def test_without_gluon_the_defaults_run_the_tl_kernels(monkeypatch):
     """Head dim 128 ships the Gluon dK/dV (split); under a Triton without Gluon's 3.6 API the
     default is the same config on the `tl` kernels (same numbers), not a refusal at launch."""
