@@ -363,7 +363,8 @@ class Trainer:
         if drawn is not None and drawn.step != step:  # drawn for another step: put them back
             self.loader.load_state_dict(drawn.loader_state)
             drawn = None
-        drawn = drawn or self.draw(step)
+        if drawn is None:
+            drawn = self.draw(step)
         denominator = self._global_counts(drawn.counts)
 
         # -- forward / backward per micro-batch -------------------------------------------------

@@ -17,6 +17,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.families.diffusion_gemma.config import DiffusionGemmaConfig
 from turbo_dllm.families.diffusion_gemma.model import StreamMasks
 from turbo_dllm.train.attention.canvas import CanvasLayout
+from turbo_dllm.train.attention.layout import one_document_per_row
 
 __all__ = ["StreamAttention", "canvas_of"]
 
@@ -40,7 +41,7 @@ class StreamAttention:
     def prepare(
         self, layout: Any, doc_ids: torch.Tensor | None, device: torch.device
     ) -> StreamMasks:
-        if doc_ids is not None and not bool((doc_ids == doc_ids[:, :1]).all()):
+        if not one_document_per_row(doc_ids):
             raise DllmError(
                 "DiffusionGemma trains one example per row; the batch packs several documents",
                 hint="prepare the data without packing (one prompt/response per sequence)",

@@ -36,6 +36,7 @@ from turbo_dllm.families.diffusion_gemma.attention import canvas_of
 from turbo_dllm.families.diffusion_gemma.config import DiffusionGemmaConfig
 from turbo_dllm.families.diffusion_gemma.model import StreamMasks
 from turbo_dllm.train.attention.canvas import CanvasLayout
+from turbo_dllm.train.attention.layout import one_document_per_row
 from turbo_dllm.train.objectives.base import DiffusionBatch
 from turbo_dllm.train.parallel.collectives import start_all_gather
 from turbo_dllm.train.parallel.csbp import pack_kv, unpack_kv
@@ -221,7 +222,7 @@ def _local_inputs(
     """This rank's model inputs: the stream at `local`, the scored positions it holds (and, if
     given, `scores` marks as its own) renumbered into its local stream."""
     doc_ids = batch.doc_ids
-    if doc_ids is not None and not bool((doc_ids == doc_ids[:, :1]).all()):
+    if not one_document_per_row(doc_ids):
         raise DllmError(
             "DiffusionGemma trains one example per row; the batch packs several documents",
             hint="prepare the data without packing (one prompt/response per sequence)",

@@ -53,9 +53,10 @@ def layers(model: nn.Module) -> nn.ModuleList:
 def model_mask(inputs: Any) -> HybridMask:
     """The trainer's `ModelInputs` -> what the hybrid's layers read (attention mask + layout)."""
     from turbo_dllm.families.qwen3_8.model import HybridMask
+    from turbo_dllm.train.attention.layout import one_document_per_row
 
     docs = inputs.batch.doc_ids
-    if docs is not None and not bool((docs == docs[:, :1]).all()):
+    if not one_document_per_row(docs):
         raise DllmError(
             "qwen3_8 cannot train on packed documents yet: the linear layers' recurrent state "
             "would run from one document into the next",

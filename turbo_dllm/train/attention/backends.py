@@ -25,7 +25,12 @@ import torch.nn.functional as F
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train.attention.block_mask import block_mask_from_predicate
 from turbo_dllm.train.attention.canvas import CanvasLayout
-from turbo_dllm.train.attention.layout import BlockDiffusionLayout, allowed, dense_mask
+from turbo_dllm.train.attention.layout import (
+    BlockDiffusionLayout,
+    allowed,
+    dense_mask,
+    one_document_per_row,
+)
 
 __all__ = [
     "FlexAttention",
@@ -119,11 +124,7 @@ class FlexAttention:
         device: torch.device,
     ) -> Any:
         S = layout.stream_len
-        if (
-            isinstance(layout, CanvasLayout)
-            or doc_ids is None
-            or bool((doc_ids == doc_ids[:, :1]).all())
-        ):
+        if isinstance(layout, CanvasLayout) or one_document_per_row(doc_ids):
             # One document per row: the mask is the same for every batch and step; cache it.
             # (A canvas layout depends on the batch's response start: keep the last few.)
             # Built eagerly (train.attention.block_mask): compiling the builder costs minutes.
@@ -179,7 +180,7 @@ class TurboAttention:
     ) -> Any:
         from turbo_dllm.kernels.block_diffusion import plan_block_diffusion_attention
 
-        one_document = doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all())
+        one_document = one_document_per_row(doc_ids)
         key = (layout, str(device))
         if one_document and key in self._static:
             return self._static[key]

@@ -34,6 +34,7 @@ __all__ = [
     "allowed_pairs",
     "dense_mask",
     "local_allowed",
+    "one_document_per_row",
     "prefix_allowed",
 ]
 
@@ -127,6 +128,12 @@ def dense_mask(
     doc_ids = doc_ids.to(device)
     stream_docs = torch.cat([doc_ids, doc_ids], dim=1)  # (B, 2L)
     return allowed(layout, q, kv, stream_docs[:, :, None], stream_docs[:, None, :])[:, None]
+
+
+def one_document_per_row(doc_ids: torch.Tensor | None) -> bool:
+    """Whether doc_ids (R, L) hold no document boundary: None, or one id across each row (a
+    host sync when they sit on a device)."""
+    return doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all())
 
 
 def allowed_pairs(layout: BlockDiffusionLayout, doc_ids: torch.Tensor | None = None) -> int:

@@ -20,7 +20,7 @@ from typing import Protocol
 
 import torch
 
-from turbo_dllm.train.attention.layout import BlockDiffusionLayout
+from turbo_dllm.train.attention.layout import BlockDiffusionLayout, one_document_per_row
 from turbo_dllm.train.losses import linear_cross_entropy
 
 __all__ = [
@@ -117,7 +117,7 @@ class DiffusionBatch:
         # One document per row is no boundary at all. Found here, on the host, so the attention
         # backends take their cached one-document masks without a device sync to find out.
         docs = self.doc_ids
-        if docs is not None and docs.device.type == "cpu" and bool((docs == docs[:, :1]).all()):
+        if docs is not None and docs.device.type == "cpu" and one_document_per_row(docs):
             self.doc_ids = None
 
     def to(self, device: torch.device) -> DiffusionBatch:

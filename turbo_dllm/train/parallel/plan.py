@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
+from turbo_dllm.train.attention.layout import one_document_per_row
 from turbo_dllm.train.objectives.base import DiffusionBatch
 from turbo_dllm.train.parallel.cp import CpAttention
 from turbo_dllm.train.parallel.csbp import CsbpAttention
@@ -140,7 +141,7 @@ class ContextParallel:
         noisy, clean = layout.noisy_positions, layout.clean_positions
         stream_index = torch.cat([noisy, seq_len + clean]).to(device)
         doc_ids = batch.doc_ids
-        one_document = doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all())
+        one_document = one_document_per_row(doc_ids)
         key = (seq_len, block_size, str(device))
         if one_document and key in self._static:
             mask: Any = self._static[key]  # same layout, no documents: reuse the block masks
