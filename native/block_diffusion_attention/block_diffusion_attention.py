@@ -1122,7 +1122,6 @@ if HAS_GLUON:
         # the rows' statistics, from the stage (rows past Sq arrive as zeros: their P^T is
         # masked to 0 below, so dS^T too)
         lse2 = lse_st.reshape([BM]).load(gl.SliceLayout(0, mma_s))
-        delta = delta_st.reshape([BM]).load(gl.SliceLayout(0, mma_s))
         s_t = warpgroup_mma_wait(1, deps=[s_t])  # groups complete in issue order: S^T, not dP^T
         p_t = gl.exp2(s_t * qk_scale - lse2[None, :])
         if MASKED:
@@ -1138,6 +1137,8 @@ if HAS_GLUON:
         p_op = gl.convert_layout(p_t.to(q.dtype), a_op)
         dv = warpgroup_mma(p_op, do, dv, is_async=True)
         dp_t, p_op = warpgroup_mma_wait(1, deps=[dp_t, p_op])  # dP^T done; dV may still run
+        # delta read only now: with lse2 it would hold 16 more registers through the exponentials
+        delta = delta_st.reshape([BM]).load(gl.SliceLayout(0, mma_s))
         ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
         ds_op = gl.convert_layout(ds_t, a_op)
         dk = warpgroup_mma(ds_op, q, dk, is_async=True)

@@ -1,0 +1,530 @@
+"""The training loop. Read it top to bottom: build steps, then one straight `train_step`.
+
+    Trainer(spec, run_dir, env).build()     model -> data -> objective -> optimizer -> checkpoints
+                              .run()        resume, then steps: batches, noise, forward through the
+                                            chunked-CE head, backward, clip, step, log, checkpoint
+
+Derived quantities, computed once here:
+- global batch = micro_batch_size * grad_accumulation * dp_size sequences per optimizer step;
+- loss = sum over the step's micro-batches and ranks of the weighted CE, divided by the GLOBAL
+  supervised-token count (one all-reduce before the forward passes), so the loss, and its
+  gradient, are the same however the batch is split across ranks and micro-batches;
+- FSDP averages gradients over all dp x context ranks (`dims.grad_average_size`), and each
+  rank's loss covers only the tokens it holds, so each rank backpropagates that many x loss;
+- with cp/bp > 1 the ranks of a context group share each batch and `self.plan` gives each its
+  share of the tokens (turbo_dllm.train.parallel), so counts and FLOPs are divided by its size;
+- with tp > 1 the ranks of a tp group compute the same loss on the same tokens (each holds a
+  slice of every layer's matmuls): sums over ranks go over `dims.loss_group()`, which holds one
+  rank per tp group, so nothing is counted tp times (FLOPs per GPU divide by the whole world).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.registry import get_family, resolve_model_config
+from turbo_dllm.train.attention import build_attention
+from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta, same_model
+from turbo_dllm.train.compile_cache import (
+    INDUCTOR_CACHE_VARIABLE,
+    cache_size_bytes,
+    use_compile_cache,
+)
+from turbo_dllm.train.data import build_data
+from turbo_dllm.train.distributed import (
+    DistEnv,
+    any_rank,
+    apply_activation_checkpointing,
+    apply_compile,
+    apply_fsdp,
+    apply_mlp_chunking,
+    clip_grad_norm,
+    replicate_partial_grads,
+)
+from turbo_dllm.train.export import export_sources
+from turbo_dllm.train.graph_breaks import graph_break_counts, graph_break_warning
+from turbo_dllm.train.memory import MemoryRecorder, out_of_memory
+from turbo_dllm.train.metrics import (
+    MetricsLogger,
+    ProfilerWindow,
+    peak_flops,
+    peak_memory_gb,
+)
+from turbo_dllm.train.objectives import NoiseKey, build_objective, score
+from turbo_dllm.train.parallel.dims import ParallelDims
+from turbo_dllm.train.parallel.ep import expert_parameters, reduce_expert_grads
+from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
+from turbo_dllm.train.parallel.plan import build_sequence_plan
+from turbo_dllm.train.schedules import build_scheduler
+from turbo_dllm.train.weights import materialize, named_parameters_clean
+
+__all__ = ["StepBatches", "Trainer"]
+
+
+def print0(env: DistEnv, *args) -> None:
+    if env.is_main:
+        import sys
+
+        print(*args, file=sys.stderr, flush=True)
+
+
+@dataclass
+class StepBatches:
+    """One step's micro-batches, corrupted on the host, and their supervised counts.
+
+    `loader_state` is the loader's position before they were drawn: a checkpoint taken while
+    they wait for their step resumes by drawing them again."""
+
+    step: int
+    loader_state: dict
+    diffusions: list
+    counts: list
+
+
+class Trainer:
+    def __init__(self, spec, run_dir: str | Path, env: DistEnv, layout=None) -> None:
+        self.spec = spec
+        self.run_dir = Path(run_dir)
+        self.env = env
+        self.device = env.device
+        # The job plan's layout (turbo_dllm.jobs.worker), else the spec's own topology.
+        self.dims = ParallelDims.from_layout(layout or spec.topology.layout, env.world_size)
+        self.total_steps = spec.training.steps
+        self.samples_per_step = (
+            spec.training.micro_batch_size * spec.training.grad_accumulation * self.dims.dp_size
+        )
+        on_cuda = self.device.type == "cuda"
+        self.autocast = (
+            partial(torch.autocast, "cuda", dtype=torch.bfloat16)
+            if on_cuda
+            else contextlib.nullcontext
+        )
+        self.train_time_offset = 0.0
+        self._next: StepBatches | None = None  # the next step's batches, drawn ahead
+        self.compile_cache: dict[str, str] = {}  # the cache variables in effect, when compiling
+
+    # ============================== build steps ==============================================
+    def build(self) -> Trainer:
+        if self.env.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.build_model()
+        self.build_data()
+        self.build_optimizer()
+        self.build_checkpointer()
+        self.build_logging()
+        return self
+
+    def build_model(self) -> None:
+        """Meta model -> TP -> MLP chunking -> activation checkpointing -> compile -> FSDP2 -> weights.
+
+        Everything family-specific comes from the family's runtime (turbo_dllm.registry).
+        """
+        spec = self.spec.model
+        family = get_family(spec.family)
+        runtime = family.runtime()
+        self.model_config = resolve_model_config(spec)
+        if self.dims.tp > 1:
+            runtime.check_tensor_parallel(self.model_config, self.dims.tp)  # before collectives
+        # Always: importing torch._dynamo (FSDP2 and DCP do) creates inductor's cache folder, in
+        # the temp folder unless pointed elsewhere. Reported only when something compiles.
+        cache = use_compile_cache()
+        if self.spec.training.compile or self.device.type == "cuda":  # inductor or Triton builds
+            self.compile_cache = cache
+        self.attention = build_attention(spec.attention, self.device, kernels=self.spec.kernels)
+        if hasattr(runtime, "wrap_attention"):  # a family whose layers need their own masks
+            self.attention = runtime.wrap_attention(self.attention, self.model_config)
+        self.mesh = self.dims.build_mesh(self.device.type)
+        # Which tokens this rank feeds the model, and how its layers attend (cp/bp: across ranks).
+        if hasattr(runtime, "build_sequence_plan"):  # a family with its own inputs (drafters)
+            self.plan = runtime.build_sequence_plan(
+                self.dims,
+                self.attention,
+                spec=self.spec,
+                config=self.model_config,
+                device=self.device,
+            )
+        else:
+            self.plan = build_sequence_plan(
+                self.dims, self.attention, merge_backend=self.spec.kernels
+            )
+        if slow_merge := slow_merge_warning(self.dims.bp, self.spec.kernels, self.device.type):
+            print0(self.env, f"warning: {slow_merge} (set `kernels: native`)")
+        dtype = torch.bfloat16 if spec.dtype == "bfloat16" else torch.float32
+        # The RunSpec `model` fields this family's build_model takes (e.g. linear_attention).
+        options = {name: getattr(spec, name) for name in family.model_options}
+        model = runtime.build_model(
+            self.model_config, self.plan.attention_backend, dtype, **options
+        )
+        # An optional runtime function: what the model's `mask` argument is, from the inputs.
+        self.model_mask = getattr(runtime, "model_mask", lambda inputs: inputs.mask)
+        if options:  # a kernel choice is reported, never silent
+            chosen = ", ".join(f"{name} {value}" for name, value in options.items())
+            print0(self.env, f"model {spec.family}: attention {spec.attention}, {chosen}")
+        layers = runtime.layers(model)
+        if self.dims.tp > 1:
+            runtime.apply_tensor_parallel(
+                model, self.dims.get_mesh("tp"), sequence_parallel=self.spec.topology.sp
+            )
+        expert_params = None
+        if self.dims.ep > 1:  # before FSDP2, which then leaves the experts alone
+            replicas = self.dims.get_mesh("ep_replica")
+            runtime.apply_expert_parallel(
+                model,
+                self.dims.get_mesh("ep"),
+                replicas.get_group() if replicas.size() > 1 else None,
+                self.dims.grad_average_size,
+            )
+            expert_params = expert_parameters(model)
+        if self.spec.training.mlp_chunks > 1:
+            apply_mlp_chunking(layers, self.spec.training.mlp_chunks)
+        if checkpointing := self.spec.training.activation_checkpointing:
+            apply_activation_checkpointing(
+                layers,
+                keep_attention=checkpointing == "keep_attention",
+                keep_matmuls=checkpointing == "keep_matmuls",
+            )
+        if self.spec.training.compile:
+            apply_compile(layers)
+        if self.mesh is not None:
+            apply_fsdp(model, layers, self.mesh, ignored_params=expert_params)
+        fill = getattr(runtime, "materialize", materialize)  # a family's own weight sources
+        self.model = fill(model, self.device, seed=self.spec.launch.seed, weights_from=spec.path)
+        self.model.train()
+
+    def build_data(self) -> None:
+        self.data = build_data(
+            self.spec,
+            model_vocab_size=self.model_config.vocab_size,
+            dp_rank=self.dims.dp_rank,
+            dp_size=self.dims.dp_size,
+        )
+        self.loader = self.data.loader
+        self.objective = build_objective(
+            self.spec.objective, self.data.mask_token_id, vocab_size=self.model_config.vocab_size
+        )
+        # An objective may keep parts of the model fixed (DiffusionGemma's SFT: the routers).
+        frozen = getattr(self.objective, "frozen_parameters", ())
+        for name, param in named_parameters_clean(self.model):
+            if frozen and any(part in name for part in frozen):
+                param.requires_grad_(False)
+
+    def build_optimizer(self) -> None:
+        """AdamW (fused on CUDA); no weight decay on norms and biases (1-D parameters)."""
+        opt = self.spec.optimizer
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        groups = [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": opt.weight_decay},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ]
+        from torch.distributed.tensor import DTensor
+
+        # Fused and foreach kernels take all DTensors or all plain tensors; tensor parallelism
+        # without FSDP leaves the replicated parameters plain, so that mix loops per tensor.
+        mixed = len({isinstance(p, DTensor) for p in params}) > 1 or (
+            len({p.device_mesh for p in params if isinstance(p, DTensor)}) > 1
+        )
+        fused = self.device.type == "cuda" and not mixed
+        # Kernel choice depends on this run's layout, not the checkpoint's: restored on resume.
+        self.optimizer_kernels = {"fused": fused or None, "foreach": False if mixed else None}
+        self.optimizer = torch.optim.AdamW(
+            groups, lr=opt.lr, betas=tuple(opt.betas), eps=opt.eps, **self.optimizer_kernels
+        )
+        self.scheduler = build_scheduler(self.optimizer, self.spec.scheduler, self.total_steps)
+
+    def build_checkpointer(self) -> None:
+        ckpt = self.spec.checkpoint
+        self.checkpoint_dir = Path(ckpt.dir) if ckpt.dir else self.run_dir / "checkpoints"
+        self.checkpointer = Checkpointer(
+            self.checkpoint_dir,
+            keep_last=ckpt.keep_last,
+            rank=self.env.rank,
+            world_size=self.env.world_size,
+        )
+
+    def build_logging(self) -> None:
+        self.metrics = MetricsLogger(
+            self.run_dir,
+            self.spec.logging,
+            is_main=self.env.is_main,
+            total_steps=self.total_steps,
+            config=self.spec.model_dump(mode="json"),
+        )
+        self.profiler = ProfilerWindow(self.spec.profiler, self.run_dir / "profile", self.env.rank)
+        self.memory = MemoryRecorder(
+            self.spec.profiler, self.run_dir / "profile", self.env.rank, self.device
+        )
+        self.peak = peak_flops(self.device)
+
+    # ============================== resume / save ============================================
+    def resume(self) -> int:
+        """Restore the checkpoint `checkpoint.resume` names; returns the first step to run."""
+        choice = self.spec.checkpoint.resume
+        if choice == "never":
+            return 0
+        if choice == "auto":
+            path = find_latest(self.checkpoint_dir)
+            if path is None:
+                return 0
+        else:
+            path = Path(choice)
+            if not (path / "checkpoint.json").is_file():
+                raise DllmError(
+                    f"checkpoint.resume points at {choice!r}, which is not a complete checkpoint",
+                    hint="use auto, never, or a checkpoints/step_<N> folder",
+                )
+        if not same_model(read_meta(path).model, self.model_config.to_hf_dict()):
+            raise DllmError(
+                f"checkpoint {str(path)!r} holds a different model shape than this RunSpec",
+                hint="resume with the model the checkpoint was trained with, or "
+                "set checkpoint.resume: never",
+            )
+        meta = self.checkpointer.load(
+            path,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            loader=self.loader,
+        )
+        for group in self.optimizer.param_groups:  # load_state_dict took the saved flags
+            group.update(self.optimizer_kernels)
+        self.train_time_offset = meta.train_time_s
+        self.metrics.truncate_after(meta.step)
+        print0(self.env, f"resumed from {path} (step {meta.step})")
+        return meta.step
+
+    def save(self, step: int, train_time: float) -> Path:
+        return self.checkpointer.save(
+            step,
+            model=self.model,
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            loader_state=self.loader_state(),
+            meta={
+                "dp_replicate": self.dims.dp_replicate,
+                "dp_shard": self.dims.dp_shard,
+                "seed": self.spec.launch.seed,
+                "objective": self.objective.name,
+                "family": self.spec.model.family,
+                "model": self.model_config.to_hf_dict(),
+                "param_dtype": self.spec.model.dtype,
+                "data_fingerprint": self.data.fingerprint,
+                "train_time_s": train_time,
+                **export_sources(self.spec),
+            },
+        )
+
+    # ============================== one optimizer step =======================================
+    def draw(self, step: int) -> StepBatches:
+        """The step's micro-batches: drawn from the loader and corrupted, all on the host."""
+        spec, dims = self.spec, self.dims
+        accum, micro = spec.training.grad_accumulation, spec.training.micro_batch_size
+        loader_state = self.loader.state_dict()
+        batches = [next(self.loader) for _ in range(accum)]
+        keys = [
+            NoiseKey(
+                seed=spec.launch.seed,
+                step=step,
+                first_sample=(index * dims.dp_size + dims.dp_rank) * micro,
+                samples_per_step=self.samples_per_step,
+            )
+            for index in range(accum)
+        ]
+        return StepBatches(
+            step=step,
+            loader_state=loader_state,
+            diffusions=[self.objective.corrupt(b, k) for b, k in zip(batches, keys, strict=True)],
+            counts=[
+                self.objective.supervised_count(b, key=k)
+                for b, k in zip(batches, keys, strict=True)
+            ],
+        )
+
+    def loader_state(self) -> dict:
+        """Where the loader stands for a checkpoint after the last step: before any batches
+        drawn ahead for the next one."""
+        if self._next is not None:
+            return self._next.loader_state
+        return self.loader.state_dict()
+
+    def train_step(self, step: int) -> dict[str, float]:
+        dims = self.dims
+        accum = self.spec.training.grad_accumulation
+
+        # -- the step's batches (usually drawn while the device ran the last step) --------------
+        drawn, self._next = self._next, None
+        if drawn is not None and drawn.step != step:  # drawn for another step: put them back
+            self.loader.load_state_dict(drawn.loader_state)
+            drawn = None
+        if drawn is None:
+            drawn = self.draw(step)
+        denominator = self._global_counts(drawn.counts)
+
+        # -- forward / backward per micro-batch -------------------------------------------------
+        loss_sum = torch.zeros((), device=self.device)
+        flops = 0.0
+        for index, diffusion in enumerate(drawn.diffusions):
+            flops += self.model_config.step_flops(
+                stream_tokens=diffusion.stream_tokens,
+                scored_tokens=diffusion.num_scored,
+                pairs=diffusion.attention_pairs(),
+            )
+            inputs = self.plan.prepare(diffusion.to(self.device), self.device)
+            if self.mesh is not None:
+                self.model.set_requires_gradient_sync(index == accum - 1)
+            with self.autocast():
+                local = self.model(
+                    inputs.input_ids,
+                    inputs.positions,
+                    self.model_mask(inputs),
+                    output=inputs.output or partial(score, inputs.batch),
+                    **getattr(inputs.batch, "model_kwargs", {}),  # an objective's extra inputs
+                )
+            loss = local / denominator
+            if loss.dim():  # an objective of several terms, each over its own count
+                loss = loss.sum()
+            (loss * dims.grad_average_size).backward()
+            loss_sum += loss.detach()
+
+        # -- clip, step ---------------------------------------------------------------------------
+        grad_norm = self._clip_gradients()
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        # The next step's host work (loader gather, noise) overlaps this step's queued kernels:
+        # the device stays busy through the step boundary instead of waiting for the host.
+        if step + 1 < self.total_steps:
+            self._next = self.draw(step + 1)
+
+        flops /= self.plan.context_size  # each rank of a context group counted the whole batch
+        totals = torch.stack([loss_sum.float(), torch.tensor(flops, device=self.device)])
+        self._all_reduce(totals)
+        # The step's one host sync: everything above was queued without waiting on the device.
+        loss, flops, grad_norm = torch.cat([totals, grad_norm.reshape(1).to(totals)]).tolist()
+        return {"loss": loss, "flops": flops, "grad_norm": grad_norm, "lr": lr}
+
+    def _global_counts(self, counts: list) -> float | torch.Tensor:
+        """The loss denominator(s): the step's supervised counts summed over micro-batches and
+        ranks (a float, or a tensor of one count per loss term where the objective has several)."""
+        per_term = isinstance(counts[0], tuple)
+        if not per_term:
+            supervised = float(sum(counts))
+            # The ranks of a context group hold the same batches: count them once.
+            if self.env.distributed:  # (one process: no device round trip before the forward)
+                total = torch.tensor([supervised / self.plan.context_size], device=self.device)
+                self._all_reduce(total)
+                supervised = float(total[0])
+            return max(supervised, 1.0)
+        summed = [
+            float(sum(column)) / self.plan.context_size for column in zip(*counts, strict=True)
+        ]
+        total = torch.tensor(summed, device=self.device)
+        if self.env.distributed:
+            self._all_reduce(total)
+        return total.clamp(min=1.0)
+
+    def _clip_gradients(self) -> torch.Tensor:
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if self.dims.ep > 1:
+            reduce_expert_grads(self.model)
+        if self.dims.tp > 1:
+            replicate_partial_grads(params)
+        return clip_grad_norm(params, self.spec.training.clip_grad_norm)
+
+    def _all_reduce(self, tensor: torch.Tensor) -> None:
+        """Sum over the ranks, counting each tensor-parallel group once."""
+        if self.env.distributed:
+            import torch.distributed as dist
+
+            dist.all_reduce(tensor, group=self.dims.loss_group())
+
+    # ============================== the loop =================================================
+    def run(self) -> int:
+        start = self.resume()
+        if start >= self.total_steps:
+            print0(
+                self.env, f"nothing to do: the checkpoint is at step {start} of {self.total_steps}"
+            )
+            return 0
+        spec, env = self.spec, self.env
+        tokens_per_step = self.samples_per_step * spec.data.seq_len
+        interval = spec.checkpoint.interval
+        max_duration = spec.training.max_duration_s
+        began = time.perf_counter()
+        print0(
+            env,
+            f"training {self.model_config.model_type} ({self.model_config.num_params() / 1e6:.1f}M "
+            f"params) on {env.world_size} x {self.device.type}, steps {start + 1}..{self.total_steps}, "
+            f"run dir {self.run_dir}",
+        )
+        if self.compile_cache and env.is_main:  # one rank walks the cache folder, not all
+            inductor = Path(self.compile_cache[INDUCTOR_CACHE_VARIABLE])
+            size = cache_size_bytes(inductor)
+            state = f"warm, {size / 1e6:,.0f} MB" if size else "cold: the first step compiles"
+            print0(env, f"compile cache {inductor.parent} ({state})")
+        last_saved = start
+        breaks_before = graph_break_counts() if spec.training.compile else None
+        for step in range(start, self.total_steps):
+            if self.device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats(self.device)
+            self.profiler.before_step(step)
+            tick = time.perf_counter()
+            try:
+                stats = self.train_step(step)
+            except torch.OutOfMemoryError:
+                raise out_of_memory(step, self.device, self.memory.dump()) from None
+            step_time = time.perf_counter() - tick
+            if breaks_before is not None and step == start:  # the step that compiled the layers
+                warning = graph_break_warning(
+                    breaks_before,
+                    graph_break_counts(),
+                    checkpointing=bool(spec.training.activation_checkpointing),
+                )
+                if warning:
+                    print0(env, f"warning: {warning}")
+            self.profiler.after_step(step)
+            self.memory.after_step(step)
+            done = step + 1
+            if not math.isfinite(stats["loss"]):
+                raise DllmError(
+                    f"the loss became {stats['loss']} at step {done}",
+                    hint="lower optimizer.lr, keep training.clip_grad_norm set, or check the data",
+                )
+            elapsed = self.train_time_offset + time.perf_counter() - began
+            self.metrics.log(
+                {
+                    "step": done,
+                    "loss": stats["loss"],
+                    "lr": stats["lr"],
+                    "grad_norm": stats["grad_norm"],
+                    "tokens": tokens_per_step,
+                    "tokens_per_s": tokens_per_step / step_time,
+                    "mfu": (
+                        stats["flops"] / (step_time * self.peak * env.world_size)
+                        if self.peak
+                        else None
+                    ),
+                    "mem_gb": peak_memory_gb(self.device),
+                    "step_time_s": step_time,
+                    "time_s": elapsed,
+                }
+            )
+            # Every rank must agree: the stop leads to a collective save (see `any_rank`).
+            out_of_time = max_duration is not None and any_rank(elapsed >= max_duration, env)
+            if (interval and done % interval == 0) or done == self.total_steps or out_of_time:
+                self.save(done, elapsed)
+                last_saved = done
+            if out_of_time:
+                print0(env, f"stopping after step {done}: training.max_duration_s reached")
+                break
+        self.metrics.close()
+        print0(env, f"done: {last_saved} steps, checkpoint in {self.checkpoint_dir}")
+        return 0
