@@ -34,6 +34,13 @@ def register(subparsers) -> None:
         default=None,
         help="tokens per verify forward (default: the DFlash drafter's; required for an AR one)",
     )
+    p.add_argument(
+        "--draft-steps",
+        type=int,
+        default=1,
+        help="DFlash drafter forwards per block: each but the last shows its most confident "
+        "guesses to the next (for drafters trained with objective.reveal_blocks)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--num-prompts", type=int, default=8)
     p.add_argument("--prompt-len", type=int, default=32)
@@ -81,6 +88,7 @@ def _eval(args) -> int:
         args.drafter,
         args.data,
         block_size=args.block_size,
+        draft_steps=args.draft_steps,
         max_new_tokens=args.max_new_tokens,
         num_prompts=args.num_prompts,
         prompt_len=args.prompt_len,

@@ -244,6 +244,16 @@ class ObjectiveSpec(_Strict):
         "target's greedy token as the label (as greedy_ce does) and D-PACE counts only on-path "
         "slots. The target runs all its layers (or the feature artifact needs teacher rows).",
     )
+    reveal_blocks: float = Field(
+        0.0,
+        ge=0.0,
+        lt=1.0,
+        description="dflash_distillation, DFlash drafters: the fraction of blocks that show "
+        "some slots' true tokens in place of the mask (each such block shows each slot with a "
+        "rate drawn from U(0, 1), one slot always hidden; shown slots are not scored). Trains "
+        "the drafter to refine its own draft over several forwards (dllm dflash eval "
+        "--draft-steps). Needs sample_from_anchor false.",
+    )
     dpace_alpha: float = Field(
         0.5,
         ge=0.0,

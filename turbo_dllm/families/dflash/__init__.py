@@ -116,6 +116,14 @@ def _rules(spec: Any, config: DFlashConfig) -> list[tuple[str, str]]:
                 f"with {', '.join(kinds)})",
             )
         )
+    if objective.reveal_blocks and (config.is_dflash2 or config.sample_from_anchor):
+        found.append(
+            (
+                "objective.reveal_blocks",
+                "trains DFlashDraftModel drafters with sample_from_anchor false only (slot k "
+                "shows the token at anchor + k; DFlash2's losses weigh a block's slots in order)",
+            )
+        )
     if objective.greedy_path and objective.dflash_loss == "paper_ce":
         found.append(
             (

@@ -122,7 +122,8 @@ def greedy_path(batch: DraftBatch, guess: torch.Tensor) -> torch.Tensor:
 
 
 def draft_tokens(batch: DraftBatch, mask_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(R, N*B) token ids [anchor token, mask x (B-1)] per block, and their positions."""
+    """(R, N*B) token ids [anchor token, mask x (B-1)] per block (a shown slot holds its true
+    token), and their positions."""
     rows, n = batch.anchors.shape
     b = batch.block_size
     tokens = torch.full((rows, n, b), mask_token_id, dtype=torch.long, device=batch.anchors.device)
@@ -130,6 +131,10 @@ def draft_tokens(batch: DraftBatch, mask_token_id: int) -> tuple[torch.Tensor, t
         batch.anchor_valid, batch.context_ids.gather(1, batch.anchors), mask_token_id
     )
     positions = batch.anchors[:, :, None] + torch.arange(b, device=batch.anchors.device)
+    if batch.shown is not None:
+        at = positions.clamp(max=batch.context_ids.shape[1] - 1).reshape(rows, n * b)
+        true = batch.context_ids.gather(1, at).view(rows, n, b)
+        tokens = torch.where(batch.shown.to(tokens.device), true, tokens)
     return tokens.reshape(rows, n * b), positions.reshape(rows, n * b)
 
 
@@ -152,6 +157,10 @@ def share_anchors(batch: DraftBatch, rank: int, size: int) -> DraftBatch:
     present = torch.zeros(rows, new_width, dtype=torch.bool, device=valid.device)
     anchors[r, column[r, n]] = batch.anchors[r, n]
     present[r, column[r, n]] = True
+    shown = None
+    if batch.shown is not None:
+        shown = batch.shown.new_zeros(rows, new_width, b)
+        shown[r, column[r, n]] = batch.shown[r, n]
     sr = batch.score_index // (width * b)
     sn = (batch.score_index // b) % width
     sk = batch.score_index % b
@@ -164,6 +173,7 @@ def share_anchors(batch: DraftBatch, rank: int, size: int) -> DraftBatch:
         targets=batch.targets[keep],
         weights=batch.weights[keep],
         teacher_index=batch.teacher_index[keep],
+        shown=shown,
     )
 
 

@@ -54,6 +54,7 @@ class SpeculativeReport:
     tau_stderr: float | None = None  # over the prompts; None with fewer than two
     prompt_tokens: list[int] = field(default_factory=list)  # accepted tokens, per prompt
     prompt_forwards: list[int] = field(default_factory=list)  # target forwards, per prompt
+    draft_steps: int = 1  # a DFlash drafter's forwards per block (1 in an AR drafter's report)
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -133,17 +134,32 @@ def _greedy_target(target, prompt: torch.Tensor, new_tokens: int) -> list[int]:
 
 
 class _DFlashProposer:
-    """Drafts one block from the target's features of every accepted position."""
+    """Drafts one block from the target's features of every accepted position. With
+    `draft_steps` S > 1 the drafter refines its draft: each forward but the last shows its most
+    confident guesses among the slots still hidden (an even share of them) to the next, in place
+    of the mask (a drafter trained with `objective.reveal_blocks` has seen such blocks)."""
 
     needs_hidden = True
 
-    def __init__(self, drafter, block_size: int) -> None:
+    def __init__(self, drafter, block_size: int, draft_steps: int = 1) -> None:
         self.drafter = drafter
         self.block_size = block_size
         self.ids = drafter.config.target_layer_ids
         self.mask = drafter.config.mask_token_id
         self.from_anchor = drafter.config.sample_from_anchor
         self.drafts = block_size if self.from_anchor else block_size - 1
+        if draft_steps < 1:
+            raise DllmError(f"--draft-steps must be at least 1 (got {draft_steps})")
+        if draft_steps > 1 and (self.from_anchor or drafter.config.is_dflash2):
+            raise DllmError(
+                "--draft-steps > 1 refines DFlashDraftModel drafters with sample_from_anchor "
+                "false (slot k holds the token at anchor + k)",
+                hint="evaluate this drafter with --draft-steps 1",
+            )
+        hidden, self.reveals = self.drafts, []
+        for step in range(draft_steps - 1):  # guesses shown after each forward but the last
+            self.reveals.append(hidden // (draft_steps - step))
+            hidden -= self.reveals[-1]
 
     def reset(self, prompt: torch.Tensor, hidden_states) -> None:
         self.context = self.drafter.project_context(self._features(hidden_states))
@@ -164,11 +180,22 @@ class _DFlashProposer:
         position = length - 1  # the last accepted token: the block's anchor
         block = torch.cat([last, self.masks])[None]
         context = DraftContext(None, torch.arange(position, device=device), None)
-        hidden = self.drafter.hidden_states(
-            block, position + self.offsets, context, projected=self.context
-        )
-        drafted = hidden[0, : self.drafts] if self.from_anchor else hidden[0, 1:]
-        return self.drafter.greedy_draft(drafted, last)  # DFlash2: through its selector
+
+        def forward(block):
+            hidden = self.drafter.hidden_states(
+                block, position + self.offsets, context, projected=self.context
+            )
+            return hidden[0, : self.drafts] if self.from_anchor else hidden[0, 1:]
+
+        shown = torch.zeros(self.drafts, dtype=torch.bool, device=device)
+        for count in self.reveals:
+            confidence, guess = self.drafter.lm_head(forward(block)).float().softmax(-1).max(-1)
+            picked = confidence.masked_fill(shown, -1.0).topk(count).indices
+            shown[picked] = True
+            block = block.clone()
+            block[0, 1 + picked] = guess[picked]
+        drafted = self.drafter.greedy_draft(forward(block), last)  # DFlash2: its selector
+        return torch.where(shown, block[0, 1:], drafted)
 
     def accept(self, length: int, hidden_states, verify: torch.Tensor, kept: int) -> None:
         """`kept` rows of the verify forward (the anchor and the accepted drafts) are final."""
@@ -286,20 +313,26 @@ def compare(
     device: str | None = None,
     dtype: str = "float32",
     strict: bool = True,
+    draft_steps: int | list[int] = 1,
     progress=None,
 ) -> list[SpeculativeReport]:
     """Decode `num_prompts` held-out prompts of `data` with the target alone (once) and with
     each drafter, through the same forward and cache machinery, and compare; one report per
     drafter, each against the same target-alone run. With `strict` (the CLI), outputs that
     differ are an error, else the report says `lossless: false` and `first_mismatch` (a
-    benchmark records it rather than losing the run). `progress(line)`: called as each
-    decode starts and ends."""
+    benchmark records it rather than losing the run). `draft_steps`: a DFlash drafter's
+    forwards per block (`_DFlashProposer`), one for all or one per drafter. `progress(line)`:
+    called as each decode starts and ends."""
     from turbo_dllm.families.dflash import read_target_config
 
     say = progress or (lambda line: None)
     torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = getattr(torch, dtype)
     target_config = read_target_config(target)  # a readable target before any work
+    if isinstance(draft_steps, int):
+        draft_steps = [draft_steps] * len(drafters)
+    if len(draft_steps) != len(drafters):
+        raise ValueError(f"{len(draft_steps)} draft_steps for {len(drafters)} drafters")
     for drafter in drafters:
         _check_autoregressive(drafter, block_size, target_config)  # before loading anything
     models = [_drafter(drafter, target, torch_device, torch_dtype) for drafter in drafters]
@@ -307,14 +340,16 @@ def compare(
     for block in blocks:
         if block < 2:
             raise DllmError(f"--block-size must be at least 2 (got {block})")
+    proposers = [  # before the target and the prompts: they refuse draft steps they cannot take
+        _DFlashProposer(model, block, steps)
+        if kind == "dflash"
+        else _AutoregressiveProposer(model, block)
+        for (kind, model), block, steps in zip(models, blocks, draft_steps, strict=True)
+    ]
     prompts = [
         p.to(torch_device) for p in held_out_prompts(data, count=num_prompts, length=prompt_len)
     ]
     target_model = _load_target(target, torch_device, torch_dtype)
-    proposers = [
-        (_DFlashProposer if kind == "dflash" else _AutoregressiveProposer)(model, block)
-        for (kind, model), block in zip(models, blocks, strict=True)
-    ]
 
     def timed(fn):
         if torch_device.type == "cuda":
@@ -359,6 +394,8 @@ def compare(
         say(f"eval: target alone {total / plain_s:.1f} tokens/s")
         for i, ((kind, _), block) in enumerate(zip(models, blocks, strict=True)):
             report = _report(kind, block, plain, plain_s, spec[i], spec_s[i], max_new_tokens)
+            if kind == "dflash":
+                report.draft_steps = draft_steps[i]
             say(
                 f"eval: {kind} drafter tau {report.tau:.2f}, "
                 f"{report.speculative_tokens_per_s:.1f} tokens/s ({report.speedup:.2f}x)"

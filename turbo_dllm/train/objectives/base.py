@@ -52,9 +52,10 @@ def _key_seed(*parts: object) -> int:
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
 
 
-def sample_generator(key: NoiseKey, sample: int) -> torch.Generator:
-    """A CPU generator private to one sequence of one step."""
-    return torch.Generator().manual_seed(_key_seed("sample", key.seed, key.step, sample))
+def sample_generator(key: NoiseKey, sample: int, purpose: str = "sample") -> torch.Generator:
+    """A CPU generator private to one sequence of one step (and to one `purpose`: draws of
+    different purposes never share a stream)."""
+    return torch.Generator().manual_seed(_key_seed(purpose, key.seed, key.step, sample))
 
 
 def block_noise_levels(

@@ -27,8 +27,15 @@ steps and then ramps linearly to `selector_loss_alpha` over `selector_ramp_steps
 (families/dflash/hard_labels.py). The sum over supervised slots is divided by the GLOBAL count
 of supervised slots, like every objective here.
 
-Anchors are keyed noise (seed, step, global sample index), so `supervised_count(batch, key)`
-draws exactly the anchors `corrupt` will, and a resumed run redraws them.
+Shown slots (`reveal_blocks` > 0): that fraction of the blocks, drawn per block, show some of
+their slots' true tokens in place of the mask: each block draws a rate u ~ U(0, 1) and shows
+each slot (but the anchor) with probability u, always keeping one hidden. Shown slots are not
+scored. A drafter trained so refines its own draft in several forwards (`dllm dflash eval
+--draft-steps`: each forward shows its most confident guesses to the next).
+
+Anchors and shown slots are keyed noise (seed, step, global sample index), so
+`supervised_count(batch, key)` draws exactly the anchors and slots `corrupt` will, and a resumed
+run redraws them.
 """
 
 from __future__ import annotations
@@ -117,6 +124,7 @@ class DraftBatch:
     dpace_alpha: float = 0.5  # D-PACE: a slot's acceptance (1 - alpha) p + alpha
     selector_weight: float = 0.0  # DFlash2: the selector loss's weight at this step
     greedy_path: bool = False  # score a slot only on the target's greedy path (plan.greedy_path)
+    shown: torch.Tensor | None = None  # (R, N, B) bool: slots showing their true token
 
     def to(self, device: torch.device) -> DraftBatch:
         def move(t):
@@ -135,6 +143,7 @@ class DraftBatch:
                     "targets",
                     "weights",
                     "teacher_index",
+                    "shown",
                 )
             },
         )
@@ -179,6 +188,7 @@ class DFlashDistillation:
         selector_warmup_steps: int = 0,
         selector_ramp_steps: int = 0,
         greedy_path: bool = False,
+        reveal_blocks: float = 0.0,
     ) -> None:
         if max_anchors < 1:
             raise ValueError(f"max_anchors must be at least 1 (got {max_anchors})")
@@ -199,6 +209,13 @@ class DFlashDistillation:
                 "greedy_path needs the target's outputs: paper_ce's labels are the true tokens "
                 f"(greedy_path trains {', '.join((*TEACHER_LOSSES, *HARD_LABEL_LOSSES))})"
             )
+        if not 0.0 <= reveal_blocks < 1.0:
+            raise ValueError(f"reveal_blocks must be in [0, 1) (got {reveal_blocks})")
+        if reveal_blocks and sample_from_anchor:
+            raise ValueError(
+                "reveal_blocks needs sample_from_anchor false (slot k holds token a + k)"
+            )
+        self.reveal_blocks = reveal_blocks
         self.greedy_path = greedy_path
         self.needs_teacher = needs_teacher(loss, greedy_path)
 
@@ -238,8 +255,11 @@ class DFlashDistillation:
             present[r, : len(p)] = True
         return anchors, present
 
-    def _slots(self, batch, anchors, present) -> tuple[torch.Tensor, torch.Tensor]:
-        """(R, N, B) drafted positions and whether each slot is supervised."""
+    def _slots(
+        self, batch, anchors, present, key
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(R, N, B) drafted positions, whether each slot is supervised, and whether it is shown
+        (its true token in place of the mask; a shown slot is not supervised)."""
         supervised = batch["loss_mask"].to("cpu", torch.bool)
         rows, length = supervised.shape
         k = torch.arange(self.block_size)
@@ -248,24 +268,40 @@ class DFlashDistillation:
         inside = target < length
         clamped = target.clamp(max=length - 1)
         row = torch.arange(rows)[:, None, None]
-        ok = present[:, :, None] & inside & supervised[row, clamped]
+        real = present[:, :, None] & inside  # a token of the anchor's document
         doc_ids = batch.get("doc_ids")
         if doc_ids is not None:
             docs = doc_ids.to("cpu")
-            ok &= docs[row, clamped] == docs[row, anchors[:, :, None]]
+            real &= docs[row, clamped] == docs[row, anchors[:, :, None]]
+        ok = real & supervised[row, clamped]
         if not self.sample_from_anchor:
             ok[:, :, 0] = False
-        return clamped, ok
+        shown = self._shown(anchors.shape, key) & real
+        return clamped, ok & ~shown, shown
+
+    def _shown(self, shape, key) -> torch.Tensor:
+        """(R, N, B) bool: the slots shown (module docstring); none without reveal_blocks."""
+        rows, width = shape
+        shown = torch.zeros(rows, width, self.block_size, dtype=torch.bool)
+        if not self.reveal_blocks:
+            return shown
+        for r in range(rows):
+            generator = sample_generator(key, key.first_sample + r, purpose="dflash-shown")
+            draws = torch.rand(width, self.block_size + 1, generator=generator)
+            picked, rate, slot = draws[:, 0] < self.reveal_blocks, draws[:, 1:2], draws[:, 2:]
+            keep_hidden = slot == slot.max(dim=1, keepdim=True).values  # one slot stays hidden
+            shown[r, :, 1:] = picked[:, None] & (slot < rate) & ~keep_hidden
+        return shown
 
     def supervised_count(self, batch, key: NoiseKey | None = None) -> int:
         anchors, present = self._anchors(batch, key)
-        return int(self._slots(batch, anchors, present)[1].sum())
+        return int(self._slots(batch, anchors, present, key)[1].sum())
 
     def corrupt(self, batch, key: NoiseKey) -> DraftBatch:
         ids = batch["input_ids"].to("cpu", torch.long)
         rows, length = ids.shape
         anchors, present = self._anchors(batch, key)
-        target, ok = self._slots(batch, anchors, present)
+        target, ok, shown = self._slots(batch, anchors, present, key)
         r, n, k = ok.nonzero(as_tuple=True)
         b = self.block_size
         width = anchors.shape[1]
@@ -291,6 +327,7 @@ class DFlashDistillation:
                 else 0.0
             ),
             greedy_path=self.greedy_path,
+            shown=shown if self.reveal_blocks else None,
         )
 
 
@@ -308,4 +345,5 @@ def build(spec, mask_token_id: int, vocab_size: int | None = None) -> DFlashDist
         selector_warmup_steps=spec.selector_warmup_steps,
         selector_ramp_steps=spec.selector_ramp_steps,
         greedy_path=spec.greedy_path,
+        reveal_blocks=spec.reveal_blocks,
     )
