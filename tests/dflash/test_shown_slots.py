@@ -169,3 +169,15 @@ def test_eval_refuses_draft_steps_below_one_before_decoding(cli, world, drafter)
     args = ["--target", world["target"], "--drafter", drafter["folder"]]
     result = cli("dflash", "eval", *args, "--data", world["artifact"], "--draft-steps", "0")
     assert_user_error(result, "--draft-steps must be at least 1")
+
+
+def test_a_dflash2_run_with_shown_slots_is_refused_at_validation(world):
+    with pytest.raises(DllmError, match="objective.reveal_blocks") as error:
+        drafter_spec(
+            world["target"],
+            world["artifact"],
+            "model.dflash.architecture=DFlash2DraftModel",
+            "objective.dflash_loss=dflash",
+            "objective.reveal_blocks=0.5",
+        )
+    assert "DFlashDraftModel drafters with sample_from_anchor false" in str(error.value)
