@@ -10,7 +10,11 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.dflash.helpers import MASK, drafter_spec
+from tests.dflash.helpers import (
+    MASK,
+    assert_two_processes_train_the_one_process_trace,
+    drafter_spec,
+)
 from tests.helpers import assert_user_error
 from tests.train.util import losses
 from turbo_dllm.errors import DllmError
@@ -181,3 +185,15 @@ def test_a_dflash2_run_with_shown_slots_is_refused_at_validation(world):
             "objective.reveal_blocks=0.5",
         )
     assert "DFlashDraftModel drafters with sample_from_anchor false" in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "topology",
+    [("topology.dp=2", "training.micro_batch_size=2"), ("topology.bp=2",)],
+    ids=["dp2", "bp2"],
+)
+def test_two_processes_with_shown_slots_train_the_one_process_trace(world, tmp_path, topology):
+    """A row's shown slots do not depend on the rows it shares a micro-batch with (dp), and
+    each rank's share of the anchors keeps its blocks' (bp)."""
+    common = ("objective.reveal_blocks=0.5",)
+    assert_two_processes_train_the_one_process_trace(world, tmp_path, topology, common)

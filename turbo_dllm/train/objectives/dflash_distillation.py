@@ -287,7 +287,8 @@ class DFlashDistillation:
             return shown
         for r in range(rows):
             generator = sample_generator(key, key.first_sample + r, purpose="dflash-shown")
-            draws = torch.rand(width, self.block_size + 1, generator=generator)
+            # max_anchors rows, whatever the batch's width: a row draws what it draws alone
+            draws = torch.rand(self.max_anchors, self.block_size + 1, generator=generator)[:width]
             picked, rate, slot = draws[:, 0] < self.reveal_blocks, draws[:, 1:2], draws[:, 2:]
             keep_hidden = slot == slot.max(dim=1, keepdim=True).values  # one slot stays hidden
             shown[r, :, 1:] = picked[:, None] & (slot < rate) & ~keep_hidden
