@@ -1,6 +1,7 @@
 """After `speculative` with --dflash-variants greedy-ce-reveal (its drafters in
 /tmp/dllm-speculative): the same shown-slot drafter decoded in 1, 2 and 3 forwards per block,
-against the same AR drafter, on the first --num-prompts held-out prompts."""
+against the same AR drafter, on the first --num-prompts held-out prompts. $STEPS picks the
+forwards (default 1,2,3), $BLOCK the block size (default 8; session 22 ran block 16)."""
 
 import json
 import os
@@ -15,7 +16,8 @@ prompts = int(sys.argv[1]) if len(sys.argv) > 1 else 16
 steps = [int(s) for s in os.environ.get("STEPS", "1,2,3").split(",")]
 drafters = [str(work / "dflash-drafter")] * len(steps) + [str(work / "ar-drafter")]
 reports = compare(
-    str(work / "target"), drafters, str(work / "heldout-data"), block_size=8,
+    str(work / "target"), drafters, str(work / "heldout-data"),
+    block_size=int(os.environ.get("BLOCK", "8")),
     max_new_tokens=128, num_prompts=prompts, prompt_len=64, strict=False,
     draft_steps=steps + [1], progress=print,
 )  # fmt: skip
