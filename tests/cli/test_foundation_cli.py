@@ -165,6 +165,16 @@ def test_recipe_list_json(cli):
     assert {"smoke/cpu-tiny", "h200/fast-dllm-v2-qwen3-1.7b", "2xh200/csbp-qwen3-1.7b-64k"} <= names
 
 
+@pytest.mark.parametrize("columns", ["60", "80"])
+def test_recipe_list_never_cuts_a_name(cli, monkeypatch, columns):
+    """The table's names are what `recipe show` takes: whole in a narrow terminal too (the
+    summary wraps instead)."""
+    monkeypatch.setenv("COLUMNS", columns)
+    names = [r["name"] for r in json.loads(cli("recipe", "list", "--json").out)["recipes"]]
+    words = set(cli("recipe", "list").out.split())
+    assert all(name in words for name in names), [n for n in names if n not in words]
+
+
 def test_recipe_show_and_copy_never_overwrites(cli, tmp_path):
     shown = cli("recipe", "show", "smoke/cpu-tiny")
     assert shown.code == 0 and "block_diffusion" in shown.out

@@ -36,8 +36,10 @@ def _list(args) -> int:
     from rich.table import Table
 
     table = Table(box=None)
-    table.add_column("name", no_wrap=True)
-    table.add_column("hardware", no_wrap=True)
+    # The name is what `recipe show` / `copy` take: never cut, whatever the terminal's width
+    # (the other columns wrap around it).
+    table.add_column("name", no_wrap=True, min_width=max((len(r.name) for r in recipes), default=4))
+    table.add_column("hardware")
     table.add_column("summary")
     for r in recipes:
         table.add_row(r.name, r.hardware, r.summary)
