@@ -175,6 +175,14 @@ def test_eval_refuses_draft_steps_below_one_before_decoding(cli, world, drafter)
     assert_user_error(result, "--draft-steps must be at least 1")
 
 
+@pytest.mark.parametrize("flag", ["--target", "--drafter"])
+def test_eval_names_the_flag_whose_folder_is_not_a_model(cli, world, drafter, tmp_path, flag):
+    folders = {"--target": world["target"], "--drafter": drafter["folder"], flag: tmp_path}
+    args = [x for pair in folders.items() for x in pair]
+    result = cli("dflash", "eval", *args, "--data", world["artifact"])
+    assert_user_error(result, f"{flag} {str(tmp_path)!r} is not a model folder", f"point {flag}")
+
+
 def test_a_dflash2_run_with_shown_slots_is_refused_at_validation(world):
     with pytest.raises(DllmError, match="objective.reveal_blocks") as error:
         drafter_spec(

@@ -89,9 +89,17 @@ def held_out_prompts(artifact: str | Path, *, count: int, length: int) -> list[t
 
 def _load_target(folder: str, device: torch.device, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype).to(device)
-    return model.eval()
+    # transformers' "Loading weights" bar would land in the middle of the command's report
+    shown = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    finally:
+        if shown:
+            hf_logging.enable_progress_bar()
+    return model.to(device).eval()
 
 
 def _architecture(folder: str) -> str:
@@ -326,6 +334,13 @@ def compare(
     from turbo_dllm.families.dflash import read_target_config
 
     say = progress or (lambda line: None)
+    for flag, folder in [("--target", target), *(("--drafter", d) for d in drafters)]:
+        if not (Path(folder) / "config.json").is_file():
+            raise DllmError(
+                f"{flag} {folder!r} is not a model folder (no config.json)",
+                hint=f"point {flag} at a Hugging Face folder (`dllm export` / `dllm dflash "
+                "export` write one)",
+            )
     torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     torch_dtype = getattr(torch, dtype)
     target_config = read_target_config(target)  # a readable target before any work
