@@ -49,8 +49,9 @@ def _doctor(args) -> int:
         from rich.markup import escape
 
         console = Console(highlight=False)
+        width = max((len(r.name) for r in report.results), default=0)
         for r in report.results:
-            console.print(f"{_STYLE[r.status]}  {r.name:<14} {escape(r.detail)}")
+            console.print(f"{_STYLE[r.status]}  {r.name:<{width}}  {escape(r.detail)}")
             if r.fix and r.status != "pass":
                 console.print(f"      fix: {escape(r.fix)}")
         console.print("[bold green]ready[/]" if report.ready else "[bold red]not ready[/]")
