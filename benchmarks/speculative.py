@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import statistics
 import sys
 import sysconfig
@@ -117,7 +118,35 @@ def stdlib_files(limit: int | None) -> list[Path]:
     return files[:limit] if limit else files
 
 
-def prepare(files: list[Path], out: Path, seq_len: int) -> Path:
+def train_bpe(files: list[Path], out: Path, vocab_size: int) -> Path:
+    """A byte-level BPE tokenizer (GPT-2 / Qwen style) of `vocab_size` tokens trained on `files`
+    with Hugging Face `tokenizers`, saved as a transformers folder (specials: end of text, pad,
+    mask; ids 0-2)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<|endoftext|>", "<|pad|>", "<|mask|>"]
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train([str(f) for f in files], trainer)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        eos_token=specials[0],
+        pad_token=specials[1],
+        mask_token=specials[2],
+    ).save_pretrained(str(out))
+    return out
+
+
+def prepare(files: list[Path], out: Path, seq_len: int, tokenizer: Path | None = None) -> Path:
+    """A training artifact of `files`: byte-level tokens, or the HF tokenizer folder's."""
     from turbo_dllm.data.prepare import prepare as run_prepare
     from turbo_dllm.data.spec import load_prepare_spec
 
@@ -133,7 +162,9 @@ def prepare(files: list[Path], out: Path, seq_len: int) -> Path:
         yaml.safe_dump(
             {
                 "source": {"kind": "text", "paths": readable},
-                "tokenizer": {"kind": "byte_level"},
+                "tokenizer": {"kind": "huggingface", "path": str(tokenizer)}
+                if tokenizer
+                else {"kind": "byte_level"},
                 "packing": {"seq_len": seq_len, "block_size": 8},
                 "output": {"path": str(out)},
                 "workers": 4,
@@ -151,7 +182,9 @@ def progress(line: str) -> None:
     print(f"[{time.perf_counter() - STARTED:5.0f}s] {line}", file=sys.stderr, flush=True)
 
 
-def decoder_spec(artifact, run, shape, *, seconds, seq_len, micro, lr, gpu, every=50, steps=None):
+def decoder_spec(
+    artifact, run, shape, *, seconds, seq_len, micro, lr, gpu, every=50, steps=None, vocab=260
+):
     h, layers, heads, kv, hd, inter = shape
     return {
         "launch": {"seed": 0, "run_dir": str(run)},
@@ -159,7 +192,7 @@ def decoder_spec(artifact, run, shape, *, seconds, seq_len, micro, lr, gpu, ever
             "family": "qwen3",
             "from_config": "tiny",
             "config_overrides": {
-                "vocab_size": 260,
+                "vocab_size": vocab,
                 "hidden_size": h,
                 "num_hidden_layers": layers,
                 "num_attention_heads": heads,
@@ -331,6 +364,13 @@ def main() -> int:
         f"schedule ({', '.join(AR_SCHEDULES)}); the first is `autoregressive` in the reports, "
         "and the tau target is judged against the strongest",
     )
+    parser.add_argument(
+        "--tokenizer",
+        default="byte",
+        help="byte: byte-level tokens (260 ids); bpe:N: a byte-level BPE tokenizer of N tokens "
+        "trained on the training files first (real models' kind of tokens: a drafted token "
+        "carries ~3-4 bytes)",
+    )
     parser.add_argument("--max-new-tokens", type=int, default=128)
     # 32: at 12 one run's tau ratio had a standard error of ~0.06-0.1, as large as the margin
     # the target is judged by (each prompt is one sample: its forwards are not independent)
@@ -358,6 +398,8 @@ def main() -> int:
         parser.error(
             f"--ar-variants: distinct names of {', '.join(AR_SCHEDULES)} (got {args.ar_variants!r})"
         )
+    if not re.fullmatch(r"byte|bpe:[1-9][0-9]{2,5}", args.tokenizer):
+        parser.error(f"--tokenizer: byte or bpe:N, N >= 300 (got {args.tokenizer!r})")
     variants = args.dflash_variants.split(",")
     if set(variants) - set(DFLASH_VARIANTS) or len(set(variants)) < len(variants):
         parser.error(
@@ -371,10 +413,18 @@ def main() -> int:
     held_out = files[::10]
     training = [f for f in files if f not in set(held_out)]
     t0 = time.perf_counter()
-    train_data = prepare(training, work / "train-data", args.seq_len)
-    eval_data = prepare(held_out, work / "heldout-data", args.seq_len)
+    tokenizer, vocab, mask_id = None, 260, 259  # byte level: 256 bytes, bos, eos, pad, mask
+    if args.tokenizer != "byte":
+        tokenizer = train_bpe(training, work / "tokenizer", int(args.tokenizer.split(":")[1]))
+        from transformers import AutoTokenizer
+
+        loaded = AutoTokenizer.from_pretrained(str(tokenizer), local_files_only=True)
+        vocab, mask_id = len(loaded), loaded.mask_token_id
+        progress(f"tokenizer: byte-level BPE, {vocab} tokens (mask {mask_id})")
+    train_data = prepare(training, work / "train-data", args.seq_len, tokenizer)
+    eval_data = prepare(held_out, work / "heldout-data", args.seq_len, tokenizer)
     progress(f"data: {len(training)} train / {len(held_out)} held-out files")
-    common_train = dict(seq_len=args.seq_len, micro=args.micro_batch, lr=1e-3)
+    common_train = dict(seq_len=args.seq_len, micro=args.micro_batch, lr=1e-3, vocab=vocab)
 
     target, target_record = train_and_export(
         decoder_spec(
@@ -450,7 +500,7 @@ def main() -> int:
                 "target": str(target),
                 "num_layers": args.drafter_layers,
                 "block_size": args.block_size,
-                "mask_token_id": 259,
+                "mask_token_id": mask_id,
             },
         }
         settings = dict(DFLASH_VARIANTS[variant])

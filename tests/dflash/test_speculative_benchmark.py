@@ -70,3 +70,26 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
         assert len(report["prompt_forwards"]) == len(report["prompt_tokens"]) == 2
         assert report["tau"] == sum(report["prompt_tokens"]) / sum(report["prompt_forwards"])
     assert result["args"]["dflash_eager"] is False  # compiled only where there is a GPU
+
+
+def test_the_benchmark_bpe_tokenizer_prepares_an_artifact_with_its_mask(tmp_path):
+    """`--tokenizer bpe:N`: a byte-level BPE tokenizer trained on the training files, saved
+    as a transformers folder that `data prepare` reads (`kind: huggingface`), whose mask token
+    is the drafter's."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import speculative
+
+    from turbo_dllm.data.artifact import DataArtifact
+
+    files = speculative.stdlib_files(6)
+    folder = speculative.train_bpe(files, tmp_path / "tok", 400)
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    assert len(tokenizer) == 400 and tokenizer.mask_token_id == 2
+    text = files[0].read_text(encoding="utf-8")
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert tokenizer.decode(ids) == text and len(ids) < len(text.encode()) / 1.5  # merges
+    artifact = speculative.prepare(files, tmp_path / "data", 128, folder)
+    tokens = DataArtifact(artifact).tokens
+    assert 2 < int(tokens.max()) < 400 and int(tokens.min()) >= 0
