@@ -3,7 +3,8 @@ drafter, both distilled/trained for the same time from one target, on held-out r
 
 In one run (one H200, ~8 minutes with the defaults, compiles and eval included):
 1. data: the Python standard library's own sources (every machine has them), byte-level
-   tokens; every 10th file (sorted by name) is held out for evaluation;
+   tokens (or, with --tokenizer bpe:N, a BPE tokenizer's, trained on the training files);
+   every 10th file (sorted by name) is held out for evaluation;
 2. target: a Qwen3-shaped decoder (~200M parameters) trained with `objective: autoregressive`
    for --target-steps (or --target-seconds), exported as a Hugging Face folder;
 3. drafters, --drafter-seconds each (compiles and the online target's load inside that time):
@@ -96,9 +97,11 @@ DFLASH_VARIANTS = {
 AR_SCHEDULES = {
     "constant": {"name": "constant", "warmup_steps": 20},
     "cosine": {"name": "cosine", "warmup_steps": 20, "min_lr_ratio": 0.1},
-    # the constant rate stopped at a quarter of the time: on a small corpus (BPE tokens: ~3.4M
-    # of them) 90 s is ~20 epochs for the AR drafter, so a shorter run, which it could have
-    # stopped at, may predict held-out text better (the baseline is the strongest variant)
+    # the constant rate stopped at a quarter (a tenth) of the time: on a small corpus (~3M BPE
+    # tokens) 90 s are ~25 epochs for the AR drafter, which then memorises it (H200, session
+    # 23: training loss 0.094, first token missed in 54 % of held-out blocks); a shorter run,
+    # where it could have stopped, may draft held-out text better (the baseline is the
+    # strongest variant)
     "constant-quarter": {"name": "constant", "warmup_steps": 20, "time_share": 0.25},
     "constant-tenth": {"name": "constant", "warmup_steps": 20, "time_share": 0.1},
 }
