@@ -98,7 +98,7 @@ AR_SCHEDULES = {
     "constant": {"name": "constant", "warmup_steps": 20},
     "cosine": {"name": "cosine", "warmup_steps": 20, "min_lr_ratio": 0.1},
     # the constant rate stopped at a quarter (a tenth) of the time: on a small corpus (~3M BPE
-    # tokens) 90 s are ~25 epochs for the AR drafter, which then memorises it (H200, session
+    # tokens) 90 s are over 20 epochs for the AR drafter, which then memorises it (H200, session
     # 23: training loss 0.094, first token missed in 54 % of held-out blocks); a shorter run,
     # where it could have stopped, may draft held-out text better (the baseline is the
     # strongest variant)
