@@ -75,11 +75,11 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     assert result["args"]["dflash_eager"] is False  # compiled only where there is a GPU
 
 
-def test_the_benchmark_bpe_tokenizer_prepares_an_artifact_with_its_mask(tmp_path):
+def test_the_benchmark_bpe_tokenizer_prepares_an_artifact_with_its_mask(tmp_path, monkeypatch):
     """`--tokenizer bpe:N`: a byte-level BPE tokenizer trained on the training files, saved
     as a transformers folder that `data prepare` reads (`kind: huggingface`), whose mask token
     is the drafter's."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
     import speculative
 
     from turbo_dllm.data.artifact import DataArtifact
