@@ -1,4 +1,5 @@
-"""`dllm run list | show | diff | plot` over run dirs written by `dllm launch`."""
+"""`dllm run list | show | diff | plot` over run dirs written by `dllm launch` (and the metrics
+of `dllm train --run-dir` runs)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ def write_metrics(run_dir, losses):
 
 
 def test_list_show_diff(cli, spec_file, workdir):
-    assert "no runs under runs/" in cli("run", "list").out
+    assert "no recorded runs under runs/" in cli("run", "list").out
     slurm_run(cli, spec_file, "--set", "launch.name=first")
     slurm_run(cli, spec_file, "--set", "training.steps=6", "--set", "launch.name=second")
     by_name = {
@@ -79,6 +80,22 @@ def test_plot_writes_pngs(cli, spec_file, workdir):
         png = run_dir / "plots" / name
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         assert f"wrote {png}" in result.out
+
+
+def test_a_dllm_train_run_dir_is_listed_and_plotted_without_a_manifest(cli, spec_file, workdir):
+    result = cli("train", "--config", spec_file, "--run-dir", "runs/plain")
+    assert result.code == 0, result.err
+    slurm_run(cli, spec_file, "--set", "launch.name=recorded")
+    listing = json.loads(cli("run", "list", "--json").out)
+    assert [r["name"] for r in listing["runs"]] == ["recorded"]
+    assert listing["without_manifest"] == ["runs/plain"]  # as the runs' paths: under --root
+    assert "without a manifest" in cli("run", "list").out and "plain" in cli("run", "list").out
+    for ref in ("plain", "runs/plain"):  # by name under the root, or as a path
+        plotted = cli("run", "plot", ref)
+        assert plotted.code == 0, plotted.err
+        assert (workdir / "runs" / "plain" / "plots" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    # what needs the manifest says why it is missing
+    assert_user_error(cli("run", "show", "plain"), "has no manifest.json", "dllm run plot")
 
 
 def test_plot_without_matplotlib_is_a_clear_error(cli, spec_file, workdir, monkeypatch):

@@ -27,14 +27,25 @@ def register(subparsers) -> None:
 
 
 def _list(args) -> int:
-    from turbo_dllm.jobs.runs import list_runs
+    from turbo_dllm.jobs.runs import list_runs, unrecorded_runs
 
-    runs = list_runs(args.root)
+    runs, unrecorded = list_runs(args.root), unrecorded_runs(args.root)
     if args.json:
-        emit_json({"root": args.root, "runs": [r.to_json() for r in runs]})
+        emit_json(
+            {
+                "root": args.root,
+                "runs": [r.to_json() for r in runs],
+                "without_manifest": [str(p) for p in unrecorded],
+            }
+        )
         return 0
+    if unrecorded:
+        print(
+            "without a manifest (`dllm train --run-dir` runs; `dllm run plot` reads them): "
+            + ", ".join(p.name for p in unrecorded)
+        )
     if not runs:
-        print(f"no runs under {args.root}/ (start one with `dllm launch --config F`)")
+        print(f"no recorded runs under {args.root}/ (start one with `dllm launch --config F`)")
         return 0
     rows = [("run", "name", "created", "layout", "steps", "loss", "status", "replay of")]
     for r in runs:
@@ -121,7 +132,7 @@ def _plot(args) -> int:
     from turbo_dllm.jobs.plot import plot_run
     from turbo_dllm.jobs.runs import find_run
 
-    for path in plot_run(find_run(args.run, args.root), args.out):
+    for path in plot_run(find_run(args.run, args.root, manifest=False), args.out):
         print(f"wrote {path}")
     return 0
 

@@ -15,7 +15,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs.drift import flat_diff, manifest_drift
 from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
 from turbo_dllm.jobs.result import read_result
-from turbo_dllm.train.metrics import read_metrics
+from turbo_dllm.train.metrics import METRICS_NAME, read_metrics
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -24,6 +24,7 @@ __all__ = [
     "find_run",
     "list_runs",
     "summarize",
+    "unrecorded_runs",
 ]
 
 DEFAULT_ROOT = "runs"
@@ -81,14 +82,29 @@ class RunSummary:
         }
 
 
-def find_run(ref: str | Path, root: str | Path = DEFAULT_ROOT) -> Path:
-    """A run dir from a path, an id under `root`, or a unique part of one (e.g. its short id)."""
+def find_run(ref: str | Path, root: str | Path = DEFAULT_ROOT, *, manifest: bool = True) -> Path:
+    """A run dir from a path, an id under `root`, or a unique part of one (e.g. its short id).
+    With `manifest=False` (what reads only the metrics: plots) a folder `dllm train --run-dir`
+    wrote, which has metrics but no manifest, counts too: as a path, or by its name under
+    `root`."""
     path = Path(ref)
     if path.name == MANIFEST_NAME and path.is_file():
         return path.parent.resolve()
     if (path / MANIFEST_NAME).is_file():
         return path.resolve()
     root = Path(root)
+    for folder in (path, root / path):
+        if (folder / MANIFEST_NAME).is_file():
+            return folder.resolve()
+        if (folder / METRICS_NAME).is_file():
+            if not manifest:
+                return folder.resolve()
+            raise DllmError(
+                f"{str(folder)!r} has no {MANIFEST_NAME}: a `dllm train --run-dir` run, which "
+                "records metrics and checkpoints only",
+                hint="`dllm run plot` reads it; `dllm launch --config F` records a run with its "
+                "manifest (show, diff, replay)",
+            )
     candidates = sorted(
         p.parent for p in root.glob(f"*/{MANIFEST_NAME}") if str(ref) in p.parent.name
     )
@@ -106,6 +122,17 @@ def find_run(ref: str | Path, root: str | Path = DEFAULT_ROOT) -> Path:
     raise DllmError(
         f"no run {str(ref)!r} under {root}",
         hint="`dllm run list` shows the runs; pass --root for another folder, or a run dir path",
+    )
+
+
+def unrecorded_runs(root: str | Path = DEFAULT_ROOT) -> list[Path]:
+    """Folders under `root` with training metrics but no manifest: `dllm train --run-dir` runs
+    (not replayable; `dllm run plot` reads them)."""
+    root = Path(root)
+    if not root.is_dir():
+        return []
+    return sorted(
+        p.parent for p in root.glob(f"*/{METRICS_NAME}") if not (p.parent / MANIFEST_NAME).exists()
     )
 
 
