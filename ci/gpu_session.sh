@@ -31,7 +31,7 @@
 # dflash2,greedy-ce --drafter-seconds 90 --num-prompts 32": a DFlash2 and a DFlash drafter
 # against one AR drafter within 10 minutes, each architecture's compile warmed first; or
 # "--tokenizer bpe:8192 --drafter-seconds 90 --num-prompts 24 --ar-variants
-# constant,constant-quarter,constant-tenth": BPE tokens, AR drafters stopped early beside it),
+# constant-quarter,constant-tenth": BPE tokens, AR drafters stopped early, ~8 minutes),
 # gluon-dkdv (~1 min: the op's Gluon dK/dV, alone and with dQ fused, checked and timed against
 # its tl kernels; GLUON_FLAGS adds flags, e.g. "--head-dim 64 --stages 2"), gluon-fwd (the same for the Gluon forward prototype;
 # GLUON_FWD_FLAGS, e.g. "--head-dim 64 --stages 3"). Logs and JSON go to $OUT (or ./gpu-out). Start every fresh
