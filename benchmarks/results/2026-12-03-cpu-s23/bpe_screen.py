@@ -89,10 +89,17 @@ if __name__ == "__main__":
         strict=True,
     )  # fmt: skip
     d = reports[0]
-    rows = {"dflash (350 steps, 3 forwards)": d, **{f"ar {s} steps": r for s, r in zip(ars, reports[1:])}}
+    rows = {
+        "dflash (350 steps, 3 forwards)": d,
+        **{f"ar {s} steps": r for s, r in zip(ars, reports[1:], strict=True)},
+    }
     for name, r in rows.items():
-        ratio = "" if r is d else f"  dflash / this {d.tau / r.tau:.2f} +- {tau_ratio_stderr(d, r):.2f}"
-        print(f"{name:32s} tau {r.tau:.2f} +- {r.tau_stderr:.2f}  hist {dict(sorted(r.accepted_histogram.items()))}{ratio}")
+        ratio = (
+            "" if r is d else f"  dflash / this {d.tau / r.tau:.2f} +- {tau_ratio_stderr(d, r):.2f}"
+        )
+        print(
+            f"{name:32s} tau {r.tau:.2f} +- {r.tau_stderr:.2f}  hist {dict(sorted(r.accepted_histogram.items()))}{ratio}"
+        )
     losses = {p.name: json.loads((p / "metrics.jsonl").read_text().splitlines()[-1])["loss"]
               for p in sorted(W.glob("*-run"))}  # fmt: skip
     print("last training losses:", {k: round(v, 3) for k, v in losses.items()})
