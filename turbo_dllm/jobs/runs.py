@@ -90,10 +90,8 @@ def find_run(ref: str | Path, root: str | Path = DEFAULT_ROOT, *, manifest: bool
     path = Path(ref)
     if path.name == MANIFEST_NAME and path.is_file():
         return path.parent.resolve()
-    if (path / MANIFEST_NAME).is_file():
-        return path.resolve()
     root = Path(root)
-    for folder in (path, root / path):
+    for folder in (path, root / path):  # a run dir's path, or its whole name under root
         if (folder / MANIFEST_NAME).is_file():
             return folder.resolve()
         if (folder / METRICS_NAME).is_file():
@@ -108,9 +106,6 @@ def find_run(ref: str | Path, root: str | Path = DEFAULT_ROOT, *, manifest: bool
     candidates = sorted(
         p.parent for p in root.glob(f"*/{MANIFEST_NAME}") if str(ref) in p.parent.name
     )
-    exact = [p for p in candidates if p.name == str(ref)]
-    if exact:
-        return exact[0].resolve()
     if len(candidates) == 1:
         return candidates[0].resolve()
     if candidates:
