@@ -73,8 +73,7 @@ def build_corpus(out: Path, megabytes: float) -> tuple[int, int]:
 
 
 def train_tokenizer(corpus: Path, folder: Path, sample_mb: float = 8.0, vocab: int = 16384) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    from benchmarks.bpe import train_byte_level_bpe
 
     def sample():
         seen = 0
@@ -86,19 +85,7 @@ def train_tokenizer(corpus: Path, folder: Path, sample_mb: float = 8.0, vocab: i
                 if seen >= sample_mb * 1e6:
                     return
 
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=SPECIALS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train_from_iterator(sample(), trainer)
-    PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token=SPECIALS[0], pad_token=SPECIALS[1], mask_token=SPECIALS[2]
-    ).save_pretrained(str(folder))
+    train_byte_level_bpe(folder, vocab, SPECIALS, texts=sample())
 
 
 def _cpu_seconds() -> float:

@@ -127,30 +127,12 @@ def stdlib_files(limit: int | None) -> list[Path]:
 
 
 def train_bpe(files: list[Path], out: Path, vocab_size: int) -> Path:
-    """A byte-level BPE tokenizer (GPT-2 / Qwen style) of `vocab_size` tokens trained on `files`
-    with Hugging Face `tokenizers`, saved as a transformers folder (specials: end of text, pad,
-    mask; ids 0-2)."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
+    """A byte-level BPE tokenizer of `vocab_size` tokens trained on `files`, saved as a
+    transformers folder (specials: end of text, pad, mask; ids 0-2)."""
+    from benchmarks.bpe import train_byte_level_bpe
 
     specials = ["<|endoftext|>", "<|pad|>", "<|mask|>"]
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=specials,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train([str(f) for f in files], trainer)
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        eos_token=specials[0],
-        pad_token=specials[1],
-        mask_token=specials[2],
-    ).save_pretrained(str(out))
-    return out
+    return train_byte_level_bpe(out, vocab_size, specials, files=files)
 
 
 def prepare(files: list[Path], out: Path, seq_len: int, tokenizer: Path | None = None) -> Path:
