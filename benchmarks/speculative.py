@@ -352,8 +352,8 @@ def main() -> int:
         default="constant",
         help=f"comma list of AR drafters to train (--drafter-seconds each; the -quarter and "
         f"-tenth ones stop at that share of it), by learning-rate schedule "
-        f"({', '.join(AR_SCHEDULES)}); the first is `autoregressive` in the reports, and the "
-        "tau target is judged against the strongest",
+        f"({', '.join(AR_SCHEDULES)}); `autoregressive` in the reports is the constant one, the "
+        "others `autoregressive-<name>`, and the tau target is judged against the strongest",
     )
     parser.add_argument(
         "--tokenizer",
@@ -436,7 +436,7 @@ def main() -> int:
     ar_shape = (h, args.drafter_layers, heads, kv, hd, inter)
     ars: list[tuple[str, Path, dict]] = []  # (name suffix, folder, training record)
     for schedule in ar_variants:
-        suffix = "" if schedule == ar_variants[0] else f"-{schedule}"
+        suffix = "" if schedule == "constant" else f"-{schedule}"  # each named by its schedule
         scheduler = dict(AR_SCHEDULES[schedule])
         seconds = args.drafter_seconds * scheduler.pop("time_share", 1.0)
         doc = decoder_spec(

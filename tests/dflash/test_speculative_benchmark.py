@@ -18,7 +18,8 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
          "--work", str(tmp_path / "work"), "--out", str(out),
          "--dflash-variants", "greedy-ce,plain,greedy-ce-half-anchors,dflash2-dpace",
          "--dflash-warmup", "on", "--drafter-seconds", "5",
-         "--ar-variants", "constant,cosine,constant-quarter"],
+         # not first, the constant drafter is still the one named `autoregressive`
+         "--ar-variants", "constant-quarter,constant,cosine"],
         capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
