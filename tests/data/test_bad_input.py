@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.data.helpers import leftovers, prepare_config, write_config, write_jsonl
+from tests.data.helpers import (
+    documents,
+    leftovers,
+    prepare_config,
+    write_config,
+    write_jsonl,
+)
 from tests.helpers import assert_user_error
 from turbo_dllm.data.artifact import verify
 from turbo_dllm.errors import DllmError
@@ -135,6 +141,22 @@ def test_bad_files(cli, tmp_path):
     _prepare_fails(cli, config, "bad.parquet", "not a readable parquet file")
     config = write_config(tmp_path, source={"kind": "huggingface", "path": "no-such-folder"})
     _prepare_fails(cli, config, "dataset folder not found")
+
+
+def test_text_that_is_not_utf8_is_a_bad_record(cli, tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"hello\n\xff\xfe world\nthird\r\n")
+    (tmp_path / "b.txt").write_bytes(b"fine")
+    lines = {"kind": "text", "paths": ["a.txt"], "unit": "line"}
+    _prepare_fails(cli, write_config(tmp_path, source=lines), "a.txt:2: not UTF-8", "skip")
+    # Like a malformed JSON line, it is skipped and counted under on_error: skip.
+    result = prepare_config(write_config(tmp_path, source=lines, on_error="skip"))
+    assert result.manifest.stats.skipped == {"bad_text": 1}
+    assert [bytes(t[:-1].tolist()) for t, _ in documents(result.path)] == [b"hello", b"third"]
+    files = {"kind": "text", "paths": ["*.txt"]}
+    config = write_config(tmp_path, source=files, on_error="skip", output={"path": "o2"})
+    result = prepare_config(config)
+    assert result.manifest.stats.skipped == {"bad_text": 1}
+    assert [bytes(t[:-1].tolist()) for t, _ in documents(result.path)] == [b"fine"]
 
 
 def test_existing_output_needs_overwrite(cli, tmp_path):

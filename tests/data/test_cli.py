@@ -128,6 +128,47 @@ def test_stats_and_plot(cli, project, tmp_path):
     assert "documents        150" in human.out and "#" in human.out
 
 
+def test_dropped_documents_are_reported(cli, tmp_path):
+    # A prompt longer than the row leaves its truncated document nothing to learn: it is
+    # dropped, and both summaries must say so, as they do for skipped records.
+    rows = [{"prompt": "p" * 100, "completion": "a"}] * 2 + [{"prompt": "q", "completion": "a"}]
+    write_jsonl(tmp_path / "data.jsonl", rows)
+    config = write_config(
+        tmp_path,
+        records={"kind": "prompt_completion"},
+        supervision="completion_only",
+        packing={"seq_len": 32, "block_size": 8, "overflow": "truncate"},
+    )
+    result = cli("data", "prepare", "--config", config)
+    assert result.code == 0, result.err
+    assert "dropped: 2 with no supervised token left after truncation" in result.out
+    stats = cli("data", "stats", tmp_path / "out")
+    assert "dropped          2 with no supervised token left after truncation" in stats.out
+
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "kept"}, {"text": ""}])
+    result = cli("data", "prepare", "--config", write_config(tmp_path, output={"path": "o2"}))
+    assert "dropped: 1 empty" in result.out
+    write_jsonl(tmp_path / "data.jsonl", [{"text": ""}])
+    result = cli("data", "prepare", "--config", write_config(tmp_path, output={"path": "o3"}))
+    assert_user_error(result, "no documents: 1 records read", "1 empty")
+
+
+def test_plot_names_the_file_it_writes_and_refuses_bad_paths(cli, project, tmp_path):
+    assert cli("data", "prepare", "--config", project / "prepare.yaml").code == 0
+    artifact = project / "data/prepared"
+    result = cli("data", "stats", artifact, "--json", "--plot", tmp_path / "plain")
+    assert json.loads(result.out)["plot"] == str(tmp_path / "plain.png")  # what was written
+    assert (tmp_path / "plain.png").read_bytes()[:4] == b"\x89PNG"
+    bad = cli("data", "stats", artifact, "--plot", tmp_path / "s.xyz")
+    assert_user_error(bad, "cannot write '.xyz' images", ".svg")
+    assert bad.out == ""
+    assert_user_error(cli("data", "stats", artifact, "--plot", tmp_path), "is a folder")
+    (tmp_path / "file").write_text("x")
+    assert_user_error(
+        cli("data", "stats", artifact, "--plot", tmp_path / "file/s.png"), "cannot write the plot"
+    )
+
+
 def test_validate_and_inspect_errors(cli, tmp_path):
     assert_user_error(cli("data", "validate", tmp_path / "none"), "not found", "dllm data prepare")
     assert_user_error(cli("data", "inspect", tmp_path / "none"), "not found")

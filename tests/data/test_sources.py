@@ -204,6 +204,22 @@ def test_text_by_document_and_by_line(tmp_path):
     assert _texts_back(prepare_config(config).path) == [b"line one", b"line two", b"solo"]
 
 
+def test_gzipped_text_reads_the_same_by_document_and_by_line(tmp_path):
+    import gzip
+
+    (tmp_path / "t").mkdir()
+    with gzip.open(tmp_path / "t/a.txt.gz", "wb") as handle:
+        handle.write(b"line one\nline two\n")
+    config = write_config(tmp_path, source={"kind": "text", "paths": ["t/*.txt.gz"]})
+    assert _texts_back(prepare_config(config).path) == [b"line one\nline two\n"]
+    config = write_config(
+        tmp_path,
+        source={"kind": "text", "paths": ["t/*.txt.gz"], "unit": "line"},
+        output={"path": "out", "overwrite": True},
+    )
+    assert _texts_back(prepare_config(config).path) == [b"line one", b"line two"]
+
+
 # --- token ids ----------------------------------------------------------------------------------
 
 

@@ -52,6 +52,15 @@ def test_unknown_kind_suggests_the_nearest():
     assert "source.kind: unknown kind 'parket'; did you mean 'parquet'?" in message
 
 
+def test_bad_workers_is_one_plain_problem():
+    message = _problems({**BASE, "workers": 0})
+    assert "1 problem:" in message
+    assert "workers: Input should be a positive integer or 'auto' (got 0)" in message
+    assert "constrained-int" not in message and "literal" not in message
+    for good, expected in ((4, 4), ("auto", "auto"), ("2", 2)):
+        assert validate_prepare_document({**BASE, "workers": good}, "p").workers == expected
+
+
 def test_cross_section_rules_are_all_reported():
     message = _problems(
         {

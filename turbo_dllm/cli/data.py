@@ -33,7 +33,12 @@ def register(subparsers) -> None:
 
     p = commands.add_parser("stats", help="tokens, documents, supervision, length histogram")
     p.add_argument("artifact", help="artifact folder")
-    p.add_argument("--plot", metavar="OUT.png", help="also write the histogram as a PNG")
+    p.add_argument(
+        "--plot",
+        metavar="OUT.png",
+        help="also write the histogram as an image (format from the extension: .png, .svg, "
+        ".pdf, ...; no extension: .png)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_stats)
 
@@ -78,6 +83,8 @@ def _prepare(args) -> int:
     )
     if s.skipped:
         print("  skipped: " + ", ".join(f"{k} {v:,}" for k, v in s.skipped.items()))
+    if dropped := _dropped(s.empty_documents, s.dropped_unsupervised_documents):
+        print(f"  dropped: {dropped}")
     if s.special_token_text:
         print(f"  warning: {_special_text_warning(s.special_token_text, spec)}")
     print(f"  fingerprint {manifest.fingerprint}")
@@ -86,6 +93,14 @@ def _prepare(args) -> int:
         f"{result.workers} worker{'s' if result.workers > 1 else ''}"
     )
     return 0
+
+
+def _dropped(empty: int, unsupervised: int) -> str:
+    """Documents that left no trace in the artifact although their records were fine."""
+    parts = [f"{empty:,} empty"] if empty else []
+    if unsupervised:
+        parts.append(f"{unsupervised:,} with no supervised token left after truncation")
+    return ", ".join(parts)
 
 
 def _special_text_warning(count: int, spec) -> str:
@@ -221,6 +236,8 @@ def _stats(args) -> int:
     )
     if stats["skipped"]:
         print("  skipped          " + ", ".join(f"{k} {v:,}" for k, v in stats["skipped"].items()))
+    if dropped := _dropped(stats["empty_documents"], stats["dropped_unsupervised_documents"]):
+        print(f"  dropped          {dropped}")
     if stats["special_token_text"]:
         print(
             f"  special text     {stats['special_token_text']:,} documents hold a special token's literal string"

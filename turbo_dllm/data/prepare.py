@@ -282,6 +282,13 @@ def _write_arrays(
         raise
     if not len(documents):
         detail = f"; skipped: {_format_counts(skipped)}" if skipped else ""
+        if counts["empty_documents"]:
+            detail += f"; {counts['empty_documents']} empty"
+        if counts["dropped_unsupervised_documents"]:
+            detail += (
+                f"; {counts['dropped_unsupervised_documents']} with no supervised token left "
+                "after truncation"
+            )
         raise DllmError(
             f"no documents: {counts['records']} records read, none became a document{detail}",
             hint="check the source paths, records.field and supervision",

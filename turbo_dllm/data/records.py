@@ -153,7 +153,12 @@ def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
     if isinstance(item, Oversized):
         raise BadRecord("too_large", item.message())
     if payload == "text":
-        return Extracted(text=item)
+        try:
+            return Extracted(text=item.decode("utf-8"))
+        except UnicodeDecodeError as error:
+            raise BadRecord(
+                "bad_text", f"not UTF-8 text ({error.reason} at byte {error.start})"
+            ) from None
     if payload == "ids":
         return Extracted(ids=_int_array(np.asarray(item), "the array"))
     check_unicode = False

@@ -39,8 +39,8 @@ __all__ = [
     "open_source",
 ]
 
-# What a chunk's items are: raw JSON lines (bytes), record dicts, plain texts, token id arrays,
-# or raw JSON lines that each hold a list of ids.
+# What a chunk's items are: raw JSON lines (bytes), record dicts, plain texts (raw bytes, decoded
+# by the workers), token id arrays, or raw JSON lines that each hold a list of ids.
 Payload = Literal["json", "record", "text", "ids", "json_ids"]
 
 CHUNK_BYTES = 1 << 20
@@ -235,46 +235,52 @@ def _line_chunks(files: list[Path], payload: Payload) -> Iterator[RawChunk]:
 
 
 def _text_chunks(files: list[Path], unit: str) -> Iterator[RawChunk]:
+    """Texts as raw bytes: the workers decode them, so a line or file that is not UTF-8 is a
+    bad record like any other (stop, or skip and count)."""
     if unit == "line":
         for chunk in _line_chunks(files, "text"):
-            texts: list[str | Oversized] = []
-            for line, number in zip(chunk.items, chunk.numbers, strict=True):
-                if isinstance(line, Oversized):
-                    texts.append(line)
-                    continue
-                try:
-                    texts.append(line.decode("utf-8").rstrip("\r\n"))
-                except UnicodeDecodeError as error:
-                    raise DllmError(
-                        f"{chunk.label}:{number}: not UTF-8 text ({error.reason})",
-                        hint="convert the file to UTF-8",
-                    ) from None
-            chunk.items = texts
+            chunk.items = [
+                line if isinstance(line, Oversized) else line.rstrip(b"\r\n")
+                for line in chunk.items
+            ]
             yield chunk
         return
-    items: list[str | Oversized] = []
+    items: list[bytes | Oversized] = []
     labels: list[str] = []
-    size = 0
+    size = advance = 0
     for path in files:
-        with open(path, "rb") as handle:
-            data = handle.read(MAX_ITEM_BYTES + 1)  # bounded: the file may grow meanwhile
-        if len(data) > MAX_ITEM_BYTES:
-            items.append(Oversized(max(path.stat().st_size, len(data))))
-        else:
-            try:
-                items.append(data.decode("utf-8"))
-            except UnicodeDecodeError as error:
-                raise DllmError(
-                    f"{_label(path)}: not UTF-8 text ({error.reason} at byte {error.start})",
-                    hint="convert the file to UTF-8",
-                ) from None
+        data, on_disk = _read_document(path)
+        items.append(data)
         labels.append(_label(path))
-        size += len(data)
+        size += MAX_ITEM_BYTES if isinstance(data, Oversized) else len(data)
+        advance += on_disk
         if size >= CHUNK_BYTES or len(items) >= CHUNK_ITEMS:
-            yield _file_chunk("text", items, labels, size)
-            items, labels, size = [], [], 0
+            yield _file_chunk("text", items, labels, advance)
+            items, labels, size, advance = [], [], 0, 0
     if items:
-        yield _file_chunk("text", items, labels, size)
+        yield _file_chunk("text", items, labels, advance)
+
+
+def _read_document(path: Path) -> tuple[bytes | Oversized, int]:
+    """A whole file as one document, or Oversized, and the bytes it took on disk (progress).
+
+    `.gz` files are decompressed, as the line reader does; reads are bounded, since the file
+    may grow meanwhile or inflate far past its size on disk.
+    """
+    with open(path, "rb") as raw:
+        stream = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
+        try:
+            data = stream.read(MAX_ITEM_BYTES + 1)
+            if len(data) <= MAX_ITEM_BYTES:
+                return data, raw.tell()
+            if stream is raw:
+                return Oversized(max(path.stat().st_size, len(data))), raw.tell()
+            size = len(data)  # count the rest in bounded pieces, keeping none of it
+            while piece := stream.read(MAX_ITEM_BYTES):
+                size += len(piece)
+            return Oversized(size), raw.tell()
+        except (OSError, EOFError) as error:  # a corrupt .gz
+            raise DllmError(f"{_label(path)}: cannot read: {error}") from None
 
 
 def _file_chunk(payload: Payload, items: list[Any], labels: list[str], advance: int) -> RawChunk:

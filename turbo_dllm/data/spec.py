@@ -14,7 +14,16 @@ import difflib
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PositiveInt, create_model, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveInt,
+    ValidationError,
+    create_model,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from turbo_dllm.config.runspec import MAX_SEQ_LEN as RUNSPEC_MAX_SEQ_LEN
 from turbo_dllm.errors import DllmError
@@ -239,6 +248,17 @@ class PrepareSpec(_Strict):
     on_error: Literal["stop", "skip"] = Field(
         "stop", description="stop at the first bad record (file:line), or count and skip it."
     )
+
+    @field_validator("workers", mode="wrap")
+    @classmethod
+    def _one_workers_error(cls, value: Any, handler: Any) -> Any:
+        """One plain message instead of one per union member (`workers.constrained-int`)."""
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError(
+                "workers", "Input should be a positive integer or 'auto'"
+            ) from None
 
     @property
     def record_spec(self) -> ChatRecords | PromptCompletionRecords | TextRecords | TokensRecords:

@@ -131,9 +131,20 @@ def plot_stats(stats: dict[str, Any], out: str | Path) -> Path:
         import matplotlib.pyplot as plt
     except ImportError:
         raise DllmError("--plot needs matplotlib", hint="pip install matplotlib") from None
+    if str(out).endswith("/") or Path(out).name in ("", "..") or Path(out).is_dir():
+        raise DllmError(f"--plot {str(out)!r} is a folder", hint="name the image file: OUT.png")
     out = Path(out)
+    if not out.suffix:  # matplotlib would append .png itself; name the file it really writes
+        out = out.with_name(out.name + ".png")
     hist = stats["document_length"]["histogram"]
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4), width_ratios=[3, 1])
+    formats = fig.canvas.get_supported_filetypes()
+    if out.suffix[1:].lower() not in formats:
+        plt.close(fig)
+        raise DllmError(
+            f"--plot {str(out)!r}: cannot write {out.suffix!r} images",
+            hint=f"end the name in one of: {', '.join('.' + f for f in sorted(formats))}",
+        )
     left.bar(
         range(len(hist["counts"])),
         hist["counts"],
@@ -153,7 +164,14 @@ def plot_stats(stats: dict[str, Any], out: str | Path) -> Path:
     )
     right.set_title("tokens")
     fig.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(out, dpi=110)
+    except OSError as error:  # a folder in the way, no permission, a full disk
+        raise DllmError(
+            f"cannot write the plot to {str(out)!r}: {error.strerror or error}",
+            hint="choose a --plot path in a folder you can write",
+        ) from None
+    finally:
+        plt.close(fig)
     return out
