@@ -45,11 +45,16 @@ def init_project(directory: str | Path) -> list[Path]:
         from turbo_dllm.config.load import load_runspec
 
         load_runspec(root / "train.yaml")
-    except BaseException:
+    except BaseException as error:
         for path in reversed(created):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
+        if isinstance(error, OSError):  # e.g. a parent of DIR is a file, or not writable
+            raise DllmError(
+                f"cannot create the project in {str(root)!r}: {error}",
+                hint="choose a new folder in a writable place",
+            ) from None
         raise
     return [p for p in created if p.is_file()]

@@ -187,6 +187,16 @@ def test_recipe_show_and_copy_never_overwrites(cli, tmp_path):
     assert dest.read_text() == "mine"
 
 
+def test_recipe_copy_into_a_missing_folder_named_with_a_slash(cli, tmp_path):
+    """`DIR/` is a folder: copying there once wrote a file named DIR when DIR did not exist."""
+    result = cli("recipe", "copy", "smoke/cpu-tiny", f"{tmp_path}/new/")
+    assert_user_error(result, f"folder '{tmp_path}/new' does not exist", f"mkdir -p {tmp_path}/new")
+    assert not (tmp_path / "new").exists()
+    (tmp_path / "new").mkdir()
+    assert cli("recipe", "copy", "smoke/cpu-tiny", f"{tmp_path}/new/").code == 0
+    assert (tmp_path / "new" / "cpu-tiny.yaml").is_file()
+
+
 def test_recipe_copy_into_folder(cli, tmp_path):
     assert cli("recipe", "copy", "smoke/cpu-tiny", tmp_path).code == 0
     assert (tmp_path / "cpu-tiny.yaml").is_file()
@@ -237,9 +247,13 @@ def test_init_rolls_back_on_failure(cli, tmp_path, monkeypatch):
 
     monkeypatch.setattr(load, "load_runspec", broken)
     project = tmp_path / "new" / "p"
-    with pytest.raises(OSError):
-        cli("init", project)
+    assert_user_error(cli("init", project), "cannot create the project", "disk full")
     assert not (tmp_path / "new").exists()
+
+
+def test_init_under_a_file_is_a_clear_error(cli, tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert_user_error(cli("init", tmp_path / "file" / "p"), "cannot create the project")
 
 
 def test_init_refuses_a_file(cli, tmp_path):

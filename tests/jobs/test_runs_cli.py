@@ -104,3 +104,25 @@ def test_plot_without_matplotlib_is_a_clear_error(cli, spec_file, workdir, monke
     write_metrics(run_dir, [5.0])
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import now raises ImportError
     assert_user_error(cli("run", "plot", run_dir.name), "needs matplotlib", "pip install")
+
+
+def test_plot_into_a_file_is_a_clear_error(cli, spec_file, workdir):
+    slurm_run(cli, spec_file)
+    [run_dir] = (workdir / "runs").iterdir()
+    write_metrics(run_dir, [5.0])
+    (workdir / "taken").write_text("x")
+    result = cli("run", "plot", run_dir.name, "--out", workdir / "taken")
+    assert_user_error(result, "cannot create plot folder", "--out")
+
+
+def test_dllm_train_resumes_a_recorded_run_only_with_its_spec(cli, spec_file, workdir):
+    """Another spec would append steps the manifest does not describe (`run list`: 9/6)."""
+    slurm_run(cli, spec_file)
+    [run_dir] = (workdir / "runs").iterdir()
+    other = cli("train", "--config", spec_file, "--run-dir", run_dir, "--set", "training.steps=6")
+    assert_user_error(other, "recorded by `dllm launch` with another spec", "spec.yaml")
+    assert not (run_dir / "metrics.jsonl").exists()
+    same = cli("train", "--config", run_dir / "spec.yaml", "--run-dir", run_dir)
+    assert same.code == 0, same.err
+    listing = json.loads(cli("run", "list", "--json").out)
+    assert [(r["steps_done"], r["steps_total"]) for r in listing["runs"]] == [(4, 4)]

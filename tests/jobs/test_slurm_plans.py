@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import stat
 import subprocess
 import sys
@@ -121,6 +122,28 @@ def test_cpu_host_asks_for_cpus_only(cli, spec_file, workdir):
     assert "srun --kill-on-bad-exit=1 --cpus-per-task=6" in script
     plan, _ = dry_run(cli, "--config", spec_file, *SLURM, *TWO_CPU_RANKS, "--gpus-per-node", "4")
     assert plan["slurm"]["gpus_per_node"] == 4 and plan["device"] == "cuda"
+
+
+def test_slurm_counts_are_checked(cli, spec_file, workdir):
+    """A 0 CPU count once fell back to the default and a negative GPU count reached the script."""
+    launch = ("launch", "--config", spec_file, *SLURM, "--dry-run")
+    assert_user_error(cli(*launch, "--gpus-per-node", "-1"), "--gpus-per-node must be >= 0")
+    assert_user_error(cli(*launch, "--cpus-per-task", "0"), "--cpus-per-task must be >= 1")
+    plan, _ = dry_run(cli, "--config", spec_file, *SLURM, "--gpus-per-node", "0")
+    assert plan["slurm"]["gpus_per_node"] == 0 and plan["device"] == "cpu"
+
+
+def test_sbatch_lines_stay_one_word_in_the_start_command(cli, spec_file, workdir):
+    """`--sbatch=--exclusive` written back as `--sbatch --exclusive` does not parse: the printed
+    start command and the manifest's argv keep it one word."""
+    args = ("--config", spec_file, *SLURM, *TWO_CPU_RANKS, "--sbatch=--exclusive")
+    result = cli("launch", "--dry-run", "--json", *args)
+    assert result.code == 0, result.err
+    payload = json.loads(result.out)
+    assert "--sbatch=--exclusive" in payload["manifest"]["argv"]
+    words = shlex.split(payload["start_command"])
+    plan, _ = dry_run(cli, *words[words.index("launch") + 1 :])  # the pasted line runs
+    assert plan["slurm"]["extra"] == ["--exclusive"]
 
 
 def port_for(script: str, job_id: int) -> int:

@@ -130,6 +130,10 @@ def test_cli_train_and_export_loadable_by_transformers(cli, tmp_path):
         )
     result = cli("export", "--checkpoint", tmp_path / "run/checkpoints", "--out", tmp_path / "hf")
     assert_user_error(result, "already exists")
+    (tmp_path / "file").write_text("x")  # an --out that cannot be made: an error, no traceback
+    out = tmp_path / "file" / "hf"
+    result = cli("export", "--checkpoint", tmp_path / "run/checkpoints", "--out", out)
+    assert_user_error(result, "cannot write the export", "--out")
 
 
 def test_flex_attention_on_cpu_is_a_user_error(cli, tmp_path):

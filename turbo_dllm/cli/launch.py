@@ -165,7 +165,9 @@ def _canonical_argv(args) -> list[str]:
     for override in args.overrides:
         argv += ["--set", override]
     for line in args.sbatch:
-        argv += ["--sbatch", line]
+        # One word: a value that starts with "-" (--exclusive) is read back as an option when
+        # it stands apart, and the start command or the manifest's argv would not parse.
+        argv.append(f"--sbatch={line}")
     for flag in ("allow_drift", "submit"):
         if getattr(args, flag):
             argv.append("--" + flag.replace("_", "-"))
@@ -239,8 +241,8 @@ def _launch(args) -> int:
 def _start_command(argv: list[str], job) -> str:
     """The launch that starts exactly the printed plan, as a bash line that runs when pasted.
 
-    The plan's own commands read <run dir>/spec.yaml, which only a launch writes (with the
-    manifest, before any worker starts), and a launch without --run-dir stamps a new run id:
+    The plan's own commands read <run dir>/manifest.json, which only a launch writes (before
+    any worker starts), and a launch without --run-dir stamps a new run id:
     so the line is this launch, pinned to the printed run dir, from the directory it ran in.
     """
     import shlex

@@ -33,4 +33,22 @@ def _train(args) -> int:
 
     check_inputs(spec, args.config)  # before the run dir exists
     run_dir = resolve_run_dir(spec, args.run_dir)
+    _check_recorded_spec(spec, run_dir)
     return train(spec, run_dir)
+
+
+def _check_recorded_spec(spec, run_dir) -> None:
+    """A run dir that `dllm launch` recorded resumes only with the spec its manifest holds:
+    another one would append steps the manifest does not describe (`dllm run list`: 9/6)."""
+    from turbo_dllm.jobs.manifest import MANIFEST_NAME, read_manifest, spec_sha256
+
+    if not (run_dir / MANIFEST_NAME).is_file():
+        return
+    if read_manifest(run_dir).spec_sha256 != spec_sha256(spec.model_dump(mode="json")):
+        from turbo_dllm.errors import DllmError
+
+        raise DllmError(
+            f"{run_dir} holds a run recorded by `dllm launch` with another spec",
+            hint=f"resume it with its own spec (--config {run_dir / 'spec.yaml'}, no --set), "
+            "or train into a new run dir",
+        )

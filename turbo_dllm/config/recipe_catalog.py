@@ -74,8 +74,10 @@ def find_recipe(name: str) -> Recipe:
 def copy_recipe(name: str, dest: str | Path) -> Path:
     """Write a recipe to `dest` (a file, or a folder to put `<basename>.yaml` in); never overwrites."""
     recipe = find_recipe(name)
+    # "DIR/" names a folder even before it exists (Path drops the slash: it became a file DIR).
+    as_folder = str(dest).endswith(("/", os.sep))
     dest = Path(dest)
-    if dest.is_dir():
+    if dest.is_dir() or as_folder:
         dest = dest / (recipe.name.rsplit("/", 1)[-1] + ".yaml")
     if not dest.parent.is_dir():
         raise DllmError(

@@ -65,6 +65,17 @@ class SlurmOptions:
     cpus_per_task: int | None = None
     extra: tuple[str, ...] = ()
 
+    def __post_init__(self) -> None:
+        # Checked here: a 0 CPU count read as "unset" fell back to the default, and a negative
+        # GPU count went into the script (and made the plan a CUDA one).
+        if self.gpus_per_node is not None and self.gpus_per_node < 0:
+            raise DllmError(
+                f"--gpus-per-node must be >= 0 (got {self.gpus_per_node})",
+                hint="0 asks for no GPUs (a CPU job)",
+            )
+        if self.cpus_per_task is not None and self.cpus_per_task < 1:
+            raise DllmError(f"--cpus-per-task must be >= 1 (got {self.cpus_per_task})")
+
 
 @dataclass(frozen=True)
 class LaunchOptions:

@@ -40,7 +40,12 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
             hint="python -m pip install matplotlib",
         ) from None
     out_dir = Path(out_dir) if out_dir else run_dir / "plots"
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:  # --out names a file, or a folder we cannot write
+        raise DllmError(
+            f"cannot create plot folder {out_dir}: {error}", hint="pass --out a writable folder"
+        ) from None
     written = []
     for name, (key, label) in PLOTS.items():
         points = [(r["step"], r[key]) for r in records if _number(r.get(key))]

@@ -73,11 +73,18 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     tensors = full_state_dict(model)
     if hasattr(model, "hf_export_state"):  # a family whose HF layout holds more names
         tensors = model.hf_export_state(tensors)
-    save_hf(tensors, config, staging, dtype=getattr(torch, name))
-    _copy_generation_files(meta, staging)
-    if out.exists():
-        out.rmdir()
-    staging.rename(out)
+    try:
+        save_hf(tensors, config, staging, dtype=getattr(torch, name))
+        _copy_generation_files(meta, staging)
+        if out.exists():
+            out.rmdir()
+        staging.rename(out)
+    except OSError as error:  # --out under a file, a read-only or a full disk
+        shutil.rmtree(staging, ignore_errors=True)
+        raise DllmError(
+            f"cannot write the export to {str(out)!r}: {error}",
+            hint="pass --out a new folder in a writable place",
+        ) from None
     return out
 
 
