@@ -40,5 +40,7 @@ def parse_location(text: str, what: str) -> Location:
         path = Path(text)
     folder = path.expanduser().resolve()
     if not folder.is_dir():
-        raise DllmError(f"{what} folder {str(folder)!r} does not exist", hint="check the path")
+        # A file there (say the mirror's MIRROR.json) exists: name what is wrong with it.
+        state = "is a file, not a folder" if folder.exists() else "does not exist"
+        raise DllmError(f"{what} folder {str(folder)!r} {state}", hint="check the path")
     return Location(text, folder=folder)

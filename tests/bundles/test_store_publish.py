@@ -8,6 +8,7 @@ import os
 import pytest
 
 from tests.bundles.crafting import member, raw_archive, unpack, variant
+from tests.helpers import assert_user_error
 from turbo_dllm.bundles.archive import BundleRejected, extract_bundle, pack_bundle
 from turbo_dllm.bundles.install import plan_install, run_install
 from turbo_dllm.bundles.publish import publish
@@ -112,6 +113,16 @@ def test_activation_rollback_and_uninstall(cli, cpu_bundle, tmp_path):
     assert unknown.code == 2 and "no installed bundle" in unknown.err
 
 
+def test_a_too_short_prefix_and_negative_retries_are_explained(cli, installed, mirror):
+    # The listing shows the 12-character hash the 4-character prefix starts: say why it fails.
+    result = cli("bundle", "uninstall", installed.sha256[:4])
+    assert_user_error(result, installed.short_sha, "at least 6 characters")
+    root, catalog_sha = mirror
+    result = cli("bundle", "install", "--release", "v-test", "--auto", "--mirror", root,
+                 "--catalog-sha256", catalog_sha, "--retries", "-1")  # fmt: skip
+    assert_user_error(result, "--retries must be 0 or more")  # not "failed after 0 attempts"
+
+
 def test_verify_reports_modified_and_extra_files(cli, installed):
     library = installed.path / "lib" / "merge_attention_partials.so"
     library.chmod(0o644)
@@ -124,6 +135,26 @@ def test_verify_reports_modified_and_extra_files(cli, installed):
     assert any("extra: not part of the bundle" in p for p in problems)
     # A damaged bundle in the store is re-extracted when its release is installed again.
     assert BundleStore().verify(installed)
+
+
+@pytest.mark.parametrize(
+    ("damaged", "hint"),
+    [("install.json", "install its release again"), ("bundle.json", "re-download it")],
+)
+def test_installing_again_repairs_a_damaged_store_entry(cli, installed, mirror, damaged, hint):
+    # The error's hint says to install the release again; that install must not stop on the
+    # damage it is run to repair (it used to, with the same error, for the active bundle).
+    document = installed.path / damaged
+    document.chmod(0o644)
+    document.write_text("{")
+    assert_user_error(cli("bundle", "list"), damaged, hint)
+    root, catalog_sha = mirror
+    again = cli("bundle", "install", "--release", "v-test", "--auto", "--mirror", root,
+                "--catalog-sha256", catalog_sha)  # fmt: skip
+    assert again.code == 0, again.err
+    assert "installed and activated" in again.out
+    assert cli("bundle", "verify").code == 0
+    assert BundleStore().active().sha256 == installed.sha256
 
 
 def test_stale_staging_is_swept_by_the_next_operation(installed):

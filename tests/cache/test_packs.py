@@ -236,3 +236,19 @@ def test_remove_takes_away_only_what_the_install_added(cli, tmp_path):
     assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 0
     assert "1 files deleted" in cli("cache", "remove", path.name).out
     assert mine.is_file() and not (mine.parent / "c2.py").exists()
+
+
+def test_pack_without_config_says_any_spec_and_short_prefixes_are_explained(cli, tmp_path):
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    entry = compile_cache_dir() / "inductor" / "ab" / "c1.py"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("# c1.py\n")
+    made = cli("cache", "pack", "--out", tmp_path / "packs")
+    assert made.code == 0, made.err
+    assert "spec any (no --config)" in made.out  # was cut to "any (no --co"
+    sha = json.loads(cli("cache", "pack", "--out", tmp_path / "p2", "--json").out)["sha256"]
+    assert cli("cache", "install", next((tmp_path / "packs").iterdir())).code == 0
+    # A 4-character prefix of the listed hash is not enough: the error says why.
+    assert_user_error(cli("cache", "remove", sha[:4]), sha[:12], "at least 6 characters")
+    assert cli("cache", "remove", sha[:6]).code == 0

@@ -34,3 +34,10 @@ def test_what_is_refused_and_why(text, message):
         parse_location(text, "mirror")
     with pytest.raises(DllmError, match="file:// URLs" if "file:" in text else "mirror"):
         open_mirror(text)  # mirrors and bundle sources refuse the same spellings
+
+
+def test_a_file_is_not_called_missing(tmp_path):
+    index = tmp_path / "MIRROR.json"
+    index.write_text("{}")
+    with pytest.raises(DllmError, match="is a file, not a folder"):
+        parse_location(str(index), "mirror")  # it exists: "does not exist" misled

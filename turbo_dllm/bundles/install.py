@@ -171,8 +171,8 @@ def run_install(
     store = store or BundleStore()
     entry = plan.entry
     with store.locked(lock_timeout_s):
-        previous = store.active()
-        existing = store.get(entry.sha256)
+        previous = _readable(store.active)
+        existing = _readable(lambda: store.get(entry.sha256))
         reused = existing is not None and not store.verify(existing)
         if not reused:
             path = f"bundles/{entry.file}"
@@ -231,7 +231,7 @@ def build_and_install(
 
     store = store or BundleStore()
     with store.locked(lock_timeout_s):
-        previous = store.active()
+        previous = _readable(store.active)
         with store.staging() as staging:
             built = build_bundle(staging / "out", log=log)
             folder = staging / "bundle"
@@ -252,6 +252,16 @@ def build_and_install(
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None
     return InstallResult(None, bundle, previous, False)
+
+
+def _readable(load: Callable[[], InstalledBundle | None]) -> InstalledBundle | None:
+    """`load()`, or None when that store entry's bundle.json or install.json is damaged: an
+    install replaces a damaged copy of its own bundle (`add_extracted`) instead of stopping on
+    the damage it was run to repair."""
+    try:
+        return load()
+    except DllmError:
+        return None
 
 
 def install(

@@ -131,7 +131,9 @@ class BundleStore:
         except (OSError, RecordError) as error:
             raise DllmError(
                 f"bundle {sha256[:12]} in {self.store_dir} has a damaged {RECORD_NAME}: {error}",
-                hint=f"dllm bundle uninstall {sha256[:12]} and install it again",
+                # Not `dllm bundle uninstall`: it lists the store, which this damage stops.
+                hint="install its release again (`dllm bundle install` replaces a damaged "
+                f"copy), or delete {path}",
             ) from None
         return InstalledBundle(sha256, path, manifest, record)
 
@@ -177,7 +179,12 @@ class BundleStore:
             return matches[0]
         if not matches:
             known = ", ".join(f"{b.short_sha} ({b.bundle_id})" for b in bundles) or "none"
-            raise DllmError(f"no installed bundle {ident!r} (installed: {known})")
+            short = 0 < len(ident) < 6 and any(b.sha256.startswith(ident.lower()) for b in bundles)
+            raise DllmError(
+                f"no installed bundle {ident!r} (installed: {known})",
+                # A prefix the listing visibly starts with: say why it does not count.
+                hint="a sha256 prefix needs at least 6 characters" if short else None,
+            )
         listed = ", ".join(b.short_sha for b in matches)
         raise DllmError(
             f"{ident!r} names several installed bundles: {listed}",

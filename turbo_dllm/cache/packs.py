@@ -397,7 +397,12 @@ def find_installed(ident: str) -> InstalledPack:
         return matches[0]
     known = ", ".join(p.short_sha for p in packs) or "none"
     if not matches:
-        raise DllmError(f"no installed compile-cache pack {ident!r} (installed: {known})")
+        short = 0 < len(ident) < 6 and any(p.sha256.startswith(ident.lower()) for p in packs)
+        raise DllmError(
+            f"no installed compile-cache pack {ident!r} (installed: {known})",
+            # A prefix the listing visibly starts with: say why it does not count.
+            hint="a sha256 prefix needs at least 6 characters" if short else None,
+        )
     raise DllmError(f"{ident!r} names several installed packs", hint="pass more of the sha256")
 
 

@@ -87,12 +87,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=_status)
 
     p = commands.add_parser("verify", help="re-hash installed bundles against their bundle.json")
-    p.add_argument("bundle", nargs="?", help="bundle id or sha256 prefix (default: all)")
+    p.add_argument(
+        "bundle", nargs="?", help="bundle id or sha256 prefix, 6+ characters (default: all)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_verify)
 
     p = commands.add_parser("uninstall", help="remove an installed, inactive bundle")
-    p.add_argument("bundle", help="bundle id or sha256 prefix")
+    p.add_argument("bundle", help="bundle id or sha256 prefix (6+ characters)")
     p.add_argument("--lock-timeout", type=float, default=60.0)
     p.set_defaults(func=_uninstall)
 
@@ -281,6 +283,8 @@ def _install(args) -> int:
 
     if args.build and args.target:
         raise DllmError("--build missing builds this host's own target; use it with --auto")
+    if args.retries < 0:  # else no attempt is made and the error blames the download
+        raise DllmError(f"--retries must be 0 or more, got {args.retries}")
     target = BundleTarget.parse(args.target) if args.target else None
     try:
         plan = plan_install(

@@ -39,12 +39,14 @@ def register(subparsers) -> None:
     p.set_defaults(func=_list)
 
     p = commands.add_parser("verify", help="re-hash installed packs' files in the cache")
-    p.add_argument("pack", nargs="?", help="sha256 prefix or file name (default: all)")
+    p.add_argument(
+        "pack", nargs="?", help="sha256 prefix (6+ characters) or file name (default: all)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_verify)
 
     p = commands.add_parser("remove", help="delete an installed pack's files from the cache")
-    p.add_argument("pack", help="sha256 prefix or file name")
+    p.add_argument("pack", help="sha256 prefix (6+ characters) or file name")
     p.set_defaults(func=_remove)
 
 
@@ -112,7 +114,7 @@ def _pack(args) -> int:
         return 0
     print(f"packed {path}")
     print(f"  {len(manifest.files)} files, {manifest.total_size / 1e6:,.1f} MB, sha256 {sha256}")
-    print(f"  for {manifest.key.label()}, spec {(digest or 'any (no --config)')[:12]}")
+    print(f"  for {manifest.key.label()}, spec {digest[:12] if digest else 'any (no --config)'}")
     print(f"next: dllm cache install {path}   (on a host like this one)")
     return 0
 
