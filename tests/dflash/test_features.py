@@ -118,3 +118,20 @@ def test_features_of_another_target_are_refused_before_any_work(cli, world, tmp_
     result = cli("train", "--config", tmp_path / "bad.yaml", "--run-dir", tmp_path / "run")
     assert_user_error(result, "model.dflash.features", "made from another target")
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    ("option", "needle"),
+    [
+        (("--rows-per-shard", "0"), "--rows-per-shard must be at least 1"),
+        (("--rows-per-shard", "-1"), "--rows-per-shard must be at least 1"),
+        (("--device", "foo"), "not a torch device"),
+    ],
+)
+def test_bad_prepare_features_options_leave_nothing_behind(cli, world, tmp_path, option, needle):
+    # these were tracebacks, after the staging folder `.features.partial` was made
+    config = _config(world, tmp_path / "train.yaml")
+    features = tmp_path / "features"
+    result = cli("dflash", "prepare-features", "--config", config, "--out", features, *option)
+    assert_user_error(result, needle)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]

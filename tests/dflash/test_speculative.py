@@ -240,3 +240,49 @@ def test_tau_stderr_is_the_spread_over_prompts_and_matches_the_jackknife():
     assert ratio_error == pytest.approx(unpaired, rel=0.25)
     with pytest.raises(ValueError, match="same prompts"):
         tau_ratio_stderr(report, _report(tokens[:5], forwards[:5]))
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "needle"),
+    [
+        ("--max-new-tokens", "0", "--max-new-tokens must be at least 1"),
+        ("--num-prompts", "0", "--num-prompts must be at least 1"),
+        ("--num-prompts", "-1", "--num-prompts must be at least 1"),
+        ("--prompt-len", "0", "--prompt-len must be at least 1"),
+        ("--block-size", "0", "--block-size must be at least 2 (got 0)"),
+        ("--device", "foo", "not a torch device"),
+    ],
+)
+def test_bad_eval_options_are_refused_before_decoding(cli, world, drafter, flag, value, needle):
+    # each was a traceback deep in the decode loop (division by zero, an empty prompt list),
+    # and --block-size 0 silently meant the drafter's own block size
+    result = cli(
+        "dflash",
+        "eval",
+        "--target",
+        world["target"],
+        "--drafter",
+        drafter["folder"],
+        "--data",
+        world["artifact"],
+        flag,
+        value,
+    )
+    assert_user_error(result, needle)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without a CUDA GPU")
+def test_a_cuda_device_without_a_gpu_is_a_user_error(cli, world, drafter):
+    result = cli(
+        "dflash",
+        "eval",
+        "--target",
+        world["target"],
+        "--drafter",
+        drafter["folder"],
+        "--data",
+        world["artifact"],
+        "--device",
+        "cuda",
+    )
+    assert_user_error(result, "no CUDA GPU")

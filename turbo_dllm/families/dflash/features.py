@@ -182,6 +182,7 @@ def prepare_features(
     from safetensors.torch import save_file
 
     from turbo_dllm.data.artifact import DataArtifact
+    from turbo_dllm.families.dflash.runtime import resolve_device
     from turbo_dllm.families.dflash.target import TargetFeatures
     from turbo_dllm.fsutil import write_atomic
     from turbo_dllm.registry import resolve_model_config
@@ -194,6 +195,10 @@ def prepare_features(
         )
     if out.exists():
         raise DllmError(f"{str(out)!r} already exists", hint="choose a new folder")
+    if rows_per_shard < 1:
+        raise DllmError(f"--rows-per-shard must be at least 1 (got {rows_per_shard})")
+    # before the staging folder: a bad --device must not leave an empty one behind
+    torch_device = resolve_device(device)
     config = resolve_model_config(spec.model)
     data = DataArtifact(spec.data.artifact)
     if data.manifest.seq_len != spec.data.seq_len:
@@ -212,7 +217,6 @@ def prepare_features(
         else:
             shutil.rmtree(staging)
     staging.mkdir(parents=True, exist_ok=True)
-    torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     # compiled like the online target's (training.compile), so both give the same numbers
     target = TargetFeatures(
         config.target_path,

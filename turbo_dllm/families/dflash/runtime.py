@@ -25,12 +25,29 @@ __all__ = [
     "layers",
     "load_target_weights",
     "materialize",
+    "resolve_device",
 ]
 
 
 def build_model(config: DFlashConfig, backend=None, dtype: torch.dtype | None = None) -> nn.Module:
     """The drafter on the meta device (its frozen embeddings and head included)."""
     return on_meta_device(lambda: drafter_class(config)(config), dtype)
+
+
+def resolve_device(device: str | None, flag: str = "--device") -> torch.device:
+    """The device a `dllm dflash` command runs on (`None`: cuda if available, else cpu), checked
+    before any work: torch's own errors for a misspelled or absent device are tracebacks."""
+    if device is None:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        resolved = torch.device(device)
+    except RuntimeError:
+        raise DllmError(
+            f"{flag} {device!r} is not a torch device", hint="use cpu, cuda or cuda:N"
+        ) from None
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise DllmError(f"{flag} {device!r}: no CUDA GPU is available here", hint="use cpu")
+    return resolved
 
 
 def layers(model: nn.Module) -> nn.ModuleList:

@@ -332,8 +332,17 @@ def compare(
     forwards per block (`_DFlashProposer`), one for all or one per drafter. `progress(line)`:
     called as each decode starts and ends."""
     from turbo_dllm.families.dflash import read_target_config
+    from turbo_dllm.families.dflash.runtime import resolve_device
 
     say = progress or (lambda line: None)
+    # before any work: 0 or fewer would fail deep in the decode loop (no prompt, no forward)
+    for flag, value in [
+        ("--max-new-tokens", max_new_tokens),
+        ("--num-prompts", num_prompts),
+        ("--prompt-len", prompt_len),
+    ]:
+        if value < 1:
+            raise DllmError(f"{flag} must be at least 1 (got {value})")
     for flag, folder in [("--target", target), *(("--drafter", d) for d in drafters)]:
         if not (Path(folder) / "config.json").is_file():
             raise DllmError(
@@ -341,7 +350,7 @@ def compare(
                 hint=f"point {flag} at a Hugging Face folder (`dllm export` / `dllm dflash "
                 "export` write one)",
             )
-    torch_device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    torch_device = resolve_device(device)
     torch_dtype = getattr(torch, dtype)
     target_config = read_target_config(target)  # a readable target before any work
     if isinstance(draft_steps, int):
@@ -351,7 +360,8 @@ def compare(
     for drafter in drafters:
         _check_autoregressive(drafter, block_size, target_config)  # before loading anything
     models = [_drafter(drafter, target, torch_device, torch_dtype) for drafter in drafters]
-    blocks = [block_size or model.config.block_size for _, model in models]
+    # `is None`, not `or`: --block-size 0 is refused below, not read as the drafter's own
+    blocks = [model.config.block_size if block_size is None else block_size for _, model in models]
     for block in blocks:
         if block < 2:
             raise DllmError(f"--block-size must be at least 2 (got {block})")
