@@ -112,3 +112,19 @@ def test_export_refuses_a_checkpoint_of_another_family(cli, world, tmp_path):
     )
     assert_user_error(result, "not a dflash drafter")
     assert not (tmp_path / "x").exists()
+
+
+def test_export_names_a_target_flag_that_is_not_a_model_folder(cli, drafter, tmp_path):
+    result = cli(
+        "dflash",
+        "export",
+        "--checkpoint",
+        drafter["run"] / "checkpoints",
+        "--out",
+        tmp_path / "x",
+        "--target",
+        tmp_path / "nowhere",
+    )
+    assert_user_error(result, "--target", "is not a model folder")
+    assert "model.path" not in result.err  # a RunSpec key: not what the user typed
+    assert not (tmp_path / "x").exists()

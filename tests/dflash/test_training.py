@@ -3,6 +3,7 @@ data-parallel processes (replicated or FSDP2) train the one-process trace."""
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -16,10 +17,13 @@ from tests.train.util import losses, metrics
 from turbo_dllm.train.entry import train
 
 
-def test_drafter_learns_and_resumes_bitwise(world, tmp_path):
+def test_drafter_learns_and_resumes_bitwise(world, tmp_path, capsys):
     args = ("training.steps=8", "checkpoint.interval=4")
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     train(drafter_spec(world["target"], world["artifact"], *args), straight)
+    # the banner names the drafter, not its target's model_type, and a tiny one's real size
+    banner = capsys.readouterr().err.splitlines()[0]
+    assert re.match(r"training dflash DFlashDraftModel \(\d+\.\dK params\) on 1 x cpu", banner)
     trace = losses(straight)
     assert trace[-1] < 0.8 * trace[0], trace
     from torch.distributed.checkpoint import FileSystemReader

@@ -447,6 +447,13 @@ class Trainer:
             dist.all_reduce(tensor, group=self.dims.loss_group())
 
     # ============================== the loop =================================================
+    def _model_name(self) -> str:
+        """The spec's family, and a drafter's architecture (its config's model_type is the
+        target's: a DFlash drafter read as `qwen3`)."""
+        architecture = getattr(self.model_config, "architecture", None)
+        family = self.spec.model.family
+        return f"{family} {architecture}" if architecture else family
+
     def run(self) -> int:
         start = self.resume()
         if start >= self.total_steps:
@@ -461,8 +468,8 @@ class Trainer:
         began = time.perf_counter()
         print0(
             env,
-            f"training {self.model_config.model_type} ({self.model_config.num_params() / 1e6:.1f}M "
-            f"params) on {env.world_size} x {self.device.type}, steps {start + 1}..{self.total_steps}, "
+            f"training {self._model_name()} ({_count(self.model_config.num_params())} params) "
+            f"on {env.world_size} x {self.device.type}, steps {start + 1}..{self.total_steps}, "
             f"run dir {self.run_dir}",
         )
         if self.compile_cache and env.is_main:  # one rank walks the cache folder, not all
@@ -528,3 +535,11 @@ class Trainer:
         self.metrics.close()
         print0(env, f"done: {last_saved} steps, checkpoint in {self.checkpoint_dir}")
         return 0
+
+
+def _count(n: int) -> str:
+    """1.72B, 27.3M, 41.2K: a tiny test model is not `0.0M`."""
+    for unit, scale, digits in (("B", 1e9, 2), ("M", 1e6, 1), ("K", 1e3, 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f}{unit}"
+    return str(n)

@@ -44,6 +44,7 @@ def export_drafter(
 ) -> Path:
     from turbo_dllm.families.dflash import read_target_config
     from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
+    from turbo_dllm.families.dflash.runtime import require_model_folder
     from turbo_dllm.train.checkpoint import find_latest, read_meta
     from turbo_dllm.train.export import export_checkpoint
 
@@ -58,6 +59,7 @@ def export_drafter(
         )
     config = DFlashConfig.from_hf_dict(meta.model)
     if target is not None:
+        require_model_folder("--target", target)
         problems = drafter_problems(config, read_target_config(str(target)))
         if problems:
             raise DllmError(

@@ -25,6 +25,7 @@ __all__ = [
     "layers",
     "load_target_weights",
     "materialize",
+    "require_model_folder",
     "resolve_device",
 ]
 
@@ -32,6 +33,17 @@ __all__ = [
 def build_model(config: DFlashConfig, backend=None, dtype: torch.dtype | None = None) -> nn.Module:
     """The drafter on the meta device (its frozen embeddings and head included)."""
     return on_meta_device(lambda: drafter_class(config)(config), dtype)
+
+
+def require_model_folder(flag: str, folder: str | Path) -> None:
+    """A folder a `dllm dflash` flag names must hold a model (config.json): the loader's own
+    error would point the user at `model.path`, a RunSpec key, not at the flag."""
+    if not (Path(folder) / "config.json").is_file():
+        raise DllmError(
+            f"{flag} {str(folder)!r} is not a model folder (no config.json)",
+            hint=f"point {flag} at a Hugging Face folder (`dllm export` / `dllm dflash export` "
+            "write one)",
+        )
 
 
 def resolve_device(device: str | None, flag: str = "--device") -> torch.device:

@@ -332,7 +332,7 @@ def compare(
     forwards per block (`_DFlashProposer`), one for all or one per drafter. `progress(line)`:
     called as each decode starts and ends."""
     from turbo_dllm.families.dflash import read_target_config
-    from turbo_dllm.families.dflash.runtime import resolve_device
+    from turbo_dllm.families.dflash.runtime import require_model_folder, resolve_device
 
     say = progress or (lambda line: None)
     # before any work: 0 or fewer would fail deep in the decode loop (no prompt, no forward)
@@ -344,12 +344,7 @@ def compare(
         if value < 1:
             raise DllmError(f"{flag} must be at least 1 (got {value})")
     for flag, folder in [("--target", target), *(("--drafter", d) for d in drafters)]:
-        if not (Path(folder) / "config.json").is_file():
-            raise DllmError(
-                f"{flag} {folder!r} is not a model folder (no config.json)",
-                hint=f"point {flag} at a Hugging Face folder (`dllm export` / `dllm dflash "
-                "export` write one)",
-            )
+        require_model_folder(flag, folder)
     torch_device = resolve_device(device)
     torch_dtype = getattr(torch, dtype)
     target_config = read_target_config(target)  # a readable target before any work
