@@ -80,6 +80,12 @@ def test_an_autoregressive_drafter_needs_a_block_size(cli, world, ar_drafter):
         world["artifact"],
     )
     assert_user_error(result, "has no block size")
+    # --draft-steps refines DFlash drafters; an AR drafter ignored it without a word
+    result = cli(
+        "dflash", "eval", "--target", world["target"], "--drafter", ar_drafter,
+        "--data", world["artifact"], "--block-size", "4", "--draft-steps", "2",
+    )  # fmt: skip
+    assert_user_error(result, "one token a forward")
 
 
 def test_a_drafter_of_another_target_is_refused_before_decoding(cli, world, drafter, tmp_path):
@@ -251,6 +257,7 @@ def test_tau_stderr_is_the_spread_over_prompts_and_matches_the_jackknife():
         ("--prompt-len", "0", "--prompt-len must be at least 1"),
         ("--block-size", "0", "--block-size must be at least 2 (got 0)"),
         ("--device", "foo", "not a torch device"),
+        ("--draft-steps", "99", "at most that many forwards"),  # extra forwards showed nothing
     ],
 )
 def test_bad_eval_options_are_refused_before_decoding(cli, world, drafter, flag, value, needle):

@@ -164,6 +164,12 @@ class _DFlashProposer:
                 "false (slot k holds the token at anchor + k)",
                 hint="evaluate this drafter with --draft-steps 1",
             )
+        if draft_steps > self.drafts:  # the forwards past one a slot would show nothing
+            raise DllmError(
+                f"--draft-steps {draft_steps}: a block of {block_size} drafts {self.drafts} "
+                "slots, so at most that many forwards refine it",
+                hint=f"use --draft-steps {self.drafts} or fewer",
+            )
         hidden, self.reveals = self.drafts, []
         for step in range(draft_steps - 1):  # guesses shown after each forward but the last
             self.reveals.append(hidden // (draft_steps - step))
@@ -360,6 +366,12 @@ def compare(
     for block in blocks:
         if block < 2:
             raise DllmError(f"--block-size must be at least 2 (got {block})")
+    for (kind, _), steps in zip(models, draft_steps, strict=True):
+        if kind != "dflash" and steps != 1:
+            raise DllmError(
+                f"--draft-steps {steps}: an autoregressive drafter drafts one token a forward",
+                hint="--draft-steps refines DFlash drafters; leave it at 1 here",
+            )
     proposers = [  # before the target and the prompts: they refuse draft steps they cannot take
         _DFlashProposer(model, block, steps)
         if kind == "dflash"
