@@ -51,6 +51,18 @@ def test_resume_at_another_world_size_says_the_rng_is_not_restored(run, capsys):
     )
 
 
+def test_a_resume_says_which_optimizer_settings_the_checkpoint_keeps(run, capsys):
+    capsys.readouterr()
+    train(tiny_spec(*ARGS), run)  # the run's own spec: nothing to say
+    assert "note: the optimizer" not in capsys.readouterr().err
+    shutil.rmtree(run / "checkpoints/step_00000004")
+    train(tiny_spec(*ARGS, "optimizer.lr=0.5", "optimizer.weight_decay=0.0"), run)
+    err = capsys.readouterr().err
+    assert "note: the optimizer resumes with the checkpoint's settings" in err
+    assert "optimizer.lr " in err and "the spec says 0.5" in err
+    assert "optimizer.weight_decay" in err and "optimizer.betas" not in err
+
+
 def test_checkpoint_and_export_hide_only_the_known_dcp_notice(run, tmp_path, monkeypatch):
     """DCP's single-process notice is filtered; any other warning from a save, a load or an
     export reaches the user."""

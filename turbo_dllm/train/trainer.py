@@ -298,7 +298,29 @@ class Trainer:
         self.train_time_offset = meta.train_time_s
         self.metrics.truncate_after(meta.step)
         print0(self.env, f"resumed from {path} (step {meta.step})")
+        if changed := self._optimizer_changes():
+            print0(
+                self.env,
+                f"note: the optimizer resumes with the checkpoint's settings, not this spec's "
+                f"({changed}); train into a new run dir to use the spec's",
+            )
         return meta.step
+
+    def _optimizer_changes(self) -> str:
+        """The spec's optimizer settings that a resumed optimizer did not take (its state and
+        hyperparameters come from the checkpoint, as in PyTorch): said, not silently kept."""
+        group, spec = self.optimizer.param_groups[0], self.spec.optimizer
+        pairs = {
+            "optimizer.lr": (group.get("initial_lr", group["lr"]), spec.lr),
+            "optimizer.betas": (tuple(group["betas"]), tuple(spec.betas)),
+            "optimizer.eps": (group["eps"], spec.eps),
+            "optimizer.weight_decay": (group["weight_decay"], spec.weight_decay),
+        }
+        return ", ".join(
+            f"{name} {saved} kept, the spec says {wanted}"
+            for name, (saved, wanted) in pairs.items()
+            if saved != wanted
+        )
 
     def save(self, step: int, train_time: float) -> Path:
         return self.checkpointer.save(
