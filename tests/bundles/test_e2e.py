@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+from pathlib import Path
 
 import pytest
 
@@ -89,6 +90,20 @@ def test_install_auto_from_file_url_and_folder(cli, mirror, form):
     assert result.code == 0, result.err
     assert "installed and activated" in result.out
     _check_installed_op(cli)
+
+
+def test_a_relative_mirror_is_recorded_as_an_absolute_path(cli, mirror, monkeypatch):
+    root, catalog_sha = mirror
+    monkeypatch.chdir(root.parent)
+    result = cli("bundle", "install", "--release", "v-test", "--auto", "--mirror", root.name,
+                 "--catalog-sha256", catalog_sha, "--json")  # fmt: skip
+    assert result.code == 0, result.err
+    (bundle,) = json.loads(cli("bundle", "list", "--json").out)["bundles"]
+    assert bundle["source"] == str(
+        root.resolve() / "bundles" / json.loads(result.out)["bundle"]["file"]
+    )
+    record = json.loads((Path(bundle["path"]) / "install.json").read_text())
+    assert record["source"] == bundle["source"]
 
 
 def test_index_from_environment_and_reinstall_reuses_the_store(cli, mirror, monkeypatch):

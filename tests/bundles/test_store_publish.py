@@ -51,6 +51,19 @@ def test_publish_refuses_a_broken_archive(tmp_path):
         publish([tmp_path / "junk.tar.zst"], release="v1", mirror=tmp_path / "m")
 
 
+@pytest.mark.parametrize("keep", [0, 0.5])
+def test_publish_calls_a_truncated_archive_truncated(tmp_path, cli, keep):
+    """zstandard's stream reader ends quietly at a frame cut short: tarfile then saw an "empty
+    file", and the error said so, of an archive that was merely cut off."""
+    whole = raw_archive(tmp_path / "whole.tar.zst", [member("bundle.json", b"{}" * 4000)])
+    data = whole.read_bytes()
+    cut = tmp_path / "cut.tar.zst"
+    cut.write_bytes(data[: int(len(data) * keep)])
+    result = cli("bundle", "publish", cut, "--release", "v1", "--mirror", tmp_path / "m")
+    assert_user_error(result, "cut.tar.zst: truncated or incomplete .tar.zst bundle archive")
+    assert "empty file" not in result.err
+
+
 def test_extraction_checks_sizes_and_hashes(cpu_bundle, tmp_path):
     good = unpack(cpu_bundle.archive, tmp_path / "good")
     manifest = (good.root / "bundle.json").read_bytes()

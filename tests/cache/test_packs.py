@@ -184,6 +184,29 @@ def test_warm_needs_a_config(cli, tmp_path):
     assert_user_error(cli("cache", "pack", "--warm", "--out", tmp_path), "--config")
 
 
+def test_list_refuses_config_without_available(cli, tmp_path):
+    """--config judges offered packs only: without --available it was ignored without a word."""
+    result = cli("cache", "list", "--config", tmp_path / "train.yaml")
+    assert_user_error(result, "--config", "--available")
+
+
+def test_a_truncated_pack_is_called_truncated(cli, tmp_path):
+    from turbo_dllm.cache.key import host_pack_key
+    from turbo_dllm.cache.packs import make_pack
+    from turbo_dllm.host import collect_fingerprint
+
+    source = tmp_path / "inductor" / "ab"
+    source.mkdir(parents=True)
+    (source / "c1.py").write_text("# a compiled graph\n" * 2000)
+    key = host_pack_key(collect_fingerprint(apply_overrides=False), None)
+    path, _ = make_pack({"inductor": source.parent}, tmp_path / "packs", key)
+    cut = tmp_path / path.name
+    cut.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+    result = cli("cache", "install", cut)
+    assert_user_error(result, f"{cut.name}: truncated or incomplete compile-cache pack")
+    assert "empty file" not in result.err
+
+
 def test_the_cache_modules_import_no_torch():
     program = (
         "import sys, turbo_dllm.cache.key, turbo_dllm.cache.packs, turbo_dllm.cache.warm, "

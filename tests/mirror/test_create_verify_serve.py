@@ -113,6 +113,26 @@ def test_verify_catches_a_manifest_pin_without_a_wheel(tmp_path, wheels):
     assert "no wheel in the mirror for unrelated==1.0" in text
 
 
+def test_verify_counts_one_problem_in_the_singular(mirror, cli):
+    root, _ = mirror
+    (root / "wheels/stray.whl").write_bytes(b"x")
+    result = cli("mirror", "verify", root)
+    assert result.code == 1 and result.out.rstrip().endswith(", 1 problem"), result.out
+
+
+def test_requirements_from_a_mirror_without_wheels_names_the_fix(tmp_path, wheels, cli):
+    """Such a mirror has no simple/ index: `--index-url M/simple/` would name nothing."""
+    root = tmp_path / "m"
+    manifest = manifest_for(wheels, "dllm_fixture_a")
+    create_mirror(MirrorPlan(dest=root, release=None, manifests=[manifest]))
+    result = cli("env", "requirements", "--mirror", root, "--target", "cpu-x86_64")
+    assert_user_error(result, "carries no wheels", "--with-wheels", "--no-sources")
+    assert result.out == ""
+    pins = cli("env", "requirements", "--mirror", root, "--target", "cpu-x86_64", "--no-sources")
+    assert pins.code == 0 and "--index-url" not in pins.out
+    assert "dllm-fixture-a==1.0 --hash=sha256:" in pins.out
+
+
 def test_create_refuses_missing_wheels_and_existing_folders(tmp_path, wheels):
     manifest = manifest_for(wheels, "dllm_fixture_a")
     empty = tmp_path / "empty"

@@ -177,12 +177,26 @@ def extract_stream(
     except HeaderRefused as error:
         raise BundleRejected(f"{label}: {error.message}; refusing to extract") from None
     except (*_PARSE_ERRORS, zstandard.ZstdError) as error:
-        raise BundleRejected(f"{label}: not a valid .tar.zst bundle archive: {error}") from None
+        raise BundleRejected(unreadable_archive(label, error, ".tar.zst bundle archive")) from None
 
 
 # What tarfile and zstandard raise on damaged or hostile input (tarfile's pax and GNU parsing
 # raise ValueError and UnicodeError subclasses, a huge base-256 number OverflowError).
 _PARSE_ERRORS = (EOFError, ValueError, OverflowError, RecursionError, tarfile.TarError)
+
+# tarfile's words for data that stops before the archive does.
+_EARLY_END = ("empty file", "unexpected end of data", "truncated header")
+
+
+def unreadable_archive(label: str, error: BaseException, what: str) -> str:
+    """The message for a `.tar.zst` that tarfile or zstandard could not read. zstandard's stream
+    reader ends quietly where a frame is cut short, so a truncated file reaches tarfile as data
+    that stops early ("empty file", "unexpected end of data"): name it truncated."""
+    if isinstance(error, EOFError) or (
+        isinstance(error, tarfile.ReadError) and str(error).startswith(_EARLY_END)
+    ):
+        return f"{label}: truncated or incomplete {what} (its data ends early); get a complete copy"
+    return f"{label}: not a valid {what}: {error}"
 
 
 class _Limits:
@@ -295,6 +309,6 @@ def read_archive_manifest(archive_path: Path) -> BundleManifest:
     except HeaderRefused as error:
         raise BundleRejected(f"{label}: {error.message}") from None
     except (*_PARSE_ERRORS, zstandard.ZstdError) as error:
-        raise BundleRejected(f"{label}: not a valid .tar.zst bundle archive: {error}") from None
+        raise BundleRejected(unreadable_archive(label, error, ".tar.zst bundle archive")) from None
     except OSError as error:
         raise DllmError(f"cannot read {archive_path}: {error.strerror}") from None

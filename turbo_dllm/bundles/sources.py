@@ -203,6 +203,11 @@ class LocalSource(Source):
         self.root = root
         self.location = location or str(root)
 
+    def url(self, path: str) -> str:
+        # The resolved folder, not the words given: an install records where its archive came
+        # from, and a relative `--mirror site` would mean nothing from another directory.
+        return str(self.root / path)
+
     def open(
         self,
         path: str,

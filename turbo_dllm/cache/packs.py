@@ -31,6 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
+from turbo_dllm.bundles.archive import unreadable_archive
 from turbo_dllm.bundles.manifest import check_relative_path, check_sha256
 from turbo_dllm.cache.key import PackDifference, PackKey
 from turbo_dllm.errors import DllmError
@@ -237,7 +238,7 @@ def read_pack_manifest(path: Path) -> PackManifest:
                 assert handle is not None
                 return _parse(handle.read(), path.name)
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
-        raise PackRejected(f"{path.name}: not a valid compile-cache pack: {error}") from None
+        raise PackRejected(unreadable_archive(path.name, error, "compile-cache pack")) from None
     except OSError as error:
         raise DllmError(f"cannot read {path}: {error.strerror}") from None
 
@@ -300,7 +301,7 @@ def _extract(path: Path, dest: Path) -> PackManifest:
                         )
                     written.add(name)
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
-        raise PackRejected(f"{label}: not a valid compile-cache pack: {error}") from None
+        raise PackRejected(unreadable_archive(label, error, "compile-cache pack")) from None
     if manifest is None:
         raise PackRejected(f"{label}: empty archive")
     missing = sorted(set(expected) - written)

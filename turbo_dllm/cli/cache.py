@@ -33,7 +33,11 @@ def register(subparsers) -> None:
 
     p = commands.add_parser("list", help="installed packs (and, with --available, offered ones)")
     p.add_argument("--available", action="store_true", help="also packs on $DLLM_PACK_PATH")
-    p.add_argument("--config", type=Path, help="judge offered packs against this spec too")
+    p.add_argument(
+        "--config",
+        type=Path,
+        help="with --available: judge offered packs against this spec too",
+    )
     add_overrides(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_list)
@@ -136,7 +140,13 @@ def _install(args) -> int:
 
 def _list(args) -> int:
     from turbo_dllm.cache.packs import available_packs, installed_packs
+    from turbo_dllm.errors import DllmError
 
+    if args.config and not args.available:  # else --config would be ignored without a word
+        raise DllmError(
+            "--config judges the offered packs: it needs --available",
+            hint=f"dllm cache list --available --config {args.config}",
+        )
     packs = installed_packs()
     offered = []
     if args.available:

@@ -132,7 +132,8 @@ def _verify(args) -> int:
         print(f"problem: {problem}")
     for note in report.notes:
         print(f"note: {note}")
-    state = "ok" if report.ok else f"{len(report.problems)} problems"
+    count = len(report.problems)
+    state = "ok" if report.ok else f"{count} problem{'' if count == 1 else 's'}"
     print(f"{args.mirror}: {report.checked_files} files checked, {state}")
     return 0 if report.ok else 1
 
