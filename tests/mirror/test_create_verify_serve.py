@@ -131,6 +131,11 @@ def test_requirements_from_a_mirror_without_wheels_names_the_fix(tmp_path, wheel
     pins = cli("env", "requirements", "--mirror", root, "--target", "cpu-x86_64", "--no-sources")
     assert pins.code == 0 and "--index-url" not in pins.out
     assert "dllm-fixture-a==1.0 --hash=sha256:" in pins.out
+    # env sync needs the index too: refused before any venv is made
+    venv = tmp_path / "venv"
+    sync = cli("env", "sync", "--mirror", root, "--target", "cpu-x86_64", "--venv", venv)
+    assert_user_error(sync, "carries no wheels", "--with-wheels")
+    assert "--no-sources" not in sync.err and not venv.exists()
 
 
 def test_create_refuses_missing_wheels_and_existing_folders(tmp_path, wheels):

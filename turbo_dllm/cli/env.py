@@ -275,19 +275,11 @@ def _check(args) -> int:
 
 def _requirements(args) -> int:
     from turbo_dllm.envs.select import select_manifest
-    from turbo_dllm.errors import DllmError
 
     mirror = _mirror(args.mirror)
     manifest = select_manifest(args.target, mirror=mirror, manifest_file=args.manifest)
-    index = mirror.index() if mirror is not None else None
-    # A mirror made without wheels has no simple/ index: --index-url would name nothing.
-    wheels = index is None or index.project or any(f.kind == "wheel" for f in index.files)
-    if not wheels and not args.no_sources:
-        raise DllmError(
-            f"mirror {mirror.location} carries no wheels: it has no index for --index-url",
-            hint="recreate it with `dllm mirror create --with-wheels` (or --wheels-from DIR), "
-            "or pass --no-sources for the pins alone",
-        )
+    if mirror is not None and not args.no_sources:
+        mirror.require_wheels(otherwise=", or pass --no-sources for the pins alone")
     print(f"# {manifest.target} ({manifest.bundle_target}), sha256 {manifest.content_sha256()}")
     if mirror is None:
         print(manifest.requirements_txt(sources=not args.no_sources), end="")
@@ -297,7 +289,7 @@ def _requirements(args) -> int:
     if not args.no_sources:
         print(f"--index-url {mirror.simple_url}")
     print(manifest.requirements_txt(), end="")
-    project = index.project
+    project = mirror.index().project
     if project is None:
         print(f"# mirror {mirror.location} carries no {manifest.project.name} wheel")
     else:

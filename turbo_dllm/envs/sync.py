@@ -125,6 +125,7 @@ def _check_provided(manifest: EnvManifest, environment: Environment) -> None:
 
 def _source_args(manifest: EnvManifest, mirror, offline: bool) -> list[str]:
     if mirror is not None:
+        mirror.require_wheels()  # before the venv is made
         args = ["--index-url", mirror.simple_url]
         # A folder mirror needs no network at all; uv's --offline makes sure it uses none.
         return args + (["--offline"] if offline and mirror.is_local else [])

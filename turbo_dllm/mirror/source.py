@@ -45,7 +45,8 @@ class MirrorSource:
 
     @property
     def simple_url(self) -> str:
-        """The PEP 503 index root, for pip's and uv's `--index-url`."""
+        """The PEP 503 index root, for pip's and uv's `--index-url`; a mirror made without
+        wheels has none (`require_wheels` says so first)."""
         if self.local is not None:
             return (self.local / "simple").as_uri() + "/"
         return f"{self.url}simple/"
@@ -100,6 +101,18 @@ class MirrorSource:
             raise DllmError(f"{self.location}: {relative} broke off: {error}") from None
         finally:
             opened.close()
+
+    def require_wheels(self, otherwise: str = "") -> None:
+        """Refuse a mirror made without wheels where its package index is needed: it has no
+        simple/ index, and `--index-url M/simple/` would name nothing. `otherwise`: the
+        command's own way around it, added to the hint."""
+        index = self.index()
+        if index.project is None and not any(f.kind == "wheel" for f in index.files):
+            raise DllmError(
+                f"mirror {self.location} carries no wheels: it has no index for --index-url",
+                hint="recreate it with `dllm mirror create --with-wheels` (or --wheels-from "
+                f"DIR){otherwise}",
+            )
 
     def index(self) -> MirrorIndex:
         raw = self.read_bytes(MIRROR_FILE)
