@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from turbo_dllm.errors import DllmError
 from turbo_dllm.families.qwen3_8.runtime import build_model
 from turbo_dllm.registry import get_family
 from turbo_dllm.train.weights import full_state_dict, materialize, save_hf
@@ -193,3 +194,25 @@ def test_fla_on_hopper_with_a_miscompiling_triton_is_refused_before_training():
     assert fla_problem("3.7.1", (9, 0), tilelang=False) is None
     assert fla_problem("3.6.0", (8, 0), tilelang=False) is None  # only Hopper is affected
     assert fla_problem("3.3.1", (9, 0), tilelang=False) is None
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "linear", "factor": 4.0, "partial_rotary_factor": 0.5},
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    ],
+)
+def test_scaled_rope_is_refused_not_trained_as_plain(tmp_path, rope):
+    """transformers scales these positions; the model here has only plain RoPE, so it loaded
+    such a folder silently and its logits differed from Qwen3_5ForCausalLM's."""
+    hf_model(rope_parameters={"rope_theta": 10000.0, **rope}).save_pretrained(tmp_path)
+    with pytest.raises(DllmError, match=f"rope_type {rope['rope_type']} is not supported"):
+        get_family("qwen3_8").resolve_config(path=str(tmp_path), from_config=None)
+
+
+def test_a_zero_full_attention_interval_is_a_user_error():
+    with pytest.raises(DllmError, match="full_attention_interval must be positive"):
+        get_family("qwen3_8").resolve_config(
+            path=None, from_config="tiny", overrides={"full_attention_interval": 0}
+        )

@@ -55,3 +55,30 @@ def test_unknown_names_are_user_errors():
         registry.get_family("gpt")
     with pytest.raises(DllmError, match="objective 'mdm' is not available"):
         registry.get_objective("mdm")
+
+
+def test_config_overrides_reach_a_nested_text_config_and_rope_parameters(tmp_path):
+    """Overrides of DiffusionGemma's text keys, and of a RoPE key rope_parameters also holds,
+    were written where the reader never looked: the model trained at the unchanged shape."""
+    dg = registry.get_family("diffusion_gemma").resolve_config(
+        path=None,
+        from_config="tiny",
+        overrides={"hidden_size": 32, "num_experts": 2, "canvas_length": 8},
+    )
+    assert (dg.hidden_size, dg.num_experts, dg.canvas_length) == (32, 2, 8)
+    assert "hidden_size" not in dg.to_hf_dict()  # not left at the root of an export either
+    qwen = registry.get_family("qwen3_8")
+    tiny = qwen.resolve_config(
+        path=None, from_config="tiny", overrides={"partial_rotary_factor": 0.5}
+    )
+    assert tiny.partial_rotary_factor == 0.5
+    text = {**qwen.presets["tiny"], "rope_parameters": {"rope_type": "default", "rope_theta": 1.0}}
+    multimodal = {"model_type": "qwen3_5", "text_config": text, "tie_word_embeddings": True}
+    (tmp_path / "config.json").write_text(json.dumps(multimodal))
+    folder = qwen.resolve_config(
+        path=str(tmp_path),
+        from_config=None,
+        overrides={"rope_theta": 500.0, "num_hidden_layers": 2, "tie_word_embeddings": False},
+    )
+    assert (folder.rope_theta, folder.num_hidden_layers) == (500.0, 2)
+    assert folder.tie_word_embeddings is False

@@ -45,6 +45,8 @@ __all__ = [
 
 # Topology axes beyond plain replicated data parallelism (`topology.dp`), as the RunSpec names them.
 AXES = ("fsdp", "cp", "bp", "tp", "sp", "ep")
+# `model.config_overrides` keys a flat `rope_parameters` holds too (it wins over the root key).
+_ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 
 
 class FamilyMismatch(DllmError):
@@ -152,10 +154,20 @@ class Family:
             raise DllmError(
                 "the RunSpec names no model", hint="set model.path or model.from_config"
             )
+        text = hf.get("text_config")
+        text = text if isinstance(text, dict) else None
         for key, value in (overrides or {}).items():
-            hf[key] = value
-            if key == "rope_theta" and isinstance(hf.get("rope_parameters"), dict):
-                hf["rope_parameters"] = {**hf["rope_parameters"], "rope_theta": value}
+            # A multimodal config keeps its text model in `text_config`, which its reader reads
+            # first: a key there changes there (and at the root only where the root has it too).
+            if text is not None and key in text:
+                text[key] = value
+            if text is None or key not in text or key in hf:
+                hf[key] = value
+            for config in (hf, text) if key in _ROPE_KEYS else ():
+                rope = config.get("rope_parameters") if config is not None else None
+                # A flat one (not DiffusionGemma's per-layer-kind dicts): transformers 5 reads it.
+                if isinstance(rope, dict) and not any(isinstance(v, dict) for v in rope.values()):
+                    config["rope_parameters"] = {**rope, key: value}
         model_type = hf.get("model_type")
         if model_type not in self.model_types:
             raise FamilyMismatch(

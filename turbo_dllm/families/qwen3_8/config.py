@@ -213,9 +213,23 @@ class Qwen38Config:
             layers = int(text["num_hidden_layers"])
             heads = int(text["num_attention_heads"])
             rope = dict(text.get("rope_parameters") or {})
+            legacy = text.get("rope_scaling")
+            scaled = {
+                str(r.get("rope_type", r.get("type", "default")))
+                for r in (rope, legacy if isinstance(legacy, dict) else {})
+            } - {"default"}
+            if scaled:  # transformers would scale the positions; the model here does not
+                raise DllmError(
+                    f"rope_type {', '.join(sorted(scaled))} is not supported (only 'default' "
+                    "RoPE, as the published Qwen3.5 / Qwen3.8 configs use)",
+                    hint="set rope_parameters.rope_type to default in config.json",
+                )
             layer_types = text.get("layer_types")
             if layer_types is None or "full_attention_interval" in text:
-                layer_types = _hybrid(layers, int(text.get("full_attention_interval", 4)))
+                every = int(text.get("full_attention_interval", 4))
+                if every <= 0:
+                    raise ValueError(f"full_attention_interval must be positive (got {every})")
+                layer_types = _hybrid(layers, every)
             # A num_hidden_layers override (model.config_overrides) keeps the first layers.
             layer_types = list(layer_types)[:layers]
             return cls(
