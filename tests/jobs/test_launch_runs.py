@@ -287,6 +287,49 @@ def test_killed_worker_resumes_from_last_checkpoint(recorded, tmp_path):
     assert losses(run_dir) == losses(original)
 
 
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds workers through /proc")
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_interrupted_launch_ends_like_a_one_process_launch(recorded, tmp_path, signum):
+    """Ctrl-C (or SIGTERM) to a 2-process launch: no traceback per rank and none from torchrun,
+    the launcher ends by the signal (130 / killed), no workers stay, and no result.json says the
+    run failed with exit 1: it is interrupted, resumable from its checkpoints."""
+    spec, _ = recorded
+    run_dir = tmp_path / "interrupted"
+    env = {**os.environ, "DLLM_HOME": str(tmp_path / "home")}
+    env.pop("DLLM_OVERRIDE_GPUS", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "turbo_dllm", "launch", "--config", str(spec)]
+        + ["--nproc-per-node", "2", "--set", "topology.dp=2", "--set", "training.steps=500"]
+        + ["--run-dir", str(run_dir)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group: cleanup reaches torchrun and workers
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoints" / "step_00000002").is_dir():
+            assert launcher.poll() is None, launcher.stdout.read()
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        launcher.send_signal(signum)
+        output, _ = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+    if signum == signal.SIGINT:
+        assert launcher.returncode == 130, output
+        assert output.rstrip().endswith("dllm: interrupted"), output
+    else:
+        assert launcher.returncode == -signal.SIGTERM, output
+    assert "Traceback" not in output and "failed (exit" not in output, output
+    assert "SignalException" in (run_dir / "console.log").read_text()  # kept in the log
+    assert not (run_dir / "result.json").exists()
+    assert _workers_of(run_dir) == []
+
+
 # --- elastic -----------------------------------------------------------------------------------
 
 

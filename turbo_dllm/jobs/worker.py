@@ -63,4 +63,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    try:
+        raise SystemExit(main())
+    except KeyboardInterrupt:
+        # torchrun passes Ctrl-C on to every worker: end quietly (128 + SIGINT) instead of one
+        # traceback per rank; the launcher says the run was interrupted.
+        raise SystemExit(130) from None

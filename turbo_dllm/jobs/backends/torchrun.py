@@ -115,13 +115,14 @@ def run_process(
             log.close()
         raise DllmError(f"cannot start {argv[0]!r}: {error}") from None
     lock = threading.Lock()
+    received: list[int] = []
     pumps = [
-        threading.Thread(target=_pump, args=(proc.stdout, sys.stdout, log, lock), daemon=True),
-        threading.Thread(target=_pump, args=(proc.stderr, sys.stderr, log, lock), daemon=True),
+        threading.Thread(target=_pump, args=(stream, sink, log, lock, received), daemon=True)
+        for stream, sink in ((proc.stdout, sys.stdout), (proc.stderr, sys.stderr))
     ]
     for pump in pumps:
         pump.start()
-    previous = _forward_signals(proc)
+    previous = _forward_signals(proc, received)
     try:
         returncode = proc.wait()
     finally:
@@ -130,6 +131,14 @@ def run_process(
             pump.join()
         if log:
             log.close()
+    if received:
+        # Ctrl-C / SIGTERM reached the launcher: now that torchrun and its workers are gone, end
+        # as a one-process launch does (SIGINT: `dllm: interrupted`, 130; SIGTERM: killed, 143;
+        # no result.json either way), not as a run that failed with torchrun's exit status 1.
+        if received[0] == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.raise_signal(received[0])
+        return exit_code(-received[0])  # the signal is handled or ignored here
     return exit_code(returncode)
 
 
@@ -145,12 +154,22 @@ def _die_with_parent() -> None:
         pass
 
 
-def _pump(source: IO[bytes], sink: IO[str], log: IO[bytes] | None, lock: threading.Lock) -> None:
+def _pump(
+    source: IO[bytes],
+    sink: IO[str],
+    log: IO[bytes] | None,
+    lock: threading.Lock,
+    received: list[int],
+) -> None:
     target = getattr(sink, "buffer", None)
     # Whole lines, so the two streams interleave line by line in the log.
     for chunk in iter(source.readline, b""):
         with lock:
-            if target is not None:
+            if received and log:
+                # Interrupted: torchrun's shutdown (its SignalException traceback) goes to the
+                # log only; the launcher's `dllm: interrupted` is the line on the console.
+                pass
+            elif target is not None:
                 target.write(chunk)
                 target.flush()
             else:  # a text-only stream (e.g. a test's capture)
@@ -162,15 +181,16 @@ def _pump(source: IO[bytes], sink: IO[str], log: IO[bytes] | None, lock: threadi
     source.close()
 
 
-def _forward_signals(proc: subprocess.Popen) -> dict[int, object]:
+def _forward_signals(proc: subprocess.Popen, received: list[int]) -> dict[int, object]:
     if threading.current_thread() is not threading.main_thread():
         return {}
     previous = {}
     for signum in _FORWARDED:
 
-        def forward(received, _frame, _proc=proc):
+        def forward(signum, _frame, _proc=proc):
+            received.append(signum)
             if _proc.poll() is None:
-                _proc.send_signal(received)
+                _proc.send_signal(signum)
 
         previous[signum] = signal.signal(signum, forward)
     return previous
