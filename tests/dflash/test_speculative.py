@@ -18,22 +18,14 @@ from turbo_dllm.train.entry import train
 from turbo_dllm.train.export import export_checkpoint
 
 
+def _eval(cli, target, drafter, data, *flags):
+    """`dllm dflash eval` of one drafter on the data artifact, with extra flags."""
+    return cli("dflash", "eval", "--target", target, "--drafter", drafter, "--data", data, *flags)
+
+
 def test_dflash_drafter_is_lossless_with_tau_above_one(cli, world, drafter):
-    result = cli(
-        "dflash",
-        "eval",
-        "--target",
-        world["target"],
-        "--drafter",
-        drafter["folder"],
-        "--data",
-        world["artifact"],
-        "--max-new-tokens",
-        "24",
-        "--num-prompts",
-        "3",
-        "--json",
-    )
+    flags = ("--max-new-tokens", "24", "--num-prompts", "3", "--json")
+    result = _eval(cli, world["target"], drafter["folder"], world["artifact"], *flags)
     assert result.code == 0, result.err
     report = json.loads(result.out)
     assert report["lossless"] is True and report["drafter_kind"] == "dflash"
@@ -69,22 +61,11 @@ def test_autoregressive_drafter_is_the_lossless_baseline(world, ar_drafter):
 
 
 def test_an_autoregressive_drafter_needs_a_block_size(cli, world, ar_drafter):
-    result = cli(
-        "dflash",
-        "eval",
-        "--target",
-        world["target"],
-        "--drafter",
-        ar_drafter,
-        "--data",
-        world["artifact"],
-    )
+    result = _eval(cli, world["target"], ar_drafter, world["artifact"])
     assert_user_error(result, "has no block size")
     # --draft-steps refines DFlash drafters; an AR drafter ignored it without a word
-    result = cli(
-        "dflash", "eval", "--target", world["target"], "--drafter", ar_drafter,
-        "--data", world["artifact"], "--block-size", "4", "--draft-steps", "2",
-    )  # fmt: skip
+    flags = ("--block-size", "4", "--draft-steps", "2")
+    result = _eval(cli, world["target"], ar_drafter, world["artifact"], *flags)
     assert_user_error(result, "one token a forward")
 
 
@@ -92,16 +73,7 @@ def test_a_drafter_of_another_target_is_refused_before_decoding(cli, world, draf
     other = dict(json.loads((world["target"] / "config.json").read_text()))
     other["hidden_size"] = 96
     (tmp_path / "config.json").write_text(json.dumps(other))
-    result = cli(
-        "dflash",
-        "eval",
-        "--target",
-        tmp_path,
-        "--drafter",
-        drafter["folder"],
-        "--data",
-        world["artifact"],
-    )
+    result = _eval(cli, tmp_path, drafter["folder"], world["artifact"])
     assert_user_error(result, "does not fit the target", "hidden size")
 
 
@@ -263,33 +235,11 @@ def test_tau_stderr_is_the_spread_over_prompts_and_matches_the_jackknife():
 def test_bad_eval_options_are_refused_before_decoding(cli, world, drafter, flag, value, needle):
     # each was a traceback deep in the decode loop (division by zero, an empty prompt list),
     # and --block-size 0 silently meant the drafter's own block size
-    result = cli(
-        "dflash",
-        "eval",
-        "--target",
-        world["target"],
-        "--drafter",
-        drafter["folder"],
-        "--data",
-        world["artifact"],
-        flag,
-        value,
-    )
+    result = _eval(cli, world["target"], drafter["folder"], world["artifact"], flag, value)
     assert_user_error(result, needle)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a host without a CUDA GPU")
 def test_a_cuda_device_without_a_gpu_is_a_user_error(cli, world, drafter):
-    result = cli(
-        "dflash",
-        "eval",
-        "--target",
-        world["target"],
-        "--drafter",
-        drafter["folder"],
-        "--data",
-        world["artifact"],
-        "--device",
-        "cuda",
-    )
+    result = _eval(cli, world["target"], drafter["folder"], world["artifact"], "--device", "cuda")
     assert_user_error(result, "no CUDA GPU")

@@ -4,6 +4,7 @@ run whose artifact changes, and a killed worker that torchrun restarts from the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -247,15 +248,15 @@ def _workers_of(run_dir: Path) -> list[int]:
     return found
 
 
-@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds workers through /proc")
-def test_killed_worker_resumes_from_last_checkpoint(recorded, tmp_path):
-    spec, original = recorded
-    run_dir = tmp_path / "killed"
+@contextlib.contextmanager
+def _two_rank_launch(spec, run_dir, tmp_path, *options):
+    """A 2-process launch in its own process group, yielded once its step-2 checkpoint exists
+    (the launcher's and every worker's group is killed on the way out if still running)."""
     env = {**os.environ, "DLLM_HOME": str(tmp_path / "home")}
     env.pop("DLLM_OVERRIDE_GPUS", None)
     launcher = subprocess.Popen(
         [sys.executable, "-m", "turbo_dllm", "launch", "--config", str(spec)]
-        + ["--nproc-per-node", "2", "--set", "topology.dp=2", "--max-restarts", "1"]
+        + ["--nproc-per-node", "2", "--set", "topology.dp=2", *options]
         + ["--run-dir", str(run_dir)],
         env=env,
         stdout=subprocess.PIPE,
@@ -265,19 +266,26 @@ def test_killed_worker_resumes_from_last_checkpoint(recorded, tmp_path):
     )
     try:
         deadline = time.monotonic() + 240
-        first_checkpoint = run_dir / "checkpoints" / "step_00000002"
-        while not first_checkpoint.is_dir():
+        while not (run_dir / "checkpoints" / "step_00000002").is_dir():
             assert launcher.poll() is None, launcher.stdout.read()
             assert time.monotonic() < deadline, "no checkpoint appeared"
             time.sleep(0.02)
-        victims = _workers_of(run_dir)
-        assert len(victims) == 2, victims
-        os.kill(victims[-1], signal.SIGKILL)
-        output, _ = launcher.communicate(timeout=300)
+        yield launcher
     finally:
         if launcher.poll() is None:
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds workers through /proc")
+def test_killed_worker_resumes_from_last_checkpoint(recorded, tmp_path):
+    spec, original = recorded
+    run_dir = tmp_path / "killed"
+    with _two_rank_launch(spec, run_dir, tmp_path, "--max-restarts", "1") as launcher:
+        victims = _workers_of(run_dir)
+        assert len(victims) == 2, victims
+        os.kill(victims[-1], signal.SIGKILL)
+        output, _ = launcher.communicate(timeout=300)
     assert launcher.returncode == 0, output
     assert "resumed from" in output, output
     manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -295,30 +303,9 @@ def test_interrupted_launch_ends_like_a_one_process_launch(recorded, tmp_path, s
     run failed with exit 1: it is interrupted, resumable from its checkpoints."""
     spec, _ = recorded
     run_dir = tmp_path / "interrupted"
-    env = {**os.environ, "DLLM_HOME": str(tmp_path / "home")}
-    env.pop("DLLM_OVERRIDE_GPUS", None)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "turbo_dllm", "launch", "--config", str(spec)]
-        + ["--nproc-per-node", "2", "--set", "topology.dp=2", "--set", "training.steps=500"]
-        + ["--run-dir", str(run_dir)],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,  # its own process group: cleanup reaches torchrun and workers
-    )
-    try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "checkpoints" / "step_00000002").is_dir():
-            assert launcher.poll() is None, launcher.stdout.read()
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.02)
+    with _two_rank_launch(spec, run_dir, tmp_path, "--set", "training.steps=500") as launcher:
         launcher.send_signal(signum)
         output, _ = launcher.communicate(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
     if signum == signal.SIGINT:
         assert launcher.returncode == 130, output
         assert output.rstrip().endswith("dllm: interrupted"), output
