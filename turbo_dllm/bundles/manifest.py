@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, TypeVar
 
 from turbo_dllm.bundles.target import BundleTarget
 from turbo_dllm.errors import DllmError
@@ -31,6 +31,7 @@ __all__ = [
     "canonical_version",
     "check_relative_path",
     "check_sha256",
+    "find_by_name_or_sha",
     "parse_manifest",
     "read_manifest",
 ]
@@ -57,6 +58,26 @@ def check_sha256(value: str) -> str:
     if not _SHA256.match(value):
         raise ValueError(f"{value!r} is not a sha256 hex digest (64 lowercase hex digits)")
     return value
+
+
+_Hashed = TypeVar("_Hashed")
+MIN_SHA_PREFIX = 6  # shorter prefixes of a 64-digit sha256 are too easily ambiguous
+
+
+def find_by_name_or_sha(
+    items: Sequence[_Hashed], ident: str, name: Callable[[_Hashed], str]
+) -> tuple[list[_Hashed], str | None]:
+    """The installed things (bundles, packs) `ident` names: by `name`, else by a sha256 prefix of
+    MIN_SHA_PREFIX+ characters. The second value is a hint for when none matched although the
+    listing visibly starts with `ident`: a prefix too short to count."""
+    matches = [item for item in items if name(item) == ident]
+    prefix = ident.lower()
+    if not matches and len(ident) >= MIN_SHA_PREFIX:
+        matches = [item for item in items if item.sha256.startswith(prefix)]
+    short = not matches and 0 < len(ident) < MIN_SHA_PREFIX
+    if short and any(item.sha256.startswith(prefix) for item in items):
+        return matches, f"a sha256 prefix needs at least {MIN_SHA_PREFIX} characters"
+    return matches, None
 
 
 def _check_name(value: str) -> str:

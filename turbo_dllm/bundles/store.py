@@ -23,7 +23,13 @@ from pathlib import Path
 from typing import Literal, NamedTuple
 
 from turbo_dllm.bundles.archive import BundleRejected
-from turbo_dllm.bundles.manifest import MANIFEST_NAME, BundleManifest, check_sha256, read_manifest
+from turbo_dllm.bundles.manifest import (
+    MANIFEST_NAME,
+    BundleManifest,
+    check_sha256,
+    find_by_name_or_sha,
+    read_manifest,
+)
 from turbo_dllm.bundles.target import BundleTarget
 from turbo_dllm.errors import DllmError
 from turbo_dllm.paths import dllm_home
@@ -172,19 +178,12 @@ class BundleStore:
     def find(self, ident: str) -> InstalledBundle:
         """By bundle id (`0.1.0-cp312-...`) or a sha256 prefix of at least 6 characters."""
         bundles = self.installed()
-        matches = [b for b in bundles if b.bundle_id == ident]
-        if not matches and len(ident) >= 6:
-            matches = [b for b in bundles if b.sha256.startswith(ident.lower())]
+        matches, hint = find_by_name_or_sha(bundles, ident, lambda b: b.bundle_id)
         if len(matches) == 1:
             return matches[0]
         if not matches:
             known = ", ".join(f"{b.short_sha} ({b.bundle_id})" for b in bundles) or "none"
-            short = 0 < len(ident) < 6 and any(b.sha256.startswith(ident.lower()) for b in bundles)
-            raise DllmError(
-                f"no installed bundle {ident!r} (installed: {known})",
-                # A prefix the listing visibly starts with: say why it does not count.
-                hint="a sha256 prefix needs at least 6 characters" if short else None,
-            )
+            raise DllmError(f"no installed bundle {ident!r} (installed: {known})", hint=hint)
         listed = ", ".join(b.short_sha for b in matches)
         raise DllmError(
             f"{ident!r} names several installed bundles: {listed}",

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from turbo_dllm.bundles.archive import unreadable_archive
-from turbo_dllm.bundles.manifest import check_relative_path, check_sha256
+from turbo_dllm.bundles.manifest import check_relative_path, check_sha256, find_by_name_or_sha
 from turbo_dllm.cache.key import PackDifference, PackKey
 from turbo_dllm.errors import DllmError
 from turbo_dllm.host import HostFingerprint
@@ -391,18 +391,13 @@ def installed_packs() -> list[InstalledPack]:
 def find_installed(ident: str) -> InstalledPack:
     """By sha256 prefix (6+ characters) or file name."""
     packs = installed_packs()
-    matches = [p for p in packs if p.manifest.file_name == ident]
-    if not matches and len(ident) >= 6:
-        matches = [p for p in packs if p.sha256.startswith(ident.lower())]
+    matches, hint = find_by_name_or_sha(packs, ident, lambda p: p.manifest.file_name)
     if len(matches) == 1:
         return matches[0]
     known = ", ".join(p.short_sha for p in packs) or "none"
     if not matches:
-        short = 0 < len(ident) < 6 and any(p.sha256.startswith(ident.lower()) for p in packs)
         raise DllmError(
-            f"no installed compile-cache pack {ident!r} (installed: {known})",
-            # A prefix the listing visibly starts with: say why it does not count.
-            hint="a sha256 prefix needs at least 6 characters" if short else None,
+            f"no installed compile-cache pack {ident!r} (installed: {known})", hint=hint
         )
     raise DllmError(f"{ident!r} names several installed packs", hint="pass more of the sha256")
 
