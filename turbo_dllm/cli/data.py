@@ -49,6 +49,7 @@ def register(subparsers) -> None:
 def _prepare(args) -> int:
     from turbo_dllm.data.prepare import prepare
     from turbo_dllm.data.spec import load_prepare_spec
+    from turbo_dllm.data.summary import describe_dropped
 
     spec = load_prepare_spec(args.config, args.overrides)
     result = prepare(spec)
@@ -83,7 +84,7 @@ def _prepare(args) -> int:
     )
     if s.skipped:
         print("  skipped: " + ", ".join(f"{k} {v:,}" for k, v in s.skipped.items()))
-    if dropped := _dropped(s.empty_documents, s.dropped_unsupervised_documents):
+    if dropped := describe_dropped(s.empty_documents, s.dropped_unsupervised_documents):
         print(f"  dropped: {dropped}")
     if s.special_token_text:
         print(f"  warning: {_special_text_warning(s.special_token_text, spec)}")
@@ -93,14 +94,6 @@ def _prepare(args) -> int:
         f"{result.workers} worker{'s' if result.workers > 1 else ''}"
     )
     return 0
-
-
-def _dropped(empty: int, unsupervised: int) -> str:
-    """Documents that left no trace in the artifact although their records were fine."""
-    parts = [f"{empty:,} empty"] if empty else []
-    if unsupervised:
-        parts.append(f"{unsupervised:,} with no supervised token left after truncation")
-    return ", ".join(parts)
 
 
 def _special_text_warning(count: int, spec) -> str:
@@ -209,7 +202,7 @@ def _inspect(args) -> int:
 
 def _stats(args) -> int:
     from turbo_dllm.data.artifact import DataArtifact
-    from turbo_dllm.data.summary import compute_stats, plot_stats
+    from turbo_dllm.data.summary import compute_stats, describe_dropped, plot_stats
 
     stats = compute_stats(DataArtifact(args.artifact))
     if args.plot:
@@ -236,7 +229,9 @@ def _stats(args) -> int:
     )
     if stats["skipped"]:
         print("  skipped          " + ", ".join(f"{k} {v:,}" for k, v in stats["skipped"].items()))
-    if dropped := _dropped(stats["empty_documents"], stats["dropped_unsupervised_documents"]):
+    if dropped := describe_dropped(
+        stats["empty_documents"], stats["dropped_unsupervised_documents"]
+    ):
         print(f"  dropped          {dropped}")
     if stats["special_token_text"]:
         print(

@@ -28,6 +28,7 @@ from turbo_dllm.data.spec import (
     PromptCompletionRecords,
     TokensRecords,
 )
+from turbo_dllm.data.summary import describe_dropped
 from turbo_dllm.data.tokenizers import has_generation_markers, load_tokenizer
 from turbo_dllm.data.writer import ArrayWriter, check_target, staged_artifact, write_json
 from turbo_dllm.errors import DllmError
@@ -282,13 +283,10 @@ def _write_arrays(
         raise
     if not len(documents):
         detail = f"; skipped: {_format_counts(skipped)}" if skipped else ""
-        if counts["empty_documents"]:
-            detail += f"; {counts['empty_documents']} empty"
-        if counts["dropped_unsupervised_documents"]:
-            detail += (
-                f"; {counts['dropped_unsupervised_documents']} with no supervised token left "
-                "after truncation"
-            )
+        if dropped := describe_dropped(
+            counts["empty_documents"], counts["dropped_unsupervised_documents"]
+        ):
+            detail += f"; dropped: {dropped}"
         raise DllmError(
             f"no documents: {counts['records']} records read, none became a document{detail}",
             hint="check the source paths, records.field and supervision",

@@ -17,7 +17,15 @@ from turbo_dllm.data.artifact import DataArtifact
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import sha256_file
 
-__all__ = ["Span", "compute_stats", "load_decoder", "plot_stats", "sample_spans", "spans_json"]
+__all__ = [
+    "Span",
+    "compute_stats",
+    "describe_dropped",
+    "load_decoder",
+    "plot_stats",
+    "sample_spans",
+    "spans_json",
+]
 
 
 @dataclass(frozen=True)
@@ -120,6 +128,15 @@ def compute_stats(artifact: DataArtifact) -> dict[str, Any]:
         "skipped": dict(s.skipped),
         "supervision": manifest.supervision,
     }
+
+
+def describe_dropped(empty: int, unsupervised: int) -> str:
+    """Documents that left no trace in the artifact although their records were fine (empty:
+    nothing to say)."""
+    parts = [f"{empty:,} empty"] if empty else []
+    if unsupervised:
+        parts.append(f"{unsupervised:,} with no supervised token left after truncation")
+    return ", ".join(parts)
 
 
 def plot_stats(stats: dict[str, Any], out: str | Path) -> Path:
