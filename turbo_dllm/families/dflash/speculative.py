@@ -223,7 +223,12 @@ class _AutoregressiveProposer:
 
     needs_hidden = False
 
-    def __init__(self, drafter, block_size: int) -> None:
+    def __init__(self, drafter, block_size: int, draft_steps: int = 1) -> None:
+        if draft_steps != 1:
+            raise DllmError(
+                f"--draft-steps {draft_steps}: an autoregressive drafter drafts one token a forward",
+                hint="--draft-steps refines DFlash drafters; leave it at 1 here",
+            )
         self.drafter = drafter
         self.drafts = block_size - 1
 
@@ -366,16 +371,10 @@ def compare(
     for block in blocks:
         if block < 2:
             raise DllmError(f"--block-size must be at least 2 (got {block})")
-    for (kind, _), steps in zip(models, draft_steps, strict=True):
-        if kind != "dflash" and steps != 1:
-            raise DllmError(
-                f"--draft-steps {steps}: an autoregressive drafter drafts one token a forward",
-                hint="--draft-steps refines DFlash drafters; leave it at 1 here",
-            )
     proposers = [  # before the target and the prompts: they refuse draft steps they cannot take
         _DFlashProposer(model, block, steps)
         if kind == "dflash"
-        else _AutoregressiveProposer(model, block)
+        else _AutoregressiveProposer(model, block, steps)
         for (kind, model), block, steps in zip(models, blocks, draft_steps, strict=True)
     ]
     prompts = [
