@@ -156,6 +156,7 @@ class Family:
             )
         text = hf.get("text_config")
         text = text if isinstance(text, dict) else None
+        configs = (hf, text) if text is not None else (hf,)
         for key, value in (overrides or {}).items():
             # A multimodal config keeps its text model in `text_config`, which its reader reads
             # first: a key there changes there (and at the root only where the root has it too).
@@ -163,8 +164,10 @@ class Family:
                 text[key] = value
             if text is None or key not in text or key in hf:
                 hf[key] = value
-            for config in (hf, text) if key in _ROPE_KEYS else ():
-                rope = config.get("rope_parameters") if config is not None else None
+            if key not in _ROPE_KEYS:
+                continue
+            for config in configs:
+                rope = config.get("rope_parameters")
                 # A flat one (not DiffusionGemma's per-layer-kind dicts): transformers 5 reads it.
                 if isinstance(rope, dict) and not any(isinstance(v, dict) for v in rope.values()):
                     config["rope_parameters"] = {**rope, key: value}
