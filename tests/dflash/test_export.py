@@ -15,6 +15,11 @@ from turbo_dllm.families.dflash.runtime import build_model, materialize
 from turbo_dllm.train.weights import full_state_dict
 
 
+def _export(cli, checkpoint, out, *flags):
+    """`dllm dflash export` of a checkpoint folder into `out`, with extra flags."""
+    return cli("dflash", "export", "--checkpoint", checkpoint, "--out", out, *flags)
+
+
 def _layer_shapes(config: DFlashConfig) -> dict[str, tuple[int, ...]]:
     h, d, i = config.hidden_size, config.head_dim, config.intermediate_size
     q, kv = config.num_attention_heads * d, config.num_key_value_heads * d
@@ -45,16 +50,7 @@ def _layer_shapes(config: DFlashConfig) -> dict[str, tuple[int, ...]]:
 
 def test_export_holds_the_serving_contract_and_reloads_bit_exactly(cli, world, drafter, tmp_path):
     out = tmp_path / "serve"
-    result = cli(
-        "dflash",
-        "export",
-        "--checkpoint",
-        drafter["run"] / "checkpoints",
-        "--out",
-        out,
-        "--target",
-        world["target"],
-    )
+    result = _export(cli, drafter["run"] / "checkpoints", out, "--target", world["target"])
     assert result.code == 0, result.err
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "training_export.json"} <= names
@@ -102,29 +98,14 @@ def test_export_holds_the_serving_contract_and_reloads_bit_exactly(cli, world, d
 
 
 def test_export_refuses_a_checkpoint_of_another_family(cli, world, tmp_path):
-    result = cli(
-        "dflash",
-        "export",
-        "--checkpoint",
-        world["root"] / "target-run/checkpoints",
-        "--out",
-        tmp_path / "x",
-    )
+    result = _export(cli, world["root"] / "target-run/checkpoints", tmp_path / "x")
     assert_user_error(result, "not a dflash drafter")
     assert not (tmp_path / "x").exists()
 
 
 def test_export_names_a_target_flag_that_is_not_a_model_folder(cli, drafter, tmp_path):
-    result = cli(
-        "dflash",
-        "export",
-        "--checkpoint",
-        drafter["run"] / "checkpoints",
-        "--out",
-        tmp_path / "x",
-        "--target",
-        tmp_path / "nowhere",
-    )
+    flags = ("--target", tmp_path / "nowhere")
+    result = _export(cli, drafter["run"] / "checkpoints", tmp_path / "x", *flags)
     assert_user_error(result, "--target", "is not a model folder")
     assert "model.path" not in result.err  # a RunSpec key: not what the user typed
     assert not (tmp_path / "x").exists()
