@@ -349,7 +349,12 @@ def _selftest_that_compiles():
 
         with mock.patch.dict(os.environ, {"TRITON_CACHE_DIR": env["TRITON_CACHE_DIR"]}):
             manager = FileCacheManager(KERNEL_KEY)
-            files = (("_fwd_kernel.cubin", b"\x7fELF-kernel"), ("_fwd_kernel.json", "{}"))
+            files = (
+                ("_fwd_kernel.cubin", b"\x7fELF-kernel"),
+                ("_fwd_kernel.json", "{}"),
+                ("_fwd_kernel.ptx", "// ptx"),  # IRs: in the cache, not needed to launch
+                ("_fwd_kernel.ttgir", "module {}"),
+            )
             manager.put_group("_fwd_kernel.json", {n: manager.put(d, n) for n, d in files})
         return subprocess.CompletedProcess(command, 0, "", "")
 
@@ -372,8 +377,12 @@ def test_bundle_ships_compiled_triton_kernels_and_the_loader_seeds_triton_cache(
     bundle = _install(archive, tmp_path, "v-triton-compiled").bundle
     compiled = bundle.path / "triton" / "block_diffusion_attention" / "compiled" / KERNEL_KEY
     group = json.loads((compiled / "__grp___fwd_kernel.json").read_text())
-    # No path of the build host in the bundle: the group names its files only.
+    # No path of the build host in the bundle: the group names its files only, and only what a
+    # launch reads (the metadata and the binary); the IRs stay out of the bundle.
     assert group == {"child_paths": {n: n for n in ("_fwd_kernel.cubin", "_fwd_kernel.json")}}
+    assert sorted(p.name for p in compiled.iterdir()) == [
+        "__grp___fwd_kernel.json", "_fwd_kernel.cubin", "_fwd_kernel.json"
+    ]  # fmt: skip
 
     cache = tmp_path / "triton-cache"
     monkeypatch.setenv("TRITON_CACHE_DIR", str(cache))
