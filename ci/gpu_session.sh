@@ -18,7 +18,8 @@
 # cold and then with a compile-cache pack made from the cold run), repro (the sm90 bundle built
 # twice in fresh homes and folders: the two archives must be byte-identical), precompiled (a
 # bundle built here, installed in a fresh home: the op launches from an empty Triton cache
-# without compiling), families (~4-5 min:
+# without compiling), install-bench (benchmarks/bundle_install.py with the bundle built here, on all
+# cores and pinned to two; INSTALL_SIZES, INSTALL_REPEATS), families (~4-5 min:
 # fla's chunk kernel against the torch reference and qwen3_8 training with fla, which skip where
 # fla refuses the host, and the torch chunked form on CUDA; FAMILY_TESTS=0 skips them); then the
 # train_step benchmark, 2+4 steps each, uncompiled layers unless
@@ -157,6 +158,16 @@ for stage in "$@"; do
       done
       sha256sum /tmp/repro/out*/dist/*.tar.zst | tee "$OUT/repro-sha256.txt"
       [ "$(cut -d' ' -f1 "$OUT/repro-sha256.txt" | sort -u | wc -l)" -eq 1 ] || { echo "NOT reproducible"; status=1; } ;;
+    install-bench) # #20's install ratio on this host: the bundle built here (--target auto), padded to
+      # INSTALL_SIZES MiB, dllm bundle install --auto vs pip of a same-size wheel, one loopback server;
+      # once on all cores, once pinned to two (taskset -c 0,1), like the 2-core development machine
+      rm -rf /tmp/ib && python3 -m turbo_dllm bundle build --target auto --out /tmp/ib/dist \
+          > "$OUT/install-bench-build.log" 2>&1 || status=1
+      archive=$(ls /tmp/ib/dist/*.tar.zst | head -1); nproc; lscpu | grep -m1 "Model name"
+      python3 benchmarks/bundle_install.py --archive "$archive" --sizes "${INSTALL_SIZES:-0,64}" \
+          --repeats "${INSTALL_REPEATS:-9}" --out "$OUT/bundle_install.json" 2>&1 | tail -6 || status=1
+      taskset -c 0,1 python3 benchmarks/bundle_install.py --archive "$archive" --sizes "${INSTALL_SIZES:-0,64}" \
+          --repeats "${INSTALL_REPEATS:-9}" --out "$OUT/bundle_install_2cpu.json" 2>&1 | tail -6 || status=1 ;;
     precompiled) # the sm90 bundle built here carries the compiled Triton kernels: an empty cache compiles nothing
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_bundle_triton_cache_gpu.py 2>&1 \
           | tee "$OUT/gpu-tests-precompiled.log" | tail -5 || status=1 ;;
