@@ -143,8 +143,13 @@ def resolve_paths(spec, base_dir: Path):
 
 def format_validation_error(error: ValidationError, model: type[BaseModel], source: str) -> str:
     lines = []
+    # A value no member of a union takes gets one error per member, each at the field's path
+    # plus the member's tag (`...rope_theta.int`, `...rope_theta.float`): one line per field.
+    unions: dict[str, tuple[list[str], str]] = {}
     for item in error.errors():
         loc = [str(p) for p in item["loc"]]
+        if loc and _is_union_tag(loc[-1]):
+            loc = loc[:-1]
         path = ".".join(loc) or "(top level)"
         if item["type"] == "extra_forbidden":
             names = _field_names_at(model, item["loc"][:-1])
@@ -152,12 +157,40 @@ def format_validation_error(error: ValidationError, model: type[BaseModel], sour
             suggestion = f"; did you mean {close[0]!r}?" if close else ""
             valid = f" (valid: {', '.join(sorted(names))})" if names and not close else ""
             lines.append(f"  - {path}: unknown key{suggestion}{valid}")
-        else:
-            given = item.get("input")
-            shown = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
-            lines.append(f"  - {path}: {item['msg']}{shown}")
+            continue
+        given = item.get("input")
+        shown = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
+        if path in unions:
+            messages = unions[path][0]
+            if item["msg"] not in messages:
+                messages.append(item["msg"])
+            continue
+        unions[path] = ([item["msg"]], shown)
+        lines.append(path)  # filled in below, once every member's message is known
+    lines = [
+        f"  - {line}: {_either(unions[line][0])}{unions[line][1]}" if line in unions else line
+        for line in lines
+    ]
     count = len(lines)
     return f"{source} has {count} problem{'s' if count > 1 else ''}:\n" + "\n".join(lines)
+
+
+def _either(messages: list[str]) -> str:
+    """'Input should be a valid integer or a valid string' from each member's message."""
+    lead = "Input should be "
+    first, rest = messages[0], messages[1:]
+    if first.startswith(lead):
+        rest = [m[len(lead) :] if m.startswith(lead) else m for m in rest]
+    return " or ".join([first, *rest])
+
+
+# The tags pydantic appends to an error's path for the member of a union that refused a value.
+_UNION_TAGS = ("int", "float", "bool", "str", "none")
+_UNION_TAG_PREFIXES = ("literal[", "function-", "constrained-", "list[", "tuple[", "dict[")
+
+
+def _is_union_tag(part: str) -> bool:
+    return part in _UNION_TAGS or part.startswith(_UNION_TAG_PREFIXES)
 
 
 def _field_names_at(model: type[BaseModel], loc: tuple) -> list[str]:

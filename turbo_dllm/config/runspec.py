@@ -53,6 +53,26 @@ ModelFamily = Annotated[Literal[_FAMILIES], _landed("family", _FAMILIES)]  # typ
 ObjectiveName = Annotated[Literal[_OBJECTIVES], _landed("objective", _OBJECTIVES)]  # type: ignore[valid-type]
 
 
+def _not_bool(value):
+    """A YAML boolean (true/false, yes/no, on/off) is a Python int and float, but never a
+    count, a seed or a rate: refuse it where pydantic would read it as 1 or 0."""
+    if isinstance(value, bool):
+        raise ValueError(
+            "expected a number, not a boolean (YAML reads yes/no, on/off and true/false as "
+            "booleans)"
+        )
+    return value
+
+
+# Numbers as the RunSpec reads them: as pydantic's, but a boolean is not one.
+Int = Annotated[int, BeforeValidator(_not_bool)]
+PosInt = Annotated[PositiveInt, BeforeValidator(_not_bool)]
+Float = Annotated[float, BeforeValidator(_not_bool)]
+# A file, folder or revision: an empty one (`--set launch.run_dir=`) would resolve to the config's folder.
+NonEmptyStr = Annotated[str, Field(min_length=1)]
+# An Adam beta: torch refuses one outside [0, 1) when it builds the optimizer.
+Beta = Annotated[Float, Field(ge=0.0, lt=1.0)]
+
 # Bounds a typo cannot cross: past any context trained here (data artifacts share it), and seeds
 # every generator we seed accepts.
 MAX_SEQ_LEN = 1 << 22
@@ -67,13 +87,13 @@ class _Strict(BaseModel):
 
 
 class LaunchSpec(_Strict):
-    seed: int = Field(
+    seed: Int = Field(
         0, ge=0, le=MAX_SEED, description="Seed for model init, noise and data order."
     )
     kind: Literal["smoke", "profile", "prod"] = Field(
         "smoke", description="prod enables the strict reproducibility rules."
     )
-    run_dir: str | None = Field(
+    run_dir: NonEmptyStr | None = Field(
         None, description="Run directory; default runs/<UTC stamp>-<short id>."
     )
     name: str | None = Field(None, description="Human name shown in `dllm run list`.")
@@ -84,26 +104,26 @@ class DFlashSpec(_Strict):
     shape. The drafter shares the target's embeddings and LM head (frozen, read from `target`,
     never saved with the drafter); docs/dflash.md."""
 
-    target: str = Field(
+    target: NonEmptyStr = Field(
         description="The target's local Hugging Face folder (Llama/Qwen2/Qwen3): its shape, its "
         "frozen embeddings and LM head, and, when `features` is unset, the model run in the "
         "training process (no grad) to produce the drafter's context features."
     )
-    num_layers: PositiveInt = Field(1, description="Decoder layers of a fresh drafter.")
-    block_size: int = Field(
+    num_layers: PosInt = Field(1, description="Decoder layers of a fresh drafter.")
+    block_size: Int = Field(
         16,
         ge=2,
         description="Tokens per drafted block [anchor, mask x (B-1)]; objective.block_size must "
         "equal it.",
     )
-    target_layer_ids: list[Annotated[int, Field(ge=0)]] | None = Field(
+    target_layer_ids: list[Annotated[Int, Field(ge=0)]] | None = Field(
         None,
         min_length=1,
         description="0-based target layers whose outputs are concatenated as the drafter's "
         "context features. Default: the middle layer for one draft layer, else one per draft "
         "layer spread evenly over layers 1 .. n-3 (as z-lab's DFlash).",
     )
-    mask_token_id: int = Field(
+    mask_token_id: Int = Field(
         ge=0, description="The token id of the block's masked slots (exported in dflash_config)."
     )
     sample_from_anchor: bool = Field(
@@ -111,10 +131,10 @@ class DFlashSpec(_Strict):
         description="Slot contract: false (z-lab): slot k drafts token anchor+k, slot 0 is the "
         "anchor itself; true: slot k drafts anchor+1+k. objective.sample_from_anchor must equal it.",
     )
-    intermediate_size: PositiveInt | None = Field(
+    intermediate_size: PosInt | None = Field(
         None, description="MLP width of a fresh drafter; default: the target's."
     )
-    features: str | None = Field(
+    features: NonEmptyStr | None = Field(
         None,
         description="A feature artifact made by `dllm dflash prepare-features`: training reads "
         "the target's features from it instead of running the target.",
@@ -125,37 +145,37 @@ class DFlashSpec(_Strict):
         "grouped convolutions to every layer and a low-rank candidate selector, and trains with "
         "the hard-label losses (objective.dflash_loss dflash / dpace...).",
     )
-    conv_kernel_size: PositiveInt = Field(
+    conv_kernel_size: PosInt = Field(
         4,
         description="DFlash2: taps of each block-local causal convolution (it never reads "
         "across a block's start).",
     )
-    conv_group_size: PositiveInt = Field(
+    conv_group_size: PosInt = Field(
         16,
         description="DFlash2: channels that share one dynamic convolution coefficient; must "
         "divide the hidden size.",
     )
-    selector_rank: PositiveInt = Field(
+    selector_rank: PosInt = Field(
         64, description="DFlash2: rank of the candidate selector's (predecessor, candidate) score."
     )
-    selector_top_k: PositiveInt = Field(
+    selector_top_k: PosInt = Field(
         8,
         description="DFlash2: candidates per slot the selector ranks (the top-k of the unary "
         "logits).",
     )
-    final_logit_softcapping: float | None = Field(
+    final_logit_softcapping: Float | None = Field(
         None, gt=0.0, description="DFlash2: unary logits are c * tanh(z / c); None: no cap."
     )
-    output_multiplier: float = Field(
+    output_multiplier: Float = Field(
         1.0, gt=0.0, description="DFlash2: unary logits = softcap(multiplier * logits)."
     )
 
 
 class ModelSpec(_Strict):
     family: ModelFamily = "qwen3"
-    path: str | None = Field(None, description="Local Hugging Face model folder.")
-    revision: str | None = Field(None, description="Pinned revision (commit) of `path`.")
-    from_config: str | None = Field(
+    path: NonEmptyStr | None = Field(None, description="Local Hugging Face model folder.")
+    revision: NonEmptyStr | None = Field(None, description="Pinned revision (commit) of `path`.")
+    from_config: NonEmptyStr | None = Field(
         "tiny",
         description="Random init from a preset name (tiny, qwen3-0.6b, qwen3-1.7b) or a config.json path.",
     )
@@ -184,15 +204,15 @@ class ModelSpec(_Strict):
 
 class ObjectiveSpec(_Strict):
     name: ObjectiveName = "block_diffusion"
-    block_size: PositiveInt = 16
+    block_size: PosInt = 16
     noise_schedule: Literal["log_linear"] = "log_linear"
-    eps_min: float = Field(1e-3, gt=0.0, le=1.0)
-    eps_max: float = Field(1.0, gt=0.0, le=1.0)
+    eps_min: Float = Field(1e-3, gt=0.0, le=1.0)
+    eps_max: Float = Field(1.0, gt=0.0, le=1.0)
     antithetic: bool = True
     loss_weighting: Literal["inverse_t", "unit"] | None = Field(
         None, description="Default: inverse_t for block_diffusion, unit for fast_dllm_v2."
     )
-    mask_token_id: int | None = Field(
+    mask_token_id: Int | None = Field(
         None,
         ge=0,
         description="Default: the data artifact's mask token (or vocab_size-1 for synthetic).",
@@ -204,10 +224,10 @@ class ObjectiveSpec(_Strict):
         "a random subset; locality: a random cyclic start, stride block_size (made coprime with "
         "the candidate count), so anchors are spread and unique with uniform marginals.",
     )
-    max_anchors: PositiveInt = Field(
+    max_anchors: PosInt = Field(
         512, description="dflash_distillation: at most this many anchors (blocks) per sequence."
     )
-    decay_gamma: float | None = Field(
+    decay_gamma: Float | None = Field(
         None,
         gt=0.0,
         description="dflash_distillation: slot k's weight is exp(-(k-1)/gamma) (exp(-k/gamma) "
@@ -244,7 +264,7 @@ class ObjectiveSpec(_Strict):
         "target's greedy token as the label (as greedy_ce does) and D-PACE counts only on-path "
         "slots. The target runs all its layers (or the feature artifact needs teacher rows).",
     )
-    reveal_blocks: float = Field(
+    reveal_blocks: Float = Field(
         0.0,
         ge=0.0,
         lt=1.0,
@@ -254,26 +274,26 @@ class ObjectiveSpec(_Strict):
         "the drafter to refine its own draft over several forwards (dllm dflash eval "
         "--draft-steps). Needs sample_from_anchor false.",
     )
-    dpace_alpha: float = Field(
+    dpace_alpha: Float = Field(
         0.5,
         ge=0.0,
         le=1.0,
         description="dflash_distillation, dpace*: a slot's acceptance is (1 - alpha) p + alpha, "
         "p the drafter's detached probability of the gold token.",
     )
-    selector_loss_alpha: float = Field(
+    selector_loss_alpha: Float = Field(
         1.0,
         ge=0.0,
         description="dflash_distillation, DFlash2: weight of the candidate selector's "
         "cross-entropy (over the top-k candidates) next to the token loss.",
     )
-    selector_warmup_steps: int = Field(
+    selector_warmup_steps: Int = Field(
         0,
         ge=0,
         description="dflash_distillation, DFlash2: optimizer steps with the selector loss off "
         "(the original spells this as a ratio of the run's steps).",
     )
-    selector_ramp_steps: int = Field(
+    selector_ramp_steps: Int = Field(
         0,
         ge=0,
         description="dflash_distillation, DFlash2: steps after the warmup over which the "
@@ -283,30 +303,30 @@ class ObjectiveSpec(_Strict):
         False,
         description="dflash_distillation: the slot contract (model.dflash.sample_from_anchor).",
     )
-    self_conditioning_probability: float = Field(
+    self_conditioning_probability: Float = Field(
         0.5, ge=0.0, le=1.0, description="diffusiongemma_sft: share of examples self-conditioned."
     )
-    encoder_loss_weight: float = Field(
+    encoder_loss_weight: Float = Field(
         1.0, ge=0.0, description="diffusiongemma_sft: weight of the encoder's next-token loss."
     )
 
 
 class SyntheticDataSpec(_Strict):
-    num_sequences: PositiveInt = 256
-    vocab_size: PositiveInt = 512
+    num_sequences: PosInt = 256
+    vocab_size: PosInt = 512
 
 
 class DataSpec(_Strict):
-    artifact: str | None = Field(None, description="Folder made by `dllm data prepare`.")
+    artifact: NonEmptyStr | None = Field(None, description="Folder made by `dllm data prepare`.")
     synthetic: SyntheticDataSpec | None = Field(None, description="Random tokens (smoke tests).")
-    seq_len: PositiveInt = Field(256, le=MAX_SEQ_LEN)
+    seq_len: PosInt = Field(256, le=MAX_SEQ_LEN)
 
 
 class TrainingSpec(_Strict):
-    micro_batch_size: PositiveInt = 2
-    grad_accumulation: PositiveInt = 1
-    steps: PositiveInt = 50
-    clip_grad_norm: float | None = Field(1.0, gt=0.0)
+    micro_batch_size: PosInt = 2
+    grad_accumulation: PosInt = 1
+    steps: PosInt = 50
+    clip_grad_norm: Float | None = Field(1.0, gt=0.0)
     activation_checkpointing: bool | Literal["keep_attention", "keep_matmuls"] = Field(
         False,
         description="Recompute each layer in the backward instead of keeping its activations. "
@@ -317,26 +337,26 @@ class TrainingSpec(_Strict):
         "pointwise ops rerun (most of the layer's activations kept: for long contexts with "
         "memory to spare).",
     )
-    mlp_chunks: PositiveInt = Field(
+    mlp_chunks: PosInt = Field(
         1,
         description="Split each MLP's tokens into this many chunks, each recomputed on its own in "
         "the backward: the MLP's activations (its largest) then peak at 1/mlp_chunks, for one "
         "more MLP forward per step; for the longest contexts, where attention dominates the cost.",
     )
     compile: bool = False
-    max_duration_s: float | None = Field(
+    max_duration_s: Float | None = Field(
         None, gt=0.0, description="Stop (after a checkpoint) once this many seconds have passed."
     )
 
 
 class TopologySpec(_Strict):
-    dp: PositiveInt = Field(1, description="Replicated data parallel degree.")
-    fsdp: PositiveInt = Field(1, description="Sharded data parallel degree (FSDP2).")
-    cp: PositiveInt = Field(1, description="Context parallel degree.")
-    bp: PositiveInt = Field(1, description="Block parallel degree (CSBP).")
-    tp: PositiveInt = Field(1, description="Tensor parallel degree.")
+    dp: PosInt = Field(1, description="Replicated data parallel degree.")
+    fsdp: PosInt = Field(1, description="Sharded data parallel degree (FSDP2).")
+    cp: PosInt = Field(1, description="Context parallel degree.")
+    bp: PosInt = Field(1, description="Block parallel degree (CSBP).")
+    tp: PosInt = Field(1, description="Tensor parallel degree.")
     sp: bool = Field(False, description="Sequence parallelism inside the tensor-parallel group.")
-    ep: PositiveInt = Field(1, description="Expert parallel degree (MoE families).")
+    ep: PosInt = Field(1, description="Expert parallel degree (MoE families).")
 
     @property
     def layout(self):
@@ -356,17 +376,17 @@ class TopologySpec(_Strict):
 
 class OptimizerSpec(_Strict):
     name: Literal["adamw"] = "adamw"
-    lr: float = Field(3e-4, gt=0.0)
-    betas: tuple[float, float] = (0.9, 0.95)
-    eps: float = Field(1e-8, gt=0.0)
-    weight_decay: float = Field(0.1, ge=0.0)
+    lr: Float = Field(3e-4, gt=0.0)
+    betas: tuple[Beta, Beta] = (0.9, 0.95)
+    eps: Float = Field(1e-8, gt=0.0)
+    weight_decay: Float = Field(0.1, ge=0.0)
 
 
 class SchedulerSpec(_Strict):
     name: Literal["constant", "linear", "cosine", "wsd"] = "cosine"
-    warmup_steps: int = Field(5, ge=0)
-    min_lr_ratio: float = Field(0.1, ge=0.0, le=1.0)
-    decay_fraction: float = Field(
+    warmup_steps: Int = Field(5, ge=0)
+    min_lr_ratio: Float = Field(0.1, ge=0.0, le=1.0)
+    decay_fraction: Float = Field(
         0.2,
         gt=0.0,
         le=1.0,
@@ -376,12 +396,12 @@ class SchedulerSpec(_Strict):
 
 
 class CheckpointSpec(_Strict):
-    dir: str | None = Field(None, description="Default: <run_dir>/checkpoints.")
-    interval: PositiveInt | None = Field(
+    dir: NonEmptyStr | None = Field(None, description="Default: <run_dir>/checkpoints.")
+    interval: PosInt | None = Field(
         None, description="Steps between checkpoints; None: only at the end."
     )
-    keep_last: PositiveInt = 2
-    resume: Literal["auto", "never"] | str = Field(
+    keep_last: PosInt = 2
+    resume: Literal["auto", "never"] | NonEmptyStr = Field(
         "auto", description="auto: latest checkpoint in dir if any; never; or a checkpoint path."
     )
 
@@ -397,7 +417,7 @@ class WandbSpec(_Strict):
 class LoggingSpec(_Strict):
     console: bool = True
     jsonl: bool = True
-    every: PositiveInt = 1
+    every: PosInt = 1
     wandb: WandbSpec | None = None
     tensorboard: bool = Field(
         False,
@@ -407,8 +427,8 @@ class LoggingSpec(_Strict):
 
 class ProfilerSpec(_Strict):
     enabled: bool = False
-    start_step: int = Field(3, ge=0)
-    num_steps: PositiveInt = 3
+    start_step: Int = Field(3, ge=0)
+    num_steps: PosInt = 3
     memory_snapshot: bool = Field(
         False,
         description="CUDA: record allocations from the first step; dump the allocator snapshot "

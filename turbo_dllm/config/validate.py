@@ -14,7 +14,7 @@ from turbo_dllm import registry
 from turbo_dllm.config.runspec import RunSpec
 from turbo_dllm.config.topology import ParallelLayout
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import FamilyMismatch, ModelMisfit
+from turbo_dllm.families.base import FamilyMismatch, ModelMisfit, ModelUnreadable
 
 __all__ = ["Problem", "check", "problems"]
 
@@ -150,18 +150,48 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
 def _family_rules(spec: RunSpec, family) -> list[tuple[str, str]]:
     """The family's own rules (e.g. tp must divide the heads) on the model the spec names.
 
-    The shape is read from the preset or the local config.json; a model that cannot be read here
-    is reported by `dllm doctor`'s model check and by the trainer when it builds the model.
+    The shape is read from the preset or the local config.json and checked as the trainer
+    checks it (without building weights): a config it would refuse is refused here. A model
+    file that cannot be read here is reported by `dllm doctor`'s model check and by the trainer
+    on the host that has it.
     """
+    model = spec.model
+    if model.path is None and model.from_config is None:
+        return []  # reported with the other model rules
     try:
-        config = registry.resolve_model_config(spec.model)
+        config = registry.resolve_model_config(model)
     except FamilyMismatch as error:
         return [("model.family", f"{error.message}; {error.hint}")]
     except ModelMisfit as error:
-        return [(error.path, error.message + (f" ({error.hint})" if error.hint else ""))]
-    except DllmError:
+        return _reported(error.path, error)
+    except ModelUnreadable:
         return []
+    except DllmError as error:
+        return _reported(_model_config_path(model), error)
     return family.rules(spec, config) if family.rules else []
+
+
+def _reported(path: str, error: DllmError) -> list[tuple[str, str]]:
+    """`error` as problems at `path`: one per line of a reader's list ("model config is not
+    usable:" then "  - ..." lines), else one with its hint."""
+    message = error.message.removeprefix(f"{path}: ")
+    head, *items = message.split("\n")
+    if items and head.endswith(":") and all(i.startswith("  - ") for i in items):
+        return [(path, item[len("  - ") :]) for item in items]
+    return [(path, message + (f" ({error.hint})" if error.hint else ""))]
+
+
+def _model_config_path(model) -> str:
+    """Where a config the trainer would refuse comes from: the overrides when the config is
+    usable without them, else the folder or preset the spec names."""
+    if model.config_overrides:
+        try:
+            registry.resolve_model_config(model.model_copy(update={"config_overrides": {}}))
+        except DllmError:
+            pass
+        else:
+            return "model.config_overrides"
+    return "model.path" if model.path is not None else "model.from_config"
 
 
 def _turbo_rules(spec: RunSpec) -> list[str]:

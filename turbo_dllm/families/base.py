@@ -14,6 +14,7 @@ import functools
 import importlib
 import inspect
 import json
+import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -34,11 +35,14 @@ __all__ = [
     "FamilyMismatch",
     "FamilyRuntime",
     "ModelMisfit",
+    "ModelUnreadable",
     "Objective",
     "DECODER_SIZES",
     "decoder_shape_problems",
+    "derived_head_dim",
     "hf_config_errors",
     "nonpositive_fields",
+    "number_problems",
     "raise_if_unusable",
     "read_hf_config",
 ]
@@ -47,6 +51,8 @@ __all__ = [
 AXES = ("fsdp", "cp", "bp", "tp", "sp", "ep")
 # `model.config_overrides` keys a flat `rope_parameters` holds too (it wins over the root key).
 _ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
+# Real-valued keys a config.json may still spell as an integer (Qwen3's `rope_theta: 1000000`).
+_REAL_KEYS = (*_ROPE_KEYS, "rms_norm_eps", "initializer_range")
 
 
 class FamilyMismatch(DllmError):
@@ -64,6 +70,11 @@ class ModelMisfit(DllmError):
     def __init__(self, message: str, hint: str | None = None, *, path: str = "model") -> None:
         super().__init__(message, hint)
         self.path = path
+
+
+class ModelUnreadable(DllmError):
+    """A model config file that cannot be read here (missing, unreadable, not a JSON object):
+    validation leaves it to `dllm doctor` and the trainer, on the host that has the file."""
 
 
 class FamilyConfig(Protocol):
@@ -158,6 +169,7 @@ class Family:
         text = text if isinstance(text, dict) else None
         configs = (hf, text) if text is not None else (hf,)
         for key, value in (overrides or {}).items():
+            value = _override_value(key, value, _current_value(key, hf, text))
             # A multimodal config keeps its text model in `text_config`, which its reader reads
             # first: a key there changes there (and at the root only where the root has it too).
             if text is not None and key in text:
@@ -199,18 +211,67 @@ class Objective:
         )
 
 
+def _current_value(key: str, hf: dict[str, Any], text: dict[str, Any] | None) -> Any:
+    """What the config holds under `key` before an override (None: it does not have it)."""
+    for config in (text, hf) if text is not None else (hf,):
+        if key in config:
+            return config[key]
+        rope = config.get("rope_parameters")
+        if key in _ROPE_KEYS and isinstance(rope, dict) and key in rope:
+            return rope[key]
+    return None
+
+
+def _override_value(key: str, value: Any, current: Any) -> Any:
+    """`value` for the config key `key`, of the type the config has there (`current`), or a
+    ModelMisfit naming the key where it has another: the reader would coerce it (`yes` read as
+    1 layer, 1.5 as 1) or fail without naming the key. A number may be given as YAML text
+    (`1e-6` is a string to YAML 1.1), an integer as an integral float (`2048.0`), and a real
+    key a config spells as an integer (`rope_theta: 1000000`) takes any number; keys the config
+    does not have are the reader's to check."""
+    if current is None:
+        return value
+    number = value
+    if isinstance(value, str):
+        try:
+            number = float(value)
+        except ValueError:
+            pass
+    is_number = isinstance(number, (int, float)) and not isinstance(number, bool)
+    if isinstance(current, bool):
+        ok, wanted = isinstance(value, bool), "true or false"
+    elif isinstance(current, int) and key not in _REAL_KEYS:
+        ok, wanted = is_number and float(number).is_integer(), "an integer"
+        number = int(number) if ok else number
+    elif isinstance(current, (int, float)):
+        ok, wanted = is_number, "a number"
+    elif isinstance(current, str):
+        ok, wanted = isinstance(value, str), "a string"
+    else:
+        ok, wanted = False, f"a {type(current).__name__}, which an override cannot set"
+    if not ok:
+        structured = not isinstance(current, (bool, int, float, str))
+        raise ModelMisfit(
+            f"model.config_overrides.{key}: expected {wanted} (the config has {current!r}), "
+            f"got {value!r}",
+            hint="set it in a config.json (model.from_config) instead" if structured else None,
+            path=f"model.config_overrides.{key}",
+        )
+    return number if isinstance(current, (int, float)) and not isinstance(current, bool) else value
+
+
 def read_hf_config(path: Path, *, what: str) -> dict[str, Any]:
     try:
         value = json.loads(path.read_text(encoding="utf-8"))
     except FileNotFoundError:
-        raise DllmError(
+        raise ModelUnreadable(
             f"{what} config not found: {str(path)!r}",
             hint="point model.path at a Hugging Face folder holding config.json",
         ) from None
     except (OSError, ValueError, RecursionError) as error:
-        raise DllmError(f"cannot read {str(path)!r}: {error}") from None
+        raise ModelUnreadable(f"cannot read {str(path)!r}: {error}") from None
     if not isinstance(value, dict):
-        raise DllmError(f"{str(path)!r} is not a JSON object", hint="is this a config.json?")
+        raise ModelUnreadable(f"{str(path)!r} is not a JSON object", hint="is this a config.json?")
     return value
 
 
@@ -242,8 +303,44 @@ def hf_config_errors(*, missing_hint: str, what: str = "config.json") -> Iterato
         yield
     except KeyError as missing:
         raise DllmError(f"{what} lacks the field {missing.args[0]!r}", hint=missing_hint) from None
-    except (TypeError, ValueError) as error:
+    except (TypeError, ValueError, ArithmeticError) as error:
         raise DllmError(f"{what} has a bad value: {error}") from None
+
+
+def derived_head_dim(head_dim: Any, hidden_size: int, heads: int) -> int:
+    """A config.json's `head_dim`, or, where it has none, hidden_size / heads, which must then
+    divide evenly (a truncated head would not be the model the config describes)."""
+    if head_dim is not None:
+        return int(head_dim)
+    if heads <= 0:
+        return 0  # reported by the size checks (num_attention_heads must be positive)
+    if hidden_size % heads:
+        raise ValueError(
+            f"hidden_size ({hidden_size}) is not a multiple of num_attention_heads ({heads}), "
+            "and head_dim is not set"
+        )
+    return hidden_size // heads
+
+
+def number_problems(
+    config: Any, names: tuple[str, ...], *, zero: bool = False, at_most: float | None = None
+) -> list[str]:
+    """A problem line for every number of `config` in `names` (fields, or keys of a dict
+    `config`) outside its range: finite and > 0 (>= 0 with `zero`), and <= `at_most`."""
+    found = []
+    for name in names:
+        value = config[name] if isinstance(config, dict) else getattr(config, name)
+        low = ">= 0" if zero else "> 0"
+        high = f" and <= {at_most}" if at_most is not None else ""
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not (
+            number
+            and math.isfinite(value)
+            and (value >= 0 if zero else value > 0)
+            and (at_most is None or value <= at_most)
+        ):
+            found.append(f"{name} must be a finite number {low}{high} (got {value!r})")
+    return found
 
 
 def nonpositive_fields(config: Any, names: tuple[str, ...]) -> list[str]:
@@ -273,8 +370,15 @@ def decoder_shape_problems(
     kv_heads: tuple[str, ...] = ("num_key_value_heads",),
 ) -> list[str]:
     """The checks every decoder family's config makes: `DECODER_SIZES` and the family's `extra`
-    sizes positive, the query heads a multiple of each of the `kv_heads` counts."""
+    sizes positive, the query heads a multiple of each of the `kv_heads` counts, and the numbers
+    that would make the loss NaN in range: `rms_norm_eps` and (where it has one) `rope_theta`
+    positive, `initializer_range` not negative."""
     problems = nonpositive_fields(config, DECODER_SIZES + extra)
+    positive = (
+        ("rms_norm_eps", "rope_theta") if hasattr(config, "rope_theta") else ("rms_norm_eps",)
+    )
+    problems += number_problems(config, positive)
+    problems += number_problems(config, ("initializer_range",), zero=True)
     heads = config.num_attention_heads
     for name in kv_heads:
         kv = getattr(config, name)

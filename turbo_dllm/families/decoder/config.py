@@ -11,12 +11,29 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import decoder_shape_problems, hf_config_errors, raise_if_unusable
+from turbo_dllm.families.base import (
+    decoder_shape_problems,
+    derived_head_dim,
+    hf_config_errors,
+    number_problems,
+    raise_if_unusable,
+)
 
-__all__ = ["ACTIVATIONS", "PRESETS", "DecoderConfig", "tensor_parallel_problems"]
+__all__ = [
+    "ACTIVATIONS",
+    "PRESETS",
+    "DecoderConfig",
+    "rope_scaling_problems",
+    "tensor_parallel_problems",
+]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+# The `rope_scaling` keys each scaled RoPE type reads (model.rope_inv_freq), all positive.
+_ROPE_SCALING_KEYS = {
+    "linear": ("factor",),
+    "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+}
 # The MLP activations of HF configs (`hidden_act`) the decoder implements (model.ACTIVATIONS).
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")
 
@@ -118,6 +135,7 @@ class DecoderConfig:
                 f"rope type {rope_type!r} is not supported "
                 f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
             )
+        problems += rope_scaling_problems(self.rope_scaling)
         if self.hidden_act not in ACTIVATIONS:
             problems.append(
                 f"hidden_act {self.hidden_act!r} is not supported "
@@ -159,8 +177,8 @@ class DecoderConfig:
                 intermediate_size=int(hf["intermediate_size"]),
                 num_hidden_layers=int(hf["num_hidden_layers"]),
                 num_attention_heads=heads,
-                num_key_value_heads=int(hf.get("num_key_value_heads") or heads),
-                head_dim=int(hf.get("head_dim") or hidden // heads),
+                num_key_value_heads=_or_default(hf.get("num_key_value_heads"), heads),
+                head_dim=derived_head_dim(hf.get("head_dim"), hidden, heads),
                 rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                 rope_theta=rope_theta,
                 rope_scaling=scaling,
@@ -259,6 +277,31 @@ class DecoderConfig:
         head = 6.0 * self.head_params * scored_tokens
         attention = 12.0 * self.head_dim * self.num_attention_heads * self.num_hidden_layers * pairs
         return body + head + attention
+
+
+def _or_default(value: Any, default: int) -> int:
+    """A config.json count, or `default` where it is absent or null (never where it is 0:
+    that is a value, which the size checks refuse)."""
+    return default if value is None else int(value)
+
+
+def rope_scaling_problems(
+    scaling: dict[str, Any] | None, keys: dict[str, tuple[str, ...]] = _ROPE_SCALING_KEYS
+) -> list[str]:
+    """Why a scaled RoPE (`keys`: the keys each type reads) cannot scale: a key it reads missing
+    or not a positive number (a zero factor divides the frequencies by zero: the loss is NaN)."""
+    scaling = scaling or {}
+    names = keys.get(scaling.get("rope_type", "default"), ())
+    missing = [n for n in names if n not in scaling]
+    found = [f"rope_scaling lacks {n!r}" for n in missing]
+    found += [
+        f"rope_scaling.{p}"
+        for p in number_problems(scaling, tuple(n for n in names if n not in missing))
+    ]
+    low, high = scaling.get("low_freq_factor"), scaling.get("high_freq_factor")
+    if not found and low is not None and high is not None and low == high:
+        found.append(f"rope_scaling.low_freq_factor and high_freq_factor must differ (both {low})")
+    return found
 
 
 def _token_ids(value: Any, *, several: bool = False) -> int | tuple[int, ...] | None:

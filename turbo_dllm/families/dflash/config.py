@@ -27,6 +27,7 @@ from typing import Any
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
     decoder_shape_problems,
+    derived_head_dim,
     hf_config_errors,
     nonpositive_fields,
     raise_if_unusable,
@@ -222,8 +223,10 @@ class DFlashConfig:
                 intermediate_size=int(layer["intermediate_size"]),
                 num_hidden_layers=int(layer["num_hidden_layers"]),
                 num_attention_heads=heads,
-                num_key_value_heads=int(layer.get("num_key_value_heads") or heads),
-                head_dim=int(layer.get("head_dim") or hidden // heads),
+                num_key_value_heads=heads
+                if layer.get("num_key_value_heads") is None
+                else int(layer["num_key_value_heads"]),
+                head_dim=derived_head_dim(layer.get("head_dim"), hidden, heads),
                 target_hidden_size=int(hf.get("target_hidden_size") or hidden),
                 num_target_layers=int(hf.get("num_target_layers") or max(ids) + 1),
                 target_layer_ids=tuple(ids),

@@ -15,7 +15,13 @@ import json
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import decoder_shape_problems, hf_config_errors, raise_if_unusable
+from turbo_dllm.families.base import (
+    decoder_shape_problems,
+    derived_head_dim,
+    hf_config_errors,
+    number_problems,
+    raise_if_unusable,
+)
 
 __all__ = ["LAYER_TYPES", "PRESETS", "DiffusionGemmaConfig"]
 
@@ -31,6 +37,23 @@ _DEFAULT_ROPE = {
     },
 }
 
+
+# Text-model keys the reader also takes from the root where `text_config` lacks them: the
+# checkpoint's mask token and softcap, and the optional keys a `model.config_overrides` entry
+# writes to the root when the preset's `text_config` leaves them at their defaults.
+_ROOT_TEXT_KEYS = (
+    "mask_token_id",
+    "final_logit_softcapping",
+    "rms_norm_eps",
+    "max_position_embeddings",
+    "hidden_activation",
+    "sliding_window",
+    "head_dim",
+    "num_key_value_heads",
+    "global_head_dim",
+    "num_global_key_value_heads",
+    "moe_intermediate_size",
+)
 
 # transformers always builds a vision tower (5.17 fails on a config without one; 5.24 builds a
 # default ~167M-parameter one): every preset names one as small as it allows (never trained here).
@@ -184,6 +207,19 @@ class DiffusionGemmaConfig:
                 and rope.get("partial_rotary_factor", 1.0) != 1.0
             ):
                 problems.append(f"{kind}: partial rotary needs rope_type 'proportional'")
+            # What model.rope_inv_freq reads: a zero or negative one makes the loss NaN.
+            if "rope_theta" not in rope:
+                problems.append(f"{kind} rope_parameters lack rope_theta")
+            for name, at_most in (
+                ("rope_theta", None),
+                ("partial_rotary_factor", 1.0),
+                ("factor", None),
+            ):
+                if name in rope:
+                    problems += [
+                        f"{kind} rope_parameters.{p}"
+                        for p in number_problems(rope, (name,), at_most=at_most)
+                    ]
         raise_if_unusable(problems)
 
     # --- per layer type -------------------------------------------------------------------
@@ -214,7 +250,7 @@ class DiffusionGemmaConfig:
                 hint="set model.family to the family of that model",
             )
         text = dict(hf.get("text_config") or {})
-        for key in ("mask_token_id", "final_logit_softcapping"):  # the root may carry them too
+        for key in _ROOT_TEXT_KEYS:  # the root may carry them too
             if key in hf and key not in text:
                 text[key] = hf[key]
         if hf.get("tie_word_embeddings", True) is False or text.get("tie_word_embeddings") is False:
@@ -238,8 +274,12 @@ class DiffusionGemmaConfig:
         ):
             layers = int(text["num_hidden_layers"])
             heads = int(text["num_attention_heads"])
-            kv = int(text.get("num_key_value_heads") or heads)
-            head_dim = int(text.get("head_dim") or int(text["hidden_size"]) // heads)
+            kv = (
+                heads
+                if text.get("num_key_value_heads") is None
+                else int(text["num_key_value_heads"])
+            )
+            head_dim = derived_head_dim(text.get("head_dim"), int(text["hidden_size"]), heads)
             layer_types = list(text.get("layer_types") or _default_layer_types(layers))
             global_dim, global_kv = _global_attention(text, layer_types, kv)
             if text.get("num_experts") is None:
@@ -258,8 +298,7 @@ class DiffusionGemmaConfig:
                 "transformers_version",
                 "dtype",
                 "torch_dtype",
-                "mask_token_id",
-                "final_logit_softcapping",
+                *_ROOT_TEXT_KEYS,
             )
             return cls(
                 vocab_size=int(text["vocab_size"]),

@@ -19,7 +19,11 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import hf_config_errors, raise_if_unusable
-from turbo_dllm.families.decoder.config import SUPPORTED_ROPE_TYPES, DecoderConfig
+from turbo_dllm.families.decoder.config import (
+    SUPPORTED_ROPE_TYPES,
+    DecoderConfig,
+    rope_scaling_problems,
+)
 
 __all__ = ["MODEL_TYPES", "PARADIGMS", "PRESETS", "NemotronConfig"]
 
@@ -91,6 +95,9 @@ class NemotronConfig(DecoderConfig):
                 f"dlm_paradigm {self.dlm_paradigm!r} is not one this version trains "
                 f"({', '.join(PARADIGMS)})"
             )
+        # YaRN's keys (model.yarn_inv_freq), which the decoder view leaves out.
+        yarn = {"yarn": ("factor", "original_max_position_embeddings")}
+        problems += rope_scaling_problems(self.rope_scaling, yarn)
         if self.block_size is not None and self.block_size <= 0:
             problems.append(f"block_size must be positive (got {self.block_size})")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:

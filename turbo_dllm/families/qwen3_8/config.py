@@ -15,8 +15,14 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import decoder_shape_problems, hf_config_errors, raise_if_unusable
-from turbo_dllm.families.decoder.config import _token_ids
+from turbo_dllm.families.base import (
+    decoder_shape_problems,
+    derived_head_dim,
+    hf_config_errors,
+    number_problems,
+    raise_if_unusable,
+)
+from turbo_dllm.families.decoder.config import _or_default, _token_ids
 
 __all__ = [
     "GDN_CHUNK",
@@ -166,6 +172,7 @@ class Qwen38Config:
             self.linear_num_value_heads % self.linear_num_key_heads
         ):
             problems.append("linear_num_value_heads must be a multiple of linear_num_key_heads")
+        problems += number_problems(self, ("partial_rotary_factor",), at_most=1.0)
         if self.rotary_dim % 2 or self.rotary_dim <= 0:
             problems.append(
                 f"head_dim x partial_rotary_factor = {self.rotary_dim} must be a positive even number"
@@ -240,8 +247,8 @@ class Qwen38Config:
                 num_hidden_layers=layers,
                 layer_types=tuple(str(kind) for kind in layer_types),
                 num_attention_heads=heads,
-                num_key_value_heads=int(text.get("num_key_value_heads") or heads),
-                head_dim=int(text.get("head_dim") or int(text["hidden_size"]) // heads),
+                num_key_value_heads=_or_default(text.get("num_key_value_heads"), heads),
+                head_dim=derived_head_dim(text.get("head_dim"), int(text["hidden_size"]), heads),
                 linear_num_key_heads=int(text["linear_num_key_heads"]),
                 linear_num_value_heads=int(text["linear_num_value_heads"]),
                 linear_key_head_dim=int(text["linear_key_head_dim"]),
