@@ -124,6 +124,41 @@ def test_publish_prints_the_pin_and_updates_a_lock(cli, cpu_bundle, tmp_path):
     assert f"--catalog-sha256 {data['catalog_sha256']}" in text.out
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        (None, "No such file or directory"),
+        ("x = 1\n", "unknown field"),
+        ("[releases\n", "not a readable releases lock"),
+    ],
+)
+def test_publish_refuses_an_unusable_lock_before_publishing(
+    cli, cpu_bundle, tmp_path, content, needle
+):
+    """A missing, foreign or broken --lock file was a traceback, after the mirror was written."""
+    lock = tmp_path / "releases.lock"
+    if content is not None:
+        lock.write_text(content)
+    mirror = tmp_path / "m"
+    result = cli("bundle", "publish", cpu_bundle.archive, "--release", "v1", "--mirror", mirror,
+                 "--lock", lock)  # fmt: skip
+    assert_user_error(result, f"--lock {lock}", needle, 'format = "turbo_dllm.releases.v1"')
+    assert not mirror.exists()
+
+
+def test_an_output_folder_that_is_a_file_is_refused(cli, cpu_bundle, tmp_path):
+    """`--out FILE` / `--mirror FILE` were a FileExistsError traceback (for build, after
+    compiling)."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    built = cli("bundle", "build", "--out", afile)
+    assert_user_error(built, f"cannot write into {afile}: it is a file")
+    published = cli("bundle", "publish", cpu_bundle.archive, "--release", "v1", "--mirror", afile)
+    assert_user_error(published, f"cannot write into {afile}: it is a file")
+    assert_user_error(cli("bundle", "build", "--out", afile / "x"), "Not a directory")
+    assert afile.read_text() == "not a folder"
+
+
 # --- doctor and launcher checks -----------------------------------------------------------------
 
 
@@ -140,6 +175,12 @@ def test_doctor_passes_on_cpu_with_reference_kernels(cli, tmp_path):
     assert checks["fingerprint"]["status"] == "pass"
     assert checks["kernel bundle"]["status"] == "pass"
     assert checks["kernels"]["status"] == "pass"
+
+
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_doctor_refuses_a_world_size_below_one(cli, size):
+    """It checked for a launch of 0 or -3 processes and said "ready"."""
+    assert_user_error(cli("doctor", "--world-size", size), "--world-size must be 1 or more")
 
 
 def test_doctor_fails_native_without_a_bundle_with_the_install_command(cli, tmp_path):

@@ -151,3 +151,48 @@ def test_package_version_probe_agrees_with_importlib_metadata():
 
     for name in ("pytest", "zstandard", "typing-extensions", "turbo-dllm"):
         assert probes.probe_package_version(name) == version(name)
+
+
+def _fake_nvidia_smi(tmp_path, monkeypatch):
+    """An nvidia-smi on PATH that logs each run and names its GPU after the run's number."""
+    log = tmp_path / "runs.log"
+    script = tmp_path / "bin" / "nvidia-smi"
+    script.parent.mkdir()
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo run >> "{log}"\n'
+        f'n=$(wc -l < "{log}")\n'
+        'echo "0, NVIDIA H200 run $n, 9.0, GPU-11ea1456-904e-1960-ce50-281c5f246553"\n'
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return log
+
+
+def test_gpu_probe_started_early_is_the_one_probe_gpus_reads(tmp_path, monkeypatch):
+    log = _fake_nvidia_smi(tmp_path, monkeypatch)
+    probes.start_gpu_probe()
+    probes.start_gpu_probe()  # already running: not a second query
+    assert probes.probe_gpus().gpus == ((0, "NVIDIA H200 run 1", "9.0"),)
+    assert log.read_text().count("run") == 1
+    # Read once: the next probe asks nvidia-smi again (GPUs may have changed since).
+    assert probes.probe_gpus().gpus == ((0, "NVIDIA H200 run 2", "9.0"),)
+
+
+def test_gpu_probe_started_early_that_fails_reports_it(tmp_path, monkeypatch):
+    script = tmp_path / "bin" / "nvidia-smi"
+    script.parent.mkdir()
+    script.write_text("#!/bin/sh\nexit 9\n")
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
+    probes.start_gpu_probe()
+    assert probes.probe_gpus() == probes.GpuProbe(
+        (), ("nvidia-smi is installed but failed; GPU list unknown",)
+    )
+
+
+def test_gpu_probe_start_without_nvidia_smi_does_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    probes.start_gpu_probe()
+    assert probes.probe_gpus() == probes.GpuProbe(())

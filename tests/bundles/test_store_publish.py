@@ -126,6 +126,42 @@ def test_activation_rollback_and_uninstall(cli, cpu_bundle, tmp_path):
     assert unknown.code == 2 and "no installed bundle" in unknown.err
 
 
+@pytest.mark.parametrize(
+    ("damage", "problem"),
+    [
+        ("bundle.json", "bundle.json is missing"),
+        ("install.json", "install.json cannot be read"),
+        ("lib", "lib/merge_attention_partials.so: missing"),
+    ],
+)
+def test_a_damaged_inactive_bundle_is_reported_and_uninstalled(
+    cli, cpu_bundle, tmp_path, damage, problem
+):
+    """A store entry that lost its bundle.json was invisible to `verify` and `list`, and
+    `uninstall` said it was not installed (an unreadable install.json: the same error as
+    `list`); rolling back to it switched `active` to it and then failed with a traceback."""
+    a = _install(cpu_bundle, tmp_path, None)
+    b = _install(cpu_bundle, tmp_path, "0.1.1")
+    a.path.chmod(0o755)
+    if damage == "lib":
+        (a.path / "lib").chmod(0o755)
+        (a.path / "lib" / "merge_attention_partials.so").unlink()
+    else:
+        (a.path / damage).unlink()
+    if damage != "lib":
+        refused = cli("bundle", "rollback")
+        assert_user_error(refused, a.short_sha, "dllm bundle uninstall")
+        assert BundleStore().active().sha256 == b.sha256  # nothing changed
+    verified = cli("bundle", "verify")
+    assert verified.code == 1 and problem in verified.out and a.short_sha in verified.out
+    removed = cli("bundle", "uninstall", a.sha256[:8])
+    assert removed.code == 0, removed.err
+    assert a.short_sha in removed.out and (damage == "lib" or problem in removed.out)
+    assert not a.path.exists() and BundleStore().previous() is None
+    assert cli("bundle", "verify").code == 0
+    assert [x.sha256 for x in BundleStore().installed()] == [b.sha256]
+
+
 def test_a_too_short_prefix_and_negative_retries_are_explained(cli, installed, mirror):
     # The listing shows the 12-character hash the 4-character prefix starts: say why it fails.
     result = cli("bundle", "uninstall", installed.sha256[:4])
@@ -134,6 +170,17 @@ def test_a_too_short_prefix_and_negative_retries_are_explained(cli, installed, m
     result = cli("bundle", "install", "--release", "v-test", "--auto", "--mirror", root,
                  "--catalog-sha256", catalog_sha, "--retries", "-1")  # fmt: skip
     assert_user_error(result, "--retries must be 0 or more")  # not "failed after 0 attempts"
+
+
+@pytest.mark.parametrize("value", ["-5", "nan"])
+@pytest.mark.parametrize(
+    "command",
+    [("install", "--auto", "--mirror", "nowhere"), ("uninstall", "abcdef"), ("rollback",)],
+)
+def test_a_negative_lock_timeout_is_refused(cli, command, value):
+    """-5 was taken (one try, then "waited -5 s"); nan waited for the lock forever."""
+    result = cli("bundle", *command, "--lock-timeout", value)
+    assert_user_error(result, f"--lock-timeout must be 0 or more seconds, got {value}")
 
 
 def test_verify_reports_modified_and_extra_files(cli, installed):
@@ -152,7 +199,7 @@ def test_verify_reports_modified_and_extra_files(cli, installed):
 
 @pytest.mark.parametrize(
     ("damaged", "hint"),
-    [("install.json", "install its release again"), ("bundle.json", "re-download it")],
+    [("install.json", "install its release again"), ("bundle.json", "dllm bundle uninstall")],
 )
 def test_installing_again_repairs_a_damaged_store_entry(cli, installed, mirror, damaged, hint):
     # The error's hint says to install the release again; that install must not stop on the

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 import tarfile
@@ -275,3 +276,124 @@ def test_pack_without_config_says_any_spec_and_short_prefixes_are_explained(cli,
     # A 4-character prefix of the listed hash is not enough: the error says why.
     assert_user_error(cli("cache", "remove", sha[:4]), sha[:12], "at least 6 characters")
     assert cli("cache", "remove", sha[:6]).code == 0
+
+
+def _small_pack(tmp_path: Path, count: int = 6) -> Path:
+    from turbo_dllm.cache.key import host_pack_key
+    from turbo_dllm.cache.packs import make_pack
+    from turbo_dllm.host import collect_fingerprint
+
+    source = tmp_path / "made" / "inductor" / "ab"
+    source.mkdir(parents=True)
+    for i in range(count):
+        (source / f"c{i}.py").write_text(f"# graph {i}\n")
+    key = host_pack_key(collect_fingerprint(apply_overrides=False), None)
+    return make_pack({"inductor": source.parent}, tmp_path / "packs", key)[0]
+
+
+def _cache_files() -> list[Path]:
+    """Every file in this home's compile cache folder (the caches and any staging beside)."""
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    return sorted(p for p in compile_cache_dir().rglob("*") if p.is_file())
+
+
+def _interrupt_after(monkeypatch, renames: int) -> None:
+    """Ctrl-C (a KeyboardInterrupt) right after the `renames`-th rename: in the middle of
+    moving a pack's files into the cache."""
+    real, done = os.rename, []
+
+    def rename(*args, **kwargs):
+        real(*args, **kwargs)
+        done.append(args)
+        if len(done) == renames:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(os, "rename", rename)
+
+
+def test_an_interrupted_install_leaves_nothing_behind(cli, tmp_path, monkeypatch):
+    """Ctrl-C while a pack's files move into the cache left the moved ones there with no record
+    (so `remove` never deleted them); now the install takes back all it did."""
+    path = _small_pack(tmp_path)
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, 3)
+        result = cli("cache", "install", path)
+    assert result.code == 130 and "interrupted" in result.err
+    assert _cache_files() == []
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 6
+    before = (_cache_files(), cli("cache", "list", "--json").out)
+    victim = before[0][0]
+    victim.unlink()  # installing again has one file to add: interrupt that install too
+    with monkeypatch.context() as patch:
+        _interrupt_after(patch, 1)
+        assert cli("cache", "install", path).code == 130
+    assert cli("cache", "list", "--json").out == before[1]  # the earlier record is back
+    assert _cache_files() == [p for p in before[0] if p != victim]
+    assert "5 files deleted" in cli("cache", "remove", path.name).out
+    assert _cache_files() == []
+
+
+def test_a_killed_install_is_accounted_for_and_the_next_one_completes_it(cli, tmp_path):
+    """A process killed while moving files leaves them under a record (not loose in the cache):
+    `verify` names what is missing, installing again adds the rest and sweeps the dead
+    install's staging folder, and `remove` deletes every file."""
+    import signal
+
+    path = _small_pack(tmp_path)
+    program = (
+        "import os, signal, sys\n"
+        "real, done = os.rename, []\n"
+        "def rename(*args):\n"
+        "    real(*args)\n"
+        "    done.append(args)\n"
+        "    if len(done) == 2:\n"
+        "        os.kill(os.getpid(), signal.SIGKILL)\n"
+        "os.rename = rename\n"
+        "from turbo_dllm.cli import main\n"
+        "main(['cache', 'install', sys.argv[1]])\n"
+    )
+    env = clean_env(DLLM_HOME=os.environ["DLLM_HOME"], PYTHONPATH=str(ROOT))
+    proc = subprocess.run([sys.executable, "-c", program, str(path)], env=env, timeout=300)
+    assert proc.returncode == -signal.SIGKILL
+    assert path.name in cli("cache", "list").out
+    verified = cli("cache", "verify")
+    assert verified.code == 1 and verified.out.count(": missing") == 4
+
+    again = json.loads(cli("cache", "install", path, "--json").out)
+    assert again["added"] == 4 and cli("cache", "verify").code == 0
+    assert [p.name for p in _cache_files()] == [f"c{i}.py" for i in range(6)]  # staging swept
+    assert "6 files deleted" in cli("cache", "remove", path.name).out
+    assert _cache_files() == []
+
+
+def test_pack_refuses_an_out_that_is_a_file(cli, tmp_path):
+    """`dllm cache pack --out FILE` was a FileExistsError traceback, after hashing the caches."""
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    entry = compile_cache_dir() / "inductor" / "ab" / "c1.py"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("# c1.py\n")
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    assert_user_error(cli("cache", "pack", "--out", afile), f"cannot write into {afile}")
+    assert afile.read_text() == "not a folder"
+
+
+@pytest.mark.parametrize("damage", ["[]", "{", '{"manifest": 1}'])
+def test_a_damaged_record_is_named_and_removed(cli, tmp_path, damage):
+    """A record that was not a JSON object was a traceback; a damaged one could only be deleted
+    by hand (the hint named the file). `dllm cache remove` takes it now, and a damaged record
+    of another pack no longer stops an install."""
+    path = _small_pack(tmp_path)
+    sha = json.loads(cli("cache", "install", path, "--json").out)["sha256"]
+    record = next(Path(os.environ["DLLM_HOME"]).glob(f"compile-packs/installed/{sha}.json"))
+    record.write_text(damage)
+    assert_user_error(cli("cache", "list"), "is damaged", f"dllm cache remove {sha[:12]}")
+    other = _small_pack(tmp_path / "other", count=2)
+    assert cli("cache", "install", other).code == 0
+    removed = cli("cache", "remove", sha[:8])
+    assert removed.code == 0 and f"removed the damaged record {record}" in removed.out
+    assert not record.exists() and cli("cache", "verify").code == 0

@@ -139,3 +139,15 @@ def test_project_cannot_be_pinned():
                 )
             ]
         )
+
+
+def test_a_manifest_path_that_is_a_folder_or_not_text_is_a_user_error(tmp_path, cli):
+    """`dllm env check --manifest DIR` (and a binary file) were tracebacks."""
+    from tests.helpers import assert_user_error
+
+    binary = tmp_path / "binary.toml"
+    binary.write_bytes(b"\xff\xfe\x00garbage")
+    assert_user_error(cli("env", "check", "--manifest", tmp_path), "Is a directory")
+    assert_user_error(cli("env", "requirements", "--manifest", binary), "not UTF-8 text")
+    with pytest.raises(DllmError, match="cannot read the environment manifest"):
+        load_manifest(tmp_path)

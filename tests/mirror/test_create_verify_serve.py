@@ -153,6 +153,18 @@ def test_create_refuses_missing_wheels_and_existing_folders(tmp_path, wheels):
     assert verify_mirror(tmp_path / "m2").ok
 
 
+def test_create_refuses_a_destination_that_is_a_file(tmp_path, wheels, cli):
+    """A file as DIR (or inside DIR's path) was a NotADirectoryError traceback."""
+    afile = tmp_path / "afile"
+    afile.write_text("not a folder")
+    manifest = manifest_for(wheels, "dllm_fixture_a")
+    with pytest.raises(DllmError, match="is a file, not a folder"):
+        create_mirror(MirrorPlan(afile, None, [manifest], wheels_from=wheels, force=True))
+    with pytest.raises(DllmError, match="cannot write into .*afile: it is a file"):
+        create_mirror(MirrorPlan(afile / "m", None, [manifest], wheels_from=wheels))
+    assert afile.read_text() == "not a folder"
+
+
 def test_server_content_types_ranges_and_no_listings(mirror):
     root, _ = mirror
     with MirrorServer(root, quiet=True) as server:
@@ -211,6 +223,20 @@ def test_serve_and_verify_refuse_a_folder_that_is_not_a_mirror(tmp_path, cli):
     assert_user_error(cli("mirror", "serve", tmp_path, "--port", "0"), "not a mirror")
     assert_user_error(cli("mirror", "verify", tmp_path), "not a mirror")
     assert_user_error(cli("mirror", "verify", tmp_path / "nope"), "does not exist")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (("--port", "-1"), "--port must be 0-65535"),
+        (("--port", "70000"), "--port must be 0-65535"),
+        (("--host", "nosuchhost.invalid", "--port", "0"), "pass another --host"),
+    ],
+)
+def test_serve_refuses_a_port_out_of_range_and_names_a_bad_host(mirror, cli, args, needle):
+    """A port outside 0-65535 was a traceback from bind(); a host name that does not resolve
+    said to pass another --port."""
+    assert_user_error(cli("mirror", "serve", mirror[0], *args), needle)
 
 
 def test_with_wheels_downloads_from_the_manifest_index_by_hash(mirror, wheels, tmp_path):

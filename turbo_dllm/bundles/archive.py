@@ -57,6 +57,19 @@ class BundleRejected(DllmError):
     """An archive or download that failed a safety or integrity check; nothing was installed."""
 
 
+def make_output_dir(folder: Path) -> Path:
+    """`folder`, created if needed, for written archives (`--out`, `--mirror`): a DllmError,
+    not a traceback, when it is a file or cannot be made."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        reason = "it is a file" if isinstance(error, FileExistsError) else error.strerror
+        raise DllmError(
+            f"cannot write into {folder}: {reason}", hint="pass a folder you can write to"
+        ) from None
+    return folder
+
+
 def pack_bundle(manifest: BundleManifest, files_root: Path, out_path: Path) -> Path:
     """Write `bundle.json` then every listed file into a reproducible `.tar.zst` at `out_path`."""
     files = [(entry.path, entry.size) for entry in manifest.files]
@@ -75,7 +88,7 @@ def pack_members(
     equal inputs give equal bytes. Written to a temporary name and renamed into place."""
     import zstandard
 
-    out_path.parent.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out_path.parent)
     tmp = out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}")
     compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
     try:
@@ -230,6 +243,7 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
     manifest: BundleManifest | None = None
     expected: dict[str, tuple[str, int]] = {}
     written: set[str] = set()
+    folders = {dest}  # made already: one mkdir per folder, not per file
     for member in tar:
         if manifest is None:
             if member.name != MANIFEST_NAME or not member.isreg():
@@ -263,7 +277,9 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
         digest = hashlib.sha256() if limits.check_files else None
         try:
             target = dest / name
-            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.parent not in folders:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                folders.add(target.parent)
             with open(target, "xb") as out:  # "x": never follow or overwrite anything
                 for chunk in member_chunks(tar, member, _CHUNK):
                     if digest is not None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from turbo_dllm import __version__
-from turbo_dllm.bundles.archive import pack_bundle
+from turbo_dllm.bundles.archive import make_output_dir, pack_bundle
 from turbo_dllm.bundles.catalog import CatalogEntry
 from turbo_dllm.bundles.manifest import (
     BuildProvenance,
@@ -71,7 +71,7 @@ def build_bundle(
     names = ops or native_op_names()
     if not names:
         raise DllmError("no native ops found to build")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    make_output_dir(out_dir)
     bundle_ops: list[BundleOp] = []
     files: list[BundleFile] = []
     compiled_ops = []

@@ -172,6 +172,25 @@ def trusted_catalog_sha256(release: str, lock: ReleasesLock, explicit: str | Non
     return pinned.catalog_sha256
 
 
+def read_lock_to_pin(path: Path):
+    """(tomlkit document, ReleasesLock) of the lock file `--lock` names; a DllmError when it
+    cannot be read or is not a releases lock (`dllm bundle publish` checks it before writing)."""
+    import tomlkit
+
+    try:
+        document = tomlkit.parse(path.read_text(encoding="utf-8"))
+        return document, ReleasesLock.model_validate(document.unwrap())
+    except OSError as error:
+        reason = error.strerror
+    except Exception as error:  # tomlkit's parse errors, RecordError: not a releases lock
+        reason = str(error)
+    raise DllmError(
+        f"--lock {path} is not a readable releases lock: {reason}",
+        hint=f'a releases lock is a TOML file with the line format = "{LOCK_FORMAT}" and a '
+        "[releases] table, like bundles/releases.lock",
+    )
+
+
 def pin_release(path: Path, release: str, sha256: str) -> bool:
     """Add `release = sha256` to the lock file at `path`, keeping its comments.
 
@@ -181,8 +200,7 @@ def pin_release(path: Path, release: str, sha256: str) -> bool:
     import tomlkit
 
     check_release(release)
-    document = tomlkit.parse(path.read_text(encoding="utf-8"))
-    lock = ReleasesLock.model_validate(document.unwrap())
+    document, lock = read_lock_to_pin(path)
     current = lock.releases.get(release)
     if current is not None:
         if current.catalog_sha256 == sha256:

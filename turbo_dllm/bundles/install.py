@@ -174,7 +174,9 @@ def run_install(
         previous = _readable(store.active)
         existing = _readable(lambda: store.get(entry.sha256))
         reused = existing is not None and not store.verify(existing)
-        if not reused:
+        if reused:
+            bundle = existing
+        else:
             path = f"bundles/{entry.file}"
             with store.staging() as staging:
                 folder = staging / "bundle"
@@ -199,7 +201,7 @@ def run_install(
                     backoff_s=backoff_s,
                     progress=progress,
                 )
-                store.add_extracted(
+                bundle = store.add_extracted(
                     folder,
                     manifest,
                     entry.sha256,
@@ -213,7 +215,7 @@ def run_install(
                         catalog_sha256=plan.catalog_sha256,
                     ),
                 )
-        bundle = store.activate(entry.sha256)
+        store.make_active(bundle)
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None
     return InstallResult(plan, bundle, previous, reused)
@@ -237,7 +239,7 @@ def build_and_install(
             folder = staging / "bundle"
             # The same checks a downloaded archive gets, so a broken build is never installed.
             manifest = extract_bundle(built.archive, folder)
-            store.add_extracted(
+            bundle = store.add_extracted(
                 folder,
                 manifest,
                 built.sha256,
@@ -248,7 +250,7 @@ def build_and_install(
                     archive_sha256=built.sha256, source=BUILT_HERE, provenance=BUILT_HERE
                 ),
             )
-        bundle = store.activate(built.sha256)
+        store.make_active(bundle)
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None
     return InstallResult(None, bundle, previous, False)

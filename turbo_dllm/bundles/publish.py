@@ -17,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from turbo_dllm.bundles.archive import extract_bundle
+from turbo_dllm.bundles.archive import extract_bundle, make_output_dir
 from turbo_dllm.bundles.catalog import (
     Catalog,
     CatalogEntry,
@@ -47,7 +47,7 @@ def publish(archives: list[Path], *, release: str, mirror: Path) -> PublishResul
     check_release(release)
     if not archives:
         raise DllmError("nothing to publish: pass one or more bundle archives")
-    mirror.mkdir(parents=True, exist_ok=True)
+    make_output_dir(mirror)
     catalog_file = mirror / catalog_path(release)
     if catalog_file.exists():
         catalog = parse_catalog(catalog_file.read_bytes(), str(catalog_file))

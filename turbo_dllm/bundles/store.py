@@ -28,7 +28,6 @@ from turbo_dllm.bundles.manifest import (
     BundleManifest,
     check_sha256,
     find_by_name_or_sha,
-    read_manifest,
 )
 from turbo_dllm.bundles.target import BundleTarget
 from turbo_dllm.errors import DllmError
@@ -38,6 +37,7 @@ from turbo_dllm.records import Record, RecordError, checked
 __all__ = [
     "ActiveBundle",
     "BundleStore",
+    "DamagedBundle",
     "InstallRecord",
     "InstalledBundle",
     "active_bundle",
@@ -105,6 +105,19 @@ class InstalledBundle(NamedTuple):
 ActiveBundle = InstalledBundle  # the contract's name for what `active_bundle()` returns
 
 
+class DamagedBundle(NamedTuple):
+    """A store entry that cannot be read: its bundle.json or install.json is missing or
+    damaged. `uninstall` and `verify` take it by its sha256 (prefix)."""
+
+    sha256: str
+    path: Path
+    problem: str
+
+    @property
+    def short_sha(self) -> str:
+        return self.sha256[:12]
+
+
 class BundleStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or dllm_home() / "bundles"
@@ -127,21 +140,61 @@ class BundleStore:
         return self.root / "install.lock"
 
     # --- reading ----------------------------------------------------------------------------
-    def _load(self, sha256: str) -> InstalledBundle | None:
+    def _read(self, sha256: str) -> InstalledBundle | str | None:
+        """The bundle in store entry `sha256`, or what is wrong with it (None: no bundle.json)."""
         path = self.store_dir / sha256
-        if not (path / MANIFEST_NAME).is_file():
+        try:
+            data = (path / MANIFEST_NAME).read_bytes()
+        except FileNotFoundError:
             return None
-        manifest = read_manifest(path / MANIFEST_NAME)
+        except OSError as error:
+            return f"{MANIFEST_NAME} cannot be read: {error.strerror}"
+        try:
+            manifest = BundleManifest.model_validate_json(data)
+        except RecordError as error:
+            return f"invalid {MANIFEST_NAME}: {error}"
         try:
             record = InstallRecord.model_validate_json((path / RECORD_NAME).read_bytes())
-        except (OSError, RecordError) as error:
-            raise DllmError(
-                f"bundle {sha256[:12]} in {self.store_dir} has a damaged {RECORD_NAME}: {error}",
-                # Not `dllm bundle uninstall`: it lists the store, which this damage stops.
-                hint="install its release again (`dllm bundle install` replaces a damaged "
-                f"copy), or delete {path}",
-            ) from None
+        except OSError as error:
+            return f"{RECORD_NAME} cannot be read: {error.strerror}"
+        except RecordError as error:
+            return f"invalid {RECORD_NAME}: {error}"
         return InstalledBundle(sha256, path, manifest, record)
+
+    def _load(self, sha256: str) -> InstalledBundle | None:
+        found = self._read(sha256)
+        if isinstance(found, str):
+            remove = (
+                "`dllm bundle rollback`, then `dllm bundle uninstall"
+                if self._link("active") == sha256
+                else "remove it: `dllm bundle uninstall"
+            )
+            raise DllmError(
+                f"bundle {sha256[:12]} in {self.store_dir} is damaged: {found}",
+                hint="install its release again (`dllm bundle install` replaces a damaged "
+                f"copy), or {remove} {sha256[:12]}`",
+            )
+        return found
+
+    def entries(self) -> list[InstalledBundle | DamagedBundle]:
+        """Every store entry, the damaged ones (a missing or unreadable bundle.json or
+        install.json) as DamagedBundle instead of an error."""
+        if not self.store_dir.is_dir():
+            return []
+        entries: list[InstalledBundle | DamagedBundle] = []
+        for path in sorted(self.store_dir.iterdir()):
+            if path.name.startswith(".") or not path.is_dir():
+                continue
+            found = self._read(path.name)
+            if found is None:
+                found = f"{MANIFEST_NAME} is missing"
+            if isinstance(found, str):
+                found = DamagedBundle(path.name, path, found)
+            entries.append(found)
+        return sorted(  # like `installed()`, the damaged ones last
+            entries,
+            key=lambda e: (1, "") if isinstance(e, DamagedBundle) else (0, e.record.installed_at),
+        )
 
     def _link(self, name: str) -> str | None:
         """The sha256 a store link (`active`, `previous`) points at, if any."""
@@ -177,12 +230,24 @@ class BundleStore:
 
     def find(self, ident: str) -> InstalledBundle:
         """By bundle id (`0.1.0-cp312-...`) or a sha256 prefix of at least 6 characters."""
-        bundles = self.installed()
-        matches, hint = find_by_name_or_sha(bundles, ident, lambda b: b.bundle_id)
+        found = self._find(ident, self.installed())
+        assert isinstance(found, InstalledBundle)
+        return found
+
+    def find_entry(self, ident: str) -> InstalledBundle | DamagedBundle:
+        """Like `find`, a damaged store entry too (by its sha256 prefix)."""
+        return self._find(ident, self.entries())
+
+    def _find(
+        self, ident: str, bundles: list[InstalledBundle] | list[InstalledBundle | DamagedBundle]
+    ) -> InstalledBundle | DamagedBundle:
+        matches, hint = find_by_name_or_sha(
+            bundles, ident, lambda b: b.bundle_id if isinstance(b, InstalledBundle) else b.sha256
+        )
         if len(matches) == 1:
             return matches[0]
         if not matches:
-            known = ", ".join(f"{b.short_sha} ({b.bundle_id})" for b in bundles) or "none"
+            known = ", ".join(f"{b.short_sha} ({_entry_name(b)})" for b in bundles) or "none"
             raise DllmError(f"no installed bundle {ident!r} (installed: {known})", hint=hint)
         listed = ", ".join(b.short_sha for b in matches)
         raise DllmError(
@@ -299,19 +364,23 @@ class BundleStore:
             remove_tree(trash)
         else:
             os.replace(folder, final)
-        bundle = self.get(sha256)
-        assert bundle is not None
-        return bundle
+        # What was just written, without reading it back (bundle.json is `manifest`'s bytes).
+        return InstalledBundle(sha256, final, manifest, record)
 
     def activate(self, sha256: str) -> InstalledBundle:
         bundle = self.get(sha256)
         if bundle is None:
             raise DllmError(f"bundle {sha256[:12]} is not installed")
+        return self.make_active(bundle)
+
+    def make_active(self, bundle: InstalledBundle) -> InstalledBundle:
+        """Point `active` at `bundle` (an entry of this store, already read) and `previous` at
+        the bundle that was active."""
         current = self._link("active")
-        if current != sha256:
+        if current != bundle.sha256:
             if current:
                 self._set_link("previous", current)
-            self._set_link("active", sha256)
+            self._set_link("active", bundle.sha256)
         return bundle
 
     def rollback(self) -> InstalledBundle:
@@ -321,18 +390,29 @@ class BundleStore:
                 "there is no previous bundle to roll back to",
                 hint="`dllm bundle list` shows installed bundles",
             )
+        bundle = self.get(previous)  # a damaged one is an error here, before anything changes
+        if bundle is None:
+            raise DllmError(
+                f"the previous bundle {previous[:12]} is damaged: its {MANIFEST_NAME} is missing",
+                hint=f"remove it (dllm bundle uninstall {previous[:12]}) and install the bundle "
+                "to return to again",
+            )
         self._set_link("active", previous)
         if current:
             self._set_link("previous", current)
-        bundle = self.get(previous)
-        assert bundle is not None
         return bundle
 
-    def uninstall(self, ident: str) -> InstalledBundle:
-        bundle = self.find(ident)
+    def uninstall(self, ident: str) -> InstalledBundle | DamagedBundle:
+        """Remove an inactive store entry, a damaged one too (what verify reports FAIL)."""
+        bundle = self.find_entry(ident)
         if self._link("active") == bundle.sha256:
+            what = (
+                f"bundle {bundle.bundle_id}"
+                if isinstance(bundle, InstalledBundle)
+                else "the damaged bundle"
+            )
             raise DllmError(
-                f"bundle {bundle.bundle_id} ({bundle.short_sha}) is active",
+                f"{what} ({bundle.short_sha}) is active",
                 hint="`dllm bundle rollback` or install another bundle first",
             )
         if self._link("previous") == bundle.sha256:
@@ -346,6 +426,11 @@ class BundleStore:
         tmp = self.root / f".{name}.{os.urandom(6).hex()}"
         os.symlink(f"store/{sha256}", tmp)
         os.replace(tmp, self.root / name)
+
+
+def _entry_name(entry: InstalledBundle | DamagedBundle) -> str:
+    """A bundle's id, or "damaged" for a store entry that has none to read."""
+    return entry.bundle_id if isinstance(entry, InstalledBundle) else "damaged"
 
 
 def _flock(fd: int, timeout_s: float) -> bool:

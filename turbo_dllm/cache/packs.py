@@ -20,6 +20,8 @@ relocated: its entries are keyed by content, not path) serve both `--warm` and a
 
 from __future__ import annotations
 
+import errno
+import glob
 import hashlib
 import json
 import os
@@ -32,7 +34,12 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from turbo_dllm.bundles.archive import unreadable_archive
-from turbo_dllm.bundles.manifest import check_relative_path, check_sha256, find_by_name_or_sha
+from turbo_dllm.bundles.manifest import (
+    MIN_SHA_PREFIX,
+    check_relative_path,
+    check_sha256,
+    find_by_name_or_sha,
+)
 from turbo_dllm.cache.key import PackDifference, PackKey
 from turbo_dllm.errors import DllmError
 from turbo_dllm.host import HostFingerprint
@@ -59,6 +66,7 @@ __all__ = [
     "pack_folders",
     "fitting_pack",
     "read_pack_manifest",
+    "remove_damaged_record",
     "remove_pack",
     "verify_pack",
     "verify_pack_archive",
@@ -163,7 +171,7 @@ def make_pack(
 ) -> tuple[Path, PackManifest]:
     """Pack the files under `caches` ({"inductor": folder, "triton": folder}) into `out_dir`."""
     from turbo_dllm import __version__
-    from turbo_dllm.bundles.archive import pack_members
+    from turbo_dllm.bundles.archive import make_output_dir, pack_members
     from turbo_dllm.fsutil import sha256_file
 
     files: list[PackFile] = []
@@ -192,6 +200,7 @@ def make_pack(
             f"the compile caches are empty ({listed}): nothing to pack",
             hint="run the recipe once (or pass --warm to run its first step), then pack",
         )
+    make_output_dir(out_dir)  # before copying: --out may be a file
     text = json.dumps(spec, sort_keys=True, separators=(",", ":")) if spec is not None else None
     manifest = PackManifest(
         key=key, spec=text, created_by=f"turbo-dllm {__version__}", files=tuple(files)
@@ -365,27 +374,45 @@ def _records_dir() -> Path:
 
 def installed_packs() -> list[InstalledPack]:
     folder = _records_dir()
-    packs = []
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        try:
-            data = json.loads(path.read_text())
-            manifest = PackManifest.model_validate(data["manifest"])
-            packs.append(
-                InstalledPack(
-                    path.stem,
-                    manifest,
-                    data["caches"],
-                    data["installed_at"],
-                    data["source"],
-                    tuple(data["added"]),
-                )
-            )
-        except (OSError, ValueError, KeyError, RecordError) as error:
-            raise DllmError(
-                f"the installed-pack record {path} is damaged: {error}",
-                hint=f"delete {path} (the cache files stay; they are only a cache)",
-            ) from None
+    packs = (
+        [_read_record(path) for path in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+    )
     return sorted(packs, key=lambda p: p.installed_at)
+
+
+def _read_record(path: Path) -> InstalledPack:
+    """One installed-pack record (a DllmError naming the fix when it is damaged)."""
+    try:
+        data = json.loads(path.read_text())
+        return InstalledPack(
+            path.stem,
+            PackManifest.model_validate(data["manifest"]),
+            {str(name): str(folder) for name, folder in data["caches"].items()},
+            str(data["installed_at"]),
+            str(data["source"]),
+            tuple(str(member) for member in data["added"]),
+        )
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecordError) as error:
+        raise DllmError(
+            f"the installed-pack record {path} is damaged: {error}",
+            hint=f"remove it: dllm cache remove {path.stem[:12]} (the files it added stay in "
+            "the cache; they are only a cache)",
+        ) from None
+
+
+def remove_damaged_record(ident: str) -> Path | None:
+    """Delete the installed-pack record that the sha256 prefix `ident` names, if that is the
+    only record it names and it is damaged (so `dllm cache remove` can take it); its path."""
+    folder = _records_dir()
+    named = [p for p in folder.glob("*.json") if p.stem.startswith(ident.lower())]
+    if len(ident) < MIN_SHA_PREFIX or len(named) != 1:
+        return None
+    try:
+        _read_record(named[0])
+    except DllmError:
+        named[0].unlink()
+        return named[0]
+    return None
 
 
 def find_installed(ident: str) -> InstalledPack:
@@ -428,34 +455,83 @@ def install_pack(
             "compile",
         )
     sha256 = sha256_file(path)
-    added: list[str] = []
-    with tempfile.TemporaryDirectory(prefix=".dllm-pack-", dir=_staging_root(caches)) as tmp:
+    root = _staging_root(caches)
+    _sweep_staging(root)
+    record_path = _records_dir() / f"{sha256}.json"
+    with tempfile.TemporaryDirectory(prefix=_staging_prefix(), dir=root) as tmp:
         manifest = _extract(path, Path(tmp) / "pack")
         if manifest.key.differences(host, spec_sha256):  # the checked copy must say the same
             raise PackRejected(f"{path.name}: pack.json changed between reads")
-        for entry in manifest.files:
-            cache, _, relative = entry.path.partition("/")
-            target = caches[cache] / relative
-            if target.exists():
-                continue
-            target.parent.mkdir(parents=True, exist_ok=True)
-            # A rename where staging and cache share a file system; a copy where the user put
-            # the two caches on different ones.
-            shutil.move(Path(tmp) / "pack" / entry.path, target)
-            added.append(entry.path)
-    # Installing again keeps what the first install added (so `remove` still removes it).
-    earlier = next((p for p in installed_packs() if p.sha256 == sha256), None)
-    owned = sorted({*added, *(earlier.added if earlier else ())})
+        todo = [
+            entry
+            for entry in manifest.files
+            if not _cache_path(caches, entry.path).exists()  # kept: a live cache is the user's
+        ]
+        # Installing again keeps what the first install added (so `remove` still removes it).
+        earlier = _read_record(record_path) if record_path.exists() else None
+        owned = (*(earlier.added if earlier else ()), *(e.path for e in todo))
+        earlier_bytes = record_path.read_bytes() if earlier else None
+        # The record comes first, naming every file this install is about to add: a process
+        # killed while moving them leaves only files a record accounts for (`remove` deletes
+        # them; installing again adds the rest). Ctrl-C or an error takes all of it back.
+        moved: list[Path] = []
+        try:
+            record = _write_record(sha256, manifest, caches, path, owned)
+            for entry in todo:
+                target = _cache_path(caches, entry.path)
+                moved.append(target)  # before the move: an interrupted move is taken back too
+                _move_into(Path(tmp) / "pack" / entry.path, target)
+        except BaseException:
+            for target in moved:
+                target.unlink(missing_ok=True)
+            if earlier_bytes is None:
+                record_path.unlink(missing_ok=True)
+            else:
+                from turbo_dllm.fsutil import write_atomic
+
+                write_atomic(record_path, earlier_bytes)
+            raise
+    return record, len(todo)
+
+
+def _cache_path(caches: dict[str, Path], member: str) -> Path:
+    """Where a pack member (`inductor/...`, `triton/...`) lives in the compile cache."""
+    cache, _, relative = member.partition("/")
+    return Path(caches[cache]) / relative
+
+
+def _move_into(source: Path, target: Path) -> None:
+    """Move a checked staging file into the cache: a rename where staging and cache share a file
+    system; where the user put the caches on another one, a copy under a temporary name renamed
+    into place, so the cache never holds half a file."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.rename(source, target)
+        return
+    except OSError as error:
+        if error.errno != errno.EXDEV:
+            raise
+    tmp = target.with_name(f".{target.name}.dllm-{os.getpid()}.tmp")  # never packed: a dot
+    try:
+        shutil.copy2(source, tmp)
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _write_record(
+    sha256: str, manifest: PackManifest, caches: dict[str, Path], source: Path, owned
+) -> InstalledPack:
+    from turbo_dllm.fsutil import write_atomic
+
     record = InstalledPack(
         sha256,
         manifest,
         {name: str(folder) for name, folder in caches.items()},
         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        str(path),
-        tuple(owned),
+        str(source),
+        tuple(sorted(set(owned))),
     )
-    from turbo_dllm.fsutil import write_atomic
-
     _records_dir().mkdir(parents=True, exist_ok=True)
     write_atomic(
         _records_dir() / f"{sha256}.json",
@@ -470,7 +546,27 @@ def install_pack(
             indent=1,
         ),
     )
-    return record, len(added)
+    return record
+
+
+def _staging_prefix() -> str:
+    return f".dllm-pack-{os.uname().nodename}-{os.getpid()}-"
+
+
+def _sweep_staging(root: Path) -> None:
+    """Remove the staging folders of installs on this host whose process is gone (killed before
+    its own clean-up ran); another host's (a shared home) or a running one's stay."""
+    prefix = f".dllm-pack-{os.uname().nodename}-"
+    for folder in root.glob(f"{glob.escape(prefix)}*"):
+        pid = folder.name[len(prefix) :].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
 
 
 def _staging_root(caches: dict[str, Path]) -> Path:

@@ -200,9 +200,11 @@ def _build_check(args) -> int:
 
 
 def _publish(args) -> int:
-    from turbo_dllm.bundles.catalog import pin_release
+    from turbo_dllm.bundles.catalog import pin_release, read_lock_to_pin
     from turbo_dllm.bundles.publish import publish
 
+    if args.lock:  # an unusable lock file is an error before anything is published
+        read_lock_to_pin(args.lock)
     checked = []
     if (
         args.packs
@@ -251,6 +253,14 @@ def _publish(args) -> int:
     return 0
 
 
+def _check_lock_timeout(args) -> None:
+    """A negative --lock-timeout gave up at once with "waited -5 s"; nan waited forever."""
+    if not args.lock_timeout >= 0:
+        from turbo_dllm.errors import DllmError
+
+        raise DllmError(f"--lock-timeout must be 0 or more seconds, got {args.lock_timeout:g}")
+
+
 def _progress():
     """A rich progress bar on stderr when it is a terminal; otherwise silence."""
     if not sys.stderr.isatty():
@@ -276,6 +286,9 @@ def _progress():
 
 
 def _install(args) -> int:
+    from turbo_dllm.host.probes import start_gpu_probe
+
+    start_gpu_probe()  # nvidia-smi's wait overlaps the imports and the catalog fetch below
     from turbo_dllm.bundles.install import plan_install, run_install
     from turbo_dllm.bundles.resolve import BundleUnavailable
     from turbo_dllm.bundles.target import BundleTarget
@@ -285,6 +298,7 @@ def _install(args) -> int:
         raise DllmError("--build missing builds this host's own target; use it with --auto")
     if args.retries < 0:  # else no attempt is made and the error blames the download
         raise DllmError(f"--retries must be 0 or more, got {args.retries}")
+    _check_lock_timeout(args)
     target = BundleTarget.parse(args.target) if args.target else None
     try:
         plan = plan_install(
@@ -431,11 +445,16 @@ def _status(args) -> int:
 
 
 def _verify(args) -> int:
-    from turbo_dllm.bundles.store import BundleStore
+    from turbo_dllm.bundles.store import BundleStore, InstalledBundle
 
     store = BundleStore()
-    bundles = [store.find(args.bundle)] if args.bundle else store.installed()
-    report = {b.bundle_id + "@" + b.short_sha: store.verify(b) for b in bundles}
+    bundles = [store.find_entry(args.bundle)] if args.bundle else store.entries()
+    report = {}
+    for b in bundles:
+        if isinstance(b, InstalledBundle):
+            report[f"{b.bundle_id}@{b.short_sha}"] = store.verify(b)
+        else:  # a store entry whose bundle.json or install.json cannot be read
+            report[f"damaged@{b.short_sha}"] = [b.problem]
     ok = all(not problems for problems in report.values())
     if args.json:
         emit_json({"ok": ok, "bundles": report})
@@ -455,18 +474,23 @@ def _verify(args) -> int:
 
 
 def _uninstall(args) -> int:
-    from turbo_dllm.bundles.store import BundleStore
+    from turbo_dllm.bundles.store import BundleStore, InstalledBundle
 
+    _check_lock_timeout(args)
     store = BundleStore()
     with store.locked(args.lock_timeout):
         removed = store.uninstall(args.bundle)
-    print(f"uninstalled {removed.bundle_id} ({removed.short_sha})")
+    if isinstance(removed, InstalledBundle):
+        print(f"uninstalled {removed.bundle_id} ({removed.short_sha})")
+    else:
+        print(f"uninstalled damaged store entry {removed.short_sha} ({removed.problem})")
     return 0
 
 
 def _rollback(args) -> int:
     from turbo_dllm.bundles.store import BundleStore
 
+    _check_lock_timeout(args)
     store = BundleStore()
     with store.locked(args.lock_timeout):
         bundle = store.rollback()

@@ -203,8 +203,12 @@ def _verify(args) -> int:
 
 
 def _remove(args) -> int:
-    from turbo_dllm.cache.packs import find_installed, remove_pack
+    from turbo_dllm.cache.packs import find_installed, remove_damaged_record, remove_pack
 
+    damaged = remove_damaged_record(args.pack)
+    if damaged is not None:
+        print(f"removed the damaged record {damaged} (the files it added stay in the cache)")
+        return 0
     pack = find_installed(args.pack)
     removed = remove_pack(pack)
     print(f"removed {pack.manifest.file_name} ({pack.short_sha}): {removed} files deleted")

@@ -41,6 +41,10 @@ def build_context(config: str | None, world_size: int | None = None):
 def _doctor(args) -> int:
     from turbo_dllm.doctor import run_checks
 
+    if args.world_size is not None and args.world_size < 1:  # was checked as if it made sense
+        from turbo_dllm.errors import DllmError
+
+        raise DllmError(f"--world-size must be 1 or more, got {args.world_size}")
     report = run_checks(build_context(args.config, args.world_size))
     if args.json:
         emit_json(report.to_json())

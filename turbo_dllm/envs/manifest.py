@@ -224,6 +224,9 @@ def load_manifest(path: str | Path) -> EnvManifest:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as error:
         raise DllmError(f"no environment manifest at {path}") from error
+    except (OSError, UnicodeDecodeError) as error:  # a folder, unreadable, not text
+        reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
+        raise DllmError(f"cannot read the environment manifest {path}: {reason}") from None
     return parse_manifest(text, str(path))
 
 

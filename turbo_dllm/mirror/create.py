@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from turbo_dllm import __version__
+from turbo_dllm.bundles.archive import make_output_dir
 from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import make_temp_dir, sha256_file
@@ -146,11 +147,13 @@ def _carry_packs(packs: list[Path], staging: Path) -> None:
 def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
     """Build the mirror; `add_release(plan, staging_root)` copies catalogs and bundles in."""
     dest = plan.dest.absolute()
+    if dest.exists() and not dest.is_dir():  # else a traceback from iterdir()
+        raise DllmError(f"{dest} is a file, not a folder", hint="pass a folder for the mirror")
     if dest.exists() and any(dest.iterdir()) and not plan.force:
         raise DllmError(f"{dest} exists and is not empty", hint="pass --force to replace it")
     if not plan.manifests:
         raise DllmError("no targets to mirror", hint="pass --targets NAME[,NAME]")
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_output_dir(dest.parent)
     staging = make_temp_dir(dest.parent, f".{dest.name}.partial-")
     try:
         (staging / "manifests").mkdir()

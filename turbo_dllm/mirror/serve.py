@@ -111,12 +111,18 @@ class MirrorServer:
                 f"{self.root} is not a mirror (no {MIRROR_FILE})",
                 hint="create one with `dllm mirror create DIR --release vX`",
             )
+        if not 0 <= port <= 65535:  # else a traceback from bind()
+            raise DllmError(f"--port must be 0-65535 (0: any free port), got {port}")
         handler = type("Handler", (MirrorRequestHandler,), {"quiet": quiet})
         try:
             self.httpd = ThreadingHTTPServer((host, port), partial(handler, directory=self.root))
         except OSError as error:
+            import socket
+
+            unknown = isinstance(error, socket.gaierror)  # a host name that does not resolve
             raise DllmError(
-                f"cannot listen on {host}:{port}: {error}", hint="pass another --port"
+                f"cannot listen on {host}:{port}: {error}",
+                hint="pass another --host" if unknown else "pass another --port",
             ) from error
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
