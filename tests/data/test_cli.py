@@ -73,6 +73,60 @@ def test_validate_against_a_runspec_lists_every_misfit(cli, project):
     )
 
 
+def test_fit_checks_what_the_objective_needs(cli, project):
+    """The autoregressive objective streams blocks of 1 and never masks: an artifact aligned to
+    blocks of 4 fits it (the smoke/cpu-ar-target recipe on the smoke/cpu-dflash data), while a
+    block-diffusion spec with blocks of 16 is still refused."""
+    prepare = ("--set", "packing.seq_len=128", "--set", "packing.block_size=4")
+    assert cli("data", "prepare", "--config", project / "prepare.yaml", *prepare).code == 0
+    target = project / "ar.yaml"
+    assert cli("recipe", "copy", "smoke/cpu-ar-target", target).code == 0
+    artifact = project / "data/prepared"
+    result = cli("data", "validate", artifact, "--config", target)
+    assert result.code == 0, result.err
+    doctor = json.loads(cli("doctor", "--config", target, "--json").out)
+    assert {c["name"]: c for c in doctor["checks"]}["data fit"]["status"] == "pass"
+    # a mask token the objective never uses is no misfit either
+    target.write_text(
+        target.read_text().replace(
+            "name: autoregressive", "name: autoregressive\n  mask_token_id: 5"
+        )
+    )
+    assert cli("data", "validate", artifact, "--config", target).code == 0
+
+    diffusion = project / "bd.yaml"
+    diffusion.write_text(
+        target.read_text().replace(
+            "name: autoregressive", "name: block_diffusion\n  block_size: 16"
+        )
+    )
+    result = cli("data", "validate", artifact, "--config", diffusion)
+    assert_user_error(
+        result, "objective.block_size: 16, but the artifact aligned documents to blocks of 4"
+    )
+    assert "objective.mask_token_id: 5" in result.err
+
+
+def test_dllm_train_resumes_a_recorded_run_only_on_its_recorded_data(
+    cli, project, tmp_path, monkeypatch
+):
+    """The same artifact path prepared again holds another stream than the manifest records."""
+    monkeypatch.chdir(tmp_path)
+    assert cli("data", "prepare", "--config", project / "prepare.yaml").code == 0
+    steps = ("--set", "training.steps=2", "--set", "scheduler.warmup_steps=1")
+    launch = ("launch", "--config", project / "train.yaml", "--backend", "slurm")
+    assert cli(*launch, "--nproc-per-node", "1", "--run-dir", "runs/r", *steps).code == 0
+    run_dir = tmp_path / "runs" / "r"
+    prepare = ("data", "prepare", "--config", project / "prepare.yaml")
+    assert (
+        cli(*prepare, "--set", "output.overwrite=true", "--set", "packing.prepend_bos=true").code
+        == 0
+    )
+    result = cli("train", "--config", run_dir / "spec.yaml", "--run-dir", run_dir)
+    assert_user_error(result, "recorded with data artifact fingerprint", "now holds")
+    assert not (run_dir / "metrics.jsonl").exists()
+
+
 def test_prepare_with_overrides_and_human_output(cli, project):
     result = cli(
         "data",

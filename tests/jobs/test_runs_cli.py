@@ -4,6 +4,7 @@ of `dllm train --run-dir` runs)."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 
 from tests.helpers import assert_user_error
@@ -69,6 +70,17 @@ def test_show_unknown_or_ambiguous_run(cli, spec_file, workdir):
     assert_user_error(cli("run", "show", "2"), "matches 2 runs")
 
 
+def test_a_root_that_is_no_folder_is_a_clear_error(cli, spec_file, workdir):
+    # no ./runs yet is a fresh project, not an error
+    assert "no recorded runs under runs/" in cli("run", "list").out
+    assert_user_error(cli("run", "list", "--root", spec_file), "is not a folder")
+    assert_user_error(cli("run", "list", "--root", workdir / "nope", "--json"), "does not exist")
+    assert_user_error(cli("run", "show", "x", "--root", workdir / "nope"), "(no such folder)")
+    assert_user_error(cli("run", "show", "x", "--root", spec_file), "(not a folder)")
+    (workdir / "runs").write_text("")
+    assert_user_error(cli("run", "list"), "run root 'runs' is not a folder")
+
+
 def test_plot_writes_pngs(cli, spec_file, workdir):
     slurm_run(cli, spec_file)
     [run_dir] = (workdir / "runs").iterdir()
@@ -126,3 +138,63 @@ def test_dllm_train_resumes_a_recorded_run_only_with_its_spec(cli, spec_file, wo
     assert same.code == 0, same.err
     listing = json.loads(cli("run", "list", "--json").out)
     assert [(r["steps_done"], r["steps_total"]) for r in listing["runs"]] == [(4, 4)]
+
+
+def test_a_run_resumed_by_dllm_train_reads_as_its_latest_attempt(
+    cli, spec_file, workdir, monkeypatch
+):
+    """Not the launcher's or SLURM's word on the attempt before (here: a job that timed out)."""
+    from tests.jobs.test_slurm_plans import fake_command
+
+    bin_dir = workdir / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    fake_command(bin_dir, "sbatch", "echo 4242\n")
+    fake_command(bin_dir, "squeue", "echo '4242|TIMEOUT'\n")
+    slurm_run(cli, spec_file, "--run-dir", "runs/r", "--submit")
+    run_dir = workdir / "runs" / "r"
+
+    def status() -> str:
+        [run] = json.loads(cli("run", "list", "--json").out)["runs"]
+        return run["status"]
+
+    assert status() == "timeout"
+    import turbo_dllm.train.entry as entry
+    from turbo_dllm.errors import DllmError
+
+    def failing(spec, run_dir):
+        assert not (run_dir / "result.json").exists()  # "no result" while it runs
+        raise DllmError("the attempt failed")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(entry, "train", failing)
+        resume = ("train", "--config", run_dir / "spec.yaml", "--run-dir", run_dir)
+        assert_user_error(cli(*resume), "the attempt failed")
+    assert status() == "exit 2"
+    assert cli(*resume).code == 0
+    assert status() == "ok"
+    result = json.loads((run_dir / "result.json").read_text())
+    assert result["resumed_by"] == "dllm train" and result["backend"] == "local"
+
+
+def test_damaged_result_and_metrics_read_as_unknown_not_a_traceback(cli, spec_file, workdir):
+    slurm_run(cli, spec_file)
+    [run_dir] = (workdir / "runs").iterdir()
+    write_metrics(run_dir, [5.0, 4.5])
+    with (run_dir / "metrics.jsonl").open("a") as handle:
+        handle.write('{"step": "x", "loss": "y"}\n')
+    for damaged in ("[1, 2]", '"ok"', '{"exit_code": "0"}'):
+        (run_dir / "result.json").write_text(damaged)
+        listing = cli("run", "list", "--json")
+        assert listing.code == 0, listing.err
+        [run] = json.loads(listing.out)["runs"]
+        assert (run["steps_done"], run["last_loss"], run["exit_code"]) == (2, 4.5, None)
+        shown = cli("run", "show", run_dir.name)
+        assert shown.code == 0, shown.err
+        assert "progress     2/4 steps, last loss 4.5000; not submitted" in shown.out
+
+
+def test_dllm_train_into_a_run_dir_it_cannot_create_is_a_clear_error(cli, spec_file, workdir):
+    result = cli("train", "--config", spec_file, "--run-dir", spec_file)
+    assert_user_error(result, "cannot create run dir", "it is not a folder", "--run-dir")
+    result = cli("train", "--config", spec_file, "--run-dir", spec_file / "run")
+    assert_user_error(result, "cannot create run dir", "Not a directory")

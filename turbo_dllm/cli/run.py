@@ -12,7 +12,7 @@ def register(subparsers) -> None:
         p = commands.add_parser(name, help=help, description=help)
         for arg in positional:
             p.add_argument(arg, help="run id (or a unique prefix), or a run dir")
-        p.add_argument("--root", default="runs", help="folder holding run dirs (default runs)")
+        p.add_argument("--root", default=None, help="folder holding run dirs (default runs)")
         p.set_defaults(func=func)
         return p
 
@@ -27,13 +27,18 @@ def register(subparsers) -> None:
 
 
 def _list(args) -> int:
-    from turbo_dllm.jobs.runs import list_runs, unrecorded_runs
+    from pathlib import Path
 
-    runs, unrecorded = list_runs(args.root), unrecorded_runs(args.root)
+    from turbo_dllm.jobs.runs import DEFAULT_ROOT, check_root, list_runs, unrecorded_runs
+
+    root = args.root or DEFAULT_ROOT
+    if args.root is not None or Path(root).exists():  # no ./runs yet: nothing launched here
+        check_root(root)
+    runs, unrecorded = list_runs(root), unrecorded_runs(root)
     if args.json:
         emit_json(
             {
-                "root": args.root,
+                "root": root,
                 "runs": [r.to_json() for r in runs],
                 "without_manifest": [str(p) for p in unrecorded],
             }
@@ -45,7 +50,7 @@ def _list(args) -> int:
             + ", ".join(p.name for p in unrecorded)
         )
     if not runs:
-        print(f"no recorded runs under {args.root}/ (start one with `dllm launch --config F`)")
+        print(f"no recorded runs under {root}/ (start one with `dllm launch --config F`)")
         return 0
     rows = [("run", "name", "created", "layout", "steps", "loss", "status", "replay of")]
     for r in runs:
@@ -76,7 +81,7 @@ def _show(args) -> int:
     from turbo_dllm.jobs.manifest import read_manifest
     from turbo_dllm.jobs.runs import find_run, summarize
 
-    run_dir = find_run(args.run, args.root)
+    run_dir = find_run(args.run, _root(args))
     manifest = read_manifest(run_dir)
     if args.json:
         emit_json(manifest.model_dump(mode="json"))
@@ -100,8 +105,8 @@ def _diff(args) -> int:
     from turbo_dllm.jobs.manifest import read_manifest
     from turbo_dllm.jobs.runs import diff_manifests, find_run
 
-    a = read_manifest(find_run(args.a, args.root))
-    b = read_manifest(find_run(args.b, args.root))
+    a = read_manifest(find_run(args.a, _root(args)))
+    b = read_manifest(find_run(args.b, _root(args)))
     groups = diff_manifests(a, b)
     if args.json:
         emit_json(
@@ -132,9 +137,15 @@ def _plot(args) -> int:
     from turbo_dllm.jobs.plot import plot_run
     from turbo_dllm.jobs.runs import find_run
 
-    for path in plot_run(find_run(args.run, args.root, manifest=False), args.out):
+    for path in plot_run(find_run(args.run, _root(args), manifest=False), args.out):
         print(f"wrote {path}")
     return 0
+
+
+def _root(args) -> str:
+    from turbo_dllm.jobs.runs import DEFAULT_ROOT
+
+    return args.root or DEFAULT_ROOT
 
 
 def _cell(value) -> str:

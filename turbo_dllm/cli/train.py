@@ -33,22 +33,84 @@ def _train(args) -> int:
 
     check_inputs(spec, args.config)  # before the run dir exists
     run_dir = resolve_run_dir(spec, args.run_dir)
-    _check_recorded_spec(spec, run_dir)
-    return train(spec, run_dir)
+    _make_run_dir(run_dir)
+    if not _check_recorded_spec(spec, run_dir):
+        return train(spec, run_dir)
+    return _attempt(spec, run_dir, train)
 
 
-def _check_recorded_spec(spec, run_dir) -> None:
+def _make_run_dir(run_dir) -> None:
+    """The run dir exists as a folder before the trainer starts, or a clear error says why not."""
+    from turbo_dllm.errors import DllmError
+
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        why = "it is not a folder" if run_dir.exists() else (error.strerror or str(error))
+        raise DllmError(
+            f"cannot create run dir {run_dir}: {why}",
+            hint="pass --run-dir a folder you can write (or leave it unset for a fresh one)",
+        ) from None
+
+
+def _attempt(spec, run_dir, train) -> int:
+    """Resume a recorded run as its latest attempt: its status (`dllm run list`) is this one's,
+    not what the launcher (or SLURM) said of an earlier one. The launcher's stale result goes
+    before training starts ("no result" while it runs) and this attempt's exit code replaces it
+    (rank 0 of a torchrun'd `dllm train`); an interrupted attempt, like an interrupted launch,
+    leaves none."""
+    import os
+
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.jobs.result import RESULT_NAME, now, write_result
+
+    main = os.environ.get("RANK", "0") == "0"
+    backend = "local" if os.environ.get("WORLD_SIZE", "1") == "1" else "torchrun"
+    if main:
+        (run_dir / RESULT_NAME).unlink(missing_ok=True)
+    started, code = now(), 1
+    try:
+        code = train(spec, run_dir)
+        return code
+    except DllmError:
+        code = 2
+        raise
+    except KeyboardInterrupt:
+        main = False
+        raise
+    finally:
+        if main:
+            write_result(run_dir, code, started, backend, resumed_by="dllm train")
+
+
+def _check_recorded_spec(spec, run_dir) -> bool:
     """A run dir that `dllm launch` recorded resumes only with the spec its manifest holds:
-    another one would append steps the manifest does not describe (`dllm run list`: 9/6)."""
+    another one would append steps the manifest does not describe (`dllm run list`: 9/6).
+    True: `run_dir` is such a run."""
     from turbo_dllm.jobs.manifest import MANIFEST_NAME, read_manifest, spec_sha256
 
     if not (run_dir / MANIFEST_NAME).is_file():
-        return
-    if read_manifest(run_dir).spec_sha256 != spec_sha256(spec.model_dump(mode="json")):
-        from turbo_dllm.errors import DllmError
+        return False
+    from turbo_dllm.errors import DllmError
 
+    manifest = read_manifest(run_dir)
+    if manifest.spec_sha256 != spec_sha256(spec.model_dump(mode="json")):
         raise DllmError(
             f"{run_dir} holds a run recorded by `dllm launch` with another spec",
             hint=f"resume it with its own spec (--config {run_dir / 'spec.yaml'}, no --set), "
             "or train into a new run dir",
         )
+    if manifest.data is not None and spec.data.artifact is not None:
+        # The same path with other content (prepared again): the resumed loader would walk
+        # another stream than the one the manifest and the checkpoints record.
+        from turbo_dllm.data.artifact import read_manifest as read_data_manifest
+
+        now = read_data_manifest(spec.data.artifact).fingerprint
+        if now != manifest.data.fingerprint:
+            raise DllmError(
+                f"{run_dir} was recorded with data artifact fingerprint "
+                f"{manifest.data.fingerprint[:16]}, but {spec.data.artifact} now holds "
+                f"{now[:16]}",
+                hint="restore the recorded data to resume the run, or train into a new run dir",
+            )
+    return True

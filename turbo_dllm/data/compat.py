@@ -1,8 +1,11 @@
 """Does an artifact fit a RunSpec? Shared by `dllm data validate --config` and `dllm doctor`.
 
-The checks: sequence length, block size (documents aligned to the artifact's block size are
-aligned to any divisor of it), the model's vocabulary covers every id the artifact may hold, and
-the mask token the objective will use is the artifact's and inside the model's vocabulary.
+The checks: sequence length; the block size, for the objectives whose attention blocks tile
+every sequence (block_diffusion, fast_dllm_v2: documents aligned to the artifact's block size are
+aligned to any divisor of it; the other objectives never need documents on block boundaries, and
+autoregressive streams blocks of 1); the model's vocabulary covers every id the artifact may hold;
+and the mask token is inside the model's vocabulary and, for the objectives that mask with the
+artifact's mask token (block_diffusion, fast_dllm_v2), the artifact's.
 """
 
 from __future__ import annotations
@@ -11,6 +14,13 @@ from turbo_dllm.data.artifact import DataManifest
 from turbo_dllm.errors import DllmError
 
 __all__ = ["artifact_problems", "model_vocab_size"]
+
+# Objectives whose stream is cut into blocks of objective.block_size from position 0, where a
+# block holding the end of one document and the start of the next would leak across documents,
+# and whose noise is the artifact's mask token. The others (autoregressive: token-causal;
+# dflash_distillation: blocks at anchors, masked with model.dflash.mask_token_id;
+# diffusiongemma_sft: a canvas from the response start, uniform-state noise) need neither.
+_TILED_MASKED = frozenset({"block_diffusion", "fast_dllm_v2"})
 
 
 def model_vocab_size(model) -> tuple[int | None, str]:
@@ -37,8 +47,12 @@ def artifact_problems(manifest: DataManifest, spec) -> list[str]:
             f"data.seq_len: {spec.data.seq_len}, but the artifact holds sequences of "
             f"{manifest.seq_len} tokens"
         )
-    block = spec.objective.block_size
-    if manifest.packing.align == "block" and manifest.block_size % block:
+    from turbo_dllm.registry import get_objective
+
+    objective = spec.objective
+    block = get_objective(objective.name).stream_block_size or objective.block_size
+    tiled = objective.name in _TILED_MASKED
+    if tiled and manifest.packing.align == "block" and manifest.block_size % block:
         found.append(
             f"objective.block_size: {block}, but the artifact aligned documents to blocks of "
             f"{manifest.block_size} (prepare again with packing.block_size: {block})"
@@ -54,11 +68,14 @@ def artifact_problems(manifest: DataManifest, spec) -> list[str]:
         found.append(f"model: {error.message}")
         vocab, where = None, ""
     mask = manifest.special_tokens["mask"]
-    if spec.objective.mask_token_id is not None and spec.objective.mask_token_id != mask:
-        found.append(
-            f"objective.mask_token_id: {spec.objective.mask_token_id}, but the artifact's mask "
-            f"token is {mask} (leave mask_token_id unset to use it)"
-        )
+    if objective.mask_token_id is not None and objective.mask_token_id != mask:
+        if tiled:
+            found.append(
+                f"objective.mask_token_id: {objective.mask_token_id}, but the artifact's mask "
+                f"token is {mask} (leave mask_token_id unset to use it)"
+            )
+        else:  # unused by the objective, but the trainer still checks it against the model
+            mask = objective.mask_token_id
     if vocab is not None:
         if manifest.vocab_size > vocab:
             found.append(

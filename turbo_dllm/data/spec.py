@@ -352,7 +352,8 @@ def validate_prepare_document(
         lines = "\n".join(f"  - {p}" for p in found)
         raise DllmError(
             f"{source} has {len(found)} problem{'s' if len(found) > 1 else ''}:\n{lines}",
-            hint="see docs/data.md for which records and supervision modes go together",
+            hint="docs/data.md says which fields go together (records and supervision, "
+            "packing sizes, source options)",
         )
     return spec
 

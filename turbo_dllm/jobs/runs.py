@@ -2,7 +2,9 @@
 
 A run's status comes from its `result.json` (the exit code) and, for a submitted SLURM job,
 from SLURM itself: its job is pending or running before any result exists, and a job SLURM
-ends (scancel, time limit, node failure) never writes one.
+ends (scancel, time limit, node failure) never writes one. A run resumed by hand (`dllm train
+--run-dir`) is its latest attempt: its own `result.json` (`resumed_by`) outranks SLURM's word on
+the job that came before.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from turbo_dllm.train.metrics import METRICS_NAME, read_metrics
 __all__ = [
     "DEFAULT_ROOT",
     "RunSummary",
+    "check_root",
     "diff_manifests",
     "find_run",
     "list_runs",
@@ -48,6 +51,7 @@ class RunSummary:
     replay_of: str | None
     slurm_job_id: str | None = None
     slurm_state: str | None = None  # None: not a submitted SLURM job, or SLURM forgot it
+    resumed: bool = False  # the latest attempt was a `dllm train` (SLURM's job is history)
 
     @property
     def status(self) -> str:
@@ -82,6 +86,18 @@ class RunSummary:
         }
 
 
+def check_root(root: str | Path) -> Path:
+    """`root` as a folder of run dirs; a DllmError saying what it is when it is none."""
+    root = Path(root)
+    if root.is_dir():
+        return root
+    what = "is not a folder" if root.exists() else "does not exist"
+    raise DllmError(
+        f"run root {str(root)!r} {what}",
+        hint="pass --root the folder that holds the run dirs (default ./runs), or a run dir path",
+    )
+
+
 def find_run(ref: str | Path, root: str | Path = DEFAULT_ROOT, *, manifest: bool = True) -> Path:
     """A run dir from a path, an id under `root`, or a unique part of one (e.g. its short id).
     With `manifest=False` (what reads only the metrics: plots) a folder `dllm train --run-dir`
@@ -114,8 +130,9 @@ def find_run(ref: str | Path, root: str | Path = DEFAULT_ROOT, *, manifest: bool
             + ", ".join(p.name for p in candidates[:8]),
             hint="give more of the run id",
         )
+    where = "" if root.is_dir() else f" ({'not a folder' if root.exists() else 'no such folder'})"
     raise DllmError(
-        f"no run {str(ref)!r} under {root}",
+        f"no run {str(ref)!r} under {root}{where}",
         hint="`dllm run list` shows the runs; pass --root for another folder, or a run dir path",
     )
 
@@ -151,8 +168,11 @@ def summarize(
     """A run's summary; `ask_slurm` queries SLURM for a submitted job's state."""
     manifest = manifest or read_manifest(run_dir)
     metrics = read_metrics(run_dir)
-    last = metrics[-1] if metrics else {}
+    last = next((m for m in reversed(metrics) if _number(m.get("step"), int) is not None), {})
     result = read_result(run_dir)
+    if not isinstance(result, dict):  # absent, or not a result a launcher writes
+        result = None
+    code = None if result is None else result.get("exit_code")
     plan = manifest.plan
     summary = RunSummary(
         run_id=manifest.run_id,
@@ -161,14 +181,21 @@ def summarize(
         created_at=manifest.created_at,
         backend=plan.backend,
         processes=f"{plan.nnodes}x{plan.nproc_per_node}",
-        steps_done=last.get("step"),
+        steps_done=_number(last.get("step"), int),
         steps_total=int(manifest.spec["training"]["steps"]),
-        last_loss=last.get("loss"),
-        exit_code=None if result is None else result.get("exit_code"),
+        last_loss=_number(last.get("loss"), (int, float)),
+        exit_code=_number(code, int),
         replay_of=manifest.replay_of.run_id if manifest.replay_of else None,
         slurm_job_id=_slurm_job_id(run_dir) if plan.backend == "slurm" else None,
+        resumed=result is not None and result.get("resumed_by") is not None,
     )
     return _with_slurm_states([summary])[0] if ask_slurm else summary
+
+
+def _number(value: Any, kind: type | tuple[type, ...]) -> Any:
+    """`value` if it is a number of `kind` (never a bool), else None: files a person edited or
+    damaged read as unknown, not as a crash."""
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
 def _slurm_job_id(run_dir: Path) -> str | None:
@@ -183,7 +210,9 @@ def _with_slurm_states(summaries: list[RunSummary]) -> list[RunSummary]:
     have ended (one query for all of them); a clean exit code needs no question."""
     from turbo_dllm.jobs.backends.slurm import job_states
 
-    ask = [s.slurm_job_id for s in summaries if s.slurm_job_id and s.exit_code != 0]
+    ask = [
+        s.slurm_job_id for s in summaries if s.slurm_job_id and s.exit_code != 0 and not s.resumed
+    ]
     if not ask:
         return summaries
     states = job_states(ask)
