@@ -109,3 +109,13 @@ def test_export_names_a_target_flag_that_is_not_a_model_folder(cli, drafter, tmp
     assert_user_error(result, "--target", "is not a model folder")
     assert "model.path" not in result.err  # a RunSpec key: not what the user typed
     assert not (tmp_path / "x").exists()
+
+
+def test_an_unwritable_out_is_named_as_typed_and_leaves_nothing(cli, drafter, tmp_path):
+    """The error used to name an inner staging folder (`x/..serve.dflash-partial.partial`)."""
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "file" / "serve"
+    result = _export(cli, drafter["run"] / "checkpoints", out)
+    assert_user_error(result, f"cannot write the export to {str(out)!r}", "--out")
+    assert "partial" not in result.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]

@@ -149,6 +149,43 @@ def test_training_freezes_routers_and_resumes_bitwise(tmp_path):
     assert generated.sequences.shape[0] == 1 and generated.sequences.shape[1] > 8
 
 
+def test_export_of_a_model_folder_keeps_its_vision_tower(tmp_path, capsys):
+    """The model neither reads nor trains the vision tower; an export used to drop it, and
+    transformers then loaded the folder with a randomly initialised vision tower."""
+    import copy
+
+    from safetensors import safe_open
+
+    from turbo_dllm.train.export import export_checkpoint
+
+    transformers = pytest.importorskip("transformers")
+    hf_model(tmp_path / "source")
+    base = copy.deepcopy(SFT)
+    base["model"].update(path=str(tmp_path / "source"), from_config=None)
+    base["objective"]["block_size"] = 4
+    base["data"]["synthetic"]["vocab_size"] = 97
+    train(tiny_spec("training.steps=2", base=base), tmp_path / "run")
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf", dtype="bfloat16")
+    with safe_open(str(tmp_path / "source/model.safetensors"), framework="pt") as source:
+        with safe_open(str(out / "model.safetensors"), framework="pt") as exported:
+            assert set(source.keys()) == set(exported.keys())
+            vision = [k for k in source.keys() if ".vision_tower." in k or ".embed_vision." in k]
+            assert vision
+            for name in vision:  # unchanged, in the export's dtype
+                assert exported.get_tensor(name).dtype == torch.bfloat16
+                assert torch.equal(
+                    exported.get_tensor(name), source.get_tensor(name).to(torch.bfloat16)
+                )
+    _, info = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(
+        str(out), output_loading_info=True
+    )
+    assert not info["missing_keys"], info["missing_keys"]
+    shutil.rmtree(tmp_path / "source")  # gone since training: said
+    capsys.readouterr()
+    export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf2")
+    assert "nor its model.encoder.vision_tower.*" in capsys.readouterr().err
+
+
 def test_another_familys_folder_is_refused(tmp_path):
     import json
 

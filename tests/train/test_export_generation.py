@@ -6,6 +6,7 @@ import copy
 import json
 import shutil
 
+import pytest
 import torch
 import transformers
 
@@ -101,3 +102,23 @@ def test_a_vanished_source_folder_is_said_not_silent(tmp_path, capsys):
         capsys.readouterr().err
     )
     assert not (out / "tokenizer.json").exists()
+
+
+def test_an_interrupted_export_leaves_no_partial_folder(tmp_path, monkeypatch):
+    """Ctrl-C (or any error) while the folder is written used to leave `.hf.partial`, a hidden
+    copy of the weights, beside --out."""
+    from turbo_dllm.train import export
+
+    train(tiny_spec("training.steps=2"), tmp_path / "run")
+
+    def interrupted(meta, folder):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(export, "_copy_generation_files", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
+    monkeypatch.undo()
+    assert (
+        export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf") / "config.json"
+    ).is_file()

@@ -184,6 +184,22 @@ def test_mask_token_migration_adds_the_token_and_records_it(tmp_path, cli):
         migrate_mask_token(full)
 
 
+def test_mask_token_migration_of_a_folder_without_a_tokenizer_is_refused(tmp_path, cli):
+    """A model folder without tokenizer files (e.g. a `dllm export` of a random-init run) used
+    to get a tokenizer made up from its model_type, with the mask token at id 1, written over
+    the folder; now it is refused and the folder is left as it was."""
+    from tests.helpers import assert_user_error
+
+    hf_model().save_pretrained(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    config = (tmp_path / "config.json").read_text()
+    assert_user_error(cli("model", "add-mask-token", tmp_path), "has no tokenizer")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert (tmp_path / "config.json").read_text() == config
+    (tmp_path / "tokenizer.json").write_text('{"torn')  # an unreadable one: said, no traceback
+    assert_user_error(cli("model", "add-mask-token", tmp_path), "cannot load the tokenizer")
+
+
 def test_fla_on_hopper_with_a_miscompiling_triton_is_refused_before_training():
     """fla 0.6 raises at the first backward on Hopper with Triton in [3.4.0, 3.7.1) (seen on the
     H200 host, Triton 3.6.0): the trainer says so when it builds the model, with the fixes."""

@@ -104,3 +104,38 @@ def test_a_checkpoint_from_before_the_token_ids_resumes(tmp_path):
     meta_path.write_text(json.dumps(meta))
     assert train(tiny_spec(*ARGS, base=base), tmp_path / "run") == 0
     assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize("damage", ["truncated_tensors", "no_metadata", "torn_rng"])
+def test_a_damaged_checkpoint_is_a_user_error_on_resume_and_export(
+    run, tmp_path, cli, caplog, damage
+):
+    """A checkpoint folder with a torn or missing file (copied in half, a disk error) used to
+    end a resume and an export in DCP's traceback; both now say which checkpoint is damaged."""
+    from tests.helpers import assert_user_error
+    from turbo_dllm.errors import DllmError
+
+    step = run / "checkpoints/step_00000002"
+    if damage == "truncated_tensors":
+        with (step / "__0_0.distcp").open("r+b") as handle:
+            handle.truncate(1000)
+    elif damage == "no_metadata":
+        (step / ".metadata").unlink()
+    else:
+        (step / "rank_00000.pt").write_bytes(b"torn")
+    with pytest.raises(DllmError, match="cannot read the checkpoint"):
+        train(tiny_spec(*ARGS), run)
+    assert not any("metadata is not found" in r.getMessage() for r in caplog.records)
+    if damage != "torn_rng":  # export reads no RNG state
+        result = cli("export", "--checkpoint", step, "--out", tmp_path / "hf")
+        assert_user_error(result, f"cannot read the checkpoint {str(step)!r}")
+        assert not (tmp_path / "hf").exists()
+
+
+def test_a_missing_step_or_a_run_folder_names_the_checkpoints_there(run, tmp_path, cli):
+    from tests.helpers import assert_user_error
+
+    listed = f"{run / 'checkpoints'} has step_00000002"
+    for wrong in (run / "checkpoints/step_00000009", run):  # a typo'd step, the run folder
+        result = cli("export", "--checkpoint", wrong, "--out", tmp_path / "hf")
+        assert_user_error(result, f"not a checkpoint: {str(wrong)!r}", listed)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -32,6 +33,7 @@ __all__ = [
     "CheckpointMeta",
     "Checkpointer",
     "find_latest",
+    "load_tensors",
     "quiet_dcp_warnings",
     "read_meta",
     "same_model",
@@ -76,10 +78,13 @@ def _own_tensors(model, state: dict) -> dict:
 def read_meta(path: str | Path) -> CheckpointMeta:
     meta_path = Path(path) / "checkpoint.json"
     if not meta_path.is_file():
-        raise DllmError(
-            f"not a checkpoint: {str(path)!r} (no checkpoint.json)",
-            hint="pass a checkpoints/step_<N> folder written by `dllm train`",
-        )
+        hint = "pass a checkpoints/step_<N> folder written by `dllm train`"
+        # a step that is not there, or a run folder: say which checkpoints are
+        for folder in (Path(path) / "checkpoints", Path(path).parent):
+            if steps := _complete_steps(folder):
+                hint += f"; {folder} has {', '.join(child.name for child in steps[-3:])}"
+                break
+        raise DllmError(f"not a checkpoint: {str(path)!r} (no checkpoint.json)", hint=hint)
     try:
         return CheckpointMeta.model_validate_json(meta_path.read_text())
     except ValueError as error:
@@ -100,31 +105,74 @@ def same_model(saved: dict[str, Any], current: dict[str, Any]) -> bool:
     return shape(saved) == shape(current)
 
 
+def _complete_steps(directory: Path) -> list[Path]:
+    """The complete checkpoints in `directory`, by step."""
+    if not directory.is_dir():
+        return []
+    return sorted(
+        child
+        for child in directory.iterdir()
+        if _STEP_DIR.match(child.name) and (child / "checkpoint.json").is_file()
+    )
+
+
 def find_latest(directory: str | Path) -> Path | None:
     """The complete checkpoint with the highest step in `directory`, if any."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return None
-    best: tuple[int, Path] | None = None
-    for child in directory.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and (child / "checkpoint.json").is_file():
-            step = int(match.group(1))
-            if best is None or step > best[0]:
-                best = (step, child)
-    return None if best is None else best[1]
+    steps = _complete_steps(Path(directory))
+    return steps[-1] if steps else None
 
 
 # DCP in one process (no process group) says so on every save and load; nothing else is hidden.
 _KNOWN_DCP_NOISE = r"torch\.distributed is disabled, unavailable or uninitialized"
 
 
+# A load whose metadata is missing or unreadable logs each failed read with its traceback on
+# the root logger before it raises; the error that follows (load_tensors) names both reads.
+_DCP_METADATA_LOGS = ("Global metadata is not found", "Rank local metadata is not found")
+
+
+def _not_metadata_noise(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith(_DCP_METADATA_LOGS)
+
+
 @contextlib.contextmanager
 def quiet_dcp_warnings():
-    """Silence only DCP's known single-process notice; every other warning still shows."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=_KNOWN_DCP_NOISE, category=UserWarning)
-        yield
+    """Silence only DCP's known notices; every other warning and log line still shows."""
+    root = logging.getLogger()
+    root.addFilter(_not_metadata_noise)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=_KNOWN_DCP_NOISE, category=UserWarning)
+            yield
+    finally:
+        root.removeFilter(_not_metadata_noise)
+
+
+def _unreadable(path: Path, error: BaseException) -> DllmError:
+    failures = getattr(error, "failures", None)  # DCP's CheckpointException: the ranks' errors
+    if failures:
+        error = next(iter(failures.values()))[0]
+    text = str(error).strip()
+    reason = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+    return DllmError(
+        f"cannot read the checkpoint {str(path)!r}: {reason[:300]}",
+        hint="its files are damaged or incomplete; use another step_<N> folder "
+        "(`resume:` or --checkpoint names one)",
+    )
+
+
+def load_tensors(state: dict[str, Any], path: str | Path) -> None:
+    """`dcp.load` into `state` (collective); a damaged or incomplete checkpoint is a DllmError."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    with quiet_dcp_warnings():
+        try:
+            dcp.load(state, checkpoint_id=str(path))
+        # DCP raises many types (missing files, unpickling, keys); a failed read comes wrapped
+        # in CheckpointException, a BaseException
+        except (Exception, CheckpointException) as error:
+            raise _unreadable(Path(path), error) from None
 
 
 def _barrier() -> None:
@@ -205,12 +253,7 @@ class Checkpointer:
         return final
 
     def _prune(self) -> None:
-        complete = sorted(
-            child
-            for child in self.directory.iterdir()
-            if _STEP_DIR.match(child.name) and (child / "checkpoint.json").is_file()
-        )
-        for old in complete[: -self.keep_last]:
+        for old in _complete_steps(self.directory)[: -self.keep_last]:
             shutil.rmtree(old, ignore_errors=True)
         for child in self.directory.iterdir():  # temp folders of saves that never finished
             if child.name.startswith(".tmp-step_"):
@@ -219,7 +262,6 @@ class Checkpointer:
     # --- load ----------------------------------------------------------------------------------
     def load(self, path: str | Path, *, model, optimizer, scheduler, loader) -> CheckpointMeta:
         """Restore everything saved at `path`; returns its metadata (meta.step = next step)."""
-        import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         path = Path(path)
@@ -228,8 +270,7 @@ class Checkpointer:
 
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": _own_tensors(model, model_state), "optim": optim_state}
-        with quiet_dcp_warnings():
-            dcp.load(state, checkpoint_id=str(path))
+        load_tensors(state, path)
         set_state_dict(
             model,
             optimizer,
@@ -253,7 +294,10 @@ class Checkpointer:
                 flush=True,
             )
         if meta.world_size == self.world_size and rank_file.is_file():
-            rng = torch.load(rank_file, weights_only=False)["rng"]
+            try:
+                rng = torch.load(rank_file, weights_only=False)["rng"]
+            except Exception as error:  # a truncated or foreign file
+                raise _unreadable(rank_file, error) from None
             torch.set_rng_state(rng["torch"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state_all(rng["cuda"])

@@ -9,6 +9,8 @@ sequence. Both are copied from where training got them (recorded in the checkpoi
 `export_sources`): the model.path folder's generation_config.json and tokenizer files; for a
 random-init model trained on a prepared data artifact, the artifact's tokenizer and special
 token ids. Without a source generation_config.json, one is written from the config's ids.
+A model whose HF layout holds tensors it neither reads nor trains (`hf_source_prefixes`:
+DiffusionGemma's vision tower) gets them copied unchanged from the model.path folder.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import shutil
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,13 +39,19 @@ def export_sources(spec) -> dict[str, str | None]:
     return {"model_path": absolute(spec.model.path), "data_artifact": absolute(spec.data.artifact)}
 
 
-def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None = None) -> Path:
-    """Write `checkpoint`'s model to `out` in the HF layout; returns `out`."""
+def export_checkpoint(
+    checkpoint: str | Path,
+    out: str | Path,
+    dtype: str | None = None,
+    *,
+    finish: Callable[[Path], None] | None = None,
+) -> Path:
+    """Write `checkpoint`'s model to `out` in the HF layout; returns `out`. `finish(folder)`
+    adds files to the folder before it is renamed into place (`dllm dflash export`'s record)."""
     import torch
-    import torch.distributed.checkpoint as dcp
 
     from turbo_dllm.registry import get_family
-    from turbo_dllm.train.checkpoint import find_latest, quiet_dcp_warnings, read_meta
+    from turbo_dllm.train.checkpoint import find_latest, load_tensors, read_meta
     from turbo_dllm.train.weights import allocate, full_state_dict, save_hf
 
     checkpoint, out = Path(checkpoint), Path(out)
@@ -62,8 +71,7 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     model = allocate(family.runtime().build_model(config, None), torch.device("cpu"))
     external = set(getattr(model, "external_weights", ()))  # not in checkpoints, not exported
     state = {"model": {k: v for k, v in model.state_dict().items() if k not in external}}
-    with quiet_dcp_warnings():
-        dcp.load(state, checkpoint_id=str(checkpoint))
+    load_tensors(state, checkpoint)
     missing, _ = model.load_state_dict(state["model"], strict=not external)
     if set(missing) - external:
         raise DllmError(f"the checkpoint lacks {sorted(set(missing) - external)[:5]}")
@@ -73,18 +81,62 @@ def export_checkpoint(checkpoint: str | Path, out: str | Path, dtype: str | None
     tensors = full_state_dict(model)
     if hasattr(model, "hf_export_state"):  # a family whose HF layout holds more names
         tensors = model.hf_export_state(tensors)
+    prefixes = tuple(getattr(model, "hf_source_prefixes", ()))
+    _warn_if_sources_gone(meta, prefixes)
+    tensors.update(_source_tensors(meta, prefixes))
     try:
         save_hf(tensors, config, staging, dtype=getattr(torch, name))
         _copy_generation_files(meta, staging)
+        if finish is not None:
+            finish(staging)
         if out.exists():
             out.rmdir()
         staging.rename(out)
     except OSError as error:  # --out under a file, a read-only or a full disk
         shutil.rmtree(staging, ignore_errors=True)
         raise DllmError(
-            f"cannot write the export to {str(out)!r}: {error}",
+            f"cannot write the export to {str(out)!r}: {error.strerror or error}",
             hint="pass --out a new folder in a writable place",
         ) from None
+    except BaseException:  # an error or an interrupt: no half-written folder stays behind
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return out
+
+
+def _warn_if_sources_gone(meta, prefixes: tuple[str, ...]) -> None:
+    model_path = Path(meta.model_path) if meta.model_path else None
+    artifact = Path(meta.data_artifact) if meta.data_artifact else None
+    for source in (model_path, artifact):
+        if source is not None and not source.is_dir():  # moved or deleted since training
+            lost = "tokenizer or generation_config.json"
+            if source == model_path and prefixes:
+                lost += f", nor its {', '.join(p + '*' for p in prefixes)} tensors"
+            print(
+                f"warning: {source} (recorded in the checkpoint) is gone: the export has no "
+                f"{lost} from it",
+                file=sys.stderr,
+            )
+
+
+def _source_tensors(meta, prefixes: tuple[str, ...]) -> dict[str, Any]:
+    """The model.path folder's tensors under `prefixes` (a family's `hf_source_prefixes`: HF
+    tensors the model neither reads nor trains), to export unchanged."""
+    folder = Path(meta.model_path) if meta.model_path else None
+    if not prefixes or folder is None or not folder.is_dir():  # random init, or gone (warned)
+        return {}
+    from safetensors import safe_open
+
+    from turbo_dllm.train.weights import _safetensors_index
+
+    by_file: dict[Path, list[str]] = {}
+    for name, file in _safetensors_index(folder).items():
+        if name.startswith(prefixes):
+            by_file.setdefault(file, []).append(name)
+    out = {}
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt") as handle:
+            out.update({name: handle.get_tensor(name) for name in names})
     return out
 
 
@@ -94,13 +146,6 @@ def _copy_generation_files(meta, folder: Path) -> None:
 
     model_path = Path(meta.model_path) if meta.model_path else None
     artifact = Path(meta.data_artifact) if meta.data_artifact else None
-    for source in (model_path, artifact):
-        if source is not None and not source.is_dir():  # moved or deleted since training
-            print(
-                f"warning: {source} (recorded in the checkpoint) is gone: the export has no "
-                "tokenizer or generation_config.json from it",
-                file=sys.stderr,
-            )
     model_path = model_path if model_path and model_path.is_dir() else None
     artifact = artifact if artifact and artifact.is_dir() else None
     tokenizer_from = model_path

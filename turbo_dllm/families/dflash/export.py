@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 from pathlib import Path
 
 from turbo_dllm.errors import DllmError
@@ -69,39 +68,36 @@ def export_drafter(
             )
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
-    staging = out.parent / f".{out.name}.dflash-partial"
-    if staging.exists():
-        shutil.rmtree(staging)
-    export_checkpoint(checkpoint, staging, dtype=dtype)
-    record = {
-        "format": EXPORT_FORMAT,
-        "architecture": config.architecture,
-        "checkpoint_step": meta.step,
-        "objective": meta.objective,
-        "seed": meta.seed,
-        "data_fingerprint": meta.data_fingerprint,
-        "train_time_s": meta.train_time_s,
-        "files": {
-            name: {"sha256": _sha256(staging / name), "bytes": (staging / name).stat().st_size}
-            for name in ("config.json", "model.safetensors")
-        },
-        "target_config_sha256": (
-            _sha256(Path(target) / "config.json") if target is not None else None
-        ),
-        "serve": {
-            "sglang": "--speculative-algorithm DFLASH --speculative-draft-model-path <this folder> "
-            f"--speculative-dflash-block-size {config.block_size}",
-            "vllm": json.dumps(
-                {
-                    "method": "dflash",
-                    "model": "<this folder>",
-                    "num_speculative_tokens": config.block_size - 1,
-                }
+
+    def write_record(folder: Path) -> None:
+        record = {
+            "format": EXPORT_FORMAT,
+            "architecture": config.architecture,
+            "checkpoint_step": meta.step,
+            "objective": meta.objective,
+            "seed": meta.seed,
+            "data_fingerprint": meta.data_fingerprint,
+            "train_time_s": meta.train_time_s,
+            "files": {
+                name: {"sha256": _sha256(folder / name), "bytes": (folder / name).stat().st_size}
+                for name in ("config.json", "model.safetensors")
+            },
+            "target_config_sha256": (
+                _sha256(Path(target) / "config.json") if target is not None else None
             ),
-        },
-    }
-    (staging / "training_export.json").write_text(json.dumps(record, indent=2) + "\n")
-    if out.exists():
-        out.rmdir()
-    staging.rename(out)
+            "serve": {
+                "sglang": "--speculative-algorithm DFLASH --speculative-draft-model-path "
+                f"<this folder> --speculative-dflash-block-size {config.block_size}",
+                "vllm": json.dumps(
+                    {
+                        "method": "dflash",
+                        "model": "<this folder>",
+                        "num_speculative_tokens": config.block_size - 1,
+                    }
+                ),
+            },
+        }
+        (folder / "training_export.json").write_text(json.dumps(record, indent=2) + "\n")
+
+    export_checkpoint(checkpoint, out, dtype=dtype, finish=write_record)
     return out

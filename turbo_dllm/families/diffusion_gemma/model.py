@@ -216,6 +216,9 @@ class DiffusionGemmaLM(nn.Module):
 
     # Parameters HF initialises to one.
     _ONES = ("router.scale", "router.per_expert_scale", "layer_scalar")
+    # HF tensors this model neither reads nor trains (the vision tower): export copies them from
+    # the model.path folder unchanged, so an exported DiffusionGemma keeps its vision.
+    hf_source_prefixes = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")
 
     def initial_value(self, name: str, shape, generator) -> torch.Tensor | None:
         """weights.init_weights' hook: HF's ones for the router scales and layer scalars."""

@@ -25,6 +25,8 @@ from turbo_dllm.fsutil import write_atomic
 __all__ = ["MIGRATION_VERSION", "migrate_mask_token"]
 
 MIGRATION_VERSION = 1
+# The files that hold a tokenizer's vocabulary (one of them is needed).
+_VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
 
 
 def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict[str, Any]:
@@ -48,7 +50,17 @@ def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict
                 hint=f"use {done!r}",
             )
         return _record(config)
-    tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    if not any((folder / name).is_file() for name in _VOCABULARY_FILES):
+        # transformers would build an empty tokenizer of the config's model_type instead, and
+        # the token would get id 1 in a tokenizer written over the folder's missing one
+        raise DllmError(
+            f"{str(folder)!r} has no tokenizer (none of {', '.join(_VOCABULARY_FILES)})",
+            hint="copy the tokenizer files of the model into the folder first",
+        )
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+    except Exception as error:  # transformers raises many types for a bad folder
+        raise DllmError(f"cannot load the tokenizer in {str(folder)!r}: {error}") from None
     original = len(tokenizer)
     if mask_token in tokenizer.get_vocab():
         raise DllmError(
