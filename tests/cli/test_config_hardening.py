@@ -397,3 +397,273 @@ def test_config_overrides_read_numbers_as_the_config_spells_them(tmp_path):
         assert config.rope_theta == expected
     assert (config.hidden_size, config.rms_norm_eps) == (256, 1e-5)
     assert isinstance(config.hidden_size, int)
+
+
+# --- config_overrides keys: a misspelled one is refused, a real one accepted --------------------
+
+
+FAMILY_SPECS = {
+    "qwen3": {},
+    "causal_lm": {"family": "causal_lm"},
+    "qwen3_8": QWEN38,
+    "nemotron_diffusion": {"family": "nemotron_diffusion"},
+    "diffusion_gemma": {"family": "diffusion_gemma", "objective": "diffusiongemma_sft"},
+}
+
+
+@pytest.mark.parametrize(
+    ("family", "typo", "meant"),
+    [
+        ("qwen3", "hiden_size", "hidden_size"),
+        ("causal_lm", "num_hidden_layer", "num_hidden_layers"),
+        ("qwen3_8", "full_attention_intervall", "full_attention_interval"),
+        ("nemotron_diffusion", "attn_output_gates", "attn_output_gate"),
+        ("diffusion_gemma", "num_expert", "num_experts"),
+    ],
+)
+def test_a_misspelled_config_override_is_refused_at_its_key(cli, tmp_path, family, typo, meant):
+    """Was: the key was written into the config, which no reader reads: the model trained with
+    the preset's value and validation said `valid`."""
+    result = validate(
+        cli, runspec(tmp_path, **FAMILY_SPECS[family]), f"model.config_overrides.{typo}=2"
+    )
+    assert_user_error(
+        result, f"model.config_overrides.{typo}: unknown config key; did you mean {meant!r}?"
+    )
+
+
+@pytest.mark.parametrize(
+    ("family", "override"),
+    [
+        # keys transformers' config class has (or the reader reads) that the tiny preset omits
+        ("qwen3", "attention_dropout=0.0"),
+        ("qwen3", "use_cache=false"),
+        ("causal_lm", "mlp_bias=false"),
+        ("qwen3_8", "attention_bias=false"),
+        ("qwen3_8", "full_attention_interval=2"),
+        ("nemotron_diffusion", "hidden_act=silu"),
+        ("nemotron_diffusion", "v_norm=true"),
+        ("diffusion_gemma", "attention_dropout=0.0"),
+        ("diffusion_gemma", "final_logit_softcapping=20.0"),
+        ("diffusion_gemma", "canvas_length=32"),
+    ],
+)
+def test_a_real_config_key_the_preset_leaves_out_is_accepted(cli, tmp_path, family, override):
+    config = runspec(tmp_path, **FAMILY_SPECS[family])
+    result = validate(cli, config, f"model.config_overrides.{override}")
+    assert result.code == 0, result.err
+
+
+def test_every_misspelled_override_is_reported_at_its_own_key(cli, tmp_path):
+    result = validate(
+        cli,
+        runspec(tmp_path),
+        "model.config_overrides.hiden_size=64",
+        "model.config_overrides.zzz=1",
+        "model.config_overrides.num_hidden_layers=2",
+    )
+    assert_user_error(
+        result,
+        "has 2 problems:",
+        "model.config_overrides.hiden_size: unknown config key; did you mean 'hidden_size'?",
+        "model.config_overrides.zzz: unknown config key (",
+    )
+
+
+def test_train_refuses_a_misspelled_override_before_making_the_run_folder(cli, tmp_path):
+    result = cli(
+        "train",
+        "--config",
+        runspec(tmp_path),
+        "--set",
+        "model.config_overrides.hiden_size=64",
+        "--set",
+        f"launch.run_dir={tmp_path / 'run'}",
+    )
+    assert_user_error(result, "model.config_overrides.hiden_size: unknown config key")
+    assert not (tmp_path / "run").exists()
+
+
+def test_an_override_of_a_key_in_the_config_json_is_accepted(cli, tmp_path):
+    """Keys the config a spec names holds are known, whatever the family's lists say."""
+    hf = {**registry.FAMILIES["qwen3"].presets["tiny"], "my_extra_key": 1}
+    model = write_json(tmp_path / "config.json", hf)
+    result = validate(
+        cli, runspec(tmp_path, from_config=model), "model.config_overrides.my_extra_key=2"
+    )
+    assert result.code == 0, result.err
+
+
+def test_diffusion_gemma_token_id_overrides_apply():
+    """Was: `pad_token_id` (absent from the tiny preset's text_config) went to the root, which
+    the reader never read it from: the model kept pad 0, the export's root said otherwise."""
+    config = registry.get_family("diffusion_gemma").resolve_config(
+        path=None, from_config="tiny", overrides={"pad_token_id": 5, "eos_token_id": 7}
+    )
+    assert (config.pad_token_id, config.eos_token_id) == (5, 7)
+    exported = config.to_hf_dict()
+    assert "pad_token_id" not in exported and exported["text_config"]["pad_token_id"] == 5
+
+
+# --- dflash: each problem at its key; a target folder missing here is left to doctor ------------
+
+
+def dflash_runspec(tmp_path):
+    target = tmp_path / "target"
+    target.mkdir()
+    hf = registry.get_family("qwen3").resolve_config(path=None, from_config="tiny").to_hf_dict()
+    write_json(target / "config.json", hf)
+    return write(
+        tmp_path / "run.yaml",
+        """
+        model: {family: dflash, from_config: target, dflash: {target: target, mask_token_id: 5}}
+        objective: {name: dflash_distillation, block_size: 16}
+        data: {synthetic: {}, seq_len: 64}
+        """,
+    )
+
+
+def test_a_dflash_target_missing_here_is_left_to_doctor_and_the_trainer(cli, tmp_path):
+    """Was: `model.dflash: model folder config not found`, a validation error on a login node."""
+    config = dflash_runspec(tmp_path)
+    assert validate(cli, config).code == 0
+    result = validate(cli, config, f"model.dflash.target={tmp_path / 'elsewhere'}")
+    assert result.code == 0, result.err
+    spec = load_model(
+        RunSpec,
+        {
+            "model": {"family": "dflash", "from_config": None, "path": "/not/here"}
+            | {"dflash": {"target": str(tmp_path / "target"), "mask_token_id": 5}},
+            "objective": {"name": "dflash_distillation"},
+        },
+        "t",
+    )
+    assert [p for p in problems(spec) if p.path.startswith("model")] == []
+    with pytest.raises(DllmError, match="model.dflash.target"):  # the trainer's and doctor's
+        registry.resolve_model_config(
+            spec.model.model_copy(
+                update={"path": None, "from_config": "target"}
+                | {"dflash": spec.model.dflash.model_copy(update={"target": "/not/here"})}
+            )
+        )
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        ("model.config_overrides.hidden_size=64", "model.config_overrides: "),
+        ("model.from_config=tiny", "model.from_config: "),
+        ("model.dflash.mask_token_id=600", "model.dflash.mask_token_id: mask_token_id 600"),
+        ("model.dflash.target_layer_ids=[9]", "model.dflash.target_layer_ids: target_layer_ids"),
+        ("model.dflash.selector_rank=8", "model.dflash.selector_rank: "),
+    ],
+)
+def test_dflash_problems_are_reported_at_their_keys(cli, tmp_path, override, line):
+    result = validate(cli, dflash_runspec(tmp_path), override)
+    assert_user_error(result, f"  - {line}")
+
+
+def test_a_dflash_target_of_another_kind_is_refused_at_the_target(cli, tmp_path):
+    config = dflash_runspec(tmp_path)
+    other = tmp_path / "other"
+    other.mkdir()
+    write_json(other / "config.json", QWEN38_PRESETS["tiny"])
+    result = validate(cli, config, f"model.dflash.target={other}")
+    assert_user_error(
+        result, "model.dflash.target: the target is a 'qwen3_5_text' model, not a Llama"
+    )
+    assert "model.family" not in result.err
+
+
+# --- flags are strict: a number is not a boolean ------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "override",
+    [
+        "topology.sp=1",
+        "training.compile=0",
+        "objective.antithetic=0",
+        "logging.console='yes'",
+        "training.activation_checkpointing=1",
+        "profiler.enabled=1",
+    ],
+)
+def test_a_number_is_not_a_flag(cli, tmp_path, override):
+    """Was: `--set topology.sp=1` (a degree, as the other topology keys) turned sp on."""
+    key = override.split("=")[0]
+    result = validate(cli, runspec(tmp_path), override)
+    assert_user_error(result, f"{key}: ", "expected true or false")
+
+
+def test_flags_still_read_yaml_booleans(cli, tmp_path):
+    result = validate(
+        cli,
+        runspec(tmp_path),
+        "training.compile=yes",
+        "objective.antithetic=false",
+        "training.activation_checkpointing=keep_attention",
+    )
+    assert result.code == 0, result.err
+
+
+# --- a malformed config never escapes as a traceback ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("family", "override"),
+    [
+        ("nemotron_diffusion", "rope_scaling=3"),
+        ("nemotron_diffusion", "rope_parameters=x"),
+        ("qwen3", "rope_scaling=3"),
+        ("diffusion_gemma", "per_layer_config=3"),
+    ],
+)
+def test_an_override_cannot_set_an_object_key(cli, tmp_path, family, override):
+    """Was: a traceback (`'int' object is not iterable`) for nemotron, or a key set to a value
+    no config.json holds there."""
+    key = override.split("=")[0]
+    result = validate(
+        cli, runspec(tmp_path, **FAMILY_SPECS[family]), f"model.config_overrides.{override}"
+    )
+    assert_user_error(result, f"model.config_overrides.{key}: a config.json holds an object")
+
+
+@pytest.mark.parametrize(
+    ("where", "key", "value", "needle"),
+    [
+        ("root", "text_config", 3, "text_config is not an object"),
+        ("text", "rope_parameters", 3, "rope_parameters must map each layer type"),
+        ("text", "per_layer_config", [1], "per_layer_config must map layer indices"),
+        ("text", "per_layer_config", {"99": {"head_dim": 8}}, "names layer 99 of a 3-layer"),
+        ("text", "mask_token_id", "x", "bad value"),
+        ("text", "pad_token_id", [1], "bad value"),
+    ],
+)
+def test_a_malformed_diffusion_gemma_config_is_refused(cli, tmp_path, where, key, value, needle):
+    """Was: a traceback (AttributeError, IndexError), or a token id of any type accepted."""
+    hf = json.loads(json.dumps(registry.FAMILIES["diffusion_gemma"].presets["tiny"]))
+    (hf if where == "root" else hf["text_config"])[key] = value
+    model = write_json(tmp_path / "config.json", hf)
+    spec = {**FAMILY_SPECS["diffusion_gemma"], "from_config": model}
+    assert_user_error(validate(cli, runspec(tmp_path, **spec)), "model.from_config:", needle)
+
+
+def test_a_nemotron_config_with_a_scalar_rope_is_refused(cli, tmp_path):
+    hf = {**registry.FAMILIES["nemotron_diffusion"].presets["tiny"], "rope_scaling": 3}
+    model = write_json(tmp_path / "config.json", hf)
+    spec = {**FAMILY_SPECS["nemotron_diffusion"], "from_config": model}
+    assert_user_error(validate(cli, runspec(tmp_path, **spec)), "is not an object: 3")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_8", "nemotron_diffusion"])
+def test_token_ids_past_the_models_vocabulary_are_refused_at_validation(cli, tmp_path, family):
+    """Was: `valid`, then the trainer refused the data (`the data uses 1000 token ids but the
+    model's vocabulary has 512`) once the run had started (diffusion_gemma alone checked)."""
+    config = runspec(tmp_path, **FAMILY_SPECS[family])
+    result = validate(cli, config, "data.synthetic.vocab_size=1000", "objective.mask_token_id=600")
+    assert_user_error(
+        result,
+        "data.synthetic.vocab_size: 1000 exceeds the model's vocab_size 512",
+        "objective.mask_token_id: 600 is outside the model's vocabulary (vocab_size 512)",
+    )

@@ -64,6 +64,16 @@ def _not_bool(value):
     return value
 
 
+def _only_bool(value):
+    """A flag is true or false: pydantic would also read 1/0 and the strings "yes", "on", "1"
+    as one, so `--set topology.sp=1` (meant as a degree) would turn it on."""
+    if not isinstance(value, bool):
+        raise ValueError("expected true or false (a flag is not a number or a string)")
+    return value
+
+
+# A flag as the RunSpec reads it: a YAML boolean only.
+Bool = Annotated[bool, BeforeValidator(_only_bool)]
 # Numbers as the RunSpec reads them: as pydantic's, but a boolean is not one.
 Int = Annotated[int, BeforeValidator(_not_bool)]
 PosInt = Annotated[PositiveInt, BeforeValidator(_not_bool)]
@@ -126,7 +136,7 @@ class DFlashSpec(_Strict):
     mask_token_id: Int = Field(
         ge=0, description="The token id of the block's masked slots (exported in dflash_config)."
     )
-    sample_from_anchor: bool = Field(
+    sample_from_anchor: Bool = Field(
         False,
         description="Slot contract: false (z-lab): slot k drafts token anchor+k, slot 0 is the "
         "anchor itself; true: slot k drafts anchor+1+k. objective.sample_from_anchor must equal it.",
@@ -208,7 +218,7 @@ class ObjectiveSpec(_Strict):
     noise_schedule: Literal["log_linear"] = "log_linear"
     eps_min: Float = Field(1e-3, gt=0.0, le=1.0)
     eps_max: Float = Field(1.0, gt=0.0, le=1.0)
-    antithetic: bool = True
+    antithetic: Bool = True
     loss_weighting: Literal["inverse_t", "unit"] | None = Field(
         None, description="Default: inverse_t for block_diffusion, unit for fast_dllm_v2."
     )
@@ -254,7 +264,7 @@ class ObjectiveSpec(_Strict):
         "probability the block is accepted up to the slot; dpace-continuation-value-only: by "
         "the continuation beyond it (dpace / cumulative).",
     )
-    greedy_path: bool = Field(
+    greedy_path: Bool = Field(
         False,
         description="dflash_distillation, any loss but paper_ce: score a slot only where the "
         "true tokens from the anchor up to it are the target's greedy choices (decoding asks "
@@ -299,7 +309,7 @@ class ObjectiveSpec(_Strict):
         description="dflash_distillation, DFlash2: steps after the warmup over which the "
         "selector weight rises linearly to selector_loss_alpha (0: at once).",
     )
-    sample_from_anchor: bool = Field(
+    sample_from_anchor: Bool = Field(
         False,
         description="dflash_distillation: the slot contract (model.dflash.sample_from_anchor).",
     )
@@ -327,7 +337,7 @@ class TrainingSpec(_Strict):
     grad_accumulation: PosInt = 1
     steps: PosInt = 50
     clip_grad_norm: Float | None = Field(1.0, gt=0.0)
-    activation_checkpointing: bool | Literal["keep_attention", "keep_matmuls"] = Field(
+    activation_checkpointing: Bool | Literal["keep_attention", "keep_matmuls"] = Field(
         False,
         description="Recompute each layer in the backward instead of keeping its activations. "
         "'keep_attention': recompute all but the attention kernels' outputs (selective "
@@ -343,7 +353,7 @@ class TrainingSpec(_Strict):
         "the backward: the MLP's activations (its largest) then peak at 1/mlp_chunks, for one "
         "more MLP forward per step; for the longest contexts, where attention dominates the cost.",
     )
-    compile: bool = False
+    compile: Bool = False
     max_duration_s: Float | None = Field(
         None, gt=0.0, description="Stop (after a checkpoint) once this many seconds have passed."
     )
@@ -355,7 +365,7 @@ class TopologySpec(_Strict):
     cp: PosInt = Field(1, description="Context parallel degree.")
     bp: PosInt = Field(1, description="Block parallel degree (CSBP).")
     tp: PosInt = Field(1, description="Tensor parallel degree.")
-    sp: bool = Field(False, description="Sequence parallelism inside the tensor-parallel group.")
+    sp: Bool = Field(False, description="Sequence parallelism inside the tensor-parallel group.")
     ep: PosInt = Field(1, description="Expert parallel degree (MoE families).")
 
     @property
@@ -415,21 +425,21 @@ class WandbSpec(_Strict):
 
 
 class LoggingSpec(_Strict):
-    console: bool = True
-    jsonl: bool = True
+    console: Bool = True
+    jsonl: Bool = True
     every: PosInt = 1
     wandb: WandbSpec | None = None
-    tensorboard: bool = Field(
+    tensorboard: Bool = Field(
         False,
         description="Write the step records as TensorBoard scalars into <run_dir>/tensorboard/.",
     )
 
 
 class ProfilerSpec(_Strict):
-    enabled: bool = False
+    enabled: Bool = False
     start_step: Int = Field(3, ge=0)
     num_steps: PosInt = 3
-    memory_snapshot: bool = Field(
+    memory_snapshot: Bool = Field(
         False,
         description="CUDA: record allocations from the first step; dump the allocator snapshot "
         "and a summary by allocating line into profile/ after the window's last step and when "

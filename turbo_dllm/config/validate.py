@@ -163,12 +163,33 @@ def _family_rules(spec: RunSpec, family) -> list[tuple[str, str]]:
     except FamilyMismatch as error:
         return [("model.family", f"{error.message}; {error.hint}")]
     except ModelMisfit as error:
-        return _reported(error.path, error)
+        return list(error.problems) or _reported(error.path, error)
     except ModelUnreadable:
         return []
     except DllmError as error:
         return _reported(_model_config_path(model), error)
-    return family.rules(spec, config) if family.rules else []
+    return _vocabulary_rules(spec, config) + (family.rules(spec, config) if family.rules else [])
+
+
+def _vocabulary_rules(spec: RunSpec, config) -> list[tuple[str, str]]:
+    """Token ids the model has no embedding for, which the trainer refuses (every family)."""
+    found = []
+    synthetic, mask = spec.data.synthetic, spec.objective.mask_token_id
+    if synthetic is not None and synthetic.vocab_size > config.vocab_size:
+        found.append(
+            (
+                "data.synthetic.vocab_size",
+                f"{synthetic.vocab_size} exceeds the model's vocab_size {config.vocab_size}",
+            )
+        )
+    if mask is not None and mask >= config.vocab_size:
+        found.append(
+            (
+                "objective.mask_token_id",
+                f"{mask} is outside the model's vocabulary (vocab_size {config.vocab_size})",
+            )
+        )
+    return found
 
 
 def _reported(path: str, error: DllmError) -> list[tuple[str, str]]:

@@ -10,6 +10,7 @@ name: it calls the runtime's functions (`FamilyRuntime`).
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import inspect
@@ -53,6 +54,35 @@ AXES = ("fsdp", "cp", "bp", "tp", "sp", "ep")
 _ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 # Real-valued keys a config.json may still spell as an integer (Qwen3's `rope_theta: 1000000`).
 _REAL_KEYS = (*_ROPE_KEYS, "rms_norm_eps", "initializer_range")
+# Keys a config.json holds as an object or a list: an override (a scalar) cannot set them.
+_STRUCTURED_KEYS = (
+    "rope_parameters",
+    "rope_scaling",
+    "layer_types",
+    "text_config",
+    "vision_config",
+    "per_layer_config",
+    "architectures",
+    "id2label",
+    "label2id",
+)
+# The keys every transformers config takes (`PretrainedConfig.__init__`), whatever its model.
+HF_COMMON_KEYS = frozenset(
+    {
+        "transformers_version",
+        "architectures",
+        "output_hidden_states",
+        "return_dict",
+        "dtype",
+        "torch_dtype",
+        "chunk_size_feed_forward",
+        "is_encoder_decoder",
+        "id2label",
+        "label2id",
+        "problem_type",
+        "model_type",
+    }
+)
 
 
 class FamilyMismatch(DllmError):
@@ -65,11 +95,20 @@ class FamilyMismatch(DllmError):
 
 class ModelMisfit(DllmError):
     """The model a RunSpec describes cannot be built as given (reported by validation at
-    `path`, unlike a folder that cannot be read here, which doctor and the trainer report)."""
+    `path`, or at each of `problems`' (field path, message) pairs where it has several, unlike
+    a folder that cannot be read here, which doctor and the trainer report)."""
 
-    def __init__(self, message: str, hint: str | None = None, *, path: str = "model") -> None:
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        path: str = "model",
+        problems: tuple[tuple[str, str], ...] = (),
+    ) -> None:
         super().__init__(message, hint)
         self.path = path
+        self.problems = problems
 
 
 class ModelUnreadable(DllmError):
@@ -127,6 +166,10 @@ class Family:
     # Reads a RunSpec's whole `model` section itself, instead of `resolve_config` (a family
     # whose config comes from more than one folder: a drafter and its target).
     configure: Callable[[Any], FamilyConfig] | None = None
+    # config.json keys `model.config_overrides` may set beyond those the config already has:
+    # the fields of the family's transformers config classes (besides `HF_COMMON_KEYS`) and
+    # every key its `read_config` reads. Any other key is refused (a typo would be ignored).
+    config_keys: frozenset[str] = frozenset()
 
     def input_problems(self, spec: Any) -> list[tuple[str, str]]:
         """The `input_rules` of this family on `spec` (empty without any)."""
@@ -168,6 +211,7 @@ class Family:
         text = hf.get("text_config")
         text = text if isinstance(text, dict) else None
         configs = (hf, text) if text is not None else (hf,)
+        self._refuse_unknown_keys(overrides or {}, hf, text)
         for key, value in (overrides or {}).items():
             value = _override_value(key, value, _current_value(key, hf, text))
             # A multimodal config keeps its text model in `text_config`, which its reader reads
@@ -192,6 +236,34 @@ class Family:
                 model_type=model_type,
             )
         return self.read_config(hf)
+
+    def _refuse_unknown_keys(
+        self, overrides: Mapping[str, Any], hf: dict[str, Any], text: dict[str, Any] | None
+    ) -> None:
+        """A ModelMisfit at each `model.config_overrides` key that neither the config nor a
+        config.json of this family has (a misspelled key would be ignored: the model would
+        train with the preset's value), with the nearest known key."""
+        known = set(hf) | set(text or {}) | set(self.config_keys) | HF_COMMON_KEYS
+        found = []
+        for key in overrides:
+            if key in known or _current_value(key, hf, text) is not None:
+                continue
+            close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
+            suggestion = f"; did you mean {close[0]!r}?" if close else ""
+            found.append(
+                (
+                    f"model.config_overrides.{key}",
+                    f"unknown config key{suggestion} (neither this config nor a "
+                    f"{'/'.join(self.model_types)} config.json has it)",
+                )
+            )
+        if found:
+            raise ModelMisfit(
+                "\n".join(f"{path}: {message}" for path, message in found),
+                hint="model.config_overrides changes config.json keys of the model",
+                path=found[0][0],
+                problems=tuple(found),
+            )
 
 
 @dataclass(frozen=True)
@@ -229,6 +301,13 @@ def _override_value(key: str, value: Any, current: Any) -> Any:
     (`1e-6` is a string to YAML 1.1), an integer as an integral float (`2048.0`), and a real
     key a config spells as an integer (`rope_theta: 1000000`) takes any number; keys the config
     does not have are the reader's to check."""
+    if current is None and key in _STRUCTURED_KEYS:
+        raise ModelMisfit(
+            f"model.config_overrides.{key}: a config.json holds an object or a list there, "
+            f"which an override cannot set (got {value!r})",
+            hint="set it in a config.json (model.from_config) instead",
+            path=f"model.config_overrides.{key}",
+        )
     if current is None:
         return value
     number = value

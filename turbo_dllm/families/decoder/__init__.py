@@ -9,7 +9,12 @@ from __future__ import annotations
 from typing import Any
 
 from turbo_dllm.families.base import Family
-from turbo_dllm.families.decoder.config import PRESETS, DecoderConfig, tensor_parallel_problems
+from turbo_dllm.families.decoder.config import (
+    CONFIG_KEYS,
+    PRESETS,
+    DecoderConfig,
+    tensor_parallel_problems,
+)
 
 __all__ = ["CAUSAL_LM", "QWEN3"]
 
@@ -26,6 +31,7 @@ _COMMON = {
     "runtime_module": "turbo_dllm.families.decoder.runtime",
     "rules": _rules,
     "axis_reasons": {"ep": "expert parallelism needs a mixture-of-experts family"},
+    "config_keys": CONFIG_KEYS,
 }
 
 CAUSAL_LM = Family(

@@ -21,6 +21,7 @@ from turbo_dllm.families.base import (
 
 __all__ = [
     "ACTIVATIONS",
+    "CONFIG_KEYS",
     "PRESETS",
     "DecoderConfig",
     "rope_scaling_problems",
@@ -82,6 +83,41 @@ PRESETS: dict[str, dict[str, Any]] = {
         "tie_word_embeddings": True,
     },
 }
+
+# config.json keys beyond a preset's that `model.config_overrides` may set: transformers'
+# LlamaConfig, Qwen2Config and Qwen3Config fields, and the keys `from_hf_dict` reads.
+CONFIG_KEYS = frozenset(
+    {
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "hidden_activation",
+        "max_position_embeddings",
+        "initializer_range",
+        "rms_norm_eps",
+        "use_cache",
+        "tie_word_embeddings",
+        "rope_parameters",
+        "rope_scaling",
+        "rope_theta",
+        "attention_bias",
+        "attention_dropout",
+        "mlp_bias",
+        "pretraining_tp",
+        "use_sliding_window",
+        "sliding_window",
+        "max_window_layers",
+        "layer_types",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+    }
+)
 
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",

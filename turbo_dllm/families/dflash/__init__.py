@@ -8,11 +8,19 @@ torch half is `runtime` (model.py, the target's features, the training plan).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import Family, ModelMisfit, read_hf_config
+from turbo_dllm.families.base import (
+    Family,
+    FamilyMismatch,
+    ModelMisfit,
+    ModelUnreadable,
+    read_hf_config,
+)
 from turbo_dllm.families.dflash.config import (
     DFLASH2_FIELDS,
     HARD_LABEL_LOSSES,
@@ -32,21 +40,20 @@ def read_target_config(path: str) -> Any:
     """The target's DecoderConfig (a Llama / Qwen2 / Qwen3 folder)."""
     from turbo_dllm.families.decoder import CAUSAL_LM
 
-    return CAUSAL_LM.resolve_config(path=path, from_config=None)
+    try:
+        return CAUSAL_LM.resolve_config(path=path, from_config=None)
+    except ModelUnreadable as error:
+        raise ModelUnreadable(
+            f"DFlash target: {error.message}",
+            hint="point model.dflash.target at the target's Hugging Face folder (config.json)",
+        ) from None
 
 
 def configure(model: Any) -> DFlashConfig:
     """The drafter config of a RunSpec's `model` section, checked against its target; every
-    misfit is a `ModelMisfit`, which validation reports before any work."""
-    try:
-        return _configure(model)
-    except ModelMisfit:
-        raise
-    except DllmError as error:
-        raise ModelMisfit(error.message, error.hint, path="model.dflash") from None
-
-
-def _configure(model: Any) -> DFlashConfig:
+    misfit is a `ModelMisfit` at the field that is wrong, which validation reports before any
+    work. A target or drafter folder that cannot be read here is a `ModelUnreadable` (left to
+    `dllm doctor` and the trainer, as any model folder is)."""
     spec = model.dflash
     if spec is None:
         raise ModelMisfit(
@@ -55,38 +62,75 @@ def _configure(model: Any) -> DFlashConfig:
             path="model.dflash",
         )
     if model.config_overrides:
-        raise DllmError(
+        raise ModelMisfit(
             "model.config_overrides does not apply to a dflash drafter",
             hint="set the drafter's shape in model.dflash (num_layers, intermediate_size, ...)",
+            path="model.config_overrides",
         )
     shape2 = sorted(set(DFLASH2_FIELDS) & spec.model_fields_set)
     if shape2 and spec.architecture != "DFlash2DraftModel":
-        raise DllmError(
+        raise ModelMisfit(
             f"model.dflash.{', '.join(shape2)} shape a DFlash2 drafter, but "
             f"model.dflash.architecture is {spec.architecture}",
             hint="set model.dflash.architecture: DFlash2DraftModel, or drop those fields",
+            path=f"model.dflash.{shape2[0]}",
         )
-    target = read_target_config(spec.target)
-    if model.path is not None:
-        hf = read_hf_config(Path(model.path) / "config.json", what="drafter")
-        config = dataclasses.replace(DFlashConfig.from_hf_dict(hf), target_path=spec.target)
-    elif model.from_config == "target":
-        config = DFlashConfig.from_target(target, spec, target_path=spec.target)
-    else:
-        raise DllmError(
+    if model.path is None and model.from_config != "target":
+        raise ModelMisfit(
             f"model.from_config {model.from_config!r} is not a dflash preset",
             hint="use model.from_config: target (a fresh drafter shaped after model.dflash."
             "target) or model.path (a drafter folder)",
+            path="model.from_config",
         )
+    with _misfit_at("model.dflash.target"):
+        target = read_target_config(spec.target)
+    if model.path is not None:
+        hf = read_hf_config(Path(model.path) / "config.json", what="drafter")
+        with _misfit_at("model.path"):
+            config = dataclasses.replace(DFlashConfig.from_hf_dict(hf), target_path=spec.target)
+    else:
+        try:
+            config = DFlashConfig.from_target(target, spec, target_path=spec.target)
+        except DllmError as error:
+            raise _shape_misfit(error, spec) from None
     problems = drafter_problems(config, target)
     if problems:
-        raise DllmError(
+        raise ModelMisfit(
             f"the drafter does not fit the target {spec.target!r}:\n"
             + "\n".join(f"  - {p}" for p in problems),
             hint="shape the drafter after this target (model.from_config: target) or pick the "
             "target it was trained for",
+            path="model.path" if model.path is not None else "model.dflash.target",
         )
     return config
+
+
+@contextmanager
+def _misfit_at(path: str) -> Iterator[None]:
+    """A config error (not an unreadable file) inside becomes a ModelMisfit at `path`."""
+    try:
+        yield
+    except (ModelUnreadable, ModelMisfit):
+        raise
+    except DllmError as error:
+        message, hint = error.message, error.hint
+        if isinstance(error, FamilyMismatch):  # the target's family, not model.family's
+            message = f"the target is a {error.model_type!r} model, not a Llama, Qwen2 or Qwen3"
+            hint = "point model.dflash.target at the folder of a Llama, Qwen2 or Qwen3 model"
+        raise ModelMisfit(message, hint, path=path) from None
+
+
+def _shape_misfit(error: DllmError, spec: Any) -> ModelMisfit:
+    """A fresh drafter's shape problems ("drafter config is not usable:" then "  - ..." lines),
+    each at the model.dflash field it names (else at model.dflash)."""
+    head, *items = error.message.split("\n")
+    fields = set(type(spec).model_fields)
+    found = []
+    for item in items or [head]:
+        text = item.removeprefix("  - ")
+        name = text.split(" ", 1)[0]
+        found.append((f"model.dflash.{name}" if name in fields else "model.dflash", text))
+    return ModelMisfit(error.message, error.hint, path=found[0][0], problems=tuple(found))
 
 
 def _rules(spec: Any, config: DFlashConfig) -> list[tuple[str, str]]:

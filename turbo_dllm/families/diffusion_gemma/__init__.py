@@ -10,25 +10,17 @@ from __future__ import annotations
 from typing import Any
 
 from turbo_dllm.families.base import Family
-from turbo_dllm.families.diffusion_gemma.config import PRESETS, DiffusionGemmaConfig
+from turbo_dllm.families.diffusion_gemma.config import CONFIG_KEYS, PRESETS, DiffusionGemmaConfig
 
 __all__ = ["DIFFUSION_GEMMA"]
 
 
 def _rules(spec: Any, config: DiffusionGemmaConfig) -> list[tuple[str, str]]:
-    found = []
+    found = []  # (synthetic vocabulary and mask token against vocab_size: config.validate)
     ep = spec.topology.ep
     if ep > 1 and config.num_experts % ep:
         found.append(
             ("topology.ep", f"num_experts = {config.num_experts} is not divisible by ep = {ep}")
-        )
-    if spec.data.synthetic is not None and spec.data.synthetic.vocab_size > config.vocab_size:
-        found.append(
-            (
-                "data.synthetic.vocab_size",
-                f"{spec.data.synthetic.vocab_size} exceeds the model's vocab_size "
-                f"{config.vocab_size}",
-            )
         )
     if spec.objective.name == "diffusiongemma_sft" and spec.objective.loss_weighting == "inverse_t":
         found.append(
@@ -64,14 +56,6 @@ def _rules(spec: Any, config: DiffusionGemmaConfig) -> list[tuple[str, str]]:
                 "every rank; sharding it too is not implemented): use one of them",
             )
         )
-    mask = spec.objective.mask_token_id
-    if mask is not None and mask >= config.vocab_size:
-        found.append(
-            (
-                "objective.mask_token_id",
-                f"{mask} is outside the model's vocabulary (vocab_size {config.vocab_size})",
-            )
-        )
     return found
 
 
@@ -91,4 +75,5 @@ DIFFUSION_GEMMA = Family(
         "sequences)",
         "sp": "sequence parallelism needs tensor parallelism",
     },
+    config_keys=CONFIG_KEYS,
 )

@@ -22,8 +22,9 @@ from turbo_dllm.families.base import (
     number_problems,
     raise_if_unusable,
 )
+from turbo_dllm.families.decoder.config import _token_ids
 
-__all__ = ["LAYER_TYPES", "PRESETS", "DiffusionGemmaConfig"]
+__all__ = ["CONFIG_KEYS", "LAYER_TYPES", "PRESETS", "DiffusionGemmaConfig"]
 
 LAYER_TYPES = ("sliding_attention", "full_attention")
 ACTIVATIONS = ("gelu_pytorch_tanh", "silu")
@@ -53,6 +54,59 @@ _ROOT_TEXT_KEYS = (
     "global_head_dim",
     "num_global_key_value_heads",
     "moe_intermediate_size",
+    "expert_intermediate_size",
+    "pad_token_id",
+    "bos_token_id",
+    "eos_token_id",
+    "use_bidirectional_attention",
+    "attention_k_eq_v",
+    "enable_moe_block",
+)
+# config.json keys beyond a preset's that `model.config_overrides` may set: transformers'
+# DiffusionGemmaConfig (the root) and DiffusionGemmaTextConfig fields, and the keys
+# `from_hf_dict` reads (global attention shapes, the softcap, the mask token...).
+CONFIG_KEYS = frozenset(
+    {
+        "text_config",
+        "vision_config",
+        "boi_token_id",
+        "eoi_token_id",
+        "image_token_id",
+        "canvas_length",
+        "block_size",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_activation",
+        "max_position_embeddings",
+        "initializer_range",
+        "rms_norm_eps",
+        "tie_word_embeddings",
+        "rope_parameters",
+        "attention_bias",
+        "attention_dropout",
+        "sliding_window",
+        "layer_types",
+        "per_layer_config",
+        "final_logit_softcapping",
+        "use_bidirectional_attention",
+        "num_experts",
+        "top_k_experts",
+        "moe_intermediate_size",
+        "expert_intermediate_size",
+        "global_head_dim",
+        "num_global_key_value_heads",
+        "attention_k_eq_v",
+        "enable_moe_block",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "mask_token_id",
+    }
 )
 
 # transformers always builds a vision tower (5.17 fails on a config without one; 5.24 builds a
@@ -249,7 +303,10 @@ class DiffusionGemmaConfig:
                 f"config.json is a {hf.get('model_type')!r} model, not 'diffusion_gemma'",
                 hint="set model.family to the family of that model",
             )
-        text = dict(hf.get("text_config") or {})
+        text = hf.get("text_config") or {}
+        if not isinstance(text, dict):
+            raise DllmError(f"config.json's text_config is not an object: {text!r}")
+        text = dict(text)
         for key in _ROOT_TEXT_KEYS:  # the root may carry them too
             if key in hf and key not in text:
                 text[key] = hf[key]
@@ -288,6 +345,13 @@ class DiffusionGemmaConfig:
                     hint="the family trains the mixture-of-experts DiffusionGemma",
                 )
             rope = json_copy(text.get("rope_parameters") or _DEFAULT_ROPE)
+            if not isinstance(rope, dict) or any(
+                not isinstance(rope.get(kind, {}), dict) for kind in LAYER_TYPES
+            ):
+                raise ValueError(
+                    f"rope_parameters must map each layer type ({', '.join(LAYER_TYPES)}) to "
+                    f"an object, got {rope!r}"
+                )
             root_keys = (
                 "model_type",
                 "text_config",
@@ -330,10 +394,10 @@ class DiffusionGemmaConfig:
                     text.get("initializer_range", hf.get("initializer_range", 0.02))
                 ),
                 canvas_length=int(hf.get("canvas_length") or hf.get("block_size") or 256),
-                pad_token_id=text.get("pad_token_id", 0),
-                bos_token_id=text.get("bos_token_id", 2),
-                eos_token_id=text.get("eos_token_id", 1),
-                mask_token_id=text.get("mask_token_id"),
+                pad_token_id=_token_ids(text.get("pad_token_id", 0)),
+                bos_token_id=_token_ids(text.get("bos_token_id", 2)),
+                eos_token_id=_listed(_token_ids(text.get("eos_token_id", 1), several=True)),
+                mask_token_id=_token_ids(text.get("mask_token_id")),
                 extra_root={k: v for k, v in hf.items() if k not in root_keys},
             )
 
@@ -452,14 +516,29 @@ def _default_layer_types(layers: int) -> list[str]:
     return kinds
 
 
+def _layer_kind(layer_types: list[str], index: int) -> str:
+    if index >= len(layer_types):
+        raise ValueError(
+            f"per_layer_config names layer {index} of a {len(layer_types)}-layer model"
+        )
+    return layer_types[index]
+
+
+def _listed(ids: Any) -> Any:
+    """Several token ids as the config.json spells them (a list), else the one id."""
+    return list(ids) if isinstance(ids, tuple) else ids
+
+
 def _global_attention(text: dict[str, Any], layer_types: list[str], kv: int) -> tuple[int, int]:
     """(head_dim, kv heads) of the full layers: `per_layer_config` (as HF writes it) or the
     `global_head_dim` / `num_global_key_value_heads` keys (as HF reads them)."""
     per_layer = text.get("per_layer_config") or {}
+    if not isinstance(per_layer, dict) or not all(isinstance(v, dict) for v in per_layer.values()):
+        raise ValueError(f"per_layer_config must map layer indices to objects, got {per_layer!r}")
     found = {
         (int(v.get("head_dim", 0)), int(v.get("num_key_value_heads", kv)))
         for i, v in per_layer.items()
-        if str(i).isdigit() and layer_types[int(i)] == "full_attention"
+        if str(i).isdigit() and _layer_kind(layer_types, int(i)) == "full_attention"
     }
     if len(found) > 1:
         raise DllmError(f"full-attention layers disagree in per_layer_config: {sorted(found)}")

@@ -10,7 +10,12 @@ from typing import Any
 
 from turbo_dllm.families.base import Family
 from turbo_dllm.families.decoder.config import tensor_parallel_problems
-from turbo_dllm.families.nemotron_diffusion.config import MODEL_TYPES, PRESETS, NemotronConfig
+from turbo_dllm.families.nemotron_diffusion.config import (
+    CONFIG_KEYS,
+    MODEL_TYPES,
+    PRESETS,
+    NemotronConfig,
+)
 
 __all__ = ["NEMOTRON_DIFFUSION"]
 
@@ -49,4 +54,5 @@ NEMOTRON_DIFFUSION = Family(
     runtime_module="turbo_dllm.families.nemotron_diffusion.runtime",
     rules=_rules,
     axis_reasons={"ep": "Nemotron-Labs-Diffusion is dense (no experts)"},
+    config_keys=CONFIG_KEYS,
 )

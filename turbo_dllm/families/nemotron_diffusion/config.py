@@ -19,18 +19,31 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import hf_config_errors, raise_if_unusable
+from turbo_dllm.families.decoder.config import CONFIG_KEYS as DECODER_KEYS
 from turbo_dllm.families.decoder.config import (
     SUPPORTED_ROPE_TYPES,
     DecoderConfig,
     rope_scaling_problems,
 )
 
-__all__ = ["MODEL_TYPES", "PARADIGMS", "PRESETS", "NemotronConfig"]
+__all__ = ["CONFIG_KEYS", "MODEL_TYPES", "PARADIGMS", "PRESETS", "NemotronConfig"]
 
 MODEL_TYPES = ("nemotron_labs_diffusion",)
 # The checkpoint's attention mode: block_diff trains with the block-diffusion mask; bidirectional
 # is the published inference default (the same weights). Training writes block_diff back.
 PARADIGMS = ("block_diff", "bidirectional")
+# config.json keys beyond a preset's that `model.config_overrides` may set (transformers has no
+# config class for this remote-code model): the decoder's and the keys `from_hf_dict` reads.
+CONFIG_KEYS = DECODER_KEYS | {
+    "head_dimension",
+    "block_size",
+    "dlm_paradigm",
+    "mask_token_id",
+    "attn_implementation",
+    "qk_norm",
+    "v_norm",
+    "attn_output_gate",
+}
 
 _TINY = {
     "model_type": "nemotron_labs_diffusion",
@@ -123,7 +136,12 @@ class NemotronConfig(DecoderConfig):
         model_type = hf.get("model_type")
         if model_type not in MODEL_TYPES:
             raise DllmError(f"config.json is a {model_type!r} model, not {MODEL_TYPES[0]!r}")
-        rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+        if not isinstance(rope, dict):
+            raise DllmError(
+                f"config.json's rope_parameters / rope_scaling is not an object: {rope!r}"
+            )
+        rope = dict(rope)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
         if rope_type not in (*SUPPORTED_ROPE_TYPES, "yarn"):
             raise DllmError(

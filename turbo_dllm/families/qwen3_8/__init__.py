@@ -10,6 +10,7 @@ from typing import Any
 
 from turbo_dllm.families.base import Family
 from turbo_dllm.families.qwen3_8.config import (
+    CONFIG_KEYS,
     GDN_CHUNK,
     MODEL_TYPES,
     PRESETS,
@@ -86,4 +87,5 @@ QWEN3_8 = Family(
         "ep": "Qwen3.8 is dense (no experts)",
     },
     model_options=("linear_attention",),
+    config_keys=CONFIG_KEYS,
 )

@@ -25,6 +25,7 @@ from turbo_dllm.families.base import (
 from turbo_dllm.families.decoder.config import _or_default, _token_ids
 
 __all__ = [
+    "CONFIG_KEYS",
     "GDN_CHUNK",
     "LAYER_KINDS",
     "MODEL_TYPES",
@@ -38,6 +39,52 @@ LAYER_KINDS = ("linear_attention", "full_attention")
 # The chunk length of the chunked Gated DeltaNet kernels (fla's and our torch reference): the
 # clean stream's recurrent state is captured at block boundaries, which must be chunk boundaries.
 GDN_CHUNK = 64
+# config.json keys beyond a preset's that `model.config_overrides` may set: transformers'
+# Qwen3_5Config and Qwen3_5TextConfig fields, and the keys `from_hf_dict` reads (the layer
+# pattern's `full_attention_interval`, the mask-token migration's record).
+CONFIG_KEYS = frozenset(
+    {
+        "text_config",
+        "vision_config",
+        "image_token_id",
+        "video_token_id",
+        "vision_start_token_id",
+        "vision_end_token_id",
+        "vocab_size",
+        "hidden_size",
+        "intermediate_size",
+        "num_hidden_layers",
+        "num_attention_heads",
+        "num_key_value_heads",
+        "head_dim",
+        "hidden_act",
+        "max_position_embeddings",
+        "initializer_range",
+        "rms_norm_eps",
+        "use_cache",
+        "tie_word_embeddings",
+        "rope_parameters",
+        "rope_scaling",
+        "rope_theta",
+        "partial_rotary_factor",
+        "attention_bias",
+        "attention_dropout",
+        "linear_conv_kernel_dim",
+        "linear_key_head_dim",
+        "linear_value_head_dim",
+        "linear_num_key_heads",
+        "linear_num_value_heads",
+        "layer_types",
+        "full_attention_interval",
+        "pad_token_id",
+        "bos_token_id",
+        "eos_token_id",
+        "mask_token_id",
+        "dllm_mask_token",
+        "dllm_mask_token_original_vocab_size",
+        "dllm_mask_token_migration_version",
+    }
+)
 
 
 def _hybrid(layers: int, every: int = 4) -> list[str]:

@@ -1,0 +1,44 @@
+"""The config.json keys each family lets `model.config_overrides` set include every field of
+its transformers config classes (a key a newer transformers adds shows up here first)."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+
+from turbo_dllm import registry
+from turbo_dllm.families.base import HF_COMMON_KEYS
+
+transformers = pytest.importorskip("transformers")
+from transformers.models.auto.configuration_auto import CONFIG_MAPPING  # noqa: E402
+
+# The transformers config classes (by model_type) whose fields each family accepts.
+HF_TYPES = {
+    "causal_lm": ("llama", "qwen2", "qwen3"),
+    "qwen3": ("qwen3",),
+    "qwen3_8": ("qwen3_5", "qwen3_5_text"),
+    "diffusion_gemma": ("diffusion_gemma", "diffusion_gemma_text"),
+}
+
+
+def hf_fields(model_type: str) -> set[str]:
+    cls = CONFIG_MAPPING[model_type]
+    names = set(inspect.signature(cls.__init__).parameters) - {"self", "kwargs"}
+    names |= {n for n in vars(cls).get("__annotations__", {}) if not n.startswith("_")}
+    names |= set(cls.attribute_map)
+    return names
+
+
+@pytest.mark.parametrize("family", sorted(HF_TYPES))
+def test_every_transformers_config_field_is_an_override_key(family):
+    known = registry.FAMILIES[family].config_keys | HF_COMMON_KEYS
+    for model_type in HF_TYPES[family]:
+        missing = sorted(hf_fields(model_type) - known - {"base_config_key", "sub_configs"})
+        assert not missing, (model_type, missing)
+
+
+def test_every_family_that_reads_a_config_json_lists_its_keys():
+    for family in registry.FAMILIES.values():
+        if family.configure is None:  # dflash refuses config_overrides altogether
+            assert family.config_keys, family.name
