@@ -62,7 +62,12 @@ def test_synthetic_batch_larger_than_dataset_is_a_user_error():
 
 def test_mask_token_and_vocab_checks():
     source = build_data(tiny_spec(), model_vocab_size=512, dp_rank=0, dp_size=1)
-    assert source.mask_token_id == 511 and source.fingerprint is None
+    assert source.mask_token_id == 511
+    # Synthetic data has a fingerprint too (a resume compares it): its sequences' identity.
+    same = build_data(tiny_spec("data.seq_len=32"), model_vocab_size=512, dp_rank=0, dp_size=1)
+    other = build_data(tiny_spec("launch.seed=1"), model_vocab_size=512, dp_rank=0, dp_size=1)
+    assert len(source.fingerprint) == 64 and same.fingerprint == source.fingerprint
+    assert other.fingerprint != source.fingerprint
     chosen = build_data(
         tiny_spec("objective.mask_token_id=7"), model_vocab_size=512, dp_rank=0, dp_size=1
     )

@@ -34,8 +34,10 @@ __all__ = [
     "Checkpointer",
     "find_latest",
     "load_tensors",
+    "model_differences",
     "quiet_dcp_warnings",
     "read_meta",
+    "resolve_checkpoint",
     "same_model",
 ]
 
@@ -64,6 +66,9 @@ class CheckpointMeta(BaseModel):
     # (generation_config.json, the tokenizer): the model.path folder and the data artifact.
     model_path: str | None = None
     data_artifact: str | None = None
+    # The RunSpec settings a resume may change, by their spec path ("data.seq_len": 256, ...):
+    # a resume names each one that differs (None: written before they were recorded).
+    settings: dict[str, Any] | None = None
 
 
 def _own_tensors(model, state: dict) -> dict:
@@ -96,13 +101,22 @@ def read_meta(path: str | Path) -> CheckpointMeta:
 _TOKEN_ID_FIELDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
 
+def _shape(config: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in config.items() if k not in _TOKEN_ID_FIELDS}
+
+
 def same_model(saved: dict[str, Any], current: dict[str, Any]) -> bool:
     """Whether a checkpoint's model config (`meta.model`) is the model a run would build."""
+    return _shape(saved) == _shape(current)
 
-    def shape(config: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in config.items() if k not in _TOKEN_ID_FIELDS}
 
-    return shape(saved) == shape(current)
+def model_differences(saved: dict[str, Any], current: dict[str, Any], limit: int = 6) -> str:
+    """The config fields where a checkpoint's model and a run's differ, as `field saved ->
+    current` (`-` where one lacks the field), for an error message."""
+    saved, current = _shape(saved), _shape(current)
+    keys = [k for k in {**saved, **current} if saved.get(k, "-") != current.get(k, "-")]
+    shown = ", ".join(f"{k} {saved.get(k, '-')} -> {current.get(k, '-')}" for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
 
 
 def _complete_steps(directory: Path) -> list[Path]:
@@ -120,6 +134,16 @@ def find_latest(directory: str | Path) -> Path | None:
     """The complete checkpoint with the highest step in `directory`, if any."""
     steps = _complete_steps(Path(directory))
     return steps[-1] if steps else None
+
+
+def resolve_checkpoint(path: str | Path) -> Path:
+    """A `step_<N>` folder as given, or a `checkpoints/` folder's newest complete step (what
+    `checkpoint.resume` and `dllm export` accept); anything else as given (read_meta says
+    what is wrong with it)."""
+    path = Path(path)
+    if (path / "checkpoint.json").is_file():
+        return path
+    return find_latest(path) or path
 
 
 # DCP in one process (no process group) says so on every save and load; nothing else is hidden.

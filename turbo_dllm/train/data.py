@@ -4,16 +4,22 @@
 only when used); `data.synthetic` makes motif sequences (`SyntheticLoader`). Both give the same
 batches and the same resumable state. The mask token is `objective.mask_token_id` if set, else
 the artifact's `special_tokens["mask"]`, else the last id of the synthetic vocabulary.
+
+The fingerprint names the sample stream a checkpoint continues: the artifact's content
+fingerprint, or for synthetic data a sha256 over what makes its sequences (count, vocabulary,
+seed; not seq_len, which only cuts them).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["DataSource", "build_data"]
+__all__ = ["DataSource", "build_data", "synthetic_fingerprint"]
 
 
 @dataclass(frozen=True)
@@ -21,7 +27,13 @@ class DataSource:
     loader: Any  # iterator of batches with state_dict / load_state_dict
     vocab_size: int  # ids the data can contain (tokenizer vocabulary)
     mask_token_id: int
-    fingerprint: str | None  # the artifact's, None for synthetic data
+    fingerprint: str  # the artifact's, or synthetic_fingerprint's
+
+
+def synthetic_fingerprint(synthetic, seed: int) -> str:
+    """sha256 of the synthetic data's identity (`data.synthetic` and the seed)."""
+    identity = {"synthetic": synthetic.model_dump(mode="json"), "seed": seed}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
 def build_data(spec, *, model_vocab_size: int, dp_rank: int, dp_size: int) -> DataSource:
@@ -67,7 +79,7 @@ def build_data(spec, *, model_vocab_size: int, dp_rank: int, dp_size: int) -> Da
             loader,
             synthetic.vocab_size,
             synthetic.vocab_size - 1 if mask is None else int(mask),
-            None,
+            synthetic_fingerprint(synthetic, spec.launch.seed),
         )
     if source.vocab_size > model_vocab_size:
         raise DllmError(

@@ -32,7 +32,14 @@ import torch
 from turbo_dllm.errors import DllmError
 from turbo_dllm.registry import get_family, resolve_model_config
 from turbo_dllm.train.attention import build_attention
-from turbo_dllm.train.checkpoint import Checkpointer, find_latest, read_meta, same_model
+from turbo_dllm.train.checkpoint import (
+    Checkpointer,
+    find_latest,
+    model_differences,
+    read_meta,
+    resolve_checkpoint,
+    same_model,
+)
 from turbo_dllm.train.compile_cache import (
     INDUCTOR_CACHE_VARIABLE,
     cache_size_bytes,
@@ -268,24 +275,30 @@ class Trainer:
         """Restore the checkpoint `checkpoint.resume` names; returns the first step to run."""
         choice = self.spec.checkpoint.resume
         if choice == "never":
+            if earlier := find_latest(self.checkpoint_dir):
+                # Its steps would outrank this run's: pruned first, resumed by the next `auto`.
+                raise DllmError(
+                    f"checkpoint.resume is never, but {self.checkpoint_dir} holds an earlier "
+                    f"run's checkpoints (newest {earlier.name})",
+                    hint="train into a new run dir (--run-dir), or set checkpoint.resume: auto "
+                    "to continue them",
+                )
+            self.metrics.truncate_after(0)
             return 0
         if choice == "auto":
             path = find_latest(self.checkpoint_dir)
-            if path is None:
+            if path is None:  # an attempt that died before its first checkpoint: start over
+                self.metrics.truncate_after(0)
                 return 0
         else:
-            path = Path(choice)
+            path = resolve_checkpoint(choice)  # a checkpoints/ folder: its newest step
             if not (path / "checkpoint.json").is_file():
                 raise DllmError(
                     f"checkpoint.resume points at {choice!r}, which is not a complete checkpoint",
-                    hint="use auto, never, or a checkpoints/step_<N> folder",
+                    hint="use auto, never, a checkpoints/step_<N> folder or a checkpoints/ "
+                    "folder (its newest complete step)",
                 )
-        if not same_model(read_meta(path).model, self.model_config.to_hf_dict()):
-            raise DllmError(
-                f"checkpoint {str(path)!r} holds a different model shape than this RunSpec",
-                hint="resume with the model the checkpoint was trained with, or "
-                "set checkpoint.resume: never",
-            )
+        self._check_resumable(path, read_meta(path))
         meta = self.checkpointer.load(
             path,
             model=self.model,
@@ -298,6 +311,8 @@ class Trainer:
         self.train_time_offset = meta.train_time_s
         self.metrics.truncate_after(meta.step)
         print0(self.env, f"resumed from {path} (step {meta.step})")
+        if changed := self._setting_changes(meta):
+            print0(self.env, f"note: this resume changes {changed}")
         if changed := self._optimizer_changes():
             print0(
                 self.env,
@@ -305,6 +320,80 @@ class Trainer:
                 f"({changed}); train into a new run dir to use the spec's",
             )
         return meta.step
+
+    def _check_resumable(self, path: Path, meta) -> None:
+        """Refuse a checkpoint this run would not continue: another model, objective, seed or
+        data stream (before any tensor is read)."""
+        family, model = self.spec.model.family, self.model_config.to_hf_dict()
+        fresh = "train into a new run dir (--run-dir); to start from its weights, `dllm export` it"
+        if not same_model(meta.model, model):
+            differs = model_differences(meta.model, model)
+            if meta.family and meta.family != family:
+                raise DllmError(
+                    f"checkpoint {str(path)!r} holds a {meta.family} model and this RunSpec "
+                    f"builds {family}: a different model shape ({differs})",
+                    hint=f"set model.family: {meta.family} (and its model) to resume it, or {fresh}"
+                    " and set model.path to the export",
+                )
+            raise DllmError(
+                f"checkpoint {str(path)!r} holds a different model shape than this RunSpec "
+                f"({differs})",
+                hint="resume with the model the checkpoint was trained with, or " + fresh,
+            )
+        if meta.objective != self.objective.name:
+            raise DllmError(
+                f"checkpoint {str(path)!r} was trained with objective {meta.objective} and this "
+                f"RunSpec's is {self.objective.name}",
+                hint=f"set objective.name: {meta.objective} to resume it, or {fresh} and set "
+                "model.path to the export",
+            )
+        if meta.seed != self.spec.launch.seed:
+            raise DllmError(
+                f"checkpoint {str(path)!r} was trained with launch.seed {meta.seed} and this "
+                f"RunSpec has {self.spec.launch.seed} (the data order and the noise follow it)",
+                hint=f"set launch.seed: {meta.seed} to resume it, or {fresh}",
+            )
+        saved, now = meta.data_fingerprint, self.data.fingerprint
+        # Checkpoints of synthetic data from before it had a fingerprint record none.
+        unrecorded = saved is None and "format" not in meta.loader and not self.spec.data.artifact
+        if saved != now and not unrecorded:
+            where = self.spec.data.artifact or "synthetic data"
+            raise DllmError(
+                f"checkpoint {str(path)!r} was trained on other data than this run reads: "
+                f"data fingerprint {saved} ({meta.data_artifact or 'synthetic data'}), "
+                f"now {now} ({where})",
+                hint="point data at what the run was trained on (an artifact prepared again is "
+                f"other data), or {fresh} and set model.path to the export",
+            )
+
+    def _settings(self) -> dict[str, object]:
+        """What `_setting_changes` compares, recorded in each checkpoint (`meta.settings`)."""
+        spec = self.spec
+        objective = spec.objective.model_dump(mode="json", exclude={"name"})
+        return {
+            "data.seq_len": spec.data.seq_len,
+            "training.micro_batch_size": spec.training.micro_batch_size,
+            "training.grad_accumulation": spec.training.grad_accumulation,
+            "training.steps": spec.training.steps,
+            "global_batch": self.samples_per_step,
+            **{f"objective.{name}": value for name, value in objective.items()},
+        }
+
+    def _setting_changes(self, meta) -> str:
+        """The settings this resume trains with that the checkpoint's steps did not: allowed
+        (a longer run, a new batch split, a curriculum), but the loss trace is no longer the
+        uninterrupted run's, so it is said."""
+        saved, now = meta.settings or {}, self._settings()
+        changes = [
+            f"{name} {saved[name]} -> {value}"
+            for name, value in now.items()
+            if name in saved and saved[name] != value and name != "global_batch"
+        ]
+        if saved.get("global_batch", self.samples_per_step) != self.samples_per_step:
+            changes.append(
+                f"the global batch {saved['global_batch']} -> {self.samples_per_step} sequences"
+            )
+        return ", ".join(changes)
 
     def _optimizer_changes(self) -> str:
         """The spec's optimizer settings that a resumed optimizer did not take (its state and
@@ -339,6 +428,7 @@ class Trainer:
                 "param_dtype": self.spec.model.dtype,
                 "data_fingerprint": self.data.fingerprint,
                 "train_time_s": train_time,
+                "settings": self._settings(),
                 **export_sources(self.spec),
             },
         )

@@ -1,0 +1,193 @@
+"""What a resume refuses (another model family or shape, objective, seed or data stream) and what
+it accepts but says (another batch split, sequence length, run length), and where it starts."""
+
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+
+import pytest
+
+from tests.helpers import assert_user_error
+from tests.train.util import TINY, losses, metrics, tiny_spec
+from turbo_dllm.errors import DllmError
+from turbo_dllm.train.entry import train
+
+ARGS = ("training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=2")
+
+
+@pytest.fixture(scope="module")
+def crashed_once(tmp_path_factory):
+    """A run that died after step 3: checkpoint at step 2, metrics of steps 1-4."""
+    run = tmp_path_factory.mktemp("crashed") / "run"
+    train(tiny_spec(*ARGS), run)
+    shutil.rmtree(run / "checkpoints/step_00000004")
+    return run
+
+
+@pytest.fixture
+def run(crashed_once, tmp_path):
+    return shutil.copytree(crashed_once, tmp_path / "run")
+
+
+def refused(run, *overrides, base=None) -> DllmError:
+    with pytest.raises(DllmError) as caught:
+        train(tiny_spec(*ARGS, *overrides, base=base), run)
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]  # nothing trained, nothing dropped
+    return caught.value
+
+
+def test_resume_onto_an_artifact_prepared_again_is_refused_naming_both_fingerprints(tmp_path):
+    from tests.data.helpers import prepare_config, write_config, write_jsonl
+
+    data = tmp_path / "data"
+
+    def prepare(word: str):
+        write_jsonl(
+            data / "data.jsonl", [{"text": f"{word} {i} " + "xy" * (i % 23)} for i in range(300)]
+        )
+        config = write_config(
+            data,
+            packing={"seq_len": 64, "block_size": 8},
+            output={"path": "out", "overwrite": True},
+        )
+        return prepare_config(config).manifest.fingerprint
+
+    before = prepare("doc")
+    base = copy.deepcopy(TINY)
+    base["data"] = {"artifact": str(data / "out"), "seq_len": 64}
+    train(tiny_spec(*ARGS, base=base), tmp_path / "run")
+    shutil.rmtree(tmp_path / "run/checkpoints/step_00000004")
+    after = prepare("other")
+    assert after != before
+    error = refused(tmp_path / "run", base=base)
+    assert "trained on other data" in error.message
+    assert before in error.message and after in error.message  # whole, to compare by eye
+    assert "new run dir" in error.hint
+
+
+@pytest.mark.parametrize(
+    "override", ["data.synthetic.num_sequences=32", "data.synthetic.vocab_size=400"]
+)
+def test_resume_onto_other_synthetic_data_is_refused(run, override):
+    error = refused(run, override)
+    assert "trained on other data" in error.message and "synthetic data" in error.message
+
+
+def test_resume_with_another_seed_is_refused(run):
+    error = refused(run, "launch.seed=1")
+    assert "launch.seed 0" in error.message and "has 1" in error.message
+    assert "launch.seed: 0" in error.hint
+
+
+def test_resume_with_another_objective_is_refused(run):
+    error = refused(run, "objective.name=fast_dllm_v2")
+    assert "objective block_diffusion" in error.message and "fast_dllm_v2" in error.message
+    assert "objective.name: block_diffusion" in error.hint and "dllm export" in error.hint
+
+
+def test_resume_with_another_model_shape_names_what_differs(run):
+    error = refused(run, "model.config_overrides.num_hidden_layers=3")
+    assert "different model shape than this RunSpec (num_hidden_layers 2 -> 3)" in error.message
+
+
+def test_resume_of_another_familys_checkpoint_names_both_families(tmp_path):
+    base = copy.deepcopy(TINY)
+    base["model"] = {"family": "nemotron_diffusion", "from_config": "tiny"}
+    base["objective"]["mask_token_id"] = 100  # the nemotron config's
+    train(tiny_spec(*ARGS, base=base), tmp_path / "run")
+    shutil.rmtree(tmp_path / "run/checkpoints/step_00000004")
+    error = refused(tmp_path / "run", "objective.mask_token_id=100")
+    assert "holds a nemotron_diffusion model and this RunSpec builds qwen3" in error.message
+    assert "model_type nemotron_labs_diffusion -> qwen3" in error.message
+    assert "model.family: nemotron_diffusion" in error.hint
+
+
+def test_a_resume_says_which_batch_and_objective_settings_changed(run, capsys):
+    capsys.readouterr()
+    train(tiny_spec(*ARGS), run)  # the run's own spec: nothing to say
+    assert "note: this resume changes" not in capsys.readouterr().err
+    shutil.rmtree(run / "checkpoints/step_00000004")
+    changed = (
+        "training.steps=6",
+        "training.micro_batch_size=2",
+        "data.seq_len=32",
+        "objective.block_size=4",
+    )
+    train(tiny_spec(*ARGS, *changed), run)
+    err = capsys.readouterr().err
+    for note in (
+        "data.seq_len 64 -> 32",
+        "training.micro_batch_size 4 -> 2",
+        "training.steps 4 -> 6",
+        "objective.block_size 8 -> 4",
+        "the global batch 4 -> 2 sequences",
+    ):
+        assert note in err, note
+    assert [r["step"] for r in metrics(run)] == list(range(1, 7))
+
+
+def test_a_split_of_the_same_global_batch_resumes_the_same_trace(run, tmp_path):
+    """mb 4 x 1 saved, mb 2 x 2 resumed: the same samples and noise, the same losses."""
+    straight = tmp_path / "straight"
+    train(tiny_spec(*ARGS), straight)
+    train(tiny_spec(*ARGS, "training.micro_batch_size=2", "training.grad_accumulation=2"), run)
+    assert losses(run)[:2] == losses(straight)[:2]
+    assert losses(run)[2:] == pytest.approx(losses(straight)[2:], rel=1e-5, abs=1e-5)
+
+
+def test_resume_from_a_checkpoints_folder_takes_its_newest_complete_step(run, capsys):
+    checkpoints = run / "checkpoints"
+    shutil.copytree(checkpoints / "step_00000002", checkpoints / "step_00000001")
+    (checkpoints / "step_00000003").mkdir()  # a partial step: no checkpoint.json
+    (checkpoints / ".tmp-step_00000004").mkdir()  # a save that never finished
+    capsys.readouterr()
+    assert train(tiny_spec(*ARGS, f"checkpoint.resume={checkpoints}"), run) == 0
+    assert f"resumed from {checkpoints / 'step_00000002'} (step 2)" in capsys.readouterr().err
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
+
+
+def test_resume_from_a_folder_without_checkpoints_is_refused(run, tmp_path):
+    (tmp_path / "empty").mkdir()
+    error = refused(run, f"checkpoint.resume={tmp_path / 'empty'}")
+    assert "not a complete checkpoint" in error.message and "checkpoints/ folder" in error.hint
+
+
+def test_a_restart_before_the_first_checkpoint_starts_the_metrics_over(tmp_path):
+    """A run killed before its first checkpoint restarts at step 1: its metrics.jsonl held
+    steps 1-3 of the dead attempt, which used to stay before the new 1-3."""
+    args = ("training.steps=3", "checkpoint.interval=10")
+    train(tiny_spec(*args), tmp_path / "run")
+    shutil.rmtree(tmp_path / "run/checkpoints")
+    train(tiny_spec(*args), tmp_path / "run")
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3]
+
+
+def test_resume_never_over_an_earlier_runs_checkpoints_is_refused(run):
+    """Their higher steps would prune this run's checkpoints and be what `auto` resumes."""
+    error = refused(run, "checkpoint.resume=never")
+    assert "holds an earlier run's checkpoints (newest step_00000002)" in error.message
+    assert "new run dir" in error.hint
+
+
+def test_resume_never_in_a_run_dir_without_checkpoints_starts_the_metrics_over(run):
+    shutil.rmtree(run / "checkpoints")
+    train(tiny_spec(*ARGS, "checkpoint.resume=never"), run)
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
+
+
+def test_the_checkpoint_records_the_settings_a_resume_compares(run):
+    meta = json.loads((run / "checkpoints/step_00000002/checkpoint.json").read_text())
+    assert meta["settings"]["data.seq_len"] == 64 and meta["settings"]["global_batch"] == 4
+    assert meta["data_fingerprint"]  # synthetic data too
+
+
+def test_cli_resume_with_another_objective_is_a_user_error(cli, run, tmp_path):
+    from tests.train.util import write_config
+
+    config = write_config(tmp_path / "train.yaml", *ARGS)
+    result = cli(
+        "train", "--config", config, "--run-dir", run, "--set", "objective.name=autoregressive"
+    )
+    assert_user_error(result, "objective block_diffusion")
