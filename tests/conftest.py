@@ -23,11 +23,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+# Set in os.environ by a training process (train/compile_cache.use_compile_cache) to its home's
+# compile cache: a test that trains in-process must not hand its cache folders to the next test.
+_PROCESS_CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("dllm-home")
     monkeypatch.setenv("DLLM_HOME", str(home))
-    return home
+    before = {name: os.environ.get(name) for name in _PROCESS_CACHE_VARIABLES}
+    yield home
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
 
 
 @dataclasses.dataclass

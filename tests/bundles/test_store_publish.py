@@ -162,6 +162,33 @@ def test_a_damaged_inactive_bundle_is_reported_and_uninstalled(
     assert [x.sha256 for x in BundleStore().installed()] == [b.sha256]
 
 
+@pytest.mark.parametrize("damage", ["bundle.json", "install.json"])
+def test_list_and_status_show_a_damaged_previous_bundle(cli, cpu_bundle, tmp_path, damage):
+    """`dllm bundle list` stopped at the first damaged store entry (one without bundle.json was
+    left out without a word), and `status` failed on a damaged previous bundle: both list it,
+    marked damaged with the fix, and the intact bundles with it."""
+    a = _install(cpu_bundle, tmp_path, None)
+    b = _install(cpu_bundle, tmp_path, "0.1.1")
+    a.path.chmod(0o755)
+    (a.path / damage).unlink()
+    listed = cli("bundle", "list")
+    assert listed.code == 0, listed.err
+    assert f"{b.short_sha}  active    {b.bundle_id}" in listed.out
+    assert f"{a.short_sha}  previous  DAMAGED: {damage}" in listed.out
+    assert f"remove it: `dllm bundle uninstall {a.short_sha}`" in listed.err
+    as_json = {x["sha256"]: x for x in json.loads(cli("bundle", "list", "--json").out)["bundles"]}
+    assert as_json[b.sha256]["state"] == "active" and as_json[b.sha256]["damaged"] is None
+    assert as_json[a.sha256]["state"] == "previous" and damage in as_json[a.sha256]["damaged"]
+
+    status = cli("bundle", "status")
+    assert status.code == 0, status.err
+    assert f"active    {b.bundle_id}" in status.out
+    assert f"previous  DAMAGED ({a.short_sha}): {damage}" in status.out
+    assert json.loads(cli("bundle", "status", "--json").out)["previous"]["damaged"]
+    assert cli("bundle", "uninstall", a.short_sha).code == 0
+    assert "previous  none" in cli("bundle", "status").out
+
+
 def test_a_too_short_prefix_and_negative_retries_are_explained(cli, installed, mirror):
     # The listing shows the 12-character hash the 4-character prefix starts: say why it fails.
     result = cli("bundle", "uninstall", installed.sha256[:4])
@@ -207,7 +234,12 @@ def test_installing_again_repairs_a_damaged_store_entry(cli, installed, mirror, 
     document = installed.path / damaged
     document.chmod(0o644)
     document.write_text("{")
-    assert_user_error(cli("bundle", "list"), damaged, hint)
+    listed = cli("bundle", "list")  # was an error: listed now, marked, with the fix
+    assert listed.code == 0, listed.err
+    assert f"{installed.short_sha}  active    DAMAGED: invalid {damaged}" in listed.out
+    assert hint in listed.err and "dllm bundle rollback" in listed.err
+    status = cli("bundle", "status")
+    assert_user_error(status, f"the active bundle {installed.short_sha} is damaged", hint)
     root, catalog_sha = mirror
     again = cli("bundle", "install", "--release", "v-test", "--auto", "--mirror", root,
                 "--catalog-sha256", catalog_sha)  # fmt: skip

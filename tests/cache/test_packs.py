@@ -397,3 +397,252 @@ def test_a_damaged_record_is_named_and_removed(cli, tmp_path, damage):
     removed = cli("cache", "remove", sha[:8])
     assert removed.code == 0 and f"removed the damaged record {record}" in removed.out
     assert not record.exists() and cli("cache", "verify").code == 0
+
+
+def _hold_lock(path: Path, flag: Path):
+    """A child process that takes the packs' lock (flock on install.lock), touches `flag` and
+    then holds the lock until killed."""
+    program = (
+        "import fcntl, os, sys, time\n"
+        "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        "open(sys.argv[2], 'w').close()\n"
+        "time.sleep(300)\n"
+    )
+    path.parent.mkdir(parents=True, exist_ok=True)
+    child = subprocess.Popen([sys.executable, "-c", program, str(path), str(flag)])
+    _wait_for(flag, child)
+    return child
+
+
+def _wait_for(flag: Path, child: subprocess.Popen) -> None:
+    import time
+
+    deadline = time.monotonic() + 60
+    while not flag.exists():
+        assert child.poll() is None and time.monotonic() < deadline, "the child did not start"
+        time.sleep(0.02)
+
+
+def test_installs_and_removes_wait_for_the_lock(cli, tmp_path):
+    """Installs and removes took no lock: while one ran, another changed the same records and
+    files. Now they serialize on compile-packs/install.lock, with --lock-timeout like bundles."""
+    path = _small_pack(tmp_path)
+    lock = Path(os.environ["DLLM_HOME"]) / "compile-packs" / "install.lock"
+    child = _hold_lock(lock, tmp_path / "held")
+    try:
+        refused = cli("cache", "install", path, "--lock-timeout", "0.2")
+        assert_user_error(refused, "another compile-cache pack install or remove is running",
+                          "waited 0.2 s", "--lock-timeout")  # fmt: skip
+        assert _cache_files() == []
+        assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+    finally:
+        child.kill()
+        child.wait()
+    sha = json.loads(cli("cache", "install", path, "--json").out)["sha256"]
+    child = _hold_lock(lock, tmp_path / "held-again")
+    try:
+        assert_user_error(cli("cache", "remove", sha[:12], "--lock-timeout", "0"), "waited 0 s")
+        assert len(_cache_files()) == 6
+    finally:
+        child.kill()
+        child.wait()
+    assert "6 files deleted" in cli("cache", "remove", sha[:12]).out
+
+
+@pytest.mark.parametrize("value", ["-5", "nan"])
+@pytest.mark.parametrize("command", [("install", "some.tar.zst"), ("remove", "abcdef")])
+def test_a_negative_pack_lock_timeout_is_refused(cli, command, value):
+    result = cli("cache", *command, "--lock-timeout", value)
+    assert_user_error(result, f"--lock-timeout must be 0 or more seconds, got {value}")
+
+
+def test_an_install_waits_for_one_that_is_taking_its_files_back(cli, tmp_path):
+    """Two installs of one pack at once: the second recorded the files the first had moved, and
+    the first, interrupted, then took them (and the record) back, so the second's success left
+    nothing installed. Now the second waits and installs everything."""
+    path = _small_pack(tmp_path)
+    flag = tmp_path / "moving"
+    program = (
+        "import os, sys, time\n"
+        "real = os.rename\n"
+        "def rename(*args):\n"
+        "    real(*args)\n"
+        "    open(sys.argv[2], 'w').close()\n"  # mid-install: 1 of 6 files moved
+        "    time.sleep(2)\n"
+        "    raise KeyboardInterrupt\n"
+        "os.rename = rename\n"
+        "from turbo_dllm.cli import main\n"
+        "sys.exit(main(['cache', 'install', sys.argv[1]]))\n"
+    )
+    env = clean_env(DLLM_HOME=os.environ["DLLM_HOME"], PYTHONPATH=str(ROOT))
+    child = subprocess.Popen([sys.executable, "-c", program, str(path), str(flag)], env=env)
+    try:
+        _wait_for(flag, child)
+        second = cli("cache", "install", path, "--json")
+    finally:
+        child.wait(timeout=120)
+    assert child.returncode == 130
+    assert second.code == 0, second.err
+    assert json.loads(second.out)["added"] == 6
+    assert cli("cache", "verify").code == 0
+    assert len(_cache_files()) == 6
+    assert "6 files deleted" in cli("cache", "remove", path.name).out
+
+
+def test_pack_leaves_out_a_file_that_vanishes_while_it_is_packed(cli, tmp_path, monkeypatch):
+    """Inductor and Triton delete cache files while a pack is made: a file gone between the
+    listing and its read was a FileNotFoundError traceback. It is left out now, and the pack
+    lists exactly what it holds."""
+    import builtins
+
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    folder = compile_cache_dir() / "inductor" / "ab"
+    folder.mkdir(parents=True)
+    for i in range(3):
+        (folder / f"c{i}.py").write_text(f"# graph {i}\n")
+    victim, real_open = folder / "c1.py", builtins.open
+
+    def open_(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and Path(file) == victim:
+            victim.unlink(missing_ok=True)  # deleted by the cache just before it is read
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", open_)
+    made = cli("cache", "pack", "--out", tmp_path / "packs", "--json")
+    monkeypatch.undo()
+    assert made.code == 0, made.err
+    assert "Traceback" not in made.err
+    pack = Path(json.loads(made.out)["pack"])
+    assert json.loads(made.out)["files"] == 2
+    assert cli("cache", "install", pack).code == 0  # every listed member is there
+    from turbo_dllm.cache.packs import read_pack_manifest
+
+    assert [f.path for f in read_pack_manifest(pack).files] == ["inductor/ab/c0.py",
+                                                              "inductor/ab/c2.py"]  # fmt: skip
+
+
+def test_pack_skips_a_folder_that_vanishes_while_it_is_listed(cli, tmp_path, monkeypatch):
+    """A cache folder deleted while the caches were walked was a FileNotFoundError traceback."""
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    for sub in ("ab", "cd"):
+        folder = compile_cache_dir() / "inductor" / sub
+        folder.mkdir(parents=True)
+        (folder / "entry.py").write_text(f"# {sub}\n")
+    victim, real_scandir = compile_cache_dir() / "inductor" / "cd", os.scandir
+
+    def scandir(path="."):
+        if isinstance(path, (str, os.PathLike)) and Path(path) == victim:
+            import shutil
+
+            shutil.rmtree(victim, ignore_errors=True)
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    made = cli("cache", "pack", "--out", tmp_path / "packs", "--json")
+    monkeypatch.undo()
+    assert made.code == 0, made.err
+    assert json.loads(made.out)["files"] == 1
+
+
+def test_pack_says_the_caches_are_empty_when_every_file_vanished(cli, tmp_path, monkeypatch):
+    import builtins
+
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    entry = compile_cache_dir() / "inductor" / "ab" / "c1.py"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("# c1.py\n")
+    real_open = builtins.open
+
+    def open_(file, *args, **kwargs):
+        if isinstance(file, (str, os.PathLike)) and Path(file) == entry:
+            entry.unlink(missing_ok=True)
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", open_)
+    made = cli("cache", "pack", "--out", tmp_path / "packs")
+    monkeypatch.undo()
+    assert_user_error(made, "the compile caches are empty")
+    assert not list((tmp_path / "packs").glob("*.tar.zst"))
+
+
+def test_installing_again_after_a_damaged_record_was_removed_takes_its_files(cli, tmp_path):
+    """After `remove` took a damaged record, installing the pack again found its files there and
+    recorded none as added, so no `remove` ever deleted them. The files with the pack's bytes
+    are the new record's now; a file that differs from the pack stays the user's."""
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    path = _small_pack(tmp_path)
+    sha = json.loads(cli("cache", "install", path, "--json").out)["sha256"]
+    record = Path(os.environ["DLLM_HOME"]) / "compile-packs" / "installed" / f"{sha}.json"
+    record.write_text("{")
+    assert cli("cache", "remove", sha[:12]).code == 0
+    changed = compile_cache_dir() / "inductor" / "ab" / "c0.py"
+    changed.write_text("# the user's own\n")
+    again = cli("cache", "install", path, "--json")
+    assert again.code == 0, again.err
+    listed = json.loads(cli("cache", "list", "--json").out)["installed"]
+    assert [p["added"] for p in listed] == [5]
+    assert "5 files deleted" in cli("cache", "remove", sha[:12]).out
+    assert _cache_files() == [changed]
+    # A pack installed later over the user's own identical files still leaves them be.
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 5
+    assert "5 files deleted" in cli("cache", "remove", sha[:12]).out
+
+
+def test_installing_into_another_cache_is_refused_while_installed_elsewhere(
+    cli, tmp_path, monkeypatch
+):
+    """Installing an installed pack again with another compile cache in effect (a changed
+    DLLM_COMPILE_CACHE) moved its record there: the files added to the first cache were lost to
+    `remove`, and `remove` deleted the second cache's own copies of them."""
+    path = _small_pack(tmp_path, count=2)
+    monkeypatch.setenv("DLLM_COMPILE_CACHE", str(tmp_path / "first"))
+    assert cli("cache", "install", path).code == 0
+    monkeypatch.setenv("DLLM_COMPILE_CACHE", str(tmp_path / "second"))
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    own = compile_cache_dir() / "inductor" / "ab" / "c0.py"  # the second cache's own copy
+    own.parent.mkdir(parents=True)
+    own.write_text("# graph 0\n")
+    refused = cli("cache", "install", path)
+    assert_user_error(refused, "is installed into another compile cache", str(tmp_path / "first"),
+                      "dllm cache remove")  # fmt: skip
+    assert [p.name for p in own.parent.iterdir()] == ["c0.py"]
+    assert "2 files deleted" in cli("cache", "remove", path.name).out
+    assert not list((tmp_path / "first").rglob("*.py")) and own.is_file()
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 1
+
+
+def test_a_record_without_a_cache_folder_is_damaged_not_a_traceback(cli, tmp_path):
+    """A record whose `caches` lacked a folder its files need was a KeyError traceback in
+    `verify` and `remove`; it is a damaged record now, named with its fix."""
+    path = _small_pack(tmp_path)
+    sha = json.loads(cli("cache", "install", path, "--json").out)["sha256"]
+    record = Path(os.environ["DLLM_HOME"]) / "compile-packs" / "installed" / f"{sha}.json"
+    data = json.loads(record.read_text())
+    del data["caches"]["inductor"]
+    record.write_text(json.dumps(data))
+    assert_user_error(cli("cache", "verify"), "is damaged", "no cache folder for inductor",
+                      f"dllm cache remove {sha[:12]}")  # fmt: skip
+    assert cli("cache", "remove", sha[:12]).code == 0
+
+
+def test_installing_again_repairs_a_damaged_file_the_pack_added(cli, tmp_path):
+    """`verify` said "remove, then install again", but `remove` keeps a file that is not intact
+    and the next install keeps any file already there: the damaged file stayed and `verify`
+    failed for good. Installing again now puts back the files the pack added."""
+    path = _small_pack(tmp_path, count=2)
+    assert cli("cache", "install", path).code == 0
+    damaged = next(p for p in _cache_files() if p.name == "c0.py")
+    damaged.write_text("garbage\n")
+    failed = cli("cache", "verify")
+    assert failed.code == 1 and "inductor/ab/c0.py: differs from pack.json" in failed.out
+    assert "dllm cache install" in failed.err
+    again = cli("cache", "install", path, "--json")
+    assert again.code == 0 and json.loads(again.out)["added"] == 1
+    assert cli("cache", "verify").code == 0 and damaged.read_text() == "# graph 0\n"
+    assert "2 files deleted" in cli("cache", "remove", path.name).out

@@ -41,6 +41,7 @@ __all__ = [
     "InstallRecord",
     "InstalledBundle",
     "active_bundle",
+    "file_lock",
     "new_record",
     "remove_tree",
 ]
@@ -164,17 +165,33 @@ class BundleStore:
     def _load(self, sha256: str) -> InstalledBundle | None:
         found = self._read(sha256)
         if isinstance(found, str):
-            remove = (
-                "`dllm bundle rollback`, then `dllm bundle uninstall"
-                if self._link("active") == sha256
-                else "remove it: `dllm bundle uninstall"
-            )
             raise DllmError(
                 f"bundle {sha256[:12]} in {self.store_dir} is damaged: {found}",
-                hint="install its release again (`dllm bundle install` replaces a damaged "
-                f"copy), or {remove} {sha256[:12]}`",
+                hint=self.repair_hint(sha256),
             )
         return found
+
+    def repair_hint(self, sha256: str) -> str:
+        """How to repair the damaged store entry `sha256`."""
+        remove = (
+            "`dllm bundle rollback`, then `dllm bundle uninstall"
+            if self._link("active") == sha256
+            else "remove it: `dllm bundle uninstall"
+        )
+        return (
+            "install its release again (`dllm bundle install` replaces a damaged copy), "
+            f"or {remove} {sha256[:12]}`"
+        )
+
+    def states(self) -> dict[str, str]:
+        """{sha256: "active" | "previous"} for the entries the store's links point at, read
+        without reading the entries (a damaged one too)."""
+        states = {}
+        for name in ("previous", "active"):
+            sha = self._link(name)
+            if sha:
+                states[sha] = name
+        return states
 
     def entries(self) -> list[InstalledBundle | DamagedBundle]:
         """Every store entry, the damaged ones (a missing or unreadable bundle.json or
@@ -185,16 +202,24 @@ class BundleStore:
         for path in sorted(self.store_dir.iterdir()):
             if path.name.startswith(".") or not path.is_dir():
                 continue
-            found = self._read(path.name)
-            if found is None:
-                found = f"{MANIFEST_NAME} is missing"
-            if isinstance(found, str):
-                found = DamagedBundle(path.name, path, found)
-            entries.append(found)
+            entries.append(self._entry(path.name))
         return sorted(  # like `installed()`, the damaged ones last
             entries,
             key=lambda e: (1, "") if isinstance(e, DamagedBundle) else (0, e.record.installed_at),
         )
+
+    def _entry(self, sha256: str) -> InstalledBundle | DamagedBundle:
+        found = self._read(sha256)
+        if found is None:
+            found = f"{MANIFEST_NAME} is missing"
+        if isinstance(found, str):
+            return DamagedBundle(sha256, self.store_dir / sha256, found)
+        return found
+
+    def linked(self, name: str) -> InstalledBundle | DamagedBundle | None:
+        """The entry a store link (`active`, `previous`) points at, a damaged one too."""
+        sha = self._link(name)
+        return self._entry(sha) if sha else None
 
     def _link(self, name: str) -> str | None:
         """The sha256 a store link (`active`, `previous`) points at, if any."""
@@ -281,26 +306,9 @@ class BundleStore:
     def locked(self, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[None]:
         """The install lock: `flock` on install.lock, released by the kernel when the holder
         dies, so it is never stale. Waits up to `timeout_s`, then names the holder."""
-        self.root.mkdir(parents=True, exist_ok=True)
-        owner = self.root / "install.lock.owner"
-        fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            if not _flock(fd, timeout_s):
-                holder = owner.read_text().strip() if owner.exists() else "unknown"
-                raise DllmError(
-                    f"another bundle operation is running ({holder}); waited {timeout_s:g} s "
-                    f"for {self.lock_path}",
-                    hint="wait for it to finish and run the command again "
-                    "(or raise --lock-timeout)",
-                )
-            owner.write_text(f"pid {os.getpid()} since {_now()}\n")
-            try:
-                self._sweep_staging()
-                yield
-            finally:
-                owner.unlink(missing_ok=True)
-        finally:
-            os.close(fd)  # releases the lock
+        with file_lock(self.lock_path, timeout_s, "another bundle operation is running"):
+            self._sweep_staging()
+            yield
 
     def _sweep_staging(self) -> None:
         """Remove what killed operations left: staging/trash folders, half-made symlinks."""
@@ -431,6 +439,33 @@ class BundleStore:
 def _entry_name(entry: InstalledBundle | DamagedBundle) -> str:
     """A bundle's id, or "damaged" for a store entry that has none to read."""
     return entry.bundle_id if isinstance(entry, InstalledBundle) else "damaged"
+
+
+@contextlib.contextmanager
+def file_lock(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
+    """An exclusive `flock` on `path` (released by the kernel when the holder dies, so never
+    stale), its holder written to `<path>.owner`. Waits up to `timeout_s`, then raises a
+    DllmError that starts with `busy` and names the holder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    owner = path.with_name(f"{path.name}.owner")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if not _flock(fd, timeout_s):
+            try:
+                holder = owner.read_text().strip() or "unknown"
+            except OSError:  # released (and its owner file removed) since the last try
+                holder = "unknown"
+            raise DllmError(
+                f"{busy} ({holder}); waited {timeout_s:g} s for {path}",
+                hint="wait for it to finish and run the command again (or raise --lock-timeout)",
+            )
+        owner.write_text(f"pid {os.getpid()} since {_now()}\n")
+        try:
+            yield
+        finally:
+            owner.unlink(missing_ok=True)
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _flock(fd: int, timeout_s: float) -> bool:

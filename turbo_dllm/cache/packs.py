@@ -20,6 +20,7 @@ relocated: its entries are keyed by content, not path) serve both `--warm` and a
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import glob
 import hashlib
@@ -62,6 +63,7 @@ __all__ = [
     "install_pack",
     "installed_packs",
     "make_pack",
+    "packs_locked",
     "publish_packs",
     "pack_folders",
     "fitting_pack",
@@ -80,6 +82,7 @@ CACHES = ("inductor", "triton")
 MAX_PACK_JSON_BYTES = 64 * 1024 * 1024  # a large model's cache lists tens of thousands of files
 MAX_PACK_BYTES = 64 * 1024**3  # unpacked; a 1.7B recipe's caches are well under 1 GB
 _CHUNK = 1024 * 1024
+DEFAULT_LOCK_TIMEOUT_S = 60.0
 
 
 class PackRejected(DllmError):
@@ -169,50 +172,32 @@ def make_pack(
     *,
     spec: dict[str, Any] | None = None,
 ) -> tuple[Path, PackManifest]:
-    """Pack the files under `caches` ({"inductor": folder, "triton": folder}) into `out_dir`."""
+    """Pack the files under `caches` ({"inductor": folder, "triton": folder}) into `out_dir`.
+
+    The caches are live (inductor and Triton may delete a file while it is read): each file is
+    copied into a scratch folder first and the pack is made of those copies; a file that
+    vanishes before it is copied is left out (it is only a cache)."""
     from turbo_dllm import __version__
     from turbo_dllm.bundles.archive import make_output_dir, pack_members
-    from turbo_dllm.fsutil import sha256_file
 
-    files: list[PackFile] = []
-    sources: dict[str, Path] = {}
-    for name in CACHES:
-        folder = caches.get(name)
-        if folder is None or not folder.is_dir():
-            continue
-        for path in sorted(folder.rglob("*")):
-            if path.is_symlink() or not path.is_file():
-                continue
-            relative = f"{name}/{path.relative_to(folder).as_posix()}"
-            if _skipped(relative):
-                continue
-            try:
-                check_relative_path(relative)
-            except ValueError:
-                continue  # a name no pack can carry safely; the cache rebuilds that entry
-            files.append(
-                PackFile(path=relative, sha256=sha256_file(path), size=path.stat().st_size)
-            )
-            sources[relative] = path
-    if not files:
-        listed = ", ".join(str(p) for p in caches.values())
-        raise DllmError(
-            f"the compile caches are empty ({listed}): nothing to pack",
-            hint="run the recipe once (or pass --warm to run its first step), then pack",
-        )
+    listed = [
+        (relative, path)
+        for name in CACHES
+        if caches.get(name) is not None
+        for relative, path in _cache_files(name, Path(caches[name]))
+    ]
+    if not listed:
+        raise _empty_caches(caches)
     make_output_dir(out_dir)  # before copying: --out may be a file
-    text = json.dumps(spec, sort_keys=True, separators=(",", ":")) if spec is not None else None
-    manifest = PackManifest(
-        key=key, spec=text, created_by=f"turbo-dllm {__version__}", files=tuple(files)
-    )
     with tempfile.TemporaryDirectory(prefix="dllm-pack-") as tmp:
         root = Path(tmp)
-        for entry in files:  # a stable copy: a live cache may change while it is read
-            target = root / entry.path
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(sources[entry.path], target)
-            if sha256_file(target) != entry.sha256:
-                raise DllmError(f"{sources[entry.path]} changed while it was packed; pack again")
+        files = [entry for relative, path in listed if (entry := _copy_entry(path, relative, root))]
+        if not files:
+            raise _empty_caches(caches)
+        text = json.dumps(spec, sort_keys=True, separators=(",", ":")) if spec is not None else None
+        manifest = PackManifest(
+            key=key, spec=text, created_by=f"turbo-dllm {__version__}", files=tuple(files)
+        )
         out = pack_members(
             PACK_NAME,
             manifest.to_json().encode(),
@@ -221,6 +206,58 @@ def make_pack(
             out_dir / manifest.file_name,
         )
     return out, manifest
+
+
+def _cache_files(name: str, folder: Path) -> list[tuple[str, Path]]:
+    """(member path, file) of every file a pack of cache `name` at `folder` carries, in a
+    stable order. A folder that vanishes while it is walked is skipped (os.walk's default)."""
+    found = []
+    for parent, _, names in os.walk(folder):
+        for file_name in names:
+            path = Path(parent) / file_name
+            relative = f"{name}/{path.relative_to(folder).as_posix()}"
+            if _skipped(relative):
+                continue
+            try:
+                check_relative_path(relative)
+            except ValueError:
+                continue  # a name no pack can carry safely; the cache rebuilds that entry
+            found.append((relative, path))
+    return sorted(found, key=lambda item: item[0].split("/"))
+
+
+def _copy_entry(source: Path, relative: str, root: Path) -> PackFile | None:
+    """Copy one cache file to `root/relative` (a stable copy: the cache may change while it is
+    read) and describe the copy; None when the file is gone, or is a link or not a file."""
+    from turbo_dllm.fsutil import sha256_file
+
+    target = root / relative
+    try:
+        if source.is_symlink() or not source.is_file():
+            return None
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, target)
+    except FileNotFoundError:  # deleted by inductor or Triton since it was listed
+        target.unlink(missing_ok=True)
+        return None
+    except OSError as error:
+        raise DllmError(f"cannot read {source}: {error.strerror}") from None
+    sha256 = sha256_file(target)
+    try:
+        changed = sha256_file(source) != sha256
+    except FileNotFoundError:
+        changed = False  # deleted after it was copied: the copy is whole (read to its end)
+    if changed:
+        raise DllmError(f"{source} changed while it was packed; pack again")
+    return PackFile(path=relative, sha256=sha256, size=target.stat().st_size)
+
+
+def _empty_caches(caches: dict[str, Path]) -> DllmError:
+    listed = ", ".join(str(p) for p in caches.values())
+    return DllmError(
+        f"the compile caches are empty ({listed}): nothing to pack",
+        hint="run the recipe once (or pass --warm to run its first step), then pack",
+    )
 
 
 # --- reading and verified extraction --------------------------------------------------------
@@ -372,6 +409,23 @@ def _records_dir() -> Path:
     return dllm_home() / "compile-packs" / "installed"
 
 
+def _orphans_dir() -> Path:
+    """`<sha256>` markers: packs whose damaged record was removed, its files left in the cache."""
+    return dllm_home() / "compile-packs" / "orphaned"
+
+
+@contextlib.contextmanager
+def packs_locked(timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[None]:
+    """The lock that serializes pack installs and removes (`flock` on
+    `<dllm home>/compile-packs/install.lock`, like the bundle store's): each reads the records
+    and the cache, then changes both."""
+    from turbo_dllm.bundles.store import file_lock
+
+    lock = dllm_home() / "compile-packs" / "install.lock"
+    with file_lock(lock, timeout_s, "another compile-cache pack install or remove is running"):
+        yield
+
+
 def installed_packs() -> list[InstalledPack]:
     folder = _records_dir()
     packs = (
@@ -384,7 +438,7 @@ def _read_record(path: Path) -> InstalledPack:
     """One installed-pack record (a DllmError naming the fix when it is damaged)."""
     try:
         data = json.loads(path.read_text())
-        return InstalledPack(
+        pack = InstalledPack(
             path.stem,
             PackManifest.model_validate(data["manifest"]),
             {str(name): str(folder) for name, folder in data["caches"].items()},
@@ -392,6 +446,10 @@ def _read_record(path: Path) -> InstalledPack:
             str(data["source"]),
             tuple(str(member) for member in data["added"]),
         )
+        missing = {f.path.partition("/")[0] for f in pack.manifest.files} - set(pack.caches)
+        if missing:
+            raise ValueError(f"no cache folder for {', '.join(sorted(missing))}")
+        return pack
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecordError) as error:
         raise DllmError(
             f"the installed-pack record {path} is damaged: {error}",
@@ -410,6 +468,8 @@ def remove_damaged_record(ident: str) -> Path | None:
     try:
         _read_record(named[0])
     except DllmError:
+        _orphans_dir().mkdir(parents=True, exist_ok=True)
+        (_orphans_dir() / named[0].stem).touch()  # installing the pack again claims its files
         named[0].unlink()
         return named[0]
     return None
@@ -435,13 +495,17 @@ def install_pack(
     host: HostFingerprint,
     *,
     spec_sha256: str | None = None,
+    lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
 ) -> tuple[InstalledPack, int]:
     """Verify `path`, check it fits `host` (and the run `spec_sha256`), copy its files into
-    `caches`; returns the record and how many files were new there.
+    `caches`; returns the record and how many files were new there. Holds the packs' lock
+    (`packs_locked`) from the first write on.
 
     A file already in the cache is left as it is: entries are named by content, and a live cache
-    is the user's."""
-    from turbo_dllm.fsutil import sha256_file
+    is the user's; but installing a pack again replaces the files its first install added that
+    are damaged (`verify`'s fix). After the damaged record of this pack was removed
+    (`remove_damaged_record`), the files already there with the pack's bytes are taken as this
+    install's: that record's install most likely added them, and nothing else would remove them."""
 
     if not path.is_file():
         raise DllmError(f"no such pack: {path}")
@@ -454,22 +518,46 @@ def install_pack(
             hint="make a pack on a host like this one (dllm cache pack), or let the first step "
             "compile",
         )
+    with packs_locked(lock_timeout_s):
+        return _install_locked(path, caches, host, spec_sha256)
+
+
+def _install_locked(
+    path: Path, caches: dict[str, Path], host: HostFingerprint, spec_sha256: str | None
+) -> tuple[InstalledPack, int]:
+    from turbo_dllm.fsutil import sha256_file
+
     sha256 = sha256_file(path)
     root = _staging_root(caches)
     _sweep_staging(root)
+    orphaned = _orphans_dir() / sha256
     record_path = _records_dir() / f"{sha256}.json"
+    earlier = _read_record(record_path) if record_path.exists() else None
+    if earlier is not None and earlier.caches != {n: str(f) for n, f in caches.items()}:
+        # Its record names the files it added there: taking them over here would lose those
+        # and, at `remove`, delete this cache's own copies of them.
+        raise DllmError(
+            f"{path.name} ({sha256[:12]}) is installed into another compile cache "
+            f"({', '.join(earlier.caches.values())})",
+            hint=f"remove it from there first (dllm cache remove {sha256[:12]}), then install it "
+            "here",
+        )
     with tempfile.TemporaryDirectory(prefix=_staging_prefix(), dir=root) as tmp:
         manifest = _extract(path, Path(tmp) / "pack")
         if manifest.key.differences(host, spec_sha256):  # the checked copy must say the same
             raise PackRejected(f"{path.name}: pack.json changed between reads")
+        # Installing again puts back what the first install added and is no longer intact.
+        mine = set(earlier.added) if earlier else set()
         todo = [
             entry
             for entry in manifest.files
-            if not _cache_path(caches, entry.path).exists()  # kept: a live cache is the user's
+            if not _cache_path(caches, entry.path).exists()  # else kept: the cache is the user's
+            or (entry.path in mine and not _intact(caches, entry))
         ]
         # Installing again keeps what the first install added (so `remove` still removes it).
-        earlier = _read_record(record_path) if record_path.exists() else None
-        owned = (*(earlier.added if earlier else ()), *(e.path for e in todo))
+        owned = (*mine, *(e.path for e in todo))
+        if orphaned.exists():  # what the removed damaged record's install added
+            owned += tuple(e.path for e in manifest.files if _intact(caches, e))
         earlier_bytes = record_path.read_bytes() if earlier else None
         # The record comes first, naming every file this install is about to add: a process
         # killed while moving them leaves only files a record accounts for (`remove` deletes
@@ -481,6 +569,7 @@ def install_pack(
                 target = _cache_path(caches, entry.path)
                 moved.append(target)  # before the move: an interrupted move is taken back too
                 _move_into(Path(tmp) / "pack" / entry.path, target)
+            orphaned.unlink(missing_ok=True)  # its files belong to this record now
         except BaseException:
             for target in moved:
                 target.unlink(missing_ok=True)
@@ -492,6 +581,17 @@ def install_pack(
                 write_atomic(record_path, earlier_bytes)
             raise
     return record, len(todo)
+
+
+def _intact(caches: dict[str, Path], entry: PackFile) -> bool:
+    """Whether the cache holds pack member `entry` with the pack's bytes."""
+    from turbo_dllm.fsutil import sha256_file
+
+    path = _cache_path(caches, entry.path)
+    try:
+        return path.stat().st_size == entry.size and sha256_file(path) == entry.sha256
+    except OSError:
+        return False
 
 
 def _cache_path(caches: dict[str, Path], member: str) -> Path:

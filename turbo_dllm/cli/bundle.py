@@ -385,49 +385,71 @@ def _build_missing(args, reason) -> int:
 
 
 def _list(args) -> int:
-    from turbo_dllm.bundles.store import BundleStore
+    from turbo_dllm.bundles.store import BundleStore, DamagedBundle
 
     store = BundleStore()
-    active, previous = store.active(), store.previous()
-    bundles = store.installed()
-
-    def mark(bundle) -> str:
-        if active and bundle.sha256 == active.sha256:
-            return "active"
-        if previous and bundle.sha256 == previous.sha256:
-            return "previous"
-        return ""
+    states = store.states()
+    entries = store.entries()  # a damaged entry is listed (marked), not an error
 
     if args.json:
-        emit_json({"bundles": [{**b.to_json(), "state": mark(b) or None} for b in bundles]})
+        listed = []
+        for entry in entries:
+            state = states.get(entry.sha256)
+            if isinstance(entry, DamagedBundle):
+                listed.append(
+                    {
+                        "sha256": entry.sha256,
+                        "path": str(entry.path),
+                        "state": state,
+                        "damaged": entry.problem,
+                        "fix": store.repair_hint(entry.sha256),
+                    }
+                )
+            else:
+                listed.append({**entry.to_json(), "state": state, "damaged": None})
+        emit_json({"bundles": listed})
         return 0
-    if not bundles:
+    if not entries:
         print(
             f"no bundles installed (next: dllm bundle install --release {DEFAULT_RELEASE} --auto)"
         )
         return 0
-    for bundle in bundles:
-        built = "  (built on this host)" if bundle.record.provenance != "published" else ""
+    for entry in entries:
+        state = states.get(entry.sha256, "")
+        if isinstance(entry, DamagedBundle):
+            print(f"{entry.short_sha}  {state:<8}  DAMAGED: {entry.problem}")
+            print(f"fix {entry.short_sha}: {store.repair_hint(entry.sha256)}", file=sys.stderr)
+            continue
+        built = "  (built on this host)" if entry.record.provenance != "published" else ""
         print(
-            f"{bundle.short_sha}  {mark(bundle):<8}  {bundle.bundle_id}  "
-            f"{bundle.record.installed_at}{built}"
+            f"{entry.short_sha}  {state:<8}  {entry.bundle_id}  {entry.record.installed_at}{built}"
         )
     return 0
 
 
 def _status(args) -> int:
-    from turbo_dllm.bundles.store import BundleStore
+    from turbo_dllm.bundles.store import BundleStore, DamagedBundle
     from turbo_dllm.host import collect_fingerprint
 
     store = BundleStore()
-    active, previous = store.active(), store.previous()
+    # A damaged active bundle is an error naming the fix (its kernels cannot load; one without
+    # bundle.json read "none"); a damaged previous one is shown as such (it was an error, or
+    # "none" without bundle.json).
+    active, previous = store.linked("active"), store.linked("previous")
+    if isinstance(active, DamagedBundle):
+        from turbo_dllm.errors import DllmError
+
+        raise DllmError(
+            f"the active bundle {active.short_sha} is damaged: {active.problem}",
+            hint=store.repair_hint(active.sha256),
+        )
     host = collect_fingerprint()
     differences = [str(d) for d in active.target.differences(host)] if active else []
     if args.json:
         emit_json(
             {
                 "active": active.to_json() if active else None,
-                "previous": previous.to_json() if previous else None,
+                "previous": _status_json(store, previous),
                 "fits_host": bool(active) and not differences,
                 "differences": differences,
                 "host": host.summary(),
@@ -440,8 +462,25 @@ def _status(args) -> int:
     else:
         fit = "fits this host" if not differences else "DOES NOT fit: " + "; ".join(differences)
         print(f"active    {active.bundle_id} ({active.short_sha}), {fit}")
-    print(f"previous  {previous.bundle_id if previous else 'none'}")
+    if isinstance(previous, DamagedBundle):
+        print(f"previous  DAMAGED ({previous.short_sha}): {previous.problem}")
+        print(f"fix: {store.repair_hint(previous.sha256)}", file=sys.stderr)
+    else:
+        print(f"previous  {previous.bundle_id if previous else 'none'}")
     return 0
+
+
+def _status_json(store, entry) -> dict | None:
+    from turbo_dllm.bundles.store import DamagedBundle
+
+    if isinstance(entry, DamagedBundle):
+        return {
+            "sha256": entry.sha256,
+            "path": str(entry.path),
+            "damaged": entry.problem,
+            "fix": store.repair_hint(entry.sha256),
+        }
+    return entry.to_json() if entry else None
 
 
 def _verify(args) -> int:

@@ -28,6 +28,7 @@ def register(subparsers) -> None:
     p.add_argument("pack", type=Path)
     p.add_argument("--config", type=Path, help="also refuse a pack made for another spec")
     add_overrides(p)
+    p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_install)
 
@@ -51,6 +52,7 @@ def register(subparsers) -> None:
 
     p = commands.add_parser("remove", help="delete an installed pack's files from the cache")
     p.add_argument("pack", help="sha256 prefix (6+ characters) or file name")
+    p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
     p.set_defaults(func=_remove)
 
 
@@ -125,10 +127,18 @@ def _pack(args) -> int:
 
 def _install(args) -> int:
     from turbo_dllm.cache.packs import install_pack
+    from turbo_dllm.cli.bundle import _check_lock_timeout
     from turbo_dllm.host import collect_fingerprint
 
+    _check_lock_timeout(args)
     _, digest, _ = _spec(args)
-    pack, added = install_pack(args.pack, _caches(), collect_fingerprint(), spec_sha256=digest)
+    pack, added = install_pack(
+        args.pack,
+        _caches(),
+        collect_fingerprint(),
+        spec_sha256=digest,
+        lock_timeout_s=args.lock_timeout,
+    )
     if args.json:
         emit_json({**pack.to_json(), "added": added})
         return 0
@@ -198,18 +208,35 @@ def _verify(args) -> int:
         for problem in problems[:20]:
             print(f"      {problem}")
     if not ok:
-        print("fix: dllm cache remove ID, then install the pack again", file=sys.stderr)
+        print(
+            "fix: install the pack again (dllm cache install PACK puts back the files it added), "
+            "or dllm cache remove ID",
+            file=sys.stderr,
+        )
     return 0 if ok else 1
 
 
 def _remove(args) -> int:
-    from turbo_dllm.cache.packs import find_installed, remove_damaged_record, remove_pack
+    from turbo_dllm.cache.packs import (
+        find_installed,
+        packs_locked,
+        remove_damaged_record,
+        remove_pack,
+    )
+    from turbo_dllm.cli.bundle import _check_lock_timeout
 
-    damaged = remove_damaged_record(args.pack)
+    _check_lock_timeout(args)
+    with packs_locked(args.lock_timeout):
+        damaged = remove_damaged_record(args.pack)
+        if damaged is None:
+            pack = find_installed(args.pack)
+            removed = remove_pack(pack)
     if damaged is not None:
-        print(f"removed the damaged record {damaged} (the files it added stay in the cache)")
+        print(
+            f"removed the damaged record {damaged}; the files it added stay in the cache until "
+            "the pack is installed again (that install takes them over, so removing it then "
+            "deletes them)"
+        )
         return 0
-    pack = find_installed(args.pack)
-    removed = remove_pack(pack)
     print(f"removed {pack.manifest.file_name} ({pack.short_sha}): {removed} files deleted")
     return 0
