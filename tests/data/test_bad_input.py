@@ -104,6 +104,24 @@ def test_tokenizer_without_mask_token(cli, tmp_path, hf_tokenizer_no_mask):
     assert result.manifest.vocab_size == 1001
 
 
+def test_tokenizer_folder_without_tokenizer_files_is_refused(cli, tmp_path):
+    """A model folder's config.json alone loads in AutoTokenizer as a near-empty tokenizer
+    (every text encodes to nothing): refused, naming the folder and the missing files."""
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "hello"}])
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "qwen2"}')
+    tokenizer = {"kind": "huggingface", "path": str(folder), "mask_token_id": 5}
+    _prepare_fails(
+        cli,
+        write_config(tmp_path, tokenizer=tokenizer),
+        f"the tokenizer folder {str(folder)!r} has no tokenizer files",
+        "tokenizer.json, tokenizer.model, vocab.json, vocab.txt",
+    )
+    tokenizer["path"] = str(folder / "config.json")
+    _prepare_fails(cli, write_config(tmp_path, tokenizer=tokenizer), "is a file, not a folder")
+
+
 def test_token_ids_outside_the_vocab_or_equal_to_mask(cli, tmp_path):
     write_jsonl(tmp_path / "data.jsonl", [[1, 2], [3, 300]])
     config = write_config(tmp_path, source={"kind": "token_ids", "paths": ["data.jsonl"]})
@@ -169,6 +187,17 @@ def test_existing_output_needs_overwrite(cli, tmp_path):
     other = write_config(tmp_path, "p2.yaml", output={"path": "mine", "overwrite": True})
     assert_user_error(cli("data", "prepare", "--config", other), "not a data artifact")
     assert (tmp_path / "mine/notes.txt").read_text() == "precious"
+
+
+def test_output_path_through_a_file_names_the_file(cli, tmp_path):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "one"}])
+    (tmp_path / "afile").write_text("x")
+    for output in ("afile/sub", "afile/sub/deeper"):
+        config = write_config(tmp_path, output={"path": output})
+        result = cli("data", "prepare", "--config", config)
+        assert_user_error(result, f"goes through {str(tmp_path / 'afile')!r}", "not a folder")
+    assert (tmp_path / "afile").read_text() == "x"
+    assert leftovers(tmp_path) == []
 
 
 def test_failed_overwrite_keeps_the_old_artifact(cli, tmp_path):

@@ -70,6 +70,21 @@ def test_show_unknown_or_ambiguous_run(cli, spec_file, workdir):
     assert_user_error(cli("run", "show", "2"), "matches 2 runs")
 
 
+def test_a_run_id_matches_by_prefix_only(cli, spec_file, workdir):
+    """As documented: a run id, a unique prefix of one, or a run dir path; a part from the
+    middle of an id (here of the UTC stamp) names no run rather than whichever run holds it."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/alpha-0412")
+    slurm_run(cli, spec_file, "--run-dir", "runs/alpha-0413")
+    slurm_run(cli, spec_file, "--run-dir", "runs/beta")
+    assert "run          beta" in cli("run", "show", "be").out
+    assert "run          alpha-0412" in cli("run", "show", "alpha-0412").out
+    assert_user_error(cli("run", "show", "0412"), "no run '0412' under runs")
+    assert_user_error(cli("run", "show", "eta"), "no run 'eta' under runs")
+    result = cli("run", "show", "alpha")
+    assert_user_error(result, "'alpha' matches 2 runs under runs: alpha-0412, alpha-0413")
+    assert "give more of the run id" in result.err
+
+
 def test_a_root_that_is_no_folder_is_a_clear_error(cli, spec_file, workdir):
     # no ./runs yet is a fresh project, not an error
     assert "no recorded runs under runs/" in cli("run", "list").out
@@ -170,6 +185,14 @@ def test_a_run_resumed_by_dllm_train_reads_as_its_latest_attempt(
         resume = ("train", "--config", run_dir / "spec.yaml", "--run-dir", run_dir)
         assert_user_error(cli(*resume), "the attempt failed")
     assert status() == "exit 2"
+
+    def disk_full(spec, run_dir):  # an OSError ends as `dllm: error:`, exit 2, too
+        raise OSError(28, "No space left on device", str(run_dir / "metrics.jsonl"))
+
+    with monkeypatch.context() as patch:
+        patch.setattr(entry, "train", disk_full)
+        assert_user_error(cli(*resume), "No space left on device")
+    assert status() == "exit 2"
     assert cli(*resume).code == 0
     assert status() == "ok"
     result = json.loads((run_dir / "result.json").read_text())
@@ -198,3 +221,39 @@ def test_dllm_train_into_a_run_dir_it_cannot_create_is_a_clear_error(cli, spec_f
     assert_user_error(result, "cannot create run dir", "it is not a folder", "--run-dir")
     result = cli("train", "--config", spec_file, "--run-dir", spec_file / "run")
     assert_user_error(result, "cannot create run dir", "Not a directory")
+
+
+def test_a_one_process_launch_whose_trainer_raises_records_its_exit_status(
+    cli, spec_file, workdir, monkeypatch
+):
+    """Like a failed torchrun job, a failed in-process one has a result.json: `exit 2` for what
+    the CLI reports as an error (here a full disk), `exit 1` for a bug; not `no result`."""
+    import errno
+
+    import pytest
+
+    import turbo_dllm.train.entry as entry
+
+    def disk_full(spec, run_dir, layout=None):
+        raise OSError(errno.ENOSPC, "No space left on device", str(run_dir / "checkpoints"))
+
+    def bug(spec, run_dir, layout=None):
+        raise RuntimeError("a bug")
+
+    def status(name: str) -> str:
+        runs = {r["path"]: r for r in json.loads(cli("run", "list", "--json").out)["runs"]}
+        return runs[f"runs/{name}"]["status"]
+
+    monkeypatch.setattr(entry, "train", disk_full)
+    result = cli("launch", "--config", spec_file, "--run-dir", "runs/full")
+    assert result.code == 2 and "Traceback" not in result.err
+    error = result.err[result.err.index("dllm: error:") :]
+    assert "runs/full/checkpoints': No space left on device\nhint: the disk is full" in error
+    assert status("full") == "exit 2"
+    result = json.loads((workdir / "runs/full/result.json").read_text())
+    assert result["exit_code"] == 2 and result["backend"] == "local"
+
+    monkeypatch.setattr(entry, "train", bug)
+    with pytest.raises(RuntimeError, match="a bug"):  # in-process: a bug keeps its traceback
+        cli("launch", "--config", spec_file, "--run-dir", "runs/bug")
+    assert status("bug") == "exit 1"

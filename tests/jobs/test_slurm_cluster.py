@@ -142,3 +142,13 @@ def test_cancelled_job_is_reported_cancelled(submit, slurm_cluster, cli):
     assert statuses(cli)["long"] == "cancelled"
     shown = cli("run", "show", "long")
     assert f"; cancelled\nslurm job    {job_id} (CANCELLED)" in shown.out
+
+
+def test_a_run_dir_with_spaces_quotes_and_a_hash_runs(submit, slurm_cluster, cli):
+    """The #SBATCH lines name the run dir: sbatch refused the job when they split at a space
+    (unless the value is double-quoted, which also keeps a # from starting a comment)."""
+    run_dir, job_id = submit("my run #2 'b'", "--cpus-per-task", "1", "--set", "training.steps=2")
+    slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED"})
+    output = (run_dir / f"slurm-{job_id}.out").read_text()
+    assert slurm_cluster.state(job_id) == "COMPLETED", output
+    assert statuses(cli)["my run #2 'b'"] == "ok"

@@ -146,6 +146,22 @@ def test_sbatch_lines_stay_one_word_in_the_start_command(cli, spec_file, workdir
     assert plan["slurm"]["extra"] == ["--exclusive"]
 
 
+def test_sbatch_values_stay_one_directive(cli, spec_file, workdir):
+    """A line break in an #SBATCH value ended the directive and put a shell line in the script
+    (sbatch then ignored every later directive); a run dir with a space or a # was cut short by
+    sbatch, which splits a directive at white space and ends it at a #, unless double-quoted."""
+    launch = ("launch", "--config", spec_file, *SLURM, "--dry-run")
+    result = cli(*launch, "--sbatch", "--exclusive\necho hi")
+    assert_user_error(result, "--sbatch '--exclusive\\necho hi'", "cannot hold a line break")
+    assert_user_error(cli(*launch, "--time", "1:00\nx"), "--time '1:00\\nx'", "line break")
+    assert_user_error(cli(*launch, "--run-dir", 'runs/a"b'), "cannot hold a double quote")
+    slurm_launch(cli, spec_file, "--run-dir", "runs/my run #2", "--partition", "a,b")
+    script = (workdir / "runs" / "my run #2" / "job.sbatch").read_text()
+    assert '#SBATCH --job-name="dllm-my run #2"\n' in script
+    assert f'#SBATCH --output="{workdir}/runs/my run #2/slurm-%j.out"\n' in script
+    assert "#SBATCH --partition=a,b\n" in script
+
+
 def port_for(script: str, job_id: int) -> int:
     """What the script's port line computes for a job id, run by bash."""
     [line] = [x for x in script.splitlines() if x.startswith("DLLM_RDZV_PORT=")]

@@ -72,7 +72,7 @@ def _attempt(spec, run_dir, train) -> int:
     try:
         code = train(spec, run_dir)
         return code
-    except DllmError:
+    except (DllmError, OSError):  # both end as `dllm: error:` with exit 2 (cli/__init__.py)
         code = 2
         raise
     except KeyboardInterrupt:

@@ -27,6 +27,7 @@ __all__ = [
     "HuggingFaceTokenizer",
     "TOKENIZER_FILES",
     "TextTokenizer",
+    "VOCABULARY_FILES",
     "has_generation_markers",
     "load_tokenizer",
 ]
@@ -53,6 +54,19 @@ TOKENIZER_FILES = (
     "merges.txt",
     "tokenizer.model",
 )
+
+
+# The files that hold a vocabulary (one of them must exist): the fast tokenizer's, a
+# sentencepiece model, a BPE or WordPiece vocabulary.
+VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+def _has_vocabulary_file(folder: Path) -> bool:
+    """Whether `folder` holds a vocabulary: one of VOCABULARY_FILES, or another sentencepiece
+    (`*.model`, e.g. spiece.model) or tiktoken (`*.tiktoken`) file that a tokenizer class reads."""
+    if any((folder / name).is_file() for name in VOCABULARY_FILES):
+        return True
+    return any(p.is_file() for pattern in ("*.model", "*.tiktoken") for p in folder.glob(pattern))
 
 
 def _sha256_text(text: str) -> str:
@@ -172,9 +186,20 @@ class HuggingFaceTokenizer:
         path = Path(spec.path)
         if not path.is_dir():
             raise DllmError(
-                f"tokenizer folder not found: {str(path)!r}",
+                f"tokenizer.path {str(path)!r} is a file, not a folder"
+                if path.exists()
+                else f"tokenizer folder not found: {str(path)!r}",
                 hint="set tokenizer.path to a folder saved with save_pretrained, "
                 "or use tokenizer {kind: byte_level}",
+            )
+        if not _has_vocabulary_file(path):
+            # AutoTokenizer would build a tokenizer of a few special tokens from config.json
+            # alone, and every text would encode to nothing.
+            raise DllmError(
+                f"the tokenizer folder {str(path)!r} has no tokenizer files: none of "
+                + ", ".join(VOCABULARY_FILES),
+                hint="point tokenizer.path at a folder the tokenizer was saved into "
+                "(save_pretrained), or use tokenizer {kind: byte_level}",
             )
         try:
             from transformers import AutoTokenizer

@@ -83,6 +83,12 @@ def check_target(target: Path, overwrite: bool) -> None:
     """Refuse early (before any work) to clobber something we should not."""
     try:
         if not target.exists():
+            if (blocker := _file_in_the_way(target)) is not None:
+                raise DllmError(
+                    f"output path {_shown(target)} goes through {_shown(blocker)}, which is "
+                    "a file, not a folder",
+                    hint="choose another output.path",
+                )
             return
     except OSError as error:  # a name too long, a loop of links
         raise DllmError(f"output path {_shown(target)}: {error.strerror}") from None
@@ -99,6 +105,14 @@ def check_target(target: Path, overwrite: bool) -> None:
             "refusing to replace it",
             hint="choose another output.path",
         )
+
+
+def _file_in_the_way(target: Path) -> Path | None:
+    """The nearest existing folder of `target` when it is no folder (a file), else None."""
+    for parent in target.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
 
 
 def _shown(target: Path, limit: int = 200) -> str:

@@ -7,6 +7,7 @@ replay shares every step with a fresh launch except how the spec and layout are 
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -398,7 +399,16 @@ def start(job: PreparedJob, *, submit: bool = False) -> int:
     if plan.backend == "local":
         from turbo_dllm.jobs.backends.local import run_local
 
-        code = run_local(plan)
+        try:
+            code = run_local(plan)
+        except KeyboardInterrupt:
+            raise  # an interrupted launch leaves no result.json, as under torchrun
+        except BaseException as error:
+            # The trainer raised in this process: record the status this launch ends with, as
+            # a failed torchrun job records torchrun's, so `dllm run list` says it failed.
+            with contextlib.suppress(OSError):  # a full disk: the original error says more
+                write_result(job.run_dir, _exit_status(error), started, plan.backend)
+            raise
     else:
         from turbo_dllm.jobs.backends.torchrun import run_torchrun
 
@@ -409,3 +419,13 @@ def start(job: PreparedJob, *, submit: bool = False) -> int:
     if not job.multi_node:
         write_result(job.run_dir, code, started, plan.backend)
     return code
+
+
+def _exit_status(error: BaseException) -> int:
+    """The exit status of a `dllm` process that `error` ends: 2 for what the CLI reports as a
+    user error (`DllmError`, a file-system error), a `SystemExit`'s own code, else 1 (a bug's
+    traceback)."""
+    if isinstance(error, SystemExit):
+        code = error.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return 2 if isinstance(error, (DllmError, OSError)) else 1

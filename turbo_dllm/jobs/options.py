@@ -75,6 +75,20 @@ class SlurmOptions:
             )
         if self.cpus_per_task is not None and self.cpus_per_task < 1:
             raise DllmError(f"--cpus-per-task must be >= 1 (got {self.cpus_per_task})")
+        # Each becomes one `#SBATCH` line: a line break would end it and start a shell line
+        # (and a value with white space is written double-quoted).
+        for flag, value, forbidden in (
+            ("--partition", self.partition, '"\n\r'),
+            ("--account", self.account, '"\n\r'),
+            ("--time", self.time, '"\n\r'),
+            *(("--sbatch", line, "\n\r") for line in self.extra),
+        ):
+            if value is not None and any(c in value for c in forbidden):
+                what = "a line break" if forbidden == "\n\r" else "a line break or a double quote"
+                raise DllmError(
+                    f"{flag} {value!r}: an #SBATCH line cannot hold {what}",
+                    hint="give one #SBATCH option per --sbatch" if flag == "--sbatch" else None,
+                )
 
 
 @dataclass(frozen=True)

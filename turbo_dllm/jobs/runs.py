@@ -99,7 +99,7 @@ def check_root(root: str | Path) -> Path:
 
 
 def find_run(ref: str | Path, root: str | Path = DEFAULT_ROOT, *, manifest: bool = True) -> Path:
-    """A run dir from a path, an id under `root`, or a unique part of one (e.g. its short id).
+    """A run dir from a path, an id under `root`, or a unique prefix of one.
     With `manifest=False` (what reads only the metrics: plots) a folder `dllm train --run-dir`
     wrote, which has metrics but no manifest, counts too: as a path, or by its name under
     `root`."""
@@ -120,14 +120,15 @@ def find_run(ref: str | Path, root: str | Path = DEFAULT_ROOT, *, manifest: bool
                 "manifest (show, diff, replay)",
             )
     candidates = sorted(
-        p.parent for p in root.glob(f"*/{MANIFEST_NAME}") if str(ref) in p.parent.name
+        p.parent for p in root.glob(f"*/{MANIFEST_NAME}") if p.parent.name.startswith(str(ref))
     )
     if len(candidates) == 1:
         return candidates[0].resolve()
     if candidates:
         raise DllmError(
             f"{str(ref)!r} matches {len(candidates)} runs under {root}: "
-            + ", ".join(p.name for p in candidates[:8]),
+            + ", ".join(p.name for p in candidates[:8])
+            + (", ..." if len(candidates) > 8 else ""),
             hint="give more of the run id",
         )
     where = "" if root.is_dir() else f" ({'not a folder' if root.exists() else 'no such folder'})"

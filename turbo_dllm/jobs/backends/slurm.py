@@ -69,6 +69,14 @@ def slurm_job(
     cpus_per_task: int,
     options: SlurmOptions,
 ) -> SlurmJob:
+    if any(c in str(run_dir) for c in '"\\\n\r'):
+        # The #SBATCH lines name the run dir (--output), and sbatch reads a directive only up
+        # to a line break; a backslash in --output turns off its %j pattern.
+        raise DllmError(
+            "a SLURM job's run dir cannot hold a double quote, a backslash or a line break: "
+            f"{str(run_dir)!r}",
+            hint="choose another run dir (--run-dir, launch.run_dir or --run-root)",
+        )
     script = str(Path(run_dir) / SCRIPT_NAME)
     nodes = str(nnodes.min) if not nnodes.elastic else f"{nnodes.min}-{nnodes.max}"
     return SlurmJob(
@@ -116,7 +124,7 @@ def render_script(plan: JobPlan) -> str:
         "#!/bin/bash",
         f"# Written by `dllm launch` for run {plan.run_id}.",
         f"# The run manifest (what this job pins) is {plan.run_dir}/manifest.json.",
-        f"#SBATCH --job-name=dllm-{plan.run_id}",
+        f"#SBATCH --job-name={_sbatch_value(f'dllm-{plan.run_id}')}",
         f"#SBATCH --nodes={job.nodes}",
         "#SBATCH --ntasks-per-node=1",
     ]
@@ -126,8 +134,8 @@ def render_script(plan: JobPlan) -> str:
         head.append(f"#SBATCH --cpus-per-task={job.cpus_per_task}")
     for flag, value in (("partition", job.partition), ("account", job.account), ("time", job.time)):
         if value:
-            head.append(f"#SBATCH --{flag}={value}")
-    head.append(f"#SBATCH --output={plan.run_dir}/slurm-%j.out")
+            head.append(f"#SBATCH --{flag}={_sbatch_value(value)}")
+    head.append(f"#SBATCH --output={_sbatch_value(f'{plan.run_dir}/slurm-%j.out')}")
     head += [f"#SBATCH {line}" for line in job.extra]
     srun = next(c.argv for c in plan.commands if c.argv[0] == "srun")
     port = []
@@ -169,6 +177,15 @@ def render_script(plan: JobPlan) -> str:
         "",
     ]
     return "\n".join(head + body)
+
+
+def _sbatch_value(value: str) -> str:
+    """An `#SBATCH` option's value as sbatch reads it back: unless double-quoted, it splits a
+    directive at white space (a run dir with a space became a second, invalid directive), ends
+    it at a `#` (a comment) and takes a `'` for a quote."""
+    if not any(c.isspace() or c in "#'" for c in value):
+        return value
+    return f'"{value}"'
 
 
 def shell_line(argv: list[str]) -> str:
