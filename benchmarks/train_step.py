@@ -90,10 +90,13 @@ def build_spec(
     family: str | None = None,
     model: str | None = None,
     attention: str = "flex",
+    vocab_size: int | None = None,
 ) -> RunSpec:
-    """Our RunSpec; `attention` is ours on the GPU (flex or turbo; the CPU runs reference)."""
+    """Our RunSpec; `attention` is ours on the GPU (flex or turbo; the CPU runs reference);
+    `vocab_size`: the synthetic data's, where `model` is not the family's default preset."""
     family = family or args.family
     preset, tiny, objective, vocab = FAMILY_DEFAULTS.get(family, FAMILY_DEFAULTS["qwen3"])
+    vocab = vocab_size or vocab
     model_section = {
         "family": family,
         "from_config": model or args.model or (tiny if args.tiny else preset),
@@ -707,7 +710,8 @@ def decoder_twin_spec(nemotron, spec: RunSpec, args, on_gpu: bool, folder: Path)
     `nemotron` (written to `folder`), on the same batches: the spec's objective and data."""
     path = folder / "config.json"
     path.write_text(json.dumps(nemotron._as_decoder().to_hf_dict()))
-    twin = build_spec(args, on_gpu, family="causal_lm", model=str(path))
+    vocab = spec.data.synthetic.vocab_size if spec.data.synthetic else None
+    twin = build_spec(args, on_gpu, family="causal_lm", model=str(path), vocab_size=vocab)
     return check(
         RunSpec.model_validate(
             {

@@ -509,9 +509,9 @@ def test_pack_leaves_out_a_file_that_vanishes_while_it_is_packed(cli, tmp_path, 
             victim.unlink(missing_ok=True)  # deleted by the cache just before it is read
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", open_)
-    made = cli("cache", "pack", "--out", tmp_path / "packs", "--json")
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:  # not monkeypatch.undo(): that would undo DLLM_HOME too
+        patch.setattr(builtins, "open", open_)
+        made = cli("cache", "pack", "--out", tmp_path / "packs", "--json")
     assert made.code == 0, made.err
     assert "Traceback" not in made.err
     pack = Path(json.loads(made.out)["pack"])
@@ -540,9 +540,9 @@ def test_pack_skips_a_folder_that_vanishes_while_it_is_listed(cli, tmp_path, mon
             shutil.rmtree(victim, ignore_errors=True)
         return real_scandir(path)
 
-    monkeypatch.setattr(os, "scandir", scandir)
-    made = cli("cache", "pack", "--out", tmp_path / "packs", "--json")
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:  # not monkeypatch.undo(): that would undo DLLM_HOME too
+        patch.setattr(os, "scandir", scandir)
+        made = cli("cache", "pack", "--out", tmp_path / "packs", "--json")
     assert made.code == 0, made.err
     assert json.loads(made.out)["files"] == 1
 
@@ -562,9 +562,9 @@ def test_pack_says_the_caches_are_empty_when_every_file_vanished(cli, tmp_path, 
             entry.unlink(missing_ok=True)
         return real_open(file, *args, **kwargs)
 
-    monkeypatch.setattr(builtins, "open", open_)
-    made = cli("cache", "pack", "--out", tmp_path / "packs")
-    monkeypatch.undo()
+    with monkeypatch.context() as patch:  # not monkeypatch.undo(): that would undo DLLM_HOME too
+        patch.setattr(builtins, "open", open_)
+        made = cli("cache", "pack", "--out", tmp_path / "packs")
     assert_user_error(made, "the compile caches are empty")
     assert not list((tmp_path / "packs").glob("*.tar.zst"))
 

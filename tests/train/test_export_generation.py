@@ -114,11 +114,10 @@ def test_an_interrupted_export_leaves_no_partial_folder(tmp_path, monkeypatch):
     def interrupted(meta, folder):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(export, "_copy_generation_files", interrupted)
-    with pytest.raises(KeyboardInterrupt):
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(export, "_copy_generation_files", interrupted)
         export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]
-    monkeypatch.undo()
     assert (
         export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf") / "config.json"
     ).is_file()

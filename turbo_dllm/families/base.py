@@ -54,7 +54,8 @@ AXES = ("fsdp", "cp", "bp", "tp", "sp", "ep")
 _ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 # Real-valued keys a config.json may still spell as an integer (Qwen3's `rope_theta: 1000000`).
 _REAL_KEYS = (*_ROPE_KEYS, "rms_norm_eps", "initializer_range")
-# Keys a config.json holds as an object or a list: an override (a scalar) cannot set them.
+# Keys a config.json holds as an object or a list: an override sets them whole, never from a
+# scalar.
 _STRUCTURED_KEYS = (
     "rope_parameters",
     "rope_scaling",
@@ -301,7 +302,7 @@ def _override_value(key: str, value: Any, current: Any) -> Any:
     (`1e-6` is a string to YAML 1.1), an integer as an integral float (`2048.0`), and a real
     key a config spells as an integer (`rope_theta: 1000000`) takes any number; keys the config
     does not have are the reader's to check."""
-    if current is None and key in _STRUCTURED_KEYS:
+    if current is None and key in _STRUCTURED_KEYS and not isinstance(value, (list, dict)):
         raise ModelMisfit(
             f"model.config_overrides.{key}: a config.json holds an object or a list there, "
             f"which an override cannot set (got {value!r})",
@@ -326,6 +327,10 @@ def _override_value(key: str, value: Any, current: Any) -> Any:
         ok, wanted = is_number, "a number"
     elif isinstance(current, str):
         ok, wanted = isinstance(value, str), "a string"
+    elif isinstance(current, list):  # e.g. qwen3_8's layer_types: a whole new list
+        ok, wanted = isinstance(value, list), "a list (a scalar cannot set it)"
+    elif isinstance(current, dict):
+        ok, wanted = isinstance(value, dict), "an object (a scalar cannot set it)"
     else:
         ok, wanted = False, f"a {type(current).__name__}, which an override cannot set"
     if not ok:
