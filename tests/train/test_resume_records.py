@@ -10,25 +10,9 @@ import warnings
 
 import pytest
 
+from tests.train.conftest import RESUME_ARGS as ARGS
 from tests.train.util import TINY, metrics, tiny_spec
 from turbo_dllm.train.entry import train
-
-ARGS = ("training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=2")
-
-
-@pytest.fixture(scope="module")
-def crashed_once(tmp_path_factory):
-    """A run that died after step 3: checkpoint at step 2, metrics of steps 1-4 (one shared
-    training; each test resumes a copy)."""
-    run = tmp_path_factory.mktemp("crashed") / "run"
-    train(tiny_spec(*ARGS), run)
-    shutil.rmtree(run / "checkpoints/step_00000004")
-    return run
-
-
-@pytest.fixture
-def run(crashed_once, tmp_path):
-    return shutil.copytree(crashed_once, tmp_path / "run")
 
 
 def test_resume_after_a_torn_metrics_line(run):

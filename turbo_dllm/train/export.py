@@ -51,14 +51,10 @@ def export_checkpoint(
     import torch
 
     from turbo_dllm.registry import get_family
-    from turbo_dllm.train.checkpoint import find_latest, load_tensors, read_meta
+    from turbo_dllm.train.checkpoint import load_tensors, read_meta, resolve_checkpoint
     from turbo_dllm.train.weights import allocate, full_state_dict, save_hf
 
-    checkpoint, out = Path(checkpoint), Path(out)
-    if not (checkpoint / "checkpoint.json").is_file():
-        latest = find_latest(checkpoint)  # a checkpoints/ folder: take its newest
-        if latest is not None:
-            checkpoint = latest
+    checkpoint, out = resolve_checkpoint(checkpoint), Path(out)  # a checkpoints/ folder: its newest
     meta = read_meta(checkpoint)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")

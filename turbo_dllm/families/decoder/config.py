@@ -12,6 +12,7 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
+    DECODER_SIZES,
     decoder_shape_problems,
     derived_head_dim,
     hf_config_errors,
@@ -88,13 +89,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 # LlamaConfig, Qwen2Config and Qwen3Config fields, and the keys `from_hf_dict` reads.
 CONFIG_KEYS = frozenset(
     {
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
+        *DECODER_SIZES,
         "hidden_act",
         "hidden_activation",
         "max_position_embeddings",

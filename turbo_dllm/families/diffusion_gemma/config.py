@@ -16,6 +16,7 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
+    DECODER_SIZES,
     decoder_shape_problems,
     derived_head_dim,
     hf_config_errors,
@@ -67,6 +68,7 @@ _ROOT_TEXT_KEYS = (
 # `from_hf_dict` reads (global attention shapes, the softcap, the mask token...).
 CONFIG_KEYS = frozenset(
     {
+        *DECODER_SIZES,
         "text_config",
         "vision_config",
         "boi_token_id",
@@ -74,13 +76,6 @@ CONFIG_KEYS = frozenset(
         "image_token_id",
         "canvas_length",
         "block_size",
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
         "hidden_activation",
         "max_position_embeddings",
         "initializer_range",

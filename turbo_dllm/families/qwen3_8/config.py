@@ -16,6 +16,7 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
+    DECODER_SIZES,
     decoder_shape_problems,
     derived_head_dim,
     hf_config_errors,
@@ -44,19 +45,13 @@ GDN_CHUNK = 64
 # pattern's `full_attention_interval`, the mask-token migration's record).
 CONFIG_KEYS = frozenset(
     {
+        *DECODER_SIZES,
         "text_config",
         "vision_config",
         "image_token_id",
         "video_token_id",
         "vision_start_token_id",
         "vision_end_token_id",
-        "vocab_size",
-        "hidden_size",
-        "intermediate_size",
-        "num_hidden_layers",
-        "num_attention_heads",
-        "num_key_value_heads",
-        "head_dim",
         "hidden_act",
         "max_position_embeddings",
         "initializer_range",
