@@ -25,7 +25,7 @@ from pathlib import Path
 
 SOURCE = Path(__file__).resolve().parents[1] / "native/block_diffusion_attention"
 # upper-case scalars (the other upper-case arguments are pointers)
-SIZES = {"H", "HK", "GROUP", "PER_BATCH", "ROWS_Q", "ROWS_K"}
+SIZES = {"H", "HK", "GROUP", "PER_BATCH", "ROWS_Q", "ROWS_K", "CHUNK"}
 BF16 = {"Q", "K", "V", "OUT", "DO", "DK", "DV", "DQ"}
 F32 = {"LSE", "LSE2", "DELTA", "DQ_ACC"}
 I8 = {"QN", "KN"}

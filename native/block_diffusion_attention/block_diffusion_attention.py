@@ -59,15 +59,17 @@ class KernelConfig:
     tma: full-tile loads through the tensor memory accelerator: 0 pointer loads, 1 host-side
       descriptors (4-D boxes), 2 device-side `tl.make_tensor_descriptor` (2-D, per head).
     order: launch order: 0 heads innermost (the heaviest tiles of every head first), 1 head by
-      head (each head's tiles heaviest first; the programs running together share K/V in L2).
+      head (each head's tiles heaviest first; the programs running together share K/V in L2);
+      the Gluon dK/dV kernel also takes N > 1, chunks of N key tiles each run for every head
+      in turn, and reads 0 as "chosen by the grid's depth" (`_dkdv_chunk`).
     dkdv_dq: 1: the dK/dV kernel also makes dQ (each tile pair's dS K added with fp32 atomics
       into a zeroed buffer, as FlashAttention-3 does) and the dQ kernel is not launched: five
       matmuls per tile pair instead of seven (the dQ kernel recomputes S and dP).
     dkdv_gluon: 1: dK/dV by the Gluon kernel (`_gluon_dkdv_kernel`: a TMA producer warp, two
       consumer warpgroups, P^T and dS^T to their wgmmas in registers) in place of the `tl` one;
       sm90 only, 64 x 128 tiles on 8 warps, dkdv_stages deep; the other dkdv fields but `m`,
-      `n`, `warps`, `stages`, `dq` and `split` do not apply to it (with `dq`, its tile pairs'
-      dS K are added with fp32 atomics, dS^T passed through shared memory).
+      `n`, `warps`, `stages`, `order`, `dq` and `split` do not apply to it (with `dq`, its tile
+      pairs' dS K are added with fp32 atomics, dS^T passed through shared memory).
     dkdv_split: 1 (with dkdv_gluon, without dkdv_dq): each of the Gluon dK/dV kernel's two
       consumer warpgroups its own partition of 64 keys, so they meet at no barrier (one
       partition syncs both before every stage release and they run in lock-step).
@@ -255,6 +257,11 @@ def sweep_variants(head_dim: int) -> dict[str, list[tuple[str, KernelConfig]]]:
             entries += [(f"gluon s{stages}", gluon | {"stages": stages}) for stages in (2, 3, 4)]
             entries += [(f"gluon split s{stages}", gluon | dict(stages=stages, split=1))
                         for stages in (2, 3, 4)]  # fmt: skip
+            for order in (0, 1, 4, 16) if kernel == "dkdv" else ():  # its launch orders
+                name = {0: "chosen", 1: "head-major"}.get(order, f"chunks {order}")
+                entries.append(
+                    (f"gluon split s3 {name}", gluon | dict(stages=3, split=1, order=order))
+                )
         # a `tl` variant runs the `tl` kernel whatever the default's is (Gluon entries set it)
         tl = TL_KERNELS.get(kernel, {})
         variants[kernel] = [
@@ -281,6 +288,13 @@ def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
         "gluon dkdv dq fused": base.with_part("dkdv", m=64, n=128, warps=8, gluon=1, dq=1),
         "gluon dkdv split": base.with_part(
             "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3, split=1
+        ),
+        # the Gluon dK/dV's other launch orders (`_dkdv_chunk`); chunks of 3 leave a short one
+        "gluon dkdv head-major": base.with_part(
+            "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3, split=1, order=1
+        ),
+        "gluon dkdv chunks 3": base.with_part(
+            "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3, split=1, order=3
         ),
         "gluon backward": base.with_part(
             "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3
@@ -1237,24 +1251,39 @@ if HAS_GLUON:
         gl.store(DK + at, (dk * sm_scale).to(DK.dtype.element_ty), mask=ok)
         gl.store(DV + at, dv.to(DV.dtype.element_ty), mask=ok)
 
-    @gluon.jit(do_not_specialize=["H", "HK", "GROUP", "Mt", "Nt", "PER_BATCH", *_ROW_LAYOUT])
+    @gluon.jit(
+        do_not_specialize=["H", "HK", "GROUP", "Mt", "Nt", "PER_BATCH", "CHUNK", *_ROW_LAYOUT]
+    )
     def _gluon_dkdv_kernel(Q, K, V, DO, DK, DV, LSE2, DELTA, DQ_ACC, QN, QB, QD, KN, KB, KD,
-                           IDX, COUNT, qk_scale, sm_scale, H, HK, GROUP, Sq, Sk, Mt, Nt,
+                           ORDER, IDX, COUNT, qk_scale, sm_scale, H, HK, GROUP, Sq, Sk, Mt, Nt,
                            PER_BATCH, ROWS_Q, ROWS_K, stride_qdb, stride_kdb, stride_qs,
                            rows_qb, rows_qh, cols_qh, stride_ks, rows_kb, rows_kh, cols_kh,
                            stride_stat, BN: gl.constexpr,
                            BM: gl.constexpr, D: gl.constexpr, STAGES: gl.constexpr,
                            WARPS: gl.constexpr, DQ: gl.constexpr,
-                           SPLIT: gl.constexpr = False):  # fmt: skip
-        """One key tile of one KV head (grid: key tiles x batch * KV heads). Q and dO read
+                           SPLIT: gl.constexpr = False, CHUNK=1):  # fmt: skip
+        """One key tile of one KV head (grid: key tiles * batch * KV heads). Q and dO read
         through TMA descriptors as rows of `stride_qs` elements (`_tma_rows`: rows_qb rows a
         batch, rows_qh a head, head h's D columns from h * cols_qh), K and V likewise (the
         `_k*` ones); dK and dV contiguous (B, KV heads, Sk, D). With DQ, DQ_ACC (fp32,
-        contiguous (B, H, Sq, D), zeroed) gets every tile pair's unscaled dS K added."""
-        n_tile = gl.program_id(0)
-        b = gl.program_id(1) // HK
-        hk = gl.program_id(1) % HK
-        row = b * PER_BATCH * Nt + n_tile  # the key tile's row of the op's tile lists
+        contiguous (B, H, Sq, D), zeroed) gets every tile pair's unscaled dS K added.
+        Launch order (a 1-D grid of Nt * B * KV heads programs): ORDER lists the key tiles
+        heaviest first, taken CHUNK at a time; each chunk runs for every (batch, KV head) in
+        turn. CHUNK = Nt runs head by head (the programs running together share Q and dO in
+        L2); CHUNK = 1 every head's heaviest tile first (no long program left for the last
+        wave); `_dkdv_chunk` picks between them."""
+        bhs = gl.num_programs(0) // Nt
+        p = gl.program_id(0)
+        start = (p // (CHUNK * bhs)) * CHUNK
+        size = gl.minimum(CHUNK, Nt - start)
+        rest = p - start * bhs
+        bh = rest // size
+        pid = start + rest % size
+        b = bh // HK
+        hk = bh % HK
+        lb = b * PER_BATCH  # 0: one schedule (one document per row) serves every batch row
+        n_tile = gl.load(ORDER + lb * Nt + pid)
+        row = lb * Nt + n_tile  # the key tile's row of the op's tile lists
         n0 = n_tile * BN
         smem: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=128, element_bitwidth=16, rank=2
@@ -1272,7 +1301,7 @@ if HAS_GLUON:
         stats: gl.constexpr = gl.NVMMASharedLayout(
             swizzle_byte_width=0, element_bitwidth=32, rank=2
         )
-        n_rows = (gl.num_programs(1) // HK) * H
+        n_rows = (bhs // HK) * H
         lse_desc = tma.make_tensor_descriptor(LSE2, [n_rows, Sq], [stride_stat, 1], [1, BM], stats)
         delta_desc = tma.make_tensor_descriptor(
             DELTA, [n_rows, Sq], [stride_stat, 1], [1, BM], stats
@@ -1732,6 +1761,20 @@ def _check_gluon(kernel: str, part: dict[str, int], tile: tuple[int, int, int], 
         raise ValueError(f"{name} runs on sm90 GPUs (Hopper), not on {q.device}")
 
 
+def _dkdv_chunk(order: int, tiles: int, heads: int, device: torch.device) -> int:
+    """Key tiles per chunk of the Gluon dK/dV launch (`dkdv_order`: 1 head by head, N > 1
+    chunks of N). 0 chooses: every head's heaviest tile first (chunks of 1) keeps the longest
+    programs out of the last wave, which costs the most when the grid is a few waves deep (8K
+    step, micro-batch 1: 13 % of the backward on the H200); on a deeper grid, chunks of 16
+    balance as well and keep 16 programs of a head running together, sharing Q and dO in L2."""
+    if order == 1:
+        return tiles
+    if order > 1:
+        return min(order, tiles)
+    waves = tiles * heads / torch.cuda.get_device_properties(device).multi_processor_count
+    return min(16, tiles) if waves >= 16 else 1
+
+
 def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
                          config: KernelConfig, dq_acc: torch.Tensor | None):  # fmt: skip
     """`backward_dkdv` by the Gluon kernel (config.dkdv_gluon)."""
@@ -1754,14 +1797,15 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
     lists_rows, nt, mt = cols.index.shape
     triton.set_allocator(_scratch)  # the kernel's device-side TMA descriptors live there
     split = part["split"]
-    _gluon_dkdv_kernel[(nt, batch * kv_heads)](
+    chunk = _dkdv_chunk(part["order"], nt, batch * kv_heads, q.device)
+    _gluon_dkdv_kernel[(nt * batch * kv_heads,)](
         q, k, v, grad_out, dk, dv, lse2, delta, dq_acc if dq_acc is not None else delta,
         qn, qb, qd, kn, kb, kd,
-        cols.index, cols.count, scale * LOG2E, scale,
+        cols.order, cols.index, cols.count, scale * LOG2E, scale,
         heads, kv_heads, heads // kv_heads, sq, sk, mt, nt, int(lists_rows > 1),
         q.numel() // q_rows[0], k.numel() // k_rows[0], *_doc_strides(schedule), *q_rows,
         *k_rows, stride_stat, BN=block_n, BM=block_m, D=dim, STAGES=part["stages"], WARPS=warps, DQ=dq_acc is not None,
-        SPLIT=split, num_warps=warps // 2 if split else warps,
+        SPLIT=split, CHUNK=chunk, num_warps=warps // 2 if split else warps,
     )  # fmt: skip
     return dk, dv
 

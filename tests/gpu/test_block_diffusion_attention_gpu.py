@@ -87,9 +87,16 @@ def test_gluon_kernels_equal_the_tl_kernels(head_dim):
     grad_out, delta, lse2 = module.backward_prepare(rows(8), None, q, out, lse)
     want = module.backward_dkdv(grad_out, delta, lse2, q, k, v, schedule, scale, base)
     split = module.flag_configs(head_dim)["gluon dkdv split"]
+    # the other launch orders: head by head, and chunks of 3 key tiles (the last one short)
+    orders = [module.flag_configs(head_dim)[f"gluon dkdv {o}"] for o in ("head-major", "chunks 3")]
     # one partition for both warpgroups, and one each; then dO and v contiguous beside a
     # (B, S, H, D) q and k (two layouts in a pair: the Gluon launchers copy one)
-    for config, like in ((gluon, False), (split, False), (split, True)):
+    for config, like in (
+        (gluon, False),
+        (split, False),
+        (split, True),
+        *((o, False) for o in orders),
+    ):
         go, vv = (grad_out.contiguous(), v.contiguous()) if like else (grad_out, v)
         got = module.backward_dkdv(go, delta, lse2, q, k, vv, schedule, scale, config)
         for name, w, g in zip(("dk", "dv"), want, got, strict=True):
@@ -115,7 +122,7 @@ def test_gluon_kernels_equal_the_tl_kernels(head_dim):
         assert got_dq.stride() == q.stride()
         error = float((got_dq.float() - want_dq.float()).abs().max() / want_dq.float().abs().max())
         assert error < TOLERANCE / 10, ("gluon dq", config.dq_split, like, error)
-    for config in (gluon, split, fused, backward, backward_split):
+    for config in (gluon, split, *orders, fused, backward, backward_split):
         errors = compare_block_diffusion_attention(
             "jit", seq_len=1000, block_size=64, heads=8, kv_heads=2, head_dim=head_dim,
             config=config,

@@ -54,10 +54,12 @@ def test_gluon_kernels_compile_for_sm90(head_dim):
     done = _compile("--head-dim", str(head_dim), "--only", "gluon")
     assert done.returncode == 0, done.stdout + done.stderr
     tests = ["test: gluon dkdv", "test: gluon dkdv dq fused", "test: gluon dkdv split",
-             "test: gluon backward", "test: gluon backward split"]  # fmt: skip
+             "test: gluon dkdv head-major", "test: gluon dkdv chunks 3", "test: gluon backward",
+             "test: gluon backward split"]  # fmt: skip
     rings = ["gluon s2", "gluon s3", "gluon s4"]
     split = ["gluon split s2", "gluon split s3", "gluon split s4"]
-    expected = {"dkdv": rings + split + tests, "dq": rings + split + tests}
+    orders = [f"gluon split s3 {o}" for o in ("chosen", "head-major", "chunks 4", "chunks 16")]
+    expected = {"dkdv": rings + split + orders + tests, "dq": rings + split + tests}
     for kernel in ("dkdv", "dq"):  # the dQ kernel of the first three tests is the `tl` one
         lines = [line for line in done.stdout.splitlines() if line.startswith(f"{kernel} ")]
         names = [line[6:34].strip() for line in lines]
