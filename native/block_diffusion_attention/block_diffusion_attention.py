@@ -61,7 +61,7 @@ class KernelConfig:
     order: launch order: 0 heads innermost (the heaviest tiles of every head first), 1 head by
       head (each head's tiles heaviest first; the programs running together share K/V in L2);
       the Gluon dK/dV kernel also takes N > 1, chunks of N key tiles each run for every head
-      in turn, and reads 0 as "chosen by the grid's depth" (`_dkdv_chunk`).
+      in turn, and reads 0 as "chosen by the grid's depth" (`dkdv_chunk`).
     dkdv_dq: 1: the dK/dV kernel also makes dQ (each tile pair's dS K added with fp32 atomics
       into a zeroed buffer, as FlashAttention-3 does) and the dQ kernel is not launched: five
       matmuls per tile pair instead of seven (the dQ kernel recomputes S and dP).
@@ -289,7 +289,7 @@ def flag_configs(head_dim: int) -> dict[str, KernelConfig]:
         "gluon dkdv split": base.with_part(
             "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3, split=1
         ),
-        # the Gluon dK/dV's other launch orders (`_dkdv_chunk`); chunks of 3 leave a short one
+        # the Gluon dK/dV's other launch orders (`dkdv_chunk`); chunks of 3 leave a short one
         "gluon dkdv head-major": base.with_part(
             "dkdv", m=64, n=128, warps=8, gluon=1, dq=0, stages=3, split=1, order=1
         ),
@@ -1271,7 +1271,7 @@ if HAS_GLUON:
         heaviest first, taken CHUNK at a time; each chunk runs for every (batch, KV head) in
         turn. CHUNK = Nt runs head by head (the programs running together share Q and dO in
         L2); CHUNK = 1 every head's heaviest tile first (no long program left for the last
-        wave); `_dkdv_chunk` picks between them."""
+        wave); `dkdv_chunk` picks between them."""
         bhs = gl.num_programs(0) // Nt
         p = gl.program_id(0)
         start = (p // (CHUNK * bhs)) * CHUNK
@@ -1761,18 +1761,21 @@ def _check_gluon(kernel: str, part: dict[str, int], tile: tuple[int, int, int], 
         raise ValueError(f"{name} runs on sm90 GPUs (Hopper), not on {q.device}")
 
 
-def _dkdv_chunk(order: int, tiles: int, heads: int, device: torch.device) -> int:
+def dkdv_chunk(order: int, tiles: int, heads: int, sms: int) -> int:
     """Key tiles per chunk of the Gluon dK/dV launch (`dkdv_order`: 1 head by head, N > 1
-    chunks of N). 0 chooses: every head's heaviest tile first (chunks of 1) keeps the longest
-    programs out of the last wave, which costs the most when the grid is a few waves deep (8K
-    step, micro-batch 1: 13 % of the backward on the H200); on a deeper grid, chunks of 16
-    balance as well and keep 16 programs of a head running together, sharing Q and dO in L2."""
+    chunks of N). 0 chooses by the grid (H200 measurements in docs/benchmarks.md, session 26):
+    head by head, the programs running together share Q and dO in L2, and a head whose tiles
+    fill two waves starts its heaviest ones early enough (32K step: 0.8 % faster than chunks);
+    with fewer tiles a head's heaviest would be left for the last wave, so every head's
+    heaviest tile runs first (chunks of 1: the 8K step's backward 14 % faster), in chunks of 16
+    on a grid 16 waves deep, which balance as well and share more (64K tokens a call: 2 %)."""
     if order == 1:
         return tiles
     if order > 1:
         return min(order, tiles)
-    waves = tiles * heads / torch.cuda.get_device_properties(device).multi_processor_count
-    return min(16, tiles) if waves >= 16 else 1
+    if tiles >= 2 * sms:
+        return tiles
+    return min(16, tiles) if tiles * heads >= 16 * sms else 1
 
 
 def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, scale: float,
@@ -1797,7 +1800,8 @@ def _gluon_backward_dkdv(grad_out, delta, lse2, q, k, v, schedule: Schedule, sca
     lists_rows, nt, mt = cols.index.shape
     triton.set_allocator(_scratch)  # the kernel's device-side TMA descriptors live there
     split = part["split"]
-    chunk = _dkdv_chunk(part["order"], nt, batch * kv_heads, q.device)
+    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
+    chunk = dkdv_chunk(part["order"], nt, batch * kv_heads, sms)
     _gluon_dkdv_kernel[(nt * batch * kv_heads,)](
         q, k, v, grad_out, dk, dv, lse2, delta, dq_acc if dq_acc is not None else delta,
         qn, qb, qd, kn, kb, kd,

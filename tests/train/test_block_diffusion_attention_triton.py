@@ -325,6 +325,24 @@ def test_tile_classes_agree_with_the_dense_mask(block_size, tiles):
     assert int(partial.sum()) == int((classes == module.PARTIAL).sum())
 
 
+def test_gluon_dkdv_launch_order_follows_the_grid():
+    """The Gluon dK/dV kernel's key tiles per launch chunk (`dkdv_order` 0 chooses; 1 is head
+    by head, N chunks of N) on the H200's 132 SMs at the shapes docs/benchmarks.md measured:
+    the 8K step (2L 16K, micro-batch 1, 8 KV heads: 128 key tiles of 128 a head) runs every
+    head's heaviest tile first, 64K tokens a call (4 rows) chunks of 16, the 32K step (512
+    tiles a head) head by head."""
+    module = _module()
+    assert module.default_config(128).dkdv_order == 0
+    chunk = module.dkdv_chunk
+    assert chunk(0, 128, 8, 132) == 1
+    assert chunk(0, 128, 4 * 8, 132) == 16
+    assert chunk(0, 64, 8 * 8, 132) == 16  # 2L 8K, 8 rows
+    assert chunk(0, 512, 8, 132) == 512
+    assert chunk(0, 8, 1000, 132) == 8  # never more than the tiles
+    assert chunk(1, 128, 8, 132) == 128 and chunk(3, 128, 8, 132) == 3
+    assert chunk(40, 16, 8, 132) == 16
+
+
 def test_gluon_kernels_are_refused_where_they_cannot_run():
     """`dkdv_gluon` and `dq_gluon` (no interpreter runs Gluon; their numbers are checked on the
     GPU) refuse, before any launch, a host without an sm90 GPU, other tiles, a dQ buffer they
