@@ -167,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
         help="also time turbo with these KernelConfig fields changed on the defaults, as NAME "
         "(e.g. 'turbo-dq-fused:dkdv_dq=1'); repeatable",
     )
+    parser.add_argument(
+        "--layout",
+        choices=("bhsd", "bshd"),
+        default="bhsd",
+        help="q, k, v contiguous per head (bhsd), or (B, S, H, D) views as the trainer hands them",
+    )
     parser.add_argument("--out", type=Path)
     args = parser.parse_args(argv)
     if args.sweep:  # its own default shapes
@@ -217,11 +223,18 @@ def main(argv: list[str] | None = None) -> int:
         batch = max(1, args.tokens // stream_len)
         gen = torch.Generator(device=device).manual_seed(0)
 
-        shape = (batch, stream_len, dim)
-        q, k, v = (
-            torch.randn(shape[0], h, *shape[1:], device=device, generator=gen).bfloat16()
-            for h in (heads, kv_heads, kv_heads)
-        )
+        if args.layout == "bhsd":
+            q, k, v = (
+                torch.randn(batch, h, stream_len, dim, device=device, generator=gen).bfloat16()
+                for h in (heads, kv_heads, kv_heads)
+            )
+        else:  # the trainer's: projections' outputs (B, S, H, D) viewed per head
+            q, k, v = (
+                torch.randn(batch, stream_len, h, dim, device=device, generator=gen)
+                .bfloat16()
+                .transpose(1, 2)
+                for h in (heads, kv_heads, kv_heads)
+            )
         for block_size in (int(x) for x in args.block_sizes.split(",")):
             layout = BlockDiffusionLayout(stream_len // 2, block_size)
             pairs = allowed_pairs(layout) * batch
@@ -241,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
             for name, attend in candidates:
                 row = {"kernel": name, "stream_len": stream_len, "block_size": block_size,
                        "batch": batch, "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
-                       "useful_pairs": pairs}  # fmt: skip
+                       "useful_pairs": pairs, "layout": args.layout}  # fmt: skip
                 try:
                     row.update(measure(attend, q, k, v, args.repeats, not args.synced))
                 except Exception as error:  # one failing kernel must not hide the others
