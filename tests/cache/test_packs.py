@@ -646,3 +646,131 @@ def test_installing_again_repairs_a_damaged_file_the_pack_added(cli, tmp_path):
     assert again.code == 0 and json.loads(again.out)["added"] == 1
     assert cli("cache", "verify").code == 0 and damaged.read_text() == "# graph 0\n"
     assert "2 files deleted" in cli("cache", "remove", path.name).out
+
+
+def _nested_pack(tmp_path: Path) -> Path:
+    """A pack whose files sit in nested folders of both caches."""
+    from turbo_dllm.cache.key import host_pack_key
+    from turbo_dllm.cache.packs import make_pack
+    from turbo_dllm.host import collect_fingerprint
+
+    made = tmp_path / "made"
+    for relative in ("inductor/ab/cd/c0.py", "inductor/ab/cd/c1.py", "inductor/ef/c2.py",
+                     "inductor/ln/sub/c3.py", "triton/k1/kern.so"):  # fmt: skip
+        (made / relative).parent.mkdir(parents=True, exist_ok=True)
+        (made / relative).write_text(f"# {relative}\n")
+    key = host_pack_key(collect_fingerprint(apply_overrides=False), None)
+    caches = {"inductor": made / "inductor", "triton": made / "triton"}
+    return make_pack(caches, tmp_path / "packs", key)[0]
+
+
+def test_remove_deletes_the_folders_it_emptied_and_no_other(cli, tmp_path):
+    """`remove` left the pack's now-empty folders in the cache. It removes the folders it
+    emptied now, up to the cache folders themselves; a folder that still holds something, an
+    empty folder it did not empty, and anything outside the cache (through a link) stay."""
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    path = _nested_pack(tmp_path)
+    cache = compile_cache_dir()
+    mine = cache / "inductor" / "ab" / "mine.py"  # the user's own, beside the pack's folder
+    mine.parent.mkdir(parents=True)
+    mine.write_text("# mine\n")
+    (cache / "inductor" / "empty").mkdir()  # empty before the install: not this remove's
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (cache / "inductor" / "ln").symlink_to(outside)  # a link out of the cache
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 5
+    assert (outside / "sub" / "c3.py").is_file()
+
+    removed = cli("cache", "remove", path.name)
+    assert removed.code == 0 and "5 files deleted" in removed.out
+    left = sorted(p.relative_to(cache).as_posix() for p in cache.rglob("*"))
+    assert left == ["inductor", "inductor/ab", "inductor/ab/mine.py", "inductor/empty",
+                    "inductor/ln", "triton"]  # fmt: skip
+    assert (outside / "sub").is_dir()  # emptied, but outside the cache: left alone
+    assert cli("cache", "install", path).code == 0  # and it installs again
+    assert cli("cache", "verify").code == 0
+
+
+def test_remove_keeps_a_folder_another_pack_still_uses(cli, tmp_path):
+    path = _small_pack(tmp_path, count=2)
+    other = _small_pack(tmp_path / "other", count=3)  # c0..c2 in the same folder ab/
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 2
+    assert json.loads(cli("cache", "install", other, "--json").out)["added"] == 1
+    assert "1 files deleted" in cli("cache", "remove", other.name).out  # ab/ still holds 2
+    assert cli("cache", "verify").code == 0
+    assert "2 files deleted" in cli("cache", "remove", path.name).out
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    assert sorted(p.name for p in compile_cache_dir().iterdir()) == ["inductor", "triton"]
+    assert not list((compile_cache_dir() / "inductor").iterdir())
+
+
+def test_verify_counts_every_problem_and_all_shows_them(cli, tmp_path):
+    """`verify` printed the first 20 problems and said nothing of the rest. It prints how many
+    there are, the first 20 and how many more; --all and --json give every one."""
+    path = _small_pack(tmp_path, count=25)
+    sha = json.loads(cli("cache", "install", path, "--json").out)["sha256"]
+    for entry in _cache_files():
+        entry.unlink()
+    failed = cli("cache", "verify")
+    assert failed.code == 1
+    assert f"FAIL  {sha[:12]}  25 problems" in failed.out
+    assert failed.out.count(": missing") == 20
+    assert "... and 5 more (--all shows them)" in failed.out
+    every = cli("cache", "verify", "--all")
+    assert every.code == 1 and every.out.count(": missing") == 25 and "more" not in every.out
+    one = cli("cache", "verify", sha[:12], "--all")
+    assert one.code == 1 and one.out.count(": missing") == 25
+    report = cli("cache", "verify", "--json")
+    assert report.code == 1
+    assert len(json.loads(report.out)["packs"][sha[:12]]) == 25
+
+
+def test_list_and_verify_say_when_the_records_folder_is_a_file(cli, tmp_path):
+    """A file where the installed-pack records belong made `list` and `verify` say that no pack
+    was installed (and `remove` that there was none to remove); they name it now."""
+    records = Path(os.environ["DLLM_HOME"]) / "compile-packs" / "installed"
+    records.parent.mkdir(parents=True)
+    records.write_text("not a folder")
+    for command in (("list",), ("verify",), ("remove", "abcdef")):
+        assert_user_error(cli("cache", *command), f"{records} is not a folder")
+    assert records.read_text() == "not a folder"
+
+
+def test_an_install_blocked_by_the_cache_takes_everything_back(cli, tmp_path):
+    """A file in the cache where the pack has a folder (or a folder where it has a file) stopped
+    the install, but taking back its work stopped at that path too: the record stayed, so the
+    failed install listed as installed. It takes everything back now and names what is in the
+    way; once that is moved aside the install succeeds."""
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    path = _nested_pack(tmp_path)
+    blocker = compile_cache_dir() / "inductor" / "ef"  # the pack has inductor/ef/c2.py
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("the user's own\n")
+    refused = cli("cache", "install", path)
+    assert_user_error(refused, "cannot add inductor/ef/c2.py to the compile cache: "
+                      f"{blocker} is a file, where the pack has a folder", "move it aside")  # fmt: skip
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+    assert _cache_files() == [blocker] and blocker.read_text() == "the user's own\n"
+    left = sorted(
+        p.relative_to(compile_cache_dir()).as_posix() for p in compile_cache_dir().rglob("*")
+    )
+    assert left == ["inductor", "inductor/ef", "triton"]  # no folder of the pack's stays behind
+    blocker.unlink()
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 5
+
+    # Installing again, with a folder where the pack put a file.
+    record = next(Path(os.environ["DLLM_HOME"]).glob("compile-packs/installed/*.json"))
+    before = record.read_bytes()
+    (compile_cache_dir() / "inductor" / "ab" / "cd" / "c0.py").unlink()
+    folder = compile_cache_dir() / "inductor" / "ef" / "c2.py"
+    folder.unlink()
+    folder.mkdir()
+    (folder / "keep").write_text("kept\n")
+    assert_user_error(cli("cache", "install", path),
+                      f"{folder} is a folder, where the pack has a file")  # fmt: skip
+    assert record.read_bytes() == before  # the record as it was
+    assert (folder / "keep").read_text() == "kept\n"
+    assert not (compile_cache_dir() / "inductor" / "ab" / "cd" / "c0.py").exists()  # taken back

@@ -427,11 +427,27 @@ def packs_locked(timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[None]:
 
 
 def installed_packs() -> list[InstalledPack]:
-    folder = _records_dir()
-    packs = (
-        [_read_record(path) for path in sorted(folder.glob("*.json"))] if folder.is_dir() else []
-    )
+    packs = [_read_record(path) for path in _record_paths()]
     return sorted(packs, key=lambda p: p.installed_at)
+
+
+def _record_paths() -> list[Path]:
+    """The installed-pack records; none before the first install, a DllmError where a file
+    stands in the records folder's place (it read as "no pack installed")."""
+    folder = _records_dir()
+    if folder.is_dir():
+        return sorted(folder.glob("*.json"))
+    try:
+        folder.stat()
+    except FileNotFoundError:
+        return []  # nothing installed yet
+    except NotADirectoryError:
+        pass  # a folder above it is a file
+    raise DllmError(
+        f"{folder} is not a folder: it (or a folder above it) is a file where the installed "
+        "compile-cache pack records belong",
+        hint="move that file aside; the packs installed before have to be installed again",
+    )
 
 
 def _read_record(path: Path) -> InstalledPack:
@@ -562,17 +578,29 @@ def _install_locked(
         # The record comes first, naming every file this install is about to add: a process
         # killed while moving them leaves only files a record accounts for (`remove` deletes
         # them; installing again adds the rest). Ctrl-C or an error takes all of it back.
-        moved: list[Path] = []
+        moved: list[tuple[Path, Path]] = []  # (file, the cache folder it went into)
         try:
             record = _write_record(sha256, manifest, caches, path, owned)
             for entry in todo:
                 target = _cache_path(caches, entry.path)
-                moved.append(target)  # before the move: an interrupted move is taken back too
-                _move_into(Path(tmp) / "pack" / entry.path, target)
+                # Before the move: an interrupted move is taken back too.
+                moved.append((target, Path(caches[entry.path.partition("/")[0]])))
+                try:
+                    _move_into(Path(tmp) / "pack" / entry.path, target)
+                except (FileExistsError, IsADirectoryError, NotADirectoryError) as error:
+                    raise DllmError(
+                        f"cannot add {entry.path} to the compile cache: {_in_the_way(target)} "
+                        f"({error.strerror})",
+                        hint="move it aside (it is only a cache), then install again",
+                    ) from None
             orphaned.unlink(missing_ok=True)  # its files belong to this record now
         except BaseException:
-            for target in moved:
-                target.unlink(missing_ok=True)
+            for target, _ in moved:
+                # Not there, a file in its path, or a folder (the user's): nothing to take back.
+                with contextlib.suppress(FileNotFoundError, NotADirectoryError, IsADirectoryError):
+                    target.unlink()
+            for target, cache in moved:
+                _remove_emptied_folders(target.parent, cache)
             if earlier_bytes is None:
                 record_path.unlink(missing_ok=True)
             else:
@@ -581,6 +609,16 @@ def _install_locked(
                 write_atomic(record_path, earlier_bytes)
             raise
     return record, len(todo)
+
+
+def _in_the_way(target: Path) -> str:
+    """What in the cache stops a pack's file from moving to `target`, in words."""
+    if target.is_dir():
+        return f"{target} is a folder, where the pack has a file"
+    for folder in reversed(target.parents):  # the outermost first
+        if folder.exists() and not folder.is_dir():
+            return f"{folder} is a file, where the pack has a folder"
+    return f"something is in the way of {target}"
 
 
 def _intact(caches: dict[str, Path], entry: PackFile) -> bool:
@@ -705,6 +743,7 @@ def remove_pack(pack: InstalledPack) -> int:
     }
     removed = 0
     added = set(pack.added)
+    folders: set[tuple[Path, Path]] = set()  # (folder a deleted file was in, its cache folder)
     for entry in pack.manifest.files:
         if entry.path not in added:
             continue
@@ -714,8 +753,30 @@ def remove_pack(pack: InstalledPack) -> int:
             continue
         path.unlink()
         removed += 1
+        folders.add((path.parent, Path(pack.caches[cache])))
+    for folder, root in sorted(folders, key=lambda pair: len(pair[0].parts), reverse=True):
+        _remove_emptied_folders(folder, root)
     (_records_dir() / f"{pack.sha256}.json").unlink(missing_ok=True)
     return removed
+
+
+def _remove_emptied_folders(folder: Path, root: Path) -> None:
+    """Remove `folder`, then each folder above it, while it is empty, up to (not including) the
+    cache folder `root`: the folders a remove emptied. `rmdir` removes only an empty folder (one
+    that anything, say inductor, fills meanwhile stays); a link on the way, which may lead out of
+    the cache, stops it."""
+    try:
+        real_root = root.resolve(strict=True)
+    except OSError:
+        return
+    while folder != root and root in folder.parents:
+        try:
+            if folder.resolve(strict=True) != real_root / folder.relative_to(root):
+                return  # through a link: perhaps out of the cache, never ours to remove
+            os.rmdir(folder)
+        except OSError:  # not empty (the common stop), gone, or not ours to remove
+            return
+        folder = folder.parent
 
 
 # --- packs on offer -------------------------------------------------------------------------

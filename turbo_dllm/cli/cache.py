@@ -8,6 +8,8 @@ from pathlib import Path
 
 from turbo_dllm.cli._output import add_overrides, emit_json, group
 
+SHOWN_PROBLEMS = 20  # per pack, without --all: a wiped cache is one line per file (thousands)
+
 
 def register(subparsers) -> None:
     commands = group(subparsers, "cache", "compile-cache packs: skip the first step's compiling")
@@ -47,7 +49,12 @@ def register(subparsers) -> None:
     p.add_argument(
         "pack", nargs="?", help="sha256 prefix (6+ characters) or file name (default: all)"
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help=f"print every problem (default: the first {SHOWN_PROBLEMS} of each pack)",
+    )
+    p.add_argument("--json", action="store_true", help="every problem, as JSON")
     p.set_defaults(func=_verify)
 
     p = commands.add_parser("remove", help="delete an installed pack's files from the cache")
@@ -204,9 +211,15 @@ def _verify(args) -> int:
     if not packs:
         print("no compile-cache packs installed")
     for name, problems in report.items():
-        print(f"{'ok  ' if not problems else 'FAIL'}  {name}")
-        for problem in problems[:20]:
+        if not problems:
+            print(f"ok    {name}")
+            continue
+        print(f"FAIL  {name}  {len(problems)} problem{'' if len(problems) == 1 else 's'}")
+        shown = problems if args.all else problems[:SHOWN_PROBLEMS]
+        for problem in shown:
             print(f"      {problem}")
+        if len(shown) < len(problems):
+            print(f"      ... and {len(problems) - len(shown)} more (--all shows them)")
     if not ok:
         print(
             "fix: install the pack again (dllm cache install PACK puts back the files it added), "
