@@ -191,14 +191,23 @@ def run_ours(spec: RunSpec, args, device, name: str = "turbo-dllm") -> tuple[dic
         trainer = Trainer(spec, run_dir, env).build()
         reset_memory(device)
         times, flops = [], []
-        for step in range(args.warmup + args.steps):
+        for step in range(args.warmup):
+            sync(device)
+            tick = time.perf_counter()
+            stats = trainer.train_step(step)
+            print(
+                f"  ours step {step}: {time.perf_counter() - tick:.3f} s, loss {stats['loss']:.3f}",
+                file=sys.stderr,
+            )
+        if getattr(args, "pipelined", False):
+            times, flops = pipelined_steps(trainer, args.warmup, args.steps, device)
+        for step in range(args.warmup, args.warmup + (0 if times else args.steps)):
             sync(device)
             tick = time.perf_counter()
             stats = trainer.train_step(step)
             sync(device)
-            if step >= args.warmup:
-                times.append(time.perf_counter() - tick)
-                flops.append(stats["flops"])
+            times.append(time.perf_counter() - tick)
+            flops.append(stats["flops"])
             print(
                 f"  ours step {step}: {time.perf_counter() - tick:.3f} s, loss {stats['loss']:.3f}",
                 file=sys.stderr,
@@ -224,6 +233,27 @@ def run_ours(spec: RunSpec, args, device, name: str = "turbo-dllm") -> tuple[dic
         },
     )
     return result, trainer
+
+
+def pipelined_steps(trainer: Trainer, first: int, count: int, device) -> tuple[list, list]:
+    """`count` steps as `Trainer.run` takes them: step N's numbers read once step N + 1 is
+    queued, no wait in between; each step's time is the run's wall time over `count` (the same
+    for all), the FLOPs each step's own."""
+    sync(device)
+    tick = time.perf_counter()
+    queued, results = None, []
+    for step in range(first, first + count):
+        latest = trainer.queue_step(step)
+        if queued is not None:
+            results.append(queued.result())
+        queued = latest
+    results.append(queued.result())
+    sync(device)
+    per_step = (time.perf_counter() - tick) / count
+    for step, stats in enumerate(results, first):
+        print(f"  ours step {step}: {per_step:.3f} s (pipelined), loss {stats['loss']:.3f}",
+              file=sys.stderr)  # fmt: skip
+    return [per_step] * count, [stats["flops"] for stats in results]
 
 
 def profile_steps(trainer: Trainer, first_step: int, path: Path, device) -> None:
@@ -907,6 +937,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     )
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument(
+        "--pipelined",
+        action="store_true",
+        help="time ours as `dllm train` runs (each step's numbers read once the next one is "
+        "queued; wall time over the timed steps) instead of one step at a time, waited for",
+    )
     parser.add_argument(
         "--attention",
         default="flex",

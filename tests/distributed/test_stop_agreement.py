@@ -33,13 +33,13 @@ def _rank(rank: int, world: int, run_dir: str, steps_file: str) -> None:
     if rank == 1:
         trainer_module.time = types.SimpleNamespace(perf_counter=_skewed_clock())
     ran = []
-    original = trainer_module.Trainer.train_step
+    original = trainer_module.Trainer.queue_step
 
     def counted(self, step):
         ran.append(step + 1)
         return original(self, step)
 
-    trainer_module.Trainer.train_step = counted
+    trainer_module.Trainer.queue_step = counted
     assert train(tiny_spec(*ARGS), run_dir) == 0
     with open(f"{steps_file}.{rank}", "w") as handle:
         json.dump(ran, handle)

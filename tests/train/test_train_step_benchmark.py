@@ -42,6 +42,26 @@ def test_both_attentions_and_both_baselines_in_one_run(train_step, tmp_path):
     assert report["transformers"] == transformers.__version__  # the baseline's, 5.17 or 5.24
 
 
+def test_pipelined_steps_time_ours_as_the_run_loop_takes_them(train_step, tmp_path, capsys):
+    """--pipelined queues each timed step before reading the last one's numbers (as
+    `Trainer.run`); the losses are the one-step-at-a-time ones, every timed step is counted."""
+    argv = ["--tiny", "--seq-len", "32", "--block-size", "8", "--steps", "3", "--warmup", "1"]
+    argv += ["--no-baseline"]
+    reports = []
+    for extra in ([], ["--pipelined"]):
+        out = tmp_path / f"bench{len(extra)}.json"
+        assert train_step.main(argv + extra + ["--out", str(out)]) == 0
+        reports.append(json.loads(out.read_text())["results"][0])
+        err = capsys.readouterr().err
+        losses = [line.split("loss ")[1] for line in err.splitlines() if "ours step" in line]
+        assert len(losses) == 4, err
+        assert ("(pipelined)" in err) == bool(extra)
+        reports[-1]["losses"] = losses
+    waited, pipelined = reports
+    assert pipelined["losses"] == waited["losses"]
+    assert pipelined["step_time_s"] > 0 and pipelined["tokens_per_s"] > 0
+
+
 def test_unknown_attention_or_baseline_is_refused(train_step):
     with pytest.raises(SystemExit):
         train_step.main(["--tiny", "--attention", "sdpa"])

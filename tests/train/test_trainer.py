@@ -200,14 +200,14 @@ def test_running_out_of_memory_is_a_user_error_with_the_fixes(tmp_path, monkeypa
 
     spec = tiny_spec("training.steps=4", "checkpoint.interval=2")
     trainer = Trainer(spec, tmp_path / "run", init_distributed()).build()
-    real_step = trainer.train_step
+    real_step = trainer.queue_step
 
     def step(index):
         if index == 2:
             raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 6.44 GiB")
         return real_step(index)
 
-    monkeypatch.setattr(trainer, "train_step", step)
+    monkeypatch.setattr(trainer, "queue_step", step)
     with pytest.raises(DllmError) as caught:
         trainer.run()
     assert caught.value.message == "out of GPU memory in step 3"
@@ -231,3 +231,67 @@ def test_batches_drawn_ahead_go_back_to_the_loader_when_another_step_runs(tmp_pa
     assert trainer.loader_state()["cursor"] == 8
     trainer.train_step(3)  # the run's last step draws nothing ahead
     assert trainer.loader.state_dict()["cursor"] == trainer.loader_state()["cursor"] == 12
+
+
+def test_each_step_is_read_once_the_next_one_is_queued(tmp_path, monkeypatch):
+    """The loop queues step N + 1 before it waits for step N's numbers (so the device never
+    idles while the host logs and starts the next step); a step that saves a checkpoint is
+    read before the save, and every step is logged once, in order, with its own loss."""
+    from turbo_dllm.train.distributed import init_distributed
+    from turbo_dllm.train.trainer import QueuedStep, Trainer
+
+    events = []
+    real_result = QueuedStep.result
+
+    def result(self):
+        events.append(("read", self.step + 1))
+        return real_result(self)
+
+    monkeypatch.setattr(QueuedStep, "result", result)
+    spec = tiny_spec("training.steps=5", "checkpoint.interval=3")
+    trainer = Trainer(spec, tmp_path / "run", init_distributed()).build()
+    real_queue, real_save = trainer.queue_step, trainer.save
+
+    def queue(step):
+        events.append(("queue", step + 1))
+        return real_queue(step)
+
+    def save(step, train_time):
+        events.append(("save", step))
+        return real_save(step, train_time)
+
+    monkeypatch.setattr(trainer, "queue_step", queue)
+    monkeypatch.setattr(trainer, "save", save)
+    assert trainer.run() == 0
+    assert events == [
+        ("queue", 1), ("queue", 2), ("read", 1), ("queue", 3), ("read", 2), ("read", 3),
+        ("save", 3), ("queue", 4), ("queue", 5), ("read", 4), ("read", 5), ("save", 5),
+    ]  # fmt: skip
+    records = metrics(tmp_path / "run")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5]
+    assert all(r["step_time_s"] > 0 and r["loss"] > 0 for r in records)
+
+
+def test_a_non_finite_loss_stops_the_run_naming_its_step(tmp_path, monkeypatch):
+    """Read a step late, a NaN loss still stops the run with the step it happened in, and no
+    checkpoint is written after it."""
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.train.distributed import init_distributed
+    from turbo_dllm.train.trainer import Trainer
+
+    spec = tiny_spec("training.steps=6", "checkpoint.interval=2")
+    trainer = Trainer(spec, tmp_path / "run", init_distributed()).build()
+    real_queue = trainer.queue_step
+
+    def queue(step):
+        queued = real_queue(step)
+        if step == 2:  # step 3's loss
+            queued.values[0] = float("nan")
+        return queued
+
+    monkeypatch.setattr(trainer, "queue_step", queue)
+    with pytest.raises(DllmError) as caught:
+        trainer.run()
+    assert caught.value.message == "the loss became nan at step 3"
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2]
+    assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == ["step_00000002"]

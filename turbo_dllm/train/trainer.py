@@ -96,6 +96,27 @@ class StepBatches:
     counts: list
 
 
+@dataclass
+class QueuedStep:
+    """A step whose kernels are queued: its numbers arrive on the host without a device sync.
+
+    values (loss, flops, grad_norm) are copied into pinned host memory behind the step's
+    kernels and `ready` marks the copy, so reading them waits for this step only, not for
+    whatever was queued after it (a plain `.tolist()` would wait for the whole queue)."""
+
+    step: int
+    values: torch.Tensor
+    ready: torch.cuda.Event | None
+    lr: float
+    mem_gb: float
+
+    def result(self) -> dict[str, float]:
+        if self.ready is not None:
+            self.ready.synchronize()
+        loss, flops, grad_norm = self.values.tolist()
+        return {"loss": loss, "flops": flops, "grad_norm": grad_norm, "lr": self.lr}
+
+
 class Trainer:
     def __init__(self, spec, run_dir: str | Path, env: DistEnv, layout=None) -> None:
         self.spec = spec
@@ -467,6 +488,12 @@ class Trainer:
         return self.loader.state_dict()
 
     def train_step(self, step: int) -> dict[str, float]:
+        """One optimizer step, waited for: {loss, flops, grad_norm, lr}."""
+        return self.queue_step(step).result()
+
+    def queue_step(self, step: int) -> QueuedStep:
+        """One optimizer step, queued: nothing here waits for the device (on one process), so
+        the loop can queue the next step before it reads this one's numbers."""
         dims = self.dims
         accum = self.spec.training.grad_accumulation
 
@@ -519,9 +546,15 @@ class Trainer:
         flops /= self.plan.context_size  # each rank of a context group counted the whole batch
         totals = torch.stack([loss_sum.float(), torch.tensor(flops, device=self.device)])
         self._all_reduce(totals)
-        # The step's one host sync: everything above was queued without waiting on the device.
-        loss, flops, grad_norm = torch.cat([totals, grad_norm.reshape(1).to(totals)]).tolist()
-        return {"loss": loss, "flops": flops, "grad_norm": grad_norm, "lr": lr}
+        values = torch.cat([totals, grad_norm.reshape(1).to(totals)])
+        mem_gb = peak_memory_gb(self.device)  # the allocator's count: no sync
+        if values.device.type != "cuda":
+            return QueuedStep(step, values, None, lr, mem_gb)
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        ready = torch.cuda.Event()
+        ready.record()
+        return QueuedStep(step, host, ready, lr, mem_gb)
 
     def _global_counts(self, counts: list) -> float | torch.Tensor:
         """The loss denominator(s): the step's supervised counts summed over micro-batches and
@@ -566,6 +599,35 @@ class Trainer:
         family = self.spec.model.family
         return f"{family} {architecture}" if architecture else family
 
+    def _report(self, queued: QueuedStep, since: float, began: float, tokens: int) -> float:
+        """Wait for a queued step's numbers, stop on a non-finite loss, log them; returns the
+        time they were read (the next step's time runs from there)."""
+        stats = queued.result()
+        now = time.perf_counter()
+        step_time = max(now - since, 1e-9)
+        done = queued.step + 1
+        if not math.isfinite(stats["loss"]):
+            raise DllmError(
+                f"the loss became {stats['loss']} at step {done}",
+                hint="lower optimizer.lr, keep training.clip_grad_norm set, or check the data",
+            )
+        world = self.env.world_size
+        self.metrics.log(
+            {
+                "step": done,
+                "loss": stats["loss"],
+                "lr": stats["lr"],
+                "grad_norm": stats["grad_norm"],
+                "tokens": tokens,
+                "tokens_per_s": tokens / step_time,
+                "mfu": stats["flops"] / (step_time * self.peak * world) if self.peak else None,
+                "mem_gb": queued.mem_gb,
+                "step_time_s": step_time,
+                "time_s": self.train_time_offset + now - began,
+            }
+        )
+        return now
+
     def run(self) -> int:
         start = self.resume()
         if start >= self.total_steps:
@@ -591,16 +653,20 @@ class Trainer:
             print0(env, f"compile cache {inductor.parent} ({state})")
         last_saved = start
         breaks_before = graph_break_counts() if spec.training.compile else None
+        # Step N's numbers are read once step N + 1 is queued, so the device never waits for
+        # the host between steps; a step that saves is read before its checkpoint.
+        waiting: QueuedStep | None = None
+        since = time.perf_counter()  # the step time runs from the last step read (or start)
         for step in range(start, self.total_steps):
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
             self.profiler.before_step(step)
-            tick = time.perf_counter()
             try:
-                stats = self.train_step(step)
+                queued = self.queue_step(step)
             except torch.OutOfMemoryError:
+                if waiting is not None:  # the last step finished: its numbers are not lost
+                    self._report(waiting, since, began, tokens_per_step)
                 raise out_of_memory(step, self.device, self.memory.dump()) from None
-            step_time = time.perf_counter() - tick
             if breaks_before is not None and step == start:  # the step that compiled the layers
                 warning = graph_break_warning(
                     breaks_before,
@@ -611,36 +677,19 @@ class Trainer:
                     print0(env, f"warning: {warning}")
             self.profiler.after_step(step)
             self.memory.after_step(step)
+            if waiting is not None:
+                since = self._report(waiting, since, began, tokens_per_step)
             done = step + 1
-            if not math.isfinite(stats["loss"]):
-                raise DllmError(
-                    f"the loss became {stats['loss']} at step {done}",
-                    hint="lower optimizer.lr, keep training.clip_grad_norm set, or check the data",
-                )
             elapsed = self.train_time_offset + time.perf_counter() - began
-            self.metrics.log(
-                {
-                    "step": done,
-                    "loss": stats["loss"],
-                    "lr": stats["lr"],
-                    "grad_norm": stats["grad_norm"],
-                    "tokens": tokens_per_step,
-                    "tokens_per_s": tokens_per_step / step_time,
-                    "mfu": (
-                        stats["flops"] / (step_time * self.peak * env.world_size)
-                        if self.peak
-                        else None
-                    ),
-                    "mem_gb": peak_memory_gb(self.device),
-                    "step_time_s": step_time,
-                    "time_s": elapsed,
-                }
-            )
             # Every rank must agree: the stop leads to a collective save (see `any_rank`).
             out_of_time = max_duration is not None and any_rank(elapsed >= max_duration, env)
             if (interval and done % interval == 0) or done == self.total_steps or out_of_time:
-                self.save(done, elapsed)
+                since = self._report(queued, since, began, tokens_per_step)
+                waiting = None
+                self.save(done, self.train_time_offset + time.perf_counter() - began)
                 last_saved = done
+            else:
+                waiting = queued
             if out_of_time:
                 print0(env, f"stopping after step {done}: training.max_duration_s reached")
                 break

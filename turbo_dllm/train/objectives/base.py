@@ -47,6 +47,15 @@ class NoiseKey:
     samples_per_step: int
 
 
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`t` on `device` without the host waiting for the device's queued work: a CPU tensor
+    bound for CUDA is staged in pinned memory first (a copy from pageable memory may wait for
+    the stream), then copied asynchronously."""
+    if device.type == "cuda" and t.device.type == "cpu":
+        t = t.pin_memory()
+    return t.to(device, non_blocking=True)
+
+
 def _key_seed(*parts: object) -> int:
     digest = hashlib.blake2b(":".join(map(str, parts)).encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & ((1 << 63) - 1)
@@ -122,17 +131,16 @@ class DiffusionBatch:
             self.doc_ids = None
 
     def to(self, device: torch.device) -> DiffusionBatch:
-        move = dict(device=device, non_blocking=True)
         return DiffusionBatch(
-            input_ids=self.input_ids.to(**move),
-            doc_ids=None if self.doc_ids is None else self.doc_ids.to(**move),
-            score_index=self.score_index.to(**move),
-            targets=self.targets.to(**move),
-            weights=self.weights.to(**move),
+            input_ids=to_device(self.input_ids, device),
+            doc_ids=None if self.doc_ids is None else to_device(self.doc_ids, device),
+            score_index=to_device(self.score_index, device),
+            targets=to_device(self.targets, device),
+            weights=to_device(self.weights, device),
             exclude_index=self.exclude_index,
             layout=self.layout,
             term_sizes=self.term_sizes,
-            model_kwargs={k: v.to(**move) for k, v in self.model_kwargs.items()},
+            model_kwargs={k: to_device(v, device) for k, v in self.model_kwargs.items()},
         )
 
     @property

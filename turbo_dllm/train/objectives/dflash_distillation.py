@@ -46,7 +46,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from turbo_dllm.families.dflash.config import HARD_LABEL_LOSSES, TEACHER_LOSSES, needs_teacher
-from turbo_dllm.train.objectives.base import NoiseKey, sample_generator
+from turbo_dllm.train.objectives.base import NoiseKey, sample_generator, to_device
 
 __all__ = [
     "HARD_LABEL_LOSSES",
@@ -128,7 +128,7 @@ class DraftBatch:
 
     def to(self, device: torch.device) -> DraftBatch:
         def move(t):
-            return None if t is None else t.to(device, non_blocking=True)
+            return None if t is None else to_device(t, device)
 
         return replace(
             self,
