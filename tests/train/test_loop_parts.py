@@ -6,16 +6,19 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import os
+import shutil
 import sys
 import types
+from pathlib import Path
 
 import pytest
 import torch
 
 from tests.helpers import benchmark_module
-from tests.train.util import metrics, tiny_spec
+from tests.train.util import losses, metrics, tiny_spec
 from turbo_dllm.errors import DllmError
-from turbo_dllm.train.checkpoint import find_latest
+from turbo_dllm.train.checkpoint import find_latest, read_meta, resolve_checkpoint
 from turbo_dllm.train.data import build_data
 from turbo_dllm.train.entry import train
 from turbo_dllm.train.schedules import lr_multiplier
@@ -88,6 +91,62 @@ def test_unfinished_checkpoint_is_invisible_and_cleaned(tmp_path):
     train(tiny_spec("training.steps=3", "checkpoint.interval=1"), tmp_path)
     assert not partial.exists()
     assert find_latest(ckpts).name == "step_00000003"
+
+
+class Killed(Exception):
+    """The process dying at one point of a save."""
+
+
+def _kill_at(monkeypatch, module, name: str, folder: str) -> None:
+    """`module.name` (os.replace, shutil.rmtree) dies when its first argument is `folder`."""
+    real = getattr(module, name)
+
+    def call(path, *args, **kwargs):
+        if Path(path).name == folder:
+            raise Killed(f"{name} {folder}")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(module, name, call)
+
+
+@pytest.mark.parametrize(
+    ("kill", "found"),
+    [  # where the save dies, and the complete step 4 it leaves
+        ((os, "replace", ".tmp-step_00000004"), ".old-step_00000004"),  # the new one moving in
+        ((shutil, "rmtree", ".old-step_00000004"), "step_00000004"),  # the old one's deletion
+    ],
+    ids=["moving_the_new_one_in", "deleting_the_old_one"],
+)
+def test_a_save_over_an_existing_step_killed_midway_keeps_a_complete_step(
+    tmp_path, monkeypatch, capsys, kill, found
+):
+    """Saving step_4 again (a resume from step 2) used to delete step_4 and then rename the new
+    one in: killed between the two, the run had no step 4 left. The old one is now moved aside
+    first and deleted last; wherever the save dies, a complete step 4 is found, resumed and
+    settled by the next save."""
+    args = ("checkpoint.interval=2", "checkpoint.keep_last=3")
+    undisturbed = tmp_path / "undisturbed"  # 4 steps, then resumed to 6 (the lr schedule too)
+    for steps in (4, 6):
+        train(tiny_spec(f"training.steps={steps}", *args), undisturbed)
+    run, ckpts = tmp_path / "run", tmp_path / "run/checkpoints"
+    train(tiny_spec("training.steps=4", *args), run)
+    old = json.loads((ckpts / "step_00000004/checkpoint.json").read_text())
+    _kill_at(monkeypatch, *kill)
+    with pytest.raises(Killed):
+        train(tiny_spec("training.steps=4", *args, f"checkpoint.resume={ckpts}/step_00000002"), run)
+    monkeypatch.undo()
+    latest = find_latest(ckpts)
+    assert latest.name == found and read_meta(latest).step == 4
+    assert resolve_checkpoint(ckpts / "step_00000004") == latest  # as `resume:` and export name it
+    if latest.name.startswith(".old-"):  # the only complete copy is the old one, unchanged
+        assert json.loads((latest / "checkpoint.json").read_text()) == old
+    capsys.readouterr()
+    train(tiny_spec("training.steps=6", *args), run)  # resume: auto
+    assert f"resumed from {latest} (step 4)" in capsys.readouterr().err
+    assert sorted(p.name for p in ckpts.iterdir()) == [f"step_0000000{n}" for n in (2, 4, 6)]
+    assert read_meta(ckpts / "step_00000004").step == 4
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4, 5, 6]
+    assert losses(run) == losses(undisturbed)  # bitwise: the step-4 state was the right one
 
 
 def test_max_duration_stops_after_a_checkpoint(tmp_path):

@@ -123,3 +123,42 @@ def test_a_missing_step_or_a_run_folder_names_the_checkpoints_there(run, tmp_pat
     for wrong in (run / "checkpoints/step_00000009", run):  # a typo'd step, the run folder
         result = cli("export", "--checkpoint", wrong, "--out", tmp_path / "hf")
         assert_user_error(result, f"not a checkpoint: {str(wrong)!r}", listed)
+
+
+def test_a_checkpoint_with_fields_this_version_does_not_know_resumes(run):
+    """A newer turbo-dllm that records more (a field, a setting) writes the same format: this
+    version ignores what it does not know instead of refusing the whole checkpoint."""
+    meta_path = run / "checkpoints/step_00000002/checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    meta["tokenizer_sha256"] = "0" * 64
+    meta["settings"]["objective.some_new_option"] = 3
+    meta_path.write_text(json.dumps(meta))
+    assert train(tiny_spec(*ARGS), run) == 0
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "said"),
+    [
+        ("format", "turbo_dllm.checkpoint.v2", "format is 'turbo_dllm.checkpoint.v2', and this"),
+        ("step", "two", "step: Input should be a valid integer"),
+    ],
+)
+def test_a_checkpoint_of_another_format_or_a_bad_field_is_refused_naming_it(
+    run, field, value, said
+):
+    """What changes the meaning (another format, a known field that does not parse) is refused
+    in one line that names it, not with pydantic's multi-line report."""
+    from turbo_dllm.errors import DllmError
+
+    meta_path = run / "checkpoints/step_00000002/checkpoint.json"
+    meta = json.loads(meta_path.read_text())
+    meta[field] = value
+    meta_path.write_text(json.dumps(meta))
+    with pytest.raises(DllmError) as caught:
+        train(tiny_spec(*ARGS), run)
+    assert said in caught.value.message and "\n" not in caught.value.message
+    if field == "format":
+        assert "'turbo_dllm.checkpoint.v1'" in caught.value.message
+        assert "another turbo-dllm version" in caught.value.hint
+    assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]  # nothing trained, nothing dropped

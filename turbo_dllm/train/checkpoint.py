@@ -6,7 +6,14 @@ at one data-parallel size loads at another), `checkpoint.json` (format
 `turbo_dllm.checkpoint.v1`: step, model config, scheduler, loader state, seed, world layout)
 and one `rank_<r>.pt` per rank (RNG states). It is written under `.tmp-step_<N>` and renamed
 into place once every rank finished, so a folder named `step_*` is always complete: a crash
-mid-save leaves only a temp folder, which the next save removes.
+mid-save leaves only a temp folder, which the next save removes. A save over an existing
+`step_<N>` renames that one to `.old-step_<N>` first and deletes it only once the new one is in
+(`_replace`), so a complete step N exists at every instant: where a crash left the aside copy
+as the only one, listing takes it for step N and the next save moves it back (`_settle_asides`).
+
+`checkpoint.json` fields this version does not know are ignored on read (a newer turbo-dllm
+adding optional information, as `settings` once was); a change an older reader must not ignore
+comes with a new `format`, which is refused by name (`read_meta`).
 """
 
 from __future__ import annotations
@@ -23,9 +30,9 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, describe_validation_error
 from turbo_dllm.fsutil import fsync_dir, write_atomic
 
 __all__ = [
@@ -43,6 +50,9 @@ __all__ = [
 
 CHECKPOINT_FORMAT = "turbo_dllm.checkpoint.v1"
 _STEP_DIR = re.compile(r"^step_(\d{8})$")
+# A complete `step_<N>` moved aside by a save replacing it (see `_replace`).
+_ASIDE = ".old-"
+_ASIDE_DIR = re.compile(r"^\.old-step_(\d{8})$")
 
 
 class CheckpointMeta(BaseModel):
@@ -91,9 +101,25 @@ def read_meta(path: str | Path) -> CheckpointMeta:
                 break
         raise DllmError(f"not a checkpoint: {str(path)!r} (no checkpoint.json)", hint=hint)
     try:
-        return CheckpointMeta.model_validate_json(meta_path.read_text())
-    except ValueError as error:
+        document = json.loads(meta_path.read_text())
+    except ValueError as error:  # not UTF-8, not JSON
         raise DllmError(f"{meta_path}: invalid checkpoint metadata: {error}") from None
+    found = document.get("format") if isinstance(document, dict) else None
+    if found != CHECKPOINT_FORMAT:
+        raise DllmError(
+            f"{meta_path}: the checkpoint's format is {found!r}, and this turbo-dllm reads "
+            f"{CHECKPOINT_FORMAT!r}",
+            hint="it was written by another turbo-dllm version (a newer one, if its format "
+            "number is higher): resume or export it with a version that reads its format",
+        )
+    # Fields a newer version added are optional information this one does without (a change
+    # that alters the meaning of the rest comes with a new format, refused above).
+    known = {k: v for k, v in document.items() if k in CheckpointMeta.model_fields}
+    try:
+        return CheckpointMeta.model_validate(known)
+    except ValidationError as error:
+        problems = describe_validation_error(error, limit=8)
+        raise DllmError(f"{meta_path}: invalid checkpoint metadata: {problems}") from None
 
 
 # config.json fields that name tokens rather than shape the model; checkpoints written before
@@ -120,14 +146,19 @@ def model_differences(saved: dict[str, Any], current: dict[str, Any], limit: int
 
 
 def _complete_steps(directory: Path) -> list[Path]:
-    """The complete checkpoints in `directory`, by step."""
+    """The complete checkpoints in `directory`, by step: each `step_<N>` with its
+    checkpoint.json, or, for a step whose save was interrupted between its two renames, the
+    `.old-step_<N>` it moved aside (read only: every rank lists, rank 0 alone renames)."""
     if not directory.is_dir():
         return []
-    return sorted(
-        child
-        for child in directory.iterdir()
-        if _STEP_DIR.match(child.name) and (child / "checkpoint.json").is_file()
-    )
+    found: dict[int, Path] = {}
+    for child in directory.iterdir():
+        match = _STEP_DIR.match(child.name) or _ASIDE_DIR.match(child.name)
+        if match and (child / "checkpoint.json").is_file():
+            step = int(match[1])
+            if step not in found or _STEP_DIR.match(child.name):  # step_<N> wins
+                found[step] = child
+    return [found[step] for step in sorted(found)]
 
 
 def find_latest(directory: str | Path) -> Path | None:
@@ -143,6 +174,9 @@ def resolve_checkpoint(path: str | Path) -> Path:
     path = Path(path)
     if (path / "checkpoint.json").is_file():
         return path
+    if _STEP_DIR.match(path.name):  # a step whose replacement was interrupted: its aside copy
+        aside = path.with_name(_ASIDE + path.name)
+        return aside if (aside / "checkpoint.json").is_file() else path
     return find_latest(path) or path
 
 
@@ -206,6 +240,35 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _settle_asides(directory: Path) -> None:
+    """Finish what an interrupted `_replace` left (rank 0, before a save): an aside copy whose
+    `step_<N>` is complete is stale and goes; one that is the only complete copy of its step
+    is moved back to `step_<N>`."""
+    for aside in directory.iterdir():
+        if not _ASIDE_DIR.match(aside.name):
+            continue
+        final = directory / aside.name.removeprefix(_ASIDE)
+        complete = (aside / "checkpoint.json").is_file()
+        if complete and not (final / "checkpoint.json").is_file():
+            if final.exists():  # an incomplete step_<N>, which a save would replace anyway
+                shutil.rmtree(final)
+            os.replace(aside, final)
+            fsync_dir(directory)
+        else:  # stale (its step_<N> is complete), or not a checkpoint
+            shutil.rmtree(aside, ignore_errors=True)
+
+
+def _replace(new: Path, final: Path) -> None:
+    """Rename the folder `new` to `final` so that a complete `final` exists at every instant:
+    an existing one is moved aside first and deleted only once the new one is in place."""
+    aside = final.with_name(_ASIDE + final.name)
+    if final.exists():
+        os.replace(final, aside)
+    os.replace(new, final)
+    fsync_dir(final.parent)
+    shutil.rmtree(aside, ignore_errors=True)  # a leftover is settled by the next save
+
+
 def _scheduler_state(scheduler) -> dict[str, Any]:
     state = dict(scheduler.state_dict())
     state.pop("lr_lambdas", None)  # functions, rebuilt from the RunSpec
@@ -248,6 +311,7 @@ class Checkpointer:
         tmp = self.directory / f".tmp-step_{step:08d}"
         if self.rank == 0:
             self.directory.mkdir(parents=True, exist_ok=True)
+            _settle_asides(self.directory)  # an earlier save's interrupted replacement
             if tmp.exists():
                 shutil.rmtree(tmp)
             tmp.mkdir()
@@ -268,10 +332,7 @@ class Checkpointer:
                 **meta,
             )
             write_atomic(tmp / "checkpoint.json", record.model_dump_json(indent=2) + "\n")
-            if final.exists():
-                shutil.rmtree(final)
-            os.replace(tmp, final)
-            fsync_dir(self.directory)
+            _replace(tmp, final)
             self._prune()
         _barrier()
         return final
