@@ -44,12 +44,10 @@ def export_drafter(
     from turbo_dllm.families.dflash import read_target_config
     from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
     from turbo_dllm.families.dflash.runtime import require_model_folder
-    from turbo_dllm.train.checkpoint import find_latest, read_meta
+    from turbo_dllm.train.checkpoint import read_meta, resolve_checkpoint
     from turbo_dllm.train.export import export_checkpoint
 
-    checkpoint, out = Path(checkpoint), Path(out)
-    if not (checkpoint / "checkpoint.json").is_file():
-        checkpoint = find_latest(checkpoint) or checkpoint
+    checkpoint, out = resolve_checkpoint(checkpoint), Path(out)  # a checkpoints/ folder: its newest
     meta = read_meta(checkpoint)
     if meta.family != "dflash":
         raise DllmError(
