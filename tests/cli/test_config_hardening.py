@@ -505,6 +505,61 @@ def test_diffusion_gemma_token_id_overrides_apply():
     assert "pad_token_id" not in exported and exported["text_config"]["pad_token_id"] == 5
 
 
+def diffusion_gemma_config(tmp_path, **text):
+    """The tiny preset as a config.json, its text_config's expert size keys set to `text`."""
+    hf = json.loads(json.dumps(registry.FAMILIES["diffusion_gemma"].presets["tiny"]))
+    hf["text_config"].pop("moe_intermediate_size")
+    hf["text_config"].update(text)
+    return str(write_json(tmp_path / "config.json", hf))
+
+
+@pytest.mark.parametrize("key", ["moe_intermediate_size", "expert_intermediate_size"])
+@pytest.mark.parametrize(
+    "text",
+    [
+        None,  # the tiny preset: moe_intermediate_size 32
+        {"moe_intermediate_size": 32},
+        {"expert_intermediate_size": 32},
+    ],
+)
+def test_diffusion_gemma_expert_size_overrides_apply_under_either_name(tmp_path, key, text):
+    """Was: the reader read `moe_intermediate_size or expert_intermediate_size`, so an override
+    of `expert_intermediate_size` (the older name, written to the root beside the preset's
+    `moe_intermediate_size`) was dropped: the experts kept 32 and validation said `valid`."""
+    family = registry.get_family("diffusion_gemma")
+    from_config = "tiny" if text is None else diffusion_gemma_config(tmp_path, **text)
+    config = family.resolve_config(path=None, from_config=from_config, overrides={key: 48})
+    assert config.moe_intermediate_size == 48
+    exported = config.to_hf_dict()
+    assert exported["text_config"]["moe_intermediate_size"] == 48
+    assert "expert_intermediate_size" not in exported and "moe_intermediate_size" not in exported
+    again = family.read_config(exported)  # the export reads back with the same size
+    assert again.moe_intermediate_size == 48
+
+
+def test_diffusion_gemma_expert_size_names_that_disagree_are_refused(cli, tmp_path):
+    """A config.json with both names, one overridden: which the trainer uses is not for it to
+    guess; validation names both values and the way out."""
+    model = diffusion_gemma_config(tmp_path, moe_intermediate_size=32, expert_intermediate_size=32)
+    config = runspec(tmp_path, **FAMILY_SPECS["diffusion_gemma"], from_config=model)
+    assert validate(cli, config).code == 0  # the same size under both names is fine
+    assert (
+        validate(
+            cli,
+            config,
+            "model.config_overrides.moe_intermediate_size=48",
+            "model.config_overrides.expert_intermediate_size=48",
+        ).code
+        == 0
+    )
+    result = validate(cli, config, "model.config_overrides.expert_intermediate_size=48")
+    assert_user_error(
+        result,
+        "model.config_overrides:",
+        "moe_intermediate_size 32 and expert_intermediate_size 48",
+    )
+
+
 # --- dflash: each problem at its key; a target folder missing here is left to doctor ------------
 
 

@@ -136,6 +136,21 @@ def test_world_size_mismatch(cli, tmp_path):
     )
 
 
+@pytest.mark.parametrize("size", ["0", "-3"])
+def test_validate_refuses_a_world_size_below_one(cli, tmp_path, size):
+    """Was: checked as a launch of 0 (or -3) processes, "... but the launch has 0 processes"
+    (and not at all where the spec had other problems)."""
+    config = write(tmp_path / "run.yaml", "topology: {fsdp: 2}\n")
+    result = cli("config", "validate", "--config", config, "--world-size", size)
+    assert_user_error(result, f"--world-size must be 1 or more, got {size}")
+    assert "the launch has" not in result.err
+    broken = write(tmp_path / "broken.yaml", "training: {stpes: 1}\n")
+    assert_user_error(
+        cli("config", "validate", "--config", broken, "--world-size", size),
+        "--world-size must be 1 or more",
+    )
+
+
 def test_schema_is_json_schema(cli):
     result = cli("config", "schema")
     schema = json.loads(result.out)
@@ -288,6 +303,82 @@ def test_doctor_bad_config_is_not_ready(cli, tmp_path):
     assert "dllm config validate" in failed[0]["fix"]
 
 
+def doctor_checks(cli, config):
+    result = cli("doctor", "--config", config, "--json")
+    return result.code, {c["name"]: c for c in json.loads(result.out)["checks"]}
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o755])
+def test_doctor_says_a_run_dir_under_a_file_goes_through_a_file(cli, tmp_path, mode):
+    """Was: "cannot create runs under F/run (F is not writable)", of a file one may write, with
+    the fix "set launch.run_dir to a writable folder"; under an executable file, a pass."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    blocker.chmod(mode)
+    config = write(tmp_path / "run.yaml", f"launch: {{run_dir: {blocker / 'run'}}}\n")
+    code, checks = doctor_checks(cli, config)
+    run = checks["run dir"]
+    assert code == 1 and run["status"] == "fail", run
+    assert run["detail"] == (
+        f"cannot create runs under {blocker / 'run'}: "
+        f"the path goes through {blocker}, which is a file, not a folder"
+    )
+    assert "writable" not in run["detail"] + run["fix"]
+    assert f"move the file {blocker}" in run["fix"] and "launch.run_dir" in run["fix"]
+    write(config, f"launch: {{run_dir: {blocker}}}\n")  # the run dir itself is the file
+    code, checks = doctor_checks(cli, config)
+    assert code == 1
+    assert (
+        checks["run dir"]["detail"]
+        == f"cannot create runs under {blocker}: it is a file, not a folder"
+    )
+
+
+def test_doctor_fails_a_checkpoint_dir_through_a_file(cli, tmp_path):
+    """Was: not checked: training ran its steps, then the first checkpoint failed."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = write(tmp_path / "run.yaml", "launch: {seed: 0}\n")
+    code, checks = doctor_checks(cli, config)
+    assert checks["checkpoint dir"]["status"] == "pass"
+    write(config, f"checkpoint: {{dir: {blocker / 'ckpts'}}}\n")
+    code, checks = doctor_checks(cli, config)
+    ckpt = checks["checkpoint dir"]
+    assert code == 1 and ckpt["status"] == "fail", ckpt
+    assert ckpt["detail"] == (
+        f"cannot write checkpoints to {blocker / 'ckpts'}: "
+        f"the path goes through {blocker}, which is a file, not a folder"
+    )
+    assert f"move the file {blocker}" in ckpt["fix"] and "checkpoint.dir" in ckpt["fix"]
+    assert checks["run dir"]["status"] == "pass"
+
+
+def test_train_refuses_a_checkpoint_dir_through_a_file_before_training(cli, tmp_path):
+    """Was: the steps ran (minutes on a real model), then saving failed: "Not a directory"."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    config = write(
+        tmp_path / "run.yaml",
+        f"""
+        model: {{family: qwen3, from_config: tiny, attention: reference}}
+        objective: {{name: block_diffusion, block_size: 16}}
+        data: {{synthetic: {{}}, seq_len: 64}}
+        training: {{steps: 2}}
+        scheduler: {{warmup_steps: 0}}
+        checkpoint: {{dir: {blocker / "ckpts"}}}
+        """,
+    )
+    result = cli("train", "--config", config, "--run-dir", tmp_path / "run")
+    assert_user_error(
+        result,
+        f"cannot write checkpoints to {blocker / 'ckpts'}: ",
+        f"goes through {blocker}, which is a file",
+        "hint: move the file",
+    )
+    assert "step 1" not in result.out + result.err
+    assert not (tmp_path / "run").exists()  # refused before the run dir was made
+
+
 def test_doctor_human_output(cli):
     result = cli("doctor")
     assert result.code in (0, 1)
@@ -302,6 +393,10 @@ def test_doctor_unwritable_cache_fails(cli, tmp_path, monkeypatch):
     report = json.loads(result.out)
     cache = next(c for c in report["checks"] if c["name"] == "cache dir")
     assert result.code == 1 and cache["status"] == "fail" and "DLLM_HOME" in cache["fix"]
+    # said as what it is (was: "... is not writable: [Errno 17] File exists: ...")
+    assert cache["detail"] == (
+        f"{blocker / 'home'}: the path goes through {blocker}, which is a file, not a folder"
+    )
 
 
 def test_each_cli_module_registers_the_command_named_like_it():

@@ -92,3 +92,13 @@ def test_taken_rendezvous_port_is_not_ready(cli, spec_file, workdir):
         )
     assert_user_error(result, "rendezvous", f"port {port} is taken", "--master-port")
     assert not (workdir / "runs").exists()
+
+
+def test_launch_refuses_a_checkpoint_dir_through_a_file(cli, spec_file, workdir):
+    """Was: the workers trained, then the first checkpoint failed ("Not a directory")."""
+    (workdir / "file").write_text("")
+    result = cli("launch", "--config", spec_file, "--set", f"checkpoint.dir={workdir}/file/c")
+    assert_user_error(
+        result, "not ready to launch", "checkpoint dir:", f"goes through {workdir / 'file'}"
+    )
+    assert not (workdir / "runs").exists()

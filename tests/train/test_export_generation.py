@@ -90,6 +90,99 @@ def test_a_random_init_model_takes_the_data_artifacts_tokenizer(tmp_path):
     )
 
 
+SENTENCES = ["the fox runs over a dog", "a dog sleeps and the fox runs", "the dog runs"]
+
+
+def save_sentencepiece_tokenizer(folder) -> None:
+    """A T5-style tokenizer whose vocabulary is only a sentencepiece `spiece.model` (no
+    tokenizer.json), trained here on a few sentences."""
+    import io
+
+    import sentencepiece as spm  # the test extra's
+
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(SENTENCES * 20),
+        model_writer=model,
+        vocab_size=30,
+        model_type="unigram",
+        pad_id=0,
+        eos_id=1,
+        unk_id=2,
+        bos_id=-1,
+        hard_vocab_limit=False,
+        minloglevel=2,
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "spiece.model").write_bytes(model.getvalue())
+    (folder / "tokenizer_config.json").write_text(
+        json.dumps({"tokenizer_class": "T5Tokenizer", "extra_ids": 0})
+    )
+
+
+def assert_same_tokenizer(exported, source) -> None:
+    """The export's tokenizer loads (from the export folder alone) and encodes like `source`."""
+    theirs = transformers.AutoTokenizer.from_pretrained(str(source), local_files_only=True)
+    ours = transformers.AutoTokenizer.from_pretrained(str(exported), local_files_only=True)
+    assert len(ours) == len(theirs) > 10
+    for text in [*SENTENCES, "a fox sleeps"]:
+        assert ours(text).input_ids == theirs(text).input_ids
+
+
+def test_a_sentencepiece_tokenizer_of_the_model_folder_is_exported(tmp_path):
+    """Was: export copied a fixed list of file names without spiece.model: the folder held
+    tokenizer_config.json alone, which AutoTokenizer loads as its 4 special tokens."""
+    save_source_model(tmp_path / "source")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "source" / name).unlink()
+    save_sentencepiece_tokenizer(tmp_path / "source")
+    base = copy.deepcopy(TINY)
+    base["model"] = {"path": str(tmp_path / "source"), "from_config": None}
+    train(tiny_spec("training.steps=2", base=base), tmp_path / "run")
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    assert (out / "spiece.model").read_bytes() == (tmp_path / "source/spiece.model").read_bytes()
+    assert_same_tokenizer(out, tmp_path / "source")
+
+
+def test_a_sentencepiece_tokenizer_goes_through_the_data_artifact_to_the_export(tmp_path):
+    """A random-init model exports the tokenizer the artifact kept: the artifact must keep the
+    sentencepiece file too (it kept tokenizer_config.json alone)."""
+    save_sentencepiece_tokenizer(tmp_path / "tokenizer")
+    write_jsonl(tmp_path / "data.jsonl", [{"text": " ".join(SENTENCES)}] * 20)
+    tokenizer = {"kind": "huggingface", "path": str(tmp_path / "tokenizer"), "mask_token_id": 100}
+    prepare_config(write_prepare_config(tmp_path, tokenizer=tokenizer))
+    artifact = tmp_path / "out"
+    assert (artifact / "tokenizer/spiece.model").is_file()
+    spec = tiny_spec(
+        "training.steps=2",
+        "data.synthetic=null",
+        f"data.artifact={artifact}",
+        "objective.mask_token_id=100",
+    )
+    train(spec, tmp_path / "run")
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    assert_same_tokenizer(out, tmp_path / "tokenizer")
+
+
+def test_the_tokenizer_files_are_those_its_class_reads(tmp_path):
+    """No fixed list of names: the files the tokenizer's class names (PhobertTokenizer's
+    bpe.codes), sentencepiece and tiktoken files; not the model's own files."""
+    from turbo_dllm.data.tokenizers import tokenizer_files
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    names = ["vocab.txt", "bpe.codes", "qwen.tiktoken", "sentencepiece.bpe.model"]
+    for name in [*names, "config.json", "model.safetensors", "notes.txt"]:
+        (folder / name).write_text("x\n")
+    (folder / "tokenizer_config.json").write_text('{"tokenizer_class": "PhobertTokenizer"}')
+    found = {p.name for p in tokenizer_files(folder)}
+    assert found == {"tokenizer_config.json", *names}
+    save_source_model(tmp_path / "no tokenizer")
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tmp_path / "no tokenizer" / name).unlink()
+    assert tokenizer_files(tmp_path / "no tokenizer") == []
+
+
 def test_a_vanished_source_folder_is_said_not_silent(tmp_path, capsys):
     save_source_model(tmp_path / "source")
     base = copy.deepcopy(TINY)

@@ -7,7 +7,7 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["add_overrides", "emit_json", "group", "stderr_console"]
+__all__ = ["add_overrides", "check_world_size", "emit_json", "group", "stderr_console"]
 
 
 def emit_json(obj: Any) -> None:
@@ -40,3 +40,16 @@ def add_overrides(parser, example: str = "training.steps=10") -> None:
         metavar="KEY=VALUE",
         help=f"override a field, e.g. --set {example} (repeatable)",
     )
+
+
+def check_world_size(world_size: int | None) -> None:
+    """`--world-size N` (`dllm config validate`, `dllm doctor`): a process count, so 1 or more.
+    Checked before the config is read: 0 or -3 was checked as a launch of that many processes
+    ("... but the launch has 0 processes"), or not at all where the spec had other problems."""
+    if world_size is not None and world_size < 1:
+        from turbo_dllm.errors import DllmError
+
+        raise DllmError(
+            f"--world-size must be 1 or more, got {world_size}",
+            hint="pass the number of processes the launch will start (or leave it out)",
+        )

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from turbo_dllm.cli._output import add_overrides, emit_json, group
+from turbo_dllm.cli._output import add_overrides, check_world_size, emit_json, group
 
 
 def register(subparsers) -> None:
@@ -29,6 +29,7 @@ def _validate(args) -> int:
 
     from turbo_dllm.config.load import load_runspec
 
+    check_world_size(args.world_size)
     spec = load_runspec(args.config, args.overrides, world_size=args.world_size)
     resolved = spec.model_dump(mode="json")
     if args.json:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from turbo_dllm.cli._output import emit_json
+from turbo_dllm.cli._output import check_world_size, emit_json
 
 _STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
 
@@ -41,10 +41,7 @@ def build_context(config: str | None, world_size: int | None = None):
 def _doctor(args) -> int:
     from turbo_dllm.doctor import run_checks
 
-    if args.world_size is not None and args.world_size < 1:  # was checked as if it made sense
-        from turbo_dllm.errors import DllmError
-
-        raise DllmError(f"--world-size must be 1 or more, got {args.world_size}")
+    check_world_size(args.world_size)  # was checked as if it made sense
     report = run_checks(build_context(args.config, args.world_size))
     if args.json:
         emit_json(report.to_json())

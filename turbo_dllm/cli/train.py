@@ -33,6 +33,7 @@ def _train(args) -> int:
 
     check_inputs(spec, args.config)  # before the run dir exists
     run_dir = resolve_run_dir(spec, args.run_dir)
+    _check_checkpoint_dir(spec, run_dir)  # before the run dir exists, and any step
     _make_run_dir(run_dir)
     if not _check_recorded_spec(spec, run_dir):
         return train(spec, run_dir)
@@ -51,6 +52,17 @@ def _make_run_dir(run_dir) -> None:
             f"cannot create run dir {run_dir}: {why}",
             hint="pass --run-dir a folder you can write (or leave it unset for a fresh one)",
         ) from None
+
+
+def _check_checkpoint_dir(spec, run_dir) -> None:
+    """Checkpoints are first written after the first steps: a checkpoint.dir through a file (or
+    one that cannot be written) failed there, after the work ("Not a directory")."""
+    from turbo_dllm.doctor.folders import checkpoint_dir_problem
+    from turbo_dllm.errors import DllmError
+
+    problem = checkpoint_dir_problem(spec, run_dir)
+    if problem is not None:
+        raise DllmError(problem[0], hint=problem[1])
 
 
 def _attempt(spec, run_dir, train) -> int:

@@ -30,6 +30,7 @@ __all__ = [
     "VOCABULARY_FILES",
     "has_generation_markers",
     "load_tokenizer",
+    "tokenizer_files",
 ]
 
 # The built-in chat format of the byte-level tokenizer. This text is its definition (hashed into
@@ -41,7 +42,9 @@ BYTE_CHAT_TEMPLATE = (
 )
 
 _GENERATION_MARKER = re.compile(r"\{%-?\s*generation\s*-?%\}")
-# The files `save_pretrained` writes for a tokenizer: what preparation fingerprints and export copies.
+# The files any transformers tokenizer may read, whatever its class (its configuration, the
+# fast tokenizer, chat templates) and the common vocabulary files. `tokenizer_files` adds the
+# files the tokenizer's own class names, and sentencepiece and tiktoken files.
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -54,6 +57,79 @@ TOKENIZER_FILES = (
     "merges.txt",
     "tokenizer.model",
 )
+# Vocabulary files by kind rather than name: sentencepiece models (tokenizer.model,
+# spiece.model, sentencepiece.bpe.model, ...) and tiktoken ranks (qwen.tiktoken, ...).
+_VOCABULARY_PATTERNS = ("*.model", "*.tiktoken")
+
+
+def tokenizer_files(folder: str | Path, tokenizer_class: type | None = None) -> list[Path]:
+    """The files of the tokenizer saved in `folder` that transformers loads it from: what
+    preparation copies into a data artifact (and fingerprints) and export copies beside a
+    model. Without one of them the copy may still load, as another tokenizer (a T5 tokenizer
+    without its spiece.model loads with its special tokens alone).
+
+    They are TOKENIZER_FILES, the vocabulary files the tokenizer's class names (its
+    `vocab_files_names`; the class is `tokenizer_class`, else the one tokenizer_config.json
+    (or config.json's model type) names, asked of transformers where it is installed, so a
+    new kind of tokenizer needs no change here) and sentencepiece and tiktoken files. Only the
+    top level of `folder`; none at all where it is not a folder.
+    """
+    folder = Path(folder)
+    if not folder.is_dir():
+        return []
+    names = dict.fromkeys(TOKENIZER_FILES)
+    for pattern in _VOCABULARY_PATTERNS:
+        names.update(dict.fromkeys(sorted(p.name for p in folder.glob(pattern))))
+    if not any((folder / name).is_file() for name in names):
+        return []  # no tokenizer here (a model folder without one): transformers is not asked
+    names.update(dict.fromkeys(_class_vocabulary_files(folder, tokenizer_class)))
+    return [folder / name for name in names if (folder / name).is_file()]
+
+
+def _class_vocabulary_files(folder: Path, tokenizer_class: type | None) -> list[str]:
+    """The file names `tokenizer_class` (else the class the folder's configuration names) reads
+    its vocabulary from, and the fast tokenizer files tokenizer_config.json names; [] where
+    transformers is not installed or does not know the class."""
+    config = _json_object(folder / "tokenizer_config.json")
+    fast = config.get("fast_tokenizer_files")
+    names = [name for name in fast if isinstance(name, str)] if isinstance(fast, list) else []
+    if tokenizer_class is None:
+        tokenizer_class = _named_tokenizer_class(folder, config)
+    vocab_files = getattr(tokenizer_class, "vocab_files_names", None)
+    if isinstance(vocab_files, dict):
+        names += [name for name in vocab_files.values() if isinstance(name, str)]
+    # Only plain names: a name reaching outside the folder is not the tokenizer's to copy.
+    return [name for name in names if Path(name).name == name and name not in ("", ".", "..")]
+
+
+def _named_tokenizer_class(folder: Path, config: dict[str, Any]) -> type | None:
+    name = config.get("tokenizer_class")
+    try:
+        from transformers.models.auto import tokenization_auto
+    except Exception:  # no (working) transformers: the fixed names and the patterns
+        return None
+    if not isinstance(name, str):  # AutoTokenizer's next guess: the model type's tokenizer
+        model_type = _json_object(folder / "config.json").get("model_type")
+        mapping = tokenization_auto.TOKENIZER_MAPPING_NAMES
+        name = mapping.get(model_type) if isinstance(model_type, str) else None
+        if isinstance(name, (tuple, list)):  # transformers 4: (slow, fast)
+            name = next((n for n in name if n), None)
+    if not isinstance(name, str):
+        return None
+    try:
+        return tokenization_auto.tokenizer_class_from_name(name) or (
+            tokenization_auto.tokenizer_class_from_name(name.removesuffix("Fast"))
+        )
+    except Exception:  # a class transformers cannot import here: it could not load it either
+        return None
+
+
+def _json_object(path: Path) -> dict[str, Any]:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 # The files that hold a vocabulary (one of them must exist): the fast tokenizer's, a
@@ -330,8 +406,9 @@ class HuggingFaceTokenizer:
         }
 
     def files(self) -> list[Path]:
-        """The tokenizer's own files, copied verbatim into the artifact for `inspect`."""
-        return [self._path / name for name in TOKENIZER_FILES if (self._path / name).is_file()]
+        """The tokenizer's own files, copied verbatim into the artifact for `inspect` (and
+        for export, which copies them beside a model trained on the artifact)."""
+        return tokenizer_files(self._path, type(self._tok))
 
 
 def load_tokenizer(spec) -> ByteLevelTokenizer | HuggingFaceTokenizer:

@@ -138,19 +138,19 @@ def _source_tensors(meta, prefixes: tuple[str, ...]) -> dict[str, Any]:
 
 def _copy_generation_files(meta, folder: Path) -> None:
     """generation_config.json, the tokenizer and the special token ids, from the sources."""
-    from turbo_dllm.data.tokenizers import TOKENIZER_FILES
+    from turbo_dllm.data.tokenizers import tokenizer_files
 
     model_path = Path(meta.model_path) if meta.model_path else None
     artifact = Path(meta.data_artifact) if meta.data_artifact else None
     model_path = model_path if model_path and model_path.is_dir() else None
     artifact = artifact if artifact and artifact.is_dir() else None
-    tokenizer_from = model_path
-    if model_path is None or not any((model_path / f).is_file() for f in TOKENIZER_FILES):
-        tokenizer_from = artifact / "tokenizer" if artifact else None
-    if tokenizer_from is not None:
-        for name in TOKENIZER_FILES:
-            if (tokenizer_from / name).is_file():
-                shutil.copy2(tokenizer_from / name, folder / name)
+    # Every file the tokenizer loads from (its class's vocabulary files, sentencepiece and
+    # tiktoken ones included), verbatim: the model folder's, else the artifact's copy.
+    tokenizer = tokenizer_files(model_path) if model_path is not None else []
+    if not tokenizer and artifact is not None:
+        tokenizer = tokenizer_files(artifact / "tokenizer")
+    for file in tokenizer:
+        shutil.copy2(file, folder / file.name)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     if artifact is not None and (artifact / "manifest.json").is_file():

@@ -9,6 +9,7 @@ import tempfile
 from pathlib import Path
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
+from turbo_dllm.doctor.folders import checkpoint_dir_problem, folder_problem
 from turbo_dllm.paths import dllm_home
 
 MIN_PYTHON = (3, 10)
@@ -70,6 +71,11 @@ def _writable(path: Path) -> str | None:
 @register_check(order=40)
 def cache_dir(ctx: DoctorContext) -> CheckResult:
     home = dllm_home()
+    problem = folder_problem(home)
+    if problem is not None and problem.blocker is not None:  # mkdir would say "File exists"
+        return CheckResult(
+            "cache dir", "fail", f"{home}: {problem.detail}", fix=problem.fix("set DLLM_HOME")
+        )
     error = _writable(home)
     if error:
         return CheckResult(
@@ -83,24 +89,40 @@ def cache_dir(ctx: DoctorContext) -> CheckResult:
 
 @register_check(order=41)
 def run_dir(ctx: DoctorContext) -> CheckResult:
-    target = ctx.run_dir
+    target = ctx.run_dir  # a launch's (dllm launch --run-dir / --run-root)
+    choose = "pass --run-dir (or --run-root, or set launch.run_dir)"
     if target is None and ctx.spec is not None and ctx.spec.launch.run_dir:
-        target = Path(ctx.spec.launch.run_dir)
+        target, choose = Path(ctx.spec.launch.run_dir), "set launch.run_dir"
     if target is None:
-        target = Path("runs")
-    target = target.resolve()
-    # Probe the nearest existing ancestor: doctor must not create the run dir itself.
-    probe = target
-    while not probe.exists() and probe != probe.parent:
-        probe = probe.parent
-    if not os.access(probe, os.W_OK | os.X_OK):
+        target, choose = Path("runs"), "run from another folder, or set launch.run_dir"
+    target = target.absolute()
+    # Read-only (doctor must not create the run dir itself): a file on the path is said as
+    # such, not as "not writable" (it was, of a file one may write; and an executable file
+    # passed as a writable folder).
+    problem = folder_problem(target)
+    if problem is not None:
         return CheckResult(
             "run dir",
             "fail",
-            f"cannot create runs under {target} ({probe} is not writable)",
-            fix="set launch.run_dir to a writable folder",
+            f"cannot create runs under {target}: {problem.detail}",
+            fix=problem.fix(choose),
         )
     return CheckResult("run dir", "pass", f"runs go under {target}")
+
+
+@register_check(order=42)
+def checkpoint_dir(ctx: DoctorContext) -> CheckResult:
+    """checkpoint.dir is first written after the first steps: a file in its way is said now."""
+    name = "checkpoint dir"
+    if ctx.spec is None:
+        return CheckResult(name, "pass", "no RunSpec given (pass --config to check its folder)")
+    run = ctx.run_dir or (Path(ctx.spec.launch.run_dir) if ctx.spec.launch.run_dir else None)
+    problem = checkpoint_dir_problem(ctx.spec, run)
+    if problem is not None:
+        return CheckResult(name, "fail", problem[0], fix=problem[1])
+    if ctx.spec.checkpoint.dir is None:
+        return CheckResult(name, "pass", "<run dir>/checkpoints (checkpoint.dir unset)")
+    return CheckResult(name, "pass", f"checkpoints go to {ctx.spec.checkpoint.dir}")
 
 
 @register_check(order=50)

@@ -63,6 +63,8 @@ _ROOT_TEXT_KEYS = (
     "attention_k_eq_v",
     "enable_moe_block",
 )
+# The experts' hidden size under transformers' name and an older one (`_expert_size`).
+_EXPERT_SIZE_KEYS = ("moe_intermediate_size", "expert_intermediate_size")
 # config.json keys beyond a preset's that `model.config_overrides` may set: transformers'
 # DiffusionGemmaConfig (the root) and DiffusionGemmaTextConfig fields, and the keys
 # `from_hf_dict` reads (global attention shapes, the softcap, the mask token...).
@@ -302,6 +304,7 @@ class DiffusionGemmaConfig:
         if not isinstance(text, dict):
             raise DllmError(f"config.json's text_config is not an object: {text!r}")
         text = dict(text)
+        own_text = dict(text)  # before the root's keys fill its gaps (`_expert_size`)
         for key in _ROOT_TEXT_KEYS:  # the root may carry them too
             if key in hf and key not in text:
                 text[key] = hf[key]
@@ -373,9 +376,7 @@ class DiffusionGemmaConfig:
                 sliding_window=int(text.get("sliding_window") or 512),
                 num_experts=int(text["num_experts"]),
                 top_k_experts=int(text["top_k_experts"]),
-                moe_intermediate_size=int(
-                    text.get("moe_intermediate_size") or text["expert_intermediate_size"]
-                ),
+                moe_intermediate_size=int(_expert_size(hf, own_text)),
                 rope_parameters=rope,
                 rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
                 max_position_embeddings=int(text.get("max_position_embeddings", 131_072)),
@@ -522,6 +523,31 @@ def _layer_kind(layer_types: list[str], index: int) -> str:
 def _listed(ids: Any) -> Any:
     """Several token ids as the config.json spells them (a list), else the one id."""
     return list(ids) if isinstance(ids, tuple) else ids
+
+
+def _expert_size(hf: dict[str, Any], text: dict[str, Any]) -> Any:
+    """The experts' hidden size: `moe_intermediate_size` (transformers' name) or
+    `expert_intermediate_size` (an older name of the same size).
+
+    A `model.config_overrides` entry of a key the `text_config` lacks is written to the root
+    (`Family.resolve_config`), so the root's wins over the `text_config`'s: an override of
+    `expert_intermediate_size` on a config holding `moe_intermediate_size` takes effect (it
+    was dropped: the reader read the new name first). Within one of them, two names that
+    disagree are refused: which one a user meant is not for the reader to guess.
+    """
+    for where, config in (("config.json", hf), ("text_config", text)):
+        sizes = {key: config[key] for key in _EXPERT_SIZE_KEYS if config.get(key) is not None}
+        if len(sizes) == 2 and sizes["moe_intermediate_size"] != sizes["expert_intermediate_size"]:
+            raise DllmError(
+                f"{where} sets moe_intermediate_size {sizes['moe_intermediate_size']!r} and "
+                f"expert_intermediate_size {sizes['expert_intermediate_size']!r}, two names of "
+                "the experts' hidden size that disagree",
+                hint="give both the same value (model.config_overrides can set both), or keep "
+                "only moe_intermediate_size, the name transformers reads",
+            )
+        if sizes:
+            return next(iter(sizes.values()))
+    raise KeyError("moe_intermediate_size")  # hf_config_errors: "config.json lacks the field"
 
 
 def _global_attention(text: dict[str, Any], layer_types: list[str], kv: int) -> tuple[int, int]:
