@@ -295,3 +295,26 @@ def test_a_non_finite_loss_stops_the_run_naming_its_step(tmp_path, monkeypatch):
     assert caught.value.message == "the loss became nan at step 3"
     assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2]
     assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == ["step_00000002"]
+
+
+def test_each_step_time_is_that_steps_own(tmp_path, monkeypatch):
+    """Read a step late, the time logged for a step is still its own: a step made slow shows
+    in its own record, not in its neighbour's."""
+    import time
+
+    from turbo_dllm.train.distributed import init_distributed
+    from turbo_dllm.train.trainer import Trainer
+
+    trainer = Trainer(tiny_spec("training.steps=4"), tmp_path / "run", init_distributed()).build()
+    real_queue = trainer.queue_step
+
+    def queue(step):
+        if step == 2:
+            time.sleep(1.0)
+        return real_queue(step)
+
+    monkeypatch.setattr(trainer, "queue_step", queue)
+    assert trainer.run() == 0
+    times = {r["step"]: r["step_time_s"] for r in metrics(tmp_path / "run")}
+    assert times[3] >= 1.0
+    assert max(times[2], times[4]) < 1.0, times

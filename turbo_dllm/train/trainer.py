@@ -109,12 +109,24 @@ class QueuedStep:
     ready: torch.cuda.Event | None
     lr: float
     mem_gb: float
+    started: float  # host clock (perf_counter) when queuing began, and when it ended
+    queued: float
 
     def result(self) -> dict[str, float]:
         if self.ready is not None:
             self.ready.synchronize()
         loss, flops, grad_norm = self.values.tolist()
         return {"loss": loss, "flops": flops, "grad_norm": grad_norm, "lr": self.lr}
+
+    def seconds(self, previous: QueuedStep | None) -> float:
+        """How long the step took, once its result is read: on the device, from the previous
+        step's end to its own (its events), idle time included; computed while queued (CPU),
+        the host's time from the previous step's end; the first step, from its start."""
+        if self.ready is not None:
+            if previous is not None and previous.ready is not None:
+                return previous.ready.elapsed_time(self.ready) / 1000
+            return time.perf_counter() - self.started
+        return self.queued - (previous.queued if previous is not None else self.started)
 
 
 class Trainer:
@@ -494,6 +506,7 @@ class Trainer:
     def queue_step(self, step: int) -> QueuedStep:
         """One optimizer step, queued: nothing here waits for the device (on one process), so
         the loop can queue the next step before it reads this one's numbers."""
+        started = time.perf_counter()
         dims = self.dims
         accum = self.spec.training.grad_accumulation
 
@@ -549,12 +562,12 @@ class Trainer:
         values = torch.cat([totals, grad_norm.reshape(1).to(totals)])
         mem_gb = peak_memory_gb(self.device)  # the allocator's count: no sync
         if values.device.type != "cuda":
-            return QueuedStep(step, values, None, lr, mem_gb)
+            return QueuedStep(step, values, None, lr, mem_gb, started, time.perf_counter())
         host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
         host.copy_(values, non_blocking=True)
-        ready = torch.cuda.Event()
+        ready = torch.cuda.Event(enable_timing=True)
         ready.record()
-        return QueuedStep(step, host, ready, lr, mem_gb)
+        return QueuedStep(step, host, ready, lr, mem_gb, started, time.perf_counter())
 
     def _global_counts(self, counts: list) -> float | torch.Tensor:
         """The loss denominator(s): the step's supervised counts summed over micro-batches and
@@ -599,12 +612,14 @@ class Trainer:
         family = self.spec.model.family
         return f"{family} {architecture}" if architecture else family
 
-    def _report(self, queued: QueuedStep, since: float, began: float, tokens: int) -> float:
-        """Wait for a queued step's numbers, stop on a non-finite loss, log them; returns the
-        time they were read (the next step's time runs from there)."""
+    def _report(
+        self, queued: QueuedStep, previous: QueuedStep | None, began: float, tokens: int
+    ) -> None:
+        """Wait for a queued step's numbers, stop on a non-finite loss, log them (`previous`:
+        the step read before it, where its time runs from)."""
         stats = queued.result()
         now = time.perf_counter()
-        step_time = max(now - since, 1e-9)
+        step_time = max(queued.seconds(previous), 1e-9)
         done = queued.step + 1
         if not math.isfinite(stats["loss"]):
             raise DllmError(
@@ -626,7 +641,6 @@ class Trainer:
                 "time_s": self.train_time_offset + now - began,
             }
         )
-        return now
 
     def run(self) -> int:
         start = self.resume()
@@ -656,7 +670,7 @@ class Trainer:
         # Step N's numbers are read once step N + 1 is queued, so the device never waits for
         # the host between steps; a step that saves is read before its checkpoint.
         waiting: QueuedStep | None = None
-        since = time.perf_counter()  # the step time runs from the last step read (or start)
+        last_read: QueuedStep | None = None  # a step's time runs from the end of the last one
         for step in range(start, self.total_steps):
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
@@ -665,7 +679,7 @@ class Trainer:
                 queued = self.queue_step(step)
             except torch.OutOfMemoryError:
                 if waiting is not None:  # the last step finished: its numbers are not lost
-                    self._report(waiting, since, began, tokens_per_step)
+                    self._report(waiting, last_read, began, tokens_per_step)
                 raise out_of_memory(step, self.device, self.memory.dump()) from None
             if breaks_before is not None and step == start:  # the step that compiled the layers
                 warning = graph_break_warning(
@@ -678,14 +692,15 @@ class Trainer:
             self.profiler.after_step(step)
             self.memory.after_step(step)
             if waiting is not None:
-                since = self._report(waiting, since, began, tokens_per_step)
+                self._report(waiting, last_read, began, tokens_per_step)
+                last_read = waiting
             done = step + 1
             elapsed = self.train_time_offset + time.perf_counter() - began
             # Every rank must agree: the stop leads to a collective save (see `any_rank`).
             out_of_time = max_duration is not None and any_rank(elapsed >= max_duration, env)
             if (interval and done % interval == 0) or done == self.total_steps or out_of_time:
-                since = self._report(queued, since, began, tokens_per_step)
-                waiting = None
+                self._report(queued, last_read, began, tokens_per_step)
+                waiting, last_read = None, queued
                 self.save(done, self.train_time_offset + time.perf_counter() - began)
                 last_saved = done
             else:
