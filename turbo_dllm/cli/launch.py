@@ -214,9 +214,11 @@ def _launch(args) -> int:
         job = launcher.prepare_replay(args.manifest, options, argv, allow_drift=args.allow_drift)
     else:
         job = launcher.prepare_launch(args.config, args.overrides, options, argv)
+    # A run dir that holds a run is refused here, dry run included, before any check or write.
+    joins = launcher.check_run_dir(job)
 
     if args.dry_run:
-        return _print_dry_run(job, args.json, _start_command(argv, job))
+        return _print_dry_run(job, args.json, _start_command(argv, job), joins)
     if args.submit:
         from turbo_dllm.jobs.backends.slurm import find_sbatch
 
@@ -257,7 +259,7 @@ def _start_command(argv: list[str], job) -> str:
     return f"cd {shlex.quote(job.plan.cwd)} && {shlex.join(launch)}"
 
 
-def _print_dry_run(job, as_json: bool, start_command: str) -> int:
+def _print_dry_run(job, as_json: bool, start_command: str, joins: bool) -> int:
     from turbo_dllm.jobs.describe import describe_plan
 
     manifest = job.manifest.model_dump(mode="json")
@@ -269,22 +271,29 @@ def _print_dry_run(job, as_json: bool, start_command: str) -> int:
                 "manifest": manifest,
                 "drift": [d.model_dump(mode="json") for d in job.drift],
                 "start_command": start_command,
+                "joins": joins,
             }
         )
         return 0
     print("# plan (dry run: nothing written, nothing started)")
     for line in describe_plan(job.plan):
         print(line)
-    print(
-        "\n# to run it (paste into bash): writes the run dir's spec.yaml and manifest.json, "
-        "then runs the command(s) above"
+    writes = (
+        "joins the job another node recorded in the run dir (same spec)"
+        if joins
+        else "writes the run dir's spec.yaml and manifest.json"
     )
+    print(f"\n# to run it (paste into bash): {writes}, then runs the command(s) above")
     print(start_command)
     if job.drift:
         print("\n# drift since the recorded run (recorded -> now)")
         for item in job.drift:
             print(f"  {item}")
-    print(f"\n# manifest (would be written to {job.run_dir}/manifest.json)")
+    path = job.run_dir / "manifest.json"
+    where = (
+        f"this node's; {path} holds the recorded one" if joins else f"would be written to {path}"
+    )
+    print(f"\n# manifest ({where})")
     print(json.dumps(manifest, indent=2, sort_keys=True))
     return 0
 

@@ -1,8 +1,9 @@
 """`dllm launch` as a library: prepare (compile + manifest), check, materialize, start.
 
-The steps are separate so `--dry-run` can stop after `prepare_*` with nothing written, and so a
-replay shares every step with a fresh launch except how the spec and layout are obtained
-(from the recorded manifest) and the drift comparison against it.
+The steps are separate so `--dry-run` can stop after `prepare_*` (and `check_run_dir`, which
+refuses a run dir that already holds a run) with nothing written, and so a replay shares every
+step with a fresh launch except how the spec and layout are obtained (from the recorded
+manifest) and the drift comparison against it.
 """
 
 from __future__ import annotations
@@ -35,12 +36,14 @@ from turbo_dllm.jobs.manifest import (
 )
 from turbo_dllm.jobs.options import LaunchOptions, NodeRange, SlurmOptions
 from turbo_dllm.jobs.plan import JobPlan
-from turbo_dllm.jobs.result import now, write_result
+from turbo_dllm.jobs.result import RESULT_NAME, now, write_result
 from turbo_dllm.paths import new_run_dir
+from turbo_dllm.train.metrics import METRICS_NAME
 
 __all__ = [
     "PreparedJob",
     "build_manifest",
+    "check_run_dir",
     "materialize",
     "prepare_launch",
     "prepare_replay",
@@ -331,23 +334,113 @@ def readiness(job: PreparedJob):
     return run_checks(context)
 
 
+def check_run_dir(job: PreparedJob) -> bool:
+    """Refuse a run dir that already holds a run, before anything is written (a dry run too):
+    a launch never writes into another run's dir, where it would resume its checkpoints and
+    append to its metrics under a manifest that does not describe them. The error names the
+    run and the ways on. True: this node of a multi-node launch joins the same job, which
+    another node recorded there."""
+    run_dir = job.run_dir
+    if (run_dir / MANIFEST_NAME).exists():
+        if job.multi_node:
+            _join(job)
+            return True
+        message = _occupied_by_a_recorded_run(run_dir, replay=job.manifest.replay_of is not None)
+        raise DllmError(message, hint=f"`dllm run show {run_dir}` shows that run")
+    found = _run_files(run_dir)
+    if job.multi_node:  # another node may be writing spec.yaml before its manifest
+        found = [name for name in found if name != SPEC_NAME]
+    if found:
+        raise DllmError(
+            f"{run_dir} already holds a run's files ({', '.join(found)}) but no "
+            f"{MANIFEST_NAME}: a `dllm train --run-dir` run, or a launch stopped before it "
+            "recorded one. A launch there would train on from its checkpoints under a manifest "
+            "that does not describe them. Instead:\n"
+            f"  - {_NEW_RUN[False]}\n"
+            "  - continue that run with the config it was trained with: "
+            f"dllm train --config F --run-dir {run_dir}",
+            hint=f"`dllm run plot {run_dir}` plots what it trained"
+            if METRICS_NAME in found
+            else None,
+        )
+    return False
+
+
+_NEW_RUN = {  # by whether the launch is a replay, whose spec's launch.run_dir does not count
+    False: "a new run: pass --run-dir a new folder, or leave --run-dir and launch.run_dir unset "
+    "for a fresh runs/<stamp>-<id>",
+    True: "replay into a new run dir: pass --run-dir a new folder, or leave it unset for a "
+    "fresh one next to the recorded run",
+}
+
+
+# How `dllm run list` says a run is finished, or still in SLURM's hands: nothing to continue.
+_NOTHING_TO_CONTINUE = (
+    "ok",
+    "pending",
+    "running",
+    "configuring",
+    "completing",
+    "suspended",
+    "requeued",
+)
+
+
+def _run_files(run_dir: Path) -> list[str]:
+    """The files a run leaves in its run dir (its records, then its outputs) that `run_dir`
+    holds: a folder the user made, empty or with other files in it, holds no run."""
+    from turbo_dllm.jobs.backends.slurm import SCRIPT_NAME, SUBMISSION_NAME
+
+    names = (SPEC_NAME, SCRIPT_NAME, METRICS_NAME, "checkpoints", RESULT_NAME, SUBMISSION_NAME)
+    found = []
+    for name in (*names, "console.log"):
+        path = run_dir / name
+        with contextlib.suppress(OSError):
+            if path.is_file() or (path.is_dir() and any(path.iterdir())):
+                found.append(name)
+    return found
+
+
+def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool) -> str:
+    """What holds `run_dir` (its id, status and progress) and the ways on."""
+    from turbo_dllm.jobs.runs import summarize
+
+    manifest = run_dir / MANIFEST_NAME
+    ways = [_NEW_RUN[replay]]
+    try:
+        run = summarize(run_dir)
+    except DllmError as error:  # damaged or edited: still a run, and still not ours to touch
+        return (
+            f"{run_dir} already holds a run ({MANIFEST_NAME}: {error.message}); a launch does "
+            f"not write into another run's dir. Instead:\n  - {ways[0]}"
+        )
+    done = "no steps yet" if run.steps_done is None else f"step {run.steps_done}/{run.steps_total}"
+    if not replay:
+        ways.append(f"the same job again, into a new run dir: dllm launch --manifest {manifest}")
+    if run.status not in _NOTHING_TO_CONTINUE:
+        under = " (under torchrun, as its plan does)" if run.processes != "1x1" else ""
+        ways.append(
+            "if it stopped, continue it from its last checkpoint"
+            f"{under}: dllm train --config {run_dir / SPEC_NAME} --run-dir {run_dir}"
+        )
+    return (
+        f"{run_dir} already holds run {run.run_id} ({run.status}, {done}); a launch does not "
+        "write into another run's dir. Instead:\n" + "\n".join(f"  - {way}" for way in ways)
+    )
+
+
 def materialize(job: PreparedJob) -> None:
     """Create the run dir with spec.yaml, manifest.json (and the sbatch script) before any
-    worker starts. A multi-node launch joins a run dir another node created for the same job."""
+    worker starts. A multi-node launch joins a run dir another node created for the same job;
+    a run dir that holds another run is refused (`check_run_dir`), and the files are created
+    exclusively, so a launch that raced this one past that check still cannot replace them."""
     run_dir = job.run_dir
+    if check_run_dir(job):
+        return
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise DllmError(f"cannot create run dir {run_dir}: {error}") from None
-    if (run_dir / MANIFEST_NAME).exists():
-        if job.multi_node:
-            _join(job)
-            return
-        raise DllmError(
-            f"{run_dir} already holds a run",
-            hint="launch into a new run dir (leave --run-dir unset for a fresh one); "
-            f"to run the same job again: dllm launch --manifest {run_dir / MANIFEST_NAME}",
-        )
     spec_text = yaml.safe_dump(job.manifest.spec, sort_keys=False).encode()
     spec_path = run_dir / SPEC_NAME
     if not (job.multi_node and spec_path.exists() and spec_path.read_bytes() == spec_text):

@@ -1,0 +1,164 @@
+"""A launch into a run dir that already holds a run: real CPU runs (one finished, one whose
+launcher was killed, one `dllm train --run-dir` folder), then dry runs, launches and replays
+pointed at them. Every one is refused, names the run and the ways on, and leaves every file of
+the earlier run as it was; a folder that holds no run is still launched into.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import turbo_dllm
+from tests.helpers import assert_user_error
+from tests.jobs.conftest import SMALL_SPEC
+from turbo_dllm.jobs import provenance
+
+pytestmark = pytest.mark.slow
+
+# Pinned so that edits elsewhere in the working tree during the session are not replay drift.
+PINNED_CODE = {
+    "package_version": turbo_dllm.__version__,
+    "git_commit": "c0de" * 10,
+    "diff_sha256": "0" * 64,
+    "dirty": False,
+}
+SPEC = textwrap.dedent(SMALL_SPEC) + "checkpoint:\n  interval: 2\n"
+# A training process points these at its home's compile cache (tests/conftest.py).
+PROCESS_CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+
+
+def snapshot(folder: Path) -> dict[str, tuple[str, int] | None]:
+    """Every file (content hash, mtime) and folder under `folder`: what "untouched" means."""
+    return {
+        str(path.relative_to(folder)): (
+            (hashlib.sha256(path.read_bytes()).hexdigest(), path.stat().st_mtime_ns)
+            if path.is_file()
+            else None
+        )
+        for path in sorted(folder.rglob("*"))
+    }
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """Real launches on CPU: `done` finished; `stopped`'s launcher was killed after the last
+    step (no result.json, as a SIGKILL leaves it); `trained` is a `dllm train --run-dir` run."""
+    root = tmp_path_factory.mktemp("occupied")
+    spec = root / "train.yaml"
+    spec.write_text(SPEC)
+    from turbo_dllm.cli import main
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DLLM_HOME", str(tmp_path_factory.mktemp("home")))
+        mp.delenv("DLLM_OVERRIDE_GPUS", raising=False)
+        for name in PROCESS_CACHE_VARIABLES:
+            mp.delenv(name, raising=False)
+        mp.setattr(provenance, "code_version", lambda: dict(PINNED_CODE))
+        mp.chdir(root)
+        for name in ("done", "stopped"):
+            assert main(["launch", "--config", str(spec), "--run-dir", str(root / name)]) == 0
+        assert main(["train", "--config", str(spec), "--run-dir", str(root / "trained")]) == 0
+    (root / "stopped" / "result.json").unlink()
+    return spec, root
+
+
+@pytest.fixture
+def pinned(workdir, monkeypatch):
+    monkeypatch.setattr(provenance, "code_version", lambda: dict(PINNED_CODE))
+
+
+@pytest.mark.parametrize("dry", [("--dry-run",), ("--dry-run", "--json"), ()])
+def test_a_launch_into_a_finished_run_is_refused_and_touches_nothing(runs, cli, pinned, dry):
+    """The same spec into the same run dir: before, a dry run printed a plan and a start line
+    for a run dir it "would write" (and a launch that then failed), and a launch said only
+    "already holds a run"."""
+    spec, root = runs
+    before = snapshot(root / "done")
+    result = cli("launch", "--config", spec, "--run-dir", root / "done", *dry)
+    assert_user_error(
+        result,
+        f"{root / 'done'} already holds run done (ok, step 4/4)",
+        "a new run: pass --run-dir a new folder",
+        f"the same job again, into a new run dir: dllm launch --manifest {root / 'done'}",
+        f"dllm run show {root / 'done'}",
+    )
+    assert "dllm train" not in result.err  # a finished run has nothing to continue
+    assert result.out == ""  # no plan, no start line that would fail
+    assert snapshot(root / "done") == before
+
+
+def test_a_stopped_run_is_refused_with_the_command_that_resumes_it(runs, cli, pinned):
+    spec, root = runs
+    stopped = root / "stopped"
+    before = snapshot(stopped)
+    result = cli("launch", "--config", spec, "--run-dir", stopped)
+    resume = f"dllm train --config {stopped / 'spec.yaml'} --run-dir {stopped}"
+    assert_user_error(result, "already holds run stopped (no result, step 4/4)", resume)
+    assert snapshot(stopped) == before
+    manifest = (stopped / "manifest.json").read_bytes()
+
+    # The printed command is the way on: it resumes that run as its latest attempt.
+    words = shlex.split(
+        result.err.split("continue it from its last checkpoint: ")[1].split("\n")[0]
+    )
+    assert words[:2] == ["dllm", "train"]
+    resumed = cli(*words[1:])
+    assert resumed.code == 0, resumed.err
+    assert json.loads((stopped / "result.json").read_text())["resumed_by"] == "dllm train"
+    assert (stopped / "manifest.json").read_bytes() == manifest
+
+
+@pytest.mark.parametrize("dry", [("--dry-run",), ()])
+def test_a_launch_into_a_dllm_train_run_is_refused(runs, cli, pinned, dry):
+    """Before, the launch adopted the folder: it wrote a manifest over another run's checkpoints
+    and metrics (whose steps it then described) and trained on from them."""
+    spec, root = runs
+    trained = root / "trained"
+    before = snapshot(trained)
+    result = cli("launch", "--config", spec, "--run-dir", trained, *dry)
+    assert_user_error(
+        result,
+        f"{trained} already holds a run's files (metrics.jsonl, checkpoints) but no manifest.json",
+        f"dllm train --config F --run-dir {trained}",
+        f"dllm run plot {trained}",
+    )
+    assert snapshot(trained) == before
+
+
+@pytest.mark.parametrize("dry", [("--dry-run",), ()])
+def test_a_replay_into_an_occupied_run_dir_is_refused(runs, cli, pinned, dry):
+    _, root = runs
+    before = snapshot(root / "done")
+    manifest = root / "done" / "manifest.json"
+    result = cli("launch", "--manifest", manifest, "--run-dir", root / "done", *dry)
+    assert_user_error(
+        result,
+        "already holds run done (ok, step 4/4)",
+        "replay into a new run dir: pass --run-dir a new folder, or leave it unset",
+    )
+    assert "dllm launch --manifest" not in result.err  # that is what was just refused
+    assert snapshot(root / "done") == before
+
+
+def test_a_folder_that_holds_no_run_is_still_launched_into(runs, cli, pinned, workdir):
+    spec, root = runs
+    (workdir / "empty").mkdir()
+    (workdir / "notes").mkdir()
+    (workdir / "notes" / "README.txt").write_text("what this run is for\n")
+    (workdir / "notes" / "checkpoints").mkdir()  # made ahead of the run, still empty
+    for folder in ("empty", "notes"):
+        result = cli("launch", "--config", spec, "--run-dir", workdir / folder, "--dry-run")
+        assert result.code == 0, result.err
+        assert f"would be written to {workdir / folder / 'manifest.json'}" in result.out
+    replay = cli("launch", "--manifest", root / "done" / "manifest.json", "--dry-run", "--json")
+    assert replay.code == 0, replay.err  # a replay's own default: a new dir next to the run
+    assert Path(json.loads(replay.out)["plan"]["run_dir"]).parent == root
+    assert cli("launch", "--config", spec, "--run-dir", workdir / "notes").code == 0
+    assert (workdir / "notes" / "README.txt").read_text() == "what this run is for\n"
+    assert (workdir / "notes" / "manifest.json").is_file()
