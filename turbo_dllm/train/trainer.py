@@ -111,6 +111,7 @@ class QueuedStep:
     mem_gb: float
     started: float  # host clock (perf_counter) when queuing began, and when it ended
     queued: float
+    begun: torch.cuda.Event | None = None  # recorded before the step's first kernel
 
     def result(self) -> dict[str, float]:
         if self.ready is not None:
@@ -119,13 +120,13 @@ class QueuedStep:
         return {"loss": loss, "flops": flops, "grad_norm": grad_norm, "lr": self.lr}
 
     def seconds(self, previous: QueuedStep | None) -> float:
-        """How long the step took, once its result is read: on the device, from the previous
-        step's end to its own (its events), idle time included; computed while queued (CPU),
-        the host's time from the previous step's end; the first step, from its start."""
-        if self.ready is not None:
-            if previous is not None and previous.ready is not None:
-                return previous.ready.elapsed_time(self.ready) / 1000
-            return time.perf_counter() - self.started
+        """How long the step took, once its result is read: on the device, from the end of
+        `previous` (the step just before it, None after a pause such as a checkpoint) to its
+        own end, by their events, idle time included, else from its own start; computed while
+        queued (CPU), the host's time likewise."""
+        if self.ready is not None and self.begun is not None:
+            start = previous.ready if previous is not None and previous.ready else self.begun
+            return start.elapsed_time(self.ready) / 1000
         return self.queued - (previous.queued if previous is not None else self.started)
 
 
@@ -507,6 +508,10 @@ class Trainer:
         """One optimizer step, queued: nothing here waits for the device (on one process), so
         the loop can queue the next step before it reads this one's numbers."""
         started = time.perf_counter()
+        begun = None
+        if self.device.type == "cuda":
+            begun = torch.cuda.Event(enable_timing=True)
+            begun.record()
         dims = self.dims
         accum = self.spec.training.grad_accumulation
 
@@ -567,7 +572,7 @@ class Trainer:
         host.copy_(values, non_blocking=True)
         ready = torch.cuda.Event(enable_timing=True)
         ready.record()
-        return QueuedStep(step, host, ready, lr, mem_gb, started, time.perf_counter())
+        return QueuedStep(step, host, ready, lr, mem_gb, started, time.perf_counter(), begun)
 
     def _global_counts(self, counts: list) -> float | torch.Tensor:
         """The loss denominator(s): the step's supervised counts summed over micro-batches and
@@ -670,7 +675,7 @@ class Trainer:
         # Step N's numbers are read once step N + 1 is queued, so the device never waits for
         # the host between steps; a step that saves is read before its checkpoint.
         waiting: QueuedStep | None = None
-        last_read: QueuedStep | None = None  # a step's time runs from the end of the last one
+        last_read: QueuedStep | None = None  # a step's time runs from the end of this one
         for step in range(start, self.total_steps):
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
@@ -700,7 +705,7 @@ class Trainer:
             out_of_time = max_duration is not None and any_rank(elapsed >= max_duration, env)
             if (interval and done % interval == 0) or done == self.total_steps or out_of_time:
                 self._report(queued, last_read, began, tokens_per_step)
-                waiting, last_read = None, queued
+                waiting, last_read = None, None  # the next step's time leaves the save out
                 self.save(done, self.train_time_offset + time.perf_counter() - began)
                 last_saved = done
             else:
