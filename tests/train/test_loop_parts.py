@@ -222,3 +222,12 @@ def test_benchmark_gpu_busy_counts_overlapping_kernels_once():
     spans = [event(0, 10), event(5, 20), event(30, 40), event(0, 100, DeviceType.CPU)]
     prof = types.SimpleNamespace(events=lambda: spans)
     assert train_step.gpu_busy(prof) == (35e-6, 30e-6)
+
+
+def test_batches_move_to_a_device_named_by_string_or_object():
+    from turbo_dllm.train.objectives.base import to_device
+
+    t = torch.arange(6).view(2, 3)
+    for device in ("cpu", torch.device("cpu")):
+        moved = to_device(t, device)
+        assert moved.device.type == "cpu" and torch.equal(moved, t)

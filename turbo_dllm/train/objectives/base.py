@@ -47,10 +47,11 @@ class NoiseKey:
     samples_per_step: int
 
 
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(t: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """`t` on `device` without the host waiting for the device's queued work: a CPU tensor
     bound for CUDA is staged in pinned memory first (a copy from pageable memory may wait for
     the stream), then copied asynchronously."""
+    device = torch.device(device)
     if device.type == "cuda" and t.device.type == "cpu":
         t = t.pin_memory()
     return t.to(device, non_blocking=True)
@@ -130,7 +131,7 @@ class DiffusionBatch:
         if docs is not None and docs.device.type == "cpu" and one_document_per_row(docs):
             self.doc_ids = None
 
-    def to(self, device: torch.device) -> DiffusionBatch:
+    def to(self, device: torch.device | str) -> DiffusionBatch:
         return DiffusionBatch(
             input_ids=to_device(self.input_ids, device),
             doc_ids=None if self.doc_ids is None else to_device(self.doc_ids, device),

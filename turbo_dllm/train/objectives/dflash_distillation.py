@@ -126,7 +126,7 @@ class DraftBatch:
     greedy_path: bool = False  # score a slot only on the target's greedy path (plan.greedy_path)
     shown: torch.Tensor | None = None  # (R, N, B) bool: slots showing their true token
 
-    def to(self, device: torch.device) -> DraftBatch:
+    def to(self, device: torch.device | str) -> DraftBatch:
         def move(t):
             return None if t is None else to_device(t, device)
 
