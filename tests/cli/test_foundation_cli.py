@@ -151,6 +151,19 @@ def test_validate_refuses_a_world_size_below_one(cli, tmp_path, size):
     )
 
 
+@pytest.mark.parametrize("size", ["0", "two"])
+def test_train_refuses_a_world_size_variable_that_is_no_process_count(
+    cli, tmp_path, monkeypatch, size
+):
+    """Was: WORLD_SIZE=0 went on as a launch of 0 processes, into a topology-mismatch message."""
+    monkeypatch.setenv("WORLD_SIZE", size)
+    config = write(tmp_path / "run.yaml", "training: {steps: 1}\n")
+    result = cli("train", "--config", config, "--run-dir", tmp_path / "run")
+    assert_user_error(result, f"WORLD_SIZE={size!r} is not a process count")
+    assert "topology" not in result.err
+    assert not (tmp_path / "run").exists()
+
+
 def test_schema_is_json_schema(cli):
     result = cli("config", "schema")
     schema = json.loads(result.out)

@@ -149,6 +149,34 @@ def test_a_save_over_an_existing_step_killed_midway_keeps_a_complete_step(
     assert losses(run) == losses(undisturbed)  # bitwise: the step-4 state was the right one
 
 
+def test_a_prune_killed_midway_leaves_no_step_with_files_missing(tmp_path, monkeypatch):
+    """Pruning used to delete `step_N` in place: killed midway, it left a step_N whose
+    checkpoint.json still claimed a step whose shards were partly gone. It is now renamed out of
+    sight first, and the next save sweeps what is left."""
+    args = ("checkpoint.interval=1", "checkpoint.keep_last=1", "scheduler.warmup_steps=0")
+    ckpts = tmp_path / "checkpoints"
+    real = shutil.rmtree
+
+    def half_deletes_then_dies(path, *a, **k):
+        path = Path(path)
+        if path.name.startswith(".tmp-step_pruned-") and path.exists():
+            next(path.glob("*.distcp")).unlink()
+            raise Killed(f"rmtree {path.name}")
+        return real(path, *a, **k)
+
+    train(tiny_spec("training.steps=1", *args), tmp_path)
+    monkeypatch.setattr(shutil, "rmtree", half_deletes_then_dies)
+    with pytest.raises(Killed):
+        train(tiny_spec("training.steps=2", *args), tmp_path)
+    monkeypatch.undo()
+    assert [p.name for p in ckpts.glob("step_*")] == ["step_00000002"]
+    assert find_latest(ckpts).name == "step_00000002"
+    with pytest.raises(DllmError, match="not a checkpoint"):
+        read_meta(resolve_checkpoint(ckpts / "step_00000001"))
+    train(tiny_spec("training.steps=3", *args), tmp_path)
+    assert sorted(p.name for p in ckpts.iterdir()) == ["step_00000003"]
+
+
 def test_max_duration_stops_after_a_checkpoint(tmp_path):
     train(tiny_spec("training.steps=50", "training.max_duration_s=0.001"), tmp_path)
     assert [r["step"] for r in metrics(tmp_path)] == [1]

@@ -10,7 +10,6 @@ in an elastic job the plan names the data-parallel axis that absorbs the live wo
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
@@ -37,11 +36,12 @@ def main(argv: list[str] | None = None) -> int:
     from turbo_dllm.config.validate import check
     from turbo_dllm.errors import DllmError
     from turbo_dllm.jobs.manifest import read_manifest
+    from turbo_dllm.train.entry import world_size_from_env
 
     try:
         manifest = read_manifest(Path(args.manifest).parent)
         spec = load_model(RunSpec, manifest.spec, f"{args.manifest} (spec)")
-        world = int(os.environ.get("WORLD_SIZE", "1"))
+        world = world_size_from_env()
         layout = layout_for_world(manifest.plan, spec, world)
         check(spec, source=f"{args.manifest} (spec)")
         problems = layout.problems(world)

@@ -338,8 +338,13 @@ class Checkpointer:
         return final
 
     def _prune(self) -> None:
+        # Renamed out of sight first: a prune killed midway leaves a temp folder (swept below on
+        # the next save), never a `step_N` with its checkpoint.json but some shards gone.
         for old in _complete_steps(self.directory)[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            doomed = old.with_name(f".tmp-step_pruned-{old.name}")
+            shutil.rmtree(doomed, ignore_errors=True)
+            os.replace(old, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
         for child in self.directory.iterdir():  # temp folders of saves that never finished
             if child.name.startswith(".tmp-step_"):
                 shutil.rmtree(child, ignore_errors=True)

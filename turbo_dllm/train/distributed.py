@@ -61,11 +61,13 @@ def init_distributed() -> DistEnv:
     """Join the process group torchrun set up (NCCL on GPU, gloo on CPU); no-op for 1 process."""
     import torch.distributed as dist
 
+    from turbo_dllm.train.entry import world_size_from_env
+
     # Long-context steps allocate and free multi-GB tensors of changing sizes; growable segments
     # keep the caching allocator from stranding them as fragments (torchtitan's default too).
     # Read when CUDA first allocates, so it must be set before; a user's own setting wins.
     os.environ.setdefault(ALLOC_CONF_VARIABLE, "expandable_segments:True")
-    world = int(os.environ.get("WORLD_SIZE", "1"))
+    world = world_size_from_env()
     rank = int(os.environ.get("RANK", "0"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if torch.cuda.is_available():

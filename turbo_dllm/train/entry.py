@@ -13,7 +13,21 @@ __all__ = ["resolve_run_dir", "train", "world_size_from_env"]
 
 
 def world_size_from_env() -> int:
-    return int(os.environ.get("WORLD_SIZE", "1"))
+    """torchrun's WORLD_SIZE (1 without it); anything but a positive count is a user error here,
+    not a layout that fails to fit later."""
+    raw = os.environ.get("WORLD_SIZE", "1")
+    try:
+        world = int(raw)
+    except ValueError:
+        world = 0
+    if world < 1:
+        from turbo_dllm.errors import DllmError
+
+        raise DllmError(
+            f"WORLD_SIZE={raw!r} is not a process count",
+            hint="torchrun sets WORLD_SIZE; unset it to train in one process",
+        )
+    return world
 
 
 def resolve_run_dir(spec, requested: str | Path | None) -> Path:
