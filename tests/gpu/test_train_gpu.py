@@ -64,6 +64,32 @@ def test_bf16_training_steps_with_flex_and_compile(tmp_path):
         assert records[-1]["mfu"] is not None
 
 
+@pytest.mark.parametrize("attention", ["flex", "turbo"])
+def test_queuing_a_step_never_waits_for_the_device(tmp_path, attention):
+    """The loop queues step N + 1 before it reads step N: that keeps the device busy only if
+    queuing a step never synchronizes (an `.item()`, a blocking host-to-device copy). CUDA's
+    sync debug mode makes any such call an error."""
+    from turbo_dllm.train.distributed import init_distributed
+    from turbo_dllm.train.trainer import Trainer
+
+    spec = tiny_spec(
+        "training.steps=4",
+        f"model.attention={attention}",
+        "kernels=jit",
+        "model.config_overrides.head_dim=64",
+        "data.seq_len=256",
+    )
+    trainer = Trainer(spec, tmp_path / "run", init_distributed()).build()
+    trainer.train_step(0)  # the first step compiles kernels and fills caches: it may wait
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        queued = [trainer.queue_step(step) for step in (1, 2)]
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(torch.isfinite(torch.tensor(q.result()["loss"])) for q in queued)
+
+
 def test_memory_snapshot_and_out_of_memory_on_a_gpu(tmp_path):
     """profiler.memory_snapshot writes the snapshot and its by-line summary; a step that runs
     out of memory (a process capped at 1 % of the GPU) is a DllmError pointing at the summary."""

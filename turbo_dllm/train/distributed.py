@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -82,20 +83,36 @@ def init_distributed() -> DistEnv:
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=device)
 
 
-def any_rank(flag: bool, env: DistEnv) -> bool:
-    """True on every rank when `flag` is true on any rank (an all-reduce MAX).
+def any_rank(flag: bool, env: DistEnv) -> Callable[[], bool]:
+    """Whether `flag` is true on any rank (an all-reduce MAX), as a function that reads the
+    vote: the same answer on every rank.
 
     A decision that leads to a collective (checkpoint, stop) must be the same on every rank;
     a rank-local clock is not: with skewed clocks one rank would save and stop while another
     kept stepping, and the next collective would hang (NCCL) or time out (gloo).
+
+    On CUDA the vote is queued behind the device's work and copied to pinned host memory
+    behind an event: reading it waits for the work queued before the vote, not for what the
+    caller queued after it (`.item()` would wait for the whole queue).
     """
     if not env.distributed:
-        return flag
+        return lambda: flag
     import torch.distributed as dist
 
-    vote = torch.tensor([1.0 if flag else 0.0], device=env.device)
+    vote = torch.full((1,), 1.0 if flag else 0.0, device=env.device)
     dist.all_reduce(vote, op=dist.ReduceOp.MAX)
-    return bool(vote.item())
+    if vote.device.type != "cuda":
+        return lambda: bool(vote.item())
+    host = torch.empty(vote.shape, dtype=vote.dtype, pin_memory=True)
+    host.copy_(vote, non_blocking=True)
+    ready = torch.cuda.Event()
+    ready.record()
+
+    def read() -> bool:
+        ready.synchronize()
+        return bool(host.item())
+
+    return read
 
 
 def apply_activation_checkpointing(

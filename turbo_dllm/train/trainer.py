@@ -66,6 +66,7 @@ from turbo_dllm.train.metrics import (
     peak_memory_gb,
 )
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
+from turbo_dllm.train.objectives.base import to_device
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.ep import expert_parameters, reduce_expert_grads
 from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
@@ -562,7 +563,8 @@ class Trainer:
             self._next = self.draw(step + 1)
 
         flops /= self.plan.context_size  # each rank of a context group counted the whole batch
-        totals = torch.stack([loss_sum.float(), torch.tensor(flops, device=self.device)])
+        # (torch.full, not torch.tensor: a blocking host-to-device copy would wait for the queue)
+        totals = torch.stack([loss_sum.float(), torch.full((), flops, device=self.device)])
         self._all_reduce(totals)
         values = torch.cat([totals, grad_norm.reshape(1).to(totals)])
         mem_gb = peak_memory_gb(self.device)  # the allocator's count: no sync
@@ -576,23 +578,18 @@ class Trainer:
 
     def _global_counts(self, counts: list) -> float | torch.Tensor:
         """The loss denominator(s): the step's supervised counts summed over micro-batches and
-        ranks (a float, or a tensor of one count per loss term where the objective has several)."""
+        ranks: a float in one process, else a tensor (one count per loss term where the objective
+        has several) that stays on the device, so the host never waits for the queued step."""
         per_term = isinstance(counts[0], tuple)
-        if not per_term:
-            supervised = float(sum(counts))
-            # The ranks of a context group hold the same batches: count them once.
-            if self.env.distributed:  # (one process: no device round trip before the forward)
-                total = torch.tensor([supervised / self.plan.context_size], device=self.device)
-                self._all_reduce(total)
-                supervised = float(total[0])
-            return max(supervised, 1.0)
-        summed = [
-            float(sum(column)) / self.plan.context_size for column in zip(*counts, strict=True)
-        ]
-        total = torch.tensor(summed, device=self.device)
-        if self.env.distributed:
-            self._all_reduce(total)
-        return total.clamp(min=1.0)
+        if not per_term and not self.env.distributed:
+            return max(float(sum(counts)), 1.0)
+        columns = zip(*counts, strict=True) if per_term else [counts]
+        # The ranks of a context group hold the same batches: count them once.
+        summed = [float(sum(column)) / self.plan.context_size for column in columns]
+        total = to_device(torch.tensor(summed), self.device)
+        self._all_reduce(total)
+        total = total.clamp(min=1.0)
+        return total if per_term else total[0]
 
     def _clip_gradients(self) -> torch.Tensor:
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -676,6 +673,7 @@ class Trainer:
         # the host between steps; a step that saves is read before its checkpoint.
         waiting: QueuedStep | None = None
         last_read: QueuedStep | None = None  # a step's time runs from the end of this one
+        vote = None  # the ranks' vote on the clock, taken as the last step was queued
         for step in range(start, self.total_steps):
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
@@ -701,8 +699,16 @@ class Trainer:
                 last_read = waiting
             done = step + 1
             elapsed = self.train_time_offset + time.perf_counter() - began
-            # Every rank must agree: the stop leads to a collective save (see `any_rank`).
-            out_of_time = max_duration is not None and any_rank(elapsed >= max_duration, env)
+            out_of_time = False
+            if max_duration is not None:
+                # Every rank must agree: the stop leads to a collective save (see `any_rank`).
+                # Across ranks the vote taken at the last step is read now, so no rank waits
+                # for the step it just queued: a distributed run stops one step later.
+                if env.distributed:
+                    out_of_time = vote is not None and vote()
+                vote = any_rank(elapsed >= max_duration, env)
+                if not env.distributed:
+                    out_of_time = vote()
             if (interval and done % interval == 0) or done == self.total_steps or out_of_time:
                 self._report(queued, last_read, began, tokens_per_step)
                 waiting, last_read = None, None  # the next step's time leaves the save out
