@@ -171,7 +171,10 @@ class GemmaDecoder(nn.Module):
 
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         weight = self.embed_tokens.weight
-        scale = torch.tensor(self.config.hidden_size**0.5, dtype=weight.dtype, device=weight.device)
+        # rounded to the weights' dtype as HF does; a fill, not a copy that would wait for the queue
+        scale = torch.full(
+            (), self.config.hidden_size**0.5, dtype=weight.dtype, device=weight.device
+        )
         return self.embed_tokens(input_ids) * scale
 
     def body(self, x: torch.Tensor, positions: torch.Tensor, masks: StreamMasks) -> torch.Tensor:
@@ -203,7 +206,7 @@ def soft_embeddings(
             logits = torch.tanh(logits / softcap) * softcap
         probs = logits.softmax(-1).to(weight.dtype)
         pieces.append(probs @ weight)
-    scale_t = torch.tensor(scale, dtype=weight.dtype, device=weight.device)
+    scale_t = torch.full((), scale, dtype=weight.dtype, device=weight.device)
     return torch.cat(pieces).view(*hidden.shape[:-1], weight.shape[1]) * scale_t
 
 
