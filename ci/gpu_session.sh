@@ -4,7 +4,8 @@
 # loss, trainer and TP GPU tests: all of tests/gpu but the native-merge ones), tests-tp, train
 # (train_step benchmark), train-best (ours at micro-batch 2 against the baseline at 1), train-mb2,
 # train-exp (profile + variants), train-turbo (ours with model.attention turbo vs HF dense and
-# HF flex_attention + torch.compile at 8K), train-turbo-32k (32K with AC, turbo vs flex),
+# HF flex_attention + torch.compile at 8K), train-pipelined (turbo at 8K, steps waited for vs
+# queued as the trainer runs them, alternated), train-turbo-32k (32K with AC, turbo vs flex),
 # context-1doc (longest one-document context, turbo and flex), tests-gemma (DiffusionGemma GPU tests: grouped GEMM vs loop,
 # flex training), train-gemma (train_step --family diffusion_gemma against HF's
 # DiffusionGemmaForBlockDiffusion; GEMMA_SEQ_LEN, default 8192; GEMMA_MODEL h200-bench or
@@ -76,6 +77,14 @@ for stage in "$@"; do
       python3 benchmarks/train_step.py --attention turbo --baselines dense,hf-flex --steps 5 --warmup 2 ${TRAIN_FLAGS:-} \
           --out "$OUT/train_step_turbo.json" 2>&1 | tee "$OUT/train_step_turbo.log" \
           | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|^hf-|speedup|out of memory|rror" || status=1 ;;
+    train-pipelined) # ~4 min: ours with turbo at 8K, steps waited for one at a time against steps
+      # queued as `dllm train` runs them (--pipelined), alternated twice (no baselines)
+      for round in 1 2; do for mode in waited pipelined; do
+        flags=""; [ "$mode" = pipelined ] && flags="--pipelined"
+        python3 benchmarks/train_step.py --attention turbo --no-baseline --steps 8 --warmup 2 $flags \
+            --out "$OUT/train_step_${mode}_$round.json" 2>&1 | tee "$OUT/train_step_${mode}_$round.log" \
+            | grep --line-buffered -E "^turbo-dllm|rror" || status=1
+      done; done ;;
     train-turbo-32k) # ~2.5 min: 32K with activation checkpointing, ours turbo vs flex (HF OOMs there);
       # AC_MODE=keep_attention keeps the attention outputs, keep_matmuls the GEMMs too (selective checkpointing);
       # TRAIN_FLAGS adds train_step flags to both train-turbo stages (e.g. --profile "$OUT/p.txt")
