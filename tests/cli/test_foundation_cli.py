@@ -164,6 +164,21 @@ def test_train_refuses_a_world_size_variable_that_is_no_process_count(
     assert not (tmp_path / "run").exists()
 
 
+def test_a_field_given_without_set_is_answered_with_the_set_form(cli, tmp_path):
+    """`dllm launch --config F training.steps=10` was refused as "unrecognized arguments" alone;
+    the error now shows the --set form (only for commands that take --set)."""
+    config = write(tmp_path / "run.yaml", "training: {steps: 1}\n")
+    result = cli(
+        "launch", "--config", config, "training.steps=10", "optimizer.lr=0.002", "--dry-run"
+    )
+    assert result.code == 2
+    assert "unrecognized arguments: training.steps=10 optimizer.lr=0.002" in result.err
+    assert "--set training.steps=10 --set optimizer.lr=0.002" in result.err
+    other = cli("run", "list", "a=b")
+    assert other.code == 2 and "unrecognized arguments: a=b" in other.err
+    assert "--set" not in other.err
+
+
 def test_schema_is_json_schema(cli):
     result = cli("config", "schema")
     schema = json.loads(result.out)

@@ -55,7 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv_from_process = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(only=argv[0] if argv and _is_command(argv[0]) else None)
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        fields = [arg for arg in unknown if "=" in arg and not arg.startswith("-")]
+        hint = ""
+        if fields and hasattr(args, "overrides"):  # a command that reads a YAML config
+            hint = f" (a field is overridden with --set: {' '.join('--set ' + f for f in fields)})"
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     func = getattr(args, "func", None)
     if func is None:
         # A command group given without its subcommand prints that group's help.
