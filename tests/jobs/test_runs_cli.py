@@ -63,6 +63,18 @@ def test_list_show_diff(cli, spec_file, workdir):
     assert "spec.training.steps" in human.out and "identical" in human.out
 
 
+def test_diff_of_runs_with_short_ids_keeps_every_other_value_whole(cli, spec_file, workdir):
+    """Each run's id is a placeholder in spec and plan only where it stands as a word of its
+    own: runs `a` and `b` showed "flo<run_id>t32" and "<run_id>damw" as differences."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/a")
+    slurm_run(cli, spec_file, "--run-dir", "runs/b", "--set", "training.steps=6")
+    diff = json.loads(cli("run", "diff", "a", "b", "--json").out)
+    assert [item["field"] for item in diff["diff"]["spec"]] == ["spec.training.steps"]
+    assert not any("<run_id>" in json.dumps(item) for item in diff["diff"]["plan"])
+    human = cli("run", "diff", "a", "b").out
+    assert "adamw" not in human and "float32" not in human
+
+
 def test_show_unknown_or_ambiguous_run(cli, spec_file, workdir):
     assert_user_error(cli("run", "show", "nope"), "no run 'nope' under runs")
     slurm_run(cli, spec_file)

@@ -9,6 +9,7 @@ the job that came before.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -246,11 +247,14 @@ def diff_manifests(a: RunManifest, b: RunManifest) -> dict[str, list[DriftItem]]
 
 
 def _placeholders(manifest: RunManifest) -> dict[str, Any]:
-    run_dir, run_id = manifest.plan.run_dir, manifest.run_id
+    run_dir = manifest.plan.run_dir
+    # The id as a word of its own (a path part, a job name's), never letters inside other
+    # words: a run named `a` left "flo<run_id>t32" and "<run_id>damw" behind.
+    run_id = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(manifest.run_id)}(?![A-Za-z0-9_])")
 
     def swap(value: Any) -> Any:
         if isinstance(value, str):
-            return value.replace(run_dir, "<run_dir>").replace(run_id, "<run_id>")
+            return run_id.sub("<run_id>", value.replace(run_dir, "<run_dir>"))
         if isinstance(value, dict):
             return {k: swap(v) for k, v in value.items()}
         if isinstance(value, list):
