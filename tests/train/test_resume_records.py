@@ -116,13 +116,17 @@ def test_a_damaged_checkpoint_is_a_user_error_on_resume_and_export(
         assert not (tmp_path / "hf").exists()
 
 
-def test_a_missing_step_or_a_run_folder_names_the_checkpoints_there(run, tmp_path, cli):
+def test_a_missing_step_names_the_checkpoints_there(run, tmp_path, cli):
     from tests.helpers import assert_user_error
 
     listed = f"{run / 'checkpoints'} has step_00000002"
-    for wrong in (run / "checkpoints/step_00000009", run):  # a typo'd step, the run folder
-        result = cli("export", "--checkpoint", wrong, "--out", tmp_path / "hf")
-        assert_user_error(result, f"not a checkpoint: {str(wrong)!r}", listed)
+    wrong = run / "checkpoints/step_00000009"  # a typo'd step
+    result = cli("export", "--checkpoint", wrong, "--out", tmp_path / "hf")
+    assert_user_error(result, f"not a checkpoint: {str(wrong)!r}", listed)
+    wrong = run / "checkpoints/other"  # a folder beside the steps
+    wrong.mkdir()
+    result = cli("export", "--checkpoint", wrong, "--out", tmp_path / "hf")
+    assert_user_error(result, f"not a checkpoint: {str(wrong)!r}", listed)
 
 
 def test_a_checkpoint_with_fields_this_version_does_not_know_resumes(run):

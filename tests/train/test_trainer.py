@@ -130,6 +130,12 @@ def test_cli_train_and_export_loadable_by_transformers(cli, tmp_path):
         )
     result = cli("export", "--checkpoint", tmp_path / "run/checkpoints", "--out", tmp_path / "hf")
     assert_user_error(result, "already exists")
+    # the run dir names its newest checkpoint too (it was "not a checkpoint")
+    result = cli("export", "--checkpoint", tmp_path / "run", "--out", tmp_path / "from_run")
+    assert result.code == 0, result.err
+    assert (tmp_path / "from_run/model.safetensors").read_bytes() == (
+        tmp_path / "hf/model.safetensors"
+    ).read_bytes()
     (tmp_path / "file").write_text("x")  # an --out that cannot be made: an error, no traceback
     out = tmp_path / "file" / "hf"
     result = cli("export", "--checkpoint", tmp_path / "run/checkpoints", "--out", out)

@@ -16,7 +16,7 @@ def register(subparsers) -> None:
     p.add_argument(
         "--checkpoint",
         required=True,
-        help="a checkpoints/step_<N> folder (or a checkpoints/ folder: its latest)",
+        help="a checkpoints/step_<N> folder (or a checkpoints/ folder or a run dir: its latest)",
     )
     p.add_argument("--out", required=True, help="new folder to write")
     p.add_argument(

@@ -168,16 +168,16 @@ def find_latest(directory: str | Path) -> Path | None:
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
-    """A `step_<N>` folder as given, or a `checkpoints/` folder's newest complete step (what
-    `checkpoint.resume` and `dllm export` accept); anything else as given (read_meta says
-    what is wrong with it)."""
+    """A `step_<N>` folder as given, or the newest complete step of a `checkpoints/` folder or
+    of a run dir's (what `checkpoint.resume` and `dllm export` accept); anything else as given
+    (read_meta says what is wrong with it)."""
     path = Path(path)
     if (path / "checkpoint.json").is_file():
         return path
     if _STEP_DIR.match(path.name):  # a step whose replacement was interrupted: its aside copy
         aside = path.with_name(_ASIDE + path.name)
         return aside if (aside / "checkpoint.json").is_file() else path
-    return find_latest(path) or path
+    return find_latest(path) or find_latest(path / "checkpoints") or path
 
 
 # DCP in one process (no process group) says so on every save and load; nothing else is hidden.
