@@ -774,3 +774,53 @@ def test_an_install_blocked_by_the_cache_takes_everything_back(cli, tmp_path):
     assert record.read_bytes() == before  # the record as it was
     assert (folder / "keep").read_text() == "kept\n"
     assert not (compile_cache_dir() / "inductor" / "ab" / "cd" / "c0.py").exists()  # taken back
+
+
+def test_list_available_names_a_pack_it_cannot_read(cli, tmp_path, monkeypatch):
+    """`dllm cache list --available` skipped an unreadable pack without a word: it is listed
+    now with why it cannot be read, and fits nothing (doctor offers only readable packs)."""
+    good = _small_pack(tmp_path)
+    cut = good.with_name(good.name.replace(".tar.zst", "0.tar.zst"))
+    cut.write_bytes(good.read_bytes()[:100])
+    monkeypatch.setenv("DLLM_PACK_PATH", str(good.parent))
+    offered = json.loads(cli("cache", "list", "--available", "--json").out)["available"]
+    by_path = {Path(o["path"]).name: o for o in offered}
+    assert by_path[good.name]["fits"] and "error" not in by_path[good.name]
+    assert not by_path[cut.name]["fits"] and "truncated" in by_path[cut.name]["error"]
+    human = cli("cache", "list", "--available")
+    assert human.code == 0
+    assert f"offered  {cut}: cannot be read: " in human.out
+
+
+def test_doctor_fails_on_a_damaged_pack_record_and_warns_of_missing_files(cli, tmp_path):
+    """A damaged installed-pack record broke `dllm cache list` but passed `dllm doctor`; a pack
+    whose files left the cache did too."""
+    from tests.train.util import write_config
+
+    def check(*args):
+        result = cli("doctor", *args, "--json")
+        return {c["name"]: c for c in json.loads(result.out)["checks"]}["compile packs"]
+
+    assert check()["status"] == "pass" and check()["detail"] == "none installed"
+    installed = json.loads(cli("cache", "install", _small_pack(tmp_path), "--json").out)
+    assert check()["detail"] == "1 installed, their files in place"
+    home = Path(os.environ["DLLM_HOME"])
+    record = next(home.glob(f"compile-packs/installed/{installed['sha256']}.json"))
+    cached = json.loads(record.read_text())
+    gone = (
+        Path(cached["caches"]["inductor"]) / cached["manifest"]["files"][0]["path"].split("/", 1)[1]
+    )
+    gone.unlink()
+    missing = check()
+    assert missing["status"] == "warn" and "(1 files)" in missing["detail"]
+    assert "dllm cache verify" in missing["fix"]
+    record.write_text("{")
+    damaged = check()
+    assert damaged["status"] == "fail" and "is damaged" in damaged["detail"]
+    assert f"dllm cache remove {installed['sha256'][:12]}" in damaged["fix"]
+    config = write_config(tmp_path / "train.yaml", "training.compile=true")
+    both = {
+        c["name"]: c for c in json.loads(cli("doctor", "--config", config, "--json").out)["checks"]
+    }
+    assert both["compile cache"]["status"] == "pass"  # the damage is the other check's to name
+    assert both["compile packs"]["status"] == "fail"

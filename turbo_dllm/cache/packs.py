@@ -63,6 +63,7 @@ __all__ = [
     "install_pack",
     "installed_packs",
     "make_pack",
+    "missing_files",
     "packs_locked",
     "publish_packs",
     "pack_folders",
@@ -714,14 +715,29 @@ def _staging_root(caches: dict[str, Path]) -> Path:
     return root
 
 
+def missing_files(pack: InstalledPack) -> list[str]:
+    """The pack's files that are gone from the cache or have another size (no hashing: cheap
+    enough for `dllm doctor`; `verify_pack` is the full check)."""
+    missing = []
+    for entry in pack.manifest.files:
+        path = _in_cache(pack, entry)
+        if not path.is_file() or path.stat().st_size != entry.size:
+            missing.append(entry.path)
+    return missing
+
+
+def _in_cache(pack: InstalledPack, entry: PackFile) -> Path:
+    cache, _, relative = entry.path.partition("/")
+    return Path(pack.caches[cache]) / relative
+
+
 def verify_pack(pack: InstalledPack) -> list[str]:
     """Problems with an installed pack's files in the cache (empty: all present and intact)."""
     from turbo_dllm.fsutil import sha256_file
 
     problems = []
     for entry in pack.manifest.files:
-        cache, _, relative = entry.path.partition("/")
-        path = Path(pack.caches[cache]) / relative
+        path = _in_cache(pack, entry)
         if not path.is_file():
             problems.append(f"{entry.path}: missing")
         elif path.stat().st_size != entry.size or sha256_file(path) != entry.sha256:
@@ -782,12 +798,13 @@ def _remove_emptied_folders(folder: Path, root: Path) -> None:
 # --- packs on offer -------------------------------------------------------------------------
 class OfferedPack(NamedTuple):
     path: Path
-    manifest: PackManifest
+    manifest: PackManifest | None  # None: the pack could not be read (`error` says why)
     differences: tuple[PackDifference, ...]
+    error: str | None = None
 
     @property
     def fits(self) -> bool:
-        return not self.differences
+        return self.error is None and not self.differences
 
 
 def pack_folders() -> list[Path]:
@@ -807,14 +824,16 @@ def pack_folders() -> list[Path]:
 
 
 def available_packs(host: HostFingerprint, spec_sha256: str | None = None) -> list[OfferedPack]:
-    """Every readable pack on offer, with why it does or does not fit."""
+    """Every pack on offer, with why it does or does not fit; one that cannot be read is
+    offered with its error (it fits nothing), not left out without a word."""
     offered = []
     for folder in pack_folders():
         for path in sorted(folder.glob(f"{PACK_PREFIX}*.tar.zst")):
             try:
                 manifest = read_pack_manifest(path)
-            except DllmError:
-                continue  # not ours to judge here; `dllm cache install` reports it
+            except DllmError as error:
+                offered.append(OfferedPack(path, None, (), error.message))
+                continue
             offered.append(
                 OfferedPack(path, manifest, tuple(manifest.key.differences(host, spec_sha256)))
             )
@@ -825,8 +844,7 @@ def fitting_pack(host: HostFingerprint, spec_sha256: str) -> Path | None:
     """A pack on offer made for this run's spec that fits `host` and is not installed, if any."""
     installed = {p.manifest.content_digest for p in installed_packs()}
     for offer in available_packs(host, spec_sha256):
-        key = offer.manifest.key
-        if offer.fits and key.spec_sha256 == spec_sha256:
+        if offer.fits and offer.manifest.key.spec_sha256 == spec_sha256:
             if offer.manifest.content_digest not in installed:
                 return offer.path
     return None

@@ -180,6 +180,7 @@ def _list(args) -> int:
                         "path": str(o.path),
                         "fits": o.fits,
                         "differences": [str(d) for d in o.differences],
+                        **({"error": o.error} if o.error else {}),
                     }
                     for o in offered
                 ],
@@ -194,6 +195,9 @@ def _list(args) -> int:
             f"{pack.installed_at}  {pack.manifest.file_name}"
         )
     for offer in offered:
+        if offer.error:
+            print(f"offered  {offer.path}: cannot be read: {offer.error}")
+            continue
         verdict = "fits" if offer.fits else "; ".join(map(str, offer.differences))
         print(f"offered  {offer.path}: {verdict}")
     return 0

@@ -168,7 +168,10 @@ def compile_cache(ctx: DoctorContext) -> CheckResult:
 
     # A fitting pack on offer (DLLM_PACK_PATH, a local mirror's packs/) and not installed: say so
     # (`dllm launch` prints doctor's warnings), warm cache or not: the pack may hold this recipe.
-    offer = fitting_pack(collect_fingerprint(), spec_digest(ctx.spec))
+    try:
+        offer = fitting_pack(collect_fingerprint(), spec_digest(ctx.spec))
+    except DllmError:  # a damaged installed-pack record: the "compile packs" check names it
+        offer = None
     size = cache_size_bytes(folder)
     if offer:
         state = f"warm ({size / 1e6:,.0f} MB)" if size else "cold"
@@ -187,6 +190,32 @@ def compile_cache(ctx: DoctorContext) -> CheckResult:
         f"{folder.parent}: cold, so the first step compiles (minutes for a 1-2B model on an "
         "H200); later runs with this torch/Triton reuse it",
     )
+
+
+@register_check(order=459)
+def compile_packs(ctx: DoctorContext) -> CheckResult:
+    """The installed compile-cache packs' records can be read, and their files are still in
+    the cache (present and of their recorded size: `dllm cache verify` hashes them too)."""
+    from turbo_dllm.cache.packs import installed_packs, missing_files
+
+    name = "compile packs"
+    try:
+        packs = installed_packs()
+    except DllmError as error:
+        return CheckResult(name, "fail", error.message, fix=error.hint)
+    if not packs:
+        return CheckResult(name, "pass", "none installed")
+    gone = {pack.short_sha: n for pack in packs if (n := len(missing_files(pack)))}
+    if gone:
+        which = ", ".join(f"{sha} ({n} files)" for sha, n in gone.items())
+        return CheckResult(
+            name,
+            "warn",
+            f"files of installed packs are missing or changed in the cache: {which}",
+            fix="dllm cache verify names them; dllm cache install PACK puts them back, or "
+            "dllm cache remove ID",
+        )
+    return CheckResult(name, "pass", f"{len(packs)} installed, their files in place")
 
 
 @register_check(order=460)
