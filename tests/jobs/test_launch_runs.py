@@ -333,26 +333,38 @@ def test_elastic_launch_sizes_data_parallel_from_the_world(recorded, cli, tmp_pa
     that joined, which is exactly the recorded 2-process job."""
     spec, original = recorded
     run_dir = tmp_path / "elastic"
-    result = cli(
-        "launch",
-        "--config",
-        spec,
-        "--nnodes",
-        "1:2",
-        "--nproc-per-node",
-        "2",
-        "--rdzv-endpoint",
-        f"127.0.0.1:{_free_port()}",
-        "--rdzv-conf",
-        "last_call_timeout=1",
-        "--run-dir",
-        run_dir,
-    )
+
+    def launch():
+        return cli(
+            "launch",
+            "--config",
+            spec,
+            "--nnodes",
+            "1:2",
+            "--nproc-per-node",
+            "2",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{_free_port()}",
+            "--rdzv-conf",
+            "last_call_timeout=1",
+            "--run-dir",
+            run_dir,
+        )
+
+    result = launch()
     assert result.code == 0, result.err
     plan = json.loads((run_dir / "manifest.json").read_text())["plan"]
     assert plan["elastic_axis"] == "dp" and plan["world_sizes"] == [2, 4]
     assert "--rdzv-conf" in plan["commands"][0]["argv"]
     assert losses(run_dir) == losses(original)
+    # No node's launcher sees a multi-node job end: rank 0 records it, and the same launch
+    # again is refused as a finished run (it used to join it as a node of a running one).
+    recorded_result = json.loads((run_dir / "result.json").read_text())
+    assert recorded_result["exit_code"] == 0 and recorded_result["recorded_by"] == "rank 0"
+    logs = {p.name: p.read_bytes() for p in run_dir.glob("console*.log")}
+    again = launch()
+    assert_user_error(again, f"{run_dir} already holds run", "(ok, step")
+    assert {p.name: p.read_bytes() for p in run_dir.glob("console*.log")} == logs
 
 
 def test_dry_run_prints_a_command_that_runs_as_pasted(recorded, cli, workdir):

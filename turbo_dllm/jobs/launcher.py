@@ -339,10 +339,10 @@ def check_run_dir(job: PreparedJob) -> bool:
     a launch never writes into another run's dir, where it would resume its checkpoints and
     append to its metrics under a manifest that does not describe them. The error names the
     run and the ways on. True: this node of a multi-node launch joins the same job, which
-    another node recorded there."""
+    another node recorded there and which has not finished (a finished one is refused too)."""
     run_dir = job.run_dir
     if (run_dir / MANIFEST_NAME).exists():
-        if job.multi_node:
+        if job.multi_node and not _finished(run_dir):
             _join(job)
             return True
         message = _occupied_by_a_recorded_run(run_dir, replay=job.manifest.replay_of is not None)
@@ -384,6 +384,15 @@ _NOTHING_TO_CONTINUE = (
     "suspended",
     "requeued",
 )
+
+
+def _finished(run_dir: Path) -> bool:
+    """Whether the run in `run_dir` ended with exit status 0 (its result.json: a multi-node
+    job's rank 0 writes it), so no node may join it."""
+    from turbo_dllm.jobs.result import read_result
+
+    result = read_result(run_dir)
+    return isinstance(result, dict) and result.get("exit_code") == 0
 
 
 def _run_files(run_dir: Path) -> list[str]:

@@ -10,6 +10,7 @@ in an elastic job the plan names the data-parallel axis that absorbs the live wo
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -57,9 +58,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hint: {error.hint}", file=sys.stderr)
         return 2
 
+    from turbo_dllm.jobs.result import now, write_result
     from turbo_dllm.train.entry import train
 
-    return train(spec, Path(manifest.plan.run_dir), layout=layout)
+    plan, started = manifest.plan, now()
+    code = train(spec, Path(plan.run_dir), layout=layout)
+    if plan.backend == "torchrun" and plan.nnodes_max > 1 and os.environ.get("RANK", "0") == "0":
+        # No launcher sees a multi-node job end (each node's sees its own torchrun only), so
+        # global rank 0 records the finished run: a later launch of it is refused, not joined.
+        write_result(Path(plan.run_dir), code, started, plan.backend, recorded_by="rank 0")
+    return code
 
 
 if __name__ == "__main__":
