@@ -789,7 +789,32 @@ def test_list_available_names_a_pack_it_cannot_read(cli, tmp_path, monkeypatch):
     assert not by_path[cut.name]["fits"] and "truncated" in by_path[cut.name]["error"]
     human = cli("cache", "list", "--available")
     assert human.code == 0
-    assert f"offered  {cut}: cannot be read: " in human.out
+    assert f"offered  {cut}: DAMAGED: " in human.out
+
+
+def test_list_available_marks_a_damaged_pack_with_its_fix(cli, tmp_path, monkeypatch):
+    """A pack on offer that could not be read (cut short, a dangling link) was one line among
+    the good ones, with no fix; it is marked DAMAGED now, with its fix on stderr as in `dllm
+    bundle list`. And `--available` with nothing on offer printed nothing at all (a
+    $DLLM_PACK_PATH folder that does not exist was dropped without a word)."""
+    monkeypatch.setenv("DLLM_PACK_PATH", str(tmp_path / "nowhere"))
+    empty = cli("cache", "list", "--available")
+    assert empty.code == 0 and "no compile-cache packs on offer" in empty.out
+    good = _small_pack(tmp_path)
+    cut = good.with_name(good.name.replace(".tar.zst", "0.tar.zst"))
+    cut.write_bytes(good.read_bytes()[:100])
+    dangling = good.with_name(good.name.replace(".tar.zst", "1.tar.zst"))
+    dangling.symlink_to(tmp_path / "gone.tar.zst")
+    monkeypatch.setenv("DLLM_PACK_PATH", str(good.parent))
+    human = cli("cache", "list", "--available")
+    assert human.code == 0 and f"offered  {good}: fits" in human.out
+    assert f"offered  {cut}: DAMAGED: " in human.out and "truncated" in human.out
+    assert f"offered  {dangling}: DAMAGED: cannot read " in human.out
+    for bad in (cut, dangling):
+        assert f"fix {bad.name}: replace {bad} with a complete copy" in human.err
+    offered = json.loads(cli("cache", "list", "--available", "--json").out)["available"]
+    fixes = {Path(o["path"]).name: o.get("fix") for o in offered}
+    assert fixes[good.name] is None and f"replace {cut}" in fixes[cut.name]
 
 
 def test_doctor_fails_on_a_damaged_pack_record_and_warns_of_missing_files(cli, tmp_path):

@@ -156,7 +156,12 @@ def _install(args) -> int:
 
 
 def _list(args) -> int:
-    from turbo_dllm.cache.packs import available_packs, installed_packs
+    from turbo_dllm.cache.packs import (
+        PACKS_VARIABLE,
+        available_packs,
+        installed_packs,
+        pack_folders,
+    )
     from turbo_dllm.errors import DllmError
 
     if args.config and not args.available:  # else --config would be ignored without a word
@@ -180,7 +185,7 @@ def _list(args) -> int:
                         "path": str(o.path),
                         "fits": o.fits,
                         "differences": [str(d) for d in o.differences],
-                        **({"error": o.error} if o.error else {}),
+                        **({"error": o.error, "fix": _offer_fix(o.path)} if o.error else {}),
                     }
                     for o in offered
                 ],
@@ -194,13 +199,22 @@ def _list(args) -> int:
             f"{pack.short_sha}  {pack.manifest.key.label()}  {len(pack.manifest.files)} files  "
             f"{pack.installed_at}  {pack.manifest.file_name}"
         )
+    if args.available and not offered:
+        folders = ", ".join(map(str, pack_folders())) or f"no ${PACKS_VARIABLE} folder exists"
+        print(f"no compile-cache packs on offer (looked in: {folders})")
     for offer in offered:
-        if offer.error:
-            print(f"offered  {offer.path}: cannot be read: {offer.error}")
+        if offer.error:  # listed like `dllm bundle list`'s damaged entries: marked, fix on stderr
+            print(f"offered  {offer.path}: DAMAGED: {offer.error}")
+            print(f"fix {offer.path.name}: {_offer_fix(offer.path)}", file=sys.stderr)
             continue
         verdict = "fits" if offer.fits else "; ".join(map(str, offer.differences))
         print(f"offered  {offer.path}: {verdict}")
     return 0
+
+
+def _offer_fix(path: Path) -> str:
+    """The fix for a pack on offer that cannot be read (`dllm cache install` refuses it)."""
+    return f"replace {path} with a complete copy (or pack again: dllm cache pack), or delete it"
 
 
 def _verify(args) -> int:
