@@ -31,6 +31,10 @@ PINNED_CODE = {
 SPEC = textwrap.dedent(SMALL_SPEC) + "checkpoint:\n  interval: 2\n"
 # A training process points these at its home's compile cache (tests/conftest.py).
 PROCESS_CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
+# One node of an elastic multi-node launch: every node runs this into one shared run dir.
+MULTI_NODE = ("--nnodes", "1:2", "--nproc-per-node", "1", "--rdzv-endpoint", "127.0.0.1:29400")
+# Stops after its first step with exit status 0, as a run out of its time slot does.
+SHORT = ("--set", "training.max_duration_s=0.000001")
 
 
 def snapshot(folder: Path) -> dict[str, tuple[str, int] | None]:
@@ -48,7 +52,8 @@ def snapshot(folder: Path) -> dict[str, tuple[str, int] | None]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Real launches on CPU: `done` finished; `stopped`'s launcher was killed after the last
-    step (no result.json, as a SIGKILL leaves it); `trained` is a `dllm train --run-dir` run."""
+    step (no result.json, as a SIGKILL leaves it), and `killed`'s too; `short` stopped after step 1 of 4 with exit
+    status 0 (training.max_duration_s); `trained` is a `dllm train --run-dir` run."""
     root = tmp_path_factory.mktemp("occupied")
     spec = root / "train.yaml"
     spec.write_text(SPEC)
@@ -61,10 +66,14 @@ def runs(tmp_path_factory):
             mp.delenv(name, raising=False)
         mp.setattr(provenance, "code_version", lambda: dict(PINNED_CODE))
         mp.chdir(root)
-        for name in ("done", "stopped"):
+        for name in ("done", "stopped", "killed"):
             assert main(["launch", "--config", str(spec), "--run-dir", str(root / name)]) == 0
+        assert (
+            main(["launch", "--config", str(spec), *SHORT, "--run-dir", str(root / "short")]) == 0
+        )
         assert main(["train", "--config", str(spec), "--run-dir", str(root / "trained")]) == 0
     (root / "stopped" / "result.json").unlink()
+    (root / "killed" / "result.json").unlink()  # `stopped` is resumed by a test below
     return spec, root
 
 
@@ -112,6 +121,56 @@ def test_a_stopped_run_is_refused_with_the_command_that_resumes_it(runs, cli, pi
     assert resumed.code == 0, resumed.err
     assert json.loads((stopped / "result.json").read_text())["resumed_by"] == "dllm train"
     assert (stopped / "manifest.json").read_bytes() == manifest
+
+
+@pytest.mark.parametrize("dry", [("--dry-run",), ()])
+def test_a_node_of_a_multi_node_launch_is_refused_by_its_finished_run(runs, cli, pinned, dry):
+    """The nodes of one multi-node launch join the run the first of them recorded; once it
+    finished (exit status 0 at its last step: rank 0's worker writes that result.json, see the
+    elastic test in test_launch_runs) the same launch is refused as a finished run. Before, it
+    said only "(ok, step 4/4)": nothing told its nodes that it finished, or when."""
+    spec, root = runs
+    done = root / "done"
+    before = snapshot(done)
+    finished_at = json.loads((done / "result.json").read_text())["finished_at"]
+    result = cli("launch", "--config", spec, *MULTI_NODE, "--run-dir", done, *dry)
+    assert_user_error(
+        result,
+        f"{done} already holds run done (ok, step 4/4), which finished at {finished_at} "
+        "with exit status 0",
+        "(the nodes of a multi-node launch join its run only until it finishes)",
+        "a new run: pass --run-dir a new folder",
+        f"the same job again, into a new run dir: dllm launch --manifest {done / 'manifest.json'}",
+    )
+    assert "dllm train" not in result.err  # a finished run has nothing to continue
+    assert result.out == ""
+    assert snapshot(done) == before
+
+
+def test_nodes_still_join_a_run_that_has_not_finished(runs, cli, pinned):
+    """A run its nodes left without a result (stopped, failed), or that stopped early with exit
+    status 0 (training.max_duration_s), is joined again by the same multi-node launch, which
+    resumes it; a one-node launch into the early-stopped run is refused with the command that
+    continues it. Before, exit status 0 alone read as finished: its nodes were refused and the
+    refusal offered no way to continue it."""
+    spec, root = runs
+    for name, extra in (("killed", ()), ("short", SHORT)):
+        before = snapshot(root / name)
+        result = cli(
+            "launch", "--config", spec, *extra, *MULTI_NODE, "--run-dir", root / name, "--dry-run"
+        )
+        assert result.code == 0, result.err
+        assert "joins the job another node recorded in the run dir (same spec)" in result.out
+        assert snapshot(root / name) == before
+    short = root / "short"
+    result = cli("launch", "--config", spec, *SHORT, "--run-dir", short)
+    assert_user_error(
+        result,
+        f"{short} already holds run short (ok, step 1/4), which ended at ",
+        " with exit status 0; a launch does not write into another run's dir. Instead:",
+        "continue it from its last checkpoint: "
+        f"dllm train --config {short / 'spec.yaml'} --run-dir {short}",
+    )
 
 
 @pytest.mark.parametrize("dry", [("--dry-run",), ()])

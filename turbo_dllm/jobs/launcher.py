@@ -36,7 +36,7 @@ from turbo_dllm.jobs.manifest import (
 )
 from turbo_dllm.jobs.options import LaunchOptions, NodeRange, SlurmOptions
 from turbo_dllm.jobs.plan import JobPlan
-from turbo_dllm.jobs.result import RESULT_NAME, now, write_result
+from turbo_dllm.jobs.result import RESULT_NAME, now, read_result, write_result
 from turbo_dllm.paths import new_run_dir
 from turbo_dllm.train.metrics import METRICS_NAME
 
@@ -345,7 +345,9 @@ def check_run_dir(job: PreparedJob) -> bool:
         if job.multi_node and not _finished(run_dir):
             _join(job)
             return True
-        message = _occupied_by_a_recorded_run(run_dir, replay=job.manifest.replay_of is not None)
+        message = _occupied_by_a_recorded_run(
+            run_dir, replay=job.manifest.replay_of is not None, joining=job.multi_node
+        )
         raise DllmError(message, hint=f"`dllm run show {run_dir}` shows that run")
     found = _run_files(run_dir)
     if job.multi_node:  # another node may be writing spec.yaml before its manifest
@@ -387,12 +389,21 @@ _NOTHING_TO_CONTINUE = (
 
 
 def _finished(run_dir: Path) -> bool:
-    """Whether the run in `run_dir` ended with exit status 0 (its result.json: a multi-node
-    job's rank 0 writes it), so no node may join it."""
-    from turbo_dllm.jobs.result import read_result
+    """Whether the run in `run_dir` ran to its end, so no node may join it: exit status 0
+    recorded (result.json; a multi-node job's rank 0 writes it) at its last step. A run that
+    left no result (failed, stopped) or stopped early with 0 (training.max_duration_s) has not:
+    its nodes join it again and resume."""
+    from turbo_dllm.jobs.runs import summarize
 
-    result = read_result(run_dir)
-    return isinstance(result, dict) and result.get("exit_code") == 0
+    try:
+        return _complete(summarize(run_dir, ask_slurm=False))
+    except DllmError:  # a damaged manifest: joining it says what is wrong with it
+        return False
+
+
+def _complete(run) -> bool:
+    """Whether a run's summary says it ended well at its last step."""
+    return run.exit_code == 0 and (run.steps_done or 0) >= run.steps_total
 
 
 def _run_files(run_dir: Path) -> list[str]:
@@ -410,8 +421,9 @@ def _run_files(run_dir: Path) -> list[str]:
     return found
 
 
-def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool) -> str:
-    """What holds `run_dir` (its id, status and progress) and the ways on."""
+def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = False) -> str:
+    """What holds `run_dir` (its id, status, progress, when it ended) and the ways on;
+    `joining`: a node of a multi-node launch, refused because that run finished."""
     from turbo_dllm.jobs.runs import summarize
 
     manifest = run_dir / MANIFEST_NAME
@@ -426,15 +438,27 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool) -> str:
     done = "no steps yet" if run.steps_done is None else f"step {run.steps_done}/{run.steps_total}"
     if not replay:
         ways.append(f"the same job again, into a new run dir: dllm launch --manifest {manifest}")
-    if run.status not in _NOTHING_TO_CONTINUE:
+    complete = _complete(run)
+    # A run that ended with 0 short of its last step stopped at training.max_duration_s.
+    if run.status not in _NOTHING_TO_CONTINUE or (run.status == "ok" and not complete):
         under = " (under torchrun, as its plan does)" if run.processes != "1x1" else ""
         ways.append(
             "if it stopped, continue it from its last checkpoint"
             f"{under}: dllm train --config {run_dir / SPEC_NAME} --run-dir {run_dir}"
         )
+    ended = ""
+    if run.exit_code is not None:  # its result.json: when and how it ended
+        result = read_result(run_dir) or {}
+        at = result.get("finished_at")
+        at = f" at {at}" if isinstance(at, str) else ""
+        ended = (
+            f", which {'finished' if complete else 'ended'}{at} with exit status {run.exit_code}"
+        )
+    nodes = " (the nodes of a multi-node launch join its run only until it finishes)"
     return (
-        f"{run_dir} already holds run {run.run_id} ({run.status}, {done}); a launch does not "
-        "write into another run's dir. Instead:\n" + "\n".join(f"  - {way}" for way in ways)
+        f"{run_dir} already holds run {run.run_id} ({run.status}, {done}){ended}; a launch does "
+        f"not write into another run's dir{nodes if joining else ''}. Instead:\n"
+        + "\n".join(f"  - {way}" for way in ways)
     )
 
 
