@@ -173,6 +173,100 @@ def test_nodes_still_join_a_run_that_has_not_finished(runs, cli, pinned):
     )
 
 
+def record_multi_node_run(spec: Path, run_dir: Path, steps: int) -> None:
+    """A multi-node job's run dir as its nodes leave it after `steps` steps, without training:
+    the launch's spec.yaml and manifest.json (`materialize`, as the first node writes them), the
+    metrics, and the result.json its rank 0 writes when training returns 0 (the real job: the
+    elastic test in test_launch_runs)."""
+    from turbo_dllm.jobs import launcher
+    from turbo_dllm.jobs.options import LaunchOptions, NodeRange
+    from turbo_dllm.jobs.result import write_result
+
+    options = LaunchOptions(
+        nproc_per_node=1,
+        nnodes=NodeRange(1, 2),
+        rdzv_endpoint="127.0.0.1:29400",
+        run_dir=str(run_dir),
+    )
+    argv = ["dllm", "launch", "--config", str(spec), *MULTI_NODE, "--run-dir", str(run_dir)]
+    job = launcher.prepare_launch(spec, [], options, argv)
+    assert job.multi_node
+    launcher.materialize(job)
+    records = [{"step": step, "loss": 5.0} for step in range(1, steps + 1)]
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    write_result(run_dir, 0, "2026-01-01T00:00:00+00:00", "torchrun", recorded_by="rank 0")
+
+
+def test_a_finished_multi_node_run_offers_a_replay_its_nodes_can_run(cli, pinned, workdir):
+    """A finished multi-node run's replay is a multi-node launch too, which needs one run dir
+    named on every node: the refusal's ways on say so, and the replay line it prints runs.
+    Before, it printed `dllm launch --manifest M` (and "leave --run-dir unset"), which a
+    multi-node job refuses ("every node of a multi-node launch must write into the same run
+    dir")."""
+    spec = workdir / "train.yaml"
+    spec.write_text(SPEC)
+    multi = workdir / "multi"
+    record_multi_node_run(spec, multi, 4)
+    before = snapshot(multi)
+    finished_at = json.loads((multi / "result.json").read_text())["finished_at"]
+    result = cli("launch", "--config", spec, *MULTI_NODE, "--run-dir", multi)
+    assert_user_error(
+        result,
+        f"{multi} already holds run multi (ok, step 4/4), which finished at {finished_at} "
+        "with exit status 0",
+        "a new run: pass --run-dir a new folder on shared storage, the same on every node",
+        f"dllm launch --manifest {multi / 'manifest.json'} --run-dir DIR, on every node",
+    )
+    assert "leave --run-dir" not in result.err and "dllm train" not in result.err
+    assert snapshot(multi) == before
+
+    again = result.err.split("into a new run dir: ")[1].split(",")[0]
+    words = shlex.split(again.replace("DIR", str(workdir / "again")))
+    assert words[:2] == ["dllm", "launch"]
+    replay = cli(*words[1:], "--dry-run", "--json")
+    assert replay.code == 0, replay.err
+    assert json.loads(replay.out)["plan"]["run_dir"] == str(workdir / "again")
+    assert snapshot(multi) == before
+
+
+def test_rank_0_of_a_rejoined_multi_node_run_clears_its_earlier_result(
+    cli, pinned, workdir, monkeypatch
+):
+    """A multi-node run that stopped early with exit status 0 (training.max_duration_s) is
+    joined again by the same launch; its rank 0 removes that attempt's result.json when it
+    starts (as a `dllm train` resume does), so the run reads `no result` while it trains, and
+    writes its own when training returns. Before, the earlier "ok" stood until then."""
+    spec = workdir / "train.yaml"
+    spec.write_text(SPEC)
+    short = workdir / "short"
+    record_multi_node_run(spec, short, 1)
+    joined = cli("launch", "--config", spec, *MULTI_NODE, "--run-dir", short, "--dry-run")
+    assert joined.code == 0, joined.err
+    assert "joins the job another node recorded in the run dir (same spec)" in joined.out
+
+    import turbo_dllm.train.entry
+    from turbo_dllm.jobs import worker
+
+    seen = []
+
+    def train(spec, run_dir, layout=None):
+        seen.append((Path(run_dir) / "result.json").is_file())
+        return 0
+
+    monkeypatch.setattr(turbo_dllm.train.entry, "train", train)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    earlier = (short / "result.json").read_bytes()
+    monkeypatch.setenv("RANK", "1")  # not the rank that records the run
+    assert worker.main(["--manifest", str(short / "manifest.json")]) == 0
+    assert seen == [True] and (short / "result.json").read_bytes() == earlier
+    monkeypatch.setenv("RANK", "0")
+    assert worker.main(["--manifest", str(short / "manifest.json")]) == 0
+    assert seen == [True, False]
+    result = json.loads((short / "result.json").read_text())
+    assert result["exit_code"] == 0 and result["recorded_by"] == "rank 0"
+    assert result["started_at"] != "2026-01-01T00:00:00+00:00"
+
+
 @pytest.mark.parametrize("dry", [("--dry-run",), ()])
 def test_a_launch_into_a_dllm_train_run_is_refused(runs, cli, pinned, dry):
     """Before, the launch adopted the folder: it wrote a manifest over another run's checkpoints

@@ -374,6 +374,12 @@ _NEW_RUN = {  # by whether the launch is a replay, whose spec's launch.run_dir d
     True: "replay into a new run dir: pass --run-dir a new folder, or leave it unset for a "
     "fresh one next to the recorded run",
 }
+# A multi-node launch needs a run dir named on every node (`_compile`): no fresh default.
+_NEW_SHARED_RUN = {
+    False: "a new run: pass --run-dir a new folder on shared storage, the same on every node",
+    True: "replay into a new run dir: pass --run-dir a new folder on shared storage, the same "
+    "on every node",
+}
 
 
 # How `dllm run list` says a run is finished, or still in SLURM's hands: nothing to continue.
@@ -427,9 +433,10 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
     from turbo_dllm.jobs.runs import summarize
 
     manifest = run_dir / MANIFEST_NAME
-    ways = [_NEW_RUN[replay]]
+    ways = [(_NEW_SHARED_RUN if joining else _NEW_RUN)[replay]]
     try:
-        run = summarize(run_dir)
+        recorded = read_manifest(run_dir)
+        run = summarize(run_dir, recorded)
     except DllmError as error:  # damaged or edited: still a run, and still not ours to touch
         return (
             f"{run_dir} already holds a run ({MANIFEST_NAME}: {error.message}); a launch does "
@@ -437,7 +444,11 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
         )
     done = "no steps yet" if run.steps_done is None else f"step {run.steps_done}/{run.steps_total}"
     if not replay:
-        ways.append(f"the same job again, into a new run dir: dllm launch --manifest {manifest}")
+        again = f"the same job again, into a new run dir: dllm launch --manifest {manifest}"
+        if recorded.plan.backend == "torchrun" and recorded.plan.nnodes_max > 1:
+            # Its replay is multi-node too, which takes no default run dir.
+            again += " --run-dir DIR, on every node (DIR: a new folder on shared storage)"
+        ways.append(again)
     complete = _complete(run)
     # A run that ended with 0 short of its last step stopped at training.max_duration_s.
     if run.status not in _NOTHING_TO_CONTINUE or (run.status == "ok" and not complete):

@@ -1,8 +1,11 @@
 """`result.json`: how a run ended (its exit code), written once the workers are done.
 
-The launcher writes it after a local or torchrun job. A SLURM job's launcher only submits, so
-the batch script writes it itself when `srun` returns (`python -m turbo_dllm.jobs.result`); a
-job SLURM kills (scancel, time limit) never gets that far, and `dllm run list` asks SLURM.
+The launcher writes it after a local or one-node torchrun job; no node's launcher sees a
+multi-node job end, so its global rank 0 worker writes it when training returns (and removes an
+earlier attempt's when it starts: `turbo_dllm.jobs.worker`). A SLURM job's launcher only
+submits, so the batch script writes it itself when `srun` returns (`python -m
+turbo_dllm.jobs.result`); a job SLURM kills (scancel, time limit) never gets that far, and
+`dllm run list` asks SLURM.
 """
 
 from __future__ import annotations

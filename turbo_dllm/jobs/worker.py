@@ -58,12 +58,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"hint: {error.hint}", file=sys.stderr)
         return 2
 
-    from turbo_dllm.jobs.result import now, write_result
+    from turbo_dllm.jobs.result import RESULT_NAME, now, write_result
     from turbo_dllm.train.entry import train
 
     plan, started = manifest.plan, now()
+    records = (
+        plan.backend == "torchrun" and plan.nnodes_max > 1 and os.environ.get("RANK", "0") == "0"
+    )
+    if records:
+        # This attempt is the run's status now (as a `dllm train` resume's is): an earlier
+        # attempt's result (an early stop, a failure) would read as this one's while it trains.
+        (Path(plan.run_dir) / RESULT_NAME).unlink(missing_ok=True)
     code = train(spec, Path(plan.run_dir), layout=layout)
-    if plan.backend == "torchrun" and plan.nnodes_max > 1 and os.environ.get("RANK", "0") == "0":
+    if records:
         # No launcher sees a multi-node job end (each node's sees its own torchrun only), so
         # global rank 0 records the finished run: a later launch of it is refused, not joined.
         write_result(Path(plan.run_dir), code, started, plan.backend, recorded_by="rank 0")
