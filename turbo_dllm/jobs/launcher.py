@@ -72,7 +72,7 @@ class PreparedJob:
 
     @property
     def multi_node(self) -> bool:
-        return self.plan.nnodes_max > 1 and self.plan.backend == "torchrun"
+        return self.plan.multi_node
 
 
 # --- prepare ----------------------------------------------------------------------------------
@@ -234,7 +234,7 @@ def _compile(
         update={"launch": spec.launch.model_copy(update={"run_dir": str(run_dir)})}
     )
     plan = compile_plan(spec, options, host, run_dir=run_dir)
-    if plan.backend == "torchrun" and plan.nnodes_max > 1 and not explicit:
+    if plan.multi_node and not explicit:
         raise DllmError(
             "every node of a multi-node launch must write into the same run dir",
             hint="pass --run-dir DIR on shared storage (the same on every node), "
@@ -445,7 +445,7 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
     done = "no steps yet" if run.steps_done is None else f"step {run.steps_done}/{run.steps_total}"
     if not replay:
         again = f"the same job again, into a new run dir: dllm launch --manifest {manifest}"
-        if recorded.plan.backend == "torchrun" and recorded.plan.nnodes_max > 1:
+        if recorded.plan.multi_node:
             # Its replay is multi-node too, which takes no default run dir.
             again += " --run-dir DIR, on every node (DIR: a new folder on shared storage)"
         ways.append(again)

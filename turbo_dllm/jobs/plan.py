@@ -103,6 +103,12 @@ class JobPlan(_Strict):
         return self.nnodes_min != self.nnodes_max
 
     @property
+    def multi_node(self) -> bool:
+        """A torchrun job over several nodes: each node's launcher writes into one run dir and
+        sees only its own torchrun end."""
+        return self.backend == "torchrun" and self.nnodes_max > 1
+
+    @property
     def world_size(self) -> int | None:
         return self.world_sizes[0] if len(self.world_sizes) == 1 else None
 

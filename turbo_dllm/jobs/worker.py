@@ -62,9 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from turbo_dllm.train.entry import train
 
     plan, started = manifest.plan, now()
-    records = (
-        plan.backend == "torchrun" and plan.nnodes_max > 1 and os.environ.get("RANK", "0") == "0"
-    )
+    records = plan.multi_node and os.environ.get("RANK", "0") == "0"
     if records:
         # This attempt is the run's status now (as a `dllm train` resume's is): an earlier
         # attempt's result (an early stop, a failure) would read as this one's while it trains.

@@ -704,11 +704,8 @@ class Trainer:
                 # Every rank must agree: the stop leads to a collective save (see `any_rank`).
                 # Across ranks the vote taken at the last step is read now, so no rank waits
                 # for the step it just queued: a distributed run stops one step later.
-                if env.distributed:
-                    out_of_time = vote is not None and vote()
-                vote = any_rank(elapsed >= max_duration, env)
-                if not env.distributed:
-                    out_of_time = vote()
+                previous, vote = vote, any_rank(elapsed >= max_duration, env)
+                out_of_time = (previous is not None and previous()) if env.distributed else vote()
             if (interval and done % interval == 0) or done == self.total_steps or out_of_time:
                 self._report(queued, last_read, began, tokens_per_step)
                 waiting, last_read = None, None  # the next step's time leaves the save out
