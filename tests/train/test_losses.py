@@ -197,3 +197,25 @@ def test_softcapped_logits_match_autograd():
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(gh, hidden.grad)
     torch.testing.assert_close(gw, weight.grad)
+
+
+def test_uninitialised_buffers_are_never_read(monkeypatch):
+    """The weight gradient's buffer starts empty (the first chunk's product overwrites it) and
+    the backward's scaled copy is written whole: NaN-filled allocations must change nothing."""
+    torch.manual_seed(3)
+    hidden = torch.randn(40, 16, requires_grad=True)
+    weight = torch.randn(24, 16, requires_grad=True)
+    targets = torch.randint(0, 24, (40,))
+    (0.5 * linear_cross_entropy(hidden, weight, targets, chunk_size=16)).backward()
+    expected = weight.grad.clone()
+    weight.grad = None
+    real_empty = torch.empty
+
+    def nan_empty(*args, **kwargs):
+        return real_empty(*args, **kwargs).fill_(float("nan"))
+
+    monkeypatch.setattr(torch, "empty", nan_empty)
+    (0.5 * linear_cross_entropy(hidden, weight, targets, chunk_size=16)).backward()
+    monkeypatch.undo()
+    assert torch.isfinite(weight.grad).all()
+    torch.testing.assert_close(weight.grad, expected, rtol=0, atol=0)

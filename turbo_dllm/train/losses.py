@@ -39,12 +39,18 @@ def _even_chunks(n: int, limit: int) -> int:
     return min(limit, math.ceil(math.ceil(n / pieces) / 64) * 64)
 
 
-def _accumulate_outer(grad_weight: torch.Tensor, g: torch.Tensor, h: torch.Tensor) -> None:
-    """grad_weight += g.T @ h, in grad_weight's (float32+) dtype without a product copy."""
+def _accumulate_outer(
+    grad_weight: torch.Tensor, g: torch.Tensor, h: torch.Tensor, first: bool
+) -> None:
+    """grad_weight += g.T @ h (= g.T @ h when `first`: the buffer is then uninitialised), in
+    grad_weight's (float32+) dtype without a product copy."""
+    beta = 0.0 if first else 1.0  # addmm ignores the input at beta 0, NaN included
     if grad_weight.dtype == g.dtype:
-        grad_weight.addmm_(g.t(), h)
+        grad_weight.addmm_(g.t(), h, beta=beta)
     elif g.is_cuda:  # cuBLAS accumulates bf16/fp16 products straight into float32
-        torch.addmm(grad_weight, g.t(), h, out_dtype=grad_weight.dtype, out=grad_weight)
+        torch.addmm(grad_weight, g.t(), h, beta=beta, out_dtype=grad_weight.dtype, out=grad_weight)
+    elif first:
+        grad_weight.copy_(g.t() @ h)
     else:
         grad_weight.add_(g.t() @ h)
 
@@ -69,10 +75,12 @@ class _LinearCrossEntropy(torch.autograd.Function):
         total = torch.zeros((), dtype=math_dtype, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = (
-            torch.zeros(weight.shape, dtype=math_dtype, device=weight.device)
+            torch.empty(weight.shape, dtype=math_dtype, device=weight.device)
             if need_weight
             else None
         )
+        if need_weight and n == 0:
+            grad_weight.zero_()
         for start in range(0, n, chunk_size):
             end = min(start + chunk_size, n)
             h = hidden[start:end].to(compute_dtype)
@@ -97,7 +105,7 @@ class _LinearCrossEntropy(torch.autograd.Function):
                 else:
                     grad_hidden[start:end] = (g @ w).to(hidden.dtype)
             if need_weight:
-                _accumulate_outer(grad_weight, g, h)
+                _accumulate_outer(grad_weight, g, h, first=start == 0)
             del logits, g
         ctx.save_for_backward(grad_hidden, grad_weight)
         ctx.weight_dtype = weight.dtype
@@ -109,8 +117,9 @@ class _LinearCrossEntropy(torch.autograd.Function):
         gh = gw = None
         if grad_hidden is not None:
             gh = grad_hidden * grad_total.to(grad_hidden.dtype)
-        if grad_weight is not None:
-            gw = (grad_weight * grad_total).to(ctx.weight_dtype)
+        if grad_weight is not None:  # scaled and cast in one pass over the (V, H) buffer
+            gw = torch.empty(grad_weight.shape, dtype=ctx.weight_dtype, device=grad_weight.device)
+            torch.mul(grad_weight, grad_total, out=gw)
         return gh, gw, None, None, None, None, None, None
 
 

@@ -54,6 +54,7 @@ from turbo_dllm.train.distributed import (
     apply_fsdp,
     apply_mlp_chunking,
     clip_grad_norm,
+    clip_in_optimizer,
     replicate_partial_grads,
 )
 from turbo_dllm.train.export import export_sources
@@ -597,7 +598,9 @@ class Trainer:
             reduce_expert_grads(self.model)
         if self.dims.tp > 1:
             replicate_partial_grads(params)
-        return clip_grad_norm(params, self.spec.training.clip_grad_norm)
+        limit = self.spec.training.clip_grad_norm
+        norm = clip_in_optimizer(self.optimizer, params, limit)
+        return norm if norm is not None else clip_grad_norm(params, limit)
 
     def _all_reduce(self, tensor: torch.Tensor) -> None:
         """Sum over the ranks, counting each tensor-parallel group once."""
