@@ -849,3 +849,17 @@ def test_doctor_fails_on_a_damaged_pack_record_and_warns_of_missing_files(cli, t
     }
     assert both["compile cache"]["status"] == "pass"  # the damage is the other check's to name
     assert both["compile packs"]["status"] == "fail"
+
+
+def test_a_stray_file_among_the_records_is_named_with_a_fix_that_works(cli, tmp_path):
+    """A .json no install wrote (not named by a sha256) was answered with `dllm cache remove
+    <its name>`, which refuses a name under 6 characters and matches no pack's sha256 anyway."""
+    path = _small_pack(tmp_path)
+    assert cli("cache", "install", path).code == 0
+    stray = next(Path(os.environ["DLLM_HOME"]).glob("compile-packs/installed")) / "x.json"
+    stray.write_text("{}")
+    result = cli("cache", "list")
+    assert_user_error(result, f"the installed-pack record {stray} is damaged", f"delete {stray}")
+    assert "dllm cache remove" not in result.err
+    stray.unlink()
+    assert cli("cache", "list").code == 0

@@ -468,11 +468,20 @@ def _read_record(path: Path) -> InstalledPack:
             raise ValueError(f"no cache folder for {', '.join(sorted(missing))}")
         return pack
     except (OSError, ValueError, KeyError, TypeError, AttributeError, RecordError) as error:
+        if _is_sha256(path.stem):
+            hint = (
+                f"remove it: dllm cache remove {path.stem[:12]} (the files it added stay in "
+                "the cache; they are only a cache)"
+            )
+        else:  # not named by a pack's sha256, so no install wrote it: `remove` cannot name it
+            hint = f"it is no record dllm wrote (those are named <sha256>.json): delete {path}"
         raise DllmError(
-            f"the installed-pack record {path} is damaged: {error}",
-            hint=f"remove it: dllm cache remove {path.stem[:12]} (the files it added stay in "
-            "the cache; they are only a cache)",
+            f"the installed-pack record {path} is damaged: {error}", hint=hint
         ) from None
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
 
 
 def remove_damaged_record(ident: str) -> Path | None:
