@@ -57,9 +57,11 @@ class HybridMask:
 
     attention: Any
     layout: BlockDiffusionLayout | None = None
-    # Block parallelism (CSBP with cp = 1): this rank's noisy blocks (global ids, stream order);
-    # the stream is [those blocks ; the clean prefix up to the last of them]. None: all blocks.
-    noisy_blocks: tuple[int, ...] | None = None
+    # Block parallelism (CSBP with cp = 1): this rank's noisy blocks (global ids, stream order,
+    # an int64 tensor on the model's device, put there once a step: a copy per layer would wait
+    # for the queue); the stream is [those blocks ; the clean prefix up to the last of them].
+    # None: all blocks.
+    noisy_blocks: torch.Tensor | None = None
     # Context parallelism (the CP baseline): this rank's place in the clean stream's state
     # hand-off (`context.StateHandOff`); the stream is [its noisy chunks ; its clean chunks].
     hand_off: Any = None
@@ -343,8 +345,7 @@ class GatedDeltaNet(nn.Module):
                 if seq != 2 * N:
                     raise ValueError(f"the stream has {seq} positions, the layout {2 * N}")
             else:  # this rank's blocks, then the clean prefix they need
-                N = len(mask.noisy_blocks) * block
-                which = torch.tensor(mask.noisy_blocks, device=x.device)
+                N, which = mask.noisy_blocks.numel() * block, mask.noisy_blocks
             noisy, clean, _ = self._recomputed(
                 self._stream,
                 mixed[:, :N],

@@ -62,7 +62,10 @@ def model_mask(inputs: Any) -> HybridMask:
             "would run from one document into the next",
             hint="prepare the data without packing (one document per sequence)",
         )
+    import torch
+
     from turbo_dllm.families.qwen3_8.context import StateHandOff
+    from turbo_dllm.train.objectives.base import to_device
     from turbo_dllm.train.parallel.cp import CpAttention
     from turbo_dllm.train.parallel.csbp import CsbpAttention
 
@@ -78,5 +81,6 @@ def model_mask(inputs: Any) -> HybridMask:
                 "qwen3_8 runs block parallelism with the clean stream whole on each rank only",
                 hint="set topology.cp: 1 with bp, or bp: 1 with cp",
             )
-        return HybridMask(mask, inputs.batch.layout, tuple(int(b) for b in layout.noisy_blocks))
+        blocks = to_device(torch.tensor(layout.noisy_blocks), inputs.input_ids.device)
+        return HybridMask(mask, inputs.batch.layout, blocks)
     return HybridMask(mask, inputs.batch.layout)
