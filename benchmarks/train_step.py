@@ -786,21 +786,24 @@ def _fla_trains_here() -> bool:
 
 
 def context_search(args, argv) -> int:
-    """The longest L of --context-search that trains one step, per attention of --attention.
+    """The longest L of --context-search that trains, per attention of --attention.
 
     One document per sequence (the synthetic data has no document boundaries), so attention is
     quadratic in L, as users train; activation checkpointing and --mlp-chunks as given. Each probe
     is this script in a fresh process (an out-of-memory cannot poison the next one), ours only,
-    one cold step (compile included); lengths ascend and a kind stops at its first failure, or
-    when the next probe (the last one's start-up plus its step scaled by (L'/L)^2) would pass its
-    share of --search-budget-s (each probe is also killed at that share's end).
+    two steps: the first (cold, compile included) creates AdamW's moments, which the second
+    holds through its backward, so the peak is a training run's, not a first step's; lengths
+    ascend and a kind stops at its first failure, or when the next probe (the last one's
+    start-up plus its steps scaled by (L'/L)^2) would pass its share of --search-budget-s (each
+    probe is also killed at that share's end).
     """
     import subprocess
 
     lengths = sorted(int(x) for x in args.context_search.split(","))
     attentions = args.attention.split(",")
     share = args.search_budget_s / len(attentions)
-    common = ["--no-baseline", "--steps", "1", "--warmup", "0", "--family", args.family]
+    steps = 2  # one warm-up (it creates the optimizer's state), one timed
+    common = ["--no-baseline", "--steps", "1", "--warmup", str(steps - 1), "--family", args.family]
     common += ["--block-size", str(args.block_size), "--kernels", args.kernels]
     common += ["--mlp-chunks", str(args.mlp_chunks)]
     for flag, on in (("--tiny", args.tiny), ("--no-compile", args.no_compile)):
@@ -817,9 +820,9 @@ def context_search(args, argv) -> int:
         for length in lengths:
             spent = time.perf_counter() - start
             if last is not None:
-                # start-up as measured, the step scaled like the quadratic attention
-                step = last["step_time_s"]
-                estimate = last["wall_s"] - step + step * (length / last["seq_len"]) ** 2
+                # start-up as measured, the steps scaled like the quadratic attention
+                stepping = steps * last["step_time_s"]
+                estimate = last["wall_s"] - stepping + stepping * (length / last["seq_len"]) ** 2
                 if spent + estimate > share:
                     print(
                         f"  {attention} L={length}: not tried (~{estimate:.0f} s, "
@@ -868,7 +871,7 @@ def context_search(args, argv) -> int:
         fits = [p["seq_len"] for p in probes if p["outcome"] == "trains"]
         found[attention] = {"longest": max(fits) if fits else None, "probes": probes}
     kind = "one document per sequence (attention quadratic in L)"
-    print(f"\nlongest L that trains one step, {kind}:")
+    print(f"\nlongest L that trains ({steps} steps), {kind}:")
     for attention, entry in found.items():
         print(f"  {attention:6} {entry['longest']}")
     if args.out:
@@ -884,6 +887,7 @@ def context_search(args, argv) -> int:
             "mlp_chunks": args.mlp_chunks,
             "compile": not args.no_compile,
             "budget_s": args.search_budget_s,
+            "steps_per_probe": steps,
             "found": found,
         }
         args.out.write_text(json.dumps(report, indent=2) + "\n")
@@ -975,8 +979,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         "--context-search",
         default=None,
         metavar="L,L,...",
-        help="instead: the longest of these L that trains one step (one document per sequence),"
-        " each probe a fresh process; see context_search()",
+        help="instead: the longest of these L that trains two steps (one document per"
+        " sequence), each probe a fresh process; see context_search()",
     )
     parser.add_argument(
         "--search-budget-s",

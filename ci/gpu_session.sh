@@ -92,7 +92,7 @@ for stage in "$@"; do
           --no-baseline --steps 3 --warmup 1 --out "$OUT/train_step_turbo_32k.json" 2>&1 \
           | tee "$OUT/train_step_turbo_32k.log" | grep --line-buffered -E "step [0-9]+:|^turbo-dllm|MFU|rror" || status=1 ;;
     context-1doc) # ~4 min (SEARCH_BUDGET_S, split between turbo and flex): the longest L that
-      # trains one step with one document per sequence, AC on, MLP chunks 4
+      # trains two steps with one document per sequence, AC on, MLP chunks 4
       python3 benchmarks/train_step.py --context-search "${CONTEXT_LENS:-65536,98304,131072,196608}" \
           --attention turbo,flex --activation-checkpointing --mlp-chunks 4 --no-compile \
           --search-budget-s "${SEARCH_BUDGET_S:-240}" --out "$OUT/context_1doc.json" 2>&1 \

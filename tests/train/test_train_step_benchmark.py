@@ -107,6 +107,7 @@ def test_context_search_reports_the_longest_that_trains(train_step, tmp_path):
     report = json.loads(out.read_text())
     assert report["kind"].startswith("one document per sequence")
     assert report["activation_checkpointing"] is True
+    assert report["steps_per_probe"] == 2  # the second step holds the first one's AdamW moments
     flex = report["found"]["flex"]
     assert flex["longest"] == 32
     assert [p["outcome"] for p in flex["probes"]] == ["trains", "trains"]
