@@ -42,6 +42,9 @@
 # CSBP's merge op: the jit backend builds the bundle's CUDA sources in place (CP_KERNELS=reference
 # for the pure-torch merge, which keeps float32 copies of both partial outputs for its backward).
 # The host has torch/CUDA but no registry: missing pure-Python deps travel as wheels in .whl/.
+# SMI_MS=50 samples the GPU's SM clock, power and throttle reasons every 50 ms into
+# $OUT/smi.csv for the whole session (the 8K step runs at the 700 W power cap: clocks explain
+# kernels that run slower in a step than alone; docs/benchmarks.md, session 28).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/gpu-out}; mkdir -p "$OUT"
@@ -49,6 +52,14 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 # NVLink multicast stays off on shared hosts (see the device notes).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 status=0
+if [ -n "${SMI_MS:-}" ]; then
+  reasons=clocks_event_reasons.active  # older drivers call it clocks_throttle_reasons
+  nvidia-smi --query-gpu=$reasons --format=csv >/dev/null 2>&1 || reasons=clocks_throttle_reasons.active
+  echo "timestamp, sm MHz, mem MHz, power W, temperature C, $reasons" > "$OUT/smi.csv"
+  nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,power.draw,temperature.gpu,$reasons \
+    --format=csv,noheader,nounits -lms "$SMI_MS" >> "$OUT/smi.csv" 2>&1 &
+  smi_pid=$!; trap 'kill $smi_pid 2>/dev/null' EXIT
+fi
 for stage in "$@"; do
   echo "=== $stage ($(date -u +%H:%M:%S))"
   case $stage in
