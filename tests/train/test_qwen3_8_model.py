@@ -232,3 +232,50 @@ def test_a_zero_full_attention_interval_is_a_user_error():
         get_family("qwen3_8").resolve_config(
             path=None, from_config="tiny", overrides={"full_attention_interval": 0}
         )
+
+
+@pytest.mark.parametrize(
+    "config, needle",
+    [
+        (None, "has no config.json"),
+        ("[1]", "is not a JSON object"),
+        ('"x"', "is not a JSON object"),
+        ('{"vocab_size": "97"}', "has no valid vocab_size (found '97')"),
+        ('{"vocab_size": null}', "has no valid vocab_size (found None)"),
+        ('{"model_type": "qwen3_5"}', "has no valid vocab_size (found None)"),
+    ],
+)
+def test_mask_token_migration_of_a_bad_config_is_a_user_error(tmp_path, cli, config, needle):
+    """A config.json that is no object, or whose vocab_size is no integer, raised a traceback
+    (AttributeError, ValueError, TypeError); a missing vocab_size read as "0 rows"; a missing
+    config.json said no hint."""
+    from tokenizers import Tokenizer, models
+
+    from tests.helpers import assert_user_error
+
+    vocab = {f"t{i}": i for i in range(90)}
+    backend = Tokenizer(models.WordLevel(vocab, unk_token="t0"))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(tmp_path)
+    (tmp_path / "config.json").unlink(missing_ok=True)
+    if config is not None:
+        (tmp_path / "config.json").write_text(config)
+    result = cli("model", "add-mask-token", tmp_path)
+    assert_user_error(result, needle, "hint:")
+
+
+def test_mask_token_migration_names_a_missing_folder_and_an_empty_token(tmp_path, cli):
+    from tests.helpers import assert_user_error
+
+    assert_user_error(cli("model", "add-mask-token", tmp_path / "nope"), "does not exist")
+    (tmp_path / "f").write_text("")
+    assert_user_error(cli("model", "add-mask-token", tmp_path / "f"), "is not a folder")
+    hf_model().save_pretrained(tmp_path)
+    # the tokenizer added nothing: "the mask token would get id None"
+    result = cli("model", "add-mask-token", tmp_path, "--mask-token", "")
+    assert_user_error(result, "the mask token is empty", "--mask-token")
+
+
+def test_model_without_a_subcommand_prints_its_help(cli):
+    result = cli("model")  # argparse said "the following arguments are required: model_command"
+    assert result.code == 2 and "add-mask-token" in result.err
+    assert "model_command" not in result.err

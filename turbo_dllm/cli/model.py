@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from turbo_dllm.cli._output import emit_json
+from turbo_dllm.cli._output import emit_json, group
 
 
 def register(subparsers) -> None:
-    group = subparsers.add_parser("model", help="prepare local model folders for training")
-    commands = group.add_subparsers(dest="model_command", required=True)
+    # Like every group: without a subcommand, its help (argparse said "the following arguments
+    # are required: model_command").
+    commands = group(subparsers, "model", "prepare local model folders for training")
     p = commands.add_parser(
         "add-mask-token",
         help="add a mask token to a Qwen3.8 folder's tokenizer and record it in config.json",

@@ -36,12 +36,10 @@ def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict
     """
     from transformers import AutoTokenizer
 
+    if not mask_token.strip():  # the tokenizer adds nothing, and the id read "None"
+        raise DllmError("the mask token is empty", hint="pass --mask-token a token, e.g. <|mask|>")
     folder = Path(folder)
-    config_path = folder / "config.json"
-    try:
-        config = json.loads(config_path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as error:
-        raise DllmError(f"cannot read {str(config_path)!r}: {error}") from None
+    config = _read_config(folder)
     done = config.get("dllm_mask_token")
     if done is not None:
         if done != mask_token:
@@ -50,6 +48,9 @@ def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict
                 hint=f"use {done!r}",
             )
         return _record(config)
+    text = config.get("text_config") if config.get("model_type") == "qwen3_5" else None
+    text = text if isinstance(text, dict) else None
+    vocab = _vocab_size(text or config, folder)
     if not any((folder / name).is_file() for name in _VOCABULARY_FILES):
         # transformers would build an empty tokenizer of the config's model_type instead, and
         # the token would get id 1 in a tokenizer written over the folder's missing one
@@ -69,8 +70,6 @@ def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict
         )
     tokenizer.add_special_tokens({"mask_token": mask_token})
     mask_id = tokenizer.convert_tokens_to_ids(mask_token)
-    text = config.get("text_config") if config.get("model_type") == "qwen3_5" else None
-    vocab = int((text or config).get("vocab_size", 0))
     if mask_id != original or mask_id >= vocab:
         raise DllmError(
             f"the mask token would get id {mask_id}, which the checkpoint's embedding "
@@ -88,8 +87,37 @@ def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict
     config.update(record)
     if text is not None:
         text["mask_token_id"] = mask_id
-    write_atomic(config_path, json.dumps(config, indent=2) + "\n")
+    write_atomic(folder / "config.json", json.dumps(config, indent=2) + "\n")
     return record
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    hint = "pass a local Hugging Face model folder (config.json + tokenizer files)"
+    if not folder.is_dir():
+        what = "is not a folder" if folder.exists() else "does not exist"
+        raise DllmError(f"{str(folder)!r} {what}", hint=hint)
+    path = folder / "config.json"
+    if not path.is_file():
+        raise DllmError(f"{str(folder)!r} has no config.json", hint=hint)
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise DllmError(f"cannot read {str(path)!r}: {error}", hint=hint) from None
+    if not isinstance(config, dict):  # a list or a string: .get() raised AttributeError
+        raise DllmError(f"{str(path)!r} is not a JSON object", hint=hint)
+    return config
+
+
+def _vocab_size(config: dict[str, Any], folder: Path) -> int:
+    """config.json's vocab_size (the embedding's rows): a missing one read as 0 rows ("does not
+    cover"), a string or null raised a traceback."""
+    vocab = config.get("vocab_size")
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab < 1:
+        raise DllmError(
+            f"{str(folder / 'config.json')!r} has no valid vocab_size (found {vocab!r})",
+            hint="the embedding's row count must be there: pass the model's own config.json",
+        )
+    return vocab
 
 
 def _record(config: dict[str, Any]) -> dict[str, Any]:
