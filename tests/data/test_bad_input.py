@@ -131,6 +131,32 @@ def test_token_ids_outside_the_vocab_or_equal_to_mask(cli, tmp_path):
     _prepare_fails(cli, config, "ids.npy row 1", "mask token")
 
 
+def test_a_globbed_bin_file_without_dtype_asks_for_it(cli, tmp_path):
+    """The spec check sees only `ids/*`, not the .bin it matches: reading it said "not a whole
+    number of None ids (8 bytes each)" (or "got float64"), never which field to set."""
+    (tmp_path / "ids").mkdir()
+    np.array([1, 2, 3], dtype="<u4").tofile(tmp_path / "ids/a.bin")
+    config = write_config(tmp_path, source={"kind": "token_ids", "paths": ["ids/*"]})
+    result = _prepare_fails(cli, config, "a.bin: a .bin token file needs its element type")
+    assert "source.dtype" in result.err and "None" not in result.err
+
+
+def test_token_ids_past_the_tokenizer_but_below_a_far_mask_id_are_refused(
+    cli, tmp_path, hf_tokenizer
+):
+    """A mask_token_id past the tokenizer widens the artifact's vocab_size to cover it; the ids
+    in between belong to no token and were accepted (decoded as nothing)."""
+    from transformers import AutoTokenizer
+
+    known = max(AutoTokenizer.from_pretrained(str(hf_tokenizer)).get_vocab().values()) + 1
+    np.save(tmp_path / "ids.npy", np.array([[10, 11], [12, known + 5]]))
+    tokenizer = {"kind": "huggingface", "path": str(hf_tokenizer), "mask_token_id": 1000}
+    config = write_config(
+        tmp_path, source={"kind": "token_ids", "paths": ["ids.npy"]}, tokenizer=tokenizer
+    )
+    _prepare_fails(cli, config, "ids.npy row 1", f"token id {known + 5} is outside the vocabulary")
+
+
 def test_pretokenized_records_with_bad_ids(cli, tmp_path):
     (tmp_path / "data.jsonl").write_text(
         '{"input_ids": [1, 2]}\n{"input_ids": [1, 1180591620717411303424]}\n'
@@ -187,6 +213,12 @@ def test_existing_output_needs_overwrite(cli, tmp_path):
     other = write_config(tmp_path, "p2.yaml", output={"path": "mine", "overwrite": True})
     assert_user_error(cli("data", "prepare", "--config", other), "not a data artifact")
     assert (tmp_path / "mine/notes.txt").read_text() == "precious"
+    # Without overwrite the same folder is refused for what it is: the hint to set
+    # output.overwrite only led to the error above.
+    other = write_config(tmp_path, "p3.yaml", output={"path": "mine"})
+    result = cli("data", "prepare", "--config", other)
+    assert_user_error(result, "not a data artifact", "choose another output.path")
+    assert "overwrite" not in result.err
 
 
 def test_output_path_through_a_file_names_the_file(cli, tmp_path):

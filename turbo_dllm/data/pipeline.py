@@ -38,7 +38,7 @@ class WorkerConfig:
     separator: str
     prepend_bos: bool
     special_tokens: dict[str, int]
-    vocab_size: int
+    vocab_size: int  # the tokenizer's own ids, not a mask_token_id past them: data holds no other
     token_dtype: str
     on_error: str
 

@@ -170,7 +170,7 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
         separator=spec.packing.separator,
         prepend_bos=spec.packing.prepend_bos,
         special_tokens=tokenizer.special_tokens,
-        vocab_size=tokenizer.vocab_size,
+        vocab_size=tokenizer.tokenizer_vocab_size,
         token_dtype=token_dtype,
         on_error=spec.on_error,
     )

@@ -335,6 +335,11 @@ def _load_npy(path: Path, label: str) -> np.ndarray:
 
 
 def _map_bin(path: Path, label: str, dtype: str | None) -> np.ndarray:
+    if dtype is None:  # a glob matched it, so the spec check could not see the .bin name
+        raise DllmError(
+            f"{label}: a .bin token file needs its element type",
+            hint="set source.dtype (uint16, uint32, int32 or int64)",
+        )
     element = np.dtype(dtype).newbyteorder("<")
     size = path.stat().st_size
     if size == 0:

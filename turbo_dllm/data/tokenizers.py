@@ -162,7 +162,8 @@ def has_generation_markers(template: str) -> bool:
 
 class TextTokenizer(Protocol):
     kind: str
-    vocab_size: int
+    vocab_size: int  # the artifact's: covers a mask_token_id past the tokenizer's own ids
+    tokenizer_vocab_size: int  # the ids the tokenizer itself defines (what data may hold)
     special_tokens: dict[str, int]
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]: ...
@@ -189,7 +190,7 @@ class ByteLevelTokenizer:
 
     kind = "byte_level"
     BOS, EOS, PAD, MASK = 256, 257, 258, 259
-    vocab_size = 260
+    vocab_size = tokenizer_vocab_size = 260
     special_tokens = {"bos": BOS, "eos": EOS, "pad": PAD, "mask": MASK}
     SPECIAL_NAMES = {BOS: "<|bos|>", EOS: "<|eos|>", PAD: "<|pad|>", MASK: "<|mask|>"}
 
@@ -306,6 +307,7 @@ class HuggingFaceTokenizer:
         self._vocab_pairs = list(vocab.items())
         tokenizer_vocab = max(vocab.values()) + 1 if vocab else 0
         self.special_tokens = self._resolve_specials(spec, vocab)
+        self.tokenizer_vocab_size = tokenizer_vocab
         self.vocab_size = max(tokenizer_vocab, self.special_tokens["mask"] + 1)
         template = self._tok.chat_template
         if isinstance(template, dict):

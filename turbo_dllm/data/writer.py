@@ -94,16 +94,17 @@ def check_target(target: Path, overwrite: bool) -> None:
         raise DllmError(f"output path {_shown(target)}: {error.strerror}") from None
     if not target.is_dir():
         raise DllmError(f"output path {str(target)!r} exists and is not a folder")
-    if not overwrite:
-        raise DllmError(
-            f"output {str(target)!r} already exists",
-            hint="set output.overwrite: true (or --set output.overwrite=true) to replace it",
-        )
+    # Checked before overwrite: output.overwrite would not replace this folder either.
     if not _is_artifact(target) and any(target.iterdir()):
         raise DllmError(
             f"output {str(target)!r} is a non-empty folder that is not a data artifact; "
             "refusing to replace it",
             hint="choose another output.path",
+        )
+    if not overwrite:
+        raise DllmError(
+            f"output {str(target)!r} already exists",
+            hint="set output.overwrite: true (or --set output.overwrite=true) to replace it",
         )
 
 
