@@ -266,6 +266,34 @@ def test_interrupt_midway_leaves_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
 
+def test_ctrl_c_is_handled_by_the_parent_alone_with_several_workers():
+    """Ctrl-C reaches every process of the group: each worker printed a KeyboardInterrupt
+    traceback above `dllm: interrupted`. Workers ignore it; the parent ends the pool."""
+    import signal
+
+    from turbo_dllm.data.pipeline import TokenizePool, WorkerConfig
+    from turbo_dllm.data.spec import ByteLevelTokenizerSpec, TextRecords
+    from turbo_dllm.data.tokenizers import ByteLevelTokenizer
+
+    config = WorkerConfig(
+        tokenizer=ByteLevelTokenizerSpec(kind="byte_level"),
+        records=TextRecords(kind="text"),
+        supervision="full",
+        seq_len=64,
+        overflow="split",
+        separator="eos",
+        prepend_bos=False,
+        special_tokens=ByteLevelTokenizer.special_tokens,
+        vocab_size=ByteLevelTokenizer.vocab_size,
+        token_dtype="uint16",
+        on_error="stop",
+    )
+    with TokenizePool(config, 2) as pool:
+        handlers = [pool._pool.apply(signal.getsignal, (signal.SIGINT,)) for _ in range(4)]
+    assert handlers == [signal.SIG_IGN] * 4
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 def test_leftovers_of_a_killed_job_are_recovered(tmp_path):
     write_jsonl(tmp_path / "data.jsonl", [{"text": "one"}])
     config = write_config(tmp_path, output={"path": "out", "overwrite": True})

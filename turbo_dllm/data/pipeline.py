@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import sys
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -306,6 +307,9 @@ _INHERITED: ChunkProcessor | None = None  # set in the parent just before a fork
 
 def _init_worker(config: WorkerConfig) -> None:
     global _WORKER
+    # Ctrl-C reaches the whole process group: the parent turns it into `dllm: interrupted` and
+    # terminates the pool; a worker of its own would print a KeyboardInterrupt traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     # One Rust thread per process: the pool is the parallelism.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
