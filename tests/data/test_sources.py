@@ -12,6 +12,7 @@ from tests.data.helpers import (
     write_config,
     write_jsonl,
 )
+from tests.helpers import assert_user_error
 
 TEXTS = ["alpha beta", "gamma", "délta ünïcode ✓", "x" * 30]
 
@@ -269,6 +270,21 @@ def test_huggingface_save_to_disk_dataset_and_dict(tmp_path):
         output={"path": "out2"},
     )
     assert _texts_back(prepare_config(config).path) == [b"t"]
+
+
+def test_huggingface_split_of_a_single_saved_dataset(cli, tmp_path):
+    """A folder of one Dataset has no splits: `split: test` read all of it, silently."""
+    import datasets
+
+    datasets.Dataset.from_dict({"text": TEXTS}).save_to_disk(str(tmp_path / "ds"))
+    source = {"kind": "huggingface", "path": "ds", "split": "test"}
+    result = cli("data", "prepare", "--config", write_config(tmp_path, source=source))
+    assert_user_error(result, "split 'test'", "one dataset without splits", "source.split")
+    assert not (tmp_path / "out").exists()
+    # The default split (also written out) reads it, as before.
+    source["split"] = "train"
+    result = prepare_config(write_config(tmp_path, source=source))
+    assert _texts_back(result.path) == [t.encode() for t in TEXTS]
 
 
 def test_huggingface_local_data_files_json_builder(tmp_path):

@@ -434,6 +434,16 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
                         hint="set source.split",
                     )
                 loaded = loaded[source.split]
+            elif "split" in source.model_fields_set and source.split != str(
+                loaded.split or "train"
+            ):
+                # One Dataset has no splits to choose from: reading all of it would be wrong.
+                saved = f" (saved from split {str(loaded.split)!r})" if loaded.split else ""
+                raise DllmError(
+                    f"split {source.split!r}: {source.path!r} is one dataset without splits{saved}",
+                    hint="leave source.split out to read it, or set source.path to the "
+                    "DatasetDict folder that has that split",
+                )
             described["fingerprint"] = loaded._fingerprint
             dataset = loaded.to_iterable_dataset() if source.streaming else loaded
         else:
