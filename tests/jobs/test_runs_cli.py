@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 
 from tests.helpers import assert_user_error
@@ -75,6 +76,27 @@ def test_diff_of_runs_with_short_ids_keeps_every_other_value_whole(cli, spec_fil
     assert "adamw" not in human and "float32" not in human
 
 
+def test_diff_shows_where_long_values_differ_and_a_run_against_itself_as_identical(
+    cli, spec_file, workdir
+):
+    """Long values were cut at 72 characters from their start: two argv lists that differed
+    only in a late --set read the same in both columns. A run diffed with itself listed its
+    run_dir as a difference."""
+    same = ["--backend", "slurm", "--nproc-per-node", "1", "--set", "launch.seed=0"]
+    assert cli("launch", "--config", spec_file, "--run-dir", "runs/a", *same).code == 0
+    result = cli(
+        "launch", "--config", spec_file, "--run-dir", "runs/b", *same, "--set", "optimizer.lr=0.01"
+    )
+    assert result.code == 0, result.err
+    [argv] = [line for line in cli("run", "diff", "a", "b").out.splitlines() if line[:4] == "argv"]
+    _, left, right = re.split(r"\s{2,}", argv)
+    assert left != right and "runs/a" in left and "runs/b" in right, argv
+    assert len(left) <= 72 and len(right) <= 72
+    itself = json.loads(cli("run", "diff", "a", "a", "--json").out)
+    assert all(items == [] for items in itself["diff"].values()), itself["diff"]
+    assert "run_dir" not in cli("run", "diff", "a", "a").out
+
+
 def test_show_unknown_or_ambiguous_run(cli, spec_file, workdir):
     assert_user_error(cli("run", "show", "nope"), "no run 'nope' under runs")
     slurm_run(cli, spec_file)
@@ -95,6 +117,20 @@ def test_a_run_id_matches_by_prefix_only(cli, spec_file, workdir):
     result = cli("run", "show", "alpha")
     assert_user_error(result, "'alpha' matches 2 runs under runs: alpha-0412, alpha-0413")
     assert "give more of the run id" in result.err
+
+
+def test_a_path_that_is_no_run_dir_is_named(cli, spec_file, workdir):
+    """A folder or file given by path that holds no run was "no run 'data' under runs", which
+    did not say why the path itself was not taken."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/a")
+    (workdir / "data").mkdir()
+    assert_user_error(cli("run", "diff", "a", "data"), "'data' is not a run dir (it has no")
+    assert_user_error(cli("run", "show", spec_file), "is not a run dir (a file)")
+    result = cli("run", "plot", "data")
+    assert_user_error(result, "no manifest.json or metrics.jsonl", "dllm run list")
+    (workdir / "runs" / "crashed").mkdir()  # by its name under the root
+    assert_user_error(cli("run", "show", "crashed"), "'runs/crashed' is not a run dir")
+    assert_user_error(cli("run", "show", "nope"), "no run 'nope' under runs")
 
 
 def test_a_root_that_is_no_folder_is_a_clear_error(cli, spec_file, workdir):

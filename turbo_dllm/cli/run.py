@@ -124,7 +124,7 @@ def _diff(args) -> int:
     for name, items in groups.items():
         if items:
             rows.append((f"# {name}", "", ""))
-            rows += [(i.field, _cell(i.recorded), _cell(i.current)) for i in items]
+            rows += [(i.field, *_cells(i.recorded, i.current)) for i in items]
     widths = [max(len(row[i]) for row in rows) for i in range(2)]
     for field, left, right in rows:
         print(f"{field.ljust(widths[0])}  {left.ljust(widths[1])}  {right}".rstrip())
@@ -148,10 +148,33 @@ def _root(args) -> str:
     return args.root or DEFAULT_ROOT
 
 
-def _cell(value) -> str:
+_CELL = 72  # characters of a value in `dllm run diff`'s table
+
+
+def _cells(left, right) -> tuple[str, str]:
+    """Two differing values as table cells. Long ones are cut around where they first differ:
+    cut at their start, two argv lists differing only in a late --set read the same."""
+    texts = [_text(left), _text(right)]
+    if all(len(t) <= _CELL for t in texts):
+        return texts[0], texts[1]
+    first = next(
+        (i for i, (x, y) in enumerate(zip(*texts, strict=False)) if x != y), min(map(len, texts))
+    )
+    start = max(0, min(first - 20, max(map(len, texts)) - (_CELL - 3)))
+    return _cut(texts[0], start), _cut(texts[1], start)
+
+
+def _cut(text: str, start: int) -> str:
+    if len(text) <= _CELL and start == 0:
+        return text
+    head = "..." if start > 0 else ""
+    body = text[start : start + _CELL - len(head) - 3]
+    return head + body + ("..." if start + len(body) < len(text) else "")
+
+
+def _text(value) -> str:
     import json
 
     if value is None:
         return "-"
-    text = value if isinstance(value, str) else json.dumps(value, sort_keys=True)
-    return text if len(text) <= 72 else text[:69] + "..."
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)

@@ -132,6 +132,17 @@ def find_run(ref: str | Path, root: str | Path = DEFAULT_ROOT, *, manifest: bool
             + (", ..." if len(candidates) > 8 else ""),
             hint="give more of the run id",
         )
+    for folder in (path, root / path):
+        # A folder or file that is there but no run dir: "no run 'data' under runs" left out
+        # why that path was not taken.
+        if folder.exists():
+            lacks = MANIFEST_NAME if manifest else f"{MANIFEST_NAME} or {METRICS_NAME}"
+            what = f"it has no {lacks}" if folder.is_dir() else "a file"
+            raise DllmError(
+                f"{str(folder)!r} is not a run dir ({what})",
+                hint="pass a run dir that `dllm launch` wrote, or its id (`dllm run list` shows "
+                "them); --root names the folder that holds them",
+            )
     where = "" if root.is_dir() else f" ({'not a folder' if root.exists() else 'no such folder'})"
     raise DllmError(
         f"no run {str(ref)!r} under {root}{where}",
@@ -236,7 +247,12 @@ def diff_manifests(a: RunManifest, b: RunManifest) -> dict[str, list[DriftItem]]
         "spec": flat_diff(dump_a["spec"], dump_b["spec"], "spec"),
         "plan": flat_diff(dump_a["plan"], dump_b["plan"], "plan"),
         "run": [
-            DriftItem(field="run_dir", recorded=a.plan.run_dir, current=b.plan.run_dir),
+            # Only where it differs: a run diffed with itself listed its dir as a difference.
+            *(
+                [DriftItem(field="run_dir", recorded=a.plan.run_dir, current=b.plan.run_dir)]
+                if a.plan.run_dir != b.plan.run_dir
+                else []
+            ),
             *(
                 item
                 for key in ("run_id", "created_at", "argv", "seeds", "replay_of")
