@@ -229,6 +229,19 @@ def test_validate_and_inspect_errors(cli, tmp_path):
     assert_user_error(cli("data", "stats", tmp_path / "none"), "not found")
 
 
+def test_the_starter_configs_swapped_are_named_for_what_they_are(cli, project):
+    """Each was refused with one 'unknown key' per section and wrong guesses (training: did you
+    mean 'packing'?), never saying the file was the other config."""
+    result = cli("data", "prepare", "--config", project / "train.yaml")
+    assert_user_error(result, "train.yaml is a training config", "not a prepare.yaml")
+    assert "did you mean" not in result.err
+    assert cli("data", "prepare", "--config", project / "prepare.yaml").code == 0
+    artifact = project / "data/prepared"
+    result = cli("data", "validate", artifact, "--config", project / "prepare.yaml")
+    assert_user_error(result, "prepare.yaml is a data preparation config", "RunSpec (train.yaml)")
+    assert "did you mean" not in result.err
+
+
 def test_schema_lists_the_sections(cli):
     schema = json.loads(cli("data", "schema").out)
     assert {"source", "records", "tokenizer", "supervision", "packing", "output"} <= set(

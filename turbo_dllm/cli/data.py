@@ -115,9 +115,11 @@ def _validate(args) -> int:
     manifest = verify(args.artifact)
     checked: list[str] = []
     if args.config:
-        from turbo_dllm.config.load import load_runspec
+        from turbo_dllm.config.load import load_runspec, read_yaml
         from turbo_dllm.data.compat import artifact_problems
+        from turbo_dllm.data.spec import check_not_a_prepare_spec
 
+        check_not_a_prepare_spec(read_yaml(args.config), args.config)
         spec = load_runspec(args.config)
         found = artifact_problems(manifest, spec)
         if found:

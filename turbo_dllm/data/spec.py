@@ -332,12 +332,49 @@ def _narrowed_model(document: dict[str, Any], source: str) -> type[PrepareSpec]:
     return _NARROWED[key]
 
 
+def _sections_of(document: Any, model: type[BaseModel], other: type[BaseModel]) -> list[str]:
+    """The top-level keys of `document` when all are `model`'s and none is `other`'s, else []."""
+    if not isinstance(document, dict) or not document:
+        return []
+    keys = {str(k) for k in document}
+    if keys <= set(model.model_fields) and not keys & set(other.model_fields):
+        return sorted(keys)
+    return []
+
+
+def check_not_a_runspec(document: Any, source: str) -> None:
+    """The starter project has a train.yaml beside its prepare.yaml: given one for the other,
+    each of its sections was an unknown key with a wrong 'did you mean' (training: packing)."""
+    from turbo_dllm.config.runspec import RunSpec
+
+    if sections := _sections_of(document, RunSpec, PrepareSpec):
+        raise DllmError(
+            f"{source} is a training config (a RunSpec: {', '.join(sections)}), not a prepare.yaml",
+            hint="`dllm data prepare --config` reads a prepare.yaml (source, tokenizer, "
+            "packing, output); `dllm init DIR` writes one",
+        )
+
+
+def check_not_a_prepare_spec(document: Any, source: str) -> None:
+    """The reverse mix-up: a prepare.yaml where a RunSpec (train.yaml) is read."""
+    from turbo_dllm.config.runspec import RunSpec
+
+    if sections := _sections_of(document, PrepareSpec, RunSpec):
+        raise DllmError(
+            f"{source} is a data preparation config ({', '.join(sections)}), not a training "
+            "config (RunSpec)",
+            hint="--config names the RunSpec (train.yaml) whose data.seq_len, objective and "
+            "model the artifact must fit",
+        )
+
+
 def validate_prepare_document(
     document: dict[str, Any], source: str, base_dir: Path | None = None
 ) -> PrepareSpec:
     """Validate a parsed prepare document; relative paths become absolute against `base_dir`."""
     from turbo_dllm.config.load import load_model
 
+    check_not_a_runspec(document, source)
     try:
         spec = load_model(_narrowed_model(document, source), document, source)
     except DllmError as error:
