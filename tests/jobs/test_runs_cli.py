@@ -264,6 +264,23 @@ def test_damaged_result_and_metrics_read_as_unknown_not_a_traceback(cli, spec_fi
         assert "progress     2/4 steps, last loss 4.5000; not submitted" in shown.out
 
 
+def test_a_run_whose_manifest_is_torn_is_named_by_list_and_explained_by_show(
+    cli, spec_file, workdir
+):
+    """`dllm run list` left a run with an unreadable manifest out without a word (and `show`,
+    which was to explain it, gave no hint)."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/good")
+    slurm_run(cli, spec_file, "--run-dir", "runs/torn")
+    manifest = workdir / "runs" / "torn" / "manifest.json"
+    manifest.write_text(manifest.read_text()[:300])
+    listing = json.loads(cli("run", "list", "--json").out)
+    assert [r["run_id"] for r in listing["runs"]] == ["good"]
+    assert listing["unreadable_manifest"] == ["runs/torn"]
+    text = cli("run", "list").out
+    assert "with a manifest that cannot be read (`dllm run show ID` says why): torn" in text
+    assert_user_error(cli("run", "show", "torn"), "cannot read run manifest", "hint: it is torn")
+
+
 def test_dllm_train_into_a_run_dir_it_cannot_create_is_a_clear_error(cli, spec_file, workdir):
     result = cli("train", "--config", spec_file, "--run-dir", spec_file)
     assert_user_error(result, "cannot create run dir", "it is not a folder", "--run-dir")

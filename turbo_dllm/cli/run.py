@@ -29,18 +29,26 @@ def register(subparsers) -> None:
 def _list(args) -> int:
     from pathlib import Path
 
+    from turbo_dllm.jobs.manifest import MANIFEST_NAME
     from turbo_dllm.jobs.runs import DEFAULT_ROOT, check_root, list_runs, unrecorded_runs
 
     root = args.root or DEFAULT_ROOT
     if args.root is not None or Path(root).exists():  # no ./runs yet: nothing launched here
         check_root(root)
     runs, unrecorded = list_runs(root), unrecorded_runs(root)
+    # Run dirs whose manifest list_runs could not read (torn, edited): named, not left out
+    # without a word.
+    listed = {r.path for r in runs}
+    unreadable = sorted(
+        p.parent for p in Path(root).glob(f"*/{MANIFEST_NAME}") if p.parent not in listed
+    )
     if args.json:
         emit_json(
             {
                 "root": root,
                 "runs": [r.to_json() for r in runs],
                 "without_manifest": [str(p) for p in unrecorded],
+                "unreadable_manifest": [str(p) for p in unreadable],
             }
         )
         return 0
@@ -48,6 +56,11 @@ def _list(args) -> int:
         print(
             "without a manifest (`dllm train --run-dir` runs; `dllm run plot` reads them): "
             + ", ".join(p.name for p in unrecorded)
+        )
+    if unreadable:
+        print(
+            "with a manifest that cannot be read (`dllm run show ID` says why): "
+            + ", ".join(p.name for p in unreadable)
         )
     if not runs:
         print(f"no recorded runs under {root}/ (start one with `dllm launch --config F`)")

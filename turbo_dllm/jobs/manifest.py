@@ -151,7 +151,11 @@ def read_manifest(path: str | Path) -> RunManifest:
             hint="pass runs/<id>/manifest.json (see `dllm run list`)",
         ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise DllmError(f"cannot read run manifest {str(path)!r}: {error}") from None
+        raise DllmError(
+            f"cannot read run manifest {str(path)!r}: {error}",
+            hint="it is torn or was edited: `dllm launch` writes it once, whole; a run dir "
+            "without a readable manifest cannot be shown, diffed or replayed",
+        ) from None
     return validate_document(
         document,
         RunManifest,
