@@ -240,6 +240,16 @@ def test_recipe_copy_into_a_missing_folder_named_with_a_slash(cli, tmp_path):
     assert (tmp_path / "new" / "cpu-tiny.yaml").is_file()
 
 
+def test_recipe_copy_under_a_file_names_the_file(cli, tmp_path):
+    """A path through a file said "folder 'F' does not exist" with the hint `mkdir -p F`,
+    which fails on that file."""
+    (tmp_path / "train.yaml").write_text("mine")
+    result = cli("recipe", "copy", "smoke/cpu-tiny", tmp_path / "train.yaml" / "x" / "y.yaml")
+    assert_user_error(result, f"'{tmp_path}/train.yaml' is a file, not a folder")
+    assert "mkdir" not in result.err
+    assert (tmp_path / "train.yaml").read_text() == "mine"
+
+
 def test_recipe_copy_into_folder(cli, tmp_path):
     assert cli("recipe", "copy", "smoke/cpu-tiny", tmp_path).code == 0
     assert (tmp_path / "cpu-tiny.yaml").is_file()

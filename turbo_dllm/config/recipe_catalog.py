@@ -79,6 +79,12 @@ def copy_recipe(name: str, dest: str | Path) -> Path:
     dest = Path(dest)
     if dest.is_dir() or as_folder:
         dest = dest / (recipe.name.rsplit("/", 1)[-1] + ".yaml")
+    blocker = next((p for p in (dest.parent, *dest.parent.parents) if p.exists()), None)
+    if blocker is not None and not blocker.is_dir():  # "mkdir -p" would fail on that file
+        raise DllmError(
+            f"{str(blocker)!r} is a file, not a folder",
+            hint="copy into a folder, or to a new file in one",
+        )
     if not dest.parent.is_dir():
         raise DllmError(
             f"folder {str(dest.parent)!r} does not exist", hint=f"mkdir -p {dest.parent}"
