@@ -52,6 +52,18 @@ def test_unknown_kind_suggests_the_nearest():
     assert "source.kind: unknown kind 'parket'; did you mean 'parquet'?" in message
 
 
+def test_a_missing_or_non_string_kind_is_a_plain_problem():
+    """A section without `kind` said pydantic's "Unable to extract tag using discriminator
+    'kind'"; a list or map as the kind was a TypeError traceback (unhashable)."""
+    message = _problems({**BASE, "source": {"paths": ["a"]}, "records": {"field": "body"}})
+    assert "source.kind: missing (valid: huggingface, jsonl, parquet, text, token_ids)" in message
+    assert "records.kind: missing (valid: chat, prompt_completion, text, tokens)" in message
+    assert "discriminator" not in message
+    message = _problems({**BASE, "tokenizer": {"kind": ["byte_level"]}, "records": {"kind": {}}})
+    assert "tokenizer.kind: unknown kind ['byte_level']" in message
+    assert "records.kind: unknown kind {}" in message
+
+
 def test_bad_workers_is_one_plain_problem():
     message = _problems({**BASE, "workers": 0})
     assert "1 problem:" in message

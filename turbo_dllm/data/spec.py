@@ -301,11 +301,14 @@ def _narrowed_model(document: dict[str, Any], source: str) -> type[PrepareSpec]:
     bad: list[str] = []
     for section, kinds in _KINDS.items():
         value = document.get(section)
-        if not isinstance(value, dict) or "kind" not in value:
+        if not isinstance(value, dict):
             chosen[section] = None
             continue
+        if "kind" not in value:  # pydantic's own words: "Unable to extract tag using ..."
+            bad.append(f"  - {section}.kind: missing (valid: {', '.join(sorted(kinds))})")
+            continue
         kind = value["kind"]
-        if kind not in kinds:
+        if not isinstance(kind, str) or kind not in kinds:  # a list or a map is no kind either
             close = difflib.get_close_matches(str(kind), list(kinds), n=1, cutoff=0.5)
             guess = f"; did you mean {close[0]!r}?" if close else ""
             bad.append(
