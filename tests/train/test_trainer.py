@@ -142,6 +142,25 @@ def test_cli_train_and_export_loadable_by_transformers(cli, tmp_path):
     assert_user_error(result, "cannot write the export", "--out")
 
 
+def test_export_of_a_damaged_checkpoint_or_into_a_file_says_what_is_wrong(cli, tmp_path):
+    """A torn checkpoint.json had no hint; one without a format was called another
+    turbo-dllm version's; an empty file as --out was "already exists and is not empty"."""
+    config = write_config(tmp_path / "train.yaml", "training.steps=2")
+    assert cli("train", "--config", config, "--run-dir", tmp_path / "run").code == 0
+    [step] = (tmp_path / "run/checkpoints").iterdir()
+    (tmp_path / "empty").write_text("")
+    result = cli("export", "--checkpoint", step, "--out", tmp_path / "empty")
+    assert_user_error(result, "is a file, not a folder")
+    meta = step / "checkpoint.json"
+    whole = meta.read_text()
+    for damaged in (whole[:100], "[1]", "{}", json.dumps({**json.loads(whole), "step": "two"})):
+        meta.write_text(damaged)
+        result = cli("export", "--checkpoint", step, "--out", tmp_path / "hf")
+        assert_user_error(result, "invalid checkpoint metadata", "hint: its checkpoint.json is")
+        assert "another turbo-dllm version" not in result.err
+    assert not (tmp_path / "hf").exists()
+
+
 def test_flex_attention_on_cpu_is_a_user_error(cli, tmp_path):
     config = write_config(tmp_path / "train.yaml", "model.attention=flex")
     assert_user_error(cli("train", "--config", config, "--run-dir", tmp_path / "run"), "CUDA")

@@ -100,11 +100,21 @@ def read_meta(path: str | Path) -> CheckpointMeta:
                 hint += f"; {folder} has {', '.join(child.name for child in steps[-3:])}"
                 break
         raise DllmError(f"not a checkpoint: {str(path)!r} (no checkpoint.json)", hint=hint)
+    # A torn or edited file: no hint said so, and one without a format was called another
+    # version's.
+    damaged = (
+        "its checkpoint.json is damaged; use another step_<N> folder (`resume:` or "
+        "--checkpoint names one)"
+    )
     try:
         document = json.loads(meta_path.read_text())
     except ValueError as error:  # not UTF-8, not JSON
-        raise DllmError(f"{meta_path}: invalid checkpoint metadata: {error}") from None
+        raise DllmError(
+            f"{meta_path}: invalid checkpoint metadata: {error}", hint=damaged
+        ) from None
     found = document.get("format") if isinstance(document, dict) else None
+    if found is None:
+        raise DllmError(f"{meta_path}: invalid checkpoint metadata: no format field", hint=damaged)
     if found != CHECKPOINT_FORMAT:
         raise DllmError(
             f"{meta_path}: the checkpoint's format is {found!r}, and this turbo-dllm reads "
@@ -119,7 +129,9 @@ def read_meta(path: str | Path) -> CheckpointMeta:
         return CheckpointMeta.model_validate(known)
     except ValidationError as error:
         problems = describe_validation_error(error, limit=8)
-        raise DllmError(f"{meta_path}: invalid checkpoint metadata: {problems}") from None
+        raise DllmError(
+            f"{meta_path}: invalid checkpoint metadata: {problems}", hint=damaged
+        ) from None
 
 
 # config.json fields that name tokens rather than shape the model; checkpoints written before

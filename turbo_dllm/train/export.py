@@ -56,7 +56,9 @@ def export_checkpoint(
 
     checkpoint, out = resolve_checkpoint(checkpoint), Path(out)  # a checkpoints/ folder: its newest
     meta = read_meta(checkpoint)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not out.is_dir():  # an empty file was "not empty" too
+        raise DllmError(f"{str(out)!r} is a file, not a folder", hint="choose a new folder")
+    if out.exists() and any(out.iterdir()):
         raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
     name = dtype or meta.param_dtype
     if name not in ("float32", "bfloat16"):
