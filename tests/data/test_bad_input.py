@@ -310,6 +310,24 @@ def test_leftovers_of_a_killed_job_are_recovered(tmp_path):
     assert leftovers(tmp_path) == []
 
 
+def test_leftovers_are_found_when_the_output_name_has_glob_characters(tmp_path):
+    """The leftovers were found by a glob of the output name: `out[v2]` matched none of its own
+    (the killed job's backup stayed hidden, no artifact), and `out*` matched other outputs'."""
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "one"}])
+    config = write_config(tmp_path, output={"path": "out[v2]", "overwrite": True})
+    fingerprint = prepare_config(config).manifest.fingerprint
+    (tmp_path / "out[v2]").rename(tmp_path / ".out[v2].backup-abc")
+    (tmp_path / ".out[v2].staging-def").mkdir()
+    (tmp_path / ".outv.staging-other").mkdir()  # another output's, which is not ours to remove
+    (tmp_path / "data.jsonl").write_text("{broken\n")
+    with pytest.raises(DllmError):
+        prepare_config(config)
+    assert verify(tmp_path / "out[v2]").fingerprint == fingerprint
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == [
+        ".outv.staging-other"
+    ]
+
+
 def test_hub_dataset_without_network_is_a_clear_error(cli_process, tmp_path):
     config = write_config(tmp_path, source={"kind": "huggingface", "name": "someone/no-such-set"})
     env = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}

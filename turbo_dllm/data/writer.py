@@ -9,6 +9,7 @@ clean up what a killed job left behind (stale staging folders, or a backup with 
 
 from __future__ import annotations
 
+import glob
 import hashlib
 import json
 import os
@@ -137,9 +138,10 @@ def _lock_for(target: Path):
 def _recover(target: Path) -> None:
     """Clean up after a job that was killed (we hold the lock, so none is running)."""
     parent = target.parent
-    for stale in parent.glob(f".{target.name}.staging-*"):
+    name = glob.escape(target.name)  # `out[v2]` or `out*` as a pattern matches others' leftovers
+    for stale in parent.glob(f".{name}.staging-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    backups = sorted(parent.glob(f".{target.name}.backup-*"), key=lambda p: p.stat().st_mtime)
+    backups = sorted(parent.glob(f".{name}.backup-*"), key=lambda p: p.stat().st_mtime)
     if backups and not target.exists():
         # Killed between moving the old artifact aside and moving the new one in.
         os.rename(backups.pop(), target)
