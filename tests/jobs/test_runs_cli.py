@@ -173,6 +173,15 @@ def test_a_dllm_train_run_dir_is_listed_and_plotted_without_a_manifest(cli, spec
     assert_user_error(cli("run", "show", "plain"), "has no manifest.json", "dllm run plot")
 
 
+def test_plot_of_metrics_without_any_plotted_value_is_an_error(cli, workdir):
+    """Steps without loss, tokens_per_s or mem_gb (or all NaN) wrote no PNG and said nothing,
+    exit 0."""
+    run_dir = workdir / "runs" / "odd"
+    run_dir.mkdir(parents=True)
+    (run_dir / "metrics.jsonl").write_text('{"step": 1, "foo": 2}\n{"step": 2, "loss": NaN}\n')
+    assert_user_error(cli("run", "plot", "odd"), "has steps but no finite loss, tokens_per_s")
+
+
 def test_plot_without_matplotlib_is_a_clear_error(cli, spec_file, workdir, monkeypatch):
     slurm_run(cli, spec_file)
     [run_dir] = (workdir / "runs").iterdir()

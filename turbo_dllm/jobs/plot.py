@@ -62,6 +62,14 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         figure.savefig(path)
         plt.close(figure)
         written.append(path)
+    if not written:  # steps logged, but none of the plotted values: it said nothing, exit 0
+        raise DllmError(
+            f"{run_dir}'s metrics.jsonl has steps but no finite "
+            + ", ".join(key for key, _ in PLOTS.values())
+            + " values to plot",
+            hint="the trainer logs them every logging step; this file was written by something "
+            "else, or every value is NaN",
+        )
     return written
 
 
