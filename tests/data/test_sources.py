@@ -221,6 +221,15 @@ def test_gzipped_text_reads_the_same_by_document_and_by_line(tmp_path):
     assert _texts_back(prepare_config(config).path) == [b"line one", b"line two"]
 
 
+@pytest.mark.parametrize("kind", ["jsonl", "huggingface"])
+def test_a_file_named_with_glob_characters(tmp_path, kind):
+    """`corpus[v2].jsonl` exists but, read as a pattern, matches nothing: "no file matches"."""
+    write_jsonl(tmp_path / "corpus[v2].jsonl", [{"text": t} for t in TEXTS])
+    key = "paths" if kind == "jsonl" else "data_files"
+    config = write_config(tmp_path, source={"kind": kind, key: ["corpus[v2].jsonl"]})
+    assert _texts_back(prepare_config(config).path) == [t.encode() for t in TEXTS]
+
+
 # --- token ids ----------------------------------------------------------------------------------
 
 

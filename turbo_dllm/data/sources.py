@@ -108,6 +108,8 @@ def expand_paths(patterns: list[str]) -> list[Path]:
         if glob.has_magic(pattern):
             matches = sorted(Path(p) for p in glob.glob(pattern, recursive=True))
             matches = [p for p in matches if _regular_file(p, pattern)]
+            if not matches and _regular_file(Path(pattern), pattern):
+                matches = [Path(pattern)]  # a file named with [ ] * ?, as in `corpus[v2].jsonl`
         else:
             matches = [Path(pattern)] if _regular_file(Path(pattern), pattern, named=True) else []
         if not matches:
@@ -459,7 +461,8 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
             dataset = datasets.load_dataset(
                 builder,
                 source.config,
-                data_files=data_files,
+                # The files expand_paths found, escaped: datasets globs each name again.
+                data_files=[glob.escape(f) for f in data_files] if data_files else None,
                 split=source.split,
                 revision=source.revision,
                 streaming=source.streaming,
