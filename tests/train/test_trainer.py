@@ -161,6 +161,22 @@ def test_export_of_a_damaged_checkpoint_or_into_a_file_says_what_is_wrong(cli, t
     assert not (tmp_path / "hf").exists()
 
 
+def test_export_of_a_run_without_a_complete_checkpoint_says_so(cli, tmp_path):
+    """A run dir (or its checkpoints/) whose saves never finished was "not a checkpoint (no
+    checkpoint.json)" with the hint to pass a step folder, though --help takes a run dir; a
+    path that does not exist read as one without checkpoint.json."""
+    run = tmp_path / "run"
+    (run / "checkpoints" / ".tmp-step_00000003").mkdir(parents=True)  # a save cut short
+    (run / "checkpoints" / "step_00000002").mkdir()  # a step without its checkpoint.json
+    (run / "metrics.jsonl").write_text('{"step": 1, "loss": 5.0}\n')
+    for given in (run, run / "checkpoints"):
+        result = cli("export", "--checkpoint", given, "--out", tmp_path / "hf")
+        assert_user_error(result, f"'{given}' holds no complete checkpoint", "checkpoint.interval")
+    result = cli("export", "--checkpoint", tmp_path / "nope", "--out", tmp_path / "hf")
+    assert_user_error(result, "(it does not exist)")
+    assert not (tmp_path / "hf").exists()
+
+
 def test_flex_attention_on_cpu_is_a_user_error(cli, tmp_path):
     config = write_config(tmp_path / "train.yaml", "model.attention=flex")
     assert_user_error(cli("train", "--config", config, "--run-dir", tmp_path / "run"), "CUDA")

@@ -93,13 +93,25 @@ def _own_tensors(model, state: dict) -> dict:
 def read_meta(path: str | Path) -> CheckpointMeta:
     meta_path = Path(path) / "checkpoint.json"
     if not meta_path.is_file():
+        path = Path(path)
+        run_dir = (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file()
+        if run_dir or (path.name == "checkpoints" and path.is_dir()):
+            # A run dir or its checkpoints/ (what `dllm export` takes for its newest step):
+            # "not a checkpoint (no checkpoint.json)" sent one to look for the wrong thing.
+            raise DllmError(
+                f"{str(path)!r} holds no complete checkpoint (no step_<N> with its "
+                "checkpoint.json)",
+                hint="its run stopped before its first save (checkpoint.interval), or every save "
+                "was cut short: train it on (`dllm train --run-dir`), or pass a step_<N> folder",
+            )
         hint = "pass a checkpoints/step_<N> folder written by `dllm train`"
         # a step that is not there, or a run folder: say which checkpoints are
-        for folder in (Path(path) / "checkpoints", Path(path).parent):
+        for folder in (path / "checkpoints", path.parent):
             if steps := _complete_steps(folder):
                 hint += f"; {folder} has {', '.join(child.name for child in steps[-3:])}"
                 break
-        raise DllmError(f"not a checkpoint: {str(path)!r} (no checkpoint.json)", hint=hint)
+        why = "no checkpoint.json" if path.exists() else "it does not exist"
+        raise DllmError(f"not a checkpoint: {str(path)!r} ({why})", hint=hint)
     # A torn or edited file: no hint said so, and one without a format was called another
     # version's.
     damaged = (
