@@ -112,8 +112,8 @@ def read_meta(path: str | Path) -> CheckpointMeta:
                 break
         why = "no checkpoint.json" if path.exists() else "it does not exist"
         raise DllmError(f"not a checkpoint: {str(path)!r} ({why})", hint=hint)
-    # A torn or edited file: no hint said so, and one without a format was called another
-    # version's.
+    # A torn or edited file (no JSON, no format field, bad fields) is damaged, not another
+    # version's: the fix is another step, not another turbo-dllm.
     damaged = (
         "its checkpoint.json is damaged; use another step_<N> folder (`resume:` or "
         "--checkpoint names one)"
