@@ -133,6 +133,8 @@ def test_cli_train_and_export_loadable_by_transformers(cli, tmp_path):
     # the run dir names its newest checkpoint too (it was "not a checkpoint")
     result = cli("export", "--checkpoint", tmp_path / "run", "--out", tmp_path / "from_run")
     assert result.code == 0, result.err
+    newest = max((tmp_path / "run/checkpoints").glob("step_*"))
+    assert f"from {newest}" in result.out  # which step a run dir gave
     assert (tmp_path / "from_run/model.safetensors").read_bytes() == (
         tmp_path / "hf/model.safetensors"
     ).read_bytes()

@@ -30,11 +30,15 @@ def register(subparsers) -> None:
 
 
 def _export(args) -> int:
+    from turbo_dllm.train.checkpoint import resolve_checkpoint
     from turbo_dllm.train.export import export_checkpoint
 
-    out = export_checkpoint(args.checkpoint, args.out, dtype=args.dtype)
+    # A run dir or checkpoints/ folder exports its newest complete step: say which one it was.
+    source = resolve_checkpoint(args.checkpoint)
+    out = export_checkpoint(source, args.out, dtype=args.dtype)
     if args.json:
-        emit_json({"out": str(out), "files": sorted(p.name for p in out.iterdir())})
+        files = sorted(p.name for p in out.iterdir())
+        emit_json({"out": str(out), "checkpoint": str(source), "files": files})
     else:
-        print(f"wrote {out}")
+        print(f"wrote {out} from {source}")
     return 0
