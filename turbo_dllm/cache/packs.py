@@ -63,7 +63,6 @@ __all__ = [
     "install_pack",
     "installed_packs",
     "make_pack",
-    "missing_files",
     "packs_locked",
     "publish_packs",
     "pack_folders",
@@ -724,24 +723,14 @@ def _staging_root(caches: dict[str, Path]) -> Path:
     return root
 
 
-def missing_files(pack: InstalledPack) -> list[str]:
-    """The pack's files that are gone from the cache or have another size (no hashing: cheap
-    enough for `dllm doctor`; `verify_pack` is the full check)."""
-    missing = []
-    for entry in pack.manifest.files:
-        path = _in_cache(pack, entry)
-        if not path.is_file() or path.stat().st_size != entry.size:
-            missing.append(entry.path)
-    return missing
-
-
 def _in_cache(pack: InstalledPack, entry: PackFile) -> Path:
     cache, _, relative = entry.path.partition("/")
     return Path(pack.caches[cache]) / relative
 
 
-def verify_pack(pack: InstalledPack) -> list[str]:
-    """Problems with an installed pack's files in the cache (empty: all present and intact)."""
+def verify_pack(pack: InstalledPack, *, hashes: bool = True) -> list[str]:
+    """Problems with an installed pack's files in the cache (empty: all present and intact).
+    `hashes=False` compares sizes only: cheap enough for `dllm doctor`."""
     from turbo_dllm.fsutil import sha256_file
 
     problems = []
@@ -749,7 +738,7 @@ def verify_pack(pack: InstalledPack) -> list[str]:
         path = _in_cache(pack, entry)
         if not path.is_file():
             problems.append(f"{entry.path}: missing")
-        elif path.stat().st_size != entry.size or sha256_file(path) != entry.sha256:
+        elif path.stat().st_size != entry.size or (hashes and sha256_file(path) != entry.sha256):
             problems.append(f"{entry.path}: differs from pack.json")
     return problems
 
@@ -761,7 +750,7 @@ def remove_pack(pack: InstalledPack) -> int:
     from turbo_dllm.fsutil import sha256_file
 
     others = {
-        (Path(p.caches[f.path.partition("/")[0]]) / f.path.partition("/")[2])
+        _in_cache(p, f)
         for p in installed_packs()
         if p.sha256 != pack.sha256
         for f in p.manifest.files
@@ -772,13 +761,12 @@ def remove_pack(pack: InstalledPack) -> int:
     for entry in pack.manifest.files:
         if entry.path not in added:
             continue
-        cache, _, relative = entry.path.partition("/")
-        path = Path(pack.caches[cache]) / relative
+        path = _in_cache(pack, entry)
         if path in others or not path.is_file() or sha256_file(path) != entry.sha256:
             continue
         path.unlink()
         removed += 1
-        folders.add((path.parent, Path(pack.caches[cache])))
+        folders.add((path.parent, Path(pack.caches[entry.path.partition("/")[0]])))
     for folder, root in sorted(folders, key=lambda pair: len(pair[0].parts), reverse=True):
         _remove_emptied_folders(folder, root)
     (_records_dir() / f"{pack.sha256}.json").unlink(missing_ok=True)

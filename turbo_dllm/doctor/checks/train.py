@@ -196,7 +196,7 @@ def compile_cache(ctx: DoctorContext) -> CheckResult:
 def compile_packs(ctx: DoctorContext) -> CheckResult:
     """The installed compile-cache packs' records can be read, and their files are still in
     the cache (present and of their recorded size: `dllm cache verify` hashes them too)."""
-    from turbo_dllm.cache.packs import installed_packs, missing_files
+    from turbo_dllm.cache.packs import installed_packs, verify_pack
 
     name = "compile packs"
     try:
@@ -205,7 +205,7 @@ def compile_packs(ctx: DoctorContext) -> CheckResult:
         return CheckResult(name, "fail", error.message, fix=error.hint)
     if not packs:
         return CheckResult(name, "pass", "none installed")
-    gone = {pack.short_sha: n for pack in packs if (n := len(missing_files(pack)))}
+    gone = {pack.short_sha: n for pack in packs if (n := len(verify_pack(pack, hashes=False)))}
     if gone:
         which = ", ".join(f"{sha} ({n} files)" for sha, n in gone.items())
         return CheckResult(
