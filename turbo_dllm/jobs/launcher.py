@@ -36,7 +36,7 @@ from turbo_dllm.jobs.manifest import (
 )
 from turbo_dllm.jobs.options import LaunchOptions, NodeRange, SlurmOptions
 from turbo_dllm.jobs.plan import JobPlan
-from turbo_dllm.jobs.result import RESULT_NAME, now, read_result, write_result
+from turbo_dllm.jobs.result import RESULT_NAME, now, write_result
 from turbo_dllm.paths import new_run_dir
 from turbo_dllm.train.metrics import METRICS_NAME
 
@@ -459,9 +459,7 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
         )
     ended = ""
     if run.exit_code is not None:  # its result.json: when and how it ended
-        result = read_result(run_dir) or {}
-        at = result.get("finished_at")
-        at = f" at {at}" if isinstance(at, str) else ""
+        at = f" at {run.finished_at}" if run.finished_at else ""
         ended = (
             f", which {'finished' if complete else 'ended'}{at} with exit status {run.exit_code}"
         )

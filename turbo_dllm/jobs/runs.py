@@ -53,6 +53,7 @@ class RunSummary:
     slurm_job_id: str | None = None
     slurm_state: str | None = None  # None: not a submitted SLURM job, or SLURM forgot it
     resumed: bool = False  # the latest attempt was a `dllm train` (SLURM's job is history)
+    finished_at: str | None = None  # when its result.json says it ended
 
     @property
     def status(self) -> str:
@@ -186,6 +187,7 @@ def summarize(
     if not isinstance(result, dict):  # absent, or not a result a launcher writes
         result = None
     code = None if result is None else result.get("exit_code")
+    finished_at = None if result is None else result.get("finished_at")
     plan = manifest.plan
     summary = RunSummary(
         run_id=manifest.run_id,
@@ -201,6 +203,7 @@ def summarize(
         replay_of=manifest.replay_of.run_id if manifest.replay_of else None,
         slurm_job_id=_slurm_job_id(run_dir) if plan.backend == "slurm" else None,
         resumed=result is not None and result.get("resumed_by") is not None,
+        finished_at=finished_at if isinstance(finished_at, str) else None,
     )
     return _with_slurm_states([summary])[0] if ask_slurm else summary
 
