@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from turbo_dllm.errors import DllmError, describe_validation_error
 from turbo_dllm.fsutil import fsync_dir, write_atomic
+from turbo_dllm.train.metrics import METRICS_NAME
 
 __all__ = [
     "CHECKPOINT_FORMAT",
@@ -94,7 +95,7 @@ def read_meta(path: str | Path) -> CheckpointMeta:
     meta_path = Path(path) / "checkpoint.json"
     if not meta_path.is_file():
         path = Path(path)
-        run_dir = (path / "checkpoints").is_dir() or (path / "metrics.jsonl").is_file()
+        run_dir = (path / "checkpoints").is_dir() or (path / METRICS_NAME).is_file()
         if run_dir or (path.name == "checkpoints" and path.is_dir()):
             # A run dir or its checkpoints/ (what `dllm export` takes for its newest step):
             # "not a checkpoint (no checkpoint.json)" sent one to look for the wrong thing.
@@ -105,11 +106,9 @@ def read_meta(path: str | Path) -> CheckpointMeta:
                 "was cut short: train it on (`dllm train --run-dir`), or pass a step_<N> folder",
             )
         hint = "pass a checkpoints/step_<N> folder written by `dllm train`"
-        # a step that is not there, or a run folder: say which checkpoints are
-        for folder in (path / "checkpoints", path.parent):
-            if steps := _complete_steps(folder):
-                hint += f"; {folder} has {', '.join(child.name for child in steps[-3:])}"
-                break
+        # a step that is not there: say which of its siblings are
+        if steps := _complete_steps(path.parent):
+            hint += f"; {path.parent} has {', '.join(child.name for child in steps[-3:])}"
         why = "no checkpoint.json" if path.exists() else "it does not exist"
         raise DllmError(f"not a checkpoint: {str(path)!r} ({why})", hint=hint)
     # A torn or edited file (no JSON, no format field, bad fields) is damaged, not another
