@@ -29,19 +29,19 @@ def register(subparsers) -> None:
 def _list(args) -> int:
     from pathlib import Path
 
-    from turbo_dllm.jobs.manifest import MANIFEST_NAME
-    from turbo_dllm.jobs.runs import DEFAULT_ROOT, check_root, list_runs, unrecorded_runs
+    from turbo_dllm.jobs.runs import (
+        DEFAULT_ROOT,
+        check_root,
+        list_runs,
+        unreadable_runs,
+        unrecorded_runs,
+    )
 
     root = args.root or DEFAULT_ROOT
     if args.root is not None or Path(root).exists():  # no ./runs yet: nothing launched here
         check_root(root)
     runs, unrecorded = list_runs(root), unrecorded_runs(root)
-    # Run dirs whose manifest list_runs could not read (torn, edited): named, not left out
-    # without a word.
-    listed = {r.path for r in runs}
-    unreadable = sorted(
-        p.parent for p in Path(root).glob(f"*/{MANIFEST_NAME}") if p.parent not in listed
-    )
+    unreadable = unreadable_runs(root, runs)
     if args.json:
         emit_json(
             {

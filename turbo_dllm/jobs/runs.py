@@ -28,6 +28,7 @@ __all__ = [
     "find_run",
     "list_runs",
     "summarize",
+    "unreadable_runs",
     "unrecorded_runs",
 ]
 
@@ -160,6 +161,13 @@ def unrecorded_runs(root: str | Path = DEFAULT_ROOT) -> list[Path]:
     return sorted(
         p.parent for p in root.glob(f"*/{METRICS_NAME}") if not (p.parent / MANIFEST_NAME).exists()
     )
+
+
+def unreadable_runs(root: str | Path, listed: list[RunSummary]) -> list[Path]:
+    """Run dirs under `root` with a manifest that `list_runs` could not read (torn, edited):
+    named by `dllm run list`, not left out without a word."""
+    paths = {run.path for run in listed}
+    return sorted(p.parent for p in Path(root).glob(f"*/{MANIFEST_NAME}") if p.parent not in paths)
 
 
 def list_runs(root: str | Path = DEFAULT_ROOT) -> list[RunSummary]:
