@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import statistics
 import sys
 from pathlib import Path
 
@@ -71,6 +72,31 @@ def measure(attend, q, k, v, repeats: int, pipelined: bool = True) -> dict[str, 
         "bwd_ms": bwd,
         "fwdbwd_ms": median_ms(both, repeats, pipelined=pipelined),
     }
+
+
+def measure_rounds(candidates, q, k, v, args) -> dict[str, dict]:
+    """`measure` of every candidate, in turn, `args.rounds` times: each figure is the median
+    over the rounds (each round's in `rounds`). Taking the candidates in turn spreads over all
+    of them what drifts during a run (the GPU's clock, its temperature), which measuring one
+    after the other puts on whichever comes last."""
+    times: dict[str, list[dict]] = {name: [] for name, _ in candidates}
+    for _ in range(args.rounds):
+        for name, attend in candidates:
+            if times[name] and "error" in times[name][-1]:
+                continue
+            try:
+                times[name].append(measure(attend, q, k, v, args.repeats, not args.synced))
+            except Exception as error:
+                times[name].append({"error": f"{type(error).__name__}: {str(error)[:300]}"})
+    result = {}
+    for name, runs in times.items():
+        if "error" in runs[-1]:
+            result[name] = runs[-1]
+            continue
+        result[name] = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+        if len(runs) > 1:
+            result[name]["rounds"] = runs
+    return result
 
 
 def turbo_attend(layout: BlockDiffusionLayout, device, config=None, backend="jit"):
@@ -147,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kv-heads", type=int, default=8)
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument(
+        "--rounds", type=int, default=1,
+        help="measure the kernels of a shape in turn this many times; medians over the rounds",
+    )  # fmt: skip
     parser.add_argument("--kernels", default="turbo,flex,sdpa")
     parser.add_argument(
         "--synced", action="store_true",
@@ -251,14 +281,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(
                     f"  turbo vs flex max |diff| {diff.abs().max().item():.3g} (2L={stream_len}, B={block_size})"
                 )
-            for name, attend in candidates:
+            measured = measure_rounds(candidates, q, k, v, args)
+            for name, _ in candidates:
                 row = {"kernel": name, "stream_len": stream_len, "block_size": block_size,
                        "batch": batch, "heads": heads, "kv_heads": kv_heads, "head_dim": dim,
                        "useful_pairs": pairs, "layout": args.layout}  # fmt: skip
-                try:
-                    row.update(measure(attend, q, k, v, args.repeats, not args.synced))
-                except Exception as error:  # one failing kernel must not hide the others
-                    row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+                row.update(measured[name])
+                if "error" in row:  # one failing kernel must not hide the others
                     print(
                         f"{name:<18}{stream_len:>7}{block_size:>5}{batch:>4}  failed: {row['error']}"
                     )

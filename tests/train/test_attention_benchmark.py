@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
+from types import SimpleNamespace
 
 from tests.helpers import benchmark_module
 
@@ -40,6 +41,36 @@ def test_summary_checks_the_targets_at_16k():
     slow = bench._summary([row("turbo", 10.0, 480, 470), row("flex", 14.0, 380, 330)])
     assert "misses" in slow["lines"][0]  # forward under 500 TF/s
     assert bench._summary([row("turbo", 10.0, 520, 470)])["lines"] == []  # no flex row
+
+
+def test_rounds_take_the_kernels_in_turn_and_report_medians(monkeypatch):
+    """--rounds: every round measures each kernel once, in turn (a drift during the run is
+    spread over all of them); each figure is the median over the rounds, a failing kernel is
+    reported and not measured again."""
+    bench = _benchmark()
+    calls = []
+    times = {"a": iter([3.0, 1.0, 2.0]), "b": iter([5.0, 4.0, 9.0, 7.0])}
+
+    def fake_measure(attend, q, k, v, repeats, pipelined=True):
+        calls.append(attend)
+        if attend == "broken":
+            raise RuntimeError("no kernel")
+        ms = next(times[attend])
+        return {"fwd_ms": ms, "bwd_ms": 2 * ms, "fwdbwd_ms": 3 * ms}
+
+    monkeypatch.setattr(bench, "measure", fake_measure)
+    args = SimpleNamespace(rounds=3, repeats=10, synced=False)
+    candidates = [("a", "a"), ("x", "broken"), ("b", "b")]
+    got = bench.measure_rounds(candidates, None, None, None, args)
+    assert calls == ["a", "broken", "b", "a", "b", "a", "b"]
+    assert got["a"]["fwd_ms"] == 2.0 and got["a"]["fwdbwd_ms"] == 6.0
+    assert got["b"]["bwd_ms"] == 10.0 and len(got["b"]["rounds"]) == 3
+    assert got["x"] == {"error": "RuntimeError: no kernel"}
+    one = bench.measure_rounds(
+        [("b", "b")], None, None, None, SimpleNamespace(rounds=1, repeats=1, synced=True)
+    )
+    assert one["b"]["fwd_ms"] == 7.0
+    assert "rounds" not in one["b"]
 
 
 def _sweep():
