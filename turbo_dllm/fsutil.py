@@ -18,6 +18,7 @@ __all__ = [
     "fsync_dir",
     "make_temp_dir",
     "make_temp_file",
+    "save_safetensors",
     "sha256_file",
     "synced_temp_file",
     "write_atomic",
@@ -88,6 +89,19 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
     with synced_temp_file(path, payload) as tmp:
         os.replace(tmp, path)
     return path
+
+
+def save_safetensors(tensors: dict, path: str | Path, metadata: dict | None = None) -> Path:
+    """`safetensors.torch.save_file`, with the file's mode a plain `open()` would give (0666
+    minus the umask): safetensors 0.8 creates it 0600, which other users of shared storage
+    (a serving account, a colleague loading the export) cannot read."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, str(path), metadata=metadata)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(path, 0o666 & ~mask)
+    return Path(path)
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

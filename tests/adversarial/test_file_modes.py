@@ -53,3 +53,21 @@ def test_a_created_mirror_honours_the_umask(tmp_path):
         create_mirror(plan)
     assert mode(tmp_path / "mirror") == 0o755
     assert mode(tmp_path / "mirror" / "MIRROR.json") == 0o644
+
+
+@pytest.mark.parametrize(("mask", "file_mode"), [(0o022, 0o644), (0o077, 0o600)])
+def test_exported_weights_honour_the_umask(tmp_path, mask, file_mode):
+    """An export's model.safetensors (safetensors creates its files 0600) is as readable as its
+    config.json: a serving account or a colleague loads the folder when the umask allows."""
+    import torch
+
+    from turbo_dllm.families.decoder import DecoderConfig
+    from turbo_dllm.train.weights import save_hf
+
+    config = DecoderConfig(model_type="qwen3", vocab_size=8, hidden_size=4, intermediate_size=8,
+                           num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1,
+                           head_dim=4)  # fmt: skip
+    with umask(mask):
+        folder = save_hf({"model.norm.weight": torch.ones(4)}, config, tmp_path / "export")
+    assert mode(folder / "model.safetensors") == file_mode
+    assert mode(folder / "config.json") == file_mode

@@ -32,7 +32,13 @@ def test_starter_project_prepares_validates_and_is_ready(cli, project, tmp_path,
     assert validated.code == 0, validated.err
     report = json.loads(validated.out)
     assert report["valid"] and report["fingerprint"] == summary["fingerprint"]
-    assert report["checked_against_config"] == ["seq_len", "block_size", "vocab", "mask_token"]
+    assert report["checked_against_config"] == [
+        "seq_len",
+        "block_size",
+        "vocab",
+        "mask_token",
+        "family_inputs",
+    ]
 
     doctor = json.loads(cli("doctor", "--config", project / "train.yaml", "--json").out)
     checks = {c["name"]: c for c in doctor["checks"]}
@@ -255,3 +261,29 @@ def test_prepare_in_a_real_subprocess(cli_process, cli, project):
     assert "wrote" in result.out and "Traceback" not in result.err
     result = cli_process("data", "validate", "data/prepared", "--config", "train.yaml", cwd=project)
     assert result.code == 0, result.err
+
+
+def test_validate_and_doctor_apply_the_family_s_input_rules(cli, tmp_path):
+    """A qwen3_8 run cannot train rows of several documents (the default packing makes them):
+    `dllm train` and `dllm launch` refuse such an artifact, and `data validate --config` and
+    doctor said it was ready until now."""
+    from tests.data.helpers import prepare_config
+    from tests.data.helpers import write_config as write_prepare
+    from tests.train.test_qwen3_8_training import HYBRID
+    from tests.train.util import write_config as write_train
+
+    texts = [("xy" * (7 * i % 23)) + "z" * (i % 5) for i in range(1, 40)]
+    write_jsonl(tmp_path / "data.jsonl", [{"text": text} for text in texts])
+    packed = prepare_config(write_prepare(tmp_path, packing={"seq_len": 32, "block_size": 8}))
+    train = write_train(
+        tmp_path / "train.yaml",
+        f"data.artifact={packed.path}",
+        "data.synthetic=null",
+        "model.config_overrides.mask_token_id=259",  # the byte-level artifact's
+        base=HYBRID,
+    )
+    result = cli("data", "validate", packed.path, "--config", train)
+    assert_user_error(result, "data.artifact:", "rows", "one document")
+    doctor = cli("doctor", "--config", train, "--json")
+    check = {c["name"]: c for c in json.loads(doctor.out)["checks"]}["data fit"]
+    assert check["status"] == "fail" and "data.artifact:" in check["detail"], check

@@ -195,6 +195,35 @@ def test_a_drafter_folder_of_another_target_is_refused(world, tmp_path):
     assert "hidden size (96)" in text and "vocabulary (300)" in text
 
 
+def test_model_dflash_fields_a_drafter_folder_would_ignore_are_refused(world, tmp_path):
+    """With model.path the folder's shape is trained: a model.dflash field given another value
+    (the required mask_token_id included) was silently dropped; it is refused at its field."""
+    config, model = _drafter(world)
+    save_hf(full_state_dict(model), config, tmp_path)
+    folder = (f"model.path={tmp_path}", "model.from_config=null")
+    document = drafter_document(
+        world["target"],
+        world["artifact"],
+        *folder,
+        "model.dflash.mask_token_id=7",
+        "model.dflash.num_layers=3",
+    )
+    with pytest.raises(Exception) as error:
+        check(RunSpec.model_validate(document))
+    text = str(error.value)
+    assert (
+        f"model.dflash.mask_token_id: 7, but the drafter folder {str(tmp_path)!r} has {MASK}"
+        in text
+    )
+    assert "model.dflash.num_layers: 3, but the drafter folder" in text
+    # the folder's own values, and a spec written back with every default, still validate
+    spec = check(
+        RunSpec.model_validate(drafter_document(world["target"], world["artifact"], *folder))
+    )
+    assert resolve_model_config(spec.model) == config
+    check(RunSpec.model_validate(spec.model_dump(mode="json")))
+
+
 def test_masked_attention_hands_sdpa_equal_head_counts(monkeypatch):
     """With a mask, grouped K/V heads are expanded before SDPA (CUDA's fused kernel takes the
     call, not the math fallback); the result is grouped-query attention's."""

@@ -52,6 +52,9 @@ def test_export_holds_the_serving_contract_and_reloads_bit_exactly(cli, world, d
     out = tmp_path / "serve"
     result = _export(cli, drafter["run"] / "checkpoints", out, "--target", world["target"])
     assert result.code == 0, result.err
+    # a checkpoints/ folder exports its newest complete step, which the command names
+    newest = sorted((drafter["run"] / "checkpoints").glob("step_*"))[-1]
+    assert result.out.strip() == f"wrote {out} from {newest}"
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "training_export.json"} <= names
     assert [n for n in names if n.endswith(".safetensors")] == ["model.safetensors"]

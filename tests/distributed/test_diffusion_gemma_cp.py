@@ -166,8 +166,11 @@ def test_dllm_train_at_cp2_ep2_and_bp2_trains_the_single_process_trace(tmp_path,
     torch.testing.assert_close(losses(cp2), losses(single), **tol)
     grad_norms = [[r["grad_norm"] for r in metrics(d)] for d in (cp2, single)]
     torch.testing.assert_close(grad_norms[0][0], grad_norms[1][0], **tol)
-    # (later steps: float32 reordering, which Adam's normalised updates amplify a little)
-    torch.testing.assert_close(grad_norms[0], grad_norms[1], rtol=5e-4, atol=5e-4)
+    # Later steps: float32 reordering, which Adam's normalised updates amplify (since the
+    # MoE branch's norms start at one, as transformers', that branch is live and its reordered
+    # sums reach step 3's grad norm at ~1e-3; step 1's gradients above and every step's loss
+    # hold 5e-5, and the model-level test holds every gradient).
+    torch.testing.assert_close(grad_norms[0], grad_norms[1], rtol=2e-3, atol=2e-3)
 
 
 def test_the_cp_ep_recipe_passes_every_rule_but_its_data_folder():

@@ -170,5 +170,9 @@ def test_dllm_train_at_ep2_with_fsdp_trains_the_single_process_trace_and_resumes
         str(export_checkpoint(ep2 / "checkpoints", tmp_path / "hf2") / "model.safetensors")
     )
     assert sorted(got) == sorted(want)
+    # atol 1e-4: since the MoE-branch norms start at one (not ~0.02) the experts carry real
+    # signal, and one embedding element (of 32768) ends 6e-5 apart after 4 AdamW steps at lr
+    # 3e-3: AdamW divides by sqrt(v) + eps, which magnifies the ranks' other summation order
+    # where a gradient is tiny (losses and gradients still match at the tolerances above).
     for name, tensor in want.items():
-        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(got[name], tensor, rtol=1e-4, atol=1e-4, msg=name)

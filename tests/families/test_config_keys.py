@@ -42,3 +42,25 @@ def test_every_family_that_reads_a_config_json_lists_its_keys():
     for family in registry.FAMILIES.values():
         if family.configure is None:  # dflash refuses config_overrides altogether
             assert family.config_keys, family.name
+
+
+@pytest.mark.parametrize(
+    "family",
+    [name for name in registry.FAMILIES if name != "dflash"],  # (a drafter's own format)
+)
+def test_a_config_asking_for_attention_dropout_is_refused(family):
+    """transformers applies attention_dropout while training; our attention applies none, so a
+    config.json asking for it trained another model, silently. 0.0 (the override's way out) reads."""
+    import copy
+
+    from turbo_dllm.errors import DllmError
+
+    read = registry.FAMILIES[family].read_config
+    hf = copy.deepcopy(registry.FAMILIES[family].presets["tiny"])
+    text = hf["text_config"] if isinstance(hf.get("text_config"), dict) else hf
+    text["attention_dropout"] = 0.1
+    with pytest.raises(DllmError, match="attention_dropout 0.1 is not supported") as error:
+        read(hf)
+    assert "model.config_overrides.attention_dropout: 0.0" in error.value.hint
+    text["attention_dropout"] = 0.0
+    read(hf)

@@ -95,6 +95,88 @@ def test_self_conditioning_changes_only_the_chosen_rows_canvas():
     torch.testing.assert_close(plain[:, C:], conditioned[:, C:])  # clean never sees the canvas
 
 
+def test_a_row_padded_after_its_example_is_one_example_and_a_packed_row_is_refused():
+    """The loader numbers a row's trailing padding as a segment of its own: such a row (one
+    example, then padding) was refused as packed by the family's attention, so no prepared
+    artifact with a response shorter than its row trained past its first padded batch."""
+    _, attention = ours(hf=tiny_hf_dict())
+    batch = _batch()  # row 0 fills its row; row 1's example ends at 15, then 5 pad tokens
+    batch["loss_mask"][1, 15:] = False
+    batch["doc_ids"] = torch.zeros(2, 20, dtype=torch.int32)
+    batch["doc_ids"][1, 15:] = 1
+    d = _objective().corrupt(batch, KEY)
+    attention.prepare(d.layout, d.doc_ids, torch.device("cpu"))  # was: "packs several documents"
+    C = d.layout.canvas_len
+    n_decoder, n_encoder = d.term_sizes
+    assert n_encoder == 19 + 14 == _objective().supervised_count(batch)[1]  # no pair into padding
+    clean_positions = (d.score_index[n_decoder:] % (C + 20)) - C
+    rows = d.score_index[n_decoder:] // (C + 20)
+    assert int(clean_positions[rows == 1].max()) == 13  # the last pair: (13, 14)
+    assert torch.equal(d.input_ids[1, 15 - 7 : 20 - 7], batch["input_ids"][1, 15:])  # unnoised
+
+    batch["loss_mask"][1, 17] = True  # a supervised token in a second document: packed
+    with pytest.raises(DllmError, match="packs several documents") as error:
+        _objective().corrupt(batch, KEY)
+    assert "packing.block_size equal to packing.seq_len" in error.value.hint
+
+
+def test_native_sft_trains_on_a_prepared_artifact_of_one_padded_example_per_row(tmp_path):
+    """The data path the docs give: prompt/completion records prepared with packing.block_size
+    = seq_len, so each row is one example followed by padding."""
+    from tests.data.helpers import prepare_config, write_config, write_jsonl
+
+    records = [{"prompt": f"q{i}: ", "completion": "ab" * (3 + i % 7)} for i in range(16)]
+    write_jsonl(tmp_path / "data.jsonl", records)
+    prepared = prepare_config(
+        write_config(
+            tmp_path,
+            records={"kind": "prompt_completion"},
+            supervision="completion_only",
+            packing={"seq_len": 32, "block_size": 32, "overflow": "truncate"},
+        )
+    )
+    base = {**SFT, "data": {"artifact": str(prepared.path), "seq_len": 32}}
+    base["objective"] = {**SFT["objective"], "block_size": 8}
+    train(tiny_spec("training.steps=3", base=base), tmp_path / "run")
+    assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3]
+
+
+def test_packed_artifacts_are_refused_before_training(tmp_path):
+    """A packed artifact trained until its first packed batch, then stopped mid-run; the
+    family's input rule now names it (dllm train, dllm launch) before any step."""
+    from tests.data.helpers import prepare_config, write_config, write_jsonl
+    from turbo_dllm.jobs.launcher import check_inputs
+
+    records = [{"prompt": f"q{i}: ", "completion": "ab" * (3 + i % 7)} for i in range(16)]
+    write_jsonl(tmp_path / "data.jsonl", records)
+
+    def artifact(block_size):
+        packing = {"seq_len": 32, "block_size": block_size, "overflow": "truncate"}
+        out = {"path": f"out{block_size}"}
+        return prepare_config(
+            write_config(
+                tmp_path,
+                records={"kind": "prompt_completion"},
+                supervision="completion_only",
+                packing=packing,
+                output=out,
+            )
+        ).path
+
+    def spec(path, objective="diffusiongemma_sft"):
+        base = {**SFT, "data": {"artifact": str(path), "seq_len": 32}}
+        base["objective"] = {**SFT["objective"], "name": objective, "block_size": 8}
+        return tiny_spec(base=base)
+
+    packed, one_per_row = artifact(8), artifact(32)
+    with pytest.raises(DllmError, match="packed data") as error:
+        check_inputs(spec(packed), "train.yaml")
+    assert "packing.block_size equal to packing.seq_len" in error.value.message
+    check_inputs(spec(one_per_row), "train.yaml")  # one example per row, padded after it
+    with pytest.raises(DllmError, match="padding after one"):  # block_diffusion: not even that
+        check_inputs(spec(one_per_row, "block_diffusion"), "train.yaml")
+
+
 def test_a_canvas_shorter_than_one_block_is_an_error():
     with pytest.raises(DllmError, match="shorter than one block"):
         _objective().corrupt(_batch(starts=(18, 19)), KEY)
@@ -217,6 +299,22 @@ def test_mask_token_outside_the_vocabulary_is_refused():
     base["data"] = {"synthetic": {"num_sequences": 32, "vocab_size": 700}, "seq_len": 32}
     found = {p.path for p in problems(load_model(RunSpec, base, "test"))}
     assert {"objective.mask_token_id", "data.synthetic.vocab_size"} <= found
+
+
+def test_a_mask_token_under_the_uniform_noise_sft_is_refused_not_ignored():
+    """diffusiongemma_sft never masks (uniform random ids): a mask token set for it was ignored
+    without a word; under block_diffusion the same family masks with it."""
+    from turbo_dllm.config.load import load_model
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.config.validate import problems
+
+    def found(**objective):
+        document = dict(SFT, objective={**SFT["objective"], **objective})
+        return {p.path: p.message for p in problems(load_model(RunSpec, document, "test"))}
+
+    assert "never masks" in found(mask_token_id=5)["objective.mask_token_id"]
+    assert found() == {}
+    assert "objective.mask_token_id" not in found(name="block_diffusion", mask_token_id=5)
 
 
 def test_hf_folder_round_trip_single_and_sharded(tmp_path):

@@ -191,15 +191,21 @@ def prepare(cli, folder: Path, word: str) -> None:
     assert result.code == 0, result.err
 
 
-def test_replay_refuses_a_changed_data_artifact(cli, workdir, pinned_code):
-    prepare(cli, workdir, "first")
+def artifact_spec(workdir, steps: int = 6):
+    """train.yaml over the `prepared` artifact (SPEC's synthetic data replaced), `steps` long."""
     spec = workdir / "train.yaml"
     spec.write_text(
         textwrap.dedent(SPEC)
         .replace("  synthetic:\n    num_sequences: 32\n    vocab_size: 512\n", "")
         .replace("data:\n", "data:\n  artifact: prepared\n")
-        .replace("steps: 6", "steps: 2")
+        .replace("steps: 6", f"steps: {steps}")
     )
+    return spec
+
+
+def test_replay_refuses_a_changed_data_artifact(cli, workdir, pinned_code):
+    prepare(cli, workdir, "first")
+    spec = artifact_spec(workdir, steps=2)
     result = cli("launch", "--config", spec, "--run-dir", workdir / "original")
     assert result.code == 0, result.err
     recorded = json.loads((workdir / "original" / "manifest.json").read_text())
@@ -210,7 +216,11 @@ def test_replay_refuses_a_changed_data_artifact(cli, workdir, pinned_code):
     tokens = workdir / "prepared" / "tokens.bin"
     original_bytes = tokens.read_bytes()
     tokens.write_bytes(bytes([original_bytes[0] ^ 1]) + original_bytes[1:])
-    assert_user_error(cli("launch", "--manifest", manifest), "data.content")
+    refused = cli("launch", "--manifest", manifest)
+    assert_user_error(refused, "refused: 1 input drifted", "tokens.bin: sha256 mismatch")
+    # One line per drifted input, as the count says (verify's file list was lines of its own).
+    [line] = [x for x in refused.err.splitlines() if x.startswith("  - ")]
+    assert line.startswith("  - data.content: matches its manifest -> ") and "tokens.bin" in line
     tokens.write_bytes(original_bytes)
 
     # The artifact prepared again from other text: a new fingerprint.
@@ -226,6 +236,32 @@ def test_replay_refuses_a_changed_data_artifact(cli, workdir, pinned_code):
     assert "data.fingerprint" in fields
     assert replay["data"]["fingerprint"] != recorded["data"]["fingerprint"]
     assert [step for step, _ in losses(workdir / "drift")] == [1, 2]
+
+    # --allow-drift over a vanished artifact, or one that no longer fits the spec: refused
+    # before the run dir exists, as a launch is (it was written, then the worker failed).
+    (workdir / "prepared").rename(workdir / "moved")
+    result = cli("launch", "--manifest", manifest, "--allow-drift", "--run-dir", workdir / "gone")
+    assert_user_error(result, "data artifact not found", "prepared")
+    assert not (workdir / "gone").exists()
+    (workdir / "moved").rename(workdir / "prepared")
+
+
+def test_worker_reports_a_user_error_in_training_as_dllm_does(cli, workdir, capsys):
+    """A DllmError raised while a worker trains (here: the data artifact moved away after the
+    launch recorded it) is `dllm: error:` with its hint and exit 2, as `dllm train` says it; under
+    torchrun and SLURM every rank printed a traceback ending in `turbo_dllm.errors.DllmError`."""
+    from turbo_dllm.jobs import worker
+
+    prepare(cli, workdir, "first")
+    spec = artifact_spec(workdir)
+    result = cli("launch", "--config", spec, "--backend", "slurm", "--run-dir", "run")
+    assert result.code == 0, result.err  # the manifest and script only: nothing ran
+    (workdir / "prepared").rename(workdir / "moved")
+    capsys.readouterr()
+    assert worker.main(["--manifest", str(workdir / "run" / "manifest.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dllm: error: data artifact not found"), err
+    assert "\nhint: " in err
 
 
 # --- restarts ----------------------------------------------------------------------------------

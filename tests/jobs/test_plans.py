@@ -240,6 +240,50 @@ def test_local_backend_refuses_what_it_cannot_do(cli, spec_file, workdir):
     assert_user_error(cli(*base, "--max-restarts", "1"), "--max-restarts needs a supervisor")
 
 
+@pytest.mark.parametrize(
+    ("flags", "needles"),
+    [
+        # SLURM options on a launch that is no SLURM job: no script, nothing asked of SLURM.
+        (("--partition", "gpu", "--time", "1:00:00"), ["backend local", "--partition, --time"]),
+        (("--sbatch=--exclusive",), ["has no use for --sbatch"]),
+        (("--cpus-per-task", "4"), ["has no use for --cpus-per-task"]),
+        (("--gpus-per-node", "0"), ["has no use for --gpus-per-node"]),
+        (("--set", "topology.dp=2", "--nproc-per-node", "2", "--account", "a"), ["torchrun"]),
+        # Where processes meet, for a launch whose processes do not meet like that.
+        (("--backend", "local", "--master-port", "1234"), ["one process", "--master-port"]),
+        (("--rdzv-id", "x"), ["local backend", "--rdzv-id"]),
+        (("--backend", "slurm", "--master-addr", "h"), ["SLURM job has no use", "--master-addr"]),
+        (("--backend", "slurm", "--rdzv-id", "x", "--node-rank", "0"), ["--rdzv-id, --node-rank"]),
+    ],
+)
+def test_flags_the_backend_has_no_use_for_are_refused(cli, spec_file, workdir, flags, needles):
+    """Before, these were dropped without a word: `--partition` on a torchrun launch trained
+    here, `--master-addr` on a SLURM job met on the allocation's first host anyway."""
+    result = cli("launch", "--config", spec_file, "--dry-run", *flags)
+    assert_user_error(result, *needles)
+
+
+def test_submit_on_a_replay_of_a_run_that_was_no_slurm_job_is_refused(cli, spec_file, workdir):
+    """It was ignored: the replay trained here (or failed for want of sbatch)."""
+    args = ("--config", spec_file, "--run-dir", "runs/a", "--set", "training.steps=1")
+    result = cli("launch", *args)
+    assert result.code == 0, result.err
+    replay = cli("launch", "--manifest", "runs/a/manifest.json", "--submit", "--dry-run")
+    assert_user_error(replay, "--submit goes with a SLURM job", "recorded with backend local")
+    assert cli("launch", "--manifest", "runs/a/manifest.json", "--dry-run").code == 0
+
+
+def test_replay_refusal_hints_at_the_groups_that_drifted(cli, spec_file, workdir, monkeypatch):
+    """The hint said "restore the recorded packages / data / weights / code / bundle" whatever
+    drifted, and never named the host: a host-only drift (here a DLLM_OVERRIDE_* left set)."""
+    args = ("--config", spec_file, "--run-dir", "runs/h", "--set", "training.steps=1")
+    assert cli("launch", *args).code == 0
+    monkeypatch.setenv("DLLM_OVERRIDE_TORCH", "2.5.0")
+    replay = cli("launch", "--manifest", "runs/h/manifest.json", "--dry-run")
+    assert_user_error(replay, "host.torch: ", "hint: restore the recorded host (", "DLLM_OVERRIDE_")
+    assert "packages" not in replay.err.split("hint:")[1]
+
+
 def test_bad_nnodes_is_a_user_error(cli, spec_file):
     assert_user_error(cli("launch", "--config", spec_file, "--nnodes", "4:2"), "node range")
     assert_user_error(cli("launch", "--config", spec_file, "--nnodes", "two"), "--nnodes")

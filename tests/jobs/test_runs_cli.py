@@ -8,6 +8,8 @@ import os
 import re
 import sys
 
+import yaml
+
 from tests.helpers import assert_user_error
 
 
@@ -204,8 +206,19 @@ def test_dllm_train_resumes_a_recorded_run_only_with_its_spec(cli, spec_file, wo
     slurm_run(cli, spec_file)
     [run_dir] = (workdir / "runs").iterdir()
     other = cli("train", "--config", spec_file, "--run-dir", run_dir, "--set", "training.steps=6")
-    assert_user_error(other, "recorded by `dllm launch` with another spec", "spec.yaml")
+    assert_user_error(
+        other, "recorded by `dllm launch` with another spec", "training.steps: 4 -> 6", "spec.yaml"
+    )
     assert not (run_dir / "metrics.jsonl").exists()
+    # its own spec.yaml, edited: the refusal names the edit (the hint pointed at that file)
+    recorded = (run_dir / "spec.yaml").read_text()
+    document = yaml.safe_load(recorded)
+    lr = document["optimizer"]["lr"]
+    document["optimizer"]["lr"] = lr * 2
+    (run_dir / "spec.yaml").write_text(yaml.safe_dump(document))
+    edited = cli("train", "--config", run_dir / "spec.yaml", "--run-dir", run_dir)
+    assert_user_error(edited, f"optimizer.lr: {lr!r} -> {lr * 2!r}", "undo any edit")
+    (run_dir / "spec.yaml").write_text(recorded)
     same = cli("train", "--config", run_dir / "spec.yaml", "--run-dir", run_dir)
     assert same.code == 0, same.err
     listing = json.loads(cli("run", "list", "--json").out)

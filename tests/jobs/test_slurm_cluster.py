@@ -152,3 +152,47 @@ def test_a_run_dir_with_spaces_quotes_and_a_hash_runs(submit, slurm_cluster, cli
     output = (run_dir / f"slurm-{job_id}.out").read_text()
     assert slurm_cluster.state(job_id) == "COMPLETED", output
     assert statuses(cli)["my run #2 'b'"] == "ok"
+
+
+def test_cancelled_job_resumes_when_its_script_is_submitted_again(submit, slurm_cluster, cli):
+    """scancel mid-run, then `sbatch job.sbatch` (the way on the refused relaunch names): the
+    new job resumes from the last checkpoint, reads `running` (not the cancelled job's state)
+    while it trains, and ends `ok` with every step once."""
+    steps = ("--set", "training.steps=40", "--set", "checkpoint.interval=2")
+    run_dir, job_id = submit("resumed", "--cpus-per-task", "1", *steps)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not list(run_dir.glob("checkpoints/step_*")):
+        time.sleep(0.2)
+    assert slurm_cluster.run("scancel", job_id).returncode == 0
+    slurm_cluster.wait_for(job_id, {"CANCELLED"})
+    assert statuses(cli)["resumed"] == "cancelled"
+    assert losses(run_dir)[-1][0] < 40, "the job finished before it was cancelled"
+
+    refused = cli(
+        "launch",
+        "--config",
+        "train.yaml",
+        "--backend",
+        "slurm",
+        *TWO_RANKS,
+        *steps,
+        "--cpus-per-task",
+        "1",
+        "--run-dir",
+        run_dir,
+    )
+    assert refused.code == 2 and f"sbatch {run_dir / 'job.sbatch'}" in refused.err
+    again = slurm_cluster.run("sbatch", "--parsable", str(run_dir / "job.sbatch"))
+    assert again.returncode == 0, again.stderr
+    new_id = again.stdout.strip().split(";")[0]
+    slurm_cluster.wait_for(new_id, {"RUNNING"})
+    seen = set()
+    while slurm_cluster.state(new_id) == "RUNNING" and "running" not in seen:
+        seen.add(statuses(cli)["resumed"])  # the job records itself as its script starts
+    assert "running" in seen, seen
+    slurm_cluster.wait_for(new_id, {"COMPLETED", "FAILED"})
+    output = (run_dir / f"slurm-{new_id}.out").read_text()
+    assert slurm_cluster.state(new_id) == "COMPLETED", output
+    assert "resumed from" in output
+    assert [step for step, _ in losses(run_dir)] == list(range(1, 41))
+    assert statuses(cli)["resumed"] == "ok"

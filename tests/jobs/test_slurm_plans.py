@@ -81,6 +81,7 @@ def test_gpu_plan_and_script(cli, spec_file, gpus, workdir, monkeypatch):
     [run_dir] = (workdir / "runs").iterdir()
     script = (run_dir / "job.sbatch").read_text()
     assert f"submit with: sbatch {run_dir / 'job.sbatch'}" in result.out
+    assert "`dllm run list` follows the job once it starts" in result.out
     for line in (
         "#SBATCH --nodes=2",
         "#SBATCH --ntasks-per-node=1",
@@ -225,6 +226,73 @@ def test_script_records_how_srun_ended(cli, spec_file, workdir):
     assert result["backend"] == "slurm" and result["format"] == "turbo_dllm.run_result.v1"
 
 
+def test_a_resubmitted_script_is_the_runs_latest_attempt(cli, spec_file, workdir, monkeypatch):
+    """`sbatch job.sbatch` by hand (the script written without --submit, or submitted again
+    after a cancelled or failed job) records its job as the run's when it starts and removes the
+    earlier attempt's result.json. Before, the run read `not submitted`, or the cancelled
+    job's state, or the earlier attempt's exit status, while the new job trained."""
+    slurm_launch(cli, spec_file, "--run-dir", "runs/again")
+    run_dir = workdir / "runs" / "again"
+    bin_dir = workdir / "bin"
+    fake_command(bin_dir, "scontrol", "echo node7\n")
+    # What the run looks like while srun trains: its submission record and result.json.
+    fake_command(
+        bin_dir,
+        "srun",
+        f"cat {run_dir / 'slurm_job.json'} > during.json\n"
+        f"test -e {run_dir / 'result.json'} && echo stale > during.result\nexit 0\n",
+    )
+    path = f"{bin_dir}{os.pathsep}{os.environ['PATH']}"
+    env = {**os.environ, "PATH": path, "SLURM_JOB_NODELIST": "node7"}
+
+    def run_job(job_id: str) -> None:
+        proc = subprocess.run(["bash", run_dir / "job.sbatch"], env={**env, "SLURM_JOB_ID": job_id})
+        assert proc.returncode == 0
+
+    run_job("77")  # never --submit-ted: the job records itself
+    assert json.loads((workdir / "during.json").read_text())["job_id"] == "77"
+    # An earlier attempt that failed, then the script submitted again as job 78.
+    from turbo_dllm.jobs.result import write_result
+
+    write_result(run_dir, 1, "2026-01-01T00:00:00+00:00", "slurm", slurm_job_id="77")
+    run_job("78")
+    assert json.loads((workdir / "during.json").read_text())["job_id"] == "78"
+    assert not (workdir / "during.result").exists()  # no stale exit 1 while it trained
+    assert json.loads((run_dir / "slurm_job.json").read_text())["job_id"] == "78"
+    assert json.loads((run_dir / "result.json").read_text())["slurm_job_id"] == "78"
+
+    # `dllm run list` follows job 78, not 77.
+    fake_command(bin_dir, "squeue", 'echo "$@" > squeue.args\necho "78|RUNNING"\n')
+    fake_command(bin_dir, "sacct", "exit 1\n")
+    monkeypatch.setenv("PATH", path)
+    (run_dir / "result.json").unlink()
+    listing = json.loads(cli("run", "list", "--json").out)
+    [run] = listing["runs"]
+    assert run["status"] == "running" and run["slurm_job_id"] == "78"
+
+
+def test_a_stopped_slurm_run_is_refused_with_its_script_to_resubmit(
+    cli, spec_file, workdir, monkeypatch
+):
+    """The same launch into a cancelled SLURM run's dir names the line that resumes it as a
+    SLURM job (its script); it offered `dllm train ... (under torchrun)`, which runs on the
+    submit host, not on the cluster."""
+    bin_dir = workdir / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    fake_command(bin_dir, "sbatch", "echo 4242\n")
+    fake_command(bin_dir, "squeue", "echo '4242|CANCELLED'\n")
+    args = ("--run-dir", "runs/cancelled", "--submit")
+    slurm_launch(cli, spec_file, *args)
+    result = cli("launch", "--config", spec_file, *SLURM, *TWO_CPU_RANKS, *args)
+    script = workdir / "runs" / "cancelled" / "job.sbatch"
+    assert_user_error(
+        result,
+        "already holds run cancelled (cancelled, no steps yet)",
+        f"continue it from its last checkpoint as a SLURM job: sbatch {script}",
+    )
+    assert "dllm train" not in result.err
+
+
 def test_submit_calls_sbatch_or_explains(cli, spec_file, workdir, monkeypatch):
     bin_dir = workdir / "bin"
     bin_dir.mkdir()
@@ -258,6 +326,40 @@ def test_failed_sbatch_names_options_that_exist(cli, spec_file, workdir, monkeyp
     assert {"--partition", "--gpus-per-node", "--cpus-per-task", "--sbatch"} <= named
     help_text = cli("launch", "--help").out
     assert all(re.search(rf"{flag}\b", help_text) for flag in named), named
+
+
+def test_a_refused_submission_leaves_no_run(cli, spec_file, workdir, monkeypatch):
+    """sbatch refusing the job (a partition the cluster lacks) left its run dir with a manifest
+    and script: `dllm run list` showed a run that never ran (`not submitted`), and the same
+    launch with a partition that exists was refused ("already holds run ..."). Now the launch
+    removes what it wrote, and the corrected launch into the same run dir is submitted."""
+    bin_dir = workdir / "bin"
+    fake_command(
+        bin_dir,
+        "sbatch",
+        'case "$(cat "$2")" in *--partition=nope*) '
+        "echo 'sbatch: error: invalid partition specified: nope' >&2; exit 1;; esac\n"
+        "echo 4242\n",
+    )
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    args = ("launch", "--config", spec_file, *SLURM, "--nproc-per-node", "1", "--submit")
+    for run_dir, made in ((workdir / "runs" / "new", True), (workdir / "mine", False)):
+        if not made:
+            run_dir.mkdir()
+            (run_dir / "notes.txt").write_text("the user's\n")
+        result = cli(*args, "--run-dir", run_dir, "--partition", "nope")
+        assert result.code == 2 and "Traceback" not in result.err
+        error = result.err[result.err.index("dllm: error:") :]  # after the launch's own lines
+        for needle in ("invalid partition", "Nothing was submitted", "hint: launch again"):
+            assert needle in error, error
+        if made:
+            assert not run_dir.exists()
+        else:
+            assert sorted(p.name for p in run_dir.iterdir()) == ["notes.txt"]
+        result = cli(*args, "--run-dir", run_dir, "--partition", "debug")
+        assert result.code == 0, result.err
+        assert json.loads((run_dir / "slurm_job.json").read_text())["job_id"] == "4242"
+    assert "not submitted" not in cli("run", "list").out
 
 
 def test_list_follows_the_job_through_slurm(cli, spec_file, workdir, monkeypatch):

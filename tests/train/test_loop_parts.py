@@ -58,6 +58,31 @@ def test_synthetic_loader_slices_the_global_stream_by_rank():
     assert torch.equal(next(resumed)["input_ids"], batch["input_ids"])
 
 
+def test_synthetic_tokens_avoid_the_run_s_mask_token():
+    """With objective.mask_token_id inside the synthetic vocabulary (a migrated checkpoint's
+    480 of 512), real tokens equal to the mask token were drawn: masked and real positions
+    looked alike and their targets were the softmax's excluded entry. The stream now avoids
+    the run's mask token; the default (the last id) draws exactly what it drew before."""
+    common = dict(num_sequences=64, vocab_size=16, seq_len=64, micro_batch_size=64, seed=1)
+    before = SyntheticLoader(**common)
+    # the previous pool: Zipf over the ids below the last, drawn with the same generator
+    gen = torch.Generator().manual_seed(1 * 1_000_003 + 17)
+    zipf = 1.0 / torch.arange(1, 16, dtype=torch.float64)
+    pool = torch.multinomial(zipf, 64 * 8, replacement=True, generator=gen).view(64, 8)
+    assert torch.equal(before._motifs, pool)
+    assert (next(before)["input_ids"] == 5).any()  # a frequent id of this vocabulary
+    avoiding = next(SyntheticLoader(avoid=5, **common))["input_ids"]
+    assert not (avoiding == 5).any() and (avoiding == 15).any()
+    one = tiny_spec("objective.mask_token_id=5")
+    source = build_data(one, model_vocab_size=512, dp_rank=0, dp_size=1)
+    assert source.mask_token_id == 5 and not (next(source.loader)["input_ids"] == 5).any()
+    default = build_data(tiny_spec(), model_vocab_size=512, dp_rank=0, dp_size=1)
+    assert source.fingerprint != default.fingerprint  # another stream, another identity
+    last = build_data(tiny_spec("objective.mask_token_id=511"), model_vocab_size=512,
+                      dp_rank=0, dp_size=1)  # fmt: skip
+    assert last.fingerprint == default.fingerprint
+
+
 def test_synthetic_batch_larger_than_dataset_is_a_user_error():
     with pytest.raises(DllmError, match="num_sequences"):
         SyntheticLoader(num_sequences=3, vocab_size=50, seq_len=8, micro_batch_size=2, dp_size=2)

@@ -143,6 +143,41 @@ def test_spec_rules_refuse_with_the_reason(override, field):
         tiny_spec(override, base=NEMOTRON)
 
 
+def test_an_unset_mask_token_with_synthetic_data_must_be_the_checkpoint_s():
+    """Unset, the trainer masks synthetic data with its last id: fine where that is the
+    checkpoint's mask token, refused (saying why) where it is not; was "got None" either way."""
+    tiny_spec(
+        "objective.mask_token_id=null", "model.config_overrides.mask_token_id=511", base=NEMOTRON
+    )
+    with pytest.raises(DllmError, match=r"objective\.mask_token_id: unset.*last id \(511\)"):
+        tiny_spec("objective.mask_token_id=null", base=NEMOTRON)
+
+
+def test_an_unset_mask_token_is_the_artifact_s_and_must_be_the_checkpoint_s(tmp_path):
+    """With an artifact and objective.mask_token_id unset the trainer masks with the artifact's
+    mask token: validation refused the spec outright ("got None") even where that token is the
+    checkpoint's; now it passes, and the input rule refuses an artifact with another one."""
+    from tests.data.helpers import prepare_config, write_config, write_jsonl
+    from turbo_dllm.jobs.launcher import check_inputs
+
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "abc " * 40} for _ in range(8)])
+    config = write_config(tmp_path, packing={"seq_len": 64, "block_size": 8})
+    artifact = prepare_config(config).path  # byte level: mask token 259
+
+    def spec(mask: int):
+        return tiny_spec(
+            f"data.artifact={artifact}",
+            "data.synthetic=null",
+            "objective.mask_token_id=null",
+            f"model.config_overrides.mask_token_id={mask}",
+            base=NEMOTRON,
+        )
+
+    check_inputs(spec(259), "train.yaml")
+    with pytest.raises(DllmError, match=r"artifact's mask token \(259\), not the checkpoint's"):
+        check_inputs(spec(100), "train.yaml")
+
+
 def _ministral3(**rope):
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)

@@ -126,6 +126,58 @@ def test_unsupported_combinations_are_refused_with_the_reason(override, field, w
     assert field in str(error.value) and words in str(error.value)
 
 
+def test_an_unset_mask_token_with_synthetic_data_must_be_the_checkpoint_s():
+    """A migrated checkpoint's mask token was silently replaced by the synthetic data's last id
+    when objective.mask_token_id was unset; now that is refused unless the two agree."""
+    spec("model.config_overrides.mask_token_id=511")
+    with pytest.raises(DllmError, match=r"objective\.mask_token_id: unset.*last id \(511\)"):
+        spec("model.config_overrides.mask_token_id=480")
+
+
+def _artifact(folder, texts, **packing):
+    from tests.data.helpers import prepare_config, write_config, write_jsonl
+
+    write_jsonl(folder / "data.jsonl", [{"text": text} for text in texts])
+    config = write_config(folder, packing={"seq_len": 32, "block_size": 8, **packing})
+    return prepare_config(config).path  # byte level: mask token 259
+
+
+def _inputs(artifact, *overrides):
+    from turbo_dllm.jobs.launcher import check_inputs
+
+    check_inputs(spec(f"data.artifact={artifact}", "data.synthetic=null", *overrides), "t.yaml")
+
+
+def test_an_artifact_whose_mask_token_is_not_the_checkpoint_s_is_refused_at_the_start(tmp_path):
+    """With objective.mask_token_id unset the trainer masks with the artifact's mask token; one
+    other than the migrated checkpoint's trained silently before."""
+    artifact = _artifact(tmp_path, ["abc " * 40] * 6, overflow="truncate")
+    _inputs(artifact, "model.config_overrides.mask_token_id=259")
+    with pytest.raises(DllmError, match=r"artifact's mask token \(259\), not the checkpoint's"):
+        _inputs(artifact, "model.config_overrides.mask_token_id=300")
+
+
+def test_an_artifact_with_rows_of_several_documents_is_refused_before_the_run(tmp_path):
+    """Such rows stopped the run at whichever step first drew one (step 55 of the audit's run);
+    now the artifact is refused when the run starts, counting its rows as the loader would."""
+    import numpy as np
+
+    from turbo_dllm.data.artifact import DataArtifact
+    from turbo_dllm.families.qwen3_8.inputs import rows_with_boundaries
+
+    texts = [("xy" * (7 * i % 23)) + "z" * (i % 5) for i in range(1, 40)]
+    packed = _artifact(tmp_path / "packed", texts)
+    data = DataArtifact(packed)
+    rows = data.manifest.num_sequences
+    mixed = [r for r in range(rows) if len(np.unique(data.doc_ids(r))) > 1]
+    assert mixed and len(mixed) < rows
+    assert rows_with_boundaries(data.documents, 32, rows) == (len(mixed), mixed[0])
+    with pytest.raises(DllmError, match=rf"data\.artifact: {len(mixed)} of its {rows} rows"):
+        _inputs(packed, "model.config_overrides.mask_token_id=259")
+    whole = _artifact(tmp_path / "whole", ["abc " * 40] * 6, overflow="truncate")
+    _inputs(whole, "model.config_overrides.mask_token_id=259")  # one document a row
+
+
 def test_linear_attention_kernel_is_refused_for_families_without_linear_layers():
     with pytest.raises(DllmError, match="no linear-attention layers"):
         tiny_spec("model.linear_attention=fla")

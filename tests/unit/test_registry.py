@@ -82,3 +82,18 @@ def test_config_overrides_reach_a_nested_text_config_and_rope_parameters(tmp_pat
     )
     assert (folder.rope_theta, folder.num_hidden_layers) == (500.0, 2)
     assert folder.tie_word_embeddings is False
+
+
+def test_a_runtime_module_that_is_not_there_is_a_user_error():
+    """A misspelt `runtime_module` (or a family package not installed) was a
+    ModuleNotFoundError traceback from `dllm train`, after validation and doctor passed."""
+    import dataclasses
+
+    family = dataclasses.replace(
+        registry.get_family("qwen3"), runtime_module="turbo_dllm.families.decoder.runtim"
+    )
+    with pytest.raises(DllmError, match="'turbo_dllm.families.decoder.runtim' cannot be imp"):
+        family.runtime()
+    gone = dataclasses.replace(family, runtime_module="toy_family_not_installed.runtime")
+    with pytest.raises(DllmError, match="no module named 'toy_family_not_installed'"):
+        gone.runtime()

@@ -51,6 +51,26 @@ def test_objective_must_suit_family(monkeypatch):
     assert "cannot train model family 'qwen3' (allowed: block_diffusion)" in str(found[0])
 
 
+def test_a_field_only_another_objective_reads_is_refused_not_ignored():
+    """objective.self_conditioning_probability under block_diffusion, a DFlash loss under
+    fast_dllm_v2: the run's objective never reads them, so a value there was silently ignored.
+    Their defaults stay accepted (a run dir's spec.yaml spells out every default)."""
+    found = problems(
+        spec(objective={"name": "block_diffusion", "self_conditioning_probability": 0.2,
+                        "encoder_loss_weight": 0.5})
+    )  # fmt: skip
+    assert [p.path for p in found] == [
+        "objective.self_conditioning_probability",
+        "objective.encoder_loss_weight",
+    ]
+    assert "only diffusiongemma_sft reads it" in found[0].message
+    found = problems(spec(objective={"name": "fast_dllm_v2", "dflash_loss": "greedy_ce"}))
+    assert [p.path for p in found] == ["objective.dflash_loss"]
+    assert "this run's objective is fast_dllm_v2" in found[0].message
+    every_default = RunSpec().objective.model_dump()
+    assert problems(spec(objective=every_default)) == []
+
+
 def test_bp_cp_layout_rule():
     s = spec(topology={"cp": 4, "bp": 2}, data={"seq_len": 1024, "synthetic": {}})
     assert "topology.bp" in paths(s)

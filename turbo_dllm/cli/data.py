@@ -108,6 +108,17 @@ def _special_text_warning(count: int, spec) -> str:
     )
 
 
+def _family_problems(spec, artifact: str) -> list[str]:
+    """The family's input rules on `artifact` (packed rows it cannot train, a mask token that
+    is not its checkpoint's): what `dllm train` and `dllm launch` would refuse."""
+    from turbo_dllm.registry import get_family
+
+    data = spec.data.model_copy(update={"artifact": str(artifact), "synthetic": None})
+    spec = spec.model_copy(update={"data": data})
+    problems = get_family(spec.model.family).input_problems(spec)
+    return [f"{path}: {message}" for path, message in problems]
+
+
 def _validate(args) -> int:
     from turbo_dllm.data.artifact import verify
     from turbo_dllm.errors import DllmError
@@ -122,13 +133,14 @@ def _validate(args) -> int:
         check_not_a_prepare_spec(read_yaml(args.config), args.config)
         spec = load_runspec(args.config)
         found = artifact_problems(manifest, spec)
+        found += _family_problems(spec, args.artifact)
         if found:
             lines = "\n".join(f"  - {p}" for p in found)
             raise DllmError(
                 f"data artifact {args.artifact!r} does not fit {args.config}:\n{lines}",
                 hint="change the RunSpec fields above, or prepare the data again to match",
             )
-        checked = ["seq_len", "block_size", "vocab", "mask_token"]
+        checked = ["seq_len", "block_size", "vocab", "mask_token", "family_inputs"]
     if args.json:
         emit_json(
             {

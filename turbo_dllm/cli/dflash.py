@@ -56,7 +56,9 @@ def register(subparsers) -> None:
         "the target's tensors, and training_export.json (provenance and sha256 of the files).",
     )
     p.add_argument(
-        "--checkpoint", required=True, help="a checkpoints/step_<N> folder (or its parent)"
+        "--checkpoint",
+        required=True,
+        help="a checkpoints/step_<N> folder (or a checkpoints/ folder or a run dir: its latest)",
     )
     p.add_argument("--out", required=True, help="new folder to write")
     p.add_argument("--target", default=None, help="check the fit and record the target's hash")
@@ -118,12 +120,16 @@ def _eval(args) -> int:
 
 def _export(args) -> int:
     from turbo_dllm.families.dflash.export import export_drafter
+    from turbo_dllm.train.checkpoint import resolve_checkpoint
 
-    out = export_drafter(args.checkpoint, args.out, target=args.target, dtype=args.dtype)
+    # A run dir or checkpoints/ folder exports its newest complete step: say which one it was.
+    source = resolve_checkpoint(args.checkpoint)
+    out = export_drafter(source, args.out, target=args.target, dtype=args.dtype)
     if args.json:
-        emit_json({"out": str(out), "files": sorted(p.name for p in out.iterdir())})
+        files = sorted(p.name for p in out.iterdir())
+        emit_json({"out": str(out), "checkpoint": str(source), "files": files})
     else:
-        print(f"wrote {out}")
+        print(f"wrote {out} from {source}")
     return 0
 
 

@@ -212,6 +212,12 @@ def _launch(args) -> int:
                 hint="launch the config with the new settings instead (dllm launch --config F)",
             )
         job = launcher.prepare_replay(args.manifest, options, argv, allow_drift=args.allow_drift)
+        if args.submit and job.plan.backend != "slurm":
+            raise DllmError(
+                f"--submit goes with a SLURM job, and run {job.manifest.replay_of.run_id} was "
+                f"recorded with backend {job.plan.backend}",
+                hint="drop --submit: the replay runs here, as the recorded run did",
+            )
     else:
         job = launcher.prepare_launch(args.config, args.overrides, options, argv)
     # A run dir that holds a run is refused here, dry run included, before any check or write.
@@ -233,9 +239,10 @@ def _launch(args) -> int:
             hint="fix the checks above (`dllm doctor --config F` shows them all)",
         )
     _print_warnings(report)
+    made_run_dir = not job.run_dir.exists()
     launcher.materialize(job)
     _print_start(job)
-    code = launcher.start(job, submit=args.submit)
+    code = launcher.start(job, submit=args.submit, made_run_dir=made_run_dir)
     _print_end(job, code, args.submit)
     return code
 
@@ -328,7 +335,8 @@ def _print_end(job, code: int, submit: bool) -> None:
         if not submit:
             print(
                 f"wrote {plan.slurm.script}\nsubmit with: sbatch {plan.slurm.script} "
-                "(or launch with --submit, and `dllm run list` follows the job)"
+                "(`dllm run list` follows the job once it starts; with --submit, from its "
+                "submission)"
             )
         else:
             print(

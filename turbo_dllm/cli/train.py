@@ -106,11 +106,20 @@ def _check_recorded_spec(spec, run_dir) -> bool:
     from turbo_dllm.errors import DllmError
 
     manifest = read_manifest(run_dir)
-    if manifest.spec_sha256 != spec_sha256(spec.model_dump(mode="json")):
+    current = spec.model_dump(mode="json")
+    if manifest.spec_sha256 != spec_sha256(current):
+        from turbo_dllm.jobs.drift import flat_diff
+
+        changed = [
+            f"{d.field}: {d.recorded!r} -> {d.current!r}" for d in flat_diff(manifest.spec, current)
+        ]
+        shown = "; ".join(changed[:5]) + (
+            f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
+        )
         raise DllmError(
-            f"{run_dir} holds a run recorded by `dllm launch` with another spec",
-            hint=f"resume it with its own spec (--config {run_dir / 'spec.yaml'}, no --set), "
-            "or train into a new run dir",
+            f"{run_dir} holds a run recorded by `dllm launch` with another spec ({shown})",
+            hint=f"resume it with the spec its manifest records (--config {run_dir / 'spec.yaml'}, "
+            "no --set; undo any edit of that file: the fields above), or train into a new run dir",
         )
     if manifest.data is not None and spec.data.artifact is not None:
         # The same path with other content (prepared again): the resumed loader would walk

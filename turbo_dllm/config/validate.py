@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass
 
 from turbo_dllm import registry
-from turbo_dllm.config.runspec import RunSpec
+from turbo_dllm.config.runspec import ObjectiveSpec, RunSpec
 from turbo_dllm.config.topology import ParallelLayout
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import FamilyMismatch, ModelMisfit, ModelUnreadable
@@ -107,6 +107,14 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             f"block parallelism gives each rank a pair of blocks: needs at least "
             f"{2 * topo.bp} blocks, got {data.seq_len // block}",
         )
+    for field, readers in OBJECTIVE_FIELDS.items():
+        value = getattr(objective, field)
+        if objective.name not in readers and value != ObjectiveSpec.model_fields[field].default:
+            add(
+                f"objective.{field}",
+                f"{value!r} would be ignored: only {' and '.join(readers)} reads it, this run's "
+                f"objective is {objective.name} (leave it out)",
+            )
     for path, message in _family_rules(spec, family):
         add(path, message)
     if model.attention == "turbo":
@@ -145,6 +153,31 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             f"{spec.scheduler.warmup_steps} exceeds training.steps ({spec.training.steps})",
         )
     return found
+
+
+# The objective fields only some objectives read: another objective would ignore a value set
+# there without a word (compared with the default, since a written spec.yaml spells out every
+# default).
+OBJECTIVE_FIELDS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(
+        (
+            "anchor_sampling",
+            "max_anchors",
+            "decay_gamma",
+            "dflash_loss",
+            "greedy_path",
+            "reveal_blocks",
+            "dpace_alpha",
+            "selector_loss_alpha",
+            "selector_warmup_steps",
+            "selector_ramp_steps",
+            "sample_from_anchor",
+        ),
+        ("dflash_distillation",),
+    ),
+    "self_conditioning_probability": ("diffusiongemma_sft",),
+    "encoder_loss_weight": ("diffusiongemma_sft",),
+}
 
 
 def _family_rules(spec: RunSpec, family) -> list[tuple[str, str]]:

@@ -5,7 +5,8 @@ every sequence (block_diffusion, fast_dllm_v2: documents aligned to the artifact
 aligned to any divisor of it; the other objectives never need documents on block boundaries, and
 autoregressive streams blocks of 1); the model's vocabulary covers every id the artifact may hold;
 and the mask token is inside the model's vocabulary and, for the objectives that mask with the
-artifact's mask token (block_diffusion, fast_dllm_v2), the artifact's.
+artifact's mask token (block_diffusion, fast_dllm_v2), the artifact's; a drafter's
+`model.dflash.mask_token_id` (dflash_distillation) must be the artifact's mask token too.
 """
 
 from __future__ import annotations
@@ -68,6 +69,18 @@ def artifact_problems(manifest: DataManifest, spec) -> list[str]:
         found.append(f"model: {error.message}")
         vocab, where = None, ""
     mask = manifest.special_tokens["mask"]
+    drafter = getattr(spec.model, "dflash", None)
+    if objective.name == "dflash_distillation" and drafter is not None:
+        # The drafter fills its draft slots with this id; only the artifact's mask token is
+        # kept out of the data, any other id may be a real token of the text.
+        if drafter.mask_token_id != mask:
+            found.append(
+                f"model.dflash.mask_token_id: {drafter.mask_token_id}, but the artifact's mask "
+                f"token is {mask}, the one id its data never holds (set model.dflash."
+                f"mask_token_id: {mask}, or prepare the data with tokenizer.mask_token_id: "
+                f"{drafter.mask_token_id})"
+            )
+        mask = drafter.mask_token_id
     if objective.mask_token_id is not None and objective.mask_token_id != mask:
         if tiled:
             found.append(

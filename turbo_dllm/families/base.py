@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 __all__ = [
     "AXES",
     "Family",
+    "artifact_mask_problems",
+    "checkpoint_mask_problems",
     "FamilyConfig",
     "FamilyMismatch",
     "FamilyRuntime",
@@ -42,6 +44,7 @@ __all__ = [
     "decoder_shape_problems",
     "derived_head_dim",
     "hf_config_errors",
+    "no_attention_dropout",
     "nonpositive_fields",
     "number_problems",
     "raise_if_unusable",
@@ -180,7 +183,21 @@ class Family:
         return getattr(importlib.import_module(module), name)(spec)
 
     def runtime(self) -> FamilyRuntime:
-        module: ModuleType = importlib.import_module(self.runtime_module)
+        try:
+            module: ModuleType = importlib.import_module(self.runtime_module)
+        except ModuleNotFoundError as error:
+            # The module itself (or a package above it) is not there: a misspelt runtime_module
+            # or a family package that is not installed here. Not an import inside it, whose
+            # traceback shows the line.
+            name = error.name or ""
+            if name != self.runtime_module and not self.runtime_module.startswith(f"{name}."):
+                raise
+            raise DllmError(
+                f"model family {self.name!r}: its runtime module {self.runtime_module!r} "
+                f"cannot be imported (no module named {name!r})",
+                hint="Family.runtime_module names the module of the family's torch half "
+                "(build_model, layers, ...): check the name, and that its package is installed",
+            ) from None
         return module  # type: ignore[return-value]
 
     def resolve_config(
@@ -389,6 +406,58 @@ def hf_config_errors(*, missing_hint: str, what: str = "config.json") -> Iterato
         raise DllmError(f"{what} lacks the field {missing.args[0]!r}", hint=missing_hint) from None
     except (TypeError, ValueError, ArithmeticError) as error:
         raise DllmError(f"{what} has a bad value: {error}") from None
+
+
+def checkpoint_mask_problems(spec: Any, mask: int | None) -> list[tuple[str, str]]:
+    """A checkpoint with its own mask token (`mask`, from a mask-token migration) must be masked
+    with it: `objective.mask_token_id` another id, or unset over synthetic data (the trainer then
+    masks with its last id) and that id another, is refused. (Unset over an artifact, the
+    trainer masks with the artifact's: an input rule, `artifact_mask_problems`.)"""
+    chosen = spec.objective.mask_token_id
+    if mask is None:
+        return []
+    if chosen is not None and chosen != mask:
+        return [
+            ("objective.mask_token_id", f"{chosen} is not the checkpoint's mask token ({mask})")
+        ]
+    last = spec.data.synthetic.vocab_size - 1 if spec.data.synthetic is not None else None
+    if chosen is None and last is not None and last != mask:
+        return [
+            (
+                "objective.mask_token_id",
+                f"unset, so the synthetic data would be masked with its last id ({last}), not "
+                f"the checkpoint's mask token ({mask}); set it to {mask}",
+            )
+        ]
+    return []
+
+
+def artifact_mask_problems(spec: Any, mask: int | None, data_mask: int | None) -> list:
+    """The input rule beside `checkpoint_mask_problems`: with `objective.mask_token_id` unset
+    the trainer masks with the artifact's mask token (`data_mask`), which must be the
+    checkpoint's (`mask`)."""
+    if spec.objective.mask_token_id is not None or mask is None or data_mask in (None, mask):
+        return []
+    return [
+        (
+            "objective.mask_token_id",
+            f"unset, so the trainer would mask with the artifact's mask token ({data_mask}), not "
+            f"the checkpoint's ({mask}): prepare the data again with the model folder's "
+            f"tokenizer (tokenizer.path), whose mask token is {mask}",
+        )
+    ]
+
+
+def no_attention_dropout(config: dict[str, Any]) -> None:
+    """Refuse a config.json asking for attention dropout: transformers applies it while
+    training, our attention kernels apply none, so the run would train another model."""
+    value = config.get("attention_dropout")
+    if value:
+        raise DllmError(
+            f"attention_dropout {value} is not supported: turbo-dllm trains without attention "
+            "dropout",
+            hint="set model.config_overrides.attention_dropout: 0.0 to train without it",
+        )
 
 
 def derived_head_dim(head_dim: Any, hidden_size: int, heads: int) -> int:

@@ -57,6 +57,7 @@ def compile_plan(
         world_sizes = [nproc * nnodes.min]
         _check_world_size(spec, world_sizes[0], nproc, nnodes.min)
     backend = _choose_backend(options, world_sizes)
+    _check_backend_options(options, backend)
 
     if backend == "local" and world_sizes != [1]:
         raise DllmError(
@@ -173,6 +174,57 @@ def _choose_backend(options: LaunchOptions, world_sizes: list[int]) -> str:
         return options.backend
     distributed = options.max_restarts or options.master_addr or options.rdzv_endpoint
     return "local" if world_sizes == [1] and not distributed else "torchrun"
+
+
+def _check_backend_options(options: LaunchOptions, backend: str) -> None:
+    """Refuse the flags the chosen backend has no use for: they were dropped without a word
+    (`--partition` on a torchrun launch, `--master-addr` on a SLURM job)."""
+    slurm = options.slurm
+    if backend != "slurm":
+        given = [
+            flag
+            for flag, value in (
+                ("--gpus-per-node", slurm.gpus_per_node),
+                ("--cpus-per-task", slurm.cpus_per_task),
+                ("--partition", slurm.partition),
+                ("--account", slurm.account),
+                ("--time", slurm.time),
+                ("--sbatch", slurm.extra or None),
+            )
+            if value is not None
+        ]
+        if given:
+            raise DllmError(
+                f"this launch runs {'in this process' if backend == 'local' else 'under torchrun'}"
+                f" (backend {backend}), which has no use for {', '.join(given)}: SLURM options "
+                "apply to a SLURM job only",
+                hint="add --backend slurm to write (--submit: submit) a SLURM job, or drop them",
+            )
+    if backend not in ("local", "slurm"):
+        return  # torchrun meets through these
+    meet = [
+        ("--master-addr", options.master_addr),
+        ("--rdzv-endpoint", options.rdzv_endpoint),
+        ("--rdzv-id", options.rdzv_id),
+    ]
+    if backend == "local":
+        meet.append(("--master-port", options.master_port))
+    elif backend == "slurm":
+        meet.append(("--node-rank", options.node_rank))
+    given = [flag for flag, value in meet if value is not None]
+    if given and backend == "local":
+        raise DllmError(
+            "the local backend runs one process in this one, which has no use for "
+            f"{', '.join(given)} (where processes meet)",
+            hint="use --backend torchrun (or leave --backend at auto), or drop them",
+        )
+    if given:
+        raise DllmError(
+            f"a SLURM job has no use for {', '.join(given)}: its nodes meet on the "
+            "allocation's first host, with the job id as the rendezvous id, and SLURM numbers "
+            "the nodes",
+            hint="drop them (--master-port P pins the rendezvous port)",
+        )
 
 
 def _slurm_gpus_per_node(options: LaunchOptions, host: HostView, nproc: int) -> int:

@@ -64,6 +64,10 @@ def manifest_drift(recorded: RunManifest, current: RunManifest) -> list[DriftIte
     )
     items += _ref_drift("data", _dump(recorded.data), _dump(current.data), _DATA_IDENTITY)
     items += _weights_drift(_dump(recorded.weights), _dump(current.weights))
+    if "target_weights" in recorded.model_fields_set:  # a drafter's target (newer manifests)
+        items += _weights_drift(
+            _dump(recorded.target_weights), _dump(current.target_weights), "target_weights"
+        )
     items += _ref_drift("code", _dump(recorded.code), _dump(current.code), _CODE_IDENTITY)
     return items
 
@@ -102,13 +106,15 @@ def _ref_drift(
     ]
 
 
-def _weights_drift(recorded: dict | None, current: dict | None) -> list[DriftItem]:
+def _weights_drift(
+    recorded: dict | None, current: dict | None, group: str = "weights"
+) -> list[DriftItem]:
     """One item per model file whose content changed, appeared or vanished (paths ignored)."""
     if recorded is None or current is None:
-        return _ref_drift("weights", recorded, current, ("files",))
+        return _ref_drift(group, recorded, current, ("files",))
     old, new = recorded["files"], current["files"]
     return [
-        DriftItem(field=f"weights.files.{name}", recorded=old.get(name), current=new.get(name))
+        DriftItem(field=f"{group}.files.{name}", recorded=old.get(name), current=new.get(name))
         for name in sorted(set(old) | set(new))
         if old.get(name) != new.get(name)
     ]

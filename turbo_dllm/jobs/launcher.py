@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -124,9 +125,12 @@ def prepare_replay(
             f"replay of run {recorded.run_id} refused: {len(drift)} input"
             f"{'s' if len(drift) > 1 else ''} drifted since it was recorded "
             f"(recorded -> now):\n{lines}",
-            hint="restore the recorded packages / data / weights / code / bundle, or pass --allow-drift "
-            "to run anyway (the drift is written into the new manifest)",
+            hint=f"restore the recorded {_drifted_groups(drift)}, or pass --allow-drift to run "
+            "anyway (the drift is written into the new manifest)",
         )
+    # Drift allowed, the inputs must still be there and fit the spec, as a launch's must: the
+    # run dir was written, then every worker failed on a vanished or misfit artifact.
+    _check_artifact(spec, path)
     import hashlib
 
     replay_of = ReplayRef(
@@ -139,6 +143,19 @@ def prepare_replay(
     return PreparedJob(
         spec=spec, plan=plan, manifest=manifest, source=str(path), host=host, drift=drift
     )
+
+
+_GROUP_NAMES = {
+    "host": "host (Python, platform, torch, GPUs, driver; DLLM_OVERRIDE_* variables)",
+    "target_weights": "target weights",
+}
+
+
+def _drifted_groups(drift: list[DriftItem]) -> str:
+    """The input groups that drifted, in order: the hint named packages / data / weights / code /
+    bundle whatever drifted, and never the host (a host-only drift read as a package one)."""
+    groups = dict.fromkeys(item.field.split(".")[0].split("[")[0] for item in drift)
+    return " / ".join(_GROUP_NAMES.get(group, group) for group in groups)
 
 
 def _check_artifact(spec: RunSpec, source: str | Path) -> None:
@@ -177,9 +194,12 @@ def _data_content_drift(spec: RunSpec) -> list[DriftItem]:
     try:
         verify(spec.data.artifact)
     except DllmError as error:
-        return [
-            DriftItem(field="data.content", recorded="matches its manifest", current=error.message)
-        ]
+        # One line: the refusal lists one drift per line, and verify's own list of files read
+        # as more drifted inputs than the count said.
+        first, *files = error.message.splitlines()
+        found = "; ".join(line.strip().removeprefix("- ") for line in files)
+        current = f"{first} {found}" if found else first
+        return [DriftItem(field="data.content", recorded="matches its manifest", current=current)]
     return []
 
 
@@ -195,6 +215,8 @@ def build_manifest(
     artifact as no data, which then shows up as drift instead of stopping the comparison."""
     spec_doc = spec.model_dump(mode="json")
     seeds = {"launch.seed": spec.launch.seed}
+    drafter = spec.model.dflash if spec.model.family == "dflash" else None
+    target = {"target_weights": provenance.weights_ref(drafter.target)} if drafter else {}
     if "PYTHONHASHSEED" in plan.env:
         seeds["PYTHONHASHSEED"] = int(plan.env["PYTHONHASHSEED"])
     return RunManifest(
@@ -208,6 +230,7 @@ def build_manifest(
         bundle=provenance.active_bundle_ref(),
         data=_data_ref(spec.data.artifact, missing_data_ok),
         weights=provenance.weights_ref(spec.model.path),
+        **target,
         code=CodeVersion(**provenance.code_version()),
         seeds=seeds,
         plan=plan,
@@ -452,11 +475,19 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
     complete = _complete(run)
     # A run that ended with 0 short of its last step stopped at training.max_duration_s.
     if run.status not in _NOTHING_TO_CONTINUE or (run.status == "ok" and not complete):
-        under = " (under torchrun, as its plan does)" if run.processes != "1x1" else ""
-        ways.append(
-            "if it stopped, continue it from its last checkpoint"
-            f"{under}: dllm train --config {run_dir / SPEC_NAME} --run-dir {run_dir}"
-        )
+        if recorded.plan.slurm is not None:
+            # Its own script, submitted again, resumes it as a SLURM job with its layout (the
+            # job records itself as the run's latest attempt when it starts).
+            ways.append(
+                "if it stopped, continue it from its last checkpoint as a SLURM job: "
+                f"sbatch {shlex.quote(recorded.plan.slurm.script)}"
+            )
+        else:
+            under = " (under torchrun, as its plan does)" if run.processes != "1x1" else ""
+            ways.append(
+                "if it stopped, continue it from its last checkpoint"
+                f"{under}: dllm train --config {run_dir / SPEC_NAME} --run-dir {run_dir}"
+            )
     ended = ""
     if run.exit_code is not None:  # its result.json: when and how it ended
         at = f" at {run.finished_at}" if run.finished_at else ""
@@ -520,15 +551,25 @@ def _join(job: PreparedJob) -> None:
         )
 
 
-def start(job: PreparedJob, *, submit: bool = False) -> int:
-    """Start the workers (or write/submit the SLURM job) and return the exit status."""
+def start(job: PreparedJob, *, submit: bool = False, made_run_dir: bool = False) -> int:
+    """Start the workers (or write/submit the SLURM job) and return the exit status.
+    `made_run_dir`: `materialize` created the run dir (a refused submission removes it)."""
     plan = job.plan
     if plan.backend == "slurm":
         if not submit:
             return 0
         from turbo_dllm.jobs.backends.slurm import submit as sbatch
 
-        print(f"Submitted batch job {sbatch(plan.slurm, job.run_dir)}")
+        try:
+            job_id = sbatch(plan.slurm, job.run_dir)
+        except DllmError as error:
+            _discard(job, made_run_dir)
+            raise DllmError(
+                f"{error.message}\nNothing was submitted, and the launch's files are removed "
+                f"from {job.run_dir} again, so the same launch with other options can use it.",
+                hint=error.hint,
+            ) from None
+        print(f"Submitted batch job {job_id}")
         return 0
     started = now()
     if plan.backend == "local":
@@ -554,6 +595,19 @@ def start(job: PreparedJob, *, submit: bool = False) -> int:
     if not job.multi_node:
         write_result(job.run_dir, code, started, plan.backend)
     return code
+
+
+def _discard(job: PreparedJob, made_run_dir: bool) -> None:
+    """Remove what `materialize` wrote for a SLURM job that sbatch refused: a run that never
+    ran, which `dllm run list` showed as `not submitted` and which held its run dir."""
+    from turbo_dllm.jobs.backends.slurm import SCRIPT_NAME
+
+    for name in (MANIFEST_NAME, SCRIPT_NAME, SPEC_NAME):
+        with contextlib.suppress(OSError):
+            (job.run_dir / name).unlink()
+    if made_run_dir:
+        with contextlib.suppress(OSError):  # not empty: the user's files stay
+            job.run_dir.rmdir()
 
 
 def _exit_status(error: BaseException) -> int:

@@ -107,6 +107,9 @@ class RunManifest(_Strict):
     bundle: BundleRef | None
     data: DataRef | None
     weights: WeightsRef | None = None  # None: random init (or a manifest from before weights)
+    # A DFlash drafter's frozen target (model.dflash.target): its features and head are what
+    # the drafter learns from. Absent from other families' manifests and older ones.
+    target_weights: WeightsRef | None = None
     code: CodeVersion
     seeds: dict[str, int]
     plan: JobPlan

@@ -5,7 +5,10 @@ multi-node job end, so its global rank 0 worker writes it when training returns 
 earlier attempt's when it starts: `turbo_dllm.jobs.worker`). A SLURM job's launcher only
 submits, so the batch script writes it itself when `srun` returns (`python -m
 turbo_dllm.jobs.result`); a job SLURM kills (scancel, time limit) never gets that far, and
-`dllm run list` asks SLURM.
+`dllm run list` asks SLURM. The script also runs it first (`--job-started`): the job that
+runs is the run's latest attempt, whether `--submit` or the user's own `sbatch job.sbatch` (a
+resubmission after a cancelled or failed job) submitted it, so it records its job id
+(`slurm_job.json`) and removes an earlier attempt's `result.json`.
 """
 
 from __future__ import annotations
@@ -50,14 +53,25 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The batch script's last step: record srun's exit status in the run dir."""
+    """The batch script's first step (`--job-started`: record this job as the run's) and its
+    last (record srun's exit status in the run dir)."""
     parser = argparse.ArgumentParser(prog="python -m turbo_dllm.jobs.result")
     parser.add_argument("--run-dir", required=True)
-    parser.add_argument("--exit-code", type=int, required=True)
-    parser.add_argument("--started", required=True, help="ISO time the job started")
-    parser.add_argument("--backend", required=True)
+    parser.add_argument("--job-started", action="store_true", help="record the job, not its end")
+    parser.add_argument("--exit-code", type=int, default=None)
+    parser.add_argument("--started", default=None, help="ISO time the job started")
+    parser.add_argument("--backend", default=None)
     parser.add_argument("--slurm-job-id", default=None)
     args = parser.parse_args(argv)
+    if args.job_started:
+        from turbo_dllm.jobs.backends.slurm import record_running_job
+
+        if args.slurm_job_id is None:
+            parser.error("--job-started needs --slurm-job-id")
+        record_running_job(Path(args.run_dir), args.slurm_job_id)
+        return 0
+    if args.exit_code is None or args.started is None or args.backend is None:
+        parser.error("--exit-code, --started and --backend are required")
     write_result(
         Path(args.run_dir),
         args.exit_code,

@@ -67,7 +67,15 @@ def main(argv: list[str] | None = None) -> int:
         # This attempt is the run's status now (as a `dllm train` resume's is): an earlier
         # attempt's result (an early stop, a failure) would read as this one's while it trains.
         (Path(plan.run_dir) / RESULT_NAME).unlink(missing_ok=True)
-    code = train(spec, Path(plan.run_dir), layout=layout)
+    try:
+        code = train(spec, Path(plan.run_dir), layout=layout)
+    except DllmError as error:
+        # What `dllm train` prints for it (a vanished data artifact, a bad checkpoint), once per
+        # failing rank, and exit 2: it was a traceback from every rank.
+        print(f"dllm: error: {error.message}", file=sys.stderr)
+        if error.hint:
+            print(f"hint: {error.hint}", file=sys.stderr)
+        code = 2
     if records:
         # No launcher sees a multi-node job end (each node's sees its own torchrun only), so
         # global rank 0 records the finished run: a later launch of it is refused, not joined.

@@ -30,9 +30,12 @@ class DataSource:
     fingerprint: str  # the artifact's, or synthetic_fingerprint's
 
 
-def synthetic_fingerprint(synthetic, seed: int) -> str:
-    """sha256 of the synthetic data's identity (`data.synthetic` and the seed)."""
+def synthetic_fingerprint(synthetic, seed: int, mask_token_id: int | None = None) -> str:
+    """sha256 of the synthetic data's identity (`data.synthetic`, the seed, and the mask token
+    its tokens avoid when that is not the default last id)."""
     identity = {"synthetic": synthetic.model_dump(mode="json"), "seed": seed}
+    if mask_token_id is not None and mask_token_id != synthetic.vocab_size - 1:
+        identity["avoid"] = mask_token_id
     return hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()
 
 
@@ -65,6 +68,7 @@ def build_data(spec, *, model_vocab_size: int, dp_rank: int, dp_size: int) -> Da
         from turbo_dllm.train.synthetic import SyntheticLoader
 
         synthetic = data.synthetic
+        mask = objective.mask_token_id
         loader = SyntheticLoader(
             num_sequences=synthetic.num_sequences,
             vocab_size=synthetic.vocab_size,
@@ -73,13 +77,13 @@ def build_data(spec, *, model_vocab_size: int, dp_rank: int, dp_size: int) -> Da
             dp_rank=dp_rank,
             dp_size=dp_size,
             seed=spec.launch.seed,
+            avoid=mask,  # the mask token is never a real token of the stream
         )
-        mask = objective.mask_token_id
         source = DataSource(
             loader,
             synthetic.vocab_size,
             synthetic.vocab_size - 1 if mask is None else int(mask),
-            synthetic_fingerprint(synthetic, spec.launch.seed),
+            synthetic_fingerprint(synthetic, spec.launch.seed, mask),
         )
     if source.vocab_size > model_vocab_size:
         raise DllmError(

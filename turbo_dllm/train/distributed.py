@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from turbo_dllm.errors import DllmError
 from turbo_dllm.kernels.block_diffusion import FORWARD_OPS
 
 __all__ = [
@@ -180,9 +181,19 @@ def _selective_contexts(keep_matmuls: bool):
 
 
 def apply_mlp_chunking(layers: nn.ModuleList, chunks: int) -> None:
-    """Run every layer's MLP over `chunks` token pieces, each recomputed alone in the backward."""
-    for layer in layers:
-        layer.mlp.chunks = chunks
+    """Run every layer's MLP over `chunks` token pieces, each recomputed alone in the backward.
+
+    A layer without an `mlp` that has a `chunks` attribute is refused: setting one on a module
+    that never reads it would leave `training.mlp_chunks` ignored without a word."""
+    for index, layer in enumerate(layers):
+        mlp = getattr(layer, "mlp", None)
+        if not hasattr(mlp, "chunks"):
+            raise DllmError(
+                f"training.mlp_chunks {chunks}: layer {index} ({type(layer).__name__}) has no "
+                "MLP that runs in pieces (a `mlp` module with a `chunks` attribute)",
+                hint="set training.mlp_chunks: 1 for this model family",
+            )
+        mlp.chunks = chunks
 
 
 def apply_compile(layers: nn.ModuleList) -> None:

@@ -3,7 +3,8 @@
 Pure noise cannot be learned, so a loss curve on it says nothing. Each sequence here is a chain
 of "motifs" (short fixed token strings drawn from a seeded pool), so a model can learn them and
 the loss visibly falls, while generation stays vectorised for 64K-token sequences. Token ids
-avoid the last id of the vocabulary, which is the default mask token for synthetic data.
+avoid the run's mask token (`avoid`: by default the last id of the vocabulary, the default mask
+token for synthetic data), so a masked position never looks like a real token.
 
 Batches follow the data-parallel contract: at each call, rank r of P gets the r-th slice of
 `micro_batch_size` sequences of the next P * micro_batch_size in the epoch's shuffled order.
@@ -35,9 +36,11 @@ class SyntheticLoader:
         dp_rank: int = 0,
         dp_size: int = 1,
         seed: int = 0,
+        avoid: int | None = None,
     ) -> None:
         if vocab_size < 3:
             raise DllmError(f"synthetic vocab_size must be at least 3 (got {vocab_size})")
+        avoid = vocab_size - 1 if avoid is None else avoid
         per_call = micro_batch_size * dp_size
         if per_call > num_sequences:
             raise DllmError(
@@ -55,7 +58,9 @@ class SyntheticLoader:
         self.cursor = 0
         pool_gen = torch.Generator().manual_seed(seed * 1_000_003 + 17)
         # Zipf-like token frequencies (like text), so even unigram statistics are learnable.
-        zipf = 1.0 / torch.arange(1, vocab_size, dtype=torch.float64)
+        zipf = 1.0 / torch.arange(1, vocab_size + 1, dtype=torch.float64)
+        if 0 <= avoid < vocab_size:
+            zipf[avoid] = 0.0  # (a trailing zero leaves the default's draws as they were)
         draws = torch.multinomial(zipf, _MOTIFS * _MOTIF_LEN, replacement=True, generator=pool_gen)
         self._motifs = draws.view(_MOTIFS, _MOTIF_LEN)
         self._order: tuple[int, torch.Tensor] | None = None

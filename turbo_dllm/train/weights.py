@@ -42,10 +42,21 @@ def clean_fqn(name: str) -> str:
     return ".".join(part for part in name.split(".") if part not in _WRAPPER_SEGMENTS)
 
 
+# The name of the LM head, which a tied head shares with the embeddings: Hugging Face folders
+# leave it out (`save_hf`, `load_hf_weights`), so a tied tensor is never named by it.
+_HEAD = "lm_head.weight"
+
+
 def named_parameters_clean(model: nn.Module) -> Iterator[tuple[str, nn.Parameter]]:
-    """Parameters under their Hugging Face names (a tied weight appears once)."""
-    for name, param in model.named_parameters():
-        yield clean_fqn(name), param
+    """Parameters under their Hugging Face names. A tied weight appears once, under its first
+    name other than the head's (a model may register its head before its embeddings)."""
+    named: dict[int, list] = {}  # id(param) -> [name, param], in first-registration order
+    for name, param in model.named_parameters(remove_duplicate=False):
+        seen = named.setdefault(id(param), [clean_fqn(name), param])
+        if seen[0] == _HEAD:
+            seen[0] = clean_fqn(name)
+    for name, param in named.values():
+        yield name, param
 
 
 def _seed_for(seed: int, name: str) -> int:
@@ -73,16 +84,43 @@ def _param_device(param: torch.Tensor) -> torch.device:
     return param.to_local().device if isinstance(param, DTensor) else param.device
 
 
+def _is_norm(module: nn.Module) -> bool:
+    """A normalisation layer, as transformers' `_init_weights` tells them: torch's norms, or a
+    class whose name says LayerNorm or RMSNorm (families name their own)."""
+    kind = type(module).__name__
+    return (
+        isinstance(module, (nn.LayerNorm, nn.GroupNorm)) or "LayerNorm" in kind or "RMSNorm" in kind
+    )
+
+
+def _norm_weights(model: nn.Module) -> set[str]:
+    """The clean names of the norm layers' weights (whatever the layers are called)."""
+    return {
+        clean_fqn(f"{prefix}.weight" if prefix else "weight")
+        for prefix, module in model.named_modules()
+        if _is_norm(module) and isinstance(getattr(module, "weight", None), nn.Parameter)
+    }
+
+
 @torch.no_grad()
 def init_weights(model: nn.Module, config, seed: int) -> None:
-    """HF-style init: linear/embedding weights ~ N(0, initializer_range), norms 1, biases 0.
+    """HF-style init: linear/embedding weights ~ N(0, initializer_range), norms 1, biases 0,
+    an embedding's padding_idx row 0.
 
-    A model whose transformers twin initialises some parameters otherwise (zero-centred norms,
-    state-space decays) says so with `initial_value(name, shape, cpu_generator)`, which returns
-    the full tensor or None for the default; its generator is seeded from (seed, name) too.
+    A norm is told by its module (`_is_norm`), whatever its name (`ln_1`,
+    `post_feedforward_layernorm_1`). A model whose transformers twin initialises some
+    parameters otherwise (zero-centred norms, state-space decays) says so with
+    `initial_value(name, shape, cpu_generator)`, which returns the full tensor or None for the
+    default; its generator is seeded from (seed, name) too.
     """
     std = config.initializer_range
     special = getattr(model, "initial_value", None)
+    norms = _norm_weights(model)
+    padding_rows = {  # transformers zeroes an embedding's padding_idx row
+        clean_fqn(f"{prefix}.weight"): module.padding_idx
+        for prefix, module in model.named_modules()
+        if isinstance(module, nn.Embedding) and module.padding_idx is not None
+    }
     for name, param in named_parameters_clean(model):
         device = _param_device(param)
         value = None
@@ -90,7 +128,7 @@ def init_weights(model: nn.Module, config, seed: int) -> None:
             value = special(name, param.shape, torch.Generator().manual_seed(_seed_for(seed, name)))
         if value is not None:
             full = value.to(device=device, dtype=param.dtype)
-        elif name.endswith("norm.weight"):
+        elif name in norms or name.endswith("norm.weight"):
             full = torch.ones(param.shape, dtype=param.dtype, device=device)
         elif name.endswith(".bias"):
             full = torch.zeros(param.shape, dtype=param.dtype, device=device)
@@ -98,6 +136,8 @@ def init_weights(model: nn.Module, config, seed: int) -> None:
             generator = torch.Generator(device=device).manual_seed(_seed_for(seed, name))
             full = torch.empty(param.shape, dtype=torch.float32, device=device)
             full.normal_(0.0, std, generator=generator)
+            if name in padding_rows:
+                full[padding_rows[name]] = 0.0
             full = full.to(param.dtype)
         _fill(param, full)
 
@@ -136,7 +176,7 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     for name in getattr(model, "external_weights", ()):  # another folder provides them
         wanted.pop(name, None)
     if config.tie_word_embeddings:
-        wanted.pop("lm_head.weight", None)
+        wanted.pop(_HEAD, None)
     aliases = getattr(model, "checkpoint_names", lambda name: (name,))
     stored: dict[str, str] = {}  # parameter name -> its name in the checkpoint
     for name in wanted:
@@ -188,20 +228,20 @@ def save_hf(
     dtype: torch.dtype | None = None,
 ) -> Path:
     """Write config.json + model.safetensors in the Hugging Face layout."""
-    from safetensors.torch import save_file
+    from turbo_dllm.fsutil import save_safetensors
 
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     tensors = {}
     for name, tensor in state.items():
-        if config.tie_word_embeddings and name == "lm_head.weight":
+        if config.tie_word_embeddings and name == _HEAD:
             continue  # transformers re-ties it from embed_tokens
         tensors[name] = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
     hf = config.to_hf_dict()
     if dtype is not None:
         hf["torch_dtype"] = str(dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    save_file(tensors, str(folder / "model.safetensors"), metadata={"format": "pt"})
+    save_safetensors(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     return folder
 
 

@@ -64,8 +64,13 @@ def data_fits_run(ctx: DoctorContext) -> CheckResult:
         detail = "synthetic data" if ctx.spec is not None and _artifact(ctx) is None else "skipped"
         return CheckResult(name, "pass", f"{detail} (nothing to compare)")
     from turbo_dllm.data.compat import artifact_problems
+    from turbo_dllm.registry import get_family
 
     found = artifact_problems(manifest, ctx.spec)
+    # the family's own input rules (packed rows it cannot train, its checkpoint's mask token):
+    # what `dllm train` and `dllm launch` refuse, said here before a run is started
+    family = get_family(ctx.spec.model.family)
+    found += [f"{path}: {message}" for path, message in family.input_problems(ctx.spec)]
     if found:
         return CheckResult(
             name,

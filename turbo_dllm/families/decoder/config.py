@@ -16,6 +16,7 @@ from turbo_dllm.families.base import (
     decoder_shape_problems,
     derived_head_dim,
     hf_config_errors,
+    no_attention_dropout,
     number_problems,
     raise_if_unusable,
 )
@@ -186,6 +187,7 @@ class DecoderConfig:
                 "sliding-window attention is not supported",
                 hint="set use_sliding_window: false in config.json",
             )
+        no_attention_dropout(hf)
         with hf_config_errors(
             missing_hint="a Llama/Qwen2/Qwen3 config.json from Hugging Face has it"
         ):

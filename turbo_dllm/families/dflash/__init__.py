@@ -67,7 +67,7 @@ def configure(model: Any) -> DFlashConfig:
             hint="set the drafter's shape in model.dflash (num_layers, intermediate_size, ...)",
             path="model.config_overrides",
         )
-    shape2 = sorted(set(DFLASH2_FIELDS) & spec.model_fields_set)
+    shape2 = sorted(set(DFLASH2_FIELDS) & _given(spec))
     if shape2 and spec.architecture != "DFlash2DraftModel":
         raise ModelMisfit(
             f"model.dflash.{', '.join(shape2)} shape a DFlash2 drafter, but "
@@ -88,6 +88,7 @@ def configure(model: Any) -> DFlashConfig:
         hf = read_hf_config(Path(model.path) / "config.json", what="drafter")
         with _misfit_at("model.path"):
             config = dataclasses.replace(DFlashConfig.from_hf_dict(hf), target_path=spec.target)
+        _check_folder_shape(spec, config, model.path)
     else:
         try:
             config = DFlashConfig.from_target(target, spec, target_path=spec.target)
@@ -103,6 +104,60 @@ def configure(model: Any) -> DFlashConfig:
             path="model.path" if model.path is not None else "model.dflash.target",
         )
     return config
+
+
+def _given(spec: Any) -> set[str]:
+    """The model.dflash fields given a value other than their default: a spec written back
+    with every default spelled out (the run dir's spec.yaml, a manifest) sets them all."""
+    fields = type(spec).model_fields
+    return {
+        name
+        for name in spec.model_fields_set
+        if fields[name].is_required() or getattr(spec, name) != fields[name].default
+    }
+
+
+# model.dflash fields that shape a fresh drafter, and the config attribute each becomes
+_SHAPE_FIELDS = {
+    "num_layers": "num_hidden_layers",
+    "block_size": "block_size",
+    "target_layer_ids": "target_layer_ids",
+    "mask_token_id": "mask_token_id",
+    "sample_from_anchor": "sample_from_anchor",
+    "intermediate_size": "intermediate_size",
+    "architecture": "architecture",
+    **{name: name for name in DFLASH2_FIELDS},
+}
+
+
+def _check_folder_shape(spec: Any, config: DFlashConfig, folder: str) -> None:
+    """A drafter folder (model.path) keeps its own shape: a model.dflash field given another
+    value would be ignored, so it is refused at that field."""
+    found = []
+    for name in sorted(_given(spec) & set(_SHAPE_FIELDS)):
+        wanted, actual = getattr(spec, name), getattr(config, _SHAPE_FIELDS[name])
+        if isinstance(actual, tuple):
+            actual = list(actual)
+        if name in DFLASH2_FIELDS and not config.is_dflash2:
+            continue  # refused above unless the architecture asks for DFlash2 (then it differs)
+        if wanted != actual:
+            found.append(
+                (
+                    f"model.dflash.{name}",
+                    f"{wanted!r}, but the drafter folder {folder!r} has {actual!r}; a drafter "
+                    "folder keeps its shape (give its value, or start a fresh drafter with "
+                    "model.from_config: target)",
+                )
+            )
+    if found:
+        raise ModelMisfit(
+            "model.path is a drafter folder, whose shape is its own: "
+            + "; ".join(f"{path} {message}" for path, message in found),
+            hint="set these fields to the folder's values (or drop them), or train a fresh "
+            "drafter (model.from_config: target) to change its shape",
+            path=found[0][0],
+            problems=tuple(found),
+        )
 
 
 @contextmanager

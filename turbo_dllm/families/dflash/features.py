@@ -179,12 +179,11 @@ def prepare_features(
 ) -> Path:
     """Run the target over every row of `spec.data.artifact` and write the feature artifact."""
     import torch
-    from safetensors.torch import save_file
 
     from turbo_dllm.data.artifact import DataArtifact
     from turbo_dllm.families.dflash.runtime import resolve_device
     from turbo_dllm.families.dflash.target import TargetFeatures
-    from turbo_dllm.fsutil import write_atomic
+    from turbo_dllm.fsutil import save_safetensors, write_atomic
     from turbo_dllm.registry import resolve_model_config
 
     out = Path(out)
@@ -250,7 +249,7 @@ def prepare_features(
         if teacher:
             tensors["teacher"] = torch.cat(teach).contiguous()
         partial = staging / (name + ".tmp")
-        save_file(tensors, str(partial))
+        save_safetensors(tensors, partial)
         partial.rename(staging / name)
         done[name] = sha256_file(staging / name)
         write_atomic(

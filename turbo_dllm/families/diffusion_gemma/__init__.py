@@ -30,6 +30,14 @@ def _rules(spec: Any, config: DiffusionGemmaConfig) -> list[tuple[str, str]]:
                 "absorbing-mask objectives",
             )
         )
+    if spec.objective.name == "diffusiongemma_sft" and spec.objective.mask_token_id is not None:
+        found.append(
+            (
+                "objective.mask_token_id",
+                "diffusiongemma_sft noises with uniform random ids and never masks: the mask "
+                "token would be ignored (leave it out)",
+            )
+        )
     if spec.model.attention == "turbo":
         found.append(
             (
@@ -69,6 +77,7 @@ DIFFUSION_GEMMA = Family(
     read_config=DiffusionGemmaConfig.from_hf_dict,
     runtime_module="turbo_dllm.families.diffusion_gemma.runtime",
     rules=_rules,
+    input_rules="turbo_dllm.families.diffusion_gemma.inputs:input_problems",
     axis_reasons={
         "tp": "tensor parallelism is not implemented for this family (its attention heads, "
         "dense MLP and experts would all need splitting; use ep for the experts, cp for long "

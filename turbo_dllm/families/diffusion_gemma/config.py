@@ -20,6 +20,7 @@ from turbo_dllm.families.base import (
     decoder_shape_problems,
     derived_head_dim,
     hf_config_errors,
+    no_attention_dropout,
     number_problems,
     raise_if_unusable,
 )
@@ -319,6 +320,12 @@ class DiffusionGemmaConfig:
                 "use_bidirectional_attention 'all' is not supported: the clean stream is causal",
                 hint="remove use_bidirectional_attention from text_config",
             )
+        if text.get("attention_bias"):  # transformers would build q/k/v/o biases we have not
+            raise DllmError(
+                "attention_bias true is not supported: this family's attention has no biases",
+                hint="use a diffusion_gemma config.json with attention_bias false",
+            )
+        no_attention_dropout(text)
         if text.get("attention_k_eq_v") is False or text.get("enable_moe_block") is False:
             raise DllmError(
                 "only the MoE DiffusionGemma with keys as values on full layers is supported "

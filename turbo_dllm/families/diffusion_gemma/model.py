@@ -162,7 +162,12 @@ class GemmaDecoder(nn.Module):
     def __init__(self, config: DiffusionGemmaConfig, backend: Any) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # transformers' padding_idx: the pad row gets no gradient through the lookup (HF
+        # initialises it to zero, and a zero row's RMSNorms would give it a gradient of ~1e7,
+        # which the clip then divides every other gradient by).
+        pad = config.pad_token_id
+        padding_idx = pad if isinstance(pad, int) and 0 <= pad < config.vocab_size else None
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx)
         self.layers = nn.ModuleList(
             GemmaLayer(config, kind, backend) for kind in config.layer_types
         )

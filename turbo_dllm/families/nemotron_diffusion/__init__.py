@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from turbo_dllm.families.base import Family
+from turbo_dllm.families.base import Family, checkpoint_mask_problems
 from turbo_dllm.families.decoder.config import tensor_parallel_problems
 from turbo_dllm.families.nemotron_diffusion.config import (
     CONFIG_KEYS,
@@ -31,14 +31,7 @@ def _rules(spec: Any, config: NemotronConfig) -> list[tuple[str, str]]:
                 f"({config.block_size}); set it to {config.block_size} or override block_size",
             )
         )
-    if config.mask_token_id is not None and objective.mask_token_id != config.mask_token_id:
-        found.append(
-            (
-                "objective.mask_token_id",
-                f"must be the checkpoint's mask token ({config.mask_token_id}), got "
-                f"{objective.mask_token_id}",
-            )
-        )
+    found += checkpoint_mask_problems(spec, config.mask_token_id)
     return found
 
 
@@ -52,6 +45,7 @@ NEMOTRON_DIFFUSION = Family(
     presets=PRESETS,
     read_config=NemotronConfig.from_hf_dict,
     runtime_module="turbo_dllm.families.nemotron_diffusion.runtime",
+    input_rules="turbo_dllm.families.nemotron_diffusion.inputs:input_problems",
     rules=_rules,
     axis_reasons={"ep": "Nemotron-Labs-Diffusion is dense (no experts)"},
     config_keys=CONFIG_KEYS,

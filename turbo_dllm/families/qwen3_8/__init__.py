@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from turbo_dllm.families.base import Family
+from turbo_dllm.families.base import Family, checkpoint_mask_problems
 from turbo_dllm.families.qwen3_8.config import (
     CONFIG_KEYS,
     GDN_CHUNK,
@@ -56,15 +56,7 @@ def _rules(spec: Any, config: Qwen38Config) -> list[tuple[str, str]]:
                 "boundaries",
             )
         )
-    mask = config.mask_token_id
-    if mask is not None and objective.mask_token_id not in (None, mask):
-        found.append(
-            (
-                "objective.mask_token_id",
-                f"{objective.mask_token_id} is not the checkpoint's mask token ({mask}, from its "
-                "mask-token migration)",
-            )
-        )
+    found += checkpoint_mask_problems(spec, config.mask_token_id)
     if objective.name == "fast_dllm_v2":
         if objective.loss_weighting not in (None, "unit"):
             found.append(("objective.loss_weighting", "fast_dllm_v2 on qwen3_8 uses unit weights"))
@@ -82,6 +74,7 @@ QWEN3_8 = Family(
     presets=PRESETS,
     read_config=Qwen38Config.from_hf_dict,
     runtime_module="turbo_dllm.families.qwen3_8.runtime",
+    input_rules="turbo_dllm.families.qwen3_8.inputs:input_problems",
     rules=_rules,
     axis_reasons={
         "ep": "Qwen3.8 is dense (no experts)",

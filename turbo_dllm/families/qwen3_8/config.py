@@ -20,6 +20,7 @@ from turbo_dllm.families.base import (
     decoder_shape_problems,
     derived_head_dim,
     hf_config_errors,
+    no_attention_dropout,
     number_problems,
     raise_if_unusable,
 )
@@ -256,6 +257,7 @@ class Qwen38Config:
             # Root keys (overrides, the mask token, tying) win over the nested defaults.
             text = {**nested, **{k: v for k, v in hf.items() if k not in ("text_config",)}}
             text.pop("vision_config", None)
+        no_attention_dropout(text)
         with hf_config_errors(
             missing_hint="a Qwen3.5 / Qwen3.8 config.json from Hugging Face has it"
         ):

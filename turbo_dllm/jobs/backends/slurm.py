@@ -16,6 +16,7 @@ RendezvousConnectionError.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shlex
 import shutil
@@ -39,6 +40,7 @@ __all__ = [
     "find_sbatch",
     "job_states",
     "read_submission",
+    "record_running_job",
     "render_script",
     "rendezvous_endpoint",
     "shell_line",
@@ -160,10 +162,23 @@ def render_script(plan: JobPlan) -> str:
         "--exit-code",
         "$DLLM_STATUS",
     ]
+    started = [
+        plan.worker[0],
+        "-m",
+        "turbo_dllm.jobs.result",
+        "--run-dir",
+        plan.run_dir,
+        "--job-started",
+        "--slurm-job-id",
+        "$SLURM_JOB_ID",
+    ]
     body = [
         "",
         "set -euo pipefail",
         f"cd {shlex.quote(plan.cwd)}",
+        "# This job is the run's latest attempt (also when resubmitted with `sbatch` by hand):",
+        "# its id for `dllm run list`, and no earlier attempt's result.json.",
+        shell_line(started),
         "# The first node of the allocation hosts the c10d rendezvous store.",
         'DLLM_HEAD_NODE=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)',
         *port,
@@ -212,20 +227,37 @@ def submit(job: SlurmJob, run_dir: Path) -> str:
     if proc.returncode != 0:
         raise DllmError(
             f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}",
-            hint=f"fix the #SBATCH lines in {job.script} and sbatch it, or launch again with "
-            "--partition, --account, --time, --gpus-per-node, --cpus-per-task or "
-            "--sbatch 'OPTION'",
+            hint="launch again with what the cluster accepts: --partition, --account, --time, "
+            "--gpus-per-node, --cpus-per-task or --sbatch 'OPTION'",
         )
     job_id, cluster = _parse_job_id(proc.stdout)
+    _write_submission(Path(run_dir), job_id, cluster, job.script)
+    return job_id
+
+
+def _write_submission(run_dir: Path, job_id: str, cluster: str | None, script: str) -> None:
     record = {
         "format": SUBMISSION_FORMAT,
         "job_id": job_id,
         "cluster": cluster,
         "submitted_at": now(),
-        "script": job.script,
+        "script": script,
     }
-    write_atomic(Path(run_dir) / SUBMISSION_NAME, json.dumps(record, indent=2) + "\n")
-    return job_id
+    write_atomic(run_dir / SUBMISSION_NAME, json.dumps(record, indent=2) + "\n")
+
+
+def record_running_job(run_dir: Path, job_id: str) -> None:
+    """The batch script's first step: this job is the run's latest attempt. Its id replaces an
+    earlier job's (a resubmitted `sbatch job.sbatch` read as the cancelled job it followed) or
+    is recorded for the first time (a script the user submitted without `--submit` read as
+    `not submitted`), and an earlier attempt's result.json goes (it read as this one's)."""
+    from turbo_dllm.jobs.result import RESULT_NAME
+
+    recorded = read_submission(run_dir)
+    if recorded is None or str(recorded["job_id"]) != job_id:
+        cluster = os.environ.get("SLURM_CLUSTER_NAME") or None
+        _write_submission(run_dir, job_id, cluster, str(run_dir / SCRIPT_NAME))
+    (run_dir / RESULT_NAME).unlink(missing_ok=True)
 
 
 def read_submission(run_dir: Path) -> dict[str, Any] | None:

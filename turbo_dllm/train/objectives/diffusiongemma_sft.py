@@ -10,7 +10,8 @@ right tokens). Two loss terms, each normalised globally:
 
     decoder = sum_examples sum_blocks (sum_{tokens of the block} CE) / n_block_tokens / n_valid_blocks
               / (valid examples over the step: every micro-batch and data-parallel rank)
-    encoder = sum over adjacent clean pairs (i, i+1) of CE(next token) / (pairs over the step)
+    encoder = sum over adjacent clean pairs (i, i+1) of each row's example (its trailing padding
+              excluded) of CE(next token) / (pairs over the step)
     loss    = decoder + encoder_loss_weight * encoder
 
 (so the token weights are 1 / (n_block_tokens * n_valid_blocks) and encoder_loss_weight, and
@@ -32,7 +33,32 @@ from turbo_dllm.train.objectives.base import (
     sample_generator,
 )
 
-__all__ = ["DiffusionGemmaSft", "build", "response_start"]
+__all__ = ["DiffusionGemmaSft", "build", "example_ends", "response_start"]
+
+
+def example_ends(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """(rows,) where each row's example ends: the end of its first segment (`doc_ids`), the
+    rest of the row being padding (the loader numbers a padding run as a segment of its own).
+
+    A row whose supervised tokens reach past its first segment holds several documents (packed
+    data): refused, since a row is one example (prompt and response) here.
+    """
+    supervised = batch["loss_mask"].to("cpu", torch.bool)
+    rows, L = supervised.shape
+    docs = batch.get("doc_ids")
+    if docs is None:
+        return torch.full((rows,), L, dtype=torch.long)
+    docs = docs.to("cpu")
+    inside = docs == docs[:, :1]  # segment ids only grow along a row: a prefix
+    if bool((supervised & ~inside).any()):
+        row = int((supervised & ~inside).any(dim=1).nonzero()[0])
+        raise DllmError(
+            f"DiffusionGemma trains one example per row; a row of this batch (row {row}) packs "
+            "several documents",
+            hint="prepare the data with packing.block_size equal to packing.seq_len (each "
+            "document then starts its own row, padded after it) and overflow: truncate",
+        )
+    return inside.sum(dim=1)
 
 
 def response_start(loss_mask: torch.Tensor) -> int:
@@ -70,16 +96,18 @@ class DiffusionGemmaSft:
         self.encoder_loss_weight = encoder_loss_weight
 
     def supervised_count(self, batch: dict[str, torch.Tensor], key=None) -> tuple[int, int]:
-        """(valid examples, encoder next-token pairs): the two terms' global denominators."""
+        """(valid examples, encoder next-token pairs inside the examples): the two terms'
+        global denominators."""
         supervised = batch["loss_mask"].to("cpu", torch.bool)
-        rows, L = supervised.shape
-        return int(supervised.any(dim=1).sum()), rows * (L - 1)
+        pairs = (example_ends(batch) - 1).clamp(min=0)
+        return int(supervised.any(dim=1).sum()), int(pairs.sum())
 
     def corrupt(self, batch: dict[str, torch.Tensor], key: NoiseKey) -> DiffusionBatch:
         x0 = batch["input_ids"].to("cpu", torch.long)
         supervised = batch["loss_mask"].to("cpu", torch.bool)
         rows, L = x0.shape
         B = self.block_size
+        ends = example_ends(batch)  # a row's trailing padding is neither noised nor scored
         start = response_start(supervised)
         if L - start < B:
             raise DllmError(
@@ -120,15 +148,16 @@ class DiffusionGemmaSft:
         S = C + L
         dec_index = row * S + col
         dec_target = canvas_x0[row, col]
-        # encoder term: the clean stream's next token at every adjacent pair
+        # encoder term: the clean stream's next token at every adjacent pair of the example
         erow, ecol = torch.meshgrid(torch.arange(rows), torch.arange(L - 1), indexing="ij")
-        erow, ecol = erow.reshape(-1), ecol.reshape(-1)
+        inside = ecol + 1 < ends[:, None]
+        erow, ecol = erow[inside], ecol[inside]
         enc_index = erow * S + C + ecol
         enc_target = x0[erow, ecol + 1]
         enc_weight = torch.full((len(erow),), self.encoder_loss_weight, dtype=torch.float64)
         return DiffusionBatch(
             input_ids=torch.cat([x_t, x0], dim=1),
-            doc_ids=None if batch.get("doc_ids") is None else batch["doc_ids"].to("cpu"),
+            doc_ids=None,  # one example per row (example_ends): no document boundary to mask
             score_index=torch.cat([dec_index, enc_index]),
             targets=torch.cat([dec_target, enc_target]),
             weights=torch.cat([dec_weight, enc_weight]).to(torch.float32),
