@@ -419,3 +419,34 @@ def test_dry_run_prints_a_command_that_runs_as_pasted(recorded, cli, workdir):
     assert proc.returncode == 0, proc.stderr
     assert losses(run_dir) == losses(original)
     assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 0
+
+
+def test_worker_reports_a_file_system_error_in_training_as_dllm_does(
+    cli, workdir, capsys, monkeypatch
+):
+    """The file system refusing a write while a worker trains (here: the run's checkpoint folder
+    is a file) is `dllm: error:` naming the path, with a hint, and exit 2, as `dllm train` says it:
+    it was a traceback from every rank. A socket error is no path to fix: it stays a traceback."""
+    from turbo_dllm.jobs import worker
+
+    spec = workdir / "train.yaml"
+    spec.write_text(textwrap.dedent(SPEC))
+    result = cli("launch", "--config", spec, "--backend", "slurm", "--run-dir", "run")
+    assert result.code == 0, result.err  # the manifest and script only: nothing ran
+    (workdir / "run" / "checkpoints").write_text("not a folder")
+    capsys.readouterr()
+    assert worker.main(["--manifest", str(workdir / "run" / "manifest.json")]) == 2
+    err = capsys.readouterr().err
+    error = err[err.index("dllm: error: ") :]  # after the step lines of steps 1-2
+    assert error.startswith(f"dllm: error: '{workdir / 'run' / 'checkpoints'}': "), err
+    assert "is a file, not a folder" in error
+    assert "\nhint: " in error and "Traceback" not in err
+
+    import turbo_dllm.train.entry
+
+    def lost_peer(*args, **kwargs):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(turbo_dllm.train.entry, "train", lost_peer)
+    with pytest.raises(ConnectionResetError):
+        worker.main(["--manifest", str(workdir / "run" / "manifest.json")])

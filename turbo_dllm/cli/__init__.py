@@ -10,7 +10,6 @@ handlers so `dllm --help` is instant.
 from __future__ import annotations
 
 import argparse
-import errno
 import gc
 import importlib
 import os
@@ -18,7 +17,7 @@ import sys
 from collections.abc import Sequence
 
 from turbo_dllm import __version__
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, describe_os_error, print_error
 
 __all__ = ["build_parser", "main"]
 
@@ -85,9 +84,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # garbage still alive at exit is then not collected, its finalizers not run.
                 gc.freeze()
     except DllmError as error:
-        print(f"dllm: error: {error.message}", file=sys.stderr)
-        if error.hint:
-            print(f"hint: {error.hint}", file=sys.stderr)
+        print_error(error.message, error.hint)
         return 2
     except KeyboardInterrupt:
         print("dllm: interrupted", file=sys.stderr)
@@ -100,57 +97,5 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         # The file system said no (permission denied, a path through a file, a full disk) where
         # no command foresaw it: the user's to fix, so a message naming the path, not a traceback.
-        message, hint = describe_os_error(error)
-        print(f"dllm: error: {message}", file=sys.stderr)
-        print(f"hint: {hint}", file=sys.stderr)
+        print_error(*describe_os_error(error))
         return 2
-
-
-_OS_ERROR_HINTS = {
-    errno.ENOSPC: "the disk is full: free some space and run it again",
-    errno.EDQUOT: "your disk quota is used up: free some space and run it again",
-    errno.EACCES: "check that path's permissions, or choose a path you can write",
-    errno.EPERM: "check that path's permissions, or choose a path you can write",
-    errno.EROFS: "that file system is read-only: choose a path on a writable one",
-    errno.ENOTDIR: "a part of that path is a file, not a folder: choose another path",
-    errno.EEXIST: "something already exists there: choose another path",
-    errno.EISDIR: "that path is a folder where a file was expected: choose another path",
-    errno.ENOENT: "a part of that path does not exist",
-}
-
-
-def describe_os_error(error: OSError) -> tuple[str, str]:
-    """An OSError as (message, hint): the path(s) it names and the OS's reason."""
-    reason = error.strerror or str(error) or type(error).__name__
-    if error.filename is None:
-        message = reason
-    else:
-        paths = [_path_text(error.filename)]
-        if error.filename2 is not None:
-            paths.append(_path_text(error.filename2))
-        message = f"{' -> '.join(map(repr, paths))}: {reason}"
-        if error.errno in (errno.ENOTDIR, errno.EEXIST):
-            # mkdir through a file says "Not a directory" / "File exists": name that file.
-            blocker = _file_in_the_way(paths[0])
-            if blocker is not None:
-                message += f" ({blocker!r} is a file, not a folder)"
-    hint = _OS_ERROR_HINTS.get(
-        error.errno, "a file-system error: check that path, its permissions and free space"
-    )
-    return message, hint
-
-
-def _path_text(name) -> str:
-    return os.fsdecode(name) if isinstance(name, (str, bytes, os.PathLike)) else str(name)
-
-
-def _file_in_the_way(path: str) -> str | None:
-    from pathlib import Path
-
-    for candidate in (Path(path), *Path(path).parents):
-        try:
-            if candidate.exists():
-                return None if candidate.is_dir() else str(candidate)
-        except OSError:
-            return None
-    return None

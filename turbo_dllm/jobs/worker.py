@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 from pathlib import Path
 
 __all__ = ["layout_for_world", "main"]
@@ -35,7 +34,12 @@ def main(argv: list[str] | None = None) -> int:
     from turbo_dllm.config.load import load_model
     from turbo_dllm.config.runspec import RunSpec
     from turbo_dllm.config.validate import check
-    from turbo_dllm.errors import DllmError
+    from turbo_dllm.errors import (
+        DllmError,
+        describe_os_error,
+        is_file_system_error,
+        print_error,
+    )
     from turbo_dllm.jobs.manifest import read_manifest
     from turbo_dllm.train.entry import world_size_from_env
 
@@ -53,9 +57,7 @@ def main(argv: list[str] | None = None) -> int:
                 hint="launch the job again with `dllm launch --manifest` on the planned nodes",
             )
     except DllmError as error:
-        print(f"dllm: error: {error.message}", file=sys.stderr)
-        if error.hint:
-            print(f"hint: {error.hint}", file=sys.stderr)
+        print_error(error.message, error.hint)
         return 2
 
     from turbo_dllm.jobs.result import RESULT_NAME, now, write_result
@@ -72,9 +74,14 @@ def main(argv: list[str] | None = None) -> int:
     except DllmError as error:
         # What `dllm train` prints for it (a vanished data artifact, a bad checkpoint), once per
         # failing rank, and exit 2: it was a traceback from every rank.
-        print(f"dllm: error: {error.message}", file=sys.stderr)
-        if error.hint:
-            print(f"hint: {error.hint}", file=sys.stderr)
+        print_error(error.message, error.hint)
+        code = 2
+    except OSError as error:
+        if not is_file_system_error(error):
+            raise  # a socket or device error (a lost peer): not a path the user can fix
+        # The file system said no (a full disk while a checkpoint is written, a run dir made
+        # read-only): the path and the reason, as `dllm train` says them, not a traceback.
+        print_error(*describe_os_error(error))
         code = 2
     if records:
         # No launcher sees a multi-node job end (each node's sees its own torchrun only), so
