@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from dataclasses import asdict
 from pathlib import Path
 
 from turbo_dllm.bundles.compile import compile_op
 from turbo_dllm.bundles.native import load_native_op
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, print_error
 from turbo_dllm.host import GpuArch
 
 
@@ -40,7 +39,7 @@ def _main(argv: list[str] | None = None) -> int:
 
         self_test(args.op, args.namespace, cuda=bool(archs))
     except DllmError as error:
-        print(f"dllm: error: {error.message}", file=sys.stderr)
+        print_error(error.message, error.hint)
         return 2
     args.result.write_text(json.dumps(asdict(compiled), indent=2))
     return 0

@@ -6,9 +6,7 @@ the library computes the same function, it is not a benchmark.
 
 from __future__ import annotations
 
-import sys
-
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, print_error
 
 __all__ = [
     "compare_block_diffusion_attention",
@@ -256,7 +254,7 @@ def _main(argv: list[str] | None = None) -> int:
     try:
         print(self_test_triton(args.op))
     except DllmError as error:
-        print(f"dllm: error: {error.message}", file=sys.stderr)
+        print_error(error.message, error.hint)
         return 2
     return 0
 
