@@ -102,6 +102,25 @@ def test_verify_passes_then_names_every_problem(mirror, cli):
     assert result.code == 1 and json.loads(result.out)["ok"] is False
 
 
+def test_verify_names_damaged_and_unreadable_files_instead_of_stopping(mirror, cli):
+    """A page or manifest that is not UTF-8 was a UnicodeDecodeError traceback, and a listed
+    file that cannot be read (here a folder in its place) stopped verify at that file."""
+    root, _ = mirror
+    (root / "simple/dllm-fixture-a/index.html").write_bytes(b"\xff\xfe damaged")
+    (root / "manifests/cpu-x86_64.toml").write_bytes(b"\xff\xfe damaged")
+    wheel = root / "wheels/dllm_fixture_b-2.0-py3-none-any.whl"
+    wheel.unlink()
+    wheel.mkdir()
+    result = cli("mirror", "verify", root)
+    assert result.code == 1, result.err
+    assert "Traceback" not in result.err
+    assert "problem: simple/dllm-fixture-a/index.html: sha256" in result.out
+    assert "simple/dllm-fixture-a/index.html: does not match the wheels" in result.out
+    assert "manifests/cpu-x86_64.toml is not UTF-8 text" in result.out
+    assert "problem: wheels/dllm_fixture_b-2.0-py3-none-any.whl: cannot read" in result.out
+    assert result.out.rstrip().endswith("problems"), result.out
+
+
 def test_verify_catches_a_manifest_pin_without_a_wheel(tmp_path, wheels):
     manifest = manifest_for(wheels, "dllm_fixture_a")
     root = tmp_path / "m"

@@ -135,8 +135,18 @@ class MirrorSource:
         )
 
     def manifest_text(self, target: str) -> str | None:
-        raw = self.read_bytes(f"manifests/{target}.toml")
-        return raw.decode("utf-8") if raw is not None else None
+        relative = f"manifests/{target}.toml"
+        raw = self.read_bytes(relative)
+        if raw is None:
+            return None
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise DllmError(
+                f"{self.location}: {relative} is not UTF-8 text ({error.reason} at byte "
+                f"{error.start}): the file is damaged",
+                hint="`dllm mirror verify` names every damaged file; copy the mirror again",
+            ) from None
 
 
 def open_mirror(location: str | Path) -> MirrorSource:

@@ -48,8 +48,12 @@ class VerifyReport:
 
 def _check_files(source: MirrorSource, report: VerifyReport) -> None:
     for entry in report.index.files:
-        found = source.digest(entry.path, entry.size)
         report.checked_files += 1
+        try:
+            found = source.digest(entry.path, entry.size)
+        except DllmError as error:  # unreadable (a folder, no permission, a broken transfer)
+            report.problems.append(f"{entry.path}: {error.message}")
+            continue
         if found is None:
             report.problems.append(f"{entry.path}: missing")
         elif found != (entry.sha256, entry.size):
@@ -75,14 +79,22 @@ def _check_simple_index(source: MirrorSource, report: VerifyReport) -> None:
         return
     for relative, text in simple_pages(wheels).items():
         path = source.local / relative
-        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        try:  # bytes, not text: a damaged page need not be UTF-8
+            same = path.is_file() and path.read_bytes() == text.encode("utf-8")
+        except OSError:
+            same = False
+        if not same:
             report.problems.append(f"{relative}: does not match the wheels (rebuild the mirror)")
 
 
 def _check_manifests(source: MirrorSource, report: VerifyReport) -> None:
     wheel_hashes = {Path(f.path).name: f.sha256 for f in report.index.of_kind("wheel")}
     for target in report.index.targets:
-        text = source.manifest_text(target)
+        try:
+            text = source.manifest_text(target)
+        except DllmError as error:  # unreadable, or not UTF-8
+            report.problems.append(error.message)
+            continue
         if text is None:
             report.problems.append(f"manifests/{target}.toml: missing")
             continue
