@@ -334,3 +334,43 @@ def test_hub_dataset_without_network_is_a_clear_error(cli_process, tmp_path):
     result = cli_process("data", "prepare", "--config", config, env=env, timeout=120)
     assert_user_error(result, "cannot load the dataset 'someone/no-such-set'", "network")
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_huggingface_data_files_that_are_all_empty(cli, tmp_path, streaming):
+    """Empty data files made the json builder stop with a bare `StopIteration: ` (streaming or
+    not) and the csv builder with "An error occurred while generating the dataset": the error
+    now names the files and says they are empty."""
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f/a.jsonl").write_bytes(b"")
+    (tmp_path / "f/b.jsonl").write_bytes(b"\n \n")
+    source = {"kind": "huggingface", "data_files": ["f/*.jsonl"], "streaming": streaming}
+    result = _prepare_fails(cli, write_config(tmp_path, source=source), "are all empty")
+    assert "a.jsonl" in result.err and "b.jsonl" in result.err
+    assert "StopIteration" not in result.err
+    (tmp_path / "f/c.csv").write_bytes(b"")
+    source = {"kind": "huggingface", "data_files": ["f/c.csv"], "streaming": streaming}
+    _prepare_fails(cli, write_config(tmp_path, source=source), "c.csv' is empty")
+
+
+def test_huggingface_empty_data_file_beside_others_is_left_out(tmp_path):
+    """One empty CSV among others failed the whole load ("An error occurred while generating
+    the dataset"); it holds no records, so the others are read and it stays in provenance."""
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f/a.csv").write_bytes(b"")
+    (tmp_path / "f/b.csv").write_text("text\nhello\nworld\n")
+    source = {"kind": "huggingface", "data_files": ["f/*.csv"]}
+    result = prepare_config(write_config(tmp_path, source=source))
+    assert [bytes(t[:-1].tolist()) for t, _ in documents(result.path)] == [b"hello", b"world"]
+    assert [f.name for f in result.manifest.source.files] == ["a.csv", "b.csv"]
+
+
+def test_huggingface_data_files_without_rows(cli, tmp_path):
+    """A CSV with only its header gave `ValueError: Instruction "train" corresponds to no
+    data!`; the error now says the files hold no records. Another failure of a builder names
+    its cause, not only "An error occurred while generating the dataset"."""
+    (tmp_path / "h.csv").write_text("text\n")
+    source = {"kind": "huggingface", "data_files": ["h.csv"]}
+    _prepare_fails(cli, write_config(tmp_path, source=source), "h.csv' holds no records")
+    (tmp_path / "h.csv").write_text('text\nhello\n"unterminated\n')
+    _prepare_fails(cli, write_config(tmp_path, source=source), "caused by ParserError")

@@ -407,6 +407,48 @@ def _builder_for(files: list[str]) -> str:
     )
 
 
+def _has_content(path: Path) -> bool:
+    """Whether a data file holds anything but whitespace (a `.gz` file: once decompressed).
+
+    Reads only up to the first byte that is not whitespace; an unreadable file counts as
+    having content, so that the builder reports what is wrong with it.
+    """
+    try:
+        with open(path, "rb") as raw:
+            stream = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
+            while block := stream.read(1 << 16):
+                if block.strip():
+                    return True
+    except (OSError, EOFError):
+        return True
+    return False
+
+
+def _some_files(files: list[Path], limit: int = 5) -> str:
+    """File names for an error message: the first `limit`, then how many more."""
+    names = ", ".join(repr(_label(p)) for p in files[:limit])
+    return names + (f" and {len(files) - limit} more" if len(files) > limit else "")
+
+
+def _no_rows(error: BaseException) -> bool:
+    """Whether `datasets` failed because the files gave no rows at all (it says so only as a
+    StopIteration from streaming's first peek, or as a split that "corresponds to no data")."""
+    return isinstance(error, StopIteration) or "corresponds to no data" in str(error)
+
+
+def _describe(error: BaseException) -> str:
+    """`Type: message` of an error, with its root cause when it wraps one (datasets'
+    DatasetGenerationError says only "An error occurred while generating the dataset")."""
+    text = f"{type(error).__name__}: {error}"
+    cause, seen = error, {id(error)}
+    while (inner := cause.__cause__ or cause.__context__) is not None and id(inner) not in seen:
+        seen.add(id(inner))
+        cause = inner
+    if cause is not error:
+        text += f" (caused by {type(cause).__name__}: {cause})"
+    return text
+
+
 def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> Source:
     try:
         import datasets
@@ -418,7 +460,11 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
     from turbo_dllm.paths import dllm_home
 
     datasets.disable_progress_bars()
+    # A builder that fails logs the error before raising it; the DllmError below names the
+    # cause, so the log line would only say it twice (and ahead of `dllm: error:`).
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     files: list[Path] = []
+    builder = source.name
     described: dict[str, Any] = {"split": source.split}
     try:
         if source.path is not None:
@@ -452,8 +498,18 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
             data_files = None
             if source.data_files is not None:
                 files = expand_paths(source.data_files)
-                data_files = [str(p) for p in files]
-            builder = source.name or _builder_for(data_files or [])
+                # An empty file holds no records, and the builders fail on one (StopIteration,
+                # "no columns to parse"), so it is left out of the load; all empty is an error.
+                data_files = [str(p) for p in files if _has_content(p)]
+                if not data_files:
+                    raise DllmError(
+                        f"source.data_files: {_some_files(files)} "
+                        + ("is empty" if len(files) == 1 else "are all empty")
+                        + ": there are no records to read",
+                        hint="point source.data_files at files that hold records (was a "
+                        "download or export cut short?)",
+                    )
+            builder = source.name or _builder_for([str(p) for p in files])
             if source.data_files is None:
                 described.update(name=source.name, config=source.config, revision=source.revision)
             else:
@@ -472,8 +528,15 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
         raise
     except Exception as error:  # datasets raises many types (network, missing split, format)
         what = source.path or source.name or "data_files"
+        if files and _no_rows(error):
+            raise DllmError(
+                f"source.data_files: {_some_files(files)} "
+                + ("holds" if len(files) == 1 else "hold")
+                + f" no records (the {builder} builder found no rows)",
+                hint="point source.data_files at files that hold records",
+            ) from None
         raise DllmError(
-            f"cannot load the dataset {what!r}: {type(error).__name__}: {error}",
+            f"cannot load the dataset {what!r}: {_describe(error)}",
             hint="check source.path / name / data_files / split; Hub datasets need network "
             "access or a local copy",
         ) from None
