@@ -374,3 +374,29 @@ def test_huggingface_data_files_without_rows(cli, tmp_path):
     _prepare_fails(cli, write_config(tmp_path, source=source), "h.csv' holds no records")
     (tmp_path / "h.csv").write_text('text\nhello\n"unterminated\n')
     _prepare_fails(cli, write_config(tmp_path, source=source), "caused by ParserError")
+
+
+def test_mask_token_id_past_uint32_is_refused(cli, tmp_path, hf_tokenizer_no_mask):
+    """mask_token_id 2**32 made an artifact with uint32 tokens and vocab_size 2**32 + 1 (its
+    mask id cannot be stored in them); it is refused when the config is read, before any work.
+    The largest id uint32 holds is accepted."""
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "hello"}])
+    tokenizer = {"kind": "huggingface", "path": str(hf_tokenizer_no_mask)}
+    config = write_config(tmp_path, tokenizer={**tokenizer, "mask_token_id": 1 << 32})
+    _prepare_fails(cli, config, "tokenizer.mask_token_id", "4294967296")
+    config = write_config(tmp_path, tokenizer={**tokenizer, "mask_token_id": (1 << 32) - 1})
+    manifest = prepare_config(config).manifest
+    assert (manifest.vocab_size, manifest.arrays["tokens"].dtype) == (1 << 32, "uint32")
+
+
+def test_token_dtype_covers_every_id_or_refuses():
+    """The token type holds every id of the vocabulary; past uint32 is an error naming the
+    token that widened it, never a silent wrap-around."""
+    from turbo_dllm.data.prepare import token_dtype_for
+
+    specials = {"eos": 0, "pad": 1}
+    assert token_dtype_for(1 << 16, {**specials, "mask": (1 << 16) - 1}) == "uint16"
+    assert token_dtype_for((1 << 16) + 1, {**specials, "mask": 1 << 16}) == "uint32"
+    assert token_dtype_for(1 << 32, {**specials, "mask": (1 << 32) - 1}) == "uint32"
+    with pytest.raises(DllmError, match="the mask token is 4,294,967,296"):
+        token_dtype_for((1 << 32) + 1, {**specials, "mask": 1 << 32})

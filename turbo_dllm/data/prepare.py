@@ -24,6 +24,7 @@ from turbo_dllm.data.artifact import ARRAY_FILES, DataManifest, compute_fingerpr
 from turbo_dllm.data.pipeline import ChunkResult, TokenizePool, WorkerConfig
 from turbo_dllm.data.sources import open_source
 from turbo_dllm.data.spec import (
+    MAX_TOKEN_ID,
     PrepareSpec,
     PromptCompletionRecords,
     TokensRecords,
@@ -34,7 +35,7 @@ from turbo_dllm.data.writer import ArrayWriter, check_target, staged_artifact, w
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import sha256_file
 
-__all__ = ["PrepareResult", "prepare", "resolve_workers"]
+__all__ = ["PrepareResult", "prepare", "resolve_workers", "token_dtype_for"]
 
 _MAX_AUTO_WORKERS = 32
 
@@ -60,6 +61,25 @@ def resolve_workers(workers: int | str) -> int:
             usable = os.cpu_count() or 1
         return max(1, min(usable, _MAX_AUTO_WORKERS))
     return int(workers)
+
+
+def token_dtype_for(vocab_size: int, special_tokens: dict[str, int]) -> str:
+    """The artifact's token type: uint16 when every id fits (vocab <= 65536), else uint32.
+
+    A vocabulary (or a mask_token_id, which widens it) past uint32 is refused before anything
+    is written: its ids would wrap around when stored.
+    """
+    if vocab_size <= 1 << 16:
+        return "uint16"
+    if vocab_size <= MAX_TOKEN_ID + 1:
+        return "uint32"
+    largest = max(special_tokens.items(), key=lambda item: item[1])
+    raise DllmError(
+        f"a vocabulary of {vocab_size:,} ids (the {largest[0]} token is {largest[1]:,}) does not "
+        f"fit the artifact's tokens: uint32 holds ids up to {MAX_TOKEN_ID:,}",
+        hint="set tokenizer.mask_token_id to a spare id the model's embedding covers (below "
+        "its vocab_size), or tokenizer.mask_token to an unused token",
+    )
 
 
 def _columns(spec: PrepareSpec) -> list[str] | None:
@@ -158,8 +178,8 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
             "packing.prepend_bos is set but the tokenizer has no bos token",
             hint="set tokenizer.bos_token, or packing.prepend_bos: false",
         )
+    token_dtype = token_dtype_for(tokenizer.vocab_size, tokenizer.special_tokens)
     source = open_source(spec.source, _columns(spec))
-    token_dtype = "uint16" if tokenizer.vocab_size <= 1 << 16 else "uint32"
     workers = resolve_workers(spec.workers)
     config = WorkerConfig(
         tokenizer=spec.tokenizer,

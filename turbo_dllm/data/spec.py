@@ -28,6 +28,9 @@ from pydantic_core import PydanticCustomError
 from turbo_dllm.config.runspec import MAX_SEQ_LEN as RUNSPEC_MAX_SEQ_LEN
 from turbo_dllm.errors import DllmError
 
+# The largest token id an artifact can hold: its tokens are uint16 or uint32.
+MAX_TOKEN_ID = (1 << 32) - 1
+
 __all__ = [
     "ByteLevelTokenizerSpec",
     "ChatRecords",
@@ -35,6 +38,7 @@ __all__ = [
     "HuggingFaceTokenizerSpec",
     "JsonlSource",
     "MAX_SEQ_LEN",
+    "MAX_TOKEN_ID",
     "OutputSpec",
     "PackingSpec",
     "ParquetSource",
@@ -178,7 +182,11 @@ class HuggingFaceTokenizerSpec(_Strict):
     path: str = Field(description="Local folder with tokenizer.json / tokenizer_config.json.")
     mask_token: str | None = Field(None, description="Default: the tokenizer's mask token.")
     mask_token_id: int | None = Field(
-        None, ge=0, description="An id (may be past the vocabulary, e.g. a spare embedding row)."
+        None,
+        ge=0,
+        le=MAX_TOKEN_ID,
+        description="An id (may be past the vocabulary, e.g. a spare embedding row); at most "
+        "4,294,967,295, the largest id an artifact's uint32 tokens hold.",
     )
     eos_token: str | None = Field(None, description="Default: the tokenizer's eos token.")
     pad_token: str | None = Field(None, description="Default: the tokenizer's pad token, or eos.")
