@@ -220,7 +220,9 @@ def test_a_part_file_that_cannot_be_written_is_a_clear_error(index, hashing, tmp
     dest.mkdir()
     (dest / f"{sha}.part").symlink_to("/dev/full")  # every write: ENOSPC
     with MirrorServer(root) as server:
-        with pytest.raises(DllmError, match=r"cannot write .*\.part: No space left on device"):
+        with pytest.raises(
+            DllmError, match=r"cannot write .*\.part: No space left on device"
+        ) as caught:
             download_unpacked(
                 LoopbackHttpSource(server.url),
                 "bundles/blob.bin",
@@ -230,6 +232,7 @@ def test_a_part_file_that_cannot_be_written_is_a_clear_error(index, hashing, tmp
                 dest_dir=dest,
                 backoff_s=0.01,
             )
+    assert caught.value.hint == "the disk is full: free some space and run it again"
 
 
 def test_a_buffer_pool_makes_buffers_on_demand_and_reuses_the_last_one_given_back():

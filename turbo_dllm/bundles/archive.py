@@ -17,6 +17,7 @@ for any bytes at all.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import io
 import os
@@ -55,6 +56,31 @@ _CHUNK = 1024 * 1024
 
 class BundleRejected(DllmError):
     """An archive or download that failed a safety or integrity check; nothing was installed."""
+
+
+# Why writing a file failed when the fault is this machine's, not the archive's.
+DISK_HINTS = {
+    errno.ENOSPC: "the disk is full: free some space and run it again",
+    errno.EDQUOT: "your disk quota is used up: free some space and run it again",
+    errno.EROFS: "that file system is read-only: point DLLM_HOME at a writable one",
+    errno.EACCES: "check that folder's permissions, or point DLLM_HOME at one you can write",
+    errno.EPERM: "check that folder's permissions, or point DLLM_HOME at one you can write",
+    errno.EIO: "the disk reported an I/O error: check it, then run it again",
+}
+
+
+def write_failure(error: OSError, path: Path | str, label: str) -> DllmError:
+    """The error for a file that could not be written while `label` was unpacked or
+    downloaded: a full disk, a quota, a read-only or forbidden folder (this machine's fault:
+    a DllmError naming the path, with the fix) or a BundleRejected (anything else: the
+    archive asked for something that cannot be written)."""
+    hint = DISK_HINTS.get(error.errno)
+    if hint is None:
+        return BundleRejected(f"{label}: cannot write {path}: {error.strerror or error}")
+    return DllmError(
+        f"cannot write {path} (while unpacking {label}): {error.strerror}; nothing was installed",
+        hint=hint,
+    )
 
 
 def make_output_dir(folder: Path) -> Path:
@@ -258,7 +284,10 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
             manifest = parse_manifest(data, f"{label}:{MANIFEST_NAME}")
             limits.check_manifest(manifest)
             expected = {f.path: (f.sha256, f.size) for f in manifest.files}
-            (dest / MANIFEST_NAME).write_bytes(data)
+            try:
+                (dest / MANIFEST_NAME).write_bytes(data)
+            except OSError as error:
+                raise write_failure(error, dest / MANIFEST_NAME, label) from None
             continue
         name = _check_member_name(member.name, label)
         if not member.isreg():
@@ -286,6 +315,8 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
                         digest.update(chunk)
                     out.write(chunk)
         except OSError as error:
+            if error.errno in DISK_HINTS:
+                raise write_failure(error, dest / name, label) from None
             raise BundleRejected(f"{label}: cannot extract member {name!r}: {error}") from None
         if digest is not None and digest.hexdigest() != sha256:
             raise BundleRejected(

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
-from turbo_dllm.bundles.archive import BundleRejected
+from turbo_dllm.bundles.archive import DISK_HINTS, BundleRejected
 from turbo_dllm.bundles.sources import (
     CHUNK,
     DEADLINE_VARIABLE,
@@ -364,7 +364,10 @@ class _Sink:
             try:
                 self._out.write(block)
             except OSError as error:
-                raise DllmError(f"cannot write {self._part}: {error.strerror}") from None
+                raise DllmError(
+                    f"cannot write {self._part}: {error.strerror}",
+                    hint=DISK_HINTS.get(error.errno, "check that folder and its free space"),
+                ) from None
 
     def _hash(self, block: bytes | memoryview) -> None:
         self._digest.update(block)
