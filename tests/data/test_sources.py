@@ -230,6 +230,30 @@ def test_a_file_named_with_glob_characters(tmp_path, kind):
     assert _texts_back(prepare_config(config).path) == [t.encode() for t in TEXTS]
 
 
+@pytest.mark.parametrize("gz", [False, True])
+def test_text_with_a_byte_order_mark(tmp_path, gz):
+    """A UTF-8 byte order mark (Windows Notepad writes one) became the first three tokens of
+    the document (or of the file's first line); it is dropped as the JSONL reader drops it.
+    One that is not at the start of the file is text like any other."""
+    import gzip
+
+    (tmp_path / "t").mkdir()
+    data = b"\xef\xbb\xbfline one\r\n\xef\xbb\xbfline two\r\n"
+    name = "t/a.txt.gz" if gz else "t/a.txt"
+    (tmp_path / name).write_bytes(gzip.compress(data) if gz else data)
+    (tmp_path / "t/b.txt").write_bytes(b"\xef\xbb\xbf")  # nothing else: an empty document
+    config = write_config(tmp_path, source={"kind": "text", "paths": [name, "t/b.txt"]})
+    result = prepare_config(config)
+    assert _texts_back(result.path) == [b"line one\r\n\xef\xbb\xbfline two\r\n"]
+    assert result.manifest.stats.empty_documents == 1
+    config = write_config(
+        tmp_path,
+        source={"kind": "text", "paths": [name, "t/b.txt"], "unit": "line"},
+        output={"path": "out", "overwrite": True},
+    )
+    assert _texts_back(prepare_config(config).path) == [b"line one", b"\xef\xbb\xbfline two"]
+
+
 # --- token ids ----------------------------------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ __all__ = [
 # by the workers), token id arrays, or raw JSON lines that each hold a list of ids.
 Payload = Literal["json", "record", "text", "ids", "json_ids"]
 
+UTF8_BOM = b"\xef\xbb\xbf"  # what some editors write before UTF-8 text (Windows Notepad)
 CHUNK_BYTES = 1 << 20
 CHUNK_ITEMS = 1024
 # The largest line (JSONL, text lines) or whole-file document read into memory: far past any real
@@ -195,12 +196,13 @@ def _file_provenance(files: list[Path]) -> list[dict[str, Any]]:
 
 
 def _lines(stream) -> Iterator[tuple[int, bytes | Oversized]]:
-    """(line number, line) of a binary stream, each line read with a bounded buffer."""
+    """(line number, line) of a binary stream, each line read with a bounded buffer; a UTF-8
+    byte order mark that starts the stream is dropped (it marks the encoding, it is no text)."""
     number = 0
     while line := stream.readline(MAX_ITEM_BYTES + 1):
         number += 1
         if len(line) <= MAX_ITEM_BYTES or line.endswith(b"\n"):
-            yield number, line
+            yield number, line.removeprefix(UTF8_BOM) if number == 1 else line
             continue
         size = len(line)  # read the rest of this line in bounded pieces, keeping none of it
         while (rest := stream.readline(MAX_ITEM_BYTES)) and not rest.endswith(b"\n"):
@@ -264,7 +266,8 @@ def _text_chunks(files: list[Path], unit: str) -> Iterator[RawChunk]:
 
 
 def _read_document(path: Path) -> tuple[bytes | Oversized, int]:
-    """A whole file as one document, or Oversized, and the bytes it took on disk (progress).
+    """A whole file as one document (without a leading UTF-8 byte order mark), or Oversized,
+    and the bytes it took on disk (progress).
 
     `.gz` files are decompressed, as the line reader does; reads are bounded, since the file
     may grow meanwhile or inflate far past its size on disk.
@@ -274,7 +277,7 @@ def _read_document(path: Path) -> tuple[bytes | Oversized, int]:
         try:
             data = stream.read(MAX_ITEM_BYTES + 1)
             if len(data) <= MAX_ITEM_BYTES:
-                return data, raw.tell()
+                return data.removeprefix(UTF8_BOM), raw.tell()
             if stream is raw:
                 return Oversized(max(path.stat().st_size, len(data))), raw.tell()
             size = len(data)  # count the rest in bounded pieces, keeping none of it
