@@ -19,7 +19,7 @@ single-rank loss; dividing by the global supervised-token count is left to the t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from typing import Any, Protocol
 
 import torch
@@ -106,19 +106,28 @@ class ContextParallel:
         self.ctx_rank = dims.get_mesh("context").get_local_rank()
         cp_mesh = dims.get_optional_mesh("cp")
         self.cp_group = cp_mesh.get_group() if cp_mesh is not None else None
-        self._layouts: dict[tuple[int, int], CsbpLayout | CpLayout] = {}
+        self._layouts: dict[tuple[int, int, str], CsbpLayout | CpLayout] = {}
         self._static: dict[tuple[int, int, str], Any] = {}
+        self._indices: dict[tuple[int, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def layout(self, seq_len: int, block_size: int) -> CsbpLayout | CpLayout:
-        key = (seq_len, block_size)
+    def layout(self, seq_len: int, block_size: int, device=None) -> CsbpLayout | CpLayout:
+        """This rank's share of a (seq_len, block_size) sequence, its tensors on `device`.
+
+        Built and moved once per shape: a copy from pageable host memory in every micro-batch
+        may make the host wait for the device's queued work."""
+        key = (seq_len, block_size, str(device))
         if key not in self._layouts:
             dims = self.dims
             if dims.mode == "csbp":
-                self._layouts[key] = CsbpLayout.build(
-                    seq_len, block_size, dims.bp, dims.cp, self.ctx_rank
-                )
+                layout = CsbpLayout.build(seq_len, block_size, dims.bp, dims.cp, self.ctx_rank)
             else:
-                self._layouts[key] = CpLayout.build(seq_len, block_size, dims.cp, self.ctx_rank)
+                layout = CpLayout.build(seq_len, block_size, dims.cp, self.ctx_rank)
+            moved = {
+                field.name: value.to(device)
+                for field in fields(layout)
+                if isinstance(value := getattr(layout, field.name), torch.Tensor)
+            }
+            self._layouts[key] = replace(layout, **moved) if device is not None else layout
         return self._layouts[key]
 
     def _attention(self, layout: CsbpLayout | CpLayout, doc_ids: torch.Tensor) -> Any:
@@ -137,12 +146,15 @@ class ContextParallel:
 
     def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
         seq_len, block_size = batch.layout.seq_len, batch.layout.block_size
-        layout = self.layout(seq_len, block_size)
-        noisy, clean = layout.noisy_positions, layout.clean_positions
-        stream_index = torch.cat([noisy, seq_len + clean]).to(device)
+        layout = self.layout(seq_len, block_size, device)
+        key = (seq_len, block_size, str(device))
+        if key not in self._indices:
+            noisy, clean = layout.noisy_positions, layout.clean_positions
+            # this rank's indices into the stream [x_t ; x_0] and their RoPE positions
+            self._indices[key] = (torch.cat([noisy, seq_len + clean]), torch.cat([noisy, clean]))
+        stream_index, positions = self._indices[key]
         doc_ids = batch.doc_ids
         one_document = one_document_per_row(doc_ids)
-        key = (seq_len, block_size, str(device))
         if one_document and key in self._static:
             mask: Any = self._static[key]  # same layout, no documents: reuse the block masks
         else:
@@ -168,7 +180,7 @@ class ContextParallel:
         )
         return ModelInputs(
             input_ids=scored.input_ids,
-            positions=torch.cat([noisy, clean]).to(device),
+            positions=positions,
             mask=mask,
             batch=scored,
         )
