@@ -5,6 +5,11 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
 
 from tests.bundles.test_adversarial import assert_previous_still_active, bundle_b  # noqa: F401
 from tests.helpers import assert_user_error
@@ -40,6 +45,39 @@ def test_a_full_disk_while_unpacking_is_a_disk_error_not_a_rejected_archive(
     assert_user_error(result, "No space left on device", "nothing was installed", "disk is full")
     assert "cannot extract member" not in result.err
     assert_previous_still_active(installed)
-    store = BundleStore()
-    assert list(store.downloads_dir.iterdir()) == []
-    assert list(store.staging_dir.iterdir()) == []
+    assert list(BundleStore().downloads_dir.iterdir()) == []  # and no staging (checked above)
+
+
+def _other_file_system(near: Path) -> Path | None:
+    """A new folder on another file system than `near` (/dev/shm is a tmpfs on Linux), or None."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or not os.access(shm, os.W_OK):
+        return None
+    if shm.stat().st_dev == near.stat().st_dev:
+        return None
+    return Path(tempfile.mkdtemp(prefix="dllm-store-", dir=shm))
+
+
+def test_a_store_linked_to_another_file_system_installs(cli, mirror, tmp_path):
+    """`bundles/store` a link to another disk (a big scratch volume): the finished extraction was
+    in `bundles/staging/`, on the home's file system, and its rename into the store failed with
+    EXDEV ("Invalid cross-device link") after the whole download; extractions are made inside
+    `store/` now."""
+    elsewhere = _other_file_system(tmp_path)
+    if elsewhere is None:
+        pytest.skip("needs a second file system (/dev/shm)")
+    try:
+        store = BundleStore()
+        store.root.mkdir(parents=True)
+        store.store_dir.symlink_to(elsewhere)
+        root, catalog_sha = mirror
+        result = cli("bundle", "install", "--release", "v-test", "--auto", "--mirror", root,
+                     "--catalog-sha256", catalog_sha)  # fmt: skip
+        assert result.code == 0, result.err
+        active = store.active()
+        assert active is not None and active.path.resolve().parent == elsewhere.resolve()
+        assert cli("bundle", "verify").code == 0
+        assert [p.name for p in elsewhere.iterdir()] == [active.sha256]  # no staging left
+        assert not store.staging_dir.exists()
+    finally:
+        shutil.rmtree(elsewhere, ignore_errors=True)

@@ -2,7 +2,7 @@
 
     bundles/
       store/<archive sha256>/     one verified, read-only bundle (bundle.json, install.json, lib/)
-      staging/<random>/           extractions in progress (swept by the next locked operation)
+      store/.staging-<random>/    an extraction in progress (swept by the next locked operation)
       downloads/<sha256>.part     partial downloads, resumed by the next attempt
       active -> store/<sha256>    the bundle the kernel loader uses
       previous -> store/<sha256>  what `dllm bundle rollback` returns to
@@ -130,6 +130,8 @@ class BundleStore:
 
     @property
     def staging_dir(self) -> Path:
+        """Where extractions in progress went before they moved into `store/` (a store that is
+        a link to another file system could not take them by a rename): only swept now."""
         return self.root / "staging"
 
     @property
@@ -322,12 +324,13 @@ class BundleStore:
 
     @contextlib.contextmanager
     def staging(self) -> Iterator[Path]:
-        """A new folder to extract one bundle into, outside `store/` (which holds only complete
-        bundles) but on its file system; removed on exit, or by the next locked operation when
-        this process dies first."""
+        """A new folder to extract one bundle into: `store/.staging-<random>`, hidden (no reader
+        lists a dot-name in `store/`, which shows only complete bundles) and in the same folder
+        as the bundles, so the rename that installs it works wherever `store/` is, a link to
+        another file system too. Removed on exit, or by the next locked operation when this
+        process dies first."""
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        self.staging_dir.mkdir(exist_ok=True)
-        staging = self.staging_dir / os.urandom(6).hex()
+        staging = self.store_dir / f".staging-{os.urandom(6).hex()}"
         staging.mkdir()
         try:
             yield staging
