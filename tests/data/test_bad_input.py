@@ -400,3 +400,25 @@ def test_token_dtype_covers_every_id_or_refuses():
     assert token_dtype_for(1 << 32, {**specials, "mask": (1 << 32) - 1}) == "uint32"
     with pytest.raises(DllmError, match="the mask token is 4,294,967,296"):
         token_dtype_for((1 << 32) + 1, {**specials, "mask": 1 << 32})
+
+
+@pytest.mark.parametrize("encoding", ["utf-16", "utf-32"])
+def test_a_utf16_or_utf32_file_is_refused_naming_its_encoding(cli, tmp_path, encoding):
+    """A UTF-16 file (PowerShell 5's `>`, Notepad's "Unicode") read as UTF-8 gave a puzzling
+    "'utf-16-le' codec can't decode ... truncated data" for its first JSON line while json
+    decoded the next as UTF-16-BE; under on_error: skip half its records got in, and a text
+    source by line took `\\x00w\\x00o...` (NUL between every character) as documents. A file
+    that starts with a UTF-16 or UTF-32 byte order mark now stops the job, named."""
+    import gzip
+
+    name = encoding.upper()
+    lines = '{"text": "hello"}\r\n{"text": "world"}\r\n'.encode(encoding)
+    (tmp_path / "data.jsonl").write_bytes(lines)
+    for on_error in ("stop", "skip"):
+        config = write_config(tmp_path, on_error=on_error)
+        _prepare_fails(cli, config, f"data.jsonl: the file is {name} text", f"iconv -f {name}")
+    (tmp_path / "a.txt.gz").write_bytes(gzip.compress("hello\r\nworld\r\n".encode(encoding)))
+    for unit in ("document", "line"):
+        source = {"kind": "text", "paths": ["a.txt.gz"], "unit": unit}
+        config = write_config(tmp_path, source=source, on_error="skip")
+        _prepare_fails(cli, config, f"a.txt.gz: the file is {name} text")

@@ -195,12 +195,37 @@ def _file_provenance(files: list[Path]) -> list[dict[str, Any]]:
 # --- line-oriented files ------------------------------------------------------------------------
 
 
-def _lines(stream) -> Iterator[tuple[int, bytes | Oversized]]:
+# Byte order marks of the encodings a text file may be in that are not UTF-8 (UTF-32 first: its
+# little-endian mark starts with UTF-16's). PowerShell 5's `>` and Notepad's "Unicode" write them.
+_OTHER_BOMS = (
+    (b"\xff\xfe\x00\x00", "UTF-32"),
+    (b"\x00\x00\xfe\xff", "UTF-32"),
+    (b"\xff\xfe", "UTF-16"),
+    (b"\xfe\xff", "UTF-16"),
+)
+
+
+def _refuse_other_encodings(head: bytes, label: str) -> None:
+    """Stop at a file that starts with a UTF-16 or UTF-32 byte order mark: read as UTF-8, its
+    lines would be bad records or, worse, text with a NUL between every character."""
+    for mark, encoding in _OTHER_BOMS:
+        if head.startswith(mark):
+            raise DllmError(
+                f"{label}: the file is {encoding} text (it starts with a {encoding} byte order "
+                "mark); sources read UTF-8",
+                hint=f"convert it to UTF-8, e.g. `iconv -f {encoding} -t UTF-8 FILE > NEW`",
+            )
+
+
+def _lines(stream, label: str) -> Iterator[tuple[int, bytes | Oversized]]:
     """(line number, line) of a binary stream, each line read with a bounded buffer; a UTF-8
-    byte order mark that starts the stream is dropped (it marks the encoding, it is no text)."""
+    byte order mark that starts the stream is dropped (it marks the encoding, it is no text),
+    a UTF-16 or UTF-32 one is an error."""
     number = 0
     while line := stream.readline(MAX_ITEM_BYTES + 1):
         number += 1
+        if number == 1:
+            _refuse_other_encodings(line, label)
         if len(line) <= MAX_ITEM_BYTES or line.endswith(b"\n"):
             yield number, line.removeprefix(UTF8_BOM) if number == 1 else line
             continue
@@ -221,7 +246,7 @@ def _line_chunks(files: list[Path], payload: Payload) -> Iterator[RawChunk]:
             size = 0
             position = 0
             try:
-                for number, line in _lines(stream):
+                for number, line in _lines(stream, label):
                     if isinstance(line, bytes) and not line.strip():
                         continue
                     items.append(line)
@@ -276,6 +301,7 @@ def _read_document(path: Path) -> tuple[bytes | Oversized, int]:
         stream = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
         try:
             data = stream.read(MAX_ITEM_BYTES + 1)
+            _refuse_other_encodings(data, _label(path))
             if len(data) <= MAX_ITEM_BYTES:
                 return data.removeprefix(UTF8_BOM), raw.tell()
             if stream is raw:
