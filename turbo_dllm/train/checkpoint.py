@@ -80,6 +80,10 @@ class CheckpointMeta(BaseModel):
     # The RunSpec settings a resume may change, by their spec path ("data.seq_len": 256, ...):
     # a resume names each one that differs (None: written before they were recorded).
     settings: dict[str, Any] | None = None
+    # A drafter's frozen target (model.dflash.target): {path, fingerprint, files: {name: stamp}}
+    # (the family runtime's `target_record`); a resume against other weights is refused.
+    # None: not a drafter, or written before it was recorded (such a resume is not checked).
+    target: dict[str, Any] | None = None
 
 
 def _own_tensors(model, state: dict) -> dict:

@@ -153,6 +153,7 @@ class Trainer:
         self.train_time_offset = 0.0
         self._next: StepBatches | None = None  # the next step's batches, drawn ahead
         self.compile_cache: dict[str, str] = {}  # the cache variables in effect, when compiling
+        self._target: dict | None = None  # a drafter's target record (rank 0; `_target_record`)
 
     # ============================== build steps ==============================================
     def build(self) -> Trainer:
@@ -173,6 +174,7 @@ class Trainer:
         spec = self.spec.model
         family = get_family(spec.family)
         runtime = family.runtime()
+        self.runtime = runtime
         self.model_config = resolve_model_config(spec)
         if self.dims.tp > 1:
             runtime.check_tensor_parallel(self.model_config, self.dims.tp)  # before collectives
@@ -334,7 +336,9 @@ class Trainer:
                     hint="use auto, never, a checkpoints/step_<N> folder or a checkpoints/ "
                     "folder (its newest complete step)",
                 )
-        self._check_resumable(path, read_meta(path))
+        meta = read_meta(path)
+        self._check_resumable(path, meta)
+        self._check_target(path, meta)
         meta = self.checkpointer.load(
             path,
             model=self.model,
@@ -402,6 +406,41 @@ class Trainer:
                 f"other data), or {fresh} and set model.path to the export",
             )
 
+    def _check_target(self, path: Path, meta) -> None:
+        """A family with a frozen target (a drafter: its runtime has `check_target`) resumes only
+        against the weights the checkpoint was trained against; a checkpoint written before
+        they were recorded resumes unchecked, saying so. Rank 0 checks (it may hash the
+        target's files) and every rank refuses with it (a vote), before any tensor is read."""
+        check = getattr(self.runtime, "check_target", None)
+        if check is None:
+            return
+        refusal = None
+        if self.env.is_main:
+            if meta.target is None:
+                print0(
+                    self.env,
+                    f"note: {path} does not record its target's weights (written by an earlier "
+                    "turbo-dllm): resuming without checking them against model.dflash.target",
+                )
+            else:
+                try:
+                    self._target = check(meta.target, self.model_config, path)
+                except DllmError as error:
+                    refusal = error
+        if any_rank(refusal is not None, self.env)():
+            raise refusal or DllmError(
+                f"rank 0 refused to resume {str(path)!r}", hint="rank 0's error says why"
+            )
+
+    def _target_record(self) -> dict | None:
+        """What a checkpoint records of a frozen target (rank 0; once per run: a resume's
+        check already made it)."""
+        if not self.env.is_main or not hasattr(self.runtime, "target_record"):
+            return None
+        if self._target is None:
+            self._target = self.runtime.target_record(self.model_config)
+        return self._target
+
     def _settings(self) -> dict[str, object]:
         """What `_setting_changes` compares, recorded in each checkpoint (`meta.settings`)."""
         spec = self.spec
@@ -465,6 +504,7 @@ class Trainer:
                 "data_fingerprint": self.data.fingerprint,
                 "train_time_s": train_time,
                 "settings": self._settings(),
+                "target": self._target_record(),
                 **export_sources(self.spec),
             },
         )
@@ -649,6 +689,7 @@ class Trainer:
 
     def run(self) -> int:
         start = self.resume()
+        self._target_record()  # the target as this run loaded it, before any step
         if start >= self.total_steps:
             print0(
                 self.env, f"nothing to do: the checkpoint is at step {start} of {self.total_steps}"

@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.dflash.config import needs_teacher
+from turbo_dllm.families.dflash.target_identity import target_fingerprint
 from turbo_dllm.fsutil import sha256_file
 
 __all__ = [
@@ -75,15 +76,6 @@ class FeaturesManifest(BaseModel):
     shards: list[Shard]
 
 
-def target_fingerprint(folder: str | Path) -> str:
-    """sha256 over the target's config.json and weight files (content only, no paths)."""
-    folder = Path(folder)
-    digest = hashlib.sha256(sha256_file(folder / "config.json").encode())
-    for file in sorted(folder.glob("*.safetensors")):
-        digest.update(sha256_file(file).encode())
-    return digest.hexdigest()
-
-
 def read_features_manifest(path: str | Path) -> FeaturesManifest:
     from turbo_dllm.formats import validate_document
 
@@ -109,8 +101,8 @@ def read_features_manifest(path: str | Path) -> FeaturesManifest:
 def feature_problems(manifest: FeaturesManifest, config, spec) -> list[str]:
     """Why a feature artifact cannot feed this drafter run; empty when it can."""
     found = []
-    # The target's weights are hashed in full (seconds per GB): a same-shaped target with other
-    # weights must not pass.
+    # The target's weights are hashed in full (seconds per GB; once per process for unchanged
+    # files): a same-shaped target with other weights must not pass.
     actual = target_fingerprint(config.target_path)
     if manifest.target_fingerprint != actual:
         found.append(

@@ -1,8 +1,10 @@
 """The dflash family's torch half (`FamilyRuntime`): build, layers, weights, training plan.
 
-Beyond the decoder's runtime it provides two optional hooks the trainer calls when a family has
-them: `materialize` (the drafter's own weights, then the target's frozen embeddings and head)
-and `build_sequence_plan` (the frozen target's features and the draft-block layout).
+Beyond the decoder's runtime it provides optional hooks the trainer calls when a family has
+them: `materialize` (the drafter's own weights, then the target's frozen embeddings and head),
+`build_sequence_plan` (the frozen target's features and the draft-block layout), and
+`target_record` / `check_target` (the target's identity a checkpoint records and a resume
+compares: a drafter continues only against the weights it was trained against).
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ __all__ = [
     "apply_tensor_parallel",
     "build_model",
     "build_sequence_plan",
+    "check_target",
     "check_tensor_parallel",
     "layers",
     "load_target_weights",
     "materialize",
     "require_model_folder",
     "resolve_device",
+    "target_record",
 ]
 
 
@@ -128,6 +132,36 @@ def materialize(
         raise DllmError("the drafter names no target", hint="set model.dflash.target")
     load_target_weights(model, model.config.target_path)
     return model
+
+
+def target_record(config: DFlashConfig) -> dict:
+    """The target's identity for a checkpoint (`checkpoint.json`'s `target`): its folder, its
+    content fingerprint (the one a feature artifact records) and its files' stamps."""
+    from turbo_dllm.families.dflash.target_identity import target_record as record
+
+    return record(config.target_path)
+
+
+def check_target(recorded: dict, config: DFlashConfig, checkpoint: str | Path) -> dict:
+    """The target's record when `config`'s target holds the weights `recorded` (a checkpoint's
+    record) was trained against; a DllmError naming both otherwise. The files are hashed only
+    when their stamps differ from the record's (another folder, or files written since)."""
+    from turbo_dllm.families.dflash.target_identity import current_target_record
+
+    current = current_target_record(recorded, config.target_path)
+    saved = recorded.get("fingerprint")
+    if saved == current["fingerprint"]:
+        return current
+    was, now = recorded.get("path", "?"), current["path"]
+    holds = f"{now!r} now holds" if was == now else f"model.dflash.target {now!r} holds"
+    raise DllmError(
+        f"checkpoint {str(checkpoint)!r} was trained against the target {was!r} (fingerprint "
+        f"{str(saved)[:12]}), and {holds} other weights (fingerprint "
+        f"{current['fingerprint'][:12]}): the drafter learned that target's hidden states",
+        hint="point model.dflash.target at the target it was trained against (a copy of it "
+        "anywhere resumes), or train into a new run dir (--run-dir); to go on from its weights "
+        "against this target, `dllm dflash export` it and set model.path to the export",
+    )
 
 
 def build_sequence_plan(dims, attention, *, spec, config: DFlashConfig, device, merge_backend=None):
