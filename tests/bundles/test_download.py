@@ -53,6 +53,10 @@ def test_sources_by_location(tmp_path):
     assert isinstance(open_source("https://127.0.0.1:8443"), HttpSource)
     assert isinstance(open_source(str(tmp_path)), LocalSource)
     assert isinstance(open_source(tmp_path.as_uri()), LocalSource)
+    # Offline mode reaches the HTTP sources too: it rules where their redirects may lead.
+    assert open_source("http://127.0.0.1:8000", offline=True).offline
+    assert open_source("https://localhost:8443", offline=True).offline
+    assert not open_source("http://127.0.0.1:8000").offline
 
 
 def test_truncated_transfers_resume_with_range(index, client, hashing, tmp_path):
@@ -80,6 +84,93 @@ def test_http_errors(index, client, tmp_path):
             download(source, "bundles/missing.bin", sha256=sha, size=SIZE, dest_dir=tmp_path)
         with pytest.raises(DllmError, match="catalog.toml was not found"):
             client(server.url).read_small("releases/v/catalog.toml", 100, backoff_s=0.01)
+
+
+class Redirector:
+    """A server on 127.0.0.1 answering every GET with `status` and `Location: to(path)` (no
+    Location when `to` returns None)."""
+
+    def __init__(self, to, status: int = 302) -> None:
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                self.send_response(status)
+                location = to(self.path)
+                if location is not None:
+                    self.send_header("Location", location)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, daemon=True)
+        self.url = f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self):
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(timeout=5)
+
+
+@pytest.mark.parametrize("status", [301, 302, 307, 308])
+def test_redirects_are_followed_and_resume_through_them(index, client, tmp_path, status):
+    """The plain-socket client answered a redirect with "HTTP 302 Found" (while requests
+    followed it): both follow it now, Range header included."""
+    root, sha = index
+    with MirrorServer(root) as server, Redirector(lambda p: server.url + p, status) as hop:
+        server.state.truncate_after, server.state.truncate_times = 100_000, 1
+        path = fetch_blob(client(hop.url), sha, tmp_path / "dl")
+        assert bundle_requests(server) == [None, "bytes=100000-"]
+        assert client(hop.url).read_small("bundles/blob.bin", SIZE) == path.read_bytes()
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == sha
+
+
+def test_redirect_rules(index, client, tmp_path):
+    """In offline mode a redirect may lead to this machine's loopback only (requests followed
+    it anywhere, through any proxy); loops, other schemes and a missing Location are errors."""
+    root, sha = index
+    remote = "http://192.0.2.1:8000"  # TEST-NET-1: refused before any connection is tried
+    with Redirector(lambda p: remote + p) as hop:
+        with pytest.raises(DllmError, match="offline mode: .* refusing to contact '192.0.2.1'"):
+            fetch_blob(client(hop.url, offline=True), sha, tmp_path)
+    with Redirector(lambda p: p) as hop:  # to itself
+        with pytest.raises(DllmError, match="more than 5 redirects") as caught:
+            fetch_blob(client(hop.url), sha, tmp_path)
+        assert "loop" in caught.value.hint
+    with Redirector(lambda p: "ftp://127.0.0.1/x") as hop:
+        with pytest.raises(DllmError, match="not an http.s. URL"):
+            fetch_blob(client(hop.url), sha, tmp_path)
+    with Redirector(lambda p: None) as hop:
+        with pytest.raises(DllmError, match="HTTP 302 Found without a Location"):
+            fetch_blob(client(hop.url), sha, tmp_path)
+    with MirrorServer(root) as server:
+        server.state.fail_status = 403
+        with pytest.raises(DllmError, match="HTTP 403 Forbidden") as caught:
+            fetch_blob(client(server.url), sha, tmp_path)
+        assert "refused the request" in caught.value.hint
+    assert list(tmp_path.glob("*.part")) == []
+
+
+def test_requests_uses_no_proxy_for_a_mirror_on_loopback(index, tmp_path, monkeypatch):
+    """No proxy can reach this machine's loopback (an https:// mirror served here, or where a
+    redirect leads): requests went to the proxy of HTTP(S)_PROXY / ALL_PROXY."""
+    root, sha = index
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.setenv(name, "http://192.0.2.1:9")  # TEST-NET-1: nothing answers there
+    for name in ("NO_PROXY", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr("turbo_dllm.bundles.sources.CONNECT_TIMEOUT_S", 1.0)
+    with MirrorServer(root) as server:
+        assert fetch_blob(HttpSource(server.url), sha, tmp_path, retries=0).is_file()
 
 
 def test_refused_connection_is_transient(index, client, tmp_path):

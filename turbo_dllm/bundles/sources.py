@@ -47,6 +47,8 @@ __all__ = [
 INDEX_VARIABLE = "DLLM_BUNDLE_INDEX"
 OFFLINE_VARIABLE = "DLLM_OFFLINE"
 _LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1"})
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+MAX_REDIRECTS = 5
 CHUNK = 1024 * 1024
 CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
@@ -246,15 +248,74 @@ class _Response(NamedTuple):
 
 
 class _HttpSource(Source):
-    """An index served over HTTP(S). Subclasses send the request; the answer is read here."""
+    """An index served over HTTP(S). The subclass picks the client (`plain_socket`: the
+    loopback GET for http:// on loopback, `requests` for any other URL a redirect leads to);
+    the answer is read here, and redirects (at most MAX_REDIRECTS) are followed here too, so
+    both clients follow the same rules: to http(s) only, and in offline mode only to this
+    machine's loopback."""
 
-    def __init__(self, base_url: str) -> None:
+    plain_socket = False
+
+    def __init__(self, base_url: str, offline: bool = False) -> None:
         self.location = base_url.rstrip("/")
+        self.offline = offline
+        self._session = None
 
     def _get(
         self, url: str, headers: dict[str, str], deadline: float | None, pool: BufferPool | None
-    ) -> _Response:  # pragma: no cover
-        raise NotImplementedError
+    ) -> _Response:
+        """One request, redirects not followed."""
+        parts = urlparse(url)
+        if self.plain_socket and parts.scheme == "http" and parts.hostname in _LOOPBACK:
+            return _loopback_get(url, headers, deadline, pool)
+        if self._session is None:
+            import requests
+
+            self._session = requests.Session()
+        # No proxy can reach this machine's loopback (an https:// mirror served here).
+        no_proxy = parts.hostname in _LOOPBACK
+        return _requests_get(self._session, url, headers, deadline, no_proxy)
+
+    def _request(
+        self, url: str, headers: dict[str, str], deadline: float | None, pool: BufferPool | None
+    ) -> _Response:
+        """`_get`, following redirects."""
+        first = url
+        for _ in range(MAX_REDIRECTS + 1):
+            response = self._get(url, headers, deadline, pool)
+            if response.status not in _REDIRECTS:
+                return response
+            location = response.header("Location").strip()
+            response.close()
+            if not location:
+                raise DllmError(
+                    f"{url}: HTTP {response.status} {response.reason} without a Location",
+                    hint="the server's redirect is broken; use the final URL as --index",
+                )
+            url = self._redirect_target(url, location)
+        raise DllmError(
+            f"{first}: more than {MAX_REDIRECTS} redirects (the last to {url})",
+            hint="the server redirects in a loop; pass the final URL of the index as --index",
+        )
+
+    def _redirect_target(self, url: str, location: str) -> str:
+        from urllib.parse import urljoin
+
+        target = urljoin(url, location)
+        parts = urlparse(target)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise DllmError(
+                f"{url} redirects to {target[:200]!r}, not an http(s) URL",
+                hint="pass the index's real URL as --index (or a mirror folder as --mirror)",
+            )
+        if self.offline and parts.hostname not in _LOOPBACK:
+            raise DllmError(
+                f"offline mode: {url} redirects to {target[:200]}; refusing to contact "
+                f"{parts.hostname!r}",
+                hint="serve the mirror on this machine without redirects, or use a mirror "
+                f"folder (--mirror DIR); or drop --offline / unset {OFFLINE_VARIABLE}",
+            )
+        return target
 
     def open(
         self,
@@ -267,7 +328,7 @@ class _HttpSource(Source):
         if offset:
             headers["Range"] = f"bytes={offset}-"
         url = self.url(path)
-        response = self._get(url, headers, deadline, pool)
+        response = self._request(url, headers, deadline, pool)
         status = response.status
         content_range = response.header("Content-Range") if status == 206 else ""
         if offset and (
@@ -303,7 +364,13 @@ class _HttpSource(Source):
             )
         if status not in (200, 206):
             response.close()
-            raise DllmError(f"{url}: HTTP {status} {response.reason}")
+            raise DllmError(
+                f"{url}: HTTP {status} {response.reason}",
+                hint="the server refused the request: check the index URL, and that the server "
+                "lets you read it"
+                if 400 <= status < 500
+                else "the server's answer is not a file: check the index URL",
+            )
         start = offset if status == 206 else 0
         total = None
         if status == 206:
@@ -328,102 +395,113 @@ class HttpSource(_HttpSource):
     """A remote index (https://, or http:// to another host), through `requests`: it honours the
     proxy variables (HTTPS_PROXY, NO_PROXY, ...) and CA bundles (REQUESTS_CA_BUNDLE, certifi)."""
 
-    def __init__(self, base_url: str) -> None:
+    def __init__(self, base_url: str, offline: bool = False) -> None:
         import requests
 
-        super().__init__(base_url)
-        self.session = requests.Session()
-
-    def _get(
-        self, url: str, headers: dict[str, str], deadline: float | None, pool: BufferPool | None
-    ) -> _Response:
-        import requests
-
-        # One socket timeout for the whole response (requests sets it once): no single read
-        # waits past the deadline as it stood when the request went out.
-        timeout = (
-            _time_left(url, deadline, CONNECT_TIMEOUT_S),
-            _time_left(url, deadline, READ_TIMEOUT_S),
-        )
-        try:
-            response = self.session.get(url, headers=headers, stream=True, timeout=timeout)
-        except (requests.ConnectionError, requests.Timeout) as error:
-            raise TransientError(f"{error.__class__.__name__}: {error}") from None
-
-        def chunks() -> Iterator[bytes]:
-            # read1 returns what has arrived: a connection that breaks off loses nothing already
-            # received (a looping read would discard its partial buffer), so resume is exact.
-            import urllib3
-
-            raw = response.raw
-            read = getattr(raw, "read1", None) or raw.read
-            while True:
-                try:
-                    chunk = read(CHUNK, decode_content=False)
-                except (urllib3.exceptions.HTTPError, OSError) as error:
-                    raise TransientError(f"transfer broke off: {error}") from None
-                if not chunk:
-                    return
-                yield chunk
-
-        return _Response(
-            response.status_code,
-            response.reason or "",
-            lambda name: response.headers.get(name, ""),
-            chunks(),
-            response.close,
-        )
+        super().__init__(base_url, offline)
+        self._session = requests.Session()
 
 
 class LoopbackHttpSource(_HttpSource):
     """An index served on this machine (127.0.0.1, localhost, ::1), through `loopback_http`'s
     plain-socket GET: no proxy can reach this host's loopback, so none is consulted, and the
-    install pays for importing neither `requests` nor `http.client`."""
+    install pays for importing neither `requests` nor `http.client` (unless the server
+    redirects elsewhere)."""
 
-    def _get(
-        self, url: str, headers: dict[str, str], deadline: float | None, pool: BufferPool | None
-    ) -> _Response:
-        from urllib.parse import quote, urlsplit
+    plain_socket = True
 
-        from turbo_dllm.bundles import loopback_http
 
-        parts = urlsplit(url)
-        target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=~") + (
-            f"?{parts.query}" if parts.query else ""
+def _requests_get(
+    session, url: str, headers: dict[str, str], deadline: float | None, no_proxy: bool
+) -> _Response:
+    import requests
+
+    # One socket timeout for the whole response (requests sets it once): no single read
+    # waits past the deadline as it stood when the request went out.
+    timeout = (
+        _time_left(url, deadline, CONNECT_TIMEOUT_S),
+        _time_left(url, deadline, READ_TIMEOUT_S),
+    )
+    proxies = {"http": None, "https": None, "all": None} if no_proxy else None
+    try:
+        response = session.get(
+            url,
+            headers=headers,
+            stream=True,
+            timeout=timeout,
+            allow_redirects=False,  # followed by _HttpSource._request, under its rules
+            proxies=proxies,
         )
-        try:
-            response = loopback_http.get(
-                parts.hostname or "127.0.0.1",
-                parts.port or 80,
-                target,
-                headers,
-                connect_timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
-                read_timeout=_time_left(url, deadline, READ_TIMEOUT_S),
-            )
-        except OSError as error:  # refused, reset, timed out, or a malformed answer
-            raise TransientError(f"{error.__class__.__name__}: {error}") from None
+    except (requests.ConnectionError, requests.Timeout) as error:
+        raise TransientError(f"{error.__class__.__name__}: {error}") from None
 
-        def chunks() -> Iterator[bytes | memoryview]:
-            while True:
-                buffer = pool.take(READ_TIMEOUT_S) if pool is not None else None
-                response.settimeout(_time_left(url, deadline, READ_TIMEOUT_S))  # no wait past it
-                try:
-                    if buffer is None:
-                        chunk = response.read1(CHUNK)
-                    else:
-                        view = memoryview(buffer)
-                        chunk = view[: response.readinto(view)]
-                except OSError as error:
-                    raise TransientError(f"transfer broke off: {error}") from None
-                if not chunk:
-                    if buffer is not None:
-                        pool.give(buffer)
-                    return
-                yield chunk
+    def chunks() -> Iterator[bytes]:
+        # read1 returns what has arrived: a connection that breaks off loses nothing already
+        # received (a looping read would discard its partial buffer), so resume is exact.
+        import urllib3
 
-        return _Response(
-            response.status, response.reason, response.header, chunks(), response.close
+        raw = response.raw
+        read = getattr(raw, "read1", None) or raw.read
+        while True:
+            try:
+                chunk = read(CHUNK, decode_content=False)
+            except (urllib3.exceptions.HTTPError, OSError) as error:
+                raise TransientError(f"transfer broke off: {error}") from None
+            if not chunk:
+                return
+            yield chunk
+
+    return _Response(
+        response.status_code,
+        response.reason or "",
+        lambda name: response.headers.get(name, ""),
+        chunks(),
+        response.close,
+    )
+
+
+def _loopback_get(
+    url: str, headers: dict[str, str], deadline: float | None, pool: BufferPool | None
+) -> _Response:
+    from urllib.parse import quote, urlsplit
+
+    from turbo_dllm.bundles import loopback_http
+
+    parts = urlsplit(url)
+    target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=~") + (
+        f"?{parts.query}" if parts.query else ""
+    )
+    try:
+        response = loopback_http.get(
+            parts.hostname or "127.0.0.1",
+            parts.port or 80,
+            target,
+            headers,
+            connect_timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
+            read_timeout=_time_left(url, deadline, READ_TIMEOUT_S),
         )
+    except OSError as error:  # refused, reset, timed out, or a malformed answer
+        raise TransientError(f"{error.__class__.__name__}: {error}") from None
+
+    def chunks() -> Iterator[bytes | memoryview]:
+        while True:
+            buffer = pool.take(READ_TIMEOUT_S) if pool is not None else None
+            response.settimeout(_time_left(url, deadline, READ_TIMEOUT_S))  # no wait past it
+            try:
+                if buffer is None:
+                    chunk = response.read1(CHUNK)
+                else:
+                    view = memoryview(buffer)
+                    chunk = view[: response.readinto(view)]
+            except OSError as error:
+                raise TransientError(f"transfer broke off: {error}") from None
+            if not chunk:
+                if buffer is not None:
+                    pool.give(buffer)
+                return
+            yield chunk
+
+    return _Response(response.status, response.reason, response.header, chunks(), response.close)
 
 
 def offline_requested(flag: bool = False) -> bool:
@@ -448,6 +526,7 @@ def open_source(location: str | None, *, offline: bool = False) -> Source:
             hint="use a mirror folder (--mirror DIR), a file:// URL or a mirror served on "
             f"127.0.0.1; or drop --offline / unset {OFFLINE_VARIABLE}",
         )
+    offline = offline_requested(offline)
     if urlparse(location).scheme == "http" and where.host in _LOOPBACK:
-        return LoopbackHttpSource(location)
-    return HttpSource(location)
+        return LoopbackHttpSource(location, offline)
+    return HttpSource(location, offline)
