@@ -422,3 +422,57 @@ def test_a_utf16_or_utf32_file_is_refused_naming_its_encoding(cli, tmp_path, enc
         source = {"kind": "text", "paths": ["a.txt.gz"], "unit": unit}
         config = write_config(tmp_path, source=source, on_error="skip")
         _prepare_fails(cli, config, f"a.txt.gz: the file is {name} text")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_sigterm_midway_leaves_nothing(tmp_path, workers):
+    """SIGTERM (a scheduler's time limit, `kill`, `timeout`) ended prepare on the spot: its
+    staging folder with the arrays written so far stayed beside the output, and the pool's
+    workers printed BrokenPipeError tracebacks. Now the job unwinds as on Ctrl-C (staging
+    removed, pool ended) and the process still ends by SIGTERM."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.helpers import ROOT
+
+    write_jsonl(tmp_path / "data.jsonl", [{"text": f"document {i}"} for i in range(20 * 1024)])
+    config = write_config(tmp_path, workers=workers)
+    script = (
+        "import sys, time\n"
+        "from turbo_dllm.data import pipeline\n"
+        "process = pipeline.ChunkProcessor.process\n"
+        "def slow(self, chunk):\n"
+        "    time.sleep(0.3)\n"
+        "    return process(self, chunk)\n"
+        "pipeline.ChunkProcessor.process = slow\n"
+        "from turbo_dllm.cli import main\n"
+        "sys.exit(main(['data', 'prepare', '--config', sys.argv[1]]))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", script, str(config)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not any(p.name.startswith(".out.staging-") for p in tmp_path.iterdir()):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "prepare never started writing"
+            time.sleep(0.05)
+        time.sleep(1.0)  # some chunks written
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, err)
+    assert "Traceback" not in err, err
+    assert not (tmp_path / "out").exists()
+    assert leftovers(tmp_path) == []

@@ -310,6 +310,9 @@ def _init_worker(config: WorkerConfig) -> None:
     # Ctrl-C reaches the whole process group: the parent turns it into `dllm: interrupted` and
     # terminates the pool; a worker of its own would print a KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # The parent's SIGTERM handler (prepare's cleanup) is not the worker's: terminate() ends
+    # a worker with SIGTERM, which must end it quietly.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     # One Rust thread per process: the pool is the parallelism.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
