@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 
 from tests.envs.test_manifest import manifest
-from turbo_dllm.envs.check import compare
+from turbo_dllm.envs.check import compare, drift_fixes
 from turbo_dllm.envs.inventory import Environment, Installed, inspect_environment
 from turbo_dllm.envs.manifest import Provided
 
@@ -80,3 +80,40 @@ def test_inspecting_another_interpreter_matches_in_process():
     names_outside = {d.name: d.version for d in outside.distributions}
     assert names_outside["pytest"] == names_inside["pytest"]
     assert "turbo-dllm" in names_outside
+
+
+def fixes(manifest_, env) -> list[str]:
+    return drift_fixes(manifest_, compare(manifest_, env), env, sync_source="--target cpu-x86_64")
+
+
+def test_clean_needs_no_fix():
+    assert fixes(manifest(), environment(*EXACT)) == []
+
+
+def test_pinned_drift_is_fixed_by_a_sync_of_that_venv():
+    env = environment(("typing-extensions", "4.15.0"), *EXACT[1:], ("requests", "2.32.0"))
+    assert fixes(manifest(), env) == ["dllm env sync --target cpu-x86_64 --venv /venv"]
+
+
+def test_fixes_for_what_sync_cannot_fix():
+    """Sync refuses a venv of another Python, never installs provided packages and installs the
+    project only from a mirror: the fix was `dllm env sync` for all of them."""
+    other_python = fixes(manifest(), environment(*EXACT, python="3.12"))
+    assert other_python == [
+        "/venv runs Python 3.12 and sync keeps a venv's Python: remove /venv, then "
+        "dllm env sync --target cpu-x86_64 --venv /venv --python python3.11"
+    ]
+    with_base = manifest(provided=[Provided(name="numpy", version="2.0.0")])
+    provided = fixes(with_base, environment(*EXACT, ("numpy", "2.1.0")))
+    assert (
+        len(provided) == 1
+        and "sync never installs what the base interpreter provides" in (provided[0])
+    )
+    assert "--reinstall 'numpy==2.0.0'" in provided[0] and "--from-environment" in provided[0]
+    project = fixes(manifest(), environment(*EXACT[:2]))
+    assert len(project) == 1 and project[0].startswith("install turbo-dllm 0.1.0 itself")
+    newer = fixes(manifest(), environment(*EXACT[:2], ("turbo-dllm", "0.2.0")))
+    assert newer == [
+        "turbo-dllm 0.2.0 is installed and manifest cpu-x86_64 is for 0.1.0: sync the manifest "
+        "of the installed release (dllm env sync --target cpu-x86_64 --venv /venv)"
+    ]

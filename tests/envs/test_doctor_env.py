@@ -87,3 +87,59 @@ def test_doctor_reports_the_environment_check(cli, monkeypatch):
     use(monkeypatch, manifest_of_this_environment(change="pytest"))
     result = cli("doctor")
     assert "environment" in result.out and "pytest" in result.out
+
+
+def test_a_synced_venv_is_told_to_sync_its_own_copy(monkeypatch):
+    """The fix named `--target T`, the packaged manifest, which need not be the one the venv
+    was synced to (a mirror's, a file's) and so did not make the check pass."""
+    import sys
+
+    manifest = manifest_of_this_environment(change="pytest")
+    copy = f"{sys.prefix}/dllm-env-manifest.toml"
+    monkeypatch.setattr(
+        select, "environment_manifest", lambda *a, **k: (manifest, f"synced copy {copy}")
+    )
+    result = env_check.environment_manifest(DoctorContext())
+    assert result.status == "warn"
+    assert result.fix.startswith(f"dllm env sync --manifest {copy} --venv {sys.prefix} ")
+
+
+def test_a_damaged_synced_copy_is_reported_with_the_sync_that_rewrites_it(tmp_path, monkeypatch):
+    import sys
+
+    (tmp_path / "dllm-env-manifest.toml").write_text("format = [[[")
+    monkeypatch.setattr(sys, "prefix", str(tmp_path))
+    result = env_check.environment_manifest(DoctorContext())
+    assert result.status == "warn"
+    # Was "no environment manifest for this host", with `dllm env sync --target TARGET` or
+    # "regenerate it with dllm env lock" (the packaged manifests' fix) as the fix.
+    assert result.detail.startswith("no environment manifest to compare with: ")
+    assert "not valid TOML" in result.detail
+    assert f"dllm env sync --venv {tmp_path}" in result.fix and "dllm env lock" not in result.fix
+
+
+def test_outside_a_venv_the_fix_installs_dllm_into_the_new_one(monkeypatch):
+    """`python3 -m venv .venv && . .venv/bin/activate` left `dllm` the system interpreter's,
+    so doctor kept reporting the system interpreter."""
+    import sys
+
+    from turbo_dllm.doctor.checks import portable
+
+    monkeypatch.setattr(sys, "base_prefix", sys.prefix)
+    monkeypatch.delenv("CONDA_PREFIX", raising=False)
+    result = portable.venv_isolation(DoctorContext())
+    assert result.status == "warn"
+    assert "pip install 'turbo-dllm[data,env]'" in result.fix
+    assert "dllm env sync --venv .venv" in result.fix
+
+
+def test_without_torch_the_fix_names_the_cpu_build_index(monkeypatch):
+    """`pip install torch (CPU)` installs PyPI's CUDA build on Linux (docs/install.md)."""
+    import sys
+
+    from turbo_dllm.doctor.checks import portable
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    result = portable.torch_import(DoctorContext())
+    assert result.status == "fail"
+    assert "--index-url https://download.pytorch.org/whl/cpu" in result.fix

@@ -126,6 +126,7 @@ def test_invalid_manifests_are_user_errors(edit, needle):
         parse_manifest(text, "m.toml")
     assert needle in error.value.message
     assert "m.toml" in error.value.message
+    assert error.value.hint  # bad TOML had none
 
 
 def test_project_cannot_be_pinned():
@@ -151,3 +152,14 @@ def test_a_manifest_path_that_is_a_folder_or_not_text_is_a_user_error(tmp_path, 
     assert_user_error(cli("env", "requirements", "--manifest", binary), "not UTF-8 text")
     with pytest.raises(DllmError, match="cannot read the environment manifest"):
         load_manifest(tmp_path)
+
+
+def test_a_packaged_manifest_named_after_another_target_is_a_user_error(tmp_path, cli, monkeypatch):
+    """`manifests/x.toml` declaring target y: the error had no hint."""
+    from tests.helpers import assert_user_error
+    from turbo_dllm.envs import select
+
+    (tmp_path / "other-name.toml").write_text(dump_manifest(manifest()))
+    monkeypatch.setattr(select, "manifest_dirs", lambda: [tmp_path])
+    result = cli("env", "requirements", "--target", "other-name")
+    assert_user_error(result, "declares target cpu-x86_64, not other-name", "hint: ", "--manifest")

@@ -248,17 +248,34 @@ def _sync(args) -> int:
 
 
 def _check(args) -> int:
-    from turbo_dllm.envs.check import compare
+    from turbo_dllm.envs.check import compare, drift_fixes
     from turbo_dllm.envs.inventory import inspect_environment
-    from turbo_dllm.envs.select import environment_manifest
+    from turbo_dllm.envs.select import SYNCED_COPY, environment_manifest, recorded_manifest_path
 
     environment = inspect_environment(args.python)
     manifest, origin = environment_manifest(
         environment.prefix, args.target, mirror=_mirror(args.mirror), manifest_file=args.manifest
     )
     drift = compare(manifest, environment)
+    # The sync that restores the manifest compared here (a synced venv's own copy included).
+    if args.manifest:
+        source = f"--manifest {args.manifest}"
+    elif args.mirror:
+        source = f"--mirror {args.mirror} --target {manifest.target}"
+    elif origin.startswith(SYNCED_COPY):
+        source = f"--manifest {recorded_manifest_path(environment.prefix)}"
+    else:
+        source = f"--target {manifest.target}"
+    fixes = drift_fixes(manifest, drift, environment, sync_source=source)
     if args.json:
-        emit_json({**drift.to_json(), "manifest": origin, "environment": environment.prefix})
+        emit_json(
+            {
+                **drift.to_json(),
+                "manifest": origin,
+                "environment": environment.prefix,
+                "fixes": fixes,
+            }
+        )
         return 0 if drift.clean else 1
     print(f"{environment.prefix} against {manifest.target} ({origin})")
     print(drift.summary())
@@ -268,8 +285,8 @@ def _check(args) -> int:
         print(f"  missing     {m.name}=={m.version}")
     for e in drift.extra:
         print(f"  extra       {e.name} {e.version}")
-    if not drift.clean:
-        print(f"fix: dllm env sync --target {manifest.target} --venv VENV")
+    for fix in fixes:
+        print(f"fix: {fix}")
     return 0 if drift.clean else 1
 
 

@@ -15,7 +15,15 @@ from packaging.version import InvalidVersion, Version
 from turbo_dllm.envs.inventory import Environment
 from turbo_dllm.envs.manifest import EnvManifest
 
-__all__ = ["IGNORED_EXTRAS", "Drift", "Mismatch", "PackageRef", "compare", "same_version"]
+__all__ = [
+    "IGNORED_EXTRAS",
+    "Drift",
+    "Mismatch",
+    "PackageRef",
+    "compare",
+    "drift_fixes",
+    "same_version",
+]
 
 # Installer tooling that venv creators add on their own; it does not change what the code runs.
 IGNORED_EXTRAS = frozenset({"pip"})
@@ -130,3 +138,57 @@ def compare(manifest: EnvManifest, environment: Environment) -> Drift:
         if dist.name not in expected and dist.name not in IGNORED_EXTRAS:
             drift.extra.append(PackageRef(dist.name, dist.version))
     return drift
+
+
+def drift_fixes(
+    manifest: EnvManifest, drift: Drift, environment: Environment, *, sync_source: str
+) -> list[str]:
+    """What fixes each part of `drift` (empty when clean), as commands the user can run.
+
+    `dllm env sync` fixes pinned packages and extras, but not everything: it refuses a venv of
+    another Python, never installs the packages the base interpreter provides, and installs the
+    project itself only from a mirror that carries its wheel. Each of those gets its own fix.
+    `sync_source` names the manifest that was compared the way sync takes it (`--target T`,
+    `--manifest FILE`), so the sync command restores exactly that manifest.
+    """
+    if drift.clean:
+        return []
+    venv = environment.prefix if environment.is_venv else ".venv"
+    sync = f"dllm env sync {sync_source} --venv {venv}"
+    if any(m.name == "python" for m in drift.mismatched):
+        python = f"python{manifest.python}"
+        if environment.is_venv:
+            return [
+                f"{venv} runs Python {environment.python} and sync keeps a venv's Python: remove "
+                f"{venv}, then {sync} --python {python}"
+            ]
+        return [f"{sync} --python {python}, then use {venv}"]
+    provided = {p.name: p.version for p in manifest.provided}
+    project = manifest.project.name
+    wrong = {m.name for m in drift.mismatched} | {m.name for m in drift.missing}
+    fixes = []
+    if any(name not in provided and name != project for name in wrong) or drift.extra:
+        fixes.append(sync)
+    base = sorted(name for name in wrong if name in provided)
+    if base:
+        specs = " ".join(f"'{name}=={provided[name]}'" for name in base)
+        fixes.append(
+            f"sync never installs what the base interpreter provides ({', '.join(base)}): "
+            f"restore it with `uv pip install --python {environment.executable} --no-deps "
+            f"--reinstall {specs}`, or, if the change is meant, re-lock: "
+            f"dllm env lock --target {manifest.target} --from-environment"
+        )
+    found = next((m.found for m in drift.mismatched if m.name == project), None)
+    if found is not None:
+        fixes.append(
+            f"{project} {found} is installed and manifest {manifest.target} is for "
+            f"{manifest.project.version}: sync the manifest of the installed release "
+            f"(dllm env sync --target {manifest.target} --venv {venv})"
+        )
+    elif project in wrong:
+        fixes.append(
+            f"install {project} {manifest.project.version} itself: `uv pip install --python "
+            f"{environment.executable} --no-deps WHEEL` (sync installs it only from a mirror "
+            "that carries its wheel: --mirror DIR|URL)"
+        )
+    return fixes

@@ -207,7 +207,11 @@ def parse_manifest(text: str, source: str) -> EnvManifest:
     try:
         data = loads(text)
     except TomlError as error:
-        raise DllmError(f"{source}: not valid TOML: {error}") from error
+        raise DllmError(
+            f"{source}: not valid TOML: {error}",
+            hint="regenerate it with `dllm env lock --target TARGET` (a manifest is written by "
+            "dllm, not by hand)",
+        ) from error
     return validate_document(
         data,
         EnvManifest,

@@ -16,6 +16,7 @@ from turbo_dllm.errors import DllmError
 
 __all__ = [
     "RECORDED_MANIFEST",
+    "SYNCED_COPY",
     "available_targets",
     "environment_manifest",
     "recorded_manifest_path",
@@ -23,6 +24,7 @@ __all__ = [
 ]
 
 RECORDED_MANIFEST = "dllm-env-manifest.toml"
+SYNCED_COPY = "synced copy"  # how environment_manifest names a venv's own copy as the origin
 
 
 def available_targets(mirror=None) -> dict[str, str]:
@@ -74,12 +76,19 @@ def _load(target: str, location: str, mirror) -> EnvManifest:
     if mirror is not None:
         text = mirror.manifest_text(target)
         if text is None:
-            raise DllmError(f"mirror {mirror.location} lists manifests/{target}.toml but lacks it")
+            raise DllmError(
+                f"mirror {mirror.location} lists manifests/{target}.toml but lacks it",
+                hint=f"dllm mirror verify {mirror.location} lists what it is missing",
+            )
         manifest = parse_manifest(text, location)
     else:
         manifest = load_manifest(location)
     if manifest.target != target:
-        raise DllmError(f"{location} declares target {manifest.target}, not {target}")
+        raise DllmError(
+            f"{location} declares target {manifest.target}, not {target}",
+            hint=f"a manifest is named after its target: rename it {manifest.target}.toml, or "
+            "pass it with --manifest FILE",
+        )
     return manifest
 
 
@@ -101,9 +110,19 @@ def environment_manifest(
     left at its root); any other environment gets the packaged manifest of this host's target.
     """
     if manifest_file is None and mirror is None and target in (None, "auto"):
-        recorded = recorded_manifest_path(sys.prefix if prefix is None else prefix)
+        venv = Path(sys.prefix if prefix is None else prefix)
+        recorded = recorded_manifest_path(venv)
         if recorded.is_file():
-            return load_manifest(recorded), f"synced copy {recorded}"
+            try:
+                return load_manifest(recorded), f"{SYNCED_COPY} {recorded}"
+            except DllmError as error:  # its hint would be the packaged manifests' (re-lock)
+                raise DllmError(
+                    error.message,
+                    hint=f"it is the copy `dllm env sync` left in {venv} (damaged or edited): "
+                    f"sync again to rewrite it (dllm env sync --venv {venv}; --target NAME where "
+                    "auto picks another), "
+                    "or pass --target/--manifest to compare with another manifest",
+                ) from None
     manifest = select_manifest(target, mirror=mirror, manifest_file=manifest_file)
     origin = (
         str(manifest_file)

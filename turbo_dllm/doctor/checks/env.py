@@ -16,8 +16,9 @@ NAME = "environment"
 
 @register_check(order=200)
 def environment_manifest(ctx: DoctorContext) -> CheckResult:
-    from turbo_dllm.envs.check import compare
+    from turbo_dllm.envs.check import compare, drift_fixes
     from turbo_dllm.envs.inventory import inspect_environment
+    from turbo_dllm.envs.select import SYNCED_COPY, recorded_manifest_path
     from turbo_dllm.envs.select import environment_manifest as find_manifest
 
     bad = "fail" if ctx.prod else "warn"
@@ -27,23 +28,30 @@ def environment_manifest(ctx: DoctorContext) -> CheckResult:
         return CheckResult(
             NAME,
             bad,
-            f"no environment manifest for this host: {error.message.splitlines()[0]}",
+            f"no environment manifest to compare with: {error.message.splitlines()[0]}",
             fix=error.hint or "dllm env sync --target TARGET --venv .venv",
         )
-    drift = compare(manifest, inspect_environment())
+    environment = inspect_environment()
+    drift = compare(manifest, environment)
     short = manifest.content_sha256()[:12]
     if drift.clean:
         return CheckResult(NAME, "pass", f"{drift.summary()} ({short}, {origin})")
-    venv = sys.prefix if sys.prefix != sys.base_prefix else ".venv"
-    sync = (
-        f"dllm env sync --target {manifest.target} --venv {venv} "
-        "(add --mirror DIR|URL --offline on an air-gapped host)"
+    # A synced venv is compared with the copy sync left in it: re-sync exactly that copy (the
+    # packaged manifest of this target may be another one, or none: a mirror's, a file's).
+    synced = origin.startswith(SYNCED_COPY)
+    source = (
+        f"--manifest {recorded_manifest_path(sys.prefix)}"
+        if synced
+        else f"--target {manifest.target}"
     )
-    if not (drift.missing or drift.mismatched):  # only packages the manifest does not pin
-        fix = (
-            f"every pinned package matches; {sync} makes the venv exactly the manifest and "
-            "uninstalls the extras (development tools such as pytest too); details: dllm env check"
-        )
-    else:
-        fix = f"{sync}; details: dllm env check"
+    fixes = drift_fixes(manifest, drift, environment, sync_source=source)
+    for i, fix in enumerate(fixes):
+        if fix.startswith("dllm env sync"):
+            fixes[i] = f"{fix} (add --mirror DIR|URL --offline on an air-gapped host)"
+            if not (drift.missing or drift.mismatched):  # only packages the manifest does not pin
+                fixes[i] = (
+                    f"every pinned package matches; {fixes[i]} makes the venv exactly the "
+                    "manifest and uninstalls the extras (development tools such as pytest too)"
+                )
+    fix = "; ".join(fixes) + "; details: dllm env check"
     return CheckResult(NAME, bad, f"{drift.summary()} ({short}, {origin})", fix=fix)

@@ -38,7 +38,9 @@ def torch_import(ctx: DoctorContext) -> CheckResult:
             "torch",
             "fail",
             f"import torch failed: {error}",
-            fix="pip install torch (CPU) or the CUDA build for your driver",
+            fix="pip install torch --index-url https://download.pytorch.org/whl/cpu (the CPU "
+            "build; plain `pip install torch` is the CUDA one), or the CUDA build for your "
+            "driver; pinned: dllm env sync --venv .venv",
         )
     cuda = torch.version.cuda or "cpu"
     return CheckResult("torch", "pass", f"torch {torch.__version__} ({cuda})")
@@ -54,7 +56,10 @@ def venv_isolation(ctx: DoctorContext) -> CheckResult:
         "venv",
         status,
         f"running in the system interpreter {sys.prefix}",
-        fix="python3 -m venv .venv && . .venv/bin/activate (or `uv venv`)",
+        # The venv needs dllm itself: activated without it, `dllm` is still this interpreter's.
+        fix="python3 -m venv .venv && . .venv/bin/activate && pip install 'turbo-dllm[data,env]' "
+        "(torch first: docs/install.md), or pinned: dllm env sync --venv .venv, then install "
+        "turbo-dllm into it and activate it",
     )
 
 
