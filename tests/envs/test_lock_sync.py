@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import subprocess
@@ -13,7 +14,14 @@ import pytest
 from tests.envs.wheelfactory import make_wheel
 from tests.helpers import assert_user_error
 from turbo_dllm.envs.lock import LockRequest, lock_environment
-from turbo_dllm.envs.manifest import EnvManifest, Project, dump_manifest
+from turbo_dllm.envs.manifest import (
+    EnvManifest,
+    Pin,
+    Project,
+    Provided,
+    WheelFile,
+    dump_manifest,
+)
 from turbo_dllm.envs.sync import sync_environment, venv_python
 from turbo_dllm.envs.uvtool import uv_binary
 from turbo_dllm.errors import DllmError
@@ -179,3 +187,137 @@ def test_env_lock_cli_errors(cli):
     assert_user_error(
         cli("env", "lock", "--target", "cpu-x86_64", "--torch", "2.5.0"), "not one of target"
     )
+
+
+def test_sync_refuses_pins_that_do_not_fit_together_and_removes_the_venv_it_made(
+    wheels, tmp_path, cli
+):
+    """Pins are installed with --no-deps: a hand-edited manifest whose pins conflict made a
+    broken venv that sync called clean."""
+    wheel = make_wheel(wheels, "dllm-fixture-d", "1.0", requires=("dllm-fixture-a>=1.1",))
+    manifest = lock_fixtures(wheels, "dllm-fixture-a==1.0")
+    conflicting = Pin(
+        name="dllm-fixture-d",
+        version="1.0",
+        wheels=[WheelFile(filename=wheel.name, sha256=sha256(wheel))],
+    )
+    edited = manifest.model_copy(update={"packages": [*manifest.packages, conflicting]})
+    path = tmp_path / "edited.toml"
+    path.write_text(dump_manifest(edited))
+    venv = tmp_path / "venv"
+    result = cli("env", "sync", "--manifest", path, "--venv", venv)
+    error = result.err[result.err.index("dllm: error:") :]  # after uv's progress
+    assert_user_error(
+        dataclasses.replace(result, err=error),
+        "pins do not fit together",
+        "dllm-fixture-a>=1.1",
+        "hint: ",
+        "dllm env lock",
+    )
+    assert not venv.exists()  # nothing half-done
+
+
+def test_a_failed_sync_leaves_no_venv_behind(wheels, tmp_path):
+    manifest = lock_fixtures(wheels)
+    absent = Pin(
+        name="dllm-fixture-x",
+        version="1.0",
+        wheels=[WheelFile(filename="dllm_fixture_x-1.0-py3-none-any.whl", sha256="0" * 64)],
+    )
+    broken = manifest.model_copy(update={"packages": [*manifest.packages, absent]})
+    with pytest.raises(DllmError, match="installing manifest"):
+        sync_environment(broken, tmp_path / "venv")
+    assert not (tmp_path / "venv").exists()
+    named = tmp_path / "named"  # an empty folder the user named stays, empty
+    named.mkdir()
+    with pytest.raises(DllmError, match="installing manifest"):
+        sync_environment(broken, named)
+    assert named.is_dir() and not any(named.iterdir())
+    # An existing venv is not removed by a failed update.
+    sync_environment(manifest, tmp_path / "kept")
+    with pytest.raises(DllmError, match="installing manifest"):
+        sync_environment(broken, tmp_path / "kept")
+    assert venv_python(tmp_path / "kept").exists()
+
+
+def test_sync_where_it_cannot_write_is_refused_before_anything_is_made(
+    wheels, tmp_path, cli, monkeypatch
+):
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(lock_fixtures(wheels)))
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = cli("env", "sync", "--manifest", manifest_file, "--venv", blocker / "venv")
+    assert_user_error(result, f"{blocker} is a file, not a folder", "--venv")
+    readonly = tmp_path / "readonly"
+    readonly.mkdir()
+    from turbo_dllm.envs import sync
+
+    # Root may write anywhere, so the permission is denied by stand-in (os.access says no).
+    monkeypatch.setattr(sync.os, "access", lambda path, mode: Path(path) != readonly)
+    result = cli("env", "sync", "--manifest", manifest_file, "--venv", readonly / "venv")
+    assert_user_error(result, f"{readonly} is not writable", "--venv")
+    assert not (readonly / "venv").exists()
+
+
+def test_a_damaged_synced_copy_says_to_sync_again(wheels, tmp_path, cli):
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(lock_fixtures(wheels)))
+    venv = tmp_path / "venv"
+    sync_environment(lock_fixtures(wheels), venv)
+    copy = venv / "dllm-env-manifest.toml"
+    copy.write_text(copy.read_text() + "garbage [[[\n")
+    result = cli("env", "check", "--python", venv_python(venv))
+    # Was: no hint for bad TOML, and "regenerate it with dllm env lock" for a bad field.
+    assert_user_error(result, str(copy), "hint: it is the copy `dllm env sync` left", "sync again")
+    assert cli("env", "sync", "--manifest", manifest_file, "--venv", venv).code == 0
+    assert "garbage" not in copy.read_text()
+
+
+def test_env_check_fixes_restore_the_manifest_the_venv_was_synced_to(wheels, tmp_path, cli):
+    """The fix line was `dllm env sync --target T --venv VENV`: the packaged manifest of T (not
+    the one this venv was synced to, which may not be packaged at all) and a placeholder."""
+    manifest = lock_fixtures(wheels).model_copy(update={"target": "fixture-target"})
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(manifest))
+    venv = tmp_path / "venv"
+    assert cli("env", "sync", "--manifest", manifest_file, "--venv", venv).code == 0
+    python = venv_python(venv)
+    subprocess.run(
+        [uv_binary(), "pip", "install", "--python", python, "--no-index", "--find-links", wheels,
+         "dllm-fixture-a==1.1"],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    report = json.loads(cli("env", "check", "--python", python, "--json").out)
+    sync_fix = f"dllm env sync --manifest {venv / 'dllm-env-manifest.toml'} --venv {venv}"
+    assert report["fixes"][0] == sync_fix
+    assert "install turbo-dllm 0.1.0 itself" in report["fixes"][1]  # sync does not install it
+    # The fix, as printed, fixes what was reported.
+    assert cli(*sync_fix.split()[1:]).code == 0
+    report = json.loads(cli("env", "check", "--python", python, "--json").out)
+    assert report["mismatched"] == [] and [m["name"] for m in report["missing"]] == ["turbo-dllm"]
+
+
+def test_a_pin_may_require_a_package_the_base_provides(wheels, tmp_path):
+    """uv's own check sees only the venv's site-packages, so a pin's requirement on a provided
+    package (from the base interpreter, here through a .pth file) looks missing to it: that is
+    not a conflict of the pins."""
+    base = tmp_path / "base-site"
+    subprocess.run(
+        [uv_binary(), "pip", "install", "--target", base, "--no-index", "--find-links", wheels,
+         "dllm-fixture-a==1.0", "--python", sys.executable],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    venv = tmp_path / "venv"
+    subprocess.run([uv_binary(), "venv", venv, "--python", sys.executable, "--quiet"], check=True)
+    (site,) = (venv / "lib").glob("python3.*/site-packages")
+    (site / "_base.pth").write_text(f"{base}\n")
+    manifest = lock_fixtures(wheels, "dllm-fixture-b==2.0", "dllm-fixture-a==1.0")
+    pins = [p for p in manifest.packages if p.name == "dllm-fixture-b"]
+    provided = [Provided(name="dllm-fixture-a", version="1.0")]
+    result = sync_environment(
+        manifest.model_copy(update={"packages": pins, "provided": provided}), venv
+    )
+    assert result.drift.clean and not result.created

@@ -12,10 +12,15 @@ only index uv is told about.
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from turbo_dllm.envs.check import IGNORED_EXTRAS, Drift, compare, same_version
 from turbo_dllm.envs.inventory import Environment, inspect_environment
@@ -55,10 +60,35 @@ def _interpreter_version(python: str) -> str:
             timeout=60,
         )
     except OSError as error:
-        raise DllmError(f"cannot run --python {python}: {error}") from error
+        raise DllmError(
+            f"cannot run --python {python}: {error.strerror or error}",
+            hint="pass --python with the path of a working interpreter (e.g. /usr/bin/python3.11)",
+        ) from None
     if out.returncode != 0:
-        raise DllmError(f"cannot run --python {python}: {out.stderr.strip()[-300:]}")
+        raise DllmError(
+            f"cannot run --python {python}: {out.stderr.strip()[-300:]}",
+            hint="pass --python with the path of a working interpreter",
+        )
     return out.stdout.strip()
+
+
+def _unwritable(venv: Path) -> str | None:
+    """Why sync cannot write `venv` (create it, or install into the one there), else None:
+    said before anything is made, not by uv halfway through."""
+    if venv.exists() and not venv.is_dir():
+        return f"{venv} is a file, not a folder"
+    if venv.exists():
+        site = sorted(venv.glob("lib/python*/site-packages")) or [venv]
+        blocked = [folder for folder in (venv, *site) if not os.access(folder, os.W_OK | os.X_OK)]
+        return f"{blocked[0]} is not writable" if blocked else None
+    parent = venv.parent
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{parent} is a file, not a folder"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{parent} is not writable"
+    return None
 
 
 def _system_site_packages(venv: Path) -> bool:
@@ -104,7 +134,7 @@ def _prepare_venv(
     if system_site_packages or (system_site_packages is None and manifest.provided):
         # `provided` packages come from the base interpreter: the venv must see them.
         args.append("--system-site-packages")
-    run_uv(args, what=f"creating {venv}")
+    run_uv(args, what=f"creating {venv}", hint="pass --venv with a folder you can write")
     return True
 
 
@@ -160,6 +190,47 @@ def _project_line(manifest: EnvManifest, mirror) -> tuple[str | None, str | None
     return line, f"{project.name} {project.version} from {mirror.location}"
 
 
+def _check_consistent(manifest: EnvManifest, interpreter: Path) -> None:
+    """The pins are installed without resolution (`--no-deps`): make sure they are one
+    consistent set (a hand-edited manifest may pin a version another pin does not accept)."""
+    proc = run_uv(
+        ["pip", "check", "--python", str(interpreter)],
+        what=f"checking the requirements installed in {interpreter}",
+        ok_codes=(0, 1),
+    )
+    if proc.returncode == 0:
+        return
+    # uv sees only the venv's own site-packages: a requirement on a package the base
+    # interpreter provides (system site packages, `provided`) looks missing to it. Judged are the
+    # packages sync installs, and what they require of each other (of anything, when the venv
+    # sees nothing else).
+    installed = {p.name for p in manifest.packages}
+    sees_only_its_own = not manifest.provided and not _system_site_packages(
+        interpreter.parent.parent
+    )
+    problems = []
+    for line in (proc.stdout + proc.stderr).splitlines():
+        line = line.strip()
+        parts = line.split("`")
+        if not line.startswith("The package `") or len(parts) < 4:
+            continue
+        try:
+            required = canonicalize_name(Requirement(parts[3]).name)
+        except InvalidRequirement:
+            continue
+        requirer = canonicalize_name(parts[1])
+        if requirer in installed | {manifest.project.name} and (
+            required in installed or sees_only_its_own
+        ):
+            problems.append(line)
+    if problems:
+        raise DllmError(
+            f"manifest {manifest.target}'s pins do not fit together:\n  " + "\n  ".join(problems),
+            hint="the manifest is not one resolved set (edited by hand?): regenerate it with "
+            f"`dllm env lock --target {manifest.target}`",
+        )
+
+
 def sync_environment(
     manifest: EnvManifest,
     venv: str | Path,
@@ -171,7 +242,27 @@ def sync_environment(
 ) -> SyncResult:
     venv = Path(venv).absolute()
     source_args = _source_args(manifest, mirror, offline)
+    problem = _unwritable(venv)
+    if problem:
+        raise DllmError(
+            f"cannot sync {venv}: {problem}",
+            hint="pass --venv with a folder you can write (or run as the venv's owner)",
+        )
+    existed = venv.exists()
     created = _prepare_venv(manifest, venv, python, system_site_packages)
+    try:
+        return _install(manifest, venv, created, mirror, source_args)
+    except BaseException:
+        if created:  # a venv this sync made is removed again, never left half-installed
+            shutil.rmtree(venv, ignore_errors=True)
+            if existed:
+                venv.mkdir(exist_ok=True)  # the empty folder the user named stays as it was
+        raise
+
+
+def _install(
+    manifest: EnvManifest, venv: Path, created: bool, mirror, source_args: list[str]
+) -> SyncResult:
     interpreter = venv_python(venv)
     before = inspect_environment(interpreter)
     _check_provided(manifest, before)
@@ -206,6 +297,8 @@ def sync_environment(
                 stream=True,
             )
     result.project = project_source
+    if requirements:
+        _check_consistent(manifest, interpreter)
     # Remove what the manifest does not list, from the venv itself only (never the base).
     after = inspect_environment(interpreter)
     keep = {p.name for p in manifest.packages} | {p.name for p in manifest.provided}

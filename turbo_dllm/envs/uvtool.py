@@ -72,10 +72,12 @@ def run_uv(
     hint: str | None = None,
     extra_env: dict[str, str] | None = None,
     stream: bool = False,
+    ok_codes: Sequence[int] = (0,),
 ) -> subprocess.CompletedProcess[str]:
     """Run `uv ARGS --no-config`; a failure is a DllmError that quotes uv's own explanation.
 
     `stream=True` lets uv's progress reach the terminal (stderr) instead of capturing it.
+    `ok_codes` are the exit statuses that are answers, not failures (`uv pip check`: 1).
     """
     env = {k: v for k, v in os.environ.items() if k not in _SOURCE_VARIABLES}
     env["UV_PYTHON_DOWNLOADS"] = "never"  # never fetch an interpreter behind the user's back
@@ -86,7 +88,7 @@ def run_uv(
         proc = subprocess.CompletedProcess(command, returncode, stdout, stderr)
     else:
         proc = subprocess.run(command, env=env, text=True, capture_output=True)
-    if proc.returncode != 0:
+    if proc.returncode not in ok_codes:
         detail = (proc.stderr or "").strip().splitlines()
         explanation = "\n".join(detail[-25:]) if detail else f"exit status {proc.returncode}"
         raise DllmError(f"{what} failed:\n{explanation}", hint=hint)
