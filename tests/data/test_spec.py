@@ -73,6 +73,25 @@ def test_bad_workers_is_one_plain_problem():
         assert validate_prepare_document({**BASE, "workers": good}, "p").workers == expected
 
 
+def test_an_empty_list_of_files_is_a_problem_for_every_source():
+    """`paths: []` was refused but `data_files: []` passed, and prepare then said
+    "source.data_files:  are all empty" (no file named)."""
+    message = _problems({**BASE, "source": {"kind": "huggingface", "data_files": []}})
+    assert "source.data_files: List should have at least 1 item" in message
+    message = _problems({**BASE, "source": {"kind": "jsonl", "paths": []}})
+    assert "source.paths: List should have at least 1 item" in message
+
+
+def test_mask_token_id_is_bounded_by_the_largest_storable_id():
+    tokenizer = {"kind": "huggingface", "path": "tok"}
+    message = _problems({**BASE, "tokenizer": {**tokenizer, "mask_token_id": 1 << 32}})
+    assert "tokenizer.mask_token_id: Input should be less than or equal to 4294967295" in message
+    spec = validate_prepare_document(
+        {**BASE, "tokenizer": {**tokenizer, "mask_token_id": (1 << 32) - 1}}, "p"
+    )
+    assert spec.tokenizer.mask_token_id == (1 << 32) - 1
+
+
 def test_cross_section_rules_are_all_reported():
     message = _problems(
         {

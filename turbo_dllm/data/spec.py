@@ -118,7 +118,9 @@ class HuggingFaceSource(_Strict):
         description="Hub dataset name, or a builder (json, parquet, csv, text) with data_files.",
     )
     config: str | None = Field(None, description="Dataset configuration name.")
-    data_files: list[str] | None = Field(None, description="Local files or globs for a builder.")
+    data_files: list[str] | None = Field(
+        None, min_length=1, description="Local files or globs for a builder."
+    )
     split: str = "train"
     revision: str | None = Field(None, description="Pinned Hub revision.")
     streaming: bool = Field(False, description="Iterate without materialising an Arrow cache.")
