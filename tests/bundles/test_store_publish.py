@@ -193,6 +193,10 @@ def test_a_too_short_prefix_and_negative_retries_are_explained(cli, installed, m
     # The listing shows the 12-character hash the 4-character prefix starts: say why it fails.
     result = cli("bundle", "uninstall", installed.sha256[:4])
     assert_user_error(result, installed.short_sha, "at least 6 characters")
+    # A name nothing matches had no hint at all (assert_user_error needs one).
+    for command in ("uninstall", "verify"):
+        result = cli("bundle", command, "0" * 12)
+        assert_user_error(result, "no installed bundle '000000000000'", "dllm bundle list")
     root, catalog_sha = mirror
     result = cli("bundle", "install", "--release", "v-test", "--auto", "--mirror", root,
                  "--catalog-sha256", catalog_sha, "--retries", "-1")  # fmt: skip

@@ -275,7 +275,12 @@ class BundleStore:
             return matches[0]
         if not matches:
             known = ", ".join(f"{b.short_sha} ({_entry_name(b)})" for b in bundles) or "none"
-            raise DllmError(f"no installed bundle {ident!r} (installed: {known})", hint=hint)
+            raise DllmError(
+                f"no installed bundle {ident!r} (installed: {known})",
+                hint=hint
+                or "name a bundle by its id or a sha256 prefix of 6+ characters, as "
+                "`dllm bundle list` shows them",
+            )
         listed = ", ".join(b.short_sha for b in matches)
         raise DllmError(
             f"{ident!r} names several installed bundles: {listed}",
