@@ -47,6 +47,7 @@ __all__ = [
     "prepare_features",
     "read_features_manifest",
     "target_fingerprint",
+    "tokenizer_problems",
 ]
 
 FEATURES_FORMAT = "turbo_dllm.dflash_features.v1"
@@ -137,10 +138,14 @@ def feature_problems(manifest: FeaturesManifest, config, spec) -> list[str]:
 
 
 def input_problems(spec) -> list[tuple[str, str]]:
-    """The drafter's feature artifact against its spec and target (the family's input rule)."""
-    features = spec.model.dflash.features if spec.model.dflash else None
-    if features is None:
+    """The drafter's data and feature artifact against its spec and target (the family's
+    input rule)."""
+    if spec.model.dflash is None:
         return []
+    found = tokenizer_problems(spec)
+    features = spec.model.dflash.features
+    if features is None:
+        return found
     from turbo_dllm.registry import resolve_model_config
 
     try:
@@ -148,7 +153,37 @@ def input_problems(spec) -> list[tuple[str, str]]:
         problems = feature_problems(read_features_manifest(features), config, spec)
     except DllmError as error:
         problems = [error.message]
-    return [("model.dflash.features", f"{features!r}: {p}") for p in problems]
+    return found + [("model.dflash.features", f"{features!r}: {p}") for p in problems]
+
+
+def tokenizer_problems(spec) -> list[tuple[str, str]]:
+    """The data artifact must be tokenized with the target's tokenizer: the target reads its
+    ids, and another tokenizer's ids (within the target's vocabulary) would be other text to
+    it, silently. Compared where the target folder holds a tokenizer (by vocabulary)."""
+    if spec.data.artifact is None:
+        return []
+    from turbo_dllm.data.artifact import read_manifest
+    from turbo_dllm.families.dflash.target_identity import target_vocabulary
+
+    target = spec.model.dflash.target
+    theirs = target_vocabulary(target)
+    if theirs is None:
+        return []
+    try:
+        ours = read_manifest(spec.data.artifact).tokenizer
+    except DllmError:
+        return []  # the artifact's own checks say what is wrong with it
+    if ours.vocab_sha256 == theirs:
+        return []
+    return [
+        (
+            "data.artifact",
+            f"{spec.data.artifact!r} was tokenized with another tokenizer than the target "
+            f"{target!r}'s ({ours.kind}, vocabulary sha256 {ours.vocab_sha256[:12]}; the "
+            f"target's {theirs[:12]}): the target would read its token ids as other text; "
+            f"prepare the data with tokenizer {{kind: huggingface, path: {target}}}",
+        )
+    ]
 
 
 def _plan(spec, config, data_fingerprint: str, teacher: bool) -> dict:
