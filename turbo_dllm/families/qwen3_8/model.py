@@ -389,7 +389,14 @@ class HybridBody(nn.Module):
     def __init__(self, config: Qwen38Config, backend: Any, kernel: str) -> None:
         super().__init__()
         self.config = config
-        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        # transformers' padding_idx (Qwen3_5TextModel passes pad_token_id): the pad row starts at
+        # zero in a random init and gets no gradient through the lookup. Without it, a zero pad
+        # row (a random HF folder's, also when it is the mask token) got its true gradient
+        # through the first zero-centred RMSNorm, ~1/sqrt(eps) = 1000x the others' (a grad norm
+        # of thousands), which the clip then divided every other gradient by.
+        pad = config.pad_token_id
+        padding_idx = pad if isinstance(pad, int) and 0 <= pad < config.vocab_size else None
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx)
         self.layers = nn.ModuleList(
             HybridLayer(config, kind, backend, kernel) for kind in config.layer_types
         )
