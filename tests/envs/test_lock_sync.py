@@ -16,6 +16,7 @@ from tests.helpers import assert_user_error
 from turbo_dllm.envs.lock import LockRequest, lock_environment
 from turbo_dllm.envs.manifest import (
     EnvManifest,
+    Index,
     Pin,
     Project,
     Provided,
@@ -321,3 +322,17 @@ def test_a_pin_may_require_a_package_the_base_provides(wheels, tmp_path):
         manifest.model_copy(update={"packages": pins, "provided": provided}), venv
     )
     assert result.drift.clean and not result.created
+
+
+def test_an_unreachable_index_points_at_a_mirror(wheels, tmp_path, cli):
+    """Offline without --mirror: the hint spoke of a mirror the user had not named."""
+    manifest = lock_fixtures(wheels).model_copy(
+        update={"indexes": [Index(url="http://127.0.0.1:9/simple")]}
+    )
+    path = tmp_path / "m.toml"
+    path.write_text(dump_manifest(manifest))
+    result = cli("env", "sync", "--manifest", path, "--venv", tmp_path / "venv")
+    assert result.code == 2 and "Traceback" not in result.err
+    assert "hint: the manifest's indexes must be reachable" in result.err
+    assert "--mirror DIR|URL --offline" in result.err
+    assert not (tmp_path / "venv").exists()

@@ -292,8 +292,11 @@ def _install(
                     *source_args,
                 ],
                 what=f"installing manifest {manifest.target} into {venv}",
-                hint="the mirror or index must hold every pinned wheel "
-                "(`dllm mirror verify DIR` lists what a mirror has)",
+                hint="the mirror must hold every pinned wheel (`dllm mirror verify DIR` lists "
+                "what it has)"
+                if mirror is not None
+                else "the manifest's indexes must be reachable and hold every pinned wheel; "
+                "without a network, sync from a mirror: --mirror DIR|URL --offline",
                 stream=True,
             )
     result.project = project_source
