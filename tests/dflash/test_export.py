@@ -122,3 +122,32 @@ def test_an_unwritable_out_is_named_as_typed_and_leaves_nothing(cli, drafter, tm
     assert_user_error(result, f"cannot write the export to {str(out)!r}", "--out")
     assert "partial" not in result.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_export_refuses_a_target_with_other_weights_than_the_drafters(
+    cli, world, drafter, tmp_path
+):
+    """`--target` checks the drafter against it: a same-shape target with other weights than
+    the one the checkpoint was trained against is refused (shape alone passed it, and the
+    record then named that target's config.json); without --target, or with the same target,
+    the record carries the checkpoint's target fingerprint."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    other = shutil.copytree(world["target"], tmp_path / "other")
+    tensors = load_file(str(other / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 2
+    save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
+    checkpoints = drafter["run"] / "checkpoints"
+    result = _export(cli, checkpoints, tmp_path / "x", "--target", other)
+    assert_user_error(result, "other weights", str(other), str(world["target"]))
+    assert not (tmp_path / "x").exists()
+    meta = json.loads((sorted(checkpoints.glob("step_*"))[-1] / "checkpoint.json").read_text())
+    for out, flags in (
+        (tmp_path / "plain", ()),
+        (tmp_path / "same", ("--target", world["target"])),
+    ):
+        assert _export(cli, checkpoints, out, *flags).code == 0
+        record = json.loads((out / "training_export.json").read_text())
+        assert record["target_fingerprint"] == meta["target"]["fingerprint"]

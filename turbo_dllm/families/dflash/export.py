@@ -7,8 +7,13 @@ Files (REFERENCE-FAMILIES §1(5)):
 - `model.safetensors`: the drafter's own tensors only (`fc`, `hidden_norm`, `norm`, `layers.*`);
   the target's embeddings and LM head are never copied (engines take them from the target);
 - `training_export.json` (`turbo_dllm.dflash_export.v1`): where it came from (step, objective,
-  data fingerprint, seed) and the sha256 of the two files above (and of the target's
+  data fingerprint, seed, the content fingerprint of the target it was trained against where
+  the checkpoint records one) and the sha256 of the two files above (and of the target's
   config.json when `--target` is given).
+
+`--target` checks the drafter against that target: its shape, and its weights against the
+checkpoint's record of the target it was trained against (a same-shape target with other
+weights is refused).
 
 The folder is assembled next to `out` and renamed into place: complete or absent.
 """
@@ -32,6 +37,26 @@ def _sha256(path: Path) -> str:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
+
+
+def _check_target_weights(meta, checkpoint: Path, target: str | Path) -> None:
+    """`--target` must hold the weights the checkpoint was trained against, where it records
+    them (a checkpoint written before the record is checked by shape only)."""
+    from turbo_dllm.families.dflash.target_identity import current_target_record
+
+    recorded = meta.target
+    if not recorded or not recorded.get("fingerprint"):
+        return
+    current = current_target_record(recorded, target)
+    if current["fingerprint"] == recorded["fingerprint"]:
+        return
+    raise DllmError(
+        f"{str(checkpoint)!r} was trained against the target {recorded.get('path', '?')!r} "
+        f"(fingerprint {recorded['fingerprint'][:12]}), and --target {str(target)!r} holds "
+        f"other weights (fingerprint {current['fingerprint'][:12]})",
+        hint="pass the target the drafter was distilled from (a copy of it anywhere passes), "
+        "or leave --target out",
+    )
 
 
 def export_drafter(
@@ -64,6 +89,7 @@ def export_drafter(
                 + "\n".join(f"  - {p}" for p in problems),
                 hint="pass the target the drafter was distilled from",
             )
+        _check_target_weights(meta, checkpoint, target)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
 
@@ -75,6 +101,7 @@ def export_drafter(
             "objective": meta.objective,
             "seed": meta.seed,
             "data_fingerprint": meta.data_fingerprint,
+            "target_fingerprint": (meta.target or {}).get("fingerprint"),
             "train_time_s": meta.train_time_s,
             "files": {
                 name: {"sha256": _sha256(folder / name), "bytes": (folder / name).stat().st_size}
