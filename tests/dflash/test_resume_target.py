@@ -85,3 +85,31 @@ def test_a_checkpoint_without_the_record_still_resumes(world, targets, tmp_path,
     train(_spec(targets["a"], world, 4), run)
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]
     assert "does not record its target" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_two_processes_refuse_together(world, targets, tmp_path):
+    """Rank 0 checks the target and every rank refuses with it: none goes on into the load's
+    collectives (a hang), and the error is rank 0's."""
+    import os
+    import subprocess
+    import sys
+
+    import yaml
+
+    from tests.dflash.helpers import drafter_document
+
+    run = tmp_path / "run"
+    train(_spec(targets["a"], world, 2), run)
+    config = tmp_path / "train.yaml"
+    args = ("training.steps=4", "checkpoint.interval=2", "topology.dp=2")
+    config.write_text(yaml.safe_dump(drafter_document(targets["b"], world["artifact"], *args)))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2"]
+    command += ["-m", "turbo_dllm", "train", "--config", str(config), "--run-dir", str(run)]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(
+        command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode != 0
+    assert "holds other weights" in proc.stderr and "rank 0 refused" in proc.stderr
+    assert [r["step"] for r in metrics(run)] == [1, 2]
