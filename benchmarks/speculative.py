@@ -270,6 +270,12 @@ def train_and_export(document, run: Path, out: Path, kind: str = "decoder") -> t
     started = time.perf_counter()
     train(spec, run)
     record = {"wall_s": time.perf_counter() - started, **throughput(run)}
+    # the learning-rate schedule it was given: a timed run may stop before its planned steps
+    record["schedule"] = {
+        **spec.scheduler.model_dump(mode="json"),
+        "lr": spec.optimizer.lr,
+        "planned_steps": spec.training.steps,
+    }
     progress(
         f"{kind}: {record['steps']} steps in {record['wall_s']:.0f} s, loss {record['loss']:.3f}, "
         f"{record['step_time_s'] * 1e3:.1f} ms/step, {record['tokens_per_s']:,.0f} tokens/s"
