@@ -182,6 +182,17 @@ def test_mask_token_migration_adds_the_token_and_records_it(tmp_path, cli):
     )
     with pytest.raises(DllmError, match="does not cover"):
         migrate_mask_token(full)
+    # The id past the tokenizer is the config's pad_token_id: a row that never learns.
+    pad = tmp_path / "pad"
+    hf_model(pad_token_id=90).save_pretrained(pad)
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend, eos_token="t1").save_pretrained(
+        pad
+    )
+    config_before = (pad / "config.json").read_text()
+    with pytest.raises(DllmError, match="id 90, the config's pad_token_id"):
+        migrate_mask_token(pad)
+    assert (pad / "config.json").read_text() == config_before
+    assert "<|mask|>" not in transformers.AutoTokenizer.from_pretrained(pad).get_vocab()
 
 
 def test_mask_token_migration_of_a_folder_without_a_tokenizer_is_refused(tmp_path, cli):

@@ -76,6 +76,15 @@ def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict
             f"({vocab} rows) does not cover",
             hint="the tokenizer must be shorter than the model's vocab_size",
         )
+    if mask_id == (text or config).get("pad_token_id"):
+        # transformers' embedding takes pad_token_id as padding_idx (so does ours): that row
+        # gets no gradient through the lookup, and a random init leaves it zero
+        raise DllmError(
+            f"the mask token would get id {mask_id}, the config's pad_token_id: that embedding "
+            "row never learns (padding_idx), so every masked position would read a frozen vector",
+            hint="set pad_token_id in config.json to the tokenizer's own pad token (or remove it), "
+            "then add the mask token",
+        )
     tokenizer.save_pretrained(str(folder))
     record = {
         "mask_token_id": mask_id,
