@@ -110,3 +110,27 @@ def test_a_wheel_whose_hash_the_installer_recorded_becomes_a_pin(tmp_path, monke
     assert pin is not None and pin.version == "1.2.0"
     assert [(w.filename, w.sha256) for w in pin.wheels] == [(wheel, "cd" * 32)]
     assert "dllm-fixture-pinned" not in {p.name for p in manifest.provided}
+
+
+def test_a_lock_that_cannot_finish_writing_leaves_the_old_manifest(cli, tmp_path, monkeypatch):
+    """`--output` over an existing manifest is replaced whole or not at all: a write that fails
+    half-way (here the disk fills at the sync) leaves the old manifest and no temporary file."""
+    import errno
+    import os
+
+    out = tmp_path / "cpu.toml"
+    assert (
+        cli("env", "lock", "--target", "cpu-x86_64", "--from-environment", "--output", out).code
+        == 0
+    )
+    out.write_bytes(out.read_bytes() + b"# the old one\n")
+    old = out.read_bytes()
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    result = cli("env", "lock", "--target", "cpu-x86_64", "--from-environment", "--output", out)
+    assert result.code == 2 and "No space left on device" in result.err, result.err
+    assert out.read_bytes() == old
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cpu.toml"]

@@ -173,6 +173,7 @@ def _write_manifest(args, manifest) -> int:
     from turbo_dllm.envs.manifest import dump_manifest
     from turbo_dllm.envs.targets import source_root
     from turbo_dllm.errors import DllmError
+    from turbo_dllm.fsutil import write_atomic
 
     if args.output:
         output = Path(args.output)
@@ -182,7 +183,8 @@ def _write_manifest(args, manifest) -> int:
             raise DllmError("where should the manifest go?", hint="pass --output FILE")
         output = root / "manifests" / f"{manifest.target}.toml"
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text(dump_manifest(manifest), encoding="utf-8")
+    # atomically: a lock killed while writing must not leave a torn manifest where the old was
+    write_atomic(output, dump_manifest(manifest))
     if args.json:
         emit_json(
             {

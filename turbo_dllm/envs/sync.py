@@ -28,6 +28,7 @@ from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
 from turbo_dllm.envs.select import recorded_manifest_path
 from turbo_dllm.envs.uvtool import run_uv
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import write_atomic
 
 __all__ = ["SyncResult", "sync_environment", "venv_python"]
 
@@ -324,7 +325,7 @@ def _install(
             )
     result.drift = drift
     # The venv answers `dllm env check` and doctor for itself from now on.
-    recorded_manifest_path(venv).write_text(dump_manifest(manifest), encoding="utf-8")
+    write_atomic(recorded_manifest_path(venv), dump_manifest(manifest))
     if not drift.clean:
         raise DllmError(
             f"after sync, {venv} still differs: {drift.summary()}",
