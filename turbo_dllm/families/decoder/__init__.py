@@ -30,6 +30,7 @@ _COMMON = {
     "read_config": DecoderConfig.from_hf_dict,
     "runtime_module": "turbo_dllm.families.decoder.runtime",
     "rules": _rules,
+    "input_rules": "turbo_dllm.families.decoder.inputs:input_problems",
     "axis_reasons": {"ep": "expert parallelism needs a mixture-of-experts family"},
     "config_keys": CONFIG_KEYS,
 }

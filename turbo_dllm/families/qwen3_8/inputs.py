@@ -1,6 +1,9 @@
 """The family's input rules (`Family.input_rules`): what `dllm train` and `dllm launch` check in
 the data artifact before the run starts, which the torch-free rules cannot read.
 
+- The tokenizer: data prepared with another tokenizer than the one saved in the model folder
+  would be other text to the model (`model_tokenizer_problems`; a folder migrated by `dllm model
+  add-mask-token` matches data of its migrated tokenizer, and of the one before).
 - The mask token: with `objective.mask_token_id` unset the trainer masks with the artifact's
   (`train/data.py`), which must be the checkpoint's (its mask-token migration's).
 - One document per row: the linear layers' recurrent state would run from one document (or a
@@ -15,6 +18,7 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import artifact_mask_problems
+from turbo_dllm.families.decoder.inputs import model_tokenizer_problems
 
 __all__ = ["input_problems", "rows_with_boundaries"]
 
@@ -39,13 +43,14 @@ def input_problems(spec: Any) -> list[tuple[str, str]]:
     from turbo_dllm.data.artifact import DataArtifact
     from turbo_dllm.registry import resolve_model_config
 
+    found = model_tokenizer_problems(spec)
     try:
         data = DataArtifact(artifact)
         mask = resolve_model_config(spec.model).mask_token_id
     except DllmError:
-        return []  # reported by the model and data checks
+        return found  # reported by the model and data checks
     manifest = data.manifest
-    found = artifact_mask_problems(spec, mask, manifest.special_tokens.get("mask"))
+    found += artifact_mask_problems(spec, mask, manifest.special_tokens.get("mask"))
     count, first = rows_with_boundaries(data.documents, manifest.seq_len, manifest.num_sequences)
     if count:
         found.append(
