@@ -476,3 +476,21 @@ def test_sigterm_midway_leaves_nothing(tmp_path, workers):
     assert "Traceback" not in err, err
     assert not (tmp_path / "out").exists()
     assert leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_huggingface_data_files_error_names_the_file(cli, tmp_path, streaming):
+    """A bad row read through a builder was located as `json row 3`, counted across every
+    data file, so nothing said which file held it. A load that records how many rows each file
+    gave names the file and the row within it; a streaming load of several files does not
+    learn that, and says the row is counted across source.data_files."""
+    write_jsonl(tmp_path / "f/a.jsonl", [{"text": "one"}, {"text": "two"}])
+    (tmp_path / "f/b.jsonl").write_text("\n")  # empty: left out of the load
+    write_jsonl(tmp_path / "f/c.jsonl", [{"text": "three"}, {"text": None}])
+    source = {"kind": "huggingface", "data_files": ["f/*.jsonl"], "streaming": streaming}
+    result = _prepare_fails(cli, write_config(tmp_path, source=source), "'text'")
+    where = "source.data_files row 3:" if streaming else "f/c.jsonl row 1:"
+    assert where in result.err
+    # One data file is named whether or not the load streams.
+    source["data_files"] = ["f/c.jsonl"]
+    _prepare_fails(cli, write_config(tmp_path, source=source), "f/c.jsonl row 1:")

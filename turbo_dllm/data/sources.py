@@ -72,13 +72,16 @@ class RawChunk:
     numbers: list[int]  # line (1-based) or row (0-based) of each item
     style: Literal["line", "row", "file"]
     advance: int = 0  # progress units covered by this chunk
-    labels: list[str] | None = None  # style "file": one label per item
+    # One label per item: style "file" (each item is a file), or style "row" when the items
+    # come from several files (datasets' data_files), `numbers` then counting within each.
+    labels: list[str] | None = None
 
     def where(self, index: int) -> str:
         if self.style == "line":
             return f"{self.label}:{self.numbers[index]}"
         if self.style == "row":
-            return f"{self.label} row {self.numbers[index]}"
+            label = self.labels[index] if self.labels else self.label
+            return f"{label} row {self.numbers[index]}"
         return self.labels[index] if self.labels else self.label
 
 
@@ -478,6 +481,33 @@ def _describe(error: BaseException) -> str:
     return text
 
 
+def _file_locator(dataset, split: str, loaded: list[Path]):
+    """For rows of `data_files` read through a builder: a function from rows counted across
+    all files to (file labels, rows within each file), or None where datasets does not say
+    how many rows each file gave (a streaming load; a load from a cache built without that
+    record). One file needs no record: every row is its."""
+    if len(loaded) == 1:
+        return None
+    info = getattr(dataset, "info", None)
+    splits = getattr(info, "splits", None) or {}
+    lengths = getattr(splits.get(split), "original_shard_lengths", None)
+    total = getattr(dataset, "num_rows", None)
+    # The builders read one shard per data file, in order (files that give no rows at the
+    # end are not listed); anything else (a sliced split) is not trusted.
+    if not lengths or len(lengths) > len(loaded) or sum(lengths) != total:
+        return None
+    starts = np.cumsum([0, *lengths])
+    labels = [_label(p) for p in loaded]
+
+    def locate(rows: list[int]) -> tuple[list[str], list[int]]:
+        index = np.minimum(np.searchsorted(starts, rows, side="right") - 1, len(lengths) - 1)
+        return [labels[i] for i in index], [
+            r - int(starts[i]) for r, i in zip(rows, index, strict=True)
+        ]
+
+    return locate
+
+
 def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> Source:
     try:
         import datasets
@@ -493,6 +523,7 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
     # cause, so the log line would only say it twice (and ahead of `dllm: error:`).
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     files: list[Path] = []
+    given: list[Path] = []  # the data files given to the builder (the others are empty)
     builder = source.name
     described: dict[str, Any] = {"split": source.split}
     try:
@@ -529,7 +560,8 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
                 files = expand_paths(source.data_files)
                 # An empty file holds no records, and the builders fail on one (StopIteration,
                 # "no columns to parse"), so it is left out of the load; all empty is an error.
-                data_files = [str(p) for p in files if _has_content(p)]
+                given = [p for p in files if _has_content(p)]
+                data_files = [str(p) for p in given]
                 if not data_files:
                     raise DllmError(
                         f"source.data_files: {_some_files(files)} "
@@ -543,16 +575,23 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
                 described.update(name=source.name, config=source.config, revision=source.revision)
             else:
                 described["builder"] = builder
-            dataset = datasets.load_dataset(
-                builder,
-                source.config,
-                # The files expand_paths found, escaped: datasets globs each name again.
-                data_files=[glob.escape(f) for f in data_files] if data_files else None,
-                split=source.split,
-                revision=source.revision,
-                streaming=source.streaming,
-                cache_dir=str(dllm_home() / "cache" / "datasets"),
-            )
+            # With it, a build records how many rows each data file gave (its "original
+            # shards"), which lets errors name the file a bad row is in.
+            was = datasets.config.SAVE_ORIGINAL_SHARD_LENGTHS
+            datasets.config.SAVE_ORIGINAL_SHARD_LENGTHS = True
+            try:
+                dataset = datasets.load_dataset(
+                    builder,
+                    source.config,
+                    # The files expand_paths found, escaped: datasets globs each name again.
+                    data_files=[glob.escape(f) for f in data_files] if data_files else None,
+                    split=source.split,
+                    revision=source.revision,
+                    streaming=source.streaming,
+                    cache_dir=str(dllm_home() / "cache" / "datasets"),
+                )
+            finally:
+                datasets.config.SAVE_ORIGINAL_SHARD_LENGTHS = was
     except DllmError:
         raise
     except Exception as error:  # datasets raises many types (network, missing split, format)
@@ -578,6 +617,10 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
     if total is not None:
         described["num_rows"] = int(total)
     label = Path(source.path).name if source.path else (source.name or "dataset")
+    locate = None
+    if given:
+        label = _label(given[0]) if len(given) == 1 else "source.data_files"
+        locate = _file_locator(dataset, source.split, given)
 
     def chunks() -> Iterator[RawChunk]:
         row = 0
@@ -588,14 +631,20 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
                     dict(zip(keys, values, strict=True))
                     for values in zip(*batch.values(), strict=True)
                 ]
-                yield RawChunk(
-                    "record", rows, label, list(range(row, row + len(rows))), "row", len(rows)
-                )
+                numbers = list(range(row, row + len(rows)))
+                labels = None
+                if locate is not None:
+                    labels, numbers = locate(numbers)
+                yield RawChunk("record", rows, label, numbers, "row", len(rows), labels)
                 row += len(rows)
         except DllmError:
             raise
         except Exception as error:  # streaming reads can fail midway
-            raise DllmError(f"{label}: reading failed at row {row}: {error}") from None
+            where = f"{label} row {row}"
+            if locate is not None:
+                (name,), (number,) = locate([row])
+                where = f"{name} row {number}"
+            raise DllmError(f"{where}: reading failed: {error}") from None
 
     return Source("huggingface", chunks, total, "rows", files, described)
 
