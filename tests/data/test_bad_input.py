@@ -376,6 +376,22 @@ def test_huggingface_data_files_without_rows(cli, tmp_path):
     _prepare_fails(cli, write_config(tmp_path, source=source), "caused by ParserError")
 
 
+def test_huggingface_load_error_hint_fits_the_source(cli, tmp_path):
+    """Every failed load hinted that "Hub datasets need network access", also for local files
+    and save_to_disk folders, where the network has nothing to do with it."""
+    (tmp_path / "h.csv").write_text('text\nhello\n"unterminated\n')
+    source = {"kind": "huggingface", "data_files": ["h.csv"]}
+    result = _prepare_fails(cli, write_config(tmp_path, source=source), "h.csv' (csv builder)")
+    assert "are csv files (source.name sets the builder)" in result.err
+    assert "network" not in result.err and "Hub" not in result.err
+    (tmp_path / "ds").mkdir()  # not a save_to_disk folder (one cut short by a failed copy)
+    (tmp_path / "ds/state.json").write_text("{")
+    source = {"kind": "huggingface", "path": "ds"}
+    result = _prepare_fails(cli, write_config(tmp_path, source=source), "ds': FileNotFound")
+    assert "written by Dataset.save_to_disk" in result.err
+    assert "network" not in result.err and "Hub" not in result.err
+
+
 def test_mask_token_id_past_uint32_is_refused(cli, tmp_path, hf_tokenizer_no_mask):
     """mask_token_id 2**32 made an artifact with uint32 tokens and vocab_size 2**32 + 1 (its
     mask id cannot be stored in them); it is refused when the config is read, before any work.

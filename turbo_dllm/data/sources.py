@@ -595,7 +595,7 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
     except DllmError:
         raise
     except Exception as error:  # datasets raises many types (network, missing split, format)
-        what = source.path or source.name or "data_files"
+        what = f"the dataset {source.path or source.name!r}"
         if files and _no_rows(error):
             raise DllmError(
                 f"source.data_files: {_some_files(files)} "
@@ -603,11 +603,23 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
                 + f" no records (the {builder} builder found no rows)",
                 hint="point source.data_files at files that hold records",
             ) from None
-        raise DllmError(
-            f"cannot load the dataset {what!r}: {_describe(error)}",
-            hint="check source.path / name / data_files / split; Hub datasets need network "
-            "access or a local copy",
-        ) from None
+        if source.path is not None:
+            hint = (
+                "source.path is a folder written by Dataset.save_to_disk or "
+                "DatasetDict.save_to_disk: check that it is one, whole, and source.split"
+            )
+        elif files:
+            what = f"source.data_files {_some_files(files)} ({builder} builder)"
+            hint = (
+                f"check that the files are {builder} files (source.name sets the builder) and "
+                "source.split"
+            )
+        else:
+            hint = (
+                "check source.name / config / revision / split; Hub datasets need network "
+                "access or a copy in the Hugging Face cache"
+            )
+        raise DllmError(f"cannot load {what}: {_describe(error)}", hint=hint) from None
     names = getattr(dataset, "column_names", None)
     if columns is not None and names is not None:
         keep = [c for c in columns if c in names]
