@@ -10,13 +10,22 @@
 
 A bundle becomes visible only by renaming its finished staging folder into place, and becomes
 active only by renaming a new symlink over `active`; a process killed at any point leaves the
-previous bundle active and no partial state visible.
+previous bundle active and no partial state visible. A damaged copy is replaced by a new one in
+one atomic exchange (Linux `renameat2(RENAME_EXCHANGE)`), and rollback swaps `active` and
+`previous` the same way; where that call is missing (another OS, a file system without it) the
+old copy goes to `store/.trash-<sha256>-<random>` first, and a process killed before the new
+copy took its place leaves `active` pointing at nothing only until the next bundle command (or
+reader of `active`) puts that copy back.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
+import functools
 import os
+import re
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -41,6 +50,7 @@ __all__ = [
     "InstallRecord",
     "InstalledBundle",
     "active_bundle",
+    "exchange",
     "file_lock",
     "new_record",
     "remove_tree",
@@ -49,6 +59,7 @@ __all__ = [
 RECORD_NAME = "install.json"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 LOCK_POLL_S = 0.05
+_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 
 class InstallRecord(Record):
@@ -224,13 +235,55 @@ class BundleStore:
         return self._entry(sha) if sha else None
 
     def _link(self, name: str) -> str | None:
-        """The sha256 a store link (`active`, `previous`) points at, if any."""
+        """The sha256 a store link (`active`, `previous`) points at, if any. A link to an entry
+        that a killed replacement left only in the trash puts that entry back first."""
+        sha = self._pointed(name)
+        if sha is None:
+            return None
+        if not (self.store_dir / sha).is_dir() and self._trash_of(sha):
+            self._repair_unlocked()
+        return sha if (self.store_dir / sha).is_dir() else None
+
+    def _pointed(self, name: str) -> str | None:
+        """The sha256 named by the store link `name`, whether that entry exists or not."""
         try:
             target = os.readlink(self.root / name)
-        except (FileNotFoundError, OSError):
+        except OSError:
             return None
         sha = Path(target).name
-        return sha if (self.store_dir / sha).is_dir() else None
+        return sha if _SHA256.fullmatch(sha) else None
+
+    def _trash_of(self, sha256: str) -> list[Path]:
+        """The trash copies of store entry `sha256` (see `_replace_entry`)."""
+        try:
+            return sorted(self.store_dir.glob(f".trash-{sha256}-*"))
+        except OSError:
+            return []
+
+    def _restore_trash(self) -> list[str]:
+        """Put back each store entry that `active` or `previous` points at and that exists only
+        as a trash copy: a process killed between the two renames of `_replace_entry`'s
+        fallback left it so. Callers hold the lock. Returns the sha256s put back."""
+        restored = []
+        for name in ("active", "previous"):
+            sha = self._pointed(name)
+            if sha is None or (self.store_dir / sha).exists():
+                continue
+            for trash in self._trash_of(sha):
+                os.replace(trash, self.store_dir / sha)
+                restored.append(sha)
+                break
+        return restored
+
+    def _repair_unlocked(self) -> None:
+        """`_restore_trash` for a reader: only when the lock is free at once (a holder may be
+        between the two renames right now) and the home writable; otherwise left to the next
+        bundle command, which does it first."""
+        try:
+            with file_lock(self.lock_path, 0, "another bundle operation is running"):
+                self._restore_trash()
+        except (OSError, DllmError):
+            pass
 
     def active(self) -> InstalledBundle | None:
         sha = self._link("active")
@@ -318,7 +371,10 @@ class BundleStore:
             yield
 
     def _sweep_staging(self) -> None:
-        """Remove what killed operations left: staging/trash folders, half-made symlinks."""
+        """Repair and remove what killed operations left: a store entry `active` or `previous`
+        points at that is only in the trash is put back; then staging/trash folders and
+        half-made symlinks are removed."""
+        self._restore_trash()
         for folder, pattern in ((self.staging_dir, "*"), (self.store_dir, ".*")):
             if folder.is_dir():
                 for path in folder.glob(pattern):
@@ -374,14 +430,25 @@ class BundleStore:
         (folder / RECORD_NAME).chmod(0o444)
         final = self.store_dir / sha256
         if final.exists():
-            trash = self.store_dir / f".trash-{os.urandom(6).hex()}"
-            os.replace(final, trash)
-            os.replace(folder, final)
-            remove_tree(trash)
+            self._replace_entry(folder, final, sha256)
         else:
             os.replace(folder, final)
         # What was just written, without reading it back (bundle.json is `manifest`'s bytes).
         return InstalledBundle(sha256, final, manifest, record)
+
+    def _replace_entry(self, folder: Path, final: Path, sha256: str) -> None:
+        """Put the new copy `folder` in place of the store entry `final` (a damaged copy) so
+        that `final` is never missing: one atomic exchange where the system has it, the old
+        copy then at `folder`, to delete. Elsewhere two renames through
+        `.trash-<sha256>-<random>`: a process killed between them leaves the old copy there,
+        which `_restore_trash` puts back (the next bundle command, or a reader of `active`)."""
+        if exchange(folder, final):
+            remove_tree(folder)
+            return
+        trash = self.store_dir / f".trash-{sha256}-{os.urandom(6).hex()}"
+        os.replace(final, trash)
+        os.replace(folder, final)
+        remove_tree(trash)
 
     def activate(self, sha256: str) -> InstalledBundle:
         bundle = self.get(sha256)
@@ -413,6 +480,8 @@ class BundleStore:
                 hint=f"remove it (dllm bundle uninstall {previous[:12]}) and install the bundle "
                 "to return to again",
             )
+        if current and exchange(self.root / "active", self.root / "previous"):
+            return bundle  # one step: a process killed here has swapped both or neither
         self._set_link("active", previous)
         if current:
             self._set_link("previous", current)
@@ -433,7 +502,8 @@ class BundleStore:
             )
         if self._link("previous") == bundle.sha256:
             (self.root / "previous").unlink(missing_ok=True)
-        trash = self.store_dir / f".trash-{os.urandom(6).hex()}"
+        # No link points at it now, so a trash copy left by a kill here is swept, not put back.
+        trash = self.store_dir / f".trash-{bundle.sha256}-{os.urandom(6).hex()}"
         os.replace(bundle.path, trash)
         remove_tree(trash)
         return bundle
@@ -442,6 +512,50 @@ class BundleStore:
         tmp = self.root / f".{name}.{os.urandom(6).hex()}"
         os.symlink(f"store/{sha256}", tmp)
         os.replace(tmp, self.root / name)
+
+
+RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+_NOT_SUPPORTED = {errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP}
+
+
+def exchange(first: Path, second: Path) -> bool:
+    """Swap the two existing paths `first` and `second` in one atomic step (Linux
+    `renameat2(RENAME_EXCHANGE)`, glibc 2.28+): True when done, False where this system or
+    file system has no such call (then nothing changed, and the caller falls back)."""
+    renameat2 = _renameat2()
+    if renameat2 is None:
+        return False
+    import ctypes
+
+    if renameat2(_AT_FDCWD, os.fsencode(first), _AT_FDCWD, os.fsencode(second), RENAME_EXCHANGE):
+        code = ctypes.get_errno()
+        if code in _NOT_SUPPORTED:
+            return False
+        raise OSError(code, os.strerror(code), str(first), None, str(second))
+    return True
+
+
+@functools.cache
+def _renameat2():
+    """libc's renameat2, or None (not Linux, or a libc without it)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    import ctypes
+
+    try:
+        function = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_int,
+        ctypes.c_char_p,
+        ctypes.c_uint,
+    ]
+    function.restype = ctypes.c_int
+    return function
 
 
 def _entry_name(entry: InstalledBundle | DamagedBundle) -> str:
