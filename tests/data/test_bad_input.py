@@ -510,3 +510,46 @@ def test_huggingface_data_files_error_names_the_file(cli, tmp_path, streaming):
     # One data file is named whether or not the load streams.
     source["data_files"] = ["f/c.jsonl"]
     _prepare_fails(cli, write_config(tmp_path, source=source), "f/c.jsonl row 1:")
+
+
+@pytest.mark.parametrize("kind", ["jsonl", "parquet"])
+@pytest.mark.parametrize("change", ["append", "replace"])
+def test_a_source_file_that_changes_during_prepare_is_refused(
+    cli, tmp_path, monkeypatch, kind, change
+):
+    """Provenance hashed every source file after tokenizing it, so a file written meanwhile got
+    a hash of what it became, not of what the artifact holds. The file is hashed as it is read
+    (JSONL, text) or, where the reader does not read it whole (parquet), is checked against how
+    it looked before reading: a change is an error, and nothing is written."""
+    import os
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import turbo_dllm.data.packing as packing
+
+    name = "data.jsonl" if kind == "jsonl" else "data.parquet"
+    path = tmp_path / name
+
+    def write(texts: list[str]) -> None:
+        if kind == "jsonl":
+            write_jsonl(path, [{"text": t} for t in texts])
+        else:
+            pq.write_table(pa.table({"text": texts}), path)
+
+    write(["one", "two"])
+    original = packing.Packer.finish
+
+    def finish_after_a_change(self):
+        if change == "append":
+            write(["one", "two", "three"])
+        else:  # written beside it and renamed over it, as editors and exports do
+            write_to = tmp_path / "new"
+            os.rename(path, write_to)
+            write(["one", "two"])
+            os.unlink(write_to)
+        return original(self)
+
+    monkeypatch.setattr(packing.Packer, "finish", finish_after_a_change)
+    config = write_config(tmp_path, source={"kind": kind, "paths": [name]})
+    _prepare_fails(cli, config, f"{name}: the source file changed while prepare read it")

@@ -355,3 +355,47 @@ def test_huggingface_chat_records(tmp_path, streaming):
 def test_jsonl_with_a_byte_order_mark_and_crlf_lines(tmp_path):
     (tmp_path / "data.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "one"}\r\n{"text": "two"}\r\n')
     assert _texts_back(prepare_config(write_config(tmp_path)).path) == [b"one", b"two"]
+
+
+@pytest.mark.parametrize(
+    ("name", "source"),
+    [
+        ("d.jsonl", {"kind": "jsonl"}),
+        ("d.jsonl.gz", {"kind": "jsonl"}),
+        ("d.txt", {"kind": "text", "unit": "document"}),
+        ("d.txt.gz", {"kind": "text", "unit": "line"}),
+        ("d.jsonl", {"kind": "token_ids"}),
+    ],
+)
+def test_source_files_are_hashed_as_they_are_read(tmp_path, monkeypatch, name, source):
+    """Provenance read every source file a second time, after tokenizing, to hash it: twice
+    the reading for a large corpus. Files read whole are hashed as they are read; the
+    manifest holds the same name, size and sha256 as before."""
+    import gzip
+    import hashlib
+    import json
+
+    import turbo_dllm.data.sources as sources
+
+    body = (
+        "".join(json.dumps([65 + i, 66]) + "\n" for i in range(50))
+        if source["kind"] == "token_ids"
+        else "".join(json.dumps({"text": f"row {i}"}) + "\n" for i in range(50))
+    ).encode()
+    data = gzip.compress(body) if name.endswith(".gz") else body
+    (tmp_path / name).write_bytes(data)
+    opened: list[str] = []
+
+    def counting_open(file, *args, **kwargs):
+        opened.append(str(file))
+        return open(file, *args, **kwargs)
+
+    monkeypatch.setattr(sources, "open", counting_open, raising=False)
+    result = prepare_config(write_config(tmp_path, source={**source, "paths": [name]}))
+    assert opened == [str(tmp_path / name)]
+    (entry,) = result.manifest.source.files
+    assert (entry.name, entry.bytes, entry.sha256) == (
+        name,
+        len(data),
+        hashlib.sha256(data).hexdigest(),
+    )

@@ -85,6 +85,70 @@ class RawChunk:
         return self.labels[index] if self.labels else self.label
 
 
+class _FileLog:
+    """What prepare knows of each source file: how it looked before it was read (size,
+    modification time, inode), and the size and sha256 of its bytes where a reader read it
+    whole, front to back, hashing as it went (JSONL and text files, plain or `.gz`)."""
+
+    def __init__(self, files: list[Path]) -> None:
+        self.before = {path: _identity(path) for path in files}
+        self.read: dict[Path, tuple[int, str]] = {}
+
+    def record(self, path: Path, reader: _HashingReader) -> None:
+        if reader.whole:
+            self.read[path] = (reader.size, reader.digest.hexdigest())
+
+
+def _identity(path: Path) -> tuple[int, int, int, int] | None:
+    try:
+        info = path.stat()
+    except OSError:
+        return None
+    return (info.st_size, info.st_mtime_ns, info.st_ino, info.st_dev)
+
+
+class _HashingReader:
+    """A binary file read front to back (as `open` gives it, or under a GzipFile) that hashes
+    every byte read from it, so the provenance hash is of what was read, without a second read.
+
+    `whole` once a read reached the end of the file; a seek makes the hash unusable.
+    """
+
+    def __init__(self, raw) -> None:
+        self._raw = raw
+        self.digest = hashlib.sha256()
+        self.size = 0
+        self.whole = False
+        self._sought = False
+
+    def _take(self, data: bytes, at_end: bool) -> bytes:
+        if not self._sought:
+            self.digest.update(data)
+            self.size += len(data)
+            self.whole = self.whole or at_end
+        return data
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self._raw.read(size)
+        # A buffered file returns fewer bytes than asked for only at its end.
+        return self._take(data, size is None or size < 0 or len(data) < size)
+
+    def readline(self, size: int | None = -1) -> bytes:
+        data = self._raw.readline(size)
+        return self._take(data, not data and size != 0)
+
+    def seek(self, *args) -> int:
+        self._sought = True
+        self.whole = False
+        return self._raw.seek(*args)
+
+    def tell(self) -> int:
+        return self._raw.tell()
+
+    def readable(self) -> bool:
+        return True
+
+
 @dataclass
 class Source:
     """An opened source: `chunks()` iterates it once; `total`/`unit` drive the progress bar."""
@@ -95,11 +159,14 @@ class Source:
     unit: str
     files: list[Path] = field(default_factory=list)
     dataset: dict[str, Any] | None = None
+    log: _FileLog | None = None  # made before the files were read (open_source)
 
     def provenance(self) -> dict[str, Any]:
+        """The source's record for the manifest, once every file has been read: a file that
+        changed meanwhile is an error (the artifact would not match its hash)."""
         return {
             "kind": self.kind,
-            "files": _file_provenance(self.files),
+            "files": _file_provenance(self.files, self.log or _FileLog(self.files)),
             "dataset": self.dataset,
         }
 
@@ -175,24 +242,51 @@ def _label(path: Path) -> str:
         return str(path)
 
 
-def _file_provenance(files: list[Path]) -> list[dict[str, Any]]:
+def _file_provenance(files: list[Path], log: _FileLog) -> list[dict[str, Any]]:
+    """Name, size and sha256 of every file: as its reader hashed it, else hashed here (a
+    reader that does not read a file whole, front to back: parquet, arrays, datasets'
+    builders). A file that is not as it was before it was read is refused, since the
+    artifact could no longer be traced to it."""
     if not files:
         return []
     root = Path(os.path.commonpath([str(p.parent) for p in files]))
     out = []
     for path in files:
-        digest = hashlib.sha256()
-        with open(path, "rb") as handle:
-            for block in iter(lambda: handle.read(1 << 22), b""):
-                digest.update(block)
-        out.append(
-            {
-                "name": path.relative_to(root).as_posix(),
-                "bytes": path.stat().st_size,
-                "sha256": digest.hexdigest(),
-            }
-        )
+        if path in log.read:
+            size, sha256 = log.read[path]
+        else:
+            digest = hashlib.sha256()
+            size = 0
+            try:
+                with open(path, "rb") as handle:
+                    for block in iter(lambda: handle.read(1 << 22), b""):
+                        digest.update(block)
+                        size += len(block)
+            except OSError:
+                pass  # refused below: it was readable before
+            sha256 = digest.hexdigest()
+        _check_unchanged(path, log.before.get(path))
+        out.append({"name": path.relative_to(root).as_posix(), "bytes": size, "sha256": sha256})
     return out
+
+
+def _check_unchanged(path: Path, before: tuple[int, int, int, int] | None) -> None:
+    now = _identity(path)
+    if now == before and now is not None:
+        return
+    if now is None:
+        what = "it is gone"
+    elif before is None or now[2:] != before[2:]:
+        what = "another file took its name"
+    elif now[0] != before[0]:
+        what = f"{before[0]:,} bytes when prepare opened it, {now[0]:,} bytes now"
+    else:
+        what = "it was modified"
+    raise DllmError(
+        f"{_label(path)}: the source file changed while prepare read it ({what}); the "
+        "artifact would not match it, so none was written",
+        hint="run prepare again once nothing writes to the source files",
+    )
 
 
 # --- line-oriented files ------------------------------------------------------------------------
@@ -238,11 +332,12 @@ def _lines(stream, label: str) -> Iterator[tuple[int, bytes | Oversized]]:
         yield number, Oversized(size + len(rest))
 
 
-def _line_chunks(files: list[Path], payload: Payload) -> Iterator[RawChunk]:
+def _line_chunks(files: list[Path], payload: Payload, log: _FileLog) -> Iterator[RawChunk]:
     """Non-blank lines of (possibly gzipped) files, as raw bytes; progress in on-disk bytes."""
     for path in files:
         label = _label(path)
-        with open(path, "rb") as raw:
+        with open(path, "rb") as handle:
+            raw = _HashingReader(handle)
             stream = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
             items: list[bytes | Oversized] = []
             numbers: list[int] = []
@@ -262,15 +357,16 @@ def _line_chunks(files: list[Path], payload: Payload) -> Iterator[RawChunk]:
             except (OSError, EOFError) as error:  # a corrupt .gz
                 raise DllmError(f"{label}: cannot read: {error}") from None
             end = raw.tell()
+            log.record(path, raw)
             if items or end > position:
                 yield RawChunk(payload, items, label, numbers, "line", end - position)
 
 
-def _text_chunks(files: list[Path], unit: str) -> Iterator[RawChunk]:
+def _text_chunks(files: list[Path], unit: str, log: _FileLog) -> Iterator[RawChunk]:
     """Texts as raw bytes: the workers decode them, so a line or file that is not UTF-8 is a
     bad record like any other (stop, or skip and count)."""
     if unit == "line":
-        for chunk in _line_chunks(files, "text"):
+        for chunk in _line_chunks(files, "text", log):
             chunk.items = [
                 line if isinstance(line, Oversized) else line.rstrip(b"\r\n")
                 for line in chunk.items
@@ -281,7 +377,7 @@ def _text_chunks(files: list[Path], unit: str) -> Iterator[RawChunk]:
     labels: list[str] = []
     size = advance = 0
     for path in files:
-        data, on_disk = _read_document(path)
+        data, on_disk = _read_document(path, log)
         items.append(data)
         labels.append(_label(path))
         size += MAX_ITEM_BYTES if isinstance(data, Oversized) else len(data)
@@ -293,28 +389,32 @@ def _text_chunks(files: list[Path], unit: str) -> Iterator[RawChunk]:
         yield _file_chunk("text", items, labels, advance)
 
 
-def _read_document(path: Path) -> tuple[bytes | Oversized, int]:
+def _read_document(path: Path, log: _FileLog) -> tuple[bytes | Oversized, int]:
     """A whole file as one document (without a leading UTF-8 byte order mark), or Oversized,
     and the bytes it took on disk (progress).
 
     `.gz` files are decompressed, as the line reader does; reads are bounded, since the file
     may grow meanwhile or inflate far past its size on disk.
     """
-    with open(path, "rb") as raw:
+    with open(path, "rb") as handle:
+        raw = _HashingReader(handle)
         stream = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
         try:
             data = stream.read(MAX_ITEM_BYTES + 1)
             _refuse_other_encodings(data, _label(path))
             if len(data) <= MAX_ITEM_BYTES:
-                return data.removeprefix(UTF8_BOM), raw.tell()
-            if stream is raw:
-                return Oversized(max(path.stat().st_size, len(data))), raw.tell()
-            size = len(data)  # count the rest in bounded pieces, keeping none of it
-            while piece := stream.read(MAX_ITEM_BYTES):
-                size += len(piece)
-            return Oversized(size), raw.tell()
+                document: bytes | Oversized = data.removeprefix(UTF8_BOM)
+            elif stream is raw:  # the rest is not read (its provenance hash reads it)
+                document = Oversized(max(path.stat().st_size, len(data)))
+            else:
+                size = len(data)  # count the rest in bounded pieces, keeping none of it
+                while piece := stream.read(MAX_ITEM_BYTES):
+                    size += len(piece)
+                document = Oversized(size)
         except (OSError, EOFError) as error:  # a corrupt .gz
             raise DllmError(f"{_label(path)}: cannot read: {error}") from None
+        log.record(path, raw)
+        return document, raw.tell()
 
 
 def _file_chunk(payload: Payload, items: list[Any], labels: list[str], advance: int) -> RawChunk:
@@ -387,12 +487,14 @@ def _map_bin(path: Path, label: str, dtype: str | None) -> np.ndarray:
     return np.memmap(path, dtype=element, mode="r")
 
 
-def _token_id_chunks(source: TokenIdsSource, files: list[Path]) -> Iterator[RawChunk]:
+def _token_id_chunks(
+    source: TokenIdsSource, files: list[Path], log: _FileLog
+) -> Iterator[RawChunk]:
     for path in files:
         label = _label(path)
         name = path.name
         if name.endswith((".jsonl", ".jsonl.gz")):
-            yield from _line_chunks([path], "json_ids")
+            yield from _line_chunks([path], "json_ids", log)
             continue
         if name.endswith(".npy"):
             array = _load_npy(path, label)
@@ -523,6 +625,7 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
     # cause, so the log line would only say it twice (and ahead of `dllm: error:`).
     datasets.logging.set_verbosity(datasets.logging.CRITICAL)
     files: list[Path] = []
+    log = None
     given: list[Path] = []  # the data files given to the builder (the others are empty)
     builder = source.name
     described: dict[str, Any] = {"split": source.split}
@@ -558,6 +661,7 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
             data_files = None
             if source.data_files is not None:
                 files = expand_paths(source.data_files)
+                log = _FileLog(files)  # before the builder reads them
                 # An empty file holds no records, and the builders fail on one (StopIteration,
                 # "no columns to parse"), so it is left out of the load; all empty is an error.
                 given = [p for p in files if _has_content(p)]
@@ -658,7 +762,7 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
                 where = f"{name} row {number}"
             raise DllmError(f"{where}: reading failed: {error}") from None
 
-    return Source("huggingface", chunks, total, "rows", files, described)
+    return Source("huggingface", chunks, total, "rows", files, described, log)
 
 
 # --- entry --------------------------------------------------------------------------------------
@@ -669,21 +773,24 @@ def open_source(source, columns: list[str] | None = None) -> Source:
     if isinstance(source, HuggingFaceSource):
         return _open_huggingface(source, columns)
     files = expand_paths(source.paths)
+    log = _FileLog(files)  # before anything reads them
     if isinstance(source, JsonlSource):
         return Source(
             "jsonl",
-            lambda: _line_chunks(files, "json"),
+            lambda: _line_chunks(files, "json", log),
             sum(p.stat().st_size for p in files),
             "bytes",
             files,
+            log=log,
         )
     if isinstance(source, TextSource):
         return Source(
             "text",
-            lambda: _text_chunks(files, source.unit),
+            lambda: _text_chunks(files, source.unit, log),
             sum(p.stat().st_size for p in files),
             "bytes",
             files,
+            log=log,
         )
     if isinstance(source, ParquetSource):
         import pyarrow.parquet as pq
@@ -694,13 +801,16 @@ def open_source(source, columns: list[str] | None = None) -> Source:
                 total += pq.ParquetFile(path).metadata.num_rows
             except Exception as error:  # pyarrow raises ArrowInvalid / OSError for bad files
                 raise DllmError(f"{_label(path)}: not a readable parquet file: {error}") from None
-        return Source("parquet", lambda: _parquet_chunks(files, columns), total, "rows", files)
+        return Source(
+            "parquet", lambda: _parquet_chunks(files, columns), total, "rows", files, log=log
+        )
     if isinstance(source, TokenIdsSource):
         return Source(
             "token_ids",
-            lambda: _token_id_chunks(source, files),
+            lambda: _token_id_chunks(source, files, log),
             sum(p.stat().st_size for p in files),
             "bytes",
             files,
+            log=log,
         )
     raise AssertionError(f"unhandled source {source!r}")
