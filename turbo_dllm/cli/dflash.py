@@ -46,6 +46,12 @@ def register(subparsers) -> None:
     p.add_argument("--prompt-len", type=int, default=32)
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32")
+    p.add_argument(
+        "--allow-other-target",
+        action="store_true",
+        help="evaluate a drafter whose export records another target than --target (refused "
+        "by default: its tau would be a transfer to other weights, not the drafter's)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_eval)
 
@@ -96,10 +102,16 @@ def _eval(args) -> int:
         prompt_len=args.prompt_len,
         device=args.device,
         dtype=args.dtype,
+        allow_other_target=args.allow_other_target,
     )
     if args.json:
         emit_json(report.to_dict())
         return 0
+    if report.other_target:
+        print(
+            "note: the drafter was trained against another target than --target (its "
+            "training_export.json's target_fingerprint): tau measures it on other weights"
+        )
     print(
         f"{report.drafter_kind} drafter, block {report.block_size}: lossless over "
         f"{report.prompts} prompts x {report.new_tokens // report.prompts} tokens"

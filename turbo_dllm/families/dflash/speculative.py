@@ -55,6 +55,9 @@ class SpeculativeReport:
     prompt_tokens: list[int] = field(default_factory=list)  # accepted tokens, per prompt
     prompt_forwards: list[int] = field(default_factory=list)  # target forwards, per prompt
     draft_steps: int = 1  # a DFlash drafter's forwards per block (1 in an AR drafter's report)
+    # the drafter's export records another target than the one it was evaluated against
+    # (allowed by allow_other_target / --allow-other-target): tau then measures a transfer
+    other_target: bool = False
 
     def to_dict(self) -> dict[str, Any]:
         out = dict(self.__dict__)
@@ -287,27 +290,76 @@ def _speculative(
     return sequence[start : start + new_tokens], gains
 
 
+def _check_dflash_drafter(
+    folder: str, target_folder: str, target_config, allow_other_target: bool
+) -> bool:
+    """A DFlash drafter must fit the target's shape and, where its export records the target
+    it was trained against (training_export.json's `target_fingerprint`), be evaluated against
+    those weights: another target's tau says nothing of this drafter with its own (the decode
+    stays lossless either way). True when the record names another target and
+    `allow_other_target` lets it pass."""
+    from turbo_dllm.families.base import read_hf_config
+    from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
+
+    config = DFlashConfig.from_hf_dict(read_hf_config(Path(folder) / "config.json", what="drafter"))
+    problems = drafter_problems(config, target_config)
+    if problems:
+        raise DllmError(
+            f"the drafter {folder!r} does not fit the target {target_folder!r}:\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            hint="evaluate the drafter with the target it was distilled from",
+        )
+    recorded = _recorded_target(folder)
+    if recorded is None:
+        return False  # a `dllm export` folder, or an export made before the record: shape only
+    from turbo_dllm.families.dflash.target_identity import target_fingerprint
+
+    # hashed once per process (memoized by the files' stamps): every drafter shares it
+    actual = target_fingerprint(target_folder)
+    if actual == recorded:
+        return False
+    if allow_other_target:
+        return True
+    raise DllmError(
+        f"the drafter {folder!r} was trained against a target of fingerprint {recorded[:12]} "
+        f"(its training_export.json), and --target {target_folder!r} holds other weights "
+        f"(fingerprint {actual[:12]}): its tau against them is not the drafter's",
+        hint="pass the target the drafter was trained against (a copy of it anywhere passes), "
+        "or --allow-other-target to measure how it drafts for this one (still lossless)",
+    )
+
+
+def _recorded_target(folder: str) -> str | None:
+    """The target fingerprint a `dllm dflash export` folder records, if any."""
+    record = Path(folder) / "training_export.json"
+    if not record.is_file():
+        return None
+    try:
+        document = json.loads(record.read_text())
+    except (OSError, ValueError) as error:
+        raise DllmError(
+            f"{str(record)!r} is unreadable ({error})",
+            hint="re-export the drafter with `dllm dflash export`, or remove the file to "
+            "evaluate it unchecked against the target",
+        ) from None
+    fingerprint = document.get("target_fingerprint") if isinstance(document, dict) else None
+    return fingerprint if isinstance(fingerprint, str) and fingerprint else None
+
+
 def _drafter(folder: str, target_folder: str, device, dtype):
-    """(kind, model) for a drafter folder: a DFlash drafter or an autoregressive causal LM."""
+    """(kind, model) for a drafter folder (checked by `_check_dflash_drafter` /
+    `_check_autoregressive` first): a DFlash drafter or an autoregressive causal LM."""
     architecture = _architecture(folder)
     if architecture.startswith("DFlash"):
         import dataclasses
 
         from turbo_dllm.families.base import read_hf_config
-        from turbo_dllm.families.dflash import read_target_config
-        from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
+        from turbo_dllm.families.dflash.config import DFlashConfig
         from turbo_dllm.families.dflash.runtime import build_model, materialize
 
         config = DFlashConfig.from_hf_dict(
             read_hf_config(Path(folder) / "config.json", what="drafter")
         )
-        problems = drafter_problems(config, read_target_config(target_folder))
-        if problems:
-            raise DllmError(
-                f"the drafter {folder!r} does not fit the target {target_folder!r}:\n"
-                + "\n".join(f"  - {p}" for p in problems),
-                hint="evaluate the drafter with the target it was distilled from",
-            )
         config = dataclasses.replace(config, target_path=target_folder)
         model = materialize(build_model(config, None, dtype), device, seed=0, weights_from=folder)
         return "dflash", model.eval()
@@ -334,6 +386,7 @@ def compare(
     strict: bool = True,
     draft_steps: int | list[int] = 1,
     progress=None,
+    allow_other_target: bool = False,
 ) -> list[SpeculativeReport]:
     """Decode `num_prompts` held-out prompts of `data` with the target alone (once) and with
     each drafter, through the same forward and cache machinery, and compare; one report per
@@ -341,7 +394,9 @@ def compare(
     differ are an error, else the report says `lossless: false` and `first_mismatch` (a
     benchmark records it rather than losing the run). `draft_steps`: a DFlash drafter's
     forwards per block (`_DFlashProposer`), one for all or one per drafter. `progress(line)`:
-    called as each decode starts and ends."""
+    called as each decode starts and ends. A DFlash drafter whose export records another
+    target than `target` is refused unless `allow_other_target` (its report then says
+    `other_target`)."""
     from turbo_dllm.families.dflash import read_target_config
     from turbo_dllm.families.dflash.runtime import require_model_folder, resolve_device
 
@@ -363,8 +418,13 @@ def compare(
         draft_steps = [draft_steps] * len(drafters)
     if len(draft_steps) != len(drafters):
         raise ValueError(f"{len(draft_steps)} draft_steps for {len(drafters)} drafters")
-    for drafter in drafters:
-        _check_autoregressive(drafter, block_size, target_config)  # before loading anything
+    others = []
+    for drafter in drafters:  # before loading anything
+        _check_autoregressive(drafter, block_size, target_config)
+        dflash = _architecture(drafter).startswith("DFlash")
+        others.append(
+            dflash and _check_dflash_drafter(drafter, target, target_config, allow_other_target)
+        )
     models = [_drafter(drafter, target, torch_device, torch_dtype) for drafter in drafters]
     # `is None`, not `or`: --block-size 0 is refused below, not read as the drafter's own
     blocks = [model.config.block_size if block_size is None else block_size for _, model in models]
@@ -427,6 +487,7 @@ def compare(
             report = _report(kind, block, plain, plain_s, spec[i], spec_s[i], max_new_tokens)
             if kind == "dflash":
                 report.draft_steps = draft_steps[i]
+                report.other_target = others[i]
             say(
                 f"eval: {kind} drafter tau {report.tau:.2f}, "
                 f"{report.speculative_tokens_per_s:.1f} tokens/s ({report.speedup:.2f}x)"

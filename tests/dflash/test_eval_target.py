@@ -1,0 +1,97 @@
+"""`dllm dflash eval` evaluates a drafter against the target it was trained against: a
+`dllm dflash export` folder records that target's content fingerprint, and a same-shape target
+with other weights is refused (decoding stays lossless with any target, so nothing else would
+say that the tau is another target's), unless --allow-other-target asks for exactly that."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from tests.helpers import assert_user_error
+from turbo_dllm.families.dflash import target_identity
+from turbo_dllm.families.dflash.export import export_drafter
+from turbo_dllm.families.dflash.speculative import compare
+
+QUICK = ("--max-new-tokens", "8", "--num-prompts", "1")
+
+
+def _eval(cli, target, drafter, data, *flags):
+    return cli("dflash", "eval", "--target", target, "--drafter", drafter, "--data", data, *flags)
+
+
+@pytest.fixture(scope="module")
+def exported(drafter, tmp_path_factory):
+    """The world's drafter as `dllm dflash export` writes it (with training_export.json)."""
+    out = tmp_path_factory.mktemp("eval-target") / "export"
+    return export_drafter(drafter["run"] / "checkpoints", out)
+
+
+@pytest.fixture(scope="module")
+def other_target(world, tmp_path_factory):
+    """The world's target with other weights of the same shape."""
+    from safetensors.torch import load_file, save_file
+
+    other = shutil.copytree(world["target"], tmp_path_factory.mktemp("other") / "target")
+    tensors = load_file(str(other / "model.safetensors"))
+    tensors["model.norm.weight"] = tensors["model.norm.weight"] * 2
+    save_file(tensors, str(other / "model.safetensors"), metadata={"format": "pt"})
+    return other
+
+
+def test_a_target_with_other_weights_than_the_export_records_is_refused(
+    cli, world, exported, other_target
+):
+    recorded = json.loads((exported / "training_export.json").read_text())["target_fingerprint"]
+    actual = target_identity.target_fingerprint(other_target)
+    result = _eval(cli, other_target, exported, world["artifact"], *QUICK)
+    assert_user_error(
+        result, str(exported), str(other_target), recorded[:12], actual[:12], "--allow-other-target"
+    )
+    # asked for: evaluated, and the report says against what
+    flags = (*QUICK, "--allow-other-target", "--json")
+    result = _eval(cli, other_target, exported, world["artifact"], *flags)
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["lossless"] is True and report["other_target"] is True
+    result = _eval(cli, other_target, exported, world["artifact"], *QUICK, "--allow-other-target")
+    assert result.code == 0 and "another target" in result.out, result.err
+
+
+def test_the_recorded_target_or_a_copy_passes_and_is_hashed_once(
+    world, exported, tmp_path, monkeypatch
+):
+    """Two drafters of the same record against one target: its files are read for the
+    fingerprint once in the process (memoized by their stamps)."""
+    copy = shutil.copytree(world["target"], tmp_path / "copy")
+    calls = []
+    real = target_identity.sha256_file
+    monkeypatch.setattr(target_identity, "_FINGERPRINTS", {})
+    monkeypatch.setattr(target_identity, "sha256_file", lambda f: calls.append(f) or real(f))
+    reports = compare(
+        str(copy),
+        [str(exported), str(exported)],
+        str(world["artifact"]),
+        max_new_tokens=4,
+        num_prompts=1,
+    )
+    assert [r.other_target for r in reports] == [False, False]
+    assert sorted(p.name for p in calls) == ["config.json", "model.safetensors"]
+
+
+def test_a_drafter_without_the_record_is_evaluated_unchecked(cli, world, drafter, other_target):
+    """`dllm export` folders (and exports made before the record) carry no target fingerprint:
+    shape-checked only, as before."""
+    assert not (drafter["folder"] / "training_export.json").exists()
+    result = _eval(cli, other_target, drafter["folder"], world["artifact"], *QUICK, "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["other_target"] is False
+
+
+def test_an_unreadable_export_record_is_named(cli, world, exported, tmp_path):
+    broken = shutil.copytree(exported, tmp_path / "broken")
+    (broken / "training_export.json").write_text("{not json")
+    result = _eval(cli, world["target"], broken, world["artifact"], *QUICK)
+    assert_user_error(result, "training_export.json", "unreadable")
