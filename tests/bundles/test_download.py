@@ -69,6 +69,25 @@ def test_truncated_transfers_resume_with_range(index, client, hashing, tmp_path)
     assert not list(path.parent.glob("*.part"))
 
 
+def test_a_failure_after_some_bytes_says_the_next_run_resumes_them(index, client, tmp_path):
+    root, sha = index
+    with MirrorServer(root) as server:
+        server.state.truncate_after, server.state.truncate_times = 100_000, 1
+        server.state.fail_status, server.state.fail_times = 503, 0  # from the second request
+        source = client(server.url)
+        real_open = source.open
+
+        def open_then_fail(*args, **kwargs):
+            opened = real_open(*args, **kwargs)
+            server.state.fail_times = -1  # every later answer is a 503
+            return opened
+
+        source.open = open_then_fail
+        with pytest.raises(DllmError, match="failed after 2 attempts") as caught:
+            fetch_blob(source, sha, tmp_path / "c", retries=1)
+    assert "it resumes the partial download (100000 of 300000 bytes kept)" in caught.value.hint
+
+
 def test_http_errors(index, client, tmp_path):
     root, sha = index
     with MirrorServer(root) as server:
@@ -78,7 +97,11 @@ def test_http_errors(index, client, tmp_path):
         server.state.fail_status, server.state.fail_times = 503, -1
         with pytest.raises(DllmError, match="failed after 2 attempts: .*HTTP 503") as caught:
             fetch_blob(source, sha, tmp_path / "b", retries=1)
-        assert "run the same command again" in caught.value.hint
+        # Not a byte came: there is no partial download to resume (the hint said there was).
+        assert "nothing was downloaded" in caught.value.hint
+        assert (
+            "resumes" not in caught.value.hint and "run the same command again" in caught.value.hint
+        )
         server.state.fail_status = None
         with pytest.raises(DllmError, match="not found .HTTP 404."):
             download(source, "bundles/missing.bin", sha256=sha, size=SIZE, dest_dir=tmp_path)

@@ -191,15 +191,24 @@ def _fetch(
     else:
         raise DllmError(
             f"download of {url} failed after {retries + 1} attempts: {last_error}",
-            hint="run the same command again: it resumes the partial download",
+            hint=_again_hint(part, size, "check that the server works (or use another mirror), "),
         )
     got = part.stat().st_size if part.exists() else 0
     raise DeadlineExceeded(
         f"download of {url} did not finish within the {deadline.seconds:g} s transfer deadline "
         f"({got} of {size} bytes; last problem: {last_error})",
-        hint=f"the server is slow or stalled; run the same command again to resume, or raise "
+        hint=f"the server is slow or stalled; {_again_hint(part, size, '')}, or raise "
         f"{DEADLINE_VARIABLE} (seconds)",
     )
+
+
+def _again_hint(part: Path, size: int, otherwise: str) -> str:
+    """What running the command again does: resume the bytes kept in `part`, if there are any
+    (there are none when every answer was an error, a 5xx say)."""
+    got = part.stat().st_size if part.exists() else 0
+    if got:
+        return f"run the same command again: it resumes the partial download ({got} of {size} bytes kept)"
+    return f"nothing was downloaded; {otherwise}run the same command again"
 
 
 class ArchiveStream:
