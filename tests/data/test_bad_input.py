@@ -221,6 +221,39 @@ def test_existing_output_needs_overwrite(cli, tmp_path):
     assert "overwrite" not in result.err
 
 
+def test_overwrite_replaces_an_artifact_whose_manifest_is_damaged(cli, tmp_path):
+    """An artifact whose manifest.json was cut short was "a non-empty folder that is not a data
+    artifact" even with output.overwrite: true, so it had to be deleted by hand. A folder that
+    holds only an artifact's files, an array among them, is ours to replace; one that holds
+    anything else, or a manifest of another format, is still refused and kept."""
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "one"}])
+    config = write_config(tmp_path)
+    fingerprint = prepare_config(config).manifest.fingerprint
+    manifest = tmp_path / "out/manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:40])
+    # Without overwrite: refused as the artifact it is, with the way to replace it.
+    result = cli("data", "prepare", "--config", config)
+    assert_user_error(result, "already exists", "manifest.json is not valid JSON", "overwrite")
+    config = write_config(tmp_path, output={"path": "out", "overwrite": True})
+    assert cli("data", "prepare", "--config", config).code == 0
+    assert verify(tmp_path / "out").fingerprint == fingerprint
+    assert leftovers(tmp_path) == []
+    # Not ours: a damaged manifest beside a file no artifact holds, a manifest alone, or a
+    # readable manifest of something else beside an array's name.
+    for name, files in [
+        ("a", {"manifest.json": b"{", "tokens.bin": b"", "notes.txt": b"precious"}),
+        ("b", {"manifest.json": b"{"}),
+        ("c", {"manifest.json": b'{"format": "other"}', "tokens.bin": b"precious"}),
+    ]:
+        (tmp_path / name).mkdir()
+        for file, data in files.items():
+            (tmp_path / name / file).write_bytes(data)
+        other = write_config(tmp_path, "p2.yaml", output={"path": name, "overwrite": True})
+        result = cli("data", "prepare", "--config", other)
+        assert_user_error(result, "not a data artifact")
+        assert {p.name: p.read_bytes() for p in (tmp_path / name).iterdir()} == files
+
+
 def test_output_path_through_a_file_names_the_file(cli, tmp_path):
     write_jsonl(tmp_path / "data.jsonl", [{"text": "one"}])
     (tmp_path / "afile").write_text("x")

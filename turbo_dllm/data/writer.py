@@ -80,6 +80,44 @@ def _is_artifact(path: Path) -> bool:
     )
 
 
+# Every entry an artifact folder holds (tokenizer/ only with a Hugging Face tokenizer).
+_ARTIFACT_ENTRIES = {"manifest.json", "tokens.bin", "loss_mask.bin", "documents.bin", "tokenizer"}
+_ARRAYS = ("tokens.bin", "loss_mask.bin", "documents.bin")
+
+
+def _damage(path: Path) -> str | None:
+    """What is wrong with `path` if it is one of our artifacts whose manifest.json is damaged
+    (cut short, overwritten with garbage), else None.
+
+    Ours means: manifest.json is there but is no JSON object at all (a readable manifest of
+    another format is someone else's), at least one of our arrays is there, and nothing is
+    there that an artifact does not hold. A folder of the user's own is never taken for one.
+    """
+    manifest = path / "manifest.json"
+    try:
+        if not manifest.is_file() or manifest.is_symlink():
+            return None
+        entries = list(path.iterdir())
+        try:
+            document = json.loads(manifest.read_bytes())
+        except ValueError as error:  # also a manifest that is not UTF-8
+            reason = f"is not valid JSON ({error})"
+        else:
+            if isinstance(document, dict):
+                return None
+            reason = f"holds a JSON {type(document).__name__}, not an object"
+    except OSError:
+        return None
+    names = {entry.name for entry in entries}
+    if not names <= _ARTIFACT_ENTRIES or not any(
+        (path / name).is_file() and not (path / name).is_symlink() for name in _ARRAYS
+    ):
+        return None
+    if "tokenizer" in names and not (path / "tokenizer").is_dir():
+        return None
+    return reason
+
+
 def check_target(target: Path, overwrite: bool) -> None:
     """Refuse early (before any work) to clobber something we should not."""
     try:
@@ -96,15 +134,19 @@ def check_target(target: Path, overwrite: bool) -> None:
     if not target.is_dir():
         raise DllmError(f"output path {str(target)!r} exists and is not a folder")
     # Checked before overwrite: output.overwrite would not replace this folder either.
+    damage = None
     if not _is_artifact(target) and any(target.iterdir()):
-        raise DllmError(
-            f"output {str(target)!r} is a non-empty folder that is not a data artifact; "
-            "refusing to replace it",
-            hint="choose another output.path",
-        )
+        damage = _damage(target)
+        if damage is None:
+            raise DllmError(
+                f"output {str(target)!r} is a non-empty folder that is not a data artifact; "
+                "refusing to replace it",
+                hint="choose another output.path",
+            )
     if not overwrite:
+        what = f" (a data artifact whose manifest.json {damage})" if damage else ""
         raise DllmError(
-            f"output {str(target)!r} already exists",
+            f"output {str(target)!r} already exists{what}",
             hint="set output.overwrite: true (or --set output.overwrite=true) to replace it",
         )
 
