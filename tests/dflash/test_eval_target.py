@@ -95,3 +95,45 @@ def test_an_unreadable_export_record_is_named(cli, world, exported, tmp_path):
     (broken / "training_export.json").write_text("{not json")
     result = _eval(cli, world["target"], broken, world["artifact"], *QUICK)
     assert_user_error(result, "training_export.json", "unreadable")
+
+
+def test_data_of_another_tokenizer_than_the_targets_is_refused(cli, world, drafter, tmp_path):
+    """The family's input rule (tests/dflash/test_target_tokenizer.py) holds for --data too:
+    the target would read another tokenizer's ids as other text, and decode losslessly."""
+    from tests.dflash.test_target_tokenizer import _artifact, _with_tokenizer
+
+    target = _with_tokenizer(world["target"], tmp_path / "target")
+    result = _eval(cli, target, drafter["folder"], world["artifact"], *QUICK)  # byte-level data
+    assert_user_error(result, "--data", str(world["artifact"]), "another tokenizer", str(target))
+    artifact = _artifact(target, tmp_path / "data")  # the target's own tokenizer passes
+    result = _eval(cli, target, drafter["folder"], artifact, *QUICK, "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["lossless"] is True
+
+
+def test_data_ids_outside_the_targets_vocabulary_are_refused(cli, world, tmp_path):
+    """A target folder without a tokenizer is not compared by vocabulary, but a prompt id past
+    its embedding was an IndexError traceback from inside the target's forward."""
+    import torch
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    config = Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    torch.manual_seed(0)
+    Qwen3ForCausalLM(config).save_pretrained(tmp_path / "small")
+    small = tmp_path / "small"  # byte-level text: ASCII letters are ids 65 and up
+    flags = (*QUICK, "--block-size", "4")
+    result = _eval(cli, small, small, world["artifact"], *flags)
+    assert_user_error(result, "--data", "outside the target", "vocabulary (64)")
+
+
+def test_data_that_is_not_an_artifact_is_named(cli, world, drafter, tmp_path):
+    result = _eval(cli, world["target"], drafter["folder"], tmp_path, *QUICK)
+    assert_user_error(result, "no data artifact at", str(tmp_path))

@@ -47,6 +47,7 @@ __all__ = [
     "prepare_features",
     "read_features_manifest",
     "target_fingerprint",
+    "tokenizer_mismatch",
     "tokenizer_problems",
 ]
 
@@ -163,27 +164,31 @@ def tokenizer_problems(spec) -> list[tuple[str, str]]:
     if spec.data.artifact is None:
         return []
     from turbo_dllm.data.artifact import read_manifest
-    from turbo_dllm.families.dflash.target_identity import target_vocabulary
 
-    target = spec.model.dflash.target
-    theirs = target_vocabulary(target)
-    if theirs is None:
-        return []
     try:
-        ours = read_manifest(spec.data.artifact).tokenizer
+        manifest = read_manifest(spec.data.artifact)
     except DllmError:
         return []  # the artifact's own checks say what is wrong with it
-    if ours.vocab_sha256 == theirs:
-        return []
-    return [
-        (
-            "data.artifact",
-            f"{spec.data.artifact!r} was tokenized with another tokenizer than the target "
-            f"{target!r}'s ({ours.kind}, vocabulary sha256 {ours.vocab_sha256[:12]}; the "
-            f"target's {theirs[:12]}): the target would read its token ids as other text; "
-            f"prepare the data with tokenizer {{kind: huggingface, path: {target}}}",
-        )
-    ]
+    problem = tokenizer_mismatch(spec.data.artifact, manifest, spec.model.dflash.target)
+    return [] if problem is None else [("data.artifact", problem)]
+
+
+def tokenizer_mismatch(artifact, manifest, target) -> str | None:
+    """Why the data artifact `artifact` (its `manifest`) was not tokenized with the tokenizer
+    saved in the `target` folder; None when it was, or when the folder holds none to compare
+    with. The rule `tokenizer_problems` and `dllm dflash eval` share."""
+    from turbo_dllm.families.dflash.target_identity import target_vocabulary
+
+    theirs = target_vocabulary(target)
+    ours = manifest.tokenizer
+    if theirs is None or ours.vocab_sha256 == theirs:
+        return None
+    return (
+        f"{str(artifact)!r} was tokenized with another tokenizer than the target "
+        f"{str(target)!r}'s ({ours.kind}, vocabulary sha256 {ours.vocab_sha256[:12]}; the "
+        f"target's {theirs[:12]}): the target would read its token ids as other text; "
+        f"prepare the data with tokenizer {{kind: huggingface, path: {target}}}"
+    )
 
 
 def _plan(spec, config, data_fingerprint: str, teacher: bool) -> dict:

@@ -425,6 +425,7 @@ def compare(
         others.append(
             dflash and _check_dflash_drafter(drafter, target, target_config, allow_other_target)
         )
+    prompts = _prompts(data, target, target_config, num_prompts, prompt_len)
     models = [_drafter(drafter, target, torch_device, torch_dtype) for drafter in drafters]
     # `is None`, not `or`: --block-size 0 is refused below, not read as the drafter's own
     blocks = [model.config.block_size if block_size is None else block_size for _, model in models]
@@ -437,9 +438,7 @@ def compare(
         else _AutoregressiveProposer(model, block, steps)
         for (kind, model), block, steps in zip(models, blocks, draft_steps, strict=True)
     ]
-    prompts = [
-        p.to(torch_device) for p in held_out_prompts(data, count=num_prompts, length=prompt_len)
-    ]
+    prompts = [p.to(torch_device) for p in prompts]
     target_model = _load_target(target, torch_device, torch_dtype)
 
     def timed(fn):
@@ -502,6 +501,31 @@ def compare(
                 )
             reports.append(report)
     return reports
+
+
+def _prompts(data: str, target: str, target_config, count: int, length: int):
+    """The held-out prompts of the `--data` artifact, which must be the target's text: data
+    tokenized with another tokenizer than the one saved in the target folder (the dflash
+    family's input rule) is refused, and so is a prompt id outside the target's vocabulary
+    (an index error inside its embedding)."""
+    from turbo_dllm.data.artifact import read_manifest
+    from turbo_dllm.families.dflash.features import tokenizer_mismatch
+
+    problem = tokenizer_mismatch(data, read_manifest(data), target)
+    if problem is not None:
+        raise DllmError(
+            f"--data {problem}",
+            hint="evaluate on held-out text prepared with the target's tokenizer",
+        )
+    prompts = held_out_prompts(data, count=count, length=length)
+    top = max(int(p.max()) for p in prompts)
+    if top >= target_config.vocab_size:
+        raise DllmError(
+            f"--data {data!r} holds token id {top}, outside the target {target!r}'s vocabulary "
+            f"({target_config.vocab_size}): it was tokenized for another model",
+            hint="evaluate on held-out text prepared with the target's tokenizer",
+        )
+    return prompts
 
 
 def _check_autoregressive(drafter: str, block_size: int | None, target_config) -> None:
