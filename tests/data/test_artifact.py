@@ -75,6 +75,20 @@ def test_validate_catches_a_flipped_byte_in_any_array(corpus, cli, name):
     assert_user_error(cli("data", "validate", result.path), name, "sha256 mismatch")
 
 
+def test_a_cut_short_manifest_is_an_error_with_the_way_out(corpus, cli):
+    """validate, inspect and stats said only "unreadable manifest", with no hint: the way out is
+    to prepare it again, which output.overwrite: true now does for such an artifact."""
+    result = prepare_config(write_config(corpus))
+    manifest = result.path / "manifest.json"
+    manifest.write_bytes(manifest.read_bytes()[:40])
+    for command in ("validate", "inspect", "stats"):
+        outcome = cli("data", command, result.path)
+        assert_user_error(outcome, "unreadable manifest", "hint:", "output.overwrite: true")
+    config = write_config(corpus, "p2.yaml", output={"path": "out", "overwrite": True})
+    assert cli("data", "prepare", "--config", config).code == 0
+    assert cli("data", "validate", result.path).code == 0
+
+
 def test_validate_catches_a_truncated_array_and_an_edited_manifest(corpus, cli):
     result = prepare_config(write_config(corpus))
     manifest_file = result.path / "manifest.json"

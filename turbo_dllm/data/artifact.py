@@ -169,7 +169,11 @@ def read_manifest(path: str | Path) -> DataManifest:
             raise ValueError(f"larger than {_MAX_MANIFEST_BYTES >> 20} MiB")
         document = json.loads(data)
     except (ValueError, OSError, RecursionError) as error:
-        raise DllmError(f"{manifest_path}: unreadable manifest: {error}") from None
+        raise DllmError(
+            f"{manifest_path}: unreadable manifest: {error}",
+            hint="re-create the artifact with `dllm data prepare` (output.overwrite: true "
+            "replaces an artifact whose manifest is damaged)",
+        ) from None
     return validate_document(
         document,
         DataManifest,
