@@ -137,3 +137,40 @@ def test_data_ids_outside_the_targets_vocabulary_are_refused(cli, world, tmp_pat
 def test_data_that_is_not_an_artifact_is_named(cli, world, drafter, tmp_path):
     result = _eval(cli, world["target"], drafter["folder"], tmp_path, *QUICK)
     assert_user_error(result, "no data artifact at", str(tmp_path))
+
+
+def _with_config(folder, tmp_path, name, **changes):
+    """A copy of the drafter folder `folder` with config.json keys changed (None: removed)."""
+    copy = shutil.copytree(folder, tmp_path / name)
+    hf = json.loads((copy / "config.json").read_text())
+    for key, value in changes.items():
+        if value is None:
+            hf.pop(key, None)
+        else:
+            hf[key] = value
+    (copy / "config.json").write_text(json.dumps(hf))
+    return copy
+
+
+def test_a_drafter_recording_another_target_depth_is_refused(cli, world, drafter, tmp_path):
+    """The folder's num_target_layers is the depth of the target it was trained against: its
+    layer ids can all exist in a deeper target (read as other layers' features), which only the
+    shape check let through. Compared by eval, training (model.path) and export --target."""
+    from tests.dflash.helpers import drafter_spec
+    from turbo_dllm.errors import DllmError
+
+    depth = json.loads((world["target"] / "config.json").read_text())["num_hidden_layers"]
+    deeper = _with_config(drafter["folder"], tmp_path, "deeper", num_target_layers=depth + 2)
+    result = _eval(cli, world["target"], deeper, world["artifact"], *QUICK)
+    assert_user_error(result, f"{depth + 2}-layer target", f"has {depth} layers")
+    with pytest.raises(DllmError, match=f"{depth + 2}-layer target"):
+        drafter_spec(
+            world["target"], world["artifact"], "model.from_config=null", f"model.path={deeper}"
+        )
+    # a folder that does not record it (older or other writers) keeps working
+    unrecorded = _with_config(drafter["folder"], tmp_path, "unrecorded", num_target_layers=None)
+    result = _eval(cli, world["target"], unrecorded, world["artifact"], *QUICK)
+    assert result.code == 0, result.err
+    drafter_spec(
+        world["target"], world["artifact"], "model.from_config=null", f"model.path={unrecorded}"
+    )

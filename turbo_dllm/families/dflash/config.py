@@ -122,6 +122,9 @@ class DFlashConfig:
     # Where the frozen embeddings and head (and online features) come from: the target's folder.
     # Not part of config.json (a path); set from the RunSpec's `model.dflash.target`.
     target_path: str | None = dataclasses.field(default=None, compare=False)
+    # Whether config.json recorded num_target_layers (our exports and z-lab's do): only then is
+    # it compared with the target's depth; without it, num_target_layers is max(ids) + 1.
+    target_layers_recorded: bool = dataclasses.field(default=True, compare=False, repr=False)
 
     # Attributes the shared decoder parts (MLP, RoPE) read.
     rope_scaling = None
@@ -229,6 +232,7 @@ class DFlashConfig:
                 head_dim=derived_head_dim(layer.get("head_dim"), hidden, heads),
                 target_hidden_size=int(hf.get("target_hidden_size") or hidden),
                 num_target_layers=int(hf.get("num_target_layers") or max(ids) + 1),
+                target_layers_recorded=bool(hf.get("num_target_layers")),
                 target_layer_ids=tuple(ids),
                 block_size=int(hf.get("block_size") or dflash["block_size"]),
                 mask_token_id=int(dflash.get("mask_token_id", hf.get("mask_token_id"))),
@@ -420,6 +424,11 @@ def drafter_problems(config: DFlashConfig, target: Any) -> list[str]:
         found.append(
             f"the drafter reads target features of width {config.target_hidden_size}, "
             f"the target's hidden size is {target.hidden_size}"
+        )
+    if config.target_layers_recorded and config.num_target_layers != target.num_hidden_layers:
+        found.append(
+            f"the drafter was trained against a {config.num_target_layers}-layer target "
+            f"(num_target_layers), this target has {target.num_hidden_layers} layers"
         )
     bad = [i for i in config.target_layer_ids if not 0 <= i < target.num_hidden_layers]
     if bad:
