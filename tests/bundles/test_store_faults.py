@@ -44,8 +44,39 @@ def test_a_full_disk_while_unpacking_is_a_disk_error_not_a_rejected_archive(
     result = install_b(cli, bundle_b)
     assert_user_error(result, "No space left on device", "nothing was installed", "disk is full")
     assert "cannot extract member" not in result.err
+    # It named the file in the staging folder, deleted by then: it names the store, and where
+    # that is (the file system and its free space), which is what the user has to fix.
+    store = BundleStore()
+    assert ".staging-" not in result.err
+    assert f"cannot write into the bundle store {store.store_dir}" in result.err
+    assert "the store's file system is mounted at" in result.err and " free" in result.err
     assert_previous_still_active(installed)
     assert list(BundleStore().downloads_dir.iterdir()) == []  # and no staging (checked above)
+
+
+def test_a_full_disk_while_recording_the_install_names_the_store(
+    cli,
+    bundle_b,  # noqa: F811 - the fixture's value
+    installed,
+    monkeypatch,
+):
+    """ENOSPC writing install.json, after the whole archive was unpacked: a traceback-free
+    error naming the store, not the staging folder's file, and nothing installed."""
+    from pathlib import Path as RealPath
+
+    real_write_text = RealPath.write_text
+
+    def full_disk(self, *args, **kwargs):
+        if self.name == "install.json":
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(self))
+        return real_write_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(RealPath, "write_text", full_disk)
+    result = install_b(cli, bundle_b)
+    assert_user_error(result, "No space left on device", "nothing was installed", "disk is full")
+    assert f"cannot write into the bundle store {BundleStore().store_dir}" in result.err
+    assert ".staging-" not in result.err
+    assert_previous_still_active(installed)
 
 
 def _other_file_system(near: Path) -> Path | None:

@@ -39,6 +39,7 @@ __all__ = [
     "MAX_EXPANSION",
     "MAX_FILES",
     "BundleRejected",
+    "DiskWriteError",
     "extract_bundle",
     "extract_stream",
     "pack_bundle",
@@ -56,6 +57,17 @@ _CHUNK = 1024 * 1024
 
 class BundleRejected(DllmError):
     """An archive or download that failed a safety or integrity check; nothing was installed."""
+
+
+class DiskWriteError(DllmError):
+    """A file could not be written for this machine's reason (a full disk, a quota, a read-only
+    or forbidden folder): `errno` says which. The path that failed is usually in a staging
+    folder that is deleted by the time this is shown, so callers that own that folder (the
+    bundle store) report the folder they own and its file system instead."""
+
+    def __init__(self, message: str, hint: str | None, errno_: int | None) -> None:
+        super().__init__(message, hint)
+        self.errno = errno_
 
 
 # Why writing a file failed when the fault is this machine's, not the archive's.
@@ -77,9 +89,10 @@ def write_failure(error: OSError, path: Path | str, label: str) -> DllmError:
     hint = DISK_HINTS.get(error.errno)
     if hint is None:
         return BundleRejected(f"{label}: cannot write {path}: {error.strerror or error}")
-    return DllmError(
+    return DiskWriteError(
         f"cannot write {path} (while unpacking {label}): {error.strerror}; nothing was installed",
-        hint=hint,
+        hint,
+        error.errno,
     )
 
 

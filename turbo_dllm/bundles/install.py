@@ -178,7 +178,7 @@ def run_install(
             bundle = existing
         else:
             path = f"bundles/{entry.file}"
-            with store.staging() as staging:
+            with store.writing(entry.file), store.staging() as staging:
                 folder = staging / "bundle"
 
                 def unpack(stream: ArchiveStream) -> BundleManifest:
@@ -234,7 +234,7 @@ def build_and_install(
     store = store or BundleStore()
     with store.locked(lock_timeout_s):
         previous = _readable(store.active)
-        with store.staging() as staging:
+        with store.writing("the bundle built on this host"), store.staging() as staging:
             built = build_bundle(staging / "out", log=log)
             folder = staging / "bundle"
             # The same checks a downloaded archive gets, so a broken build is never installed.

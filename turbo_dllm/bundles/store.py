@@ -31,7 +31,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Literal, NamedTuple
 
-from turbo_dllm.bundles.archive import BundleRejected
+from turbo_dllm.bundles.archive import DISK_HINTS, BundleRejected, DiskWriteError
 from turbo_dllm.bundles.manifest import (
     MANIFEST_NAME,
     BundleManifest,
@@ -384,6 +384,33 @@ class BundleStore:
                 path.unlink(missing_ok=True)
 
     @contextlib.contextmanager
+    def writing(self, label: str) -> Iterator[None]:
+        """Report a failure to write into the store while `label` is installed (a full disk, a
+        quota, a read-only or forbidden folder) by the store and its file system: the file that
+        failed was in a staging folder, deleted by the time the error is shown."""
+        try:
+            yield
+        except DiskWriteError as error:
+            raise self._write_error(error.errno or 0, label) from None
+        except OSError as error:
+            inside = error.filename and str(error.filename).startswith(str(self.root))
+            if error.errno not in DISK_HINTS or not inside:
+                raise
+            raise self._write_error(error.errno, label) from None
+
+    def _write_error(self, code: int, label: str) -> DllmError:
+        where = self.store_dir if self.store_dir.exists() else self.root
+        mount, free = _file_system(where)
+        space = f", {_size(free)} free" if free is not None else ""
+        fix = DISK_HINTS.get(code, "check that folder")
+        moves = "" if "DLLM_HOME" in fix else "; DLLM_HOME moves the store"
+        return DllmError(
+            f"cannot write into the bundle store {where} while installing {label}: "
+            f"{os.strerror(code)}; nothing was installed",
+            hint=f"{fix} (the store's file system is mounted at {mount}{space}{moves})",
+        )
+
+    @contextlib.contextmanager
     def staging(self) -> Iterator[Path]:
         """A new folder to extract one bundle into: `store/.staging-<random>`, hidden (no reader
         lists a dot-name in `store/`, which shows only complete bundles) and in the same folder
@@ -556,6 +583,32 @@ def _renameat2():
     ]
     function.restype = ctypes.c_int
     return function
+
+
+def _file_system(path: Path) -> tuple[Path, int | None]:
+    """The mount point of the file system holding `path`, and the bytes free on it for this
+    user (None when that cannot be read)."""
+    path = path.resolve()
+    try:
+        device = path.stat().st_dev
+        while path.parent != path and path.parent.stat().st_dev == device:
+            path = path.parent
+        info = os.statvfs(path)
+    except OSError:
+        return path, None
+    return path, info.f_bavail * info.f_frsize
+
+
+def _size(count: int) -> str:
+    """`count` bytes for a person: "512 bytes", "3.4 GiB"."""
+    if count < 1024:
+        return f"{count} bytes"
+    value, unit = count / 1024, "KiB"
+    for bigger in ("MiB", "GiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f} {unit}"
 
 
 def _entry_name(entry: InstalledBundle | DamagedBundle) -> str:
