@@ -192,3 +192,15 @@ def test_cli_train_validate_and_doctor_refuse_data_of_another_tokenizer(cli, tok
     assert result.code == 0, result.err
     result = cli("train", "--config", train, "--run-dir", tmp_path / "run")
     assert result.code == 0, result.err
+
+
+def test_a_folder_whose_tokenizer_extends_the_data_s_matches(tokenizers, tmp_path):
+    """An instruct model's tokenizer with chat tokens added after the base's vocabulary reads
+    every id of data prepared with the base's tokenizer as the same token: not refused. One
+    token that moved is refused."""
+    folder = config_folder(tmp_path / "instruct", "qwen3")
+    save_tokenizer(folder, words=WORDS + ["<|im_start|>", "<|im_end|>"])
+    assert tokenizer_problems(spec_of("qwen3", folder, tokenizers["artifact_a"])) == []
+    moved = config_folder(tmp_path / "moved", "qwen3")
+    save_tokenizer(moved, words=WORDS[:-2] + WORDS[-1:] + WORDS[-2:-1] + ["<|im_start|>"])
+    assert tokenizer_problems(spec_of("qwen3", moved, tokenizers["artifact_a"]))

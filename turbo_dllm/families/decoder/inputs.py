@@ -52,8 +52,9 @@ def model_tokenizer_problems(spec: Any) -> list[tuple[str, str]]:
     must be tokenized with the tokenizer saved in that folder. Another tokenizer's ids, where
     they fit the model's vocabulary, are other text to the model, and it would train on them
     silently. Compared by the vocabulary sha256 the artifact records (`tokenizer.vocab_sha256`)
-    against the folder's, where the folder holds a tokenizer; synthetic data and a preset
-    (`model.from_config`) are not compared. A folder given a mask token by `dllm model
+    against the folder's, where the folder holds a tokenizer; a folder's tokenizer that holds
+    every (token, id) of the data's (the copy the artifact keeps) and more matches too.
+    Synthetic data and a preset (`model.from_config`) are not compared. A folder given a mask token by `dllm model
     add-mask-token` (its config.json's `dllm_mask_token`, `dllm_mask_token_id`) also matches
     data prepared with the tokenizer before that migration (the same ids, the mask token given
     as `tokenizer.mask_token_id`)."""
@@ -81,6 +82,15 @@ def model_tokenizer_problems(spec: Any) -> list[tuple[str, str]]:
         if added in pairs:
             accepted.add(_vocab_sha256([pair for pair in pairs if pair != added]))
     if recorded.vocab_sha256 in accepted:
+        return []
+    # A folder whose tokenizer extends the data's (an instruct model's added chat tokens, a
+    # mask token added since): every id the data holds reads as the same token there.
+    prepared_with = folder_vocabulary(Path(artifact) / "tokenizer")
+    if (
+        prepared_with is not None
+        and _vocab_sha256(prepared_with) == recorded.vocab_sha256
+        and set(prepared_with) <= set(pairs)
+    ):
         return []
     return [
         (
