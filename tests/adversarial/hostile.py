@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import io
+import os
 import tarfile
 from pathlib import Path
 
@@ -142,12 +143,21 @@ def serve_instead(mirror: Path, entry, hostile: bytes) -> None:
     (mirror / "bundles" / entry.file).write_bytes(hostile + b"\0" * (entry.size - len(hostile)))
 
 
+# What DLLM_HOME/bundles holds besides what `leftovers` lists: the lock, the store's links.
+_KEPT = {"install.lock", "install.lock.owner", "active", "previous"}
+
+
 def leftovers(home: Path) -> list[str]:
-    """What a failed install left under DLLM_HOME/bundles (downloads, staging, store)."""
+    """What a failed install left under DLLM_HOME/bundles: every entry of `downloads/` and
+    `store/`, hidden ones too (extractions are made in `store/.staging-<random>` since
+    0cd7211, copies being replaced go to `store/.trash-*`), and anything else in `bundles/`
+    but the lock and the `active`/`previous` links (the old `staging/` folder, a half-made
+    `.active.*` link)."""
     root = home / "bundles"
-    return sorted(
-        str(p.relative_to(root))
-        for sub in ("downloads", "staging", "store")
-        if (root / sub).is_dir()
-        for p in (root / sub).iterdir()
-    )
+    if not root.is_dir():
+        return []
+    found = [name for name in os.listdir(root) if name not in _KEPT | {"downloads", "store"}]
+    for sub in ("downloads", "store"):
+        if (root / sub).is_dir():
+            found += [f"{sub}/{name}" for name in os.listdir(root / sub)]
+    return sorted(found)

@@ -143,7 +143,28 @@ def test_escaping_members_from_the_mirror_write_nothing_outside_staging(
         serve_instead(evil, entry, tar_zst([member("bundle.json", manifest), bad]))
         with MirrorServer(evil) as server, pytest.raises(BundleRejected, match="sha256 mismatch"):
             install(server.url, catalog_sha)
-        assert not list(tmp_path.rglob("escaped")) and leftovers(isolated_home) == []
+        assert not list(tmp_path.rglob("escaped")) and not list(isolated_home.rglob("escaped"))
+        assert leftovers(isolated_home) == []
+
+
+def test_leftovers_sees_every_place_an_install_writes(isolated_home):
+    """The checks above trust `leftovers`: it must list what an install leaves anywhere under
+    bundles/ (it looked in the old bundles/staging/ folder, by name, after staging moved)."""
+    root = isolated_home / "bundles"
+    for folder in ("store/.staging-0a1b2c", "store/.trash-0a1b2c", "staging/0a1b2c"):
+        (root / folder).mkdir(parents=True)
+    (root / "downloads").mkdir()
+    (root / "downloads" / "ab.part").write_bytes(b"x")
+    (root / "install.lock").touch()
+    os.symlink("store/0a1b2c", root / ".active.0a1b2c")
+    os.symlink("store/0a1b2c", root / "active")
+    assert leftovers(isolated_home) == [
+        ".active.0a1b2c",
+        "downloads/ab.part",
+        "staging",
+        "store/.staging-0a1b2c",
+        "store/.trash-0a1b2c",
+    ]
 
 
 def test_hostile_mirror_through_the_cli_is_an_error_not_a_traceback(honest, tmp_path):
