@@ -79,6 +79,46 @@ def test_a_full_disk_while_recording_the_install_names_the_store(
     assert_previous_still_active(installed)
 
 
+@pytest.fixture
+def read_only_home(monkeypatch):
+    """DLLM_HOME/bundles on a read-only file system, as far as opening files for writing goes
+    (tests run as root, whom file modes do not stop; a read-only mount needs privileges)."""
+    root = str(BundleStore().root)
+    real_open = os.open
+    writing = os.O_WRONLY | os.O_RDWR | os.O_CREAT
+
+    def read_only(path, flags, *args, **kwargs):
+        if str(path).startswith(root) and flags & writing:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return real_open(path, flags, *args, **kwargs)
+
+    def enable():
+        monkeypatch.setattr(os, "open", read_only)
+
+    return enable
+
+
+def test_a_read_only_home_installs_the_active_bundle_again_as_a_no_op(
+    cli,
+    bundle_b,  # noqa: F811 - the fixture's value
+    installed,
+    mirror,
+    read_only_home,
+):
+    """Installing the bundle that is already active and intact changes nothing, yet failed on
+    a read-only DLLM_HOME because the lock file could not be opened for writing. Anything that
+    has to change still fails, naming the read-only file system."""
+    read_only_home()
+    root, catalog_sha = mirror
+    again = cli("bundle", "install", "--release", "v-test", "--auto", "--mirror", root,
+                "--catalog-sha256", catalog_sha)  # fmt: skip
+    assert again.code == 0, again.err
+    assert installed.short_sha in again.out and "already in the store" in again.out
+    other = install_b(cli, bundle_b)
+    assert_user_error(other, "Read-only file system", "install.lock")
+    assert BundleStore().active().sha256 == installed.sha256
+
+
 def _other_file_system(near: Path) -> Path | None:
     """A new folder on another file system than `near` (/dev/shm is a tmpfs on Linux), or None."""
     shm = Path("/dev/shm")

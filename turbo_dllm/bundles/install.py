@@ -23,6 +23,8 @@ in the build), verifies the archive like a download, and installs it marked "bui
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 from collections.abc import Callable
 from typing import NamedTuple
@@ -170,7 +172,14 @@ def run_install(
 ) -> InstallResult:
     store = store or BundleStore()
     entry = plan.entry
-    with store.locked(lock_timeout_s):
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(store.locked(lock_timeout_s))
+        except OSError as error:  # the lock file cannot be written: a read-only DLLM_HOME
+            unchanged = _already_active(store, plan, error)
+            if unchanged is None:
+                raise
+            return unchanged
         previous = _readable(store.active)
         existing = _readable(lambda: store.get(entry.sha256))
         reused = existing is not None and not store.verify(existing)
@@ -254,6 +263,19 @@ def build_and_install(
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None
     return InstallResult(None, bundle, previous, False)
+
+
+def _already_active(store: BundleStore, plan: InstallPlan, error: OSError) -> InstallResult | None:
+    """The result of an install that changes nothing, for a store whose lock cannot be taken
+    because it cannot be written (`error`: a read-only or forbidden DLLM_HOME): when the plan's
+    bundle is the active one and every file of it verifies, there is nothing to write, so it
+    needs no lock. None otherwise (the caller raises `error`)."""
+    if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return None
+    active = _readable(store.active)
+    if active is None or active.sha256 != plan.entry.sha256 or store.verify(active):
+        return None
+    return InstallResult(plan, active, None, True)
 
 
 def _readable(load: Callable[[], InstalledBundle | None]) -> InstalledBundle | None:
