@@ -172,6 +172,50 @@ def test_create_refuses_missing_wheels_and_existing_folders(tmp_path, wheels):
     assert verify_mirror(tmp_path / "m2").ok
 
 
+@pytest.mark.parametrize("atomic", [True, False], ids=["exchange", "two-renames"])
+def test_force_never_leaves_the_destination_missing(tmp_path, wheels, monkeypatch, atomic):
+    """--force over an existing mirror renamed it to .NAME.old, then the new one into place:
+    when that second rename failed (or the process died there), there was no mirror at all,
+    and the next create deleted the old one. The new mirror is exchanged in one step; where
+    that is impossible, a failed second rename puts the old mirror back."""
+    from pathlib import Path
+
+    manifest = manifest_for(wheels, "dllm_fixture_a")
+    dest = tmp_path / "m"
+    create_mirror(MirrorPlan(dest, None, [manifest], wheels_from=wheels))
+    before = (dest / "MIRROR.json").read_text()
+    real_rename = Path.rename
+
+    def failing_rename(self, target):
+        if self.name.startswith(".m.partial-"):  # the new mirror into place
+            raise OSError(5, "Input/output error", str(self))
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", failing_rename)
+    if not atomic:
+        monkeypatch.setattr("turbo_dllm.bundles.store.exchange", lambda new, dest: False)
+        with pytest.raises(OSError, match="Input/output error"):
+            create_mirror(MirrorPlan(dest, None, [manifest], wheels_from=wheels, force=True))
+        assert (dest / "MIRROR.json").read_text() == before  # the old mirror, back
+    else:
+        if not _exchange_works(tmp_path):
+            pytest.skip("this file system has no renameat2(RENAME_EXCHANGE)")
+        create_mirror(MirrorPlan(dest, None, [manifest], wheels_from=wheels, force=True))
+    assert verify_mirror(dest).ok
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+
+
+def _exchange_works(folder) -> bool:
+    from turbo_dllm.bundles.store import exchange
+
+    (folder / "x").mkdir()
+    (folder / "y").mkdir()
+    done = exchange(folder / "x", folder / "y")
+    (folder / "x").rmdir()
+    (folder / "y").rmdir()
+    return done
+
+
 def test_create_refuses_a_destination_that_is_a_file(tmp_path, wheels, cli):
     """A file as DIR (or inside DIR's path) was a NotADirectoryError traceback."""
     afile = tmp_path / "afile"

@@ -195,13 +195,29 @@ def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
             encoding="utf-8",
         )
         if dest.exists():
-            old = dest.with_name(f".{dest.name}.old")
-            shutil.rmtree(old, ignore_errors=True)
-            dest.rename(old)
-            staging.rename(dest)
-            shutil.rmtree(old, ignore_errors=True)
+            _replace_folder(staging, dest)  # the old mirror may end up at `staging`
         else:
             staging.rename(dest)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     return index
+
+
+def _replace_folder(new: Path, dest: Path) -> None:
+    """Put the finished mirror `new` in place of the existing folder `dest` (--force) so that
+    `dest` is never missing: one atomic exchange where the system has it (Linux renameat2),
+    which leaves the old mirror at `new` for the caller to delete. Elsewhere two renames
+    through `.<name>.old`, the old mirror put back when the second one fails."""
+    from turbo_dllm.bundles.store import exchange
+
+    if exchange(new, dest):
+        return
+    old = dest.with_name(f".{dest.name}.old")
+    shutil.rmtree(old, ignore_errors=True)
+    dest.rename(old)
+    try:
+        new.rename(dest)
+    except BaseException:
+        old.rename(dest)
+        raise
+    shutil.rmtree(old, ignore_errors=True)
