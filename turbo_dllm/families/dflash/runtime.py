@@ -9,6 +9,8 @@ compares: a drafter continues only against the weights it was trained against).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -28,6 +30,7 @@ __all__ = [
     "layers",
     "load_target_weights",
     "materialize",
+    "readable_weights",
     "require_model_folder",
     "resolve_device",
     "target_record",
@@ -48,6 +51,22 @@ def require_model_folder(flag: str, folder: str | Path) -> None:
             hint=f"point {flag} at a Hugging Face folder (`dllm export` / `dllm dflash export` "
             "write one)",
         )
+
+
+@contextmanager
+def readable_weights(what: str, folder: str | Path) -> Iterator[None]:
+    """Loading `folder`'s weights inside: a damaged or non-safetensors `*.safetensors` file is a
+    DllmError naming the folder (safetensors' own error is a traceback that names no file)."""
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except SafetensorError as error:
+        raise DllmError(
+            f"{what} {str(folder)!r}: its safetensors weights are unreadable ({error})",
+            hint="the file is damaged, truncated or not safetensors: copy or export the folder "
+            "again",
+        ) from None
 
 
 def resolve_device(device: str | None, flag: str = "--device") -> torch.device:
@@ -125,12 +144,14 @@ def materialize(
 
     allocate(model, device)
     if weights_from is not None:
-        load_hf_weights(model, model.config, weights_from)
+        with readable_weights("the drafter", weights_from):
+            load_hf_weights(model, model.config, weights_from)
     else:
         init_weights(model, model.config, seed)
     if model.config.target_path is None:
         raise DllmError("the drafter names no target", hint="set model.dflash.target")
-    load_target_weights(model, model.config.target_path)
+    with readable_weights("the target", model.config.target_path):
+        load_target_weights(model, model.config.target_path)
     return model
 
 

@@ -90,15 +90,18 @@ def held_out_prompts(artifact: str | Path, *, count: int, length: int) -> list[t
     ]
 
 
-def _load_target(folder: str, device: torch.device, dtype: torch.dtype):
+def _load_target(folder: str, device: torch.device, dtype: torch.dtype, flag: str = "--target"):
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
     # transformers' "Loading weights" bar would land in the middle of the command's report
     shown = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
+    from turbo_dllm.families.dflash.runtime import readable_weights
+
     try:
-        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+        with readable_weights(flag, folder):
+            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
     finally:
         if shown:
             hf_logging.enable_progress_bar()
@@ -363,7 +366,7 @@ def _drafter(folder: str, target_folder: str, device, dtype):
         config = dataclasses.replace(config, target_path=target_folder)
         model = materialize(build_model(config, None, dtype), device, seed=0, weights_from=folder)
         return "dflash", model.eval()
-    return "autoregressive", _load_target(folder, device, dtype)
+    return "autoregressive", _load_target(folder, device, dtype, "--drafter")
 
 
 def evaluate(target: str, drafter: str, data: str, **options) -> SpeculativeReport:

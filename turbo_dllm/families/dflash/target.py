@@ -60,8 +60,11 @@ class TargetFeatures:
         self.target_config = dataclasses.replace(target, num_hidden_layers=needed)
         if dtype is None:
             dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+        from turbo_dllm.families.dflash.runtime import readable_weights
+
         model = build_model(self.target_config, _attend, dtype)
-        self.model = materialize(model, device, seed=0, weights_from=target_path)
+        with readable_weights("the target", target_path):
+            self.model = materialize(model, device, seed=0, weights_from=target_path)
         self.model.requires_grad_(False).eval()
         if compile and device.type == "cuda":
             from turbo_dllm.train.distributed import apply_compile
