@@ -863,3 +863,85 @@ def test_a_stray_file_among_the_records_is_named_with_a_fix_that_works(cli, tmp_
     assert "dllm cache remove" not in result.err
     stray.unlink()
     assert cli("cache", "list").code == 0
+
+
+def _crafted_pack(tmp_path: Path, members, listed=None, extra=()) -> Path:
+    """A pack written by hand, not by `make_pack`: `members` ((path, bytes)) after pack.json,
+    which lists `listed` (default: the members) with their true hashes; then the `extra`
+    TarInfo entries (links, folders) as they are."""
+    import hashlib
+
+    import zstandard
+
+    from turbo_dllm.cache.key import host_pack_key
+    from turbo_dllm.host import collect_fingerprint
+
+    key = host_pack_key(collect_fingerprint(apply_overrides=False), None)
+    document = {
+        "format": "turbo_dllm.compile_pack.v1",
+        "key": key.model_dump(mode="json"),
+        "created_by": "a test",
+        "files": [
+            {"path": p, "sha256": hashlib.sha256(d).hexdigest(), "size": len(d)}
+            for p, d in (members if listed is None else listed)
+        ],
+    }
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, data in [("pack.json", json.dumps(document).encode()), *members]:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        for info in extra:
+            tar.addfile(info)
+    path = tmp_path / "turbo-dllm-compile-crafted.tar.zst"
+    path.write_bytes(zstandard.ZstdCompressor().compress(buffer.getvalue()))
+    return path
+
+
+def _link(name: str, target: str, kind: bytes = tarfile.SYMTYPE) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, target
+    return info
+
+
+@pytest.mark.parametrize(
+    ("members", "listed", "extra", "expected"),
+    [
+        ([("inductor/../../../slip.py", b"x")], None, (),
+         "'inductor/../../../slip.py' is not a plain relative path"),
+        ([("/tmp/slip.py", b"x")], None, (), "'/tmp/slip.py' is not a plain relative path"),
+        ([("inductor/a.py", b"x"), ("../../slip.py", b"y")], [("inductor/a.py", b"x")], (),
+         "member '../../slip.py' is not listed"),
+        ([("inductor/a.py", b"x")], None, [_link("inductor/ab", "/etc")],
+         "member 'inductor/ab' is not a regular file"),
+        ([("inductor/a.py", b"x")], None, [_link("inductor/h", "pack.json", tarfile.LNKTYPE)],
+         "member 'inductor/h' is not a regular file"),
+        ([("extra/a.py", b"x")], None, (), "'extra/a.py' is in neither inductor/ nor triton/"),
+        # These two were installed: a record of a "file" that was the cache folder itself, and a
+        # traceback-free but wrong error naming the staging folder ("choose another path").
+        ([("inductor", b"x")], None, (), "'inductor' is a cache folder, not a file in one"),
+        ([("inductor/ab", b"x"), ("inductor/ab/c.py", b"y")], None, (),
+         "'inductor/ab' is listed as a file and as a folder of other files"),
+        ([], None, (), "lists no file"),
+    ],
+    ids=["dotdot", "absolute", "unlisted-dotdot", "symlink", "hardlink", "other-folder",
+         "cache-folder-as-file", "file-and-folder", "no-files"],
+)  # fmt: skip
+def test_a_pack_whose_paths_escape_or_clash_is_refused(cli, tmp_path, members, listed, extra,
+                                                        expected):  # fmt: skip
+    """Tar slip and malformed listings: refused with what is wrong and a hint, before anything
+    reaches the cache (or anywhere outside it)."""
+    path = _crafted_pack(tmp_path, members, listed, extra)
+    result = cli("cache", "install", path)
+    assert_user_error(result, expected, "hint: the pack is damaged")
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+    assert _cache_files() == []
+    home = Path(os.environ["DLLM_HOME"])
+    assert not [*home.rglob("slip.py"), *tmp_path.rglob("slip.py")]
+    assert not Path("/tmp/slip.py").exists()
+
+
+def test_a_missing_pack_is_named_with_a_hint(cli, tmp_path):
+    assert_user_error(cli("cache", "install", tmp_path / "nothing.tar.zst"),
+                      "no such pack", "hint: name a .tar.zst")  # fmt: skip

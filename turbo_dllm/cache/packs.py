@@ -88,6 +88,15 @@ DEFAULT_LOCK_TIMEOUT_S = 60.0
 class PackRejected(DllmError):
     """A pack that failed an integrity or fit check; nothing was installed."""
 
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message, hint or REJECTED_HINT)
+
+
+REJECTED_HINT = (
+    "the pack is damaged, cut short or altered (nothing was taken from it): get a complete copy, "
+    "or make it again on its host (dllm cache pack)"
+)
+
 
 class PackFile(Record):
     path: str = checked(check_relative_path)
@@ -104,11 +113,19 @@ class PackManifest(Record):
 
     def _problems(self) -> Iterator[tuple[str, str]]:
         paths = [f.path for f in self.files]
+        if not paths:
+            yield "files", "lists no file (`dllm cache pack` never makes such a pack)"
         if len(set(paths)) != len(paths):
             yield "files", "a file is listed twice"
         for path in paths:
             if path.split("/")[0] not in CACHES:
                 yield "files", f"{path!r} is in neither inductor/ nor triton/"
+            elif "/" not in path:  # the cache folder itself, as a file
+                yield "files", f"{path!r} is a cache folder, not a file in one"
+        # A file whose path is another file's folder: extracting one breaks on the other.
+        folders = {"/".join(p.split("/")[:i]) for p in paths for i in range(1, p.count("/") + 1)}
+        for path in sorted(folders.intersection(paths)):
+            yield "files", f"{path!r} is listed as a file and as a folder of other files"
 
     @property
     def content_digest(self) -> str:
@@ -533,7 +550,11 @@ def install_pack(
     install's: that record's install most likely added them, and nothing else would remove them."""
 
     if not path.is_file():
-        raise DllmError(f"no such pack: {path}")
+        raise DllmError(
+            f"no such pack: {path}",
+            hint="name a .tar.zst made by `dllm cache pack` (`dllm cache list --available` lists "
+            "the packs on offer)",
+        )
     manifest = read_pack_manifest(path)
     differences = manifest.key.differences(host, spec_sha256)
     if differences:
