@@ -174,3 +174,30 @@ def test_a_drafter_recording_another_target_depth_is_refused(cli, world, drafter
     drafter_spec(
         world["target"], world["artifact"], "model.from_config=null", f"model.path={unrecorded}"
     )
+
+
+def test_a_drafter_folder_given_as_the_target_is_refused(cli, world, drafter, tmp_path):
+    """A DFlash drafter's config.json is a qwen3 one (its own layers): read as the target it
+    passed, and transformers loaded it with a random embedding and head (exit 0, a tau against
+    noise); as model.dflash.target it shaped a drafter after the drafter."""
+    from tests.dflash.helpers import drafter_spec
+    from turbo_dllm.errors import DllmError
+
+    flags = (*QUICK, "--block-size", "4")  # the target folder as an autoregressive drafter
+    result = _eval(cli, drafter["folder"], world["target"], world["artifact"], *flags)
+    assert_user_error(result, "--target", str(drafter["folder"]), "is a DFlash drafter folder")
+    with pytest.raises(DllmError, match="model.dflash.target.*is a DFlash drafter folder"):
+        drafter_spec(drafter["folder"], world["artifact"])
+
+
+def test_a_target_folder_missing_weights_is_refused(cli, world, drafter, tmp_path):
+    """transformers initialises the tensors a folder lacks at random and goes on (a warning on
+    stderr, then a tau measured against that model)."""
+    from safetensors.torch import load_file, save_file
+
+    partial = shutil.copytree(world["target"], tmp_path / "partial")
+    tensors = load_file(str(partial / "model.safetensors"))
+    del tensors["model.norm.weight"]
+    save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
+    result = _eval(cli, partial, drafter["folder"], world["artifact"], *QUICK)
+    assert_user_error(result, "--target", str(partial), "lacks weights", "model.norm.weight")

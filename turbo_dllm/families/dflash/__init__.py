@@ -41,12 +41,24 @@ def read_target_config(path: str) -> Any:
     from turbo_dllm.families.decoder import CAUSAL_LM
 
     try:
-        return CAUSAL_LM.resolve_config(path=path, from_config=None)
+        config = CAUSAL_LM.resolve_config(path=path, from_config=None)
     except ModelUnreadable as error:
         raise ModelUnreadable(
             f"DFlash target: {error.message}",
             hint="point model.dflash.target at the target's Hugging Face folder (config.json)",
         ) from None
+    # A drafter folder's config.json is a qwen3 one too (its own layers): read as a target, it
+    # has no embeddings or head (transformers would make them up at random)
+    hf = read_hf_config(Path(path) / "config.json", what="target")
+    architectures = hf.get("architectures") or []
+    if "dflash_config" in hf or any(str(a).startswith("DFlash") for a in architectures):
+        raise DllmError(
+            f"DFlash target: {str(path)!r} is a DFlash drafter folder "
+            f"({', '.join(map(str, architectures)) or 'dflash_config'}), not a target model",
+            hint="point model.dflash.target (or --target) at the Hugging Face folder of the "
+            "model the drafter drafts for",
+        )
+    return config
 
 
 def configure(model: Any) -> DFlashConfig:

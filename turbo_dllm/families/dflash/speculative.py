@@ -101,10 +101,21 @@ def _load_target(folder: str, device: torch.device, dtype: torch.dtype, flag: st
 
     try:
         with readable_weights(flag, folder):
-            model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+            model, info = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype, local_files_only=True, output_loading_info=True
+            )
     finally:
         if shown:
             hf_logging.enable_progress_bar()
+    missing = sorted(info.get("missing_keys") or [])
+    if missing:  # transformers initialises them at random and goes on: a model of noise
+        shown_keys = ", ".join(missing[:4]) + (
+            f" and {len(missing) - 4} more" if len(missing) > 4 else ""
+        )
+        raise DllmError(
+            f"{flag} {folder!r} lacks weights its config.json needs ({shown_keys})",
+            hint=f"point {flag} at a complete model folder (`dllm export` writes one)",
+        )
     return model.to(device).eval()
 
 
