@@ -945,3 +945,101 @@ def test_a_pack_whose_paths_escape_or_clash_is_refused(cli, tmp_path, members, l
 def test_a_missing_pack_is_named_with_a_hint(cli, tmp_path):
     assert_user_error(cli("cache", "install", tmp_path / "nothing.tar.zst"),
                       "no such pack", "hint: name a .tar.zst")  # fmt: skip
+
+
+def _disk_fault(patch, phase: str) -> None:
+    """Make the next install meet a full disk, a quota or a read-only cache in `phase`."""
+    import errno
+    import tempfile
+
+    import turbo_dllm.fsutil
+    from turbo_dllm.cache import packs
+
+    if phase == "staging":  # a write() in the staging folder: ENOSPC names no file
+        real_extract = packs._extract
+
+        def extract(path, dest):
+            real_extract(path, dest)  # the staging folder holds the whole pack by now
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        patch.setattr(packs, "_extract", extract)
+    elif phase == "record":
+        real_write = turbo_dllm.fsutil.write_atomic
+
+        def write_atomic(path, data):
+            if Path(path).parent.name == "installed":
+                raise OSError(errno.EDQUOT, "Disk quota exceeded", str(path) + ".tmp")
+            return real_write(path, data)
+
+        patch.setattr(turbo_dllm.fsutil, "write_atomic", write_atomic)
+    elif phase == "move":  # the third file's move into the cache
+        real_rename, done = os.rename, []
+
+        def rename(source, target):
+            if len(done) == 2:
+                raise OSError(errno.ENOSPC, "No space left on device", str(target))
+            done.append(target)
+            real_rename(source, target)
+
+        patch.setattr(os, "rename", rename)
+    else:  # read-only: the staging folder cannot be made
+        real_mkdtemp = tempfile.mkdtemp
+
+        def mkdtemp(suffix=None, prefix=None, dir=None):
+            if prefix and prefix.startswith(".dllm-pack-"):
+                name = Path(dir) / f"{prefix}x"
+                raise OSError(errno.EROFS, "Read-only file system", str(name))
+            return real_mkdtemp(suffix, prefix, dir)
+
+        patch.setattr(tempfile, "mkdtemp", mkdtemp)
+
+
+@pytest.mark.parametrize(
+    ("phase", "what", "fix"),
+    [
+        ("staging", "the compile cache", "the disk is full"),
+        ("record", "the installed-pack records", "your disk quota is used up"),
+        ("move", "the compile cache", "the disk is full"),
+        ("read-only", "the compile cache", "that file system is read-only"),
+    ],
+)
+def test_a_full_or_read_only_cache_names_the_folder_and_installs_nothing(
+    cli, tmp_path, monkeypatch, phase, what, fix
+):
+    """A full disk while the pack was unpacked said only "No space left on device" (a write()
+    names no file); a read-only cache named a staging folder that never existed. They name the
+    folder being written, its file system's mount point and free space, and that nothing was
+    installed, and nothing is: no file, no record, no staging folder."""
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    path = _small_pack(tmp_path)
+    with monkeypatch.context() as patch:
+        _disk_fault(patch, phase)
+        result = cli("cache", "install", path)
+    folder = compile_cache_dir() if what == "the compile cache" else None
+    if folder is None:
+        folder = Path(os.environ["DLLM_HOME"]) / "compile-packs" / "installed"
+    elif phase == "move":
+        folder = folder / "inductor"
+    assert_user_error(result, f"cannot write into {what} {folder} while installing {path.name}",
+                      "; nothing was installed", f"hint: {fix}", "file system is mounted at ")  # fmt: skip
+    assert _cache_files() == []
+    assert [p.name for p in compile_cache_dir().iterdir()] == ["inductor", "triton"]  # no staging
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 6
+
+
+def test_installing_an_installed_pack_on_a_read_only_cache_changes_nothing(
+    cli, tmp_path, monkeypatch
+):
+    """Installing a pack that is installed and intact again made a staging folder (and rewrote
+    its record) before finding nothing to add: on a cache that had become read-only it failed.
+    It is a no-op now."""
+    path = _small_pack(tmp_path)
+    first = json.loads(cli("cache", "install", path, "--json").out)
+    with monkeypatch.context() as patch:
+        _disk_fault(patch, "read-only")
+        again = cli("cache", "install", path, "--json")
+    assert again.code == 0, again.err
+    assert json.loads(again.out) == {**first, "added": 0}
+    assert cli("cache", "verify").code == 0

@@ -574,8 +574,6 @@ def _install_locked(
     from turbo_dllm.fsutil import sha256_file
 
     sha256 = sha256_file(path)
-    root = _staging_root(caches)
-    _sweep_staging(root)
     orphaned = _orphans_dir() / sha256
     record_path = _records_dir() / f"{sha256}.json"
     earlier = _read_record(record_path) if record_path.exists() else None
@@ -588,6 +586,29 @@ def _install_locked(
             hint=f"remove it from there first (dllm cache remove {sha256[:12]}), then install it "
             "here",
         )
+    if earlier is not None and not orphaned.exists() and not verify_pack(earlier):
+        # Installed, and every file in place: the archive with this sha256 is the one checked
+        # then. Nothing to write (so it succeeds on a cache that is read-only by now).
+        return earlier, 0
+    root = _staging_root(caches)
+    with _writing(root, "the compile cache", path.name):
+        _sweep_staging(root)
+        return _install_staged(path, caches, host, spec_sha256, root, sha256, earlier)
+
+
+def _install_staged(
+    path: Path,
+    caches: dict[str, Path],
+    host: HostFingerprint,
+    spec_sha256: str | None,
+    root: Path,
+    sha256: str,
+    earlier: InstalledPack | None,
+) -> tuple[InstalledPack, int]:
+    """Extract and check `path` in a staging folder under `root`, then move its files into
+    `caches` under a new record; an error (or Ctrl-C) takes everything back."""
+    orphaned = _orphans_dir() / sha256
+    record_path = _records_dir() / f"{sha256}.json"
     with tempfile.TemporaryDirectory(prefix=_staging_prefix(), dir=root) as tmp:
         manifest = _extract(path, Path(tmp) / "pack")
         if manifest.key.differences(host, spec_sha256):  # the checked copy must say the same
@@ -610,13 +631,16 @@ def _install_locked(
         # them; installing again adds the rest). Ctrl-C or an error takes all of it back.
         moved: list[tuple[Path, Path]] = []  # (file, the cache folder it went into)
         try:
-            record = _write_record(sha256, manifest, caches, path, owned)
+            with _writing(_records_dir(), "the installed-pack records", path.name):
+                record = _write_record(sha256, manifest, caches, path, owned)
             for entry in todo:
                 target = _cache_path(caches, entry.path)
+                cache = Path(caches[entry.path.partition("/")[0]])
                 # Before the move: an interrupted move is taken back too.
-                moved.append((target, Path(caches[entry.path.partition("/")[0]])))
+                moved.append((target, cache))
                 try:
-                    _move_into(Path(tmp) / "pack" / entry.path, target)
+                    with _writing(cache, "the compile cache", path.name):
+                        _move_into(Path(tmp) / "pack" / entry.path, target)
                 except (FileExistsError, IsADirectoryError, NotADirectoryError) as error:
                     raise DllmError(
                         f"cannot add {entry.path} to the compile cache: {_in_the_way(target)} "
@@ -639,6 +663,70 @@ def _install_locked(
                 write_atomic(record_path, earlier_bytes)
             raise
     return record, len(todo)
+
+
+# Why writing into the compile cache (or the records) failed when the fault is this machine's.
+_DISK_FIXES = {
+    errno.ENOSPC: "the disk is full: free some space and install again",
+    errno.EDQUOT: "your disk quota is used up: free some space and install again",
+    errno.EROFS: "that file system is read-only: install where it is writable",
+    errno.EACCES: "check that folder's permissions, then install again",
+    errno.EPERM: "check that folder's permissions, then install again",
+}
+
+
+@contextlib.contextmanager
+def _writing(folder: Path, what: str, label: str) -> Iterator[None]:
+    """Report a full disk, a quota, a read-only or forbidden folder met while installing pack
+    `label` by the folder being written (`what`: the compile cache, the records) and its file
+    system: the file that failed was often in the staging folder, deleted by then, and a
+    write() that fails names no file at all."""
+    try:
+        yield
+    except OSError as error:
+        fix = _DISK_FIXES.get(error.errno or 0)
+        if fix is None:
+            raise
+        mount, free = _file_system(folder)
+        space = f", {_size(free)} free" if free is not None else ""
+        moves = (
+            "DLLM_COMPILE_CACHE moves the compile cache"
+            if what == "the compile cache"
+            else "DLLM_HOME moves the records"
+        )
+        raise DllmError(
+            f"cannot write into {what} {folder} while installing {label}: "
+            f"{os.strerror(error.errno or 0)}; nothing was installed",
+            hint=f"{fix} (its file system is mounted at {mount}{space}; {moves})",
+        ) from None
+
+
+def _file_system(path: Path) -> tuple[Path, int | None]:
+    """The mount point of the file system holding `path` (or the nearest folder above it that
+    exists), and the bytes free on it for this user (None when that cannot be read)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    try:
+        device = path.stat().st_dev
+        while path.parent != path and path.parent.stat().st_dev == device:
+            path = path.parent
+        info = os.statvfs(path)
+    except OSError:
+        return path, None
+    return path, info.f_bavail * info.f_frsize
+
+
+def _size(count: int) -> str:
+    """`count` bytes for a person: "512 bytes", "3.4 GiB"."""
+    if count < 1024:
+        return f"{count} bytes"
+    value, unit = count / 1024, "KiB"
+    for bigger in ("MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f} {unit}"
 
 
 def _in_the_way(target: Path) -> str:
