@@ -46,9 +46,12 @@ def write_result(run_dir: Path, code: int, started: str, backend: str, **extra: 
 
 
 def read_result(run_dir: Path) -> dict[str, Any] | None:
+    """The run's result.json as written, or None where it is absent or unreadable: torn, not
+    UTF-8 (a non-UTF-8 byte was a UnicodeDecodeError traceback in `dllm run list`), nested
+    past the parser's depth."""
     try:
         return json.loads((Path(run_dir) / RESULT_NAME).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError
         return None
 
 

@@ -1,0 +1,25 @@
+"""`dllm run list | show` over run dirs whose files were damaged in ways a JSON parser alone does
+not catch: each reads as unknown or is a `dllm: error:`, never a traceback."""
+
+from __future__ import annotations
+
+import json
+
+from tests.jobs.test_runs_cli import slurm_run, write_metrics
+
+
+def test_a_result_json_that_is_not_utf8_reads_as_no_result(cli, spec_file, workdir):
+    """A non-UTF-8 byte in result.json was a UnicodeDecodeError traceback in list and show."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/r")
+    run_dir = workdir / "runs" / "r"
+    write_metrics(run_dir, [5.0, 4.5])
+    for damaged in (b'\xff\xfe{"exit_code": 0}', b"[" * 100_000):
+        (run_dir / "result.json").write_bytes(damaged)
+        listing = cli("run", "list", "--json")
+        assert listing.code == 0, listing.err
+        [run] = json.loads(listing.out)["runs"]
+        assert (run["steps_done"], run["exit_code"], run["status"]) == (2, None, "not submitted")
+        shown = cli("run", "show", "r")
+        assert shown.code == 0, shown.err
+        assert "progress     2/4 steps, last loss 4.5000; not submitted" in shown.out
+
