@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from tests.helpers import assert_user_error
 from tests.jobs.test_runs_cli import slurm_run, write_metrics
 
 
@@ -23,3 +24,29 @@ def test_a_result_json_that_is_not_utf8_reads_as_no_result(cli, spec_file, workd
         assert shown.code == 0, shown.err
         assert "progress     2/4 steps, last loss 4.5000; not submitted" in shown.out
 
+
+def test_a_manifest_whose_spec_launch_is_not_a_mapping_is_named_not_a_traceback(
+    cli, spec_file, workdir
+):
+    """`launch: null` in the recorded spec was an AttributeError traceback while its hash was
+    checked (in `run list`, `run show` and `launch --manifest`)."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/good")
+    for name, launch in (("null", None), ("list", [1])):
+        slurm_run(cli, spec_file, "--run-dir", f"runs/{name}")
+        path = workdir / "runs" / name / "manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["spec"]["launch"] = launch
+        path.write_text(json.dumps(manifest))
+    listing = cli("run", "list", "--json")
+    assert listing.code == 0, listing.err
+    document = json.loads(listing.out)
+    assert [r["run_id"] for r in document["runs"]] == ["good"]
+    assert document["unreadable_manifest"] == ["runs/list", "runs/null"]
+    for name in ("null", "list"):
+        assert_user_error(
+            cli("run", "show", name), "not a valid run manifest", "spec_sha256 does not match"
+        )
+        assert_user_error(
+            cli("launch", "--manifest", f"runs/{name}/manifest.json", "--dry-run"),
+            "not a valid run manifest",
+        )

@@ -138,8 +138,10 @@ def sha256_json(value: Any) -> str:
 def spec_sha256(spec: dict[str, Any]) -> str:
     """Hash of the job a spec describes: its canonical JSON without `launch.run_dir` (where a run
     is written is not what it computes, so a replay into a new dir keeps the hash)."""
-    launch = {k: v for k, v in spec.get("launch", {}).items() if k != "run_dir"}
-    return sha256_json({**spec, "launch": launch})
+    launch = spec.get("launch", {})
+    if not isinstance(launch, dict):  # an edited manifest's `launch: null`: no hash matches it
+        return sha256_json(spec)
+    return sha256_json({**spec, "launch": {k: v for k, v in launch.items() if k != "run_dir"}})
 
 
 def read_manifest(path: str | Path) -> RunManifest:
