@@ -1043,3 +1043,56 @@ def test_installing_an_installed_pack_on_a_read_only_cache_changes_nothing(
     assert again.code == 0, again.err
     assert json.loads(again.out) == {**first, "added": 0}
     assert cli("cache", "verify").code == 0
+
+
+@pytest.mark.parametrize("where", ["out", "scratch", "unreadable"])
+def test_a_full_disk_while_packing_names_the_folder_and_writes_no_pack(
+    cli, tmp_path, monkeypatch, where
+):
+    """A full --out said only "No space left on device" (a write() names no file); a full
+    scratch folder (TMPDIR) said "cannot read <the cache file>", blaming the cache. Each names
+    the folder being written and its file system now, and no pack (or scratch copy) is left;
+    a cache file that cannot be read is still named, with a hint."""
+    import errno
+    import shutil
+    import tempfile
+
+    import turbo_dllm.bundles.archive
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    entry = compile_cache_dir() / "inductor" / "ab" / "c1.py"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("# c1.py\n")
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    out = tmp_path / "packs"
+    with monkeypatch.context() as patch:
+        patch.setattr(tempfile, "tempdir", str(scratch))
+        if where == "out":
+
+            def pack_members(*args, **kwargs):
+                raise OSError(errno.ENOSPC, "No space left on device")
+
+            patch.setattr(turbo_dllm.bundles.archive, "pack_members", pack_members)
+        else:
+            real_copyfile = shutil.copyfile
+
+            def copyfile(source, target, **kwargs):
+                if where == "scratch":  # shutil's sendfile path names the source on ENOSPC
+                    raise OSError(errno.ENOSPC, "No space left on device", str(source))
+                if Path(source) == entry:
+                    raise PermissionError(errno.EACCES, "Permission denied", str(source))
+                return real_copyfile(source, target, **kwargs)
+
+            patch.setattr(shutil, "copyfile", copyfile)
+        result = cli("cache", "pack", "--out", out)
+    if where == "unreadable":
+        assert_user_error(result, f"cannot read {entry}: Permission denied",
+                          "hint: check that file's permissions")  # fmt: skip
+    else:
+        folder, what = (out, "the output folder") if where == "out" else (scratch, "the scratch")
+        assert_user_error(result, f"cannot write into {what}", f"{folder} while packing: No space "
+                          "left on device; no pack was written", "hint: the disk is full",
+                          "file system is mounted at ")  # fmt: skip
+        assert "cannot read" not in result.err
+    assert list(out.iterdir()) == [] and list(scratch.iterdir()) == []

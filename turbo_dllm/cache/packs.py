@@ -84,6 +84,16 @@ MAX_PACK_BYTES = 64 * 1024**3  # unpacked; a 1.7B recipe's caches are well under
 _CHUNK = 1024 * 1024
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 
+# Why writing a pack (--out, the scratch copies) or installing one (the cache, the records)
+# failed when the fault is this machine's: `verb` is pack or install.
+_DISK_FIXES = {
+    errno.ENOSPC: "the disk is full: free some space and {verb} again",
+    errno.EDQUOT: "your disk quota is used up: free some space and {verb} again",
+    errno.EROFS: "that file system is read-only: {verb} into a writable one",
+    errno.EACCES: "check that folder's permissions, then {verb} again",
+    errno.EPERM: "check that folder's permissions, then {verb} again",
+}
+
 
 class PackRejected(DllmError):
     """A pack that failed an integrity or fit check; nothing was installed."""
@@ -206,23 +216,51 @@ def make_pack(
     if not listed:
         raise _empty_caches(caches)
     make_output_dir(out_dir)  # before copying: --out may be a file
-    with tempfile.TemporaryDirectory(prefix="dllm-pack-") as tmp:
-        root = Path(tmp)
-        files = [entry for relative, path in listed if (entry := _copy_entry(path, relative, root))]
-        if not files:
-            raise _empty_caches(caches)
-        text = json.dumps(spec, sort_keys=True, separators=(",", ":")) if spec is not None else None
-        manifest = PackManifest(
-            key=key, spec=text, created_by=f"turbo-dllm {__version__}", files=tuple(files)
-        )
-        out = pack_members(
-            PACK_NAME,
-            manifest.to_json().encode(),
-            [(f.path, f.size) for f in files],
-            root,
-            out_dir / manifest.file_name,
-        )
+    scratch = Path(tempfile.gettempdir())
+    with _packing(scratch, "the scratch folder", "set TMPDIR to move it"):
+        with tempfile.TemporaryDirectory(prefix="dllm-pack-") as tmp:
+            root = Path(tmp)
+            files = [e for relative, path in listed if (e := _copy_entry(path, relative, root))]
+            if not files:
+                raise _empty_caches(caches)
+            text = (
+                json.dumps(spec, sort_keys=True, separators=(",", ":"))
+                if spec is not None
+                else None
+            )
+            manifest = PackManifest(
+                key=key, spec=text, created_by=f"turbo-dllm {__version__}", files=tuple(files)
+            )
+            with _packing(out_dir, "the output folder", "or pass another --out"):
+                out = pack_members(
+                    PACK_NAME,
+                    manifest.to_json().encode(),
+                    [(f.path, f.size) for f in files],
+                    root,
+                    out_dir / manifest.file_name,
+                )
     return out, manifest
+
+
+@contextlib.contextmanager
+def _packing(folder: Path, what: str, elsewhere: str) -> Iterator[None]:
+    """Report a full disk, a quota, a read-only or forbidden folder met while a pack is made
+    by the folder being written (the scratch copies of the caches, or --out) and its file
+    system, not by a file in the scratch folder (deleted by then) or no file at all."""
+    try:
+        yield
+    except OSError as error:
+        fix = _DISK_FIXES.get(error.errno or 0)
+        if fix is None:
+            raise
+        mount, free = _file_system(folder)
+        space = f", {_size(free)} free" if free is not None else ""
+        fix = fix.format(verb="pack")
+        raise DllmError(
+            f"cannot write into {what} {folder} while packing: "
+            f"{os.strerror(error.errno or 0)}; no pack was written",
+            hint=f"{fix} (its file system is mounted at {mount}{space}; {elsewhere})",
+        ) from None
 
 
 def _cache_files(name: str, folder: Path) -> list[tuple[str, Path]]:
@@ -258,7 +296,15 @@ def _copy_entry(source: Path, relative: str, root: Path) -> PackFile | None:
         target.unlink(missing_ok=True)
         return None
     except OSError as error:
-        raise DllmError(f"cannot read {source}: {error.strerror}") from None
+        if error.errno in _DISK_FIXES and (
+            error.errno not in (errno.EACCES, errno.EPERM) or error.filename != str(source)
+        ):
+            raise  # writing the copy failed: `make_pack` names the scratch folder
+        raise DllmError(
+            f"cannot read {source}: {error.strerror}",
+            hint="check that file's permissions (it is only a cache: deleting it is safe), "
+            "then pack again",
+        ) from None
     sha256 = sha256_file(target)
     try:
         changed = sha256_file(source) != sha256
@@ -665,16 +711,6 @@ def _install_staged(
     return record, len(todo)
 
 
-# Why writing into the compile cache (or the records) failed when the fault is this machine's.
-_DISK_FIXES = {
-    errno.ENOSPC: "the disk is full: free some space and install again",
-    errno.EDQUOT: "your disk quota is used up: free some space and install again",
-    errno.EROFS: "that file system is read-only: install where it is writable",
-    errno.EACCES: "check that folder's permissions, then install again",
-    errno.EPERM: "check that folder's permissions, then install again",
-}
-
-
 @contextlib.contextmanager
 def _writing(folder: Path, what: str, label: str) -> Iterator[None]:
     """Report a full disk, a quota, a read-only or forbidden folder met while installing pack
@@ -694,6 +730,7 @@ def _writing(folder: Path, what: str, label: str) -> Iterator[None]:
             if what == "the compile cache"
             else "DLLM_HOME moves the records"
         )
+        fix = fix.format(verb="install")
         raise DllmError(
             f"cannot write into {what} {folder} while installing {label}: "
             f"{os.strerror(error.errno or 0)}; nothing was installed",
