@@ -201,3 +201,14 @@ def test_a_target_folder_missing_weights_is_refused(cli, world, drafter, tmp_pat
     save_file(tensors, str(partial / "model.safetensors"), metadata={"format": "pt"})
     result = _eval(cli, partial, drafter["folder"], world["artifact"], *QUICK)
     assert_user_error(result, "--target", str(partial), "lacks weights", "model.norm.weight")
+
+
+def test_a_drafter_of_a_model_type_transformers_does_not_know_is_named(cli, world, tmp_path):
+    """transformers' ValueError ("does not recognize this architecture") was a traceback."""
+    folder = shutil.copytree(world["target"], tmp_path / "unknown")
+    hf = json.loads((folder / "config.json").read_text())
+    hf.update(model_type="no_such_model", architectures=["NoSuchModel"])
+    (folder / "config.json").write_text(json.dumps(hf))
+    flags = (*QUICK, "--block-size", "4")
+    result = _eval(cli, world["target"], folder, world["artifact"], *flags)
+    assert_user_error(result, f"--drafter {str(folder)!r} is not a causal LM", "no_such_model")

@@ -104,6 +104,13 @@ def _load_target(folder: str, device: torch.device, dtype: torch.dtype, flag: st
             model, info = AutoModelForCausalLM.from_pretrained(
                 folder, dtype=dtype, local_files_only=True, output_loading_info=True
             )
+    except ValueError as error:  # a model type or config class it has no causal LM for
+        raise DllmError(
+            f"{flag} {folder!r} is not a causal LM transformers can load: "
+            f"{str(error).splitlines()[0]}",
+            hint="--target takes a Llama / Qwen2 / Qwen3 folder; --drafter that or a DFlash "
+            "drafter folder",
+        ) from None
     finally:
         if shown:
             hf_logging.enable_progress_bar()
