@@ -79,6 +79,7 @@ def export_checkpoint(
     tensors = full_state_dict(model)
     if hasattr(model, "hf_export_state"):  # a family whose HF layout holds more names
         tensors = model.hf_export_state(tensors)
+    _refuse_non_finite(tensors, checkpoint)
     prefixes = tuple(getattr(model, "hf_source_prefixes", ()))
     _warn_if_sources_gone(meta, prefixes)
     tensors.update(_source_tensors(meta, prefixes))
@@ -100,6 +101,27 @@ def export_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def _refuse_non_finite(tensors: dict[str, Any], checkpoint: Path) -> None:
+    """A run that diverged can save a checkpoint whose weights are already nan or inf (the
+    step's update was; its loss is only seen at the next step): exported, it was a folder that
+    loads and generates garbage."""
+    import torch
+
+    bad = [
+        name
+        for name, tensor in tensors.items()
+        if torch.is_floating_point(tensor) and not bool(torch.isfinite(tensor).all())
+    ]
+    if bad:
+        shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
+        raise DllmError(
+            f"the checkpoint {str(checkpoint)!r} holds non-finite weights (nan or inf in "
+            f"{len(bad)} of {len(tensors)} tensors: {shown}); training diverged before it was saved",
+            hint="export an earlier checkpoints/step_<N> folder, or train again with a lower "
+            "optimizer.lr and training.clip_grad_norm set",
+        )
 
 
 def _warn_if_sources_gone(meta, prefixes: tuple[str, ...]) -> None:
