@@ -1096,3 +1096,38 @@ def test_a_full_disk_while_packing_names_the_folder_and_writes_no_pack(
                           "file system is mounted at ")  # fmt: skip
         assert "cannot read" not in result.err
     assert list(out.iterdir()) == [] and list(scratch.iterdir()) == []
+
+
+def test_a_read_only_home_is_named_and_an_intact_install_needs_no_lock(cli, tmp_path, monkeypatch):
+    """With DLLM_HOME read-only the packs' lock cannot be opened: every install and remove
+    stopped on "'.../install.lock': Read-only file system" with a hint to choose another path.
+    Installing a pack that is installed with every file in place writes nothing, so it succeeds
+    now; one that must write says the lock and DLLM_HOME cannot be written, and nothing changes."""
+    import errno
+
+    path = _small_pack(tmp_path)
+    sha = json.loads(cli("cache", "install", path, "--json").out)["sha256"]
+    other = _small_pack(tmp_path / "other", count=2)
+    lock = Path(os.environ["DLLM_HOME"]) / "compile-packs" / "install.lock"
+    real_open = os.open
+
+    def open_(file, flags, *args, **kwargs):
+        if Path(file) == lock:
+            raise OSError(errno.EROFS, "Read-only file system", str(file))
+        return real_open(file, flags, *args, **kwargs)
+
+    before = (_cache_files(), cli("cache", "list").out)
+    with monkeypatch.context() as patch:
+        patch.setattr(os, "open", open_)
+        again = cli("cache", "install", path, "--json")
+        assert again.code == 0, again.err
+        assert json.loads(again.out)["added"] == 0
+        refused = [cli("cache", "install", other), cli("cache", "remove", sha[:12])]
+        before[0][0].unlink()  # installing the pack again would have a file to put back
+        refused.append(cli("cache", "install", path))
+    for result in refused:
+        assert_user_error(result, f"cannot take the compile-cache packs' lock {lock}: Read-only "
+                          "file system; nothing was changed", "hint: that file system is "
+                          "read-only: point DLLM_HOME at a folder you can write")  # fmt: skip
+    assert _cache_files() == before[0][1:] and cli("cache", "list").out == before[1]
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 1

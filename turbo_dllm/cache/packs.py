@@ -485,8 +485,39 @@ def packs_locked(timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[None]:
     from turbo_dllm.bundles.store import file_lock
 
     lock = dllm_home() / "compile-packs" / "install.lock"
-    with file_lock(lock, timeout_s, "another compile-cache pack install or remove is running"):
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(
+                file_lock(
+                    lock, timeout_s, "another compile-cache pack install or remove is running"
+                )
+            )
+        except OSError as error:
+            if error.errno not in _DISK_FIXES:
+                raise
+            raise _HomeUnwritable(lock, error.errno or 0) from None
         yield
+
+
+class _HomeUnwritable(DllmError):
+    """The packs' lock cannot be taken: DLLM_HOME (which holds it and the installed-pack
+    records) cannot be written. Nothing was changed."""
+
+    def __init__(self, lock: Path, code: int) -> None:
+        mount, free = _file_system(lock.parent)
+        space = f", {_size(free)} free" if free is not None else ""
+        fix = {
+            errno.EROFS: "that file system is read-only:",
+            errno.EACCES: "check that folder's permissions, or",
+            errno.EPERM: "check that folder's permissions, or",
+            errno.EDQUOT: "your disk quota is used up: free some space, or",
+        }.get(code, "the disk is full: free some space, or")
+        super().__init__(
+            f"cannot take the compile-cache packs' lock {lock}: {os.strerror(code)}; nothing "
+            "was changed",
+            hint=f"{fix} point DLLM_HOME at a folder you can write (it holds the lock and the "
+            f"installed-pack records; its file system is mounted at {mount}{space})",
+        )
 
 
 def installed_packs() -> list[InstalledPack]:
@@ -610,8 +641,31 @@ def install_pack(
             hint="make a pack on a host like this one (dllm cache pack), or let the first step "
             "compile",
         )
-    with packs_locked(lock_timeout_s):
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(packs_locked(lock_timeout_s))
+        except _HomeUnwritable:
+            # Nothing can be written under DLLM_HOME; a pack installed with every file in place
+            # needs nothing written (and reading its record needs no lock).
+            from turbo_dllm.fsutil import sha256_file
+
+            unchanged = _installed_intact(sha256_file(path), caches)
+            if unchanged is None:
+                raise
+            return unchanged, 0
         return _install_locked(path, caches, host, spec_sha256)
+
+
+def _installed_intact(sha256: str, caches: dict[str, Path]) -> InstalledPack | None:
+    """The record of the pack whose archive has `sha256` when it is installed into `caches`
+    with every file in place (that archive is the one checked then), else None."""
+    record_path = _records_dir() / f"{sha256}.json"
+    if not record_path.exists() or (_orphans_dir() / sha256).exists():
+        return None
+    earlier = _read_record(record_path)
+    if earlier.caches != {n: str(f) for n, f in caches.items()} or verify_pack(earlier):
+        return None
+    return earlier
 
 
 def _install_locked(
@@ -620,7 +674,6 @@ def _install_locked(
     from turbo_dllm.fsutil import sha256_file
 
     sha256 = sha256_file(path)
-    orphaned = _orphans_dir() / sha256
     record_path = _records_dir() / f"{sha256}.json"
     earlier = _read_record(record_path) if record_path.exists() else None
     if earlier is not None and earlier.caches != {n: str(f) for n, f in caches.items()}:
@@ -632,10 +685,8 @@ def _install_locked(
             hint=f"remove it from there first (dllm cache remove {sha256[:12]}), then install it "
             "here",
         )
-    if earlier is not None and not orphaned.exists() and not verify_pack(earlier):
-        # Installed, and every file in place: the archive with this sha256 is the one checked
-        # then. Nothing to write (so it succeeds on a cache that is read-only by now).
-        return earlier, 0
+    if earlier is not None and (intact := _installed_intact(sha256, caches)) is not None:
+        return intact, 0  # nothing to write (so it succeeds on a cache read-only by now)
     root = _staging_root(caches)
     with _writing(root, "the compile cache", path.name):
         _sweep_staging(root)
