@@ -212,3 +212,19 @@ def test_a_drafter_of_a_model_type_transformers_does_not_know_is_named(cli, worl
     flags = (*QUICK, "--block-size", "4")
     result = _eval(cli, world["target"], folder, world["artifact"], *flags)
     assert_user_error(result, f"--drafter {str(folder)!r} is not a causal LM", "no_such_model")
+
+
+def test_data_of_another_tokenizer_is_refused_before_the_target_is_hashed(
+    world, exported, tmp_path, monkeypatch
+):
+    """The data check is cheap; the fingerprint reads every byte of the target."""
+    from tests.dflash.test_target_tokenizer import _with_tokenizer
+    from turbo_dllm.errors import DllmError
+
+    target = _with_tokenizer(world["target"], tmp_path / "target")
+    calls = []
+    monkeypatch.setattr(target_identity, "_FINGERPRINTS", {})
+    monkeypatch.setattr(target_identity, "sha256_file", lambda f: calls.append(f))
+    with pytest.raises(DllmError, match="another tokenizer"):
+        compare(str(target), [str(exported)], str(world["artifact"]), max_new_tokens=4)
+    assert calls == []

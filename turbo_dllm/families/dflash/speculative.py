@@ -439,21 +439,23 @@ def compare(
         draft_steps = [draft_steps] * len(drafters)
     if len(draft_steps) != len(drafters):
         raise ValueError(f"{len(draft_steps)} draft_steps for {len(drafters)} drafters")
+    # the data first (cheap), then each drafter (a recorded target fingerprint hashes the
+    # target: seconds per GB), all before loading anything
+    prompts = _prompts(data, target, target_config, num_prompts, prompt_len)
     others = []
-    for drafter in drafters:  # before loading anything
+    for drafter in drafters:
         _check_autoregressive(drafter, block_size, target_config)
         dflash = _architecture(drafter).startswith("DFlash")
         others.append(
             dflash and _check_dflash_drafter(drafter, target, target_config, allow_other_target)
         )
-    prompts = _prompts(data, target, target_config, num_prompts, prompt_len)
     models = [_drafter(drafter, target, torch_device, torch_dtype) for drafter in drafters]
     # `is None`, not `or`: --block-size 0 is refused below, not read as the drafter's own
     blocks = [model.config.block_size if block_size is None else block_size for _, model in models]
     for block in blocks:
         if block < 2:
             raise DllmError(f"--block-size must be at least 2 (got {block})")
-    proposers = [  # before the target and the prompts: they refuse draft steps they cannot take
+    proposers = [  # before the target loads: they refuse draft steps they cannot take
         _DFlashProposer(model, block, steps)
         if kind == "dflash"
         else _AutoregressiveProposer(model, block, steps)
