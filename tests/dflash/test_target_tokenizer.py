@@ -19,14 +19,14 @@ from turbo_dllm.registry import get_family
 WORDS = ["def", "return", "import", "class", "if", "else", "for", "in"]
 
 
-def _with_tokenizer(target, folder):
+def _with_tokenizer(target, folder, words=WORDS):
     """A copy of `target` with a small word-level Hugging Face tokenizer saved beside it."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     shutil.copytree(target, folder)
     specials = ["<|endoftext|>", "<|pad|>", "<|mask|>"]
-    vocab = {token: i for i, token in enumerate(specials + WORDS)}
+    vocab = {token: i for i, token in enumerate(specials + list(words))}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<|pad|>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(
@@ -71,3 +71,16 @@ def test_data_of_another_tokenizer_than_the_targets_is_refused(world, tmp_path):
 def test_a_target_without_a_tokenizer_is_not_compared(world):
     spec = drafter_spec(world["target"], world["artifact"])
     assert get_family("dflash").input_problems(spec) == []
+
+
+def test_a_target_whose_tokenizer_extends_the_data_s_passes(world, tmp_path):
+    """A target whose tokenizer holds every (token, id) of the data's and more (chat tokens added
+    after it) reads the data's ids as the same text: not refused; one moved token is."""
+    base = _with_tokenizer(world["target"], tmp_path / "base")
+    artifact = _artifact(base, tmp_path / "data")
+    extended = _with_tokenizer(world["target"], tmp_path / "extended", WORDS + ["<|im_start|>"])
+    spec = drafter_spec(extended, artifact, "model.dflash.mask_token_id=2")
+    assert get_family("dflash").input_problems(spec) == []
+    moved = _with_tokenizer(world["target"], tmp_path / "moved", WORDS[1:] + WORDS[:1])
+    spec = drafter_spec(moved, artifact, "model.dflash.mask_token_id=2")
+    assert [path for path, _ in get_family("dflash").input_problems(spec)] == ["data.artifact"]

@@ -28,9 +28,11 @@ __all__ = [
     "TOKENIZER_FILES",
     "TextTokenizer",
     "VOCABULARY_FILES",
+    "folder_vocabulary",
     "has_generation_markers",
     "load_tokenizer",
     "tokenizer_files",
+    "vocabulary_fits",
 ]
 
 # The built-in chat format of the byte-level tokenizer. This text is its definition (hashed into
@@ -153,6 +155,44 @@ def _vocab_sha256(pairs: Sequence[tuple[str, int]]) -> str:
     """sha256 of the vocabulary as canonical JSON `[[token, id], ...]` sorted by id."""
     ordered = sorted(pairs, key=lambda item: (item[1], item[0]))
     return _sha256_text(json.dumps(ordered, ensure_ascii=False, separators=(",", ":")))
+
+
+def folder_vocabulary(folder: str | Path) -> list[tuple[str, int]] | None:
+    """The vocabulary, as (token, id) pairs, of the tokenizer saved in a model folder, loaded as
+    a `tokenizer.path` is (AutoTokenizer, local files only), so that it hashes as an artifact
+    prepared with it records (`vocab_sha256`). None where the folder holds no vocabulary file
+    (a `dllm export` of a byte-level run, a folder of weights alone) or transformers cannot load
+    it (no data was prepared with it then)."""
+    folder = Path(folder)
+    if not folder.is_dir() or not _has_vocabulary_file(folder):
+        return None
+    try:
+        from transformers import AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.set_verbosity_error()
+        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+        return list(tokenizer.get_vocab().items())
+    except Exception:  # no transformers, or a tokenizer it cannot load: nothing to compare
+        return None
+
+
+def vocabulary_fits(
+    artifact: str | Path, vocab_sha256: str, pairs: Sequence[tuple[str, int]], also=()
+) -> bool:
+    """Whether data prepared into `artifact` (its tokenizer's recorded `vocab_sha256`) reads as
+    the same text under the vocabulary `pairs` of a model folder's tokenizer: the same vocabulary
+    (or one whose sha256 is in `also`), or one holding every (token, id) of the tokenizer copy
+    the artifact keeps, and more (an instruct model's added chat tokens, a mask token added
+    since)."""
+    if vocab_sha256 == _vocab_sha256(pairs) or vocab_sha256 in also:
+        return True
+    prepared_with = folder_vocabulary(Path(artifact) / "tokenizer")
+    return (
+        prepared_with is not None
+        and _vocab_sha256(prepared_with) == vocab_sha256
+        and set(prepared_with) <= set(pairs)
+    )
 
 
 def has_generation_markers(template: str) -> bool:

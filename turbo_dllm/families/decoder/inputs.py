@@ -16,35 +16,11 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["folder_vocabulary", "input_problems", "model_tokenizer_problems"]
+__all__ = ["input_problems", "model_tokenizer_problems"]
 
 
 def input_problems(spec: Any) -> list[tuple[str, str]]:
     return model_tokenizer_problems(spec)
-
-
-def folder_vocabulary(folder: str | Path) -> list[tuple[str, int]] | None:
-    """The vocabulary, as (token, id) pairs, of the tokenizer saved in a model folder, loaded as
-    `dllm data prepare` loads a `tokenizer.path` (AutoTokenizer, local files only), so that the
-    folder's tokenizer hashes as an artifact prepared with it records (`vocab_sha256`). None
-    where the folder holds no vocabulary file (a `dllm export` of a byte-level run, a folder of
-    weights alone) or transformers cannot load one (no data was prepared with it then)."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        return None
-    from turbo_dllm.data.tokenizers import _has_vocabulary_file
-
-    if not _has_vocabulary_file(folder):
-        return None
-    try:
-        from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-        return list(tokenizer.get_vocab().items())
-    except Exception:  # no transformers, or a tokenizer it cannot load: nothing to compare
-        return None
 
 
 def model_tokenizer_problems(spec: Any) -> list[tuple[str, str]]:
@@ -52,9 +28,9 @@ def model_tokenizer_problems(spec: Any) -> list[tuple[str, str]]:
     must be tokenized with the tokenizer saved in that folder. Another tokenizer's ids, where
     they fit the model's vocabulary, are other text to the model, and it would train on them
     silently. Compared by the vocabulary sha256 the artifact records (`tokenizer.vocab_sha256`)
-    against the folder's, where the folder holds a tokenizer; a folder's tokenizer that holds
-    every (token, id) of the data's (the copy the artifact keeps) and more matches too.
-    Synthetic data and a preset (`model.from_config`) are not compared. A folder given a mask token by `dllm model
+    against the folder's, where the folder holds a tokenizer (`data.tokenizers.vocabulary_fits`:
+    a folder's tokenizer that extends the data's matches too). Synthetic data and a preset
+    (`model.from_config`) are not compared. A folder given a mask token by `dllm model
     add-mask-token` (its config.json's `dllm_mask_token`, `dllm_mask_token_id`) also matches
     data prepared with the tokenizer before that migration (the same ids, the mask token given
     as `tokenizer.mask_token_id`)."""
@@ -62,7 +38,7 @@ def model_tokenizer_problems(spec: Any) -> list[tuple[str, str]]:
     if artifact is None or folder is None:
         return []
     from turbo_dllm.data.artifact import read_manifest
-    from turbo_dllm.data.tokenizers import _vocab_sha256
+    from turbo_dllm.data.tokenizers import _vocab_sha256, folder_vocabulary, vocabulary_fits
 
     try:
         recorded = read_manifest(artifact).tokenizer
@@ -72,7 +48,7 @@ def model_tokenizer_problems(spec: Any) -> list[tuple[str, str]]:
     if pairs is None:
         return []
     theirs = _vocab_sha256(pairs)
-    accepted = {theirs}
+    before_migration = set()
     try:
         config = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):
@@ -80,17 +56,8 @@ def model_tokenizer_problems(spec: Any) -> list[tuple[str, str]]:
     if isinstance(config, dict) and config.get("dllm_mask_token") is not None:
         added = (config.get("dllm_mask_token"), config.get("dllm_mask_token_id"))
         if added in pairs:
-            accepted.add(_vocab_sha256([pair for pair in pairs if pair != added]))
-    if recorded.vocab_sha256 in accepted:
-        return []
-    # A folder whose tokenizer extends the data's (an instruct model's added chat tokens, a
-    # mask token added since): every id the data holds reads as the same token there.
-    prepared_with = folder_vocabulary(Path(artifact) / "tokenizer")
-    if (
-        prepared_with is not None
-        and _vocab_sha256(prepared_with) == recorded.vocab_sha256
-        and set(prepared_with) <= set(pairs)
-    ):
+            before_migration.add(_vocab_sha256([pair for pair in pairs if pair != added]))
+    if vocabulary_fits(artifact, recorded.vocab_sha256, pairs, also=before_migration):
         return []
     return [
         (

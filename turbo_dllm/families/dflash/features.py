@@ -175,14 +175,15 @@ def tokenizer_problems(spec) -> list[tuple[str, str]]:
 
 def tokenizer_mismatch(artifact, manifest, target) -> str | None:
     """Why the data artifact `artifact` (its `manifest`) was not tokenized with the tokenizer
-    saved in the `target` folder; None when it was, or when the folder holds none to compare
-    with. The rule `tokenizer_problems` and `dllm dflash eval` share."""
-    from turbo_dllm.families.dflash.target_identity import target_vocabulary
+    saved in the `target` folder (or one it extends); None when it was, or when the folder holds
+    none to compare with. The rule `tokenizer_problems` and `dllm dflash eval` share."""
+    from turbo_dllm.data.tokenizers import _vocab_sha256, folder_vocabulary, vocabulary_fits
 
-    theirs = target_vocabulary(target)
+    pairs = folder_vocabulary(target)
     ours = manifest.tokenizer
-    if theirs is None or ours.vocab_sha256 == theirs:
+    if pairs is None or vocabulary_fits(artifact, ours.vocab_sha256, pairs):
         return None
+    theirs = _vocab_sha256(pairs)
     return (
         f"{str(artifact)!r} was tokenized with another tokenizer than the target "
         f"{str(target)!r}'s ({ours.kind}, vocabulary sha256 {ours.vocab_sha256[:12]}; the "

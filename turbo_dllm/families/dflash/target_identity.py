@@ -7,9 +7,6 @@ folder's path and each file's stamp). Hashing reads every byte (seconds per GB),
 once per process for files whose stamps did not change, and a resume whose target files carry
 the stamps its checkpoint recorded (size, mtime, ctime, inode, device: the same files, never
 rewritten since: any write changes ctime) takes the recorded fingerprint without reading them.
-
-`target_vocabulary` is the target's tokenizer, for the check that a drafter's data was
-tokenized with it.
 """
 
 from __future__ import annotations
@@ -25,7 +22,6 @@ __all__ = [
     "current_target_record",
     "target_fingerprint",
     "target_record",
-    "target_vocabulary",
 ]
 
 # (resolved folder, its files' stamps) -> fingerprint, for this process
@@ -85,24 +81,3 @@ def current_target_record(recorded: dict[str, Any], folder: str | Path) -> dict[
             "files": stamps,
         }
     return target_record(folder)
-
-
-def target_vocabulary(folder: str | Path) -> str | None:
-    """The sha256 of the vocabulary of the tokenizer saved in a target folder, as a data
-    artifact's tokenizer identity records it (`vocab_sha256`); None where the folder holds no
-    vocabulary file (a turbo-dllm export of a byte-level run) or transformers cannot load it."""
-    from turbo_dllm.data.tokenizers import VOCABULARY_FILES, _vocab_sha256
-
-    folder = Path(folder)
-    named = any((folder / name).is_file() for name in VOCABULARY_FILES)
-    if not named and not any(p for kind in ("*.model", "*.tiktoken") for p in folder.glob(kind)):
-        return None
-    try:
-        from transformers import AutoTokenizer
-        from transformers.utils import logging as hf_logging
-
-        hf_logging.set_verbosity_error()
-        tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-    except Exception:  # no transformers, or a tokenizer it cannot load: nothing to compare
-        return None
-    return _vocab_sha256(list(tokenizer.get_vocab().items()))
