@@ -1131,3 +1131,23 @@ def test_a_read_only_home_is_named_and_an_intact_install_needs_no_lock(cli, tmp_
                           "read-only: point DLLM_HOME at a folder you can write")  # fmt: skip
     assert _cache_files() == before[0][1:] and cli("cache", "list").out == before[1]
     assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 1
+
+
+def test_a_pack_larger_than_the_free_space_is_refused_before_a_byte_is_written(
+    cli, tmp_path, monkeypatch
+):
+    """A pack that unpacks to more than the cache's file system has free was extracted until
+    the disk was full (breaking whatever else wrote there), then failed. It is refused first."""
+    from turbo_dllm.cache import packs
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    path = _small_pack(tmp_path)
+    with monkeypatch.context() as patch:
+        patch.setattr(packs, "_file_system", lambda folder: (Path("/mnt/cache"), 10))
+        patch.setattr(packs, "_extract", lambda *args: pytest.fail("extracted"))
+        result = cli("cache", "install", path)
+    assert_user_error(result, f"cannot write into the compile cache {compile_cache_dir()} while "
+                      f"installing {path.name}: the pack unpacks to ", "file system has 10 bytes "
+                      "free; nothing was installed", "mounted at /mnt/cache")  # fmt: skip
+    assert _cache_files() == []
+    assert cli("cache", "list").out.startswith("no compile-cache packs installed")

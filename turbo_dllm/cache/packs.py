@@ -690,7 +690,23 @@ def _install_locked(
     root = _staging_root(caches)
     with _writing(root, "the compile cache", path.name):
         _sweep_staging(root)
+        _check_room(root, read_pack_manifest(path).total_size, path.name)
         return _install_staged(path, caches, host, spec_sha256, root, sha256, earlier)
+
+
+def _check_room(root: Path, size: int, label: str) -> None:
+    """Refuse a pack that unpacks to more than the free space of the compile cache's file
+    system before a byte is written: filling that disk would break whatever else writes there
+    (the runs whose caches these are) before the install fails and frees it again."""
+    mount, free = _file_system(root)
+    if free is None or size <= free:
+        return
+    raise DllmError(
+        f"cannot write into the compile cache {root} while installing {label}: the pack "
+        f"unpacks to {_size(size)}, its file system has {_size(free)} free; nothing was installed",
+        hint=f"free some space and install again (its file system is mounted at {mount}; "
+        "DLLM_COMPILE_CACHE moves the compile cache)",
+    )
 
 
 def _install_staged(
