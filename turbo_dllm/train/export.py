@@ -60,6 +60,13 @@ def export_checkpoint(
         raise DllmError(f"{str(out)!r} is a file, not a folder", hint="choose a new folder")
     if out.exists() and any(out.iterdir()):
         raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
+    if out.exists() and Path.cwd().resolve().is_relative_to(out.resolve()):
+        # An empty --out is replaced by the written folder: this shell's folder would be gone
+        # (`--out .` was "cannot write the export to '.': Invalid argument").
+        raise DllmError(
+            f"{str(out)!r} is the current folder: the export replaces its --out folder",
+            hint="pass --out a new folder inside it, e.g. --out hf",
+        )
     name = dtype or meta.param_dtype
     if name not in ("float32", "bfloat16"):
         raise DllmError(f"unknown dtype {name!r}", hint="use float32 or bfloat16")

@@ -1,0 +1,26 @@
+"""`dllm export --out` naming a folder the export cannot replace."""
+
+from __future__ import annotations
+
+from tests.helpers import assert_user_error
+from tests.train.util import tiny_spec
+from turbo_dllm.train.entry import train
+
+
+def test_an_empty_current_folder_as_out_is_refused_by_name(cli, tmp_path, monkeypatch):
+    """An empty --out is replaced by the written folder; `--out .` was "cannot write the export
+    to '.': Invalid argument" (and would have left the shell in a deleted folder)."""
+    train(tiny_spec("training.steps=2"), tmp_path / "run")
+    here = tmp_path / "here"
+    (here / "sub").mkdir(parents=True)
+    for cwd, out in ((here / "sub", "."), (here / "sub", str(here / "sub")), (here / "sub", "..")):
+        monkeypatch.chdir(cwd)
+        result = cli("export", "--checkpoint", tmp_path / "run", "--out", out)
+        if out == "..":  # not empty: it holds sub/
+            assert_user_error(result, "already exists and is not empty")
+        else:
+            assert_user_error(result, "is the current folder", "hint: pass --out a new folder")
+    assert sorted(p.name for p in here.rglob("*")) == ["sub"]
+    result = cli("export", "--checkpoint", tmp_path / "run", "--out", "hf")  # inside it: fine
+    assert result.code == 0, result.err
+    assert (here / "sub" / "hf" / "model.safetensors").is_file()
