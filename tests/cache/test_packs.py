@@ -1151,3 +1151,11 @@ def test_a_pack_larger_than_the_free_space_is_refused_before_a_byte_is_written(
                       "free; nothing was installed", "mounted at /mnt/cache")  # fmt: skip
     assert _cache_files() == []
     assert cli("cache", "list").out.startswith("no compile-cache packs installed")
+
+
+@pytest.mark.parametrize("command", ["verify", "remove"])
+def test_an_unknown_pack_id_is_answered_with_a_hint(cli, tmp_path, command):
+    """`verify`/`remove` of an id no installed pack has said so with no hint."""
+    assert cli("cache", "install", _small_pack(tmp_path)).code == 0
+    assert_user_error(cli("cache", command, "abcdefab"), "no installed compile-cache pack "
+                      "'abcdefab'", "hint: name one by the sha256 prefix")  # fmt: skip

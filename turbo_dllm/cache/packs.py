@@ -603,7 +603,9 @@ def find_installed(ident: str) -> InstalledPack:
     known = ", ".join(p.short_sha for p in packs) or "none"
     if not matches:
         raise DllmError(
-            f"no installed compile-cache pack {ident!r} (installed: {known})", hint=hint
+            f"no installed compile-cache pack {ident!r} (installed: {known})",
+            hint=hint
+            or "name one by the sha256 prefix (6+ characters) or file name `dllm cache list` shows",
         )
     raise DllmError(f"{ident!r} names several installed packs", hint="pass more of the sha256")
 
