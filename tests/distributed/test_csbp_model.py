@@ -75,7 +75,7 @@ def _split_block_plan(plan: ContextParallel) -> None:
         noisy = own.noisy_positions.clone()
         noisy[BLOCK // 2 : BLOCK] = other.noisy_positions[BLOCK // 2 : BLOCK]
         layouts[rank] = CsbpLayout(**{**own.__dict__, "noisy_positions": noisy})
-    plan._layouts[(SEQ_LEN, BLOCK)] = layouts[rank]
+    plan._layouts[(SEQ_LEN, BLOCK, "cpu")] = layouts[rank]  # (seq_len, block, device)
 
 
 def _run_case(world: int, name: str, cp: int, bp: int, objective_name: str) -> float:
