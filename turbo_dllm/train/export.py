@@ -167,6 +167,27 @@ def _source_tensors(meta, prefixes: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
+def _same_artifact(meta, artifact: Path | None) -> Path | None:
+    """`artifact` if it still holds the data the checkpoint was trained on (its fingerprint),
+    else None with a warning: prepared again at that path (another tokenizer, say), its tokenizer
+    and token ids were copied as the model's without a word."""
+    if artifact is None or not (artifact / "manifest.json").is_file():
+        return None
+    from turbo_dllm.data.artifact import read_manifest
+
+    now = read_manifest(artifact).fingerprint
+    trained = meta.data_fingerprint
+    if trained is None or now == trained:
+        return artifact
+    print(
+        f"warning: {artifact} (recorded in the checkpoint) was prepared again since training "
+        f"(fingerprint {now[:16]}, trained on {trained[:16]}): the export has no tokenizer or "
+        "token ids from it; copy the tokenizer the run was trained with into the folder",
+        file=sys.stderr,
+    )
+    return None
+
+
 def _copy_generation_files(meta, folder: Path) -> None:
     """generation_config.json, the tokenizer and the special token ids, from the sources."""
     from turbo_dllm.data.tokenizers import tokenizer_files
@@ -175,6 +196,7 @@ def _copy_generation_files(meta, folder: Path) -> None:
     artifact = Path(meta.data_artifact) if meta.data_artifact else None
     model_path = model_path if model_path and model_path.is_dir() else None
     artifact = artifact if artifact and artifact.is_dir() else None
+    artifact = _same_artifact(meta, artifact)
     # Every file the tokenizer loads from (its class's vocabulary files, sentencepiece and
     # tiktoken ones included), verbatim: the model folder's, else the artifact's copy.
     tokenizer = tokenizer_files(model_path) if model_path is not None else []
@@ -184,7 +206,7 @@ def _copy_generation_files(meta, folder: Path) -> None:
         shutil.copy2(file, folder / file.name)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
-    if artifact is not None and (artifact / "manifest.json").is_file():
+    if artifact is not None:
         from turbo_dllm.data.artifact import read_manifest
 
         specials = read_manifest(artifact).special_tokens
