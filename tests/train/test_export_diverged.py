@@ -1,6 +1,6 @@
-"""`dllm export` of a run that diverged: the checkpoint saved the step before the loss became nan
-already holds nan weights, and exporting it wrote a folder that transformers loads and that
-computes only nan."""
+"""`dllm export` of a run that diverged: a checkpoint saved the step before the loss became nan
+held nan weights (the trainer now stops on the step's nan gradient norm first), and exporting
+it wrote a folder that transformers loads and that computes only nan."""
 
 from __future__ import annotations
 
@@ -12,7 +12,16 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.train.entry import train
 
 
-def test_a_checkpoint_with_nan_weights_is_not_exported(cli, tmp_path):
+def test_a_checkpoint_with_nan_weights_is_not_exported(cli, tmp_path, monkeypatch):
+    from turbo_dllm.train.trainer import Trainer
+
+    def loss_only(stats, done):
+        """The trainer before it stopped on a non-finite gradient norm: it then saved the
+        step whose update made the weights nan (a checkpoint such a trainer left)."""
+        if stats["loss"] != stats["loss"]:
+            raise DllmError(f"the loss became nan at step {done}")
+
+    monkeypatch.setattr(Trainer, "_stop_if_not_finite", staticmethod(loss_only))
     diverging = tiny_spec(
         "training.steps=8",
         "optimizer.lr=1e12",

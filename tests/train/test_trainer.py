@@ -340,6 +340,35 @@ def test_a_non_finite_loss_stops_the_run_naming_its_step(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "run/checkpoints").iterdir()) == ["step_00000002"]
 
 
+def test_a_non_finite_gradient_norm_stops_before_its_checkpoint(tmp_path):
+    """A diverging run (a huge lr, no clipping) whose update made the weights nan while the
+    step's loss, computed before the update, was still finite: it stops at that step with no
+    checkpoint of it (it saved nan weights, which loaded, resumed and exported as nan), and
+    every checkpoint it left holds finite weights."""
+    from safetensors.torch import load_file
+
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.train.entry import train
+    from turbo_dllm.train.export import export_checkpoint
+
+    diverging = tiny_spec(
+        "training.steps=8",
+        "optimizer.lr=1e12",
+        "training.clip_grad_norm=null",
+        "checkpoint.interval=1",
+        "checkpoint.keep_last=8",
+    )
+    with pytest.raises(DllmError, match=r"the gradient norm became nan at step (\d+)") as caught:
+        train(diverging, tmp_path / "run")
+    step = int(caught.value.message.split(" at step ")[1].split()[0])
+    assert "no checkpoint of this step is written" in caught.value.message
+    saved = sorted((tmp_path / "run/checkpoints").glob("step_*"))
+    assert [p.name for p in saved] == [f"step_{n:08d}" for n in range(1, step)]
+    last = export_checkpoint(saved[-1], tmp_path / "hf")
+    weights = load_file(str(last / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in weights.values())
+
+
 def test_each_step_time_is_that_steps_own(tmp_path, monkeypatch):
     """Read a step late, the time logged for a step is still its own: a step made slow shows
     in its own record, not in its neighbour's, and a slow checkpoint in none."""

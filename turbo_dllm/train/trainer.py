@@ -657,20 +657,35 @@ class Trainer:
         family = self.spec.model.family
         return f"{family} {architecture}" if architecture else family
 
-    def _report(
-        self, queued: QueuedStep, previous: QueuedStep | None, began: float, tokens: int
-    ) -> None:
-        """Wait for a queued step's numbers, stop on a non-finite loss, log them (`previous`:
-        the step read before it, where its time runs from)."""
-        stats = queued.result()
-        now = time.perf_counter()
-        step_time = max(queued.seconds(previous), 1e-9)
-        done = queued.step + 1
+    @staticmethod
+    def _stop_if_not_finite(stats: dict, done: int) -> None:
+        """Stop on a step whose loss or gradient norm is not finite, naming the step."""
         if not math.isfinite(stats["loss"]):
             raise DllmError(
                 f"the loss became {stats['loss']} at step {done}",
                 hint="lower optimizer.lr, keep training.clip_grad_norm set, or check the data",
             )
+        if not math.isfinite(stats["grad_norm"]):
+            # The step's update (clipped or not) made the weights non-finite while its loss, read
+            # before it, was still finite: stop before a checkpoint of them is written.
+            raise DllmError(
+                f"the gradient norm became {stats['grad_norm']} at step {done} (loss "
+                f"{stats['loss']:.4f}): the weights are no longer finite, so no checkpoint of "
+                "this step is written",
+                hint="resume from the last checkpoint with a lower optimizer.lr, keep "
+                "training.clip_grad_norm set, or check the data",
+            )
+
+    def _report(
+        self, queued: QueuedStep, previous: QueuedStep | None, began: float, tokens: int
+    ) -> None:
+        """Wait for a queued step's numbers, stop on a non-finite loss or gradient norm, log them
+        (`previous`: the step read before it, where its time runs from)."""
+        stats = queued.result()
+        now = time.perf_counter()
+        step_time = max(queued.seconds(previous), 1e-9)
+        done = queued.step + 1
+        self._stop_if_not_finite(stats, done)
         world = self.env.world_size
         self.metrics.log(
             {
