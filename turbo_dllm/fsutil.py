@@ -113,3 +113,38 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
         while block := handle.read(chunk):
             digest.update(block)
     return digest.hexdigest()
+
+
+def file_system(path: str | Path) -> tuple[Path, int | None]:
+    """The mount point of the file system holding `path` (or the nearest folder above it that
+    exists), and the bytes free on it for this user (None when that cannot be read)."""
+    path = Path(os.path.abspath(path))
+    while not path.exists() and path.parent != path:
+        path = path.parent
+    try:
+        device = path.stat().st_dev
+        while path.parent != path and path.parent.stat().st_dev == device:
+            path = path.parent
+        info = os.statvfs(path)
+    except OSError:
+        return path, None
+    return path, info.f_bavail * info.f_frsize
+
+
+def mounted_at(path: str | Path) -> str:
+    """Where the file system holding `path` is mounted and its free space, for a hint about a
+    full or read-only disk: "/mnt/scratch, 3.4 GiB free"."""
+    mount, free = file_system(path)
+    return f"{mount}, {human_size(free)} free" if free is not None else str(mount)
+
+
+def human_size(count: int) -> str:
+    """`count` bytes for a person: "512 bytes", "3.4 GiB"."""
+    if count < 1024:
+        return f"{count} bytes"
+    value, unit = count / 1024, "KiB"
+    for bigger in ("MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, bigger
+    return f"{value:.1f} {unit}"

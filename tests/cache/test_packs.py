@@ -1143,7 +1143,7 @@ def test_a_pack_larger_than_the_free_space_is_refused_before_a_byte_is_written(
 
     path = _small_pack(tmp_path)
     with monkeypatch.context() as patch:
-        patch.setattr(packs, "_file_system", lambda folder: (Path("/mnt/cache"), 10))
+        patch.setattr(packs, "file_system", lambda folder: (Path("/mnt/cache"), 10))
         patch.setattr(packs, "_extract", lambda *args: pytest.fail("extracted"))
         result = cli("cache", "install", path)
     assert_user_error(result, f"cannot write into the compile cache {compile_cache_dir()} while "

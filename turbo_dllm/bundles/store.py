@@ -40,6 +40,7 @@ from turbo_dllm.bundles.manifest import (
 )
 from turbo_dllm.bundles.target import BundleTarget
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import mounted_at
 from turbo_dllm.paths import dllm_home
 from turbo_dllm.records import Record, RecordError, checked
 
@@ -400,14 +401,12 @@ class BundleStore:
 
     def _write_error(self, code: int, label: str) -> DllmError:
         where = self.store_dir if self.store_dir.exists() else self.root
-        mount, free = _file_system(where)
-        space = f", {_size(free)} free" if free is not None else ""
         fix = DISK_HINTS.get(code, "check that folder")
         moves = "" if "DLLM_HOME" in fix else "; DLLM_HOME moves the store"
         return DllmError(
             f"cannot write into the bundle store {where} while installing {label}: "
             f"{os.strerror(code)}; nothing was installed",
-            hint=f"{fix} (the store's file system is mounted at {mount}{space}{moves})",
+            hint=f"{fix} (the store's file system is mounted at {mounted_at(where)}{moves})",
         )
 
     @contextlib.contextmanager
@@ -583,32 +582,6 @@ def _renameat2():
     ]
     function.restype = ctypes.c_int
     return function
-
-
-def _file_system(path: Path) -> tuple[Path, int | None]:
-    """The mount point of the file system holding `path`, and the bytes free on it for this
-    user (None when that cannot be read)."""
-    path = path.resolve()
-    try:
-        device = path.stat().st_dev
-        while path.parent != path and path.parent.stat().st_dev == device:
-            path = path.parent
-        info = os.statvfs(path)
-    except OSError:
-        return path, None
-    return path, info.f_bavail * info.f_frsize
-
-
-def _size(count: int) -> str:
-    """`count` bytes for a person: "512 bytes", "3.4 GiB"."""
-    if count < 1024:
-        return f"{count} bytes"
-    value, unit = count / 1024, "KiB"
-    for bigger in ("MiB", "GiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{value:.1f} {unit}"
 
 
 def _entry_name(entry: InstalledBundle | DamagedBundle) -> str:

@@ -43,6 +43,7 @@ from turbo_dllm.bundles.manifest import (
 )
 from turbo_dllm.cache.key import PackDifference, PackKey
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import file_system, human_size, mounted_at
 from turbo_dllm.host import HostFingerprint
 from turbo_dllm.paths import dllm_home
 from turbo_dllm.records import Record, RecordError, checked
@@ -253,13 +254,11 @@ def _packing(folder: Path, what: str, elsewhere: str) -> Iterator[None]:
         fix = _DISK_FIXES.get(error.errno or 0)
         if fix is None:
             raise
-        mount, free = _file_system(folder)
-        space = f", {_size(free)} free" if free is not None else ""
         fix = fix.format(verb="pack")
         raise DllmError(
             f"cannot write into {what} {folder} while packing: "
             f"{os.strerror(error.errno or 0)}; no pack was written",
-            hint=f"{fix} (its file system is mounted at {mount}{space}; {elsewhere})",
+            hint=f"{fix} (its file system is mounted at {mounted_at(folder)}; {elsewhere})",
         ) from None
 
 
@@ -504,8 +503,6 @@ class _HomeUnwritable(DllmError):
     records) cannot be written. Nothing was changed."""
 
     def __init__(self, lock: Path, code: int) -> None:
-        mount, free = _file_system(lock.parent)
-        space = f", {_size(free)} free" if free is not None else ""
         fix = {
             errno.EROFS: "that file system is read-only:",
             errno.EACCES: "check that folder's permissions, or",
@@ -516,7 +513,7 @@ class _HomeUnwritable(DllmError):
             f"cannot take the compile-cache packs' lock {lock}: {os.strerror(code)}; nothing "
             "was changed",
             hint=f"{fix} point DLLM_HOME at a folder you can write (it holds the lock and the "
-            f"installed-pack records; its file system is mounted at {mount}{space})",
+            f"installed-pack records; its file system is mounted at {mounted_at(lock.parent)})",
         )
 
 
@@ -700,12 +697,13 @@ def _check_room(root: Path, size: int, label: str) -> None:
     """Refuse a pack that unpacks to more than the free space of the compile cache's file
     system before a byte is written: filling that disk would break whatever else writes there
     (the runs whose caches these are) before the install fails and frees it again."""
-    mount, free = _file_system(root)
+    mount, free = file_system(root)
     if free is None or size <= free:
         return
     raise DllmError(
         f"cannot write into the compile cache {root} while installing {label}: the pack "
-        f"unpacks to {_size(size)}, its file system has {_size(free)} free; nothing was installed",
+        f"unpacks to {human_size(size)}, its file system has {human_size(free)} free; nothing "
+        "was installed",
         hint=f"free some space and install again (its file system is mounted at {mount}; "
         "DLLM_COMPILE_CACHE moves the compile cache)",
     )
@@ -792,8 +790,6 @@ def _writing(folder: Path, what: str, label: str) -> Iterator[None]:
         fix = _DISK_FIXES.get(error.errno or 0)
         if fix is None:
             raise
-        mount, free = _file_system(folder)
-        space = f", {_size(free)} free" if free is not None else ""
         moves = (
             "DLLM_COMPILE_CACHE moves the compile cache"
             if what == "the compile cache"
@@ -803,36 +799,8 @@ def _writing(folder: Path, what: str, label: str) -> Iterator[None]:
         raise DllmError(
             f"cannot write into {what} {folder} while installing {label}: "
             f"{os.strerror(error.errno or 0)}; nothing was installed",
-            hint=f"{fix} (its file system is mounted at {mount}{space}; {moves})",
+            hint=f"{fix} (its file system is mounted at {mounted_at(folder)}; {moves})",
         ) from None
-
-
-def _file_system(path: Path) -> tuple[Path, int | None]:
-    """The mount point of the file system holding `path` (or the nearest folder above it that
-    exists), and the bytes free on it for this user (None when that cannot be read)."""
-    path = Path(os.path.abspath(path))
-    while not path.exists() and path.parent != path:
-        path = path.parent
-    try:
-        device = path.stat().st_dev
-        while path.parent != path and path.parent.stat().st_dev == device:
-            path = path.parent
-        info = os.statvfs(path)
-    except OSError:
-        return path, None
-    return path, info.f_bavail * info.f_frsize
-
-
-def _size(count: int) -> str:
-    """`count` bytes for a person: "512 bytes", "3.4 GiB"."""
-    if count < 1024:
-        return f"{count} bytes"
-    value, unit = count / 1024, "KiB"
-    for bigger in ("MiB", "GiB", "TiB"):
-        if value < 1024:
-            break
-        value, unit = value / 1024, bigger
-    return f"{value:.1f} {unit}"
 
 
 def _in_the_way(target: Path) -> str:
