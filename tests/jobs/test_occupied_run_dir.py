@@ -52,7 +52,7 @@ def snapshot(folder: Path) -> dict[str, tuple[str, int] | None]:
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """Real launches on CPU: `done` finished; `stopped`'s launcher was killed after the last
-    step (no result.json, as a SIGKILL leaves it), and `killed`'s too; `short` stopped after step 1 of 4 with exit
+    step (no result.json, as a SIGKILL leaves it: `died`), and `killed`'s too; `short` stopped after step 1 of 4 with exit
     status 0 (training.max_duration_s); `trained` is a `dllm train --run-dir` run."""
     root = tmp_path_factory.mktemp("occupied")
     spec = root / "train.yaml"
@@ -108,7 +108,7 @@ def test_a_stopped_run_is_refused_with_the_command_that_resumes_it(runs, cli, pi
     before = snapshot(stopped)
     result = cli("launch", "--config", spec, "--run-dir", stopped)
     resume = f"dllm train --config {stopped / 'spec.yaml'} --run-dir {stopped}"
-    assert_user_error(result, "already holds run stopped (no result, step 4/4)", resume)
+    assert_user_error(result, "already holds run stopped (died, step 4/4)", resume)
     assert snapshot(stopped) == before
     manifest = (stopped / "manifest.json").read_bytes()
 

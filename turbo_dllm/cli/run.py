@@ -77,7 +77,7 @@ def _list(args) -> int:
                 f"{r.backend} {r.processes}",
                 steps,
                 loss,
-                r.status,
+                r.status_detail,
                 r.replay_of or "-",
             )
         )
@@ -104,7 +104,7 @@ def _show(args) -> int:
         print(line)
     steps = summary.steps_done if summary.steps_done is not None else 0
     loss = f", last loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
-    print(f"progress     {steps}/{summary.steps_total} steps{loss}; {summary.status}")
+    print(f"progress     {steps}/{summary.steps_total} steps{loss}; {summary.status_detail}")
     if summary.slurm_job_id:
         state = f" ({summary.slurm_state})" if summary.slurm_state else ""
         print(f"slurm job    {summary.slurm_job_id}{state}")

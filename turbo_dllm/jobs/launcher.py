@@ -37,7 +37,13 @@ from turbo_dllm.jobs.manifest import (
 )
 from turbo_dllm.jobs.options import LaunchOptions, NodeRange, SlurmOptions
 from turbo_dllm.jobs.plan import JobPlan
-from turbo_dllm.jobs.result import RESULT_NAME, now, write_result
+from turbo_dllm.jobs.result import (
+    RESULT_NAME,
+    end_launcher,
+    now,
+    record_launcher,
+    write_result,
+)
 from turbo_dllm.paths import new_run_dir
 from turbo_dllm.train.metrics import METRICS_NAME
 
@@ -572,6 +578,20 @@ def start(job: PreparedJob, *, submit: bool = False, made_run_dir: bool = False)
         print(f"Submitted batch job {job_id}")
         return 0
     started = now()
+    # Who runs the job, so `dllm run list` tells a live run from one whose launcher was killed
+    # before it could write result.json. Not recorded (a full disk): the run reads `no result`.
+    with contextlib.suppress(OSError):
+        record_launcher(job.run_dir, multi_node=job.multi_node)
+    try:
+        return _run_workers(job, started)
+    finally:
+        # However start() ends (a result, an error, Ctrl-C): this launch no longer runs the
+        # job, even where its process lives on (a Python session that called start()).
+        end_launcher(job.run_dir, multi_node=job.multi_node)
+
+
+def _run_workers(job: PreparedJob, started: str) -> int:
+    plan = job.plan
     if plan.backend == "local":
         from turbo_dllm.jobs.backends.local import run_local
 

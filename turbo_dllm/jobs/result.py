@@ -9,12 +9,20 @@ turbo_dllm.jobs.result`); a job SLURM kills (scancel, time limit) never gets tha
 runs is the run's latest attempt, whether `--submit` or the user's own `sbatch job.sbatch` (a
 resubmission after a cancelled or failed job) submitted it, so it records its job id
 (`slurm_job.json`) and removes an earlier attempt's `result.json`.
+
+A local or torchrun launcher also records itself when it starts (`launcher.json`; on a
+multi-node job each node's as `launcher-<host>.json`): host, pid and the process's start time
+(`/proc/<pid>/stat` field 22, with the boot id), so `dllm run list` can tell a run whose
+launcher still runs on this host from one whose launcher was killed (SIGKILL, the OOM killer, a
+reboot) before it could write `result.json`; a reused pid has another start time.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import socket
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
@@ -22,10 +30,25 @@ from typing import Any
 
 from turbo_dllm.fsutil import write_atomic
 
-__all__ = ["RESULT_FORMAT", "RESULT_NAME", "now", "read_result", "write_result"]
+__all__ = [
+    "LAUNCHER_FORMAT",
+    "LAUNCHER_NAME",
+    "end_launcher",
+    "RESULT_FORMAT",
+    "RESULT_NAME",
+    "launcher_alive",
+    "now",
+    "read_launchers",
+    "read_result",
+    "record_launcher",
+    "this_host",
+    "write_result",
+]
 
 RESULT_NAME = "result.json"
 RESULT_FORMAT = "turbo_dllm.run_result.v1"
+LAUNCHER_NAME = "launcher.json"
+LAUNCHER_FORMAT = "turbo_dllm.run_launcher.v1"
 
 
 def now() -> str:
@@ -53,6 +76,98 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
         return json.loads((Path(run_dir) / RESULT_NAME).read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError
         return None
+
+
+def this_host() -> str:
+    return socket.gethostname()
+
+
+def _boot_id() -> str | None:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time (clock ticks after boot: /proc/<pid>/stat field 22), or None
+    where it does not exist (or has ended and waits to be reaped: a zombie runs nothing)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    # Field 2 (the command name) is in parentheses and may hold spaces and parentheses itself.
+    fields = stat[stat.rfind(")") + 2 :].split()
+    if len(fields) < 20 or fields[0] in ("Z", "X"):
+        return None
+    try:
+        return int(fields[19])  # fields[0] is field 3 (the state), so field 22 is fields[19]
+    except ValueError:
+        return None
+
+
+def record_launcher(run_dir: Path, *, multi_node: bool = False) -> None:
+    """Record this process as the run's launcher (see the module's doc); a multi-node job's
+    nodes share the run dir, so each records itself under its own host name."""
+    record = {
+        "format": LAUNCHER_FORMAT,
+        "host": this_host(),
+        "pid": os.getpid(),
+        "start_ticks": _start_ticks(os.getpid()),
+        "boot_id": _boot_id(),
+        "started_at": now(),
+    }
+    write_atomic(
+        _launcher_path(run_dir, multi_node), json.dumps(record, indent=2, sort_keys=True) + "\n"
+    )
+
+
+def _launcher_path(run_dir: Path, multi_node: bool) -> Path:
+    return Path(run_dir) / (f"launcher-{this_host()}.json" if multi_node else LAUNCHER_NAME)
+
+
+def end_launcher(run_dir: Path, *, multi_node: bool = False) -> None:
+    """Mark this launcher's record ended (`ended_at`) when its launch returns or raises: it no
+    longer runs the job though its process may live on. A killed launcher never gets here."""
+    path = _launcher_path(run_dir, multi_node)
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        if isinstance(record, dict) and record.get("pid") == os.getpid():
+            record["ended_at"] = now()
+            write_atomic(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    except (OSError, ValueError, RecursionError):
+        pass  # not recorded, or damaged: nothing to mark
+
+
+def read_launchers(run_dir: Path) -> list[dict[str, Any]]:
+    """The launcher records in `run_dir` that can be read (a torn or edited one is left out)."""
+    records = []
+    for path in sorted(Path(run_dir).glob("launcher*.json")):
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if (
+            isinstance(record, dict)
+            and isinstance(record.get("host"), str)
+            and isinstance(record.get("pid"), int)
+        ):
+            records.append(record)
+    return records
+
+
+def launcher_alive(record: dict[str, Any]) -> bool | None:
+    """Whether the recorded launcher still runs: None where this host cannot tell (another
+    host's, or no /proc); False once its launch ended (`ended_at`), its pid is gone or belongs to
+    a later process (another start time), or the host has rebooted since (another boot id)."""
+    if record.get("ended_at"):
+        return False
+    if record.get("host") != this_host() or not Path("/proc/self/stat").exists():
+        return None
+    if record.get("boot_id") and record["boot_id"] != _boot_id():
+        return False
+    ticks, recorded = _start_ticks(record["pid"]), record.get("start_ticks")
+    return ticks is not None and (recorded is None or ticks == recorded)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,19 +5,28 @@ from SLURM itself: its job is pending or running before any result exists, and a
 ends (scancel, time limit, node failure) never writes one. A run resumed by hand (`dllm train
 --run-dir`) is its latest attempt: its own `result.json` (`resumed_by`) outranks SLURM's word on
 the job that came before.
+
+A local or torchrun run without a result has its launcher's record (`launcher.json`: host, pid,
+start time): `running` while that process lives on this host (or a `dllm train --run-dir`
+resume of it runs here), `died` once it is gone (SIGKILL, the OOM killer, a reboot: nothing
+wrote a result), with when the run last wrote a step; `unknown` when it was launched on another
+host, which this one cannot look into. A run recorded before launchers recorded themselves
+reads `no result`.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs.drift import flat_diff, manifest_drift
 from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
-from turbo_dllm.jobs.result import read_result
+from turbo_dllm.jobs.result import launcher_alive, read_launchers, read_result, this_host
 from turbo_dllm.train.metrics import METRICS_NAME, read_metrics
 
 __all__ = [
@@ -55,6 +64,11 @@ class RunSummary:
     slurm_state: str | None = None  # None: not a submitted SLURM job, or SLURM forgot it
     resumed: bool = False  # the latest attempt was a `dllm train` (SLURM's job is history)
     finished_at: str | None = None  # when its result.json says it ended
+    # Without a result: "running", "died" or "unknown" from its launcher's record (None: none).
+    launcher: str | None = None
+    launcher_hosts: tuple[str, ...] = ()  # where its launchers ran (every node's)
+    last_written_at: str | None = None  # metrics.jsonl's last write (its last step)
+    resumed_here: bool = False  # running: a `dllm train --run-dir` resume on this host
 
     @property
     def status(self) -> str:
@@ -68,7 +82,26 @@ class RunSummary:
             # Submitted, but neither a result nor SLURM's memory of the job (squeue keeps
             # finished jobs for minutes; sacct only where the cluster keeps accounting).
             return "unknown" if self.slurm_job_id else "not submitted"
-        return "no result"  # still running, or its launcher was killed
+        # No launcher record: recorded before launchers recorded themselves, or killed between
+        # writing its manifest and starting.
+        return self.launcher or "no result"
+
+    @property
+    def status_detail(self) -> str:
+        """The status with what it rests on, for people: where, and since when."""
+        status = self.status
+        if status == "died":
+            when = (
+                f"last wrote a step at {self.last_written_at}"
+                if self.last_written_at
+                else "before its first step"
+            )
+            return f"died ({when}; no launcher alive, no result)"
+        if status == "unknown" and self.launcher == "unknown":
+            return f"unknown (launched on {', '.join(self.launcher_hosts)})"
+        if status == "running" and self.resumed_here:
+            return "running (`dllm train` resume)"
+        return status
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -86,6 +119,8 @@ class RunSummary:
             "slurm_job_id": self.slurm_job_id,
             "slurm_state": self.slurm_state,
             "replay_of": self.replay_of,
+            "launcher_hosts": list(self.launcher_hosts),
+            "last_written_at": self.last_written_at,
         }
 
 
@@ -213,7 +248,73 @@ def summarize(
         resumed=result is not None and result.get("resumed_by") is not None,
         finished_at=finished_at if isinstance(finished_at, str) else None,
     )
+    if result is None and plan.backend != "slurm":
+        summary = _with_launcher(summary)
     return _with_slurm_states([summary])[0] if ask_slurm else summary
+
+
+def _with_launcher(summary: RunSummary) -> RunSummary:
+    """A run without a result, with what its launchers' records say (module doc)."""
+    records = read_launchers(summary.path)
+    if not records:
+        return summary
+    alive = [launcher_alive(record) for record in records]
+    hosts = tuple(dict.fromkeys(str(record["host"]) for record in records))
+    metrics = summary.path / METRICS_NAME
+    try:
+        mtime = metrics.stat().st_mtime
+    except OSError:
+        written = None
+    else:
+        written = datetime.fromtimestamp(mtime, timezone.utc).isoformat(timespec="seconds")
+    resumed_here = False
+    if True in alive:
+        state = "running"
+    elif None in alive:  # another host's launcher (a multi-node job's other nodes)
+        state = "unknown"
+    elif _resumed_on_this_host(summary.path):
+        state, resumed_here = "running", True
+    else:
+        state = "died"
+    return replace(
+        summary,
+        launcher=state,
+        launcher_hosts=tuple(h for h in hosts if state != "unknown" or h != this_host()),
+        last_written_at=written,
+        resumed_here=resumed_here,
+    )
+
+
+def _resumed_on_this_host(run_dir: Path) -> bool:
+    """Whether a `dllm train --run-dir` process on this host trains `run_dir`: a resume of a run
+    whose launcher died removes its result and records no launcher of its own."""
+    target = os.path.realpath(run_dir)
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return False
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if "train" not in argv or "launch" in argv:
+            continue
+        for i, arg in enumerate(argv):
+            if arg == "--run-dir" and i + 1 < len(argv):
+                given = argv[i + 1]
+            elif arg.startswith("--run-dir="):
+                given = arg.partition("=")[2]
+            else:
+                continue
+            try:
+                folder = os.path.join(os.readlink(entry / "cwd"), given)
+            except OSError:
+                continue
+            if os.path.realpath(folder) == target:
+                return True
+    return False
 
 
 def _number(value: Any, kind: type | tuple[type, ...]) -> Any:
