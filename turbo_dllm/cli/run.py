@@ -105,6 +105,10 @@ def _show(args) -> int:
     steps = summary.steps_done if summary.steps_done is not None else 0
     loss = f", last loss {summary.last_loss:.4f}" if summary.last_loss is not None else ""
     print(f"progress     {steps}/{summary.steps_total} steps{loss}; {summary.status_detail}")
+    if summary.exit_code is not None:
+        at = f" at {summary.finished_at}" if summary.finished_at else ""
+        by = ", by a `dllm train --run-dir` resume" if summary.resumed else ""
+        print(f"ended        exit status {summary.exit_code}{at}{by}")
     if summary.slurm_job_id:
         state = f" ({summary.slurm_state})" if summary.slurm_state else ""
         print(f"slurm job    {summary.slurm_job_id}{state}")

@@ -119,6 +119,8 @@ class RunSummary:
             "slurm_job_id": self.slurm_job_id,
             "slurm_state": self.slurm_state,
             "replay_of": self.replay_of,
+            "finished_at": self.finished_at,
+            "resumed": self.resumed,
             "launcher_hosts": list(self.launcher_hosts),
             "last_written_at": self.last_written_at,
         }
