@@ -14,3 +14,11 @@ from turbo_dllm.config.runspec import RunSpec
 @pytest.mark.parametrize("recipe", list_recipes(), ids=lambda r: r.name)
 def test_every_recipe_is_a_runspec(recipe):
     load_model(RunSpec, parse_yaml(recipe.text, recipe.name), recipe.name)  # raises on a bad one
+
+
+def test_recipes_are_listed_in_name_order():
+    """A recipe precedes its variants (`smoke/cpu-tiny`, then `smoke/cpu-tiny-nemotron`): sorted
+    by file name, `cpu-tiny-nemotron.yaml` came first ('-' sorts before '.')."""
+    names = [recipe.name for recipe in list_recipes()]
+    assert names == sorted(names)
+    assert names.index("smoke/cpu-tiny") < names.index("smoke/cpu-tiny-nemotron")

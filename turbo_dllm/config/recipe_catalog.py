@@ -43,7 +43,7 @@ def list_recipes() -> list[Recipe]:
     found = []
 
     def walk(node, prefix: str) -> None:
-        for child in sorted(node.iterdir(), key=lambda c: c.name):
+        for child in sorted(node.iterdir(), key=lambda c: c.name.removesuffix(".yaml")):
             if child.is_dir():
                 walk(child, f"{prefix}{child.name}/")
             elif child.name.endswith(".yaml"):
