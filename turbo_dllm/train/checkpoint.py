@@ -19,6 +19,7 @@ comes with a new `format`, which is refused by name (`read_meta`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import os
@@ -260,6 +261,36 @@ def load_tensors(state: dict[str, Any], path: str | Path) -> None:
             raise _unreadable(Path(path), error) from None
 
 
+# Free space below which a failed save is taken for a full disk: DCP turns ENOSPC into
+# torch.save's "unexpected pos" RuntimeError, which names no cause.
+_NEARLY_FULL = 16 * 2**20
+
+
+def _reason(error: BaseException) -> str:
+    failures = getattr(error, "failures", None)  # DCP's CheckpointException: the ranks' errors
+    if failures:
+        error = next(iter(failures.values()))[0]
+    if isinstance(error, OSError) and error.strerror:
+        return error.strerror
+    text = str(error).strip()
+    reason = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
+    return reason[:300]
+
+
+def _has_errno(error: BaseException | None, *codes: int) -> bool:
+    """Whether `error`, a DCP rank failure in it, or an error it was raised from has one of
+    `codes` as its errno."""
+    seen = 0
+    while error is not None and seen < 16:
+        if isinstance(error, OSError) and error.errno in codes:
+            return True
+        for failure in (getattr(error, "failures", None) or {}).values():
+            if _has_errno(failure[0] if isinstance(failure, tuple) else failure, *codes):
+                return True
+        error, seen = error.__cause__ or error.__context__, seen + 1
+    return False
+
+
 def _barrier() -> None:
     import torch.distributed as dist
 
@@ -345,24 +376,63 @@ class Checkpointer:
         _barrier()
         model_state, optim_state = get_state_dict(model, optimizer)
         model_state = _own_tensors(model, model_state)
-        with quiet_dcp_warnings():
-            dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
-        torch.save({"rng": _rng_state()}, tmp / f"rank_{self.rank:05d}.pt")
-        _barrier()
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        try:
+            with quiet_dcp_warnings():
+                dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
+            torch.save({"rng": _rng_state()}, tmp / f"rank_{self.rank:05d}.pt")
+            _barrier()
+            if self.rank == 0:
+                record = CheckpointMeta(
+                    format=CHECKPOINT_FORMAT,
+                    step=step,
+                    world_size=self.world_size,
+                    scheduler=_scheduler_state(scheduler),
+                    loader=loader_state,
+                    **meta,
+                )
+                write_atomic(tmp / "checkpoint.json", record.model_dump_json(indent=2) + "\n")
+        # DCP wraps a failed write (a full disk reaches torch.save as a RuntimeError, not an
+        # OSError) in CheckpointException, a BaseException
+        except (Exception, CheckpointException) as error:
+            raise self._unwritable(final, tmp, error) from None
         if self.rank == 0:
-            record = CheckpointMeta(
-                format=CHECKPOINT_FORMAT,
-                step=step,
-                world_size=self.world_size,
-                scheduler=_scheduler_state(scheduler),
-                loader=loader_state,
-                **meta,
-            )
-            write_atomic(tmp / "checkpoint.json", record.model_dump_json(indent=2) + "\n")
             _replace(tmp, final)
             self._prune()
         _barrier()
         return final
+
+    def _unwritable(self, final: Path, tmp: Path, error: BaseException) -> DllmError:
+        """A save that failed (a full disk, an I/O error): its temp folder goes, giving its
+        space back (rank 0), and the error names the checkpoint; the earlier ones are intact."""
+        reason = _reason(error)
+        try:
+            free = shutil.disk_usage(self.directory).free
+        except OSError:
+            free = None
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        full = _has_errno(error, errno.ENOSPC, errno.EDQUOT) or (
+            free is not None and free < _NEARLY_FULL
+        )
+        if full:
+            where = "" if free is None else f", {free / 2**20:.1f} MiB free"
+            reason = f"the disk is full (no space left on device{where})"
+        latest = find_latest(self.directory)
+        then = (
+            f"`dllm train` then resumes from {latest.name}"
+            if latest
+            else "`dllm train` then starts over (no earlier checkpoint)"
+        )
+        fix = (
+            "free some space on that disk (or set checkpoint.dir to a larger one)"
+            if full
+            else "fix the cause"
+        )
+        return DllmError(
+            f"cannot write the checkpoint {str(final)!r}: {reason}", hint=f"{fix}; {then}"
+        )
 
     def _prune(self) -> None:
         # Renamed out of sight first: a prune killed midway leaves a temp folder (swept below on
