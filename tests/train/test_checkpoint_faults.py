@@ -1,7 +1,7 @@
 """Checkpoints under real faults: a `dllm train` process SIGKILLed at each point of a save (the
 pause is patched in from the child's own script, not a hook in the trainer) and at random times,
 a full disk (a small tmpfs, as root), a resume pointed at a torn folder, two processes training
-into one run dir (in its own commit), SIGTERM. Each time the next `dllm train` resumes from the newest complete
+into one run dir, SIGTERM. Each time the next `dllm train` resumes from the newest complete
 checkpoint and no `step_*` folder is ever incomplete.
 """
 
@@ -168,7 +168,7 @@ def config_file(folder: Path, *overrides: str) -> Path:
 
 @pytest.mark.parametrize(
     ("where", "newest"),
-    [("shards-written", 4), ("before-rename", 4)],
+    [("shards-written", 4), ("before-rename", 4), ("mid-prune", 6)],
 )
 def test_a_save_killed_midway_resumes_from_the_newest_complete_step(
     tmp_path, reference, where, newest
@@ -264,6 +264,27 @@ def result_of(proc: subprocess.CompletedProcess):
         code, out, err = proc.returncode, proc.stdout, proc.stderr[max(start, 0) :]
 
     return Result
+
+
+def test_a_second_process_training_into_a_run_dir_in_use_is_refused(tmp_path):
+    """While one `dllm train` runs in a run dir, a second one there is refused by name (it
+    would interleave its checkpoints and metrics with the first's); once the first is gone
+    (even by SIGKILL, which leaves its lock file) the run dir trains again."""
+    config, run = config_file(tmp_path), tmp_path / "run"
+    first = start_child("shards-written", 4, "train", "--config", config, "--run-dir", run)
+    try:
+        wait_paused(first)
+        before = steps_on_disk(run / "checkpoints")
+        second = dllm("train", "--config", config, "--run-dir", run)
+        assert_user_error(
+            result_of(second), "is in use by another dllm train", str(run / "checkpoints")
+        )
+        assert f"pid {first.pid}" in second.stderr
+        assert steps_on_disk(run / "checkpoints") == before
+    finally:
+        kill(first)
+    result = dllm("train", "--config", config, "--run-dir", run)
+    assert resumed_step(result) == 2
 
 
 def test_sigterm_ends_a_run_at_once_and_the_next_resumes(tmp_path, reference):

@@ -291,6 +291,28 @@ def _has_errno(error: BaseException | None, *codes: int) -> bool:
     return False
 
 
+def _lock_holder(fd: int) -> int | None:
+    """The pid that holds a `flock` on the file `fd` opens, from /proc/locks (None: unknown)."""
+    st = os.fstat(fd)
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:  # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF" ("->" waits)
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK" or "->" in fields:
+            continue
+        try:
+            parts = fields[5].split(":")
+            major, minor, inode = int(parts[0], 16), int(parts[1], 16), int(parts[2])
+            pid = int(fields[4])
+        except (ValueError, IndexError):
+            continue
+        if (major, minor, inode) == (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino):
+            return pid
+    return None
+
+
 def _barrier() -> None:
     import torch.distributed as dist
 
@@ -350,6 +372,49 @@ class Checkpointer:
         self.keep_last = keep_last
         self.rank = rank
         self.world_size = world_size
+        self._lock: int | None = None
+
+    # --- one writer ----------------------------------------------------------------------------
+    def acquire(self) -> None:
+        """Take the checkpoint folder for this run (rank 0, before resuming): an exclusive
+        `flock` on the folder itself (no file in it), held until `release` or this process
+        ends (a SIGKILL frees it). A folder another process holds is refused, naming that
+        process: two runs saving and pruning into one folder would interleave their steps."""
+        import fcntl
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _lock_holder(fd)
+            os.close(fd)
+            by = f" (pid {holder})" if holder else ""
+            raise DllmError(
+                f"{self.directory} is in use by another dllm train{by}",
+                hint="two runs would interleave their checkpoints: wait for that one to end (or "
+                "stop it), or train into another run dir (--run-dir)",
+            ) from None
+        except OSError as error:  # a file system without flock (some NFS and Lustre mounts)
+            os.close(fd)
+            print(
+                f"warning: {self.directory} cannot be locked ({error.strerror}): nothing stops "
+                "a second run from training into it at the same time",
+                file=sys.stderr,
+                flush=True,
+            )
+        else:
+            self._lock = fd
+        # What a run killed mid-save or mid-prune left (no other process writes here now): a
+        # temp folder can be as large as a checkpoint, and a run that resumes to find nothing to
+        # do saves nothing that would sweep it.
+        _settle_asides(self.directory)
+        self._sweep()
+
+    def release(self) -> None:
+        if (fd := self._lock) is not None:
+            self._lock = None
+            os.close(fd)
 
     # --- save ----------------------------------------------------------------------------------
     def save(
@@ -442,6 +507,9 @@ class Checkpointer:
             shutil.rmtree(doomed, ignore_errors=True)
             os.replace(old, doomed)
             shutil.rmtree(doomed, ignore_errors=True)
+        self._sweep()
+
+    def _sweep(self) -> None:
         for child in self.directory.iterdir():  # temp folders of saves that never finished
             if child.name.startswith(".tmp-step_"):
                 shutil.rmtree(child, ignore_errors=True)

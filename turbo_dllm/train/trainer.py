@@ -309,6 +309,20 @@ class Trainer:
         self.peak = peak_flops(self.device)
 
     # ============================== resume / save ============================================
+    def _hold_checkpoints(self) -> None:
+        """Rank 0 takes the checkpoint folder (`Checkpointer.acquire`: one run at a time) and
+        every rank refuses with it (a vote), before anything is read or truncated."""
+        refusal = None
+        if self.env.is_main:
+            try:
+                self.checkpointer.acquire()
+            except DllmError as error:
+                refusal = error
+        if any_rank(refusal is not None, self.env)():
+            raise refusal or DllmError(
+                f"rank 0 could not take {self.checkpoint_dir}", hint="rank 0's error says why"
+            )
+
     def resume(self) -> int:
         """Restore the checkpoint `checkpoint.resume` names; returns the first step to run."""
         choice = self.spec.checkpoint.resume
@@ -703,6 +717,13 @@ class Trainer:
         )
 
     def run(self) -> int:
+        self._hold_checkpoints()
+        try:
+            return self._run()
+        finally:
+            self.checkpointer.release()
+
+    def _run(self) -> int:
         start = self.resume()
         self._target_record()  # the target as this run loaded it, before any step
         if start >= self.total_steps:
