@@ -101,7 +101,7 @@ def test_killed_launcher_reads_died_and_a_live_one_running(cli, spec_file, workd
     show = cli("run", "show", "long", "--root", workdir / "runs")
     assert show.code == 0 and "; died (last wrote a step at" in show.out, show.out
 
-    # A `dllm train --run-dir` resume of it records no launcher: it reads running, not died.
+    # A `dllm train --run-dir` resume records itself as the launcher: running, not died.
     resume = _start(["train", "--config", run_dir / "spec.yaml", "--run-dir", "runs/long"], workdir)
     try:
         deadline = time.monotonic() + 240
@@ -110,6 +110,8 @@ def test_killed_launcher_reads_died_and_a_live_one_running(cli, spec_file, workd
             assert time.monotonic() < deadline
             time.sleep(0.1)
         assert "running (`dllm train` resume)" in _table_row(cli, workdir / "runs")
+        record = json.loads((run_dir / "launcher.json").read_text())
+        assert record["pid"] == resume.pid and record["by"] == "dllm train"
     finally:
         _kill(resume)
     assert _listed(cli, workdir / "runs")["status"] == "died"

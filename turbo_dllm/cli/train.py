@@ -68,19 +68,27 @@ def _check_checkpoint_dir(spec, run_dir) -> None:
 def _attempt(spec, run_dir, train) -> int:
     """Resume a recorded run as its latest attempt: its status (`dllm run list`) is this one's,
     not what the launcher (or SLURM) said of an earlier one. The launcher's stale result goes
-    before training starts ("no result" while it runs) and this attempt's exit code replaces it
+    before training starts, this process records itself as the run's launcher ("running"
+    while it trains, "died" if it is killed), and this attempt's exit code replaces the result
     (rank 0 of a torchrun'd `dllm train`); an interrupted attempt, like an interrupted launch,
     leaves none."""
     import os
 
     from turbo_dllm.errors import DllmError
-    from turbo_dllm.jobs.result import RESULT_NAME, now, write_result
+    from turbo_dllm.jobs.result import (
+        RESULT_NAME,
+        end_launcher,
+        now,
+        record_launcher,
+        write_result,
+    )
 
     main = os.environ.get("RANK", "0") == "0"
     backend = "local" if os.environ.get("WORLD_SIZE", "1") == "1" else "torchrun"
     if main:
         (run_dir / RESULT_NAME).unlink(missing_ok=True)
-    started, code = now(), 1
+        record_launcher(run_dir, by="dllm train")
+    started, code, writes = now(), 1, main
     try:
         code = train(spec, run_dir)
         return code
@@ -88,11 +96,13 @@ def _attempt(spec, run_dir, train) -> int:
         code = 2
         raise
     except KeyboardInterrupt:
-        main = False
+        writes = False
         raise
     finally:
-        if main:
+        if writes:
             write_result(run_dir, code, started, backend, resumed_by="dllm train")
+        if main:
+            end_launcher(run_dir)
 
 
 def _check_recorded_spec(spec, run_dir) -> bool:

@@ -106,9 +106,10 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
-def record_launcher(run_dir: Path, *, multi_node: bool = False) -> None:
+def record_launcher(run_dir: Path, *, multi_node: bool = False, by: str | None = None) -> None:
     """Record this process as the run's launcher (see the module's doc); a multi-node job's
-    nodes share the run dir, so each records itself under its own host name."""
+    nodes share the run dir, so each records itself under its own host name. `by`: what else
+    runs the job (a `dllm train --run-dir` resume: "dllm train")."""
     record = {
         "format": LAUNCHER_FORMAT,
         "host": this_host(),
@@ -116,6 +117,7 @@ def record_launcher(run_dir: Path, *, multi_node: bool = False) -> None:
         "start_ticks": _start_ticks(os.getpid()),
         "boot_id": _boot_id(),
         "started_at": now(),
+        **({"by": by} if by else {}),
     }
     write_atomic(
         _launcher_path(run_dir, multi_node), json.dumps(record, indent=2, sort_keys=True) + "\n"

@@ -7,16 +7,15 @@ ends (scancel, time limit, node failure) never writes one. A run resumed by hand
 the job that came before.
 
 A local or torchrun run without a result has its launcher's record (`launcher.json`: host, pid,
-start time): `running` while that process lives on this host (or a `dllm train --run-dir`
-resume of it runs here), `died` once it is gone (SIGKILL, the OOM killer, a reboot: nothing
-wrote a result), with when the run last wrote a step; `unknown` when it was launched on another
+start time; a `dllm train --run-dir` resume records itself the same way): `running` while
+that process lives on this host, `died` once it is gone (SIGKILL, the OOM killer, a reboot:
+nothing wrote a result), with when the run last wrote a step; `unknown` when it was launched on another
 host, which this one cannot look into. A run recorded before launchers recorded themselves
 reads `no result`.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -68,7 +67,7 @@ class RunSummary:
     launcher: str | None = None
     launcher_hosts: tuple[str, ...] = ()  # where its launchers ran (every node's)
     last_written_at: str | None = None  # metrics.jsonl's last write (its last step)
-    resumed_here: bool = False  # running: a `dllm train --run-dir` resume on this host
+    resumed_here: bool = False  # running: a `dllm train --run-dir` resume
 
     @property
     def status(self) -> str:
@@ -269,15 +268,17 @@ def _with_launcher(summary: RunSummary) -> RunSummary:
         written = None
     else:
         written = datetime.fromtimestamp(mtime, timezone.utc).isoformat(timespec="seconds")
-    resumed_here = False
     if True in alive:
         state = "running"
     elif None in alive:  # another host's launcher (a multi-node job's other nodes)
         state = "unknown"
-    elif _resumed_on_this_host(summary.path):
-        state, resumed_here = "running", True
     else:
         state = "died"
+    # a `dllm train --run-dir` resume records itself as the launcher, "by" it
+    resumed_here = any(
+        live and record.get("by") == "dllm train"
+        for record, live in zip(records, alive, strict=True)
+    )
     return replace(
         summary,
         launcher=state,
@@ -285,38 +286,6 @@ def _with_launcher(summary: RunSummary) -> RunSummary:
         last_written_at=written,
         resumed_here=resumed_here,
     )
-
-
-def _resumed_on_this_host(run_dir: Path) -> bool:
-    """Whether a `dllm train --run-dir` process on this host trains `run_dir`: a resume of a run
-    whose launcher died removes its result and records no launcher of its own."""
-    target = os.path.realpath(run_dir)
-    proc = Path("/proc")
-    if not proc.is_dir():
-        return False
-    for entry in proc.iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "train" not in argv or "launch" in argv:
-            continue
-        for i, arg in enumerate(argv):
-            if arg == "--run-dir" and i + 1 < len(argv):
-                given = argv[i + 1]
-            elif arg.startswith("--run-dir="):
-                given = arg.partition("=")[2]
-            else:
-                continue
-            try:
-                folder = os.path.join(os.readlink(entry / "cwd"), given)
-            except OSError:
-                continue
-            if os.path.realpath(folder) == target:
-                return True
-    return False
 
 
 def _number(value: Any, kind: type | tuple[type, ...]) -> Any:
