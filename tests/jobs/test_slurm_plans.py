@@ -398,7 +398,8 @@ def test_list_follows_the_job_through_slurm(cli, spec_file, workdir, monkeypatch
     assert status("echo '4242|FAILED'\n", no_accounting)["submitted"]["status"] == "exit 143"
 
     shown = cli("run", "show", "submitted")
-    assert "; exit 143\nslurm job    4242 (FAILED)" in shown.out
+    assert "; exit 143\nended        exit status 143 at " in shown.out, shown.out
+    assert "\nslurm job    4242 (FAILED)\n" in shown.out, shown.out
 
 
 def test_result_module_writes_result_json(tmp_path):
