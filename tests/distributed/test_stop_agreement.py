@@ -55,3 +55,37 @@ def test_a_rank_with_a_skewed_clock_stops_with_the_others(tmp_path):
     assert ran == [[1, 2], [1, 2]]
     assert [r["step"] for r in metrics(run_dir)] == [1, 2]
     assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000002"]
+
+
+def _terminated_rank(rank: int, world: int, run_dir: str, codes_file: str) -> None:
+    """Rank 1 alone gets a real SIGTERM as its first step is queued."""
+    import signal
+
+    import turbo_dllm.train.trainer as trainer_module
+    from turbo_dllm.train.entry import train
+
+    os.environ.update(WORLD_SIZE=str(world), RANK=str(rank), LOCAL_RANK=str(rank))
+    original = trainer_module.Trainer.queue_step
+
+    def queue(self, step):
+        queued = original(self, step)
+        if rank == 1 and step == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return queued
+
+    trainer_module.Trainer.queue_step = queue
+    code = train(tiny_spec("training.steps=4", "topology.dp=2"), run_dir)
+    with open(f"{codes_file}.{rank}", "w") as handle:
+        json.dump(code, handle)
+
+
+@pytest.mark.slow
+def test_a_sigterm_on_one_rank_stops_every_rank_with_a_checkpoint(tmp_path):
+    """SIGTERM reaching one rank is voted on like the clock: every rank saves the same step and
+    ends with 143 (128 + SIGTERM), none trains on alone."""
+    run_dir, codes = tmp_path / "run", tmp_path / "codes"
+    run_gloo(_terminated_rank, 2, tmp_path, str(run_dir), str(codes), timeout_s=60)
+    assert [json.loads((tmp_path / f"codes.{rank}").read_text()) for rank in (0, 1)] == [143, 143]
+    # Noted at step 1, the vote is read as step 2 is queued: both save step 2 and stop.
+    assert [r["step"] for r in metrics(run_dir)] == [1, 2]
+    assert sorted(p.name for p in (run_dir / "checkpoints").iterdir()) == ["step_00000002"]

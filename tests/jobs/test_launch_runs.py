@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -336,7 +337,8 @@ def test_killed_worker_resumes_from_last_checkpoint(recorded, tmp_path):
 def test_interrupted_launch_ends_like_a_one_process_launch(recorded, tmp_path, signum):
     """Ctrl-C (or SIGTERM) to a 2-process launch: no traceback per rank and none from torchrun,
     the launcher ends by the signal (130 / killed), no workers stay, and no result.json says the
-    run failed with exit 1: it is interrupted, resumable from its checkpoints."""
+    run failed with exit 1: it is interrupted, resumable from its checkpoints (on SIGTERM the
+    workers save the step under way first)."""
     spec, _ = recorded
     run_dir = tmp_path / "interrupted"
     with _two_rank_launch(spec, run_dir, tmp_path, "--set", "training.steps=500") as launcher:
@@ -347,6 +349,14 @@ def test_interrupted_launch_ends_like_a_one_process_launch(recorded, tmp_path, s
         assert output.rstrip().endswith("dllm: interrupted"), output
     else:
         assert launcher.returncode == -signal.SIGTERM, output
+        # torchrun passed it on: the workers saved the step under way before they ended (what
+        # follows the signal is in console.log only)
+        console = (run_dir / "console.log").read_text()
+        stopped = re.search(r"stopping after step (\d+): SIGTERM received", console)
+        assert stopped, console
+        assert (
+            run_dir / "checkpoints" / f"step_{int(stopped[1]):08d}" / "checkpoint.json"
+        ).is_file()
     assert "Traceback" not in output and "failed (exit" not in output, output
     assert "SignalException" in (run_dir / "console.log").read_text()  # kept in the log
     assert not (run_dir / "result.json").exists()

@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import assert_user_error
-from tests.train.util import losses, write_config
+from tests.train.util import losses, metrics, write_config
 from turbo_dllm.train.checkpoint import read_meta
 
 pytestmark = pytest.mark.slow
@@ -287,12 +287,58 @@ def test_a_second_process_training_into_a_run_dir_in_use_is_refused(tmp_path):
     assert resumed_step(result) == 2
 
 
-def test_sigterm_ends_a_run_at_once_and_the_next_resumes(tmp_path, reference):
-    """SIGTERM (a scheduler, `kill`, `timeout`) ends `dllm train` by that signal, as documented:
-    no save of its own; the next run resumes from the last complete checkpoint."""
+# The child for SIGTERM at a step boundary: it sends itself a real SIGTERM once step 3 is read.
+SIGTERM_CHILD = """
+import os, signal, sys
+from turbo_dllm.train.trainer import Trainer
+
+real_report = Trainer._report
+
+def report(self, queued, *args):
+    real_report(self, queued, *args)
+    if queued.step + 1 == 3:
+        os.kill(os.getpid(), signal.SIGTERM)
+
+Trainer._report = report
+from turbo_dllm.cli import main
+
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_sigterm_saves_the_step_it_arrives_in_and_ends_with_143(tmp_path, reference):
+    """SIGTERM (a scheduler's time limit or preemption, torchrun passing it on, `kill`) is noted:
+    the step in progress finishes, is saved, and `dllm train` ends with 143 (128 + SIGTERM);
+    the next run resumes from that step and the loss trace is the uninterrupted one."""
+    config, run = config_file(tmp_path), tmp_path / "run"
+    process = subprocess.run(
+        [sys.executable, "-c", SIGTERM_CHILD, "train", "--config", str(config), "--run-dir",
+         str(run)],
+        capture_output=True, text=True, env=ENV, timeout=300,
+    )  # fmt: skip
+    assert process.returncode == 143, process.stderr
+    stopped = re.search(r"stopping after step (\d+): SIGTERM received \(checkpoint saved\)",
+                        process.stdout + process.stderr)  # fmt: skip
+    assert stopped, process.stdout + process.stderr
+    step = int(stopped[1])
+    assert 3 <= step < 6  # the step queued when it arrived, not the run's last
+    assert steps_on_disk(run / "checkpoints")[f"step_{step:08d}"]
+    assert metrics(run)[-1]["step"] == step
+    result = dllm("train", "--config", config, "--run-dir", run)
+    assert resumed_step(result) == step
+    assert losses(run) == reference
+
+
+def test_a_second_sigterm_ends_a_run_at_once_and_the_next_resumes(tmp_path, reference):
+    """The first SIGTERM is noted while a save is under way (here paused in it); a second ends
+    `dllm train` at once by that signal, with no save of its own; the next run resumes from the
+    last complete checkpoint."""
     config, run = config_file(tmp_path), tmp_path / "run"
     process = start_child("shards-written", 4, "train", "--config", config, "--run-dir", run)
     wait_paused(process)
+    os.kill(process.pid, signal.SIGTERM)
+    time.sleep(1)
+    assert process.poll() is None  # noted, not ended: the save goes on
     os.kill(process.pid, signal.SIGTERM)
     process.wait(timeout=60)
     process.stdout.close()

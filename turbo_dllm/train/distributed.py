@@ -29,6 +29,7 @@ __all__ = [
     "ALLOC_CONF_VARIABLE",
     "DistEnv",
     "any_rank",
+    "highest_on_any_rank",
     "apply_activation_checkpointing",
     "apply_compile",
     "apply_fsdp",
@@ -92,27 +93,35 @@ def any_rank(flag: bool, env: DistEnv) -> Callable[[], bool]:
     A decision that leads to a collective (checkpoint, stop) must be the same on every rank;
     a rank-local clock is not: with skewed clocks one rank would save and stop while another
     kept stepping, and the next collective would hang (NCCL) or time out (gloo).
+    """
+    vote = highest_on_any_rank(int(flag), env)
+    return lambda: bool(vote())
+
+
+def highest_on_any_rank(value: int, env: DistEnv) -> Callable[[], int]:
+    """The highest of a small non-negative `value` over the ranks (an all-reduce MAX), as a
+    function that reads it: `any_rank` with a reason (0 none, 1 one kind, 2 another).
 
     On CUDA the vote is queued behind the device's work and copied to pinned host memory
     behind an event: reading it waits for the work queued before the vote, not for what the
     caller queued after it (`.item()` would wait for the whole queue).
     """
     if not env.distributed:
-        return lambda: flag
+        return lambda: value
     import torch.distributed as dist
 
-    vote = torch.full((1,), 1.0 if flag else 0.0, device=env.device)
+    vote = torch.full((1,), float(value), device=env.device)
     dist.all_reduce(vote, op=dist.ReduceOp.MAX)
     if vote.device.type != "cuda":
-        return lambda: bool(vote.item())
+        return lambda: int(vote.item())
     host = torch.empty(vote.shape, dtype=vote.dtype, pin_memory=True)
     host.copy_(vote, non_blocking=True)
     ready = torch.cuda.Event()
     ready.record()
 
-    def read() -> bool:
+    def read() -> int:
         ready.synchronize()
-        return bool(host.item())
+        return int(host.item())
 
     return read
 

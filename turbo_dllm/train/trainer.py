@@ -55,6 +55,7 @@ from turbo_dllm.train.distributed import (
     apply_mlp_chunking,
     clip_grad_norm,
     clip_in_optimizer,
+    highest_on_any_rank,
     replicate_partial_grads,
 )
 from turbo_dllm.train.export import export_sources
@@ -73,6 +74,7 @@ from turbo_dllm.train.parallel.ep import expert_parameters, reduce_expert_grads
 from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
 from turbo_dllm.train.parallel.plan import build_sequence_plan
 from turbo_dllm.train.schedules import build_scheduler
+from turbo_dllm.train.stop import EXIT_TERMINATED, TerminationRequest
 from turbo_dllm.train.weights import materialize, named_parameters_clean
 
 __all__ = ["StepBatches", "Trainer"]
@@ -731,10 +733,7 @@ class Trainer:
                 self.env, f"nothing to do: the checkpoint is at step {start} of {self.total_steps}"
             )
             return 0
-        spec, env = self.spec, self.env
-        tokens_per_step = self.samples_per_step * spec.data.seq_len
-        interval = spec.checkpoint.interval
-        max_duration = spec.training.max_duration_s
+        env = self.env
         began = time.perf_counter()
         print0(
             env,
@@ -747,13 +746,24 @@ class Trainer:
             size = cache_size_bytes(inductor)
             state = f"warm, {size / 1e6:,.0f} MB" if size else "cold: the first step compiles"
             print0(env, f"compile cache {inductor.parent} ({state})")
+        with TerminationRequest() as termination:
+            return self._steps(start, began, termination)
+
+    def _steps(self, start: int, began: float, termination: TerminationRequest) -> int:
+        """The training loop from step `start`: each step queued, the one before read and
+        logged, a checkpoint every `checkpoint.interval` steps and at the end, and a stop with a
+        checkpoint when `training.max_duration_s` runs out or SIGTERM arrives (`train.stop`)."""
+        spec, env = self.spec, self.env
+        tokens_per_step = self.samples_per_step * spec.data.seq_len
+        interval = spec.checkpoint.interval
+        max_duration = spec.training.max_duration_s
         last_saved = start
         breaks_before = graph_break_counts() if spec.training.compile else None
         # Step N's numbers are read once step N + 1 is queued, so the device never waits for
         # the host between steps; a step that saves is read before its checkpoint.
         waiting: QueuedStep | None = None
         last_read: QueuedStep | None = None  # a step's time runs from the end of this one
-        vote = None  # the ranks' vote on the clock, taken as the last step was queued
+        vote = None  # the ranks' vote to stop, taken as the last step was queued
         for step in range(start, self.total_steps):
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
@@ -779,21 +789,30 @@ class Trainer:
                 last_read = waiting
             done = step + 1
             elapsed = self.train_time_offset + time.perf_counter() - began
-            out_of_time = False
-            if max_duration is not None:
+            # Why to stop here: 0 not, 1 training.max_duration_s, 2 SIGTERM (`train.stop`).
+            stop = (
+                2
+                if termination.received
+                else int(max_duration is not None and elapsed >= max_duration)
+            )
+            if env.distributed:
                 # Every rank must agree: the stop leads to a collective save (see `any_rank`).
-                # Across ranks the vote taken at the last step is read now, so no rank waits
-                # for the step it just queued: a distributed run stops one step later.
-                previous, vote = vote, any_rank(elapsed >= max_duration, env)
-                out_of_time = (previous is not None and previous()) if env.distributed else vote()
-            if (interval and done % interval == 0) or done == self.total_steps or out_of_time:
+                # The vote taken at the last step is read now, so no rank waits for the step it
+                # just queued: a distributed run stops one step later.
+                previous, vote = vote, highest_on_any_rank(stop, env)
+                stop = previous() if previous is not None else 0
+            if (interval and done % interval == 0) or done == self.total_steps or stop:
                 self._report(queued, last_read, began, tokens_per_step)
                 waiting, last_read = None, None  # the next step's time leaves the save out
                 self.save(done, self.train_time_offset + time.perf_counter() - began)
                 last_saved = done
             else:
                 waiting = queued
-            if out_of_time:
+            if stop == 2:
+                print0(env, f"stopping after step {done}: SIGTERM received (checkpoint saved)")
+                self.metrics.close()
+                return EXIT_TERMINATED
+            if stop:
                 print0(env, f"stopping after step {done}: training.max_duration_s reached")
                 break
         self.metrics.close()
