@@ -336,9 +336,9 @@ def test_killed_worker_resumes_from_last_checkpoint(recorded, tmp_path):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_interrupted_launch_ends_like_a_one_process_launch(recorded, tmp_path, signum):
     """Ctrl-C (or SIGTERM) to a 2-process launch: no traceback per rank and none from torchrun,
-    the launcher ends by the signal (130 / killed), no workers stay, and no result.json says the
-    run failed with exit 1: it is interrupted, resumable from its checkpoints (on SIGTERM the
-    workers save the step under way first)."""
+    no workers stay, and no result.json says the run failed with exit 1. Ctrl-C ends it as
+    interrupted (130, no result); on SIGTERM the workers save the step under way and the launch
+    ends with 143, its result.json says so: resumable from that step."""
     spec, _ = recorded
     run_dir = tmp_path / "interrupted"
     with _two_rank_launch(spec, run_dir, tmp_path, "--set", "training.steps=500") as launcher:
@@ -347,19 +347,21 @@ def test_interrupted_launch_ends_like_a_one_process_launch(recorded, tmp_path, s
     if signum == signal.SIGINT:
         assert launcher.returncode == 130, output
         assert output.rstrip().endswith("dllm: interrupted"), output
+        assert not (run_dir / "result.json").exists()
     else:
-        assert launcher.returncode == -signal.SIGTERM, output
         # torchrun passed it on: the workers saved the step under way before they ended (what
-        # follows the signal is in console.log only)
+        # follows the signal is in console.log only), and the launch ends with 143, recorded
+        assert launcher.returncode == 143, output
         console = (run_dir / "console.log").read_text()
         stopped = re.search(r"stopping after step (\d+): SIGTERM received", console)
         assert stopped, console
         assert (
             run_dir / "checkpoints" / f"step_{int(stopped[1]):08d}" / "checkpoint.json"
         ).is_file()
+        assert "stopped by SIGTERM (exit 143; the step under way was saved" in output, output
+        assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 143
     assert "Traceback" not in output and "failed (exit" not in output, output
     assert "SignalException" in (run_dir / "console.log").read_text()  # kept in the log
-    assert not (run_dir / "result.json").exists()
     assert _workers_of(run_dir) == []
 
 
@@ -460,3 +462,35 @@ def test_worker_reports_a_file_system_error_in_training_as_dllm_does(
     monkeypatch.setattr(turbo_dllm.train.entry, "train", lost_peer)
     with pytest.raises(ConnectionResetError):
         worker.main(["--manifest", str(workdir / "run" / "manifest.json")])
+
+
+def test_sigterm_to_a_one_process_launch_saves_and_records_143(recorded, tmp_path):
+    """A one-process launch trains in the launcher itself: SIGTERM (a scheduler's time limit)
+    saves the step under way and the launch ends with 143, recorded in result.json."""
+    spec, _ = recorded
+    run_dir = tmp_path / "stopped"
+    env = {**os.environ, "DLLM_HOME": str(tmp_path / "home")}
+    env.pop("DLLM_OVERRIDE_GPUS", None)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "turbo_dllm", "launch", "--config", str(spec),
+         "--set", "training.steps=500", "--run-dir", str(run_dir)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoints" / "step_00000002").is_dir():
+            assert launcher.poll() is None, launcher.stdout.read()
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        launcher.send_signal(signal.SIGTERM)
+        output, _ = launcher.communicate(timeout=120)
+    finally:
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.wait()
+    assert launcher.returncode == 143, output
+    stopped = re.search(r"stopping after step (\d+): SIGTERM received \(checkpoint saved\)", output)
+    assert stopped, output
+    assert (run_dir / "checkpoints" / f"step_{int(stopped[1]):08d}" / "checkpoint.json").is_file()
+    assert "stopped by SIGTERM (exit 143" in output and "Traceback" not in output, output
+    assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 143

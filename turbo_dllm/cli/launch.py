@@ -330,6 +330,8 @@ def _print_start(job) -> None:
 
 
 def _print_end(job, code: int, submit: bool) -> None:
+    from turbo_dllm.train.stop import EXIT_TERMINATED
+
     plan = job.plan
     if plan.backend == "slurm":
         if not submit:
@@ -345,6 +347,9 @@ def _print_end(job, code: int, submit: bool) -> None:
                 file=sys.stderr,
             )
         return
-    verdict = "finished" if code == 0 else f"failed (exit {code})"
+    if code == EXIT_TERMINATED:  # SIGTERM: the trainer saved the step under way and ended
+        verdict = "stopped by SIGTERM (exit 143; the step under way was saved, it resumes there)"
+    else:
+        verdict = "finished" if code == 0 else f"failed (exit {code})"
     print(f"dllm: run {plan.run_id} {verdict}: {job.run_dir}", file=sys.stderr)
     print(f"dllm: plots: dllm run plot {job.run_dir}", file=sys.stderr)

@@ -133,12 +133,12 @@ def run_process(
             log.close()
     if received:
         # Ctrl-C / SIGTERM reached the launcher: now that torchrun and its workers are gone, end
-        # as a one-process launch does (SIGINT: `dllm: interrupted`, 130; SIGTERM: killed, 143;
-        # no result.json either way), not as a run that failed with torchrun's exit status 1.
+        # as a one-process launch does, not as a run that failed with torchrun's exit status 1:
+        # SIGINT is `dllm: interrupted` (130, no result.json); on SIGTERM the workers saved the
+        # step under way (train/stop.py) and the launch ends with 143, recorded as its result.
         if received[0] == signal.SIGINT:
             raise KeyboardInterrupt
-        signal.raise_signal(received[0])
-        return exit_code(-received[0])  # the signal is handled or ignored here
+        return exit_code(-received[0])
     return exit_code(returncode)
 
 
