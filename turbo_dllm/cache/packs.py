@@ -243,23 +243,11 @@ def make_pack(
     return out, manifest
 
 
-@contextlib.contextmanager
-def _packing(folder: Path, what: str, elsewhere: str) -> Iterator[None]:
+def _packing(folder: Path, what: str, elsewhere: str):
     """Report a full disk, a quota, a read-only or forbidden folder met while a pack is made
     by the folder being written (the scratch copies of the caches, or --out) and its file
     system, not by a file in the scratch folder (deleted by then) or no file at all."""
-    try:
-        yield
-    except OSError as error:
-        fix = _DISK_FIXES.get(error.errno or 0)
-        if fix is None:
-            raise
-        fix = fix.format(verb="pack")
-        raise DllmError(
-            f"cannot write into {what} {folder} while packing: "
-            f"{os.strerror(error.errno or 0)}; no pack was written",
-            hint=f"{fix} (its file system is mounted at {mounted_at(folder)}; {elsewhere})",
-        ) from None
+    return _disk_faults(folder, what, "pack", "packing", "no pack was written", elsewhere)
 
 
 def _cache_files(name: str, folder: Path) -> list[tuple[str, Path]]:
@@ -778,28 +766,38 @@ def _install_staged(
     return record, len(todo)
 
 
-@contextlib.contextmanager
-def _writing(folder: Path, what: str, label: str) -> Iterator[None]:
+def _writing(folder: Path, what: str, label: str):
     """Report a full disk, a quota, a read-only or forbidden folder met while installing pack
     `label` by the folder being written (`what`: the compile cache, the records) and its file
     system: the file that failed was often in the staging folder, deleted by then, and a
     write() that fails names no file at all."""
+    moves = (
+        "DLLM_COMPILE_CACHE moves the compile cache"
+        if what == "the compile cache"
+        else "DLLM_HOME moves the records"
+    )
+    return _disk_faults(
+        folder, what, "install", f"installing {label}", "nothing was installed", moves
+    )
+
+
+@contextlib.contextmanager
+def _disk_faults(
+    folder: Path, what: str, verb: str, doing: str, outcome: str, elsewhere: str
+) -> Iterator[None]:
+    """An OSError of this machine's disk (`_DISK_FIXES`) met while `doing` as a DllmError that
+    names `folder` (`what` it is) and its file system, `outcome` and the fix for `verb`."""
     try:
         yield
     except OSError as error:
         fix = _DISK_FIXES.get(error.errno or 0)
         if fix is None:
             raise
-        moves = (
-            "DLLM_COMPILE_CACHE moves the compile cache"
-            if what == "the compile cache"
-            else "DLLM_HOME moves the records"
-        )
-        fix = fix.format(verb="install")
         raise DllmError(
-            f"cannot write into {what} {folder} while installing {label}: "
-            f"{os.strerror(error.errno or 0)}; nothing was installed",
-            hint=f"{fix} (its file system is mounted at {mounted_at(folder)}; {moves})",
+            f"cannot write into {what} {folder} while {doing}: "
+            f"{os.strerror(error.errno or 0)}; {outcome}",
+            hint=f"{fix.format(verb=verb)} (its file system is mounted at {mounted_at(folder)}; "
+            f"{elsewhere})",
         ) from None
 
 
