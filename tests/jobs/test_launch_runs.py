@@ -285,15 +285,21 @@ def _workers_of(run_dir: Path) -> list[int]:
     return found
 
 
-@contextlib.contextmanager
 def _two_rank_launch(spec, run_dir, tmp_path, *options):
-    """A 2-process launch in its own process group, yielded once its step-2 checkpoint exists
-    (the launcher's and every worker's group is killed on the way out if still running)."""
+    """A 2-process launch (`_launch`)."""
+    return _launch(
+        spec, run_dir, tmp_path, "--nproc-per-node", "2", "--set", "topology.dp=2", *options
+    )
+
+
+@contextlib.contextmanager
+def _launch(spec, run_dir, tmp_path, *options):
+    """A launch in its own process group, yielded once its step-2 checkpoint exists (the
+    launcher's and every worker's group is killed on the way out if still running)."""
     env = {**os.environ, "DLLM_HOME": str(tmp_path / "home")}
     env.pop("DLLM_OVERRIDE_GPUS", None)
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "turbo_dllm", "launch", "--config", str(spec)]
-        + ["--nproc-per-node", "2", "--set", "topology.dp=2", *options]
+        [sys.executable, "-m", "turbo_dllm", "launch", "--config", str(spec), *options]
         + ["--run-dir", str(run_dir)],
         env=env,
         stdout=subprocess.PIPE,
@@ -469,25 +475,9 @@ def test_sigterm_to_a_one_process_launch_saves_and_records_143(recorded, tmp_pat
     saves the step under way and the launch ends with 143, recorded in result.json."""
     spec, _ = recorded
     run_dir = tmp_path / "stopped"
-    env = {**os.environ, "DLLM_HOME": str(tmp_path / "home")}
-    env.pop("DLLM_OVERRIDE_GPUS", None)
-    launcher = subprocess.Popen(
-        [sys.executable, "-m", "turbo_dllm", "launch", "--config", str(spec),
-         "--set", "training.steps=500", "--run-dir", str(run_dir)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "checkpoints" / "step_00000002").is_dir():
-            assert launcher.poll() is None, launcher.stdout.read()
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.02)
+    with _launch(spec, run_dir, tmp_path, "--set", "training.steps=500") as launcher:
         launcher.send_signal(signal.SIGTERM)
         output, _ = launcher.communicate(timeout=120)
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-            launcher.wait()
     assert launcher.returncode == 143, output
     stopped = re.search(r"stopping after step (\d+): SIGTERM received \(checkpoint saved\)", output)
     assert stopped, output
