@@ -1,9 +1,11 @@
-"""The one place that lists every model family and training objective of this version.
+"""The one place that lists every model family and training objective this install can run.
 
-Torch-free (`config/` derives the RunSpec schema and its validation from it). Adding a family is
-its folder under `turbo_dllm/families/` plus one line in `FAMILIES`; adding an objective is its
-module under `turbo_dllm/train/objectives/` plus one line in `OBJECTIVES`
-(docs/architecture.md, "Adding a family").
+Torch-free (`config/` derives the RunSpec schema and its validation from it). A family of this
+package is its folder under `turbo_dllm/families/` plus one line in `BUILTIN_FAMILIES`; an
+objective is its module under `turbo_dllm/train/objectives/` plus one line in
+`BUILTIN_OBJECTIVES`. Another installed package adds its own through the entry-point groups
+`turbo_dllm.families` and `turbo_dllm.objectives` (`plugins.py`; docs/architecture.md, "Adding
+a family").
 """
 
 from __future__ import annotations
@@ -18,19 +20,25 @@ from turbo_dllm.families.dflash import DFLASH
 from turbo_dllm.families.diffusion_gemma import DIFFUSION_GEMMA
 from turbo_dllm.families.nemotron_diffusion import NEMOTRON_DIFFUSION
 from turbo_dllm.families.qwen3_8 import QWEN3_8
+from turbo_dllm.plugins import Plugins, load_plugins
 
 __all__ = [
     "AXES",
+    "BUILTIN_FAMILIES",
+    "BUILTIN_OBJECTIVES",
     "FAMILIES",
     "OBJECTIVES",
     "PLANNED",
+    "PLUGINS",
+    "PLUGIN_FIX",
     "families_reading",
     "get_family",
     "get_objective",
     "resolve_model_config",
+    "unavailable_reason",
 ]
 
-FAMILIES: Mapping[str, Family] = {
+BUILTIN_FAMILIES: Mapping[str, Family] = {
     family.name: family
     for family in (
         CAUSAL_LM,
@@ -42,7 +50,7 @@ FAMILIES: Mapping[str, Family] = {
     )
 }
 
-OBJECTIVES: Mapping[str, Objective] = {
+BUILTIN_OBJECTIVES: Mapping[str, Objective] = {
     objective.name: objective
     for objective in (
         Objective(
@@ -75,6 +83,12 @@ OBJECTIVES: Mapping[str, Objective] = {
     )
 }
 
+# The families and objectives other installed packages add (entry points), and the ones that
+# failed to load (each with why: a broken plugin only takes its own names away).
+PLUGINS: Plugins = load_plugins(BUILTIN_FAMILIES, BUILTIN_OBJECTIVES)
+FAMILIES: Mapping[str, Family] = {**BUILTIN_FAMILIES, **PLUGINS.families}
+OBJECTIVES: Mapping[str, Objective] = {**BUILTIN_OBJECTIVES, **PLUGINS.objectives}
+
 # Names the product defines whose code has not landed: refused with "not available in this
 # version" rather than "unknown" (they are not in the schema).
 PLANNED: Mapping[str, tuple[str, ...]] = {
@@ -87,20 +101,44 @@ def get_family(name: str) -> Family:
     try:
         return FAMILIES[name]
     except KeyError:
-        raise DllmError(
-            f"model family {name!r} is not available in this version",
-            hint=f"available: {', '.join(FAMILIES)}",
-        ) from None
+        raise _unavailable("family", name, FAMILIES) from None
 
 
 def get_objective(name: str) -> Objective:
     try:
         return OBJECTIVES[name]
     except KeyError:
-        raise DllmError(
-            f"objective {name!r} is not available in this version",
-            hint=f"available: {', '.join(OBJECTIVES)}",
-        ) from None
+        raise _unavailable("objective", name, OBJECTIVES) from None
+
+
+def unavailable_reason(kind: str, name: Any) -> str | None:
+    """Why a name the schema does not offer is missing, where there is more to say than
+    "unknown": its plugin failed to load, or the product defines it and this version lacks it."""
+    if not isinstance(name, str):
+        return None
+    broken = PLUGINS.problems[kind].get(name)
+    if broken is not None:
+        return f"{kind} {name!r} could not be loaded from its plugin: {broken}"
+    if name in PLANNED[kind]:
+        return f"{kind} {name!r} is not available in this version"
+    return None
+
+
+# What to do about a plugin that was left out.
+PLUGIN_FIX = (
+    "fix or reinstall the package that declares it (`pip show <package>` says where it is), or "
+    "uninstall it; `dllm doctor` lists every plugin"
+)
+
+
+def _unavailable(kind: str, name: str, available: Mapping[str, Any]) -> DllmError:
+    if name in PLUGINS.problems[kind]:
+        return DllmError(unavailable_reason(kind, name) or "", hint=PLUGIN_FIX)
+    label = "model family" if kind == "family" else kind
+    return DllmError(
+        f"{label} {name!r} is not available in this version",
+        hint=f"available: {', '.join(available)}",
+    )
 
 
 def families_reading(model_type: Any) -> list[str]:

@@ -1,7 +1,7 @@
 """The package's layers import downward only, and no two parts import each other.
 
 docs/architecture.md, "Layers": foundation (errors, fsutil, formats, records, locations, paths)
--> host -> config (RunSpec, registry, the torch-free half of every family) -> data, bundles,
+-> host -> config (RunSpec, registry and plugins, the torch-free half of every family) -> data, bundles,
 project_init -> kernels, envs, cache -> mirror -> train (and the torch half of every family) -> doctor
 -> jobs -> cli. Imports inside functions count too (they are dependencies all the same); only
 `if TYPE_CHECKING:` blocks are left out.
@@ -21,6 +21,7 @@ LEVELS = {
     "host": 1,
     "config": 2,
     "registry": 2,
+    "plugins": 2,
     "families": 2,
     "data": 3,
     "bundles": 3,

@@ -33,14 +33,13 @@ __all__ = [
 
 
 def _landed(kind: str, available: tuple[str, ...]):
-    """Refuse a name the product defines but this version lacks, saying so (not 'unknown')."""
+    """Refuse a name the schema lacks but more is known of (its plugin failed to load, or the
+    product defines it and this version lacks it), saying so rather than 'unknown'."""
 
     def check(value):
-        if value in registry.PLANNED[kind] and value not in available:
-            raise ValueError(
-                f"{kind} {value!r} is not available in this version "
-                f"(available: {', '.join(available)})"
-            )
+        reason = None if value in available else registry.unavailable_reason(kind, value)
+        if reason is not None:
+            raise ValueError(f"{reason} (available: {', '.join(available)})")
         return value
 
     return BeforeValidator(check)
