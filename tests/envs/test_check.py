@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from tests.envs.test_manifest import manifest
+from tests.helpers import assert_user_error
 from turbo_dllm.envs.check import compare, drift_fixes
 from turbo_dllm.envs.inventory import Environment, Installed, inspect_environment
 from turbo_dllm.envs.manifest import Provided
+from turbo_dllm.errors import DllmError
 
 
 def environment(*dists: tuple[str, str], python: str = "3.11") -> Environment:
@@ -80,6 +84,45 @@ def test_inspecting_another_interpreter_matches_in_process():
     names_outside = {d.name: d.version for d in outside.distributions}
     assert names_outside["pytest"] == names_inside["pytest"]
     assert "turbo-dllm" in names_outside
+
+
+def _script(path, body: str):
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return path
+
+
+def test_what_an_interpreter_prints_at_startup_is_not_its_package_list(tmp_path):
+    """A Python whose startup prints to stdout (a .pth, a sitecustomize) was a JSONDecodeError
+    traceback from `dllm env check --python`; sync read the noise as the version."""
+    from turbo_dllm.envs.sync import _interpreter_version
+
+    noisy = _script(
+        tmp_path / "python", f'echo "welcome to the cluster"\nexec {sys.executable} "$@"'
+    )
+    env = inspect_environment(noisy)
+    assert env.python == f"{sys.version_info[0]}.{sys.version_info[1]}"
+    assert "pytest" in {d.name for d in env.distributions}
+    assert _interpreter_version(str(noisy)) == env.python
+
+
+def test_an_executable_that_is_not_python_is_a_user_error(tmp_path, cli, monkeypatch):
+    """`--python /bin/true` (exit 0, no answer) was a JSONDecodeError traceback, and a hang a
+    TimeoutExpired one; sync called /bin/true 'Python ' and went on."""
+    import turbo_dllm.envs.inventory as inventory
+    from turbo_dllm.envs.sync import _interpreter_version
+
+    silent = _script(tmp_path / "silent", "exit 0")
+    assert_user_error(
+        cli("env", "check", "--python", silent), "did not list its packages", "printed nothing"
+    )
+    chatty = _script(tmp_path / "chatty", "echo not json")
+    assert_user_error(cli("env", "check", "--python", chatty), "began 'not json'")
+    with pytest.raises(DllmError, match="did not say a Python version"):
+        _interpreter_version(str(silent))
+    monkeypatch.setattr(inventory, "_PROBE_TIMEOUT_S", 0.5)
+    slow = _script(tmp_path / "slow", "sleep 5")
+    assert_user_error(cli("env", "check", "--python", slow), "within 0.5 s")
 
 
 def fixes(manifest_, env) -> list[str]:

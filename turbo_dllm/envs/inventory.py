@@ -16,9 +16,15 @@ from turbo_dllm.errors import DllmError
 
 __all__ = ["Environment", "Installed", "inspect_environment"]
 
-# Runs inside the inspected interpreter: stdlib only, prints one JSON object.
+_PROBE_TIMEOUT_S = 120
+
+# Runs inside the inspected interpreter: stdlib only, prints one JSON object on a line of its
+# own after _MARK (whatever the interpreter's startup prints before it, a .pth, a
+# sitecustomize, is not the answer).
+_MARK = "dllm-env-probe:"
 _PROBE = r"""
 import hashlib, json, sys, os
+_MARK = "dllm-env-probe:"
 from importlib import metadata
 seen = {}
 for dist in metadata.distributions():
@@ -49,7 +55,7 @@ for dist in metadata.distributions():
             wheel = [filename, digest]
     seen[key] = {"name": key, "version": dist.version, "location": location,
                  "record_sha256": record_sha256, "wheel": wheel}
-print(json.dumps({
+print(_MARK + json.dumps({
     "python": "%d.%d" % sys.version_info[:2],
     "executable": sys.executable,
     "prefix": os.path.realpath(sys.prefix),
@@ -114,20 +120,40 @@ def inspect_environment(python: str | Path | None = None) -> Environment:
         buffer = io.StringIO()
         with contextlib.redirect_stdout(buffer):
             exec(compile(_PROBE, "<env-probe>", "exec"), namespace)
-        return _parse(json.loads(buffer.getvalue()))
+        return _parse(json.loads(buffer.getvalue().removeprefix(_MARK)))
     executable = str(python)
     try:
         proc = subprocess.run(
-            [executable, "-I", "-c", _PROBE], capture_output=True, text=True, timeout=120
+            [executable, "-I", "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=_PROBE_TIMEOUT_S,
         )
     except OSError as error:
         raise DllmError(
             f"cannot run Python at {executable}: {error}",
             hint="pass --python with the path of an interpreter (e.g. .venv/bin/python)",
         ) from error
+    except subprocess.TimeoutExpired:
+        raise DllmError(
+            f"{executable} did not list its packages within {_PROBE_TIMEOUT_S} s",
+            hint="pass --python with a working interpreter",
+        ) from None
     if proc.returncode != 0:
         raise DllmError(
             f"{executable} could not list its packages: {proc.stderr.strip()[-500:]}",
             hint="pass --python with a working interpreter",
         )
-    return _parse(json.loads(proc.stdout))
+    answers = [line for line in proc.stdout.splitlines() if line.startswith(_MARK)]
+    try:
+        return _parse(json.loads(answers[-1][len(_MARK) :]))
+    except (IndexError, ValueError, KeyError, TypeError):
+        # exit 0 without the probe's answer: not a Python (`--python /bin/true`), or one that
+        # did not run it as written
+        said = next((line.strip() for line in proc.stdout.splitlines() if line.strip()), "")
+        said = f"its output began {said[:120]!r}" if said else "it printed nothing"
+        raise DllmError(
+            f"{executable} did not list its packages ({said}): is it a Python interpreter?",
+            hint="pass --python with the path of an interpreter (e.g. .venv/bin/python)",
+        ) from None

@@ -13,6 +13,7 @@ only index uv is told about.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -65,12 +66,25 @@ def _interpreter_version(python: str) -> str:
             f"cannot run --python {python}: {error.strerror or error}",
             hint="pass --python with the path of a working interpreter (e.g. /usr/bin/python3.11)",
         ) from None
+    except subprocess.TimeoutExpired:
+        raise DllmError(
+            f"--python {python} did not say its version within 60 s",
+            hint="pass --python with the path of a working interpreter",
+        ) from None
     if out.returncode != 0:
         raise DllmError(
             f"cannot run --python {python}: {out.stderr.strip()[-300:]}",
             hint="pass --python with the path of a working interpreter",
         )
-    return out.stdout.strip()
+    # The last line: what the interpreter's startup prints (a .pth, a sitecustomize) comes first.
+    lines = out.stdout.strip().splitlines()
+    if not lines or not re.fullmatch(r"\d+\.\d+", lines[-1].strip()):
+        raise DllmError(
+            f"--python {python} did not say a Python version (it printed "
+            f"{out.stdout.strip()[-120:]!r}): is it a Python interpreter?",
+            hint="pass --python with the path of a working interpreter",
+        )
+    return lines[-1].strip()
 
 
 def _unwritable(venv: Path) -> str | None:
