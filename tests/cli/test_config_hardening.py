@@ -722,3 +722,50 @@ def test_token_ids_past_the_models_vocabulary_are_refused_at_validation(cli, tmp
         "data.synthetic.vocab_size: 1000 exceeds the model's vocab_size 512",
         "objective.mask_token_id: 600 is outside the model's vocabulary (vocab_size 512)",
     )
+
+
+# --- a key written twice ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        (
+            "training:\n  steps: 3\noptimizer: {lr: 0.001}\ntraining:\n  micro_batch_size: 1\n",
+            "run.yaml:4:1: training: duplicate key 'training' (first at line 1, column 1)",
+        ),
+        (
+            "training:\n  steps: 30\n  steps: 3\n",
+            "run.yaml:3:3: training.steps: duplicate key 'steps' (first at line 2, column 3)",
+        ),
+        (
+            "model: {family: qwen3, config_overrides: {num_hidden_layers: 2, "
+            "num_hidden_layers: 3}}\n",
+            "model.config_overrides.num_hidden_layers: duplicate key 'num_hidden_layers'",
+        ),
+        ("launch: {seed: 1}\nlogging: {console: true, console: yes}\n", "logging.console"),
+    ],
+)
+def test_a_key_written_twice_is_refused_at_its_second_place(cli, tmp_path, text, needle):
+    """Was: `valid`, YAML keeping the last one: a second `training:` section silently dropped
+    the whole first one (its steps became the default 50)."""
+    result = validate(cli, write(tmp_path / "run.yaml", text))
+    assert_user_error(result, needle, "YAML keeps only the last one")
+
+
+def test_a_key_written_twice_in_a_set_value_is_refused(cli, tmp_path):
+    result = validate(cli, runspec(tmp_path), "model.config_overrides={a: 1, a: 2}")
+    assert_user_error(result, "--set model.config_overrides.a: duplicate key 'a': YAML keeps")
+
+
+def test_a_merged_key_may_still_be_overridden(cli, tmp_path):
+    """YAML's merge (`<<`) brings keys in that the mapping itself may set again."""
+    config = write(
+        tmp_path / "run.yaml",
+        "scheduler: {warmup_steps: 1}\n"
+        "training:\n  <<: {steps: 9, micro_batch_size: 1}\n  steps: 4\n",
+    )
+    result = cli("config", "validate", "--config", config, "--json")
+    assert result.code == 0, result.err
+    training = json.loads(result.out)["training"]
+    assert (training["steps"], training["micro_batch_size"]) == (4, 1)

@@ -7,7 +7,8 @@ anchor (a cycle that nothing can walk); nesting is composed recursively (`[[[...
 exhausts the stack); and Python refuses to convert an integer of 4300+ digits. This loader
 measures every node while composing, before anything is built, and refuses documents past the
 bounds below with a `DllmError` naming the line, column and key path. It also refuses NUL
-characters: no path, name or value of a config may hold one, and the OS rejects them in paths.
+characters (no path, name or value of a config may hold one, and the OS rejects them in paths)
+and a key written twice in one mapping (the safe loader keeps the last without a word).
 """
 
 from __future__ import annotations
@@ -28,10 +29,13 @@ _MAX_INT_CHARS = 80  # a 64-bit integer in any YAML notation (even 0b...) is sho
 _INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # int64 and uint64 values
 _INT_TAG = "tag:yaml.org,2002:int"
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
 class _Refused(yaml.YAMLError):
-    def __init__(self, mark, path: list[str], problem: str) -> None:
+    def __init__(self, mark, path: list[str], problem: str, in_file: str | None = None) -> None:
+        """`in_file`: the problem as a file's error says it, where it may name other lines
+        (a `--set` value has none)."""
         super().__init__(problem)
         self.mark = mark
         parts = [part for part in path if part]
@@ -39,6 +43,7 @@ class _Refused(yaml.YAMLError):
             parts = [*parts[:3], f"...({len(parts) - 5} more)...", *parts[-2:]]
         self.path = ".".join(parts) or "(top level)"
         self.problem = problem
+        self.file_problem = in_file or problem
 
 
 class _BoundedLoader(yaml.SafeLoader):
@@ -86,6 +91,7 @@ class _BoundedLoader(yaml.SafeLoader):
                 children = node.value
             else:
                 assert isinstance(node, MappingNode)
+                self._check_keys(node)
                 children = [child for pair in node.value for child in pair]
             sizes = [self._measured[id(child)] for child in children]
             nodes = 1 + sum(n for n, _ in sizes)
@@ -103,6 +109,30 @@ class _BoundedLoader(yaml.SafeLoader):
                 f"aliases expand this value to more than {MAX_ALIAS_NODES:,} extra nodes "
                 "(an alias bomb?)",
             )
+
+    def _check_keys(self, node: MappingNode) -> None:
+        """Refuse a key written twice in one mapping: YAML loaders keep the last silently, so a
+        second `training:` section dropped the whole first one. Keys a merge (`<<`) brings in
+        may still be overridden, as YAML intends."""
+        seen: dict[Any, Any] = {}
+        for key, _ in node.value:
+            if not isinstance(key, ScalarNode) or key.tag == _MERGE_TAG:
+                continue
+            try:
+                identity = (key.tag, self.construct_object(key))  # `1` and `0x1` are one key
+                hash(identity)
+            except (yaml.YAMLError, TypeError, ValueError):
+                identity = (key.tag, key.value)
+            if identity in seen:
+                first = seen[identity]
+                raise _Refused(
+                    key.start_mark,
+                    [*self._path, str(key.value)],
+                    f"duplicate key {key.value!r}: YAML keeps only the last one; write it once",
+                    in_file=f"duplicate key {key.value!r} (first at line {first.line + 1}, "
+                    f"column {first.column + 1}): YAML keeps only the last one; write it once",
+                )
+            seen[identity] = key.start_mark
 
     def _check_scalar(self, node: ScalarNode) -> None:
         if "\x00" in node.value:
@@ -149,7 +179,7 @@ def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
             raise DllmError(f"{source}{inner}: {refused.problem}") from None
         mark = refused.mark
         raise DllmError(
-            f"{source}:{mark.line + 1}:{mark.column + 1}: {refused.path}: {refused.problem}"
+            f"{source}:{mark.line + 1}:{mark.column + 1}: {refused.path}: {refused.file_problem}"
         ) from None
     except yaml.YAMLError as error:
         if key is not None:
