@@ -144,14 +144,19 @@ def test_cancelled_job_is_reported_cancelled(submit, slurm_cluster, cli):
     assert f"; cancelled\nslurm job    {job_id} (CANCELLED)" in shown.out
 
 
-def test_a_run_dir_with_spaces_quotes_and_a_hash_runs(submit, slurm_cluster, cli):
+def test_a_run_dir_with_spaces_quotes_a_hash_and_a_percent_runs(submit, slurm_cluster, cli):
     """The #SBATCH lines name the run dir: sbatch refused the job when they split at a space
-    (unless the value is double-quoted, which also keeps a # from starting a comment)."""
-    run_dir, job_id = submit("my run #2 'b'", "--cpus-per-task", "1", "--set", "training.steps=2")
+    (unless the value is double-quoted, which also keeps a # from starting a comment), and a
+    `%x` in --output became the job name, a folder that does not exist: the job FAILED
+    (JobLaunchFailure) before its first line ran, with no output file."""
+    name = "my run #2 'b' 50%x"
+    run_dir, job_id = submit(name, "--cpus-per-task", "1", "--set", "training.steps=2")
     slurm_cluster.wait_for(job_id, {"COMPLETED", "FAILED"})
-    output = (run_dir / f"slurm-{job_id}.out").read_text()
-    assert slurm_cluster.state(job_id) == "COMPLETED", output
-    assert statuses(cli)["my run #2 'b'"] == "ok"
+    assert slurm_cluster.state(job_id) == "COMPLETED", slurm_cluster.run(
+        "scontrol", "show", "job", job_id
+    ).stdout
+    assert "step 2/2" in (run_dir / f"slurm-{job_id}.out").read_text()
+    assert statuses(cli)[name] == "ok"
 
 
 def test_cancelled_job_resumes_when_its_script_is_submitted_again(submit, slurm_cluster, cli):

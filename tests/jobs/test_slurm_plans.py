@@ -163,6 +163,16 @@ def test_sbatch_values_stay_one_directive(cli, spec_file, workdir):
     assert "#SBATCH --partition=a,b\n" in script
 
 
+def test_a_percent_in_the_run_dir_stays_a_percent_in_the_output_path(cli, spec_file, workdir):
+    """sbatch expands %-patterns in --output: runs/50%x named runs/50dllm-50%x/, which does not
+    exist, and the job ended FAILED (JobLaunchFailure) before its first line ran. `%%` is a `%`.
+    The job name has no patterns (test_slurm_cluster.py runs such a run dir)."""
+    slurm_launch(cli, spec_file, "--run-dir", "runs/50%x 100%")
+    script = (workdir / "runs" / "50%x 100%" / "job.sbatch").read_text()
+    assert f'#SBATCH --output="{workdir}/runs/50%%x 100%%/slurm-%j.out"\n' in script
+    assert '#SBATCH --job-name="dllm-50%x 100%"\n' in script
+
+
 def port_for(script: str, job_id: int) -> int:
     """What the script's port line computes for a job id, run by bash."""
     [line] = [x for x in script.splitlines() if x.startswith("DLLM_RDZV_PORT=")]

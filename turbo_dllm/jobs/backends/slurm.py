@@ -137,7 +137,10 @@ def render_script(plan: JobPlan) -> str:
     for flag, value in (("partition", job.partition), ("account", job.account), ("time", job.time)):
         if value:
             head.append(f"#SBATCH --{flag}={_sbatch_value(value)}")
-    head.append(f"#SBATCH --output={_sbatch_value(f'{plan.run_dir}/slurm-%j.out')}")
+    # sbatch expands %-patterns in the whole path (%x: the job name, %j: its id): a run dir
+    # with a `%` (runs/p%xq) named a folder that does not exist, and the job failed to start.
+    output = plan.run_dir.replace("%", "%%") + "/slurm-%j.out"
+    head.append(f"#SBATCH --output={_sbatch_value(output)}")
     head += [f"#SBATCH {line}" for line in job.extra]
     srun = next(c.argv for c in plan.commands if c.argv[0] == "srun")
     port = []
