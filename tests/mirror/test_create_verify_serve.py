@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import socket
+import struct
+import time
 
 import pytest
 import requests
@@ -280,6 +283,57 @@ def test_server_sends_large_files_and_ranges_whole(mirror):
         head = requests.head(url, timeout=10)
         assert head.status_code == 200 and head.content == b""
         assert head.headers["Content-Length"] == str(len(data))
+
+
+def test_server_never_follows_a_link_out_of_the_mirror_and_answers_a_nul(mirror, tmp_path):
+    """A link in a carried mirror folder (`escape -> /`) served the host's files to anyone who
+    could reach the server, and verify passed; a NUL in the path got no answer at all (a
+    ValueError traceback in the server)."""
+    root, _ = mirror
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("not for the cluster")
+    (root / "escape").symlink_to(outside, target_is_directory=True)
+    (root / "wheels" / "secret.txt").symlink_to(outside / "secret.txt")
+    (root / "simple" / "alias.json").symlink_to(root / "MIRROR.json")  # inside: served
+    with MirrorServer(root, quiet=True) as server:
+        for path in ("escape/secret.txt", "escape/", "wheels/secret.txt"):
+            for headers in ({}, {"Range": "bytes=0-3"}):
+                answer = requests.get(f"{server.url}/{path}", headers=headers, timeout=10)
+                assert answer.status_code == 404, (path, headers)
+                assert b"not for the cluster" not in answer.content
+        assert requests.head(f"{server.url}/escape/secret.txt", timeout=10).status_code == 404
+        alias = requests.get(f"{server.url}/simple/alias.json", timeout=10)
+        assert alias.content == (root / "MIRROR.json").read_bytes()
+        assert requests.get(f"{server.url}/MIRROR.json%00", timeout=10).status_code == 400
+    problems = verify_mirror(root).problems
+    assert "escape: not listed in MIRROR.json" in problems
+    assert "wheels/secret.txt: not listed in MIRROR.json" in problems
+
+
+def test_a_client_that_goes_away_mid_download_is_one_log_line(mirror, capsys):
+    """pip/uv cancelling a download, or a cut connection, printed socketserver's traceback
+    ('Exception occurred during processing of request', BrokenPipeError) even with --quiet."""
+    root, _ = mirror
+    blob = root / "bundles" / "big.bin"
+    blob.parent.mkdir(exist_ok=True)
+    with open(blob, "wb") as handle:  # sparse: more than the socket buffers hold
+        handle.truncate(256 * 1024 * 1024)
+    with MirrorServer(root) as server:
+        host, port = server.httpd.server_address[:2]
+        client = socket.create_connection((host, port), timeout=10)
+        client.sendall(b"GET /bundles/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert client.recv(4096).startswith(b"HTTP/1.0 200")
+        # gone: a reset, as from a killed process
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        client.close()
+        err = ""
+        deadline = time.monotonic() + 20
+        while "went away" not in err and "Traceback" not in err and time.monotonic() < deadline:
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+    assert "Traceback" not in err
+    assert "/bundles/big.bin: client went away" in err
 
 
 def test_serve_and_verify_refuse_a_folder_that_is_not_a_mirror(tmp_path, cli):

@@ -3,7 +3,9 @@
 A threaded `http.server` (one thread per connection, so a slow bundle download does not block
 the index) that serves files and folder `index.html` pages only, no listings, with content types
 pip and uv expect and single-range `Range` requests (206), so an interrupted bundle download
-resumes. Binds to 127.0.0.1 unless told otherwise: expose it to a cluster on purpose.
+resumes. Nothing outside the folder is served, a symbolic link out of it included (404), and a
+client that goes away mid-transfer is a log line. Binds to 127.0.0.1 unless told otherwise:
+expose it to a cluster on purpose.
 """
 
 from __future__ import annotations
@@ -49,10 +51,36 @@ class MirrorRequestHandler(SimpleHTTPRequestHandler):
 
     _advertised_ranges = False
 
+    def handle(self) -> None:
+        """A client that goes away mid-transfer (pip or uv cancelled, a node rebooted, a resumable
+        download cut) is routine: one log line, not socketserver's traceback on stderr."""
+        try:
+            super().handle()
+        except ConnectionError as error:
+            where = getattr(self, "path", "") or "-"
+            self.log_message("%s: client went away (%s)", where, error.strerror or error)
+
+    def _outside(self, path: str) -> bool:
+        """Whether serving `path` would read a file outside the mirror folder: through a symbolic
+        link there (translate_path already drops `..` and encoded separators)."""
+        root = os.path.realpath(self.directory)
+        paths = [path, os.path.join(path, "index.html")] if os.path.isdir(path) else [path]
+        for candidate in paths:
+            real = os.path.realpath(candidate)
+            if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+                return True
+        return False
+
     def send_head(self):
         self._remaining = None
         header = self.headers.get("Range")
         path = self.translate_path(self.path)
+        if "\x00" in path:  # else a ValueError from open(): no answer, and a traceback
+            self.send_error(HTTPStatus.BAD_REQUEST, "NUL in the path")
+            return None
+        if self._outside(path):
+            self.send_error(HTTPStatus.NOT_FOUND, "not found")
+            return None
         if not header or not os.path.isfile(path):
             return super().send_head()
         match = _RANGE.match(header.strip())

@@ -63,7 +63,10 @@ def _check_files(source: MirrorSource, report: VerifyReport) -> None:
             )
     if source.local is not None:
         listed = {f.path for f in report.index.files} | {MIRROR_FILE}
-        for path in sorted(p for p in source.local.rglob("*") if p.is_file()):
+        # A link to a folder is no file, and rglob does not enter it: listed as what it is,
+        # or the mirror would pass with a way out of it (`serve` refuses to follow one).
+        entries = (p for p in source.local.rglob("*") if p.is_file() or p.is_symlink())
+        for path in sorted(entries):
             relative = path.relative_to(source.local).as_posix()
             if relative not in listed:
                 report.problems.append(f"{relative}: not listed in MIRROR.json")
