@@ -188,6 +188,10 @@ def test_env_lock_cli_errors(cli):
     assert_user_error(
         cli("env", "lock", "--target", "cpu-x86_64", "--torch", "2.5.0"), "not one of target"
     )
+    # was an InvalidVersion traceback
+    assert_user_error(
+        cli("env", "lock", "--target", "cpu-x86_64", "--torch", "banana"), "is not a version"
+    )
 
 
 def test_sync_refuses_pins_that_do_not_fit_together_and_removes_the_venv_it_made(

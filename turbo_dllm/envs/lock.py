@@ -22,7 +22,7 @@ from urllib.parse import unquote, urlparse
 
 from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from turbo_dllm.envs.manifest import EnvManifest, Index, Pin, Project, WheelFile
 from turbo_dllm.envs.targets import (
@@ -160,7 +160,13 @@ def lock_point(request: LockRequest) -> LockPoint:
     running_torch, running_abi = _running_torch()
     releases = ", ".join(t.dotted for t in spec.torch)
     if request.torch_version:
-        torch = Version(request.torch_version)
+        try:
+            torch = Version(request.torch_version)
+        except InvalidVersion:
+            raise DllmError(
+                f"--torch {request.torch_version!r} is not a version",
+                hint=f"write it as X.Y.Z, one of target {spec.name}'s releases ({releases})",
+            ) from None
     elif running_torch is not None and any(
         (t.major, t.minor) == (running_torch.major, running_torch.minor) for t in spec.torch
     ):
