@@ -356,6 +356,30 @@ def test_serve_refuses_a_port_out_of_range_and_names_a_bad_host(mirror, cli, arg
     assert_user_error(cli("mirror", "serve", mirror[0], *args), needle)
 
 
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="no IPv6 loopback here")
+def test_serve_listens_on_an_ipv6_host(mirror):
+    """--host ::1 (or ::) was 'cannot listen on ::1:0: Address family for hostname not
+    supported', hint 'pass another --host': the server was IPv4 only, though its URL and the
+    mirror readers bracket an IPv6 host."""
+    from turbo_dllm.mirror.source import open_mirror
+
+    root, index = mirror
+    with MirrorServer(root, host="::1", quiet=True) as server:
+        assert server.url.startswith("http://[::1]:")
+        answer = requests.get(f"{server.url}/MIRROR.json", timeout=10)
+        assert answer.status_code == 200
+        assert open_mirror(server.url).index() == index
+
+
 def test_with_wheels_downloads_from_the_manifest_index_by_hash(mirror, wheels, tmp_path):
     root, _ = mirror
     with MirrorServer(root, quiet=True) as server:

@@ -74,7 +74,11 @@ def register(subparsers) -> None:
     )
     p.add_argument("mirror", metavar="DIR")
     p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1; 0.0.0.0 or :: for every interface)",
+    )
     p.add_argument("--quiet", action="store_true", help="do not log requests")
     p.set_defaults(func=_serve)
 

@@ -10,8 +10,10 @@ expose it to a cluster on purpose.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import socket
 import sys
 import threading
 from functools import partial
@@ -127,6 +129,31 @@ class MirrorRequestHandler(SimpleHTTPRequestHandler):
             self.connection.sendfile(source, offset, remaining)
 
 
+def _server_class(host: str, port: int) -> type[ThreadingHTTPServer]:
+    """The server for `host`'s address family: IPv4 where the host has an IPv4 address (so
+    `localhost` stays 127.0.0.1), else IPv6 (`::1`, `::`; `::` also takes IPv4 clients where
+    the system allows). A host that does not resolve is left to bind() to report."""
+    try:
+        infos = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )
+    except (socket.gaierror, UnicodeError):
+        return ThreadingHTTPServer
+    families = [info[0] for info in infos]
+    if socket.AF_INET in families or socket.AF_INET6 not in families:
+        return ThreadingHTTPServer
+    return _IPv6Server
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+    def server_bind(self) -> None:
+        with contextlib.suppress(OSError, AttributeError):  # dual stack where there is one
+            self.socket.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        super().server_bind()
+
+
 class MirrorServer:
     """A running server for one mirror folder; `with MirrorServer(DIR) as s: s.url`."""
 
@@ -143,10 +170,10 @@ class MirrorServer:
             raise DllmError(f"--port must be 0-65535 (0: any free port), got {port}")
         handler = type("Handler", (MirrorRequestHandler,), {"quiet": quiet})
         try:
-            self.httpd = ThreadingHTTPServer((host, port), partial(handler, directory=self.root))
+            self.httpd = _server_class(host, port)(
+                (host, port), partial(handler, directory=self.root)
+            )
         except OSError as error:
-            import socket
-
             unknown = isinstance(error, socket.gaierror)  # a host name that does not resolve
             raise DllmError(
                 f"cannot listen on {host}:{port}: {error}",
