@@ -11,6 +11,7 @@ import shutil
 import pytest
 
 from tests.helpers import assert_user_error
+from turbo_dllm import digests
 from turbo_dllm.families.dflash import target_identity
 from turbo_dllm.families.dflash.export import export_drafter
 from turbo_dllm.families.dflash.speculative import compare
@@ -67,9 +68,9 @@ def test_the_recorded_target_or_a_copy_passes_and_is_hashed_once(
     fingerprint once in the process (memoized by their stamps)."""
     copy = shutil.copytree(world["target"], tmp_path / "copy")
     calls = []
-    real = target_identity.sha256_file
+    real = digests.sha256_file
     monkeypatch.setattr(target_identity, "_FINGERPRINTS", {})
-    monkeypatch.setattr(target_identity, "sha256_file", lambda f: calls.append(f) or real(f))
+    monkeypatch.setattr(digests, "sha256_file", lambda f: calls.append(f) or real(f))
     reports = compare(
         str(copy),
         [str(exported), str(exported)],
@@ -224,7 +225,7 @@ def test_data_of_another_tokenizer_is_refused_before_the_target_is_hashed(
     target = _with_tokenizer(world["target"], tmp_path / "target")
     calls = []
     monkeypatch.setattr(target_identity, "_FINGERPRINTS", {})
-    monkeypatch.setattr(target_identity, "sha256_file", lambda f: calls.append(f))
+    monkeypatch.setattr(digests, "sha256_file", lambda f: calls.append(f))
     with pytest.raises(DllmError, match="another tokenizer"):
         compare(str(target), [str(exported)], str(world["artifact"]), max_new_tokens=4)
     assert calls == []

@@ -12,6 +12,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from turbo_dllm.digests import sha256_files
 from turbo_dllm.fsutil import sha256_file
 
 __all__ = [
@@ -89,7 +90,12 @@ def weights_ref(model_path: str | None) -> dict[str, Any] | None:
         return None
     folder = Path(model_path)
     names = sorted({p.name for pattern in _WEIGHT_PATTERNS for p in folder.glob(pattern)})
-    return {"path": str(model_path), "files": {name: _file_sha256(folder / name) for name in names}}
+    paths = [folder / name for name in names]
+    try:
+        digests = sha256_files(paths)  # read once per file version (turbo_dllm.digests)
+    except OSError:  # one vanished or unreadable between listing and reading: say which
+        digests = [_file_sha256(path) for path in paths]
+    return {"path": str(model_path), "files": dict(zip(names, digests, strict=True))}
 
 
 def code_version() -> dict[str, Any]:

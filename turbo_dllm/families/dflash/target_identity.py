@@ -4,7 +4,8 @@
 its `*.safetensors` files (content only, no paths or times); a feature artifact records it
 (`features.json`) and so does every drafter checkpoint (`checkpoint.json`'s `target`, with the
 folder's path and each file's stamp). Hashing reads every byte (seconds per GB), so it is done
-once per process for files whose stamps did not change, and a resume whose target files carry
+once per file version (`turbo_dllm.digests` remembers each file's digest under its stamp, across
+processes), and a resume whose target files carry
 the stamps its checkpoint recorded (size, mtime, ctime, inode, device: the same files, never
 rewritten since: any write changes ctime) takes the recorded fingerprint without reading them.
 """
@@ -16,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from turbo_dllm.fsutil import sha256_file
+from turbo_dllm.digests import sha256_files
 
 __all__ = [
     "current_target_record",
@@ -63,8 +64,8 @@ def target_record(folder: str | Path) -> dict[str, Any]:
     key = _key(folder, stamps)
     if key not in _FINGERPRINTS:
         digest = hashlib.sha256()
-        for file in _files(folder):
-            digest.update(sha256_file(file).encode())
+        for file_digest in sha256_files(_files(folder)):
+            digest.update(file_digest.encode())
         _FINGERPRINTS[key] = digest.hexdigest()
     return {"path": str(folder.absolute()), "fingerprint": _FINGERPRINTS[key], "files": stamps}
 
