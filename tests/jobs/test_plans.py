@@ -232,6 +232,48 @@ def test_multi_node_needs_a_meeting_point_and_a_node_rank(cli, spec_file, gpus, 
     )
 
 
+@pytest.mark.parametrize(
+    ("flag", "value", "needles"),
+    [
+        ("--rdzv-endpoint", "127.0.0.1:abc", ["--rdzv-endpoint '127.0.0.1:abc' is not HOST:PORT"]),
+        ("--rdzv-endpoint", "head:", ["is not HOST:PORT"]),
+        ("--rdzv-endpoint", "head:70000", ["is not HOST:PORT", "1 to 65535"]),
+        ("--rdzv-endpoint", "fd00::1:29400", ["is not HOST:PORT", "[fd00::1]:29400"]),
+        ("--rdzv-conf", "last_call_timeout", ["'last_call_timeout' is not K=V"]),
+        ("--rdzv-conf", "last_call_timeout=5s", ["last_call_timeout must be a whole number"]),
+        ("--rdzv-conf", "join_timeout=600,,x=1", ["'' is not K=V"]),
+    ],
+)
+def test_a_bad_rendezvous_setting_is_refused_before_the_run_dir_exists(
+    cli, spec_file, workdir, flag, value, needles
+):
+    """Was: written into the plan, the run dir made, then torchrun's ValueError traceback on
+    every node (a non-numeric port: the launch's own port check's traceback first)."""
+    endpoint = () if flag == "--rdzv-endpoint" else ("--rdzv-endpoint", "127.0.0.1:29400")
+    args = ("--config", spec_file, "--backend", "torchrun", *endpoint, flag, value)
+    assert_user_error(cli("launch", *args, "--run-dir", "r"), *needles)
+    assert not (workdir / "r").exists()
+
+
+@pytest.mark.parametrize(
+    ("flag", "value"),
+    [
+        ("--rdzv-endpoint", "head"),  # torchrun's port, 29400
+        ("--rdzv-endpoint", "[fd00::1]:29400"),
+        ("--rdzv-endpoint", "node-0.cluster.local:29400"),
+        ("--rdzv-conf", "last_call_timeout=5, join_timeout=600,is_host=false"),
+    ],
+)
+def test_rendezvous_settings_torchrun_reads_are_accepted(cli, spec_file, flag, value):
+    endpoint = () if flag == "--rdzv-endpoint" else ("--rdzv-endpoint", "head:29400")
+    two_nodes = ("--nnodes", "2", "--set", "topology.dp=2")
+    plan, _ = dry_run(
+        cli, "--config", spec_file, *two_nodes, *endpoint, flag, value, "--run-dir", "r"
+    )
+    key = "endpoint" if flag == "--rdzv-endpoint" else "conf"
+    assert plan["rendezvous"][key] == value
+
+
 def test_local_backend_refuses_what_it_cannot_do(cli, spec_file, workdir):
     base = ("launch", "--config", spec_file, "--dry-run", "--backend", "local")
     assert_user_error(

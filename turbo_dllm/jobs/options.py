@@ -131,3 +131,63 @@ class LaunchOptions:
             )
         if self.run_dir and self.run_root:
             raise DllmError("give --run-dir or --run-root, not both")
+        if self.rdzv_endpoint is not None:
+            _check_endpoint(self.rdzv_endpoint)
+        if self.rdzv_conf is not None:
+            _check_rdzv_conf(self.rdzv_conf)
+
+
+# What torchrun's c10d rendezvous reads back as a host name (its parse_rendezvous_endpoint).
+_HOST = re.compile(r"^[\w.:-]+$")
+# The settings torchrun's c10d rendezvous reads as whole seconds or counts (> 0), or as a flag.
+_RDZV_COUNTS = ("keep_alive_interval", "keep_alive_max_attempt")
+_RDZV_FLAGS = {"is_host"}
+_FLAG_WORDS = {"1", "true", "t", "yes", "y", "0", "false", "f", "no", "n"}
+
+
+def _check_endpoint(endpoint: str) -> None:
+    """`--rdzv-endpoint HOST[:PORT]` as torchrun reads it (an IPv6 address in brackets): a bad
+    one was written into the plan and failed on every node only once the run dir existed (a
+    non-numeric port also stopped the launch's port check with a traceback)."""
+    text = endpoint.strip()
+    if text.startswith("[") and "]" in text:
+        host, _, rest = text[1:].partition("]")
+        port = rest[1:] if rest.startswith(":") else None
+        bad = rest not in ("", ":" + (port or ""))
+    else:
+        host, sep, port = text.rpartition(":") if ":" in text else (text, "", "")
+        port = port if sep else None
+        bad = ":" in host  # a bare IPv6 address: where does its port start?
+    if port is not None and not (port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536):
+        bad = True
+    if bad or not host or not _HOST.match(host):
+        raise DllmError(
+            f"--rdzv-endpoint {endpoint!r} is not HOST:PORT",
+            hint="e.g. --rdzv-endpoint node0:29400 (a port from 1 to 65535; an IPv6 address in "
+            "brackets: [fd00::1]:29400), the same on every node",
+        )
+
+
+def _check_rdzv_conf(conf: str) -> None:
+    """`--rdzv-conf K=V,...` as torchrun's c10d rendezvous reads it: a malformed one (`foo`,
+    `last_call_timeout=5s`) was written into the plan, and torchrun failed with a traceback on
+    every node once the run dir existed."""
+    hint = (
+        "write K=V pairs separated by commas, e.g. --rdzv-conf last_call_timeout=5,join_timeout=600"
+    )
+    if not conf.strip():
+        return  # none (a replay's `--rdzv-conf ''` drops the recorded settings)
+    for item in conf.split(","):
+        key, sep, value = (part.strip() for part in item.partition("="))
+        if not key or not sep or not value:
+            raise DllmError(f"--rdzv-conf {conf!r}: {item.strip()!r} is not K=V", hint=hint)
+        if key.endswith("_timeout") or key in _RDZV_COUNTS:
+            if not (value.isdigit() and int(value) > 0):
+                raise DllmError(
+                    f"--rdzv-conf {conf!r}: {key} must be a whole number above 0 (got {value!r})",
+                    hint="timeouts are whole seconds, e.g. last_call_timeout=5",
+                )
+        elif key in _RDZV_FLAGS and value.lower() not in _FLAG_WORDS:
+            raise DllmError(
+                f"--rdzv-conf {conf!r}: {key} must be true or false (got {value!r})", hint=hint
+            )
