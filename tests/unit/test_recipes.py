@@ -22,3 +22,14 @@ def test_recipes_are_listed_in_name_order():
     names = [recipe.name for recipe in list_recipes()]
     assert names == sorted(names)
     assert names.index("smoke/cpu-tiny") < names.index("smoke/cpu-tiny-nemotron")
+
+
+def test_recipe_list_prints_brackets_as_written(cli, monkeypatch):
+    """rich read `[gdn]` as markup: the list said `pip install 'turbo-dllm'` for the recipe whose
+    hardware line asks for `pip install 'turbo-dllm[gdn]'`."""
+    monkeypatch.setenv("COLUMNS", "400")  # one line per recipe: nothing wraps
+    result = cli("recipe", "list")
+    assert result.code == 0, result.err
+    [line] = [x for x in result.out.splitlines() if "h200/fast-dllm-v2-qwen3.8" in x]
+    hardware = next(r.hardware for r in list_recipes() if r.name == "h200/fast-dllm-v2-qwen3.8")
+    assert "turbo-dllm[gdn]" in hardware and hardware in line

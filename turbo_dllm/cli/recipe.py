@@ -33,6 +33,7 @@ def _list(args) -> int:
         )
         return 0
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(box=None)
@@ -42,7 +43,9 @@ def _list(args) -> int:
     table.add_column("hardware")
     table.add_column("summary")
     for r in recipes:
-        table.add_row(r.name, r.hardware, r.summary)
+        # Escaped: rich reads `[...]` as markup and dropped `[gdn]` from the hardware line's
+        # `pip install 'turbo-dllm[gdn]'`.
+        table.add_row(escape(r.name), escape(r.hardware), escape(r.summary))
     Console().print(table)
     return 0
 
