@@ -188,7 +188,7 @@ def test_gpu_probe_started_early_that_fails_reports_it(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
     probes.start_gpu_probe()
     assert probes.probe_gpus() == probes.GpuProbe(
-        (), ("nvidia-smi is installed but failed; GPU list unknown",)
+        (), ("nvidia-smi is installed but exited with status 9: no message; GPU list unknown",)
     )
 
 
@@ -196,3 +196,79 @@ def test_gpu_probe_start_without_nvidia_smi_does_nothing(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", str(tmp_path))
     probes.start_gpu_probe()
     assert probes.probe_gpus() == probes.GpuProbe(())
+
+
+def _smi_script(tmp_path, monkeypatch, body: str):
+    script = tmp_path / "bin" / "nvidia-smi"
+    script.parent.mkdir(exist_ok=True)
+    script.write_text("#!/bin/sh\n" + body)
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    monkeypatch.setattr(probes, "_HUNG", set())
+    return script
+
+
+def _gone(pid: int) -> bool:
+    """No such process, or only its zombie (nothing here reaps an orphan's)."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except FileNotFoundError:
+        return True
+
+
+@pytest.mark.parametrize("started_early", [False, True], ids=["probed", "started-early"])
+def test_a_hung_nvidia_smi_times_out_once_and_leaves_nothing_running(
+    tmp_path, monkeypatch, started_early
+):
+    """A wrapper whose child holds the output pipes and never ends (a hung driver): the probe
+    gives up after the timeout, says so, ends the child too, and asks that nvidia-smi no more
+    in this process (a command fingerprints the host several times)."""
+    import time
+
+    log = tmp_path / "runs.log"
+    _smi_script(tmp_path, monkeypatch, f'sleep 30 &\necho $! >> "{log}"\nwait\n')
+    monkeypatch.setattr(probes, "NVIDIA_SMI_TIMEOUT_S", 0.5)
+    if started_early:
+        probes.start_gpu_probe()
+    began = time.monotonic()
+    assert probes.probe_gpus() == probes.GpuProbe(
+        (), ("nvidia-smi is installed but did not answer within 0.5 s; GPU list unknown",)
+    )
+    assert probes.probe_driver(tmp_path / "no-sys", tmp_path / "no-proc") is None
+    fingerprint = collect_fingerprint(environ={})
+    assert time.monotonic() - began < 10  # it waited for the sleep (30 s) before
+    assert fingerprint.gpus == () and "did not answer within 0.5 s" in fingerprint.notes[-1]
+    (child,) = map(int, log.read_text().split())  # nvidia-smi was run once
+    assert _gone(child)
+    probes.start_gpu_probe()  # not started again either
+    assert probes._started_gpu_query is None
+
+
+def test_a_failing_nvidia_smi_is_reported_with_its_exit_status_and_message(tmp_path, monkeypatch):
+    _smi_script(
+        tmp_path,
+        monkeypatch,
+        'echo "NVIDIA-SMI has failed because it couldn\'t communicate with the NVIDIA driver."\n'
+        "exit 9\n",
+    )
+    (note,) = probes.probe_gpus().notes
+    assert note == (
+        "nvidia-smi is installed but exited with status 9: NVIDIA-SMI has failed because it "
+        "couldn't communicate with the NVIDIA driver.; GPU list unknown"
+    )
+
+
+def test_nvidia_smi_output_that_is_not_text_is_a_note_not_a_crash(tmp_path, monkeypatch):
+    _smi_script(tmp_path, monkeypatch, "printf '\\365\\377\\000garbage\\n[N/A]'\n")
+    assert probes.probe_driver(tmp_path / "no-sys", tmp_path / "no-proc") is None
+    (note,) = probes.probe_gpus().notes
+    assert note.startswith("unexpected nvidia-smi output: ")
+    fingerprint = collect_fingerprint(environ={})
+    assert fingerprint.driver is None and fingerprint.gpus == ()
+    sys_file = tmp_path / "sys"
+    sys_file.write_bytes(b"\xf5\xff580\n")  # an odd /sys/module/nvidia/version: next source
+    proc_file = tmp_path / "proc"
+    proc_file.write_text("NVRM version: NVIDIA UNIX Kernel Module  580.65.06  Release Build\n")
+    assert probes.probe_driver(sys_file, proc_file) == "580.65.06"

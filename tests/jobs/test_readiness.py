@@ -36,6 +36,18 @@ def test_query_reads_processes_per_gpu_index(tmp_path, monkeypatch):
     ]
 
 
+def test_query_that_cannot_be_read_is_none_not_a_crash(tmp_path, monkeypatch):
+    """A pid nvidia-smi cannot give ("[N/A]" in some containers): the check says it cannot
+    tell (was a ValueError traceback out of dllm doctor and dllm launch)."""
+    install_fake_smi(tmp_path / "bin", monkeypatch, "GPU-bbb, [N/A], 40960\n")
+    assert query_gpu_processes() is None
+    install_fake_smi(tmp_path / "bin", monkeypatch, "")
+    assert query_gpu_processes() == [  # GPUs 1 and 2 have memory in use, no process named
+        GpuProcess(gpu_index=1, pid=None, used_mib=40961.0),
+        GpuProcess(gpu_index=2, pid=None, used_mib=30721.0),
+    ]
+
+
 def test_busy_gpus_only_counts_the_gpus_the_launch_uses():
     procs = [GpuProcess(gpu_index=3, pid=99999999, used_mib=1.0)]
     assert busy_gpus(procs, None, 2) == []

@@ -24,6 +24,7 @@ __all__ = [
     "probe_gpus",
     "probe_package_version",
     "probe_torch",
+    "run_nvidia_smi",
     "start_gpu_probe",
 ]
 
@@ -145,6 +146,7 @@ def _dist_info_folders(entry: str) -> list[str]:
     return [name for name in names if name.endswith(".dist-info") and "-" in name]
 
 
+_DRIVER_VERSION = re.compile(r"\d+(?:\.\d+)+")
 _PROC_DRIVER = re.compile(r"Kernel Module(?:\s+for\s+\S+)?\s+(\d+(?:\.\d+)+)")
 
 
@@ -157,16 +159,17 @@ def probe_driver(
         text = sys_path.read_text().strip()
         if text:
             return text
-    except OSError:
+    except (OSError, ValueError):  # ValueError: not UTF-8
         pass
     try:
         match = _PROC_DRIVER.search(proc_path.read_text())
         if match:
             return match.group(1)
-    except OSError:
+    except (OSError, ValueError):
         pass
-    lines = _nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"])
-    return lines[0].strip() if lines else None
+    lines, _ = run_nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"])
+    version = lines[0].strip() if lines else ""
+    return version if _DRIVER_VERSION.fullmatch(version) else None  # not "[N/A]" or noise
 
 
 class GpuProbe(NamedTuple):
@@ -176,6 +179,9 @@ class GpuProbe(NamedTuple):
 
 _GPU_QUERY = ("--query-gpu=index,name,compute_cap,uuid", "--format=csv,noheader")
 _started_gpu_query = None  # the nvidia-smi process start_gpu_probe began, until probe_gpus reads it
+# nvidia-smi binaries that did not answer in time in this process: not asked again (a hung
+# driver hangs every query; one command fingerprints the host several times).
+_HUNG: set[str] = set()
 
 
 def start_gpu_probe() -> None:
@@ -187,48 +193,34 @@ def start_gpu_probe() -> None:
     """
     global _started_gpu_query
     binary = shutil.which("nvidia-smi")
-    if binary is None or _started_gpu_query is not None:
+    if binary is None or _started_gpu_query is not None or binary in _HUNG:
         return
-    import subprocess
-
     try:
-        _started_gpu_query = subprocess.Popen(
-            [binary, *_GPU_QUERY], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
-        )
+        _started_gpu_query = (binary, _start(binary, list(_GPU_QUERY)))
     except OSError:
         _started_gpu_query = None
 
 
-def _gpu_query_lines() -> list[str] | None:
+def _gpu_query_lines() -> tuple[list[str] | None, str | None]:
     global _started_gpu_query
     started, _started_gpu_query = _started_gpu_query, None
     if started is None:
-        return _nvidia_smi(list(_GPU_QUERY))
-    import subprocess
-
-    try:
-        stdout, _ = started.communicate(timeout=NVIDIA_SMI_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        started.kill()
-        started.communicate()
-        return None
-    if started.returncode != 0:
-        return None
-    return [line for line in stdout.splitlines() if line.strip()]
+        return run_nvidia_smi(list(_GPU_QUERY))
+    return _finish(*started)
 
 
 def probe_gpus() -> GpuProbe:
     """Every GPU this process can see (CUDA_VISIBLE_DEVICES applied), via nvidia-smi."""
     if shutil.which("nvidia-smi") is None and _started_gpu_query is None:
         return GpuProbe(())
-    lines = _gpu_query_lines()
+    lines, problem = _gpu_query_lines()
     if lines is None:
-        return GpuProbe((), ("nvidia-smi is installed but failed; GPU list unknown",))
+        return GpuProbe((), (f"nvidia-smi is installed but {problem}; GPU list unknown",))
     rows = []
     for line in lines:
         parts = [p.strip() for p in line.split(",")]
         if len(parts) != 4 or not parts[0].isdigit():
-            return GpuProbe((), (f"unexpected nvidia-smi output: {line!r}",))
+            return GpuProbe((), (f"unexpected nvidia-smi output: {line[:200]!r}",))
         rows.append((int(parts[0]), parts[1], parts[2], parts[3]))
     visible = _apply_visible_devices(rows, os.environ.get("CUDA_VISIBLE_DEVICES"))
     return GpuProbe(tuple((index, name, cap) for index, name, cap, _ in visible))
@@ -252,21 +244,69 @@ def _apply_visible_devices(rows: list, setting: str | None) -> list:
     return chosen
 
 
-def _nvidia_smi(arguments: list[str]) -> list[str] | None:
+def run_nvidia_smi(arguments: list[str]) -> tuple[list[str] | None, str | None]:
+    """(non-empty output lines, None), or (None, what went wrong: "is not installed", "did not
+    answer within 15 s", "exited with status 9: <its message>"). Never waits longer than
+    NVIDIA_SMI_TIMEOUT_S, and a binary that timed out once is not asked again."""
     binary = shutil.which("nvidia-smi")
     if binary is None:
-        return None
+        return None, "is not installed"
+    if binary in _HUNG:
+        return None, _no_answer()
+    try:
+        process = _start(binary, arguments)
+    except OSError as error:
+        return None, f"cannot be run ({error.strerror or error})"
+    return _finish(binary, process)
+
+
+def _start(binary: str, arguments: list[str]):
+    import subprocess
+
+    # Its own session: a timeout kills the whole group, so no child of a wrapper script keeps
+    # the output pipes open (reading them would then wait for that child).
+    return subprocess.Popen(
+        [binary, *arguments],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def _finish(binary: str, process) -> tuple[list[str] | None, str | None]:
     import subprocess
 
     try:
-        proc = subprocess.run(
-            [binary, *arguments],
-            capture_output=True,
-            text=True,
-            timeout=NVIDIA_SMI_TIMEOUT_S,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if proc.returncode != 0:
-        return None
-    return [line for line in proc.stdout.splitlines() if line.strip()]
+        stdout, stderr = process.communicate(timeout=NVIDIA_SMI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        _HUNG.add(binary)
+        _kill(process)
+        return None, _no_answer()
+    if process.returncode != 0:
+        message = _decode(stderr).strip() or _decode(stdout).strip()
+        message = message.splitlines()[0][:200] if message else "no message"
+        return None, f"exited with status {process.returncode}: {message}"
+    return [line for line in _decode(stdout).splitlines() if line.strip()], None
+
+
+def _kill(process) -> None:
+    """End the process and everything it started; wait for it only, never for its pipes."""
+    import signal
+
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except OSError:  # already gone
+        pass
+    process.wait()
+    for pipe in (process.stdout, process.stderr):
+        if pipe is not None:
+            pipe.close()
+
+
+def _no_answer() -> str:
+    return f"did not answer within {NVIDIA_SMI_TIMEOUT_S:g} s"
+
+
+def _decode(data: bytes | None) -> str:
+    return (data or b"").decode("utf-8", errors="replace")

@@ -10,9 +10,7 @@ GPUs, and the rendezvous port.
 from __future__ import annotations
 
 import os
-import shutil
 import socket
-import subprocess
 from dataclasses import dataclass
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
@@ -180,24 +178,25 @@ def rendezvous_port(ctx: DoctorContext) -> CheckResult:
 
 def query_gpu_processes() -> list[GpuProcess] | None:
     """Who uses each GPU (by nvidia-smi index), or None when nvidia-smi can't say."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    gpus = _smi("--query-gpu=index,uuid,memory.used")
+    apps = _smi("--query-compute-apps=gpu_uuid,pid,used_memory") if gpus is not None else None
+    if gpus is None or apps is None:
         return None
     try:
-        gpus = _smi(smi, "--query-gpu=index,uuid,memory.used")
-        apps = _smi(smi, "--query-compute-apps=gpu_uuid,pid,used_memory")
-    except (OSError, subprocess.SubprocessError, ValueError):
+        index_of = {row[1]: int(row[0]) for row in gpus if len(row) >= 2}
+        found = []
+        for row in apps:
+            if len(row) < 3 or row[0] not in index_of:
+                continue
+            found.append(
+                GpuProcess(gpu_index=index_of[row[0]], pid=int(row[1]), used_mib=_mib(row[2]))
+            )
+        named = {p.gpu_index for p in found}
+        for row in gpus:
+            if len(row) >= 3 and int(row[0]) not in named and _mib(row[2]) > UNSEEN_USE_MIB:
+                found.append(GpuProcess(gpu_index=int(row[0]), pid=None, used_mib=_mib(row[2])))
+    except ValueError:  # an index or pid that is not a number: output it cannot read
         return None
-    index_of = {row[1]: int(row[0]) for row in gpus if len(row) >= 2}
-    found = []
-    for row in apps:
-        if len(row) < 3 or row[0] not in index_of:
-            continue
-        found.append(GpuProcess(gpu_index=index_of[row[0]], pid=int(row[1]), used_mib=_mib(row[2])))
-    named = {p.gpu_index for p in found}
-    for row in gpus:
-        if len(row) >= 3 and int(row[0]) not in named and _mib(row[2]) > UNSEEN_USE_MIB:
-            found.append(GpuProcess(gpu_index=int(row[0]), pid=None, used_mib=_mib(row[2])))
     return found
 
 
@@ -216,16 +215,15 @@ def _mib(text: str) -> float:
         return 0.0
 
 
-def _smi(smi: str, query: str) -> list[list[str]]:
-    proc = subprocess.run(
-        [smi, query, "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    if proc.returncode != 0:
-        raise ValueError(proc.stderr)
-    return [[c.strip() for c in line.split(",")] for line in proc.stdout.splitlines() if line]
+def _smi(query: str) -> list[list[str]] | None:
+    """nvidia-smi's CSV rows, or None where it is missing, fails or hangs (host.probes: a
+    timeout that ends what it started, and a hung nvidia-smi is not asked twice)."""
+    from turbo_dllm.host.probes import run_nvidia_smi
+
+    lines, _ = run_nvidia_smi([query, "--format=csv,noheader,nounits"])
+    if lines is None:
+        return None
+    return [[c.strip() for c in line.split(",")] for line in lines]
 
 
 def _visible_indices() -> list[int] | None:
