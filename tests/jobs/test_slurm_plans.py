@@ -173,6 +173,27 @@ def test_a_percent_in_the_run_dir_stays_a_percent_in_the_output_path(cli, spec_f
     assert '#SBATCH --job-name="dllm-50%x 100%"\n' in script
 
 
+def test_the_commands_it_prints_paste_into_bash(cli, spec_file, workdir, monkeypatch):
+    """A run dir with a space: `submit with: sbatch /x/my run/job.sbatch` and the refused
+    relaunch's `dllm launch --manifest ...` / `dllm run show ...` were printed unquoted, and
+    pasted into bash they named two files."""
+    bin_dir = workdir / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    fake_command(bin_dir, "squeue", "echo '4242|CANCELLED'\n")
+    run_dir = workdir / "runs" / "my run"
+    result = slurm_launch(cli, spec_file, "--run-dir", run_dir)
+    [line] = [x for x in result.out.splitlines() if x.startswith("submit with: ")]
+    words = shlex.split(line.removeprefix("submit with: ").split(" (")[0])
+    assert words == ["sbatch", str(run_dir / "job.sbatch")]
+
+    again = cli("launch", "--config", spec_file, *SLURM, *TWO_CPU_RANKS, "--run-dir", run_dir)
+    assert_user_error(again, "already holds run my run")
+    manifest_way = again.err.split("into a new run dir: ")[1].split("\n")[0]
+    assert shlex.split(manifest_way) == ["dllm", "launch", "--manifest", f"{run_dir}/manifest.json"]
+    hint = again.err.split("hint: `")[1].split("`")[0]
+    assert shlex.split(hint) == ["dllm", "run", "show", str(run_dir)]
+
+
 def port_for(script: str, job_id: int) -> int:
     """What the script's port line computes for a job id, run by bash."""
     [line] = [x for x in script.splitlines() if x.startswith("DLLM_RDZV_PORT=")]

@@ -3,6 +3,8 @@ uses (an unquoted 40-zero revision once read as the integer 0 and failed it)."""
 
 from __future__ import annotations
 
+import shlex
+
 import pytest
 
 from turbo_dllm.config.bounded_yaml import parse_yaml
@@ -33,3 +35,14 @@ def test_recipe_list_prints_brackets_as_written(cli, monkeypatch):
     [line] = [x for x in result.out.splitlines() if "h200/fast-dllm-v2-qwen3.8" in x]
     hardware = next(r.hardware for r in list_recipes() if r.name == "h200/fast-dllm-v2-qwen3.8")
     assert "turbo-dllm[gdn]" in hardware and hardware in line
+
+
+def test_recipe_copy_prints_a_next_command_that_pastes_into_bash(cli, tmp_path):
+    """`next: dllm config validate --config /x/my configs/cpu-tiny.yaml` named two words."""
+    folder = tmp_path / "my configs"
+    folder.mkdir()
+    result = cli("recipe", "copy", "smoke/cpu-tiny", f"{folder}/")
+    assert result.code == 0, result.err
+    [line] = [x for x in result.out.splitlines() if x.startswith("next: ")]
+    words = shlex.split(line.removeprefix("next: "))
+    assert words == ["dllm", "config", "validate", "--config", str(folder / "cpu-tiny.yaml")]

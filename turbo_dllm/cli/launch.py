@@ -330,20 +330,22 @@ def _print_start(job) -> None:
 
 
 def _print_end(job, code: int, submit: bool) -> None:
+    from shlex import quote
+
     from turbo_dllm.train.stop import EXIT_TERMINATED
 
     plan = job.plan
     if plan.backend == "slurm":
         if not submit:
             print(
-                f"wrote {plan.slurm.script}\nsubmit with: sbatch {plan.slurm.script} "
+                f"wrote {plan.slurm.script}\nsubmit with: sbatch {quote(plan.slurm.script)} "
                 "(`dllm run list` follows the job once it starts; with --submit, from its "
                 "submission)"
             )
         else:
             print(
-                f"dllm: follow it with `dllm run show {job.run_dir}` (state from SLURM); "
-                "cancel with scancel",
+                f"dllm: follow it with `dllm run show {quote(str(job.run_dir))}` (state from "
+                "SLURM); cancel with scancel",
                 file=sys.stderr,
             )
         return
@@ -352,4 +354,4 @@ def _print_end(job, code: int, submit: bool) -> None:
     else:
         verdict = "finished" if code == 0 else f"failed (exit {code})"
     print(f"dllm: run {plan.run_id} {verdict}: {job.run_dir}", file=sys.stderr)
-    print(f"dllm: plots: dllm run plot {job.run_dir}", file=sys.stderr)
+    print(f"dllm: plots: dllm run plot {quote(str(job.run_dir))}", file=sys.stderr)

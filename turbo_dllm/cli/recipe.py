@@ -58,9 +58,11 @@ def _show(args) -> int:
 
 
 def _copy(args) -> int:
+    import shlex
+
     from turbo_dllm.config.recipe_catalog import copy_recipe
 
     dest = copy_recipe(args.name, args.dest)
     print(f"wrote {dest}")
-    print(f"next: dllm config validate --config {dest}")
+    print(f"next: dllm config validate --config {shlex.quote(str(dest))}")
     return 0

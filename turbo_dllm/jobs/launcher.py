@@ -377,7 +377,7 @@ def check_run_dir(job: PreparedJob) -> bool:
         message = _occupied_by_a_recorded_run(
             run_dir, replay=job.manifest.replay_of is not None, joining=job.multi_node
         )
-        raise DllmError(message, hint=f"`dllm run show {run_dir}` shows that run")
+        raise DllmError(message, hint=f"`dllm run show {_q(run_dir)}` shows that run")
     found = _run_files(run_dir)
     if job.multi_node:  # another node may be writing spec.yaml before its manifest
         found = [name for name in found if name != SPEC_NAME]
@@ -389,8 +389,8 @@ def check_run_dir(job: PreparedJob) -> bool:
             "that does not describe them. Instead:\n"
             f"  - {_NEW_RUN[False]}\n"
             "  - continue that run with the config it was trained with: "
-            f"dllm train --config F --run-dir {run_dir}",
-            hint=f"`dllm run plot {run_dir}` plots what it trained"
+            f"dllm train --config F --run-dir {_q(run_dir)}",
+            hint=f"`dllm run plot {_q(run_dir)}` plots what it trained"
             if METRICS_NAME in found
             else None,
         )
@@ -456,6 +456,11 @@ def _run_files(run_dir: Path) -> list[str]:
     return found
 
 
+def _q(path: str | Path) -> str:
+    """A path as a word of a command line the user pastes (a run dir may hold a space)."""
+    return shlex.quote(str(path))
+
+
 def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = False) -> str:
     """What holds `run_dir` (its id, status, progress, when it ended) and the ways on;
     `joining`: a node of a multi-node launch, refused because that run finished."""
@@ -473,7 +478,7 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
         )
     done = "no steps yet" if run.steps_done is None else f"step {run.steps_done}/{run.steps_total}"
     if not replay:
-        again = f"the same job again, into a new run dir: dllm launch --manifest {manifest}"
+        again = f"the same job again, into a new run dir: dllm launch --manifest {_q(manifest)}"
         if recorded.plan.multi_node:
             # Its replay is multi-node too, which takes no default run dir.
             again += " --run-dir DIR, on every node (DIR: a new folder on shared storage)"
@@ -486,13 +491,13 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
             # job records itself as the run's latest attempt when it starts).
             ways.append(
                 "if it stopped, continue it from its last checkpoint as a SLURM job: "
-                f"sbatch {shlex.quote(recorded.plan.slurm.script)}"
+                f"sbatch {_q(recorded.plan.slurm.script)}"
             )
         else:
             under = " (under torchrun, as its plan does)" if run.processes != "1x1" else ""
             ways.append(
                 "if it stopped, continue it from its last checkpoint"
-                f"{under}: dllm train --config {run_dir / SPEC_NAME} --run-dir {run_dir}"
+                f"{under}: dllm train --config {_q(run_dir / SPEC_NAME)} --run-dir {_q(run_dir)}"
             )
     ended = ""
     if run.exit_code is not None:  # its result.json: when and how it ended
