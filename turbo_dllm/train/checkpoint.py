@@ -5,8 +5,9 @@ files of {"model", "optim"} (sharded tensors; DCP reshards them on load, so a ch
 at one data-parallel size loads at another), `checkpoint.json` (format
 `turbo_dllm.checkpoint.v1`: step, model config, scheduler, loader state, seed, world layout)
 and one `rank_<r>.pt` per rank (RNG states). It is written under `.tmp-step_<N>` and renamed
-into place once every rank finished, so a folder named `step_*` is always complete: a crash
-mid-save leaves only a temp folder, which the next save removes. A save over an existing
+into place once every rank's files are synced to disk, so a folder named `step_*` is always
+complete: a crash mid-save leaves only a temp folder, which the next save removes. A part of a
+save that fails on one rank fails it on every rank, with that rank's error (`_agree`). A save over an existing
 `step_<N>` renames that one to `.old-step_<N>` first and deletes it only once the new one is in
 (`_replace`), so a complete step N exists at every instant: where a crash left the aside copy
 as the only one, listing takes it for step N and the next save moves it back (`_settle_asides`).
@@ -313,13 +314,6 @@ def _lock_holder(fd: int) -> int | None:
     return None
 
 
-def _barrier() -> None:
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        dist.barrier()
-
-
 def _settle_asides(directory: Path) -> None:
     """Finish what an interrupted `_replace` left (rank 0, before a save): an aside copy whose
     `step_<N>` is complete is stale and goes; one that is the only complete copy of its step
@@ -360,6 +354,18 @@ def _rng_state() -> dict[str, Any]:
     if torch.cuda.is_available():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def _save_synced(state: dict[str, Any], path: Path) -> None:
+    """`torch.save` to `path`, on disk before it returns (as DCP's `sync_files` keeps its own)."""
+    with open(path, "wb") as handle:
+        torch.save(state, handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+# What failed in one rank's part of a save: (the rank, what, why, hint), sent to every rank.
+_Failure = tuple[int, str, str, str]
 
 
 class Checkpointer:
@@ -428,27 +434,43 @@ class Checkpointer:
         meta: dict[str, Any],
     ) -> Path:
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict import get_state_dict
 
         final = self.directory / f"step_{step:08d}"
         tmp = self.directory / f".tmp-step_{step:08d}"
+        # Each part ends in a vote of every rank (`_agree`), where a barrier would be: a part
+        # that failed on one rank stops them all with its error. Raised there alone, it would
+        # leave the others waiting in their next collective (NCCL hangs; gloo says 'Connection
+        # closed by peer', which names neither the rank nor the cause).
+        failure = None
         if self.rank == 0:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            _settle_asides(self.directory)  # an earlier save's interrupted replacement
-            if tmp.exists():
-                shutil.rmtree(tmp)
-            tmp.mkdir()
-        _barrier()
+            try:
+                self.directory.mkdir(parents=True, exist_ok=True)
+                _settle_asides(self.directory)  # an earlier save's interrupted replacement
+                if tmp.exists():
+                    shutil.rmtree(tmp)
+                tmp.mkdir()
+            except Exception as error:
+                failure = self._unwritable(final, error)
+        self._agree(failure, tmp)
         model_state, optim_state = get_state_dict(model, optimizer)
         model_state = _own_tensors(model, model_state)
-        from torch.distributed.checkpoint.api import CheckpointException
-
         try:
             with quiet_dcp_warnings():
                 dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(tmp))
-            torch.save({"rng": _rng_state()}, tmp / f"rank_{self.rank:05d}.pt")
-            _barrier()
-            if self.rank == 0:
+            # Our own file is synced as DCP syncs its own, and so are the folder's entries (DCP
+            # syncs no folder): the step is renamed into place only once every rank's files are
+            # on disk, so a power cut never leaves a `step_*` with a torn file.
+            _save_synced({"rng": _rng_state()}, tmp / f"rank_{self.rank:05d}.pt")
+            fsync_dir(tmp)
+        # DCP wraps a failed write (a full disk reaches torch.save as a RuntimeError, not an
+        # OSError) in CheckpointException, a BaseException, and raises it on every rank
+        except (Exception, CheckpointException) as error:
+            failure = self._unwritable(final, error)
+        self._agree(failure, tmp)
+        if self.rank == 0:
+            try:
                 record = CheckpointMeta(
                     format=CHECKPOINT_FORMAT,
                     step=step,
@@ -458,46 +480,80 @@ class Checkpointer:
                     **meta,
                 )
                 write_atomic(tmp / "checkpoint.json", record.model_dump_json(indent=2) + "\n")
-        # DCP wraps a failed write (a full disk reaches torch.save as a RuntimeError, not an
-        # OSError) in CheckpointException, a BaseException
-        except (Exception, CheckpointException) as error:
-            raise self._unwritable(final, tmp, error) from None
-        if self.rank == 0:
-            _replace(tmp, final)
-            self._prune()
-        _barrier()
+                _replace(tmp, final)
+            except Exception as error:
+                failure = self._unwritable(final, error)
+            else:
+                try:
+                    self._prune()
+                except Exception as error:
+                    failure = self._unprunable(final, error)
+        self._agree(failure, tmp)
         return final
 
-    def _unwritable(self, final: Path, tmp: Path, error: BaseException) -> DllmError:
-        """A save that failed (a full disk, an I/O error): its temp folder goes, giving its
-        space back (rank 0), and the error names the checkpoint; the earlier ones are intact."""
+    def _agree(self, failure: _Failure | None, tmp: Path) -> None:
+        """The end of one part of a save, on every rank (a collective: one all-reduce of a flag
+        where a barrier was): where a rank's part failed, rank 0 removes the temp folder (its
+        space back; no step is marked complete) and every rank raises the same error, that
+        rank's own, naming the rank (the lowest, where several failed)."""
+        from turbo_dllm.train.distributed import any_rank_now, gather_from_ranks
+
+        if not any_rank_now(failure is not None):
+            return
+        if self.rank == 0:
+            shutil.rmtree(tmp, ignore_errors=True)
+        found = gather_from_ranks(failure)
+        origins = sorted({f[0] for f in found if f is not None})
+        # the failing rank's own account (a DCP write that failed is raised on every rank)
+        first = found[origins[0]] if origins[0] < len(found) else None
+        origin, what, why, hint = first or next(f for f in found if f is not None)
+        if self.world_size > 1:
+            others = len(origins) - 1
+            more = f" and {others} more" if others else ""
+            what = f"{what} (rank {origin}{more} of {self.world_size})"
+        raise DllmError(f"{what}: {why}", hint=hint)
+
+    def _origin(self, error: BaseException) -> int:
+        """The rank where `error` happened: DCP raises a write that failed on one rank on every
+        rank, as a CheckpointException naming the ranks it failed on."""
+        failures = getattr(error, "failures", None)
+        return min(failures) if failures else self.rank
+
+    def _then(self) -> str:
+        latest = find_latest(self.directory)
+        return (
+            f"`dllm train` then resumes from {latest.name}"
+            if latest
+            else "`dllm train` then starts over (no earlier checkpoint)"
+        )
+
+    def _unwritable(self, final: Path, error: BaseException) -> _Failure:
+        """A save that failed (a full disk, an I/O error), named by its checkpoint; the earlier
+        ones are intact (`_agree` removes the temp folder, giving its space back)."""
         reason = _reason(error)
         try:
             free = shutil.disk_usage(self.directory).free
         except OSError:
             free = None
-        if self.rank == 0:
-            shutil.rmtree(tmp, ignore_errors=True)
         full = _has_errno(error, errno.ENOSPC, errno.EDQUOT) or (
             free is not None and free < _NEARLY_FULL
         )
         if full:
             where = "" if free is None else f", {free / 2**20:.1f} MiB free"
             reason = f"the disk is full (no space left on device{where})"
-        latest = find_latest(self.directory)
-        then = (
-            f"`dllm train` then resumes from {latest.name}"
-            if latest
-            else "`dllm train` then starts over (no earlier checkpoint)"
-        )
         fix = (
             "free some space on that disk (or set checkpoint.dir to a larger one)"
             if full
             else "fix the cause"
         )
-        return DllmError(
-            f"cannot write the checkpoint {str(final)!r}: {reason}", hint=f"{fix}; {then}"
-        )
+        what = f"cannot write the checkpoint {str(final)!r}"
+        return self._origin(error), what, reason, f"{fix}; {self._then()}"
+
+    def _unprunable(self, final: Path, error: BaseException) -> _Failure:
+        """A prune that failed after its step was in place: that one is complete."""
+        what = f"saved the checkpoint {str(final)!r}, but cannot remove the older ones"
+        hint = f"fix the cause (checkpoint.keep_last is {self.keep_last}); {self._then()}"
+        return self.rank, what, _reason(error), hint
 
     def _prune(self) -> None:
         # Renamed out of sight first: a prune killed midway leaves a temp folder (swept below on

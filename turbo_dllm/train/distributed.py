@@ -29,6 +29,8 @@ __all__ = [
     "ALLOC_CONF_VARIABLE",
     "DistEnv",
     "any_rank",
+    "any_rank_now",
+    "gather_from_ranks",
     "highest_on_any_rank",
     "apply_activation_checkpointing",
     "apply_compile",
@@ -124,6 +126,40 @@ def highest_on_any_rank(value: int, env: DistEnv) -> Callable[[], int]:
         return int(host.item())
 
     return read
+
+
+def _in_a_group() -> bool:
+    import torch.distributed as dist
+
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def any_rank_now(flag: bool) -> bool:
+    """`any_rank` for code that holds no `DistEnv` (the checkpointer), read at once: one
+    all-reduce MAX of one number over the default group, on the device its backend reduces on.
+    Every rank must call it, as it would a barrier (which it can replace)."""
+    if not _in_a_group():
+        return flag
+    import torch.distributed as dist
+
+    nccl = "nccl" in str(dist.get_backend()) and torch.cuda.is_available()
+    device = torch.device("cuda", torch.cuda.current_device()) if nccl else torch.device("cpu")
+    vote = torch.full((1,), float(flag), device=device)
+    dist.all_reduce(vote, op=dist.ReduceOp.MAX)
+    return bool(vote.item())
+
+
+def gather_from_ranks(value: object) -> list:
+    """Every rank's `value` (a small picklable object), in rank order, the same list on every
+    rank (`all_gather_object`; `[value]` in one process). A collective: for the rare path after
+    `any_rank_now` said something happened (what failed where), not for every step."""
+    if not _in_a_group():
+        return [value]
+    import torch.distributed as dist
+
+    found: list = [None] * dist.get_world_size()
+    dist.all_gather_object(found, value)
+    return found
 
 
 def apply_activation_checkpointing(
