@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -243,6 +247,54 @@ def test_a_failed_sync_leaves_no_venv_behind(wheels, tmp_path):
     with pytest.raises(DllmError, match="installing manifest"):
         sync_environment(broken, tmp_path / "kept")
     assert venv_python(tmp_path / "kept").exists()
+
+
+def test_sigterm_during_sync_stops_uv_and_removes_the_venv_it_made(wheels, tmp_path):
+    """SIGTERM (`kill`, `timeout`, a scheduler's limit) ended dllm on the spot: uv went on
+    installing into the venv sync had just made, and the half-made venv stayed."""
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(lock_fixtures(wheels)))
+    marker = tmp_path / "uv-installing"
+    slow_uv = tmp_path / "uv"  # the real uv, but `pip install` hangs until stopped
+    slow_uv.write_text(
+        "#!/bin/sh\n"
+        f'if [ "$1" = pip ] && [ "$2" = install ]; then echo $$ > {marker}; exec sleep 60; fi\n'
+        f'exec {uv_binary()} "$@"\n'
+    )
+    slow_uv.chmod(0o755)
+    driver = (
+        "import sys\n"
+        "from turbo_dllm.envs import uvtool\n"
+        f"uvtool.uv_binary = lambda: {str(slow_uv)!r}\n"
+        "from turbo_dllm.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    venv = tmp_path / "venv"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver, "env", "sync", "--manifest", manifest_file,
+         "--venv", venv],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    uv_pid = None
+    try:
+        deadline = time.monotonic() + 60
+        while not (marker.is_file() and marker.read_text().strip()):
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        uv_pid = int(marker.read_text())
+        assert (venv / "pyvenv.cfg").is_file()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGTERM, (proc.returncode, err)
+        assert "Traceback" not in err
+        assert not venv.exists()
+        with pytest.raises(ProcessLookupError):  # uv was stopped, not left running
+            os.kill(uv_pid, 0)
+    finally:
+        proc.kill()
+        if uv_pid is not None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(uv_pid, signal.SIGKILL)
 
 
 def test_sync_where_it_cannot_write_is_refused_before_anything_is_made(

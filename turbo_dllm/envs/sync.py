@@ -27,7 +27,7 @@ from turbo_dllm.envs.check import IGNORED_EXTRAS, Drift, compare, same_version
 from turbo_dllm.envs.inventory import Environment, inspect_environment
 from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
 from turbo_dllm.envs.select import recorded_manifest_path
-from turbo_dllm.envs.uvtool import run_uv
+from turbo_dllm.envs.uvtool import run_uv, sigterm_unwinds
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import write_atomic
 
@@ -264,15 +264,18 @@ def sync_environment(
             hint="pass --venv with a folder you can write (or run as the venv's owner)",
         )
     existed = venv.exists()
-    created = _prepare_venv(manifest, venv, python, system_site_packages)
-    try:
-        return _install(manifest, venv, created, mirror, source_args)
-    except BaseException:
-        if created:  # a venv this sync made is removed again, never left half-installed
-            shutil.rmtree(venv, ignore_errors=True)
-            if existed:
-                venv.mkdir(exist_ok=True)  # the empty folder the user named stays as it was
-        raise
+    # Absent or an empty folder: whatever is there after a failure, this sync made.
+    fresh = not existed or not any(venv.iterdir())
+    with sigterm_unwinds():  # SIGTERM too removes what this sync made (then ends dllm)
+        try:
+            created = _prepare_venv(manifest, venv, python, system_site_packages)
+            return _install(manifest, venv, created, mirror, source_args)
+        except BaseException:
+            if fresh:  # a venv this sync made is removed again, never left half-installed
+                shutil.rmtree(venv, ignore_errors=True)
+                if existed:
+                    venv.mkdir(exist_ok=True)  # the empty folder the user named stays as it was
+            raise
 
 
 def _install(
