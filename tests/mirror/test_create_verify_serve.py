@@ -5,9 +5,13 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
@@ -217,6 +221,45 @@ def _exchange_works(folder) -> bool:
     (folder / "x").rmdir()
     (folder / "y").rmdir()
     return done
+
+
+def test_sigterm_during_create_leaves_no_staging_folder(tmp_path, wheels):
+    """SIGTERM (`timeout`, a scheduler's limit) ended `mirror create` on the spot and left its
+    hidden .DIR.partial-* folder, with every wheel copied so far, next to DIR."""
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
+    marker = tmp_path / "copying"
+    driver = (  # stands still where the staging folder holds the wheels
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from turbo_dllm.mirror import release\n"
+        "def add_release(plan, staging):\n"
+        f"    Path({str(marker)!r}).write_text(str(staging))\n"
+        "    time.sleep(60)\n"
+        "release.add_release = add_release\n"
+        "from turbo_dllm.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    out = tmp_path / "out"
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver, "mirror", "create", out / "mirror", "--release", "v0",
+         "--manifest", manifest_file, "--wheels-from", wheels],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        staging = Path(marker.read_text())
+        assert (staging / "wheels").is_dir()
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+        assert proc.returncode == -signal.SIGTERM, (proc.returncode, err)
+        assert "Traceback" not in err
+        assert list(out.iterdir()) == []
+    finally:
+        proc.kill()
 
 
 def test_create_refuses_a_destination_that_is_a_file(tmp_path, wheels, cli):

@@ -18,6 +18,7 @@ from pathlib import Path
 from turbo_dllm import __version__
 from turbo_dllm.bundles.archive import make_output_dir
 from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
+from turbo_dllm.envs.uvtool import sigterm_unwinds
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import make_temp_dir, sha256_file
 from turbo_dllm.mirror.layout import (
@@ -154,6 +155,13 @@ def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
     if not plan.manifests:
         raise DllmError("no targets to mirror", hint="pass --targets NAME[,NAME]")
     make_output_dir(dest.parent)
+    # SIGTERM (`timeout`, a scheduler's limit) too removes the staging folder, which may hold
+    # gigabytes of wheels, before it ends dllm.
+    with sigterm_unwinds():
+        return _create(plan, dest, add_release)
+
+
+def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
     staging = make_temp_dir(dest.parent, f".{dest.name}.partial-")
     try:
         (staging / "manifests").mkdir()
