@@ -206,6 +206,49 @@ def test_doctor_fails_native_when_the_bundle_does_not_fit(cli, tmp_path, install
     assert "cxx11_abi: host" in checks["kernel bundle"]["detail"]
 
 
+def test_doctor_on_a_login_node_compares_the_bundle_with_the_overridden_host(
+    cli, tmp_path, cpu_bundle, monkeypatch
+):
+    """DLLM_OVERRIDE_* describe the compute nodes: their bundle fits them and is not loaded
+    here (it was, and failed "built for another environment" with a fix that installs this
+    node's bundle). Without the overrides the same bundle does not fit."""
+    from tests.bundles.crafting import variant
+    from tests.bundles.test_kernels import _install
+    from turbo_dllm.bundles.target import BundleTarget
+
+    ours = cpu_bundle.manifest.target
+    other = BundleTarget.parse(str(ours).replace(str(ours.python), "cp399", 1))
+    monkeypatch.setenv("DLLM_OVERRIDE_PYTHON", "cp399")
+    _install(variant(cpu_bundle, tmp_path, target=other), tmp_path, "v-compute-nodes")
+    for config in ("native", None):
+        if config:
+            _, checks = _doctor(cli, tmp_path, config)
+        else:
+            checks = {c["name"]: c for c in json.loads(cli("doctor", "--json").out)["checks"]}
+        assert checks["kernel bundle"]["status"] == "pass", checks["kernel bundle"]
+        assert checks["kernels"]["status"] == "pass", checks["kernels"]
+        assert "fits this host (the DLLM_OVERRIDE_* host" in checks["kernels"]["detail"]
+    monkeypatch.delenv("DLLM_OVERRIDE_PYTHON")
+    code, checks = _doctor(cli, tmp_path, "native")
+    assert code == 1 and "bundle cp399" in checks["kernels"]["detail"]
+
+
+def test_doctor_reports_a_bad_override_in_its_check_and_goes_on(cli, tmp_path, monkeypatch):
+    """Was: the fingerprint check failed with the fix, then the gpus check raised the same
+    error: `dllm: error:`, exit 2, no report (no JSON with --json)."""
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "sm9x")
+    code, checks = _doctor(cli, tmp_path, "reference")
+    assert code == 1
+    assert checks["fingerprint"]["status"] == "fail"
+    assert "DLLM_OVERRIDE_GPUS='sm9x'" in checks["fingerprint"]["detail"]
+    assert "sm90" in checks["fingerprint"]["fix"]
+    assert checks["kernels"]["status"] == "pass"  # reference kernels need no host
+    assert checks["gpus"]["status"] == "pass"  # judged on the real host
+    assert checks["attention merge"]["status"] == "pass"
+    text = cli("doctor")
+    assert text.code == 1 and "not ready" in text.out and "Traceback" not in text.err
+
+
 def test_require_kernels_for_launchers(installed, monkeypatch):
     assert "nothing to install" in require_kernels("reference")
     assert "jit" in require_kernels("jit")

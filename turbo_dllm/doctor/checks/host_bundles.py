@@ -3,15 +3,8 @@
 from __future__ import annotations
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
+from turbo_dllm.doctor.host import host_fingerprint as _fingerprint
 from turbo_dllm.errors import DllmError
-
-
-def _fingerprint(ctx: DoctorContext):
-    if "fingerprint" not in ctx.extras:
-        from turbo_dllm.host import collect_fingerprint
-
-        ctx.extras["fingerprint"] = collect_fingerprint()
-    return ctx.extras["fingerprint"]
 
 
 def _wants(ctx: DoctorContext) -> str | None:
@@ -86,7 +79,9 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
 
 @register_check(order=120)
 def kernels_for_spec(ctx: DoctorContext) -> CheckResult:
-    """Load the kernels the config asks for (or, without a config, the active bundle's)."""
+    """Load the kernels the config asks for (or, without a config, the active bundle's). With
+    DLLM_OVERRIDE_* (a login node checking for its compute nodes) the bundle's target is only
+    compared with the host they describe: loading checks this very process, which is not it."""
     from turbo_dllm.bundles.store import active_bundle
     from turbo_dllm.kernels.readiness import require_kernels
 
@@ -101,10 +96,14 @@ def kernels_for_spec(ctx: DoctorContext) -> CheckResult:
             return CheckResult("kernels", "warn", error.message, fix=error.hint or "reinstall")
         kind = "native"
     try:
-        detail = require_kernels(kind, load=True, fingerprint=_fingerprint(ctx))
+        fingerprint = _fingerprint(ctx) if kind == "native" else None
+        overridden = fingerprint is not None and bool(fingerprint.overrides)
+        detail = require_kernels(kind, load=not overridden, fingerprint=fingerprint)
     except DllmError as error:
         status = "fail" if ctx.spec is not None else "warn"
         return CheckResult(
             "kernels", status, error.message, fix=error.hint or "see docs/bundles.md"
         )
+    if overridden:
+        detail += " (the DLLM_OVERRIDE_* host; not loaded into this one)"
     return CheckResult("kernels", "pass", detail)

@@ -23,12 +23,9 @@ def _plan(ctx: DoctorContext):
 
 
 def _host(ctx: DoctorContext):
-    host = ctx.extras.get("host_view")
-    if host is None:
-        from turbo_dllm.host.view import host_view
+    from turbo_dllm.doctor.host import host_view
 
-        host = ctx.extras["host_view"] = host_view()
-    return host
+    return host_view(ctx)
 
 
 def _nproc_per_node(ctx: DoctorContext) -> int | None:

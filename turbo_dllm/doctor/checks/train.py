@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
+from turbo_dllm.doctor.host import host_fingerprint
 from turbo_dllm.errors import DllmError
 
 __all__: list[str] = []
@@ -59,7 +60,9 @@ def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:
     try:
         # Loading it checks the real process too; with DLLM_OVERRIDE_* (a login node checking
         # for its compute nodes) only the bundle's target is compared.
-        detail = require_attention_kernels(ctx.spec, load=_can_load(ctx))
+        detail = require_attention_kernels(
+            ctx.spec, load=_can_load(ctx), fingerprint=host_fingerprint(ctx)
+        )
     except DllmError as error:
         return CheckResult(name, "fail", error.message, fix=error.hint or "see docs/bundles.md")
     return CheckResult(name, "pass", detail)
@@ -102,12 +105,9 @@ def _device(ctx: DoctorContext) -> str:
         return plan.device
     if ctx.spec is not None and ctx.spec.model.attention == "flex":
         return "cuda"
-    host = ctx.extras.get("host_view")
-    if host is None:
-        from turbo_dllm.host.view import host_view
+    from turbo_dllm.doctor.host import host_view
 
-        host = ctx.extras["host_view"] = host_view()
-    return "cuda" if host.gpus else "cpu"
+    return "cuda" if host_view(ctx).gpus else "cpu"
 
 
 @register_check(order=455)
@@ -164,13 +164,13 @@ def compile_cache(ctx: DoctorContext) -> CheckResult:
         return CheckResult(name, "fail", error.message, fix=error.hint)
     from turbo_dllm.cache.key import spec_digest
     from turbo_dllm.cache.packs import fitting_pack
-    from turbo_dllm.host import collect_fingerprint
 
     # A fitting pack on offer (DLLM_PACK_PATH, a local mirror's packs/) and not installed: say so
     # (`dllm launch` prints doctor's warnings), warm cache or not: the pack may hold this recipe.
     try:
-        offer = fitting_pack(collect_fingerprint(), spec_digest(ctx.spec))
-    except DllmError:  # a damaged installed-pack record: the "compile packs" check names it
+        offer = fitting_pack(host_fingerprint(ctx), spec_digest(ctx.spec))
+    except DllmError:  # a damaged installed-pack record: the "compile packs" check names it;
+        # a bad DLLM_OVERRIDE_* value: the "fingerprint" check
         offer = None
     size = cache_size_bytes(folder)
     if offer:

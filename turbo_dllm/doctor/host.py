@@ -1,0 +1,48 @@
+"""This host as the checks of one report see it: its fingerprint, collected once and shared.
+
+A bad DLLM_OVERRIDE_* value is the "fingerprint" check's failure, with its fix; the other checks
+that need the host go on with what they can know (the launch checks: the real host's GPUs and
+cores) instead of ending the whole report with that error.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turbo_dllm.errors import DllmError
+
+__all__ = ["host_fingerprint", "host_view"]
+
+
+def host_fingerprint(ctx: Any):
+    """collect_fingerprint() (DLLM_OVERRIDE_* applied), once per report; a bad override's
+    DllmError is raised to every check that asks."""
+    found = ctx.extras.get("fingerprint")
+    if found is None:
+        from turbo_dllm.host import collect_fingerprint
+
+        try:
+            found = collect_fingerprint()
+        except DllmError as error:
+            found = error
+        ctx.extras["fingerprint"] = found
+    if isinstance(found, DllmError):
+        raise found
+    return found
+
+
+def host_view(ctx: Any):
+    """The GPUs and cores a launch gets here: `dllm launch`'s own view, else this report's
+    fingerprint's, else (an override that cannot be read) the real host's."""
+    view = ctx.extras.get("host_view")
+    if view is None:
+        from turbo_dllm.host.view import HostView
+
+        try:
+            fingerprint = host_fingerprint(ctx)
+        except DllmError:  # said by the fingerprint check
+            from turbo_dllm.host import collect_fingerprint
+
+            fingerprint = collect_fingerprint(apply_overrides=False)
+        view = ctx.extras["host_view"] = HostView.from_fingerprint(fingerprint)
+    return view
