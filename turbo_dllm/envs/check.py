@@ -126,7 +126,8 @@ def compare(manifest: EnvManifest, environment: Environment) -> Drift:
         elif not same_version(installed.version, version):
             drift.mismatched.append(Mismatch(name, version, installed.version))
         elif records.get(name) and installed.record_sha256 != records[name]:
-            # Same version, other files (a rebuilt wheel, an edited install).
+            # Same version, other files: a rebuilt wheel reinstalled (a file edited in place
+            # keeps its RECORD: installed files are not re-hashed).
             drift.mismatched.append(
                 Mismatch(
                     name,

@@ -7,7 +7,8 @@ Each package is identified as strongly as the environment allows, and the manife
 - the installed wheel's sha256, when the installer recorded it (`direct_url.json`, for wheels
   installed from a file or URL): a pin, like a resolved manifest's;
 - else the sha256 of its RECORD (the list of its installed files with their hashes, so it
-  changes when any installed file's recorded content does): `provided`, version + RECORD;
+  changes when a reinstall brings other files; a file edited in place is not re-hashed):
+  `provided`, version + RECORD;
 - else name and version only: `provided`, version.
 
 `dllm env check` then reports drift: another version, a missing or extra package, or, for a
