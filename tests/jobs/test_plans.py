@@ -326,6 +326,32 @@ def test_replay_refusal_hints_at_the_groups_that_drifted(cli, spec_file, workdir
     assert "packages" not in replay.err.split("hint:")[1]
 
 
+def test_a_replay_keeps_the_recorded_worker_thread_count(cli, spec_file, workdir, monkeypatch):
+    """A torchrun launch gives its workers OMP_NUM_THREADS = this host's CPUs / processes, and
+    the thread count changes CPU sums' rounding: a replay on a host with other cores (or under
+    another CPU affinity) took its own count, computed other numbers, and reported no drift."""
+    from turbo_dllm.host import view
+    from turbo_dllm.jobs import launcher, provenance
+
+    code = provenance.code_version()  # edits elsewhere in the checkout are no drift here
+    monkeypatch.setattr(provenance, "code_version", lambda: dict(code))
+    monkeypatch.setattr(view, "_cpu_count", lambda: 8)
+    options = LaunchOptions(backend="torchrun", run_dir=str(workdir / "runs" / "t"))
+    launcher.materialize(launcher.prepare_launch(spec_file, [], options, ["dllm", "launch"]))
+    recorded = json.loads((workdir / "runs" / "t" / "manifest.json").read_text())["plan"]
+    assert recorded["env"]["OMP_NUM_THREADS"] == "8"
+
+    monkeypatch.setattr(view, "_cpu_count", lambda: 2)
+    plan, manifest = dry_run(cli, "--manifest", workdir / "runs" / "t" / "manifest.json")
+    assert plan["env"] == recorded["env"]
+    assert (
+        "replay: OMP_NUM_THREADS=8 as recorded (this host's CPUs would give 2)" in plan["notes"][-1]
+    )
+    assert manifest["replay_of"]["drift"] == []
+    fresh, _ = dry_run(cli, "--config", spec_file, "--backend", "torchrun")
+    assert fresh["env"]["OMP_NUM_THREADS"] == "2"  # a new launch still follows this host
+
+
 def test_bad_nnodes_is_a_user_error(cli, spec_file):
     assert_user_error(cli("launch", "--config", spec_file, "--nnodes", "4:2"), "node range")
     assert_user_error(cli("launch", "--config", spec_file, "--nnodes", "two"), "--nnodes")

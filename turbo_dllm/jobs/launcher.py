@@ -123,6 +123,7 @@ def prepare_replay(
     fingerprint = _fingerprint()
     host = HostView.from_fingerprint(fingerprint)
     spec, plan = _compile(spec, layout, host, run_dir, explicit)
+    plan = _recorded_threads(plan, recorded.plan)
     current = build_manifest(spec, plan, argv, fingerprint, missing_data_ok=True)
     drift = manifest_drift(recorded, current) + _data_content_drift(spec)
     if drift and not allow_drift:
@@ -148,6 +149,27 @@ def prepare_replay(
     manifest = current.model_copy(update={"replay_of": replay_of})
     return PreparedJob(
         spec=spec, plan=plan, manifest=manifest, source=str(path), host=host, drift=drift
+    )
+
+
+def _recorded_threads(plan: JobPlan, recorded: JobPlan) -> JobPlan:
+    """The replay's workers run with the recorded OMP_NUM_THREADS. A torchrun launch derives it
+    from this host's CPUs (cores / processes per node), and the thread count changes how CPU
+    ops split their sums and so their rounding: a CPU replay on a host with other cores (or
+    another CPU affinity) computed other numbers without a word of drift."""
+    recorded_threads = recorded.env.get("OMP_NUM_THREADS")
+    here = plan.env.get("OMP_NUM_THREADS")
+    if recorded_threads is None or here is None or recorded_threads == here:
+        return plan
+    note = (
+        f"replay: OMP_NUM_THREADS={recorded_threads} as recorded (this host's CPUs would give "
+        f"{here}): the CPU thread count changes how CPU ops round"
+    )
+    return plan.model_copy(
+        update={
+            "env": {**plan.env, "OMP_NUM_THREADS": recorded_threads},
+            "notes": [*plan.notes, note],
+        }
     )
 
 
