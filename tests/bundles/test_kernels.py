@@ -410,3 +410,27 @@ def test_loader_refuses_a_modified_compiled_kernel(cpu_bundle, tmp_path, monkeyp
     with pytest.raises(DllmError, match="does not match its bundle.json"):
         seed_compiled_kernels("block_diffusion_attention")
     assert not cache.exists() or not any(cache.iterdir())  # nothing reached Triton's cache
+
+
+@pytest.mark.parametrize("damage", ["removed", "modified"])
+def test_loading_a_triton_op_refuses_a_damaged_compiled_kernel(cpu_bundle, tmp_path, damage):
+    """Refused where doctor and the trainer's start load the op, with the file and the fix (it
+    loaded, and only the op's first launch, seeding Triton's cache, refused it)."""
+    from turbo_dllm.kernels.loader import load_bundle_op
+
+    with _selftest_that_compiles():
+        archive = _with_triton_op(cpu_bundle, tmp_path)
+    bundle = _install(archive, tmp_path, f"v-triton-compiled-{damage}").bundle
+    cubin = (
+        bundle.path / "triton/block_diffusion_attention/compiled" / KERNEL_KEY / "_fwd_kernel.cubin"
+    )
+    if damage == "removed":
+        cubin.unlink()
+    else:
+        cubin.chmod(0o644)
+        cubin.write_bytes(b"\x7fELF-other")
+    message = "is missing from the bundle" if damage == "removed" else "does not match"
+    with pytest.raises(DllmError, match=message) as caught:
+        load_bundle_op("block_diffusion_attention")
+    assert str(cubin) in caught.value.message
+    assert "dllm bundle verify; then dllm bundle install" in caught.value.hint

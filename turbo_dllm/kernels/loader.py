@@ -3,7 +3,7 @@
 Checks, in order, each failing with what differs and the command that fixes it: a bundle is
 active; its target fits this process (Python, platform, torch major.minor, torch CUDA, C++ ABI,
 visible GPUs); the op's source hash equals the hash of the sources this turbo-dllm ships; the
-library's bytes match bundle.json. Only then is it loaded (torch.ops.load_library) and given its
+op's files match bundle.json (its library; a Triton op's source and compiled kernels). Only then is it loaded (torch.ops.load_library) and given its
 Python side (autograd, fake kernels). The result is cached per (bundle, op) for the process.
 """
 
@@ -108,6 +108,11 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
     library = bundle.path / op.library
     _check_file(bundle, next(f for f in bundle.manifest.files if f.path == op.library))
     if native.spec.is_triton:  # imported from the bundle's copy, named by the source hash
+        # ... with every other file of the op (its compiled kernels): a damaged one is refused
+        # here, where doctor and the trainer's start load the op, not at its first launch
+        for entry in bundle.manifest.files:
+            if entry.path.startswith(f"triton/{name}/") and entry.path != op.library:
+                _check_file(bundle, entry)
         from turbo_dllm.kernels.triton_ops import import_triton_source
 
         module = import_triton_source(library, name, op.source_sha256)
@@ -132,11 +137,13 @@ def _check_file(bundle: InstalledBundle, entry: BundleFile) -> None:
     from turbo_dllm.fsutil import sha256_file
 
     path = bundle.path / entry.path
-    if not path.is_file() or sha256_file(path) != entry.sha256:
-        raise DllmError(
-            f"{path} does not match its bundle.json (damaged or modified after install)",
-            hint=f"dllm bundle verify; then {install_command()}",
-        )
+    if not path.is_file():
+        problem = "is missing from the bundle (removed after install)"
+    elif sha256_file(path) != entry.sha256:
+        problem = "does not match its bundle.json (damaged or modified after install)"
+    else:
+        return
+    raise DllmError(f"{path} {problem}", hint=f"dllm bundle verify; then {install_command()}")
 
 
 def seed_compiled_kernels(name: str, store: BundleStore | None = None) -> int:
