@@ -305,7 +305,19 @@ def test_flags_the_backend_has_no_use_for_are_refused(cli, spec_file, workdir, f
     assert_user_error(result, *needles)
 
 
-def test_submit_on_a_replay_of_a_run_that_was_no_slurm_job_is_refused(cli, spec_file, workdir):
+@pytest.fixture
+def pinned_code(monkeypatch):
+    """This checkout's code as the launch found it: others editing it between a launch and its
+    replay is code drift, which refuses the replay before what a test checks."""
+    from turbo_dllm.jobs import provenance
+
+    code = provenance.code_version()
+    monkeypatch.setattr(provenance, "code_version", lambda: dict(code))
+
+
+def test_submit_on_a_replay_of_a_run_that_was_no_slurm_job_is_refused(
+    cli, spec_file, workdir, pinned_code
+):
     """It was ignored: the replay trained here (or failed for want of sbatch)."""
     args = ("--config", spec_file, "--run-dir", "runs/a", "--set", "training.steps=1")
     result = cli("launch", *args)
@@ -315,7 +327,9 @@ def test_submit_on_a_replay_of_a_run_that_was_no_slurm_job_is_refused(cli, spec_
     assert cli("launch", "--manifest", "runs/a/manifest.json", "--dry-run").code == 0
 
 
-def test_replay_refusal_hints_at_the_groups_that_drifted(cli, spec_file, workdir, monkeypatch):
+def test_replay_refusal_hints_at_the_groups_that_drifted(
+    cli, spec_file, workdir, monkeypatch, pinned_code
+):
     """The hint said "restore the recorded packages / data / weights / code / bundle" whatever
     drifted, and never named the host: a host-only drift (here a DLLM_OVERRIDE_* left set)."""
     args = ("--config", spec_file, "--run-dir", "runs/h", "--set", "training.steps=1")
@@ -326,15 +340,15 @@ def test_replay_refusal_hints_at_the_groups_that_drifted(cli, spec_file, workdir
     assert "packages" not in replay.err.split("hint:")[1]
 
 
-def test_a_replay_keeps_the_recorded_worker_thread_count(cli, spec_file, workdir, monkeypatch):
+def test_a_replay_keeps_the_recorded_worker_thread_count(
+    cli, spec_file, workdir, monkeypatch, pinned_code
+):
     """A torchrun launch gives its workers OMP_NUM_THREADS = this host's CPUs / processes, and
     the thread count changes CPU sums' rounding: a replay on a host with other cores (or under
     another CPU affinity) took its own count, computed other numbers, and reported no drift."""
     from turbo_dllm.host import view
-    from turbo_dllm.jobs import launcher, provenance
+    from turbo_dllm.jobs import launcher
 
-    code = provenance.code_version()  # edits elsewhere in the checkout are no drift here
-    monkeypatch.setattr(provenance, "code_version", lambda: dict(code))
     monkeypatch.setattr(view, "_cpu_count", lambda: 8)
     options = LaunchOptions(backend="torchrun", run_dir=str(workdir / "runs" / "t"))
     launcher.materialize(launcher.prepare_launch(spec_file, [], options, ["dllm", "launch"]))
