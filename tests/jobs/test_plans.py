@@ -209,6 +209,17 @@ def test_world_size_mismatch_fails_before_anything_starts(cli, spec_file, workdi
     assert not (workdir / "runs").exists()
 
 
+def test_world_size_mismatch_hint_names_changes_that_fix_it(cli, spec_file, workdir):
+    """Three 1-process nodes for a 1-process topology: the hint said `--nproc-per-node 1`,
+    which is what was given."""
+    args = ("--config", spec_file, "--backend", "slurm", "--nproc-per-node", "1", "--dry-run")
+    result = cli("launch", *args, "--nnodes", "3")
+    assert_user_error(result, "e.g. --set topology.dp=3 or --nnodes 1\n")
+    assert "--nproc-per-node 1" not in result.err
+    result = cli("launch", *args[:-2], "2", "--dry-run", "--nnodes", "2", "--set", "topology.dp=2")
+    assert_user_error(result, "e.g. --set topology.dp=4 or --nproc-per-node 1\n")
+
+
 def test_too_few_gpus_is_not_ready(cli, spec_file, gpus, workdir):
     gpus(2)
     result = cli("launch", "--config", spec_file, "--set", "topology.fsdp=4")

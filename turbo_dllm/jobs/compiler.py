@@ -273,15 +273,23 @@ def _check_world_size(spec: RunSpec, world: int, nproc: int, nnodes: int) -> Non
         raise DllmError(
             f"{error.message}\n  launch: {nnodes} node(s) x {nproc} process(es) = {world}",
             hint=f"make topology dp*fsdp*max(cp,bp)*tp ({topo.world_size}) equal the process "
-            f"count ({world}): e.g. --set topology.dp={_suggest_dp(spec, world)} or "
-            f"--nproc-per-node {max(1, topo.world_size // nnodes)}",
+            f"count ({world}): e.g. {' or '.join(_world_size_fixes(spec, world, nproc, nnodes))}",
         ) from None
 
 
-def _suggest_dp(spec: RunSpec, world: int) -> str:
+def _world_size_fixes(spec: RunSpec, world: int, nproc: int, nnodes: int) -> list[str]:
+    """The changes that make the topology's product and the process count agree. The hint
+    offered `--nproc-per-node {product // nodes}` even where that was the value given (a
+    3-node launch of a 1-process topology: `--nproc-per-node 1`) or did not divide."""
     topo = spec.topology
     rest = topo.fsdp * topo.context_degree * topo.tp
-    return str(world // rest) if world % rest == 0 else "N"
+    fixes = [f"--set topology.dp={world // rest if world % rest == 0 else 'N'}"]
+    per_node, left = divmod(topo.world_size, nnodes)
+    if not left and per_node != nproc:
+        fixes.append(f"--nproc-per-node {per_node}")
+    elif topo.world_size % nproc == 0 and topo.world_size // nproc != nnodes:
+        fixes.append(f"--nnodes {topo.world_size // nproc}")
+    return fixes
 
 
 def _elastic_world_sizes(spec: RunSpec, nproc: int, low: int, high: int) -> tuple[str, list[int]]:
