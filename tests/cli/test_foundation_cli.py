@@ -391,6 +391,47 @@ def test_doctor_fails_a_checkpoint_dir_through_a_file(cli, tmp_path):
     assert checks["run dir"]["status"] == "pass"
 
 
+def test_doctor_checks_the_disks_the_run_writes_to(cli, tmp_path, monkeypatch):
+    """Was: only DLLM_HOME's disk was looked at, and a full one was a warning: a run dir or
+    checkpoint.dir on a full disk was "ready" (the fix even named launch.run_dir)."""
+    from turbo_dllm.doctor.checks import portable
+    from turbo_dllm.fsutil import file_system
+
+    full, small = tmp_path / "full", tmp_path / "small"
+    full.mkdir()
+    small.mkdir()
+
+    def disk(path):  # two pretend file systems, mounted at `full` (0 bytes free) and `small`
+        for mount, free in ((full, 0), (small, 100 * 1024**2)):
+            if str(path).startswith(str(mount)):
+                return mount, free
+        return file_system(path)
+
+    monkeypatch.setattr(portable, "file_system", disk)
+    config = write(tmp_path / "run.yaml", "launch: {seed: 0}\n")
+    code, checks = doctor_checks(cli, config)
+    assert checks["disk"]["status"] == "pass", checks["disk"]
+    write(config, f"launch: {{run_dir: {full / 'runs'}}}\n")
+    code, checks = doctor_checks(cli, config)
+    disk_check = checks["disk"]
+    assert code == 1 and disk_check["status"] == "fail", disk_check
+    assert disk_check["detail"].startswith(f"{full} is full: ")
+    assert f"0 bytes free on {full} (run dir)" in disk_check["detail"]
+    assert disk_check["fix"] == f"free space on {full}, or point launch.run_dir at a larger disk"
+    write(config, f"checkpoint: {{dir: {small / 'ckpts'}}}\n")
+    code, checks = doctor_checks(cli, config)
+    disk_check = checks["disk"]
+    assert disk_check["status"] == "warn", disk_check
+    assert f"100.0 MiB free on {small} (checkpoint.dir)" in disk_check["detail"]
+    assert "point checkpoint.dir at a larger disk" in disk_check["fix"]
+    monkeypatch.setenv("DLLM_HOME", str(full / "home"))  # the home's disk, full, with no config
+    result = cli("doctor", "--json")
+    disk_check = next(c for c in json.loads(result.out)["checks"] if c["name"] == "disk")
+    assert result.code == 1 and disk_check["status"] == "fail"
+    assert f"0 bytes free on {full} (DLLM_HOME)" in disk_check["detail"]
+    assert "point DLLM_HOME at a larger disk" in disk_check["fix"]
+
+
 def test_train_refuses_a_checkpoint_dir_through_a_file_before_training(cli, tmp_path):
     """Was: the steps ran (minutes on a real model), then saving failed: "Not a directory"."""
     blocker = tmp_path / "file"

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import tempfile
 from pathlib import Path
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
 from turbo_dllm.doctor.folders import checkpoint_dir_problem, folder_problem
+from turbo_dllm.fsutil import file_system, human_size
 from turbo_dllm.paths import dllm_home
 
 MIN_PYTHON = (3, 10)
-MIN_FREE_BYTES = 2 * 1024**3
+MIN_FREE_BYTES = 2 * 1024**3  # less is a warning
+FULL_BYTES = 1024**2  # less is a full disk: a failure
 
 
 @register_check(order=10)
@@ -92,15 +93,20 @@ def cache_dir(ctx: DoctorContext) -> CheckResult:
     return CheckResult("cache dir", "pass", f"{home} is writable")
 
 
-@register_check(order=41)
-def run_dir(ctx: DoctorContext) -> CheckResult:
+def _run_target(ctx: DoctorContext) -> tuple[Path, str]:
+    """Where runs go (absolute), and how to choose another place."""
     target = ctx.run_dir  # a launch's (dllm launch --run-dir / --run-root)
     choose = "pass --run-dir (or --run-root, or set launch.run_dir)"
     if target is None and ctx.spec is not None and ctx.spec.launch.run_dir:
         target, choose = Path(ctx.spec.launch.run_dir), "set launch.run_dir"
     if target is None:
         target, choose = Path("runs"), "run from another folder, or set launch.run_dir"
-    target = target.absolute()
+    return target.absolute(), choose
+
+
+@register_check(order=41)
+def run_dir(ctx: DoctorContext) -> CheckResult:
+    target, choose = _run_target(ctx)
     # Read-only (doctor must not create the run dir itself): a file on the path is said as
     # such, not as "not writable" (it was, of a file one may write; and an executable file
     # passed as a writable folder).
@@ -132,18 +138,38 @@ def checkpoint_dir(ctx: DoctorContext) -> CheckResult:
 
 @register_check(order=50)
 def disk_space(ctx: DoctorContext) -> CheckResult:
-    home = dllm_home()
-    probe = home if home.exists() else Path.cwd()
-    free = shutil.disk_usage(probe).free
-    detail = f"{free / 1024**3:.1f} GiB free at {probe}"
-    if free < MIN_FREE_BYTES:
-        return CheckResult(
-            "disk",
-            "warn",
-            detail,
-            fix="free space or point DLLM_HOME and launch.run_dir at a larger disk",
-        )
-    return CheckResult("disk", "pass", detail)
+    """Free space on each file system a run writes to: DLLM_HOME's (bundles, compile caches),
+    the run dir's and checkpoint.dir's. A full one fails: its first write would."""
+    run, _ = _run_target(ctx)
+    places = [
+        ("DLLM_HOME", dllm_home(), "DLLM_HOME"),
+        ("run dir", run, "--run-dir" if ctx.run_dir is not None else "launch.run_dir"),
+    ]
+    if ctx.spec is not None and ctx.spec.checkpoint.dir is not None:
+        places.append(("checkpoint.dir", Path(ctx.spec.checkpoint.dir), "checkpoint.dir"))
+    disks: dict[Path, tuple[int | None, list[str], list[str]]] = {}
+    for what, path, move in places:
+        mount, free = file_system(path)
+        entry = disks.setdefault(mount, (free, [], []))
+        entry[1].append(what)
+        entry[2].append(move)
+    details, short = [], []
+    for mount, (free, whats, moves) in disks.items():
+        room = "free space unknown" if free is None else f"{human_size(free)} free"
+        details.append(f"{room} on {mount} ({', '.join(whats)})")
+        if free is not None and free < MIN_FREE_BYTES:
+            short.append((free, mount, moves))
+    detail = "; ".join(details)
+    if not short:
+        return CheckResult("disk", "pass", detail)
+    full = [mount for free, mount, _ in short if free < FULL_BYTES]
+    if full:
+        detail = f"{', '.join(map(str, full))} {'is' if len(full) == 1 else 'are'} full: {detail}"
+    fix = "; or ".join(
+        f"free space on {mount}, or point {' and '.join(moves)} at a larger disk"
+        for _, mount, moves in short
+    )
+    return CheckResult("disk", "fail" if full else "warn", detail, fix=fix)
 
 
 @register_check(order=60)
