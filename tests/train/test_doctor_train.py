@@ -113,3 +113,23 @@ def test_compile_cache_reported_cold_then_warm(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("DLLM_COMPILE_CACHE", str(config))  # a file: not a folder
     broken = checks(cli, config)["compile cache"]
     assert broken["status"] == "fail" and "DLLM_COMPILE_CACHE" in broken["fix"]
+
+
+def test_a_broken_compile_cache_variable_of_the_users_own_is_the_one_to_fix(
+    cli, tmp_path, monkeypatch
+):
+    """TORCHINDUCTOR_CACHE_DIR (or TRITON_CACHE_DIR) set by the user wins over ours, so the fix
+    names it (was: "set DLLM_COMPILE_CACHE to a writable folder", which changes nothing)."""
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv("DLLM_COMPILE_CACHE", str(tmp_path / "cache"))
+    config = write_config(tmp_path / "a.yaml", "training.compile=true")
+    for name in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+        monkeypatch.delenv("TRITON_CACHE_DIR", raising=False)
+        monkeypatch.setenv(name, str(blocker / "cache"))
+        broken = checks(cli, config)["compile cache"]
+        assert broken["status"] == "fail" and str(blocker / "cache") in broken["detail"]
+        assert broken["fix"].startswith(f"set {name} to a writable folder, or unset it")
+        monkeypatch.setenv(name, str(tmp_path / name))  # the fix: doctor passes
+        assert checks(cli, config)["compile cache"]["status"] == "pass"

@@ -70,14 +70,18 @@ def prepare_compile_cache() -> dict[str, str]:
         TRITON_CACHE_VARIABLE: folder / "triton",
     }
     settings = {name: os.environ.get(name) or str(path) for name, path in defaults.items()}
-    for path in settings.values():
+    for name, path in settings.items():
         try:
             Path(path).mkdir(parents=True, exist_ok=True)
         except OSError as error:
+            hint = (  # the user's own variable wins over ours: it is the one to change
+                f"set {name} to a writable folder, or unset it to use {COMPILE_CACHE_VARIABLE}"
+                if os.environ.get(name)
+                else f"set {COMPILE_CACHE_VARIABLE} to a writable folder (or "
+                f"{INDUCTOR_CACHE_VARIABLE} and {TRITON_CACHE_VARIABLE} yourself)"
+            )
             raise DllmError(
-                f"the compile cache {path} cannot be created: {error}",
-                hint=f"set {COMPILE_CACHE_VARIABLE} to a writable folder (or "
-                f"{INDUCTOR_CACHE_VARIABLE} and {TRITON_CACHE_VARIABLE} yourself)",
+                f"the compile cache {path} cannot be created: {error}", hint=hint
             ) from None
     return settings
 
