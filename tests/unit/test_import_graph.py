@@ -1,9 +1,9 @@
 """The package's layers import downward only, and no two parts import each other.
 
-docs/architecture.md, "Layers": foundation (errors, fsutil, digests, formats, records, locations, paths)
--> host -> config (RunSpec, registry and plugins, the torch-free half of every family) -> data, bundles,
-project_init -> kernels, envs, cache -> mirror -> train (and the torch half of every family) -> doctor
--> jobs -> cli. Imports inside functions count too (they are dependencies all the same); only
+docs/architecture.md, "Layers": foundation (errors, fsutil, digests, sigterm, formats, records,
+locations, paths) -> host -> config (RunSpec, registry and plugins, the torch-free half of every
+family) -> data, bundles, project_init -> kernels, envs, cache -> mirror -> train (and the torch
+half of every family) -> doctor -> jobs -> cli. Imports inside functions count too (they are dependencies all the same); only
 `if TYPE_CHECKING:` blocks are left out.
 """
 
@@ -37,7 +37,7 @@ LEVELS = {
     "cli": 9,
     "__main__": 9,
 }
-FOUNDATION = {"errors", "fsutil", "digests", "formats", "records", "locations", "paths"}
+FOUNDATION = {"errors", "fsutil", "digests", "sigterm", "formats", "records", "locations", "paths"}
 # A family folder's torch-free half is its descriptor (`__init__`) and `config`; every other
 # module in it (model, parallelize plan, runtime, losses, export...) is trainer-level code.
 FAMILY_TORCH_FREE = {"config"}

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -36,6 +34,7 @@ from turbo_dllm.data.tokenizers import has_generation_markers, load_tokenizer
 from turbo_dllm.data.writer import ArrayWriter, check_target, staged_artifact, write_json
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import sha256_file
+from turbo_dllm.sigterm import unwinding_on_sigterm
 
 __all__ = ["PrepareResult", "prepare", "resolve_workers", "token_dtype_for"]
 
@@ -197,7 +196,7 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
         on_error=spec.on_error,
     )
     with (
-        _cleanup_on_sigterm(),
+        unwinding_on_sigterm(),  # SIGTERM too removes the staging folder, then ends dllm
         _os_errors_explained(),
         staged_artifact(target, spec.output.overwrite) as staging,
     ):
@@ -225,50 +224,6 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
         )
         write_json(staging / "manifest.json", manifest.model_dump(mode="json"))
     return PrepareResult(target, manifest, time.perf_counter() - started, workers)
-
-
-class _Terminated(BaseException):
-    """SIGTERM reached the job: unwind like Ctrl-C does, so nothing is left behind."""
-
-
-@contextmanager
-def _cleanup_on_sigterm() -> Iterator[None]:
-    """Let SIGTERM (a scheduler's time limit, `kill`, `timeout`) unwind the job before it ends
-    the process: the default action killed it on the spot, leaving its staging folder (the
-    arrays written so far) beside the output and the pool's workers printing BrokenPipeError
-    tracebacks. After the cleanup the process still ends by SIGTERM, as it would have.
-
-    Only in the main thread, and only where SIGTERM has its default action (a caller with a
-    handler of its own keeps it).
-    """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
-        yield
-        return
-    owner = os.getpid()
-    received = False
-
-    def on_sigterm(signum, frame) -> None:
-        nonlocal received
-        if os.getpid() != owner:  # a pool worker forked before it reset the handler
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-            return
-        if not received:  # a second one must not cut the cleanup short
-            received = True
-            raise _Terminated
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(owner, signal.SIGTERM)
-        raise  # only where the signal could not end the process
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 @contextmanager

@@ -27,9 +27,10 @@ from turbo_dllm.envs.check import IGNORED_EXTRAS, Drift, compare, same_version
 from turbo_dllm.envs.inventory import Environment, inspect_environment
 from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
 from turbo_dllm.envs.select import recorded_manifest_path
-from turbo_dllm.envs.uvtool import run_uv, sigterm_unwinds
+from turbo_dllm.envs.uvtool import run_uv
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import write_atomic
+from turbo_dllm.sigterm import unwinding_on_sigterm
 
 __all__ = ["SyncResult", "sync_environment", "venv_python"]
 
@@ -266,7 +267,7 @@ def sync_environment(
     existed = venv.exists()
     # Absent or an empty folder: whatever is there after a failure, this sync made.
     fresh = not existed or not any(venv.iterdir())
-    with sigterm_unwinds():  # SIGTERM too removes what this sync made (then ends dllm)
+    with unwinding_on_sigterm():  # SIGTERM too removes what this sync made (then ends dllm)
         try:
             created = _prepare_venv(manifest, venv, python, system_site_packages)
             return _install(manifest, venv, created, mirror, source_args)

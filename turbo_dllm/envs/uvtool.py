@@ -9,17 +9,15 @@ environment: the manifest and the command line decide where packages come from, 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from functools import lru_cache
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["run_uv", "sigterm_unwinds", "uv_binary", "uv_version"]
+__all__ = ["run_uv", "uv_binary", "uv_version"]
 
 # Variables that would add or replace package sources behind the manifest's back.
 _SOURCE_VARIABLES = (
@@ -133,42 +131,3 @@ def _stop(proc: subprocess.Popen) -> None:
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-
-
-class _Terminated(BaseException):
-    """SIGTERM reached dllm while it ran uv: unwind like Ctrl-C, so nothing is left half-made."""
-
-
-@contextmanager
-def sigterm_unwinds() -> Iterator[None]:
-    """Let SIGTERM (`kill`, `timeout`, a scheduler's limit) unwind the work in this block before
-    it ends the process: its default action ended dllm on the spot, leaving uv running on into
-    a venv that sync had just created (and would have removed on any other failure). After the
-    unwinding the process still ends by SIGTERM, as it would have.
-
-    Only in the main thread, and only where SIGTERM has its default action (a caller with a
-    handler of its own keeps it).
-    """
-    if (
-        threading.current_thread() is not threading.main_thread()
-        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
-    ):
-        yield
-        return
-    received = False
-
-    def on_sigterm(signum, frame) -> None:
-        nonlocal received
-        if not received:  # a second one must not cut the unwinding short
-            received = True
-            raise _Terminated
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    try:
-        yield
-    except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
-        raise  # only where the signal could not end the process
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)

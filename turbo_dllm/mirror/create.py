@@ -18,7 +18,6 @@ from pathlib import Path
 from turbo_dllm import __version__
 from turbo_dllm.bundles.archive import make_output_dir
 from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
-from turbo_dllm.envs.uvtool import sigterm_unwinds
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import make_temp_dir, sha256_file
 from turbo_dllm.mirror.layout import (
@@ -30,6 +29,7 @@ from turbo_dllm.mirror.layout import (
     simple_pages,
 )
 from turbo_dllm.mirror.wheels import LocalWheels, WheelSource, download_wheel, scan_wheels
+from turbo_dllm.sigterm import unwinding_on_sigterm
 
 __all__ = ["MirrorPlan", "create_mirror"]
 
@@ -157,7 +157,7 @@ def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
     make_output_dir(dest.parent)
     # SIGTERM (`timeout`, a scheduler's limit) too removes the staging folder, which may hold
     # gigabytes of wheels, before it ends dllm.
-    with sigterm_unwinds():
+    with unwinding_on_sigterm():
         return _create(plan, dest, add_release)
 
 

@@ -1,0 +1,62 @@
+"""SIGTERM unwinds a job like Ctrl-C does, then still ends the process by SIGTERM.
+
+SIGTERM's default action (`kill`, `timeout`, a scheduler's time limit) ends the process on the
+spot: no `finally`, no `except`, so whatever a job was making is left half-made (data prepare's
+staging folder, the venv `dllm env sync` had just created with uv still installing into it,
+`dllm mirror create`'s partial folder). Inside `unwinding_on_sigterm()` it raises instead, so
+the job's own cleanup runs, and the process then ends by SIGTERM as it would have (its exit
+status says so to whoever sent it).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+__all__ = ["unwinding_on_sigterm"]
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached the job (a BaseException: no `except Exception` swallows it)."""
+
+
+@contextmanager
+def unwinding_on_sigterm() -> Iterator[None]:
+    """Within this block, SIGTERM unwinds the stack; after the unwinding the process ends by
+    SIGTERM. A second SIGTERM does not cut the unwinding short.
+
+    Only in the main thread, and only where SIGTERM has its default action (a caller with a
+    handler of its own keeps it). A child forked inside the block (a pool worker that has not
+    reset the handler yet) ends by the signal at once, as it would have.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
+        yield
+        return
+    owner = os.getpid()
+    received = False
+
+    def on_sigterm(signum, frame) -> None:
+        nonlocal received
+        if os.getpid() != owner:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        if not received:
+            received = True
+            raise _Terminated
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(owner, signal.SIGTERM)
+        raise  # only where the signal could not end the process
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
