@@ -220,6 +220,17 @@ def test_world_size_mismatch_hint_names_changes_that_fix_it(cli, spec_file, work
     assert_user_error(result, "e.g. --set topology.dp=4 or --nproc-per-node 1\n")
 
 
+@pytest.mark.parametrize("command", ["launch", "train"])
+def test_a_resume_path_that_does_not_exist_is_refused_before_the_run_dir(
+    cli, spec_file, workdir, command
+):
+    """Was: the run dir and its manifest were written, then the worker refused the path (a
+    `failed` run left behind)."""
+    result = cli(command, "--config", spec_file, "--set", "checkpoint.resume=old/checkpoints")
+    assert_user_error(result, f"checkpoint.resume: {workdir}/old/checkpoints does not exist")
+    assert not (workdir / "runs").exists()
+
+
 def test_too_few_gpus_is_not_ready(cli, spec_file, gpus, workdir):
     gpus(2)
     result = cli("launch", "--config", spec_file, "--set", "topology.fsdp=4")

@@ -135,6 +135,32 @@ def test_apply_overrides_creates_sections_and_parses_scalars():
     assert doc == {"training": {"steps": 5}, "topology": {"tp": 2}, "launch": {"name": None}}
 
 
+def test_relative_paths_are_the_configs_folders_wherever_dllm_runs(tmp_path, monkeypatch):
+    """`checkpoint.resume: ../runs/a/checkpoints` was kept as written while every other path was
+    made absolute against the config's folder: it was looked up from the working directory
+    (another folder than the config's data.artifact beside it), and the manifest recorded it
+    relative, so a replay from elsewhere resumed from another folder, or failed."""
+    from turbo_dllm.config.load import load_runspec
+
+    config = tmp_path / "configs" / "train.yaml"
+    config.parent.mkdir()
+    config.write_text(
+        "data: {synthetic: {}, seq_len: 64}\nobjective: {block_size: 16}\n"
+        "launch: {run_dir: ../runs/b}\n"
+        "checkpoint: {dir: ckpt, resume: ../runs/a/checkpoints}\n"
+    )
+    monkeypatch.chdir(tmp_path / "configs")
+    here = load_runspec("train.yaml")
+    monkeypatch.chdir("/")
+    elsewhere = load_runspec(config)
+    for loaded in (here, elsewhere):
+        assert loaded.checkpoint.resume == str(tmp_path / "runs" / "a" / "checkpoints")
+        assert loaded.checkpoint.dir == str(tmp_path / "configs" / "ckpt")
+        assert loaded.launch.run_dir == str(tmp_path / "runs" / "b")
+    for word in ("auto", "never"):
+        assert load_runspec(config, [f"checkpoint.resume={word}"]).checkpoint.resume == word
+
+
 def test_override_into_a_value_is_an_error():
     with pytest.raises(DllmError):
         apply_overrides({"kernels": "native"}, ["kernels.x=1"])

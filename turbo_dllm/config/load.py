@@ -120,6 +120,9 @@ def resolve_paths(spec, base_dir: Path):
     from_config = model.from_config
     if from_config and (from_config.endswith(".json") or "/" in from_config):
         from_config = absolute(from_config)
+    resume = spec.checkpoint.resume  # auto, never, or a checkpoint's path
+    if resume not in ("auto", "never"):
+        resume = absolute(resume)
     dflash = model.dflash
     if dflash is not None:
         dflash = dflash.model_copy(
@@ -136,7 +139,9 @@ def resolve_paths(spec, base_dir: Path):
             ),
             "data": spec.data.model_copy(update={"artifact": absolute(spec.data.artifact)}),
             "launch": spec.launch.model_copy(update={"run_dir": absolute(spec.launch.run_dir)}),
-            "checkpoint": spec.checkpoint.model_copy(update={"dir": absolute(spec.checkpoint.dir)}),
+            "checkpoint": spec.checkpoint.model_copy(
+                update={"dir": absolute(spec.checkpoint.dir), "resume": resume}
+            ),
         }
     )
 

@@ -199,6 +199,13 @@ def check_inputs(spec: RunSpec, source: str | Path) -> None:
     found = [
         f"{path}: {message}" for path, message in get_family(spec.model.family).input_problems(spec)
     ]
+    resume = spec.checkpoint.resume
+    if resume not in ("auto", "never") and not Path(resume).exists():
+        # The worker refused it only once the run dir was written (a `failed` run).
+        found.append(
+            f"checkpoint.resume: {resume} does not exist (a checkpoints/step_<N> folder, a "
+            "checkpoints/ folder or a run dir: their newest complete step)"
+        )
     if spec.data.artifact is not None:
         from turbo_dllm.data.artifact import read_manifest as read_data_manifest
         from turbo_dllm.data.compat import artifact_problems
