@@ -379,6 +379,37 @@ def test_a_client_that_goes_away_mid_download_is_one_log_line(mirror, capsys):
     assert "/bundles/big.bin: client went away" in err
 
 
+def test_a_silent_or_stalled_client_is_disconnected(mirror, capsys, monkeypatch):
+    """A connection that sent nothing, or stopped reading a download, held its server thread
+    forever (no socket timeout)."""
+    from turbo_dllm.mirror import serve
+
+    assert 0 < serve.MirrorRequestHandler.timeout == serve.IDLE_TIMEOUT_S <= 300
+    monkeypatch.setattr(serve.MirrorRequestHandler, "timeout", 0.5)  # as short, to watch it
+    root, _ = mirror
+    blob = root / "bundles" / "big.bin"
+    blob.parent.mkdir(exist_ok=True)
+    with open(blob, "wb") as handle:  # sparse: more than the socket buffers hold
+        handle.truncate(256 * 1024 * 1024)
+    with MirrorServer(root) as server:
+        host, port = server.httpd.server_address[:2]
+        silent = socket.create_connection((host, port), timeout=20)
+        assert silent.recv(4096) == b""  # closed by the server, well before our own timeout
+        silent.close()
+        stalled = socket.create_connection((host, port), timeout=20)
+        stalled.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        stalled.sendall(b"GET /bundles/big.bin HTTP/1.1\r\nHost: x\r\n\r\n")
+        err = ""
+        deadline = time.monotonic() + 20  # never read: the server's sends stall
+        while err.count("Request timed out") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+            err += capsys.readouterr().err
+        stalled.close()
+        assert requests.get(f"{server.url}/MIRROR.json", timeout=10).status_code == 200
+    assert "Traceback" not in err
+    assert err.count("Request timed out") == 2  # the silent one, then the stalled download
+
+
 def test_serve_and_verify_refuse_a_folder_that_is_not_a_mirror(tmp_path, cli):
     assert_user_error(cli("mirror", "serve", tmp_path, "--port", "0"), "not a mirror")
     assert_user_error(cli("mirror", "verify", tmp_path), "not a mirror")

@@ -3,9 +3,10 @@
 A threaded `http.server` (one thread per connection, so a slow bundle download does not block
 the index) that serves files and folder `index.html` pages only, no listings, with content types
 pip and uv expect and single-range `Range` requests (206), so an interrupted bundle download
-resumes. Nothing outside the folder is served, a symbolic link out of it included (404), and a
-client that goes away mid-transfer is a log line. Binds to 127.0.0.1 unless told otherwise:
-expose it to a cluster on purpose.
+resumes. Nothing outside the folder is served, a symbolic link out of it included (404), a
+client that goes away mid-transfer is a log line, and one that sends or reads nothing for
+`IDLE_TIMEOUT_S` is disconnected (its thread would otherwise wait forever). Binds to 127.0.0.1
+unless told otherwise: expose it to a cluster on purpose.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ from turbo_dllm.mirror.layout import MIRROR_FILE
 __all__ = ["MirrorServer", "MirrorRequestHandler"]
 
 _RANGE = re.compile(r"^bytes=(\d*)-(\d*)$")
+# A connection that moves no byte for this long is dropped (a resumable download resumes).
+IDLE_TIMEOUT_S = 60.0
 
 
 class MirrorRequestHandler(SimpleHTTPRequestHandler):
@@ -42,6 +45,9 @@ class MirrorRequestHandler(SimpleHTTPRequestHandler):
     }
     server_version = "dllm-mirror"
     quiet = False
+    # socketserver's per-connection socket timeout; http.server logs "Request timed out" and
+    # closes the connection when a read or a write of the request waits longer
+    timeout = IDLE_TIMEOUT_S
 
     def list_directory(self, path):  # no listings: a mirror is its index pages
         self.send_error(HTTPStatus.NOT_FOUND, "not found")
