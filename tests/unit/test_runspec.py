@@ -161,6 +161,15 @@ def test_relative_paths_are_the_configs_folders_wherever_dllm_runs(tmp_path, mon
         assert load_runspec(config, [f"checkpoint.resume={word}"]).checkpoint.resume == word
 
 
+def test_white_space_around_an_override_key_is_no_part_of_it():
+    """`--set "training.steps = 3"` was refused as `' training: unknown key; did you mean
+    'training'?`, naming the section it wrote."""
+    doc = apply_overrides({}, [" training.steps = 3", "optimizer . lr=0.1"])
+    assert doc == {"training": {"steps": 3}, "optimizer": {"lr": 0.1}}
+    with pytest.raises(DllmError, match="bad override 'training.st eps=3'"):
+        apply_overrides({}, ["training.st eps=3"])
+
+
 def test_override_into_a_value_is_an_error():
     with pytest.raises(DllmError):
         apply_overrides({"kernels": "native"}, ["kernels.x=1"])

@@ -62,7 +62,10 @@ def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str,
     result = _deep_copy(document)
     for item in overrides:
         key, sep, raw = item.partition("=")
-        if not sep or not key or any(not part for part in key.split(".")):
+        # `--set "training.steps = 3"`: the key was ' training' ("unknown key; did you mean
+        # 'training'?"); white space around the key is no part of it.
+        key = ".".join(part.strip() for part in key.split("."))
+        if not sep or not key or any(not part or part.split() != [part] for part in key.split(".")):
             raise DllmError(
                 f"bad override {_shorten(item)!r}", hint="write --set section.field=value"
             )
