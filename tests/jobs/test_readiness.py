@@ -114,3 +114,19 @@ def test_launch_refuses_a_checkpoint_dir_through_a_file(cli, spec_file, workdir)
         result, "not ready to launch", "checkpoint dir:", f"goes through {workdir / 'file'}"
     )
     assert not (workdir / "runs").exists()
+
+
+def test_a_slurm_job_is_judged_on_its_nodes_gpus_not_the_login_nodes(cli, spec_file, workdir):
+    """Was: submitting a flex (or turbo with kernels: jit) run from a login node without GPUs
+    was refused "flex needs a CUDA GPU", the login node's torch having none."""
+    slurm = ("launch", "--config", spec_file, "--backend", "slurm", "--nproc-per-node", "1")
+    for attention in (("model.attention=flex",), ("model.attention=turbo", "kernels=jit")):
+        settings = [word for setting in attention for word in ("--set", setting)]
+        if "kernels=jit" in attention:
+            settings += ["--set", "model.config_overrides.head_dim=64"]
+        run_dir = workdir / "runs" / attention[0].split("=")[1]
+        result = cli(*slurm, *settings, "--gpus-per-node", "1", "--run-dir", run_dir)
+        assert result.code == 0, result.err
+        assert (run_dir / "job.sbatch").is_file()
+        cpu_job = cli(*slurm, *settings, "--gpus-per-node", "0", "--run-dir", f"{run_dir}-cpu")
+        assert_user_error(cpu_job, "attention backend", "CUDA GPU")

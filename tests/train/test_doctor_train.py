@@ -26,12 +26,20 @@ def test_flex_without_cuda_fails_with_a_fix(cli, tmp_path):
     assert "model.attention: reference" in found["attention backend"]["fix"]
 
 
-def test_turbo_without_a_bundle_fails_with_the_install_command(cli, tmp_path):
+def test_turbo_without_a_bundle_fails_with_the_install_command(cli, tmp_path, monkeypatch):
     turbo = ("model.attention=turbo", "model.config_overrides.head_dim=64")
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "sm90")  # GPUs here (or where the run goes)
     found = checks(cli, write_config(tmp_path / "train.yaml", *turbo))
     check = found["attention backend"]
     assert check["status"] == "fail" and "model.attention: turbo" in check["detail"]
     assert "dllm bundle install" in check["fix"]
+    # Without a GPU no bundle helps (a CPU bundle has no turbo kernels): was the install
+    # command, then "install a GPU bundle", neither of which a CPU host can do.
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "none")
+    cpu = checks(cli, write_config(tmp_path / "cpu.yaml", *turbo))["attention backend"]
+    assert cpu["status"] == "fail" and "CUDA GPU" in cpu["detail"]
+    assert "model.attention: reference" in cpu["fix"]
+    monkeypatch.delenv("DLLM_OVERRIDE_GPUS")
     jit = checks(cli, write_config(tmp_path / "jit.yaml", *turbo, "kernels=jit"))
     assert jit["attention backend"]["status"] == "fail"  # no bundle needed, but a GPU
     assert "CUDA GPU" in jit["attention backend"]["detail"]

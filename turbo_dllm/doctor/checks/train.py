@@ -32,7 +32,10 @@ def attention_backend(ctx: DoctorContext) -> CheckResult:
 
     if backend == "turbo":
         return _turbo_attention(ctx, name)
-    if not torch.cuda.is_available():
+    slurm = _slurm_plan(ctx)
+    if slurm is not None and slurm.device == "cuda":  # its nodes' GPUs, not this login node's
+        return CheckResult(name, "pass", "flex on the SLURM job's GPUs")
+    if slurm is not None or not torch.cuda.is_available():
         return CheckResult(
             name,
             "fail",
@@ -50,7 +53,13 @@ def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:
 
     from turbo_dllm.kernels.readiness import require_attention_kernels
 
-    if ctx.spec.kernels == "jit" and not torch.cuda.is_available():
+    slurm = _slurm_plan(ctx)
+    if slurm is not None:
+        on_gpus = slurm.device == "cuda"  # its nodes' GPUs, not this login node's
+    else:  # this host's (or, with DLLM_OVERRIDE_GPUS, the host they describe)
+        local = ctx.spec.kernels != "jit" or torch.cuda.is_available()
+        on_gpus = _device(ctx) == "cuda" and local
+    if not on_gpus:  # a bundle would not help (a CPU bundle has no turbo kernels)
         return CheckResult(
             name,
             "fail",
@@ -66,6 +75,13 @@ def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:
     except DllmError as error:
         return CheckResult(name, "fail", error.message, fix=error.hint or "see docs/bundles.md")
     return CheckResult(name, "pass", detail)
+
+
+def _slurm_plan(ctx: DoctorContext):
+    """The launch's plan when it is a SLURM job: it trains on the allocation's nodes, so this
+    host's GPUs (a login node's: none) do not decide."""
+    plan = ctx.extras.get("job_plan")
+    return plan if plan is not None and plan.backend == "slurm" else None
 
 
 def _can_load(ctx: DoctorContext) -> bool:
