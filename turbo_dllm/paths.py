@@ -14,7 +14,15 @@ def dllm_home() -> Path:
     """The root of caches and stores: $DLLM_HOME, else the platform's user data dir."""
     override = os.environ.get("DLLM_HOME")
     if override:
-        return Path(override).expanduser()
+        try:
+            return Path(override).expanduser()
+        except RuntimeError:  # ~name of a user this machine does not know, or no HOME for ~
+            from turbo_dllm.errors import DllmError
+
+            raise DllmError(
+                f"DLLM_HOME={override!r}: {override.split('/')[0]} is not a home folder here",
+                hint="set DLLM_HOME to an absolute path",
+            ) from None
     from platformdirs import user_data_path
 
     return user_data_path("turbo-dllm", appauthor=False)

@@ -478,6 +478,16 @@ def test_doctor_unwritable_cache_fails(cli, tmp_path, monkeypatch):
     )
 
 
+def test_a_home_of_a_user_this_machine_does_not_know_is_an_error(cli, monkeypatch):
+    """DLLM_HOME=~name/... where no user `name` exists: was a RuntimeError traceback ("Could
+    not determine home directory") out of every command."""
+    monkeypatch.setenv("DLLM_HOME", "~no-such-user-dllm/home")
+    for command in (("doctor",), ("doctor", "--json"), ("bundle", "status")):
+        assert_user_error(
+            cli(*command), "DLLM_HOME='~no-such-user-dllm/home'", "~no-such-user-dllm is not a"
+        )
+
+
 def test_each_cli_module_registers_the_command_named_like_it():
     """The lazy parser imports only `turbo_dllm.cli.<argv[0]>`: module and command names agree."""
     from turbo_dllm.cli import build_parser, command_names
