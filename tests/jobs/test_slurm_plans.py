@@ -194,6 +194,25 @@ def test_the_commands_it_prints_paste_into_bash(cli, spec_file, workdir, monkeyp
     assert shlex.split(hint) == ["dllm", "run", "show", str(run_dir)]
 
 
+def test_the_head_node_of_a_long_node_list(cli, spec_file, workdir):
+    """The script took the first node with `scontrol show hostnames ... | head -n 1`: head left
+    after one line, scontrol died writing the rest of a long list (SIGPIPE), and under `set -euo
+    pipefail` that ended the job script before srun."""
+    slurm_launch(cli, spec_file, "--run-dir", "runs/big")
+    script = (workdir / "runs" / "big" / "job.sbatch").read_text()
+    [line] = [x for x in script.splitlines() if x.startswith("DLLM_HEAD_NODE=")]
+    nodes = workdir / "nodes.py"  # one write per node: scontrol's stdout flushes in blocks
+    nodes.write_text("import sys\nfor i in range(20000):\n    print(f'gpu{i:05d}', flush=True)\n")
+    python = shlex.quote(sys.executable)
+    fake_command(workdir / "bin", "scontrol", f"exec {python} {shlex.quote(str(nodes))}\n")
+    shell = (
+        f"set -euo pipefail; SLURM_JOB_NODELIST='gpu[00000-19999]'; {line}; echo $DLLM_HEAD_NODE"
+    )
+    env = {**os.environ, "PATH": f"{workdir / 'bin'}{os.pathsep}{os.environ['PATH']}"}
+    proc = subprocess.run(["bash", "-c", shell], capture_output=True, text=True, env=env)
+    assert (proc.returncode, proc.stdout) == (0, "gpu00000\n"), proc.stderr[-500:]
+
+
 def port_for(script: str, job_id: int) -> int:
     """What the script's port line computes for a job id, run by bash."""
     [line] = [x for x in script.splitlines() if x.startswith("DLLM_RDZV_PORT=")]
