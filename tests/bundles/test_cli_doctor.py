@@ -264,3 +264,11 @@ def test_require_kernels_without_a_bundle():
     with pytest.raises(DllmError, match="no kernel bundle is installed") as caught:
         require_kernels("native")
     assert "dllm bundle install --release v" in caught.value.hint
+
+
+def test_require_kernels_jit_with_a_cxx_that_is_not_installed(monkeypatch, tmp_path):
+    """torch builds with $CXX whatever else is installed: the fix is CXX (was "install g++")."""
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-g++"))
+    with pytest.raises(DllmError, match=r"no-such-g\+\+' \(from CXX\) was not found") as caught:
+        require_kernels("jit")
+    assert caught.value.hint == "set CXX to a C++ compiler that is installed, or unset it"

@@ -11,6 +11,7 @@ comes from the active bundle (or, with `kernels: jit`, from the shipped source).
 
 from __future__ import annotations
 
+import os
 import shutil
 from typing import Any
 
@@ -42,9 +43,15 @@ def require_kernels(spec_or_kind: Any, *, load: bool = False, fingerprint=None) 
             raise DllmError("kernels: jit needs ninja to build the ops", hint="pip install ninja")
         compiler = get_cxx_compiler()
         if shutil.which(compiler) is None:
+            # torch builds with $CXX when it is set, whatever else is installed
+            chosen = bool(os.environ.get("CXX"))
             raise DllmError(
-                f"kernels: jit needs a C++ compiler, {compiler!r} was not found",
-                hint="install g++ (e.g. apt-get install g++) or set CXX",
+                f"kernels: jit needs a C++ compiler, {compiler!r}"
+                + (" (from CXX)" if chosen else "")
+                + " was not found",
+                hint="set CXX to a C++ compiler that is installed, or unset it"
+                if chosen
+                else "install g++ (e.g. apt-get install g++) or set CXX",
             )
         return f"jit: builds ops from source with {compiler} + ninja on first use"
     if kind != "native":
