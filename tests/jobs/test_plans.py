@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -229,6 +230,16 @@ def test_a_resume_path_that_does_not_exist_is_refused_before_the_run_dir(
     result = cli(command, "--config", spec_file, "--set", "checkpoint.resume=old/checkpoints")
     assert_user_error(result, f"checkpoint.resume: {workdir}/old/checkpoints does not exist")
     assert not (workdir / "runs").exists()
+
+
+def test_the_command_lines_run_root_wins_over_the_specs_run_dir(cli, spec_file, workdir):
+    """`--run-root elsewhere` with a spec that sets launch.run_dir launched into the spec's run
+    dir, the flag dropped without a word (`--run-dir` already won over it)."""
+    pinned = ("--config", spec_file, "--set", "launch.run_dir=runs/fixed")
+    plan, _ = dry_run(cli, *pinned, "--run-root", workdir / "elsewhere")
+    assert Path(plan["run_dir"]).parent == workdir / "elsewhere"
+    plan, _ = dry_run(cli, *pinned)
+    assert plan["run_dir"] == str(workdir / "runs" / "fixed")
 
 
 def test_too_few_gpus_is_not_ready(cli, spec_file, gpus, workdir):

@@ -304,10 +304,12 @@ def _compile(
 def _run_dir(
     options: LaunchOptions, spec_run_dir: str | None, default_root: str
 ) -> tuple[Path, bool]:
-    """The run dir and whether the user named it (a fresh stamped dir otherwise)."""
+    """The run dir and whether the user named it (a fresh stamped dir otherwise). The command
+    line wins over the spec's `launch.run_dir`: `--run-root` was ignored without a word when
+    the spec named a run dir."""
     if options.run_dir:
         return Path(options.run_dir).resolve(), True
-    if spec_run_dir:
+    if spec_run_dir and not options.run_root:
         return Path(spec_run_dir).resolve(), True
     return new_run_dir(options.run_root or default_root).resolve(), False
 
