@@ -272,3 +272,25 @@ def test_nvidia_smi_output_that_is_not_text_is_a_note_not_a_crash(tmp_path, monk
     proc_file = tmp_path / "proc"
     proc_file.write_text("NVRM version: NVIDIA UNIX Kernel Module  580.65.06  Release Build\n")
     assert probes.probe_driver(sys_file, proc_file) == "580.65.06"
+
+
+def test_ctrl_c_while_nvidia_smi_hangs_leaves_nothing_running(tmp_path, monkeypatch):
+    """nvidia-smi runs in its own session (so a timeout can end all it started), where the
+    terminal's SIGINT does not reach it: the probe ends it when Ctrl-C interrupts the wait."""
+    import signal
+    import time
+
+    log = tmp_path / "runs.log"
+    _smi_script(tmp_path, monkeypatch, f'sleep 30 &\necho $! >> "{log}"\nwait\n')
+    probe = subprocess.Popen(
+        [sys.executable, "-c", "from turbo_dllm.host import probes; probes.probe_gpus()"],
+        stderr=subprocess.PIPE,
+    )
+    deadline = time.monotonic() + 20
+    while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    probe.send_signal(signal.SIGINT)
+    _, err = probe.communicate(timeout=20)
+    assert b"KeyboardInterrupt" in err
+    (child,) = map(int, log.read_text().split())
+    assert _gone(child)

@@ -283,6 +283,9 @@ def _finish(binary: str, process) -> tuple[list[str] | None, str | None]:
         _HUNG.add(binary)
         _kill(process)
         return None, _no_answer()
+    except BaseException:  # Ctrl-C while it runs (its own session does not get the SIGINT)
+        _kill(process)
+        raise
     if process.returncode != 0:
         message = _decode(stderr).strip() or _decode(stdout).strip()
         message = message.splitlines()[0][:200] if message else "no message"
