@@ -191,6 +191,30 @@ def test_doctor_fails_native_without_a_bundle_with_the_install_command(cli, tmp_
         assert "dllm bundle install --release v" in checks[name]["fix"]
 
 
+def test_doctor_names_a_file_in_the_way_of_the_bundle_store(cli, tmp_path):
+    """Was: "none installed" with the install command as the fix, which then failed with
+    "File exists" (the home itself is writable, so the cache dir check passed)."""
+    from turbo_dllm.paths import dllm_home
+
+    blocker = dllm_home() / "bundles"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("")
+    code, checks = _doctor(cli, tmp_path, "native")
+    bundle = checks["kernel bundle"]
+    assert code == 1 and bundle["status"] == "fail", bundle
+    assert bundle["detail"] == (
+        f"none installed, and none can be: {blocker / 'store'}: "
+        f"the path goes through {blocker}, which is a file, not a folder"
+    )
+    assert bundle["fix"].startswith(f"move the file {blocker} out of the way, or set DLLM_HOME")
+    assert checks["cache dir"]["status"] == "pass"
+    _, checks = _doctor(cli, tmp_path, "reference")  # not needed: said, as a warning
+    assert checks["kernel bundle"]["status"] == "warn"
+    blocker.unlink()  # the fix
+    _, checks = _doctor(cli, tmp_path, "reference")
+    assert checks["kernel bundle"]["status"] == "pass"
+
+
 def test_doctor_passes_native_with_a_matching_bundle(cli, tmp_path, installed):
     code, checks = _doctor(cli, tmp_path, "native")
     assert checks["kernel bundle"]["status"] == "pass", checks["kernel bundle"]

@@ -56,6 +56,14 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
             fix=error.hint or install_command(),
         )
     if bundle is None:
+        blocked = _blocked_store()
+        if blocked is not None:  # `dllm bundle install` could not make the store there
+            return CheckResult(
+                "kernel bundle",
+                "fail" if wants_native else "warn",
+                f"none installed, and none can be: {blocked[0]}",
+                fix=blocked[1],
+            )
         if wants_native:
             return CheckResult(
                 "kernel bundle",
@@ -75,6 +83,18 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
             fix=install_command(),
         )
     return CheckResult("kernel bundle", "pass", f"{bundle.bundle_id} ({bundle.short_sha}) active")
+
+
+def _blocked_store() -> tuple[str, str] | None:
+    """(detail, fix) where a file is in the way of the bundle store's folders."""
+    from turbo_dllm.bundles.store import BundleStore
+    from turbo_dllm.doctor.folders import folder_problem
+
+    store = BundleStore().store_dir
+    problem = folder_problem(store)
+    if problem is None or problem.blocker is None:  # an unwritable home: the cache dir check
+        return None
+    return f"{store}: {problem.detail}", problem.fix("set DLLM_HOME")
 
 
 @register_check(order=120)
