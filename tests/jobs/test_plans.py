@@ -4,6 +4,9 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -240,6 +243,20 @@ def test_the_command_lines_run_root_wins_over_the_specs_run_dir(cli, spec_file, 
     assert Path(plan["run_dir"]).parent == workdir / "elsewhere"
     plan, _ = dry_run(cli, *pinned)
     assert plan["run_dir"] == str(workdir / "runs" / "fixed")
+
+
+def test_a_seed_past_32_bits_gives_the_workers_a_hash_seed_python_takes(cli, spec_file):
+    """launch.seed may go to 2**63 - 1, but PYTHONHASHSEED=4294967296 is a fatal error at every
+    worker's start ("PYTHONHASHSEED must be ... in range [0; 4294967295]"): the run failed
+    before training. The workers get the seed's low 32 bits."""
+    seed = (1 << 32) + 7
+    plan, manifest = dry_run(
+        cli, "--config", spec_file, "--backend", "torchrun", "--set", f"launch.seed={seed}"
+    )
+    assert plan["env"]["PYTHONHASHSEED"] == "7"
+    assert manifest["seeds"] == {"launch.seed": seed, "PYTHONHASHSEED": 7}
+    env = {**os.environ, "PYTHONHASHSEED": plan["env"]["PYTHONHASHSEED"]}
+    assert subprocess.run([sys.executable, "-c", "pass"], env=env).returncode == 0
 
 
 def test_too_few_gpus_is_not_ready(cli, spec_file, gpus, workdir):

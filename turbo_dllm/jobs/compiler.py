@@ -26,6 +26,7 @@ from turbo_dllm.jobs.plan import Command, JobPlan, MeshAxis, RankRole, Rendezvou
 __all__ = ["DEFAULT_PORT", "WORKER_MODULE", "compile_plan", "worker_command"]
 
 DEFAULT_PORT = 29500
+HASH_SEEDS = 1 << 32  # PYTHONHASHSEED's range: 0 .. 2**32 - 1
 WORKER_MODULE = "turbo_dllm.jobs.worker"  # reads the run's manifest: spec, plan and layout
 
 
@@ -388,7 +389,9 @@ def _worker_env(
         # In-process: the interpreter (hash seed, thread pools) already exists; set nothing
         # that would only pretend to apply.
         return env
-    env["PYTHONHASHSEED"] = str(spec.launch.seed)
+    # Python takes a hash seed up to 2**32 - 1 and stops with a fatal error past it (every
+    # worker, at start) where launch.seed may go to 2**63 - 1: the seed's low 32 bits.
+    env["PYTHONHASHSEED"] = str(spec.launch.seed % HASH_SEEDS)
     if options.max_restarts:
         # torchrun shares one TCPStore across restart attempts by default, and the restarted
         # workers then read the dead ones' gloo/NCCL addresses from it. Opting out gives each
