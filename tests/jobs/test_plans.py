@@ -288,7 +288,7 @@ def test_multi_node_needs_a_meeting_point_and_a_node_rank(cli, spec_file, gpus, 
         ("--rdzv-endpoint", "127.0.0.1:abc", ["--rdzv-endpoint '127.0.0.1:abc' is not HOST:PORT"]),
         ("--rdzv-endpoint", "head:", ["is not HOST:PORT"]),
         ("--rdzv-endpoint", "head:70000", ["is not HOST:PORT", "1 to 65535"]),
-        ("--rdzv-endpoint", "fd00::1:29400", ["is not HOST:PORT", "[fd00::1]:29400"]),
+        ("--rdzv-endpoint", "fd00::1", ["is not HOST:PORT", "[fd00::1]:29400"]),
         ("--rdzv-conf", "last_call_timeout", ["'last_call_timeout' is not K=V"]),
         ("--rdzv-conf", "last_call_timeout=5s", ["last_call_timeout must be a whole number"]),
         ("--rdzv-conf", "join_timeout=600,,x=1", ["'' is not K=V"]),
@@ -310,6 +310,7 @@ def test_a_bad_rendezvous_setting_is_refused_before_the_run_dir_exists(
     [
         ("--rdzv-endpoint", "head"),  # torchrun's port, 29400
         ("--rdzv-endpoint", "[fd00::1]:29400"),
+        ("--rdzv-endpoint", "fd00::1:29400"),  # torchrun: the last `:` starts the port
         ("--rdzv-endpoint", "node-0.cluster.local:29400"),
         ("--rdzv-conf", "last_call_timeout=5, join_timeout=600,is_host=false"),
     ],

@@ -157,7 +157,9 @@ def _check_endpoint(endpoint: str) -> None:
     else:
         host, sep, port = text.rpartition(":") if ":" in text else (text, "", "")
         port = port if sep else None
-        bad = ":" in host  # a bare IPv6 address: where does its port start?
+        # A bare IPv6 address reads as torchrun reads it, its last `:` starting the port:
+        # `fd00::1:29400` is fd00::1, port 29400; `fd00::1` would be `fd00:`, port 1.
+        bad = host.endswith(":")
     if port is not None and not (port.isdigit() and len(port) <= 5 and 0 < int(port) < 65536):
         bad = True
     if bad or not host or not _HOST.match(host):
