@@ -354,14 +354,18 @@ def test_server_never_follows_a_link_out_of_the_mirror_and_answers_a_nul(mirror,
     assert "wheels/secret.txt: not listed in MIRROR.json" in problems
 
 
+def _big_file(path):
+    """A sparse file larger than the socket buffers hold: its download blocks on the client."""
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "wb") as handle:
+        handle.truncate(256 * 1024 * 1024)
+
+
 def test_a_client_that_goes_away_mid_download_is_one_log_line(mirror, capsys):
     """pip/uv cancelling a download, or a cut connection, printed socketserver's traceback
     ('Exception occurred during processing of request', BrokenPipeError) even with --quiet."""
     root, _ = mirror
-    blob = root / "bundles" / "big.bin"
-    blob.parent.mkdir(exist_ok=True)
-    with open(blob, "wb") as handle:  # sparse: more than the socket buffers hold
-        handle.truncate(256 * 1024 * 1024)
+    _big_file(root / "bundles" / "big.bin")
     with MirrorServer(root) as server:
         host, port = server.httpd.server_address[:2]
         client = socket.create_connection((host, port), timeout=10)
@@ -387,10 +391,7 @@ def test_a_silent_or_stalled_client_is_disconnected(mirror, capsys, monkeypatch)
     assert 0 < serve.MirrorRequestHandler.timeout == serve.IDLE_TIMEOUT_S <= 300
     monkeypatch.setattr(serve.MirrorRequestHandler, "timeout", 0.5)  # as short, to watch it
     root, _ = mirror
-    blob = root / "bundles" / "big.bin"
-    blob.parent.mkdir(exist_ok=True)
-    with open(blob, "wb") as handle:  # sparse: more than the socket buffers hold
-        handle.truncate(256 * 1024 * 1024)
+    _big_file(root / "bundles" / "big.bin")
     with MirrorServer(root) as server:
         host, port = server.httpd.server_address[:2]
         silent = socket.create_connection((host, port), timeout=20)
