@@ -250,3 +250,41 @@ def test_random_documents_give_spec_or_dllm_error(document):
 def test_values_past_any_sane_bound_are_refused(sections, field):
     with pytest.raises(DllmError, match=field):
         spec(**sections)
+
+
+def test_a_path_starting_with_a_tilde_is_the_home_folder_as_in_a_shell(tmp_path, monkeypatch):
+    """`model.path: ~/models/x` was taken as a folder named `~` beside the config."""
+    from turbo_dllm.config.load import load_runspec
+
+    home = tmp_path / "home"
+    monkeypatch.setenv("HOME", str(home))
+    config = tmp_path / "configs" / "train.yaml"
+    config.parent.mkdir()
+    config.write_text(
+        "data: {artifact: ~/data/prepared, seq_len: 64}\nobjective: {block_size: 16}\n"
+        "checkpoint: {dir: ~/ckpt, resume: ~nosuchuser/ckpt}\n"
+    )
+    spec = load_runspec(config)
+    assert spec.data.artifact == str(home / "data" / "prepared")
+    assert spec.checkpoint.dir == str(home / "ckpt")
+    # a ~name of no user on this machine stays a name, as in a shell
+    assert spec.checkpoint.resume == str(tmp_path / "configs" / "~nosuchuser" / "ckpt")
+
+
+def test_prepare_yaml_paths_expand_the_tilde_the_same_way(tmp_path, monkeypatch):
+    """prepare.yaml expanded `~` already, but `~name` of no user here raised a RuntimeError
+    traceback (pathlib's expanduser) from `dllm data prepare`."""
+    from turbo_dllm.data.spec import load_prepare_spec
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    config = tmp_path / "prepare.yaml"
+    config.write_text(
+        "source: {kind: jsonl, paths: [~/a.jsonl, ~nosuchuser/b.jsonl]}\n"
+        "tokenizer: {kind: byte_level}\npacking: {seq_len: 64, block_size: 16}\n"
+        "output: {path: out}\n"
+    )
+    spec = load_prepare_spec(config)
+    assert spec.source.paths == [
+        str(tmp_path / "home" / "a.jsonl"),
+        str(tmp_path / "~nosuchuser" / "b.jsonl"),
+    ]

@@ -8,6 +8,7 @@ with its dotted path, and an unknown key comes with the nearest valid name.
 from __future__ import annotations
 
 import difflib
+import os
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -19,6 +20,7 @@ from turbo_dllm.config.bounded_yaml import MAX_DEPTH, MAX_YAML_BYTES, parse_yaml
 from turbo_dllm.errors import DllmError
 
 __all__ = [
+    "absolute_path",
     "apply_overrides",
     "format_validation_error",
     "load_model",
@@ -111,13 +113,18 @@ def load_runspec(
     return check(spec, world_size=world_size, source=str(path))
 
 
+def absolute_path(value: str, base_dir: Path) -> str:
+    """A path a config names, absolute: `~` and `~user` expanded as a shell would (a `~name` of
+    no user here stays as written), then a relative one taken against `base_dir`."""
+    expanded = Path(os.path.expanduser(value))
+    return str(expanded if expanded.is_absolute() else (base_dir / expanded).resolve())
+
+
 def resolve_paths(spec, base_dir: Path):
     """Make the spec's relative file paths absolute against `base_dir` (the config's folder)."""
 
     def absolute(value: str | None) -> str | None:
-        if value is None or Path(value).is_absolute():
-            return value
-        return str((base_dir / value).resolve())
+        return None if value is None else absolute_path(value, base_dir)
 
     model = spec.model
     from_config = model.from_config

@@ -418,9 +418,10 @@ def load_prepare_spec(path: str | Path, overrides: list[str] | None = None) -> P
 
 
 def _resolve_paths(spec: PrepareSpec, base_dir: Path) -> PrepareSpec:
+    from turbo_dllm.config.load import absolute_path
+
     def absolute(value: str) -> str:
-        expanded = Path(value).expanduser()
-        return str(expanded if expanded.is_absolute() else (base_dir / expanded).resolve())
+        return absolute_path(value, base_dir)
 
     source = spec.source
     update: dict[str, Any] = {}
