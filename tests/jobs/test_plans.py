@@ -292,14 +292,19 @@ def test_multi_node_needs_a_meeting_point_and_a_node_rank(cli, spec_file, gpus, 
         ("--rdzv-conf", "last_call_timeout", ["'last_call_timeout' is not K=V"]),
         ("--rdzv-conf", "last_call_timeout=5s", ["last_call_timeout must be a whole number"]),
         ("--rdzv-conf", "join_timeout=600,,x=1", ["'' is not K=V"]),
+        ("--master-addr", "h 0", ["--master-addr 'h 0' is not a host name or an IP address"]),
+        ("--master-addr", "", ["is not a host name"]),
+        ("--master-addr", "[fd00::1]", ["without brackets"]),
     ],
 )
 def test_a_bad_rendezvous_setting_is_refused_before_the_run_dir_exists(
     cli, spec_file, workdir, flag, value, needles
 ):
     """Was: written into the plan, the run dir made, then torchrun's ValueError traceback on
-    every node (a non-numeric port: the launch's own port check's traceback first)."""
-    endpoint = () if flag == "--rdzv-endpoint" else ("--rdzv-endpoint", "127.0.0.1:29400")
+    every node (a non-numeric port: the launch's own port check's traceback first; a master
+    address with a space: a failed name lookup on every node)."""
+    own = ("--rdzv-endpoint", "--master-addr")
+    endpoint = () if flag in own else ("--rdzv-endpoint", "127.0.0.1:29400")
     args = ("--config", spec_file, "--backend", "torchrun", *endpoint, flag, value)
     assert_user_error(cli("launch", *args, "--run-dir", "r"), *needles)
     assert not (workdir / "r").exists()

@@ -121,6 +121,13 @@ class LaunchOptions:
                 f"--node-rank {self.node_rank} is outside 0..{self.nnodes.max - 1}",
                 hint="node ranks count from 0 to nnodes-1",
             )
+        if self.master_addr is not None and not _HOST.match(self.master_addr):
+            # else written into the plan, and torchrun failed to resolve it on every node
+            raise DllmError(
+                f"--master-addr {self.master_addr!r} is not a host name or an IP address",
+                hint="pass the host of node 0 as every node reaches it, e.g. --master-addr node0 "
+                "or 10.0.0.1 (an IPv6 address without brackets)",
+            )
         if self.master_port is not None and not 0 < self.master_port < 65536:
             raise DllmError(f"--master-port {self.master_port} is not a TCP port")
         if self.rdzv_endpoint and (self.master_addr or self.master_port):
