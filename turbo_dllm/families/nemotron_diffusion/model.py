@@ -147,9 +147,28 @@ class NemotronLM(DecoderLM):
         self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=False)
         self.tie_weights()
 
+    # The published layout (its remote code's NemotronLabsDiffusionModel: `self.encoder`, a
+    # Ministral3 decoder, and `self.diffusion_head`): `encoder.*` and `diffusion_head.weight`.
     @staticmethod
     def checkpoint_names(name: str) -> tuple[str, ...]:
-        """Published checkpoints keep the decoder under `model.encoder.` as well."""
+        """Where a tensor sits in a folder: the published layout, or ours (`model.*`,
+        `lm_head.weight`: exports before they took the published one), or `model.encoder.*`."""
+        if name == "lm_head.weight":
+            return (name, "diffusion_head.weight")
         if name.startswith("model."):
-            return (name, "model.encoder." + name.removeprefix("model."))
+            rest = name.removeprefix("model.")
+            return (name, "encoder." + rest, "model.encoder." + rest)
         return (name,)
+
+    def hf_export_state(self, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """The published layout, which its remote code loads. A tied head (the published
+        configs untie it; that code ties nothing) is written too, as a copy."""
+        out = {
+            ("encoder." + name.removeprefix("model.") if name.startswith("model.") else name): t
+            for name, t in state.items()
+        }
+        head = out.pop("lm_head.weight", None)
+        if head is None:  # tied: the state names the shared tensor as the embeddings only
+            head = out["encoder.embed_tokens.weight"].clone()
+        out["diffusion_head.weight"] = head
+        return out
