@@ -192,3 +192,24 @@ def test_a_tied_model_exports_its_head_as_the_published_code_reads_it(tmp_path):
             exported.get_tensor("encoder.embed_tokens.weight"),
         )
     assert json.loads((out / "config.json").read_text())["tie_word_embeddings"] is True
+
+
+def test_the_export_of_a_remote_code_folder_loads_with_that_code(tmp_path):
+    """transformers has no class for the model: the published folder's `auto_map` and code
+    files are how it loads. The export kept neither ("Transformers does not recognize this
+    architecture"), nor the config keys only that code reads."""
+    save_published_layout(tmp_path / "source")
+    train_from(tmp_path / "source", tmp_path / "run")
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert config["auto_map"] == AUTO_MAP
+    assert config["ar_loss_weight"] == 0.5  # a key our reader does not know, kept
+    for name in ("configuration_nemotron_labs_diffusion.py", "modeling_nemotron_labs_diffusion.py"):
+        assert (out / name).read_bytes() == (tmp_path / "source" / name).read_bytes()
+    ids = torch.randint(0, 97, (2, 24))
+    theirs, loaded = remote_code_logits(out, ids, tmp_path)
+    assert loaded["class"] == "NemotronLabsDiffusionModel"
+    assert loaded["info"]["missing_keys"] == [] and loaded["info"]["unexpected_keys"] == []
+    with torch.no_grad():
+        ours = ours_causal(tmp_path / "run/checkpoints")(ids, torch.arange(24))
+    torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-4)

@@ -10,12 +10,14 @@ sequence. Both are copied from where training got them (recorded in the checkpoi
 random-init model trained on a prepared data artifact, the artifact's tokenizer and special
 token ids. Without a source generation_config.json, one is written from the config's ids.
 A model whose HF layout holds tensors it neither reads nor trains (`hf_source_prefixes`:
-DiffusionGemma's vision tower) gets them copied unchanged from the model.path folder.
+DiffusionGemma's vision tower) gets them copied unchanged from the model.path folder, and one
+whose folder loads through code of its own (`auto_map`: Nemotron-Labs-Diffusion) that code.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import sys
 from collections.abc import Callable
@@ -93,6 +95,7 @@ def export_checkpoint(
     try:
         save_hf(tensors, config, staging, dtype=getattr(torch, name))
         _copy_generation_files(meta, staging)
+        _keep_remote_code(meta, staging)
         if finish is not None:
             finish(staging)
         if out.exists():
@@ -186,6 +189,66 @@ def _same_artifact(meta, artifact: Path | None) -> Path | None:
         file=sys.stderr,
     )
     return None
+
+
+# Keys of the source config.json a remote-code export does not take: the dtype is the export's,
+# the rest is bookkeeping of the folder it came from.
+_NOT_CARRIED = frozenset({"dtype", "torch_dtype", "transformers_version", "_name_or_path"})
+_RELATIVE_IMPORT = re.compile(r"^\s*(?:from\s+\.(\w+)\s+import|import\s+\.(\w+)\s*$)", re.M)
+
+
+def _keep_remote_code(meta, folder: Path) -> None:
+    """A model.path folder whose config.json maps its classes to code files of its own
+    (`auto_map`, loaded with trust_remote_code: the only way a Nemotron-Labs-Diffusion folder
+    loads) gives the export, when the export is of its model_type, that map, the files it names
+    (and those they import relatively), and the config keys the family's writer does not write,
+    which only that code reads (its defaults are unknown here)."""
+    model_path = Path(meta.model_path) if meta.model_path else None
+    if model_path is None or not (model_path / "config.json").is_file():
+        return
+    try:
+        source = json.loads((model_path / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    if not isinstance(source, dict) or not isinstance(source.get("auto_map"), dict):
+        return
+    if source.get("model_type") != config.get("model_type"):  # exported as another model
+        return
+    for key, value in source.items():
+        if key not in config and key not in _NOT_CARRIED:
+            config[key] = value
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
+    modules = [m for m in map(_module_of, _class_references(source["auto_map"])) if m]
+    copied: set[str] = set()
+    while modules:
+        module = modules.pop()
+        file = model_path / f"{module}.py"
+        if module in copied or not file.is_file():
+            continue
+        copied.add(module)
+        shutil.copy2(file, folder / file.name)
+        for match in _RELATIVE_IMPORT.finditer(file.read_text(errors="replace")):
+            modules.append(match[1] or match[2])
+
+
+def _class_references(auto_map: dict[str, Any]) -> list[str]:
+    """The "module.Class" strings of an `auto_map` (a tokenizer's entry is a [slow, fast] list)."""
+    found: list[str] = []
+    for value in auto_map.values():
+        for ref in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(ref, str):
+                found.append(ref)
+    return found
+
+
+def _module_of(reference: str) -> str | None:
+    """The module file a class reference names in the folder; None for code in another
+    repository ("owner/repo--module.Class"), which the reference still points at."""
+    if "--" in reference or "." not in reference:
+        return None
+    return reference.rsplit(".", 1)[0]
 
 
 def _copy_generation_files(meta, folder: Path) -> None:
