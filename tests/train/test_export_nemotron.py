@@ -208,8 +208,26 @@ def test_the_export_of_a_remote_code_folder_loads_with_that_code(tmp_path):
         assert (out / name).read_bytes() == (tmp_path / "source" / name).read_bytes()
     ids = torch.randint(0, 97, (2, 24))
     theirs, loaded = remote_code_logits(out, ids, tmp_path)
-    assert loaded["class"] == "NemotronLabsDiffusionModel"
+    assert (loaded["class"], loaded["paradigm"]) == ("NemotronLabsDiffusionModel", "bidirectional")
     assert loaded["info"]["missing_keys"] == [] and loaded["info"]["unexpected_keys"] == []
     with torch.no_grad():
         ours = ours_causal(tmp_path / "run/checkpoints")(ids, torch.arange(24))
     torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-4)
+
+
+def test_the_export_names_the_paradigm_that_code_infers_with(tmp_path):
+    """With dlm_paradigm block_diff the published code builds its training attention (the
+    block-diffusion mask over the input's two halves, noisy then clean), at inference too. The
+    export said block_diff ("what it was trained as"); published folders, trained so as well,
+    say bidirectional, and so does the export now. Our reader reads it back as the same config
+    (the paradigm does not change the model it builds)."""
+    from turbo_dllm.registry import get_family
+    from turbo_dllm.train.checkpoint import read_meta, resolve_checkpoint
+
+    train(tiny_spec("training.steps=2", "checkpoint.interval=2", base=NEMOTRON), tmp_path / "run")
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    assert json.loads((out / "config.json").read_text())["dlm_paradigm"] == "bidirectional"
+    family = get_family("nemotron_diffusion")
+    trained = family.read_config(read_meta(resolve_checkpoint(tmp_path / "run/checkpoints")).model)
+    assert trained.dlm_paradigm == "block_diff"
+    assert family.resolve_config(path=str(out), from_config=None) == trained

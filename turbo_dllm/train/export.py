@@ -94,6 +94,10 @@ def export_checkpoint(
     tensors.update(_source_tensors(meta, prefixes))
     try:
         save_hf(tensors, config, staging, dtype=getattr(torch, name))
+        if hasattr(model, "hf_export_config"):  # a family whose HF config is not its checkpoint's
+            path = staging / "config.json"
+            hf = model.hf_export_config(json.loads(path.read_text()))
+            path.write_text(json.dumps(hf, indent=2) + "\n")
         _copy_generation_files(meta, staging)
         _keep_remote_code(meta, staging)
         if finish is not None:

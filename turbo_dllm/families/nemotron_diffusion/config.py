@@ -96,7 +96,10 @@ class NemotronConfig(DecoderConfig):
     attn_output_gate: bool = False
     block_size: int | None = None
     mask_token_id: int | None = None
-    dlm_paradigm: str = "block_diff"
+    # The attention the published code builds (block_diff: training's; bidirectional: inference).
+    # This model trains block diffusion whatever it says, so it is not part of the config's
+    # identity: an export (bidirectional) reads back as the checkpoint's config (block_diff).
+    dlm_paradigm: str = dataclasses.field(default="block_diff", compare=False)
 
     def __post_init__(self) -> None:
         self._as_decoder()  # the decoder's shape checks; then Nemotron's own

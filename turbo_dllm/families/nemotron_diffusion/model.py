@@ -172,3 +172,10 @@ class NemotronLM(DecoderLM):
             head = out["encoder.embed_tokens.weight"].clone()
         out["diffusion_head.weight"] = head
         return out
+
+    @staticmethod
+    def hf_export_config(hf: dict[str, Any]) -> dict[str, Any]:
+        """The paradigm the published folders name, which their code infers with: under
+        `block_diff` it builds its training attention (a block-diffusion mask over the input's
+        two halves), at inference too. Checkpoints keep `block_diff` (what it trained as)."""
+        return {**hf, "dlm_paradigm": "bidirectional"}
