@@ -4,6 +4,7 @@ drafter (the baseline), reproduces the target's greedy output token for token.""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -101,7 +102,7 @@ def test_autoregressive_drafts_match_a_cache_free_drafter_under_partial_acceptan
             param.add_(torch.randn_like(param) * 0.003)
 
     class CacheFree:
-        needs_hidden = False
+        target_layers = ()
         drafts = 4
 
         def reset(self, prompt, hidden_states):
@@ -243,3 +244,78 @@ def test_bad_eval_options_are_refused_before_decoding(cli, world, drafter, flag,
 def test_a_cuda_device_without_a_gpu_is_a_user_error(cli, world, drafter):
     result = _eval(cli, world["target"], drafter["folder"], world["artifact"], "--device", "cuda")
     assert_user_error(result, "no CUDA GPU")
+
+
+def _tiny_target(folder, vocab_size=64):
+    """A tiny random transformers Qwen3 (2 layers) whose final norm is far from the identity
+    (as a trained one is), saved as a target folder; (its model, the folder)."""
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(0)
+    hf = Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )
+    model = Qwen3ForCausalLM(hf).eval()
+    with torch.no_grad():
+        model.model.norm.weight.uniform_(0.2, 3.0)
+    model.save_pretrained(folder)
+    return model, folder
+
+
+def _fresh_drafter(target, architecture="DFlashDraftModel", block_size=4):
+    """A randomly initialised one-layer drafter shaped after the `target` folder."""
+    from turbo_dllm.families.dflash import read_target_config
+    from turbo_dllm.families.dflash.config import DFlashConfig
+    from turbo_dllm.families.dflash.runtime import build_model, materialize
+
+    shape = SimpleNamespace(
+        target_layer_ids=None,  # the default: layer 1, the last of two
+        num_layers=1,
+        intermediate_size=None,
+        block_size=block_size,
+        mask_token_id=3,
+        sample_from_anchor=False,
+        architecture=architecture,
+        conv_kernel_size=4,
+        conv_group_size=16,
+        selector_rank=8,
+        selector_top_k=8,
+        final_logit_softcapping=None,
+        output_multiplier=1.0,
+    )
+    config = DFlashConfig.from_target(
+        read_target_config(str(target)), shape, target_path=str(target)
+    )
+    return materialize(build_model(config), torch.device("cpu"), seed=0).eval()
+
+
+def test_eval_feeds_the_drafter_the_features_training_does_at_the_last_layer(tmp_path):
+    """The drafter reads the outputs of target layers `target_layer_ids` (training's
+    `TargetFeatures`, what SGLang and vLLM capture). For the last layer transformers' hidden-state
+    tuple holds the final norm's output instead, and eval fed the drafter that (the default
+    layer of a one-layer drafter on a two-layer target, the smoke recipes' shape): the context
+    a decode built must be the features of its sequence as training computes them."""
+    from turbo_dllm.families.dflash import speculative
+    from turbo_dllm.families.dflash.target import TargetFeatures
+
+    model, target = _tiny_target(tmp_path / "target")
+    drafter = _fresh_drafter(target)
+    assert drafter.config.target_layer_ids == (1,)
+    features = TargetFeatures(
+        str(target), drafter.config, teacher=False, device=torch.device("cpu")
+    )
+    prompt = torch.randint(64, (12,), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        proposer = speculative._DFlashProposer(drafter, block_size=4)
+        out, _ = speculative._speculative(model, proposer, prompt, 16)
+        sequence = torch.cat([prompt, torch.tensor(out)])
+        rows = min(proposer.context.shape[1], len(sequence))
+        trained = drafter.project_context(features(sequence[None], None)[0])[:, :rows]
+    assert rows > len(prompt)  # the prompt's features and the accepted tokens'
+    torch.testing.assert_close(proposer.context[:, :rows], trained, rtol=1e-4, atol=1e-4)

@@ -9,8 +9,9 @@ Greedy (T = 0) on held-out prompts. The target is transformers' causal LM with a
   own greedy choices is kept, plus the target's token after it (so every forward yields
   1 .. d + 1 tokens); the KV cache is cropped back to the accepted length.
 
-Drafters: a DFlash drafter (one block [last, mask x (B-1)] per forward, reading the target's
-hidden states of `target_layer_ids` for every accepted position), or an autoregressive drafter
+Drafters: a DFlash drafter (one block [last, mask x (B-1)] per forward, reading the outputs of
+target layers `target_layer_ids` for every accepted position, the features it was trained on:
+`_step`), or an autoregressive drafter
 (a small causal LM with its own KV cache, proposing B - 1 tokens one at a time: the standard
 speculative-decoding baseline). Outputs must be token-for-token those of the target alone.
 
@@ -26,6 +27,7 @@ import json
 import time
 from collections import Counter
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -141,15 +143,31 @@ def _crop(cache, length: int) -> None:
         cache.crop(-extra)
 
 
-def _step(model, ids: torch.Tensor, cache=None, hidden: bool = False):
-    """One cached forward of the 1-D `ids`: (logits (S, V), cache, hidden-state tuple or None)."""
+def _step(model, ids: torch.Tensor, cache=None, layers: tuple[int, ...] = ()):
+    """One cached forward of the 1-D `ids`: (logits (S, V), cache, the outputs (1, S, H) of the
+    decoder layers `layers` (0-based), in that order).
+
+    The layers' own outputs, caught as they leave each layer: what training's target features
+    are (`target.TargetFeatures`) and what SGLang and vLLM capture. transformers' hidden-state
+    tuple is not: its last entry is the final norm's output, not the last layer's."""
     if cache is None:
         from transformers import DynamicCache
 
         cache = DynamicCache()
     name = hf_cache_argument(type(model).forward)
-    out = model(input_ids=ids[None], use_cache=True, output_hidden_states=hidden, **{name: cache})
-    return out.logits[0], cache, out.hidden_states if hidden else None
+    outputs: dict[int, torch.Tensor] = {}
+
+    def catch(index, module, args, output):
+        outputs[index] = output[0] if isinstance(output, tuple) else output
+
+    decoder = model.model.layers
+    hooks = [decoder[i].register_forward_hook(partial(catch, i)) for i in layers]
+    try:
+        out = model(input_ids=ids[None], use_cache=True, **{name: cache})
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return out.logits[0], cache, [outputs[i] for i in layers]
 
 
 def _greedy_target(target, prompt: torch.Tensor, new_tokens: int) -> list[int]:
@@ -171,12 +189,10 @@ class _DFlashProposer:
     confident guesses among the slots still hidden (an even share of them) to the next, in place
     of the mask (a drafter trained with `objective.reveal_blocks` has seen such blocks)."""
 
-    needs_hidden = True
-
     def __init__(self, drafter, block_size: int, draft_steps: int = 1) -> None:
         self.drafter = drafter
         self.block_size = block_size
-        self.ids = drafter.config.target_layer_ids
+        self.target_layers = tuple(drafter.config.target_layer_ids)  # 0-based, as trained
         self.mask = drafter.config.mask_token_id
         self.from_anchor = drafter.config.sample_from_anchor
         self.drafts = block_size if self.from_anchor else block_size - 1
@@ -199,15 +215,13 @@ class _DFlashProposer:
             self.reveals.append(hidden // (draft_steps - step))
             hidden -= self.reveals[-1]
 
-    def reset(self, prompt: torch.Tensor, hidden_states) -> None:
-        self.context = self.drafter.project_context(self._features(hidden_states))
+    def reset(self, prompt: torch.Tensor, layer_outputs) -> None:
+        self.context = self.drafter.project_context(self._features(layer_outputs))
         self.masks = torch.full((self.block_size - 1,), self.mask, device=prompt.device)
         self.offsets = torch.arange(self.block_size, device=prompt.device)[None]
 
-    def _features(self, hidden_states) -> torch.Tensor:
-        return torch.cat([hidden_states[i + 1] for i in self.ids], dim=-1).to(
-            self.drafter.fc.weight.dtype
-        )
+    def _features(self, layer_outputs) -> torch.Tensor:
+        return torch.cat(layer_outputs, dim=-1).to(self.drafter.fc.weight.dtype)
 
     def propose(self, last: torch.Tensor, length: int) -> torch.Tensor:
         """The drafts (d,) after the last accepted token `last` (1,), at position length - 1,
@@ -235,9 +249,9 @@ class _DFlashProposer:
         drafted = self.drafter.greedy_draft(forward(block), last)  # DFlash2: its selector
         return torch.where(shown, block[0, 1:], drafted)
 
-    def accept(self, length: int, hidden_states, verify: torch.Tensor, kept: int) -> None:
+    def accept(self, length: int, layer_outputs, verify: torch.Tensor, kept: int) -> None:
         """`kept` rows of the verify forward (the anchor and the accepted drafts) are final."""
-        rows = self._features(hidden_states)[:, :kept]
+        rows = self._features(layer_outputs)[:, :kept]
         self.context = torch.cat([self.context, self.drafter.project_context(rows)], dim=1)
 
 
@@ -245,7 +259,7 @@ class _AutoregressiveProposer:
     """A small causal LM drafting B - 1 tokens greedily, with its own KV cache; each draft's
     argmax feeds the next forward on the device (no host sync inside a block)."""
 
-    needs_hidden = False
+    target_layers = ()  # reads no target features
 
     def __init__(self, drafter, block_size: int, draft_steps: int = 1) -> None:
         if draft_steps != 1:
@@ -256,7 +270,7 @@ class _AutoregressiveProposer:
         self.drafter = drafter
         self.drafts = block_size - 1
 
-    def reset(self, prompt: torch.Tensor, hidden_states) -> None:
+    def reset(self, prompt: torch.Tensor, layer_outputs) -> None:
         self.cache = None
         self.cached = 0
         self.pending = prompt  # tokens the drafter has not read yet
@@ -271,7 +285,7 @@ class _AutoregressiveProposer:
             proposal.append(pending)
         return torch.cat(proposal)
 
-    def accept(self, length: int, hidden_states, verify: torch.Tensor, kept: int) -> None:
+    def accept(self, length: int, layer_outputs, verify: torch.Tensor, kept: int) -> None:
         # The cache may hold rejected drafts: keep the agreed prefix. The sequence's last
         # `kept + 1` tokens are verify[:kept] and the target's own next token; queue those up
         # to the last one that the drafter has not read (at most the last accepted draft).
@@ -286,7 +300,7 @@ def _speculative(
 ) -> tuple[list[int], list[int]]:
     """(generated tokens, tokens gained per target forward). One host sync per target forward:
     the drafts and the target's choices come back together to count the agreed prefix."""
-    logits, cache, hidden = _step(target, prompt, hidden=proposer.needs_hidden)
+    logits, cache, hidden = _step(target, prompt, layers=proposer.target_layers)
     proposer.reset(prompt, hidden)
     last = logits[-1:].argmax(-1)
     sequence = prompt.tolist() + last.tolist()
@@ -295,7 +309,7 @@ def _speculative(
     while len(sequence) - start < new_tokens:
         drafts = proposer.propose(last, len(sequence))
         verify = torch.cat([last, drafts])
-        logits, cache, hidden = _step(target, verify, cache, hidden=proposer.needs_hidden)
+        logits, cache, hidden = _step(target, verify, cache, layers=proposer.target_layers)
         choices = logits.argmax(-1)  # choices[j]: the target's token after row j
         both = torch.cat([drafts, choices]).tolist()
         d = len(both) // 2
