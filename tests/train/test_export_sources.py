@@ -1,9 +1,11 @@
 """`dllm export` takes the tokenizer and token ids of the data artifact a random-init model was
-trained on only while that artifact holds the same data."""
+trained on only while that artifact holds the same data, and records the mask token id."""
 
 from __future__ import annotations
 
 import json
+
+import transformers
 
 from tests.data.helpers import prepare_config, write_jsonl
 from tests.data.helpers import write_config as write_prepare_config
@@ -42,3 +44,23 @@ def test_an_artifact_prepared_again_since_training_gives_no_tokenizer(tmp_path, 
     config = json.loads((out / "config.json").read_text())
     assert config.get("eos_token_id") != again["special_tokens"]["eos"]
     assert config.get("pad_token_id") != again["special_tokens"]["pad"]
+
+
+def test_the_mask_token_the_run_trained_with_is_recorded(tmp_path):
+    """A decoder's config has no mask token of its own: an export of a run whose tokenizer
+    names none (byte-level data: id 259), or that set objective.mask_token_id, kept no trace of
+    the id the model denoises from."""
+    write_jsonl(tmp_path / "data.jsonl", [{"text": " ".join(WORDS * 4)}] * 20)
+    prepare_config(write_prepare_config(tmp_path))  # byte-level
+    artifact = tmp_path / "out"
+    specials = json.loads((artifact / "manifest.json").read_text())["special_tokens"]
+    spec = tiny_spec("training.steps=2", "data.synthetic=null", f"data.artifact={artifact}")
+    train(spec, tmp_path / "run")
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    config = json.loads((out / "config.json").read_text())
+    assert (config["mask_token_id"], config["eos_token_id"]) == (specials["mask"], specials["eos"])
+    assert "mask_token_id" not in json.loads((out / "generation_config.json").read_text())
+    assert transformers.AutoConfig.from_pretrained(str(out)).mask_token_id == specials["mask"]
+    train(tiny_spec("training.steps=2", "objective.mask_token_id=300"), tmp_path / "synthetic")
+    out = export_checkpoint(tmp_path / "synthetic/checkpoints", tmp_path / "hf-synthetic")
+    assert json.loads((out / "config.json").read_text())["mask_token_id"] == 300

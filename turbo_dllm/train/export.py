@@ -99,6 +99,8 @@ def export_checkpoint(
             hf = model.hf_export_config(json.loads(path.read_text()))
             path.write_text(json.dumps(hf, indent=2) + "\n")
         _copy_generation_files(meta, staging)
+        if not hasattr(config, "mask_token_id"):  # a family config that records none (decoder)
+            _record_mask_token(meta, staging)
         _keep_remote_code(meta, staging)
         if finish is not None:
             finish(staging)
@@ -174,7 +176,7 @@ def _source_tensors(meta, prefixes: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _same_artifact(meta, artifact: Path | None) -> Path | None:
+def _same_artifact(meta, artifact: Path | None, *, warn: bool = True) -> Path | None:
     """`artifact` if it still holds the data the checkpoint was trained on (its fingerprint),
     else None with a warning: prepared again at that path (another tokenizer, say), its tokenizer
     and token ids were copied as the model's without a word."""
@@ -186,6 +188,8 @@ def _same_artifact(meta, artifact: Path | None) -> Path | None:
     trained = meta.data_fingerprint
     if trained is None or now == trained:
         return artifact
+    if not warn:
+        return None
     print(
         f"warning: {artifact} (recorded in the checkpoint) was prepared again since training "
         f"(fingerprint {now[:16]}, trained on {trained[:16]}): the export has no tokenizer or "
@@ -253,6 +257,27 @@ def _module_of(reference: str) -> str | None:
     if "--" in reference or "." not in reference:
         return None
     return reference.rsplit(".", 1)[0]
+
+
+def _record_mask_token(meta, folder: Path) -> None:
+    """config.json's `mask_token_id`, for a family whose config records none (the decoder's):
+    the id the run denoised from, objective.mask_token_id or the data artifact's mask token,
+    which the tokenizer may not name (a byte-level one, or an id given as
+    tokenizer.mask_token_id). Synthetic data's default (its vocabulary's last id) is not
+    recorded in the checkpoint."""
+    mask = (meta.settings or {}).get("objective.mask_token_id")
+    artifact = Path(meta.data_artifact) if meta.data_artifact else None
+    artifact = _same_artifact(meta, artifact, warn=False)  # a changed one was warned about
+    if mask is None and artifact is not None:
+        from turbo_dllm.data.artifact import read_manifest
+
+        mask = read_manifest(artifact).special_tokens.get("mask")
+    config_path = folder / "config.json"
+    config = json.loads(config_path.read_text())
+    if mask is None or config.get("mask_token_id") is not None:
+        return
+    config["mask_token_id"] = int(mask)
+    config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
 def _copy_generation_files(meta, folder: Path) -> None:
