@@ -319,3 +319,53 @@ def test_eval_feeds_the_drafter_the_features_training_does_at_the_last_layer(tmp
         trained = drafter.project_context(features(sequence[None], None)[0])[:, :rows]
     assert rows > len(prompt)  # the prompt's features and the accepted tokens'
     torch.testing.assert_close(proposer.context[:, :rows], trained, rtol=1e-4, atol=1e-4)
+
+
+def test_a_dflash2_drafter_evaluated_at_another_block_size_convolves_over_that_block(tmp_path):
+    """--block-size B with a DFlash2 drafter: its block-local convolutions span the B tokens it
+    drafts (the serving engines' convolutions span the block they serve), as the same weights
+    configured for B do; not blocks of the size it was trained at (a block that size did not
+    divide was a ValueError traceback)."""
+    import shutil
+
+    from tests.dflash.helpers import stdlib_artifact
+    from turbo_dllm.families.dflash import speculative
+    from turbo_dllm.train.weights import full_state_dict, save_hf
+
+    _, target = _tiny_target(tmp_path / "target", vocab_size=512)
+    drafter = _fresh_drafter(target, "DFlash2DraftModel")
+    with torch.no_grad():  # trained convolutions: each token reads the ones before it
+        for name, param in drafter.named_parameters():
+            if "conv" in name:
+                param.normal_(0.0, 0.5)
+    state = {
+        name: tensor
+        for name, tensor in full_state_dict(drafter).items()
+        if name not in drafter.external_weights
+    }
+    four = save_hf(state, drafter.config, tmp_path / "block4")
+    eight = shutil.copytree(four, tmp_path / "block8")
+    hf = json.loads((eight / "config.json").read_text())
+    hf["block_size"] = hf["dflash_config"]["block_size"] = 8
+    (eight / "config.json").write_text(json.dumps(hf))
+    prompt = torch.randint(256, (12,), generator=torch.Generator().manual_seed(1))
+    cpu = torch.device("cpu")
+    drafts = []
+    with torch.inference_mode():
+        target_model = speculative._load_target(str(target), cpu, torch.float32)
+        for folder, block_size in ((four, 8), (eight, None)):
+            _, model = speculative._drafter(
+                str(folder), str(target), cpu, torch.float32, block_size
+            )
+            proposer = speculative._DFlashProposer(model, 8)
+            logits, _, outputs = speculative._step(
+                target_model, prompt, layers=proposer.target_layers
+            )
+            proposer.reset(prompt, outputs)
+            drafts.append(proposer.propose(logits[-1:].argmax(-1), len(prompt) + 1))
+    assert torch.equal(drafts[0], drafts[1])
+    data = stdlib_artifact(tmp_path / "data")
+    (report,) = speculative.compare(
+        str(target), [str(four)], str(data), block_size=6, max_new_tokens=8, num_prompts=1
+    )
+    assert report.lossless and report.block_size == 6

@@ -381,9 +381,12 @@ def _recorded_target(folder: str) -> str | None:
     return fingerprint if isinstance(fingerprint, str) and fingerprint else None
 
 
-def _drafter(folder: str, target_folder: str, device, dtype):
+def _drafter(folder: str, target_folder: str, device, dtype, block_size: int | None = None):
     """(kind, model) for a drafter folder (checked by `_check_dflash_drafter` /
-    `_check_autoregressive` first): a DFlash drafter or an autoregressive causal LM."""
+    `_check_autoregressive` first): a DFlash drafter or an autoregressive causal LM. A DFlash
+    drafter given `block_size` (--block-size) is built for blocks of that size: a DFlash2
+    drafter's block-local convolutions then span the block it drafts, as the serving engines'
+    span the block they serve (not blocks of the size in its config.json)."""
     architecture = _architecture(folder)
     if architecture.startswith("DFlash"):
         import dataclasses
@@ -395,7 +398,11 @@ def _drafter(folder: str, target_folder: str, device, dtype):
         config = DFlashConfig.from_hf_dict(
             read_hf_config(Path(folder) / "config.json", what="drafter")
         )
-        config = dataclasses.replace(config, target_path=target_folder)
+        config = dataclasses.replace(
+            config,
+            target_path=target_folder,
+            block_size=config.block_size if block_size is None else block_size,
+        )
         model = materialize(build_model(config, None, dtype), device, seed=0, weights_from=folder)
         return "dflash", model.eval()
     return "autoregressive", _load_target(folder, device, dtype, "--drafter")
@@ -463,12 +470,13 @@ def compare(
         others.append(
             dflash and _check_dflash_drafter(drafter, target, target_config, allow_other_target)
         )
-    models = [_drafter(drafter, target, torch_device, torch_dtype) for drafter in drafters]
-    # `is None`, not `or`: --block-size 0 is refused below, not read as the drafter's own
+    # `is None`, not `or`: --block-size 0 is refused, not read as the drafter's own
+    if block_size is not None and block_size < 2:
+        raise DllmError(f"--block-size must be at least 2 (got {block_size})")
+    models = [
+        _drafter(drafter, target, torch_device, torch_dtype, block_size) for drafter in drafters
+    ]
     blocks = [model.config.block_size if block_size is None else block_size for _, model in models]
-    for block in blocks:
-        if block < 2:
-            raise DllmError(f"--block-size must be at least 2 (got {block})")
     proposers = [  # before the target loads: they refuse draft steps they cannot take
         _DFlashProposer(model, block, steps)
         if kind == "dflash"
