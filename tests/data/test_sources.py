@@ -352,6 +352,39 @@ def test_huggingface_chat_records(tmp_path, streaming):
     assert [t for t, m in zip(*docs[0], strict=True) if m] == [ord("a"), 257]
 
 
+@pytest.mark.parametrize("streaming", [False, True])
+@pytest.mark.parametrize("saved_format", ["numpy", "torch", "pandas"])
+def test_huggingface_dataset_saved_with_a_format(tmp_path, saved_format, streaming):
+    """A dataset saved after set_format is read as plain values: its rows came as numpy
+    arrays, torch tensors or a DataFrame, and every chat or token record was a bad one."""
+    import datasets
+
+    chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
+    saved = datasets.Dataset.from_list(
+        [
+            {"messages": chat, "input_ids": [1, 2, 3], "text": "hi"},
+            {"messages": chat, "input_ids": [4], "text": "yo"},
+        ]
+    )
+    saved.set_format(saved_format)
+    saved.save_to_disk(str(tmp_path / "ds"))
+    source = {"kind": "huggingface", "path": "ds", "streaming": streaming}
+    config = write_config(
+        tmp_path, source=source, records={"kind": "chat"}, supervision="assistant_only"
+    )
+    docs = documents(prepare_config(config).path)
+    assert [[t for t, m in zip(*doc, strict=True) if m] for doc in docs] == [[ord("a"), 257]] * 2
+    config = write_config(
+        tmp_path, source=source, records={"kind": "tokens"}, output={"path": "ids"}
+    )
+    assert [t.tolist() for t, _ in documents(prepare_config(config).path)] == [
+        [1, 2, 3, 257],
+        [4, 257],
+    ]
+    config = write_config(tmp_path, source=source, output={"path": "text"})
+    assert _texts_back(prepare_config(config).path) == [b"hi", b"yo"]
+
+
 def test_jsonl_with_a_byte_order_mark_and_crlf_lines(tmp_path):
     (tmp_path / "data.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "one"}\r\n{"text": "two"}\r\n')
     assert _texts_back(prepare_config(write_config(tmp_path)).path) == [b"one", b"two"]

@@ -741,12 +741,11 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
     def chunks() -> Iterator[RawChunk]:
         row = 0
         try:
-            for batch in dataset.iter(batch_size=CHUNK_ITEMS):
-                keys = list(batch)
-                rows = [
-                    dict(zip(keys, values, strict=True))
-                    for values in zip(*batch.values(), strict=True)
-                ]
+            # Arrow batches as plain Python values, whatever format the dataset was saved
+            # with: after set_format("numpy" | "torch" | "pandas") its rows would come as
+            # arrays, tensors or a DataFrame, which no records kind reads.
+            for batch in dataset.with_format("arrow").iter(batch_size=CHUNK_ITEMS):
+                rows = batch.to_pylist()
                 numbers = list(range(row, row + len(rows)))
                 labels = None
                 if locate is not None:
