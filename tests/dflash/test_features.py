@@ -94,6 +94,31 @@ def test_prepare_features_resumes_after_an_interruption(world, tmp_path, monkeyp
     assert read_features_manifest(again).fingerprint == read_features_manifest(whole).fingerprint
 
 
+def test_prepare_features_resumes_when_every_shard_was_written(world, tmp_path, monkeypatch):
+    """Interrupted after the last shard (its record written, the manifest not yet): the rerun
+    keeps every shard and writes the manifest (it was an UnboundLocalError, at every rerun)."""
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.families.dflash import features
+
+    spec = load_runspec(_config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce"))
+    whole = features.prepare_features(spec, tmp_path / "whole", rows_per_shard=8, progress=False)
+    shards = len(read_features_manifest(whole).shards)
+    real = features.FeaturesManifest
+
+    def interrupted(**fields):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(features, "FeaturesManifest", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        features.prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
+    progress = json.loads((tmp_path / ".again.partial/progress.json").read_text())
+    assert len(progress["shards"]) == shards > 1
+    monkeypatch.setattr(features, "FeaturesManifest", real)
+    again = features.prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
+    assert read_features_manifest(again) == read_features_manifest(whole)
+    assert read_features_manifest(again).dtype == "float32"
+
+
 def test_features_of_another_target_are_refused_before_any_work(cli, world, tmp_path):
     config = _config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
     features = tmp_path / "features"

@@ -239,12 +239,19 @@ def prepare_features(
         )
     teacher = needs_teacher(spec.objective.dflash_loss, spec.objective.greedy_path)
     plan = _plan(spec, config, data.manifest.fingerprint, teacher)
+    # the target's (and so the shards') dtype, as online: bf16 on CUDA, float32 on CPU
+    torch_dtype = torch.bfloat16 if torch_device.type == "cuda" else torch.float32
+    dtype = str(torch_dtype).removeprefix("torch.")
     staging = out.parent / f".{out.name}.partial"
     progress_file = staging / "progress.json"
     done: dict[str, str] = {}
     if progress_file.is_file():
         record = json.loads(progress_file.read_text())
-        if record.get("plan") == plan and record.get("rows_per_shard") == rows_per_shard:
+        if (
+            record.get("plan") == plan
+            and record.get("rows_per_shard") == rows_per_shard
+            and record.get("dtype") == dtype  # another device: other numbers
+        ):
             done = record["shards"]  # resume: keep what a previous run finished
         else:
             shutil.rmtree(staging)
@@ -255,6 +262,7 @@ def prepare_features(
         config,
         teacher=teacher,
         device=torch_device,
+        dtype=torch_dtype,
         compile=spec.training.compile,
     )
     total = len(data)
@@ -287,11 +295,12 @@ def prepare_features(
         done[name] = sha256_file(staging / name)
         write_atomic(
             progress_file,
-            json.dumps({"plan": plan, "rows_per_shard": rows_per_shard, "shards": done}),
+            json.dumps(
+                {"plan": plan, "rows_per_shard": rows_per_shard, "dtype": dtype, "shards": done}
+            ),
         )
         shards.append(Shard(file=name, first_row=first, rows=len(rows), sha256=done[name]))
     bar.close()
-    dtype = str(tensors["features"].dtype).removeprefix("torch.") if shards else "float32"
     body = {
         **plan,
         "num_rows": total,
