@@ -100,6 +100,31 @@ def test_export_holds_the_serving_contract_and_reloads_bit_exactly(cli, world, d
         assert torch.equal(tensor, full_state_dict(first)[name]), name
 
 
+def test_the_serve_record_counts_the_drafted_tokens_of_the_slot_contract(cli, world, tmp_path):
+    """vLLM's num_speculative_tokens is B - 1 for the default slot contract and B for a drafter
+    trained with sample_from_anchor (REFERENCE-FAMILIES §1(1)); the record said B - 1 for both."""
+    from tests.dflash.helpers import drafter_spec
+    from turbo_dllm.train.entry import train
+
+    for from_anchor, drafts in ((False, 3), (True, 4)):
+        run = tmp_path / f"run-{from_anchor}"
+        flag = str(from_anchor).lower()
+        spec = drafter_spec(
+            world["target"],
+            world["artifact"],
+            f"model.dflash.sample_from_anchor={flag}",
+            f"objective.sample_from_anchor={flag}",
+            "training.steps=2",
+            "checkpoint.interval=null",
+        )
+        train(spec, run)
+        out = tmp_path / f"serve-{from_anchor}"
+        assert _export(cli, run / "checkpoints", out).code == 0
+        assert json.loads((out / "config.json").read_text())["sample_from_anchor"] is from_anchor
+        serve = json.loads((out / "training_export.json").read_text())["serve"]
+        assert json.loads(serve["vllm"])["num_speculative_tokens"] == drafts
+
+
 def test_export_refuses_a_checkpoint_of_another_family(cli, world, tmp_path):
     result = _export(cli, world["root"] / "target-run/checkpoints", tmp_path / "x")
     assert_user_error(result, "not a dflash drafter")

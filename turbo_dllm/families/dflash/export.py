@@ -93,6 +93,10 @@ def export_drafter(
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
 
+    # the slot contract (REFERENCE-FAMILIES §1(1)): a block drafts B - 1 tokens after its
+    # anchor, or B with sample_from_anchor (slot 0 drafts the token after the anchor too)
+    drafts = config.block_size if config.sample_from_anchor else config.block_size - 1
+
     def write_record(folder: Path) -> None:
         record = {
             "format": EXPORT_FORMAT,
@@ -117,7 +121,7 @@ def export_drafter(
                     {
                         "method": "dflash",
                         "model": "<this folder>",
-                        "num_speculative_tokens": config.block_size - 1,
+                        "num_speculative_tokens": drafts,
                     }
                 ),
             },
