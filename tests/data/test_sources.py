@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -13,6 +15,7 @@ from tests.data.helpers import (
     write_jsonl,
 )
 from tests.helpers import assert_user_error
+from turbo_dllm.errors import DllmError
 
 TEXTS = ["alpha beta", "gamma", "délta ünïcode ✓", "x" * 30]
 
@@ -186,6 +189,47 @@ def test_parquet_pretokenized_with_provided_loss_mask(tmp_path):
     assert [t.tolist() for t, _ in docs] == [i + [257] for i in ids]
     # The eos separator is supervised like the document's last token.
     assert [m.astype(int).tolist() for _, m in docs] == [m + [m[-1]] for m in masks]
+
+
+@pytest.mark.parametrize("kind", ["parquet", "huggingface"])
+def test_batches_of_long_rows_are_cut_into_chunks_by_bytes(tmp_path, monkeypatch, kind):
+    """An Arrow batch of up to 1024 rows was one chunk whatever its size, so a batch of long
+    documents went to one worker while the others waited (a file of fewer rows: no
+    parallelism at all). It is cut into chunks of about CHUNK_BYTES, as JSONL is; the
+    artifact and the rows errors name stay the same."""
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from turbo_dllm.data import sources
+    from turbo_dllm.data.spec import load_prepare_spec
+
+    texts = [f"{i:03d} " + "x" * 96 for i in range(50)]  # 100 bytes each
+    pq.write_table(pa.table({"text": texts}), tmp_path / "a.parquet")
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "ds"))
+    source = {"kind": "parquet", "paths": ["a.parquet"]}
+    if kind == "huggingface":
+        source = {"kind": "huggingface", "path": "ds"}
+    config = write_config(tmp_path, source=source)
+    whole = prepare_config(config).manifest.fingerprint  # 50 rows, one chunk
+
+    monkeypatch.setattr(sources, "CHUNK_BYTES", 1000)
+    spec = load_prepare_spec(config)
+    chunks = list(sources.open_source(spec.source, ["text"]).chunks())
+    assert len(chunks) > 1
+    assert max(sum(len(row["text"]) for row in chunk.items) for chunk in chunks) <= 1000
+    assert [n for chunk in chunks for n in chunk.numbers] == list(range(50))
+    assert sum(chunk.advance for chunk in chunks) == 50
+    cut = prepare_config(config, ["workers=2", "output.path=cut"])
+    assert cut.manifest.fingerprint == whole
+    assert _texts_back(cut.path) == [t.encode() for t in texts]
+
+    texts[37] = None  # a bad row in a later chunk is named by its row in the file
+    pq.write_table(pa.table({"text": texts}), tmp_path / "a.parquet")
+    datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "ds"))
+    name = "a.parquet" if kind == "parquet" else "ds"
+    with pytest.raises(DllmError, match=rf"\b{re.escape(name)} row 37: field 'text'"):
+        prepare_config(config, ["output.path=bad"])
 
 
 # --- text ---------------------------------------------------------------------------------------

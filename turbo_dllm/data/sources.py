@@ -439,11 +439,24 @@ def _parquet_chunks(files: list[Path], columns: list[str] | None) -> Iterator[Ra
         wanted = [c for c in columns if c in names] if columns is not None else None
         row = 0
         for batch in parquet.iter_batches(batch_size=CHUNK_ITEMS, columns=wanted or None):
-            rows = batch.to_pylist()
-            yield RawChunk(
-                "record", rows, label, list(range(row, row + len(rows))), "row", len(rows)
-            )
-            row += len(rows)
+            for start, stop in _row_slices(batch.num_rows, batch.nbytes):
+                rows = batch.slice(start, stop - start).to_pylist()
+                yield RawChunk(
+                    "record", rows, label, list(range(row, row + len(rows))), "row", len(rows)
+                )
+                row += len(rows)
+
+
+def _row_slices(rows: int, nbytes: int) -> list[tuple[int, int]]:
+    """Row ranges that cut an Arrow batch of `rows` rows and `nbytes` bytes into chunks of
+    about CHUNK_BYTES (at least one row each), as the line readers cut theirs: a batch of long
+    documents becomes several chunks for the workers to share, not one that a single worker
+    tokenizes while the others wait (and that every worker in flight holds in memory)."""
+    if rows <= 0:
+        return []
+    parts = max(1, min(rows, -(-nbytes // CHUNK_BYTES)))
+    step = -(-rows // parts)
+    return [(start, min(start + step, rows)) for start in range(0, rows, step)]
 
 
 # --- token ids ----------------------------------------------------------------------------------
@@ -745,13 +758,14 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
             # with: after set_format("numpy" | "torch" | "pandas") its rows would come as
             # arrays, tensors or a DataFrame, which no records kind reads.
             for batch in dataset.with_format("arrow").iter(batch_size=CHUNK_ITEMS):
-                rows = batch.to_pylist()
-                numbers = list(range(row, row + len(rows)))
-                labels = None
-                if locate is not None:
-                    labels, numbers = locate(numbers)
-                yield RawChunk("record", rows, label, numbers, "row", len(rows), labels)
-                row += len(rows)
+                for start, stop in _row_slices(batch.num_rows, batch.nbytes):
+                    rows = batch.slice(start, stop - start).to_pylist()
+                    numbers = list(range(row, row + len(rows)))
+                    labels = None
+                    if locate is not None:
+                        labels, numbers = locate(numbers)
+                    yield RawChunk("record", rows, label, numbers, "row", len(rows), labels)
+                    row += len(rows)
         except DllmError:
             raise
         except Exception as error:  # streaming reads can fail midway
