@@ -322,6 +322,30 @@ def test_token_ids_npy_bin_and_jsonl(tmp_path):
     assert result.manifest.source.kind == "token_ids"
 
 
+def test_token_ids_separator_at_the_start_or_end_of_a_file(tmp_path):
+    """Files that end every document with the separator (or start every one with it) are
+    the usual layout; the separator at the file's end (or start) made an empty document: one
+    more record per file and 'dropped: 1 empty' in every summary."""
+    eos = 257
+    np.array([1, 2, eos, 3, eos], dtype="<u2").tofile(tmp_path / "a.bin")  # after every one
+    np.save(tmp_path / "b.npy", np.array([eos, 4, eos, 5, 6], dtype=np.int32))  # before
+    np.save(tmp_path / "c.npy", np.array([7, eos, eos, 8, eos], dtype=np.int64))  # one empty
+    config = write_config(
+        tmp_path,
+        source={
+            "kind": "token_ids",
+            "paths": ["a.bin", "b.npy", "c.npy"],
+            "dtype": "uint16",
+            "document_separator_id": eos,
+        },
+    )
+    result = prepare_config(config)
+    docs = [t.tolist() for t, _ in documents(result.path)]
+    assert docs == [[1, 2, eos], [3, eos], [4, eos], [5, 6, eos], [7, eos], [8, eos]]
+    stats = result.manifest.stats
+    assert (stats.records, stats.documents, stats.empty_documents) == (7, 6, 1)
+
+
 # --- huggingface --------------------------------------------------------------------------------
 
 

@@ -463,12 +463,21 @@ def _row_slices(rows: int, nbytes: int) -> list[tuple[int, int]]:
 
 
 def _split_ids(array: np.ndarray, separator: int | None) -> list[np.ndarray]:
+    """The documents of a 1-D id array, split at `separator`. A separator at the very start
+    or end of the array marks where the first document starts or the last one ends (files that
+    put one before every document, or after every one), not an empty document beyond it; two
+    in a row anywhere else do hold an empty one."""
     if separator is None:
         return [array]
     cuts = np.flatnonzero(array == separator)
     pieces = np.split(array, cuts)
     # Every piece after the first starts with the separator; drop it.
-    return [pieces[0]] + [p[1:] for p in pieces[1:]]
+    docs = [pieces[0]] + [p[1:] for p in pieces[1:]]
+    if len(cuts) and cuts[0] == 0:
+        docs = docs[1:]
+    if len(cuts) and cuts[-1] == len(array) - 1 and docs:
+        docs = docs[:-1]
+    return docs
 
 
 def _load_npy(path: Path, label: str) -> np.ndarray:
