@@ -268,7 +268,7 @@ def _tiny_target(folder, vocab_size=64):
     return model, folder
 
 
-def _fresh_drafter(target, architecture="DFlashDraftModel", block_size=4):
+def _fresh_drafter(target, architecture="DFlashDraftModel", block_size=4, from_anchor=False):
     """A randomly initialised one-layer drafter shaped after the `target` folder."""
     from turbo_dllm.families.dflash import read_target_config
     from turbo_dllm.families.dflash.config import DFlashConfig
@@ -280,7 +280,7 @@ def _fresh_drafter(target, architecture="DFlashDraftModel", block_size=4):
         intermediate_size=None,
         block_size=block_size,
         mask_token_id=3,
-        sample_from_anchor=False,
+        sample_from_anchor=from_anchor,
         architecture=architecture,
         conv_kernel_size=4,
         conv_group_size=16,
@@ -369,3 +369,24 @@ def test_a_dflash2_drafter_evaluated_at_another_block_size_convolves_over_that_b
         str(target), [str(four)], str(data), block_size=6, max_new_tokens=8, num_prompts=1
     )
     assert report.lossless and report.block_size == 6
+
+
+def test_a_sample_from_anchor_drafter_drafts_a_whole_block_losslessly(tmp_path):
+    """A drafter trained with sample_from_anchor drafts B tokens after the anchor (slot 0 the
+    next token); eval was a RuntimeError (its B drafts against the B - 1 slots after the
+    anchor)."""
+    from turbo_dllm.families.dflash import speculative
+
+    model, target = _tiny_target(tmp_path / "target")
+    drafter = _fresh_drafter(target, from_anchor=True)
+    prompt = torch.randint(64, (12,), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        proposer = speculative._DFlashProposer(drafter, block_size=4)
+        out, gains = speculative._speculative(model, proposer, prompt, 16)
+        plain = speculative._greedy_target(model, prompt, 16)
+        proposer = speculative._DFlashProposer(drafter, block_size=4)
+        logits, _, outputs = speculative._step(model, prompt, layers=proposer.target_layers)
+        proposer.reset(prompt, outputs)
+        assert proposer.propose(logits[-1:].argmax(-1), len(prompt) + 1).shape == (4,)
+    assert out == plain
+    assert set(gains) <= set(range(1, 6))

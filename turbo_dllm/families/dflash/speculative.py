@@ -247,6 +247,8 @@ class _DFlashProposer:
             block = block.clone()
             block[0, 1 + picked] = guess[picked]
         drafted = self.drafter.greedy_draft(forward(block), last)  # DFlash2: its selector
+        if not self.reveals:  # one forward (a sample_from_anchor drafter's B drafts: always)
+            return drafted
         return torch.where(shown, block[0, 1:], drafted)
 
     def accept(self, length: int, layer_outputs, verify: torch.Tensor, kept: int) -> None:
