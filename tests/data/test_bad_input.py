@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -252,6 +254,39 @@ def test_overwrite_replaces_an_artifact_whose_manifest_is_damaged(cli, tmp_path)
         result = cli("data", "prepare", "--config", other)
         assert_user_error(result, "not a data artifact")
         assert {p.name: p.read_bytes() for p in (tmp_path / name).iterdir()} == files
+
+
+@pytest.mark.parametrize("kind", ["text", "huggingface"])
+def test_a_rerun_does_not_read_the_artifact_it_replaces(cli, tmp_path, kind):
+    """A source pattern that reaches into output.path (text `data/**/*`, data_files
+    `data/**/*.json` with output `data/prepared`) read the last run's manifest.json and
+    tokenizer files as documents: every rerun of the same config made another artifact."""
+    from tests.data.conftest import CORPUS
+
+    (tmp_path / "data").mkdir()
+    for i, text in enumerate(CORPUS[:5]):
+        (tmp_path / f"data/{i}.json").write_text(json.dumps({"text": text}))
+    source = {"kind": "text", "paths": ["data/**/*"]}
+    if kind == "huggingface":
+        source = {"kind": "huggingface", "data_files": ["data/**/*.json"]}
+    config = write_config(
+        tmp_path, source=source, output={"path": "data/prepared", "overwrite": True}
+    )
+    first = prepare_config(config).manifest
+    again = prepare_config(config).manifest
+    assert again.fingerprint == first.fingerprint
+    assert [f.name for f in again.source.files] == [f"{i}.json" for i in range(5)]
+    # A pattern that matches nothing else, or a file of the artifact named outright.
+    for paths in (["data/prepared/*"], ["data/prepared/manifest.json"]):
+        source = {"kind": "text", "paths": paths}
+        if kind == "huggingface":
+            source = {"kind": "huggingface", "data_files": paths, "name": "json"}
+        other = write_config(
+            tmp_path, source=source, output={"path": "data/prepared", "overwrite": True}
+        )
+        result = cli("data", "prepare", "--config", other)
+        assert_user_error(result, "inside output.path", "the artifact this job replaces")
+    assert verify(tmp_path / "data/prepared").fingerprint == first.fingerprint
 
 
 def test_output_path_through_a_file_names_the_file(cli, tmp_path):

@@ -180,7 +180,7 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
             hint="set tokenizer.bos_token, or packing.prepend_bos: false",
         )
     token_dtype = token_dtype_for(tokenizer.vocab_size, tokenizer.special_tokens)
-    source = open_source(spec.source, _columns(spec))
+    source = open_source(spec.source, _columns(spec), output=target)
     workers = resolve_workers(spec.workers)
     config = WorkerConfig(
         tokenizer=spec.tokenizer,

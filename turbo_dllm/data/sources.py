@@ -171,8 +171,14 @@ class Source:
         }
 
 
-def expand_paths(patterns: list[str]) -> list[Path]:
-    """Files matching each pattern, sorted per pattern, first occurrence kept."""
+def expand_paths(patterns: list[str], output: Path | None = None) -> list[Path]:
+    """Files matching each pattern, sorted per pattern, first occurrence kept.
+
+    No file inside `output` (the artifact folder the job writes, which it replaces) is a
+    source: a pattern reaching into it (`data/**/*` with output `data/prepared`) leaves its
+    files out, or a rerun would read the last run's artifact as data; a pattern that matches
+    nothing else, or names such a file, is an error.
+    """
     seen: set[Path] = set()
     out: list[Path] = []
     for pattern in patterns:
@@ -183,6 +189,15 @@ def expand_paths(patterns: list[str]) -> list[Path]:
                 matches = [Path(pattern)]  # a file named with [ ] * ?, as in `corpus[v2].jsonl`
         else:
             matches = [Path(pattern)] if _regular_file(Path(pattern), pattern, named=True) else []
+        kept = [p for p in matches if not _inside(p, output)]
+        if matches and not kept:
+            what = "matches only files" if glob.has_magic(pattern) else "is a file"
+            raise DllmError(
+                f"source path {_shown(pattern)} {what} inside output.path "
+                f"{_shown(str(output))}, the artifact this job replaces",
+                hint="point source paths at the input files, or output.path elsewhere",
+            )
+        matches = kept
         if not matches:
             what = "no file matches" if glob.has_magic(pattern) else "file not found:"
             raise DllmError(
@@ -194,6 +209,16 @@ def expand_paths(patterns: list[str]) -> list[Path]:
                 seen.add(path)
                 out.append(path)
     return out
+
+
+def _inside(path: Path, folder: Path | None) -> bool:
+    """Whether `path` lies inside `folder` (both as the file system resolves them)."""
+    if folder is None or not folder.is_dir():
+        return False
+    try:
+        return folder in path.resolve().parents
+    except OSError:  # a loop of links: _regular_file has let it through, it is no artifact's
+        return False
 
 
 _NOT_REGULAR = {
@@ -632,7 +657,9 @@ def _file_locator(dataset, split: str, loaded: list[Path]):
     return locate
 
 
-def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> Source:
+def _open_huggingface(
+    source: HuggingFaceSource, columns: list[str] | None, output: Path | None = None
+) -> Source:
     try:
         import datasets
     except ImportError as error:
@@ -682,7 +709,7 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
         else:
             data_files = None
             if source.data_files is not None:
-                files = expand_paths(source.data_files)
+                files = expand_paths(source.data_files, output)
                 log = _FileLog(files)  # before the builder reads them
                 # An empty file holds no records, and the builders fail on one (StopIteration,
                 # "no columns to parse"), so it is left out of the load; all empty is an error.
@@ -790,11 +817,12 @@ def _open_huggingface(source: HuggingFaceSource, columns: list[str] | None) -> S
 # --- entry --------------------------------------------------------------------------------------
 
 
-def open_source(source, columns: list[str] | None = None) -> Source:
-    """Open `source` (a prepare.yaml source section). `columns` limits what tabular sources read."""
+def open_source(source, columns: list[str] | None = None, output: Path | None = None) -> Source:
+    """Open `source` (a prepare.yaml source section). `columns` limits what tabular sources
+    read; no file inside `output`, the artifact folder the job writes, is read."""
     if isinstance(source, HuggingFaceSource):
-        return _open_huggingface(source, columns)
-    files = expand_paths(source.paths)
+        return _open_huggingface(source, columns, output)
+    files = expand_paths(source.paths, output)
     log = _FileLog(files)  # before anything reads them
     if isinstance(source, JsonlSource):
         return Source(
