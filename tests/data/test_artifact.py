@@ -100,6 +100,44 @@ def test_validate_catches_a_truncated_array_and_an_edited_manifest(corpus, cli):
     assert_user_error(cli("data", "validate", result.path), "tokens.bin", "10 bytes")
 
 
+@pytest.mark.parametrize(
+    ("field", "value", "named"),
+    [
+        (("stats", "tokens"), 1, "stats.tokens: 1, but the documents hold"),
+        (("stats", "padding_tokens"), 0, "stats.padding_tokens: 0, but the rows have"),
+        (("stats", "supervised_tokens"), 7, "stats.supervised_tokens: 7, but the loss mask"),
+        (("packing", "align"), "block", "packing.align: block, but document 1 starts at"),
+        (("packing", "overflow"), "truncate", "runs across a row boundary"),
+        (("supervision",), "full", "supervision: full, but"),
+    ],
+)
+def test_validate_catches_manifest_claims_the_arrays_contradict(corpus, cli, field, value, named):
+    """The fingerprint covers the arrays, not the manifest's counts, packing or supervision:
+    an artifact whose manifest said other than its arrays hold was 'ok' (validate --config
+    trusts packing.align)."""
+    write_jsonl(
+        corpus / "pairs.jsonl", [{"prompt": f"q{i} " * 9, "completion": "a"} for i in range(9)]
+    )
+    config = write_config(
+        corpus,
+        source={"kind": "jsonl", "paths": ["pairs.jsonl"]},
+        records={"kind": "prompt_completion"},
+        supervision="completion_only",
+        packing={"seq_len": 64, "block_size": 8, "align": "none"},
+    )
+    result = prepare_config(config)
+    assert cli("data", "validate", result.path).code == 0
+    manifest_file = result.path / "manifest.json"
+    document = json.loads(manifest_file.read_text())
+    *parents, name = field
+    section = document
+    for parent in parents:
+        section = section[parent]
+    section[name] = value
+    manifest_file.write_text(json.dumps(document))
+    assert_user_error(cli("data", "validate", result.path), "failed verification", named)
+
+
 def test_validate_catches_a_changed_tokenizer_file(corpus, cli, hf_tokenizer):
     tokenizer = {"kind": "huggingface", "path": str(hf_tokenizer)}
     result = prepare_config(write_config(corpus, tokenizer=tokenizer))

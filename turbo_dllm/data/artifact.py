@@ -283,6 +283,58 @@ def _content_problems(artifact: DataArtifact) -> list[str]:
         if top >= manifest.vocab_size:
             found.append(f"tokens: id {top} is outside the vocabulary ({manifest.vocab_size})")
     found += artifact.index_problems()
+    if not found:
+        found += _claim_problems(artifact)
+    return found
+
+
+def _claim_problems(artifact: DataArtifact) -> list[str]:
+    """What the manifest says of its arrays that they contradict. The fingerprint covers the
+    arrays, not these fields, so an edited manifest passed with them: its counts, the packing it
+    records (`validate --config` trusts packing.align) and full supervision."""
+    manifest, stats = artifact.manifest, artifact.manifest.stats
+    starts, lengths = np.asarray(artifact.documents[:, 0]), np.asarray(artifact.documents[:, 1])
+    tokens = int(lengths.sum())
+    mask = np.asarray(artifact.loss_mask)
+    supervised = int(mask.sum(dtype=np.int64))
+    found: list[str] = []
+    if mask.size and int(mask.max()) > 1:
+        found.append("loss_mask: holds values other than 0 and 1")
+    counts = {
+        "tokens": (stats.tokens, tokens, "the documents hold"),
+        "padding_tokens": (
+            stats.padding_tokens,
+            manifest.num_sequences * manifest.seq_len - tokens,
+            "the rows have",
+        ),
+        "supervised_tokens": (stats.supervised_tokens, supervised, "the loss mask has"),
+    }
+    for name, (said, real, where) in counts.items():
+        if said != real:
+            found.append(f"stats.{name}: {said:,}, but {where} {real:,}")
+    packing = manifest.packing
+    if packing.align == "block" and len(starts):
+        off = np.flatnonzero(starts % manifest.block_size)
+        if len(off):
+            found.append(
+                f"packing.align: block, but document {off[0]} starts at {starts[off[0]]:,}, "
+                f"not on a multiple of block_size {manifest.block_size}"
+            )
+    if packing.overflow != "split" and len(starts):
+        across = np.flatnonzero(starts % manifest.seq_len + lengths > manifest.seq_len)
+        if len(across):
+            found.append(
+                f"packing.overflow: {packing.overflow}, but document {across[0]} runs across "
+                "a row boundary"
+            )
+    if manifest.supervision == "full":
+        expected = tokens - (len(starts) if packing.prepend_bos else 0)
+        if supervised != expected:
+            found.append(
+                f"supervision: full, but {supervised:,} tokens are supervised, not every "
+                f"document token ({expected:,}"
+                + (", bos excluded)" if packing.prepend_bos else ")")
+            )
     return found
 
 
