@@ -224,7 +224,9 @@ def test_tau_stderr_is_the_spread_over_prompts_and_matches_the_jackknife():
 @pytest.mark.parametrize(
     ("flag", "value", "needle"),
     [
-        ("--max-new-tokens", "0", "--max-new-tokens must be at least 1"),
+        ("--max-new-tokens", "0", "--max-new-tokens must be at least 2"),
+        # the first new token is the prompt forward's: no verify forward, tau divided by zero
+        ("--max-new-tokens", "1", "--max-new-tokens must be at least 2 (got 1)"),
         ("--num-prompts", "0", "--num-prompts must be at least 1"),
         ("--num-prompts", "-1", "--num-prompts must be at least 1"),
         ("--prompt-len", "0", "--prompt-len must be at least 1"),

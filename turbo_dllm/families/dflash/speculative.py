@@ -445,14 +445,16 @@ def compare(
     from turbo_dllm.families.dflash.runtime import require_model_folder, resolve_device
 
     say = progress or (lambda line: None)
-    # before any work: 0 or fewer would fail deep in the decode loop (no prompt, no forward)
-    for flag, value in [
-        ("--max-new-tokens", max_new_tokens),
-        ("--num-prompts", num_prompts),
-        ("--prompt-len", prompt_len),
+    # before any work: fewer would fail deep in the decode loop (no prompt, no forward). The
+    # prompt's own forward gives the first new token, so one new token leaves no verify forward
+    # to measure tau over.
+    for flag, value, least in [
+        ("--max-new-tokens", max_new_tokens, 2),
+        ("--num-prompts", num_prompts, 1),
+        ("--prompt-len", prompt_len, 1),
     ]:
-        if value < 1:
-            raise DllmError(f"{flag} must be at least 1 (got {value})")
+        if value < least:
+            raise DllmError(f"{flag} must be at least {least} (got {value})")
     for flag, folder in [("--target", target), *(("--drafter", d) for d in drafters)]:
         require_model_folder(flag, folder)
     torch_device = resolve_device(device)
