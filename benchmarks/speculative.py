@@ -269,7 +269,7 @@ def train_and_export(document, run: Path, out: Path, kind: str = "decoder") -> t
     progress(f"{kind}: training for {budget}")
     started = time.perf_counter()
     train(spec, run)
-    record = {"wall_s": time.perf_counter() - started, **throughput(run)}
+    record = {"wall_s": time.perf_counter() - started, "max_duration_s": seconds, **throughput(run)}
     # the learning-rate schedule it was given: a timed run may stop before its planned steps
     record["schedule"] = {
         **spec.scheduler.model_dump(mode="json"),
