@@ -141,3 +141,15 @@ def test_a_broken_compile_cache_variable_of_the_users_own_is_the_one_to_fix(
         assert broken["fix"].startswith(f"set {name} to a writable folder, or unset it")
         monkeypatch.setenv(name, str(tmp_path / name))  # the fix: doctor passes
         assert checks(cli, config)["compile cache"]["status"] == "pass"
+
+
+def test_the_model_check_says_a_small_models_size_in_thousands(cli, tmp_path):
+    """A tiny model read '0.0M parameters'."""
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.registry import resolve_model_config
+
+    config = write_config(tmp_path / "train.yaml")
+    count = resolve_model_config(load_runspec(config).model).num_params()
+    assert count < 1_000_000
+    detail = checks(cli, config)["model"]["detail"]
+    assert f"{count / 1e3:,.1f}K parameters" in detail and "0.0M" not in detail

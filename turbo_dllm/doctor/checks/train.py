@@ -126,6 +126,14 @@ def _device(ctx: DoctorContext) -> str:
     return "cuda" if host_view(ctx).gpus else "cpu"
 
 
+def _count(n: int) -> str:
+    """A parameter count as people say it: 1.7B, 596.0M, 41.3K."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:,.1f}{unit}"
+    return str(n)
+
+
 @register_check(order=455)
 def model_source(ctx: DoctorContext) -> CheckResult:
     name = "model"
@@ -142,7 +150,8 @@ def model_source(ctx: DoctorContext) -> CheckResult:
         return CheckResult(
             name, "fail", error.message, fix=error.hint or "fix model.* in the RunSpec"
         )
-    size = f"{config.model_type}, {config.num_params() / 1e6:,.1f}M parameters"
+    kind = config.model_type if model.family != "dflash" else f"{config.model_type} drafter"
+    size = f"{kind}, {_count(config.num_params())} parameters"
     if model.path is None:
         return CheckResult(name, "pass", f"random init from {model.from_config!r} ({size})")
     folder = Path(model.path)
