@@ -160,3 +160,15 @@ def test_bad_prepare_features_options_leave_nothing_behind(cli, world, tmp_path,
     result = cli("dflash", "prepare-features", "--config", config, "--out", features, *option)
     assert_user_error(result, needle)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]
+
+
+def test_a_seq_len_the_artifact_does_not_hold_is_refused_with_the_fix(cli, world, tmp_path):
+    from turbo_dllm.data.artifact import DataArtifact
+
+    held = DataArtifact(world["artifact"]).manifest.seq_len
+    config = _config(world, tmp_path / "train.yaml", f"data.seq_len={held * 2}")
+    result = cli("dflash", "prepare-features", "--config", config, "--out", tmp_path / "f")
+    assert_user_error(
+        result, f"the artifact holds {held}", f"set data.seq_len: {held}", "prepare the data again"
+    )
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]

@@ -235,7 +235,10 @@ def prepare_features(
     data = DataArtifact(spec.data.artifact)
     if data.manifest.seq_len != spec.data.seq_len:
         raise DllmError(
-            f"data.seq_len is {spec.data.seq_len}, the artifact holds {data.manifest.seq_len}"
+            f"data.seq_len is {spec.data.seq_len}, the artifact holds {data.manifest.seq_len}",
+            hint=f"set data.seq_len: {data.manifest.seq_len} (--set "
+            f"data.seq_len={data.manifest.seq_len}), or prepare the data again with "
+            f"packing.seq_len: {spec.data.seq_len}",
         )
     teacher = needs_teacher(spec.objective.dflash_loss, spec.objective.greedy_path)
     plan = _plan(spec, config, data.manifest.fingerprint, teacher)
