@@ -209,13 +209,22 @@ def _smi_script(tmp_path, monkeypatch, body: str):
     return script
 
 
-def _gone(pid: int) -> bool:
-    """No such process, or only its zombie (nothing here reaps an orphan's)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
+def _gone(pid: int, within_s: float = 5.0) -> bool:
+    """No such process, or only its zombie (nothing here reaps an orphan's), within `within_s`:
+    a SIGKILLed process ends a moment after the signal is sent (longer on a loaded host)."""
+    import time
+
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                if stat.read().rsplit(")", 1)[1].split()[0] in ("Z", "X"):
+                    return True
+        except FileNotFoundError:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("started_early", [False, True], ids=["probed", "started-early"])
