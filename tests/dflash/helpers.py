@@ -122,3 +122,19 @@ def assert_two_processes_train_the_one_process_trace(
             rtol=2e-5,
             atol=2e-5,
         )
+
+
+def tiny_qwen3_config(vocab_size: int = 64):
+    """A transformers Qwen3Config of 2 small layers (4 query / 2 key-value heads of 8): a target
+    or drafter that builds in milliseconds."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=8,
+    )

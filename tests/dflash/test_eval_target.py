@@ -10,6 +10,7 @@ import shutil
 
 import pytest
 
+from tests.dflash.helpers import tiny_qwen3_config
 from tests.helpers import assert_user_error
 from turbo_dllm import digests
 from turbo_dllm.families.dflash import target_identity
@@ -116,17 +117,9 @@ def test_data_ids_outside_the_targets_vocabulary_are_refused(cli, world, tmp_pat
     """A target folder without a tokenizer is not compared by vocabulary, but a prompt id past
     its embedding was an IndexError traceback from inside the target's forward."""
     import torch
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
-    config = Qwen3Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
+    config = tiny_qwen3_config()
     torch.manual_seed(0)
     Qwen3ForCausalLM(config).save_pretrained(tmp_path / "small")
     small = tmp_path / "small"  # byte-level text: ASCII letters are ids 65 and up

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.dflash.helpers import target_document
+from tests.dflash.helpers import target_document, tiny_qwen3_config
 from tests.helpers import assert_user_error
 from turbo_dllm.config.load import apply_overrides
 from turbo_dllm.config.runspec import RunSpec
@@ -81,19 +81,11 @@ def test_a_drafter_of_another_target_is_refused_before_decoding(cli, world, draf
 def test_autoregressive_drafts_match_a_cache_free_drafter_under_partial_acceptance():
     """The drafter's KV cache and unread tokens stay in step with the sequence through
     rejected drafts: every block equals the one drafted from scratch over the whole sequence."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     from turbo_dllm.families.dflash import speculative
 
-    config = Qwen3Config(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
+    config = tiny_qwen3_config()
     torch.manual_seed(0)
     target, drafter = Qwen3ForCausalLM(config).eval(), Qwen3ForCausalLM(config).eval()
     drafter.load_state_dict(target.state_dict())
@@ -251,18 +243,10 @@ def test_a_cuda_device_without_a_gpu_is_a_user_error(cli, world, drafter):
 def _tiny_target(folder, vocab_size=64):
     """A tiny random transformers Qwen3 (2 layers) whose final norm is far from the identity
     (as a trained one is), saved as a target folder; (its model, the folder)."""
-    from transformers import Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3ForCausalLM
 
     torch.manual_seed(0)
-    hf = Qwen3Config(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=8,
-    )
+    hf = tiny_qwen3_config(vocab_size)
     model = Qwen3ForCausalLM(hf).eval()
     with torch.no_grad():
         model.model.norm.weight.uniform_(0.2, 3.0)

@@ -19,7 +19,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from tests.train.test_nemotron_diffusion import NEMOTRON, _ministral3
+from tests.train.test_nemotron_diffusion import NEMOTRON, PUBLISHED_ROPE, _ministral3
 from tests.train.util import tiny_spec
 from turbo_dllm.train.entry import train
 from turbo_dllm.train.export import export_checkpoint
@@ -63,18 +63,6 @@ class NemotronLabsDiffusionModel(Ministral3PreTrainedModel):
 AUTO_MAP = {
     "AutoConfig": "configuration_nemotron_labs_diffusion.NemotronLabsDiffusionConfig",
     "AutoModel": "modeling_nemotron_labs_diffusion.NemotronLabsDiffusionModel",
-}
-
-# The published 3B's RoPE (YaRN with llama-4 query scaling), its original length 16 here.
-PUBLISHED_ROPE = {
-    "rope_type": "yarn",
-    "factor": 4.0,
-    "beta_fast": 32.0,
-    "beta_slow": 1.0,
-    "mscale": 1.0,
-    "mscale_all_dim": 1.0,
-    "original_max_position_embeddings": 16,
-    "llama_4_scaling_beta": 0.1,
 }
 
 

@@ -201,21 +201,24 @@ def _ministral3(**rope):
     return model.eval()
 
 
+# The published 3B's RoPE: YaRN with llama-4 query scaling (original length 16 here, so
+# positions past 16 are scaled).
+PUBLISHED_ROPE = {
+    "rope_type": "yarn",
+    "factor": 4.0,
+    "beta_fast": 32.0,
+    "beta_slow": 1.0,
+    "mscale": 1.0,
+    "mscale_all_dim": 1.0,
+    "original_max_position_embeddings": 16,
+    "llama_4_scaling_beta": 0.1,
+}
+
+
 @pytest.mark.parametrize(
     "rope",
     [
-        # The published 3B's RoPE: YaRN with llama-4 query scaling (original length 16 here,
-        # so positions past 16 are scaled).
-        {
-            "rope_type": "yarn",
-            "factor": 4.0,
-            "beta_fast": 32.0,
-            "beta_slow": 1.0,
-            "mscale": 1.0,
-            "mscale_all_dim": 1.0,
-            "original_max_position_embeddings": 16,
-            "llama_4_scaling_beta": 0.1,
-        },
+        PUBLISHED_ROPE,
         {
             "rope_type": "default",
             "llama_4_scaling_beta": 0.1,
