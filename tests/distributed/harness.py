@@ -12,6 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from turbo_dllm.train.entry import end_without_finalization
+
 
 def _entry(rank: int, world: int, store: str, fn, args, backend: str, timeout_s) -> None:
     if backend == "nccl":
@@ -28,6 +30,9 @@ def _entry(rank: int, world: int, store: str, fn, args, backend: str, timeout_s)
     finally:
         if dist.is_initialized():  # the trainer's entry destroys the group it ran in
             dist.destroy_process_group()
+    # As a launched rank ends: without the interpreter's finalization, where gloo's threads
+    # can abort a finished rank (turbo_dllm.train.entry.end_process says why).
+    end_without_finalization(0)
 
 
 def run_gloo(

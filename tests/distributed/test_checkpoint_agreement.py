@@ -234,8 +234,9 @@ class Torch:
 if os.environ["RANK"] == "1":
     checkpoint.torch = Torch()
 from turbo_dllm.cli import main
+from turbo_dllm.train.entry import end_process
 
-sys.exit(main(sys.argv[1:]))
+end_process(main(sys.argv[1:]))  # as `python -m turbo_dllm` ends
 """
 
 ARGS = ("training.steps=4", "checkpoint.interval=2", "checkpoint.keep_last=2")

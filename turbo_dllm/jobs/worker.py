@@ -91,9 +91,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    from turbo_dllm.train.entry import end_process
+
     try:
-        raise SystemExit(main())
+        code = main()
     except KeyboardInterrupt:
         # torchrun passes Ctrl-C on to every worker: end quietly (128 + SIGINT) instead of one
         # traceback per rank; the launcher says the run was interrupted.
-        raise SystemExit(130) from None
+        code = 130
+
+    end_process(code)

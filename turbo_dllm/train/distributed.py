@@ -63,6 +63,15 @@ class DistEnv:
         return self.world_size > 1
 
 
+_joined_a_group = False  # whether this process ever joined a process group (see joined_a_group)
+
+
+def joined_a_group() -> bool:
+    """Whether `init_distributed` joined a process group in this process (destroyed or not):
+    such a process ends by `turbo_dllm.train.entry.end_process`, without finalization."""
+    return _joined_a_group
+
+
 def init_distributed() -> DistEnv:
     """Join the process group torchrun set up (NCCL on GPU, gloo on CPU); no-op for 1 process."""
     import torch.distributed as dist
@@ -85,6 +94,8 @@ def init_distributed() -> DistEnv:
         backend = "nccl" if device.type == "cuda" else "gloo"
         kwargs = {"device_id": device} if device.type == "cuda" else {}
         dist.init_process_group(backend=backend, **kwargs)
+        global _joined_a_group
+        _joined_a_group = True
     return DistEnv(rank=rank, world_size=world, local_rank=local_rank, device=device)
 
 

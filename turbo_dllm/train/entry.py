@@ -8,8 +8,15 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import NoReturn
 
-__all__ = ["resolve_run_dir", "train", "world_size_from_env"]
+__all__ = [
+    "end_process",
+    "end_without_finalization",
+    "resolve_run_dir",
+    "train",
+    "world_size_from_env",
+]
 
 
 def world_size_from_env() -> int:
@@ -64,3 +71,37 @@ def train(spec, run_dir: str | Path, layout=None) -> int:
     finally:
         if env.distributed and dist.is_initialized():
             dist.destroy_process_group()
+
+
+def end_process(code: int) -> NoReturn:
+    """End this process with `code`: a rank of a multi-process run (one that joined a process
+    group) without the interpreter's finalization, logging shut down and stdio flushed first.
+
+    A gloo process group outlives `destroy_process_group` while torch's DTensor sharding cache
+    holds its device mesh, so its worker threads (pt_gloo_runloop) are never joined; one still
+    releasing the last collective's tensors needs the GIL, and a thread that asks for it while
+    the interpreter finalizes is ended by Python inside C++, which aborts the process
+    ("terminate called without an active exception"): a finished run, or one that stopped with
+    a clear error and exit 2, then ends by SIGABRT. Seen in about one in ten loaded two-rank CPU
+    runs (ProcessGroupGloo::runLoop -> decref_pyobject -> PyEval_AcquireThread -> pthread_exit).
+    """
+    import sys
+
+    distributed = sys.modules.get("turbo_dllm.train.distributed")
+    if distributed is None or not distributed.joined_a_group():
+        raise SystemExit(code)
+    end_without_finalization(code)
+
+
+def end_without_finalization(code: int) -> NoReturn:
+    """os._exit(code) once logging is shut down and stdio flushed (`end_process` says why)."""
+    import logging
+    import sys
+
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or broken pipe: nothing more can reach it
+            pass
+    os._exit(code)
