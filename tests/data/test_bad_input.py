@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 
 import numpy as np
 import pytest
@@ -334,16 +335,12 @@ def test_interrupt_midway_leaves_nothing(tmp_path, monkeypatch):
     assert not (tmp_path / "out").exists() and leftovers(tmp_path) == []
 
 
-def test_ctrl_c_is_handled_by_the_parent_alone_with_several_workers():
-    """Ctrl-C reaches every process of the group: each worker printed a KeyboardInterrupt
-    traceback above `dllm: interrupted`. Workers ignore it; the parent ends the pool."""
-    import signal
-
-    from turbo_dllm.data.pipeline import TokenizePool, WorkerConfig
+def _worker_config():
+    from turbo_dllm.data.pipeline import WorkerConfig
     from turbo_dllm.data.spec import ByteLevelTokenizerSpec, TextRecords
     from turbo_dllm.data.tokenizers import ByteLevelTokenizer
 
-    config = WorkerConfig(
+    return WorkerConfig(
         tokenizer=ByteLevelTokenizerSpec(kind="byte_level"),
         records=TextRecords(kind="text"),
         supervision="full",
@@ -356,10 +353,48 @@ def test_ctrl_c_is_handled_by_the_parent_alone_with_several_workers():
         token_dtype="uint16",
         on_error="stop",
     )
-    with TokenizePool(config, 2) as pool:
+
+
+def test_ctrl_c_is_handled_by_the_parent_alone_with_several_workers():
+    """Ctrl-C reaches every process of the group: each worker printed a KeyboardInterrupt
+    traceback above `dllm: interrupted`. Workers ignore it; the parent ends the pool."""
+    from turbo_dllm.data.pipeline import TokenizePool
+
+    with TokenizePool(_worker_config(), 2) as pool:
         handlers = [pool._pool.apply(signal.getsignal, (signal.SIGINT,)) for _ in range(4)]
     assert handlers == [signal.SIG_IGN] * 4
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+_MASK_AT_START: set = set()
+
+
+def _init_recording_the_mask(config) -> None:
+    from turbo_dllm.data import pipeline
+
+    _MASK_AT_START.update(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+    pipeline._REAL_INIT(config)
+
+
+def _masks() -> tuple[set, set]:
+    return _MASK_AT_START, set(signal.pthread_sigmask(signal.SIG_BLOCK, []))
+
+
+def test_workers_take_sigint_and_sigterm_only_once_their_handlers_are_set(monkeypatch):
+    """A SIGTERM that reached a worker between its fork and its initializer was dropped (the C
+    handler took it; the disposition then became SIG_DFL before Python ran the handler): that
+    worker outlived terminate() and `dllm data prepare` waited for it forever (seen in a test
+    run on a loaded host). Workers now start with both blocked and unblock them once set."""
+    from turbo_dllm.data import pipeline
+
+    monkeypatch.setattr(pipeline, "_REAL_INIT", pipeline._init_worker, raising=False)
+    monkeypatch.setattr(pipeline, "_init_worker", _init_recording_the_mask)
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+    with pipeline.TokenizePool(_worker_config(), 2) as pool:
+        assert signal.pthread_sigmask(signal.SIG_BLOCK, []) == before  # the parent's, as it was
+        for at_start, now in [pool._pool.apply(_masks) for _ in range(4)]:
+            assert {signal.SIGINT, signal.SIGTERM} <= at_start
+            assert not {signal.SIGINT, signal.SIGTERM} & now
 
 
 def test_leftovers_of_a_killed_job_are_recovered(tmp_path):
@@ -515,7 +550,6 @@ def test_sigterm_midway_leaves_nothing(tmp_path, workers):
     workers printed BrokenPipeError tracebacks. Now the job unwinds as on Ctrl-C (staging
     removed, pool ended) and the process still ends by SIGTERM."""
     import os
-    import signal
     import subprocess
     import sys
     import time

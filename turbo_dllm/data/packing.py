@@ -47,15 +47,38 @@ class Packer:
         self.rows = 0
         self._base = 0  # stream position of _tokens[0]; a multiple of seq_len
         self._pos = 0  # where the next document may start
+        self._end = 0  # where the last document placed ends
         self._tokens = np.zeros(0, token_dtype)
         self._mask = np.zeros(0, np.uint8)
         self._doc_starts: list[np.ndarray] = []
         self._doc_lengths: list[np.ndarray] = []
 
-    def add(self, tokens: np.ndarray, mask: np.ndarray, lengths: np.ndarray) -> None:
-        """Place finished documents (flat tokens + mask, one length each) after the last one."""
+    def add(
+        self,
+        tokens: np.ndarray,
+        mask: np.ndarray,
+        lengths: np.ndarray,
+        continues_previous: bool = False,
+    ) -> None:
+        """Place finished documents (flat tokens + mask, one length each) after the last one;
+        with `continues_previous` the first goes on where the last one placed stopped (a later
+        piece of one long document: no gap, one index entry; `overflow: split` only)."""
         if not len(lengths):
             return
+        if continues_previous:
+            if not self.split or not self._doc_lengths:
+                raise ValueError("only a document placed under overflow: split goes on")
+            n = int(lengths[0])
+            self._grow(self._end + n - self._base)
+            self._tokens[self._end - self._base : self._end + n - self._base] = tokens[:n]
+            self._mask[self._end - self._base : self._end + n - self._base] = mask[:n]
+            self._doc_lengths[-1][-1] += n
+            self._end += n
+            self._pos = int(_align_up(self._end, self.block_size))
+            tokens, mask, lengths = tokens[n:], mask[n:], lengths[1:]
+            if not len(lengths):
+                self._flush((self._end - self._base) // self.seq_len)
+                return
         steps = _align_up(lengths, self.block_size)
         if self.split:
             places = self._pos + np.concatenate([[0], np.cumsum(steps)[:-1]])
@@ -76,7 +99,9 @@ class Packer:
         self._mask[dest] = mask
         self._doc_starts.append(places.astype(np.int64))
         self._doc_lengths.append(lengths.astype(np.int64))
-        self._flush((self._pos - self._base) // self.seq_len)
+        self._end = int(places[-1] + lengths[-1])
+        # Rows up to the last document's end only: a piece that continues it goes there.
+        self._flush((self._end - self._base) // self.seq_len)
 
     def finish(self) -> np.ndarray:
         """Pad and write the last row; return the document index, shape (documents, 2)."""

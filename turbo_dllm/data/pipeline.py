@@ -57,6 +57,9 @@ class ChunkResult:
     special_token_text: int = 0  # documents whose text holds a special token's literal string
     skipped: dict[str, int] = field(default_factory=dict)
     error: str | None = None  # "where: message" of the first bad record (on_error: stop)
+    # The first document goes on where the previous result's last one stopped (a later piece
+    # of a long document of token ids, RawChunk.piece): one document, no gap between.
+    continues_previous: bool = False
 
 
 class ChunkProcessor:
@@ -132,6 +135,13 @@ class ChunkProcessor:
 
     def process(self, chunk: RawChunk) -> ChunkResult:
         config = self.config
+        # A piece of a long document (one item): bos only before its first piece, eos only
+        # after its last. Such a document is longer than any row, so `truncate` keeps part of
+        # its first piece and `reject` refuses it there: the later pieces then add nothing.
+        offset, total = chunk.piece or (0, 0)
+        later_piece = offset > 0
+        if later_piece and config.overflow == "reject":
+            return ChunkResult(np.zeros(0, config.token_dtype), np.zeros(0, np.uint8), _NONE)
         errors: dict[int, tuple[str, str]] = {}
         values: list[tuple[int, Extracted]] = []
         for i, item in enumerate(chunk.items):
@@ -141,7 +151,7 @@ class ChunkProcessor:
                 errors[i] = (error.reason, error.message)
         literals: dict[int, str] = {}
         flat, mask, lengths, record_of = self._assemble(values, errors, literals)
-        result = ChunkResult(flat, mask, lengths, records=len(chunk.items))
+        result = ChunkResult(flat, mask, lengths, records=len(chunk.items) - later_piece)
         self._refuse_special_text(literals, errors)
 
         starts = np.concatenate([[0], np.cumsum(lengths)[:-1]]).astype(np.int64)
@@ -185,17 +195,22 @@ class ChunkProcessor:
                 keep[d] = False
 
         flat, mask, lengths, record_of = _select(flat, mask, lengths, record_of, keep)
-        flat, mask, lengths = self._add_specials(flat, mask, lengths)
+        ends_here = chunk.piece is None or offset + len(chunk.items[0]) >= total
+        flat, mask, lengths = self._add_specials(flat, mask, lengths, not later_piece, ends_here)
         if config.overflow != "split":
-            too_long = lengths > config.seq_len
+            # A piece's document is longer than PIECE_IDS, so than any row, whatever the piece.
+            too_long = lengths > config.seq_len if chunk.piece is None else lengths >= 0
             if config.overflow == "reject":
                 for d in np.flatnonzero(too_long):
                     errors[int(record_of[d])] = (
                         "too_long",
-                        f"{int(lengths[d])} tokens, more than packing.seq_len ({config.seq_len}); "
-                        "set packing.overflow to truncate or split",
+                        f"{total or int(lengths[d]):,} tokens, more than packing.seq_len "
+                        f"({config.seq_len:,}); set packing.overflow to truncate or split",
                     )
                 flat, mask, lengths, record_of = _select(flat, mask, lengths, record_of, ~too_long)
+            elif later_piece:  # past the part of its document that `truncate` keeps
+                result.truncated_tokens = int(lengths.sum())
+                flat, mask, lengths = flat[:0], mask[:0], lengths[:0]
             elif too_long.any():
                 result.truncated_documents = int(too_long.sum())
                 result.truncated_tokens = int((lengths[too_long] - config.seq_len).sum())
@@ -206,13 +221,21 @@ class ChunkProcessor:
 
         if literals:
             result.special_token_text = int(np.isin(record_of, list(literals)).sum())
-        if errors and config.on_error == "stop":
+        # A bad piece cannot be skipped: the pieces before it are written already.
+        bad_piece = chunk.piece is not None and any(r != "too_long" for r, _ in errors.values())
+        if errors and (config.on_error == "stop" or bad_piece):
             first = min(errors)
             result.error = f"{chunk.where(first)}: {errors[first][1]}"
+            if bad_piece and config.on_error != "stop":
+                result.error += (
+                    f" (a document of {total:,} token ids, read in parts: on_error: skip "
+                    "cannot leave it out once its first parts are written)"
+                )
         result.skipped = dict(Counter(reason for reason, _ in errors.values()))
         result.tokens = flat.astype(config.token_dtype)
         result.loss_mask = mask.astype(np.uint8, copy=False)
         result.lengths = lengths
+        result.continues_previous = later_piece and len(lengths) > 0
         return result
 
     def _refuse_special_text(
@@ -245,20 +268,29 @@ class ChunkProcessor:
             del literals[i]
 
     def _add_specials(
-        self, flat: np.ndarray, mask: np.ndarray, lengths: np.ndarray
+        self,
+        flat: np.ndarray,
+        mask: np.ndarray,
+        lengths: np.ndarray,
+        first_starts: bool = True,
+        last_ends: bool = True,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Prepend bos (unsupervised) and append eos (supervised like the last token)."""
+        """Prepend bos (unsupervised) and append eos (supervised like the last token); not
+        before the first document unless `first_starts`, nor after the last unless `last_ends`
+        (a piece of a longer document)."""
         config = self.config
         if not len(lengths):
             return flat, mask, lengths
         ends = np.cumsum(lengths)
-        bos = 1 if config.prepend_bos else 0
+        bos = np.full(len(lengths), 1 if config.prepend_bos else 0, np.int64)
+        bos[0] *= first_starts
         eos_id = config.special_tokens["eos"]
         if config.separator == "eos":
             need_eos = (flat[ends - 1] != eos_id).astype(np.int64)
+            need_eos[-1] *= last_ends
         else:
             need_eos = np.zeros(len(lengths), np.int64)
-        if not bos and not need_eos.any():
+        if not bos.any() and not need_eos.any():
             return flat, mask, lengths
         new_lengths = lengths + bos + need_eos
         new_starts = np.concatenate([[0], np.cumsum(new_lengths)[:-1]])
@@ -268,14 +300,17 @@ class ChunkProcessor:
         dest = np.repeat(new_starts + bos - old_starts, lengths) + np.arange(len(flat))
         out[dest] = flat
         out_mask[dest] = mask
-        if bos:
-            out[new_starts] = config.special_tokens["bos"]
-            out_mask[new_starts] = 0
+        if bos.any():
+            out[new_starts[bos == 1]] = config.special_tokens["bos"]
+            out_mask[new_starts[bos == 1]] = 0
         tail = np.flatnonzero(need_eos)
-        eos_at = new_starts[tail] + bos + lengths[tail]
+        eos_at = new_starts[tail] + bos[tail] + lengths[tail]
         out[eos_at] = eos_id
         out_mask[eos_at] = mask[ends[tail] - 1]
         return out, out_mask, new_lengths
+
+
+_NONE = np.zeros(0, np.int64)  # no documents
 
 
 def _segment_sums(values: np.ndarray, lengths: np.ndarray) -> np.ndarray:
@@ -313,6 +348,9 @@ def _init_worker(config: WorkerConfig) -> None:
     # The parent's SIGTERM handler (prepare's cleanup) is not the worker's: terminate() ends
     # a worker with SIGTERM, which must end it quietly.
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    # Both came blocked from the parent (TokenizePool.__enter__): one that arrived since the
+    # fork is delivered now, by these dispositions.
+    _unblock(_STARTUP_SIGNALS)
     # One Rust thread per process: the pool is the parallelism.
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
     os.environ["RAYON_NUM_THREADS"] = "1"
@@ -322,6 +360,25 @@ def _init_worker(config: WorkerConfig) -> None:
     _WORKER = inherited if inherited is not None and inherited.config == config else None
     if _WORKER is None:
         _WORKER = ChunkProcessor(config)
+
+
+# Blocked while the pool starts its workers, until each has set its own dispositions: one that
+# reached a worker before then ran the parent's Python handler, or none at all (a signal the C
+# handler took is dropped if the disposition becomes SIG_DFL before Python runs the handler),
+# and a worker that missed terminate()'s SIGTERM kept `dllm data prepare` waiting forever.
+_STARTUP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+def _block(signals: set[int]) -> set[int]:
+    """Block `signals` in this thread; return the mask before (empty where there are none)."""
+    if not hasattr(signal, "pthread_sigmask"):
+        return set()
+    return set(signal.pthread_sigmask(signal.SIG_BLOCK, signals))
+
+
+def _unblock(signals: set[int]) -> None:
+    if hasattr(signal, "pthread_sigmask") and signals:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, signals)
 
 
 def _process(chunk: RawChunk) -> ChunkResult:
@@ -358,12 +415,17 @@ class TokenizePool:
         context = _context()
         if context.get_start_method() == "fork":
             _INHERITED = ChunkProcessor(self.config, self.tokenizer)
+        # Workers (forked, or spawned: the mask survives exec) and the pool's own threads start
+        # with SIGINT/SIGTERM blocked; this thread gets any that arrived meanwhile once the
+        # pool stands, as the caller's handler or the default action.
+        blocked_before = _block(_STARTUP_SIGNALS)
         try:
             self._pool = context.Pool(
                 self.workers, initializer=_init_worker, initargs=(self.config,)
             )
         finally:
             _INHERITED = None
+            _unblock(_STARTUP_SIGNALS - blocked_before)
         return self
 
     def __exit__(self, *exc_info) -> None:

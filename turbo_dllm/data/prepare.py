@@ -145,7 +145,7 @@ class _Progress:
 
     def advance(self, units: int, result: ChunkResult) -> None:
         self.tokens += int(result.lengths.sum())
-        self.documents += len(result.lengths)
+        self.documents += len(result.lengths) - result.continues_previous
         if not self.enabled:
             return
         now = time.perf_counter()
@@ -288,7 +288,9 @@ def _write_arrays(
                             hint="fix that record, or set on_error: skip to count and skip "
                             "bad records",
                         )
-                    packer.add(result.tokens, result.loss_mask, result.lengths)
+                    packer.add(
+                        result.tokens, result.loss_mask, result.lengths, result.continues_previous
+                    )
                     counts["records"] += result.records
                     counts["empty_documents"] += result.empty_documents
                     counts["truncated_documents"] += result.truncated_documents

@@ -21,6 +21,7 @@ from typing import Any, Literal
 import numpy as np
 
 from turbo_dllm.data.spec import (
+    MAX_SEQ_LEN,
     HuggingFaceSource,
     JsonlSource,
     ParquetSource,
@@ -46,6 +47,13 @@ Payload = Literal["json", "record", "text", "ids", "json_ids"]
 UTF8_BOM = b"\xef\xbb\xbf"  # what some editors write before UTF-8 text (Windows Notepad)
 CHUNK_BYTES = 1 << 20
 CHUNK_ITEMS = 1024
+# A document of token ids longer than this reaches the workers in pieces of this many ids, one
+# chunk each: a 1-D token file without a separator is one document, and processed whole it took
+# ~18x its size in memory. Never below the longest sequence, so a cut document is longer than any
+# row: packing.overflow truncate keeps part of its first piece only, reject refuses it there.
+PIECE_IDS = MAX_SEQ_LEN
+# Separator scans of a 1-D id array go this many ids at a time (no array-sized temporary).
+SCAN_IDS = 1 << 24
 # The largest line (JSONL, text lines) or whole-file document read into memory: far past any real
 # record, and it bounds what one item costs a worker (a runaway or corrupt file has no newline).
 MAX_ITEM_BYTES = 32 << 20
@@ -75,6 +83,9 @@ class RawChunk:
     # One label per item: style "file" (each item is a file), or style "row" when the items
     # come from several files (datasets' data_files), `numbers` then counting within each.
     labels: list[str] | None = None
+    # (offset, length) where the chunk's one item is a piece of a longer document of token ids
+    # (see PIECE_IDS): the piece starts `offset` ids into a document of `length` ids.
+    piece: tuple[int, int] | None = None
 
     def where(self, index: int) -> str:
         if self.style == "line":
@@ -487,22 +498,54 @@ def _row_slices(rows: int, nbytes: int) -> list[tuple[int, int]]:
 # --- token ids ----------------------------------------------------------------------------------
 
 
-def _split_ids(array: np.ndarray, separator: int | None) -> list[np.ndarray]:
-    """The documents of a 1-D id array, split at `separator`. A separator at the very start
-    or end of the array marks where the first document starts or the last one ends (files that
-    put one before every document, or after every one), not an empty document beyond it; two
-    in a row anywhere else do hold an empty one."""
+def _split_ids(array: np.ndarray, separator: int | None) -> Iterator[np.ndarray]:
+    """The documents of a 1-D id array (views of it), split at `separator`. A separator at the
+    very start or end of the array marks where the first document starts or the last one ends
+    (files that put one before every document, or after every one), not an empty document
+    beyond it; two in a row anywhere else do hold an empty one."""
     if separator is None:
-        return [array]
-    cuts = np.flatnonzero(array == separator)
-    pieces = np.split(array, cuts)
-    # Every piece after the first starts with the separator; drop it.
-    docs = [pieces[0]] + [p[1:] for p in pieces[1:]]
-    if len(cuts) and cuts[0] == 0:
-        docs = docs[1:]
-    if len(cuts) and cuts[-1] == len(array) - 1 and docs:
-        docs = docs[:-1]
-    return docs
+        yield array
+        return
+    cuts = np.concatenate(
+        [np.zeros(0, np.int64)]
+        + [
+            np.flatnonzero(array[start : start + SCAN_IDS] == separator) + start
+            for start in range(0, len(array), SCAN_IDS)
+        ]
+    )
+    starts = np.concatenate([[0], cuts + 1])
+    ends = np.concatenate([cuts, [len(array)]])
+    first = 1 if len(cuts) and cuts[0] == 0 else 0
+    last = len(starts) - (1 if len(cuts) and cuts[-1] == len(array) - 1 else 0)
+    for start, end in zip(starts[first:last].tolist(), ends[first:last].tolist(), strict=True):
+        yield array[start:end]
+
+
+def _id_chunks(docs: Iterator[np.ndarray], label: str) -> Iterator[RawChunk]:
+    """Documents of token ids in chunks of up to CHUNK_ITEMS documents or CHUNK_BYTES; one longer
+    than PIECE_IDS in pieces, one chunk each (`RawChunk.piece`)."""
+    part: list[np.ndarray] = []
+    numbers: list[int] = []
+    size = 0
+    for number, doc in enumerate(docs):
+        if len(doc) > PIECE_IDS:
+            if part:
+                yield RawChunk("ids", part, label, numbers, "row", size)
+                part, numbers, size = [], [], 0
+            for offset in range(0, len(doc), PIECE_IDS):
+                piece = doc[offset : offset + PIECE_IDS]
+                yield RawChunk(
+                    "ids", [piece], label, [number], "row", piece.nbytes, piece=(offset, len(doc))
+                )
+            continue
+        part.append(doc)
+        numbers.append(number)
+        size += doc.nbytes
+        if len(part) >= CHUNK_ITEMS or size >= CHUNK_BYTES:
+            yield RawChunk("ids", part, label, numbers, "row", size)
+            part, numbers, size = [], [], 0
+    if part:
+        yield RawChunk("ids", part, label, numbers, "row", size)
 
 
 def _load_npy(path: Path, label: str) -> np.ndarray:
@@ -558,13 +601,10 @@ def _token_id_chunks(
                 f"with shape {tuple(array.shape)}"
             )
         if array.ndim == 2:
-            docs = [np.asarray(row) for row in array]
+            docs = (np.asarray(row) for row in array)
         else:
             docs = _split_ids(np.asarray(array), source.document_separator_id)
-        for start in range(0, len(docs), CHUNK_ITEMS):
-            part = docs[start : start + CHUNK_ITEMS]
-            numbers = list(range(start, start + len(part)))
-            yield RawChunk("ids", part, label, numbers, "row", sum(d.nbytes for d in part))
+        yield from _id_chunks(docs, label)
 
 
 # --- Hugging Face datasets ----------------------------------------------------------------------
