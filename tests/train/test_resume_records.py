@@ -90,7 +90,7 @@ def test_a_checkpoint_from_before_the_token_ids_resumes(tmp_path):
     assert [r["step"] for r in metrics(tmp_path / "run")] == [1, 2, 3, 4]
 
 
-@pytest.mark.parametrize("damage", ["truncated_tensors", "no_metadata", "torn_rng"])
+@pytest.mark.parametrize("damage", ["truncated_tensors", "no_metadata", "torn_rng", "no_rng"])
 def test_a_damaged_checkpoint_is_a_user_error_on_resume_and_export(
     run, tmp_path, cli, caplog, damage
 ):
@@ -105,12 +105,14 @@ def test_a_damaged_checkpoint_is_a_user_error_on_resume_and_export(
             handle.truncate(1000)
     elif damage == "no_metadata":
         (step / ".metadata").unlink()
+    elif damage == "no_rng":  # copied in part: was skipped without a word
+        (step / "rank_00000.pt").unlink()
     else:
         (step / "rank_00000.pt").write_bytes(b"torn")
     with pytest.raises(DllmError, match="cannot read the checkpoint"):
         train(tiny_spec(*ARGS), run)
     assert not any("metadata is not found" in r.getMessage() for r in caplog.records)
-    if damage != "torn_rng":  # export reads no RNG state
+    if damage not in ("torn_rng", "no_rng"):  # export reads no RNG state
         result = cli("export", "--checkpoint", step, "--out", tmp_path / "hf")
         assert_user_error(result, f"cannot read the checkpoint {str(step)!r}")
         assert not (tmp_path / "hf").exists()

@@ -241,11 +241,13 @@ def _unreadable(path: Path, error: BaseException) -> DllmError:
         error = next(iter(failures.values()))[0]
     text = str(error).strip()
     reason = f"{type(error).__name__}: {text.splitlines()[0]}" if text else type(error).__name__
-    return DllmError(
-        f"cannot read the checkpoint {str(path)!r}: {reason[:300]}",
-        hint="its files are damaged or incomplete; use another step_<N> folder "
-        "(`resume:` or --checkpoint names one)",
-    )
+    return DllmError(f"cannot read the checkpoint {str(path)!r}: {reason[:300]}", hint=_DAMAGED)
+
+
+_DAMAGED = (
+    "its files are damaged or incomplete; use another step_<N> folder "
+    "(`resume:` or --checkpoint names one)"
+)
 
 
 def load_tensors(state: dict[str, Any], path: str | Path) -> None:
@@ -604,12 +606,26 @@ class Checkpointer:
                 file=sys.stderr,
                 flush=True,
             )
-        if meta.world_size == self.world_size and rank_file.is_file():
-            try:
-                rng = torch.load(rank_file, weights_only=False)["rng"]
-            except Exception as error:  # a truncated or foreign file
-                raise _unreadable(rank_file, error) from None
-            torch.set_rng_state(rng["torch"])
-            if "cuda" in rng and torch.cuda.is_available():
-                torch.cuda.set_rng_state_all(rng["cuda"])
+        if meta.world_size == self.world_size:
+            self._restore_rng(rank_file)
         return meta
+
+    def _restore_rng(self, rank_file: Path) -> None:
+        """This rank's RNG states from its file; one missing (a checkpoint copied in part),
+        truncated or foreign on any rank ends the load on every rank with that rank's error
+        (a collective: a rank raising alone would leave the others in the next one)."""
+        from turbo_dllm.train.distributed import any_rank_now, gather_from_ranks
+
+        rng, failure = None, None
+        try:
+            rng = torch.load(rank_file, weights_only=False)["rng"]
+        except Exception as error:
+            failure = _unreadable(rank_file, error)
+        if any_rank_now(failure is not None):
+            found = gather_from_ranks(None if failure is None else failure.message)
+            origin = next(rank for rank, message in enumerate(found) if message is not None)
+            where = f" (rank {origin} of {self.world_size})" if self.world_size > 1 else ""
+            raise DllmError(found[origin] + where, hint=_DAMAGED)
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
