@@ -338,7 +338,28 @@ def test_doctor_bad_config_is_not_ready(cli, tmp_path):
     assert result.code == 1 and report["ready"] is False
     failed = [c for c in report["checks"] if c["status"] == "fail"]
     assert [c["name"] for c in failed] == ["config"]
-    assert "dllm config validate" in failed[0]["fix"]
+    assert failed[0]["fix"] == (
+        f"edit the fields named above in {config} (`dllm config schema` describes each), "
+        f"then check it again with `dllm config validate --config {config}`"
+    )
+
+
+def test_doctor_says_how_to_launch_fewer_cpu_processes_than_cores(cli, tmp_path):
+    """The fix named a flag without its command (`dllm doctor` has no --nproc-per-node)."""
+    from turbo_dllm.host.view import _cpu_count
+
+    cores = _cpu_count()  # the usable ones, as doctor counts them
+    cli("init", tmp_path / "p")
+    result = cli(
+        "doctor", "--config", tmp_path / "p/train.yaml", "--world-size", cores + 1, "--json"
+    )
+    check = next(c for c in json.loads(result.out)["checks"] if c["name"] == "gpus")
+    assert check["status"] == "warn"
+    assert (
+        check["detail"]
+        == f"no GPU: {cores + 1} CPU processes on {cores} core(s) will oversubscribe"
+    )
+    assert f"`dllm launch --nproc-per-node {cores}` with a topology to match" in check["fix"]
 
 
 def doctor_checks(cli, config):

@@ -58,8 +58,8 @@ def topology_world_size(ctx: DoctorContext) -> CheckResult:
             name,
             "fail",
             f"{product}, but the launch starts {world} processes",
-            fix="change topology (e.g. --set topology.dp=N) or the process count "
-            "(--nproc-per-node, --nnodes) so they match",
+            fix="change topology (e.g. --set topology.dp=N) or the process count (`dllm "
+            "launch --nproc-per-node N --nnodes M`) so they match",
         )
     return CheckResult(name, "pass", f"{product} = the launch's {world} processes")
 
@@ -83,7 +83,9 @@ def gpus_for_processes(ctx: DoctorContext) -> CheckResult:
                 name,
                 "warn",
                 f"no GPU: {nproc} CPU processes on {host.cpu_count} core(s) will oversubscribe",
-                fix=f"use --nproc-per-node <= {host.cpu_count} (or a host with GPUs)",
+                fix=f"launch at most {host.cpu_count} process(es) here (`dllm launch "
+                f"--nproc-per-node {host.cpu_count}` with a topology to match), or use a host "
+                "with GPUs",
             )
         return CheckResult(name, "pass", f"no GPU: {nproc} CPU process(es) per node (gloo)")
     if nproc > gpus:
@@ -91,8 +93,8 @@ def gpus_for_processes(ctx: DoctorContext) -> CheckResult:
             name,
             "fail",
             f"{nproc} processes per node but {gpus} visible GPU(s) ({', '.join(host.gpus)})",
-            fix=f"use --nproc-per-node {gpus} with a matching topology, add nodes, or check "
-            "CUDA_VISIBLE_DEVICES",
+            fix=f"launch {gpus} process(es) per node (`dllm launch --nproc-per-node {gpus}` "
+            "with a topology to match), add nodes (--nnodes), or check CUDA_VISIBLE_DEVICES",
         )
     return CheckResult(name, "pass", f"{nproc} process(es) on {gpus} visible GPU(s)")
 

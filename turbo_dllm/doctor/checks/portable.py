@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -181,7 +182,10 @@ def config_validity(ctx: DoctorContext) -> CheckResult:
             "config",
             "fail",
             ctx.config_error,
-            fix=f"dllm config validate --config {ctx.config_path}",
+            # (not the validate command alone: it prints the same problems again)
+            fix=f"edit the fields named above in {shlex.quote(str(ctx.config_path))} (`dllm "
+            "config schema` describes each), then check it again with `dllm config validate "
+            f"--config {shlex.quote(str(ctx.config_path))}`",
         )
     spec = ctx.spec
     return CheckResult(
