@@ -101,6 +101,27 @@ def test_validate_catches_a_truncated_array_and_an_edited_manifest(corpus, cli):
 
 
 @pytest.mark.parametrize(
+    ("change", "said"),
+    [
+        (lambda f: f.write_bytes(f.read_bytes()[:-2]), "fewer than the {n} its manifest says"),
+        (lambda f: f.write_bytes(f.read_bytes() + b"\0\0"), "more than the {n} its manifest"),
+        (lambda f: f.unlink(), "missing"),
+    ],
+    ids=["truncated", "grown", "missing"],
+)
+def test_stats_and_inspect_say_how_an_array_differs_from_its_manifest(corpus, cli, change, said):
+    """An array longer than its manifest says was called "missing or truncated"."""
+    result = prepare_config(write_config(corpus))
+    tokens = result.path / "tokens.bin"
+    expected = tokens.stat().st_size
+    change(tokens)
+    for command in ("stats", "inspect"):
+        assert_user_error(
+            cli("data", command, result.path), "tokens.bin: ", said.format(n=expected)
+        )
+
+
+@pytest.mark.parametrize(
     ("field", "value", "named"),
     [
         (("stats", "tokens"), 1, "stats.tokens: 1, but the documents hold"),

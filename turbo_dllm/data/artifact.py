@@ -367,9 +367,16 @@ class DataArtifact:
     def _open(self, name: str) -> np.ndarray:
         info = self.manifest.arrays[name]
         file = self.root / info.file
-        if not file.is_file() or file.stat().st_size != info.bytes:
+        size = file.stat().st_size if file.is_file() else None
+        if size != info.bytes:
+            what = (
+                "missing"
+                if size is None
+                else f"{size} bytes, {'more' if size > info.bytes else 'fewer'} than the "
+                f"{info.bytes} its manifest says ({'changed' if size > info.bytes else 'truncated'}?)"
+            )
             raise DllmError(
-                f"{file}: missing or truncated ({info.bytes} bytes expected)",
+                f"{file}: {what}",
                 hint="`dllm data validate` checks the whole artifact; re-create it with "
                 "`dllm data prepare`",
             )
