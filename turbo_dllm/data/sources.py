@@ -517,7 +517,7 @@ def _split_ids(array: np.ndarray, separator: int | None) -> Iterator[np.ndarray]
     ends = np.concatenate([cuts, [len(array)]])
     first = 1 if len(cuts) and cuts[0] == 0 else 0
     last = len(starts) - (1 if len(cuts) and cuts[-1] == len(array) - 1 else 0)
-    for start, end in zip(starts[first:last].tolist(), ends[first:last].tolist(), strict=True):
+    for start, end in zip(starts[first:last], ends[first:last], strict=True):  # no list copies
         yield array[start:end]
 
 
