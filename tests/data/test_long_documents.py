@@ -128,3 +128,4 @@ def test_a_bad_id_in_a_later_piece_stops_even_under_skip(tmp_path, monkeypatch):
         _prepare(tmp_path, "pieced", PIECE, monkeypatch, source=source, on_error="skip")
     assert "token id 300 is outside the vocabulary" in error.value.message
     assert "a document of 1,000 token ids, read in parts" in error.value.message
+    assert error.value.hint == "fix that record"  # skip is on already

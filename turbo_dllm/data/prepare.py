@@ -283,11 +283,10 @@ def _write_arrays(
             try:
                 for chunk, result in pool.results(source.chunks()):
                     if result.error is not None:
-                        raise DllmError(
-                            result.error,
-                            hint="fix that record, or set on_error: skip to count and skip "
-                            "bad records",
-                        )
+                        hint = "fix that record"
+                        if spec.on_error != "skip":  # (under skip: a document read in parts)
+                            hint += ", or set on_error: skip to count and skip bad records"
+                        raise DllmError(result.error, hint=hint)
                     packer.add(
                         result.tokens, result.loss_mask, result.lengths, result.continues_previous
                     )
