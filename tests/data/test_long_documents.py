@@ -129,3 +129,19 @@ def test_a_bad_id_in_a_later_piece_stops_even_under_skip(tmp_path, monkeypatch):
     assert "token id 300 is outside the vocabulary" in error.value.message
     assert "a document of 1,000 token ids, read in parts" in error.value.message
     assert error.value.hint == "fix that record"  # skip is on already
+
+
+def test_the_benchmark_runs_both_sides_and_checks_their_arrays(tmp_path):
+    import subprocess
+    import sys
+
+    out = tmp_path / "long.json"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/long_document.py", "--ids", "20000", "--piece", "3000",
+         "--seq-len", "256", "--workers", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    result = __import__("json").loads(out.read_text())
+    assert result["same_arrays"] is True
+    assert result["pieces"]["tokens"] == result["whole document"]["tokens"] == 20000 + 2
