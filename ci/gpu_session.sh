@@ -68,6 +68,9 @@ for stage in "$@"; do
       [ -d .whl ] && python3 -m pip install -q --no-index --find-links .whl \
         pydantic tomlkit zstandard platformdirs rich pyyaml requests filelock pytest packaging \
         ninja hypothesis 2>&1 | tail -3
+      # fla (qwen3_8's Gated DeltaNet kernels) for the GPU tests that need it, where carried
+      ls .whl/flash_linear_attention-*.whl >/dev/null 2>&1 && python3 -m pip install -q --no-index \
+        --find-links .whl --no-deps flash-linear-attention fla-core 2>&1 | tail -3
       nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
       python3 -c 'import torch, triton; print(torch.__version__, torch.version.cuda, triton.__version__, torch.cuda.device_count())' ;;
     qualify) # outputs go to a scratch dir (many files); the logs that matter are copied to $OUT
