@@ -50,3 +50,20 @@ def test_a_manifest_whose_spec_launch_is_not_a_mapping_is_named_not_a_traceback(
             cli("launch", "--manifest", f"runs/{name}/manifest.json", "--dry-run"),
             "not a valid run manifest",
         )
+
+
+def test_a_slurm_job_record_that_is_not_utf8_reads_as_not_submitted(cli, spec_file, workdir):
+    """A non-UTF-8 byte (or nesting past the parser's depth) in slurm_job.json was a
+    UnicodeDecodeError (RecursionError) traceback in `run list` and `run show`."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/s")
+    run_dir = workdir / "runs" / "s"
+    write_metrics(run_dir, [5.0])
+    for damaged in (b'\xff{"job_id": "12"}', b"[" * 100_000):
+        (run_dir / "slurm_job.json").write_bytes(damaged)
+        listing = cli("run", "list", "--json")
+        assert listing.code == 0, listing.err
+        [run] = json.loads(listing.out)["runs"]
+        assert (run["slurm_job_id"], run["status"]) == (None, "not submitted")
+        shown = cli("run", "show", "s")
+        assert shown.code == 0, shown.err
+        assert "progress     1/4 steps, last loss 5.0000; not submitted" in shown.out

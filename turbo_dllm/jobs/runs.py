@@ -297,7 +297,10 @@ def _number(value: Any, kind: type | tuple[type, ...]) -> Any:
 def _slurm_job_id(run_dir: Path) -> str | None:
     from turbo_dllm.jobs.backends.slurm import read_submission
 
-    record = read_submission(run_dir)
+    try:
+        record = read_submission(run_dir)
+    except (ValueError, RecursionError):  # not UTF-8, nested past the parser: read as absent
+        return None
     return str(record["job_id"]) if record else None
 
 
