@@ -286,6 +286,33 @@ def test_damaged_result_and_metrics_read_as_unknown_not_a_traceback(cli, spec_fi
         assert "progress     2/4 steps, last loss 4.5000; not submitted" in shown.out
 
 
+def test_list_and_show_read_only_the_end_of_a_long_metrics_file(cli, spec_file, workdir):
+    """`run list` and `run show` read every run's whole metrics.jsonl for its last step: a long
+    run's (hundreds of MB) took seconds and as much memory, per run. The last step is read from
+    the end back, past a torn last line, a record without a step and a line that is no JSON."""
+    import tracemalloc
+
+    slurm_run(cli, spec_file, "--run-dir", "runs/long")
+    metrics = workdir / "runs" / "long" / "metrics.jsonl"
+    with metrics.open("wb") as handle:
+        handle.truncate(64 * 1024 * 1024)  # 64 MiB of earlier lines (a hole: no disk used)
+        handle.seek(0, os.SEEK_END)
+        handle.write(b'\n{"step": 7, "loss": 3.5, "note": "\xc3\xa9' + b"x" * 200_000 + b'"}\n')
+        handle.write(b'{"event": "eval", "loss": 1.0}\n\xff\xfe not json\n{"step": 8, "lo')
+    tracemalloc.start()
+    try:
+        listing = cli("run", "list", "--json")
+        shown = cli("run", "show", "long")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert listing.code == 0 and shown.code == 0, (listing.err, shown.err)
+    [run] = json.loads(listing.out)["runs"]
+    assert (run["steps_done"], run["last_loss"]) == (7, 3.5)
+    assert "progress     7/4 steps, last loss 3.5000" in shown.out
+    assert peak < 16 * 1024 * 1024, peak
+
+
 def test_a_run_whose_manifest_is_torn_is_named_by_list_and_explained_by_show(
     cli, spec_file, workdir
 ):

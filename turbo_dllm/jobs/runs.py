@@ -16,6 +16,8 @@ reads `no result`.
 
 from __future__ import annotations
 
+import json
+import os
 import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -26,7 +28,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs.drift import flat_diff, manifest_drift
 from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
 from turbo_dllm.jobs.result import launcher_alive, read_launchers, read_result, this_host
-from turbo_dllm.train.metrics import METRICS_NAME, read_metrics
+from turbo_dllm.train.metrics import METRICS_NAME
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -225,8 +227,7 @@ def summarize(
 ) -> RunSummary:
     """A run's summary; `ask_slurm` queries SLURM for a submitted job's state."""
     manifest = manifest or read_manifest(run_dir)
-    metrics = read_metrics(run_dir)
-    last = next((m for m in reversed(metrics) if _number(m.get("step"), int) is not None), {})
+    last = _last_step_record(run_dir)
     result = read_result(run_dir)
     if not isinstance(result, dict):  # absent, or not a result a launcher writes
         result = None
@@ -252,6 +253,43 @@ def summarize(
     if result is None and plan.backend != "slurm":
         summary = _with_launcher(summary)
     return _with_slurm_states([summary])[0] if ask_slurm else summary
+
+
+_TAIL_CHUNK = 64 * 1024
+
+
+def _last_step_record(run_dir: Path) -> dict[str, Any]:
+    """The last metrics.jsonl record with an integer step ({} where none), read from the end
+    back: `dllm run list` read every run's whole file (a long run's is hundreds of MB: seconds
+    and as much memory per run). Lines are taken as `read_metrics` takes them: a torn or
+    damaged one is skipped."""
+    try:
+        with (Path(run_dir) / METRICS_NAME).open("rb") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            carry = b""  # the start of a line whose beginning is further back
+            while end > 0:
+                start = max(0, end - _TAIL_CHUNK)
+                handle.seek(start)
+                lines = (handle.read(end - start) + carry).split(b"\n")
+                carry = lines.pop(0) if start > 0 else b""
+                end = start
+                for line in reversed(lines):
+                    record = _step_record(line)
+                    if record is not None:
+                        return record
+    except OSError:  # absent, a folder, unreadable
+        pass
+    return {}
+
+
+def _step_record(line: bytes) -> dict[str, Any] | None:
+    try:
+        record = json.loads(line.decode("utf-8", errors="replace"))
+    except (ValueError, RecursionError):
+        return None
+    if isinstance(record, dict) and _number(record.get("step"), int) is not None:
+        return record
+    return None
 
 
 def _with_launcher(summary: RunSummary) -> RunSummary:
