@@ -313,6 +313,19 @@ def test_list_and_show_read_only_the_end_of_a_long_metrics_file(cli, spec_file, 
     assert peak < 16 * 1024 * 1024, peak
 
 
+def test_list_names_a_moved_run_by_the_folder_that_show_takes(cli, spec_file, workdir):
+    """`run list` named each run by its manifest's id: a run dir renamed (or copied) since
+    launch was listed under an id that `run show` answered with "no run" (or the original)."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/first")
+    (workdir / "runs" / "first").rename(workdir / "runs" / "baseline")
+    text = cli("run", "list").out
+    assert re.search(r"^baseline ", text, re.MULTILINE), text
+    assert not re.search(r"^first ", text, re.MULTILINE), text
+    shown = cli("run", "show", "baseline")
+    assert shown.code == 0, shown.err
+    assert json.loads(cli("run", "list", "--json").out)["runs"][0]["run_id"] == "first"
+
+
 def test_a_run_whose_manifest_is_torn_is_named_by_list_and_explained_by_show(
     cli, spec_file, workdir
 ):

@@ -71,7 +71,7 @@ def _list(args) -> int:
         loss = f"{r.last_loss:.4f}" if isinstance(r.last_loss, (int, float)) else "-"
         rows.append(
             (
-                r.run_id,
+                r.path.name,  # what `run show` takes: a moved or copied run keeps its old id
                 r.name or "-",
                 r.created_at,
                 f"{r.backend} {r.processes}",
