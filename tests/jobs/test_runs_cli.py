@@ -184,6 +184,33 @@ def test_plot_of_metrics_without_any_plotted_value_is_an_error(cli, workdir):
     assert_user_error(cli("run", "plot", "odd"), "has steps but no finite loss, tokens_per_s")
 
 
+def _line_pixels(png) -> int:
+    """How many pixels of a plot are in its line's colour (matplotlib's first, #1f77b4)."""
+    import matplotlib.image
+
+    rgb = (matplotlib.image.imread(png)[..., :3] * 255).round()
+    return int(((abs(rgb - [31, 119, 180])).sum(axis=-1) < 30).sum())
+
+
+def test_plot_of_one_step_or_steps_between_infs_draws_the_points(cli, workdir):
+    """A run with one logged step plotted an empty frame (a line through one point draws
+    nothing); an inf loss broke the line, leaving the steps around it undrawn, and a metric of
+    only infs was written as an empty plot instead of "no finite values"."""
+    run_dir = workdir / "runs" / "young"
+    run_dir.mkdir(parents=True)
+    metrics = run_dir / "metrics.jsonl"
+    metrics.write_text('{"step": 1, "loss": 5.0, "tokens_per_s": Infinity}\n')
+    assert cli("run", "plot", "young").code == 0
+    assert _line_pixels(run_dir / "plots" / "loss.png") > 20
+    assert not (run_dir / "plots" / "tokens_per_s.png").exists()
+    lines = [5.0, "Infinity", 4.0, "Infinity", 3.0]
+    metrics.write_text("".join(f'{{"step": {i}, "loss": {v}}}\n' for i, v in enumerate(lines)))
+    assert cli("run", "plot", "young").code == 0
+    assert _line_pixels(run_dir / "plots" / "loss.png") > 200
+    metrics.write_text('{"step": 1, "loss": Infinity}\n{"step": 2, "loss": -Infinity}\n')
+    assert_user_error(cli("run", "plot", "young"), "has steps but no finite loss")
+
+
 def test_plot_without_matplotlib_is_a_clear_error(cli, spec_file, workdir, monkeypatch):
     slurm_run(cli, spec_file)
     [run_dir] = (workdir / "runs").iterdir()

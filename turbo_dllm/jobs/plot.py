@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,9 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         if not points:
             continue
         figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
-        axes.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.5)
+        # A line through one point draws nothing: a run after its first logged step.
+        marker = "o" if len(points) == 1 else None
+        axes.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.5, marker=marker)
         axes.set_xlabel("step")
         axes.set_ylabel(label)
         axes.set_title(f"{run_dir.name}: {label}")
@@ -83,4 +86,6 @@ def _last_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+    """A finite number: NaN and inf (a diverged loss) are left out, which joins the line over
+    them; an inf point broke it, and a metric of only infs was an empty plot."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
