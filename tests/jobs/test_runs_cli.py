@@ -211,6 +211,17 @@ def test_plot_of_one_step_or_steps_between_infs_draws_the_points(cli, workdir):
     assert_user_error(cli("run", "plot", "young"), "has steps but no finite loss")
 
 
+def test_plot_ignores_a_matplotlib_backend_it_does_not_need(cli_process, workdir):
+    """MPLBACKEND set to a backend matplotlib does not know (a typo, a removed plugin) was a
+    ValueError traceback: the plots are files, drawn by Agg whatever it says."""
+    run_dir = workdir / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    write_metrics(run_dir, [5.0, 4.0])
+    result = cli_process("run", "plot", "r", cwd=workdir, env={"MPLBACKEND": "nosuchbackend"})
+    assert result.code == 0, result.err
+    assert (run_dir / "plots" / "loss.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_plot_without_matplotlib_is_a_clear_error(cli, spec_file, workdir, monkeypatch):
     slurm_run(cli, spec_file)
     [run_dir] = (workdir / "runs").iterdir()

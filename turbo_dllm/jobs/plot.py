@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,9 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
             hint="plots need at least one logged step; check logging.jsonl in the spec",
         )
     use_matplotlib_config_dir()
+    # Files, no display: Agg. A user's MPLBACKEND has no say (one matplotlib does not know was
+    # a ValueError traceback while it was imported).
+    os.environ["MPLBACKEND"] = "agg"
     try:
         import matplotlib
 
