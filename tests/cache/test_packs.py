@@ -278,6 +278,25 @@ def test_pack_without_config_says_any_spec_and_short_prefixes_are_explained(cli,
     assert cli("cache", "remove", sha[:6]).code == 0
 
 
+def test_the_next_command_pack_prints_runs_as_printed_from_a_folder_with_spaces(cli, tmp_path):
+    """`next: dllm cache install PATH` left a path with spaces unquoted: pasted into a shell,
+    it named a pack that does not exist."""
+    import shlex
+
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    entry = compile_cache_dir() / "inductor" / "ab" / "c1.py"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("# c1.py\n")
+    made = cli("cache", "pack", "--out", tmp_path / "my packs")
+    assert made.code == 0, made.err
+    [line] = [x for x in made.out.splitlines() if x.startswith("next: ")]
+    argv = shlex.split(line.removeprefix("next: ").partition("   (")[0])
+    assert argv[:3] == ["dllm", "cache", "install"], argv
+    installed = cli(*argv[1:])
+    assert installed.code == 0, installed.err
+
+
 def _small_pack(tmp_path: Path, count: int = 6) -> Path:
     from turbo_dllm.cache.key import host_pack_key
     from turbo_dllm.cache.packs import make_pack

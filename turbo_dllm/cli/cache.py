@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 import tempfile
 from pathlib import Path
@@ -128,7 +129,7 @@ def _pack(args) -> int:
     print(f"packed {path}")
     print(f"  {len(manifest.files)} files, {manifest.total_size / 1e6:,.1f} MB, sha256 {sha256}")
     print(f"  for {manifest.key.label()}, spec {digest[:12] if digest else 'any (no --config)'}")
-    print(f"next: dllm cache install {path}   (on a host like this one)")
+    print(f"next: dllm cache install {shlex.quote(str(path))}   (on a host like this one)")
     return 0
 
 
