@@ -297,6 +297,27 @@ def test_the_next_command_pack_prints_runs_as_printed_from_a_folder_with_spaces(
     assert installed.code == 0, installed.err
 
 
+def test_a_relative_compile_cache_is_recorded_where_it_is(cli, tmp_path, monkeypatch):
+    """With a relative DLLM_COMPILE_CACHE an install recorded its folders (and the pack's path)
+    relative: `verify` from another folder called every file missing, and `remove` deleted
+    none of them (and dropped the record that named them)."""
+    pack = _small_pack(tmp_path, count=2)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    monkeypatch.setenv("DLLM_COMPILE_CACHE", "cc")
+    monkeypatch.chdir(tmp_path / "a")
+    installed = cli("cache", "install", os.path.relpath(pack), "--json")
+    assert installed.code == 0, installed.err
+    assert json.loads(installed.out)["source"] == str(pack)
+    files = sorted((tmp_path / "a" / "cc").rglob("*.py"))
+    assert len(files) == 2
+    monkeypatch.chdir(tmp_path / "b")
+    verified = cli("cache", "verify")
+    assert verified.code == 0, verified.out
+    assert "2 files deleted" in cli("cache", "remove", pack.name).out
+    assert not any(f.exists() for f in files)
+
+
 def _small_pack(tmp_path: Path, count: int = 6) -> Path:
     from turbo_dllm.cache.key import host_pack_key
     from turbo_dllm.cache.packs import make_pack

@@ -857,7 +857,7 @@ def _write_record(
         manifest,
         {name: str(folder) for name, folder in caches.items()},
         time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        str(source),
+        os.path.abspath(source),  # not relative to a folder the record does not name
         tuple(sorted(set(owned))),
     )
     _records_dir().mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
 import tempfile
@@ -83,9 +84,11 @@ def _caches() -> dict[str, Path]:
     )
 
     settings = prepare_compile_cache()
+    # Absolute: an install's record names them, and `verify` and `remove` may run elsewhere (a
+    # relative DLLM_COMPILE_CACHE read as every file missing there, and removed nothing).
     return {
-        "inductor": Path(settings[INDUCTOR_CACHE_VARIABLE]),
-        "triton": Path(settings[TRITON_CACHE_VARIABLE]),
+        "inductor": Path(os.path.abspath(settings[INDUCTOR_CACHE_VARIABLE])),
+        "triton": Path(os.path.abspath(settings[TRITON_CACHE_VARIABLE])),
     }
 
 
