@@ -1,4 +1,4 @@
 from turbo_dllm.cli import main
-from turbo_dllm.train.entry import end_process
+from turbo_dllm.train.entry import run_and_end
 
-end_process(main())
+run_and_end(main)

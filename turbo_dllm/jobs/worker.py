@@ -90,14 +90,16 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
-if __name__ == "__main__":
-    from turbo_dllm.train.entry import end_process
-
+def _main_or_interrupted() -> int:
     try:
-        code = main()
+        return main()
     except KeyboardInterrupt:
         # torchrun passes Ctrl-C on to every worker: end quietly (128 + SIGINT) instead of one
         # traceback per rank; the launcher says the run was interrupted.
-        code = 130
+        return 130
 
-    end_process(code)
+
+if __name__ == "__main__":
+    from turbo_dllm.train.entry import run_and_end
+
+    run_and_end(_main_or_interrupted)

@@ -7,12 +7,14 @@ train` calls it in-process (or on every rank of a hand-written torchrun) with th
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
 __all__ = [
     "end_process",
     "end_without_finalization",
+    "run_and_end",
     "resolve_run_dir",
     "train",
     "world_size_from_env",
@@ -91,6 +93,20 @@ def end_process(code: int) -> NoReturn:
     if distributed is None or not distributed.joined_a_group():
         raise SystemExit(code)
     end_without_finalization(code)
+
+
+def run_and_end(main: Callable[[], int]) -> NoReturn:
+    """`end_process(main())`; an exception escaping `main` is printed (sys.excepthook) and ends
+    the process with 1, as Python would end it, but through `end_process`: a rank that raised
+    would otherwise risk the abort above, which torchrun then reports as its cause (SIGABRT)."""
+    import sys
+
+    try:
+        code = main()
+    except Exception:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    end_process(code)
 
 
 def end_without_finalization(code: int) -> NoReturn:
