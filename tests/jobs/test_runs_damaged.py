@@ -67,3 +67,43 @@ def test_a_slurm_job_record_that_is_not_utf8_reads_as_not_submitted(cli, spec_fi
         shown = cli("run", "show", "s")
         assert shown.code == 0, shown.err
         assert "progress     1/4 steps, last loss 5.0000; not submitted" in shown.out
+
+
+def _rewrite_spec(path, change) -> None:
+    """Change the recorded spec and its hash, as another version of turbo-dllm may have
+    recorded it."""
+    from turbo_dllm.jobs.manifest import spec_sha256
+
+    manifest = json.loads(path.read_text())
+    change(manifest["spec"])
+    manifest["spec_sha256"] = spec_sha256(manifest["spec"])
+    path.write_text(json.dumps(manifest))
+
+
+def test_a_recorded_spec_without_a_field_list_and_show_read_is_named_not_a_traceback(
+    cli, spec_file, workdir
+):
+    """A recorded spec (its hash intact) without training.steps was a KeyError traceback in
+    `run list` (for every run) and `run show`; without launch or model.family, in `run show`."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/good")
+    slurm_run(cli, spec_file, "--run-dir", "runs/nosteps")
+    slurm_run(cli, spec_file, "--run-dir", "runs/noname")
+    _rewrite_spec(
+        workdir / "runs" / "nosteps" / "manifest.json", lambda s: s["training"].pop("steps")
+    )
+
+    def no_launch(spec):
+        spec.pop("launch")
+        spec["model"].pop("family")
+
+    _rewrite_spec(workdir / "runs" / "noname" / "manifest.json", no_launch)
+    listing = cli("run", "list", "--json")
+    assert listing.code == 0, listing.err
+    document = json.loads(listing.out)
+    assert [r["run_id"] for r in document["runs"]] == ["good", "noname"]
+    assert document["unreadable_manifest"] == ["runs/nosteps"]
+    assert_user_error(cli("run", "show", "nosteps"), "without training.steps", "--json")
+    assert cli("run", "show", "nosteps", "--json").code == 0
+    shown = cli("run", "show", "noname")
+    assert shown.code == 0, shown.err
+    assert "? / block_diffusion, 4 steps" in shown.out

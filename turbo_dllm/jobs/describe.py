@@ -58,12 +58,12 @@ def describe_manifest(manifest: RunManifest) -> list[str]:
     dirty = " + uncommitted changes" if code.dirty else ""
     bundle = manifest.bundle
     data = manifest.data
+    name = _field(spec, "launch", "name")
     lines = [
-        f"run          {manifest.run_id}"
-        + (f" ({spec['launch']['name']})" if spec["launch"].get("name") else ""),
+        f"run          {manifest.run_id}" + (f" ({name})" if name != "?" else ""),
         f"created      {manifest.created_at}",
-        f"spec         sha256 {manifest.spec_sha256[:16]}  {spec['model']['family']} / "
-        f"{spec['objective']['name']}, {spec['training']['steps']} steps",
+        f"spec         sha256 {manifest.spec_sha256[:16]}  {_field(spec, 'model', 'family')} / "
+        f"{_field(spec, 'objective', 'name')}, {_field(spec, 'training', 'steps')} steps",
         f"code         turbo-dllm {code.package_version} @ {commit}{dirty}",
         f"packages     {len(manifest.packages)} installed"
         + (f", torch {manifest.packages['torch']}" if "torch" in manifest.packages else ""),
@@ -78,6 +78,13 @@ def describe_manifest(manifest: RunManifest) -> list[str]:
         lines.append(f"replay of    {ref.run_id} ({len(ref.drift)} drifted input(s))")
         lines += [f"  drift      {item}" for item in ref.drift]
     return lines
+
+
+def _field(spec: dict, section: str, key: str) -> str:
+    """`spec[section][key]` as text, "?" where the recorded spec lacks it (another version's)."""
+    part = spec.get(section)
+    value = part.get(key) if isinstance(part, dict) else None
+    return "?" if value is None or value == "" else str(value)
 
 
 def _command_line(plan: JobPlan, argv: list[str]) -> str:

@@ -237,12 +237,12 @@ def summarize(
     summary = RunSummary(
         run_id=manifest.run_id,
         path=Path(run_dir),
-        name=manifest.spec.get("launch", {}).get("name"),
+        name=_spec_field(manifest, "launch", "name", str),
         created_at=manifest.created_at,
         backend=plan.backend,
         processes=f"{plan.nnodes}x{plan.nproc_per_node}",
         steps_done=_number(last.get("step"), int),
-        steps_total=int(manifest.spec["training"]["steps"]),
+        steps_total=_steps_total(run_dir, manifest),
         last_loss=_number(last.get("loss"), (int, float)),
         exit_code=_number(code, int),
         replay_of=manifest.replay_of.run_id if manifest.replay_of else None,
@@ -324,6 +324,25 @@ def _with_launcher(summary: RunSummary) -> RunSummary:
         last_written_at=written,
         resumed_here=resumed_here,
     )
+
+
+def _spec_field(manifest: RunManifest, section: str, key: str, kind: type) -> Any:
+    """`spec[section][key]` of the recorded spec if it is a `kind`, else None: a spec recorded
+    by another version (or edited, its hash rewritten) may lack it."""
+    part = manifest.spec.get(section)
+    value = part.get(key) if isinstance(part, dict) else None
+    return value if isinstance(value, kind) and not isinstance(value, bool) else None
+
+
+def _steps_total(run_dir: Path, manifest: RunManifest) -> int:
+    steps = _spec_field(manifest, "training", "steps", int)
+    if steps is None:  # was a KeyError traceback in `run list` (every run's) and `run show`
+        raise DllmError(
+            f"the run manifest in {str(run_dir)!r} records a spec without training.steps (an "
+            "integer): written by another version of turbo-dllm, or edited",
+            hint=f"`dllm run show {Path(run_dir).name} --json` prints the manifest as recorded",
+        )
+    return steps
 
 
 def _number(value: Any, kind: type | tuple[type, ...]) -> Any:
