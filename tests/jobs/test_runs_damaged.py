@@ -107,3 +107,23 @@ def test_a_recorded_spec_without_a_field_list_and_show_read_is_named_not_a_trace
     shown = cli("run", "show", "noname")
     assert shown.code == 0, shown.err
     assert "? / block_diffusion, 4 steps" in shown.out
+
+
+def test_a_manifest_nested_past_the_json_parser_is_named_not_a_traceback(cli, spec_file, workdir):
+    """JSON nested deeper than the parser goes was a RecursionError traceback in `run list`,
+    `run show` and `run diff`."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/good")
+    slurm_run(cli, spec_file, "--run-dir", "runs/deep")
+    (workdir / "runs/deep/manifest.json").write_text("[" * 100_000)
+    listing = cli("run", "list", "--json")
+    assert listing.code == 0, listing.err
+    assert json.loads(listing.out)["unreadable_manifest"] == ["runs/deep"]
+    assert_user_error(cli("run", "show", "deep"), "nested deeper than JSON is parsed")
+    assert_user_error(cli("run", "diff", "good", "deep"), "nested deeper than JSON is parsed")
+
+
+def test_a_metrics_line_nested_past_the_json_parser_is_skipped(tmp_path):
+    from turbo_dllm.train.metrics import read_metrics
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n' + "[" * 100_000 + '\n{"step": 2}\n')
+    assert read_metrics(tmp_path) == [{"step": 1}, {"step": 2}]

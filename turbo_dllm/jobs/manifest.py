@@ -155,9 +155,10 @@ def read_manifest(path: str | Path) -> RunManifest:
             f"run manifest not found: {str(path)!r}",
             hint="pass runs/<id>/manifest.json (see `dllm run list`)",
         ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
+        why = "nested deeper than JSON is parsed" if isinstance(error, RecursionError) else error
         raise DllmError(
-            f"cannot read run manifest {str(path)!r}: {error}",
+            f"cannot read run manifest {str(path)!r}: {why}",
             hint="it is torn or was edited: `dllm launch` writes it once, whole; a run dir "
             "without a readable manifest cannot be shown, diffed or replayed",
         ) from None

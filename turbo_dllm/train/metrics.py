@@ -81,7 +81,7 @@ def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
             continue
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # torn, or nested past the parser
             continue
         if isinstance(record, dict):
             records.append(record)
@@ -196,8 +196,11 @@ class MetricsLogger:
         """Drop lines of steps after `step` (written by a run that died after its checkpoint)."""
         if not (self.is_main and self.path.exists()):
             return
+        from turbo_dllm.fsutil import write_atomic
+
         kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= step]
-        self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        # whole or not at all: a resume killed here keeps the run's history
+        write_atomic(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
 
     def log(self, record: dict[str, Any]) -> None:
         if not self.is_main:

@@ -269,7 +269,7 @@ def read_submission(run_dir: Path) -> dict[str, Any] | None:
     """The submission record of a run dir, or None if its job was never submitted."""
     try:
         record = json.loads((Path(run_dir) / SUBMISSION_NAME).read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError):
+    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8 or JSON, too deep
         return None
     return record if isinstance(record, dict) and record.get("job_id") else None
 
