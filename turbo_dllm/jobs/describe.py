@@ -52,18 +52,17 @@ def describe_plan(plan: JobPlan) -> list[str]:
 
 
 def describe_manifest(manifest: RunManifest) -> list[str]:
-    spec = manifest.spec
     code = manifest.code
     commit = code.git_commit[:12] if code.git_commit else "not a git checkout"
     dirty = " + uncommitted changes" if code.dirty else ""
     bundle = manifest.bundle
     data = manifest.data
-    name = _field(spec, "launch", "name")
+    name = _field(manifest, "launch", "name")
     lines = [
         f"run          {manifest.run_id}" + (f" ({name})" if name != "?" else ""),
         f"created      {manifest.created_at}",
-        f"spec         sha256 {manifest.spec_sha256[:16]}  {_field(spec, 'model', 'family')} / "
-        f"{_field(spec, 'objective', 'name')}, {_field(spec, 'training', 'steps')} steps",
+        f"spec         sha256 {manifest.spec_sha256[:16]}  {_field(manifest, 'model', 'family')} / "
+        f"{_field(manifest, 'objective', 'name')}, {_field(manifest, 'training', 'steps')} steps",
         f"code         turbo-dllm {code.package_version} @ {commit}{dirty}",
         f"packages     {len(manifest.packages)} installed"
         + (f", torch {manifest.packages['torch']}" if "torch" in manifest.packages else ""),
@@ -80,10 +79,9 @@ def describe_manifest(manifest: RunManifest) -> list[str]:
     return lines
 
 
-def _field(spec: dict, section: str, key: str) -> str:
-    """`spec[section][key]` as text, "?" where the recorded spec lacks it (another version's)."""
-    part = spec.get(section)
-    value = part.get(key) if isinstance(part, dict) else None
+def _field(manifest: RunManifest, section: str, key: str) -> str:
+    """A recorded spec field as text, "?" where the spec lacks it (another version's)."""
+    value = manifest.recorded(section, key)
     return "?" if value is None or value == "" else str(value)
 
 

@@ -116,6 +116,12 @@ class RunManifest(_Strict):
     commands: list[list[str]]
     replay_of: ReplayRef | None = None
 
+    def recorded(self, section: str, key: str) -> Any:
+        """`spec[section][key]` as recorded, None where the spec lacks it (one recorded by
+        another version, or edited with its hash rewritten)."""
+        part = self.spec.get(section)
+        return part.get(key) if isinstance(part, dict) else None
+
     @model_validator(mode="after")
     def _consistent(self) -> RunManifest:
         if self.spec_sha256 != spec_sha256(self.spec):
