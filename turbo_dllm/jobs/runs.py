@@ -16,8 +16,6 @@ reads `no result`.
 
 from __future__ import annotations
 
-import json
-import os
 import re
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
@@ -28,7 +26,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs.drift import flat_diff, manifest_drift
 from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
 from turbo_dllm.jobs.result import launcher_alive, read_launchers, read_result, this_host
-from turbo_dllm.train.metrics import METRICS_NAME
+from turbo_dllm.train.metrics import METRICS_NAME, last_metrics_record
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -227,7 +225,8 @@ def summarize(
 ) -> RunSummary:
     """A run's summary; `ask_slurm` queries SLURM for a submitted job's state."""
     manifest = manifest or read_manifest(run_dir)
-    last = _last_step_record(run_dir)
+    # the last record with an integer step (a damaged or step-less line is skipped)
+    last = last_metrics_record(run_dir, lambda r: _number(r.get("step"), int) is not None)
     result = read_result(run_dir)
     if not isinstance(result, dict):  # absent, or not a result a launcher writes
         result = None
@@ -253,43 +252,6 @@ def summarize(
     if result is None and plan.backend != "slurm":
         summary = _with_launcher(summary)
     return _with_slurm_states([summary])[0] if ask_slurm else summary
-
-
-_TAIL_CHUNK = 64 * 1024
-
-
-def _last_step_record(run_dir: Path) -> dict[str, Any]:
-    """The last metrics.jsonl record with an integer step ({} where none), read from the end
-    back: `dllm run list` read every run's whole file (a long run's is hundreds of MB: seconds
-    and as much memory per run). Lines are taken as `read_metrics` takes them: a torn or
-    damaged one is skipped."""
-    try:
-        with (Path(run_dir) / METRICS_NAME).open("rb") as handle:
-            end = handle.seek(0, os.SEEK_END)
-            carry = b""  # the start of a line whose beginning is further back
-            while end > 0:
-                start = max(0, end - _TAIL_CHUNK)
-                handle.seek(start)
-                lines = (handle.read(end - start) + carry).split(b"\n")
-                carry = lines.pop(0) if start > 0 else b""
-                end = start
-                for line in reversed(lines):
-                    record = _step_record(line)
-                    if record is not None:
-                        return record
-    except OSError:  # absent, a folder, unreadable
-        pass
-    return {}
-
-
-def _step_record(line: bytes) -> dict[str, Any] | None:
-    try:
-        record = json.loads(line.decode("utf-8", errors="replace"))
-    except (ValueError, RecursionError):
-        return None
-    if isinstance(record, dict) and _number(record.get("step"), int) is not None:
-        return record
-    return None
 
 
 def _with_launcher(summary: RunSummary) -> RunSummary:
@@ -327,10 +289,8 @@ def _with_launcher(summary: RunSummary) -> RunSummary:
 
 
 def _spec_field(manifest: RunManifest, section: str, key: str, kind: type) -> Any:
-    """`spec[section][key]` of the recorded spec if it is a `kind`, else None: a spec recorded
-    by another version (or edited, its hash rewritten) may lack it."""
-    part = manifest.spec.get(section)
-    value = part.get(key) if isinstance(part, dict) else None
+    """A recorded spec field if it is a `kind`, else None (RunManifest.recorded)."""
+    value = manifest.recorded(section, key)
     return value if isinstance(value, kind) and not isinstance(value, bool) else None
 
 
@@ -354,10 +314,7 @@ def _number(value: Any, kind: type | tuple[type, ...]) -> Any:
 def _slurm_job_id(run_dir: Path) -> str | None:
     from turbo_dllm.jobs.backends.slurm import read_submission
 
-    try:
-        record = read_submission(run_dir)
-    except (ValueError, RecursionError):  # not UTF-8, nested past the parser: read as absent
-        return None
+    record = read_submission(run_dir)  # None also for one not UTF-8 or nested past the parser
     return str(record["job_id"]) if record else None
 
 

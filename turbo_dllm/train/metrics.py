@@ -18,6 +18,7 @@ import json
 import os
 import resource
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -71,21 +72,56 @@ def peak_memory_gb(device: torch.device) -> float:
 
 def read_metrics(run_dir: str | Path) -> list[dict[str, Any]]:
     """metrics.jsonl records in file order; a torn line (a run killed mid-write, or one still
-    writing) is skipped. The one reader: resume and `dllm run` both read through it."""
+    writing) is skipped. With `last_metrics_record`, the one reader: resume and `dllm run`
+    read through them."""
     path = Path(run_dir) / METRICS_NAME
     if not path.is_file():
         return []
     records = []
     for line in path.read_text(encoding="utf-8", errors="replace").splitlines():
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except (json.JSONDecodeError, RecursionError):  # torn, or nested past the parser
-            continue
-        if isinstance(record, dict):
+        record = _record(line)
+        if record is not None:
             records.append(record)
     return records
+
+
+_TAIL_CHUNK = 64 * 1024
+
+
+def last_metrics_record(
+    run_dir: str | Path, accept: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """The last metrics.jsonl record that `accept`s ({} where none), read from the end back:
+    `dllm run list` read every run's whole file (a long run's is hundreds of MB: seconds and as
+    much memory per run). Lines are taken as `read_metrics` takes them."""
+    try:
+        with (Path(run_dir) / METRICS_NAME).open("rb") as handle:
+            end = handle.seek(0, os.SEEK_END)
+            carry = b""  # the start of a line whose beginning is further back
+            while end > 0:
+                start = max(0, end - _TAIL_CHUNK)
+                handle.seek(start)
+                lines = (handle.read(end - start) + carry).split(b"\n")
+                carry = lines.pop(0) if start > 0 else b""
+                end = start
+                for line in reversed(lines):
+                    record = _record(line.decode("utf-8", errors="replace"))
+                    if record is not None and accept(record):
+                        return record
+    except OSError:  # absent, a folder, unreadable
+        pass
+    return {}
+
+
+def _record(line: str) -> dict[str, Any] | None:
+    """One metrics line's record; None for a blank, torn or damaged one."""
+    if not line.strip():
+        return None
+    try:
+        record = json.loads(line)
+    except (json.JSONDecodeError, RecursionError):  # torn, or nested past the parser
+        return None
+    return record if isinstance(record, dict) else None
 
 
 class _NullLogger:
@@ -196,8 +232,6 @@ class MetricsLogger:
         """Drop lines of steps after `step` (written by a run that died after its checkpoint)."""
         if not (self.is_main and self.path.exists()):
             return
-        from turbo_dllm.fsutil import write_atomic
-
         kept = [r for r in read_metrics(self.run_dir) if r.get("step", 0) <= step]
         # whole or not at all: a resume killed here keeps the run's history
         write_atomic(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
