@@ -138,6 +138,15 @@ def mounted_at(path: str | Path) -> str:
     return f"{mount}, {human_size(free)} free" if free is not None else str(mount)
 
 
+def human_count(n: int) -> str:
+    """A count (of parameters) as people say it: 1.72B, 27.3M, 41.2K; a tiny test model is not
+    `0.0M`."""
+    for unit, scale, digits in (("B", 1e9, 2), ("M", 1e6, 1), ("K", 1e3, 1)):
+        if n >= scale:
+            return f"{n / scale:.{digits}f}{unit}"
+    return str(n)
+
+
 def human_size(count: int) -> str:
     """`count` bytes for a person: "512 bytes", "3.4 GiB"."""
     if count < 1024:

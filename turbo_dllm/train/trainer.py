@@ -30,6 +30,7 @@ from pathlib import Path
 import torch
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import human_count
 from turbo_dllm.registry import get_family, resolve_model_config
 from turbo_dllm.train.attention import build_attention
 from turbo_dllm.train.checkpoint import (
@@ -737,7 +738,7 @@ class Trainer:
         began = time.perf_counter()
         print0(
             env,
-            f"training {self._model_name()} ({_count(self.model_config.num_params())} params) "
+            f"training {self._model_name()} ({human_count(self.model_config.num_params())} params) "
             f"on {env.world_size} x {self.device.type}, steps {start + 1}..{self.total_steps}, "
             f"run dir {self.run_dir}",
         )
@@ -818,11 +819,3 @@ class Trainer:
         self.metrics.close()
         print0(env, f"done: {last_saved} steps, checkpoint in {self.checkpoint_dir}")
         return 0
-
-
-def _count(n: int) -> str:
-    """1.72B, 27.3M, 41.2K: a tiny test model is not `0.0M`."""
-    for unit, scale, digits in (("B", 1e9, 2), ("M", 1e6, 1), ("K", 1e3, 1)):
-        if n >= scale:
-            return f"{n / scale:.{digits}f}{unit}"
-    return str(n)

@@ -12,6 +12,7 @@ from pathlib import Path
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
 from turbo_dllm.doctor.host import host_fingerprint
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import human_count
 
 __all__: list[str] = []
 
@@ -126,14 +127,6 @@ def _device(ctx: DoctorContext) -> str:
     return "cuda" if host_view(ctx).gpus else "cpu"
 
 
-def _count(n: int) -> str:
-    """A parameter count as people say it: 1.7B, 596.0M, 41.3K."""
-    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:,.1f}{unit}"
-    return str(n)
-
-
 @register_check(order=455)
 def model_source(ctx: DoctorContext) -> CheckResult:
     name = "model"
@@ -151,7 +144,7 @@ def model_source(ctx: DoctorContext) -> CheckResult:
             name, "fail", error.message, fix=error.hint or "fix model.* in the RunSpec"
         )
     kind = config.model_type if model.family != "dflash" else f"{config.model_type} drafter"
-    size = f"{kind}, {_count(config.num_params())} parameters"
+    size = f"{kind}, {human_count(config.num_params())} parameters"
     if model.path is None:
         return CheckResult(name, "pass", f"random init from {model.from_config!r} ({size})")
     folder = Path(model.path)
