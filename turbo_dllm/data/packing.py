@@ -69,9 +69,9 @@ class Packer:
             if not self.split or not self._doc_lengths:
                 raise ValueError("only a document placed under overflow: split goes on")
             n = int(lengths[0])
-            self._grow(self._end + n - self._base)
-            self._tokens[self._end - self._base : self._end + n - self._base] = tokens[:n]
-            self._mask[self._end - self._base : self._end + n - self._base] = mask[:n]
+            at = slice(self._end - self._base, self._end + n - self._base)
+            self._grow(at.stop)
+            self._tokens[at], self._mask[at] = tokens[:n], mask[:n]
             self._doc_lengths[-1][-1] += n
             self._end += n
             self._pos = int(_align_up(self._end, self.block_size))
