@@ -99,6 +99,53 @@ def test_diff_shows_where_long_values_differ_and_a_run_against_itself_as_identic
     assert "run_dir" not in cli("run", "diff", "a", "a").out
 
 
+def test_diff_tells_values_of_another_type_apart(cli, spec_file, workdir):
+    """`true` and `1` compared equal (Python's True == 1), so the row was dropped; a string "1"
+    and the number 1 were both shown as 1. Values differ by type as well, shown as JSON where
+    they would read alike; ordinary differences read as before."""
+    from turbo_dllm.jobs.manifest import spec_sha256
+
+    slurm_run(cli, spec_file, "--run-dir", "runs/a")
+    slurm_run(cli, spec_file, "--run-dir", "runs/b")
+    pairs = {
+        "flag": (True, 1),
+        "count": ("1", 1),
+        "ratio": (1, 1.0),
+        "word": ("true", True),
+        "none": ("-", None),
+        "same": (2, 2),
+        "name": ("adamw", "sgd"),
+    }
+    for run, side in (("a", 0), ("b", 1)):
+        path = workdir / "runs" / run / "manifest.json"
+        manifest = json.loads(path.read_text())
+        manifest["spec"]["extra"] = {key: values[side] for key, values in pairs.items()}
+        manifest["spec_sha256"] = spec_sha256(manifest["spec"])
+        path.write_text(json.dumps(manifest))
+    diff = json.loads(cli("run", "diff", "a", "b", "--json").out)
+    fields = {item["field"]: item for item in diff["diff"]["spec"]}
+    assert set(fields) == {f"spec.extra.{key}" for key in pairs if key != "same"}, fields
+    assert fields["spec.extra.flag"]["recorded"] is True
+    assert fields["spec.extra.flag"]["current"] == 1
+    human = cli("run", "diff", "a", "b")
+    assert human.code == 0, human.err
+    rows = {
+        line.split()[0]: re.split(r"\s{2,}", line)[1:]
+        for line in human.out.splitlines()
+        if line.startswith("spec.extra.")
+    }
+    assert rows == {
+        "spec.extra.flag": ["true", "1"],
+        "spec.extra.count": ['"1"', "1"],
+        "spec.extra.ratio": ["1", "1.0"],
+        "spec.extra.word": ['"true"', "true"],
+        "spec.extra.none": ['"-"', "-"],
+        "spec.extra.name": ["adamw", "sgd"],
+    }, human.out
+    itself = json.loads(cli("run", "diff", "a", "a", "--json").out)
+    assert all(items == [] for items in itself["diff"].values()), itself["diff"]
+
+
 def test_show_unknown_or_ambiguous_run(cli, spec_file, workdir):
     assert_user_error(cli("run", "show", "nope"), "no run 'nope' under runs")
     slurm_run(cli, spec_file)

@@ -172,6 +172,8 @@ def _cells(left, right) -> tuple[str, str]:
     """Two differing values as table cells. Long ones are cut around where they first differ:
     cut at their start, two argv lists differing only in a late --set read the same."""
     texts = [_text(left), _text(right)]
+    if texts[0] == texts[1]:  # differ by type only ("1" and 1): as JSON, the string quoted
+        texts = [_text(left, quoted=True), _text(right, quoted=True)]
     if all(len(t) <= _CELL for t in texts):
         return texts[0], texts[1]
     first = next(
@@ -189,9 +191,12 @@ def _cut(text: str, start: int) -> str:
     return head + body + ("..." if start + len(body) < len(text) else "")
 
 
-def _text(value) -> str:
+def _text(value, *, quoted: bool = False) -> str:
+    """A value as a cell: `-` for none, a string as it is (`quoted`: as JSON), else JSON."""
     import json
 
     if value is None:
         return "-"
-    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+    if isinstance(value, str) and not quoted:
+        return value
+    return json.dumps(value, sort_keys=True)
