@@ -127,3 +127,62 @@ def test_a_metrics_line_nested_past_the_json_parser_is_skipped(tmp_path):
 
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n' + "[" * 100_000 + '\n{"step": 2}\n')
     assert read_metrics(tmp_path) == [{"step": 1}, {"step": 2}]
+
+
+_NOT_A_STEP = ("true", "false", "1.0", '"3"', "null", "[4]")
+
+
+def test_a_metrics_record_whose_step_is_no_integer_is_skipped(tmp_path):
+    """`"step": true` read as step 1 (bool is an int in Python): plotted there, and a resume
+    kept it as a step. A step is an int that is not a bool; a record with another step is
+    damaged and skipped like a torn line, by `read_metrics` and `last_metrics_record` alike.
+    A record without a step (an event) is kept as before."""
+    from turbo_dllm.train.metrics import last_metrics_record, read_metrics
+
+    lines = ['{"step": 1, "loss": 5.0}', '{"event": "eval"}']
+    lines += [f'{{"step": {step}, "loss": 9.0}}' for step in _NOT_A_STEP]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert read_metrics(tmp_path) == [{"step": 1, "loss": 5.0}, {"event": "eval"}]
+    assert last_metrics_record(tmp_path, lambda r: True) == {"event": "eval"}
+
+
+def test_a_resume_drops_records_whose_step_is_no_integer(tmp_path):
+    """A resume's truncation compared every record's step with `<=`: a `"step": "x"` line was a
+    TypeError traceback, and a `"step": true` line was kept as step 1."""
+    from turbo_dllm.config.runspec import LoggingSpec
+    from turbo_dllm.train.metrics import MetricsLogger, read_metrics
+
+    lines = ['{"step": 1, "loss": 5.0}', '{"step": "x"}', '{"step": true}', '{"step": 3}']
+    (tmp_path / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    logger = MetricsLogger(tmp_path, LoggingSpec(), is_main=True, total_steps=4)
+    logger.truncate_after(2)
+    assert read_metrics(tmp_path) == [{"loss": 5.0, "step": 1}]
+
+
+def test_plot_list_and_show_take_no_bool_for_a_step_or_a_value(
+    cli, spec_file, workdir, monkeypatch
+):
+    """`dllm run plot` drew a `"step": true` record at step 1; a bool metric value is no value
+    (plot, and list/show's last loss), and list/show's last step is the last integer one."""
+    import matplotlib.axes
+
+    slurm_run(cli, spec_file, "--run-dir", "runs/r")
+    run_dir = workdir / "runs" / "r"
+    lines = ['{"step": true, "loss": 9.0}', '{"step": 2, "loss": 5.0}']
+    lines += ['{"step": 3, "loss": 4.0, "mem_gb": true}', '{"step": false, "loss": 1.0}']
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    drawn = {}
+    real_plot = matplotlib.axes.Axes.plot
+
+    def plot(self, xs, ys, *args, **kwargs):
+        drawn[self.get_ylabel() or len(drawn)] = (list(xs), list(ys))
+        return real_plot(self, xs, ys, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", plot)
+    result = cli("run", "plot", "r")
+    assert result.code == 0, result.err
+    assert list(drawn.values()) == [([2, 3], [5.0, 4.0])], drawn  # loss only: no memory plot
+    assert not (run_dir / "plots" / "memory.png").exists()
+    [run] = json.loads(cli("run", "list", "--json").out)["runs"]
+    assert (run["steps_done"], run["last_loss"]) == (3, 4.0)
+    assert "progress     3/4 steps, last loss 4.0000" in cli("run", "show", "r").out

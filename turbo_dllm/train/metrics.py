@@ -114,14 +114,20 @@ def last_metrics_record(
 
 
 def _record(line: str) -> dict[str, Any] | None:
-    """One metrics line's record; None for a blank, torn or damaged one."""
+    """One metrics line's record; None for a blank, torn or damaged one. A step, where there
+    is one, is an int and not a bool (`"step": true` was plotted, and kept by a resume, as step
+    1); a record with another step is damaged. A metric value is read as a number only where it
+    is one that is not a bool (by each reader: one odd value does not damage the record)."""
     if not line.strip():
         return None
     try:
         record = json.loads(line)
     except (json.JSONDecodeError, RecursionError):  # torn, or nested past the parser
         return None
-    return record if isinstance(record, dict) else None
+    if not isinstance(record, dict):
+        return None
+    step = record.get("step", 0)
+    return record if isinstance(step, int) and not isinstance(step, bool) else None
 
 
 class _NullLogger:
