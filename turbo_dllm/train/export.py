@@ -1,4 +1,5 @@
-"""Export a training checkpoint as a Hugging Face folder (config.json + model.safetensors).
+"""Export a training checkpoint as a Hugging Face folder (config.json + model.safetensors, or
+model-0000i-of-0000N.safetensors and their index past `max_shard_size`, as transformers shards).
 
 Runs in one process on the CPU whatever data-parallel size saved the checkpoint: DCP reads the
 sharded model tensors back as full tensors. The optimizer state is not read. The folder is
@@ -47,14 +48,28 @@ def export_checkpoint(
     dtype: str | None = None,
     *,
     finish: Callable[[Path], None] | None = None,
+    max_shard_size: int | str | None = None,
 ) -> Path:
     """Write `checkpoint`'s model to `out` in the HF layout; returns `out`. `finish(folder)`
-    adds files to the folder before it is renamed into place (`dllm dflash export`'s record)."""
+    adds files to the folder before it is renamed into place (`dllm dflash export`'s record).
+    Weights past `max_shard_size` bytes (default: transformers' 50GB) are split into shards
+    (`save_hf`)."""
     import torch
 
     from turbo_dllm.registry import get_family
     from turbo_dllm.train.checkpoint import load_tensors, read_meta, resolve_checkpoint
-    from turbo_dllm.train.weights import allocate, full_state_dict, save_hf
+    from turbo_dllm.train.weights import (
+        DEFAULT_MAX_SHARD_SIZE,
+        allocate,
+        full_state_dict,
+        parse_shard_size,
+        save_hf,
+    )
+
+    # A bad size is refused before the checkpoint is read.
+    shard_bytes = parse_shard_size(
+        DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size
+    )
 
     checkpoint, out = resolve_checkpoint(checkpoint), Path(out)  # a checkpoints/ folder: its newest
     meta = read_meta(checkpoint)
@@ -93,7 +108,7 @@ def export_checkpoint(
     _warn_if_sources_gone(meta, prefixes)
     tensors.update(_source_tensors(meta, prefixes))
     try:
-        save_hf(tensors, config, staging, dtype=getattr(torch, name))
+        save_hf(tensors, config, staging, dtype=getattr(torch, name), max_shard_size=shard_bytes)
         if hasattr(model, "hf_export_config"):  # a family whose HF config is not its checkpoint's
             path = staging / "config.json"
             hf = model.hf_export_config(json.loads(path.read_text()))

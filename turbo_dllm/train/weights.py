@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +26,7 @@ from torch import nn
 from turbo_dllm.errors import DllmError
 
 __all__ = [
+    "DEFAULT_MAX_SHARD_SIZE",
     "allocate",
     "clean_fqn",
     "full_state_dict",
@@ -31,6 +34,7 @@ __all__ = [
     "load_hf_weights",
     "materialize",
     "named_parameters_clean",
+    "parse_shard_size",
     "save_hf",
 ]
 
@@ -221,27 +225,132 @@ def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     return out
 
 
+# transformers' `save_pretrained` default (5.x) and its size units: decimal, as the Hub counts
+# its 50 GB per-file limit (huggingface_hub's parse_size_to_int: "5GB" is 5 * 10**9 bytes).
+DEFAULT_MAX_SHARD_SIZE = "50GB"
+_SIZE_UNITS = {"TB": 10**12, "GB": 10**9, "MB": 10**6, "KB": 10**3}
+_SINGLE = "model.safetensors"
+_INDEX = "model.safetensors.index.json"
+_SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def parse_shard_size(size: int | str) -> int:
+    """Bytes per safetensors file: an int, or a string as transformers reads `max_shard_size`
+    ("5GB", "500MB", "200KB", "1.5TB"; decimal units, any case), or digits alone (bytes)."""
+    bad = DllmError(
+        f"max shard size {size!r} is not a size",
+        hint='give bytes or a number with a unit, as transformers\' max_shard_size: "5GB", '
+        '"500MB", "200KB" (decimal: 1GB = 10^9 bytes; GiB and the like are not read)',
+    )
+    if isinstance(size, bool):
+        raise bad
+    if isinstance(size, int):
+        value = size
+    elif isinstance(size, str):
+        text = size.strip()
+        if text.isdigit():
+            value = int(text)
+        else:
+            unit = text[-2:].upper()
+            if unit not in _SIZE_UNITS:
+                raise bad
+            try:
+                number = float(text[:-2].strip())
+            except ValueError:
+                raise bad from None
+            if not math.isfinite(number):
+                raise bad
+            value = int(number * _SIZE_UNITS[unit])
+    else:
+        raise bad
+    if value <= 0:
+        raise bad
+    return value
+
+
+def _plan_shards(sizes: dict[str, int], limit: int) -> list[list[str]]:
+    """Tensor names per file, grouped as huggingface_hub's `split_state_dict_into_shards` (what
+    transformers' `save_pretrained` calls) groups them: in order, a new file when the next
+    tensor would take this one past `limit`, and a tensor larger than `limit` alone in a file
+    of its own, placed when it is met (before the file still being filled)."""
+    shards: list[list[str]] = []
+    current: list[str] = []
+    current_size = 0
+    for name, size in sizes.items():
+        if size > limit:
+            shards.append([name])
+            continue
+        if current_size + size > limit:
+            shards.append(current)
+            current, current_size = [], 0
+        current.append(name)
+        current_size += size
+    if current or not shards:  # an empty state is still one (empty) model.safetensors
+        shards.append(current)
+    return shards
+
+
 def save_hf(
     state: dict[str, torch.Tensor],
     config,
     folder: str | Path,
     dtype: torch.dtype | None = None,
+    *,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
-    """Write config.json + model.safetensors in the Hugging Face layout."""
+    """Write config.json and the weights in the Hugging Face layout, sharded as transformers'
+    `save_pretrained` shards them: one model.safetensors when all the tensors (in `dtype`) fit
+    in `max_shard_size` bytes, else model-0000i-of-0000N.safetensors files (a tensor is never
+    split; one larger than the limit has a file of its own) and model.safetensors.index.json
+    ({"metadata": {"total_parameters", "total_size"}, "weight_map": name -> file}). Tensors are
+    converted to `dtype` one file at a time, so the extra memory is one file's, not a second
+    copy of the model. Weight files of an earlier save in `folder` that this one does not
+    write are removed (a stale index would be read instead of the new weights)."""
     from turbo_dllm.fsutil import save_safetensors
 
+    limit = parse_shard_size(max_shard_size)
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tensors = {}
-    for name, tensor in state.items():
-        if config.tie_word_embeddings and name == _HEAD:
-            continue  # transformers re-ties it from embed_tokens
-        tensors[name] = (tensor.to(dtype) if dtype is not None else tensor).contiguous()
+    names = [n for n in state if not (config.tie_word_embeddings and n == _HEAD)]  # re-tied by HF
+
+    def written_size(tensor: torch.Tensor) -> int:
+        return tensor.numel() * (dtype or tensor.dtype).itemsize
+
+    sizes = {name: written_size(state[name]) for name in names}
+    shards = _plan_shards(sizes, limit)
+    count = len(shards)
+    files = (
+        [_SINGLE]
+        if count == 1
+        else [f"model-{i:05d}-of-{count:05d}.safetensors" for i in range(1, count + 1)]
+    )
     hf = config.to_hf_dict()
     if dtype is not None:
         hf["torch_dtype"] = str(dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    save_safetensors(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    for stale in folder.iterdir():
+        if stale.name not in files and (
+            stale.name in (_SINGLE, _INDEX) or _SHARD_NAME.fullmatch(stale.name)
+        ):
+            stale.unlink()
+    for file, shard in zip(files, shards, strict=True):
+        tensors = {
+            name: (state[name].to(dtype) if dtype is not None else state[name]).contiguous()
+            for name in shard
+        }
+        save_safetensors(tensors, folder / file, metadata={"format": "pt"})
+        del tensors  # this file's converted copies go before the next file's are made
+    if count > 1:
+        index = {
+            "metadata": {
+                "total_parameters": sum(state[name].numel() for name in names),
+                "total_size": sum(sizes.values()),
+            },
+            "weight_map": {
+                name: file for file, shard in zip(files, shards, strict=True) for name in shard
+            },
+        }
+        (folder / _INDEX).write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     return folder
 
 
