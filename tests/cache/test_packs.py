@@ -987,6 +987,43 @@ def test_a_missing_pack_is_named_with_a_hint(cli, tmp_path):
                       "no such pack", "hint: name a .tar.zst")  # fmt: skip
 
 
+def test_a_folder_an_empty_file_or_garbage_is_named_for_what_it_is(cli, tmp_path):
+    """A folder given to `dllm cache install` was "no such pack", as if nothing were there; an
+    empty file was "truncated or incomplete" and garbage a zstd "Unknown frame descriptor".
+    Each says what it is now, with what to pass instead, and nothing is installed."""
+    from turbo_dllm.cache.packs import check_packs
+    from turbo_dllm.errors import DllmError
+
+    folder = tmp_path / "packs"
+    folder.mkdir()
+    result = cli("cache", "install", folder)
+    assert_user_error(result, f"{folder} is a folder, not a pack file", "`dllm cache pack`")
+    assert "no such pack" not in result.err
+    with pytest.raises(DllmError, match="is a folder, not a pack file"):
+        check_packs([folder])  # `dllm bundle publish --packs` as well
+    pack = _small_pack(tmp_path)  # written into tmp_path/packs: the hint names it
+    result = cli("cache", "install", pack.parent)
+    assert_user_error(result, "is a folder, not a pack file", f"pass the pack in it: {pack}")
+
+    empty = tmp_path / "empty.tar.zst"
+    empty.write_bytes(b"")
+    result = cli("cache", "install", empty)
+    assert_user_error(result, "empty.tar.zst: an empty file (0 bytes), not a compile-cache pack")
+    assert "truncated" not in result.err
+    garbage = tmp_path / "garbage.tar.zst"
+    garbage.write_bytes(b"PK\x03\x04 not what `dllm cache pack` writes" * 10)
+    result = cli("cache", "install", garbage)
+    assert_user_error(
+        result,
+        "garbage.tar.zst: not a compile-cache pack (not zstd-compressed",
+        "`dllm cache pack`",
+    )
+    assert "frame descriptor" not in result.err
+    missing = cli("cache", "install", tmp_path / "nothing.tar.zst")
+    assert_user_error(missing, "no such pack", "nothing there")
+    assert "no compile-cache packs installed" in cli("cache", "list").out
+
+
 def _disk_fault(patch, phase: str) -> None:
     """Make the next install meet a full disk, a quota or a read-only cache in `phase`."""
     import errno

@@ -334,7 +334,7 @@ def read_pack_manifest(path: Path) -> PackManifest:
                 assert handle is not None
                 return _parse(handle.read(), path.name)
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
-        raise PackRejected(unreadable_archive(path.name, error, "compile-cache pack")) from None
+        raise _unreadable(path, error) from None
     except OSError as error:
         raise DllmError(f"cannot read {path}: {error.strerror}") from None
 
@@ -397,13 +397,66 @@ def _extract(path: Path, dest: Path) -> PackManifest:
                         )
                     written.add(name)
     except (tarfile.TarError, zstandard.ZstdError, EOFError) as error:
-        raise PackRejected(unreadable_archive(label, error, "compile-cache pack")) from None
+        raise _unreadable(path, error) from None
     if manifest is None:
         raise PackRejected(f"{label}: empty archive")
     missing = sorted(set(expected) - written)
     if missing:
         raise PackRejected(f"{label}: the archive lacks listed files: {', '.join(missing[:5])}")
     return manifest
+
+
+# A zstd frame's first bytes; a skippable frame's are 0x50-0x5F, 0x2A, 0x4D, 0x18.
+_ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"
+_A_PACK = "a .tar.zst made by `dllm cache pack`"
+
+
+def _unreadable(path: Path, error: BaseException) -> PackRejected:
+    """Why the archive at `path` could not be read. An empty file and one that is no zstd data
+    at all are named so: "truncated" and a zstd "Unknown frame descriptor" told of a damaged
+    pack where there was none."""
+    try:
+        with path.open("rb") as handle:
+            head = handle.read(len(_ZSTD_MAGIC))
+    except OSError:
+        head = None
+    if head == b"":
+        return PackRejected(
+            f"{path.name}: an empty file (0 bytes), not a compile-cache pack",
+            hint=f"a copy or download that wrote nothing? name {_A_PACK}",
+        )
+    skippable = head is not None and head[1:] == b"\x2a\x4d\x18" and head[0] & 0xF0 == 0x50
+    if head is not None and head != _ZSTD_MAGIC and not skippable:
+        return PackRejected(
+            f"{path.name}: not a compile-cache pack (not zstd-compressed data)",
+            hint=f"name {_A_PACK}",
+        )
+    return PackRejected(unreadable_archive(path.name, error, "compile-cache pack"))
+
+
+def _pack_file(path: Path) -> Path:
+    """`path`, if there is a file to read as a pack; else a DllmError that says what is there
+    instead: a folder was "no such pack", as if nothing were there."""
+    offer = "(`dllm cache list --available` lists the packs on offer)"
+    hint = f"name {_A_PACK} {offer}"
+    if path.is_dir():
+        try:
+            inside = sorted(path.glob("*.tar.zst"))
+        except OSError:  # a folder that cannot be listed: named without its packs
+            inside = []
+        if len(inside) == 1:
+            hint = f"pass the pack in it: {inside[0]} (a pack is {_A_PACK})"
+        elif inside:
+            hint = f"pass one of the {len(inside)} packs in it, such as {inside[0]}"
+        else:
+            hint = f"name {_A_PACK}, not a folder {offer}"
+        raise DllmError(f"{path} is a folder, not a pack file", hint=hint)
+    if not path.exists():
+        where = " (a link to nothing)" if path.is_symlink() else " (nothing there)"
+        raise DllmError(f"no such pack: {path}{where}", hint=hint)
+    if not path.is_file():
+        raise DllmError(f"{path} is not a pack file (not a regular file)", hint=hint)
+    return path
 
 
 def verify_pack_archive(path: Path) -> PackManifest:
@@ -417,8 +470,7 @@ def check_packs(packs: list[Path]) -> list[tuple[Path, str]]:
     """(path, published name) of each pack, each verified completely (PackRejected if not)."""
     checked = []
     for pack in packs:
-        if not pack.is_file():
-            raise DllmError(f"no such pack: {pack}")
+        _pack_file(pack)
         checked.append((pack, verify_pack_archive(pack).file_name))
     return checked
 
@@ -613,13 +665,7 @@ def install_pack(
     (`remove_damaged_record`), the files already there with the pack's bytes are taken as this
     install's: that record's install most likely added them, and nothing else would remove them."""
 
-    if not path.is_file():
-        raise DllmError(
-            f"no such pack: {path}",
-            hint="name a .tar.zst made by `dllm cache pack` (`dllm cache list --available` lists "
-            "the packs on offer)",
-        )
-    manifest = read_pack_manifest(path)
+    manifest = read_pack_manifest(_pack_file(path))
     differences = manifest.key.differences(host, spec_sha256)
     if differences:
         raise PackRejected(
