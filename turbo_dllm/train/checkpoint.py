@@ -370,6 +370,24 @@ def _save_synced(state: dict[str, Any], path: Path) -> None:
 _Failure = tuple[int, str, str, str]
 
 
+def _agreed_failure(failure: _Failure | None, world_size: int) -> DllmError:
+    """After a vote that found a part failed on some rank (`any_rank_now`), on every rank (a
+    collective): the same error everywhere, the failing rank's own account (the lowest, where
+    several failed), naming that rank."""
+    from turbo_dllm.train.distributed import gather_from_ranks
+
+    found = gather_from_ranks(failure)
+    origins = sorted({f[0] for f in found if f is not None})
+    # the failing rank's own account (a DCP write that failed is raised on every rank)
+    first = found[origins[0]] if origins[0] < len(found) else None
+    origin, what, why, hint = first or next(f for f in found if f is not None)
+    if world_size > 1:
+        others = len(origins) - 1
+        more = f" and {others} more" if others else ""
+        what = f"{what} (rank {origin}{more} of {world_size})"
+    return DllmError(f"{what}: {why}", hint=hint)
+
+
 class Checkpointer:
     """Saves and restores the whole training state of one rank (collective calls)."""
 
@@ -496,24 +514,15 @@ class Checkpointer:
     def _agree(self, failure: _Failure | None, tmp: Path) -> None:
         """The end of one part of a save, on every rank (a collective: one all-reduce of a flag
         where a barrier was): where a rank's part failed, rank 0 removes the temp folder (its
-        space back; no step is marked complete) and every rank raises the same error, that
-        rank's own, naming the rank (the lowest, where several failed)."""
-        from turbo_dllm.train.distributed import any_rank_now, gather_from_ranks
+        space back; no step is marked complete) and every rank raises the same error
+        (`_agreed_failure`)."""
+        from turbo_dllm.train.distributed import any_rank_now
 
         if not any_rank_now(failure is not None):
             return
-        if self.rank == 0:
+        if self.rank == 0:  # gone before any rank raises
             shutil.rmtree(tmp, ignore_errors=True)
-        found = gather_from_ranks(failure)
-        origins = sorted({f[0] for f in found if f is not None})
-        # the failing rank's own account (a DCP write that failed is raised on every rank)
-        first = found[origins[0]] if origins[0] < len(found) else None
-        origin, what, why, hint = first or next(f for f in found if f is not None)
-        if self.world_size > 1:
-            others = len(origins) - 1
-            more = f" and {others} more" if others else ""
-            what = f"{what} (rank {origin}{more} of {self.world_size})"
-        raise DllmError(f"{what}: {why}", hint=hint)
+        raise _agreed_failure(failure, self.world_size)
 
     def _origin(self, error: BaseException) -> int:
         """The rank where `error` happened: DCP raises a write that failed on one rank on every
@@ -614,18 +623,16 @@ class Checkpointer:
         """This rank's RNG states from its file; one missing (a checkpoint copied in part),
         truncated or foreign on any rank ends the load on every rank with that rank's error
         (a collective: a rank raising alone would leave the others in the next one)."""
-        from turbo_dllm.train.distributed import any_rank_now, gather_from_ranks
+        from turbo_dllm.train.distributed import any_rank_now
 
         rng, failure = None, None
         try:
             rng = torch.load(rank_file, weights_only=False)["rng"]
         except Exception as error:
-            failure = _unreadable(rank_file, error)
+            what = f"cannot read the checkpoint {str(rank_file)!r}"
+            failure = (self.rank, what, _reason(error), _DAMAGED)
         if any_rank_now(failure is not None):
-            found = gather_from_ranks(None if failure is None else failure.message)
-            origin = next(rank for rank, message in enumerate(found) if message is not None)
-            where = f" (rank {origin} of {self.world_size})" if self.world_size > 1 else ""
-            raise DllmError(found[origin] + where, hint=_DAMAGED)
+            raise _agreed_failure(failure, self.world_size)
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state_all(rng["cuda"])
