@@ -11,10 +11,11 @@ import pytest
 from tests.helpers import assert_user_error
 from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs import provenance
-from turbo_dllm.jobs.drift import flatten, manifest_drift
+from turbo_dllm.jobs.drift import differ, flatten, manifest_drift
 from turbo_dllm.jobs.manifest import (
     CodeVersion,
     DataRef,
+    DriftItem,
     read_manifest,
     spec_sha256,
     write_exclusive,
@@ -221,3 +222,51 @@ def test_installed_packages_uses_canonical_names():
     packages = provenance.installed_packages()
     assert "turbo-dllm" in packages and "pyyaml" in packages
     assert list(packages) == sorted(packages)
+
+
+def test_drift_tells_values_of_another_type_apart(manifest):
+    """Inputs compared with Python's `==`: a host field recorded `true` and now `1` (or `1` and
+    `1.0`) was no drift, so a replay ran on inputs whose type had changed. Compared as JSON,
+    they differ; values that would print alike in the replay's refusal are printed as JSON."""
+    pairs = {"flag": (True, 1), "count": ("1", 1), "ratio": (1, 1.0), "gone": ("(none)", None)}
+    recorded = _with(manifest, host={**manifest.host, **{k: v[0] for k, v in pairs.items()}})
+    current = _with(manifest, host={**manifest.host, **{k: v[1] for k, v in pairs.items()}})
+    drift = manifest_drift(recorded, current)
+    assert [(i.field, i.recorded, i.current) for i in drift] == [
+        ("host.count", "1", 1),
+        ("host.flag", True, 1),
+        ("host.gone", "(none)", None),
+        ("host.ratio", 1, 1.0),
+    ]
+    assert [type(i.recorded) for i in drift] == [str, bool, str, int]
+    assert [str(i) for i in drift] == [
+        'host.count: "1" -> 1',
+        "host.flag: true -> 1",
+        'host.gone: "(none)" -> null',
+        "host.ratio: 1 -> 1.0",
+    ]
+    assert manifest_drift(current, current) == []
+    # Every group (packages, bundle, data, weights, code: typed fields) compares through this.
+    assert differ(True, 1) and differ(1, 1.0) and differ("1", 1) and differ(None, "")
+    assert not differ({"a": 1, "b": [True]}, {"b": [True], "a": 1})
+    # Ordinary differences read as before: strings as they are, none as (none).
+    assert str(DriftItem(field="packages.torch", recorded="2.1", current=None)) == (
+        "packages.torch: 2.1 -> (none)"
+    )
+
+
+def test_replay_refuses_an_input_whose_type_changed(cli, manifest, workdir):
+    """`dllm launch --manifest` over a manifest whose host recorded `cxx11_abi: 1` where this host
+    says `true`: refused as drift (it replayed silently), the values shown apart."""
+    assert manifest.host["cxx11_abi"] in (True, False)
+    document = manifest.model_dump(mode="json")
+    document["host"]["cxx11_abi"] = int(manifest.host["cxx11_abi"])
+    path = workdir / "recorded.json"
+    path.write_text(json.dumps(document))
+    now = json.dumps(manifest.host["cxx11_abi"])
+    refused = cli("launch", "--manifest", path, "--dry-run")
+    assert_user_error(refused, "refused: 1 input drifted")
+    assert f"host.cxx11_abi: {int(manifest.host['cxx11_abi'])} -> {now}" in refused.err
+    document["host"]["cxx11_abi"] = manifest.host["cxx11_abi"]
+    path.write_text(json.dumps(document))
+    assert cli("launch", "--manifest", path, "--dry-run").code == 0

@@ -5,15 +5,25 @@ packages, kernel bundle, data and weights. `manifest_drift` compares those six g
 (flattened to dotted paths) and ignores what legitimately differs between two runs of one job:
 the host's name, times, the run id and dir. `flat_diff` is the general side-by-side comparison
 behind `dllm run diff`.
+
+Values are compared as JSON (`differ`), by type as well as value: Python's `==` took a recorded
+`true` for `1` (and `1` for `1.0`), so a replay whose input changed type reported no drift.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from turbo_dllm.jobs.manifest import DriftItem, RunManifest
+from turbo_dllm.jobs.manifest import DriftItem, RunManifest, canonical_json
 
-__all__ = ["DRIFT_GROUPS", "VOLATILE_HOST_KEYS", "flat_diff", "flatten", "manifest_drift"]
+__all__ = [
+    "DRIFT_GROUPS",
+    "VOLATILE_HOST_KEYS",
+    "differ",
+    "flat_diff",
+    "flatten",
+    "manifest_drift",
+]
 
 DRIFT_GROUPS = ("host", "packages", "bundle", "data", "weights", "code")
 # Fingerprint keys that name or time a machine instead of describing what it runs.
@@ -43,14 +53,21 @@ def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+def differ(recorded: Any, current: Any) -> bool:
+    """Two values differ as JSON: by type as well as value. `true` is not `1`, `1` is not `1.0`,
+    the string "1" is not the number 1 (Python's `==` took the first two pairs as equal)."""
+    return canonical_json(recorded) != canonical_json(current)
+
+
 def flat_diff(
     recorded: dict[str, Any], current: dict[str, Any], prefix: str = ""
 ) -> list[DriftItem]:
+    """The flattened fields whose values `differ`; a field one side lacks reads as null."""
     left, right = flatten(recorded, prefix), flatten(current, prefix)
     return [
         DriftItem(field=key, recorded=left.get(key), current=right.get(key))
         for key in sorted(set(left) | set(right))
-        if left.get(key) != right.get(key)
+        if differ(left.get(key), right.get(key))
     ]
 
 
@@ -87,7 +104,7 @@ def _package_drift(recorded: dict[str, str], current: dict[str, str]) -> list[Dr
     return [
         DriftItem(field=f"packages.{name}", recorded=recorded.get(name), current=current.get(name))
         for name in sorted(set(recorded) | set(current))
-        if recorded.get(name) != current.get(name)
+        if differ(recorded.get(name), current.get(name))
     ]
 
 
@@ -102,7 +119,7 @@ def _ref_drift(
     return [
         DriftItem(field=f"{group}.{key}", recorded=recorded.get(key), current=current.get(key))
         for key in keys
-        if recorded.get(key) != current.get(key)
+        if differ(recorded.get(key), current.get(key))
     ]
 
 
@@ -116,7 +133,7 @@ def _weights_drift(
     return [
         DriftItem(field=f"{group}.files.{name}", recorded=old.get(name), current=new.get(name))
         for name in sorted(set(old) | set(new))
-        if old.get(name) != new.get(name)
+        if differ(old.get(name), new.get(name))
     ]
 
 

@@ -83,7 +83,10 @@ class DriftItem(_Strict):
     current: Any
 
     def __str__(self) -> str:
-        return f"{self.field}: {_show(self.recorded)} -> {_show(self.current)}"
+        recorded, current = _show(self.recorded), _show(self.current)
+        if recorded == current:  # differ by type only ("1" and 1): both as JSON, strings quoted
+            recorded, current = _json(self.recorded), _json(self.current)
+        return f"{self.field}: {recorded} -> {current}"
 
 
 class ReplayRef(_Strict):
@@ -209,8 +212,11 @@ def write_exclusive(path: Path, data: bytes) -> Path:
 
 
 def _show(value: Any) -> str:
+    """A drift value as read: `(none)` for none, a string as it is, anything else as JSON."""
     if value is None:
         return "(none)"
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return str(value)
+    return value if isinstance(value, str) else _json(value)
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, default=str)

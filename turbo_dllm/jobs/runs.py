@@ -23,14 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.jobs.drift import flatten, manifest_drift
-from turbo_dllm.jobs.manifest import (
-    MANIFEST_NAME,
-    DriftItem,
-    RunManifest,
-    canonical_json,
-    read_manifest,
-)
+from turbo_dllm.jobs.drift import flat_diff, manifest_drift
+from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
 from turbo_dllm.jobs.result import launcher_alive, read_launchers, read_result, this_host
 from turbo_dllm.train.metrics import METRICS_NAME, last_metrics_record
 
@@ -346,13 +340,13 @@ def diff_manifests(a: RunManifest, b: RunManifest) -> dict[str, list[DriftItem]]
 
     Each run's own id and dir are replaced by placeholders inside spec and plan, so paths that
     only say "this run" do not bury the differences that matter; they show once under "run".
-    Spec, plan and run values differ by type as well as value (`_typed_diff`).
+    Every group's values differ by type as well as value (`drift.differ`).
     """
     dump_a, dump_b = _placeholders(a), _placeholders(b)
     return {
         "inputs": manifest_drift(a, b),
-        "spec": _typed_diff(dump_a["spec"], dump_b["spec"], "spec"),
-        "plan": _typed_diff(dump_a["plan"], dump_b["plan"], "plan"),
+        "spec": flat_diff(dump_a["spec"], dump_b["spec"], "spec"),
+        "plan": flat_diff(dump_a["plan"], dump_b["plan"], "plan"),
         "run": [
             # Only where it differs: a run diffed with itself listed its dir as a difference.
             *(
@@ -363,22 +357,10 @@ def diff_manifests(a: RunManifest, b: RunManifest) -> dict[str, list[DriftItem]]
             *(
                 item
                 for key in ("run_id", "created_at", "argv", "seeds", "replay_of")
-                for item in _typed_diff({key: dump_a.get(key)}, {key: dump_b.get(key)})
+                for item in flat_diff({key: dump_a.get(key)}, {key: dump_b.get(key)})
             ),
         ],
     }
-
-
-def _typed_diff(a: dict[str, Any], b: dict[str, Any], prefix: str = "") -> list[DriftItem]:
-    """The flattened fields whose values differ as JSON: by type as well as value. Python's
-    `==` took `true` for `1` (and `1.0`) and dropped the row; a recorded "1" is not 1 either.
-    A field one side lacks reads as null, as in `flat_diff`."""
-    left, right = flatten(a, prefix), flatten(b, prefix)
-    return [
-        DriftItem(field=key, recorded=left.get(key), current=right.get(key))
-        for key in sorted(set(left) | set(right))
-        if canonical_json(left.get(key)) != canonical_json(right.get(key))
-    ]
 
 
 def _placeholders(manifest: RunManifest) -> dict[str, Any]:
