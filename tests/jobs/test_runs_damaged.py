@@ -186,3 +186,32 @@ def test_plot_list_and_show_take_no_bool_for_a_step_or_a_value(
     [run] = json.loads(cli("run", "list", "--json").out)["runs"]
     assert (run["steps_done"], run["last_loss"]) == (3, 4.0)
     assert "progress     3/4 steps, last loss 4.0000" in cli("run", "show", "r").out
+
+
+def test_plot_own_step_guard_takes_no_bool():
+    """plot's own step guard let a bool through (`"step": true` as step 1); `read_metrics`
+    already skips such records, the guard now refuses them too: a step is an int, not a bool."""
+    from turbo_dllm.jobs.plot import _last_per_step
+
+    records = [{"step": True, "loss": 9.0}, {"step": 2, "loss": 5.0}, {"step": False}]
+    assert _last_per_step(records) == [{"step": 2, "loss": 5.0}]
+
+
+def test_plot_names_what_is_wrong_with_a_metrics_file_it_cannot_plot(cli, spec_file, workdir):
+    """Every line of metrics.jsonl damaged read as "metrics.jsonl is missing or empty": it is
+    neither. A missing and an empty file keep their messages."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/r")
+    run_dir = workdir / "runs" / "r"
+    assert_user_error(cli("run", "plot", "r"), "has no metrics yet (metrics.jsonl is missing)")
+    for empty in ("", "\n\n  \n"):
+        (run_dir / "metrics.jsonl").write_text(empty)
+        assert_user_error(cli("run", "plot", "r"), "has no metrics yet (metrics.jsonl is empty)")
+    lines = ['{"step": 1, "loss"', "not json", '{"step": true, "loss": 1.0}', "[1, 2]", ""]
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    result = cli("run", "plot", "r")
+    assert_user_error(result, "metrics.jsonl has 4 lines and none is a readable record")
+    assert "missing or empty" not in result.err and "is empty" not in result.err
+    (run_dir / "metrics.jsonl").write_text('{"event": "eval"}\n{"event": "eval"}\nnot json\n')
+    result = cli("run", "plot", "r")
+    assert_user_error(result, "metrics.jsonl has 3 lines and none is a record with a step")
+    assert not (run_dir / "plots").exists()

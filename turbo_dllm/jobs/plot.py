@@ -9,7 +9,7 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.paths import use_matplotlib_config_dir
-from turbo_dllm.train.metrics import read_metrics
+from turbo_dllm.train.metrics import METRICS_NAME, read_metrics
 
 __all__ = ["PLOTS", "plot_run"]
 
@@ -26,10 +26,7 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     run_dir = Path(run_dir)
     records = _last_per_step(read_metrics(run_dir))
     if not records:
-        raise DllmError(
-            f"{run_dir} has no metrics yet (metrics.jsonl is missing or empty)",
-            hint="plots need at least one logged step; check logging.jsonl in the spec",
-        )
+        raise _nothing_to_plot(run_dir)
     use_matplotlib_config_dir()
     # Files, no display: Agg. A user's MPLBACKEND has no say (one matplotlib does not know was
     # a ValueError traceback while it was imported).
@@ -80,12 +77,43 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     return written
 
 
+def _nothing_to_plot(run_dir: Path) -> DllmError:
+    """Why no record has a step: the file is missing or empty, or it has lines of which none is
+    a readable record ("missing or empty" was said of a file whose every line was damaged), or
+    its records carry no step."""
+    path = run_dir / METRICS_NAME
+    hint = "plots need at least one logged step; check logging.jsonl in the spec"
+    if not path.is_file():
+        return DllmError(f"{run_dir} has no metrics yet ({METRICS_NAME} is missing)", hint=hint)
+    try:
+        lines = [line for line in path.read_bytes().splitlines() if line.strip()]
+    except OSError as error:
+        return DllmError(f"cannot read {path}: {error}", hint="check the file's permissions")
+    if not lines:
+        return DllmError(f"{run_dir} has no metrics yet ({METRICS_NAME} is empty)", hint=hint)
+    count = f"{len(lines)} line{'s' if len(lines) != 1 else ''}"
+    if not read_metrics(run_dir):
+        return DllmError(
+            f"{run_dir}'s {METRICS_NAME} has {count} and none is a readable record (each is "
+            "torn, not a JSON object, or has a step that is not an integer)",
+            hint="the trainer writes one JSON object per logged step; this file was damaged or "
+            "written by something else",
+        )
+    return DllmError(
+        f"{run_dir}'s {METRICS_NAME} has {count} and none is a record with a step",
+        hint="the trainer writes a record with its step at every logging step; this file was "
+        "written by something else",
+    )
+
+
 def _last_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """After a restart a step may be logged again; the last record of a step wins."""
+    """After a restart a step may be logged again; the last record of a step wins. A step is
+    an int that is not a bool (`read_metrics` skips such records already; so does this)."""
     by_step: dict[int, dict[str, Any]] = {}
     for record in records:
-        if isinstance(record.get("step"), int):
-            by_step[record["step"]] = record
+        step = record.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            by_step[step] = record
     return [by_step[step] for step in sorted(by_step)]
 
 
