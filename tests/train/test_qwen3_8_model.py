@@ -211,6 +211,49 @@ def test_mask_token_migration_of_a_folder_without_a_tokenizer_is_refused(tmp_pat
     assert_user_error(cli("model", "add-mask-token", tmp_path), "cannot load the tokenizer")
 
 
+@pytest.mark.parametrize("failure", [KeyboardInterrupt, OSError(28, "No space left on device")])
+def test_an_interrupted_mask_token_migration_leaves_the_folder_as_it_was(
+    tmp_path, cli, monkeypatch, failure
+):
+    """The tokenizer files were rewritten in place and config.json after them: Ctrl-C or a full
+    disk in between left a tokenizer holding the mask token and a config without the record,
+    and running the command again was refused ("already has '<|mask|>' as an ordinary token").
+    Now nothing changes unless everything does, and the run after that succeeds."""
+    import os
+    from pathlib import Path
+
+    from tokenizers import Tokenizer, models
+
+    from tests.helpers import assert_user_error
+
+    hf_model().save_pretrained(tmp_path)
+    backend = Tokenizer(models.WordLevel({f"t{i}": i for i in range(90)}, unk_token="t0"))
+    transformers.PreTrainedTokenizerFast(tokenizer_object=backend).save_pretrained(tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    replace, failed = os.replace, []
+
+    def cut_off(src, dst):  # config.json, written last, does not go into place (once)
+        if Path(dst) == tmp_path / "config.json" and not failed:
+            failed.append(dst)
+            raise failure
+        replace(src, dst)
+
+    monkeypatch.setattr(os, "replace", cut_off)
+    result = cli("model", "add-mask-token", tmp_path)
+    assert failed and result.code == (130 if failure is KeyboardInterrupt else 2), result.err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+    monkeypatch.setattr(os, "replace", replace)
+    result = cli("model", "add-mask-token", tmp_path)
+    assert result.code == 0, result.err
+    assert transformers.AutoTokenizer.from_pretrained(tmp_path).mask_token_id == 90
+    assert json.loads((tmp_path / "config.json").read_text())["mask_token_id"] == 90
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no staging left
+    # A folder an older version left half-migrated is named as such (was "an ordinary token").
+    (tmp_path / "config.json").write_text(before["config.json"].decode())
+    result = cli("model", "add-mask-token", tmp_path)
+    assert_user_error(result, "as its mask token (id 90), but config.json records no migration")
+
+
 def test_fla_on_hopper_with_a_miscompiling_triton_is_refused_before_training():
     """fla 0.6 raises at the first backward on Hopper with Triton in [3.4.0, 3.7.1) (seen on the
     H200 host, Triton 3.6.0): the trainer says so when it builds the model, with the fixes."""

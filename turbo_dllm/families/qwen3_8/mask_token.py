@@ -16,11 +16,13 @@ Torch-free (transformers' tokenizer only).
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import write_atomic
+from turbo_dllm.fsutil import fsync_dir, make_temp_dir, write_atomic
 
 __all__ = ["MIGRATION_VERSION", "migrate_mask_token"]
 
@@ -32,7 +34,8 @@ _VOCABULARY_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.t
 def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict[str, Any]:
     """Add `mask_token` to the tokenizer in `folder` and record it in its config.json.
 
-    Returns the migration record. The tokenizer files and config.json are rewritten in place.
+    Returns the migration record. The tokenizer files and config.json in `folder` are replaced,
+    all of them or none (an interrupted run leaves the folder as it was).
     """
     from transformers import AutoTokenizer
 
@@ -64,6 +67,16 @@ def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict
         raise DllmError(f"cannot load the tokenizer in {str(folder)!r}: {error}") from None
     original = len(tokenizer)
     if mask_token in tokenizer.get_vocab():
+        if tokenizer.mask_token == mask_token:
+            # a folder whose tokenizer was migrated and whose config.json was not (a run cut
+            # off by an older version, or killed outright): "an ordinary token" misled
+            raise DllmError(
+                f"the tokenizer in {str(folder)!r} already has {mask_token!r} as its mask token "
+                f"(id {tokenizer.mask_token_id}), but config.json records no migration",
+                hint="if an earlier `dllm model add-mask-token` was cut off, restore the "
+                "model's original tokenizer files (a killed run left them in "
+                ".dllm-mask-token-*/old/ in the folder) and run it again",
+            )
         raise DllmError(
             f"the tokenizer in {str(folder)!r} already has {mask_token!r} as an ordinary token",
             hint="choose a mask token the tokenizer does not have",
@@ -85,7 +98,6 @@ def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict
             hint="set pad_token_id in config.json to the tokenizer's own pad token (or remove it), "
             "then add the mask token",
         )
-    tokenizer.save_pretrained(str(folder))
     record = {
         "mask_token_id": mask_id,
         "dllm_mask_token": mask_token,
@@ -96,8 +108,45 @@ def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict
     config.update(record)
     if text is not None:
         text["mask_token_id"] = mask_id
-    write_atomic(folder / "config.json", json.dumps(config, indent=2) + "\n")
+    _write_all_or_nothing(folder, tokenizer, json.dumps(config, indent=2) + "\n")
     return record
+
+
+def _write_all_or_nothing(folder: Path, tokenizer, config_text: str) -> None:
+    """Put the new tokenizer files and config.json into `folder`, all of them or none.
+
+    Written in place, the tokenizer went first and config.json after it: Ctrl-C or a full disk
+    in between left a tokenizer holding the mask token and a config without the record, which a
+    second run refused ("already has ... as an ordinary token"). Now the new files are written
+    into a staging folder inside `folder`, then each replaces its original (moved aside into
+    the staging folder) by a rename; on any failure the originals are moved back. A process
+    killed outright (SIGKILL) leaves the originals in `.dllm-mask-token-*/old/`.
+    """
+    staging = make_temp_dir(folder, ".dllm-mask-token-")
+    try:
+        new, old = staging / "new", staging / "old"
+        new.mkdir()
+        old.mkdir()
+        tokenizer.save_pretrained(str(new))
+        write_atomic(new / "config.json", config_text)
+        names = sorted(p.name for p in new.iterdir() if p.name != "config.json")
+        names.append("config.json")  # last: the record says the migration is complete
+        existed = {name: os.path.lexists(folder / name) for name in names}
+        try:
+            for name in names:
+                if existed[name]:
+                    os.replace(folder / name, old / name)
+                os.replace(new / name, folder / name)
+            fsync_dir(folder)
+        except BaseException:
+            for name in names:
+                if os.path.lexists(old / name):
+                    os.replace(old / name, folder / name)
+                elif not existed[name]:
+                    (folder / name).unlink(missing_ok=True)
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _read_config(folder: Path) -> dict[str, Any]:
