@@ -179,6 +179,33 @@ def test_create_refuses_missing_wheels_and_existing_folders(tmp_path, wheels):
     assert verify_mirror(tmp_path / "m2").ok
 
 
+def test_force_replaces_a_mirror_never_a_folder_of_other_files(tmp_path, wheels, cli):
+    """`DIR exists and is not empty, hint: pass --force to replace it` was said of any folder,
+    and --force then deleted it whole: a USB stick's root, a home folder, a checkout. --force
+    replaces a mirror (a folder with MIRROR.json); other files are never deleted."""
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
+    usb = tmp_path / "usb"
+    usb.mkdir()
+    (usb / "holiday.jpg").write_text("a photo")
+    create = ("mirror", "create", usb, "--release", "v0", "--manifest", manifest_file)
+    refused = cli(*create, "--wheels-from", wheels)
+    assert_user_error(refused, "not a mirror", "no MIRROR.json", f"{usb}/dllm")
+    assert "--force" not in refused.err.split("hint:")[1].split("(")[0]
+    manifest = manifest_for(wheels, "dllm_fixture_a")
+    with pytest.raises(DllmError, match="not a mirror") as error:
+        create_mirror(MirrorPlan(usb, None, [manifest], wheels_from=wheels, force=True))
+    assert "--force replaces only a mirror" in error.value.hint
+    assert sorted(p.name for p in usb.iterdir()) == ["holiday.jpg"]
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
+    # a mirror is replaced with --force as before (and refused without it)
+    mirror = tmp_path / "mirror"
+    create_mirror(MirrorPlan(mirror, None, [manifest], wheels_from=wheels))
+    assert_user_error(cli(*create[:2], mirror, *create[3:], "--wheels-from", wheels), "--force")
+    create_mirror(MirrorPlan(mirror, None, [manifest], wheels_from=wheels, force=True))
+    assert verify_mirror(mirror).ok
+
+
 @pytest.mark.parametrize("atomic", [True, False], ids=["exchange", "two-renames"])
 def test_force_never_leaves_the_destination_missing(tmp_path, wheels, monkeypatch, atomic):
     """--force over an existing mirror renamed it to .NAME.old, then the new one into place:

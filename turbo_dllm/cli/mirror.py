@@ -53,7 +53,11 @@ def register(subparsers) -> None:
         type=Path,
         help="a compile-cache pack to carry in packs/ (repeatable; see `dllm cache pack`)",
     )
-    p.add_argument("--force", action="store_true", help="replace DIR if it exists")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace the mirror at DIR (a folder of other files is never replaced)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_create)
 

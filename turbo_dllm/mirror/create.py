@@ -150,8 +150,19 @@ def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
     dest = plan.dest.absolute()
     if dest.exists() and not dest.is_dir():  # else a traceback from iterdir()
         raise DllmError(f"{dest} is a file, not a folder", hint="pass a folder for the mirror")
-    if dest.exists() and any(dest.iterdir()) and not plan.force:
-        raise DllmError(f"{dest} exists and is not empty", hint="pass --force to replace it")
+    if dest.exists() and any(dest.iterdir()):
+        # --force replaces a mirror, never a folder of other files (a USB stick's root, $HOME)
+        if not (dest / MIRROR_FILE).is_file():
+            raise DllmError(
+                f"{dest} holds files and is not a mirror (no {MIRROR_FILE})",
+                hint=f"pass a new or empty folder, e.g. {dest}/dllm (--force replaces only a "
+                "mirror, never other files)",
+            )
+        if not plan.force:
+            raise DllmError(
+                f"{dest} exists and is not empty: it is a mirror",
+                hint="pass --force to replace it",
+            )
     if not plan.manifests:
         raise DllmError("no targets to mirror", hint="pass --targets NAME[,NAME]")
     make_output_dir(dest.parent)
