@@ -309,6 +309,14 @@ def test_init_under_a_file_is_a_clear_error(cli, tmp_path):
     assert_user_error(cli("init", tmp_path / "file" / "p"), "cannot create the project")
 
 
+def test_init_next_steps_paste_into_bash(cli, tmp_path, monkeypatch):
+    """The `cd` line was printed unquoted: `cd my project` went to `my`."""
+    monkeypatch.chdir(tmp_path)
+    result = cli("init", "my project")
+    assert result.code == 0, result.err
+    assert "\n  cd 'my project'\n" in result.out
+
+
 def test_init_refuses_a_file(cli, tmp_path):
     target = tmp_path / "file"
     target.write_text("x")

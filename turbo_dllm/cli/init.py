@@ -14,12 +14,15 @@ def register(subparsers) -> None:
 
 
 def _init(args) -> int:
+    import shlex
+
     from turbo_dllm.project_init import init_project
 
     for path in init_project(args.directory):
         print(f"created {path}")
+    # Quoted, so the lines paste into a shell whatever the folder's name (`cd my project`).
     print(
-        f"\nnext:\n  cd {args.directory}\n  dllm data prepare --config prepare.yaml\n"
+        f"\nnext:\n  cd {shlex.quote(args.directory)}\n  dllm data prepare --config prepare.yaml\n"
         "  dllm doctor --config train.yaml"
     )
     return 0
