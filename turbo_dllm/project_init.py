@@ -6,7 +6,7 @@ import shutil
 from importlib import resources
 from pathlib import Path
 
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, describe_os_error
 
 __all__ = ["STARTER_FILES", "init_project"]
 
@@ -52,9 +52,12 @@ def init_project(directory: str | Path) -> list[Path]:
             else:
                 path.unlink(missing_ok=True)
         if isinstance(error, OSError):  # e.g. a parent of DIR is a file, or not writable
+            # describe_os_error names the file in the way of a folder, where str(error) named
+            # only the path through it ("Not a directory: 'file/p'")
+            message, hint = describe_os_error(error)
             raise DllmError(
-                f"cannot create the project in {str(root)!r}: {error}",
-                hint="choose a new folder in a writable place",
+                f"cannot create the project in {str(root)!r}: {message}",
+                hint=hint,
             ) from None
         raise
     return [p for p in created if p.is_file()]
