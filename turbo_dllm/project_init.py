@@ -22,6 +22,10 @@ STARTER_FILES = {
 
 def init_project(directory: str | Path) -> list[Path]:
     """Create the starter project in `directory`; never overwrite, roll back on any failure."""
+    if directory == "":  # an unset shell variable: Path("") is the working folder
+        raise DllmError(
+            "the project folder is empty ('')", hint="name the folder to create: dllm init DIR"
+        )
     root = Path(directory)
     if root.exists() and not root.is_dir():
         raise DllmError(f"{str(root)!r} exists and is not a folder")

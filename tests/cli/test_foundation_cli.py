@@ -199,6 +199,33 @@ def test_schema_is_json_schema(cli):
     }
 
 
+def test_schema_bounds_are_json_schema_keywords(cli):
+    """A bound on an optional or nested number (mask_token_id >= 0, an Adam beta in [0, 1)) is
+    written as JSON Schema's minimum/exclusiveMaximum, not as pydantic's ge/lt, which no JSON
+    Schema validator knows: an editor accepted mask_token_id: -1 that validate refuses."""
+    schema = json.loads(cli("config", "schema").out)
+    foreign = []
+
+    def walk(node, path):
+        if isinstance(node, dict):
+            foreign.extend(f"{path}.{k}" for k in ("ge", "gt", "le", "lt") if k in node)
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for i, value in enumerate(node):
+                walk(value, f"{path}[{i}]")
+
+    walk(schema, "")
+    assert foreign == []
+    defs = schema["$defs"]
+    mask = defs["ObjectiveSpec"]["properties"]["mask_token_id"]["anyOf"]
+    assert {"type": "integer", "minimum": 0} in mask
+    clip = defs["TrainingSpec"]["properties"]["clip_grad_norm"]["anyOf"]
+    assert {"type": "number", "exclusiveMinimum": 0.0} in clip
+    beta = defs["OptimizerSpec"]["properties"]["betas"]["prefixItems"][0]
+    assert beta == {"type": "number", "minimum": 0.0, "exclusiveMaximum": 1.0}
+
+
 # --- recipes -------------------------------------------------------------------------------
 
 

@@ -74,6 +74,11 @@ def find_recipe(name: str) -> Recipe:
 def copy_recipe(name: str, dest: str | Path) -> Path:
     """Write a recipe to `dest` (a file, or a folder to put `<basename>.yaml` in); never overwrites."""
     recipe = find_recipe(name)
+    if dest == "":  # an unset shell variable: Path("") is the working folder
+        raise DllmError(
+            "the destination is empty ('')",
+            hint="name a file or folder: dllm recipe copy NAME DEST",
+        )
     # "DIR/" names a folder even before it exists (Path drops the slash: it became a file DIR).
     as_folder = str(dest).endswith(("/", os.sep))
     dest = Path(dest)
