@@ -346,6 +346,15 @@ def test_init_next_steps_paste_into_bash(cli, tmp_path, monkeypatch):
     assert "\n  cd 'my project'\n" in result.out
 
 
+def test_init_and_recipe_copy_refuse_an_empty_path(cli, tmp_path, monkeypatch):
+    """`dllm init ""` (an unset shell variable) wrote the project into the working folder and
+    printed `cd ` as its next step; `dllm recipe copy NAME ""` wrote into it too."""
+    monkeypatch.chdir(tmp_path)
+    assert_user_error(cli("init", ""), "the project folder is empty")
+    assert_user_error(cli("recipe", "copy", "smoke/cpu-tiny", ""), "the destination is empty")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_init_refuses_a_file(cli, tmp_path):
     target = tmp_path / "file"
     target.write_text("x")
