@@ -77,10 +77,16 @@ Bool = Annotated[bool, BeforeValidator(_only_bool)]
 Int = Annotated[int, BeforeValidator(_not_bool)]
 PosInt = Annotated[PositiveInt, BeforeValidator(_not_bool)]
 Float = Annotated[float, BeforeValidator(_not_bool)]
+# Bounded numbers for a field that may also be None, or a list's or tuple's items: the bound sits
+# under the boolean check. A bound put over it (`Annotated[Float, Field(gt=0)]`, or a Field bound
+# on `Float | None`) is still enforced, but pydantic writes it into the JSON Schema as `gt`/`ge`,
+# keys no JSON Schema validator knows, so an editor accepted what validate refuses.
+NonNegInt = Annotated[int, Field(ge=0), BeforeValidator(_not_bool)]
+PosFloat = Annotated[float, Field(gt=0.0), BeforeValidator(_not_bool)]
 # A file, folder or revision: an empty one (`--set launch.run_dir=`) would resolve to the config's folder.
 NonEmptyStr = Annotated[str, Field(min_length=1)]
 # An Adam beta: torch refuses one outside [0, 1) when it builds the optimizer.
-Beta = Annotated[Float, Field(ge=0.0, lt=1.0)]
+Beta = Annotated[float, Field(ge=0.0, lt=1.0), BeforeValidator(_not_bool)]
 
 # Bounds a typo cannot cross: past any context trained here (data artifacts share it), and seeds
 # every generator we seed accepts.
@@ -125,7 +131,7 @@ class DFlashSpec(_Strict):
         description="Tokens per drafted block [anchor, mask x (B-1)]; objective.block_size must "
         "equal it.",
     )
-    target_layer_ids: list[Annotated[Int, Field(ge=0)]] | None = Field(
+    target_layer_ids: list[NonNegInt] | None = Field(
         None,
         min_length=1,
         description="0-based target layers whose outputs are concatenated as the drafter's "
@@ -172,8 +178,8 @@ class DFlashSpec(_Strict):
         description="DFlash2: candidates per slot the selector ranks (the top-k of the unary "
         "logits).",
     )
-    final_logit_softcapping: Float | None = Field(
-        None, gt=0.0, description="DFlash2: unary logits are c * tanh(z / c); None: no cap."
+    final_logit_softcapping: PosFloat | None = Field(
+        None, description="DFlash2: unary logits are c * tanh(z / c); None: no cap."
     )
     output_multiplier: Float = Field(
         1.0, gt=0.0, description="DFlash2: unary logits = softcap(multiplier * logits)."
@@ -221,9 +227,8 @@ class ObjectiveSpec(_Strict):
     loss_weighting: Literal["inverse_t", "unit"] | None = Field(
         None, description="Default: inverse_t for block_diffusion, unit for fast_dllm_v2."
     )
-    mask_token_id: Int | None = Field(
+    mask_token_id: NonNegInt | None = Field(
         None,
-        ge=0,
         description="Default: the data artifact's mask token (or vocab_size-1 for synthetic).",
     )
     # --- dflash_distillation -------------------------------------------------------------
@@ -236,9 +241,8 @@ class ObjectiveSpec(_Strict):
     max_anchors: PosInt = Field(
         512, description="dflash_distillation: at most this many anchors (blocks) per sequence."
     )
-    decay_gamma: Float | None = Field(
+    decay_gamma: PosFloat | None = Field(
         None,
-        gt=0.0,
         description="dflash_distillation: slot k's weight is exp(-(k-1)/gamma) (exp(-k/gamma) "
         "with sample_from_anchor); None: every slot weighs 1.",
     )
@@ -335,7 +339,7 @@ class TrainingSpec(_Strict):
     micro_batch_size: PosInt = 2
     grad_accumulation: PosInt = 1
     steps: PosInt = 50
-    clip_grad_norm: Float | None = Field(1.0, gt=0.0)
+    clip_grad_norm: PosFloat | None = 1.0
     activation_checkpointing: Bool | Literal["keep_attention", "keep_matmuls"] = Field(
         False,
         description="Recompute each layer in the backward instead of keeping its activations. "
@@ -353,8 +357,8 @@ class TrainingSpec(_Strict):
         "more MLP forward per step; for the longest contexts, where attention dominates the cost.",
     )
     compile: Bool = False
-    max_duration_s: Float | None = Field(
-        None, gt=0.0, description="Stop (after a checkpoint) once this many seconds have passed."
+    max_duration_s: PosFloat | None = Field(
+        None, description="Stop (after a checkpoint) once this many seconds have passed."
     )
 
 
