@@ -46,3 +46,11 @@ def test_recipe_copy_prints_a_next_command_that_pastes_into_bash(cli, tmp_path):
     [line] = [x for x in result.out.splitlines() if x.startswith("next: ")]
     words = shlex.split(line.removeprefix("next: "))
     assert words == ["dllm", "config", "validate", "--config", str(folder / "cpu-tiny.yaml")]
+
+
+def test_recipe_copy_into_a_missing_folder_hints_a_mkdir_that_pastes_into_bash(cli, tmp_path):
+    """The hint was `mkdir -p /x/my configs`: two folders, neither the one asked for."""
+    result = cli("recipe", "copy", "smoke/cpu-tiny", f"{tmp_path}/my configs/")
+    assert result.code == 2
+    [hint] = [x for x in result.err.splitlines() if x.startswith("hint: ")]
+    assert shlex.split(hint.removeprefix("hint: ")) == ["mkdir", "-p", str(tmp_path / "my configs")]

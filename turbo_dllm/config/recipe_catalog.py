@@ -7,6 +7,7 @@ comment lines carry `# hardware:` and `# summary:`.
 from __future__ import annotations
 
 import os
+import shlex
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -91,8 +92,9 @@ def copy_recipe(name: str, dest: str | Path) -> Path:
             hint="copy into a folder, or to a new file in one",
         )
     if not dest.parent.is_dir():
-        raise DllmError(
-            f"folder {str(dest.parent)!r} does not exist", hint=f"mkdir -p {dest.parent}"
+        raise DllmError(  # quoted: the hint pastes into a shell
+            f"folder {str(dest.parent)!r} does not exist",
+            hint=f"mkdir -p {shlex.quote(str(dest.parent))}",
         )
     try:
         # O_EXCL: refuse to overwrite even if the file appears between a check and the write.
