@@ -139,6 +139,33 @@ def test_verify_catches_a_manifest_pin_without_a_wheel(tmp_path, wheels):
     assert "no wheel in the mirror for unrelated==1.0" in text
 
 
+def test_a_mirror_manifest_that_is_not_the_one_mirror_json_lists_is_refused(mirror, tmp_path, cli):
+    """The mirror's manifests were read without a look at MIRROR.json: one edited or damaged
+    after `mirror create` (a pin dropped, a torn copy) was installed from, and the error, if
+    any, came late and pointed at `dllm env lock` (a maintainer's command, of no use on an
+    air-gapped host). It is now refused up front, naming `dllm mirror verify`."""
+    root, _ = mirror
+    path = root / "manifests" / "cpu-x86_64.toml"
+    good = path.read_text()
+    edited = good.replace('name = "dllm-fixture-b"', 'name = "dllm-fixture-c"')
+    assert edited != good
+    venv = tmp_path / "venv"
+    for text in (edited, good[: len(good) // 2]):
+        path.write_text(text)
+        for command in (
+            ("env", "sync", "--mirror", root, "--offline", "--venv", venv),
+            ("env", "check", "--mirror", root, "--target", "cpu-x86_64"),
+            ("env", "requirements", "--mirror", root),
+        ):
+            result = cli(*command)
+            assert_user_error(result, "manifests/cpu-x86_64.toml", "MIRROR.json",
+                              f"dllm mirror verify {root}")  # fmt: skip
+            assert "dllm env lock" not in result.err and result.out == ""
+        assert not venv.exists()
+    path.write_text(good)
+    assert cli("env", "requirements", "--mirror", root).code == 0
+
+
 def test_verify_counts_one_problem_in_the_singular(mirror, cli):
     root, _ = mirror
     (root / "wheels/stray.whl").write_bytes(b"x")

@@ -1,8 +1,8 @@
 """Which manifest a command uses: an explicit file, a mirror's, or the packaged one.
 
 Order: `--manifest FILE`; else the mirror's `manifests/` when a mirror is given (an air-gapped
-host trusts what it carried in, and `dllm mirror verify` checked its hashes); else the
-manifests shipped with turbo-dllm. `--target auto` (or none) picks the one that fits this host.
+host trusts what it carried in: each manifest must be the file `MIRROR.json` lists, by sha256,
+and `dllm mirror verify` checks the rest); else the manifests shipped with turbo-dllm. `--target auto` (or none) picks the one that fits this host.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ def _load(target: str, location: str, mirror) -> EnvManifest:
                 f"mirror {mirror.location} lists manifests/{target}.toml but lacks it",
                 hint=f"dllm mirror verify {mirror.location} lists what it is missing",
             )
+        _check_listed(mirror, f"manifests/{target}.toml", text)
         manifest = parse_manifest(text, location)
     else:
         manifest = load_manifest(location)
@@ -90,6 +91,26 @@ def _load(target: str, location: str, mirror) -> EnvManifest:
             "pass it with --manifest FILE",
         )
     return manifest
+
+
+def _check_listed(mirror, relative: str, text: str) -> None:
+    """A mirror's manifest must be the file MIRROR.json lists (sha256): one changed after
+    `dllm mirror create` (edited, torn by a copy) is not installed from, whether or not
+    `dllm mirror verify` was run first. The wheels are checked by the manifest's hashes, the
+    manifest by MIRROR.json's."""
+    import hashlib
+
+    listed = mirror.index().file(relative)
+    actual = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    if listed is not None and listed.sha256 == actual:
+        return
+    said = "does not list it" if listed is None else f"lists sha256 {listed.sha256[:16]}..."
+    raise DllmError(
+        f"mirror {mirror.location}: {relative} is not the file MIRROR.json lists (sha256 "
+        f"{actual[:16]}..., MIRROR.json {said}): changed after the mirror was made",
+        hint=f"`dllm mirror verify {mirror.location}` names every damaged file; copy the mirror "
+        "again (or recreate it with `dllm mirror create`)",
+    )
 
 
 def recorded_manifest_path(prefix: str | Path) -> Path:
