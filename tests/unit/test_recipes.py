@@ -54,3 +54,37 @@ def test_recipe_copy_into_a_missing_folder_hints_a_mkdir_that_pastes_into_bash(c
     assert result.code == 2
     [hint] = [x for x in result.err.splitlines() if x.startswith("hint: ")]
     assert shlex.split(hint.removeprefix("hint: ")) == ["mkdir", "-p", str(tmp_path / "my configs")]
+
+
+@pytest.mark.parametrize("failure", [OSError(28, "No space left on device"), KeyboardInterrupt])
+def test_a_failed_recipe_copy_leaves_no_partial_file(cli, tmp_path, monkeypatch, failure):
+    """A write that failed (a full disk, Ctrl-C) left the file created but empty or cut short,
+    and the copy run again was refused: "already exists; not overwriting"."""
+    import os
+
+    real = os.fdopen
+
+    class Failing:
+        def __init__(self, fd, *args, **kwargs):
+            self.handle = real(fd, *args, **kwargs)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.handle.close()
+
+        def write(self, text):
+            self.handle.write(text[:10])
+            raise failure
+
+    dest = tmp_path / "cpu-tiny.yaml"
+    monkeypatch.setattr(os, "fdopen", Failing)
+    result = cli("recipe", "copy", "smoke/cpu-tiny", dest)
+    assert result.code == (130 if failure is KeyboardInterrupt else 2), result.err
+    assert not dest.exists()
+    if failure is not KeyboardInterrupt:
+        assert f"{str(dest)!r}: No space left on device" in result.err  # the path is named
+    monkeypatch.setattr(os, "fdopen", real)
+    assert cli("recipe", "copy", "smoke/cpu-tiny", dest).code == 0
+    assert dest.read_text() == cli("recipe", "show", "smoke/cpu-tiny").out

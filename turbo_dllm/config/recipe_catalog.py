@@ -104,6 +104,13 @@ def copy_recipe(name: str, dest: str | Path) -> Path:
             f"{str(dest)!r} already exists; not overwriting",
             hint="choose another destination or remove the file first",
         ) from None
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(recipe.text)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(recipe.text)
+    except BaseException as error:
+        # A full disk or Ctrl-C left a cut-off file that the next copy refused to overwrite.
+        dest.unlink(missing_ok=True)
+        if isinstance(error, OSError) and error.filename is None:  # a write names no path
+            raise OSError(error.errno, error.strerror or str(error), str(dest)) from None
+        raise
     return dest
