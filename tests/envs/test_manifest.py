@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
+from packaging.utils import canonicalize_name
 
 from turbo_dllm.envs.manifest import (
     EnvManifest,
@@ -163,3 +166,57 @@ def test_a_packaged_manifest_named_after_another_target_is_a_user_error(tmp_path
     monkeypatch.setattr(select, "manifest_dirs", lambda: [tmp_path])
     result = cli("env", "requirements", "--target", "other-name")
     assert_user_error(result, "declares target cpu-x86_64, not other-name", "hint: ", "--manifest")
+
+
+def _unmet(manifest: EnvManifest, requirements: list[str]) -> list[str]:
+    """The requirements (for the manifest's Python on Linux x86_64) no pin or provided satisfies."""
+    from packaging.markers import default_environment
+    from packaging.requirements import Requirement
+    from packaging.version import Version
+
+    marker_env = {
+        **default_environment(),
+        "python_version": manifest.python,
+        "python_full_version": f"{manifest.python}.0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "platform_machine": "x86_64",
+        "extra": "",
+    }
+    versions = {p.name: p.version for p in [*manifest.packages, *manifest.provided]}
+    unmet = []
+    for line in requirements:
+        requirement = Requirement(line)
+        if requirement.marker is not None and not requirement.marker.evaluate(marker_env):
+            continue
+        found = versions.get(canonicalize_name(requirement.name))
+        if found is None or not requirement.specifier.contains(Version(found), prereleases=True):
+            unmet.append(f"{line} (manifest: {found or 'absent'})")
+    return unmet
+
+
+SHIPPED = sorted((Path(__file__).resolve().parents[2] / "manifests").glob("*.toml"))
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_a_shipped_manifest_satisfies_the_projects_current_requirements(path):
+    """A manifest pins what was resolved when it was locked; pyproject.toml moves on. A sync from
+    a manifest whose pins no longer satisfy the project's own requirements (a raised floor, a new
+    dependency) installs an environment this turbo-dllm does not run in, and `env check` calls
+    it clean: such a manifest must be re-locked (`dllm env lock`) with the change."""
+    import turbo_dllm
+    from turbo_dllm.envs.lock import project_requirements
+
+    shipped = load_manifest(path)
+    project, requirements = project_requirements(shipped.project.extras)
+    assert shipped.project.version == turbo_dllm.__version__, "re-lock for this release"
+    assert _unmet(shipped, requirements) == [], f"re-lock {path.name}: `dllm env lock`"
+
+
+def test_a_pin_below_a_requirement_is_unmet():
+    stale = manifest()
+    assert _unmet(stale, ["numpy>=1.24"]) == ["numpy>=1.24 (manifest: absent)"]
+    assert _unmet(stale, ["typing-extensions>=4.17", "torch>=2.6"]) == [
+        "typing-extensions>=4.17 (manifest: 4.16.0)"
+    ]
+    assert _unmet(stale, ["numpy>=1.24; python_version < '3.10'"]) == []
