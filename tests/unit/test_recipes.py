@@ -88,3 +88,12 @@ def test_a_failed_recipe_copy_leaves_no_partial_file(cli, tmp_path, monkeypatch,
     monkeypatch.setattr(os, "fdopen", real)
     assert cli("recipe", "copy", "smoke/cpu-tiny", dest).code == 0
     assert dest.read_text() == cli("recipe", "show", "smoke/cpu-tiny").out
+
+
+def test_recipe_list_cuts_no_word_in_a_narrow_terminal(cli, monkeypatch):
+    """At 80 columns (a pipe's width) rich cut words longer than their column with an ellipsis:
+    the hardware line read `flash-linear-atte…`, a summary `Nemotron-Labs-Dif…`."""
+    monkeypatch.setenv("COLUMNS", "80")
+    result = cli("recipe", "list")
+    assert result.code == 0, result.err
+    assert "…" not in result.out

@@ -40,8 +40,10 @@ def _list(args) -> int:
     # The name is what `recipe show` / `copy` take: never cut, whatever the terminal's width
     # (the other columns wrap around it).
     table.add_column("name", no_wrap=True, min_width=max((len(r.name) for r in recipes), default=4))
-    table.add_column("hardware")
-    table.add_column("summary")
+    # Folded, not cut: a word longer than its column (flash-linear-attention) lost its end to
+    # an ellipsis in a narrow terminal or a pipe (80 columns).
+    table.add_column("hardware", overflow="fold")
+    table.add_column("summary", overflow="fold")
     for r in recipes:
         # Escaped: rich reads `[...]` as markup and dropped `[gdn]` from the hardware line's
         # `pip install 'turbo-dllm[gdn]'`.
