@@ -135,6 +135,9 @@ def test_sync_check_drift_and_resync(wheels, tmp_path, cli):
     assert report["missing"] == [{"name": "turbo-dllm", "version": "0.1.0"}]  # never installed
     human = cli("env", "check", "--python", python)
     assert "dllm-fixture-a: installed 1.1, manifest 1.0" in human.out
+    # The fix is a sync, which also uninstalls the extras (a dev venv's pytest, ruff): said so.
+    fix = next(line for line in human.out.splitlines() if line.startswith("fix: dllm env sync"))
+    assert fix.endswith("  # also uninstalls the 1 extra package: dllm-fixture-c"), human.out
 
     # A second sync restores the pin and removes the extra.
     again = sync_environment(manifest, venv)

@@ -288,6 +288,13 @@ def _check(args) -> int:
     for e in drift.extra:
         print(f"  extra       {e.name} {e.version}")
     for fix in fixes:
+        if fix.startswith("dllm env sync") and drift.extra:
+            # The venv becomes exactly the manifest: a dev venv's pytest and ruff go too (said
+            # after a shell comment sign, so the line still runs as pasted).
+            names = [e.name for e in drift.extra]
+            count = f"{len(names)} extra package{'' if len(names) == 1 else 's'}"
+            listed = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
+            fix = f"{fix}  # also uninstalls the {count}: {listed}"
         print(f"fix: {fix}")
     return 0 if drift.clean else 1
 
