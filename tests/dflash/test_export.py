@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
 import torch
 from safetensors import safe_open
 
@@ -176,3 +177,70 @@ def test_export_refuses_a_target_with_other_weights_than_the_drafters(
         assert _export(cli, checkpoints, out, *flags).code == 0
         record = json.loads((out / "training_export.json").read_text())
         assert record["target_fingerprint"] == meta["target"]["fingerprint"]
+
+
+def test_a_sharded_export_records_and_verifies_every_weight_file(cli, world, drafter, tmp_path):
+    """`dllm dflash export --max-shard-size`: the weights split as `dllm export` splits them, and
+    training_export.json hashes every file written (each shard and the index; the record named
+    model.safetensors only). `verify_export` checks either layout, and the sharded folder loads
+    back to the unsharded one's tensors."""
+    import dataclasses
+
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.families.dflash.export import verify_export
+
+    checkpoints = drafter["run"] / "checkpoints"
+    plain, sharded = tmp_path / "plain", tmp_path / "sharded"
+    assert _export(cli, checkpoints, plain, "--target", world["target"]).code == 0
+    size = (plain / "model.safetensors").stat().st_size
+    result = _export(cli, checkpoints, sharded, "--max-shard-size", str(size // 4), "--json")
+    assert result.code == 0, result.err
+    names = sorted(p.name for p in sharded.iterdir())
+    assert json.loads(result.out)["files"] == names
+    shards = [n for n in names if n.endswith(".safetensors")]
+    assert len(shards) >= 3 and "model.safetensors" not in shards
+    assert shards == [
+        f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, 1 + len(shards))
+    ]
+    index = json.loads((sharded / "model.safetensors.index.json").read_text())
+    assert sorted(set(index["weight_map"].values())) == shards
+    for folder, weights in (
+        (plain, ["model.safetensors"]),
+        (sharded, [*shards, "model.safetensors.index.json"]),
+    ):
+        record = json.loads((folder / "training_export.json").read_text())
+        assert sorted(record["files"]) == sorted(["config.json", *weights]), folder
+        for name, entry in record["files"].items():
+            data = (folder / name).read_bytes()
+            assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        assert sorted(verify_export(folder)) == sorted(["config.json", *weights])
+    # the same tensors, whichever layout they were written in
+    config = DFlashConfig.from_hf_dict(json.loads((plain / "config.json").read_text()))
+    config = dataclasses.replace(config, target_path=str(world["target"]))
+    loaded = [
+        full_state_dict(
+            materialize(build_model(config), torch.device("cpu"), seed=3, weights_from=str(f))
+        )
+        for f in (plain, sharded)
+    ]
+    assert loaded[0].keys() == loaded[1].keys()
+    for name, tensor in loaded[0].items():
+        assert torch.equal(tensor, loaded[1][name]), name
+    # the record is checked: a changed shard, a shard gone, a weight file it does not list
+    middle = sharded / shards[1]
+    original = middle.read_bytes()
+    middle.write_bytes(original[:-1] + bytes([original[-1] ^ 1]))
+    with pytest.raises(DllmError, match=f"{shards[1]}: sha256"):
+        verify_export(sharded)
+    middle.unlink()
+    with pytest.raises(DllmError, match=f"{shards[1]}: missing"):
+        verify_export(sharded)
+    middle.write_bytes(original)
+    (sharded / "model.safetensors").write_bytes(b"")
+    with pytest.raises(DllmError, match="model.safetensors: not in the record"):
+        verify_export(sharded)
+    # a bad size is refused before anything is read or written, as `dllm export` refuses it
+    assert_user_error(
+        _export(cli, checkpoints, tmp_path / "bad", "--max-shard-size", "5GiB"), "5GiB"
+    )
+    assert not (tmp_path / "bad").exists()

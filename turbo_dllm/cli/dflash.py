@@ -6,6 +6,7 @@ dllm dflash eval --target DIR --drafter DIR --data ARTIFACT   lossless speculati
 from __future__ import annotations
 
 from turbo_dllm.cli._output import add_overrides, emit_json
+from turbo_dllm.cli.export import DEFAULT_MAX_SHARD_SIZE
 
 
 def register(subparsers) -> None:
@@ -59,7 +60,9 @@ def register(subparsers) -> None:
         "export",
         help="write a drafter checkpoint as the folder SGLang and vLLM serve",
         description="config.json (DFlashDraftModel, dflash_config), model.safetensors without "
-        "the target's tensors, and training_export.json (provenance and sha256 of the files).",
+        "the target's tensors (past --max-shard-size: model-00001-of-0000N.safetensors ... and "
+        "model.safetensors.index.json, as `dllm export` shards them), and training_export.json "
+        "(provenance and the sha256 of every file written).",
     )
     p.add_argument(
         "--checkpoint",
@@ -69,6 +72,14 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="new folder to write")
     p.add_argument("--target", default=None, help="check the fit and record the target's hash")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), default=None)
+    p.add_argument(
+        "--max-shard-size",
+        metavar="SIZE",
+        default=DEFAULT_MAX_SHARD_SIZE,
+        help="largest safetensors file before the weights are split into shards, as "
+        '`dllm export --max-shard-size`: "5GB", "500MB" (decimal units) or bytes; a tensor is '
+        "never split (default: %(default)s)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_export)
 
@@ -136,7 +147,13 @@ def _export(args) -> int:
 
     # A run dir or checkpoints/ folder exports its newest complete step: say which one it was.
     source = resolve_checkpoint(args.checkpoint)
-    out = export_drafter(source, args.out, target=args.target, dtype=args.dtype)
+    out = export_drafter(
+        source,
+        args.out,
+        target=args.target,
+        dtype=args.dtype,
+        max_shard_size=args.max_shard_size,
+    )
     if args.json:
         files = sorted(p.name for p in out.iterdir())
         emit_json({"out": str(out), "checkpoint": str(source), "files": files})

@@ -5,11 +5,14 @@ Files (REFERENCE-FAMILIES §1(5)):
   `block_size`, `target_hidden_size`, and `dflash_config` {block_size, mask_token_id,
   target_layer_ids}; `rope_theta` at the root;
 - `model.safetensors`: the drafter's own tensors only (`fc`, `hidden_norm`, `norm`, `layers.*`);
-  the target's embeddings and LM head are never copied (engines take them from the target);
+  the target's embeddings and LM head are never copied (engines take them from the target).
+  Past `--max-shard-size` they are sharded as `dllm export` shards them:
+  `model-0000i-of-0000N.safetensors` and `model.safetensors.index.json`;
 - `training_export.json` (`turbo_dllm.dflash_export.v1`): where it came from (step, objective,
   data fingerprint, seed, the content fingerprint of the target it was trained against where
-  the checkpoint records one) and the sha256 of the two files above (and of the target's
-  config.json when `--target` is given).
+  the checkpoint records one) and the sha256 and size of config.json and of every weight file
+  written (each shard and the index, or the one model.safetensors), and the sha256 of the
+  target's config.json when `--target` is given. `verify_export` checks a folder against it.
 
 `--target` checks the drafter against that target: its shape, and its weights against the
 checkpoint's record of the target it was trained against (a same-shape target with other
@@ -22,13 +25,65 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["EXPORT_FORMAT", "export_drafter"]
+__all__ = ["EXPORT_FORMAT", "export_drafter", "verify_export", "weight_files"]
 
 EXPORT_FORMAT = "turbo_dllm.dflash_export.v1"
+RECORD_NAME = "training_export.json"
+# The weight files of the HF layout `save_hf` writes: one file, or shards and their index.
+_SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
+_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
+
+
+def weight_files(folder: str | Path) -> list[str]:
+    """The weight files in an export folder, sorted: model.safetensors, or the shards and
+    model.safetensors.index.json of a sharded one (a folder holding both lists both)."""
+    return sorted(
+        p.name
+        for p in Path(folder).iterdir()
+        if p.is_file() and (p.name in (_SINGLE, _INDEX) or _SHARD.fullmatch(p.name))
+    )
+
+
+def verify_export(folder: str | Path) -> list[str]:
+    """Check a `dllm dflash export` folder against its training_export.json: every file the
+    record lists is there with its sha256 and size, and every weight file there is listed (a
+    shard, an index or a model.safetensors the record does not know would be loaded unchecked).
+    Either layout passes: one model.safetensors, or shards and their index. Returns the
+    checked names; a DllmError names each file that does not match."""
+    folder = Path(folder)
+    path = folder / RECORD_NAME
+    hint = "export the drafter again with `dllm dflash export`"
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError) as error:
+        raise DllmError(f"{str(path)!r} is unreadable ({error})", hint=hint) from None
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not files:
+        raise DllmError(f"{str(path)!r} records no files", hint=hint)
+    problems = []
+    for name in sorted(files):
+        entry, file = files[name], folder / name
+        if not isinstance(entry, dict):
+            problems.append(f"{name}: no sha256 recorded")
+        elif not file.is_file():
+            problems.append(f"{name}: missing")
+        elif entry.get("bytes") is not None and file.stat().st_size != entry["bytes"]:
+            problems.append(f"{name}: {file.stat().st_size} bytes, recorded {entry['bytes']}")
+        elif _sha256(file) != entry.get("sha256"):
+            problems.append(f"{name}: sha256 differs from the recorded one")
+    problems += [f"{name}: not in the record" for name in weight_files(folder) if name not in files]
+    if problems:
+        raise DllmError(
+            f"{str(folder)!r} does not match its {RECORD_NAME}:\n"
+            + "\n".join(f"  - {p}" for p in problems),
+            hint=hint,
+        )
+    return sorted(files)
 
 
 def _sha256(path: Path) -> str:
@@ -65,13 +120,22 @@ def export_drafter(
     *,
     target: str | Path | None = None,
     dtype: str | None = None,
+    max_shard_size: int | str | None = None,
 ) -> Path:
+    """Write `checkpoint`'s drafter to `out` as the serving folder (the module's doc). Weights
+    past `max_shard_size` bytes (default: transformers' 50GB) are sharded as `dllm export`
+    shards them; the record hashes every file written."""
     from turbo_dllm.families.dflash import read_target_config
     from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
     from turbo_dllm.families.dflash.runtime import require_model_folder
     from turbo_dllm.train.checkpoint import read_meta, resolve_checkpoint
     from turbo_dllm.train.export import export_checkpoint
+    from turbo_dllm.train.weights import DEFAULT_MAX_SHARD_SIZE, parse_shard_size
 
+    # A bad size is refused before the checkpoint is read (as `dllm export` refuses it).
+    shard_bytes = parse_shard_size(
+        DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size
+    )
     checkpoint, out = resolve_checkpoint(checkpoint), Path(out)  # a checkpoints/ folder: its newest
     meta = read_meta(checkpoint)
     if meta.family != "dflash":
@@ -107,9 +171,9 @@ def export_drafter(
             "data_fingerprint": meta.data_fingerprint,
             "target_fingerprint": (meta.target or {}).get("fingerprint"),
             "train_time_s": meta.train_time_s,
-            "files": {
+            "files": {  # config.json and each weight file written: one, or shards + index
                 name: {"sha256": _sha256(folder / name), "bytes": (folder / name).stat().st_size}
-                for name in ("config.json", "model.safetensors")
+                for name in ["config.json", *weight_files(folder)]
             },
             "target_config_sha256": (
                 _sha256(Path(target) / "config.json") if target is not None else None
@@ -126,7 +190,7 @@ def export_drafter(
                 ),
             },
         }
-        (folder / "training_export.json").write_text(json.dumps(record, indent=2) + "\n")
+        (folder / RECORD_NAME).write_text(json.dumps(record, indent=2) + "\n")
 
-    export_checkpoint(checkpoint, out, dtype=dtype, finish=write_record)
+    export_checkpoint(checkpoint, out, dtype=dtype, finish=write_record, max_shard_size=shard_bytes)
     return out
