@@ -35,10 +35,16 @@ def validate_document(
     found = document.get("format") if isinstance(document, dict) else None
     if found != expected:
         raise DllmError(
-            f"{source} is not a {what} (format {found!r}, expected {expected!r})", hint=hint
+            f"{source} is not {_article(what)} {what} (format {found!r}, expected {expected!r})",
+            hint=hint,
         )
     try:
         return model.model_validate(document)
     except ValidationError as error:
         problems = describe_validation_error(error, limit=limit)
         raise DllmError(f"{source} is not a valid {what}: {problems}", hint=hint) from None
+
+
+def _article(what: str) -> str:
+    """'a run manifest', 'an environment manifest'."""
+    return "an" if what[:1].lower() in "aeiou" else "a"
