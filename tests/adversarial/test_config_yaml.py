@@ -94,6 +94,23 @@ def test_hostile_runspec_documents(cli, tmp_path, text, needles):
 
 
 @pytest.mark.parametrize(
+    ("raw", "needles"),
+    [
+        # Saved as Latin-1: was "'utf-8' codec can't decode byte 0xe9 in position 29".
+        (b"model:\n  path: caf\xe9\n", ["train.yaml:4:12:", "byte 0xe9", "not UTF-8", "UTF-8"]),
+        # Was 'YAML syntax error at train.yaml: ... in "<unicode string>", position 30'.
+        (b"model:\n  path: a\x07b\n", ["train.yaml:4:10:", "control character #x0007"]),
+    ],
+)
+def test_a_character_yaml_cannot_read_is_named_by_line_and_column(cli, tmp_path, raw, needles):
+    config = _runspec(tmp_path)
+    config.write_bytes(config.read_bytes() + raw)
+    result = cli("config", "validate", "--config", config)
+    assert_user_error(result, *needles)
+    assert "position" not in result.err and "<unicode string>" not in result.err
+
+
+@pytest.mark.parametrize(
     ("override", "needles"),
     [
         ("launch.seed=" + "9" * 5000, ["--set launch.seed: integer of 5000 characters"]),

@@ -181,6 +181,19 @@ def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
         raise DllmError(
             f"{source}:{mark.line + 1}:{mark.column + 1}: {refused.path}: {refused.file_problem}"
         ) from None
+    except yaml.reader.ReaderError as error:
+        if key is not None:
+            raise
+        # A control character: PyYAML names its offset in the text, not its line.
+        before = text[: error.position]
+        line = before.count("\n") + 1
+        column = len(before) - before.rfind("\n")
+        character = error.character
+        code = character if isinstance(character, int) else ord(character)
+        raise DllmError(
+            f"{source}:{line}:{column}: control character #x{code:04x} is not allowed in YAML",
+            hint="remove it (in a double-quoted string, write it as an escape such as \\t)",
+        ) from None
     except yaml.YAMLError as error:
         if key is not None:
             raise

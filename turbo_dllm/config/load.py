@@ -41,13 +41,13 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             data = handle.read(MAX_YAML_BYTES + 1)
         if len(data) > MAX_YAML_BYTES:
             raise DllmError(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB; not a config file")
-        text = data.decode("utf-8")
+        text = _utf8(data, path)
     except FileNotFoundError:
         raise DllmError(
             f"config file not found: {str(path)!r}",
             hint="check the path, or create one with `dllm init DIR`",
         ) from None
-    except (OSError, UnicodeDecodeError) as error:
+    except OSError as error:
         raise DllmError(f"cannot read config {str(path)!r}: {error}") from None
     document = parse_yaml(text, str(path))
     if document is None:
@@ -57,6 +57,21 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"{path}: the top level must be a mapping of sections, not {type(document).__name__}"
         )
     return document
+
+
+def _utf8(data: bytes, path: Path) -> str:
+    """`data` as text, or an error naming the line and column of its first byte that is not
+    UTF-8 (a file saved as Latin-1): Python's message gives a byte offset in the file."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        before = data[: error.start].decode("utf-8", errors="replace")
+        line = before.count("\n") + 1
+        column = len(before) - before.rfind("\n")
+        raise DllmError(
+            f"{path}:{line}:{column}: byte 0x{data[error.start]:02x} is not UTF-8 text",
+            hint="save the file as UTF-8 (the encoding YAML configs are read in)",
+        ) from None
 
 
 def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
