@@ -769,3 +769,20 @@ def test_a_merged_key_may_still_be_overridden(cli, tmp_path):
     assert result.code == 0, result.err
     training = json.loads(result.out)["training"]
     assert (training["steps"], training["micro_batch_size"]) == (4, 1)
+
+
+def test_a_folder_given_as_the_config_names_the_configs_in_it(cli, tmp_path):
+    """Was: "cannot read config 'proj': [Errno 21] Is a directory: 'proj'" and no hint, for a
+    `dllm init` project folder passed where its train.yaml was meant."""
+    project = tmp_path / "proj"
+    project.mkdir()
+    for name in ("train.yaml", "prepare.yaml", "notes.txt"):
+        (project / name).write_text("{}\n")
+    result = validate(cli, project)
+    assert_user_error(result, f"{project} is a folder, not a config file")
+    assert "Errno" not in result.err
+    assert f"{project / 'prepare.yaml'}, {project / 'train.yaml'}" in result.err
+    assert "notes.txt" not in result.err
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert_user_error(validate(cli, empty), "is a folder, not a config file", "YAML file")

@@ -47,6 +47,8 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"config file not found: {str(path)!r}",
             hint="check the path, or create one with `dllm init DIR`",
         ) from None
+    except IsADirectoryError:
+        raise _a_folder(path) from None
     except OSError as error:
         raise DllmError(f"cannot read config {str(path)!r}: {error}") from None
     document = parse_yaml(text, str(path))
@@ -57,6 +59,20 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             f"{path}: the top level must be a mapping of sections, not {type(document).__name__}"
         )
     return document
+
+
+def _a_folder(path: Path) -> DllmError:
+    """A folder named as a config (a `dllm init` project instead of its train.yaml): the YAML
+    files in it are what could be meant."""
+    try:
+        found = sorted(str(p) for p in path.iterdir() if p.suffix in (".yaml", ".yml"))
+    except OSError:
+        found = []
+    shown = ", ".join(found[:5]) + (f" and {len(found) - 5} more" if len(found) > 5 else "")
+    return DllmError(
+        f"{path} is a folder, not a config file",
+        hint=f"pass one of the YAML files in it: {shown}" if found else "pass a YAML file",
+    )
 
 
 def _utf8(data: bytes, path: Path) -> str:
