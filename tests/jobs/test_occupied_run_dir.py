@@ -315,3 +315,35 @@ def test_a_folder_that_holds_no_run_is_still_launched_into(runs, cli, pinned, wo
     assert cli("launch", "--config", spec, "--run-dir", workdir / "notes").code == 0
     assert (workdir / "notes" / "README.txt").read_text() == "what this run is for\n"
     assert (workdir / "notes" / "manifest.json").is_file()
+
+
+def test_a_stopped_two_process_run_is_refused_with_the_torchrun_line_that_resumes_it(
+    cli, pinned, workdir
+):
+    """Was: "continue it ... (under torchrun, as its plan does): dllm train --config ..." for a
+    run of 2 processes on one node, a command that, run as printed, stops at the topology's
+    world size check (dp 2, 1 process); now the torchrun line itself, which runs as pasted."""
+    import subprocess
+
+    from turbo_dllm.jobs import launcher
+    from turbo_dllm.jobs.options import LaunchOptions
+
+    spec = workdir / "train.yaml"
+    spec.write_text(SPEC)
+    run_dir = workdir / "pair"
+    # Its launcher recorded the job, then died before any worker trained a step.
+    options = LaunchOptions(nproc_per_node=2, run_dir=str(run_dir))
+    job = launcher.prepare_launch(spec, ["topology.dp=2"], options, ["dllm", "launch"])
+    launcher.materialize(job)
+    result = cli(
+        "launch", "--config", spec, "--set", "topology.dp=2", "--nproc-per-node", "2",
+        "--run-dir", run_dir,
+    )  # fmt: skip
+    assert_user_error(result, "already holds run pair (no result, no steps yet)")
+    line = result.err.split("(under torchrun, as its plan does): ")[1].split("\n")[0]
+    assert " -m torch.distributed.run --standalone --nproc-per-node 2 -m turbo_dllm train " in line
+    assert line.startswith("OMP_NUM_THREADS=1 PYTHONHASHSEED=0 ")
+    resumed = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    recorded = json.loads((run_dir / "result.json").read_text())
+    assert (recorded["resumed_by"], recorded["backend"]) == ("dllm train", "torchrun")

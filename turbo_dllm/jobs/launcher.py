@@ -525,10 +525,9 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
                 f"sbatch {_q(recorded.plan.slurm.script)}"
             )
         else:
-            under = " (under torchrun, as its plan does)" if run.processes != "1x1" else ""
             ways.append(
                 "if it stopped, continue it from its last checkpoint"
-                f"{under}: dllm train --config {_q(run_dir / SPEC_NAME)} --run-dir {_q(run_dir)}"
+                + _resume_command(recorded.plan, run_dir)
             )
     ended = ""
     if run.exit_code is not None:  # its result.json: when and how it ended
@@ -542,6 +541,24 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
         f"not write into another run's dir{nodes if joining else ''}. Instead:\n"
         + "\n".join(f"  - {way}" for way in ways)
     )
+
+
+def _resume_command(plan: JobPlan, run_dir: Path) -> str:
+    """The command that continues a stopped run (not a SLURM job's) in its run dir, with its
+    layout: `dllm train` for one process; for several on one node, `dllm train` under torchrun
+    with the plan's process count and worker environment (a bare `dllm train` of a 2-process
+    run stops at the topology's world size check)."""
+    train = f"--config {_q(run_dir / SPEC_NAME)} --run-dir {_q(run_dir)}"
+    if plan.world_sizes == [1]:
+        return f": dllm train {train}"
+    if plan.multi_node:
+        return f" (on every node, under torchrun, as its plan does): dllm train {train}"
+    env = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(plan.env.items()))
+    torchrun = shlex.join(
+        [plan.worker[0], "-m", "torch.distributed.run", "--standalone"]
+        + ["--nproc-per-node", str(plan.nproc_per_node)]
+    )
+    return f" (under torchrun, as its plan does): {env} {torchrun} -m turbo_dllm train {train}"
 
 
 def materialize(job: PreparedJob) -> None:
