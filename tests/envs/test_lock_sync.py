@@ -170,6 +170,30 @@ def test_sync_cli_errors(wheels, tmp_path, cli):
     assert_user_error(result, "not a virtual environment")
 
 
+def test_sync_of_an_existing_venv_refuses_a_python_it_would_ignore(wheels, tmp_path, cli):
+    """--python chooses the interpreter of a venv sync creates; for an existing venv it was
+    ignored, even a path that does not exist. One of the venv's own Python version is accepted;
+    another version, or none that runs, is refused with the two ways out."""
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(lock_fixtures(wheels)))
+    venv = tmp_path / "venv"
+    sync = ("env", "sync", "--manifest", manifest_file, "--venv", venv)
+    assert cli(*sync).code == 0
+    assert cli(*sync, "--python", sys.executable).code == 0  # the venv's own Python version
+
+    other = tmp_path / "python3.99"  # answers the version question as another Python would
+    other.write_text("#!/bin/sh\necho 3.99\n")
+    other.chmod(0o755)
+    for python, needle in (
+        (other, f"--python {other} is Python 3.99, but {venv} exists with Python {PYTHON}"),
+        (tmp_path / "nope", f"cannot run --python {tmp_path / 'nope'}"),
+    ):
+        result = cli(*sync, "--python", python)
+        assert_user_error(result, needle, f"hint: drop --python to update {venv}",
+                          f"or remove {venv} to create it anew")  # fmt: skip
+        assert venv_python(venv).exists()  # the venv is left as it was
+
+
 def test_sync_never_installs_into_a_prefix_that_is_not_a_venv(wheels, tmp_path):
     prefix = tmp_path / "prefix"
     (prefix / "bin").mkdir(parents=True)
@@ -188,6 +212,55 @@ def test_env_cli_lists_and_prints_the_shipped_manifest(cli):
     assert torch.startswith("torch==2.13.0+cpu --hash=sha256:")
     assert "--index-url" not in cli("env", "requirements", "--target", "cpu-x86_64",
                                      "--no-sources").out  # fmt: skip
+
+
+def test_requirements_say_which_packages_the_base_provides(wheels, tmp_path, cli):
+    """A manifest whose packages are all `provided` (the shipped sm90, locked
+    --from-environment) printed its header and `--no-index` only: pip installed nothing and said
+    nothing. A comment now counts them and names the check; pip and uv skip it."""
+    manifest = lock_fixtures(wheels, "dllm-fixture-b==2.0", "dllm-fixture-a==1.0")
+    base = [Provided(name="dllm-fixture-a", version="1.0")]
+    some = tmp_path / "some.toml"
+    pins = [p for p in manifest.packages if p.name == "dllm-fixture-b"]
+    some.write_text(dump_manifest(manifest.model_copy(update={"packages": pins, "provided": base})))
+    every = tmp_path / "all.toml"
+    both = [*base, Provided(name="dllm-fixture-b", version="2.0")]
+    every.write_text(dump_manifest(manifest.model_copy(update={"packages": [], "provided": both})))
+
+    printed = cli("env", "requirements", "--manifest", every)
+    assert printed.code == 0, printed.err
+    assert printed.out.splitlines()[1] == (
+        "# all 2 packages of manifest cpu-x86_64 are provided by the base interpreter and not "
+        f"listed here (check them: dllm env check --manifest {every})"
+    )
+    printed = cli("env", "requirements", "--manifest", some, "--no-sources")
+    assert printed.out.splitlines()[1:] == [
+        "# 1 package of manifest cpu-x86_64 is provided by the base interpreter and not listed "
+        f"here (check them: dllm env check --manifest {some})",
+        pins[0].requirement_line(),
+    ]
+    # A manifest that provides nothing prints as before: no such line.
+    assert "provided" not in cli("env", "requirements", "--target", "cpu-x86_64").out
+
+    # pip and uv read the file as before: the comment is no requirement, the pin is installed.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_"))}
+    env["PIP_CONFIG_FILE"] = os.devnull
+    for manifest_file, expected in ((some, "dllm-fixture-b"), (every, None)):
+        requirements = tmp_path / f"{manifest_file.stem}.txt"
+        requirements.write_text(cli("env", "requirements", "--manifest", manifest_file).out)
+        for command in (
+            [sys.executable, "-m", "pip", "install", "--dry-run", "--no-deps",
+             "--require-hashes", "-r", requirements],
+            [uv_binary(), "pip", "install", "--dry-run", "--no-deps", "--require-hashes",
+             "--offline", "--python", sys.executable, "-r", requirements],
+        ):  # fmt: skip
+            proc = subprocess.run(command, capture_output=True, text=True, env=env)
+            said = proc.stdout + proc.stderr
+            assert proc.returncode == 0, said
+            if expected:
+                assert expected in said.replace("_", "-"), said
+            else:
+                assert "dllm-fixture" not in said.replace("_", "-"), said
 
 
 def test_env_lock_cli_errors(cli):

@@ -191,6 +191,31 @@ def test_requirements_from_a_mirror_without_wheels_names_the_fix(tmp_path, wheel
     assert "--no-sources" not in sync.err and not venv.exists()
 
 
+def test_requirements_refuse_a_mirror_of_another_release_as_sync_does(mirror, tmp_path, cli):
+    """`env requirements --manifest X --mirror M` printed the mirror's turbo-dllm 0.1.0 line for
+    a manifest of turbo-dllm 0.2.0, which `env sync` with the same arguments refuses."""
+    root, _ = mirror
+    pins = manifest_for(root / "wheels", "dllm_fixture_a")
+    manifest = tmp_path / "other-release.toml"
+    newer = pins.model_copy(update={"project": Project(name="turbo-dllm", version="0.2.0")})
+    manifest.write_text(dump_manifest(newer))
+    venv = tmp_path / "venv"
+    for command in (
+        ("env", "requirements", "--manifest", manifest, "--mirror", root),
+        ("env", "requirements", "--manifest", manifest, "--mirror", root, "--no-sources"),
+        ("env", "sync", "--manifest", manifest, "--mirror", root, "--offline", "--venv", venv),
+    ):
+        result = cli(*command)
+        assert_user_error(result, "mirror has turbo-dllm 0.1.0; manifest cpu-x86_64 is for 0.2.0",
+                          "hint: use the mirror made for this release")  # fmt: skip
+        assert result.out == "", result.out
+        assert not venv.exists()  # sync refuses before it makes the venv
+    manifest.write_text(dump_manifest(pins))  # the mirror's release: its line, hash-pinned
+    fits = cli("env", "requirements", "--manifest", manifest, "--mirror", root)
+    assert fits.code == 0, fits.err
+    assert fits.out.splitlines()[-1].startswith("turbo-dllm==0.1.0 --hash=sha256:")
+
+
 def test_create_refuses_missing_wheels_and_existing_folders(tmp_path, wheels):
     manifest = manifest_for(wheels, "dllm_fixture_a")
     empty = tmp_path / "empty"
@@ -466,9 +491,19 @@ def test_a_silent_or_stalled_client_is_disconnected(mirror, capsys, monkeypatch)
 
 
 def test_serve_and_verify_refuse_a_folder_that_is_not_a_mirror(tmp_path, cli):
-    assert_user_error(cli("mirror", "serve", tmp_path, "--port", "0"), "not a mirror")
-    assert_user_error(cli("mirror", "verify", tmp_path), "not a mirror")
-    assert_user_error(cli("mirror", "verify", tmp_path / "nope"), "does not exist")
+    """serve said "not a mirror (no MIRROR.json)" of a path that does not exist, of a file and
+    of a URL (as /cwd/http:/host); it now names each as verify and --mirror do."""
+    (tmp_path / "file").write_text("x")
+    for command in (("mirror", "serve", "--port", "0"), ("mirror", "verify")):
+        assert_user_error(cli(*command, tmp_path), "not a mirror", "no MIRROR.json")
+        missing = cli(*command, tmp_path / "nope")
+        assert_user_error(missing, f"{tmp_path / 'nope'}' does not exist")
+        assert "MIRROR.json" not in missing.err
+        a_file = cli(*command, tmp_path / "file")
+        assert_user_error(a_file, "is a file, not a folder")
+        assert "MIRROR.json" not in a_file.err
+    served_url = cli("mirror", "serve", "--port", "0", "http://127.0.0.1:9")
+    assert_user_error(served_url, "is a URL", "mirror's folder")
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,11 @@ def register(subparsers) -> None:
     p.add_argument("--mirror", help="install only from this mirror (folder or http URL)")
     p.add_argument("--offline", action="store_true", help="contact nothing but the mirror")
     p.add_argument("--venv", default=".venv", help="the virtual environment (default: .venv)")
-    p.add_argument("--python", help="interpreter to create the venv with (default: this one)")
+    p.add_argument(
+        "--python",
+        help="interpreter to create the venv with (default: this one); an existing venv keeps "
+        "its own: a --python of another Python version is refused",
+    )
     p.add_argument(
         "--system-site-packages",
         action="store_true",
@@ -301,12 +305,32 @@ def _check(args) -> int:
 
 def _requirements(args) -> int:
     from turbo_dllm.envs.select import select_manifest
+    from turbo_dllm.envs.sync import mirror_project_line
 
     mirror = _mirror(args.mirror)
     manifest = select_manifest(args.target, mirror=mirror, manifest_file=args.manifest)
     if mirror is not None and not args.no_sources:
         mirror.require_wheels(otherwise=", or pass --no-sources for the pins alone")
+    # Refused as `dllm env sync` refuses it (a mirror of another release), before any line.
+    project_line, _ = mirror_project_line(manifest, mirror)
     print(f"# {manifest.target} ({manifest.bundle_target}), sha256 {manifest.content_sha256()}")
+    if manifest.provided:
+        # Not pins: the file installs none of them (pip and uv skip `#` lines), said so that a
+        # file of no pins at all (a manifest locked --from-environment) is not a silent no-op.
+        if args.manifest:
+            source = f"--manifest {args.manifest}"
+        elif args.mirror:
+            source = f"--mirror {args.mirror} --target {manifest.target}"
+        else:
+            source = f"--target {manifest.target}"
+        count = len(manifest.provided)
+        what = f"{count} package{'' if count == 1 else 's'}"
+        if not manifest.packages:
+            what = f"all {what}" if count > 1 else f"the one {what}"
+        print(
+            f"# {what} of manifest {manifest.target} {'is' if count == 1 else 'are'} provided by "
+            f"the base interpreter and not listed here (check them: dllm env check {source})"
+        )
     if mirror is None:
         print(manifest.requirements_txt(sources=not args.no_sources), end="")
         return 0
@@ -315,11 +339,10 @@ def _requirements(args) -> int:
     if not args.no_sources:
         print(f"--index-url {mirror.simple_url}")
     print(manifest.requirements_txt(), end="")
-    project = mirror.index().project
-    if project is None:
+    if project_line is None:
         print(f"# mirror {mirror.location} carries no {manifest.project.name} wheel")
     else:
-        print(f"{project.name}=={project.version} --hash=sha256:{project.sha256}")
+        print(project_line)
     return 0
 
 

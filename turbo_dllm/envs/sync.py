@@ -32,7 +32,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import write_atomic
 from turbo_dllm.sigterm import unwinding_on_sigterm
 
-__all__ = ["SyncResult", "sync_environment", "venv_python"]
+__all__ = ["SyncResult", "mirror_project_line", "sync_environment", "venv_python"]
 
 
 @dataclass
@@ -134,6 +134,8 @@ def _prepare_venv(
                 "system site packages",
                 hint=f"remove {venv} to recreate it, or match --system-site-packages",
             )
+        if python is not None:
+            _check_python_fits(python, venv, version)
         return False
     if venv.exists() and any(venv.iterdir()):
         raise DllmError(
@@ -152,6 +154,27 @@ def _prepare_venv(
         args.append("--system-site-packages")
     run_uv(args, what=f"creating {venv}", hint="pass --venv with a folder you can write")
     return True
+
+
+def _check_python_fits(python: str, venv: Path, version: str) -> None:
+    """`--python` chooses the interpreter a new venv is made with; an existing venv keeps its
+    own. One of the venv's Python version is accepted (it names what the venv already is);
+    another, or one that does not run, is refused rather than ignored."""
+    keep = f"drop --python to update {venv} with its own Python {version}"
+    try:
+        given = _interpreter_version(python)
+    except DllmError as error:
+        raise DllmError(
+            f"{error.message}; {venv} exists (Python {version}) and --python only chooses the "
+            "interpreter of a venv sync creates",
+            hint=f"{keep}, or remove {venv} to create it anew with a working --python",
+        ) from None
+    if given != version:
+        raise DllmError(
+            f"--python {python} is Python {given}, but {venv} exists with Python {version}: "
+            "sync does not change an existing venv's interpreter",
+            hint=f"{keep}, or remove {venv} to create it anew with --python {python}",
+        )
 
 
 def _check_provided(manifest: EnvManifest, environment: Environment) -> None:
@@ -189,8 +212,10 @@ def _source_args(manifest: EnvManifest, mirror, offline: bool) -> list[str]:
     return args
 
 
-def _project_line(manifest: EnvManifest, mirror) -> tuple[str | None, str | None]:
-    """The project's requirement line from the mirror (hash from MIRROR.json), if it has it."""
+def mirror_project_line(manifest: EnvManifest, mirror) -> tuple[str | None, str | None]:
+    """The project's requirement line from the mirror (hash from MIRROR.json), if it has it,
+    and where it comes from. A mirror's wheel of another version than the manifest's project is
+    refused (sync installs this line; `dllm env requirements --mirror` prints it)."""
     if mirror is None:
         return None, None
     project = mirror.index().project
@@ -258,6 +283,7 @@ def sync_environment(
 ) -> SyncResult:
     venv = Path(venv).absolute()
     source_args = _source_args(manifest, mirror, offline)
+    project = mirror_project_line(manifest, mirror)  # a mirror of another release: before a venv
     problem = _unwritable(venv)
     if problem:
         raise DllmError(
@@ -270,7 +296,7 @@ def sync_environment(
     with unwinding_on_sigterm():  # SIGTERM too removes what this sync made (then ends dllm)
         try:
             created = _prepare_venv(manifest, venv, python, system_site_packages)
-            return _install(manifest, venv, created, mirror, source_args)
+            return _install(manifest, venv, created, mirror, source_args, project)
         except BaseException:
             if fresh:  # a venv this sync made is removed again, never left half-installed
                 shutil.rmtree(venv, ignore_errors=True)
@@ -280,12 +306,17 @@ def sync_environment(
 
 
 def _install(
-    manifest: EnvManifest, venv: Path, created: bool, mirror, source_args: list[str]
+    manifest: EnvManifest,
+    venv: Path,
+    created: bool,
+    mirror,
+    source_args: list[str],
+    project: tuple[str | None, str | None],
 ) -> SyncResult:
     interpreter = venv_python(venv)
     before = inspect_environment(interpreter)
     _check_provided(manifest, before)
-    project_line, project_source = _project_line(manifest, mirror)
+    project_line, project_source = project
     requirements = manifest.requirements_txt()
     if project_line:
         requirements += project_line + "\n"

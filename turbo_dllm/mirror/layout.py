@@ -28,6 +28,9 @@ from urllib.parse import quote
 from packaging.utils import canonicalize_name, parse_wheel_filename
 from pydantic import BaseModel, ConfigDict, Field
 
+from turbo_dllm.errors import DllmError
+from turbo_dllm.locations import parse_location
+
 __all__ = [
     "MIRROR_FILE",
     "MIRROR_FORMAT",
@@ -35,6 +38,8 @@ __all__ = [
     "MirrorFile",
     "MirrorIndex",
     "MirrorProject",
+    "mirror_folder",
+    "not_a_mirror",
     "simple_pages",
     "wheel_project",
 ]
@@ -80,6 +85,30 @@ class MirrorIndex(_Strict):
 
     def of_kind(self, kind: FileKind) -> list[MirrorFile]:
         return [f for f in self.files if f.kind == kind]
+
+
+def not_a_mirror(location: str | Path) -> DllmError:
+    """The error for a place that exists but holds no `MIRROR.json` (every reader says it so)."""
+    return DllmError(
+        f"{location} is not a mirror (no {MIRROR_FILE})",
+        hint="create one with `dllm mirror create DIR --release vX`",
+    )
+
+
+def mirror_folder(location: str | Path) -> Path:
+    """The resolved folder of a local mirror, for what takes a folder only (`dllm mirror serve
+    DIR`). Parsed as every `--mirror` reader parses it (`parse_location`): a path that does not
+    exist, a file and a URL are each named as such, not called a folder without MIRROR.json."""
+    text = str(location)
+    where = parse_location(text, "mirror")
+    if where.folder is None:
+        raise DllmError(
+            f"mirror {text!r} is a URL: this takes a mirror folder",
+            hint="pass the mirror's folder (the URL is for --mirror and pip/uv --index-url)",
+        )
+    if not (where.folder / MIRROR_FILE).is_file():
+        raise not_a_mirror(where.folder)
+    return where.folder
 
 
 def wheel_project(filename: str) -> tuple[str, str]:

@@ -23,7 +23,7 @@ from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.mirror.layout import MIRROR_FILE
+from turbo_dllm.mirror.layout import mirror_folder
 
 __all__ = ["MirrorServer", "MirrorRequestHandler"]
 
@@ -166,12 +166,8 @@ class MirrorServer:
     def __init__(
         self, root: str | Path, host: str = "127.0.0.1", port: int = 0, quiet: bool = False
     ) -> None:
-        self.root = Path(root).resolve()
-        if not (self.root / MIRROR_FILE).is_file():
-            raise DllmError(
-                f"{self.root} is not a mirror (no {MIRROR_FILE})",
-                hint="create one with `dllm mirror create DIR --release vX`",
-            )
+        # One that does not exist, a file and a URL are named as such (as `--mirror` names them).
+        self.root = mirror_folder(root)
         if not 0 <= port <= 65535:  # else a traceback from bind()
             raise DllmError(f"--port must be 0-65535 (0: any free port), got {port}")
         handler = type("Handler", (MirrorRequestHandler,), {"quiet": quiet})

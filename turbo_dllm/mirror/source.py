@@ -25,7 +25,7 @@ from turbo_dllm.bundles.sources import (
 from turbo_dllm.errors import DllmError
 from turbo_dllm.formats import validate_document
 from turbo_dllm.locations import parse_location
-from turbo_dllm.mirror.layout import MIRROR_FILE, MIRROR_FORMAT, MirrorIndex
+from turbo_dllm.mirror.layout import MIRROR_FILE, MIRROR_FORMAT, MirrorIndex, not_a_mirror
 
 __all__ = ["MirrorSource", "open_mirror"]
 
@@ -117,10 +117,7 @@ class MirrorSource:
     def index(self) -> MirrorIndex:
         raw = self.read_bytes(MIRROR_FILE)
         if raw is None:
-            raise DllmError(
-                f"{self.location} is not a mirror (no {MIRROR_FILE})",
-                hint="create one with `dllm mirror create DIR --release vX`",
-            )
+            raise not_a_mirror(self.location)
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError) as error:  # RecursionError: nested too deeply
