@@ -222,3 +222,25 @@ def test_data_of_another_tokenizer_is_refused_before_the_target_is_hashed(
     with pytest.raises(DllmError, match="another tokenizer"):
         compare(str(target), [str(exported)], str(world["artifact"]), max_new_tokens=4)
     assert calls == []
+
+
+def test_an_export_whose_files_differ_from_its_record_is_refused(cli, world, exported, tmp_path):
+    """A `dllm dflash export` folder is evaluated only as the files its training_export.json
+    hashed: a torn copy or a file changed since is named, with how to use it anyway."""
+    torn = shutil.copytree(exported, tmp_path / "torn")
+    weights = torn / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-8])
+    result = _eval(cli, world["target"], torn, world["artifact"], *QUICK)
+    assert_user_error(result, str(torn), "does not match its training_export.json",
+                      "model.safetensors", "remove its training_export.json")  # fmt: skip
+    (torn / "training_export.json").unlink()  # asked for: used as it is, shape-checked only
+    result = _eval(cli, world["target"], torn, world["artifact"], *QUICK)
+    assert_user_error(result, "safetensors weights are unreadable")  # the torn file itself
+    edited = shutil.copytree(exported, tmp_path / "edited")
+    config = json.loads((edited / "config.json").read_text())
+    (edited / "config.json").write_text(json.dumps(config, indent=4))  # same values, other bytes
+    result = _eval(cli, world["target"], edited, world["artifact"], *QUICK)
+    assert_user_error(result, "  - config.json: ", "recorded")
+    # the intact export still evaluates
+    result = _eval(cli, world["target"], exported, world["artifact"], *QUICK, "--json")
+    assert result.code == 0, result.err

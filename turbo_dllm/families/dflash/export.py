@@ -57,7 +57,10 @@ def verify_export(folder: str | Path) -> list[str]:
     checked names; a DllmError names each file that does not match."""
     folder = Path(folder)
     path = folder / RECORD_NAME
-    hint = "export the drafter again with `dllm dflash export`"
+    hint = (
+        "export the drafter again with `dllm dflash export` (or copy it whole); to use the "
+        f"folder as it is, unchecked, remove its {RECORD_NAME}"
+    )
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as error:

@@ -347,6 +347,11 @@ def _check_dflash_drafter(
             hint="evaluate the drafter with the target it was distilled from",
         )
     recorded = _recorded_target(folder)
+    if (Path(folder) / "training_export.json").is_file():
+        from turbo_dllm.families.dflash.export import verify_export
+
+        # the files are those the record was written for (not a torn copy, an edited config)
+        verify_export(folder)
     if recorded is None:
         return False  # a `dllm export` folder, or an export made before the record: shape only
     from turbo_dllm.families.dflash.target_identity import target_fingerprint
