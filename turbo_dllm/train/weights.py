@@ -36,6 +36,7 @@ __all__ = [
     "named_parameters_clean",
     "parse_shard_size",
     "save_hf",
+    "weight_files",
 ]
 
 # Wrapper segments that activation checkpointing, torch.compile and FSDP1 add to module paths.
@@ -234,6 +235,17 @@ _INDEX = "model.safetensors.index.json"
 _SHARD_NAME = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
 
 
+def weight_files(folder: str | Path) -> list[str]:
+    """The weight files `save_hf` writes that are in `folder`, sorted: model.safetensors, or
+    the shards and model.safetensors.index.json of a sharded save (a folder holding both kinds,
+    e.g. one written by other tools, lists both)."""
+    return sorted(
+        p.name
+        for p in Path(folder).iterdir()
+        if p.is_file() and (p.name in (_SINGLE, _INDEX) or _SHARD_NAME.fullmatch(p.name))
+    )
+
+
 def parse_shard_size(size: int | str) -> int:
     """Bytes per safetensors file: an int, or a string as transformers reads `max_shard_size`
     ("5GB", "500MB", "200KB", "1.5TB"; decimal units, any case), or digits alone (bytes)."""
@@ -328,11 +340,9 @@ def save_hf(
     if dtype is not None:
         hf["torch_dtype"] = str(dtype).removeprefix("torch.")
     (folder / "config.json").write_text(json.dumps(hf, indent=2) + "\n")
-    for stale in folder.iterdir():
-        if stale.name not in files and (
-            stale.name in (_SINGLE, _INDEX) or _SHARD_NAME.fullmatch(stale.name)
-        ):
-            stale.unlink()
+    for stale in weight_files(folder):
+        if stale not in files:
+            (folder / stale).unlink()
     for file, shard in zip(files, shards, strict=True):
         tensors = {
             name: (state[name].to(dtype) if dtype is not None else state[name]).contiguous()

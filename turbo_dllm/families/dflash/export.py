@@ -25,28 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from pathlib import Path
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["EXPORT_FORMAT", "export_drafter", "verify_export", "weight_files"]
+__all__ = ["EXPORT_FORMAT", "export_drafter", "verify_export"]
 
 EXPORT_FORMAT = "turbo_dllm.dflash_export.v1"
 RECORD_NAME = "training_export.json"
-# The weight files of the HF layout `save_hf` writes: one file, or shards and their index.
-_SINGLE, _INDEX = "model.safetensors", "model.safetensors.index.json"
-_SHARD = re.compile(r"model-\d{5}-of-\d{5}\.safetensors")
-
-
-def weight_files(folder: str | Path) -> list[str]:
-    """The weight files in an export folder, sorted: model.safetensors, or the shards and
-    model.safetensors.index.json of a sharded one (a folder holding both lists both)."""
-    return sorted(
-        p.name
-        for p in Path(folder).iterdir()
-        if p.is_file() and (p.name in (_SINGLE, _INDEX) or _SHARD.fullmatch(p.name))
-    )
 
 
 def verify_export(folder: str | Path) -> list[str]:
@@ -55,6 +41,8 @@ def verify_export(folder: str | Path) -> list[str]:
     shard, an index or a model.safetensors the record does not know would be loaded unchecked).
     Either layout passes: one model.safetensors, or shards and their index. Returns the
     checked names; a DllmError names each file that does not match."""
+    from turbo_dllm.train.weights import weight_files
+
     folder = Path(folder)
     path = folder / RECORD_NAME
     hint = (
@@ -133,7 +121,7 @@ def export_drafter(
     from turbo_dllm.families.dflash.runtime import require_model_folder
     from turbo_dllm.train.checkpoint import read_meta, resolve_checkpoint
     from turbo_dllm.train.export import export_checkpoint
-    from turbo_dllm.train.weights import DEFAULT_MAX_SHARD_SIZE, parse_shard_size
+    from turbo_dllm.train.weights import DEFAULT_MAX_SHARD_SIZE, parse_shard_size, weight_files
 
     # A bad size is refused before the checkpoint is read (as `dllm export` refuses it).
     shard_bytes = parse_shard_size(
