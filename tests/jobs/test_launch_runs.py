@@ -20,6 +20,7 @@ import pytest
 import turbo_dllm
 from tests.helpers import assert_user_error
 from turbo_dllm.jobs import provenance
+from turbo_dllm.jobs.runs import summarize
 
 pytestmark = pytest.mark.slow
 
@@ -354,6 +355,7 @@ def test_interrupted_launch_ends_like_a_one_process_launch(recorded, tmp_path, s
         assert launcher.returncode == 130, output
         assert output.rstrip().endswith("dllm: interrupted"), output
         assert not (run_dir / "result.json").exists()
+        assert summarize(run_dir).status == "interrupted"  # `dllm run list`: not "died"
     else:
         # torchrun passed it on: the workers saved the step under way before they ended (what
         # follows the signal is in console.log only), and the launch ends with 143, recorded

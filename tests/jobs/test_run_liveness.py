@@ -192,6 +192,21 @@ def test_an_ended_launch_in_a_live_process_reads_died(recorded_run):
     assert "died (last wrote a step at " in run.status_detail
 
 
+def test_a_launch_ended_by_ctrl_c_reads_interrupted_not_died(recorded_run, cli, workdir):
+    """An interrupted launch writes no result (by design: nothing failed); its record says
+    Ctrl-C ended it, so the run is not called dead like a killed one."""
+    from turbo_dllm.jobs.result import end_launcher
+
+    record_launcher(recorded_run)
+    end_launcher(recorded_run, interrupted=True)
+    run = summarize(recorded_run)
+    assert run.status == "interrupted"
+    assert run.status_detail.startswith("interrupted (last wrote a step at ")
+    assert run.status_detail.endswith("; stopped by Ctrl-C, no result)")
+    assert _listed(cli, workdir / "runs")["status"] == "interrupted"
+    assert "interrupted (last wrote a step at" in cli("run", "show", recorded_run).out
+
+
 def test_a_launcher_on_another_host_reads_unknown(recorded_run):
     record_launcher(recorded_run)
     _rewrite(recorded_run, host="node-b.cluster")

@@ -69,7 +69,8 @@ def _attempt(spec, run_dir, train) -> int:
     """Resume a recorded run as its latest attempt: its status (`dllm run list`) is this one's,
     not what the launcher (or SLURM) said of an earlier one. The launcher's stale result goes
     before training starts, this process records itself as the run's launcher ("running"
-    while it trains, "died" if it is killed), and this attempt's exit code replaces the result
+    while it trains, "died" if it is killed, "interrupted" by Ctrl-C), and this attempt's exit
+    code replaces the result
     (rank 0 of a torchrun'd `dllm train`); an interrupted attempt, like an interrupted launch,
     leaves none."""
     import os
@@ -88,7 +89,7 @@ def _attempt(spec, run_dir, train) -> int:
     if main:
         (run_dir / RESULT_NAME).unlink(missing_ok=True)
         record_launcher(run_dir, by="dllm train")
-    started, code, writes = now(), 1, main
+    started, code, writes, interrupted = now(), 1, main, False
     try:
         code = train(spec, run_dir)
         return code
@@ -96,13 +97,13 @@ def _attempt(spec, run_dir, train) -> int:
         code = 2
         raise
     except KeyboardInterrupt:
-        writes = False
+        writes, interrupted = False, True
         raise
     finally:
         if writes:
             write_result(run_dir, code, started, backend, resumed_by="dllm train")
         if main:
-            end_launcher(run_dir)
+            end_launcher(run_dir, interrupted=interrupted)
 
 
 def _check_recorded_spec(spec, run_dir) -> bool:

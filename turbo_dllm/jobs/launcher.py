@@ -635,12 +635,16 @@ def start(job: PreparedJob, *, submit: bool = False, made_run_dir: bool = False)
     # before it could write result.json. Not recorded (a full disk): the run reads `no result`.
     with contextlib.suppress(OSError):
         record_launcher(job.run_dir, multi_node=job.multi_node)
+    interrupted = False
     try:
         return _run_workers(job, started)
+    except KeyboardInterrupt:
+        interrupted = True  # `dllm run list`: interrupted, not died
+        raise
     finally:
         # However start() ends (a result, an error, Ctrl-C): this launch no longer runs the
         # job, even where its process lives on (a Python session that called start()).
-        end_launcher(job.run_dir, multi_node=job.multi_node)
+        end_launcher(job.run_dir, multi_node=job.multi_node, interrupted=interrupted)
 
 
 def _run_workers(job: PreparedJob, started: str) -> int:

@@ -128,14 +128,17 @@ def _launcher_path(run_dir: Path, multi_node: bool) -> Path:
     return Path(run_dir) / (f"launcher-{this_host()}.json" if multi_node else LAUNCHER_NAME)
 
 
-def end_launcher(run_dir: Path, *, multi_node: bool = False) -> None:
+def end_launcher(run_dir: Path, *, multi_node: bool = False, interrupted: bool = False) -> None:
     """Mark this launcher's record ended (`ended_at`) when its launch returns or raises: it no
-    longer runs the job though its process may live on. A killed launcher never gets here."""
+    longer runs the job though its process may live on; `interrupted` where Ctrl-C ended it
+    (an interrupted launch writes no result). A killed launcher never gets here."""
     path = _launcher_path(run_dir, multi_node)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
         if isinstance(record, dict) and record.get("pid") == os.getpid():
             record["ended_at"] = now()
+            if interrupted:
+                record["interrupted"] = True
             write_atomic(path, json.dumps(record, indent=2, sort_keys=True) + "\n")
     except (OSError, ValueError, RecursionError):
         pass  # not recorded, or damaged: nothing to mark

@@ -9,9 +9,9 @@ the job that came before.
 A local or torchrun run without a result has its launcher's record (`launcher.json`: host, pid,
 start time; a `dllm train --run-dir` resume records itself the same way): `running` while
 that process lives on this host, `died` once it is gone (SIGKILL, the OOM killer, a reboot:
-nothing wrote a result), with when the run last wrote a step; `unknown` when it was launched on another
-host, which this one cannot look into. A run recorded before launchers recorded themselves
-reads `no result`.
+nothing wrote a result), `interrupted` where Ctrl-C ended its launch (both with when the run
+last wrote a step); `unknown` when it was launched on another host, which this one cannot
+look into. A run recorded before launchers recorded themselves reads `no result`.
 """
 
 from __future__ import annotations
@@ -63,7 +63,8 @@ class RunSummary:
     slurm_state: str | None = None  # None: not a submitted SLURM job, or SLURM forgot it
     resumed: bool = False  # the latest attempt was a `dllm train` (SLURM's job is history)
     finished_at: str | None = None  # when its result.json says it ended
-    # Without a result: "running", "died" or "unknown" from its launcher's record (None: none).
+    # Without a result: "running", "died", "interrupted" or "unknown" from its launcher's
+    # record (None: none).
     launcher: str | None = None
     launcher_hosts: tuple[str, ...] = ()  # where its launchers ran (every node's)
     last_written_at: str | None = None  # metrics.jsonl's last write (its last step)
@@ -89,13 +90,14 @@ class RunSummary:
     def status_detail(self) -> str:
         """The status with what it rests on, for people: where, and since when."""
         status = self.status
-        if status == "died":
+        if status in ("died", "interrupted"):
             when = (
                 f"last wrote a step at {self.last_written_at}"
                 if self.last_written_at
                 else "before its first step"
             )
-            return f"died ({when}; no launcher alive, no result)"
+            why = "no launcher alive" if status == "died" else "stopped by Ctrl-C"
+            return f"{status} ({when}; {why}, no result)"
         if status == "unknown" and self.launcher == "unknown":
             return f"unknown (launched on {', '.join(self.launcher_hosts)})"
         if status == "running" and self.resumed_here:
@@ -272,6 +274,8 @@ def _with_launcher(summary: RunSummary) -> RunSummary:
         state = "running"
     elif None in alive:  # another host's launcher (a multi-node job's other nodes)
         state = "unknown"
+    elif any(record.get("interrupted") for record in records):
+        state = "interrupted"  # Ctrl-C ended its launch (no result, by design)
     else:
         state = "died"
     # a `dllm train --run-dir` resume records itself as the launcher, "by" it
