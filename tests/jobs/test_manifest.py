@@ -100,6 +100,19 @@ def test_edited_manifest_is_refused(cli, manifest, tmp_path):
     assert_user_error(cli("launch", "--manifest", path), "is not a run manifest")
 
 
+def test_a_runspec_given_as_the_manifest_is_named_as_one(cli, spec_file, tmp_path):
+    """`dllm launch --manifest train.yaml`: was 'cannot read run manifest ... Expecting value'
+    with the hint that the file is torn or was edited."""
+    result = cli("launch", "--manifest", spec_file)
+    assert_user_error(
+        result, f"{str(spec_file)!r} is a YAML file, not a run manifest", f"--config {spec_file}"
+    )
+    assert "torn" not in result.err
+    torn = tmp_path / "manifest.json"  # a JSON manifest cut short is still called torn
+    torn.write_text('{"format": "turbo')
+    assert_user_error(cli("launch", "--manifest", torn), "cannot read run manifest", "torn")
+
+
 def _with(manifest, **update):
     return manifest.model_copy(update=update)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 
@@ -164,13 +165,18 @@ def read_manifest(path: str | Path) -> RunManifest:
             f"run manifest not found: {str(path)!r}",
             hint="pass runs/<id>/manifest.json (see `dllm run list`)",
         ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as error:
-        why = "nested deeper than JSON is parsed" if isinstance(error, RecursionError) else error
+    except json.JSONDecodeError as error:
+        if path.suffix.lower() not in (".yaml", ".yml"):
+            raise _unreadable_manifest(path, error) from None
+        # a RunSpec given where a manifest goes (`dllm launch --manifest train.yaml`)
         raise DllmError(
-            f"cannot read run manifest {str(path)!r}: {why}",
-            hint="it is torn or was edited: `dllm launch` writes it once, whole; a run dir "
-            "without a readable manifest cannot be shown, diffed or replayed",
+            f"{str(path)!r} is a YAML file, not a run manifest (the manifest.json `dllm launch` "
+            "writes into a run dir)",
+            hint=f"to launch that RunSpec, pass it as --config {shlex.quote(str(path))}; to "
+            "replay a run, pass its runs/<id>/manifest.json (see `dllm run list`)",
         ) from None
+    except (OSError, UnicodeDecodeError, RecursionError) as error:
+        raise _unreadable_manifest(path, error) from None
     return validate_document(
         document,
         RunManifest,
@@ -178,6 +184,15 @@ def read_manifest(path: str | Path) -> RunManifest:
         what="run manifest",
         source=str(path),
         hint="pass an unmodified manifest.json that `dllm launch` wrote into a run dir",
+    )
+
+
+def _unreadable_manifest(path: Path, error: BaseException) -> DllmError:
+    why = "nested deeper than JSON is parsed" if isinstance(error, RecursionError) else error
+    return DllmError(
+        f"cannot read run manifest {str(path)!r}: {why}",
+        hint="it is torn or was edited: `dllm launch` writes it once, whole; a run dir "
+        "without a readable manifest cannot be shown, diffed or replayed",
     )
 
 
