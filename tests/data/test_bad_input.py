@@ -34,6 +34,22 @@ def test_malformed_json_names_file_and_line(cli, tmp_path):
     _prepare_fails(cli, write_config(tmp_path), "data.jsonl:3: malformed JSON", "on_error: skip")
 
 
+@pytest.mark.parametrize("ending", ["\n", "\r\n"])
+def test_a_line_cut_short_is_described_by_its_own_text(cli, tmp_path, ending):
+    # A line ends in its newline, which is not part of the record: a string cut short was
+    # 'Invalid control character' (the newline), and a value cut short after
+    # its key 'Expecting value (column 1)' (a column of the line after the newline).
+    (tmp_path / "data.jsonl").write_text(
+        '{"text": "a"}' + ending + '{"text": "cut' + ending + '{"text":' + ending,
+        newline="",
+    )
+    _prepare_fails(cli, write_config(tmp_path), "data.jsonl:2: malformed JSON: Unterminated string")
+    (tmp_path / "data.jsonl").write_text('{"text": "a"}' + ending + '{"text":' + ending, newline="")
+    _prepare_fails(
+        cli, write_config(tmp_path), "data.jsonl:2: malformed JSON: Expecting value (column 9)"
+    )
+
+
 def test_on_error_skip_counts_every_reason(tmp_path):
     (tmp_path / "data.jsonl").write_text(
         '{"text": "good"}\n'

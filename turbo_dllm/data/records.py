@@ -169,6 +169,7 @@ def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
         try:
             item = json.loads(item)
         except json.JSONDecodeError as error:
+            error = _line_error(item, error)
             raise BadRecord(
                 "malformed_json", f"malformed JSON: {error.msg} (column {error.colno})"
             ) from None
@@ -184,6 +185,22 @@ def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
     if check_unicode:
         _check_unicode(extracted, records)
     return extracted
+
+
+def _line_error(line: bytes, error: json.JSONDecodeError) -> json.JSONDecodeError:
+    """The decoder's error for `line` without its line ending: the ending is not part of the
+    record, and a line cut short reached it (a string's end read 'Invalid control character',
+    a value's 'Expecting value (column 1)' of the line after the newline)."""
+    stripped = line.rstrip(b"\r\n")
+    if len(stripped) == len(line):
+        return error
+    try:
+        json.loads(stripped)
+    except json.JSONDecodeError as better:
+        return better
+    except (ValueError, RecursionError):
+        pass
+    return error
 
 
 def _extract_record(item: Any, records, supervision: str) -> Extracted:
