@@ -255,6 +255,23 @@ def test_schema_lists_the_sections(cli):
     )
 
 
+def test_schema_takes_one_path_as_prepare_does(cli, tmp_path):
+    """`paths: data.jsonl` (one string) is read as `[data.jsonl]`; the schema an editor checks
+    prepare.yaml against said 'not of type array'."""
+    defs = json.loads(cli("data", "schema").out)["$defs"]
+    for model in ("JsonlSource", "ParquetSource", "TextSource", "TokenIdsSource"):
+        paths = defs[model]["properties"]["paths"]
+        assert paths["anyOf"] == [
+            {"type": "string"},
+            {"type": "array", "items": {"type": "string"}, "minItems": 1},
+        ]
+    data_files = defs["HuggingFaceSource"]["properties"]["data_files"]["anyOf"]
+    assert {"type": "string"} in data_files and {"type": "null"} in data_files
+    (tmp_path / "data.jsonl").write_text('{"text": "hello"}\n', encoding="utf-8")
+    config = write_config(tmp_path, source={"kind": "jsonl", "paths": "data.jsonl"})
+    assert cli("data", "prepare", "--config", config).code == 0
+
+
 def test_prepare_in_a_real_subprocess(cli_process, cli, project):
     result = cli_process("data", "prepare", "--config", "prepare.yaml", cwd=project)
     assert result.code == 0, result.err

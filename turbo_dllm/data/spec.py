@@ -65,12 +65,24 @@ def _as_list(value: Any) -> Any:
     return [value] if isinstance(value, str) else value
 
 
+def _or_one_string(schema: dict[str, Any]) -> None:
+    """The JSON Schema of a list field that `_as_list` lets be one string: an editor checking
+    prepare.yaml against `dllm data schema` flagged `paths: a.jsonl`, which prepare reads."""
+    if "anyOf" in schema:  # an optional list: [array, null]
+        schema["anyOf"].insert(0, {"type": "string"})
+        return
+    array = {key: schema.pop(key) for key in ("type", "items", "minItems") if key in schema}
+    schema["anyOf"] = [{"type": "string"}, array]
+
+
 # --- sources -----------------------------------------------------------------------------------
 
 
 class _FileSource(_Strict):
     paths: list[str] = Field(
-        min_length=1, description="Files or glob patterns (`**` recurses), read in sorted order."
+        min_length=1,
+        description="Files or glob patterns (`**` recurses), read in sorted order.",
+        json_schema_extra=_or_one_string,
     )
 
     _paths_as_list = field_validator("paths", mode="before")(_as_list)
@@ -119,7 +131,10 @@ class HuggingFaceSource(_Strict):
     )
     config: str | None = Field(None, description="Dataset configuration name.")
     data_files: list[str] | None = Field(
-        None, min_length=1, description="Local files or globs for a builder."
+        None,
+        min_length=1,
+        description="Local files or globs for a builder.",
+        json_schema_extra=_or_one_string,
     )
     split: str = "train"
     revision: str | None = Field(None, description="Pinned Hub revision.")
