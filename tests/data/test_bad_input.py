@@ -206,6 +206,16 @@ def test_bad_files(cli, tmp_path):
     _prepare_fails(cli, config, "dataset folder not found")
 
 
+def test_a_data_file_given_as_a_dataset_folder_is_named_as_a_file(cli, tmp_path):
+    # source.path: train.parquet (one file, where data_files reads it) read 'dataset folder
+    # not found' for a file that is there.
+    (tmp_path / "train.parquet").write_bytes(b"PAR1")
+    config = write_config(tmp_path, source={"kind": "huggingface", "path": "train.parquet"})
+    result = _prepare_fails(cli, config, "train.parquet' is a file, not a dataset folder")
+    assert "not found" not in result.err
+    assert "source.data_files" in result.err
+
+
 def test_text_that_is_not_utf8_is_a_bad_record(cli, tmp_path):
     (tmp_path / "a.txt").write_bytes(b"hello\n\xff\xfe world\nthird\r\n")
     (tmp_path / "b.txt").write_bytes(b"fine")

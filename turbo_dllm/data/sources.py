@@ -721,6 +721,13 @@ def _open_huggingface(
     try:
         if source.path is not None:
             if not Path(source.path).is_dir():
+                if Path(source.path).exists():
+                    what = "a file" if Path(source.path).is_file() else "not a folder"
+                    raise DllmError(
+                        f"source.path {source.path!r} is {what}, not a dataset folder",
+                        hint="source.path is a folder written by Dataset.save_to_disk; to read "
+                        "data files (json, parquet, csv, text), list them in source.data_files",
+                    )
                 raise DllmError(
                     f"dataset folder not found: {source.path!r}",
                     hint="source.path is a folder written by Dataset.save_to_disk",
