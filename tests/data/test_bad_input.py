@@ -100,6 +100,17 @@ def test_chat_without_assistant_turn_under_assistant_only(cli, tmp_path, hf_toke
     _prepare_fails(cli, config, "data.jsonl:1", "no assistant turn")
 
 
+def test_a_chat_message_without_a_role_says_it_has_none(cli, tmp_path):
+    # It read 'messages.1.role must be a string, got None', as if the role were null.
+    chat = [{"role": "user", "content": "q"}, {"content": "a"}]
+    write_jsonl(tmp_path / "data.jsonl", [{"messages": chat}, {"messages": chat[:1]}])
+    config = write_config(tmp_path, records={"kind": "chat"})
+    result = _prepare_fails(cli, config, "data.jsonl:1: messages.1 has no 'role' (keys: content)")
+    assert "got None" not in result.err
+    result = prepare_config(write_config(tmp_path, records={"kind": "chat"}, on_error="skip"))
+    assert result.manifest.stats.skipped == {"missing_field": 1}
+
+
 def test_template_without_generation_markers_is_refused(cli, tmp_path, hf_tokenizer_plain_template):
     chat = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "a"}]
     write_jsonl(tmp_path / "data.jsonl", [{"messages": chat}])

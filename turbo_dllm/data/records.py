@@ -95,10 +95,13 @@ def _messages(record: Any, path: str) -> list[dict[str, Any]]:
         if not isinstance(message, dict):
             raise BadRecord("bad_field", f"{path}.{index} is not a {{role, content}} object")
         for key in ("role", "content"):
-            if not isinstance(message.get(key), str):
+            if key not in message:
+                keys = ", ".join(sorted(str(k)[:40] for k in message)[:8]) or "none"
+                raise BadRecord("missing_field", f"{path}.{index} has no {key!r} (keys: {keys})")
+            if not isinstance(message[key], str):
                 raise BadRecord(
                     "bad_field",
-                    f"{path}.{index}.{key} must be a string, got {_short(message.get(key))}",
+                    f"{path}.{index}.{key} must be a string, got {_short(message[key])}",
                 )
     return value
 
