@@ -6,6 +6,7 @@ say that the tau is another target's), unless --allow-other-target asks for exac
 from __future__ import annotations
 
 import json
+import re
 import shutil
 
 import pytest
@@ -244,3 +245,28 @@ def test_an_export_whose_files_differ_from_its_record_is_refused(cli, world, exp
     # the intact export still evaluates
     result = _eval(cli, world["target"], exported, world["artifact"], *QUICK, "--json")
     assert result.code == 0, result.err
+
+
+@pytest.mark.parametrize(
+    ("option", "needle"),
+    [
+        ({"block_size": 1}, "--block-size must be at least 2 (got 1)"),
+        ({"draft_steps": 0}, "--draft-steps must be at least 1 (got 0)"),
+    ],
+)
+def test_bad_block_options_are_refused_before_the_target_is_hashed(
+    world, exported, monkeypatch, option, needle
+):
+    """A number the command refuses on sight must not wait for the target's fingerprint (every
+    byte of the target: seconds per GB) or the drafter's weights to load first."""
+    from turbo_dllm.errors import DllmError
+
+    def hashed(folder):
+        raise AssertionError(f"the target {folder} was hashed before {option} was refused")
+
+    monkeypatch.setattr(target_identity, "target_fingerprint", hashed)
+    with pytest.raises(DllmError, match=re.escape(needle)):
+        compare(
+            str(world["target"]), [str(exported)], str(world["artifact"]), max_new_tokens=4,
+            **option,
+        )  # fmt: skip

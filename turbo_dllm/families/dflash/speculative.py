@@ -450,13 +450,21 @@ def compare(
     from turbo_dllm.families.dflash.runtime import require_model_folder, resolve_device
 
     say = progress or (lambda line: None)
-    # before any work: fewer would fail deep in the decode loop (no prompt, no forward). The
+    if isinstance(draft_steps, int):
+        draft_steps = [draft_steps] * len(drafters)
+    if len(draft_steps) != len(drafters):
+        raise ValueError(f"{len(draft_steps)} draft_steps for {len(drafters)} drafters")
+    # before any work (the target's fingerprint reads every byte of it, the drafters load its
+    # embeddings): fewer would fail deep in the decode loop (no prompt, no forward). The
     # prompt's own forward gives the first new token, so one new token leaves no verify forward
-    # to measure tau over.
+    # to measure tau over. `is None`, not `or`: --block-size 0 is refused, not read as the
+    # drafter's own.
     for flag, value, least in [
         ("--max-new-tokens", max_new_tokens, 2),
         ("--num-prompts", num_prompts, 1),
         ("--prompt-len", prompt_len, 1),
+        ("--block-size", 2 if block_size is None else block_size, 2),
+        ("--draft-steps", min(draft_steps, default=1), 1),
     ]:
         if value < least:
             raise DllmError(f"{flag} must be at least {least} (got {value})")
@@ -465,10 +473,6 @@ def compare(
     torch_device = resolve_device(device)
     torch_dtype = getattr(torch, dtype)
     target_config = read_target_config(target)  # a readable target before any work
-    if isinstance(draft_steps, int):
-        draft_steps = [draft_steps] * len(drafters)
-    if len(draft_steps) != len(drafters):
-        raise ValueError(f"{len(draft_steps)} draft_steps for {len(drafters)} drafters")
     # the data first (cheap), then each drafter (a recorded target fingerprint hashes the
     # target: seconds per GB), all before loading anything
     prompts = _prompts(data, target, target_config, num_prompts, prompt_len)
@@ -479,9 +483,6 @@ def compare(
         others.append(
             dflash and _check_dflash_drafter(drafter, target, target_config, allow_other_target)
         )
-    # `is None`, not `or`: --block-size 0 is refused, not read as the drafter's own
-    if block_size is not None and block_size < 2:
-        raise DllmError(f"--block-size must be at least 2 (got {block_size})")
     models = [
         _drafter(drafter, target, torch_device, torch_dtype, block_size) for drafter in drafters
     ]
