@@ -296,3 +296,18 @@ def test_require_kernels_jit_with_a_cxx_that_is_not_installed(monkeypatch, tmp_p
     with pytest.raises(DllmError, match=r"no-such-g\+\+' \(from CXX\) was not found") as caught:
         require_kernels("jit")
     assert caught.value.hint == "set CXX to a C++ compiler that is installed, or unset it"
+
+
+def test_doctor_prints_each_fix_on_one_line_to_paste(cli, tmp_path, monkeypatch):
+    """rich wrapped a fix wider than the terminal with hard line breaks: a command copied from
+    the report ran cut in two (`dllm config validate` without its --config, say)."""
+    monkeypatch.setenv("COLUMNS", "60")
+    config = tmp_path / ("a-folder-with-a-long-name-" * 3) / "train.yaml"
+    config.parent.mkdir()
+    config.write_text("training: {stpes: 1}\n")
+    report = json.loads(cli("doctor", "--config", config, "--json").out)
+    fix = next(c["fix"] for c in report["checks"] if c["name"] == "config")
+    assert len(fix) > 60
+    text = cli("doctor", "--config", config)
+    assert text.code == 1
+    assert f"      fix: {fix}\n" in text.out, text.out

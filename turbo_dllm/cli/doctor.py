@@ -49,7 +49,9 @@ def _doctor(args) -> int:
         from rich.console import Console
         from rich.markup import escape
 
-        console = Console(highlight=False)
+        # soft_wrap: a line wider than the terminal wraps there, not at hard line breaks rich
+        # would insert, so a fix's command copied from the report is one line.
+        console = Console(highlight=False, soft_wrap=True)
         width = max((len(r.name) for r in report.results), default=0)
         for r in report.results:
             console.print(f"{_STYLE[r.status]}  {r.name:<{width}}  {escape(r.detail)}")
