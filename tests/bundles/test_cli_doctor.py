@@ -311,3 +311,19 @@ def test_doctor_prints_each_fix_on_one_line_to_paste(cli, tmp_path, monkeypatch)
     text = cli("doctor", "--config", config)
     assert text.code == 1
     assert f"      fix: {fix}\n" in text.out, text.out
+
+
+def test_doctor_config_fix_for_a_config_that_is_no_file(cli, tmp_path):
+    """A config that is not there (or a folder) read "edit the fields named above in
+    nope.yaml": there are no fields; the loader's own hint says what to do."""
+    checks = {c["name"]: c for c in json.loads(
+        cli("doctor", "--config", tmp_path / "nope.yaml", "--json").out
+    )["checks"]}  # fmt: skip
+    assert checks["config"]["status"] == "fail"
+    assert checks["config"]["fix"] == "check the path, or create one with `dllm init DIR`"
+    cli("init", tmp_path / "p")
+    checks = {c["name"]: c for c in json.loads(
+        cli("doctor", "--config", tmp_path / "p", "--json").out
+    )["checks"]}  # fmt: skip
+    assert checks["config"]["detail"] == f"{tmp_path / 'p'} is a folder, not a config file"
+    assert str(tmp_path / "p" / "train.yaml") in checks["config"]["fix"]

@@ -34,7 +34,7 @@ def build_context(config: str | None, world_size: int | None = None):
         try:
             context.spec = load_runspec(config, world_size=world_size)
         except DllmError as error:
-            context.config_error = error.message
+            context.config_error, context.config_hint = error.message, error.hint
     return context
 
 

@@ -38,6 +38,7 @@ class DoctorContext:
     config_path: Path | None = None
     spec: Any = None  # RunSpec
     config_error: str | None = None
+    config_hint: str | None = None  # the loader's fix for `config_error`
     world_size: int | None = None
     run_dir: Path | None = None
     extras: dict[str, Any] = field(default_factory=dict)

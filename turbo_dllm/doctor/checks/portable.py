@@ -177,6 +177,9 @@ def disk_space(ctx: DoctorContext) -> CheckResult:
 def config_validity(ctx: DoctorContext) -> CheckResult:
     if ctx.config_path is None:
         return CheckResult("config", "pass", "no config given (pass --config to check one)")
+    if ctx.config_error and ctx.config_hint and not ctx.config_path.is_file():
+        # no file to edit (not there, a folder): the loader's hint says what to pass instead
+        return CheckResult("config", "fail", ctx.config_error, fix=ctx.config_hint)
     if ctx.config_error:
         return CheckResult(
             "config",
