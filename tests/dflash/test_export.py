@@ -244,3 +244,26 @@ def test_a_sharded_export_records_and_verifies_every_weight_file(cli, world, dra
         _export(cli, checkpoints, tmp_path / "bad", "--max-shard-size", "5GiB"), "5GiB"
     )
     assert not (tmp_path / "bad").exists()
+
+
+def test_a_taken_out_is_refused_before_the_target_is_checked_and_a_file_named_as_one(
+    cli, world, drafter, tmp_path, monkeypatch
+):
+    """An --out that cannot be written is refused before --target's weights are compared
+    (hashing the target reads every byte of it: seconds per GB), and a file is called a file,
+    as `dllm export` calls it (an empty file read 'already exists and is not empty')."""
+    from turbo_dllm.families.dflash import target_identity
+
+    def compared(*args):
+        raise AssertionError("--target was checked before --out was refused")
+
+    monkeypatch.setattr(target_identity, "current_target_record", compared)
+    checkpoints, flags = drafter["run"] / "checkpoints", ("--target", world["target"])
+    (tmp_path / "file").touch()
+    result = _export(cli, checkpoints, tmp_path / "file", *flags)
+    assert_user_error(result, "is a file, not a folder")
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "notes.txt").write_text("mine")
+    result = _export(cli, checkpoints, tmp_path / "full", *flags)
+    assert_user_error(result, "already exists and is not empty")
+    assert (tmp_path / "full" / "notes.txt").read_text() == "mine"

@@ -135,6 +135,12 @@ def export_drafter(
             hint="`dllm export` writes other families' checkpoints",
         )
     config = DFlashConfig.from_hf_dict(meta.model)
+    # before --target's weights are compared (hashing reads every byte of the target), named as
+    # `dllm export` names them (which checks again)
+    if out.exists() and not out.is_dir():
+        raise DllmError(f"{str(out)!r} is a file, not a folder", hint="choose a new folder")
+    if out.exists() and any(out.iterdir()):
+        raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
     if target is not None:
         require_model_folder("--target", target)
         problems = drafter_problems(config, read_target_config(str(target)))
@@ -145,8 +151,6 @@ def export_drafter(
                 hint="pass the target the drafter was distilled from",
             )
         _check_target_weights(meta, checkpoint, target)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
 
     # the slot contract (REFERENCE-FAMILIES §1(1)): a block drafts B - 1 tokens after its
     # anchor, or B with sample_from_anchor (slot 0 drafts the token after the anchor too)
