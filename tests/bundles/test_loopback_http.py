@@ -186,6 +186,30 @@ def test_a_silent_server_times_out():
         listener.close()
 
 
+def test_a_silent_index_names_its_timeout_attempts_and_deadline(monkeypatch):
+    """The catalog fetch from a server that accepts and never answers waited 4 x 60 s, then
+    said only "TimeoutError: timed out": not how long it waited, how often, or what bounds it."""
+    from turbo_dllm.bundles import sources
+
+    monkeypatch.setattr(sources, "READ_TIMEOUT_S", 0.2)
+    listener = socket.create_server(("127.0.0.1", 0))  # accepts (backlog) but never answers
+    source = LoopbackHttpSource(f"http://127.0.0.1:{listener.getsockname()[1]}")
+    try:
+        with pytest.raises(DllmError) as caught:
+            source.read_small("releases/v1/catalog.toml", 1000, retries=1, backoff_s=0.01)
+        assert caught.value.message == (
+            f"cannot fetch {source.url('releases/v1/catalog.toml')} after 2 attempts: "
+            "no answer within 0.2 s"
+        )
+        monkeypatch.setenv("DLLM_DOWNLOAD_DEADLINE_S", "0.5")
+        with pytest.raises(DllmError) as caught:
+            source.read_small("releases/v1/catalog.toml", 1000, retries=50, backoff_s=0.01)
+        assert "within the 0.5 s transfer deadline" in caught.value.message
+        assert "raise DLLM_DOWNLOAD_DEADLINE_S" in caught.value.hint
+    finally:
+        listener.close()
+
+
 def test_download_through_a_chunked_mirror_then_one_that_cuts_off(tmp_path):
     """The install's download loop over this client: a chunked answer is a complete, verified
     file; an answer cut short is retried (the next attempt asks for the rest) until it gives up

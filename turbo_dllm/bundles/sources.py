@@ -188,14 +188,30 @@ class Source:
                     return bytes(data)
                 finally:
                     opened.close()
+            except DeadlineExceeded:  # passed between two reads: said like a wait that ran out
+                raise _fetch_deadline(self.url(path), deadline, attempt + 1, None) from None
             except TransientError as error:
-                if attempt == retries or time.monotonic() + backoff_s * 2**attempt > deadline.at:
+                if time.monotonic() + backoff_s * 2**attempt > deadline.at:
+                    raise _fetch_deadline(
+                        self.url(path), deadline, attempt + 1, str(error)
+                    ) from None
+                if attempt == retries:
                     raise DllmError(
-                        f"cannot fetch {self.url(path)}: {error}",
+                        f"cannot fetch {self.url(path)} after {retries + 1} attempts: {error}",
                         hint="check the index URL and your connection, then retry",
                     ) from None
                 time.sleep(backoff_s * 2**attempt)
         raise AssertionError("unreachable")
+
+
+def _fetch_deadline(url: str, deadline: Deadline, attempts: int, problem: str | None) -> DllmError:
+    last = f"; last problem: {problem}" if problem else ""
+    return DllmError(
+        f"cannot fetch {url} within the {deadline.seconds:g} s transfer deadline ({attempts} "
+        f"attempt{'s' if attempts > 1 else ''}{last})",
+        hint=f"check the index URL and your connection, then retry; or raise "
+        f"{DEADLINE_VARIABLE} (seconds)",
+    )
 
 
 class LocalSource(Source):
@@ -471,6 +487,7 @@ def _loopback_get(
     target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=~") + (
         f"?{parts.query}" if parts.query else ""
     )
+    read_timeout = _time_left(url, deadline, READ_TIMEOUT_S)
     try:
         response = loopback_http.get(
             parts.hostname or "127.0.0.1",
@@ -478,21 +495,26 @@ def _loopback_get(
             target,
             headers,
             connect_timeout=_time_left(url, deadline, CONNECT_TIMEOUT_S),
-            read_timeout=_time_left(url, deadline, READ_TIMEOUT_S),
+            read_timeout=read_timeout,
         )
-    except OSError as error:  # refused, reset, timed out, or a malformed answer
+    except TimeoutError:  # "TimeoutError: timed out" said neither what nor how long
+        raise TransientError(f"no answer within {read_timeout:.3g} s") from None
+    except OSError as error:  # refused, reset, or a malformed answer
         raise TransientError(f"{error.__class__.__name__}: {error}") from None
 
     def chunks() -> Iterator[bytes | memoryview]:
         while True:
             buffer = pool.take(READ_TIMEOUT_S) if pool is not None else None
-            response.settimeout(_time_left(url, deadline, READ_TIMEOUT_S))  # no wait past it
+            wait = _time_left(url, deadline, READ_TIMEOUT_S)
+            response.settimeout(wait)  # no wait past it
             try:
                 if buffer is None:
                     chunk = response.read1(CHUNK)
                 else:
                     view = memoryview(buffer)
                     chunk = view[: response.readinto(view)]
+            except TimeoutError:
+                raise TransientError(f"transfer broke off: no data for {wait:.3g} s") from None
             except OSError as error:
                 raise TransientError(f"transfer broke off: {error}") from None
             if not chunk:
