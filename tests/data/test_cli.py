@@ -176,6 +176,21 @@ def test_inspect_decodes_with_the_copied_hf_tokenizer(cli, tmp_path, hf_tokenize
     assert json.loads(result.out)["samples"][0]["spans"][0]["text"] == "hello world<|endoftext|>"
 
 
+def test_inspect_errors_say_what_to_do(cli, tmp_path, hf_tokenizer):
+    # An artifact copied without its tokenizer/ folder, and a negative --start ('sequence -1
+    # is out of range (the artifact has 1)'), were errors without a hint.
+    import shutil
+
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "hello world"}])
+    config = write_config(tmp_path, tokenizer={"kind": "huggingface", "path": str(hf_tokenizer)})
+    assert cli("data", "prepare", "--config", config).code == 0
+    result = cli("data", "inspect", tmp_path / "out", "--start", "-1")
+    assert_user_error(result, "--start must be 0 or more, got -1", "hint:")
+    shutil.rmtree(tmp_path / "out" / "tokenizer")
+    result = cli("data", "inspect", tmp_path / "out")
+    assert_user_error(result, "no tokenizer/ folder", "hint:", "dllm data validate")
+
+
 def test_stats_and_plot(cli, project, tmp_path):
     assert cli("data", "prepare", "--config", project / "prepare.yaml").code == 0
     result = cli("data", "stats", project / "data/prepared", "--json", "--plot", tmp_path / "s.png")

@@ -170,12 +170,22 @@ def _inspect(args) -> int:
     from turbo_dllm.errors import DllmError
 
     if args.n < 1:
-        raise DllmError(f"--n must be at least 1, got {args.n}")
+        raise DllmError(
+            f"--n must be at least 1, got {args.n}", hint="--n N shows N sequences from --start"
+        )
+    if args.start < 0:
+        raise DllmError(
+            f"--start must be 0 or more, got {args.start}",
+            hint="sequences are numbered from 0 (`dllm data stats` counts them)",
+        )
     artifact = DataArtifact(args.artifact)
     decoder = load_decoder(artifact)
     rows = range(args.start, min(args.start + args.n, len(artifact)))
     if not rows:
-        raise DllmError(f"--start {args.start} is past the last sequence ({len(artifact) - 1})")
+        raise DllmError(
+            f"--start {args.start} is past the last sequence ({len(artifact) - 1})",
+            hint=f"--start 0 to {len(artifact) - 1}",
+        )
     samples = [(row, sample_spans(artifact, row, decoder)) for row in rows]
     if args.json:
         emit_json(

@@ -48,7 +48,10 @@ def load_decoder(artifact: DataArtifact):
         return ByteLevelTokenizer()
     folder = artifact.root / "tokenizer"
     if not folder.is_dir():
-        raise DllmError(f"{artifact.root}: the artifact has no tokenizer/ folder to decode with")
+        raise DllmError(
+            f"{artifact.root}: the artifact has no tokenizer/ folder to decode with",
+            hint="copy the artifact whole (tokenizer/ too); `dllm data validate` checks it",
+        )
     for name, info in artifact.manifest.tokenizer_files.items():
         file = folder / name
         if file.parent != folder or not file.is_file() or sha256_file(file) != info.sha256:
