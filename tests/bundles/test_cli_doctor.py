@@ -327,3 +327,18 @@ def test_doctor_config_fix_for_a_config_that_is_no_file(cli, tmp_path):
     )["checks"]}  # fmt: skip
     assert checks["config"]["detail"] == f"{tmp_path / 'p'} is a folder, not a config file"
     assert str(tmp_path / "p" / "train.yaml") in checks["config"]["fix"]
+
+
+def test_doctor_install_fix_works_without_an_index_variable(cli, tmp_path, monkeypatch):
+    """The kernel bundle check's fix, `dllm bundle install --release vX --auto`, stopped at
+    "no bundle index given" when pasted on a host without DLLM_BUNDLE_INDEX."""
+    from turbo_dllm.kernels.loader import install_command
+
+    monkeypatch.delenv("DLLM_BUNDLE_INDEX", raising=False)
+    code, checks = _doctor(cli, tmp_path, "native")
+    fix = checks["kernel bundle"]["fix"]
+    assert code == 1 and f"{install_command()} --index URL" in fix
+    assert fix.endswith("or build it here: dllm bundle install --auto --build missing")
+    monkeypatch.setenv("DLLM_BUNDLE_INDEX", "http://127.0.0.1:9/dllm")
+    _, checks = _doctor(cli, tmp_path, "native")
+    assert checks["kernel bundle"]["fix"] == install_command()  # pasted, it reads the index

@@ -42,7 +42,6 @@ def host_fingerprint(ctx: DoctorContext) -> CheckResult:
 @register_check(order=110)
 def kernel_bundle(ctx: DoctorContext) -> CheckResult:
     from turbo_dllm.bundles.store import active_bundle
-    from turbo_dllm.kernels.loader import install_command
 
     wants_native = _wants(ctx) == "native"
     try:
@@ -53,7 +52,7 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
             "kernel bundle",
             "fail" if wants_native else "warn",
             error.message,
-            fix=error.hint or install_command(),
+            fix=error.hint or _install_fix(),
         )
     if bundle is None:
         blocked = _blocked_store()
@@ -69,7 +68,7 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
                 "kernel bundle",
                 "fail",
                 "none installed, but the config asks for `kernels: native`",
-                fix=install_command(),
+                fix=_install_fix(),
             )
         why = f"not needed for `kernels: {_wants(ctx)}`" if ctx.spec else "none installed"
         return CheckResult("kernel bundle", "pass", why)
@@ -80,9 +79,25 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
             "fail" if wants_native else "warn",
             f"{bundle.bundle_id} ({bundle.short_sha}) does not fit this host: "
             + "; ".join(map(str, differences)),
-            fix=install_command(),
+            fix=_install_fix(),
         )
     return CheckResult("kernel bundle", "pass", f"{bundle.bundle_id} ({bundle.short_sha}) active")
+
+
+def _install_fix() -> str:
+    """The install command, as it works when pasted here: without DLLM_BUNDLE_INDEX it stops at
+    "no bundle index given", so it then needs --index (or --build missing, with no index)."""
+    import os
+
+    from turbo_dllm.bundles.sources import INDEX_VARIABLE
+    from turbo_dllm.kernels.loader import install_command
+
+    if os.environ.get(INDEX_VARIABLE):
+        return install_command()
+    return (
+        f"{install_command()} --index URL (your release server, or --mirror DIR), or build it "
+        "here: dllm bundle install --auto --build missing"
+    )
 
 
 def _blocked_store() -> tuple[str, str] | None:
