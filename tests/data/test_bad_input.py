@@ -336,6 +336,22 @@ def test_output_path_through_a_file_names_the_file(cli, tmp_path):
         assert_user_error(result, f"goes through {str(tmp_path / 'afile')!r}", "not a folder")
     assert (tmp_path / "afile").read_text() == "x"
     assert leftovers(tmp_path) == []
+    # The file itself as the output: refused, with what to do (it had no hint).
+    result = cli("data", "prepare", "--config", write_config(tmp_path, output={"path": "afile"}))
+    assert_user_error(result, "exists and is not a folder", "hint: choose another output.path")
+    assert (tmp_path / "afile").read_text() == "x"
+
+
+def test_a_gzip_file_cut_short_is_named_with_what_to_do(cli, tmp_path):
+    import gzip
+
+    whole = gzip.compress(b'{"text": "one"}\n' * 1000)
+    (tmp_path / "data.jsonl.gz").write_bytes(whole[: len(whole) // 2])
+    config = write_config(tmp_path, source={"kind": "jsonl", "paths": ["data.jsonl.gz"]})
+    _prepare_fails(cli, config, "data.jsonl.gz: cannot read", "hint:", "gzip -t")
+    (tmp_path / "a.txt.gz").write_bytes(whole[: len(whole) // 2])
+    config = write_config(tmp_path, source={"kind": "text", "paths": ["a.txt.gz"]})
+    _prepare_fails(cli, config, "a.txt.gz: cannot read", "hint:", "gzip -t")
 
 
 def test_failed_overwrite_keeps_the_old_artifact(cli, tmp_path):

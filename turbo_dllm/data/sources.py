@@ -270,6 +270,17 @@ def _shown(pattern: str, limit: int = 200) -> str:
     return repr(f"{pattern[: limit // 2]}...{pattern[-limit // 2 :]}") + f" ({len(pattern)} chars)"
 
 
+def _unreadable(label: str, path: Path, error: BaseException) -> DllmError:
+    """A source file that failed mid-read: most often a .gz that is damaged or cut short."""
+    hint = "check that the file reads whole (`cat FILE > /dev/null`)"
+    if path.name.endswith(".gz"):
+        hint = (
+            "the file is damaged or cut short (an interrupted copy?): `gzip -t FILE` checks "
+            "it; copy it again, or leave it out of source.paths"
+        )
+    return DllmError(f"{label}: cannot read: {error}", hint=hint)
+
+
 def _label(path: Path) -> str:
     """How error messages name a file: relative to the working directory when under it."""
     try:
@@ -391,7 +402,7 @@ def _line_chunks(files: list[Path], payload: Payload, log: _FileLog) -> Iterator
                         yield RawChunk(payload, items, label, numbers, "line", now - position)
                         position, items, numbers, size = now, [], [], 0
             except (OSError, EOFError) as error:  # a corrupt .gz
-                raise DllmError(f"{label}: cannot read: {error}") from None
+                raise _unreadable(label, path, error) from None
             end = raw.tell()
             log.record(path, raw)
             if items or end > position:
@@ -448,7 +459,7 @@ def _read_document(path: Path, log: _FileLog) -> tuple[bytes | Oversized, int]:
                     size += len(piece)
                 document = Oversized(size)
         except (OSError, EOFError) as error:  # a corrupt .gz
-            raise DllmError(f"{_label(path)}: cannot read: {error}") from None
+            raise _unreadable(_label(path), path, error) from None
         log.record(path, raw)
         return document, raw.tell()
 

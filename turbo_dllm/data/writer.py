@@ -132,7 +132,10 @@ def check_target(target: Path, overwrite: bool) -> None:
     except OSError as error:  # a name too long, a loop of links
         raise DllmError(f"output path {_shown(target)}: {error.strerror}") from None
     if not target.is_dir():
-        raise DllmError(f"output path {str(target)!r} exists and is not a folder")
+        raise DllmError(
+            f"output path {str(target)!r} exists and is not a folder",
+            hint="choose another output.path (the artifact is a folder)",
+        )
     # Checked before overwrite: output.overwrite would not replace this folder either.
     damage = None
     if not _is_artifact(target) and any(target.iterdir()):
