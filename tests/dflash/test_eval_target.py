@@ -270,3 +270,16 @@ def test_bad_block_options_are_refused_before_the_target_is_hashed(
             str(world["target"]), [str(exported)], str(world["artifact"]), max_new_tokens=4,
             **option,
         )  # fmt: skip
+
+
+def test_a_target_folder_without_weights_is_named_as_such(cli, world, exported, tmp_path):
+    """A --target holding config.json alone read as a target of 'other weights' (its
+    fingerprint is config.json's alone), and with --allow-other-target as 'no safetensors
+    weights' in a message naming no flag."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((world["target"] / "config.json").read_text())
+    for flags in ((), ("--allow-other-target",)):
+        result = _eval(cli, bare, exported, world["artifact"], *QUICK, *flags)
+        assert_user_error(result, f"--target {str(bare)!r} holds no safetensors weights")
+        assert "other weights" not in result.err

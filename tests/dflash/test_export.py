@@ -267,3 +267,15 @@ def test_a_taken_out_is_refused_before_the_target_is_checked_and_a_file_named_as
     result = _export(cli, checkpoints, tmp_path / "full", *flags)
     assert_user_error(result, "already exists and is not empty")
     assert (tmp_path / "full" / "notes.txt").read_text() == "mine"
+
+
+def test_a_target_without_weights_is_named_as_such(cli, world, drafter, tmp_path):
+    """--target holding config.json alone read 'holds other weights' (the fingerprint of
+    config.json alone differs from the recorded one)."""
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    (bare / "config.json").write_text((world["target"] / "config.json").read_text())
+    result = _export(cli, drafter["run"] / "checkpoints", tmp_path / "x", "--target", bare)
+    assert_user_error(result, f"--target {str(bare)!r} holds no safetensors weights")
+    assert "other weights" not in result.err
+    assert not (tmp_path / "x").exists()

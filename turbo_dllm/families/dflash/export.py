@@ -88,11 +88,13 @@ def _sha256(path: Path) -> str:
 def _check_target_weights(meta, checkpoint: Path, target: str | Path) -> None:
     """`--target` must hold the weights the checkpoint was trained against, where it records
     them (a checkpoint written before the record is checked by shape only)."""
+    from turbo_dllm.families.dflash.runtime import require_target_weights
     from turbo_dllm.families.dflash.target_identity import current_target_record
 
     recorded = meta.target
     if not recorded or not recorded.get("fingerprint"):
         return
+    require_target_weights("--target", target)  # none would read as "other weights"
     current = current_target_record(recorded, target)
     if current["fingerprint"] == recorded["fingerprint"]:
         return

@@ -53,6 +53,20 @@ def require_model_folder(flag: str, folder: str | Path) -> None:
         )
 
 
+def require_target_weights(flag: str, folder: str | Path) -> None:
+    """A target whose weights are compared with a drafter's record (its content fingerprint
+    covers config.json and each `*.safetensors`) must hold some: a folder without any would
+    read as a target of "other weights", and a DFlash drafter could not take its embeddings and
+    head from it."""
+    if not any(Path(folder).glob("*.safetensors")):
+        raise DllmError(
+            f"{flag} {str(folder)!r} holds no safetensors weights (no *.safetensors file beside "
+            "its config.json)",
+            hint=f"point {flag} at the complete target folder (`dllm export` writes one; "
+            "transformers' save_pretrained converts .bin weights)",
+        )
+
+
 @contextmanager
 def readable_weights(what: str, folder: str | Path) -> Iterator[None]:
     """Loading `folder`'s weights inside: a damaged or non-safetensors `*.safetensors` file is a

@@ -337,8 +337,10 @@ def _check_dflash_drafter(
     `allow_other_target` lets it pass."""
     from turbo_dllm.families.base import read_hf_config
     from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
+    from turbo_dllm.families.dflash.runtime import require_target_weights
 
     config = DFlashConfig.from_hf_dict(read_hf_config(Path(folder) / "config.json", what="drafter"))
+    require_target_weights("--target", target_folder)  # its fingerprint, its embeddings and head
     problems = drafter_problems(config, target_config)
     if problems:
         raise DllmError(
