@@ -284,10 +284,17 @@ def test_require_kernels_for_launchers(installed, monkeypatch):
     assert caught.value.hint.startswith("dllm bundle install")
 
 
-def test_require_kernels_without_a_bundle():
+def test_require_kernels_without_a_bundle(monkeypatch):
+    import shlex
+
+    monkeypatch.delenv("DLLM_BUNDLE_INDEX", raising=False)
     with pytest.raises(DllmError, match="no kernel bundle is installed") as caught:
         require_kernels("native")
-    assert "dllm bundle install --release v" in caught.value.hint
+    hint = caught.value.hint
+    assert hint.startswith("dllm bundle install --release v") and "--auto --index URL" in hint
+    # the whole line pastes into a shell: the alternative is a comment, not "(or set ...)"
+    assert shlex.split(hint, comments=True)[-1] == "URL"
+    assert hint.endswith("# or set `kernels: reference`")
 
 
 def test_require_kernels_jit_with_a_cxx_that_is_not_installed(monkeypatch, tmp_path):
@@ -337,8 +344,9 @@ def test_doctor_install_fix_works_without_an_index_variable(cli, tmp_path, monke
     monkeypatch.delenv("DLLM_BUNDLE_INDEX", raising=False)
     code, checks = _doctor(cli, tmp_path, "native")
     fix = checks["kernel bundle"]["fix"]
-    assert code == 1 and f"{install_command()} --index URL" in fix
-    assert fix.endswith("or build it here: dllm bundle install --auto --build missing")
+    assert code == 1 and fix.startswith(f"{install_command()}   # URL: your release server")
+    assert install_command().endswith("--auto --index URL")
+    assert fix.endswith("build it here: dllm bundle install --auto --build missing")
     monkeypatch.setenv("DLLM_BUNDLE_INDEX", "http://127.0.0.1:9/dllm")
     _, checks = _doctor(cli, tmp_path, "native")
     assert checks["kernel bundle"]["fix"] == install_command()  # pasted, it reads the index

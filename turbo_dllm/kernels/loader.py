@@ -42,7 +42,13 @@ class LoadedOp:
 
 
 def install_command() -> str:
-    return f"dllm bundle install --release v{__version__} --auto"
+    """The command that installs this turbo-dllm version's bundle, as it runs when pasted here:
+    without DLLM_BUNDLE_INDEX, `--auto` stops at "no bundle index given", so the command then
+    names `--index URL` for the user to fill in (the release server, or `--mirror DIR`)."""
+    from turbo_dllm.bundles.sources import INDEX_VARIABLE
+
+    command = f"dllm bundle install --release v{__version__} --auto"
+    return command if os.environ.get(INDEX_VARIABLE) else f"{command} --index URL"
 
 
 def process_fingerprint():
@@ -87,7 +93,7 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
     if bundle is None:
         raise DllmError(
             "no native-kernel bundle is installed (kernels: native needs one)",
-            hint=f"{install_command()}   (or use `kernels: reference`)",
+            hint=f"{install_command()}   # or use `kernels: reference`",
         )
     check_bundle_fits(bundle)
     op = bundle.manifest.op(name)

@@ -65,7 +65,7 @@ def require_kernels(spec_or_kind: Any, *, load: bool = False, fingerprint=None) 
     if bundle is None:
         raise DllmError(
             "the RunSpec asks for `kernels: native`, but no kernel bundle is installed",
-            hint=f"{install_command()}   (or set `kernels: reference`)",
+            hint=f"{install_command()}   # or set `kernels: reference`",
         )
     host = fingerprint or collect_fingerprint()
     differences = bundle.target.differences(host)
@@ -97,7 +97,7 @@ def require_attention_kernels(spec: Any, *, load: bool = False, fingerprint=None
     if bundle is None:
         raise DllmError(
             "the RunSpec asks for `model.attention: turbo`, but no kernel bundle is installed",
-            hint=f"{install_command()}   (or set `model.attention: flex`)",
+            hint=f"{install_command()}   # or set `model.attention: flex`",
         )
     differences = bundle.target.differences(fingerprint or collect_fingerprint())
     if differences:

@@ -85,17 +85,15 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
 
 
 def _install_fix() -> str:
-    """The install command, as it works when pasted here: without DLLM_BUNDLE_INDEX it stops at
-    "no bundle index given", so it then needs --index (or --build missing, with no index)."""
-    import os
-
-    from turbo_dllm.bundles.sources import INDEX_VARIABLE
+    """The install command (`install_command`, which names `--index URL` where no
+    DLLM_BUNDLE_INDEX is set), with building the bundle here as the way without a server."""
     from turbo_dllm.kernels.loader import install_command
 
-    if os.environ.get(INDEX_VARIABLE):
-        return install_command()
+    command = install_command()
+    if not command.endswith("--index URL"):
+        return command
     return (
-        f"{install_command()} --index URL (your release server, or --mirror DIR), or build it "
+        f"{command}   # URL: your release server, or --mirror DIR; without one, build it "
         "here: dllm bundle install --auto --build missing"
     )
 
