@@ -504,6 +504,17 @@ def test_serve_and_verify_refuse_a_folder_that_is_not_a_mirror(tmp_path, cli):
         assert "MIRROR.json" not in a_file.err
     served_url = cli("mirror", "serve", "--port", "0", "http://127.0.0.1:9")
     assert_user_error(served_url, "is a URL", "mirror's folder")
+    # what `dllm bundle publish` writes is a bundle index: named so, with the ways it is used
+    published = tmp_path / "published"
+    (published / "releases" / "v9").mkdir(parents=True)
+    (published / "releases" / "v9" / "catalog.toml").write_text("")
+    for command in (("mirror", "serve", "--port", "0"), ("mirror", "verify")):
+        assert_user_error(
+            cli(*command, published),
+            f"{published} is a bundle index (what `dllm bundle publish` writes), not a mirror",
+            f"dllm bundle install --mirror {published} --auto",
+            f"python3 -m http.server --directory {published} 8000",
+        )
 
 
 @pytest.mark.parametrize(

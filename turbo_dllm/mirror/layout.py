@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import html
 import re
+import shlex
 import zipfile
 from email.parser import HeaderParser
 from pathlib import Path
@@ -88,7 +89,19 @@ class MirrorIndex(_Strict):
 
 
 def not_a_mirror(location: str | Path) -> DllmError:
-    """The error for a place that exists but holds no `MIRROR.json` (every reader says it so)."""
+    """The error for a place that exists but holds no `MIRROR.json` (every reader says it so).
+    A folder `dllm bundle publish` wrote (releases/<release>/catalog.toml, bundles/) is a bundle
+    index, not a full mirror: said so, with the ways it is used."""
+    folder = Path(location) if not str(location).startswith(("http:", "https:", "file:")) else None
+    if folder is not None and any(folder.glob("releases/*/catalog.toml")):
+        return DllmError(
+            f"{location} is a bundle index (what `dllm bundle publish` writes), not a mirror "
+            f"(no {MIRROR_FILE}: no wheels or environment manifests)",
+            hint=f"install from it with `dllm bundle install --mirror {shlex.quote(str(location))}"
+            f" --auto`, or serve it with any static file server: python3 -m http.server "
+            f"--directory {shlex.quote(str(location))} 8000; a full mirror comes from "
+            "`dllm mirror create DIR --release vX`",
+        )
     return DllmError(
         f"{location} is not a mirror (no {MIRROR_FILE})",
         hint="create one with `dllm mirror create DIR --release vX`",
