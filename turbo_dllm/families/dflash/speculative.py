@@ -340,7 +340,6 @@ def _check_dflash_drafter(
     from turbo_dllm.families.dflash.runtime import require_target_weights
 
     config = DFlashConfig.from_hf_dict(read_hf_config(Path(folder) / "config.json", what="drafter"))
-    require_target_weights("--target", target_folder)  # its fingerprint, its embeddings and head
     problems = drafter_problems(config, target_config)
     if problems:
         raise DllmError(
@@ -348,6 +347,7 @@ def _check_dflash_drafter(
             + "\n".join(f"  - {p}" for p in problems),
             hint="evaluate the drafter with the target it was distilled from",
         )
+    require_target_weights("--target", target_folder)  # its fingerprint, its embeddings and head
     recorded = _recorded_target(folder)
     if (Path(folder) / "training_export.json").is_file():
         from turbo_dllm.families.dflash.export import verify_export
