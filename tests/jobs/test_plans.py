@@ -232,6 +232,8 @@ def test_a_resume_path_that_does_not_exist_is_refused_before_the_run_dir(
     `failed` run left behind)."""
     result = cli(command, "--config", spec_file, "--set", "checkpoint.resume=old/checkpoints")
     assert_user_error(result, f"checkpoint.resume: {workdir}/old/checkpoints does not exist")
+    # the fix is the path, not the data (was: "prepare the data again to match it")
+    assert "hint: fix each input named above" in result.err and "prepare" not in result.err
     assert not (workdir / "runs").exists()
 
 

@@ -206,17 +206,22 @@ def check_inputs(spec: RunSpec, source: str | Path) -> None:
             f"checkpoint.resume: {resume} does not exist (a checkpoints/step_<N> folder, a "
             "checkpoints/ folder or a run dir: their newest complete step)"
         )
+    data_found = []
     if spec.data.artifact is not None:
         from turbo_dllm.data.artifact import read_manifest as read_data_manifest
         from turbo_dllm.data.compat import artifact_problems
 
-        found = artifact_problems(read_data_manifest(spec.data.artifact), spec) + found
-    if found:
-        lines = "\n".join(f"  - {problem}" for problem in found)
-        raise DllmError(
-            f"{source}: the inputs do not fit the spec:\n{lines}",
-            hint="change the spec, or prepare the data again to match it",
-        )
+        data_found = artifact_problems(read_data_manifest(spec.data.artifact), spec)
+    if data_found or found:
+        lines = "\n".join(f"  - {problem}" for problem in data_found + found)
+        # the data's misfits are mended by preparing it again; the others (a target or
+        # checkpoint folder that is not there) only in the spec or on disk
+        hint = "change the spec, or prepare the data again to match it"
+        if found:
+            hint = "fix each input named above (or the spec's field that names it)" + (
+                "; prepare the data again to match the spec" if data_found else ""
+            )
+        raise DllmError(f"{source}: the inputs do not fit the spec:\n{lines}", hint=hint)
 
 
 def _data_content_drift(spec: RunSpec) -> list[DriftItem]:
