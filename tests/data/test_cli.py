@@ -225,7 +225,7 @@ def test_dropped_documents_are_reported(cli, tmp_path):
     assert "dropped: 1 empty" in result.out
     write_jsonl(tmp_path / "data.jsonl", [{"text": ""}])
     result = cli("data", "prepare", "--config", write_config(tmp_path, output={"path": "o3"}))
-    assert_user_error(result, "no documents: 1 records read", "1 empty")
+    assert_user_error(result, "no documents: 1 record read", "1 empty")
 
 
 def test_plot_names_the_file_it_writes_and_refuses_bad_paths(cli, project, tmp_path):

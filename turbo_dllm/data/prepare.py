@@ -314,7 +314,8 @@ def _write_arrays(
         ):
             detail += f"; dropped: {dropped}"
         raise DllmError(
-            f"no documents: {counts['records']} records read, none became a document{detail}",
+            f"no documents: {counts['records']} record{'s' if counts['records'] != 1 else ''} "
+            f"read, none became a document{detail}",
             hint="check the source paths, records.field and supervision",
         )
     docs_out = ArrayWriter(staging / ARRAY_FILES["documents"], "int64", (2,))
