@@ -786,3 +786,27 @@ def test_a_folder_given_as_the_config_names_the_configs_in_it(cli, tmp_path):
     empty = tmp_path / "empty"
     empty.mkdir()
     assert_user_error(validate(cli, empty), "is a folder, not a config file", "YAML file")
+
+
+def test_a_section_with_nothing_under_it_is_named_as_empty(cli, tmp_path):
+    """`training:` with every field commented out is YAML's null: it read "Input should be a
+    valid dictionary or instance of TrainingSpec (got None)"."""
+    config = write(
+        tmp_path / "run.yaml",
+        """
+        model: {family: qwen3, from_config: tiny}
+        objective: {name: block_diffusion, block_size: 16}
+        data: {synthetic: {}, seq_len: 64}
+        training:
+        #  steps: 10
+        """,
+    )
+    result = validate(cli, config)
+    assert_user_error(
+        result,
+        "training: is empty (a section with nothing under it): give it fields, or remove the "
+        "`training:` line for the defaults",
+    )
+    assert "TrainingSpec" not in result.err
+    write(tmp_path / "other.yaml", "model: {family: qwen3, from_config: tiny}\ntraining: 3\n")
+    assert_user_error(validate(cli, tmp_path / "other.yaml"), "training: Input should be")

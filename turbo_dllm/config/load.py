@@ -205,6 +205,13 @@ def format_validation_error(error: ValidationError, model: type[BaseModel], sour
             lines.append(f"  - {path}: unknown key{suggestion}{valid}")
             continue
         given = item.get("input")
+        if given is None and item["type"] in ("model_type", "dict_type") and loc:
+            # `training:` with nothing under it (its fields commented out) is YAML's null
+            lines.append(
+                f"  - {path}: is empty (a section with nothing under it): give it fields, or "
+                f"remove the `{loc[-1]}:` line for the defaults"
+            )
+            continue
         shown = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
         if path in unions:
             messages = unions[path][0]
