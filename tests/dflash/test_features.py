@@ -172,3 +172,30 @@ def test_a_seq_len_the_artifact_does_not_hold_is_refused_with_the_fix(cli, world
         result, f"the artifact holds {held}", f"set data.seq_len: {held}", "prepare the data again"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]
+
+
+def test_an_empty_out_folder_is_replaced_and_a_taken_one_refused(cli, world, tmp_path):
+    """As `dllm export` and `dllm dflash export` take --out: an existing empty folder is
+    replaced by the artifact (it read 'already exists'); a folder with files in it is refused,
+    and a file is named as one."""
+    config = _config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    features = tmp_path / "features"
+    features.mkdir()
+    result = cli("dflash", "prepare-features", "--config", config, "--out", features)
+    assert result.code == 0, result.err
+    assert read_features_manifest(features).num_rows > 0
+    assert not (tmp_path / ".features.partial").exists()
+    result = cli("dflash", "prepare-features", "--config", config, "--out", features)
+    assert_user_error(result, f"{str(features)!r} already exists and is not empty")
+    (tmp_path / "a-file").write_text("")
+    result = cli("dflash", "prepare-features", "--config", config, "--out", tmp_path / "a-file")
+    assert_user_error(result, "is a file, not a folder")
+
+
+def test_the_current_folder_as_out_is_refused(cli, world, tmp_path, monkeypatch):
+    config = _config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    result = cli("dflash", "prepare-features", "--config", config, "--out", ".")
+    assert_user_error(result, "is the current folder", "--out features")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "train.yaml"]

@@ -225,8 +225,17 @@ def prepare_features(
             "prepare-features needs a dflash RunSpec with data.artifact",
             hint="the drafter's train.yaml: model.family dflash, data.artifact",
         )
-    if out.exists():
-        raise DllmError(f"{str(out)!r} already exists", hint="choose a new folder")
+    # --out as `dllm export` takes it: an existing empty folder is replaced (resuming reads the
+    # staging folder `.<out>.partial/`, never --out); checked before the target is hashed
+    if out.exists() and not out.is_dir():
+        raise DllmError(f"{str(out)!r} is a file, not a folder", hint="choose a new folder")
+    if out.exists() and any(out.iterdir()):
+        raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
+    if out.exists() and Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise DllmError(  # replacing the shell's own folder would leave it in a removed one
+            f"{str(out)!r} is the current folder: prepare-features replaces its --out folder",
+            hint="pass --out a new folder inside it, e.g. --out features",
+        )
     if rows_per_shard < 1:
         raise DllmError(f"--rows-per-shard must be at least 1 (got {rows_per_shard})")
     # before the staging folder: a bad --device must not leave an empty one behind
@@ -316,6 +325,8 @@ def prepare_features(
     manifest = FeaturesManifest(format=FEATURES_FORMAT, fingerprint=fingerprint, **body)
     progress_file.unlink()
     write_atomic(staging / "features.json", manifest.model_dump_json(indent=2) + "\n")
+    if out.exists():
+        out.rmdir()  # an empty --out, replaced
     staging.rename(out)
     return out
 
