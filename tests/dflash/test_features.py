@@ -199,3 +199,21 @@ def test_the_current_folder_as_out_is_refused(cli, world, tmp_path, monkeypatch)
     result = cli("dflash", "prepare-features", "--config", config, "--out", ".")
     assert_user_error(result, "is the current folder", "--out features")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "train.yaml"]
+
+
+def test_an_out_under_a_file_is_named_before_hashing(cli, world, tmp_path, monkeypatch):
+    """`--out somefile/feats`: the error named the hidden staging folder `.feats.partial`, and
+    only after the target was hashed (seconds per GB)."""
+    from turbo_dllm.families.dflash import features
+
+    def hashed(*args, **kwargs):
+        raise AssertionError("the target was hashed")
+
+    monkeypatch.setattr(features, "target_fingerprint", hashed)
+    config = _config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    (tmp_path / "somefile").write_text("")
+    for out in (tmp_path / "somefile/feats", tmp_path / "somefile/deeper/feats"):
+        result = cli("dflash", "prepare-features", "--config", config, "--out", out)
+        assert_user_error(result, f"{str(tmp_path / 'somefile')!r} is a file, not a folder")
+        assert str(out) in result.err and ".partial" not in result.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["somefile", "train.yaml"]
