@@ -145,7 +145,7 @@ def test_an_unwritable_out_is_named_as_typed_and_leaves_nothing(cli, drafter, tm
     (tmp_path / "file").write_text("x")
     out = tmp_path / "file" / "serve"
     result = _export(cli, drafter["run"] / "checkpoints", out)
-    assert_user_error(result, f"cannot write the export to {str(out)!r}", "--out")
+    assert_user_error(result, f"cannot write --out {str(out)!r}", "is a file, not a folder")
     assert "partial" not in result.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
@@ -267,6 +267,12 @@ def test_a_taken_out_is_refused_before_the_target_is_checked_and_a_file_named_as
     result = _export(cli, checkpoints, tmp_path / "full", *flags)
     assert_user_error(result, "already exists and is not empty")
     assert (tmp_path / "full" / "notes.txt").read_text() == "mine"
+    # under a file: the user's path named (it was refused only when writing, after the hashing)
+    result = _export(cli, checkpoints, tmp_path / "file" / "drafter", *flags)
+    assert_user_error(
+        result, f"cannot write --out {str(tmp_path / 'file' / 'drafter')!r}: ", "is a file"
+    )
+    assert ".partial" not in result.err
 
 
 def test_a_target_without_weights_is_named_as_such(cli, world, drafter, tmp_path):

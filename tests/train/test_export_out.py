@@ -24,3 +24,17 @@ def test_an_empty_current_folder_as_out_is_refused_by_name(cli, tmp_path, monkey
     result = cli("export", "--checkpoint", tmp_path / "run", "--out", "hf")  # inside it: fine
     assert result.code == 0, result.err
     assert (here / "sub" / "hf" / "model.safetensors").is_file()
+
+
+def test_an_out_under_a_file_is_named_as_the_user_gave_it(cli, tmp_path):
+    """`--out notes.txt/hf` read "cannot write the export to 'notes.txt/hf': Not a directory",
+    once the checkpoint was read; now before it, naming the file in the way."""
+    train(tiny_spec("training.steps=2"), tmp_path / "run")
+    (tmp_path / "notes.txt").write_text("mine")
+    out = tmp_path / "notes.txt" / "deeper" / "hf"
+    result = cli("export", "--checkpoint", tmp_path / "run", "--out", out)
+    assert_user_error(
+        result,
+        f"cannot write --out {str(out)!r}: {str(tmp_path / 'notes.txt')!r} is a file, not a folder",
+    )
+    assert (tmp_path / "notes.txt").read_text() == "mine"

@@ -141,7 +141,7 @@ def test_cli_train_and_export_loadable_by_transformers(cli, tmp_path):
     (tmp_path / "file").write_text("x")  # an --out that cannot be made: an error, no traceback
     out = tmp_path / "file" / "hf"
     result = cli("export", "--checkpoint", tmp_path / "run/checkpoints", "--out", out)
-    assert_user_error(result, "cannot write the export", "--out")
+    assert_user_error(result, f"cannot write --out {str(out)!r}", "is a file, not a folder")
 
 
 def test_export_of_a_damaged_checkpoint_or_into_a_file_says_what_is_wrong(cli, tmp_path):

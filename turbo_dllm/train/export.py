@@ -27,7 +27,7 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["export_checkpoint", "export_sources"]
+__all__ = ["check_out_folder", "export_checkpoint", "export_sources"]
 
 GENERATION_CONFIG = "generation_config.json"
 _TOKEN_ID_FIELDS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "pad_token_id"}
@@ -73,17 +73,7 @@ def export_checkpoint(
 
     checkpoint, out = resolve_checkpoint(checkpoint), Path(out)  # a checkpoints/ folder: its newest
     meta = read_meta(checkpoint)
-    if out.exists() and not out.is_dir():  # an empty file was "not empty" too
-        raise DllmError(f"{str(out)!r} is a file, not a folder", hint="choose a new folder")
-    if out.exists() and any(out.iterdir()):
-        raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
-    if out.exists() and Path.cwd().resolve().is_relative_to(out.resolve()):
-        # An empty --out is replaced by the written folder: this shell's folder would be gone
-        # (`--out .` was "cannot write the export to '.': Invalid argument").
-        raise DllmError(
-            f"{str(out)!r} is the current folder: the export replaces its --out folder",
-            hint="pass --out a new folder inside it, e.g. --out hf",
-        )
+    check_out_folder(out, "the export", example="hf")
     name = dtype or meta.param_dtype
     if name not in ("float32", "bfloat16"):
         raise DllmError(f"unknown dtype {name!r}", hint="use float32 or bfloat16")
@@ -132,6 +122,30 @@ def export_checkpoint(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
+
+
+def check_out_folder(out: Path, replaces: str, *, example: str) -> None:
+    """`--out` of a command that writes a whole folder beside it and renames it into place
+    (`replaces` it: "the export"): absent, or an empty folder. Named as the user gave it: a file
+    (an empty one was "not empty" too), a path under a file (the staging folder's mkdir named a
+    hidden `.<out>.partial`), a folder with files in it, the shell's own folder (replaced, the
+    shell would be left in a removed one; `--out .` was "Invalid argument"). Commands check it
+    before their slow work (hashing a target reads every byte of it)."""
+    if out.exists() and not out.is_dir():
+        raise DllmError(f"{str(out)!r} is a file, not a folder", hint="choose a new folder")
+    above = next((p for p in out.parents if p.exists()), None)
+    if above is not None and not above.is_dir():
+        raise DllmError(
+            f"cannot write --out {str(out)!r}: {str(above)!r} is a file, not a folder",
+            hint="pass --out a new folder in a writable place",
+        )
+    if out.exists() and any(out.iterdir()):
+        raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
+    if out.exists() and Path.cwd().resolve().is_relative_to(out.resolve()):
+        raise DllmError(
+            f"{str(out)!r} is the current folder: {replaces} replaces its --out folder",
+            hint=f"pass --out a new folder inside it, e.g. --out {example}",
+        )
 
 
 def _refuse_non_finite(tensors: dict[str, Any], checkpoint: Path) -> None:

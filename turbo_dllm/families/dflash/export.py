@@ -122,7 +122,7 @@ def export_drafter(
     from turbo_dllm.families.dflash.config import DFlashConfig, drafter_problems
     from turbo_dllm.families.dflash.runtime import require_model_folder
     from turbo_dllm.train.checkpoint import read_meta, resolve_checkpoint
-    from turbo_dllm.train.export import export_checkpoint
+    from turbo_dllm.train.export import check_out_folder, export_checkpoint
     from turbo_dllm.train.weights import DEFAULT_MAX_SHARD_SIZE, parse_shard_size, weight_files
 
     # A bad size is refused before the checkpoint is read (as `dllm export` refuses it).
@@ -137,12 +137,8 @@ def export_drafter(
             hint="`dllm export` writes other families' checkpoints",
         )
     config = DFlashConfig.from_hf_dict(meta.model)
-    # before --target's weights are compared (hashing reads every byte of the target), named as
-    # `dllm export` names them (which checks again)
-    if out.exists() and not out.is_dir():
-        raise DllmError(f"{str(out)!r} is a file, not a folder", hint="choose a new folder")
-    if out.exists() and any(out.iterdir()):
-        raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
+    # before --target's weights are compared (hashing reads every byte of the target)
+    check_out_folder(out, "the export", example="drafter")
     if target is not None:
         require_model_folder("--target", target)
         problems = drafter_problems(config, read_target_config(str(target)))

@@ -227,23 +227,9 @@ def prepare_features(
         )
     # --out as `dllm export` takes it: an existing empty folder is replaced (resuming reads the
     # staging folder `.<out>.partial/`, never --out); checked before the target is hashed
-    if out.exists() and not out.is_dir():
-        raise DllmError(f"{str(out)!r} is a file, not a folder", hint="choose a new folder")
-    # under a file (`--out somefile/feats`), named here: the staging folder's mkdir would name
-    # `.feats.partial`, and only after the target was hashed
-    above = next((p for p in out.parents if p.exists()), None)
-    if above is not None and not above.is_dir():
-        raise DllmError(
-            f"cannot write --out {str(out)!r}: {str(above)!r} is a file, not a folder",
-            hint="pass --out a new folder in a writable place",
-        )
-    if out.exists() and any(out.iterdir()):
-        raise DllmError(f"{str(out)!r} already exists and is not empty", hint="choose a new folder")
-    if out.exists() and Path.cwd().resolve().is_relative_to(out.resolve()):
-        raise DllmError(  # replacing the shell's own folder would leave it in a removed one
-            f"{str(out)!r} is the current folder: prepare-features replaces its --out folder",
-            hint="pass --out a new folder inside it, e.g. --out features",
-        )
+    from turbo_dllm.train.export import check_out_folder
+
+    check_out_folder(out, "prepare-features", example="features")
     if rows_per_shard < 1:
         raise DllmError(f"--rows-per-shard must be at least 1 (got {rows_per_shard})")
     # before the staging folder: a bad --device must not leave an empty one behind
