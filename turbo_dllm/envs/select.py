@@ -2,7 +2,8 @@
 
 Order: `--manifest FILE`; else the mirror's `manifests/` when a mirror is given (an air-gapped
 host trusts what it carried in: each manifest must be the file `MIRROR.json` lists, by sha256,
-and `dllm mirror verify` checks the rest); else the manifests shipped with turbo-dllm. `--target auto` (or none) picks the one that fits this host.
+and `dllm mirror verify` checks the rest); else the manifests shipped with turbo-dllm.
+`--target auto` (or none) picks the one that fits this host.
 """
 
 from __future__ import annotations
