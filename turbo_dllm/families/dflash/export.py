@@ -23,11 +23,11 @@ The folder is assembled next to `out` and renamed into place: complete or absent
 
 from __future__ import annotations
 
-import hashlib
 import json
 from pathlib import Path
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import sha256_file
 
 __all__ = ["EXPORT_FORMAT", "export_drafter", "verify_export"]
 
@@ -65,7 +65,7 @@ def verify_export(folder: str | Path) -> list[str]:
             problems.append(f"{name}: missing")
         elif entry.get("bytes") is not None and file.stat().st_size != entry["bytes"]:
             problems.append(f"{name}: {file.stat().st_size} bytes, recorded {entry['bytes']}")
-        elif _sha256(file) != entry.get("sha256"):
+        elif sha256_file(file) != entry.get("sha256"):
             problems.append(f"{name}: sha256 differs from the recorded one")
     problems += [f"{name}: not in the record" for name in weight_files(folder) if name not in files]
     if problems:
@@ -75,14 +75,6 @@ def verify_export(folder: str | Path) -> list[str]:
             hint=hint,
         )
     return sorted(files)
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _check_target_weights(meta, checkpoint: Path, target: str | Path) -> None:
@@ -165,11 +157,14 @@ def export_drafter(
             "target_fingerprint": (meta.target or {}).get("fingerprint"),
             "train_time_s": meta.train_time_s,
             "files": {  # config.json and each weight file written: one, or shards + index
-                name: {"sha256": _sha256(folder / name), "bytes": (folder / name).stat().st_size}
+                name: {
+                    "sha256": sha256_file(folder / name),
+                    "bytes": (folder / name).stat().st_size,
+                }
                 for name in ["config.json", *weight_files(folder)]
             },
             "target_config_sha256": (
-                _sha256(Path(target) / "config.json") if target is not None else None
+                sha256_file(Path(target) / "config.json") if target is not None else None
             ),
             "serve": {
                 "sglang": "--speculative-algorithm DFLASH --speculative-draft-model-path "
