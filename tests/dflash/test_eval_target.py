@@ -283,3 +283,35 @@ def test_a_target_folder_without_weights_is_named_as_such(cli, world, exported, 
         result = _eval(cli, bare, exported, world["artifact"], *QUICK, *flags)
         assert_user_error(result, f"--target {str(bare)!r} holds no safetensors weights")
         assert "other weights" not in result.err
+
+
+def test_too_many_draft_steps_are_refused_before_anything_heavy_loads(
+    cli, world, exported, monkeypatch
+):
+    """--draft-steps above the drafter's slots per block was refused only once the target was
+    hashed and the drafter's weights loaded (minutes on a real model): it is refused from the
+    drafter's config.json, naming the limit and where the block size came from, in the words
+    the late check (`_DFlashProposer`) uses."""
+    from turbo_dllm.families.dflash import runtime, speculative
+
+    def heavy(*args, **kwargs):
+        raise AssertionError("weights were loaded or hashed before --draft-steps was refused")
+
+    monkeypatch.setattr(target_identity, "target_fingerprint", heavy)
+    monkeypatch.setattr(runtime, "materialize", heavy)
+    monkeypatch.setattr(speculative, "_load_target", heavy)
+    config = exported / "config.json"
+    result = _eval(cli, world["target"], exported, world["artifact"], "--draft-steps", "4")
+    assert_user_error(
+        result,
+        f"--draft-steps 4: a block of 4 (block_size in {str(config)!r}) drafts 3 slots, so at "
+        "most that many forwards refine it",
+        "use --draft-steps 3 or fewer",
+    )
+    flags = ("--block-size", "3", "--draft-steps", "3")
+    result = _eval(cli, world["target"], exported, world["artifact"], *flags)
+    assert_user_error(result, "a block of 3 (--block-size) drafts 2 slots", "--draft-steps 2 or")
+    # an autoregressive drafter (any causal LM: the target itself) takes one forward a draft
+    flags = ("--block-size", "4", "--draft-steps", "2")
+    result = _eval(cli, world["target"], world["target"], world["artifact"], *flags)
+    assert_user_error(result, "--draft-steps 2: an autoregressive drafter drafts one token")

@@ -189,27 +189,23 @@ class _DFlashProposer:
     confident guesses among the slots still hidden (an even share of them) to the next, in place
     of the mask (a drafter trained with `objective.reveal_blocks` has seen such blocks)."""
 
-    def __init__(self, drafter, block_size: int, draft_steps: int = 1) -> None:
+    def __init__(
+        self, drafter, block_size: int, draft_steps: int = 1, block_source: str | None = None
+    ) -> None:
         self.drafter = drafter
         self.block_size = block_size
         self.target_layers = tuple(drafter.config.target_layer_ids)  # 0-based, as trained
         self.mask = drafter.config.mask_token_id
         self.from_anchor = drafter.config.sample_from_anchor
-        self.drafts = block_size if self.from_anchor else block_size - 1
-        if draft_steps < 1:
-            raise DllmError(f"--draft-steps must be at least 1 (got {draft_steps})")
-        if draft_steps > 1 and (self.from_anchor or drafter.config.is_dflash2):
-            raise DllmError(
-                "--draft-steps > 1 refines DFlashDraftModel drafters with sample_from_anchor "
-                "false (slot k holds the token at anchor + k)",
-                hint="evaluate this drafter with --draft-steps 1",
-            )
-        if draft_steps > self.drafts:  # the forwards past one a slot would show nothing
-            raise DllmError(
-                f"--draft-steps {draft_steps}: a block of {block_size} drafts {self.drafts} "
-                "slots, so at most that many forwards refine it",
-                hint=f"use --draft-steps {self.drafts} or fewer",
-            )
+        # `compare` checked this before loading anything (`_check_draft_steps`); kept here for
+        # the callers that build a proposer themselves
+        self.drafts = _check_draft_steps(
+            draft_steps,
+            block_size,
+            from_anchor=self.from_anchor,
+            dflash2=drafter.config.is_dflash2,
+            block_source=block_source or "the drafter's block size",
+        )
         hidden, self.reveals = self.drafts, []
         for step in range(draft_steps - 1):  # guesses shown after each forward but the last
             self.reveals.append(hidden // (draft_steps - step))
@@ -257,6 +253,68 @@ class _DFlashProposer:
         self.context = torch.cat([self.context, self.drafter.project_context(rows)], dim=1)
 
 
+def _check_draft_steps(
+    draft_steps: int, block_size: int, *, from_anchor: bool, dflash2: bool, block_source: str
+) -> int:
+    """The DFlash drafter's draft slots per block, where it can refine a draft over
+    `draft_steps` forwards (`_DFlashProposer`); else the DllmError saying why not.
+    `block_source`: where `block_size` came from (--block-size, or the drafter's config.json)."""
+    drafts = block_size if from_anchor else block_size - 1
+    if draft_steps < 1:
+        raise DllmError(f"--draft-steps must be at least 1 (got {draft_steps})")
+    if draft_steps > 1 and (from_anchor or dflash2):
+        raise DllmError(
+            "--draft-steps > 1 refines DFlashDraftModel drafters with sample_from_anchor "
+            "false (slot k holds the token at anchor + k)",
+            hint="evaluate this drafter with --draft-steps 1",
+        )
+    if draft_steps > drafts:  # the forwards past one a slot would show nothing
+        raise DllmError(
+            f"--draft-steps {draft_steps}: a block of {block_size} ({block_source}) drafts "
+            f"{drafts} slots, so at most that many forwards refine it",
+            hint=f"use --draft-steps {drafts} or fewer",
+        )
+    return drafts
+
+
+def _check_autoregressive_draft_steps(draft_steps: int) -> None:
+    if draft_steps != 1:
+        raise DllmError(
+            f"--draft-steps {draft_steps}: an autoregressive drafter drafts one token a forward",
+            hint="--draft-steps refines DFlash drafters; leave it at 1 here",
+        )
+
+
+def _block_source(folder: str, block_size: int | None) -> str:
+    """Where a drafter's block size comes from, as the user can check it."""
+    if block_size is not None:
+        return "--block-size"
+    return f"block_size in {str(Path(folder) / 'config.json')!r}"
+
+
+def _check_drafter_steps(folder: str, block_size: int | None, draft_steps: int) -> None:
+    """`--draft-steps` against the drafter folder's config.json alone (a few bytes), before
+    anything heavy loads or is hashed: the check `_DFlashProposer` makes once the drafter's
+    weights are in memory (minutes for a real one), with the same message."""
+    if draft_steps == 1:  # every drafter takes one forward a block
+        return
+    from turbo_dllm.families.base import read_hf_config
+    from turbo_dllm.families.dflash.config import DFlashConfig
+
+    hf = read_hf_config(Path(folder) / "config.json", what="drafter")
+    if not str((hf.get("architectures") or ["?"])[0]).startswith("DFlash"):
+        _check_autoregressive_draft_steps(draft_steps)
+        return
+    config = DFlashConfig.from_hf_dict(hf)
+    _check_draft_steps(
+        draft_steps,
+        config.block_size if block_size is None else block_size,
+        from_anchor=config.sample_from_anchor,
+        dflash2=config.is_dflash2,
+        block_source=_block_source(folder, block_size),
+    )
+
+
 class _AutoregressiveProposer:
     """A small causal LM drafting B - 1 tokens greedily, with its own KV cache; each draft's
     argmax feeds the next forward on the device (no host sync inside a block)."""
@@ -264,11 +322,7 @@ class _AutoregressiveProposer:
     target_layers = ()  # reads no target features
 
     def __init__(self, drafter, block_size: int, draft_steps: int = 1) -> None:
-        if draft_steps != 1:
-            raise DllmError(
-                f"--draft-steps {draft_steps}: an autoregressive drafter drafts one token a forward",
-                hint="--draft-steps refines DFlash drafters; leave it at 1 here",
-            )
+        _check_autoregressive_draft_steps(draft_steps)
         self.drafter = drafter
         self.drafts = block_size - 1
 
@@ -472,6 +526,8 @@ def compare(
             raise DllmError(f"{flag} must be at least {least} (got {value})")
     for flag, folder in [("--target", target), *(("--drafter", d) for d in drafters)]:
         require_model_folder(flag, folder)
+    for drafter, steps in zip(drafters, draft_steps, strict=True):
+        _check_drafter_steps(drafter, block_size, steps)  # its config.json: before any weights
     torch_device = resolve_device(device)
     torch_dtype = getattr(torch, dtype)
     target_config = read_target_config(target)  # a readable target before any work
@@ -489,11 +545,13 @@ def compare(
         _drafter(drafter, target, torch_device, torch_dtype, block_size) for drafter in drafters
     ]
     blocks = [model.config.block_size if block_size is None else block_size for _, model in models]
-    proposers = [  # before the target loads: they refuse draft steps they cannot take
-        _DFlashProposer(model, block, steps)
+    proposers = [
+        _DFlashProposer(model, block, steps, _block_source(drafter, block_size))
         if kind == "dflash"
         else _AutoregressiveProposer(model, block, steps)
-        for (kind, model), block, steps in zip(models, blocks, draft_steps, strict=True)
+        for drafter, (kind, model), block, steps in zip(
+            drafters, models, blocks, draft_steps, strict=True
+        )
     ]
     prompts = [p.to(torch_device) for p in prompts]
     target_model = _load_target(target, torch_device, torch_dtype)
