@@ -36,6 +36,7 @@ from turbo_dllm.bundles.sources import (
     Opened,
     Source,
     TransientError,
+    attempts_text,
     open_source,
     transfer_deadline,
 )
@@ -190,7 +191,7 @@ def _fetch(
         return result
     else:
         raise DllmError(
-            f"download of {url} failed after {retries + 1} attempts: {last_error}",
+            f"download of {url} failed after {attempts_text(retries + 1)}: {last_error}",
             hint=_again_hint(part, size, "check that the server works (or use another mirror), "),
         )
     got = part.stat().st_size if part.exists() else 0

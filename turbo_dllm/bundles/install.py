@@ -122,8 +122,12 @@ def plan_install(
     fingerprint: HostFingerprint | None = None,
     releases_lock: ReleasesLock | None = None,
     offline: bool = False,
+    retries: int = 4,
+    backoff_s: float = 0.5,
 ) -> InstallPlan:
-    """Fetch and verify the release's catalog and pick the bundle (auto, or `target`)."""
+    """Fetch and verify the release's catalog and pick the bundle (auto, or `target`). The
+    catalog fetch retries a transient failure `retries` times (0: one attempt), like the
+    archive's download in `run_install` (`dllm bundle install --retries` is both)."""
     check_release(release)
     if not (index or os.environ.get(INDEX_VARIABLE)):
         raise BundleUnavailable(
@@ -136,7 +140,7 @@ def plan_install(
     expected = trusted_catalog_sha256(release, lock, catalog_sha256)
     path = catalog_path(release)
     try:
-        data = source.read_small(path, MAX_CATALOG_BYTES)
+        data = source.read_small(path, MAX_CATALOG_BYTES, retries=retries, backoff_s=backoff_s)
     except BundleRejected:
         raise
     except DllmError as error:  # missing or unreachable: nothing published can be read
@@ -296,6 +300,10 @@ def install(
     catalog_sha256: str | None = None,
     **options,
 ) -> InstallResult:
-    """Plan and run in one call (the library equivalent of `dllm bundle install --auto`)."""
-    plan = plan_install(release, index=index, target=target, catalog_sha256=catalog_sha256)
+    """Plan and run in one call (the library equivalent of `dllm bundle install --auto`);
+    `retries` and `backoff_s`, when given, rule the catalog fetch and the download alike."""
+    fetching = {key: options[key] for key in ("retries", "backoff_s") if key in options}
+    plan = plan_install(
+        release, index=index, target=target, catalog_sha256=catalog_sha256, **fetching
+    )
     return run_install(plan, **options)

@@ -168,7 +168,9 @@ class Source:
         return f"{self.location.rstrip('/')}/{path}"
 
     def read_small(self, path: str, limit: int, retries: int = 3, backoff_s: float = 0.5) -> bytes:
-        """The whole file, refused when it is larger than `limit` bytes."""
+        """The whole file, refused when it is larger than `limit` bytes. A transient failure (a
+        broken connection, a 5xx) is retried `retries` times (0: one attempt), with backoff,
+        within the transfer deadline."""
         deadline = transfer_deadline()
         for attempt in range(retries + 1):
             try:
@@ -191,24 +193,29 @@ class Source:
             except DeadlineExceeded:  # passed between two reads: said like a wait that ran out
                 raise _fetch_deadline(self.url(path), deadline, attempt + 1, None) from None
             except TransientError as error:
+                if attempt == retries:  # the attempts ran out: said so, whatever time is left
+                    raise DllmError(
+                        f"cannot fetch {self.url(path)} after {attempts_text(retries + 1)}: {error}",
+                        hint="check the index URL and your connection, then retry",
+                    ) from None
                 if time.monotonic() + backoff_s * 2**attempt > deadline.at:
                     raise _fetch_deadline(
                         self.url(path), deadline, attempt + 1, str(error)
-                    ) from None
-                if attempt == retries:
-                    raise DllmError(
-                        f"cannot fetch {self.url(path)} after {retries + 1} attempts: {error}",
-                        hint="check the index URL and your connection, then retry",
                     ) from None
                 time.sleep(backoff_s * 2**attempt)
         raise AssertionError("unreachable")
 
 
+def attempts_text(count: int) -> str:
+    """`count` attempts, said: "1 attempt", "3 attempts"."""
+    return f"{count} attempt{'s' if count != 1 else ''}"
+
+
 def _fetch_deadline(url: str, deadline: Deadline, attempts: int, problem: str | None) -> DllmError:
     last = f"; last problem: {problem}" if problem else ""
     return DllmError(
-        f"cannot fetch {url} within the {deadline.seconds:g} s transfer deadline ({attempts} "
-        f"attempt{'s' if attempts > 1 else ''}{last})",
+        f"cannot fetch {url} within the {deadline.seconds:g} s transfer deadline "
+        f"({attempts_text(attempts)}{last})",
         hint=f"check the index URL and your connection, then retry; or raise "
         f"{DEADLINE_VARIABLE} (seconds)",
     )

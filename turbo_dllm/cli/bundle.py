@@ -74,7 +74,13 @@ def register(subparsers) -> None:
     )
     p.add_argument("--dry-run", action="store_true", help="print the choice and stop")
     p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
-    p.add_argument("--retries", type=int, default=4, help="download retries (each resumes)")
+    p.add_argument(
+        "--retries",
+        type=int,
+        default=4,
+        help="retries of each download, the catalog's and the bundle's (each resumes); "
+        "0: one attempt",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_install)
 
@@ -307,6 +313,7 @@ def _install(args) -> int:
             target=target,
             catalog_sha256=args.catalog_sha256,
             offline=args.offline,
+            retries=args.retries,
         )
     except BundleUnavailable as error:
         if args.build != "missing":
