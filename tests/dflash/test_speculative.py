@@ -376,3 +376,35 @@ def test_a_sample_from_anchor_drafter_drafts_a_whole_block_losslessly(tmp_path):
         assert proposer.propose(logits[-1:].argmax(-1), len(prompt) + 1).shape == (4,)
     assert out == plain
     assert set(gains) <= set(range(1, 6))
+
+
+def test_fewer_prompts_than_asked_are_said_and_recorded(cli, world, drafter):
+    """--num-prompts above the prompts the data holds silently decoded fewer (tau's standard
+    error then spans fewer samples than the user asked for): a warning on stderr names both
+    counts, the report records both, and the text report says so."""
+    from turbo_dllm.families.dflash.speculative import held_out_prompts
+
+    length = 2500  # long prompts: a handful in the world's five source files
+    available = len(held_out_prompts(world["artifact"], count=10**6, length=length))
+    assert 1 <= available < 8
+    asked = str(available + 2)
+    flags = ("--prompt-len", str(length), "--max-new-tokens", "4", "--num-prompts", asked)
+    result = _eval(cli, world["target"], drafter["folder"], world["artifact"], *flags, "--json")
+    assert result.code == 0, result.err
+    report = json.loads(result.out)
+    assert report["prompts"] == available and report["prompts_requested"] == available + 2
+    assert len(report["prompt_forwards"]) == available
+    assert (
+        f"warning: --num-prompts {asked}, but --data {str(world['artifact'])!r} holds only "
+        f"{available} held-out prompts of {length} tokens"
+    ) in result.err
+    result = _eval(cli, world["target"], drafter["folder"], world["artifact"], *flags)
+    assert result.code == 0, result.err
+    assert f"over {available} prompts (of --num-prompts {asked}: the data holds no more)" in (
+        result.out
+    )
+    # as many as asked: no warning
+    flags = ("--max-new-tokens", "4", "--num-prompts", "2", "--json")
+    result = _eval(cli, world["target"], drafter["folder"], world["artifact"], *flags)
+    assert result.code == 0 and "warning" not in result.err, result.err
+    assert json.loads(result.out)["prompts_requested"] == 2

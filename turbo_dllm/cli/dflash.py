@@ -123,9 +123,14 @@ def _eval(args) -> int:
             "note: the drafter was trained against another target than --target (its "
             "training_export.json's target_fingerprint): tau measures it on other weights"
         )
+    asked = (
+        f" (of --num-prompts {report.prompts_requested}: the data holds no more)"
+        if report.prompts_requested not in (None, report.prompts)
+        else ""
+    )
     print(
         f"{report.drafter_kind} drafter, block {report.block_size}: lossless over "
-        f"{report.prompts} prompts x {report.new_tokens // report.prompts} tokens"
+        f"{report.prompts} prompts{asked} x {report.new_tokens // report.prompts} tokens"
     )
     spread = f" +- {report.tau_stderr:.3f}" if report.tau_stderr is not None else ""
     print(

@@ -24,6 +24,7 @@ for two drafters decoding the same prompts).
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -57,6 +58,9 @@ class SpeculativeReport:
     prompt_tokens: list[int] = field(default_factory=list)  # accepted tokens, per prompt
     prompt_forwards: list[int] = field(default_factory=list)  # target forwards, per prompt
     draft_steps: int = 1  # a DFlash drafter's forwards per block (1 in an AR drafter's report)
+    # --num-prompts as asked; `prompts` is how many the data held and were decoded (fewer were
+    # warned about on stderr)
+    prompts_requested: int | None = None
     # the drafter's export records another target than the one it was evaluated against
     # (allowed by allow_other_target / --allow-other-target): tau then measures a transfer
     other_target: bool = False
@@ -534,6 +538,13 @@ def compare(
     # the data first (cheap), then each drafter (a recorded target fingerprint hashes the
     # target: seconds per GB), all before loading anything
     prompts = _prompts(data, target, target_config, num_prompts, prompt_len)
+    if len(prompts) < num_prompts:  # the data holds fewer windows: said, and in the report
+        print(
+            f"warning: --num-prompts {num_prompts}, but --data {data!r} holds only "
+            f"{len(prompts)} held-out prompts of {prompt_len} tokens (--prompt-len; each "
+            f"followed by {prompt_len} tokens of its document): evaluating {len(prompts)}",
+            file=sys.stderr,
+        )
     others = []
     for drafter in drafters:
         _check_autoregressive(drafter, block_size, target_config)
@@ -599,6 +610,7 @@ def compare(
         say(f"eval: target alone {total / plain_s:.1f} tokens/s")
         for i, ((kind, _), block) in enumerate(zip(models, blocks, strict=True)):
             report = _report(kind, block, plain, plain_s, spec[i], spec_s[i], max_new_tokens)
+            report.prompts_requested = num_prompts
             if kind == "dflash":
                 report.draft_steps = draft_steps[i]
                 report.other_target = others[i]
