@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import shutil
 
 import pytest
 import torch
@@ -209,11 +211,12 @@ def test_a_sharded_export_records_and_verifies_every_weight_file(cli, world, dra
         (sharded, [*shards, "model.safetensors.index.json"]),
     ):
         record = json.loads((folder / "training_export.json").read_text())
-        assert sorted(record["files"]) == sorted(["config.json", *weights]), folder
+        written = sorted(["config.json", "generation_config.json", *weights])
+        assert sorted(record["files"]) == written, folder
         for name, entry in record["files"].items():
             data = (folder / name).read_bytes()
             assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
-        assert sorted(verify_export(folder)) == sorted(["config.json", *weights])
+        assert sorted(verify_export(folder)) == written
     # the same tensors, whichever layout they were written in
     config = DFlashConfig.from_hf_dict(json.loads((plain / "config.json").read_text()))
     config = dataclasses.replace(config, target_path=str(world["target"]))
@@ -285,3 +288,74 @@ def test_a_target_without_weights_is_named_as_such(cli, world, drafter, tmp_path
     assert_user_error(result, f"--target {str(bare)!r} holds no safetensors weights")
     assert "other weights" not in result.err
     assert not (tmp_path / "x").exists()
+
+
+def test_the_record_covers_every_file_the_export_writes(cli, world, tmp_path):
+    """training_export.json hashed config.json and the weights only: a generation_config.json
+    or a tokenizer file the export wrote (which transformers, SGLang and vLLM read) could change
+    unnoticed. Every file written is recorded and verified, an unlisted one a loader reads is
+    refused, a README is not; a record written before this (no `files_complete`) still
+    verifies as it did."""
+    from tests.dflash.helpers import drafter_spec
+    from tests.dflash.test_target_tokenizer import _artifact, _with_tokenizer
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.families.dflash.export import verify_export
+    from turbo_dllm.train.entry import train
+
+    target = _with_tokenizer(world["target"], tmp_path / "target")
+    data = _artifact(target, tmp_path / "data")
+    run = tmp_path / "run"
+    spec = drafter_spec(
+        target,
+        data,
+        "model.dflash.mask_token_id=2",
+        "training.steps=2",
+        "scheduler.warmup_steps=1",
+        "checkpoint.interval=null",
+    )
+    train(spec, run)
+    out = tmp_path / "serve"
+    result = _export(cli, run / "checkpoints", out, "--json")
+    assert result.code == 0, result.err
+    names = sorted(p.name for p in out.iterdir())
+    assert {"generation_config.json", "tokenizer.json", "tokenizer_config.json"} <= set(names)
+    record = json.loads((out / "training_export.json").read_text())
+    assert record["files_complete"] is True
+    assert sorted(record["files"]) == [n for n in names if n != "training_export.json"]
+    assert verify_export(out) == sorted(record["files"])
+    # a changed file the export wrote is named, in `dllm dflash eval` as in verify_export
+    for name in ("generation_config.json", "tokenizer.json"):
+        changed = shutil.copytree(out, tmp_path / f"changed-{name}")
+        document = json.loads((changed / name).read_text())
+        (changed / name).write_text(json.dumps(document, indent=1))  # same values, other bytes
+        with pytest.raises(DllmError, match=f"  - {re.escape(name)}: "):
+            verify_export(changed)
+        result = cli(
+            "dflash", "eval", "--target", target, "--drafter", changed, "--data", data,
+            "--max-new-tokens", "4", "--num-prompts", "1",
+        )  # fmt: skip
+        assert_user_error(result, "does not match its training_export.json", f"  - {name}: ")
+    # a file a loader reads that the record does not list is refused; a README passes
+    extra = shutil.copytree(out, tmp_path / "extra")
+    (extra / "README.md").write_text("# my drafter\n")
+    assert verify_export(extra) == sorted(record["files"])
+    (extra / "special_tokens_map.json").write_text("{}")
+    with pytest.raises(DllmError, match="special_tokens_map.json: not in the record"):
+        verify_export(extra)
+    # a record that names a file outside the folder is refused, not read
+    edited = shutil.copytree(out, tmp_path / "edited")
+    document = json.loads((edited / "training_export.json").read_text())
+    document["files"]["../secret"] = {"sha256": "0" * 64, "bytes": 1}
+    (edited / "training_export.json").write_text(json.dumps(document))
+    with pytest.raises(DllmError, match=re.escape("'../secret': not a file of the folder")):
+        verify_export(edited)
+    # a folder exported before: config.json and the weights recorded, nothing else checked
+    old = shutil.copytree(out, tmp_path / "old")
+    document = json.loads((old / "training_export.json").read_text())
+    del document["files_complete"]
+    document["files"] = {
+        n: e for n, e in document["files"].items() if n == "config.json" or ".safetensors" in n
+    }
+    (old / "training_export.json").write_text(json.dumps(document, indent=2))
+    (old / "generation_config.json").write_text("{}")
+    assert verify_export(old) == ["config.json", "model.safetensors"]

@@ -8,11 +8,15 @@ Files (REFERENCE-FAMILIES §1(5)):
   the target's embeddings and LM head are never copied (engines take them from the target).
   Past `--max-shard-size` they are sharded as `dllm export` shards them:
   `model-0000i-of-0000N.safetensors` and `model.safetensors.index.json`;
+- `generation_config.json` and the tokenizer's files, where the run's data artifact (or model
+  folder) gives them (`dllm export` writes the same);
 - `training_export.json` (`turbo_dllm.dflash_export.v1`): where it came from (step, objective,
   data fingerprint, seed, the content fingerprint of the target it was trained against where
-  the checkpoint records one) and the sha256 and size of config.json and of every weight file
-  written (each shard and the index, or the one model.safetensors), and the sha256 of the
-  target's config.json when `--target` is given. `verify_export` checks a folder against it.
+  the checkpoint records one) and the sha256 and size of every file written (config.json, each
+  weight file: each shard and the index, or the one model.safetensors, generation_config.json,
+  the tokenizer's files; `files_complete: true` says so), and the sha256 of the target's
+  config.json when `--target` is given. `verify_export` checks a folder against it. A record
+  written before `files_complete` lists config.json and the weight files only.
 
 `--target` checks the drafter against that target: its shape, and its weights against the
 checkpoint's record of the target it was trained against (a same-shape target with other
@@ -35,12 +39,28 @@ EXPORT_FORMAT = "turbo_dllm.dflash_export.v1"
 RECORD_NAME = "training_export.json"
 
 
+def _consumed_files(folder: Path) -> list[str]:
+    """The files of `folder` that a loader of the drafter reads (our eval, transformers, SGLang,
+    vLLM): the weight files, the tokenizer's files, every `*.json` (config.json,
+    generation_config.json, ...) and `*.py` (remote code); not a README or a .gitattributes."""
+    from turbo_dllm.data.tokenizers import tokenizer_files
+    from turbo_dllm.train.weights import weight_files
+
+    names = {*weight_files(folder), *(p.name for p in tokenizer_files(folder))}
+    names.update(p.name for p in folder.iterdir() if p.is_file() and p.suffix in (".json", ".py"))
+    names.discard(RECORD_NAME)
+    return sorted(names)
+
+
 def verify_export(folder: str | Path) -> list[str]:
     """Check a `dllm dflash export` folder against its training_export.json: every file the
-    record lists is there with its sha256 and size, and every weight file there is listed (a
-    shard, an index or a model.safetensors the record does not know would be loaded unchecked).
-    Either layout passes: one model.safetensors, or shards and their index. Returns the
-    checked names; a DllmError names each file that does not match."""
+    record lists is there with its sha256 and size, and every file there that a loader reads is
+    listed (a shard, an index or a model.safetensors the record does not know would be loaded
+    unchecked; so would a generation_config.json or a tokenizer file, where the record says it
+    lists every file the export wrote: `files_complete`; a record written before it lists
+    config.json and the weights only, and only unlisted weight files fail it). Either layout
+    passes: one model.safetensors, or shards and their index. Returns the checked names; a
+    DllmError names each file that does not match."""
     from turbo_dllm.train.weights import weight_files
 
     folder = Path(folder)
@@ -59,7 +79,9 @@ def verify_export(folder: str | Path) -> list[str]:
     problems = []
     for name in sorted(files):
         entry, file = files[name], folder / name
-        if not isinstance(entry, dict):
+        if Path(name).name != name or name in ("", ".", "..", RECORD_NAME):
+            problems.append(f"{name!r}: not a file of the folder")  # the record was edited
+        elif not isinstance(entry, dict):
             problems.append(f"{name}: no sha256 recorded")
         elif not file.is_file():
             problems.append(f"{name}: missing")
@@ -67,7 +89,10 @@ def verify_export(folder: str | Path) -> list[str]:
             problems.append(f"{name}: {file.stat().st_size} bytes, recorded {entry['bytes']}")
         elif sha256_file(file) != entry.get("sha256"):
             problems.append(f"{name}: sha256 differs from the recorded one")
-    problems += [f"{name}: not in the record" for name in weight_files(folder) if name not in files]
+    # every file a loader reads, where the record says it lists them all; else (a record
+    # written before it did) the weight files
+    read = _consumed_files(folder) if record.get("files_complete") is True else weight_files(folder)
+    problems += [f"{name}: not in the record" for name in read if name not in files]
     if problems:
         raise DllmError(
             f"{str(folder)!r} does not match its {RECORD_NAME}:\n"
@@ -115,7 +140,7 @@ def export_drafter(
     from turbo_dllm.families.dflash.runtime import require_model_folder
     from turbo_dllm.train.checkpoint import read_meta, resolve_checkpoint
     from turbo_dllm.train.export import check_out_folder, export_checkpoint
-    from turbo_dllm.train.weights import DEFAULT_MAX_SHARD_SIZE, parse_shard_size, weight_files
+    from turbo_dllm.train.weights import DEFAULT_MAX_SHARD_SIZE, parse_shard_size
 
     # A bad size is refused before the checkpoint is read (as `dllm export` refuses it).
     shard_bytes = parse_shard_size(
@@ -156,13 +181,14 @@ def export_drafter(
             "data_fingerprint": meta.data_fingerprint,
             "target_fingerprint": (meta.target or {}).get("fingerprint"),
             "train_time_s": meta.train_time_s,
-            "files": {  # config.json and each weight file written: one, or shards + index
-                name: {
-                    "sha256": sha256_file(folder / name),
-                    "bytes": (folder / name).stat().st_size,
-                }
-                for name in ["config.json", *weight_files(folder)]
+            # every file written (config.json, the weights: one file or shards + index,
+            # generation_config.json, the tokenizer's files), which `files_complete` says
+            "files": {
+                path.name: {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+                for path in sorted(folder.iterdir())
+                if path.is_file() and path.name != RECORD_NAME
             },
+            "files_complete": True,
             "target_config_sha256": (
                 sha256_file(Path(target) / "config.json") if target is not None else None
             ),
