@@ -4,9 +4,9 @@
       store/<archive sha256>/     one verified, read-only bundle (bundle.json, install.json, lib/)
       store/.staging-<random>/    an extraction in progress (swept by the next locked operation)
       downloads/<sha256>.part     partial downloads, resumed by the next attempt
-      active -> store/<sha256>    the bundle the kernel loader uses
+      active -> store/<sha256>    the bundle the kernel loader uses (none: `dllm bundle deactivate`)
       previous -> store/<sha256>  what `dllm bundle rollback` returns to
-      install.lock                serializes installs, uninstalls and rollbacks
+      install.lock                serializes installs, uninstalls, rollbacks and deactivations
 
 A bundle becomes visible only by renaming its finished staging folder into place, and becomes
 active only by renaming a new symlink over `active`; a process killed at any point leaves the
@@ -188,7 +188,7 @@ class BundleStore:
     def repair_hint(self, sha256: str) -> str:
         """How to repair the damaged store entry `sha256`."""
         remove = (
-            "`dllm bundle rollback`, then `dllm bundle uninstall"
+            "`dllm bundle deactivate` (or `dllm bundle rollback`), then `dllm bundle uninstall"
             if self._link("active") == sha256
             else "remove it: `dllm bundle uninstall"
         )
@@ -484,13 +484,33 @@ class BundleStore:
 
     def make_active(self, bundle: InstalledBundle) -> InstalledBundle:
         """Point `active` at `bundle` (an entry of this store, already read) and `previous` at
-        the bundle that was active."""
+        the bundle that was active. With none active (`deactivate`) and `bundle` the previous
+        one, `previous` itself becomes `active`, in one rename: it no longer names the bundle
+        rollback would return to."""
         current = self._link("active")
-        if current != bundle.sha256:
+        if current is None and self._link("previous") == bundle.sha256:
+            os.replace(self.root / "previous", self.root / "active")
+        elif current != bundle.sha256:
             if current:
                 self._set_link("previous", current)
             self._set_link("active", bundle.sha256)
         return bundle
+
+    def deactivate(self) -> InstalledBundle | DamagedBundle | None:
+        """Make no bundle active: `active` becomes `previous` in one rename (a process killed at
+        any point leaves either both links as they were or the new ones), so `rollback` or an
+        install of the same bundle makes it active again; the bundle stays in the store. A
+        damaged active bundle is deactivated too. Returns the bundle that was active, None when
+        none was (a link left pointing at a missing entry is removed). Callers hold the lock."""
+        link = self.root / "active"
+        sha = self._link("active")
+        if sha is None:
+            if link.is_symlink():  # points at nothing (a removed entry) or at no store entry
+                link.unlink()
+            return None
+        entry = self._entry(sha)
+        os.replace(link, self.root / "previous")
+        return entry
 
     def rollback(self) -> InstalledBundle:
         previous, current = self._link("previous"), self._link("active")
@@ -508,6 +528,9 @@ class BundleStore:
             )
         if current and exchange(self.root / "active", self.root / "previous"):
             return bundle  # one step: a process killed here has swapped both or neither
+        if current is None:  # nothing active (`deactivate`): previous becomes active, one step
+            os.replace(self.root / "previous", self.root / "active")
+            return bundle
         self._set_link("active", previous)
         if current:
             self._set_link("previous", current)
@@ -524,7 +547,8 @@ class BundleStore:
             )
             raise DllmError(
                 f"{what} ({bundle.short_sha}) is active",
-                hint="`dllm bundle rollback` or install another bundle first",
+                hint="`dllm bundle deactivate` (or `dllm bundle rollback`, or install another "
+                "bundle) first",
             )
         if self._link("previous") == bundle.sha256:
             (self.root / "previous").unlink(missing_ok=True)

@@ -1,4 +1,5 @@
-"""`dllm bundle fingerprint | build | publish | install | list | status | verify | uninstall | rollback`."""
+"""`dllm bundle fingerprint | build | publish | install | list | status | verify | uninstall |
+rollback | deactivate`."""
 
 from __future__ import annotations
 
@@ -107,6 +108,14 @@ def register(subparsers) -> None:
     p = commands.add_parser("rollback", help="make the previous bundle active again")
     p.add_argument("--lock-timeout", type=float, default=60.0)
     p.set_defaults(func=_rollback)
+
+    p = commands.add_parser(
+        "deactivate",
+        help="make no bundle active (it stays installed; rollback re-activates it)",
+    )
+    p.add_argument("--lock-timeout", type=float, default=60.0)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_deactivate)
 
 
 def _fingerprint(args) -> int:
@@ -435,7 +444,7 @@ def _list(args) -> int:
 
 
 def _status(args) -> int:
-    from turbo_dllm.bundles.store import BundleStore, DamagedBundle
+    from turbo_dllm.bundles.store import BundleStore, DamagedBundle, InstalledBundle
     from turbo_dllm.host import collect_fingerprint
 
     store = BundleStore()
@@ -465,7 +474,12 @@ def _status(args) -> int:
         return 0
     print(f"host      {host.summary()}")
     if active is None:
-        print(f"active    none (dllm bundle install --release {DEFAULT_RELEASE} --auto)")
+        again = (
+            f"dllm bundle rollback activates {previous.bundle_id}"
+            if isinstance(previous, InstalledBundle)
+            else f"dllm bundle install --release {DEFAULT_RELEASE} --auto"
+        )
+        print(f"active    none ({again})")
     else:
         fit = "fits this host" if not differences else "DOES NOT fit: " + "; ".join(differences)
         print(f"active    {active.bundle_id} ({active.short_sha}), {fit}")
@@ -513,7 +527,8 @@ def _verify(args) -> int:
                 print(f"      {problem}")
         if not ok:
             print(
-                "fix: dllm bundle uninstall ID (after rollback if active), then install again",
+                "fix: dllm bundle uninstall ID (after `dllm bundle deactivate` if it is active), "
+                "then install again",
                 file=sys.stderr,
             )
     return 0 if ok else 1
@@ -541,4 +556,28 @@ def _rollback(args) -> int:
     with store.locked(args.lock_timeout):
         bundle = store.rollback()
     print(f"active: {bundle.bundle_id} ({bundle.short_sha})")
+    return 0
+
+
+def _deactivate(args) -> int:
+    from turbo_dllm.bundles.store import BundleStore, InstalledBundle
+
+    _check_lock_timeout(args)
+    store = BundleStore()
+    with store.locked(args.lock_timeout):
+        bundle = store.deactivate()
+    if args.json:
+        emit_json({"deactivated": _status_json(store, bundle)})
+        return 0
+    if bundle is None:
+        print("no bundle is active: nothing to deactivate")
+        return 0
+    if isinstance(bundle, InstalledBundle):
+        print(f"deactivated {bundle.bundle_id} ({bundle.short_sha}); no bundle is active now")
+    else:
+        print(f"deactivated the damaged bundle {bundle.short_sha}; no bundle is active now")
+    print(
+        f"it stays installed: `dllm bundle rollback` re-activates it, "
+        f"`dllm bundle uninstall {bundle.short_sha}` removes it"
+    )
     return 0
