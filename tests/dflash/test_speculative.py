@@ -408,3 +408,30 @@ def test_fewer_prompts_than_asked_are_said_and_recorded(cli, world, drafter):
     result = _eval(cli, world["target"], drafter["folder"], world["artifact"], *flags)
     assert result.code == 0 and "warning" not in result.err, result.err
     assert json.loads(result.out)["prompts_requested"] == 2
+
+
+def test_a_decode_past_the_targets_context_is_warned_about(cli, world, drafter, tmp_path):
+    """--prompt-len + --max-new-tokens past the target's max_position_embeddings decoded on
+    without a word (transformers' rope goes on): the tau of a target outside its trained
+    context. Said on stderr, counting the last verify forward's drafts; the decode runs."""
+    import shutil
+
+    target = shutil.copytree(world["target"], tmp_path / "target")
+    config = json.loads((target / "config.json").read_text())
+    config["max_position_embeddings"] = 64
+    (target / "config.json").write_text(json.dumps(config))
+    common = ("--prompt-len", "32", "--num-prompts", "1", "--json")
+    # 32 + 30 new tokens + 3 drafts - 1 = 64 positions: inside
+    result = _eval(
+        cli, target, drafter["folder"], world["artifact"], *common, "--max-new-tokens", "30"
+    )
+    assert result.code == 0 and "warning" not in result.err, result.err
+    result = _eval(
+        cli, target, drafter["folder"], world["artifact"], *common, "--max-new-tokens", "31"
+    )
+    assert result.code == 0, result.err
+    assert (
+        "warning: --prompt-len 32 + --max-new-tokens 31 (+ 3 drafted tokens in the last verify "
+        "forward) may reach 65 positions, past the target's max_position_embeddings 64"
+    ) in result.err
+    assert json.loads(result.out)["lossless"] is True

@@ -552,6 +552,7 @@ def compare(
         others.append(
             dflash and _check_dflash_drafter(drafter, target, target_config, allow_other_target)
         )
+    _warn_past_context(target, target_config, drafters, block_size, prompt_len, max_new_tokens)
     models = [
         _drafter(drafter, target, torch_device, torch_dtype, block_size) for drafter in drafters
     ]
@@ -653,6 +654,37 @@ def _prompts(data: str, target: str, target_config, count: int, length: int):
             hint="evaluate on held-out text prepared with the target's tokenizer",
         )
     return prompts
+
+
+def _warn_past_context(
+    target: str, target_config, drafters: list[str], block_size, prompt_len: int, new_tokens: int
+) -> None:
+    """A decode whose positions run past the target's max_position_embeddings measures a target
+    outside the context it was trained for (transformers goes on without a word; a rope-scaled
+    target may mean to): said on stderr, before anything loads."""
+    from turbo_dllm.families.base import read_hf_config
+    from turbo_dllm.families.dflash.config import DFlashConfig
+
+    limit = getattr(target_config, "max_position_embeddings", None)
+    drafts = 0
+    for drafter in drafters:  # the last verify forward reaches past the last new token
+        hf = read_hf_config(Path(drafter) / "config.json", what="drafter")
+        if str((hf.get("architectures") or ["?"])[0]).startswith("DFlash"):
+            config = DFlashConfig.from_hf_dict(hf)
+            block = config.block_size if block_size is None else block_size
+            drafts = max(drafts, block if config.sample_from_anchor else block - 1)
+        elif block_size is not None:
+            drafts = max(drafts, block_size - 1)
+    positions = prompt_len + new_tokens + drafts - 1
+    if limit is None or positions <= limit:
+        return
+    print(
+        f"warning: --prompt-len {prompt_len} + --max-new-tokens {new_tokens} (+ {drafts} drafted "
+        f"tokens in the last verify forward) may reach {positions} positions, past the target's "
+        f"max_position_embeddings {limit} ({str(Path(target) / 'config.json')!r}): tau there "
+        "measures the target outside its trained context",
+        file=sys.stderr,
+    )
 
 
 def _check_autoregressive(drafter: str, block_size: int | None, target_config) -> None:
