@@ -28,6 +28,7 @@ __all__ = [
     "ReleasePin",
     "ReleasesLock",
     "catalog_path",
+    "check_pin",
     "check_release",
     "dump_catalog",
     "parse_catalog",
@@ -191,6 +192,20 @@ def read_lock_to_pin(path: Path):
     )
 
 
+def check_pin(path: Path, lock: ReleasesLock, release: str, sha256: str) -> bool:
+    """Whether `lock` (read from `path`) already pins `release` to `sha256`; a DllmError when
+    it pins the release to another hash (published releases are immutable)."""
+    current = lock.releases.get(release)
+    if current is None:
+        return False
+    if current.catalog_sha256 == sha256:
+        return True
+    raise DllmError(
+        f"release {release} is already pinned to {current.catalog_sha256} in {path}",
+        hint="a published release never changes; publish under a new release name",
+    )
+
+
 def pin_release(path: Path, release: str, sha256: str) -> bool:
     """Add `release = sha256` to the lock file at `path`, keeping its comments.
 
@@ -201,14 +216,8 @@ def pin_release(path: Path, release: str, sha256: str) -> bool:
 
     check_release(release)
     document, lock = read_lock_to_pin(path)
-    current = lock.releases.get(release)
-    if current is not None:
-        if current.catalog_sha256 == sha256:
-            return False
-        raise DllmError(
-            f"release {release} is already pinned to {current.catalog_sha256} in {path}",
-            hint="a published release never changes; publish under a new release name",
-        )
+    if check_pin(path, lock, release, sha256):
+        return False
     releases = document.setdefault("releases", tomlkit.table())
     pin = tomlkit.inline_table()
     pin["catalog_sha256"] = sha256

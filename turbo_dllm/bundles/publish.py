@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,11 +44,26 @@ class PublishResult:
     unchanged: list[CatalogEntry] = field(default_factory=list)
 
 
-def publish(archives: list[Path], *, release: str, mirror: Path) -> PublishResult:
+def publish(
+    archives: list[Path],
+    *,
+    release: str,
+    mirror: Path,
+    check_catalog: Callable[[str], None] | None = None,
+) -> PublishResult:
+    """Add `archives` to release `release` of the mirror folder `mirror`.
+
+    All or nothing for what the caller can get wrong: every archive is verified, and checked
+    against the release's catalog and the files already in the mirror, before anything is
+    written (a broken second archive left the first one copied; a mirror that is a file was
+    made only after that). `check_catalog(sha256)`, given the new catalog's hash, may refuse
+    it before it is written (`dllm bundle publish --lock`: a release pinned to another hash).
+    """
     check_release(release)
     if not archives:
         raise DllmError("nothing to publish: pass one or more bundle archives")
-    make_output_dir(mirror)
+    _check_mirror(mirror)
+    checked = [(archive, _checked_entry(archive)) for archive in archives]
     catalog_file = mirror / catalog_path(release)
     if catalog_file.exists():
         catalog = parse_catalog(catalog_file.read_bytes(), str(catalog_file))
@@ -56,29 +72,56 @@ def publish(archives: list[Path], *, release: str, mirror: Path) -> PublishResul
     else:
         catalog = Catalog(release=release)
     entries = {str(e.target): e for e in catalog.bundles}
-    added, unchanged = [], []
-    for archive in archives:
-        entry = _checked_entry(archive)
+    given: dict[str, Path] = {}  # target -> the archive of this call that gave it
+    added, unchanged, copies = [], [], []
+    for archive, entry in checked:
         current = entries.get(str(entry.target))
         if current is not None and current != entry:
+            if str(entry.target) in given:
+                raise DllmError(
+                    f"{given[str(entry.target)].name} and {archive.name} are two different "
+                    f"bundles for {entry.target}",
+                    hint="a release holds one bundle per target: publish one of them",
+                )
             raise DllmError(
                 f"release {release} already lists a bundle for {entry.target} with sha256 "
                 f"{current.sha256}; {archive.name} has {entry.sha256}",
                 hint="published bundles never change: publish a new release",
             )
-        _copy_immutable(archive, mirror / "bundles" / entry.file)
+        dest = mirror / "bundles" / entry.file
+        if dest.exists() and sha256_file(dest) != entry.sha256:
+            raise DllmError(
+                f"{dest} already exists with other bytes",
+                hint="published files never change: publish a new version or release",
+            )
+        if not dest.exists() and dest not in (d for _, d in copies):
+            copies.append((archive, dest))
         if current is None:
             entries[str(entry.target)] = entry
+            given[str(entry.target)] = archive
             added.append(entry)
-        else:
+        elif entry not in added:
             unchanged.append(entry)
     text = dump_catalog(Catalog(release=release, bundles=tuple(entries.values())))
     data = text.encode()
     # Validate what we are about to publish with the same parser installs use.
     parse_catalog(data, str(catalog_file))
+    if check_catalog is not None:
+        check_catalog(sha256_bytes(data))
+    make_output_dir(mirror)
+    for archive, dest in copies:
+        _copy_immutable(archive, dest)
     catalog_file.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(catalog_file, data)
     return PublishResult(release, catalog_file, sha256_bytes(data), added, unchanged)
+
+
+def _check_mirror(mirror: Path) -> None:
+    """Refuse a mirror that is a file, or under one, before any archive is verified; nothing
+    is created (`make_output_dir` does that once everything is checked)."""
+    existing = next((p for p in (mirror, *mirror.parents) if p.exists()), None)
+    if existing is not None and not existing.is_dir():
+        make_output_dir(mirror)  # raises, naming what is in the way
 
 
 def _checked_entry(archive: Path) -> CatalogEntry:
@@ -96,13 +139,8 @@ def _checked_entry(archive: Path) -> CatalogEntry:
 
 
 def _copy_immutable(source: Path, dest: Path) -> None:
-    if dest.exists():
-        if sha256_file(dest) == sha256_file(source):
-            return
-        raise DllmError(
-            f"{dest} already exists with other bytes",
-            hint="published files never change: publish a new version or release",
-        )
+    """Copy `source` to `dest` (checked absent, or with the same bytes, by `publish`) through a
+    temporary file, so a reader never sees part of it."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     try:

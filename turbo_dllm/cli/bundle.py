@@ -215,11 +215,16 @@ def _build_check(args) -> int:
 
 
 def _publish(args) -> int:
-    from turbo_dllm.bundles.catalog import pin_release, read_lock_to_pin
+    from turbo_dllm.bundles.catalog import check_pin, pin_release, read_lock_to_pin
     from turbo_dllm.bundles.publish import publish
 
+    check_catalog = None
     if args.lock:  # an unusable lock file is an error before anything is published
-        read_lock_to_pin(args.lock)
+        _, lock = read_lock_to_pin(args.lock)
+
+        def check_catalog(sha256: str) -> None:  # a release pinned to another catalog too
+            check_pin(args.lock, lock, args.release, sha256)
+
     checked = []
     if (
         args.packs
@@ -227,7 +232,9 @@ def _publish(args) -> int:
         from turbo_dllm.cache.packs import check_packs
 
         checked = check_packs(args.packs)
-    result = publish(args.archives, release=args.release, mirror=args.mirror)
+    result = publish(
+        args.archives, release=args.release, mirror=args.mirror, check_catalog=check_catalog
+    )
     packs = []
     if checked:
         from turbo_dllm.cache.packs import copy_packs
