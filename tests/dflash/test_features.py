@@ -217,3 +217,57 @@ def test_an_out_under_a_file_is_named_before_hashing(cli, world, tmp_path, monke
         assert_user_error(result, f"{str(tmp_path / 'somefile')!r} is a file, not a folder")
         assert str(out) in result.err and ".partial" not in result.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["somefile", "train.yaml"]
+
+
+def test_data_of_another_tokenizer_is_refused_before_the_target_is_read(cli, world, tmp_path):
+    """prepare-features computed features of data tokenized for another model (other text to
+    the target) and only training refused them, by the family's input rule; it is refused
+    first, before the target is hashed or loaded, leaving nothing behind."""
+    from tests.dflash.test_target_tokenizer import _with_tokenizer
+
+    target = _with_tokenizer(world["target"], tmp_path / "target")
+    document = drafter_document(target, world["artifact"], *ARGS)  # byte-level data
+    config = tmp_path / "train.yaml"
+    config.write_text(yaml.safe_dump(document))
+    result = cli("dflash", "prepare-features", "--config", config, "--out", tmp_path / "f")
+    assert_user_error(result, "data.artifact: ", "another tokenizer", str(target))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["target", "train.yaml"]
+
+
+def test_a_resume_remakes_a_shard_that_changed_and_a_damaged_progress_record(
+    world, tmp_path, monkeypatch
+):
+    """A resume kept every shard its progress.json listed, unread: a shard changed since (a
+    disk error, a torn copy) went into the manifest under the sha256 it no longer had. It is
+    made again; a progress.json that is not JSON starts over (it was a traceback)."""
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.families.dflash import features
+    from turbo_dllm.fsutil import sha256_file
+
+    spec = load_runspec(_config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce"))
+    whole = features.prepare_features(spec, tmp_path / "whole", rows_per_shard=8, progress=False)
+    real = features.FeaturesManifest
+
+    def interrupted(**fields):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(features, "FeaturesManifest", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        features.prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
+    monkeypatch.setattr(features, "FeaturesManifest", real)
+    shard = tmp_path / ".again.partial" / "shard_00001.safetensors"
+    data = shard.read_bytes()
+    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    again = features.prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
+    manifest = read_features_manifest(again)
+    assert manifest == read_features_manifest(whole)
+    for entry in manifest.shards:
+        assert sha256_file(again / entry.file) == entry.sha256, entry.file
+    # a damaged progress record: the staging folder starts over
+    monkeypatch.setattr(features, "FeaturesManifest", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        features.prepare_features(spec, tmp_path / "third", rows_per_shard=8, progress=False)
+    monkeypatch.setattr(features, "FeaturesManifest", real)
+    (tmp_path / ".third.partial" / "progress.json").write_text("{not json")
+    third = features.prepare_features(spec, tmp_path / "third", rows_per_shard=8, progress=False)
+    assert read_features_manifest(third) == read_features_manifest(whole)

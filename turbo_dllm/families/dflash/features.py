@@ -232,6 +232,13 @@ def prepare_features(
     check_out_folder(out, "prepare-features", example="features")
     if rows_per_shard < 1:
         raise DllmError(f"--rows-per-shard must be at least 1 (got {rows_per_shard})")
+    # data of another tokenizer than the target's would be features of other text, refused
+    # only when training reads them (the family's input rule): here, before the target is read
+    for key, problem in tokenizer_problems(spec):
+        raise DllmError(
+            f"{key}: {problem}",
+            hint="prepare the drafter's data with the target's tokenizer, then the features",
+        )
     # before the staging folder: a bad --device must not leave an empty one behind
     torch_device = resolve_device(device)
     config = resolve_model_config(spec.model)
@@ -252,9 +259,14 @@ def prepare_features(
     progress_file = staging / "progress.json"
     done: dict[str, str] = {}
     if progress_file.is_file():
-        record = json.loads(progress_file.read_text())
+        try:  # written atomically; a damaged one (a disk error, an edit) starts over
+            record = json.loads(progress_file.read_text())
+        except (OSError, ValueError):
+            record = None
         if (
-            record.get("plan") == plan
+            isinstance(record, dict)
+            and isinstance(record.get("shards"), dict)
+            and record.get("plan") == plan
             and record.get("rows_per_shard") == rows_per_shard
             and record.get("dtype") == dtype  # another device: other numbers
         ):
@@ -277,7 +289,13 @@ def prepare_features(
     for first in range(0, total, rows_per_shard):
         rows = list(range(first, min(first + rows_per_shard, total)))
         name = f"shard_{first // rows_per_shard:05d}.safetensors"
-        if name in done and (staging / name).is_file():
+        # a finished shard is kept as recorded: a changed or torn one (a disk error, a copy)
+        # is made again, not listed in the manifest under the sha256 it no longer has
+        if (
+            name in done
+            and (staging / name).is_file()
+            and sha256_file(staging / name) == done[name]
+        ):
             bar.advance(len(rows))
             shards.append(Shard(file=name, first_row=first, rows=len(rows), sha256=done[name]))
             continue
