@@ -60,17 +60,37 @@ def build_bundle(
     verbose: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> BuildResult:
-    """Build every op (or `ops`) for `target` into `out_dir`; `log` receives progress lines."""
+    """Build every op (or `ops`, each once) for `target` into `out_dir`; `log` receives
+    progress lines. What the arguments get wrong (an unknown op, an op not written for the
+    target's GPUs, no op to compile) is an error before `out_dir` is made or anything is
+    compiled."""
+    from turbo_dllm.bundles.native import load_native_op, native_op_names
+
+    names = list(dict.fromkeys(ops or native_op_names()))  # `--op x --op x`: built once
+    if not names:
+        raise DllmError("no native ops found to build")
+    chosen = [load_native_op(name) for name in names]
+
     import torch  # the build uses the running torch; import it so the fingerprint is exact
 
     from turbo_dllm.bundles.compile import namespace_for, run_compile_subprocess
-    from turbo_dllm.bundles.native import load_native_op, native_op_names
 
     host = collect_fingerprint(apply_overrides=False)
     _, bundle_target = pick_build_target(target, host)
-    names = ops or native_op_names()
-    if not names:
-        raise DllmError("no native ops found to build")
+    for op in chosen:
+        unsupported = [a for a in bundle_target.archs if a not in op.spec.cuda_archs]
+        if unsupported:
+            raise DllmError(
+                f"op {op.spec.name!r} is not written for {'+'.join(map(str, unsupported))} "
+                f"(its spec lists {', '.join(map(str, op.spec.cuda_archs)) or 'no GPU'})",
+                hint=f"add the architecture to native/{op.spec.name}/op.toml once qualified",
+            )
+    if all(op.spec.is_triton for op in chosen):
+        raise DllmError(
+            f"a bundle needs at least one compiled (C++) op for its provenance; "
+            f"{', '.join(names)} {'is a Triton op' if len(names) == 1 else 'are Triton ops'}",
+            hint="add a C++ op with --op (or build every op: no --op)",
+        )
     make_output_dir(out_dir)
     bundle_ops: list[BundleOp] = []
     files: list[BundleFile] = []
@@ -78,15 +98,8 @@ def build_bundle(
     with tempfile.TemporaryDirectory(prefix=".dllm-bundle-", dir=out_dir) as staging_name:
         staging = Path(staging_name)
         (staging / "lib").mkdir()
-        for name in names:
-            op = load_native_op(name)
-            unsupported = [a for a in bundle_target.archs if a not in op.spec.cuda_archs]
-            if unsupported:
-                raise DllmError(
-                    f"op {name!r} is not written for {'+'.join(map(str, unsupported))} "
-                    f"(its spec lists {', '.join(map(str, op.spec.cuda_archs)) or 'no GPU'})",
-                    hint=f"add the architecture to native/{name}/op.toml once qualified",
-                )
+        for op in chosen:
+            name = op.spec.name
             source_sha = op.source_sha256()
             namespace = namespace_for(source_sha, "bundle", str(bundle_target))
             if op.spec.is_triton:

@@ -1,0 +1,39 @@
+"""`dllm bundle build`'s arguments are checked before anything is made or compiled: an unknown
+`--op` and a Triton-only `--op` left an empty `--out` folder behind (the Triton one after packing
+and, on a GPU host, testing it), and `--op X --op X` compiled X, then failed with a RecordError
+traceback ("files listed twice")."""
+
+from __future__ import annotations
+
+import json
+
+from tests.helpers import assert_user_error
+
+
+def test_an_unknown_op_is_named_before_the_out_folder_is_made(cli, tmp_path):
+    out = tmp_path / "out"
+    result = cli("bundle", "build", "--out", out, "--op", "merge_attention_partials",
+                 "--op", "nosuchop")  # fmt: skip
+    assert_user_error(result, "unknown native op 'nosuchop'")
+    assert not out.exists()
+
+
+def test_triton_ops_alone_are_refused_before_anything_is_made(cli, tmp_path):
+    out = tmp_path / "out"
+    result = cli("bundle", "build", "--out", out, "--op", "block_diffusion_attention")
+    assert_user_error(
+        result, "needs at least one compiled (C++) op", "block_diffusion_attention is a Triton op"
+    )
+    assert "skipping" not in result.err and "packing" not in result.err
+    assert not out.exists()
+
+
+def test_an_op_named_twice_is_built_once(cli_process, tmp_path, build_home):
+    out = tmp_path / "out"
+    result = cli_process(
+        "bundle", "build", "--out", out, "--op", "merge_attention_partials",
+        "--op", "merge_attention_partials", "--json",
+        env={"DLLM_HOME": str(build_home)},  # its build cache: a relink, not a compile
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["ops"] == ["merge_attention_partials"]
