@@ -83,23 +83,23 @@ def test_deactivating_keeps_the_previous_bundle_reachable_by_rollback(
     assert store.active().sha256 == entry.sha256
 
 
-def test_doctor_sees_no_bundle_and_its_fix_brings_it_back(cli, tmp_path, installed, mirror):
+def test_doctor_sees_no_bundle_and_its_fix_brings_it_back(cli, tmp_path, installed):
     code, checks = _doctor(cli, tmp_path, "native")
     assert code == 0 and checks["kernel bundle"]["status"] == "pass"
     assert cli("bundle", "deactivate").code == 0
     code, checks = _doctor(cli, tmp_path, "native")
     assert code == 1
     bundle = checks["kernel bundle"]
-    assert bundle["status"] == "fail" and installed.short_sha not in bundle["detail"]
-    assert "dllm bundle install --release v" in bundle["fix"]
+    # None active, but the bundle is still installed: named, with rollback as the fix.
+    assert bundle["status"] == "fail" and installed.short_sha in bundle["detail"]
+    assert bundle["fix"].startswith("dllm bundle rollback")
     assert checks["kernels"]["status"] == "fail"  # the loader finds no bundle either
     _, checks = _doctor(cli, tmp_path, "reference")
     assert checks["kernel bundle"]["status"] == "pass"
-    # The fix line's command, with this test's mirror for the index it leaves to the user.
-    root, catalog_sha = mirror
-    command = bundle["fix"].split("   #")[0].replace("--index URL", "").split()[1:]
-    assert command[:2] == ["bundle", "install"], command
-    fixed = cli(*command, "--release", "v-test", "--mirror", root, "--catalog-sha256", catalog_sha)
+    # The fix line's command.
+    command = bundle["fix"].split("   #")[0].split()[1:]
+    assert command == ["bundle", "rollback"], command
+    fixed = cli(*command)
     assert fixed.code == 0, fixed.err
     code, checks = _doctor(cli, tmp_path, "native")
     assert code == 0 and checks["kernels"]["status"] == "pass", checks["kernels"]

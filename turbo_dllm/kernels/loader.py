@@ -12,14 +12,18 @@ from __future__ import annotations
 import os
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from turbo_dllm import __version__
 from turbo_dllm.bundles.manifest import BundleFile
-from turbo_dllm.bundles.store import BundleStore, InstalledBundle
+from turbo_dllm.bundles.store import BundleStore, DamagedBundle, InstalledBundle
 from turbo_dllm.errors import DllmError
 
 __all__ = [
+    "ROLLBACK_COMMAND",
+    "InactiveBundles",
     "LoadedOp",
+    "inactive_bundles",
     "install_command",
     "load_bundle_op",
     "load_bundle_triton_op",
@@ -49,6 +53,65 @@ def install_command() -> str:
 
     command = f"dllm bundle install --release v{__version__} --auto"
     return command if os.environ.get(INDEX_VARIABLE) else f"{command} --index URL"
+
+
+ROLLBACK_COMMAND = "dllm bundle rollback"
+
+
+class InactiveBundles(NamedTuple):
+    """What the store holds while no bundle is active, and the command that makes one active."""
+
+    detail: str  # e.g. "0.1.0-<target> (<sha>) is installed"
+    command: str  # ROLLBACK_COMMAND or `install_command()`
+
+    @property
+    def rollback(self) -> bool:
+        return self.command == ROLLBACK_COMMAND
+
+    def hint(self, alternative: str | None = None) -> str:
+        """The fix line: the command, then what it does and `alternative` after a shell '#'."""
+        notes = ["re-activates it"] if self.rollback else []
+        notes += [alternative] if alternative else []
+        return f"{self.command}   # {'; '.join(notes)}" if notes else self.command
+
+
+def inactive_bundles(store: BundleStore | None = None, fingerprint=None) -> InactiveBundles | None:
+    """For a store with no active bundle: the bundles it still holds (`dllm bundle deactivate`
+    keeps the active one installed, as the store's previous bundle) and the command that makes
+    one active: `dllm bundle rollback` where that previous bundle is readable and fits
+    `fingerprint` (a fingerprint, or a function that returns one, called only when there is a
+    bundle to compare; default: this process), else the install command. None when the store
+    holds no bundle at all."""
+    store = store or BundleStore()
+    previous = store.linked("previous")
+    if isinstance(previous, DamagedBundle):
+        return InactiveBundles(
+            f"the installed bundle {previous.short_sha} is damaged: {previous.problem}",
+            install_command(),
+        )
+    if previous is not None:
+        name = f"{previous.bundle_id} ({previous.short_sha})"
+        host = fingerprint or process_fingerprint
+        differences = previous.target.differences(host() if callable(host) else host)
+        if differences:
+            return InactiveBundles(
+                f"{name} is installed, but built for another environment: "
+                + "; ".join(map(str, differences)),
+                install_command(),
+            )
+        return InactiveBundles(f"{name} is installed", ROLLBACK_COMMAND)
+    try:
+        entries = store.entries()
+    except OSError:  # an unreadable store: nothing to name
+        return None
+    if not entries:
+        return None
+    names = ", ".join(
+        f"{e.bundle_id} ({e.short_sha})" if isinstance(e, InstalledBundle) else e.short_sha
+        for e in entries
+    )
+    verb = "is" if len(entries) == 1 else "are"
+    return InactiveBundles(f"{names} {verb} installed", install_command())
 
 
 def process_fingerprint():
@@ -91,6 +154,12 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
 
     bundle = store.active()
     if bundle is None:
+        inactive = inactive_bundles(store)
+        if inactive is not None:  # e.g. `dllm bundle deactivate`: installed, none active
+            raise DllmError(
+                "no native-kernel bundle is active (kernels: native needs one): " + inactive.detail,
+                hint=inactive.hint("or use `kernels: reference`"),
+            )
         raise DllmError(
             "no native-kernel bundle is installed (kernels: native needs one)",
             hint=f"{install_command()}   # or use `kernels: reference`",

@@ -59,10 +59,17 @@ def require_kernels(spec_or_kind: Any, *, load: bool = False, fingerprint=None) 
 
     from turbo_dllm.bundles.store import active_bundle
     from turbo_dllm.host import collect_fingerprint
-    from turbo_dllm.kernels.loader import install_command, load_bundle_op
+    from turbo_dllm.kernels.loader import inactive_bundles, install_command, load_bundle_op
 
     bundle = active_bundle()
     if bundle is None:
+        inactive = inactive_bundles(fingerprint=fingerprint or collect_fingerprint)
+        if inactive is not None:  # e.g. `dllm bundle deactivate`: installed, none active
+            raise DllmError(
+                "the RunSpec asks for `kernels: native`, but no kernel bundle is active: "
+                + inactive.detail,
+                hint=inactive.hint("or set `kernels: reference`"),
+            )
         raise DllmError(
             "the RunSpec asks for `kernels: native`, but no kernel bundle is installed",
             hint=f"{install_command()}   # or set `kernels: reference`",
@@ -91,10 +98,17 @@ def require_attention_kernels(spec: Any, *, load: bool = False, fingerprint=None
         return f"turbo: {TURBO_OP} from the shipped Triton source (kernels: jit)"
     from turbo_dllm.bundles.store import active_bundle
     from turbo_dllm.host import collect_fingerprint
-    from turbo_dllm.kernels.loader import install_command, load_bundle_op
+    from turbo_dllm.kernels.loader import inactive_bundles, install_command, load_bundle_op
 
     bundle = active_bundle()
     if bundle is None:
+        inactive = inactive_bundles(fingerprint=fingerprint or collect_fingerprint)
+        if inactive is not None:  # e.g. `dllm bundle deactivate`: installed, none active
+            raise DllmError(
+                "the RunSpec asks for `model.attention: turbo`, but no kernel bundle is active: "
+                + inactive.detail,
+                hint=inactive.hint("or set `model.attention: flex`"),
+            )
         raise DllmError(
             "the RunSpec asks for `model.attention: turbo`, but no kernel bundle is installed",
             hint=f"{install_command()}   # or set `model.attention: flex`",

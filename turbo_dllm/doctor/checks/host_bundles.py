@@ -63,15 +63,28 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
                 f"none installed, and none can be: {blocked[0]}",
                 fix=blocked[1],
             )
+        from turbo_dllm.kernels.loader import inactive_bundles
+
+        # `dllm bundle deactivate` keeps the bundle installed: say so, and how to re-activate it
+        inactive = inactive_bundles(fingerprint=fingerprint)
         if wants_native:
+            asks = "but the config asks for `kernels: native`"
+            if inactive is None:
+                return CheckResult(
+                    "kernel bundle", "fail", f"none installed, {asks}", fix=_install_fix()
+                )
             return CheckResult(
                 "kernel bundle",
                 "fail",
-                "none installed, but the config asks for `kernels: native`",
-                fix=_install_fix(),
+                f"none active, {asks}: {inactive.detail}",
+                fix=inactive.hint() if inactive.rollback else _install_fix(),
             )
-        why = f"not needed for `kernels: {_wants(ctx)}`" if ctx.spec else "none installed"
-        return CheckResult("kernel bundle", "pass", why)
+        if ctx.spec:
+            return CheckResult("kernel bundle", "pass", f"not needed for `kernels: {_wants(ctx)}`")
+        if inactive is None:
+            return CheckResult("kernel bundle", "pass", "none installed")
+        how = f" (`{inactive.command}` re-activates it)" if inactive.rollback else ""
+        return CheckResult("kernel bundle", "pass", f"none active: {inactive.detail}{how}")
     differences = bundle.target.differences(fingerprint)
     if differences:
         return CheckResult(
