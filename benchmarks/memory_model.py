@@ -122,7 +122,7 @@ def _install_stand_in() -> None:
         return FlexLikeAttention.apply(q, k, v)
 
     partial._reference = lambda q_tokens, k_tokens, scale: attend
-    backends.ReferenceAttention.prepare = lambda self, layout, doc_ids, device: None
+    backends.ReferenceAttention.prepare = lambda self, layout, doc_ids, device, **window: None
     backends.ReferenceAttention.__call__ = lambda self, q, k, v, mask: attend(q, k, v)[0]
 
 

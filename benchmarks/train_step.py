@@ -73,6 +73,7 @@ from turbo_dllm.families.base import hf_cache_argument  # noqa: E402
 from turbo_dllm.train.attention import allowed_pairs, dense_mask  # noqa: E402
 from turbo_dllm.train.distributed import init_distributed  # noqa: E402
 from turbo_dllm.train.metrics import peak_flops  # noqa: E402
+from turbo_dllm.train.parallel.plan import model_work  # noqa: E402
 from turbo_dllm.train.trainer import Trainer  # noqa: E402
 
 # family -> (default preset, tiny preset, objective, vocabulary of the default preset)
@@ -103,7 +104,10 @@ def build_spec(
         "dtype": "bfloat16" if on_gpu else "float32",
         "attention": attention if on_gpu else "reference",
     }
+    objective = getattr(args, "objective", None) or objective
     objective_section = {"name": objective, "block_size": args.block_size}
+    if objective == "autoregressive":  # token-causal: blocks of one token
+        del objective_section["block_size"]
     if family == "qwen3_8":
         model_section["linear_attention"] = "fla" if on_gpu and _fla_trains_here() else "torch"
     if family == "nemotron_diffusion":
@@ -189,6 +193,8 @@ def run_ours(spec: RunSpec, args, device, name: str = "turbo-dllm") -> tuple[dic
     env = init_distributed()
     with tempfile.TemporaryDirectory() as run_dir:
         trainer = Trainer(spec, run_dir, env).build()
+        if getattr(args, "no_stream_trim", False):
+            trainer.plan.trims = frozenset()
         reset_memory(device)
         times, flops = [], []
         for step in range(args.warmup):
@@ -641,11 +647,9 @@ def run_baseline(trainer: Trainer, spec: RunSpec, args, device, kind: str = "den
         batch = {name: rows[:samples] for name, rows in next(loader).items()}
         diffusion = objective.corrupt(batch, NoiseKey(0, index, 0, samples))
         layout = diffusion.layout
-        flops = trainer.model_config.step_flops(
-            stream_tokens=diffusion.input_ids.numel(),
-            scored_tokens=diffusion.num_scored,
-            pairs=allowed_pairs(layout) * diffusion.input_ids.shape[0],
-        )
+        # The job's work, counted as for ours (the same count for both sides): where ours skips
+        # rows no loss reads (train.attention.trim), HF's extra work is not counted as useful.
+        flops = trainer.model_config.step_flops(**model_work(trainer.plan, diffusion))
         diffusion = diffusion.to(device)
         rows = diffusion.input_ids.shape[0]
         if (layout, rows) not in masks:  # one document per row: the same mask every step
@@ -942,6 +946,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--no-compile", action="store_true")
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument(
+        "--objective",
+        default=None,
+        choices=("block_diffusion", "fast_dllm_v2", "autoregressive"),
+        help="ours' objective (default: the family's own; with --no-baseline)",
+    )
+    parser.add_argument(
+        "--no-stream-trim",
+        action="store_true",
+        help="ours computes the whole stream in every layer, also rows no loss reads "
+        "(train.attention.trim): the baseline for the trim's gain; its FLOPs count that work",
+    )
+    parser.add_argument(
         "--pipelined",
         action="store_true",
         help="time ours as `dllm train` runs (each step's numbers read once the next one is "
@@ -1031,6 +1047,11 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"--attention takes flex and/or turbo, not {','.join(bad)}")
     if bad := [b for b in baselines if b not in HF_BASELINES]:
         parser.error(f"--baselines takes {', '.join(HF_BASELINES)}, not {','.join(bad)}")
+    if args.objective and baselines:
+        parser.error(
+            "--objective times ours alone: add --no-baseline (the HF baselines score "
+            "the family's own objective)"
+        )
     return args
 
 

@@ -6,7 +6,8 @@
 # (train_step benchmark), train-best (ours at micro-batch 2 against the baseline at 1), train-mb2,
 # train-exp (profile + variants), train-turbo (ours with model.attention turbo vs HF dense and
 # HF flex_attention + torch.compile at 8K), train-pipelined (turbo at 8K, steps waited for vs
-# queued as the trainer runs them, alternated), train-turbo-32k (32K with AC, turbo vs flex),
+# queued as the trainer runs them, alternated), train-trim (turbo at 8K with and without the
+# stream trim, alternated; the autoregressive objective too), train-turbo-32k (32K with AC, turbo vs flex),
 # context-1doc (longest one-document context, turbo and flex), tests-gemma (DiffusionGemma GPU tests: grouped GEMM vs loop,
 # flex training), train-gemma (train_step --family diffusion_gemma against HF's
 # DiffusionGemmaForBlockDiffusion; GEMMA_SEQ_LEN, default 8192; GEMMA_MODEL h200-bench or
@@ -105,6 +106,21 @@ for stage in "$@"; do
             --out "$OUT/train_step_${mode}_$round.json" 2>&1 | tee "$OUT/train_step_${mode}_$round.log" \
             | grep --line-buffered -E "^turbo-dllm|rror" || status=1
       done; done ;;
+    train-trim) # ~4 min: ours with turbo at 8K with and without the stream trim (the last layer's
+      # clean rows skipped: train/attention/trim.py), alternated twice (no baselines); then the
+      # autoregressive objective, whose trim runs the clean half alone, with and without it
+      for round in 1 2; do for mode in trim whole; do
+        flags=""; [ "$mode" = whole ] && flags="--no-stream-trim"
+        python3 benchmarks/train_step.py --attention turbo --no-baseline --steps 6 --warmup 2 $flags \
+            --out "$OUT/train_step_${mode}_$round.json" 2>&1 | tee "$OUT/train_step_${mode}_$round.log" \
+            | grep --line-buffered -E "^turbo-dllm|rror" || status=1
+      done; done
+      for mode in trim whole; do
+        flags=""; [ "$mode" = whole ] && flags="--no-stream-trim"
+        python3 benchmarks/train_step.py --attention turbo --no-baseline --steps 4 --warmup 2 $flags \
+            --objective autoregressive --out "$OUT/train_step_ar_${mode}.json" 2>&1 \
+            | tee "$OUT/train_step_ar_${mode}.log" | grep --line-buffered -E "^turbo-dllm|rror" || status=1
+      done ;;
     train-turbo-32k) # ~2.5 min: 32K with activation checkpointing, ours turbo vs flex (HF OOMs there);
       # AC_MODE=keep_attention keeps the attention outputs, keep_matmuls the GEMMs too (selective checkpointing);
       # TRAIN_FLAGS adds train_step flags to both train-turbo stages (e.g. --profile "$OUT/p.txt")

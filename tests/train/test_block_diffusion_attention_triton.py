@@ -116,6 +116,16 @@ if sys.argv[1] == "trainer":
         want = ref(q.float(), k.float(), v.float(), ref.prepare(layout, doc_ids, "cpu"))
         results.append({"case": f"TurboAttention docs={doc_ids is not None}",
                         "rel": float((got.float() - want).abs().max() / want.abs().max())})
+        # The trimmed model's windows (train.attention.trim): the last layer's noisy queries
+        # over the whole stream, and the clean half alone.
+        for rows, cols in ((range(64), range(128)), (range(64, 128), range(64, 128))):
+            qs, ks = slice(rows.start, rows.stop), slice(cols.start, cols.stop)
+            mask = turbo.prepare(layout, doc_ids, torch.device("cpu"), queries=rows, keys=cols)
+            got = turbo(q[:, :, qs], k[:, :, ks], v[:, :, ks], mask)
+            want = ref(q[:, :, qs].float(), k[:, :, ks].float(), v[:, :, ks].float(),
+                       ref.prepare(layout, doc_ids, "cpu", queries=rows, keys=cols))
+            results.append({"case": f"TurboAttention window {rows.start} docs={doc_ids is not None}",
+                            "rel": float((got.float() - want).abs().max() / want.abs().max())})
     csbp_layout = CsbpLayout.build(64, 16, bp=2, cp=1, ctx_rank=0)
     width = csbp_layout.num_noisy + csbp_layout.num_clean
     qc = torch.randn(2, 4, width, 64, generator=gen).half()
@@ -470,12 +480,16 @@ def test_reference_matches_the_training_reference_attention():
 
 
 def test_trainer_backends_run_the_kernels():
-    """TurboAttention (with and without documents) and CsbpAttention(backend='turbo') equal
-    their reference twins."""
+    """TurboAttention (with and without documents, whole and windowed) and
+    CsbpAttention(backend='turbo') equal their reference twins."""
     results = _child("trainer")
     assert [r["case"] for r in results] == [
         "TurboAttention docs=True",
+        "TurboAttention window 0 docs=True",
+        "TurboAttention window 64 docs=True",
         "TurboAttention docs=False",
+        "TurboAttention window 0 docs=False",
+        "TurboAttention window 64 docs=False",
         "CsbpAttention turbo",
     ]
     for r in results:

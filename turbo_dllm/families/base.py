@@ -129,11 +129,17 @@ class FamilyConfig(Protocol):
 
     def to_hf_dict(self) -> dict[str, Any]: ...
     def num_params(self) -> int: ...
-    def step_flops(self, *, stream_tokens: int, scored_tokens: int, pairs: int) -> float: ...
+    def step_flops(self, *, stream_tokens: int, scored_tokens: int, pairs: int) -> float:
+        """A family with the `LAST_LAYER_QUERIES` trim also takes `last_layer=(query tokens,
+        pairs)`: what its last layer computes (`train.parallel.plan.model_work`)."""
+        ...
 
 
 class FamilyRuntime(Protocol):
-    """The torch half of a family: a module with these functions (see the decoder's runtime)."""
+    """The torch half of a family: a module with these functions (see the decoder's runtime).
+
+    Optional: `STREAM_TRIMS`, the work its model may skip where no loss reads it
+    (`train.attention.trim`), `model_mask`, `wrap_attention`, `build_sequence_plan`."""
 
     def build_model(
         self, config: Any, backend: Any, dtype: torch.dtype | None = None

@@ -73,7 +73,7 @@ from turbo_dllm.train.objectives.base import to_device
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.ep import expert_parameters, reduce_expert_grads
 from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
-from turbo_dllm.train.parallel.plan import build_sequence_plan
+from turbo_dllm.train.parallel.plan import build_sequence_plan, model_work
 from turbo_dllm.train.schedules import build_scheduler
 from turbo_dllm.train.stop import EXIT_TERMINATED, TerminationRequest
 from turbo_dllm.train.weights import materialize, named_parameters_clean
@@ -200,8 +200,13 @@ class Trainer:
                 device=self.device,
             )
         else:
+            # Work nothing reads is skipped where the family's model can (not under sequence
+            # parallelism: a tp rank's rows are a slice of the stream, not its first ones).
+            trims = getattr(runtime, "STREAM_TRIMS", frozenset())
+            if self.spec.topology.sp:
+                trims = frozenset()
             self.plan = build_sequence_plan(
-                self.dims, self.attention, merge_backend=self.spec.kernels
+                self.dims, self.attention, merge_backend=self.spec.kernels, trims=trims
             )
         if slow_merge := slow_merge_warning(self.dims.bp, self.spec.kernels, self.device.type):
             print0(self.env, f"warning: {slow_merge} (set `kernels: native`)")
@@ -587,11 +592,7 @@ class Trainer:
         loss_sum = torch.zeros((), device=self.device)
         flops = 0.0
         for index, diffusion in enumerate(drawn.diffusions):
-            flops += self.model_config.step_flops(
-                stream_tokens=diffusion.stream_tokens,
-                scored_tokens=diffusion.num_scored,
-                pairs=diffusion.attention_pairs(),
-            )
+            flops += self.model_config.step_flops(**model_work(self.plan, diffusion))
             inputs = self.plan.prepare(diffusion.to(self.device), self.device)
             if self.mesh is not None:
                 self.model.set_requires_gradient_sync(index == accum - 1)

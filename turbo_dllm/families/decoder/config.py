@@ -304,11 +304,27 @@ class DecoderConfig:
         embeddings = self.head_params * (1 if self.tie_word_embeddings else 2)
         return self.num_hidden_layers * per_layer + embeddings + h
 
-    def step_flops(self, *, stream_tokens: int, scored_tokens: int, pairs: int) -> float:
-        """Model FLOPs of one forward+backward: 6 x matmul params per token, plus attention."""
+    def step_flops(
+        self,
+        *,
+        stream_tokens: int,
+        scored_tokens: int,
+        pairs: int,
+        last_layer: tuple[int, int] | None = None,
+    ) -> float:
+        """Model FLOPs of one forward+backward: 6 x matmul params per token, plus attention.
+
+        `last_layer` (query tokens, pairs): the last layer computes its queries for fewer
+        tokens (`train.attention.trim`): all but its key/value projections run on those only."""
+        per_pair = 12.0 * self.head_dim * self.num_attention_heads
         body = 6.0 * self.body_matmul_params * stream_tokens
         head = 6.0 * self.head_params * scored_tokens
-        attention = 12.0 * self.head_dim * self.num_attention_heads * self.num_hidden_layers * pairs
+        attention = per_pair * self.num_hidden_layers * pairs
+        if last_layer is not None:
+            tokens, last_pairs = last_layer
+            kv = 2 * self.hidden_size * self.num_key_value_heads * self.head_dim
+            body -= 6.0 * (self.layer_matmul_params - kv) * (stream_tokens - tokens)
+            attention -= per_pair * (pairs - last_pairs)
         return body + head + attention
 
 

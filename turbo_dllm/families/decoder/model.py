@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from turbo_dllm.families.decoder.config import DecoderConfig
+from turbo_dllm.train.attention.trim import LastLayerQueries
 
 __all__ = [
     "Attention",
@@ -146,22 +147,30 @@ class Attention(nn.Module):
         self.backend = backend
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Any
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: Any,
+        queries: int | None = None,
     ) -> torch.Tensor:
+        """Attention over x (B, S, H); `queries`: only the first rows attend (keys: all S)."""
         batch, seq, _ = x.shape
+        rows = seq if queries is None else queries
         # Head counts come from the projections' widths: under tensor parallelism each rank
         # holds num_heads / tp query heads and num_kv_heads / tp key/value heads (same GQA ratio).
-        q = self.q_proj(x).view(batch, seq, -1, self.head_dim)
+        q = self.q_proj(x[:, :rows]).view(batch, rows, -1, self.head_dim)
         k = self.k_proj(x).view(batch, seq, -1, self.head_dim)
         v = self.v_proj(x).view(batch, seq, -1, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = _apply_rope(q, cos, sin), _apply_rope(k, cos, sin)
+        q = _apply_rope(q, cos[..., :rows, :], sin[..., :rows, :])
+        k = _apply_rope(k, cos, sin)
         # Under autocast an fp32 norm weight promotes q/k back to fp32; kernels want one dtype.
         q, k = q.to(v.dtype), k.to(v.dtype)
         out = self.backend(q, k, v, mask)
-        return self.o_proj(out.transpose(1, 2).reshape(batch, seq, -1))
+        return self.o_proj(out.transpose(1, 2).reshape(batch, rows, -1))
 
 
 class _SwiGLU(torch.autograd.Function):
@@ -237,9 +246,19 @@ class DecoderLayer(nn.Module):
         self.mlp = MLP(config)
 
     def forward(
-        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: Any
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        mask: Any,
+        queries: int | None = None,
     ) -> torch.Tensor:
-        x = x + self.self_attn(self.input_layernorm(x), cos, sin, mask)
+        """The layer over x (B, S, H); `queries`: outputs for the first rows only (the last
+        layer, where no loss reads the others: `train.attention.trim`)."""
+        attended = self.self_attn(self.input_layernorm(x), cos, sin, mask, queries=queries)
+        if queries is not None:
+            x = x[:, :queries]
+        x = x + attended
         return x + self.mlp(self.post_attention_layernorm(x))
 
 
@@ -256,13 +275,24 @@ class DecoderBody(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, mask: Any) -> torch.Tensor:
+        """Final hidden states (B, S, H); with a `LastLayerQueries` mask, of its first rows."""
         x = self.embed_tokens(input_ids)
         # Under autocast the layers compute in bf16; RoPE tables follow the compute dtype.
         dtype = torch.get_autocast_dtype(x.device.type) if _autocast_on(x) else x.dtype
         cos, sin = rope_cos_sin(self.config, positions, dtype)
-        for layer in self.layers:
-            x = layer(x, cos, sin, mask)
-        return self.norm(x)
+        return self.norm(self.run_layers(x, cos, sin, mask))
+
+    def run_layers(self, x: torch.Tensor, cos: Any, sin: Any, mask: Any) -> torch.Tensor:
+        """The layers over x; under a `LastLayerQueries` mask the last one computes the first
+        `queries` rows only (the rest of its output is read by nothing)."""
+        trim = mask if isinstance(mask, LastLayerQueries) else None
+        if trim is None:
+            for layer in self.layers:
+                x = layer(x, cos, sin, mask)
+            return x
+        for layer in self.layers[:-1]:
+            x = layer(x, cos, sin, trim.every)
+        return self.layers[-1](x, cos, sin, trim.last, queries=trim.queries)
 
 
 def _autocast_on(x: torch.Tensor) -> bool:

@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from turbo_dllm.families.base import on_meta_device
 from turbo_dllm.families.decoder.parallelize import apply_tensor_parallel, check_tensor_parallel
+from turbo_dllm.train.attention.trim import CLEAN_HALF, LAST_LAYER_QUERIES
 
 if TYPE_CHECKING:
     import torch
@@ -14,7 +15,17 @@ if TYPE_CHECKING:
     from turbo_dllm.families.decoder.config import DecoderConfig
     from turbo_dllm.families.decoder.model import AttentionBackend, DecoderLM
 
-__all__ = ["apply_tensor_parallel", "build_model", "check_tensor_parallel", "layers"]
+__all__ = [
+    "STREAM_TRIMS",
+    "apply_tensor_parallel",
+    "build_model",
+    "check_tensor_parallel",
+    "layers",
+]
+
+# The work the model skips where nothing reads it (`train.attention.trim`): it attends through
+# an opaque mask at explicit positions, and its body runs a `LastLayerQueries` mask.
+STREAM_TRIMS = frozenset({CLEAN_HALF, LAST_LAYER_QUERIES})
 
 
 def build_model(

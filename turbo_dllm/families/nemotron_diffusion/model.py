@@ -99,9 +99,7 @@ class NemotronBody(DecoderBody):
         autocast = torch.is_autocast_enabled(x.device.type)
         dtype = torch.get_autocast_dtype(x.device.type) if autocast else x.dtype
         tables = rotary(self.config, positions, dtype)
-        for layer in self.layers:
-            x = layer(x, tables, None, mask)
-        return self.norm(x)
+        return self.norm(self.run_layers(x, tables, None, mask))
 
 
 class NemotronAttention(Attention):
@@ -114,9 +112,19 @@ class NemotronAttention(Attention):
             else None
         )
 
-    def forward(self, x: torch.Tensor, tables: Rotary, _unused: Any, mask: Any) -> torch.Tensor:
+    def forward(
+        self,
+        x: torch.Tensor,
+        tables: Rotary,
+        _unused: Any,
+        mask: Any,
+        queries: int | None = None,
+    ) -> torch.Tensor:
+        """Attention over x (B, S, H); `queries`: only the first rows attend (keys: all S)."""
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, -1, self.head_dim)
+        rows = seq if queries is None else queries
+        x_q = x[:, :rows]
+        q = self.q_proj(x_q).view(batch, rows, -1, self.head_dim)
         k = self.k_proj(x).view(batch, seq, -1, self.head_dim)
         v = self.v_proj(x).view(batch, seq, -1, self.head_dim)
         if self.q_norm is not None:
@@ -124,15 +132,16 @@ class NemotronAttention(Attention):
         if self.v_norm is not None:
             v = self.v_norm(v)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-        q, k = _apply_rope(q, tables.cos, tables.sin), _apply_rope(k, tables.cos, tables.sin)
+        cos, sin = tables.cos[..., :rows, :], tables.sin[..., :rows, :]
+        q, k = _apply_rope(q, cos, sin), _apply_rope(k, tables.cos, tables.sin)
         if tables.q_scale is not None:  # (S,) or (B, S) over (B, H, S, D)
-            scale = tables.q_scale
+            scale = tables.q_scale[..., :rows]
             q = q * (scale[:, None, :, None] if scale.dim() == 2 else scale[:, None])
         q, k = q.to(v.dtype), k.to(v.dtype)
-        out = self.backend(q, k, v, mask).transpose(1, 2)  # (B, S, heads, D)
+        out = self.backend(q, k, v, mask).transpose(1, 2)  # (B, rows, heads, D)
         if self.g_proj is not None:
-            out = out * torch.sigmoid(self.g_proj(x))[..., None].to(out.dtype)
-        return self.o_proj(out.reshape(batch, seq, -1))
+            out = out * torch.sigmoid(self.g_proj(x_q))[..., None].to(out.dtype)
+        return self.o_proj(out.reshape(batch, rows, -1))
 
 
 class NemotronLM(DecoderLM):

@@ -2,7 +2,10 @@
 
 A backend has two halves: `prepare(layout, doc_ids, device)` turns the batch's layout into the
 mask object its kernel wants (once per micro-batch, shared by every layer), and
-`__call__(q, k, v, mask)` attends. q: (B, Hq, S, D); k, v: (B, Hkv, S, D) with Hq % Hkv == 0.
+`__call__(q, k, v, mask)` attends. q: (B, Hq, Sq, D); k, v: (B, Hkv, Sk, D) with Hq % Hkv == 0.
+`prepare(..., queries=range, keys=range)` masks a window of the stream: queries and keys are
+the stream rows of those ranges (the whole stream by default), for a model that computes only
+the rows its loss reads (`train.parallel.plan.WholeSequence`).
 
 - `reference`: scaled_dot_product_attention with an explicit boolean (B, 1, 2L, 2L) mask.
   Simple and exact; memory grows with (2L)^2, so it is for CPU, tests and short sequences.
@@ -79,6 +82,16 @@ def _gqa(q: torch.Tensor, k: torch.Tensor) -> bool:
     return q.shape[1] != k.shape[1]
 
 
+def _window(layout: Any, queries: range | None, keys: range | None) -> tuple[range, range]:
+    """The stream rows masked as queries and as keys (None: the whole stream)."""
+    whole = range(layout.stream_len)
+    queries, keys = queries or whole, keys or whole
+    for name, rows in (("queries", queries), ("keys", keys)):
+        if rows.step != 1 or not rows or rows.start < 0 or rows.stop > layout.stream_len:
+            raise ValueError(f"{name} {rows} is not a window of the {layout.stream_len}-row stream")
+    return queries, keys
+
+
 class ReferenceAttention:
     name = "reference"
 
@@ -87,10 +100,17 @@ class ReferenceAttention:
         layout: BlockDiffusionLayout,
         doc_ids: torch.Tensor | None,
         device: torch.device,
+        queries: range | None = None,
+        keys: range | None = None,
     ) -> torch.Tensor:
         if isinstance(layout, CanvasLayout):  # one document per row (the family checks)
-            return layout.dense_mask(device=device)
-        return dense_mask(layout, doc_ids, device=device)
+            mask = layout.dense_mask(device=device)
+        else:
+            mask = dense_mask(layout, doc_ids, device=device)
+        queries, keys = _window(layout, queries, keys)
+        if len(queries) == layout.stream_len and len(keys) == layout.stream_len:
+            return mask
+        return mask[..., queries.start : queries.stop, keys.start : keys.stop]
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
@@ -122,33 +142,37 @@ class FlexAttention:
         layout: BlockDiffusionLayout,
         doc_ids: torch.Tensor | None,
         device: torch.device,
+        queries: range | None = None,
+        keys: range | None = None,
     ) -> Any:
-        S = layout.stream_len
+        queries, keys = _window(layout, queries, keys)
+        q0, k0, Sq, Sk = queries.start, keys.start, len(queries), len(keys)
         if isinstance(layout, CanvasLayout) or one_document_per_row(doc_ids):
             # One document per row: the mask is the same for every batch and step; cache it.
             # (A canvas layout depends on the batch's response start: keep the last few.)
             # Built eagerly (train.attention.block_mask): compiling the builder costs minutes.
-            key = (layout, str(device))
+            key = (layout, str(device), queries, keys)
             if key not in self._static:
                 if len(self._static) >= 16:
                     self._static.clear()
 
                 def mask_mod(b, h, q_idx, kv_idx):
                     if isinstance(layout, CanvasLayout):
-                        return layout.allowed(q_idx, kv_idx)
-                    return allowed(layout, q_idx, kv_idx)
+                        return layout.allowed(q_idx + q0, kv_idx + k0)
+                    return allowed(layout, q_idx + q0, kv_idx + k0)
 
-                self._static[key] = block_mask_from_predicate(mask_mod, S, S, device)
+                self._static[key] = block_mask_from_predicate(mask_mod, Sq, Sk, device)
             return self._static[key]
         # Documents change every batch: the compiled builder, one compile per run's layout.
         create_block_mask = create_block_mask_for(device if self.compile else "cpu")
         docs = doc_ids.to(device=device, dtype=torch.int32)
 
         def doc_mask_mod(b, h, q_idx, kv_idx):
+            q_idx, kv_idx = q_idx + q0, kv_idx + k0
             same_doc = docs[b, layout.token(q_idx)] == docs[b, layout.token(kv_idx)]
             return allowed(layout, q_idx, kv_idx) & same_doc
 
-        return create_block_mask(doc_mask_mod, docs.shape[0], None, S, S, device=device)
+        return create_block_mask(doc_mask_mod, docs.shape[0], None, Sq, Sk, device=device)
 
     def __call__(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
@@ -177,11 +201,14 @@ class TurboAttention:
         layout: BlockDiffusionLayout,
         doc_ids: torch.Tensor | None,
         device: torch.device,
+        queries: range | None = None,
+        keys: range | None = None,
     ) -> Any:
         from turbo_dllm.kernels.block_diffusion import plan_block_diffusion_attention
 
+        queries, keys = _window(layout, queries, keys)
         one_document = one_document_per_row(doc_ids)
-        key = (layout, str(device))
+        key = (layout, str(device), queries, keys)
         if one_document and key in self._static:
             return self._static[key]
         idx = torch.arange(layout.stream_len, device=device)
@@ -190,8 +217,10 @@ class TurboAttention:
             docs = torch.zeros(1, layout.stream_len, dtype=torch.int32, device=device)
         else:
             docs = doc_ids.to(device=device, dtype=torch.int32).repeat(1, 2)  # both streams
+        q, k = slice(queries.start, queries.stop), slice(keys.start, keys.stop)
+        q_docs, k_docs = docs[:, q].contiguous(), docs[:, k].contiguous()
         plan = plan_block_diffusion_attention(
-            noisy, block, docs, noisy, block, docs, backend=self.kernels
+            noisy[q], block[q], q_docs, noisy[k], block[k], k_docs, backend=self.kernels
         )
         if one_document:
             self._static[key] = plan

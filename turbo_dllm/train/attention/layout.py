@@ -22,6 +22,7 @@ mask_mods, per-shard masks (pass the global indices of the shard) and the pair c
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -136,11 +137,16 @@ def one_document_per_row(doc_ids: torch.Tensor | None) -> bool:
     return doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all())
 
 
-def allowed_pairs(layout: BlockDiffusionLayout, doc_ids: torch.Tensor | None = None) -> int:
+def allowed_pairs(
+    layout: BlockDiffusionLayout,
+    doc_ids: torch.Tensor | None = None,
+    queries: Literal["all", "noisy", "clean"] = "all",
+) -> int:
     """How many (query, key) pairs the mask allows, summed over the batch; O(L) per row.
 
     Used for the attention share of model FLOPs. With documents, assumes each document is one
-    contiguous run of positions (what packing produces).
+    contiguous run of positions (what packing produces). `queries`: count only the noisy or
+    the clean half's queries (a model that computes only those rows).
     """
     if not isinstance(layout, BlockDiffusionLayout):  # a CanvasLayout: one document per row
         return layout.pairs()
@@ -167,4 +173,8 @@ def allowed_pairs(layout: BlockDiffusionLayout, doc_ids: torch.Tensor | None = N
     local = overlap(blk_start, blk_start + B)  # noisy q: its own noisy block
     noisy_prefix = overlap(torch.zeros_like(blk_start), blk_start)  # clean blocks before
     clean_prefix = overlap(torch.zeros_like(blk_start), blk_start + B)  # clean blocks <= own
+    if queries == "noisy":
+        return int((local + noisy_prefix).sum())
+    if queries == "clean":
+        return int(clean_prefix.sum())
     return int((local + noisy_prefix + clean_prefix).sum())

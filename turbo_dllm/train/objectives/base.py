@@ -123,6 +123,9 @@ class DiffusionBatch:
     layout: BlockDiffusionLayout
     term_sizes: tuple[int, ...] | None = None
     model_kwargs: dict[str, torch.Tensor] = field(default_factory=dict)
+    # Which half of the [x_t ; x_0] stream holds every scored position: "noisy", "clean", or
+    # None (both, or not that stream). Found on the host like the documents; `to` carries it.
+    scored_half: str | None = None
 
     def __post_init__(self) -> None:
         # One document per row is no boundary at all. Found here, on the host, so the attention
@@ -130,6 +133,17 @@ class DiffusionBatch:
         docs = self.doc_ids
         if docs is not None and docs.device.type == "cpu" and one_document_per_row(docs):
             self.doc_ids = None
+        if self.score_index.device.type == "cpu":
+            self.scored_half = self._find_scored_half()
+
+    def _find_scored_half(self) -> str | None:
+        layout, width = self.layout, self.input_ids.shape[-1]
+        if not isinstance(layout, BlockDiffusionLayout) or width != layout.stream_len:
+            return None
+        noisy = self.score_index % width < layout.seq_len
+        if bool(noisy.all()):
+            return "noisy"
+        return "clean" if not bool(noisy.any()) else None
 
     def to(self, device: torch.device | str) -> DiffusionBatch:
         return DiffusionBatch(
@@ -142,6 +156,7 @@ class DiffusionBatch:
             layout=self.layout,
             term_sizes=self.term_sizes,
             model_kwargs={k: to_device(v, device) for k, v in self.model_kwargs.items()},
+            scored_half=self.scored_half,
         )
 
     @property

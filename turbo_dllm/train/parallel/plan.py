@@ -9,7 +9,8 @@ attention object the layers call, and which of the objective's scored positions 
     inputs = plan.prepare(diffusion_batch, device)                # per micro-batch
     loss_sum = model(inputs.input_ids, inputs.positions, inputs.mask, output=partial(score, inputs.batch))
 
-* `WholeSequence` (no cp/bp): the full stream, the trainer's own attention backend.
+* `WholeSequence` (no cp/bp): the full stream, the trainer's own attention backend; with the
+  model family's `trims` (`train.attention.trim`), only the rows whose outputs the loss reads.
 * `ContextParallel` (cp and/or bp > 1): this rank's share (`CsbpLayout` or `CpLayout`) and a
   per-step `CsbpAttention` / `CpAttention` as the layers' mask object.
 
@@ -24,7 +25,8 @@ from typing import Any, Protocol
 
 import torch
 
-from turbo_dllm.train.attention.layout import one_document_per_row
+from turbo_dllm.train.attention.layout import allowed_pairs, one_document_per_row
+from turbo_dllm.train.attention.trim import CLEAN_HALF, LAST_LAYER_QUERIES, LastLayerQueries
 from turbo_dllm.train.objectives.base import DiffusionBatch
 from turbo_dllm.train.parallel.cp import CpAttention
 from turbo_dllm.train.parallel.csbp import CsbpAttention
@@ -39,6 +41,7 @@ __all__ = [
     "WholeSequence",
     "build_sequence_plan",
     "call_mask",
+    "model_work",
 ]
 
 
@@ -60,27 +63,81 @@ class SequencePlan(Protocol):
     def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs: ...
 
 
+def model_work(plan: Any, batch: DiffusionBatch) -> dict[str, Any]:
+    """What the model computes for a (host) batch under `plan`: the keyword arguments of the
+    family config's `step_flops`. A plan that computes less than the whole stream says so
+    (`work`); the others run it all."""
+    if hasattr(plan, "work"):
+        return plan.work(batch)
+    return dict(
+        stream_tokens=batch.stream_tokens,
+        scored_tokens=batch.num_scored,
+        pairs=batch.attention_pairs(),
+    )
+
+
 def call_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
     """The layers' backend under context parallelism: the per-step mask object attends."""
     return mask(q, k, v)
 
 
 class WholeSequence:
-    """Every rank holds whole sequences (data parallelism only)."""
+    """Every rank holds whole sequences (data parallelism only).
+
+    `trims`: the work the model family may skip (`train.attention.trim`); a batch takes the one
+    its scored positions allow, and the scored indices are renumbered for the rows computed."""
 
     context_size = 1
 
-    def __init__(self, attention: Any) -> None:
+    def __init__(self, attention: Any, trims: frozenset[str] = frozenset()) -> None:
         self.attention_backend = attention
+        self.trims = trims
+
+    def trim(self, batch: DiffusionBatch) -> str | None:
+        """The trim this batch takes, or None: the whole stream in every layer."""
+        if batch.model_kwargs:  # an objective's extra rows (self-conditioning) ride along
+            return None
+        if batch.scored_half == "clean" and CLEAN_HALF in self.trims:
+            return CLEAN_HALF
+        if batch.scored_half == "noisy" and LAST_LAYER_QUERIES in self.trims:
+            return LAST_LAYER_QUERIES
+        return None
+
+    def work(self, batch: DiffusionBatch) -> dict[str, Any]:
+        """`model_work` for this plan: the stream and mask pairs the trimmed model computes."""
+        trim = self.trim(batch)
+        # allowed_pairs sums over the rows of documents; without, one row counts for each
+        rows = 1 if batch.doc_ids is not None else batch.input_ids.shape[0]
+        work: dict[str, Any] = dict(
+            stream_tokens=batch.stream_tokens, scored_tokens=batch.num_scored
+        )
+        if trim == CLEAN_HALF:
+            work["stream_tokens"] //= 2
+            work["pairs"] = allowed_pairs(batch.layout, batch.doc_ids, "clean") * rows
+            return work
+        work["pairs"] = batch.attention_pairs()
+        if trim == LAST_LAYER_QUERIES:
+            noisy_pairs = allowed_pairs(batch.layout, batch.doc_ids, "noisy") * rows
+            work["last_layer"] = (batch.stream_tokens // 2, noisy_pairs)
+        return work
 
     def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
-        mask = self.attention_backend.prepare(batch.layout, batch.doc_ids, device)
-        return ModelInputs(
-            input_ids=batch.input_ids,
-            positions=batch.layout.positions(device),
-            mask=mask,
-            batch=batch,
-        )
+        layout, backend, trim = batch.layout, self.attention_backend, self.trim(batch)
+        positions = layout.positions(device)
+        if trim is None:
+            mask = backend.prepare(layout, batch.doc_ids, device)
+            return ModelInputs(batch.input_ids, positions, mask, batch)
+        L, S = layout.seq_len, layout.stream_len
+        row, col = batch.score_index // S, batch.score_index % S
+        if trim == CLEAN_HALF:
+            clean = range(L, S)
+            mask = backend.prepare(layout, batch.doc_ids, device, queries=clean, keys=clean)
+            kept = replace(batch, input_ids=batch.input_ids[:, L:], score_index=row * L + col - L)
+            return ModelInputs(kept.input_ids, positions[L:], mask, kept)
+        every = backend.prepare(layout, batch.doc_ids, device)
+        last = backend.prepare(layout, batch.doc_ids, device, queries=range(L))
+        kept = replace(batch, score_index=row * L + col)
+        return ModelInputs(batch.input_ids, positions, LastLayerQueries(every, last, L), kept)
 
 
 class ContextParallel:
@@ -191,10 +248,12 @@ def build_sequence_plan(
     attention: Any,
     *,
     merge_backend: str = "reference",
+    trims: frozenset[str] = frozenset(),
 ) -> SequencePlan:
-    """The plan for `dims`; `attention` is the trainer's backend (its `name` picks the kernel)."""
+    """The plan for `dims`; `attention` is the trainer's backend (its `name` picks the kernel);
+    `trims`: the work the model may skip with whole sequences (`train.attention.trim`)."""
     if dims is None or dims.mode == "none":
-        return WholeSequence(attention)
+        return WholeSequence(attention, trims)
     backend = getattr(attention, "name", "reference")
     kernels = getattr(attention, "kernels", "native")  # TurboAttention's kernel source
     return ContextParallel(dims, backend=backend, merge_backend=merge_backend, kernels=kernels)
