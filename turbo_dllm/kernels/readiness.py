@@ -59,21 +59,11 @@ def require_kernels(spec_or_kind: Any, *, load: bool = False, fingerprint=None) 
 
     from turbo_dllm.bundles.store import active_bundle
     from turbo_dllm.host import collect_fingerprint
-    from turbo_dllm.kernels.loader import inactive_bundles, install_command, load_bundle_op
+    from turbo_dllm.kernels.loader import install_command, load_bundle_op
 
     bundle = active_bundle()
     if bundle is None:
-        inactive = inactive_bundles(fingerprint=fingerprint or collect_fingerprint)
-        if inactive is not None:  # e.g. `dllm bundle deactivate`: installed, none active
-            raise DllmError(
-                "the RunSpec asks for `kernels: native`, but no kernel bundle is active: "
-                + inactive.detail,
-                hint=inactive.hint("or set `kernels: reference`"),
-            )
-        raise DllmError(
-            "the RunSpec asks for `kernels: native`, but no kernel bundle is installed",
-            hint=f"{install_command()}   # or set `kernels: reference`",
-        )
+        raise _no_active_bundle("`kernels: native`", "`kernels: reference`", fingerprint)
     host = fingerprint or collect_fingerprint()
     differences = bundle.target.differences(host)
     if differences:
@@ -98,21 +88,11 @@ def require_attention_kernels(spec: Any, *, load: bool = False, fingerprint=None
         return f"turbo: {TURBO_OP} from the shipped Triton source (kernels: jit)"
     from turbo_dllm.bundles.store import active_bundle
     from turbo_dllm.host import collect_fingerprint
-    from turbo_dllm.kernels.loader import inactive_bundles, install_command, load_bundle_op
+    from turbo_dllm.kernels.loader import install_command, load_bundle_op
 
     bundle = active_bundle()
     if bundle is None:
-        inactive = inactive_bundles(fingerprint=fingerprint or collect_fingerprint)
-        if inactive is not None:  # e.g. `dllm bundle deactivate`: installed, none active
-            raise DllmError(
-                "the RunSpec asks for `model.attention: turbo`, but no kernel bundle is active: "
-                + inactive.detail,
-                hint=inactive.hint("or set `model.attention: flex`"),
-            )
-        raise DllmError(
-            "the RunSpec asks for `model.attention: turbo`, but no kernel bundle is installed",
-            hint=f"{install_command()}   # or set `model.attention: flex`",
-        )
+        raise _no_active_bundle("`model.attention: turbo`", "`model.attention: flex`", fingerprint)
     differences = bundle.target.differences(fingerprint or collect_fingerprint())
     if differences:
         raise DllmError(
@@ -130,3 +110,21 @@ def require_attention_kernels(spec: Any, *, load: bool = False, fingerprint=None
     if load:
         load_bundle_op(TURBO_OP)
     return f"turbo: {TURBO_OP} from {bundle.bundle_id} ({bundle.short_sha})"
+
+
+def _no_active_bundle(asks: str, instead: str, fingerprint) -> DllmError:
+    """The error for a RunSpec that `asks` for the bundle's kernels where none is active: one
+    installed but not active (e.g. after `dllm bundle deactivate`) is named with its fix."""
+    from turbo_dllm.host import collect_fingerprint
+    from turbo_dllm.kernels.loader import inactive_bundles, install_command
+
+    inactive = inactive_bundles(fingerprint=fingerprint or collect_fingerprint)
+    if inactive is not None:
+        return DllmError(
+            f"the RunSpec asks for {asks}, but no kernel bundle is active: " + inactive.detail,
+            hint=inactive.hint(f"or set {instead}"),
+        )
+    return DllmError(
+        f"the RunSpec asks for {asks}, but no kernel bundle is installed",
+        hint=f"{install_command()}   # or set {instead}",
+    )

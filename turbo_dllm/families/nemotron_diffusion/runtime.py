@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from turbo_dllm.families.base import on_meta_device
+from turbo_dllm.families.decoder.runtime import STREAM_TRIMS  # the decoder body's trims
 from turbo_dllm.families.nemotron_diffusion.parallelize import (
     apply_tensor_parallel,
     check_tensor_parallel,
 )
-from turbo_dllm.train.attention.trim import CLEAN_HALF, LAST_LAYER_QUERIES
 
 if TYPE_CHECKING:
     import torch
@@ -26,10 +26,6 @@ __all__ = [
     "check_tensor_parallel",
     "layers",
 ]
-
-# The work the model skips where nothing reads it (`train.attention.trim`): it attends through
-# an opaque mask at explicit positions, and its body runs a `LastLayerQueries` mask.
-STREAM_TRIMS = frozenset({CLEAN_HALF, LAST_LAYER_QUERIES})
 
 
 def build_model(
