@@ -350,6 +350,7 @@ def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous
         endpoint = f"{host}:{options.master_port or DEFAULT_PORT}"
         if nodes.elastic or options.max_restarts or conf:
             return Rendezvous(kind="c10d", endpoint=endpoint, run_id=rdzv_id, conf=conf)
+        _refuse_rdzv_id(options, "static")
         return Rendezvous(kind="static", endpoint=endpoint)
     if nodes.max > 1:
         raise DllmError(
@@ -359,12 +360,32 @@ def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous
         )
     if conf:
         raise DllmError("--rdzv-conf needs a c10d rendezvous", hint="add --rdzv-endpoint HOST:PORT")
+    _refuse_rdzv_id(options, "standalone")
     return Rendezvous(kind="standalone")
+
+
+def _refuse_rdzv_id(options: LaunchOptions, kind: str) -> None:
+    """`--rdzv-id` names a c10d rendezvous; torchrun's standalone and static ones have no id,
+    and it was dropped from the plan without a word."""
+    if options.rdzv_id is not None:
+        raise DllmError(
+            f"--rdzv-id names a c10d rendezvous, and this launch meets through a {kind} one, "
+            "which has no id",
+            hint="drop --rdzv-id, or meet through c10d: --rdzv-endpoint HOST:PORT",
+        )
 
 
 def _node_rank(options: LaunchOptions, backend: str, rendezvous: Rendezvous) -> int | None:
     """This node's rank where the launch fixes it; None where rendezvous assigns it."""
-    if backend == "slurm" or rendezvous.kind == "c10d":
+    if backend == "slurm":
+        return None
+    if rendezvous.kind == "c10d":
+        if options.node_rank is not None:
+            # torchrun reads --node-rank for a static rendezvous only; it was dropped here
+            raise DllmError(
+                "--node-rank has no effect on a c10d rendezvous: it numbers the nodes as they join",
+                hint="drop --node-rank and run the same command on every node",
+            )
         return None
     if rendezvous.kind == "static" and options.nnodes.max > 1:
         if options.node_rank is None:

@@ -355,12 +355,17 @@ def _recorded_options(plan: JobPlan, given: LaunchOptions) -> LaunchOptions:
         master_addr, master_port = given.master_addr, given.master_port
         rdzv_endpoint = given.rdzv_endpoint
     rdzv_conf = given.rdzv_conf if given.rdzv_conf is not None else rdzv.conf
+    # A recorded static node rank only while the replay still meets statically: a c10d
+    # rendezvous (a new --rdzv-endpoint or --rdzv-conf) numbers the nodes itself.
+    node_rank = given.node_rank
+    if node_rank is None and rdzv.kind == "static" and not (given.rdzv_endpoint or rdzv_conf):
+        node_rank = plan.node_rank
     slurm = plan.slurm
     return LaunchOptions(
         backend=plan.backend,
         nproc_per_node=plan.nproc_per_node,
         nnodes=NodeRange(plan.nnodes_min, plan.nnodes_max),
-        node_rank=given.node_rank if given.node_rank is not None else plan.node_rank,
+        node_rank=node_rank,
         master_addr=master_addr,
         master_port=master_port,
         rdzv_endpoint=rdzv_endpoint,
