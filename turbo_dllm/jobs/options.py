@@ -89,6 +89,87 @@ class SlurmOptions:
                     f"{flag} {value!r}: an #SBATCH line cannot hold {what}",
                     hint="give one #SBATCH option per --sbatch" if flag == "--sbatch" else None,
                 )
+        if self.time is not None and not _SLURM_TIME.match(self.time):
+            # sbatch refused it ("Invalid --time specification") only once the run dir held
+            # the job, which a launch with the time mended could then not use
+            raise DllmError(
+                f"--time {self.time!r} is not a SLURM time limit",
+                hint="write MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS, "
+                "DAYS-HOURS:MINUTES or DAYS-HOURS:MINUTES:SECONDS (e.g. --time 04:00:00, "
+                "--time 2-00), or UNLIMITED",
+            )
+        for line in self.extra:
+            _check_sbatch_line(line)
+
+
+# SLURM's time limit formats (sbatch --time), and no limit.
+_SLURM_TIME = re.compile(
+    r"^(?:\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|unlimited|infinite)$", re.IGNORECASE
+)
+# sbatch options the plan itself sets (`#SBATCH` lines, and srun / torchrun assume them):
+# sbatch takes the last of two, so an --sbatch line with one of them changed the job under a
+# plan and manifest that still described the first (`--nodes=2` for a 1-node torchrun, or
+# `--ntasks-per-node=8`, which started eight torchruns on every node). -> the flag for it.
+_PLANNED = {
+    "--nodes": "--nnodes",
+    "-N": "--nnodes",
+    "--ntasks-per-node": None,
+    "--ntasks": None,
+    "-n": None,
+    "--cpus-per-task": "--cpus-per-task",
+    "-c": "--cpus-per-task",
+    "--gpus-per-node": "--gpus-per-node",
+    "--partition": "--partition",
+    "-p": "--partition",
+    "--account": "--account",
+    "-A": "--account",
+    "--time": "--time",
+    "-t": "--time",
+    "--array": None,  # every task of an array job would run the one job in its one run dir
+    "-a": None,
+}
+
+
+def _check_sbatch_line(line: str) -> None:
+    """One `--sbatch` value as sbatch reads the `#SBATCH` line: words split at white space
+    outside quotes, each an option or the value of the option before it. A bare word
+    (`exclusive`, the `b` of `--comment=a b`) made sbatch refuse the script ("Invalid
+    directive") only once the run dir held it."""
+    import shlex
+
+    try:
+        words = shlex.split(line)
+    except ValueError:
+        raise DllmError(
+            f"--sbatch {line!r}: a quote is not closed", hint="close the quote around the value"
+        ) from None
+    if not words:
+        raise DllmError("--sbatch '': an empty #SBATCH line", hint="drop it")
+    takes_value = False
+    for word in words:
+        if not word.startswith("-") or word == "-":
+            if takes_value:
+                takes_value = False
+                continue
+            raise DllmError(
+                f"--sbatch {line!r}: {word!r} is no sbatch option, and sbatch refuses the "
+                "script for it",
+                hint="write the option with its dashes (--sbatch=--exclusive), and quote a "
+                "value with white space: --sbatch='--comment=\"my job\"'",
+            )
+        name = word.split("=", 1)[0] if word.startswith("--") else word[:2]
+        if name in _PLANNED:
+            flag = _PLANNED[name]
+            raise DllmError(
+                f"--sbatch {line!r}: the plan sets {name} itself, and sbatch would take this "
+                "one instead, running another job than the plan and manifest describe",
+                hint=f"use dllm launch {flag}"
+                if flag
+                else "drop it: the job runs one task per "
+                "node (torchrun starts the processes) and one run per run dir",
+            )
+        # `--opt value` / `-x value`: the next bare word is its value
+        takes_value = "=" not in word and (word.startswith("--") or len(word) == 2)
 
 
 @dataclass(frozen=True)
