@@ -237,15 +237,23 @@ def test_the_trainer_trims_and_counts_the_work_it_does(tmp_path):
     assert stats["flops"] == pytest.approx(want)
 
 
-@pytest.mark.parametrize("checkpointing", ["false", "true", "keep_attention"])
-def test_a_trimmed_trainer_step_equals_the_whole_stream_s(tmp_path, checkpointing):
-    """Through the trainer's wrapping (activation checkpointing, selective or not, passes the
-    last layer's `queries` on), a block-diffusion step's loss and gradient norm are the whole
-    stream's."""
+@pytest.mark.parametrize(
+    "checkpointing, compile",
+    [("false", "false"), ("true", "false"), ("keep_attention", "false"), ("true", "true")],
+)
+def test_a_trimmed_trainer_step_equals_the_whole_stream_s(tmp_path, checkpointing, compile):
+    """Through the trainer's wrapping (activation checkpointing, selective or not, and compiled
+    layers, which pass the last layer's `queries` on), a block-diffusion step's loss and
+    gradient norm are the whole stream's."""
     from turbo_dllm.train.distributed import init_distributed
     from turbo_dllm.train.trainer import Trainer
 
-    spec = tiny_spec("training.steps=2", f"training.activation_checkpointing={checkpointing}")
+    torch._dynamo.reset()
+    spec = tiny_spec(
+        "training.steps=2",
+        f"training.activation_checkpointing={checkpointing}",
+        f"training.compile={compile}",
+    )
     stats = []
     for name, trims in (("trimmed", TRIMS), ("whole", frozenset())):
         trainer = Trainer(spec, tmp_path / name, init_distributed()).build()
