@@ -1,8 +1,8 @@
 """Drift: how the inputs of a job now differ from what its manifest recorded.
 
 A replay is only the same job if the same code runs on the same kind of host with the same
-packages, kernel bundle, data and weights. `manifest_drift` compares those six groups field by field
-(flattened to dotted paths) and ignores what legitimately differs between two runs of one job:
+packages, kernel bundle, data, weights, `model.from_config` file and `checkpoint.resume`
+checkpoint. `manifest_drift` compares those groups field by field (flattened to dotted paths) and ignores what legitimately differs between two runs of one job:
 the host's name, times, the run id and dir. `flat_diff` is the general side-by-side comparison
 behind `dllm run diff`.
 
@@ -25,7 +25,7 @@ __all__ = [
     "manifest_drift",
 ]
 
-DRIFT_GROUPS = ("host", "packages", "bundle", "data", "weights", "code")
+DRIFT_GROUPS = ("host", "packages", "bundle", "data", "weights", "model_shape", "resume", "code")
 # Fingerprint keys that name or time a machine instead of describing what it runs.
 VOLATILE_HOST_KEYS = frozenset(
     {"hostname", "host", "node", "collected_at", "created_at", "timestamp", "time", "pid", "user"}
@@ -85,6 +85,10 @@ def manifest_drift(recorded: RunManifest, current: RunManifest) -> list[DriftIte
         items += _weights_drift(
             _dump(recorded.target_weights), _dump(current.target_weights), "target_weights"
         )
+    for group in ("model_shape", "resume"):  # manifests from before they were recorded: not
+        if group in recorded.model_fields_set:
+            old, new = _dump(getattr(recorded, group)), _dump(getattr(current, group))
+            items += _weights_drift(old, new, group)
     items += _ref_drift("code", _dump(recorded.code), _dump(current.code), _CODE_IDENTITY)
     return items
 

@@ -176,6 +176,8 @@ def _recorded_threads(plan: JobPlan, recorded: JobPlan) -> JobPlan:
 _GROUP_NAMES = {
     "host": "host (Python, platform, torch, GPUs, driver; DLLM_OVERRIDE_* variables)",
     "target_weights": "target weights",
+    "model_shape": "model.from_config file",
+    "resume": "checkpoint.resume checkpoint",
 }
 
 
@@ -271,6 +273,8 @@ def build_manifest(
         data=_data_ref(spec.data.artifact, missing_data_ok),
         weights=provenance.weights_ref(spec.model.path),
         **target,
+        model_shape=provenance.model_shape_ref(spec.model.from_config),
+        resume=provenance.resume_ref(spec.checkpoint.resume),
         code=CodeVersion(**provenance.code_version()),
         seeds=seeds,
         plan=plan,

@@ -2,7 +2,8 @@
 
 A manifest records the resolved RunSpec (and its hash), the host fingerprint, the installed
 Python packages, the active kernel bundle, the data artifact's fingerprint, the content hashes of
-the model.path weights, the code version, the seeds, the JobPlan and the exact commands. `dllm launch --manifest` replays it and refuses
+the model.path weights (and of a from_config file or a resume checkpoint), the code version, the
+seeds, the JobPlan and the exact commands. `dllm launch --manifest` replays it and refuses
 when any of those inputs drifted. It is written atomically and never replaced: a run dir holds
 one job.
 """
@@ -114,6 +115,12 @@ class RunManifest(_Strict):
     # A DFlash drafter's frozen target (model.dflash.target): its features and head are what
     # the drafter learns from. Absent from other families' manifests and older ones.
     target_weights: WeightsRef | None = None
+    # What else the spec reads by path: a `model.from_config` config.json (the model's shape) and
+    # a `checkpoint.resume` checkpoint (the step the run starts from, as resolved: a run dir or a
+    # checkpoints/ folder names its newest complete step). None where the spec names none; absent
+    # from older manifests, whose replays then do not compare them.
+    model_shape: WeightsRef | None = None
+    resume: WeightsRef | None = None
     code: CodeVersion
     seeds: dict[str, int]
     plan: JobPlan

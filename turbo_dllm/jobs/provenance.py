@@ -21,6 +21,8 @@ __all__ = [
     "data_ref",
     "host_fingerprint",
     "installed_packages",
+    "model_shape_ref",
+    "resume_ref",
     "weights_ref",
 ]
 
@@ -96,6 +98,41 @@ def weights_ref(model_path: str | None) -> dict[str, Any] | None:
     except OSError:  # one vanished or unreadable between listing and reading: say which
         digests = [_file_sha256(path) for path in paths]
     return {"path": str(model_path), "files": dict(zip(names, digests, strict=True))}
+
+
+def model_shape_ref(from_config: str | None) -> dict[str, Any] | None:
+    """A `model.from_config` config.json's content (the model's shape); None for a preset name,
+    or where the file is not there (the launch's input checks say so)."""
+    if from_config is None or not (from_config.endswith(".json") or "/" in from_config):
+        return None  # a preset: the code's own (code version)
+    path = Path(from_config)
+    if not path.is_file():
+        return None
+    return {"path": str(from_config), "files": {path.name: _digests([path])[0]}}
+
+
+def resume_ref(resume: str) -> dict[str, Any] | None:
+    """The checkpoint a `checkpoint.resume` path starts the run from, as the trainer resolves it
+    (a run dir or a checkpoints/ folder: its newest complete step), with the sha256 of every
+    file in it (names relative to the step folder); None for auto / never, or where there is no
+    complete checkpoint."""
+    if resume in ("auto", "never"):
+        return None
+    from turbo_dllm.train.checkpoint import resolve_checkpoint
+
+    step = resolve_checkpoint(resume)
+    if not (step / "checkpoint.json").is_file():
+        return None
+    paths = sorted(p for p in step.rglob("*") if p.is_file())
+    names = [p.relative_to(step).as_posix() for p in paths]
+    return {"path": str(step), "files": dict(zip(names, _digests(paths), strict=True))}
+
+
+def _digests(paths: list[Path]) -> list[str]:
+    try:
+        return sha256_files(paths)  # read once per file version (turbo_dllm.digests)
+    except OSError:  # one vanished or unreadable between listing and reading: say which
+        return [_file_sha256(path) for path in paths]
 
 
 def code_version() -> dict[str, Any]:
