@@ -88,6 +88,44 @@ def _hybrid(layers: int, every: int = 4) -> list[str]:
     return ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
 
 
+def _layer_types(text: dict[str, Any], layers: int) -> list[str]:
+    """The layer pattern as transformers builds it: `layer_types` where the config has it, else
+    a full-attention layer every `full_attention_interval` (4). Published configs hold both; one
+    that disagrees with the other (an override of either, a hand-edited config.json) is refused:
+    read by the interval, it trained another model than transformers loads from the same file
+    (a `layer_types` override was ignored without a word). A `num_hidden_layers` override keeps
+    the first `layer_types`, or extends a pattern the interval describes."""
+    given, every = text.get("layer_types"), text.get("full_attention_interval")
+    if every is not None:
+        every = int(every)
+        if every <= 0:
+            raise ValueError(f"full_attention_interval must be positive (got {every})")
+    if given is None:
+        return _hybrid(layers, every or 4)
+    if not isinstance(given, (list, tuple)):
+        raise ValueError(f"layer_types must be a list, got {given!r}")
+    kept = [str(kind) for kind in given][:layers]
+    if every is None:
+        return kept
+    if kept != _hybrid(len(kept), every):
+        raise DllmError(
+            f"config.json's layer_types ({_pattern(kept)}) and full_attention_interval = {every} "
+            f"(a full-attention layer every {every}: {_pattern(_hybrid(len(kept), every))}) "
+            "disagree; transformers builds layer_types and ignores the interval",
+            hint="make them agree (model.config_overrides can set full_attention_interval, or "
+            "layer_types whole); a pattern no interval describes needs a config.json without "
+            "full_attention_interval (model.from_config)",
+        )
+    return _hybrid(layers, every)
+
+
+def _pattern(kinds: list[str]) -> str:
+    """`L L L F ...`: linear / full attention per layer (the first 16)."""
+    short = {"full_attention": "F", "linear_attention": "L"}
+    letters = [short.get(kind, kind) for kind in kinds[:16]]
+    return " ".join(letters) + (" ..." if len(kinds) > 16 else "")
+
+
 _TINY = {
     "model_type": "qwen3_5_text",
     "vocab_size": 512,
@@ -275,14 +313,7 @@ class Qwen38Config:
                     "RoPE, as the published Qwen3.5 / Qwen3.8 configs use)",
                     hint="set rope_parameters.rope_type to default in config.json",
                 )
-            layer_types = text.get("layer_types")
-            if layer_types is None or "full_attention_interval" in text:
-                every = int(text.get("full_attention_interval", 4))
-                if every <= 0:
-                    raise ValueError(f"full_attention_interval must be positive (got {every})")
-                layer_types = _hybrid(layers, every)
-            # A num_hidden_layers override (model.config_overrides) keeps the first layers.
-            layer_types = list(layer_types)[:layers]
+            layer_types = _layer_types(text, layers)
             return cls(
                 model_type="qwen3_5_text",
                 vocab_size=int(text["vocab_size"]),
