@@ -583,26 +583,43 @@ def materialize(job: PreparedJob) -> None:
     run_dir = job.run_dir
     if check_run_dir(job):
         return
+    made_run_dir = not run_dir.exists()
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise DllmError(f"cannot create run dir {run_dir}: {error}") from None
-    spec_text = yaml.safe_dump(job.manifest.spec, sort_keys=False).encode()
-    spec_path = run_dir / SPEC_NAME
-    if not (job.multi_node and spec_path.exists() and spec_path.read_bytes() == spec_text):
-        write_exclusive(spec_path, spec_text)
-    if job.plan.slurm is not None:
-        from turbo_dllm.jobs.backends.slurm import render_script
-
-        script = Path(job.plan.slurm.script)
-        write_exclusive(script, render_script(job.plan).encode())
-        script.chmod(0o755)
+    written: list[Path] = []
     try:
-        write_manifest(job.manifest, run_dir)
-    except DllmError:
-        if job.multi_node:  # another node won the race: join its manifest
-            _join(job)
-            return
+        spec_text = yaml.safe_dump(job.manifest.spec, sort_keys=False).encode()
+        spec_path = run_dir / SPEC_NAME
+        if not (job.multi_node and spec_path.exists() and spec_path.read_bytes() == spec_text):
+            written.append(write_exclusive(spec_path, spec_text))
+        if job.plan.slurm is not None:
+            from turbo_dllm.jobs.backends.slurm import render_script
+
+            script = Path(job.plan.slurm.script)
+            written.append(write_exclusive(script, render_script(job.plan).encode()))
+            script.chmod(0o755)
+        try:
+            write_manifest(job.manifest, run_dir)
+        except DllmError:
+            if job.multi_node:  # another node won the race: join its manifest
+                _join(job)
+                return
+            raise
+    except BaseException:
+        # Stopped before its manifest (Ctrl-C, a full disk, a file in the way): what this
+        # launch wrote goes again. Left, its spec.yaml held the run dir as a run's files
+        # without a manifest ("a `dllm train --run-dir` run, or a launch stopped ..."), and
+        # the same launch was refused there. (The nodes of a multi-node launch share the
+        # spec.yaml one of them wrote, and join a run dir that holds only that.)
+        if not job.multi_node and not (run_dir / MANIFEST_NAME).exists():
+            for path in written:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+            if made_run_dir:
+                with contextlib.suppress(OSError):  # not empty: another writer's files stay
+                    run_dir.rmdir()
         raise
 
 
