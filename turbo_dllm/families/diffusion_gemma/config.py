@@ -343,7 +343,7 @@ class DiffusionGemmaConfig:
             )
             head_dim = derived_head_dim(text.get("head_dim"), int(text["hidden_size"]), heads)
             layer_types = list(text.get("layer_types") or _default_layer_types(layers))
-            global_dim, global_kv = _global_attention(text, layer_types, kv)
+            global_dim, global_kv = _global_attention(text, layer_types, head_dim, kv)
             if text.get("num_experts") is None:
                 raise DllmError(
                     "this DiffusionGemma config has no experts (num_experts unset)",
@@ -557,20 +557,66 @@ def _expert_size(hf: dict[str, Any], text: dict[str, Any]) -> Any:
     raise KeyError("moe_intermediate_size")  # hf_config_errors: "config.json lacks the field"
 
 
-def _global_attention(text: dict[str, Any], layer_types: list[str], kv: int) -> tuple[int, int]:
+def _global_attention(
+    text: dict[str, Any], layer_types: list[str], head_dim: int, kv: int
+) -> tuple[int, int]:
     """(head_dim, kv heads) of the full layers: `per_layer_config` (as HF writes it) or the
-    `global_head_dim` / `num_global_key_value_heads` keys (as HF reads them)."""
-    per_layer = text.get("per_layer_config") or {}
+    `global_head_dim` / `num_global_key_value_heads` keys (as HF reads them).
+
+    As transformers reads `per_layer_config`: each layer's entry changes the text config's own
+    values for that layer (a full layer it does not list, or whose entry lacks `head_dim`, has
+    the text's `head_dim`), and the legacy keys are read only where it is absent. The model here
+    builds every layer of a type alike, with only the full layers' head size and kv heads their
+    own: an entry giving a sliding layer another shape, or any layer another value of a key
+    (`intermediate_size`, `sliding_window`, ...), is refused rather than ignored."""
+    if text.get("per_layer_config") is None:
+        global_kv = text.get("num_global_key_value_heads")
+        return int(text.get("global_head_dim") or 512), int(global_kv or kv)
+    per_layer = text["per_layer_config"]
     if not isinstance(per_layer, dict) or not all(isinstance(v, dict) for v in per_layer.values()):
         raise ValueError(f"per_layer_config must map layer indices to objects, got {per_layer!r}")
-    found = {
-        (int(v.get("head_dim", 0)), int(v.get("num_key_value_heads", kv)))
-        for i, v in per_layer.items()
-        if str(i).isdigit() and _layer_kind(layer_types, int(i)) == "full_attention"
-    }
-    if len(found) > 1:
-        raise DllmError(f"full-attention layers disagree in per_layer_config: {sorted(found)}")
-    if found:
-        return found.pop()
-    global_kv = text.get("num_global_key_value_heads")
-    return int(text.get("global_head_dim") or 512), int(global_kv or kv)
+    entries: dict[int, dict[str, Any]] = {}
+    for index, entry in per_layer.items():
+        if not str(index).isdigit():
+            raise ValueError(f"per_layer_config key {index!r} is not a layer index")
+        _layer_kind(layer_types, int(index))
+        entries[int(index)] = entry
+    shapes: dict[str, set[tuple[int, int]]] = {kind: set() for kind in LAYER_TYPES}
+    for index, kind in enumerate(layer_types):
+        entry = entries.get(index, {})
+        other = sorted(
+            key
+            for key, value in entry.items()
+            if key not in ("head_dim", "num_key_value_heads") and value != text.get(key)
+        )
+        if other:
+            raise DllmError(
+                f"per_layer_config gives layer {index} its own {', '.join(other)}, which this "
+                "family does not build (only the full-attention layers' head_dim and "
+                "num_key_value_heads may differ from text_config's)"
+            )
+        shape = (int(entry.get("head_dim", head_dim)), int(entry.get("num_key_value_heads", kv)))
+        shapes.setdefault(kind, set()).add(shape)
+    if len(shapes["full_attention"]) > 1:
+        raise DllmError(
+            f"full-attention layers disagree in per_layer_config: {sorted(shapes['full_attention'])}"
+        )
+    if shapes["sliding_attention"] - {(head_dim, kv)}:
+        raise DllmError(
+            "per_layer_config gives sliding-attention layers another head_dim or "
+            f"num_key_value_heads than text_config's ({head_dim}, {kv}): not supported"
+        )
+    full = shapes["full_attention"].pop() if shapes["full_attention"] else (head_dim, kv)
+    legacy = (
+        ("global_head_dim", text.get("global_head_dim"), full[0]),
+        ("num_global_key_value_heads", text.get("num_global_key_value_heads"), full[1]),
+    )
+    for key, value, read in legacy:
+        if value is not None and int(value) != read:
+            raise DllmError(
+                f"{key} = {value} disagrees with per_layer_config, which gives the "
+                f"full-attention layers {read} (transformers reads per_layer_config and ignores "
+                f"{key})",
+                hint="change per_layer_config instead (model.config_overrides can set it whole)",
+            )
+    return full
