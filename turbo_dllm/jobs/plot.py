@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import io
 import math
 import os
 from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import write_atomic
 from turbo_dllm.paths import use_matplotlib_config_dir
 from turbo_dllm.train.metrics import METRICS_NAME, read_metrics
 
@@ -63,8 +65,12 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         axes.grid(alpha=0.3)
         figure.tight_layout()
         path = out_dir / name
-        figure.savefig(path)
+        # Whole or not at all: savefig wrote the file as it drew it, and a plot stopped (Ctrl-C,
+        # a full disk) left a torn PNG in place of the last whole one.
+        image = io.BytesIO()
+        figure.savefig(image, format="png")
         plt.close(figure)
+        write_atomic(path, image.getvalue())
         written.append(path)
     if not written:  # steps logged, but none of the plotted values: it said nothing, exit 0
         raise DllmError(
