@@ -1,4 +1,5 @@
-"""The tiny decoder under CSBP / CP with FSDP2 equals one rank: loss and every parameter gradient.
+"""The tiny decoder under CSBP / CP with FSDP2 equals one rank: loss and every parameter gradient
+(also with the last layer attending from the noisy tokens alone: the `-trim` cases).
 
 Each case runs on real gloo processes: the model is built on the meta device, sharded with FSDP2
 over the (dp_shard, context) ranks, materialised with the same seed as the single-rank copy; the
@@ -20,10 +21,11 @@ from turbo_dllm.config.runspec import ObjectiveSpec
 from turbo_dllm.families.decoder.runtime import build_model
 from turbo_dllm.registry import get_family
 from turbo_dllm.train.attention import ReferenceAttention
+from turbo_dllm.train.attention.trim import LAST_LAYER_QUERIES, LastLayerQueries
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.layout import CsbpLayout
-from turbo_dllm.train.parallel.plan import ContextParallel
+from turbo_dllm.train.parallel.plan import ContextParallel, WholeSequence
 from turbo_dllm.train.weights import materialize
 
 SEQ_LEN, BLOCK, ROWS, MASK_ID = 128, 16, 2, 511
@@ -38,6 +40,10 @@ CASES: dict[int, list[tuple[str, int, int, str]]] = {
         ("cp2-bd3", 2, 1, "block_diffusion"),
         ("cp2-fastdllm", 2, 1, "fast_dllm_v2"),
         ("split-block-bd3", 2, 2, "block_diffusion"),
+        # the last layer attends from the noisy tokens alone (train.attention.trim)
+        ("csbp-bp2-cp2-bd3-trim", 2, 2, "block_diffusion"),
+        ("csbp-bp2-cp1-fastdllm-trim", 1, 2, "fast_dllm_v2"),
+        ("cp2-bd3-trim", 2, 1, "block_diffusion"),
     ],
     4: [
         ("csbp-bp4-cp4-bd3", 4, 4, "block_diffusion"),
@@ -46,6 +52,7 @@ CASES: dict[int, list[tuple[str, int, int, str]]] = {
         ("csbp-bp2-cp2-dp2-bd3", 2, 2, "block_diffusion"),
         ("cp4-fastdllm", 4, 1, "fast_dllm_v2"),
         ("cp2-dp2-bd3", 2, 1, "block_diffusion"),
+        ("csbp-bp4-cp2-bd3-trim", 2, 4, "block_diffusion"),
     ],
 }
 
@@ -108,7 +115,8 @@ def _run_case(world: int, name: str, cp: int, bp: int, objective_name: str) -> f
     expected = {n: p.grad for n, p in single.named_parameters()}
 
     # --- the parallel run --------------------------------------------------------------------
-    plan = ContextParallel(dims)
+    trim = name.endswith("-trim")
+    plan = ContextParallel(dims, trims=frozenset({LAST_LAYER_QUERIES}) if trim else frozenset())
     if name.startswith("split-block"):
         _split_block_plan(plan)
     model = build_model(config, plan.attention_backend)
@@ -119,6 +127,11 @@ def _run_case(world: int, name: str, cp: int, bp: int, objective_name: str) -> f
     model = materialize(model, cpu, seed=5)
     diffusion = objective.corrupt(batches[dp_rank], _key(dp_rank, dp))
     inputs = plan.prepare(diffusion, cpu)
+    assert isinstance(inputs.mask, LastLayerQueries) == trim, name
+    # the FLOPs each rank counts for the batch: the trimmed model's, as on one rank
+    whole = WholeSequence(reference, plan.trims)
+    assert plan.work(diffusion) == whole.work(diffusion), name
+    assert ("last_layer" in plan.work(diffusion)) == trim, name
     local = model(
         inputs.input_ids, inputs.positions, inputs.mask, output=partial(score, inputs.batch)
     )

@@ -26,7 +26,10 @@ __all__ = ["CpAttention"]
 
 
 class CpAttention:
-    """Attention over this rank's [noisy chunks ; clean chunks] under the CP baseline."""
+    """Attention over this rank's [noisy chunks ; clean chunks] under the CP baseline.
+
+    `noisy_queries`: only the noisy chunks attend (q holds those rows; keys as ever): a model's
+    last layer, whose clean outputs no loss reads (`train.attention.trim`)."""
 
     def __init__(
         self,
@@ -37,14 +40,21 @@ class CpAttention:
         backend: AttentionName = "reference",
         scale: float | None = None,
         kernels: str = "native",
+        noisy_queries: bool = False,
     ) -> None:
         if layout.cp > 1 and (group is None or dist.get_world_size(group) != layout.cp):
             raise ValueError(f"CP with cp={layout.cp} needs a process group of that size")
         self.layout = layout
         self.group = group
         self.num_local = 2 * int(layout.positions.numel())
+        self.num_queries = self.num_local // 2 if noisy_queries else self.num_local
         block_size = layout.block_size
-        local = two_stream_tokens(layout.positions, block_size=block_size, doc_ids=doc_ids)
+        if noisy_queries:  # the noisy chunks, first in the local order
+            local = TokenSet.from_positions(
+                layout.positions, noisy=True, block_size=block_size, doc_ids=doc_ids
+            )
+        else:
+            local = two_stream_tokens(layout.positions, block_size=block_size, doc_ids=doc_ids)
         per_rank = layout.gathered_positions.chunk(layout.cp)
         gathered = TokenSet.concat(
             *(two_stream_tokens(p, block_size=block_size, doc_ids=doc_ids) for p in per_rank)
@@ -52,11 +62,12 @@ class CpAttention:
         self._attend = build_partial_attention(local, gathered, backend, scale, kernels)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (B, H, 2*L/cp, D), k/v (B, Hkv, 2*L/cp, D), local order -> out like q."""
-        if q.shape[2] != self.num_local or k.shape[2] != self.num_local:
+        """q (B, H, 2*L/cp, D) (half: `noisy_queries`), k/v (B, Hkv, 2*L/cp, D), local order
+        -> out like q."""
+        if q.shape[2] != self.num_queries or k.shape[2] != self.num_local:
             raise ValueError(
-                f"CP rank expects {self.num_local} tokens, got q {tuple(q.shape)}, "
-                f"k {tuple(k.shape)}"
+                f"CP rank expects {self.num_queries} queries over {self.num_local} tokens, got q "
+                f"{tuple(q.shape)}, k {tuple(k.shape)}"
             )
         if self.layout.cp > 1:
             k_all, v_all = unpack_kv(start_all_gather(pack_kv(k, v), self.group).wait())

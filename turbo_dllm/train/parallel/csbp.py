@@ -69,7 +69,9 @@ class CsbpAttention:
 
     `clean_group` is the process group of the rank's clean group (the `cp` mesh axis); it may be
     None only when cp == 1. `merge` defaults to the kernel op with `merge_backend`. `kernels`
-    (native or jit) is where the `turbo` backend takes its kernels from.
+    (native or jit) is where the `turbo` backend takes its kernels from. `noisy_queries`: only
+    the noisy tokens attend (q holds those rows; keys as ever): a model's last layer, whose
+    clean outputs no loss reads (`train.attention.trim`).
     """
 
     def __init__(
@@ -83,6 +85,7 @@ class CsbpAttention:
         merge_backend: str = "reference",
         scale: float | None = None,
         kernels: str = "native",
+        noisy_queries: bool = False,
     ) -> None:
         if layout.cp > 1:
             if clean_group is None or dist.get_world_size(clean_group) != layout.cp:
@@ -91,6 +94,7 @@ class CsbpAttention:
         self.clean_group = clean_group
         self.num_noisy = layout.num_noisy
         self.num_clean = layout.num_clean
+        self.noisy_queries = noisy_queries
         block_size = layout.block_size
         noisy = TokenSet.from_positions(
             layout.noisy_positions, noisy=True, block_size=block_size, doc_ids=doc_ids
@@ -102,18 +106,20 @@ class CsbpAttention:
             layout.gathered_clean_positions, noisy=False, block_size=block_size, doc_ids=doc_ids
         )
         self._own_block = build_partial_attention(noisy, noisy, backend, scale, kernels)
-        self._clean_prefix = build_partial_attention(
-            TokenSet.concat(noisy, clean), gathered, backend, scale, kernels
-        )
+        queries = noisy if noisy_queries else TokenSet.concat(noisy, clean)
+        self._clean_prefix = build_partial_attention(queries, gathered, backend, scale, kernels)
         self._merge = merge or kernel_merge(merge_backend)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (B, H, Ln+Lc, D), k/v (B, Hkv, Ln+Lc, D), local order -> out like q."""
+        """q (B, H, Ln+Lc, D) (Ln: `noisy_queries`), k/v (B, Hkv, Ln+Lc, D), local order ->
+        out like q."""
         ln, lc = self.num_noisy, self.num_clean
-        if q.shape[2] != ln + lc or k.shape[2] != ln + lc:
+        rows = ln if self.noisy_queries else ln + lc
+        if q.shape[2] != rows or k.shape[2] != ln + lc:
             raise ValueError(
-                f"CSBP rank expects {ln} noisy + {lc} clean tokens, got q {tuple(q.shape)}, "
-                f"k {tuple(k.shape)}"
+                f"CSBP rank expects {ln} noisy + {lc} clean tokens"
+                f"{' (noisy queries only)' if self.noisy_queries else ''}, got q "
+                f"{tuple(q.shape)}, k {tuple(k.shape)}"
             )
         k_noisy, k_clean = k.split([ln, lc], dim=2)
         v_noisy, v_clean = v.split([ln, lc], dim=2)
@@ -130,6 +136,8 @@ class CsbpAttention:
         out_noisy, _ = self._merge(
             out_own, lse_own.float(), out_prefix[:, :, :ln], lse_prefix[:, :, :ln].float()
         )
+        if self.noisy_queries:
+            return out_noisy.to(out_prefix.dtype)
         # Concatenated in (B, S, H, D) memory order, the order the layer's output projection
         # reads: its transpose + reshape is then a view, not a second copy of the output kept
         # alive until the backward.

@@ -12,7 +12,8 @@ attention object the layers call, and which of the objective's scored positions 
 * `WholeSequence` (no cp/bp): the full stream, the trainer's own attention backend; with the
   model family's `trims` (`train.attention.trim`), only the rows whose outputs the loss reads.
 * `ContextParallel` (cp and/or bp > 1): this rank's share (`CsbpLayout` or `CpLayout`) and a
-  per-step `CsbpAttention` / `CpAttention` as the layers' mask object.
+  per-step `CsbpAttention` / `CpAttention` as the layers' mask object (with the last-layer trim,
+  a `LastLayerQueries` of two).
 
 Each rank's loss covers only the scored positions it holds, so the sum over ranks is the
 single-rank loss; dividing by the global supervised-token count is left to the trainer.
@@ -76,6 +77,29 @@ def model_work(plan: Any, batch: DiffusionBatch) -> dict[str, Any]:
     )
 
 
+def _trimmed_work(batch: DiffusionBatch, trim: str | None) -> dict[str, Any]:
+    """`step_flops`'s arguments for a whole (host) batch of which the model computes only what
+    `trim` leaves (`train.attention.trim`)."""
+    # allowed_pairs sums over the rows of documents; without, one row counts for each
+    rows = 1 if batch.doc_ids is not None else batch.input_ids.shape[0]
+    work: dict[str, Any] = dict(stream_tokens=batch.stream_tokens, scored_tokens=batch.num_scored)
+    if trim == CLEAN_HALF:
+        work["stream_tokens"] //= 2
+        work["pairs"] = allowed_pairs(batch.layout, batch.doc_ids, "clean") * rows
+        return work
+    work["pairs"] = batch.attention_pairs()
+    if trim == LAST_LAYER_QUERIES:
+        noisy_pairs = allowed_pairs(batch.layout, batch.doc_ids, "noisy") * rows
+        work["last_layer"] = (batch.stream_tokens // 2, noisy_pairs)
+    return work
+
+
+def _last_layer_trim(batch: DiffusionBatch, trims: frozenset[str]) -> bool:
+    """Whether the model's last layer may compute the noisy rows alone: every scored position
+    is noisy, no extra rows ride along, and the family's model takes the trim."""
+    return LAST_LAYER_QUERIES in trims and batch.scored_half == "noisy" and not batch.model_kwargs
+
+
 def call_mask(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any) -> torch.Tensor:
     """The layers' backend under context parallelism: the per-step mask object attends."""
     return mask(q, k, v)
@@ -99,27 +123,11 @@ class WholeSequence:
             return None
         if batch.scored_half == "clean" and CLEAN_HALF in self.trims:
             return CLEAN_HALF
-        if batch.scored_half == "noisy" and LAST_LAYER_QUERIES in self.trims:
-            return LAST_LAYER_QUERIES
-        return None
+        return LAST_LAYER_QUERIES if _last_layer_trim(batch, self.trims) else None
 
     def work(self, batch: DiffusionBatch) -> dict[str, Any]:
         """`model_work` for this plan: the stream and mask pairs the trimmed model computes."""
-        trim = self.trim(batch)
-        # allowed_pairs sums over the rows of documents; without, one row counts for each
-        rows = 1 if batch.doc_ids is not None else batch.input_ids.shape[0]
-        work: dict[str, Any] = dict(
-            stream_tokens=batch.stream_tokens, scored_tokens=batch.num_scored
-        )
-        if trim == CLEAN_HALF:
-            work["stream_tokens"] //= 2
-            work["pairs"] = allowed_pairs(batch.layout, batch.doc_ids, "clean") * rows
-            return work
-        work["pairs"] = batch.attention_pairs()
-        if trim == LAST_LAYER_QUERIES:
-            noisy_pairs = allowed_pairs(batch.layout, batch.doc_ids, "noisy") * rows
-            work["last_layer"] = (batch.stream_tokens // 2, noisy_pairs)
-        return work
+        return _trimmed_work(batch, self.trim(batch))
 
     def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
         layout, backend, trim = batch.layout, self.attention_backend, self.trim(batch)
@@ -141,7 +149,12 @@ class WholeSequence:
 
 
 class ContextParallel:
-    """CSBP (bp > 1) or the CP baseline (cp > 1, bp == 1) over the context group of `dims`."""
+    """CSBP (bp > 1) or the CP baseline (cp > 1, bp == 1) over the context group of `dims`.
+
+    `trims`: with `LAST_LAYER_QUERIES` (`train.attention.trim`), a batch scored on noisy
+    positions only has the model's last layer attend from the rank's noisy tokens alone (they
+    come first in its local order); the autoregressive objective's `CLEAN_HALF` is not taken
+    here (each rank's share holds both streams)."""
 
     attention_backend = staticmethod(call_mask)
 
@@ -152,6 +165,7 @@ class ContextParallel:
         backend: AttentionName = "reference",
         merge_backend: str = "reference",
         kernels: str = "native",
+        trims: frozenset[str] = frozenset(),
     ) -> None:
         if dims.mode == "none":
             raise ValueError("ContextParallel needs cp > 1 or bp > 1")
@@ -159,6 +173,7 @@ class ContextParallel:
         self.backend = backend
         self.merge_backend = merge_backend
         self.kernels = kernels  # where `turbo` takes its kernels from (native or jit)
+        self.trims = trims
         self.context_size = dims.context
         self.ctx_rank = dims.get_mesh("context").get_local_rank()
         cp_mesh = dims.get_optional_mesh("cp")
@@ -187,7 +202,9 @@ class ContextParallel:
             self._layouts[key] = replace(layout, **moved) if device is not None else layout
         return self._layouts[key]
 
-    def _attention(self, layout: CsbpLayout | CpLayout, doc_ids: torch.Tensor) -> Any:
+    def _attention(
+        self, layout: CsbpLayout | CpLayout, doc_ids: torch.Tensor, noisy_queries: bool = False
+    ) -> Any:
         if isinstance(layout, CsbpLayout):
             return CsbpAttention(
                 layout,
@@ -196,10 +213,30 @@ class ContextParallel:
                 backend=self.backend,
                 merge_backend=self.merge_backend,
                 kernels=self.kernels,
+                noisy_queries=noisy_queries,
             )
         return CpAttention(
-            layout, doc_ids, self.cp_group, backend=self.backend, kernels=self.kernels
+            layout,
+            doc_ids,
+            self.cp_group,
+            backend=self.backend,
+            kernels=self.kernels,
+            noisy_queries=noisy_queries,
         )
+
+    def _masks(self, layout: CsbpLayout | CpLayout, doc_ids: torch.Tensor, trim: bool) -> Any:
+        """The layers' mask object: one attention for every layer, or (`trim`) a
+        `LastLayerQueries` whose last layer attends from the noisy tokens alone."""
+        every = self._attention(layout, doc_ids)
+        if not trim:
+            return every
+        queries = int(layout.noisy_positions.numel())  # the rank's noisy tokens come first
+        return LastLayerQueries(every, self._attention(layout, doc_ids, True), queries)
+
+    def work(self, batch: DiffusionBatch) -> dict[str, Any]:
+        """`model_work` for the whole batch (each rank of a context group counts it all)."""
+        trim = LAST_LAYER_QUERIES if _last_layer_trim(batch, self.trims) else None
+        return _trimmed_work(batch, trim)
 
     def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
         seq_len, block_size = batch.layout.seq_len, batch.layout.block_size
@@ -211,15 +248,16 @@ class ContextParallel:
             self._indices[key] = (torch.cat([noisy, seq_len + clean]), torch.cat([noisy, clean]))
         stream_index, positions = self._indices[key]
         doc_ids = batch.doc_ids
+        trim = _last_layer_trim(batch, self.trims)
         one_document = one_document_per_row(doc_ids)
-        if one_document and key in self._static:
-            mask: Any = self._static[key]  # same layout, no documents: reuse the block masks
+        if one_document and (key, trim) in self._static:
+            mask: Any = self._static[(key, trim)]  # same layout, no documents: reuse the masks
         else:
             if one_document:  # a broadcast row of zeros: the masks hold for every batch
                 doc_ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
-            mask = self._attention(layout, doc_ids.to(device))
+            mask = self._masks(layout, doc_ids.to(device), trim)
             if one_document:
-                self._static[key] = mask
+                self._static[(key, trim)] = mask
         # Scored positions: keep those whose output this rank computes, renumbered locally.
         local_of = torch.full((2 * seq_len,), -1, dtype=torch.long, device=device)
         local_of[stream_index] = torch.arange(stream_index.numel(), device=device)
@@ -227,7 +265,8 @@ class ContextParallel:
         row, col = score_index // (2 * seq_len), score_index % (2 * seq_len)
         local = local_of[col]
         keep = local >= 0
-        width = stream_index.numel()
+        # The model's output rows: the rank's whole share, or its noisy tokens alone (first).
+        width = mask.queries if isinstance(mask, LastLayerQueries) else stream_index.numel()
         scored = replace(
             batch,
             input_ids=batch.input_ids.to(device).index_select(1, stream_index),
@@ -256,4 +295,6 @@ def build_sequence_plan(
         return WholeSequence(attention, trims)
     backend = getattr(attention, "name", "reference")
     kernels = getattr(attention, "kernels", "native")  # TurboAttention's kernel source
-    return ContextParallel(dims, backend=backend, merge_backend=merge_backend, kernels=kernels)
+    return ContextParallel(
+        dims, backend=backend, merge_backend=merge_backend, kernels=kernels, trims=trims
+    )
