@@ -95,3 +95,32 @@ def test_a_legacy_global_head_dim_that_disagrees_with_per_layer_config_is_refuse
         changed[key] = value
         with pytest.raises(DllmError, match=f"{key} = {value} disagrees with per_layer_config"):
             DiffusionGemmaConfig.from_hf_dict(changed)
+
+
+def test_a_block_size_other_than_the_folder_s_canvas_length_is_refused(tmp_path):
+    """transformers' DiffusionGemma generates canvases of `canvas_length` tokens (the folder's,
+    kept by the export): a run at another block size exported a model that generates with
+    blocks it was not trained on, without a word."""
+    from turbo_dllm.config.load import load_model
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.config.validate import problems
+
+    hf_model(tmp_path)  # canvas_length 4
+
+    def found(block_size, **overrides):
+        document = {
+            "model": {
+                "family": "diffusion_gemma",
+                "path": str(tmp_path),
+                "from_config": None,
+                "config_overrides": overrides,
+            },
+            "objective": {"name": "diffusiongemma_sft", "block_size": block_size},
+            "data": {"synthetic": {"num_sequences": 8, "vocab_size": 97}, "seq_len": 32},
+        }
+        return {p.path: p.message for p in problems(load_model(RunSpec, document, "test"))}
+
+    assert "not the model folder's canvas_length (4)" in found(8)["objective.block_size"]
+    assert "{canvas_length: 8}" in found(8)["objective.block_size"]
+    assert found(4) == {}
+    assert found(8, canvas_length=8) == {}  # trained and exported at 8

@@ -38,6 +38,19 @@ def _rules(spec: Any, config: DiffusionGemmaConfig) -> list[tuple[str, str]]:
                 "token would be ignored (leave it out)",
             )
         )
+    block, canvas = spec.objective.block_size, config.canvas_length
+    if spec.model.path is not None and block != canvas:
+        # (a preset's canvas_length is a placeholder: its runs choose their block size)
+        found.append(
+            (
+                "objective.block_size",
+                f"{block} is not the model folder's canvas_length ({canvas}): transformers' "
+                "DiffusionGemma generates canvases of canvas_length tokens, so its export "
+                f"would denoise blocks of {canvas} after training on blocks of {block}; set "
+                f"objective.block_size: {canvas}, or model.config_overrides: "
+                f"{{canvas_length: {block}}} to train and export the model at {block}",
+            )
+        )
     if spec.model.attention == "turbo":
         found.append(
             (
