@@ -168,3 +168,19 @@ def test_a_checkpoint_of_another_format_or_a_bad_field_is_refused_naming_it(
         assert "'turbo_dllm.checkpoint.v1'" in caught.value.message
         assert "another turbo-dllm version" in caught.value.hint
     assert [r["step"] for r in metrics(run)] == [1, 2, 3, 4]  # nothing trained, nothing dropped
+
+
+def test_a_longer_resumed_run_follows_its_own_schedule_from_its_first_step(tmp_path):
+    """A resume with more `training.steps` rebuilds the schedule: its first step already runs
+    at the new schedule's rate (it ran at the saved run's last one), the same as a run trained
+    with those steps from the start."""
+    common = ("checkpoint.interval=3", "scheduler.warmup_steps=1")
+    assert train(tiny_spec("training.steps=3", *common), tmp_path / "run") == 0
+    assert train(tiny_spec("training.steps=6", *common), tmp_path / "run") == 0
+    assert train(tiny_spec("training.steps=6", *common), tmp_path / "fresh") == 0
+    resumed = {r["step"]: r["lr"] for r in metrics(tmp_path / "run")}
+    fresh = {r["step"]: r["lr"] for r in metrics(tmp_path / "fresh")}
+    assert sorted(resumed) == sorted(fresh) == [1, 2, 3, 4, 5, 6]
+    assert resumed[3] != fresh[3]  # the short run decayed to its floor by its step 3
+    for step in (4, 5, 6):
+        assert resumed[step] == pytest.approx(fresh[step], rel=1e-12), step

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["build_scheduler", "lr_multiplier"]
+__all__ = ["build_scheduler", "lr_multiplier", "resume_schedule"]
 
 
 def lr_multiplier(
@@ -58,3 +58,12 @@ def build_scheduler(optimizer, spec, total_steps: int):
             decay_fraction=spec.decay_fraction,
         ),
     )
+
+
+def resume_schedule(scheduler) -> None:
+    """After a checkpoint restore: each group's rate for the next step from the scheduler's
+    lambdas, which are rebuilt from this run's spec, as `step()` would have set it. The restored
+    optimizer holds the saved run's rate, which differs where the schedule did (a resume with
+    more `training.steps`: its first step ran at the old schedule's last rate)."""
+    scheduler.last_epoch -= 1
+    scheduler.step()  # recomputes lr = base_lr * lambda(last_epoch) for every group

@@ -74,7 +74,7 @@ from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.ep import expert_parameters, reduce_expert_grads
 from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
 from turbo_dllm.train.parallel.plan import build_sequence_plan, model_work
-from turbo_dllm.train.schedules import build_scheduler
+from turbo_dllm.train.schedules import build_scheduler, resume_schedule
 from turbo_dllm.train.stop import EXIT_TERMINATED, TerminationRequest
 from turbo_dllm.train.weights import materialize, named_parameters_clean
 
@@ -370,6 +370,7 @@ class Trainer:
         )
         for group in self.optimizer.param_groups:  # load_state_dict took the saved flags
             group.update(self.optimizer_kernels)
+        resume_schedule(self.scheduler)  # this spec's schedule (training.steps may have grown)
         self.train_time_offset = meta.train_time_s
         self.metrics.truncate_after(meta.step)
         print0(self.env, f"resumed from {path} (step {meta.step})")
