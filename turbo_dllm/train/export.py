@@ -9,7 +9,8 @@ Beside the weights, a folder `generate` can use needs the tokenizer and the toke
 sequence. Both are copied from where training got them (recorded in the checkpoint by
 `export_sources`): the model.path folder's generation_config.json and tokenizer files; for a
 random-init model trained on a prepared data artifact, the artifact's tokenizer and special
-token ids. Without a source generation_config.json, one is written from the config's ids.
+token ids (its pad only where the tokenizer has one: a pad token is never invented,
+`_own_pad`). Without a source generation_config.json, one is written from the config's ids.
 A model whose HF layout holds tensors it neither reads nor trains (`hf_source_prefixes`:
 DiffusionGemma's vision tower) gets them copied unchanged from the model.path folder, and one
 whose folder loads through code of its own (`auto_map`: Nemotron-Labs-Diffusion) that code.
@@ -163,7 +164,8 @@ def _refuse_non_finite(tensors: dict[str, Any], checkpoint: Path) -> None:
         shown = ", ".join(bad[:3]) + (", ..." if len(bad) > 3 else "")
         raise DllmError(
             f"the checkpoint {str(checkpoint)!r} holds non-finite weights (nan or inf in "
-            f"{len(bad)} of {len(tensors)} tensors: {shown}); training diverged before it was saved",
+            f"{len(bad)} of {len(tensors)} tensors: {shown}); training diverged before it was "
+            "saved",
             hint="export an earlier checkpoints/step_<N> folder, or train again with a lower "
             "optimizer.lr and training.clip_grad_norm set",
         )
@@ -309,6 +311,16 @@ def _record_mask_token(meta, folder: Path) -> None:
     config_path.write_text(json.dumps(config, indent=2) + "\n")
 
 
+def _own_pad(meta, specials: dict[str, int]) -> bool:
+    """Whether the artifact's pad token is one to write as the model's `pad_token_id`: not for
+    a `model.path` model (its folder's config says whether it has one: null stays null), nor
+    where it is the eos id (`dllm data prepare` pads with eos where the tokenizer has no pad
+    token). Written, such a pad is the eos token: transformers builds the embedding with
+    `padding_idx = pad_token_id`, so the eos row gets no gradient when the export is trained
+    further (ours too, for the families that take padding_idx)."""
+    return meta.model_path is None and specials["pad"] != specials.get("eos")
+
+
 def _copy_generation_files(meta, folder: Path) -> None:
     """generation_config.json, the tokenizer and the special token ids, from the sources."""
     from turbo_dllm.data.tokenizers import tokenizer_files
@@ -333,6 +345,8 @@ def _copy_generation_files(meta, folder: Path) -> None:
         specials = read_manifest(artifact).special_tokens
         for role, field in _TOKEN_ID_FIELDS.items():  # fill what the model's config lacks
             if config.get(field) is None and role in specials:
+                if role == "pad" and not _own_pad(meta, specials):
+                    continue
                 config[field] = specials[role]
         config_path.write_text(json.dumps(config, indent=2) + "\n")
     if model_path is not None and (model_path / GENERATION_CONFIG).is_file():
