@@ -175,21 +175,73 @@ def _canonical_argv(args) -> list[str]:
 
 
 def _replay_conflicts(args) -> list[str]:
-    """Flags that would change a recorded job (a replay keeps its spec and layout)."""
-    fixed = {
-        "--set": args.overrides,
+    """Flags that would change a recorded job (a replay keeps its spec and layout). A layout
+    flag given with the value the run recorded changes nothing and is taken: an explicit
+    `--max-restarts 0` on a run recorded with 0 was refused as a change."""
+    given = {
+        "--set": bool(args.overrides),
         "--backend": args.backend != "auto",
         "--nproc-per-node": args.nproc_per_node is not None,
         "--nnodes": args.nnodes is not None,
         "--max-restarts": args.max_restarts is not None,
         "--gpus-per-node": args.gpus_per_node is not None,
         "--cpus-per-task": args.cpus_per_task is not None,
+        "--partition": args.partition is not None,
+        "--account": args.account is not None,
+        "--time": args.time is not None,
+        "--sbatch": bool(args.sbatch),
+    }
+    flags = [flag for flag, present in given.items() if present]
+    comparable = [flag for flag in flags if flag != "--set"]
+    if not comparable:
+        return flags
+    from turbo_dllm.jobs.manifest import read_manifest
+
+    recorded = _recorded_values(read_manifest(args.manifest).plan)
+    now = _given_values(args)
+    return [flag for flag in flags if flag == "--set" or now[flag] != recorded.get(flag)]
+
+
+def _recorded_values(plan) -> dict:
+    """The layout flags' values as the recorded plan has them (None: the plan has no such
+    setting, so any value given changes the job)."""
+    values = {
+        "--backend": plan.backend,
+        "--nproc-per-node": plan.nproc_per_node,
+        "--nnodes": (plan.nnodes_min, plan.nnodes_max),
+        "--max-restarts": plan.max_restarts,
+    }
+    job = plan.slurm
+    if job is not None:
+        values.update(
+            {
+                "--gpus-per-node": job.gpus_per_node,
+                "--cpus-per-task": job.cpus_per_task,
+                "--partition": job.partition,
+                "--account": job.account,
+                "--time": job.time,
+                "--sbatch": tuple(job.extra),
+            }
+        )
+    return values
+
+
+def _given_values(args) -> dict:
+    from turbo_dllm.jobs.options import NodeRange
+
+    nodes = NodeRange.parse(args.nnodes) if args.nnodes is not None else None
+    return {
+        "--backend": args.backend,
+        "--nproc-per-node": args.nproc_per_node,
+        "--nnodes": None if nodes is None else (nodes.min, nodes.max),
+        "--max-restarts": args.max_restarts,
+        "--gpus-per-node": args.gpus_per_node,
+        "--cpus-per-task": args.cpus_per_task,
         "--partition": args.partition,
         "--account": args.account,
         "--time": args.time,
-        "--sbatch": args.sbatch,
+        "--sbatch": tuple(args.sbatch),
     }
-    return [flag for flag, given in fixed.items() if given]
 
 
 def _launch(args) -> int:

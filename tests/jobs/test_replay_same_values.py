@@ -1,0 +1,83 @@
+"""A replay keeps the recorded layout; a layout flag given with the value the run recorded
+changes nothing and is taken, one with another value is refused. Before, any such flag was
+refused by its presence: `--max-restarts 0` on a run recorded with 0 read as a change."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import assert_user_error
+from turbo_dllm.jobs import provenance
+from turbo_dllm.jobs.manifest import RunManifest, write_manifest
+
+
+@pytest.fixture
+def pinned_code(monkeypatch):
+    code = provenance.code_version()  # others may edit this checkout while the test runs
+    monkeypatch.setattr(provenance, "code_version", lambda: dict(code))
+
+
+def record(cli, *args) -> Path:
+    """A dry-run launch's manifest, written into its run dir as a launch would."""
+    result = cli("launch", "--dry-run", "--json", *args)
+    assert result.code == 0, result.err
+    manifest = RunManifest.model_validate(json.loads(result.out)["manifest"])
+    run_dir = Path(manifest.plan.run_dir)
+    run_dir.mkdir(parents=True)
+    return write_manifest(manifest, run_dir)
+
+
+def replay(cli, path, *flags):
+    return cli("launch", "--manifest", path, "--dry-run", "--json", *flags)
+
+
+def test_an_explicit_max_restarts_equal_to_the_recorded_one_is_taken(
+    cli, spec_file, workdir, pinned_code
+):
+    path = record(cli, "--config", spec_file, "--backend", "torchrun", "--run-dir", "a")
+    same = replay(cli, path, "--max-restarts", "0")
+    assert same.code == 0, same.err
+    assert json.loads(same.out)["plan"]["max_restarts"] == 0
+    other = replay(cli, path, "--max-restarts", "2")
+    assert_user_error(other, "a replay runs the recorded job; --max-restarts would change it")
+
+    restarting = record(cli, "--config", spec_file, "--max-restarts", "2", "--run-dir", "b")
+    assert replay(cli, restarting, "--max-restarts", "2").code == 0
+    assert_user_error(replay(cli, restarting, "--max-restarts", "0"), "--max-restarts would")
+
+
+@pytest.mark.parametrize(
+    ("same", "other"),
+    [
+        (("--backend", "torchrun"), ("--backend", "local")),
+        (("--nproc-per-node", "1"), ("--nproc-per-node", "2")),
+        (("--nnodes", "1"), ("--nnodes", "1:2")),
+    ],
+    ids=["backend", "nproc-per-node", "nnodes"],
+)
+def test_layout_flags_are_compared_by_value(cli, spec_file, workdir, pinned_code, same, other):
+    path = record(cli, "--config", spec_file, "--backend", "torchrun", "--run-dir", "a")
+    result = replay(cli, path, *same)
+    assert result.code == 0, result.err
+    assert_user_error(replay(cli, path, *other), f"{other[0]} would change it")
+    # only the flags that differ are named
+    mixed = replay(cli, path, *same, *other, "--max-restarts", "0")
+    assert mixed.code != 0 and "--max-restarts" not in mixed.err.split("hint:")[0]
+
+
+def test_slurm_flags_are_compared_by_value(cli, spec_file, workdir, pinned_code):
+    flags = ("--time", "01:00:00", "--cpus-per-task", "2", "--sbatch=--exclusive")
+    path = record(cli, "--config", spec_file, "--backend", "slurm", "--run-dir", "s", *flags)
+    result = replay(cli, path, *flags)
+    assert result.code == 0, result.err
+    assert_user_error(replay(cli, path, "--time", "02:00:00"), "--time would change it")
+    assert_user_error(replay(cli, path, "--sbatch=--hold"), "--sbatch would change it")
+    assert_user_error(replay(cli, path, "--partition", "debug"), "--partition would change it")
+
+
+def test_set_is_refused_on_a_replay_whatever_its_value(cli, spec_file, workdir, pinned_code):
+    path = record(cli, "--config", spec_file, "--run-dir", "a")
+    assert_user_error(replay(cli, path, "--set", "launch.seed=0"), "--set would change it")
