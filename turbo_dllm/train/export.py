@@ -11,6 +11,9 @@ sequence. Both are copied from where training got them (recorded in the checkpoi
 random-init model trained on a prepared data artifact, the artifact's tokenizer and special
 token ids (its pad only where the tokenizer has one: a pad token is never invented,
 `_own_pad`). Without a source generation_config.json, one is written from the config's ids.
+config.json says what the run trained with where the family's config leaves it open
+(`_as_trained`): the mask token a masking objective denoised from, and DiffusionGemma's
+`canvas_length` as the run's block size.
 A model whose HF layout holds tensors it neither reads nor trains (`hf_source_prefixes`:
 DiffusionGemma's vision tower) gets them copied unchanged from the model.path folder, and one
 whose folder loads through code of its own (`auto_map`: Nemotron-Labs-Diffusion) that code.
@@ -99,7 +102,8 @@ def export_checkpoint(
     _warn_if_sources_gone(meta, prefixes)
     tensors.update(_source_tensors(meta, prefixes))
     try:
-        save_hf(tensors, config, staging, dtype=getattr(torch, name), max_shard_size=shard_bytes)
+        written = _as_trained(meta, config)  # the run's mask token and block size
+        save_hf(tensors, written, staging, dtype=getattr(torch, name), max_shard_size=shard_bytes)
         if hasattr(model, "hf_export_config"):  # a family whose HF config is not its checkpoint's
             path = staging / "config.json"
             hf = model.hf_export_config(json.loads(path.read_text()))
@@ -290,12 +294,41 @@ def _module_of(reference: str) -> str | None:
     return reference.rsplit(".", 1)[0]
 
 
-def _record_mask_token(meta, folder: Path) -> None:
-    """config.json's `mask_token_id`, for a family whose config records none (the decoder's):
-    the id the run denoised from, objective.mask_token_id or the data artifact's mask token,
-    which the tokenizer may not name (a byte-level one, or an id given as
+# Objectives that denoise from the run's mask token (objective.mask_token_id, else the data's).
+# diffusiongemma_sft noises with random ids, autoregressive masks nothing, dflash_distillation
+# masks with the drafter's own (model.dflash.mask_token_id, in its config).
+_MASKING_OBJECTIVES = frozenset({"block_diffusion", "fast_dllm_v2"})
+
+
+def _as_trained(meta, config):
+    """The family config `config` as the run trained it, for the export's config.json:
+    - a config whose `mask_token_id` field is None (a preset's, or a folder without one) gets
+      the run's mask token (`_run_mask`) where the objective masks with it, written where the
+      family writes its own (diffusion_gemma: text_config.mask_token_id, which our reader and
+      transformers' DiffusionGemmaTextConfig keep). A family config without the field (the
+      decoder's) gets it from `_record_mask_token`;
+    - a config with a `canvas_length` (diffusion_gemma: transformers' DiffusionGemma generates
+      canvases of that many tokens) gets the block size the run trained on (`objective.
+      block_size`), a preset's placeholder included (a `model.path` folder's already is:
+      `families.diffusion_gemma` refuses another). Checkpoints without settings keep theirs."""
+    import dataclasses
+
+    changes: dict[str, Any] = {}
+    if getattr(config, "mask_token_id", 0) is None and meta.objective in _MASKING_OBJECTIVES:
+        mask = _run_mask(meta)
+        if mask is not None:
+            changes["mask_token_id"] = mask
+    block = (meta.settings or {}).get("objective.block_size")
+    if hasattr(config, "canvas_length") and block is not None:
+        changes["canvas_length"] = int(block)
+    return dataclasses.replace(config, **changes) if changes else config
+
+
+def _run_mask(meta) -> int | None:
+    """The mask token id the run denoised from: objective.mask_token_id or the data artifact's
+    mask token, which the tokenizer may not name (a byte-level one, or an id given as
     tokenizer.mask_token_id). Synthetic data's default (its vocabulary's last id) is not
-    recorded in the checkpoint."""
+    recorded in the checkpoint: None."""
     mask = (meta.settings or {}).get("objective.mask_token_id")
     artifact = Path(meta.data_artifact) if meta.data_artifact else None
     artifact = _same_artifact(meta, artifact, warn=False)  # a changed one was warned about
@@ -303,6 +336,13 @@ def _record_mask_token(meta, folder: Path) -> None:
         from turbo_dllm.data.artifact import read_manifest
 
         mask = read_manifest(artifact).special_tokens.get("mask")
+    return None if mask is None else int(mask)
+
+
+def _record_mask_token(meta, folder: Path) -> None:
+    """config.json's `mask_token_id`, for a family whose config records none (the decoder's):
+    the id the run denoised from (`_run_mask`)."""
+    mask = _run_mask(meta)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     if mask is None or config.get("mask_token_id") is not None:

@@ -1,0 +1,127 @@
+"""What a diffusion_gemma export records of the run: the mask token block_diffusion denoised
+from, and the block size it trained on as `canvas_length` (transformers' DiffusionGemma
+generates canvases of `canvas_length` tokens)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+import yaml
+
+from tests.data.helpers import prepare_config, write_jsonl
+from tests.data.helpers import write_config as write_prepare_config
+from tests.train.util import tiny_spec
+from turbo_dllm.families.diffusion_gemma.config import PRESETS, DiffusionGemmaConfig
+from turbo_dllm.train.entry import train
+from turbo_dllm.train.export import export_checkpoint
+
+transformers = pytest.importorskip("transformers")
+
+RUN = {
+    "launch": {"seed": 0},
+    "model": {"family": "diffusion_gemma", "from_config": "tiny"},
+    "objective": {"name": "block_diffusion", "block_size": 8},
+    "data": {"synthetic": {"num_sequences": 16, "vocab_size": 512}, "seq_len": 32},
+    "training": {"micro_batch_size": 2, "steps": 2},
+    "optimizer": {"lr": 0.003},
+    "scheduler": {"name": "cosine", "warmup_steps": 1},
+    "checkpoint": {"interval": 2, "keep_last": 1},
+    "logging": {"console": False},
+}
+
+
+def exported(tmp_path, *overrides: str) -> tuple[Path, dict]:
+    train(tiny_spec(*overrides, base=copy.deepcopy(RUN)), tmp_path / "run")
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    return out, json.loads((out / "config.json").read_text())
+
+
+def test_block_diffusion_records_the_mask_token_where_both_readers_find_it(tmp_path):
+    """The family's config has a mask_token_id field (None for a preset): the export skipped
+    recording the run's, so the folder did not say which token it denoises from."""
+    out, config = exported(tmp_path, "objective.mask_token_id=500")
+    assert config["text_config"]["mask_token_id"] == 500  # where the family writes its own
+    assert DiffusionGemmaConfig.from_hf_dict(config).mask_token_id == 500  # our loader
+    hf_config = transformers.AutoConfig.from_pretrained(str(out))
+    assert hf_config.text_config.mask_token_id == 500
+    hf = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(str(out))
+    assert hf.config.text_config.mask_token_id == 500
+
+
+def test_the_artifact_s_mask_token_is_recorded_and_sft_records_none(tmp_path):
+    """Without objective.mask_token_id block_diffusion masks with the artifact's mask token
+    (byte-level: 259); diffusiongemma_sft noises with random ids and masks nothing, so its
+    export names no mask token."""
+    write_jsonl(tmp_path / "data/data.jsonl", [{"text": "the fox runs over a dog " * 8}] * 20)
+    prepare_config(
+        write_prepare_config(
+            tmp_path / "data", packing={"seq_len": 32, "block_size": 8, "overflow": "truncate"}
+        )
+    )
+    artifact = tmp_path / "data/out"
+    on_artifact = ("data.synthetic=null", f"data.artifact={artifact}")
+    _, config = exported(tmp_path / "masked", *on_artifact)
+    assert config["text_config"]["mask_token_id"] == 259
+    _, config = exported(
+        tmp_path / "sft",
+        *on_artifact,
+        "objective.name=diffusiongemma_sft",
+        "objective.block_size=16",
+    )
+    assert "mask_token_id" not in config["text_config"] and "mask_token_id" not in config
+
+
+def test_a_preset_exports_the_block_size_it_trained_on_as_canvas_length(tmp_path):
+    """The tiny preset says canvas_length 16 (a placeholder: runs choose the block size); a run
+    at block size 8 exported canvas_length 16, and transformers generated 16-token canvases
+    with a model trained on 8-token blocks."""
+    assert PRESETS["tiny"]["canvas_length"] == 16
+    out, config = exported(tmp_path, "objective.mask_token_id=500")
+    assert config["canvas_length"] == 8
+    assert DiffusionGemmaConfig.from_hf_dict(config).canvas_length == 8
+    hf = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(str(out)).eval()
+    assert hf.config.canvas_length == 8
+    torch.manual_seed(0)
+    prompt = torch.randint(3, 500, (1, 5))
+    generated = hf.generate(prompt, max_new_tokens=8)
+    assert generated.sequences.shape[1] == 5 + 8  # one canvas of the trained block size
+
+
+RECIPES = Path(__file__).parents[2] / "turbo_dllm/config/recipes"
+
+
+@pytest.mark.parametrize(
+    "recipe",
+    sorted(
+        str(p.relative_to(RECIPES))
+        for p in RECIPES.rglob("*.yaml")
+        if (yaml.safe_load(p.read_text()).get("model") or {}).get("family") == "diffusion_gemma"
+    ),
+)
+def test_every_diffusion_gemma_recipe_exports_its_block_size(recipe):
+    """The h200-bench recipes train at block 256 on a preset whose canvas_length is 16: their
+    exports said 16. Checked on the config the export writes (the model is too large to train
+    here): the recipe's block size, whatever the preset's placeholder."""
+    from turbo_dllm.train.export import _as_trained
+
+    document = yaml.safe_load((RECIPES / recipe).read_text())
+    preset = PRESETS[document["model"]["from_config"]]
+    block = document["objective"]["block_size"]
+    meta = SimpleNamespace(
+        objective=document["objective"]["name"],
+        settings={"objective.block_size": block, "objective.mask_token_id": None},
+        data_artifact=None,
+        data_fingerprint=None,
+        model_path=None,
+    )
+    config = _as_trained(meta, DiffusionGemmaConfig.from_hf_dict(preset))
+    assert config.to_hf_dict()["canvas_length"] == block
+    assert (
+        config.to_hf_dict()["text_config"]
+        == DiffusionGemmaConfig.from_hf_dict(preset).to_hf_dict()["text_config"]
+    )  # nothing else changes (sft: no mask token)
