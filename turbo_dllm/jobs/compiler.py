@@ -406,10 +406,13 @@ def _worker_env(
     options: LaunchOptions,
 ) -> dict[str, str]:
     env: dict[str, str] = {}
+    threads = str(max(1, cpus // nproc)) if cpus else None
     if backend == "local":
-        # In-process: the interpreter (hash seed, thread pools) already exists; set nothing
-        # that would only pretend to apply.
-        return env
+        # In-process: the interpreter (its hash seed) already exists, so no PYTHONHASHSEED,
+        # which would only pretend to apply. The thread count does apply (the local backend
+        # sets torch's intra-op threads from it), and is recorded as torchrun's workers' is: it
+        # changes how CPU ops split their sums, and a replay runs with the recorded one.
+        return {"OMP_NUM_THREADS": threads} if threads else env
     # Python takes a hash seed up to 2**32 - 1 and stops with a fatal error past it (every
     # worker, at start) where launch.seed may go to 2**63 - 1: the seed's low 32 bits.
     env["PYTHONHASHSEED"] = str(spec.launch.seed % HASH_SEEDS)
@@ -418,6 +421,6 @@ def _worker_env(
         # workers then read the dead ones' gloo/NCCL addresses from it. Opting out gives each
         # attempt a fresh store (torch.distributed.elastic.rendezvous.dynamic_rendezvous).
         env["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-    if cpus:
-        env["OMP_NUM_THREADS"] = str(max(1, cpus // nproc))
+    if threads:
+        env["OMP_NUM_THREADS"] = threads
     return env

@@ -153,12 +153,22 @@ def prepare_replay(
 
 
 def _recorded_threads(plan: JobPlan, recorded: JobPlan) -> JobPlan:
-    """The replay's workers run with the recorded OMP_NUM_THREADS. A torchrun launch derives it
-    from this host's CPUs (cores / processes per node), and the thread count changes how CPU
-    ops split their sums and so their rounding: a CPU replay on a host with other cores (or
-    another CPU affinity) computed other numbers without a word of drift."""
+    """The replay's workers run with the recorded OMP_NUM_THREADS. A launch (in-process or
+    under torchrun) derives it from this host's CPUs (cores / processes per node), and the
+    thread count changes how CPU ops split their sums and so their rounding: a CPU replay on a
+    host with other cores (or another CPU affinity) computed other numbers without a word of
+    drift."""
     recorded_threads = recorded.env.get("OMP_NUM_THREADS")
     here = plan.env.get("OMP_NUM_THREADS")
+    if recorded_threads is None and here is not None and recorded.backend == "local":
+        # A local launch recorded before it recorded its thread count ran with torch's own
+        # default: the replay sets none either, as that run did.
+        env = {k: v for k, v in plan.env.items() if k != "OMP_NUM_THREADS"}
+        note = (
+            "replay: no OMP_NUM_THREADS, as recorded (the run predates recording it and ran "
+            "with torch's default thread count)"
+        )
+        return plan.model_copy(update={"env": env, "notes": [*plan.notes, note]})
     if recorded_threads is None or here is None or recorded_threads == here:
         return plan
     note = (
