@@ -1,8 +1,9 @@
 """Drift: how the inputs of a job now differ from what its manifest recorded.
 
 A replay is only the same job if the same code runs on the same kind of host with the same
-packages, kernel bundle, data, weights, `model.from_config` file and `checkpoint.resume`
-checkpoint. `manifest_drift` compares those groups field by field (flattened to dotted paths) and ignores what legitimately differs between two runs of one job:
+packages, kernel bundle, data, weights, `model.from_config` file, `checkpoint.resume`
+checkpoint and DFlash feature artifact. `manifest_drift` compares those groups field by field
+(flattened to dotted paths) and ignores what legitimately differs between two runs of one job:
 the host's name, times, the run id and dir. `flat_diff` is the general side-by-side comparison
 behind `dllm run diff`.
 
@@ -25,7 +26,17 @@ __all__ = [
     "manifest_drift",
 ]
 
-DRIFT_GROUPS = ("host", "packages", "bundle", "data", "weights", "model_shape", "resume", "code")
+DRIFT_GROUPS = (
+    "host",
+    "packages",
+    "bundle",
+    "data",
+    "weights",
+    "features",
+    "model_shape",
+    "resume",
+    "code",
+)
 # Fingerprint keys that name or time a machine instead of describing what it runs.
 VOLATILE_HOST_KEYS = frozenset(
     {"hostname", "host", "node", "collected_at", "created_at", "timestamp", "time", "pid", "user"}
@@ -33,6 +44,15 @@ VOLATILE_HOST_KEYS = frozenset(
 # Fields of a data ref that locate rather than identify the artifact.
 _DATA_IDENTITY = ("fingerprint", "num_sequences", "seq_len", "vocab_size")
 _CODE_IDENTITY = ("package_version", "git_commit", "diff_sha256")
+# A feature artifact's: its content fingerprint, its features.json, and what made it.
+_FEATURES_IDENTITY = (
+    "fingerprint",
+    "manifest_sha256",
+    "target_fingerprint",
+    "data_fingerprint",
+    "num_rows",
+    "teacher",
+)
 
 
 def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
@@ -84,6 +104,10 @@ def manifest_drift(recorded: RunManifest, current: RunManifest) -> list[DriftIte
     if "target_weights" in recorded.model_fields_set:  # a drafter's target (newer manifests)
         items += _weights_drift(
             _dump(recorded.target_weights), _dump(current.target_weights), "target_weights"
+        )
+    if "features" in recorded.model_fields_set:  # a drafter's feature artifact (newer ones)
+        items += _ref_drift(
+            "features", _dump(recorded.features), _dump(current.features), _FEATURES_IDENTITY
         )
     for group in ("model_shape", "resume"):  # manifests from before they were recorded: not
         if group in recorded.model_fields_set:

@@ -186,6 +186,7 @@ def _recorded_threads(plan: JobPlan, recorded: JobPlan) -> JobPlan:
 _GROUP_NAMES = {
     "host": "host (Python, platform, torch, GPUs, driver; DLLM_OVERRIDE_* variables)",
     "target_weights": "target weights",
+    "features": "model.dflash.features artifact",
     "model_shape": "model.from_config file",
     "resume": "checkpoint.resume checkpoint",
 }
@@ -268,7 +269,12 @@ def build_manifest(
     spec_doc = spec.model_dump(mode="json")
     seeds = {"launch.seed": spec.launch.seed}
     drafter = spec.model.dflash if spec.model.family == "dflash" else None
-    target = {"target_weights": provenance.weights_ref(drafter.target)} if drafter else {}
+    target = {}
+    if drafter:  # its frozen target, and the feature artifact made from it (None: online)
+        target = {
+            "target_weights": provenance.weights_ref(drafter.target),
+            "features": provenance.features_ref(drafter.features),
+        }
     if "PYTHONHASHSEED" in plan.env:
         seeds["PYTHONHASHSEED"] = int(plan.env["PYTHONHASHSEED"])
     return RunManifest(

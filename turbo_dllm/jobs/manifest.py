@@ -2,7 +2,8 @@
 
 A manifest records the resolved RunSpec (and its hash), the host fingerprint, the installed
 Python packages, the active kernel bundle, the data artifact's fingerprint, the content hashes of
-the model.path weights (and of a from_config file or a resume checkpoint), the code version, the
+the model.path weights (and of a from_config file, a resume checkpoint, a DFlash drafter's
+target and feature artifact), the code version, the
 seeds, the JobPlan and the exact commands. `dllm launch --manifest` replays it and refuses
 when any of those inputs drifted. It is written atomically and never replaced: a run dir holds
 one job.
@@ -30,6 +31,7 @@ __all__ = [
     "CodeVersion",
     "DataRef",
     "DriftItem",
+    "FeaturesRef",
     "ReplayRef",
     "RunManifest",
     "WeightsRef",
@@ -79,6 +81,20 @@ class WeightsRef(_Strict):
     files: dict[str, str] = Field(description="file name -> sha256 (config, safetensors, index)")
 
 
+class FeaturesRef(_Strict):
+    """A DFlash feature artifact (`model.dflash.features`) by what its features.json records:
+    the content fingerprint over its inputs and every shard's sha256 (the shards are not read
+    again: they run to gigabytes), the sha256 of features.json itself, and what made it."""
+
+    artifact: str
+    fingerprint: str
+    manifest_sha256: str
+    target_fingerprint: str
+    data_fingerprint: str
+    num_rows: int
+    teacher: bool
+
+
 class DriftItem(_Strict):
     field: str
     recorded: Any
@@ -115,6 +131,9 @@ class RunManifest(_Strict):
     # A DFlash drafter's frozen target (model.dflash.target): its features and head are what
     # the drafter learns from. Absent from other families' manifests and older ones.
     target_weights: WeightsRef | None = None
+    # Its feature artifact (model.dflash.features; None: the target runs online). Absent from
+    # other families' manifests and older ones, whose replays then do not compare it.
+    features: FeaturesRef | None = None
     # What else the spec reads by path: a `model.from_config` config.json (the model's shape) and
     # a `checkpoint.resume` checkpoint (the step the run starts from, as resolved: a run dir or a
     # checkpoints/ folder names its newest complete step). None where the spec names none; absent

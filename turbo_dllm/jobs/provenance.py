@@ -19,6 +19,7 @@ __all__ = [
     "active_bundle_ref",
     "code_version",
     "data_ref",
+    "features_ref",
     "host_fingerprint",
     "installed_packages",
     "model_shape_ref",
@@ -82,6 +83,32 @@ def data_ref(artifact: str | None) -> dict[str, Any] | None:
         "num_sequences": int(manifest.num_sequences),
         "seq_len": int(manifest.seq_len),
         "vocab_size": int(manifest.vocab_size),
+    }
+
+
+def features_ref(features: str | None) -> dict[str, Any] | None:
+    """A DFlash feature artifact's identity, from its features.json: the content fingerprint it
+    records (over what made it and every shard's sha256; the shards are not hashed again), the
+    sha256 of features.json, and what made it. None for online features (no artifact), or
+    where features.json is not there or not one (the launch's input checks say why)."""
+    if features is None:
+        return None
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.families.dflash.features import read_features_manifest
+
+    try:
+        manifest = read_features_manifest(features)
+        document = _file_sha256(Path(features) / "features.json")
+    except (DllmError, OSError):
+        return None
+    return {
+        "artifact": str(features),
+        "fingerprint": str(manifest.fingerprint),
+        "manifest_sha256": document,
+        "target_fingerprint": str(manifest.target_fingerprint),
+        "data_fingerprint": str(manifest.data_fingerprint),
+        "num_rows": int(manifest.num_rows),
+        "teacher": bool(manifest.teacher),
     }
 
 
