@@ -290,7 +290,7 @@ def build_sequence_plan(
     trims: frozenset[str] = frozenset(),
 ) -> SequencePlan:
     """The plan for `dims`; `attention` is the trainer's backend (its `name` picks the kernel);
-    `trims`: the work the model may skip with whole sequences (`train.attention.trim`)."""
+    `trims`: the work the model may skip (`train.attention.trim`)."""
     if dims is None or dims.mode == "none":
         return WholeSequence(attention, trims)
     backend = getattr(attention, "name", "reference")
