@@ -106,6 +106,40 @@ class SlurmOptions:
 _SLURM_TIME = re.compile(
     r"^(?:\d+(?::\d+){0,2}|\d+-\d+(?::\d+){0,2}|unlimited|infinite)$", re.IGNORECASE
 )
+# sbatch's long options (SLURM 22.05), as getopt_long reads them: a word names the option it
+# spells out, or the one option it is a prefix of (`--ntasks-per-n` is --ntasks-per-node); a
+# prefix of several (`--node`: --nodefile, --nodelist, --nodes) makes sbatch refuse the script.
+# Those that take their value in the next word when written without `=`:
+_SBATCH_VALUED = frozenset(
+    "--" + name
+    for name in (
+        "account acctg-freq array batch bb bbf begin chdir cluster cluster-constraint clusters "
+        "comment constraint container context core-spec cores-per-socket cpu-freq cpus-per-gpu "
+        "cpus-per-task deadline delay-boot dependency distribution error exclude export export-file "
+        "extra-node-info gid gpu-bind gpu-freq gpus gpus-per-node gpus-per-socket gpus-per-task "
+        "gres gres-flags hint input job-name kill-on-invalid-dep licenses mail-type mail-user "
+        "mcs-label mem mem-bind mem-per-cpu mem-per-gpu mincpus network nodefile nodelist nodes ntasks "
+        "ntasks-per-core ntasks-per-gpu ntasks-per-node ntasks-per-socket ntasks-per-tres open-mode "
+        "output partition power prefer priority profile qos reservation signal sockets-per-node "
+        "switches tasks-per-node thread-spec threads-per-core time time-min tmp uid wait-all-nodes "
+        "wckey wrap"
+    ).split()
+)
+# ... and those that take none there (no value, or only one written with `=`).
+_SBATCH_FLAGS = frozenset(
+    "--" + name
+    for name in (
+        "contiguous exclusive get-user-env help hold ignore-pbs nice no-kill no-requeue overcommit "
+        "oversubscribe parsable propagate quiet reboot requeue spread-job test-only usage "
+        "use-min-nodes verbose version wait"
+    ).split()
+)
+_SBATCH_LONG = _SBATCH_VALUED | _SBATCH_FLAGS
+# Short options: those that take a value (the rest of the word, else the next word), and those
+# that take none (more letters may follow them in one word: `-vN 2` is -v -N 2). -k takes an
+# optional value, only in the same word.
+_SBATCH_SHORT_VALUED = frozenset("abcdeimnopqtwxABCDFGJLMNS")
+_SBATCH_SHORT_FLAGS = frozenset("hsvHOQVW")
 # sbatch options the plan itself sets (`#SBATCH` lines, and srun / torchrun assume them):
 # sbatch takes the last of two, so an --sbatch line with one of them changed the job under a
 # plan and manifest that still described the first (`--nodes=2` for a 1-node torchrun, or
@@ -114,6 +148,7 @@ _PLANNED = {
     "--nodes": "--nnodes",
     "-N": "--nnodes",
     "--ntasks-per-node": None,
+    "--tasks-per-node": None,  # sbatch's other name for --ntasks-per-node
     "--ntasks": None,
     "-n": None,
     "--cpus-per-task": "--cpus-per-task",
@@ -134,7 +169,10 @@ def _check_sbatch_line(line: str) -> None:
     """One `--sbatch` value as sbatch reads the `#SBATCH` line: words split at white space
     outside quotes, each an option or the value of the option before it. A bare word
     (`exclusive`, the `b` of `--comment=a b`) made sbatch refuse the script ("Invalid
-    directive") only once the run dir held it."""
+    directive") only once the run dir held it. Options are read as sbatch's getopt reads them:
+    a long option's unambiguous prefix names it (`--ntasks-per-n=2` is --ntasks-per-node, which
+    the plan sets), an ambiguous one (`--node=2`) is refused by sbatch, and short options may
+    share a word (`-vN 2` is -v -N 2)."""
     import shlex
 
     try:
@@ -145,11 +183,14 @@ def _check_sbatch_line(line: str) -> None:
         ) from None
     if not words:
         raise DllmError("--sbatch '': an empty #SBATCH line", hint="drop it")
-    takes_value = False
+    takes_value = None  # the option whose value the next word is
     for word in words:
+        if takes_value in _SBATCH_VALUED or takes_value in _SHORT_NAMES:
+            takes_value = None  # whatever it is, `-N` too: getopt reads it as the value
+            continue
         if not word.startswith("-") or word == "-":
-            if takes_value:
-                takes_value = False
+            if takes_value:  # one sbatch 22.05 does not know: a bare word as its value
+                takes_value = None
                 continue
             raise DllmError(
                 f"--sbatch {line!r}: {word!r} is no sbatch option, and sbatch refuses the "
@@ -157,19 +198,72 @@ def _check_sbatch_line(line: str) -> None:
                 hint="write the option with its dashes (--sbatch=--exclusive), and quote a "
                 "value with white space: --sbatch='--comment=\"my job\"'",
             )
-        name = word.split("=", 1)[0] if word.startswith("--") else word[:2]
-        if name in _PLANNED:
-            flag = _PLANNED[name]
-            raise DllmError(
-                f"--sbatch {line!r}: the plan sets {name} itself, and sbatch would take this "
-                "one instead, running another job than the plan and manifest describe",
-                hint=f"use dllm launch {flag}"
-                if flag
-                else "drop it: the job runs one task per "
-                "node (torchrun starts the processes) and one run per run dir",
-            )
-        # `--opt value` / `-x value`: the next bare word is its value
-        takes_value = "=" not in word and (word.startswith("--") or len(word) == 2)
+        if word.startswith("--"):
+            written = word.split("=", 1)[0]
+            name = _sbatch_long_option(line, written)
+            _refuse_planned(line, name, written)
+            # `--opt value`: the next word is its value (an option sbatch 22.05 does not know,
+            # maybe a later one's: as if it took one)
+            valued = name in _SBATCH_VALUED or name not in _SBATCH_LONG
+            takes_value = name if "=" not in word and valued else None
+        else:
+            takes_value = _sbatch_short_options(line, word)
+    if takes_value in _SBATCH_VALUED or takes_value in _SHORT_NAMES:
+        # sbatch reads all #SBATCH lines as one command line: the next line's first word
+        # (another --sbatch line, or none: the script is refused) became this option's value
+        raise DllmError(
+            f"--sbatch {line!r}: {takes_value} takes a value, and this line gives none (sbatch "
+            "would read the next #SBATCH line's first word as its value, or refuse the script)",
+            hint=f"give it in the same line: --sbatch={takes_value}=VALUE"
+            if takes_value.startswith("--")
+            else f"give it in the same line: --sbatch='{takes_value} VALUE'",
+        )
+
+
+_SHORT_NAMES = frozenset("-" + letter for letter in _SBATCH_SHORT_VALUED)
+
+
+def _sbatch_long_option(line: str, written: str) -> str:
+    """The long option sbatch reads `written` as: itself, or the one option it abbreviates;
+    a prefix of several is refused, as sbatch refuses it ("option '--node=2' is ambiguous")."""
+    if written in _SBATCH_LONG:
+        return written
+    found = sorted(name for name in _SBATCH_LONG if name.startswith(written))
+    if len(found) > 1:
+        raise DllmError(
+            f"--sbatch {line!r}: sbatch reads {written} as a prefix of {len(found)} options "
+            f"({', '.join(found)}) and refuses the script for it",
+            hint="write the option's whole name",
+        )
+    return found[0] if found else written
+
+
+def _sbatch_short_options(line: str, word: str) -> str | None:
+    """Check the short options of one word (`-N2`, `-vN`, `-J name`); returns the option whose
+    value the next word is, if any."""
+    for at in range(1, len(word)):
+        letter = word[at]
+        _refuse_planned(line, "-" + letter, word if at > 1 else None)
+        if letter in _SBATCH_SHORT_VALUED:
+            return None if at + 1 < len(word) else "-" + letter  # the rest is its value
+        if letter not in _SBATCH_SHORT_FLAGS:
+            break  # -k[value], or one sbatch does not know (it says so)
+    return None
+
+
+def _refuse_planned(line: str, name: str, written: str | None) -> None:
+    if name not in _PLANNED:
+        return
+    flag = _PLANNED[name]
+    read_as = f" (sbatch reads {written} as {name})" if written and written != name else ""
+    raise DllmError(
+        f"--sbatch {line!r}: the plan sets {name} itself{read_as}, and sbatch would take this "
+        "one instead, running another job than the plan and manifest describe",
+        hint=f"use dllm launch {flag}"
+        if flag
+        else "drop it: the job runs one task per "
+        "node (torchrun starts the processes) and one run per run dir",
+    )
 
 
 @dataclass(frozen=True)
