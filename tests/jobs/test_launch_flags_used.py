@@ -76,7 +76,7 @@ ACCEPTED = [
     ("--time", "UNLIMITED"),
     ("--sbatch=--exclusive",),
     ("--sbatch=--exclusive --comment=x",),
-    ("--sbatch=-J named",),
+    ("--sbatch=-d singleton",),
     ("--sbatch=--comment='my job'",),
     ('--sbatch=--comment="a # b"',),
 ]

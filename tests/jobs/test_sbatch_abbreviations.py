@@ -30,8 +30,8 @@ REFUSED = [
     ("-vN 2", ["the plan sets -N itself (sbatch reads -vN as -N)", "--nnodes"]),
     ("-Qc2", ["the plan sets -c itself", "--cpus-per-task"]),
     # a value left off: sbatch reads the next line's first word as it (or refuses the script)
-    ("--job-name", ["--job-name takes a value, and this line gives none", "--job-name=VALUE"]),
-    ("--hold -J", ["-J takes a value", "'-J VALUE'"]),
+    ("--comment", ["--comment takes a value, and this line gives none", "--comment=VALUE"]),
+    ("--hold -d", ["-d takes a value", "'-d VALUE'"]),
     # a word after an option that takes none is no value of it
     ("--exclusive foo", ["'foo' is no sbatch option"]),
 ]
@@ -50,13 +50,15 @@ def test_abbreviated_and_grouped_options_are_read_as_sbatch_reads_them(
     assert not run_dir.exists()
 
 
-ACCEPTED = ["--exclus", "--comm=x", "-Jnamed", "-vJ named", "--job-name -N", "--hold --wait"]
+ACCEPTED = [
+    "--exclus", "--comm=x", "-dsingleton", "-vd singleton", "--comment -N", "--hold --wait"
+]  # fmt: skip
 
 
 @pytest.mark.parametrize("line", ACCEPTED)
 def test_what_sbatch_takes_is_taken(cli, spec_file, workdir, slurm_cluster, line):
     """A unique prefix of an option the plan does not set, short options sharing a word, and a
-    value that looks like an option (-N as a job name) make a script sbatch takes."""
+    value that looks like an option (-N as a comment) make a script sbatch takes."""
     run_dir = workdir / "r"
     result = cli(
         "launch", "--config", spec_file, "--backend", "slurm", "--run-dir", run_dir,

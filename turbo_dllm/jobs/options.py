@@ -143,7 +143,8 @@ _SBATCH_SHORT_FLAGS = frozenset("hsvHOQVW")
 # sbatch options the plan itself sets (`#SBATCH` lines, and srun / torchrun assume them):
 # sbatch takes the last of two, so an --sbatch line with one of them changed the job under a
 # plan and manifest that still described the first (`--nodes=2` for a 1-node torchrun, or
-# `--ntasks-per-node=8`, which started eight torchruns on every node). -> the flag for it.
+# `--ntasks-per-node=8`, which started eight torchruns on every node). -> the flag for it, or
+# None (drop it: one task per node, one run per run dir).
 _PLANNED = {
     "--nodes": "--nnodes",
     "-N": "--nnodes",
@@ -162,6 +163,29 @@ _PLANNED = {
     "-t": "--time",
     "--array": None,  # every task of an array job would run the one job in its one run dir
     "-a": None,
+    # The job's name and its log (<run dir>/slurm-%j.out, stdout and stderr both), where
+    # `dllm run` and the docs say they are: `--output=/elsewhere` moved the log out of the run
+    # dir, `--error=...` its errors. Named by the run dir (--run-dir).
+    "--job-name": "--run-dir",
+    "-J": "--run-dir",
+    "--output": "--run-dir",
+    "-o": "--run-dir",
+    "--error": "--run-dir",
+    "-e": "--run-dir",
+}
+# What the plan makes of those, and how to choose it.
+_NAMED = "names the job dllm-<run id> itself (the run id is its run dir's name)"
+_LOGGED = (
+    "writes the job's output and errors to <run dir>/slurm-<job id>.out itself, where dllm run "
+    "and the docs say the job's log is"
+)
+_PLAN_SETS = {
+    "--job-name": _NAMED,
+    "-J": _NAMED,
+    "--output": _LOGGED,
+    "-o": _LOGGED,
+    "--error": _LOGGED,
+    "-e": _LOGGED,
 }
 
 
@@ -256,6 +280,13 @@ def _refuse_planned(line: str, name: str, written: str | None) -> None:
         return
     flag = _PLANNED[name]
     read_as = f" (sbatch reads {written} as {name})" if written and written != name else ""
+    if name in _PLAN_SETS:
+        raise DllmError(
+            f"--sbatch {line!r}: the plan {_PLAN_SETS[name]}, and sbatch would take this "
+            f"{name}{read_as} instead",
+            hint=f"drop it; choose the run dir (and so the job's name and log) with dllm launch "
+            f"{flag}",
+        )
     raise DllmError(
         f"--sbatch {line!r}: the plan sets {name} itself{read_as}, and sbatch would take this "
         "one instead, running another job than the plan and manifest describe",
