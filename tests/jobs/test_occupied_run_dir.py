@@ -77,6 +77,13 @@ def runs(tmp_path_factory):
     return spec, root
 
 
+def recorded_threads(run_dir: Path) -> str:
+    """`OMP_NUM_THREADS=N` as the run's plan recorded it (this host's CPUs)."""
+    env = json.loads((run_dir / "manifest.json").read_text())["plan"]["env"]
+    assert list(env) == ["OMP_NUM_THREADS"], env
+    return f"OMP_NUM_THREADS={env['OMP_NUM_THREADS']}"
+
+
 @pytest.fixture
 def pinned(workdir, monkeypatch):
     monkeypatch.setattr(provenance, "code_version", lambda: dict(PINNED_CODE))
@@ -107,17 +114,19 @@ def test_a_stopped_run_is_refused_with_the_command_that_resumes_it(runs, cli, pi
     stopped = root / "stopped"
     before = snapshot(stopped)
     result = cli("launch", "--config", spec, "--run-dir", stopped)
-    resume = f"dllm train --config {stopped / 'spec.yaml'} --run-dir {stopped}"
+    threads = recorded_threads(stopped)
+    resume = f"{threads} dllm train --config {stopped / 'spec.yaml'} --run-dir {stopped}"
     assert_user_error(result, "already holds run stopped (died, step 4/4)", resume)
     assert snapshot(stopped) == before
     manifest = (stopped / "manifest.json").read_bytes()
 
-    # The printed command is the way on: it resumes that run as its latest attempt.
+    # The printed command is the way on: it resumes that run as its latest attempt, with the
+    # thread count it ran with (the subprocess run of it: test_resume_command_env).
     words = shlex.split(
         result.err.split("continue it from its last checkpoint: ")[1].split("\n")[0]
     )
-    assert words[:2] == ["dllm", "train"]
-    resumed = cli(*words[1:])
+    assert words[:3] == [threads, "dllm", "train"]
+    resumed = cli(*words[2:])
     assert resumed.code == 0, resumed.err
     assert json.loads((stopped / "result.json").read_text())["resumed_by"] == "dllm train"
     assert (stopped / "manifest.json").read_bytes() == manifest
@@ -169,7 +178,7 @@ def test_nodes_still_join_a_run_that_has_not_finished(runs, cli, pinned):
         f"{short} already holds run short (ok, step 1/4), which ended at ",
         " with exit status 0; a launch does not write into another run's dir. Instead:",
         "continue it from its last checkpoint: "
-        f"dllm train --config {short / 'spec.yaml'} --run-dir {short}",
+        f"{recorded_threads(short)} dllm train --config {short / 'spec.yaml'} --run-dir {short}",
     )
 
 
