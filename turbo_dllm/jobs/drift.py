@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from turbo_dllm.jobs.manifest import DriftItem, RunManifest, canonical_json
+from turbo_dllm.jobs.manifest import OPTIONAL_INPUTS, DriftItem, RunManifest, canonical_json
 
 __all__ = [
     "DRIFT_GROUPS",
@@ -101,17 +101,14 @@ def manifest_drift(recorded: RunManifest, current: RunManifest) -> list[DriftIte
     )
     items += _ref_drift("data", _dump(recorded.data), _dump(current.data), _DATA_IDENTITY)
     items += _weights_drift(_dump(recorded.weights), _dump(current.weights))
-    if "target_weights" in recorded.model_fields_set:  # a drafter's target (newer manifests)
-        items += _weights_drift(
-            _dump(recorded.target_weights), _dump(current.target_weights), "target_weights"
-        )
-    if "features" in recorded.model_fields_set:  # a drafter's feature artifact (newer ones)
-        items += _ref_drift(
-            "features", _dump(recorded.features), _dump(current.features), _FEATURES_IDENTITY
-        )
-    for group in ("model_shape", "resume"):  # manifests from before they were recorded: not
-        if group in recorded.model_fields_set:
-            old, new = _dump(getattr(recorded, group)), _dump(getattr(current, group))
+    # Groups added later: compared only where both manifests recorded them (one from before a
+    # group existed holds no value for it, whatever its null reads as).
+    both = [g for g in OPTIONAL_INPUTS if recorded.records(g) and current.records(g)]
+    for group in both:
+        old, new = _dump(getattr(recorded, group)), _dump(getattr(current, group))
+        if group == "features":  # a drafter's feature artifact
+            items += _ref_drift(group, old, new, _FEATURES_IDENTITY)
+        else:  # a drafter's target, a from_config file, a resume checkpoint
             items += _weights_drift(old, new, group)
     items += _ref_drift("code", _dump(recorded.code), _dump(current.code), _CODE_IDENTITY)
     return items

@@ -26,6 +26,7 @@ from turbo_dllm.jobs.compiler import compile_plan
 from turbo_dllm.jobs.drift import manifest_drift
 from turbo_dllm.jobs.manifest import (
     MANIFEST_NAME,
+    OPTIONAL_INPUTS,
     CodeVersion,
     DriftItem,
     ReplayRef,
@@ -269,7 +270,7 @@ def build_manifest(
     spec_doc = spec.model_dump(mode="json")
     seeds = {"launch.seed": spec.launch.seed}
     drafter = spec.model.dflash if spec.model.family == "dflash" else None
-    target = {}
+    target = {"target_weights": None, "features": None}  # recorded: none
     if drafter:  # its frozen target, and the feature artifact made from it (None: online)
         target = {
             "target_weights": provenance.weights_ref(drafter.target),
@@ -291,6 +292,7 @@ def build_manifest(
         **target,
         model_shape=provenance.model_shape_ref(spec.model.from_config),
         resume=provenance.resume_ref(spec.checkpoint.resume),
+        recorded_inputs=list(OPTIONAL_INPUTS),  # every one (null: none; not "not recorded")
         code=CodeVersion(**provenance.code_version()),
         seeds=seeds,
         plan=plan,

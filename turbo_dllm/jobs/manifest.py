@@ -27,6 +27,7 @@ from turbo_dllm.jobs.plan import JobPlan
 
 __all__ = [
     "FORMAT",
+    "OPTIONAL_INPUTS",
     "BundleRef",
     "CodeVersion",
     "DataRef",
@@ -45,6 +46,12 @@ __all__ = [
 
 FORMAT = "turbo_dllm.run_manifest.v1"
 MANIFEST_NAME = "manifest.json"
+# The input groups added to the manifest after its first version, in the order they came. A
+# manifest says which of them it recorded (`recorded_inputs`): one from before a group existed
+# did not record it, and a replay or a diff never compares it on that group. Their value alone
+# cannot say so (null is also "recorded: none"), nor can the keys of a manifest dumped again
+# from this model, which writes every field.
+OPTIONAL_INPUTS = ("target_weights", "features", "model_shape", "resume")
 
 
 class _Strict(BaseModel):
@@ -140,11 +147,35 @@ class RunManifest(_Strict):
     # from older manifests, whose replays then do not compare them.
     model_shape: WeightsRef | None = None
     resume: WeightsRef | None = None
+    # Which OPTIONAL_INPUTS this manifest recorded. A manifest written before this field has the
+    # keys of the groups its version wrote (write_manifest writes every field of its version):
+    # those it recorded, read once from the file itself (`_recorded_inputs`) and kept from then
+    # on, so a manifest dumped again still says what it recorded.
+    recorded_inputs: list[Literal["target_weights", "features", "model_shape", "resume"]] = Field(
+        default_factory=lambda: list(OPTIONAL_INPUTS)
+    )
     code: CodeVersion
     seeds: dict[str, int]
     plan: JobPlan
     commands: list[list[str]]
     replay_of: ReplayRef | None = None
+
+    def records(self, group: str) -> bool:
+        """Whether this manifest recorded input `group` (a value, null included); a group not
+        in OPTIONAL_INPUTS is in every manifest."""
+        return group not in OPTIONAL_INPUTS or group in self.recorded_inputs
+
+    @model_validator(mode="before")
+    @classmethod
+    def _recorded_inputs(cls, data: Any) -> Any:
+        """A manifest from before `recorded_inputs` recorded the groups it has keys for; and
+        none records a group it holds no key for (write_manifest writes every field)."""
+        if isinstance(data, dict):
+            listed = data.get("recorded_inputs", OPTIONAL_INPUTS)
+            if isinstance(listed, list | tuple):  # else: refused as the field's type
+                kept = [g for g in listed if g not in OPTIONAL_INPUTS or g in data]
+                data = {**data, "recorded_inputs": kept}  # an unknown name: refused below
+        return data
 
     def recorded(self, section: str, key: str) -> Any:
         """`spec[section][key]` as recorded, None where the spec lacks it (one recorded by
