@@ -90,6 +90,21 @@ def test_validation_uses_the_token_causal_stream():
     assert spec.data.seq_len == 40
 
 
+@pytest.mark.parametrize("cp", [1, 2])
+def test_block_parallelism_that_replicates_the_clean_stream_is_refused(cp):
+    """With bp > cp the clean stream sits on several ranks (BP only: every rank's clean prefix;
+    fused: bp/cp copies), so its scored tokens would count more than once (on 2 gloo ranks with
+    bp 2, cp 1 the loss and gradients were off by ~100 %); cp = bp, and block diffusion (which
+    scores noisy tokens, each owned by one rank) under the same topology, pass."""
+    from turbo_dllm.errors import DllmError
+
+    with pytest.raises(DllmError) as caught:
+        tiny_spec("objective.name=autoregressive", "topology.bp=4", f"topology.cp={cp}")
+    assert "topology.bp" in str(caught.value) and "scored more than once" in str(caught.value)
+    tiny_spec("objective.name=autoregressive", "topology.bp=2", "topology.cp=2")
+    tiny_spec("topology.bp=4", f"topology.cp={cp}")
+
+
 ARGS = ("training.steps=4", "checkpoint.interval=2", "objective.name=autoregressive")
 
 
