@@ -6,7 +6,7 @@ limits how many responses are cut), `throttle_bps` (slow bundle downloads to a c
 killed-install test), `fail_status` (answer bundle requests with this HTTP status, `fail_times`
 times), `ranges = False` (ignore Range headers, like a server without range support),
 `wrong_range = True` (answer every bundle request with 206 and a Content-Range one byte later
-than asked). Every
+than asked), `catalog_failures` (answer that many release-catalog requests with HTTP 503). Every
 request is logged as (path, Range header).
 """
 
@@ -29,6 +29,10 @@ class _Handler(SimpleHTTPRequestHandler):
         state = self.server.state
         state.requests.append((self.path, self.headers.get("Range")))
         path = Path(self.translate_path(self.path))
+        if self.path.endswith("catalog.toml") and state.catalog_failures > 0:
+            state.catalog_failures -= 1
+            self.send_error(503)
+            return
         if "/bundles/" in self.path and state.fail_status and state.fail_times != 0:
             state.fail_times -= 1
             self.send_error(state.fail_status)
@@ -94,6 +98,7 @@ class _State:
         self.wrong_range = False
         self.fail_status: int | None = None
         self.fail_times: int = -1  # -1: every request
+        self.catalog_failures: int = 0
 
 
 class _Server(ThreadingHTTPServer):
