@@ -25,6 +25,22 @@ def _config(world, path, *overrides):
     return path
 
 
+def _interrupt_before_the_manifest(spec, out, monkeypatch) -> None:
+    """Run `prepare_features` into `out` and stop it (KeyboardInterrupt) as it would write
+    features.json: every shard and progress.json stay in `.<out>.partial`."""
+    from turbo_dllm.families.dflash import features
+
+    real = features.FeaturesManifest
+
+    def interrupted(**fields):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(features, "FeaturesManifest", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        features.prepare_features(spec, out, rows_per_shard=8, progress=False)
+    monkeypatch.setattr(features, "FeaturesManifest", real)
+
+
 @pytest.mark.parametrize(
     "loss",
     [
@@ -103,17 +119,9 @@ def test_prepare_features_resumes_when_every_shard_was_written(world, tmp_path, 
     spec = load_runspec(_config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce"))
     whole = features.prepare_features(spec, tmp_path / "whole", rows_per_shard=8, progress=False)
     shards = len(read_features_manifest(whole).shards)
-    real = features.FeaturesManifest
-
-    def interrupted(**fields):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(features, "FeaturesManifest", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        features.prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
+    _interrupt_before_the_manifest(spec, tmp_path / "again", monkeypatch)
     progress = json.loads((tmp_path / ".again.partial/progress.json").read_text())
     assert len(progress["shards"]) == shards > 1
-    monkeypatch.setattr(features, "FeaturesManifest", real)
     again = features.prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
     assert read_features_manifest(again) == read_features_manifest(whole)
     assert read_features_manifest(again).dtype == "float32"
@@ -246,15 +254,7 @@ def test_a_resume_remakes_a_shard_that_changed_and_a_damaged_progress_record(
 
     spec = load_runspec(_config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce"))
     whole = features.prepare_features(spec, tmp_path / "whole", rows_per_shard=8, progress=False)
-    real = features.FeaturesManifest
-
-    def interrupted(**fields):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(features, "FeaturesManifest", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        features.prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
-    monkeypatch.setattr(features, "FeaturesManifest", real)
+    _interrupt_before_the_manifest(spec, tmp_path / "again", monkeypatch)
     shard = tmp_path / ".again.partial" / "shard_00001.safetensors"
     data = shard.read_bytes()
     shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
@@ -264,10 +264,7 @@ def test_a_resume_remakes_a_shard_that_changed_and_a_damaged_progress_record(
     for entry in manifest.shards:
         assert sha256_file(again / entry.file) == entry.sha256, entry.file
     # a damaged progress record: the staging folder starts over
-    monkeypatch.setattr(features, "FeaturesManifest", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        features.prepare_features(spec, tmp_path / "third", rows_per_shard=8, progress=False)
-    monkeypatch.setattr(features, "FeaturesManifest", real)
+    _interrupt_before_the_manifest(spec, tmp_path / "third", monkeypatch)
     (tmp_path / ".third.partial" / "progress.json").write_text("{not json")
     third = features.prepare_features(spec, tmp_path / "third", rows_per_shard=8, progress=False)
     assert read_features_manifest(third) == read_features_manifest(whole)
