@@ -13,7 +13,8 @@ import torch
 from tests.train.util import tiny_spec
 from turbo_dllm.families.decoder.runtime import build_model
 from turbo_dllm.registry import get_family
-from turbo_dllm.train.attention import BlockDiffusionLayout, ReferenceAttention, allowed_pairs
+from turbo_dllm.train.attention import BlockDiffusionLayout, ReferenceAttention, dense_mask
+from turbo_dllm.train.attention.layout import allowed_pairs_by_stream
 from turbo_dllm.train.attention.trim import CLEAN_HALF, LAST_LAYER_QUERIES
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.plan import WholeSequence, model_work
@@ -163,19 +164,14 @@ def test_the_flop_count_is_what_the_trimmed_model_computes():
     d = bd.corrupt(batch, KEY)
     work = model_work(plan, d)
     layout = BlockDiffusionLayout(32, 8)
-    noisy_pairs = allowed_pairs(layout, None, "noisy")
-    assert noisy_pairs + allowed_pairs(layout, None, "clean") == allowed_pairs(layout)
+    noisy_pairs, clean_pairs = allowed_pairs_by_stream(layout)
+    mask = dense_mask(layout)[0, 0]  # the split held to the mask itself: noisy rows first
+    assert (noisy_pairs, clean_pairs) == (int(mask[:32].sum()), int(mask[32:].sum()))
     assert work["last_layer"] == (64, 2 * noisy_pairs)
     full = config.step_flops(stream_tokens=128, scored_tokens=d.num_scored, pairs=work["pairs"])
     h, kv = config.hidden_size, config.num_key_value_heads * config.head_dim
     skipped = 6.0 * (config.layer_matmul_params - 2 * h * kv) * 64  # the clean rows' matmuls
-    skipped += (
-        12.0
-        * config.head_dim
-        * config.num_attention_heads
-        * 2
-        * allowed_pairs(layout, None, "clean")
-    )
+    skipped += 12.0 * config.head_dim * config.num_attention_heads * 2 * clean_pairs
     assert config.step_flops(**work) == pytest.approx(full - skipped)
 
 

@@ -22,7 +22,6 @@ mask_mods, per-shard masks (pass the global indices of the shard) and the pair c
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
 
 import torch
 
@@ -33,6 +32,7 @@ __all__ = [
     "BlockDiffusionLayout",
     "allowed",
     "allowed_pairs",
+    "allowed_pairs_by_stream",
     "dense_mask",
     "local_allowed",
     "one_document_per_row",
@@ -137,19 +137,22 @@ def one_document_per_row(doc_ids: torch.Tensor | None) -> bool:
     return doc_ids is None or bool((doc_ids == doc_ids[:, :1]).all())
 
 
-def allowed_pairs(
-    layout: BlockDiffusionLayout,
-    doc_ids: torch.Tensor | None = None,
-    queries: Literal["all", "noisy", "clean"] = "all",
-) -> int:
+def allowed_pairs(layout: BlockDiffusionLayout, doc_ids: torch.Tensor | None = None) -> int:
     """How many (query, key) pairs the mask allows, summed over the batch; O(L) per row.
 
     Used for the attention share of model FLOPs. With documents, assumes each document is one
-    contiguous run of positions (what packing produces). `queries`: count only the noisy or
-    the clean half's queries (a model that computes only those rows).
+    contiguous run of positions (what packing produces).
     """
     if not isinstance(layout, BlockDiffusionLayout):  # a CanvasLayout: one document per row
         return layout.pairs()
+    return sum(allowed_pairs_by_stream(layout, doc_ids))
+
+
+def allowed_pairs_by_stream(
+    layout: BlockDiffusionLayout, doc_ids: torch.Tensor | None = None
+) -> tuple[int, int]:
+    """`allowed_pairs` split by the query's stream: (the noisy queries', the clean queries'),
+    for a model that computes only some of those rows (`train.attention.trim`)."""
     L, B = layout.seq_len, layout.block_size
     pos = torch.arange(L)
     blk_start = (pos // B) * B
@@ -173,8 +176,4 @@ def allowed_pairs(
     local = overlap(blk_start, blk_start + B)  # noisy q: its own noisy block
     noisy_prefix = overlap(torch.zeros_like(blk_start), blk_start)  # clean blocks before
     clean_prefix = overlap(torch.zeros_like(blk_start), blk_start + B)  # clean blocks <= own
-    if queries == "noisy":
-        return int((local + noisy_prefix).sum())
-    if queries == "clean":
-        return int(clean_prefix.sum())
-    return int((local + noisy_prefix + clean_prefix).sum())
+    return int((local + noisy_prefix).sum()), int(clean_prefix.sum())

@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
-from turbo_dllm.train.attention.layout import allowed_pairs, one_document_per_row
+from turbo_dllm.train.attention.layout import allowed_pairs_by_stream, one_document_per_row
 from turbo_dllm.train.attention.trim import CLEAN_HALF, LAST_LAYER_QUERIES, LastLayerQueries
 from turbo_dllm.train.objectives.base import DiffusionBatch
 from turbo_dllm.train.parallel.cp import CpAttention
@@ -80,17 +80,19 @@ def model_work(plan: Any, batch: DiffusionBatch) -> dict[str, Any]:
 def _trimmed_work(batch: DiffusionBatch, trim: str | None) -> dict[str, Any]:
     """`step_flops`'s arguments for a whole (host) batch of which the model computes only what
     `trim` leaves (`train.attention.trim`)."""
-    # allowed_pairs sums over the rows of documents; without, one row counts for each
-    rows = 1 if batch.doc_ids is not None else batch.input_ids.shape[0]
     work: dict[str, Any] = dict(stream_tokens=batch.stream_tokens, scored_tokens=batch.num_scored)
+    if trim is None:
+        work["pairs"] = batch.attention_pairs()
+        return work
+    # the counts sum over the rows of documents; without, one row counts for each
+    rows = 1 if batch.doc_ids is not None else batch.input_ids.shape[0]
+    noisy, clean = (rows * n for n in allowed_pairs_by_stream(batch.layout, batch.doc_ids))
     if trim == CLEAN_HALF:
         work["stream_tokens"] //= 2
-        work["pairs"] = allowed_pairs(batch.layout, batch.doc_ids, "clean") * rows
-        return work
-    work["pairs"] = batch.attention_pairs()
-    if trim == LAST_LAYER_QUERIES:
-        noisy_pairs = allowed_pairs(batch.layout, batch.doc_ids, "noisy") * rows
-        work["last_layer"] = (batch.stream_tokens // 2, noisy_pairs)
+        work["pairs"] = clean
+    else:  # LAST_LAYER_QUERIES
+        work["pairs"] = noisy + clean
+        work["last_layer"] = (batch.stream_tokens // 2, noisy)
     return work
 
 
