@@ -319,3 +319,59 @@ def test_validate_and_doctor_apply_the_family_s_input_rules(cli, tmp_path):
     doctor = cli("doctor", "--config", train, "--json")
     check = {c["name"]: c for c in json.loads(doctor.out)["checks"]}["data fit"]
     assert check["status"] == "fail" and "data.artifact:" in check["detail"], check
+
+
+def _doctor_data_check(cli, train) -> dict:
+    doctor = json.loads(cli("doctor", "--config", train, "--json").out)
+    return {c["name"]: c for c in doctor["checks"]}["data artifact"]
+
+
+def _run_fix(cli, fix: str):
+    """Run the `dllm data prepare ...` command a doctor fix line starts with, as printed."""
+    import shlex
+
+    command = shlex.split(fix.split(" (then ")[0])
+    assert command[:3] == ["dllm", "data", "prepare"], fix
+    return cli(*command[1:])
+
+
+def test_doctors_data_fix_prepares_the_artifact_from_anywhere(cli, project, tmp_path, monkeypatch):
+    """The fix names the project's own prepare.yaml as seen from the working folder (not a bare
+    `prepare.yaml`, which is not there), and adds output.overwrite where an artifact is in the
+    way (a damaged one: a plain prepare refuses to replace it)."""
+    monkeypatch.chdir(tmp_path)
+    train = project.relative_to(tmp_path) / "train.yaml"
+    check = _doctor_data_check(cli, train)
+    assert check["status"] == "warn"
+    result = _run_fix(cli, check["fix"])
+    assert result.code == 0, (check["fix"], result.err)
+    assert _doctor_data_check(cli, train)["status"] == "pass"
+
+    tokens = project / "data/prepared/tokens.bin"
+    tokens.write_bytes(tokens.read_bytes()[:100])  # cut short
+    check = _doctor_data_check(cli, train)
+    assert check["status"] == "fail" and "fewer than" in check["detail"]
+    result = _run_fix(cli, check["fix"])
+    assert result.code == 0, (check["fix"], result.err)
+    assert _doctor_data_check(cli, train)["status"] == "pass"
+
+
+def test_doctors_data_fix_without_a_prepare_yaml_says_what_to_write(cli, project):
+    """No prepare config writes the artifact (renamed, or prepared from elsewhere): the fix says
+    which output.path the user's own prepare.yaml must have, not a file that does not exist."""
+    (project / "prepare.yaml").rename(project / "prep.txt")
+    check = _doctor_data_check(cli, project / "train.yaml")
+    assert check["status"] == "warn"
+    assert "--config prepare.yaml" not in check["fix"]
+    assert f"output.path: {project / 'data/prepared'}" in check["fix"]
+
+
+def test_doctor_names_a_data_folder_that_holds_no_artifact(cli, project):
+    """data.artifact naming a folder of other files: preparing into it is refused, so the fix
+    is to point data.artifact (or output.path) elsewhere, not to prepare."""
+    raw = project / "data/prepared"
+    raw.mkdir(parents=True)
+    (raw / "notes.txt").write_text("mine")
+    check = _doctor_data_check(cli, project / "train.yaml")
+    assert check["status"] == "fail"
+    assert "not a data artifact" in check["detail"] and "data.artifact" in check["fix"]

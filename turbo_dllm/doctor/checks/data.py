@@ -8,6 +8,9 @@ recomputes every hash. The fit rules are shared with it (`turbo_dllm.data.compat
 
 from __future__ import annotations
 
+import shlex
+from pathlib import Path
+
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
 from turbo_dllm.errors import DllmError
 
@@ -20,6 +23,66 @@ def _artifact(ctx: DoctorContext) -> str | None:
     return ctx.spec.data.artifact
 
 
+def _holds_other_files(folder: Path) -> bool:
+    try:
+        return folder.is_dir() and any(folder.iterdir())
+    except OSError:
+        return False
+
+
+def _shown(path: Path) -> str:
+    """A path as a command line the user runs from here would name it."""
+    try:
+        path = path.relative_to(Path.cwd())
+    except ValueError:
+        pass
+    return shlex.quote(str(path))
+
+
+def _prepare_config_for(ctx: DoctorContext, artifact: Path) -> Path | None:
+    """The prepare config (a YAML file beside the RunSpec) whose output.path is `artifact`:
+    read as `dllm data prepare` reads it, without validating the rest (prepare says what else
+    is wrong with it)."""
+    from turbo_dllm.config.load import absolute_path, read_yaml
+
+    if ctx.config_path is None:
+        return None
+    folder = ctx.config_path.absolute().parent
+    try:
+        candidates = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+    except OSError:
+        return None
+    target = artifact.resolve()
+    for candidate in candidates:
+        try:
+            document = read_yaml(candidate)
+        except Exception:  # not YAML, unreadable, too large: not a prepare config
+            continue
+        output = document.get("output") if isinstance(document, dict) else None
+        where = output.get("path") if isinstance(output, dict) else None
+        if not isinstance(where, str) or "source" not in document:
+            continue
+        if Path(absolute_path(where, candidate.resolve().parent)).resolve() == target:
+            return candidate
+    return None
+
+
+def _prepare_fix(ctx: DoctorContext, artifact: Path) -> str:
+    """The command that (re)writes `artifact`: the prepare config that names it (found beside
+    the RunSpec), with output.overwrite where a folder is in the way (prepare refuses to
+    replace one without it: a damaged artifact, an empty folder)."""
+    config = _prepare_config_for(ctx, artifact)
+    command = f"dllm data prepare --config {_shown(config) if config else 'PREPARE.yaml'}"
+    if artifact.exists():
+        command += " --set output.overwrite=true"
+    if config is None:
+        command += f" (a prepare.yaml with output.path: {artifact})"
+    check = f"dllm data validate {_shown(artifact)}"
+    if ctx.config_path is not None:
+        check += f" --config {_shown(ctx.config_path)}"
+    return f"{command} (then {check})"
+
+
 @register_check(order=300)
 def data_artifact(ctx: DoctorContext) -> CheckResult:
     name = "data artifact"
@@ -28,15 +91,21 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
     path = _artifact(ctx)
     if path is None:
         return CheckResult(name, "pass", "synthetic data (no artifact needed)")
-    from pathlib import Path
-
     from turbo_dllm.data.artifact import DataArtifact
 
-    fix = (
-        "dllm data prepare --config prepare.yaml (then dllm data validate "
-        f"{path} --config {ctx.config_path})"
-    )
-    if not (Path(path) / "manifest.json").exists():
+    folder = Path(path)
+    manifest = folder / "manifest.json"
+    if not manifest.exists() and _holds_other_files(folder):
+        return CheckResult(
+            name,
+            "fail",
+            f"{path} holds files but no manifest.json: not a data artifact (`dllm data prepare` "
+            "refuses to write into it)",
+            fix="set data.artifact to the folder your prepare.yaml's output.path names, or move "
+            f"the files out of {path} and prepare it",
+        )
+    fix = _prepare_fix(ctx, folder)
+    if not manifest.exists():
         return CheckResult(
             name,
             "fail" if ctx.prod else "warn",
