@@ -275,11 +275,16 @@ def profile_steps(trainer: Trainer, first_step: int, path: Path, device) -> None
         sync(device)
     wall = time.perf_counter() - tick
     kernels, busy = gpu_busy(prof)
+    gaps = "\n".join(
+        f"  {gap * 1e3:8.3f} ms idle after {before[:70]} -> before {after[:70]}"
+        for gap, before, after in gpu_gaps(prof)
+    )
     sort_by = "self_device_time_total" if device.type == "cuda" else "self_cpu_time_total"
     table = prof.key_averages().table(sort_by=sort_by, row_limit=40, max_name_column_width=90)
     path.write_text(
         f"2 steps: wall {wall:.3f} s, GPU kernels {kernels:.3f} s, GPU busy {busy:.3f} s "
-        f"(idle {wall - busy:.3f} s)\n\n{table}\n"
+        f"(idle {wall - busy:.3f} s)\n\nlongest GPU idle gaps between kernels:\n{gaps}\n\n"
+        f"{table}\n"
     )
     trace = path.with_suffix(".trace.json.gz")  # the timeline (chrome://tracing, Perfetto)
     prof.export_chrome_trace(str(trace))
@@ -303,6 +308,26 @@ def gpu_busy(prof) -> tuple[float, float]:
             busy += end - max(start, reach)
             reach = end
     return total / 1e6, busy / 1e6
+
+
+def gpu_gaps(prof, top: int = 12) -> list[tuple[float, str, str]]:
+    """The `top` longest stretches (seconds) where no GPU kernel ran, longest first, each with
+    the kernel that ended before it and the one that started after it: where the GPU waits
+    (a host sync, launch latency) inside the profiled steps."""
+    from torch.autograd import DeviceType
+
+    kernels = sorted(
+        (e.time_range.start, e.time_range.end, e.name)
+        for e in prof.events()
+        if e.device_type == DeviceType.CUDA
+    )
+    gaps, reach, last = [], None, ""
+    for start, end, name in kernels:
+        if reach is not None and start > reach:
+            gaps.append(((start - reach) / 1e6, last, name))
+        if reach is None or end > reach:
+            reach, last = end, name
+    return sorted(gaps, key=lambda gap: -gap[0])[:top]
 
 
 class Progress:

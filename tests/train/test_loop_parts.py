@@ -280,6 +280,30 @@ def test_benchmark_gpu_busy_counts_overlapping_kernels_once():
     assert train_step.gpu_busy(prof) == (35e-6, 30e-6)
 
 
+def test_benchmark_gpu_gaps_are_the_idle_stretches_between_kernels():
+    """Longest first, each between the kernel that ended last and the next one; an overlapped
+    kernel or a CPU event opens no gap."""
+    from torch.autograd import DeviceType
+
+    train_step = benchmark_module("train_step")
+
+    def event(name, start, end, device=DeviceType.CUDA):
+        span = types.SimpleNamespace(start=start, end=end)
+        return types.SimpleNamespace(time_range=span, device_type=device, name=name)
+
+    spans = [
+        event("a", 0, 10),
+        event("b", 5, 20),  # overlaps a: ends later, so the next gap starts after b
+        event("c", 30, 40),
+        event("d", 41, 50),
+        event("e", 90, 95),
+        event("cpu", 0, 200, DeviceType.CPU),
+    ]
+    prof = types.SimpleNamespace(events=lambda: spans)
+    assert train_step.gpu_gaps(prof) == [(40e-6, "d", "e"), (10e-6, "b", "c"), (1e-6, "c", "d")]
+    assert train_step.gpu_gaps(prof, top=1) == [(40e-6, "d", "e")]
+
+
 def test_batches_move_to_a_device_named_by_string_or_object():
     from turbo_dllm.train.objectives.base import to_device
 
