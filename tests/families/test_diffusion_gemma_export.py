@@ -115,6 +115,7 @@ def test_every_diffusion_gemma_recipe_exports_its_block_size(recipe):
     meta = SimpleNamespace(
         objective=document["objective"]["name"],
         settings={"objective.block_size": block, "objective.mask_token_id": None},
+        mask_token_id=None,
         data_artifact=None,
         data_fingerprint=None,
         model_path=None,

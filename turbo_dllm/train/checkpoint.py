@@ -79,6 +79,12 @@ class CheckpointMeta(BaseModel):
     # (generation_config.json, the tokenizer): the model.path folder and the data artifact.
     model_path: str | None = None
     data_artifact: str | None = None
+    # The mask token id the objective denoised from (`objective.mask_token_id`, else the data
+    # artifact's mask token, else synthetic data's default: its vocabulary's last id), for an
+    # objective that masks with it (`export._MASKING_OBJECTIVES`); None for one that masks
+    # nothing, or written before it was recorded (export then reads the spec's or the
+    # artifact's, and synthetic data's default is unknown).
+    mask_token_id: int | None = None
     # The RunSpec settings a resume may change, by their spec path ("data.seq_len": 256, ...):
     # a resume names each one that differs (None: written before they were recorded).
     settings: dict[str, Any] | None = None

@@ -37,13 +37,39 @@ GENERATION_CONFIG = "generation_config.json"
 _TOKEN_ID_FIELDS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "pad_token_id"}
 
 
-def export_sources(spec) -> dict[str, str | None]:
-    """The checkpoint fields naming the folders export copies from (absolute paths)."""
+def export_sources(spec) -> dict[str, Any]:
+    """The checkpoint fields export reads beyond the model: the folders it copies from
+    (absolute paths) and the mask token the objective denoised from (`_spec_mask`)."""
 
     def absolute(path: str | None) -> str | None:
         return str(Path(path).absolute()) if path else None
 
-    return {"model_path": absolute(spec.model.path), "data_artifact": absolute(spec.data.artifact)}
+    return {
+        "model_path": absolute(spec.model.path),
+        "data_artifact": absolute(spec.data.artifact),
+        "mask_token_id": _spec_mask(spec),
+    }
+
+
+def _spec_mask(spec) -> int | None:
+    """The mask token `spec`'s objective denoises from, as the trainer chooses it
+    (`train.data.build_data`): `objective.mask_token_id`, else the artifact's mask token, else
+    synthetic data's last id; None for an objective that masks with none (autoregressive,
+    diffusiongemma_sft, a DFlash drafter's: its own, in its config). Synthetic data's default
+    was in no record, so an export of the quick start's run named no mask token."""
+    objective, data = spec.objective, spec.data
+    if objective.name not in _MASKING_OBJECTIVES:
+        return None
+    if objective.mask_token_id is not None:
+        return int(objective.mask_token_id)
+    if data.artifact is not None:
+        from turbo_dllm.data.artifact import read_manifest
+
+        mask = read_manifest(data.artifact).special_tokens.get("mask")
+        return None if mask is None else int(mask)
+    if data.synthetic is not None:
+        return int(data.synthetic.vocab_size) - 1
+    return None
 
 
 def export_checkpoint(
@@ -314,7 +340,7 @@ def _as_trained(meta, config):
     import dataclasses
 
     changes: dict[str, Any] = {}
-    if getattr(config, "mask_token_id", 0) is None and meta.objective in _MASKING_OBJECTIVES:
+    if getattr(config, "mask_token_id", 0) is None:  # (None for an objective without one)
         mask = _run_mask(meta)
         if mask is not None:
             changes["mask_token_id"] = mask
@@ -325,10 +351,17 @@ def _as_trained(meta, config):
 
 
 def _run_mask(meta) -> int | None:
-    """The mask token id the run denoised from: objective.mask_token_id or the data artifact's
-    mask token, which the tokenizer may not name (a byte-level one, or an id given as
-    tokenizer.mask_token_id). Synthetic data's default (its vocabulary's last id) is not
-    recorded in the checkpoint: None."""
+    """The mask token id the run denoised from, for an objective that masks with one (else
+    None: an export must not claim a mask token its model never saw): the checkpoint's record
+    (`mask_token_id`, from `export_sources`). A checkpoint written before the record: its
+    objective.mask_token_id, or the data artifact's mask token (which the tokenizer may not
+    name: a byte-level one, or an id given as tokenizer.mask_token_id) while it holds the data
+    trained on; synthetic data's default (its vocabulary's last id) is unknown there, said in a
+    warning."""
+    if meta.objective not in _MASKING_OBJECTIVES:
+        return None
+    if meta.mask_token_id is not None:
+        return int(meta.mask_token_id)
     mask = (meta.settings or {}).get("objective.mask_token_id")
     artifact = Path(meta.data_artifact) if meta.data_artifact else None
     artifact = _same_artifact(meta, artifact, warn=False)  # a changed one was warned about
@@ -336,6 +369,13 @@ def _run_mask(meta) -> int | None:
         from turbo_dllm.data.artifact import read_manifest
 
         mask = read_manifest(artifact).special_tokens.get("mask")
+    if mask is None and meta.data_artifact is None:
+        print(
+            "warning: the checkpoint does not record the mask token its run denoised from "
+            "(written before turbo-dllm recorded synthetic data's default, the vocabulary's "
+            "last id): the export names none; add mask_token_id to its config.json",
+            file=sys.stderr,
+        )
     return None if mask is None else int(mask)
 
 

@@ -4,7 +4,8 @@ Pure noise cannot be learned, so a loss curve on it says nothing. Each sequence 
 of "motifs" (short fixed token strings drawn from a seeded pool), so a model can learn them and
 the loss visibly falls, while generation stays vectorised for 64K-token sequences. Token ids
 avoid the run's mask token (`avoid`: by default the last id of the vocabulary, the default mask
-token for synthetic data), so a masked position never looks like a real token.
+token for synthetic data, which checkpoints record as their `mask_token_id` so that an export
+names it), so a masked position never looks like a real token.
 
 Batches follow the data-parallel contract: at each call, rank r of P gets the r-th slice of
 `micro_batch_size` sequences of the next P * micro_batch_size in the epoch's shuffled order.
