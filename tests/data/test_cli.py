@@ -375,3 +375,21 @@ def test_doctor_names_a_data_folder_that_holds_no_artifact(cli, project):
     check = _doctor_data_check(cli, project / "train.yaml")
     assert check["status"] == "fail"
     assert "not a data artifact" in check["detail"] and "data.artifact" in check["fix"]
+
+
+def test_doctor_given_a_prepare_yaml_says_so(cli, project):
+    """`dllm doctor --config prepare.yaml` (the starter project has both files): the config check
+    says it is a prepare config and how to check it, not five unknown keys with wrong guesses
+    ('tokenizer: did you mean optimizer?') and an 'edit the fields' fix; the checks that need
+    a RunSpec say it did not load, not that none was given."""
+    result = cli("doctor", "--config", project / "prepare.yaml", "--json")
+    assert result.code == 1
+    checks = {c["name"]: c for c in json.loads(result.out)["checks"]}
+    config = checks["config"]
+    assert config["status"] == "fail"
+    assert "is a data preparation config" in config["detail"], config
+    assert "did you mean" not in config["detail"] and "edit the fields" not in config["fix"]
+    assert "train.yaml" in config["fix"] and "dllm data prepare" in config["fix"]
+    for name in ("data artifact", "world size", "model", "checkpoint dir"):
+        assert "no RunSpec given" not in checks[name]["detail"], checks[name]
+        assert "did not load" in checks[name]["detail"], checks[name]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from turbo_dllm.cli._output import check_world_size, emit_json
@@ -25,12 +26,30 @@ def register(subparsers) -> None:
 
 def build_context(config: str | None, world_size: int | None = None):
     """Parse the config for the checks; a bad config is a failed check, not a crash."""
-    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.config.load import load_runspec, read_yaml
+    from turbo_dllm.data.spec import check_not_a_prepare_spec
     from turbo_dllm.doctor import DoctorContext
     from turbo_dllm.errors import DllmError
 
     context = DoctorContext(config_path=Path(config) if config else None, world_size=world_size)
     if config:
+        try:
+            document = read_yaml(config)
+        except Exception:  # unreadable, not YAML: load_runspec reports it as it always does
+            document = None
+        try:
+            # A prepare.yaml (beside train.yaml in a starter project) is said as such, not as
+            # five unknown RunSpec keys with wrong guesses.
+            check_not_a_prepare_spec(
+                document,
+                config,
+                hint="pass the RunSpec (train.yaml) to `dllm doctor --config`; a prepare config "
+                f"is checked by running it: dllm data prepare --config {shlex.quote(config)}",
+            )
+        except DllmError as error:
+            context.config_error, context.config_hint = error.message, error.hint
+            context.config_hint_fixes = True
+            return context
         try:
             context.spec = load_runspec(config, world_size=world_size)
         except DllmError as error:

@@ -383,15 +383,17 @@ def check_not_a_runspec(document: Any, source: str) -> None:
         )
 
 
-def check_not_a_prepare_spec(document: Any, source: str) -> None:
-    """The reverse mix-up: a prepare.yaml where a RunSpec (train.yaml) is read."""
+def check_not_a_prepare_spec(document: Any, source: str, hint: str | None = None) -> None:
+    """The reverse mix-up: a prepare.yaml where a RunSpec (train.yaml) is read; `hint` says
+    what the command reads the RunSpec for."""
     from turbo_dllm.config.runspec import RunSpec
 
     if sections := _sections_of(document, PrepareSpec, RunSpec):
         raise DllmError(
             f"{source} is a data preparation config ({', '.join(sections)}), not a training "
             "config (RunSpec)",
-            hint="--config names the RunSpec (train.yaml) whose data.seq_len, objective and "
+            hint=hint
+            or "--config names the RunSpec (train.yaml) whose data.seq_len, objective and "
             "model the artifact must fit",
         )
 

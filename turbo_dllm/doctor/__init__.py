@@ -39,9 +39,17 @@ class DoctorContext:
     spec: Any = None  # RunSpec
     config_error: str | None = None
     config_hint: str | None = None  # the loader's fix for `config_error`
+    config_hint_fixes: bool = False  # the hint is the fix (no field to edit: another kind of file)
     world_size: int | None = None
     run_dir: Path | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+
+    def without_spec(self, what: str) -> str:
+        """The detail of a check that needs the RunSpec where there is none: not given, or
+        given and not loaded (the config check says why)."""
+        if self.config_path is not None:
+            return f"not checked: the RunSpec did not load (see the config check) ({what})"
+        return f"no RunSpec given (pass --config to check {what})"
 
     @property
     def prod(self) -> bool:

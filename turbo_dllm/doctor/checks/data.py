@@ -87,7 +87,7 @@ def _prepare_fix(ctx: DoctorContext, artifact: Path) -> str:
 def data_artifact(ctx: DoctorContext) -> CheckResult:
     name = "data artifact"
     if ctx.spec is None:
-        return CheckResult(name, "pass", "no RunSpec given (pass --config to check its data)")
+        return CheckResult(name, "pass", ctx.without_spec("its data"))
     path = _artifact(ctx)
     if path is None:
         return CheckResult(name, "pass", "synthetic data (no artifact needed)")

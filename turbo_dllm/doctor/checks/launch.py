@@ -41,7 +41,7 @@ def _nproc_per_node(ctx: DoctorContext) -> int | None:
 def topology_world_size(ctx: DoctorContext) -> CheckResult:
     name = "world size"
     if ctx.spec is None:
-        return CheckResult(name, "pass", "no RunSpec given (pass --config to check a launch)")
+        return CheckResult(name, "pass", ctx.without_spec("a launch"))
     topo = ctx.spec.topology
     product = topo.layout.describe()
     plan = _plan(ctx)

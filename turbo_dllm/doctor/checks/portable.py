@@ -127,7 +127,7 @@ def checkpoint_dir(ctx: DoctorContext) -> CheckResult:
     """checkpoint.dir is first written after the first steps: a file in its way is said now."""
     name = "checkpoint dir"
     if ctx.spec is None:
-        return CheckResult(name, "pass", "no RunSpec given (pass --config to check its folder)")
+        return CheckResult(name, "pass", ctx.without_spec("its folder"))
     run = ctx.run_dir or (Path(ctx.spec.launch.run_dir) if ctx.spec.launch.run_dir else None)
     problem = checkpoint_dir_problem(ctx.spec, run)
     if problem is not None:
@@ -177,7 +177,11 @@ def disk_space(ctx: DoctorContext) -> CheckResult:
 def config_validity(ctx: DoctorContext) -> CheckResult:
     if ctx.config_path is None:
         return CheckResult("config", "pass", "no config given (pass --config to check one)")
-    if ctx.config_error and ctx.config_hint and not ctx.config_path.is_file():
+    if (
+        ctx.config_error
+        and ctx.config_hint
+        and (ctx.config_hint_fixes or not ctx.config_path.is_file())
+    ):
         # no file to edit (not there, a folder): the loader's hint says what to pass instead
         return CheckResult("config", "fail", ctx.config_error, fix=ctx.config_hint)
     if ctx.config_error:

@@ -17,15 +17,15 @@ from turbo_dllm.fsutil import human_count
 __all__: list[str] = []
 
 
-def _no_spec(name: str) -> CheckResult:
-    return CheckResult(name, "pass", "no RunSpec given (pass --config to check the trainer)")
+def _no_spec(name: str, ctx: DoctorContext) -> CheckResult:
+    return CheckResult(name, "pass", ctx.without_spec("the trainer"))
 
 
 @register_check(order=450)
 def attention_backend(ctx: DoctorContext) -> CheckResult:
     name = "attention backend"
     if ctx.spec is None:
-        return _no_spec(name)
+        return _no_spec(name, ctx)
     backend = ctx.spec.model.attention
     if backend == "reference":
         return CheckResult(name, "pass", "reference (SDPA + explicit mask; fine for CPU and tests)")
@@ -101,7 +101,7 @@ def partial_merge(ctx: DoctorContext) -> CheckResult:
 
     name = "attention merge"
     if ctx.spec is None:
-        return _no_spec(name)
+        return _no_spec(name, ctx)
     spec = ctx.spec
     if spec.topology.bp <= 1:
         return CheckResult(name, "pass", "no partials to merge (topology.bp = 1)")
@@ -131,7 +131,7 @@ def _device(ctx: DoctorContext) -> str:
 def model_source(ctx: DoctorContext) -> CheckResult:
     name = "model"
     if ctx.spec is None:
-        return _no_spec(name)
+        return _no_spec(name, ctx)
     from pathlib import Path
 
     from turbo_dllm.registry import resolve_model_config
@@ -165,7 +165,7 @@ def compile_cache(ctx: DoctorContext) -> CheckResult:
     """Where compiled kernels are kept, and whether the first step will have to build them."""
     name = "compile cache"
     if ctx.spec is None:
-        return _no_spec(name)
+        return _no_spec(name, ctx)
     import torch
 
     if not (ctx.spec.training.compile or torch.cuda.is_available()):
