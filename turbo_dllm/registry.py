@@ -68,7 +68,6 @@ BUILTIN_OBJECTIVES: Mapping[str, Objective] = {
             "next-token cross-entropy, token-causal attention (targets, AR drafters)",
             "turbo_dllm.train.objectives.autoregressive",
             stream_block_size=1,
-            scores_clean_stream=True,
         ),
         Objective(
             "dflash_distillation",

@@ -57,13 +57,15 @@ CASES: dict[int, list[tuple[str, int, int, str]]] = {
 }
 
 
-def _loader_batch(dp_rank: int) -> dict[str, torch.Tensor]:
+def _loader_batch(dp_rank: int, documents: bool = True) -> dict[str, torch.Tensor]:
+    """`documents`: row 1 packs two documents (else every row is one document)."""
     gen = torch.Generator().manual_seed(1000 + dp_rank)
     input_ids = torch.randint(0, 500, (ROWS, SEQ_LEN), generator=gen)
     loss_mask = torch.ones(ROWS, SEQ_LEN, dtype=torch.bool)
     loss_mask[0, :10] = False  # a prompt that is not supervised
     doc_ids = torch.zeros(ROWS, SEQ_LEN, dtype=torch.int32)
-    doc_ids[1, 50:] = 1  # two packed documents, split mid-block
+    if documents:
+        doc_ids[1, 50:] = 1  # two packed documents, split mid-block
     return {"input_ids": input_ids, "loss_mask": loss_mask, "doc_ids": doc_ids}
 
 
@@ -97,7 +99,7 @@ def _run_case(world: int, name: str, cp: int, bp: int, objective_name: str) -> f
     config = get_family("qwen3").resolve_config(path=None, from_config="tiny", overrides={})
     objective = build_objective(ObjectiveSpec(name=objective_name, block_size=BLOCK), MASK_ID)
     cpu = torch.device("cpu")
-    batches = [_loader_batch(d) for d in range(dp)]
+    batches = [_loader_batch(d, documents="-nodocs" not in name) for d in range(dp)]
     denominator = float(sum(objective.supervised_count(b) for b in batches))
 
     # --- one process, every batch whole --------------------------------------------------------
@@ -142,6 +144,10 @@ def _run_case(world: int, name: str, cp: int, bp: int, objective_name: str) -> f
     error = abs(float(total) - float(single_loss) / denominator) / abs(
         float(single_loss) / denominator
     )
+    # every scored token is scored by exactly one rank of the context group
+    scored = torch.tensor(float(inputs.batch.num_scored))
+    dist.all_reduce(scored, group=dims.get_mesh("context").get_group())
+    error = max(error, abs(float(scored) - diffusion.num_scored))
     for param_name, param in model.named_parameters():
         grad = param.grad.full_tensor() if isinstance(param.grad, DTensor) else param.grad
         ref = expected[param_name]

@@ -90,19 +90,14 @@ def test_validation_uses_the_token_causal_stream():
     assert spec.data.seq_len == 40
 
 
-@pytest.mark.parametrize("cp", [1, 2])
-def test_block_parallelism_that_replicates_the_clean_stream_is_refused(cp):
+@pytest.mark.parametrize("bp,cp", [(2, 1), (4, 1), (4, 2), (2, 2)])
+def test_block_parallelism_that_replicates_the_clean_stream_is_accepted(bp, cp):
     """With bp > cp the clean stream sits on several ranks (BP only: every rank's clean prefix;
-    fused: bp/cp copies), so its scored tokens would count more than once (on 2 gloo ranks with
-    bp 2, cp 1 the loss and gradients were off by ~100 %); cp = bp, and block diffusion (which
-    scores noisy tokens, each owned by one rank) under the same topology, pass."""
-    from turbo_dllm.errors import DllmError
-
-    with pytest.raises(DllmError) as caught:
-        tiny_spec("objective.name=autoregressive", "topology.bp=4", f"topology.cp={cp}")
-    assert "topology.bp" in str(caught.value) and "scored more than once" in str(caught.value)
-    tiny_spec("objective.name=autoregressive", "topology.bp=2", "topology.cp=2")
-    tiny_spec("topology.bp=4", f"topology.cp={cp}")
+    fused: bp/cp copies); each clean token is scored by one of them (its scorer), so the
+    objective trains there like one process (tests/distributed/test_csbp_autoregressive.py).
+    Refused before: its tokens were scored more than once."""
+    spec = tiny_spec("objective.name=autoregressive", f"topology.bp={bp}", f"topology.cp={cp}")
+    assert (spec.topology.bp, spec.topology.cp) == (bp, cp)
 
 
 ARGS = ("training.steps=4", "checkpoint.interval=2", "objective.name=autoregressive")
@@ -111,8 +106,12 @@ ARGS = ("training.steps=4", "checkpoint.interval=2", "objective.name=autoregress
 @pytest.mark.slow
 @pytest.mark.parametrize(
     "topology",
-    [("topology.bp=2", "topology.cp=2"), ("topology.tp=2", "topology.sp=true")],
-    ids=["csbp2", "tp2-sp"],
+    [
+        ("topology.bp=2", "topology.cp=2"),
+        ("topology.bp=2", "topology.cp=1"),
+        ("topology.tp=2", "topology.sp=true"),
+    ],
+    ids=["csbp2", "bp2", "tp2-sp"],
 )
 def test_autoregressive_under_parallelism_matches_one_process(tmp_path, topology):
     single = tmp_path / "single"

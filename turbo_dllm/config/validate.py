@@ -101,14 +101,6 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             f"context parallelism shards the sequence zigzag into 2*cp chunks of "
             f"whole blocks: seq_len must be a multiple of {2 * topo.cp * block}",
         )
-    if topo.bp > topo.cp and registry.OBJECTIVES[objective.name].scores_clean_stream:
-        add(
-            "topology.bp",
-            f"{objective.name} scores the clean stream, which block parallelism with bp > cp "
-            f"(bp {topo.bp}, cp {topo.cp}) holds on several ranks (each computes the clean "
-            "prefix its blocks need): its tokens would be scored more than once. Set "
-            "topology.cp equal to topology.bp (CSBP), or shard with cp alone",
-        )
     if topo.bp > 1 and data.seq_len // block < 2 * topo.bp:
         add(
             "data.seq_len",

@@ -300,10 +300,6 @@ class Objective:
     # The block size its stream always uses, whatever `objective.block_size` says (the
     # autoregressive objective: 1, token-causal); None: `objective.block_size`.
     stream_block_size: int | None = None
-    # Whether it scores the clean stream (the autoregressive objective): block parallelism with
-    # bp > cp holds the clean stream on several ranks, which would score its tokens more than
-    # once, so validation refuses that topology.
-    scores_clean_stream: bool = False
 
     def build(self, spec: Any, mask_token_id: int, vocab_size: int | None = None) -> Any:
         return importlib.import_module(self.runtime_module).build(

@@ -10,6 +10,8 @@ sequence across the ranks of one context group:
   and 2cp-1-r of 2cp equal chunks). With cp == 1 the clean stream is not sharded: each rank
   recomputes the clean prefix up to the end of its last block. With 1 < cp < bp the bp ranks form
   bp/cp replicas of one cp-way clean shard.
+  So with bp > cp a clean token sits on several ranks; an objective that scores clean outputs
+  (autoregressive) scores each on one of them only, its *scorer* (`clean_scorers`).
 * **CP baseline** (`CpLayout`): both streams sharded zigzag over the cp ranks, like context
   parallelism for a causal LM over the 2L sequence.
 
@@ -27,6 +29,7 @@ __all__ = [
     "CpLayout",
     "CsbpLayout",
     "blocks_to_positions",
+    "clean_scorers",
     "contiguous_block_assignment",
     "dual_end_block_assignment",
     "noisy_prefix_cost",
@@ -116,6 +119,30 @@ def blocks_to_positions(blocks: tuple[int, ...], block_size: int) -> torch.Tenso
     return torch.cat([torch.arange(b * block_size, (b + 1) * block_size) for b in blocks])
 
 
+def clean_scorers(
+    seq_len: int, block_size: int, bp: int, cp: int, owned: tuple[tuple[int, ...], ...]
+) -> torch.Tensor:
+    """(seq_len,) the context rank that scores each clean token under CSBP (`owned`: the noisy
+    blocks of each of the bp ranks), one among the ranks that hold a copy of it.
+
+    cp == 1: the rank that owns the noisy block of the same index (its clean prefix reaches the
+    end of its last block, so it holds that clean block; equal block counts, equal scoring).
+    cp > 1: the zigzag holder of the token in clean replica b % (bp / cp), b its block: each
+    replica scores every (bp/cp)-th block of its shard (cp == bp: the one holder).
+    """
+    num_blocks = _check_sequence(seq_len, block_size)
+    block_of = torch.arange(seq_len) // block_size
+    if cp == 1:
+        owner = torch.empty(num_blocks, dtype=torch.long)
+        for rank, blocks in enumerate(owned):
+            owner[list(blocks)] = rank
+        return owner[block_of]
+    holder = torch.empty(seq_len, dtype=torch.long)
+    for clean_rank in range(cp):
+        holder[zigzag_positions(seq_len, cp, clean_rank)] = clean_rank
+    return (block_of % (bp // cp)) * cp + holder
+
+
 def _check_sequence(seq_len: int, block_size: int) -> int:
     if block_size < 1 or seq_len % block_size:
         raise ValueError(f"seq_len {seq_len} is not a multiple of block_size {block_size}")
@@ -140,6 +167,9 @@ class CsbpLayout:
     noisy_positions: torch.Tensor
     clean_positions: torch.Tensor
     gathered_clean_positions: torch.Tensor
+    # (num_clean,) bool: whether this rank is the scorer (`clean_scorers`) of each clean token
+    # it holds; with bp > cp the others hold copies that only serve as keys and values.
+    scored_clean: torch.Tensor
 
     @classmethod
     def build(
@@ -171,6 +201,7 @@ class CsbpLayout:
             clean_rank = ctx_rank % cp
             clean = zigzag_positions(seq_len, cp, clean_rank)
             gathered = torch.cat([zigzag_positions(seq_len, cp, r) for r in range(cp)])
+        scorers = clean_scorers(seq_len, block_size, bp, cp, owned)
         return cls(
             seq_len=seq_len,
             block_size=block_size,
@@ -181,6 +212,7 @@ class CsbpLayout:
             noisy_positions=blocks_to_positions(blocks, block_size),
             clean_positions=clean,
             gathered_clean_positions=gathered,
+            scored_clean=scorers[clean] == ctx_rank,
         )
 
     @property
@@ -227,3 +259,8 @@ class CpLayout:
     @property
     def clean_positions(self) -> torch.Tensor:
         return self.positions
+
+    @property
+    def scored_clean(self) -> torch.Tensor:
+        """Every clean token sits on one rank only: it scores all it holds."""
+        return torch.ones_like(self.positions, dtype=torch.bool)

@@ -16,7 +16,11 @@ attention object the layers call, and which of the objective's scored positions 
   a `LastLayerQueries` of two).
 
 Each rank's loss covers only the scored positions it holds, so the sum over ranks is the
-single-rank loss; dividing by the global supervised-token count is left to the trainer.
+single-rank loss; dividing by the global supervised-token count is left to the trainer. A clean
+token held by several ranks (BP only, fused: bp > cp) is scored by one of them, its scorer
+(`CsbpLayout.scored_clean`); the others' copies only serve as keys and values. Each rank's graph
+computes those copies exactly as one process does, so the gradients summed over the ranks are
+one process's.
 """
 
 from __future__ import annotations
@@ -182,7 +186,9 @@ class ContextParallel:
         self.cp_group = cp_mesh.get_group() if cp_mesh is not None else None
         self._layouts: dict[tuple[int, int, str], CsbpLayout | CpLayout] = {}
         self._static: dict[tuple[int, int, str], Any] = {}
-        self._indices: dict[tuple[int, int, str], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._indices: dict[
+            tuple[int, int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+        ] = {}
 
     def layout(self, seq_len: int, block_size: int, device=None) -> CsbpLayout | CpLayout:
         """This rank's share of a (seq_len, block_size) sequence, its tensors on `device`.
@@ -247,8 +253,16 @@ class ContextParallel:
         if key not in self._indices:
             noisy, clean = layout.noisy_positions, layout.clean_positions
             # this rank's indices into the stream [x_t ; x_0] and their RoPE positions
-            self._indices[key] = (torch.cat([noisy, seq_len + clean]), torch.cat([noisy, clean]))
-        stream_index, positions = self._indices[key]
+            stream_index = torch.cat([noisy, seq_len + clean])
+            # each stream position's local row where this rank scores it, else -1: the noisy
+            # tokens it holds, and the clean ones it is the scorer of (a clean token held by
+            # several ranks, bp > cp, counts once)
+            local = torch.arange(stream_index.numel(), device=stream_index.device)
+            scores = torch.cat([torch.ones_like(noisy, dtype=torch.bool), layout.scored_clean])
+            local_of = torch.full((2 * seq_len,), -1, dtype=torch.long, device=local.device)
+            local_of[stream_index[scores]] = local[scores]
+            self._indices[key] = (stream_index, torch.cat([noisy, clean]), local_of)
+        stream_index, positions, local_of = self._indices[key]
         doc_ids = batch.doc_ids
         trim = _last_layer_trim(batch, self.trims)
         one_document = one_document_per_row(doc_ids)
@@ -260,9 +274,7 @@ class ContextParallel:
             mask = self._masks(layout, doc_ids.to(device), trim)
             if one_document:
                 self._static[(key, trim)] = mask
-        # Scored positions: keep those whose output this rank computes, renumbered locally.
-        local_of = torch.full((2 * seq_len,), -1, dtype=torch.long, device=device)
-        local_of[stream_index] = torch.arange(stream_index.numel(), device=device)
+        # Scored positions: keep those this rank scores, renumbered locally.
         score_index = batch.score_index.to(device)
         row, col = score_index // (2 * seq_len), score_index % (2 * seq_len)
         local = local_of[col]
