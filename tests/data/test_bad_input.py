@@ -80,6 +80,26 @@ def test_parquet_without_the_field_lists_its_columns(cli, tmp_path):
     _prepare_fails(cli, config, "t.parquet row 0", "missing field 'text'", "keys: body, id")
 
 
+def test_parquet_with_one_of_two_fields_lists_all_its_columns(cli, tmp_path):
+    """prompt_field is a column, completion_field is not: the error lists every column (the
+    misnamed one is among them), not only the columns that were read ('keys: question')."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    table = {"question": ["q"], "answer": ["a"], "id": [1]}
+    pq.write_table(pa.table(table), tmp_path / "t.parquet")
+    config = write_config(
+        tmp_path,
+        source={"kind": "parquet", "paths": ["t.parquet"]},
+        records={
+            "kind": "prompt_completion",
+            "prompt_field": "question",
+            "completion_field": "answr",
+        },
+    )
+    _prepare_fails(cli, config, "missing field 'answr'", "keys: answer, id, question")
+
+
 def test_empty_result_is_an_error(cli, tmp_path):
     (tmp_path / "data.jsonl").write_text('{"text": ""}\n\n')
     _prepare_fails(cli, write_config(tmp_path), "no documents")

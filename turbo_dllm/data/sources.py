@@ -482,8 +482,9 @@ def _parquet_chunks(files: list[Path], columns: list[str] | None) -> Iterator[Ra
         except Exception as error:  # pyarrow raises ArrowInvalid / OSError for bad files
             raise DllmError(f"{label}: not a readable parquet file: {error}") from None
         names = set(parquet.schema_arrow.names)
-        # Read only the needed columns; if none exist, read all so the error can list them.
-        wanted = [c for c in columns if c in names] if columns is not None else None
+        # Read only the needed columns; where one is missing, read all so the error lists
+        # every column (the misnamed one among them), not just those that were read.
+        wanted = columns if columns is not None and set(columns) <= names else None
         row = 0
         for batch in parquet.iter_batches(batch_size=CHUNK_ITEMS, columns=wanted or None):
             for start, stop in _row_slices(batch.num_rows, batch.nbytes):

@@ -26,6 +26,7 @@ __all__ = [
     "CONFIG_KEYS",
     "PRESETS",
     "DecoderConfig",
+    "cut_layer_list",
     "rope_scaling_problems",
     "tensor_parallel_problems",
 ]
@@ -372,3 +373,20 @@ def tensor_parallel_problems(config: DecoderConfig, tp: int) -> list[str]:
         if value % tp:
             found.append(f"{field} = {value} is not divisible by topology.tp = {tp}")
     return found
+
+
+def cut_layer_list(kinds: list[str], layers: int, *, rule: str | None = None) -> list[str]:
+    """A per-layer `layer_types` for `layers` layers (`num_hidden_layers`, overridden or not):
+    its first `layers` entries, the kinds of the model's first layers (a `model.path` folder's
+    later layers are not read either), as every family reads a smaller layer count. A list
+    with fewer entries describes no longer model: refused, naming what would (`rule`, a key
+    giving the pattern by a period)."""
+    if len(kinds) >= layers:
+        return list(kinds[:layers])
+    by_rule = f", or {rule}, which repeats a pattern" if rule else ""
+    raise DllmError(
+        f"layer_types has {len(kinds)} entries for {layers} layers (num_hidden_layers): a "
+        "num_hidden_layers override keeps a model's first layers, and the config says nothing "
+        "of the kinds of further ones",
+        hint=f"give one layer_types entry per layer in a config.json (model.from_config){by_rule}",
+    )

@@ -24,7 +24,7 @@ from turbo_dllm.families.base import (
     number_problems,
     raise_if_unusable,
 )
-from turbo_dllm.families.decoder.config import _token_ids
+from turbo_dllm.families.decoder.config import _token_ids, cut_layer_list
 
 __all__ = ["CONFIG_KEYS", "LAYER_TYPES", "PRESETS", "DiffusionGemmaConfig"]
 
@@ -237,6 +237,14 @@ class DiffusionGemmaConfig:
         unknown = sorted(set(self.layer_types) - set(LAYER_TYPES))
         if unknown:
             problems.append(f"layer_types {unknown} are not supported (only {LAYER_TYPES})")
+        if self.layer_types and self.layer_types[-1] != "full_attention":
+            # (a num_hidden_layers override keeps the first layer_types: cut after a sliding one)
+            problems.append(
+                f"the last layer is {self.layer_types[-1]}: transformers' DiffusionGemma makes its "
+                "last layer full_attention whatever layer_types says, so it would load the export "
+                "as another model; end layer_types (or a num_hidden_layers cut of it) on a "
+                "full_attention layer"
+            )
         if "sliding_attention" in self.layer_types and self.sliding_window <= 1:
             problems.append(f"sliding layers need sliding_window > 1 (got {self.sliding_window})")
         if self.top_k_experts > self.num_experts:
@@ -342,8 +350,19 @@ class DiffusionGemmaConfig:
                 else int(text["num_key_value_heads"])
             )
             head_dim = derived_head_dim(text.get("head_dim"), int(text["hidden_size"]), heads)
-            layer_types = list(text.get("layer_types") or _default_layer_types(layers))
-            global_dim, global_kv = _global_attention(text, layer_types, head_dim, kv)
+            # num_hidden_layers keeps the model's first layers (`cut_layer_list`), and the
+            # per_layer_config entries of those layers
+            given = text.get("layer_types")
+            if given is not None and not isinstance(given, (list, tuple)):
+                raise ValueError(f"layer_types must be a list, got {given!r}")
+            layer_types = (
+                _default_layer_types(layers)
+                if not given
+                else cut_layer_list([str(kind) for kind in given], layers)
+            )
+            global_dim, global_kv = _global_attention(
+                text, layer_types, head_dim, kv, listed=len(given or layer_types)
+            )
             if text.get("num_experts") is None:
                 raise DllmError(
                     "this DiffusionGemma config has no experts (num_experts unset)",
@@ -558,7 +577,7 @@ def _expert_size(hf: dict[str, Any], text: dict[str, Any]) -> Any:
 
 
 def _global_attention(
-    text: dict[str, Any], layer_types: list[str], head_dim: int, kv: int
+    text: dict[str, Any], layer_types: list[str], head_dim: int, kv: int, *, listed: int
 ) -> tuple[int, int]:
     """(head_dim, kv heads) of the full layers: `per_layer_config` (as HF writes it) or the
     `global_head_dim` / `num_global_key_value_heads` keys (as HF reads them).
@@ -568,7 +587,9 @@ def _global_attention(
     the text's `head_dim`), and the legacy keys are read only where it is absent. The model here
     builds every layer of a type alike, with only the full layers' head size and kv heads their
     own: an entry giving a sliding layer another shape, or any layer another value of a key
-    (`intermediate_size`, `sliding_window`, ...), is refused rather than ignored."""
+    (`intermediate_size`, `sliding_window`, ...), is refused rather than ignored. Entries of
+    layers a `num_hidden_layers` override cut (of the `listed` the config's layer_types had)
+    go with them."""
     if text.get("per_layer_config") is None:
         global_kv = text.get("num_global_key_value_heads")
         return int(text.get("global_head_dim") or 512), int(global_kv or kv)
@@ -579,6 +600,8 @@ def _global_attention(
     for index, entry in per_layer.items():
         if not str(index).isdigit():
             raise ValueError(f"per_layer_config key {index!r} is not a layer index")
+        if len(layer_types) <= int(index) < listed:  # a layer the layer count cut
+            continue
         _layer_kind(layer_types, int(index))
         entries[int(index)] = entry
     shapes: dict[str, set[tuple[int, int]]] = {kind: set() for kind in LAYER_TYPES}

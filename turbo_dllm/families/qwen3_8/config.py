@@ -24,7 +24,7 @@ from turbo_dllm.families.base import (
     number_problems,
     raise_if_unusable,
 )
-from turbo_dllm.families.decoder.config import _or_default, _token_ids
+from turbo_dllm.families.decoder.config import _or_default, _token_ids, cut_layer_list
 
 __all__ = [
     "CONFIG_KEYS",
@@ -93,8 +93,9 @@ def _layer_types(text: dict[str, Any], layers: int) -> list[str]:
     a full-attention layer every `full_attention_interval` (4). Published configs hold both; one
     that disagrees with the other (an override of either, a hand-edited config.json) is refused:
     read by the interval, it trained another model than transformers loads from the same file
-    (a `layer_types` override was ignored without a word). A `num_hidden_layers` override keeps
-    the first `layer_types`, or extends a pattern the interval describes."""
+    (a `layer_types` override was ignored without a word). `num_hidden_layers` is the model's
+    first layers (`cut_layer_list`): fewer keep the first `layer_types`, more extend the
+    pattern the interval describes, and are refused where none does."""
     given, every = text.get("layer_types"), text.get("full_attention_interval")
     if every is not None:
         every = int(every)
@@ -105,18 +106,18 @@ def _layer_types(text: dict[str, Any], layers: int) -> list[str]:
     if not isinstance(given, (list, tuple)):
         raise ValueError(f"layer_types must be a list, got {given!r}")
     kept = [str(kind) for kind in given][:layers]
-    if every is None:
-        return kept
-    if kept != _hybrid(len(kept), every):
+    if every is not None and kept != _hybrid(len(kept), every):
         raise DllmError(
             f"config.json's layer_types ({_pattern(kept)}) and full_attention_interval = {every} "
             f"(a full-attention layer every {every}: {_pattern(_hybrid(len(kept), every))}) "
             "disagree; transformers builds layer_types and ignores the interval",
-            hint="make them agree (model.config_overrides can set full_attention_interval, or "
-            "layer_types whole); a pattern no interval describes needs a config.json without "
-            "full_attention_interval (model.from_config)",
+            hint="make them agree (model.config_overrides can set full_attention_interval; a "
+            "layer_types list goes in a config.json, model.from_config); a pattern no interval "
+            "describes needs a config.json without full_attention_interval",
         )
-    return _hybrid(layers, every)
+    if every is not None:
+        return _hybrid(layers, every)
+    return cut_layer_list(kept, layers, rule="full_attention_interval")
 
 
 def _pattern(kinds: list[str]) -> str:
