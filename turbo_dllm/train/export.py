@@ -12,8 +12,9 @@ random-init model trained on a prepared data artifact, the artifact's tokenizer 
 token ids (its pad only where the tokenizer has one: a pad token is never invented,
 `_own_pad`). Without a source generation_config.json, one is written from the config's ids.
 config.json says what the run trained with where the family's config leaves it open
-(`_as_trained`): the mask token a masking objective denoised from, and DiffusionGemma's
-`canvas_length` as the run's block size.
+(`_as_trained`): the mask token a masking objective denoised from (recorded in the checkpoint,
+`export_sources`), DiffusionGemma's `canvas_length` as the run's block size, and
+Nemotron-Labs-Diffusion's `block_size` where its config had none.
 A model whose HF layout holds tensors it neither reads nor trains (`hf_source_prefixes`:
 DiffusionGemma's vision tower) gets them copied unchanged from the model.path folder, and one
 whose folder loads through code of its own (`auto_map`: Nemotron-Labs-Diffusion) that code.
@@ -336,7 +337,10 @@ def _as_trained(meta, config):
     - a config with a `canvas_length` (diffusion_gemma: transformers' DiffusionGemma generates
       canvases of that many tokens) gets the block size the run trained on (`objective.
       block_size`), a preset's placeholder included (a `model.path` folder's already is:
-      `families.diffusion_gemma` refuses another). Checkpoints without settings keep theirs."""
+      `families.diffusion_gemma` refuses another). Checkpoints without settings keep theirs;
+    - a config whose `block_size` field is None (nemotron_diffusion from a config.json without
+      one, which the family's rule then leaves free) gets the block size the run trained on:
+      its export said `block_size: null`."""
     import dataclasses
 
     changes: dict[str, Any] = {}
@@ -347,6 +351,8 @@ def _as_trained(meta, config):
     block = (meta.settings or {}).get("objective.block_size")
     if hasattr(config, "canvas_length") and block is not None:
         changes["canvas_length"] = int(block)
+    if getattr(config, "block_size", 0) is None and block is not None:
+        changes["block_size"] = int(block)  # nemotron_diffusion's, from a config without one
     return dataclasses.replace(config, **changes) if changes else config
 
 
