@@ -97,3 +97,17 @@ def test_an_autoregressive_export_claims_no_mask_token_and_is_a_causal_lm(tmp_pa
         theirs = hf(input_ids=ids).logits
         ours = ours_causal(tmp_path / "run/checkpoints")(ids, torch.arange(24))
     torch.testing.assert_close(ours, theirs, atol=2e-5, rtol=1e-4)
+
+
+def test_a_checkpoint_from_before_the_record_says_what_it_lacks(tmp_path, capsys):
+    """A synthetic-data checkpoint written before `mask_token_id` was recorded cannot know the
+    default it masked with: the export names none, and says so."""
+    train(tiny_spec(*STEPS), tmp_path / "run")
+    step = resolve_checkpoint(tmp_path / "run/checkpoints")
+    record = json.loads((step / "checkpoint.json").read_text())
+    del record["mask_token_id"]
+    (step / "checkpoint.json").write_text(json.dumps(record))
+    capsys.readouterr()
+    out = export_checkpoint(step, tmp_path / "hf")
+    assert "does not record the mask token" in capsys.readouterr().err
+    assert "mask_token_id" not in json.loads((out / "config.json").read_text())
