@@ -191,3 +191,42 @@ def test_manifest_carries_the_contract_fields(corpus):
     assert manifest.num_sequences == manifest.arrays["tokens"].shape[0]
     assert manifest.num_documents == 2600
     assert manifest.tokenizer.kind == "byte_level" and len(manifest.tokenizer.vocab_sha256) == 64
+
+
+def test_every_file_and_folder_of_an_artifact_is_synced_before_it_is_published(
+    corpus, hf_tokenizer, monkeypatch
+):
+    """Complete or invisible also across a power loss: each file (the tokenizer copies too, which
+    export hands on beside a model) and the folders' entries reach the disk before the staging
+    folder is renamed into place, and the rename itself is synced (the output's parent)."""
+    import os
+    import stat
+
+    import turbo_dllm.data.writer as writer
+
+    synced: list[str] = []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def recording_fsync(fd):
+        kind = "dir:" if stat.S_ISDIR(os.fstat(fd).st_mode) else ""
+        synced.append(kind + os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    renames: list[tuple[str, list[str]]] = []
+
+    def recording_rename(source, target):
+        renames.append((str(source), list(synced)))
+        return real_rename(source, target)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    monkeypatch.setattr(writer.os, "rename", recording_rename)
+    tokenizer = {"kind": "huggingface", "path": str(hf_tokenizer)}
+    result = prepare_config(write_config(corpus, tokenizer=tokenizer, workers=1))
+    staging, before = renames[-1]
+    before = {s.replace(staging, str(result.path)) for s in before}
+    files = [p for p in result.path.rglob("*") if p.is_file()]
+    assert len(files) > 4  # the arrays, the manifest, the tokenizer's files
+    for path in files:
+        assert str(path) in before, (path, sorted(before))
+    assert f"dir:{result.path}" in before and f"dir:{result.path / 'tokenizer'}" in before
+    assert f"dir:{result.path.parent}" in synced[len(renames[-1][1]) :]  # the rename into place

@@ -33,7 +33,7 @@ from turbo_dllm.data.summary import describe_dropped
 from turbo_dllm.data.tokenizers import has_generation_markers, load_tokenizer
 from turbo_dllm.data.writer import ArrayWriter, check_target, staged_artifact, write_json
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import sha256_file
+from turbo_dllm.fsutil import fsync_dir, sha256_file
 from turbo_dllm.sigterm import unwinding_on_sigterm
 
 __all__ = ["PrepareResult", "prepare", "resolve_workers", "token_dtype_for"]
@@ -346,8 +346,12 @@ def _copy_tokenizer(files: list[Path], folder: Path) -> dict[str, dict[str, Any]
     folder.mkdir()
     out = {}
     for file in files:
-        shutil.copyfile(file, folder / file.name)
-        out[file.name] = {"bytes": file.stat().st_size, "sha256": sha256_file(folder / file.name)}
+        copy = folder / file.name
+        shutil.copyfile(file, copy)
+        with open(copy, "rb") as handle:  # on disk before the artifact is published
+            os.fsync(handle.fileno())
+        out[file.name] = {"bytes": file.stat().st_size, "sha256": sha256_file(copy)}
+    fsync_dir(folder)
     return out
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import make_temp_dir
+from turbo_dllm.fsutil import fsync_dir, make_temp_dir
 
 __all__ = ["ArrayWriter", "check_target", "staged_artifact", "write_json"]
 
@@ -228,8 +228,12 @@ def staged_artifact(target: Path, overwrite: bool) -> Iterator[Path]:
 
 
 def _publish(staging: Path, target: Path) -> None:
+    # Every file was synced as it was finished; the staging folder's entries are too, before
+    # the rename, and the rename itself after it: a power loss leaves the old state or the new.
+    fsync_dir(staging)
     if not target.exists():
         os.rename(staging, target)
+        fsync_dir(target.parent)
         return
     check_target(target, overwrite=True)
     backup = make_temp_dir(target.parent, f".{target.name}.backup-")
@@ -240,4 +244,5 @@ def _publish(staging: Path, target: Path) -> None:
     except BaseException:
         os.rename(backup, target)
         raise
+    fsync_dir(target.parent)
     shutil.rmtree(backup, ignore_errors=True)
