@@ -38,39 +38,22 @@ GENERATION_CONFIG = "generation_config.json"
 _TOKEN_ID_FIELDS = {"bos": "bos_token_id", "eos": "eos_token_id", "pad": "pad_token_id"}
 
 
-def export_sources(spec) -> dict[str, Any]:
+def export_sources(spec, mask_token_id: int | None) -> dict[str, Any]:
     """The checkpoint fields export reads beyond the model: the folders it copies from
-    (absolute paths) and the mask token the objective denoised from (`_spec_mask`)."""
+    (absolute paths) and `mask_token_id`, the mask token the run's data used
+    (`train.data.DataSource`), recorded where the objective masks with it (else None: an
+    autoregressive or SFT model never saw one). Synthetic data's default, its vocabulary's last
+    id, is in no other record."""
 
     def absolute(path: str | None) -> str | None:
         return str(Path(path).absolute()) if path else None
 
+    masks = spec.objective.name in _MASKING_OBJECTIVES
     return {
         "model_path": absolute(spec.model.path),
         "data_artifact": absolute(spec.data.artifact),
-        "mask_token_id": _spec_mask(spec),
+        "mask_token_id": int(mask_token_id) if masks and mask_token_id is not None else None,
     }
-
-
-def _spec_mask(spec) -> int | None:
-    """The mask token `spec`'s objective denoises from, as the trainer chooses it
-    (`train.data.build_data`): `objective.mask_token_id`, else the artifact's mask token, else
-    synthetic data's last id; None for an objective that masks with none (autoregressive,
-    diffusiongemma_sft, a DFlash drafter's: its own, in its config). Synthetic data's default
-    was in no record, so an export of the quick start's run named no mask token."""
-    objective, data = spec.objective, spec.data
-    if objective.name not in _MASKING_OBJECTIVES:
-        return None
-    if objective.mask_token_id is not None:
-        return int(objective.mask_token_id)
-    if data.artifact is not None:
-        from turbo_dllm.data.artifact import read_manifest
-
-        mask = read_manifest(data.artifact).special_tokens.get("mask")
-        return None if mask is None else int(mask)
-    if data.synthetic is not None:
-        return int(data.synthetic.vocab_size) - 1
-    return None
 
 
 def export_checkpoint(

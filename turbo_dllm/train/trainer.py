@@ -528,7 +528,7 @@ class Trainer:
                 "train_time_s": train_time,
                 "settings": self._settings(),
                 "target": self._target_record(),
-                **export_sources(self.spec),
+                **export_sources(self.spec, self.data.mask_token_id),
             },
         )
 
