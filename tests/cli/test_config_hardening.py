@@ -810,3 +810,43 @@ def test_a_section_with_nothing_under_it_is_named_as_empty(cli, tmp_path):
     assert "TrainingSpec" not in result.err
     write(tmp_path / "other.yaml", "model: {family: qwen3, from_config: tiny}\ntraining: 3\n")
     assert_user_error(validate(cli, tmp_path / "other.yaml"), "training: Input should be")
+
+
+@pytest.mark.parametrize(
+    ("override", "line"),
+    [
+        (
+            "layer_types=[full_attention, full_attention]",
+            "model.config_overrides.layer_types: an override is a number, true/false or a "
+            "string, not a list; set a key that holds a list or an object",
+        ),
+        (
+            "rope_scaling={rope_type: linear, factor: 2.0}",
+            "model.config_overrides.rope_scaling: an override is a number, true/false or a "
+            "string, not a mapping; set a key that holds a list or an object",
+        ),
+        (
+            "hidden_size=null",
+            "model.config_overrides.hidden_size: an override is a number, true/false or a "
+            "string, not null; remove the key",
+        ),
+    ],
+)
+def test_a_list_or_mapping_override_is_one_clear_line(cli, tmp_path, override, line):
+    """Was: "Input should be a valid integer or a valid number or a valid boolean or a valid
+    string" (and, from `RunSpec.model_validate`, four pydantic errors at `layer_types.int`,
+    `.float`, `.bool`, `.str`), none saying that such a key belongs in a config.json."""
+    result = validate(cli, runspec(tmp_path), f"model.config_overrides.{override}")
+    assert_user_error(result, "has 1 problem:", line)
+    assert "Input should be" not in result.err and "Value error" not in result.err
+    with pytest.raises(Exception) as raised:  # the Python API: one error, the same words
+        RunSpec.model_validate({"model": {"config_overrides": {"layer_types": ["a", "b"]}}})
+    assert raised.value.error_count() == 1
+    assert "in a config.json and point model.from_config at it" in str(raised.value)
+
+
+def test_a_validators_message_reads_without_pydantics_prefix(cli, tmp_path):
+    """Was: "launch.seed: Value error, expected a number, not a boolean ..."."""
+    result = validate(cli, runspec(tmp_path), "launch.seed=yes")
+    assert_user_error(result, "launch.seed: expected a number, not a boolean")
+    assert "Value error" not in result.err

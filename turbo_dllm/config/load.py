@@ -213,12 +213,14 @@ def format_validation_error(error: ValidationError, model: type[BaseModel], sour
             )
             continue
         shown = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
+        # A validator's own message, without the "Value error, " pydantic puts before it.
+        message = item["msg"].removeprefix("Value error, ")
         if path in unions:
             messages = unions[path][0]
-            if item["msg"] not in messages:
-                messages.append(item["msg"])
+            if message not in messages:
+                messages.append(message)
             continue
-        unions[path] = ([item["msg"]], shown)
+        unions[path] = ([message], shown)
         lines.append(path)  # filled in below, once every member's message is known
     lines = [
         f"  - {line}: {_either(unions[line][0])}{unions[line][1]}" if line in unions else line

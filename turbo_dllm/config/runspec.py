@@ -88,6 +88,26 @@ NonEmptyStr = Annotated[str, Field(min_length=1)]
 # An Adam beta: torch refuses one outside [0, 1) when it builds the optimizer.
 Beta = Annotated[float, Field(ge=0.0, lt=1.0), BeforeValidator(_not_bool)]
 
+
+def _override_scalar(value):
+    """A `model.config_overrides` value is one number, flag or string. A list or a mapping
+    (`layer_types: [...]`, `rope_scaling: {...}`) got one pydantic line per member of the union
+    ("Input should be a valid integer", "... a valid number", ...), none saying what to do."""
+    lead = "an override is a number, true/false or a string, not"
+    if value is None:
+        raise ValueError(f"{lead} null; remove the key to keep the config's own value")
+    if isinstance(value, (list, tuple, dict)):
+        kind = "a mapping" if isinstance(value, dict) else "a list"
+        raise ValueError(
+            f"{lead} {kind}; set a key that holds a list or an object (layer_types, "
+            "rope_scaling, ...) in a config.json and point model.from_config at it"
+        )
+    return value
+
+
+# A `model.config_overrides` value: a scalar (a list or mapping is refused in one line).
+OverrideValue = Annotated[int | float | bool | str, BeforeValidator(_override_scalar)]
+
 # Bounds a typo cannot cross: past any context trained here (data artifacts share it), and seeds
 # every generator we seed accepts.
 MAX_SEQ_LEN = 1 << 22
@@ -194,7 +214,7 @@ class ModelSpec(_Strict):
         "tiny",
         description="Random init from a preset name (tiny, qwen3-0.6b, qwen3-1.7b) or a config.json path.",
     )
-    config_overrides: dict[str, int | float | bool | str] = Field(
+    config_overrides: dict[str, OverrideValue] = Field(
         default_factory=dict, max_length=256, description="config.json keys to change."
     )
     dtype: Literal["float32", "bfloat16"] = Field(
