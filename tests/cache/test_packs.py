@@ -178,11 +178,62 @@ def test_doctor_and_launch_name_a_fitting_pack_that_is_not_installed(cli, tmp_pa
     assert cli("cache", "install", path, "--config", config).code == 0
     assert compile_check(config)["status"] == "pass"
     refused = cli("cache", "install", path, "--config", other)
-    assert_user_error(refused, "spec: host ")
+    # Was: "does not fit this host: spec: host <digest>, pack <digest>" and the hint to make a
+    # pack on a host like this one (the host was fine): now the fields that differ.
+    assert_user_error(
+        refused,
+        "does not fit this run: made for another spec (objective.block_size: run 16, pack 8)",
+        "install it with the --config (and --set) it was packed for",
+    )
+    assert "on a host like this one" not in refused.err
 
 
 def test_warm_needs_a_config(cli, tmp_path):
     assert_user_error(cli("cache", "pack", "--warm", "--out", tmp_path), "--config")
+
+
+def _warm_error(result, *needles: str) -> None:
+    """`assert_user_error` for `pack --warm`, whose stderr starts with the step's own output."""
+    assert result.code == 2, (result.code, result.err)
+    assert "Traceback" not in result.err
+    error = result.err[result.err.rindex("dllm: error:") :]  # ours, after the step's
+    for needle in needles:
+        assert needle in error, (needle, error)
+
+
+def test_a_warm_up_that_compiles_nothing_says_so(cli_process, tmp_path):
+    """Was: "the compile caches are empty (<a temp folder, deleted>): nothing to pack", hinting
+    to pass the --warm just given: importing torch makes the (empty) cache folders anyway."""
+    from tests.train.util import write_config
+
+    config = write_config(tmp_path / "train.yaml")  # training.compile: false, on CPU
+    result = cli_process("cache", "pack", "--config", config, "--warm", "--out", tmp_path / "p")
+    _warm_error(
+        result,
+        f"the warm-up step of {config} compiled nothing: no pack to make",
+        "add --set training.compile=true",
+    )
+    assert "pass --warm" not in result.err and not (tmp_path / "p").exists()
+
+
+def test_a_failed_warm_up_hints_the_step_it_ran(cli_process, tmp_path):
+    """Was: "run `dllm train --config F --set training.steps=1` to see why": the user's --set
+    overrides were dropped, and a spec with a warm-up failed on that instead (scheduler.
+    warmup_steps: 2 exceeds training.steps (1)). Now the step's own command, quoted."""
+    from tests.train.util import write_config
+
+    (tmp_path / "my configs").mkdir()
+    config = write_config(tmp_path / "my configs" / "train.yaml", "training.compile=true")
+    result = cli_process(
+        "cache", "pack", "--config", config, "--set", "data.synthetic=null", "--set", "data.artifact=missing", "--warm",
+        "--out", tmp_path / "p",
+    )  # fmt: skip
+    _warm_error(
+        result,
+        "failed (exit 2)",
+        f"run `dllm train --config '{config}' --set data.synthetic=null --set "
+        "data.artifact=missing --set training.steps=1 --set scheduler.warmup_steps=0` to see why",
+    )
 
 
 def test_list_refuses_config_without_available(cli, tmp_path):
@@ -291,7 +342,12 @@ def test_the_next_command_pack_prints_runs_as_printed_from_a_folder_with_spaces(
     made = cli("cache", "pack", "--out", tmp_path / "my packs")
     assert made.code == 0, made.err
     [line] = [x for x in made.out.splitlines() if x.startswith("next: ")]
-    argv = shlex.split(line.removeprefix("next: ").partition("   (")[0])
+    # The whole line as printed: its remark "(on a host like this one)" was a bash syntax error
+    # once pasted (this test cut it off before splitting); now it is a shell comment.
+    command = line.removeprefix("next: ")
+    bash = subprocess.run(["bash", "-n", "-c", command], capture_output=True, text=True)
+    assert bash.returncode == 0, bash.stderr
+    argv = shlex.split(command, comments=True)
     assert argv[:3] == ["dllm", "cache", "install"], argv
     installed = cli(*argv[1:])
     assert installed.code == 0, installed.err

@@ -653,9 +653,11 @@ def install_pack(
     host: HostFingerprint,
     *,
     spec_sha256: str | None = None,
+    spec: dict[str, Any] | None = None,
     lock_timeout_s: float = DEFAULT_LOCK_TIMEOUT_S,
 ) -> tuple[InstalledPack, int]:
-    """Verify `path`, check it fits `host` (and the run `spec_sha256`), copy its files into
+    """Verify `path`, check it fits `host` (and the run `spec_sha256`, whose compile-relevant
+    part `spec` names the fields that differ from the pack's), copy its files into
     `caches`; returns the record and how many files were new there. Holds the packs' lock
     (`packs_locked`) from the first write on.
 
@@ -668,12 +670,7 @@ def install_pack(
     manifest = read_pack_manifest(_pack_file(path))
     differences = manifest.key.differences(host, spec_sha256)
     if differences:
-        raise PackRejected(
-            f"compile-cache pack {path.name} does not fit this host: "
-            + "; ".join(map(str, differences)),
-            hint="make a pack on a host like this one (dllm cache pack), or let the first step "
-            "compile",
-        )
+        raise _rejected(path, manifest, differences, spec)
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(packs_locked(lock_timeout_s))
@@ -687,6 +684,70 @@ def install_pack(
                 raise
             return unchanged, 0
         return _install_locked(path, caches, host, spec_sha256)
+
+
+def _rejected(
+    path: Path, manifest: PackManifest, differences: list, spec: dict[str, Any] | None
+) -> PackRejected:
+    """Why a pack does not fit. A pack for this host made for another spec read "does not fit
+    this host: spec: host ffe1d0ea4f43, pack ded1fc6fb564" with the hint to make a pack on a
+    host like this one: two digests, no field, and a fix for a host that was fine."""
+    host_side = [str(d) for d in differences if d.field != "spec"]
+    shown = list(host_side)
+    if len(host_side) < len(differences):
+        shown.append(f"made for another spec{_spec_changes(manifest.spec, spec)}")
+    if host_side:
+        hint = (
+            "make a pack on a host like this one (dllm cache pack), or let the first step compile"
+        )
+    else:
+        hint = (
+            "install it with the --config (and --set) it was packed for, or pack this spec "
+            "(dllm cache pack --config F --warm), or let the first step compile"
+        )
+    where = "host" if host_side else "run"
+    return PackRejected(
+        f"compile-cache pack {path.name} does not fit this {where}: " + "; ".join(shown),
+        hint=hint,
+    )
+
+
+def _spec_changes(packed: str | None, spec: dict[str, Any] | None, limit: int = 6) -> str:
+    """' (training.compile: run false, pack true; ...)': the compile-relevant fields that differ
+    between the run's spec and the one the pack was made for, where both are known."""
+    if packed is None or spec is None:
+        return ""
+    try:
+        theirs = json.loads(packed)
+    except ValueError:
+        return ""
+    ours = json.loads(json.dumps(spec, default=str))  # as the pack's JSON has it (tuples: lists)
+
+    def flat(value: Any, prefix: str, into: dict[str, Any]) -> dict[str, Any]:
+        if isinstance(value, dict) and value:
+            for key, item in value.items():
+                flat(item, f"{prefix}.{key}" if prefix else str(key), into)
+        else:
+            into[prefix] = value
+        return into
+
+    mine, packs = flat(ours, "", {}), flat(theirs, "", {})
+    changes = [
+        f"{key}: run {_json(mine.get(key, _UNSET))}, pack {_json(packs.get(key, _UNSET))}"
+        for key in sorted(set(mine) | set(packs))
+        if mine.get(key, _UNSET) != packs.get(key, _UNSET)
+    ]
+    if not changes:
+        return ""
+    more = f"; and {len(changes) - limit} more" if len(changes) > limit else ""
+    return f" ({'; '.join(changes[:limit])}{more})"
+
+
+_UNSET = object()  # a field one side's spec part does not have
+
+
+def _json(value: Any) -> str:
+    return "unset" if value is _UNSET else json.dumps(value)
 
 
 def _installed_intact(sha256: str, caches: dict[str, Path]) -> InstalledPack | None:

@@ -132,7 +132,9 @@ def _pack(args) -> int:
     print(f"packed {path}")
     print(f"  {len(manifest.files)} files, {manifest.total_size / 1e6:,.1f} MB, sha256 {sha256}")
     print(f"  for {manifest.key.label()}, spec {digest[:12] if digest else 'any (no --config)'}")
-    print(f"next: dllm cache install {shlex.quote(str(path))}   (on a host like this one)")
+    # The remark is a shell comment: "(on a host ...)" after the command made the line, pasted
+    # as printed, a bash syntax error.
+    print(f"next: dllm cache install {shlex.quote(str(path))}   # on a host like this one")
     return 0
 
 
@@ -142,12 +144,13 @@ def _install(args) -> int:
     from turbo_dllm.host import collect_fingerprint
 
     _check_lock_timeout(args)
-    _, digest, _ = _spec(args)
+    _, digest, part = _spec(args)
     pack, added = install_pack(
         args.pack,
         _caches(),
         collect_fingerprint(),
         spec_sha256=digest,
+        spec=part,
         lock_timeout_s=args.lock_timeout,
     )
     if args.json:
