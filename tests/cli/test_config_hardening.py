@@ -850,3 +850,47 @@ def test_a_validators_message_reads_without_pydantics_prefix(cli, tmp_path):
     result = validate(cli, runspec(tmp_path), "launch.seed=yes")
     assert_user_error(result, "launch.seed: expected a number, not a boolean")
     assert "Value error" not in result.err
+
+
+@pytest.mark.parametrize(
+    ("override", "comment", "meant"),
+    [
+        ("launch.name=my run #2", "'#2'", "'my run'"),
+        ("launch.name=#draft", "'#draft'", "None"),
+        ("training.steps=3  # fewer", "'# fewer'", "3"),
+    ],
+)
+def test_a_set_value_with_a_comment_is_refused(cli, tmp_path, override, comment, meant):
+    """Was: YAML read ` #...` as a comment and dropped it without a word: the run was named
+    'my run', `#draft` set the name to null, `3  # fewer` passed as 3."""
+    result = validate(cli, runspec(tmp_path), override)
+    key = override.split("=")[0]
+    assert_user_error(
+        result,
+        f"--set {key}: {comment} is a YAML comment, so the value would be {meant} without it",
+        "leave the comment out, or quote the value to keep the '#' as text",
+    )
+
+
+def test_a_quoted_set_value_keeps_its_hash(cli, tmp_path):
+    for override in ('launch.name="my run #2"', "launch.name=run#2"):
+        result = cli("config", "validate", "--config", runspec(tmp_path), "--set", override)
+        assert result.code == 0, result.err
+    hinted = validate(cli, runspec(tmp_path), "launch.name=my run #2")
+    assert """--set 'launch.name="my run #2"'""" in hinted.err  # the hint pastes as printed
+    result = cli(
+        "config", "validate", "--config", runspec(tmp_path), "--set", 'launch.name="my run #2"',
+        "--json",
+    )  # fmt: skip
+    assert json.loads(result.out)["launch"]["name"] == "my run #2"
+
+
+def test_a_date_where_text_belongs_is_named_as_a_date(cli, tmp_path):
+    """Was: "launch.name: Input should be a valid string (got datetime.date(2024, 1, 1))"."""
+    result = validate(cli, runspec(tmp_path), "launch.name=2024-01-01")
+    assert_user_error(
+        result,
+        "launch.name: Input should be a valid string (got 2024-01-01, which YAML reads as a "
+        "date: quote it for text)",
+    )
+    assert "datetime" not in result.err

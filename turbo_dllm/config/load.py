@@ -7,6 +7,7 @@ with its dotted path, and an unknown key comes with the nearest valid name.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import os
 import typing
@@ -108,6 +109,8 @@ def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str,
             value = parse_yaml(raw, f"--set {key}", key=key) if raw.strip() else ""
         except yaml.YAMLError:  # not YAML: the value is the text itself
             value = raw
+        else:
+            _refuse_a_comment(key, raw, value)
         node = result
         parts = key.split(".")
         for part in parts[:-1]:
@@ -119,6 +122,30 @@ def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str,
             node = child
         node[parts[-1]] = value
     return result
+
+
+def _refuse_a_comment(key: str, raw: str, value: Any) -> None:
+    """A `--set` value with ` #...` in it: YAML reads that as a comment and drops it, so
+    `--set "launch.name=run #2"` named the run 'run' and `data.artifact=data/v2 #new` read
+    data/v2, without a word. A command-line value holds no comments: refuse and say to quote."""
+    if "#" not in raw:
+        return
+    try:
+        tokens = list(yaml.scan(raw, Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return
+    ends = [t.end_mark.index for t in tokens if not isinstance(t, yaml.StreamEndToken)]
+    rest = raw[max(ends, default=0) :]
+    if "#" not in rest:
+        return
+    comment = rest.strip()
+    quoted = '"' + raw.strip().replace("\\", "\\\\").replace('"', '\\"') + '"'
+    raise DllmError(
+        f"--set {key}: {_shorten(comment)!r} is a YAML comment, so the value would be "
+        f"{value!r} without it",
+        hint="leave the comment out, or quote the value to keep the '#' as text"
+        + (f": --set '{key}={quoted}'" if "'" not in raw else " (YAML double quotes)"),
+    )
 
 
 def load_model(model: type[M], document: Any, source: str) -> M:
@@ -213,6 +240,9 @@ def format_validation_error(error: ValidationError, model: type[BaseModel], sour
             )
             continue
         shown = "" if isinstance(given, (dict, list)) else f" (got {given!r})"
+        if isinstance(given, (datetime.date, datetime.time)):
+            # YAML reads 2024-01-01 as a date: "got datetime.date(2024, 1, 1)" for a name
+            shown = f" (got {given.isoformat()}, which YAML reads as a date: quote it for text)"
         # A validator's own message, without the "Value error, " pydantic puts before it.
         message = item["msg"].removeprefix("Value error, ")
         if path in unions:
