@@ -20,7 +20,7 @@ from yaml.nodes import MappingNode, ScalarNode, SequenceNode
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "MAX_YAML_BYTES", "parse_yaml"]
+__all__ = ["MAX_ALIAS_NODES", "MAX_DEPTH", "MAX_YAML_BYTES", "parse_yaml", "trailing_comment"]
 
 MAX_YAML_BYTES = 4 << 20  # configs are kilobytes; this only stops a runaway file (/dev/zero)
 MAX_DEPTH = 64  # config sections nest a handful of levels
@@ -207,3 +207,22 @@ def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def trailing_comment(text: str) -> str | None:
+    """The comment after the last token of `text` (`'# x'` in `3  # x`), or None: what YAML
+    drops without a word from a one-line value such as a `--set` one. Tokens only (the scanner;
+    nothing is composed or built); text that does not scan has none."""
+    if "#" not in text:
+        return None
+    scanner = yaml.SafeLoader(text)
+    try:
+        end = 0
+        while not scanner.check_token(yaml.StreamEndToken):
+            end = max(end, scanner.get_token().end_mark.index)
+    except yaml.YAMLError:
+        return None
+    finally:
+        scanner.dispose()
+    rest = text[end:].strip()
+    return rest if rest.startswith("#") else None

@@ -17,7 +17,12 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from turbo_dllm.config.bounded_yaml import MAX_DEPTH, MAX_YAML_BYTES, parse_yaml
+from turbo_dllm.config.bounded_yaml import (
+    MAX_DEPTH,
+    MAX_YAML_BYTES,
+    parse_yaml,
+    trailing_comment,
+)
 from turbo_dllm.errors import DllmError
 
 __all__ = [
@@ -128,17 +133,9 @@ def _refuse_a_comment(key: str, raw: str, value: Any) -> None:
     """A `--set` value with ` #...` in it: YAML reads that as a comment and drops it, so
     `--set "launch.name=run #2"` named the run 'run' and `data.artifact=data/v2 #new` read
     data/v2, without a word. A command-line value holds no comments: refuse and say to quote."""
-    if "#" not in raw:
+    comment = trailing_comment(raw)
+    if comment is None:
         return
-    try:
-        tokens = list(yaml.scan(raw, Loader=yaml.SafeLoader))
-    except yaml.YAMLError:
-        return
-    ends = [t.end_mark.index for t in tokens if not isinstance(t, yaml.StreamEndToken)]
-    rest = raw[max(ends, default=0) :]
-    if "#" not in rest:
-        return
-    comment = rest.strip()
     quoted = '"' + raw.strip().replace("\\", "\\\\").replace('"', '\\"') + '"'
     raise DllmError(
         f"--set {key}: {_shorten(comment)!r} is a YAML comment, so the value would be "
