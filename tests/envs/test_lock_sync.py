@@ -468,3 +468,73 @@ def test_an_unreachable_index_points_at_a_mirror(wheels, tmp_path, cli):
     assert "hint: the manifest's indexes must be reachable" in result.err
     assert "--mirror DIR|URL --offline" in result.err
     assert not (tmp_path / "venv").exists()
+
+
+@pytest.mark.parametrize("kind", ["another machine", "a newer glibc"])
+def test_a_manifest_for_another_platform_is_refused_before_a_venv_is_made(
+    wheels, tmp_path, cli, kind
+):
+    """A manifest locked for another host went to uv, which picked this host's wheel (or none)
+    and failed with "hash mismatch" under a hint about unreachable indexes."""
+    import platform as platform_module
+
+    machine = platform_module.machine().lower()
+    if kind == "another machine":
+        tag = "manylinux_2_17_" + ("x86_64" if machine == "aarch64" else "aarch64")
+    else:
+        tag = f"manylinux_9_99_{machine}"  # a glibc no host has yet
+    source = next(wheels.glob("dllm_fixture_c-3.0-*.whl"))
+    wheel = source.with_name(f"dllm_fixture_c-3.0-cp311-cp311-{tag}.whl")
+    source.rename(wheel)
+    manifest = lock_fixtures(wheels, "dllm-fixture-a==1.0")
+    foreign = Pin(
+        name="dllm-fixture-c",
+        version="3.0",
+        wheels=[WheelFile(filename=wheel.name, sha256=sha256(wheel))],
+    )
+    path = tmp_path / "foreign.toml"
+    path.write_text(dump_manifest(manifest.model_copy(update={"packages": [foreign]})))
+    venv = tmp_path / "venv"
+    result = cli("env", "sync", "--manifest", path, "--venv", venv)
+    assert_user_error(
+        result,
+        "pins wheels this host",
+        f"dllm-fixture-c ({tag})",
+        "hint: sync on a host of that platform",
+    )
+    assert "installing manifest" not in result.err and "hash" not in result.err.lower()
+    assert not venv.exists()
+
+
+def test_a_full_disk_during_the_install_says_so_not_unreachable_indexes(
+    wheels, tmp_path, cli, monkeypatch
+):
+    """uv's "No space left on device (os error 28)" came with the hint that the manifest's
+    indexes must be reachable and hold every pinned wheel."""
+    from turbo_dllm.envs import uvtool
+
+    real = uv_binary()
+    fake = tmp_path / "uv"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1 $2" = "pip install" ]; then\n'
+        "  echo 'error: Failed to install: dllm_fixture_a-1.0-py3-none-any.whl' >&2\n"
+        "  echo '  cause: failed to copy file: No space left on device (os error 28)' >&2\n"
+        "  exit 2\n"
+        "fi\n"
+        f'exec "{real}" "$@"\n'
+    )
+    fake.chmod(0o755)
+    monkeypatch.setattr(uvtool, "uv_binary", lambda: str(fake))
+    path = tmp_path / "m.toml"
+    path.write_text(dump_manifest(lock_fixtures(wheels)))
+    result = cli("env", "sync", "--manifest", path, "--venv", tmp_path / "venv")
+    error = result.err[result.err.index("dllm: error:") :]  # after uv's progress
+    assert_user_error(
+        dataclasses.replace(result, err=error),
+        "os error 28",
+        "hint: the disk is full",
+        "UV_CACHE_DIR",
+    )
+    assert "indexes must be reachable" not in result.err
+    assert not (tmp_path / "venv").exists()

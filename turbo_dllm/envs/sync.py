@@ -107,6 +107,35 @@ def _unwritable(venv: Path) -> str | None:
     return None
 
 
+def _foreign_platform(manifest: EnvManifest) -> str | None:
+    """Why this host cannot install the manifest's wheels (pins with no wheel of this machine's
+    platform: locked for another architecture, or a newer glibc), else None. Said before a venv
+    is made, not by uv as a "hash mismatch" for the wheel of this platform it picked instead."""
+    from packaging.tags import platform_tags
+    from packaging.utils import InvalidWheelFilename, parse_wheel_filename
+
+    accepted = {*platform_tags(), "any"}
+    foreign: list[tuple[str, str]] = []
+    for pin in manifest.packages:
+        platforms: set[str] = set()
+        for wheel in pin.wheels:
+            try:
+                platforms |= {tag.platform for tag in parse_wheel_filename(wheel.filename)[3]}
+            except InvalidWheelFilename:
+                return None  # not a wheel name: uv says what is wrong with it
+        if platforms and not platforms & accepted:
+            foreign.append((pin.name, min(platforms)))
+    if not foreign:
+        return None
+    listed = ", ".join(f"{name} ({platform})" for name, platform in foreign[:4])
+    more = f" and {len(foreign) - 4} more" if len(foreign) > 4 else ""
+    host = max(platform_tags(), key=lambda tag: tag.startswith("manylinux_"), default="unknown")
+    return (
+        f"manifest {manifest.target} was locked for {manifest.python_platform} and pins wheels "
+        f"this host ({host}) cannot install: {listed}{more}"
+    )
+
+
 def _system_site_packages(venv: Path) -> bool:
     config = venv / "pyvenv.cfg"
     for line in config.read_text(encoding="utf-8").splitlines():
@@ -282,6 +311,13 @@ def sync_environment(
     system_site_packages: bool | None = None,
 ) -> SyncResult:
     venv = Path(venv).absolute()
+    foreign = _foreign_platform(manifest)
+    if foreign:
+        raise DllmError(
+            f"cannot sync {venv}: {foreign}",
+            hint="sync on a host of that platform, or use the manifest of this host's target "
+            "(`dllm env list`; --target auto picks it)",
+        )
     source_args = _source_args(manifest, mirror, offline)
     project = mirror_project_line(manifest, mirror)  # a mirror of another release: before a venv
     problem = _unwritable(venv)

@@ -8,7 +8,9 @@ environment: the manifest and the command line decide where packages come from, 
 
 from __future__ import annotations
 
+import errno
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -37,6 +39,25 @@ _SOURCE_VARIABLES = (
     "VIRTUAL_ENV",
     "CONDA_PREFIX",
 )
+
+
+# uv's file-system failures ("No space left on device (os error 28)") are not a missing or
+# unreachable package: the caller's hint (indexes, mirrors) would send the user the wrong way.
+_FILE_SYSTEM_HINTS = {
+    errno.ENOSPC: "the disk is full: free some space (where the venv is, and uv's cache: "
+    "UV_CACHE_DIR, default ~/.cache/uv) and run it again",
+    errno.EDQUOT: "your disk quota is used up: free some space (where the venv is, and uv's "
+    "cache: UV_CACHE_DIR, default ~/.cache/uv) and run it again",
+    errno.EROFS: "that file system is read-only: choose a path on a writable one",
+    errno.EACCES: "check that path's permissions, or choose a path you can write",
+    errno.EPERM: "check that path's permissions, or choose a path you can write",
+}
+
+
+def _file_system_hint(text: str) -> str | None:
+    """The hint for the last OS error uv reports (`(os error N)`), when it is a file system's."""
+    codes = re.findall(r"\(os error (\d+)\)", text)
+    return _FILE_SYSTEM_HINTS.get(int(codes[-1])) if codes else None
 
 
 @lru_cache(maxsize=1)
@@ -92,7 +113,9 @@ def run_uv(
     if proc.returncode not in ok_codes:
         detail = (proc.stderr or "").strip().splitlines()
         explanation = "\n".join(detail[-25:]) if detail else f"exit status {proc.returncode}"
-        raise DllmError(f"{what} failed:\n{explanation}", hint=hint)
+        raise DllmError(
+            f"{what} failed:\n{explanation}", hint=_file_system_hint(explanation) or hint
+        )
     return proc
 
 
