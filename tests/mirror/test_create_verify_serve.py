@@ -596,3 +596,57 @@ def test_env_sync_offline_from_a_mirror_folder(mirror, tmp_path, monkeypatch, cl
         cli("env", "sync", "--mirror", root, "--target", "sm90", "--venv", venv),
         "no environment manifest for target sm90",
     )
+
+
+def test_a_stopped_with_wheels_create_resumes_from_the_wheels_it_downloaded(
+    mirror, wheels, tmp_path, monkeypatch
+):
+    """Ctrl-C during `--with-wheels` threw away every wheel downloaded so far with the staging
+    folder (gigabytes for a CUDA target): the same command again started from nothing. Now
+    whole, hash-checked downloads are kept next to DIR and reused; a half-written one never is."""
+    from turbo_dllm.mirror import create
+
+    root, _ = mirror
+    real_download = create.download_wheel
+    fetched: list[str] = []
+
+    def stopped_mid_second(urls, wheel, dest):
+        if fetched:  # the second wheel: part of it written, then Ctrl-C
+            (dest / f".{wheel.filename}.part").write_bytes(b"half a wheel")
+            raise KeyboardInterrupt
+        fetched.append(wheel.filename)
+        return real_download(urls, wheel, dest)
+
+    with MirrorServer(root, quiet=True) as server:
+        manifest = manifest_for(wheels, "dllm_fixture_a", "dllm_fixture_b")
+        online = manifest.model_copy(update={"indexes": [Index(url=f"{server.url}/simple")]})
+        dest = tmp_path / "out" / "copy"
+        monkeypatch.setattr(create, "download_wheel", stopped_mid_second)
+        with pytest.raises(KeyboardInterrupt):
+            create_mirror(MirrorPlan(dest, None, [online], with_wheels=True))
+        kept = tmp_path / "out" / ".copy.downloads"
+        assert sorted(p.name for p in (tmp_path / "out").iterdir()) == [".copy.downloads"]
+        assert [p.name for p in kept.iterdir()] == fetched  # no .part: never taken as whole
+        first = kept / fetched[0]
+        assert sha256(first) == sha256(wheels / fetched[0])
+
+        again: list[str] = []
+
+        def counting(urls, wheel, dest):
+            again.append(wheel.filename)
+            return real_download(urls, wheel, dest)
+
+        monkeypatch.setattr(create, "download_wheel", counting)
+        create_mirror(MirrorPlan(dest, None, [online], with_wheels=True))
+        assert again == ["dllm_fixture_b-2.0-py3-none-any.whl"]  # only what was missing
+        assert fetched == ["dllm_fixture_a-1.0-py3-none-any.whl"]
+        assert not kept.exists()  # done with once the mirror is in place
+        assert verify_mirror(dest).ok
+
+        # A kept file that is not the manifest's wheel (torn, tampered) is downloaded again.
+        kept.mkdir()
+        (kept / fetched[0]).write_bytes(b"torn")
+        again.clear()
+        create_mirror(MirrorPlan(dest, None, [online], with_wheels=True, force=True))
+        assert sorted(again) == [fetched[0], "dllm_fixture_b-2.0-py3-none-any.whl"]
+        assert verify_mirror(dest).ok and not kept.exists()

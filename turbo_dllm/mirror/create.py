@@ -4,12 +4,15 @@ For each target: its environment manifest, every wheel the manifest pins (from `
 and, with `--with-wheels`, downloaded from the manifest's indexes), the project's own wheel when
 one is at hand, the release catalog and the target's bundles, and any compile-cache packs given
 (each fully verified first; `packs/` of a mirror is where `dllm launch` looks for them). Built in a staging folder next to
-DIR and renamed into place, so DIR is either the old mirror or the complete new one.
+DIR and renamed into place, so DIR is either the old mirror or the complete new one. Downloaded
+wheels go through `.DIR.downloads` (each under its name only once its sha256 is the manifest's),
+which outlives a create that fails or is stopped: run again, it resumes from them.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import sys
 from dataclasses import dataclass, field
@@ -31,7 +34,7 @@ from turbo_dllm.mirror.layout import (
 from turbo_dllm.mirror.wheels import LocalWheels, WheelSource, download_wheel, scan_wheels
 from turbo_dllm.sigterm import unwinding_on_sigterm
 
-__all__ = ["MirrorPlan", "create_mirror"]
+__all__ = ["MirrorPlan", "create_mirror", "downloads_folder"]
 
 
 @dataclass
@@ -52,10 +55,38 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr)
 
 
+def downloads_folder(dest: Path) -> Path:
+    """Where `--with-wheels` keeps the wheels it downloaded, next to DIR: they outlive a create
+    that fails or is stopped, so the same command again resumes from them; removed once the
+    mirror is in place. Only a download whose sha256 is the manifest's gets its wheel's name."""
+    return dest.with_name(f".{dest.name}.downloads")
+
+
+def _downloaded(folder: Path, wheel) -> Path | None:
+    """A wheel an earlier, stopped create downloaded into `folder`, re-hashed before use."""
+    path = folder / wheel.filename
+    if not path.is_file():
+        return None
+    if sha256_file(path) == wheel.sha256:
+        return path
+    path.unlink()  # not the manifest's (the manifest changed): downloaded again
+    return None
+
+
+def _place(source: Path, target: Path) -> None:
+    """`source` at `target`: a hard link where the file system allows (no second copy of
+    gigabytes of wheels), else a copy."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copyfile(source, target)
+
+
 def _collect_wheels(
-    plan: MirrorPlan, local: LocalWheels, wheels_dir: Path
+    plan: MirrorPlan, local: LocalWheels, wheels_dir: Path, downloads: Path
 ) -> tuple[dict[str, str], list[str]]:
-    """Copy or download every pinned wheel into `wheels_dir`; {file name: sha256}, problems."""
+    """Copy or download every pinned wheel into `wheels_dir`; {file name: sha256}, problems.
+    Downloads go through `downloads` (kept when the create stops: a rerun resumes)."""
     collected: dict[str, str] = {}
     missing: list[str] = []
     for manifest in plan.manifests:
@@ -75,11 +106,17 @@ def _collect_wheels(
                 # One wheel per pin is enough: the manifest lists all that fit the target, and
                 # an installer takes any of them.
                 for wheel in pin.wheels:
-                    urls = source.candidate_urls(pin, wheel)
-                    if not urls:
-                        continue
-                    _say(f"downloading {wheel.filename}")
-                    download_wheel(urls, wheel, wheels_dir)
+                    fetched = _downloaded(downloads, wheel)
+                    if fetched is None:
+                        urls = source.candidate_urls(pin, wheel)
+                        if not urls:
+                            continue
+                        _say(f"downloading {wheel.filename}")
+                        downloads.mkdir(exist_ok=True)
+                        fetched = download_wheel(urls, wheel, downloads)
+                    else:
+                        _say(f"downloaded before: {wheel.filename}")
+                    _place(fetched, wheels_dir / wheel.filename)
                     collected[wheel.filename] = wheel.sha256
                     have = 1
                     break
@@ -174,6 +211,8 @@ def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
 
 def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
     staging = make_temp_dir(dest.parent, f".{dest.name}.partial-")
+    downloads = downloads_folder(dest)
+    done = False
     try:
         (staging / "manifests").mkdir()
         for manifest in plan.manifests:
@@ -184,7 +223,7 @@ def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
             wheels_dir = staging / "wheels"
             wheels_dir.mkdir()
             local = scan_wheels(plan.wheels_from)
-            collected, missing = _collect_wheels(plan, local, wheels_dir)
+            collected, missing = _collect_wheels(plan, local, wheels_dir, downloads)
             if missing:
                 raise DllmError(
                     f"{len(missing)} pinned packages have no wheel: {', '.join(missing[:10])}"
@@ -217,9 +256,31 @@ def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
             _replace_folder(staging, dest)  # the old mirror may end up at `staging`
         else:
             staging.rename(dest)
+        done = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        _settle_downloads(downloads, done)
     return index
+
+
+def _settle_downloads(downloads: Path, done: bool) -> None:
+    """Remove the downloads folder once the mirror is in place; after a failure or a stop keep
+    the wheels that were downloaded whole and checked (never a `.part`), and say so."""
+    if not downloads.is_dir():
+        return
+    if done:
+        shutil.rmtree(downloads, ignore_errors=True)
+        return
+    for partial in downloads.glob(".*.part"):
+        partial.unlink(missing_ok=True)
+    kept = sorted(downloads.glob("*.whl"))
+    if not kept:
+        shutil.rmtree(downloads, ignore_errors=True)
+        return
+    _say(
+        f"kept {len(kept)} downloaded wheel{'' if len(kept) == 1 else 's'} in {downloads}: the "
+        "same command again resumes from them"
+    )
 
 
 def _replace_folder(new: Path, dest: Path) -> None:
