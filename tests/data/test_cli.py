@@ -393,3 +393,14 @@ def test_doctor_given_a_prepare_yaml_says_so(cli, project):
     for name in ("data artifact", "world size", "model", "checkpoint dir"):
         assert "no RunSpec given" not in checks[name]["detail"], checks[name]
         assert "did not load" in checks[name]["detail"], checks[name]
+
+
+@pytest.mark.parametrize("command", [("config", "validate"), ("train",), ("launch",)])
+def test_a_prepare_yaml_given_for_a_runspec_says_so(cli, project, command):
+    """The starter project's prepare.yaml where a RunSpec belongs: one message saying what it
+    is and how to run it, not its seven sections as unknown keys with wrong guesses."""
+    result = cli(*command, "--config", project / "prepare.yaml")
+    assert result.code != 0
+    assert "is a data preparation config" in result.err, result.err
+    assert "unknown key" not in result.err and "did you mean" not in result.err
+    assert f"dllm data prepare --config {project / 'prepare.yaml'}" in result.err
