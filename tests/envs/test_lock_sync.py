@@ -538,3 +538,45 @@ def test_a_full_disk_during_the_install_says_so_not_unreachable_indexes(
     )
     assert "indexes must be reachable" not in result.err
     assert not (tmp_path / "venv").exists()
+
+
+def test_printed_commands_run_as_printed_where_paths_hold_spaces(wheels, tmp_path, cli):
+    """`activate: . /x/my venv/bin/activate`, `fix: dllm env sync --manifest /x/my venv/...`
+    and the note's `uv pip install --python /x/my venv/bin/python` printed paths unquoted: pasted
+    into a shell, each split at the space and failed."""
+    import shlex
+
+    folder = tmp_path / "my envs"
+    manifest_file = folder / "the manifest.toml"
+    folder.mkdir()
+    manifest_file.write_text(dump_manifest(lock_fixtures(wheels)))
+    venv = folder / "my venv"
+    synced = cli("env", "sync", "--manifest", manifest_file, "--venv", venv)
+    assert synced.code == 0, synced.err
+    activate = next(line for line in synced.out.splitlines() if line.startswith("activate: "))
+    shell = subprocess.run(
+        ["bash", "-c", f"{activate.removeprefix('activate: ')} && python -c 'import sys; "
+         "print(sys.prefix)'"],
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert shell.stdout.strip() == str(venv), shell.stderr
+    note = next(line for line in synced.out.splitlines() if "uv pip install" in line)
+    assert f"--python {shlex.quote(str(venv_python(venv)))} " in note
+
+    python = venv_python(venv)
+    subprocess.run(
+        [uv_binary(), "pip", "install", "--python", python, "--no-index", "--find-links", wheels,
+         "dllm-fixture-a==1.1"],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    for args in ((), ("--manifest", manifest_file)):
+        checked = cli("env", "check", "--python", python, *args)
+        assert checked.code == 1
+        fix = next(line for line in checked.out.splitlines() if line.startswith("fix: dllm env"))
+        assert cli(*shlex.split(fix.removeprefix("fix: "))[1:]).code == 0, fix
+        assert cli("env", "check", "--python", python, *args).out.count("mismatched") == 0
+        subprocess.run(
+            [uv_binary(), "pip", "install", "--python", python, "--no-index", "--find-links",
+             wheels, "dllm-fixture-a==1.1"],
+            check=True, capture_output=True,
+        )  # fmt: skip

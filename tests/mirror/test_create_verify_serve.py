@@ -650,3 +650,23 @@ def test_a_stopped_with_wheels_create_resumes_from_the_wheels_it_downloaded(
         create_mirror(MirrorPlan(dest, None, [online], with_wheels=True, force=True))
         assert sorted(again) == [fetched[0], "dllm_fixture_b-2.0-py3-none-any.whl"]
         assert verify_mirror(dest).ok and not kept.exists()
+
+
+def test_create_prints_its_next_step_quoted(tmp_path, wheels, cli, monkeypatch):
+    """`next: dllm mirror verify /media/usb/my mirror && ...` split at the space when pasted."""
+    import shlex
+
+    from turbo_dllm.mirror import release
+
+    monkeypatch.setattr(release, "add_release", lambda plan, staging: None)  # wheels only
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
+    dest = tmp_path / "usb stick" / "my mirror"
+    result = cli("mirror", "create", dest, "--release", "v0", "--manifest", manifest_file,
+                 "--wheels-from", wheels)  # fmt: skip
+    assert result.code == 0, result.err
+    line = next(x for x in result.out.splitlines() if x.startswith("next: "))
+    verify, serve = (shlex.split(part) for part in line.removeprefix("next: ").split(" && "))
+    assert verify == ["dllm", "mirror", "verify", str(dest)]
+    assert serve == ["dllm", "mirror", "serve", str(dest)]
+    assert cli(*verify[1:]).code == 0

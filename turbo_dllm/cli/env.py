@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from turbo_dllm.cli._output import emit_json, group
@@ -249,7 +250,7 @@ def _sync(args) -> int:
         print(f"installed {result.project}")
     for note in result.notes:
         print(f"note: {note}")
-    print(f"activate: . {result.venv}/bin/activate")
+    print(f"activate: . {shlex.quote(str(result.venv / 'bin' / 'activate'))}")
     return 0
 
 
@@ -265,11 +266,11 @@ def _check(args) -> int:
     drift = compare(manifest, environment)
     # The sync that restores the manifest compared here (a synced venv's own copy included).
     if args.manifest:
-        source = f"--manifest {args.manifest}"
+        source = f"--manifest {shlex.quote(args.manifest)}"
     elif args.mirror:
-        source = f"--mirror {args.mirror} --target {manifest.target}"
+        source = f"--mirror {shlex.quote(args.mirror)} --target {manifest.target}"
     elif origin.startswith(SYNCED_COPY):
-        source = f"--manifest {recorded_manifest_path(environment.prefix)}"
+        source = f"--manifest {shlex.quote(str(recorded_manifest_path(environment.prefix)))}"
     else:
         source = f"--target {manifest.target}"
     fixes = drift_fixes(manifest, drift, environment, sync_source=source)
@@ -318,9 +319,9 @@ def _requirements(args) -> int:
         # Not pins: the file installs none of them (pip and uv skip `#` lines), said so that a
         # file of no pins at all (a manifest locked --from-environment) is not a silent no-op.
         if args.manifest:
-            source = f"--manifest {args.manifest}"
+            source = f"--manifest {shlex.quote(args.manifest)}"
         elif args.mirror:
-            source = f"--mirror {args.mirror} --target {manifest.target}"
+            source = f"--mirror {shlex.quote(args.mirror)} --target {manifest.target}"
         else:
             source = f"--target {manifest.target}"
         count = len(manifest.provided)

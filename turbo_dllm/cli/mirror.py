@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -125,7 +126,8 @@ def _create(args) -> int:
     )
     for note in plan.notes:
         print(f"note: {note}")
-    print(f"next: dllm mirror verify {plan.dest} && dllm mirror serve {plan.dest}")
+    dest = shlex.quote(str(plan.dest))
+    print(f"next: dllm mirror verify {dest} && dllm mirror serve {dest}")
     return 0
 
 

@@ -8,6 +8,7 @@ happened afterwards (a `pip install -U`, a missing package, a stray extra).
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import asdict, dataclass, field
 
 from packaging.version import InvalidVersion, Version
@@ -155,7 +156,9 @@ def drift_fixes(
     if drift.clean:
         return []
     venv = environment.prefix if environment.is_venv else ".venv"
-    sync = f"dllm env sync {sync_source} --venv {venv}"
+    # Commands are printed to be pasted: a path with a space is quoted (`sync_source` comes
+    # quoted from the caller).
+    sync = f"dllm env sync {sync_source} --venv {shlex.quote(str(venv))}"
     if any(m.name == "python" for m in drift.mismatched):
         python = f"python{manifest.python}"
         if environment.is_venv:
@@ -175,7 +178,8 @@ def drift_fixes(
         specs = " ".join(f"'{name}=={provided[name]}'" for name in base)
         fixes.append(
             f"sync never installs what the base interpreter provides ({', '.join(base)}): "
-            f"restore it with `uv pip install --python {environment.executable} --no-deps "
+            f"restore it with `uv pip install --python {shlex.quote(str(environment.executable))} "
+            "--no-deps "
             f"--reinstall {specs}`, or, if the change is meant, re-lock: "
             f"dllm env lock --target {manifest.target} --from-environment"
         )
@@ -184,12 +188,12 @@ def drift_fixes(
         fixes.append(
             f"{project} {found} is installed and manifest {manifest.target} is for "
             f"{manifest.project.version}: sync the manifest of the installed release "
-            f"(dllm env sync --target {manifest.target} --venv {venv})"
+            f"(dllm env sync --target {manifest.target} --venv {shlex.quote(str(venv))})"
         )
     elif project in wrong:
         fixes.append(
             f"install {project} {manifest.project.version} itself: `uv pip install --python "
-            f"{environment.executable} --no-deps WHEEL` (sync installs it only from a mirror "
+            f"{shlex.quote(str(environment.executable))} --no-deps WHEEL` (sync installs it only from a mirror "
             "that carries its wheel: --mirror DIR|URL)"
         )
     return fixes

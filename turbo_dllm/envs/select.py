@@ -8,6 +8,7 @@ and `dllm mirror verify` checks the rest); else the manifests shipped with turbo
 
 from __future__ import annotations
 
+import shlex
 import sys
 from pathlib import Path
 
@@ -79,7 +80,7 @@ def _load(target: str, location: str, mirror) -> EnvManifest:
         if text is None:
             raise DllmError(
                 f"mirror {mirror.location} lists manifests/{target}.toml but lacks it",
-                hint=f"dllm mirror verify {mirror.location} lists what it is missing",
+                hint=f"dllm mirror verify {shlex.quote(mirror.location)} lists what it is missing",
             )
         _check_listed(mirror, f"manifests/{target}.toml", text)
         manifest = parse_manifest(text, location)
@@ -109,7 +110,7 @@ def _check_listed(mirror, relative: str, text: str) -> None:
     raise DllmError(
         f"mirror {mirror.location}: {relative} is not the file MIRROR.json lists (sha256 "
         f"{actual[:16]}..., MIRROR.json {said}): changed after the mirror was made",
-        hint=f"`dllm mirror verify {mirror.location}` names every damaged file; copy the mirror "
+        hint=f"`dllm mirror verify {shlex.quote(mirror.location)}` names every damaged file; copy the mirror "
         "again (or recreate it with `dllm mirror create`)",
     )
 
@@ -141,7 +142,8 @@ def environment_manifest(
                 raise DllmError(
                     error.message,
                     hint=f"it is the copy `dllm env sync` left in {venv} (damaged or edited): "
-                    f"sync again to rewrite it (dllm env sync --venv {venv}; --target NAME where "
+                    f"sync again to rewrite it (dllm env sync --venv {shlex.quote(str(venv))}; --target "
+                    "NAME where "
                     "auto picks another), "
                     "or pass --target/--manifest to compare with another manifest",
                 ) from None

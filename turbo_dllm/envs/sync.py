@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import re
+import shlex
 import shutil
 import sys
 import tempfile
@@ -202,7 +203,7 @@ def _check_python_fits(python: str, venv: Path, version: str) -> None:
         raise DllmError(
             f"--python {python} is Python {given}, but {venv} exists with Python {version}: "
             "sync does not change an existing venv's interpreter",
-            hint=f"{keep}, or remove {venv} to create it anew with --python {python}",
+            hint=f"{keep}, or remove {venv} to create it anew with --python {shlex.quote(python)}",
         )
 
 
@@ -406,7 +407,7 @@ def _install(
         if not any(d.name == manifest.project.name for d in after.distributions):
             result.notes.append(
                 f"{manifest.project.name} itself is not installed: install its wheel with "
-                f"`uv pip install --python {interpreter} --no-deps WHEEL`"
+                f"`uv pip install --python {shlex.quote(str(interpreter))} --no-deps WHEEL`"
             )
     result.drift = drift
     # The venv answers `dllm env check` and doctor for itself from now on.

@@ -11,6 +11,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shlex
 import subprocess
 import sys
 import threading
@@ -67,14 +68,14 @@ def uv_binary() -> str:
     except ImportError as error:
         raise DllmError(
             "uv is not installed in this environment",
-            hint=f"{sys.executable} -m pip install 'turbo-dllm[env]' (or pip install uv)",
+            hint=f"{shlex.quote(sys.executable)} -m pip install 'turbo-dllm[env]' (or pip install uv)",
         ) from error
     try:
         return uv.find_uv_bin()
     except FileNotFoundError as error:
         raise DllmError(
             "the uv package is installed but its binary is missing",
-            hint=f"{sys.executable} -m pip install --force-reinstall uv",
+            hint=f"{shlex.quote(sys.executable)} -m pip install --force-reinstall uv",
         ) from error
 
 
