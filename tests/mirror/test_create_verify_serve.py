@@ -670,3 +670,27 @@ def test_create_prints_its_next_step_quoted(tmp_path, wheels, cli, monkeypatch):
     assert verify == ["dllm", "mirror", "verify", str(dest)]
     assert serve == ["dllm", "mirror", "serve", str(dest)]
     assert cli(*verify[1:]).code == 0
+
+
+def test_serve_on_every_interface_prints_a_url_other_hosts_can_use(mirror, cli, monkeypatch):
+    """`--host 0.0.0.0` printed `install: dllm env sync --mirror http://0.0.0.0:8000 --offline`
+    for the nodes: no other host can connect to the wildcard address. It names this host now."""
+    from turbo_dllm.mirror import serve
+
+    root, index = mirror
+    started = []
+
+    def serve_once(self):  # answer as `serve` would, then stop (as Ctrl-C does)
+        started.append(self)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(serve.MirrorServer, "serve_forever", serve_once)
+    result = cli("mirror", "serve", root, "--host", "0.0.0.0", "--port", "0", "--quiet")
+    assert result.code == 0, result.err
+    port = started[0].httpd.server_address[1]
+    expected = f"http://{socket.gethostname()}:{port}"
+    assert f"install: dllm env sync --mirror {expected} --offline" in result.out
+    assert f"pip/uv index: {expected}/simple/" in result.out
+    # With the default host, the loopback URL is what the nodes (this host) use.
+    result = cli("mirror", "serve", root, "--port", "0", "--quiet")
+    assert "install: dllm env sync --mirror http://127.0.0.1:" in result.out

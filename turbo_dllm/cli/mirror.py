@@ -153,9 +153,11 @@ def _serve(args) -> int:
 
     server = MirrorServer(args.mirror, host=args.host, port=args.port, quiet=args.quiet)
     print(
-        f"serving {server.root} at {server.url}/ (pip/uv index: {server.url}/simple/)", flush=True
+        f"serving {server.root} at {server.url}/ (pip/uv index: {server.client_url}/simple/)",
+        flush=True,
     )
-    print(f"install: dllm env sync --mirror {server.url} --offline", flush=True)
+    # Printed to be run on the nodes: a wildcard address (0.0.0.0) names this host instead.
+    print(f"install: dllm env sync --mirror {server.client_url} --offline", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

@@ -190,6 +190,15 @@ class MirrorServer:
         host = f"[{host}]" if ":" in str(host) else host
         return f"http://{host}:{port}"
 
+    @property
+    def client_url(self) -> str:
+        """The URL other hosts use: a server on every interface (0.0.0.0, ::) is reached by
+        this host's name, not by the wildcard address (which no other host can connect to)."""
+        host, port = self.httpd.server_address[:2]
+        if host in ("0.0.0.0", "::"):
+            return f"http://{socket.gethostname()}:{port}"
+        return self.url
+
     def serve_forever(self) -> None:
         self.httpd.serve_forever()
 
