@@ -404,3 +404,23 @@ def test_a_prepare_yaml_given_for_a_runspec_says_so(cli, project, command):
     assert "is a data preparation config" in result.err, result.err
     assert "unknown key" not in result.err and "did you mean" not in result.err
     assert f"dllm data prepare --config {project / 'prepare.yaml'}" in result.err
+
+
+def test_doctor_checks_the_run_its_set_values_make(cli, project, tmp_path):
+    """`dllm doctor --config F --set K=V` checks the run `dllm launch --config F --set K=V`
+    would start: the overridden data.artifact is the one checked, and a bad value fails the
+    config check with a fix that checks the same command line again."""
+    moved = tmp_path / "elsewhere"
+    result = cli(
+        "doctor", "--config", project / "train.yaml", "--set", f"data.artifact={moved}", "--json"
+    )
+    checks = {c["name"]: c for c in json.loads(result.out)["checks"]}
+    assert checks["config"]["status"] == "pass", checks["config"]
+    assert str(moved) in checks["data artifact"]["detail"], checks["data artifact"]
+    bad = cli(
+        "doctor", "--config", project / "train.yaml", "--set", "training.steps=many", "--json"
+    )
+    assert bad.code == 1
+    config = {c["name"]: c for c in json.loads(bad.out)["checks"]}["config"]
+    assert config["status"] == "fail" and "training.steps" in config["detail"], config
+    assert "--set training.steps=many" in config["fix"], config

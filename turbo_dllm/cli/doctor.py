@@ -1,11 +1,12 @@
-"""`dllm doctor [--config F] [--json]`: readiness report; exit 0 ready, 1 not ready, 2 error."""
+"""`dllm doctor [--config F [--set K=V ...]] [--json]`: readiness report; exit 0 ready, 1 not ready, 2
+error."""
 
 from __future__ import annotations
 
 import shlex
 from pathlib import Path
 
-from turbo_dllm.cli._output import check_world_size, emit_json
+from turbo_dllm.cli._output import add_overrides, check_world_size, emit_json
 
 _STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
 
@@ -17,6 +18,7 @@ def register(subparsers) -> None:
         description="Readiness report: exit 0 ready, 1 not ready, 2 error.",
     )
     p.add_argument("--config", help="also check this RunSpec")
+    add_overrides(p)  # the run as `dllm launch --config F --set ...` will see it
     p.add_argument(
         "--world-size", type=int, default=None, help="check for a launch with this many processes"
     )
@@ -24,14 +26,20 @@ def register(subparsers) -> None:
     p.set_defaults(func=_doctor)
 
 
-def build_context(config: str | None, world_size: int | None = None):
+def build_context(
+    config: str | None, world_size: int | None = None, overrides: list[str] | None = None
+):
     """Parse the config for the checks; a bad config is a failed check, not a crash."""
     from turbo_dllm.config.load import load_runspec, read_yaml
     from turbo_dllm.data.spec import check_not_a_prepare_spec
     from turbo_dllm.doctor import DoctorContext
     from turbo_dllm.errors import DllmError
 
-    context = DoctorContext(config_path=Path(config) if config else None, world_size=world_size)
+    context = DoctorContext(
+        config_path=Path(config) if config else None,
+        world_size=world_size,
+        overrides=list(overrides or []),
+    )
     if config:
         try:
             document = read_yaml(config)
@@ -51,7 +59,7 @@ def build_context(config: str | None, world_size: int | None = None):
             context.config_hint_fixes = True
             return context
         try:
-            context.spec = load_runspec(config, world_size=world_size)
+            context.spec = load_runspec(config, overrides, world_size=world_size)
         except DllmError as error:
             context.config_error, context.config_hint = error.message, error.hint
     return context
@@ -61,7 +69,7 @@ def _doctor(args) -> int:
     from turbo_dllm.doctor import run_checks
 
     check_world_size(args.world_size)  # was checked as if it made sense
-    report = run_checks(build_context(args.config, args.world_size))
+    report = run_checks(build_context(args.config, args.world_size, args.overrides))
     if args.json:
         emit_json(report.to_json())
     else:

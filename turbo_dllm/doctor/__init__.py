@@ -41,8 +41,16 @@ class DoctorContext:
     config_hint: str | None = None  # the loader's fix for `config_error`
     config_hint_fixes: bool = False  # the hint is the fix (no field to edit: another kind of file)
     world_size: int | None = None
+    overrides: list[str] = field(default_factory=list)  # --set KEY=VALUE, applied to the spec
     run_dir: Path | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+
+    def config_args(self) -> str:
+        """` --config F --set K=V ...` as given, for a fix's command that reads the same run."""
+        import shlex
+
+        args = f" --config {shlex.quote(str(self.config_path))}"
+        return args + "".join(f" --set {shlex.quote(o)}" for o in self.overrides)
 
     def without_spec(self, what: str) -> str:
         """The detail of a check that needs the RunSpec where there is none: not given, or

@@ -190,9 +190,9 @@ def config_validity(ctx: DoctorContext) -> CheckResult:
             "fail",
             ctx.config_error,
             # (not the validate command alone: it prints the same problems again)
-            fix=f"edit the fields named above in {shlex.quote(str(ctx.config_path))} (`dllm "
-            "config schema` describes each), then check it again with `dllm config validate "
-            f"--config {shlex.quote(str(ctx.config_path))}`",
+            fix=f"edit the fields named above in {shlex.quote(str(ctx.config_path))}"
+            f"{' or the --set values' if ctx.overrides else ''} (`dllm config schema` describes "
+            f"each), then check it again with `dllm config validate{ctx.config_args()}`",
         )
     spec = ctx.spec
     return CheckResult(
