@@ -6,6 +6,7 @@ failure for `kind: prod`, whose run manifests promise the exact package set.
 
 from __future__ import annotations
 
+import shlex
 import sys
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
@@ -40,7 +41,7 @@ def environment_manifest(ctx: DoctorContext) -> CheckResult:
     # packaged manifest of this target may be another one, or none: a mirror's, a file's).
     synced = origin.startswith(SYNCED_COPY)
     source = (
-        f"--manifest {recorded_manifest_path(sys.prefix)}"
+        f"--manifest {shlex.quote(str(recorded_manifest_path(sys.prefix)))}"
         if synced
         else f"--target {manifest.target}"
     )
