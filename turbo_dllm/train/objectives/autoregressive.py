@@ -6,8 +6,11 @@ at token i sees clean keys 0..i, same document): so every parallel layout the de
 (FSDP, tp/sp, the CP baseline, CSBP) trains it unchanged. Token j is scored from the clean
 output at j - 1; position 0 and the first token of each packed document are never scored.
 The noisy half is an exact copy of the clean one (with x_t = x_0 and B = 1 a noisy query sees
-itself plus the clean prefix, the same set): it is computed but never scored, the price of
-reusing the stream.
+itself plus the clean prefix, the same set) and is never scored: with whole sequences on a rank
+the model runs the clean half alone (`train.attention.trim.CLEAN_HALF`); under context or block
+parallelism it is still computed, the price of reusing the stream there. Where block
+parallelism holds a clean token on several ranks (bp > cp), one of them scores it
+(`train.parallel.layout.clean_scorers`).
 
 Unit weights, full-vocabulary softmax, normalised by the global count of scored tokens.
 """

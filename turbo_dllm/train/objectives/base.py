@@ -107,7 +107,8 @@ class DiffusionBatch:
     """One micro-batch ready for the model.
 
     input_ids (R, 2L) rows [x_t ; x_0]; doc_ids (R, L) or None; score_index (n,) flat indices into
-    the model's hidden states viewed as (R * 2L, H) (noisy positions whose output is scored);
+    the model's hidden states viewed as (R * 2L, H) (the positions whose output is scored: noisy
+    for the diffusion objectives, clean for the autoregressive one, both for SFT);
     targets (n,); weights (n,) float32. exclude_index: vocabulary entry left out of the softmax.
     term_sizes: for an objective of several loss terms (each normalised by its own count), how
     many of the scored positions, in order, belong to each; `score` then sums per term.
