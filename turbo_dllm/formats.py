@@ -3,17 +3,21 @@
 Each reader parses its own bytes (JSON, TOML, a file or a mirror) and hands the document here;
 a wrong or missing `format` and a document that fails its model raise the same two `DllmError`
 shapes everywhere, naming the source, the expected format and every problem found.
+`read_json_record` reads one JSON file too, for a run dir's status records, which share it.
 """
 
 from __future__ import annotations
 
+import json
+import shlex
+from pathlib import Path
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from turbo_dllm.errors import DllmError, describe_validation_error
+from turbo_dllm.errors import DllmError, describe_os_error, describe_validation_error
 
-__all__ = ["validate_document"]
+__all__ = ["read_json_record", "validate_document"]
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -43,6 +47,35 @@ def validate_document(
     except ValidationError as error:
         problems = describe_validation_error(error, limit=limit)
         raise DllmError(f"{source} is not a valid {what}: {problems}", hint=hint) from None
+
+
+def read_json_record(
+    path: Path, model: type[Model], *, expected: str, what: str, writer: str, without: str
+) -> Model | None:
+    """The JSON record at `path` as `model`, or None where there is no such file: a run dir's
+    status records (result.json, launcher.json, slurm_job.json), which a run may not have yet.
+
+    One that cannot be read (torn, not UTF-8, nested past the parser's depth), of another
+    format or invalid is a DllmError naming it; its hint says who writes it (`writer`) and
+    what removing it makes of the run (`without`), the way on.
+    """
+    hint = (
+        f"{writer}: this one was torn, edited or written by another version of turbo-dllm. "
+        f"Remove it (rm {shlex.quote(str(path))}) and {without}"
+    )
+    try:
+        document = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except OSError as error:  # permission denied, a folder in its place: not torn
+        message, os_hint = describe_os_error(error)
+        raise DllmError(f"cannot read {what} {message}", hint=os_hint) from None
+    except (ValueError, RecursionError) as error:  # JSONDecodeError, UnicodeDecodeError
+        why = "nested deeper than JSON is parsed" if isinstance(error, RecursionError) else error
+        raise DllmError(f"cannot read {what} {str(path)!r}: {why}", hint=hint) from None
+    return validate_document(
+        document, model, expected=expected, what=what, source=str(path), hint=hint
+    )
 
 
 def _article(what: str) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs import result as result_mod
 from turbo_dllm.jobs.result import read_launchers, record_launcher
 from turbo_dllm.jobs.runs import summarize
@@ -251,10 +252,14 @@ def test_a_zombie_launcher_reads_died(recorded_run):
         proc.wait()
 
 
-def test_a_damaged_record_is_no_record(recorded_run):
+def test_a_damaged_record_is_named_not_read_as_no_record(recorded_run):
+    """A torn launcher record was left out: the run read `no result`, as if no launcher had
+    started. It is now a DllmError naming the file (tests/jobs/test_runs_damaged.py: through
+    `dllm run list | show`)."""
     (recorded_run / "launcher.json").write_text("{torn")
-    assert read_launchers(recorded_run) == []
-    assert summarize(recorded_run).status == "no result"
+    for read in (read_launchers, summarize):
+        with pytest.raises(DllmError, match="cannot read launcher record .*launcher.json"):
+            read(recorded_run)
 
 
 def test_start_ticks_reads_a_command_name_with_spaces_and_parentheses(monkeypatch, tmp_path):

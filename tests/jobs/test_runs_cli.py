@@ -354,21 +354,34 @@ def test_a_run_resumed_by_dllm_train_reads_as_its_latest_attempt(
     assert result["resumed_by"] == "dllm train" and result["backend"] == "local"
 
 
-def test_damaged_result_and_metrics_read_as_unknown_not_a_traceback(cli, spec_file, workdir):
+def test_damaged_metrics_read_as_unknown_and_a_damaged_result_is_named(cli, spec_file, workdir):
+    """A metrics record whose step or loss is no number reads as unknown. A result.json that is
+    no run result (`[1, 2]`, `"ok"`, no format, an exit code that is a string) read as no exit
+    code: it is now named, as a damaged manifest is (tests/jobs/test_runs_damaged.py)."""
     slurm_run(cli, spec_file)
     [run_dir] = (workdir / "runs").iterdir()
     write_metrics(run_dir, [5.0, 4.5])
     with (run_dir / "metrics.jsonl").open("a") as handle:
         handle.write('{"step": "x", "loss": "y"}\n')
-    for damaged in ("[1, 2]", '"ok"', '{"exit_code": "0"}'):
+    listing = cli("run", "list", "--json")
+    assert listing.code == 0, listing.err
+    [run] = json.loads(listing.out)["runs"]
+    assert (run["steps_done"], run["last_loss"], run["exit_code"]) == (2, 4.5, None)
+    shown = cli("run", "show", run_dir.name)
+    assert shown.code == 0, shown.err
+    assert "progress     2/4 steps, last loss 4.5000; not submitted" in shown.out
+    format_ = '"format": "turbo_dllm.run_result.v1"'
+    for damaged, says in (
+        ("[1, 2]", "is not a run result (format None"),
+        ('"ok"', "is not a run result (format None"),
+        ('{"exit_code": "0"}', "is not a run result (format None"),
+        (f'{{{format_}, "exit_code": "0"}}', "is not a valid run result: exit_code"),
+    ):
         (run_dir / "result.json").write_text(damaged)
         listing = cli("run", "list", "--json")
         assert listing.code == 0, listing.err
-        [run] = json.loads(listing.out)["runs"]
-        assert (run["steps_done"], run["last_loss"], run["exit_code"]) == (2, 4.5, None)
-        shown = cli("run", "show", run_dir.name)
-        assert shown.code == 0, shown.err
-        assert "progress     2/4 steps, last loss 4.5000; not submitted" in shown.out
+        assert json.loads(listing.out)["runs"] == []
+        assert_user_error(cli("run", "show", run_dir.name), "result.json", says)
 
 
 def test_list_and_show_read_only_the_end_of_a_long_metrics_file(cli, spec_file, workdir):

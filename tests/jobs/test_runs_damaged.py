@@ -1,5 +1,7 @@
 """`dllm run list | show` over run dirs whose files were damaged in ways a JSON parser alone does
-not catch: each reads as unknown or is a `dllm: error:`, never a traceback."""
+not catch: each reads as unknown or is a `dllm: error:`, never a traceback. A status record
+(result.json, slurm_job.json, launcher.json) is checked like the manifest: one that is damaged
+or of another format is named, never read as no record or taken as is."""
 
 from __future__ import annotations
 
@@ -9,20 +11,145 @@ from tests.helpers import assert_user_error
 from tests.jobs.test_runs_cli import slurm_run, write_metrics
 
 
-def test_a_result_json_that_is_not_utf8_reads_as_no_result(cli, spec_file, workdir):
-    """A non-UTF-8 byte in result.json was a UnicodeDecodeError traceback in list and show."""
+def _damaged(format_name: str, good: dict) -> dict[str, tuple[bytes, str]]:
+    """Ways a status record is damaged, each with what the error says about it."""
+    expected = f"turbo_dllm.{format_name}.v1"
+    return {
+        "not UTF-8": (b'\xff\xfe{"exit_code": 0}', "cannot read"),
+        "nested": (b"[" * 100_000, "nested deeper than JSON is parsed"),
+        "torn": (json.dumps(good).encode()[:-9], "cannot read"),
+        "not an object": (b"[1, 2]", f"(format None, expected {expected!r})"),
+        "no format": (
+            json.dumps({k: v for k, v in good.items() if k != "format"}).encode(),
+            f"(format None, expected {expected!r})",
+        ),
+        "another format": (
+            json.dumps({**good, "format": "turbo_dllm.run_manifest.v1"}).encode(),
+            f"(format 'turbo_dllm.run_manifest.v1', expected {expected!r})",
+        ),
+    }
+
+
+def _assert_named_not_read(cli, run_dir, name: str, *needles: str) -> None:
+    """`run list` lists the other runs and names this one as unreadable; `run show` says what
+    is wrong with which file and how to go on; neither is a traceback."""
+    listing = cli("run", "list", "--json")
+    assert listing.code == 0, listing.err
+    document = json.loads(listing.out)
+    assert [r["run_id"] for r in document["runs"]] == ["good"]
+    assert document["unreadable_manifest"] == [f"runs/{run_dir.name}"]
+    table = cli("run", "list")
+    assert table.code == 0 and "Traceback" not in table.err, table.err
+    assert f"(`dllm run show ID` says why): {run_dir.name}" in table.out
+    shown = cli("run", "show", run_dir.name)
+    assert_user_error(shown, str(run_dir / name), *needles, f"rm {run_dir / name}")
+    assert cli("run", "show", run_dir.name, "--json").code == 0  # the manifest as recorded
+
+
+def test_a_result_json_damaged_or_of_another_format_is_named_not_read_as_no_result(
+    cli, spec_file, workdir
+):
+    """result.json was read with a bare json.loads: a non-UTF-8 byte was a UnicodeDecodeError
+    traceback in list and show, then a torn or non-UTF-8 one read as no result, and one of
+    another format (or without one) was taken as a result. Each is now named, as a damaged
+    manifest is."""
+    from turbo_dllm.jobs.result import RESULT_FORMAT, read_result, write_result
+
+    slurm_run(cli, spec_file, "--run-dir", "runs/good")
     slurm_run(cli, spec_file, "--run-dir", "runs/r")
-    run_dir = workdir / "runs" / "r"
+    run_dir = (workdir / "runs" / "r").resolve()
     write_metrics(run_dir, [5.0, 4.5])
-    for damaged in (b'\xff\xfe{"exit_code": 0}', b"[" * 100_000):
-        (run_dir / "result.json").write_bytes(damaged)
-        listing = cli("run", "list", "--json")
-        assert listing.code == 0, listing.err
-        [run] = json.loads(listing.out)["runs"]
-        assert (run["steps_done"], run["exit_code"], run["status"]) == (2, None, "not submitted")
-        shown = cli("run", "show", "r")
-        assert shown.code == 0, shown.err
-        assert "progress     2/4 steps, last loss 4.5000; not submitted" in shown.out
+    write_result(run_dir, 0, "2026-01-01T00:00:00+00:00", "slurm", slurm_job_id="7")
+    good = json.loads((run_dir / "result.json").read_text())
+    assert good["format"] == RESULT_FORMAT and read_result(run_dir) == good
+    damaged = _damaged("run_result", good)
+    damaged["invalid"] = (
+        json.dumps({**good, "exit_code": "0"}).encode(),
+        "is not a valid run result: exit_code",
+    )
+    for why, (data, says) in damaged.items():
+        (run_dir / "result.json").write_bytes(data)
+        try:
+            _assert_named_not_read(cli, run_dir, "result.json", says)
+        except AssertionError as error:
+            raise AssertionError(f"{why}: {error}") from None
+
+
+def test_a_slurm_job_record_damaged_or_of_another_format_is_named_not_read_as_not_submitted(
+    cli, spec_file, workdir
+):
+    """slurm_job.json was read with a bare json.loads: a non-UTF-8 byte (or nesting past the
+    parser's depth) was a traceback in `run list` and `run show`, then read as `not submitted`,
+    and one of another format with a job_id was taken as the run's job. Each is now named."""
+    from turbo_dllm.jobs.backends.slurm import record_running_job
+
+    slurm_run(cli, spec_file, "--run-dir", "runs/good")
+    slurm_run(cli, spec_file, "--run-dir", "runs/s")
+    run_dir = (workdir / "runs" / "s").resolve()
+    write_metrics(run_dir, [5.0])
+    record_running_job(run_dir, "12")
+    good = json.loads((run_dir / "slurm_job.json").read_text())
+    damaged = _damaged("slurm_job", good)
+    damaged["invalid"] = (
+        json.dumps({**good, "job_id": 12}).encode(),
+        "is not a valid SLURM job record: job_id",
+    )
+    for why, (data, says) in damaged.items():
+        (run_dir / "slurm_job.json").write_bytes(data)
+        try:
+            _assert_named_not_read(cli, run_dir, "slurm_job.json", says)
+        except AssertionError as error:
+            raise AssertionError(f"{why}: {error}") from None
+
+
+def test_a_job_that_starts_replaces_a_damaged_slurm_job_record(cli, spec_file, workdir, capsys):
+    """The batch script's first step (`python -m turbo_dllm.jobs.result --job-started`) reads
+    the record it replaces, where a damaged one is now an error: the job must not stop there
+    (it is the run's latest attempt whatever the record said), nor replace it without a word as
+    it did. It warns, naming the file, and records itself in its place."""
+    from turbo_dllm.jobs.result import main
+
+    slurm_run(cli, spec_file, "--run-dir", "runs/s")
+    run_dir = (workdir / "runs" / "s").resolve()
+    for data in (b"\xff", b'{"format": "turbo_dllm.run_result.v1", "job_id": "3"}'):
+        (run_dir / "slurm_job.json").write_bytes(data)
+        capsys.readouterr()
+        assert main(["--run-dir", str(run_dir), "--job-started", "--slurm-job-id", "13"]) == 0
+        err = capsys.readouterr().err
+        assert err.startswith("dllm: warning: ") and str(run_dir / "slurm_job.json") in err, err
+        assert "this job records itself in its place" in err
+        assert json.loads((run_dir / "slurm_job.json").read_text())["job_id"] == "13"
+        [run] = json.loads(cli("run", "list", "--json").out)["runs"]
+        assert run["slurm_job_id"] == "13"
+
+
+def test_a_launcher_record_damaged_or_of_another_format_is_named_not_left_out(
+    cli, spec_file, workdir
+):
+    """launcher.json was read with a bare json.loads and one that did not parse (or lacked a
+    host or pid) was left out: the run read `no result`, as if no launcher had started; one of
+    another format with a host and pid was taken as the launcher. Each is now named."""
+    slurm_run(cli, spec_file, "--run-dir", "runs/good")
+    run_dir = (workdir / "runs" / "l").resolve()
+    assert cli("launch", "--config", spec_file, "--run-dir", run_dir).code == 0
+    (run_dir / "result.json").unlink()  # what a killed launcher leaves: its record only
+    good = json.loads((run_dir / "launcher.json").read_text())
+    damaged = _damaged("run_launcher", good)
+    damaged["invalid"] = (
+        json.dumps({**good, "pid": True}).encode(),
+        "is not a valid launcher record: pid",
+    )
+    for why, (data, says) in damaged.items():
+        (run_dir / "launcher.json").write_bytes(data)
+        try:
+            _assert_named_not_read(cli, run_dir, "launcher.json", says)
+        except AssertionError as error:
+            raise AssertionError(f"{why}: {error}") from None
+    # Another node's record damaged beside a good one is named too.
+    (run_dir / "launcher.json").write_text(json.dumps(good))
+    assert json.loads(cli("run", "list", "--json").out)["unreadable_manifest"] == []
+    (run_dir / "launcher-node-b.json").write_text("{torn")
+    _assert_named_not_read(cli, run_dir, "launcher-node-b.json", "cannot read launcher record")
 
 
 def test_a_manifest_whose_spec_launch_is_not_a_mapping_is_named_not_a_traceback(
@@ -50,23 +177,6 @@ def test_a_manifest_whose_spec_launch_is_not_a_mapping_is_named_not_a_traceback(
             cli("launch", "--manifest", f"runs/{name}/manifest.json", "--dry-run"),
             "not a valid run manifest",
         )
-
-
-def test_a_slurm_job_record_that_is_not_utf8_reads_as_not_submitted(cli, spec_file, workdir):
-    """A non-UTF-8 byte (or nesting past the parser's depth) in slurm_job.json was a
-    UnicodeDecodeError (RecursionError) traceback in `run list` and `run show`."""
-    slurm_run(cli, spec_file, "--run-dir", "runs/s")
-    run_dir = workdir / "runs" / "s"
-    write_metrics(run_dir, [5.0])
-    for damaged in (b'\xff{"job_id": "12"}', b"[" * 100_000):
-        (run_dir / "slurm_job.json").write_bytes(damaged)
-        listing = cli("run", "list", "--json")
-        assert listing.code == 0, listing.err
-        [run] = json.loads(listing.out)["runs"]
-        assert (run["slurm_job_id"], run["status"]) == (None, "not submitted")
-        shown = cli("run", "show", "s")
-        assert shown.code == 0, shown.err
-        assert "progress     1/4 steps, last loss 5.0000; not submitted" in shown.out
 
 
 def _rewrite_spec(path, change) -> None:

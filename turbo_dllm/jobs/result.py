@@ -15,6 +15,10 @@ multi-node job each node's as `launcher-<host>.json`): host, pid and the process
 (`/proc/<pid>/stat` field 22, with the boot id), so `dllm run list` can tell a run whose
 launcher still runs on this host from one whose launcher was killed (SIGKILL, the OOM killer, a
 reboot) before it could write `result.json`; a reused pid has another start time.
+
+Each record carries its `format` and is checked on read (`formats.read_json_record`): one that
+is torn, of another format or invalid is a DllmError naming it and the way on, never read as
+no record (`dllm run list` lists that run as one it cannot read; `dllm run show` says why).
 """
 
 from __future__ import annotations
@@ -28,6 +32,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
+from turbo_dllm.formats import read_json_record
 from turbo_dllm.fsutil import write_atomic
 
 __all__ = [
@@ -36,6 +43,8 @@ __all__ = [
     "end_launcher",
     "RESULT_FORMAT",
     "RESULT_NAME",
+    "RunLauncher",
+    "RunResult",
     "launcher_alive",
     "now",
     "read_launchers",
@@ -49,6 +58,39 @@ RESULT_NAME = "result.json"
 RESULT_FORMAT = "turbo_dllm.run_result.v1"
 LAUNCHER_NAME = "launcher.json"
 LAUNCHER_FORMAT = "turbo_dllm.run_launcher.v1"
+
+
+class _Record(BaseModel):
+    # strict: an edited `"exit_code": "0"` or `"pid": true` is invalid, not coerced
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class RunResult(_Record):
+    """`result.json` as `write_result` writes it."""
+
+    format: str
+    exit_code: int
+    started_at: str
+    finished_at: str
+    backend: str
+    python: str
+    slurm_job_id: str | None = None
+    recorded_by: str | None = None  # "rank 0": a multi-node job's worker
+    resumed_by: str | None = None  # "dllm train": a `dllm train --run-dir` resume
+
+
+class RunLauncher(_Record):
+    """`launcher.json` (`launcher-<host>.json`) as `record_launcher` and `end_launcher` write it."""
+
+    format: str
+    host: str
+    pid: int
+    start_ticks: int | None
+    boot_id: str | None
+    started_at: str
+    by: str | None = None
+    ended_at: str | None = None
+    interrupted: bool | None = None
 
 
 def now() -> str:
@@ -69,13 +111,20 @@ def write_result(run_dir: Path, code: int, started: str, backend: str, **extra: 
 
 
 def read_result(run_dir: Path) -> dict[str, Any] | None:
-    """The run's result.json as written, or None where it is absent or unreadable: torn, not
-    UTF-8 (a non-UTF-8 byte was a UnicodeDecodeError traceback in `dllm run list`), nested
-    past the parser's depth."""
-    try:
-        return json.loads((Path(run_dir) / RESULT_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # JSONDecodeError, UnicodeDecodeError
-        return None
+    """The run's result.json as written, or None where there is none (the run has not ended, or
+    was killed before it could write one). One that cannot be read (torn, not UTF-8, nested past
+    the parser's depth), of another format or invalid is a DllmError naming it."""
+    record = read_json_record(
+        Path(run_dir) / RESULT_NAME,
+        RunResult,
+        expected=RESULT_FORMAT,
+        what="run result",
+        writer="the run's launcher (a SLURM job's script, a multi-node job's rank 0) writes it "
+        "once, whole, when the run ends",
+        without="the run reads as one that has not ended (`dllm run list` then asks its "
+        "launcher's record or SLURM)",
+    )
+    return None if record is None else record.model_dump(exclude_unset=True)
 
 
 def this_host() -> str:
@@ -135,7 +184,11 @@ def end_launcher(run_dir: Path, *, multi_node: bool = False, interrupted: bool =
     path = _launcher_path(run_dir, multi_node)
     try:
         record = json.loads(path.read_text(encoding="utf-8"))
-        if isinstance(record, dict) and record.get("pid") == os.getpid():
+        if (
+            isinstance(record, dict)
+            and record.get("format") == LAUNCHER_FORMAT
+            and record.get("pid") == os.getpid()
+        ):
             record["ended_at"] = now()
             if interrupted:
                 record["interrupted"] = True
@@ -145,19 +198,22 @@ def end_launcher(run_dir: Path, *, multi_node: bool = False, interrupted: bool =
 
 
 def read_launchers(run_dir: Path) -> list[dict[str, Any]]:
-    """The launcher records in `run_dir` that can be read (a torn or edited one is left out)."""
+    """The launcher records in `run_dir` (a multi-node job's: one per node). One that cannot be
+    read, of another format or invalid is a DllmError naming it, not left out: a run whose
+    only launcher record is damaged read as `no result`, as if none had ever started."""
     records = []
     for path in sorted(Path(run_dir).glob("launcher*.json")):
-        try:
-            record = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
-            continue
-        if (
-            isinstance(record, dict)
-            and isinstance(record.get("host"), str)
-            and isinstance(record.get("pid"), int)
-        ):
-            records.append(record)
+        record = read_json_record(
+            path,
+            RunLauncher,
+            expected=LAUNCHER_FORMAT,
+            what="launcher record",
+            writer="the run's launcher (or a `dllm train --run-dir` resume) writes it when it "
+            "starts",
+            without="the run reads as `no result` (no launcher recorded) until it ends",
+        )
+        if record is not None:  # gone since the glob listed it
+            records.append(record.model_dump(exclude_unset=True))
     return records
 
 
@@ -187,11 +243,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slurm-job-id", default=None)
     args = parser.parse_args(argv)
     if args.job_started:
-        from turbo_dllm.jobs.backends.slurm import record_running_job
+        from turbo_dllm.errors import DllmError
+        from turbo_dllm.jobs.backends.slurm import (
+            SUBMISSION_NAME,
+            read_submission,
+            record_running_job,
+        )
 
         if args.slurm_job_id is None:
             parser.error("--job-started needs --slurm-job-id")
-        record_running_job(Path(args.run_dir), args.slurm_job_id)
+        run_dir = Path(args.run_dir)
+        try:
+            read_submission(run_dir)
+        except DllmError as error:
+            # This job is the run's latest attempt whatever the damaged record said: it records
+            # itself in its place, where stopping the job would help no one.
+            print(
+                f"dllm: warning: {error.message}; this job records itself in its place",
+                file=sys.stderr,
+            )
+            (run_dir / SUBMISSION_NAME).unlink(missing_ok=True)
+        record_running_job(run_dir, args.slurm_job_id)
         return 0
     if args.exit_code is None or args.started is None or args.backend is None:
         parser.error("--exit-code, --started and --backend are required")

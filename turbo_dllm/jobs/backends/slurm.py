@@ -25,7 +25,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field
+
 from turbo_dllm.errors import DllmError
+from turbo_dllm.formats import read_json_record
 from turbo_dllm.fsutil import write_atomic
 from turbo_dllm.jobs.backends.torchrun import torchrun_argv
 from turbo_dllm.jobs.options import NodeRange, SlurmOptions
@@ -265,13 +268,31 @@ def record_running_job(run_dir: Path, job_id: str) -> None:
     (run_dir / RESULT_NAME).unlink(missing_ok=True)
 
 
+class _Submission(BaseModel):
+    """`slurm_job.json` as `_write_submission` writes it (strict: no `"job_id": 12`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    format: str
+    job_id: str = Field(min_length=1)
+    cluster: str | None
+    submitted_at: str
+    script: str
+
+
 def read_submission(run_dir: Path) -> dict[str, Any] | None:
-    """The submission record of a run dir, or None if its job was never submitted."""
-    try:
-        record = json.loads((Path(run_dir) / SUBMISSION_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):  # unreadable, not UTF-8 or JSON, too deep
-        return None
-    return record if isinstance(record, dict) and record.get("job_id") else None
+    """The submission record of a run dir, or None if its job was never submitted. One that
+    cannot be read (torn, not UTF-8, nested past the parser's depth), of another format or
+    invalid is a DllmError naming it, not read as `not submitted`."""
+    record = read_json_record(
+        Path(run_dir) / SUBMISSION_NAME,
+        _Submission,
+        expected=SUBMISSION_FORMAT,
+        what="SLURM job record",
+        writer="`dllm launch --submit` writes it, and the job itself when it starts",
+        without="the run reads as `not submitted` until its job starts (its script records "
+        "the job again)",
+    )
+    return None if record is None else record.model_dump(exclude_unset=True)
 
 
 def job_states(job_ids: Iterable[str]) -> dict[str, str]:
