@@ -70,9 +70,9 @@ def _spec(args):
     if not args.config:
         return None, None, None
     from turbo_dllm.cache.key import compile_relevant, spec_digest
-    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.data.spec import load_training_spec
 
-    spec = load_runspec(args.config, args.overrides)
+    spec = load_training_spec(args.config, args.overrides)
     return spec, spec_digest(spec), compile_relevant(spec)
 
 

@@ -27,10 +27,10 @@ def _validate(args) -> int:
 
     import yaml
 
-    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.data.spec import load_training_spec
 
     check_world_size(args.world_size)
-    spec = load_runspec(args.config, args.overrides, world_size=args.world_size)
+    spec = load_training_spec(args.config, args.overrides, world_size=args.world_size)
     resolved = spec.model_dump(mode="json")
     if args.json:
         emit_json(resolved)

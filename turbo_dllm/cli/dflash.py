@@ -168,10 +168,10 @@ def _export(args) -> int:
 
 
 def _prepare_features(args) -> int:
-    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.data.spec import load_training_spec
     from turbo_dllm.families.dflash.features import prepare_features, read_features_manifest
 
-    spec = load_runspec(args.config, args.overrides)
+    spec = load_training_spec(args.config, args.overrides)
     out = prepare_features(
         spec, args.out, rows_per_shard=args.rows_per_shard, device=args.device, progress=True
     )

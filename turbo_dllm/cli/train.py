@@ -25,10 +25,10 @@ def register(subparsers) -> None:
 
 
 def _train(args) -> int:
-    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.data.spec import load_training_spec
     from turbo_dllm.train.entry import resolve_run_dir, train, world_size_from_env
 
-    spec = load_runspec(args.config, args.overrides, world_size=world_size_from_env())
+    spec = load_training_spec(args.config, args.overrides, world_size=world_size_from_env())
     from turbo_dllm.jobs.launcher import check_inputs
 
     check_inputs(spec, args.config)  # before the run dir exists

@@ -10,7 +10,6 @@ from __future__ import annotations
 import datetime
 import difflib
 import os
-import shlex
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -163,18 +162,8 @@ def load_runspec(
 ):
     from turbo_dllm.config.runspec import RunSpec
     from turbo_dllm.config.validate import check
-    from turbo_dllm.data.spec import check_not_a_prepare_spec
 
-    document = read_yaml(path)
-    # A prepare.yaml given for a RunSpec (they sit side by side): say so, not list its
-    # sections as unknown keys with wrong guesses ('tokenizer: did you mean optimizer?').
-    check_not_a_prepare_spec(
-        document,
-        str(path),
-        hint=f"--config names a RunSpec (train.yaml); run this file with "
-        f"`dllm data prepare --config {shlex.quote(str(path))}`",
-    )
-    document = apply_overrides(document, overrides or [])
+    document = apply_overrides(read_yaml(path), overrides or [])
     spec = resolve_paths(load_model(RunSpec, document, str(path)), Path(path).resolve().parent)
     return check(spec, world_size=world_size, source=str(path))
 

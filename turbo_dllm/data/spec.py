@@ -49,6 +49,7 @@ __all__ = [
     "TokenIdsSource",
     "TokensRecords",
     "load_prepare_spec",
+    "load_training_spec",
     "problems",
     "validate_prepare_document",
 ]
@@ -396,6 +397,26 @@ def check_not_a_prepare_spec(document: Any, source: str, hint: str | None = None
             or "--config names the RunSpec (train.yaml) whose data.seq_len, objective and "
             "model the artifact must fit",
         )
+
+
+def load_training_spec(
+    path: str | Path, overrides: list[str] | None = None, world_size: int | None = None
+):
+    """`config.load.load_runspec` for a command handed a RunSpec file (train, launch, config
+    validate...): a prepare.yaml given there (the two sit side by side in a project) is said as
+    such, not as its sections listed as unknown keys with wrong guesses ('tokenizer: did you
+    mean optimizer?'). Here, not in `load_runspec`: config sits below data."""
+    import shlex
+
+    from turbo_dllm.config.load import load_runspec, read_yaml
+
+    check_not_a_prepare_spec(
+        read_yaml(path),
+        str(path),
+        hint=f"--config names a RunSpec (train.yaml); run this file with "
+        f"`dllm data prepare --config {shlex.quote(str(path))}`",
+    )
+    return load_runspec(path, overrides, world_size=world_size)
 
 
 def validate_prepare_document(

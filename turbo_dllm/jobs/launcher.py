@@ -93,9 +93,9 @@ def prepare_launch(
     argv: list[str],
 ) -> PreparedJob:
     """Compile a RunSpec file into a plan and the manifest it would write (no side effects)."""
-    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.data.spec import load_training_spec
 
-    spec = load_runspec(config, overrides)
+    spec = load_training_spec(config, overrides)
     run_dir, explicit = _run_dir(options, spec.launch.run_dir, DEFAULT_ROOT)
     fingerprint = _fingerprint()
     host = HostView.from_fingerprint(fingerprint)
