@@ -437,7 +437,7 @@ def test_a_run_whose_manifest_is_torn_is_named_by_list_and_explained_by_show(
     assert [r["run_id"] for r in listing["runs"]] == ["good"]
     assert listing["unreadable_manifest"] == ["runs/torn"]
     text = cli("run", "list").out
-    assert "with a manifest that cannot be read (`dllm run show ID` says why): torn" in text
+    assert "with a record that cannot be read (" in text and "says which and why): torn" in text
     assert_user_error(cli("run", "show", "torn"), "cannot read run manifest", "hint: it is torn")
 
 

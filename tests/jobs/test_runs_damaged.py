@@ -40,7 +40,7 @@ def _assert_named_not_read(cli, run_dir, name: str, *needles: str) -> None:
     assert document["unreadable_manifest"] == [f"runs/{run_dir.name}"]
     table = cli("run", "list")
     assert table.code == 0 and "Traceback" not in table.err, table.err
-    assert f"(`dllm run show ID` says why): {run_dir.name}" in table.out
+    assert f"says which and why): {run_dir.name}" in table.out
     shown = cli("run", "show", run_dir.name)
     assert_user_error(shown, str(run_dir / name), *needles, f"rm {run_dir / name}")
     assert cli("run", "show", run_dir.name, "--json").code == 0  # the manifest as recorded

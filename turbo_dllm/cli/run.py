@@ -59,7 +59,8 @@ def _list(args) -> int:
         )
     if unreadable:
         print(
-            "with a manifest that cannot be read (`dllm run show ID` says why): "
+            "with a record that cannot be read (manifest.json, or its result, launcher or "
+            "SLURM record: `dllm run show ID` says which and why): "
             + ", ".join(p.name for p in unreadable)
         )
     if not runs:

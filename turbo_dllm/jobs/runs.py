@@ -202,8 +202,8 @@ def unrecorded_runs(root: str | Path = DEFAULT_ROOT) -> list[Path]:
 
 
 def unreadable_runs(root: str | Path, listed: list[RunSummary]) -> list[Path]:
-    """Run dirs under `root` with a manifest that `list_runs` could not read (torn, edited):
-    named by `dllm run list`, not left out without a word."""
+    """Run dirs under `root` that `list_runs` could not read (a torn or edited manifest, or
+    result / launcher / SLURM record): named by `dllm run list`, not left out without a word."""
     paths = {run.path for run in listed}
     return sorted(p.parent for p in Path(root).glob(f"*/{MANIFEST_NAME}") if p.parent not in paths)
 
@@ -229,9 +229,7 @@ def summarize(
     manifest = manifest or read_manifest(run_dir)
     # the last record with an integer step (a damaged or step-less line is skipped)
     last = last_metrics_record(run_dir, lambda r: _number(r.get("step"), int) is not None)
-    result = read_result(run_dir)
-    if not isinstance(result, dict):  # absent, or not a result a launcher writes
-        result = None
+    result = read_result(run_dir)  # None while absent; a damaged one raises (named apart)
     code = None if result is None else result.get("exit_code")
     finished_at = None if result is None else result.get("finished_at")
     plan = manifest.plan
