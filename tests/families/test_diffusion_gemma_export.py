@@ -15,24 +15,14 @@ import yaml
 
 from tests.data.helpers import prepare_config, write_jsonl
 from tests.data.helpers import write_config as write_prepare_config
-from tests.train.util import tiny_spec
+from tests.train.util import tiny_spec, two_step_run
 from turbo_dllm.families.diffusion_gemma.config import PRESETS, DiffusionGemmaConfig
 from turbo_dllm.train.entry import train
 from turbo_dllm.train.export import export_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
-RUN = {
-    "launch": {"seed": 0},
-    "model": {"family": "diffusion_gemma", "from_config": "tiny"},
-    "objective": {"name": "block_diffusion", "block_size": 8},
-    "data": {"synthetic": {"num_sequences": 16, "vocab_size": 512}, "seq_len": 32},
-    "training": {"micro_batch_size": 2, "steps": 2},
-    "optimizer": {"lr": 0.003},
-    "scheduler": {"name": "cosine", "warmup_steps": 1},
-    "checkpoint": {"interval": 2, "keep_last": 1},
-    "logging": {"console": False},
-}
+RUN = two_step_run({"family": "diffusion_gemma", "from_config": "tiny"})
 
 
 def exported(tmp_path, *overrides: str) -> tuple[Path, dict]:

@@ -10,28 +10,20 @@ import json
 import pytest
 
 from tests.train.test_nemotron_diffusion import NEMOTRON
-from tests.train.util import tiny_spec
+from tests.train.util import tiny_spec, two_step_run
 from turbo_dllm.train.entry import train
 from turbo_dllm.train.export import export_checkpoint
 
 transformers = pytest.importorskip("transformers")
 
 STEPS = ("training.steps=2", "checkpoint.interval=2", "checkpoint.keep_last=1")
-QWEN38 = {
-    "launch": {"seed": 0},
-    "model": {
+QWEN38 = two_step_run(
+    {
         "family": "qwen3_8",
         "from_config": "tiny",
         "config_overrides": {"num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96},
-    },
-    "objective": {"name": "block_diffusion", "block_size": 8},
-    "data": {"synthetic": {"num_sequences": 16, "vocab_size": 512}, "seq_len": 32},
-    "training": {"micro_batch_size": 2, "steps": 2},
-    "optimizer": {"lr": 0.003},
-    "scheduler": {"name": "cosine", "warmup_steps": 1},
-    "checkpoint": {"interval": 2, "keep_last": 1},
-    "logging": {"console": False},
-}
+    }
+)
 GEMMA = copy.deepcopy(QWEN38)
 GEMMA["model"] = {"family": "diffusion_gemma", "from_config": "tiny"}
 

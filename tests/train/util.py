@@ -69,3 +69,19 @@ def torchrun(nproc: int, *args: str, cwd) -> subprocess.CompletedProcess:
     proc = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return proc
+
+
+def two_step_run(model: dict[str, Any]) -> dict[str, Any]:
+    """A RunSpec document: `model` trained two block-diffusion steps on synthetic data (vocab
+    512, L 32, block 8) and checkpointed at step 2; the family tests' `tiny_spec(base=...)`."""
+    return {
+        "launch": {"seed": 0},
+        "model": model,
+        "objective": {"name": "block_diffusion", "block_size": 8},
+        "data": {"synthetic": {"num_sequences": 16, "vocab_size": 512}, "seq_len": 32},
+        "training": {"micro_batch_size": 2, "steps": 2},
+        "optimizer": {"lr": 0.003},
+        "scheduler": {"name": "cosine", "warmup_steps": 1},
+        "checkpoint": {"interval": 2, "keep_last": 1},
+        "logging": {"console": False},
+    }
