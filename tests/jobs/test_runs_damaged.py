@@ -30,6 +30,16 @@ def _damaged(format_name: str, good: dict) -> dict[str, tuple[bytes, str]]:
     }
 
 
+def _assert_each_named(cli, run_dir, name: str, damaged: dict) -> None:
+    """Each {why: (bytes, what the message says)} written as `name` is named, not read."""
+    for why, (data, says) in damaged.items():
+        (run_dir / name).write_bytes(data)
+        try:
+            _assert_named_not_read(cli, run_dir, name, says)
+        except AssertionError as error:
+            raise AssertionError(f"{why}: {error}") from None
+
+
 def _assert_named_not_read(cli, run_dir, name: str, *needles: str) -> None:
     """`run list` lists the other runs and names this one as unreadable; `run show` says what
     is wrong with which file and how to go on; neither is a traceback."""
@@ -67,12 +77,7 @@ def test_a_result_json_damaged_or_of_another_format_is_named_not_read_as_no_resu
         json.dumps({**good, "exit_code": "0"}).encode(),
         "is not a valid run result: exit_code",
     )
-    for why, (data, says) in damaged.items():
-        (run_dir / "result.json").write_bytes(data)
-        try:
-            _assert_named_not_read(cli, run_dir, "result.json", says)
-        except AssertionError as error:
-            raise AssertionError(f"{why}: {error}") from None
+    _assert_each_named(cli, run_dir, "result.json", damaged)
 
 
 def test_a_slurm_job_record_damaged_or_of_another_format_is_named_not_read_as_not_submitted(
@@ -94,12 +99,7 @@ def test_a_slurm_job_record_damaged_or_of_another_format_is_named_not_read_as_no
         json.dumps({**good, "job_id": 12}).encode(),
         "is not a valid SLURM job record: job_id",
     )
-    for why, (data, says) in damaged.items():
-        (run_dir / "slurm_job.json").write_bytes(data)
-        try:
-            _assert_named_not_read(cli, run_dir, "slurm_job.json", says)
-        except AssertionError as error:
-            raise AssertionError(f"{why}: {error}") from None
+    _assert_each_named(cli, run_dir, "slurm_job.json", damaged)
 
 
 def test_a_job_that_starts_replaces_a_damaged_slurm_job_record(cli, spec_file, workdir, capsys):
@@ -139,12 +139,7 @@ def test_a_launcher_record_damaged_or_of_another_format_is_named_not_left_out(
         json.dumps({**good, "pid": True}).encode(),
         "is not a valid launcher record: pid",
     )
-    for why, (data, says) in damaged.items():
-        (run_dir / "launcher.json").write_bytes(data)
-        try:
-            _assert_named_not_read(cli, run_dir, "launcher.json", says)
-        except AssertionError as error:
-            raise AssertionError(f"{why}: {error}") from None
+    _assert_each_named(cli, run_dir, "launcher.json", damaged)
     # Another node's record damaged beside a good one is named too.
     (run_dir / "launcher.json").write_text(json.dumps(good))
     assert json.loads(cli("run", "list", "--json").out)["unreadable_manifest"] == []
