@@ -230,3 +230,52 @@ def test_every_file_and_folder_of_an_artifact_is_synced_before_it_is_published(
         assert str(path) in before, (path, sorted(before))
     assert f"dir:{result.path}" in before and f"dir:{result.path / 'tokenizer'}" in before
     assert f"dir:{result.path.parent}" in synced[len(renames[-1][1]) :]  # the rename into place
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        "tokenizer/added_tokens.json",
+        "tokenizer/special_tokens_map.json",
+        "notes.txt",
+        "tokenizer/sub/x",
+    ],
+)
+def test_validate_flags_a_file_the_manifest_does_not_list(corpus, cli, hf_tokenizer, extra):
+    """The manifest lists every tokenizer file with its size and sha256, but validate passed an
+    artifact with one more: export hands tokenizer/'s files on beside a model, and
+    transformers loads an added_tokens.json or special_tokens_map.json it finds there."""
+    tokenizer = {"kind": "huggingface", "path": str(hf_tokenizer)}
+    result = prepare_config(write_config(corpus, tokenizer=tokenizer))
+    assert cli("data", "validate", result.path).code == 0
+    file = result.path / extra
+    file.parent.mkdir(parents=True, exist_ok=True)
+    file.write_text("{}")
+    shown = extra if "/sub/" not in extra else "tokenizer/sub"
+    outcome = cli("data", "validate", result.path)
+    assert_user_error(outcome, f"{shown}: not listed in the manifest", "hint:", "remove", "rm ")
+    assert str(result.path / shown) in outcome.err  # the rm names the file itself
+    assert "sha256 mismatch" not in outcome.err and "fingerprint" not in outcome.err
+
+
+def test_validate_flags_a_tokenizer_folder_added_to_a_byte_level_artifact(corpus, cli):
+    """A byte-level artifact has no tokenizer/ (its manifest lists no file): one holding a
+    tokenizer.json would be copied beside an exported model as the model's tokenizer."""
+    result = prepare_config(write_config(corpus))
+    assert not (result.path / "tokenizer").exists()
+    (result.path / "tokenizer").mkdir()
+    # An empty tokenizer/ holds nothing export could hand on: left alone.
+    assert cli("data", "validate", result.path).code == 0
+    (result.path / "tokenizer" / "tokenizer.json").write_text("{}")
+    assert_user_error(
+        cli("data", "validate", result.path), "tokenizer/tokenizer.json: not listed in the manifest"
+    )
+
+
+def test_only_unlisted_files_change_validate_s_hint(corpus, cli):
+    result = prepare_config(write_config(corpus))
+    (result.path / "notes.txt").write_text("mine")
+    outcome = cli("data", "validate", result.path)
+    assert_user_error(outcome, "notes.txt: not listed in the manifest", "output.overwrite: true")
+    (result.path / "notes.txt").unlink()
+    assert cli("data", "validate", result.path).code == 0

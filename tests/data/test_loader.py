@@ -113,3 +113,24 @@ def test_seed_changes_the_order(artifact):
     c = _loader(artifact, seed=1).indices(0)
     assert a == c and a != b
     assert np.unique(a).size == len(a)
+
+
+def test_the_loader_refuses_an_artifact_with_a_file_its_manifest_does_not_list(
+    tmp_path, monkeypatch
+):
+    """The loader's quick check (no hashing) names a file added to the artifact, as validate
+    does: export hands tokenizer/'s files on beside the trained model."""
+    write_jsonl(tmp_path / "data.jsonl", [{"text": f"doc {i}"} for i in range(20)])
+    result = prepare_config(write_config(tmp_path, packing={"seq_len": 32, "block_size": 8}))
+    extra = result.path / "tokenizer" / "tokenizer.json"
+    extra.parent.mkdir()
+    extra.write_text("{}")
+
+    def no_hashing(*args, **kwargs):
+        raise AssertionError("the loader's start hashes nothing")
+
+    monkeypatch.setattr("turbo_dllm.data.artifact.sha256_file", no_hashing)
+    with pytest.raises(DllmError, match="tokenizer/tokenizer.json: not listed in the manifest"):
+        _loader(result.path)
+    extra.unlink()
+    assert next(_loader(result.path))["input_ids"].shape == (3, 32)

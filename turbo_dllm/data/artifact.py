@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import shlex
 from pathlib import Path
 from typing import Any, Literal
 
@@ -36,9 +37,12 @@ __all__ = [
     "DataArtifact",
     "DataManifest",
     "DataStats",
+    "check_listed",
     "compute_fingerprint",
     "layout_problems",
     "read_manifest",
+    "unlisted_files",
+    "unlisted_problems",
     "verify",
 ]
 
@@ -260,14 +264,84 @@ def verify(path: str | Path) -> DataManifest:
         )
     if intact:
         found += _content_problems(DataArtifact(root, manifest, check_index=False))
-    if found:
-        lines = "\n".join(f"  - {p}" for p in found)
-        raise DllmError(
-            f"data artifact {str(root)!r} failed verification:\n{lines}",
-            hint="re-create it with `dllm data prepare --config prepare.yaml` "
-            "(output.overwrite: true)",
+    unlisted, removal = unlisted_problems(root, manifest)
+    if found or unlisted:
+        lines = "\n".join(f"  - {p}" for p in found + unlisted)
+        hint = (
+            "re-create it with `dllm data prepare --config prepare.yaml` "
+            "(output.overwrite: true replaces the whole folder)"
         )
+        if unlisted:
+            hint = f"remove what its manifest does not list (`{removal}`)" + (
+                f", or {hint}" if not found else f"; {hint}"
+            )
+        raise DllmError(f"data artifact {str(root)!r} failed verification:\n{lines}", hint=hint)
     return manifest
+
+
+def unlisted_files(root: str | Path, manifest: DataManifest) -> list[Path]:
+    """Entries of the artifact folder `root` that its manifest does not list, sorted: at the
+    top level anything but manifest.json, the arrays' files and a tokenizer/ folder; inside
+    tokenizer/ anything but `manifest.tokenizer_files`. Prepare writes nothing else, and export
+    hands tokenizer/'s files on beside a model (transformers loads an added_tokens.json or
+    special_tokens_map.json it finds there), so an extra file is no longer the artifact the
+    manifest describes. An empty tokenizer/ folder holds nothing to hand on and is left alone.
+
+    Cheap (two folder listings, nothing is read), so every check that opens the artifact for
+    use (the loader, `dllm doctor`) makes it as well as `dllm data validate`.
+    """
+    root = Path(root)
+    listed = {MANIFEST, *(info.file for info in manifest.arrays.values())}
+    found: list[Path] = []
+    try:
+        entries = sorted(root.iterdir())
+        for entry in entries:
+            if entry.name in listed:
+                continue
+            if entry.name == "tokenizer" and entry.is_dir() and not entry.is_symlink():
+                found += [
+                    inner
+                    for inner in sorted(entry.iterdir())
+                    if inner.name not in manifest.tokenizer_files
+                ]
+            else:
+                found.append(entry)
+    except OSError:  # an unreadable folder: the files it names say what is wrong
+        return found
+    return found
+
+
+def unlisted_problems(root: str | Path, manifest: DataManifest) -> tuple[list[str], str]:
+    """One line per file `unlisted_files` names, and the command that removes them all."""
+    root = Path(root)
+    files = unlisted_files(root, manifest)
+    lines = []
+    for file in files:
+        shown = file.relative_to(root).as_posix()
+        what = "a folder" if file.is_dir() and not file.is_symlink() else "a file"
+        beside = " (export would hand it on beside a model)" if "/" in shown else ""
+        lines.append(
+            f"{shown}: not listed in the manifest: {what} `dllm data prepare` did not write{beside}"
+        )
+    folders = any(file.is_dir() and not file.is_symlink() for file in files)
+    command = ("rm -r " if folders else "rm ") + " ".join(shlex.quote(str(f)) for f in files)
+    return lines, command
+
+
+def check_listed(artifact: DataArtifact) -> None:
+    """Raise where the artifact folder holds what its manifest does not list (no hashing:
+    `verify` rehashes what it does list)."""
+    lines, command = unlisted_problems(artifact.root, artifact.manifest)
+    if lines:
+        listed = "\n".join(f"  - {line}" for line in lines)
+        raise DllmError(
+            f"data artifact {str(artifact.root)!r} holds what its manifest does not list:\n"
+            f"{listed}",
+            hint=f"remove what its manifest does not list (`{command}`), or prepare the "
+            "artifact again "
+            "(output.overwrite: true replaces the whole folder); `dllm data validate` checks "
+            "the whole artifact",
+        )
 
 
 def _inside(file: Path, folder: Path) -> bool:

@@ -91,7 +91,7 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
     path = _artifact(ctx)
     if path is None:
         return CheckResult(name, "pass", "synthetic data (no artifact needed)")
-    from turbo_dllm.data.artifact import DataArtifact
+    from turbo_dllm.data.artifact import DataArtifact, unlisted_problems
 
     folder = Path(path)
     manifest = folder / "manifest.json"
@@ -116,6 +116,15 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
         artifact = DataArtifact(path)
     except DllmError as error:
         return CheckResult(name, "fail", error.message, fix=fix)
+    # validate's check of the files the manifest does not list (no hashing here)
+    unlisted, removal = unlisted_problems(artifact.root, artifact.manifest)
+    if unlisted:
+        return CheckResult(
+            name,
+            "fail",
+            f"{path} holds what its manifest does not list: " + "; ".join(unlisted),
+            fix=f"{removal}, or prepare it again: {fix}",
+        )
     ctx.extras["data_manifest"] = artifact.manifest
     m = artifact.manifest
     return CheckResult(
