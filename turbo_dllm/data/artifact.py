@@ -161,11 +161,16 @@ def read_manifest(path: str | Path) -> DataManifest:
     """Read and validate an artifact's manifest (`path`: the folder or its manifest.json)."""
     manifest_path = _manifest_path(path)
     if not manifest_path.is_file():
+        from turbo_dllm.data.writer import restore_hint
+
         what = "no data artifact at" if Path(path).exists() else "data artifact not found:"
-        raise DllmError(
-            f"{what} {str(path)!r} (no {MANIFEST})",
-            hint="create it with `dllm data prepare --config prepare.yaml`",
-        )
+        hint = "create it with `dllm data prepare --config prepare.yaml`"
+        backup = restore_hint(path)
+        if backup is not None:
+            said, how = backup
+            what, hint = f"{what} {str(path)!r} (no {MANIFEST}); {said}", f"{how}; or {hint}"
+            raise DllmError(what, hint=hint)
+        raise DllmError(f"{what} {str(path)!r} (no {MANIFEST})", hint=hint)
     try:
         with open(manifest_path, "rb") as handle:
             data = handle.read(_MAX_MANIFEST_BYTES + 1)

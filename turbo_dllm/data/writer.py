@@ -4,7 +4,12 @@ Arrays are streamed into a staging folder next to the target (same filesystem), 
 go; the manifest is written last, then the folder is renamed into place. Replacing an existing
 artifact moves it to a backup first and deletes the backup only after the new one is in place.
 A lock (under DLLM_HOME) serialises jobs writing the same target, which also makes it safe to
-clean up what a killed job left behind (stale staging folders, or a backup with no artifact).
+clean up what a killed job left behind: stale staging folders, and backups. A job SIGKILLed
+between its two renames leaves the output path empty and the previous artifact in its backup
+(`.NAME.backup-*`): readers name it with the `mv` that restores it (`restore_hint`), and the next
+job writing that output restores it first, before anything else (a backup is never deleted while
+no artifact stands in its place), then goes on as it would have: without output.overwrite it
+refuses the artifact now there, with it it replaces it once the new one is complete.
 """
 
 from __future__ import annotations
@@ -13,7 +18,9 @@ import glob
 import hashlib
 import json
 import os
+import shlex
 import shutil
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,7 +30,14 @@ import numpy as np
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import fsync_dir, make_temp_dir
 
-__all__ = ["ArrayWriter", "check_target", "staged_artifact", "write_json"]
+__all__ = [
+    "ArrayWriter",
+    "check_target",
+    "leftover_backup",
+    "restore_hint",
+    "staged_artifact",
+    "write_json",
+]
 
 
 class ArrayWriter:
@@ -120,6 +134,8 @@ def _damage(path: Path) -> str | None:
 
 def check_target(target: Path, overwrite: bool) -> None:
     """Refuse early (before any work) to clobber something we should not."""
+    if leftover_backup(target) is not None:
+        return  # the job restores it first (under the lock), then checks again
     try:
         if not target.exists():
             if (blocker := _file_in_the_way(target)) is not None:
@@ -180,18 +196,79 @@ def _lock_for(target: Path):
     return FileLock(str(locks / f"data-{key}.lock"))
 
 
-def _recover(target: Path) -> None:
-    """Clean up after a job that was killed (we hold the lock, so none is running)."""
-    parent = target.parent
+def _backups(target: Path) -> list[Path]:
+    """The backups a job replacing `target` made (`.NAME.backup-*` beside it), oldest first."""
     name = glob.escape(target.name)  # `out[v2]` or `out*` as a pattern matches others' leftovers
-    for stale in parent.glob(f".{name}.staging-*"):
+    found = []
+    for backup in target.parent.glob(f".{name}.backup-*"):
+        try:
+            if backup.is_dir() and not backup.is_symlink():
+                found.append((backup.stat().st_mtime, backup))
+        except OSError:
+            continue
+    return [backup for _, backup in sorted(found)]
+
+
+def _stands_empty(target: Path) -> bool:
+    """Whether no artifact stands at `target`: nothing there, or an empty folder."""
+    try:
+        return not target.exists() or (target.is_dir() and not any(target.iterdir()))
+    except OSError:
+        return False
+
+
+def leftover_backup(target: str | Path) -> Path | None:
+    """The previous artifact at `target`, moved aside by a `dllm data prepare` that was killed
+    before it moved the new one in: its newest backup, where `target` is gone (or an empty
+    folder); else None."""
+    try:
+        target = Path(target).resolve()
+        if not _stands_empty(target):
+            return None
+        backups = _backups(target)
+    except (OSError, RuntimeError):  # a name too long, a loop of links
+        return None
+    return backups[-1] if backups else None
+
+
+def restore_hint(target: str | Path) -> tuple[str, str] | None:
+    """(what happened, how to restore it) where `leftover_backup` finds one, else None."""
+    backup = leftover_backup(target)
+    if backup is None:
+        return None
+    resolved = Path(target).resolve()
+    command = f"mv {shlex.quote(str(backup))} {shlex.quote(str(resolved))}"
+    if resolved.exists():  # an empty folder: mv would move the backup into it
+        command = f"rmdir {shlex.quote(str(resolved))} && {command}"
+    said = (
+        f"a backup of the previous artifact is at {str(backup)!r} (a `dllm data prepare` "
+        "replacing it was killed after moving it aside)"
+    )
+    how = (
+        f"to get it back, restore it with `{command}` (the next `dllm data prepare` to this "
+        "output restores it too, before it writes)"
+    )
+    return said, how
+
+
+def _recover(target: Path) -> Path | None:
+    """Clean up after a job that was killed (we hold the lock, so none is running); the backup
+    restored to `target` where one was killed between its two renames, else None."""
+    for stale in target.parent.glob(f".{glob.escape(target.name)}.staging-*"):
         shutil.rmtree(stale, ignore_errors=True)
-    backups = sorted(parent.glob(f".{name}.backup-*"), key=lambda p: p.stat().st_mtime)
-    if backups and not target.exists():
-        # Killed between moving the old artifact aside and moving the new one in.
-        os.rename(backups.pop(), target)
-    for backup in backups:
+    backups = _backups(target)
+    restored = None
+    if backups and _stands_empty(target):
+        # Killed between moving the old artifact aside and moving the new one in: put it back,
+        # never delete it while no artifact stands in its place (an empty folder made since).
+        restored = backups.pop()
+        if target.exists():
+            os.rmdir(target)
+        os.rename(restored, target)
+        fsync_dir(target.parent)
+    for backup in backups:  # an artifact stands: these are ones it replaced, as asked
         shutil.rmtree(backup, ignore_errors=True)
+    return restored
 
 
 @contextmanager
@@ -210,7 +287,22 @@ def staged_artifact(target: Path, overwrite: bool) -> Iterator[Path]:
             hint="choose an output.path in a folder you can write",
         ) from None
     with _lock_for(target):
-        _recover(target)
+        restored = _recover(target)
+        if restored is not None:
+            if not overwrite:
+                raise DllmError(
+                    f"output {str(target)!r} already exists: restored just now from "
+                    f"{restored}, the backup of the previous artifact that a "
+                    "`dllm data prepare` replacing it was killed after moving aside",
+                    hint="set output.overwrite: true (or --set output.overwrite=true) to "
+                    "replace it",
+                )
+            print(
+                f"dllm: restored {target} from {restored} (the previous artifact, moved aside "
+                "by a prepare that was killed while replacing it); it is replaced once the "
+                "new one is complete",
+                file=sys.stderr,
+            )
         check_target(target, overwrite)
         try:
             staging = make_temp_dir(target.parent, f".{target.name}.staging-")

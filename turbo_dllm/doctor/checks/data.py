@@ -106,6 +106,12 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
         )
     fix = _prepare_fix(ctx, folder)
     if not manifest.exists():
+        from turbo_dllm.data.writer import restore_hint
+
+        backup = restore_hint(folder)
+        if backup is not None:
+            said, how = backup
+            return CheckResult(name, "fail", f"{path} is gone: {said}", fix=f"{how}; or {fix}")
         return CheckResult(
             name,
             "fail" if ctx.prod else "warn",
