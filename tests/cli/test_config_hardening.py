@@ -894,3 +894,31 @@ def test_a_date_where_text_belongs_is_named_as_a_date(cli, tmp_path):
         "date: quote it for text)",
     )
     assert "datetime" not in result.err
+
+
+def test_a_time_like_value_stays_text(cli, tmp_path):
+    """Was: YAML 1.1 read `12:30` as the base-60 integer 750 (and `1:30.5` as 90.5): a name of
+    `12:30` failed with "got 750", and `launch.seed: 1:00` passed as 60. YAML 1.2 has no base 60."""
+    config = write(tmp_path / "run.yaml", "launch: {name: 12:30}\n")
+    result = cli("config", "validate", "--config", config, "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["launch"]["name"] == "12:30"
+    result = cli(
+        "config", "validate", "--config", runspec(tmp_path), "--set", "launch.name=-1:30.5",
+        "--json",
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["launch"]["name"] == "-1:30.5"
+    result = validate(cli, runspec(tmp_path), "launch.seed=1:00")
+    assert_user_error(result, "launch.seed: ", "(got '1:00')")
+    assert "60" not in result.err
+
+
+def test_yaml_numbers_without_a_colon_still_read():
+    from turbo_dllm.config.bounded_yaml import parse_yaml
+
+    text = "a: 190\nb: -0x1F\nc: 1_000\nd: 2.5e+3\ne: .inf\nf: !!int 1:00\ng: '12:30'\n"
+    assert parse_yaml(text, "t.yaml") == {
+        "a": 190, "b": -31, "c": 1000, "d": 2500.0, "e": float("inf"), "f": 60, "g": "12:30"
+    }  # fmt: skip
+    assert parse_yaml("{12:30: x, 1:2:3.5: y}", "t.yaml") == {"12:30": "x", "1:2:3.5": "y"}

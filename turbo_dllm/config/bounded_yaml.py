@@ -9,6 +9,10 @@ measures every node while composing, before anything is built, and refuses docum
 bounds below with a `DllmError` naming the line, column and key path. It also refuses NUL
 characters (no path, name or value of a config may hold one, and the OS rejects them in paths)
 and a key written twice in one mapping (the safe loader keeps the last without a word).
+
+Numbers are read as YAML 1.2 reads them in one respect: a plain `12:30` (or `1:30.5`) is text,
+not the base-60 number YAML 1.1 makes of it (750, 90.5), so a name or a time of day stays what
+was written and an integer field given `1:00` says it got text instead of taking 60.
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ MAX_ALIAS_NODES = 10_000  # how many nodes aliases may add to a document beyond 
 _MAX_INT_CHARS = 80  # a 64-bit integer in any YAML notation (even 0b...) is shorter
 _INT_RANGE = (-(1 << 63), (1 << 64) - 1)  # int64 and uint64 values
 _INT_TAG = "tag:yaml.org,2002:int"
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_STR_TAG = "tag:yaml.org,2002:str"
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
@@ -53,6 +59,15 @@ class _BoundedLoader(yaml.SafeLoader):
         self._open_anchors: set[str] = set()  # anchors whose node is still being composed
         self._measured: dict[int, tuple[int, int]] = {}  # id(node) -> (nodes, depth) expanded
         self._distinct = 0  # nodes composed, each counted once
+
+    def resolve(self, kind, value, implicit):
+        """A plain scalar's tag, without YAML 1.1's base-60 numbers: `12:30` was the integer
+        750 (a name of `12:30` failed with "got 750") and `1:30.5` the float 90.5. Only those
+        forms of int and float hold a colon; `!!int 1:00` still asks for one explicitly."""
+        tag = super().resolve(kind, value, implicit)
+        if tag in (_INT_TAG, _FLOAT_TAG) and implicit[0] and ":" in value:
+            return _STR_TAG
+        return tag
 
     def compose_node(self, parent, index):
         event = self.peek_event()
