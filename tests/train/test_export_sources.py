@@ -64,3 +64,23 @@ def test_the_mask_token_the_run_trained_with_is_recorded(tmp_path):
     train(tiny_spec("training.steps=2", "objective.mask_token_id=300"), tmp_path / "synthetic")
     out = export_checkpoint(tmp_path / "synthetic/checkpoints", tmp_path / "hf-synthetic")
     assert json.loads((out / "config.json").read_text())["mask_token_id"] == 300
+
+
+def test_a_file_added_to_the_artifact_s_tokenizer_is_not_exported(tmp_path):
+    """Export hands on the tokenizer files the artifact's manifest lists (prepare's record of
+    the tokenizer trained with): an added_tokens.json put into its tokenizer/ after prepare (which
+    transformers would load as part of the tokenizer) is not exported as the model's. Training
+    on such an artifact runs (the loader reads the listed files; `dllm data validate` names the
+    extra one)."""
+    save_tokenizer(tmp_path / "tokenizer")
+    write_jsonl(tmp_path / "data.jsonl", [{"text": " ".join(WORDS * 4)}] * 20)
+    tokenizer = {"kind": "huggingface", "path": str(tmp_path / "tokenizer")}
+    prepare_config(write_prepare_config(tmp_path, tokenizer=tokenizer))
+    artifact = tmp_path / "out"
+    listed = set(json.loads((artifact / "manifest.json").read_text())["tokenizer_files"])
+    (artifact / "tokenizer/added_tokens.json").write_text('{"<extra>": 0}')
+    spec = tiny_spec("training.steps=2", "data.synthetic=null", f"data.artifact={artifact}")
+    train(spec, tmp_path / "run")
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    assert not (out / "added_tokens.json").exists()
+    assert listed and all((out / name).is_file() for name in listed)

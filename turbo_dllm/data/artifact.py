@@ -37,7 +37,6 @@ __all__ = [
     "DataArtifact",
     "DataManifest",
     "DataStats",
-    "check_listed",
     "compute_fingerprint",
     "layout_problems",
     "read_manifest",
@@ -331,22 +330,6 @@ def unlisted_problems(root: str | Path, manifest: DataManifest) -> tuple[list[st
     folders = any(file.is_dir() and not file.is_symlink() for file in files)
     command = ("rm -r " if folders else "rm ") + " ".join(shlex.quote(str(f)) for f in files)
     return lines, command
-
-
-def check_listed(artifact: DataArtifact) -> None:
-    """Raise where the artifact folder holds what its manifest does not list (no hashing:
-    `verify` rehashes what it does list)."""
-    lines, command = unlisted_problems(artifact.root, artifact.manifest)
-    if lines:
-        listed = "\n".join(f"  - {line}" for line in lines)
-        raise DllmError(
-            f"data artifact {str(artifact.root)!r} holds what its manifest does not list:\n"
-            f"{listed}",
-            hint=f"remove what its manifest does not list (`{command}`), or prepare the "
-            "artifact again "
-            "(output.overwrite: true replaces the whole folder); `dllm data validate` checks "
-            "the whole artifact",
-        )
 
 
 def _inside(file: Path, folder: Path) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from turbo_dllm.data.artifact import DataArtifact, check_listed
+from turbo_dllm.data.artifact import DataArtifact
 from turbo_dllm.errors import DllmError
 
 __all__ = ["STATE_FORMAT", "ArtifactLoader"]
@@ -43,7 +43,6 @@ class ArtifactLoader:
         if micro_batch_size < 1:
             raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
         self.artifact = DataArtifact(path)
-        check_listed(self.artifact)  # two folder listings: the hashes are validate's to check
         manifest = self.artifact.manifest
         if seq_len != manifest.seq_len:
             raise DllmError(

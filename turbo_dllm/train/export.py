@@ -400,10 +400,16 @@ def _copy_generation_files(meta, folder: Path) -> None:
     artifact = artifact if artifact and artifact.is_dir() else None
     artifact = _same_artifact(meta, artifact)
     # Every file the tokenizer loads from (its class's vocabulary files, sentencepiece and
-    # tiktoken ones included), verbatim: the model folder's, else the artifact's copy.
+    # tiktoken ones included), verbatim: the model folder's, else the artifact's copy, the files
+    # its manifest lists (prepare's record of the tokenizer trained with; a file added to the
+    # folder since is not handed on as the model's).
     tokenizer = tokenizer_files(model_path) if model_path is not None else []
     if not tokenizer and artifact is not None:
-        tokenizer = tokenizer_files(artifact / "tokenizer")
+        from turbo_dllm.data.artifact import read_manifest
+
+        listed = read_manifest(artifact).tokenizer_files
+        tokenizer = [artifact / "tokenizer" / name for name in listed]
+        tokenizer = [file for file in tokenizer if file.is_file()]
     for file in tokenizer:
         shutil.copy2(file, folder / file.name)
     config_path = folder / "config.json"
