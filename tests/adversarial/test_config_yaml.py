@@ -173,3 +173,26 @@ def test_every_yaml_read_goes_through_the_bounded_loader():
         if loaders.search(line)
     ]
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    ("text", "needles"),
+    [
+        ("training:\n\tsteps: 3\n", ["train.yaml:4:1:", "a tab indents line 4"]),
+        ("model:\n  dtype: float32\n\tattention: flex\n", ["train.yaml:5:1:", "line 5"]),
+        ("launch:\n  \tseed: 1\n", ["train.yaml:4:3:", "a tab indents line 4"]),
+        ("x: [1,\n\t2]\n", ["train.yaml:4:1:", "a tab indents line 4"]),
+    ],
+)
+def test_a_tab_that_indents_is_named(cli, tmp_path, text, needles):
+    """Was: "found character '\\t' that cannot start any token", hint "check indentation and
+    quoting on that line": nothing said that the tab was the fault, invisible in most editors."""
+    result = cli("config", "validate", "--config", _runspec(tmp_path, text))
+    assert_user_error(result, *needles, "YAML forbids tabs for indentation", "indent with spaces")
+    assert "cannot start any token" not in result.err
+
+
+def test_a_tab_between_a_key_and_its_value_is_named(cli, tmp_path):
+    result = cli("config", "validate", "--config", _runspec(tmp_path, "launch:\tx\n"))
+    assert_user_error(result, "train.yaml:3:8:", "a tab at line 3", "use spaces")
+    assert "cannot start any token" not in result.err

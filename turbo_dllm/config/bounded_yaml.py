@@ -215,6 +215,9 @@ def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
         mark = getattr(error, "problem_mark", None)
         where = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else source
         problem = getattr(error, "problem", None) or str(error)
+        tab = _a_tab(text, mark, problem)
+        if tab is not None:
+            raise DllmError(f"YAML syntax error at {where}: {tab[0]}", hint=tab[1]) from None
         raise DllmError(
             f"YAML syntax error at {where}: {problem}",
             hint="check indentation and quoting on that line",
@@ -222,6 +225,27 @@ def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
     finally:
         if loader is not None:
             loader.dispose()
+
+
+def _a_tab(text: str, mark, problem: str) -> tuple[str, str] | None:
+    """(problem, hint) for a syntax error a tab causes, or None: PyYAML says only "found
+    character '\\t' that cannot start any token", of a character most editors do not show."""
+    if mark is None:
+        return None
+    lines = text.splitlines()
+    line = lines[mark.line] if mark.line < len(lines) else ""
+    indent = line[: len(line) - len(line.lstrip(" \t"))]
+    if "\t" in indent and mark.column <= len(indent):
+        return (
+            f"a tab indents line {mark.line + 1}: YAML forbids tabs for indentation",
+            "indent with spaces (an editor's 'convert tabs to spaces' does it)",
+        )
+    if "'\\t'" in problem:
+        return (
+            f"a tab at line {mark.line + 1}, column {mark.column + 1}, where YAML takes no tab",
+            "use spaces between a key and its value, and to indent",
+        )
+    return None
 
 
 def trailing_comment(text: str) -> str | None:
