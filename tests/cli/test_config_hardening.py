@@ -911,7 +911,7 @@ def test_a_time_like_value_stays_text(cli, tmp_path):
     assert json.loads(result.out)["launch"]["name"] == "-1:30.5"
     result = validate(cli, runspec(tmp_path), "launch.seed=1:00")
     assert_user_error(result, "launch.seed: ", "(got '1:00')")
-    assert "60" not in result.err
+    assert "got 60" not in result.err  # (the tmp path may hold a 60)
 
 
 def test_yaml_numbers_without_a_colon_still_read():

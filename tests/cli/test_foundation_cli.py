@@ -651,3 +651,15 @@ def test_quick_exit_groups_also_freeze_what_the_command_left_alive(
     assert code == "0"
     left_alive_frozen = int(after) - int(during) >= 5000  # (frozen objects may die meanwhile)
     assert left_alive_frozen == frozen_at_exit
+
+
+@pytest.mark.parametrize(
+    ("name", "line"), [("-x", "cd ./-x"), ("-", "cd ./-"), ("-a b", "cd './-a b'")]
+)
+def test_init_next_steps_for_a_folder_named_like_an_option(cli, tmp_path, monkeypatch, name, line):
+    """Was: `cd -x`, which bash reads as an option (and `cd -` goes to the previous folder)."""
+    monkeypatch.chdir(tmp_path)
+    result = cli("init", "--", name)
+    assert result.code == 0, result.err
+    assert f"\n  {line}\n" in result.out
+    assert (tmp_path / name / "train.yaml").is_file()

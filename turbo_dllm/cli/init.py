@@ -20,9 +20,13 @@ def _init(args) -> int:
 
     for path in init_project(args.directory):
         print(f"created {path}")
-    # Quoted, so the lines paste into a shell whatever the folder's name (`cd my project`).
+    # Quoted, so the lines paste into a shell whatever the folder's name (`cd my project`), and
+    # `./` before a name that starts with '-': `cd -x` is an option to cd, `cd -` the last folder.
+    folder = args.directory
+    if folder.startswith("-"):
+        folder = f"./{folder}"
     print(
-        f"\nnext:\n  cd {shlex.quote(args.directory)}\n  dllm data prepare --config prepare.yaml\n"
+        f"\nnext:\n  cd {shlex.quote(folder)}\n  dllm data prepare --config prepare.yaml\n"
         "  dllm doctor --config train.yaml"
     )
     return 0
