@@ -663,3 +663,11 @@ def test_init_next_steps_for_a_folder_named_like_an_option(cli, tmp_path, monkey
     assert result.code == 0, result.err
     assert f"\n  {line}\n" in result.out
     assert (tmp_path / name / "train.yaml").is_file()
+
+
+def test_the_qwen3_8_recipe_says_what_data_to_prepare(cli):
+    """The recipe named only `data/prepared`: its packed data stopped at the fit check."""
+    shown = cli("recipe", "show", "h200/fast-dllm-v2-qwen3.8")
+    assert shown.code == 0, shown.err
+    for needle in ("one document per row", "packing.overflow: truncate", "8192 tokens"):
+        assert needle in shown.out, needle
