@@ -671,3 +671,19 @@ def test_the_qwen3_8_recipe_says_what_data_to_prepare(cli):
     assert shown.code == 0, shown.err
     for needle in ("one document per row", "packing.overflow: truncate", "8192 tokens"):
         assert needle in shown.out, needle
+
+
+def test_recipe_copy_s_next_step_runs_as_printed_for_a_name_like_an_option(
+    cli, tmp_path, monkeypatch
+):
+    """`dllm recipe copy NAME -- -x.yaml` printed `dllm config validate --config -x.yaml`, which
+    argparse refuses (--config expects one argument): the file is named ./-x.yaml."""
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    result = cli("recipe", "copy", "smoke/cpu-tiny", "--", "-x.yaml")
+    assert result.code == 0, result.err
+    line = next(x for x in result.out.splitlines() if x.startswith("next: "))
+    assert line == "next: dllm config validate --config ./-x.yaml"
+    command = shlex.split(line.removeprefix("next: "))
+    assert command[0] == "dllm" and cli(*command[1:]).code == 0

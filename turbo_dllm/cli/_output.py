@@ -30,6 +30,15 @@ def group(subparsers, name: str, help: str, *, quick_exit: bool = False):
     return parser.add_subparsers(dest=f"{name}_command", metavar="SUBCOMMAND")
 
 
+def shell_path(path) -> str:
+    """`path` as a printed command's argument: quoted, and `./` before a name that starts with
+    '-' (`cd -x` reads an option, `--config -x.yaml` a missing value, `cd -` the last folder)."""
+    import shlex
+
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
+
+
 def add_overrides(parser, example: str = "training.steps=10") -> None:
     """The `--set KEY=VALUE` option (repeatable) of every command that reads a YAML config."""
     parser.add_argument(

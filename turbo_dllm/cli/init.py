@@ -14,19 +14,14 @@ def register(subparsers) -> None:
 
 
 def _init(args) -> int:
-    import shlex
-
+    from turbo_dllm.cli._output import shell_path
     from turbo_dllm.project_init import init_project
 
     for path in init_project(args.directory):
         print(f"created {path}")
-    # Quoted, so the lines paste into a shell whatever the folder's name (`cd my project`), and
-    # `./` before a name that starts with '-': `cd -x` is an option to cd, `cd -` the last folder.
-    folder = args.directory
-    if folder.startswith("-"):
-        folder = f"./{folder}"
+    # Pasted into a shell whatever the folder's name (`cd my project`, `cd -x`: shell_path).
     print(
-        f"\nnext:\n  cd {shlex.quote(folder)}\n  dllm data prepare --config prepare.yaml\n"
+        f"\nnext:\n  cd {shell_path(args.directory)}\n  dllm data prepare --config prepare.yaml\n"
         "  dllm doctor --config train.yaml"
     )
     return 0

@@ -60,11 +60,10 @@ def _show(args) -> int:
 
 
 def _copy(args) -> int:
-    import shlex
-
+    from turbo_dllm.cli._output import shell_path
     from turbo_dllm.config.recipe_catalog import copy_recipe
 
     dest = copy_recipe(args.name, args.dest)
     print(f"wrote {dest}")
-    print(f"next: dllm config validate --config {shlex.quote(str(dest))}")
+    print(f"next: dllm config validate --config {shell_path(dest)}")
     return 0
