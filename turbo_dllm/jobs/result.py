@@ -243,27 +243,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slurm-job-id", default=None)
     args = parser.parse_args(argv)
     if args.job_started:
-        from turbo_dllm.errors import DllmError
-        from turbo_dllm.jobs.backends.slurm import (
-            SUBMISSION_NAME,
-            read_submission,
-            record_running_job,
-        )
+        from turbo_dllm.jobs.backends.slurm import record_running_job
 
         if args.slurm_job_id is None:
             parser.error("--job-started needs --slurm-job-id")
-        run_dir = Path(args.run_dir)
-        try:
-            read_submission(run_dir)
-        except DllmError as error:
-            # This job is the run's latest attempt whatever the damaged record said: it records
-            # itself in its place, where stopping the job would help no one.
-            print(
-                f"dllm: warning: {error.message}; this job records itself in its place",
-                file=sys.stderr,
-            )
-            (run_dir / SUBMISSION_NAME).unlink(missing_ok=True)
-        record_running_job(run_dir, args.slurm_job_id)
+        record_running_job(Path(args.run_dir), args.slurm_job_id)
         return 0
     if args.exit_code is None or args.started is None or args.backend is None:
         parser.error("--exit-code, --started and --backend are required")

@@ -258,10 +258,19 @@ def record_running_job(run_dir: Path, job_id: str) -> None:
     """The batch script's first step: this job is the run's latest attempt. Its id replaces an
     earlier job's (a resubmitted `sbatch job.sbatch` read as the cancelled job it followed) or
     is recorded for the first time (a script the user submitted without `--submit` read as
-    `not submitted`), and an earlier attempt's result.json goes (it read as this one's)."""
+    `not submitted`), and an earlier attempt's result.json goes (it read as this one's). A
+    damaged record is replaced with a warning naming it: stopping the job would help no one."""
+    import sys
+
     from turbo_dllm.jobs.result import RESULT_NAME
 
-    recorded = read_submission(run_dir)
+    try:
+        recorded = read_submission(run_dir)
+    except DllmError as error:
+        print(
+            f"dllm: warning: {error.message}; this job records itself in its place", file=sys.stderr
+        )
+        recorded = None
     if recorded is None or str(recorded["job_id"]) != job_id:
         cluster = os.environ.get("SLURM_CLUSTER_NAME") or None
         _write_submission(run_dir, job_id, cluster, str(run_dir / SCRIPT_NAME))
