@@ -163,13 +163,12 @@ def read_manifest(path: str | Path) -> DataManifest:
         from turbo_dllm.data.writer import restore_hint
 
         what = "no data artifact at" if Path(path).exists() else "data artifact not found:"
+        message = f"{what} {str(path)!r} (no {MANIFEST})"
         hint = "create it with `dllm data prepare --config prepare.yaml`"
-        backup = restore_hint(path)
-        if backup is not None:
+        if (backup := restore_hint(path)) is not None:
             said, how = backup
-            what, hint = f"{what} {str(path)!r} (no {MANIFEST}); {said}", f"{how}; or {hint}"
-            raise DllmError(what, hint=hint)
-        raise DllmError(f"{what} {str(path)!r} (no {MANIFEST})", hint=hint)
+            message, hint = f"{message}; {said}", f"{how}; or {hint}"
+        raise DllmError(message, hint=hint)
     try:
         with open(manifest_path, "rb") as handle:
             data = handle.read(_MAX_MANIFEST_BYTES + 1)
@@ -286,13 +285,11 @@ def verify(path: str | Path) -> DataManifest:
 def unlisted_files(root: str | Path, manifest: DataManifest) -> list[Path]:
     """Entries of the artifact folder `root` that its manifest does not list, sorted: at the
     top level anything but manifest.json, the arrays' files and a tokenizer/ folder; inside
-    tokenizer/ anything but `manifest.tokenizer_files`. Prepare writes nothing else, and export
-    hands tokenizer/'s files on beside a model (transformers loads an added_tokens.json or
-    special_tokens_map.json it finds there), so an extra file is no longer the artifact the
-    manifest describes. An empty tokenizer/ folder holds nothing to hand on and is left alone.
-
-    Cheap (two folder listings, nothing is read), so every check that opens the artifact for
-    use (the loader, `dllm doctor`) makes it as well as `dllm data validate`.
+    tokenizer/ anything but `manifest.tokenizer_files`. Prepare writes nothing else, so an
+    extra file is no longer the artifact the manifest describes (training reads the listed
+    files, export copies the listed tokenizer files only). An empty tokenizer/ folder is left
+    alone. Cheap (two folder listings, nothing is read): `dllm doctor` makes it as well as
+    `dllm data validate`.
     """
     root = Path(root)
     listed = {MANIFEST, *(info.file for info in manifest.arrays.values())}

@@ -68,8 +68,8 @@ def _prepare_config_for(ctx: DoctorContext, artifact: Path) -> Path | None:
 
 
 def _prepare_fix(ctx: DoctorContext, artifact: Path) -> str:
-    """The command that (re)writes `artifact`: the prepare config that names it (found beside
-    the RunSpec), with output.overwrite where a folder is in the way (prepare refuses to
+    """The command that (re)writes `artifact` (only where a check fails: it reads the YAML files
+    beside the RunSpec): the prepare config that names it, with output.overwrite where a folder is in the way (prepare refuses to
     replace one without it: a damaged artifact, an empty folder)."""
     config = _prepare_config_for(ctx, artifact)
     command = f"dllm data prepare --config {_shown(config) if config else 'PREPARE.yaml'}"
@@ -104,10 +104,10 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
             fix="set data.artifact to the folder your prepare.yaml's output.path names, or move "
             f"the files out of {path} and prepare it",
         )
-    fix = _prepare_fix(ctx, folder)
     if not manifest.exists():
         from turbo_dllm.data.writer import restore_hint
 
+        fix = _prepare_fix(ctx, folder)
         backup = restore_hint(folder)
         if backup is not None:
             said, how = backup
@@ -121,7 +121,7 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
     try:
         artifact = DataArtifact(path)
     except DllmError as error:
-        return CheckResult(name, "fail", error.message, fix=fix)
+        return CheckResult(name, "fail", error.message, fix=_prepare_fix(ctx, folder))
     # validate's check of the files the manifest does not list (no hashing here): a warning,
     # they change neither training (the loader reads the listed files) nor an export (it copies
     # the listed tokenizer files only)
@@ -131,7 +131,7 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
             name,
             "warn",
             f"{path} holds what its manifest does not list: " + "; ".join(unlisted),
-            fix=f"{removal}, or prepare it again: {fix}",
+            fix=f"{removal}, or prepare it again: {_prepare_fix(ctx, folder)}",
         )
     ctx.extras["data_manifest"] = artifact.manifest
     m = artifact.manifest
