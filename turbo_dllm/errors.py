@@ -56,6 +56,11 @@ _OS_ERROR_HINTS = {
 }
 
 
+def os_error_hint(code: int) -> str | None:
+    """The hint for a file-system error number (ENOSPC: the disk is full ...), else None."""
+    return _OS_ERROR_HINTS.get(code)
+
+
 def describe_os_error(error: OSError) -> tuple[str, str]:
     """An OSError as (message, hint): the path(s) it names and the OS's reason."""
     reason = error.strerror or str(error) or type(error).__name__

@@ -18,7 +18,7 @@ import threading
 from collections.abc import Sequence
 from functools import lru_cache
 
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, os_error_hint
 
 __all__ = ["run_uv", "uv_binary", "uv_version"]
 
@@ -44,21 +44,21 @@ _SOURCE_VARIABLES = (
 
 # uv's file-system failures ("No space left on device (os error 28)") are not a missing or
 # unreachable package: the caller's hint (indexes, mirrors) would send the user the wrong way.
-_FILE_SYSTEM_HINTS = {
-    errno.ENOSPC: "the disk is full: free some space (where the venv is, and uv's cache: "
-    "UV_CACHE_DIR, default ~/.cache/uv) and run it again",
-    errno.EDQUOT: "your disk quota is used up: free some space (where the venv is, and uv's "
-    "cache: UV_CACHE_DIR, default ~/.cache/uv) and run it again",
-    errno.EROFS: "that file system is read-only: choose a path on a writable one",
-    errno.EACCES: "check that path's permissions, or choose a path you can write",
-    errno.EPERM: "check that path's permissions, or choose a path you can write",
-}
+_FILE_SYSTEM_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+_UV_CACHE = "where the venv is, and uv's cache: UV_CACHE_DIR, default ~/.cache/uv"
 
 
 def _file_system_hint(text: str) -> str | None:
-    """The hint for the last OS error uv reports (`(os error N)`), when it is a file system's."""
+    """The hint for the last OS error uv reports (`(os error N)`), when it is a file system's:
+    `errors.os_error_hint`'s, a full disk's naming uv's cache too."""
     codes = re.findall(r"\(os error (\d+)\)", text)
-    return _FILE_SYSTEM_HINTS.get(int(codes[-1])) if codes else None
+    code = int(codes[-1]) if codes else None
+    if code not in _FILE_SYSTEM_ERRORS:
+        return None
+    hint = os_error_hint(code)
+    if code in (errno.ENOSPC, errno.EDQUOT):  # "... free some space and run it again"
+        hint = hint.replace("free some space", f"free some space ({_UV_CACHE})")
+    return hint
 
 
 @lru_cache(maxsize=1)
