@@ -195,6 +195,8 @@ def run_ours(spec: RunSpec, args, device, name: str = "turbo-dllm") -> tuple[dic
         trainer = Trainer(spec, run_dir, env).build()
         if getattr(args, "no_stream_trim", False):
             trainer.plan.trims = frozenset()
+        if getattr(args, "float8", None):
+            float8_layers(trainer, args.float8)
         reset_memory(device)
         times, flops = [], []
         for step in range(args.warmup):
@@ -239,6 +241,17 @@ def run_ours(spec: RunSpec, args, device, name: str = "turbo-dllm") -> tuple[dic
         },
     )
     return result, trainer
+
+
+def float8_layers(trainer: Trainer, recipe: str) -> None:
+    """An experiment: the decoder layers' linear layers as torchao Float8Linear (`recipe`:
+    tensorwise, rowwise, ...), the LM head left in bf16. Swapped before the first step, so the
+    layers' in-place compile traces the float8 matmuls."""
+    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+
+    config = Float8LinearConfig.from_recipe_name(recipe)
+    for layer in trainer.model.model.layers:
+        convert_to_float8_training(layer, config=config)
 
 
 def pipelined_steps(trainer: Trainer, first: int, count: int, device) -> tuple[list, list]:
@@ -981,6 +994,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="ours computes the whole stream in every layer, also rows no loss reads "
         "(train.attention.trim): the baseline for the trim's gain; its FLOPs count that work",
+    )
+    parser.add_argument(
+        "--float8",
+        default=None,
+        metavar="RECIPE",
+        help="an experiment: ours' decoder linear layers in float8 (torchao; tensorwise, "
+        "rowwise), the LM head in bf16",
     )
     parser.add_argument(
         "--pipelined",
