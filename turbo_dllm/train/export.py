@@ -206,9 +206,7 @@ def _source_tensors(meta, prefixes: tuple[str, ...]) -> dict[str, Any]:
     folder = Path(meta.model_path) if meta.model_path else None
     if not prefixes or folder is None or not folder.is_dir():  # random init, or gone (warned)
         return {}
-    from safetensors import safe_open
-
-    from turbo_dllm.train.weights import _safetensors_index
+    from turbo_dllm.train.weights import _open_safetensors, _read_tensor, _safetensors_index
 
     by_file: dict[Path, list[str]] = {}
     for name, file in _safetensors_index(folder).items():
@@ -216,8 +214,8 @@ def _source_tensors(meta, prefixes: tuple[str, ...]) -> dict[str, Any]:
             by_file.setdefault(file, []).append(name)
     out = {}
     for file, names in by_file.items():
-        with safe_open(str(file), framework="pt") as handle:
-            out.update({name: handle.get_tensor(name) for name in names})
+        with _open_safetensors(file) as handle:
+            out.update({name: _read_tensor(handle, file, name) for name in names})
     return out
 
 

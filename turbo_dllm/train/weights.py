@@ -36,6 +36,7 @@ __all__ = [
     "named_parameters_clean",
     "parse_shard_size",
     "save_hf",
+    "UnreadableWeights",
     "weight_files",
 ]
 
@@ -147,12 +148,58 @@ def init_weights(model: nn.Module, config, seed: int) -> None:
         _fill(param, full)
 
 
+class UnreadableWeights(DllmError):
+    """A weight file (or the shard index) of a folder that cannot be read as what it claims:
+    torn, damaged, not safetensors, or an index naming a file the folder lacks. Names the file;
+    callers that know whose folder it is (`families.dflash.runtime.readable_weights`) say so."""
+
+
+_UNREADABLE_HINT = (
+    "the file is damaged, truncated or not safetensors: copy or save the folder again "
+    "(transformers' save_pretrained, or dllm export)"
+)
+
+
+def _open_safetensors(file: Path):
+    """`safe_open(file)`, a damaged file an `UnreadableWeights` naming it (safetensors' own
+    error, e.g. "Error while deserializing header: invalid header length", names no file)."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        return safe_open(str(file), framework="pt")
+    except SafetensorError as error:
+        raise UnreadableWeights(
+            f"{str(file)!r} is unreadable as safetensors ({error})", hint=_UNREADABLE_HINT
+        ) from None
+
+
 def _safetensors_index(folder: Path) -> dict[str, Path]:
     """Map every tensor name to the file holding it (single file or sharded index)."""
     index = folder / "model.safetensors.index.json"
     if index.exists():
-        weight_map = json.loads(index.read_text())["weight_map"]
-        return {name: folder / file for name, file in weight_map.items()}
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+            if not isinstance(weight_map, dict) or not all(
+                isinstance(file, str) for file in weight_map.values()
+            ):
+                raise TypeError("weight_map is not an object of file names")
+        except (ValueError, KeyError, TypeError) as error:  # torn JSON, no map, another shape
+            reason = f"no {error}" if isinstance(error, KeyError) else str(error)
+            raise UnreadableWeights(
+                f"{str(index)!r} is not a safetensors shard index ({reason})",
+                hint='it maps each tensor to its shard file ({"weight_map": {name: file}}): '
+                "copy or save the folder again",
+            ) from None
+        where = {name: folder / file for name, file in weight_map.items()}
+        absent = sorted({file.name for file in where.values() if not file.is_file()})
+        if absent:
+            shown = ", ".join(absent[:3]) + (" ..." if len(absent) > 3 else "")
+            raise UnreadableWeights(
+                f"{str(index)!r} lists {len(absent)} shard file(s) that {str(folder)!r} lacks: "
+                f"{shown}",
+                hint="the folder is incomplete: copy or download every shard the index names",
+            )
+        return where
     single = folder / "model.safetensors"
     if not single.exists():
         raise DllmError(
@@ -160,9 +207,7 @@ def _safetensors_index(folder: Path) -> dict[str, Path]:
             hint="the folder needs model.safetensors or model.safetensors.index.json "
             "(convert .bin checkpoints with transformers' save_pretrained)",
         )
-    from safetensors import safe_open
-
-    with safe_open(str(single), framework="pt") as handle:
+    with _open_safetensors(single) as handle:
         return {name: single for name in handle.keys()}  # noqa: SIM118 - safe_open has no iter
 
 
@@ -173,8 +218,6 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     A model may say where else a parameter can sit in a checkpoint (`checkpoint_names(name)`,
     e.g. the text half of a multimodal folder under another prefix); the first name present wins.
     """
-    from safetensors import safe_open
-
     folder = Path(folder)
     where = _safetensors_index(folder)
     wanted = dict(named_parameters_clean(model))
@@ -199,10 +242,10 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     for name in wanted:
         by_file.setdefault(where[stored[name]], []).append(name)
     for file, names in by_file.items():
-        with safe_open(str(file), framework="pt") as handle:
+        with _open_safetensors(file) as handle:
             for name in names:
                 param = wanted[name]
-                tensor = handle.get_tensor(stored[name])
+                tensor = _read_tensor(handle, file, stored[name])
                 if tuple(tensor.shape) != tuple(param.shape):
                     raise DllmError(
                         f"weight {name!r} has shape {tuple(tensor.shape)} in {file.name}, "
@@ -210,6 +253,19 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
                         hint="config.json does not match the weights",
                     )
                 _fill(param, tensor.to(device=_param_device(param), dtype=param.dtype))
+
+
+def _read_tensor(handle, file: Path, name: str) -> torch.Tensor:
+    """One tensor of an open safetensors file; a torn file (its header whole, its data cut
+    short) or a name its index wrongly places there is an `UnreadableWeights` naming it."""
+    from safetensors import SafetensorError
+
+    try:
+        return handle.get_tensor(name)
+    except (SafetensorError, RuntimeError) as error:
+        raise UnreadableWeights(
+            f"{str(file)!r}: tensor {name!r} is unreadable ({error})", hint=_UNREADABLE_HINT
+        ) from None
 
 
 def full_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:

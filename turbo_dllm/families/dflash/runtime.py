@@ -73,11 +73,14 @@ def readable_weights(what: str, folder: str | Path) -> Iterator[None]:
     DllmError naming the folder (safetensors' own error is a traceback that names no file)."""
     from safetensors import SafetensorError
 
+    from turbo_dllm.train.weights import UnreadableWeights
+
     try:
         yield
-    except SafetensorError as error:
+    except (SafetensorError, UnreadableWeights) as error:
+        reason = error.message if isinstance(error, UnreadableWeights) else error
         raise DllmError(
-            f"{what} {str(folder)!r}: its safetensors weights are unreadable ({error})",
+            f"{what} {str(folder)!r}: its safetensors weights are unreadable ({reason})",
             hint="the file is damaged, truncated or not safetensors: copy or export the folder "
             "again",
         ) from None
@@ -123,9 +126,13 @@ _TARGET_NAMES = {
 def load_target_weights(model: DFlashDrafter, target_path: str | Path) -> None:
     """Fill the frozen embeddings and head from the target's folder (a tied target's head is
     its embedding)."""
-    from safetensors import safe_open
-
-    from turbo_dllm.train.weights import _fill, _param_device, _safetensors_index
+    from turbo_dllm.train.weights import (
+        _fill,
+        _open_safetensors,
+        _param_device,
+        _read_tensor,
+        _safetensors_index,
+    )
 
     where = _safetensors_index(Path(target_path))
     params = dict(model.named_parameters(remove_duplicate=False))
@@ -138,8 +145,8 @@ def load_target_weights(model: DFlashDrafter, target_path: str | Path) -> None:
                 hint="model.dflash.target must be the drafter's target folder",
             )
         param = params[name]
-        with safe_open(str(where[target_name]), framework="pt") as handle:
-            tensor = handle.get_tensor(target_name)
+        with _open_safetensors(where[target_name]) as handle:
+            tensor = _read_tensor(handle, where[target_name], target_name)
         if tuple(tensor.shape) != tuple(param.shape):
             raise DllmError(
                 f"the target's {target_name!r} has shape {tuple(tensor.shape)}, the drafter "
