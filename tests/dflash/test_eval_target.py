@@ -315,3 +315,15 @@ def test_too_many_draft_steps_are_refused_before_anything_heavy_loads(
     flags = ("--block-size", "4", "--draft-steps", "2")
     result = _eval(cli, world["target"], world["target"], world["artifact"], *flags)
     assert_user_error(result, "--draft-steps 2: an autoregressive drafter drafts one token")
+
+
+def test_a_target_of_another_model_type_is_named_as_the_target(cli, world, exported, tmp_path):
+    """A Qwen3.5 (or any non-decoder) --target read 'model.path ... is a qwen3_5 model, which
+    model.family causal_lm does not read', hint 'set model.family': neither is what the user
+    typed or can change."""
+    other = tmp_path / "qwen3_5"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    result = _eval(cli, other, exported, world["artifact"], *QUICK)
+    assert_user_error(result, f"DFlash target: {str(other)!r} is a 'qwen3_5' model", "--target")
+    assert "model.path" not in result.err and "model.family" not in result.err

@@ -359,3 +359,13 @@ def test_the_record_covers_every_file_the_export_writes(cli, world, tmp_path):
     (old / "training_export.json").write_text(json.dumps(document, indent=2))
     (old / "generation_config.json").write_text("{}")
     assert verify_export(old) == ["config.json", "model.safetensors"]
+
+
+def test_export_names_a_target_of_another_model_type_as_the_target(cli, drafter, tmp_path):
+    other = tmp_path / "qwen3_5"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "qwen3_5"}))
+    result = _export(cli, drafter["run"] / "checkpoints", tmp_path / "x", "--target", other)
+    assert_user_error(result, f"DFlash target: {str(other)!r} is a 'qwen3_5' model", "--target")
+    assert "model.path" not in result.err and "model.family" not in result.err
+    assert not (tmp_path / "x").exists()
