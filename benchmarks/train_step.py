@@ -247,7 +247,10 @@ def float8_layers(trainer: Trainer, recipe: str) -> None:
     """An experiment: the decoder layers' linear layers as torchao Float8Linear (`recipe`:
     tensorwise, rowwise, ...), the LM head left in bf16. Swapped before the first step, so the
     layers' in-place compile traces the float8 matmuls."""
-    from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    try:
+        from torchao.float8 import Float8LinearConfig, convert_to_float8_training
+    except ImportError as exc:
+        raise SystemExit(f"--float8 needs torchao (pip install torchao): {exc}") from None
 
     config = Float8LinearConfig.from_recipe_name(recipe)
     for layer in trainer.model.model.layers:
