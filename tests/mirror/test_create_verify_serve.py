@@ -109,6 +109,18 @@ def test_verify_passes_then_names_every_problem(mirror, cli):
     assert result.code == 1 and json.loads(result.out)["ok"] is False
 
 
+def test_a_missing_manifest_is_one_problem(mirror, cli):
+    """A deleted manifest was named twice, by the file check and by the manifest check
+    ("2 problems" for one missing file)."""
+    root, _ = mirror
+    (root / "manifests/cpu-x86_64.toml").unlink()
+    assert verify_mirror(root).problems == ["manifests/cpu-x86_64.toml: missing"]
+    result = cli("mirror", "verify", root)
+    assert result.code == 1
+    assert result.out.count("manifests/cpu-x86_64.toml: missing") == 1, result.out
+    assert result.out.rstrip().endswith("1 problem"), result.out
+
+
 def test_verify_names_damaged_and_unreadable_files_instead_of_stopping(mirror, cli):
     """A page or manifest that is not UTF-8 was a UnicodeDecodeError traceback, and a listed
     file that cannot be read (here a folder in its place) stopped verify at that file."""

@@ -98,8 +98,10 @@ def _check_manifests(source: MirrorSource, report: VerifyReport) -> None:
         except DllmError as error:  # unreadable, or not UTF-8
             report.problems.append(error.message)
             continue
-        if text is None:
-            report.problems.append(f"manifests/{target}.toml: missing")
+        if text is None:  # a listed one is named missing by _check_files already
+            path = f"manifests/{target}.toml"
+            if report.index.file(path) is None:
+                report.problems.append(f"{path}: missing")
             continue
         try:
             manifest = parse_manifest(text, f"manifests/{target}.toml")
