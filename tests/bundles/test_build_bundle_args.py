@@ -37,3 +37,21 @@ def test_an_op_named_twice_is_built_once(cli_process, tmp_path, build_home):
     )  # fmt: skip
     assert result.code == 0, result.err
     assert json.loads(result.out)["ops"] == ["merge_attention_partials"]
+
+
+def test_a_failed_compile_is_said_once_with_one_hint(cli_process, tmp_path):
+    """The op is compiled in a child process whose own error (message and hint) was wrapped
+    whole: 'building native op ... failed:' twice and two `hint:` lines."""
+    out = tmp_path / "out"
+    result = cli_process(
+        "bundle", "build", "--out", out, "--op", "merge_attention_partials",
+        env={"CXX": "false", "DLLM_HOME": str(tmp_path / "home")},  # torch's compiler check fails
+    )  # fmt: skip
+    assert result.code == 2 and "Traceback" not in result.err, result.err
+    assert "dllm: error: building native op 'merge_attention_partials' failed" in result.err
+    assert result.err.count("failed") == 1, result.err
+    hints = [line for line in result.err.splitlines() if line.startswith("hint:")]
+    assert hints == [
+        "hint: run again with --verbose for the compiler output; check that the C++ compiler "
+        "(and nvcc) match torch's requirements"
+    ], result.err

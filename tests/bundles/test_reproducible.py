@@ -25,15 +25,18 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def second_build(tmp_path):
     """The same target built again from a copy of the sources in another folder, with another
-    DLLM_HOME (nothing reused from the build cache) and output folder, at a later time."""
-    checkout = tmp_path / "elsewhere" / "checkout"
+    DLLM_HOME (nothing reused from the build cache) and output folder, at a later time. The
+    folders hold a space and a non-ASCII letter, the home a `$` too (a home with a space failed
+    to build: the compiler got half a -ffile-prefix-map). A `$` in the checkout's path breaks
+    torch's own build.ninja (it escapes only spaces in source paths), so the test has none."""
+    checkout = tmp_path / "else where ü" / "check out"
     for name in ("turbo_dllm", "native", "bundles", "manifests"):
         shutil.copytree(
             ROOT / name, checkout / name, symlinks=True,
             ignore=shutil.ignore_patterns("__pycache__"),
         )  # fmt: skip
-    out = tmp_path / "elsewhere" / "out"
-    env = {**os.environ, "PYTHONPATH": str(checkout), "DLLM_HOME": str(tmp_path / "other-home")}
+    out = tmp_path / "else where ü" / "out"
+    env = {**os.environ, "PYTHONPATH": str(checkout), "DLLM_HOME": str(tmp_path / "other home ü $x")}
     proc = subprocess.run(
         [sys.executable, "-m", "turbo_dllm", "bundle", "build", "--out", str(out), "--json"],
         cwd=checkout, env=env, capture_output=True, text=True, timeout=600,

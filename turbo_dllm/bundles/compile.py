@@ -117,8 +117,10 @@ def compile_op(
             library = cpp_extension.load(
                 name=name,
                 sources=sources,
-                extra_cflags=[*cflags, *reproducible],
-                extra_cuda_cflags=[*cuda_cflags, *_for_nvcc(reproducible)] if archs else [],
+                extra_cflags=[*cflags, *map(_for_ninja, reproducible)],
+                extra_cuda_cflags=(
+                    [*cuda_cflags, *map(_for_ninja, _for_nvcc(reproducible))] if archs else []
+                ),
                 extra_include_paths=[str(op.directory)],
                 build_directory=str(build_dir),
                 with_cuda=bool(archs),
@@ -174,6 +176,17 @@ def _reproducible_flags(op: NativeOp, build_dir: Path) -> list[str]:
     ]
 
 
+def _for_ninja(flag: str) -> str:
+    """`flag` as torch's build.ninja needs it: torch writes extra flags into the compile command
+    as they are, which ninja hands to `sh -c`, so a folder with a space (a DLLM_HOME or checkout
+    like `/data/my home`) split `-ffile-prefix-map=/data/my home/...=build` in two and the build
+    failed ("invalid argument '/data/my' to '-ffile-prefix-map'"). Quoted for the shell, and
+    `$` doubled for ninja. The compiler gets the same argument, so the library is unchanged."""
+    import shlex
+
+    return shlex.quote(flag).replace("$", "$$")
+
+
 def _for_nvcc(flags: list[str]) -> list[str]:
     """nvcc passes host-compiler flags through -Xcompiler."""
     return [part for flag in flags for part in ("-Xcompiler", flag)]
@@ -219,12 +232,15 @@ def run_compile_subprocess(
     proc = subprocess.run(command, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
     if proc.returncode != 0 or not result_file.is_file():
         message = proc.stderr.strip()
+        hint = "run with --verbose for the full compiler output"
         marker = "dllm: error: "
         if marker in message:  # the child's own DllmError, already phrased for users
             message = message[message.index(marker) + len(marker) :]
-        raise DllmError(
-            f"building native op {op_name!r} failed:\n{message[-4000:]}",
-            hint="run with --verbose for the full compiler output",
-        )
+            # Said once: the child's error starts as ours does and ends with its own hint.
+            message = message.removeprefix(f"building native op {op_name!r} failed: ")
+            body, found, child_hint = message.rpartition("\nhint: ")
+            if found:
+                message, hint = body, child_hint.strip()
+        raise DllmError(f"building native op {op_name!r} failed:\n{message[-4000:]}", hint=hint)
     data = json.loads(result_file.read_text())
     return CompiledOp(**{k: tuple(v) if isinstance(v, list) else v for k, v in data.items()})
