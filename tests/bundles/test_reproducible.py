@@ -36,7 +36,11 @@ def second_build(tmp_path):
             ignore=shutil.ignore_patterns("__pycache__"),
         )  # fmt: skip
     out = tmp_path / "else where ü" / "out"
-    env = {**os.environ, "PYTHONPATH": str(checkout), "DLLM_HOME": str(tmp_path / "other home ü $x")}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(checkout),
+        "DLLM_HOME": str(tmp_path / "other home ü $x"),
+    }
     proc = subprocess.run(
         [sys.executable, "-m", "turbo_dllm", "bundle", "build", "--out", str(out), "--json"],
         cwd=checkout, env=env, capture_output=True, text=True, timeout=600,
