@@ -5,7 +5,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from turbo_dllm.cli._output import emit_json, group
+from turbo_dllm.cli._output import emit_json, group, shell_path
 
 
 def register(subparsers) -> None:
@@ -55,6 +55,13 @@ def register(subparsers) -> None:
     )
     p.add_argument("--python-platform", help="uv --python-platform (default: from the target)")
     p.add_argument("--offline", action="store_true", help="resolve from local sources only")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="resolve nothing: exit 1 if the manifest (--output, default manifests/<target>.toml) "
+        "is stale, i.e. pyproject.toml's dependencies changed since it was locked or its pins "
+        "no longer meet them; 0 if it is current",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_lock)
 
@@ -130,6 +137,8 @@ def _lock(args) -> int:
     from turbo_dllm.envs.lock import DEFAULT_EXTRAS, DEFAULT_INDEX, LockRequest, lock_environment
     from turbo_dllm.errors import DllmError
 
+    if args.check:
+        return _lock_check(args)
     if args.from_environment:
         from turbo_dllm.envs.freeze import lock_from_environment
 
@@ -174,19 +183,76 @@ def _lock(args) -> int:
     return _write_manifest(args, lock_environment(request))
 
 
-def _write_manifest(args, manifest) -> int:
-    from turbo_dllm.envs.manifest import dump_manifest
+def _manifest_path(args, target: str) -> Path:
     from turbo_dllm.envs.targets import source_root
     from turbo_dllm.errors import DllmError
-    from turbo_dllm.fsutil import write_atomic
 
     if args.output:
-        output = Path(args.output)
+        return Path(args.output)
+    root = source_root()
+    if root is None:
+        raise DllmError("where does the manifest go?", hint="pass --output FILE")
+    return root / "manifests" / f"{target}.toml"
+
+
+def _lock_check(args) -> int:
+    from turbo_dllm.envs.lock import lock_staleness
+    from turbo_dllm.envs.manifest import load_manifest
+    from turbo_dllm.errors import DllmError
+
+    if args.from_environment:
+        raise DllmError(
+            "--check compares the manifest with pyproject.toml; it locks nothing",
+            hint="drop --from-environment",
+        )
+    path = _manifest_path(args, args.target)
+    if not path.is_file():
+        raise DllmError(
+            f"no manifest at {path}", hint=f"lock it: dllm env lock --target {args.target}"
+        )
+    manifest = load_manifest(path)
+    if manifest.target != args.target:
+        raise DllmError(
+            f"{path} is the manifest of target {manifest.target}, not {args.target}",
+            hint=f"check it as --target {manifest.target}",
+        )
+    stale = lock_staleness(manifest)
+    relock = (
+        f"dllm env lock --target {manifest.target} --from-environment  # on the target host"
+        if not manifest.resolver.startswith("uv ")
+        else f"dllm env lock --target {manifest.target}"
+        + (f" --output {shell_path(str(path))}" if args.output else "")
+    )
+    if args.json:
+        emit_json(
+            {
+                "manifest": str(path),
+                "fresh": stale.fresh,
+                "added": stale.added,
+                "removed": stale.removed,
+                "unsatisfied": stale.unsatisfied,
+                "fix": None if stale.fresh else relock,
+            }
+        )
+    elif stale.fresh:
+        print(f"{path} is current with pyproject.toml")
     else:
-        root = source_root()
-        if root is None:
-            raise DllmError("where should the manifest go?", hint="pass --output FILE")
-        output = root / "manifests" / f"{manifest.target}.toml"
+        print(f"{path} is stale against pyproject.toml:")
+        for line in stale.added:
+            print(f"  + {line}  (asked now, not locked from)")
+        for line in stale.removed:
+            print(f"  - {line}  (locked from, no longer asked)")
+        for line in stale.unsatisfied:
+            print(f"  ! {line}")
+        print(f"fix: {relock}")
+    return 0 if stale.fresh else 1
+
+
+def _write_manifest(args, manifest) -> int:
+    from turbo_dllm.envs.manifest import dump_manifest
+    from turbo_dllm.fsutil import write_atomic
+
+    output = _manifest_path(args, manifest.target)
     output.parent.mkdir(parents=True, exist_ok=True)
     # atomically: a lock killed while writing must not leave a torn manifest where the old was
     write_atomic(output, dump_manifest(manifest))

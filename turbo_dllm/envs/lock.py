@@ -35,7 +35,15 @@ from turbo_dllm.envs.targets import (
 from turbo_dllm.envs.uvtool import run_uv, uv_version
 from turbo_dllm.errors import DllmError
 
-__all__ = ["LockPoint", "LockRequest", "lock_environment", "lock_point", "project_requirements"]
+__all__ = [
+    "LockPoint",
+    "LockRequest",
+    "Staleness",
+    "lock_environment",
+    "lock_point",
+    "lock_staleness",
+    "project_requirements",
+]
 
 DEFAULT_INDEX = "https://pypi.org/simple"
 DEFAULT_EXTRAS = ("data", "env")
@@ -315,3 +323,62 @@ def lock_environment(request: LockRequest) -> EnvManifest:
         indexes=indexes,
         packages=pins,
     )
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """How a manifest stands against what pyproject.toml asks now (`dllm env lock --check`)."""
+
+    added: list[str]  # asked now, not among the inputs the manifest was resolved from
+    removed: list[str]  # inputs it was resolved from that pyproject no longer asks
+    unsatisfied: list[str]  # asked now, and no pinned or provided version meets it
+
+    @property
+    def fresh(self) -> bool:
+        return not (self.added or self.removed or self.unsatisfied)
+
+
+def _marker_environment(manifest: EnvManifest) -> dict[str, str]:
+    """The target's values for environment markers (its Python, Linux, its machine)."""
+    machine = manifest.python_platform.split("-", 1)[0]
+    return {
+        "python_version": manifest.python,
+        "python_full_version": f"{manifest.python}.0",
+        "sys_platform": "linux",
+        "platform_system": "Linux",
+        "os_name": "posix",
+        "platform_machine": machine,
+        "implementation_name": "cpython",
+        "platform_python_implementation": "CPython",
+    }
+
+
+def lock_staleness(manifest: EnvManifest) -> Staleness:
+    """Compare `manifest` with the project's dependencies (with its extras) as pyproject.toml
+    lists them now. Every manifest's pins must meet them; a manifest uv resolved must also have
+    been resolved from exactly them (a lock from an installed environment records that
+    environment's packages as its inputs, so only the first applies)."""
+    _, wanted = project_requirements(manifest.project.extras)
+    versions = {
+        canonicalize_name(p.name): p.version for p in [*manifest.provided, *manifest.packages]
+    }
+    markers = _marker_environment(manifest)
+    unsatisfied = []
+    for line in wanted:
+        requirement = Requirement(line)
+        if requirement.marker is not None and not requirement.marker.evaluate(markers):
+            continue
+        have = versions.get(canonicalize_name(requirement.name))
+        if have is None:
+            unsatisfied.append(f"{line} (not in the manifest)")
+        elif not requirement.specifier.contains(Version(have), prereleases=True):
+            unsatisfied.append(f"{line} (the manifest has {have})")
+    added: list[str] = []
+    removed: list[str] = []
+    if manifest.resolver.startswith("uv "):
+        torch = versions.get("torch")
+        pinned_torch = {f"torch=={torch}"} if torch else set()
+        recorded = {str(Requirement(line)) for line in manifest.requirements} - pinned_torch
+        asked = {str(Requirement(line)) for line in wanted}
+        added, removed = sorted(asked - recorded), sorted(recorded - asked)
+    return Staleness(added=added, removed=removed, unsatisfied=unsatisfied)
