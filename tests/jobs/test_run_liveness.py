@@ -271,3 +271,28 @@ def test_start_ticks_reads_a_command_name_with_spaces_and_parentheses(monkeypatc
 
     monkeypatch.setattr(Path, "read_text", fake)
     assert result_mod._start_ticks(4242) == 22
+
+
+def test_a_resume_of_a_run_still_running_is_refused_and_leaves_its_records(recorded_run, cli):
+    """`dllm train --run-dir` on a run whose launcher still trains it: refused before it touches
+    the run's records. It replaced the live launcher's record with its own and, refused later
+    by the checkpoint folder's lock, wrote `exit 2` as the result of the run still training."""
+    record_launcher(recorded_run)  # this test's process: a live launcher of the run
+    record = (recorded_run / "launcher.json").read_text()
+    resume = cli("train", "--config", recorded_run / "spec.yaml", "--run-dir", recorded_run)
+    assert resume.code == 2
+    assert f"{recorded_run} is still running: its dllm launch runs as pid {os.getpid()}" in (
+        resume.err
+    ), resume.err
+    assert "a resume would train beside it" in resume.err
+    assert (recorded_run / "launcher.json").read_text() == record
+    assert not (recorded_run / "result.json").exists()
+    assert summarize(recorded_run).status == "running"
+
+
+def test_a_resume_of_a_run_whose_launcher_died_still_runs(recorded_run, cli):
+    record_launcher(recorded_run)
+    _rewrite(recorded_run, pid=_dead_pid())
+    resume = cli("train", "--config", recorded_run / "spec.yaml", "--run-dir", recorded_run)
+    assert resume.code == 0, resume.err
+    assert summarize(recorded_run).status == "ok"

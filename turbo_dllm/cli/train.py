@@ -87,6 +87,9 @@ def _attempt(spec, run_dir, train) -> int:
     main = os.environ.get("RANK", "0") == "0"
     backend = "local" if os.environ.get("WORLD_SIZE", "1") == "1" else "torchrun"
     if main:
+        # Rank 0 only: the other ranks of a torchrun'd resume would read rank 0's own record
+        # (torchrun stops them when rank 0 is refused).
+        _refuse_a_live_run(run_dir)
         (run_dir / RESULT_NAME).unlink(missing_ok=True)
         record_launcher(run_dir, by="dllm train")
     started, code, writes, interrupted = now(), 1, main, False
@@ -104,6 +107,46 @@ def _attempt(spec, run_dir, train) -> int:
             write_result(run_dir, code, started, backend, resumed_by="dllm train")
         if main:
             end_launcher(run_dir, interrupted=interrupted)
+
+
+# What `dllm run list` calls a run that something still trains (or SLURM still holds).
+_LIVE = ("running", "pending", "configuring", "completing", "suspended", "requeued")
+
+
+def _refuse_a_live_run(run_dir) -> None:
+    """A resume of a run that still trains is refused before it touches the run's records: it
+    removed the live run's result, replaced its launcher's record with its own and, refused
+    later by the checkpoint folder's lock, wrote `exit 2` as the result of the run still
+    training (`dllm run list` said `exit 2`, then `exit 2` again after a Ctrl-C of the launch,
+    whose record was gone)."""
+    from shlex import quote
+
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.jobs.result import launcher_alive, read_launchers
+    from turbo_dllm.jobs.runs import summarize
+
+    try:
+        run = summarize(run_dir)
+    except DllmError:  # a damaged record: the resume writes its own in its place
+        return
+    if run.status not in _LIVE:
+        return
+    if run.slurm_state:
+        who = f"SLURM job {run.slurm_job_id} is {run.status}"
+        stop = f"scancel {run.slurm_job_id}"
+    else:
+        live = [r for r in read_launchers(run_dir) if launcher_alive(r)]
+        who = ", ".join(
+            f"its {r.get('by') or 'dllm launch'} runs as pid {r['pid']} on {r['host']} "
+            f"(since {r['started_at']})"
+            for r in live
+        )
+        stop = "stop it"
+    raise DllmError(
+        f"{run_dir} is still running: {who}; a resume would train beside it",
+        hint=f"wait for it to end (`dllm run show {quote(str(run_dir))}`) or {stop}, then "
+        "resume; or train into a new run dir",
+    )
 
 
 def _check_recorded_spec(spec, run_dir) -> bool:
