@@ -184,3 +184,37 @@ def test_a_model_folder_s_first_layers_are_the_ones_loaded(tmp_path, family):
         for name in layer_one:
             assert torch.equal(ours[name], stored.get_tensor(name)), name
         assert not any(".layers.2." in n for n in ours)
+
+
+def test_more_layers_than_the_folder_holds_names_the_override(tmp_path):
+    """A decoder folder of 2 layers with num_hidden_layers: 4 (validation cannot see the
+    weights): loading said '18 weights missing ...' with the hint 'does config.json match the
+    weights', which it does; the override asked for layers the folder has none of."""
+    from turbo_dllm.families.decoder.runtime import build_model
+    from turbo_dllm.train.weights import full_state_dict, materialize, save_hf
+
+    family = get_family("causal_lm")
+    two = family.resolve_config(path=None, from_config="tiny", overrides={"num_hidden_layers": 2})
+    model = materialize(build_model(two, None), torch.device("cpu"), seed=0)
+    save_hf(full_state_dict(model), two, tmp_path / "two")
+    four = family.resolve_config(
+        path=str(tmp_path / "two"), from_config=None, overrides={"num_hidden_layers": 4}
+    )
+    with pytest.raises(DllmError) as caught:
+        materialize(
+            build_model(four, None), torch.device("cpu"), seed=0, weights_from=str(tmp_path / "two")
+        )
+    assert "the model has 4 layers (num_hidden_layers)" in caught.value.message, caught.value
+    message = caught.value.message
+    assert "holds weights for 2: model.layers.2.* to model.layers.3.* are missing" in message
+    assert "num_hidden_layers to 2 or fewer" in caught.value.hint
+    # a folder that lacks a tensor inside its own layers is another mismatch, named as before
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(tmp_path / "two/model.safetensors"))
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, str(tmp_path / "two/model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(DllmError, match="1 weights missing .*model.layers.1.mlp.up_proj"):
+        materialize(
+            build_model(two, None), torch.device("cpu"), seed=0, weights_from=str(tmp_path / "two")
+        )

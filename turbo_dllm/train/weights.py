@@ -233,6 +233,7 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
             stored[name] = found
     missing = sorted(name for name in wanted if name not in stored)
     if missing:
+        _refuse_layers_past_the_folder(missing, where, aliases, config, folder)
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise DllmError(
             f"{len(missing)} weights missing from {str(folder)!r}: {shown}",
@@ -253,6 +254,41 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
                         hint="config.json does not match the weights",
                     )
                 _fill(param, tensor.to(device=_param_device(param), dtype=param.dtype))
+
+
+_LAYER = re.compile(r"^(.*?\blayers)\.(\d+)\.")
+
+
+def _refuse_layers_past_the_folder(missing, where, aliases, config, folder: Path) -> None:
+    """Where every missing weight is of a layer past the folder's last one (a
+    `num_hidden_layers` override larger than the folder's count: the override builds that many
+    layers, and the folder has weights for its own), say so instead of "does config.json match
+    the weights", which it does."""
+    layers = getattr(config, "num_hidden_layers", None)
+    found: set[int] = set()
+    prefixes: set[str] = set()  # where the model's layers sit in a checkpoint
+    for name in missing:
+        match = _LAYER.match(name)
+        if match is None:
+            return  # not only whole layers: another mismatch
+        found.add(int(match[2]))
+        prefixes.update(m[1] for m in map(_LAYER.match, aliases(name)) if m is not None)
+    held = {int(m[2]) for m in map(_LAYER.match, where) if m is not None and m[1] in prefixes}
+    if not held or not isinstance(layers, int) or min(found) != max(held) + 1:
+        return
+    if found != set(range(min(found), layers)):
+        return
+    count = max(held) + 1
+    first = _LAYER.match(missing[0])[1]  # the model's own name for its layers
+    gone = f"{first}.{count}.*" + (f" to {first}.{layers - 1}.*" if layers - 1 > count else "")
+    raise DllmError(
+        f"the model has {layers} layers (num_hidden_layers) and {str(folder)!r} holds weights "
+        f"for {count}: {gone} {'are' if layers - 1 > count else 'is'} missing",
+        hint=f"set model.config_overrides.num_hidden_layers to {count} or fewer (an override "
+        "builds the model's first N layers from the folder's; a config.json that says more "
+        "than its weights hold needs correcting), or point model.path at a folder with that "
+        "many layers",
+    )
 
 
 def _read_tensor(handle, file: Path, name: str) -> torch.Tensor:
