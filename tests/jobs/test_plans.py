@@ -284,6 +284,25 @@ def test_multi_node_needs_a_meeting_point_and_a_node_rank(cli, spec_file, gpus, 
     )
 
 
+def test_a_static_multi_node_launch_takes_an_explicit_loopback_master_addr(cli, spec_file, workdir):
+    """`--master-addr 127.0.0.1` (nodes on one host) was refused with "a multi-node launch needs
+    --master-addr", the flag just given; a `--master-port` without an address still is."""
+    base = ("--config", spec_file, "--set", "topology.dp=2", "--nnodes", "2")
+    base += ("--nproc-per-node", "1", "--node-rank", "1", "--run-dir", workdir / "r")
+    plan, _ = dry_run(cli, *base, "--master-addr", "127.0.0.1", "--master-port", "29555")
+    assert plan["rendezvous"] == {
+        "kind": "static",
+        "endpoint": "127.0.0.1:29555",
+        "run_id": None,
+        "conf": None,
+    }
+    argv = plan["commands"][1]["argv"]
+    assert argv[argv.index("--master-addr") + 1] == "127.0.0.1"
+    assert argv[argv.index("--node-rank") + 1] == "1"
+    result = cli("launch", "--dry-run", *base, "--master-port", "29555")
+    assert_user_error(result, "a multi-node launch needs --master-addr (the host of node 0)")
+
+
 @pytest.mark.parametrize(
     ("flag", "value", "needles"),
     [

@@ -341,8 +341,11 @@ def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous
     if options.rdzv_endpoint:
         return Rendezvous(kind="c10d", endpoint=options.rdzv_endpoint, run_id=rdzv_id, conf=conf)
     if options.master_addr or options.master_port:
+        # Only a --master-port without an address: an explicit --master-addr 127.0.0.1 (nodes
+        # on one host, as --rdzv-endpoint 127.0.0.1:P is taken) was refused as "needs
+        # --master-addr".
         host = options.master_addr or "127.0.0.1"
-        if host == "127.0.0.1" and nodes.max > 1:
+        if options.master_addr is None and nodes.max > 1:
             raise DllmError(
                 "a multi-node launch needs --master-addr (the host of node 0)",
                 hint="pass --master-addr HOST reachable from every node",
