@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -122,6 +123,39 @@ def test_publish_prints_the_pin_and_updates_a_lock(cli, cpu_bundle, tmp_path):
         "bundle", "publish", cpu_bundle.archive, "--release", "v1", "--mirror", tmp_path / "m"
     )
     assert f"--catalog-sha256 {data['catalog_sha256']}" in text.out
+
+
+def test_publish_prints_an_install_line_that_runs_as_printed(cli, cpu_bundle, tmp_path):
+    """`install: ... --mirror /media/usb/my mirror --catalog-sha256 ...` split at the space when
+    pasted (argparse: unrecognized arguments)."""
+    import shlex
+
+    mirror = tmp_path / "usb stick ü" / "my mirror"
+    result = cli("bundle", "publish", cpu_bundle.archive, "--release", "v1", "--mirror", mirror)
+    assert result.code == 0, result.err
+    line = next(x for x in result.out.splitlines() if x.startswith("install: "))
+    command = shlex.split(line.removeprefix("install: "))
+    assert command[command.index("--mirror") + 1] == str(mirror)
+    installed = cli(*command[1:], "--json")
+    assert installed.code == 0, installed.err
+    assert json.loads(installed.out)["installed"]["sha256"] == cpu_bundle.sha256
+
+
+def test_build_prints_a_publish_line_for_an_archive_in_a_folder_with_a_space(
+    cli_process, tmp_path, build_home
+):
+    import shlex
+
+    out = tmp_path / "dist dir"
+    result = cli_process(
+        "bundle", "build", "--out", out, "--op", "merge_attention_partials",
+        env={"DLLM_HOME": str(build_home)},  # its build cache: a relink, not a compile
+    )  # fmt: skip
+    assert result.code == 0, result.err
+    line = next(x for x in result.out.splitlines() if x.startswith("next: "))
+    command = shlex.split(line.removeprefix("next: "))
+    assert command[:3] == ["dllm", "bundle", "publish"]
+    assert Path(command[3]).parent == out and Path(command[3]).is_file(), command
 
 
 @pytest.mark.parametrize(

@@ -535,12 +535,24 @@ def test_serve_and_verify_refuse_a_folder_that_is_not_a_mirror(tmp_path, cli):
         (("--port", "-1"), "--port must be 0-65535"),
         (("--port", "70000"), "--port must be 0-65535"),
         (("--host", "nosuchhost.invalid", "--port", "0"), "pass another --host"),
+        # an address of no interface here (TEST-NET-1) said to pass another --port
+        (("--host", "192.0.2.1", "--port", "0"), "pass another --host"),
     ],
 )
 def test_serve_refuses_a_port_out_of_range_and_names_a_bad_host(mirror, cli, args, needle):
     """A port outside 0-65535 was a traceback from bind(); a host name that does not resolve
     said to pass another --port."""
     assert_user_error(cli("mirror", "serve", mirror[0], *args), needle)
+
+
+def test_serve_on_a_port_in_use_names_the_port(mirror, cli):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = cli("mirror", "serve", mirror[0], "--port", port)
+    assert_user_error(result, f"cannot listen on 127.0.0.1:{port}", "pass another --port")
+    assert "--host" not in result.err
 
 
 def _ipv6_loopback() -> bool:
@@ -681,6 +693,25 @@ def test_create_prints_its_next_step_quoted(tmp_path, wheels, cli, monkeypatch):
     verify, serve = (shlex.split(part) for part in line.removeprefix("next: ").split(" && "))
     assert verify == ["dllm", "mirror", "verify", str(dest)]
     assert serve == ["dllm", "mirror", "serve", str(dest)]
+    assert cli(*verify[1:]).code == 0
+
+
+def test_create_s_next_step_for_a_folder_named_like_an_option(tmp_path, wheels, cli, monkeypatch):
+    """`dllm mirror create --release v0 ... -- -m` printed `next: dllm mirror verify -m`, which
+    argparse reads as an option."""
+    import shlex
+
+    from turbo_dllm.mirror import release
+
+    monkeypatch.setattr(release, "add_release", lambda plan, staging: None)  # wheels only
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
+    monkeypatch.chdir(tmp_path)
+    result = cli("mirror", "create", "--release", "v0", "--manifest", manifest_file,
+                 "--wheels-from", wheels, "--", "-m")  # fmt: skip
+    assert result.code == 0, result.err
+    line = next(x for x in result.out.splitlines() if x.startswith("next: "))
+    verify, _ = (shlex.split(part) for part in line.removeprefix("next: ").split(" && "))
     assert cli(*verify[1:]).code == 0
 
 

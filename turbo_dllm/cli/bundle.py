@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from turbo_dllm import __version__
-from turbo_dllm.cli._output import emit_json, group
+from turbo_dllm.cli._output import emit_json, group, shell_path
 
 DEFAULT_RELEASE = f"v{__version__}"
 
@@ -168,7 +168,10 @@ def _build(args) -> int:
         return 0
     print(f"built {result.archive}")
     print(f"  target {result.target}, {result.size} bytes, sha256 {result.sha256}")
-    print(f"next: dllm bundle publish {result.archive} --release {DEFAULT_RELEASE} --mirror DIR")
+    print(
+        f"next: dllm bundle publish {shell_path(result.archive)} --release {DEFAULT_RELEASE} "
+        "--mirror DIR"
+    )
     return 0
 
 
@@ -269,7 +272,8 @@ def _publish(args) -> int:
             f'releases.lock line: "{args.release}" = {{ catalog_sha256 = "{result.catalog_sha256}" }}'
         )
     print(
-        f"install: dllm bundle install --release {args.release} --auto --mirror {args.mirror} "
+        f"install: dllm bundle install --release {args.release} --auto "
+        f"--mirror {shell_path(args.mirror)} "
         f"--catalog-sha256 {result.catalog_sha256}"
     )
     return 0

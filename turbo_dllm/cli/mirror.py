@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-import shlex
 import sys
 from pathlib import Path
 
-from turbo_dllm.cli._output import emit_json, group
+from turbo_dllm.cli._output import emit_json, group, shell_path
 
 
 def register(subparsers) -> None:
@@ -126,7 +125,7 @@ def _create(args) -> int:
     )
     for note in plan.notes:
         print(f"note: {note}")
-    dest = shlex.quote(str(plan.dest))
+    dest = shell_path(plan.dest)
     print(f"next: dllm mirror verify {dest} && dllm mirror serve {dest}")
     return 0
 
