@@ -12,6 +12,7 @@ unless told otherwise: expose it to a cluster on purpose.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import re
 import socket
@@ -160,6 +161,17 @@ class _IPv6Server(ThreadingHTTPServer):
         super().server_bind()
 
 
+def _listen_hint(error: OSError) -> str:
+    """What to change when bind() refused: an address that is not this machine's got 'pass
+    another --port'."""
+    if isinstance(error, socket.gaierror) or error.errno == errno.EADDRNOTAVAIL:
+        # a host name that does not resolve, or an address no interface of this machine has
+        return "pass another --host: an address of this machine (127.0.0.1, or 0.0.0.0 for all)"
+    if error.errno == errno.EACCES:
+        return "ports below 1024 need privileges: pass --port 1024 or more (0: any free port)"
+    return "pass another --port (0: any free port)"
+
+
 class MirrorServer:
     """A running server for one mirror folder; `with MirrorServer(DIR) as s: s.url`."""
 
@@ -176,10 +188,8 @@ class MirrorServer:
                 (host, port), partial(handler, directory=self.root)
             )
         except OSError as error:
-            unknown = isinstance(error, socket.gaierror)  # a host name that does not resolve
             raise DllmError(
-                f"cannot listen on {host}:{port}: {error}",
-                hint="pass another --host" if unknown else "pass another --port",
+                f"cannot listen on {host}:{port}: {error}", hint=_listen_hint(error)
             ) from error
         self.httpd.daemon_threads = True
         self._thread: threading.Thread | None = None
