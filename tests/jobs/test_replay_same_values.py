@@ -81,3 +81,19 @@ def test_slurm_flags_are_compared_by_value(cli, spec_file, workdir, pinned_code)
 def test_set_is_refused_on_a_replay_whatever_its_value(cli, spec_file, workdir, pinned_code):
     path = record(cli, "--config", spec_file, "--run-dir", "a")
     assert_user_error(replay(cli, path, "--set", "launch.seed=0"), "--set would change it")
+
+
+def test_a_static_multi_node_replay_takes_each_node_s_rank(cli, spec_file, workdir, pinned_code):
+    """Only where processes meet may change in a replay, --node-rank included: on node 1 of a
+    2-node run's replay it was checked against one node ("--node-rank 1 is outside 0..0") unless
+    --nnodes 2 was repeated."""
+    meet = ("--master-addr", "127.0.0.1", "--master-port", "29555")
+    args = ("--config", spec_file, "--set", "topology.dp=2", "--nnodes", "2", *meet)
+    path = record(cli, *args, "--nproc-per-node", "1", "--node-rank", "0", "--run-dir", "mn")
+    for rank in ("0", "1"):
+        result = replay(cli, path, "--node-rank", rank, "--run-dir", "again")
+        assert result.code == 0, result.err
+        plan = json.loads(result.out)["plan"]
+        assert plan["node_rank"] == int(rank) and plan["nnodes_max"] == 2
+    result = replay(cli, path, "--node-rank", "2", "--run-dir", "again")
+    assert_user_error(result, "--node-rank 2 is outside 0..1")

@@ -111,10 +111,21 @@ def register(subparsers) -> None:
 def _options(args):
     from turbo_dllm.jobs.options import LaunchOptions, NodeRange, SlurmOptions
 
+    if args.nnodes:
+        nodes = NodeRange.parse(args.nnodes)
+    elif args.manifest:
+        # A replay's node count is the recorded one: `--node-rank 1` on node 1 of a 2-node
+        # run's replay was checked against one node ("--node-rank 1 is outside 0..0").
+        from turbo_dllm.jobs.manifest import read_manifest
+
+        plan = read_manifest(args.manifest).plan
+        nodes = NodeRange(plan.nnodes_min, plan.nnodes_max)
+    else:
+        nodes = NodeRange()
     return LaunchOptions(
         backend=args.backend,
         nproc_per_node=args.nproc_per_node,
-        nnodes=NodeRange.parse(args.nnodes) if args.nnodes else NodeRange(),
+        nnodes=nodes,
         node_rank=args.node_rank,
         master_addr=args.master_addr,
         master_port=args.master_port,
