@@ -36,3 +36,30 @@ def test_a_model_counts_by_its_config_not_its_folder(tmp_path):
     assert digests[0] == digests[1]
     (tmp_path / "b" / "config.json").write_text(json.dumps({**shape, "hidden_size": 128}))
     assert spec_digest(document) != digests[0]
+
+
+def test_a_drafter_shape_and_linear_attention_kernels_count(tmp_path):
+    """`model.dflash` (a drafter's layers, block size, its target's config.json) and
+    `model.linear_attention` shape the compiled graph: a pack of a 1-layer drafter was offered
+    to (and installed with --config for) a 3-layer one. A spec without them keeps its digest."""
+    document = tiny_spec().model_dump(mode="json")
+    base = spec_digest(document)
+
+    def digest(**model) -> str:
+        return spec_digest({**document, "model": {**document["model"], **model}})
+
+    assert digest(linear_attention="torch") == base  # packs made before keep fitting
+    assert digest(linear_attention="fla") != base
+    shape = {"model_type": "qwen3", "hidden_size": 64}
+    for folder in ("a", "b"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "config.json").write_text(json.dumps(shape))
+    drafter = {"target": str(tmp_path / "a"), "num_layers": 1, "block_size": 4, "features": None}
+    one_layer = digest(family="dflash", dflash=drafter)
+    assert one_layer != base
+    assert digest(family="dflash", dflash={**drafter, "num_layers": 3}) != one_layer
+    # The target counts by its config.json, offline features not at all.
+    moved = {**drafter, "target": str(tmp_path / "b"), "features": str(tmp_path / "features")}
+    assert digest(family="dflash", dflash=moved) == one_layer
+    (tmp_path / "b" / "config.json").write_text(json.dumps({**shape, "hidden_size": 128}))
+    assert digest(family="dflash", dflash=moved) != one_layer

@@ -38,6 +38,12 @@ COMPILE_RELEVANT: dict[str, tuple[str, ...] | None] = {
     "topology": None,
     "kernels": None,
 }
+# `model` fields that joined the key later count only where they are set (`linear_attention`
+# away from torch, `dflash` at all), so the digest of a spec without them, and so every pack
+# made before, holds. `linear_attention` picks the GDN layers' kernels; a drafter's `dflash`
+# section shapes it (layers, block size, architecture), its target counting by config.json like
+# a model folder (the drafter is shaped after it) and its offline features not at all.
+_DFLASH_PATHS = ("target", "features")
 # Keys of a model folder's config.json that do not shape the model.
 _CONFIG_NOISE = {"_name_or_path", "transformers_version", "architectures", "torch_dtype", "dtype"}
 
@@ -124,6 +130,14 @@ def compile_relevant(spec: Any) -> dict[str, Any]:
         else:
             part[section] = {f: value.get(f) for f in fields}
     model = document.get("model") or {}
+    if model.get("linear_attention", "torch") != "torch":
+        part["model"]["linear_attention"] = model["linear_attention"]
+    dflash = model.get("dflash")
+    if isinstance(dflash, dict):
+        shape = {k: v for k, v in dflash.items() if k not in _DFLASH_PATHS}
+        if dflash.get("target"):
+            shape["target_config"] = _model_shape(Path(dflash["target"]) / "config.json")
+        part["model"]["dflash"] = shape
     preset = model.get("from_config")
     if model.get("path"):
         part["model"]["config"] = _model_shape(Path(model["path"]) / "config.json")
