@@ -24,6 +24,9 @@ CASES: dict[int, list[tuple[str, int, int, str]]] = {
         ("csbp-bp2-cp1-ar-nodocs", 1, 2, "autoregressive"),
         ("csbp-bp2-cp2-ar", 2, 2, "autoregressive"),
         ("cp2-ar", 2, 1, "autoregressive"),
+        # the clean stream alone, sharded over the context group (train.attention.trim)
+        ("csbp-bp2-cp1-ar-trim", 1, 2, "autoregressive"),
+        ("cp2-ar-trim", 2, 1, "autoregressive"),
     ],
     4: [
         ("csbp-bp4-cp1-ar", 1, 4, "autoregressive"),
@@ -31,6 +34,9 @@ CASES: dict[int, list[tuple[str, int, int, str]]] = {
         ("csbp-bp4-cp2-ar", 2, 4, "autoregressive"),
         ("csbp-bp4-cp2-ar-nodocs", 2, 4, "autoregressive"),
         ("csbp-bp2-cp1-dp2-ar", 1, 2, "autoregressive"),
+        ("csbp-bp4-cp2-ar-trim", 2, 4, "autoregressive"),
+        ("csbp-bp4-cp1-ar-nodocs-trim", 1, 4, "autoregressive"),
+        ("cp2-dp2-ar-trim", 2, 1, "autoregressive"),
     ],
 }
 

@@ -1,5 +1,6 @@
 """The tiny decoder under CSBP / CP with FSDP2 equals one rank: loss and every parameter gradient
-(also with the last layer attending from the noisy tokens alone: the `-trim` cases).
+(also trimmed, the `-trim` cases: the last layer attending from the noisy tokens alone, or for the
+autoregressive objective the clean stream alone, `test_csbp_autoregressive`).
 
 Each case runs on real gloo processes: the model is built on the meta device, sharded with FSDP2
 over the (dp_shard, context) ranks, materialised with the same seed as the single-rank copy; the
@@ -21,7 +22,7 @@ from turbo_dllm.config.runspec import ObjectiveSpec
 from turbo_dllm.families.decoder.runtime import build_model
 from turbo_dllm.registry import get_family
 from turbo_dllm.train.attention import ReferenceAttention
-from turbo_dllm.train.attention.trim import LAST_LAYER_QUERIES, LastLayerQueries
+from turbo_dllm.train.attention.trim import CLEAN_HALF, LAST_LAYER_QUERIES, LastLayerQueries
 from turbo_dllm.train.objectives import NoiseKey, build_objective, score
 from turbo_dllm.train.parallel.dims import ParallelDims
 from turbo_dllm.train.parallel.layout import CsbpLayout
@@ -32,6 +33,7 @@ SEQ_LEN, BLOCK, ROWS, MASK_ID = 128, 16, 2, 511
 RTOL = 5e-5  # float32, different summation orders (observed ~3e-6)
 
 # (name, cp, bp, objective); the world gives dp = world / max(cp, bp)
+TRIMS = frozenset({CLEAN_HALF, LAST_LAYER_QUERIES})
 CASES: dict[int, list[tuple[str, int, int, str]]] = {
     2: [
         ("csbp-bp2-cp1-bd3", 1, 2, "block_diffusion"),
@@ -118,7 +120,10 @@ def _run_case(world: int, name: str, cp: int, bp: int, objective_name: str) -> f
 
     # --- the parallel run --------------------------------------------------------------------
     trim = name.endswith("-trim")
-    plan = ContextParallel(dims, trims=frozenset({LAST_LAYER_QUERIES}) if trim else frozenset())
+    plan = ContextParallel(dims, trims=TRIMS if trim else frozenset())
+    # a trimmed autoregressive batch runs the clean stream alone, sharded over the context group
+    clean_half = trim and objective_name == "autoregressive"
+    last_layer = trim and not clean_half
     if name.startswith("split-block"):
         _split_block_plan(plan)
     model = build_model(config, plan.attention_backend)
@@ -129,11 +134,14 @@ def _run_case(world: int, name: str, cp: int, bp: int, objective_name: str) -> f
     model = materialize(model, cpu, seed=5)
     diffusion = objective.corrupt(batches[dp_rank], _key(dp_rank, dp))
     inputs = plan.prepare(diffusion, cpu)
-    assert isinstance(inputs.mask, LastLayerQueries) == trim, name
+    assert isinstance(inputs.mask, LastLayerQueries) == last_layer, name
+    if clean_half:  # the rank's rows: its share of the clean stream alone
+        assert inputs.input_ids.shape[1] == SEQ_LEN // context, name
     # the FLOPs each rank counts for the batch: the trimmed model's, as on one rank
     whole = WholeSequence(reference, plan.trims)
     assert plan.work(diffusion) == whole.work(diffusion), name
-    assert ("last_layer" in plan.work(diffusion)) == trim, name
+    assert ("last_layer" in plan.work(diffusion)) == last_layer, name
+    assert (plan.work(diffusion)["stream_tokens"] == diffusion.stream_tokens // 2) == clean_half
     local = model(
         inputs.input_ids, inputs.positions, inputs.mask, output=partial(score, inputs.batch)
     )

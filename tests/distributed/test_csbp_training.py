@@ -36,7 +36,7 @@ def train_under_torchrun(nproc: int, config, run_dir, *overrides: str) -> None:
 def single(tmp_path_factory):
     """One-process traces per objective."""
     runs = {}
-    for objective in ("block_diffusion", "fast_dllm_v2"):
+    for objective in ("block_diffusion", "fast_dllm_v2", "autoregressive"):
         run = tmp_path_factory.mktemp(f"single-{objective}")
         train(tiny_spec(*ARGS, f"objective.name={objective}"), run)
         runs[objective] = run
@@ -82,3 +82,15 @@ def test_fast_dllm_v2_under_context_parallelism_matches_one_process(
     run = tmp_path / "run"
     train_under_torchrun(nproc, config, run, *topology)
     assert_same_trace(run, single["fast_dllm_v2"])
+
+
+@pytest.mark.slow
+def test_autoregressive_under_block_parallelism_runs_the_clean_stream_and_matches_one_process(
+    tmp_path, single
+):
+    """The autoregressive objective scores clean tokens only, so under BP the ranks shard the
+    clean stream alone (`ContextParallel.clean_half`): the same trace as one process."""
+    config = write_config(tmp_path / "train.yaml", *ARGS, "objective.name=autoregressive")
+    run = tmp_path / "run"
+    train_under_torchrun(2, config, run, "topology.bp=2")
+    assert_same_trace(run, single["autoregressive"])

@@ -7,8 +7,9 @@ family may skip them:
 - `CLEAN_HALF`: every scored position is clean (the autoregressive objective): no clean query
   ever reads a noisy key, so the noisy half is dead in every layer. The model takes the clean
   half alone, L rows with their positions and a clean-by-clean mask; nothing in the model
-  changes. Half the work of that objective. With whole sequences on a rank only
-  (`train.parallel.plan.WholeSequence`).
+  changes. Half the work of that objective. With whole sequences on a rank
+  (`train.parallel.plan.WholeSequence`), and under CSBP / the CP baseline the clean stream
+  alone, sharded over the context group (`ContextParallel.clean_half`).
 - `LAST_LAYER_QUERIES`: every scored position is noisy (block diffusion, Fast-dLLM v2): the
   clean half is read as keys and values by every layer's noisy queries, except the last
   layer's, whose clean outputs go only to the loss, which reads none. The model's mask is then a

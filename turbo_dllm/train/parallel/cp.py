@@ -29,7 +29,10 @@ class CpAttention:
     """Attention over this rank's [noisy chunks ; clean chunks] under the CP baseline.
 
     `noisy_queries`: only the noisy chunks attend (q holds those rows; keys as ever): a model's
-    last layer, whose clean outputs no loss reads (`train.attention.trim`)."""
+    last layer, whose clean outputs no loss reads (`train.attention.trim`). `clean_only`: the
+    rank holds its clean chunks alone (q, k, v: L/cp rows) and attends over every rank's clean
+    chunks: the clean half of the stream under context parallelism, for an objective that
+    scores only clean tokens (the autoregressive one), where the noisy half is dead."""
 
     def __init__(
         self,
@@ -41,29 +44,35 @@ class CpAttention:
         scale: float | None = None,
         kernels: str = "native",
         noisy_queries: bool = False,
+        clean_only: bool = False,
     ) -> None:
         if layout.cp > 1 and (group is None or dist.get_world_size(group) != layout.cp):
             raise ValueError(f"CP with cp={layout.cp} needs a process group of that size")
+        if noisy_queries and clean_only:
+            raise ValueError("noisy_queries and clean_only exclude each other")
         self.layout = layout
         self.group = group
-        self.num_local = 2 * int(layout.positions.numel())
-        self.num_queries = self.num_local // 2 if noisy_queries else self.num_local
+        held = int(layout.positions.numel())
+        self.num_local = held if clean_only else 2 * held
+        self.num_queries = held if noisy_queries or clean_only else self.num_local
         block_size = layout.block_size
-        if noisy_queries:  # the noisy chunks, first in the local order
-            local = TokenSet.from_positions(
-                layout.positions, noisy=True, block_size=block_size, doc_ids=doc_ids
-            )
-        else:
-            local = two_stream_tokens(layout.positions, block_size=block_size, doc_ids=doc_ids)
-        per_rank = layout.gathered_positions.chunk(layout.cp)
-        gathered = TokenSet.concat(
-            *(two_stream_tokens(p, block_size=block_size, doc_ids=doc_ids) for p in per_rank)
-        )
+
+        def tokens(positions: torch.Tensor, queries: bool = False) -> TokenSet:
+            """A rank's tokens at `positions` in its local order (as queries: `noisy_queries`
+            keeps the noisy chunks, which come first)."""
+            if clean_only or (queries and noisy_queries):
+                return TokenSet.from_positions(
+                    positions, noisy=not clean_only, block_size=block_size, doc_ids=doc_ids
+                )
+            return two_stream_tokens(positions, block_size=block_size, doc_ids=doc_ids)
+
+        local = tokens(layout.positions, queries=True)
+        gathered = TokenSet.concat(*(tokens(p) for p in layout.gathered_positions.chunk(layout.cp)))
         self._attend = build_partial_attention(local, gathered, backend, scale, kernels)
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """q (B, H, 2*L/cp, D) (half: `noisy_queries`), k/v (B, Hkv, 2*L/cp, D), local order
-        -> out like q."""
+        """q (B, H, 2*L/cp, D) (half: `noisy_queries`), k/v (B, Hkv, 2*L/cp, D) (all three
+        L/cp: `clean_only`), local order -> out like q."""
         if q.shape[2] != self.num_queries or k.shape[2] != self.num_local:
             raise ValueError(
                 f"CP rank expects {self.num_queries} queries over {self.num_local} tokens, got q "

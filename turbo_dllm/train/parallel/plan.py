@@ -36,7 +36,7 @@ from turbo_dllm.train.objectives.base import DiffusionBatch
 from turbo_dllm.train.parallel.cp import CpAttention
 from turbo_dllm.train.parallel.csbp import CsbpAttention
 from turbo_dllm.train.parallel.dims import ParallelDims
-from turbo_dllm.train.parallel.layout import CpLayout, CsbpLayout
+from turbo_dllm.train.parallel.layout import CpLayout, CsbpLayout, zigzag_positions
 from turbo_dllm.train.parallel.partial_attention import AttentionName
 
 __all__ = [
@@ -157,10 +157,13 @@ class WholeSequence:
 class ContextParallel:
     """CSBP (bp > 1) or the CP baseline (cp > 1, bp == 1) over the context group of `dims`.
 
-    `trims`: with `LAST_LAYER_QUERIES` (`train.attention.trim`), a batch scored on noisy
+    `trims` (`train.attention.trim`): with `LAST_LAYER_QUERIES`, a batch scored on noisy
     positions only has the model's last layer attend from the rank's noisy tokens alone (they
-    come first in its local order); the autoregressive objective's `CLEAN_HALF` is not taken
-    here (each rank's share holds both streams)."""
+    come first in its local order). With `CLEAN_HALF`, a batch scored on clean positions only
+    (the autoregressive objective) leaves the noisy stream out: the clean stream alone is
+    sharded zigzag over the whole context group and attended as the CP baseline does
+    (`CpAttention(clean_only=True)`), each clean token on one rank, which scores it. Half the
+    work, and no clean prefix recomputed (CSBP with cp < bp) or replicated."""
 
     attention_backend = staticmethod(call_mask)
 
@@ -184,6 +187,7 @@ class ContextParallel:
         self.ctx_rank = dims.get_mesh("context").get_local_rank()
         cp_mesh = dims.get_optional_mesh("cp")
         self.cp_group = cp_mesh.get_group() if cp_mesh is not None else None
+        self.context_group = dims.get_mesh("context").get_group() if self.context_size > 1 else None
         self._layouts: dict[tuple[int, int, str], CsbpLayout | CpLayout] = {}
         self._static: dict[tuple[int, int, str], Any] = {}
         self._indices: dict[
@@ -241,12 +245,83 @@ class ContextParallel:
         queries = int(layout.noisy_positions.numel())  # the rank's noisy tokens come first
         return LastLayerQueries(every, self._attention(layout, doc_ids, True), queries)
 
+    def clean_half(self, batch: DiffusionBatch) -> bool:
+        """Whether this batch runs the clean stream alone (`CLEAN_HALF`): every scored position
+        is clean, no extra rows ride along, and the stream splits into 2 x context chunks."""
+        return (
+            CLEAN_HALF in self.trims
+            and batch.scored_half == "clean"
+            and not batch.model_kwargs
+            and batch.layout.seq_len % (2 * self.context_size) == 0
+        )
+
     def work(self, batch: DiffusionBatch) -> dict[str, Any]:
         """`model_work` for the whole batch (each rank of a context group counts it all)."""
+        if self.clean_half(batch):
+            return _trimmed_work(batch, CLEAN_HALF)
         trim = LAST_LAYER_QUERIES if _last_layer_trim(batch, self.trims) else None
         return _trimmed_work(batch, trim)
 
+    def _clean_layout(self, seq_len: int, block_size: int, device) -> CpLayout:
+        """This rank's clean chunks when the clean stream alone is sharded over the context
+        group (zigzag, like the CP baseline's; chunks need not be whole blocks: the attention
+        reads each token's block from its position)."""
+        key = (seq_len, block_size, str(device), CLEAN_HALF)
+        if key not in self._layouts:
+            world = self.context_size
+            self._layouts[key] = CpLayout(
+                seq_len=seq_len,
+                block_size=block_size,
+                cp=world,
+                rank=self.ctx_rank,
+                positions=zigzag_positions(seq_len, world, self.ctx_rank).to(device),
+                gathered_positions=torch.cat(
+                    [zigzag_positions(seq_len, world, r) for r in range(world)]
+                ).to(device),
+            )
+        return self._layouts[key]
+
+    def _prepare_clean_half(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
+        seq_len, block_size = batch.layout.seq_len, batch.layout.block_size
+        layout = self._clean_layout(seq_len, block_size, device)
+        key = (seq_len, block_size, str(device), CLEAN_HALF)
+        doc_ids = batch.doc_ids
+        one_document = one_document_per_row(doc_ids)
+        if one_document and key in self._static:
+            mask = self._static[key]
+        else:
+            if one_document:
+                doc_ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
+            mask = CpAttention(
+                layout,
+                doc_ids.to(device),
+                self.context_group,
+                backend=self.backend,
+                kernels=self.kernels,
+                clean_only=True,
+            )
+            if one_document:
+                self._static[key] = mask
+        held = layout.positions
+        # every clean token sits on one rank: each stream position's local row, else -1
+        local_of = torch.full((2 * seq_len,), -1, dtype=torch.long, device=held.device)
+        local_of[seq_len + held] = torch.arange(held.numel(), device=held.device)
+        score_index = batch.score_index.to(device)
+        row, col = score_index // (2 * seq_len), score_index % (2 * seq_len)
+        local = local_of[col]
+        keep = local >= 0
+        scored = replace(
+            batch,
+            input_ids=batch.input_ids.to(device).index_select(1, seq_len + held),
+            score_index=row[keep] * held.numel() + local[keep],
+            targets=batch.targets.to(device)[keep],
+            weights=batch.weights.to(device)[keep],
+        )
+        return ModelInputs(input_ids=scored.input_ids, positions=held, mask=mask, batch=scored)
+
     def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
+        if self.clean_half(batch):
+            return self._prepare_clean_half(batch, device)
         seq_len, block_size = batch.layout.seq_len, batch.layout.block_size
         layout = self.layout(seq_len, block_size, device)
         key = (seq_len, block_size, str(device))
