@@ -1292,3 +1292,44 @@ def test_an_unknown_pack_id_is_answered_with_a_hint(cli, tmp_path, command):
     assert cli("cache", "install", _small_pack(tmp_path)).code == 0
     assert_user_error(cli("cache", command, "abcdefab"), "no installed compile-cache pack "
                       "'abcdefab'", "hint: name one by the sha256 prefix")  # fmt: skip
+
+
+_KILLED_PACK = """
+import os, signal, sys
+import turbo_dllm.bundles.archive as archive
+
+def pack_members(first_name, first_data, files, root, out_path):
+    out_path.with_name(f".{out_path.name}.tmp-{os.getpid()}").write_bytes(b"half a pack")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+archive.pack_members = pack_members
+from turbo_dllm.cli import main
+main(sys.argv[1:])
+"""
+
+
+def test_a_killed_pack_leaves_nothing_the_next_pack_does_not_sweep(cli, tmp_path, monkeypatch):
+    """`dllm cache pack` killed outright (SIGKILL, the OOM killer) while writing its archive left
+    its scratch copies of the whole cache in TMPDIR and its half-written archive (hidden) in
+    --out, and no later pack removed either: hundreds of MB per kill. The next pack on this host
+    sweeps them; another running process's working folders stay."""
+    from turbo_dllm.train.compile_cache import compile_cache_dir
+
+    entry = compile_cache_dir() / "inductor" / "ab" / "c1.py"
+    entry.parent.mkdir(parents=True)
+    entry.write_text("# c1.py\n")
+    scratch, out = tmp_path / "scratch", tmp_path / "packs"
+    scratch.mkdir()
+    env = clean_env(DLLM_HOME=os.environ["DLLM_HOME"], TMPDIR=str(scratch), PYTHONPATH=str(ROOT))
+    killed = subprocess.run([sys.executable, "-c", _KILLED_PACK, "cache", "pack", "--out", out],
+                            env=env, capture_output=True, timeout=120)  # fmt: skip
+    assert killed.returncode == -9, killed.stderr
+    assert list(scratch.iterdir()) and list(out.iterdir())  # what the kill left behind
+    running = out / f".dllm-pack-{os.uname().nodename}-{os.getppid()}-x"  # a live process's
+    running.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr("tempfile.tempdir", None)  # read TMPDIR again
+    made = cli("cache", "pack", "--out", out, "--json")
+    assert made.code == 0, made.err
+    assert sorted(out.iterdir()) == sorted([Path(json.loads(made.out)["pack"]), running])
+    assert list(scratch.iterdir()) == []

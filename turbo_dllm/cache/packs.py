@@ -219,7 +219,11 @@ def make_pack(
     make_output_dir(out_dir)  # before copying: --out may be a file
     scratch = Path(tempfile.gettempdir())
     with _packing(scratch, "the scratch folder", "set TMPDIR to move it"):
-        with tempfile.TemporaryDirectory(prefix="dllm-pack-") as tmp:
+        # Named by host and process, and swept once that process is gone: a pack killed
+        # outright (SIGKILL, OOM) left its scratch copies of the whole cache in TMPDIR and its
+        # half-written archive in --out, and no later pack removed either.
+        _sweep_staging(scratch, hidden=False)
+        with tempfile.TemporaryDirectory(prefix=_staging_prefix(hidden=False)) as tmp:
             root = Path(tmp)
             files = [e for relative, path in listed if (e := _copy_entry(path, relative, root))]
             if not files:
@@ -233,13 +237,19 @@ def make_pack(
                 key=key, spec=text, created_by=f"turbo-dllm {__version__}", files=tuple(files)
             )
             with _packing(out_dir, "the output folder", "or pass another --out"):
-                out = pack_members(
-                    PACK_NAME,
-                    manifest.to_json().encode(),
-                    [(f.path, f.size) for f in files],
-                    root,
-                    out_dir / manifest.file_name,
-                )
+                _sweep_staging(out_dir)
+                # Written in a folder of this process's (swept like the scratch copies), then
+                # renamed into --out: whole or not at all.
+                with tempfile.TemporaryDirectory(prefix=_staging_prefix(), dir=out_dir) as part:
+                    written = pack_members(
+                        PACK_NAME,
+                        manifest.to_json().encode(),
+                        [(f.path, f.size) for f in files],
+                        root,
+                        Path(part) / manifest.file_name,
+                    )
+                    out = out_dir / manifest.file_name
+                    os.replace(written, out)
     return out, manifest
 
 
@@ -984,14 +994,17 @@ def _write_record(
     return record
 
 
-def _staging_prefix() -> str:
-    return f".dllm-pack-{os.uname().nodename}-{os.getpid()}-"
+def _staging_prefix(*, hidden: bool = True) -> str:
+    """The name of a folder this process works in (an install's staging, a pack's scratch
+    copies and its archive being written): the host and process, for `_sweep_staging`."""
+    return f"{'.' if hidden else ''}dllm-pack-{os.uname().nodename}-{os.getpid()}-"
 
 
-def _sweep_staging(root: Path) -> None:
-    """Remove the staging folders of installs on this host whose process is gone (killed before
-    its own clean-up ran); another host's (a shared home) or a running one's stay."""
-    prefix = f".dllm-pack-{os.uname().nodename}-"
+def _sweep_staging(root: Path, *, hidden: bool = True) -> None:
+    """Remove the working folders (`_staging_prefix`) under `root` of installs and packs on
+    this host whose process is gone (killed before its own clean-up ran); another host's (a
+    shared home) or a running one's stay."""
+    prefix = f"{'.' if hidden else ''}dllm-pack-{os.uname().nodename}-"
     for folder in root.glob(f"{glob.escape(prefix)}*"):
         pid = folder.name[len(prefix) :].split("-", 1)[0]
         if not pid.isdigit() or int(pid) == os.getpid():
