@@ -163,17 +163,18 @@ def test_doctor_and_launch_name_a_fitting_pack_that_is_not_installed(cli, tmp_pa
     spec = load_runspec(config)
     key = host_pack_key(collect_fingerprint(apply_overrides=False), spec_digest(spec))
     path, made_manifest = make_pack(
-        {"inductor": made.parent}, tmp_path / "offered", key, spec=compile_relevant(spec)
+        {"inductor": made.parent}, tmp_path / "offered packs", key, spec=compile_relevant(spec)
     )
     assert json.loads(made_manifest.spec)["data"] == {"seq_len": 64}
-    monkeypatch.setenv("DLLM_PACK_PATH", str(tmp_path / "offered"))
+    monkeypatch.setenv("DLLM_PACK_PATH", str(tmp_path / "offered packs"))
 
     def compile_check(config_file):
         result = cli("doctor", "--config", config_file, "--json")
         return {c["name"]: c for c in json.loads(result.out)["checks"]}["compile cache"]
 
     offered = compile_check(config)
-    assert offered["status"] == "warn" and f"dllm cache install {path}" in offered["fix"]
+    # Quoted: the folder's space split the path in two when the fix was pasted.
+    assert offered["status"] == "warn" and f"dllm cache install '{path}' (" in offered["fix"]
     assert compile_check(other)["status"] == "pass"  # made for another spec: not offered
     assert cli("cache", "install", path, "--config", config).code == 0
     assert compile_check(config)["status"] == "pass"

@@ -7,6 +7,7 @@ after the workers started.
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
@@ -198,7 +199,9 @@ def compile_cache(ctx: DoctorContext) -> CheckResult:
             "warn",
             f"{folder.parent}: {state}; a compile-cache pack made for this run fits this host "
             "and is not installed",
-            fix=f"dllm cache install {offer} (the first step then skips most compiling)",
+            # Quoted: a pack folder with a space in its path (pasted, it named no pack).
+            fix=f"dllm cache install {shlex.quote(str(offer))} (the first step then skips most "
+            "compiling)",
         )
     if size:
         return CheckResult(name, "pass", f"{folder.parent}: warm ({size / 1e6:,.0f} MB)")
