@@ -241,6 +241,11 @@ def test_list_refuses_config_without_available(cli, tmp_path):
     """--config judges offered packs only: without --available it was ignored without a word."""
     result = cli("cache", "list", "--config", tmp_path / "train.yaml")
     assert_user_error(result, "--config", "--available")
+    # The hint pastes into a shell: a path with a space quoted, the --set values kept.
+    config = tmp_path / "my run.yaml"
+    result = cli("cache", "list", "--config", config, "--set", "data.seq_len=64 ")
+    assert_user_error(result, "--available", f"hint: dllm cache list --available --config "
+                      f"'{config}' --set 'data.seq_len=64 '\n")  # fmt: skip
 
 
 def test_a_truncated_pack_is_called_truncated(cli, tmp_path):

@@ -172,9 +172,13 @@ def _list(args) -> int:
     from turbo_dllm.errors import DllmError
 
     if args.config and not args.available:  # else --config would be ignored without a word
+        from turbo_dllm.cli._output import shell_path
+
+        # Quoted, with the --set values given: `--config my run.yaml` named two files.
+        sets = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
         raise DllmError(
             "--config judges the offered packs: it needs --available",
-            hint=f"dllm cache list --available --config {args.config}",
+            hint=f"dllm cache list --available --config {shell_path(args.config)}{sets}",
         )
     packs = installed_packs()
     offered = []
