@@ -613,8 +613,16 @@ def materialize(job: PreparedJob) -> None:
     try:
         spec_text = yaml.safe_dump(job.manifest.spec, sort_keys=False).encode()
         spec_path = run_dir / SPEC_NAME
-        if not (job.multi_node and spec_path.exists() and spec_path.read_bytes() == spec_text):
+        try:
             written.append(write_exclusive(spec_path, spec_text))
+        except DllmError:
+            # The nodes of a multi-node launch share the spec.yaml the first of them wrote
+            # (written whole: a hard link). Checked before writing, a node that lost the race
+            # between the check and its own write (nodes started together) was refused with
+            # "spec.yaml already exists; a run dir holds one job".
+            if not job.multi_node:
+                raise
+            _check_shared_spec(spec_path, spec_text)
         if job.plan.slurm is not None:
             from turbo_dllm.jobs.backends.slurm import render_script
 
@@ -642,6 +650,20 @@ def materialize(job: PreparedJob) -> None:
                 with contextlib.suppress(OSError):  # not empty: another writer's files stay
                     run_dir.rmdir()
         raise
+
+
+def _check_shared_spec(spec_path: Path, spec_text: bytes) -> None:
+    """Another node wrote the run dir's spec.yaml: it must be this node's spec."""
+    try:
+        same = spec_path.read_bytes() == spec_text
+    except OSError as error:
+        raise DllmError(f"cannot read {spec_path}: {error.strerror or error}") from None
+    if not same:
+        raise DllmError(
+            f"{spec_path} holds another job's spec (another node launched another config or "
+            "other --set values into this run dir)",
+            hint="launch the same config on every node, or pass --run-dir a new folder",
+        )
 
 
 def _join(job: PreparedJob) -> None:
