@@ -1339,3 +1339,16 @@ def test_a_killed_pack_leaves_nothing_the_next_pack_does_not_sweep(cli, tmp_path
     assert made.code == 0, made.err
     assert sorted(out.iterdir()) == sorted([Path(json.loads(made.out)["pack"]), running])
     assert list(scratch.iterdir()) == []
+
+
+@pytest.mark.parametrize("command", [("pack", "--out", "packs"), ("install", "x.tar.zst"),
+                                     ("list",), ("list", "--available")])  # fmt: skip
+def test_set_without_config_is_refused(cli, tmp_path, command):
+    """`--set` changes the --config spec; without --config it was dropped without a word: `cache
+    pack --set training.compile=true` made a pack for any spec, `cache install --set ...` checked
+    nothing against the run it described."""
+    command = [tmp_path / "packs" if arg == "packs" else arg for arg in command]
+    result = cli("cache", *command, "--set", "data.seq_len=64")
+    assert_user_error(result, "--set data.seq_len=64 changes the spec of --config, and none was "
+                      "given", "hint: pass the RunSpec as well: --config F")  # fmt: skip
+    assert not (tmp_path / "packs").exists()
