@@ -67,6 +67,7 @@ __all__ = [
     "InstallPlan",
     "InstallResult",
     "build_and_install",
+    "check_build_fits_described_host",
     "install",
     "plan_install",
     "run_install",
@@ -244,6 +245,7 @@ def build_and_install(
     from turbo_dllm.bundles.archive import extract_bundle
     from turbo_dllm.bundles.build import build_bundle
 
+    check_build_fits_described_host()
     store = store or BundleStore()
     with store.locked(lock_timeout_s):
         previous = _readable(store.active)
@@ -267,6 +269,26 @@ def build_and_install(
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None
     return InstallResult(None, bundle, previous, False)
+
+
+def check_build_fits_described_host() -> None:
+    """Refuse to build when DLLM_OVERRIDE_* describe a host this one's bundle does not fit: a
+    build is for the host it runs on, so on a login node resolving for GPU nodes (a shared
+    DLLM_HOME) it built and activated a CPU bundle that those nodes cannot load."""
+    from turbo_dllm.bundles.targets import pick_build_target
+
+    described = collect_fingerprint()
+    if not described.overrides:
+        return
+    _, built = pick_build_target("auto", collect_fingerprint(apply_overrides=False))
+    differences = built.differences(described)
+    if differences:
+        raise DllmError(
+            f"--build missing builds this host's bundle ({built}), which does not fit the host "
+            f"DLLM_OVERRIDE_* describe: {'; '.join(map(str, differences))}",
+            hint="build it on a host like that one (`dllm bundle build`, then `dllm bundle "
+            "publish`), or unset DLLM_OVERRIDE_* to build and install this host's bundle",
+        )
 
 
 def _already_active(store: BundleStore, plan: InstallPlan, error: OSError) -> InstallResult | None:

@@ -110,11 +110,18 @@ def select_bundle(
     if len(matches) == 1:
         return matches[0], resolution
     if not matches:
+        # `--build missing` builds for the host it runs on, not the one DLLM_OVERRIDE_* describe
+        build = (
+            "or build one on a host like the one DLLM_OVERRIDE_* describe (`dllm bundle build`) "
+            "and publish it"
+            if host.overrides
+            else BUILD_MISSING_HINT
+        )
         raise BundleUnavailable(
             f"no bundle in release {catalog.release} fits this host\n"
             f"  host: {host_values(host)}\n  candidates:\n{resolution.trace()}",
             hint="install a Python/torch that one of these targets uses, run with "
-            f"`kernels: reference`, {BUILD_MISSING_HINT}",
+            f"`kernels: reference`, {build}",
         )
     raise DllmError(
         f"{len(matches)} bundles in release {catalog.release} fit this host; expected exactly one\n"

@@ -375,9 +375,10 @@ def _install(args) -> int:
 
 def _build_missing(args, reason) -> int:
     """`--build missing` after `reason` (a BundleUnavailable): build, verify, install."""
-    from turbo_dllm.bundles.install import build_and_install
+    from turbo_dllm.bundles.install import build_and_install, check_build_fits_described_host
 
     print(f"no published bundle: {reason.message.splitlines()[0]}", file=sys.stderr)
+    check_build_fits_described_host()  # before "would build" / "building"
     if args.dry_run:
         if args.json:
             emit_json({"dry_run": True, "build": True, "reason": reason.message})
