@@ -97,3 +97,23 @@ def test_a_static_multi_node_replay_takes_each_node_s_rank(cli, spec_file, workd
         assert plan["node_rank"] == int(rank) and plan["nnodes_max"] == 2
     result = replay(cli, path, "--node-rank", "2", "--run-dir", "again")
     assert_user_error(result, "--node-rank 2 is outside 0..1")
+
+
+def test_a_multi_node_replay_without_a_run_dir_names_only_run_dir(
+    cli, spec_file, workdir, pinned_code
+):
+    """A replay runs the recorded spec: the hint offered "or set launch.run_dir in the spec",
+    which a replay cannot do (an edited manifest is refused)."""
+    args = ("--config", spec_file, "--set", "topology.dp=2", "--nnodes", "1:2")
+    path = record(
+        cli, *args, "--nproc-per-node", "1", "--rdzv-endpoint", "h0:29400", "--run-dir", "e"
+    )
+    result = replay(cli, path)
+    assert_user_error(
+        result,
+        "every node of a multi-node launch must write into the same run dir",
+        "hint: pass --run-dir DIR on shared storage (the same on every node)\n",
+    )
+    assert "launch.run_dir" not in result.err
+    launch = cli("launch", "--dry-run", *args, "--nproc-per-node", "1", "--rdzv-endpoint", "h0:1")
+    assert_user_error(launch, "or set launch.run_dir in the spec")

@@ -123,7 +123,7 @@ def prepare_replay(
     run_dir, explicit = _run_dir(layout, None, str(old_dir.parent))
     fingerprint = _fingerprint()
     host = HostView.from_fingerprint(fingerprint)
-    spec, plan = _compile(spec, layout, host, run_dir, explicit)
+    spec, plan = _compile(spec, layout, host, run_dir, explicit, replay=True)
     plan = _recorded_threads(plan, recorded.plan)
     current = build_manifest(spec, plan, argv, fingerprint, missing_data_ok=True)
     drift = manifest_drift(recorded, current) + _data_content_drift(spec)
@@ -313,17 +313,24 @@ def _fingerprint() -> Any:
 
 
 def _compile(
-    spec: RunSpec, options: LaunchOptions, host: HostView, run_dir: Path, explicit: bool
+    spec: RunSpec,
+    options: LaunchOptions,
+    host: HostView,
+    run_dir: Path,
+    explicit: bool,
+    *,
+    replay: bool = False,
 ) -> tuple[RunSpec, JobPlan]:
     spec = spec.model_copy(
         update={"launch": spec.launch.model_copy(update={"run_dir": str(run_dir)})}
     )
     plan = compile_plan(spec, options, host, run_dir=run_dir)
     if plan.multi_node and not explicit:
+        # A replay runs the recorded spec: its launch.run_dir is no way to choose the run dir.
         raise DllmError(
             "every node of a multi-node launch must write into the same run dir",
-            hint="pass --run-dir DIR on shared storage (the same on every node), "
-            "or set launch.run_dir in the spec",
+            hint="pass --run-dir DIR on shared storage (the same on every node)"
+            + ("" if replay else ", or set launch.run_dir in the spec"),
         )
     return spec, plan
 
