@@ -353,6 +353,56 @@ def test_sigterm_during_create_leaves_no_staging_folder(tmp_path, wheels):
         proc.kill()
 
 
+def test_a_killed_create_s_staging_folder_is_swept_by_the_next_one(
+    tmp_path, wheels, cli, monkeypatch
+):
+    """SIGKILL (the OOM killer, a lost node) left `.DIR.partial-*`, holding every file copied
+    so far (gigabytes of wheels), next to DIR for good: no later create removed it. A create
+    that is still running keeps its own."""
+    from turbo_dllm.mirror import release
+
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
+    marker = tmp_path / "copying"
+    driver = (  # stands still where the staging folder holds the wheels
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from turbo_dllm.mirror import release\n"
+        "def add_release(plan, staging):\n"
+        f"    Path({str(marker)!r}).write_text(str(staging))\n"
+        "    time.sleep(60)\n"
+        "release.add_release = add_release\n"
+        "from turbo_dllm.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    out = tmp_path / "out"
+    create = ("mirror", "create", out / "mirror", "--release", "v0", "--manifest", manifest_file,
+              "--wheels-from", wheels)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver, *map(str, create)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        staging = Path(marker.read_text())
+        monkeypatch.setattr(release, "add_release", lambda plan, staging: None)
+        assert cli(*create).code == 0  # while the other create runs: its folder stays
+        assert (staging / "wheels").is_dir()
+        proc.kill()
+        proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert (staging / "wheels").is_dir()  # what the kill left
+    again = cli(*create, "--force")
+    assert again.code == 0, again.err
+    assert f"removed {staging}" in again.err
+    assert sorted(out.iterdir()) == [out / "mirror"]
+    assert cli("mirror", "verify", out / "mirror").code == 0
+
+
 def test_create_refuses_a_destination_that_is_a_file(tmp_path, wheels, cli):
     """A file as DIR (or inside DIR's path) was a NotADirectoryError traceback."""
     afile = tmp_path / "afile"

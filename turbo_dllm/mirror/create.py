@@ -4,7 +4,9 @@ For each target: its environment manifest, every wheel the manifest pins (from `
 and, with `--with-wheels`, downloaded from the manifest's indexes), the project's own wheel when
 one is at hand, the release catalog and the target's bundles, and any compile-cache packs given
 (each fully verified first; `packs/` of a mirror is where `dllm launch` looks for them). Built in a staging folder next to
-DIR and renamed into place, so DIR is either the old mirror or the complete new one. Downloaded
+DIR and renamed into place, so DIR is either the old mirror or the complete new one; a create
+holds an flock on its staging folder, so the next create of DIR removes the one a killed create
+left (SIGTERM unwinds and removes its own) and leaves a running one's alone. Downloaded
 wheels go through `.DIR.downloads` (each under its name only once its sha256 is the manifest's),
 which outlives a create that fails or is stopped: run again, it resumes from them.
 """
@@ -209,11 +211,55 @@ def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
         return _create(plan, dest, add_release)
 
 
+def _partial_prefix(dest: Path) -> str:
+    return f".{dest.name}.partial-"
+
+
+def _hold(folder: Path) -> int:
+    """An fd holding an exclusive flock on `folder` for as long as it stays open (the kernel
+    drops it when this process dies, however): how `_sweep_partials` tells a live create's
+    staging folder from one a killed create left."""
+    import fcntl
+
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
+
+
+def _sweep_partials(dest: Path, own: Path) -> None:
+    """Remove the staging folders of creates of `dest` that were killed (SIGKILL, the OOM
+    killer, a lost node: SIGTERM unwinds by itself), which hold every file copied so far and
+    were otherwise left next to DIR for good. One whose create is alive holds its flock."""
+    import fcntl
+
+    prefix = _partial_prefix(dest)
+    try:
+        found = [p for p in dest.parent.iterdir() if p.name.startswith(prefix) and p != own]
+    except OSError:
+        return
+    for path in sorted(found):
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a create of this DIR that is still running
+            continue
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+            _say(f"removed {path}, the staging folder a create that was killed left")
+        finally:
+            os.close(fd)
+
+
 def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
-    staging = make_temp_dir(dest.parent, f".{dest.name}.partial-")
+    staging = make_temp_dir(dest.parent, _partial_prefix(dest))
+    held = _hold(staging)
     downloads = downloads_folder(dest)
     done = False
     try:
+        _sweep_partials(dest, staging)
         (staging / "manifests").mkdir()
         for manifest in plan.manifests:
             path = staging / "manifests" / f"{manifest.target}.toml"
@@ -259,6 +305,7 @@ def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
         done = True
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        os.close(held)
         _settle_downloads(downloads, done)
     return index
 
