@@ -808,6 +808,21 @@ def test_remove_keeps_a_folder_another_pack_still_uses(cli, tmp_path):
     assert not list((compile_cache_dir() / "inductor").iterdir())
 
 
+def test_files_two_packs_share_go_with_the_last_remove(cli, tmp_path):
+    """The first pack's remove keeps the files a second installed pack lists; they were never
+    the second's (kept as the cache's at its install), so its remove kept them too and they
+    stayed in the cache with no record naming them. They are handed to the pack still using
+    them, whose remove deletes them."""
+    path = _small_pack(tmp_path, count=2)
+    other = _small_pack(tmp_path / "other", count=3)  # c0, c1 as in `path`, and c2
+    assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 2
+    assert json.loads(cli("cache", "install", other, "--json").out)["added"] == 1
+    assert "0 files deleted" in cli("cache", "remove", path.name).out  # `other` still uses them
+    assert cli("cache", "verify").code == 0
+    assert "3 files deleted" in cli("cache", "remove", other.name).out
+    assert _cache_files() == []
+
+
 def test_verify_counts_every_problem_and_all_shows_them(cli, tmp_path):
     """`verify` printed the first 20 problems and said nothing of the rest. It prints how many
     there are, the first 20 and how many more; --all and --json give every one."""

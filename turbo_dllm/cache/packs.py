@@ -1047,11 +1047,13 @@ def verify_pack(pack: InstalledPack, *, hashes: bool = True) -> list[str]:
 def remove_pack(pack: InstalledPack) -> int:
     """Delete the files this pack's install added that are still intact and that no other
     installed pack lists, then its record; returns how many files were deleted. Files that were
-    in the cache before the install stay."""
+    in the cache before the install stay. An added file another installed pack lists stays for
+    that pack, and becomes one its own remove deletes: it was kept as the cache's at that pack's
+    install, so once both were removed no record named it and it stayed for good."""
     from turbo_dllm.fsutil import sha256_file
 
     others = {
-        _in_cache(p, f)
+        _in_cache(p, f): (p, f.path)
         for p in installed_packs()
         if p.sha256 != pack.sha256
         for f in p.manifest.files
@@ -1059,19 +1061,38 @@ def remove_pack(pack: InstalledPack) -> int:
     removed = 0
     added = set(pack.added)
     folders: set[tuple[Path, Path]] = set()  # (folder a deleted file was in, its cache folder)
+    handed: dict[str, set[str]] = {}  # another pack's sha256 -> its members it now owns
     for entry in pack.manifest.files:
         if entry.path not in added:
             continue
         path = _in_cache(pack, entry)
-        if path in others or not path.is_file() or sha256_file(path) != entry.sha256:
+        if not path.is_file() or sha256_file(path) != entry.sha256:
+            continue
+        if path in others:
+            other, member = others[path]
+            if member not in other.added:
+                handed.setdefault(other.sha256, set()).add(member)
             continue
         path.unlink()
         removed += 1
         folders.add((path.parent, Path(pack.caches[entry.path.partition("/")[0]])))
     for folder, root in sorted(folders, key=lambda pair: len(pair[0].parts), reverse=True):
         _remove_emptied_folders(folder, root)
+    for sha256, members in handed.items():  # before this record goes: never owned by none
+        _add_to_record(sha256, members)
     (_records_dir() / f"{pack.sha256}.json").unlink(missing_ok=True)
     return removed
+
+
+def _add_to_record(sha256: str, members: set[str]) -> None:
+    """Name `members` among the files the install of pack `sha256` added (its remove deletes
+    them); the rest of its record stays as it is."""
+    from turbo_dllm.fsutil import write_atomic
+
+    path = _records_dir() / f"{sha256}.json"
+    data = json.loads(path.read_text())
+    data["added"] = sorted({*data["added"], *members})
+    write_atomic(path, json.dumps(data, indent=1))
 
 
 def _remove_emptied_folders(folder: Path, root: Path) -> None:
