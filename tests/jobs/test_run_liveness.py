@@ -281,7 +281,7 @@ def test_a_resume_of_a_run_still_running_is_refused_and_leaves_its_records(recor
     record = (recorded_run / "launcher.json").read_text()
     resume = cli("train", "--config", recorded_run / "spec.yaml", "--run-dir", recorded_run)
     assert resume.code == 2
-    assert f"{recorded_run} is still running: its dllm launch runs as pid {os.getpid()}" in (
+    assert f"{recorded_run} is not over: its dllm launch runs as pid {os.getpid()}" in (
         resume.err
     ), resume.err
     assert "a resume would train beside it" in resume.err

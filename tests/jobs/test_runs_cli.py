@@ -482,3 +482,36 @@ def test_a_one_process_launch_whose_trainer_raises_records_its_exit_status(
     with pytest.raises(RuntimeError, match="a bug"):  # in-process: a bug keeps its traceback
         cli("launch", "--config", spec_file, "--run-dir", "runs/bug")
     assert status("bug") == "exit 1"
+
+
+def test_a_resume_of_a_run_whose_slurm_job_is_pending_or_running_is_refused(
+    cli, spec_file, workdir, monkeypatch
+):
+    """The job would start (or runs) beside the resume; the resume wrote its result over the
+    run's, which then read as `exit 2` or `ok` while SLURM still ran the job."""
+    from tests.jobs.test_slurm_plans import fake_command
+
+    bin_dir = workdir / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    fake_command(bin_dir, "sbatch", "echo 4243\n")
+    slurm_run(cli, spec_file, "--run-dir", "runs/r", "--submit")
+    run_dir = workdir / "runs" / "r"
+    resume = ("train", "--config", run_dir / "spec.yaml", "--run-dir", run_dir)
+    for state in ("PENDING", "RUNNING"):
+        fake_command(bin_dir, "squeue", f"echo '4243|{state}'\n")
+        assert_user_error(
+            cli(*resume),
+            f"{run_dir} is not over: its SLURM job 4243 is {state.lower()}; a resume would "
+            "train beside it",
+            "scancel 4243",
+        )
+        assert sorted(p.name for p in run_dir.iterdir()) == [
+            "job.sbatch",
+            "manifest.json",
+            "slurm_job.json",
+            "spec.yaml",
+        ]
+    fake_command(bin_dir, "squeue", "echo '4243|CANCELLED'\n")
+    assert cli(*resume).code == 0
+    [run] = json.loads(cli("run", "list", "--json").out)["runs"]
+    assert run["status"] == "ok" and run["resumed"] is True

@@ -132,7 +132,7 @@ def _refuse_a_live_run(run_dir) -> None:
     if run.status not in _LIVE:
         return
     if run.slurm_state:
-        who = f"SLURM job {run.slurm_job_id} is {run.status}"
+        who = f"its SLURM job {run.slurm_job_id} is {run.status}"
         stop = f"scancel {run.slurm_job_id}"
     else:
         live = [r for r in read_launchers(run_dir) if launcher_alive(r)]
@@ -143,7 +143,7 @@ def _refuse_a_live_run(run_dir) -> None:
         )
         stop = "stop it"
     raise DllmError(
-        f"{run_dir} is still running: {who}; a resume would train beside it",
+        f"{run_dir} is not over: {who}; a resume would train beside it",
         hint=f"wait for it to end (`dllm run show {quote(str(run_dir))}`) or {stop}, then "
         "resume; or train into a new run dir",
     )
