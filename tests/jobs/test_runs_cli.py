@@ -30,7 +30,11 @@ def write_metrics(run_dir, losses):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
-def test_list_show_diff(cli, spec_file, workdir):
+def test_list_show_diff(cli, spec_file, workdir, monkeypatch):
+    from turbo_dllm.jobs import provenance
+
+    code = provenance.code_version()  # others may edit this checkout between the two launches
+    monkeypatch.setattr(provenance, "code_version", lambda: dict(code))
     assert "no recorded runs under runs/" in cli("run", "list").out
     slurm_run(cli, spec_file, "--set", "launch.name=first")
     slurm_run(cli, spec_file, "--set", "training.steps=6", "--set", "launch.name=second")
