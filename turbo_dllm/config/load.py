@@ -203,6 +203,8 @@ def resolve_paths(spec, base_dir: Path):
                 }
             ),
             "data": spec.data.model_copy(update={"artifact": absolute(spec.data.artifact)}),
+            "eval": spec.eval
+            and spec.eval.model_copy(update={"artifact": absolute(spec.eval.artifact)}),
             "launch": spec.launch.model_copy(update={"run_dir": absolute(spec.launch.run_dir)}),
             "checkpoint": spec.checkpoint.model_copy(
                 update={"dir": absolute(spec.checkpoint.dir), "resume": resume}

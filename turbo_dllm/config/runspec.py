@@ -17,6 +17,7 @@ __all__ = [
     "CheckpointSpec",
     "DFlashSpec",
     "DataSpec",
+    "EvalSpec",
     "LaunchSpec",
     "LoggingSpec",
     "ModelSpec",
@@ -355,6 +356,25 @@ class DataSpec(_Strict):
     seq_len: PosInt = Field(256, le=MAX_SEQ_LEN)
 
 
+class EvalSpec(_Strict):
+    """Held-out loss during training: the same sequences under the same noise at every
+    evaluation, so its curve compares the weights, not the samples drawn."""
+
+    artifact: NonEmptyStr = Field(
+        description="Held-out data: a folder made by `dllm data prepare` like data.artifact's "
+        "(same tokenizer and seq_len), from documents the run does not train on."
+    )
+    interval: PosInt = Field(
+        description="Evaluate after every `interval` optimizer steps, and after the last."
+    )
+    sequences: PosInt | None = Field(
+        None,
+        description="Evaluate the artifact's first N sequences (default: all), rounded down "
+        "to a multiple of the global micro-batch (training.micro_batch_size x data-parallel "
+        "ranks).",
+    )
+
+
 class TrainingSpec(_Strict):
     micro_batch_size: PosInt = 2
     grad_accumulation: PosInt = 1
@@ -477,6 +497,9 @@ class RunSpec(_Strict):
     model: ModelSpec = ModelSpec()
     objective: ObjectiveSpec = ObjectiveSpec()
     data: DataSpec = DataSpec(synthetic=SyntheticDataSpec())
+    eval: EvalSpec | None = Field(
+        None, description="Held-out evaluation (its loss in metrics.jsonl as eval_loss)."
+    )
     training: TrainingSpec = TrainingSpec()
     topology: TopologySpec = TopologySpec()
     optimizer: OptimizerSpec = OptimizerSpec()

@@ -107,6 +107,12 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             f"block parallelism gives each rank a pair of blocks: needs at least "
             f"{2 * topo.bp} blocks, got {data.seq_len // block}",
         )
+    if spec.eval is not None and objective.name == "dflash_distillation":
+        add(
+            "eval",
+            "a drafter's held-out measure is its acceptance on real prompts: `dllm dflash "
+            "eval` (eval: scores the training objective on held-out token data)",
+        )
     for field, readers in OBJECTIVE_FIELDS.items():
         value = getattr(objective, field)
         if objective.name not in readers and value != ObjectiveSpec.model_fields[field].default:

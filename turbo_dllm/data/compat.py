@@ -14,7 +14,7 @@ from __future__ import annotations
 from turbo_dllm.data.artifact import DataManifest
 from turbo_dllm.errors import DllmError
 
-__all__ = ["artifact_problems", "model_vocab_size"]
+__all__ = ["artifact_problems", "eval_artifact_problems", "model_vocab_size"]
 
 # Objectives whose stream is cut into blocks of objective.block_size from position 0, where a
 # block holding the end of one document and the start of the next would leak across documents,
@@ -97,4 +97,23 @@ def artifact_problems(manifest: DataManifest, spec) -> list[str]:
             )
         elif mask >= vocab:
             found.append(f"model: the mask token {mask} is outside the vocabulary of {vocab}")
+    return found
+
+
+def eval_artifact_problems(eval_manifest, spec, train_manifest=None) -> list[str]:
+    """Every way the eval artifact does not fit the RunSpec (as the training data must) or the
+    training data (same tokenizer and mask token), as `eval.artifact: ...` lines."""
+    found = [f"eval.artifact: {line}" for line in artifact_problems(eval_manifest, spec)]
+    if train_manifest is not None:
+        if eval_manifest.tokenizer != train_manifest.tokenizer:
+            found.append(
+                "eval.artifact: prepared with another tokenizer than data.artifact (vocabulary "
+                f"sha256 {eval_manifest.tokenizer.vocab_sha256[:12]} against "
+                f"{train_manifest.tokenizer.vocab_sha256[:12]}): its ids mean other tokens"
+            )
+        elif eval_manifest.special_tokens.get("mask") != train_manifest.special_tokens.get("mask"):
+            found.append(
+                f"eval.artifact: its mask token is {eval_manifest.special_tokens.get('mask')}, "
+                f"data.artifact's {train_manifest.special_tokens.get('mask')}"
+            )
     return found

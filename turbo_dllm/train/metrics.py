@@ -192,7 +192,9 @@ class _TensorBoardLogger:
     def log(self, record: dict[str, Any], step: int) -> None:
         for key, value in record.items():
             if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
-                self._writer.add_scalar(f"train/{key}", value, global_step=step)
+                # an evaluation's numbers under eval/ (eval_loss -> eval/loss)
+                tag = f"eval/{key[5:]}" if key.startswith("eval_") else f"train/{key}"
+                self._writer.add_scalar(tag, value, global_step=step)
 
     def finish(self) -> None:
         self._writer.close()
@@ -249,7 +251,8 @@ class MetricsLogger:
         if self.spec.jsonl:
             with open(self.path, "a", encoding="utf-8") as handle:
                 handle.write(json.dumps(record, sort_keys=True) + "\n")
-        if self.spec.console and (step % self.spec.every == 0 or step == self.total_steps):
+        every = step % self.spec.every == 0 or step == self.total_steps
+        if self.spec.console and (every or "eval_loss" in record):
             print(self.console_line(record), file=sys.stderr, flush=True)
         self.remote.log(record, step)
 
@@ -265,6 +268,8 @@ class MetricsLogger:
         if r.get("mfu") is not None:
             parts.append(f"mfu {100 * r['mfu']:.1f}%")
         parts.append(f"mem {r['mem_gb']:.1f} GB")
+        if r.get("eval_loss") is not None:
+            parts.append(f"eval loss {r['eval_loss']:.4f} ({r['eval_time_s']:.1f} s)")
         return " | ".join(parts)
 
     def close(self) -> None:

@@ -59,6 +59,7 @@ from turbo_dllm.train.distributed import (
     highest_on_any_rank,
     replicate_partial_grads,
 )
+from turbo_dllm.train.evaluate import EVAL_STEP, build_eval_set
 from turbo_dllm.train.export import export_sources
 from turbo_dllm.train.graph_breaks import graph_break_counts, graph_break_warning
 from turbo_dllm.train.memory import MemoryRecorder, out_of_memory
@@ -263,6 +264,10 @@ class Trainer:
         self.objective = build_objective(
             self.spec.objective, self.data.mask_token_id, vocab_size=self.model_config.vocab_size
         )
+        self.eval_set = build_eval_set(
+            self.spec, dp_rank=self.dims.dp_rank, dp_size=self.dims.dp_size
+        )
+        self._eval_batches: list | None = None  # corrupted once, on the first evaluation
         # An objective may keep parts of the model fixed (DiffusionGemma's SFT: the routers).
         frozen = getattr(self.objective, "frozen_parameters", ())
         for name, param in named_parameters_clean(self.model):
@@ -636,6 +641,43 @@ class Trainer:
         ready.record()
         return QueuedStep(step, host, ready, lr, mem_gb, started, time.perf_counter(), begun)
 
+    def evaluate(self) -> dict[str, float]:
+        """The held-out loss at the current weights (`train.evaluate`): forwards only, the same
+        sequences and noise every time; every rank takes part (FSDP and the loss all-reduce)."""
+        started = time.perf_counter()
+        evals = self.eval_set
+        if self._eval_batches is None:
+            keys = [
+                NoiseKey(self.spec.launch.seed, EVAL_STEP, first, evals.sequences)
+                for first in evals.first_samples
+            ]
+            self._eval_batches = [
+                (self.objective.corrupt(b, k), self.objective.supervised_count(b, key=k))
+                for b, k in zip(evals.batches, keys, strict=True)
+            ]
+        denominator = self._global_counts([count for _, count in self._eval_batches])
+        loss_sum = torch.zeros((), device=self.device)
+        with torch.no_grad():
+            for diffusion, _ in self._eval_batches:
+                inputs = self.plan.prepare(diffusion.to(self.device), self.device)
+                with self.autocast():
+                    local = self.model(
+                        inputs.input_ids,
+                        inputs.positions,
+                        self.model_mask(inputs),
+                        output=inputs.output or partial(score, inputs.batch),
+                        **getattr(inputs.batch, "model_kwargs", {}),
+                    )
+                loss = local / denominator
+                loss_sum += loss.sum() if loss.dim() else loss
+        total = loss_sum.float()
+        self._all_reduce(total)
+        return {
+            "eval_loss": float(total),
+            "eval_sequences": evals.sequences,
+            "eval_time_s": time.perf_counter() - started,
+        }
+
     def _global_counts(self, counts: list) -> float | torch.Tensor:
         """The loss denominator(s): the step's supervised counts summed over micro-batches and
         ranks: a float in one process, else a tensor (one count per loss term where the objective
@@ -696,10 +738,16 @@ class Trainer:
             )
 
     def _report(
-        self, queued: QueuedStep, previous: QueuedStep | None, began: float, tokens: int
+        self,
+        queued: QueuedStep,
+        previous: QueuedStep | None,
+        began: float,
+        tokens: int,
+        extra: dict | None = None,
     ) -> None:
         """Wait for a queued step's numbers, stop on a non-finite loss or gradient norm, log them
-        (`previous`: the step read before it, where its time runs from)."""
+        (`previous`: the step read before it, where its time runs from; `extra`: an
+        evaluation's numbers, in the same record)."""
         stats = queued.result()
         now = time.perf_counter()
         step_time = max(queued.seconds(previous), 1e-9)
@@ -718,6 +766,7 @@ class Trainer:
                 "mem_gb": queued.mem_gb,
                 "step_time_s": step_time,
                 "time_s": self.train_time_offset + now - began,
+                **(extra or {}),
             }
         )
 
@@ -804,11 +853,22 @@ class Trainer:
                 # just queued: a distributed run stops one step later.
                 previous, vote = vote, highest_on_any_rank(stop, env)
                 stop = previous() if previous is not None else 0
-            if (interval and done % interval == 0) or done == self.total_steps or stop:
-                self._report(queued, last_read, began, tokens_per_step)
-                waiting, last_read = None, None  # the next step's time leaves the save out
-                self.save(done, self.train_time_offset + time.perf_counter() - began)
-                last_saved = done
+            saving = (interval and done % interval == 0) or done == self.total_steps or stop
+            # an evaluation follows its step, not a stop (SIGTERM, the time limit: save and go)
+            evaluating = self.eval_set is not None and not stop
+            evaluating = evaluating and self.eval_set.due(done, self.total_steps)
+            if saving or evaluating:
+                self._report(
+                    queued,
+                    last_read,
+                    began,
+                    tokens_per_step,
+                    self.evaluate() if evaluating else None,
+                )
+                waiting, last_read = None, None  # the next step's time leaves these out
+                if saving:
+                    self.save(done, self.train_time_offset + time.perf_counter() - began)
+                    last_saved = done
             else:
                 waiting = queued
             if stop == 2:

@@ -170,3 +170,47 @@ def data_fits_run(ctx: DoctorContext) -> CheckResult:
         f"seq_len {manifest.seq_len}, block size, vocab {manifest.vocab_size} and mask token "
         f"{manifest.special_tokens['mask']} fit the model",
     )
+
+
+@register_check(order=320)
+def eval_data(ctx: DoctorContext) -> CheckResult:
+    """The held-out artifact (`eval.artifact`): prepared, readable, and fitting the run and the
+    training data (`data.compat.eval_artifact_problems`, what the trainer refuses)."""
+    name = "held-out data"
+    if ctx.spec is None:
+        return CheckResult(name, "pass", ctx.without_spec("its held-out data"))
+    if ctx.spec.eval is None:
+        return CheckResult(name, "pass", "no held-out evaluation (eval: unset)")
+    from turbo_dllm.data.artifact import DataArtifact
+    from turbo_dllm.data.compat import eval_artifact_problems
+
+    path = ctx.spec.eval.artifact
+    folder = Path(path)
+    if not (folder / "manifest.json").exists():
+        return CheckResult(
+            name,
+            "fail" if ctx.prod else "warn",
+            f"eval.artifact {path} has not been prepared yet (the run would stop before its "
+            "first step)",
+            fix=_prepare_fix(ctx, folder),
+        )
+    try:
+        manifest = DataArtifact(path).manifest
+    except DllmError as error:
+        return CheckResult(name, "fail", error.message, fix=_prepare_fix(ctx, folder))
+    found = eval_artifact_problems(manifest, ctx.spec, ctx.extras.get("data_manifest"))
+    if found:
+        return CheckResult(
+            name,
+            "fail",
+            "; ".join(found),
+            fix="prepare the held-out documents with the training data's prepare.yaml (its "
+            f"tokenizer and packing) into {path}",
+        )
+    sequences = min(ctx.spec.eval.sequences or manifest.num_sequences, manifest.num_sequences)
+    return CheckResult(
+        name,
+        "pass",
+        f"{path}: {sequences:,} of {manifest.num_sequences:,} sequences, every "
+        f"{ctx.spec.eval.interval} steps",
+    )

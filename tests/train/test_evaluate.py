@@ -1,0 +1,210 @@
+"""Held-out evaluation during training (`eval:`, `train/evaluate.py`).
+
+The data is real text every machine has: the training artifact is made from the standard
+library's `json` and `argparse` sources, the held-out one from `textwrap`'s, both with the
+byte-level tokenizer. The oracle for the logged eval loss is a separate computation: the
+checkpoint of that step loaded into a plain model, every held-out sequence corrupted in one batch
+under the documented noise key, and the objective's loss over the whole-sequence mask.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import textwrap
+from functools import partial
+
+import pytest
+import torch
+
+from tests.data.helpers import prepare_config, write_jsonl
+from tests.data.helpers import write_config as write_prepare_config
+from tests.distributed.test_csbp_training import train_under_torchrun
+from tests.train.util import metrics, tiny_spec, write_config
+from turbo_dllm.data.compat import eval_artifact_problems
+from turbo_dllm.errors import DllmError
+from turbo_dllm.train.attention import ReferenceAttention
+from turbo_dllm.train.data import build_data
+from turbo_dllm.train.distributed import init_distributed
+from turbo_dllm.train.entry import train
+from turbo_dllm.train.evaluate import EVAL_STEP, build_eval_set
+from turbo_dllm.train.objectives import NoiseKey, build_objective, score
+from turbo_dllm.train.trainer import Trainer
+
+SEQ = 64
+
+
+def _artifact(folder, modules, seq_len: int = SEQ):
+    """A byte-level artifact of these modules' sources, one document per 12 lines."""
+    lines = [line for module in modules for line in inspect.getsource(module).splitlines()]
+    docs = ["\n".join(lines[i : i + 12]) for i in range(0, len(lines), 12)]
+    write_jsonl(folder / "data.jsonl", [{"text": d} for d in docs if d.strip()])
+    prepare_config(write_prepare_config(folder, packing={"seq_len": seq_len, "block_size": 8}))
+    return folder / "out"
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    root = tmp_path_factory.mktemp("eval-data")
+    return _artifact(root / "train", [json, argparse]), _artifact(root / "heldout", [textwrap])
+
+
+def _args(artifacts, *more: str) -> tuple[str, ...]:
+    train_data, heldout = artifacts
+    return (
+        "training.steps=5",
+        "checkpoint.interval=2",
+        "checkpoint.keep_last=5",
+        "data.synthetic=null",
+        f"data.artifact={train_data}",
+        f"eval.artifact={heldout}",
+        "eval.interval=2",
+        "eval.sequences=8",
+        *more,
+    )
+
+
+def _independent_eval_loss(spec, checkpoint) -> float:
+    """The held-out loss at `checkpoint`'s weights, computed apart from the trainer's
+    evaluation: all evaluated sequences in one batch, the whole-sequence reference mask."""
+    resumed = spec.model_copy(
+        update={"checkpoint": spec.checkpoint.model_copy(update={"resume": str(checkpoint)})}
+    )
+    trainer = Trainer(resumed, checkpoint.parent.parent / "oracle", init_distributed())
+    trainer.build()
+    trainer.resume()
+    from turbo_dllm.data.artifact import DataArtifact
+
+    heldout = DataArtifact(spec.eval.artifact)
+    rows = [heldout.row(i) for i in range(spec.eval.sequences)]
+    batch = {
+        "input_ids": torch.stack([torch.from_numpy(r[0]) for r in rows]),
+        "loss_mask": torch.stack([torch.from_numpy(r[1]) for r in rows]),
+        "doc_ids": torch.stack([torch.from_numpy(r[2]) for r in rows]),
+    }
+    data = build_data(spec, model_vocab_size=trainer.model_config.vocab_size, dp_rank=0, dp_size=1)
+    objective = build_objective(spec.objective, data.mask_token_id)
+    key = NoiseKey(spec.launch.seed, EVAL_STEP, 0, spec.eval.sequences)
+    diffusion = objective.corrupt(batch, key)
+    mask = ReferenceAttention().prepare(diffusion.layout, diffusion.doc_ids, torch.device("cpu"))
+    with torch.no_grad():
+        total = trainer.model(
+            diffusion.input_ids,
+            diffusion.layout.positions(torch.device("cpu")),
+            mask,
+            output=partial(score, diffusion),
+        )
+    trainer.checkpointer.release()
+    return float(total) / objective.supervised_count(batch, key=key)
+
+
+def test_evaluations_follow_the_interval_and_the_last_step_and_match_an_independent_loss(
+    tmp_path, artifacts
+):
+    spec = tiny_spec(*_args(artifacts))
+    run = tmp_path / "run"
+    train(spec, run)
+    records = {r["step"]: r for r in metrics(run)}
+    assert [s for s, r in records.items() if "eval_loss" in r] == [2, 4, 5]
+    assert all(records[s]["eval_sequences"] == 8 for s in (2, 4, 5))
+    for step in (2, 4):
+        expected = _independent_eval_loss(spec, run / f"checkpoints/step_{step:08d}")
+        assert records[step]["eval_loss"] == pytest.approx(expected, rel=1e-5), step
+    # the weights moved, the held-out batches did not: the curve reads the weights
+    assert records[2]["eval_loss"] != records[4]["eval_loss"]
+
+
+def test_the_same_weights_evaluate_to_the_same_loss(tmp_path, artifacts):
+    spec = tiny_spec(*_args(artifacts, "training.steps=2"))
+    trainer = Trainer(spec, tmp_path / "run", init_distributed()).build()
+    first, second = trainer.evaluate(), trainer.evaluate()
+    trainer.checkpointer.release()
+    assert first["eval_loss"] == second["eval_loss"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "topology,same_batch",
+    # two dp ranks train a global batch of 8: one process takes it in two accumulated halves
+    [("topology.fsdp=2", "training.grad_accumulation=2"), ("topology.bp=2", None)],
+    ids=["dp2", "bp2"],
+)
+def test_the_eval_loss_is_one_process_s_under_torchrun(tmp_path, artifacts, topology, same_batch):
+    """8 held-out sequences: 2 micro-batches of 4 on one process, one on each of 2 dp ranks, or
+    both on a block-parallel pair; the loss is one process's at every evaluation."""
+    single = tmp_path / "single"
+    train(tiny_spec(*_args(artifacts), *([same_batch] if same_batch else [])), single)
+    config = write_config(tmp_path / "train.yaml", *_args(artifacts))
+    run = tmp_path / "run"
+    train_under_torchrun(2, config, run, topology)
+    for key in ("loss", "eval_loss"):  # the same training, then the same evaluations
+        want = [r[key] for r in metrics(single) if key in r]
+        got = [r[key] for r in metrics(run) if key in r]
+        assert len(got) == len(want) > 0
+        torch.testing.assert_close(got, want, rtol=5e-5, atol=5e-5, msg=key)
+
+
+def test_held_out_data_that_does_not_fit_is_named(tmp_path, artifacts):
+    train_data, heldout = artifacts
+    longer = _artifact(tmp_path / "long", [textwrap], seq_len=2 * SEQ)
+    with pytest.raises(DllmError, match="the held-out data does not fit the run") as error:
+        build_eval_set(
+            tiny_spec(*_args(artifacts, f"eval.artifact={longer}")), dp_rank=0, dp_size=1
+        )
+    assert "eval.artifact: data.seq_len: 64, but the artifact holds sequences of 128" in str(
+        error.value.message
+    )
+    # fewer sequences than one global micro-batch (4 x 2 data-parallel ranks)
+    spec = tiny_spec(*_args(artifacts, "eval.sequences=5"))
+    with pytest.raises(DllmError, match="make no whole global micro-batch of 8") as error:
+        build_eval_set(spec, dp_rank=0, dp_size=2)
+    assert "eval.sequences" in error.value.hint
+    assert build_eval_set(spec, dp_rank=0, dp_size=1).sequences == 4  # rounded down
+
+
+def test_held_out_data_of_another_tokenizer_is_named(artifacts):
+    from turbo_dllm.data.artifact import read_manifest
+
+    train_data, heldout = artifacts
+    spec = tiny_spec(*_args(artifacts))
+    train_manifest = read_manifest(train_data)
+    assert eval_artifact_problems(read_manifest(heldout), spec, train_manifest) == []
+    other = train_manifest.tokenizer.model_copy(update={"vocab_sha256": "0" * 64})
+    found = eval_artifact_problems(
+        read_manifest(heldout), spec, train_manifest.model_copy(update={"tokenizer": other})
+    )
+    assert len(found) == 1 and "prepared with another tokenizer than data.artifact" in found[0]
+
+
+def test_a_drafter_run_is_pointed_at_dflash_eval(artifacts):
+    from turbo_dllm.config.runspec import RunSpec
+    from turbo_dllm.config.validate import problems
+
+    train_data, heldout = artifacts
+    spec = RunSpec.model_validate(
+        {
+            "objective": {"name": "dflash_distillation"},
+            "eval": {"artifact": str(heldout), "interval": 5},
+        }
+    )
+    messages = [p.message for p in problems(spec) if p.path == "eval"]
+    assert messages and "dllm dflash eval" in messages[0]
+
+
+def test_doctor_checks_the_held_out_data(tmp_path, artifacts, cli):
+    train_data, heldout = artifacts
+
+    def held_out(*more: str) -> dict:
+        config = write_config(tmp_path / "train.yaml", *_args(artifacts, *more))
+        report = json.loads(cli("doctor", "--config", str(config), "--json").out)
+        return next(c for c in report["checks"] if c["name"] == "held-out data")
+
+    check = held_out()
+    assert check["status"] == "pass" and "8 of" in check["detail"], check
+    missing = held_out(f"eval.artifact={tmp_path / 'nothere'}")
+    assert missing["status"] == "warn" and "has not been prepared yet" in missing["detail"]
+    assert missing["fix"].startswith("dllm data prepare --config")
+    longer = _artifact(tmp_path / "long", [textwrap], seq_len=2 * SEQ)
+    misfit = held_out(f"eval.artifact={longer}")
+    assert misfit["status"] == "fail" and "eval.artifact: data.seq_len: 64" in misfit["detail"]

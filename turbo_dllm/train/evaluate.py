@@ -1,0 +1,92 @@
+"""Held-out evaluation during training (the RunSpec's `eval:` section).
+
+Every `eval.interval` steps, and after the last, the model scores the training objective on
+held-out sequences without a backward: the eval artifact's first N sequences (`eval.sequences`,
+rounded down to a multiple of the global micro-batch so every data-parallel rank runs the same
+number of forwards, which FSDP's collectives need), each corrupted by the objective under a
+fixed noise key (step `EVAL_STEP`, the sequence's index). The same sequences under the same
+noise at every evaluation: the curve moves only with the weights, never with the samples drawn,
+and the loss is the same for any cp / bp / dp layout that evaluates the same sequences (one
+process's, up to float rounding), as training's is.
+
+The loss is training's: the objective's weighted sum over the evaluated sequences divided by
+their supervised count (each term over its own count for an objective of several), so an
+evaluation on the training data reads like the training loss.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from turbo_dllm.data.compat import eval_artifact_problems
+from turbo_dllm.errors import DllmError
+
+__all__ = ["EVAL_STEP", "EvalSet", "build_eval_set"]
+
+# The noise keys' step: no training step draws from it (training steps count from 0).
+EVAL_STEP = -1
+
+
+@dataclass(frozen=True)
+class EvalSet:
+    """This rank's held-out micro-batches (host tensors, drawn once) and their noise keys."""
+
+    interval: int
+    sequences: int  # evaluated by all data-parallel ranks together
+    fingerprint: str  # the eval artifact's
+    batches: list[dict[str, torch.Tensor]]
+    first_samples: list[int]  # each micro-batch's first sequence index (its noise key)
+
+    def due(self, done: int, total: int) -> bool:
+        """Whether an evaluation follows step `done` (1-based) of `total`."""
+        return done % self.interval == 0 or done == total
+
+
+def build_eval_set(spec, *, dp_rank: int, dp_size: int) -> EvalSet | None:
+    """This rank's share of the held-out sequences, read once; None without `eval:`."""
+    config = spec.eval
+    if config is None:
+        return None
+    from turbo_dllm.data.artifact import DataArtifact, read_manifest
+
+    artifact = DataArtifact(config.artifact)
+    manifest = artifact.manifest
+    train = read_manifest(spec.data.artifact) if spec.data.artifact is not None else None
+    if found := eval_artifact_problems(manifest, spec, train):
+        lines = "\n".join(f"  - {line}" for line in found)
+        raise DllmError(
+            f"the held-out data does not fit the run:\n{lines}",
+            hint="prepare the held-out documents with the training data's prepare.yaml "
+            "(its tokenizer and packing), into another output folder",
+        )
+    micro = spec.training.micro_batch_size
+    wanted = min(config.sequences or manifest.num_sequences, manifest.num_sequences)
+    global_batch = micro * dp_size
+    count = wanted - wanted % global_batch
+    if count == 0:
+        raise DllmError(
+            f"eval: {wanted} held-out sequence{'s' if wanted != 1 else ''} (of "
+            f"{manifest.num_sequences} in {config.artifact}) make no whole global micro-batch "
+            f"of {global_batch} (training.micro_batch_size {micro} x {dp_size} data-parallel "
+            "ranks), and every rank must evaluate as many",
+            hint=f"evaluate at least {global_batch} sequences (eval.sequences, or more "
+            "held-out documents)",
+        )
+    batches, firsts = [], []
+    # micro-batch m holds sequences [m * micro, (m + 1) * micro); rank r takes every m = r mod dp
+    for first in range(dp_rank * micro, count, global_batch):
+        rows = [artifact.row(i) for i in range(first, first + micro)]
+        tokens, masks, docs = zip(*rows, strict=True)
+        batches.append(
+            {
+                "input_ids": torch.from_numpy(np.stack(tokens)),
+                "loss_mask": torch.from_numpy(np.stack(masks)),
+                "doc_ids": torch.from_numpy(np.stack(docs)),
+                "rows": torch.arange(first, first + micro, dtype=torch.long),
+            }
+        )
+        firsts.append(first)
+    return EvalSet(config.interval, count, manifest.fingerprint, batches, firsts)
