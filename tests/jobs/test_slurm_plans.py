@@ -194,6 +194,34 @@ def test_the_commands_it_prints_paste_into_bash(cli, spec_file, workdir, monkeyp
     assert shlex.split(hint) == ["dllm", "run", "show", str(run_dir)]
 
 
+def test_the_dry_run_says_what_its_start_line_does_for_a_slurm_job(
+    cli, spec_file, workdir, monkeypatch
+):
+    """Its start line writes the run dir and job.sbatch, and submits only with --submit: it said
+    "then runs the command(s) above" of a line that started nothing. Run as printed: it writes
+    the script and submits nothing; with --submit, sbatch gets it."""
+    bin_dir = workdir / "bin"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    fake_command(bin_dir, "sbatch", f'echo "$@" >> {workdir / "sbatch.log"}; echo 4244\n')
+    for submit in ((), ("--submit",)):
+        result = slurm_launch(cli, spec_file, "--dry-run", *submit)
+        lines = result.out.splitlines()
+        [at] = [i for i, line in enumerate(lines) if line.startswith("# to run it")]
+        assert "then runs the command(s) above" not in lines[at]
+        assert "writes the run dir's spec.yaml, manifest.json and job.sbatch" in lines[at]
+        proc = subprocess.run(["bash", "-c", lines[at + 1]], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        submitted = (workdir / "sbatch.log").read_text() if submit else ""
+        if submit:
+            assert "then submits job.sbatch (sbatch)" in lines[at]
+            assert "job.sbatch" in submitted
+        else:
+            assert "and submits nothing (add --submit" in lines[at]
+            assert not (workdir / "sbatch.log").exists()
+    dry = cli("launch", "--config", spec_file, "--dry-run")
+    assert "then runs the command(s) above" in dry.out
+
+
 def test_the_head_node_of_a_long_node_list(cli, spec_file, workdir):
     """The script took the first node with `scontrol show hostnames ... | head -n 1`: head left
     after one line, scontrol died writing the rest of a long list (SIGPIPE), and under `set -euo

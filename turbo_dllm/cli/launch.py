@@ -287,7 +287,7 @@ def _launch(args) -> int:
     joins = launcher.check_run_dir(job)
 
     if args.dry_run:
-        return _print_dry_run(job, args.json, _start_command(argv, job), joins)
+        return _print_dry_run(job, args.json, _start_command(argv, job), joins, args.submit)
     if args.submit:
         from turbo_dllm.jobs.backends.slurm import find_sbatch
 
@@ -329,7 +329,7 @@ def _start_command(argv: list[str], job) -> str:
     return f"cd {shlex.quote(job.plan.cwd)} && {shlex.join(launch)}"
 
 
-def _print_dry_run(job, as_json: bool, start_command: str, joins: bool) -> int:
+def _print_dry_run(job, as_json: bool, start_command: str, joins: bool, submit: bool) -> int:
     from turbo_dllm.jobs.describe import describe_plan
 
     manifest = job.manifest.model_dump(mode="json")
@@ -353,7 +353,17 @@ def _print_dry_run(job, as_json: bool, start_command: str, joins: bool) -> int:
         if joins
         else "writes the run dir's spec.yaml and manifest.json"
     )
-    print(f"\n# to run it (paste into bash): {writes}, then runs the command(s) above")
+    runs = "then runs the command(s) above"
+    if job.plan.backend == "slurm":
+        # The launch writes the batch script, and runs sbatch only with --submit: "then runs
+        # the command(s) above" said a job would start that the line only writes.
+        writes = "writes the run dir's spec.yaml, manifest.json and job.sbatch"
+        runs = (
+            "then submits job.sbatch (sbatch)"
+            if submit
+            else "and submits nothing (add --submit, or run the sbatch command above)"
+        )
+    print(f"\n# to run it (paste into bash): {writes}, {runs}")
     print(start_command)
     if job.drift:
         print("\n# drift since the recorded run (recorded -> now)")
