@@ -184,3 +184,46 @@ def test_two_gpus_nccl_match_one(tmp_path):
     torch.testing.assert_close(
         losses(tmp_path / "two"), losses(tmp_path / "one"), atol=5e-2, rtol=2e-2
     )
+
+
+@pytest.mark.parametrize("attention", ["flex", "turbo"])
+def test_held_out_evaluation_in_compiled_checkpointed_layers(tmp_path, attention):
+    """The evaluation's forwards run under no_grad through compiled, checkpointed layers (their
+    inference graphs compile at the first one): its loss is what an uncompiled trainer with the
+    reference attention computes from the same checkpoint."""
+    import json as json_module
+    import textwrap
+
+    from tests.train.test_evaluate import _artifact
+    from turbo_dllm.train.distributed import init_distributed
+    from turbo_dllm.train.entry import train
+    from turbo_dllm.train.trainer import Trainer
+
+    data = _artifact(tmp_path / "train", [json_module], seq_len=256)
+    heldout = _artifact(tmp_path / "heldout", [textwrap], seq_len=256)
+    common = (
+        "training.steps=4",
+        "checkpoint.interval=4",
+        "data.seq_len=256",
+        "data.synthetic=null",
+        f"data.artifact={data}",
+        f"eval.artifact={heldout}",
+        "eval.interval=2",
+        "eval.sequences=8",
+    )
+    spec = tiny_spec(
+        *common,
+        f"model.attention={attention}",
+        "training.compile=true",
+        "training.activation_checkpointing=true",
+    )
+    assert train(spec, tmp_path / "run") == 0
+    logged = [r["eval_loss"] for r in metrics(tmp_path / "run") if "eval_loss" in r]
+    assert len(logged) == 2 and all(torch.isfinite(torch.tensor(logged)))
+    checkpoint = tmp_path / "run/checkpoints/step_00000004"
+    plain = tiny_spec(*common, "model.attention=reference", f"checkpoint.resume={checkpoint}")
+    trainer = Trainer(plain, tmp_path / "oracle", init_distributed()).build()
+    trainer.resume()
+    expected = trainer.evaluate()["eval_loss"]
+    trainer.checkpointer.release()
+    assert logged[-1] == pytest.approx(expected, rel=2e-2)
