@@ -116,5 +116,10 @@ def test_index_from_environment_and_reinstall_reuses_the_store(cli, mirror, monk
         "bundle", "install", "--release", "v-test", "--auto", "--catalog-sha256", catalog_sha
     )
     assert first.code == 0 and again.code == 0, again.err
-    assert "already in the store" in again.out
+    # it was active all along: "activated" said it changed something
+    assert again.out.startswith("already installed and active: "), again.out
+    assert "nothing changed" in again.out and "activated" not in again.out
+    data = json.loads(cli("bundle", "install", "--release", "v-test", "--auto",
+                          "--catalog-sha256", catalog_sha, "--json").out)  # fmt: skip
+    assert data["reused"] is True and data["already_active"] is True
     assert len(json.loads(cli("bundle", "list", "--json").out)["bundles"]) == 1

@@ -113,7 +113,7 @@ def test_a_read_only_home_installs_the_active_bundle_again_as_a_no_op(
     again = cli("bundle", "install", "--release", "v-test", "--auto", "--mirror", root,
                 "--catalog-sha256", catalog_sha)  # fmt: skip
     assert again.code == 0, again.err
-    assert installed.short_sha in again.out and "already in the store" in again.out
+    assert installed.short_sha in again.out and "already installed and active" in again.out
     other = install_b(cli, bundle_b)
     assert_user_error(other, "Read-only file system", "install.lock")
     assert BundleStore().active().sha256 == installed.sha256

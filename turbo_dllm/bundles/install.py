@@ -112,6 +112,7 @@ class InstallResult(NamedTuple):
     bundle: InstalledBundle
     previous: InstalledBundle | None
     reused: bool  # the store already held this bundle; nothing was downloaded
+    already_active: bool = False  # ... and it was the active one: nothing changed
 
 
 def plan_install(
@@ -230,9 +231,10 @@ def run_install(
                     ),
                 )
         store.make_active(bundle)
+    already = reused and previous is not None and previous.sha256 == bundle.sha256
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None
-    return InstallResult(plan, bundle, previous, reused)
+    return InstallResult(plan, bundle, previous, reused, already)
 
 
 def build_and_install(
@@ -301,7 +303,7 @@ def _already_active(store: BundleStore, plan: InstallPlan, error: OSError) -> In
     active = _readable(store.active)
     if active is None or active.sha256 != plan.entry.sha256 or store.verify(active):
         return None
-    return InstallResult(plan, active, None, True)
+    return InstallResult(plan, active, None, True, True)
 
 
 def _readable(load: Callable[[], InstalledBundle | None]) -> InstalledBundle | None:

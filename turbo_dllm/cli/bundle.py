@@ -363,7 +363,14 @@ def _install(args) -> int:
                 "installed": result.bundle.to_json(),
                 "previous": result.previous.to_json() if result.previous else None,
                 "reused": result.reused,
+                "already_active": result.already_active,
             }
+        )
+        return 0
+    if result.already_active:  # it said "activated" of the bundle that was active all along
+        print(
+            f"already installed and active: {result.bundle.bundle_id} "
+            f"({result.bundle.short_sha}), every file intact; nothing changed"
         )
         return 0
     verb = "activated (already in the store)" if result.reused else "installed and activated"
