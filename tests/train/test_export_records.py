@@ -111,3 +111,13 @@ def test_a_checkpoint_from_before_the_record_says_what_it_lacks(tmp_path, capsys
     out = export_checkpoint(step, tmp_path / "hf")
     assert "does not record the mask token" in capsys.readouterr().err
     assert "mask_token_id" not in json.loads((out / "config.json").read_text())
+
+
+def test_a_checkpoint_json_path_names_its_step(tmp_path):
+    """`dllm export --checkpoint .../step_N/checkpoint.json` (the file a user finds in the step
+    folder) exports that step; it was refused as 'not a checkpoint ... (no checkpoint.json)'."""
+    train(tiny_spec(*STEPS), tmp_path / "run")
+    step = tmp_path / "run/checkpoints/step_00000002"
+    assert resolve_checkpoint(step / "checkpoint.json") == step
+    out = export_checkpoint(step / "checkpoint.json", tmp_path / "hf")
+    assert (out / "config.json").is_file()

@@ -204,9 +204,11 @@ def find_latest(directory: str | Path) -> Path | None:
 
 def resolve_checkpoint(path: str | Path) -> Path:
     """A `step_<N>` folder as given, or the newest complete step of a `checkpoints/` folder or
-    of a run dir's (what `checkpoint.resume` and `dllm export` accept); anything else as given
-    (read_meta says what is wrong with it)."""
+    of a run dir's (what `checkpoint.resume` and `dllm export` accept), the step folder of a
+    `checkpoint.json` named itself; anything else as given (read_meta says what is wrong)."""
     path = Path(path)
+    if path.name == "checkpoint.json" and path.is_file():
+        path = path.parent
     if (path / "checkpoint.json").is_file():
         return path
     if _STEP_DIR.match(path.name):  # a step whose replacement was interrupted: its aside copy
