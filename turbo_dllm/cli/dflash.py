@@ -59,10 +59,12 @@ def register(subparsers) -> None:
     p = commands.add_parser(
         "export",
         help="write a drafter checkpoint as the folder SGLang and vLLM serve",
-        description="config.json (DFlashDraftModel, dflash_config), model.safetensors without "
-        "the target's tensors (past --max-shard-size: model-00001-of-0000N.safetensors ... and "
-        "model.safetensors.index.json, as `dllm export` shards them), and training_export.json "
-        "(provenance and the sha256 of every file written).",
+        description="config.json (DFlashDraftModel or DFlash2DraftModel, as trained, with "
+        "dflash_config), model.safetensors without the target's tensors (past "
+        "--max-shard-size: model-00001-of-0000N.safetensors ... and "
+        "model.safetensors.index.json, as `dllm export` shards them), generation_config.json "
+        "and the tokenizer's files where the run's data artifact (or model folder) has them, and "
+        "training_export.json (provenance and the sha256 of every file written).",
     )
     p.add_argument(
         "--checkpoint",
