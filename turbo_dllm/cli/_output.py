@@ -51,6 +51,17 @@ def add_overrides(parser, example: str = "training.steps=10") -> None:
     )
 
 
+def check_overrides_have_config(args) -> None:
+    """--set changes the --config spec: without one it was dropped without a word."""
+    if args.overrides and not args.config:
+        from turbo_dllm.errors import DllmError
+
+        raise DllmError(
+            f"--set {args.overrides[0]} changes the spec of --config, and none was given",
+            hint="pass the RunSpec as well: --config F --set KEY=VALUE",
+        )
+
+
 def check_world_size(world_size: int | None) -> None:
     """`--world-size N` (`dllm config validate`, `dllm doctor`): a process count, so 1 or more.
     Checked before the config is read: 0 or -3 was checked as a launch of that many processes

@@ -8,7 +8,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from turbo_dllm.cli._output import add_overrides, emit_json, group
+from turbo_dllm.cli._output import add_overrides, check_overrides_have_config, emit_json, group
 
 SHOWN_PROBLEMS = 20  # per pack, without --all: a wiped cache is one line per file (thousands)
 
@@ -67,7 +67,7 @@ def register(subparsers) -> None:
 
 def _spec(args):
     """(spec, digest, compile-relevant part) of --config, or Nones."""
-    _check_sets(args)
+    check_overrides_have_config(args)
     if not args.config:
         return None, None, None
     from turbo_dllm.cache.key import compile_relevant, spec_digest
@@ -75,18 +75,6 @@ def _spec(args):
 
     spec = load_training_spec(args.config, args.overrides)
     return spec, spec_digest(spec), compile_relevant(spec)
-
-
-def _check_sets(args) -> None:
-    """--set changes the --config spec: without one it was dropped without a word (a pack
-    keyed for any spec, an install not checked against the run that --set described)."""
-    if args.overrides and not args.config:
-        from turbo_dllm.errors import DllmError
-
-        raise DllmError(
-            f"--set {args.overrides[0]} changes the spec of --config, and none was given",
-            hint="pass the RunSpec as well: --config F --set KEY=VALUE",
-        )
 
 
 def _caches() -> dict[str, Path]:
@@ -184,7 +172,7 @@ def _list(args) -> int:
     )
     from turbo_dllm.errors import DllmError
 
-    _check_sets(args)
+    check_overrides_have_config(args)
     if args.config and not args.available:  # else --config would be ignored without a word
         from turbo_dllm.cli._output import shell_path
 

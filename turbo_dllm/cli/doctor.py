@@ -6,7 +6,12 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from turbo_dllm.cli._output import add_overrides, check_world_size, emit_json
+from turbo_dllm.cli._output import (
+    add_overrides,
+    check_overrides_have_config,
+    check_world_size,
+    emit_json,
+)
 
 _STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
 
@@ -69,6 +74,7 @@ def _doctor(args) -> int:
     from turbo_dllm.doctor import run_checks
 
     check_world_size(args.world_size)  # was checked as if it made sense
+    check_overrides_have_config(args)  # a run's --set without its RunSpec checked nothing
     report = run_checks(build_context(args.config, args.world_size, args.overrides))
     if args.json:
         emit_json(report.to_json())
