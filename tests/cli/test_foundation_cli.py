@@ -344,6 +344,10 @@ def test_init_next_steps_paste_into_bash(cli, tmp_path, monkeypatch):
     result = cli("init", "my project")
     assert result.code == 0, result.err
     assert "\n  cd 'my project'\n" in result.out
+    # the steps end with the launch the project's README ends with
+    assert result.out.rstrip().endswith(
+        "dllm doctor --config train.yaml\n  dllm launch --config train.yaml"
+    )
 
 
 def test_init_and_recipe_copy_refuse_an_empty_path(cli, tmp_path, monkeypatch):

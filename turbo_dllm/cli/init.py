@@ -22,6 +22,6 @@ def _init(args) -> int:
     # Pasted into a shell whatever the folder's name (`cd my project`, `cd -x`: shell_path).
     print(
         f"\nnext:\n  cd {shell_path(args.directory)}\n  dllm data prepare --config prepare.yaml\n"
-        "  dllm doctor --config train.yaml"
+        "  dllm doctor --config train.yaml\n  dllm launch --config train.yaml"
     )
     return 0
