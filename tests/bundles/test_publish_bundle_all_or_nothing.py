@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from tests.bundles.crafting import variant
 from tests.helpers import assert_user_error
-from turbo_dllm.bundles.catalog import read_releases_lock
+from turbo_dllm.bundles.catalog import read_releases_lock, sha256_bytes
 
 
 def tree(folder):
@@ -78,3 +78,21 @@ def test_a_missing_archive_creates_no_mirror_folder(cli, tmp_path):
     result = cli("bundle", "publish", tmp_path / "nope.tar.zst", "--release", "v1",
                  "--mirror", afile / "m")  # fmt: skip
     assert_user_error(result, f"cannot write into {afile / 'm'}")
+
+
+def test_an_offline_mirror_is_refused_unchanged(cli, cpu_bundle, tmp_path):
+    """Publishing into a folder `dllm mirror create` made added files its MIRROR.json does not
+    list (and could change a catalog it lists), so `dllm mirror verify` failed it afterwards."""
+    index = tmp_path / "index"
+    assert cli("bundle", "publish", cpu_bundle.archive, "--release", "v1",
+               "--mirror", index).code == 0  # fmt: skip
+    catalog_sha = sha256_bytes((index / "releases/v1/catalog.toml").read_bytes())
+    made = cli("mirror", "create", tmp_path / "offline", "--release", "v1", "--from", index,
+               "--catalog-sha256", catalog_sha)  # fmt: skip
+    assert made.code == 0, made.err
+    offline = tmp_path / "offline"
+    before = tree(offline)
+    result = cli("bundle", "publish", cpu_bundle.archive, "--release", "v2", "--mirror", offline)
+    assert_user_error(result, "is an offline mirror made by `dllm mirror create`", "--force")
+    assert tree(offline) == before
+    assert cli("mirror", "verify", offline).code == 0

@@ -116,12 +116,27 @@ def publish(
     return PublishResult(release, catalog_file, sha256_bytes(data), added, unchanged)
 
 
+# What `dllm mirror create` writes last into an offline mirror (turbo_dllm.mirror.layout, a
+# layer above this one): every file of the mirror with its sha256.
+_OFFLINE_MIRROR_FILE = "MIRROR.json"
+
+
 def _check_mirror(mirror: Path) -> None:
     """Refuse a mirror that is a file, or under one, before any archive is verified; nothing
-    is created (`make_output_dir` does that once everything is checked)."""
+    is created (`make_output_dir` does that once everything is checked). Refuse an offline
+    mirror that `dllm mirror create` made too: files published into it are in no MIRROR.json,
+    so `dllm mirror verify` failed it afterwards (and a catalog it lists changed under it)."""
     existing = next((p for p in (mirror, *mirror.parents) if p.exists()), None)
     if existing is not None and not existing.is_dir():
         make_output_dir(mirror)  # raises, naming what is in the way
+    if (mirror / _OFFLINE_MIRROR_FILE).is_file():
+        raise DllmError(
+            f"{mirror} is an offline mirror made by `dllm mirror create` (it has "
+            f"{_OFFLINE_MIRROR_FILE}); publishing into it would leave that file out of date",
+            hint="publish into the bundle index the mirror was made from (or a new folder), "
+            "then make the mirror again: dllm mirror create DIR --release RELEASE --from INDEX "
+            "--force",
+        )
 
 
 def _checked_entry(archive: Path) -> CatalogEntry:
