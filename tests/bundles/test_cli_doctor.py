@@ -80,6 +80,26 @@ def test_offline_mode_allows_local_sources(cli, mirror, monkeypatch):
     assert folder.code == 0, folder.err
 
 
+@pytest.mark.parametrize("value", ["on", "ON "])
+def test_offline_on_is_offline(cli, monkeypatch, value):
+    monkeypatch.setenv("DLLM_OFFLINE", value)  # read as off: the network was contacted
+    refused = cli(
+        "bundle", "install", "--auto", "--release", "v-test", "--index", "http://10.1.2.3:8000",
+        "--retries", "0",
+    )  # fmt: skip
+    assert_user_error(refused, "offline mode: refusing to contact '10.1.2.3'")
+
+
+@pytest.mark.parametrize("value", ["2", "y", "offline"])
+def test_an_offline_value_neither_on_nor_off_is_refused(cli, monkeypatch, value):
+    monkeypatch.setenv("DLLM_OFFLINE", value)
+    refused = cli(
+        "bundle", "install", "--auto", "--release", "v-test", "--index", "http://10.1.2.3:8000",
+        "--retries", "0",
+    )  # fmt: skip
+    assert_user_error(refused, f"DLLM_OFFLINE={value!r} is neither on nor off", "DLLM_OFFLINE=1")
+
+
 def test_install_needs_auto_or_target(cli):
     result = cli("bundle", "install", "--mirror", ".")
     assert result.code == 2 and "--auto" in result.err

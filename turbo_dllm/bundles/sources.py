@@ -533,9 +533,22 @@ def _loopback_get(
     return _Response(response.status, response.reason, response.header, chunks(), response.close)
 
 
+_OFFLINE_ON = ("1", "true", "yes", "on")
+_OFFLINE_OFF = ("", "0", "false", "no", "off")
+
+
 def offline_requested(flag: bool = False) -> bool:
-    """`--offline`, or DLLM_OFFLINE=1: only local sources (folders, file://, loopback HTTP)."""
-    return flag or os.environ.get(OFFLINE_VARIABLE, "").strip().lower() in ("1", "true", "yes")
+    """`--offline`, or DLLM_OFFLINE=1: only local sources (folders, file://, loopback HTTP).
+    A value that is neither on nor off is an error: DLLM_OFFLINE=on (or 2, or y) read as off,
+    so the network was contacted by someone who had asked for it not to be."""
+    text = os.environ.get(OFFLINE_VARIABLE, "").strip().lower()
+    if text not in _OFFLINE_ON + _OFFLINE_OFF:
+        raise DllmError(
+            f"{OFFLINE_VARIABLE}={os.environ[OFFLINE_VARIABLE]!r} is neither on nor off",
+            hint=f"set {OFFLINE_VARIABLE}=1 (or true, yes, on) to stay offline, 0 (or unset "
+            "it) otherwise",
+        )
+    return flag or text in _OFFLINE_ON
 
 
 def open_source(location: str | None, *, offline: bool = False) -> Source:
