@@ -80,6 +80,22 @@ def test_wrong_size_is_refused(bundle_b, installed):
     assert_previous_still_active(installed)
 
 
+def test_a_mirror_copy_cut_short_is_named_as_such(bundle_b, installed):
+    """A bundle cut short in a mirror folder (an interrupted copy onto a USB stick) got the
+    hint 're-publish it', which does not mend a copy; it now says to copy it again."""
+    mirror, catalog_sha, entry = bundle_b
+    path = mirror / "bundles" / entry.file
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(BundleRejected, match="wrong size") as caught:
+        attempt(mirror, catalog_sha=catalog_sha)
+    assert "cut short" in caught.value.hint and "copy it again" in caught.value.hint
+    assert_previous_still_active(installed)
+    path.write_bytes(path.read_bytes() + b"\0" * entry.size)  # longer: another file
+    with pytest.raises(BundleRejected, match="wrong size") as caught:
+        attempt(mirror, catalog_sha=catalog_sha)
+    assert "does not belong to this catalog" in caught.value.hint
+
+
 def test_truncated_transfer_is_retried_then_refused(bundle_b, installed):
     mirror, catalog_sha, _ = bundle_b
     with MirrorServer(mirror) as server:

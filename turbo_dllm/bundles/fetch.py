@@ -335,10 +335,15 @@ class _Transfer:
     def _open(self, pool: BufferPool | None) -> None:
         self._opened = opened = self._source.open(self._path, self._have, self._deadline, pool)
         if opened.total is not None and opened.total != self._size:
+            # Shorter is what an interrupted copy onto a USB stick or shared disk leaves, which
+            # re-publishing does not mend.
             raise BundleRejected(
                 f"{self._source.url(self._path)}: wrong size: the catalog says {self._size} "
                 f"bytes, the source has {opened.total}",
-                hint="the mirror's copy does not belong to this catalog; re-publish it",
+                hint="the mirror's copy is cut short (an interrupted copy?): copy it again "
+                "whole from where the mirror came from (`dllm mirror verify` checks a mirror)"
+                if opened.total < self._size
+                else "the mirror's copy does not belong to this catalog; re-publish it",
             )
         if opened.offset != self._have:  # the source starts from byte 0: so do we
             self._have = 0
