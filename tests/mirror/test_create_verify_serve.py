@@ -403,6 +403,51 @@ def test_a_killed_create_s_staging_folder_is_swept_by_the_next_one(
     assert cli("mirror", "verify", out / "mirror").code == 0
 
 
+def test_a_create_racing_another_replaces_nothing_without_force(tmp_path, wheels, cli, monkeypatch):
+    """Two creates of one new DIR at once both passed the 'DIR exists: pass --force' check, and
+    the one that finished last replaced the other's mirror without --force."""
+    from turbo_dllm.mirror import release
+
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
+    marker, go = tmp_path / "copying", tmp_path / "go"
+    driver = (  # stands still until `go` exists
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from turbo_dllm.mirror import release\n"
+        "def add_release(plan, staging):\n"
+        f"    Path({str(marker)!r}).write_text(str(staging))\n"
+        f"    while not Path({str(go)!r}).exists():\n"
+        "        time.sleep(0.05)\n"
+        "release.add_release = add_release\n"
+        "from turbo_dllm.cli import main\n"
+        "sys.exit(main(sys.argv[1:]))\n"
+    )
+    out = tmp_path / "out"
+    create = ("mirror", "create", out / "mirror", "--release", "v0", "--manifest", manifest_file,
+              "--wheels-from", wheels)  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-c", driver, *map(str, create)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.is_file():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.05)
+        monkeypatch.setattr(release, "add_release", lambda plan, staging: None)
+        assert cli(*create).code == 0  # the other create, done first
+        first = (out / "mirror" / "MIRROR.json").read_bytes()
+        go.write_text("")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 2, err
+    assert "was filled while this create ran" in err and "Traceback" not in err
+    assert (out / "mirror" / "MIRROR.json").read_bytes() == first
+    assert sorted(out.iterdir()) == [out / "mirror"]
+
+
 def test_create_refuses_a_destination_that_is_a_file(tmp_path, wheels, cli):
     """A file as DIR (or inside DIR's path) was a NotADirectoryError traceback."""
     afile = tmp_path / "afile"

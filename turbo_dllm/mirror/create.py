@@ -299,6 +299,7 @@ def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
             encoding="utf-8",
         )
         if dest.exists():
+            _check_still_replaceable(plan, dest)
             _replace_folder(staging, dest)  # the old mirror may end up at `staging`
         else:
             staging.rename(dest)
@@ -308,6 +309,19 @@ def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
         os.close(held)
         _settle_downloads(downloads, done)
     return index
+
+
+def _check_still_replaceable(plan: MirrorPlan, dest: Path) -> None:
+    """`create_mirror`'s checks of DIR again, at the rename: another create of DIR (or anything
+    else) may have filled it since, and this one replaced that without --force."""
+    if not any(dest.iterdir()):
+        return
+    if not (dest / MIRROR_FILE).is_file() or not plan.force:
+        raise DllmError(
+            f"{dest} was filled while this create ran (another `dllm mirror create`?); "
+            "it was left as it is and nothing was written",
+            hint="check what is there; pass --force to replace a mirror",
+        )
 
 
 def _settle_downloads(downloads: Path, done: bool) -> None:
