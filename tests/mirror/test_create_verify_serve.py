@@ -121,6 +121,26 @@ def test_a_missing_manifest_is_one_problem(mirror, cli):
     assert result.out.rstrip().endswith("1 problem"), result.out
 
 
+@pytest.mark.parametrize(
+    "path", ["../outside.txt", "/etc/hostname", "wheels/../../outside.txt", "a//b", "./x"]
+)
+def test_a_mirror_index_naming_a_file_outside_the_mirror_is_refused(mirror, cli, path):
+    """MIRROR.json's paths were joined to the mirror's root unchecked: verify (the check of a
+    mirror one was handed) hashed files outside it, and '../../dev/zero' with a large size kept
+    it reading for ever."""
+    root, _ = mirror
+    (root.parent / "outside.txt").write_text("not part of the mirror")
+    data = json.loads((root / "MIRROR.json").read_text())
+    data["files"].append({"path": path, "sha256": "0" * 64, "size": 22, "kind": "other"})
+    (root / "MIRROR.json").write_text(json.dumps(data))
+    result = cli("mirror", "verify", root)
+    assert_user_error(result, "is not a valid mirror index", "is not a plain relative path")
+    data["files"].pop()
+    data["project"]["wheel"] = path
+    (root / "MIRROR.json").write_text(json.dumps(data))
+    assert_user_error(cli("mirror", "verify", root), "is not a plain relative path")
+
+
 def test_verify_names_damaged_and_unreadable_files_instead_of_stopping(mirror, cli):
     """A page or manifest that is not UTF-8 was a UnicodeDecodeError traceback, and a listed
     file that cannot be read (here a folder in its place) stopped verify at that file."""

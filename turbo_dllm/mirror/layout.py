@@ -27,7 +27,7 @@ from typing import Literal
 from urllib.parse import quote
 
 from packaging.utils import canonicalize_name, parse_wheel_filename
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.locations import parse_location
@@ -57,11 +57,31 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+def _inside_the_mirror(path: str) -> str:
+    """A plain relative POSIX path: readers join it to the mirror's root, so `../x` or `/x`
+    sent `dllm mirror verify` (the check of a mirror one was handed) to hash files outside it,
+    and `../../dev/zero` kept it reading for ever."""
+    parts = path.split("/")
+    if (
+        path.startswith("/")
+        or "\\" in path
+        or "\0" in path
+        or any(part in ("", ".", "..") for part in parts)
+    ):
+        raise ValueError(f"{path!r} is not a plain relative path inside the mirror")
+    return path
+
+
 class MirrorFile(_Strict):
     path: str = Field(description="POSIX path relative to the mirror root")
     sha256: str = Field(pattern=_SHA256)
     size: int = Field(ge=0)
     kind: FileKind
+
+    @field_validator("path")
+    @classmethod
+    def _check_path(cls, value: str) -> str:
+        return _inside_the_mirror(value)
 
 
 class MirrorProject(_Strict):
@@ -71,6 +91,11 @@ class MirrorProject(_Strict):
     version: str
     wheel: str
     sha256: str = Field(pattern=_SHA256)
+
+    @field_validator("wheel")
+    @classmethod
+    def _check_wheel(cls, value: str) -> str:
+        return _inside_the_mirror(value)
 
 
 class MirrorIndex(_Strict):
