@@ -492,3 +492,16 @@ def test_elastic_worker_resizes_the_planned_layout_and_refuses_misfits(spec_file
     with pytest.raises(DllmError, match="world size 8: not a multiple"):
         layout_for_world(plan, spec, 8)
     assert spec.topology.fsdp == 2
+
+
+def test_a_local_launch_of_an_elastic_job_says_how_many_processes_it_has(cli, spec_file, workdir):
+    """It said "the local backend runs one process, but this job has 1" of a 1:2-node job."""
+    base = ("launch", "--config", spec_file, "--backend", "local", "--dry-run")
+    result = cli(*base, "--nnodes", "1:2", "--nproc-per-node", "1")
+    assert_user_error(
+        result,
+        "the local backend runs one process, but this job has 1 to 2 (an elastic 1:2-node job)",
+        "--backend torchrun",
+    )
+    result = cli(*base, "--nproc-per-node", "2", "--set", "topology.dp=2")
+    assert_user_error(result, "the local backend runs one process, but this job has 2\n")

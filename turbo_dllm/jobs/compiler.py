@@ -61,8 +61,14 @@ def compile_plan(
     _check_backend_options(options, backend)
 
     if backend == "local" and world_sizes != [1]:
+        # An elastic job's sizes: "this job has 1" (of 1:2 nodes) read as no conflict at all.
+        count = (
+            str(world_sizes[0])
+            if len(world_sizes) == 1
+            else f"{world_sizes[0]} to {world_sizes[-1]} (an elastic {nnodes}-node job)"
+        )
         raise DllmError(
-            f"the local backend runs one process, but this job has {world_sizes[0]}",
+            f"the local backend runs one process, but this job has {count}",
             hint="use --backend torchrun (or leave --backend at auto)",
         )
     if backend == "local" and options.max_restarts:
