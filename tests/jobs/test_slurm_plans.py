@@ -14,6 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.helpers import assert_user_error
 from tests.jobs.test_plans import dry_run
 from turbo_dllm.jobs.backends.slurm import PORT_BASE, PORT_SPAN
@@ -404,6 +406,34 @@ def test_failed_sbatch_names_options_that_exist(cli, spec_file, workdir, monkeyp
     assert {"--partition", "--gpus-per-node", "--cpus-per-task", "--sbatch"} <= named
     help_text = cli("launch", "--help").out
     assert all(re.search(rf"{flag}\b", help_text) for flag in named), named
+
+
+@pytest.mark.parametrize(
+    "said",
+    [
+        "sbatch: error: Batch job submission failed: Unable to contact slurm controller "
+        "(connect failure)",
+        "sbatch: error: _establish_config_source: failed to fetch config\n"
+        "sbatch: fatal: Could not establish a configuration source",
+    ],
+    ids=["controller-down", "no-configuration"],
+)
+def test_sbatch_without_a_controller_is_not_blamed_on_job_options(
+    cli, spec_file, workdir, monkeypatch, said
+):
+    """What sbatch says (real SLURM 22.05) with the controller down or no configuration: the hint
+    sent the user to change --partition, --time, ... which sbatch never got to read."""
+    bin_dir = workdir / "bin"
+    fake_command(bin_dir, "sbatch", f"printf '%s\\n' {shlex.quote(said)} >&2\nexit 1\n")
+    monkeypatch.setenv("PATH", str(bin_dir))
+    result = cli("launch", "--config", spec_file, *SLURM, "--nproc-per-node", "1", "--submit")
+    assert result.code == 2 and "Traceback" not in result.err
+    error = result.err[result.err.index("dllm: error:") :]
+    assert error.startswith(f"dllm: error: sbatch failed (exit 1): {said}\n"), error
+    hint = error.split("hint:", 1)[1]
+    assert "sbatch reached no SLURM controller" in hint and "SLURM_CONF" in hint
+    assert "--partition" not in hint
+    assert not (workdir / "runs").exists() or not any((workdir / "runs").iterdir())
 
 
 def test_a_refused_submission_leaves_no_run(cli, spec_file, workdir, monkeypatch):

@@ -233,14 +233,32 @@ def submit(job: SlurmJob, run_dir: Path) -> str:
     sbatch = find_sbatch()
     proc = subprocess.run([sbatch, *job.submit[1:]], capture_output=True, text=True)
     if proc.returncode != 0:
-        raise DllmError(
-            f"sbatch failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}",
-            hint="launch again with what the cluster accepts: --partition, --account, --time, "
-            "--gpus-per-node, --cpus-per-task or --sbatch 'OPTION'",
+        said = proc.stderr.strip() or proc.stdout.strip()
+        hint = (
+            "launch again with what the cluster accepts: --partition, --account, --time, "
+            "--gpus-per-node, --cpus-per-task or --sbatch 'OPTION'"
         )
+        if any(words in said for words in _NO_CONTROLLER):
+            # No job option is at fault: the hint sent the user to change options that sbatch
+            # never got to read.
+            hint = (
+                "sbatch reached no SLURM controller: on a SLURM login node, check its "
+                "configuration (SLURM_CONF) and that the controller answers (`sinfo`), then "
+                "launch again"
+            )
+        raise DllmError(f"sbatch failed (exit {proc.returncode}): {said}", hint=hint)
     job_id, cluster = _parse_job_id(proc.stdout)
     _write_submission(Path(run_dir), job_id, cluster, job.script)
     return job_id
+
+
+# What sbatch says when it reaches no controller (its configuration is missing, or the
+# controller is down or unreachable), whatever the job asks for.
+_NO_CONTROLLER = (
+    "Unable to contact slurm controller",
+    "Could not establish a configuration source",
+    "Unable to establish a configuration source",
+)
 
 
 def _write_submission(run_dir: Path, job_id: str, cluster: str | None, script: str) -> None:
