@@ -25,6 +25,8 @@ def register(subparsers) -> None:
 
 
 def _train(args) -> int:
+    import os
+
     from turbo_dllm.data.spec import load_training_spec
     from turbo_dllm.train.entry import resolve_run_dir, train, world_size_from_env
 
@@ -32,7 +34,9 @@ def _train(args) -> int:
     from turbo_dllm.jobs.launcher import check_inputs
 
     check_inputs(spec, args.config)  # before the run dir exists
-    run_dir = resolve_run_dir(spec, args.run_dir)
+    # `~` is the home folder, as in the spec's launch.run_dir (bash leaves --run-dir=~/a as it is)
+    requested = None if args.run_dir is None else os.path.expanduser(args.run_dir)
+    run_dir = resolve_run_dir(spec, requested)
     _check_checkpoint_dir(spec, run_dir)  # before the run dir exists, and any step
     _make_run_dir(run_dir)
     if not _check_recorded_spec(spec, run_dir):

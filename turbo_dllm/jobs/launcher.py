@@ -340,12 +340,14 @@ def _run_dir(
 ) -> tuple[Path, bool]:
     """The run dir and whether the user named it (a fresh stamped dir otherwise). The command
     line wins over the spec's `launch.run_dir`: `--run-root` was ignored without a word when
-    the spec named a run dir."""
+    the spec named a run dir. A leading `~` is the home folder, as in a spec's paths: bash leaves
+    `--run-dir=~/runs/a` as it is, and the launch made a folder named `~` in the current one."""
     if options.run_dir:
-        return Path(options.run_dir).resolve(), True
+        return Path(options.run_dir).expanduser().resolve(), True
     if spec_run_dir and not options.run_root:
         return Path(spec_run_dir).resolve(), True
-    return new_run_dir(options.run_root or default_root).resolve(), False
+    root = Path(options.run_root).expanduser() if options.run_root else default_root
+    return new_run_dir(root).resolve(), False
 
 
 def _recorded_spec(recorded: RunManifest) -> RunSpec:
