@@ -211,6 +211,7 @@ def test_held_out_evaluation_in_compiled_checkpointed_layers(tmp_path, attention
         "eval.interval=2",
         "eval.sequences=8",
         "model.config_overrides.head_dim=64",  # turbo's head dims: 64 and 128
+        "kernels=jit",  # turbo's op from the shipped source (no bundle installed)
     )
     spec = tiny_spec(
         *common,
