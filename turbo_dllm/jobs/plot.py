@@ -1,4 +1,5 @@
-"""PNG plots of a run's metrics.jsonl: loss, throughput and memory against the step."""
+"""PNG plots of a run's metrics.jsonl: loss (and the held-out loss where the run evaluated),
+throughput and memory against the step."""
 
 from __future__ import annotations
 
@@ -59,6 +60,12 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         # A line through one point draws nothing: a run after its first logged step.
         marker = "o" if len(points) == 1 else None
         axes.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.5, marker=marker)
+        held_out = [(r["step"], r["eval_loss"]) for r in records if _number(r.get("eval_loss"))]
+        if key == "loss" and held_out:  # the evaluations (`eval:`) beside the training loss
+            axes.lines[0].set_label("training")
+            xs, ys = zip(*held_out, strict=True)
+            axes.plot(xs, ys, linewidth=1.5, marker="o", label="held-out (eval_loss)")
+            axes.legend()
         axes.set_xlabel("step")
         axes.set_ylabel(label)
         axes.set_title(f"{run_dir.name}: {label}")
