@@ -154,6 +154,24 @@ class BundleStore:
     def lock_path(self) -> Path:
         return self.root / "install.lock"
 
+    def check_folders(self) -> None:
+        """Refuse a store whose path goes through a file (a `DLLM_HOME` that is a file, say):
+        readers would see an empty store ("no bundles installed") and writers a bare
+        "Not a directory". Every bundle command calls it first (`locked` does for writers)."""
+        for folder in (*reversed(self.store_dir.parents), self.store_dir):
+            try:
+                if not folder.exists() or folder.is_dir():
+                    continue
+            except OSError:  # a folder above that may not be searched: left to the command
+                return
+            home = dllm_home()
+            where = "DLLM_HOME" if os.environ.get("DLLM_HOME") else "the turbo-dllm home"
+            what = f"{where} {home}" if folder == home else str(folder)
+            raise DllmError(
+                f"the bundle store {self.root} cannot be used: {what} is a file, not a folder",
+                hint=f"move the file {folder} out of the way, or set DLLM_HOME to a folder",
+            )
+
     # --- reading ----------------------------------------------------------------------------
     def _read(self, sha256: str) -> InstalledBundle | str | None:
         """The bundle in store entry `sha256`, or what is wrong with it (None: no bundle.json)."""
@@ -367,6 +385,7 @@ class BundleStore:
     def locked(self, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[None]:
         """The install lock: `flock` on install.lock, released by the kernel when the holder
         dies, so it is never stale. Waits up to `timeout_s`, then names the holder."""
+        self.check_folders()
         with file_lock(self.lock_path, timeout_s, "another bundle operation is running"):
             self._sweep_staging()
             yield

@@ -326,6 +326,10 @@ def _install(args) -> int:
         raise DllmError(f"--retries must be 0 or more, got {args.retries}")
     _check_lock_timeout(args)
     target = BundleTarget.parse(args.target) if args.target else None
+    if not args.dry_run:  # a file in the way of the store: said before any download or build
+        from turbo_dllm.bundles.store import BundleStore
+
+        BundleStore().check_folders()
     try:
         plan = plan_install(
             args.release,
@@ -423,6 +427,7 @@ def _list(args) -> int:
     from turbo_dllm.bundles.store import BundleStore, DamagedBundle
 
     store = BundleStore()
+    store.check_folders()  # a file in the way read as "no bundles installed"
     states = store.states()
     entries = store.entries()  # a damaged entry is listed (marked), not an error
 
@@ -467,6 +472,7 @@ def _status(args) -> int:
     from turbo_dllm.host import collect_fingerprint
 
     store = BundleStore()
+    store.check_folders()
     # A damaged active bundle is an error naming the fix (its kernels cannot load; one without
     # bundle.json read "none"); a damaged previous one is shown as such (it was an error, or
     # "none" without bundle.json).
@@ -527,6 +533,7 @@ def _verify(args) -> int:
     from turbo_dllm.bundles.store import BundleStore, InstalledBundle
 
     store = BundleStore()
+    store.check_folders()
     bundles = [store.find_entry(args.bundle)] if args.bundle else store.entries()
     report = {}
     for b in bundles:
