@@ -204,16 +204,51 @@ class BundleStore:
         return found
 
     def repair_hint(self, sha256: str) -> str:
-        """How to repair the damaged store entry `sha256`."""
+        """How to repair the damaged store entry `sha256` (a changed or missing file, a damaged
+        bundle.json or install.json): the install command that puts it back from where it
+        came, where install.json says, or removing it."""
+        active = self._link("active") == sha256
         remove = (
             "`dllm bundle deactivate` (or `dllm bundle rollback`), then `dllm bundle uninstall"
-            if self._link("active") == sha256
+            if active
             else "remove it: `dllm bundle uninstall"
         )
-        return (
-            "install its release again (`dllm bundle install` replaces a damaged copy), "
-            f"or {remove} {sha256[:12]}`"
-        )
+        command = self.reinstall_command(sha256)
+        if command is None:
+            again = "install its release again (`dllm bundle install` replaces a damaged copy)"
+        else:
+            made_active = "" if active else "; it becomes the active bundle"
+            again = f"install it again: `{command}` (replaces the damaged copy{made_active})"
+        return f"{again}, or {remove} {sha256[:12]}`"
+
+    def reinstall_command(self, sha256: str) -> str | None:
+        """The `dllm bundle install` command that installs store entry `sha256` again from the
+        source its install.json records (a bundle built here: by building it again); None
+        where install.json cannot be read or names no release and source."""
+        import shlex
+
+        path = self.store_dir / sha256
+        try:
+            record = InstallRecord.model_validate_json((path / RECORD_NAME).read_bytes())
+        except (OSError, RecordError):
+            return None
+        if record.provenance != "published":
+            return "dllm bundle install --auto --build missing"
+        source, marker = record.source, "/bundles/"
+        if not record.release or not source or marker not in source:
+            return None
+        root = source.rsplit(marker, 1)[0] or "/"
+        where = "--index" if "://" in root else "--mirror"
+        try:  # the target it was installed for: --auto could pick another bundle
+            manifest = BundleManifest.model_validate_json((path / MANIFEST_NAME).read_bytes())
+            choice = f"--target {manifest.target}"
+        except (OSError, RecordError):
+            choice = "--auto"
+        command = f"dllm bundle install --release {shlex.quote(record.release)} {choice} "
+        command += f"{where} {shlex.quote(root)}"
+        if record.catalog_sha256 and not _pinned(record.release, record.catalog_sha256):
+            command += f" --catalog-sha256 {record.catalog_sha256}"
+        return command
 
     def states(self) -> dict[str, str]:
         """{sha256: "active" | "previous"} for the entries the store's links point at, read
@@ -625,6 +660,17 @@ def _renameat2():
     ]
     function.restype = ctypes.c_int
     return function
+
+
+def _pinned(release: str, catalog_sha256: str) -> bool:
+    """Whether the releases.lock shipped in this package pins `release` to `catalog_sha256`."""
+    from turbo_dllm.bundles.catalog import read_releases_lock
+
+    try:
+        pin = read_releases_lock().releases.get(release)
+    except DllmError:
+        return False
+    return pin is not None and pin.catalog_sha256 == catalog_sha256
 
 
 def _entry_name(entry: InstalledBundle | DamagedBundle) -> str:

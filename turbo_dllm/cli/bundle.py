@@ -542,8 +542,15 @@ def _verify(args) -> int:
         else:  # a store entry whose bundle.json or install.json cannot be read
             report[f"damaged@{b.short_sha}"] = [b.problem]
     ok = all(not problems for problems in report.values())
+    # Each failing bundle's own fix: installing it again replaces the damaged copy (the hint
+    # said to uninstall it first, and named no command to install it with).
+    fixes = {
+        name: store.repair_hint(b.sha256)
+        for b, (name, problems) in zip(bundles, report.items(), strict=True)
+        if problems
+    }
     if args.json:
-        emit_json({"ok": ok, "bundles": report})
+        emit_json({"ok": ok, "bundles": report, "fixes": fixes})
     else:
         if not bundles:
             print("no bundles installed")
@@ -551,12 +558,8 @@ def _verify(args) -> int:
             print(f"{'ok  ' if not problems else 'FAIL'}  {name}")
             for problem in problems:
                 print(f"      {problem}")
-        if not ok:
-            print(
-                "fix: dllm bundle uninstall ID (after `dllm bundle deactivate` if it is active), "
-                "then install again",
-                file=sys.stderr,
-            )
+        for name, fix in fixes.items():
+            print(f"fix {name}: {fix}", file=sys.stderr)
     return 0 if ok else 1
 
 
