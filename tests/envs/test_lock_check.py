@@ -103,3 +103,20 @@ def test_check_errors(tmp_path, cli):
         cli("env", "lock", "--target", "cpu-x86_64", "--check", "--from-environment"),
         "--check compares the manifest with pyproject.toml",
     )
+
+
+@pytest.mark.parametrize(
+    "flags", [["--extra", "gpu"], ["--torch", "2.1"], ["--offline"]], ids=["extra", "torch", "off"]
+)
+def test_check_refuses_resolution_flags_it_would_ignore(cli, flags):
+    """`--check --extra gpu` reported the manifest current against its own extras, as if the
+    gpu extra had been checked: the flags that only shape a resolution are refused."""
+    result = cli("env", "lock", "--target", "cpu-x86_64", "--check", *flags)
+    assert_user_error(result, f"{flags[0]} only shape a resolution", "hint: drop them")
+
+
+def test_a_missing_manifest_at_output_is_locked_there(tmp_path, cli):
+    """The hint's lock writes the manifest that --check looked for, not the project's."""
+    path = tmp_path / "no.toml"
+    result = cli("env", "lock", "--target", "cpu-x86_64", "--check", "--output", str(path))
+    assert_user_error(result, f"hint: lock it: dllm env lock --target cpu-x86_64 --output {path}")

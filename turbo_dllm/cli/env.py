@@ -137,25 +137,31 @@ def _lock(args) -> int:
     from turbo_dllm.envs.lock import DEFAULT_EXTRAS, DEFAULT_INDEX, LockRequest, lock_environment
     from turbo_dllm.errors import DllmError
 
+    resolving = {
+        "--python-version": args.python_version,
+        "--torch": args.torch,
+        "--cuda": args.cuda,
+        "--extra": args.extras,
+        "--index-url": args.index_url,
+        "--no-index": args.no_index,
+        "--extra-index-url": args.extra_index_url,
+        "--no-torch-index": args.no_torch_index,
+        "--find-links": args.find_links,
+        "--python-platform": args.python_platform,
+        "--offline": args.offline,
+    }
+    given = [flag for flag, value in resolving.items() if value]
     if args.check:
+        if given:  # the check reads the manifest's own extras and pins: these would be ignored
+            raise DllmError(
+                f"--check compares the manifest (with the extras it was locked with) with "
+                f"pyproject.toml; {', '.join(given)} only shape a resolution",
+                hint="drop them; to lock with them, drop --check",
+            )
         return _lock_check(args)
     if args.from_environment:
         from turbo_dllm.envs.freeze import lock_from_environment
 
-        resolving = {
-            "--python-version": args.python_version,
-            "--torch": args.torch,
-            "--cuda": args.cuda,
-            "--extra": args.extras,
-            "--index-url": args.index_url,
-            "--no-index": args.no_index,
-            "--extra-index-url": args.extra_index_url,
-            "--no-torch-index": args.no_torch_index,
-            "--find-links": args.find_links,
-            "--python-platform": args.python_platform,
-            "--offline": args.offline,
-        }
-        given = [flag for flag, value in resolving.items() if value]
         if given:
             raise DllmError(
                 f"--from-environment locks what is installed; {', '.join(given)} only "
@@ -207,8 +213,10 @@ def _lock_check(args) -> int:
         )
     path = _manifest_path(args, args.target)
     if not path.is_file():
+        output = f" --output {shell_path(str(path))}" if args.output else ""
         raise DllmError(
-            f"no manifest at {path}", hint=f"lock it: dllm env lock --target {args.target}"
+            f"no manifest at {path}",
+            hint=f"lock it: dllm env lock --target {args.target}{output}",
         )
     manifest = load_manifest(path)
     if manifest.target != args.target:
