@@ -10,6 +10,10 @@ from turbo_dllm import __version__
 from turbo_dllm.cli._output import emit_json, group, shell_path
 
 DEFAULT_RELEASE = f"v{__version__}"
+LOCK_TIMEOUT_HELP = (
+    "seconds to wait for the bundle store's lock while another bundle command holds it "
+    "(default 60; 0 or more)"
+)
 
 
 def register(subparsers) -> None:
@@ -74,7 +78,7 @@ def register(subparsers) -> None:
         "host's bundle from the package's sources, self-test and install it",
     )
     p.add_argument("--dry-run", action="store_true", help="print the choice and stop")
-    p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
+    p.add_argument("--lock-timeout", type=float, default=60.0, help=LOCK_TIMEOUT_HELP)
     p.add_argument(
         "--retries",
         type=int,
@@ -102,18 +106,18 @@ def register(subparsers) -> None:
 
     p = commands.add_parser("uninstall", help="remove an installed, inactive bundle")
     p.add_argument("bundle", help="bundle id or sha256 prefix (6+ characters)")
-    p.add_argument("--lock-timeout", type=float, default=60.0)
+    p.add_argument("--lock-timeout", type=float, default=60.0, help=LOCK_TIMEOUT_HELP)
     p.set_defaults(func=_uninstall)
 
     p = commands.add_parser("rollback", help="make the previous bundle active again")
-    p.add_argument("--lock-timeout", type=float, default=60.0)
+    p.add_argument("--lock-timeout", type=float, default=60.0, help=LOCK_TIMEOUT_HELP)
     p.set_defaults(func=_rollback)
 
     p = commands.add_parser(
         "deactivate",
         help="make no bundle active (it stays installed; rollback re-activates it)",
     )
-    p.add_argument("--lock-timeout", type=float, default=60.0)
+    p.add_argument("--lock-timeout", type=float, default=60.0, help=LOCK_TIMEOUT_HELP)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_deactivate)
 

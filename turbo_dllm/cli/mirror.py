@@ -77,7 +77,9 @@ def register(subparsers) -> None:
         "expose it). pip/uv: --index-url http://HOST:PORT/simple; dllm: --mirror http://HOST:PORT",
     )
     p.add_argument("mirror", metavar="DIR")
-    p.add_argument("--port", type=int, default=8000, help="TCP port (0: any free port)")
+    p.add_argument(
+        "--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)"
+    )
     p.add_argument(
         "--host",
         default="127.0.0.1",
