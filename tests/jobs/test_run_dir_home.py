@@ -1,10 +1,13 @@
-"""A run dir flag written `--run-dir=~/runs/a` reaches dllm as it is (bash expands no `~` after
-`=`): `~` is the home folder there, as in a spec's launch.run_dir. The launch made a folder
-named `~` in the current one (and `dllm train` trained into it)."""
+"""Run dir flags as a shell hands them over. `--run-dir=~/runs/a` reaches dllm as it is (bash
+expands no `~` after `=`): `~` is the home folder there, as in a spec's launch.run_dir (the
+launch made a folder named `~` in the current one, and `dllm train` trained into it). And
+`--run-dir "$DIR"` with DIR unset is an empty value, refused."""
 
 from __future__ import annotations
 
 import json
+
+from tests.helpers import assert_user_error
 
 
 def test_a_launch_s_run_dir_and_run_root_start_at_home(cli, spec_file, workdir, monkeypatch):
@@ -30,3 +33,14 @@ def test_dllm_train_s_run_dir_starts_at_home(cli, spec_file, workdir, monkeypatc
     assert result.code == 0, result.err
     assert (home / "t" / "metrics.jsonl").is_file()
     assert not (workdir / "~").exists()
+
+
+def test_an_empty_run_dir_is_refused_not_dropped(cli, spec_file, workdir):
+    """`--run-dir "$DIR"` with DIR unset: a launch took a fresh runs/<stamp>-<id> without a
+    word, and `dllm train` trained into the current folder (checkpoints/, metrics.jsonl)."""
+    for flag in ("--run-dir", "--run-root"):
+        result = cli("launch", "--config", spec_file, flag, "", "--dry-run")
+        assert_user_error(result, f"{flag} is empty (an unset shell variable?)")
+    result = cli("train", "--config", spec_file, "--run-dir", "")
+    assert_user_error(result, "--run-dir is empty (an unset shell variable?)")
+    assert sorted(p.name for p in workdir.iterdir()) == ["train.yaml"]

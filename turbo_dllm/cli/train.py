@@ -27,6 +27,16 @@ def register(subparsers) -> None:
 def _train(args) -> int:
     import os
 
+    if args.run_dir is not None and not args.run_dir.strip():
+        from turbo_dllm.errors import DllmError
+
+        # `--run-dir "$DIR"` with DIR unset trained into the current folder (its checkpoints/
+        # and metrics.jsonl beside whatever is there, resumed by the next such command)
+        raise DllmError(
+            "--run-dir is empty (an unset shell variable?)",
+            hint="give --run-dir a folder, or leave it out (launch.run_dir, else a fresh "
+            "runs/<stamp>-<id>)",
+        )
     from turbo_dllm.data.spec import load_training_spec
     from turbo_dllm.train.entry import resolve_run_dir, train, world_size_from_env
 

@@ -342,6 +342,14 @@ class LaunchOptions:
                 hint="static multi-node: --master-addr HOST --master-port PORT --node-rank R; "
                 "elastic: --rdzv-endpoint HOST:PORT",
             )
+        for flag, value in (("--run-dir", self.run_dir), ("--run-root", self.run_root)):
+            if value is not None and not value.strip():
+                # `--run-dir "$DIR"` with DIR unset: it was dropped without a word (a fresh
+                # runs/<stamp>-<id> instead of the folder meant)
+                raise DllmError(
+                    f"{flag} is empty (an unset shell variable?)",
+                    hint=f"give {flag} a folder, or leave it out for a fresh runs/<stamp>-<id>",
+                )
         if self.run_dir and self.run_root:
             raise DllmError("give --run-dir or --run-root, not both")
         if self.rdzv_endpoint is not None:
