@@ -44,3 +44,12 @@ def test_an_empty_run_dir_is_refused_not_dropped(cli, spec_file, workdir):
     result = cli("train", "--config", spec_file, "--run-dir", "")
     assert_user_error(result, "--run-dir is empty (an unset shell variable?)")
     assert sorted(p.name for p in workdir.iterdir()) == ["train.yaml"]
+
+
+def test_an_empty_config_or_manifest_is_refused(cli, spec_file, workdir):
+    """`--manifest ""` read as no --manifest: a launch of no config, ending in a traceback."""
+    for flag in ("--manifest", "--config"):
+        for extra in ((), ("--dry-run",)):
+            result = cli("launch", flag, "", *extra)
+            assert_user_error(result, f"{flag} is empty (an unset shell variable?)")
+    assert sorted(p.name for p in workdir.iterdir()) == ["train.yaml"]

@@ -259,6 +259,14 @@ def _launch(args) -> int:
     from turbo_dllm.errors import DllmError
     from turbo_dllm.jobs import launcher
 
+    for flag, value in (("--config", args.config), ("--manifest", args.manifest)):
+        if value is not None and not value.strip():
+            # `--manifest "$M"` with M unset: read as no --manifest, it ended in a traceback
+            # (a launch of no config)
+            raise DllmError(
+                f"{flag} is empty (an unset shell variable?)",
+                hint="pass a RunSpec YAML (--config F) or a run's manifest.json (--manifest M)",
+            )
     if args.json and not args.dry_run:
         raise DllmError("--json goes with --dry-run", hint="a real launch streams the workers")
     if args.allow_drift and not args.manifest:
