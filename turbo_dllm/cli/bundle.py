@@ -248,6 +248,7 @@ def _publish(args) -> int:
 
         packs = copy_packs(checked, args.mirror)
     pinned = pin_release(args.lock, args.release, result.catalog_sha256) if args.lock else None
+    shipped = _shipped_pin(args.release)  # what this installed turbo-dllm's own lock says
     if args.json:
         emit_json(
             {
@@ -258,6 +259,7 @@ def _publish(args) -> int:
                 "unchanged": [str(e.target) for e in result.unchanged],
                 "packs": [str(p) for p in packs],
                 "pinned": pinned,
+                "shipped_pin": shipped,
             }
         )
         return 0
@@ -271,16 +273,39 @@ def _publish(args) -> int:
     print(f"sha256    {result.catalog_sha256}")
     if args.lock:
         print(f"pinned {args.release} in {args.lock}" if pinned else f"{args.lock} already pins it")
+    elif shipped == result.catalog_sha256:  # it printed the line to add, already there
+        print(f"releases.lock already pins {args.release} to this catalog (shipped lock)")
     else:
         print(
             f'releases.lock line: "{args.release}" = {{ catalog_sha256 = "{result.catalog_sha256}" }}'
         )
+        if shipped is not None:
+            print(
+                f"warning: this turbo-dllm's releases.lock pins {args.release} to another "
+                f"catalog ({shipped}): its installs refuse this one; publish under a new "
+                "release name",
+                file=sys.stderr,
+            )
+    # A release the shipped lock pins to this catalog needs no --catalog-sha256.
+    trust = "" if shipped == result.catalog_sha256 else f" --catalog-sha256 {result.catalog_sha256}"
     print(
         f"install: dllm bundle install --release {args.release} --auto "
-        f"--mirror {shell_path(args.mirror)} "
-        f"--catalog-sha256 {result.catalog_sha256}"
+        f"--mirror {shell_path(args.mirror)}{trust}"
     )
     return 0
+
+
+def _shipped_pin(release: str) -> str | None:
+    """The catalog sha256 the releases.lock shipped in this package pins `release` to, if any
+    (an unreadable lock: None; install says what is wrong with it)."""
+    from turbo_dllm.bundles.catalog import read_releases_lock
+    from turbo_dllm.errors import DllmError
+
+    try:
+        pin = read_releases_lock().releases.get(release)
+    except DllmError:
+        return None
+    return pin.catalog_sha256 if pin else None
 
 
 def _check_lock_timeout(args) -> None:
