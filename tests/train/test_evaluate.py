@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import inspect
 import json
+import os
+import signal
 import textwrap
 from functools import partial
 
@@ -208,3 +210,36 @@ def test_doctor_checks_the_held_out_data(tmp_path, artifacts, cli):
     longer = _artifact(tmp_path / "long", [textwrap], seq_len=2 * SEQ)
     misfit = held_out(f"eval.artifact={longer}")
     assert misfit["status"] == "fail" and "eval.artifact: data.seq_len: 64" in misfit["detail"]
+
+
+def test_sigterm_during_an_evaluation_saves_that_step_at_once(tmp_path, artifacts, monkeypatch):
+    """A SIGTERM that arrives while the held-out sequences run leaves the evaluation off and
+    saves the step it follows: before, the whole evaluation ran, then one more step, and only
+    then the save (a long evaluation outlasted the scheduler's grace period before SIGKILL)."""
+    forwards_after_signal = []
+    build_model = Trainer.build_model
+
+    def build_with_a_signal_in_the_evaluation(self):
+        build_model(self)
+        forward = self.model.forward
+
+        def forward_then_signal(*args, **kwargs):
+            if not torch.is_grad_enabled():  # an evaluation's forward
+                if not forwards_after_signal:
+                    # the trainer's handler, never the default (which would end pytest)
+                    assert signal.getsignal(signal.SIGTERM) != signal.SIG_DFL
+                    os.kill(os.getpid(), signal.SIGTERM)
+                forwards_after_signal.append(1)
+            return forward(*args, **kwargs)
+
+        self.model.forward = forward_then_signal
+
+    monkeypatch.setattr(Trainer, "build_model", build_with_a_signal_in_the_evaluation)
+    # 16 held-out sequences: 4 micro-batches; no checkpoint before the end
+    spec = tiny_spec(*_args(artifacts, "eval.sequences=16", "checkpoint.interval=100"))
+    run = tmp_path / "run"
+    assert train(spec, run) == 143
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_00000002"]
+    assert [r["step"] for r in metrics(run)] == [1, 2]
+    assert not any("eval_loss" in r for r in metrics(run))
+    assert len(forwards_after_signal) == 1  # the forward under way, no more

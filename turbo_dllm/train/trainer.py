@@ -641,9 +641,13 @@ class Trainer:
         ready.record()
         return QueuedStep(step, host, ready, lr, mem_gb, started, time.perf_counter(), begun)
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, termination: TerminationRequest | None = None) -> dict[str, float] | None:
         """The held-out loss at the current weights (`train.evaluate`): forwards only, the same
-        sequences and noise every time; every rank takes part (FSDP and the loss all-reduce)."""
+        sequences and noise every time; every rank takes part (FSDP and the loss all-reduce).
+
+        None: `termination` received SIGTERM (on any rank) before the last micro-batch, and the
+        evaluation was left off so the step is saved at once (a long evaluation would outlast
+        the scheduler's grace period before SIGKILL, and the save with it)."""
         started = time.perf_counter()
         evals = self.eval_set
         if self._eval_batches is None:
@@ -657,8 +661,14 @@ class Trainer:
             ]
         denominator = self._global_counts([count for _, count in self._eval_batches])
         loss_sum = torch.zeros((), device=self.device)
+        pending = None  # across ranks: the vote taken before the last forward, read after it
         with torch.no_grad():
             for diffusion, _ in self._eval_batches:
+                if termination is not None:
+                    vote = any_rank(termination.received, self.env)
+                    ready, pending = (pending, vote) if self.env.distributed else (vote, None)
+                    if ready is not None and ready():
+                        return None
                 inputs = self.plan.prepare(diffusion.to(self.device), self.device)
                 with self.autocast():
                     local = self.model(
@@ -858,13 +868,10 @@ class Trainer:
             evaluating = self.eval_set is not None and not stop
             evaluating = evaluating and self.eval_set.due(done, self.total_steps)
             if saving or evaluating:
-                self._report(
-                    queued,
-                    last_read,
-                    began,
-                    tokens_per_step,
-                    self.evaluate() if evaluating else None,
-                )
+                evaluated = self.evaluate(termination) if evaluating else None
+                if evaluating and evaluated is None:  # SIGTERM during it: save this step now
+                    stop, saving = 2, True
+                self._report(queued, last_read, began, tokens_per_step, evaluated)
                 waiting, last_read = None, None  # the next step's time leaves these out
                 if saving:
                     self.save(done, self.train_time_offset + time.perf_counter() - began)
