@@ -205,7 +205,7 @@ def test_doctor_checks_the_held_out_data(tmp_path, artifacts, cli):
     check = held_out()
     assert check["status"] == "pass" and "8 of" in check["detail"], check
     missing = held_out(f"eval.artifact={tmp_path / 'nothere'}")
-    assert missing["status"] == "warn" and "has not been prepared yet" in missing["detail"]
+    assert missing["status"] == "fail" and "has not been prepared yet" in missing["detail"]
     assert missing["fix"].startswith("dllm data prepare --config")
     longer = _artifact(tmp_path / "long", [textwrap], seq_len=2 * SEQ)
     misfit = held_out(f"eval.artifact={longer}")
@@ -243,3 +243,40 @@ def test_sigterm_during_an_evaluation_saves_that_step_at_once(tmp_path, artifact
     assert [r["step"] for r in metrics(run)] == [1, 2]
     assert not any("eval_loss" in r for r in metrics(run))
     assert len(forwards_after_signal) == 1  # the forward under way, no more
+
+
+def test_doctor_counts_the_evaluated_sequences_as_the_trainer_rounds_them(tmp_path, artifacts, cli):
+    """5 sequences with 2 data-parallel ranks of micro-batch 4 make no global micro-batch: the
+    trainer refuses it, so doctor fails it (it passed, saying '5 of ...')."""
+
+    def held_out(*more: str) -> dict:
+        config = write_config(tmp_path / "train.yaml", *_args(artifacts, *more))
+        report = json.loads(cli("doctor", "--config", str(config), "--json").out)
+        return next(c for c in report["checks"] if c["name"] == "held-out data")
+
+    assert "4 of" in held_out("eval.sequences=5")["detail"]  # rounded down to 4, as trained
+    refused = held_out("eval.sequences=5", "topology.fsdp=2")
+    assert refused["status"] == "fail", refused
+    assert "make no whole global micro-batch of 8" in refused["detail"]
+    assert refused["fix"].startswith("evaluate at least 8 sequences")
+
+
+def test_a_launch_with_unprepared_held_out_data_is_refused_before_anything_is_written(
+    tmp_path, artifacts, cli
+):
+    """It recorded the run and started it, and the trainer stopped before its first step with
+    'data artifact not found', naming no eval.artifact."""
+    config = write_config(
+        tmp_path / "train.yaml", *_args(artifacts, f"eval.artifact={tmp_path / 'nothere'}")
+    )
+    run = tmp_path / "run"
+    result = cli("launch", "--config", str(config), "--run-dir", str(run))
+    assert result.code == 2, result.err
+    assert "held-out data: eval.artifact" in result.err and "not been prepared" in result.err
+    assert not run.exists()
+    with pytest.raises(DllmError, match="^eval.artifact: data artifact not found"):
+        build_eval_set(
+            tiny_spec(*_args(artifacts, f"eval.artifact={tmp_path / 'nothere'}")),
+            dp_rank=0,
+            dp_size=1,
+        )

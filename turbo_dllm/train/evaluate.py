@@ -52,7 +52,10 @@ def build_eval_set(spec, *, dp_rank: int, dp_size: int) -> EvalSet | None:
         return None
     from turbo_dllm.data.artifact import DataArtifact, read_manifest
 
-    artifact = DataArtifact(config.artifact)
+    try:
+        artifact = DataArtifact(config.artifact)
+    except DllmError as error:  # named as the held-out data, not as the training data
+        raise DllmError(f"eval.artifact: {error.message}", hint=error.hint) from None
     manifest = artifact.manifest
     train = read_manifest(spec.data.artifact) if spec.data.artifact is not None else None
     if found := eval_artifact_problems(manifest, spec, train):

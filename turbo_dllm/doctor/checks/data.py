@@ -187,9 +187,11 @@ def eval_data(ctx: DoctorContext) -> CheckResult:
     path = ctx.spec.eval.artifact
     folder = Path(path)
     if not (folder / "manifest.json").exists():
+        # a failure, not data.artifact's warning: nothing else stops `dllm launch` from
+        # recording and starting a run that stops before its first step
         return CheckResult(
             name,
-            "fail" if ctx.prod else "warn",
+            "fail",
             f"eval.artifact {path} has not been prepared yet (the run would stop before its "
             "first step)",
             fix=_prepare_fix(ctx, folder),
@@ -208,9 +210,33 @@ def eval_data(ctx: DoctorContext) -> CheckResult:
             f"tokenizer and packing) into {path}",
         )
     sequences = min(ctx.spec.eval.sequences or manifest.num_sequences, manifest.num_sequences)
+    # the trainer's rounding (`train.evaluate`): whole global micro-batches, every rank as many
+    micro, dp = ctx.spec.training.micro_batch_size, _data_parallel_size(ctx)
+    evaluated = sequences - sequences % (micro * dp)
+    if evaluated == 0:
+        return CheckResult(
+            name,
+            "fail",
+            f"eval: {sequences:,} held-out sequence{'s' if sequences != 1 else ''} (of "
+            f"{manifest.num_sequences:,} in {path}) make no whole global micro-batch of "
+            f"{micro * dp} (training.micro_batch_size {micro} x {dp} data-parallel ranks)",
+            fix=f"evaluate at least {micro * dp} sequences (eval.sequences, or more held-out "
+            "documents)",
+        )
     return CheckResult(
         name,
         "pass",
-        f"{path}: {sequences:,} of {manifest.num_sequences:,} sequences, every "
+        f"{path}: {evaluated:,} of {manifest.num_sequences:,} sequences, every "
         f"{ctx.spec.eval.interval} steps",
     )
+
+
+def _data_parallel_size(ctx: DoctorContext) -> int:
+    """The data-parallel ranks of the launch's plan, else of the spec's topology."""
+    from turbo_dllm.config.topology import ParallelLayout
+
+    plan = ctx.extras.get("job_plan")
+    layout = getattr(plan, "layout", None)
+    if layout is not None:
+        return ParallelLayout.from_dict(layout).dp_size
+    return ctx.spec.topology.layout.dp_size
