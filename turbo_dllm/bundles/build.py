@@ -73,7 +73,7 @@ def build_bundle(
 
     import torch  # the build uses the running torch; import it so the fingerprint is exact
 
-    from turbo_dllm.bundles.compile import namespace_for, run_compile_subprocess
+    from turbo_dllm.bundles.compile import check_ninja_paths, namespace_for, run_compile_subprocess
 
     host = collect_fingerprint(apply_overrides=False)
     _, bundle_target = pick_build_target(target, host)
@@ -91,6 +91,9 @@ def build_bundle(
             f"{', '.join(names)} {'is a Triton op' if len(names) == 1 else 'are Triton ops'}",
             hint="add a C++ op with --op (or build every op: no --op)",
         )
+    for op in chosen:  # a path ninja cannot take: said before anything is made or compiled
+        if not op.spec.is_triton:
+            check_ninja_paths(op, bundle_target.archs)
     make_output_dir(out_dir)
     bundle_ops: list[BundleOp] = []
     files: list[BundleFile] = []

@@ -25,7 +25,13 @@ from turbo_dllm.bundles.native import NativeOp
 from turbo_dllm.errors import DllmError
 from turbo_dllm.host import GpuArch
 
-__all__ = ["CompiledOp", "compile_op", "namespace_for", "run_compile_subprocess"]
+__all__ = [
+    "CompiledOp",
+    "check_ninja_paths",
+    "compile_op",
+    "namespace_for",
+    "run_compile_subprocess",
+]
 
 CXX_FLAGS = ("-O3",)
 CUDA_FLAGS = ("-O3", "-lineinfo")
@@ -78,6 +84,49 @@ def _first_line(command: list[str], last: bool = False) -> str | None:
     return lines[-1] if last else lines[0]
 
 
+# Characters torch writes into build.ninja unescaped (it escapes only spaces in source paths):
+# ninja reads `$x` as a variable, so `/src/a$b/op.cpp` became `/src/a/op.cpp`, "missing and no
+# known rule to make it". The build folder and our own flags are escaped (`_for_ninja`).
+NINJA_SPECIAL = ("$",)
+
+
+def check_ninja_paths(op: NativeOp, archs: tuple[GpuArch, ...] = ()) -> None:
+    """Refuse, before compiling, to build `op` when a path torch writes into build.ninja as it
+    is (the op's sources and folder, torch's and Python's include and library folders) holds a
+    character ninja reads as syntax: the compiler failed with a misleading error instead."""
+    import sysconfig
+
+    from torch.utils import cpp_extension
+
+    device = "cuda" if archs else "cpu"
+    sources = [*op.cpu_source_paths(), *(op.cuda_source_paths() if archs else [])]
+    ours = [str(op.directory.absolute()), *(str(p.absolute()) for p in sources)]
+    python_include = sysconfig.get_path("include", scheme="posix_prefix")
+    theirs = [
+        *cpp_extension.include_paths(device),
+        *cpp_extension.library_paths(device),
+        *([python_include] if python_include else []),
+    ]
+    for paths, where in ((ours, "source"), (theirs, "environment")):
+        for path in paths:
+            bad = [c for c in NINJA_SPECIAL if c in path]
+            if not bad:
+                continue
+            if where == "source":
+                fix = (
+                    f"move the checkout to a path without {bad[0]!r} (or install turbo-dllm "
+                    "without -e, so its sources live in the environment's site-packages)"
+                )
+            else:
+                fix = f"make the Python environment at a path without {bad[0]!r}"
+            raise DllmError(
+                f"cannot build native op {op.name!r}: the path {path} holds {bad[0]!r}, which "
+                "torch's build.ninja does not escape (ninja would read it as a variable and "
+                "compile a file that does not exist)",
+                hint=fix,
+            )
+
+
 def compile_op(
     op: NativeOp,
     *,
@@ -103,6 +152,7 @@ def compile_op(
             "cannot build CUDA kernels: nvcc not found",
             hint="set CUDA_HOME to the CUDA toolkit matching torch.version.cuda",
         )
+    check_ninja_paths(op, archs)
     define = f"-DTURBO_DLLM_NS={namespace}"
     cflags = (*CXX_FLAGS, define)
     cuda_cflags = (*CUDA_FLAGS, define) if archs else ()
