@@ -280,3 +280,37 @@ def test_a_launch_with_unprepared_held_out_data_is_refused_before_anything_is_wr
             dp_rank=0,
             dp_size=1,
         )
+
+
+def test_synthetic_training_data_s_mask_token_must_not_be_held_out_text(artifacts):
+    """Synthetic data masks with its vocabulary's last id: 199 for a vocabulary of 200, a real
+    byte of the byte-level held-out text (260 ids), and nothing said so. 511 (vocabulary 512)
+    is outside the held-out ids: nothing to say."""
+    from turbo_dllm.data.artifact import read_manifest
+
+    train_data, heldout = artifacts
+    manifest = read_manifest(heldout)
+    mask = manifest.special_tokens["mask"]
+    base = ("data.artifact=null", f"eval.artifact={heldout}", "eval.interval=2")
+    found = eval_artifact_problems(manifest, tiny_spec(*base, "data.synthetic.vocab_size=200"))
+    assert len(found) == 1 and "the run masks with token 199 (synthetic data's)" in found[0]
+    assert f"set objective.mask_token_id: {mask}" in found[0]
+    assert eval_artifact_problems(manifest, tiny_spec(*base, "data.synthetic.vocab_size=512")) == []
+    fixed = tiny_spec(*base, "data.synthetic.vocab_size=512", f"objective.mask_token_id={mask}")
+    assert eval_artifact_problems(manifest, fixed) == []
+
+
+def test_the_evaluation_runs_the_model_in_eval_mode_and_gives_it_back_for_training(
+    tmp_path, artifacts
+):
+    spec = tiny_spec(*_args(artifacts, "training.steps=2"))
+    trainer = Trainer(spec, tmp_path / "run", init_distributed()).build()
+    seen = []
+    hook = trainer.model.register_forward_pre_hook(
+        lambda module, args: seen.append(module.training)
+    )
+    trainer.evaluate()
+    hook.remove()
+    trainer.checkpointer.release()
+    assert seen and not any(seen)
+    assert trainer.model.training

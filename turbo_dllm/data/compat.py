@@ -104,6 +104,20 @@ def eval_artifact_problems(eval_manifest, spec, train_manifest=None) -> list[str
     """Every way the eval artifact does not fit the RunSpec (as the training data must) or the
     training data (same tokenizer and mask token), as `eval.artifact: ...` lines."""
     found = [f"eval.artifact: {line}" for line in artifact_problems(eval_manifest, spec)]
+    synthetic = spec.data.synthetic
+    if synthetic is not None and spec.objective.name in _TILED_MASKED:
+        # the run masks with objective.mask_token_id, else synthetic data's last id, which the
+        # held-out text may hold as a real token (only the artifact's mask token never is)
+        mask = spec.objective.mask_token_id
+        mask = synthetic.vocab_size - 1 if mask is None else mask
+        held_out_mask = eval_manifest.special_tokens["mask"]
+        if mask != held_out_mask and mask < eval_manifest.vocab_size:
+            found.append(
+                f"eval.artifact: the run masks with token {mask} (synthetic data's), which the "
+                "held-out data may hold as real text; its mask token is "
+                f"{held_out_mask} (set objective.mask_token_id: {held_out_mask}, or train on a "
+                "prepared artifact)"
+            )
     if train_manifest is not None:
         if eval_manifest.tokenizer != train_manifest.tokenizer:
             found.append(

@@ -136,6 +136,16 @@ class QueuedStep:
         return self.queued - (previous.queued if previous is not None else self.started)
 
 
+@contextlib.contextmanager
+def _eval_mode(model: torch.nn.Module):
+    """`model` in eval mode for the block, back in training mode after (also on an error)."""
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train()
+
+
 class Trainer:
     def __init__(self, spec, run_dir: str | Path, env: DistEnv, layout=None) -> None:
         self.spec = spec
@@ -662,7 +672,8 @@ class Trainer:
         denominator = self._global_counts([count for _, count in self._eval_batches])
         loss_sum = torch.zeros((), device=self.device)
         pending = None  # across ranks: the vote taken before the last forward, read after it
-        with torch.no_grad():
+        # eval mode: a family with dropout or sampled routing evaluates without it
+        with torch.no_grad(), _eval_mode(self.model):
             for diffusion, _ in self._eval_batches:
                 if termination is not None:
                     vote = any_rank(termination.received, self.env)
