@@ -314,3 +314,5 @@ def test_the_evaluation_runs_the_model_in_eval_mode_and_gives_it_back_for_traini
     trainer.checkpointer.release()
     assert seen and not any(seen)
     assert trainer.model.training
+    # only the corrupted copies of the held-out rows stay on the host, not the rows as well
+    assert trainer.eval_set.batches == [] and len(trainer._eval_batches) == 2

@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
 
@@ -669,6 +669,8 @@ class Trainer:
                 (self.objective.corrupt(b, k), self.objective.supervised_count(b, key=k))
                 for b, k in zip(evals.batches, keys, strict=True)
             ]
+            # the raw rows are read by nothing now: only their corrupted copies stay on the host
+            self.eval_set = evals = replace(evals, batches=[])
         denominator = self._global_counts([count for _, count in self._eval_batches])
         loss_sum = torch.zeros((), device=self.device)
         pending = None  # across ranks: the vote taken before the last forward, read after it
