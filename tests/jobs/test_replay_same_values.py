@@ -117,3 +117,14 @@ def test_a_multi_node_replay_without_a_run_dir_names_only_run_dir(
     assert "launch.run_dir" not in result.err
     launch = cli("launch", "--dry-run", *args, "--nproc-per-node", "1", "--rdzv-endpoint", "h0:1")
     assert_user_error(launch, "or set launch.run_dir in the spec")
+
+
+def test_the_run_root_help_says_where_a_replay_goes(cli, spec_file, workdir, pinned_code):
+    """`--run-root` said "(default runs)", and a replay without it goes beside the recorded
+    run (docs/reproducibility.md, Replay), wherever that is."""
+    text = " ".join(cli("launch", "--help").out.split())
+    assert "(default runs; a replay: beside the recorded run)" in text
+    path = record(cli, "--config", spec_file, "--run-dir", workdir / "elsewhere" / "a")
+    result = replay(cli, path)
+    assert result.code == 0, result.err
+    assert Path(json.loads(result.out)["plan"]["run_dir"]).parent == workdir / "elsewhere"

@@ -76,7 +76,11 @@ def register(subparsers) -> None:
     )
     where = p.add_argument_group("run dir")
     where.add_argument("--run-dir", default=None, help="exactly this run dir (must be new)")
-    where.add_argument("--run-root", default=None, help="make <root>/<stamp>-<id> (default runs)")
+    where.add_argument(
+        "--run-root",
+        default=None,
+        help="make <root>/<stamp>-<id> (default runs; a replay: beside the recorded run)",
+    )
     slurm = p.add_argument_group("slurm")
     slurm.add_argument("--submit", action="store_true", help="call sbatch on the script")
     slurm.add_argument(
