@@ -35,6 +35,7 @@ DRIFT_GROUPS = (
     "features",
     "model_shape",
     "resume",
+    "eval_data",
     "code",
 )
 # Fingerprint keys that name or time a machine instead of describing what it runs.
@@ -108,6 +109,8 @@ def manifest_drift(recorded: RunManifest, current: RunManifest) -> list[DriftIte
         old, new = _dump(getattr(recorded, group)), _dump(getattr(current, group))
         if group == "features":  # a drafter's feature artifact
             items += _ref_drift(group, old, new, _FEATURES_IDENTITY)
+        elif group == "eval_data":  # the held-out artifact, identified as the data is
+            items += _ref_drift(group, old, new, _DATA_IDENTITY)
         else:  # a drafter's target, a from_config file, a resume checkpoint
             items += _weights_drift(old, new, group)
     items += _ref_drift("code", _dump(recorded.code), _dump(current.code), _CODE_IDENTITY)

@@ -190,6 +190,7 @@ _GROUP_NAMES = {
     "features": "model.dflash.features artifact",
     "model_shape": "model.from_config file",
     "resume": "checkpoint.resume checkpoint",
+    "eval_data": "eval.artifact (held-out data)",
 }
 
 
@@ -292,6 +293,7 @@ def build_manifest(
         **target,
         model_shape=provenance.model_shape_ref(spec.model.from_config),
         resume=provenance.resume_ref(spec.checkpoint.resume),
+        eval_data=_data_ref(spec.eval.artifact if spec.eval else None, missing_data_ok),
         recorded_inputs=list(OPTIONAL_INPUTS),  # every one (null: none; not "not recorded")
         code=CodeVersion(**provenance.code_version()),
         seeds=seeds,

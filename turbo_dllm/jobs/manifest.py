@@ -51,7 +51,7 @@ MANIFEST_NAME = "manifest.json"
 # did not record it, and a replay or a diff never compares it on that group. Their value alone
 # cannot say so (null is also "recorded: none"), nor can the keys of a manifest dumped again
 # from this model, which writes every field.
-OPTIONAL_INPUTS = ("target_weights", "features", "model_shape", "resume")
+OPTIONAL_INPUTS = ("target_weights", "features", "model_shape", "resume", "eval_data")
 
 
 class _Strict(BaseModel):
@@ -147,13 +147,16 @@ class RunManifest(_Strict):
     # from older manifests, whose replays then do not compare them.
     model_shape: WeightsRef | None = None
     resume: WeightsRef | None = None
+    # The held-out artifact the `eval:` section scores (None: no evaluation): a replay's
+    # eval_loss is comparable only on the same held-out sequences. Absent from older manifests.
+    eval_data: DataRef | None = None
     # Which OPTIONAL_INPUTS this manifest recorded. A manifest written before this field has the
     # keys of the groups its version wrote (write_manifest writes every field of its version):
     # those it recorded, read once from the file itself (`_recorded_inputs`) and kept from then
     # on, so a manifest dumped again still says what it recorded.
-    recorded_inputs: list[Literal["target_weights", "features", "model_shape", "resume"]] = Field(
-        default_factory=lambda: list(OPTIONAL_INPUTS)
-    )
+    recorded_inputs: list[
+        Literal["target_weights", "features", "model_shape", "resume", "eval_data"]
+    ] = Field(default_factory=lambda: list(OPTIONAL_INPUTS))
     code: CodeVersion
     seeds: dict[str, int]
     plan: JobPlan
