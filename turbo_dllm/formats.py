@@ -11,13 +11,13 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
 from turbo_dllm.errors import DllmError, describe_os_error, describe_validation_error
 
-__all__ = ["read_json_record", "validate_document"]
+__all__ = ["flatten", "read_json_record", "validate_document"]
 
 Model = TypeVar("Model", bound=BaseModel)
 
@@ -81,3 +81,23 @@ def read_json_record(
 def _article(what: str) -> str:
     """'a run manifest', 'an environment manifest'."""
     return "an" if what[:1].lower() in "aeiou" else "a"
+
+
+def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
+    """A JSON document's leaves by dotted path, for field-by-field comparison of two documents
+    (a replay's drift, a compile pack's spec): nested dicts -> {"a.b.c": leaf}; lists of dicts
+    index as `a[0].b`, other lists are leaves; an empty dict or list is a leaf of its own."""
+    out: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if not value and prefix:
+            out[prefix] = {}
+        for key in sorted(value, key=str):
+            out.update(flatten(value[key], f"{prefix}.{key}" if prefix else str(key)))
+    elif isinstance(value, list) and any(isinstance(item, dict) for item in value):
+        for index, item in enumerate(value):
+            out.update(flatten(item, f"{prefix}[{index}]"))
+        if not value:
+            out[prefix] = []
+    else:
+        out[prefix] = value
+    return out

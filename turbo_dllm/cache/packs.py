@@ -43,6 +43,7 @@ from turbo_dllm.bundles.manifest import (
 )
 from turbo_dllm.cache.key import PackDifference, PackKey
 from turbo_dllm.errors import DllmError
+from turbo_dllm.formats import flatten
 from turbo_dllm.fsutil import file_system, human_size, mounted_at
 from turbo_dllm.host import HostFingerprint
 from turbo_dllm.paths import dllm_home
@@ -732,16 +733,7 @@ def _spec_changes(packed: str | None, spec: dict[str, Any] | None, limit: int = 
     except ValueError:
         return ""
     ours = json.loads(json.dumps(spec, default=str))  # as the pack's JSON has it (tuples: lists)
-
-    def flat(value: Any, prefix: str, into: dict[str, Any]) -> dict[str, Any]:
-        if isinstance(value, dict) and value:
-            for key, item in value.items():
-                flat(item, f"{prefix}.{key}" if prefix else str(key), into)
-        else:
-            into[prefix] = value
-        return into
-
-    mine, packs = flat(ours, "", {}), flat(theirs, "", {})
+    mine, packs = flatten(ours), flatten(theirs)
     changes = [
         f"{key}: run {_json(mine.get(key, _UNSET))}, pack {_json(packs.get(key, _UNSET))}"
         for key in sorted(set(mine) | set(packs))

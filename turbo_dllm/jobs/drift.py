@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from turbo_dllm.formats import flatten
 from turbo_dllm.jobs.manifest import OPTIONAL_INPUTS, DriftItem, RunManifest, canonical_json
 
 __all__ = [
@@ -54,24 +55,6 @@ _FEATURES_IDENTITY = (
     "num_rows",
     "teacher",
 )
-
-
-def flatten(value: Any, prefix: str = "") -> dict[str, Any]:
-    """Nested dicts -> {"a.b.c": leaf}; lists of dicts index as `a[0].b`, other lists are leaves."""
-    out: dict[str, Any] = {}
-    if isinstance(value, dict):
-        if not value and prefix:
-            out[prefix] = {}
-        for key in sorted(value, key=str):
-            out.update(flatten(value[key], f"{prefix}.{key}" if prefix else str(key)))
-    elif isinstance(value, list) and any(isinstance(item, dict) for item in value):
-        for index, item in enumerate(value):
-            out.update(flatten(item, f"{prefix}[{index}]"))
-        if not value:
-            out[prefix] = []
-    else:
-        out[prefix] = value
-    return out
 
 
 def differ(recorded: Any, current: Any) -> bool:
