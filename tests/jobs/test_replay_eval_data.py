@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import shutil
 import textwrap
 
 import pytest
@@ -45,6 +46,8 @@ def test_held_out_data_prepared_again_refuses_the_replay(cli, spec_file, workdir
     _held_out(workdir / "heldout", json)  # other documents, the same folder
     result = cli("launch", "--manifest", path, "--dry-run")
     assert_user_error(result, "eval_data.fingerprint", "eval.artifact (held-out data)")
+    shutil.rmtree(workdir / "heldout" / "out")  # gone: drift as well, not a traceback
+    assert_user_error(cli("launch", "--manifest", path, "--dry-run"), "eval_data")
 
 
 def test_a_run_without_evaluation_records_none(cli, spec_file, workdir):

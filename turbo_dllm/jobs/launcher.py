@@ -293,7 +293,7 @@ def build_manifest(
         **target,
         model_shape=provenance.model_shape_ref(spec.model.from_config),
         resume=provenance.resume_ref(spec.checkpoint.resume),
-        eval_data=_data_ref(spec.eval.artifact if spec.eval else None, missing_data_ok),
+        eval_data=_eval_data_ref(spec),
         recorded_inputs=list(OPTIONAL_INPUTS),  # every one (null: none; not "not recorded")
         code=CodeVersion(**provenance.code_version()),
         seeds=seeds,
@@ -304,6 +304,16 @@ def build_manifest(
 
 def _data_ref(artifact: str | None, missing_ok: bool):
     if missing_ok and artifact is not None and not Path(artifact).exists():
+        return None
+    return provenance.data_ref(artifact)
+
+
+def _eval_data_ref(spec: RunSpec):
+    """The held-out artifact's identity; None without `eval:`, and before it is prepared (the
+    readiness check then refuses the launch naming eval.artifact; a replay whose held-out data
+    vanished shows it as drift)."""
+    artifact = spec.eval.artifact if spec.eval else None
+    if artifact is None or not (Path(artifact) / "manifest.json").is_file():
         return None
     return provenance.data_ref(artifact)
 
