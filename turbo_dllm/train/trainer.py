@@ -609,20 +609,9 @@ class Trainer:
         flops = 0.0
         for index, diffusion in enumerate(drawn.diffusions):
             flops += self.model_config.step_flops(**model_work(self.plan, diffusion))
-            inputs = self.plan.prepare(diffusion.to(self.device), self.device)
             if self.mesh is not None:
                 self.model.set_requires_gradient_sync(index == accum - 1)
-            with self.autocast():
-                local = self.model(
-                    inputs.input_ids,
-                    inputs.positions,
-                    self.model_mask(inputs),
-                    output=inputs.output or partial(score, inputs.batch),
-                    **getattr(inputs.batch, "model_kwargs", {}),  # an objective's extra inputs
-                )
-            loss = local / denominator
-            if loss.dim():  # an objective of several terms, each over its own count
-                loss = loss.sum()
+            loss = self._loss(diffusion, denominator)
             (loss * dims.grad_average_size).backward()
             loss_sum += loss.detach()
 
@@ -650,6 +639,22 @@ class Trainer:
         ready = torch.cuda.Event(enable_timing=True)
         ready.record()
         return QueuedStep(step, host, ready, lr, mem_gb, started, time.perf_counter(), begun)
+
+    def _loss(self, diffusion, denominator) -> torch.Tensor:
+        """One micro-batch's share of the loss: the model over this rank's part of `diffusion`
+        (the sequence plan's), scored and divided by the global count (an objective of several
+        terms, each over its own count: summed)."""
+        inputs = self.plan.prepare(diffusion.to(self.device), self.device)
+        with self.autocast():
+            local = self.model(
+                inputs.input_ids,
+                inputs.positions,
+                self.model_mask(inputs),
+                output=inputs.output or partial(score, inputs.batch),
+                **getattr(inputs.batch, "model_kwargs", {}),  # an objective's extra inputs
+            )
+        loss = local / denominator
+        return loss.sum() if loss.dim() else loss
 
     def evaluate(self, termination: TerminationRequest | None = None) -> dict[str, float] | None:
         """The held-out loss at the current weights (`train.evaluate`): forwards only, the same
@@ -682,17 +687,7 @@ class Trainer:
                     ready, pending = (pending, vote) if self.env.distributed else (vote, None)
                     if ready is not None and ready():
                         return None
-                inputs = self.plan.prepare(diffusion.to(self.device), self.device)
-                with self.autocast():
-                    local = self.model(
-                        inputs.input_ids,
-                        inputs.positions,
-                        self.model_mask(inputs),
-                        output=inputs.output or partial(score, inputs.batch),
-                        **getattr(inputs.batch, "model_kwargs", {}),
-                    )
-                loss = local / denominator
-                loss_sum += loss.sum() if loss.dim() else loss
+                loss_sum += self._loss(diffusion, denominator)
         total = loss_sum.float()
         self._all_reduce(total)
         return {
