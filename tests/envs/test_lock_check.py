@@ -45,7 +45,13 @@ def test_changed_inputs_are_listed_with_the_relock_command(tmp_path, cli):
     assert result.code == 1, result.err
     assert "  + transformers>=5.17  (asked now, not locked from)" in result.out
     assert "  - transformers>=4.44  (locked from, no longer asked)" in result.out
-    assert f"fix: dllm env lock --target cpu-x86_64 --output {path}" in result.out
+    # the sources, Python and torch it was locked with, as its manifest records them (the CPU
+    # manifest: PyPI, no PyTorch index, torch's wheel from a local folder)
+    fix = (
+        "fix: dllm env lock --target cpu-x86_64 --python-version 3.11 --torch 2.13.0 "
+        f"--no-torch-index --find-links /opt/wheels --output {path}"
+    )
+    assert fix in result.out
 
 
 def test_a_pin_that_no_longer_meets_the_project_is_named(tmp_path, cli):

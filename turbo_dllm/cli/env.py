@@ -228,7 +228,9 @@ def _lock_check(args) -> int:
     relock = (
         f"dllm env lock --target {manifest.target} --from-environment  # on the target host"
         if not manifest.resolver.startswith("uv ")
-        else f"dllm env lock --target {manifest.target}"
+        else shlex.join(
+            ["dllm", "env", "lock", "--target", manifest.target, *_relock_flags(manifest)]
+        )
         + (f" --output {shell_path(str(path))}" if args.output else "")
     )
     if args.json:
@@ -254,6 +256,38 @@ def _lock_check(args) -> int:
             print(f"  ! {line}")
         print(f"fix: {relock}")
     return 0 if stale.fresh else 1
+
+
+def _relock_flags(manifest) -> list[str]:
+    """The `dllm env lock` flags that resolve `manifest` again as it was: its Python, torch and
+    extras, and the sources it records (the first simple index as the default one, the others
+    as extra indexes in place of PyTorch's, find-links folders)."""
+    from urllib.parse import unquote, urlparse
+
+    from turbo_dllm.envs.lock import DEFAULT_EXTRAS, DEFAULT_INDEX
+
+    flags = ["--python-version", manifest.python]
+    torch = manifest.pin("torch")
+    if torch is not None:
+        flags += ["--torch", torch.version.split("+")[0]]
+    if sorted(manifest.project.extras) != sorted(DEFAULT_EXTRAS):
+        for extra in manifest.project.extras:
+            flags += ["--extra", extra]
+    simple = [i.url for i in manifest.indexes if i.kind == "simple"]
+    if not simple:
+        flags.append("--no-index")
+    elif simple[0] != DEFAULT_INDEX:
+        flags += ["--index-url", simple[0]]
+    extras = simple[1:]
+    for url in extras:
+        flags += ["--extra-index-url", url]
+    if not extras:
+        flags.append("--no-torch-index")
+    for index in manifest.indexes:
+        if index.kind == "find-links":
+            url = urlparse(index.url)
+            flags += ["--find-links", unquote(url.path) if url.scheme == "file" else index.url]
+    return flags
 
 
 def _write_manifest(args, manifest) -> int:
