@@ -334,27 +334,28 @@ def _exchange_works(folder) -> bool:
     return done
 
 
-def test_sigterm_during_create_leaves_no_staging_folder(tmp_path, wheels):
-    """SIGTERM (`timeout`, a scheduler's limit) ended `mirror create` on the spot and left its
-    hidden .DIR.partial-* folder, with every wheel copied so far, next to DIR."""
+def _held_create(tmp_path, wheels, hold: str = "    time.sleep(60)\n"):
+    """`dllm mirror create` in a child process that stands still once its staging folder holds
+    the wheels (its `add_release` runs `hold`): (the process, the create's CLI arguments, the
+    staging folder). The caller kills the process."""
     manifest_file = tmp_path / "m.toml"
     manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
     marker = tmp_path / "copying"
-    driver = (  # stands still where the staging folder holds the wheels
+    driver = (
         "import sys, time\n"
         "from pathlib import Path\n"
         "from turbo_dllm.mirror import release\n"
         "def add_release(plan, staging):\n"
         f"    Path({str(marker)!r}).write_text(str(staging))\n"
-        "    time.sleep(60)\n"
+        f"{hold}"
         "release.add_release = add_release\n"
         "from turbo_dllm.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
-    out = tmp_path / "out"
+    create = ("mirror", "create", tmp_path / "out" / "mirror", "--release", "v0", "--manifest",
+              manifest_file, "--wheels-from", wheels)  # fmt: skip
     proc = subprocess.Popen(
-        [sys.executable, "-c", driver, "mirror", "create", out / "mirror", "--release", "v0",
-         "--manifest", manifest_file, "--wheels-from", wheels],
+        [sys.executable, "-c", driver, *map(str, create)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -362,7 +363,18 @@ def test_sigterm_during_create_leaves_no_staging_folder(tmp_path, wheels):
         while not marker.is_file():
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
             time.sleep(0.05)
-        staging = Path(marker.read_text())
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, create, Path(marker.read_text())
+
+
+def test_sigterm_during_create_leaves_no_staging_folder(tmp_path, wheels):
+    """SIGTERM (`timeout`, a scheduler's limit) ended `mirror create` on the spot and left its
+    hidden .DIR.partial-* folder, with every wheel copied so far, next to DIR."""
+    out = tmp_path / "out"
+    proc, _, staging = _held_create(tmp_path, wheels)
+    try:
         assert (staging / "wheels").is_dir()
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=30)
@@ -381,33 +393,9 @@ def test_a_killed_create_s_staging_folder_is_swept_by_the_next_one(
     that is still running keeps its own."""
     from turbo_dllm.mirror import release
 
-    manifest_file = tmp_path / "m.toml"
-    manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
-    marker = tmp_path / "copying"
-    driver = (  # stands still where the staging folder holds the wheels
-        "import sys, time\n"
-        "from pathlib import Path\n"
-        "from turbo_dllm.mirror import release\n"
-        "def add_release(plan, staging):\n"
-        f"    Path({str(marker)!r}).write_text(str(staging))\n"
-        "    time.sleep(60)\n"
-        "release.add_release = add_release\n"
-        "from turbo_dllm.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
     out = tmp_path / "out"
-    create = ("mirror", "create", out / "mirror", "--release", "v0", "--manifest", manifest_file,
-              "--wheels-from", wheels)  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-c", driver, *map(str, create)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    proc, create, staging = _held_create(tmp_path, wheels)
     try:
-        deadline = time.monotonic() + 60
-        while not marker.is_file():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        staging = Path(marker.read_text())
         monkeypatch.setattr(release, "add_release", lambda plan, staging: None)
         assert cli(*create).code == 0  # while the other create runs: its folder stays
         assert (staging / "wheels").is_dir()
@@ -428,33 +416,10 @@ def test_a_create_racing_another_replaces_nothing_without_force(tmp_path, wheels
     the one that finished last replaced the other's mirror without --force."""
     from turbo_dllm.mirror import release
 
-    manifest_file = tmp_path / "m.toml"
-    manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
-    marker, go = tmp_path / "copying", tmp_path / "go"
-    driver = (  # stands still until `go` exists
-        "import sys, time\n"
-        "from pathlib import Path\n"
-        "from turbo_dllm.mirror import release\n"
-        "def add_release(plan, staging):\n"
-        f"    Path({str(marker)!r}).write_text(str(staging))\n"
-        f"    while not Path({str(go)!r}).exists():\n"
-        "        time.sleep(0.05)\n"
-        "release.add_release = add_release\n"
-        "from turbo_dllm.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
-    out = tmp_path / "out"
-    create = ("mirror", "create", out / "mirror", "--release", "v0", "--manifest", manifest_file,
-              "--wheels-from", wheels)  # fmt: skip
-    proc = subprocess.Popen(
-        [sys.executable, "-c", driver, *map(str, create)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+    out, go = tmp_path / "out", tmp_path / "go"
+    hold = f"    while not Path({str(go)!r}).exists():\n        time.sleep(0.05)\n"
+    proc, create, _ = _held_create(tmp_path, wheels, hold)  # stands still until `go` exists
     try:
-        deadline = time.monotonic() + 60
-        while not marker.is_file():
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
         monkeypatch.setattr(release, "add_release", lambda plan, staging: None)
         assert cli(*create).code == 0  # the other create, done first
         first = (out / "mirror" / "MIRROR.json").read_bytes()
