@@ -14,7 +14,7 @@ from __future__ import annotations
 from turbo_dllm.data.artifact import DataManifest
 from turbo_dllm.errors import DllmError
 
-__all__ = ["artifact_problems", "eval_artifact_problems", "model_vocab_size"]
+__all__ = ["artifact_problems", "eval_artifact_problems", "eval_sequences", "model_vocab_size"]
 
 # Objectives whose stream is cut into blocks of objective.block_size from position 0, where a
 # block holding the end of one document and the start of the next would leak across documents,
@@ -131,3 +131,25 @@ def eval_artifact_problems(eval_manifest, spec, train_manifest=None) -> list[str
                 f"data.artifact's {train_manifest.special_tokens.get('mask')}"
             )
     return found
+
+
+def eval_sequences(spec, eval_manifest, dp_size: int) -> int:
+    """How many held-out sequences an evaluation scores: the artifact's first `eval.sequences`
+    (all by default), rounded down to whole global micro-batches (training.micro_batch_size x
+    `dp_size`: every rank runs as many forwards, which FSDP's gathers need). None fitting is a
+    DllmError (the trainer raises it, doctor reports it)."""
+    total = eval_manifest.num_sequences
+    wanted = min(spec.eval.sequences or total, total)
+    micro = spec.training.micro_batch_size
+    global_batch = micro * dp_size
+    count = wanted - wanted % global_batch
+    if count == 0:
+        raise DllmError(
+            f"eval: {wanted:,} held-out sequence{'s' if wanted != 1 else ''} (of {total:,} in "
+            f"{spec.eval.artifact}) make no whole global micro-batch of {global_batch} "
+            f"(training.micro_batch_size {micro} x {dp_size} data-parallel ranks), and every "
+            "rank must evaluate as many",
+            hint=f"evaluate at least {global_batch} sequences (eval.sequences, or more "
+            "held-out documents)",
+        )
+    return count

@@ -19,7 +19,7 @@ import numpy as np
 from turbo_dllm.data.artifact import DataArtifact
 from turbo_dllm.errors import DllmError
 
-__all__ = ["STATE_FORMAT", "ArtifactLoader"]
+__all__ = ["STATE_FORMAT", "ArtifactLoader", "artifact_batch"]
 
 STATE_FORMAT = "turbo_dllm.loader.v1"
 
@@ -92,17 +92,9 @@ class ArtifactLoader:
         return self
 
     def __next__(self) -> dict[str, Any]:
-        import torch
-
         rows = self.indices(self.consumed)
         self.consumed += self.micro_batch_size * self.dp_size
-        tokens, masks, docs = zip(*(self.artifact.row(r) for r in rows), strict=True)
-        return {
-            "input_ids": torch.from_numpy(np.stack(tokens)),
-            "loss_mask": torch.from_numpy(np.stack(masks)),
-            "doc_ids": torch.from_numpy(np.stack(docs)),
-            "rows": torch.tensor(rows, dtype=torch.long),  # artifact rows (offline features)
-        }
+        return artifact_batch(self.artifact, rows)
 
     # -- state -----------------------------------------------------------------------------------
 
@@ -136,3 +128,18 @@ class ArtifactLoader:
         if not 0 <= cursor < self.num_sequences or epoch < 0:
             raise DllmError(f"invalid loader state: epoch {epoch}, cursor {cursor}")
         self.consumed = epoch * self.num_sequences + cursor
+
+
+def artifact_batch(artifact: DataArtifact, rows: list[int]) -> dict[str, Any]:
+    """The batch of these artifact rows, as the trainer takes it: {"input_ids", "loss_mask",
+    "doc_ids"} of shape [len(rows), seq_len], and "rows" (what a DFlash feature artifact is
+    indexed by)."""
+    import torch
+
+    tokens, masks, docs = zip(*(artifact.row(r) for r in rows), strict=True)
+    return {
+        "input_ids": torch.from_numpy(np.stack(tokens)),
+        "loss_mask": torch.from_numpy(np.stack(masks)),
+        "doc_ids": torch.from_numpy(np.stack(docs)),
+        "rows": torch.tensor(rows, dtype=torch.long),
+    }

@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from turbo_dllm.data.compat import eval_artifact_problems
+from turbo_dllm.data.compat import eval_artifact_problems, eval_sequences
+from turbo_dllm.data.loader import artifact_batch
 from turbo_dllm.errors import DllmError
 
 __all__ = ["EVAL_STEP", "EvalSet", "build_eval_set"]
@@ -65,31 +65,9 @@ def build_eval_set(spec, *, dp_rank: int, dp_size: int) -> EvalSet | None:
             hint="prepare the held-out documents with the training data's prepare.yaml "
             "(its tokenizer and packing), into another output folder",
         )
+    count = eval_sequences(spec, manifest, dp_size)
     micro = spec.training.micro_batch_size
-    wanted = min(config.sequences or manifest.num_sequences, manifest.num_sequences)
-    global_batch = micro * dp_size
-    count = wanted - wanted % global_batch
-    if count == 0:
-        raise DllmError(
-            f"eval: {wanted} held-out sequence{'s' if wanted != 1 else ''} (of "
-            f"{manifest.num_sequences} in {config.artifact}) make no whole global micro-batch "
-            f"of {global_batch} (training.micro_batch_size {micro} x {dp_size} data-parallel "
-            "ranks), and every rank must evaluate as many",
-            hint=f"evaluate at least {global_batch} sequences (eval.sequences, or more "
-            "held-out documents)",
-        )
-    batches, firsts = [], []
     # micro-batch m holds sequences [m * micro, (m + 1) * micro); rank r takes every m = r mod dp
-    for first in range(dp_rank * micro, count, global_batch):
-        rows = [artifact.row(i) for i in range(first, first + micro)]
-        tokens, masks, docs = zip(*rows, strict=True)
-        batches.append(
-            {
-                "input_ids": torch.from_numpy(np.stack(tokens)),
-                "loss_mask": torch.from_numpy(np.stack(masks)),
-                "doc_ids": torch.from_numpy(np.stack(docs)),
-                "rows": torch.arange(first, first + micro, dtype=torch.long),
-            }
-        )
-        firsts.append(first)
+    firsts = list(range(dp_rank * micro, count, micro * dp_size))
+    batches = [artifact_batch(artifact, list(range(first, first + micro))) for first in firsts]
     return EvalSet(config.interval, count, manifest.fingerprint, batches, firsts)

@@ -182,7 +182,7 @@ def eval_data(ctx: DoctorContext) -> CheckResult:
     if ctx.spec.eval is None:
         return CheckResult(name, "pass", "no held-out evaluation (eval: unset)")
     from turbo_dllm.data.artifact import DataArtifact
-    from turbo_dllm.data.compat import eval_artifact_problems
+    from turbo_dllm.data.compat import eval_artifact_problems, eval_sequences
 
     path = ctx.spec.eval.artifact
     folder = Path(path)
@@ -209,20 +209,10 @@ def eval_data(ctx: DoctorContext) -> CheckResult:
             fix="prepare the held-out documents with the training data's prepare.yaml (its "
             f"tokenizer and packing) into {path}",
         )
-    sequences = min(ctx.spec.eval.sequences or manifest.num_sequences, manifest.num_sequences)
-    # the trainer's rounding (`train.evaluate`): whole global micro-batches, every rank as many
-    micro, dp = ctx.spec.training.micro_batch_size, _data_parallel_size(ctx)
-    evaluated = sequences - sequences % (micro * dp)
-    if evaluated == 0:
-        return CheckResult(
-            name,
-            "fail",
-            f"eval: {sequences:,} held-out sequence{'s' if sequences != 1 else ''} (of "
-            f"{manifest.num_sequences:,} in {path}) make no whole global micro-batch of "
-            f"{micro * dp} (training.micro_batch_size {micro} x {dp} data-parallel ranks)",
-            fix=f"evaluate at least {micro * dp} sequences (eval.sequences, or more held-out "
-            "documents)",
-        )
+    try:  # the trainer's rounding: whole global micro-batches, every rank as many
+        evaluated = eval_sequences(ctx.spec, manifest, _data_parallel_size(ctx))
+    except DllmError as error:
+        return CheckResult(name, "fail", error.message, fix=error.hint)
     return CheckResult(
         name,
         "pass",
