@@ -188,11 +188,10 @@ class ContextParallel:
         cp_mesh = dims.get_optional_mesh("cp")
         self.cp_group = cp_mesh.get_group() if cp_mesh is not None else None
         self.context_group = dims.get_mesh("context").get_group() if self.context_size > 1 else None
-        self._layouts: dict[tuple[int, int, str], CsbpLayout | CpLayout] = {}
-        self._static: dict[tuple[int, int, str], Any] = {}
-        self._indices: dict[
-            tuple[int, int, str], tuple[torch.Tensor, torch.Tensor, torch.Tensor]
-        ] = {}
+        # keyed by (seq_len, block_size, device), plus CLEAN_HALF for the clean stream alone
+        self._layouts: dict[tuple, CsbpLayout | CpLayout] = {}
+        self._static: dict[tuple, Any] = {}  # by (that key, the last-layer trim)
+        self._indices: dict[tuple, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def layout(self, seq_len: int, block_size: int, device=None) -> CsbpLayout | CpLayout:
         """This rank's share of a (seq_len, block_size) sequence, its tensors on `device`.
@@ -281,72 +280,55 @@ class ContextParallel:
             )
         return self._layouts[key]
 
-    def _prepare_clean_half(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
-        seq_len, block_size = batch.layout.seq_len, batch.layout.block_size
-        layout = self._clean_layout(seq_len, block_size, device)
-        key = (seq_len, block_size, str(device), CLEAN_HALF)
-        doc_ids = batch.doc_ids
-        one_document = one_document_per_row(doc_ids)
-        if one_document and key in self._static:
-            mask = self._static[key]
-        else:
-            if one_document:
-                doc_ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
-            mask = CpAttention(
-                layout,
-                doc_ids.to(device),
-                self.context_group,
-                backend=self.backend,
-                kernels=self.kernels,
-                clean_only=True,
-            )
-            if one_document:
-                self._static[key] = mask
-        held = layout.positions
-        # every clean token sits on one rank: each stream position's local row, else -1
-        local_of = torch.full((2 * seq_len,), -1, dtype=torch.long, device=held.device)
-        local_of[seq_len + held] = torch.arange(held.numel(), device=held.device)
-        score_index = batch.score_index.to(device)
-        row, col = score_index // (2 * seq_len), score_index % (2 * seq_len)
-        local = local_of[col]
-        keep = local >= 0
-        scored = replace(
-            batch,
-            input_ids=batch.input_ids.to(device).index_select(1, seq_len + held),
-            score_index=row[keep] * held.numel() + local[keep],
-            targets=batch.targets.to(device)[keep],
-            weights=batch.weights.to(device)[keep],
-        )
-        return ModelInputs(input_ids=scored.input_ids, positions=held, mask=mask, batch=scored)
+    def _indices_of(self, layout: CsbpLayout | CpLayout, seq_len: int, clean_half: bool):
+        """(this rank's indices into the stream [x_t ; x_0], their RoPE positions, each stream
+        position's local row where this rank scores it, else -1)."""
+        if clean_half:  # the clean chunks alone; each clean token sits on one rank, its scorer
+            held = layout.positions
+            local_of = torch.full((2 * seq_len,), -1, dtype=torch.long, device=held.device)
+            local_of[seq_len + held] = torch.arange(held.numel(), device=held.device)
+            return seq_len + held, held, local_of
+        noisy, clean = layout.noisy_positions, layout.clean_positions
+        stream_index = torch.cat([noisy, seq_len + clean])
+        # the noisy tokens it holds, and the clean ones it is the scorer of (a clean token held
+        # by several ranks, bp > cp, counts once)
+        local = torch.arange(stream_index.numel(), device=stream_index.device)
+        scores = torch.cat([torch.ones_like(noisy, dtype=torch.bool), layout.scored_clean])
+        local_of = torch.full((2 * seq_len,), -1, dtype=torch.long, device=local.device)
+        local_of[stream_index[scores]] = local[scores]
+        return stream_index, torch.cat([noisy, clean]), local_of
 
     def prepare(self, batch: DiffusionBatch, device: torch.device) -> ModelInputs:
-        if self.clean_half(batch):
-            return self._prepare_clean_half(batch, device)
         seq_len, block_size = batch.layout.seq_len, batch.layout.block_size
-        layout = self.layout(seq_len, block_size, device)
-        key = (seq_len, block_size, str(device))
+        clean_half = self.clean_half(batch)
+        if clean_half:
+            layout = self._clean_layout(seq_len, block_size, device)
+            key: tuple = (seq_len, block_size, str(device), CLEAN_HALF)
+        else:
+            layout = self.layout(seq_len, block_size, device)
+            key = (seq_len, block_size, str(device))
         if key not in self._indices:
-            noisy, clean = layout.noisy_positions, layout.clean_positions
-            # this rank's indices into the stream [x_t ; x_0] and their RoPE positions
-            stream_index = torch.cat([noisy, seq_len + clean])
-            # each stream position's local row where this rank scores it, else -1: the noisy
-            # tokens it holds, and the clean ones it is the scorer of (a clean token held by
-            # several ranks, bp > cp, counts once)
-            local = torch.arange(stream_index.numel(), device=stream_index.device)
-            scores = torch.cat([torch.ones_like(noisy, dtype=torch.bool), layout.scored_clean])
-            local_of = torch.full((2 * seq_len,), -1, dtype=torch.long, device=local.device)
-            local_of[stream_index[scores]] = local[scores]
-            self._indices[key] = (stream_index, torch.cat([noisy, clean]), local_of)
+            self._indices[key] = self._indices_of(layout, seq_len, clean_half)
         stream_index, positions, local_of = self._indices[key]
         doc_ids = batch.doc_ids
-        trim = _last_layer_trim(batch, self.trims)
+        trim = not clean_half and _last_layer_trim(batch, self.trims)
         one_document = one_document_per_row(doc_ids)
         if one_document and (key, trim) in self._static:
             mask: Any = self._static[(key, trim)]  # same layout, no documents: reuse the masks
         else:
             if one_document:  # a broadcast row of zeros: the masks hold for every batch
                 doc_ids = torch.zeros(1, seq_len, dtype=torch.long, device=device)
-            mask = self._masks(layout, doc_ids.to(device), trim)
+            if clean_half:  # every layer attends over the context group's clean chunks
+                mask = CpAttention(
+                    layout,
+                    doc_ids.to(device),
+                    self.context_group,
+                    backend=self.backend,
+                    kernels=self.kernels,
+                    clean_only=True,
+                )
+            else:
+                mask = self._masks(layout, doc_ids.to(device), trim)
             if one_document:
                 self._static[(key, trim)] = mask
         # Scored positions: keep those this rank scores, renumbered locally.
