@@ -6,7 +6,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from turbo_dllm.config.load import apply_overrides, load_model
+from turbo_dllm.config.load import apply_overrides, load_model, load_runspec
 from turbo_dllm.config.runspec import RunSpec
 from turbo_dllm.config.validate import check, problems
 from turbo_dllm.errors import DllmError
@@ -95,8 +95,24 @@ def test_prod_rules():
 
 
 def test_exactly_one_model_source_and_data_source():
-    both = spec(model={"path": "/m"}, data={"artifact": "/a", "synthetic": {}})
+    both = spec(model={"path": "/m", "from_config": "tiny"}, data={"artifact": "/a", "synthetic": {}})
     assert {"model", "data"} <= paths(both)
+    message = next(p.message for p in problems(both) if p.path == "model")
+    assert "model.from_config=null" in message
+    neither = spec(model={"from_config": None})
+    assert "model" in paths(neither)
+
+
+def test_a_model_folder_alone_starts_from_it_not_from_the_tiny_preset(tmp_path):
+    # `path: DIR` is the whole request; the preset is the default of a spec naming no weights.
+    folder = spec(model={"path": "/m"})
+    assert folder.model.from_config is None and "model" not in paths(folder)
+    assert spec().model.from_config == "tiny"
+    # Through a YAML file and --set, as a user writes it.
+    config = tmp_path / "train.yaml"
+    config.write_text("model: {family: qwen3, path: /m}\n")
+    assert load_runspec(str(config)).model.from_config is None
+    assert load_runspec(str(config), ["model.path=/n"]).model.path == "/n"
 
 
 def test_check_lists_every_problem():

@@ -7,9 +7,9 @@ collects every problem at once. Defaults are the CPU smoke run, so an almost emp
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, PositiveInt, model_validator
 
 from turbo_dllm import registry
 
@@ -213,7 +213,8 @@ class ModelSpec(_Strict):
     revision: NonEmptyStr | None = Field(None, description="Pinned revision (commit) of `path`.")
     from_config: NonEmptyStr | None = Field(
         "tiny",
-        description="Random init from a preset name (tiny, qwen3-0.6b, qwen3-1.7b) or a config.json path.",
+        description="Random init from a preset name (tiny, qwen3-0.6b, qwen3-1.7b) or a config.json "
+        "path. Default: tiny, or none where `path` is set.",
     )
     config_overrides: dict[str, OverrideValue] = Field(
         default_factory=dict, max_length=256, description="config.json keys to change."
@@ -236,6 +237,15 @@ class ModelSpec(_Strict):
     dflash: DFlashSpec | None = Field(
         None, description="The target (and fresh shape) of a `family: dflash` drafter."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _path_replaces_default_preset(cls, data: Any) -> Any:
+        # `path: DIR` alone means "start from that folder": the `tiny` preset is only the
+        # default of a spec that names no weights. Both named explicitly stays a conflict.
+        if isinstance(data, dict) and data.get("path") is not None and "from_config" not in data:
+            return {**data, "from_config": None}
+        return data
 
 
 class ObjectiveSpec(_Strict):

@@ -40,8 +40,14 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
 
     # --- what the family supports (turbo_dllm.registry) ---------------------------------------
     family = registry.FAMILIES[model.family]
-    if (model.path is None) == (model.from_config is None):
-        add("model", "set exactly one of model.path (a local HF folder) or model.from_config")
+    if model.path is None and model.from_config is None:
+        add("model", "set model.path (a local HF folder) or model.from_config (a preset or config.json)")
+    elif model.path is not None and model.from_config is not None:
+        add(
+            "model",
+            f"model.path ({model.path}) and model.from_config ({model.from_config}) both name the "
+            "weights to start from: drop one (model.from_config=null keeps the folder)",
+        )
     if objective.name not in family.objectives:
         add(
             "objective.name",
