@@ -33,6 +33,7 @@ __all__ = [
     "MODEL_TYPES",
     "PRESETS",
     "Qwen38Config",
+    "mrope_section_for",
     "tensor_parallel_problems",
 ]
 
@@ -187,6 +188,18 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def mrope_section_for(rotary_dim: int) -> tuple[int, int, int]:
+    """The temporal / height / width split of the `rotary_dim // 2` RoPE frequencies, as
+    transformers' Qwen3_5TextRotaryEmbedding lays them out with `mrope_interleaved` (frequency i
+    is temporal, height, width for i % 3 = 0, 1, 2: height takes the indices 1, 4, ... below
+    3 x section[1], width 2, 5, ... below 3 x section[2], temporal the rest), so the sections sum
+    to the frequency count (what vLLM's MRotaryEmbedding asserts). For the published Qwen3.5 /
+    Qwen3.8 (32 frequencies) it is their [11, 11, 10]."""
+    frequencies = rotary_dim // 2
+    height, width = len(range(1, frequencies, 3)), len(range(2, frequencies, 3))
+    return (frequencies - height - width, height, width)
+
+
 @dataclasses.dataclass(frozen=True)
 class Qwen38Config:
     """Everything the hybrid needs; field names follow transformers' Qwen3_5TextConfig."""
@@ -208,7 +221,8 @@ class Qwen38Config:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     partial_rotary_factor: float = 0.25
-    mrope_section: tuple[int, ...] = (11, 11, 10)
+    # The source's (kept where it fits `rotary_dim`); None: derived (`mrope_section_for`).
+    mrope_section: tuple[int, ...] | None = None
     max_position_embeddings: int = 32768
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -270,6 +284,17 @@ class Qwen38Config:
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.partial_rotary_factor)
+
+    @property
+    def export_mrope_section(self) -> tuple[int, ...]:
+        """`rope_parameters.mrope_section` for config.json: the source's where it fits this
+        model's rotary dims, else `mrope_section_for` them. It was always the 27B's [11, 11, 10],
+        which fits only rotary_dim 64 (head_dim 256 x 0.25): other head dims exported a section
+        that serving engines holding sum(mrope_section) == rotary_dim / 2 refuse, and which
+        transformers' multimodal positions read past (or short of) the frequencies there are."""
+        if self.mrope_section is not None and sum(self.mrope_section) == self.rotary_dim // 2:
+            return tuple(self.mrope_section)
+        return mrope_section_for(self.rotary_dim)
 
     @property
     def num_linear_layers(self) -> int:
@@ -335,7 +360,11 @@ class Qwen38Config:
                 partial_rotary_factor=float(
                     rope.get("partial_rotary_factor", text.get("partial_rotary_factor", 0.25))
                 ),
-                mrope_section=tuple(int(x) for x in rope.get("mrope_section", (11, 11, 10))),
+                mrope_section=(
+                    None
+                    if rope.get("mrope_section") is None
+                    else tuple(int(x) for x in rope["mrope_section"])
+                ),
                 max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
                 tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
                 attention_bias=bool(text.get("attention_bias", False)),
@@ -376,7 +405,7 @@ class Qwen38Config:
                 "rope_type": "default",
                 "rope_theta": self.rope_theta,
                 "partial_rotary_factor": self.partial_rotary_factor,
-                "mrope_section": list(self.mrope_section),
+                "mrope_section": list(self.export_mrope_section),
                 "mrope_interleaved": True,
             },
             "max_position_embeddings": self.max_position_embeddings,
