@@ -214,3 +214,27 @@ def test_an_interrupted_export_leaves_no_partial_folder(tmp_path, monkeypatch):
     assert (
         export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf") / "config.json"
     ).is_file()
+
+
+def test_the_source_s_chat_templates_named_ones_included_are_exported(tmp_path):
+    """transformers saves a tokenizer's default chat template as chat_template.jinja and its
+    named ones (`tool_use`, ...) in additional_chat_templates/: the export had the default only,
+    and `apply_chat_template(chat_template="tool_use")` on it rendered the string "tool_use"
+    (transformers takes a name it does not know for a template) without a word."""
+    save_source_model(tmp_path / "source")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(tmp_path / "source"))
+    tokenizer.chat_template = {
+        "default": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}",
+        "tool_use": "TOOLS{% for m in messages %}[{{ m.content }}]{% endfor %}",
+    }
+    tokenizer.save_pretrained(str(tmp_path / "source"))
+    assert (tmp_path / "source/additional_chat_templates/tool_use.jinja").is_file()
+    base = copy.deepcopy(TINY)
+    base["model"] = {"path": str(tmp_path / "source"), "from_config": None}
+    train(tiny_spec("training.steps=2", base=base), tmp_path / "run")
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    exported = transformers.AutoTokenizer.from_pretrained(str(out))
+    messages = [{"role": "user", "content": "the fox"}]
+    assert exported.apply_chat_template(messages, tokenize=False) == "<user>the fox"
+    tools = exported.apply_chat_template(messages, tokenize=False, chat_template="tool_use")
+    assert tools == "TOOLS[the fox]"

@@ -3,7 +3,9 @@ model-0000i-of-0000N.safetensors and their index past `max_shard_size`, as trans
 
 Runs in one process on the CPU whatever data-parallel size saved the checkpoint: DCP reads the
 sharded model tensors back as full tensors. The optimizer state is not read. The folder is
-written next to its destination and renamed into place, so it is complete or absent.
+written next to its destination (a hidden `.<out>.partial-<random>` of its own, removed on an
+error, Ctrl-C or SIGTERM), synced to disk and renamed into place, so it is complete or absent,
+a crash included; two exports to one --out do not share it, and the second to finish fails.
 
 Beside the weights, a folder `generate` can use needs the tokenizer and the token that ends a
 sequence. Both are copied from where training got them (recorded in the checkpoint by
@@ -22,7 +24,9 @@ whose folder loads through code of its own (`auto_map`: Nemotron-Labs-Diffusion)
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import re
 import shutil
 import sys
@@ -31,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import fsync_dir, make_temp_dir
+from turbo_dllm.sigterm import unwinding_on_sigterm
 
 __all__ = ["check_out_folder", "export_checkpoint", "export_sources"]
 
@@ -77,7 +83,6 @@ def export_checkpoint(
         allocate,
         full_state_dict,
         parse_shard_size,
-        save_hf,
     )
 
     # A bad size is refused before the checkpoint is read.
@@ -101,9 +106,6 @@ def export_checkpoint(
     missing, _ = model.load_state_dict(state["model"], strict=not external)
     if set(missing) - external:
         raise DllmError(f"the checkpoint lacks {sorted(set(missing) - external)[:5]}")
-    staging = out.parent / f".{out.name}.partial"
-    if staging.exists():
-        shutil.rmtree(staging)
     tensors = full_state_dict(model)
     if hasattr(model, "hf_export_state"):  # a family whose HF layout holds more names
         tensors = model.hf_export_state(tensors)
@@ -111,32 +113,74 @@ def export_checkpoint(
     prefixes = tuple(getattr(model, "hf_source_prefixes", ()))
     _warn_if_sources_gone(meta, prefixes)
     tensors.update(_source_tensors(meta, prefixes))
-    try:
-        written = _as_trained(meta, config)  # the run's mask token and block size
-        save_hf(tensors, written, staging, dtype=getattr(torch, name), max_shard_size=shard_bytes)
-        if hasattr(model, "hf_export_config"):  # a family whose HF config is not its checkpoint's
-            path = staging / "config.json"
-            hf = model.hf_export_config(json.loads(path.read_text()))
-            path.write_text(json.dumps(hf, indent=2) + "\n")
-        _copy_generation_files(meta, staging)
-        if not hasattr(config, "mask_token_id"):  # a family config that records none (decoder)
-            _record_mask_token(meta, staging)
-        _keep_remote_code(meta, staging)
-        if finish is not None:
-            finish(staging)
-        if out.exists():
-            out.rmdir()
-        staging.rename(out)
-    except OSError as error:  # --out under a file, a read-only or a full disk
-        shutil.rmtree(staging, ignore_errors=True)
-        raise DllmError(
-            f"cannot write the export to {str(out)!r}: {error.strerror or error}",
-            hint="pass --out a new folder in a writable place",
-        ) from None
-    except BaseException:  # an error or an interrupt: no half-written folder stays behind
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
+    staging: Path | None = None
+    # SIGTERM (`timeout`, a scheduler's limit) unwinds as Ctrl-C does: the staging folder goes.
+    with unwinding_on_sigterm():
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            # A name of its own: a second export to the same --out used to share `.<out>.partial`
+            # and delete the first's folder while it was written (then rename it half-made).
+            staging = make_temp_dir(out.parent, f".{out.name}.partial-")
+            _write_folder(staging, meta, model, config, tensors, name, shard_bytes, finish)
+            _publish(staging, out)
+        except OSError as error:  # --out under a file, a read-only or a full disk
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise DllmError(
+                f"cannot write the export to {str(out)!r}: {error.strerror or error}",
+                hint="pass --out a new folder in a writable place",
+            ) from None
+        except BaseException:  # an error or an interrupt: no half-written folder stays behind
+            if staging is not None:
+                shutil.rmtree(staging, ignore_errors=True)
+            raise
     return out
+
+
+def _write_folder(staging, meta, model, config, tensors, dtype, shard_bytes, finish) -> None:
+    """The export's files, in `staging`: weights and config, the family's HF config changes,
+    tokenizer and generation files, the mask token record, remote code, `finish`'s files."""
+    import torch
+
+    from turbo_dllm.train.weights import save_hf
+
+    written = _as_trained(meta, config)  # the run's mask token and block size
+    save_hf(tensors, written, staging, dtype=getattr(torch, dtype), max_shard_size=shard_bytes)
+    if hasattr(model, "hf_export_config"):  # a family whose HF config is not its checkpoint's
+        path = staging / "config.json"
+        hf = model.hf_export_config(json.loads(path.read_text()))
+        path.write_text(json.dumps(hf, indent=2) + "\n")
+    _copy_generation_files(meta, staging)
+    if not hasattr(config, "mask_token_id"):  # a family config that records none (decoder)
+        _record_mask_token(meta, staging)
+    _keep_remote_code(meta, staging)
+    if finish is not None:
+        finish(staging)
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Rename the written folder into place, its files and entries synced to disk first and
+    the rename after, so a crash or power loss leaves no folder or a whole one (renamed
+    unsynced, a folder whose config.json and weights were still in the page cache could stand
+    with empty or short files). An empty `out` is replaced by the rename itself; one that was
+    filled meanwhile (another export) makes it fail, ENOTEMPTY or EEXIST, and is not touched."""
+    for file in staging.rglob("*"):
+        if file.is_file() and not file.is_symlink():
+            with open(file, "rb") as handle:
+                os.fsync(handle.fileno())
+    for folder in [*(p for p in staging.rglob("*") if p.is_dir()), staging]:
+        fsync_dir(folder)
+    try:
+        os.rename(staging, out)
+    except OSError as error:
+        if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+            raise
+        raise DllmError(
+            f"{str(out)!r} already exists and is not empty: it was written while this export "
+            "ran (another export to the same --out?), and is left as it is",
+            hint="choose a new folder",
+        ) from None
+    fsync_dir(out.parent)
 
 
 def check_out_folder(out: Path, replaces: str, *, example: str) -> None:
@@ -388,6 +432,26 @@ def _own_pad(meta, specials: dict[str, int]) -> bool:
     return meta.model_path is None and specials["pad"] != specials.get("eos")
 
 
+# Where transformers saves a tokenizer's named chat templates beside the default one
+# (chat_template.jinja): one `<name>.jinja` each (`tool_use`, `rag`, ...).
+_CHAT_TEMPLATES = "additional_chat_templates"
+
+
+def _copy_named_chat_templates(model_path: Path, folder: Path) -> None:
+    """The model folder's named chat templates, beside its tokenizer files (which are only
+    the folder's top level): an export dropped them, and `apply_chat_template(...,
+    chat_template="tool_use")` on it rendered the name itself (transformers takes a name it
+    does not know for a template) where the source rendered its tool_use template."""
+    source = model_path / _CHAT_TEMPLATES
+    if not source.is_dir():
+        return
+    templates = sorted(p for p in source.glob("*.jinja") if p.is_file())
+    if templates:
+        (folder / _CHAT_TEMPLATES).mkdir()
+        for file in templates:
+            shutil.copy2(file, folder / _CHAT_TEMPLATES / file.name)
+
+
 def _copy_generation_files(meta, folder: Path) -> None:
     """generation_config.json, the tokenizer and the special token ids, from the sources."""
     from turbo_dllm.data.tokenizers import tokenizer_files
@@ -410,6 +474,8 @@ def _copy_generation_files(meta, folder: Path) -> None:
         tokenizer = [file for file in tokenizer if file.is_file()]
     for file in tokenizer:
         shutil.copy2(file, folder / file.name)
+    if tokenizer and model_path is not None and tokenizer[0].parent == model_path:
+        _copy_named_chat_templates(model_path, folder)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     if artifact is not None:
