@@ -187,6 +187,17 @@ class ChunkProcessor:
                         f"token id {value} is outside the vocabulary (0..{config.vocab_size - 1})",
                     )
                 keep[d] = False
+        if config.prepend_bos:
+            # A document that starts with bos already (a chat template that writes
+            # {{ bos_token }}, ids from a tokenizer that adds it) keeps that one, unsupervised
+            # like the bos prepend_bos adds: never two in a row.
+            leading = np.zeros(len(lengths), bool)
+            nonempty = np.flatnonzero(lengths)
+            leading[nonempty] = flat[starts[nonempty]] == specials["bos"]
+            leading[: int(later_piece)] = False  # a later piece goes on mid-document
+            if leading.any():
+                mask = mask.copy()
+                mask[starts[leading]] = 0
         if config.supervision != "full":
             supervised = _segment_sums(mask, lengths)
             for d in np.flatnonzero(keep & (supervised == 0)):
@@ -275,14 +286,19 @@ class ChunkProcessor:
         first_starts: bool = True,
         last_ends: bool = True,
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Prepend bos (unsupervised) and append eos (supervised like the last token); not
-        before the first document unless `first_starts`, nor after the last unless `last_ends`
-        (a piece of a longer document)."""
+        """Prepend bos (unsupervised) and append eos (supervised like the last token), each
+        unless the document has it already; not before the first document unless
+        `first_starts`, nor after the last unless `last_ends` (a piece of a longer document).
+        Every document here holds at least one token."""
         config = self.config
         if not len(lengths):
             return flat, mask, lengths
         ends = np.cumsum(lengths)
-        bos = np.full(len(lengths), 1 if config.prepend_bos else 0, np.int64)
+        old_starts = ends - lengths
+        if config.prepend_bos:  # not before a document that starts with bos already
+            bos = (flat[old_starts] != config.special_tokens["bos"]).astype(np.int64)
+        else:
+            bos = np.zeros(len(lengths), np.int64)
         bos[0] *= first_starts
         eos_id = config.special_tokens["eos"]
         if config.separator == "eos":
@@ -294,7 +310,6 @@ class ChunkProcessor:
             return flat, mask, lengths
         new_lengths = lengths + bos + need_eos
         new_starts = np.concatenate([[0], np.cumsum(new_lengths)[:-1]])
-        old_starts = ends - lengths
         out = np.empty(int(new_lengths.sum()), np.int64)
         out_mask = np.empty(len(out), np.uint8)
         dest = np.repeat(new_starts + bos - old_starts, lengths) + np.arange(len(flat))
@@ -306,7 +321,9 @@ class ChunkProcessor:
         tail = np.flatnonzero(need_eos)
         eos_at = new_starts[tail] + bos[tail] + lengths[tail]
         out[eos_at] = eos_id
-        out_mask[eos_at] = mask[ends[tail] - 1]
+        # Under full supervision every token but a bos is scored, the eos too (also after a
+        # document that is a bos alone); else the eos is scored like the document's last token.
+        out_mask[eos_at] = 1 if config.supervision == "full" else mask[ends[tail] - 1]
         return out, out_mask, new_lengths
 
 

@@ -249,7 +249,9 @@ class PackingSpec(_Strict):
     separator: Literal["eos", "none"] = Field(
         "eos", description="eos: end every document with the eos token (unless it already does)."
     )
-    prepend_bos: bool = Field(False, description="Start every document with the bos token.")
+    prepend_bos: bool = Field(
+        False, description="Start every document with the bos token (unless it has one already)."
+    )
 
 
 class OutputSpec(_Strict):
