@@ -15,6 +15,8 @@ import json
 import os
 import signal
 import textwrap
+import time
+import types
 from functools import partial
 
 import pytest
@@ -27,6 +29,7 @@ from tests.train.util import metrics, tiny_spec, write_config
 from turbo_dllm.data.compat import eval_artifact_problems
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train.attention import ReferenceAttention
+from turbo_dllm.train.checkpoint import read_meta
 from turbo_dllm.train.data import build_data
 from turbo_dllm.train.distributed import init_distributed
 from turbo_dllm.train.entry import train
@@ -242,6 +245,7 @@ def test_sigterm_during_an_evaluation_saves_that_step_at_once(tmp_path, artifact
     assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_00000002"]
     assert [r["step"] for r in metrics(run)] == [1, 2]
     assert not any("eval_loss" in r for r in metrics(run))
+    assert metrics(run)[-1]["eval_left_off"] == "SIGTERM"  # why step 2 has no eval_loss
     assert len(forwards_after_signal) == 1  # the forward under way, no more
 
 
@@ -316,3 +320,80 @@ def test_the_evaluation_runs_the_model_in_eval_mode_and_gives_it_back_for_traini
     assert trainer.model.training
     # only the corrupted copies of the held-out rows stay on the host, not the rows as well
     assert trainer.eval_set.batches == [] and len(trainer._eval_batches) == 2
+
+
+def _slow_evaluation(monkeypatch, seconds: float, slow: int = 0) -> list:
+    """Trainer models whose evaluation forward number `slow` (of the first evaluation) moves
+    the trainer's clock on by `seconds` (a slow evaluation, without waiting for it: on a loaded
+    machine two tiny steps took 2 s); the list counts the evaluation forwards."""
+    import turbo_dllm.train.trainer as trainer_module
+
+    forwards: list = []
+    late = [0.0]
+    clock = types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + late[0])
+    monkeypatch.setattr(trainer_module, "time", clock)
+    build_model = Trainer.build_model
+
+    def build_with_a_slow_evaluation(self):
+        build_model(self)
+        forward = self.model.forward
+
+        def slow_forward(*args, **kwargs):
+            if not torch.is_grad_enabled():  # an evaluation's forward
+                if len(forwards) == slow:
+                    late[0] += seconds
+                forwards.append(1)
+            return forward(*args, **kwargs)
+
+        self.model.forward = slow_forward
+
+    monkeypatch.setattr(Trainer, "build_model", build_with_a_slow_evaluation)
+    return forwards
+
+
+def test_a_time_limit_that_runs_out_during_an_evaluation_leaves_it_off_and_saves_that_step(
+    tmp_path, artifacts, monkeypatch
+):
+    """training.max_duration_s was read at step boundaries only: an evaluation that outlasted
+    it ran to its end, logged its eval_loss, and one more step ran before the stop. Now the
+    budget is read between the evaluation's micro-batches: the rest is left off, the step it
+    follows is saved (exit status 0, as any time-limit stop), and its record says why it has
+    no eval_loss."""
+    budget = 600.0  # two tiny steps take less; the first evaluation forward spends it
+    forwards = _slow_evaluation(monkeypatch, budget)
+    spec = tiny_spec(
+        *_args(artifacts, "eval.sequences=16", "checkpoint.interval=100"),
+        f"training.max_duration_s={budget}",
+    )
+    run = tmp_path / "run"
+    assert train(spec, run) == 0
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_00000002"]
+    records = metrics(run)
+    assert [r["step"] for r in records] == [1, 2]
+    assert not any("eval_loss" in r for r in records)  # 1 of 4 micro-batches: no loss at all
+    assert records[-1]["eval_left_off"] == "training.max_duration_s"
+    assert len(forwards) == 1  # of the 4 micro-batches
+    # the checkpoint counts the evaluation's time as training time, as a step-boundary stop does
+    assert read_meta(run / "checkpoints/step_00000002").train_time_s >= budget
+
+
+def test_a_time_limit_that_runs_out_during_the_last_evaluation_forward_stops_after_it(
+    tmp_path, artifacts, monkeypatch
+):
+    """The whole evaluation ran: its loss is logged, and the run stops there with that step
+    saved instead of training one more step first."""
+    budget = 600.0
+    forwards = _slow_evaluation(monkeypatch, budget, slow=3)  # the last of 4 micro-batches
+    spec = tiny_spec(
+        *_args(artifacts, "eval.sequences=16", "checkpoint.interval=100"),
+        f"training.max_duration_s={budget}",
+    )
+    run = tmp_path / "run"
+    assert train(spec, run) == 0
+    assert sorted(p.name for p in (run / "checkpoints").glob("step_*")) == ["step_00000002"]
+    records = metrics(run)
+    assert [r["step"] for r in records] == [1, 2]
+    assert records[-1]["eval_sequences"] == 16 and "eval_left_off" not in records[-1]
+    assert len(forwards) == 4
+    expected = _independent_eval_loss(spec, run / "checkpoints/step_00000002")
+    assert records[-1]["eval_loss"] == pytest.approx(expected, rel=1e-5)

@@ -12,6 +12,11 @@ process's, up to float rounding), as training's is.
 The loss is training's: the objective's weighted sum over the evaluated sequences divided by
 their supervised count (each term over its own count for an objective of several), so an
 evaluation on the training data reads like the training loss.
+
+A stop that comes during an evaluation (SIGTERM, `training.max_duration_s`: `train.stop`) is
+read between its micro-batches: the rest is left off (`LeftOff`) and the step it follows is
+saved at once, as at a step boundary. A part of the held-out sequences is not the held-out loss,
+so a left-off evaluation logs none: the step's record says `eval_left_off` (the cause) instead.
 """
 
 from __future__ import annotations
@@ -23,8 +28,9 @@ import torch
 from turbo_dllm.data.compat import eval_artifact_problems, eval_sequences
 from turbo_dllm.data.loader import artifact_batch
 from turbo_dllm.errors import DllmError
+from turbo_dllm.train.stop import Stop
 
-__all__ = ["EVAL_STEP", "EvalSet", "build_eval_set"]
+__all__ = ["EVAL_STEP", "EvalSet", "LeftOff", "build_eval_set"]
 
 # The noise keys' step: no training step draws from it (training steps count from 0).
 EVAL_STEP = -1
@@ -43,6 +49,26 @@ class EvalSet:
     def due(self, done: int, total: int) -> bool:
         """Whether an evaluation follows step `done` (1-based) of `total`."""
         return done % self.interval == 0 or done == total
+
+
+@dataclass(frozen=True)
+class LeftOff:
+    """An evaluation stopped before its last micro-batch (`Trainer.evaluate`): why, and how far
+    it got (this rank's micro-batches; every rank ran as many)."""
+
+    stop: Stop
+    done: int
+    batches: int
+
+    def record(self) -> dict[str, str]:
+        """What the step's metrics record says instead of an eval_loss."""
+        return {"eval_left_off": self.stop.cause}
+
+    def __str__(self) -> str:
+        return (
+            f"its evaluation was left off after {self.done} of {self.batches} held-out "
+            "micro-batches (no eval_loss logged)"
+        )
 
 
 def build_eval_set(spec, *, dp_rank: int, dp_size: int) -> EvalSet | None:

@@ -1,4 +1,10 @@
-"""SIGTERM as a request to stop at the next step boundary, with a checkpoint of the last step.
+"""Why a run stops early (`Stop`), and SIGTERM as a request to stop at the next step boundary,
+with a checkpoint of the last step.
+
+Two things stop a run before its last step: `training.max_duration_s` running out (exit status
+0: a later launch resumes it) and SIGTERM (exit status 143). The trainer asks `stop_requested`
+at every step boundary and between the micro-batches of an evaluation (a long one would overrun
+either: `Trainer.evaluate`), and the ranks agree on the highest reason (`Stop` is ordered).
 
 A scheduler's time limit or preemption (SLURM sends SIGTERM, then SIGKILL after its KillWait),
 torchrun passing on a SIGTERM, `kill` or `timeout`: the trainer finishes the step it is in,
@@ -11,12 +17,39 @@ forwards signals, a test harness) is left alone: then SIGTERM does what it did b
 
 from __future__ import annotations
 
+import enum
 import signal
 import threading
 
-__all__ = ["EXIT_TERMINATED", "TerminationRequest"]
+__all__ = ["EXIT_TERMINATED", "Stop", "TerminationRequest", "stop_requested"]
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
+
+
+class Stop(enum.IntEnum):
+    """Why to stop: ordered, so the ranks' vote (`distributed.highest_on_any_rank`) takes the
+    strongest reason any rank has: a SIGTERM's exit status over the time limit's."""
+
+    NONE = 0
+    TIME_LIMIT = 1  # training.max_duration_s
+    SIGTERM = 2
+
+    @property
+    def cause(self) -> str:
+        """The reason as the run's log and metrics name it."""
+        return ("none", "training.max_duration_s", "SIGTERM")[self]
+
+
+def stop_requested(
+    termination: TerminationRequest, elapsed_s: float, max_duration_s: float | None
+) -> Stop:
+    """This rank's reason to stop now: a SIGTERM received, else `elapsed_s` of training time
+    (across resumes) at or past `training.max_duration_s`."""
+    if termination.received:
+        return Stop.SIGTERM
+    if max_duration_s is not None and elapsed_s >= max_duration_s:
+        return Stop.TIME_LIMIT
+    return Stop.NONE
 
 
 class TerminationRequest:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import partial
 from pathlib import Path
@@ -59,7 +60,7 @@ from turbo_dllm.train.distributed import (
     highest_on_any_rank,
     replicate_partial_grads,
 )
-from turbo_dllm.train.evaluate import EVAL_STEP, build_eval_set
+from turbo_dllm.train.evaluate import EVAL_STEP, LeftOff, build_eval_set
 from turbo_dllm.train.export import export_sources
 from turbo_dllm.train.graph_breaks import graph_break_counts, graph_break_warning
 from turbo_dllm.train.memory import MemoryRecorder, out_of_memory
@@ -76,7 +77,7 @@ from turbo_dllm.train.parallel.ep import expert_parameters, reduce_expert_grads
 from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
 from turbo_dllm.train.parallel.plan import build_sequence_plan, model_work
 from turbo_dllm.train.schedules import build_scheduler, resume_schedule
-from turbo_dllm.train.stop import EXIT_TERMINATED, TerminationRequest
+from turbo_dllm.train.stop import EXIT_TERMINATED, Stop, TerminationRequest, stop_requested
 from turbo_dllm.train.weights import materialize, named_parameters_clean
 
 __all__ = ["StepBatches", "Trainer"]
@@ -656,13 +657,16 @@ class Trainer:
         loss = local / denominator
         return loss.sum() if loss.dim() else loss
 
-    def evaluate(self, termination: TerminationRequest | None = None) -> dict[str, float] | None:
+    def evaluate(self, stop: Callable[[], Stop] | None = None) -> dict[str, float] | LeftOff:
         """The held-out loss at the current weights (`train.evaluate`): forwards only, the same
         sequences and noise every time; every rank takes part (FSDP and the loss all-reduce).
 
-        None: `termination` received SIGTERM (on any rank) before the last micro-batch, and the
-        evaluation was left off so the step is saved at once (a long evaluation would outlast
-        the scheduler's grace period before SIGKILL, and the save with it)."""
+        `stop` (this rank's reason to stop now: `train.stop.stop_requested`) is asked before
+        each micro-batch and the ranks vote on it: a SIGTERM or `training.max_duration_s`
+        running out (on any rank) before the last micro-batch leaves the rest off (`LeftOff`),
+        so the step is saved at once (a long evaluation would outlast the scheduler's grace
+        period before SIGKILL, or the time budget). Across ranks the vote taken before a forward
+        is read after it, so no rank waits for the device to vote: one more forward runs."""
         started = time.perf_counter()
         evals = self.eval_set
         if self._eval_batches is None:
@@ -681,12 +685,12 @@ class Trainer:
         pending = None  # across ranks: the vote taken before the last forward, read after it
         # eval mode: a family with dropout or sampled routing evaluates without it
         with torch.no_grad(), _eval_mode(self.model):
-            for diffusion, _ in self._eval_batches:
-                if termination is not None:
-                    vote = any_rank(termination.received, self.env)
+            for done, (diffusion, _) in enumerate(self._eval_batches):
+                if stop is not None:
+                    vote = highest_on_any_rank(stop(), self.env)
                     ready, pending = (pending, vote) if self.env.distributed else (vote, None)
-                    if ready is not None and ready():
-                        return None
+                    if ready is not None and (why := Stop(ready())):
+                        return LeftOff(why, done, len(self._eval_batches))
                 loss_sum += self._loss(diffusion, denominator)
         total = loss_sum.float()
         self._all_reduce(total)
@@ -827,6 +831,11 @@ class Trainer:
         tokens_per_step = self.samples_per_step * spec.data.seq_len
         interval = spec.checkpoint.interval
         max_duration = spec.training.max_duration_s
+
+        def stop_now() -> Stop:  # this rank's reason to stop, by its own clock
+            elapsed = self.train_time_offset + time.perf_counter() - began
+            return stop_requested(termination, elapsed, max_duration)
+
         last_saved = start
         breaks_before = graph_break_counts() if spec.training.compile else None
         # Step N's numbers are read once step N + 1 is queued, so the device never waits for
@@ -858,27 +867,28 @@ class Trainer:
                 self._report(waiting, last_read, began, tokens_per_step)
                 last_read = waiting
             done = step + 1
-            elapsed = self.train_time_offset + time.perf_counter() - began
-            # Why to stop here: 0 not, 1 training.max_duration_s, 2 SIGTERM (`train.stop`).
-            stop = (
-                2
-                if termination.received
-                else int(max_duration is not None and elapsed >= max_duration)
-            )
+            stop = stop_now()  # why to stop here (`train.stop`)
             if env.distributed:
                 # Every rank must agree: the stop leads to a collective save (see `any_rank`).
                 # The vote taken at the last step is read now, so no rank waits for the step it
                 # just queued: a distributed run stops one step later.
                 previous, vote = vote, highest_on_any_rank(stop, env)
-                stop = previous() if previous is not None else 0
+                stop = Stop(previous()) if previous is not None else Stop.NONE
             saving = (interval and done % interval == 0) or done == self.total_steps or stop
             # an evaluation follows its step, not a stop (SIGTERM, the time limit: save and go)
             evaluating = self.eval_set is not None and not stop
             evaluating = evaluating and self.eval_set.due(done, self.total_steps)
+            left_off = None
             if saving or evaluating:
-                evaluated = self.evaluate(termination) if evaluating else None
-                if evaluating and evaluated is None:  # SIGTERM during it: save this step now
-                    stop, saving = 2, True
+                evaluated = self.evaluate(stop_now) if evaluating else None
+                if isinstance(evaluated, LeftOff):  # a stop during it: save this step now
+                    left_off, evaluated = evaluated, evaluated.record()
+                    stop, saving = left_off.stop, True
+                elif evaluating:
+                    # A stop that came during its last forward, read now (the evaluation's loss
+                    # waited for the device already): saved now, not after one more step.
+                    stop = Stop(highest_on_any_rank(stop_now(), env)())
+                    saving = saving or bool(stop)
                 self._report(queued, last_read, began, tokens_per_step, evaluated)
                 waiting, last_read = None, None  # the next step's time leaves these out
                 if saving:
@@ -886,12 +896,14 @@ class Trainer:
                     last_saved = done
             else:
                 waiting = queued
-            if stop == 2:
-                print0(env, f"stopping after step {done}: SIGTERM received (checkpoint saved)")
+            if stop:
+                cause = "SIGTERM received" if stop == Stop.SIGTERM else f"{stop.cause} reached"
+                note = f"; {left_off}" if left_off else ""
+                print0(env, f"stopping after step {done}: {cause} (checkpoint saved){note}")
+            if stop == Stop.SIGTERM:
                 self.metrics.close()
                 return EXIT_TERMINATED
             if stop:
-                print0(env, f"stopping after step {done}: training.max_duration_s reached")
                 break
         self.metrics.close()
         print0(env, f"done: {last_saved} steps, checkpoint in {self.checkpoint_dir}")
