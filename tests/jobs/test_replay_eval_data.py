@@ -53,3 +53,27 @@ def test_held_out_data_prepared_again_refuses_the_replay(cli, spec_file, workdir
 def test_a_run_without_evaluation_records_none(cli, spec_file, workdir):
     _, manifest = record(cli, "--config", spec_file, "--run-dir", "b")
     assert manifest.eval_data is None and "eval_data" in manifest.recorded_inputs
+
+
+def test_held_out_arrays_changed_in_place_refuse_the_replay(cli, spec_file, workdir, pinned_code):
+    """A replay re-hashed the training artifact's arrays but took the held-out artifact's
+    recorded fingerprint on trust: bytes changed under its unchanged manifest.json replayed
+    without a word. Its arrays are re-hashed the same way now."""
+    heldout = _held_out(workdir / "heldout", textwrap)
+    sets = ("--set", f"eval.artifact={heldout}", "--set", "eval.interval=2")
+    path, _ = record(cli, "--config", spec_file, *sets, "--run-dir", "a")
+    tokens = heldout / "tokens.bin"
+    original = tokens.read_bytes()
+    tokens.write_bytes(bytes([original[0] ^ 1]) + original[1:])  # manifest.json untouched
+
+    refused = cli("launch", "--manifest", path, "--dry-run")
+    assert_user_error(
+        refused, "refused: 1 input drifted", "tokens.bin: sha256 mismatch", "eval.artifact"
+    )
+    # one line, as the count says, naming the held-out artifact and the group to restore
+    [line] = [x for x in refused.err.splitlines() if x.startswith("  - ")]
+    assert line.startswith("  - eval_data.content: matches its manifest -> ")
+    assert str(heldout) in line
+    assert "restore the recorded eval.artifact (held-out data)" in refused.err
+    tokens.write_bytes(original)
+    assert cli("launch", "--manifest", path, "--dry-run", "--json").code == 0

@@ -126,7 +126,7 @@ def prepare_replay(
     spec, plan = _compile(spec, layout, host, run_dir, explicit, replay=True)
     plan = _recorded_threads(plan, recorded.plan)
     current = build_manifest(spec, plan, argv, fingerprint, missing_data_ok=True)
-    drift = manifest_drift(recorded, current) + _data_content_drift(spec)
+    drift = manifest_drift(recorded, current) + _content_drift(spec)
     if drift and not allow_drift:
         lines = "\n".join(f"  - {item}" for item in drift)
         raise DllmError(
@@ -239,23 +239,34 @@ def check_inputs(spec: RunSpec, source: str | Path) -> None:
         raise DllmError(f"{source}: the inputs do not fit the spec:\n{lines}", hint=hint)
 
 
-def _data_content_drift(spec: RunSpec) -> list[DriftItem]:
-    """Re-hash the artifact's arrays: bytes changed under an unchanged manifest.json are drift
-    too (a launch trusts the manifest; a replay checks it)."""
-    if spec.data.artifact is None or not Path(spec.data.artifact).exists():
-        return []
+def _data_artifacts(spec: RunSpec) -> dict[str, str | None]:
+    """The data artifacts the spec reads, by their manifest group: the training data and the
+    held-out data of its `eval:` section (None: none)."""
+    return {"data": spec.data.artifact, "eval_data": spec.eval.artifact if spec.eval else None}
+
+
+def _content_drift(spec: RunSpec) -> list[DriftItem]:
+    """Re-hash the arrays of every data artifact the spec reads (the training data and the
+    held-out data): bytes changed under an unchanged manifest.json are drift too (a launch
+    trusts the manifest; a replay checks it), named `<group>.content`. One that is not prepared
+    is drift already (its ref records none)."""
     from turbo_dllm.data.artifact import verify
 
-    try:
-        verify(spec.data.artifact)
-    except DllmError as error:
-        # One line: the refusal lists one drift per line, and verify's own list of files read
-        # as more drifted inputs than the count said.
-        first, *files = error.message.splitlines()
-        found = "; ".join(line.strip().removeprefix("- ") for line in files)
-        current = f"{first} {found}" if found else first
-        return [DriftItem(field="data.content", recorded="matches its manifest", current=current)]
-    return []
+    found = []
+    for group, artifact in _data_artifacts(spec).items():
+        if artifact is None or not _prepared(artifact):
+            continue
+        try:
+            verify(artifact)
+        except DllmError as error:
+            # One line: the refusal lists one drift per line, and verify's own list of files
+            # read as more drifted inputs than the count said.
+            first, *files = error.message.splitlines()
+            problems = "; ".join(line.strip().removeprefix("- ") for line in files)
+            current = f"{first} {problems}" if problems else first
+            recorded = "matches its manifest"
+            found.append(DriftItem(field=f"{group}.content", recorded=recorded, current=current))
+    return found
 
 
 def build_manifest(
@@ -288,12 +299,12 @@ def build_manifest(
         host=fingerprint.model_dump(mode="json"),
         packages=provenance.installed_packages(),
         bundle=provenance.active_bundle_ref(),
-        data=_data_ref(spec.data.artifact, missing_data_ok),
+        data=_data_ref(spec.data.artifact, missing_ok=missing_data_ok),
         weights=provenance.weights_ref(spec.model.path),
         **target,
         model_shape=provenance.model_shape_ref(spec.model.from_config),
         resume=provenance.resume_ref(spec.checkpoint.resume),
-        eval_data=_eval_data_ref(spec),
+        eval_data=_data_ref(_data_artifacts(spec)["eval_data"], missing_ok=True),
         recorded_inputs=list(OPTIONAL_INPUTS),  # every one (null: none; not "not recorded")
         code=CodeVersion(**provenance.code_version()),
         seeds=seeds,
@@ -302,20 +313,20 @@ def build_manifest(
     )
 
 
-def _data_ref(artifact: str | None, missing_ok: bool):
-    if missing_ok and artifact is not None and not Path(artifact).exists():
+def _data_ref(artifact: str | None, *, missing_ok: bool):
+    """A data artifact's identity (`provenance.data_ref`); None for none, and with `missing_ok`
+    for one not prepared (no manifest.json): a replay's vanished artifact then shows as drift,
+    and a launch's unprepared held-out data is refused by the readiness check, naming
+    eval.artifact, before anything is written."""
+    if artifact is None or (missing_ok and not _prepared(artifact)):
         return None
     return provenance.data_ref(artifact)
 
 
-def _eval_data_ref(spec: RunSpec):
-    """The held-out artifact's identity; None without `eval:`, and before it is prepared (the
-    readiness check then refuses the launch naming eval.artifact; a replay whose held-out data
-    vanished shows it as drift)."""
-    artifact = spec.eval.artifact if spec.eval else None
-    if artifact is None or not (Path(artifact) / "manifest.json").is_file():
-        return None
-    return provenance.data_ref(artifact)
+def _prepared(artifact: str) -> bool:
+    """Whether the artifact's manifest.json is there (`artifact`: its folder or that file)."""
+    path = Path(artifact)
+    return (path.name == "manifest.json" and path.is_file()) or (path / "manifest.json").is_file()
 
 
 def _fingerprint() -> Any:
