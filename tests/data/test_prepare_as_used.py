@@ -106,3 +106,56 @@ def test_prepend_bos_with_a_chat_template_that_writes_bos(tmp_path):
             == wrapped.apply_chat_template(chat, tokenize=True, return_dict=True)["input_ids"][1:]
         )
         verify(result.path)
+
+
+# --- a misnamed column of a Hugging Face dataset --------------------------------------------
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_dataset_with_one_of_two_fields_lists_all_its_columns(tmp_path, streaming):
+    """As for Parquet: prompt_field is a column, completion_field is not. Only the columns
+    found were kept, so the error said 'keys: question' and hid the column meant."""
+    import datasets
+
+    from turbo_dllm.errors import DllmError
+
+    rows = [{"question": "q", "answer": "a", "id": 1}]
+    datasets.Dataset.from_list(rows).save_to_disk(str(tmp_path / "qa"))
+    config = write_config(
+        tmp_path,
+        source={"kind": "huggingface", "path": "qa", "streaming": streaming},
+        records={
+            "kind": "prompt_completion",
+            "prompt_field": "question",
+            "completion_field": "answr",
+        },
+    )
+    with pytest.raises(DllmError) as caught:
+        prepare_config(config)
+    assert "missing field 'answr'" in str(caught.value)
+    assert "keys: answer, id, question" in str(caught.value)
+
+
+# --- a mask token that ordinary text encodes to ---------------------------------------------
+
+
+def test_a_mask_token_that_text_encodes_to_is_named_as_the_fix(tmp_path, hf_tokenizer):
+    """tokenizer.mask_token naming an ordinary token: every record that holds it stopped the
+    job with 'fix that record', although the record was fine and the mask token was not."""
+    from transformers import AutoTokenizer
+
+    from turbo_dllm.errors import DllmError
+
+    text = "The quick brown fox jumps over the lazy dog."
+    ordinary = AutoTokenizer.from_pretrained(str(hf_tokenizer)).tokenize(text)[0]
+    write_jsonl(tmp_path / "data.jsonl", [{"text": text}])
+    config = write_config(
+        tmp_path,
+        tokenizer={"kind": "huggingface", "path": str(hf_tokenizer), "mask_token": ordinary},
+    )
+    with pytest.raises(DllmError) as caught:
+        prepare_config(config)
+    assert "is the mask token" in caught.value.message
+    assert "fix that record" not in caught.value.hint
+    assert "tokenizer.mask_token" in caught.value.hint
+    assert "on_error: skip" in caught.value.hint

@@ -57,6 +57,7 @@ class ChunkResult:
     special_token_text: int = 0  # documents whose text holds a special token's literal string
     skipped: dict[str, int] = field(default_factory=dict)
     error: str | None = None  # "where: message" of the first bad record (on_error: stop)
+    error_reason: str | None = None  # its reason code (`mask_token_in_data`, ...)
     # The first document goes on where the previous result's last one stopped (a later piece
     # of a long document of token ids, RawChunk.piece): one document, no gap between.
     continues_previous: bool = False
@@ -237,6 +238,7 @@ class ChunkProcessor:
         if errors and (config.on_error == "stop" or bad_piece):
             first = min(errors)
             result.error = f"{chunk.where(first)}: {errors[first][1]}"
+            result.error_reason = errors[first][0]
             if bad_piece and config.on_error != "stop":
                 result.error += (
                     f" (a document of {total:,} token ids, read in parts: on_error: skip "

@@ -283,10 +283,7 @@ def _write_arrays(
             try:
                 for chunk, result in pool.results(source.chunks()):
                     if result.error is not None:
-                        hint = "fix that record"
-                        if spec.on_error != "skip":  # (under skip: a document read in parts)
-                            hint += ", or set on_error: skip to count and skip bad records"
-                        raise DllmError(result.error, hint=hint)
+                        raise DllmError(result.error, hint=_bad_record_hint(spec, result))
                     packer.add(
                         result.tokens, result.loss_mask, result.lengths, result.continues_previous
                     )
@@ -334,6 +331,27 @@ def _write_arrays(
         "skipped": dict(sorted(skipped.items())),
     }
     return {"arrays": arrays, "stats": stats}
+
+
+def _bad_record_hint(spec: PrepareSpec, result: ChunkResult) -> str:
+    skip = ", or set on_error: skip to count and skip bad records"
+    if spec.on_error == "skip":  # (under skip: a document of token ids read in parts)
+        skip = ""
+    if result.error_reason == "mask_token_in_data" and spec.record_spec.kind != "tokens":
+        # Not the record's fault: the tokenizer encodes ordinary text to the mask token, and
+        # would do so in record after record.
+        how = (
+            "the tokenizer encodes this text to the mask token, so the mask token is one that "
+            "text holds: set tokenizer.mask_token to an unused special token of the tokenizer, "
+            "or tokenizer.mask_token_id to a spare id past its vocabulary"
+        )
+        if spec.tokenizer.special_tokens_in_text == "control":
+            how += (
+                " (or tokenizer.special_tokens_in_text: text, which keeps a special token's "
+                "literal string text)"
+            )
+        return how + skip.replace("bad records", "such records")
+    return "fix that record" + skip
 
 
 def _format_counts(counts: dict[str, int]) -> str:

@@ -833,10 +833,10 @@ def _open_huggingface(
             )
         raise DllmError(f"cannot load {what}: {_describe(error)}", hint=hint) from None
     names = getattr(dataset, "column_names", None)
-    if columns is not None and names is not None:
-        keep = [c for c in columns if c in names]
-        if keep:
-            dataset = dataset.select_columns(keep)
+    # Only the columns the records need; where one is missing, all of them, so that the error
+    # lists every column (the misnamed one among them), as for Parquet.
+    if columns is not None and names is not None and set(columns) <= set(names):
+        dataset = dataset.select_columns(columns)
     total = getattr(dataset, "num_rows", None) if not source.streaming else None
     if total is not None:
         described["num_rows"] = int(total)
