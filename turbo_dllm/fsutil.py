@@ -9,7 +9,9 @@ umask applied by the kernel, like any `open()` or `mkdir()`.
 
 from __future__ import annotations
 
+import glob
 import os
+import shutil
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -18,8 +20,10 @@ __all__ = [
     "fsync_dir",
     "make_temp_dir",
     "make_temp_file",
+    "owned_prefix",
     "save_safetensors",
     "sha256_file",
+    "sweep_orphans",
     "synced_temp_file",
     "write_atomic",
 ]
@@ -48,6 +52,29 @@ def make_temp_dir(folder: str | Path, prefix: str) -> Path:
         except FileExistsError:
             continue
     raise FileExistsError(f"no free temporary name in {folder}")
+
+
+def owned_prefix(name: str) -> str:
+    """The name prefix of a working folder this process owns: `name`, then this host and
+    process id, so `sweep_orphans` can tell a killed process's leftovers from a running one's."""
+    return f"{name}{os.uname().nodename}-{os.getpid()}-"
+
+
+def sweep_orphans(root: str | Path, name: str) -> None:
+    """Remove the folders under `root` named by `owned_prefix(name)` whose process on this host
+    is gone (SIGKILLed or out of memory before its own clean-up ran); another host's (shared
+    storage) and a running process's stay."""
+    prefix = f"{name}{os.uname().nodename}-"
+    for folder in Path(root).glob(f"{glob.escape(prefix)}*"):
+        pid = folder.name[len(prefix) :].split("-", 1)[0]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:
+            pass  # alive, another user's
 
 
 def fsync_dir(folder: str | Path) -> None:

@@ -129,3 +129,26 @@ def test_sigterm_mid_export_leaves_no_staging_folder(run, tmp_path):
             child.kill()
             child.wait()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["writing"]
+
+
+def test_the_next_export_removes_a_killed_exports_staging_folder_and_no_other(run, tmp_path):
+    """A SIGKILLed or out-of-memory export runs no clean-up: its hidden, model-sized staging
+    folder stayed forever. The next export to that --out removes one whose process is gone on
+    this host; a running export's and another host's (shared storage) stay."""
+    host = os.uname().nodename
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    names = {
+        "killed": f".hf.partial-{host}-{gone.pid}-0a1b2c",
+        "running": f".hf.partial-{host}-{os.getppid()}-3d4e5f",
+        "other host": f".hf.partial-{host}x-{gone.pid}-6a7b8c",
+    }
+    for name in names.values():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "model.safetensors").write_bytes(b"\0" * 64)
+    export_checkpoint(run, tmp_path / "hf")
+    assert (tmp_path / "hf" / "config.json").is_file()
+    left = {p.name for p in tmp_path.iterdir()}
+    assert names["killed"] not in left
+    assert {names["running"], names["other host"]} <= left
+    assert not [n for n in left if n.startswith(f".hf.partial-{host}-{os.getpid()}-")]

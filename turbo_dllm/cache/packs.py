@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import glob
 import hashlib
 import json
 import os
@@ -44,7 +43,7 @@ from turbo_dllm.bundles.manifest import (
 from turbo_dllm.cache.key import PackDifference, PackKey
 from turbo_dllm.errors import DllmError
 from turbo_dllm.formats import flatten
-from turbo_dllm.fsutil import file_system, human_size, mounted_at
+from turbo_dllm.fsutil import file_system, human_size, mounted_at, owned_prefix, sweep_orphans
 from turbo_dllm.host import HostFingerprint
 from turbo_dllm.paths import dllm_home
 from turbo_dllm.records import Record, RecordError, checked
@@ -989,24 +988,13 @@ def _write_record(
 def _staging_prefix(*, hidden: bool = True) -> str:
     """The name of a folder this process works in (an install's staging, a pack's scratch
     copies and its archive being written): the host and process, for `_sweep_staging`."""
-    return f"{'.' if hidden else ''}dllm-pack-{os.uname().nodename}-{os.getpid()}-"
+    return owned_prefix(f"{'.' if hidden else ''}dllm-pack-")
 
 
 def _sweep_staging(root: Path, *, hidden: bool = True) -> None:
     """Remove the working folders (`_staging_prefix`) under `root` of installs and packs on
-    this host whose process is gone (killed before its own clean-up ran); another host's (a
-    shared home) or a running one's stay."""
-    prefix = f"{'.' if hidden else ''}dllm-pack-{os.uname().nodename}-"
-    for folder in root.glob(f"{glob.escape(prefix)}*"):
-        pid = folder.name[len(prefix) :].split("-", 1)[0]
-        if not pid.isdigit() or int(pid) == os.getpid():
-            continue
-        try:
-            os.kill(int(pid), 0)
-        except ProcessLookupError:
-            shutil.rmtree(folder, ignore_errors=True)
-        except OSError:
-            pass  # alive, another user's
+    this host whose process is gone (killed before its own clean-up ran)."""
+    sweep_orphans(root, f"{'.' if hidden else ''}dllm-pack-")
 
 
 def _staging_root(caches: dict[str, Path]) -> Path:

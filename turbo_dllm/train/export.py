@@ -3,8 +3,8 @@ model-0000i-of-0000N.safetensors and their index past `max_shard_size`, as trans
 
 Runs in one process on the CPU whatever data-parallel size saved the checkpoint: DCP reads the
 sharded model tensors back as full tensors. The optimizer state is not read. The folder is
-written next to its destination (a hidden `.<out>.partial-<random>` of its own, removed on an
-error, Ctrl-C or SIGTERM), synced to disk and renamed into place, so it is complete or absent,
+written next to its destination (a hidden `.<out>.partial-<host>-<pid>-<random>` of its own, removed
+on an error, Ctrl-C or SIGTERM, or by the next export once its process was killed), synced to disk and renamed into place, so it is complete or absent,
 a crash included; two exports to one --out do not share it, and the second to finish fails.
 
 Beside the weights, a folder `generate` can use needs the tokenizer and the token that ends a
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import fsync_dir, make_temp_dir
+from turbo_dllm.fsutil import fsync_dir, make_temp_dir, owned_prefix, sweep_orphans
 from turbo_dllm.sigterm import unwinding_on_sigterm
 
 __all__ = ["check_out_folder", "export_checkpoint", "export_sources"]
@@ -120,7 +120,10 @@ def export_checkpoint(
             out.parent.mkdir(parents=True, exist_ok=True)
             # A name of its own: a second export to the same --out used to share `.<out>.partial`
             # and delete the first's folder while it was written (then rename it half-made).
-            staging = make_temp_dir(out.parent, f".{out.name}.partial-")
+            # Its host and pid tell a killed export's leftover (model-sized) from a running one's.
+            partial = f".{out.name}.partial-"
+            sweep_orphans(out.parent, partial)
+            staging = make_temp_dir(out.parent, owned_prefix(partial))
             _write_folder(staging, meta, model, config, tensors, name, shard_bytes, finish)
             _publish(staging, out)
         except OSError as error:  # --out under a file, a read-only or a full disk
