@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from tests.data.conftest import CORPUS
@@ -159,3 +160,72 @@ def test_a_mask_token_that_text_encodes_to_is_named_as_the_fix(tmp_path, hf_toke
     assert "fix that record" not in caught.value.hint
     assert "tokenizer.mask_token" in caught.value.hint
     assert "on_error: skip" in caught.value.hint
+
+
+# --- token id files narrower than the tokenizer's ids ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def wide_tokenizer(tmp_path_factory):
+    """A word-level tokenizer with 70,000 ordinary ids: more than uint16 holds."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(70_000)}
+    vocab.update({"<eos>": 70_000, "<mask>": 70_001, "<unk>": 70_002})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<eos>", mask_token="<mask>", unk_token="<unk>"
+    )
+    folder = tmp_path_factory.mktemp("wide") / "tokenizer"
+    wrapped.save_pretrained(str(folder))
+    return folder
+
+
+@pytest.mark.parametrize("name", ["ids.bin", "ids.npy"])
+def test_a_uint16_id_file_for_a_wider_vocabulary_is_refused(tmp_path, wide_tokenizer, name):
+    """nanoGPT-style `arr[i:j] = ids` into a uint16 memmap wraps id 65,541 around to 5: the
+    file read as valid ids of other tokens, and prepare packed them without a word."""
+    from turbo_dllm.errors import DllmError
+
+    ids = np.array([1, 65_541, 69_999, 70_000], dtype=np.int64)
+    wrapped = np.zeros(len(ids), np.uint16)
+    wrapped[:] = ids  # what a uint16 memmap keeps of them: 1, 5, 4463, 4464
+    if name.endswith(".npy"):
+        np.save(tmp_path / name, wrapped)
+    else:
+        wrapped.tofile(tmp_path / name)
+    source = {"kind": "token_ids", "paths": [name], "dtype": "uint16"}
+    config = write_config(
+        tmp_path,
+        source=source,
+        tokenizer={"kind": "huggingface", "path": str(wide_tokenizer)},
+    )
+    with pytest.raises(DllmError) as caught:
+        prepare_config(config)
+    assert "holds ids up to 65,535" in caught.value.message
+    assert "69,999" in caught.value.message
+    assert "uint32" in caught.value.hint
+    assert not (tmp_path / "out").exists()
+
+    # The same ids as uint32 are what the tokenizer made, and prepare reads them.
+    np.save(tmp_path / "wide.npy", ids.astype(np.uint32))
+    config = write_config(
+        tmp_path,
+        source={"kind": "token_ids", "paths": ["wide.npy"], "document_separator_id": 70_000},
+        tokenizer={"kind": "huggingface", "path": str(wide_tokenizer)},
+    )
+    ((tokens, _),) = documents(prepare_config(config).path)
+    assert tokens.tolist() == [1, 65_541, 69_999, 70_000]
+
+    # The byte-level tokenizer encodes text to ids 0..255 (its specials come from packing):
+    # uint8 holds every one.
+    np.save(tmp_path / "bytes.npy", np.frombuffer(b"hi", np.uint8))
+    config = write_config(
+        tmp_path,
+        source={"kind": "token_ids", "paths": ["bytes.npy"]},
+        output={"path": "bytes", "overwrite": False},
+    )
+    ((tokens, _),) = documents(prepare_config(config).path)
+    assert tokens.tolist() == [ord("h"), ord("i"), EOS]

@@ -180,7 +180,9 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
             hint="set tokenizer.bos_token, or packing.prepend_bos: false",
         )
     token_dtype = token_dtype_for(tokenizer.vocab_size, tokenizer.special_tokens)
-    source = open_source(spec.source, _columns(spec), output=target)
+    source = open_source(
+        spec.source, _columns(spec), output=target, text_ids=tokenizer.text_vocab_size
+    )
     workers = resolve_workers(spec.workers)
     config = WorkerConfig(
         tokenizer=spec.tokenizer,

@@ -589,8 +589,28 @@ def _map_bin(path: Path, label: str, dtype: str | None) -> np.ndarray:
     return np.memmap(path, dtype=element, mode="r")
 
 
+def _check_id_width(array: np.ndarray, label: str, bin_file: bool, text_ids: int | None) -> None:
+    """Refuse a file whose element type cannot hold every id the tokenizer encodes text to.
+
+    Such a file was written by cutting wider ids down (nanoGPT's `arr[i:j] = ids` into a uint16
+    memmap, `.astype(np.uint16)`): an id past the type's range wrapped around to another
+    token's, which reads as a valid id, so nothing after would notice.
+    """
+    largest = int(np.iinfo(array.dtype).max)
+    if text_ids is None or text_ids - 1 <= largest:
+        return
+    what = f"source.dtype {array.dtype.name}" if bin_file else f"a {array.dtype.name} array"
+    raise DllmError(
+        f"{label}: {what} holds ids up to {largest:,}, but the tokenizer encodes text to ids up "
+        f"to {text_ids - 1:,}: written as {array.dtype.name}, its larger ids wrapped around to "
+        "other tokens' ids, which would be read as those tokens",
+        hint="write the ids again from the tokenizer's output (this file has lost them) as "
+        + ("uint32, and set source.dtype: uint32" if bin_file else "uint32 (or int64)"),
+    )
+
+
 def _token_id_chunks(
-    source: TokenIdsSource, files: list[Path], log: _FileLog
+    source: TokenIdsSource, files: list[Path], log: _FileLog, text_ids: int | None = None
 ) -> Iterator[RawChunk]:
     for path in files:
         label = _label(path)
@@ -612,6 +632,7 @@ def _token_id_chunks(
                 f"{label}: expected a 1-D or 2-D integer array, got {array.dtype} "
                 f"with shape {tuple(array.shape)}"
             )
+        _check_id_width(array, label, name.endswith(".bin"), text_ids)
         if array.ndim == 2:
             docs = (np.asarray(row) for row in array)
         else:
@@ -876,9 +897,16 @@ def _open_huggingface(
 # --- entry --------------------------------------------------------------------------------------
 
 
-def open_source(source, columns: list[str] | None = None, output: Path | None = None) -> Source:
+def open_source(
+    source,
+    columns: list[str] | None = None,
+    output: Path | None = None,
+    text_ids: int | None = None,
+) -> Source:
     """Open `source` (a prepare.yaml source section). `columns` limits what tabular sources
-    read; no file inside `output`, the artifact folder the job writes, is read."""
+    read; no file inside `output`, the artifact folder the job writes, is read. A token id
+    file whose type cannot hold ids below `text_ids` (the ids the tokenizer encodes text to)
+    is refused: its larger ids were wrapped around when it was written."""
     if isinstance(source, HuggingFaceSource):
         return _open_huggingface(source, columns, output)
     files = expand_paths(source.paths, output)
@@ -916,7 +944,7 @@ def open_source(source, columns: list[str] | None = None, output: Path | None = 
     if isinstance(source, TokenIdsSource):
         return Source(
             "token_ids",
-            lambda: _token_id_chunks(source, files, log),
+            lambda: _token_id_chunks(source, files, log, text_ids),
             sum(p.stat().st_size for p in files),
             "bytes",
             files,

@@ -204,6 +204,7 @@ class TextTokenizer(Protocol):
     kind: str
     vocab_size: int  # the artifact's: covers a mask_token_id past the tokenizer's own ids
     tokenizer_vocab_size: int  # the ids the tokenizer itself defines (what data may hold)
+    text_vocab_size: int  # ids below this are what ordinary text encodes to (no added token)
     special_tokens: dict[str, int]
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]: ...
@@ -231,6 +232,7 @@ class ByteLevelTokenizer:
     kind = "byte_level"
     BOS, EOS, PAD, MASK = 256, 257, 258, 259
     vocab_size = tokenizer_vocab_size = 260
+    text_vocab_size = 256
     special_tokens = {"bos": BOS, "eos": EOS, "pad": PAD, "mask": MASK}
     SPECIAL_NAMES = {BOS: "<|bos|>", EOS: "<|eos|>", PAD: "<|pad|>", MASK: "<|mask|>"}
 
@@ -348,6 +350,9 @@ class HuggingFaceTokenizer:
         tokenizer_vocab = max(vocab.values()) + 1 if vocab else 0
         self.special_tokens = self._resolve_specials(spec, vocab)
         self.tokenizer_vocab_size = tokenizer_vocab
+        # The vocabulary before added tokens (chat and control tokens, often past it).
+        added = set(self._tok.added_tokens_decoder)
+        self.text_vocab_size = max((i for i in vocab.values() if i not in added), default=-1) + 1
         self.vocab_size = max(tokenizer_vocab, self.special_tokens["mask"] + 1)
         template = self._tok.chat_template
         if isinstance(template, dict):
