@@ -518,3 +518,78 @@ def test_result_module_writes_result_json(tmp_path):
     result = read_result(tmp_path)
     assert result["exit_code"] == 0 and result["slurm_job_id"] == "9"
     assert result["python"] == sys.executable
+
+
+@pytest.mark.parametrize(
+    "limit, seconds",
+    [
+        ("90", 90 * 60),
+        ("30:15", 30 * 60 + 15),
+        ("04:00:00", 4 * 3600),
+        ("2-00", 2 * 86400),
+        ("1-12:30", 86400 + 12 * 3600 + 30 * 60),
+        ("1-00:00:07", 86400 + 7),
+        ("UNLIMITED", None),
+        ("infinite", None),
+        ("0", None),  # sbatch: no limit
+    ],
+)
+def test_time_limits_in_seconds(limit, seconds):
+    from turbo_dllm.jobs.backends.slurm import time_limit_s
+
+    assert time_limit_s(limit) == seconds
+
+
+def test_a_time_limit_asks_slurm_to_warn_the_steps_before_it(cli, spec_file, workdir):
+    """At its time limit SLURM killed the job mid-save (every step since the last checkpoint
+    lost: test_slurm_time_limit.py); with a --time the script asks for SIGUSR1 to every step
+    5 minutes before it (a quarter of a short limit), which slurm_step turns into one SIGTERM
+    per worker. A --sbatch=--signal of the user's own comes later, and sbatch takes it."""
+    cases = {
+        "four-hours": (("--time", "04:00:00"), 300),
+        "two-minutes": (("--time", "2"), 30),
+        "unlimited": (("--time", "UNLIMITED"), None),
+        "none": ((), None),
+    }
+    for name, (flags, warning) in cases.items():
+        slurm_launch(cli, spec_file, "--run-dir", f"runs/{name}", *flags, "--sbatch=--exclusive")
+        run_dir = workdir / "runs" / name
+        plan = json.loads((run_dir / "manifest.json").read_text())["plan"]
+        assert plan["slurm"]["stop_warning_s"] == warning, name
+        script = (run_dir / "job.sbatch").read_text()
+        srun = next(c["argv"] for c in plan["commands"] if c["argv"][0] == "srun")
+        at = srun.index("turbo_dllm.jobs.backends.slurm_step")
+        assert srun[at - 1 : at + 4] == [
+            "-m",
+            "turbo_dllm.jobs.backends.slurm_step",
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+        ]
+        if warning is None:
+            assert "#SBATCH --signal" not in script, name
+        else:
+            directive = f"#SBATCH --signal=USR1@{warning}\n"
+            assert directive in script, name
+            assert script.index(directive) < script.index("#SBATCH --exclusive\n")
+
+
+def test_a_job_stopped_on_the_warning_says_how_to_continue(cli, spec_file, workdir):
+    """slurm_step ends with 143 once the workers saved the step under way: the script says the
+    run stopped before its time limit and how to continue it, and records 143."""
+    slurm_launch(cli, spec_file, "--run-dir", "runs/warned", "--time", "1:00:00")
+    run_dir = workdir / "runs" / "warned"
+    bin_dir = workdir / "bin"
+    fake_command(bin_dir, "scontrol", "echo node7\n")
+    fake_command(bin_dir, "srun", "exit 143\n")
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}",
+        "SLURM_JOB_ID": "78",
+        "SLURM_JOB_NODELIST": "node7",
+    }
+    proc = subprocess.run(["bash", run_dir / "job.sbatch"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 143, proc.stderr
+    assert "dllm: run warned stopped before its time limit" in proc.stderr
+    assert f"continue it from there with: sbatch {run_dir / 'job.sbatch'}" in proc.stderr
+    assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 143

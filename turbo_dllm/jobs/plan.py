@@ -62,6 +62,12 @@ class SlurmJob(_Strict):
     partition: str | None = None
     account: str | None = None
     time: str | None = None
+    stop_warning_s: int | None = Field(
+        None,
+        description="seconds before the time limit SLURM warns the job's steps (SIGUSR1, "
+        "`#SBATCH --signal`), so the workers save the step under way and stop in time; None: "
+        "no time limit set",
+    )
     extra: list[str] = Field(default_factory=list)
     submit: list[str]
 

@@ -7,6 +7,12 @@ at submission time. Its port is derived from the job id too (unless --master-por
 two jobs that share a node then meet on different ports instead of the second one failing with
 RendezvousConnectionError.
 
+With a time limit (`--time`) the script asks SLURM to warn the job's steps `stop_warning_s`
+seconds before it (`#SBATCH --signal=USR1@<s>`): srun starts torchrun under `slurm_step`, which
+turns that warning into one SIGTERM for each worker, so the workers save the step under way and
+the job ends before the limit (exit 143) instead of being killed at it. An `--sbatch` line of
+the user's own `--signal=USR1@<s>` comes later in the script, and sbatch takes it instead.
+
 `--submit` hands the script to `sbatch` and records the job id in the run dir
 (`slurm_job.json`); the script records srun's exit status (`result.json`) when it ends, and
 `job_states` asks SLURM (squeue, then sacct) about jobs that have not ended or never got there
@@ -34,11 +40,13 @@ from turbo_dllm.jobs.backends.torchrun import torchrun_argv
 from turbo_dllm.jobs.options import NodeRange, SlurmOptions
 from turbo_dllm.jobs.plan import JobPlan, Rendezvous, SlurmJob
 from turbo_dllm.jobs.result import now
+from turbo_dllm.train.stop import EXIT_TERMINATED
 
 __all__ = [
     "PORT_BASE",
     "PORT_SPAN",
     "SCRIPT_NAME",
+    "STOP_WARNING_S",
     "SUBMISSION_NAME",
     "find_sbatch",
     "job_states",
@@ -49,7 +57,9 @@ __all__ = [
     "shell_line",
     "slurm_job",
     "srun_torchrun_argv",
+    "stop_warning_s",
     "submit",
+    "time_limit_s",
 ]
 
 SCRIPT_NAME = "job.sbatch"
@@ -65,6 +75,37 @@ _NAMES = r"(?:DLLM_HEAD_NODE|DLLM_RDZV_PORT|DLLM_STARTED|DLLM_STATUS|SLURM_JOB_I
 _SCRIPT_VARIABLE = re.compile(r"\$" + _NAMES)
 _OTHER_DOLLAR = re.compile(r"\$(?!" + _NAMES + ")")
 _JOB_ID = re.compile(r"^(\d+)(?:;(\S+))?$|Submitted batch job (\d+)")
+# How long before its time limit a job is warned (SIGUSR1) to save the step under way and stop:
+# the step's end, a save, and SLURM's timer, which may send the warning up to a minute early.
+# A short limit is warned a quarter of it ahead instead.
+STOP_WARNING_S = 300
+_STEP_MODULE = "turbo_dllm.jobs.backends.slurm_step"
+
+
+def time_limit_s(time: str | None) -> int | None:
+    """A SLURM time limit (sbatch --time: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS,
+    DAYS-HOURS, DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS) in seconds; None for none
+    (unset, UNLIMITED, INFINITE, 0)."""
+    if time is None or time.strip().lower() in ("unlimited", "infinite"):
+        return None
+    days, dash, clock = time.strip().partition("-")
+    if not dash:
+        days, clock = "0", days
+    parts = [int(part) for part in clock.split(":")]
+    if dash:  # DAYS-HOURS[:MINUTES[:SECONDS]]
+        hours, minutes, seconds = (parts + [0, 0])[:3]
+    elif len(parts) == 3:
+        hours, minutes, seconds = parts
+    else:  # MINUTES[:SECONDS]
+        hours, (minutes, seconds) = 0, (parts + [0])[:2]
+    total = ((int(days) * 24 + hours) * 60 + minutes) * 60 + seconds
+    return total or None
+
+
+def stop_warning_s(time: str | None) -> int | None:
+    """How long before the time limit `time` the job's steps are warned; None without one."""
+    limit = time_limit_s(time)
+    return None if limit is None else max(1, min(STOP_WARNING_S, limit // 4))
 
 
 def slurm_job(
@@ -92,6 +133,7 @@ def slurm_job(
         partition=options.partition,
         account=options.account,
         time=options.time,
+        stop_warning_s=stop_warning_s(options.time),
         extra=list(options.extra),
         submit=["sbatch", "--parsable", script],
     )
@@ -116,8 +158,10 @@ def srun_torchrun_argv(
         python, worker, nnodes, nproc_per_node, rendezvous, None, max_restarts, log_dir
     )
     # srun does not inherit sbatch's --cpus-per-task (SLURM 22.05+): without it the step, and
-    # so every worker torchrun starts, may be confined to one CPU.
-    return ["srun", "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}", *inner]
+    # so every worker torchrun starts, may be confined to one CPU. torchrun runs under
+    # slurm_step, which stops it on SLURM's warning before the time limit.
+    step = [python, "-m", _STEP_MODULE]
+    return ["srun", "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}", *step, *inner]
 
 
 def render_script(plan: JobPlan) -> str:
@@ -144,6 +188,10 @@ def render_script(plan: JobPlan) -> str:
     # with a `%` (runs/p%xq) named a folder that does not exist, and the job failed to start.
     output = plan.run_dir.replace("%", "%%") + "/slurm-%j.out"
     head.append(f"#SBATCH --output={_sbatch_value(output)}")
+    if job.stop_warning_s:
+        # To every process of the job's steps (not `B:`, the batch shell alone, which would
+        # have to reach each node's step itself); slurm_step acts on it.
+        head.append(f"#SBATCH --signal=USR1@{job.stop_warning_s}")
     head += [f"#SBATCH {line}" for line in job.extra]
     srun = next(c.argv for c in plan.commands if c.argv[0] == "srun")
     port = []
@@ -194,12 +242,25 @@ def render_script(plan: JobPlan) -> str:
         "DLLM_STARTED=$(date -u +%Y-%m-%dT%H:%M:%S+00:00)",
         "DLLM_STATUS=0",
         _wrapped(srun) + " || DLLM_STATUS=$?",
+        f"if [ \"$DLLM_STATUS\" -eq {EXIT_TERMINATED} ]; then",
+        f"  echo {shlex.quote(_stopped_message(plan))} >&2",
+        "fi",
         "# How the workers ended, for `dllm run list` (a job SLURM kills never gets here).",
         shell_line(record),
         'exit "$DLLM_STATUS"',
         "",
     ]
     return "\n".join(head + body)
+
+
+def _stopped_message(plan: JobPlan) -> str:
+    """What the job says when its workers stopped on the warning (slurm_step's 143)."""
+    script = shlex.quote(plan.slurm.script) if plan.slurm else SCRIPT_NAME
+    return (
+        f"dllm: run {plan.run_id} stopped before its time limit (SIGUSR1: SLURM's warning, or "
+        f"scancel --signal=USR1), the step under way saved (exit {EXIT_TERMINATED}); continue "
+        f"it from there with: sbatch {script}"
+    )
 
 
 def _sbatch_value(value: str) -> str:

@@ -1,0 +1,90 @@
+"""A SLURM job that reaches its time limit on the real one-node cluster (slurm_cluster.py): the
+step under way is saved before the limit, so nothing is lost, and the run continues from it.
+
+Seen before: at the limit SLURM sent SIGTERM to every process of the job's steps (torchrun and
+each worker, as its process tracking does) and srun passed it on again; torchrun passed its own
+two on to the workers, so each worker got a second SIGTERM, which ends the trainer at once
+(train/stop.py), and SLURM killed what was left after KillWait: every step since the last
+checkpoint was lost. Now the script asks SLURM to warn the job's steps before the limit
+(`#SBATCH --signal=USR1@<s>`), and the step's supervisor (jobs/backends/slurm_step.py) turns
+that warning into one SIGTERM for each worker.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.jobs.test_slurm_cluster import SPEC, TWO_RANKS, losses, statuses
+from turbo_dllm.train.checkpoint import find_latest, read_meta
+
+pytestmark = pytest.mark.slow
+
+# Two minutes: SLURM warns the job a quarter of its limit (30 s) before it, give or take its
+# 30 s timer, so 60 to 90 s in, when the workers are training, and ends it at 120 to 150 s.
+LIMIT = ("--time", "2")
+LONG = ("--set", "training.steps=1000000")  # trains until SLURM stops it
+
+
+def saved_step(run_dir: Path) -> int | None:
+    latest = find_latest(run_dir / "checkpoints")
+    return None if latest is None else read_meta(latest).step
+
+
+@pytest.fixture
+def submit(cli, workdir, slurm_cluster, monkeypatch):
+    """`dllm launch --backend slurm --submit` into runs/NAME; returns (run dir, job id)."""
+    for key, value in slurm_cluster.env.items():
+        monkeypatch.setenv(key, value)
+    (workdir / "train.yaml").write_text(textwrap.dedent(SPEC))
+
+    def run(name: str, *extra: str) -> tuple[Path, str]:
+        run_dir = workdir / "runs" / name
+        args = ("--config", "train.yaml", "--backend", "slurm", "--submit", *TWO_RANKS)
+        result = cli("launch", *args, "--run-dir", run_dir, *extra)
+        assert result.code == 0, result.err
+        return run_dir, json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
+
+    return run
+
+
+def test_a_job_at_its_time_limit_saves_the_step_under_way(submit, slurm_cluster, cli):
+    run_dir, job_id = submit("limited", "--cpus-per-task", "1", *LIMIT, *LONG)
+    state = slurm_cluster.wait_for(
+        job_id, {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"}, timeout=240
+    )
+    log = (run_dir / f"slurm-{job_id}.out").read_text()
+    trained = losses(run_dir)[-1][0]
+    saved = saved_step(run_dir)
+    assert saved == trained, (
+        f"{trained - (saved or 0)} steps lost: trained to step {trained}, last checkpoint "
+        f"{saved} (SLURM: {state})\n{log[-3000:]}"
+    )
+    # Stopped before the limit (not SLURM's TIMEOUT), and says so with the way on.
+    assert state == "FAILED", log[-3000:]  # the script's exit status, 143
+    assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 143
+    assert statuses(cli)["limited"] == "exit 143"
+    script = run_dir / "job.sbatch"
+    assert "stopped before its time limit" in log and f"sbatch {script}" in log, log[-3000:]
+    assert f"stopping after step {trained}: SIGTERM received (checkpoint saved)" in log
+
+    # The run continues from that step: its own script, submitted again (stopped by hand
+    # with the same warning once it has resumed and trained a step).
+    again = slurm_cluster.run("sbatch", "--parsable", str(script))
+    assert again.returncode == 0, again.stderr
+    new_id = again.stdout.strip().split(";")[0]
+    new_log = run_dir / f"slurm-{new_id}.out"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and losses(run_dir)[-1][0] <= trained:
+        time.sleep(0.5)
+    assert slurm_cluster.run("scancel", "--signal=USR1", new_id).returncode == 0
+    slurm_cluster.wait_for(new_id, {"COMPLETED", "FAILED", "TIMEOUT", "CANCELLED"})
+    text = new_log.read_text()
+    assert f"(step {trained})" in text and "resumed from" in text, text[-3000:]
+    steps = [step for step, _ in losses(run_dir)]
+    assert steps == list(range(1, steps[-1] + 1)) and steps[-1] > trained
+    assert saved_step(run_dir) == steps[-1], text[-3000:]
