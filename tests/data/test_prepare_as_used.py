@@ -229,3 +229,25 @@ def test_a_uint16_id_file_for_a_wider_vocabulary_is_refused(tmp_path, wide_token
     )
     ((tokens, _),) = documents(prepare_config(config).path)
     assert tokens.tolist() == [ord("h"), ord("i"), EOS]
+
+
+# --- the summary and the help ---------------------------------------------------------------
+
+
+def test_the_summary_says_how_many_tokens_truncation_cut(cli, tmp_path):
+    """'1 truncated' alone did not say whether a token or most of a book was lost."""
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "x" * 100}, {"text": "short"}])
+    config = write_config(
+        tmp_path, packing={"seq_len": 32, "block_size": 8, "overflow": "truncate"}
+    )
+    result = cli("data", "prepare", "--config", config)
+    assert result.code == 0, result.err
+    assert "1 truncated (69 tokens cut)" in result.out  # 100 bytes + eos, 32 kept
+
+
+@pytest.mark.parametrize("command", ["prepare", "validate", "inspect", "stats"])
+def test_every_json_flag_says_what_it_does(cli, command):
+    result = cli("data", command, "--help")
+    assert result.code == 0
+    line = next(line for line in result.out.splitlines() if line.strip().startswith("--json"))
+    assert "JSON" in line.replace("--json", ""), line

@@ -21,14 +21,14 @@ def register(subparsers) -> None:
     )
     p.add_argument("artifact", help="artifact folder")
     p.add_argument("--config", help="RunSpec (train.yaml) the artifact must fit")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_validate)
 
     p = commands.add_parser("inspect", help="decoded sequences with supervised spans marked")
     p.add_argument("artifact", help="artifact folder")
     p.add_argument("--n", type=int, default=3, help="how many sequences (default 3)")
     p.add_argument("--start", type=int, default=0, help="first sequence to show")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_inspect)
 
     p = commands.add_parser("stats", help="tokens, documents, supervision, length histogram")
@@ -39,7 +39,7 @@ def register(subparsers) -> None:
         help="also write the histogram as an image (format from the extension: .png, .svg, "
         ".pdf, ...; no extension: .png)",
     )
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_stats)
 
     p = commands.add_parser("schema", help="print the prepare.yaml JSON Schema (for editors)")
@@ -80,7 +80,11 @@ def _prepare(args) -> int:
     )
     print(
         f"  {s.tokens:,} tokens, {supervised:.1%} supervised, {padding:.1%} padding"
-        + (f", {s.truncated_documents:,} truncated" if s.truncated_documents else "")
+        + (
+            f", {s.truncated_documents:,} truncated ({s.truncated_tokens:,} tokens cut)"
+            if s.truncated_documents
+            else ""
+        )
     )
     if s.skipped:
         print("  skipped: " + ", ".join(f"{k} {v:,}" for k, v in s.skipped.items()))
