@@ -251,3 +251,31 @@ def test_every_json_flag_says_what_it_does(cli, command):
     assert result.code == 0
     line = next(line for line in result.out.splitlines() if line.strip().startswith("--json"))
     assert "JSON" in line.replace("--json", ""), line
+
+
+def test_added_tokens_that_text_holds_count_as_text_ids(tmp_path):
+    """An added token that is not special (`<think>`) is produced by text like any word: a
+    tokenizer whose added tokens run past uint16 cannot have its ids written as uint16."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from turbo_dllm.errors import DllmError
+
+    vocab = {f"w{i}": i for i in range(65_530)}
+    vocab.update({"<eos>": 65_530, "<mask>": 65_531, "<unk>": 65_532})
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    wrapped = PreTrainedTokenizerFast(
+        tokenizer_object=tok, eos_token="<eos>", mask_token="<mask>", unk_token="<unk>"
+    )
+    wrapped.add_tokens([f"<think{i}>" for i in range(8)])  # 65,533 .. 65,540: text's own
+    assert wrapped.convert_tokens_to_ids("<think7>") == 65_540
+    wrapped.save_pretrained(str(tmp_path / "tok"))
+    np.save(tmp_path / "ids.npy", np.array([1, 2, 65_535], np.uint16))
+    config = write_config(
+        tmp_path,
+        source={"kind": "token_ids", "paths": ["ids.npy"]},
+        tokenizer={"kind": "huggingface", "path": "tok"},
+    )
+    with pytest.raises(DllmError, match="encodes text to ids up to 65,540"):
+        prepare_config(config)

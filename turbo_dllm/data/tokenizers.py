@@ -204,7 +204,7 @@ class TextTokenizer(Protocol):
     kind: str
     vocab_size: int  # the artifact's: covers a mask_token_id past the tokenizer's own ids
     tokenizer_vocab_size: int  # the ids the tokenizer itself defines (what data may hold)
-    text_vocab_size: int  # ids below this are what ordinary text encodes to (no added token)
+    text_vocab_size: int  # ids below this are what text encodes to (no special added token)
     special_tokens: dict[str, int]
 
     def encode_texts(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]: ...
@@ -350,9 +350,10 @@ class HuggingFaceTokenizer:
         tokenizer_vocab = max(vocab.values()) + 1 if vocab else 0
         self.special_tokens = self._resolve_specials(spec, vocab)
         self.tokenizer_vocab_size = tokenizer_vocab
-        # The vocabulary before added tokens (chat and control tokens, often past it).
-        added = set(self._tok.added_tokens_decoder)
-        self.text_vocab_size = max((i for i in vocab.values() if i not in added), default=-1) + 1
+        # The ids text encodes to: all but the special added tokens (control tokens, often
+        # past the rest); an added token that is not special (`<think>`) is text's too.
+        control = {i for i, t in self._tok.added_tokens_decoder.items() if t.special}
+        self.text_vocab_size = max((i for i in vocab.values() if i not in control), default=-1) + 1
         self.vocab_size = max(tokenizer_vocab, self.special_tokens["mask"] + 1)
         template = self._tok.chat_template
         if isinstance(template, dict):
