@@ -486,3 +486,6 @@ def test_sigterm_to_a_one_process_launch_saves_and_records_143(recorded, tmp_pat
     assert (run_dir / "checkpoints" / f"step_{int(stopped[1]):08d}" / "checkpoint.json").is_file()
     assert "stopped by SIGTERM (exit 143" in output and "Traceback" not in output, output
     assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 143
+    # `dllm run list` says what happened (it read "exit 143", as a failure would)
+    assert summarize(run_dir).status == "stopped"
+    assert "the step under way saved, resumable" in summarize(run_dir).status_detail

@@ -503,10 +503,12 @@ def test_list_follows_the_job_through_slurm(cli, spec_file, workdir, monkeypatch
     # A job SLURM killed after srun returned still reads as SLURM ended it.
     write_result(run_dir, 143, "2026-01-01T00:00:00+00:00", "slurm", slurm_job_id="4242")
     assert status("echo '4242|TIMEOUT'\n", no_accounting)["submitted"]["status"] == "timeout"
-    assert status("echo '4242|FAILED'\n", no_accounting)["submitted"]["status"] == "exit 143"
+    # 143: stopped on SLURM's time-limit warning (or SIGTERM), the step under way saved.
+    assert status("echo '4242|FAILED'\n", no_accounting)["submitted"]["status"] == "stopped"
 
     shown = cli("run", "show", "submitted")
-    assert "; exit 143\nended        exit status 143 at " in shown.out, shown.out
+    stopped = "; stopped (exit 143: the step under way saved, resumable)\n"
+    assert stopped + "ended        exit status 143 at " in shown.out, shown.out
     assert "\nslurm job    4242 (FAILED)\n" in shown.out, shown.out
 
 

@@ -67,7 +67,7 @@ def test_a_job_at_its_time_limit_saves_the_step_under_way(submit, slurm_cluster,
     # Stopped before the limit (not SLURM's TIMEOUT), and says so with the way on.
     assert state == "FAILED", log[-3000:]  # the script's exit status, 143
     assert json.loads((run_dir / "result.json").read_text())["exit_code"] == 143
-    assert statuses(cli)["limited"] == "exit 143"
+    assert statuses(cli)["limited"] == "stopped"
     script = run_dir / "job.sbatch"
     assert "stopped before its time limit" in log and f"sbatch {script}" in log, log[-3000:]
     assert f"stopping after step {trained}: SIGTERM received (checkpoint saved)" in log

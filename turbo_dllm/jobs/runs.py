@@ -27,6 +27,7 @@ from turbo_dllm.jobs.drift import flat_diff, manifest_drift
 from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
 from turbo_dllm.jobs.result import launcher_alive, read_launchers, read_result, this_host
 from turbo_dllm.train.metrics import METRICS_NAME, last_metrics_record
+from turbo_dllm.train.stop import EXIT_TERMINATED
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -75,6 +76,8 @@ class RunSummary:
         if self.slurm_state and self.slurm_state not in _SCRIPT_ENDED:
             return self.slurm_state.lower()  # pending, running, cancelled, timeout, ...
         if self.exit_code is not None:
+            if self.exit_code == EXIT_TERMINATED:  # SIGTERM / SLURM's warning: saved, resumable
+                return "stopped"
             return "ok" if self.exit_code == 0 else f"exit {self.exit_code}"
         if self.slurm_state:
             return self.slurm_state.lower()
@@ -102,6 +105,8 @@ class RunSummary:
             return f"unknown (launched on {', '.join(self.launcher_hosts)})"
         if status == "running" and self.resumed_here:
             return "running (`dllm train` resume)"
+        if status == "stopped":
+            return f"stopped (exit {EXIT_TERMINATED}: the step under way saved, resumable)"
         return status
 
     def to_json(self) -> dict[str, Any]:
