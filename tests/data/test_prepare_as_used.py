@@ -279,3 +279,18 @@ def test_added_tokens_that_text_holds_count_as_text_ids(tmp_path):
     )
     with pytest.raises(DllmError, match="encodes text to ids up to 65,540"):
         prepare_config(config)
+
+
+def test_a_text_file_too_large_for_one_document_names_the_ways_out(tmp_path):
+    """enwik8 or a concatenated corpus is one file: under unit: document it is one document,
+    over the 32 MiB a record may have; 'fix that record' did not say what to do."""
+    from turbo_dllm.errors import DllmError
+
+    with open(tmp_path / "corpus.txt", "wb") as handle:  # sparse: 33 MiB, instantly
+        handle.truncate(33 << 20)
+    config = write_config(tmp_path, source={"kind": "text", "paths": ["corpus.txt"]})
+    with pytest.raises(DllmError) as caught:
+        prepare_config(config)
+    assert "more than the 32 MiB" in caught.value.message
+    assert "source.unit: line" in caught.value.hint
+    assert "fix that record" not in caught.value.hint

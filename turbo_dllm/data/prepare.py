@@ -27,6 +27,7 @@ from turbo_dllm.data.spec import (
     MAX_TOKEN_ID,
     PrepareSpec,
     PromptCompletionRecords,
+    TextSource,
     TokensRecords,
 )
 from turbo_dllm.data.summary import describe_dropped
@@ -353,6 +354,17 @@ def _bad_record_hint(spec: PrepareSpec, result: ChunkResult) -> str:
                 "literal string text)"
             )
         return how + skip.replace("bad records", "such records")
+    if (
+        result.error_reason == "too_large"
+        and isinstance(spec.source, TextSource)
+        and spec.source.unit == "document"
+    ):
+        # A whole file is the document (an enwik8 or a concatenated corpus): the limit bounds
+        # what one document may hold in memory.
+        return (
+            "under source.unit: document each file is one document, read whole: cut the file "
+            "into smaller ones, or set source.unit: line (one document per line)" + skip
+        )
     return "fix that record" + skip
 
 
