@@ -108,7 +108,7 @@ class TextSource(_FileSource):
 
 class TokenIdsSource(_FileSource):
     """Token ids: `.npy` (1-D: one document, 2-D: one per row), `.bin` (raw array of `dtype`),
-    `.jsonl` (one JSON list of ids per line)."""
+    `.jsonl` or `.jsonl.gz` (one JSON list of ids per line)."""
 
     kind: Literal["token_ids"]
     dtype: Literal["uint16", "uint32", "int32", "int64"] | None = Field(
