@@ -282,11 +282,11 @@ def _fresh_drafter(target, architecture="DFlashDraftModel", block_size=4, from_a
 
 
 def test_eval_feeds_the_drafter_the_features_training_does_at_the_last_layer(tmp_path):
-    """The drafter reads the outputs of target layers `target_layer_ids` (training's
-    `TargetFeatures`, what SGLang and vLLM capture). For the last layer transformers' hidden-state
-    tuple holds the final norm's output instead, and eval fed the drafter that (the default
-    layer of a one-layer drafter on a two-layer target, the smoke recipes' shape): the context
-    a decode built must be the features of its sequence as training computes them."""
+    """The drafter reads the features of target layers `target_layer_ids` as training's
+    `TargetFeatures` computes them, the last layer included (the default layer of a one-layer
+    drafter on a two-layer target, the smoke recipes' shape; both follow transformers'
+    hidden-state tuple: tests/dflash/test_target_layers.py): the context a decode built must be
+    the features of its sequence as training computes them."""
     from turbo_dllm.families.dflash import speculative
     from turbo_dllm.families.dflash.target import TargetFeatures
 

@@ -14,7 +14,8 @@ attention_mode), the keys SGLang's DFlash2 loader reads.
 
 `target_layer_ids` are 0-based target layer indices: feature i is the output of target layer
 `target_layer_ids[i]` (the Hugging Face hidden-state tuple's entry `id + 1`, which is how a root
-`target_layer_ids` / `aux_hidden_state_layer_ids` is spelled, so those are read minus one).
+`target_layer_ids` / `aux_hidden_state_layer_ids` is spelled, so those are read minus one; the
+target's last layer as that tuple holds it, after the final norm: docs/dflash.md).
 
 Torch-free: validation and the registry import it.
 """

@@ -76,6 +76,9 @@ class FeaturesManifest(BaseModel):
     hidden_size: int
     dtype: str
     shards: list[Shard]
+    # the target's last layer as the HF hidden-state tuple's last entry (after the final norm);
+    # absent (False) in artifacts made before, which held that layer's output before it
+    final_norm_at_last_layer: bool = False
 
 
 def read_features_manifest(path: str | Path) -> FeaturesManifest:
@@ -116,6 +119,16 @@ def feature_problems(manifest: FeaturesManifest, config, spec) -> list[str]:
             f"it holds target layers {manifest.target_layer_ids}, the drafter reads "
             f"{list(config.target_layer_ids)}"
         )
+    if not manifest.final_norm_at_last_layer:
+        from turbo_dllm.families.dflash import read_target_config
+
+        last = read_target_config(config.target_path).num_hidden_layers - 1
+        if last in manifest.target_layer_ids:
+            found.append(
+                f"it holds the target's last layer ({last}) before the final norm, as features "
+                "were made before they followed transformers' hidden-state tuple (after it); "
+                "make it again with `dllm dflash prepare-features`"
+            )
     if (
         needs_teacher(spec.objective.dflash_loss, spec.objective.greedy_path)
         and not manifest.teacher
@@ -199,6 +212,7 @@ def _plan(spec, config, data_fingerprint: str, teacher: bool) -> dict:
         "teacher": teacher,
         "data_fingerprint": data_fingerprint,
         "seq_len": spec.data.seq_len,
+        "final_norm_at_last_layer": True,
     }
 
 

@@ -11,7 +11,7 @@ Greedy (T = 0) on held-out prompts. The target is transformers' causal LM with a
 
 Drafters: a DFlash drafter (one block [last, mask x (B-1)] per forward, reading the outputs of
 target layers `target_layer_ids` for every accepted position, the features it was trained on:
-`_step`), or an autoregressive drafter
+`_step`; the last layer's after the final norm), or an autoregressive drafter
 (a small causal LM with its own KV cache, proposing B - 1 tokens one at a time: the standard
 speculative-decoding baseline). Outputs must be token-for-token those of the target alone.
 
@@ -148,12 +148,12 @@ def _crop(cache, length: int) -> None:
 
 
 def _step(model, ids: torch.Tensor, cache=None, layers: tuple[int, ...] = ()):
-    """One cached forward of the 1-D `ids`: (logits (S, V), cache, the outputs (1, S, H) of the
+    """One cached forward of the 1-D `ids`: (logits (S, V), cache, the features (1, S, H) of the
     decoder layers `layers` (0-based), in that order).
 
-    The layers' own outputs, caught as they leave each layer: what training's target features
-    are (`target.TargetFeatures`) and what SGLang and vLLM capture. transformers' hidden-state
-    tuple is not: its last entry is the final norm's output, not the last layer's."""
+    Training's target features (`target.TargetFeatures`): entry `layer + 1` of transformers'
+    hidden-state tuple, caught as each layer's output leaves it (the whole tuple would keep
+    every layer's), and for the last layer after the final norm, as the tuple holds it."""
     if cache is None:
         from transformers import DynamicCache
 
@@ -171,6 +171,9 @@ def _step(model, ids: torch.Tensor, cache=None, layers: tuple[int, ...] = ()):
     finally:
         for hook in hooks:
             hook.remove()
+    last = len(decoder) - 1
+    if last in outputs:
+        outputs[last] = model.model.norm(outputs[last])
     return out.logits[0], cache, [outputs[i] for i in layers]
 
 
@@ -321,14 +324,29 @@ def _check_drafter_steps(folder: str, block_size: int | None, draft_steps: int) 
 
 class _AutoregressiveProposer:
     """A small causal LM drafting B - 1 tokens greedily, with its own KV cache; each draft's
-    argmax feeds the next forward on the device (no host sync inside a block)."""
+    argmax feeds the next forward on the device (no host sync inside a block).
+
+    With `target_vocab` (the target's embedding rows) the two tables may differ in size by
+    padding over one tokenizer (`_check_autoregressive`): the drafter drafts only ids below
+    both sizes (its logits past them are never chosen), and a token of the target's that the
+    drafter has no row for (a padding id of the target's: the tokenizer defines none there)
+    reaches it as its own last row, a padding id too."""
 
     target_layers = ()  # reads no target features
 
-    def __init__(self, drafter, block_size: int, draft_steps: int = 1) -> None:
+    def __init__(
+        self, drafter, block_size: int, draft_steps: int = 1, target_vocab: int | None = None
+    ) -> None:
         _check_autoregressive_draft_steps(draft_steps)
         self.drafter = drafter
         self.drafts = block_size - 1
+        rows = drafter.get_input_embeddings().num_embeddings
+        self.vocab = rows if target_vocab is None else min(rows, target_vocab)
+        # the last id the drafter can read, where the target's tokens may lie past its table
+        self.top = rows - 1 if target_vocab is not None and target_vocab > rows else None
+
+    def _readable(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids if self.top is None else ids.clamp_max(self.top)
 
     def reset(self, prompt: torch.Tensor, layer_outputs) -> None:
         self.cache = None
@@ -339,9 +357,9 @@ class _AutoregressiveProposer:
         pending = torch.cat([self.pending, last]) if self.pending.numel() else last
         proposal = []
         for _ in range(self.drafts):
-            logits, self.cache, _ = _step(self.drafter, pending, self.cache)
+            logits, self.cache, _ = _step(self.drafter, self._readable(pending), self.cache)
             self.cached += pending.numel()
-            pending = logits[-1:].argmax(-1)
+            pending = logits[-1:, : self.vocab].argmax(-1)
             proposal.append(pending)
         return torch.cat(proposal)
 
@@ -547,7 +565,7 @@ def compare(
         )
     others = []
     for drafter in drafters:
-        _check_autoregressive(drafter, block_size, target_config)
+        _check_autoregressive(drafter, block_size, target, target_config)
         dflash = _architecture(drafter).startswith("DFlash")
         others.append(
             dflash and _check_dflash_drafter(drafter, target, target_config, allow_other_target)
@@ -560,7 +578,7 @@ def compare(
     proposers = [
         _DFlashProposer(model, block, steps, _block_source(drafter, block_size))
         if kind == "dflash"
-        else _AutoregressiveProposer(model, block, steps)
+        else _AutoregressiveProposer(model, block, steps, target_config.vocab_size)
         for drafter, (kind, model), block, steps in zip(
             drafters, models, blocks, draft_steps, strict=True
         )
@@ -687,19 +705,52 @@ def _warn_past_context(
     )
 
 
-def _check_autoregressive(drafter: str, block_size: int | None, target_config) -> None:
-    """An autoregressive drafter needs a block size and the target's vocabulary."""
+def _check_autoregressive(
+    drafter: str, block_size: int | None, target: str, target_config
+) -> None:
+    """An autoregressive drafter needs a block size and the target's tokenizer: the same ids for
+    the same text. Where both folders hold a tokenizer (loaded as `tokenizer.path` is, compared by
+    vocabulary as `--data` is against the target), they must be one vocabulary or one extending
+    the other (added tokens). Embedding tables of other sizes pass only where that shows: one
+    tokenizer padded to two sizes (Qwen2.5-0.5B: 151,936 rows, Qwen2.5-7B: 152,064, over one
+    tokenizer of 151,665 ids), every id it defines a row of both tables; the drafter then
+    drafts below the smaller size only (`_AutoregressiveProposer`)."""
     if _architecture(drafter).startswith("DFlash"):
         return
+    from turbo_dllm.data.tokenizers import _vocab_sha256, folder_vocabulary
     from turbo_dllm.families.base import read_hf_config
 
     if block_size is None:
         raise DllmError("an autoregressive drafter has no block size", hint="pass --block-size B")
     vocab = read_hf_config(Path(drafter) / "config.json", what="drafter").get("vocab_size")
-    if vocab != target_config.vocab_size:
+    rows = target_config.vocab_size
+    theirs, ours = folder_vocabulary(target), folder_vocabulary(drafter)
+    if theirs is not None and ours is not None:
+        t, d = set(theirs), set(ours)
+        if not (t <= d or d <= t):
+            raise DllmError(
+                f"the drafter {drafter!r} has another tokenizer than the target {target!r} "
+                f"(vocabulary sha256 {_vocab_sha256(ours)[:12]}, the target's "
+                f"{_vocab_sha256(theirs)[:12]}): its token ids would be other text to the target",
+                hint="a drafter must share the target's tokenizer",
+            )
+    if vocab == rows:
+        return
+    if theirs is None or ours is None:
+        missing = drafter if ours is None else target
         raise DllmError(
-            f"the drafter's vocabulary ({vocab}) is not the target's ({target_config.vocab_size})",
-            hint="a drafter must share the target's tokenizer",
+            f"the drafter's vocabulary ({vocab}) is not the target's ({rows}), and "
+            f"{missing!r} holds no tokenizer to show that they share one (tables of one "
+            "tokenizer padded to other sizes are accepted)",
+            hint="save the tokenizer in both folders (tokenizer.save_pretrained), or evaluate "
+            "a drafter of the target's vocabulary",
+        )
+    top = max(i for _, i in [*theirs, *ours])
+    if not isinstance(vocab, int) or top >= min(vocab, rows):
+        raise DllmError(
+            f"the drafter's vocabulary ({vocab}) and the target's ({rows}) differ by more than "
+            f"padding: their tokenizer defines ids up to {top}, past the smaller table",
+            hint="a drafter must hold a row for every token of the target's tokenizer",
         )
 
 

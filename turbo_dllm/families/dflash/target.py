@@ -1,6 +1,11 @@
 """The frozen target inside the drafter's training process: its hidden states at the drafter's
 `target_layer_ids` (and, for the KL loss, its final-normed last hidden states).
 
+Feature i is entry `target_layer_ids[i] + 1` of transformers' hidden-state tuple
+(`output_hidden_states`): layer `id`'s output, and for the target's last layer that output
+after the final norm (the tuple's last entry), as the original's HF paths read it (z-lab's
+`extract_context_feature`, SpecForge's HF target backend). docs/dflash.md says why.
+
 Only the layers needed are built and loaded (up to the deepest feature layer; all of them when
 the teacher's distribution is needed). bf16 on CUDA, float32 on CPU, no grad, eval mode.
 Token-causal attention inside each packed document, as the target saw text when it was trained.
@@ -56,6 +61,7 @@ class TargetFeatures:
         target = read_target_config(target_path)
         self.layer_ids = tuple(config.target_layer_ids)
         self.teacher = teacher
+        self.last = target.num_hidden_layers - 1  # its feature is after the final norm
         needed = target.num_hidden_layers if teacher else max(self.layer_ids) + 1
         self.target_config = dataclasses.replace(target, num_hidden_layers=needed)
         if dtype is None:
@@ -99,6 +105,8 @@ class TargetFeatures:
             x = layer(x, cos, sin, mask)
             if index in self.layer_ids:
                 wanted[index] = x
+        normed = body.norm(x) if self.teacher or self.last in wanted else None
+        if self.last in wanted:
+            wanted[self.last] = normed
         features = torch.cat([wanted[i] for i in self.layer_ids], dim=-1)
-        teacher = body.norm(x) if self.teacher else None
-        return features, teacher
+        return features, normed if self.teacher else None
