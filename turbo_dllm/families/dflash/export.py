@@ -28,6 +28,7 @@ The folder is assembled next to `out` and renamed into place: complete or absent
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 from turbo_dllm.errors import DllmError
@@ -167,6 +168,16 @@ def export_drafter(
             )
         _check_target_weights(meta, checkpoint, target)
 
+    last = config.num_target_layers - 1
+    if config.target_layers_recorded and last in config.target_layer_ids:
+        # SGLang and vLLM capture a layer's output as it enters the next one: none follows the
+        # last, so their serve lines below would start a drafter that never gets that feature.
+        print(
+            f"dllm: warning: the drafter reads the target's last layer ({last}, target_layer_ids "
+            f"{list(config.target_layer_ids)}), which SGLang and vLLM cannot capture: this folder "
+            "runs through transformers only (docs/dflash.md, 'Which hidden state')",
+            file=sys.stderr,
+        )
     # the slot contract (REFERENCE-FAMILIES §1(1)): a block drafts B - 1 tokens after its
     # anchor, or B with sample_from_anchor (slot 0 drafts the token after the anchor too)
     drafts = config.block_size if config.sample_from_anchor else config.block_size - 1
