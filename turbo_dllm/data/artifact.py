@@ -7,7 +7,8 @@ Folder layout:
     loss_mask.bin        uint8 0/1, same shape: which tokens the loss may score
     documents.bin        int64, shape (documents, 2): [stream start, length] of every document
                          in the flattened token stream; gaps are padding
-    tokenizer/           the tokenizer's own files (Hugging Face tokenizers), for `inspect`
+    tokenizer/           the tokenizer's own files (Hugging Face tokenizers), for `inspect`;
+                         its named chat templates in tokenizer/additional_chat_templates/
 
 The fingerprint is sha256 over canonical JSON of what training sees: shapes, dtypes and sha256
 of every array, seq_len, block size, vocab size, special token ids and the tokenizer identity.
@@ -26,6 +27,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
+from turbo_dllm.data.tokenizers import CHAT_TEMPLATES_FOLDER
 from turbo_dllm.errors import DllmError
 from turbo_dllm.formats import validate_document
 from turbo_dllm.fsutil import sha256_file
@@ -40,6 +42,7 @@ __all__ = [
     "compute_fingerprint",
     "layout_problems",
     "read_manifest",
+    "tokenizer_file",
     "unlisted_files",
     "unlisted_problems",
     "verify",
@@ -254,8 +257,8 @@ def verify(path: str | Path) -> DataManifest:
             found.append(f"{info.file}: sha256 mismatch (the file changed after it was written)")
             intact = False
     for name, info in manifest.tokenizer_files.items():
-        file = root / "tokenizer" / name
-        if not _inside(file, root / "tokenizer") or not file.is_file():
+        file = tokenizer_file(root, name)
+        if file is None or not file.is_file():
             found.append(f"tokenizer/{name}: missing")
         elif sha256_file(file) != info.sha256:
             found.append(f"tokenizer/{name}: changed")
@@ -285,7 +288,8 @@ def verify(path: str | Path) -> DataManifest:
 def unlisted_files(root: str | Path, manifest: DataManifest) -> list[Path]:
     """Entries of the artifact folder `root` that its manifest does not list, sorted: at the
     top level anything but manifest.json, the arrays' files and a tokenizer/ folder; inside
-    tokenizer/ anything but `manifest.tokenizer_files`. Prepare writes nothing else, so an
+    tokenizer/ anything but `manifest.tokenizer_files` (which may list the tokenizer's named
+    chat templates in its additional_chat_templates/). Prepare writes nothing else, so an
     extra file is no longer the artifact the manifest describes (training reads the listed
     files, export copies the listed tokenizer files only). An empty tokenizer/ folder is left
     alone. Cheap (two folder listings, nothing is read): `dllm doctor` makes it as well as
@@ -300,15 +304,36 @@ def unlisted_files(root: str | Path, manifest: DataManifest) -> list[Path]:
             if entry.name in listed:
                 continue
             if entry.name == "tokenizer" and entry.is_dir() and not entry.is_symlink():
-                found += [
-                    inner
-                    for inner in sorted(entry.iterdir())
-                    if inner.name not in manifest.tokenizer_files
-                ]
+                found += _unlisted_inside(entry, manifest)
             else:
                 found.append(entry)
     except OSError:  # an unreadable folder: the files it names say what is wrong
         return found
+    return found
+
+
+def _unlisted_inside(folder: Path, manifest: DataManifest) -> list[Path]:
+    """The entries of an artifact's tokenizer/ that its manifest does not list; inside its
+    additional_chat_templates/, where the manifest lists files there, the same per file."""
+    listed = manifest.tokenizer_files
+    templates = any(name.startswith(f"{_TOKENIZER_SUBFOLDER}/") for name in listed)
+    found: list[Path] = []
+    for inner in sorted(folder.iterdir()):
+        if inner.name in listed:
+            continue
+        if (
+            templates
+            and inner.name == _TOKENIZER_SUBFOLDER
+            and inner.is_dir()
+            and not inner.is_symlink()
+        ):
+            found += [
+                file
+                for file in sorted(inner.iterdir())
+                if f"{_TOKENIZER_SUBFOLDER}/{file.name}" not in listed
+            ]
+        else:
+            found.append(inner)
     return found
 
 
@@ -332,6 +357,25 @@ def unlisted_problems(root: str | Path, manifest: DataManifest) -> tuple[list[st
 def _inside(file: Path, folder: Path) -> bool:
     """Whether `file` names an entry of `folder` itself (no `..`, no absolute path, no NUL)."""
     return file.parent == folder and file.name not in ("", ".", "..") and "\x00" not in file.name
+
+
+# The one folder inside tokenizer/ that a manifest may list files of: the tokenizer's named
+# chat templates, as transformers saves them.
+_TOKENIZER_SUBFOLDER = CHAT_TEMPLATES_FOLDER
+
+
+def tokenizer_file(root: str | Path, name: str) -> Path | None:
+    """The file of the artifact at `root` that `manifest.tokenizer_files` lists as `name`: a
+    file of its tokenizer/ folder, or of tokenizer/additional_chat_templates/ (the tokenizer's
+    named chat templates); None for any other name (`..`, an absolute path, a deeper one)."""
+    folder = Path(root) / "tokenizer"
+    inner, _, base = name.rpartition("/")
+    if inner == _TOKENIZER_SUBFOLDER:
+        folder = folder / inner
+    elif inner:
+        return None
+    file = folder / base
+    return file if _inside(file, folder) else None
 
 
 def _content_problems(artifact: DataArtifact) -> list[str]:

@@ -372,18 +372,23 @@ def _format_counts(counts: dict[str, int]) -> str:
     return ", ".join(f"{reason} {n}" for reason, n in sorted(counts.items()))
 
 
-def _copy_tokenizer(files: list[Path], folder: Path) -> dict[str, dict[str, Any]]:
+def _copy_tokenizer(files: dict[str, Path], folder: Path) -> dict[str, dict[str, Any]]:
+    """Copy the tokenizer's files (by their path in its folder: a named chat template's is
+    additional_chat_templates/<name>.jinja) into `folder`; the manifest's record of each."""
     if not files:
         return {}
     folder.mkdir()
     out = {}
-    for file in files:
-        copy = folder / file.name
+    for name, file in files.items():
+        copy = folder / name
+        if not copy.parent.is_dir():
+            copy.parent.mkdir()
         shutil.copyfile(file, copy)
         with open(copy, "rb") as handle:  # on disk before the artifact is published
             os.fsync(handle.fileno())
-        out[file.name] = {"bytes": file.stat().st_size, "sha256": sha256_file(copy)}
-    fsync_dir(folder)
+        out[name] = {"bytes": copy.stat().st_size, "sha256": sha256_file(copy)}
+    for inner in sorted({(folder / name).parent for name in files}, reverse=True):
+        fsync_dir(inner)
     return out
 
 

@@ -349,9 +349,41 @@ _OTHER_BOMS = (
 )
 
 
+# How much of a text file's start is looked at for NUL bytes (`_refuse_other_encodings`), and
+# the share of NULs there that no UTF-8 text has (an occasional NUL in real text is kept).
+_HEAD_BYTES = 1 << 16
+_NUL_SHARE = 0.25
+_MIN_NULS = 16
+
+
+def _unmarked_encoding(head: bytes) -> str | None:
+    """The encoding of text whose first bytes are `head`, where a quarter or more of them (16
+    at least) are NUL bytes, which UTF-8 text does not hold, in the pattern of UTF-16 or
+    UTF-32 without a byte order mark (each ASCII character with NUL bytes beside it: every
+    other byte, or three of four), named with its byte order. None for text with no more than
+    a few NULs, and for NULs in no such pattern (a binary file: read as UTF-8 text, as before;
+    where it is not UTF-8 it is a bad record)."""
+    nuls = head.count(0)
+    if nuls < _MIN_NULS or nuls < _NUL_SHARE * len(head):
+        return None
+    share = [head[k::4].count(0) / len(head[k::4]) for k in range(4)]
+    if min(share[1:]) > 0.9 and share[0] < 0.5:
+        return "UTF-32LE"
+    if min(share[:3]) > 0.9 and share[3] < 0.5:
+        return "UTF-32BE"
+    even, odd = head[0::2].count(0), head[1::2].count(0)
+    if odd > 0.9 * nuls:
+        return "UTF-16LE"
+    if even > 0.9 * nuls:
+        return "UTF-16BE"
+    return None
+
+
 def _refuse_other_encodings(head: bytes, label: str) -> None:
-    """Stop at a file that starts with a UTF-16 or UTF-32 byte order mark: read as UTF-8, its
-    lines would be bad records or, worse, text with a NUL between every character."""
+    """Stop at a file that starts with a UTF-16 or UTF-32 byte order mark, or whose first
+    bytes (`head`, from its start) are UTF-16 or UTF-32 text without one (a quarter or more of
+    them NUL): read as UTF-8, its lines would be bad records or, worse, text with a NUL between
+    every character."""
     for mark, encoding in _OTHER_BOMS:
         if head.startswith(mark):
             raise DllmError(
@@ -359,24 +391,52 @@ def _refuse_other_encodings(head: bytes, label: str) -> None:
                 "mark); sources read UTF-8",
                 hint=f"convert it to UTF-8, e.g. `iconv -f {encoding} -t UTF-8 FILE > NEW`",
             )
+    head = head[:_HEAD_BYTES]
+    encoding = _unmarked_encoding(head)
+    if encoding is None:
+        return
+    nuls = f"{head.count(0) / len(head):.0%} of its first {len(head):,} bytes are NUL"
+    raise DllmError(
+        f"{label}: {nuls}: the file looks like {encoding} text without a byte order mark (NUL "
+        "bytes beside each character); read as UTF-8 it would be text with NULs between its "
+        "characters. Sources read UTF-8",
+        hint=f"convert it to UTF-8, e.g. `iconv -f {encoding} -t UTF-8 FILE > NEW`",
+    )
 
 
 def _lines(stream, label: str) -> Iterator[tuple[int, bytes | Oversized]]:
     """(line number, line) of a binary stream, each line read with a bounded buffer; a UTF-8
     byte order mark that starts the stream is dropped (it marks the encoding, it is no text),
-    a UTF-16 or UTF-32 one is an error."""
+    a UTF-16 or UTF-32 one is an error, and so is UTF-16 or UTF-32 text without one: the
+    stream's first 64 KiB are checked before any line is handed on."""
     number = 0
+    start = b""  # the stream's first bytes, until checked
+    held: list[tuple[int, bytes | Oversized]] = []
+    checked = False
     while line := stream.readline(MAX_ITEM_BYTES + 1):
         number += 1
-        if number == 1:
-            _refuse_other_encodings(line, label)
+        if not checked:
+            start += line[: _HEAD_BYTES - len(start)]
+        item: bytes | Oversized
         if len(line) <= MAX_ITEM_BYTES or line.endswith(b"\n"):
-            yield number, line.removeprefix(UTF8_BOM) if number == 1 else line
+            item = line.removeprefix(UTF8_BOM) if number == 1 else line
+        else:
+            size = len(line)  # read the rest of this line in bounded pieces, keeping none of it
+            while (rest := stream.readline(MAX_ITEM_BYTES)) and not rest.endswith(b"\n"):
+                size += len(rest)
+            item = Oversized(size + len(rest))
+        if checked:
+            yield number, item
             continue
-        size = len(line)  # read the rest of this line in bounded pieces, keeping none of it
-        while (rest := stream.readline(MAX_ITEM_BYTES)) and not rest.endswith(b"\n"):
-            size += len(rest)
-        yield number, Oversized(size + len(rest))
+        held.append((number, item))
+        if len(start) >= _HEAD_BYTES or isinstance(item, Oversized):
+            _refuse_other_encodings(start, label)
+            checked = True
+            yield from held
+            held = []
+    if held:
+        _refuse_other_encodings(start, label)
+        yield from held
 
 
 def _line_chunks(files: list[Path], payload: Payload, log: _FileLog) -> Iterator[RawChunk]:
@@ -589,17 +649,33 @@ def _map_bin(path: Path, label: str, dtype: str | None) -> np.ndarray:
     return np.memmap(path, dtype=element, mode="r")
 
 
-def _check_id_width(array: np.ndarray, label: str, bin_file: bool, text_ids: int | None) -> None:
-    """Refuse a file whose element type cannot hold every id the tokenizer encodes text to.
+def _check_id_width(
+    array: np.ndarray, label: str, bin_file: bool, text_ids: int | None, separator: int | None
+) -> None:
+    """Refuse a file whose element type cannot hold every id the tokenizer encodes text to, or
+    the `document_separator_id` it is split at.
 
     Such a file was written by cutting wider ids down (nanoGPT's `arr[i:j] = ids` into a uint16
     memmap, `.astype(np.uint16)`): an id past the type's range wrapped around to another
-    token's, which reads as a valid id, so nothing after would notice.
+    token's, which reads as a valid id, so nothing after would notice. A separator past the
+    range (an eos id above 65,535 of a tokenizer whose other ids fit) is never found in it: the
+    file read as one document, its wrapped separators as text.
     """
     largest = int(np.iinfo(array.dtype).max)
+    what = f"source.dtype {array.dtype.name}" if bin_file else f"a {array.dtype.name} array"
+    if separator is not None and separator > largest and array.ndim == 1:
+        raise DllmError(
+            f"{label}: {what} holds ids up to {largest:,}, but source.document_separator_id is "
+            f"{separator:,}: the file cannot hold it, so it would be read as one document, and "
+            f"separators written into it as {array.dtype.name} wrapped around to other tokens' "
+            "ids, which would be read as text",
+            hint="write the ids again from the tokenizer's output (this file has lost any "
+            "separator) as "
+            + ("uint32, and set source.dtype: uint32" if bin_file else "uint32 (or int64)")
+            + "; or set source.document_separator_id to the id that separates its documents",
+        )
     if text_ids is None or text_ids - 1 <= largest:
         return
-    what = f"source.dtype {array.dtype.name}" if bin_file else f"a {array.dtype.name} array"
     raise DllmError(
         f"{label}: {what} holds ids up to {largest:,}, but the tokenizer encodes text to ids up "
         f"to {text_ids - 1:,}: written as {array.dtype.name}, its larger ids wrapped around to "
@@ -632,7 +708,9 @@ def _token_id_chunks(
                 f"{label}: expected a 1-D or 2-D integer array, got {array.dtype} "
                 f"with shape {tuple(array.shape)}"
             )
-        _check_id_width(array, label, name.endswith(".bin"), text_ids)
+        _check_id_width(
+            array, label, name.endswith(".bin"), text_ids, source.document_separator_id
+        )
         if array.ndim == 2:
             docs = (np.asarray(row) for row in array)
         else:

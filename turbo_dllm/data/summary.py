@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from turbo_dllm.data.artifact import DataArtifact
+from turbo_dllm.data.artifact import DataArtifact, tokenizer_file
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import sha256_file
 
@@ -53,8 +53,8 @@ def load_decoder(artifact: DataArtifact):
             hint="copy the artifact whole (tokenizer/ too); `dllm data validate` checks it",
         )
     for name, info in artifact.manifest.tokenizer_files.items():
-        file = folder / name
-        if file.parent != folder or not file.is_file() or sha256_file(file) != info.sha256:
+        file = tokenizer_file(artifact.root, name)
+        if file is None or not file.is_file() or sha256_file(file) != info.sha256:
             raise DllmError(
                 f"{artifact.root}: tokenizer/{name} is missing or changed since prepare",
                 hint="`dllm data validate` checks the whole artifact",

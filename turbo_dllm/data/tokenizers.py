@@ -23,6 +23,7 @@ from turbo_dllm.errors import DllmError
 
 __all__ = [
     "BYTE_CHAT_TEMPLATE",
+    "CHAT_TEMPLATES_FOLDER",
     "ByteLevelTokenizer",
     "HuggingFaceTokenizer",
     "TOKENIZER_FILES",
@@ -31,7 +32,9 @@ __all__ = [
     "folder_vocabulary",
     "has_generation_markers",
     "load_tokenizer",
+    "named_chat_templates",
     "tokenizer_files",
+    "tokenizer_folder_files",
     "vocabulary_fits",
 ]
 
@@ -74,7 +77,8 @@ def tokenizer_files(folder: str | Path, tokenizer_class: type | None = None) -> 
     `vocab_files_names`; the class is `tokenizer_class`, else the one tokenizer_config.json
     (or config.json's model type) names, asked of transformers where it is installed, so a
     new kind of tokenizer needs no change here) and sentencepiece and tiktoken files. Only the
-    top level of `folder`; none at all where it is not a folder.
+    top level of `folder` (`tokenizer_folder_files` adds its named chat templates); none at all
+    where it is not a folder.
     """
     folder = Path(folder)
     if not folder.is_dir():
@@ -86,6 +90,37 @@ def tokenizer_files(folder: str | Path, tokenizer_class: type | None = None) -> 
         return []  # no tokenizer here (a model folder without one): transformers is not asked
     names.update(dict.fromkeys(_class_vocabulary_files(folder, tokenizer_class)))
     return [folder / name for name in names if (folder / name).is_file()]
+
+
+# Where transformers saves a tokenizer's named chat templates beside the default one
+# (chat_template.jinja): one `<name>.jinja` each (`tool_use`, `rag`, ...), all of which
+# AutoTokenizer loads from a local folder.
+CHAT_TEMPLATES_FOLDER = "additional_chat_templates"
+
+
+def named_chat_templates(folder: str | Path) -> list[Path]:
+    """The named chat templates saved with the tokenizer in `folder` (its
+    additional_chat_templates/*.jinja), sorted; none where it has no such folder. A copy of the
+    tokenizer without them loads, but `apply_chat_template(..., chat_template="tool_use")` on it
+    renders the name itself (transformers takes a name it does not know for a template)."""
+    source = Path(folder) / CHAT_TEMPLATES_FOLDER
+    if not source.is_dir():
+        return []
+    return sorted(p for p in source.glob("*.jinja") if p.is_file())
+
+
+def tokenizer_folder_files(
+    folder: str | Path, tokenizer_class: type | None = None
+) -> dict[str, Path]:
+    """Every file of the tokenizer saved in `folder`, by its path inside the folder: the
+    `tokenizer_files` (top level) and, where there are any, its named chat templates
+    (`additional_chat_templates/<name>.jinja`). What a copy of the tokenizer needs (a data
+    artifact's tokenizer/, an export beside a model); none where `folder` holds no tokenizer."""
+    files = {file.name: file for file in tokenizer_files(folder, tokenizer_class)}
+    if files:
+        for file in named_chat_templates(folder):
+            files[f"{CHAT_TEMPLATES_FOLDER}/{file.name}"] = file
+    return files
 
 
 def _class_vocabulary_files(folder: Path, tokenizer_class: type | None) -> list[str]:
@@ -219,7 +254,7 @@ class TextTokenizer(Protocol):
 
     def identity(self) -> dict[str, Any]: ...
 
-    def files(self) -> list[Path]: ...
+    def files(self) -> dict[str, Path]: ...
 
 
 class ByteLevelTokenizer:
@@ -288,8 +323,8 @@ class ByteLevelTokenizer:
             "chat_template_sha256": _sha256_text(BYTE_CHAT_TEMPLATE),
         }
 
-    def files(self) -> list[Path]:
-        return []
+    def files(self) -> dict[str, Path]:
+        return {}
 
 
 class HuggingFaceTokenizer:
@@ -453,10 +488,11 @@ class HuggingFaceTokenizer:
             else None,
         }
 
-    def files(self) -> list[Path]:
-        """The tokenizer's own files, copied verbatim into the artifact for `inspect` (and
+    def files(self) -> dict[str, Path]:
+        """The tokenizer's own files by their path in its folder (its named chat templates'
+        under additional_chat_templates/), copied verbatim into the artifact for `inspect` (and
         for export, which copies them beside a model trained on the artifact)."""
-        return tokenizer_files(self._path, type(self._tok))
+        return tokenizer_folder_files(self._path, type(self._tok))
 
 
 def load_tokenizer(spec) -> ByteLevelTokenizer | HuggingFaceTokenizer:

@@ -435,29 +435,9 @@ def _own_pad(meta, specials: dict[str, int]) -> bool:
     return meta.model_path is None and specials["pad"] != specials.get("eos")
 
 
-# Where transformers saves a tokenizer's named chat templates beside the default one
-# (chat_template.jinja): one `<name>.jinja` each (`tool_use`, `rag`, ...).
-_CHAT_TEMPLATES = "additional_chat_templates"
-
-
-def _copy_named_chat_templates(model_path: Path, folder: Path) -> None:
-    """The model folder's named chat templates, beside its tokenizer files (which are only
-    the folder's top level): an export dropped them, and `apply_chat_template(...,
-    chat_template="tool_use")` on it rendered the name itself (transformers takes a name it
-    does not know for a template) where the source rendered its tool_use template."""
-    source = model_path / _CHAT_TEMPLATES
-    if not source.is_dir():
-        return
-    templates = sorted(p for p in source.glob("*.jinja") if p.is_file())
-    if templates:
-        (folder / _CHAT_TEMPLATES).mkdir()
-        for file in templates:
-            shutil.copy2(file, folder / _CHAT_TEMPLATES / file.name)
-
-
 def _copy_generation_files(meta, folder: Path) -> None:
     """generation_config.json, the tokenizer and the special token ids, from the sources."""
-    from turbo_dllm.data.tokenizers import tokenizer_files
+    from turbo_dllm.data.tokenizers import tokenizer_folder_files
 
     model_path = Path(meta.model_path) if meta.model_path else None
     artifact = Path(meta.data_artifact) if meta.data_artifact else None
@@ -465,20 +445,21 @@ def _copy_generation_files(meta, folder: Path) -> None:
     artifact = artifact if artifact and artifact.is_dir() else None
     artifact = _same_artifact(meta, artifact)
     # Every file the tokenizer loads from (its class's vocabulary files, sentencepiece and
-    # tiktoken ones included), verbatim: the model folder's, else the artifact's copy, the files
-    # its manifest lists (prepare's record of the tokenizer trained with; a file added to the
-    # folder since is not handed on as the model's).
-    tokenizer = tokenizer_files(model_path) if model_path is not None else []
+    # tiktoken ones included, and its named chat templates in additional_chat_templates/: without
+    # them `apply_chat_template(..., chat_template="tool_use")` renders the name itself),
+    # verbatim: the model folder's, else the artifact's copy, the files its manifest lists
+    # (prepare's record of the tokenizer trained with; a file added to the folder since is not
+    # handed on as the model's).
+    tokenizer = tokenizer_folder_files(model_path) if model_path is not None else {}
     if not tokenizer and artifact is not None:
-        from turbo_dllm.data.artifact import read_manifest
+        from turbo_dllm.data.artifact import read_manifest, tokenizer_file
 
         listed = read_manifest(artifact).tokenizer_files
-        tokenizer = [artifact / "tokenizer" / name for name in listed]
-        tokenizer = [file for file in tokenizer if file.is_file()]
-    for file in tokenizer:
-        shutil.copy2(file, folder / file.name)
-    if tokenizer and model_path is not None and tokenizer[0].parent == model_path:
-        _copy_named_chat_templates(model_path, folder)
+        files = {name: tokenizer_file(artifact, name) for name in listed}
+        tokenizer = {name: file for name, file in files.items() if file and file.is_file()}
+    for name, file in tokenizer.items():
+        (folder / name).parent.mkdir(exist_ok=True)
+        shutil.copy2(file, folder / name)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
     if artifact is not None:
