@@ -180,6 +180,15 @@ def prepare(spec: PrepareSpec, *, progress: bool = True) -> PrepareResult:
             "packing.prepend_bos is set but the tokenizer has no bos token",
             hint="set tokenizer.bos_token, or packing.prepend_bos: false",
         )
+    separator = getattr(spec.source, "document_separator_id", None)
+    if separator is not None and separator >= tokenizer.tokenizer_vocab_size:
+        # No valid id file holds it: every file would read as one document, silently.
+        raise DllmError(
+            f"source.document_separator_id {separator:,} is outside the tokenizer's vocabulary "
+            f"(0..{tokenizer.tokenizer_vocab_size - 1:,}), so no file of its token ids holds it",
+            hint="set source.document_separator_id to the id that separates the documents (the "
+            "tokenizer's eos, usually), or leave it unset for files of one document each",
+        )
     token_dtype = token_dtype_for(tokenizer.vocab_size, tokenizer.special_tokens)
     source = open_source(
         spec.source, _columns(spec), output=target, text_ids=tokenizer.text_vocab_size
