@@ -5,15 +5,26 @@ manifest the launcher wrote before it started them, and trains exactly what it r
 resolved spec and the plan's parallel layout. Nothing is recomputed from the spec or rewritten:
 in an elastic job the plan names the data-parallel axis that absorbs the live world size
 (`ParallelLayout.resized`), and the spec stays as the manifest recorded it.
+
+A worker under torchrun stops with it: torchrun starts each worker in a session of its own, so
+one that ends without stopping them (SIGKILL, the OOM killer, a crash) would leave them training
+on, orphaned. Each asks Linux for a signal when torchrun ends and then saves the step under way
+and ends with 143 (train/stop.py `stop_with_parent`); one whose torchrun ended before it asked
+ends at once, before training.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 
-__all__ = ["layout_for_world", "main"]
+__all__ = ["LAUNCHER_PID_VARIABLE", "layout_for_world", "main"]
+
+# Set by the torchrun backend for torchrun (which passes its environment on to the workers): the
+# launcher's pid, torchrun's parent, so a worker also sees a torchrun that ended before it looked.
+LAUNCHER_PID_VARIABLE = "DLLM_LAUNCHER_PID"
 
 
 def layout_for_world(plan, spec, world_size: int):
@@ -99,7 +110,31 @@ def _main_or_interrupted() -> int:
         return 130
 
 
+def stop_with_torchrun(parent: int) -> bool:
+    """Under torchrun, ask for `PARENT_GONE_SIGNAL` when `parent` (torchrun, read at the start)
+    ends; False where it has ended already (the worker then ends without training)."""
+    if "TORCHELASTIC_RUN_ID" not in os.environ:  # not a torchrun worker
+        return True
+    from turbo_dllm.train.stop import stop_with_parent
+
+    launcher = os.environ.get(LAUNCHER_PID_VARIABLE, "")
+    if stop_with_parent(parent, int(launcher) if launcher.isdigit() else None) is False:
+        print(
+            f"dllm: rank {os.environ.get('RANK', '?')}: its torchrun (pid {parent}) ended before "
+            "the worker started: it stops without training",
+            file=sys.stderr,
+            flush=True,
+        )
+        return False
+    return True
+
+
 if __name__ == "__main__":
+    _torchrun = os.getppid()  # first thing: torchrun, unless it has ended already
+    if not stop_with_torchrun(_torchrun):
+        from turbo_dllm.train.stop import EXIT_TERMINATED
+
+        sys.exit(EXIT_TERMINATED)
     from turbo_dllm.train.entry import run_and_end
 
     run_and_end(_main_or_interrupted)

@@ -13,17 +13,45 @@ last checkpoint. A second SIGTERM ends the process at once (the default action a
 
 Only the main thread can take signals, and a handler someone else installed (a launcher that
 forwards signals, a test harness) is left alone: then SIGTERM does what it did before.
+
+A torchrun worker also stops when torchrun itself ends without stopping it (SIGKILL, the OOM
+killer, a crash): torchrun starts each worker in a session of its own, so nothing else would end
+it, and it would train on orphaned, holding its GPU and writing into the run dir. The worker asks
+Linux for `PARENT_GONE_SIGNAL` when its parent ends (`stop_with_parent`, PR_SET_PDEATHSIG) and,
+while it trains, takes that signal as a stop request as SIGTERM's first: the step under way is
+finished and saved, exit 143. It is a signal of its own, never a SIGTERM: torchrun that dies in
+its own shutdown, after it passed a SIGTERM on, would otherwise deliver the worker's second
+SIGTERM, which ends it at once, mid-save. Taking it again (or after a SIGTERM) changes nothing.
 """
 
 from __future__ import annotations
 
 import enum
+import os
 import signal
+import sys
 import threading
 
-__all__ = ["EXIT_TERMINATED", "Stop", "TerminationRequest", "stop_requested"]
+__all__ = [
+    "EXIT_TERMINATED",
+    "PARENT_GONE_SIGNAL",
+    "Stop",
+    "TerminationRequest",
+    "parent_of",
+    "stop_requested",
+    "stop_with_parent",
+]
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
+
+# Sent by Linux to a torchrun worker whose torchrun ended (`stop_with_parent`). Not SIGTERM (a
+# second one ends the trainer at once) and not SIGUSR1 (a SLURM job's time-limit warning, which
+# torchrun and its workers ignore: jobs/backends/slurm_step.py).
+PARENT_GONE_SIGNAL = signal.SIGUSR2
+_PR_SET_PDEATHSIG = 1
+
+# The pid of the parent this process stops with, once `stop_with_parent` asked for the signal.
+_watched_parent: int | None = None
 
 
 class Stop(enum.IntEnum):
@@ -43,36 +71,103 @@ class Stop(enum.IntEnum):
 def stop_requested(
     termination: TerminationRequest, elapsed_s: float, max_duration_s: float | None
 ) -> Stop:
-    """This rank's reason to stop now: a SIGTERM received, else `elapsed_s` of training time
-    (across resumes) at or past `training.max_duration_s`."""
-    if termination.received:
+    """This rank's reason to stop now: a SIGTERM received (or its torchrun gone), else
+    `elapsed_s` of training time (across resumes) at or past `training.max_duration_s`."""
+    if termination.received or termination.parent_gone:
         return Stop.SIGTERM
     if max_duration_s is not None and elapsed_s >= max_duration_s:
         return Stop.TIME_LIMIT
     return Stop.NONE
 
 
+def parent_of(pid: int) -> int | None:
+    """The parent pid of process `pid` (Linux /proc), or None where it is gone or unreadable."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except OSError:
+        return None
+    # pid (comm) state ppid ...: comm may hold spaces and parentheses, the last ')' ends it.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return int(fields[1]) if len(fields) > 1 else None
+
+
+def stop_with_parent(parent: int, grandparent: int | None = None) -> bool | None:
+    """Ask Linux to send this process `PARENT_GONE_SIGNAL` when its parent ends (called at a
+    torchrun worker's start, `parent` being `os.getppid()` read before anything else ran).
+
+    Returns True where the parent is still the one the worker started under, False where it is
+    gone already (it ended before the request, which then never comes: the caller stops), None
+    where Linux cannot be asked (another system). `grandparent`, where known (the launcher that
+    started torchrun), also catches a torchrun that ended before `parent` was read: the worker's
+    parent is then whatever adopted it, whose own parent is not the launcher. Until a
+    `TerminationRequest` is entered the signal's default action ends the worker (nothing trained
+    yet to save); while one is, it is a stop request.
+    """
+    global _watched_parent
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return None
+    import ctypes
+
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    signal.signal(PARENT_GONE_SIGNAL, signal.SIG_DFL)  # one inherited as ignored would be lost
+    if prctl(_PR_SET_PDEATHSIG, int(PARENT_GONE_SIGNAL), 0, 0, 0) != 0:
+        return None
+    _watched_parent = parent
+    if os.getppid() != parent:  # it ended before the request: no signal will come
+        return False
+    if grandparent is not None and parent_of(parent) not in (grandparent, None):
+        return False  # `parent` adopted this worker: its torchrun had ended already
+    return True
+
+
 class TerminationRequest:
-    """While entered, a SIGTERM is noted (`received`) instead of ending the process."""
+    """While entered, a SIGTERM is noted (`received`) instead of ending the process, and so is a
+    torchrun worker's parent ending (`parent_gone`, see `stop_with_parent`)."""
 
     def __init__(self) -> None:
         self.received = False
-        self._installed = False
+        self.parent_gone = False
+        self._installed: list[signal.Signals] = []
 
     def __enter__(self) -> TerminationRequest:
-        if (
-            threading.current_thread() is threading.main_thread()
-            and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-        ):
-            signal.signal(signal.SIGTERM, self._note)
-            self._installed = True
+        if threading.current_thread() is threading.main_thread():
+            if signal.getsignal(signal.SIGTERM) == signal.SIG_DFL:
+                signal.signal(signal.SIGTERM, self._note)
+                self._installed.append(signal.SIGTERM)
+            watched = _watched_parent is not None
+            if watched and signal.getsignal(PARENT_GONE_SIGNAL) == signal.SIG_DFL:
+                signal.signal(PARENT_GONE_SIGNAL, self._note_parent_gone)
+                self._installed.append(PARENT_GONE_SIGNAL)
+                if os.getppid() != _watched_parent:  # it ended before this handler was set
+                    self._note_parent_gone(PARENT_GONE_SIGNAL, None)
         return self
 
     def _note(self, signum, frame) -> None:
         self.received = True
         signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
 
+    def _note_parent_gone(self, signum, frame) -> None:
+        # Idempotent, and SIGTERM's handling stays as it was: a SIGTERM that came before (torchrun
+        # passing one on, then dying) or comes after is the first, not a second one.
+        if os.getppid() == _watched_parent:
+            return  # the parent lives (the signal sent by hand, or a thread of it ended)
+        if not self.parent_gone:
+            self.parent_gone = True
+            rank = os.environ.get("RANK", "?")
+            message = (
+                f"dllm: rank {rank}: its torchrun (pid {_watched_parent}) ended without stopping "
+                "it: the step under way is saved and the worker stops (exit 143)\n"
+            )
+            try:
+                os.write(2, message.encode())  # not print: the main thread may be in one
+            except OSError:
+                pass  # no one reads stderr any more
+
     def __exit__(self, *exc) -> None:
-        if self._installed:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            self._installed = False
+        for signum in self._installed:
+            signal.signal(signum, signal.SIG_DFL)
+        self._installed = []

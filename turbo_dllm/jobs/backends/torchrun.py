@@ -5,6 +5,13 @@ LOCAL_RANK / WORLD_SIZE set, static or c10d (elastic) rendezvous across nodes, a
 the whole worker group on failure (`--max-restarts`), after which the trainer resumes from its
 last complete checkpoint. We start it as a child, stream its output (and keep a copy in the run
 dir), forward termination signals, and return its exit status.
+
+torchrun dies with the launcher (PR_SET_PDEATHSIG: SIGTERM, which it passes on to the workers),
+and the workers with torchrun (jobs/worker.py: each saves the step under way and ends with 143
+when torchrun ends without stopping it). The launcher's pid goes to torchrun's environment
+(`DLLM_LAUNCHER_PID`), and so to the workers: a worker whose torchrun ended before the worker
+asked to be told stops as well. The launcher reads the workers' output to its end, so it returns
+once they ended too, whatever ended torchrun.
 """
 
 from __future__ import annotations
@@ -105,7 +112,8 @@ def run_process(
         proc = subprocess.Popen(
             argv,
             cwd=cwd,
-            env={**os.environ, **env},
+            # the workers check their torchrun's parent against it (jobs/worker.py)
+            env={**os.environ, **env, "DLLM_LAUNCHER_PID": str(os.getpid())},
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             preexec_fn=_die_with_parent if sys.platform == "linux" else None,
