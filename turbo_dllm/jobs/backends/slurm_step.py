@@ -21,15 +21,22 @@ has neither and waits 30 s, so there the step under way and its save must fit in
 A SIGTERM or SIGINT here (scancel, the limit itself) is not passed on: SLURM signals torchrun
 (and the workers) itself. This process waits for torchrun all the same: once it ended, the step
 would end and SLURM kill the workers at once.
+
+For the same reason it outlives a torchrun that dies without stopping its workers (SIGKILL, the
+OOM killer): it is their subreaper (PR_SET_CHILD_SUBREAPER), so they are reparented here, and it
+waits for them to finish the step under way and save it (their parent-death signal,
+train/stop.py) before the step ends.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import signal
 import subprocess
 import sys
 
+from turbo_dllm.jobs.worker import LAUNCHER_PID_VARIABLE
 from turbo_dllm.train.stop import EXIT_TERMINATED
 
 __all__ = ["SHUTDOWN_TIMEOUT_S", "STOP_SIGNAL", "main"]
@@ -39,6 +46,29 @@ STOP_SIGNAL = signal.SIGUSR1
 # is 30 s). Under SLURM the job's time limit and KillWait bound the stop: this only keeps
 # torchrun from cutting a save short that the allocation has time for.
 SHUTDOWN_TIMEOUT_S = 3600
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _adopt_orphans() -> None:
+    """Have descendants whose parent dies (torchrun's workers) reparented to this process, not
+    to init; a no-op where Linux cannot be asked."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass
+
+
+def _wait_for_orphans() -> list[int]:
+    """Wait for every child left (torchrun's workers, reparented here when it died); their exit
+    codes as a shell reports them."""
+    codes = []
+    while True:
+        try:
+            _, status = os.waitpid(-1, 0)
+        except ChildProcessError:
+            return codes
+        code = os.waitstatus_to_exitcode(status)
+        codes.append(128 - code if code < 0 else code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +80,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     env = dict(os.environ)
     env.setdefault("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", str(SHUTDOWN_TIMEOUT_S))
+    # torchrun's parent, for a worker to tell a torchrun that died before it started (worker.py)
+    env[LAUNCHER_PID_VARIABLE] = str(os.getpid())
+    _adopt_orphans()
     # Ignored from here on, so torchrun and its workers start ignoring it (an ignored signal
     # stays ignored across fork and exec; a handler would not).
     signal.signal(STOP_SIGNAL, signal.SIG_IGN)
@@ -77,6 +110,17 @@ def main(argv: list[str] | None = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: None)  # SLURM signals torchrun itself
     returncode = torchrun.wait()
+    orphans = _wait_for_orphans()
+    if orphans:
+        saved = all(code == EXIT_TERMINATED for code in orphans)
+        print(
+            f"dllm: torchrun ended (exit {128 - returncode if returncode < 0 else returncode}) "
+            f"without stopping its {len(orphans)} worker(s): "
+            + ("they saved the step under way and stopped" if saved else f"they ended {orphans}"),
+            file=sys.stderr,
+            flush=True,
+        )
+        return EXIT_TERMINATED if saved else max(orphans)
     if stopping and returncode != 0:
         # torchrun ends with 1 after a SIGTERM whatever its workers did: the step ends as the
         # workers did, stopped with their step saved (143, as a torchrun launch stopped by
