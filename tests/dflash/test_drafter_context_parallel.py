@@ -98,12 +98,13 @@ def _worker(rank: int, world: int, target: str, artifact: str, results: str, cas
 
 
 @pytest.fixture(scope="module")
-def offline(world, tmp_path_factory):
-    """A feature artifact (with teacher rows) of the world's target and data."""
+def offline(world, small_artifact, tmp_path_factory):
+    """A feature artifact (with teacher rows) of the world's target over the small data (the
+    target's forward of every row is its time): training from it reads that data."""
     from turbo_dllm.families.dflash.features import prepare_features
 
     out = tmp_path_factory.mktemp("cp-features") / "features"
-    spec = drafter_spec(world["target"], world["artifact"], "objective.max_anchors=6")
+    spec = drafter_spec(world["target"], small_artifact, "objective.max_anchors=6")
     prepare_features(spec, out, rows_per_shard=8, progress=False)
     return out
 
@@ -120,12 +121,12 @@ def test_a_cp_rank_reads_only_its_span_of_offline_features(offline):
 
 
 @pytest.mark.slow
-def test_two_cp_processes_give_the_one_process_loss_and_every_gradient(world, offline, tmp_path):
+def test_two_cp_processes_give_the_one_process_loss_and_every_gradient(
+    world, small_artifact, offline, tmp_path
+):
     results = tmp_path / "errors.json"
-    cases = [
-        *CASES,
-        ("cp2-offline-features", (f"model.dflash.features={offline}",), 2, 1),
-    ]
+    features = (f"data.artifact={small_artifact}", f"model.dflash.features={offline}")
+    cases = [*CASES, ("cp2-offline-features", features, 2, 1)]
     run_gloo(
         _worker, 2, tmp_path, str(world["target"]), str(world["artifact"]), str(results), cases,
         timeout_s=120,

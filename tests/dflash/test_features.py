@@ -4,6 +4,7 @@ so training from them gives the online loss trace exactly; a mismatched artifact
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import yaml
@@ -18,11 +19,29 @@ from turbo_dllm.train.entry import train
 ARGS = ("training.steps=4", "checkpoint.interval=null")
 
 
-def _config(world, path, *overrides):
-    path.write_text(
-        yaml.safe_dump(drafter_document(world["target"], world["artifact"], *ARGS, *overrides))
-    )
+@pytest.fixture(scope="module")
+def data(small_artifact):
+    """The data every feature artifact here is made of: the world's target run over its rows
+    one by one is these tests' time, and nothing they check depends on how many rows there are
+    (more than three shards of 8)."""
+    return small_artifact
+
+
+def _config(world, data, path, *overrides):
+    path.write_text(yaml.safe_dump(drafter_document(world["target"], data, *ARGS, *overrides)))
     return path
+
+
+@pytest.fixture(scope="module")
+def whole(world, data, tmp_path_factory):
+    """The paper_ce features of `data` made in one uninterrupted run, 8 rows a shard: what a
+    resumed run must make (read only: a test that changes an artifact makes its own)."""
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.families.dflash.features import prepare_features
+
+    root = tmp_path_factory.mktemp("whole-features")
+    spec = load_runspec(_config(world, data, root / "train.yaml", "objective.dflash_loss=paper_ce"))
+    return prepare_features(spec, root / "whole", rows_per_shard=8, progress=False)
 
 
 def _interrupt_before_the_manifest(spec, out, monkeypatch) -> None:
@@ -50,8 +69,8 @@ def _interrupt_before_the_manifest(spec, out, monkeypatch) -> None:
     ],
     ids=["kl", "greedy-ce-on-path", "dflash2-dpace-on-path"],
 )
-def test_offline_features_train_the_online_trace_exactly(cli, world, tmp_path, loss):
-    config = _config(world, tmp_path / "train.yaml", *loss)
+def test_offline_features_train_the_online_trace_exactly(cli, world, data, tmp_path, loss):
+    config = _config(world, data, tmp_path / "train.yaml", *loss)
     features = tmp_path / "features"
     result = cli(
         "dflash",
@@ -69,25 +88,23 @@ def test_offline_features_train_the_online_trace_exactly(cli, world, tmp_path, l
     assert manifest.teacher and len(manifest.shards) > 1
     assert json.loads(result.out)["fingerprint"] == manifest.fingerprint
     online, offline = tmp_path / "online", tmp_path / "offline"
-    train(drafter_spec(world["target"], world["artifact"], *ARGS, *loss), online)
+    train(drafter_spec(world["target"], data, *ARGS, *loss), online)
     train(
-        drafter_spec(
-            world["target"], world["artifact"], *ARGS, *loss, f"model.dflash.features={features}"
-        ),
+        drafter_spec(world["target"], data, *ARGS, *loss, f"model.dflash.features={features}"),
         offline,
     )
     for key in ("loss", "grad_norm"):
         assert [r[key] for r in metrics(offline)] == [r[key] for r in metrics(online)]
 
 
-def test_prepare_features_resumes_after_an_interruption(world, tmp_path, monkeypatch):
+def test_prepare_features_resumes_after_an_interruption(world, data, whole, tmp_path, monkeypatch):
     import safetensors.torch
 
     from turbo_dllm.config.load import load_runspec
     from turbo_dllm.families.dflash.features import prepare_features
 
-    spec = load_runspec(_config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce"))
-    whole = prepare_features(spec, tmp_path / "whole", rows_per_shard=8, progress=False)
+    config = _config(world, data, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    spec = load_runspec(config)
     real_save, written = safetensors.torch.save_file, []
 
     def save(tensors, path, *args, **kwargs):
@@ -110,14 +127,16 @@ def test_prepare_features_resumes_after_an_interruption(world, tmp_path, monkeyp
     assert read_features_manifest(again).fingerprint == read_features_manifest(whole).fingerprint
 
 
-def test_prepare_features_resumes_when_every_shard_was_written(world, tmp_path, monkeypatch):
+def test_prepare_features_resumes_when_every_shard_was_written(
+    world, data, whole, tmp_path, monkeypatch
+):
     """Interrupted after the last shard (its record written, the manifest not yet): the rerun
     keeps every shard and writes the manifest (it was an UnboundLocalError, at every rerun)."""
     from turbo_dllm.config.load import load_runspec
     from turbo_dllm.families.dflash import features
 
-    spec = load_runspec(_config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce"))
-    whole = features.prepare_features(spec, tmp_path / "whole", rows_per_shard=8, progress=False)
+    config = _config(world, data, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    spec = load_runspec(config)
     shards = len(read_features_manifest(whole).shards)
     _interrupt_before_the_manifest(spec, tmp_path / "again", monkeypatch)
     progress = json.loads((tmp_path / ".again.partial/progress.json").read_text())
@@ -127,10 +146,8 @@ def test_prepare_features_resumes_when_every_shard_was_written(world, tmp_path, 
     assert read_features_manifest(again).dtype == "float32"
 
 
-def test_features_of_another_target_are_refused_before_any_work(cli, world, tmp_path):
-    config = _config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
-    features = tmp_path / "features"
-    assert cli("dflash", "prepare-features", "--config", config, "--out", features).code == 0
+def test_features_of_another_target_are_refused_before_any_work(cli, world, data, whole, tmp_path):
+    features = whole  # the world's target's (read only: the refusal must come before any work)
     other = tmp_path / "other-target"  # the same shape, other weights
     other.mkdir()
     for file in world["target"].iterdir():
@@ -142,7 +159,7 @@ def test_features_of_another_target_are_refused_before_any_work(cli, world, tmp_
     save_file(tensors, str(other / "model.safetensors"))
     document = drafter_document(
         other,
-        world["artifact"],
+        data,
         *ARGS,
         "objective.dflash_loss=paper_ce",
         f"model.dflash.features={features}",
@@ -161,20 +178,22 @@ def test_features_of_another_target_are_refused_before_any_work(cli, world, tmp_
         (("--device", "foo"), "not a torch device"),
     ],
 )
-def test_bad_prepare_features_options_leave_nothing_behind(cli, world, tmp_path, option, needle):
+def test_bad_prepare_features_options_leave_nothing_behind(
+    cli, world, data, tmp_path, option, needle
+):
     # these were tracebacks, after the staging folder `.features.partial` was made
-    config = _config(world, tmp_path / "train.yaml")
+    config = _config(world, data, tmp_path / "train.yaml")
     features = tmp_path / "features"
     result = cli("dflash", "prepare-features", "--config", config, "--out", features, *option)
     assert_user_error(result, needle)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]
 
 
-def test_a_seq_len_the_artifact_does_not_hold_is_refused_with_the_fix(cli, world, tmp_path):
+def test_a_seq_len_the_artifact_does_not_hold_is_refused_with_the_fix(cli, world, data, tmp_path):
     from turbo_dllm.data.artifact import DataArtifact
 
-    held = DataArtifact(world["artifact"]).manifest.seq_len
-    config = _config(world, tmp_path / "train.yaml", f"data.seq_len={held * 2}")
+    held = DataArtifact(data).manifest.seq_len
+    config = _config(world, data, tmp_path / "train.yaml", f"data.seq_len={held * 2}")
     result = cli("dflash", "prepare-features", "--config", config, "--out", tmp_path / "f")
     assert_user_error(
         result, f"the artifact holds {held}", f"set data.seq_len: {held}", "prepare the data again"
@@ -182,11 +201,11 @@ def test_a_seq_len_the_artifact_does_not_hold_is_refused_with_the_fix(cli, world
     assert sorted(p.name for p in tmp_path.iterdir()) == ["train.yaml"]
 
 
-def test_an_empty_out_folder_is_replaced_and_a_taken_one_refused(cli, world, tmp_path):
+def test_an_empty_out_folder_is_replaced_and_a_taken_one_refused(cli, world, data, tmp_path):
     """As `dllm export` and `dllm dflash export` take --out: an existing empty folder is
     replaced by the artifact (it read 'already exists'); a folder with files in it is refused,
     and a file is named as one."""
-    config = _config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    config = _config(world, data, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
     features = tmp_path / "features"
     features.mkdir()
     result = cli("dflash", "prepare-features", "--config", config, "--out", features)
@@ -200,8 +219,8 @@ def test_an_empty_out_folder_is_replaced_and_a_taken_one_refused(cli, world, tmp
     assert_user_error(result, "is a file, not a folder")
 
 
-def test_the_current_folder_as_out_is_refused(cli, world, tmp_path, monkeypatch):
-    config = _config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+def test_the_current_folder_as_out_is_refused(cli, world, data, tmp_path, monkeypatch):
+    config = _config(world, data, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
     (tmp_path / "here").mkdir()
     monkeypatch.chdir(tmp_path / "here")
     result = cli("dflash", "prepare-features", "--config", config, "--out", ".")
@@ -209,7 +228,7 @@ def test_the_current_folder_as_out_is_refused(cli, world, tmp_path, monkeypatch)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["here", "train.yaml"]
 
 
-def test_an_out_under_a_file_is_named_before_hashing(cli, world, tmp_path, monkeypatch):
+def test_an_out_under_a_file_is_named_before_hashing(cli, world, data, tmp_path, monkeypatch):
     """`--out somefile/feats`: the error named the hidden staging folder `.feats.partial`, and
     only after the target was hashed (seconds per GB)."""
     from turbo_dllm.families.dflash import features
@@ -218,7 +237,7 @@ def test_an_out_under_a_file_is_named_before_hashing(cli, world, tmp_path, monke
         raise AssertionError("the target was hashed")
 
     monkeypatch.setattr(features, "target_fingerprint", hashed)
-    config = _config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    config = _config(world, data, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
     (tmp_path / "somefile").write_text("")
     for out in (tmp_path / "somefile/feats", tmp_path / "somefile/deeper/feats"):
         result = cli("dflash", "prepare-features", "--config", config, "--out", out)
@@ -227,14 +246,16 @@ def test_an_out_under_a_file_is_named_before_hashing(cli, world, tmp_path, monke
     assert sorted(p.name for p in tmp_path.iterdir()) == ["somefile", "train.yaml"]
 
 
-def test_data_of_another_tokenizer_is_refused_before_the_target_is_read(cli, world, tmp_path):
+def test_data_of_another_tokenizer_is_refused_before_the_target_is_read(
+    cli, world, data, tmp_path
+):
     """prepare-features computed features of data tokenized for another model (other text to
     the target) and only training refused them, by the family's input rule; it is refused
     first, before the target is hashed or loaded, leaving nothing behind."""
     from tests.dflash.test_target_tokenizer import _with_tokenizer
 
     target = _with_tokenizer(world["target"], tmp_path / "target")
-    document = drafter_document(target, world["artifact"], *ARGS)  # byte-level data
+    document = drafter_document(target, data, *ARGS)  # byte-level data
     config = tmp_path / "train.yaml"
     config.write_text(yaml.safe_dump(document))
     result = cli("dflash", "prepare-features", "--config", config, "--out", tmp_path / "f")
@@ -243,7 +264,7 @@ def test_data_of_another_tokenizer_is_refused_before_the_target_is_read(cli, wor
 
 
 def test_a_resume_remakes_a_shard_that_changed_and_a_damaged_progress_record(
-    world, tmp_path, monkeypatch
+    world, data, whole, tmp_path, monkeypatch
 ):
     """A resume kept every shard its progress.json listed, unread: a shard changed since (a
     disk error, a torn copy) went into the manifest under the sha256 it no longer had. It is
@@ -252,19 +273,20 @@ def test_a_resume_remakes_a_shard_that_changed_and_a_damaged_progress_record(
     from turbo_dllm.families.dflash import features
     from turbo_dllm.fsutil import sha256_file
 
-    spec = load_runspec(_config(world, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce"))
-    whole = features.prepare_features(spec, tmp_path / "whole", rows_per_shard=8, progress=False)
+    config = _config(world, data, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    spec = load_runspec(config)
     _interrupt_before_the_manifest(spec, tmp_path / "again", monkeypatch)
+    # the same interrupted run's staging folder, for the damaged progress record below
+    shutil.copytree(tmp_path / ".again.partial", tmp_path / ".third.partial")
     shard = tmp_path / ".again.partial" / "shard_00001.safetensors"
-    data = shard.read_bytes()
-    shard.write_bytes(data[:-1] + bytes([data[-1] ^ 1]))
+    raw = shard.read_bytes()
+    shard.write_bytes(raw[:-1] + bytes([raw[-1] ^ 1]))
     again = features.prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
     manifest = read_features_manifest(again)
     assert manifest == read_features_manifest(whole)
     for entry in manifest.shards:
         assert sha256_file(again / entry.file) == entry.sha256, entry.file
     # a damaged progress record: the staging folder starts over
-    _interrupt_before_the_manifest(spec, tmp_path / "third", monkeypatch)
     (tmp_path / ".third.partial" / "progress.json").write_text("{not json")
     third = features.prepare_features(spec, tmp_path / "third", rows_per_shard=8, progress=False)
     assert read_features_manifest(third) == read_features_manifest(whole)
