@@ -13,13 +13,12 @@ that warning into one SIGTERM for each worker.
 from __future__ import annotations
 
 import json
-import textwrap
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.jobs.test_slurm_cluster import SPEC, TWO_RANKS, losses, statuses
+from tests.jobs.test_slurm_cluster import losses, statuses, submit  # noqa: F401 (a fixture)
 from turbo_dllm.train.checkpoint import find_latest, read_meta
 
 pytestmark = pytest.mark.slow
@@ -33,23 +32,6 @@ LONG = ("--set", "training.steps=1000000")  # trains until SLURM stops it
 def saved_step(run_dir: Path) -> int | None:
     latest = find_latest(run_dir / "checkpoints")
     return None if latest is None else read_meta(latest).step
-
-
-@pytest.fixture
-def submit(cli, workdir, slurm_cluster, monkeypatch):
-    """`dllm launch --backend slurm --submit` into runs/NAME; returns (run dir, job id)."""
-    for key, value in slurm_cluster.env.items():
-        monkeypatch.setenv(key, value)
-    (workdir / "train.yaml").write_text(textwrap.dedent(SPEC))
-
-    def run(name: str, *extra: str) -> tuple[Path, str]:
-        run_dir = workdir / "runs" / name
-        args = ("--config", "train.yaml", "--backend", "slurm", "--submit", *TWO_RANKS)
-        result = cli("launch", *args, "--run-dir", run_dir, *extra)
-        assert result.code == 0, result.err
-        return run_dir, json.loads((run_dir / "slurm_job.json").read_text())["job_id"]
-
-    return run
 
 
 def test_a_job_at_its_time_limit_saves_the_step_under_way(submit, slurm_cluster, cli):
