@@ -269,9 +269,10 @@ def test_worker_reports_a_user_error_in_training_as_dllm_does(cli, workdir, caps
 # --- restarts ----------------------------------------------------------------------------------
 
 
-def _workers_of(run_dir: Path) -> list[int]:
-    """PIDs of trainer worker processes (not torchrun, not the launcher) writing into run_dir."""
+def _processes_of(run_dir: Path) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of the processes whose command line names run_dir's manifest."""
     found = []
+    manifest = str(run_dir / "manifest.json")
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -279,11 +280,18 @@ def _workers_of(run_dir: Path) -> list[int]:
             argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
         except OSError:
             continue
-        manifest = str(run_dir / "manifest.json")
-        worker = "turbo_dllm.jobs.worker" in argv and manifest in argv
-        if worker and "torch.distributed.run" not in argv:
-            found.append(int(entry.name))
+        if manifest in argv:
+            found.append((int(entry.name), argv))
     return found
+
+
+def _workers_of(run_dir: Path) -> list[int]:
+    """PIDs of trainer worker processes (not torchrun, not the launcher) writing into run_dir."""
+    return [
+        pid
+        for pid, argv in _processes_of(run_dir)
+        if "turbo_dllm.jobs.worker" in argv and "torch.distributed.run" not in argv
+    ]
 
 
 def _two_rank_launch(spec, run_dir, tmp_path, *options):

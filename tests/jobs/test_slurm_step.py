@@ -46,9 +46,11 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def test_the_warning_reaches_each_worker_once_as_sigterm(tmp_path):
+def start_step(tmp_path: Path, script: str) -> tuple[subprocess.Popen, list[Path]]:
+    """slurm_step running a real torchrun of two workers of `script` (each logs `ready PID`
+    to rank<N>.log in tmp_path first), and their logs."""
     worker = tmp_path / "worker.py"
-    worker.write_text(textwrap.dedent(WORKER))
+    worker.write_text(textwrap.dedent(script))
     torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     torchrun += ["--nproc-per-node", "2", "--max-restarts", "0", str(worker), str(tmp_path)]
     step = subprocess.Popen(
@@ -58,11 +60,20 @@ def test_the_warning_reaches_each_worker_once_as_sigterm(tmp_path):
         text=True,
     )
     logs = [tmp_path / "rank0.log", tmp_path / "rank1.log"]
+    return step, logs
+
+
+def wait_until_ready(step: subprocess.Popen, logs: list[Path]) -> None:
+    deadline = time.monotonic() + 60
+    while not all(p.exists() and "ready" in p.read_text() for p in logs):
+        assert time.monotonic() < deadline and step.poll() is None, "workers never started"
+        time.sleep(0.1)
+
+
+def test_the_warning_reaches_each_worker_once_as_sigterm(tmp_path):
+    step, logs = start_step(tmp_path, WORKER)
     try:
-        deadline = time.monotonic() + 60
-        while not all(p.exists() and "ready" in p.read_text() for p in logs):
-            assert time.monotonic() < deadline and step.poll() is None, "workers never started"
-            time.sleep(0.1)
+        wait_until_ready(step, logs)
         # As SLURM signals a step: every process in it, and the step's task once more (srun).
         for pid in [step.pid, *descendants(step.pid), step.pid]:
             os.kill(pid, signal.SIGUSR1)
@@ -98,23 +109,10 @@ def test_a_killed_torchrun_s_workers_save_before_the_step_ends(tmp_path):
     """torchrun SIGKILLed (the OOM killer) under SLURM: its workers stop on their parent-death
     signal (train/stop.py) and save, but the step ended with torchrun and SLURM killed them
     mid-save. slurm_step is their subreaper now and waits for them; the step ends with 143."""
-    worker = tmp_path / "worker.py"
-    worker.write_text(textwrap.dedent(ORPHAN))
-    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
-    torchrun += ["--nproc-per-node", "2", "--max-restarts", "0", str(worker), str(tmp_path)]
-    step = subprocess.Popen(
-        [sys.executable, "-m", "turbo_dllm.jobs.backends.slurm_step", *torchrun],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    logs = [tmp_path / "rank0.log", tmp_path / "rank1.log"]
+    step, logs = start_step(tmp_path, ORPHAN)
     workers = []
     try:
-        deadline = time.monotonic() + 60
-        while not all(p.exists() and "ready" in p.read_text() for p in logs):
-            assert time.monotonic() < deadline and step.poll() is None, "workers never started"
-            time.sleep(0.1)
+        wait_until_ready(step, logs)
         workers = [int(p.read_text().split()[1]) for p in logs]
         children = Path(f"/proc/{step.pid}/task/{step.pid}/children").read_text().split()
         (torchrun_pid,) = map(int, children)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.jobs.test_launch_runs import SPEC, _workers_of
+from tests.jobs.test_launch_runs import SPEC, _processes_of, _workers_of
 
 pytestmark = [
     pytest.mark.slow,
@@ -26,18 +26,7 @@ pytestmark = [
 
 def _torchrun_of(run_dir: Path) -> list[int]:
     """PIDs of the torchrun processes whose workers train into run_dir."""
-    found = []
-    manifest = str(run_dir / "manifest.json")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
-        except OSError:
-            continue
-        if "torch.distributed.run" in argv and manifest in argv:
-            found.append(int(entry.name))
-    return found
+    return [pid for pid, argv in _processes_of(run_dir) if "torch.distributed.run" in argv]
 
 
 def _alive(pid: int) -> bool:
