@@ -36,6 +36,7 @@ import signal
 import subprocess
 import sys
 
+from turbo_dllm.jobs.backends import exit_code
 from turbo_dllm.jobs.worker import LAUNCHER_PID_VARIABLE
 from turbo_dllm.train.stop import EXIT_TERMINATED
 
@@ -67,8 +68,7 @@ def _wait_for_orphans() -> list[int]:
             _, status = os.waitpid(-1, 0)
         except ChildProcessError:
             return codes
-        code = os.waitstatus_to_exitcode(status)
-        codes.append(128 - code if code < 0 else code)
+        codes.append(exit_code(os.waitstatus_to_exitcode(status)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     if orphans:
         saved = all(code == EXIT_TERMINATED for code in orphans)
         print(
-            f"dllm: torchrun ended (exit {128 - returncode if returncode < 0 else returncode}) "
+            f"dllm: torchrun ended (exit {exit_code(returncode)}) "
             f"without stopping its {len(orphans)} worker(s): "
             + ("they saved the step under way and stopped" if saved else f"they ended {orphans}"),
             file=sys.stderr,
@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         # workers did, stopped with their step saved (143, as a torchrun launch stopped by
         # SIGTERM ends). 0: they had finished the last step anyway.
         return EXIT_TERMINATED
-    return 128 - returncode if returncode < 0 else returncode
+    return exit_code(returncode)
 
 
 if __name__ == "__main__":
