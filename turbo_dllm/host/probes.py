@@ -24,11 +24,23 @@ __all__ = [
     "probe_gpus",
     "probe_package_version",
     "probe_torch",
+    "process_stat",
     "run_nvidia_smi",
     "start_gpu_probe",
 ]
 
 NVIDIA_SMI_TIMEOUT_S = 15.0
+
+
+def process_stat(pid: int) -> list[str] | None:
+    """/proc/<pid>/stat's fields from the third (the state) on, so field N is [N - 3]; None where
+    the process does not exist or /proc cannot be read. Field 2, the command name, is in
+    parentheses and may hold spaces and parentheses itself: the last ')' ends it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()
 
 
 class TorchFacts(NamedTuple):

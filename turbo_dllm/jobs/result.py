@@ -35,6 +35,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from turbo_dllm.formats import read_json_record
+from turbo_dllm.host.probes import process_stat
 from turbo_dllm.fsutil import write_atomic
 
 __all__ = [
@@ -141,13 +142,8 @@ def _boot_id() -> str | None:
 def _start_ticks(pid: int) -> int | None:
     """The process's start time (clock ticks after boot: /proc/<pid>/stat field 22), or None
     where it does not exist (or has ended and waits to be reaped: a zombie runs nothing)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    # Field 2 (the command name) is in parentheses and may hold spaces and parentheses itself.
-    fields = stat[stat.rfind(")") + 2 :].split()
-    if len(fields) < 20 or fields[0] in ("Z", "X"):
+    fields = process_stat(pid)
+    if fields is None or len(fields) < 20 or fields[0] in ("Z", "X"):
         return None
     try:
         return int(fields[19])  # fields[0] is field 3 (the state), so field 22 is fields[19]

@@ -32,6 +32,8 @@ import signal
 import sys
 import threading
 
+from turbo_dllm.host.probes import process_stat
+
 __all__ = [
     "EXIT_TERMINATED",
     "PARENT_GONE_SIGNAL",
@@ -82,14 +84,8 @@ def stop_requested(
 
 def parent_of(pid: int) -> int | None:
     """The parent pid of process `pid` (Linux /proc), or None where it is gone or unreadable."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return None
-    # pid (comm) state ppid ...: comm may hold spaces and parentheses, the last ')' ends it.
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    return int(fields[1]) if len(fields) > 1 else None
+    fields = process_stat(pid)
+    return int(fields[1]) if fields and len(fields) > 1 else None  # field 4: the parent
 
 
 def stop_with_parent(parent: int, grandparent: int | None = None) -> bool | None:
