@@ -7,7 +7,8 @@
 # train-exp (profile + variants), train-turbo (ours with model.attention turbo vs HF dense and
 # HF flex_attention + torch.compile at 8K), train-pipelined (turbo at 8K, steps waited for vs
 # queued as the trainer runs them, alternated), train-trim (turbo at 8K with and without the
-# stream trim, alternated; the autoregressive objective too), train-turbo-32k (32K with AC, turbo vs flex),
+# stream trim, alternated; the autoregressive objective too), train-inductor (turbo at 8K on inductor's
+# defaults vs INDUCTOR_FLAGS, e.g. GEMM autotuning, alternated), train-turbo-32k (32K with AC, turbo vs flex),
 # context-1doc (longest one-document context, turbo and flex), tests-gemma (DiffusionGemma GPU tests: grouped GEMM vs loop,
 # flex training), train-gemma (train_step --family diffusion_gemma against HF's
 # DiffusionGemmaForBlockDiffusion; GEMMA_SEQ_LEN, default 8192; GEMMA_MODEL h200-bench or
@@ -106,6 +107,15 @@ for stage in "$@"; do
             --out "$OUT/train_step_${mode}_$round.json" 2>&1 | tee "$OUT/train_step_${mode}_$round.log" \
             | grep --line-buffered -E "^turbo-dllm|rror" || status=1
       done; done ;;
+    train-inductor) # ~5-8 min: ours with turbo at 8K on inductor's defaults against INDUCTOR_FLAGS
+      # (default "--inductor max_autotune_gemm=True": GEMMs autotuned against inductor's Triton
+      # templates, which can fuse the norms and SwiGLU around them), alternated (no baselines)
+      for mode in default tuned; do
+        flags=""; [ "$mode" = tuned ] && flags="${INDUCTOR_FLAGS:---inductor max_autotune_gemm=True}"
+        python3 benchmarks/train_step.py --attention turbo --no-baseline --steps 6 --warmup 2 $flags \
+            --out "$OUT/train_step_inductor_${mode}.json" 2>&1 | tee "$OUT/train_step_inductor_${mode}.log" \
+            | grep --line-buffered -E "^turbo-dllm|rror" || status=1
+      done ;;
     train-trim) # ~4 min: ours with turbo at 8K with and without the stream trim (the last layer's
       # clean rows skipped: train/attention/trim.py), alternated twice (no baselines); then the
       # autoregressive objective, whose trim runs the clean half alone, with and without it
