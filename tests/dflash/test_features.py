@@ -127,6 +127,23 @@ def test_prepare_features_resumes_after_an_interruption(world, data, whole, tmp_
     assert read_features_manifest(again).fingerprint == read_features_manifest(whole).fingerprint
 
 
+@pytest.mark.parametrize("batch_rows", [1, 3])
+def test_rows_give_the_same_features_in_any_batch(world, data, whole, tmp_path, batch_rows):
+    # `whole` ran the micro-batch (4 rows a forward); one row, or 3 (no divisor of the shard's
+    # 8 rows: a short last batch in every shard), must write the same shards on CPU
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.families.dflash.features import prepare_features
+
+    spec = load_runspec(
+        _config(world, data, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    )
+    assert spec.training.micro_batch_size == 4
+    out = prepare_features(
+        spec, tmp_path / "rows", rows_per_shard=8, batch_rows=batch_rows, progress=False
+    )
+    assert read_features_manifest(out).fingerprint == read_features_manifest(whole).fingerprint
+
+
 def test_prepare_features_resumes_when_every_shard_was_written(
     world, data, whole, tmp_path, monkeypatch
 ):
@@ -175,6 +192,7 @@ def test_features_of_another_target_are_refused_before_any_work(cli, world, data
     [
         (("--rows-per-shard", "0"), "--rows-per-shard must be at least 1"),
         (("--rows-per-shard", "-1"), "--rows-per-shard must be at least 1"),
+        (("--batch-rows", "0"), "--batch-rows must be at least 1"),
         (("--device", "foo"), "not a torch device"),
     ],
 )

@@ -96,6 +96,12 @@ def register(subparsers) -> None:
     p.add_argument("--out", required=True, help="new folder to write")
     add_overrides(p)
     p.add_argument("--rows-per-shard", type=int, default=256)
+    p.add_argument(
+        "--batch-rows",
+        type=int,
+        default=None,
+        help="rows the target runs in one forward (default: training.micro_batch_size)",
+    )
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_prepare_features)
@@ -175,7 +181,12 @@ def _prepare_features(args) -> int:
 
     spec = load_training_spec(args.config, args.overrides)
     out = prepare_features(
-        spec, args.out, rows_per_shard=args.rows_per_shard, device=args.device, progress=True
+        spec,
+        args.out,
+        rows_per_shard=args.rows_per_shard,
+        batch_rows=args.batch_rows,
+        device=args.device,
+        progress=True,
     )
     manifest = read_features_manifest(out)
     if args.json:

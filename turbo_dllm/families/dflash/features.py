@@ -13,10 +13,9 @@ A feature artifact is a folder:
 Rows are the data artifact's rows, in order; the training loader hands each batch's row
 indices, and `FeatureStore.lookup` rebuilds the (R, L, F) features with zeros at padding
 (a position no anchor's context or teacher ever reads). The features are the numbers the
-online path computes (the same `TargetFeatures`; written one row at a time, computed online a
-batch's rows in one forward, which on CPU gives each row the one-row numbers), so training from
-them gives the online loss trace exactly on CPU; CUDA's bf16 kernels may round a row by the
-batch it came in.
+online path computes (the same `TargetFeatures`, a micro-batch of rows in one forward by default;
+on CPU each row gets the same numbers in any batch), so training from them gives the online loss
+trace exactly on CPU; CUDA's bf16 kernels may round a row by the batch it came in.
 
 Writing is atomic and resumable: shards go into `.<out>.partial/`, each written whole and
 recorded in `progress.json` with its sha256; a rerun with the same inputs keeps the finished
@@ -221,10 +220,13 @@ def prepare_features(
     out: str | Path,
     *,
     rows_per_shard: int = 256,
+    batch_rows: int | None = None,
     progress: bool = True,
     device: str | None = None,
 ) -> Path:
-    """Run the target over every row of `spec.data.artifact` and write the feature artifact."""
+    """Run the target over every row of `spec.data.artifact` and write the feature artifact,
+    `batch_rows` rows a forward (default `training.micro_batch_size`, as online training runs
+    the target; a shard's rows only, so a batch never spans two shards)."""
     import torch
 
     from turbo_dllm.data.artifact import DataArtifact
@@ -246,6 +248,9 @@ def prepare_features(
     check_out_folder(out, "prepare-features", example="features")
     if rows_per_shard < 1:
         raise DllmError(f"--rows-per-shard must be at least 1 (got {rows_per_shard})")
+    batch_rows = spec.training.micro_batch_size if batch_rows is None else batch_rows
+    if batch_rows < 1:
+        raise DllmError(f"--batch-rows must be at least 1 (got {batch_rows})")
     # data of another tokenizer than the target's would be features of other text, refused
     # only when training reads them (the family's input rule): here, before the target is read
     for key, problem in tokenizer_problems(spec):
@@ -314,16 +319,21 @@ def prepare_features(
             shards.append(Shard(file=name, first_row=first, rows=len(rows), sha256=done[name]))
             continue
         feats, teach, real = [], [], []
-        for row in rows:
-            ids, _, docs = data.row(row)
-            pad = torch.from_numpy(data.padding(row))
-            f, t = target(torch.from_numpy(ids)[None], torch.from_numpy(docs).long()[None])
-            keep = ~pad
-            feats.append(f[0][keep.to(f.device)].cpu())
-            if t is not None:
-                teach.append(t[0][keep.to(t.device)].cpu())
-            real.append(keep)
-            bar.advance(1)
+        for start in range(0, len(rows), batch_rows):
+            batch = rows[start : start + batch_rows]
+            ids, docs, keep = [], [], []
+            for row in batch:
+                row_ids, _, row_docs = data.row(row)
+                ids.append(torch.from_numpy(row_ids))
+                docs.append(torch.from_numpy(row_docs).long())
+                keep.append(~torch.from_numpy(data.padding(row)))
+            f, t = target(torch.stack(ids), torch.stack(docs))
+            for i, row_keep in enumerate(keep):  # compact rows: the real positions only
+                feats.append(f[i][row_keep.to(f.device)].cpu())
+                if t is not None:
+                    teach.append(t[i][row_keep.to(t.device)].cpu())
+            real.extend(keep)
+            bar.advance(len(batch))
         tensors = {"features": torch.cat(feats).contiguous(), "real": torch.stack(real)}
         if teacher:
             tensors["teacher"] = torch.cat(teach).contiguous()
