@@ -330,15 +330,23 @@ def test_sigterm_saves_the_step_it_arrives_in_and_ends_with_143(tmp_path, refere
 
 
 def test_a_second_sigterm_ends_a_run_at_once_and_the_next_resumes(tmp_path, reference):
-    """The first SIGTERM is noted while a save is under way (here paused in it); a second ends
-    `dllm train` at once by that signal, with no save of its own; the next run resumes from the
-    last complete checkpoint."""
+    """The first SIGTERM is noted while a save is under way (here paused in it), and so is a
+    repeat within `REPEAT_WINDOW_S` (torchrun or SLURM passing the same stop on); a SIGTERM after
+    that window ends `dllm train` at once by that signal, with no save of its own; the next run
+    resumes from the last complete checkpoint."""
+    from turbo_dllm.train.stop import REPEAT_WINDOW_S
+
     config, run = config_file(tmp_path), tmp_path / "run"
     process = start_child("shards-written", 4, "train", "--config", config, "--run-dir", run)
     wait_paused(process)
     os.kill(process.pid, signal.SIGTERM)
-    time.sleep(1)
+    noted = time.monotonic()
+    time.sleep(0.5)
     assert process.poll() is None  # noted, not ended: the save goes on
+    os.kill(process.pid, signal.SIGTERM)  # a repeat: the same stop
+    time.sleep(0.5)
+    assert process.poll() is None
+    time.sleep(max(0.0, noted + REPEAT_WINDOW_S + 1 - time.monotonic()))
     os.kill(process.pid, signal.SIGTERM)
     process.wait(timeout=60)
     process.stdout.close()

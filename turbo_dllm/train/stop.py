@@ -9,7 +9,11 @@ either: `Trainer.evaluate`), and the ranks agree on the highest reason (`Stop` i
 A scheduler's time limit or preemption (SLURM sends SIGTERM, then SIGKILL after its KillWait),
 torchrun passing on a SIGTERM, `kill` or `timeout`: the trainer finishes the step it is in,
 saves it and ends with exit status 143 (128 + SIGTERM) instead of losing every step since the
-last checkpoint. A second SIGTERM ends the process at once (the default action again).
+last checkpoint. One stop often arrives as several SIGTERMs: `scancel` or a preemption signals
+every process of a SLURM step, the workers and the torchrun that passes its own on to them. So
+a SIGTERM within `REPEAT_WINDOW_S` of the first is the same request and changes nothing (ignored
+by the kernel, whatever the main thread is doing); one after it ends the process at once (the
+default action again), for whoever means to cut a long save short.
 
 Only the main thread can take signals, and a handler someone else installed (a launcher that
 forwards signals, a test harness) is left alone: then SIGTERM does what it did before.
@@ -21,7 +25,7 @@ Linux for `PARENT_GONE_SIGNAL` when its parent ends (`stop_with_parent`, PR_SET_
 while it trains, takes that signal as a stop request as SIGTERM's first: the step under way is
 finished and saved, exit 143. It is a signal of its own, never a SIGTERM: torchrun that dies in
 its own shutdown, after it passed a SIGTERM on, would otherwise deliver the worker's second
-SIGTERM, which ends it at once, mid-save. Taking it again (or after a SIGTERM) changes nothing.
+SIGTERM, which ends it at once, mid-save, after the repeat window. Taking it again (or after a SIGTERM) changes nothing.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from turbo_dllm.host.probes import process_stat
 __all__ = [
     "EXIT_TERMINATED",
     "PARENT_GONE_SIGNAL",
+    "REPEAT_WINDOW_S",
     "Stop",
     "TerminationRequest",
     "parent_of",
@@ -45,6 +50,11 @@ __all__ = [
 ]
 
 EXIT_TERMINATED = 128 + signal.SIGTERM
+
+# How long after the first SIGTERM another one counts as the same stop, passed on by another
+# process (torchrun, srun, SLURM signalling each process of a step): they follow it within
+# milliseconds to a second; a person's second `kill` rarely comes that fast.
+REPEAT_WINDOW_S = 5.0
 
 # Sent by Linux to a torchrun worker whose torchrun ended (`stop_with_parent`). Not SIGTERM (a
 # second one ends the trainer at once) and not SIGUSR1 (a SLURM job's time-limit warning, which
@@ -128,6 +138,8 @@ class TerminationRequest:
         self.received = False
         self.parent_gone = False
         self._installed: list[signal.Signals] = []
+        self._window: threading.Timer | None = None
+        self._lock = threading.Lock()
 
     def __enter__(self) -> TerminationRequest:
         if threading.current_thread() is threading.main_thread():
@@ -143,8 +155,22 @@ class TerminationRequest:
         return self
 
     def _note(self, signum, frame) -> None:
+        if self.received:
+            return  # a repeat that came before this handler ignored SIGTERM: the same stop
         self.received = True
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second one ends the process at once
+        # Repeats inside the window are ignored by the kernel itself: a Python handler would only
+        # run when the main thread returns to Python (after a long CUDA wait it could be seconds
+        # late, and take a repeat for a second request). After it, the default action again,
+        # set from a timer thread through libc (signal.signal serves the main thread alone).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        self._window = threading.Timer(REPEAT_WINDOW_S, self._end_window)
+        self._window.daemon = True
+        self._window.start()
+
+    def _end_window(self) -> None:
+        with self._lock:
+            if signal.SIGTERM in self._installed:  # still entered
+                _set_default_action(signal.SIGTERM)
 
     def _note_parent_gone(self, signum, frame) -> None:
         # Idempotent, and SIGTERM's handling stays as it was: a SIGTERM that came before (torchrun
@@ -164,6 +190,22 @@ class TerminationRequest:
                 pass  # no one reads stderr any more
 
     def __exit__(self, *exc) -> None:
-        for signum in self._installed:
-            signal.signal(signum, signal.SIG_DFL)
-        self._installed = []
+        with self._lock:
+            if self._window is not None:
+                self._window.cancel()
+            for signum in self._installed:
+                signal.signal(signum, signal.SIG_DFL)
+            self._installed = []
+
+
+def _set_default_action(signum: signal.Signals) -> None:
+    """`signum`'s default action, from any thread (libc's signal(); Python's bookkeeping still
+    names the handler it last set, which `TerminationRequest.__exit__` sets back to the default)."""
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.signal.restype = ctypes.c_void_p
+        libc.signal(int(signum), ctypes.c_void_p(0))  # SIG_DFL
+    except (OSError, AttributeError):
+        pass  # no libc to ask: repeats stay ignored until the run ends (SIGKILL still ends it)

@@ -9,8 +9,9 @@ gives the same warning by hand.
 Why SIGUSR1, and why this process: SLURM signals every process of a step (its process tracking
 finds torchrun's workers too, though torchrun starts each in a session of its own), and srun
 passes a signal it gets on to the step as well. SIGTERM as the warning reached each worker from
-SLURM and again from torchrun, and a second SIGTERM ends the trainer at once, mid-save
-(train/stop.py); torchrun itself, given two, failed in its own shutdown. So torchrun and its
+SLURM and again from torchrun, and a second SIGTERM ended the trainer at once, mid-save (now one
+within 5 s of the first is the same request: train/stop.py); torchrun itself, given two, failed
+in its own shutdown. So torchrun and its
 workers ignore SIGUSR1 (set here before torchrun starts, it holds across exec), and this process
 alone acts on it, once: one SIGTERM to torchrun, which passes it to each worker once; each
 finishes the step under way, saves it (train/stop.py) and ends with 143, and so does this step.
