@@ -8,7 +8,8 @@
 # HF flex_attention + torch.compile at 8K), train-pipelined (turbo at 8K, steps waited for vs
 # queued as the trainer runs them, alternated), train-trim (turbo at 8K with and without the
 # stream trim, alternated; the autoregressive objective too), train-inductor (turbo at 8K on inductor's
-# defaults vs INDUCTOR_FLAGS, e.g. GEMM autotuning, alternated), train-turbo-32k (32K with AC, turbo vs flex),
+# defaults vs INDUCTOR_FLAGS, e.g. GEMM autotuning, alternated), dflash-features (prepare-features, 8 rows
+# a forward vs one; FEATURES_FLAGS), train-turbo-32k (32K with AC, turbo vs flex),
 # context-1doc (longest one-document context, turbo and flex), tests-gemma (DiffusionGemma GPU tests: grouped GEMM vs loop,
 # flex training), train-gemma (train_step --family diffusion_gemma against HF's
 # DiffusionGemmaForBlockDiffusion; GEMMA_SEQ_LEN, default 8192; GEMMA_MODEL h200-bench or
@@ -116,6 +117,10 @@ for stage in "$@"; do
             --out "$OUT/train_step_inductor_${mode}.json" 2>&1 | tee "$OUT/train_step_inductor_${mode}.log" \
             | grep --line-buffered -E "^turbo-dllm|rror" || status=1
       done ;;
+    dflash-features) # ~3 min: dllm dflash prepare-features with the target run 8 rows a forward
+      # against one row a forward (a random 0.6B-shaped target, ~1K standard-library rows of 2K)
+      python3 benchmarks/dflash_features.py ${FEATURES_FLAGS:-} --out "$OUT/dflash_features.json" 2>&1 \
+          | tee "$OUT/dflash_features.log" | grep --line-buffered -E "round|speedup|rror" || status=1 ;;
     train-trim) # ~4 min: ours with turbo at 8K with and without the stream trim (the last layer's
       # clean rows skipped: train/attention/trim.py), alternated twice (no baselines); then the
       # autoregressive objective, whose trim runs the clean half alone, with and without it
