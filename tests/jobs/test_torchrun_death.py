@@ -137,6 +137,68 @@ def test_sigkill_to_torchrun_saves_the_step_under_way_and_ends_every_worker(
     assert f"steps {step + 1}..{STEPS}" in out, out
 
 
+def test_sigkill_to_a_hand_run_torchrun_saves_the_step_under_way(tmp_path):
+    """`torchrun -m turbo_dllm train` written by hand (no `dllm launch`): its ranks stop with
+    torchrun too, each saving the step under way, and say why."""
+    spec = tmp_path / "train.yaml"
+    spec.write_text(textwrap.dedent(SPEC))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "DLLM_HOME": str(tmp_path / "home")}
+    env.pop("DLLM_OVERRIDE_GPUS", None)
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    command += ["2", "-m", "turbo_dllm", "train", "--config", str(spec), "--run-dir", str(run_dir)]
+    command += ["--set", "topology.dp=2", "--set", f"training.steps={STEPS}"]
+    log = tmp_path / "torchrun.log"  # the ranks write here too, after torchrun is gone
+    with open(log, "w") as sink:
+        torchrun = subprocess.Popen(
+            command, env=env, stdout=sink, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        while not (run_dir / "checkpoints" / "step_00000002").is_dir():
+            assert torchrun.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, "no checkpoint appeared"
+            time.sleep(0.02)
+        ranks = [pid for pid, argv in _naming(run_dir) if "torch.distributed.run" not in argv]
+        assert len(ranks) == 2, ranks
+        torchrun.kill()
+        torchrun.wait()
+        killed = time.monotonic()
+        while any(map(_alive, ranks)) and time.monotonic() - killed < 60:
+            time.sleep(0.1)
+        assert not [pid for pid in ranks if _alive(pid)], "ranks outlived torchrun by 60 s"
+    finally:
+        for pid in ranks:
+            if _alive(pid):
+                os.kill(pid, signal.SIGKILL)
+        if torchrun.poll() is None:
+            os.killpg(torchrun.pid, signal.SIGKILL)
+            torchrun.wait()
+    out = log.read_text()
+    for rank in (0, 1):
+        said = f"dllm: rank {rank}: its torchrun (pid {torchrun.pid}) ended without stopping it"
+        assert said in out, out
+    stopped = re.search(r"stopping after step (\d+): SIGTERM received \(checkpoint saved\)", out)
+    assert stopped, out
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert saved[-1] == f"step_{int(stopped[1]):08d}", saved
+    assert "Traceback" not in out, out
+
+
+def _naming(run_dir: Path) -> list[tuple[int, list[str]]]:
+    """(pid, argv) of the processes whose command line names run_dir (`--run-dir`)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if entry.name.isdigit() and str(run_dir) in argv:
+            found.append((int(entry.name), argv))
+    return found
+
+
 @pytest.mark.parametrize("launcher_alive", [True, False], ids=["torchrun-alive", "torchrun-gone"])
 def test_a_worker_whose_torchrun_ended_before_it_looked_stops_before_training(
     tmp_path, launcher_alive

@@ -19,7 +19,12 @@ from collections.abc import Sequence
 from turbo_dllm import __version__
 from turbo_dllm.errors import DllmError, describe_os_error, print_error
 
-__all__ = ["build_parser", "main"]
+__all__ = ["STARTED_UNDER", "build_parser", "main"]
+
+# The `dllm` process's parent as it started (read first thing, before any heavy import): under a
+# hand-run torchrun that is torchrun, which `dllm train` then stops with (cli/train.py). None
+# where `main` was called with argv (a caller in-process, such as a test).
+STARTED_UNDER: int | None = None
 
 
 def command_names() -> list[str]:
@@ -51,7 +56,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    global STARTED_UNDER
     argv_from_process = argv is None
+    if argv_from_process:
+        STARTED_UNDER = os.getppid()
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser(only=argv[0] if argv and _is_command(argv[0]) else None)
     args, unknown = parser.parse_known_args(argv)

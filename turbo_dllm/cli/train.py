@@ -27,6 +27,18 @@ def register(subparsers) -> None:
 def _train(args) -> int:
     import os
 
+    from turbo_dllm import cli
+
+    # A rank of a hand-run torchrun stops with it, as `dllm launch`'s workers do: torchrun starts
+    # each rank in a session of its own, so one that dies without stopping them (SIGKILL, the OOM
+    # killer) would leave them training on, orphaned; each saves the step under way instead.
+    if cli.STARTED_UNDER is not None:
+        from turbo_dllm.jobs.worker import stop_with_torchrun
+
+        if not stop_with_torchrun(cli.STARTED_UNDER):
+            from turbo_dllm.train.stop import EXIT_TERMINATED
+
+            return EXIT_TERMINATED
     if args.run_dir is not None and not args.run_dir.strip():
         from turbo_dllm.errors import DllmError
 
