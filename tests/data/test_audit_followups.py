@@ -248,6 +248,35 @@ def test_unmarked_utf16_text_is_refused_naming_the_file_and_the_fix(
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.parametrize(
+    ("name", "builder", "data"),
+    [
+        ("a.txt", None, TEXT.encode("utf_16_le")),
+        ("a.txt.gz", "text", TEXT.encode("utf_16_be")),
+        ("a.jsonl", "json", '{"text": "hello"}\n{"text": "world"}\n'.encode("utf_16") * 4),
+    ],
+    ids=["text-unmarked", "text-gz-named", "json-with-mark"],
+)
+def test_utf16_data_files_of_a_huggingface_source_are_refused_before_loading(
+    tmp_path, name, builder, data
+):
+    """datasets' text builder read UTF-16 without a byte order mark as UTF-8 without a word:
+    the artifact held a NUL between every character. Its data files are checked as the text
+    source's are (a UTF-16 JSON file also got datasets' own UnicodeDecodeError before)."""
+    import gzip
+
+    (tmp_path / name).write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    source = {"kind": "huggingface", "data_files": [name]}
+    if builder is not None:
+        source["name"] = builder
+    config = write_config(tmp_path, source=source)
+    with pytest.raises(DllmError) as caught:
+        prepare_config(config)
+    assert caught.value.message.startswith(f"{tmp_path / name}: "), caught.value.message
+    assert "UTF-16" in caught.value.message and "iconv -f UTF-16" in caught.value.hint
+    assert not (tmp_path / "out").exists()
+
+
 def test_text_with_an_occasional_nul_is_still_prepared(tmp_path):
     """A NUL here and there is text (the audit's Unicode edge cases hold some): kept as is."""
     from tests.data.helpers import documents

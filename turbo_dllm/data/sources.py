@@ -756,6 +756,22 @@ def _has_content(path: Path) -> bool:
     return False
 
 
+def _file_head(path: Path) -> bytes:
+    """The first `_HEAD_BYTES` of a data file (a `.gz` file: decompressed); what can be read of
+    them (the builder reports an unreadable file)."""
+    try:
+        with open(path, "rb") as raw:
+            stream = gzip.GzipFile(fileobj=raw) if path.name.endswith(".gz") else raw
+            return stream.read(_HEAD_BYTES)
+    except (OSError, EOFError):
+        return b""
+
+
+# The builders that read data files as UTF-8 text: one in UTF-16 without a byte order mark is
+# read as text with a NUL between its characters (the text builder raises nothing).
+_TEXT_BUILDERS = ("text", "json", "csv")
+
+
 def _some_files(files: list[Path], limit: int = 5) -> str:
     """File names for an error message: the first `limit`, then how many more."""
     names = ", ".join(repr(_label(p)) for p in files[:limit])
@@ -882,6 +898,9 @@ def _open_huggingface(
                         "download or export cut short?)",
                     )
             builder = source.name or _builder_for([str(p) for p in files])
+            if builder in _TEXT_BUILDERS:  # as the text source checks its files
+                for path in given:
+                    _refuse_other_encodings(_file_head(path), _label(path))
             if source.data_files is None:
                 described.update(name=source.name, config=source.config, revision=source.revision)
             else:
