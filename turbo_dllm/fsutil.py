@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 __all__ = [
+    "file_mode",
     "fsync_dir",
     "make_temp_dir",
     "make_temp_file",
@@ -118,17 +119,26 @@ def write_atomic(path: str | Path, data: bytes | str) -> Path:
     return path
 
 
-def save_safetensors(tensors: dict, path: str | Path, metadata: dict | None = None) -> Path:
+def save_safetensors(
+    tensors: dict, path: str | Path, metadata: dict | None = None, mode: int | None = None
+) -> Path:
     """`safetensors.torch.save_file`, with the file's mode a plain `open()` would give (0666
     minus the umask): safetensors 0.8 creates it 0600, which other users of shared storage
-    (a serving account, a colleague loading the export) cannot read."""
+    (a serving account, a colleague loading the export) cannot read. From a thread other than
+    the main one pass `mode` (`file_mode()`, read before): reading the umask sets it for a
+    moment, and a file the main thread created then would get none."""
     from safetensors.torch import save_file
 
     save_file(tensors, str(path), metadata=metadata)
+    os.chmod(path, file_mode() if mode is None else mode)
+    return Path(path)
+
+
+def file_mode() -> int:
+    """The mode a plain `open()` gives a new file: 0666 minus the process's umask."""
     mask = os.umask(0)
     os.umask(mask)
-    os.chmod(path, 0o666 & ~mask)
-    return Path(path)
+    return 0o666 & ~mask
 
 
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:

@@ -142,6 +142,11 @@ def test_rows_give_the_same_features_in_any_batch(world, data, whole, tmp_path, 
         spec, tmp_path / "rows", rows_per_shard=8, batch_rows=batch_rows, progress=False
     )
     assert read_features_manifest(out).fingerprint == read_features_manifest(whole).fingerprint
+    # written on the writer thread, each shard still gets the mode open() gives (0666 - umask)
+    from turbo_dllm.fsutil import file_mode
+
+    modes = {p.stat().st_mode & 0o777 for p in out.glob("shard_*.safetensors")}
+    assert modes == {file_mode()}
 
 
 def test_prepare_features_resumes_when_every_shard_was_written(

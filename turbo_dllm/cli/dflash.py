@@ -95,7 +95,12 @@ def register(subparsers) -> None:
     p.add_argument("--config", required=True, help="the drafter's train.yaml (a dflash RunSpec)")
     p.add_argument("--out", required=True, help="new folder to write")
     add_overrides(p)
-    p.add_argument("--rows-per-shard", type=int, default=256)
+    p.add_argument(
+        "--rows-per-shard",
+        type=int,
+        default=128,
+        help="rows a shard file holds; two shards are in memory at most (default 128)",
+    )
     p.add_argument(
         "--batch-rows",
         type=int,

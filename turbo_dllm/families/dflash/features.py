@@ -19,7 +19,9 @@ trace exactly on CPU; CUDA's bf16 kernels may round a row by the batch it came i
 
 Writing is atomic and resumable: shards go into `.<out>.partial/`, each written whole and
 recorded in `progress.json` with its sha256; a rerun with the same inputs keeps the finished
-shards; the folder is renamed into place at the end.
+shards; the folder is renamed into place at the end. A shard is written on a thread while the
+target computes the next, so two shards' rows are in host memory at most (128 rows a shard by
+default: a row is seq_len x (feature layers + 1 for the teacher) x hidden x 2 bytes in bf16).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import hashlib
 import json
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Literal
 
@@ -36,7 +39,7 @@ from pydantic import BaseModel, ConfigDict
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.dflash.config import needs_teacher
 from turbo_dllm.families.dflash.target_identity import target_fingerprint
-from turbo_dllm.fsutil import sha256_file
+from turbo_dllm.fsutil import save_safetensors, sha256_file
 
 __all__ = [
     "FEATURES_FORMAT",
@@ -219,7 +222,7 @@ def prepare_features(
     spec,
     out: str | Path,
     *,
-    rows_per_shard: int = 256,
+    rows_per_shard: int = 128,
     batch_rows: int | None = None,
     progress: bool = True,
     device: str | None = None,
@@ -232,7 +235,7 @@ def prepare_features(
     from turbo_dllm.data.artifact import DataArtifact
     from turbo_dllm.families.dflash.runtime import resolve_device
     from turbo_dllm.families.dflash.target import TargetFeatures
-    from turbo_dllm.fsutil import save_safetensors, write_atomic
+    from turbo_dllm.fsutil import file_mode, write_atomic
     from turbo_dllm.registry import resolve_model_config
 
     out = Path(out)
@@ -303,51 +306,44 @@ def prepare_features(
         compile=spec.training.compile,
     )
     total = len(data)
-    shards = []
+    shards: list[Shard] = []
     bar = _Bar(total, enabled=progress)
-    for first in range(0, total, rows_per_shard):
-        rows = list(range(first, min(first + rows_per_shard, total)))
-        name = f"shard_{first // rows_per_shard:05d}.safetensors"
-        # a finished shard is kept as recorded: a changed or torn one (a disk error, a copy)
-        # is made again, not listed in the manifest under the sha256 it no longer has
-        if (
-            name in done
-            and (staging / name).is_file()
-            and sha256_file(staging / name) == done[name]
-        ):
-            bar.advance(len(rows))
-            shards.append(Shard(file=name, first_row=first, rows=len(rows), sha256=done[name]))
-            continue
-        feats, teach, real = [], [], []
-        for start in range(0, len(rows), batch_rows):
-            batch = rows[start : start + batch_rows]
-            ids, docs, keep = [], [], []
-            for row in batch:
-                row_ids, _, row_docs = data.row(row)
-                ids.append(torch.from_numpy(row_ids))
-                docs.append(torch.from_numpy(row_docs).long())
-                keep.append(~torch.from_numpy(data.padding(row)))
-            f, t = target(torch.stack(ids), torch.stack(docs))
-            for i, row_keep in enumerate(keep):  # compact rows: the real positions only
-                feats.append(f[i][row_keep.to(f.device)].cpu())
-                if t is not None:
-                    teach.append(t[i][row_keep.to(t.device)].cpu())
-            real.extend(keep)
-            bar.advance(len(batch))
-        tensors = {"features": torch.cat(feats).contiguous(), "real": torch.stack(real)}
-        if teacher:
-            tensors["teacher"] = torch.cat(teach).contiguous()
-        partial = staging / (name + ".tmp")
-        save_safetensors(tensors, partial)
-        partial.rename(staging / name)
-        done[name] = sha256_file(staging / name)
-        write_atomic(
-            progress_file,
-            json.dumps(
-                {"plan": plan, "rows_per_shard": rows_per_shard, "dtype": dtype, "shards": done}
-            ),
-        )
-        shards.append(Shard(file=name, first_row=first, rows=len(rows), sha256=done[name]))
+    record = {"plan": plan, "rows_per_shard": rows_per_shard, "dtype": dtype, "shards": done}
+
+    def finish(shard: Shard) -> None:
+        """Record a shard whose file is whole (in order, on this thread)."""
+        done[shard.file] = shard.sha256
+        write_atomic(progress_file, json.dumps(record))
+        shards.append(shard)
+
+    # Each shard is written and hashed on a thread while the target computes the next (on a
+    # GPU the writing took as long as the computing): two shards in memory at most.
+    mode = file_mode()  # read here: reading the umask on the thread would race the main one
+    with ThreadPoolExecutor(max_workers=1) as writer:
+        pending = None
+        for first in range(0, total, rows_per_shard):
+            rows = list(range(first, min(first + rows_per_shard, total)))
+            name = f"shard_{first // rows_per_shard:05d}.safetensors"
+            # a finished shard is kept as recorded: a changed or torn one (a disk error, a
+            # copy) is made again, not listed in the manifest under the sha256 it no longer has
+            if (
+                name in done
+                and (staging / name).is_file()
+                and sha256_file(staging / name) == done[name]
+            ):
+                if pending is not None:
+                    finish(pending.result())
+                    pending = None
+                bar.advance(len(rows))
+                shards.append(Shard(file=name, first_row=first, rows=len(rows), sha256=done[name]))
+                continue
+            tensors = _shard_tensors(data, rows, target, batch_rows, bar)
+            if pending is not None:
+                finish(pending.result())
+            shard = Shard(file=name, first_row=first, rows=len(rows), sha256="")
+            pending = writer.submit(_write_shard, tensors, staging, shard, mode)
+        if pending is not None:
+            finish(pending.result())
     bar.close()
     body = {
         **plan,
@@ -365,6 +361,40 @@ def prepare_features(
         out.rmdir()  # an empty --out, replaced
     staging.rename(out)
     return out
+
+
+def _shard_tensors(data, rows: list[int], target, batch_rows: int, bar) -> dict:
+    """The tensors of one shard: the target run over its `rows`, `batch_rows` a forward."""
+    import torch
+
+    feats, teach, real = [], [], []
+    for start in range(0, len(rows), batch_rows):
+        batch = rows[start : start + batch_rows]
+        ids, docs, keep = [], [], []
+        for row in batch:
+            row_ids, _, row_docs = data.row(row)
+            ids.append(torch.from_numpy(row_ids))
+            docs.append(torch.from_numpy(row_docs).long())
+            keep.append(~torch.from_numpy(data.padding(row)))
+        f, t = target(torch.stack(ids), torch.stack(docs))
+        for i, row_keep in enumerate(keep):  # compact rows: the real positions only
+            feats.append(f[i][row_keep.to(f.device)].cpu())
+            if t is not None:
+                teach.append(t[i][row_keep.to(t.device)].cpu())
+        real.extend(keep)
+        bar.advance(len(batch))
+    tensors = {"features": torch.cat(feats).contiguous(), "real": torch.stack(real)}
+    if teach:
+        tensors["teacher"] = torch.cat(teach).contiguous()
+    return tensors
+
+
+def _write_shard(tensors: dict, staging: Path, shard: Shard, mode: int) -> Shard:
+    """Write a shard whole (a temp name, renamed) and return it with its sha256."""
+    partial = staging / (shard.file + ".tmp")
+    save_safetensors(tensors, partial, mode=mode)
+    partial.rename(staging / shard.file)
+    return shard.model_copy(update={"sha256": sha256_file(staging / shard.file)})
 
 
 class _Bar:
