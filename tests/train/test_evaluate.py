@@ -397,3 +397,21 @@ def test_a_time_limit_that_runs_out_during_the_last_evaluation_forward_stops_aft
     assert len(forwards) == 4
     expected = _independent_eval_loss(spec, run / "checkpoints/step_00000002")
     assert records[-1]["eval_loss"] == pytest.approx(expected, rel=1e-5)
+
+
+def test_dllm_train_refuses_misfit_held_out_data_before_making_the_run_dir(
+    tmp_path, artifacts, cli
+):
+    """The trainer named the misfit, but only after `dllm train` had made the run dir: each
+    refused attempt left an empty one (a fresh runs/<stamp>-<id> every time by default)."""
+    longer = _artifact(tmp_path / "long", [textwrap], seq_len=2 * SEQ)
+    for more, said in (
+        (f"eval.artifact={longer}", "eval.artifact: data.seq_len: 64, but the artifact holds"),
+        ("eval.sequences=3", "make no whole global micro-batch of 4"),
+        (f"eval.artifact={tmp_path / 'nothere'}", "eval.artifact: data artifact not found"),
+    ):
+        config = write_config(tmp_path / "train.yaml", *_args(artifacts, more))
+        run = tmp_path / "run"
+        result = cli("train", "--config", str(config), "--run-dir", str(run))
+        assert result.code == 2 and said in result.err, result.err
+        assert not run.exists()

@@ -56,6 +56,9 @@ def _train(args) -> int:
     from turbo_dllm.jobs.launcher import check_inputs
 
     check_inputs(spec, args.config)  # before the run dir exists
+    from turbo_dllm.train.evaluate import check_eval_data
+
+    check_eval_data(spec, spec.topology.layout.dp_size)  # the held-out data's too
     # `~` is the home folder, as in the spec's launch.run_dir (bash leaves --run-dir=~/a as it is)
     requested = None if args.run_dir is None else os.path.expanduser(args.run_dir)
     run_dir = resolve_run_dir(spec, requested)

@@ -30,7 +30,7 @@ from turbo_dllm.data.loader import artifact_batch
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train.stop import Stop
 
-__all__ = ["EVAL_STEP", "EvalSet", "LeftOff", "build_eval_set"]
+__all__ = ["EVAL_STEP", "EvalSet", "LeftOff", "build_eval_set", "check_eval_data"]
 
 # The noise keys' step: no training step draws from it (training steps count from 0).
 EVAL_STEP = -1
@@ -71,8 +71,10 @@ class LeftOff:
         )
 
 
-def build_eval_set(spec, *, dp_rank: int, dp_size: int) -> EvalSet | None:
-    """This rank's share of the held-out sequences, read once; None without `eval:`."""
+def check_eval_data(spec, dp_size: int):
+    """The held-out artifact and how many of its sequences an evaluation scores, or a DllmError
+    naming every misfit; None without `eval:`. `dllm train` calls it before it makes the run dir
+    (a refused run left an empty one behind), the trainer again as it builds the eval set."""
     config = spec.eval
     if config is None:
         return None
@@ -91,9 +93,18 @@ def build_eval_set(spec, *, dp_rank: int, dp_size: int) -> EvalSet | None:
             hint="prepare the held-out documents with the training data's prepare.yaml "
             "(its tokenizer and packing), into another output folder",
         )
-    count = eval_sequences(spec, manifest, dp_size)
+    return artifact, eval_sequences(spec, manifest, dp_size)
+
+
+def build_eval_set(spec, *, dp_rank: int, dp_size: int) -> EvalSet | None:
+    """This rank's share of the held-out sequences, read once; None without `eval:`."""
+    checked = check_eval_data(spec, dp_size)
+    if checked is None:
+        return None
+    artifact, count = checked
+    manifest = artifact.manifest
     micro = spec.training.micro_batch_size
     # micro-batch m holds sequences [m * micro, (m + 1) * micro); rank r takes every m = r mod dp
     firsts = list(range(dp_rank * micro, count, micro * dp_size))
     batches = [artifact_batch(artifact, list(range(first, first + micro))) for first in firsts]
-    return EvalSet(config.interval, count, manifest.fingerprint, batches, firsts)
+    return EvalSet(spec.eval.interval, count, manifest.fingerprint, batches, firsts)
