@@ -529,6 +529,34 @@ def test_train_refuses_a_checkpoint_dir_through_a_file_before_training(cli, tmp_
     assert not (tmp_path / "run").exists()  # refused before the run dir was made
 
 
+def test_a_train_refused_before_it_writes_anything_leaves_no_run_dir(cli, tmp_path):
+    """A refusal from inside the trainer (here: a model.path folder without weights) left the
+    run dir `dllm train` had made, empty: one more stamped runs/<stamp>-<id> per attempt."""
+    from turbo_dllm.families.decoder.config import PRESETS
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(PRESETS["tiny"]))
+    config = write(
+        tmp_path / "run.yaml",
+        f"""
+        model: {{family: qwen3, path: {folder}, attention: reference}}
+        objective: {{name: block_diffusion, block_size: 16}}
+        data: {{synthetic: {{}}, seq_len: 64}}
+        training: {{steps: 2}}
+        scheduler: {{warmup_steps: 0}}
+        """,
+    )
+    result = cli("train", "--config", config, "--run-dir", tmp_path / "runs" / "a")
+    assert_user_error(result, f"no safetensors weights in {str(folder)!r}")
+    assert list((tmp_path / "runs").iterdir()) == []
+    # a folder that was there before is the user's: left as it was, empty or not
+    (tmp_path / "mine").mkdir()
+    result = cli("train", "--config", config, "--run-dir", tmp_path / "mine")
+    assert_user_error(result, "no safetensors weights")
+    assert (tmp_path / "mine").is_dir()
+
+
 def test_doctor_human_output(cli):
     result = cli("doctor")
     assert result.code in (0, 1)

@@ -63,10 +63,27 @@ def _train(args) -> int:
     requested = None if args.run_dir is None else os.path.expanduser(args.run_dir)
     run_dir = resolve_run_dir(spec, requested)
     _check_checkpoint_dir(spec, run_dir)  # before the run dir exists, and any step
+    made = not run_dir.exists()
     _make_run_dir(run_dir)
     if not _check_recorded_spec(spec, run_dir):
-        return train(spec, run_dir)
+        code = 1
+        try:
+            code = train(spec, run_dir)
+        finally:
+            # A run refused before it wrote anything (no weights in model.path, flex on CPU,
+            # wandb missing) left its new run dir behind, empty: a fresh stamped one per attempt.
+            if made and code != 0:
+                _remove_if_empty(run_dir)
+        return code
     return _attempt(spec, run_dir, train)
+
+
+def _remove_if_empty(run_dir) -> None:
+    """Remove the run dir this command made, if nothing was written into it."""
+    try:
+        run_dir.rmdir()  # refuses a folder that holds anything
+    except OSError:
+        pass
 
 
 def _make_run_dir(run_dir) -> None:
