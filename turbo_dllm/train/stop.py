@@ -25,7 +25,8 @@ Linux for `PARENT_GONE_SIGNAL` when its parent ends (`stop_with_parent`, PR_SET_
 while it trains, takes that signal as a stop request as SIGTERM's first: the step under way is
 finished and saved, exit 143. It is a signal of its own, never a SIGTERM: torchrun that dies in
 its own shutdown, after it passed a SIGTERM on, would otherwise deliver the worker's second
-SIGTERM, which ends it at once, mid-save, after the repeat window. Taking it again (or after a SIGTERM) changes nothing.
+SIGTERM, which past the repeat window ends it at once, mid-save. Taking it again (or after a
+SIGTERM) changes nothing.
 """
 
 from __future__ import annotations
