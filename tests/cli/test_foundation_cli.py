@@ -310,6 +310,32 @@ def test_init_creates_a_project_that_validates(cli, tmp_path):
     assert json.loads(validated.out)["data"]["artifact"] == str(project / "data/prepared")
 
 
+def test_train_and_launch_before_prepare_name_the_prepare_config_that_writes_the_data(
+    cli, tmp_path, monkeypatch
+):
+    """The hint was `dllm data prepare --config prepare.yaml` from any folder and for any
+    data.artifact: run from outside the project, that file is not there, and a data.artifact
+    no prepare.yaml writes was not made by it. Now it is doctor's line: the config beside the
+    spec whose output.path is the artifact, as seen from here, else what one must say."""
+    project = tmp_path / "p"
+    assert cli("init", project).code == 0
+    monkeypatch.chdir(tmp_path)
+    for command in ("train", "launch"):
+        result = cli(command, "--config", "p/train.yaml")
+        assert_user_error(
+            result,
+            "data artifact not found",
+            "create it with `dllm data prepare --config p/prepare.yaml`",
+        )
+        result = cli(command, "--config", "p/train.yaml", "--set", "data.artifact=other")
+        assert_user_error(
+            result,
+            "create it with `dllm data prepare --config PREPARE.yaml` (a prepare.yaml with "
+            f"output.path: {project / 'other'})",
+        )
+    assert not (tmp_path / "runs").exists() and not (project / "runs").exists()
+
+
 def test_init_never_overwrites(cli, tmp_path):
     project = tmp_path / "p"
     project.mkdir()

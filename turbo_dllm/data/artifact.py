@@ -159,15 +159,17 @@ def _manifest_path(path: str | Path) -> Path:
     return path if path.name == MANIFEST and path.is_file() else path / MANIFEST
 
 
-def read_manifest(path: str | Path) -> DataManifest:
-    """Read and validate an artifact's manifest (`path`: the folder or its manifest.json)."""
+def read_manifest(path: str | Path, prepare: str | None = None) -> DataManifest:
+    """Read and validate an artifact's manifest (`path`: the folder or its manifest.json).
+    `prepare`: the `dllm data prepare` line that writes it (backquoted), for the hint where it
+    is missing."""
     manifest_path = _manifest_path(path)
     if not manifest_path.is_file():
         from turbo_dllm.data.writer import restore_hint
 
         what = "no data artifact at" if Path(path).exists() else "data artifact not found:"
         message = f"{what} {str(path)!r} (no {MANIFEST})"
-        hint = "create it with `dllm data prepare --config prepare.yaml`"
+        hint = f"create it with {prepare or '`dllm data prepare --config prepare.yaml`'}"
         if (backup := restore_hint(path)) is not None:
             said, how = backup
             message, hint = f"{message}; {said}", f"{how}; or {hint}"

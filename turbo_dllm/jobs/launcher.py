@@ -226,7 +226,14 @@ def check_inputs(spec: RunSpec, source: str | Path) -> None:
         from turbo_dllm.data.artifact import read_manifest as read_data_manifest
         from turbo_dllm.data.compat import artifact_problems
 
-        data_found = artifact_problems(read_data_manifest(spec.data.artifact), spec)
+        artifact, prepare = Path(spec.data.artifact), None
+        if not (artifact / "manifest.json").is_file():
+            # the prepare config beside the spec that writes it, as doctor names it: the
+            # hint said `--config prepare.yaml` from any folder, for any output.path
+            from turbo_dllm.doctor.checks.data import prepare_command
+
+            prepare = prepare_command(Path(source), artifact)
+        data_found = artifact_problems(read_data_manifest(artifact, prepare), spec)
     if data_found or found:
         lines = "\n".join(f"  - {problem}" for problem in data_found + found)
         # the data's misfits are mended by preparing it again; the others (a target or

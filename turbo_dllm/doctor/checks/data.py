@@ -14,7 +14,7 @@ from pathlib import Path
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
 from turbo_dllm.errors import DllmError
 
-__all__: list[str] = []
+__all__ = ["prepare_command", "prepare_config_for"]
 
 
 def _artifact(ctx: DoctorContext) -> str | None:
@@ -39,15 +39,15 @@ def _shown(path: Path) -> str:
     return shlex.quote(str(path))
 
 
-def _prepare_config_for(ctx: DoctorContext, artifact: Path) -> Path | None:
-    """The prepare config (a YAML file beside the RunSpec) whose output.path is `artifact`:
-    read as `dllm data prepare` reads it, without validating the rest (prepare says what else
-    is wrong with it)."""
+def prepare_config_for(config_path: Path | None, artifact: Path) -> Path | None:
+    """The prepare config (a YAML file beside the RunSpec `config_path`) whose output.path is
+    `artifact`: read as `dllm data prepare` reads it, without validating the rest (prepare says
+    what else is wrong with it)."""
     from turbo_dllm.config.load import absolute_path, read_yaml
 
-    if ctx.config_path is None:
+    if config_path is None:
         return None
-    folder = ctx.config_path.absolute().parent
+    folder = Path(config_path).absolute().parent
     try:
         candidates = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
     except OSError:
@@ -67,16 +67,24 @@ def _prepare_config_for(ctx: DoctorContext, artifact: Path) -> Path | None:
     return None
 
 
-def _prepare_fix(ctx: DoctorContext, artifact: Path) -> str:
-    """The command that (re)writes `artifact` (only where a check fails: it reads the YAML files
-    beside the RunSpec): the prepare config that names it, with output.overwrite where a folder is in the way (prepare refuses to
-    replace one without it: a damaged artifact, an empty folder)."""
-    config = _prepare_config_for(ctx, artifact)
+def prepare_command(config_path: Path | None, artifact: Path) -> str:
+    """The `dllm data prepare` line that (re)writes `artifact`, as run from here, in backquotes:
+    the prepare config beside the RunSpec that names it, with output.overwrite where a folder
+    is in the way (prepare refuses to replace one without it: a damaged artifact, an empty
+    folder); without one, what the PREPARE.yaml it names must say."""
+    config = prepare_config_for(config_path, artifact)
     command = f"dllm data prepare --config {_shown(config) if config else 'PREPARE.yaml'}"
     if artifact.exists():
         command += " --set output.overwrite=true"
     if config is None:
-        command += f" (a prepare.yaml with output.path: {artifact})"
+        return f"`{command}` (a prepare.yaml with output.path: {artifact})"
+    return f"`{command}`"
+
+
+def _prepare_fix(ctx: DoctorContext, artifact: Path) -> str:
+    """The command that (re)writes `artifact` (only where a check fails: it reads the YAML files
+    beside the RunSpec), then the one that checks it."""
+    command = prepare_command(ctx.config_path, artifact).replace("`", "")
     check = f"dllm data validate {_shown(artifact)}"
     if ctx.config_path is not None:
         check += f" --config {_shown(ctx.config_path)}"
