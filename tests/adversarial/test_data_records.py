@@ -143,6 +143,31 @@ def test_a_folder_as_source_suggests_a_glob(cli, tmp_path):
     assert_user_error(result, "is a directory", "corpus/*.jsonl")
 
 
+@pytest.mark.parametrize(
+    "kind, names, glob",
+    [
+        ("text", ["a.txt", "b.txt", "notes.md"], "books/*.txt"),  # the files it holds
+        ("jsonl", ["a.jsonl.gz", "b.jsonl.gz"], "books/*.jsonl.gz"),
+        ("parquet", [], "books/*.parquet"),  # empty: the source kind's files
+        ("text", ["sub/"], "books/**/*.txt"),  # folders only
+    ],
+)
+def test_a_folder_as_source_suggests_a_glob_of_its_files(cli, tmp_path, kind, names, glob):
+    """The hint said `*.jsonl` whatever the source and the folder held: a folder of text files
+    named as a text source was told to glob `books/*.jsonl`, which matches nothing."""
+    (tmp_path / "books").mkdir()
+    for name in names:
+        if name.endswith("/"):
+            (tmp_path / "books" / name).mkdir()
+        else:
+            (tmp_path / "books" / name).write_text("text\n")
+    source = {"kind": kind, "paths": ["books"]}
+    result = cli("data", "prepare", "--config", write_config(tmp_path, source=source))
+    assert_user_error(
+        result, "is a directory", f"name the files inside it, e.g. '{tmp_path / glob}'"
+    )
+
+
 def test_a_path_too_long_for_the_os(cli, tmp_path):
     config = write_config(tmp_path, source={"kind": "jsonl", "paths": ["x" * 5000]})
     result = cli("data", "prepare", "--config", config)

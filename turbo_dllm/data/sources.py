@@ -182,8 +182,11 @@ class Source:
         }
 
 
-def expand_paths(patterns: list[str], output: Path | None = None) -> list[Path]:
-    """Files matching each pattern, sorted per pattern, first occurrence kept.
+def expand_paths(
+    patterns: list[str], output: Path | None = None, files: str = "*.jsonl"
+) -> list[Path]:
+    """Files matching each pattern, sorted per pattern, first occurrence kept (`files`: the glob
+    of the source's files, for the hint on a folder named as a file).
 
     No file inside `output` (the artifact folder the job writes, which it replaces) is a
     source: a pattern reaching into it (`data/**/*` with output `data/prepared`) leaves its
@@ -199,7 +202,8 @@ def expand_paths(patterns: list[str], output: Path | None = None) -> list[Path]:
             if not matches and _regular_file(Path(pattern), pattern):
                 matches = [Path(pattern)]  # a file named with [ ] * ?, as in `corpus[v2].jsonl`
         else:
-            matches = [Path(pattern)] if _regular_file(Path(pattern), pattern, named=True) else []
+            named = _regular_file(Path(pattern), pattern, named=True, files=files)
+            matches = [Path(pattern)] if named else []
         kept = [p for p in matches if not _inside(p, output)]
         if matches and not kept:
             what = "matches only files" if glob.has_magic(pattern) else "is a file"
@@ -241,7 +245,7 @@ _NOT_REGULAR = {
 }
 
 
-def _regular_file(path: Path, pattern: str, named: bool = False) -> bool:
+def _regular_file(path: Path, pattern: str, named: bool = False, files: str = "*.jsonl") -> bool:
     """Whether `path` is a regular file; a file named outright that is something else (a
     device such as /dev/zero, a folder) is an error, not a missing file."""
     try:
@@ -255,12 +259,34 @@ def _regular_file(path: Path, pattern: str, named: bool = False) -> bool:
     if named:
         what = _NOT_REGULAR.get(stat.S_IFMT(mode), "not a regular file")
         hint = (
-            f"name the files inside it, e.g. {str(Path(pattern) / '*.jsonl')!r}"
+            f"name the files inside it, e.g. {str(Path(pattern) / _files_glob(path, files))!r}"
             if stat.S_ISDIR(mode)
             else "sources read regular files"
         )
         raise DllmError(f"source path {_shown(pattern)} is {what}, not a regular file", hint=hint)
     return False
+
+
+def _files_glob(folder: Path, files: str) -> str:
+    """A glob of the files a folder holds, by their most common ending (`*.txt`, `*.jsonl.gz`),
+    else `files` (the source kind's), under `**/` where it holds folders only: the hint said
+    `*.jsonl` for any folder, which matched nothing in a folder of text or Parquet files."""
+    endings: dict[str, int] = {}
+    folders = False
+    try:
+        for entry in os.scandir(folder):
+            if entry.name.startswith("."):
+                continue
+            if entry.is_file():
+                suffixes = Path(entry.name).suffixes
+                ending = "".join(suffixes[-2:] if suffixes[-1:] == [".gz"] else suffixes[-1:])
+                endings[ending] = endings.get(ending, 0) + 1
+            folders = folders or entry.is_dir()
+    except OSError:
+        pass
+    if ending := max(endings, key=lambda e: (bool(e), endings[e]), default=""):
+        return f"*{ending}"
+    return f"**/{files}" if folders and not endings else files
 
 
 def _shown(pattern: str, limit: int = 200) -> str:
@@ -1006,7 +1032,8 @@ def open_source(
     is refused: its larger ids were wrapped around when it was written."""
     if isinstance(source, HuggingFaceSource):
         return _open_huggingface(source, columns, output)
-    files = expand_paths(source.paths, output)
+    kinds = {"jsonl": "*.jsonl", "parquet": "*.parquet", "text": "*.txt", "token_ids": "*.npy"}
+    files = expand_paths(source.paths, output, kinds.get(source.kind, "*.jsonl"))
     log = _FileLog(files)  # before anything reads them
     if isinstance(source, JsonlSource):
         return Source(
