@@ -41,6 +41,25 @@ def _alive(pid: int) -> bool:
 STEPS = 100_000  # more than any test trains: every stop here is a stop, not the end
 
 
+def _wait_for_step_2(run_dir: Path, started: subprocess.Popen, log: Path) -> None:
+    """Wait until the run saved step 2 (`started`, the launch, still running)."""
+    deadline = time.monotonic() + 240
+    while not (run_dir / "checkpoints" / "step_00000002").is_dir():
+        assert started.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, "no checkpoint appeared"
+        time.sleep(0.02)
+
+
+def _assert_all_end(workers: list[int]) -> None:
+    """Every worker ends, within a bound (a tiny CPU step and its save take well under a second;
+    the bound leaves room for a loaded host): none stays on, orphaned."""
+    killed = time.monotonic()
+    while any(map(_alive, workers)) and time.monotonic() - killed < 60:
+        time.sleep(0.1)
+    left = [pid for pid in workers if _alive(pid)]
+    assert not left, f"workers {left} outlived torchrun by 60 s"
+
+
 @pytest.mark.parametrize("sigterm_first", [False, True], ids=["SIGKILL", "SIGTERM-then-SIGKILL"])
 def test_sigkill_to_torchrun_saves_the_step_under_way_and_ends_every_worker(
     tmp_path, sigterm_first
@@ -67,24 +86,14 @@ def test_sigkill_to_torchrun_saves_the_step_under_way_and_ends_every_worker(
         )
     workers: list[int] = []
     try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "checkpoints" / "step_00000002").is_dir():
-            assert launcher.poll() is None, launched.read_text()
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.02)
+        _wait_for_step_2(run_dir, launcher, launched)
         workers, (torchrun,) = _workers_of(run_dir), _torchrun_of(run_dir)
         assert len(workers) == 2, workers
         if sigterm_first:
             os.kill(torchrun, signal.SIGTERM)
             time.sleep(0.3)
         os.kill(torchrun, signal.SIGKILL)
-        killed = time.monotonic()
-        # Every worker ends, within a bound (a tiny CPU step and its save take well under a
-        # second; the bound leaves room for a loaded host): none stays on, orphaned.
-        while any(map(_alive, workers)) and time.monotonic() - killed < 60:
-            time.sleep(0.1)
-        left = [pid for pid in workers if _alive(pid)]
-        assert not left, f"workers {left} outlived torchrun by 60 s"
+        _assert_all_end(workers)
         assert _workers_of(run_dir) == []
         launcher.wait(timeout=60)  # it read the workers' output to its end
     finally:
@@ -155,19 +164,12 @@ def test_sigkill_to_a_hand_run_torchrun_saves_the_step_under_way(tmp_path):
         )
     ranks: list[int] = []
     try:
-        deadline = time.monotonic() + 240
-        while not (run_dir / "checkpoints" / "step_00000002").is_dir():
-            assert torchrun.poll() is None, log.read_text()
-            assert time.monotonic() < deadline, "no checkpoint appeared"
-            time.sleep(0.02)
+        _wait_for_step_2(run_dir, torchrun, log)
         ranks = [pid for pid, argv in _naming(run_dir) if "torch.distributed.run" not in argv]
         assert len(ranks) == 2, ranks
         torchrun.kill()
         torchrun.wait()
-        killed = time.monotonic()
-        while any(map(_alive, ranks)) and time.monotonic() - killed < 60:
-            time.sleep(0.1)
-        assert not [pid for pid in ranks if _alive(pid)], "ranks outlived torchrun by 60 s"
+        _assert_all_end(ranks)
     finally:
         for pid in ranks:
             if _alive(pid):
