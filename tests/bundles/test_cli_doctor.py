@@ -404,3 +404,17 @@ def test_doctor_install_fix_works_without_an_index_variable(cli, tmp_path, monke
     monkeypatch.setenv("DLLM_BUNDLE_INDEX", "http://127.0.0.1:9/dllm")
     _, checks = _doctor(cli, tmp_path, "native")
     assert checks["kernel bundle"]["fix"] == install_command()  # pasted, it reads the index
+
+
+def test_empty_store_next_command_names_an_index(cli, monkeypatch):
+    """`bundle list` and `bundle status` on an empty store suggested `dllm bundle install
+    --release vX --auto`, which stops at "no bundle index given" when pasted without
+    DLLM_BUNDLE_INDEX; they print the command doctor prints."""
+    from turbo_dllm.kernels.loader import install_command
+
+    monkeypatch.delenv("DLLM_BUNDLE_INDEX", raising=False)
+    assert cli("bundle", "list").out.strip().endswith("--auto --index URL)")
+    assert "active    none (dllm bundle install --release v" in cli("bundle", "status").out
+    assert f"({install_command()})" in cli("bundle", "status").out
+    monkeypatch.setenv("DLLM_BUNDLE_INDEX", "http://127.0.0.1:9/dllm")
+    assert cli("bundle", "list").out.strip().endswith("--auto)")  # pasted, it reads the index

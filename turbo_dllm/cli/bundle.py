@@ -479,9 +479,10 @@ def _list(args) -> int:
         emit_json({"bundles": listed})
         return 0
     if not entries:
-        print(
-            f"no bundles installed (next: dllm bundle install --release {DEFAULT_RELEASE} --auto)"
-        )
+        from turbo_dllm.kernels.loader import install_command
+
+        # the command as it runs when pasted: `--index URL` to fill in without DLLM_BUNDLE_INDEX
+        print(f"no bundles installed (next: {install_command()})")
         return 0
     for entry in entries:
         state = states.get(entry.sha256, "")
@@ -499,6 +500,7 @@ def _list(args) -> int:
 def _status(args) -> int:
     from turbo_dllm.bundles.store import BundleStore, DamagedBundle, InstalledBundle
     from turbo_dllm.host import collect_fingerprint
+    from turbo_dllm.kernels.loader import install_command
 
     store = BundleStore()
     store.check_folders()
@@ -531,7 +533,7 @@ def _status(args) -> int:
         again = (
             f"dllm bundle rollback activates {previous.bundle_id}"
             if isinstance(previous, InstalledBundle)
-            else f"dllm bundle install --release {DEFAULT_RELEASE} --auto"
+            else install_command()  # pasted without DLLM_BUNDLE_INDEX, it names `--index URL`
         )
         print(f"active    none ({again})")
     else:
