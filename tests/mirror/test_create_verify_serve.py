@@ -336,19 +336,20 @@ def _exchange_works(folder) -> bool:
 
 def _held_create(tmp_path, wheels, hold: str = "    time.sleep(60)\n"):
     """`dllm mirror create` in a child process that stands still once its staging folder holds
-    the wheels (its `add_release` runs `hold`): (the process, the create's CLI arguments, the
-    staging folder). The caller kills the process."""
+    the wheels (the step after them, `_carry_packs`, runs `hold`; no release is fetched): (the
+    process, the create's CLI arguments, the staging folder). The caller kills the process."""
     manifest_file = tmp_path / "m.toml"
     manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
     marker = tmp_path / "copying"
     driver = (
         "import sys, time\n"
         "from pathlib import Path\n"
-        "from turbo_dllm.mirror import release\n"
-        "def add_release(plan, staging):\n"
+        "from turbo_dllm.mirror import create, release\n"
+        "release.add_release = lambda plan, staging: None\n"
+        "def carry_packs(packs, staging):\n"
         f"    Path({str(marker)!r}).write_text(str(staging))\n"
         f"{hold}"
-        "release.add_release = add_release\n"
+        "create._carry_packs = carry_packs\n"
         "from turbo_dllm.cli import main\n"
         "sys.exit(main(sys.argv[1:]))\n"
     )
@@ -817,3 +818,32 @@ def test_serve_on_every_interface_prints_a_url_other_hosts_can_use(mirror, cli, 
     # With the default host, the loopback URL is what the nodes (this host) use.
     result = cli("mirror", "serve", root, "--port", "0", "--quiet")
     assert "install: dllm env sync --mirror http://127.0.0.1:" in result.out
+
+
+@pytest.mark.parametrize("catalog", [None, "no-entry"])
+def test_create_refuses_a_release_it_cannot_carry_before_downloading_wheels(
+    tmp_path, wheels, monkeypatch, catalog
+):
+    """No --from, or a release without a bundle for a target (v0.1.0 has no sm90 one), was
+    refused only after every pinned wheel had been downloaded."""
+    from turbo_dllm.bundles.catalog import sha256_bytes
+    from turbo_dllm.mirror import create
+    from turbo_dllm.mirror.release import add_release
+
+    fetched: list[str] = []
+    monkeypatch.setattr(create, "download_wheel", lambda urls, w, dest: fetched.append(w.filename))
+    monkeypatch.delenv("DLLM_BUNDLE_INDEX", raising=False)
+    manifest = manifest_for(wheels, "dllm_fixture_a")
+    plan = MirrorPlan(tmp_path / "out" / "m", "v-test", [manifest], with_wheels=True)
+    needle = "where do release v-test's catalog and bundles come from"
+    if catalog:
+        site = tmp_path / "site"
+        data = b'format = "turbo_dllm.catalog.v1"\nrelease = "v-test"\nbundles = []\n'
+        (site / "releases" / "v-test").mkdir(parents=True)
+        (site / "releases" / "v-test" / "catalog.toml").write_bytes(data)
+        plan.bundles_from, plan.catalog_sha256 = str(site), sha256_bytes(data)
+        needle = "release v-test has no bundle for cp311-torch2.13-cpu-cxx11-linux_x86_64"
+    with pytest.raises(DllmError, match=needle):
+        create_mirror(plan, add_release=add_release)
+    assert fetched == []
+    assert list((tmp_path / "out").iterdir()) == []  # no staging folder, no kept downloads

@@ -264,6 +264,10 @@ def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
         for manifest in plan.manifests:
             path = staging / "manifests" / f"{manifest.target}.toml"
             path.write_text(dump_manifest(manifest), encoding="utf-8")
+        # The release first: a missing --from, a catalog off its pin or a target the release
+        # has no bundle for was refused only after every wheel was downloaded (gigabytes).
+        if add_release is not None and plan.release is not None:
+            add_release(plan, staging)
         project = None
         if plan.with_wheels or plan.wheels_from is not None:
             wheels_dir = staging / "wheels"
@@ -283,8 +287,6 @@ def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
                 page = staging / relative
                 page.parent.mkdir(parents=True, exist_ok=True)
                 page.write_text(text, encoding="utf-8")
-        if add_release is not None and plan.release is not None:
-            add_release(plan, staging)
         _carry_packs(plan.packs, staging)
         index = MirrorIndex(
             created_by=f"dllm {__version__}",
