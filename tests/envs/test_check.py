@@ -125,6 +125,29 @@ def test_an_executable_that_is_not_python_is_a_user_error(tmp_path, cli, monkeyp
     assert_user_error(cli("env", "check", "--python", slow), "within 0.5 s")
 
 
+def test_a_venv_folder_given_as_python_names_its_interpreter(tmp_path, cli):
+    """`--python .venv` (the folder) failed with "Permission denied" for env check and sync,
+    which reads like a file-mode problem; it is named a folder, with the interpreter in it."""
+    venv, empty = tmp_path / "venv", tmp_path / "empty"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    empty.mkdir()
+    for folder, hint in (
+        (venv, f"--python {venv / 'bin' / 'python'}"),
+        (empty, ".venv/bin/python"),
+    ):
+        for command in (
+            ("env", "check"),
+            ("env", "sync", "--target", "cpu-x86_64", "--venv", tmp_path / "new"),
+        ):
+            result = cli(*command, "--python", folder)
+            assert_user_error(
+                result, f"--python {folder} is a folder, not a Python interpreter", hint
+            )
+            assert "Permission denied" not in result.err
+    assert not (tmp_path / "new").exists()
+
+
 def fixes(manifest_, env) -> list[str]:
     return drift_fixes(manifest_, compare(manifest_, env), env, sync_source="--target cpu-x86_64")
 

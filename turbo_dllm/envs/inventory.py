@@ -14,7 +14,7 @@ from pathlib import Path
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["Environment", "Installed", "inspect_environment"]
+__all__ = ["Environment", "Installed", "folder_given_as_python", "inspect_environment"]
 
 _PROBE_TIMEOUT_S = 120
 
@@ -110,6 +110,22 @@ def _parse(payload: dict) -> Environment:
     )
 
 
+def folder_given_as_python(python: str | Path) -> DllmError | None:
+    """`--python .venv` (the venv, not its interpreter) failed with "Permission denied", which
+    sent users looking at file modes: say it is a folder, and name the interpreter inside."""
+    folder = Path(python)
+    if not folder.is_dir():
+        return None
+    inside = [folder / "bin" / "python", folder / "Scripts" / "python.exe"]
+    found = next((path for path in inside if path.is_file()), None)
+    return DllmError(
+        f"--python {folder} is a folder, not a Python interpreter",
+        hint=f"pass the interpreter in it: --python {found}"
+        if found
+        else "pass --python with the path of an interpreter (e.g. .venv/bin/python)",
+    )
+
+
 def inspect_environment(python: str | Path | None = None) -> Environment:
     """The distributions visible to `python` (default: this interpreter), first on path wins."""
     if python is None:
@@ -131,7 +147,7 @@ def inspect_environment(python: str | Path | None = None) -> Environment:
             timeout=_PROBE_TIMEOUT_S,
         )
     except OSError as error:
-        raise DllmError(
+        raise folder_given_as_python(executable) or DllmError(
             f"cannot run Python at {executable}: {error}",
             hint="pass --python with the path of an interpreter (e.g. .venv/bin/python)",
         ) from error

@@ -25,7 +25,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from turbo_dllm.envs.check import IGNORED_EXTRAS, Drift, compare, same_version
-from turbo_dllm.envs.inventory import Environment, inspect_environment
+from turbo_dllm.envs.inventory import Environment, folder_given_as_python, inspect_environment
 from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
 from turbo_dllm.envs.select import recorded_manifest_path
 from turbo_dllm.envs.uvtool import run_uv
@@ -64,7 +64,7 @@ def _interpreter_version(python: str) -> str:
             timeout=60,
         )
     except OSError as error:
-        raise DllmError(
+        raise folder_given_as_python(python) or DllmError(
             f"cannot run --python {python}: {error.strerror or error}",
             hint="pass --python with the path of a working interpreter (e.g. /usr/bin/python3.11)",
         ) from None
