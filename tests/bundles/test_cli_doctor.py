@@ -98,6 +98,9 @@ def test_an_offline_value_neither_on_nor_off_is_refused(cli, monkeypatch, value)
         "--retries", "0",
     )  # fmt: skip
     assert_user_error(refused, f"DLLM_OFFLINE={value!r} is neither on nor off", "DLLM_OFFLINE=1")
+    # a folder too (it was read only for a URL, so `--mirror DIR` took any value)
+    folder = cli("bundle", "install", "--auto", "--release", "v-test", "--mirror", ".")
+    assert_user_error(folder, f"DLLM_OFFLINE={value!r} is neither on nor off")
 
 
 def test_install_needs_auto_or_target(cli):

@@ -560,15 +560,16 @@ def open_source(location: str | None, *, offline: bool = False) -> Source:
             hint=f"pass --index URL or --mirror PATH, or set {INDEX_VARIABLE}",
         )
     where = parse_location(location, "bundle source")
+    # read for a folder too: DLLM_OFFLINE=maybe passed with --mirror DIR, then failed later
+    offline = offline_requested(offline)
     if where.folder is not None:
         return LocalSource(where.folder, location)
-    if offline_requested(offline) and where.host not in _LOOPBACK:
+    if offline and where.host not in _LOOPBACK:
         raise DllmError(
             f"offline mode: refusing to contact {where.host or location!r}",
             hint="use a mirror folder (--mirror DIR), a file:// URL or a mirror served on "
             f"127.0.0.1; or drop --offline / unset {OFFLINE_VARIABLE}",
         )
-    offline = offline_requested(offline)
     if urlparse(location).scheme == "http" and where.host in _LOOPBACK:
         return LoopbackHttpSource(location, offline)
     return HttpSource(location, offline)
