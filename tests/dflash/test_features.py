@@ -149,6 +149,46 @@ def test_rows_give_the_same_features_in_any_batch(world, data, whole, tmp_path, 
     assert modes == {file_mode()}
 
 
+def test_out_of_memory_names_batch_rows_and_keeps_the_shards_written(
+    world, data, whole, tmp_path, monkeypatch
+):
+    """A forward of --batch-rows rows that does not fit the device was torch's own error; it
+    names the option now, and a rerun with a smaller batch keeps the finished shards."""
+    import torch
+
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.families.dflash import features, target
+
+    spec = load_runspec(
+        _config(world, data, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    )
+    real, calls = target.TargetFeatures.__call__, []
+
+    def call(self, input_ids, doc_ids):
+        calls.append(len(input_ids))
+        if len(input_ids) > 2 and len(calls) > 2:  # the second shard, at 4 rows a forward
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, input_ids, doc_ids)
+
+    monkeypatch.setattr(target.TargetFeatures, "__call__", call)
+    with pytest.raises(DllmError) as caught:
+        features.prepare_features(spec, tmp_path / "again", rows_per_shard=8, progress=False)
+    assert "ran out of device memory on 4 rows of 64 tokens" in caught.value.message
+    assert "--batch-rows 2" in caught.value.hint
+    staging = tmp_path / ".again.partial"
+    kept = sorted(p.name for p in staging.glob("shard_*.safetensors"))
+    assert kept == ["shard_00000.safetensors"], kept
+    # recorded as finished (written on the thread while the failing shard was computed)
+    assert list(json.loads((staging / "progress.json").read_text())["shards"]) == kept
+    calls.clear()
+    out = features.prepare_features(
+        spec, tmp_path / "again", rows_per_shard=8, batch_rows=2, progress=False
+    )
+    assert read_features_manifest(out).fingerprint == read_features_manifest(whole).fingerprint
+    assert sum(calls) == read_features_manifest(whole).num_rows - 8  # not the kept shard's
+
+
 def test_prepare_features_resumes_when_every_shard_was_written(
     world, data, whole, tmp_path, monkeypatch
 ):

@@ -337,7 +337,20 @@ def prepare_features(
                 bar.advance(len(rows))
                 shards.append(Shard(file=name, first_row=first, rows=len(rows), sha256=done[name]))
                 continue
-            tensors = _shard_tensors(data, rows, target, batch_rows, bar)
+            try:
+                tensors = _shard_tensors(data, rows, target, batch_rows, bar)
+            except BaseException as error:
+                if pending is not None:  # the shard written meanwhile is recorded, so kept
+                    finish(pending.result())
+                    pending = None
+                if not isinstance(error, torch.OutOfMemoryError):
+                    raise
+                raise DllmError(
+                    f"the target ran out of device memory on {batch_rows} rows of "
+                    f"{spec.data.seq_len} tokens a forward (shard {name})",
+                    hint=f"run it again with a smaller --batch-rows (e.g. --batch-rows "
+                    f"{max(1, batch_rows // 2)}): the shards written so far are kept",
+                ) from None
             if pending is not None:
                 finish(pending.result())
             shard = Shard(file=name, first_row=first, rows=len(rows), sha256="")
