@@ -50,6 +50,16 @@ def _wait_for_step_2(run_dir: Path, started: subprocess.Popen, log: Path) -> Non
         time.sleep(0.02)
 
 
+def _kill_what_is_left(workers: list[int], started: subprocess.Popen) -> None:
+    """The cleanup: workers still alive, and the launch `started` with its process group."""
+    for pid in workers:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    if started.poll() is None:
+        os.killpg(started.pid, signal.SIGKILL)
+        started.wait()
+
+
 def _assert_all_end(workers: list[int]) -> None:
     """Every worker ends, within a bound (a tiny CPU step and its save take well under a second;
     the bound leaves room for a loaded host): none stays on, orphaned."""
@@ -97,12 +107,7 @@ def test_sigkill_to_torchrun_saves_the_step_under_way_and_ends_every_worker(
         assert _workers_of(run_dir) == []
         launcher.wait(timeout=60)  # it read the workers' output to its end
     finally:
-        for pid in workers:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        if launcher.poll() is None:
-            os.killpg(launcher.pid, signal.SIGKILL)
-            launcher.wait()
+        _kill_what_is_left(workers, launcher)
     console = (run_dir / "console.log").read_text()
     # Each rank said why, and both saved the same step (the ranks vote on the stop).
     for rank in (0, 1):
@@ -171,12 +176,7 @@ def test_sigkill_to_a_hand_run_torchrun_saves_the_step_under_way(tmp_path):
         torchrun.wait()
         _assert_all_end(ranks)
     finally:
-        for pid in ranks:
-            if _alive(pid):
-                os.kill(pid, signal.SIGKILL)
-        if torchrun.poll() is None:
-            os.killpg(torchrun.pid, signal.SIGKILL)
-            torchrun.wait()
+        _kill_what_is_left(ranks, torchrun)
     out = log.read_text()
     for rank in (0, 1):
         said = f"dllm: rank {rank}: its torchrun (pid {torchrun.pid}) ended without stopping it"

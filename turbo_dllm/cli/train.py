@@ -5,6 +5,8 @@ Under `torchrun --nproc-per-node N -m turbo_dllm train ...` every rank runs this
 
 from __future__ import annotations
 
+import contextlib
+
 from turbo_dllm.cli._output import add_overrides
 
 
@@ -73,17 +75,10 @@ def _train(args) -> int:
             # A run refused before it wrote anything (no weights in model.path, flex on CPU,
             # wandb missing) left its new run dir behind, empty: a fresh stamped one per attempt.
             if made and code != 0:
-                _remove_if_empty(run_dir)
+                with contextlib.suppress(OSError):  # rmdir: only while nothing is in it
+                    run_dir.rmdir()
         return code
     return _attempt(spec, run_dir, train)
-
-
-def _remove_if_empty(run_dir) -> None:
-    """Remove the run dir this command made, if nothing was written into it."""
-    try:
-        run_dir.rmdir()  # refuses a folder that holds anything
-    except OSError:
-        pass
 
 
 def _make_run_dir(run_dir) -> None:

@@ -156,8 +156,6 @@ class TerminationRequest:
         return self
 
     def _note(self, signum, frame) -> None:
-        if self.received:
-            return  # a repeat that came before this handler ignored SIGTERM: the same stop
         self.received = True
         # Repeats inside the window are ignored by the kernel itself: a Python handler would only
         # run when the main thread returns to Python (after a long CUDA wait it could be seconds
