@@ -12,6 +12,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from turbo_dllm.envs.incomplete import refuse_incomplete
 from turbo_dllm.envs.manifest import EnvManifest, load_manifest, parse_manifest
 from turbo_dllm.envs.targets import auto_target, manifest_dirs
 from turbo_dllm.errors import DllmError
@@ -131,7 +132,9 @@ def environment_manifest(
 
     Without an explicit choice, a venv made by `dllm env sync` answers for itself (the copy sync
     left at its root); any other environment gets the packaged manifest of this host's target.
+    A venv a sync did not finish (killed midway) matches no manifest: an error that says so.
     """
+    refuse_incomplete(sys.prefix if prefix is None else prefix)
     if manifest_file is None and mirror is None and target in (None, "auto"):
         venv = Path(sys.prefix if prefix is None else prefix)
         recorded = recorded_manifest_path(venv)

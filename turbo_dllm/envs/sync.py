@@ -5,6 +5,11 @@ refused), wheels only, no dependency resolution (the manifest is already the ful
 Packages the venv holds beyond the manifest are then uninstalled, and the result is checked
 with the same code as `dllm env check`; a sync that leaves drift is an error.
 
+A venv sync works on carries a mark until it is complete (`envs.incomplete`): a sync killed
+midway (SIGKILL, a lost machine) leaves a venv that check and doctor refuse and the next sync
+repairs: one it was creating is removed and made anew, one it was updating gets every pin
+reinstalled.
+
 Sources: the manifest's indexes, or only the mirror when one is given. `offline` means nothing but
 the mirror is contacted: a folder mirror is read with uv's own `--offline`; a served mirror is the
 only index uv is told about.
@@ -25,6 +30,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from packaging.utils import canonicalize_name
 
 from turbo_dllm.envs.check import IGNORED_EXTRAS, Drift, compare, same_version
+from turbo_dllm.envs.incomplete import MARK, SyncMark, interrupted_sync
 from turbo_dllm.envs.inventory import Environment, folder_given_as_python, inspect_environment
 from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
 from turbo_dllm.envs.select import recorded_manifest_path
@@ -167,7 +173,7 @@ def _prepare_venv(
         if python is not None:
             _check_python_fits(python, venv, version)
         return False
-    if venv.exists() and any(venv.iterdir()):
+    if venv.exists() and any(entry.name != MARK for entry in venv.iterdir()):
         raise DllmError(
             f"{venv} exists and is not a virtual environment", hint="pass another --venv"
         )
@@ -178,7 +184,8 @@ def _prepare_venv(
             f"{interpreter} is Python {version}; manifest {manifest.target} needs {manifest.python}",
             hint=f"pass --python with a Python {manifest.python} interpreter",
         )
-    args = ["venv", str(venv), "--python", interpreter, "--quiet"]
+    # --allow-existing: the folder holds sync's mark already (placed before uv writes anything).
+    args = ["venv", str(venv), "--python", interpreter, "--quiet", "--allow-existing"]
     if system_site_packages or (system_site_packages is None and manifest.provided):
         # `provided` packages come from the base interpreter: the venv must see them.
         args.append("--system-site-packages")
@@ -327,18 +334,46 @@ def sync_environment(
             f"cannot sync {venv}: {problem}",
             hint="pass --venv with a folder you can write (or run as the venv's owner)",
         )
+    notes = []
+    left = interrupted_sync(venv)  # a sync still running there is refused here
+    if left is not None and left.created:
+        # Everything in it was made by the sync that was creating it, never complete.
+        shutil.rmtree(venv)
+        notes.append(f"removed {venv}: a sync that was creating it did not finish")
+    elif left is not None:
+        notes.append(
+            f"{venv}: a sync that was updating it did not finish; every pin is reinstalled"
+        )
     existed = venv.exists()
     # Absent or an empty folder: whatever is there after a failure, this sync made.
     fresh = not existed or not any(venv.iterdir())
+    mark = None
     with unwinding_on_sigterm():  # SIGTERM too removes what this sync made (then ends dllm)
         try:
+            if fresh:  # marked before uv writes anything
+                venv.mkdir(parents=True, exist_ok=True)
+                mark = SyncMark.place(venv, created=True, target=manifest.target)
             created = _prepare_venv(manifest, venv, python, system_site_packages)
-            return _install(manifest, venv, created, mirror, source_args, project)
+            if mark is None:  # an existing venv, checked: marked before it is changed
+                mark = SyncMark.place(venv, created=False, target=manifest.target)
+            result = _install(
+                manifest, venv, created, mirror, source_args, project, reinstall=left is not None
+            )
+            mark.remove()  # complete
+            result.notes[:0] = notes
+            return result
         except BaseException:
             if fresh:  # a venv this sync made is removed again, never left half-installed
                 shutil.rmtree(venv, ignore_errors=True)
                 if existed:
                     venv.mkdir(exist_ok=True)  # the empty folder the user named stays as it was
+            if mark is not None and left is None:
+                # A failure sync saw (or Ctrl-C, SIGTERM): the venv is as the failure left it,
+                # which `dllm env check` describes; only a sync that could not get here (killed)
+                # leaves its mark.
+                mark.remove()
+            elif mark is not None:  # still what the killed sync left: it stays marked
+                mark.close()
             raise
 
 
@@ -349,6 +384,8 @@ def _install(
     mirror,
     source_args: list[str],
     project: tuple[str | None, str | None],
+    *,
+    reinstall: bool = False,
 ) -> SyncResult:
     interpreter = venv_python(venv)
     before = inspect_environment(interpreter)
@@ -376,6 +413,8 @@ def _install(
                     ":all:",
                     "--index-strategy",
                     "unsafe-best-match",
+                    # After an interrupted update: a package uv half-wrote may look installed.
+                    *(["--reinstall"] if reinstall else []),
                     *source_args,
                 ],
                 what=f"installing manifest {manifest.target} into {venv}",
