@@ -1367,3 +1367,33 @@ def test_set_without_config_is_refused(cli, tmp_path, command):
     assert_user_error(result, "--set data.seq_len=64 changes the spec of --config, and none was "
                       "given", "hint: pass the RunSpec as well: --config F")  # fmt: skip
     assert not (tmp_path / "packs").exists()
+
+
+def test_verify_json_names_each_failing_packs_fix(cli, tmp_path):
+    """`verify --json` had no `fixes` (the human output printed one, with PACK and ID for the
+    user to fill in); it carries each failing pack's fix now, keyed like `packs` as `dllm bundle
+    verify --json` does, and the human output prints the same per pack."""
+    import shlex
+
+    path = _small_pack(tmp_path, count=2)
+    sha = json.loads(cli("cache", "install", path, "--json").out)["sha256"]
+    clean = cli("cache", "verify", "--json")
+    assert clean.code == 0 and json.loads(clean.out)["fixes"] == {}
+    next(p for p in _cache_files() if p.name == "c1.py").unlink()
+    report = cli("cache", "verify", "--json")
+    assert report.code == 1
+    fixes = json.loads(report.out)["fixes"]
+    assert list(fixes) == [sha[:12]] == list(json.loads(report.out)["packs"])
+    assert f"dllm cache install {shlex.quote(str(path))} puts back" in fixes[sha[:12]]
+    assert fixes[sha[:12]].endswith(f"dllm cache remove {sha[:12]}")
+    human = cli("cache", "verify")
+    assert f"fix {sha[:12]}: {fixes[sha[:12]]}" in human.err
+    # The fix's command, as printed, repairs it.
+    command = fixes[sha[:12]].removeprefix("install it again: ").split(" puts back")[0]
+    assert cli(*shlex.split(command)[1:]).code == 0
+    assert cli("cache", "verify").code == 0
+    # Its file moved since: the fix says so rather than naming a path that is gone.
+    path.rename(tmp_path / "elsewhere.tar.zst")
+    next(p for p in _cache_files() if p.name == "c1.py").unlink()
+    moved = json.loads(cli("cache", "verify", "--json").out)["fixes"][sha[:12]]
+    assert f"dllm cache install PACK (its file, {path.name}, is no longer at" in moved

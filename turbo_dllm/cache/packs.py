@@ -71,6 +71,7 @@ __all__ = [
     "read_pack_manifest",
     "remove_damaged_record",
     "remove_pack",
+    "repair_hint",
     "verify_pack",
     "verify_pack_archive",
 ]
@@ -1022,6 +1023,25 @@ def verify_pack(pack: InstalledPack, *, hashes: bool = True) -> list[str]:
         elif path.stat().st_size != entry.size or (hashes and sha256_file(path) != entry.sha256):
             problems.append(f"{entry.path}: differs from pack.json")
     return problems
+
+
+def repair_hint(pack: InstalledPack) -> str:
+    """The fix for a pack `verify_pack` found problems with, as commands for this pack: install
+    it again from the file it was installed from (that puts back the files it added), or remove
+    it (the cache then compiles those entries again)."""
+    import shlex
+
+    source = Path(pack.source)
+    install = (
+        f"dllm cache install {shlex.quote(str(source))}"
+        if source.is_file()
+        else f"dllm cache install PACK (its file, {pack.manifest.file_name}, is no longer at "
+        f"{shlex.quote(str(source))})"
+    )
+    return (
+        f"install it again: {install} puts back the files it added; or remove it: "
+        f"dllm cache remove {pack.short_sha}"
+    )
 
 
 def remove_pack(pack: InstalledPack) -> int:

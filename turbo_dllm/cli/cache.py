@@ -231,13 +231,15 @@ def _offer_fix(path: Path) -> str:
 
 
 def _verify(args) -> int:
-    from turbo_dllm.cache.packs import find_installed, installed_packs, verify_pack
+    from turbo_dllm.cache.packs import find_installed, installed_packs, repair_hint, verify_pack
 
     packs = [find_installed(args.pack)] if args.pack else installed_packs()
     report = {p.short_sha: verify_pack(p) for p in packs}
     ok = not any(report.values())
+    # Each failing pack's own fix, keyed like `packs` (as `dllm bundle verify --json` does).
+    fixes = {p.short_sha: repair_hint(p) for p in packs if report[p.short_sha]}
     if args.json:
-        emit_json({"ok": ok, "packs": report})
+        emit_json({"ok": ok, "packs": report, "fixes": fixes})
         return 0 if ok else 1
     if not packs:
         print("no compile-cache packs installed")
@@ -251,12 +253,8 @@ def _verify(args) -> int:
             print(f"      {problem}")
         if len(shown) < len(problems):
             print(f"      ... and {len(problems) - len(shown)} more (--all shows them)")
-    if not ok:
-        print(
-            "fix: install the pack again (dllm cache install PACK puts back the files it added), "
-            "or dllm cache remove ID",
-            file=sys.stderr,
-        )
+    for name, fix in fixes.items():
+        print(f"fix {name}: {fix}", file=sys.stderr)
     return 0 if ok else 1
 
 
