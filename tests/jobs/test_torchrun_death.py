@@ -222,3 +222,50 @@ def test_a_worker_whose_torchrun_ended_before_it_looked_stops_before_training(
         assert ended.stderr.startswith(
             f"dllm: rank 1: its torchrun (pid {os.getpid()}) ended before the worker started"
         ), ended.stderr
+
+
+def test_sigkill_to_the_launcher_saves_the_step_under_way_into_console_log(tmp_path):
+    """`kill -9` of `dllm launch` itself: torchrun dies with it (a SIGTERM, which it passes on),
+    and the workers' pipes lose their reader. Each worker's next line (the step under way) failed
+    with BrokenPipeError, a traceback instead of the save: every step since the last checkpoint
+    was lost. They now write on into console.log and save the step under way."""
+    spec = tmp_path / "train.yaml"
+    spec.write_text(textwrap.dedent(SPEC))
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "DLLM_HOME": str(tmp_path / "home")}
+    env.pop("DLLM_OVERRIDE_GPUS", None)
+    launch = [sys.executable, "-m", "turbo_dllm", "launch", "--config", str(spec)]
+    launch += ["--nproc-per-node", "2", "--set", "topology.dp=2"]
+    launch += ["--set", f"training.steps={STEPS}", "--set", "checkpoint.interval=1000"]
+    launched = tmp_path / "launch.log"
+    with open(launched, "w") as sink:
+        launcher = subprocess.Popen(
+            [*launch, "--run-dir", str(run_dir)],
+            env=env,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 240
+        metrics = run_dir / "metrics.jsonl"
+        while not (metrics.is_file() and len(metrics.read_text().splitlines()) >= 2):
+            assert launcher.poll() is None, launched.read_text()
+            assert time.monotonic() < deadline, "no step trained"
+            time.sleep(0.05)
+        workers = _workers_of(run_dir)
+        assert len(workers) == 2, workers
+        launcher.kill()
+        launcher.wait()
+        _assert_all_end(workers)
+    finally:
+        _kill_what_is_left(workers, launcher)
+    console = (run_dir / "console.log").read_text()
+    stopped = re.search(
+        r"stopping after step (\d+): SIGTERM received \(checkpoint saved\)", console
+    )
+    assert stopped, console
+    saved = sorted(p.name for p in (run_dir / "checkpoints").iterdir())
+    assert saved[-1] == f"step_{int(stopped[1]):08d}", saved
+    assert "Traceback" not in console, console

@@ -9,7 +9,6 @@ manifest) and the drift comparison against it.
 from __future__ import annotations
 
 import contextlib
-import os
 import shlex
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -776,12 +775,9 @@ def _run_workers(job: PreparedJob, started: str) -> int:
                 write_result(job.run_dir, _exit_status(error), started, plan.backend)
             raise
     else:
-        from turbo_dllm.jobs.backends.torchrun import run_torchrun
+        from turbo_dllm.jobs.backends.torchrun import console_log, run_torchrun
 
-        log = job.run_dir / (
-            "console.log" if not job.multi_node else f"console-{os.uname()[1]}.log"
-        )
-        code = run_torchrun(plan, log_path=log)
+        code = run_torchrun(plan, log_path=console_log(job.run_dir, job.multi_node))
     if not job.multi_node:
         write_result(job.run_dir, code, started, plan.backend)
     return code

@@ -11,6 +11,13 @@ one that ends without stopping them (SIGKILL, the OOM killer, a crash) would lea
 on, orphaned. Each asks Linux for a signal when torchrun ends and then saves the step under way
 and ends with 143 (train/stop.py `stop_with_parent`); one whose torchrun ended before it asked
 ends at once, before training.
+
+A worker's output reaches the console through its launcher, which reads torchrun's pipes (and
+keeps a copy in console.log). A launcher that is killed (SIGKILL) takes the pipes' reading end
+with it; torchrun, which dies with it, passes a SIGTERM on, and the worker's next line (the step
+under way, the stop it acts on) failed with BrokenPipeError: a traceback instead of the save, and
+every step since the last checkpoint lost. A worker so started writes to console.log itself once
+the pipe is gone (`keep_output_past_the_launcher`).
 """
 
 from __future__ import annotations
@@ -20,7 +27,7 @@ import os
 import sys
 from pathlib import Path
 
-__all__ = ["LAUNCHER_PID_VARIABLE", "layout_for_world", "main"]
+__all__ = ["LAUNCHER_PID_VARIABLE", "keep_output_past_the_launcher", "layout_for_world", "main"]
 
 # Set by the torchrun backend for torchrun (which passes its environment on to the workers): the
 # launcher's pid, torchrun's parent, so a worker also sees a torchrun that ended before it looked.
@@ -35,6 +42,65 @@ def layout_for_world(plan, spec, world_size: int):
     if plan.elastic_axis:
         return layout.resized(plan.elastic_axis, world_size)
     return layout
+
+
+class _AfterThePipe:
+    """Points fds 1 and 2 at a log file, once: the launcher that read them has gone."""
+
+    def __init__(self, log_path: Path) -> None:
+        self.log_path = log_path
+        self.done = False
+
+    def redirect(self) -> None:
+        if self.done:
+            return
+        self.done = True
+        try:
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError:  # the run dir is gone or read-only: nowhere to keep the lines
+            fd = os.open(os.devnull, os.O_WRONLY)
+        try:
+            for target in (1, 2):
+                os.dup2(fd, target)
+        finally:
+            os.close(fd)
+
+
+class _PipeGuarded:
+    """A text stream that moves to the log (`_AfterThePipe`) when its pipe breaks, and then
+    writes the line again: the write that failed wrote nothing."""
+
+    def __init__(self, stream, after: _AfterThePipe) -> None:
+        self._stream = stream
+        self._after = after
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._after.redirect()
+            return self._stream.write(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._after.redirect()
+            self._stream.flush()
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
+
+
+def keep_output_past_the_launcher(log_path: Path) -> None:
+    """sys.stdout and sys.stderr go on into `log_path` (appended, as the launcher wrote it) once
+    their pipe to the launcher breaks, and so do the process's fds 1 and 2 (torch's own C++
+    output, a logging handler holding the original stream)."""
+    after = _AfterThePipe(log_path)
+    for name in ("stdout", "stderr"):
+        stream = getattr(sys, name)
+        if stream is not None and not isinstance(stream, _PipeGuarded):
+            setattr(sys, name, _PipeGuarded(stream, after))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -75,6 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     from turbo_dllm.train.entry import train
 
     plan, started = manifest.plan, now()
+    if LAUNCHER_PID_VARIABLE in os.environ and plan.backend == "torchrun":
+        from turbo_dllm.jobs.backends.torchrun import console_log
+
+        # A `dllm launch` reads our output through pipes (a SLURM job's goes to a file).
+        keep_output_past_the_launcher(console_log(plan.run_dir, plan.multi_node))
     records = plan.multi_node and os.environ.get("RANK", "0") == "0"
     if records:
         # This attempt is the run's status now (as a `dllm train` resume's is): an earlier

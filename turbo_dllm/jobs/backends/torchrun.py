@@ -28,7 +28,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs.backends import exit_code
 from turbo_dllm.jobs.plan import Command, JobPlan, Rendezvous
 
-__all__ = ["node_commands", "run_process", "run_torchrun", "torchrun_argv"]
+__all__ = ["console_log", "node_commands", "run_process", "run_torchrun", "torchrun_argv"]
 
 _FORWARDED = (signal.SIGINT, signal.SIGTERM)
 
@@ -91,6 +91,12 @@ def node_commands(
         python, worker, nnodes, nproc_per_node, rendezvous, node_rank, max_restarts, log_dir
     )
     return [Command(where=where, argv=argv)]
+
+
+def console_log(run_dir: str | Path, multi_node: bool) -> Path:
+    """Where a node's launcher keeps torchrun's output (one file per host on a multi-node job),
+    and where its workers write once that launcher is gone (jobs/worker.py)."""
+    return Path(run_dir) / ("console.log" if not multi_node else f"console-{os.uname()[1]}.log")
 
 
 def run_torchrun(plan: JobPlan, log_path: Path | None = None) -> int:
