@@ -124,7 +124,9 @@ def test_a_sync_killed_midway_leaves_a_venv_check_refuses_and_the_next_sync_repa
         monkeypatch.setattr(sys, "prefix", str(venv))
         checked = env_check.environment_manifest(DoctorContext())
         monkeypatch.undo()
-        assert checked.status == "warn" and "is an incomplete venv" in checked.detail
+        assert checked.status == "fail" and checked.detail.startswith(
+            f"{venv} is an incomplete venv"
+        )
         assert "dllm env sync" in checked.fix
     mark = json.loads((venv / MARK).read_text())
     assert mark["created"] is (work == "create") and mark["target"] == manifest.target

@@ -18,11 +18,16 @@ NAME = "environment"
 @register_check(order=200)
 def environment_manifest(ctx: DoctorContext) -> CheckResult:
     from turbo_dllm.envs.check import compare, drift_fixes
+    from turbo_dllm.envs.incomplete import refuse_incomplete
     from turbo_dllm.envs.inventory import inspect_environment
     from turbo_dllm.envs.select import SYNCED_COPY, recorded_manifest_path
     from turbo_dllm.envs.select import environment_manifest as find_manifest
 
     bad = "fail" if ctx.prod else "warn"
+    try:  # a venv whose sync was killed midway: packages may be half-written, whatever the kind
+        refuse_incomplete(sys.prefix)
+    except DllmError as error:
+        return CheckResult(NAME, "fail", error.message, fix=error.hint)
     try:
         manifest, origin = find_manifest()
     except DllmError as error:
