@@ -237,6 +237,21 @@ def test_a_resume_path_that_does_not_exist_is_refused_before_the_run_dir(
     assert not (workdir / "runs").exists()
 
 
+@pytest.mark.parametrize("command", ["launch", "train"])
+@pytest.mark.parametrize("kind", ["empty folder", "run dir without checkpoints"])
+def test_a_resume_path_without_a_complete_checkpoint_is_refused_before_the_run_dir(
+    cli, spec_file, workdir, command, kind
+):
+    """Was: a path that exists but holds no complete checkpoint (an empty folder, a run dir
+    whose checkpoints were removed) passed the launch (and a replay's --allow-drift); the run
+    dir and manifest were written, then the worker refused it: a `failed` run left behind."""
+    old = workdir / "old"
+    (old / "checkpoints" if kind != "empty folder" else old).mkdir(parents=True)
+    result = cli(command, "--config", spec_file, "--set", f"checkpoint.resume={old}")
+    assert_user_error(result, f"checkpoint.resume: {old} holds no complete checkpoint")
+    assert not (workdir / "runs").exists()
+
+
 def test_the_command_lines_run_root_wins_over_the_specs_run_dir(cli, spec_file, workdir):
     """`--run-root elsewhere` with a spec that sets launch.run_dir launched into the spec's run
     dir, the flag dropped without a word (`--run-dir` already won over it)."""

@@ -73,3 +73,22 @@ def test_a_resume_checkpoint_that_moved_on_refuses_the_replay(cli, spec_file, wo
 def test_presets_and_auto_resume_pin_nothing_more(cli, spec_file, workdir):
     _, manifest = record(cli, "--config", spec_file, "--run-dir", "c")
     assert manifest.model_shape is None and manifest.resume is None
+
+
+def test_a_vanished_resume_checkpoint_is_refused_even_with_allow_drift(
+    cli, spec_file, workdir, pinned_code
+):
+    """--allow-drift takes a vanished resume checkpoint as drift, but the replay cannot start
+    from it: it wrote the run dir and failed in the worker (`exit 2`); now it is refused first."""
+    source = workdir / "source"
+    result = cli(
+        "launch", "--config", spec_file, "--set", "checkpoint.interval=2", "--run-dir", source
+    )
+    assert result.code == 0, result.err
+    path, _ = record(
+        cli, "--config", spec_file, "--set", f"checkpoint.resume={source}", "--run-dir", "d"
+    )
+    shutil.rmtree(source / "checkpoints")
+    result = cli("launch", "--manifest", path, "--allow-drift", "--run-dir", workdir / "replay")
+    assert_user_error(result, f"checkpoint.resume: {source} holds no complete checkpoint")
+    assert not (workdir / "replay").exists()

@@ -214,12 +214,20 @@ def check_inputs(spec: RunSpec, source: str | Path) -> None:
         f"{path}: {message}" for path, message in get_family(spec.model.family).input_problems(spec)
     ]
     resume = spec.checkpoint.resume
-    if resume not in ("auto", "never") and not Path(resume).exists():
-        # The worker refused it only once the run dir was written (a `failed` run).
-        found.append(
-            f"checkpoint.resume: {resume} does not exist (a checkpoints/step_<N> folder, a "
-            "checkpoints/ folder or a run dir: their newest complete step)"
+    if resume not in ("auto", "never"):
+        # The worker refused it only once the run dir was written (a `failed` run): a path that
+        # is not there, and one that holds no complete checkpoint (an empty folder, a run dir
+        # whose checkpoints were removed), as the trainer resolves it.
+        from turbo_dllm.train.checkpoint import resolve_checkpoint
+
+        what = (
+            "a checkpoints/step_<N> folder, a checkpoints/ folder or a run dir: their newest "
+            "complete step"
         )
+        if not Path(resume).exists():
+            found.append(f"checkpoint.resume: {resume} does not exist ({what})")
+        elif not (resolve_checkpoint(resume) / "checkpoint.json").is_file():
+            found.append(f"checkpoint.resume: {resume} holds no complete checkpoint ({what})")
     data_found = []
     if spec.data.artifact is not None:
         from turbo_dllm.data.artifact import read_manifest as read_data_manifest
