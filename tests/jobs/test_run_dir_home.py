@@ -53,3 +53,29 @@ def test_an_empty_config_or_manifest_is_refused(cli, spec_file, workdir):
             result = cli("launch", flag, "", *extra)
             assert_user_error(result, f"{flag} is empty (an unset shell variable?)")
     assert sorted(p.name for p in workdir.iterdir()) == ["train.yaml"]
+
+
+def test_a_replay_of_a_moved_run_goes_next_to_where_the_run_is_now(cli, spec_file, workdir):
+    """A run dir moved (an archive) or copied from another host: the replay's default run dir
+    was next to where the run had been recorded, making that folder again (or failing where it
+    cannot be made). It goes next to the run dir the manifest is in; a manifest kept on its own
+    (its folder not the run's) still replays next to the recorded run dir."""
+    import shutil
+
+    result = cli("launch", "--config", spec_file, "--run-dir", workdir / "old" / "runs" / "a")
+    assert result.code == 0, result.err
+    (workdir / "archive").mkdir()
+    shutil.move(workdir / "old" / "runs" / "a", workdir / "archive" / "a")
+    shutil.rmtree(workdir / "old")
+    args = ("--dry-run", "--json", "--allow-drift")
+    result = cli("launch", "--manifest", workdir / "archive" / "a" / "manifest.json", *args)
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["plan"]["run_dir"].startswith(f"{workdir / 'archive'}/")
+    result = cli("launch", "--manifest", workdir / "archive" / "a", *args)  # the folder too
+    assert json.loads(result.out)["plan"]["run_dir"].startswith(f"{workdir / 'archive'}/")
+    assert not (workdir / "old").exists()
+    (workdir / "loose").mkdir()
+    shutil.copy(workdir / "archive" / "a" / "manifest.json", workdir / "loose")
+    result = cli("launch", "--manifest", workdir / "loose" / "manifest.json", *args)
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["plan"]["run_dir"].startswith(f"{workdir / 'old' / 'runs'}/")

@@ -116,10 +116,9 @@ def prepare_replay(
     recorded = read_manifest(path)
     recorded_bytes = (path / MANIFEST_NAME if path.is_dir() else path).read_bytes()
     spec = _recorded_spec(recorded)
-    old_dir = Path(recorded.plan.run_dir)
     spec = _check_checkpoint_dir(spec)
     layout = _recorded_options(recorded.plan, options)
-    run_dir, explicit = _run_dir(layout, None, str(old_dir.parent))
+    run_dir, explicit = _run_dir(layout, None, str(_original_run_dir(path, recorded).parent))
     fingerprint = _fingerprint()
     host = HostView.from_fingerprint(fingerprint)
     spec, plan = _compile(spec, layout, host, run_dir, explicit, replay=True)
@@ -150,6 +149,15 @@ def prepare_replay(
     return PreparedJob(
         spec=spec, plan=plan, manifest=manifest, source=str(path), host=host, drift=drift
     )
+
+
+def _original_run_dir(path: Path, recorded: RunManifest) -> Path:
+    """The run a replay goes next to: the run dir its manifest is in, which keeps the run's name
+    when it is moved or copied elsewhere (an archive, another host), or else (a manifest kept on
+    its own) the run dir it records. The recorded one alone put the replay of a moved run where
+    the run had been, making that folder again."""
+    folder = (path if path.is_dir() else path.parent).resolve()
+    return folder if folder.name == recorded.run_id else Path(recorded.plan.run_dir)
 
 
 def _recorded_threads(plan: JobPlan, recorded: JobPlan) -> JobPlan:
