@@ -520,3 +520,16 @@ def test_a_local_launch_of_an_elastic_job_says_how_many_processes_it_has(cli, sp
     )
     result = cli(*base, "--nproc-per-node", "2", "--set", "topology.dp=2")
     assert_user_error(result, "the local backend runs one process, but this job has 2\n")
+
+
+def test_a_run_manifest_given_as_config_names_manifest(cli, spec_file, workdir):
+    """`dllm launch --config runs/<id>/manifest.json` (for --manifest) read it as a RunSpec:
+    two dozen 'unknown key' problems and a hint to fix the fields."""
+    result = cli("launch", "--config", spec_file, "--run-dir", "runs/a")
+    assert result.code == 0, result.err
+    manifest = workdir / "runs" / "a" / "manifest.json"
+    result = cli("launch", "--config", manifest, "--dry-run")
+    assert_user_error(
+        result, f"{manifest} is a run manifest, not a RunSpec", f"--manifest {manifest}"
+    )
+    assert "unknown key" not in result.err

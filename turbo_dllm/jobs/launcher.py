@@ -94,6 +94,7 @@ def prepare_launch(
     """Compile a RunSpec file into a plan and the manifest it would write (no side effects)."""
     from turbo_dllm.data.spec import load_training_spec
 
+    _refuse_a_manifest_as_config(Path(config))
     spec = load_training_spec(config, overrides)
     run_dir, explicit = _run_dir(options, spec.launch.run_dir, DEFAULT_ROOT)
     fingerprint = _fingerprint()
@@ -102,6 +103,27 @@ def prepare_launch(
     _check_artifact(spec, config)
     manifest = build_manifest(spec, plan, argv, fingerprint)
     return PreparedJob(spec=spec, plan=plan, manifest=manifest, source=str(config), host=host)
+
+
+def _refuse_a_manifest_as_config(config: Path) -> None:
+    """A run manifest given as --config (for --manifest) was read as a RunSpec: two dozen
+    'unknown key' problems (`data.fingerprint`, ...) and a hint to fix the fields."""
+    import json
+
+    from turbo_dllm.jobs.manifest import FORMAT
+
+    if config.suffix.lower() != ".json":
+        return
+    try:
+        document = json.loads(config.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # the spec loader says what is wrong with it
+    if isinstance(document, dict) and document.get("format") == FORMAT:
+        raise DllmError(
+            f"{config} is a run manifest, not a RunSpec",
+            hint=f"to replay that run, pass it as --manifest {config}; to launch its spec with "
+            f"changes, pass --config {config.parent / SPEC_NAME}",
+        )
 
 
 def prepare_replay(
