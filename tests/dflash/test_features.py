@@ -353,3 +353,55 @@ def test_a_resume_remakes_a_shard_that_changed_and_a_damaged_progress_record(
     (tmp_path / ".third.partial" / "progress.json").write_text("{not json")
     third = features.prepare_features(spec, tmp_path / "third", rows_per_shard=8, progress=False)
     assert read_features_manifest(third) == read_features_manifest(whole)
+
+
+def test_a_missing_shard_is_refused_before_any_work(cli, world, data, whole, tmp_path):
+    """A feature artifact with a shard file gone trained until a batch first read its rows
+    (a FileNotFoundError traceback, maybe hours in): `dllm train` refuses it up front."""
+    features = tmp_path / "features"
+    shutil.copytree(whole, features)
+    (features / "shard_00001.safetensors").unlink()
+    config = _config(
+        world,
+        data,
+        tmp_path / "train.yaml",
+        "objective.dflash_loss=paper_ce",
+        f"model.dflash.features={features}",
+    )
+    result = cli("train", "--config", config, "--run-dir", tmp_path / "run")
+    assert_user_error(
+        result, "model.dflash.features", "shards is missing (shard_00001.safetensors)"
+    )
+    assert not (tmp_path / "run").exists()
+
+
+def test_a_changed_shard_is_an_error_not_other_features(whole, tmp_path):
+    """A shard whose bytes changed after it was written (a disk error, a torn copy) was read as
+    it was: wrong features (3e38 where a byte flipped), trained on silently. Its first read
+    checks the sha256 features.json records and names the file; a truncated one likewise (a
+    safetensors traceback before)."""
+    import torch
+
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.families.dflash.features import FeatureStore
+
+    features = tmp_path / "features"
+    shutil.copytree(whole, features)
+    manifest = read_features_manifest(features)
+    shard = manifest.shards[1]
+    rows = torch.arange(shard.first_row, shard.first_row + shard.rows)
+    intact, _ = FeatureStore(whole).lookup(rows, "cpu")
+    file = features / shard.file
+    raw = bytearray(file.read_bytes())
+    raw[len(raw) // 2] ^= 0x40  # inside the features tensor's bytes
+    file.write_bytes(bytes(raw))
+    with pytest.raises(DllmError, match=f"{shard.file} cannot be read .*sha256"):
+        FeatureStore(features).lookup(rows, "cpu")
+    file.write_bytes(bytes(raw[:1000]))
+    with pytest.raises(DllmError, match=f"{shard.file} cannot be read"):
+        FeatureStore(features).lookup(rows, "cpu")
+    # an intact artifact reads as before, its shards checked once each
+    store = FeatureStore(whole)
+    assert torch.equal(store.lookup(rows, "cpu")[0], intact)
+    assert torch.equal(store.lookup(rows, "cpu")[0], intact)
+    assert store._checked == {shard.file}

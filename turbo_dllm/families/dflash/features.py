@@ -19,7 +19,8 @@ trace exactly on CPU; CUDA's bf16 kernels may round a row by the batch it came i
 
 Writing is atomic and resumable: shards go into `.<out>.partial/`, each written whole and
 recorded in `progress.json` with its sha256; a rerun with the same inputs keeps the finished
-shards; the folder is renamed into place at the end. A shard is written on a thread while the
+shards; the folder is renamed into place at the end. Training refuses an artifact with a shard
+file missing before any work, and checks each shard's sha256 on its first read. A shard is written on a thread while the
 target computes the next, so two shards' rows are in host memory at most (128 rows a shard by
 default: a row is seq_len x (feature layers + 1 for the teacher) x hidden x 2 bytes in bf16).
 """
@@ -153,6 +154,20 @@ def feature_problems(manifest: FeaturesManifest, config, spec) -> list[str]:
     return found
 
 
+def missing_shards(root: str | Path, manifest: FeaturesManifest) -> list[str]:
+    """The shards `manifest` lists that are not files in `root` (a stat each: cheap, so before
+    any work; training would meet one only when a batch first reads its rows)."""
+    gone = [s.file for s in manifest.shards if not (Path(root) / s.file).is_file()]
+    if not gone:
+        return []
+    named = ", ".join(gone[:3]) + (f" and {len(gone) - 3} more" if len(gone) > 3 else "")
+    verb = "is" if len(gone) == 1 else "are"
+    return [
+        f"{len(gone)} of its {len(manifest.shards)} shards {verb} missing ({named}); make it "
+        "again with `dllm dflash prepare-features`"
+    ]
+
+
 def input_problems(spec) -> list[tuple[str, str]]:
     """The drafter's data and feature artifact against its spec and target (the family's
     input rule)."""
@@ -166,7 +181,8 @@ def input_problems(spec) -> list[tuple[str, str]]:
 
     try:
         config = resolve_model_config(spec.model)
-        problems = feature_problems(read_features_manifest(features), config, spec)
+        manifest = read_features_manifest(features)
+        problems = missing_shards(features, manifest) + feature_problems(manifest, config, spec)
     except DllmError as error:
         problems = [error.message]
     return found + [("model.dflash.features", f"{features!r}: {p}") for p in problems]
@@ -448,12 +464,31 @@ class FeatureStore:
         self.root = Path(path)
         self.manifest = read_features_manifest(path)
         self._open: dict[str, dict] = {}
+        self._checked: set[str] = set()  # shards whose bytes matched their sha256
 
     def _shard(self, shard: Shard) -> dict:
         if shard.file not in self._open:
-            from safetensors.torch import load_file
+            from safetensors import SafetensorError
+            from safetensors.torch import load, load_file
 
-            tensors = load_file(str(self.root / shard.file))
+            file = self.root / shard.file
+            try:
+                if shard.file in self._checked:
+                    tensors = load_file(str(file))
+                else:  # the first read of a shard checks it (one read: hashed in memory)
+                    raw = file.read_bytes()
+                    if hashlib.sha256(raw).hexdigest() != shard.sha256:
+                        raise ValueError("its sha256 is not the one features.json records")
+                    tensors = load(raw)
+                    self._checked.add(shard.file)
+            except (OSError, ValueError, SafetensorError) as error:
+                # a damaged shard is features of no target: never train on its numbers
+                raise DllmError(
+                    f"feature artifact {str(self.root)!r}: {shard.file} cannot be read "
+                    f"({error}); the file changed or was lost after it was written",
+                    hint="make the feature artifact again with `dllm dflash prepare-features` "
+                    "(or copy it whole)",
+                ) from None
             counts = tensors["real"].sum(1)
             offsets = [0]
             for c in counts.tolist():
