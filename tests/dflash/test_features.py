@@ -405,3 +405,56 @@ def test_a_changed_shard_is_an_error_not_other_features(whole, tmp_path):
     assert torch.equal(store.lookup(rows, "cpu")[0], intact)
     assert torch.equal(store.lookup(rows, "cpu")[0], intact)
     assert store._checked == {shard.file}
+
+
+def test_a_second_run_into_the_same_out_is_refused_while_the_first_writes(
+    cli, world, data, whole, tmp_path, monkeypatch
+):
+    """Two prepare-features into one --out (the command started twice) shared
+    `.<out>.partial`: each wrote the other's shard temp files and progress record, and the later
+    failed on a temp name the earlier one's rename had taken away ('No such file or directory'),
+    or, with another --rows-per-shard, emptied the folder under the first. The staging folder is
+    held (flock) by the run writing it: a second is refused naming --out, the first's shards
+    untouched; once it is free, a rerun goes on from them."""
+    import fcntl
+    import os
+
+    from turbo_dllm.config.load import load_runspec
+
+    config = _config(world, data, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    _interrupt_before_the_manifest(load_runspec(config), tmp_path / "features", monkeypatch)
+    staging = tmp_path / ".features.partial"
+    before = {p.name: p.read_bytes() for p in staging.iterdir()}
+    fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY)  # the first run, still writing
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    try:
+        for extra in ((), ("--rows-per-shard", "5")):
+            result = cli(
+                "dflash",
+                "prepare-features",
+                "--config",
+                config,
+                "--out",
+                tmp_path / "features",
+                "--rows-per-shard",
+                "8",
+                *extra,
+            )
+            assert_user_error(result, "another prepare-features is writing", "features")
+            assert {p.name: p.read_bytes() for p in staging.iterdir()} == before
+            assert not (tmp_path / "features").exists()
+    finally:
+        os.close(fd)
+    result = cli(
+        "dflash",
+        "prepare-features",
+        "--config",
+        config,
+        "--out",
+        tmp_path / "features",
+        "--rows-per-shard",
+        "8",
+    )
+    assert result.code == 0, result.err
+    assert read_features_manifest(tmp_path / "features") == read_features_manifest(whole)
+    assert not staging.exists()

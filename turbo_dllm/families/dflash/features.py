@@ -31,7 +31,9 @@ import hashlib
 import json
 import shutil
 import sys
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
@@ -294,102 +296,145 @@ def prepare_features(
     torch_dtype = torch.bfloat16 if torch_device.type == "cuda" else torch.float32
     dtype = str(torch_dtype).removeprefix("torch.")
     staging = out.parent / f".{out.name}.partial"
-    progress_file = staging / "progress.json"
-    done: dict[str, str] = {}
-    if progress_file.is_file():
-        try:  # written atomically; a damaged one (a disk error, an edit) starts over
-            record = json.loads(progress_file.read_text())
-        except (OSError, ValueError):
-            record = None
-        if (
-            isinstance(record, dict)
-            and isinstance(record.get("shards"), dict)
-            and record.get("plan") == plan
-            and record.get("rows_per_shard") == rows_per_shard
-            and record.get("dtype") == dtype  # another device: other numbers
-        ):
-            done = record["shards"]  # resume: keep what a previous run finished
-        else:
-            shutil.rmtree(staging)
-    staging.mkdir(parents=True, exist_ok=True)
-    # compiled like the online target's (training.compile), so both give the same numbers
-    target = TargetFeatures(
-        config.target_path,
-        config,
-        teacher=teacher,
-        device=torch_device,
-        dtype=torch_dtype,
-        compile=spec.training.compile,
-    )
-    total = len(data)
-    shards: list[Shard] = []
-    bar = _Bar(total, enabled=progress)
-    record = {"plan": plan, "rows_per_shard": rows_per_shard, "dtype": dtype, "shards": done}
-
-    def finish(shard: Shard) -> None:
-        """Record a shard whose file is whole (in order, on this thread)."""
-        done[shard.file] = shard.sha256
-        write_atomic(progress_file, json.dumps(record))
-        shards.append(shard)
-
-    # Each shard is written and hashed on a thread while the target computes the next (on a
-    # GPU the writing took as long as the computing): two shards in memory at most.
-    mode = file_mode()  # read here: reading the umask on the thread would race the main one
-    with ThreadPoolExecutor(max_workers=1) as writer:
-        pending = None
-        for first in range(0, total, rows_per_shard):
-            rows = list(range(first, min(first + rows_per_shard, total)))
-            name = f"shard_{first // rows_per_shard:05d}.safetensors"
-            # a finished shard is kept as recorded: a changed or torn one (a disk error, a
-            # copy) is made again, not listed in the manifest under the sha256 it no longer has
+    # one writer: a second run into the same --out shared the staging folder (the two wrote
+    # each other's shard temp files and progress record, and the later one failed on a name
+    # the earlier one's rename had taken away; with another plan it emptied the folder under it)
+    with _one_writer(staging, out):
+        progress_file = staging / "progress.json"
+        done: dict[str, str] = {}
+        if progress_file.is_file():
+            try:  # written atomically; a damaged one (a disk error, an edit) starts over
+                record = json.loads(progress_file.read_text())
+            except (OSError, ValueError):
+                record = None
             if (
-                name in done
-                and (staging / name).is_file()
-                and sha256_file(staging / name) == done[name]
+                isinstance(record, dict)
+                and isinstance(record.get("shards"), dict)
+                and record.get("plan") == plan
+                and record.get("rows_per_shard") == rows_per_shard
+                and record.get("dtype") == dtype  # another device: other numbers
             ):
+                done = record["shards"]  # resume: keep what a previous run finished
+            else:  # emptied, not removed: this process holds the folder itself
+                for child in staging.iterdir():
+                    if child.is_dir() and not child.is_symlink():
+                        shutil.rmtree(child)
+                    else:
+                        child.unlink()
+        # compiled like the online target's (training.compile), so both give the same numbers
+        target = TargetFeatures(
+            config.target_path,
+            config,
+            teacher=teacher,
+            device=torch_device,
+            dtype=torch_dtype,
+            compile=spec.training.compile,
+        )
+        total = len(data)
+        shards: list[Shard] = []
+        bar = _Bar(total, enabled=progress)
+        record = {"plan": plan, "rows_per_shard": rows_per_shard, "dtype": dtype, "shards": done}
+
+        def finish(shard: Shard) -> None:
+            """Record a shard whose file is whole (in order, on this thread)."""
+            done[shard.file] = shard.sha256
+            write_atomic(progress_file, json.dumps(record))
+            shards.append(shard)
+
+        # Each shard is written and hashed on a thread while the target computes the next (on a
+        # GPU the writing took as long as the computing): two shards in memory at most.
+        mode = file_mode()  # read here: reading the umask on the thread would race the main one
+        with ThreadPoolExecutor(max_workers=1) as writer:
+            pending = None
+            for first in range(0, total, rows_per_shard):
+                rows = list(range(first, min(first + rows_per_shard, total)))
+                name = f"shard_{first // rows_per_shard:05d}.safetensors"
+                # a finished shard is kept as recorded: a changed or torn one (a disk error, a
+                # copy) is made again, not listed in the manifest under the sha256 it no longer has
+                if (
+                    name in done
+                    and (staging / name).is_file()
+                    and sha256_file(staging / name) == done[name]
+                ):
+                    if pending is not None:
+                        finish(pending.result())
+                        pending = None
+                    bar.advance(len(rows))
+                    shards.append(
+                        Shard(file=name, first_row=first, rows=len(rows), sha256=done[name])
+                    )
+                    continue
+                try:
+                    tensors = _shard_tensors(data, rows, target, batch_rows, bar)
+                except BaseException as error:
+                    if pending is not None:  # the shard written meanwhile is recorded, so kept
+                        finish(pending.result())
+                        pending = None
+                    if not isinstance(error, torch.OutOfMemoryError):
+                        raise
+                    raise DllmError(
+                        f"the target ran out of device memory on {batch_rows} rows of "
+                        f"{spec.data.seq_len} tokens a forward (shard {name})",
+                        hint=f"run it again with a smaller --batch-rows (e.g. --batch-rows "
+                        f"{max(1, batch_rows // 2)}): the shards written so far are kept",
+                    ) from None
                 if pending is not None:
                     finish(pending.result())
-                    pending = None
-                bar.advance(len(rows))
-                shards.append(Shard(file=name, first_row=first, rows=len(rows), sha256=done[name]))
-                continue
-            try:
-                tensors = _shard_tensors(data, rows, target, batch_rows, bar)
-            except BaseException as error:
-                if pending is not None:  # the shard written meanwhile is recorded, so kept
-                    finish(pending.result())
-                    pending = None
-                if not isinstance(error, torch.OutOfMemoryError):
-                    raise
-                raise DllmError(
-                    f"the target ran out of device memory on {batch_rows} rows of "
-                    f"{spec.data.seq_len} tokens a forward (shard {name})",
-                    hint=f"run it again with a smaller --batch-rows (e.g. --batch-rows "
-                    f"{max(1, batch_rows // 2)}): the shards written so far are kept",
-                ) from None
+                shard = Shard(file=name, first_row=first, rows=len(rows), sha256="")
+                pending = writer.submit(_write_shard, tensors, staging, shard, mode)
             if pending is not None:
                 finish(pending.result())
-            shard = Shard(file=name, first_row=first, rows=len(rows), sha256="")
-            pending = writer.submit(_write_shard, tensors, staging, shard, mode)
-        if pending is not None:
-            finish(pending.result())
-    bar.close()
-    body = {
-        **plan,
-        "num_rows": total,
-        "feature_size": config.feature_size,
-        "hidden_size": config.target_hidden_size,
-        "dtype": dtype,
-        "shards": [s.model_dump() for s in shards],
-    }
-    fingerprint = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
-    manifest = FeaturesManifest(format=FEATURES_FORMAT, fingerprint=fingerprint, **body)
-    progress_file.unlink()
-    write_atomic(staging / "features.json", manifest.model_dump_json(indent=2) + "\n")
-    if out.exists():
-        out.rmdir()  # an empty --out, replaced
-    staging.rename(out)
-    return out
+        bar.close()
+        body = {
+            **plan,
+            "num_rows": total,
+            "feature_size": config.feature_size,
+            "hidden_size": config.target_hidden_size,
+            "dtype": dtype,
+            "shards": [s.model_dump() for s in shards],
+        }
+        fingerprint = hashlib.sha256(json.dumps(body, sort_keys=True).encode()).hexdigest()
+        manifest = FeaturesManifest(format=FEATURES_FORMAT, fingerprint=fingerprint, **body)
+        progress_file.unlink()
+        write_atomic(staging / "features.json", manifest.model_dump_json(indent=2) + "\n")
+        if out.exists():
+            out.rmdir()  # an empty --out, replaced
+        staging.rename(out)
+        return out
+
+
+@contextmanager
+def _one_writer(staging: Path, out: Path) -> Iterator[None]:
+    """Make and hold the staging folder `staging` of `out` (an exclusive `flock` on the folder
+    itself, as a checkpoint folder is held) while this process writes into it; a folder another
+    run holds is refused. Where the file system has no flock, unguarded as before."""
+    import fcntl
+    import os
+
+    from turbo_dllm.train.export import check_out_folder
+
+    staging.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:  # renamed into --out by a run that just finished
+        check_out_folder(out, "prepare-features", example="features")
+        raise
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise DllmError(
+                f"another prepare-features is writing {str(out)!r} (into {str(staging)!r})",
+                hint="wait for it to end, or stop it (a rerun goes on from the shards it "
+                "finished); or choose another --out",
+            ) from None
+        except OSError:  # a file system without flock (some NFS and Lustre mounts)
+            pass
+        # the run that held it may have finished into --out meanwhile
+        check_out_folder(out, "prepare-features", example="features")
+        yield
+    finally:
+        os.close(fd)
 
 
 def _shard_tensors(data, rows: list[int], target, batch_rows: int, bar) -> dict:
