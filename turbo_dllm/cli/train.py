@@ -54,7 +54,12 @@ def _train(args) -> int:
     from turbo_dllm.data.spec import load_training_spec
     from turbo_dllm.train.entry import resolve_run_dir, train, world_size_from_env
 
-    spec = load_training_spec(args.config, args.overrides, world_size=world_size_from_env())
+    # The process count is checked on its own, below: a spec of several processes run in one
+    # read "the launch has 1 processes" and "fix the fields above", though nothing was wrong
+    # with its fields; it needs its processes started, as its launch (or torchrun) does.
+    world = world_size_from_env()
+    spec = load_training_spec(args.config, args.overrides)
+    _check_process_count(spec, world, args)
     from turbo_dllm.jobs.launcher import check_inputs
 
     check_inputs(spec, args.config)  # before the run dir exists
@@ -79,6 +84,99 @@ def _train(args) -> int:
                     run_dir.rmdir()
         return code
     return _attempt(spec, run_dir, train)
+
+
+def _check_process_count(spec, world: int, args) -> None:
+    """The spec's topology needs `dp*fsdp*max(cp,bp)*tp` processes; this `dllm train` is one of
+    `world` (1 without torchrun). A mismatch names the command that starts the right count: for
+    a run `dllm launch` recorded (--run-dir, or the launch.run_dir its spec.yaml names, so this
+    command resumes it), the torchrun line its plan records and its replay; for another spec,
+    `dllm launch --config F` (which starts them) or torchrun by hand."""
+    import shlex
+    import sys
+
+    from turbo_dllm.errors import DllmError
+
+    need = spec.topology.world_size
+    if need == world:
+        return
+    here = (
+        "this `dllm train` is 1 (torchrun starts several)"
+        if world == 1
+        else f"torchrun started {world} (WORLD_SIZE={world})"
+    )
+    processes = f"{need} process{'es' if need > 1 else ''}"
+    message = f"{args.config} needs {processes} ({spec.topology.layout.describe()}); {here}"
+    recorded = _recorded_run(args.run_dir if args.run_dir is not None else spec.launch.run_dir)
+    if recorded is not None:
+        run, ways = recorded
+        raise DllmError(
+            f"{message}. {run}", hint="; or ".join(ways) + " (the spec's fields need no change)"
+        )
+    config = shlex.quote(str(args.config))
+    more = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
+    if args.run_dir is not None:
+        more += f" --run-dir {shlex.quote(args.run_dir)}"
+    if need == 1:
+        raise DllmError(
+            message,
+            hint=f"run it in one process, without torchrun: dllm train --config {config}{more} "
+            f"(or dllm launch --config {config}{more})",
+        )
+    torchrun = shlex.join(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+        + [str(need)]
+    )
+    raise DllmError(
+        message,
+        hint=f"start its {processes}: dllm launch --config {config}{more} (torchrun, "
+        f"recorded as a run), or by hand: {torchrun} -m turbo_dllm train --config "
+        f"{config}{more}; or make the topology's product {world}",
+    )
+
+
+def _recorded_run(where):
+    """(what the run is, the ways on) where `where` (a run dir, or None) holds a run `dllm
+    launch` recorded (a readable manifest.json); else None."""
+    import os
+    from pathlib import Path
+    from shlex import quote
+
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.jobs.manifest import MANIFEST_NAME, read_manifest
+
+    if where is None:
+        return None
+    run_dir = Path(os.path.expanduser(where)).absolute()
+    if not (run_dir / MANIFEST_NAME).is_file():
+        return None
+    try:
+        manifest = read_manifest(run_dir)
+    except DllmError:
+        return None
+    from turbo_dllm.jobs.launcher import _complete, _resume_command
+    from turbo_dllm.jobs.runs import summarize
+
+    plan = manifest.plan
+    run = (
+        f"{run_dir} holds run {manifest.run_id}, launched with {plan.backend}, {plan.nnodes} "
+        f"node(s) x {plan.nproc_per_node} process(es)"
+    )
+    again = (
+        "run the same job again, into a new run dir: dllm launch --manifest "
+        f"{quote(str(run_dir / MANIFEST_NAME))}"
+    )
+    try:
+        summary = summarize(run_dir, manifest)
+    except DllmError:  # a damaged record: resuming it is still the way on
+        summary = None
+    if summary is not None and _complete(summary):
+        return f"{run}; it finished (step {summary.steps_done}/{summary.steps_total})", [again]
+    if plan.slurm is not None:
+        resume = f"continue it as a SLURM job: sbatch {quote(plan.slurm.script)}"
+    else:
+        resume = "continue it from its last checkpoint" + _resume_command(plan, run_dir)
+    return run, [resume, again]
 
 
 def _make_run_dir(run_dir) -> None:
