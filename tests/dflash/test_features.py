@@ -458,3 +458,63 @@ def test_a_second_run_into_the_same_out_is_refused_while_the_first_writes(
     assert result.code == 0, result.err
     assert read_features_manifest(tmp_path / "features") == read_features_manifest(whole)
     assert not staging.exists()
+
+
+HELD_AT_THE_SECOND_SHARD = """
+import sys, time
+from pathlib import Path
+from turbo_dllm.config.load import load_runspec
+from turbo_dllm.families.dflash import features
+
+real, calls = features._shard_tensors, []
+
+def held(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 2:  # the first shard is on the writer thread, not yet recorded
+        Path(sys.argv[3]).write_text("")
+        time.sleep(60)
+    return real(*args, **kwargs)
+
+features._shard_tensors = held
+features.prepare_features(load_runspec(sys.argv[1]), sys.argv[2], rows_per_shard=8, progress=False)
+"""
+
+
+def test_sigterm_records_the_shard_written_meanwhile(world, data, whole, tmp_path):
+    """SIGTERM (`timeout`, a scheduler's time limit) ended prepare-features on the spot: the
+    shard the writer thread had finished was not recorded, so the rerun made it again (Ctrl-C
+    recorded it). It now unwinds as Ctrl-C does, then ends by SIGTERM; the rerun keeps the
+    shard and gives the uninterrupted run's features."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from turbo_dllm.config.load import load_runspec
+    from turbo_dllm.families.dflash.features import prepare_features
+
+    config = _config(world, data, tmp_path / "train.yaml", "objective.dflash_loss=paper_ce")
+    out, computing = tmp_path / "features", tmp_path / "computing"
+    child = subprocess.Popen(
+        [sys.executable, "-c", HELD_AT_THE_SECOND_SHARD, str(config), str(out), str(computing)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not computing.exists():
+            assert child.poll() is None, child.stderr.read()
+            assert time.monotonic() < deadline, "prepare-features never reached its second shard"
+            time.sleep(0.05)
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=60) == -signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    progress = json.loads((tmp_path / ".features.partial" / "progress.json").read_text())
+    assert list(progress["shards"]) == ["shard_00000.safetensors"]
+    again = prepare_features(load_runspec(config), out, rows_per_shard=8, progress=False)
+    assert read_features_manifest(again) == read_features_manifest(whole)

@@ -43,6 +43,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.families.dflash.config import needs_teacher
 from turbo_dllm.families.dflash.target_identity import target_fingerprint
 from turbo_dllm.fsutil import save_safetensors, sha256_file
+from turbo_dllm.sigterm import unwinding_on_sigterm
 
 __all__ = [
     "FEATURES_FORMAT",
@@ -299,7 +300,9 @@ def prepare_features(
     # one writer: a second run into the same --out shared the staging folder (the two wrote
     # each other's shard temp files and progress record, and the later one failed on a name
     # the earlier one's rename had taken away; with another plan it emptied the folder under it)
-    with _one_writer(staging, out):
+    # SIGTERM (`timeout`, a scheduler's limit) unwinds as Ctrl-C does: the shard the writer
+    # thread finished meanwhile is recorded, not made again by the rerun
+    with _one_writer(staging, out), unwinding_on_sigterm():
         progress_file = staging / "progress.json"
         done: dict[str, str] = {}
         if progress_file.is_file():
