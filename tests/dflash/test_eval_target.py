@@ -126,7 +126,7 @@ def test_data_ids_outside_the_targets_vocabulary_are_refused(cli, world, tmp_pat
     small = tmp_path / "small"  # byte-level text: ASCII letters are ids 65 and up
     flags = (*QUICK, "--block-size", "4")
     result = _eval(cli, small, small, world["artifact"], *flags)
-    assert_user_error(result, "--data", "outside the target", "vocabulary (64)")
+    assert_user_error(result, "--data", "outside the vocabulary of the target", "(64 ids)")
 
 
 def test_data_that_is_not_an_artifact_is_named(cli, world, drafter, tmp_path):

@@ -59,6 +59,7 @@ def test_data_of_another_tokenizer_than_the_targets_is_refused(world, tmp_path):
     problems = get_family("dflash").input_problems(spec)
     assert [path for path, _ in problems] == ["data.artifact"], problems
     assert "tokenizer" in problems[0][1] and str(target) in problems[0][1]
+    assert f"than the one in the target {str(target)!r} (vocabulary" in problems[0][1]
     with pytest.raises(DllmError, match="another tokenizer"):
         check_inputs(spec, "train.yaml")
     # data prepared with the target's own tokenizer passes

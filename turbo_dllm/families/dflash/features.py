@@ -219,9 +219,9 @@ def tokenizer_mismatch(artifact, manifest, target) -> str | None:
         return None
     theirs = _vocab_sha256(pairs)
     return (
-        f"{str(artifact)!r} was tokenized with another tokenizer than the target "
-        f"{str(target)!r}'s ({ours.kind}, vocabulary sha256 {ours.vocab_sha256[:12]}; the "
-        f"target's {theirs[:12]}): the target would read its token ids as other text; "
+        f"{str(artifact)!r} was tokenized with another tokenizer ({ours.kind}, vocabulary "
+        f"sha256 {ours.vocab_sha256[:12]}) than the one in the target {str(target)!r} "
+        f"(vocabulary sha256 {theirs[:12]}): the target would read its token ids as other text; "
         f"prepare the data with tokenizer {{kind: huggingface, path: {target}}}"
     )
 

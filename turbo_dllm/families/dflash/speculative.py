@@ -667,8 +667,8 @@ def _prompts(data: str, target: str, target_config, count: int, length: int):
     top = max(int(p.max()) for p in prompts)
     if top >= target_config.vocab_size:
         raise DllmError(
-            f"--data {data!r} holds token id {top}, outside the target {target!r}'s vocabulary "
-            f"({target_config.vocab_size}): it was tokenized for another model",
+            f"--data {data!r} holds token id {top}, outside the vocabulary of the target {target!r} "
+            f"({target_config.vocab_size} ids): it was tokenized for another model",
             hint="evaluate on held-out text prepared with the target's tokenizer",
         )
     return prompts
