@@ -16,6 +16,7 @@ from turbo_dllm.jobs.manifest import (
     CodeVersion,
     DataRef,
     DriftItem,
+    WeightsRef,
     read_manifest,
     spec_sha256,
     write_exclusive,
@@ -266,6 +267,16 @@ def test_drift_tells_values_of_another_type_apart(manifest):
     assert str(DriftItem(field="packages.torch", recorded="2.1", current=None)) == (
         "packages.torch: 2.1 -> (none)"
     )
+
+
+def test_a_vanished_folder_reads_as_its_path_and_file_count(manifest):
+    """A weights folder (or resume checkpoint) that vanished was one item holding only its
+    files' hashes, printed as one long line of JSON without the folder's path."""
+    weights = {"path": "/models/tiny", "files": {"config.json": "ab" * 32, "model.bin": "cd" * 32}}
+    recorded = _with(manifest, weights=WeightsRef(**weights))
+    (item,) = [i for i in manifest_drift(recorded, manifest) if i.field == "weights"]
+    assert item.recorded == weights and item.current is None
+    assert str(item) == "weights: /models/tiny (2 files) -> (none)"
 
 
 def test_replay_refuses_an_input_whose_type_changed(cli, manifest, workdir):

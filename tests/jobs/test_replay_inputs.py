@@ -10,6 +10,7 @@ import json
 import shutil
 
 import pytest
+import yaml
 
 from tests.helpers import assert_user_error
 from turbo_dllm.jobs import provenance
@@ -91,4 +92,40 @@ def test_a_vanished_resume_checkpoint_is_refused_even_with_allow_drift(
     shutil.rmtree(source / "checkpoints")
     result = cli("launch", "--manifest", path, "--allow-drift", "--run-dir", workdir / "replay")
     assert_user_error(result, f"checkpoint.resume: {source} holds no complete checkpoint")
+    assert not (workdir / "replay").exists()
+
+
+def test_a_vanished_resume_checkpoint_is_named_by_its_path_with_a_fix(
+    cli, spec_file, workdir, pinned_code
+):
+    """The refusal printed the checkpoint's whole record, every file's sha256, as one line of
+    JSON without its path, and offered --allow-drift, which cannot run it (above). Now its line
+    names the recorded checkpoint's path, its file count and what checkpoint.resume holds now;
+    the hint says where to put it back and how to train from another checkpoint instead."""
+    source = workdir / "source"
+    result = cli(
+        "launch", "--config", spec_file, "--set", "checkpoint.interval=2", "--run-dir", source
+    )
+    assert result.code == 0, result.err
+    path, manifest = record(
+        cli, "--config", spec_file, "--set", f"checkpoint.resume={source}", "--run-dir", "e"
+    )
+    (workdir / "e" / "spec.yaml").write_text(yaml.safe_dump(manifest.spec))  # as a launch does
+    step = source / "checkpoints" / "step_00000004"
+    assert manifest.resume.path == str(step)
+    count = len(manifest.resume.files)
+    shutil.rmtree(source / "checkpoints")
+    result = cli("launch", "--manifest", path, "--run-dir", workdir / "replay")
+    assert_user_error(
+        result,
+        f"  - resume: {step} ({count} files) -> (none): checkpoint.resume {source} holds no "
+        "complete checkpoint now\n",
+        f"hint: put the recorded checkpoint back at {step} (the replay starts from it, with "
+        "--allow-drift too); or train the run's spec from another checkpoint, as a new run: "
+        f"dllm launch --config {workdir}/e/spec.yaml --set checkpoint.resume=PATH --run-dir "
+        "NEW_DIR",
+    )
+    assert (
+        '"files"' not in result.err and manifest.resume.files["checkpoint.json"] not in result.err
+    )
     assert not (workdir / "replay").exists()

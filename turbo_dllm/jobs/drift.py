@@ -137,9 +137,11 @@ def _ref_drift(
 def _weights_drift(
     recorded: dict | None, current: dict | None, group: str = "weights"
 ) -> list[DriftItem]:
-    """One item per model file whose content changed, appeared or vanished (paths ignored)."""
+    """One item per model file whose content changed, appeared or vanished (paths ignored); a
+    whole folder (or checkpoint) that appeared or vanished is one item with its path and files
+    (the path too: a vanished resume checkpoint was named only by its files' hashes)."""
     if recorded is None or current is None:
-        return _ref_drift(group, recorded, current, ("files",))
+        return _ref_drift(group, recorded, current, ("path", "files"))
     old, new = recorded["files"], current["files"]
     return [
         DriftItem(field=f"{group}.files.{name}", recorded=old.get(name), current=new.get(name))

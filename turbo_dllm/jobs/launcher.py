@@ -148,13 +148,38 @@ def prepare_replay(
     current = build_manifest(spec, plan, argv, fingerprint, missing_data_ok=True)
     drift = manifest_drift(recorded, current) + _content_drift(spec)
     if drift and not allow_drift:
-        lines = "\n".join(f"  - {item}" for item in drift)
+        gone = _vanished_resume(drift, spec)
+        lines = "\n".join(
+            f"  - {item}{gone if gone and item.field == 'resume' else ''}" for item in drift
+        )
+        hint = f"restore the recorded {_drifted_groups(drift)}, or pass --allow-drift to run "
+        hint += "anyway (the drift is written into the new manifest)"
+        if gone:
+            # --allow-drift cannot run it: no checkpoint to start from (check_inputs, below).
+            others = [item for item in drift if item.field != "resume"]
+            folder = path if path.is_dir() else path.parent
+            written = [
+                p for p in (folder, Path(recorded.plan.run_dir)) if (p / SPEC_NAME).is_file()
+            ]
+            again = _q(written[0] / SPEC_NAME) if written else "SPEC (the manifest's spec as YAML)"
+            hint = (
+                f"put the recorded checkpoint back at {recorded.resume.path} (the replay starts "
+                "from it, with --allow-drift too)"
+                + (
+                    f", then restore the recorded {_drifted_groups(others)} or pass --allow-drift "
+                    "for that"
+                    if others
+                    else ""
+                )
+                + "; or train the run's spec from another checkpoint, as a new run: dllm launch "
+                f"--config {again} --set "
+                "checkpoint.resume=PATH --run-dir NEW_DIR"
+            )
         raise DllmError(
             f"replay of run {recorded.run_id} refused: {len(drift)} input"
             f"{'s' if len(drift) > 1 else ''} drifted since it was recorded "
             f"(recorded -> now):\n{lines}",
-            hint=f"restore the recorded {_drifted_groups(drift)}, or pass --allow-drift to run "
-            "anyway (the drift is written into the new manifest)",
+            hint=hint,
         )
     # Drift allowed, the inputs must still be there and fit the spec, as a launch's must: the
     # run dir was written, then every worker failed on a vanished or misfit artifact.
@@ -171,6 +196,17 @@ def prepare_replay(
     return PreparedJob(
         spec=spec, plan=plan, manifest=manifest, source=str(path), host=host, drift=drift
     )
+
+
+def _vanished_resume(drift: list[DriftItem], spec: RunSpec) -> str:
+    """What a replay finds at checkpoint.resume where the recorded checkpoint is gone (its whole
+    record drifted to none), as the end of its drift line; "" where it is not gone."""
+    if not any(item.field == "resume" and item.current is None for item in drift):
+        return ""
+    resume = spec.checkpoint.resume
+    if not Path(resume).exists():
+        return f": checkpoint.resume {resume} does not exist now"
+    return f": checkpoint.resume {resume} holds no complete checkpoint now"
 
 
 def _original_run_dir(path: Path, recorded: RunManifest) -> Path:

@@ -287,9 +287,14 @@ def write_exclusive(path: Path, data: bytes) -> Path:
 
 
 def _show(value: Any) -> str:
-    """A drift value as read: `(none)` for none, a string as it is, anything else as JSON."""
+    """A drift value as read: `(none)` for none, a string as it is, a folder's record (its path
+    and every file's sha256) as its path and file count, anything else as JSON. The record read
+    as JSON was one long line of hashes, without its path for a folder that vanished."""
     if value is None:
         return "(none)"
+    if isinstance(value, dict) and isinstance(value.get("files"), dict) and len(value) <= 2:
+        count = len(value["files"])
+        return f"{value.get('path') or 'a folder'} ({count} file{'s' if count != 1 else ''})"
     return value if isinstance(value, str) else _json(value)
 
 
