@@ -70,6 +70,24 @@ def test_an_autoregressive_drafter_needs_a_block_size(cli, world, ar_drafter):
     assert_user_error(result, "one token a forward")
 
 
+def test_an_autoregressive_drafter_of_another_tokenizer_than_the_data_is_refused(
+    cli, world, ar_drafter, tmp_path
+):
+    """A target folder without a tokenizer (a byte-level export) left an autoregressive
+    drafter of another tokenizer unchecked: every draft was rejected and eval reported tau 1.0,
+    lossless. The drafter's tokenizer is compared with the one --data was prepared with."""
+    from tests.dflash.test_target_tokenizer import _with_tokenizer
+
+    other = _with_tokenizer(ar_drafter, tmp_path / "word-level-drafter")
+    flags = ("--block-size", "4", "--max-new-tokens", "8", "--num-prompts", "1")
+    result = _eval(cli, world["target"], other, world["artifact"], *flags)
+    assert_user_error(
+        result, f"the drafter {str(other)!r} has another tokenizer", "--data", "holds no tokenizer"
+    )
+    result = _eval(cli, world["target"], ar_drafter, world["artifact"], *flags, "--json")
+    assert result.code == 0, result.err  # no tokenizer in either folder: not compared, as before
+
+
 def test_a_drafter_of_another_target_is_refused_before_decoding(cli, world, drafter, tmp_path):
     other = dict(json.loads((world["target"] / "config.json").read_text()))
     other["hidden_size"] = 96

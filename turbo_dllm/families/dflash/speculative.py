@@ -565,7 +565,7 @@ def compare(
         )
     others = []
     for drafter in drafters:
-        _check_autoregressive(drafter, block_size, target, target_config)
+        _check_autoregressive(drafter, block_size, target, target_config, data)
         dflash = _architecture(drafter).startswith("DFlash")
         others.append(
             dflash and _check_dflash_drafter(drafter, target, target_config, allow_other_target)
@@ -706,7 +706,7 @@ def _warn_past_context(
 
 
 def _check_autoregressive(
-    drafter: str, block_size: int | None, target: str, target_config
+    drafter: str, block_size: int | None, target: str, target_config, data: str
 ) -> None:
     """An autoregressive drafter needs a block size and the target's tokenizer: the same ids for
     the same text. Where both folders hold a tokenizer (loaded as `tokenizer.path` is, compared by
@@ -714,10 +714,12 @@ def _check_autoregressive(
     the other (added tokens). Embedding tables of other sizes pass only where that shows: one
     tokenizer padded to two sizes (Qwen2.5-0.5B: 151,936 rows, Qwen2.5-7B: 152,064, over one
     tokenizer of 151,665 ids), every id it defines a row of both tables; the drafter then
-    drafts below the smaller size only (`_AutoregressiveProposer`)."""
+    drafts below the smaller size only (`_AutoregressiveProposer`). A target folder without a
+    tokenizer leaves `--data`'s (the target's text, `_prompts`) to compare the drafter's with:
+    a drafter of another tokenizer only ever had its drafts rejected (tau 1, lossless)."""
     if _architecture(drafter).startswith("DFlash"):
         return
-    from turbo_dllm.data.tokenizers import _vocab_sha256, folder_vocabulary
+    from turbo_dllm.data.tokenizers import _vocab_sha256, folder_vocabulary, vocabulary_fits
     from turbo_dllm.families.base import read_hf_config
 
     if block_size is None:
@@ -732,6 +734,19 @@ def _check_autoregressive(
                 f"the drafter {drafter!r} has another tokenizer than the target {target!r} "
                 f"(vocabulary sha256 {_vocab_sha256(ours)[:12]}, the target's "
                 f"{_vocab_sha256(theirs)[:12]}): its token ids would be other text to the target",
+                hint="a drafter must share the target's tokenizer",
+            )
+    if theirs is None and ours is not None:
+        from turbo_dllm.data.artifact import read_manifest
+
+        prepared = read_manifest(data).tokenizer
+        if not vocabulary_fits(data, prepared.vocab_sha256, ours):
+            raise DllmError(
+                f"the drafter {drafter!r} has another tokenizer (vocabulary sha256 "
+                f"{_vocab_sha256(ours)[:12]}) than --data {data!r} was prepared with "
+                f"({prepared.kind}, {prepared.vocab_sha256[:12]}; the target {target!r} holds "
+                "no tokenizer, so --data stands for its text): its token ids would be other text "
+                "to the target",
                 hint="a drafter must share the target's tokenizer",
             )
     if vocab == rows:
