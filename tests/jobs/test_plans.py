@@ -224,6 +224,54 @@ def test_world_size_mismatch_hint_names_changes_that_fix_it(cli, spec_file, work
     assert_user_error(result, "e.g. --set topology.dp=4 or --nproc-per-node 1\n")
 
 
+def test_a_process_count_no_dp_fits_gets_concrete_fixes(cli, spec_file, workdir):
+    """3 processes for a topology of 2 (cp 2): no dp makes dp*2 = 3, and the hint read
+    `--set topology.dp=N`, a literal N. It names the counts that fit instead, each pasteable."""
+    cp = ("--set", "topology.cp=2")
+    result = cli("launch", "--config", spec_file, *cp, "--nproc-per-node", "3", "--dry-run")
+    assert_user_error(
+        result,
+        "e.g. --nproc-per-node 2 or --nproc-per-node 4 --set topology.dp=2 (3 is not a multiple "
+        "of fsdp*max(cp,bp)*tp = 2: no dp fits it)\n",
+    )
+    assert "=N" not in result.err
+    fixed = cli(
+        "launch",
+        "--config",
+        spec_file,
+        *cp,
+        "--nproc-per-node",
+        "4",
+        "--set",
+        "topology.dp=2",
+        "--dry-run",
+    )
+    assert fixed.code == 0, fixed.err
+    # Several nodes: the per-node counts whose total dp fits.
+    args = ("--backend", "slurm", "--nproc-per-node", "1", "--nnodes", "3", "--dry-run")
+    result = cli("launch", "--config", spec_file, *cp, *args)
+    assert_user_error(result, "e.g. --nnodes 2 or --nproc-per-node 2 --set topology.dp=3 (3 is")
+
+
+def test_doctors_world_size_check_names_concrete_fixes(spec_file):
+    """dllm launch's readiness check (its plan in ctx.extras) read `--set topology.dp=N` and
+    `--nproc-per-node N --nnodes M`."""
+    from types import SimpleNamespace
+
+    from turbo_dllm.doctor import DoctorContext
+    from turbo_dllm.doctor.checks.launch import topology_world_size
+
+    spec = load_runspec(spec_file, ["topology.cp=2"])
+    plan = SimpleNamespace(world_size=3, nproc_per_node=3, nnodes=1, elastic_axis=None)
+    result = topology_world_size(DoctorContext(spec=spec, extras={"job_plan": plan}))
+    assert result.status == "fail"
+    assert "`--nproc-per-node 2` or `--nproc-per-node 4 --set topology.dp=2`" in result.fix
+    assert "=N" not in result.fix and " N " not in result.fix
+    plan = SimpleNamespace(world_size=4, nproc_per_node=4, nnodes=1, elastic_axis=None)
+    result = topology_world_size(DoctorContext(spec=spec, extras={"job_plan": plan}))
+    assert "`--set topology.dp=2` or `--nproc-per-node 2`" in result.fix
+
+
 @pytest.mark.parametrize("command", ["launch", "train"])
 def test_a_resume_path_that_does_not_exist_is_refused_before_the_run_dir(
     cli, spec_file, workdir, command

@@ -277,25 +277,43 @@ def _check_world_size(spec: RunSpec, world: int, nproc: int, nnodes: int) -> Non
         check(spec, world_size=world, source="RunSpec")
     except DllmError as error:
         topo = spec.topology
+        rest = topo.fsdp * topo.context_degree * topo.tp
+        why = (
+            f" ({world} is not a multiple of fsdp*max(cp,bp)*tp = {rest}: no dp fits it)"
+            if world % rest
+            else ""
+        )
         raise DllmError(
             f"{error.message}\n  launch: {nnodes} node(s) x {nproc} process(es) = {world}",
             hint=f"make topology dp*fsdp*max(cp,bp)*tp ({topo.world_size}) equal the process "
-            f"count ({world}): e.g. {' or '.join(_world_size_fixes(spec, world, nproc, nnodes))}",
+            f"count ({world}): e.g. {' or '.join(world_size_fixes(topo, world, nproc, nnodes))}"
+            f"{why}",
         ) from None
 
 
-def _world_size_fixes(spec: RunSpec, world: int, nproc: int, nnodes: int) -> list[str]:
-    """The changes that make the topology's product and the process count agree. The hint
-    offered `--nproc-per-node {product // nodes}` even where that was the value given (a
-    3-node launch of a 1-process topology: `--nproc-per-node 1`) or did not divide."""
-    topo = spec.topology
+def world_size_fixes(topo, world: int, nproc: int, nnodes: int) -> list[str]:
+    """The changes that make the topology's product and the process count (`nnodes` x `nproc`
+    = `world`) agree, each as command-line flags to paste: the dp that fits the count, the
+    process count the topology has (--nproc-per-node or --nnodes), and where no dp fits the
+    count (not a multiple of fsdp*max(cp,bp)*tp), the nearest per-node counts below and above
+    that one does, with that dp. The hint offered `--nproc-per-node {product // nodes}` even
+    where that was the value given (a 3-node launch of a 1-process topology:
+    `--nproc-per-node 1`) or did not divide, and `--set topology.dp=N`, a literal N, where no
+    dp fits."""
     rest = topo.fsdp * topo.context_degree * topo.tp
-    fixes = [f"--set topology.dp={world // rest if world % rest == 0 else 'N'}"]
+    fixes = [f"--set topology.dp={world // rest}"] if world % rest == 0 else []
     per_node, left = divmod(topo.world_size, nnodes)
     if not left and per_node != nproc:
         fixes.append(f"--nproc-per-node {per_node}")
     elif topo.world_size % nproc == 0 and topo.world_size // nproc != nnodes:
         fixes.append(f"--nnodes {topo.world_size // nproc}")
+    if world % rest:
+        below = [p for p in range(nproc - 1, 0, -1) if (nnodes * p) % rest == 0][:1]
+        above = next(p for p in range(nproc + 1, nproc + rest + 1) if (nnodes * p) % rest == 0)
+        for p in [*below, above]:
+            dp = nnodes * p // rest
+            if dp != topo.dp:  # with dp as it is: the --nproc-per-node above
+                fixes.append(f"--nproc-per-node {p} --set topology.dp={dp}")
     return fixes
 
 

@@ -54,12 +54,17 @@ def topology_world_size(ctx: DoctorContext) -> CheckResult:
     if world is None:
         return CheckResult(name, "pass", f"{product} (pass --world-size to check a launch)")
     if world != topo.world_size:
+        from turbo_dllm.jobs.compiler import world_size_fixes
+
+        nproc, nnodes = (plan.nproc_per_node, plan.nnodes) if plan is not None else (world, 1)
+        # Concrete values: it read `--set topology.dp=N` whatever the counts
+        fixes = " or ".join(f"`{fix}`" for fix in world_size_fixes(topo, world, nproc, nnodes))
         return CheckResult(
             name,
             "fail",
             f"{product}, but the launch starts {world} processes",
-            fix="change topology (e.g. --set topology.dp=N) or the process count (`dllm "
-            "launch --nproc-per-node N --nnodes M`) so they match",
+            fix=f"change topology or the process count so they match, e.g. {fixes} (flags of "
+            "`dllm launch`)",
         )
     return CheckResult(name, "pass", f"{product} = the launch's {world} processes")
 
