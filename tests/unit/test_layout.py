@@ -304,5 +304,14 @@ def test_layout_round_trips_and_resizes_the_elastic_axis():
         layout.resized("dp", 10)
     assert layout.problems(12) == []
     assert layout.problems(8) == [
-        ("topology", "dp*fsdp*max(cp,bp)*tp = 3*2*1*2 = 12 but the launch has 8 processes")
+        (
+            "topology",
+            "dp*fsdp*max(cp,bp)*tp = 3*2*1*2 = 12 but the launch has 8 processes "
+            "(topology.dp=2 fits 8)",
+        )
     ]
+    assert layout.problems(6)[0][1].endswith(
+        "6 processes (6 is not a multiple of fsdp*max(cp,bp)*tp = 4, so no dp fits it; "
+        "4 or 8 processes do)"
+    )
+    assert layout.problems(3)[0][1].endswith("no dp fits it; 4 processes do)")

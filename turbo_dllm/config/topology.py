@@ -123,9 +123,26 @@ class ParallelLayout:
                 found.append(("topology.ep", "ep combines with dp, fsdp, cp and bp (tp = 1)"))
         if world_size is not None and world_size != self.world_size:
             found.append(
-                ("topology", f"{self.describe()} but the launch has {world_size} processes")
+                (
+                    "topology",
+                    f"{self.describe()} but the launch has {world_size} processes "
+                    f"({self._dp_for(world_size)})",
+                )
             )
         return found
+
+    def _dp_for(self, world_size: int) -> str:
+        """What makes the topology fit `world_size` processes by its data-parallel axis, said
+        with numbers (a hint of `topology.dp=N` left the user to work N out)."""
+        rest = self.fsdp * self.context * self.tp
+        if world_size % rest == 0:
+            return f"topology.dp={world_size // rest} fits {world_size}"
+        below = (world_size // rest) * rest
+        sizes = " or ".join(str(n) for n in (below, below + rest) if n > 0)
+        return (
+            f"{world_size} is not a multiple of fsdp*max(cp,bp)*tp = {rest}, so no dp fits it; "
+            f"{sizes} processes do"
+        )
 
     def resized(self, axis: Literal["dp", "fsdp"], world_size: int) -> ParallelLayout:
         """The layout an elastic restart at `world_size` runs: `axis` absorbs the change."""
