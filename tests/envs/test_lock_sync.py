@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import json
@@ -10,11 +9,11 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.envs.uv_stand_in import sync_held_by_uv
 from tests.envs.wheelfactory import make_wheel
 from tests.helpers import assert_user_error
 from turbo_dllm.envs.lock import LockRequest, lock_environment
@@ -338,26 +337,8 @@ def test_sigterm_during_sync_stops_uv_and_removes_the_venv_it_made(wheels, tmp_p
         f'exec {uv_binary()} "$@"\n'
     )
     slow_uv.chmod(0o755)
-    driver = (
-        "import sys\n"
-        "from turbo_dllm.envs import uvtool\n"
-        f"uvtool.uv_binary = lambda: {str(slow_uv)!r}\n"
-        "from turbo_dllm.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
     venv = tmp_path / "venv"
-    proc = subprocess.Popen(
-        [sys.executable, "-c", driver, "env", "sync", "--manifest", manifest_file,
-         "--venv", venv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    uv_pid = None
-    try:
-        deadline = time.monotonic() + 60
-        while not (marker.is_file() and marker.read_text().strip()):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        uv_pid = int(marker.read_text())
+    with sync_held_by_uv(slow_uv, marker, manifest_file, venv) as (proc, uv_pid):
         assert (venv / "pyvenv.cfg").is_file()
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
@@ -366,11 +347,6 @@ def test_sigterm_during_sync_stops_uv_and_removes_the_venv_it_made(wheels, tmp_p
         assert not venv.exists()
         with pytest.raises(ProcessLookupError):  # uv was stopped, not left running
             os.kill(uv_pid, 0)
-    finally:
-        proc.kill()
-        if uv_pid is not None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(uv_pid, signal.SIGKILL)
 
 
 def test_sync_where_it_cannot_write_is_refused_before_anything_is_made(

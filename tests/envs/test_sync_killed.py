@@ -3,18 +3,16 @@ was working on carries its mark; check and doctor refuse it, and the next sync r
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from tests.envs.test_lock_sync import lock_fixtures, private_uv_cache, wheels  # noqa: F401
+from tests.envs.uv_stand_in import sync_held_by_uv
 from tests.helpers import assert_user_error
 from turbo_dllm.envs.incomplete import MARK
 from turbo_dllm.envs.manifest import Pin, WheelFile, dump_manifest
@@ -47,33 +45,10 @@ def _killed_sync(tmp_path: Path, manifest_file: Path, venv: Path, phase: str) ->
         f'exec "{real}" "$@"\n'
     )
     slow_uv.chmod(0o755)
-    driver = (
-        "import sys\n"
-        "from turbo_dllm.envs import uvtool\n"
-        f"uvtool.uv_binary = lambda: {str(slow_uv)!r}\n"
-        "from turbo_dllm.cli import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
-    proc = subprocess.Popen(
-        [sys.executable, "-c", driver, "env", "sync", "--manifest", manifest_file,
-         "--venv", venv],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    uv_pid = None
-    try:
-        deadline = time.monotonic() + 60
-        while not (ready.is_file() and ready.read_text().strip()):
-            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-            time.sleep(0.05)
-        uv_pid = int(ready.read_text())
+    with sync_held_by_uv(slow_uv, ready, manifest_file, venv) as (proc, _):
         proc.send_signal(signal.SIGKILL)
         proc.communicate(timeout=30)
         assert proc.returncode == -signal.SIGKILL
-    finally:
-        proc.kill()
-        if uv_pid is not None:  # the machine went down: uv is gone too
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(uv_pid, signal.SIGKILL)
 
 
 def _imports(venv: Path) -> str:
