@@ -80,7 +80,14 @@ def test_a_compiled_run_fills_the_cache_and_the_next_run_finds_it_warm(tmp_path)
     """Two `dllm train` runs with training.compile on CPU: the first reports a cold cache and
     leaves inductor's artifacts in the home; the second reports it warm. Neither warns of a
     graph break."""
-    config = write_config(tmp_path / "train.yaml", "training.compile=true", "training.steps=2")
+    # One layer: each layer compiles on its own (a cold layer is ~15 s of inductor's C++ builds
+    # on CPU), and one holds the decoder layer's code, the code a graph break would be in.
+    config = write_config(
+        tmp_path / "train.yaml",
+        "training.compile=true",
+        "training.steps=2",
+        "model.config_overrides.num_hidden_layers=1",
+    )
     env = _clean_env(DLLM_HOME=str(tmp_path / "home"))
     reports = []
     for name in ("first", "second"):
