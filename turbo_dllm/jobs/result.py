@@ -34,9 +34,10 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from turbo_dllm.errors import DllmError
 from turbo_dllm.formats import read_json_record
-from turbo_dllm.host.probes import process_stat
 from turbo_dllm.fsutil import write_atomic
+from turbo_dllm.host.probes import process_stat
 
 __all__ = [
     "LAUNCHER_FORMAT",
@@ -243,7 +244,13 @@ def main(argv: list[str] | None = None) -> int:
 
         if args.slurm_job_id is None:
             parser.error("--job-started needs --slurm-job-id")
-        record_running_job(Path(args.run_dir), args.slurm_job_id)
+        try:
+            record_running_job(Path(args.run_dir), args.slurm_job_id)
+        except DllmError as error:
+            print(f"dllm: error: {error.message}", file=sys.stderr)
+            if error.hint:
+                print(f"hint: {error.hint}", file=sys.stderr)
+            return 2
         return 0
     if args.exit_code is None or args.started is None or args.backend is None:
         parser.error("--exit-code, --started and --backend are required")

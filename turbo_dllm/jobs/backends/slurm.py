@@ -338,7 +338,9 @@ def record_running_job(run_dir: Path, job_id: str) -> None:
     earlier job's (a resubmitted `sbatch job.sbatch` read as the cancelled job it followed) or
     is recorded for the first time (a script the user submitted without `--submit` read as
     `not submitted`), and an earlier attempt's result.json goes (it read as this one's). A
-    damaged record is replaced with a warning naming it: stopping the job would help no one."""
+    damaged record is replaced with a warning naming it: stopping the job would help no one.
+    A DllmError, touching nothing, where the recorded job is another one SLURM still runs (the
+    script submitted twice): that job is the run's, and this one must not train beside it."""
     import sys
 
     from turbo_dllm.jobs.result import RESULT_NAME
@@ -350,10 +352,33 @@ def record_running_job(run_dir: Path, job_id: str) -> None:
             f"dllm: warning: {error.message}; this job records itself in its place", file=sys.stderr
         )
         recorded = None
+    if recorded is not None and str(recorded["job_id"]) != job_id:
+        earlier = str(recorded["job_id"])
+        state = job_states([earlier]).get(earlier)
+        if state in _TRAINING_STATES:
+            # The same script submitted twice: the trainer's lock stops this job's workers, but
+            # this step had already taken the run over (slurm_job.json named this job, and its
+            # end wrote result.json, exit 1) while the earlier job trained on: `dllm run list`
+            # read `exit 1` for a running run, and its record named the wrong job to scancel.
+            script = recorded.get("script") or str(run_dir / SCRIPT_NAME)
+            raise DllmError(
+                f"run dir {run_dir} is being trained by SLURM job {earlier} ({state}): this job "
+                f"({job_id}) would train into it too, so it ends here, leaving the run's records "
+                "to that job",
+                hint=f"one job per run dir: to continue the run after job {earlier} has ended, "
+                f"submit it again then (sbatch {shlex.quote(script)}); to run another, launch it "
+                "into a new run dir (--run-dir)",
+            )
     if recorded is None or str(recorded["job_id"]) != job_id:
         cluster = os.environ.get("SLURM_CLUSTER_NAME") or None
         _write_submission(run_dir, job_id, cluster, str(run_dir / SCRIPT_NAME))
     (run_dir / RESULT_NAME).unlink(missing_ok=True)
+
+
+# SLURM states of a job whose workers may be training (squeue's %T words).
+_TRAINING_STATES = frozenset(
+    {"RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED", "STOPPED", "SIGNALING", "RESIZING"}
+)
 
 
 class _Submission(BaseModel):
