@@ -70,6 +70,7 @@ class RunSummary:
     launcher_hosts: tuple[str, ...] = ()  # where its launchers ran (every node's)
     last_written_at: str | None = None  # metrics.jsonl's last write (its last step)
     resumed_here: bool = False  # running: a `dllm train --run-dir` resume
+    slurm_unreachable: str | None = None  # why SLURM could not be asked (squeue missing, ...)
 
     @property
     def status(self) -> str:
@@ -101,6 +102,9 @@ class RunSummary:
             )
             why = "no launcher alive" if status == "died" else "stopped by Ctrl-C"
             return f"{status} ({when}; {why}, no result)"
+        if status == "unknown" and self.slurm_unreachable:
+            # Not a job SLURM forgot: a pending or running job read the same, with no word why.
+            return f"unknown (no answer from SLURM: {self.slurm_unreachable})"
         if status == "unknown" and self.launcher == "unknown":
             return f"unknown (launched on {', '.join(self.launcher_hosts)})"
         if status == "running" and self.resumed_here:
@@ -124,6 +128,7 @@ class RunSummary:
             "status": self.status,
             "slurm_job_id": self.slurm_job_id,
             "slurm_state": self.slurm_state,
+            "slurm_unreachable": self.slurm_unreachable,
             "replay_of": self.replay_of,
             "finished_at": self.finished_at,
             "resumed": self.resumed,
@@ -328,16 +333,18 @@ def _slurm_job_id(run_dir: Path) -> str | None:
 def _with_slurm_states(summaries: list[RunSummary]) -> list[RunSummary]:
     """Fill in SLURM's state of the submitted jobs that may still be running or that SLURM may
     have ended (one query for all of them); a clean exit code needs no question."""
-    from turbo_dllm.jobs.backends.slurm import job_states
+    from turbo_dllm.jobs.backends.slurm import query_job_states
 
     ask = [
         s.slurm_job_id for s in summaries if s.slurm_job_id and s.exit_code != 0 and not s.resumed
     ]
     if not ask:
         return summaries
-    states = job_states(ask)
+    states, problem = query_job_states(ask)
     return [
-        replace(s, slurm_state=states.get(s.slurm_job_id)) if s.slurm_job_id in ask else s
+        replace(s, slurm_state=states.get(s.slurm_job_id), slurm_unreachable=problem)
+        if s.slurm_job_id in ask
+        else s
         for s in summaries
     ]
 

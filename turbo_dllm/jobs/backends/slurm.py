@@ -50,6 +50,7 @@ __all__ = [
     "SUBMISSION_NAME",
     "find_sbatch",
     "job_states",
+    "query_job_states",
     "read_submission",
     "record_running_job",
     "render_script",
@@ -415,10 +416,17 @@ def job_states(job_ids: Iterable[str]) -> dict[str, str]:
     (MinJobAge, 300 s by default); sacct answers from accounting, where a cluster keeps it.
     Jobs neither knows (or no SLURM commands here) are left out: their state is unknown.
     """
+    return query_job_states(job_ids)[0]
+
+
+def query_job_states(job_ids: Iterable[str]) -> tuple[dict[str, str], str | None]:
+    """`job_states`, and why SLURM could not be asked where it could not (None where squeue
+    answered, if only that it knows none of the jobs): squeue not on PATH, or its error (the
+    controller down or unreachable). A job left out then is not one SLURM forgot."""
     ids = sorted(set(job_ids))
     if not ids:
-        return {}
-    states = _states(
+        return {}, None
+    states, problem = _states(
         ["squeue", "--states=all", "--noheader", "--format=%i|%T", f"--jobs={','.join(ids)}"]
     )
     missing = [job_id for job_id in ids if job_id not in states]
@@ -432,28 +440,34 @@ def job_states(job_ids: Iterable[str]) -> dict[str, str]:
                 "--format=JobIDRaw,State",
                 f"--jobs={','.join(missing)}",
             ]
-        )
-    return {job_id: states[job_id] for job_id in ids if job_id in states}
+        )[0]
+    return {job_id: states[job_id] for job_id in ids if job_id in states}, problem
 
 
-def _states(argv: list[str]) -> dict[str, str]:
-    """`id|STATE` lines of a SLURM query; nothing when the command is missing or refuses (an
-    id the controller has forgotten, accounting disabled, controller down)."""
+def _states(argv: list[str]) -> tuple[dict[str, str], str | None]:
+    """`id|STATE` lines of a SLURM query, and what kept the command from answering: nothing
+    when it is missing or refuses (an id the controller has forgotten, accounting disabled,
+    controller down), with why unless it refused only the ids (`Invalid job id specified`)."""
     command = shutil.which(argv[0])
     if command is None:
-        return {}
+        return {}, f"{argv[0]} is not on PATH"
     try:
         proc = subprocess.run([command, *argv[1:]], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
+    except subprocess.TimeoutExpired:
+        return {}, f"{argv[0]} did not answer in 30 s"
+    except OSError as error:
+        return {}, f"{argv[0]} could not run: {error.strerror or error}"
     if proc.returncode != 0:
-        return {}
+        said = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        if any("Invalid job id" in line for line in said):
+            return {}, None  # the controller answered: it knows none of these jobs
+        return {}, f"{argv[0]} failed (exit {proc.returncode})" + (f": {said[-1]}" if said else "")
     states = {}
     for line in proc.stdout.splitlines():
         job_id, sep, state = line.strip().partition("|")
         if sep and state.strip():
             states[job_id.strip()] = state.split()[0]  # sacct: "CANCELLED by 0"
-    return states
+    return states, None
 
 
 def _parse_job_id(output: str) -> tuple[str, str | None]:
