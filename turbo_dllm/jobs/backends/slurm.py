@@ -189,6 +189,10 @@ def render_script(plan: JobPlan) -> str:
     # with a `%` (runs/p%xq) named a folder that does not exist, and the job failed to start.
     output = plan.run_dir.replace("%", "%%") + "/slurm-%j.out"
     head.append(f"#SBATCH --output={_sbatch_value(output)}")
+    # A requeued job (scontrol requeue, a node failure, preemption) keeps its id, so its next
+    # start writes the same slurm-<id>.out, which sbatch's default (truncate) emptied: the
+    # earlier attempt's steps and errors were lost.
+    head.append("#SBATCH --open-mode=append")
     if job.stop_warning_s:
         # To every process of the job's steps (not `B:`, the batch shell alone, which would
         # have to reach each node's step itself); slurm_step acts on it.
