@@ -33,6 +33,13 @@ def fake_command(bin_dir: Path, name: str, script: str) -> Path:
     return path
 
 
+def saved_step(run_dir: Path, step: int = 2) -> None:
+    """A saved checkpoint as the trainer leaves it: checkpoints/step_<N>/checkpoint.json."""
+    folder = run_dir / "checkpoints" / f"step_{step:08d}"
+    folder.mkdir(parents=True)
+    (folder / "checkpoint.json").write_text("{}")
+
+
 def slurm_launch(cli, spec_file, *extra):
     result = cli("launch", "--config", spec_file, *SLURM, *TWO_CPU_RANKS, *extra)
     assert result.code == 0, result.err
@@ -506,6 +513,7 @@ def test_list_follows_the_job_through_slurm(cli, spec_file, workdir, monkeypatch
     # 143: stopped on SLURM's time-limit warning (or SIGTERM), the step under way saved.
     assert status("echo '4242|FAILED'\n", no_accounting)["submitted"]["status"] == "stopped"
 
+    saved_step(run_dir)  # what a stop on the warning leaves (test_slurm_stop_before_first_step)
     shown = cli("run", "show", "submitted")
     stopped = "; stopped (exit 143: the step under way saved, resumable)\n"
     assert stopped + "ended        exit status 143 at " in shown.out, shown.out
@@ -590,6 +598,7 @@ def test_a_job_stopped_on_the_warning_says_how_to_continue(cli, spec_file, workd
         "SLURM_JOB_ID": "78",
         "SLURM_JOB_NODELIST": "node7",
     }
+    saved_step(run_dir)  # the workers' save (without one: test_slurm_stop_before_first_step)
     proc = subprocess.run(["bash", run_dir / "job.sbatch"], env=env, capture_output=True, text=True)
     assert proc.returncode == 143, proc.stderr
     assert "dllm: run warned stopped before its time limit" in proc.stderr

@@ -708,6 +708,12 @@ def _resume_command(plan: JobPlan, run_dir: Path) -> str:
     return f" (under torchrun, as its plan does): {env} {torchrun} -m turbo_dllm train {train}"
 
 
+def _checkpoint_dir(job: PreparedJob) -> str | None:
+    """The spec's checkpoint.dir, where a SLURM job's script looks for a saved step."""
+    value = job.manifest.recorded("checkpoint", "dir")
+    return value if isinstance(value, str) else None
+
+
 def materialize(job: PreparedJob) -> None:
     """Create the run dir with spec.yaml, manifest.json (and the sbatch script) before any
     worker starts. A multi-node launch joins a run dir another node created for the same job;
@@ -739,7 +745,9 @@ def materialize(job: PreparedJob) -> None:
             from turbo_dllm.jobs.backends.slurm import render_script
 
             script = Path(job.plan.slurm.script)
-            written.append(write_exclusive(script, render_script(job.plan).encode()))
+            written.append(
+                write_exclusive(script, render_script(job.plan, _checkpoint_dir(job)).encode())
+            )
             script.chmod(0o755)
         try:
             write_manifest(job.manifest, run_dir)

@@ -70,6 +70,7 @@ class RunSummary:
     launcher_hosts: tuple[str, ...] = ()  # where its launchers ran (every node's)
     last_written_at: str | None = None  # metrics.jsonl's last write (its last step)
     resumed_here: bool = False  # running: a `dllm train --run-dir` resume
+    saved_nothing: bool = False  # stopped (143) with no checkpoint: before its first step
     slurm_unreachable: str | None = None  # why SLURM could not be asked (squeue missing, ...)
 
     @property
@@ -109,6 +110,12 @@ class RunSummary:
             return f"unknown (launched on {', '.join(self.launcher_hosts)})"
         if status == "running" and self.resumed_here:
             return "running (`dllm train` resume)"
+        if status == "stopped" and self.saved_nothing:
+            # It stopped before its first step (a SLURM time limit too short for one): there
+            # was no step under way to save, and a resume starts over.
+            return (
+                f"stopped (exit {EXIT_TERMINATED} before it saved any step: a resume starts over)"
+            )
         if status == "stopped":
             return f"stopped (exit {EXIT_TERMINATED}: the step under way saved, resumable)"
         return status
@@ -258,10 +265,24 @@ def summarize(
         slurm_job_id=_slurm_job_id(run_dir) if plan.backend == "slurm" else None,
         resumed=result is not None and result.get("resumed_by") is not None,
         finished_at=finished_at if isinstance(finished_at, str) else None,
+        saved_nothing=code == EXIT_TERMINATED and not _has_checkpoint(run_dir, manifest),
     )
     if result is None and plan.backend != "slurm":
         summary = _with_launcher(summary)
     return _with_slurm_states([summary])[0] if ask_slurm else summary
+
+
+def _has_checkpoint(run_dir: Path, manifest: RunManifest) -> bool:
+    """Whether the run's checkpoint dir (checkpoint.dir, relative to the launch's folder, or
+    <run dir>/checkpoints) holds a saved step (train.checkpoint, which imports torch, names
+    them step_<N>, each with its checkpoint.json)."""
+    recorded = _spec_field(manifest, "checkpoint", "dir", str)
+    directory = Path(manifest.plan.cwd) / recorded if recorded else Path(run_dir) / "checkpoints"
+    try:
+        steps = [*directory.glob("step_*"), *directory.glob(".old-step_*")]
+        return any((step / "checkpoint.json").is_file() for step in steps)
+    except OSError:
+        return True  # cannot tell: say what a stop normally does
 
 
 def _with_launcher(summary: RunSummary) -> RunSummary:

@@ -165,8 +165,9 @@ def srun_torchrun_argv(
     return ["srun", "--kill-on-bad-exit=1", f"--cpus-per-task={cpus_per_task}", *step, *inner]
 
 
-def render_script(plan: JobPlan) -> str:
-    """The sbatch script for a SLURM plan (deterministic: same plan, same bytes)."""
+def render_script(plan: JobPlan, checkpoint_dir: str | None = None) -> str:
+    """The sbatch script for a SLURM plan (deterministic: same plan, same bytes);
+    `checkpoint_dir`: the spec's checkpoint.dir (unset: <run dir>/checkpoints)."""
     job = plan.slurm
     if job is None:
         raise ValueError("render_script needs a SLURM plan")
@@ -248,7 +249,14 @@ def render_script(plan: JobPlan) -> str:
         "DLLM_STATUS=0",
         _wrapped(srun) + " || DLLM_STATUS=$?",
         f"if [ \"$DLLM_STATUS\" -eq {EXIT_TERMINATED} ]; then",
-        f"  echo {shlex.quote(_stopped_message(plan))} >&2",
+        "  # Saved only if a step was under way, or an earlier one was: a stop before the first",
+        "  # step (a time limit too short for one) leaves nothing to continue from.",
+        f"  if ls -d -- {shlex.quote(checkpoint_dir or plan.run_dir + '/checkpoints')}/step_* "
+        "> /dev/null 2>&1; then",
+        f"    echo {shlex.quote(_stopped_message(plan))} >&2",
+        "  else",
+        f"    echo {shlex.quote(_stopped_message(plan, saved=False))} >&2",
+        "  fi",
         "fi",
         "# How the workers ended, for `dllm run list` (a job SLURM kills never gets here).",
         shell_line(record),
@@ -258,9 +266,17 @@ def render_script(plan: JobPlan) -> str:
     return "\n".join(head + body)
 
 
-def _stopped_message(plan: JobPlan) -> str:
-    """What the job says when its workers stopped on the warning (slurm_step's 143)."""
+def _stopped_message(plan: JobPlan, saved: bool = True) -> str:
+    """What the job says when its workers stopped on the warning (slurm_step's 143); `saved`:
+    whether its checkpoint dir holds a step to continue from."""
     script = shlex.quote(plan.slurm.script) if plan.slurm else SCRIPT_NAME
+    if not saved:
+        return (
+            f"dllm: run {plan.run_id} stopped before its time limit (SIGUSR1: SLURM's warning, "
+            f"or scancel --signal=USR1) before it had saved any step (exit {EXIT_TERMINATED}): "
+            "nothing to continue from, the script submitted again starts it over; if the limit "
+            f"left no time for a step, give it more: sbatch --time=MINUTES {script}"
+        )
     return (
         f"dllm: run {plan.run_id} stopped before its time limit (SIGUSR1: SLURM's warning, or "
         f"scancel --signal=USR1), the step under way saved (exit {EXIT_TERMINATED}); continue "
