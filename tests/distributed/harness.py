@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import traceback
 from datetime import timedelta
 from pathlib import Path
@@ -49,20 +50,69 @@ def run_gloo(
     )
 
 
-def _cases_worker(rank: int, world: int, results: str, run_case, cases) -> None:
-    errors = {case[0]: run_case(world, *case) for case in cases[world]}
+def _cases_worker(rank: int, world: int, results: str, batch) -> None:
+    """batch: prefix -> (run_case, cases); rank 0 writes prefix -> name -> error."""
+    errors = {
+        prefix: {case[0]: run_case(world, *case) for case in cases.get(world, [])}
+        for prefix, (run_case, cases) in batch.items()
+    }
     if rank == 0:
         Path(results).write_text(json.dumps(errors))
+
+
+# The modules that declared their cases (declare_cases, at import): prefix -> (module name,
+# run_case, cases). SELECTED: the modules with a test in this session (conftest.py sets it after
+# collection); a module imported for a helper alone is not run for it.
+_DECLARED: dict[str, tuple[str, object, dict]] = {}
+_FOUND: dict[str, dict[int, dict]] = {}
+SELECTED: set[str] = set()
+_shared_failed = False
+
+
+def declare_cases(prefix: str, run_case, cases) -> None:
+    """Declare a module's cases (call it at import): the first `errors_per_world` of the session
+    then runs the cases of every declared module with a selected test on the same processes, one
+    start per world size instead of one per module and world size."""
+    module = sys._getframe(1).f_globals["__name__"]
+    _DECLARED[prefix] = (module, run_case, cases)
+
+
+def _run_batch(batch: dict, tmp_path_factory, name: str) -> dict[str, dict[int, dict]]:
+    worlds = sorted({world for _, cases in batch.values() for world in cases})
+    found: dict[str, dict[int, dict]] = {prefix: {} for prefix in batch}
+    for world in worlds:
+        tmp = tmp_path_factory.mktemp(f"{name}-{world}")
+        results = tmp / "errors.json"
+        run_gloo(_cases_worker, world, tmp, str(results), batch)
+        for prefix, errors in json.loads(results.read_text()).items():
+            if world in batch[prefix][1]:
+                found[prefix][world] = errors
+    return found
 
 
 def errors_per_world(run_case, cases, tmp_path_factory, prefix: str) -> dict[int, dict]:
     """For each world size in `cases` (world -> [(name, *params)]), run every case on that many
     processes as run_case(world, name, *params) (a module-level function); rank 0's results,
-    name -> error, are returned keyed by world size."""
-    found = {}
-    for world in cases:
-        tmp = tmp_path_factory.mktemp(f"{prefix}-{world}")
-        results = tmp / "errors.json"
-        run_gloo(_cases_worker, world, tmp, str(results), run_case, cases)
-        found[world] = json.loads(results.read_text())
-    return found
+    name -> error, are returned keyed by world size.
+
+    The cases of the other modules that declared theirs (`declare_cases`) and have a selected
+    test run on the same processes, after this module's, and are kept for their own call. If
+    that shared run fails, each module's cases run on processes of their own from then on, so a
+    failure is reported by its own module alone."""
+    global _shared_failed
+    if prefix in _FOUND:
+        return _FOUND.pop(prefix)
+    batch = {prefix: (run_case, cases)}
+    if not _shared_failed:
+        for other, (module, other_case, other_cases) in _DECLARED.items():
+            if other not in batch and other not in _FOUND and module in SELECTED:
+                batch[other] = (other_case, other_cases)
+    if len(batch) > 1:
+        try:
+            found = _run_batch(batch, tmp_path_factory, "shared")
+        except Exception:
+            _shared_failed = True
+        else:
+            _FOUND.update(found)
+            return _FOUND.pop(prefix)
+    return _run_batch({prefix: (run_case, cases)}, tmp_path_factory, prefix)[prefix]

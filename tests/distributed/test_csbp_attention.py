@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed.harness import errors_per_world
+from tests.distributed.harness import declare_cases, errors_per_world
 from turbo_dllm.train.parallel.cp import CpAttention
 from turbo_dllm.train.parallel.csbp import CsbpAttention
 from turbo_dllm.train.parallel.dims import ParallelDims
@@ -133,6 +133,9 @@ def _run_case(world, mode, cp, bp, seq_len, block_size, device="cpu", backend="r
 
 def _named_case(world: int, name: str, *params) -> float:
     return _run_case(world, *params)
+
+
+declare_cases("attn", _named_case, CASES)  # run with the other modules' cases (harness)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tests.distributed.harness import errors_per_world
+from tests.distributed.harness import declare_cases, errors_per_world
 from tests.distributed.test_csbp_model import RTOL, _run_case
 from turbo_dllm.train.parallel.layout import CsbpLayout, clean_scorers, dual_end_block_assignment
 
@@ -39,6 +39,9 @@ CASES: dict[int, list[tuple[str, int, int, str]]] = {
         ("cp2-dp2-ar-trim", 2, 1, "autoregressive"),
     ],
 }
+
+
+declare_cases("ar", _run_case, CASES)  # run with the other modules' cases (harness)
 
 
 @pytest.fixture(scope="module")

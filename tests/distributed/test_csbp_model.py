@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed.harness import errors_per_world
+from tests.distributed.harness import declare_cases, errors_per_world
 from turbo_dllm.config.runspec import ObjectiveSpec
 from turbo_dllm.families.decoder.runtime import build_model
 from turbo_dllm.registry import get_family
@@ -162,6 +162,9 @@ def _run_case(world: int, name: str, cp: int, bp: int, objective_name: str) -> f
         scale = float(ref.abs().max()) or 1.0
         error = max(error, float((grad - ref).abs().max()) / scale)
     return error
+
+
+declare_cases("model", _run_case, CASES)  # run with the other modules' cases (harness)
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ from functools import partial
 import pytest
 import torch
 
-from tests.distributed.harness import errors_per_world
+from tests.distributed.harness import declare_cases, errors_per_world
 from turbo_dllm.config.runspec import ObjectiveSpec
 from turbo_dllm.registry import get_family
 from turbo_dllm.train.attention import build_attention
@@ -164,6 +164,9 @@ def _run_case(
     errors["grads"] = worst
     errors["sharded"] = sharded
     return errors
+
+
+declare_cases("family-tp", _run_case, CASES)  # run with the other modules' cases (harness)
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tests.distributed.harness import errors_per_world
+from tests.distributed.harness import declare_cases, errors_per_world
 from turbo_dllm.config.runspec import ObjectiveSpec
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.decoder.runtime import (
@@ -171,6 +171,9 @@ def _run_case(
     for fused, foreach in [(False, False)] if mixed else [(False, True), (True, False)]:
         torch.optim.AdamW(model.parameters(), lr=1e-3, fused=fused, foreach=foreach).step()
     return errors
+
+
+declare_cases("tp-model", _run_case, CASES)  # run with the other modules' cases (harness)
 
 
 @pytest.fixture(scope="module")
