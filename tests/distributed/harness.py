@@ -64,7 +64,8 @@ def _cases_worker(rank: int, world: int, results: str, batch) -> None:
 # run_case, cases). SELECTED: the modules with a test in this session (conftest.py sets it after
 # collection); a module imported for a helper alone is not run for it.
 _DECLARED: dict[str, tuple[str, object, dict]] = {}
-_FOUND: dict[str, dict[int, dict]] = {}
+_FOUND: dict[str, dict[int, dict]] = {}  # results kept for their module's own call
+_RUN: set[str] = set()  # prefixes whose cases a shared run has run (once, even if asked again)
 SELECTED: set[str] = set()
 _shared_failed = False
 
@@ -105,7 +106,7 @@ def errors_per_world(run_case, cases, tmp_path_factory, prefix: str) -> dict[int
     batch = {prefix: (run_case, cases)}
     if not _shared_failed:
         for other, (module, other_case, other_cases) in _DECLARED.items():
-            if other not in batch and other not in _FOUND and module in SELECTED:
+            if other not in batch and other not in _RUN and module in SELECTED:
                 batch[other] = (other_case, other_cases)
     if len(batch) > 1:
         try:
@@ -113,6 +114,7 @@ def errors_per_world(run_case, cases, tmp_path_factory, prefix: str) -> dict[int
         except Exception:
             _shared_failed = True
         else:
+            _RUN.update(found)
             _FOUND.update(found)
             return _FOUND.pop(prefix)
     return _run_batch({prefix: (run_case, cases)}, tmp_path_factory, prefix)[prefix]
