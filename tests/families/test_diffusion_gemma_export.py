@@ -116,3 +116,38 @@ def test_every_diffusion_gemma_recipe_exports_its_block_size(recipe):
         config.to_hf_dict()["text_config"]
         == DiffusionGemmaConfig.from_hf_dict(preset).to_hf_dict()["text_config"]
     )  # nothing else changes (sft: no mask token)
+
+
+def test_a_preset_trained_on_an_artifact_exports_the_artifact_s_token_ids(tmp_path):
+    """DiffusionGemma keeps its token ids in text_config, where its reader fills Gemma's (pad 0,
+    eos 1, bos 2) for a preset, which has none. A preset trained on an artifact exported those
+    beside the artifact's tokenizer: the artifact's ids went to the root of config.json, which
+    transformers' DiffusionGemma does not read, so its embedding took byte 0 as padding_idx
+    and its text config named byte 1 as eos. The export now writes the artifact's ids where
+    both readers find them, and generation_config.json from them."""
+    write_jsonl(tmp_path / "data/data.jsonl", [{"text": "the fox runs over a dog " * 8}] * 20)
+    prepare_config(
+        write_prepare_config(
+            tmp_path / "data", packing={"seq_len": 32, "block_size": 8, "overflow": "truncate"}
+        )
+    )
+    out, config = exported(
+        tmp_path, "data.synthetic=null", f"data.artifact={tmp_path / 'data/out'}"
+    )
+    byte_level = {"bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258}
+    assert {k: config["text_config"][k] for k in byte_level} == byte_level
+    assert not set(byte_level) & set(config)  # not at the root, which nothing reads
+    generation = json.loads((out / "generation_config.json").read_text())
+    assert {k: generation[k] for k in byte_level} == byte_level
+    read = DiffusionGemmaConfig.from_hf_dict(config)
+    assert (read.bos_token_id, read.eos_token_id, read.pad_token_id) == (256, 257, 258)
+    hf = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(str(out))
+    assert hf.config.text_config.eos_token_id == 257
+    assert hf.generation_config.eos_token_id == 257
+    assert hf.model.decoder.embed_tokens.padding_idx == 258
+
+
+def test_a_preset_on_synthetic_data_exports_no_invented_generation_config(tmp_path):
+    """Synthetic data has no tokenizer: the preset's filled-in Gemma ids are no eos to stop at."""
+    out, _ = exported(tmp_path, "objective.mask_token_id=500")
+    assert not (out / "generation_config.json").exists()

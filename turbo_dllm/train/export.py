@@ -462,20 +462,31 @@ def _copy_generation_files(meta, folder: Path) -> None:
         shutil.copy2(file, folder / name)
     config_path = folder / "config.json"
     config = json.loads(config_path.read_text())
+    # Where the family keeps its token ids: DiffusionGemma's in text_config, as transformers
+    # reads them (its embedding's padding_idx, generate's eos). Its reader fills Gemma's ids
+    # (pad 0, eos 1, bos 2) where a config has none, as transformers does, so a random-init
+    # model's are the preset's, not its data's tokenizer's: they are replaced, not filled.
+    text = config.get("text_config")
+    holder = text if isinstance(text, dict) else config
+    invented = meta.model_path is None and holder is not config
     if artifact is not None:
         from turbo_dllm.data.artifact import read_manifest
 
         specials = read_manifest(artifact).special_tokens
         for role, field in _TOKEN_ID_FIELDS.items():  # fill what the model's config lacks
-            if config.get(field) is None and role in specials:
+            if invented:
+                holder[field] = None
+            if holder.get(field) is None and role in specials:
                 if role == "pad" and not _own_pad(meta, specials):
                     continue
-                config[field] = specials[role]
+                holder[field] = specials[role]
         config_path.write_text(json.dumps(config, indent=2) + "\n")
     if model_path is not None and (model_path / GENERATION_CONFIG).is_file():
         shutil.copy2(model_path / GENERATION_CONFIG, folder / GENERATION_CONFIG)
         return
-    ids = {f: config[f] for f in _TOKEN_ID_FIELDS.values() if config.get(f) is not None}
+    if invented and artifact is None:
+        return  # synthetic data: no tokenizer, and the config's ids are the preset's
+    ids = {f: holder[f] for f in _TOKEN_ID_FIELDS.values() if holder.get(f) is not None}
     if ids:
         generation: dict[str, Any] = {**ids, "_from_model_config": True}
         (folder / GENERATION_CONFIG).write_text(json.dumps(generation, indent=2) + "\n")
