@@ -252,7 +252,12 @@ def check_fla_usable() -> None:
     import importlib.util
 
     if not torch.cuda.is_available():
-        return  # _fla says "CUDA GPUs only" where it matters
+        # Said here, when the model is built, not at the first step's forward (`_fla`): by then
+        # `dllm train` had made the run dir and its checkpoints/ folder, which it then left.
+        raise DllmError(
+            "model.linear_attention 'fla' runs on CUDA GPUs only",
+            hint="set model.linear_attention: torch for CPU runs",
+        )
     import triton
 
     problem = fla_problem(
