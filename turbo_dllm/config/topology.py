@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["MESH_DIMS", "ContextMode", "ParallelLayout"]
+__all__ = ["MESH_DIMS", "ContextMode", "ParallelLayout", "world_size_fixes"]
 
 ContextMode = Literal["none", "cp", "csbp"]
 MESH_DIMS: tuple[str, ...] = ("dp_replicate", "dp_shard", "clean_replica", "cp", "tp")
@@ -171,3 +171,29 @@ class ParallelLayout:
         """Which batch `rank` reads: the ranks of one context group (and tp group) share it."""
         c = self.coordinates(rank)
         return c["dp_replicate"] * self.fsdp + c["dp_shard"]
+
+
+def world_size_fixes(topo: Any, world: int, nproc: int, nnodes: int) -> list[str]:
+    """The `dllm launch` flags that make the product of the RunSpec's topology `topo` and the
+    process count (`nnodes` x `nproc` = `world`) agree, each to paste: the dp that fits the
+    count, the process count the topology has (--nproc-per-node or --nnodes), and where no dp
+    fits the count (not a multiple of fsdp*max(cp,bp)*tp), the nearest per-node counts below and
+    above that one does, with that dp (here, below jobs and doctor, so both use it). The hint offered `--nproc-per-node {product // nodes}` even
+    where that was the value given (a 3-node launch of a 1-process topology:
+    `--nproc-per-node 1`) or did not divide, and `--set topology.dp=N`, a literal N, where no
+    dp fits."""
+    rest = topo.fsdp * topo.context_degree * topo.tp
+    fixes = [f"--set topology.dp={world // rest}"] if world % rest == 0 else []
+    per_node, left = divmod(topo.world_size, nnodes)
+    if not left and per_node != nproc:
+        fixes.append(f"--nproc-per-node {per_node}")
+    elif topo.world_size % nproc == 0 and topo.world_size // nproc != nnodes:
+        fixes.append(f"--nnodes {topo.world_size // nproc}")
+    if world % rest:
+        below = [p for p in range(nproc - 1, 0, -1) if (nnodes * p) % rest == 0][:1]
+        above = next(p for p in range(nproc + 1, nproc + rest + 1) if (nnodes * p) % rest == 0)
+        for p in [*below, above]:
+            dp = nnodes * p // rest
+            if dp != topo.dp:  # with dp as it is: the --nproc-per-node above
+                fixes.append(f"--nproc-per-node {p} --set topology.dp={dp}")
+    return fixes

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from turbo_dllm.config.runspec import RunSpec
-from turbo_dllm.config.topology import MESH_DIMS, ParallelLayout
+from turbo_dllm.config.topology import MESH_DIMS, ParallelLayout, world_size_fixes
 from turbo_dllm.config.validate import check
 from turbo_dllm.errors import DllmError
 from turbo_dllm.host.view import HostView
@@ -289,32 +289,6 @@ def _check_world_size(spec: RunSpec, world: int, nproc: int, nnodes: int) -> Non
             f"count ({world}): e.g. {' or '.join(world_size_fixes(topo, world, nproc, nnodes))}"
             f"{why}",
         ) from None
-
-
-def world_size_fixes(topo, world: int, nproc: int, nnodes: int) -> list[str]:
-    """The changes that make the topology's product and the process count (`nnodes` x `nproc`
-    = `world`) agree, each as command-line flags to paste: the dp that fits the count, the
-    process count the topology has (--nproc-per-node or --nnodes), and where no dp fits the
-    count (not a multiple of fsdp*max(cp,bp)*tp), the nearest per-node counts below and above
-    that one does, with that dp. The hint offered `--nproc-per-node {product // nodes}` even
-    where that was the value given (a 3-node launch of a 1-process topology:
-    `--nproc-per-node 1`) or did not divide, and `--set topology.dp=N`, a literal N, where no
-    dp fits."""
-    rest = topo.fsdp * topo.context_degree * topo.tp
-    fixes = [f"--set topology.dp={world // rest}"] if world % rest == 0 else []
-    per_node, left = divmod(topo.world_size, nnodes)
-    if not left and per_node != nproc:
-        fixes.append(f"--nproc-per-node {per_node}")
-    elif topo.world_size % nproc == 0 and topo.world_size // nproc != nnodes:
-        fixes.append(f"--nnodes {topo.world_size // nproc}")
-    if world % rest:
-        below = [p for p in range(nproc - 1, 0, -1) if (nnodes * p) % rest == 0][:1]
-        above = next(p for p in range(nproc + 1, nproc + rest + 1) if (nnodes * p) % rest == 0)
-        for p in [*below, above]:
-            dp = nnodes * p // rest
-            if dp != topo.dp:  # with dp as it is: the --nproc-per-node above
-                fixes.append(f"--nproc-per-node {p} --set topology.dp={dp}")
-    return fixes
 
 
 def _elastic_world_sizes(spec: RunSpec, nproc: int, low: int, high: int) -> tuple[str, list[int]]:

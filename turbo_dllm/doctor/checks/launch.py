@@ -54,7 +54,7 @@ def topology_world_size(ctx: DoctorContext) -> CheckResult:
     if world is None:
         return CheckResult(name, "pass", f"{product} (pass --world-size to check a launch)")
     if world != topo.world_size:
-        from turbo_dllm.jobs.compiler import world_size_fixes
+        from turbo_dllm.config.topology import world_size_fixes
 
         nproc, nnodes = (plan.nproc_per_node, plan.nnodes) if plan is not None else (world, 1)
         # Concrete values: it read `--set topology.dp=N` whatever the counts
