@@ -251,7 +251,10 @@ def test_resume_from_a_torn_step_folder_is_refused(tmp_path):
         result = dllm(
             "train", "--config", config, "--run-dir", run, "--set", f"checkpoint.resume={path}"
         )
-        assert_user_error(result_of(result), f"checkpoint.resume points at {str(path)!r}")
+        # refused with the spec's inputs, before the run dir is touched (jobs.launcher.check_inputs)
+        assert_user_error(
+            result_of(result), f"checkpoint.resume: {path} holds no complete checkpoint"
+        )
     assert not (run / "checkpoints/step_00000002/checkpoint.json").exists()
 
 
