@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from tests.jobs.conftest import SMALL_SPEC
 from tests.jobs.test_runs_cli import slurm_run
 from tests.jobs.test_slurm_plans import fake_command
 
@@ -56,24 +57,9 @@ def test_a_second_job_of_a_run_whose_job_runs_ends_without_taking_it_over(
         assert json.loads((run_dir / "slurm_job.json").read_text())["job_id"] == "43"
 
 
-SPEC = """
-launch:
-  seed: 0
-model:
-  family: qwen3
-  from_config: tiny
-objective:
-  name: block_diffusion
-  block_size: 16
-data:
-  synthetic:
-    num_sequences: 32
-    vocab_size: 512
-  seq_len: 64
-training:
-  micro_batch_size: 2
-  steps: 100000
-"""
+# The jobs' small spec, training on until it is cancelled: the second job meets it running.
+SPEC = SMALL_SPEC.replace("steps: 4", "steps: 100000")
+assert SPEC != SMALL_SPEC
 
 
 @pytest.mark.slow
