@@ -43,3 +43,15 @@ def assert_user_error(result, *needles: str) -> None:
     assert "Traceback" not in result.err
     for needle in needles:
         assert needle in result.err, (needle, result.err)
+
+
+def wait_for_file(child: subprocess.Popen, path: Path, what: str, timeout: float = 120) -> None:
+    """Poll until `path` exists (a process held at a point writes it there), failing with
+    `child`'s stderr if it ended first or with `what` if `timeout` seconds pass."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert child.poll() is None, child.stderr.read()
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)

@@ -11,7 +11,7 @@ import yaml
 
 from tests.dflash.helpers import drafter_document, drafter_spec
 from tests.dflash.test_dflash2_training import DFLASH2
-from tests.helpers import assert_user_error
+from tests.helpers import assert_user_error, wait_for_file
 from tests.train.util import metrics
 from turbo_dllm.families.dflash.features import read_features_manifest
 from turbo_dllm.train.entry import train
@@ -489,7 +489,6 @@ def test_sigterm_records_the_shard_written_meanwhile(world, data, whole, tmp_pat
     import signal
     import subprocess
     import sys
-    import time
 
     from turbo_dllm.config.load import load_runspec
     from turbo_dllm.families.dflash.features import prepare_features
@@ -503,11 +502,7 @@ def test_sigterm_records_the_shard_written_meanwhile(world, data, whole, tmp_pat
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not computing.exists():
-            assert child.poll() is None, child.stderr.read()
-            assert time.monotonic() < deadline, "prepare-features never reached its second shard"
-            time.sleep(0.05)
+        wait_for_file(child, computing, "prepare-features never reached its second shard")
         child.send_signal(signal.SIGTERM)
         assert child.wait(timeout=60) == -signal.SIGTERM
     finally:

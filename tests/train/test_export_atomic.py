@@ -9,11 +9,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_for_file
 from tests.train.util import tiny_spec
 from turbo_dllm.errors import DllmError
 from turbo_dllm.train import export, weights
@@ -117,11 +117,7 @@ def test_sigterm_mid_export_leaves_no_staging_folder(run, tmp_path):
         text=True,
     )
     try:
-        deadline = time.monotonic() + 120
-        while not (tmp_path / "writing").exists():
-            assert child.poll() is None, child.stderr.read()
-            assert time.monotonic() < deadline, "the export never reached its writing"
-            time.sleep(0.05)
+        wait_for_file(child, tmp_path / "writing", "the export never reached its writing")
         child.send_signal(signal.SIGTERM)
         assert child.wait(timeout=60) == -signal.SIGTERM
     finally:
