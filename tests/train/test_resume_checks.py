@@ -89,6 +89,35 @@ def test_resume_of_another_familys_checkpoint_names_both_families(tmp_path):
     assert "model.family: nemotron_diffusion" in error.hint
 
 
+def _diffusion_gemma_run(tmp_path):
+    from tests.train.util import two_step_run
+
+    base = two_step_run({"family": "diffusion_gemma", "from_config": "tiny"})
+    base["objective"]["block_size"] = 16  # the preset's canvas_length
+    train(tiny_spec(base=base), tmp_path / "dg")
+    return base
+
+
+def test_resume_into_a_diffusion_gemma_names_the_text_config_fields_that_differ(run, tmp_path):
+    """diffusion_gemma keeps its sizes in text_config: the message compared top-level keys only
+    and said `vocab_size 512 -> -` (both 512) of a qwen3 checkpoint resumed into it."""
+    base = _diffusion_gemma_run(tmp_path)
+    with pytest.raises(DllmError) as caught:
+        train(tiny_spec(*ARGS, "training.steps=5", base=base), run)
+    message = caught.value.message
+    assert "holds a qwen3 model and this RunSpec builds diffusion_gemma" in message
+    assert "num_hidden_layers 2 -> 3" in message
+    assert "vocab_size" not in message  # 512 in both
+    # A diffusion_gemma checkpoint resumed with another text_config size names that field.
+    with pytest.raises(DllmError) as caught:
+        train(
+            tiny_spec("model.config_overrides.moe_intermediate_size=16", base=base),
+            tmp_path / "dg",
+        )
+    message = caught.value.message
+    assert "different model shape than this RunSpec (moe_intermediate_size 32 -> 16)" in message
+
+
 def test_a_resume_says_which_batch_and_objective_settings_changed(run, capsys):
     capsys.readouterr()
     train(tiny_spec(*ARGS), run)  # the run's own spec: nothing to say

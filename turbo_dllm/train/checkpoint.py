@@ -171,10 +171,34 @@ def same_model(saved: dict[str, Any], current: dict[str, Any]) -> bool:
     return _shape(saved) == _shape(current)
 
 
+def _fields(config: dict[str, Any]) -> dict[str, Any]:
+    """A config as flat `field: value` pairs for `model_differences`: a `text_config`'s keys
+    (diffusion_gemma, multimodal qwen3_5) are the text model's and read as top-level ones (so
+    a decoder's `vocab_size` meets diffusion_gemma's `text_config.vocab_size`), any other
+    nested object's as `parent.key` (`vision_config.hidden_size`, `rope_parameters.rope_theta`)."""
+    flat: dict[str, Any] = {}
+
+    def walk(prefix: str, value: Any) -> None:
+        if isinstance(value, dict) and value:
+            for key, inner in value.items():
+                walk(f"{prefix}.{key}" if prefix else key, inner)
+        else:
+            flat[prefix] = value
+
+    for key, value in config.items():
+        if key == "text_config" and isinstance(value, dict):
+            for inner, field in value.items():
+                walk(f"text_config.{inner}" if inner in config else inner, field)
+        else:
+            walk(key, value)
+    return flat
+
+
 def model_differences(saved: dict[str, Any], current: dict[str, Any], limit: int = 6) -> str:
     """The config fields where a checkpoint's model and a run's differ, as `field saved ->
-    current` (`-` where one lacks the field), for an error message."""
-    saved, current = _shape(saved), _shape(current)
+    current` (`-` where one lacks the field), for an error message; nested configs (a
+    `text_config`, `rope_parameters`) are compared field by field (`_fields`)."""
+    saved, current = _fields(_shape(saved)), _fields(_shape(current))
     keys = [k for k in {**saved, **current} if saved.get(k, "-") != current.get(k, "-")]
     shown = ", ".join(f"{k} {saved.get(k, '-')} -> {current.get(k, '-')}" for k in keys[:limit])
     return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
