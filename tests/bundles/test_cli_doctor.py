@@ -287,6 +287,23 @@ def test_doctor_fails_native_when_the_bundle_does_not_fit(cli, tmp_path, install
     assert "cxx11_abi: host" in checks["kernel bundle"]["detail"]
 
 
+def test_doctor_without_a_config_does_not_blame_a_runspec_for_a_bundle_that_does_not_fit(
+    cli, installed, monkeypatch
+):
+    """Was: plain `dllm doctor` (no --config) warned "the RunSpec asks for `kernels: native`,
+    but the active bundle ... does not fit", naming a RunSpec nobody gave; its fix lacked the
+    `--index URL` note the kernel bundle check gives."""
+    monkeypatch.setenv("DLLM_OVERRIDE_CXX11_ABI", "0" if installed.target.cxx11_abi else "1")
+    result = cli("doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(result.out)["checks"]}
+    kernels = checks["kernels"]
+    assert kernels["status"] == "warn", kernels
+    assert "RunSpec" not in kernels["detail"]
+    assert kernels["detail"].startswith(f"not loaded: the active bundle {installed.bundle_id}")
+    assert "cxx11_abi: host" in kernels["detail"]
+    assert kernels["fix"] == checks["kernel bundle"]["fix"]
+
+
 def test_doctor_on_a_login_node_compares_the_bundle_with_the_overridden_host(
     cli, tmp_path, cpu_bundle, monkeypatch
 ):

@@ -134,12 +134,22 @@ def kernels_for_spec(ctx: DoctorContext) -> CheckResult:
     kind = _wants(ctx)
     if kind is None:
         try:
-            if active_bundle() is None:
+            bundle = active_bundle()
+            if bundle is None:
                 return CheckResult(
                     "kernels", "pass", "no bundle to load (pass --config to check one)"
                 )
+            differences = bundle.target.differences(_fingerprint(ctx))
         except DllmError as error:
             return CheckResult("kernels", "warn", error.message, fix=error.hint or "reinstall")
+        if differences:  # require_kernels would say "the RunSpec asks for": none was given
+            return CheckResult(
+                "kernels",
+                "warn",
+                f"not loaded: the active bundle {bundle.bundle_id} ({bundle.short_sha}) does "
+                "not fit this host: " + "; ".join(map(str, differences)),
+                fix=_install_fix(),
+            )
         kind = "native"
     try:
         fingerprint = _fingerprint(ctx) if kind == "native" else None
