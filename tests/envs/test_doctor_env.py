@@ -80,7 +80,24 @@ def test_no_manifest_for_the_host(monkeypatch, prod):
     monkeypatch.setattr(select, "environment_manifest", missing)
     result = env_check.environment_manifest(prod_context() if prod else DoctorContext())
     assert result.status == ("fail" if prod else "warn")
-    assert result.fix == "pass --target NAME"
+    assert result.fix.startswith("dllm env check --target NAME")
+
+
+def test_no_manifest_fits_names_the_reasons_and_a_fix_doctor_does_not_refuse(cli, monkeypatch):
+    """Was, on a host no manifest fits (an A100 node, say): "no environment manifest to compare
+    with: no environment manifest fits this host (...):", ending in a colon, the reasons dropped,
+    and the fix "pass --target NAME", which `dllm doctor` refuses (it has no --target)."""
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "sm80")
+    monkeypatch.setenv("DLLM_OVERRIDE_CUDA", "13.0")
+    result = env_check.environment_manifest(DoctorContext())
+    assert result.status == "warn"
+    assert not result.detail.endswith(":"), result.detail
+    assert "cpu-x86_64: gpus: host sm80, bundle none" in result.detail
+    assert "\n" not in result.detail
+    assert not result.fix.startswith("pass --target")
+    assert "dllm env check --target NAME" in result.fix
+    assert "dllm env lock --target NAME" in result.fix
+    assert cli("doctor", "--target", "cpu-x86_64").code == 2  # what the old fix said to do
 
 
 def test_doctor_reports_the_environment_check(cli, monkeypatch):

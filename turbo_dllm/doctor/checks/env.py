@@ -31,11 +31,22 @@ def environment_manifest(ctx: DoctorContext) -> CheckResult:
     try:
         manifest, origin = find_manifest()
     except DllmError as error:
+        # The reasons follow on indented lines ("  cpu-x86_64: gpus: host sm80, ..."): keep them
+        # (the first line alone ends in a colon), on the one line a check has.
+        lines = [line.strip() for line in error.message.splitlines() if line.strip()]
+        fix = error.hint or "dllm env sync --target TARGET --venv .venv"
+        if fix.startswith("pass --target NAME"):  # `dllm env check`'s flag: doctor has none
+            fix = (
+                "dllm env check --target NAME compares with a named manifest (dllm env list); "
+                "a venv made by dllm env sync --target NAME --venv .venv is checked against "
+                "it" + fix.removeprefix("pass --target NAME")
+            )
         return CheckResult(
             NAME,
             bad,
-            f"no environment manifest to compare with: {error.message.splitlines()[0]}",
-            fix=error.hint or "dllm env sync --target TARGET --venv .venv",
+            "no environment manifest to compare with: "
+            + " ".join(lines[:1] + [" | ".join(lines[1:])]).strip(),
+            fix=fix,
         )
     environment = inspect_environment()
     drift = compare(manifest, environment)
