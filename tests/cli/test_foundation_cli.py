@@ -331,7 +331,7 @@ def test_train_and_launch_before_prepare_name_the_prepare_config_that_writes_the
         assert_user_error(
             result,
             "create it with `dllm data prepare --config PREPARE.yaml` (a prepare.yaml with "
-            f"output.path: {project / 'other'})",
+            f"output.path: {tmp_path / 'other'})",  # a --set path is the current folder's
         )
     assert not (tmp_path / "runs").exists() and not (project / "runs").exists()
 

@@ -164,8 +164,51 @@ def load_runspec(
     from turbo_dllm.config.validate import check
 
     document = apply_overrides(read_yaml(path), overrides or [])
+    _paths_from_the_command_line(document, overrides or [], Path.cwd())
     spec = resolve_paths(load_model(RunSpec, document, str(path)), Path(path).resolve().parent)
     return check(spec, world_size=world_size, source=str(path))
+
+
+# The RunSpec fields that name files (`resolve_paths`).
+_PATH_FIELDS = (
+    "model.path",
+    "model.from_config",
+    "model.dflash.target",
+    "model.dflash.features",
+    "data.artifact",
+    "eval.artifact",
+    "launch.run_dir",
+    "checkpoint.dir",
+    "checkpoint.resume",
+)
+
+
+def _names_a_file(field: str, value: Any) -> bool:
+    if not isinstance(value, str) or not value:
+        return False
+    if field == "checkpoint.resume":
+        return value not in ("auto", "never")
+    if field == "model.from_config":  # a preset's name, or a config.json
+        return value.endswith(".json") or "/" in value
+    return True
+
+
+def _paths_from_the_command_line(document: dict[str, Any], overrides: list[str], cwd: Path) -> None:
+    """A relative path given with `--set` is the shell's, taken against the current folder as
+    every command-line path is (`--set checkpoint.resume=runs/a/checkpoints` from the project
+    folder, with `--config runs/b/spec.yaml`); one written in the YAML file stays relative to
+    the file (`resolve_paths`). In place, before validation."""
+    for item in overrides:
+        key = ".".join(part.strip() for part in item.partition("=")[0].split("."))
+        for field in _PATH_FIELDS:
+            if field != key and not field.startswith(key + "."):
+                continue
+            node: Any = document
+            *parents, last = field.split(".")
+            for part in parents:
+                node = node.get(part) if isinstance(node, dict) else None
+            if isinstance(node, dict) and _names_a_file(field, node.get(last)):
+                node[last] = absolute_path(node[last], cwd)
 
 
 def absolute_path(value: str, base_dir: Path) -> str:
