@@ -820,6 +820,45 @@ def test_serve_on_every_interface_prints_a_url_other_hosts_can_use(mirror, cli, 
     assert "install: dllm env sync --mirror http://127.0.0.1:" in result.out
 
 
+def test_serve_of_a_mirror_without_wheels_prints_what_it_can_serve(tmp_path, cli, monkeypatch):
+    """A mirror made without wheels (`dllm mirror create DIR --release R --from SITE`, the
+    bundles only) was served with "pip/uv index: URL/simple/" (there is no simple/) and
+    "install: dllm env sync --mirror URL --offline", which fails ("carries no wheels"); the
+    bundle install line, the one command that works, was not printed."""
+    from turbo_dllm.mirror import serve
+    from turbo_dllm.mirror.layout import MIRROR_FILE, MirrorFile, MirrorIndex
+
+    root = tmp_path / "bundles-only"
+    catalog = root / "releases" / "v9.9.9" / "catalog.toml"
+    catalog.parent.mkdir(parents=True)
+    catalog.write_text('format = "turbo_dllm.catalog.v1"\nrelease = "v9.9.9"\n')
+    index = MirrorIndex(
+        created_by="test",
+        release="v9.9.9",
+        files=[
+            MirrorFile(
+                path="releases/v9.9.9/catalog.toml",
+                sha256=sha256(catalog),
+                size=catalog.stat().st_size,
+                kind="catalog",
+            )
+        ],
+    )
+    (root / MIRROR_FILE).write_text(index.model_dump_json())
+    monkeypatch.setattr(serve.MirrorServer, "serve_forever", lambda self: _interrupt())
+    result = cli("mirror", "serve", root, "--port", "0", "--quiet")
+    assert result.code == 0, result.err
+    assert "install: dllm env sync" not in result.out and "/simple/" not in result.out
+    assert "no wheels" in result.out
+    line = next(x for x in result.out.splitlines() if x.startswith("bundles: "))
+    assert line.startswith("bundles: dllm bundle install --auto --index http://127.0.0.1:")
+    assert line.endswith(" --release v9.9.9")
+
+
+def _interrupt():
+    raise KeyboardInterrupt
+
+
 @pytest.mark.parametrize("catalog", [None, "no-entry"])
 def test_create_refuses_a_release_it_cannot_carry_before_downloading_wheels(
     tmp_path, wheels, monkeypatch, catalog

@@ -149,16 +149,47 @@ def _verify(args) -> int:
     return 0 if report.ok else 1
 
 
+def _carried(root: Path) -> tuple[bool, list[str]]:
+    """Whether the mirror at `root` carries wheels (a pip/uv index), and the releases whose
+    catalogs it carries, from its MIRROR.json (one that cannot be read: wheels assumed, no
+    releases, as before; `dllm mirror verify` names what is wrong with it)."""
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.mirror.source import open_mirror
+
+    try:
+        index = open_mirror(root).index()
+    except DllmError:
+        return True, []
+    wheels = index.project is not None or any(f.kind == "wheel" for f in index.files)
+    releases = sorted(
+        {f.path.split("/")[1] for f in index.of_kind("catalog") if f.path.count("/") == 2}
+    )
+    return wheels, releases
+
+
 def _serve(args) -> int:
     from turbo_dllm.mirror.serve import MirrorServer
 
     server = MirrorServer(args.mirror, host=args.host, port=args.port, quiet=args.quiet)
-    print(
-        f"serving {server.root} at {server.url}/ (pip/uv index: {server.client_url}/simple/)",
-        flush=True,
-    )
-    # Printed to be run on the nodes: a wildcard address (0.0.0.0) names this host instead.
-    print(f"install: dllm env sync --mirror {server.client_url} --offline", flush=True)
+    wheels, releases = _carried(server.root)
+    if wheels:
+        print(
+            f"serving {server.root} at {server.url}/ (pip/uv index: {server.client_url}/simple/)",
+            flush=True,
+        )
+        # Printed to be run on the nodes: a wildcard address (0.0.0.0) names this host instead.
+        print(f"install: dllm env sync --mirror {server.client_url} --offline", flush=True)
+    else:  # no simple/ index: `env sync --mirror` and pip/uv would be refused or find nothing
+        print(
+            f"serving {server.root} at {server.url}/ (no wheels: no pip/uv index, nothing for "
+            "`dllm env sync --mirror`; a mirror made --with-wheels or --wheels-from DIR has them)",
+            flush=True,
+        )
+    for release in releases:
+        print(
+            f"bundles: dllm bundle install --auto --index {server.client_url} --release {release}",
+            flush=True,
+        )
     try:
         server.serve_forever()
     except KeyboardInterrupt:
