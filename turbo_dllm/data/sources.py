@@ -109,6 +109,21 @@ class _FileLog:
         if reader.whole:
             self.read[path] = (reader.size, reader.digest.hexdigest())
 
+    def hash_whole(self, path: Path) -> tuple[int, str]:
+        """Read `path` front to back now and record its size and sha256 (an unreadable file
+        is left to the reader that comes next to report)."""
+        digest = hashlib.sha256()
+        size = 0
+        try:
+            with open(path, "rb") as handle:
+                for block in iter(lambda: handle.read(1 << 22), b""):
+                    digest.update(block)
+                    size += len(block)
+        except OSError:
+            return size, digest.hexdigest()
+        self.read[path] = (size, digest.hexdigest())
+        return self.read[path]
+
 
 def _identity(path: Path) -> tuple[int, int, int, int] | None:
     try:
@@ -734,9 +749,7 @@ def _token_id_chunks(
                 f"{label}: expected a 1-D or 2-D integer array, got {array.dtype} "
                 f"with shape {tuple(array.shape)}"
             )
-        _check_id_width(
-            array, label, name.endswith(".bin"), text_ids, source.document_separator_id
-        )
+        _check_id_width(array, label, name.endswith(".bin"), text_ids, source.document_separator_id)
         if array.ndim == 2:
             docs = (np.asarray(row) for row in array)
         else:
@@ -924,6 +937,17 @@ def _open_huggingface(
                         "download or export cut short?)",
                     )
             builder = source.name or _builder_for([str(p) for p in files])
+            cache = dllm_home() / "cache" / "datasets"
+            if given and log is not None:
+                # datasets keys its cache of a local file on its path and mtime alone: a file
+                # replaced by another of the same mtime (`cp -p`, `rsync -a`, an archive that
+                # fixes mtimes) was read from the old one's cache. A folder per content keeps
+                # each build to the bytes it read; the hashes are the provenance's too.
+                key = hashlib.sha256()
+                for path in given:
+                    size, sha256 = log.hash_whole(path)
+                    key.update(f"{size} {sha256}\n".encode())
+                cache = cache / f"files-{key.hexdigest()[:24]}"
             if builder in _TEXT_BUILDERS:  # as the text source checks its files
                 for path in given:
                     _refuse_other_encodings(_file_head(path), _label(path))
@@ -944,7 +968,7 @@ def _open_huggingface(
                     split=source.split,
                     revision=source.revision,
                     streaming=source.streaming,
-                    cache_dir=str(dllm_home() / "cache" / "datasets"),
+                    cache_dir=str(cache),
                 )
             finally:
                 datasets.config.SAVE_ORIGINAL_SHARD_LENGTHS = was
