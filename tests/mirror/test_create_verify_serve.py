@@ -109,6 +109,30 @@ def test_verify_passes_then_names_every_problem(mirror, cli):
     assert result.code == 1 and json.loads(result.out)["ok"] is False
 
 
+def test_verify_gives_a_fix_for_a_damaged_mirror_and_it_works(mirror, cli):
+    """`dllm mirror verify` named each problem and exited 1 with no fix at all (`dllm bundle
+    verify` and `dllm cache verify` give one per failing bundle or pack): what is a cluster
+    admin to do with a tampered wheel or a stray file? Now `fix:` on stderr, `fix` in JSON."""
+    root, _ = mirror
+    assert json.loads(cli("mirror", "verify", root, "--json").out)["fix"] is None
+    (root / "wheels/stray.whl").write_bytes(b"x")
+    result = cli("mirror", "verify", root)
+    assert result.code == 1
+    fix = result.err.strip().removeprefix("fix: ")
+    assert result.err.startswith("fix: ") and "wheels/stray.whl" in fix and "delete" in fix
+    (root / "wheels/stray.whl").unlink()  # the fix
+    assert cli("mirror", "verify", root).code == 0
+
+    wheel = root / "wheels/dllm_fixture_a-1.0-py3-none-any.whl"
+    wheel.write_bytes(wheel.read_bytes() + b"tampered")
+    report = json.loads(cli("mirror", "verify", root, "--json").out)
+    assert "copy the mirror again" in report["fix"]
+    assert "dllm mirror create DIR --release" in report["fix"] and "--force" in report["fix"]
+    assert "--with-wheels" in report["fix"]
+    text = cli("mirror", "verify", root)
+    assert text.code == 1 and text.err == f"fix: {report['fix']}\n"
+
+
 def test_a_missing_manifest_is_one_problem(mirror, cli):
     """A deleted manifest was named twice, by the file check and by the manifest check
     ("2 problems" for one missing file)."""

@@ -146,6 +146,8 @@ def _verify(args) -> int:
     count = len(report.problems)
     state = "ok" if report.ok else f"{count} problem{'' if count == 1 else 's'}"
     print(f"{args.mirror}: {report.checked_files} files checked, {state}")
+    if report.fix:
+        print(f"fix: {report.fix}", file=sys.stderr)
     return 0 if report.ok else 1
 
 

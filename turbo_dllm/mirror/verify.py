@@ -20,6 +20,8 @@ from turbo_dllm.mirror.source import MirrorSource, open_mirror
 
 __all__ = ["VerifyReport", "verify_mirror"]
 
+UNLISTED = ": not listed in MIRROR.json"
+
 
 @dataclass
 class VerifyReport:
@@ -33,6 +35,35 @@ class VerifyReport:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def fix(self) -> str | None:
+        """What puts a failing mirror right (None when it passed): files it does not list are
+        deleted; anything else is a copy gone wrong, so copy it again from where it was made,
+        or make it again there with the command MIRROR.json's release and targets give."""
+        if self.ok:
+            return None
+        stray = [p.split(": ", 1)[0] for p in self.problems if p.endswith(UNLISTED)]
+        if len(stray) == len(self.problems):
+            return (
+                f"delete what MIRROR.json does not list ({', '.join(stray[:3])}"
+                f"{', ...' if len(stray) > 3 else ''}): a mirror holds only what "
+                "`dllm mirror create` wrote"
+            )
+        index = self.index
+        command = (
+            f"dllm mirror create DIR --release {index.release or 'R'} --targets "
+            f"{','.join(index.targets) or 'T'}"
+        )
+        if index.project is not None or index.of_kind("wheel"):
+            command += " --with-wheels (or --wheels-from WHEELS)"
+        if index.of_kind("catalog"):
+            command += " --from SOURCE"
+        return (
+            f"{self.location} is not what was made: copy the mirror again from the machine "
+            f"it was made on, or make it again there ({command} --force) and copy that; "
+            "then `dllm mirror verify` it"
+        )
+
     def to_json(self) -> dict:
         return {
             "format": "turbo_dllm.mirror_verify.v1",
@@ -43,6 +74,7 @@ class VerifyReport:
             "files": self.checked_files,
             "problems": self.problems,
             "notes": self.notes,
+            "fix": self.fix,
         }
 
 
@@ -69,7 +101,7 @@ def _check_files(source: MirrorSource, report: VerifyReport) -> None:
         for path in sorted(entries):
             relative = path.relative_to(source.local).as_posix()
             if relative not in listed:
-                report.problems.append(f"{relative}: not listed in MIRROR.json")
+                report.problems.append(f"{relative}{UNLISTED}")
 
 
 def _check_simple_index(source: MirrorSource, report: VerifyReport) -> None:
