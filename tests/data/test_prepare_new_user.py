@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 from tests.data.helpers import documents, prepare_config, write_config, write_jsonl
+from tests.helpers import assert_user_error
 
 
 def _texts(path) -> list[bytes]:
@@ -36,3 +37,41 @@ def test_a_data_file_rewritten_with_the_same_mtime_is_read_again_not_from_the_ca
 
     (recorded,) = result.manifest.source.files
     assert recorded.sha256 == hashlib.sha256(data.read_bytes()).hexdigest()
+
+
+def test_a_vocabulary_too_small_for_the_artifact_names_the_field_that_fixes_it(
+    cli, tmp_path, hf_tokenizer
+):
+    """The starter's tiny model (512 ids) against data of a larger vocabulary: validate and
+    train listed 'vocabulary of 512 (model.from_config tiny) is smaller than the artifact's 601
+    token ids' with 'change the RunSpec fields above', naming no field; the one that fixes it
+    (model.config_overrides.vocab_size) was only in the trainer's later hint, never reached."""
+    project = tmp_path / "p"
+    assert cli("init", project).code == 0
+    overrides = [
+        "--set",
+        "tokenizer.kind=huggingface",
+        "--set",
+        f"tokenizer.path={hf_tokenizer}",
+        "--set",
+        "tokenizer.mask_token_id=600",
+    ]
+    assert cli("data", "prepare", "--config", project / "prepare.yaml", *overrides).code == 0
+    artifact, train = project / "data/prepared", project / "train.yaml"
+    result = cli("data", "validate", artifact, "--config", train)
+    assert_user_error(result, "set model.config_overrides.vocab_size: 601")
+    # the fix, pasted, is the whole fix
+    train.write_text(
+        train.read_text().replace(
+            "from_config: tiny", "from_config: tiny\n  config_overrides: {vocab_size: 601}"
+        )
+    )
+    assert cli("data", "validate", artifact, "--config", train).code == 0
+    # an override already there that is too small: raise it
+    train.write_text(train.read_text().replace("vocab_size: 601", "vocab_size: 300"))
+    result = cli("data", "validate", artifact, "--config", train)
+    assert_user_error(
+        result,
+        "vocabulary of 300 (model.config_overrides.vocab_size)",
+        "set model.config_overrides.vocab_size: 601",
+    )

@@ -40,6 +40,18 @@ def model_vocab_size(model) -> tuple[int | None, str]:
     return int(resolve_model_config(model).vocab_size), where
 
 
+def _vocab_fix(model, needed: int) -> str:
+    """How to make the model's vocabulary cover `needed` ids: a random init (from_config, or
+    an override already) takes a larger vocab_size; a checkpoint's embedding is what it is,
+    so the data is prepared with its tokenizer."""
+    if model.path and "vocab_size" not in model.config_overrides:
+        return (
+            f"prepare the data with the tokenizer of model.path {model.path}, whose ids its "
+            "embedding covers"
+        )
+    return f"set model.config_overrides.vocab_size: {needed}"
+
+
 def artifact_problems(manifest: DataManifest, spec) -> list[str]:
     """Every way the artifact does not fit the RunSpec, as `field: message` lines."""
     found: list[str] = []
@@ -93,7 +105,7 @@ def artifact_problems(manifest: DataManifest, spec) -> list[str]:
         if manifest.vocab_size > vocab:
             found.append(
                 f"model: vocabulary of {vocab} ({where}) is smaller than the artifact's "
-                f"{manifest.vocab_size} token ids"
+                f"{manifest.vocab_size} token ids ({_vocab_fix(spec.model, manifest.vocab_size)})"
             )
         elif mask >= vocab:
             found.append(f"model: the mask token {mask} is outside the vocabulary of {vocab}")
