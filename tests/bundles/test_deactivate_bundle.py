@@ -113,13 +113,33 @@ def test_deactivate_json(cli, installed):
     assert second.code == 0 and json.loads(second.out) == {"deactivated": None}
 
 
+def test_rollback_is_offered_only_where_it_would_run(cli, installed, cpu_bundle, tmp_path):
+    """The fixes for a damaged active bundle ("`dllm bundle deactivate` (or `dllm bundle
+    rollback`), then ...") and for uninstalling the active one named rollback with no previous
+    bundle, where it is refused ("there is no previous bundle to roll back to")."""
+    from tests.bundles.crafting import variant
+    from tests.bundles.test_kernels import _install
+
+    refused = cli("bundle", "uninstall", installed.short_sha)
+    assert refused.code == 2 and "rollback" not in refused.err, refused.err
+    assert cli("bundle", "rollback").code == 2  # what the hint no longer offers
+    _install(variant(cpu_bundle, tmp_path), tmp_path, "v-next")  # `installed` becomes previous
+    assert cli("bundle", "rollback").code == 0  # `installed` is active again, a previous too
+    refused = cli("bundle", "uninstall", installed.short_sha)
+    assert "`dllm bundle rollback`, or install another bundle" in refused.err, refused.err
+    installed.path.chmod(0o755)
+    (installed.path / "bundle.json").unlink()
+    hint = cli("bundle", "list").err
+    assert "`dllm bundle deactivate` (or `dllm bundle rollback`), then" in hint, hint
+    assert cli("bundle", "rollback").code == 0  # the offered fix runs
+
+
 def test_a_damaged_active_bundle_can_be_deactivated_then_removed(cli, installed):
     """The damaged active bundle's fix named rollback, which fails without a previous bundle."""
     installed.path.chmod(0o755)
     (installed.path / "bundle.json").unlink()
     hint = cli("bundle", "list").err
-    assert f"`dllm bundle deactivate` (or `dllm bundle rollback`), then `dllm bundle " \
-        f"uninstall {installed.short_sha}`" in hint  # fmt: skip
+    assert f"`dllm bundle deactivate`, then `dllm bundle uninstall {installed.short_sha}`" in hint
     result = cli("bundle", "deactivate")
     assert result.code == 0, result.err
     assert f"deactivated the damaged bundle {installed.short_sha}" in result.out

@@ -59,9 +59,11 @@ def test_following_verify_fix_repairs_a_damaged_bundle(cli, mirror, served):
             f"dllm bundle install --release v-test --target {bundle['target']} "
             f"{' '.join(map(shlex.quote, source))} --catalog-sha256 {catalog_sha}"
         )
-        assert remove == (
-            "`dllm bundle deactivate` (or `dllm bundle rollback`), then "
-            f"`dllm bundle uninstall {bundle['sha256'][:12]}`"
+        assert (
+            remove
+            == (  # no previous bundle: rollback, which would be refused, is not named
+                f"`dllm bundle deactivate`, then `dllm bundle uninstall {bundle['sha256'][:12]}`"
+            )
         )
         as_json = json.loads(cli("bundle", "verify", "--json").out)
         assert list(as_json["fixes"].values()) == [failed.err.split(": ", 1)[1].strip()]

@@ -208,8 +208,9 @@ class BundleStore:
         bundle.json or install.json): the install command that puts it back from where it
         came, where install.json says, or removing it."""
         active = self._link("active") == sha256
+        rollback = " (or `dllm bundle rollback`)" if self._can_roll_back() else ""
         remove = (
-            "`dllm bundle deactivate` (or `dllm bundle rollback`), then `dllm bundle uninstall"
+            f"`dllm bundle deactivate`{rollback}, then `dllm bundle uninstall"
             if active
             else "remove it: `dllm bundle uninstall"
         )
@@ -220,6 +221,12 @@ class BundleStore:
             made_active = "" if active else "; it becomes the active bundle"
             again = f"install it again: `{command}` (replaces the damaged copy{made_active})"
         return f"{again}, or {remove} {sha256[:12]}`"
+
+    def _can_roll_back(self) -> bool:
+        """Whether `dllm bundle rollback` would run: there is an intact previous bundle (with
+        none, or a damaged one, it is refused, so a hint must not offer it)."""
+        previous = self._link("previous")
+        return previous is not None and isinstance(self._read(previous), InstalledBundle)
 
     def reinstall_command(self, sha256: str) -> str | None:
         """The `dllm bundle install` command that installs store entry `sha256` again from the
@@ -599,10 +606,10 @@ class BundleStore:
                 if isinstance(bundle, InstalledBundle)
                 else "the damaged bundle"
             )
+            rollback = "`dllm bundle rollback`, or " if self._can_roll_back() else ""
             raise DllmError(
                 f"{what} ({bundle.short_sha}) is active",
-                hint="`dllm bundle deactivate` (or `dllm bundle rollback`, or install another "
-                "bundle) first",
+                hint=f"`dllm bundle deactivate` (or {rollback}install another bundle) first",
             )
         if self._link("previous") == bundle.sha256:
             (self.root / "previous").unlink(missing_ok=True)
