@@ -211,6 +211,27 @@ def test_max_duration_stops_after_a_checkpoint(tmp_path):
     assert find_latest(tmp_path / "checkpoints").name == "step_00000001"
 
 
+def test_max_duration_is_each_attempts_budget_not_the_whole_runs(tmp_path):
+    """A job stopped by training.max_duration_s (set below its scheduler's limit) resumed in a
+    new job of the same limit: the budget was compared with the training time of every attempt
+    together, so the resumed job trained one step and stopped again (a launched run, whose
+    spec a resume may not change, never finished). Each attempt now gets the whole budget;
+    metrics' time_s still counts across resumes."""
+    import json
+
+    args = ("training.steps=3", "checkpoint.interval=1")
+    train(tiny_spec(*args, "training.max_duration_s=0.001"), tmp_path)
+    assert [r["step"] for r in metrics(tmp_path)] == [1]
+    meta_file = tmp_path / "checkpoints/step_00000001/checkpoint.json"
+    meta = json.loads(meta_file.read_text())
+    meta["train_time_s"] = 1000.0  # earlier jobs trained this long
+    meta_file.write_text(json.dumps(meta))
+    train(tiny_spec(*args, "training.max_duration_s=600"), tmp_path)
+    records = metrics(tmp_path)
+    assert [r["step"] for r in records] == [1, 2, 3]
+    assert records[-1]["time_s"] > 1000.0
+
+
 def test_profiler_window_writes_a_trace(tmp_path):
     train(
         tiny_spec(

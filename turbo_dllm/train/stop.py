@@ -85,7 +85,8 @@ def stop_requested(
     termination: TerminationRequest, elapsed_s: float, max_duration_s: float | None
 ) -> Stop:
     """This rank's reason to stop now: a SIGTERM received (or its torchrun gone), else
-    `elapsed_s` of training time (across resumes) at or past `training.max_duration_s`."""
+    `elapsed_s` of this attempt's training time (since it started or resumed) at or past
+    `training.max_duration_s`."""
     if termination.received or termination.parent_gone:
         return Stop.SIGTERM
     if max_duration_s is not None and elapsed_s >= max_duration_s:

@@ -833,8 +833,9 @@ class Trainer:
         max_duration = spec.training.max_duration_s
 
         def stop_now() -> Stop:  # this rank's reason to stop, by its own clock
-            elapsed = self.train_time_offset + time.perf_counter() - began
-            return stop_requested(termination, elapsed, max_duration)
+            # This attempt's time: a job stopped by its budget and resumed by the next job (of
+            # the same limit) gets the whole budget again; time_s counts across resumes.
+            return stop_requested(termination, time.perf_counter() - began, max_duration)
 
         last_saved = start
         breaks_before = graph_break_counts() if spec.training.compile else None
