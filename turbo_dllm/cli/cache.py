@@ -13,6 +13,12 @@ from turbo_dllm.cli._output import add_overrides, check_overrides_have_config, e
 SHOWN_PROBLEMS = 20  # per pack, without --all: a wiped cache is one line per file (thousands)
 
 
+LOCK_TIMEOUT_HELP = (
+    "seconds to wait for the compile-packs lock while another install or remove holds it "
+    "(default 60; 0 or more)"
+)
+
+
 def register(subparsers) -> None:
     commands = group(subparsers, "cache", "compile-cache packs: skip the first step's compiling")
 
@@ -32,12 +38,17 @@ def register(subparsers) -> None:
     p.add_argument("pack", type=Path)
     p.add_argument("--config", type=Path, help="also refuse a pack made for another spec")
     add_overrides(p)
-    p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
+    p.add_argument("--lock-timeout", type=float, default=60.0, help=LOCK_TIMEOUT_HELP)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_install)
 
     p = commands.add_parser("list", help="installed packs (and, with --available, offered ones)")
-    p.add_argument("--available", action="store_true", help="also packs on $DLLM_PACK_PATH")
+    p.add_argument(
+        "--available",
+        action="store_true",
+        help="also the packs on offer: in $DLLM_PACK_PATH folders and packs/ of a local "
+        "$DLLM_BUNDLE_INDEX (a folder or file:// URL)",
+    )
     p.add_argument(
         "--config",
         type=Path,
@@ -61,7 +72,7 @@ def register(subparsers) -> None:
 
     p = commands.add_parser("remove", help="delete an installed pack's files from the cache")
     p.add_argument("pack", help="sha256 prefix (6+ characters) or file name")
-    p.add_argument("--lock-timeout", type=float, default=60.0, help="seconds to wait for the lock")
+    p.add_argument("--lock-timeout", type=float, default=60.0, help=LOCK_TIMEOUT_HELP)
     p.set_defaults(func=_remove)
 
 
@@ -213,7 +224,10 @@ def _list(args) -> int:
             f"{pack.installed_at}  {pack.manifest.file_name}"
         )
     if args.available and not offered:
-        folders = ", ".join(map(str, pack_folders())) or f"no ${PACKS_VARIABLE} folder exists"
+        folders = (
+            ", ".join(map(str, pack_folders()))
+            or f"no ${PACKS_VARIABLE} folder, nor packs/ of a local $DLLM_BUNDLE_INDEX, exists"
+        )
         print(f"no compile-cache packs on offer (looked in: {folders})")
     for offer in offered:
         if offer.error:  # listed like `dllm bundle list`'s damaged entries: marked, fix on stderr
