@@ -15,3 +15,9 @@ def test_lock_timeout_has_help(cli, command):
         "--lock-timeout LOCK_TIMEOUT seconds to wait for the bundle store's lock while another "
         "bundle command holds it (default 60; 0 or more)"
     ) in text, text
+
+
+def test_retries_says_its_default(cli):
+    """`--retries` gave no default (4, as docs/bundles.md says: five attempts in all)."""
+    text = " ".join(cli("bundle", "install", "--help").out.split())
+    assert "default 4; 0: one attempt" in text, text

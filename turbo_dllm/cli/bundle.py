@@ -83,8 +83,8 @@ def register(subparsers) -> None:
         "--retries",
         type=int,
         default=4,
-        help="retries of each download, the catalog's and the bundle's (each resumes); "
-        "0: one attempt",
+        help="retries of each download, the catalog's and the bundle's (each resumes; "
+        "default 4; 0: one attempt)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_install)
