@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+
+import pytest
 
 from tests.data.helpers import documents, prepare_config, write_config, write_jsonl
 from tests.helpers import assert_user_error
@@ -75,3 +78,39 @@ def test_a_vocabulary_too_small_for_the_artifact_names_the_field_that_fixes_it(
         "vocabulary of 300 (model.config_overrides.vocab_size)",
         "set model.config_overrides.vocab_size: 601",
     )
+
+
+@pytest.mark.parametrize("indent", [None, 2])
+def test_a_json_array_given_as_jsonl_is_named_with_the_source_that_reads_it(cli, tmp_path, indent):
+    """`alpaca_data.json` (a JSON array of records) as a jsonl source stopped at its first line
+    ('expected a JSON object, got list', or 'malformed JSON' when pretty-printed) with 'fix that
+    record, or set on_error: skip'; under skip every line was skipped ('no documents')."""
+    rows = [{"text": "first record"}, {"text": "second record"}]
+    (tmp_path / "alpaca.json").write_text(json.dumps(rows, indent=indent), encoding="utf-8")
+    config = write_config(tmp_path, source={"kind": "jsonl", "paths": ["alpaca.json"]})
+    for skip in ([], ["--set", "on_error=skip"]):
+        result = cli("data", "prepare", "--config", config, *skip)
+        assert_user_error(
+            result, "alpaca.json: the file is a JSON array", "kind: huggingface", "jq -c"
+        )
+    # the way out the hint names reads it
+    config = write_config(tmp_path, source={"kind": "huggingface", "data_files": ["alpaca.json"]})
+    assert _texts(prepare_config(config).path) == [b"first record", b"second record"]
+
+
+def test_a_pretty_printed_json_object_given_as_jsonl_is_named_as_such(cli, tmp_path):
+    (tmp_path / "squad.json").write_text(
+        json.dumps({"data": [{"text": "x"}]}, indent=2), encoding="utf-8"
+    )
+    config = write_config(tmp_path, source={"kind": "jsonl", "paths": ["squad.json"]})
+    result = cli("data", "prepare", "--config", config)
+    assert_user_error(result, "squad.json: the file is one JSON object written over", "jq -c")
+
+
+def test_jsonl_whose_first_line_is_a_bad_record_is_still_a_bad_record(tmp_path):
+    """Only a file that is a JSON document is refused whole: a JSONL file whose first line is
+    cut short or mistyped is a bad record, skipped under on_error: skip."""
+    (tmp_path / "data.jsonl").write_text('[1, 2\n{"text": "kept"}\n', encoding="utf-8")
+    result = prepare_config(write_config(tmp_path, on_error="skip"))
+    assert _texts(result.path) == [b"kept"]
+    assert result.manifest.stats.skipped == {"malformed_json": 1}

@@ -11,6 +11,7 @@ from __future__ import annotations
 import glob
 import gzip
 import hashlib
+import json
 import os
 import stat
 from collections.abc import Iterator
@@ -491,10 +492,14 @@ def _line_chunks(files: list[Path], payload: Payload, log: _FileLog) -> Iterator
             numbers: list[int] = []
             size = 0
             position = 0
+            first = payload == "json"  # the first record line is checked for a JSON document
             try:
                 for number, line in _lines(stream, label):
                     if isinstance(line, bytes) and not line.strip():
                         continue
+                    if first:
+                        _refuse_json_document(line, label)
+                        first = False
                     items.append(line)
                     numbers.append(number)
                     size += len(line) if isinstance(line, bytes) else MAX_ITEM_BYTES
@@ -508,6 +513,39 @@ def _line_chunks(files: list[Path], payload: Payload, log: _FileLog) -> Iterator
             log.record(path, raw)
             if items or end > position:
                 yield RawChunk(payload, items, label, numbers, "line", end - position)
+
+
+def _refuse_json_document(line: bytes | Oversized, label: str) -> None:
+    """Stop at a JSONL file that is one JSON document instead: an array of records (what
+    `json.dump(rows, f)` writes, how Alpaca's data ships), on one line or pretty-printed, or a
+    pretty-printed object. Its first line (`line`) was a bad record, with 'fix that record, or
+    set on_error: skip' as the way out, and under skip every line was one."""
+    if isinstance(line, Oversized):
+        return
+    stripped = line.strip()
+    if stripped == b"{":
+        raise DllmError(
+            f"{label}: the file is one JSON object written over several lines (its first line "
+            "is '{'), not JSON Lines (one object per line)",
+            hint="write one record per line, e.g. `jq -c '.KEY[]' FILE > NEW.jsonl` for the "
+            "records in its list KEY, and read NEW.jsonl",
+        )
+    if not stripped.startswith(b"["):
+        return
+    if stripped != b"[":
+        try:
+            document = json.loads(stripped)
+        except (ValueError, RecursionError):
+            return  # a line cut short or mistyped: a bad record like any other
+        if not isinstance(document, list):
+            return
+    raise DllmError(
+        f"{label}: the file is a JSON array (it starts with '['), not JSON Lines (one object "
+        "per line)",
+        hint="read it with source {kind: huggingface, data_files: [FILE]} (datasets' json "
+        "builder reads an array of records), or write it as JSON Lines: "
+        "`jq -c '.[]' FILE > NEW.jsonl`",
+    )
 
 
 def _text_chunks(files: list[Path], unit: str, log: _FileLog) -> Iterator[RawChunk]:
