@@ -114,3 +114,24 @@ def test_jsonl_whose_first_line_is_a_bad_record_is_still_a_bad_record(tmp_path):
     result = prepare_config(write_config(tmp_path, on_error="skip"))
     assert _texts(result.path) == [b"kept"]
     assert result.manifest.stats.skipped == {"malformed_json": 1}
+
+
+def test_token_id_lines_that_are_objects_name_the_source_that_reads_them(cli, tmp_path):
+    """`{"input_ids": [...]}` lines in a token_ids source read 'the line must be a list of
+    integer token ids' with 'fix that record': every line was written so, and the source that
+    reads them (jsonl + records tokens) went unnamed."""
+    write_jsonl(tmp_path / "ids.jsonl", [{"input_ids": [72, 105]}, {"input_ids": [33]}])
+    config = write_config(tmp_path, source={"kind": "token_ids", "paths": ["ids.jsonl"]})
+    result = cli("data", "prepare", "--config", config)
+    assert_user_error(
+        result,
+        "ids.jsonl:1: the line is a JSON object (keys: input_ids)",
+        "source {kind: jsonl} with records {kind: tokens, field: KEY}",
+    )
+    # which reads them
+    config = write_config(
+        tmp_path,
+        source={"kind": "jsonl", "paths": ["ids.jsonl"]},
+        records={"kind": "tokens", "field": "input_ids"},
+    )
+    assert _texts(prepare_config(config).path) == [b"Hi", b"!"]

@@ -181,6 +181,14 @@ def extract(payload: str, item: Any, records, supervision: str) -> Extracted:
         except RecursionError:  # the decoder recurses once per [ or {
             raise BadRecord("malformed_json", "malformed JSON: nested too deeply") from None
         if payload == "json_ids":
+            if isinstance(item, dict):  # {"input_ids": [...]}: the jsonl source reads those
+                keys = ", ".join(sorted(str(k)[:40] for k in item)[:8]) or "none"
+                raise BadRecord(
+                    "bad_field",
+                    f"the line is a JSON object (keys: {keys}), not a list of token ids; a "
+                    "token_ids source reads lines that are lists: for objects that hold ids "
+                    "use source {kind: jsonl} with records {kind: tokens, field: KEY}",
+                )
             return Extracted(ids=_int_array(item, "the line"))
         if not isinstance(item, dict):
             raise BadRecord("malformed_json", f"expected a JSON object, got {type(item).__name__}")
