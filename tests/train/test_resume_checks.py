@@ -142,6 +142,28 @@ def test_a_resume_says_which_batch_and_objective_settings_changed(run, capsys):
     assert [r["step"] for r in metrics(run)] == list(range(1, 7))
 
 
+def test_a_resume_says_which_schedule_clip_and_dtype_settings_changed(run, capsys):
+    """The scheduler, clip_grad_norm and model.dtype changed on resume without a word: the
+    trace was no longer the uninterrupted one (and bfloat16 rounded the float32 weights)."""
+    capsys.readouterr()
+    changed = (
+        "scheduler.name=constant",
+        "scheduler.warmup_steps=0",
+        "training.clip_grad_norm=0.5",
+        "model.dtype=bfloat16",
+    )
+    train(tiny_spec(*ARGS, *changed), run)
+    err = capsys.readouterr().err
+    for note in (
+        "scheduler.name cosine -> constant",
+        "scheduler.warmup_steps 2 -> 0",
+        "training.clip_grad_norm 1.0 -> 0.5",
+        "model.dtype float32 -> bfloat16 (the checkpoint's weights and optimizer state are "
+        "rounded to bfloat16)",
+    ):
+        assert note in err, note
+
+
 def test_a_split_of_the_same_global_batch_resumes_the_same_trace(run, tmp_path):
     """mb 4 x 1 saved, mb 2 x 2 resumed: the same samples and noise, the same losses."""
     straight = tmp_path / "straight"

@@ -484,12 +484,16 @@ class Trainer:
         """What `_setting_changes` compares, recorded in each checkpoint (`meta.settings`)."""
         spec = self.spec
         objective = spec.objective.model_dump(mode="json", exclude={"name"})
+        scheduler = spec.scheduler.model_dump(mode="json")
         return {
+            "model.dtype": spec.model.dtype,
             "data.seq_len": spec.data.seq_len,
             "training.micro_batch_size": spec.training.micro_batch_size,
             "training.grad_accumulation": spec.training.grad_accumulation,
             "training.steps": spec.training.steps,
+            "training.clip_grad_norm": spec.training.clip_grad_norm,
             "global_batch": self.samples_per_step,
+            **{f"scheduler.{name}": value for name, value in scheduler.items()},
             **{f"objective.{name}": value for name, value in objective.items()},
         }
 
@@ -497,9 +501,15 @@ class Trainer:
         """The settings this resume trains with that the checkpoint's steps did not: allowed
         (a longer run, a new batch split, a curriculum), but the loss trace is no longer the
         uninterrupted run's, so it is said."""
-        saved, now = meta.settings or {}, self._settings()
+        # model.dtype: checkpoints recorded it as param_dtype before it was a setting.
+        saved, now = {"model.dtype": meta.param_dtype, **(meta.settings or {})}, self._settings()
         changes = [
             f"{name} {saved[name]} -> {value}"
+            + (
+                f" (the checkpoint's weights and optimizer state are rounded to {value})"
+                if name == "model.dtype" and value == "bfloat16"
+                else ""
+            )
             for name, value in now.items()
             if name in saved and saved[name] != value and name != "global_batch"
         ]
