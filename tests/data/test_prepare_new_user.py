@@ -135,3 +135,24 @@ def test_token_id_lines_that_are_objects_name_the_source_that_reads_them(cli, tm
         records={"kind": "tokens", "field": "input_ids"},
     )
     assert _texts(prepare_config(config).path) == [b"Hi", b"!"]
+
+
+@pytest.mark.parametrize(
+    ("setting", "said", "fix"),
+    [
+        ({"pad_token": "<|mask|>"}, "'<|mask|>' (id ", "set tokenizer.pad_token to another"),
+        ({"mask_token": "<|endoftext|>"}, "is also the eos token", "set tokenizer.mask_token"),
+        ({"mask_token_id": 0}, "'<|endoftext|>' (id 0) is also the eos", "tokenizer.mask_token"),
+    ],
+)
+def test_a_mask_token_shared_with_another_role_names_it_and_the_setting_to_change(
+    cli, tmp_path, hf_tokenizer, setting, said, fix
+):
+    """'the mask token id 4 is also the eos/pad/bos token' named neither the token nor which
+    role it shared, and always hinted tokenizer.mask_token, also where prepare.yaml had set
+    pad_token to the tokenizer's mask token (the setting to change)."""
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "hello"}])
+    tokenizer = {"kind": "huggingface", "path": str(hf_tokenizer), **setting}
+    result = cli("data", "prepare", "--config", write_config(tmp_path, tokenizer=tokenizer))
+    assert_user_error(result, said, fix)
+    assert "eos/pad/bos" not in result.err

@@ -427,9 +427,25 @@ class HuggingFaceTokenizer:
                 "tokenizer.mask_token_id to a spare id the model's embedding covers",
             )
         if mask in (eos, pad, bos):
+            shared = [role for role, i in (("eos", eos), ("pad", pad), ("bos", bos)) if i == mask]
+            # The setting to change: one that prepare.yaml set to the mask token, else the mask.
+            chosen = [role for role in shared if getattr(spec, f"{role}_token") is not None]
+            mask_set = spec.mask_token is not None or spec.mask_token_id is not None
+            what = f"{self._tok.convert_ids_to_tokens(mask)!r} (id {mask})"
+            if chosen and not mask_set:
+                hint = (
+                    f"set tokenizer.{chosen[0]}_token to another token than the mask token (or "
+                    "leave it out for the tokenizer's own)"
+                )
+            else:
+                hint = (
+                    "set tokenizer.mask_token to an unused token of the vocabulary, or "
+                    "tokenizer.mask_token_id to a spare id the model's embedding covers"
+                )
             raise DllmError(
-                f"the mask token id {mask} is also the eos/pad/bos token",
-                hint="diffusion needs a mask token of its own; set tokenizer.mask_token",
+                f"the mask token {what} is also the {' and '.join(shared)} token: diffusion "
+                "needs a mask token that means nothing else",
+                hint=hint,
             )
         specials = {"eos": eos, "pad": eos if pad is None else pad, "mask": mask}
         if bos is not None:
