@@ -197,6 +197,32 @@ def test_a_vanished_source_folder_is_said_not_silent(tmp_path, capsys):
     assert not (out / "tokenizer.json").exists()
 
 
+def test_a_vanished_source_folder_names_what_the_export_takes_instead(tmp_path, capsys):
+    """Its warning said the export had 'no tokenizer or generation_config.json from it', and
+    the folder then held both: the data artifact's copy of the tokenizer and a
+    generation_config.json written from config.json's ids (the source's settings lost)."""
+    eos = save_source_model(tmp_path / "source")
+    write_jsonl(tmp_path / "data.jsonl", [{"text": " ".join(WORDS * 4)}] * 20)
+    tokenizer = {"kind": "huggingface", "path": str(tmp_path / "source")}
+    prepare_config(write_prepare_config(tmp_path, tokenizer=tokenizer))
+    base = copy.deepcopy(TINY)
+    base["model"] = {"path": str(tmp_path / "source"), "from_config": None}
+    base["data"] = {"artifact": str(tmp_path / "out"), "seq_len": 64}
+    train(tiny_spec("training.steps=2", base=base), tmp_path / "run")
+    shutil.rmtree(tmp_path / "source")
+    capsys.readouterr()
+    out = export_checkpoint(tmp_path / "run/checkpoints", tmp_path / "hf")
+    err = capsys.readouterr().err
+    assert (
+        f"warning: {tmp_path / 'source'} (recorded in the checkpoint) is gone: the export lacks "
+        f"its tokenizer and generation_config.json; the tokenizer is the data artifact "
+        f"{tmp_path / 'out'}'s copy; generation_config.json is written from config.json's "
+        "token ids (move the folder back to that path and export again" in err
+    )
+    assert (out / "tokenizer.json").is_file()
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == eos
+
+
 def test_an_interrupted_export_leaves_no_partial_folder(tmp_path, monkeypatch):
     """Ctrl-C (or any error) while the folder is written used to leave `.hf.partial`, a hidden
     copy of the weights, beside --out."""

@@ -233,18 +233,45 @@ def _refuse_non_finite(tensors: dict[str, Any], checkpoint: Path) -> None:
 
 
 def _warn_if_sources_gone(meta, prefixes: tuple[str, ...]) -> None:
+    """Say which source folder moved or was deleted since training, what the export lacks for
+    it and what it takes instead (`_copy_generation_files`)."""
     model_path = Path(meta.model_path) if meta.model_path else None
     artifact = Path(meta.data_artifact) if meta.data_artifact else None
-    for source in (model_path, artifact):
-        if source is not None and not source.is_dir():  # moved or deleted since training
-            lost = "tokenizer or generation_config.json"
-            if source == model_path and prefixes:
-                lost += f", nor its {', '.join(p + '*' for p in prefixes)} tensors"
-            print(
-                f"warning: {source} (recorded in the checkpoint) is gone: the export has no "
-                f"{lost} from it",
-                file=sys.stderr,
-            )
+    if model_path is not None and not model_path.is_dir():
+        lost = "its tokenizer and generation_config.json"
+        if prefixes:
+            lost += f" and its {', '.join(p + '*' for p in prefixes)} tensors"
+        instead = []
+        if _artifact_tokenizer(meta, artifact):
+            instead.append(f"the tokenizer is the data artifact {artifact}'s copy")
+        text = meta.model.get("text_config")
+        ids = text if isinstance(text, dict) else meta.model
+        if any(ids.get(field) is not None for field in _TOKEN_ID_FIELDS.values()):
+            instead.append("generation_config.json is written from config.json's token ids")
+        print(
+            f"warning: {model_path} (recorded in the checkpoint) is gone: the export lacks "
+            f"{lost}{''.join('; ' + line for line in instead)} (move the folder back to that "
+            "path and export again to carry them over)",
+            file=sys.stderr,
+        )
+    if artifact is not None and not artifact.is_dir():
+        print(
+            f"warning: {artifact} (recorded in the checkpoint) is gone: the export has no "
+            "tokenizer or generation_config.json from it",
+            file=sys.stderr,
+        )
+
+
+def _artifact_tokenizer(meta, artifact: Path | None) -> bool:
+    """Whether the data artifact still holds a copy of the tokenizer the run trained with."""
+    artifact = _same_artifact(
+        meta, artifact if artifact and artifact.is_dir() else None, warn=False
+    )
+    if artifact is None:
+        return False
+    from turbo_dllm.data.artifact import read_manifest
+
+    return bool(read_manifest(artifact).tokenizer_files)
 
 
 def _source_tensors(meta, prefixes: tuple[str, ...]) -> dict[str, Any]:
