@@ -156,3 +156,34 @@ def test_a_mask_token_shared_with_another_role_names_it_and_the_setting_to_chang
     result = cli("data", "prepare", "--config", write_config(tmp_path, tokenizer=tokenizer))
     assert_user_error(result, said, fix)
     assert "eos/pad/bos" not in result.err
+
+
+def test_data_commands_on_a_missing_or_damaged_artifact_name_the_prepare_config_from_here(
+    cli, tmp_path, monkeypatch
+):
+    """`dllm data validate / stats / inspect p/data/prepared` run outside the project hinted
+    `dllm data prepare --config prepare.yaml`, a file the working folder does not have (train
+    and launch name the project's own since an earlier fix)."""
+    project = tmp_path / "p"
+    assert cli("init", project).code == 0
+    monkeypatch.chdir(tmp_path)
+    for command in ("validate", "stats", "inspect"):
+        result = cli("data", command, "p/data/prepared")
+        assert_user_error(result, "create it with `dllm data prepare --config p/prepare.yaml`")
+    result = cli("data", "stats", "elsewhere")
+    assert_user_error(
+        result,
+        "`dllm data prepare --config PREPARE.yaml` (a prepare.yaml with output.path: "
+        f"{tmp_path / 'elsewhere'})",
+    )
+    # a damaged one: the same config, with the overwrite it needs to replace it
+    assert cli("data", "prepare", "--config", "p/prepare.yaml").code == 0
+    with open(project / "data/prepared/tokens.bin", "ab") as handle:
+        handle.write(b"\0\0")
+    result = cli("data", "validate", "p/data/prepared")
+    assert_user_error(
+        result,
+        "re-create it with `dllm data prepare --config p/prepare.yaml --set output.overwrite=true`",
+    )
+    result = cli("data", "prepare", "--config", "p/prepare.yaml", "--set", "output.overwrite=true")
+    assert result.code == 0 and cli("data", "validate", "p/data/prepared").code == 0

@@ -41,6 +41,7 @@ __all__ = [
     "DataStats",
     "compute_fingerprint",
     "layout_problems",
+    "prepare_line",
     "read_manifest",
     "tokenizer_file",
     "unlisted_files",
@@ -159,6 +160,61 @@ def _manifest_path(path: str | Path) -> Path:
     return path if path.name == MANIFEST and path.is_file() else path / MANIFEST
 
 
+# How many folders above an artifact are searched for the prepare.yaml that writes it (a
+# project's data/prepared is two below its prepare.yaml).
+_PREPARE_SEARCH_LEVELS = 3
+
+
+def _prepare_config_above(artifact: Path) -> Path | None:
+    """The prepare config (a YAML file in one of the folders above `artifact`) whose
+    output.path is `artifact`, read as `dllm data prepare` reads it; None where there is none."""
+    from turbo_dllm.config.load import absolute_path, read_yaml
+
+    try:
+        target = artifact.resolve()
+    except (OSError, RuntimeError):
+        return None
+    for folder in list(target.parents)[:_PREPARE_SEARCH_LEVELS]:
+        try:
+            candidates = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+        except OSError:
+            continue
+        for candidate in candidates:
+            try:
+                document = read_yaml(candidate)
+                output = document.get("output") if isinstance(document, dict) else None
+                where = output.get("path") if isinstance(output, dict) else None
+                if not isinstance(where, str) or "source" not in document:
+                    continue
+                if Path(absolute_path(where, candidate.resolve().parent)).resolve() == target:
+                    return candidate
+            except Exception:  # not YAML, unreadable, too large: not a prepare config
+                continue
+    return None
+
+
+def prepare_line(artifact: str | Path, overwrite: bool = False) -> str:
+    """The `dllm data prepare` line that writes `artifact`, as run from here, in backquotes:
+    the prepare config above it whose output.path it is, else what a PREPARE.yaml must say.
+    `dllm data prepare --config prepare.yaml` named a file of the working folder, which a
+    command run elsewhere does not have."""
+    artifact = Path(artifact)
+    config = _prepare_config_above(artifact)
+    if config is None:
+        command = "dllm data prepare --config PREPARE.yaml"
+    else:
+        try:
+            shown = config.relative_to(Path.cwd())
+        except ValueError:
+            shown = config
+        command = f"dllm data prepare --config {shlex.quote(str(shown))}"
+    if overwrite:
+        command += " --set output.overwrite=true"
+    if config is None:
+        return f"`{command}` (a prepare.yaml with output.path: {artifact.absolute()})"
+    return f"`{command}`"
+
+
 def read_manifest(path: str | Path, prepare: str | None = None) -> DataManifest:
     """Read and validate an artifact's manifest (`path`: the folder or its manifest.json).
     `prepare`: the `dllm data prepare` line that writes it (backquoted), for the hint where it
@@ -169,7 +225,8 @@ def read_manifest(path: str | Path, prepare: str | None = None) -> DataManifest:
 
         what = "no data artifact at" if Path(path).exists() else "data artifact not found:"
         message = f"{what} {str(path)!r} (no {MANIFEST})"
-        hint = f"create it with {prepare or '`dllm data prepare --config prepare.yaml`'}"
+        folder = Path(path).parent if Path(path).name == MANIFEST else Path(path)
+        hint = f"create it with {prepare or prepare_line(folder, folder.exists())}"
         if (backup := restore_hint(path)) is not None:
             said, how = backup
             message, hint = f"{message}; {said}", f"{how}; or {hint}"
@@ -275,10 +332,7 @@ def verify(path: str | Path) -> DataManifest:
     unlisted, removal = unlisted_problems(root, manifest)
     if found or unlisted:
         lines = "\n".join(f"  - {p}" for p in found + unlisted)
-        hint = (
-            "re-create it with `dllm data prepare --config prepare.yaml` "
-            "(output.overwrite: true replaces the whole folder)"
-        )
+        hint = f"re-create it with {prepare_line(root, overwrite=True)}"
         if unlisted:
             hint = f"remove what its manifest does not list (`{removal}`)" + (
                 f", or {hint}" if not found else f"; {hint}"
