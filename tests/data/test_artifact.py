@@ -276,6 +276,8 @@ def test_only_unlisted_files_change_validate_s_hint(corpus, cli):
     result = prepare_config(write_config(corpus))
     (result.path / "notes.txt").write_text("mine")
     outcome = cli("data", "validate", result.path)
-    assert_user_error(outcome, "notes.txt: not listed in the manifest", "--set output.overwrite=true")
+    assert_user_error(
+        outcome, "notes.txt: not listed in the manifest", "--set output.overwrite=true"
+    )
     (result.path / "notes.txt").unlink()
     assert cli("data", "validate", result.path).code == 0
