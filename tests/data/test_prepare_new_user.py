@@ -187,3 +187,19 @@ def test_data_commands_on_a_missing_or_damaged_artifact_name_the_prepare_config_
     )
     result = cli("data", "prepare", "--config", "p/prepare.yaml", "--set", "output.overwrite=true")
     assert result.code == 0 and cli("data", "validate", "p/data/prepared").code == 0
+
+
+def test_a_file_named_twice_is_read_once_and_the_user_is_told(cli, tmp_path):
+    """`paths: [a.jsonl, a.jsonl]` (a file listed twice to weight it) was read once, silently:
+    half the records the list asked for were not in the artifact, and nothing said so."""
+    write_jsonl(tmp_path / "a.jsonl", [{"text": "weighted"}])
+    write_jsonl(tmp_path / "b.jsonl", [{"text": "other"}])
+    config = write_config(
+        tmp_path, source={"kind": "jsonl", "paths": ["a.jsonl", "*.jsonl", "a.jsonl"]}
+    )
+    result = cli("data", "prepare", "--config", config, "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["stats"]["records"] == 2  # as documented: each file once
+    assert result.err.count("dllm: note:") == 1  # the glob overlapping a.jsonl is not told
+    assert "'" + str(tmp_path / "a.jsonl") + "' names a file listed before" in result.err
+    assert "name a copy of it" in result.err

@@ -14,6 +14,7 @@ import hashlib
 import json
 import os
 import stat
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -239,6 +240,14 @@ def expand_paths(
             if path not in seen:
                 seen.add(path)
                 out.append(path)
+            elif not glob.has_magic(pattern):
+                # Named outright again (to weight it?): say so, rather than read it once
+                # silently. Globs that overlap (`*.jsonl` and `extra.jsonl`) are not told.
+                print(
+                    f"dllm: note: source path {_shown(pattern)} names a file listed before; "
+                    "each file is read once (to read its records twice, name a copy of it)",
+                    file=sys.stderr,
+                )
     return out
 
 
