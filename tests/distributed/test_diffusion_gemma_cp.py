@@ -14,13 +14,12 @@ bp 2 trains the single-process trace.
 from __future__ import annotations
 
 import json
-from functools import partial
-from pathlib import Path
+from functools import cache, partial
 
 import pytest
 import torch
 
-from tests.distributed.harness import run_gloo
+from tests.distributed.harness import declare_cases, errors_per_world
 
 
 def _batch():
@@ -98,18 +97,22 @@ def _loss_and_grads(world: int, cp: int = 1, bp: int = 1, ep: int = 1):
 CASES = {"cp2": (2, 1, 1), "cp2-ep2": (2, 1, 2), "bp2": (1, 2, 1), "bp2-ep2": (1, 2, 2)}
 
 
-def _worker(rank: int, world: int, out: str) -> None:
+@cache
+def _single_process():
+    """One process's loss and gradients (rank 0 computes it once)."""
+    return _loss_and_grads(1)
+
+
+def _run_case(world: int, name: str, cp: int, bp: int, ep: int) -> list[str]:
+    """On every rank; rank 0 compares the summed loss and every gradient with one process's
+    and returns the differences."""
     import torch.distributed as dist
 
-    results = {}
-    single_loss, single = _loss_and_grads(1) if rank == 0 else (None, None)
-    for name, (cp, bp, ep) in CASES.items():
-        loss, grads = _loss_and_grads(world, cp, bp, ep)
-        dist.all_reduce(loss)
-        if rank == 0:
-            results[name] = _differences(loss, grads, single_loss, single)
-    if rank == 0:
-        Path(out).write_text(json.dumps(results))
+    loss, grads = _loss_and_grads(world, cp, bp, ep)
+    dist.all_reduce(loss)
+    if dist.get_rank() != 0:
+        return []
+    return _differences(loss, grads, *_single_process())
 
 
 def _differences(loss, grads, single_loss, single) -> list[str]:
@@ -129,11 +132,19 @@ def _differences(loss, grads, single_loss, single) -> list[str]:
     return errors
 
 
+# world -> [(name, cp, bp, ep)]: run on the processes tests/distributed shares (harness)
+WORLD_CASES = {2: [(name, *layout) for name, layout in CASES.items()]}
+declare_cases("gemma-cp", _run_case, WORLD_CASES)
+
+
+@pytest.fixture(scope="module")
+def errors(tmp_path_factory):
+    return errors_per_world(_run_case, WORLD_CASES, tmp_path_factory, "gemma-cp")[2]
+
+
 @pytest.mark.slow
-def test_cp2_and_bp2_alone_and_with_ep2_equal_one_process_in_loss_and_every_gradient(tmp_path):
-    out = tmp_path / "errors.json"
-    run_gloo(_worker, 2, tmp_path, str(out))
-    assert json.loads(out.read_text()) == {name: [] for name in CASES}
+def test_cp2_and_bp2_alone_and_with_ep2_equal_one_process_in_loss_and_every_gradient(errors):
+    assert errors == {name: [] for name in CASES}
 
 
 SFT = {
@@ -149,16 +160,25 @@ SFT = {
 }
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("topology", [("cp=2", "ep=2"), ("bp=2",)], ids=["cp2-ep2", "bp2"])
-def test_dllm_train_at_cp2_ep2_and_bp2_trains_the_single_process_trace(tmp_path, topology):
-    """The trainer's path: the family's plan hook, the rules, FSDP2 over the context ranks and
-    the expert meshes on a context-parallel layout (the other mixes: the model-level test)."""
-    from tests.train.util import losses, metrics, tiny_spec, torchrun, write_config
+@pytest.fixture(scope="module")
+def single(tmp_path_factory):
+    """The single-process trace both layouts must reproduce (one run for both)."""
+    from tests.train.util import tiny_spec
     from turbo_dllm.train.entry import train
 
-    single, cp2 = tmp_path / "single", tmp_path / "cp2"
-    train(tiny_spec(base=SFT), single)
+    run_dir = tmp_path_factory.mktemp("gemma-single") / "single"
+    train(tiny_spec(base=SFT), run_dir)
+    return run_dir
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("topology", [("cp=2", "ep=2"), ("bp=2",)], ids=["cp2-ep2", "bp2"])
+def test_dllm_train_at_cp2_ep2_and_bp2_trains_the_single_process_trace(tmp_path, topology, single):
+    """The trainer's path: the family's plan hook, the rules, FSDP2 over the context ranks and
+    the expert meshes on a context-parallel layout (the other mixes: the model-level test)."""
+    from tests.train.util import losses, metrics, torchrun, write_config
+
+    cp2 = tmp_path / "cp2"
     config = write_config(tmp_path / "train.yaml", base=SFT)
     sets = [arg for axis in topology for arg in ("--set", f"topology.{axis}")]
     torchrun(2, "train", "--config", str(config), "--run-dir", str(cp2), *sets, cwd=tmp_path)

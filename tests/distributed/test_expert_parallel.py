@@ -8,14 +8,12 @@ trace, its checkpoint resumes at ep 1 and back, and exports the single-process H
 
 from __future__ import annotations
 
-import json
-from functools import partial
-from pathlib import Path
+from functools import cache, partial
 
 import pytest
 import torch
 
-from tests.distributed.harness import run_gloo
+from tests.distributed.harness import declare_cases, errors_per_world
 
 CASES = {"ep2": (2, 1), "ep2-fsdp2": (1, 2)}  # name -> (dp, fsdp); ep = 2 on 2 processes
 
@@ -86,34 +84,46 @@ def _loss_and_grads(rows: slice, world: int, dp: int, fsdp: int, ep: int):
     return loss.detach(), grads
 
 
-def _worker(rank: int, world: int, out: str) -> None:
+@cache
+def _single_process():
+    """One process's loss and gradients over the whole batch (rank 0 computes it once)."""
+    return _loss_and_grads(slice(0, 4), 1, 1, 1, 1)
+
+
+def _run_case(world: int, name: str, dp: int, fsdp: int) -> list[str]:
+    """On every rank (ep = 2): its two rows of the batch; rank 0 compares the summed loss and
+    every gradient with one process's and returns the differences."""
     import torch.distributed as dist
 
-    results = {}
-    for name, (dp, fsdp) in CASES.items():
-        rows = slice(2 * rank, 2 * rank + 2)
-        loss, grads = _loss_and_grads(rows, world, dp, fsdp, 2)
-        dist.all_reduce(loss)
-        if rank == 0:
-            single_loss, single = _loss_and_grads(slice(0, 4), 1, 1, 1, 1)
-            errors = []
-            if not torch.allclose(loss, single_loss, rtol=1e-5, atol=1e-6):
-                errors.append(f"loss {float(loss)} != {float(single_loss)}")
-            if sorted(grads) != sorted(single):
-                errors.append(f"gradients of {sorted(set(grads) ^ set(single))}")
-            for key, want in single.items():
-                if key in grads and not torch.allclose(grads[key], want, rtol=1e-4, atol=1e-6):
-                    errors.append(f"{key}: {float((grads[key] - want).abs().max()):.3g}")
-            results[name] = errors
-    if rank == 0:
-        Path(out).write_text(json.dumps(results))
+    rank = dist.get_rank()
+    loss, grads = _loss_and_grads(slice(2 * rank, 2 * rank + 2), world, dp, fsdp, 2)
+    dist.all_reduce(loss)
+    if rank != 0:
+        return []
+    single_loss, single = _single_process()
+    errors = []
+    if not torch.allclose(loss, single_loss, rtol=1e-5, atol=1e-6):
+        errors.append(f"loss {float(loss)} != {float(single_loss)}")
+    if sorted(grads) != sorted(single):
+        errors.append(f"gradients of {sorted(set(grads) ^ set(single))}")
+    for key, want in single.items():
+        if key in grads and not torch.allclose(grads[key], want, rtol=1e-4, atol=1e-6):
+            errors.append(f"{key}: {float((grads[key] - want).abs().max()):.3g}")
+    return errors
+
+
+# world -> [(name, dp, fsdp)]: run on the processes tests/distributed shares (harness)
+WORLD_CASES = {2: [(name, dp, fsdp) for name, (dp, fsdp) in CASES.items()]}
+declare_cases("ep", _run_case, WORLD_CASES)
+
+
+@pytest.fixture(scope="module")
+def errors(tmp_path_factory):
+    return errors_per_world(_run_case, WORLD_CASES, tmp_path_factory, "ep")[2]
 
 
 @pytest.mark.slow
-def test_ep2_alone_and_with_fsdp_equals_one_process_in_loss_and_every_gradient(tmp_path):
-    out = tmp_path / "errors.json"
-    run_gloo(_worker, 2, tmp_path, str(out))
-    errors = json.loads(out.read_text())
+def test_ep2_alone_and_with_fsdp_equals_one_process_in_loss_and_every_gradient(errors):
     assert errors == {name: [] for name in CASES}
 
 
