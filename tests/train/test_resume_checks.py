@@ -207,6 +207,27 @@ def test_resume_never_over_an_earlier_runs_checkpoints_is_refused(run):
     assert "new run dir" in error.hint
 
 
+def test_resume_from_another_runs_checkpoint_below_the_folders_newest_is_refused(
+    run, tmp_path, capsys
+):
+    """Was: it trained, saved its steps beside the later steps of the folder's own run and
+    left those newest: `auto` and `dllm export` took the other lineage, a prune removed the
+    new steps first, and metrics.jsonl mixed the two."""
+    train(tiny_spec(*ARGS), run)  # steps 3-4: the folder holds step_2 and step_4
+    other = shutil.copytree(run / "checkpoints/step_00000002", tmp_path / "other/step_00000002")
+    error = refused(run, f"checkpoint.resume={other}")
+    assert f"checkpoint.resume is {str(other)!r} (step 2)" in error.message
+    assert "later checkpoints of another run (step_00000004)" in error.message
+    assert "new run dir" in error.hint and "after step 2" in error.hint
+    # An earlier step of the folder itself (a rewind) goes on, saying what it will replace.
+    capsys.readouterr()
+    earlier = run / "checkpoints/step_00000002"
+    assert train(tiny_spec(*ARGS, f"checkpoint.resume={earlier}"), run) == 0
+    assert "holds checkpoints after step 2 (step_00000004): each is replaced" in (
+        capsys.readouterr().err
+    )
+
+
 def test_resume_never_in_a_run_dir_without_checkpoints_starts_the_metrics_over(run):
     shutil.rmtree(run / "checkpoints")
     train(tiny_spec(*ARGS, "checkpoint.resume=never"), run)

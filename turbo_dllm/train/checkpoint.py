@@ -49,6 +49,7 @@ __all__ = [
     "read_meta",
     "resolve_checkpoint",
     "same_model",
+    "steps_after",
 ]
 
 CHECKPOINT_FORMAT = "turbo_dllm.checkpoint.v1"
@@ -224,6 +225,11 @@ def find_latest(directory: str | Path) -> Path | None:
     """The complete checkpoint with the highest step in `directory`, if any."""
     steps = _complete_steps(Path(directory))
     return steps[-1] if steps else None
+
+
+def steps_after(directory: str | Path, step: int) -> list[Path]:
+    """The complete checkpoints in `directory` of a step after `step`, by step."""
+    return [p for p in _complete_steps(Path(directory)) if int(p.name.rsplit("_", 1)[1]) > step]
 
 
 def resolve_checkpoint(path: str | Path) -> Path:

@@ -41,6 +41,7 @@ from turbo_dllm.train.checkpoint import (
     read_meta,
     resolve_checkpoint,
     same_model,
+    steps_after,
 )
 from turbo_dllm.train.compile_cache import (
     INDUCTOR_CACHE_VARIABLE,
@@ -375,6 +376,8 @@ class Trainer:
                     "folder (its newest complete step)",
                 )
         meta = read_meta(path)
+        if choice != "auto":
+            self._check_no_later_steps(path, meta.step)
         self._check_resumable(path, meta)
         self._check_target(path, meta)
         meta = self.checkpointer.load(
@@ -399,6 +402,32 @@ class Trainer:
                 f"({changed}); train into a new run dir to use the spec's",
             )
         return meta.step
+
+    def _check_no_later_steps(self, path: Path, step: int) -> None:
+        """A `checkpoint.resume` path below the newest checkpoint of this run's folder. Another
+        run's checkpoint is refused: the folder's later steps would outlive this run's, as
+        `never` would leave them (`resume: auto` and `dllm export` would take them, a prune
+        would remove this run's first, metrics.jsonl would mix the two). An earlier step of
+        the folder itself (a rewind) replaces each later step as it saves it: said."""
+        later = steps_after(self.checkpoint_dir, step)
+        if not later:
+            return
+        names = ", ".join(p.name for p in later)
+        if path.parent.resolve() == self.checkpoint_dir.resolve():
+            print0(
+                self.env,
+                f"note: {self.checkpoint_dir} holds checkpoints after step {step} ({names}): "
+                "each is replaced when this run saves its step; until then `resume: auto` and "
+                "`dllm export` take the newest of them",
+            )
+            return
+        raise DllmError(
+            f"checkpoint.resume is {str(path)!r} (step {step}), but {self.checkpoint_dir} "
+            f"holds later checkpoints of another run ({names}), which would outlive this "
+            "run's: `resume: auto` and `dllm export` would take them",
+            hint="train into a new run dir (--run-dir), or remove the step_* folders after "
+            f"step {step} from {self.checkpoint_dir} to go on there",
+        )
 
     def _check_resumable(self, path: Path, meta) -> None:
         """Refuse a checkpoint this run would not continue: another model, objective, seed or
