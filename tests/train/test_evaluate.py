@@ -415,3 +415,14 @@ def test_dllm_train_refuses_misfit_held_out_data_before_making_the_run_dir(
         result = cli("train", "--config", str(config), "--run-dir", str(run))
         assert result.code == 2 and said in result.err, result.err
         assert not run.exists()
+
+
+def test_a_resume_that_evaluates_other_held_out_data_says_so(tmp_path, artifacts, capsys):
+    """eval.sequences (or the eval artifact) changed on resume without a word: the eval_loss
+    curve then measured other sequences from the resumed step on."""
+    run = tmp_path / "run"
+    train(tiny_spec(*_args(artifacts, "training.steps=2")), run)
+    capsys.readouterr()
+    train(tiny_spec(*_args(artifacts, "training.steps=4", "eval.sequences=4")), run)
+    err = capsys.readouterr().err
+    assert "eval.sequences 8 -> 4 (the evaluated sequences: its eval_loss is not comparable" in err

@@ -524,6 +524,12 @@ class Trainer:
             "global_batch": self.samples_per_step,
             **{f"scheduler.{name}": value for name, value in scheduler.items()},
             **{f"objective.{name}": value for name, value in objective.items()},
+            # What eval_loss measures: the held-out data (its fingerprint) and how much of it.
+            **(
+                {"eval.data": self.eval_set.fingerprint, "eval.sequences": self.eval_set.sequences}
+                if self.eval_set is not None
+                else {}
+            ),
         }
 
     def _setting_changes(self, meta) -> str:
@@ -533,12 +539,7 @@ class Trainer:
         # model.dtype: checkpoints recorded it as param_dtype before it was a setting.
         saved, now = {"model.dtype": meta.param_dtype, **(meta.settings or {})}, self._settings()
         changes = [
-            f"{name} {saved[name]} -> {value}"
-            + (
-                f" (the checkpoint's weights and optimizer state are rounded to {value})"
-                if name == "model.dtype" and value == "bfloat16"
-                else ""
-            )
+            _setting_change(name, saved[name], value)
             for name, value in now.items()
             if name in saved and saved[name] != value and name != "global_batch"
         ]
@@ -948,3 +949,23 @@ class Trainer:
         self.metrics.close()
         print0(env, f"done: {last_saved} steps, checkpoint in {self.checkpoint_dir}")
         return 0
+
+
+def _setting_change(name: str, saved, now) -> str:
+    """One change a resume notes (`Trainer._setting_changes`), as `field saved -> now`."""
+    if name == "eval.data":  # fingerprints
+        return (
+            f"the held-out data (eval.artifact, fingerprint {str(saved)[:16]} -> {str(now)[:16]}: "
+            "its eval_loss is not comparable with the earlier steps)"
+        )
+    if name == "eval.sequences":
+        return (
+            f"eval.sequences {saved} -> {now} (the evaluated sequences: its eval_loss is not "
+            "comparable with the earlier steps)"
+        )
+    if name == "model.dtype" and now == "bfloat16":
+        return (
+            f"model.dtype {saved} -> {now} (the checkpoint's weights and optimizer state are "
+            f"rounded to {now})"
+        )
+    return f"{name} {saved} -> {now}"
