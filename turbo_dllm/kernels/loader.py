@@ -181,13 +181,13 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
             hint=f"{install_command()}; while developing kernels use `kernels: jit`",
         )
     library = bundle.path / op.library
-    _check_file(bundle, next(f for f in bundle.manifest.files if f.path == op.library))
+    _check_file(bundle, next(f for f in bundle.manifest.files if f.path == op.library), store)
     if native.spec.is_triton:  # imported from the bundle's copy, named by the source hash
         # ... with every other file of the op (its compiled kernels): a damaged one is refused
         # here, where doctor and the trainer's start load the op, not at its first launch
         for entry in bundle.manifest.files:
             if entry.path.startswith(f"triton/{name}/") and entry.path != op.library:
-                _check_file(bundle, entry)
+                _check_file(bundle, entry, store)
         from turbo_dllm.kernels.triton_ops import import_triton_source
 
         module = import_triton_source(library, name, op.source_sha256)
@@ -207,8 +207,14 @@ def _load(name: str, store: BundleStore) -> LoadedOp:
     return LoadedOp(name, op.namespace, tuple(op.devices), bundle.bundle_id, bundle.sha256)
 
 
-def _check_file(bundle: InstalledBundle, entry: BundleFile) -> None:
-    """A file the loader is about to use has the bytes bundle.json lists for it."""
+def _check_file(
+    bundle: InstalledBundle, entry: BundleFile, store: BundleStore | None = None
+) -> None:
+    """A file the loader is about to use has the bytes bundle.json lists for it.
+
+    The fix installs this very bundle again from where its install.json says it came
+    (`--index https://...` or `--mirror DIR`, `BundleStore.reinstall_command`): it was
+    `install_command()`'s `--index URL`, left for the user to fill in although the store knew."""
     from turbo_dllm.fsutil import sha256_file
 
     path = bundle.path / entry.path
@@ -218,7 +224,8 @@ def _check_file(bundle: InstalledBundle, entry: BundleFile) -> None:
         problem = "does not match its bundle.json (damaged or modified after install)"
     else:
         return
-    raise DllmError(f"{path} {problem}", hint=f"dllm bundle verify; then {install_command()}")
+    command = (store or BundleStore()).reinstall_command(bundle.sha256) or install_command()
+    raise DllmError(f"{path} {problem}", hint=f"dllm bundle verify; then {command}")
 
 
 def seed_compiled_kernels(name: str, store: BundleStore | None = None) -> int:
@@ -233,7 +240,7 @@ def seed_compiled_kernels(name: str, store: BundleStore | None = None) -> int:
     prefix = f"triton/{name}/compiled/"
     entries = [f for f in bundle.manifest.files if f.path.startswith(prefix)]
     for entry in entries:
-        _check_file(bundle, entry)
+        _check_file(bundle, entry, store)
     if not entries:
         return 0
     cache = triton_cache_dir()
