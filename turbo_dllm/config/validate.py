@@ -41,7 +41,10 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
     # --- what the family supports (turbo_dllm.registry) ---------------------------------------
     family = registry.FAMILIES[model.family]
     if model.path is None and model.from_config is None:
-        add("model", "set model.path (a local HF folder) or model.from_config (a preset or config.json)")
+        add(
+            "model",
+            "set model.path (a local HF folder) or model.from_config (a preset or config.json)",
+        )
     elif model.path is not None and model.from_config is not None:
         add(
             "model",
@@ -141,6 +144,17 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             model.revision and _PINNED_REVISION.match(model.revision)
         ):
             add("model.revision", "prod runs need the model pinned to a commit hash")
+        elif model.path is not None and set(model.revision) == {"0"}:
+            # The prod recipes' placeholder: it passed as a pin, and the run's manifest then
+            # recorded a commit that no checkpoint has.
+            add(
+                "model.revision",
+                f"{model.revision!r} is a placeholder (all zeros), not the commit of "
+                f"{model.path}: set it to the commit the folder was downloaded at (its "
+                "snapshot folder's name in the Hugging Face cache, "
+                "hub/models--ORG--NAME/snapshots/<commit>; or `git -C FOLDER rev-parse HEAD` "
+                "for a git clone)",
+            )
         if model.path is None:
             add("model.path", "prod runs train a real checkpoint (model.path), not a random init")
         if spec.kernels == "jit":
