@@ -65,5 +65,47 @@ def _copy(args) -> int:
 
     dest = copy_recipe(args.name, args.dest)
     print(f"wrote {dest}")
+    missing = _missing_inputs(dest)
+    for key, path, what in missing:
+        print(f"needs: {key}: {path} is not there yet ({what})")
     print(f"next: dllm config validate --config {shell_path(dest)}")
+    if missing:
+        # validate checks the spec alone and says "valid" without these; doctor looks for them
+        print(
+            f"then: dllm doctor --config {shell_path(dest)}   # checks those folders once they exist"
+        )
     return 0
+
+
+# The local inputs a recipe reads, relative to its file: `config validate` says "valid" without
+# them (it checks the spec alone), so a copy named none and `launch` was the first to refuse.
+_INPUTS = (
+    (("model", "path"), "a local Hugging Face folder: config.json and safetensors"),
+    (("model", "dflash", "target"), "the target's local Hugging Face folder"),
+    (("model", "dflash", "features"), "a feature artifact: dllm dflash prepare-features"),
+    (
+        ("data", "artifact"),
+        "a prepared data artifact: dllm data prepare --config PREPARE.yaml, its output.path "
+        "this folder; `dllm init DIR` writes a prepare.yaml to start from, docs/data.md",
+    ),
+)
+
+
+def _missing_inputs(config) -> list[tuple[str, str, str]]:
+    from pathlib import Path
+
+    from turbo_dllm.config.bounded_yaml import parse_yaml
+
+    document = parse_yaml(Path(config).read_text("utf-8"), str(config))
+    missing = []
+    for keys, what in _INPUTS:
+        value = document
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if not isinstance(value, str) or not value:
+            continue
+        path = Path(value).expanduser()
+        path = path if path.is_absolute() else Path(config).parent / path
+        if not path.exists():
+            missing.append((".".join(keys), str(path), what))
+    return missing
