@@ -29,3 +29,21 @@ def test_every_recipe_validates_against_the_schema_and_bad_betas_do_not(cli):
         errors = [e.message for e in validator.iter_errors(parse_yaml(recipe.text, recipe.name))]
         assert errors == [], recipe.name
     assert not validator.is_valid({"optimizer": {"betas": ["a", "b"]}})
+
+
+def test_the_prepare_schema_declares_its_dialect_and_takes_the_starter_s_prepare_yaml(
+    cli, tmp_path
+):
+    """`dllm data schema` (for editors, like `config schema`): the same dialect declared, and
+    the prepare.yaml that `dllm init` writes is valid under it, as an editor would check."""
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = json.loads(cli("data", "schema").out)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    validator_class = jsonschema.validators.validator_for(schema, default=None)
+    assert validator_class is jsonschema.Draft202012Validator
+    validator_class.check_schema(schema)
+    assert cli("init", str(tmp_path / "starter")).code == 0
+    prepare = tmp_path / "starter" / "prepare.yaml"
+    document = parse_yaml(prepare.read_text(), str(prepare))
+    assert [e.message for e in validator_class(schema).iter_errors(document)] == []
+    assert not validator_class(schema).is_valid({**document, "packing": {"seq_len": "long"}})

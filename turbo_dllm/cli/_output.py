@@ -7,12 +7,29 @@ import json
 import sys
 from typing import Any
 
-__all__ = ["add_overrides", "check_world_size", "emit_json", "group", "stderr_console"]
+__all__ = [
+    "add_overrides",
+    "check_world_size",
+    "emit_json",
+    "emit_schema",
+    "group",
+    "stderr_console",
+]
 
 
 def emit_json(obj: Any) -> None:
     """Print exactly one JSON object on stdout (the `--json` contract)."""
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+
+
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+
+
+def emit_schema(model: Any) -> None:
+    """Print a pydantic model's JSON Schema (`dllm config schema`, `dllm data schema`) with the
+    dialect pydantic writes it in ($defs, prefixItems) declared: without "$schema" an editor or
+    validator that assumes draft-07 ignored prefixItems and took `optimizer.betas: [a, b]`."""
+    emit_json({"$schema": JSON_SCHEMA_DIALECT, **model.model_json_schema()})
 
 
 def stderr_console():

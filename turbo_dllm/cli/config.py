@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from turbo_dllm.cli._output import add_overrides, check_world_size, emit_json, group
-
-JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+from turbo_dllm.cli._output import add_overrides, check_world_size, emit_json, emit_schema, group
 
 
 def register(subparsers) -> None:
@@ -45,7 +43,5 @@ def _validate(args) -> int:
 def _schema(args) -> int:
     from turbo_dllm.config.runspec import RunSpec
 
-    # The dialect pydantic writes ($defs, prefixItems), declared: without "$schema" an editor or
-    # validator that assumes draft-07 ignored prefixItems and took `optimizer.betas: [a, b]`.
-    emit_json({"$schema": JSON_SCHEMA_DIALECT, **RunSpec.model_json_schema()})
+    emit_schema(RunSpec)
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from turbo_dllm.cli._output import add_overrides, emit_json, group
+from turbo_dllm.cli._output import add_overrides, emit_json, emit_schema, group
 
 
 def register(subparsers) -> None:
@@ -280,5 +280,5 @@ def _stats(args) -> int:
 def _schema(args) -> int:
     from turbo_dllm.data.spec import PrepareSpec
 
-    emit_json(PrepareSpec.model_json_schema())
+    emit_schema(PrepareSpec)
     return 0
