@@ -13,6 +13,7 @@ from tests.helpers import assert_user_error
 from tests.train.conftest import RESUME_ARGS as ARGS
 from tests.train.util import TINY, losses, metrics, tiny_spec
 from turbo_dllm.errors import DllmError
+from turbo_dllm.train.checkpoint import read_meta
 from turbo_dllm.train.entry import train
 
 
@@ -225,6 +226,30 @@ def test_resume_from_another_runs_checkpoint_below_the_folders_newest_is_refused
     assert train(tiny_spec(*ARGS, f"checkpoint.resume={earlier}"), run) == 0
     assert "holds checkpoints after step 2 (step_00000004): each is replaced" in (
         capsys.readouterr().err
+    )
+
+
+def test_a_restart_of_a_run_resumed_from_a_path_goes_on_from_its_own_later_steps(
+    run, tmp_path, capsys
+):
+    """The same command again after a stop (or a launched run's `dllm train` line, whose
+    spec keeps the path): the folder's later steps descend from that path, so the run goes on
+    from its newest step instead of being refused or training again from the path."""
+    source = run / "checkpoints"  # step_2
+    branch = tmp_path / "branch"
+    train(tiny_spec(*ARGS, "training.steps=3", f"checkpoint.resume={source}"), branch)
+    assert read_meta(branch / "checkpoints/step_00000003").resumed_from == str(
+        (source / "step_00000002").resolve()
+    )
+    capsys.readouterr()
+    train(tiny_spec(*ARGS, f"checkpoint.resume={source}"), branch)
+    err = capsys.readouterr().err
+    assert "holds this run's later steps (step_00000003)" in err
+    assert f"resumed from {branch / 'checkpoints/step_00000003'} (step 3)" in err
+    assert [r["step"] for r in metrics(branch)] == [3, 4]
+    # carried by each resume: the step 4 checkpoint descends from the same path
+    assert read_meta(branch / "checkpoints/step_00000004").resumed_from == str(
+        (source / "step_00000002").resolve()
     )
 
 

@@ -93,6 +93,11 @@ class CheckpointMeta(BaseModel):
     # (the family runtime's `target_record`); a resume against other weights is refused.
     # None: not a drafter, or written before it was recorded (such a resume is not checked).
     target: dict[str, Any] | None = None
+    # The checkpoint outside the run's checkpoint folder that its steps descend from (a
+    # `checkpoint.resume` path, carried on by each resume; None: the run started from its own
+    # init, or written before it was recorded): a restart with the same path continues this
+    # run's later steps, another run's are refused (`Trainer._restart_or_refuse`).
+    resumed_from: str | None = None
 
 
 def _own_tensors(model, state: dict) -> dict:

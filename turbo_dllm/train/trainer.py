@@ -167,6 +167,7 @@ class Trainer:
             else contextlib.nullcontext
         )
         self.train_time_offset = 0.0
+        self.resumed_from: str | None = None  # CheckpointMeta.resumed_from of this run's steps
         self._next: StepBatches | None = None  # the next step's batches, drawn ahead
         self.compile_cache: dict[str, str] = {}  # the cache variables in effect, when compiling
         self._target: dict | None = None  # a drafter's target record (rank 0; `_target_record`)
@@ -375,9 +376,12 @@ class Trainer:
                     hint="use auto, never, a checkpoints/step_<N> folder or a checkpoints/ "
                     "folder (its newest complete step)",
                 )
+            path = self._restart_or_refuse(path, read_meta(path).step)
         meta = read_meta(path)
-        if choice != "auto":
-            self._check_no_later_steps(path, meta.step)
+        # What this run's steps descend from: a path outside its folder, else what the resumed
+        # checkpoint descends from.
+        outside = choice != "auto" and path.parent.resolve() != self.checkpoint_dir.resolve()
+        self.resumed_from = str(path.resolve()) if outside else meta.resumed_from
         self._check_resumable(path, meta)
         self._check_target(path, meta)
         meta = self.checkpointer.load(
@@ -403,15 +407,18 @@ class Trainer:
             )
         return meta.step
 
-    def _check_no_later_steps(self, path: Path, step: int) -> None:
-        """A `checkpoint.resume` path below the newest checkpoint of this run's folder. Another
-        run's checkpoint is refused: the folder's later steps would outlive this run's, as
-        `never` would leave them (`resume: auto` and `dllm export` would take them, a prune
-        would remove this run's first, metrics.jsonl would mix the two). An earlier step of
-        the folder itself (a rewind) replaces each later step as it saves it: said."""
+    def _restart_or_refuse(self, path: Path, step: int) -> Path:
+        """The checkpoint a `checkpoint.resume` path resumes when this run's checkpoint folder
+        holds later steps. An earlier step of the folder itself (a rewind): that step, each later
+        one replaced as this run saves it (said). Another folder's checkpoint that the later
+        steps descend from (`resumed_from`: a restart of this command, or of a launched run
+        that resumed from it): the newest of them, as `auto` (said). Another run's: refused,
+        since its later steps would outlive this run's, as with `never` (`resume: auto` and
+        `dllm export` would take them, a prune would remove this run's first, metrics.jsonl
+        would mix the two)."""
         later = steps_after(self.checkpoint_dir, step)
         if not later:
-            return
+            return path
         names = ", ".join(p.name for p in later)
         if path.parent.resolve() == self.checkpoint_dir.resolve():
             print0(
@@ -420,7 +427,15 @@ class Trainer:
                 "each is replaced when this run saves its step; until then `resume: auto` and "
                 "`dllm export` take the newest of them",
             )
-            return
+            return path
+        newest = later[-1]
+        if read_meta(newest).resumed_from == str(path.resolve()):
+            print0(
+                self.env,
+                f"note: {self.checkpoint_dir} holds this run's later steps ({names}), which "
+                f"resumed from {path}: going on from {newest.name}",
+            )
+            return newest
         raise DllmError(
             f"checkpoint.resume is {str(path)!r} (step {step}), but {self.checkpoint_dir} "
             f"holds later checkpoints of another run ({names}), which would outlive this "
@@ -584,6 +599,7 @@ class Trainer:
                 "train_time_s": train_time,
                 "settings": self._settings(),
                 "target": self._target_record(),
+                "resumed_from": self.resumed_from,
                 **export_sources(self.spec, self.data.mask_token_id),
             },
         )
