@@ -1,5 +1,6 @@
-"""Trainer readiness: the attention backend fits the host, the merge op suits block parallelism,
-the model folder loads, the compile cache is usable, W&B exists.
+"""Trainer readiness: the attention backend fits the host (and fla's kernels, where linear
+attention asks for them), the merge op suits block parallelism, the model folder loads, the
+compile cache is usable, W&B exists.
 
 Cheap checks (no weights are read): they catch the mistakes that would otherwise surface only
 after the workers started.
@@ -47,6 +48,38 @@ def attention_backend(ctx: DoctorContext) -> CheckResult:
     from torch.nn.attention import flex_attention  # noqa: F401 - present since torch 2.5
 
     return CheckResult(name, "pass", f"flex on {torch.cuda.get_device_name(0)}")
+
+
+@register_check(order=451)
+def linear_attention(ctx: DoctorContext) -> CheckResult:
+    """`model.linear_attention: fla` (qwen3_8's Gated DeltaNet layers): flash-linear-attention
+    installed, a CUDA GPU, a Triton fla trains with; the trainer refuses the same when it builds
+    the model, this says so before a launch."""
+    name = "linear attention"
+    if ctx.spec is None:
+        return _no_spec(name, ctx)
+    kernel = ctx.spec.model.linear_attention
+    if kernel != "fla":
+        return CheckResult(name, "pass", f"{kernel} (no flash-linear-attention kernels asked for)")
+    from turbo_dllm.families.qwen3_8.gated_delta import check_fla_usable
+
+    slurm = _slurm_plan(ctx)
+    on_job_gpus = slurm is not None and slurm.device == "cuda"  # not this login node's
+    try:
+        check_fla_usable(cuda=not on_job_gpus)
+    except DllmError as error:
+        return CheckResult(name, "fail", error.message, fix=error.hint)
+    import importlib.metadata
+
+    try:
+        version = importlib.metadata.version("flash-linear-attention")
+    except importlib.metadata.PackageNotFoundError:  # fla importable without its metadata
+        version = "(version unknown)"
+    if on_job_gpus:
+        return CheckResult(name, "pass", f"fla {version}, on the SLURM job's GPUs")
+    import torch
+
+    return CheckResult(name, "pass", f"fla {version} on {torch.cuda.get_device_name(0)}")
 
 
 def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:

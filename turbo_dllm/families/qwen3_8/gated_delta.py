@@ -247,17 +247,25 @@ def fla_problem(triton_version: str, capability: tuple[int, int] | None, tilelan
     return None
 
 
-def check_fla_usable() -> None:
-    """Raise a DllmError when fla's kernels cannot train on this host (see `fla_problem`)."""
+def check_fla_usable(*, cuda: bool = True) -> None:
+    """Raise a DllmError when fla's kernels cannot train here: no CUDA GPU, no
+    flash-linear-attention package, or a Triton that fla refuses (`fla_problem`). `cuda=False`
+    checks the package alone (`dllm doctor` on a SLURM login node, for the job's GPU nodes).
+
+    Called when the model is built and by `dllm doctor`, not at the first step's forward
+    (`_fla`): by then `dllm train` had made the run dir and its checkpoints/ folder, which it
+    then left behind."""
     import importlib.util
 
-    if not torch.cuda.is_available():
-        # Said here, when the model is built, not at the first step's forward (`_fla`): by then
-        # `dllm train` had made the run dir and its checkpoints/ folder, which it then left.
+    if cuda and not torch.cuda.is_available():
         raise DllmError(
             "model.linear_attention 'fla' runs on CUDA GPUs only",
             hint="set model.linear_attention: torch for CPU runs",
         )
+    if importlib.util.find_spec("fla") is None:
+        raise DllmError(_FLA_MISSING, hint=_FLA_MISSING_HINT)
+    if not cuda:
+        return
     import triton
 
     problem = fla_problem(
@@ -273,6 +281,12 @@ def check_fla_usable() -> None:
         )
 
 
+_FLA_MISSING = "model.linear_attention 'fla' needs the flash-linear-attention package"
+_FLA_MISSING_HINT = (
+    "pip install 'turbo-dllm[gdn]' (flash-linear-attention), or set model.linear_attention: torch"
+)
+
+
 @torch.compiler.disable  # fla's autograd Functions launch their own Triton kernels
 def _fla(q, k, v, g, beta, initial_state, capture_every):
     if q.device.type != "cuda":
@@ -283,11 +297,7 @@ def _fla(q, k, v, g, beta, initial_state, capture_every):
     try:
         from fla.ops.gated_delta_rule import chunk_gated_delta_rule
     except ImportError:
-        raise DllmError(
-            "model.linear_attention 'fla' needs the flash-linear-attention package",
-            hint="pip install 'turbo-dllm[gdn]' (flash-linear-attention), or set "
-            "model.linear_attention: torch",
-        ) from None
+        raise DllmError(_FLA_MISSING, hint=_FLA_MISSING_HINT) from None
     # fla >= 0.6 groups value heads over key heads itself (GVA), as transformers calls it.
     B, T, H = v.shape[:3]
     state = initial_state
