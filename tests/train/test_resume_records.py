@@ -45,6 +45,11 @@ def test_a_resume_says_which_optimizer_settings_the_checkpoint_keeps(run, capsys
     assert "note: the optimizer resumes with the checkpoint's settings" in err
     assert "optimizer.lr " in err and "the spec says 0.5" in err
     assert "optimizer.weight_decay" in err and "optimizer.betas" not in err
+    # Its way to the spec's settings was 'train into a new run dir', but a resume into a new
+    # run dir (checkpoint.resume: PATH) loads the optimizer as well: a fresh one starts from
+    # the exported weights.
+    assert "train into a new run dir to use the spec's" not in err
+    assert "`dllm export` it and train a new run with model.path set to the export" in err
 
 
 def test_checkpoint_and_export_hide_only_the_known_dcp_notice(run, tmp_path, monkeypatch):

@@ -403,7 +403,8 @@ class Trainer:
             print0(
                 self.env,
                 f"note: the optimizer resumes with the checkpoint's settings, not this spec's "
-                f"({changed}); train into a new run dir to use the spec's",
+                f"({changed}); to train with the spec's, `dllm export` it and train a new run "
+                "with model.path set to the export (a fresh optimizer)",
             )
         return meta.step
 
