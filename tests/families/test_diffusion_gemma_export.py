@@ -31,10 +31,45 @@ def exported(tmp_path, *overrides: str) -> tuple[Path, dict]:
     return out, json.loads((out / "config.json").read_text())
 
 
-def test_block_diffusion_records_the_mask_token_where_both_readers_find_it(tmp_path):
+@pytest.fixture(scope="module")
+def module_home(tmp_path_factory):
+    """DLLM_HOME for this module's shared runs (set up before each test's own home)."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("DLLM_HOME", str(tmp_path_factory.mktemp("home")))
+        yield
+
+
+@pytest.fixture(scope="module")
+def mask_500(tmp_path_factory, module_home):
+    """The preset trained on synthetic data with mask token 500, exported: read (never written)
+    by three tests, so trained once."""
+    return exported(tmp_path_factory.mktemp("mask-500"), "objective.mask_token_id=500")
+
+
+@pytest.fixture(scope="module")
+def artifact(tmp_path_factory, module_home):
+    """A byte-level artifact (seq_len 32, block 8) of a short text."""
+    root = tmp_path_factory.mktemp("artifact")
+    write_jsonl(root / "data/data.jsonl", [{"text": "the fox runs over a dog " * 8}] * 20)
+    prepare_config(
+        write_prepare_config(
+            root / "data", packing={"seq_len": 32, "block_size": 8, "overflow": "truncate"}
+        )
+    )
+    return root / "data/out"
+
+
+@pytest.fixture(scope="module")
+def on_artifact(tmp_path_factory, artifact):
+    """The preset trained (block_diffusion) on `artifact`, exported: read by two tests."""
+    overrides = ("data.synthetic=null", f"data.artifact={artifact}")
+    return exported(tmp_path_factory.mktemp("on-artifact"), *overrides)
+
+
+def test_block_diffusion_records_the_mask_token_where_both_readers_find_it(mask_500):
     """The family's config has a mask_token_id field (None for a preset): the export skipped
     recording the run's, so the folder did not say which token it denoises from."""
-    out, config = exported(tmp_path, "objective.mask_token_id=500")
+    out, config = mask_500
     assert config["text_config"]["mask_token_id"] == 500  # where the family writes its own
     assert DiffusionGemmaConfig.from_hf_dict(config).mask_token_id == 500  # our loader
     hf_config = transformers.AutoConfig.from_pretrained(str(out))
@@ -43,35 +78,30 @@ def test_block_diffusion_records_the_mask_token_where_both_readers_find_it(tmp_p
     assert hf.config.text_config.mask_token_id == 500
 
 
-def test_the_artifact_s_mask_token_is_recorded_and_sft_records_none(tmp_path):
+def test_the_artifact_s_mask_token_is_recorded_and_sft_records_none(
+    tmp_path, artifact, on_artifact
+):
     """Without objective.mask_token_id block_diffusion masks with the artifact's mask token
     (byte-level: 259); diffusiongemma_sft noises with random ids and masks nothing, so its
     export names no mask token."""
-    write_jsonl(tmp_path / "data/data.jsonl", [{"text": "the fox runs over a dog " * 8}] * 20)
-    prepare_config(
-        write_prepare_config(
-            tmp_path / "data", packing={"seq_len": 32, "block_size": 8, "overflow": "truncate"}
-        )
-    )
-    artifact = tmp_path / "data/out"
-    on_artifact = ("data.synthetic=null", f"data.artifact={artifact}")
-    _, config = exported(tmp_path / "masked", *on_artifact)
+    _, config = on_artifact
     assert config["text_config"]["mask_token_id"] == 259
     _, config = exported(
         tmp_path / "sft",
-        *on_artifact,
+        "data.synthetic=null",
+        f"data.artifact={artifact}",
         "objective.name=diffusiongemma_sft",
         "objective.block_size=16",
     )
     assert "mask_token_id" not in config["text_config"] and "mask_token_id" not in config
 
 
-def test_a_preset_exports_the_block_size_it_trained_on_as_canvas_length(tmp_path):
+def test_a_preset_exports_the_block_size_it_trained_on_as_canvas_length(mask_500):
     """The tiny preset says canvas_length 16 (a placeholder: runs choose the block size); a run
     at block size 8 exported canvas_length 16, and transformers generated 16-token canvases
     with a model trained on 8-token blocks."""
     assert PRESETS["tiny"]["canvas_length"] == 16
-    out, config = exported(tmp_path, "objective.mask_token_id=500")
+    out, config = mask_500
     assert config["canvas_length"] == 8
     assert DiffusionGemmaConfig.from_hf_dict(config).canvas_length == 8
     hf = transformers.DiffusionGemmaForBlockDiffusion.from_pretrained(str(out)).eval()
@@ -118,22 +148,14 @@ def test_every_diffusion_gemma_recipe_exports_its_block_size(recipe):
     )  # nothing else changes (sft: no mask token)
 
 
-def test_a_preset_trained_on_an_artifact_exports_the_artifact_s_token_ids(tmp_path):
+def test_a_preset_trained_on_an_artifact_exports_the_artifact_s_token_ids(on_artifact):
     """DiffusionGemma keeps its token ids in text_config, where its reader fills Gemma's (pad 0,
     eos 1, bos 2) for a preset, which has none. A preset trained on an artifact exported those
     beside the artifact's tokenizer: the artifact's ids went to the root of config.json, which
     transformers' DiffusionGemma does not read, so its embedding took byte 0 as padding_idx
     and its text config named byte 1 as eos. The export now writes the artifact's ids where
     both readers find them, and generation_config.json from them."""
-    write_jsonl(tmp_path / "data/data.jsonl", [{"text": "the fox runs over a dog " * 8}] * 20)
-    prepare_config(
-        write_prepare_config(
-            tmp_path / "data", packing={"seq_len": 32, "block_size": 8, "overflow": "truncate"}
-        )
-    )
-    out, config = exported(
-        tmp_path, "data.synthetic=null", f"data.artifact={tmp_path / 'data/out'}"
-    )
+    out, config = on_artifact
     byte_level = {"bos_token_id": 256, "eos_token_id": 257, "pad_token_id": 258}
     assert {k: config["text_config"][k] for k in byte_level} == byte_level
     assert not set(byte_level) & set(config)  # not at the root, which nothing reads
@@ -147,7 +169,7 @@ def test_a_preset_trained_on_an_artifact_exports_the_artifact_s_token_ids(tmp_pa
     assert hf.model.decoder.embed_tokens.padding_idx == 258
 
 
-def test_a_preset_on_synthetic_data_exports_no_invented_generation_config(tmp_path):
+def test_a_preset_on_synthetic_data_exports_no_invented_generation_config(mask_500):
     """Synthetic data has no tokenizer: the preset's filled-in Gemma ids are no eos to stop at."""
-    out, _ = exported(tmp_path, "objective.mask_token_id=500")
+    out, _ = mask_500
     assert not (out / "generation_config.json").exists()
