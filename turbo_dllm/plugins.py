@@ -11,9 +11,10 @@ family's name). Objectives alike, in the group `turbo_dllm.objectives` (an `Obje
 imported, so their modules must be torch-free and cheap; a family's torch half
 (`runtime_module`) is imported only when it is used.
 
-A plugin that fails to import, is not a descriptor, is named otherwise than its entry point,
-takes a name already taken or names objectives or axes nobody defines is left out with the
-reason: `dllm doctor` shows it, and a RunSpec naming it gets it instead of "unknown". One broken
+A plugin that fails to import, is not a descriptor (or one whose fields are of other types
+than `Family` / `Objective` declare: a string where a tuple of names goes, ...), is named otherwise
+than its entry point, takes a name already taken or names objectives or axes nobody defines (or an
+objective whose own plugin was left out) is left out with the reason: `dllm doctor` shows it, and a RunSpec naming it gets it instead of "unknown". One broken
 package never takes the others' families away.
 """
 
@@ -63,7 +64,11 @@ def load_plugins(
             if len(points) > 1:
                 why = f"declared by {' and '.join(sources)}: uninstall all but one of them"
             elif name in builtin:
-                why = f"{sources[0]}: turbo-dllm has a {kind} of that name already"
+                why = (
+                    f"{sources[0]}: turbo-dllm has an {kind} of that name already"
+                    if kind == "objective"
+                    else f"{sources[0]}: turbo-dllm has a {kind} of that name already"
+                )
             else:
                 value, why = _load(points[0], kind, kind_type)
                 if why is None:
@@ -74,7 +79,7 @@ def load_plugins(
             plugins.problems[kind][name] = why
     known = {*builtin_objectives, *plugins.objectives}
     for name, family in list(plugins.families.items()):
-        why = _unknown_names(family, known)
+        why = _unknown_names(family, known, plugins.problems["objective"])
         if why is not None:
             del plugins.families[name]
             plugins.problems["family"][name] = f"{plugins.sources.pop(('family', name))}: {why}"
@@ -91,6 +96,9 @@ def _load(point, kind: str, kind_type: type) -> tuple[object, str | None]:
         return None, (
             f"it is a {type(value).__name__}, not a turbo_dllm.families.base.{kind_type.__name__}"
         )
+    wrong = _field_problems(value)
+    if wrong:
+        return None, f"its {kind} descriptor has fields of the wrong type: {'; '.join(wrong)}"
     if value.name != point.name:
         return (
             None,
@@ -99,9 +107,72 @@ def _load(point, kind: str, kind_type: type) -> tuple[object, str | None]:
     return value, None
 
 
-def _unknown_names(family: Family, objectives: set[str]) -> str | None:
+# The fields of a descriptor that hold names: a collection of strings, never one string (which
+# Python would read letter by letter: `model_types="my_lm"` would read any model_type that is a
+# part of "my_lm", `objectives="block_diffusion"` name 15 one-letter objectives).
+_NAME_FIELDS = ("model_types", "objectives", "axes", "model_options", "config_keys")
+
+
+def _field_problems(value: Family | Objective) -> list[str]:
+    """The fields of a plugin's descriptor whose types are not the ones `Family` / `Objective`
+    declare (a dataclass does not check them, and a wrong one fails far from the plugin, or
+    not at all)."""
+    found = []
+
+    def want(field_name: str, ok: bool, wanted: str) -> None:
+        if not ok:
+            got = getattr(value, field_name)
+            found.append(f"{field_name} is {type(got).__name__} {got!r:.60}, not {wanted}")
+
+    want("name", isinstance(value.name, str) and value.name != "", "a non-empty str")
+    want("summary", isinstance(value.summary, str), "a str")
+    want("runtime_module", isinstance(value.runtime_module, str), "a module path (str)")
+    if isinstance(value, Objective):
+        block = value.stream_block_size
+        want(
+            "stream_block_size",
+            block is None or (type(block) is int and block > 0),
+            "None or a positive int",
+        )
+        return found
+    for name in _NAME_FIELDS:
+        names = getattr(value, name)
+        want(
+            name,
+            isinstance(names, (tuple, list, set, frozenset))
+            and all(isinstance(n, str) for n in names),
+            "a tuple of str (write ('name',) for one)"
+            if name != "axes"
+            else "a frozenset of str (write frozenset({'fsdp'}) for one)",
+        )
+    want(
+        "presets",
+        isinstance(value.presets, Mapping)
+        and all(isinstance(p, Mapping) for p in value.presets.values()),
+        "a mapping of preset name to config.json dict",
+    )
+    want("axis_reasons", isinstance(value.axis_reasons, Mapping), "a mapping of axis to str")
+    want("read_config", callable(value.read_config), "a function (config.json dict -> config)")
+    for name in ("rules", "configure"):
+        want(name, getattr(value, name) is None or callable(getattr(value, name)), "a function")
+    rules = value.input_rules
+    want(
+        "input_rules",
+        rules is None or (isinstance(rules, str) and ":" in rules),
+        'None or "module:function"',
+    )
+    return found
+
+
+def _unknown_names(family: Family, objectives: set[str], left_out: Mapping[str, str]) -> str | None:
     """Objectives or axes a plugin family names that nothing defines (a typo would otherwise
-    surface only when a RunSpec asks for it)."""
+    surface only when a RunSpec asks for it), or objectives whose own plugin was left out."""
+    broken = [o for o in family.objectives if o not in objectives and o in left_out]
+    if broken:
+        return "; ".join(
+            f"its objective {o!r} could not be loaded from its plugin: {left_out[o]}"
+            for o in broken
+        )
     unknown = [o for o in family.objectives if o not in objectives]
     if unknown:
         return f"its objectives {unknown} are not defined by turbo-dllm or any plugin"

@@ -26,6 +26,8 @@ __all__ = [
     "AXES",
     "BUILTIN_FAMILIES",
     "BUILTIN_OBJECTIVES",
+    "CONFIG_FIELDS",
+    "CONFIG_METHODS",
     "FAMILIES",
     "OBJECTIVES",
     "PLANNED",
@@ -111,14 +113,17 @@ def get_objective(name: str) -> Objective:
         raise _unavailable("objective", name, OBJECTIVES) from None
 
 
-def unavailable_reason(kind: str, name: Any) -> str | None:
+def unavailable_reason(kind: str, name: Any, *, with_fix: bool = True) -> str | None:
     """Why a name the schema does not offer is missing, where there is more to say than
-    "unknown": its plugin failed to load, or the product defines it and this version lacks it."""
+    "unknown": its plugin failed to load (with what to do about it, unless `with_fix` is
+    false: a caller that gives `PLUGIN_FIX` as its hint), or the product defines it and this
+    version lacks it."""
     if not isinstance(name, str):
         return None
     broken = PLUGINS.problems[kind].get(name)
     if broken is not None:
-        return f"{kind} {name!r} could not be loaded from its plugin: {broken}"
+        fix = f" (to fix: {PLUGIN_FIX})" if with_fix else ""
+        return f"{kind} {name!r} could not be loaded from its plugin: {broken}{fix}"
     if name in PLANNED[kind]:
         return f"{kind} {name!r} is not available in this version"
     return None
@@ -133,7 +138,7 @@ PLUGIN_FIX = (
 
 def _unavailable(kind: str, name: str, available: Mapping[str, Any]) -> DllmError:
     if name in PLUGINS.problems[kind]:
-        return DllmError(unavailable_reason(kind, name) or "", hint=PLUGIN_FIX)
+        return DllmError(unavailable_reason(kind, name, with_fix=False) or "", hint=PLUGIN_FIX)
     label = "model family" if kind == "family" else kind
     return DllmError(
         f"{label} {name!r} is not available in this version",
@@ -149,6 +154,36 @@ def families_reading(model_type: Any) -> list[str]:
 def resolve_model_config(model: Any) -> FamilyConfig:
     """The config of a RunSpec's `model` section (family, path or from_config, overrides)."""
     family = get_family(model.family)
+    return _checked_config(family, _family_config(family, model))
+
+
+# What the trainer, doctor and export read from every family's config (`FamilyConfig`,
+# docs/architecture.md): a reader that returns something else is the family's bug.
+CONFIG_FIELDS = ("model_type", "vocab_size", "tie_word_embeddings", "initializer_range")
+CONFIG_METHODS = ("to_hf_dict", "num_params", "step_flops")
+
+
+def _checked_config(family: Family, config: Any) -> FamilyConfig:
+    """`config` if it keeps the `FamilyConfig` contract, else a DllmError naming the family (and
+    the plugin that declares it) and what its config lacks, instead of an AttributeError later
+    in doctor, the trainer or export."""
+    missing = [name for name in CONFIG_FIELDS if not hasattr(config, name)]
+    missing += [name for name in CONFIG_METHODS if not callable(getattr(config, name, None))]
+    if not missing:
+        return config
+    source = PLUGINS.sources.get(("family", family.name))
+    where = f" (plugin {source})" if source else ""
+    reader = "configure" if family.configure is not None else "read_config"
+    raise DllmError(
+        f"model family {family.name!r}{where}: its {reader} returned a "
+        f"{type(config).__name__} without {', '.join(missing)}",
+        hint=f"a family's config has {', '.join(CONFIG_FIELDS)} and the methods "
+        f'{", ".join(f"{m}()" for m in CONFIG_METHODS)} (docs/architecture.md, "The family '
+        "registry\"): fix the family's config class, or uninstall the package that declares it",
+    )
+
+
+def _family_config(family: Family, model: Any) -> Any:
     if family.configure is not None:
         return family.configure(model)
     try:

@@ -33,6 +33,22 @@ def test_every_family_runtime_has_the_runtime_functions():
             assert callable(getattr(runtime, name)), (family.name, name)
 
 
+def test_every_family_preset_reads_into_a_config_that_keeps_the_contract():
+    """What the trainer, doctor and export read from a family's config (`FamilyConfig`):
+    `resolve_model_config` refuses a reader's value without it, naming the family."""
+    from types import SimpleNamespace
+
+    for family in registry.FAMILIES.values():
+        if family.configure is not None:  # (dflash: its config comes from two folders)
+            continue
+        for preset in family.presets:
+            model = SimpleNamespace(
+                family=family.name, path=None, from_config=preset, config_overrides={}
+            )
+            config = registry.resolve_model_config(model)
+            assert config.to_hf_dict()["model_type"] in family.model_types, (family.name, preset)
+
+
 def test_a_folder_of_another_model_type_is_refused_at_validation(tmp_path):
     """A Llama folder under `family: qwen3` trained silently before; now validation says so."""
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 8}))

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AXES",
+    "RUNTIME_FUNCTIONS",
     "Family",
     "artifact_mask_problems",
     "checkpoint_mask_problems",
@@ -53,6 +54,9 @@ __all__ = [
 
 # Topology axes beyond plain replicated data parallelism (`topology.dp`), as the RunSpec names them.
 AXES = ("fsdp", "cp", "bp", "tp", "sp", "ep")
+# The functions every family's runtime module has (`FamilyRuntime`): `Family.runtime()` refuses
+# a module that lacks one, naming it, before the trainer or export calls it.
+RUNTIME_FUNCTIONS = ("build_model", "layers", "check_tensor_parallel", "apply_tensor_parallel")
 # `model.config_overrides` keys a flat `rope_parameters` holds too (it wins over the root key).
 _ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
 # Real-valued keys a config.json may still spell as an integer (Qwen3's `rope_theta: 1000000`).
@@ -199,12 +203,37 @@ class Family:
             if name != self.runtime_module and not self.runtime_module.startswith(f"{name}."):
                 raise
             raise DllmError(
-                f"model family {self.name!r}: its runtime module {self.runtime_module!r} "
-                f"cannot be imported (no module named {name!r})",
+                f"model family {self.name!r}{self._declared_by()}: its runtime module "
+                f"{self.runtime_module!r} cannot be imported (no module named {name!r})",
                 hint="Family.runtime_module names the module of the family's torch half "
                 "(build_model, layers, ...): check the name, and that its package is installed",
             ) from None
+        missing = [f for f in RUNTIME_FUNCTIONS if not callable(getattr(module, f, None))]
+        if missing:
+            raise DllmError(
+                f"model family {self.name!r}{self._declared_by()}: its runtime module "
+                f"{self.runtime_module!r} has no {', '.join(missing)} (every family's runtime "
+                f"defines {', '.join(RUNTIME_FUNCTIONS)})",
+                hint='add them to that module (docs/architecture.md, "The family registry", '
+                "lists what each does; a family that refuses tensor parallelism still has a "
+                "check_tensor_parallel that raises), or uninstall the package that declares it",
+            )
         return module  # type: ignore[return-value]
+
+    def _declared_by(self) -> str:
+        """' (from plugin DIST VERSION)' where an installed package's entry point declares this
+        family (found only on an error's path: a plugin's errors name who to ask), else ''."""
+        from importlib.metadata import entry_points
+
+        for point in entry_points(group="turbo_dllm.families", name=self.name):
+            try:
+                mine = point.load() == self
+            except Exception:  # (the registry reports a plugin that does not load)
+                mine = False
+            dist = getattr(point, "dist", None)
+            if mine and dist is not None:
+                return f" (from plugin {dist.name} {dist.version})"
+        return ""
 
     def resolve_config(
         self,
@@ -259,6 +288,11 @@ class Family:
                 hint="set model.family to the family of that model",
                 model_type=model_type,
             )
+        # Our attention applies no dropout, in every family: a config.json asking for it would
+        # train another model than transformers would (a plugin's reader need not check it).
+        no_attention_dropout(hf)
+        if text is not None:
+            no_attention_dropout(text)
         return self.read_config(hf)
 
     def _refuse_unknown_keys(
