@@ -426,3 +426,27 @@ def test_a_resume_that_evaluates_other_held_out_data_says_so(tmp_path, artifacts
     train(tiny_spec(*_args(artifacts, "training.steps=4", "eval.sequences=4")), run)
     err = capsys.readouterr().err
     assert "eval.sequences 8 -> 4 (the evaluated sequences: its eval_loss is not comparable" in err
+
+
+@pytest.mark.parametrize(
+    ("sequences", "note"),
+    [
+        ("10", "note: eval.sequences is 10; each evaluation scores 8 (rounded down to whole "
+         "global micro-batches of 4)"),
+        ("100000", "note: eval.sequences is 100,000; each evaluation scores"),
+    ],
+)  # fmt: skip
+def test_an_evaluation_of_fewer_sequences_than_asked_says_so(
+    tmp_path, artifacts, capsys, sequences, note
+):
+    """eval.sequences above the artifact's count, or off whole global micro-batches, scored
+    fewer sequences without a word (only eval_sequences in the metrics showed it)."""
+    capsys.readouterr()
+    train(tiny_spec(*_args(artifacts, "training.steps=2", f"eval.sequences={sequences}")), tmp_path)
+    err = capsys.readouterr().err
+    assert note in err
+    if sequences == "100000":
+        assert "(the held-out artifact holds " in err
+    capsys.readouterr()
+    train(tiny_spec(*_args(artifacts, "training.steps=2")), tmp_path / "exact")  # 8: all of it
+    assert "note: eval.sequences" not in capsys.readouterr().err

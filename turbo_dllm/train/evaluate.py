@@ -45,10 +45,28 @@ class EvalSet:
     fingerprint: str  # the eval artifact's
     batches: list[dict[str, torch.Tensor]]
     first_samples: list[int]  # each micro-batch's first sequence index (its noise key)
+    available: int = 0  # the eval artifact's sequences
+    global_batch: int = 0  # training.micro_batch_size x data-parallel ranks
 
     def due(self, done: int, total: int) -> bool:
         """Whether an evaluation follows step `done` (1-based) of `total`."""
         return done % self.interval == 0 or done == total
+
+    def shortfall(self, wanted: int | None) -> str | None:
+        """What the trainer says where an evaluation scores fewer sequences than
+        `eval.sequences` asks for (the artifact holds fewer, or they are rounded down to whole
+        global micro-batches); None where it scores them all (or all the artifact's)."""
+        if wanted is None or wanted == self.sequences:
+            return None
+        why = []
+        if wanted > self.available:
+            why.append(f"the held-out artifact holds {self.available:,}")
+        if min(wanted, self.available) != self.sequences:
+            why.append(f"rounded down to whole global micro-batches of {self.global_batch}")
+        return (
+            f"note: eval.sequences is {wanted:,}; each evaluation scores {self.sequences:,} "
+            f"({', '.join(why)})"
+        )
 
 
 @dataclass(frozen=True)
@@ -107,4 +125,12 @@ def build_eval_set(spec, *, dp_rank: int, dp_size: int) -> EvalSet | None:
     # micro-batch m holds sequences [m * micro, (m + 1) * micro); rank r takes every m = r mod dp
     firsts = list(range(dp_rank * micro, count, micro * dp_size))
     batches = [artifact_batch(artifact, list(range(first, first + micro))) for first in firsts]
-    return EvalSet(spec.eval.interval, count, manifest.fingerprint, batches, firsts)
+    return EvalSet(
+        spec.eval.interval,
+        count,
+        manifest.fingerprint,
+        batches,
+        firsts,
+        available=manifest.num_sequences,
+        global_batch=micro * dp_size,
+    )

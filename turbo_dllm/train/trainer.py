@@ -872,6 +872,10 @@ class Trainer:
             f"on {env.world_size} x {self.device.type}, steps {start + 1}..{self.total_steps}, "
             f"run dir {self.run_dir}",
         )
+        if self.eval_set is not None and (
+            note := self.eval_set.shortfall(self.spec.eval.sequences)
+        ):
+            print0(env, note)
         if self.compile_cache and env.is_main:  # one rank walks the cache folder, not all
             inductor = Path(self.compile_cache[INDUCTOR_CACHE_VARIABLE])
             size = cache_size_bytes(inductor)
