@@ -3,6 +3,8 @@ command names the file, reading ones included (they said "no bundles installed")
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from tests.helpers import assert_user_error
@@ -34,7 +36,9 @@ def test_a_home_that_is_a_file_is_named(cli, tmp_path, monkeypatch, command):
         "not a folder",
         f"hint: move the file {home} out of the way, or set DLLM_HOME to a folder",
     )
-    assert result.out == "" and len(result.err.strip().splitlines()) == 2
+    assert len(result.err.strip().splitlines()) == 2
+    # --json: that error as the one JSON object (tests/cli/test_json_errors.py); else nothing.
+    assert result.out == "" if "--json" not in args else json.loads(result.out)["error"]
     assert home.read_text() == "not a folder"
 
 

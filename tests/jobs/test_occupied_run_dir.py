@@ -105,7 +105,9 @@ def test_a_launch_into_a_finished_run_is_refused_and_touches_nothing(runs, cli, 
         f"dllm run show {root / 'done'}",
     )
     assert "dllm train" not in result.err  # a finished run has nothing to continue
-    assert result.out == ""  # no plan, no start line that would fail
+    # No plan, no start line that would fail (--json: only the error object).
+    printed = set(json.loads(result.out)) if "--json" in dry else result.out
+    assert printed == ({"error", "hint"} if "--json" in dry else "")
     assert snapshot(root / "done") == before
 
 

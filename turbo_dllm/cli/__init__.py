@@ -42,9 +42,27 @@ def _is_command(name: str) -> bool:
     return importlib.util.find_spec(f"{__name__}.{name}") is not None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser (every subcommand's is one too), whose usage errors (exit 2) also say
+    where the command's arguments are listed, and under `--json` also print the one JSON
+    object `--json` promises (`{"error": ..., "hint": ...}`), as every other error does."""
+
+    json_errors = False  # set by `main` when its argv asks for --json
+
+    def error(self, message: str):
+        from turbo_dllm.cli._output import emit_json_error
+
+        hint = f"`{self.prog} --help` lists its arguments"
+        self.print_usage(sys.stderr)
+        print(f"{self.prog}: error: {message}\nhint: {hint}", file=sys.stderr)
+        if _Parser.json_errors:
+            emit_json_error(message, hint)
+        self.exit(2)
+
+
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     """The full parser, or (with `only`) one holding just that command, for a faster start."""
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="dllm",
         description="Train block-diffusion language models reproducibly.",
     )
@@ -61,6 +79,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if argv_from_process:
         STARTED_UNDER = os.getppid()
     argv = list(sys.argv[1:] if argv is None else argv)
+    from turbo_dllm.cli._output import emit_json_error, reset_json
+
+    reset_json()
+    _Parser.json_errors = "--json" in argv
     parser = build_parser(only=argv[0] if argv and _is_command(argv[0]) else None)
     args, unknown = parser.parse_known_args(argv)
     if unknown:
@@ -93,6 +115,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 gc.freeze()
     except DllmError as error:
         print_error(error.message, error.hint)
+        if getattr(args, "json", False):
+            emit_json_error(error.message, error.hint)  # `--json`: one object, failures too
         return 2
     except KeyboardInterrupt:
         print("dllm: interrupted", file=sys.stderr)
@@ -105,5 +129,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as error:
         # The file system said no (permission denied, a path through a file, a full disk) where
         # no command foresaw it: the user's to fix, so a message naming the path, not a traceback.
-        print_error(*describe_os_error(error))
+        message, hint = describe_os_error(error)
+        print_error(message, hint)
+        if getattr(args, "json", False):
+            emit_json_error(message, hint)
         return 2

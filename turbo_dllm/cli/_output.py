@@ -11,15 +11,36 @@ __all__ = [
     "add_overrides",
     "check_world_size",
     "emit_json",
+    "emit_json_error",
     "emit_schema",
     "group",
     "stderr_console",
 ]
 
 
+_emitted = False
+
+
 def emit_json(obj: Any) -> None:
     """Print exactly one JSON object on stdout (the `--json` contract)."""
+    global _emitted
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n")
+    _emitted = True
+
+
+def emit_json_error(message: str, hint: str | None) -> None:
+    """A failed `--json` command's one object: `{"error": MESSAGE, "hint": HINT}`, what stderr
+    says as `dllm: error:` and `hint:`. Nothing where the command already printed its object."""
+    global _emitted
+    if not _emitted:
+        emit_json({"error": message, "hint": hint})
+    _emitted = False
+
+
+def reset_json() -> None:
+    """A new `dllm` command (in-process callers run several) has printed no object yet."""
+    global _emitted
+    _emitted = False
 
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
