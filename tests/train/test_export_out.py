@@ -38,3 +38,18 @@ def test_an_out_under_a_file_is_named_as_the_user_gave_it(cli, tmp_path):
         f"cannot write --out {str(out)!r}: {str(tmp_path / 'notes.txt')!r} is a file, not a folder",
     )
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_an_exported_folder_given_as_a_checkpoint_is_named_as_a_model_folder(tmp_path, cli):
+    """`--checkpoint` (or checkpoint.resume) naming a Hugging Face folder, an export say, said
+    'no checkpoint.json' and to pass a step folder, which the user had not got to hand."""
+    (tmp_path / "hf").mkdir()
+    (tmp_path / "hf/config.json").write_text("{}")
+    result = cli("export", "--checkpoint", tmp_path / "hf", "--out", tmp_path / "out")
+    assert_user_error(
+        result,
+        f"not a checkpoint: {str(tmp_path / 'hf')!r} (no checkpoint.json)",
+        "is a Hugging Face model folder, not a training checkpoint: train from it with "
+        "model.path (a new run), or pass a checkpoints/step_<N> folder written by `dllm train`, "
+        "its checkpoints/ folder or its run dir",
+    )

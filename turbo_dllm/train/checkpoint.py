@@ -123,7 +123,15 @@ def read_meta(path: str | Path) -> CheckpointMeta:
                 hint="its run stopped before its first save (checkpoint.interval), or every save "
                 "was cut short: train it on (`dllm train --run-dir`), or pass a step_<N> folder",
             )
-        hint = "pass a checkpoints/step_<N> folder written by `dllm train`"
+        hint = (
+            "pass a checkpoints/step_<N> folder written by `dllm train`, its checkpoints/ "
+            "folder or its run dir (their newest complete step)"
+        )
+        if (path / "config.json").is_file():  # an exported (or any) Hugging Face folder
+            hint = (
+                f"{path} is a Hugging Face model folder, not a training checkpoint: train from "
+                "it with model.path (a new run), or " + hint
+            )
         # a step that is not there: say which of its siblings are
         if steps := _complete_steps(path.parent):
             hint += f"; {path.parent} has {', '.join(child.name for child in steps[-3:])}"
