@@ -209,7 +209,10 @@ def check_build(
     try:
         data = catalog_file.read_bytes()
     except OSError as error:
-        raise DllmError(f"cannot read the catalog {catalog_file}: {error.strerror}") from None
+        raise DllmError(
+            f"cannot read the catalog {catalog_file}: {error.strerror}",
+            hint="pass a release's catalog.toml, e.g. bundles/releases/v0.1.0/catalog.toml",
+        ) from None
     catalog = parse_catalog(data, str(catalog_file))
     # Which entry this host rebuilds, known before minutes of compiling.
     _, bundle_target = pick_build_target(target, collect_fingerprint(apply_overrides=False))

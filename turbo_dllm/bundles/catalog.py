@@ -155,7 +155,10 @@ def trusted_catalog_sha256(release: str, lock: ReleasesLock, explicit: str | Non
     if explicit is not None:
         explicit = explicit.strip().lower()
         if not re.match(SHA256, explicit):
-            raise DllmError(f"--catalog-sha256 {explicit!r} is not a sha256 hex digest")
+            raise DllmError(
+                f"--catalog-sha256 {explicit!r} is not a sha256 hex digest",
+                hint="pass the 64 hex digits `dllm bundle publish` printed as the catalog's sha256",
+            )
         if pinned and pinned.catalog_sha256 != explicit:
             raise DllmError(
                 f"--catalog-sha256 {explicit} contradicts the pin of release {release} in "

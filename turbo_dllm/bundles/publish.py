@@ -61,7 +61,10 @@ def publish(
     """
     check_release(release)
     if not archives:
-        raise DllmError("nothing to publish: pass one or more bundle archives")
+        raise DllmError(
+            "nothing to publish: pass one or more bundle archives",
+            hint="pass the .tar.zst files `dllm bundle build --out DIR` wrote",
+        )
     _check_mirror(mirror)
     checked = [(archive, _checked_entry(archive)) for archive in archives]
     catalog_file = mirror / catalog_path(release)
@@ -141,7 +144,10 @@ def _check_mirror(mirror: Path) -> None:
 
 def _checked_entry(archive: Path) -> CatalogEntry:
     if not archive.is_file():
-        raise DllmError(f"no such archive: {archive}")
+        raise DllmError(
+            f"no such archive: {archive}",
+            hint="pass the .tar.zst files `dllm bundle build --out DIR` wrote",
+        )
     with tempfile.TemporaryDirectory(prefix="dllm-publish-") as tmp:
         manifest = extract_bundle(archive, Path(tmp) / "bundle")
     return CatalogEntry(

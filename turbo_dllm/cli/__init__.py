@@ -73,6 +73,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _command_line(args) -> str:
+    """`dllm GROUP SUB` (or `dllm COMMAND`) of the parsed `args`."""
+    command = getattr(args, "command", None)
+    sub = getattr(args, f"{command}_command", None) if command else None
+    return " ".join(word for word in ("dllm", command, sub) if word)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     global STARTED_UNDER
     argv_from_process = argv is None
@@ -114,9 +121,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 # garbage still alive at exit is then not collected, its finalizers not run.
                 gc.freeze()
     except DllmError as error:
-        print_error(error.message, error.hint)
+        # Every error a user can fix has a hint line (README); one raised without a hint points
+        # at the command's help rather than leaving the line out.
+        hint = error.hint or f"`{_command_line(args)} --help` describes what it takes"
+        print_error(error.message, hint)
         if getattr(args, "json", False):
-            emit_json_error(error.message, error.hint)  # `--json`: one object, failures too
+            emit_json_error(error.message, hint)  # `--json`: one object, failures too
         return 2
     except KeyboardInterrupt:
         print("dllm: interrupted", file=sys.stderr)

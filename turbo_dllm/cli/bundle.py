@@ -184,7 +184,10 @@ def _build_check(args) -> int:
     from turbo_dllm.errors import DllmError
 
     if args.ops:
-        raise DllmError("--check rebuilds every op of the target; drop --op")
+        raise DllmError(
+            "--check rebuilds every op of the target; drop --op",
+            hint="dllm bundle build --check CATALOG (without --op)",
+        )
     check = check_build(
         args.check,
         target=args.target,
@@ -313,7 +316,10 @@ def _check_lock_timeout(args) -> None:
     if not args.lock_timeout >= 0:
         from turbo_dllm.errors import DllmError
 
-        raise DllmError(f"--lock-timeout must be 0 or more seconds, got {args.lock_timeout:g}")
+        raise DllmError(
+            f"--lock-timeout must be 0 or more seconds, got {args.lock_timeout:g}",
+            hint="pass the seconds to wait for the store's lock (0: do not wait), or leave it out",
+        )
 
 
 def _progress():
@@ -350,9 +356,15 @@ def _install(args) -> int:
     from turbo_dllm.errors import DllmError
 
     if args.build and args.target:
-        raise DllmError("--build missing builds this host's own target; use it with --auto")
+        raise DllmError(
+            "--build missing builds this host's own target; use it with --auto",
+            hint="dllm bundle install --auto --build missing (or drop --build for --target)",
+        )
     if args.retries < 0:  # else no attempt is made and the error blames the download
-        raise DllmError(f"--retries must be 0 or more, got {args.retries}")
+        raise DllmError(
+            f"--retries must be 0 or more, got {args.retries}",
+            hint="0 tries each download once; leave --retries out for the default",
+        )
     _check_lock_timeout(args)
     target = BundleTarget.parse(args.target) if args.target else None
     if not args.dry_run:  # a file in the way of the store: said before any download or build

@@ -114,7 +114,10 @@ def _pack(args) -> int:
     key = host_pack_key(collect_fingerprint(apply_overrides=False), digest)
     if args.warm:
         if spec is None:
-            raise DllmError("--warm runs the spec's first step: pass --config F")
+            raise DllmError(
+                "--warm runs the spec's first step: pass --config F",
+                hint="dllm cache pack --config train.yaml --warm --out DIR",
+            )
         from turbo_dllm.cache.warm import warm_caches
 
         with tempfile.TemporaryDirectory(prefix="dllm-warm-") as tmp:

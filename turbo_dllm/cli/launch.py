@@ -274,9 +274,16 @@ def _launch(args) -> int:
     if args.json and not args.dry_run:
         raise DllmError("--json goes with --dry-run", hint="a real launch streams the workers")
     if args.allow_drift and not args.manifest:
-        raise DllmError("--allow-drift only applies to a replay (--manifest)")
+        raise DllmError(
+            "--allow-drift only applies to a replay (--manifest)",
+            hint="drop --allow-drift, or replay a run: dllm launch --manifest "
+            "runs/<id>/manifest.json --allow-drift",
+        )
     if args.submit and args.backend != "slurm" and not args.manifest:
-        raise DllmError("--submit goes with --backend slurm")
+        raise DllmError(
+            "--submit goes with --backend slurm",
+            hint="add --backend slurm, or drop --submit",
+        )
     argv = _canonical_argv(args)
     options = _options(args)
     if args.manifest:

@@ -227,10 +227,16 @@ def load_manifest(path: str | Path) -> EnvManifest:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError as error:
-        raise DllmError(f"no environment manifest at {path}") from error
+        raise DllmError(
+            f"no environment manifest at {path}",
+            hint="check the path; `dllm env list` lists the packaged manifests (--target NAME)",
+        ) from error
     except (OSError, UnicodeDecodeError) as error:  # a folder, unreadable, not text
         reason = error.strerror if isinstance(error, OSError) else "not UTF-8 text"
-        raise DllmError(f"cannot read the environment manifest {path}: {reason}") from None
+        raise DllmError(
+            f"cannot read the environment manifest {path}: {reason}",
+            hint="pass a manifests/<target>.toml written by `dllm env lock`",
+        ) from None
     return parse_manifest(text, str(path))
 
 

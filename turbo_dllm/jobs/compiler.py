@@ -330,7 +330,10 @@ def _rendezvous(options: LaunchOptions, backend: str, run_id: str) -> Rendezvous
     rdzv_id = options.rdzv_id or run_id
     conf = options.rdzv_conf
     if conf and backend == "local":
-        raise DllmError("--rdzv-conf applies to torchrun's c10d rendezvous, not one process")
+        raise DllmError(
+            "--rdzv-conf applies to torchrun's c10d rendezvous, not one process",
+            hint="drop --rdzv-conf, or launch under torchrun (--backend torchrun)",
+        )
     if backend == "local":
         return Rendezvous(kind="none")
     if backend == "slurm":

@@ -74,7 +74,10 @@ class SlurmOptions:
                 hint="0 asks for no GPUs (a CPU job)",
             )
         if self.cpus_per_task is not None and self.cpus_per_task < 1:
-            raise DllmError(f"--cpus-per-task must be >= 1 (got {self.cpus_per_task})")
+            raise DllmError(
+                f"--cpus-per-task must be >= 1 (got {self.cpus_per_task})",
+                hint="give each task 1 or more CPUs, or leave --cpus-per-task out",
+            )
         # Each becomes one `#SBATCH` line: a line break would end it and start a shell line
         # (and a value with white space is written double-quoted).
         for flag, value, forbidden in (
@@ -319,9 +322,16 @@ class LaunchOptions:
                 f"unknown backend {self.backend!r}", hint=f"choose one of {', '.join(BACKENDS)}"
             )
         if self.nproc_per_node is not None and self.nproc_per_node < 1:
-            raise DllmError(f"--nproc-per-node must be >= 1 (got {self.nproc_per_node})")
+            raise DllmError(
+                f"--nproc-per-node must be >= 1 (got {self.nproc_per_node})",
+                hint="pass the processes to start on each node, or leave it out for the "
+                "topology's product / nodes",
+            )
         if self.max_restarts < 0:
-            raise DllmError(f"--max-restarts must be >= 0 (got {self.max_restarts})")
+            raise DllmError(
+                f"--max-restarts must be >= 0 (got {self.max_restarts})",
+                hint="0 restarts no worker group (the default)",
+            )
         if self.node_rank is not None and not 0 <= self.node_rank < self.nnodes.max:
             raise DllmError(
                 f"--node-rank {self.node_rank} is outside 0..{self.nnodes.max - 1}",
@@ -335,7 +345,10 @@ class LaunchOptions:
                 "or 10.0.0.1 (an IPv6 address without brackets)",
             )
         if self.master_port is not None and not 0 < self.master_port < 65536:
-            raise DllmError(f"--master-port {self.master_port} is not a TCP port")
+            raise DllmError(
+                f"--master-port {self.master_port} is not a TCP port",
+                hint="pass a port from 1 to 65535 that node 0 can listen on, e.g. 29500",
+            )
         if self.rdzv_endpoint and (self.master_addr or self.master_port):
             raise DllmError(
                 "--rdzv-endpoint and --master-addr/--master-port are two ways to meet; pick one",
@@ -351,7 +364,11 @@ class LaunchOptions:
                     hint=f"give {flag} a folder, or leave it out for a fresh runs/<stamp>-<id>",
                 )
         if self.run_dir and self.run_root:
-            raise DllmError("give --run-dir or --run-root, not both")
+            raise DllmError(
+                "give --run-dir or --run-root, not both",
+                hint="--run-dir DIR is the run's own folder; --run-root ROOT holds a fresh "
+                "ROOT/<stamp>-<id>",
+            )
         if self.rdzv_endpoint is not None:
             _check_endpoint(self.rdzv_endpoint)
         if self.rdzv_conf is not None:

@@ -181,7 +181,10 @@ class MirrorServer:
         # One that does not exist, a file and a URL are named as such (as `--mirror` names them).
         self.root = mirror_folder(root)
         if not 0 <= port <= 65535:  # else a traceback from bind()
-            raise DllmError(f"--port must be 0-65535 (0: any free port), got {port}")
+            raise DllmError(
+                f"--port must be 0-65535 (0: any free port), got {port}",
+                hint="pass a free TCP port, or --port 0 and read the one chosen",
+            )
         handler = type("Handler", (MirrorRequestHandler,), {"quiet": quiet})
         try:
             self.httpd = _server_class(host, port)(

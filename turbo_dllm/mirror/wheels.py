@@ -46,7 +46,10 @@ def scan_wheels(folder: Path | None) -> LocalWheels:
         return LocalWheels({})
     folder = Path(folder)
     if not folder.is_dir():
-        raise DllmError(f"--wheels-from {folder} is not a folder")
+        raise DllmError(
+            f"--wheels-from {folder} is not a folder",
+            hint="pass the folder holding the .whl files (e.g. filled by `pip download`)",
+        )
     return LocalWheels({sha256_file(p): p for p in sorted(folder.glob("*.whl"))})
 
 

@@ -269,10 +269,16 @@ def prepare_features(
 
     check_out_folder(out, "prepare-features", example="features")
     if rows_per_shard < 1:
-        raise DllmError(f"--rows-per-shard must be at least 1 (got {rows_per_shard})")
+        raise DllmError(
+            f"--rows-per-shard must be at least 1 (got {rows_per_shard})",
+            hint="leave --rows-per-shard out for the default",
+        )
     batch_rows = spec.training.micro_batch_size if batch_rows is None else batch_rows
     if batch_rows < 1:
-        raise DllmError(f"--batch-rows must be at least 1 (got {batch_rows})")
+        raise DllmError(
+            f"--batch-rows must be at least 1 (got {batch_rows})",
+            hint="leave --batch-rows out for training.micro_batch_size",
+        )
     # data of another tokenizer than the target's would be features of other text, refused
     # only when training reads them (the family's input rule): here, before the target is read
     for key, problem in tokenizer_problems(spec):

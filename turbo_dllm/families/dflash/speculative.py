@@ -268,7 +268,10 @@ def _check_draft_steps(
     `block_source`: where `block_size` came from (--block-size, or the drafter's config.json)."""
     drafts = block_size if from_anchor else block_size - 1
     if draft_steps < 1:
-        raise DllmError(f"--draft-steps must be at least 1 (got {draft_steps})")
+        raise DllmError(
+            f"--draft-steps must be at least 1 (got {draft_steps})",
+            hint="leave --draft-steps out for one denoising step per block",
+        )
     if draft_steps > 1 and (from_anchor or dflash2):
         raise DllmError(
             "--draft-steps > 1 refines DFlashDraftModel drafters with sample_from_anchor "
@@ -545,7 +548,10 @@ def compare(
         ("--draft-steps", min(draft_steps, default=1), 1),
     ]:
         if value < least:
-            raise DllmError(f"{flag} must be at least {least} (got {value})")
+            raise DllmError(
+                f"{flag} must be at least {least} (got {value})",
+                hint=f"pass {flag} {least} or more, or leave it out for the default",
+            )
     for flag, folder in [("--target", target), *(("--drafter", d) for d in drafters)]:
         require_model_folder(flag, folder)
     for drafter, steps in zip(drafters, draft_steps, strict=True):
