@@ -133,7 +133,8 @@ def test_dllm_train_resumes_a_recorded_run_only_on_its_recorded_data(
     assert not (run_dir / "metrics.jsonl").exists()
 
 
-def test_prepare_with_overrides_and_human_output(cli, project):
+def test_prepare_with_overrides_and_human_output(cli, project, monkeypatch):
+    monkeypatch.chdir(project)  # a --set path is taken against the current folder
     result = cli(
         "data",
         "prepare",

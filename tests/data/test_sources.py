@@ -220,7 +220,7 @@ def test_batches_of_long_rows_are_cut_into_chunks_by_bytes(tmp_path, monkeypatch
     assert max(sum(len(row["text"]) for row in chunk.items) for chunk in chunks) <= 1000
     assert [n for chunk in chunks for n in chunk.numbers] == list(range(50))
     assert sum(chunk.advance for chunk in chunks) == 50
-    cut = prepare_config(config, ["workers=2", "output.path=cut"])
+    cut = prepare_config(config, ["workers=2", f"output.path={tmp_path / 'cut'}"])
     assert cut.manifest.fingerprint == whole
     assert _texts_back(cut.path) == [t.encode() for t in texts]
 
@@ -229,7 +229,7 @@ def test_batches_of_long_rows_are_cut_into_chunks_by_bytes(tmp_path, monkeypatch
     datasets.Dataset.from_dict({"text": texts}).save_to_disk(str(tmp_path / "ds"))
     name = "a.parquet" if kind == "parquet" else "ds"
     with pytest.raises(DllmError, match=rf"\b{re.escape(name)} row 37: field 'text'"):
-        prepare_config(config, ["output.path=bad"])
+        prepare_config(config, [f"output.path={tmp_path / 'bad'}"])
 
 
 # --- text ---------------------------------------------------------------------------------------

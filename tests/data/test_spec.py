@@ -125,10 +125,10 @@ def test_relative_paths_resolve_against_the_config_folder(tmp_path, monkeypatch)
         source={"kind": "jsonl", "paths": "data/*.jsonl"},
     )
     monkeypatch.chdir(tmp_path)
-    spec = load_prepare_spec(config, ["output.path=../elsewhere"])
+    spec = load_prepare_spec(config, ["output.path=elsewhere"])
     assert spec.source.paths == [str(tmp_path / "proj/data/*.jsonl")]
     assert spec.tokenizer.path == str(tmp_path / "proj/tok")
-    assert spec.output.path == str(tmp_path / "elsewhere")
+    assert spec.output.path == str(tmp_path / "elsewhere")  # a --set path: the current folder's
 
 
 def test_docs_examples_are_valid_prepare_files():

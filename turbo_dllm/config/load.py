@@ -11,6 +11,7 @@ import datetime
 import difflib
 import os
 import typing
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -194,21 +195,40 @@ def _names_a_file(field: str, value: Any) -> bool:
 
 
 def _paths_from_the_command_line(document: dict[str, Any], overrides: list[str], cwd: Path) -> None:
+    command_line_paths(document, overrides, _PATH_FIELDS, cwd, names_a_file=_names_a_file)
+
+
+def command_line_paths(
+    document: dict[str, Any],
+    overrides: list[str],
+    fields: tuple[str, ...],
+    cwd: Path,
+    names_a_file: Callable[[str, Any], bool] = lambda field, value: bool(value),
+) -> None:
     """A relative path given with `--set` is the shell's, taken against the current folder as
     every command-line path is (`--set checkpoint.resume=runs/a/checkpoints` from the project
     folder, with `--config runs/b/spec.yaml`); one written in the YAML file stays relative to
-    the file (`resolve_paths`). In place, before validation."""
+    the file (the reader's own resolution). In place, before validation. `fields`: the dotted
+    fields that name files (a list of paths counts: `source.paths`)."""
     for item in overrides:
         key = ".".join(part.strip() for part in item.partition("=")[0].split("."))
-        for field in _PATH_FIELDS:
+        for field in fields:
             if field != key and not field.startswith(key + "."):
                 continue
             node: Any = document
             *parents, last = field.split(".")
             for part in parents:
                 node = node.get(part) if isinstance(node, dict) else None
-            if isinstance(node, dict) and _names_a_file(field, node.get(last)):
-                node[last] = absolute_path(node[last], cwd)
+            if not isinstance(node, dict):
+                continue
+            value = node.get(last)
+            if isinstance(value, list):
+                node[last] = [
+                    absolute_path(v, cwd) if isinstance(v, str) and names_a_file(field, v) else v
+                    for v in value
+                ]
+            elif isinstance(value, str) and names_a_file(field, value):
+                node[last] = absolute_path(value, cwd)
 
 
 def absolute_path(value: str, base_dir: Path) -> str:

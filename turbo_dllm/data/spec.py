@@ -5,7 +5,8 @@ Strict pydantic models (unknown keys are errors). Sections with several kinds (`
 model its `kind` names, so an unknown key is reported at its plain path (`source.pathz`) with the
 nearest valid name, exactly like the RunSpec. Rules that relate several sections (a text source
 with chat records, assistant_only with text records, ...) are collected by `problems()` into one
-report. Relative paths resolve against the folder of the YAML file.
+report. Relative paths resolve against the folder of the YAML file (a `--set` value's against the
+current folder, as for RunSpecs).
 """
 
 from __future__ import annotations
@@ -450,11 +451,24 @@ def validate_prepare_document(
 
 def load_prepare_spec(path: str | Path, overrides: list[str] | None = None) -> PrepareSpec:
     """Read, override (`--set k=v`), validate and path-resolve a prepare.yaml."""
-    from turbo_dllm.config.load import apply_overrides, read_yaml
+    from turbo_dllm.config.load import apply_overrides, command_line_paths, read_yaml
 
     path = Path(path)
     document = apply_overrides(read_yaml(path), overrides or [])
+    # A --set path is the shell's (against the current folder), as for RunSpecs; one written
+    # in the file stays relative to the file (`_resolve_paths`).
+    command_line_paths(document, overrides or [], _PATH_FIELDS, Path.cwd())
     return validate_prepare_document(document, str(path), path.resolve().parent)
+
+
+# The prepare.yaml fields that name files (`_resolve_paths`).
+_PATH_FIELDS = (
+    "source.path",
+    "source.data_files",
+    "source.paths",
+    "output.path",
+    "tokenizer.path",
+)
 
 
 def _resolve_paths(spec: PrepareSpec, base_dir: Path) -> PrepareSpec:
