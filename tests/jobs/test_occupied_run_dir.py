@@ -177,7 +177,7 @@ def test_nodes_still_join_a_run_that_has_not_finished(runs, cli, pinned):
     result = cli("launch", "--config", spec, *SHORT, "--run-dir", short)
     assert_user_error(
         result,
-        f"{short} already holds run short (ok, step 1/4), which ended at ",
+        f"{short} already holds run short (stopped, step 1/4), which ended at ",
         " with exit status 0; a launch does not write into another run's dir. Instead:",
         "continue it from its last checkpoint: "
         f"{recorded_threads(short)} dllm train --config {short / 'spec.yaml'} --run-dir {short}",

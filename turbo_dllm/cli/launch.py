@@ -441,9 +441,48 @@ def _print_end(job, code: int, submit: bool) -> None:
                 file=sys.stderr,
             )
         return
+    resume = None
     if code == EXIT_TERMINATED:  # SIGTERM: the trainer saved the step under way and ended
         verdict = "stopped by SIGTERM (exit 143; the step under way was saved, it resumes there)"
+        resume = _resume(job)
+    elif code == 0 and _stopped_early(job):
+        # training.max_duration_s, this attempt's time budget: the trainer saved its last step
+        # and ended with 0 so that the next job resumes. It said "finished" at 21 of 30 steps.
+        verdict = _time_budget_stop(job)
+        resume = _resume(job)
     else:
         verdict = "finished" if code == 0 else f"failed (exit {code})"
     print(f"dllm: run {plan.run_id} {verdict}: {job.run_dir}", file=sys.stderr)
+    if resume:
+        where = " (on every node: its nodes join it again)" if plan.multi_node else ""
+        print(f"dllm: continue it from there with{where}: {resume}", file=sys.stderr)
     print(f"dllm: plots: dllm run plot {quote(str(job.run_dir))}", file=sys.stderr)
+
+
+def _stopped_early(job) -> bool:
+    """Whether a run that ended with exit status 0 stopped short of its last step (its time
+    budget, training.max_duration_s: `runs.stop_cause`), by the last step its metrics record."""
+    from turbo_dllm.jobs.runs import last_step, stop_cause
+
+    steps = job.spec.training.steps
+    return stop_cause(0, last_step(job.run_dir), steps) is not None
+
+
+def _time_budget_stop(job) -> str:
+    from turbo_dllm.jobs.runs import last_step
+
+    budget = job.spec.training.max_duration_s
+    budget = f"={budget:g} s" if budget is not None else ""
+    return (
+        f"stopped by its time budget (training.max_duration_s{budget} reached) after step "
+        f"{last_step(job.run_dir)} of {job.spec.training.steps}, not finished (exit 0; the "
+        "step was saved, it resumes there)"
+    )
+
+
+def _resume(job) -> str:
+    """The command that continues the run from its last checkpoint (`runs.resume_command`; a
+    multi-node job's, its launch, on every node)."""
+    from turbo_dllm.jobs.runs import resume_command
+
+    return resume_command(job.manifest, job.run_dir.absolute())

@@ -110,6 +110,10 @@ def _show(args) -> int:
         at = f" at {summary.finished_at}" if summary.finished_at else ""
         by = ", by a `dllm train --run-dir` resume" if summary.resumed else ""
         print(f"ended        exit status {summary.exit_code}{at}{by}")
+    if summary.status == "stopped" and summary.resume_with:
+        # It stopped early on purpose (SIGTERM, its time budget): saved, to be resumed.
+        where = "on every node: " if manifest.plan.multi_node else ""
+        print(f"resume       {where}{summary.resume_with}")
     if summary.slurm_job_id:
         state = f" ({summary.slurm_state})" if summary.slurm_state else ""
         print(f"slurm job    {summary.slurm_job_id}{state}")

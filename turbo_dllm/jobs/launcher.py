@@ -689,23 +689,15 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
 
 def _resume_command(plan: JobPlan, run_dir: Path) -> str:
     """The command that continues a stopped run (not a SLURM job's) in its run dir, with its
-    layout: `dllm train` for one process, with the environment its plan recorded (its thread
-    count, `OMP_NUM_THREADS=N`: a bare `dllm train` ran with this shell's, which changes how CPU
-    ops round; none for a run recorded before the field, which ran with torch's default); for
-    several on one node, `dllm train` under torchrun with the plan's process count and worker
-    environment (a bare `dllm train` of a 2-process run stops at the topology's world size
-    check)."""
-    train = f"--config {_q(run_dir / SPEC_NAME)} --run-dir {_q(run_dir)}"
-    env = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(plan.env.items()))
+    layout (`runs.train_resume_command`), after a colon and what it runs under."""
+    from turbo_dllm.jobs.runs import train_resume_command
+
+    command = train_resume_command(plan, run_dir)
     if plan.world_sizes == [1]:
-        return f": {env + ' ' if env else ''}dllm train {train}"
+        return f": {command}"
     if plan.multi_node:
-        return f" (on every node, under torchrun, as its plan does): dllm train {train}"
-    torchrun = shlex.join(
-        [plan.worker[0], "-m", "torch.distributed.run", "--standalone"]
-        + ["--nproc-per-node", str(plan.nproc_per_node)]
-    )
-    return f" (under torchrun, as its plan does): {env} {torchrun} -m turbo_dllm train {train}"
+        return f" (on every node, under torchrun, as its plan does): {command}"
+    return f" (under torchrun, as its plan does): {command}"
 
 
 def _checkpoint_dir(job: PreparedJob) -> str | None:

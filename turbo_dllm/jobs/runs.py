@@ -6,6 +6,12 @@ ends (scancel, time limit, node failure) never writes one. A run resumed by hand
 --run-dir`) is its latest attempt: its own `result.json` (`resumed_by`) outranks SLURM's word on
 the job that came before.
 
+A run that stopped early on purpose, to be resumed, is `stopped`, never `ok`: exit status 143
+(SIGTERM, SLURM's time-limit warning: the step under way saved) or exit status 0 short of its
+last step (`training.max_duration_s`, each attempt's time budget: the trainer saves and exits 0
+so the next job resumes). `ok` is exit status 0 at the last step (or with no step recorded,
+where nothing tells the two apart). `resume_command` names the command that continues it.
+
 A local or torchrun run without a result has its launcher's record (`launcher.json`: host, pid,
 start time; a `dllm train --run-dir` resume records itself the same way): `running` while
 that process lives on this host, `died` once it is gone (SIGKILL, the OOM killer, a reboot:
@@ -17,6 +23,7 @@ look into. A run recorded before launchers recorded themselves reads `no result`
 from __future__ import annotations
 
 import re
+import shlex
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -25,9 +32,10 @@ from typing import Any
 from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs.drift import flat_diff, manifest_drift
 from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
+from turbo_dllm.jobs.plan import JobPlan
 from turbo_dllm.jobs.result import launcher_alive, read_launchers, read_result, this_host
 from turbo_dllm.train.metrics import METRICS_NAME, last_metrics_record
-from turbo_dllm.train.stop import EXIT_TERMINATED
+from turbo_dllm.train.stop import EXIT_TERMINATED, Stop
 
 __all__ = [
     "DEFAULT_ROOT",
@@ -35,8 +43,12 @@ __all__ = [
     "check_root",
     "diff_manifests",
     "find_run",
+    "last_step",
     "list_runs",
+    "resume_command",
+    "stop_cause",
     "summarize",
+    "train_resume_command",
     "unreadable_runs",
     "unrecorded_runs",
 ]
@@ -72,13 +84,27 @@ class RunSummary:
     resumed_here: bool = False  # running: a `dllm train --run-dir` resume
     saved_nothing: bool = False  # stopped (143) with no checkpoint: before its first step
     slurm_unreachable: str | None = None  # why SLURM could not be asked (squeue missing, ...)
+    # The command that continues the run from its last checkpoint (`resume_command`): shown
+    # while it is `stopped`.
+    resume_with: str | None = None
+
+    @property
+    def stopped_by(self) -> str | None:
+        """Why a `stopped` run stopped: "SIGTERM" (exit 143) or "training.max_duration_s"
+        (exit 0 short of its last step); None for any other status."""
+        if self.status != "stopped":
+            return None
+        return stop_cause(self.exit_code, self.steps_done, self.steps_total)
 
     @property
     def status(self) -> str:
         if self.slurm_state and self.slurm_state not in _SCRIPT_ENDED:
             return self.slurm_state.lower()  # pending, running, cancelled, timeout, ...
         if self.exit_code is not None:
-            if self.exit_code == EXIT_TERMINATED:  # SIGTERM / SLURM's warning: saved, resumable
+            # SIGTERM / SLURM's warning (143), or the time budget (0 short of the last step):
+            # saved, and resumable. Not "ok": a script reading that moved on with a run that
+            # trained 21 of its 30 steps.
+            if stop_cause(self.exit_code, self.steps_done, self.steps_total):
                 return "stopped"
             return "ok" if self.exit_code == 0 else f"exit {self.exit_code}"
         if self.slurm_state:
@@ -116,6 +142,11 @@ class RunSummary:
             return (
                 f"stopped (exit {EXIT_TERMINATED} before it saved any step: a resume starts over)"
             )
+        if status == "stopped" and self.stopped_by == Stop.TIME_LIMIT.cause:
+            return (
+                f"stopped (exit 0: {Stop.TIME_LIMIT.cause} reached at step {self.steps_done}/"
+                f"{self.steps_total}, saved, resumable)"
+            )
         if status == "stopped":
             return f"stopped (exit {EXIT_TERMINATED}: the step under way saved, resumable)"
         return status
@@ -133,6 +164,8 @@ class RunSummary:
             "last_loss": self.last_loss,
             "exit_code": self.exit_code,
             "status": self.status,
+            "stopped_by": self.stopped_by,
+            "resume_command": self.resume_with if self.status == "stopped" else None,
             "slurm_job_id": self.slurm_job_id,
             "slurm_state": self.slurm_state,
             "slurm_unreachable": self.slurm_unreachable,
@@ -244,8 +277,7 @@ def summarize(
 ) -> RunSummary:
     """A run's summary; `ask_slurm` queries SLURM for a submitted job's state."""
     manifest = manifest or read_manifest(run_dir)
-    # the last record with an integer step (a damaged or step-less line is skipped)
-    last = last_metrics_record(run_dir, lambda r: _number(r.get("step"), int) is not None)
+    last = _last_step_record(run_dir)
     result = read_result(run_dir)  # None while absent; a damaged one raises (named apart)
     code = None if result is None else result.get("exit_code")
     finished_at = None if result is None else result.get("finished_at")
@@ -266,10 +298,70 @@ def summarize(
         resumed=result is not None and result.get("resumed_by") is not None,
         finished_at=finished_at if isinstance(finished_at, str) else None,
         saved_nothing=code == EXIT_TERMINATED and not _has_checkpoint(run_dir, manifest),
+        resume_with=resume_command(manifest, Path(run_dir).absolute()),
     )
     if result is None and plan.backend != "slurm":
         summary = _with_launcher(summary)
     return _with_slurm_states([summary])[0] if ask_slurm else summary
+
+
+def stop_cause(exit_code: int | None, steps_done: int | None, steps_total: int) -> str | None:
+    """Why a run with this exit status and progress stopped before its end, to be resumed:
+    "SIGTERM" for exit status 143 (a SIGTERM, SLURM's time-limit warning, a worker's torchrun
+    gone: the step under way saved), "training.max_duration_s" for exit status 0 short of its
+    last step (its time budget ran out: saved, exit 0 so the next job resumes); None for a run
+    that finished (0 at its last step, or no step recorded to tell), failed or has not ended."""
+    if exit_code == EXIT_TERMINATED:
+        return Stop.SIGTERM.cause
+    if exit_code == 0 and steps_done is not None and steps_done < steps_total:
+        return Stop.TIME_LIMIT.cause
+    return None
+
+
+def last_step(run_dir: Path) -> int | None:
+    """The last step `metrics.jsonl` records in `run_dir` (None: none yet)."""
+    return _number(_last_step_record(run_dir).get("step"), int)
+
+
+def _last_step_record(run_dir: Path) -> dict[str, Any]:
+    # the last record with an integer step (a damaged or step-less line is skipped)
+    return last_metrics_record(run_dir, lambda r: _number(r.get("step"), int) is not None)
+
+
+def resume_command(manifest: RunManifest, run_dir: Path) -> str:
+    """The command that continues the run in `run_dir` from its last checkpoint, with its
+    layout: a SLURM job's script submitted again; for a multi-node job, its launch, run again
+    on every node from the folder it ran in (its nodes join the run again and resume); else
+    `train_resume_command`."""
+    plan = manifest.plan
+    if plan.slurm is not None:
+        return f"sbatch {shlex.quote(plan.slurm.script)}"
+    if plan.multi_node:
+        return f"cd {shlex.quote(plan.cwd)} && {shlex.join(manifest.argv)}"
+    return train_resume_command(plan, run_dir)
+
+
+def train_resume_command(plan: JobPlan, run_dir: Path) -> str:
+    """The `dllm train` that continues a stopped run (not a SLURM job's) in its run dir, with
+    its layout: for one process with the environment its plan recorded (its thread count,
+    `OMP_NUM_THREADS=N`: a bare `dllm train` ran with this shell's, which changes how CPU ops
+    round; none for a run recorded before the field, which ran with torch's default); for
+    several on one node under torchrun with the plan's process count and worker environment (a
+    bare `dllm train` of a 2-process run stops at the topology's world size check); for a
+    multi-node job the `dllm train` each node runs under torchrun."""
+    run_dir = Path(run_dir)
+    spec = shlex.quote(str(run_dir / "spec.yaml"))  # launcher.SPEC_NAME
+    train = f"--config {spec} --run-dir {shlex.quote(str(run_dir))}"
+    env = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(plan.env.items()))
+    if plan.world_sizes == [1]:
+        return f"{env + ' ' if env else ''}dllm train {train}"
+    if plan.multi_node:
+        return f"dllm train {train}"
+    torchrun = shlex.join(
+        [plan.worker[0], "-m", "torch.distributed.run", "--standalone"]
+        + ["--nproc-per-node", str(plan.nproc_per_node)]
+    )
+    return f"{env} {torchrun} -m turbo_dllm train {train}"
 
 
 def _has_checkpoint(run_dir: Path, manifest: RunManifest) -> bool:
