@@ -29,6 +29,9 @@ def test_a_run_stopped_by_its_time_budget_reads_stopped_with_its_resume_command(
     assert launch.code == 0, launch.err
     assert "stopping after step 1: training.max_duration_s reached" in launch.err, launch.err
     assert "run short finished" not in launch.err, launch.err
+    # the trainer's own closing line (all a bare `dllm train` prints) says so too: not "done"
+    assert f"not finished: step 1 of 4 saved in {run_dir / 'checkpoints'}" in launch.err
+    assert "done: 1 steps" not in launch.err, launch.err
     assert (
         "dllm: run short stopped by its time budget (training.max_duration_s=1e-06 s reached) "
         "after step 1 of 4, not finished (exit 0; the step was saved, it resumes there): "
@@ -57,6 +60,7 @@ def test_a_run_stopped_by_its_time_budget_reads_stopped_with_its_resume_command(
     assert words[0] == threads and words[1:3] == ["dllm", "train"], words
     resume = cli(*words[2:])
     assert resume.code == 0, resume.err
+    assert "not finished: step 2 of 4 saved" in resume.err + resume.out
     run = _listed(cli)
     assert (run["status"], run["steps_done"], run["resumed"]) == ("stopped", 2, True), run
     assert run["resume_command"] == command, run

@@ -905,6 +905,7 @@ class Trainer:
         waiting: QueuedStep | None = None
         last_read: QueuedStep | None = None  # a step's time runs from the end of this one
         vote = None  # the ranks' vote to stop, taken as the last step was queued
+        stop = Stop.NONE
         for step in range(start, self.total_steps):
             if self.device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats(self.device)
@@ -968,7 +969,14 @@ class Trainer:
             if stop:
                 break
         self.metrics.close()
-        print0(env, f"done: {last_saved} steps, checkpoint in {self.checkpoint_dir}")
+        if stop:  # the time budget: saved, not finished (exit 0 so the next job resumes)
+            print0(
+                env,
+                f"not finished: step {last_saved} of {self.total_steps} saved in "
+                f"{self.checkpoint_dir}; the same command again goes on from it",
+            )
+        else:
+            print0(env, f"done: {last_saved} steps, checkpoint in {self.checkpoint_dir}")
         return 0
 
 
