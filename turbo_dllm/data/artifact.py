@@ -41,6 +41,7 @@ __all__ = [
     "DataStats",
     "compute_fingerprint",
     "layout_problems",
+    "prepare_config_in",
     "prepare_line",
     "read_manifest",
     "tokenizer_file",
@@ -168,28 +169,37 @@ _PREPARE_SEARCH_LEVELS = 3
 def _prepare_config_above(artifact: Path) -> Path | None:
     """The prepare config (a YAML file in one of the folders above `artifact`) whose
     output.path is `artifact`, read as `dllm data prepare` reads it; None where there is none."""
-    from turbo_dllm.config.load import absolute_path, read_yaml
-
     try:
         target = artifact.resolve()
     except (OSError, RuntimeError):
         return None
     for folder in list(target.parents)[:_PREPARE_SEARCH_LEVELS]:
+        if (found := prepare_config_in(folder, target)) is not None:
+            return found
+    return None
+
+
+def prepare_config_in(folder: Path, target: Path) -> Path | None:
+    """The prepare config among `folder`'s YAML files whose output.path is `target` (resolved),
+    read as `dllm data prepare` reads it, without validating the rest (prepare says what else is
+    wrong with it); None where there is none."""
+    from turbo_dllm.config.load import absolute_path, read_yaml
+
+    try:
+        candidates = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
+    except OSError:
+        return None
+    for candidate in candidates:
         try:
-            candidates = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
-        except OSError:
-            continue
-        for candidate in candidates:
-            try:
-                document = read_yaml(candidate)
-                output = document.get("output") if isinstance(document, dict) else None
-                where = output.get("path") if isinstance(output, dict) else None
-                if not isinstance(where, str) or "source" not in document:
-                    continue
-                if Path(absolute_path(where, candidate.resolve().parent)).resolve() == target:
-                    return candidate
-            except Exception:  # not YAML, unreadable, too large: not a prepare config
+            document = read_yaml(candidate)
+            output = document.get("output") if isinstance(document, dict) else None
+            where = output.get("path") if isinstance(output, dict) else None
+            if not isinstance(where, str) or "source" not in document:
                 continue
+            if Path(absolute_path(where, candidate.resolve().parent)).resolve() == target:
+                return candidate
+        except Exception:  # not YAML, unreadable, too large: not a prepare config
+            continue
     return None
 
 

@@ -114,17 +114,25 @@ class _FileLog:
     def hash_whole(self, path: Path) -> tuple[int, str]:
         """Read `path` front to back now and record its size and sha256 (an unreadable file
         is left to the reader that comes next to report)."""
-        digest = hashlib.sha256()
-        size = 0
-        try:
-            with open(path, "rb") as handle:
-                for block in iter(lambda: handle.read(1 << 22), b""):
-                    digest.update(block)
-                    size += len(block)
-        except OSError:
-            return size, digest.hexdigest()
-        self.read[path] = (size, digest.hexdigest())
-        return self.read[path]
+        hashed = _hash_file(path)
+        if hashed is None:
+            return 0, hashlib.sha256().hexdigest()
+        self.read[path] = hashed
+        return hashed
+
+
+def _hash_file(path: Path) -> tuple[int, str] | None:
+    """`path`'s size and sha256, read front to back; None where it cannot be read."""
+    digest = hashlib.sha256()
+    size = 0
+    try:
+        with open(path, "rb") as handle:
+            for block in iter(lambda: handle.read(1 << 22), b""):
+                digest.update(block)
+                size += len(block)
+    except OSError:
+        return None
+    return size, digest.hexdigest()
 
 
 def _identity(path: Path) -> tuple[int, int, int, int] | None:
@@ -350,19 +358,8 @@ def _file_provenance(files: list[Path], log: _FileLog) -> list[dict[str, Any]]:
     root = Path(os.path.commonpath([str(p.parent) for p in files]))
     out = []
     for path in files:
-        if path in log.read:
-            size, sha256 = log.read[path]
-        else:
-            digest = hashlib.sha256()
-            size = 0
-            try:
-                with open(path, "rb") as handle:
-                    for block in iter(lambda: handle.read(1 << 22), b""):
-                        digest.update(block)
-                        size += len(block)
-            except OSError:
-                pass  # refused below: it was readable before
-            sha256 = digest.hexdigest()
+        # else hashed here; an unreadable one is refused below (it was readable before)
+        size, sha256 = log.read.get(path) or _hash_file(path) or (0, "")
         _check_unchanged(path, log.before.get(path))
         out.append({"name": path.relative_to(root).as_posix(), "bytes": size, "sha256": sha256})
     return out

@@ -43,28 +43,11 @@ def prepare_config_for(config_path: Path | None, artifact: Path) -> Path | None:
     """The prepare config (a YAML file beside the RunSpec `config_path`) whose output.path is
     `artifact`: read as `dllm data prepare` reads it, without validating the rest (prepare says
     what else is wrong with it)."""
-    from turbo_dllm.config.load import absolute_path, read_yaml
+    from turbo_dllm.data.artifact import prepare_config_in
 
     if config_path is None:
         return None
-    folder = Path(config_path).absolute().parent
-    try:
-        candidates = sorted(p for p in folder.iterdir() if p.suffix in (".yaml", ".yml"))
-    except OSError:
-        return None
-    target = artifact.resolve()
-    for candidate in candidates:
-        try:
-            document = read_yaml(candidate)
-        except Exception:  # not YAML, unreadable, too large: not a prepare config
-            continue
-        output = document.get("output") if isinstance(document, dict) else None
-        where = output.get("path") if isinstance(output, dict) else None
-        if not isinstance(where, str) or "source" not in document:
-            continue
-        if Path(absolute_path(where, candidate.resolve().parent)).resolve() == target:
-            return candidate
-    return None
+    return prepare_config_in(Path(config_path).absolute().parent, artifact.resolve())
 
 
 def prepare_command(config_path: Path | None, artifact: Path) -> str:
