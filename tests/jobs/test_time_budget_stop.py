@@ -30,7 +30,10 @@ def test_a_run_stopped_by_its_time_budget_reads_stopped_with_its_resume_command(
     assert "stopping after step 1: training.max_duration_s reached" in launch.err, launch.err
     assert "run short finished" not in launch.err, launch.err
     # the trainer's own closing line (all a bare `dllm train` prints) says so too: not "done"
-    assert f"not finished: step 1 of 4 saved in {run_dir / 'checkpoints'}" in launch.err
+    assert (
+        f"not finished: step 1 of 4 saved in {run_dir / 'checkpoints'}; `dllm train` of the "
+        f"same spec with --run-dir {run_dir} goes on from it"
+    ) in launch.err, launch.err
     assert "done: 1 steps" not in launch.err, launch.err
     assert (
         "dllm: run short stopped by its time budget (training.max_duration_s=1e-06 s reached) "

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import shlex
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -973,7 +974,8 @@ class Trainer:
             print0(
                 env,
                 f"not finished: step {last_saved} of {self.total_steps} saved in "
-                f"{self.checkpoint_dir}; the same command again goes on from it",
+                f"{self.checkpoint_dir}; `dllm train` of the same spec with --run-dir "
+                f"{shlex.quote(str(self.run_dir))} goes on from it",
             )
         else:
             print0(env, f"done: {last_saved} steps, checkpoint in {self.checkpoint_dir}")
