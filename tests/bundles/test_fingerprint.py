@@ -294,6 +294,8 @@ def test_ctrl_c_while_nvidia_smi_hangs_leaves_nothing_running(tmp_path, monkeypa
     probe = subprocess.Popen(
         [sys.executable, "-c", "from turbo_dllm.host import probes; probes.probe_gpus()"],
         stderr=subprocess.PIPE,
+        # as from a terminal: a suite run as a shell's background job starts ignoring SIGINT
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     deadline = time.monotonic() + 20
     while not (log.exists() and log.read_text().strip()) and time.monotonic() < deadline:
