@@ -105,3 +105,14 @@ def serve_archive(mirror: Path, release: str, archive: Path, *, as_target: str) 
             }
         ],
     )
+
+
+def damage_library(installed) -> None:
+    """Flip one byte of the installed bundle's merge op library (modified after install)."""
+    library = installed.path / "lib" / "merge_attention_partials.so"
+    library.chmod(0o644)
+    with library.open("r+b") as handle:
+        handle.seek(100)
+        byte = handle.read(1)
+        handle.seek(100)
+        handle.write(bytes([byte[0] ^ 0xFF]))

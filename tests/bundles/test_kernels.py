@@ -11,7 +11,7 @@ import os
 import pytest
 import torch
 
-from tests.bundles.crafting import variant
+from tests.bundles.crafting import damage_library, variant
 from turbo_dllm.errors import DllmError
 from turbo_dllm.kernels import merge_attention_partials, reference
 from turbo_dllm.kernels.selftest import _random_partials, compare_merge_attention_partials
@@ -197,13 +197,7 @@ def test_loader_refuses_a_bundle_for_another_python(cpu_bundle, tmp_path, monkey
 
 
 def test_loader_refuses_a_modified_library(installed):
-    library = installed.path / "lib" / "merge_attention_partials.so"
-    library.chmod(0o644)
-    with library.open("r+b") as handle:
-        handle.seek(100)
-        byte = handle.read(1)
-        handle.seek(100)
-        handle.write(bytes([byte[0] ^ 0xFF]))
+    damage_library(installed)
     with pytest.raises(DllmError, match="does not match its bundle.json"):
         native(torch.zeros(1, 2, 4), torch.zeros(1, 2), torch.zeros(1, 2, 4), torch.zeros(1, 2))
 

@@ -12,20 +12,11 @@ import shlex
 import pytest
 import torch
 
+from tests.bundles.crafting import damage_library
 from turbo_dllm.errors import DllmError
 from turbo_dllm.kernels import merge_attention_partials
 
 native = functools.partial(merge_attention_partials, backend="native")
-
-
-def _damage(installed):
-    library = installed.path / "lib" / "merge_attention_partials.so"
-    library.chmod(0o644)
-    with library.open("r+b") as handle:
-        handle.seek(100)
-        byte = handle.read(1)
-        handle.seek(100)
-        handle.write(bytes([byte[0] ^ 0xFF]))
 
 
 def _kernels_check(cli, tmp_path):
@@ -40,7 +31,7 @@ def test_the_fix_for_a_changed_library_names_where_the_bundle_came_from(
 ):
     monkeypatch.delenv("DLLM_BUNDLE_INDEX", raising=False)
     root, _ = mirror
-    _damage(installed)
+    damage_library(installed)
     check = _kernels_check(cli, tmp_path)
     assert check["status"] == "fail", check
     assert "does not match its bundle.json" in check["detail"]
