@@ -64,11 +64,8 @@ def load_plugins(
             if len(points) > 1:
                 why = f"declared by {' and '.join(sources)}: uninstall all but one of them"
             elif name in builtin:
-                why = (
-                    f"{sources[0]}: turbo-dllm has an {kind} of that name already"
-                    if kind == "objective"
-                    else f"{sources[0]}: turbo-dllm has a {kind} of that name already"
-                )
+                article = "an" if kind == "objective" else "a"
+                why = f"{sources[0]}: turbo-dllm has {article} {kind} of that name already"
             else:
                 value, why = _load(points[0], kind, kind_type)
                 if why is None:

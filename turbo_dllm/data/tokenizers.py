@@ -327,6 +327,13 @@ class ByteLevelTokenizer:
         return {}
 
 
+# Where a tokenizer has no mask token, or one that is also its eos/pad/bos token.
+_MASK_TOKEN_FIX = (
+    "set tokenizer.mask_token to an unused token of its vocabulary, or "
+    "tokenizer.mask_token_id to a spare id the model's embedding covers"
+)
+
+
 class HuggingFaceTokenizer:
     """A local tokenizer folder via `transformers.AutoTokenizer` (offline, no remote code).
 
@@ -423,8 +430,7 @@ class HuggingFaceTokenizer:
         if mask is None:
             raise DllmError(
                 f"the tokenizer at {str(self._path)!r} has no mask token",
-                hint="set tokenizer.mask_token to an unused token of its vocabulary, or "
-                "tokenizer.mask_token_id to a spare id the model's embedding covers",
+                hint=_MASK_TOKEN_FIX,
             )
         if mask in (eos, pad, bos):
             shared = [role for role, i in (("eos", eos), ("pad", pad), ("bos", bos)) if i == mask]
@@ -438,10 +444,7 @@ class HuggingFaceTokenizer:
                     "leave it out for the tokenizer's own)"
                 )
             else:
-                hint = (
-                    "set tokenizer.mask_token to an unused token of the vocabulary, or "
-                    "tokenizer.mask_token_id to a spare id the model's embedding covers"
-                )
+                hint = _MASK_TOKEN_FIX
             raise DllmError(
                 f"the mask token {what} is also the {' and '.join(shared)} token: diffusion "
                 "needs a mask token that means nothing else",
