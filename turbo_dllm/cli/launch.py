@@ -445,10 +445,10 @@ def _print_end(job, code: int, submit: bool) -> None:
     if code == EXIT_TERMINATED:  # SIGTERM: the trainer saved the step under way and ended
         verdict = "stopped by SIGTERM (exit 143; the step under way was saved, it resumes there)"
         resume = _resume(job)
-    elif code == 0 and _stopped_early(job):
+    elif code == 0 and _stopped_early(job, done := _last_step(job)):
         # training.max_duration_s, this attempt's time budget: the trainer saved its last step
         # and ended with 0 so that the next job resumes. It said "finished" at 21 of 30 steps.
-        verdict = _time_budget_stop(job)
+        verdict = _time_budget_stop(job, done)
         resume = _resume(job)
     else:
         verdict = "finished" if code == 0 else f"failed (exit {code})"
@@ -459,24 +459,28 @@ def _print_end(job, code: int, submit: bool) -> None:
     print(f"dllm: plots: dllm run plot {quote(str(job.run_dir))}", file=sys.stderr)
 
 
-def _stopped_early(job) -> bool:
-    """Whether a run that ended with exit status 0 stopped short of its last step (its time
-    budget, training.max_duration_s: `runs.stop_cause`), by the last step its metrics record."""
-    from turbo_dllm.jobs.runs import last_step, stop_cause
-
-    steps = job.spec.training.steps
-    return stop_cause(0, last_step(job.run_dir), steps) is not None
-
-
-def _time_budget_stop(job) -> str:
+def _last_step(job) -> int | None:
+    """The last step the run's metrics record (None: none)."""
     from turbo_dllm.jobs.runs import last_step
 
+    return last_step(job.run_dir)
+
+
+def _stopped_early(job, done: int | None) -> bool:
+    """Whether a run that ended with exit status 0 at step `done` (its metrics' last) stopped
+    short of its last step (its time budget, training.max_duration_s: `runs.stop_cause`)."""
+    from turbo_dllm.jobs.runs import stop_cause
+
+    return stop_cause(0, done, job.spec.training.steps) is not None
+
+
+def _time_budget_stop(job, done: int | None) -> str:
     budget = job.spec.training.max_duration_s
     budget = f"={budget:g} s" if budget is not None else ""
     return (
         f"stopped by its time budget (training.max_duration_s{budget} reached) after step "
-        f"{last_step(job.run_dir)} of {job.spec.training.steps}, not finished (exit 0; the "
-        "step was saved, it resumes there)"
+        f"{done} of {job.spec.training.steps}, not finished (exit 0; the step was saved, it "
+        "resumes there)"
     )
 
 

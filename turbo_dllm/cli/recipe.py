@@ -95,6 +95,7 @@ def _missing_inputs(config) -> list[tuple[str, str, str]]:
     from pathlib import Path
 
     from turbo_dllm.config.bounded_yaml import parse_yaml
+    from turbo_dllm.config.load import absolute_path
 
     document = parse_yaml(Path(config).read_text("utf-8"), str(config))
     missing = []
@@ -104,8 +105,8 @@ def _missing_inputs(config) -> list[tuple[str, str, str]]:
             value = value.get(key) if isinstance(value, dict) else None
         if not isinstance(value, str) or not value:
             continue
-        path = Path(value).expanduser()
-        path = path if path.is_absolute() else Path(config).parent / path
+        # as validation resolves it: `~` expanded, a relative path the recipe file's
+        path = Path(absolute_path(value, Path(config).parent))
         if not path.exists():
             missing.append((".".join(keys), str(path), what))
     return missing
