@@ -162,7 +162,7 @@ def _carried(root: Path) -> tuple[bool, list[str]]:
         index = open_mirror(root).index()
     except DllmError:
         return True, []
-    wheels = index.project is not None or any(f.kind == "wheel" for f in index.files)
+    wheels = index.has_wheels
     releases = sorted(
         {f.path.split("/")[1] for f in index.of_kind("catalog") if f.path.count("/") == 2}
     )

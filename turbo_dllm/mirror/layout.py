@@ -112,6 +112,11 @@ class MirrorIndex(_Strict):
     def of_kind(self, kind: FileKind) -> list[MirrorFile]:
         return [f for f in self.files if f.kind == kind]
 
+    @property
+    def has_wheels(self) -> bool:
+        """Whether the mirror carries wheels (the project's, or pinned ones): a pip/uv index."""
+        return self.project is not None or bool(self.of_kind("wheel"))
+
 
 def not_a_mirror(location: str | Path) -> DllmError:
     """The error for a place that exists but holds no `MIRROR.json` (every reader says it so).

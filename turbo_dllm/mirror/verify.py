@@ -54,7 +54,7 @@ class VerifyReport:
             f"dllm mirror create DIR --release {index.release or 'R'} --targets "
             f"{','.join(index.targets) or 'T'}"
         )
-        if index.project is not None or index.of_kind("wheel"):
+        if index.has_wheels:
             command += " --with-wheels (or --wheels-from WHEELS)"
         if index.of_kind("catalog"):
             command += " --from SOURCE"
