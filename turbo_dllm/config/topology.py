@@ -178,10 +178,10 @@ def world_size_fixes(topo: Any, world: int, nproc: int, nnodes: int) -> list[str
     process count (`nnodes` x `nproc` = `world`) agree, each to paste: the dp that fits the
     count, the process count the topology has (--nproc-per-node or --nnodes), and where no dp
     fits the count (not a multiple of fsdp*max(cp,bp)*tp), the nearest per-node counts below and
-    above that one does, with that dp (here, below jobs and doctor, so both use it). The hint offered `--nproc-per-node {product // nodes}` even
-    where that was the value given (a 3-node launch of a 1-process topology:
-    `--nproc-per-node 1`) or did not divide, and `--set topology.dp=N`, a literal N, where no
-    dp fits."""
+    above that one does, with that dp. Here, below jobs and doctor, so both use it. The hint
+    offered `--nproc-per-node {product // nodes}` even where that was the value given (a 3-node
+    launch of a 1-process topology: `--nproc-per-node 1`) or did not divide, and
+    `--set topology.dp=N`, a literal N, where no dp fits."""
     rest = topo.fsdp * topo.context_degree * topo.tp
     fixes = [f"--set topology.dp={world // rest}"] if world % rest == 0 else []
     per_node, left = divmod(topo.world_size, nnodes)
