@@ -165,7 +165,8 @@ def load_runspec(
     from turbo_dllm.config.validate import check
 
     document = apply_overrides(read_yaml(path), overrides or [])
-    _paths_from_the_command_line(document, overrides or [], Path.cwd())
+    # a --set path is the shell's, one written in the file the file's (`resolve_paths`)
+    command_line_paths(document, overrides or [], _PATH_FIELDS, Path.cwd(), _names_a_file)
     spec = resolve_paths(load_model(RunSpec, document, str(path)), Path(path).resolve().parent)
     return check(spec, world_size=world_size, source=str(path))
 
@@ -192,10 +193,6 @@ def _names_a_file(field: str, value: Any) -> bool:
     if field == "model.from_config":  # a preset's name, or a config.json
         return value.endswith(".json") or "/" in value
     return True
-
-
-def _paths_from_the_command_line(document: dict[str, Any], overrides: list[str], cwd: Path) -> None:
-    command_line_paths(document, overrides, _PATH_FIELDS, cwd, names_a_file=_names_a_file)
 
 
 def command_line_paths(
