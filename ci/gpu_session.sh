@@ -2,7 +2,7 @@
 # Everything we run on a lent H200 host, in one script: bash ci/gpu_session.sh STAGE...
 # Stages: deps, qualify (sm90 bundle build/install + op tests), tests (tests/gpu; now longer than
 # one 600 s call: run tests-rest and tests-train in two), tests-rest (tests/gpu but the
-# tests-train files), tests-train (the loss, trainer and TP GPU tests), tests-tp, train
+# tests-train files; tests-rest-a and tests-rest-b are its two halves), tests-train (the loss, trainer and TP GPU tests), tests-tp, train
 # (train_step benchmark), train-best (ours at micro-batch 2 against the baseline at 1), train-mb2,
 # train-exp (profile + variants), train-turbo (ours with model.attention turbo vs HF dense and
 # HF flex_attention + torch.compile at 8K), train-pipelined (turbo at 8K, steps waited for vs
@@ -87,6 +87,18 @@ for stage in "$@"; do
       python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu --ignore=tests/gpu/test_losses_gpu.py \
           --ignore=tests/gpu/test_train_gpu.py --ignore=tests/gpu/test_tp_gpu.py 2>&1 \
           | tee "$OUT/gpu-tests-rest.log" | tail -25 || status=1 ;;
+    tests-rest-a|tests-rest-b) # tests-rest in two halves by file, for hosts (H100s with deps in the
+      # same call) where tests-rest alone ran past one 600 s call (session 40); -b is every
+      # tests-rest file not in -a, so new files land there
+      half_a=(test_block_diffusion_attention_gpu.py test_block_mask_gpu.py test_bundle_triton_cache_gpu.py
+              test_merge_attention_gpu.py test_merge_warning_gpu.py test_stream_trim_gpu.py)
+      targets=("${half_a[@]/#/tests/gpu/}")
+      if [ "$stage" = tests-rest-b ]; then
+        targets=(tests/gpu --ignore=tests/gpu/test_losses_gpu.py --ignore=tests/gpu/test_train_gpu.py
+                 --ignore=tests/gpu/test_tp_gpu.py "${half_a[@]/#/--ignore=tests/gpu/}")
+      fi
+      python3 -m pytest -q -m gpu -p no:cacheprovider -rs --durations=15 "${targets[@]}" 2>&1 \
+          | tee "$OUT/gpu-$stage.log" | tail -40 || status=1 ;;
     tests-train) python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_losses_gpu.py \
           tests/gpu/test_train_gpu.py tests/gpu/test_tp_gpu.py 2>&1 | tee "$OUT/gpu-tests-train.log" | tail -25 || status=1 ;;
     tests-tp) python3 -m pytest -q -m gpu -p no:cacheprovider tests/gpu/test_tp_gpu.py 2>&1 \
