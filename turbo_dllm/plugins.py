@@ -11,11 +11,12 @@ family's name). Objectives alike, in the group `turbo_dllm.objectives` (an `Obje
 imported, so their modules must be torch-free and cheap; a family's torch half
 (`runtime_module`) is imported only when it is used.
 
-A plugin that fails to import, is not a descriptor (or one whose fields are of other types
-than `Family` / `Objective` declare: a string where a tuple of names goes, ...), is named otherwise
-than its entry point, takes a name already taken or names objectives or axes nobody defines (or an
-objective whose own plugin was left out) is left out with the reason: `dllm doctor` shows it, and a RunSpec naming it gets it instead of "unknown". One broken
-package never takes the others' families away.
+A plugin that fails to import (an exception, or `sys.exit()` at import), is not a descriptor
+(or one whose fields are of other types than `Family` / `Objective` declare: a string where a
+tuple of names goes, ...), is named otherwise than its entry point, takes a name already taken
+or names objectives or axes nobody defines (or an objective whose own plugin was left out) is
+left out with the reason: `dllm doctor` shows it, and a RunSpec naming it gets it instead of
+"unknown". One broken package never takes the others' families away.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from turbo_dllm.families.base import AXES, Family, Objective
+from turbo_dllm.families.base import AXES, Family, Objective, import_failure
 
 __all__ = ["GROUPS", "Plugins", "load_plugins"]
 
@@ -87,8 +88,11 @@ def _load(point, kind: str, kind_type: type) -> tuple[object, str | None]:
     """The entry point's descriptor, or why it cannot be used."""
     try:
         value = point.load()
-    except Exception as error:  # a plugin's own bug: left out, never a crash of every command
-        return None, f"importing it failed: {type(error).__name__}: {error}"
+    except BaseException as error:  # a plugin's own bug: left out, never a crash of every command
+        why = import_failure(error)
+        if why is None:
+            raise
+        return None, why
     if not isinstance(value, kind_type):
         return None, (
             f"it is a {type(value).__name__}, not a turbo_dllm.families.base.{kind_type.__name__}"

@@ -16,10 +16,10 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["unwinding_on_sigterm"]
+__all__ = ["Terminated", "unwinding_on_sigterm"]
 
 
-class _Terminated(BaseException):
+class Terminated(BaseException):
     """SIGTERM reached the job (a BaseException: no `except Exception` swallows it)."""
 
 
@@ -49,12 +49,12 @@ def unwinding_on_sigterm() -> Iterator[None]:
             return
         if not received:
             received = True
-            raise _Terminated
+            raise Terminated
 
     signal.signal(signal.SIGTERM, on_sigterm)
     try:
         yield
-    except _Terminated:
+    except Terminated:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(owner, signal.SIGTERM)
         raise  # only where the signal could not end the process

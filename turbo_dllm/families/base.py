@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from turbo_dllm.errors import DllmError
+from turbo_dllm.sigterm import Terminated
 
 if TYPE_CHECKING:
     import torch
@@ -45,6 +46,7 @@ __all__ = [
     "decoder_shape_problems",
     "derived_head_dim",
     "hf_config_errors",
+    "import_failure",
     "no_attention_dropout",
     "nonpositive_fields",
     "number_problems",
@@ -228,7 +230,9 @@ class Family:
         for point in entry_points(group="turbo_dllm.families", name=self.name):
             try:
                 mine = point.load() == self
-            except Exception:  # (the registry reports a plugin that does not load)
+            except BaseException as error:  # (the registry reports a plugin that does not load)
+                if import_failure(error) is None:  # Ctrl-C, SIGTERM
+                    raise
                 mine = False
             dist = getattr(point, "dist", None)
             if mine and dist is not None:
@@ -339,6 +343,22 @@ class Objective:
         return importlib.import_module(self.runtime_module).build(
             spec, mask_token_id, vocab_size=vocab_size
         )
+
+
+def import_failure(error: BaseException) -> str | None:
+    """Why importing a plugin's module failed, for `error` escaping the import; None for Ctrl-C
+    and a SIGTERM that unwinds the job (`sigterm`): those are the user's, not the plugin's. A
+    module that calls `sys.exit()` (a script's `if __name__` guard left out, an argparse run at
+    import) raises SystemExit, which would end every `dllm` command that reads a RunSpec, with
+    the plugin's exit status and nothing said (0 for `sys.exit()`)."""
+    if isinstance(error, (KeyboardInterrupt, Terminated, GeneratorExit)):
+        return None
+    if isinstance(error, SystemExit):
+        return (
+            f"importing it called sys.exit({error.code!r}): a plugin's module must not exit "
+            "(run its script code under `if __name__ == '__main__':`)"
+        )
+    return f"importing it failed: {type(error).__name__}: {error}"
 
 
 def _current_value(key: str, hf: dict[str, Any], text: dict[str, Any] | None) -> Any:

@@ -1,0 +1,115 @@
+"""Family plugins that break the contract in ways the first audits left open: a module that
+exits at import, a runtime whose build_model or layers return the wrong thing, a descriptor
+module that imports torch.
+
+Each plugin is a distribution made by hand in tmp_path (a `.dist-info` folder with its entry
+points beside the package), as in test_plugin_contract.py.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_plugin_contract import _distribution, _load
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _dllm(site: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "turbo_dllm", *args],
+        env={
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": os.pathsep.join([str(site), str(REPO)]),
+        },
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+_SPEC = (
+    "model: {{family: {family}, from_config: tiny}}\n"
+    "data: {{synthetic: {{vocab_size: 64}}, seq_len: 64}}\n"
+    "objective: {{name: block_diffusion, block_size: 16}}\n"
+)
+
+_EXITING = {
+    "__init__.py": "",
+    "quiet.py": """\
+        import sys
+
+        sys.exit()
+        """,
+    "loud.py": """\
+        raise SystemExit(3)
+        """,
+    "fine.py": """\
+        from dataclasses import replace
+
+        from turbo_dllm.families.decoder import QWEN3
+
+        FINE = replace(QWEN3, name="fine")
+        """,
+}
+_EXITING_POINTS = """\
+[turbo_dllm.families]
+quiet = exiting_plugin.quiet:FAMILY
+loud = exiting_plugin.loud:FAMILY
+fine = exiting_plugin.fine:FINE
+"""
+
+
+def test_a_plugin_that_exits_at_import_is_left_out_naming_its_entry_point(tmp_path, monkeypatch):
+    """A module calling sys.exit() at import raised SystemExit through `load_plugins`, which
+    caught Exception only: every command that imports the registry ended there, with the
+    plugin's exit status (0 for `sys.exit()`) and nothing said."""
+    site = _distribution(tmp_path / "site", "exiting-plugin", _EXITING_POINTS, _EXITING)
+    found = _load(monkeypatch, site)
+    problems = found.problems["family"]
+    assert set(found.families) == {"fine"}
+    assert "exiting-plugin 0.4 (exiting_plugin.quiet:FAMILY)" in problems["quiet"]
+    assert "importing it called sys.exit(None)" in problems["quiet"]
+    assert "exiting-plugin 0.4 (exiting_plugin.loud:FAMILY)" in problems["loud"]
+    assert "importing it called sys.exit(3)" in problems["loud"]
+
+
+def test_ctrl_c_while_a_plugin_imports_is_not_taken_for_a_broken_plugin(tmp_path, monkeypatch):
+    from turbo_dllm.families.base import import_failure
+    from turbo_dllm.sigterm import Terminated
+
+    assert import_failure(KeyboardInterrupt()) is None
+    assert import_failure(Terminated()) is None
+    assert import_failure(SystemExit(0)) is not None
+    site = _distribution(
+        tmp_path / "site",
+        "interrupted-plugin",
+        "[turbo_dllm.families]\ncut = interrupted_plugin:F\n",
+        {"__init__.py": "raise KeyboardInterrupt\n"},
+    )
+    with pytest.raises(KeyboardInterrupt):
+        _load(monkeypatch, site)
+
+
+def test_dllm_config_validate_reports_a_plugin_that_exits_at_import(tmp_path):
+    """End to end: `dllm config validate` on a spec naming the family exited 0 with no output
+    (the plugin's `sys.exit()`); it is now refused with the plugin's reason, exit 2, and a spec
+    naming a built-in family still validates."""
+    site = _distribution(tmp_path / "site", "exiting-plugin", _EXITING_POINTS, _EXITING)
+    (tmp_path / "quiet.yaml").write_text(_SPEC.format(family="quiet"))
+    proc = _dllm(site, "config", "validate", "--config", "quiet.yaml", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "family 'quiet' could not be loaded from its plugin" in proc.stderr
+    assert "exiting-plugin 0.4 (exiting_plugin.quiet:FAMILY)" in proc.stderr
+    assert "importing it called sys.exit(None)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    (tmp_path / "fine.yaml").write_text(_SPEC.format(family="fine"))
+    proc = _dllm(site, "config", "validate", "--config", "fine.yaml", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
