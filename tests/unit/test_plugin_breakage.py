@@ -113,3 +113,112 @@ def test_dllm_config_validate_reports_a_plugin_that_exits_at_import(tmp_path):
     (tmp_path / "fine.yaml").write_text(_SPEC.format(family="fine"))
     proc = _dllm(site, "config", "validate", "--config", "fine.yaml", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+_MISBUILT = {
+    "__init__.py": """\
+        from dataclasses import replace
+
+        from turbo_dllm.families.decoder import QWEN3
+
+        NO_MODULE = replace(QWEN3, name="no_module", runtime_module="misbuilt_plugin.no_module")
+        LISTED = replace(QWEN3, name="listed", runtime_module="misbuilt_plugin.listed")
+        DETACHED = replace(QWEN3, name="detached", runtime_module="misbuilt_plugin.detached")
+        """,
+    # build_model returns the model's parts in a dict (the trainer wants the module itself).
+    "no_module.py": """\
+        from turbo_dllm.families.decoder import runtime as _decoder
+
+
+        def build_model(config, backend, dtype=None):
+            return {"model": _decoder.build_model(config, backend, dtype)}
+
+
+        def __getattr__(name):
+            return getattr(_decoder, name)
+        """,
+    # layers returns a plain list of the blocks, not the model's ModuleList.
+    "listed.py": """\
+        from turbo_dllm.families.decoder import runtime as _decoder
+
+
+        def layers(model):
+            return list(model.model.layers)
+
+
+        def __getattr__(name):
+            return getattr(_decoder, name)
+        """,
+    # layers returns a new ModuleList holding the blocks: wrapping it changes nothing.
+    "detached.py": """\
+        from torch import nn
+
+        from turbo_dllm.families.decoder import runtime as _decoder
+
+
+        def layers(model):
+            return nn.ModuleList(list(model.model.layers))
+
+
+        def __getattr__(name):
+            return getattr(_decoder, name)
+        """,
+}
+_MISBUILT_POINTS = """\
+[turbo_dllm.families]
+no_module = misbuilt_plugin:NO_MODULE
+listed = misbuilt_plugin:LISTED
+detached = misbuilt_plugin:DETACHED
+"""
+
+
+def test_a_runtime_returning_the_wrong_thing_is_refused_where_it_returns_it(tmp_path, monkeypatch):
+    """A build_model that returned a dict went on into the trainer (`runtime.layers(model)`,
+    `materialize`), which stopped with an AttributeError traceback naming neither the family
+    nor the plugin; a layers() of a plain list failed later still, or (a new ModuleList)
+    trained with no checkpointing or FSDP wrapping of the model's own blocks."""
+    from turbo_dllm import registry
+    from turbo_dllm.errors import DllmError
+
+    site = _distribution(tmp_path / "site", "misbuilt-plugin", _MISBUILT_POINTS, _MISBUILT)
+    found = _load(monkeypatch, site)
+    assert set(found.families) == {"no_module", "listed", "detached"}
+    config = registry.get_family("qwen3").resolve_config(path=None, from_config="tiny")
+
+    with pytest.raises(DllmError) as error:
+        found.families["no_module"].runtime().build_model(config, None)
+    message = error.value.message
+    assert "model family 'no_module' (from plugin misbuilt-plugin 0.4)" in message
+    assert "build_model returned a dict ({'model': DecoderLM(" in message
+    assert "not a torch.nn.Module" in message
+    assert "on_meta_device" in error.value.hint
+
+    runtime = found.families["listed"].runtime()
+    model = runtime.build_model(config, None)
+    with pytest.raises(DllmError) as error:
+        runtime.layers(model)
+    assert "model family 'listed' (from plugin misbuilt-plugin 0.4)" in error.value.message
+    assert "layers(model) returned a list ([" in error.value.message
+
+    runtime = found.families["detached"].runtime()
+    with pytest.raises(DllmError, match="not a part of the model"):
+        runtime.layers(runtime.build_model(config, None))
+
+    # A built-in family's runtime passes its results through unchanged.
+    runtime = registry.get_family("qwen3").runtime()
+    model = runtime.build_model(config, None)
+    assert runtime.layers(model) is model.model.layers
+
+
+def test_dllm_train_reports_a_build_model_that_returns_no_module(tmp_path):
+    """End to end, as a user runs it: `dllm train` stopped with a traceback from inside the
+    trainer; it now prints the family's error and exits 2."""
+    from tests.train.util import write_config
+
+    site = _distribution(tmp_path / "site", "misbuilt-plugin", _MISBUILT_POINTS, _MISBUILT)
+    write_config(tmp_path / "train.yaml", "model.family=no_module")
+    proc = _dllm(site, "train", "--config", "train.yaml", "--run-dir", "run", cwd=tmp_path)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "model family 'no_module' (from plugin misbuilt-plugin 0.4)" in proc.stderr
+    assert "build_model returned a dict" in proc.stderr

@@ -220,7 +220,7 @@ class Family:
                 "lists what each does; a family that refuses tensor parallelism still has a "
                 "check_tensor_parallel that raises), or uninstall the package that declares it",
             )
-        return module  # type: ignore[return-value]
+        return _CheckedRuntime(self, module)  # type: ignore[return-value]
 
     def _declared_by(self) -> str:
         """' (from plugin DIST VERSION)' where an installed package's entry point declares this
@@ -326,6 +326,71 @@ class Family:
                 path=found[0][0],
                 problems=tuple(found),
             )
+
+
+class _CheckedRuntime:
+    """A family's runtime module whose `build_model` and `layers` results are checked against
+    the contract where they are returned (`Family.runtime()`): a plugin's build_model returning
+    something other than an `nn.Module` (or a layers() other than an `nn.ModuleList` of the
+    model's own) failed later, deep in the trainer or export, with a traceback naming neither
+    the family nor its plugin. Every other attribute is the module's own."""
+
+    def __init__(self, family: Family, module: ModuleType) -> None:
+        self._family = family
+        self._module = module
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._module, name)
+
+    def __repr__(self) -> str:
+        return f"<runtime of family {self._family.name!r}: {self._module.__name__}>"
+
+    def build_model(self, *args: Any, **kwargs: Any) -> nn.Module:
+        from torch import nn
+
+        model = self._module.build_model(*args, **kwargs)
+        if not isinstance(model, nn.Module):
+            raise self._broken(
+                f"build_model returned {_described(model)}, not a torch.nn.Module",
+                "build_model(config, attention_backend, dtype) returns the model: an nn.Module "
+                "made on the meta device (`families.base.on_meta_device`)",
+            )
+        return model
+
+    def layers(self, model: nn.Module) -> nn.ModuleList:
+        from torch import nn
+
+        blocks = self._module.layers(model)
+        if not isinstance(blocks, nn.ModuleList):
+            raise self._broken(
+                f"layers(model) returned {_described(blocks)}, not a torch.nn.ModuleList",
+                "layers(model) returns the model's own nn.ModuleList of repeated blocks (such "
+                "as model.model.layers), which checkpointing, compile and FSDP2 wrap in place",
+            )
+        if not any(part is blocks for part in model.modules()):
+            raise self._broken(
+                "layers(model) returned an nn.ModuleList that is not a part of the model "
+                "build_model made (wrapping its blocks would change nothing the model runs)",
+                "layers(model) returns the model's own nn.ModuleList of repeated blocks (such "
+                "as model.model.layers), not a new one",
+            )
+        return blocks
+
+    def _broken(self, what: str, contract: str) -> DllmError:
+        family = self._family
+        return DllmError(
+            f"model family {family.name!r}{family._declared_by()}: its runtime module "
+            f"{family.runtime_module!r}: {what}",
+            hint=f'{contract} (docs/architecture.md, "The family registry"): fix that '
+            "module, or uninstall the package that declares the family",
+        )
+
+
+def _described(value: Any) -> str:
+    """`value` for an error message: its type and the start of its repr."""
+    text = repr(value)
+    text = text if len(text) <= 60 else f"{text[:57]}..."
+    return f"a {type(value).__name__} ({text})" if value is not None else "None"
 
 
 @dataclass(frozen=True)
