@@ -21,14 +21,26 @@ left out with the reason: `dllm doctor` shows it, and a RunSpec naming it gets i
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from turbo_dllm.families.base import AXES, Family, Objective, import_failure
 
-__all__ = ["GROUPS", "Plugins", "load_plugins"]
+__all__ = ["GROUPS", "TORCH_AT_IMPORT", "Plugins", "load_plugins"]
 
 GROUPS = {"family": "turbo_dllm.families", "objective": "turbo_dllm.objectives"}
+
+# Said of a plugin whose descriptor's module imported torch (seen where torch was not imported
+# before it loaded): the commands that promise a torch-free start and import the registry
+# (`dllm config validate | schema`, tests/cli/test_torch_free_start.py) then wait for torch's
+# import, and stop on a host without it. The plugin is loaded all the same.
+TORCH_AT_IMPORT = (
+    "loading its descriptor imported torch, so every dllm command that reads a RunSpec (`dllm "
+    "config validate`, `dllm doctor`) imports torch too; move the torch imports of that module "
+    "into its runtime module (build_model and the functions the trainer calls), which is "
+    "imported only when a model is built"
+)
 
 
 @dataclass(frozen=True)
@@ -43,6 +55,9 @@ class Plugins:
     problems: dict[str, dict[str, str]] = field(
         default_factory=lambda: {kind: {} for kind in GROUPS}
     )
+    # (kind, name) -> what is wrong with a plugin that loaded all the same (its descriptor's
+    # module imported torch: `TORCH_AT_IMPORT`)
+    warnings: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 def load_plugins(
@@ -68,10 +83,15 @@ def load_plugins(
                 article = "an" if kind == "objective" else "a"
                 why = f"{sources[0]}: turbo-dllm has {article} {kind} of that name already"
             else:
+                had_torch = "torch" in sys.modules
                 value, why = _load(points[0], kind, kind_type)
                 if why is None:
                     loaded[name] = value
                     plugins.sources[kind, name] = sources[0]
+                    if not had_torch and "torch" in sys.modules:
+                        plugins.warnings[kind, name] = (
+                            f"{kind} {name!r} from {sources[0]}: {TORCH_AT_IMPORT}"
+                        )
                     continue
                 why = f"{sources[0]}: {why}"
             plugins.problems[kind][name] = why
@@ -80,6 +100,7 @@ def load_plugins(
         why = _unknown_names(family, known, plugins.problems["objective"])
         if why is not None:
             del plugins.families[name]
+            plugins.warnings.pop(("family", name), None)
             plugins.problems["family"][name] = f"{plugins.sources.pop(('family', name))}: {why}"
     return plugins
 

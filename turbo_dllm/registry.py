@@ -10,6 +10,7 @@ a family").
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -90,6 +91,10 @@ BUILTIN_OBJECTIVES: Mapping[str, Objective] = {
 PLUGINS: Plugins = load_plugins(BUILTIN_FAMILIES, BUILTIN_OBJECTIVES)
 FAMILIES: Mapping[str, Family] = {**BUILTIN_FAMILIES, **PLUGINS.families}
 OBJECTIVES: Mapping[str, Objective] = {**BUILTIN_OBJECTIVES, **PLUGINS.objectives}
+# Plugins that loaded but break the torch-free start: said once per process, on stderr (the
+# `dllm doctor` plugins check says it too).
+for _warning in PLUGINS.warnings.values():
+    print(f"dllm: warning: plugin {_warning}", file=sys.stderr)
 
 # Names the product defines whose code has not landed: refused with "not available in this
 # version" rather than "unknown" (they are not in the schema).

@@ -8,6 +8,7 @@ points beside the package), as in test_plugin_contract.py.
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -222,3 +223,73 @@ def test_dllm_train_reports_a_build_model_that_returns_no_module(tmp_path):
     assert "Traceback" not in proc.stderr
     assert "model family 'no_module' (from plugin misbuilt-plugin 0.4)" in proc.stderr
     assert "build_model returned a dict" in proc.stderr
+
+
+_HEAVY = {
+    "__init__.py": "",
+    "family.py": """\
+        from dataclasses import replace
+
+        import torch  # the mistake: the descriptor's module imports the torch half
+
+        from turbo_dllm.families.decoder import QWEN3
+
+        HEAVY = replace(QWEN3, name="heavy", summary=f"the decoder, torch {torch.__version__}")
+        """,
+    "light.py": """\
+        from dataclasses import replace
+
+        from turbo_dllm.families.decoder import QWEN3
+
+        LIGHT = replace(QWEN3, name="light")
+        """,
+}
+_HEAVY_POINTS = """\
+[turbo_dllm.families]
+heavy = heavy_plugin.family:HEAVY
+light = heavy_plugin.light:LIGHT
+"""
+
+
+def test_a_plugin_descriptor_that_imports_torch_is_named_with_the_fix(tmp_path):
+    """docs/architecture.md: a plugin's descriptor module must be torch-free, as `dllm config
+    validate` and `--help` start without torch (tests/cli/test_torch_free_start.py). One that
+    imported torch loaded without a word, and every command reading a RunSpec then imported
+    torch (seconds; a failure on a login node without it). It still loads, and `dllm config
+    validate` and `dllm doctor` name it and say how to fix it."""
+    site = _distribution(tmp_path / "site", "heavy-plugin", _HEAVY_POINTS, _HEAVY)
+    (tmp_path / "heavy.yaml").write_text(_SPEC.format(family="heavy"))
+    proc = _dllm(site, "config", "validate", "--config", "heavy.yaml", "--json", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert json.loads(proc.stdout)["model"]["family"] == "heavy"  # stdout: the one object
+    warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert "dllm: warning: plugin family 'heavy' from heavy-plugin 0.4" in warnings[0]
+    assert "(heavy_plugin.family:HEAVY)" in warnings[0]
+    assert "loading its descriptor imported torch" in warnings[0]
+    assert "move the torch imports of that module into its runtime module" in warnings[0]
+
+    check = subprocess.run(
+        [sys.executable, "-c", _DOCTOR_CHECK],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert check.returncode == 0, check.stderr
+    result = json.loads(check.stdout)
+    assert result["status"] == "warn"
+    assert "family 'heavy' from heavy-plugin 0.4" in result["detail"]
+    assert "family light from heavy-plugin 0.4" in result["detail"]  # loaded as usual
+    assert "pip show" not in result["fix"]  # nothing is broken
+    assert "runtime module" in result["fix"]
+
+
+# The doctor's plugins check, run in a fresh interpreter (torch not imported before it).
+_DOCTOR_CHECK = """
+import json
+from turbo_dllm.doctor.checks.plugins import plugins
+result = plugins(None)
+print(json.dumps({"status": result.status, "detail": result.detail, "fix": result.fix}))
+"""

@@ -19,8 +19,17 @@ def plugins(ctx: DoctorContext) -> CheckResult:
         for kind, problems in registry.PLUGINS.problems.items()
         for name, why in problems.items()
     ]
-    if broken:
+    # Loaded, but its descriptor's module imports torch (plugins.TORCH_AT_IMPORT says the fix).
+    heavy = list(registry.PLUGINS.warnings.values())
+    if broken or heavy:
         # A warning: a broken plugin takes only its own names away; a RunSpec naming one fails
         # its own validation with the same reason.
-        return CheckResult("plugins", "warn", "; ".join(broken + loaded), fix=registry.PLUGIN_FIX)
+        fixes = [registry.PLUGIN_FIX] if broken else []
+        if heavy:
+            fixes.append(
+                "move the torch imports of that plugin's descriptor module into its runtime module"
+            )
+        return CheckResult(
+            "plugins", "warn", "; ".join(broken + heavy + loaded), fix="; ".join(fixes)
+        )
     return CheckResult("plugins", "pass", "; ".join(loaded) or "none installed")
