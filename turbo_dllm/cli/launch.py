@@ -454,7 +454,10 @@ def _print_end(job, code: int, submit: bool) -> None:
         verdict = "finished" if code == 0 else f"failed (exit {code})"
     print(f"dllm: run {plan.run_id} {verdict}: {job.run_dir}", file=sys.stderr)
     if resume:
-        where = " (on every node: its nodes join it again)" if plan.multi_node else ""
+        from turbo_dllm.jobs.runs import resume_where
+
+        where = resume_where(job.manifest)
+        where = f" this, {where}" if where else ""
         print(f"dllm: continue it from there with{where}: {resume}", file=sys.stderr)
     print(f"dllm: plots: dllm run plot {quote(str(job.run_dir))}", file=sys.stderr)
 

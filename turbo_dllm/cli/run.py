@@ -93,7 +93,7 @@ def _list(args) -> int:
 def _show(args) -> int:
     from turbo_dllm.jobs.describe import describe_manifest, describe_plan
     from turbo_dllm.jobs.manifest import read_manifest
-    from turbo_dllm.jobs.runs import find_run, summarize
+    from turbo_dllm.jobs.runs import find_run, resume_where, summarize
 
     run_dir = find_run(args.run, _root(args))
     manifest = read_manifest(run_dir)
@@ -112,7 +112,8 @@ def _show(args) -> int:
         print(f"ended        exit status {summary.exit_code}{at}{by}")
     if summary.status == "stopped" and summary.resume_with:
         # It stopped early on purpose (SIGTERM, its time budget): saved, to be resumed.
-        where = "on every node: " if manifest.plan.multi_node else ""
+        where = resume_where(manifest)
+        where = f"{where}: " if where else ""
         print(f"resume       {where}{summary.resume_with}")
     if summary.slurm_job_id:
         state = f" ({summary.slurm_state})" if summary.slurm_state else ""

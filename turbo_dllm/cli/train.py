@@ -154,8 +154,8 @@ def _recorded_run(where):
         manifest = read_manifest(run_dir)
     except DllmError:
         return None
-    from turbo_dllm.jobs.launcher import _complete, _resume_command
-    from turbo_dllm.jobs.runs import summarize
+    from turbo_dllm.jobs.launcher import _complete
+    from turbo_dllm.jobs.runs import resume_way, summarize
 
     plan = manifest.plan
     run = (
@@ -172,10 +172,7 @@ def _recorded_run(where):
         summary = None
     if summary is not None and _complete(summary):
         return f"{run}; it finished (step {summary.steps_done}/{summary.steps_total})", [again]
-    if plan.slurm is not None:
-        resume = f"continue it as a SLURM job: sbatch {quote(plan.slurm.script)}"
-    else:
-        resume = "continue it from its last checkpoint" + _resume_command(plan, run_dir)
+    resume = resume_way(manifest, run_dir)
     return run, [resume, again]
 
 

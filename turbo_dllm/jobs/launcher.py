@@ -639,7 +639,7 @@ def _q(path: str | Path) -> str:
 def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = False) -> str:
     """What holds `run_dir` (its id, status, progress, when it ended) and the ways on;
     `joining`: a node of a multi-node launch, refused because that run finished."""
-    from turbo_dllm.jobs.runs import summarize
+    from turbo_dllm.jobs.runs import resume_way, summarize
 
     manifest = run_dir / MANIFEST_NAME
     ways = [(_NEW_SHARED_RUN if joining else _NEW_RUN)[replay]]
@@ -661,18 +661,9 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
     complete = _complete(run)
     # A run that ended with 0 short of its last step stopped at training.max_duration_s.
     if run.status not in _NOTHING_TO_CONTINUE or (run.status == "ok" and not complete):
-        if recorded.plan.slurm is not None:
-            # Its own script, submitted again, resumes it as a SLURM job with its layout (the
-            # job records itself as the run's latest attempt when it starts).
-            ways.append(
-                "if it stopped, continue it from its last checkpoint as a SLURM job: "
-                f"sbatch {_q(recorded.plan.slurm.script)}"
-            )
-        else:
-            ways.append(
-                "if it stopped, continue it from its last checkpoint"
-                + _resume_command(recorded.plan, run_dir)
-            )
+        # Its own script submitted again for a SLURM job (which records itself as the run's
+        # latest attempt when it starts), its launch on every node for a multi-node one.
+        ways.append("if it stopped, " + resume_way(recorded, run_dir))
     ended = ""
     if run.exit_code is not None:  # its result.json: when and how it ended
         at = f" at {run.finished_at}" if run.finished_at else ""
@@ -685,19 +676,6 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
         f"not write into another run's dir{nodes if joining else ''}. Instead:\n"
         + "\n".join(f"  - {way}" for way in ways)
     )
-
-
-def _resume_command(plan: JobPlan, run_dir: Path) -> str:
-    """The command that continues a stopped run (not a SLURM job's) in its run dir, with its
-    layout (`runs.train_resume_command`), after a colon and what it runs under."""
-    from turbo_dllm.jobs.runs import train_resume_command
-
-    command = train_resume_command(plan, run_dir)
-    if plan.world_sizes == [1]:
-        return f": {command}"
-    if plan.multi_node:
-        return f" (on every node, under torchrun, as its plan does): {command}"
-    return f" (under torchrun, as its plan does): {command}"
 
 
 def _checkpoint_dir(job: PreparedJob) -> str | None:

@@ -32,7 +32,6 @@ from typing import Any
 from turbo_dllm.errors import DllmError
 from turbo_dllm.jobs.drift import flat_diff, manifest_drift
 from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
-from turbo_dllm.jobs.plan import JobPlan
 from turbo_dllm.jobs.result import launcher_alive, read_launchers, read_result, this_host
 from turbo_dllm.train.metrics import METRICS_NAME, last_metrics_record
 from turbo_dllm.train.stop import EXIT_TERMINATED, Stop
@@ -46,9 +45,10 @@ __all__ = [
     "last_step",
     "list_runs",
     "resume_command",
+    "resume_way",
+    "resume_where",
     "stop_cause",
     "summarize",
-    "train_resume_command",
     "unreadable_runs",
     "unrecorded_runs",
 ]
@@ -330,38 +330,64 @@ def _last_step_record(run_dir: Path) -> dict[str, Any]:
 
 def resume_command(manifest: RunManifest, run_dir: Path) -> str:
     """The command that continues the run in `run_dir` from its last checkpoint, with its
-    layout: a SLURM job's script submitted again; for a multi-node job, its launch, run again
-    on every node from the folder it ran in (its nodes join the run again and resume); else
-    `train_resume_command`."""
+    layout; the one every message names (`dllm run show`'s `resume`, the launch's closing
+    line, a refused launch's or `dllm train`'s ways on: `resume_way`).
+
+    A SLURM job: its script submitted again. A multi-node job: its launch, run again on every
+    node from the folder it ran in (its nodes join the run again and resume); a static
+    rendezvous's `--node-rank` reads `R`, each node's own rank (the manifest holds the argv of
+    the node that recorded it). One process: `dllm train` with the environment its plan
+    recorded (its thread count, `OMP_NUM_THREADS=N`: a bare `dllm train` ran with this shell's,
+    which changes how CPU ops round; none for a run recorded before the field, which ran with
+    torch's default). Several on one node: that `dllm train` under torchrun with the plan's
+    process count and worker environment (a bare `dllm train` of a 2-process run stops at the
+    topology's world size check)."""
     plan = manifest.plan
     if plan.slurm is not None:
         return f"sbatch {shlex.quote(plan.slurm.script)}"
     if plan.multi_node:
-        return f"cd {shlex.quote(plan.cwd)} && {shlex.join(manifest.argv)}"
-    return train_resume_command(plan, run_dir)
-
-
-def train_resume_command(plan: JobPlan, run_dir: Path) -> str:
-    """The `dllm train` that continues a stopped run (not a SLURM job's) in its run dir, with
-    its layout: for one process with the environment its plan recorded (its thread count,
-    `OMP_NUM_THREADS=N`: a bare `dllm train` ran with this shell's, which changes how CPU ops
-    round; none for a run recorded before the field, which ran with torch's default); for
-    several on one node under torchrun with the plan's process count and worker environment (a
-    bare `dllm train` of a 2-process run stops at the topology's world size check); for a
-    multi-node job the `dllm train` each node runs under torchrun."""
+        argv = list(manifest.argv)
+        if "--node-rank" in argv[:-1]:
+            argv[argv.index("--node-rank") + 1] = NODE_RANK
+        return f"cd {shlex.quote(plan.cwd)} && {shlex.join(argv)}"
     run_dir = Path(run_dir)
     spec = shlex.quote(str(run_dir / "spec.yaml"))  # launcher.SPEC_NAME
     train = f"--config {spec} --run-dir {shlex.quote(str(run_dir))}"
     env = " ".join(f"{key}={shlex.quote(value)}" for key, value in sorted(plan.env.items()))
     if plan.world_sizes == [1]:
         return f"{env + ' ' if env else ''}dllm train {train}"
-    if plan.multi_node:
-        return f"dllm train {train}"
     torchrun = shlex.join(
         [plan.worker[0], "-m", "torch.distributed.run", "--standalone"]
         + ["--nproc-per-node", str(plan.nproc_per_node)]
     )
     return f"{env} {torchrun} -m turbo_dllm train {train}"
+
+
+# The word a multi-node resume command has for each node's own --node-rank.
+NODE_RANK = "R"
+
+
+def resume_where(manifest: RunManifest) -> str:
+    """Where `resume_command` runs, where that needs saying: for a multi-node job "on every node
+    (...)", with what `R` is; "" otherwise. Every message that prints the command says it so."""
+    if not manifest.plan.multi_node or manifest.plan.slurm is not None:
+        return ""
+    rank = f"; {NODE_RANK}: that node's --node-rank" if "--node-rank" in manifest.argv else ""
+    return f"on every node (its launch again, whose nodes join the run and resume{rank})"
+
+
+def resume_way(manifest: RunManifest, run_dir: Path) -> str:
+    """`resume_command` as a refusal's way on: what it runs under, then the command."""
+    plan = manifest.plan
+    if plan.slurm is not None:
+        under = " as a SLURM job"
+    elif plan.multi_node:
+        under = f" {resume_where(manifest)}"
+    elif plan.world_sizes == [1]:
+        under = ""
+    else:
+        under = " (under torchrun, as its plan does)"
+    return f"continue it from its last checkpoint{under}: {resume_command(manifest, run_dir)}"
 
 
 def _has_checkpoint(run_dir: Path, manifest: RunManifest) -> bool:
