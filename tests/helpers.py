@@ -45,6 +45,17 @@ def assert_user_error(result, *needles: str) -> None:
         assert needle in result.err, (needle, result.err)
 
 
+def assert_failed_check(result, *needles: str) -> None:
+    """`dllm data validate`'s failed check (as the `verify` commands': exit 1, not an error's
+    2): what failed on stdout (`FAIL: ...`), its fix on stderr (`fix: ...`), no traceback."""
+    assert result.code == 1, (result.code, result.out, result.err)
+    assert result.out.startswith("FAIL: "), result.out
+    assert result.err.startswith("fix: "), result.err
+    assert "Traceback" not in result.err
+    for needle in needles:
+        assert needle in result.out + result.err, (needle, result.out, result.err)
+
+
 def wait_for_file(child: subprocess.Popen, path: Path, what: str, timeout: float = 120) -> None:
     """Poll until `path` exists (a process held at a point writes it there), failing with
     `child`'s stderr if it ended first or with `what` if `timeout` seconds pass."""

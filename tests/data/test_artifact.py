@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.data.helpers import prepare_config, write_config, write_jsonl
-from tests.helpers import assert_user_error
+from tests.helpers import assert_failed_check, assert_user_error
 from turbo_dllm.data.artifact import read_manifest, verify
 from turbo_dllm.errors import DllmError
 
@@ -72,7 +72,7 @@ def test_validate_catches_a_flipped_byte_in_any_array(corpus, cli, name):
     data = bytearray(file.read_bytes())
     data[len(data) // 2] ^= 0x01
     file.write_bytes(bytes(data))
-    assert_user_error(cli("data", "validate", result.path), name, "sha256 mismatch")
+    assert_failed_check(cli("data", "validate", result.path), name, "sha256 mismatch")
 
 
 def test_a_cut_short_manifest_is_an_error_with_the_way_out(corpus, cli):
@@ -81,7 +81,11 @@ def test_a_cut_short_manifest_is_an_error_with_the_way_out(corpus, cli):
     result = prepare_config(write_config(corpus))
     manifest = result.path / "manifest.json"
     manifest.write_bytes(manifest.read_bytes()[:40])
-    for command in ("validate", "inspect", "stats"):
+    # validate's failed check (exit 1); inspect and stats cannot read it (an error, exit 2)
+    assert_failed_check(
+        cli("data", "validate", result.path), "unreadable manifest", "output.overwrite: true"
+    )
+    for command in ("inspect", "stats"):
         outcome = cli("data", command, result.path)
         assert_user_error(outcome, "unreadable manifest", "hint:", "output.overwrite: true")
     config = write_config(corpus, "p2.yaml", output={"path": "out", "overwrite": True})
@@ -95,9 +99,9 @@ def test_validate_catches_a_truncated_array_and_an_edited_manifest(corpus, cli):
     document = json.loads(manifest_file.read_text())
     document["special_tokens"]["mask"] = 5
     manifest_file.write_text(json.dumps(document))
-    assert_user_error(cli("data", "validate", result.path), "fingerprint mismatch")
+    assert_failed_check(cli("data", "validate", result.path), "fingerprint mismatch")
     (result.path / "tokens.bin").write_bytes(b"\0" * 10)
-    assert_user_error(cli("data", "validate", result.path), "tokens.bin", "10 bytes")
+    assert_failed_check(cli("data", "validate", result.path), "tokens.bin", "10 bytes")
 
 
 @pytest.mark.parametrize(
@@ -156,7 +160,7 @@ def test_validate_catches_manifest_claims_the_arrays_contradict(corpus, cli, fie
         section = section[parent]
     section[name] = value
     manifest_file.write_text(json.dumps(document))
-    assert_user_error(cli("data", "validate", result.path), "failed verification", named)
+    assert_failed_check(cli("data", "validate", result.path), "failed verification", named)
 
 
 def test_validate_catches_a_changed_tokenizer_file(corpus, cli, hf_tokenizer):
@@ -164,7 +168,7 @@ def test_validate_catches_a_changed_tokenizer_file(corpus, cli, hf_tokenizer):
     result = prepare_config(write_config(corpus, tokenizer=tokenizer))
     copied = result.path / "tokenizer" / "tokenizer.json"
     copied.write_text(copied.read_text() + " ")
-    assert_user_error(cli("data", "validate", result.path), "tokenizer/tokenizer.json")
+    assert_failed_check(cli("data", "validate", result.path), "tokenizer/tokenizer.json")
 
 
 def test_read_manifest_errors_are_user_errors(tmp_path):
@@ -253,7 +257,7 @@ def test_validate_flags_a_file_the_manifest_does_not_list(corpus, cli, hf_tokeni
     file.write_text("{}")
     shown = extra if "/sub/" not in extra else "tokenizer/sub"
     outcome = cli("data", "validate", result.path)
-    assert_user_error(outcome, f"{shown}: not listed in the manifest", "hint:", "remove", "rm ")
+    assert_failed_check(outcome, f"{shown}: not listed in the manifest", "fix:", "remove", "rm ")
     assert str(result.path / shown) in outcome.err  # the rm names the file itself
     assert "sha256 mismatch" not in outcome.err and "fingerprint" not in outcome.err
 
@@ -267,7 +271,7 @@ def test_validate_flags_a_tokenizer_folder_added_to_a_byte_level_artifact(corpus
     # An empty tokenizer/ holds nothing export could hand on: left alone.
     assert cli("data", "validate", result.path).code == 0
     (result.path / "tokenizer" / "tokenizer.json").write_text("{}")
-    assert_user_error(
+    assert_failed_check(
         cli("data", "validate", result.path), "tokenizer/tokenizer.json: not listed in the manifest"
     )
 
@@ -276,7 +280,7 @@ def test_only_unlisted_files_change_validate_s_hint(corpus, cli):
     result = prepare_config(write_config(corpus))
     (result.path / "notes.txt").write_text("mine")
     outcome = cli("data", "validate", result.path)
-    assert_user_error(
+    assert_failed_check(
         outcome, "notes.txt: not listed in the manifest", "--set output.overwrite=true"
     )
     (result.path / "notes.txt").unlink()

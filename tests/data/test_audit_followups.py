@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
 
 from tests.data.helpers import prepare_config, write_config, write_jsonl
-from tests.helpers import assert_user_error
+from tests.helpers import assert_failed_check, assert_user_error
 from turbo_dllm.errors import DllmError
 
 # --- the tokenizer's named chat templates travel with the artifact ---------------------------
@@ -47,9 +46,10 @@ def test_the_artifact_keeps_the_tokenizer_s_named_chat_templates(tmp_path, templ
 
     artifact = _prepared(tmp_path, templated_tokenizer)
     copy = artifact / "tokenizer/additional_chat_templates/tool_use.jinja"
-    assert copy.read_bytes() == (
-        templated_tokenizer / "additional_chat_templates/tool_use.jinja"
-    ).read_bytes()
+    assert (
+        copy.read_bytes()
+        == (templated_tokenizer / "additional_chat_templates/tool_use.jinja").read_bytes()
+    )
     listed = json.loads((artifact / "manifest.json").read_text())["tokenizer_files"]
     assert "additional_chat_templates/tool_use.jinja" in listed
     assert "tokenizer.json" in listed
@@ -92,23 +92,23 @@ def test_validate_checks_the_named_chat_templates(cli, tmp_path, templated_token
 
     original = (folder / "tool_use.jinja").read_bytes()
     (folder / "tool_use.jinja").write_text("TOOLS{{ messages }}")
-    assert_user_error(
+    assert_failed_check(
         cli("data", "validate", artifact),
         "tokenizer/additional_chat_templates/tool_use.jinja: changed",
     )
     assert_user_error(cli("data", "inspect", artifact), "tool_use.jinja is missing or changed")
     (folder / "tool_use.jinja").unlink()
-    assert_user_error(
+    assert_failed_check(
         cli("data", "validate", artifact),
         "tokenizer/additional_chat_templates/tool_use.jinja: missing",
     )
     (folder / "tool_use.jinja").write_bytes(original)
     (folder / "rag.jinja").write_text("RAG")
     outcome = cli("data", "validate", artifact)
-    assert_user_error(
+    assert_failed_check(
         outcome, "tokenizer/additional_chat_templates/rag.jinja: not listed in the manifest"
     )
-    assert "tool_use.jinja" not in outcome.err
+    assert "tool_use.jinja" not in outcome.out + outcome.err
     (folder / "rag.jinja").unlink()
     assert cli("data", "validate", artifact).code == 0
 
@@ -120,7 +120,7 @@ def test_a_templates_folder_the_manifest_does_not_list_is_flagged(cli, tmp_path,
     assert not (artifact / "tokenizer/additional_chat_templates").exists()
     (artifact / "tokenizer/additional_chat_templates").mkdir()
     (artifact / "tokenizer/additional_chat_templates/tool_use.jinja").write_text("X")
-    assert_user_error(
+    assert_failed_check(
         cli("data", "validate", artifact),
         "tokenizer/additional_chat_templates: not listed in the manifest",
     )
@@ -141,7 +141,7 @@ def test_a_listed_tokenizer_file_outside_its_folder_is_refused(cli, tmp_path, hf
     manifest = json.loads(path.read_text())
     manifest["tokenizer_files"][name] = manifest["tokenizer_files"]["tokenizer.json"]
     path.write_text(json.dumps(manifest))
-    assert_user_error(cli("data", "validate", artifact), f"tokenizer/{name}: missing")
+    assert_failed_check(cli("data", "validate", artifact), f"tokenizer/{name}: missing")
 
 
 # --- a separator id a token id file cannot hold -----------------------------------------------

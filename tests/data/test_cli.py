@@ -7,7 +7,7 @@ import json
 import pytest
 
 from tests.data.helpers import write_config, write_jsonl
-from tests.helpers import assert_user_error
+from tests.helpers import assert_failed_check, assert_user_error
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_validate_against_a_runspec_lists_every_misfit(cli, project):
     text = text.replace("block_size: 32", "block_size: 32\n  mask_token_id: 5")
     train.write_text(text)
     result = cli("data", "validate", project / "data/prepared", "--config", train)
-    assert_user_error(
+    assert_failed_check(
         result,
         "data.seq_len: 128",
         "objective.block_size: 32",
@@ -107,10 +107,10 @@ def test_fit_checks_what_the_objective_needs(cli, project):
         )
     )
     result = cli("data", "validate", artifact, "--config", diffusion)
-    assert_user_error(
+    assert_failed_check(
         result, "objective.block_size: 16, but the artifact aligned documents to blocks of 4"
     )
-    assert "objective.mask_token_id: 5" in result.err
+    assert "objective.mask_token_id: 5" in result.out
 
 
 def test_dllm_train_resumes_a_recorded_run_only_on_its_recorded_data(
@@ -316,7 +316,7 @@ def test_validate_and_doctor_apply_the_family_s_input_rules(cli, tmp_path):
         base=HYBRID,
     )
     result = cli("data", "validate", packed.path, "--config", train)
-    assert_user_error(result, "data.artifact:", "rows", "one document")
+    assert_failed_check(result, "data.artifact:", "rows", "one document")
     doctor = cli("doctor", "--config", train, "--json")
     check = {c["name"]: c for c in json.loads(doctor.out)["checks"]}["data fit"]
     assert check["status"] == "fail" and "data.artifact:" in check["detail"], check

@@ -8,7 +8,7 @@ import os
 import pytest
 
 from tests.data.helpers import documents, prepare_config, write_config, write_jsonl
-from tests.helpers import assert_user_error
+from tests.helpers import assert_failed_check, assert_user_error
 
 
 def _texts(path) -> list[bytes]:
@@ -62,7 +62,7 @@ def test_a_vocabulary_too_small_for_the_artifact_names_the_field_that_fixes_it(
     assert cli("data", "prepare", "--config", project / "prepare.yaml", *overrides).code == 0
     artifact, train = project / "data/prepared", project / "train.yaml"
     result = cli("data", "validate", artifact, "--config", train)
-    assert_user_error(result, "set model.config_overrides.vocab_size: 601")
+    assert_failed_check(result, "set model.config_overrides.vocab_size: 601")
     # the fix, pasted, is the whole fix
     train.write_text(
         train.read_text().replace(
@@ -73,7 +73,7 @@ def test_a_vocabulary_too_small_for_the_artifact_names_the_field_that_fixes_it(
     # an override already there that is too small: raise it
     train.write_text(train.read_text().replace("vocab_size: 601", "vocab_size: 300"))
     result = cli("data", "validate", artifact, "--config", train)
-    assert_user_error(
+    assert_failed_check(
         result,
         "vocabulary of 300 (model.config_overrides.vocab_size)",
         "set model.config_overrides.vocab_size: 601",
@@ -181,7 +181,7 @@ def test_data_commands_on_a_missing_or_damaged_artifact_name_the_prepare_config_
     with open(project / "data/prepared/tokens.bin", "ab") as handle:
         handle.write(b"\0\0")
     result = cli("data", "validate", "p/data/prepared")
-    assert_user_error(
+    assert_failed_check(
         result,
         "re-create it with `dllm data prepare --config p/prepare.yaml --set output.overwrite=true`",
     )

@@ -107,7 +107,7 @@ def test_a_drafter_mask_token_that_is_not_the_artifacts_is_refused_before_traini
     """The drafter fills its draft slots with model.dflash.mask_token_id; only the artifact's
     mask token is kept out of the data. The recipe's 259 (the byte-level <|mask|>) on an
     artifact of another tokenizer is a real token of its text, and trained without a word."""
-    from tests.helpers import assert_user_error
+    from tests.helpers import assert_failed_check, assert_user_error
 
     (tmp_path / "data").mkdir()
     (tmp_path / "target").symlink_to(world["target"])
@@ -124,7 +124,7 @@ def test_a_drafter_mask_token_that_is_not_the_artifacts_is_refused_before_traini
     text = config.read_text().replace("mask_token_id: 259", "mask_token_id: 258")
     config.write_text(text.replace("seq_len: 128", "seq_len: 64"))
     validate = cli("data", "validate", world["artifact"], "--config", config)
-    assert_user_error(validate, "model.dflash.mask_token_id: 258")
+    assert_failed_check(validate, "model.dflash.mask_token_id: 258")
 
 
 def test_a_drafter_replay_refuses_a_changed_target(cli, world, tmp_path):

@@ -14,7 +14,7 @@ import shutil
 import pytest
 import yaml
 
-from tests.helpers import assert_user_error
+from tests.helpers import assert_failed_check, assert_user_error
 from tests.train.util import TINY
 from turbo_dllm.config.load import apply_overrides
 from turbo_dllm.config.runspec import RunSpec
@@ -180,7 +180,7 @@ def test_cli_train_validate_and_doctor_refuse_data_of_another_tokenizer(cli, tok
     assert_user_error(result, "data.artifact:", ANOTHER, str(folder))
     assert not (tmp_path / "run").exists()  # before any work
     result = cli("data", "validate", tokenizers["artifact_a"], "--config", train)
-    assert_user_error(result, "data.artifact:", ANOTHER)
+    assert_failed_check(result, "data.artifact:", ANOTHER)
     doctor = cli("doctor", "--config", train, "--json")
     check = {c["name"]: c for c in json.loads(doctor.out)["checks"]}["data fit"]
     assert check["status"] == "fail" and ANOTHER in check["detail"], check

@@ -124,10 +124,15 @@ def _family_problems(spec, artifact: str) -> list[str]:
 
 
 def _validate(args) -> int:
-    from turbo_dllm.data.artifact import verify
-    from turbo_dllm.errors import DllmError
+    """Exit 0: the artifact checked clean (and fits `--config`); 1: a failed check (an artifact
+    that is there but damaged, or does not fit the RunSpec); 2: bad input (no artifact at that
+    path, a RunSpec that does not load), as every `dllm` error."""
+    from turbo_dllm.data.artifact import ArtifactDamaged, verify
 
-    manifest = verify(args.artifact)
+    try:
+        manifest = verify(args.artifact)
+    except ArtifactDamaged as damaged:
+        return _validate_failed(args, damaged.message, damaged.problems, damaged.hint)
     checked: list[str] = []
     if args.config:
         from turbo_dllm.config.load import load_runspec, read_yaml
@@ -140,9 +145,11 @@ def _validate(args) -> int:
         found += _family_problems(spec, args.artifact)
         if found:
             lines = "\n".join(f"  - {p}" for p in found)
-            raise DllmError(
+            return _validate_failed(
+                args,
                 f"data artifact {args.artifact!r} does not fit {args.config}:\n{lines}",
-                hint="change the RunSpec fields above, or prepare the data again to match",
+                found,
+                "change the RunSpec fields above, or prepare the data again to match",
             )
         checked = ["seq_len", "block_size", "vocab", "mask_token", "family_inputs"]
     if args.json:
@@ -166,6 +173,26 @@ def _validate(args) -> int:
     if args.config:
         print(f"  fits {args.config}: {', '.join(checked)}")
     return 0
+
+
+def _validate_failed(args, message: str, problems: list[str], fix: str | None) -> int:
+    """A failed check's report, as `dllm bundle verify` / `mirror verify` give theirs: what
+    failed on stdout, the fix on stderr (`--json`: one object with both), exit 1."""
+    if args.json:
+        emit_json(
+            {
+                "valid": False,
+                "artifact": args.artifact,
+                "config": args.config,
+                "problems": problems,
+                "fix": fix,
+            }
+        )
+        return 1
+    print(f"FAIL: {message}")
+    if fix:
+        print(f"fix: {fix}", file=sys.stderr)
+    return 1
 
 
 def _inspect(args) -> int:

@@ -28,7 +28,7 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, NonNegativeInt, PositiveInt
 
 from turbo_dllm.data.tokenizers import CHAT_TEMPLATES_FOLDER
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, describe_os_error
 from turbo_dllm.formats import validate_document
 from turbo_dllm.fsutil import sha256_file
 
@@ -36,6 +36,7 @@ __all__ = [
     "ARRAY_FILES",
     "FORMAT",
     "ArrayInfo",
+    "ArtifactDamaged",
     "DataArtifact",
     "DataManifest",
     "DataStats",
@@ -55,6 +56,17 @@ MANIFEST = "manifest.json"
 ARRAY_FILES = {"tokens": "tokens.bin", "loss_mask": "loss_mask.bin", "documents": "documents.bin"}
 _ARRAY_DTYPES = {"tokens": ("uint16", "uint32"), "loss_mask": ("uint8",), "documents": ("int64",)}
 _MAX_MANIFEST_BYTES = 256 << 20  # a manifest lists source files; this only stops a runaway file
+
+
+class ArtifactDamaged(DllmError):
+    """An artifact that is there but is not what its manifest says (a torn or invalid manifest,
+    a changed, missing or extra file, counts the arrays do not hold): `dllm data validate`'s
+    failed check (exit 1), unlike a path that holds no artifact (bad input, exit 2).
+    `problems`: one line each."""
+
+    def __init__(self, message: str, hint: str | None = None, *, problems: list[str]) -> None:
+        super().__init__(message, hint)
+        self.problems = problems
 
 
 class _Strict(BaseModel):
@@ -247,20 +259,31 @@ def read_manifest(path: str | Path, prepare: str | None = None) -> DataManifest:
         if len(data) > _MAX_MANIFEST_BYTES:
             raise ValueError(f"larger than {_MAX_MANIFEST_BYTES >> 20} MiB")
         document = json.loads(data)
-    except (ValueError, OSError, RecursionError) as error:
-        raise DllmError(
-            f"{manifest_path}: unreadable manifest: {error}",
+    except OSError as error:  # permission denied, ...: the file may well be intact
+        message, hint = describe_os_error(error)
+        raise DllmError(f"cannot read the data artifact manifest {message}", hint=hint) from None
+    except (ValueError, RecursionError) as error:
+        message = f"{manifest_path}: unreadable manifest: {error}"
+        raise ArtifactDamaged(
+            message,
             hint="re-create the artifact with `dllm data prepare` (output.overwrite: true "
             "replaces an artifact whose manifest is damaged)",
+            problems=[message],
         ) from None
-    return validate_document(
-        document,
-        DataManifest,
-        expected=FORMAT,
-        what="data artifact manifest",
-        source=str(manifest_path),
-        hint="re-create the artifact with this version of `dllm data prepare`",
-    )
+    try:
+        return validate_document(
+            document,
+            DataManifest,
+            expected=FORMAT,
+            what="data artifact manifest",
+            source=str(manifest_path),
+            hint="re-create the artifact with this version of `dllm data prepare`",
+        )
+    except DllmError as error:
+        if not isinstance(document, dict) or document.get("format") != FORMAT:
+            raise  # another file, or another version's: not a damaged artifact of this one
+        # Of this format, but fields that cannot be (edited, or torn mid-number).
+        raise ArtifactDamaged(error.message, error.hint, problems=[error.message]) from None
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -347,7 +370,11 @@ def verify(path: str | Path) -> DataManifest:
             hint = f"remove what its manifest does not list (`{removal}`)" + (
                 f", or {hint}" if not found else f"; {hint}"
             )
-        raise DllmError(f"data artifact {str(root)!r} failed verification:\n{lines}", hint=hint)
+        raise ArtifactDamaged(
+            f"data artifact {str(root)!r} failed verification:\n{lines}",
+            hint=hint,
+            problems=found + unlisted,
+        )
     return manifest
 
 
