@@ -18,6 +18,7 @@ possible. The `context` group of max(cp, bp) ranks shares one sequence; it is (c
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -190,8 +191,12 @@ def world_size_fixes(topo: Any, world: int, nproc: int, nnodes: int) -> list[str
     elif topo.world_size % nproc == 0 and topo.world_size // nproc != nnodes:
         fixes.append(f"--nnodes {topo.world_size // nproc}")
     if world % rest:
-        below = [p for p in range(nproc - 1, 0, -1) if (nnodes * p) % rest == 0][:1]
-        above = next(p for p in range(nproc + 1, nproc + rest + 1) if (nnodes * p) % rest == 0)
+        # The per-node counts p with nnodes * p a multiple of rest are the multiples of `step`;
+        # the nearest below and above nproc, by arithmetic (a scan from nproc down to 1 did not
+        # return for `--nproc-per-node 1099511627777`).
+        step = rest // math.gcd(nnodes, rest)
+        below = [p for p in [(nproc - 1) // step * step] if p > 0]
+        above = (nproc // step + 1) * step
         for p in [*below, above]:
             dp = nnodes * p // rest
             if dp != topo.dp:  # with dp as it is: the --nproc-per-node above
