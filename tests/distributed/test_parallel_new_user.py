@@ -3,6 +3,7 @@ about a topology that cannot run, and the fix each gives."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 
 import pytest
@@ -35,6 +36,28 @@ def spec_file(tmp_path, monkeypatch):
     path = tmp_path / "train.yaml"
     path.write_text(textwrap.dedent(SPEC))
     return path
+
+
+def _checks(result) -> dict[str, dict]:
+    return {check["name"]: check for check in json.loads(result.out)["checks"]}
+
+
+def test_doctor_judges_a_process_count_in_its_world_size_check(cli, spec_file):
+    """`dllm doctor --world-size 3` for cp = 2: the RunSpec is valid (config passes) and the
+    world size check fails with the launch flags that fit. It was the config check that failed,
+    with the fix `dllm config validate --config ...` (which says the file is valid), and the
+    world size check said it had not run."""
+    result = cli(
+        "doctor", "--config", "train.yaml", "--set", "topology.cp=2", "--world-size", "3", "--json"
+    )
+    assert result.code == 1
+    checks = _checks(result)
+    assert checks["config"]["status"] == "pass", checks["config"]
+    world = checks["world size"]
+    assert world["status"] == "fail"
+    assert "launch starts 3 processes" in world["detail"]
+    assert "--nproc-per-node 2" in world["fix"]
+    assert "--nproc-per-node 4 --set topology.dp=2" in world["fix"]
 
 
 def test_a_huge_process_count_is_refused_at_once(cli_process, spec_file):

@@ -64,7 +64,10 @@ def build_context(
             context.config_hint_fixes = True
             return context
         try:
-            context.spec = load_runspec(config, overrides, world_size=world_size)
+            # Without the process count: a RunSpec that fits another count is valid, and the
+            # world size check (launch.py) judges the count with the flags that make the two
+            # match (in the config check, its fix was a `dllm config validate` that passes).
+            context.spec = load_runspec(config, overrides)
         except DllmError as error:
             context.config_error, context.config_hint = error.message, error.hint
     return context
