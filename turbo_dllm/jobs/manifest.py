@@ -237,14 +237,58 @@ def read_manifest(path: str | Path) -> RunManifest:
         ) from None
     except (OSError, UnicodeDecodeError, RecursionError) as error:
         raise _unreadable_manifest(path, error) from None
-    return validate_document(
-        document,
-        RunManifest,
-        expected=FORMAT,
-        what="run manifest",
-        source=str(path),
-        hint="pass an unmodified manifest.json that `dllm launch` wrote into a run dir",
-    )
+    try:
+        return validate_document(
+            document,
+            RunManifest,
+            expected=FORMAT,
+            what="run manifest",
+            source=str(path),
+            hint="pass an unmodified manifest.json that `dllm launch` wrote into a run dir",
+        )
+    except DllmError as error:
+        newer = _written_by_a_newer_version(document)
+        if newer is None:
+            raise
+        who, version = newer
+        problems = error.message.partition("is not a valid run manifest: ")[2]
+        detail = f", which does not read it ({problems})" if problems else ""
+        upgrade = f"'turbo-dllm>={version}'" if version else "-U turbo-dllm"
+        raise DllmError(
+            f"{path} was written by {who}, newer than this turbo-dllm {_version()}{detail}",
+            hint="read or replay it with the turbo-dllm that wrote it (the same environment "
+            f"as the run's), or install it here: python -m pip install {upgrade}",
+        ) from None
+
+
+def _version() -> str:
+    from turbo_dllm import __version__
+
+    return __version__
+
+
+def _written_by_a_newer_version(document: Any) -> tuple[str, str | None] | None:
+    """Who wrote a manifest this version cannot read, where that is a later turbo-dllm (and its
+    version where recorded): a later `code.package_version` (whose new fields this version does
+    not know) or a later format (`turbo_dllm.run_manifest.v2`). None: damaged or edited, as far
+    as this one can tell."""
+    from packaging.version import InvalidVersion, Version
+
+    code = document.get("code") if isinstance(document, dict) else None
+    recorded = code.get("package_version") if isinstance(code, dict) else None
+    try:
+        newer = isinstance(recorded, str) and Version(recorded) > Version(_version())
+    except InvalidVersion:
+        newer = False
+    found = document.get("format") if isinstance(document, dict) else None
+    prefix, _, number = FORMAT.rpartition(".v")
+    later = isinstance(found, str) and found.startswith(f"{prefix}.v")
+    later = later and found.removeprefix(f"{prefix}.v").isdigit()
+    later = later and int(found.removeprefix(f"{prefix}.v")) > int(number)
+    if not (newer or later):
+        return None
+    who = f"turbo-dllm {recorded}" if newer else "a later turbo-dllm"
+    return (f"{who} (format {found})" if later else who), (recorded if newer else None)
 
 
 def _unreadable_manifest(path: Path, error: BaseException) -> DllmError:
