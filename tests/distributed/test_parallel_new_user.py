@@ -79,3 +79,53 @@ def test_a_huge_process_count_is_refused_at_once(cli_process, spec_file):
     assert result.code == 2, result.err
     assert f"--nproc-per-node {2**40} --set topology.dp={2**39}" in result.err
     assert f"--nproc-per-node {2**40 + 2} --set topology.dp={2**39 + 1}" in result.err
+
+
+GEMMA = ("model.family=diffusion_gemma",)
+REFUSALS = [
+    # (the --set values refused, what the refusal names as the change, a change it names)
+    (("topology.tp=3",), "the tp degrees up to 8 that split this model: 1, 2", "topology.tp=2"),
+    (("topology.cp=3",), "a multiple of 96 (nearest: 96 or 192)", "data.seq_len=192"),
+    (("topology.bp=8",), "(topology.bp <= 4, or data.seq_len >= 256)", "topology.bp=4"),
+    (("topology.bp=8",), "(topology.bp <= 4, or data.seq_len >= 256)", "data.seq_len=256"),
+    (
+        ("topology.cp=2", "topology.bp=3"),
+        "(with cp = 2: bp = 2 or 4; or a cp that divides bp)",
+        "topology.bp=4",
+    ),
+    (
+        ("topology.ep=2",),
+        "set topology.ep: 1 (model families with ep: diffusion_gemma)",
+        "topology.ep=1",
+    ),
+    (
+        (*GEMMA, "topology.ep=2"),
+        "ep = 1, or more ranks (e.g. topology.fsdp = 2)",
+        "topology.fsdp=2",
+    ),
+    ((*GEMMA, "topology.tp=2"), "set topology.tp: 1 (model families with tp: ", "topology.tp=1"),
+]
+
+
+@pytest.mark.parametrize(("refused", "names", "change"), REFUSALS)
+def test_a_refused_topology_names_a_change_that_validates(cli, spec_file, refused, names, change):
+    """Each layout rule's refusal (exit 2) says what to change, and that change validates. They
+    said what was wrong only: 'num_key_value_heads = 2 is not divisible by topology.tp = 3',
+    'needs at least 16 blocks, got 8', 'ep is not supported here: expert parallelism needs a
+    mixture-of-experts family'."""
+    sets = [arg for value in refused for arg in ("--set", value)]
+    result = cli("config", "validate", "--config", "train.yaml", *sets)
+    assert result.code == 2
+    assert names in result.err, result.err
+    fixed = cli("config", "validate", "--config", "train.yaml", *sets, "--set", change)
+    assert fixed.code == 0, fixed.err
+
+
+def test_sp_on_a_family_without_it_is_one_problem(cli, spec_file):
+    """diffusion_gemma refuses sp: one problem, not that one and 'sequence parallelism needs
+    topology.tp > 1' besides (tp is refused there too)."""
+    result = cli(
+        "config", "validate", "--config", "train.yaml", "--set", *GEMMA, "--set", "topology.sp=true"
+    )
+    assert result.code == 2
+    assert "has 1 problem:" in result.err and "set topology.sp: false" in result.err

@@ -62,7 +62,8 @@ def test_a_folder_of_another_model_type_is_refused_at_validation(tmp_path):
 def test_an_axis_the_family_lacks_is_refused_with_its_reason():
     found = problems(spec(topology={"ep": 2}))
     assert [str(p) for p in found if p.path == "topology.ep"] == [
-        "topology.ep: ep is not supported here: expert parallelism needs a mixture-of-experts family"
+        "topology.ep: ep is not supported here: expert parallelism needs a mixture-of-experts "
+        "family; set topology.ep: 1 (model families with ep: diffusion_gemma)"
     ]
 
 

@@ -99,13 +99,15 @@ class ParallelLayout:
             return found
         cp, bp = self.cp, self.bp
         if cp > 1 and bp > 1 and (bp < cp or bp % cp):
+            below = bp // cp * cp
+            multiples = " or ".join(str(n) for n in (below, below + cp) if n >= cp)
             found.append(
                 (
                     "topology.bp",
                     f"fused CP+BP needs bp >= cp and bp % cp == 0 (got cp={cp}, bp={bp}): the "
                     f"clean stream is sharded over cp ranks and that shard is replicated over "
                     f"bp/cp groups, so the bp ranks holding noisy blocks must form whole clean "
-                    f"groups",
+                    f"groups (with cp = {cp}: bp = {multiples}; or a cp that divides bp)",
                 )
             )
         if self.ep > 1:
@@ -113,11 +115,14 @@ class ParallelLayout:
             # routes the tokens it holds, whole sequences or (cp/bp) its share of one.
             ranks = self.dp_size * self.context
             if ranks % self.ep:
+                fsdp = self.fsdp * self.ep // math.gcd(ranks, self.ep)
+                fewer = "ep = 1" if ranks == 1 else f"an ep that divides {ranks}"
                 found.append(
                     (
                         "topology.ep",
                         f"ep = {self.ep} must divide the data-parallel ranks "
-                        f"dp*fsdp*max(cp,bp) = {ranks} (the ep group is a sub-group of them)",
+                        f"dp*fsdp*max(cp,bp) = {ranks} (the ep group is a sub-group of them): "
+                        f"{fewer}, or more ranks (e.g. topology.fsdp = {fsdp})",
                     )
                 )
             if self.tp > 1:

@@ -62,7 +62,7 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
         used = getattr(topo, axis)
         if (used is True or (used is not False and used > 1)) and axis not in family.axes:
             reason = family.axis_reasons.get(axis, f"family {model.family!r} does not support it")
-            add(f"topology.{axis}", f"{axis} is not supported here: {reason}")
+            add(f"topology.{axis}", f"{axis} is not supported here: {reason}{_axis_fix(axis)}")
             refused.add(f"topology.{axis}")
     if model.linear_attention != "torch" and "linear_attention" not in family.model_options:
         add(
@@ -91,7 +91,7 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             )
 
     # --- topology ---------------------------------------------------------------------------
-    if topo.sp:
+    if topo.sp and "topology.sp" not in refused:
         context = max(topo.cp, topo.bp)
         if topo.tp <= 1:
             add("topology.sp", "sequence parallelism needs topology.tp > 1")
@@ -105,16 +105,22 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
         if path not in refused:  # a refused axis: its degree's rules do not matter
             add(path, message)
     if topo.cp > 1 and data.seq_len % (2 * topo.cp * block):
+        unit = 2 * topo.cp * block
+        below = data.seq_len // unit * unit
+        nearest = f"{below} or {below + unit}" if below else str(unit)
         add(
             "data.seq_len",
             f"context parallelism shards the sequence zigzag into 2*cp chunks of "
-            f"whole blocks: seq_len must be a multiple of {2 * topo.cp * block}",
+            f"whole blocks: seq_len must be a multiple of {unit} (nearest: {nearest})",
         )
     if topo.bp > 1 and data.seq_len // block < 2 * topo.bp:
+        blocks = data.seq_len // block
+        fewer = f"topology.bp <= {blocks // 2}" if blocks >= 4 else "topology.bp = 1"
         add(
             "data.seq_len",
             f"block parallelism gives each rank a pair of blocks: needs at least "
-            f"{2 * topo.bp} blocks, got {data.seq_len // block}",
+            f"{2 * topo.bp} blocks, got {blocks} ({fewer}, or data.seq_len >= "
+            f"{2 * topo.bp * block})",
         )
     if spec.eval is not None and objective.name == "dflash_distillation":
         add(
@@ -130,7 +136,18 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
                 f"{value!r} would be ignored: only {' and '.join(readers)} reads it, this run's "
                 f"objective is {objective.name} (leave it out)",
             )
-    for path, message in _family_rules(spec, family):
+    family_found = _family_rules(spec, family)
+    tp_found = [i for i, (path, _) in enumerate(family_found) if path == "topology.tp"]
+    if tp_found and "topology.tp" not in refused:
+        fits = _tp_that_fit(spec, family)
+        if fits:
+            path, message = family_found[tp_found[-1]]
+            family_found[tp_found[-1]] = (
+                path,
+                f"{message} (the tp degrees up to {max(8, topo.tp)} that split this model: "
+                f"{', '.join(map(str, fits))})",
+            )
+    for path, message in family_found:
         add(path, message)
     if model.attention == "turbo":
         for message in _turbo_rules(spec):
@@ -228,6 +245,33 @@ def _family_rules(spec: RunSpec, family) -> list[tuple[str, str]]:
     except DllmError as error:
         return _reported(_model_config_path(model), error)
     return _vocabulary_rules(spec, config) + (family.rules(spec, config) if family.rules else [])
+
+
+def _axis_fix(axis: str) -> str:
+    """What to set for an axis the family refuses, and the families that have it."""
+    others = [name for name, family in registry.FAMILIES.items() if axis in family.axes]
+    off = "false" if axis == "sp" else "1"
+    where = f" (model families with {axis}: {', '.join(others)})" if others else ""
+    return f"; set topology.{axis}: {off}{where}"
+
+
+def _tp_that_fit(spec: RunSpec, family) -> list[int]:
+    """The tp degrees (2 .. max(8, tp)) for which the family's rules find nothing to refuse on
+    topology.tp for this model (its heads, MLP ... divide), so a refusal can name them."""
+    if not family.rules:
+        return []
+    try:
+        config = registry.resolve_model_config(spec.model)
+    except DllmError:
+        return []
+    fits = []
+    for tp in range(2, max(8, spec.topology.tp) + 1):
+        trial = spec.model_copy(
+            update={"topology": spec.topology.model_copy(update={"tp": tp, "sp": False})}
+        )
+        if not any(path == "topology.tp" for path, _ in family.rules(trial, config)):
+            fits.append(tp)
+    return [1, *fits]
 
 
 def _vocabulary_rules(spec: RunSpec, config) -> list[tuple[str, str]]:
