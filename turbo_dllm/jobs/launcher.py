@@ -149,11 +149,30 @@ def prepare_replay(
     drift = manifest_drift(recorded, current) + _content_drift(spec)
     if drift and not allow_drift:
         gone = _vanished_resume(drift, spec)
+        vanished = _vanished_artifacts(drift, spec)
         lines = "\n".join(
-            f"  - {item}{gone if gone and item.field == 'resume' else ''}" for item in drift
+            f"  - {item}{gone if gone and item.field == 'resume' else ''}"
+            f"{vanished.get(item.field, '')}"
+            for item in drift
         )
         hint = f"restore the recorded {_drifted_groups(drift)}, or pass --allow-drift to run "
         hint += "anyway (the drift is written into the new manifest)"
+        if vanished and not gone:
+            # --allow-drift cannot run it either: the trainer reads the artifact.
+            others = [item for item in drift if item.field not in vanished]
+            paths = " and ".join(_vanished_paths(spec, vanished))
+            hint = (
+                f"prepare {paths} again with the prepare.yaml and sources that made "
+                f"{'them' if len(vanished) > 1 else 'it'} (dllm data prepare --config "
+                "PREPARE.yaml: the same ones give the recorded fingerprint; --allow-drift "
+                "cannot replay without the data)"
+                + (
+                    f", then restore the recorded {_drifted_groups(others)} or pass "
+                    "--allow-drift for that"
+                    if others
+                    else ""
+                )
+            )
         if gone:
             # --allow-drift cannot run it: no checkpoint to start from (check_inputs, below).
             others = [item for item in drift if item.field != "resume"]
@@ -207,6 +226,31 @@ def _vanished_resume(drift: list[DriftItem], spec: RunSpec) -> str:
     if not Path(resume).exists():
         return f": checkpoint.resume {resume} does not exist now"
     return f": checkpoint.resume {resume} holds no complete checkpoint now"
+
+
+def _vanished_artifacts(drift: list[DriftItem], spec: RunSpec) -> dict[str, str]:
+    """The data artifacts (`data`, `eval_data`) whose whole record drifted to none (gone, or
+    no artifact there now), each with the end of its drift line: its path, which the recorded
+    fingerprint alone did not name."""
+    found = {}
+    for group, path in _artifact_paths(spec).items():
+        if any(item.field == group and item.current is None for item in drift):
+            what = "does not exist" if not Path(path).exists() else "holds no artifact"
+            found[group] = f": {_ARTIFACT_FIELDS[group]} {path} {what} now"
+    return found
+
+
+_ARTIFACT_FIELDS = {"data": "data.artifact", "eval_data": "eval.artifact"}
+
+
+def _artifact_paths(spec: RunSpec) -> dict[str, str]:
+    paths = {"data": spec.data.artifact}
+    paths["eval_data"] = spec.eval.artifact if spec.eval is not None else None
+    return {field: path for field, path in paths.items() if path}
+
+
+def _vanished_paths(spec: RunSpec, vanished: dict[str, str]) -> list[str]:
+    return [_q(path) for group, path in _artifact_paths(spec).items() if group in vanished]
 
 
 def _original_run_dir(path: Path, recorded: RunManifest) -> Path:
