@@ -16,7 +16,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-__all__ = ["Terminated", "unwinding_on_sigterm"]
+__all__ = ["Terminated", "signals_deferred", "unwinding_on_sigterm"]
 
 
 class Terminated(BaseException):
@@ -60,3 +60,29 @@ def unwinding_on_sigterm() -> Iterator[None]:
         raise  # only where the signal could not end the process
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+@contextmanager
+def signals_deferred() -> Iterator[None]:
+    """Within this block, SIGINT and SIGTERM wait: each one received is raised again when the
+    block ends, to whatever handles it outside (Ctrl-C's KeyboardInterrupt, the unwinding
+    above, the default action). For a step that must finish once begun, such as the renames
+    that install and activate a bundle: an interrupt then lands before it or after it, never
+    inside. Only in the main thread (elsewhere the block runs as it is)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+
+    def hold(signum, frame) -> None:
+        if signum not in received:
+            received.append(signum)
+
+    saved = {number: signal.signal(number, hold) for number in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for number, handler in saved.items():
+            signal.signal(number, handler)
+        for number in received:
+            signal.raise_signal(number)

@@ -61,6 +61,7 @@ from turbo_dllm.bundles.store import (
 from turbo_dllm.bundles.target import BundleTarget
 from turbo_dllm.errors import DllmError
 from turbo_dllm.host import HostFingerprint, collect_fingerprint
+from turbo_dllm.sigterm import signals_deferred
 
 __all__ = [
     "BUILT_HERE",
@@ -216,6 +217,9 @@ def run_install(
                     backoff_s=backoff_s,
                     progress=progress,
                 )
+                # From here on Ctrl-C or SIGTERM waits until the bundle is in the store and
+                # active: an interrupted install changed nothing, or it finished.
+                held.enter_context(signals_deferred())
                 bundle = store.add_extracted(
                     folder,
                     manifest,
@@ -230,7 +234,8 @@ def run_install(
                         catalog_sha256=plan.catalog_sha256,
                     ),
                 )
-        store.make_active(bundle)
+        with signals_deferred():
+            store.make_active(bundle)
     already = reused and previous is not None and previous.sha256 == bundle.sha256
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None
@@ -249,13 +254,14 @@ def build_and_install(
 
     check_build_fits_described_host()
     store = store or BundleStore()
-    with store.locked(lock_timeout_s):
+    with store.locked(lock_timeout_s), contextlib.ExitStack() as deferred:
         previous = _readable(store.active)
         with store.writing("the bundle built on this host"), store.staging() as staging:
             built = build_bundle(staging / "out", log=log)
             folder = staging / "bundle"
             # The same checks a downloaded archive gets, so a broken build is never installed.
             manifest = extract_bundle(built.archive, folder)
+            deferred.enter_context(signals_deferred())  # (as in run_install)
             bundle = store.add_extracted(
                 folder,
                 manifest,

@@ -350,6 +350,10 @@ class BundleStore:
         sha = self._link("active")
         return self._load(sha) if sha else None
 
+    def active_sha256(self) -> str | None:
+        """The sha256 `active` names, read without loading (or repairing) that entry."""
+        return self._pointed("active")
+
     def previous(self) -> InstalledBundle | None:
         sha = self._link("previous")
         return self._load(sha) if sha else None

@@ -350,8 +350,6 @@ def _install(args) -> int:
     from turbo_dllm.host.probes import start_gpu_probe
 
     start_gpu_probe()  # nvidia-smi's wait overlaps the imports and the catalog fetch below
-    from turbo_dllm.bundles.install import plan_install, run_install
-    from turbo_dllm.bundles.resolve import BundleUnavailable
     from turbo_dllm.bundles.target import BundleTarget
     from turbo_dllm.errors import DllmError
 
@@ -367,10 +365,66 @@ def _install(args) -> int:
         )
     _check_lock_timeout(args)
     target = BundleTarget.parse(args.target) if args.target else None
-    if not args.dry_run:  # a file in the way of the store: said before any download or build
-        from turbo_dllm.bundles.store import BundleStore
+    if args.dry_run:
+        return _install_planned(args, target)
+    from turbo_dllm.bundles.store import BundleStore
+    from turbo_dllm.sigterm import Terminated, unwinding_on_sigterm
 
-        BundleStore().check_folders()
+    store = BundleStore()
+    store.check_folders()  # a file in the way of the store: said before any download or build
+    before = store.active_sha256()
+    # SIGTERM (`kill`, `timeout`, a scheduler) unwinds like Ctrl-C: the staging folder goes and
+    # the lock is released; the renames that install and activate wait for neither
+    # (`run_install`). One line then says what the interruption left.
+    with unwinding_on_sigterm():
+        try:
+            return _install_planned(args, target)
+        except (KeyboardInterrupt, Terminated) as stop:
+            print(_interrupted(store, stop, before), file=sys.stderr, flush=True)
+            if isinstance(stop, KeyboardInterrupt):
+                return 130  # as `dllm: interrupted`
+            raise  # and the process ends by SIGTERM, as it would have (exit status 143)
+
+
+def _active_label(store) -> tuple[str | None, str]:
+    """The sha256 `active` names (None: none) and how to name it: `ID (SHA12)`."""
+    from turbo_dllm.errors import DllmError
+
+    sha = store.active_sha256()
+    if sha is None:
+        return None, "none"
+    try:
+        bundle = store.active()
+    except DllmError:  # a damaged entry: still the one `active` names
+        bundle = None
+    return sha, f"{bundle.bundle_id} ({sha[:12]})" if bundle is not None else sha[:12]
+
+
+def _interrupted(store, stop: BaseException, before: str | None) -> str:
+    """What an install stopped by Ctrl-C or SIGTERM left: nothing changed (the usual case),
+    or, when the signal came while the bundle was being put in place (which it waits for),
+    the bundle it activated."""
+    by = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
+    now, label = _active_label(store)
+    if now != before and now is not None:
+        return (
+            f"dllm: bundle install interrupted by {by} after it had installed and activated "
+            f"{label}; `dllm bundle rollback` returns to the bundle active before"
+        )
+    active = f"the active bundle is still {label}" if now else "no bundle is active"
+    parts = list(store.downloads_dir.glob("*.part")) if store.downloads_dir.is_dir() else []
+    kept = (
+        "; the partial download is kept: the same command resumes it"
+        if any(p.stat().st_size for p in parts)
+        else ""
+    )
+    return f"dllm: bundle install interrupted by {by}: nothing changed ({active}){kept}"
+
+
+def _install_planned(args, target) -> int:
+    from turbo_dllm.bundles.install import plan_install, run_install
+    from turbo_dllm.bundles.resolve import BundleUnavailable
+
     try:
         plan = plan_install(
             args.release,
