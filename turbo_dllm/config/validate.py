@@ -76,9 +76,12 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
     # The block size of the model's stream (the autoregressive objective always uses 1).
     block = registry.OBJECTIVES[objective.name].stream_block_size or objective.block_size
     if data.seq_len % block:
+        below = data.seq_len // block * block
+        nearest = f"{below} or {below + block}" if below else str(block)
         add(
             "data.seq_len",
-            f"{data.seq_len} is not a multiple of objective.block_size ({objective.block_size})",
+            f"{data.seq_len} is not a multiple of objective.block_size ({objective.block_size}; "
+            f"nearest: {nearest})",
         )
     if (data.artifact is None) == (data.synthetic is None):
         add("data", "set exactly one of data.artifact (a prepared folder) or data.synthetic")
