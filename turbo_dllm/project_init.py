@@ -28,7 +28,10 @@ def init_project(directory: str | Path) -> list[Path]:
         )
     root = Path(directory)
     if root.exists() and not root.is_dir():
-        raise DllmError(f"{str(root)!r} exists and is not a folder")
+        raise DllmError(
+            f"{str(root)!r} exists and is not a folder",
+            hint="name a new folder (or an existing one) for the project: dllm init DIR",
+        )
     clashes = [name for name in STARTER_FILES.values() if (root / name).exists()]
     if clashes:
         raise DllmError(

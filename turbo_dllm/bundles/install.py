@@ -161,7 +161,9 @@ def plan_install(
     catalog = parse_catalog(data, source.url(path))
     if catalog.release != release:
         raise BundleRejected(
-            f"{source.url(path)} is the catalog of release {catalog.release!r}, not {release!r}"
+            f"{source.url(path)} is the catalog of release {catalog.release!r}, not {release!r}",
+            hint="the index serves another release's catalog under this release's name: use "
+            "the official index or a faithful mirror (`dllm mirror verify DIR` checks a mirror)",
         )
     host = fingerprint or collect_fingerprint()
     entry, resolution = select_bundle(catalog, host, target=target)

@@ -105,7 +105,10 @@ def load_native_op(name: str, root: Path | None = None) -> NativeOp:
     path = root / name / "op.toml"
     if not path.is_file():
         known = ", ".join(native_op_names(root)) or "none"
-        raise DllmError(f"unknown native op {name!r} (known: {known})")
+        raise DllmError(
+            f"unknown native op {name!r} (known: {known})",
+            hint="name one of the known ops (--op NAME), or leave --op out to build them all",
+        )
     try:
         document = loads(path.read_text(encoding="utf-8"))
         spec = OpSpec.model_validate(document)

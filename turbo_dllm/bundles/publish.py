@@ -71,7 +71,11 @@ def publish(
     if catalog_file.exists():
         catalog = parse_catalog(catalog_file.read_bytes(), str(catalog_file))
         if catalog.release != release:
-            raise DllmError(f"{catalog_file} belongs to release {catalog.release!r}")
+            raise DllmError(
+                f"{catalog_file} belongs to release {catalog.release!r}",
+                hint=f"that mirror's catalog for {release} names another release (copied from "
+                "another one?): publish into a fresh --mirror DIR, or remove that catalog.toml",
+            )
     else:
         catalog = Catalog(release=release)
     entries = {str(e.target): e for e in catalog.bundles}

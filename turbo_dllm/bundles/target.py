@@ -28,6 +28,12 @@ from turbo_dllm.host import (
 
 __all__ = ["BundleTarget", "FieldDifference"]
 
+# How a bundle target is written (`--target`, a catalog's entries).
+_TARGET_SHAPE = (
+    "write it as cp312-torch2.11-cu130-cxx11-linux_x86_64-sm90 "
+    "or cp312-torch2.11-cpu-cxx11-linux_x86_64"
+)
+
 
 class FieldDifference(NamedTuple):
     """One reason a target does not fit a host: `field`, the host's value, the target's."""
@@ -67,7 +73,11 @@ class BundleTarget(Identifier):
             archs=tuple(sorted(set(archs))),  # one canonical form
         )
         if self.cuda is None and self.archs:
-            raise InvalidIdentifier(f"a CPU target has no GPU architectures: {self!s}")
+            raise InvalidIdentifier(
+                f"a CPU target has no GPU architectures: {self!s}",
+                hint="drop the -smXX field of a cpu target (cp312-torch2.11-cpu-cxx11-"
+                "linux_x86_64), or name the CUDA build (cu130) in its third field",
+            )
         if self.cuda is not None and not self.archs:
             raise InvalidIdentifier(
                 f"a CUDA target needs GPU architectures: {self!s}",
@@ -78,19 +88,17 @@ class BundleTarget(Identifier):
     def parse(cls, text: str) -> BundleTarget:
         parts = text.strip().split("-")
         if len(parts) not in (5, 6):
-            raise InvalidIdentifier(
-                f"invalid bundle target: {text!r}",
-                hint="write it as cp312-torch2.11-cu130-cxx11-linux_x86_64-sm90 "
-                "or cp312-torch2.11-cpu-cxx11-linux_x86_64",
-            )
+            raise InvalidIdentifier(f"invalid bundle target: {text!r}", hint=_TARGET_SHAPE)
         python, torch, cuda, abi, platform = parts[:5]
         if not torch.startswith("torch"):
             raise InvalidIdentifier(
-                f"invalid bundle target: {text!r}: second field {torch!r} must look like torch2.11"
+                f"invalid bundle target: {text!r}: second field {torch!r} must look like torch2.11",
+                hint=_TARGET_SHAPE,
             )
         if abi not in ("cxx11", "cxx98"):
             raise InvalidIdentifier(
-                f"invalid bundle target: {text!r}: fourth field {abi!r} must be cxx11 or cxx98"
+                f"invalid bundle target: {text!r}: fourth field {abi!r} must be cxx11 or cxx98",
+                hint=_TARGET_SHAPE,
             )
         archs = tuple(GpuArch.parse(a) for a in parts[5].split("+")) if len(parts) == 6 else ()
         return cls(

@@ -102,7 +102,10 @@ def host_pack_key(host: HostFingerprint, spec_sha256: str | None) -> PackKey:
     if host.torch is None:
         from turbo_dllm.errors import DllmError
 
-        raise DllmError("torch is not installed: there is no compile cache to pack")
+        raise DllmError(
+            "torch is not installed: there is no compile cache to pack",
+            hint="pack on a host with the run's environment (`dllm env sync`), in that venv",
+        )
     return PackKey(
         torch=host.torch,
         triton=host.triton,

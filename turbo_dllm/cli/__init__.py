@@ -80,6 +80,17 @@ def _command_line(args) -> str:
     return " ".join(word for word in ("dllm", command, sub) if word)
 
 
+def _command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentParser:
+    """The parser of the command `args` parsed as (`dllm run plot`'s), down from `parser`."""
+    command = getattr(args, "command", None)
+    for name in (command, getattr(args, f"{command}_command", None)):
+        found = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        if not found or name not in found[0].choices:
+            break
+        parser = found[0].choices[name]
+    return parser
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     global STARTED_UNDER
     argv_from_process = argv is None
@@ -97,7 +108,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         hint = ""
         if fields and hasattr(args, "overrides"):  # a command that reads a YAML config
             hint = f" (a field is overridden with --set: {' '.join('--set ' + f for f in fields)})"
-        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
+        # The command's own parser says it (its usage, its --help): the top-level one named
+        # `dllm --help`, which lists the commands, not what `dllm run plot` takes.
+        _command_parser(parser, args).error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     func = getattr(args, "func", None)
     if func is None:
         # A command group given without its subcommand prints that group's help.

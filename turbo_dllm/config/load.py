@@ -24,7 +24,7 @@ from turbo_dllm.config.bounded_yaml import (
     parse_yaml,
     trailing_comment,
 )
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, os_error_hint
 
 __all__ = [
     "absolute_path",
@@ -47,7 +47,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             # Bounded: a config named by mistake as /dev/zero or a huge file must not fill memory.
             data = handle.read(MAX_YAML_BYTES + 1)
         if len(data) > MAX_YAML_BYTES:
-            raise DllmError(f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB; not a config file")
+            raise DllmError(
+                f"{path}: larger than {MAX_YAML_BYTES >> 20} MiB; not a config file",
+                hint="pass the YAML config itself (a RunSpec or prepare.yaml is a few KiB): "
+                "check the path",
+            )
         text = _utf8(data, path)
     except FileNotFoundError:
         raise DllmError(
@@ -57,13 +61,18 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except IsADirectoryError:
         raise _a_folder(path) from None
     except OSError as error:
-        raise DllmError(f"cannot read config {str(path)!r}: {error}") from None
+        raise DllmError(
+            f"cannot read config {str(path)!r}: {error}",
+            hint=os_error_hint(error.errno or 0) or "check that path and its permissions",
+        ) from None
     document = parse_yaml(text, str(path))
     if document is None:
         return {}
     if not isinstance(document, dict):
         raise DllmError(
-            f"{path}: the top level must be a mapping of sections, not {type(document).__name__}"
+            f"{path}: the top level must be a mapping of sections, not {type(document).__name__}",
+            hint="write each section as `name:` at the start of a line (`model:`, `training:` "
+            "in a RunSpec; `source:`, `packing:` in a prepare.yaml), its fields indented below",
         )
     return document
 
@@ -110,7 +119,11 @@ def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str,
                 f"bad override {_shorten(item)!r}", hint="write --set section.field=value"
             )
         if key.count(".") >= MAX_DEPTH:
-            raise DllmError(f"--set {_shorten(key)}: nested deeper than {MAX_DEPTH} levels")
+            raise DllmError(
+                f"--set {_shorten(key)}: nested deeper than {MAX_DEPTH} levels",
+                hint="a --set key is a field's path, such as training.steps: check the key "
+                "(`dllm config schema` lists the fields)",
+            )
         try:
             value = parse_yaml(raw, f"--set {key}", key=key) if raw.strip() else ""
         except yaml.YAMLError:  # not YAML: the value is the text itself
@@ -119,12 +132,17 @@ def apply_overrides(document: dict[str, Any], overrides: list[str]) -> dict[str,
             _refuse_a_comment(key, raw, value)
         node = result
         parts = key.split(".")
-        for part in parts[:-1]:
+        for index, part in enumerate(parts[:-1]):
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
             if not isinstance(child, dict):
-                raise DllmError(f"override {_shorten(item)!r}: {part!r} is a value, not a section")
+                whole = ".".join(parts[: index + 1])
+                raise DllmError(
+                    f"override {_shorten(item)!r}: {part!r} is a value, not a section",
+                    hint=f"set it whole (--set {_shorten(whole)}=VALUE), or check the key: "
+                    "`dllm config schema` lists the fields",
+                )
             node = child
         node[parts[-1]] = value
     return result
@@ -155,7 +173,10 @@ def load_model(model: type[M], document: Any, source: str) -> M:
             hint="`dllm config schema` lists every field and its type",
         ) from None
     except (TypeError, ValueError, RecursionError) as error:  # exotic YAML values
-        raise DllmError(f"{source}: invalid document: {error}") from None
+        raise DllmError(
+            f"{source}: invalid document: {error}",
+            hint="`dllm config schema` lists every field and its type",
+        ) from None
 
 
 def load_runspec(

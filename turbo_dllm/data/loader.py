@@ -52,7 +52,11 @@ class ArtifactLoader:
                 f"packing.seq_len: {seq_len}",
             )
         if manifest.num_sequences == 0:
-            raise DllmError(f"the artifact {str(path)!r} holds no sequences")
+            raise DllmError(
+                f"the artifact {str(path)!r} holds no sequences",
+                hint="`dllm data validate` checks it; prepare it again (output.overwrite: true) "
+                "from a source that holds documents",
+            )
         self.seq_len = seq_len
         self.micro_batch_size = micro_batch_size
         self.dp_rank = dp_rank

@@ -30,7 +30,7 @@ from turbo_dllm.data.spec import (
     TextSource,
     TokenIdsSource,
 )
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, os_error_hint
 
 __all__ = [
     "MAX_ITEM_BYTES",
@@ -269,6 +269,12 @@ def _inside(path: Path, folder: Path | None) -> bool:
         return False
 
 
+# A file a parquet source lists that pyarrow cannot open (cut short, or of another format).
+_PARQUET_FIX = (
+    "check that the file is complete (a download or copy cut short?) and is Parquet; a file of "
+    "another format takes its own source.kind (jsonl, text, token_ids)"
+)
+
 _NOT_REGULAR = {
     stat.S_IFDIR: "a directory",
     stat.S_IFCHR: "a character device",
@@ -286,7 +292,10 @@ def _regular_file(path: Path, pattern: str, named: bool = False, files: str = "*
     except FileNotFoundError:
         return False
     except OSError as error:  # a name too long, a loop of links, no permission
-        raise DllmError(f"cannot read {_shown(pattern)}: {error.strerror}") from None
+        raise DllmError(
+            f"cannot read {_shown(pattern)}: {error.strerror}",
+            hint=os_error_hint(error.errno or 0) or "check that path in source.paths",
+        ) from None
     if stat.S_ISREG(mode):
         return True
     if named:
@@ -625,7 +634,9 @@ def _parquet_chunks(files: list[Path], columns: list[str] | None) -> Iterator[Ra
         try:
             parquet = pq.ParquetFile(path)
         except Exception as error:  # pyarrow raises ArrowInvalid / OSError for bad files
-            raise DllmError(f"{label}: not a readable parquet file: {error}") from None
+            raise DllmError(
+                f"{label}: not a readable parquet file: {error}", hint=_PARQUET_FIX
+            ) from None
         names = set(parquet.schema_arrow.names)
         # Read only the needed columns; where one is missing, read all so the error lists
         # every column (the misnamed one among them), not just those that were read.
@@ -709,9 +720,16 @@ def _load_npy(path: Path, label: str) -> np.ndarray:
     try:
         array = np.load(path, mmap_mode="r", allow_pickle=False)
     except (ValueError, EOFError, OSError) as error:  # empty, truncated, pickled, bad header
-        raise DllmError(f"{label}: not a readable .npy array: {error}") from None
+        raise DllmError(
+            f"{label}: not a readable .npy array: {error}",
+            hint="write it with numpy.save(path, ids) from an integer array (an object array "
+            "needs pickle, which is not read), and check that the copy is complete",
+        ) from None
     if not isinstance(array, np.ndarray):  # an .npz archive under an .npy name
-        raise DllmError(f"{label}: not a .npy array (an .npz archive?)")
+        raise DllmError(
+            f"{label}: not a .npy array (an .npz archive?)",
+            hint="save each array of the .npz as its own .npy (numpy.save) and list those",
+        )
     return array
 
 
@@ -724,7 +742,10 @@ def _map_bin(path: Path, label: str, dtype: str | None) -> np.ndarray:
     element = np.dtype(dtype).newbyteorder("<")
     size = path.stat().st_size
     if size == 0:
-        raise DllmError(f"{label}: empty file (no token ids)")
+        raise DllmError(
+            f"{label}: empty file (no token ids)",
+            hint="leave that file out of source.paths (or out of the folder its glob matches)",
+        )
     if size % element.itemsize:
         raise DllmError(
             f"{label}: {size} bytes is not a whole number of {dtype} ids "
@@ -791,7 +812,9 @@ def _token_id_chunks(
         if array.dtype.kind not in "iu" or array.ndim not in (1, 2):
             raise DllmError(
                 f"{label}: expected a 1-D or 2-D integer array, got {array.dtype} "
-                f"with shape {tuple(array.shape)}"
+                f"with shape {tuple(array.shape)}",
+                hint="save the token ids as integers: 2-D, one document per row, or 1-D, "
+                "documents split at source.document_separator_id (docs/data.md, Token ids)",
             )
         _check_id_width(array, label, name.endswith(".bin"), text_ids, source.document_separator_id)
         if array.ndim == 2:
@@ -1129,7 +1152,9 @@ def open_source(
             try:
                 total += pq.ParquetFile(path).metadata.num_rows
             except Exception as error:  # pyarrow raises ArrowInvalid / OSError for bad files
-                raise DllmError(f"{_label(path)}: not a readable parquet file: {error}") from None
+                raise DllmError(
+                    f"{_label(path)}: not a readable parquet file: {error}", hint=_PARQUET_FIX
+                ) from None
         return Source(
             "parquet", lambda: _parquet_chunks(files, columns), total, "rows", files, log=log
         )

@@ -66,7 +66,11 @@ def load_decoder(artifact: DataArtifact):
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as error:  # transformers raises many types for a bad folder
-        raise DllmError(f"{artifact.root}: cannot load its tokenizer/: {error}") from None
+        raise DllmError(
+            f"{artifact.root}: cannot load its tokenizer/: {error}",
+            hint=f"`dllm data validate {artifact.root}` names the tokenizer file that changed; "
+            "prepare the artifact again (output.overwrite: true) to replace it",
+        ) from None
 
     class _Decoder:
         def decode(self, ids) -> str:

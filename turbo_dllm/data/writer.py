@@ -146,7 +146,9 @@ def check_target(target: Path, overwrite: bool) -> None:
                 )
             return
     except OSError as error:  # a name too long, a loop of links
-        raise DllmError(f"output path {_shown(target)}: {error.strerror}") from None
+        raise DllmError(
+            f"output path {_shown(target)}: {error.strerror}", hint="choose another output.path"
+        ) from None
     if not target.is_dir():
         raise DllmError(
             f"output path {str(target)!r} exists and is not a folder",

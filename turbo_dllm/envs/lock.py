@@ -164,7 +164,11 @@ def lock_point(request: LockRequest) -> LockPoint:
             )
         python = running
     elif python not in spec.pythons:
-        raise DllmError(f"Python {python} is not one of target {spec.name}'s ({allowed})")
+        raise DllmError(
+            f"Python {python} is not one of target {spec.name}'s ({allowed})",
+            hint=f"pass --python-version with one of them ({allowed}; or X.Y), or lock a target "
+            "whose Pythons include it (bundles/targets.toml lists them)",
+        )
     running_torch, running_abi = _running_torch()
     releases = ", ".join(t.dotted for t in spec.torch)
     if request.torch_version:
@@ -184,13 +188,21 @@ def lock_point(request: LockRequest) -> LockPoint:
             f"which torch should {spec.name} pin? ({releases})", hint="pass --torch X.Y.Z"
         )
     if not any((t.major, t.minor) == (torch.major, torch.minor) for t in spec.torch):
-        raise DllmError(f"torch {torch} is not one of target {spec.name}'s releases ({releases})")
+        raise DllmError(
+            f"torch {torch} is not one of target {spec.name}'s releases ({releases})",
+            hint=f"pass --torch with one of {releases}",
+        )
     cuda = None
     if spec.cuda:
         if request.cuda:
             cuda = CudaVersion.parse(request.cuda)
             if cuda not in spec.cuda:
-                raise DllmError(f"CUDA {cuda} is not one of target {spec.name}'s")
+                raise DllmError(
+                    f"CUDA {cuda} is not one of target {spec.name}'s",
+                    hint="pass --cuda with one of "
+                    + ", ".join(c.dotted for c in spec.cuda)
+                    + ", or leave it out where the target lists one",
+                )
         elif len(spec.cuda) == 1:
             cuda = spec.cuda[0]
         else:

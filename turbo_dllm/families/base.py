@@ -23,7 +23,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any, Protocol
 
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, os_error_hint
 from turbo_dllm.sigterm import Terminated
 
 if TYPE_CHECKING:
@@ -494,8 +494,17 @@ def read_hf_config(path: Path, *, what: str) -> dict[str, Any]:
             f"{what} config not found: {str(path)!r}",
             hint="point model.path at a Hugging Face folder holding config.json",
         ) from None
-    except (OSError, ValueError, RecursionError) as error:
-        raise ModelUnreadable(f"cannot read {str(path)!r}: {error}") from None
+    except OSError as error:
+        raise ModelUnreadable(
+            f"cannot read {str(path)!r}: {error}",
+            hint=os_error_hint(error.errno or 0) or "check that file and its permissions",
+        ) from None
+    except (ValueError, RecursionError) as error:
+        raise ModelUnreadable(
+            f"cannot read {str(path)!r}: {error}",
+            hint="it is not valid JSON: download the model's config.json again (a copy cut "
+            "short, or edited by hand?)",
+        ) from None
     if not isinstance(value, dict):
         raise ModelUnreadable(f"{str(path)!r} is not a JSON object", hint="is this a config.json?")
     return value
@@ -530,7 +539,10 @@ def hf_config_errors(*, missing_hint: str, what: str = "config.json") -> Iterato
     except KeyError as missing:
         raise DllmError(f"{what} lacks the field {missing.args[0]!r}", hint=missing_hint) from None
     except (TypeError, ValueError, ArithmeticError) as error:
-        raise DllmError(f"{what} has a bad value: {error}") from None
+        raise DllmError(
+            f"{what} has a bad value: {error}",
+            hint="fix that value in config.json, or set it with model.config_overrides",
+        ) from None
 
 
 def checkpoint_mask_problems(spec: Any, mask: int | None) -> list[tuple[str, str]]:

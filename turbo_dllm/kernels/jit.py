@@ -35,7 +35,11 @@ def _lock_timeout() -> float:
     try:
         return float(raw)
     except ValueError:
-        raise DllmError(f"{JIT_LOCK_TIMEOUT_VARIABLE}={raw!r} is not a number of seconds") from None
+        raise DllmError(
+            f"{JIT_LOCK_TIMEOUT_VARIABLE}={raw!r} is not a number of seconds",
+            hint=f"set it to seconds (e.g. {JIT_LOCK_TIMEOUT_VARIABLE}=600), or unset it for "
+            f"the default ({DEFAULT_LOCK_TIMEOUT_S:g} s)",
+        ) from None
 
 
 def jit_build(name: str, *, cuda: bool = False) -> tuple[str, Path]:
@@ -67,7 +71,11 @@ def _archs(cuda: bool) -> tuple:
 
     archs = process_fingerprint().gpu_archs
     if not archs:
-        raise DllmError("kernels: jit with CUDA tensors, but no GPU is visible to nvidia-smi")
+        raise DllmError(
+            "kernels: jit with CUDA tensors, but no GPU is visible to nvidia-smi",
+            hint="check `nvidia-smi` on this host (the driver, CUDA_VISIBLE_DEVICES), or set "
+            "kernels: native (the installed bundle) or reference",
+        )
     return archs
 
 

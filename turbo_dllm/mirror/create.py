@@ -132,7 +132,9 @@ def _project_wheel(plan: MirrorPlan, local: LocalWheels, wheels_dir: Path) -> Mi
     if len(projects) != 1:
         raise DllmError(
             "the manifests are for different project versions: "
-            + ", ".join(f"{n} {v}" for n, v in sorted(projects))
+            + ", ".join(f"{n} {v}" for n, v in sorted(projects)),
+            hint="a mirror carries one turbo-dllm version: pass the manifests locked for it "
+            "(`dllm env lock` again for the others)",
         )
     ((name, version),) = projects
     candidates = local.project_wheels(name, version)

@@ -29,7 +29,11 @@ def mirror_manifests(targets: str, manifest_files: list[str]) -> list[EnvManifes
     for file in manifest_files:
         manifest = load_manifest(file)
         if manifest.target in chosen:
-            raise DllmError(f"two --manifest files for target {manifest.target}")
+            raise DllmError(
+                f"two --manifest files for target {manifest.target}",
+                hint=f"pass one environment manifest per target: drop one of those for "
+                f"{manifest.target}",
+            )
         chosen[manifest.target] = manifest
     names = [n.strip() for n in targets.split(",") if n.strip()]
     if names == ["auto"]:

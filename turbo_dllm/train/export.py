@@ -105,7 +105,11 @@ def export_checkpoint(
     load_tensors(state, checkpoint)
     missing, _ = model.load_state_dict(state["model"], strict=not external)
     if set(missing) - external:
-        raise DllmError(f"the checkpoint lacks {sorted(set(missing) - external)[:5]}")
+        raise DllmError(
+            f"the checkpoint lacks {sorted(set(missing) - external)[:5]}",
+            hint="its files are incomplete or of another model than its checkpoint.json describes: "
+            "export another checkpoint of the run (--checkpoint RUN/checkpoints takes the newest)",
+        )
     tensors = full_state_dict(model)
     if hasattr(model, "hf_export_state"):  # a family whose HF layout holds more names
         tensors = model.hf_export_state(tensors)

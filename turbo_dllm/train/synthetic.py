@@ -40,7 +40,10 @@ class SyntheticLoader:
         avoid: int | None = None,
     ) -> None:
         if vocab_size < 3:
-            raise DllmError(f"synthetic vocab_size must be at least 3 (got {vocab_size})")
+            raise DllmError(
+                f"synthetic vocab_size must be at least 3 (got {vocab_size})",
+                hint="set data.synthetic.vocab_size to 3 or more (its last id is the mask token)",
+            )
         avoid = vocab_size - 1 if avoid is None else avoid
         per_call = micro_batch_size * dp_size
         if per_call > num_sequences:

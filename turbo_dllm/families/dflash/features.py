@@ -99,7 +99,11 @@ def read_features_manifest(path: str | Path) -> FeaturesManifest:
             hint="make one with `dllm dflash prepare-features --config F`",
         ) from None
     except ValueError as error:
-        raise DllmError(f"{file}: not JSON: {error}") from None
+        raise DllmError(
+            f"{file}: not JSON: {error}",
+            hint="the feature artifact is damaged: make it again with `dllm dflash "
+            "prepare-features --config F`",
+        ) from None
     return validate_document(
         document,
         FeaturesManifest,

@@ -206,12 +206,19 @@ class DraftPlan:
         shard = None
         if self.cp_size > 1:  # this rank's contiguous shard of the context
             if length % self.cp_size:
-                raise DllmError(f"seq_len {length} is not a multiple of cp = {self.cp_size}")
+                raise DllmError(
+                    f"seq_len {length} is not a multiple of cp = {self.cp_size}",
+                    hint=f"set data.seq_len to a multiple of {self.cp_size} (topology.cp)",
+                )
             size = length // self.cp_size
             shard = slice(self.cp_rank * size, (self.cp_rank + 1) * size)
         if self.store is not None:
             if batch.rows is None:
-                raise DllmError("offline features need data.artifact (rows to look up)")
+                raise DllmError(
+                    "offline features need data.artifact (rows to look up)",
+                    hint="set data.artifact to the artifact model.dflash.features was made "
+                    "from, or unset model.dflash.features to run the target while training",
+                )
             features, teacher = self.store.lookup(batch.rows.cpu(), device, span=shard)
         else:  # the frozen target runs over the whole sequence (its own forward is not sharded)
             features, teacher = self.target(batch.context_ids, batch.doc_ids)

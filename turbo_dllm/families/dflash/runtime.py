@@ -108,11 +108,17 @@ def layers(model: nn.Module) -> nn.ModuleList:
 
 def check_tensor_parallel(config: DFlashConfig, tp: int) -> None:
     if tp > 1:
-        raise DllmError("a dflash drafter is replicated: topology.tp must be 1")
+        raise DllmError("a dflash drafter is replicated: topology.tp must be 1", hint=_NO_TP)
 
 
 def apply_tensor_parallel(model, tp_mesh, *, sequence_parallel: bool = False) -> None:
-    raise DllmError("a dflash drafter is replicated: topology.tp must be 1")
+    raise DllmError("a dflash drafter is replicated: topology.tp must be 1", hint=_NO_TP)
+
+
+_NO_TP = (
+    "set topology.tp: 1 (and topology.sp: false); spread a drafter run with topology.fsdp, "
+    "cp or bp, or more data-parallel processes"
+)
 
 
 # drafter name -> the target checkpoint's name for the same tensor

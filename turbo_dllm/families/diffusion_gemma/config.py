@@ -311,7 +311,11 @@ class DiffusionGemmaConfig:
             )
         text = hf.get("text_config") or {}
         if not isinstance(text, dict):
-            raise DllmError(f"config.json's text_config is not an object: {text!r}")
+            raise DllmError(
+                f"config.json's text_config is not an object: {text!r}",
+                hint="use the model's config.json as Hugging Face ships it (text_config holds "
+                "the text model's settings as an object)",
+            )
         text = dict(text)
         own_text = dict(text)  # before the root's keys fill its gaps (`_expert_size`)
         for key in _ROOT_TEXT_KEYS:  # the root may carry them too

@@ -46,7 +46,10 @@ def build_sequence_plan(dims: Any, attention: Any, *, spec: Any, config, device,
     if dims is None or dims.mode == "none":
         return WholeSequence(attention)
     if dims.bp > 1 and dims.cp > 1:  # validation refuses it first (the family's rules)
-        raise DllmError("diffusion_gemma does not combine cp and bp; use one of them")
+        raise DllmError(
+            "diffusion_gemma does not combine cp and bp; use one of them",
+            hint="set topology.bp: 1 (or topology.cp: 1)",
+        )
     if dims.bp > 1:
         return GemmaBlockParallel(dims, attention.name, config)
     return GemmaContextParallel(dims, attention.name, config)
@@ -73,7 +76,10 @@ def apply_expert_parallel(model: nn.Module, ep_mesh: Any, replica_group: Any, di
 
 def check_tensor_parallel(config: DiffusionGemmaConfig, tp: int) -> None:
     if tp > 1:
-        raise DllmError("diffusion_gemma does not support tensor parallelism in this version")
+        raise DllmError(
+            "diffusion_gemma does not support tensor parallelism in this version",
+            hint="set topology.tp: 1; topology.ep splits its experts, topology.cp long sequences",
+        )
 
 
 def apply_tensor_parallel(model: nn.Module, tp_mesh: Any, *, sequence_parallel: bool = False):

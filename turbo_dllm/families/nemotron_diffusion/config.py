@@ -138,11 +138,16 @@ class NemotronConfig(DecoderConfig):
     def from_hf_dict(cls, hf: dict[str, Any]) -> NemotronConfig:
         model_type = hf.get("model_type")
         if model_type not in MODEL_TYPES:
-            raise DllmError(f"config.json is a {model_type!r} model, not {MODEL_TYPES[0]!r}")
+            raise DllmError(
+                f"config.json is a {model_type!r} model, not {MODEL_TYPES[0]!r}",
+                hint="set model.family to the family of that model",
+            )
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if not isinstance(rope, dict):
             raise DllmError(
-                f"config.json's rope_parameters / rope_scaling is not an object: {rope!r}"
+                f"config.json's rope_parameters / rope_scaling is not an object: {rope!r}",
+                hint='write it as an object, e.g. {"rope_type": "default", "rope_theta": '
+                "1000000.0}, or use the model's config.json as Hugging Face ships it",
             )
         rope = dict(rope)
         rope_type = rope.get("rope_type", rope.get("type", "default"))

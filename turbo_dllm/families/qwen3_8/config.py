@@ -311,13 +311,18 @@ class Qwen38Config:
         model_type = hf.get("model_type")
         if model_type not in MODEL_TYPES:
             raise DllmError(
-                f"config.json is a {model_type!r} model, not one of {', '.join(MODEL_TYPES)}"
+                f"config.json is a {model_type!r} model, not one of {', '.join(MODEL_TYPES)}",
+                hint="set model.family to the family of that model",
             )
         text = dict(hf)
         if model_type == "qwen3_5":
             nested = hf.get("text_config")
             if not isinstance(nested, dict):
-                raise DllmError("a qwen3_5 config.json needs a text_config object")
+                raise DllmError(
+                    "a qwen3_5 config.json needs a text_config object",
+                    hint="use the model's config.json as Hugging Face ships it (its text model's "
+                    "settings are under text_config), or a qwen3_5_text config.json",
+                )
             # Root keys (overrides, the mask token, tying) win over the nested defaults.
             text = {**nested, **{k: v for k, v in hf.items() if k not in ("text_config",)}}
             text.pop("vision_config", None)

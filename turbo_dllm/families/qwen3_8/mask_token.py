@@ -64,7 +64,11 @@ def migrate_mask_token(folder: str | Path, mask_token: str = "<|mask|>") -> dict
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
     except Exception as error:  # transformers raises many types for a bad folder
-        raise DllmError(f"cannot load the tokenizer in {str(folder)!r}: {error}") from None
+        raise DllmError(
+            f"cannot load the tokenizer in {str(folder)!r}: {error}",
+            hint="copy the model's tokenizer files (tokenizer.json, tokenizer_config.json) into "
+            "the folder again from its Hugging Face repository",
+        ) from None
     original = len(tokenizer)
     if mask_token in tokenizer.get_vocab():
         if tokenizer.mask_token == mask_token:
