@@ -85,6 +85,11 @@ GEMMA = ("model.family=diffusion_gemma",)
 REFUSALS = [
     # (the --set values refused, what the refusal names as the change, a change it names)
     (("data.seq_len=120",), "block_size (16; nearest: 112 or 128)", "data.seq_len=128"),
+    (
+        ("topology.tp=2", "topology.sp=true", "topology.bp=3"),
+        "must be a multiple of max(cp, bp) x tp = 6 (nearest that are whole blocks too: 96 or 144",
+        "data.seq_len=144",
+    ),
     (("topology.tp=3",), "the tp degrees up to 8 that split this model: 1, 2", "topology.tp=2"),
     (("topology.cp=3",), "a multiple of 96 (nearest: 96 or 192)", "data.seq_len=192"),
     (("topology.bp=8",), "(topology.bp <= 4, or data.seq_len >= 256)", "topology.bp=4"),

@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 
@@ -99,10 +100,14 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
         if topo.tp <= 1:
             add("topology.sp", "sequence parallelism needs topology.tp > 1")
         elif data.seq_len % (context * topo.tp):
+            unit = math.lcm(context * topo.tp, block)  # whole blocks too
+            below = data.seq_len // unit * unit
+            nearest = f"{below} or {below + unit}" if below else str(unit)
             add(
                 "topology.sp",
                 f"sequence parallelism splits each rank's tokens over tp: data.seq_len "
-                f"({data.seq_len}) must be a multiple of max(cp, bp) x tp = {context * topo.tp}",
+                f"({data.seq_len}) must be a multiple of max(cp, bp) x tp = {context * topo.tp} "
+                f"(nearest that are whole blocks too: {nearest}; or sp: false)",
             )
     for path, message in ParallelLayout.from_topology(topo).problems(world_size):
         if path not in refused:  # a refused axis: its degree's rules do not matter
