@@ -291,7 +291,7 @@ def _launch(args) -> int:
         if conflicts:
             raise DllmError(
                 f"a replay runs the recorded job; {', '.join(conflicts)} would change it",
-                hint="launch the config with the new settings instead (dllm launch --config F)",
+                hint=_changed_replay_hint(args.manifest, conflicts),
             )
         job = launcher.prepare_replay(args.manifest, options, argv, allow_drift=args.allow_drift)
         if args.submit and job.plan.backend != "slurm":
@@ -327,6 +327,23 @@ def _launch(args) -> int:
     code = launcher.start(job, submit=args.submit, made_run_dir=made_run_dir)
     _print_end(job, code, args.submit)
     return code
+
+
+def _changed_replay_hint(manifest: str, conflicts: list[str]) -> str:
+    """How to run the recorded job with changes: its spec.yaml as a new run. That spec names
+    the run's own dir (launch.run_dir), so the launch needs a new --run-dir (without one it is
+    refused as a launch into the recorded run)."""
+    import shlex
+    from pathlib import Path
+
+    folder = Path(manifest) if Path(manifest).is_dir() else Path(manifest).parent
+    spec = folder / "spec.yaml"  # launcher.SPEC_NAME
+    config = shlex.quote(str(spec)) if spec.is_file() else "F"
+    changes = " ".join(f"{flag} ..." for flag in conflicts)
+    return (
+        f"launch its spec with the new settings, as a new run: dllm launch --config {config} "
+        f"{changes} --run-dir NEW_DIR"
+    )
 
 
 def _start_command(argv: list[str], job) -> str:
