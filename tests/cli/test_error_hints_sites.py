@@ -163,6 +163,32 @@ def test_runspec_file_and_set_errors_say_how_to_fix_them(cli, tmp_path):
     assert "pass the YAML config itself" in _hint_line(result)
 
 
+@pytest.mark.parametrize(
+    ("text", "message", "hint"),
+    [
+        (
+            "training: {steps: 2}\ntraining: {lr: 1}\n",
+            "duplicate key 'training'",
+            "write training:",
+        ),
+        ("launch: {seed: 99999999999999999999999}\n", "out of range", "fits in 64 bits"),
+        ("launch: {name: 2026-13-45}\n", "invalid date", "quote it to keep it as text"),
+        ("a: &x [*x]\n", "lies inside its own anchor", "write that value out"),
+        ('launch: {name: "a\\0b"}\n', "a NUL character", "remove it"),
+        ("a: " + "[" * 70 + "]" * 70 + "\n", "nested deeper than 64", "check the indentation"),
+    ],
+    ids=["duplicate", "big-int", "date", "recursive", "nul", "deep"],
+)
+def test_yaml_a_config_may_not_hold_says_what_to_write(cli, tmp_path, text, message, hint):
+    """The bounded loader's refusals (config/bounded_yaml.py) named the line and the problem,
+    with the generic hint."""
+    spec = tmp_path / "train.yaml"
+    spec.write_text(text)
+    result = cli("config", "validate", "--config", spec)
+    assert_user_error(result, message)
+    assert hint in _hint_line(result)
+
+
 def test_token_id_files_prepare_cannot_read_say_what_to_do(cli, tmp_path):
     np.savez(tmp_path / "ids.npy", a=np.arange(5))  # an .npz written under an .npy name
     os.replace(tmp_path / "ids.npy.npz", tmp_path / "ids.npy")

@@ -38,11 +38,19 @@ _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 
 
+# Hints shared by several refusals.
+_TOO_DEEP = "a config nests a few sections deep: check the indentation of that line"
+_BIG_INT = "write a number that fits in 64 bits, or quote it to keep it as text"
+
+
 class _Refused(yaml.YAMLError):
-    def __init__(self, mark, path: list[str], problem: str, in_file: str | None = None) -> None:
+    def __init__(
+        self, mark, path: list[str], problem: str, in_file: str | None = None, *, hint: str
+    ) -> None:
         """`in_file`: the problem as a file's error says it, where it may name other lines
-        (a `--set` value has none)."""
+        (a `--set` value has none); `hint`: what to do about it."""
         super().__init__(problem)
+        self.hint = hint
         self.mark = mark
         parts = [part for part in path if part]
         if len(parts) > 8:  # a path 64 levels deep says no more than its ends
@@ -82,10 +90,17 @@ class _BoundedLoader(yaml.SafeLoader):
                     [*self._path, part],
                     f"alias *{event.anchor} lies inside its own anchor &{event.anchor} "
                     "(a recursive document)",
+                    hint=f"an alias (*{event.anchor}) repeats a value written before it: write "
+                    "that value out here instead",
                 )
             return super().compose_node(parent, index)  # already measured
         if len(self._path) >= MAX_DEPTH:
-            raise _Refused(event.start_mark, self._path, f"nested deeper than {MAX_DEPTH} levels")
+            raise _Refused(
+                event.start_mark,
+                self._path,
+                f"nested deeper than {MAX_DEPTH} levels",
+                hint=_TOO_DEEP,
+            )
         self._path.append(part)
         if event.anchor is not None:
             self._open_anchors.add(event.anchor)
@@ -115,7 +130,10 @@ class _BoundedLoader(yaml.SafeLoader):
         self._measured[id(node)] = (nodes, depth)
         if depth > MAX_DEPTH:
             raise _Refused(
-                node.start_mark, self._path, f"nested deeper than {MAX_DEPTH} levels (via aliases)"
+                node.start_mark,
+                self._path,
+                f"nested deeper than {MAX_DEPTH} levels (via aliases)",
+                hint=_TOO_DEEP,
             )
         if nodes - self._distinct > MAX_ALIAS_NODES:
             raise _Refused(
@@ -123,6 +141,8 @@ class _BoundedLoader(yaml.SafeLoader):
                 self._path,
                 f"aliases expand this value to more than {MAX_ALIAS_NODES:,} extra nodes "
                 "(an alias bomb?)",
+                hint="write the value out without aliases that repeat aliases (a config needs "
+                "no more than a few)",
             )
 
     def _check_keys(self, node: MappingNode) -> None:
@@ -146,12 +166,18 @@ class _BoundedLoader(yaml.SafeLoader):
                     f"duplicate key {key.value!r}: YAML keeps only the last one; write it once",
                     in_file=f"duplicate key {key.value!r} (first at line {first.line + 1}, "
                     f"column {first.column + 1}): YAML keeps only the last one; write it once",
+                    hint=f"write {key.value}: once (a section: one block holding all its fields)",
                 )
             seen[identity] = key.start_mark
 
     def _check_scalar(self, node: ScalarNode) -> None:
         if "\x00" in node.value:
-            raise _Refused(node.start_mark, self._path, "a NUL character is not allowed")
+            raise _Refused(
+                node.start_mark,
+                self._path,
+                "a NUL character is not allowed",
+                hint="remove it (a NUL byte in a config is a copy or an editor gone wrong)",
+            )
         if node.tag == _INT_TAG:
             if len(node.value) > _MAX_INT_CHARS:
                 raise _Refused(
@@ -159,6 +185,7 @@ class _BoundedLoader(yaml.SafeLoader):
                     self._path,
                     f"integer of {len(node.value)} characters is out of range "
                     "(config integers fit in 64 bits)",
+                    hint=_BIG_INT,
                 )
             value = self.construct_yaml_int(node)
             if not _INT_RANGE[0] <= value <= _INT_RANGE[1]:
@@ -166,13 +193,18 @@ class _BoundedLoader(yaml.SafeLoader):
                     node.start_mark,
                     self._path,
                     f"integer {value} is out of range (config integers fit in 64 bits)",
+                    hint=_BIG_INT,
                 )
         elif node.tag == _TIMESTAMP_TAG:
             try:
                 self.construct_yaml_timestamp(node)
             except ValueError as error:  # 2026-13-45 looks like a date but is none
                 raise _Refused(
-                    node.start_mark, self._path, f"invalid date {node.value!r}: {error}"
+                    node.start_mark,
+                    self._path,
+                    f"invalid date {node.value!r}: {error}",
+                    hint=f"quote it to keep it as text ('{node.value}'), or write a real date "
+                    "(YYYY-MM-DD)",
                 ) from None
 
 
@@ -183,7 +215,10 @@ def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
     and a syntax error is left to the caller (an unparsable value is taken as a plain string).
     """
     if len(text) > MAX_YAML_BYTES:
-        raise DllmError(f"{source}: larger than {MAX_YAML_BYTES >> 20} MiB; not a config file")
+        raise DllmError(
+            f"{source}: larger than {MAX_YAML_BYTES >> 20} MiB; not a config file",
+            hint="pass the YAML config itself (a RunSpec or prepare.yaml is a few KiB)",
+        )
     loader = None
     try:
         loader = _BoundedLoader(text)  # its reader already refuses control characters
@@ -191,10 +226,11 @@ def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
     except _Refused as refused:
         if key is not None:
             inner = "" if refused.path == "(top level)" else f".{refused.path}"
-            raise DllmError(f"{source}{inner}: {refused.problem}") from None
+            raise DllmError(f"{source}{inner}: {refused.problem}", hint=refused.hint) from None
         mark = refused.mark
         raise DllmError(
-            f"{source}:{mark.line + 1}:{mark.column + 1}: {refused.path}: {refused.file_problem}"
+            f"{source}:{mark.line + 1}:{mark.column + 1}: {refused.path}: {refused.file_problem}",
+            hint=refused.hint,
         ) from None
     except yaml.reader.ReaderError as error:
         if key is not None:
