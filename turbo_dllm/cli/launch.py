@@ -441,6 +441,7 @@ def _print_start(job) -> None:
 def _print_end(job, code: int, submit: bool) -> None:
     from shlex import quote
 
+    from turbo_dllm.errors import DllmError
     from turbo_dllm.train.stop import EXIT_TERMINATED
 
     plan = job.plan
@@ -452,9 +453,16 @@ def _print_end(job, code: int, submit: bool) -> None:
                 "submission)"
             )
         else:
+            from turbo_dllm.jobs.backends.slurm import read_submission
+
+            try:
+                record = read_submission(job.run_dir)
+            except DllmError:  # the job, started, writes it too: say so without its id
+                record = None
+            job_id = record["job_id"] if record else "JOBID"
             print(
                 f"dllm: follow it with `dllm run show {quote(str(job.run_dir))}` (state from "
-                "SLURM); cancel with scancel",
+                f"SLURM); cancel with scancel {job_id}",
                 file=sys.stderr,
             )
         return
