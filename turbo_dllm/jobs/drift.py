@@ -72,7 +72,18 @@ def flat_diff(
         DriftItem(field=key, recorded=left.get(key), current=right.get(key))
         for key in sorted(set(left) | set(right))
         if differ(left.get(key), right.get(key))
+        and not _emptied(key, left, right)
+        and not _emptied(key, right, left)
     ]
+
+
+def _emptied(key: str, one: dict[str, Any], other: dict[str, Any]) -> bool:
+    """Whether `key` is an empty list or dict on one side whose items the other side has: those
+    items' lines say the change. It read as a line of its own, and backwards: a host that gained
+    a GPU had `host.gpus: [] -> (none)` above `host.gpus[0].arch: (none) -> sm90`."""
+    if one.get(key) not in ([], {}) or key in other:
+        return False
+    return any(k.startswith((f"{key}.", f"{key}[")) for k in other)
 
 
 def manifest_drift(recorded: RunManifest, current: RunManifest) -> list[DriftItem]:
