@@ -60,6 +60,8 @@ SITES = [
     ("data/summary.py", "cannot load its tokenizer/", "dllm data validate"),
     ("data/writer.py", "output path {}: {}", "choose another output.path"),
     ("project_init.py", "exists and is not a folder", "dllm init DIR"),
+    ("jobs/launcher.py", "cannot create run dir", "pass another --run-dir"),
+    ("jobs/manifest.py", "a run dir holds one job", "launch into a new run dir"),
     # bundles, environments, kernels, mirrors, compile packs: the host's side
     ("bundles/target.py", "a CPU target has no GPU architectures", "drop the -smXX field"),
     ("bundles/target.py", "invalid bundle target: {}", "cp312-torch2.11-cpu-cxx11"),

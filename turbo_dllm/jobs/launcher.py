@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from turbo_dllm.config.runspec import RunSpec
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, os_error_hint
 from turbo_dllm.host.view import HostView
 from turbo_dllm.jobs import provenance
 from turbo_dllm.jobs.compiler import compile_plan
@@ -740,7 +740,11 @@ def materialize(job: PreparedJob) -> None:
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise DllmError(f"cannot create run dir {run_dir}: {error}") from None
+        raise DllmError(
+            f"cannot create run dir {run_dir}: {error}",
+            hint=f"{os_error_hint(error.errno or 0) or 'check that path'}; or pass another "
+            "--run-dir (or --run-root)",
+        ) from None
     written: list[Path] = []
     try:
         spec_text = yaml.safe_dump(job.manifest.spec, sort_keys=False).encode()

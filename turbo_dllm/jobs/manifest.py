@@ -325,7 +325,10 @@ def write_exclusive(path: Path, data: bytes) -> Path:
             ) from None
         except OSError:  # filesystems without hard links: exclusive-create then rename
             if path.exists():
-                raise DllmError(f"{path} already exists; a run dir holds one job") from None
+                raise DllmError(
+                    f"{path} already exists; a run dir holds one job",
+                    hint="launch into a new run dir (leave --run-dir unset for a fresh one)",
+                ) from None
             os.replace(tmp, path)
     return path
 
