@@ -135,3 +135,12 @@ def test_sp_on_a_family_without_it_is_one_problem(cli, spec_file):
     )
     assert result.code == 2
     assert "has 1 problem:" in result.err and "set topology.sp: false" in result.err
+
+
+def test_tp_with_ep_on_a_family_without_tp_is_one_problem(cli, spec_file):
+    """diffusion_gemma has ep, not tp: tp 2 with ep 2 is the tp refusal alone. It was that and
+    'ep combines with dp, fsdp, cp and bp (tp = 1)' at topology.ep besides."""
+    sets = ("--set", *GEMMA, "--set", "topology.tp=2", "--set", "topology.ep=2")
+    result = cli("config", "validate", "--config", "train.yaml", *sets, "--set", "topology.dp=2")
+    assert result.code == 2
+    assert "has 1 problem:" in result.err and "topology.tp: tp is not supported" in result.err

@@ -126,7 +126,10 @@ class ParallelLayout:
                     )
                 )
             if self.tp > 1:
-                found.append(("topology.ep", "ep combines with dp, fsdp, cp and bp (tp = 1)"))
+                # At tp: a family without tp refuses it once, and that refusal covers this.
+                found.append(
+                    ("topology.tp", "ep combines with dp, fsdp, cp and bp: tp = 1, or ep = 1")
+                )
         if world_size is not None and world_size != self.world_size:
             found.append(
                 (
