@@ -259,7 +259,16 @@ def test_a_plugin_descriptor_that_imports_torch_is_named_with_the_fix(tmp_path):
     validate` and `dllm doctor` name it and say how to fix it."""
     site = _distribution(tmp_path / "site", "heavy-plugin", _HEAVY_POINTS, _HEAVY)
     (tmp_path / "heavy.yaml").write_text(_SPEC.format(family="heavy"))
-    proc = _dllm(site, "config", "validate", "--config", "heavy.yaml", "--json", cwd=tmp_path)
+    # One fresh interpreter (torch is imported once): `dllm config validate --json`, then the
+    # doctor's plugins check, whose result goes to a file.
+    proc = subprocess.run(
+        [sys.executable, "-c", _VALIDATE_THEN_DOCTOR, "heavy.yaml", "check.json"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["model"]["family"] == "heavy"  # stdout: the one object
     warnings = [line for line in proc.stderr.splitlines() if "warning" in line]
@@ -269,16 +278,7 @@ def test_a_plugin_descriptor_that_imports_torch_is_named_with_the_fix(tmp_path):
     assert "loading its descriptor imported torch" in warnings[0]
     assert "move the torch imports of that module into its runtime module" in warnings[0]
 
-    check = subprocess.run(
-        [sys.executable, "-c", _DOCTOR_CHECK],
-        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])},
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert check.returncode == 0, check.stderr
-    result = json.loads(check.stdout)
+    result = json.loads((tmp_path / "check.json").read_text())
     assert result["status"] == "warn"
     assert "family 'heavy' from heavy-plugin 0.4" in result["detail"]
     assert "family light from heavy-plugin 0.4" in result["detail"]  # loaded as usual
@@ -286,10 +286,15 @@ def test_a_plugin_descriptor_that_imports_torch_is_named_with_the_fix(tmp_path):
     assert "runtime module" in result["fix"]
 
 
-# The doctor's plugins check, run in a fresh interpreter (torch not imported before it).
-_DOCTOR_CHECK = """
-import json
+_VALIDATE_THEN_DOCTOR = """
+import json, sys
+from pathlib import Path
+from turbo_dllm.cli import main
+code = main(["config", "validate", "--config", sys.argv[1], "--json"])
 from turbo_dllm.doctor.checks.plugins import plugins
 result = plugins(None)
-print(json.dumps({"status": result.status, "detail": result.detail, "fix": result.fix}))
+Path(sys.argv[2]).write_text(
+    json.dumps({"status": result.status, "detail": result.detail, "fix": result.fix})
+)
+sys.exit(code)
 """
