@@ -52,6 +52,13 @@ _EXITING = {
     "loud.py": """\
         raise SystemExit(3)
         """,
+    "odd.py": """\
+        class Odd(BaseException):
+            pass
+
+
+        raise Odd("not an Exception")
+        """,
     "fine.py": """\
         from dataclasses import replace
 
@@ -64,6 +71,7 @@ _EXITING_POINTS = """\
 [turbo_dllm.families]
 quiet = exiting_plugin.quiet:FAMILY
 loud = exiting_plugin.loud:FAMILY
+odd = exiting_plugin.odd:FAMILY
 fine = exiting_plugin.fine:FINE
 """
 
@@ -80,6 +88,7 @@ def test_a_plugin_that_exits_at_import_is_left_out_naming_its_entry_point(tmp_pa
     assert "importing it called sys.exit(None)" in problems["quiet"]
     assert "exiting-plugin 0.4 (exiting_plugin.loud:FAMILY)" in problems["loud"]
     assert "importing it called sys.exit(3)" in problems["loud"]
+    assert "importing it failed: Odd: not an Exception" in problems["odd"]
 
 
 def test_ctrl_c_while_a_plugin_imports_is_not_taken_for_a_broken_plugin(tmp_path, monkeypatch):
