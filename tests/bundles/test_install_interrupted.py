@@ -82,3 +82,41 @@ def test_signals_wait_for_the_end_of_a_deferred_block():
         assert seen[-1] == "interrupted block done"
     finally:
         signal.signal(signal.SIGTERM, saved)
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_a_signal_while_the_bundle_is_put_in_place_waits_for_it(
+    bundle_b,  # noqa: F811
+    installed,
+    monkeypatch,
+):
+    """SIGTERM that arrives between the rename into the store and the swap of `active` is
+    taken once both are done: the install is whole (new bundle active, the old one previous),
+    and the signal's handler runs after it, never with the store half-changed."""
+    mirror, catalog_sha, entry = bundle_b
+    store_type = type(BundleStore())
+    real_add = store_type.add_extracted
+
+    def add_then_signal(self, *args, **kwargs):
+        bundle = real_add(self, *args, **kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # after the rename, before `active` moves
+        time.sleep(0.05)
+        return bundle
+
+    def on_term(signum, frame):
+        raise _Stop
+
+    monkeypatch.setattr(store_type, "add_extracted", add_then_signal)
+    saved = signal.signal(signal.SIGTERM, on_term)
+    try:
+        with pytest.raises(_Stop):
+            attempt(mirror, catalog_sha=catalog_sha)
+    finally:
+        signal.signal(signal.SIGTERM, saved)
+    store = BundleStore()
+    assert store.active().sha256 == entry.sha256
+    assert store.previous().sha256 == installed.sha256
+    assert not [p for p in store.store_dir.iterdir() if p.name.startswith(".")]
