@@ -83,3 +83,9 @@ def test_in_a_real_process_the_exit_status_is_1(cli_process, artifact):
     result = cli_process("data", "validate", artifact)
     assert result.code == 1, result.err
     assert result.out.startswith("FAIL: ") and result.err.startswith("fix: ")
+
+
+def test_the_help_states_the_exit_codes(cli):
+    text = " ".join(cli("data", "validate", "--help").out.split())
+    assert "Exit status: 0 every check passed, 1 a check failed" in text
+    assert "2 bad input" in text

@@ -17,7 +17,12 @@ def register(subparsers) -> None:
     p.set_defaults(func=_prepare)
 
     p = commands.add_parser(
-        "validate", help="recompute hashes and fingerprint; with --config, check against a RunSpec"
+        "validate",
+        help="recompute hashes and fingerprint; with --config, check against a RunSpec",
+        description="Recompute an artifact's hashes and fingerprint and check its structure; "
+        "with --config, check that it fits a RunSpec. Exit status: 0 every check passed, 1 a "
+        "check failed (the artifact is damaged, or does not fit --config), 2 bad input (no "
+        "artifact at that path, a --config that does not load).",
     )
     p.add_argument("artifact", help="artifact folder")
     p.add_argument("--config", help="RunSpec (train.yaml) the artifact must fit")
