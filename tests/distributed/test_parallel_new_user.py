@@ -82,6 +82,10 @@ def test_a_huge_process_count_is_refused_at_once(cli_process, spec_file):
 
 
 GEMMA = ("model.family=diffusion_gemma",)
+SP_UNEVEN = (
+    *("data.seq_len=36", "objective.block_size=3"),
+    *("topology.bp=2", "topology.tp=2", "topology.sp=true"),
+)
 REFUSALS = [
     # (the --set values refused, what the refusal names as the change, a change it names)
     (("data.seq_len=120",), "block_size (16; nearest: 112 or 128)", "data.seq_len=128"),
@@ -89,6 +93,13 @@ REFUSALS = [
         ("topology.tp=2", "topology.sp=true", "topology.bp=3"),
         "must be a multiple of max(cp, bp) x tp = 6 (nearest that are whole blocks too: 96 or 144",
         "data.seq_len=144",
+    ),
+    (
+        # bp 2 over 12 blocks of 3: the ranks hold 54 and 45 stream tokens; tp 2 cannot halve
+        # 45 (the run aborted in gloo: 'Received data size doesn't match expected size')
+        SP_UNEVEN,
+        "hold 54, 45 tokens (block size 3), and 45 does not split: data.seq_len 24 or 48",
+        "data.seq_len=48",
     ),
     (("topology.tp=3",), "the tp degrees up to 8 that split this model: 1, 2", "topology.tp=2"),
     (("topology.cp=3",), "a multiple of 96 (nearest: 96 or 192)", "data.seq_len=192"),
@@ -144,3 +155,25 @@ def test_tp_with_ep_on_a_family_without_tp_is_one_problem(cli, spec_file):
     result = cli("config", "validate", "--config", "train.yaml", *sets, "--set", "topology.dp=2")
     assert result.code == 2
     assert "has 1 problem:" in result.err and "topology.tp: tp is not supported" in result.err
+
+
+@pytest.mark.parametrize(
+    ("seq_len", "block", "cp", "bp"),
+    [
+        (36, 3, 1, 2),
+        (256, 16, 2, 2),
+        (240, 16, 1, 2),
+        (36, 1, 1, 2),
+        (192, 16, 2, 4),
+        (240, 16, 1, 3),
+    ],
+)
+def test_the_validated_stream_shares_are_the_layouts(seq_len, block, cp, bp):
+    """The torch-free share sizes that the sp rule checks are the ranks' real ones."""
+    from turbo_dllm.config.topology import context_stream_lengths
+    from turbo_dllm.train.parallel.layout import CsbpLayout
+
+    held = [CsbpLayout.build(seq_len, block, bp, cp, rank) for rank in range(bp)]
+    assert context_stream_lengths(seq_len, block, cp, bp) == [
+        layout.num_noisy + layout.num_clean for layout in held
+    ]

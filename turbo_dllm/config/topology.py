@@ -24,7 +24,15 @@ from typing import Any, Literal
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["MESH_DIMS", "ContextMode", "ParallelLayout", "world_size_fixes"]
+__all__ = [
+    "MESH_DIMS",
+    "ContextMode",
+    "ParallelLayout",
+    "context_stream_lengths",
+    "dual_end_block_assignment",
+    "noisy_prefix_cost",
+    "world_size_fixes",
+]
 
 ContextMode = Literal["none", "cp", "csbp"]
 MESH_DIMS: tuple[str, ...] = ("dp_replicate", "dp_shard", "clean_replica", "cp", "tp")
@@ -210,3 +218,59 @@ def world_size_fixes(topo: Any, world: int, nproc: int, nnodes: int) -> list[str
             if dp != topo.dp:  # with dp as it is: the --nproc-per-node above
                 fixes.append(f"--nproc-per-node {p} --set topology.dp={dp}")
     return fixes
+
+
+def _check_blocks(num_blocks: int, ranks: int) -> None:
+    if ranks < 1:
+        raise ValueError(f"need at least one rank, got {ranks}")
+    if num_blocks < 2 * ranks:
+        raise ValueError(
+            f"{num_blocks} blocks cannot give each of {ranks} ranks a dual-end pair "
+            f"(need at least {2 * ranks})"
+        )
+
+
+def dual_end_block_assignment(num_blocks: int, ranks: int) -> tuple[tuple[int, ...], ...]:
+    """Blocks owned by each rank, in dual-end pairs (b, n-1-b).
+
+    Every pair costs the same (its blocks see b and n-1-b clean blocks of prefix), so equal pair
+    counts mean equal attention work. Rank r takes a contiguous run of pairs; when the pairs do
+    not divide evenly the first ranks take one more. An odd middle block goes to the least loaded
+    rank (fewest blocks, then smallest prefix cost; the last such rank on a tie).
+    """
+    _check_blocks(num_blocks, ranks)
+    pairs = num_blocks // 2
+    per_rank, extra = divmod(pairs, ranks)
+    owned: list[list[int]] = []
+    start = 0
+    for rank in range(ranks):
+        count = per_rank + (1 if rank < extra else 0)
+        low = list(range(start, start + count))
+        owned.append(low + [num_blocks - 1 - b for b in low])
+        start += count
+    if num_blocks % 2:
+        middle = num_blocks // 2
+        loads = [(len(blocks), noisy_prefix_cost(blocks), -r) for r, blocks in enumerate(owned)]
+        target = -min(loads)[2]
+        owned[target].append(middle)
+    return tuple(tuple(sorted(blocks)) for blocks in owned)
+
+
+def noisy_prefix_cost(blocks: tuple[int, ...] | list[int]) -> int:
+    """Attention work of noisy blocks in block-pair units: block b sees b clean blocks + itself."""
+    return sum(b + 1 for b in blocks)
+
+
+def context_stream_lengths(seq_len: int, block_size: int, cp: int, bp: int) -> list[int]:
+    """How many tokens of the stream [x_t ; x_0] each rank of a context group holds under the
+    decoder's plan with both streams (`train.parallel.layout`): 2L whole, 2L/cp under the CP
+    baseline, and under CSBP its noisy blocks plus its clean share (cp 1: the prefix up to the
+    end of its last block; else L/cp). Sequence parallelism splits each of them over tp.
+    Needs the layout rules to hold (whole blocks, 2bp blocks for bp, 2cp chunks for cp)."""
+    if bp == 1:
+        return [2 * seq_len // cp] * cp
+    owned = dual_end_block_assignment(seq_len // block_size, bp)
+    return [
+        len(blocks) * block_size + ((max(blocks) + 1) * block_size if cp == 1 else seq_len // cp)
+        for blocks in owned
+    ]

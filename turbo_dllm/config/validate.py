@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from turbo_dllm import registry
 from turbo_dllm.config.runspec import ObjectiveSpec, RunSpec
-from turbo_dllm.config.topology import ParallelLayout
+from turbo_dllm.config.topology import ParallelLayout, context_stream_lengths
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import FamilyMismatch, ModelMisfit, ModelUnreadable
 
@@ -130,6 +130,8 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             f"{2 * topo.bp} blocks, got {blocks} ({fewer}, or data.seq_len >= "
             f"{2 * topo.bp * block})",
         )
+    if message := _uneven_sp_shares(spec, block, refused):
+        add("topology.sp", message)
     if spec.eval is not None and objective.name == "dflash_distillation":
         add(
             "eval",
@@ -253,6 +255,49 @@ def _family_rules(spec: RunSpec, family) -> list[tuple[str, str]]:
     except DllmError as error:
         return _reported(_model_config_path(model), error)
     return _vocabulary_rules(spec, config) + (family.rules(spec, config) if family.rules else [])
+
+
+def _splits(seq_len: int, block: int, cp: int, bp: int, tp: int) -> bool:
+    """Whether every context rank's share of the stream splits evenly over tp (with the
+    layout rules holding for `seq_len`)."""
+    return all(n % tp == 0 for n in context_stream_lengths(seq_len, block, cp, bp))
+
+
+def _uneven_sp_shares(spec: RunSpec, block: int, refused: set[str]) -> str | None:
+    """Sequence parallelism cuts each rank's share of [x_t ; x_0] into tp equal pieces; under
+    block parallelism the shares differ (noisy blocks plus a clean prefix), and one that tp does
+    not divide made the workers' collectives disagree (gloo aborted the run). Checked where the
+    other layout rules hold, so the shares are defined."""
+    topo, seq_len = spec.topology, spec.data.seq_len
+    cp, bp, tp = topo.cp, topo.bp, topo.tp
+    context = max(cp, bp)
+    if not topo.sp or tp <= 1 or bp <= 1 or "topology.sp" in refused:
+        return None
+    unit = math.lcm(context * tp, block, 2 * cp * block if cp > 1 else 1)
+    if (
+        seq_len % unit
+        or seq_len // block < 2 * bp
+        or (cp > 1 and (bp < cp or bp % cp))
+        or _splits(seq_len, block, cp, bp, tp)
+    ):
+        return None  # fits, or another rule says what to change
+    shares = context_stream_lengths(seq_len, block, cp, bp)
+    uneven = sorted({n for n in shares if n % tp})
+    candidates = [seq_len - k * unit for k in range(1, 65)] + [
+        seq_len + k * unit for k in range(1, 65)
+    ]
+    fits = [
+        n for n in candidates if n > 0 and n // block >= 2 * bp and _splits(n, block, cp, bp, tp)
+    ]
+    nearest = sorted(sorted(fits, key=lambda n: abs(n - seq_len))[:2])
+    lengths = f"data.seq_len {' or '.join(map(str, nearest))} splits evenly, " if nearest else ""
+    return (
+        f"sequence parallelism cuts each rank's share of the stream [x_t ; x_0] into tp = {tp} "
+        f"equal pieces, but under bp = {bp} (cp = {cp}) the ranks of a context group hold "
+        f"{', '.join(map(str, shares))} tokens (block size {block}), and "
+        f"{', '.join(map(str, uneven))} {'does' if len(uneven) == 1 else 'do'} not split: "
+        f"{lengths}or set sp: false"
+    )
 
 
 def _axis_fix(axis: str) -> str:

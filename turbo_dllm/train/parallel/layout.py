@@ -25,6 +25,12 @@ from dataclasses import dataclass
 
 import torch
 
+from turbo_dllm.config.topology import (  # torch-free: validation reads them too
+    _check_blocks,
+    dual_end_block_assignment,
+    noisy_prefix_cost,
+)
+
 __all__ = [
     "CpLayout",
     "CsbpLayout",
@@ -59,42 +65,6 @@ def zigzag_positions(length: int, world: int, rank: int) -> torch.Tensor:
     )
 
 
-def _check_blocks(num_blocks: int, ranks: int) -> None:
-    if ranks < 1:
-        raise ValueError(f"need at least one rank, got {ranks}")
-    if num_blocks < 2 * ranks:
-        raise ValueError(
-            f"{num_blocks} blocks cannot give each of {ranks} ranks a dual-end pair "
-            f"(need at least {2 * ranks})"
-        )
-
-
-def dual_end_block_assignment(num_blocks: int, ranks: int) -> tuple[tuple[int, ...], ...]:
-    """Blocks owned by each rank, in dual-end pairs (b, n-1-b).
-
-    Every pair costs the same (its blocks see b and n-1-b clean blocks of prefix), so equal pair
-    counts mean equal attention work. Rank r takes a contiguous run of pairs; when the pairs do
-    not divide evenly the first ranks take one more. An odd middle block goes to the least loaded
-    rank (fewest blocks, then smallest prefix cost; the last such rank on a tie).
-    """
-    _check_blocks(num_blocks, ranks)
-    pairs = num_blocks // 2
-    per_rank, extra = divmod(pairs, ranks)
-    owned: list[list[int]] = []
-    start = 0
-    for rank in range(ranks):
-        count = per_rank + (1 if rank < extra else 0)
-        low = list(range(start, start + count))
-        owned.append(low + [num_blocks - 1 - b for b in low])
-        start += count
-    if num_blocks % 2:
-        middle = num_blocks // 2
-        loads = [(len(blocks), noisy_prefix_cost(blocks), -r) for r, blocks in enumerate(owned)]
-        target = -min(loads)[2]
-        owned[target].append(middle)
-    return tuple(tuple(sorted(blocks)) for blocks in owned)
-
-
 def contiguous_block_assignment(num_blocks: int, ranks: int) -> tuple[tuple[int, ...], ...]:
     """The naive split (rank r takes the r-th run of blocks); kept as the ablation baseline."""
     _check_blocks(num_blocks, ranks)
@@ -105,11 +75,6 @@ def contiguous_block_assignment(num_blocks: int, ranks: int) -> tuple[tuple[int,
         owned.append(tuple(range(start, start + count)))
         start += count
     return tuple(owned)
-
-
-def noisy_prefix_cost(blocks: tuple[int, ...] | list[int]) -> int:
-    """Attention work of noisy blocks in block-pair units: block b sees b clean blocks + itself."""
-    return sum(b + 1 for b in blocks)
 
 
 def blocks_to_positions(blocks: tuple[int, ...], block_size: int) -> torch.Tensor:
