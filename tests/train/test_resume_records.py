@@ -30,9 +30,10 @@ def test_resume_at_another_world_size_says_the_rng_is_not_restored(run, capsys):
     meta_path.write_text(json.dumps(meta))
     capsys.readouterr()
     train(tiny_spec(*ARGS), run)
-    assert "was saved by 2 rank(s) and this run has 1: the RNG states are not restored" in (
-        capsys.readouterr().err
-    )
+    err = capsys.readouterr().err
+    assert "was saved by 2 rank(s) and this run has 1: the RNG states are not restored" in err
+    # and that this is harmless: a user resuming on another layout read it as a fault
+    assert "(nothing the trace depends on: the noise and the data order are keyed" in err
 
 
 def test_a_resume_says_which_optimizer_settings_the_checkpoint_keeps(run, capsys):

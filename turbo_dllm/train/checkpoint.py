@@ -662,7 +662,8 @@ class Checkpointer:
             # (seed, step, sample), so the loss trace is unaffected, but say what was skipped.
             print(
                 f"warning: {path} was saved by {meta.world_size} rank(s) and this run has "
-                f"{self.world_size}: the RNG states are not restored",
+                f"{self.world_size}: the RNG states are not restored (nothing the trace depends "
+                "on: the noise and the data order are keyed by seed, step and sample)",
                 file=sys.stderr,
                 flush=True,
             )
