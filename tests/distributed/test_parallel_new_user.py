@@ -177,3 +177,20 @@ def test_the_validated_stream_shares_are_the_layouts(seq_len, block, cp, bp):
     assert context_stream_lengths(seq_len, block, cp, bp) == [
         layout.num_noisy + layout.num_clean for layout in held
     ]
+
+
+def test_a_huge_tp_is_refused_at_once(cli_process, spec_file):
+    """The tp degrees a refusal names are looked for up to 8 only: they were looked for up to
+    the tp given, one family check each, so `topology.tp=1099511627777` never returned."""
+    result = cli_process(
+        "config",
+        "validate",
+        "--config",
+        "train.yaml",
+        "--set",
+        f"topology.tp={2**40 + 1}",
+        cwd=spec_file.parent,
+        timeout=60,
+    )
+    assert result.code == 2, result.err
+    assert "the tp degrees up to 8 that split this model: 1, 2" in result.err

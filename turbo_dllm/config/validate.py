@@ -154,7 +154,7 @@ def problems(spec: RunSpec, world_size: int | None = None) -> list[Problem]:
             path, message = family_found[tp_found[-1]]
             family_found[tp_found[-1]] = (
                 path,
-                f"{message} (the tp degrees up to {max(8, topo.tp)} that split this model: "
+                f"{message} (the tp degrees up to 8 that split this model: "
                 f"{', '.join(map(str, fits))})",
             )
     for path, message in family_found:
@@ -309,7 +309,7 @@ def _axis_fix(axis: str) -> str:
 
 
 def _tp_that_fit(spec: RunSpec, family) -> list[int]:
-    """The tp degrees (2 .. max(8, tp)) for which the family's rules find nothing to refuse on
+    """The tp degrees 2 .. 8 (a bound: tp may be any integer) for which the family's rules find nothing to refuse on
     topology.tp for this model (its heads, MLP ... divide), so a refusal can name them."""
     if not family.rules:
         return []
@@ -318,7 +318,7 @@ def _tp_that_fit(spec: RunSpec, family) -> list[int]:
     except DllmError:
         return []
     fits = []
-    for tp in range(2, max(8, spec.topology.tp) + 1):
+    for tp in range(2, 9):
         trial = spec.model_copy(
             update={"topology": spec.topology.model_copy(update={"tp": tp, "sp": False})}
         )
