@@ -110,8 +110,9 @@ def _show(args) -> int:
         at = f" at {summary.finished_at}" if summary.finished_at else ""
         by = ", by a `dllm train --run-dir` resume" if summary.resumed else ""
         print(f"ended        exit status {summary.exit_code}{at}{by}")
-    if summary.status == "stopped" and summary.resume_with:
-        # It stopped early on purpose (SIGTERM, its time budget): saved, to be resumed.
+    if summary.resumable and summary.resume_with:
+        # It stopped early (SIGTERM, its time budget, Ctrl-C, a kill, SLURM): its checkpoints
+        # are there to go on from.
         where = resume_where(manifest)
         where = f"{where}: " if where else ""
         print(f"resume       {where}{summary.resume_with}")

@@ -57,6 +57,17 @@ DEFAULT_ROOT = "runs"
 # SLURM states in which the batch script ran to its end and wrote result.json: the exit code
 # there says more than SLURM's word. Every other end state (CANCELLED, TIMEOUT, ...) is SLURM's.
 _SCRIPT_ENDED = ("COMPLETED", "FAILED")
+# SLURM's words for a job it ended before its script did: its script, submitted again, resumes
+# the run from its latest complete checkpoint.
+_SLURM_ENDED = (
+    "cancelled",
+    "timeout",
+    "preempted",
+    "node_fail",
+    "boot_fail",
+    "deadline",
+    "out_of_memory",
+)
 
 
 @dataclass(frozen=True)
@@ -85,7 +96,7 @@ class RunSummary:
     saved_nothing: bool = False  # stopped (143) with no checkpoint: before its first step
     slurm_unreachable: str | None = None  # why SLURM could not be asked (squeue missing, ...)
     # The command that continues the run from its last checkpoint (`resume_command`): shown
-    # while it is `stopped`.
+    # while the run is `resumable`.
     resume_with: str | None = None
 
     @property
@@ -95,6 +106,18 @@ class RunSummary:
         if self.status != "stopped":
             return None
         return stop_cause(self.exit_code, self.steps_done, self.steps_total)
+
+    @property
+    def resumable(self) -> bool:
+        """Whether the run ended short of its end with its checkpoints there to go on from, so
+        that `resume_with` is the way on: `stopped`, `died`, `interrupted`, or a SLURM job that
+        SLURM ended (cancelled, timeout, preempted, ...). Not a run that finished, still runs,
+        failed (exit N: a resume fails the same way until the cause is fixed) or whose state
+        is unknown."""
+        status = self.status
+        if status in ("stopped", "died", "interrupted"):
+            return True
+        return self.slurm_state is not None and status in _SLURM_ENDED
 
     @property
     def status(self) -> str:
@@ -165,7 +188,7 @@ class RunSummary:
             "exit_code": self.exit_code,
             "status": self.status,
             "stopped_by": self.stopped_by,
-            "resume_command": self.resume_with if self.status == "stopped" else None,
+            "resume_command": self.resume_with if self.resumable else None,
             "slurm_job_id": self.slurm_job_id,
             "slurm_state": self.slurm_state,
             "slurm_unreachable": self.slurm_unreachable,
