@@ -272,7 +272,11 @@ def _launch(args) -> int:
                 hint="pass a RunSpec YAML (--config F) or a run's manifest.json (--manifest M)",
             )
     if args.json and not args.dry_run:
-        raise DllmError("--json goes with --dry-run", hint="a real launch streams the workers")
+        raise DllmError(
+            "--json goes with --dry-run",
+            hint="add --dry-run for the plan and manifest as JSON, or drop --json to launch (a "
+            "launch streams its workers' output; `dllm run list --json` reports runs)",
+        )
     if args.allow_drift and not args.manifest:
         raise DllmError(
             "--allow-drift only applies to a replay (--manifest)",
