@@ -48,8 +48,12 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # --out names a file, or a folder we cannot write
+        from turbo_dllm.errors import describe_os_error
+
+        why, _ = describe_os_error(error)  # names the file in the way, not "[Errno 17] ..."
         raise DllmError(
-            f"cannot create plot folder {out_dir}: {error}", hint="pass --out a writable folder"
+            f"cannot create plot folder {out_dir}: {why}",
+            hint="pass --out a folder (or a path to make one) that you can write",
         ) from None
     written = []
     for name, (key, label) in PLOTS.items():
