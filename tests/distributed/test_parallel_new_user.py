@@ -164,6 +164,9 @@ def test_tp_with_ep_on_a_family_without_tp_is_one_problem(cli, spec_file):
         (256, 16, 2, 2),
         (240, 16, 1, 2),
         (36, 1, 1, 2),
+        (80, 16, 1, 2),
+        (112, 16, 1, 3),
+        (35, 5, 1, 3),
         (192, 16, 2, 4),
         (240, 16, 1, 3),
     ],
@@ -194,3 +197,20 @@ def test_a_huge_tp_is_refused_at_once(cli_process, spec_file):
     )
     assert result.code == 2, result.err
     assert "the tp degrees up to 8 that split this model: 1, 2" in result.err
+
+
+def test_the_sp_share_rule_is_quick_at_the_longest_sequence(cli_process, spec_file):
+    """The autoregressive stream's blocks are single tokens: at seq_len 4194294 the shares were
+    found by dealing its 4M blocks, 1.5 s a length, for the length itself and each of the 128
+    lengths tried for the fix (minutes); they are in closed form now."""
+    sets = (
+        *("data.seq_len=4194294", "objective.name=autoregressive"),
+        *("topology.bp=3", "topology.tp=2", "topology.sp=true"),
+    )
+    args = [arg for value in sets for arg in ("--set", value)]
+    result = cli_process(
+        "config", "validate", "--config", "train.yaml", *args, cwd=spec_file.parent, timeout=60
+    )
+    assert result.code == 2, result.err
+    assert "hold 5592392, 4893343, 4194294 tokens (block size 1)" in result.err
+    assert "data.seq_len 4194288 or 4194300 splits evenly" in result.err

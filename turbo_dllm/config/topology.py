@@ -266,11 +266,20 @@ def context_stream_lengths(seq_len: int, block_size: int, cp: int, bp: int) -> l
     decoder's plan with both streams (`train.parallel.layout`): 2L whole, 2L/cp under the CP
     baseline, and under CSBP its noisy blocks plus its clean share (cp 1: the prefix up to the
     end of its last block; else L/cp). Sequence parallelism splits each of them over tp.
-    Needs the layout rules to hold (whole blocks, 2bp blocks for bp, 2cp chunks for cp)."""
+    Needs the layout rules to hold (whole blocks, 2bp blocks for bp, 2cp chunks for cp).
+
+    In closed form (O(bp), whatever the length), as `dual_end_block_assignment` deals the
+    blocks: rank r holds its pairs (b, n-1-b) from b = start_r, so its last block is
+    n-1-start_r, and an odd middle block goes to the last rank (one of the fewest pairs)."""
     if bp == 1:
         return [2 * seq_len // cp] * cp
-    owned = dual_end_block_assignment(seq_len // block_size, bp)
-    return [
-        len(blocks) * block_size + ((max(blocks) + 1) * block_size if cp == 1 else seq_len // cp)
-        for blocks in owned
-    ]
+    num_blocks = seq_len // block_size
+    per_rank, extra = divmod(num_blocks // 2, bp)
+    lengths, start = [], 0
+    for rank in range(bp):
+        pairs = per_rank + (1 if rank < extra else 0)
+        noisy = 2 * pairs + (1 if num_blocks % 2 and rank == bp - 1 else 0)
+        clean = (num_blocks - start) * block_size if cp == 1 else seq_len // cp
+        lengths.append(noisy * block_size + clean)
+        start += pairs
+    return lengths

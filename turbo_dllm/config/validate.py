@@ -271,8 +271,8 @@ def _uneven_sp_shares(spec: RunSpec, block: int, refused: set[str]) -> str | Non
     topo, seq_len = spec.topology, spec.data.seq_len
     cp, bp, tp = topo.cp, topo.bp, topo.tp
     context = max(cp, bp)
-    if not topo.sp or tp <= 1 or bp <= 1 or "topology.sp" in refused:
-        return None
+    if not topo.sp or tp <= 1 or bp <= 1 or bp > 65536 or "topology.sp" in refused:
+        return None  # (each share is O(1), the ranks O(bp): a bound no real group reaches)
     unit = math.lcm(context * tp, block, 2 * cp * block if cp > 1 else 1)
     if (
         seq_len % unit
