@@ -339,6 +339,27 @@ def _predicted_length(peaks, capacity, grain) -> int | None:
     return int(l1 + (0.98 * capacity - m1) / slope) // grain * grain
 
 
+SETTLED = ("converged", "reached --search-max")
+
+
+def ratio_line(search: dict[str, Any]) -> str | None:
+    """The 2-GPU / 1-GPU longest-context ratio as printed, with what it is where a search did
+    not settle: the longest length that fit is then only a lower bound of that GPU count's
+    maximum (a tiny CPU search that ran out of --budget-s printed '0.14x' as if measured)."""
+    one, two = search.get("1gpu"), search.get("2gpu")
+    if not (one and two and one.get("max_seq_len") and two.get("max_seq_len")):
+        return None
+    ratio = f"2-GPU / 1-GPU max context: {two['max_seq_len'] / one['max_seq_len']:.2f}x"
+    open_ = [f"{key}: {s['status']}" for key, s in (("1gpu", one), ("2gpu", two))
+             if s["status"] not in SETTLED]  # fmt: skip
+    if not open_:
+        return ratio
+    bound = {1: "an upper bound", 2: "a lower bound"}.get(
+        sum(2 if key.startswith("2gpu") else 1 for key in open_), "not a measurement"
+    )
+    return f"{ratio} ({bound}: the search did not settle, {'; '.join(open_)})"
+
+
 def _next_length(fit, fail, peaks, capacity, grain) -> int:
     """The next trial after the longest fit `fit`. Below a known failure: inside the bracket
     (fit, fail), the predicted length (regula falsi), else the midpoint. With no failure yet:
@@ -432,8 +453,8 @@ def print_tables(result: dict[str, Any]) -> None:
                 f"{s['gpus']:>4}  {s['mode']:>5}  {str(s['max_seq_len']):>11}  "
                 f"{str(s['first_failure']):>9}  {s['status']} ({len(s['trials'])} trials)"
             )
-        if result.get("max_context_ratio"):
-            print(f"2-GPU / 1-GPU max context: {result['max_context_ratio']:.2f}x")
+        if line := ratio_line(found):
+            print(line)
 
 
 def driver(args) -> int:

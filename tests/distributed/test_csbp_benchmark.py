@@ -58,3 +58,24 @@ def test_context_search_jumps_to_the_capacity_its_memory_slope_predicts():
     assert bench._next_length(128, 512, [(64, 20.0), (128, 20.0)], 100.0, 32) == 320
     # Never re-tries a length already known to fit.
     assert bench._next_length(600, None, [(64, 10.0), (600, 97.9)], 100.0, 32) == 632
+
+
+def test_the_max_context_ratio_says_when_a_search_did_not_settle():
+    """The tiny CPU search ran out of --budget-s at 2 GPUs (512 fit, 2688 did not) and printed
+    '2-GPU / 1-GPU max context: 0.14x' as if measured; an unsettled search is a bound."""
+    line = _benchmark_module().ratio_line
+
+    def search(one: str, two: str) -> dict:
+        return {
+            "1gpu": {"max_seq_len": 3712, "status": one},
+            "2gpu": {"max_seq_len": 512, "status": two},
+        }
+
+    assert line(search("converged", "reached --search-max")) == "2-GPU / 1-GPU max context: 0.14x"
+    assert line(search("converged", "budget exhausted")) == (
+        "2-GPU / 1-GPU max context: 0.14x (a lower bound: the search did not settle, "
+        "2gpu: budget exhausted)"
+    )
+    assert "(an upper bound: " in line(search("budget exhausted", "converged"))
+    assert "(not a measurement: " in line(search("failed", "budget exhausted"))
+    assert line({"1gpu": {"max_seq_len": None, "status": "nothing fits"}}) is None
