@@ -589,6 +589,7 @@ def check_run_dir(job: PreparedJob) -> bool:
     run and the ways on. True: this node of a multi-node launch joins the same job, which
     another node recorded there and which has not finished (a finished one is refused too)."""
     run_dir = job.run_dir
+    _refuse_a_file_in_the_way(run_dir)
     if (run_dir / MANIFEST_NAME).exists():
         if job.multi_node and not _finished(run_dir):
             _join(job)
@@ -614,6 +615,20 @@ def check_run_dir(job: PreparedJob) -> bool:
             else None,
         )
     return False
+
+
+def _refuse_a_file_in_the_way(run_dir: Path) -> None:
+    """A run dir that is a file, or whose path goes through one, can never be made: refused with
+    the other run dir problems, a dry run too (whose plan and start line named a run dir that
+    the launch then refused in its readiness checks)."""
+    from turbo_dllm.doctor.folders import folder_problem
+
+    problem = folder_problem(run_dir)
+    if problem is not None and problem.blocker is not None:
+        raise DllmError(
+            f"cannot create run dir {run_dir}: {problem.detail}",
+            hint=problem.fix("pass --run-dir (or --run-root, or set launch.run_dir)"),
+        )
 
 
 _NEW_RUN = {  # by whether the launch is a replay, whose spec's launch.run_dir does not count
