@@ -25,7 +25,7 @@ def test_a_run_dir_through_a_file_is_refused(cli, spec_file, workdir, dry, where
     assert_user_error(
         result,
         f"dllm: error: cannot create run dir {workdir / where}: {detail}\n",
-        f"hint: move the file {workdir / 'taken'} out of the way, or pass --run-dir",
+        f"hint: move the file {workdir / 'taken'} out of the way, or pass another --run-dir",
     )
     if "--json" in dry:
         assert set(json.loads(result.out)) == {"error", "hint"}

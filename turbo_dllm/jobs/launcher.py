@@ -627,7 +627,8 @@ def _refuse_a_file_in_the_way(run_dir: Path) -> None:
     if problem is not None and problem.blocker is not None:
         raise DllmError(
             f"cannot create run dir {run_dir}: {problem.detail}",
-            hint=problem.fix("pass --run-dir (or --run-root, or set launch.run_dir)"),
+            hint=f"move the file {problem.blocker} out of the way, or pass another --run-dir "
+            "(or --run-root, or set launch.run_dir) to a path that goes through folders only",
         )
 
 
