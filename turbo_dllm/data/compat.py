@@ -40,16 +40,36 @@ def model_vocab_size(model) -> tuple[int | None, str]:
     return int(resolve_model_config(model).vocab_size), where
 
 
-def _vocab_fix(model, needed: int) -> str:
+def _vocab_fix(model, needed: int, mask: int, vocab: int) -> str:
     """How to make the model's vocabulary cover `needed` ids: a random init (from_config, or
-    an override already) takes a larger vocab_size; a checkpoint's embedding is what it is,
-    so the data is prepared with its tokenizer."""
-    if model.path and "vocab_size" not in model.config_overrides:
+    an override already) takes a larger vocab_size; a checkpoint's embedding is what it is, so
+    the data is prepared with its tokenizer. Where the data was prepared with the folder's
+    tokenizer and still does not fit, that tokenizer is not the model's (it has ids past the
+    embedding), or the mask token the preparation gave (`tokenizer.mask_token_id`) lies past it:
+    preparing with the folder's tokenizer again would not help."""
+    if not model.path or "vocab_size" in model.config_overrides:
+        return f"set model.config_overrides.vocab_size: {needed}"
+    from turbo_dllm.data.tokenizers import folder_vocabulary
+
+    pairs = folder_vocabulary(model.path) or []
+    top = max((i for _, i in pairs), default=-1)
+    if top >= vocab:
         return (
-            f"prepare the data with the tokenizer of model.path {model.path}, whose ids its "
-            "embedding covers"
+            f"the tokenizer saved in model.path {model.path} has ids up to {top}, past the "
+            f"{vocab} rows of its model's embedding (config.json vocab_size): it is not this "
+            "model's tokenizer; put the model's own tokenizer files in that folder and prepare "
+            "the data with it"
         )
-    return f"set model.config_overrides.vocab_size: {needed}"
+    if mask >= vocab:
+        return (
+            f"the artifact's mask token {mask} has no row in the model's embedding: prepare the "
+            f"data with tokenizer.mask_token_id below {vocab} (an id its text never holds) or "
+            "tokenizer.mask_token naming an unused token of the vocabulary"
+        )
+    return (
+        f"prepare the data with the tokenizer of model.path {model.path}, whose ids its "
+        "embedding covers"
+    )
 
 
 def artifact_problems(manifest: DataManifest, spec) -> list[str]:
@@ -103,9 +123,12 @@ def artifact_problems(manifest: DataManifest, spec) -> list[str]:
             mask = objective.mask_token_id
     if vocab is not None:
         if manifest.vocab_size > vocab:
+            fix = _vocab_fix(
+                spec.model, manifest.vocab_size, manifest.special_tokens["mask"], vocab
+            )
             found.append(
                 f"model: vocabulary of {vocab} ({where}) is smaller than the artifact's "
-                f"{manifest.vocab_size} token ids ({_vocab_fix(spec.model, manifest.vocab_size)})"
+                f"{manifest.vocab_size} token ids ({fix})"
             )
         elif mask >= vocab:
             found.append(f"model: the mask token {mask} is outside the vocabulary of {vocab}")

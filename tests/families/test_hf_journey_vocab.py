@@ -1,0 +1,64 @@
+"""A model folder whose embedding is smaller than the prepared data's ids: the refusal's fix says
+why. It said "prepare the data with the tokenizer of model.path" also where the data was prepared
+with exactly that tokenizer (a folder holding another model's, larger tokenizer) and where the
+preparation's `tokenizer.mask_token_id` lay past the embedding (a tokenizer without a mask token):
+preparing again as told gave the same refusal."""
+
+from __future__ import annotations
+
+import json
+
+from tests.families.test_model_tokenizer import (
+    config_folder,
+    huggingface,
+    prepare,
+    save_tokenizer,
+    spec_of,
+)
+from turbo_dllm.data.artifact import read_manifest
+from turbo_dllm.data.compat import artifact_problems
+
+
+def folder_of(tmp_path, vocab_size: int, mask: bool = True):
+    folder = config_folder(tmp_path / "model", "qwen3")
+    config = json.loads((folder / "config.json").read_text())
+    config["vocab_size"] = vocab_size
+    (folder / "config.json").write_text(json.dumps(config))
+    save_tokenizer(folder, mask=mask)  # 3 specials (2 without the mask) + 8 words
+    return folder
+
+
+def vocab_problems(folder, artifact) -> list[str]:
+    found = artifact_problems(read_manifest(artifact), spec_of("qwen3", folder, artifact))
+    return [line for line in found if line.startswith("model: vocabulary of")]
+
+
+def test_a_folder_tokenizer_larger_than_its_embedding_is_named(tmp_path):
+    folder = folder_of(tmp_path, vocab_size=8)
+    artifact = prepare(tmp_path / "data", huggingface(folder))  # the folder's own tokenizer
+    (line,) = vocab_problems(folder, artifact)
+    assert "smaller than the artifact's 11 token ids" in line, line
+    assert f"the tokenizer saved in model.path {folder} has ids up to 10" in line, line
+    assert "past the 8 rows of its model's embedding" in line and "not this model's" in line
+    assert "prepare the data with the tokenizer of model.path" not in line
+
+
+def test_a_mask_token_id_past_the_embedding_names_the_preparation_s_setting(tmp_path):
+    folder = folder_of(tmp_path, vocab_size=10, mask=False)  # 10 tokens, no mask, no spare row
+    artifact = prepare(tmp_path / "data", huggingface(folder), mask_token_id=10)
+    (line,) = vocab_problems(folder, artifact)
+    assert "the artifact's mask token 10 has no row in the model's embedding" in line, line
+    assert "tokenizer.mask_token_id below 10" in line and "tokenizer.mask_token" in line
+    # the fix: a mask id the embedding has (a spare row here, as the docs' padded vocabulary)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "vocab_size": 16}))
+    assert vocab_problems(folder, artifact) == []
+
+
+def test_data_of_another_smaller_tokenizer_still_says_prepare_with_the_folder_s(tmp_path):
+    folder = folder_of(tmp_path, vocab_size=11)
+    other = tmp_path / "other"
+    save_tokenizer(other, words=[*"abcdefghij", "def", "return"])  # 15 tokens
+    artifact = prepare(tmp_path / "data", huggingface(other))
+    (line,) = vocab_problems(folder, artifact)
+    assert f"prepare the data with the tokenizer of model.path {folder}" in line, line
