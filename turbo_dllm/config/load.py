@@ -188,8 +188,32 @@ def load_runspec(
     document = apply_overrides(read_yaml(path), overrides or [])
     # a --set path is the shell's, one written in the file the file's (`resolve_paths`)
     command_line_paths(document, overrides or [], _PATH_FIELDS, Path.cwd(), _names_a_file)
-    spec = resolve_paths(load_model(RunSpec, document, str(path)), Path(path).resolve().parent)
+    try:
+        spec = load_model(RunSpec, document, str(path))
+    except DllmError as error:
+        message = _from_the_command_line(error.message, overrides or [])
+        raise DllmError(message, hint=error.hint) from None
+    spec = resolve_paths(spec, Path(path).resolve().parent)
     return check(spec, world_size=world_size, source=str(path))
+
+
+def _from_the_command_line(message: str, overrides: list[str]) -> str:
+    """A validation report whose problems a `--set` made say so (`  - training.steps: ... (got
+    'abc') (from --set)`): the report is headed by the file's name, where a user looked for a
+    value they had typed on the command line."""
+    keys = {".".join(p.strip() for p in item.partition("=")[0].split(".")) for item in overrides}
+    lines = []
+    for line in message.split("\n"):
+        path, colon, rest = line.partition(": ")
+        field = path.removeprefix("  - ")
+        if (
+            colon
+            and path.startswith("  - ")
+            and any(field == key or field.startswith((f"{key}.", f"{key}[")) for key in keys)
+        ):
+            line = f"{line} (from --set)"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 # The RunSpec fields that name files (`resolve_paths`).

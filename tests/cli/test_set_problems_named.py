@@ -1,0 +1,34 @@
+"""A RunSpec problem that a `--set` made says so (`  - training.steps: ... (from --set)`). The report
+is headed by the file's name ("train.yaml has 1 problem"), and a user looked in train.yaml for a
+value or key (`training.stepz`) they had typed on the command line. Problems written in the file
+read as before."""
+
+from __future__ import annotations
+
+from tests.helpers import assert_user_error
+
+SPEC = """\
+launch: {seed: 0}
+model: {family: qwen3, from_config: tiny}
+objective: {name: block_diffusion, block_size: 16}
+data: {synthetic: {num_sequences: 8, vocab_size: 512}, seq_len: 64}
+training: {micro_batch_size: 2, steps: 4}
+scheduler: {warmup_steps: 1}
+"""
+
+
+def test_a_problem_made_by_set_names_it(cli, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.yaml").write_text(SPEC.replace("steps: 4", "steps: 4, stepz: 1"))
+    sets = ("--set", "training.micro_batch_size=abc", "--set", "optimizer.lrr=0.1")
+    for command in (("config", "validate"), ("launch", "--dry-run")):
+        result = cli(*command, "--config", "train.yaml", *sets)
+        assert_user_error(
+            result,
+            "train.yaml has 3 problems:\n",
+            "  - training.micro_batch_size: Input should be a valid integer, unable to parse "
+            "string as an integer (got 'abc') (from --set)\n",
+            "  - optimizer.lrr: unknown key; did you mean 'lr'? (from --set)\n",
+            # written in the file: no (from --set)
+            "  - training.stepz: unknown key; did you mean 'steps'?\n",
+        )
