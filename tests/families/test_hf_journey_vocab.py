@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.families.test_model_tokenizer import (
+    WORDS,
     config_folder,
     huggingface,
     prepare,
@@ -55,10 +58,17 @@ def test_a_mask_token_id_past_the_embedding_names_the_preparation_s_setting(tmp_
     assert vocab_problems(folder, artifact) == []
 
 
-def test_data_of_another_smaller_tokenizer_still_says_prepare_with_the_folder_s(tmp_path):
+@pytest.mark.parametrize("mask_past", [False, True])
+def test_data_of_another_tokenizer_still_says_prepare_with_the_folder_s(tmp_path, mask_past):
+    """A tokenizer larger than the folder's, or one without a mask token given an id past the
+    model's vocabulary: the data is not the folder's tokenizer's, so that is the fix."""
     folder = folder_of(tmp_path, vocab_size=11)
     other = tmp_path / "other"
-    save_tokenizer(other, words=[*"abcdefghij", "def", "return"])  # 15 tokens
-    artifact = prepare(tmp_path / "data", huggingface(other))
+    if mask_past:
+        save_tokenizer(other, words=WORDS[::-1], mask=False)  # 10 tokens, no mask
+        artifact = prepare(tmp_path / "data", huggingface(other), mask_token_id=11)
+    else:
+        save_tokenizer(other, words=[*"abcdefghij", "def", "return"])  # 15 tokens
+        artifact = prepare(tmp_path / "data", huggingface(other))
     (line,) = vocab_problems(folder, artifact)
     assert f"prepare the data with the tokenizer of model.path {folder}" in line, line

@@ -40,18 +40,20 @@ def model_vocab_size(model) -> tuple[int | None, str]:
     return int(resolve_model_config(model).vocab_size), where
 
 
-def _vocab_fix(model, needed: int, mask: int, vocab: int) -> str:
+def _vocab_fix(model, needed: int, manifest: DataManifest, artifact, vocab: int) -> str:
     """How to make the model's vocabulary cover `needed` ids: a random init (from_config, or
     an override already) takes a larger vocab_size; a checkpoint's embedding is what it is, so
     the data is prepared with its tokenizer. Where the data was prepared with the folder's
     tokenizer and still does not fit, that tokenizer is not the model's (it has ids past the
     embedding), or the mask token the preparation gave (`tokenizer.mask_token_id`) lies past it:
-    preparing with the folder's tokenizer again would not help."""
+    preparing with the folder's tokenizer again would not help. (Data of another tokenizer
+    gets the first fix: the tokenizer rule names it too.)"""
     if not model.path or "vocab_size" in model.config_overrides:
         return f"set model.config_overrides.vocab_size: {needed}"
-    from turbo_dllm.data.tokenizers import folder_vocabulary
+    from turbo_dllm.data.tokenizers import folder_vocabulary, vocabulary_fits
 
     pairs = folder_vocabulary(model.path) or []
+    mask = manifest.special_tokens["mask"]
     top = max((i for _, i in pairs), default=-1)
     if top >= vocab:
         return (
@@ -60,7 +62,10 @@ def _vocab_fix(model, needed: int, mask: int, vocab: int) -> str:
             "model's tokenizer; put the model's own tokenizer files in that folder and prepare "
             "the data with it"
         )
-    if mask >= vocab:
+    same = artifact is not None and vocabulary_fits(
+        artifact, manifest.tokenizer.vocab_sha256, pairs
+    )
+    if mask >= vocab and pairs and same:
         return (
             f"the artifact's mask token {mask} has no row in the model's embedding: prepare the "
             f"data with tokenizer.mask_token_id below {vocab} (an id its text never holds) or "
@@ -123,9 +128,7 @@ def artifact_problems(manifest: DataManifest, spec) -> list[str]:
             mask = objective.mask_token_id
     if vocab is not None:
         if manifest.vocab_size > vocab:
-            fix = _vocab_fix(
-                spec.model, manifest.vocab_size, manifest.special_tokens["mask"], vocab
-            )
+            fix = _vocab_fix(spec.model, manifest.vocab_size, manifest, spec.data.artifact, vocab)
             found.append(
                 f"model: vocabulary of {vocab} ({where}) is smaller than the artifact's "
                 f"{manifest.vocab_size} token ids ({fix})"
