@@ -234,6 +234,7 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     missing = sorted(name for name in wanted if name not in stored)
     if missing:
         _refuse_layers_past_the_folder(missing, where, aliases, config, folder)
+        _refuse_an_untied_head_the_folder_lacks(missing, config, folder)
         shown = ", ".join(missing[:5]) + (" ..." if len(missing) > 5 else "")
         raise DllmError(
             f"{len(missing)} weights missing from {str(folder)!r}: {shown}",
@@ -254,6 +255,22 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
                         hint="config.json does not match the weights",
                     )
                 _fill(param, tensor.to(device=_param_device(param), dtype=param.dtype))
+
+
+def _refuse_an_untied_head_the_folder_lacks(missing, config, folder: Path) -> None:
+    """Where the output head alone is missing and config.json says the head is untied (a folder
+    saved from a tied model, its config.json edited or written by hand), say that, instead of
+    "does config.json match the weights": transformers would load it with a random head."""
+    if missing != [_HEAD] or getattr(config, "tie_word_embeddings", True):
+        return
+    raise DllmError(
+        f"{str(folder)!r} holds no {_HEAD} (the output head), and its config.json says "
+        "tie_word_embeddings: false (a head of its own): a folder of a model whose head is its "
+        "embedding says true",
+        hint="if the model ties its head to the embeddings, set tie_word_embeddings: true in "
+        "config.json (or model.config_overrides: {tie_word_embeddings: true}); else the "
+        "folder is incomplete: copy or save it again with its head",
+    )
 
 
 _LAYER = re.compile(r"^(.*?\blayers)\.(\d+)\.")

@@ -1,0 +1,70 @@
+"""A model folder saved by transformers, read as `model.path`: what starts training from it and
+what refuses it before the first step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from turbo_dllm.errors import DllmError
+from turbo_dllm.registry import get_family
+from turbo_dllm.train.weights import materialize
+
+transformers = pytest.importorskip("transformers")
+
+
+def hf_folder(folder, **extra):
+    """A tiny random Qwen3ForCausalLM saved to `folder` (tied head unless told)."""
+    config = transformers.Qwen3Config(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        **{"tie_word_embeddings": True, **extra},
+    )
+    torch.manual_seed(0)
+    model = transformers.Qwen3ForCausalLM(config)
+    model.save_pretrained(str(folder))
+    return model
+
+
+def ours(folder, **overrides):
+    family = get_family("qwen3")
+    config = family.resolve_config(path=str(folder), from_config=None, overrides=overrides)
+    model = family.runtime().build_model(config, None)
+    return materialize(model, torch.device("cpu"), seed=0, weights_from=str(folder))
+
+
+def test_an_untied_config_over_a_tied_folder_names_the_head_and_the_flag(tmp_path):
+    """A tied model's folder whose config.json says tie_word_embeddings: false (edited, or
+    written by hand): it said "1 weights missing ... does config.json match the weights
+    (model_type, layers, tie_word_embeddings)?"; transformers loads it with a random head."""
+    hf = hf_folder(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
+    with pytest.raises(DllmError) as refused:
+        ours(tmp_path)
+    assert "holds no lm_head.weight (the output head)" in refused.value.message
+    assert "tie_word_embeddings: false" in refused.value.message
+    assert "model.config_overrides: {tie_word_embeddings: true}" in refused.value.hint
+    # the hint's override loads the folder's weights, the head being the embedding
+    model = ours(tmp_path, tie_word_embeddings=True)
+    embedding = hf.model.embed_tokens.weight
+    torch.testing.assert_close(model.model.embed_tokens.weight, embedding, rtol=0, atol=0)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_a_folder_lacking_a_layer_s_tensor_keeps_the_general_message(tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    hf_folder(tmp_path, tie_word_embeddings=False)
+    tensors = load_file(str(tmp_path / "model.safetensors"))
+    del tensors["model.layers.0.mlp.up_proj.weight"]
+    save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(DllmError, match="does config.json match the weights"):
+        ours(tmp_path)
