@@ -10,6 +10,7 @@ a family").
 
 from __future__ import annotations
 
+import json
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -199,6 +200,17 @@ def _family_config(family: Family, model: Any) -> Any:
         )
     except FamilyMismatch as error:
         model_type = error.model_type
+        if model_type is None:  # "is a None model": a config.json naming no model_type
+            reads = " or ".join(json.dumps(name) for name in family.model_types)
+            where = error.message.split(" is a None model", 1)[0]
+            raise FamilyMismatch(
+                f"{where} names no model_type in its config.json (model.family "
+                f"{family.name!r} reads {', '.join(family.model_types)})",
+                hint=f'add "model_type": {reads} to that config.json where it is a model of '
+                "that kind (transformers' save_pretrained writes it), or point model.path at "
+                "the folder the model was saved to",
+                model_type=None,
+            ) from None
         readers = families_reading(model_type)
         hint = (
             f"set model.family to {' or '.join(readers)}"

@@ -1,0 +1,38 @@
+"""A model folder's config.json that its `model.family` cannot read is refused by `dllm config
+validate` at model.family with what to write in it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from tests.helpers import assert_user_error
+from turbo_dllm.registry import get_family
+
+
+@pytest.mark.parametrize(
+    "family,model_type", [("qwen3", '"qwen3"'), ("qwen3_8", '"qwen3_5" or "qwen3_5_text"')]
+)
+def test_a_config_json_without_model_type_says_to_add_it(cli, tmp_path, family, model_type):
+    """It said "model.path '...' is a None model, which model.family 'qwen3' does not read" and
+    "no family of this version reads None models"."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    preset = dict(get_family(family).presets["tiny"])
+    own = preset.pop("model_type")
+    (folder / "config.json").write_text(json.dumps(preset))
+    spec = {
+        "model": {"family": family, "path": str(folder)},
+        "objective": {"name": "block_diffusion", "block_size": 8},
+        "data": {"synthetic": {"num_sequences": 8, "vocab_size": 64}, "seq_len": 64},
+    }
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(spec))
+    result = cli("config", "validate", "--config", tmp_path / "train.yaml")
+    assert_user_error(result, "model.family:", f"'{folder}' names no model_type in its config.json")
+    assert f'add "model_type": {model_type} to that config.json' in result.err
+    assert "None" not in result.err, result.err
+    # the fix, written as the message says, validates
+    (folder / "config.json").write_text(json.dumps({**preset, "model_type": own}))
+    assert cli("config", "validate", "--config", tmp_path / "train.yaml").code == 0
