@@ -54,11 +54,15 @@ def run_cli(*argv) -> tuple[int, str]:
     return code, err.getvalue()
 
 
-def assert_clean_outcome(code: int, err: str) -> None:
-    assert code in (0, 2), (code, err)
+def assert_clean_outcome(code: int, err: str, failed_check: bool = False) -> None:
+    """Exit 0, or 2 with `dllm: error:`; with `failed_check` (a command that checks, such as
+    `dllm data validate`) also 1 with its `fix:` on stderr. Never a traceback."""
+    assert code in ((0, 1, 2) if failed_check else (0, 2)), (code, err)
     assert "Traceback" not in err
     if code == 2:
         assert err.startswith(("dllm: error:", "usage:")), err
+    if code == 1:
+        assert err.startswith("fix: "), err
 
 
 @pytest.fixture(autouse=True)
@@ -581,4 +585,7 @@ def test_fuzz_artifact_manifests(artifact, data, command, scramble_index):
             size = (copy / "documents.bin").stat().st_size
             raw = data.draw(st.binary(min_size=size, max_size=size))
             (copy / "documents.bin").write_bytes(raw)
-        assert_clean_outcome(*run_cli("data", *command, copy))
+        # validate's damaged artifact is a failed check (exit 1), the others' a refusal (2)
+        assert_clean_outcome(
+            *run_cli("data", *command, copy), failed_check=command[0] == "validate"
+        )
