@@ -36,3 +36,22 @@ def test_a_config_json_without_model_type_says_to_add_it(cli, tmp_path, family, 
     # the fix, written as the message says, validates
     (folder / "config.json").write_text(json.dumps({**preset, "model_type": own}))
     assert cli("config", "validate", "--config", tmp_path / "train.yaml").code == 0
+
+
+def test_a_diffusion_gemma_config_json_without_text_config_says_so(cli, tmp_path):
+    """It said "config.json lacks the field 'num_hidden_layers' (a diffusion_gemma config.json
+    from Hugging Face has it in text_config)": the whole text_config was missing."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    preset = dict(get_family("diffusion_gemma").presets["tiny"])
+    del preset["text_config"]
+    (folder / "config.json").write_text(json.dumps(preset))
+    spec = {
+        "model": {"family": "diffusion_gemma", "path": str(folder)},
+        "objective": {"name": "block_diffusion", "block_size": 16},
+        "data": {"synthetic": {"num_sequences": 8, "vocab_size": 64}, "seq_len": 64},
+    }
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(spec))
+    result = cli("config", "validate", "--config", tmp_path / "train.yaml")
+    assert_user_error(result, "model.path: config.json has no text_config")
+    assert "lacks the field" not in result.err

@@ -309,7 +309,15 @@ class DiffusionGemmaConfig:
                 f"config.json is a {hf.get('model_type')!r} model, not 'diffusion_gemma'",
                 hint="set model.family to the family of that model",
             )
-        text = hf.get("text_config") or {}
+        if hf.get("text_config") is None:  # not "lacks the field 'num_hidden_layers'"
+            raise DllmError(
+                "config.json has no text_config: a diffusion_gemma config.json holds the text "
+                "model's settings (hidden_size, num_hidden_layers, ...) in it",
+                hint="use the model's config.json as Hugging Face ships it (transformers' "
+                "DiffusionGemmaConfig writes text_config; without one it builds its default text "
+                "model, not the folder's)",
+            )
+        text = hf["text_config"]
         if not isinstance(text, dict):
             raise DllmError(
                 f"config.json's text_config is not an object: {text!r}",
