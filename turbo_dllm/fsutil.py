@@ -154,7 +154,8 @@ def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
 
 def file_system(path: str | Path) -> tuple[Path, int | None]:
     """The mount point of the file system holding `path` (or the nearest folder above it that
-    exists), and the bytes free on it for this user (None when that cannot be read)."""
+    exists), and the bytes free on it for this user (None when that cannot be read, or the file
+    system has no size: /proc, or a tmpfs without a limit, reports 0 blocks, none of them free)."""
     path = Path(os.path.abspath(path))
     while not path.exists() and path.parent != path:
         path = path.parent
@@ -164,6 +165,8 @@ def file_system(path: str | Path) -> tuple[Path, int | None]:
             path = path.parent
         info = os.statvfs(path)
     except OSError:
+        return path, None
+    if info.f_blocks == 0:
         return path, None
     return path, info.f_bavail * info.f_frsize
 

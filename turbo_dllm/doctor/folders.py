@@ -8,6 +8,7 @@ and `dllm train`'s start.
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,11 +49,71 @@ def folder_problem(target: str | Path) -> FolderProblem | None:
                 f"the path goes through {candidate}, which is a file, not a folder", candidate
             )
         nearest = candidate
-    if nearest is not None and not os.access(nearest, os.W_OK | os.X_OK):
+    if nearest is None:
+        return None
+    where = "it" if nearest == target else str(nearest)
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        return FolderProblem(f"{where} is not writable (permission denied)")
+    # root passes os.access everywhere: a read-only mount, or a kernel file system (/proc,
+    # /sys) where no folder can be made, is said as such (it was "/proc is full, 0 bytes free")
+    mount, kind, read_only = _mount_of(nearest)
+    if read_only:
+        return FolderProblem(f"{where} is on a read-only file system (mounted at {mount})")
+    if kind in _KERNEL_FILE_SYSTEMS:
+        on = "is" if nearest == mount else f"is on {mount},"
         return FolderProblem(
-            "it is not writable" if nearest == target else f"{nearest} is not writable"
+            f"{where} {on} the kernel's {kind} file system: no folder can be made there"
         )
     return None
+
+
+# File systems the kernel fills with its own entries: mkdir there fails (or makes a cgroup).
+_KERNEL_FILE_SYSTEMS = frozenset(
+    {
+        "proc",
+        "sysfs",
+        "devpts",
+        "securityfs",
+        "pstore",
+        "efivarfs",
+        "bpf",
+        "tracefs",
+        "debugfs",
+        "fusectl",
+        "configfs",
+        "cgroup",
+        "cgroup2",
+        "mqueue",
+        "binfmt_misc",
+        "nsfs",
+    }
+)
+
+
+def _mount_of(folder: Path) -> tuple[Path, str | None, bool]:
+    """The mount point of the file system holding the existing `folder`, its type (None where
+    /proc/self/mountinfo cannot be read) and whether it is mounted read-only."""
+    from turbo_dllm.fsutil import file_system
+
+    mount, _ = file_system(folder)
+    try:
+        read_only = bool(os.statvfs(folder).f_flag & os.ST_RDONLY)
+    except OSError:
+        read_only = False
+    kind = None
+    try:
+        lines = Path("/proc/self/mountinfo").read_text().splitlines()
+    except OSError:
+        return mount, None, read_only
+    for line in lines:  # a later mount at the same place hides an earlier one
+        fields, _, rest = line.partition(" - ")
+        parts = fields.split()
+        if len(parts) < 5 or not rest:
+            continue
+        point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m[1], 8)), parts[4])  # \040: a space
+        if Path(point) == mount:
+            kind = rest.split()[0]
+    return mount, kind, read_only
 
 
 def checkpoint_dir_problem(spec: Any, run_dir: Path | None) -> tuple[str, str] | None:
