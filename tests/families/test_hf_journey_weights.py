@@ -68,3 +68,34 @@ def test_a_folder_lacking_a_layer_s_tensor_keeps_the_general_message(tmp_path):
     save_file(tensors, str(tmp_path / "model.safetensors"), metadata={"format": "pt"})
     with pytest.raises(DllmError, match="does config.json match the weights"):
         ours(tmp_path)
+
+
+@pytest.mark.parametrize("damage", ["shard missing", "torn header"])
+def test_doctor_reads_the_weight_files_headers(cli, tmp_path, damage):
+    """A sharded folder missing a shard its index names, or a model.safetensors cut short:
+    doctor's model check passed them (it looked for the file names only), so `dllm launch`
+    wrote a run dir and its worker failed; the check now names the file, as the trainer does."""
+    from tests.train.util import write_config
+
+    folder = tmp_path / "model"
+    if damage == "shard missing":
+        hf_folder(folder).save_pretrained(str(folder), max_shard_size="20KB")
+        shards = sorted(folder.glob("model-*-of-*.safetensors"))
+        assert len(shards) > 1
+        shards[1].unlink()
+        words = ("lists 1 shard file(s) that", "copy or download every shard the index names")
+    else:
+        hf_folder(folder)
+        (folder / "model.safetensors").write_bytes(b"\x10\x00")
+        words = ("model.safetensors' is unreadable as safetensors", "damaged")
+    config = write_config(
+        tmp_path / "t.yaml",
+        f"model.path={folder}",
+        "model.from_config=null",
+        "model.config_overrides={}",
+        "data.synthetic.vocab_size=64",
+    )
+    result = cli("doctor", "--config", config, "--json")
+    (check,) = [c for c in json.loads(result.out)["checks"] if c["name"] == "model"]
+    assert check["status"] == "fail", check
+    assert words[0] in check["detail"] and words[1] in check["fix"], check

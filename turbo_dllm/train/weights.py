@@ -211,6 +211,14 @@ def _safetensors_index(folder: Path) -> dict[str, Path]:
         return {name: single for name in handle.keys()}  # noqa: SIM118 - safe_open has no iter
 
 
+def weight_index(folder: str | Path) -> dict[str, Path]:
+    """Where each tensor of a model folder is (`model.safetensors`, or the shards its index
+    names), reading only the index and the file headers: a folder without weights, a shard the
+    index names and the folder lacks, a damaged index or header is the trainer's error here
+    (`dllm doctor`'s model check, before `dllm launch` writes a run dir)."""
+    return _safetensors_index(Path(folder))
+
+
 @torch.no_grad()
 def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     """Load HF-layout safetensors into the model; every parameter must be found.

@@ -191,6 +191,12 @@ def model_source(ctx: DoctorContext) -> CheckResult:
             f"{folder} has config.json but no safetensors weights",
             fix="save the model with transformers' save_pretrained (safetensors) into that folder",
         )
+    from turbo_dllm.train.weights import weight_index
+
+    try:  # a shard the index names and the folder lacks, a torn index or header
+        weight_index(folder)
+    except DllmError as error:
+        return CheckResult(name, "fail", error.message, fix=error.hint)
     return CheckResult(name, "pass", f"{folder} ({size})")
 
 
