@@ -370,7 +370,7 @@ def _start_command(argv: list[str], job) -> str:
 
 
 def _print_dry_run(job, as_json: bool, start_command: str, joins: bool, submit: bool) -> int:
-    from turbo_dllm.jobs.describe import describe_plan
+    from turbo_dllm.jobs.describe import describe_plan, describe_topology
 
     manifest = job.manifest.model_dump(mode="json")
     if as_json:
@@ -378,6 +378,7 @@ def _print_dry_run(job, as_json: bool, start_command: str, joins: bool, submit: 
             {
                 "dry_run": True,
                 "plan": job.plan.model_dump(mode="json"),
+                "topology": describe_topology(job.plan.layout) if job.plan.layout else None,
                 "manifest": manifest,
                 "drift": [d.model_dump(mode="json") for d in job.drift],
                 "start_command": start_command,

@@ -7,7 +7,7 @@ import shlex
 from turbo_dllm.jobs.manifest import RunManifest
 from turbo_dllm.jobs.plan import JobPlan
 
-__all__ = ["describe_manifest", "describe_plan"]
+__all__ = ["describe_manifest", "describe_plan", "describe_topology"]
 
 MAX_RANKS_SHOWN = 16
 
@@ -23,6 +23,7 @@ def describe_plan(plan: JobPlan) -> list[str]:
         "mesh         "
         + " x ".join(f"{a.name}={a.degree}" for a in plan.mesh)
         + (f"  (elastic axis: {plan.elastic_axis})" if plan.elastic_axis else ""),
+        *([f"topology     {describe_topology(plan.layout)['text']}"] if plan.layout else []),
         f"rendezvous   {_rendezvous(plan)}",
         f"restarts     {plan.max_restarts}",
     ]
@@ -49,6 +50,38 @@ def describe_plan(plan: JobPlan) -> list[str]:
             lines.append(f"rank ...     ({len(plan.ranks) - MAX_RANKS_SHOWN} more in the plan)")
     lines += [f"note         {note}" for note in plan.notes]
     return lines
+
+
+_DEGREES = ("dp", "fsdp", "tp", "sp", "cp", "bp", "ep")  # as the RunSpec's topology names them
+
+
+def describe_topology(layout: dict) -> dict:
+    """A plan's parallel layout (`JobPlan.layout`) as people read it: every degree that is not
+    1 (sp when on), and how the context is split, by the names of docs/parallelism.md: "csbp"
+    (bp > 1), "cp" (the CP baseline: cp > 1, bp 1) or "none". The mesh line alone read the same
+    for CSBP at cp=2, bp=2 and the CP baseline at cp=2 (bp is no mesh axis)."""
+    from turbo_dllm.config.topology import ParallelLayout
+
+    shape = ParallelLayout.from_dict(layout)
+    values = {name: getattr(shape, name) for name in _DEGREES}
+    degrees = {  # sp is a switch: True is no degree (and True == 1)
+        name: value
+        for name, value in values.items()
+        if (value is True) or (not isinstance(value, bool) and value != 1)
+    }
+    words = [name if value is True else f"{name}={value}" for name, value in degrees.items()]
+    text = " x ".join(words) if words else "one process (every degree 1)"
+    if shape.mode == "csbp":
+        clean = (
+            "every rank recomputes its clean prefix"
+            if shape.cp == 1
+            else f"the clean stream zigzag-sharded over cp={shape.cp}"
+            + (f", replicated over {shape.clean_replica} groups" if shape.clean_replica > 1 else "")
+        )
+        text += f"; context: CSBP (noisy blocks over bp={shape.bp} ranks, {clean})"
+    elif shape.mode == "cp":
+        text += f"; context: CP baseline (both streams zigzag-sharded over cp={shape.cp}, bp=1)"
+    return {"degrees": degrees, "context": shape.mode, "text": text}
 
 
 def describe_manifest(manifest: RunManifest) -> list[str]:
