@@ -99,6 +99,16 @@ def compile_plan(
             f"elastic: topology.{elastic_axis} follows the node count "
             f"({', '.join(str(w) for w in world_sizes)} processes); the global batch scales with it"
         )
+    if layout.tp > 1 and nnodes.max > 1 and nproc % layout.tp:
+        # tp groups are tp neighbouring ranks, a node nproc of them: a tp that does not divide
+        # nproc puts a group on two nodes, whose all-reduces (every layer) cross the network
+        notes.append(
+            f"tp: a tensor-parallel group of tp={layout.tp} spans nodes ({nproc} process(es) "
+            "per node); tp all-reduces activations in every layer, so across nodes each step is "
+            "very slow. Keep tp inside a node (tp <= --nproc-per-node and dividing it"
+            f"{_tp_inside_a_node(layout.tp, nproc, world_sizes[0])}), and split the work over "
+            "nodes by dp, fsdp or cp instead"
+        )
     if device == "cpu" and world_sizes[0] > 1 and nproc > host.cpu_count and backend != "slurm":
         notes.append(f"{nproc} processes on {host.cpu_count} CPU cores will oversubscribe them")
     if backend == "slurm" and not gpus_per_node:
@@ -270,6 +280,16 @@ def _nproc_per_node(spec: RunSpec, options: LaunchOptions, gpus_per_node: int) -
             "of the node count",
         )
     return world // nodes.min
+
+
+def _tp_inside_a_node(tp: int, nproc: int, world: int) -> str:
+    """The same processes laid out with whole tp groups on each node (", e.g. --nnodes 1
+    --nproc-per-node 2"): the fewest processes per node above `nproc` that hold whole groups
+    and divide the world; "" where none does."""
+    for per_node in range((nproc // tp + 1) * tp, world + 1, tp):
+        if world % per_node == 0:
+            return f", e.g. --nnodes {world // per_node} --nproc-per-node {per_node}"
+    return ""
 
 
 def _check_world_size(spec: RunSpec, world: int, nproc: int, nnodes: int) -> None:
