@@ -42,10 +42,14 @@ def test_resume_from_step_20_reproduces_the_loss_trace_bitwise(tmp_path):
     straight, resumed = tmp_path / "straight", tmp_path / "resumed"
     args = ("training.steps=30", "checkpoint.interval=10", "checkpoint.keep_last=3")
     train(tiny_spec(*args), straight)
-    train(tiny_spec(*args), resumed)
-    # Simulate a crash after step 20: the step-30 checkpoint never happened.
+    # Simulate a crash after step 20: the step-30 checkpoint never happened. (A copy of the
+    # straight run: a second fresh run wrote the same files; that two fresh runs agree bitwise
+    # is asserted where a killed run's first steps meet an uninterrupted one, as in
+    # test_checkpoint_faults.py.)
+    shutil.copytree(straight, resumed)
     shutil.rmtree(resumed / "checkpoints/step_00000030")
     train(tiny_spec(*args), resumed)  # auto-resume from step 20
+    assert (resumed / "checkpoints/step_00000030/checkpoint.json").is_file()  # trained again
     assert [r["step"] for r in metrics(resumed)] == list(range(1, 31))
     assert losses(resumed) == losses(straight)  # bitwise
     assert [r["grad_norm"] for r in metrics(resumed)] == [r["grad_norm"] for r in metrics(straight)]
@@ -221,16 +225,16 @@ def test_starter_project_trains_on_its_prepared_artifact(cli, tmp_path):
         "--run-dir",
         run,
         "--set",
-        "training.steps=50",
+        "training.steps=36",  # the shipped 60 learn more; 36 end at about half the first loss
         "--set",
         "logging.console=false",
     )
     assert result.code == 0, result.err
     trace = losses(run)
-    assert len(trace) == 50
+    assert len(trace) == 36
     first, last = sum(trace[:3]) / 3, sum(trace[-5:]) / 5
     assert last < 0.6 * first, (first, last)  # ln(259) ~ 5.6 at the start
-    meta = json.loads((run / "checkpoints/step_00000050/checkpoint.json").read_text())
+    meta = json.loads((run / "checkpoints/step_00000036/checkpoint.json").read_text())
     assert meta["data_fingerprint"] and meta["loader"]["format"] == "turbo_dllm.loader.v1"
 
 
