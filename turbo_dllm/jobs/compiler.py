@@ -38,7 +38,10 @@ def compile_plan(
     run_dir: Path,
     cwd: Path | None = None,
     python: str | None = None,
+    source: str = "RunSpec",
 ) -> JobPlan:
+    """`source` names the spec in its problems (the config file, as `dllm config validate`
+    names it; a replay's manifest)."""
     python = python or sys.executable
     cwd = (cwd or Path.cwd()).resolve()
     run_dir = Path(run_dir).resolve()
@@ -53,10 +56,12 @@ def compile_plan(
 
     elastic_axis = None
     if nnodes.elastic:
-        elastic_axis, world_sizes = _elastic_world_sizes(spec, nproc, nnodes.min, nnodes.max)
+        elastic_axis, world_sizes = _elastic_world_sizes(
+            spec, nproc, nnodes.min, nnodes.max, source
+        )
     else:
         world_sizes = [nproc * nnodes.min]
-        _check_world_size(spec, world_sizes[0], nproc, nnodes.min)
+        _check_world_size(spec, world_sizes[0], nproc, nnodes.min, source)
     backend = _choose_backend(options, world_sizes)
     _check_backend_options(options, backend)
 
@@ -292,9 +297,9 @@ def _tp_inside_a_node(tp: int, nproc: int, world: int) -> str:
     return ""
 
 
-def _check_world_size(spec: RunSpec, world: int, nproc: int, nnodes: int) -> None:
+def _check_world_size(spec: RunSpec, world: int, nproc: int, nnodes: int, source: str) -> None:
     try:
-        check(spec, world_size=world, source="RunSpec")
+        check(spec, world_size=world, source=source)
     except DllmError as error:
         topo = spec.topology
         rest = topo.fsdp * topo.context_degree * topo.tp
@@ -311,7 +316,9 @@ def _check_world_size(spec: RunSpec, world: int, nproc: int, nnodes: int) -> Non
         ) from None
 
 
-def _elastic_world_sizes(spec: RunSpec, nproc: int, low: int, high: int) -> tuple[str, list[int]]:
+def _elastic_world_sizes(
+    spec: RunSpec, nproc: int, low: int, high: int, source: str = "RunSpec"
+) -> tuple[str, list[int]]:
     """The data-parallel axis absorbs the node count; every other degree stays fixed."""
     topo = spec.topology
     axis = "fsdp" if topo.fsdp > 1 else "dp"
@@ -325,7 +332,7 @@ def _elastic_world_sizes(spec: RunSpec, nproc: int, low: int, high: int) -> tupl
             f"size(s) {', '.join(map(str, bad))} ({low}:{high} nodes x {nproc} processes)",
             hint=f"make --nproc-per-node a multiple of {fixed}",
         )
-    check(spec, world_size=None, source="RunSpec")
+    check(spec, world_size=None, source=source)
     return axis, sizes
 
 

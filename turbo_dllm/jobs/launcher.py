@@ -99,7 +99,7 @@ def prepare_launch(
     run_dir, explicit = _run_dir(options, spec.launch.run_dir, DEFAULT_ROOT)
     fingerprint = _fingerprint()
     host = HostView.from_fingerprint(fingerprint)
-    spec, plan = _compile(spec, options, host, run_dir, explicit)
+    spec, plan = _compile(spec, options, host, run_dir, explicit, source=str(config))
     _check_artifact(spec, config)
     manifest = build_manifest(spec, plan, argv, fingerprint)
     return PreparedJob(spec=spec, plan=plan, manifest=manifest, source=str(config), host=host)
@@ -143,7 +143,9 @@ def prepare_replay(
     run_dir, explicit = _run_dir(layout, None, str(_original_run_dir(path, recorded).parent))
     fingerprint = _fingerprint()
     host = HostView.from_fingerprint(fingerprint)
-    spec, plan = _compile(spec, layout, host, run_dir, explicit, replay=True)
+    spec, plan = _compile(
+        spec, layout, host, run_dir, explicit, replay=True, source=str(manifest_path)
+    )
     plan = _recorded_threads(plan, recorded.plan)
     current = build_manifest(spec, plan, argv, fingerprint, missing_data_ok=True)
     drift = manifest_drift(recorded, current) + _content_drift(spec)
@@ -467,11 +469,12 @@ def _compile(
     explicit: bool,
     *,
     replay: bool = False,
+    source: str = "RunSpec",
 ) -> tuple[RunSpec, JobPlan]:
     spec = spec.model_copy(
         update={"launch": spec.launch.model_copy(update={"run_dir": str(run_dir)})}
     )
-    plan = compile_plan(spec, options, host, run_dir=run_dir)
+    plan = compile_plan(spec, options, host, run_dir=run_dir, source=source)
     if plan.multi_node and not explicit:
         # A replay runs the recorded spec: its launch.run_dir is no way to choose the run dir.
         raise DllmError(
