@@ -117,11 +117,12 @@ def _check_process_count(spec, world: int, args) -> None:
     more = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
     if args.run_dir is not None:
         more += f" --run-dir {shlex.quote(args.run_dir)}"
+    fit = _fit_to(spec.topology, world)
     if need == 1:
         raise DllmError(
             message,
             hint=f"run it in one process, without torchrun: dllm train --config {config}{more} "
-            f"(or dllm launch --config {config}{more})",
+            f"(or dllm launch --config {config}{more}){fit}",
         )
     torchrun = shlex.join(
         [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
@@ -131,8 +132,29 @@ def _check_process_count(spec, world: int, args) -> None:
         message,
         hint=f"start its {processes}: dllm launch --config {config}{more} (torchrun, "
         f"recorded as a run), or by hand: {torchrun} -m turbo_dllm train --config "
-        f"{config}{more}; or make the topology's product {world}",
+        f"{config}{more}{fit}",
     )
+
+
+def _fit_to(topo, world: int) -> str:
+    """How to make the topology's product the `world` processes this `dllm train` was started
+    with, by its data-parallel degrees: "; or fit the spec to ...: add `--set topology.dp=N`"
+    (the dp fix of `dllm launch`'s refusal, `world_size_fixes`, and the fsdp one), or why none
+    fits (nothing for one process). The hint offered only one process or `dllm launch`."""
+    from turbo_dllm.config.topology import world_size_fixes
+
+    fixes = [f for f in world_size_fixes(topo, world, world, 1) if f.startswith("--set ")]
+    others = topo.dp * topo.context_degree * topo.tp  # all but fsdp
+    if world % others == 0 and world // others != topo.fsdp:
+        fixes.append(f"--set topology.fsdp={world // others}")
+    started = "one process" if world == 1 else f"the {world} processes torchrun started"
+    if fixes:
+        shown = " or ".join(f"`{fix}`" for fix in fixes)
+        return f"; or fit the spec to {started}: add {shown} to this `dllm train`"
+    if world == 1:
+        return ""
+    rest = topo.fsdp * topo.context_degree * topo.tp
+    return f"; no dp fits {started}: {world} is not a multiple of fsdp*max(cp,bp)*tp = {rest}"
 
 
 def _recorded_run(where):
