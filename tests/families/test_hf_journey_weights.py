@@ -99,3 +99,38 @@ def test_doctor_reads_the_weight_files_headers(cli, tmp_path, damage):
     (check,) = [c for c in json.loads(result.out)["checks"] if c["name"] == "model"]
     assert check["status"] == "fail", check
     assert words[0] in check["detail"] and words[1] in check["fix"], check
+
+
+@pytest.mark.parametrize("change", ["untied", "vocab_size"])
+def test_doctor_refuses_a_config_json_that_does_not_match_the_weights(cli, tmp_path, change):
+    """The trainer's refusals of the folder's tensors (the untied head above; a vocab_size the
+    embedding does not have) were met only once `dllm launch` had written a run dir: doctor's
+    model check now checks the tensors' names and shapes from the headers."""
+    from tests.train.util import write_config
+
+    folder = tmp_path / "model"
+    hf_folder(folder)
+    config = json.loads((folder / "config.json").read_text())
+    edit = {"tie_word_embeddings": False} if change == "untied" else {"vocab_size": 48}
+    (folder / "config.json").write_text(json.dumps({**config, **edit}))
+    spec = write_config(
+        tmp_path / "t.yaml",
+        f"model.path={folder}",
+        "model.from_config=null",
+        "model.config_overrides={}",
+        "data.synthetic.vocab_size=48",
+    )
+    result = cli("doctor", "--config", spec, "--json")
+    (check,) = [c for c in json.loads(result.out)["checks"] if c["name"] == "model"]
+    assert check["status"] == "fail", check
+    if change == "untied":
+        assert "holds no lm_head.weight" in check["detail"], check
+    else:
+        assert (
+            "has shape (64, 32) in model.safetensors, the model expects (48, 32)" in check["detail"]
+        ), check
+    # the folder as saved passes
+    (folder / "config.json").write_text(json.dumps(config))
+    result = cli("doctor", "--config", spec, "--json")
+    (check,) = [c for c in json.loads(result.out)["checks"] if c["name"] == "model"]
+    assert check["status"] == "pass", check

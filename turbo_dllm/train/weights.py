@@ -227,6 +227,32 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     e.g. the text half of a multimodal folder under another prefix); the first name present wins.
     """
     folder = Path(folder)
+    wanted, stored, by_file = _weights_in(model, config, folder)
+    for file, names in by_file.items():
+        with _open_safetensors(file) as handle:
+            for name in names:
+                param = wanted[name]
+                tensor = _read_tensor(handle, file, stored[name])
+                _check_shape(name, tuple(tensor.shape), param, file)
+                _fill(param, tensor.to(device=_param_device(param), dtype=param.dtype))
+
+
+def check_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
+    """`load_hf_weights`' refusals (a tensor missing, another shape, a file the index names and
+    the folder lacks, a damaged header) without reading the tensors: the model may be on the
+    meta device. `dllm doctor`'s model check, so that `dllm launch` refuses before it writes a
+    run dir."""
+    folder = Path(folder)
+    wanted, stored, by_file = _weights_in(model, config, folder)
+    for file, names in by_file.items():
+        with _open_safetensors(file) as handle:
+            for name in names:
+                _check_shape(name, _stored_shape(handle, file, stored[name]), wanted[name], file)
+
+
+def _weights_in(model: nn.Module, config, folder: Path):
+    """The model's parameters to fill (`wanted`), each one's name in the folder (`stored`) and
+    the names by file; a parameter the folder lacks is refused here."""
     where = _safetensors_index(folder)
     wanted = dict(named_parameters_clean(model))
     for name in getattr(model, "external_weights", ()):  # another folder provides them
@@ -251,18 +277,27 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     by_file: dict[Path, list[str]] = {}
     for name in wanted:
         by_file.setdefault(where[stored[name]], []).append(name)
-    for file, names in by_file.items():
-        with _open_safetensors(file) as handle:
-            for name in names:
-                param = wanted[name]
-                tensor = _read_tensor(handle, file, stored[name])
-                if tuple(tensor.shape) != tuple(param.shape):
-                    raise DllmError(
-                        f"weight {name!r} has shape {tuple(tensor.shape)} in {file.name}, "
-                        f"the model expects {tuple(param.shape)}",
-                        hint="config.json does not match the weights",
-                    )
-                _fill(param, tensor.to(device=_param_device(param), dtype=param.dtype))
+    return wanted, stored, by_file
+
+
+def _check_shape(name: str, shape: tuple[int, ...], param, file: Path) -> None:
+    if shape != tuple(param.shape):
+        raise DllmError(
+            f"weight {name!r} has shape {shape} in {file.name}, "
+            f"the model expects {tuple(param.shape)}",
+            hint="config.json does not match the weights",
+        )
+
+
+def _stored_shape(handle, file: Path, name: str) -> tuple[int, ...]:
+    from safetensors import SafetensorError
+
+    try:
+        return tuple(handle.get_slice(name).get_shape())
+    except (SafetensorError, RuntimeError) as error:
+        raise UnreadableWeights(
+            f"{str(file)!r}: tensor {name!r} is unreadable ({error})", hint=_UNREADABLE_HINT
+        ) from None
 
 
 def _refuse_an_untied_head_the_folder_lacks(missing, config, folder: Path) -> None:

@@ -191,13 +191,26 @@ def model_source(ctx: DoctorContext) -> CheckResult:
             f"{folder} has config.json but no safetensors weights",
             fix="save the model with transformers' save_pretrained (safetensors) into that folder",
         )
-    from turbo_dllm.train.weights import weight_index
-
-    try:  # a shard the index names and the folder lacks, a torn index or header
-        weight_index(folder)
+    try:  # the trainer's refusals of the folder's weights, from the index and headers alone
+        _check_weights(model, config, folder)
     except DllmError as error:
         return CheckResult(name, "fail", error.message, fix=error.hint)
     return CheckResult(name, "pass", f"{folder} ({size})")
+
+
+def _check_weights(model, config, folder) -> None:
+    """A tensor the folder lacks or holds in another shape (a config.json that does not match
+    the weights), a shard its index names and the folder lacks, a damaged index or header: the
+    built-in families' model is built on the meta device (no storage) and checked against the
+    headers as the trainer loads it; a DFlash drafter or a plugin's family gets the file checks
+    only (their models need more than the config, or may allocate)."""
+    from turbo_dllm.registry import PLUGINS, get_family
+    from turbo_dllm.train.weights import check_hf_weights, weight_index
+
+    if model.family == "dflash" or PLUGINS.sources.get(("family", model.family)):
+        weight_index(folder)
+        return
+    check_hf_weights(get_family(model.family).runtime().build_model(config, None), config, folder)
 
 
 @register_check(order=458)
