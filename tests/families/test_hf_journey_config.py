@@ -55,3 +55,22 @@ def test_a_diffusion_gemma_config_json_without_text_config_says_so(cli, tmp_path
     result = cli("config", "validate", "--config", tmp_path / "train.yaml")
     assert_user_error(result, "model.path: config.json has no text_config")
     assert "lacks the field" not in result.err
+
+
+def test_a_config_json_that_is_not_json_is_refused_at_start_with_its_fix(tmp_path):
+    """`dllm train` / `dllm launch` list the data's misfits under their own hint ("change the
+    spec, or prepare the data again to match it"); the model folder's unreadable config.json
+    was among them without its fix."""
+    from tests.families.test_model_tokenizer import huggingface, prepare, save_tokenizer, spec_of
+    from turbo_dllm.data.artifact import read_manifest
+    from turbo_dllm.data.compat import artifact_problems
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    save_tokenizer(folder)
+    artifact = prepare(tmp_path / "data", huggingface(folder))
+    (folder / "config.json").write_text('{"model_type": "qwen3", ')  # cut short
+    spec = spec_of("qwen3", folder, artifact)
+    (line,) = [p for p in artifact_problems(read_manifest(artifact), spec) if "config.json" in p]
+    assert line.startswith(f"model: cannot read '{folder}/config.json'"), line
+    assert "(it is not valid JSON: download the model's config.json again" in line, line

@@ -103,7 +103,9 @@ def artifact_problems(manifest: DataManifest, spec) -> list[str]:
     try:
         vocab, where = model_vocab_size(spec.model)
     except DllmError as error:
-        found.append(f"model: {error.message}")
+        # its fix with it: `dllm train` and `dllm launch` print these lines under a hint of
+        # their own ("change the spec, or prepare the data again"), not the model's
+        found.append(f"model: {error.message}" + (f" ({error.hint})" if error.hint else ""))
         vocab, where = None, ""
     mask = manifest.special_tokens["mask"]
     drafter = getattr(spec.model, "dflash", None)
