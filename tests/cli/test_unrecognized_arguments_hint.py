@@ -1,8 +1,8 @@
 """An argument no option takes is refused by the command's own parser: its usage and a hint
 naming its --help (README: a usage error's hint names the command's --help). Before, the
 top-level parser said it: `usage: dllm [-h] [--version] COMMAND ...` and "`dllm --help` lists
-its arguments", which lists the commands, not what `dllm run plot` takes (`dllm run plot A B`,
-two runs to one plot, was told to read `dllm --help`)."""
+its arguments", which lists the commands, not what `dllm run show` takes (`dllm run show A B`,
+two runs, was told to read `dllm --help`; `dllm run plot A B` now overlays two runs)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 @pytest.mark.parametrize(
     ("argv", "command"),
     [
-        (("run", "plot", "a", "b"), "dllm run plot"),
+        (("run", "show", "a", "b"), "dllm run show"),
         (("run", "list", "extra"), "dllm run list"),
         (("launch", "--config", "train.yaml", "x=1"), "dllm launch"),
     ],

@@ -1,4 +1,4 @@
-"""`dllm run list | show ID | diff A B | plot ID`: look at recorded runs (default root ./runs)."""
+"""`dllm run list | show ID | diff A B | plot ID [ID ...]`: look at recorded runs (default root ./runs)."""
 
 from __future__ import annotations
 
@@ -22,8 +22,24 @@ def register(subparsers) -> None:
     p.add_argument("--json", action="store_true", help="print the whole manifest")
     p = add("diff", "two runs' manifests side by side (fields that differ)", _diff, "a", "b")
     p.add_argument("--json", action="store_true")
-    p = add("plot", "PNG plots of loss, tokens/s and memory from metrics.jsonl", _plot, "run")
-    p.add_argument("--out", default=None, help="folder for the PNGs (default <run>/plots)")
+    p = add(
+        "plot",
+        "PNG plots of loss, tokens/s and memory from metrics.jsonl; several runs: their curves "
+        "on one plot each",
+        _plot,
+    )
+    p.add_argument(
+        "run",
+        nargs="+",
+        help="run id (or a unique prefix), or a run dir; more than one: overlaid, one colour "
+        "and legend entry per run",
+    )
+    p.add_argument(
+        "--out",
+        default=None,
+        help="folder for the PNGs (default <run>/plots; several runs: <first run>/plots/"
+        "vs-<other runs>)",
+    )
 
 
 def _list(args) -> int:
@@ -158,10 +174,11 @@ def _diff(args) -> int:
 
 
 def _plot(args) -> int:
-    from turbo_dllm.jobs.plot import plot_run
+    from turbo_dllm.jobs.plot import plot_runs
     from turbo_dllm.jobs.runs import find_run
 
-    for path in plot_run(find_run(args.run, _root(args), manifest=False), args.out):
+    runs = [find_run(ref, _root(args), manifest=False) for ref in args.run]
+    for path in plot_runs(runs, args.out):
         print(f"wrote {path}")
     return 0
 

@@ -1,5 +1,6 @@
 """PNG plots of a run's metrics.jsonl: loss (and the held-out loss where the run evaluated),
-throughput and memory against the step."""
+throughput and memory against the step; of several runs (a run and its replay, two learning
+rates), their curves on one plot, one colour and legend entry per run."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from turbo_dllm.fsutil import write_atomic
 from turbo_dllm.paths import use_matplotlib_config_dir
 from turbo_dllm.train.metrics import METRICS_NAME, read_metrics
 
-__all__ = ["PLOTS", "plot_run"]
+__all__ = ["PLOTS", "plot_run", "plot_runs", "run_labels"]
 
 # file name -> (metric key, y label)
 PLOTS: dict[str, tuple[str, str]] = {
@@ -26,10 +27,23 @@ PLOTS: dict[str, tuple[str, str]] = {
 
 def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
     """Write one PNG per metric that the run logged; returns their paths."""
-    run_dir = Path(run_dir)
-    records = _last_per_step(read_metrics(run_dir))
-    if not records:
-        raise _nothing_to_plot(run_dir)
+    return plot_runs([Path(run_dir)], out_dir)
+
+
+def plot_runs(run_dirs: list[Path], out_dir: Path | None = None) -> list[Path]:
+    """Write one PNG per metric that any of the runs logged, each run's curve in its own colour
+    with a legend entry named by its run (`run_labels`); one run is plotted as `plot_run` always
+    did. Default folder: <run>/plots for one run; for several, <first run>/plots/vs-<others>
+    (the first run's own plots stay as they are)."""
+    run_dirs = [Path(run_dir) for run_dir in run_dirs]
+    runs = []
+    for run_dir in run_dirs:
+        records = _last_per_step(read_metrics(run_dir))
+        if not records:
+            raise _nothing_to_plot(run_dir)
+        runs.append(records)
+    labels = run_labels(run_dirs)
+    several = len(run_dirs) > 1
     use_matplotlib_config_dir()
     # Files, no display: Agg. A user's MPLBACKEND has no say (one matplotlib does not know was
     # a ValueError traceback while it was imported).
@@ -44,7 +58,12 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
             "plotting needs matplotlib, which is not installed",
             hint="python -m pip install matplotlib",
         ) from None
-    out_dir = Path(out_dir) if out_dir else run_dir / "plots"
+    if out_dir:
+        out_dir = Path(out_dir)
+    elif several:
+        out_dir = run_dirs[0] / "plots" / ("vs-" + "-".join(labels[1:]).replace("/", "_"))
+    else:
+        out_dir = run_dirs[0] / "plots"
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as error:  # --out names a file, or a folder we cannot write
@@ -57,22 +76,46 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         ) from None
     written = []
     for name, (key, label) in PLOTS.items():
-        points = [(r["step"], r[key]) for r in records if _number(r.get(key))]
-        if not points:
+        curves = [
+            (run_label, records, [(r["step"], r[key]) for r in records if _number(r.get(key))])
+            for run_label, records in zip(labels, runs, strict=True)
+        ]
+        if not any(points for _, _, points in curves):
             continue
         figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
-        # A line through one point draws nothing: a run after its first logged step.
-        marker = "o" if len(points) == 1 else None
-        axes.plot([p[0] for p in points], [p[1] for p in points], linewidth=1.5, marker=marker)
-        held_out = [(r["step"], r["eval_loss"]) for r in records if _number(r.get("eval_loss"))]
-        if key == "loss" and held_out:  # the evaluations (`eval:`) beside the training loss
-            axes.lines[0].set_label("training")
-            xs, ys = zip(*held_out, strict=True)
-            axes.plot(xs, ys, linewidth=1.5, marker="o", label="held-out (eval_loss)")
+        legend = False
+        for index, (run_label, records, points) in enumerate(curves):
+            if not points:
+                continue
+            colour = f"C{index % 10}" if several else None
+            # A line through one point draws nothing: a run after its first logged step.
+            marker = "o" if len(points) == 1 else None
+            line = axes.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                linewidth=1.5,
+                marker=marker,
+                color=colour,
+                label=run_label if several else None,
+            )[0]
+            held_out = [(r["step"], r["eval_loss"]) for r in records if _number(r.get("eval_loss"))]
+            if key == "loss" and held_out:  # the evaluations (`eval:`) beside the training loss
+                xs, ys = zip(*held_out, strict=True)
+                if several:  # the run's colour, dashed
+                    line.set_label(f"{run_label} (training)")
+                    axes.plot(
+                        xs, ys, linewidth=1.5, marker="o", linestyle="--", color=colour,
+                        label=f"{run_label} (held-out)",
+                    )  # fmt: skip
+                else:
+                    line.set_label("training")
+                    axes.plot(xs, ys, linewidth=1.5, marker="o", label="held-out (eval_loss)")
+                legend = True
+        if several or legend:
             axes.legend()
         axes.set_xlabel("step")
         axes.set_ylabel(label)
-        axes.set_title(f"{run_dir.name}: {label}")
+        axes.set_title(f"{' vs '.join(labels) if several else run_dirs[0].name}: {label}")
         axes.grid(alpha=0.3)
         figure.tight_layout()
         path = out_dir / name
@@ -84,14 +127,25 @@ def plot_run(run_dir: Path, out_dir: Path | None = None) -> list[Path]:
         write_atomic(path, image.getvalue())
         written.append(path)
     if not written:  # steps logged, but none of the plotted values: it said nothing, exit 0
+        which = str(run_dirs[0]) if not several else ", ".join(map(str, run_dirs))
         raise DllmError(
-            f"{run_dir}'s metrics.jsonl has steps but no finite "
+            f"{which}'s metrics.jsonl has steps but no finite "
             + ", ".join(key for key, _ in PLOTS.values())
             + " values to plot",
             hint="the trainer logs them every logging step; this file was written by something "
             "else, or every value is NaN",
         )
     return written
+
+
+def run_labels(run_dirs: list[Path]) -> list[str]:
+    """What the legend calls each run: its run dir's name (the run id), or, where two runs
+    share a name (runs/a/x and runs/b/x), the path that tells them apart."""
+    names = [Path(run_dir).name for run_dir in run_dirs]
+    return [
+        name if names.count(name) == 1 else str(run_dir)
+        for name, run_dir in zip(names, run_dirs, strict=True)
+    ]
 
 
 def _nothing_to_plot(run_dir: Path) -> DllmError:
