@@ -134,3 +134,35 @@ def test_doctor_refuses_a_config_json_that_does_not_match_the_weights(cli, tmp_p
     result = cli("doctor", "--config", spec, "--json")
     (check,) = [c for c in json.loads(result.out)["checks"] if c["name"] == "model"]
     assert check["status"] == "pass", check
+
+
+def test_doctor_reads_a_dflash_target_s_weight_files(cli, tmp_path):
+    """A drafter's frozen target (model.dflash.target) without weights: doctor said ready, and
+    `dllm launch` wrote a run dir whose worker failed ("no safetensors weights in ...")."""
+    from tests.train.util import write_config
+
+    target = tmp_path / "target"
+    hf_folder(target)
+    spec = write_config(
+        tmp_path / "t.yaml",
+        "model.family=dflash",
+        "model.from_config=target",
+        "model.config_overrides={}",
+        f"model.dflash={{target: {target}, num_layers: 1, block_size: 4, mask_token_id: 63}}",
+        "objective.name=dflash_distillation",
+        "objective.block_size=4",
+        "objective.max_anchors=8",
+        "data.synthetic.vocab_size=64",
+    )
+
+    def model_check() -> dict:
+        result = cli("doctor", "--config", spec, "--json")
+        (check,) = [c for c in json.loads(result.out)["checks"] if c["name"] == "model"]
+        return check
+
+    assert model_check()["status"] == "pass", model_check()
+    (target / "model.safetensors").unlink()
+    check = model_check()
+    assert check["status"] == "fail", check
+    assert check["detail"] == f"model.dflash.target: no safetensors weights in '{target}'"
+    assert "model.safetensors.index.json" in check["fix"]

@@ -179,6 +179,16 @@ def model_source(ctx: DoctorContext) -> CheckResult:
         )
     kind = config.model_type if model.family != "dflash" else f"{config.model_type} drafter"
     size = f"{kind}, {human_count(config.num_params())} parameters"
+    target = getattr(model.dflash, "target", None) if model.family == "dflash" else None
+    if target is not None and Path(target).is_dir():  # the frozen target the drafter reads
+        from turbo_dllm.train.weights import weight_index
+
+        try:
+            weight_index(target)
+        except DllmError as error:
+            return CheckResult(
+                name, "fail", f"model.dflash.target: {error.message}", fix=error.hint
+            )
     if model.path is None:
         return CheckResult(name, "pass", f"random init from {model.from_config!r} ({size})")
     folder = Path(model.path)
