@@ -72,3 +72,36 @@ def test_data_of_another_tokenizer_still_says_prepare_with_the_folder_s(tmp_path
         artifact = prepare(tmp_path / "data", huggingface(other))
     (line,) = vocab_problems(folder, artifact)
     assert f"prepare the data with the tokenizer of model.path {folder}" in line, line
+
+
+def test_a_dflash_drafter_is_told_to_use_its_target_s_tokenizer(tmp_path):
+    """A drafter's vocabulary is its target's: the fix said "set model.config_overrides.
+    vocab_size: N", which config validate refuses for a drafter ("does not apply to a dflash
+    drafter")."""
+    from tests.train.util import TINY
+    from turbo_dllm.config.load import apply_overrides
+    from turbo_dllm.config.runspec import RunSpec
+
+    target = folder_of(tmp_path, vocab_size=8)
+    other = tmp_path / "other"
+    save_tokenizer(other)  # 11 tokens, past the target's 8
+    artifact = prepare(tmp_path / "data", huggingface(other))
+    document = apply_overrides(
+        TINY,
+        [
+            "model.family=dflash",
+            "model.from_config=target",
+            "model.config_overrides={}",
+            f"model.dflash={{target: {target}, num_layers: 1, block_size: 4, mask_token_id: 2}}",
+            "objective.name=dflash_distillation",
+            "objective.block_size=4",
+            f"data.artifact={artifact}",
+            "data.synthetic=null",
+            "data.seq_len=64",
+        ],
+    )
+    spec = RunSpec.model_validate(document)
+    found = artifact_problems(read_manifest(artifact), spec)
+    (line,) = [line for line in found if line.startswith("model: vocabulary of")]
+    assert f"prepare the data with the tokenizer of model.dflash.target {target}" in line, line
+    assert "config_overrides" not in line

@@ -48,6 +48,12 @@ def _vocab_fix(model, needed: int, manifest: DataManifest, artifact, vocab: int)
     embedding), or the mask token the preparation gave (`tokenizer.mask_token_id`) lies past it:
     preparing with the folder's tokenizer again would not help. (Data of another tokenizer
     gets the first fix: the tokenizer rule names it too.)"""
+    target = getattr(model.dflash, "target", None) if model.family == "dflash" else None
+    if target is not None:  # a drafter reads and writes its target's vocabulary
+        return (
+            f"prepare the data with the tokenizer of model.dflash.target {target}, whose ids "
+            "its embedding covers (a drafter has its target's vocabulary)"
+        )
     if not model.path or "vocab_size" in model.config_overrides:
         return f"set model.config_overrides.vocab_size: {needed}"
     from turbo_dllm.data.tokenizers import folder_vocabulary, vocabulary_fits
