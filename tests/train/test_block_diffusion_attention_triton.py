@@ -94,153 +94,169 @@ def run(name, q_tokens, k_tokens, heads, kv_heads, dim, seed, batch=None, views=
             "max_runs": runs}
 
 
-results = []
 L = 64
 docs = docs_for(2, L, [0, 23])  # a document boundary inside a block
 whole16 = two_stream_tokens(torch.arange(L), block_size=16, doc_ids=docs)
 whole64 = two_stream_tokens(torch.arange(2 * L), block_size=64, doc_ids=docs_for(1, 2 * L, [50]))
-if sys.argv[1] == "trainer":
-    # The trainer's two entry points: the whole-stream backend and CSBP (cp 1) with turbo.
-    from turbo_dllm.train.attention import BlockDiffusionLayout, ReferenceAttention, TurboAttention
-    from turbo_dllm.train.parallel.csbp import CsbpAttention
+# Every mode named on the command line, in order, in this one process (one interpreter start
+# for the module); each mode starts from the same tiles and tile classification.
+found, FIRST = {}, TINY
+for mode in sys.argv[1:]:
+    results = found[mode] = []
+    TINY, module.classify_tiles = FIRST, REAL
+    if mode == "trainer":
+        # The trainer's two entry points: the whole-stream backend and CSBP (cp 1) with turbo.
+        from turbo_dllm.train.attention import BlockDiffusionLayout, ReferenceAttention, TurboAttention
+        from turbo_dllm.train.parallel.csbp import CsbpAttention
 
-    module.SM90_CONFIGS = {64: TINY, 128: TINY}  # the default tiles are too big to interpret
-    gen = torch.Generator().manual_seed(5)
-    layout = BlockDiffusionLayout(64, 16)
-    docs = docs_for(2, 64, [0, 23])
-    q = torch.randn(2, 4, 128, 64, generator=gen).half()
-    k, v = (torch.randn(2, 2, 128, 64, generator=gen).half() for _ in range(2))
-    turbo, ref = TurboAttention("jit"), ReferenceAttention()
-    for doc_ids in (docs, None):
-        got = turbo(q, k, v, turbo.prepare(layout, doc_ids, torch.device("cpu")))
-        want = ref(q.float(), k.float(), v.float(), ref.prepare(layout, doc_ids, "cpu"))
-        results.append({"case": f"TurboAttention docs={doc_ids is not None}",
-                        "rel": float((got.float() - want).abs().max() / want.abs().max())})
-        # The trimmed model's windows (train.attention.trim): the last layer's noisy queries
-        # over the whole stream, and the clean half alone.
-        for rows, cols in ((range(64), range(128)), (range(64, 128), range(64, 128))):
-            qs, ks = slice(rows.start, rows.stop), slice(cols.start, cols.stop)
-            mask = turbo.prepare(layout, doc_ids, torch.device("cpu"), queries=rows, keys=cols)
-            got = turbo(q[:, :, qs], k[:, :, ks], v[:, :, ks], mask)
-            want = ref(q[:, :, qs].float(), k[:, :, ks].float(), v[:, :, ks].float(),
-                       ref.prepare(layout, doc_ids, "cpu", queries=rows, keys=cols))
-            results.append({"case": f"TurboAttention window {rows.start} docs={doc_ids is not None}",
+        module.SM90_CONFIGS = {64: TINY, 128: TINY}  # the default tiles are too big to interpret
+        gen = torch.Generator().manual_seed(5)
+        layout = BlockDiffusionLayout(64, 16)
+        docs = docs_for(2, 64, [0, 23])
+        q = torch.randn(2, 4, 128, 64, generator=gen).half()
+        k, v = (torch.randn(2, 2, 128, 64, generator=gen).half() for _ in range(2))
+        turbo, ref = TurboAttention("jit"), ReferenceAttention()
+        for doc_ids in (docs, None):
+            got = turbo(q, k, v, turbo.prepare(layout, doc_ids, torch.device("cpu")))
+            want = ref(q.float(), k.float(), v.float(), ref.prepare(layout, doc_ids, "cpu"))
+            results.append({"case": f"TurboAttention docs={doc_ids is not None}",
                             "rel": float((got.float() - want).abs().max() / want.abs().max())})
-    csbp_layout = CsbpLayout.build(64, 16, bp=2, cp=1, ctx_rank=0)
-    width = csbp_layout.num_noisy + csbp_layout.num_clean
-    qc = torch.randn(2, 4, width, 64, generator=gen).half()
-    kc, vc = (torch.randn(2, 2, width, 64, generator=gen).half() for _ in range(2))
-    outs = [CsbpAttention(csbp_layout, docs, None, backend=b, kernels="jit")(
-                qc if b == "turbo" else qc.float(), *((kc, vc) if b == "turbo" else (kc.float(), vc.float())))
-            for b in ("turbo", "reference")]
-    results.append({"case": "CsbpAttention turbo",
-                    "rel": float((outs[0].float() - outs[1]).abs().max() / outs[1].abs().max())})
-elif sys.argv[1] == "compiled":
-    # torch.compile(fullgraph) traces the op's Python side (plan lookups, the custom op and its
-    # autograd) without a graph break; aot_eager keeps the interpreter's kernels.
-    whole = two_stream_tokens(torch.arange(32), block_size=16, doc_ids=docs_for(1, 32, [0]))
-    meta = (whole.noisy, whole.block, whole.doc)
-    plan = plan_block_diffusion_attention(*meta, *meta, backend="jit", config=TINY)
-    gen = torch.Generator().manual_seed(6)
-    q = torch.randn(1, 2, 64, 64, generator=gen).half().requires_grad_()
-    k, v = (torch.randn(1, 1, 64, 64, generator=gen).half().requires_grad_() for _ in range(2))
+            # The trimmed model's windows (train.attention.trim): the last layer's noisy queries
+            # over the whole stream, and the clean half alone.
+            for rows, cols in ((range(64), range(128)), (range(64, 128), range(64, 128))):
+                qs, ks = slice(rows.start, rows.stop), slice(cols.start, cols.stop)
+                mask = turbo.prepare(layout, doc_ids, torch.device("cpu"), queries=rows, keys=cols)
+                got = turbo(q[:, :, qs], k[:, :, ks], v[:, :, ks], mask)
+                want = ref(q[:, :, qs].float(), k[:, :, ks].float(), v[:, :, ks].float(),
+                           ref.prepare(layout, doc_ids, "cpu", queries=rows, keys=cols))
+                results.append({"case": f"TurboAttention window {rows.start} docs={doc_ids is not None}",
+                                "rel": float((got.float() - want).abs().max() / want.abs().max())})
+        csbp_layout = CsbpLayout.build(64, 16, bp=2, cp=1, ctx_rank=0)
+        width = csbp_layout.num_noisy + csbp_layout.num_clean
+        qc = torch.randn(2, 4, width, 64, generator=gen).half()
+        kc, vc = (torch.randn(2, 2, width, 64, generator=gen).half() for _ in range(2))
+        outs = [CsbpAttention(csbp_layout, docs, None, backend=b, kernels="jit")(
+                    qc if b == "turbo" else qc.float(), *((kc, vc) if b == "turbo" else (kc.float(), vc.float())))
+                for b in ("turbo", "reference")]
+        results.append({"case": "CsbpAttention turbo",
+                        "rel": float((outs[0].float() - outs[1]).abs().max() / outs[1].abs().max())})
+    elif mode == "compiled":
+        # torch.compile(fullgraph) traces the op's Python side (plan lookups, the custom op and its
+        # autograd) without a graph break; aot_eager keeps the interpreter's kernels.
+        whole = two_stream_tokens(torch.arange(32), block_size=16, doc_ids=docs_for(1, 32, [0]))
+        meta = (whole.noisy, whole.block, whole.doc)
+        plan = plan_block_diffusion_attention(*meta, *meta, backend="jit", config=TINY)
+        gen = torch.Generator().manual_seed(6)
+        q = torch.randn(1, 2, 64, 64, generator=gen).half().requires_grad_()
+        k, v = (torch.randn(1, 1, 64, 64, generator=gen).half().requires_grad_() for _ in range(2))
 
-    def compiled_vs_eager(fn, *inputs):
-        # the largest relative gradient difference of fn compiled (fullgraph) against eager
-        eager = torch.autograd.grad(fn(*inputs), inputs)
-        compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
-        got = torch.autograd.grad(compiled(*inputs), inputs)
-        return max(float((g.float() - e.float()).abs().max() / e.float().abs().max())
-                   for g, e in zip(got, eager))
+        def compiled_vs_eager(fn, *inputs):
+            # the largest relative gradient difference of fn compiled (fullgraph) against eager
+            eager = torch.autograd.grad(fn(*inputs), inputs)
+            compiled = torch.compile(fn, fullgraph=True, backend="aot_eager")
+            got = torch.autograd.grad(compiled(*inputs), inputs)
+            return max(float((g.float() - e.float()).abs().max() / e.float().abs().max())
+                       for g, e in zip(got, eager))
 
-    def layer(q, k, v):
-        out, lse = block_diffusion_attention(q * 2, k, v, plan)
-        return out.float().square().sum() + lse.sum()
+        def layer(q, k, v):
+            out, lse = block_diffusion_attention(q * 2, k, v, plan)
+            return out.float().square().sum() + lse.sum()
 
-    results.append({"case": "torch.compile fullgraph", "rel": compiled_vs_eager(layer, q, k, v)})
-    # dQ fused into the dK/dV kernel, q a strided view of (B, S, H, D) as the model hands it:
-    # the backward's dQ must have q's strides (what the fake says), or the graph's views fail.
-    fused = plan_block_diffusion_attention(
-        *meta, *meta, backend="jit", config=TINY.with_part("dkdv", dq=1))
-    q_rows = torch.randn(1, 64, 2 * 64, generator=gen).half().requires_grad_()
+        results.append({"case": "torch.compile fullgraph", "rel": compiled_vs_eager(layer, q, k, v)})
+        # dQ fused into the dK/dV kernel, q a strided view of (B, S, H, D) as the model hands it:
+        # the backward's dQ must have q's strides (what the fake says), or the graph's views fail.
+        fused = plan_block_diffusion_attention(
+            *meta, *meta, backend="jit", config=TINY.with_part("dkdv", dq=1))
+        q_rows = torch.randn(1, 64, 2 * 64, generator=gen).half().requires_grad_()
 
-    def strided(q_rows, k, v):  # (B, S, H * D) -> (B, H, S, D), as attention layers do
-        q = q_rows.view(1, 64, 2, 64).transpose(1, 2)
-        out, lse = block_diffusion_attention(q, k, v, fused)
-        return out.float().square().sum() + lse.sum()
+        def strided(q_rows, k, v):  # (B, S, H * D) -> (B, H, S, D), as attention layers do
+            q = q_rows.view(1, 64, 2, 64).transpose(1, 2)
+            out, lse = block_diffusion_attention(q, k, v, fused)
+            return out.float().square().sum() + lse.sum()
 
-    results.append({"case": "torch.compile fullgraph dq fused strided q",
-                    "rel": compiled_vs_eager(strided, q_rows, k, v)})
-elif sys.argv[1] == "variants":
-    # Every loop and load variant the sweep may pick, in all three kernels: the whole stream
-    # (every tile class, documents, GQA) and CSBP's prefix part (zigzag keys: several runs).
-    csbp = CsbpLayout.build(128, 16, bp=4, cp=2, ctx_rank=0)
-    d = docs_for(2, 128, [0, 40])
-    noisy = TokenSet.from_positions(csbp.noisy_positions, noisy=True, block_size=16, doc_ids=d)
-    clean = TokenSet.from_positions(csbp.clean_positions, noisy=False, block_size=16, doc_ids=d)
-    gathered = TokenSet.from_positions(
-        csbp.gathered_clean_positions, noisy=False, block_size=16, doc_ids=d)
-    base = TINY
-    variants = [v for v in module.LOOP_VARIANTS if v[0] != "tma host"]  # (the default case has it)
-    variants.append(("head-major runs tl.range tma host", dict(order=1, runs=1, pipe=1, tma=1)))
-    for label, values in variants:
-        TINY = everywhere(base, **values)
-        results.append(run(f"{label}: stream", whole16, whole16, 4, 2, 64, 0, views=True))
-        if "runs" in label:
-            results.append(run(f"{label}: csbp prefix", TokenSet.concat(noisy, clean), gathered,
-                               4, 1, 128, 3))
-    # dQ made by the dK/dV kernel (fp32 atomics), no dQ kernel: GQA, documents, partial tiles.
-    TINY = base.with_part("dkdv", dq=1)
-    results.append(run("dq fused: stream", whole16, whole16, 4, 2, 64, 0, views=True))
-    TINY = everywhere(base, runs=1, pipe=1).with_part("dkdv", dq=1)
-    results.append(run("dq fused runs tl.range: csbp prefix", TokenSet.concat(noisy, clean),
-                       gathered, 4, 1, 128, 3))
-    TINY = base
-elif sys.argv[1] == "relabelled":
-    for name, before, after in (("partial-as-full", module.PARTIAL, module.FULL),
-                                ("full-as-partial", module.FULL, module.PARTIAL)):
-        module.classify_tiles = relabel(before, after)
-        results.append(run(name, whole16, whole16, 4, 2, 64, 0))
-    module.classify_tiles = REAL
-else:
-    results.append(run("stream B=16 docs GQA D=64", whole16, whole16, 4, 2, 64, 0))
-    results.append(run("stream B=64 docs D=128", whole64, whole64, 2, 1, 128, 1))
-    # Full tiles through TMA descriptors (the sweep's opt-in path), q/k/v as the model's views.
-    TINY = everywhere(TINY, tma=1)
-    results.append(run("stream B=16 docs GQA D=64 tma", whole16, whole16, 4, 2, 64, 0, views=True))
-    TINY = everywhere(TINY, tma=0)
-    # CSBP, 4 block-parallel ranks over 2 clean shards, rank 0 (blocks 0 and 7): both parts.
-    csbp = CsbpLayout.build(128, 16, bp=4, cp=2, ctx_rank=0)
-    d = docs_for(2, 128, [0, 40])
-    noisy = TokenSet.from_positions(csbp.noisy_positions, noisy=True, block_size=16, doc_ids=d)
-    clean = TokenSet.from_positions(csbp.clean_positions, noisy=False, block_size=16, doc_ids=d)
-    gathered = TokenSet.from_positions(
-        csbp.gathered_clean_positions, noisy=False, block_size=16, doc_ids=d)
-    results.append(run("csbp local B=16 D=64", noisy, noisy, 2, 2, 64, 2))
-    results.append(run("csbp prefix B=16 GQA D=128", TokenSet.concat(noisy, clean), gathered, 4, 1, 128, 3))
-    # The CP baseline: rank 0 of 2, its two zigzag chunks of both streams over all gathered keys.
-    cp = CpLayout.build(128, 16, cp=2, rank=0)
-    d1 = docs_for(1, 128, [0])
-    local = two_stream_tokens(cp.positions, block_size=16, doc_ids=d1)
-    all_keys = TokenSet.concat(*(two_stream_tokens(p, block_size=16, doc_ids=d1)
-                                 for p in cp.gathered_positions.chunk(2)))
-    # 2 x 40 tokens: tiles of 32 run past the end (ragged tiles are partial, bounds-checked).
-    ragged = two_stream_tokens(torch.arange(40), block_size=16, doc_ids=docs_for(1, 40, [0]))
-    results.append(run("ragged 80 tokens B=16 D=64", ragged, ragged, 2, 2, 64, 5))
-    # One document per row: one doc row (and one schedule) serves a batch of 2, as in the trainer.
-    results.append(run("cp baseline B=16 D=64", local, all_keys, 2, 1, 64, 4, batch=2))
-print(json.dumps(results))
+        results.append({"case": "torch.compile fullgraph dq fused strided q",
+                        "rel": compiled_vs_eager(strided, q_rows, k, v)})
+    elif mode == "variants":
+        # Every loop and load variant the sweep may pick, in all three kernels: the whole stream
+        # (every tile class, documents, GQA) and CSBP's prefix part (zigzag keys: several runs).
+        csbp = CsbpLayout.build(128, 16, bp=4, cp=2, ctx_rank=0)
+        d = docs_for(2, 128, [0, 40])
+        noisy = TokenSet.from_positions(csbp.noisy_positions, noisy=True, block_size=16, doc_ids=d)
+        clean = TokenSet.from_positions(csbp.clean_positions, noisy=False, block_size=16, doc_ids=d)
+        gathered = TokenSet.from_positions(
+            csbp.gathered_clean_positions, noisy=False, block_size=16, doc_ids=d)
+        base = TINY
+        variants = [v for v in module.LOOP_VARIANTS if v[0] != "tma host"]  # (the default case has it)
+        variants.append(("head-major runs tl.range tma host", dict(order=1, runs=1, pipe=1, tma=1)))
+        for label, values in variants:
+            TINY = everywhere(base, **values)
+            results.append(run(f"{label}: stream", whole16, whole16, 4, 2, 64, 0, views=True))
+            if "runs" in label:
+                results.append(run(f"{label}: csbp prefix", TokenSet.concat(noisy, clean), gathered,
+                                   4, 1, 128, 3))
+        # dQ made by the dK/dV kernel (fp32 atomics), no dQ kernel: GQA, documents, partial tiles.
+        TINY = base.with_part("dkdv", dq=1)
+        results.append(run("dq fused: stream", whole16, whole16, 4, 2, 64, 0, views=True))
+        TINY = everywhere(base, runs=1, pipe=1).with_part("dkdv", dq=1)
+        results.append(run("dq fused runs tl.range: csbp prefix", TokenSet.concat(noisy, clean),
+                           gathered, 4, 1, 128, 3))
+        TINY = base
+    elif mode == "relabelled":
+        for name, before, after in (("partial-as-full", module.PARTIAL, module.FULL),
+                                    ("full-as-partial", module.FULL, module.PARTIAL)):
+            module.classify_tiles = relabel(before, after)
+            results.append(run(name, whole16, whole16, 4, 2, 64, 0))
+        module.classify_tiles = REAL
+    else:
+        results.append(run("stream B=16 docs GQA D=64", whole16, whole16, 4, 2, 64, 0))
+        results.append(run("stream B=64 docs D=128", whole64, whole64, 2, 1, 128, 1))
+        # Full tiles through TMA descriptors (the sweep's opt-in path), q/k/v as the model's views.
+        TINY = everywhere(TINY, tma=1)
+        results.append(run("stream B=16 docs GQA D=64 tma", whole16, whole16, 4, 2, 64, 0, views=True))
+        TINY = everywhere(TINY, tma=0)
+        # CSBP, 4 block-parallel ranks over 2 clean shards, rank 0 (blocks 0 and 7): both parts.
+        csbp = CsbpLayout.build(128, 16, bp=4, cp=2, ctx_rank=0)
+        d = docs_for(2, 128, [0, 40])
+        noisy = TokenSet.from_positions(csbp.noisy_positions, noisy=True, block_size=16, doc_ids=d)
+        clean = TokenSet.from_positions(csbp.clean_positions, noisy=False, block_size=16, doc_ids=d)
+        gathered = TokenSet.from_positions(
+            csbp.gathered_clean_positions, noisy=False, block_size=16, doc_ids=d)
+        results.append(run("csbp local B=16 D=64", noisy, noisy, 2, 2, 64, 2))
+        results.append(run("csbp prefix B=16 GQA D=128", TokenSet.concat(noisy, clean), gathered, 4, 1, 128, 3))
+        # The CP baseline: rank 0 of 2, its two zigzag chunks of both streams over all gathered keys.
+        cp = CpLayout.build(128, 16, cp=2, rank=0)
+        d1 = docs_for(1, 128, [0])
+        local = two_stream_tokens(cp.positions, block_size=16, doc_ids=d1)
+        all_keys = TokenSet.concat(*(two_stream_tokens(p, block_size=16, doc_ids=d1)
+                                     for p in cp.gathered_positions.chunk(2)))
+        # 2 x 40 tokens: tiles of 32 run past the end (ragged tiles are partial, bounds-checked).
+        ragged = two_stream_tokens(torch.arange(40), block_size=16, doc_ids=docs_for(1, 40, [0]))
+        results.append(run("ragged 80 tokens B=16 D=64", ragged, ragged, 2, 2, 64, 5))
+        # One document per row: one doc row (and one schedule) serves a batch of 2, as in the trainer.
+        results.append(run("cp baseline B=16 D=64", local, all_keys, 2, 1, 64, 4, batch=2))
+print(json.dumps(found))
 """
 
 TOLERANCE = 1e-2  # fp16 inputs, fp32 accumulation: the kernels and the reference round apart
 
 
-def _child(corrupt: str) -> list[dict]:
-    stdout = run_in_triton_interpreter(CHILD, corrupt, timeout=300)
+MODES = ("none", "variants", "relabelled", "trainer", "compiled")
+
+
+@pytest.fixture(scope="module")
+def children() -> dict[str, list[dict]]:
+    """Every mode's results from one child process: each start imports torch and Triton and
+    sets the interpreter up, several seconds apiece on 2 cores."""
+    stdout = run_in_triton_interpreter(CHILD, *MODES, timeout=900)
     return json.loads(stdout.strip().splitlines()[-1])
 
 
-def test_kernels_match_the_reference_for_every_mask_shape():
+@pytest.fixture
+def _child(children):
+    return children.__getitem__
+
+
+def test_kernels_match_the_reference_for_every_mask_shape(_child):
     results = _child("none")
     assert [r["case"] for r in results] == [
         "stream B=16 docs GQA D=64",
@@ -263,7 +279,7 @@ def test_kernels_match_the_reference_for_every_mask_shape():
     assert prefix["unseen_rows"] > 0
 
 
-def test_every_loop_and_load_variant_matches_the_reference():
+def test_every_loop_and_load_variant_matches_the_reference(_child):
     """The sweep's variants (tl.range pipelining, warp specialisation, full tiles as runs of
     affine loops, head-major launch order, host and device TMA descriptors, dQ fused into the
     dK/dV kernel), forward and every gradient, in all three kernels at once."""
@@ -277,7 +293,7 @@ def test_every_loop_and_load_variant_matches_the_reference():
     assert max(r["max_runs"] for r in results if "runs" in r["case"]) > 1
 
 
-def test_a_partial_tile_run_as_full_is_caught_and_full_tiles_run_as_partial_stay_exact():
+def test_a_partial_tile_run_as_full_is_caught_and_full_tiles_run_as_partial_stay_exact(_child):
     """Relabelled tile classes, same inputs: treating a partial tile as full (no mask) must be
     caught; running full tiles on the masked path must not change the result (the full path only
     skips mask arithmetic)."""
@@ -479,7 +495,7 @@ def test_reference_matches_the_training_reference_attention():
     torch.testing.assert_close(lse, want_lse)
 
 
-def test_trainer_backends_run_the_kernels():
+def test_trainer_backends_run_the_kernels(_child):
     """TurboAttention (with and without documents, whole and windowed) and
     CsbpAttention(backend='turbo') equal their reference twins."""
     results = _child("trainer")
@@ -496,7 +512,7 @@ def test_trainer_backends_run_the_kernels():
         assert r["rel"] < TOLERANCE, r
 
 
-def test_the_op_traces_into_torch_compile_without_a_graph_break():
+def test_the_op_traces_into_torch_compile_without_a_graph_break(_child):
     results = _child("compiled")
     assert [r["case"] for r in results] == [
         "torch.compile fullgraph",
