@@ -447,6 +447,7 @@ def test_an_evaluation_of_fewer_sequences_than_asked_says_so(
     assert note in err
     if sequences == "100000":
         assert "(the held-out artifact holds " in err
+        return  # the run without a note below is the same for both cases: asserted once
     capsys.readouterr()
     train(tiny_spec(*_args(artifacts, "training.steps=2")), tmp_path / "exact")  # 8: all of it
     assert "note: eval.sequences" not in capsys.readouterr().err
