@@ -200,34 +200,50 @@ def test_keep_attention_keeps_our_triton_op_outputs():
 COMPILED_CHILD = (
     BLOCK
     + r"""
+import torch._dynamo
 from torch._dynamo.utils import counters
 
-graphs = []
+# Every mode named on the command line, in this one process: dynamo's caches and counters are
+# reset before each, so each mode's first call traces afresh, as in a process of its own.
+for mode in sys.argv[1:]:
+    torch._dynamo.reset()
+    counters.clear()
+    graphs = []
 
-def record(gm, example_inputs):
-    graphs.append(gm.print_readable(print_output=False))
-    return gm.forward
+    def record(gm, example_inputs):
+        graphs.append(gm.print_readable(print_output=False))
+        return gm.forward
 
-layers = torch.nn.ModuleList([Block()])
-if sys.argv[1] != "none":
-    apply_activation_checkpointing(layers, keep_attention=sys.argv[1] == "keep")
-layers[0].compile(backend=record, dynamic=False)
-x = torch.randn(1, S, H * D).half().requires_grad_()
-layers[0](x).float().square().sum().backward()
-print("graphs", len(graphs), "breaks", sum(counters["graph_break"].values()))
-print("traced", any("rsqrt" in g and "block_diffusion_attention" in g for g in graphs))
+    layers = torch.nn.ModuleList([Block()])
+    if mode != "none":
+        apply_activation_checkpointing(layers, keep_attention=mode == "keep")
+    layers[0].compile(backend=record, dynamic=False)
+    x = torch.randn(1, S, H * D).half().requires_grad_()
+    layers[0](x).float().square().sum().backward()
+    print(mode, "graphs", len(graphs), "breaks", sum(counters["graph_break"].values()))
+    print(mode, "traced", any("rsqrt" in g and "block_diffusion_attention" in g for g in graphs))
 """
 )
 
 
-@pytest.mark.parametrize("checkpointing", ["none", "full", "keep"])
-def test_a_compiled_layer_traces_our_op_in_one_graph(checkpointing):
+CHECKPOINTING = ("none", "full", "keep")
+
+
+@pytest.fixture(scope="module")
+def compiled_child() -> str:
+    """The compiled child's output for every checkpointing mode: one process (torch, Triton and
+    the interpreter set up once) instead of one per mode."""
+    pytest.importorskip("triton")
+    return run_in_triton_interpreter(COMPILED_CHILD, *CHECKPOINTING)
+
+
+@pytest.mark.parametrize("checkpointing", CHECKPOINTING)
+def test_a_compiled_layer_traces_our_op_in_one_graph(checkpointing, compiled_child):
     """The op's first call inside a compiled (checkpointed) layer traces without a graph break:
     a break in a checkpointed region makes dynamo run the whole layer eagerly (every norm and
     RoPE its own kernel: 0.8x of flex's step at 32K on the H200 before the plan registered the
     op and flattened its arguments)."""
-    pytest.importorskip("triton")
-    stdout = run_in_triton_interpreter(COMPILED_CHILD, checkpointing)
+    stdout = compiled_child
     lines = stdout.splitlines()
-    assert "graphs 1 breaks 0" in lines, stdout
-    assert "traced True" in lines, stdout
+    assert f"{checkpointing} graphs 1 breaks 0" in lines, stdout
+    assert f"{checkpointing} traced True" in lines, stdout
