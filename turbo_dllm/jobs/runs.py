@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import re
 import shlex
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.jobs.drift import flat_diff, manifest_drift
+from turbo_dllm.jobs.drift import differ, flat_diff, manifest_drift
 from turbo_dllm.jobs.manifest import MANIFEST_NAME, DriftItem, RunManifest, read_manifest
 from turbo_dllm.jobs.result import launcher_alive, read_launchers, read_result, this_host
 from turbo_dllm.train.metrics import METRICS_NAME, last_metrics_record
@@ -514,15 +515,23 @@ def _with_slurm_states(summaries: list[RunSummary]) -> list[RunSummary]:
 def diff_manifests(a: RunManifest, b: RunManifest) -> dict[str, list[DriftItem]]:
     """Two manifests side by side, grouped: replay-relevant inputs first, then spec and plan.
 
-    Each run's own id and dir are replaced by placeholders inside spec and plan, so paths that
-    only say "this run" do not bury the differences that matter; they show once under "run".
-    Every group's values differ by type as well as value (`drift.differ`).
+    A spec or plan field whose values differ only where each names its own run (its dir, its
+    id) is left out, so paths that only say "this run" do not bury the differences that
+    matter; the dirs and ids show once under "run". Every group's values differ by type as
+    well as value (`drift.differ`).
     """
-    dump_a, dump_b = _placeholders(a), _placeholders(b)
+    dump_a, dump_b = a.model_dump(mode="json"), b.model_dump(mode="json")
+    only_the_run = _differ_only_by_the_run(a, b)
     return {
         "inputs": manifest_drift(a, b),
-        "spec": flat_diff(dump_a["spec"], dump_b["spec"], "spec"),
-        "plan": flat_diff(dump_a["plan"], dump_b["plan"], "plan"),
+        **{
+            group: [
+                item
+                for item in flat_diff(dump_a[group], dump_b[group], group)
+                if not only_the_run(item)
+            ]
+            for group in ("spec", "plan")
+        },
         "run": [
             # Only where it differs: a run diffed with itself listed its dir as a difference.
             *(
@@ -539,20 +548,33 @@ def diff_manifests(a: RunManifest, b: RunManifest) -> dict[str, list[DriftItem]]
     }
 
 
-def _placeholders(manifest: RunManifest) -> dict[str, Any]:
-    run_dir = manifest.plan.run_dir
-    # The id as a word of its own (a path part, a job name's), never letters inside other
-    # words: a run named `a` left "flo<run_id>t32" and "<run_id>damw" behind.
-    run_id = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(manifest.run_id)}(?![A-Za-z0-9_])")
+def _differ_only_by_the_run(a: RunManifest, b: RunManifest) -> Callable[[DriftItem], bool]:
+    """Whether a field's two values are one value, each naming its own run: a's becomes b's
+    when its run dir and its id (as a word of its own: a path part, a job name's) are swapped
+    for b's, or the other way round. Both ways, because an id may also stand as a word in a
+    path both runs share (runs `a` and `b` under a folder `x-b`): swapping b's id out of b's
+    value would change that shared part too, swapping a's into it does not."""
 
-    def swap(value: Any) -> Any:
-        if isinstance(value, str):
-            return run_id.sub("<run_id>", value.replace(run_dir, "<run_dir>"))
-        if isinstance(value, dict):
-            return {k: swap(v) for k, v in value.items()}
-        if isinstance(value, list):
-            return [swap(v) for v in value]
-        return value
+    def into(src: RunManifest, dst: RunManifest) -> Callable[[Any], Any]:
+        run_id = re.compile(rf"(?<![A-Za-z0-9_]){re.escape(src.run_id)}(?![A-Za-z0-9_])")
 
-    dump = manifest.model_dump(mode="json")
-    return {**dump, "spec": swap(dump["spec"]), "plan": swap(dump["plan"])}
+        def swap(value: Any) -> Any:  # a leaf may be a list (argv) or a dict
+            if isinstance(value, str):
+                parts = value.split(src.plan.run_dir)
+                return dst.plan.run_dir.join(run_id.sub(lambda _: dst.run_id, p) for p in parts)
+            if isinstance(value, list):
+                return [swap(v) for v in value]
+            if isinstance(value, dict):
+                return {k: swap(v) for k, v in value.items()}
+            return value
+
+        return swap
+
+    a_to_b, b_to_a = into(a, b), into(b, a)
+
+    def only_the_run(item: DriftItem) -> bool:
+        left, right = item.recorded, item.current
+        # by type as well as value, as flat_diff compares (`drift.differ`: 1 is not 1.0)
+        return not differ(a_to_b(left), right) or not differ(b_to_a(right), left)
+
+    return only_the_run
