@@ -435,6 +435,8 @@ def _print_start(job) -> None:
         file=err,
     )
     print(f"dllm: manifest {job.run_dir / 'manifest.json'}", file=err)
+    for note in plan.notes:  # what --dry-run and `dllm run show` print: a tp group across
+        print(f"dllm: note: {note}", file=err)  # nodes, oversubscribed CPUs, a CPU-only job
     if job.drift:
         print(
             f"dllm: replaying with {len(job.drift)} drifted input(s), recorded in the manifest",
