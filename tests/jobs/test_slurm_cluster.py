@@ -141,7 +141,10 @@ def test_cancelled_job_is_reported_cancelled(submit, slurm_cluster, cli):
     slurm_cluster.wait_for(job_id, {"CANCELLED"})
     assert statuses(cli)["long"] == "cancelled"
     shown = cli("run", "show", "long")
-    assert f"; cancelled\nslurm job    {job_id} (CANCELLED)" in shown.out
+    # the progress line, then how to go on (bd3302a: a job SLURM ended resumes from its
+    # script), then SLURM's own word on the job
+    resume = f"resume       sbatch {run_dir / 'job.sbatch'}"
+    assert f"; cancelled\n{resume}\nslurm job    {job_id} (CANCELLED)\n" in shown.out, shown.out
 
 
 def test_a_run_dir_with_spaces_quotes_a_hash_and_a_percent_runs(submit, slurm_cluster, cli):
