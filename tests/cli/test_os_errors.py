@@ -47,10 +47,10 @@ def test_a_plot_over_a_folder_is_a_user_error_in_a_real_process(cli_process, tmp
 def test_an_os_error_from_any_command_is_a_user_error(cli, tmp_path, monkeypatch, error, needles):
     import turbo_dllm.jobs.plot as plot
 
-    def fail(run_dir, out_dir=None):
+    def fail(run_dirs, out_dir=None):
         raise error
 
-    monkeypatch.setattr(plot, "plot_run", fail)
+    monkeypatch.setattr(plot, "plot_runs", fail)  # what `dllm run plot RUN [RUN ...]` calls
     monkeypatch.chdir(tmp_path)
     _plain_run(tmp_path)
     assert_user_error(cli("run", "plot", "plain"), *needles)
