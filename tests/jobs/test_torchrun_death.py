@@ -50,6 +50,17 @@ def _wait_for_step_2(run_dir: Path, started: subprocess.Popen, log: Path) -> Non
         time.sleep(0.02)
 
 
+def _wait_for_sigterm_passed_on(log: Path, workers: int) -> None:
+    """Until torchrun says it sent its workers SIGTERM (or 2 s): the SIGKILL then lands while
+    they act on it (finishing the step, saving). A fixed 0.3 s wait let an idle host's workers
+    save and end first, and they never saw torchrun die."""
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline:
+        if log.read_text().count("closing signal SIGTERM") >= workers:
+            return
+        time.sleep(0.005)
+
+
 def _kill_what_is_left(workers: list[int], started: subprocess.Popen) -> None:
     """The cleanup: workers still alive, and the launch `started` with its process group."""
     for pid in workers:
@@ -101,7 +112,7 @@ def test_sigkill_to_torchrun_saves_the_step_under_way_and_ends_every_worker(
         assert len(workers) == 2, workers
         if sigterm_first:
             os.kill(torchrun, signal.SIGTERM)
-            time.sleep(0.3)
+            _wait_for_sigterm_passed_on(launched, len(workers))
         os.kill(torchrun, signal.SIGKILL)
         _assert_all_end(workers)
         assert _workers_of(run_dir) == []
