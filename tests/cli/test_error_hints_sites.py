@@ -258,3 +258,52 @@ def test_model_and_family_errors_name_the_field_to_change(tmp_path):
     with pytest.raises(DllmError) as error:
         SyntheticLoader(vocab_size=2, num_sequences=4, seq_len=8, micro_batch_size=1)
     assert "data.synthetic.vocab_size to 3 or more" in error.value.hint
+
+
+# --- bundle archives, catalogs and mirrors (tests/bundles/test_archive_hints.py meets them) ----
+
+BUNDLE_SITES = [
+    ("bundles/archive.py", "is an absolute path", "rebuild it with `dllm bundle build`"),
+    ("bundles/archive.py", "climbs out of the bundle", "rebuild it with `dllm bundle build`"),
+    ("bundles/archive.py", "member {}; refusing to extract", "rebuild it with `dllm bundle build`"),
+    ("bundles/archive.py", "{}: {}; refusing to extract", "ask its publisher for one built so"),
+    ("bundles/archive.py", "unpacks to {} bytes", "a decompression bomb?"),
+    ("bundles/archive.py", "-file cap on a bundle", "a bundle holds a few dozen files"),
+    ("bundles/archive.py", "cap on expansion", "do not use it"),
+    ("bundles/archive.py", "the first member must be", "rebuild it with `dllm bundle build`"),
+    ("bundles/archive.py", "is larger than 1 MiB", "rebuild it with `dllm bundle build`"),
+    ("bundles/archive.py", "bundles hold only regular files", "ask its publisher"),
+    ("bundles/archive.py", "appears twice", "rebuild it with `dllm bundle build`"),
+    ("bundles/archive.py", "is not listed in", "rebuild it with `dllm bundle build`"),
+    ("bundles/archive.py", "bytes, {} says {}", "copy it again whole"),
+    ("bundles/archive.py", "has sha256 {}", "copy it again whole"),
+    ("bundles/archive.py", "empty archive", "copy it again whole"),
+    ("bundles/archive.py", "archive lacks listed files", "copy it again whole"),
+    ("bundles/archive.py", "cannot extract member", "point DLLM_HOME at another file system"),
+    ("bundles/targuard.py", "tar headers (the cap)", "a bundle holds a few dozen files"),
+    ("bundles/targuard.py", "bundles hold only regular files", "another tar program"),
+    ("bundles/targuard.py", "two pax headers in a row", "writes only short pax headers"),
+    ("bundles/targuard.py", "-byte pax header, over", "writes only short pax headers"),
+    ("bundles/targuard.py", "a malformed pax record", "writes only short pax headers"),
+    ("bundles/targuard.py", "is not allowed in a bundle", "writes only short pax headers"),
+    ("bundles/targuard.py", "is not valid", "writes only short pax headers"),
+    ("bundles/fetch.py", "sha256 mismatch", "re-publish it or use another mirror"),
+    ("bundles/build.py", "no native ops found to build", "reinstall turbo-dllm"),
+    ("bundles/build.py", "at least one compiled (C++) op", "add a C++ op with --op"),
+    ("bundles/catalog.py", "not a valid catalog.toml", "ask its publisher for it"),
+    ("bundles/manifest.py", "cannot read {}: {}", "check that file and its permissions"),
+    ("bundles/sources.py", "cannot read {}: {}", "check that file and its permissions"),
+    ("bundles/sources.py", "-byte cap", "a release catalog is a few KB"),
+    ("bundles/store.py", "holds bundle version", "re-publish the release"),
+    ("bundles/store.py", "is not installed", "`dllm bundle list` shows the installed bundles"),
+    ("bundles/targets.py", "invalid targets file", "reinstall the package"),
+    ("mirror/source.py", "-byte cap", "the mirror serves something else under that name"),
+    ("mirror/source.py", "broke off", "`dllm mirror serve DIR`"),
+    ("mirror/source.py", "not JSON", "copy the mirror again whole"),
+    ("mirror/release.py", "is the catalog of {}", "mirror from the official index"),
+]
+
+
+@pytest.mark.parametrize(("relative", "message", "hint"), BUNDLE_SITES)
+def test_each_bundle_raise_site_keeps_its_specific_hint(relative, message, hint):
+    test_each_raise_site_keeps_its_specific_hint(relative, message, hint)

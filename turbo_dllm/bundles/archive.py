@@ -32,7 +32,7 @@ from turbo_dllm.bundles.manifest import (
     parse_manifest,
 )
 from turbo_dllm.bundles.targuard import HeaderRefused, member_chunks, open_guarded
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, os_error_hint
 
 __all__ = [
     "MAX_BUNDLE_BYTES",
@@ -81,6 +81,47 @@ DISK_HINTS = {
 }
 
 
+# What to do about an archive the extractor refuses, whoever holds it (a publisher's `--out`, a
+# mirror, a download whose bytes the catalog pins): `dllm bundle build` writes only archives that
+# pass every check here, so one that fails a check was either made another way or changed since.
+NOT_BUILT_HINT = (
+    "`dllm bundle build` never writes such an archive (it was made another way, or altered): "
+    "rebuild it with `dllm bundle build`, or ask its publisher for one built so"
+)
+DAMAGED_HINT = (
+    "the archive was damaged after it was built (changed or cut short): copy it again whole "
+    "from where it came from (`dllm mirror verify` checks a mirror), or rebuild it with "
+    "`dllm bundle build`"
+)
+OVERSIZE_HINT = (
+    "a bundle holds a few dozen files of a few MB; this archive is not one (a decompression "
+    "bomb?): do not use it; rebuild it with `dllm bundle build`, or ask its publisher for one"
+)
+
+
+def unreadable_hint(error: BaseException) -> str:
+    """The hint for `unreadable_archive`'s message: a file cut short, or not a bundle at all."""
+    if isinstance(error, EOFError) or (
+        isinstance(error, tarfile.ReadError) and str(error).startswith(_EARLY_END)
+    ):
+        return (
+            "copy it again whole from where it came from (`dllm mirror verify` checks a "
+            "mirror), or rebuild it with `dllm bundle build`"
+        )
+    return (
+        "pass a .tar.zst that `dllm bundle build` wrote; a damaged one: copy it again whole, or "
+        "rebuild it with `dllm bundle build`"
+    )
+
+
+def read_failure(path: Path, error: OSError) -> DllmError:
+    """An archive file that could not be opened or read (missing, forbidden, an I/O error)."""
+    return DllmError(
+        f"cannot read {path}: {error.strerror}",
+        hint=os_error_hint(error.errno or 0) or "check that path and its permissions",
+    )
+
+
 def write_failure(error: OSError, path: Path | str, label: str) -> DllmError:
     """The error for a file that could not be written while `label` was unpacked or
     downloaded: a full disk, a quota, a read-only or forbidden folder (this machine's fault:
@@ -88,7 +129,11 @@ def write_failure(error: OSError, path: Path | str, label: str) -> DllmError:
     archive asked for something that cannot be written)."""
     hint = DISK_HINTS.get(error.errno)
     if hint is None:
-        return BundleRejected(f"{label}: cannot write {path}: {error.strerror or error}")
+        return BundleRejected(
+            f"{label}: cannot write {path}: {error.strerror or error}",
+            hint="this file system cannot hold a file the archive names (a name too long?): "
+            "rebuild it with `dllm bundle build`, or point DLLM_HOME at another file system",
+        )
     return DiskWriteError(
         f"cannot write {path} (while unpacking {label}): {error.strerror}; nothing was installed",
         hint,
@@ -171,15 +216,21 @@ def _kind(member: tarfile.TarInfo) -> str:
 
 def _check_member_name(name: str, archive: str) -> str:
     if name.startswith("/") or (len(name) > 1 and name[1] == ":"):
-        raise BundleRejected(f"{archive}: member {name!r} is an absolute path; refusing to extract")
+        raise BundleRejected(
+            f"{archive}: member {name!r} is an absolute path; refusing to extract",
+            hint=NOT_BUILT_HINT,
+        )
     if ".." in name.replace("\\", "/").split("/"):
         raise BundleRejected(
-            f"{archive}: member {name!r} climbs out of the bundle ('..'); refusing to extract"
+            f"{archive}: member {name!r} climbs out of the bundle ('..'); refusing to extract",
+            hint=NOT_BUILT_HINT,
         )
     try:
         return check_relative_path(name)
     except ValueError as error:
-        raise BundleRejected(f"{archive}: member {error}; refusing to extract") from None
+        raise BundleRejected(
+            f"{archive}: member {error}; refusing to extract", hint=NOT_BUILT_HINT
+        ) from None
 
 
 def extract_bundle(
@@ -192,7 +243,7 @@ def extract_bundle(
     try:
         raw = archive_path.open("rb")
     except OSError as error:
-        raise DllmError(f"cannot read {archive_path}: {error.strerror}") from None
+        raise read_failure(archive_path, error) from None
     with raw:
         size = os.fstat(raw.fileno()).st_size
         return extract_stream(raw, dest, label=label, archive_size=size, check_files=check_files)
@@ -227,9 +278,14 @@ def extract_stream(
         ):
             return _extract_members(tar, dest, _Limits(label, archive_size, check_files))
     except HeaderRefused as error:
-        raise BundleRejected(f"{label}: {error.message}; refusing to extract") from None
+        raise BundleRejected(
+            f"{label}: {error.message}; refusing to extract", hint=error.hint or NOT_BUILT_HINT
+        ) from None
     except (*_PARSE_ERRORS, zstandard.ZstdError) as error:
-        raise BundleRejected(unreadable_archive(label, error, ".tar.zst bundle archive")) from None
+        raise BundleRejected(
+            unreadable_archive(label, error, ".tar.zst bundle archive"),
+            hint=unreadable_hint(error),
+        ) from None
 
 
 # What tarfile and zstandard raise on damaged or hostile input (tarfile's pax and GNU parsing
@@ -263,17 +319,20 @@ class _Limits:
         if len(manifest.files) > MAX_FILES:
             raise BundleRejected(
                 f"{label}: {MANIFEST_NAME} lists {len(manifest.files)} files, over the "
-                f"{MAX_FILES}-file cap on a bundle"
+                f"{MAX_FILES}-file cap on a bundle",
+                hint=OVERSIZE_HINT,
             )
         if total > MAX_BUNDLE_BYTES:
             raise BundleRejected(
                 f"{label}: unpacks to {total} bytes, over the {MAX_BUNDLE_BYTES}-byte "
-                f"({MAX_BUNDLE_BYTES // 1024**3} GiB) cap on a bundle"
+                f"({MAX_BUNDLE_BYTES // 1024**3} GiB) cap on a bundle",
+                hint=OVERSIZE_HINT,
             )
         if total > MAX_EXPANSION * self.archive_size:
             raise BundleRejected(
                 f"{label}: {MANIFEST_NAME} lists {total} bytes in a {self.archive_size}-byte "
-                f"archive, over the {MAX_EXPANSION}x cap on expansion (a decompression bomb?)"
+                f"archive, over the {MAX_EXPANSION}x cap on expansion (a decompression bomb?)",
+                hint=OVERSIZE_HINT,
             )
 
 
@@ -287,10 +346,13 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
         if manifest is None:
             if member.name != MANIFEST_NAME or not member.isreg():
                 raise BundleRejected(
-                    f"{label}: the first member must be {MANIFEST_NAME}, found {member.name!r}"
+                    f"{label}: the first member must be {MANIFEST_NAME}, found {member.name!r}",
+                    hint=NOT_BUILT_HINT,
                 )
             if member.size > MAX_MANIFEST_BYTES:
-                raise BundleRejected(f"{label}: {MANIFEST_NAME} is larger than 1 MiB")
+                raise BundleRejected(
+                    f"{label}: {MANIFEST_NAME} is larger than 1 MiB", hint=NOT_BUILT_HINT
+                )
             handle = tar.extractfile(member)
             assert handle is not None
             data = handle.read()
@@ -305,16 +367,20 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
         name = _check_member_name(member.name, label)
         if not member.isreg():
             raise BundleRejected(
-                f"{label}: member {name!r} is {_kind(member)}; bundles hold only regular files"
+                f"{label}: member {name!r} is {_kind(member)}; bundles hold only regular files",
+                hint=NOT_BUILT_HINT,
             )
         if name in written or name == MANIFEST_NAME:
-            raise BundleRejected(f"{label}: member {name!r} appears twice")
+            raise BundleRejected(f"{label}: member {name!r} appears twice", hint=NOT_BUILT_HINT)
         if name not in expected:
-            raise BundleRejected(f"{label}: member {name!r} is not listed in {MANIFEST_NAME}")
+            raise BundleRejected(
+                f"{label}: member {name!r} is not listed in {MANIFEST_NAME}", hint=NOT_BUILT_HINT
+            )
         sha256, size = expected[name]
         if member.size != size:
             raise BundleRejected(
-                f"{label}: member {name!r} has {member.size} bytes, {MANIFEST_NAME} says {size}"
+                f"{label}: member {name!r} has {member.size} bytes, {MANIFEST_NAME} says {size}",
+                hint=DAMAGED_HINT,
             )
         digest = hashlib.sha256() if limits.check_files else None
         try:
@@ -330,18 +396,25 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
         except OSError as error:
             if error.errno in DISK_HINTS:
                 raise write_failure(error, dest / name, label) from None
-            raise BundleRejected(f"{label}: cannot extract member {name!r}: {error}") from None
+            raise BundleRejected(
+                f"{label}: cannot extract member {name!r}: {error.strerror or error}",
+                hint="this file system cannot hold a file the archive names (a name too long?): "
+                "rebuild it with `dllm bundle build`, or point DLLM_HOME at another file system",
+            ) from None
         if digest is not None and digest.hexdigest() != sha256:
             raise BundleRejected(
                 f"{label}: member {name!r} has sha256 {digest.hexdigest()}, "
-                f"{MANIFEST_NAME} says {sha256}"
+                f"{MANIFEST_NAME} says {sha256}",
+                hint=DAMAGED_HINT,
             )
         written.add(name)
     if manifest is None:
-        raise BundleRejected(f"{label}: empty archive")
+        raise BundleRejected(f"{label}: empty archive", hint=DAMAGED_HINT)
     missing = sorted(set(expected) - written)
     if missing:
-        raise BundleRejected(f"{label}: archive lacks listed files: {', '.join(missing)}")
+        raise BundleRejected(
+            f"{label}: archive lacks listed files: {', '.join(missing)}", hint=DAMAGED_HINT
+        )
     for path in [dest / MANIFEST_NAME, *(dest / name for name in written)]:
         path.chmod(0o444)
     return manifest
@@ -360,15 +433,24 @@ def read_archive_manifest(archive_path: Path) -> BundleManifest:
         ):
             member = tar.next()
             if member is None or member.name != MANIFEST_NAME or not member.isreg():
-                raise BundleRejected(f"{label}: the first member must be {MANIFEST_NAME}")
+                raise BundleRejected(
+                    f"{label}: the first member must be {MANIFEST_NAME}", hint=NOT_BUILT_HINT
+                )
             if member.size > MAX_MANIFEST_BYTES:
-                raise BundleRejected(f"{label}: {MANIFEST_NAME} is larger than 1 MiB")
+                raise BundleRejected(
+                    f"{label}: {MANIFEST_NAME} is larger than 1 MiB", hint=NOT_BUILT_HINT
+                )
             handle = tar.extractfile(member)
             assert handle is not None
             return parse_manifest(handle.read(), f"{label}:{MANIFEST_NAME}")
     except HeaderRefused as error:
-        raise BundleRejected(f"{label}: {error.message}") from None
+        raise BundleRejected(
+            f"{label}: {error.message}", hint=error.hint or NOT_BUILT_HINT
+        ) from None
     except (*_PARSE_ERRORS, zstandard.ZstdError) as error:
-        raise BundleRejected(unreadable_archive(label, error, ".tar.zst bundle archive")) from None
+        raise BundleRejected(
+            unreadable_archive(label, error, ".tar.zst bundle archive"),
+            hint=unreadable_hint(error),
+        ) from None
     except OSError as error:
-        raise DllmError(f"cannot read {archive_path}: {error.strerror}") from None
+        raise read_failure(archive_path, error) from None

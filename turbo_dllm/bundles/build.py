@@ -68,7 +68,11 @@ def build_bundle(
 
     names = list(dict.fromkeys(ops or native_op_names()))  # `--op x --op x`: built once
     if not names:
-        raise DllmError("no native ops found to build")
+        raise DllmError(
+            "no native ops found to build",
+            hint="the package's native/ sources are missing: reinstall turbo-dllm "
+            "(`pip install --force-reinstall turbo-dllm`)",
+        )
     chosen = [load_native_op(name) for name in names]
 
     import torch  # the build uses the running torch; import it so the fingerprint is exact
@@ -155,7 +159,10 @@ def build_bundle(
             )
             compiled_ops.append(compiled)
         if not compiled_ops:
-            raise DllmError("a bundle needs at least one compiled (C++) op for its provenance")
+            raise DllmError(
+                "a bundle needs at least one compiled (C++) op for its provenance",
+                hint="add a C++ op with --op (or build every op: no --op)",
+            )
         first = compiled_ops[0]
         manifest = BundleManifest(
             name=archive_name(__version__, bundle_target).removesuffix(".tar.zst"),

@@ -94,7 +94,11 @@ def parse_catalog(data: bytes, source: str) -> Catalog:
     try:
         document = loads(data.decode("utf-8"))
     except (TomlError, UnicodeDecodeError) as error:
-        raise DllmError(f"{source}: not a valid catalog.toml: {error}") from None
+        raise DllmError(
+            f"{source}: not a valid catalog.toml: {error}",
+            hint="the release catalog is damaged or not one: use the catalog.toml `dllm bundle "
+            "publish` wrote (releases/RELEASE/catalog.toml), or ask its publisher for it",
+        ) from None
     try:
         return Catalog.model_validate(document)
     except RecordError as error:

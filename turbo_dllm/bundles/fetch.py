@@ -86,6 +86,12 @@ def download(
     return done
 
 
+PINNED_REFUSED_HINT = (
+    "these are the very bytes the catalog pins (their sha256 matched), so every copy of this "
+    "bundle is the same: tell the release's publisher; nothing was installed"
+)
+
+
 def download_unpacked(
     source: Source,
     path: str,
@@ -187,6 +193,10 @@ def _fetch(
             )
         if refusal is not None:  # the pinned bytes themselves are refused
             part.unlink()
+            if isinstance(refusal, BundleRejected):
+                # Another copy or a new download would be the same bytes: only the publisher
+                # can mend what the archive's own hint tells its maker to do.
+                raise BundleRejected(refusal.message, hint=PINNED_REFUSED_HINT) from None
             raise refusal
         return result
     else:

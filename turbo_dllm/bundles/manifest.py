@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Literal, TypeVar
 
 from turbo_dllm.bundles.target import BundleTarget
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, os_error_hint
 from turbo_dllm.host import GpuArch, HostFingerprint
 from turbo_dllm.records import Record, RecordError, checked
 
@@ -195,5 +195,8 @@ def read_manifest(path: Path) -> BundleManifest:
     try:
         data = path.read_bytes()
     except OSError as error:
-        raise DllmError(f"cannot read {path}: {error.strerror}") from None
+        raise DllmError(
+            f"cannot read {path}: {error.strerror}",
+            hint=os_error_hint(error.errno or 0) or "check that file and its permissions",
+        ) from None
     return parse_manifest(data, str(path))

@@ -21,7 +21,7 @@ from urllib.parse import urlparse
 
 from turbo_dllm import __version__
 from turbo_dllm.bundles.archive import BundleRejected
-from turbo_dllm.errors import DllmError
+from turbo_dllm.errors import DllmError, os_error_hint
 from turbo_dllm.locations import parse_location
 
 __all__ = [
@@ -54,6 +54,11 @@ CONNECT_TIMEOUT_S = 10.0
 READ_TIMEOUT_S = 60.0
 DEADLINE_VARIABLE = "DLLM_DOWNLOAD_DEADLINE_S"
 DEFAULT_DEADLINE_S = 3600.0  # one hour: 16 GiB (the bundle cap) at ~5 MB/s
+# read_small reads catalogs: a few KB each, so one over the cap is something else.
+OVER_CAP_HINT = (
+    "a release catalog is a few KB: the index serves something else under that name; check the "
+    "index URL (`dllm mirror verify DIR` checks a mirror)"
+)
 
 
 class NotFound(DllmError):
@@ -178,13 +183,16 @@ class Source:
                 try:
                     if opened.total is not None and opened.total > limit:
                         raise BundleRejected(
-                            f"{self.url(path)} is {opened.total} bytes, over the {limit}-byte cap"
+                            f"{self.url(path)} is {opened.total} bytes, over the {limit}-byte cap",
+                            hint=OVER_CAP_HINT,
                         )
                     data = bytearray()
                     for chunk in opened.chunks:
                         data += chunk
                         if len(data) > limit:
-                            raise BundleRejected(f"{self.url(path)} is over the {limit}-byte cap")
+                            raise BundleRejected(
+                                f"{self.url(path)} is over the {limit}-byte cap", hint=OVER_CAP_HINT
+                            )
                     if opened.total is not None and len(data) != opened.total:
                         raise TransientError(f"got {len(data)} of {opened.total} bytes")
                     return bytes(data)
@@ -249,7 +257,10 @@ class LocalSource(Source):
                 hint="check the mirror folder and the release name (`ls MIRROR/releases`)",
             ) from None
         except OSError as error:
-            raise DllmError(f"cannot read {file}: {error.strerror}") from None
+            raise DllmError(
+                f"cannot read {file}: {error.strerror}",
+                hint=os_error_hint(error.errno or 0) or "check that file and its permissions",
+            ) from None
         total = os.fstat(handle.fileno()).st_size
         handle.seek(min(offset, total))
 

@@ -515,7 +515,9 @@ class BundleStore:
         if expect_version is not None and manifest.version != expect_version:
             raise BundleRejected(
                 f"{label} holds bundle version {manifest.version}, the catalog says "
-                f"{expect_version}"
+                f"{expect_version}",
+                hint="the mirror serves another version's bundle under this name; re-publish "
+                "the release",
             )
         (folder / RECORD_NAME).write_text(record.model_dump_json(indent=2))
         (folder / RECORD_NAME).chmod(0o444)
@@ -544,7 +546,10 @@ class BundleStore:
     def activate(self, sha256: str) -> InstalledBundle:
         bundle = self.get(sha256)
         if bundle is None:
-            raise DllmError(f"bundle {sha256[:12]} is not installed")
+            raise DllmError(
+                f"bundle {sha256[:12]} is not installed",
+                hint="`dllm bundle list` shows the installed bundles; `dllm bundle install` adds one",
+            )
         return self.make_active(bundle)
 
     def make_active(self, bundle: InstalledBundle) -> InstalledBundle:

@@ -94,7 +94,11 @@ def read_targets(path: Path | None = None) -> TargetsFile:
     try:
         return TargetsFile.model_validate(loads(path.read_text(encoding="utf-8")))
     except (OSError, ValidationError, ValueError) as error:
-        raise DllmError(f"invalid targets file {path}: {error}") from None
+        raise DllmError(
+            f"invalid targets file {path}: {error}",
+            hint="this file ships inside turbo-dllm: reinstall the package "
+            "(`pip install --force-reinstall turbo-dllm`) or undo your edit to it",
+        ) from None
 
 
 def pick_build_target(

@@ -57,6 +57,22 @@ _PAX_KEYS = {
 }
 _RECORD_LENGTH = re.compile(rb"([1-9][0-9]{0,5}) ")  # bounded: no backtracking on digit runs
 
+# What to do about a refused header: `dllm bundle build` writes one short pax header (path, size,
+# times, owner) and one ustar header per file, so an archive with others was made another way.
+TOO_MANY_HINT = (
+    "a bundle holds a few dozen files; this archive is not one: rebuild it with `dllm bundle "
+    "build`, or ask its publisher for one built so"
+)
+OTHER_TAR_HINT = (
+    "another tar program (GNU tar, bsdtar) wrote it: rebuild it with `dllm bundle build`, or ask "
+    "its publisher for one built so"
+)
+PAX_HINT = (
+    "`dllm bundle build` writes only short pax headers (path, size, times, owner): the archive "
+    "was made another way or altered; rebuild it with `dllm bundle build`, or ask its publisher "
+    "for one built so"
+)
+
 
 class HeaderRefused(DllmError):
     """A tar header outside the bounds; the caller names the archive."""
@@ -121,18 +137,21 @@ class _GuardedTarInfo(tarfile.TarInfo):
 def _check_header(info: tarfile.TarInfo, reader: _GuardedReader) -> None:
     reader.headers += 1
     if reader.headers > MAX_HEADERS:
-        raise HeaderRefused(f"more than {MAX_HEADERS} tar headers (the cap)")
+        raise HeaderRefused(f"more than {MAX_HEADERS} tar headers (the cap)", TOO_MANY_HINT)
     if info.type in _REFUSED:
         raise HeaderRefused(
-            f"{_REFUSED[info.type]} ({info.name!r}); bundles hold only regular files"
+            f"{_REFUSED[info.type]} ({info.name!r}); bundles hold only regular files",
+            OTHER_TAR_HINT,
         )
     after_pax, reader.after_pax = reader.after_pax, info.type == tarfile.XHDTYPE
     if info.type != tarfile.XHDTYPE:
         return
     if after_pax:
-        raise HeaderRefused("two pax headers in a row")
+        raise HeaderRefused("two pax headers in a row", PAX_HINT)
     if info.size > MAX_PAX_BYTES:
-        raise HeaderRefused(f"a {info.size}-byte pax header, over the {MAX_PAX_BYTES}-byte cap")
+        raise HeaderRefused(
+            f"a {info.size}-byte pax header, over the {MAX_PAX_BYTES}-byte cap", PAX_HINT
+        )
     _check_pax_records(reader.peek(info.size))
 
 
@@ -143,14 +162,16 @@ def _check_pax_records(payload: bytes) -> None:
         match = _RECORD_LENGTH.match(payload, position)
         end = position + int(match.group(1)) if match else 0
         if match is None or end > len(payload) or payload[end - 1 : end] != b"\n":
-            raise HeaderRefused(f"a malformed pax record at byte {position} of its header")
+            raise HeaderRefused(
+                f"a malformed pax record at byte {position} of its header", PAX_HINT
+            )
         key, equals, value = payload[match.end() : end - 1].partition(b"=")
         if not equals or key not in _PAX_KEYS:
             shown = key.decode("ascii", "backslashreplace")
-            raise HeaderRefused(f"pax keyword {shown!r} is not allowed in a bundle")
+            raise HeaderRefused(f"pax keyword {shown!r} is not allowed in a bundle", PAX_HINT)
         if not _valid_value(value, _PAX_KEYS[key]):
             shown = value[:40].decode("ascii", "backslashreplace")
-            raise HeaderRefused(f"pax record {key.decode()}={shown!r} is not valid")
+            raise HeaderRefused(f"pax record {key.decode()}={shown!r} is not valid", PAX_HINT)
         position = end
 
 

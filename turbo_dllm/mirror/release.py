@@ -79,7 +79,11 @@ def add_release(plan, staging: Path) -> None:
         )
     catalog = parse_catalog(data, source.url(relative))
     if catalog.release != plan.release:
-        raise BundleRejected(f"{source.url(relative)} is the catalog of {catalog.release!r}")
+        raise BundleRejected(
+            f"{source.url(relative)} is the catalog of {catalog.release!r}",
+            hint="the index serves another release's catalog under this release's name: mirror "
+            "from the official index or a faithful copy of it",
+        )
     (staging / relative).parent.mkdir(parents=True, exist_ok=True)
     (staging / relative).write_bytes(data)
     bundles_dir = staging / "bundles"

@@ -63,7 +63,11 @@ class MirrorSource:
             data += chunk
             if len(data) > limit:
                 chunks.close()
-                raise DllmError(f"{self.location}: {relative} is over the {limit}-byte cap")
+                raise DllmError(
+                    f"{self.location}: {relative} is over the {limit}-byte cap",
+                    hint="the mirror serves something else under that name: check the mirror's "
+                    "URL, and `dllm mirror verify DIR` on the mirror's folder",
+                )
         return bytes(data)
 
     def digest(self, relative: str, limit: int) -> tuple[str, int] | None:
@@ -98,7 +102,11 @@ class MirrorSource:
         try:
             yield from opened.chunks
         except TransientError as error:
-            raise DllmError(f"{self.location}: {relative} broke off: {error}") from None
+            raise DllmError(
+                f"{self.location}: {relative} broke off: {error}",
+                hint="check that the mirror's server still runs (`dllm mirror serve DIR`), then "
+                "run the command again",
+            ) from None
         finally:
             opened.close()
 
@@ -121,7 +129,11 @@ class MirrorSource:
         try:
             data = json.loads(raw)
         except (ValueError, RecursionError) as error:  # RecursionError: nested too deeply
-            raise DllmError(f"{self.location}/{MIRROR_FILE}: not JSON: {error}") from None
+            raise DllmError(
+                f"{self.location}/{MIRROR_FILE}: not JSON: {error}",
+                hint=f"{MIRROR_FILE} is damaged: copy the mirror again whole, or make it again "
+                "with `dllm mirror create ... --force`",
+            ) from None
         return validate_document(
             data,
             MirrorIndex,
