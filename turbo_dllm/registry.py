@@ -11,6 +11,7 @@ a family").
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -92,10 +93,11 @@ BUILTIN_OBJECTIVES: Mapping[str, Objective] = {
 PLUGINS: Plugins = load_plugins(BUILTIN_FAMILIES, BUILTIN_OBJECTIVES)
 FAMILIES: Mapping[str, Family] = {**BUILTIN_FAMILIES, **PLUGINS.families}
 OBJECTIVES: Mapping[str, Objective] = {**BUILTIN_OBJECTIVES, **PLUGINS.objectives}
-# Plugins that loaded but break the torch-free start: said once per process, on stderr (the
-# `dllm doctor` plugins check says it too).
-for _warning in PLUGINS.warnings.values():
-    print(f"dllm: warning: plugin {_warning}", file=sys.stderr)
+# Plugins that loaded but break the torch-free start: said once, on stderr (the `dllm doctor`
+# plugins check says it too); under torchrun by global rank 0 only, not once per worker.
+if os.environ.get("RANK", "0") == "0":
+    for _warning in PLUGINS.warnings.values():
+        print(f"dllm: warning: plugin {_warning}", file=sys.stderr)
 
 # Names the product defines whose code has not landed: refused with "not available in this
 # version" rather than "unknown" (they are not in the schema).

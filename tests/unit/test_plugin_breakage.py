@@ -295,6 +295,27 @@ def test_a_plugin_descriptor_that_imports_torch_is_named_with_the_fix(tmp_path):
     assert "runtime module" in result["fix"]
 
 
+def test_the_torch_import_warning_is_said_by_rank_0_only(tmp_path):
+    """Under torchrun every worker imports the registry: the warning was printed once per rank
+    (8 copies on one node). Ranks other than 0 now stay quiet; rank 0 (and a plain command,
+    RANK unset: the test above) says it."""
+    site = _distribution(tmp_path / "site", "heavy-plugin", _HEAVY_POINTS, _HEAVY)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
+    code = "import turbo_dllm.registry as r; print(sorted(r.FAMILIES))"
+    for rank, said in (("1", False), ("0", True)):
+        proc = subprocess.run(
+            [sys.executable, "-c", code],
+            env={**env, "RANK": rank},
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0, proc.stderr
+        assert "'heavy'" in proc.stdout  # loaded all the same
+        assert ("loading its descriptor imported torch" in proc.stderr) is said, proc.stderr
+
+
 _VALIDATE_THEN_DOCTOR = """
 import json, sys
 from pathlib import Path
