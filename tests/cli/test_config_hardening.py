@@ -691,8 +691,8 @@ def test_an_override_cannot_set_an_object_key(cli, tmp_path, family, override):
         ("text", "rope_parameters", 3, "rope_parameters must map each layer type"),
         ("text", "per_layer_config", [1], "per_layer_config must map layer indices"),
         ("text", "per_layer_config", {"99": {"head_dim": 8}}, "names layer 99 of a 3-layer"),
-        ("text", "mask_token_id", "x", "bad value"),
-        ("text", "pad_token_id", [1], "bad value"),
+        ("text", "mask_token_id", "x", 'text_config.mask_token_id is the string "x"'),
+        ("text", "pad_token_id", [1], "text_config.pad_token_id is [1]; it must be an integer"),
     ],
 )
 def test_a_malformed_diffusion_gemma_config_is_refused(cli, tmp_path, where, key, value, needle):

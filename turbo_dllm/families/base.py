@@ -46,6 +46,8 @@ __all__ = [
     "decoder_shape_problems",
     "derived_head_dim",
     "hf_config_errors",
+    "json_type_problems",
+    "raise_on_json_types",
     "import_failure",
     "no_attention_dropout",
     "nonpositive_fields",
@@ -543,6 +545,90 @@ def hf_config_errors(*, missing_hint: str, what: str = "config.json") -> Iterato
             f"{what} has a bad value: {error}",
             hint="fix that value in config.json, or set it with model.config_overrides",
         ) from None
+
+
+# What a config.json key must hold, for `json_type_problems`: "int" (a JSON integer; 4.0 too),
+# "real" (any JSON number), "flag" (true or false), "text" (a string), "ids" (a token id or a
+# list of them); a trailing "?" allows null (the reader's default), a trailing "!" marks a key
+# the reader requires (no default: removing it is no fix).
+_KIND_WORDS = {
+    "int": "an integer",
+    "real": "a number",
+    "flag": "true or false",
+    "text": "a string",
+    "ids": "a token id or a list of them",
+    "object": "an object ({...})",
+    "list": "a list ([...])",
+}
+
+
+def _of_kind(value: Any, kind: str) -> bool:
+    if isinstance(value, bool):
+        return kind == "flag"
+    if kind == "int":
+        return isinstance(value, int) or (isinstance(value, float) and value.is_integer())
+    if kind == "real":
+        return isinstance(value, (int, float))
+    if kind == "text":
+        return isinstance(value, str)
+    if kind in ("object", "list"):
+        return isinstance(value, dict if kind == "object" else list)
+    if kind == "ids":
+        return isinstance(value, int) or (
+            isinstance(value, list) and all(_of_kind(v, "int") for v in value)
+        )
+    return False
+
+
+def _json_shown(value: Any) -> str:
+    """`value` as config.json spells it, for an error message."""
+    if isinstance(value, str):
+        return f"the string {json.dumps(value)}"
+    text = json.dumps(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def json_type_problems(
+    config: Mapping[str, Any], kinds: Mapping[str, str], *, prefix: str = ""
+) -> list[str]:
+    """A problem line for each key of `kinds` that `config` holds with a value of another JSON
+    type than its kind (see `_KIND_WORDS`), naming the key (after `prefix`, e.g.
+    "text_config.") and what it must hold: a reader's int()/float()/bool() would otherwise fail
+    without naming the key, or read "4" as 4, 2.5 as 2 and "false" as true."""
+    found = []
+    for key, kind in kinds.items():
+        if key not in config:
+            continue
+        value = config[key]
+        optional, required = kind.endswith("?"), kind.endswith("!")
+        kind = kind.rstrip("?!")
+        if (value is None and optional) or (value is not None and _of_kind(value, kind)):
+            continue
+        wanted = _KIND_WORDS[kind]
+        if value is None and not required:
+            wanted += " (or remove the key for the default)"
+        elif isinstance(value, str) and kind in ("int", "real"):
+            wanted += f", written without quotes ({value})" if _numeric(value) else ""
+        found.append(f"{prefix}{key} is {_json_shown(value)}; it must be {wanted}")
+    return found
+
+
+def _numeric(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
+
+
+def raise_on_json_types(problems: list[str], *, what: str = "config.json") -> None:
+    """One DllmError listing each of `json_type_problems`' lines, if there are any."""
+    if problems:
+        raise DllmError(
+            f"{what} has values of the wrong type:\n"
+            + "\n".join(f"  - {what}'s {p}" for p in problems),
+            hint="write each as the model's value, of the type named (numbers without quotes, "
+            "true or false for a flag), in config.json, or set it with model.config_overrides",
+        )
 
 
 def checkpoint_mask_problems(spec: Any, mask: int | None) -> list[tuple[str, str]]:

@@ -16,9 +16,11 @@ from turbo_dllm.families.base import (
     decoder_shape_problems,
     derived_head_dim,
     hf_config_errors,
+    json_type_problems,
     no_attention_dropout,
     number_problems,
     raise_if_unusable,
+    raise_on_json_types,
 )
 
 __all__ = [
@@ -116,6 +118,27 @@ CONFIG_KEYS = frozenset(
     }
 )
 
+# The JSON type of each config.json key `from_hf_dict` reads (`json_type_problems`).
+JSON_KINDS = {
+    **dict.fromkeys(
+        ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"), "int!"
+    ),
+    "num_attention_heads": "int!",
+    "num_key_value_heads": "int?",
+    "head_dim": "int?",
+    "max_position_embeddings": "int",
+    **dict.fromkeys(("rms_norm_eps", "rope_theta", "initializer_range"), "real"),
+    **dict.fromkeys(("tie_word_embeddings", "attention_bias", "mlp_bias"), "flag"),
+    "use_sliding_window": "flag?",
+    "hidden_act": "text?",
+    "hidden_activation": "text?",
+    "rope_parameters": "object?",
+    "rope_scaling": "object?",
+    "bos_token_id": "int?",
+    "pad_token_id": "int?",
+    "eos_token_id": "ids?",
+}
+
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -189,6 +212,12 @@ class DecoderConfig:
                 hint="set use_sliding_window: false in config.json",
             )
         no_attention_dropout(hf)
+        problems = json_type_problems(hf, JSON_KINDS)
+        if isinstance(hf.get("rope_parameters"), dict):
+            problems += json_type_problems(
+                hf["rope_parameters"], {"rope_theta": "real"}, prefix="rope_parameters."
+            )
+        raise_on_json_types(problems)
         with hf_config_errors(
             missing_hint="a Llama/Qwen2/Qwen3 config.json from Hugging Face has it"
         ):

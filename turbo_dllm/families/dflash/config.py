@@ -30,9 +30,44 @@ from turbo_dllm.families.base import (
     decoder_shape_problems,
     derived_head_dim,
     hf_config_errors,
+    json_type_problems,
     nonpositive_fields,
     raise_if_unusable,
+    raise_on_json_types,
 )
+
+# The JSON type of each key `from_hf_dict` reads (`json_type_problems`): the layer's (in
+# `transformer_layer_config` or at the root), the root's and `dflash_config`'s.
+_LAYER_KINDS = {
+    **dict.fromkeys(
+        ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"), "int!"
+    ),
+    "num_attention_heads": "int!",
+    "num_key_value_heads": "int?",
+    "head_dim": "int?",
+    "max_position_embeddings": "int",
+    **dict.fromkeys(("rms_norm_eps", "rope_theta", "initializer_range"), "real"),
+    "hidden_act": "text?",
+    "rope_parameters": "object?",
+    "rope_scaling": "object?",
+}
+_ROOT_KINDS = {
+    **dict.fromkeys(("target_hidden_size", "num_target_layers", "block_size"), "int?"),
+    "mask_token_id": "int?",
+    **dict.fromkeys(("aux_hidden_state_layer_ids", "target_layer_ids"), "list"),
+    **dict.fromkeys(("sample_from_anchor", "tie_word_embeddings"), "flag"),
+    "transformer_layer_config": "object?",
+    "dflash_config": "object?",
+}
+_DFLASH_KINDS = {
+    "target_layer_ids": "list",
+    "block_size": "int?",
+    "mask_token_id": "int?",
+    **dict.fromkeys(
+        ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k"), "int"
+    ),
+    **dict.fromkeys(("final_logit_softcapping", "output_multiplier"), "real?"),
+}
 
 __all__ = [
     "ARCHITECTURES",
@@ -202,6 +237,17 @@ class DFlashConfig:
                 hint="model.family dflash reads DFlashDraftModel folders; a target model is "
                 "named by model.dflash.target",
             )
+        problems = json_type_problems(hf, _ROOT_KINDS)
+        nested = isinstance(hf.get("transformer_layer_config"), dict)
+        layer_prefix = "transformer_layer_config." if nested else ""
+        problems += json_type_problems(
+            hf.get("transformer_layer_config") if nested else hf, _LAYER_KINDS, prefix=layer_prefix
+        )
+        if isinstance(hf.get("dflash_config"), dict):
+            problems += json_type_problems(
+                hf["dflash_config"], _DFLASH_KINDS, prefix="dflash_config."
+            )
+        raise_on_json_types(problems, what="drafter config.json")
         layer = dict(hf.get("transformer_layer_config") or hf)
         dflash = dict(hf.get("dflash_config") or {})
         with hf_config_errors(

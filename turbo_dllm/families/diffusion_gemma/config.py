@@ -20,9 +20,11 @@ from turbo_dllm.families.base import (
     decoder_shape_problems,
     derived_head_dim,
     hf_config_errors,
+    json_type_problems,
     no_attention_dropout,
     number_problems,
     raise_if_unusable,
+    raise_on_json_types,
 )
 from turbo_dllm.families.decoder.config import _token_ids, cut_layer_list
 
@@ -40,6 +42,47 @@ _DEFAULT_ROPE = {
     },
 }
 
+
+# The JSON type of each text_config key `from_hf_dict` reads (`json_type_problems`), and of
+# each root key (where a `_ROOT_TEXT_KEYS` key sits at the root, its text kind).
+JSON_KINDS = {
+    **dict.fromkeys(
+        (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "top_k_experts",
+        ),
+        "int!",
+    ),
+    **dict.fromkeys(
+        (
+            "num_key_value_heads",
+            "head_dim",
+            "global_head_dim",
+            "num_global_key_value_heads",
+            "num_experts",
+            "moe_intermediate_size",
+            "expert_intermediate_size",
+            "sliding_window",
+            "pad_token_id",
+            "bos_token_id",
+            "mask_token_id",
+        ),
+        "int?",
+    ),
+    "eos_token_id": "ids?",
+    "max_position_embeddings": "int",
+    "rms_norm_eps": "real",
+    "initializer_range": "real",
+    "final_logit_softcapping": "real?",
+    "hidden_activation": "text?",
+    "layer_types": "list?",
+    "tie_word_embeddings": "flag",
+}
+_ROOT_KINDS = {**JSON_KINDS, "canvas_length": "int?", "block_size": "int?"}
 
 # Text-model keys the reader also takes from the root where `text_config` lacks them: the
 # checkpoint's mask token and softcap, and the optional keys a `model.config_overrides` entry
@@ -318,6 +361,14 @@ class DiffusionGemmaConfig:
                 "model, not the folder's)",
             )
         text = hf["text_config"]
+        if isinstance(text, dict):
+            own = ("canvas_length", "block_size", "tie_word_embeddings")
+            root = {k: hf[k] for k in own if k in hf}
+            root.update({k: hf[k] for k in _ROOT_TEXT_KEYS if k in hf and k not in text})
+            raise_on_json_types(
+                json_type_problems(root, _ROOT_KINDS)
+                + json_type_problems(text, JSON_KINDS, prefix="text_config.")
+            )
         if not isinstance(text, dict):
             raise DllmError(
                 f"config.json's text_config is not an object: {text!r}",

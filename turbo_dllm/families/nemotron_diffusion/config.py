@@ -18,7 +18,12 @@ import dataclasses
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.base import hf_config_errors, raise_if_unusable
+from turbo_dllm.families.base import (
+    hf_config_errors,
+    json_type_problems,
+    raise_if_unusable,
+    raise_on_json_types,
+)
 from turbo_dllm.families.decoder.config import CONFIG_KEYS as DECODER_KEYS
 from turbo_dllm.families.decoder.config import (
     SUPPORTED_ROPE_TYPES,
@@ -43,6 +48,13 @@ CONFIG_KEYS = DECODER_KEYS | {
     "qk_norm",
     "v_norm",
     "attn_output_gate",
+}
+
+# The JSON type of each key `from_hf_dict` reads beyond the decoder's (`json_type_problems`).
+JSON_KINDS = {
+    **dict.fromkeys(("head_dimension", "block_size", "mask_token_id"), "int?"),
+    **dict.fromkeys(("qk_norm", "v_norm", "attn_output_gate"), "flag"),
+    "dlm_paradigm": "text",
 }
 
 _TINY = {
@@ -142,6 +154,7 @@ class NemotronConfig(DecoderConfig):
                 f"config.json is a {model_type!r} model, not {MODEL_TYPES[0]!r}",
                 hint="set model.family to the family of that model",
             )
+        raise_on_json_types(json_type_problems(hf, JSON_KINDS))
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if not isinstance(rope, dict):
             raise DllmError(

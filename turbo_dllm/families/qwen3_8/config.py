@@ -20,10 +20,13 @@ from turbo_dllm.families.base import (
     decoder_shape_problems,
     derived_head_dim,
     hf_config_errors,
+    json_type_problems,
     no_attention_dropout,
     number_problems,
     raise_if_unusable,
+    raise_on_json_types,
 )
+from turbo_dllm.families.decoder.config import JSON_KINDS as DECODER_KINDS
 from turbo_dllm.families.decoder.config import _or_default, _token_ids, cut_layer_list
 
 __all__ = [
@@ -87,6 +90,50 @@ CONFIG_KEYS = frozenset(
 def _hybrid(layers: int, every: int = 4) -> list[str]:
     """Qwen3.5's default pattern: three linear-attention layers, then one full attention."""
     return ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
+
+
+# The JSON type of each config.json key `from_hf_dict` reads (`json_type_problems`).
+JSON_KINDS = {
+    **{k: v for k, v in DECODER_KINDS.items() if k not in ("mlp_bias", "use_sliding_window")},
+    **dict.fromkeys(
+        (
+            "linear_num_key_heads",
+            "linear_num_value_heads",
+            "linear_key_head_dim",
+            "linear_value_head_dim",
+        ),
+        "int!",
+    ),
+    "linear_conv_kernel_dim": "int",
+    "full_attention_interval": "int?",
+    "partial_rotary_factor": "real",
+    "layer_types": "list?",
+    "mask_token_id": "int?",
+    "dllm_mask_token": "text?",
+    "dllm_mask_token_original_vocab_size": "int?",
+    "dllm_mask_token_migration_version": "int?",
+}
+
+
+def _json_type_problems(hf: dict[str, Any]) -> list[str]:
+    """`json_type_problems` of a qwen3_5 / qwen3_5_text config.json: a key at the root, and
+    one of `text_config` that the root does not override (named `text_config.KEY`)."""
+    problems = json_type_problems(hf, JSON_KINDS)
+    nested = hf.get("text_config") if hf.get("model_type") == "qwen3_5" else None
+    configs = [(hf, "")]
+    if isinstance(nested, dict):
+        configs.append((nested, "text_config."))
+        own = {k: v for k, v in nested.items() if k not in hf}
+        problems += json_type_problems(own, JSON_KINDS, prefix="text_config.")
+    for config, prefix in configs:
+        rope = config.get("rope_parameters")
+        if isinstance(rope, dict) and (not prefix or "rope_parameters" not in hf):
+            problems += json_type_problems(
+                rope,
+                {"rope_theta": "real", "partial_rotary_factor": "real", "mrope_section": "list?"},
+                prefix=f"{prefix}rope_parameters.",
+            )
+    return problems
 
 
 def _layer_types(text: dict[str, Any], layers: int) -> list[str]:
@@ -327,6 +374,7 @@ class Qwen38Config:
             text = {**nested, **{k: v for k, v in hf.items() if k not in ("text_config",)}}
             text.pop("vision_config", None)
         no_attention_dropout(text)
+        raise_on_json_types(_json_type_problems(hf))
         with hf_config_errors(
             missing_hint="a Qwen3.5 / Qwen3.8 config.json from Hugging Face has it"
         ):
