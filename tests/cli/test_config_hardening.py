@@ -193,9 +193,10 @@ def test_train_refuses_bad_numerics_before_training(cli, tmp_path):
 
 
 def test_heads_that_do_not_divide_the_hidden_size_are_refused(cli, tmp_path):
-    """With no head_dim, the head is hidden / heads: 130 / 4 was truncated to 32."""
+    """With no head_dim, a Llama's head is hidden / heads: 130 / 4 was truncated to 32. (A
+    Qwen3's is Qwen3Config's default, 128: tests/families/test_head_dim_defaults.py.)"""
     hf = {
-        "model_type": "qwen3",
+        "model_type": "llama",
         "vocab_size": 512,
         "hidden_size": 130,
         "intermediate_size": 256,
@@ -204,14 +205,14 @@ def test_heads_that_do_not_divide_the_hidden_size_are_refused(cli, tmp_path):
         "num_key_value_heads": 2,
     }
     model = write_json(tmp_path / "config.json", hf)
-    result = validate(cli, runspec(tmp_path, from_config=model))
+    result = validate(cli, runspec(tmp_path, "causal_lm", from_config=model))
     assert_user_error(
         result,
         "model.from_config:",
         "hidden_size (130) is not a multiple of num_attention_heads (4)",
     )
     write_json(model, {**hf, "hidden_size": 128})
-    assert validate(cli, runspec(tmp_path, from_config=model)).code == 0
+    assert validate(cli, runspec(tmp_path, "causal_lm", from_config=model)).code == 0
 
 
 @pytest.mark.parametrize(

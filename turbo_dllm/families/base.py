@@ -45,6 +45,8 @@ __all__ = [
     "DECODER_SIZES",
     "decoder_shape_problems",
     "derived_head_dim",
+    "head_dim_for",
+    "HEAD_DIM_DEFAULTS",
     "hf_config_errors",
     "json_type_problems",
     "raise_on_json_types",
@@ -681,6 +683,43 @@ def no_attention_dropout(config: dict[str, Any]) -> None:
             "dropout",
             hint="set model.config_overrides.attention_dropout: 0.0 to train without it",
         )
+
+
+# transformers' head_dim for a config.json without one, by model_type (for qwen3_5 and
+# diffusion_gemma, of their text config): its config class's default, or None where it derives
+# hidden_size // num_attention_heads (LlamaConfig's None; Qwen2Config has no head_dim field and
+# its attention derives it). nemotron_labs_diffusion is remote code whose config class is
+# transformers' Ministral3Config (the family's parity oracle). A table, not an import of
+# transformers (which imports torch: validation is torch-free);
+# tests/families/test_head_dim_defaults.py holds it to the installed transformers.
+HEAD_DIM_DEFAULTS: dict[str, int | None] = {
+    "llama": None,
+    "qwen2": None,
+    "qwen3": 128,
+    "qwen3_5": 256,
+    "qwen3_5_text": 256,
+    "diffusion_gemma": 256,
+    "ministral3": 128,
+    "nemotron_labs_diffusion": 128,
+}
+
+
+def head_dim_for(config: Mapping[str, Any], model_type: str, hidden_size: int, heads: int) -> int:
+    """The head size transformers gives the model of `config` (a config.json dict, or its
+    text_config): its `head_dim`; where it has none, the model_type's default
+    (`HEAD_DIM_DEFAULTS`: Qwen3 128, not hidden_size / heads), else hidden_size / heads. A null
+    `head_dim` derives it where transformers takes null (a None default: Llama); where its
+    class holds an integer (Qwen3, Ministral3) transformers refuses null, and so do we."""
+    value = config.get("head_dim")
+    if value is not None:
+        return int(value)
+    default = HEAD_DIM_DEFAULTS.get(model_type)
+    if default is not None and "head_dim" in config:
+        raise ValueError(
+            f"head_dim is null, which a {model_type} config does not take: give the model's "
+            f"head size, or remove the key for {model_type}'s default ({default})"
+        )
+    return default if default is not None else derived_head_dim(None, hidden_size, heads)
 
 
 def derived_head_dim(head_dim: Any, hidden_size: int, heads: int) -> int:

@@ -14,7 +14,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
     DECODER_SIZES,
     decoder_shape_problems,
-    derived_head_dim,
+    head_dim_for,
     hf_config_errors,
     json_type_problems,
     no_attention_dropout,
@@ -241,7 +241,7 @@ class DecoderConfig:
                 num_hidden_layers=int(hf["num_hidden_layers"]),
                 num_attention_heads=heads,
                 num_key_value_heads=_or_default(hf.get("num_key_value_heads"), heads),
-                head_dim=derived_head_dim(hf.get("head_dim"), hidden, heads),
+                head_dim=head_dim_for(hf, str(model_type), hidden, heads),
                 rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                 rope_theta=rope_theta,
                 rope_scaling=scaling,

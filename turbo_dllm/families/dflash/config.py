@@ -28,7 +28,7 @@ from typing import Any
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
     decoder_shape_problems,
-    derived_head_dim,
+    head_dim_for,
     hf_config_errors,
     json_type_problems,
     nonpositive_fields,
@@ -276,7 +276,8 @@ class DFlashConfig:
                 num_key_value_heads=heads
                 if layer.get("num_key_value_heads") is None
                 else int(layer["num_key_value_heads"]),
-                head_dim=derived_head_dim(layer.get("head_dim"), hidden, heads),
+                # the drafter's attention is its model_type's (Qwen3's: head_dim 128)
+                head_dim=head_dim_for(layer, str(hf.get("model_type") or "qwen3"), hidden, heads),
                 target_hidden_size=int(hf.get("target_hidden_size") or hidden),
                 num_target_layers=int(hf.get("num_target_layers") or max(ids) + 1),
                 target_layers_recorded=bool(hf.get("num_target_layers")),

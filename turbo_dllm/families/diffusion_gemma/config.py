@@ -18,7 +18,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
     DECODER_SIZES,
     decoder_shape_problems,
-    derived_head_dim,
+    head_dim_for,
     hf_config_errors,
     json_type_problems,
     no_attention_dropout,
@@ -412,7 +412,7 @@ class DiffusionGemmaConfig:
                 if text.get("num_key_value_heads") is None
                 else int(text["num_key_value_heads"])
             )
-            head_dim = derived_head_dim(text.get("head_dim"), int(text["hidden_size"]), heads)
+            head_dim = head_dim_for(text, "diffusion_gemma", int(text["hidden_size"]), heads)
             # num_hidden_layers keeps the model's first layers (`cut_layer_list`), and the
             # per_layer_config entries of those layers
             given = text.get("layer_types")

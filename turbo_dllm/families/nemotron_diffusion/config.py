@@ -19,12 +19,14 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
+    head_dim_for,
     hf_config_errors,
     json_type_problems,
     raise_if_unusable,
     raise_on_json_types,
 )
 from turbo_dllm.families.decoder.config import CONFIG_KEYS as DECODER_KEYS
+from turbo_dllm.families.decoder.config import JSON_KINDS as DECODER_KINDS
 from turbo_dllm.families.decoder.config import (
     SUPPORTED_ROPE_TYPES,
     DecoderConfig,
@@ -154,7 +156,9 @@ class NemotronConfig(DecoderConfig):
                 f"config.json is a {model_type!r} model, not {MODEL_TYPES[0]!r}",
                 hint="set model.family to the family of that model",
             )
-        raise_on_json_types(json_type_problems(hf, JSON_KINDS))
+        # (rope_parameters / rope_scaling: checked below, with what this family reads there)
+        kinds = {k: v for k, v in DECODER_KINDS.items() if not k.startswith("rope_")}
+        raise_on_json_types(json_type_problems(hf, {**kinds, "rope_theta": "real", **JSON_KINDS}))
         rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
         if not isinstance(rope, dict):
             raise DllmError(
@@ -177,6 +181,11 @@ class NemotronConfig(DecoderConfig):
             decoder_view["rope_parameters"] = {"rope_type": "default", "rope_theta": theta}
         if "head_dim" not in hf and "head_dimension" in hf:
             decoder_view["head_dim"] = hf["head_dimension"]
+        elif hf.get("head_dim") is None:  # Ministral3Config's, not the decoder view's (llama)
+            with hf_config_errors(missing_hint="a nemotron_diffusion config.json has it"):
+                decoder_view["head_dim"] = head_dim_for(
+                    hf, str(model_type), int(hf["hidden_size"]), int(hf["num_attention_heads"])
+                )
         base = DecoderConfig.from_hf_dict(decoder_view)
         scaling = base.rope_scaling
         if rope_type == "yarn" or "llama_4_scaling_beta" in rope:

@@ -18,7 +18,7 @@ from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
     DECODER_SIZES,
     decoder_shape_problems,
-    derived_head_dim,
+    head_dim_for,
     hf_config_errors,
     json_type_problems,
     no_attention_dropout,
@@ -402,7 +402,7 @@ class Qwen38Config:
                 layer_types=tuple(str(kind) for kind in layer_types),
                 num_attention_heads=heads,
                 num_key_value_heads=_or_default(text.get("num_key_value_heads"), heads),
-                head_dim=derived_head_dim(text.get("head_dim"), int(text["hidden_size"]), heads),
+                head_dim=head_dim_for(text, "qwen3_5_text", int(text["hidden_size"]), heads),
                 linear_num_key_heads=int(text["linear_num_key_heads"]),
                 linear_num_value_heads=int(text["linear_num_value_heads"]),
                 linear_key_head_dim=int(text["linear_key_head_dim"]),

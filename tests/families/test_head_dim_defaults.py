@@ -1,0 +1,124 @@
+"""A config.json without `head_dim` means what transformers makes of it: its config class's
+default where it has one (Qwen3 128, Qwen3.5 and DiffusionGemma 256, Ministral3 128), else
+hidden_size / num_attention_heads (Llama, Qwen2). Every family took hidden / heads: a Qwen3
+folder without head_dim trained another model (32-wide heads for transformers' 128)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+
+import pytest
+
+from turbo_dllm.families.base import HEAD_DIM_DEFAULTS
+from turbo_dllm.registry import get_family
+
+transformers = pytest.importorskip("transformers")
+
+# model_type -> transformers' config class name of the model (the remote-code Nemotron's is
+# Ministral3Config, which its config class extends: tests/train/test_export_nemotron.py).
+_CLASS_OF = {"nemotron_labs_diffusion": "ministral3"}
+
+
+def _text_config_class(model_type):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[_CLASS_OF.get(model_type, model_type)]
+    return getattr(cls, "sub_configs", {}).get("text_config", cls)
+
+
+def _declared_default(cls):
+    """The default a transformers config class gives head_dim (None: it has none)."""
+    fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    if "head_dim" in fields:
+        return fields["head_dim"].default
+    parameter = inspect.signature(cls.__init__).parameters.get("head_dim")
+    return None if parameter is None else parameter.default
+
+
+@pytest.mark.parametrize("model_type", sorted(HEAD_DIM_DEFAULTS))
+def test_the_table_is_the_installed_transformers(model_type):
+    assert HEAD_DIM_DEFAULTS[model_type] == _declared_default(_text_config_class(model_type))
+
+
+def _transformers_head_dim(model_type, hf):
+    """The head size transformers' attention takes for `hf` (its modeling code reads
+    `getattr(config, "head_dim", ...)`)."""
+    cls = transformers.AutoConfig.for_model(_CLASS_OF.get(model_type, model_type)).__class__
+    config = cls(**{k: v for k, v in hf.items() if k != "model_type"})
+    text = getattr(config, "text_config", None) or config
+    values = text.to_dict()
+    head_dim = values.get("head_dim")
+    return (
+        head_dim if head_dim is not None else values["hidden_size"] // values["num_attention_heads"]
+    )
+
+
+def _without_head_dim(family, model_type):
+    hf = json.loads(json.dumps(get_family(family).presets["tiny"]))
+    hf["model_type"] = model_type
+    text = hf.get("text_config", hf)
+    del text["head_dim"]
+    text["hidden_size"] = 96  # hidden / heads differs from every default
+    return hf, text
+
+
+@pytest.mark.parametrize(
+    "family,model_type",
+    [
+        ("causal_lm", "llama"),
+        ("causal_lm", "qwen2"),
+        ("qwen3", "qwen3"),
+        ("qwen3_8", "qwen3_5_text"),
+        ("diffusion_gemma", "diffusion_gemma"),
+        ("nemotron_diffusion", "nemotron_labs_diffusion"),
+    ],
+)
+def test_a_config_without_head_dim_reads_as_transformers_reads_it(family, model_type):
+    hf, text = _without_head_dim(family, model_type)
+    ours = get_family(family).read_config(json.loads(json.dumps(hf)))
+    oracle = hf if model_type != "nemotron_labs_diffusion" else _ministral_view(hf)
+    assert ours.head_dim == _transformers_head_dim(model_type, oracle)
+    assert ours.head_dim == (HEAD_DIM_DEFAULTS[model_type] or 96 // text["num_attention_heads"])
+
+
+def _ministral_view(hf):
+    own = ("qk_norm", "v_norm", "attn_output_gate", "block_size", "dlm_paradigm", "mask_token_id")
+    return {k: v for k, v in hf.items() if k not in own}
+
+
+def test_a_qwen3_drafter_without_head_dim_takes_qwen3s():
+    from turbo_dllm.families.dflash.config import DFlashConfig
+
+    fields = dict(vocab_size=11, hidden_size=96, intermediate_size=16, num_hidden_layers=2)
+    fields |= dict(num_attention_heads=2, num_key_value_heads=1, head_dim=4)
+    drafter = DFlashConfig(
+        **fields,
+        target_hidden_size=96,
+        num_target_layers=3,
+        target_layer_ids=(0, 2),
+        block_size=4,
+        mask_token_id=10,
+    ).to_hf_dict()
+    del drafter["head_dim"]
+    assert drafter["model_type"] == "qwen3"
+    assert DFlashConfig.from_hf_dict(drafter).head_dim == _transformers_head_dim("qwen3", {})
+
+
+def test_a_null_head_dim_derives_where_transformers_takes_null_and_is_refused_elsewhere():
+    from turbo_dllm.errors import DllmError
+
+    llama, _ = _without_head_dim("causal_lm", "llama")
+    llama["head_dim"] = None
+    assert get_family("causal_lm").read_config(dict(llama)).head_dim == 24
+    assert _transformers_head_dim("llama", llama) == 24
+
+    qwen3, _ = _without_head_dim("qwen3", "qwen3")
+    qwen3["head_dim"] = None
+    from huggingface_hub.errors import StrictDataclassError
+
+    with pytest.raises(StrictDataclassError, match="head_dim"):  # transformers refuses it
+        _transformers_head_dim("qwen3", qwen3)
+    with pytest.raises(DllmError, match="head_dim is null, which a qwen3 config does not take"):
+        get_family("qwen3").read_config(dict(qwen3))
