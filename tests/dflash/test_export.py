@@ -369,3 +369,27 @@ def test_export_names_a_target_of_another_model_type_as_the_target(cli, drafter,
     assert_user_error(result, f"DFlash target: {str(other)!r} is a 'qwen3_5' model", "--target")
     assert "model.path" not in result.err and "model.family" not in result.err
     assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize(
+    "found", ["turbo_dllm.dflash_export.v9", "turbo_dllm.run_manifest.v1", None]
+)
+def test_a_record_of_another_format_is_refused(tmp_path, found):
+    """The record's `format` was never read: a training_export.json of another version (or
+    another kind, or none) whose listed files matched passed as checked."""
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.families.dflash.export import EXPORT_FORMAT, verify_export
+
+    config = tmp_path / "config.json"
+    config.write_text("{}")
+    entry = {"sha256": hashlib.sha256(b"{}").hexdigest(), "bytes": 2}
+    record = {"format": EXPORT_FORMAT, "files": {"config.json": entry}}
+    (tmp_path / "training_export.json").write_text(json.dumps(record))
+    assert verify_export(tmp_path) == ["config.json"]
+    if found is None:
+        del record["format"]
+    else:
+        record["format"] = found
+    (tmp_path / "training_export.json").write_text(json.dumps(record))
+    with pytest.raises(DllmError, match=f"format {found!r}, expected '{EXPORT_FORMAT}'"):
+        verify_export(tmp_path)

@@ -74,7 +74,14 @@ def verify_export(folder: str | Path) -> list[str]:
         record = json.loads(path.read_text())
     except (OSError, ValueError) as error:
         raise DllmError(f"{str(path)!r} is unreadable ({error})", hint=hint) from None
-    files = record.get("files") if isinstance(record, dict) else None
+    found = record.get("format") if isinstance(record, dict) else None
+    if found != EXPORT_FORMAT:  # another record, or one a later version writes differently
+        raise DllmError(
+            f"{str(path)!r} is not a DFlash export record (format {found!r}, expected "
+            f"{EXPORT_FORMAT!r})",
+            hint=f"{hint}; a folder exported by a newer turbo-dllm needs that version",
+        )
+    files = record.get("files")
     if not isinstance(files, dict) or not files:
         raise DllmError(f"{str(path)!r} records no files", hint=hint)
     problems = []
