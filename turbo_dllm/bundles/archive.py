@@ -22,6 +22,7 @@ import hashlib
 import io
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
@@ -40,6 +41,7 @@ __all__ = [
     "MAX_FILES",
     "BundleRejected",
     "DiskWriteError",
+    "NoRoom",
     "extract_bundle",
     "extract_stream",
     "pack_bundle",
@@ -68,6 +70,16 @@ class DiskWriteError(DllmError):
     def __init__(self, message: str, hint: str | None, errno_: int | None) -> None:
         super().__init__(message, hint)
         self.errno = errno_
+
+
+class NoRoom(DllmError):
+    """The file system cannot hold what `bundle.json` says the archive unpacks to (the caller's
+    `room` check, before any file is written): `needed` bytes. This machine's fault; an install
+    keeps the verified download for the next run."""
+
+    def __init__(self, message: str, hint: str | None, needed: int) -> None:
+        super().__init__(message, hint)
+        self.needed = needed
 
 
 # Why writing a file failed when the fault is this machine's, not the archive's.
@@ -250,7 +262,13 @@ def extract_bundle(
 
 
 def extract_stream(
-    raw: BinaryIO, dest: Path, *, label: str, archive_size: int, check_files: bool = True
+    raw: BinaryIO,
+    dest: Path,
+    *,
+    label: str,
+    archive_size: int,
+    check_files: bool = True,
+    room: Callable[[BundleManifest], None] | None = None,
 ) -> BundleManifest:
     """Extract the `.tar.zst` read from `raw` (forward only, `archive_size` bytes at most: the
     expansion cap is a multiple of it) into the new folder `dest` (must not exist).
@@ -261,7 +279,9 @@ def extract_stream(
     against `bundle.json`, for an archive whose own sha256 is checked against a pinned
     catalog before the extraction is used: that hash covers every byte of it, and the
     per-file hashes were checked when it was published (and are again by the kernel loader
-    and `dllm bundle verify`). Every other check stays.
+    and `dllm bundle verify`). Every other check stays. `room(manifest)`, when given, is
+    called once `bundle.json` passed the caps and before any file is written (to refuse, with
+    `NoRoom`, a file system that cannot hold the files).
 
     Raises BundleRejected on the first problem; `dest` may then hold a partial extraction, which
     the caller (the store's staging area) removes.
@@ -276,7 +296,8 @@ def extract_stream(
             ) as stream,
             open_guarded(stream) as tar,
         ):
-            return _extract_members(tar, dest, _Limits(label, archive_size, check_files))
+            limits = _Limits(label, archive_size, check_files, room)
+            return _extract_members(tar, dest, limits)
     except HeaderRefused as error:
         raise BundleRejected(
             f"{label}: {error.message}; refusing to extract", hint=error.hint or NOT_BUILT_HINT
@@ -310,8 +331,15 @@ def unreadable_archive(label: str, error: BaseException, what: str) -> str:
 class _Limits:
     """What one extraction may do: the archive's label and size, whether files are hashed."""
 
-    def __init__(self, label: str, archive_size: int, check_files: bool) -> None:
+    def __init__(
+        self,
+        label: str,
+        archive_size: int,
+        check_files: bool,
+        room: Callable[[BundleManifest], None] | None = None,
+    ) -> None:
         self.label, self.archive_size, self.check_files = label, archive_size, check_files
+        self.room = room
 
     def check_manifest(self, manifest: BundleManifest) -> None:
         """Before a byte of any file: the listed files and sizes are within the caps."""
@@ -358,6 +386,8 @@ def _extract_members(tar: tarfile.TarFile, dest: Path, limits: _Limits) -> Bundl
             data = handle.read()
             manifest = parse_manifest(data, f"{label}:{MANIFEST_NAME}")
             limits.check_manifest(manifest)
+            if limits.room is not None:
+                limits.room(manifest)
             expected = {f.path: (f.sha256, f.size) for f in manifest.files}
             try:
                 (dest / MANIFEST_NAME).write_bytes(data)

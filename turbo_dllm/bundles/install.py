@@ -27,9 +27,10 @@ import contextlib
 import errno
 import os
 from collections.abc import Callable
+from pathlib import Path
 from typing import NamedTuple
 
-from turbo_dllm.bundles.archive import BundleRejected, extract_stream
+from turbo_dllm.bundles.archive import BundleRejected, NoRoom, extract_stream
 from turbo_dllm.bundles.catalog import (
     MAX_CATALOG_BYTES,
     Catalog,
@@ -60,6 +61,7 @@ from turbo_dllm.bundles.store import (
 )
 from turbo_dllm.bundles.target import BundleTarget
 from turbo_dllm.errors import DllmError
+from turbo_dllm.fsutil import file_system, human_size
 from turbo_dllm.host import HostFingerprint, collect_fingerprint
 from turbo_dllm.sigterm import signals_deferred
 
@@ -196,6 +198,8 @@ def run_install(
             bundle = existing
         else:
             path = f"bundles/{entry.file}"
+            room = _Room(store, entry)
+            room.check_download()
             with store.writing(entry.file), store.staging() as staging:
                 folder = staging / "bundle"
 
@@ -205,20 +209,28 @@ def run_install(
                     # second hash.
                     remove_tree(folder)
                     return extract_stream(
-                        stream, folder, label=entry.file, archive_size=entry.size, check_files=False
+                        stream,
+                        folder,
+                        label=entry.file,
+                        archive_size=entry.size,
+                        check_files=False,
+                        room=room.check_unpack,
                     )
 
-                manifest = download_unpacked(
-                    plan.source,
-                    path,
-                    unpack=unpack,
-                    sha256=entry.sha256,
-                    size=entry.size,
-                    dest_dir=store.downloads_dir,
-                    retries=retries,
-                    backoff_s=backoff_s,
-                    progress=progress,
-                )
+                try:
+                    manifest = download_unpacked(
+                        plan.source,
+                        path,
+                        unpack=unpack,
+                        sha256=entry.sha256,
+                        size=entry.size,
+                        dest_dir=store.downloads_dir,
+                        retries=retries,
+                        backoff_s=backoff_s,
+                        progress=progress,
+                    )
+                except NoRoom as error:  # the archive verified: say so with today's free space
+                    raise room.unpack_error(error.needed) from None
                 # From here on Ctrl-C or SIGTERM waits until the bundle is in the store and
                 # active: an interrupted install changed nothing, or it finished.
                 held.enter_context(signals_deferred())
@@ -242,6 +254,68 @@ def run_install(
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None
     return InstallResult(plan, bundle, previous, reused, already)
+
+
+class _Room:
+    """Whether the store's file system can hold an install: the archive (`downloads/`) and its
+    files (`store/`) are on disk at once. Checked before the download (the archive alone: what
+    it unpacks to is not known yet) and once `bundle.json` is read, before any file is written;
+    a full disk met half way would fail other programs' writes meanwhile, and the bare "No
+    space left" said nothing of how much is needed."""
+
+    def __init__(self, store: BundleStore, entry: CatalogEntry) -> None:
+        self.store, self.entry = store, entry
+        self.part = store.downloads_dir / f"{entry.sha256}.part"
+
+    def _left_to_download(self) -> int:
+        try:
+            have = self.part.stat().st_size
+        except OSError:
+            have = 0
+        return self.entry.size - have if have <= self.entry.size else self.entry.size
+
+    def check_download(self) -> None:
+        need = self._left_to_download()
+        mount, free = file_system(self.store.root)
+        if free is None or need <= free:
+            return
+        raise DllmError(
+            f"not enough free space to download {self.entry.file}: {human_size(need)} to "
+            f"download into {self.store.downloads_dir}, {human_size(free)} free on {mount}, "
+            "and its files need more to unpack; nothing was installed",
+            hint=f"free at least {human_size(need - free)} there (and as much as the bundle "
+            "unpacks to), or point DLLM_HOME at a file system with room",
+        )
+
+    def check_unpack(self, manifest: BundleManifest) -> None:
+        """Room for the files `bundle.json` lists and the rest of the archive still to come
+        (when `downloads/` is on the same file system); unverified until the hash matched."""
+        need = manifest.total_size
+        _, free = file_system(self.store.store_dir)
+        if _same_file_system(self.store.store_dir, self.store.downloads_dir):
+            need += self._left_to_download()
+        if free is not None and need > free:
+            raise NoRoom(f"{self.entry.file} needs {need} bytes free", None, manifest.total_size)
+
+    def unpack_error(self, needed: int) -> DllmError:
+        mount, free = file_system(self.store.store_dir)
+        shown = f"{human_size(free)} free" if free is not None else "too little free"
+        short = f"at least {human_size(max(needed - free, 1))}" if free is not None else "space"
+        return DllmError(
+            f"not enough free space to unpack {self.entry.file}: it unpacks to "
+            f"{human_size(needed)}, and {self.store.store_dir} has {shown} (on {mount}); "
+            "nothing was installed",
+            hint=f"free {short} there, or point DLLM_HOME at a file system with room; the "
+            f"verified download is kept ({self.part}), so running the same command again "
+            "unpacks it without downloading it",
+        )
+
+
+def _same_file_system(first: Path, second: Path) -> bool:
+    try:
+        return os.stat(first).st_dev == os.stat(second).st_dev
+    except OSError:
+        return True  # one is not made yet: it will be made beside the other
 
 
 def build_and_install(
