@@ -213,7 +213,7 @@ def _family_config(family: Family, model: Any) -> Any:
                 "the folder the model was saved to",
                 model_type=None,
             ) from None
-        readers = families_reading(model_type)
+        readers = error.readers or families_reading(model_type)
         hint = (
             f"set model.family to {' or '.join(readers)}"
             if readers

@@ -74,3 +74,50 @@ def test_a_config_json_that_is_not_json_is_refused_at_start_with_its_fix(tmp_pat
     (line,) = [p for p in artifact_problems(read_manifest(artifact), spec) if "config.json" in p]
     assert line.startswith(f"model: cannot read '{folder}/config.json'"), line
     assert "(it is not valid JSON: download the model's config.json again" in line, line
+
+
+def _drafter_config() -> dict:
+    from turbo_dllm.families.dflash.config import DFlashConfig
+
+    return DFlashConfig(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=32,
+        target_hidden_size=64,
+        num_target_layers=2,
+        target_layer_ids=(0, 1),
+        block_size=8,
+        mask_token_id=511,
+    ).to_hf_dict()
+
+
+@pytest.mark.parametrize(
+    "family,config,readers",
+    [
+        ("qwen3_8", lambda: dict(get_family("qwen3").presets["tiny"]), "causal_lm or qwen3"),
+        ("qwen3_8", _drafter_config, "dflash"),
+        ("qwen3", _drafter_config, "dflash"),
+    ],
+)
+def test_a_wrong_family_is_told_only_the_families_that_train_that_folder(
+    cli, tmp_path, family, config, readers
+):
+    """A plain qwen3 folder under model.family qwen3_8 was told "set model.family to causal_lm
+    or qwen3 or dflash" (a DFlash drafter's config.json says qwen3 too, but dflash does not
+    train a plain model), and a drafter's folder "causal_lm or qwen3 or dflash" under qwen3_8
+    and nothing under qwen3, whose weight check then failed."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config()))
+    spec = {
+        "model": {"family": family, "path": str(folder)},
+        "objective": {"name": "block_diffusion", "block_size": 8},
+        "data": {"synthetic": {"num_sequences": 8, "vocab_size": 64}, "seq_len": 64},
+    }
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(spec))
+    result = cli("config", "validate", "--config", tmp_path / "train.yaml")
+    assert_user_error(result, "model.family: ", f"; set model.family to {readers}\n")

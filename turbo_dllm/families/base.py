@@ -102,9 +102,18 @@ HF_COMMON_KEYS = frozenset(
 class FamilyMismatch(DllmError):
     """The model a RunSpec points at is of a type its `model.family` does not read."""
 
-    def __init__(self, message: str, hint: str | None = None, *, model_type: Any = None) -> None:
+    def __init__(
+        self,
+        message: str,
+        hint: str | None = None,
+        *,
+        model_type: Any = None,
+        readers: list[str] | None = None,
+    ) -> None:
         super().__init__(message, hint)
         self.model_type = model_type
+        # The families that read that model's config.json (`Family.reads`), where known.
+        self.readers = readers
 
 
 class ModelMisfit(DllmError):
@@ -190,6 +199,20 @@ class Family:
     # the fields of the family's transformers config classes (besides `HF_COMMON_KEYS`) and
     # every key its `read_config` reads. Any other key is refused (a typo would be ignored).
     config_keys: frozenset[str] = frozenset()
+
+    def reads(self, hf: Mapping[str, Any]) -> bool:
+        """Whether this family can train the model of config.json `hf`: its model_type is one
+        this family reads and its config reader takes it (a DFlash drafter's config says
+        "qwen3" too, and a plain Qwen3 folder is no drafter)."""
+        if hf.get("model_type") not in self.model_types:
+            return False
+        try:
+            self.read_config(json.loads(json.dumps(hf)))
+        except Exception as error:  # a plugin's reader may raise anything on a config it refuses
+            if import_failure(error) is None:  # Ctrl-C, SIGTERM
+                raise
+            return False
+        return True
 
     def input_problems(self, spec: Any) -> list[tuple[str, str]]:
         """The `input_rules` of this family on `spec` (empty without any)."""
@@ -290,11 +313,14 @@ class Family:
                     config["rope_parameters"] = {**rope, key: value}
         model_type = hf.get("model_type")
         if model_type not in self.model_types:
+            from turbo_dllm.registry import FAMILIES
+
             raise FamilyMismatch(
                 f"{where} is a {model_type!r} model, which model.family {self.name!r} does not "
                 f"read (it reads {', '.join(self.model_types)})",
                 hint="set model.family to the family of that model",
                 model_type=model_type,
+                readers=[family.name for family in FAMILIES.values() if family.reads(hf)],
             )
         # Our attention applies no dropout, in every family: a config.json asking for it would
         # train another model than transformers would (a plugin's reader need not check it).

@@ -13,6 +13,7 @@ from typing import Any
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
     DECODER_SIZES,
+    FamilyMismatch,
     decoder_shape_problems,
     head_dim_for,
     hf_config_errors,
@@ -139,6 +140,10 @@ JSON_KINDS = {
     "eos_token_id": "ids?",
 }
 
+# The architectures of DFlash drafter folders (families/dflash), whose config.json names a
+# decoder model_type (qwen3) too.
+DRAFTERS = ("DFlashDraftModel", "DFlash2DraftModel", "DFlashSpeculator")
+
 _ARCHITECTURES = {
     "llama": "LlamaForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
@@ -206,6 +211,18 @@ class DecoderConfig:
         model_type = hf.get("model_type")
         if model_type is None:
             raise DllmError("config.json has no 'model_type'", hint="is this a decoder LM config?")
+        architectures = hf.get("architectures")
+        drafters = [
+            a for a in (architectures if isinstance(architectures, list) else []) if a in DRAFTERS
+        ]
+        if drafters:  # its model_type says qwen3, but its weights are no decoder's
+            raise FamilyMismatch(
+                f"config.json is a DFlash drafter's (architectures {drafters}), not a "
+                f"{model_type} model's: a decoder family does not train it",
+                hint="set model.family to dflash, with model.dflash.target naming its target",
+                model_type=model_type,
+                readers=["dflash"],
+            )
         if hf.get("use_sliding_window"):
             raise DllmError(
                 "sliding-window attention is not supported",

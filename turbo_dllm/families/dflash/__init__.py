@@ -48,13 +48,16 @@ def read_target_config(path: str) -> Any:
             hint="point model.dflash.target at the target's Hugging Face folder (config.json)",
         ) from None
     except FamilyMismatch as error:  # it said "model.path ...: set model.family"
-        raise FamilyMismatch(
-            f"DFlash target: {str(path)!r} is a {error.model_type!r} model, not a Llama, Qwen2 "
-            "or Qwen3",
-            hint="point --target (or model.dflash.target) at the folder of a Llama, Qwen2 or "
-            "Qwen3 model: the drafter reads that family's hidden states",
-            model_type=error.model_type,
-        ) from None
+        if error.readers == ["dflash"]:  # a drafter's folder: said below
+            config = None
+        else:
+            raise FamilyMismatch(
+                f"DFlash target: {str(path)!r} is a {error.model_type!r} model, not a Llama, "
+                "Qwen2 or Qwen3",
+                hint="point --target (or model.dflash.target) at the folder of a Llama, Qwen2 "
+                "or Qwen3 model: the drafter reads that family's hidden states",
+                model_type=error.model_type,
+            ) from None
     # A drafter folder's config.json is a qwen3 one too (its own layers): read as a target, it
     # has no embeddings or head (transformers would make them up at random)
     hf = read_hf_config(Path(path) / "config.json", what="target")
