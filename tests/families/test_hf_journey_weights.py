@@ -70,13 +70,28 @@ def test_a_folder_lacking_a_layer_s_tensor_keeps_the_general_message(tmp_path):
         ours(tmp_path)
 
 
+def _doctor_model_check(cli, tmp_path, folder, vocab_size):
+    """`dllm doctor --json`'s model check of a RunSpec training `folder` (model.path, no
+    from_config, no overrides, synthetic data of `vocab_size` ids)."""
+    from tests.train.util import write_config
+
+    spec = write_config(
+        tmp_path / "t.yaml",
+        f"model.path={folder}",
+        "model.from_config=null",
+        "model.config_overrides={}",
+        f"data.synthetic.vocab_size={vocab_size}",
+    )
+    result = cli("doctor", "--config", spec, "--json")
+    (check,) = [c for c in json.loads(result.out)["checks"] if c["name"] == "model"]
+    return check
+
+
 @pytest.mark.parametrize("damage", ["shard missing", "torn header"])
 def test_doctor_reads_the_weight_files_headers(cli, tmp_path, damage):
     """A sharded folder missing a shard its index names, or a model.safetensors cut short:
     doctor's model check passed them (it looked for the file names only), so `dllm launch`
     wrote a run dir and its worker failed; the check now names the file, as the trainer does."""
-    from tests.train.util import write_config
-
     folder = tmp_path / "model"
     if damage == "shard missing":
         hf_folder(folder).save_pretrained(str(folder), max_shard_size="20KB")
@@ -88,15 +103,7 @@ def test_doctor_reads_the_weight_files_headers(cli, tmp_path, damage):
         hf_folder(folder)
         (folder / "model.safetensors").write_bytes(b"\x10\x00")
         words = ("model.safetensors' is unreadable as safetensors", "damaged")
-    config = write_config(
-        tmp_path / "t.yaml",
-        f"model.path={folder}",
-        "model.from_config=null",
-        "model.config_overrides={}",
-        "data.synthetic.vocab_size=64",
-    )
-    result = cli("doctor", "--config", config, "--json")
-    (check,) = [c for c in json.loads(result.out)["checks"] if c["name"] == "model"]
+    check = _doctor_model_check(cli, tmp_path, folder, 64)
     assert check["status"] == "fail", check
     assert words[0] in check["detail"] and words[1] in check["fix"], check
 
@@ -106,22 +113,12 @@ def test_doctor_refuses_a_config_json_that_does_not_match_the_weights(cli, tmp_p
     """The trainer's refusals of the folder's tensors (the untied head above; a vocab_size the
     embedding does not have) were met only once `dllm launch` had written a run dir: doctor's
     model check now checks the tensors' names and shapes from the headers."""
-    from tests.train.util import write_config
-
     folder = tmp_path / "model"
     hf_folder(folder)
     config = json.loads((folder / "config.json").read_text())
     edit = {"tie_word_embeddings": False} if change == "untied" else {"vocab_size": 48}
     (folder / "config.json").write_text(json.dumps({**config, **edit}))
-    spec = write_config(
-        tmp_path / "t.yaml",
-        f"model.path={folder}",
-        "model.from_config=null",
-        "model.config_overrides={}",
-        "data.synthetic.vocab_size=48",
-    )
-    result = cli("doctor", "--config", spec, "--json")
-    (check,) = [c for c in json.loads(result.out)["checks"] if c["name"] == "model"]
+    check = _doctor_model_check(cli, tmp_path, folder, 48)
     assert check["status"] == "fail", check
     if change == "untied":
         assert "holds no lm_head.weight" in check["detail"], check
@@ -131,8 +128,7 @@ def test_doctor_refuses_a_config_json_that_does_not_match_the_weights(cli, tmp_p
         ), check
     # the folder as saved passes
     (folder / "config.json").write_text(json.dumps(config))
-    result = cli("doctor", "--config", spec, "--json")
-    (check,) = [c for c in json.loads(result.out)["checks"] if c["name"] == "model"]
+    check = _doctor_model_check(cli, tmp_path, folder, 48)
     assert check["status"] == "pass", check
 
 
