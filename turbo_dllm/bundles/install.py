@@ -56,6 +56,7 @@ from turbo_dllm.bundles.store import (
     DEFAULT_LOCK_TIMEOUT_S,
     BundleStore,
     InstalledBundle,
+    StoreUnwritable,
     new_record,
     remove_tree,
 )
@@ -186,8 +187,8 @@ def run_install(
     with contextlib.ExitStack() as held:
         try:
             held.enter_context(store.locked(lock_timeout_s))
-        except OSError as error:  # the lock file cannot be written: a read-only DLLM_HOME
-            unchanged = _already_active(store, plan, error)
+        except StoreUnwritable as error:  # the lock file cannot be written: a read-only home
+            unchanged = _already_active(store, plan, error.errno)
             if unchanged is None:
                 raise
             return unchanged
@@ -375,12 +376,14 @@ def check_build_fits_described_host() -> None:
         )
 
 
-def _already_active(store: BundleStore, plan: InstallPlan, error: OSError) -> InstallResult | None:
+def _already_active(
+    store: BundleStore, plan: InstallPlan, code: int | None
+) -> InstallResult | None:
     """The result of an install that changes nothing, for a store whose lock cannot be taken
-    because it cannot be written (`error`: a read-only or forbidden DLLM_HOME): when the plan's
+    because it cannot be written (`code`: a read-only or forbidden DLLM_HOME): when the plan's
     bundle is the active one and every file of it verifies, there is nothing to write, so it
-    needs no lock. None otherwise (the caller raises `error`)."""
-    if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+    needs no lock. None otherwise (the caller raises the error)."""
+    if code not in (errno.EROFS, errno.EACCES, errno.EPERM):
         return None
     active = _readable(store.active)
     if active is None or active.sha256 != plan.entry.sha256 or store.verify(active):

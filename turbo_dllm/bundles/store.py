@@ -53,6 +53,7 @@ __all__ = [
     "active_bundle",
     "exchange",
     "file_lock",
+    "StoreUnwritable",
     "new_record",
     "remove_tree",
 ]
@@ -430,9 +431,18 @@ class BundleStore:
     @contextlib.contextmanager
     def locked(self, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[None]:
         """The install lock: `flock` on install.lock, released by the kernel when the holder
-        dies, so it is never stale. Waits up to `timeout_s`, then names the holder."""
+        dies, so it is never stale. Waits up to `timeout_s`, then names the holder. A store
+        that cannot be written (its lock file cannot be made) is `StoreUnwritable`."""
         self.check_folders()
-        with file_lock(self.lock_path, timeout_s, "another bundle operation is running"):
+        with contextlib.ExitStack() as held:
+            try:
+                held.enter_context(
+                    file_lock(self.lock_path, timeout_s, "another bundle operation is running")
+                )
+            except OSError as error:
+                if error.errno not in DISK_HINTS:
+                    raise
+                raise StoreUnwritable(self, error) from None
             self._sweep_staging()
             yield
 
@@ -744,6 +754,22 @@ def remove_tree(path: Path) -> None:
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
+
+
+class StoreUnwritable(DllmError):
+    """The store's lock file cannot be made or opened (a read-only or forbidden DLLM_HOME, a
+    full disk): no command can change the store, and this one changed nothing. `errno` says
+    why."""
+
+    def __init__(self, store: BundleStore, error: OSError) -> None:
+        self.errno = error.errno
+        moves = "" if "DLLM_HOME" in DISK_HINTS[error.errno] else "; DLLM_HOME moves the store"
+        super().__init__(
+            f"cannot take the bundle store's lock {store.lock_path}: {error.strerror}; nothing "
+            "was changed",
+            hint=f"{DISK_HINTS[error.errno]} (the store's file system is mounted at "
+            f"{mounted_at(store.root)}{moves})",
+        )
 
 
 def _now() -> str:
