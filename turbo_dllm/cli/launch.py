@@ -176,7 +176,7 @@ def _canonical_argv(args) -> list[str]:
     ):
         value = getattr(args, action_dest)
         if value is not None and not (action_dest == "backend" and value == "auto"):
-            argv += [flag, str(value)]
+            argv += _option_words(flag, str(value))
     for override in args.overrides:
         argv += ["--set", override]
     for line in args.sbatch:
@@ -187,6 +187,22 @@ def _canonical_argv(args) -> list[str]:
         if getattr(args, flag):
             argv.append("--" + flag.replace("_", "-"))
     return argv
+
+
+def _option_words(flag: str, value: str) -> list[str]:
+    """`flag value` as command-line words that parse back: a value that starts with "-" (a
+    folder named -r1, given as --run-dir=-r1) is read back as an option when it stands apart
+    ("argument --run-dir: expected one argument"), so it goes in one word, `flag=value`."""
+    return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
+
+
+def _path_word(path) -> str:
+    """A path as a word of a command line the user pastes: quoted, and a relative one that
+    starts with "-" as ./-r1, which no command reads as an option."""
+    import shlex
+
+    text = str(path)
+    return shlex.quote("./" + text if text.startswith("-") else text)
 
 
 def _replay_conflicts(args) -> list[str]:
@@ -337,12 +353,11 @@ def _changed_replay_hint(manifest: str, conflicts: list[str]) -> str:
     """How to run the recorded job with changes: its spec.yaml as a new run. That spec names
     the run's own dir (launch.run_dir), so the launch needs a new --run-dir (without one it is
     refused as a launch into the recorded run)."""
-    import shlex
     from pathlib import Path
 
     folder = Path(manifest) if Path(manifest).is_dir() else Path(manifest).parent
     spec = folder / "spec.yaml"  # launcher.SPEC_NAME
-    config = shlex.quote(str(spec)) if spec.is_file() else "F"
+    config = _path_word(spec) if spec.is_file() else "F"
     changes = " ".join(f"{flag} ..." for flag in conflicts)
     return (
         f"launch its spec with the new settings, as a new run: dllm launch --config {config} "
@@ -363,8 +378,9 @@ def _start_command(argv: list[str], job) -> str:
     if "--run-root" in words:
         at = words.index("--run-root")
         del words[at : at + 2]
-    if "--run-dir" not in words:
-        words += ["--run-dir", str(job.run_dir)]
+    words = [word for word in words if not word.startswith("--run-root=")]
+    if not any(word == "--run-dir" or word.startswith("--run-dir=") for word in words):
+        words += _option_words("--run-dir", str(job.run_dir))
     launch = [sys.executable, "-m", "turbo_dllm", "launch", *words]
     return f"cd {shlex.quote(job.plan.cwd)} && {shlex.join(launch)}"
 
