@@ -169,6 +169,9 @@ def test_deactivate_waits_for_the_store_lock(cli, installed):
     store = BundleStore()
     with file_lock(store.lock_path, 0, "held by the test"):
         busy = cli("bundle", "deactivate", "--lock-timeout", "0.2")
+    waiting, error = busy.err.split("\n", 1)  # it said it waits, then the error
+    assert waiting.startswith("dllm: waiting up to 0.2 s for another bundle operation")
+    busy.err = error
     assert_user_error(busy, "another bundle operation is running", "waited 0.2 s")
     assert store.active().sha256 == installed.sha256  # nothing changed
     assert_user_error(

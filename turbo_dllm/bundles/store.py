@@ -27,7 +27,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Literal, NamedTuple
 
@@ -437,7 +437,12 @@ class BundleStore:
         with contextlib.ExitStack() as held:
             try:
                 held.enter_context(
-                    file_lock(self.lock_path, timeout_s, "another bundle operation is running")
+                    file_lock(
+                        self.lock_path,
+                        timeout_s,
+                        "another bundle operation is running",
+                        waiting=_say_waiting,
+                    )
                 )
             except OSError as error:
                 if error.errno not in DISK_HINTS:
@@ -705,19 +710,26 @@ def _entry_name(entry: InstalledBundle | DamagedBundle) -> str:
 
 
 @contextlib.contextmanager
-def file_lock(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
+def file_lock(
+    path: Path,
+    timeout_s: float,
+    busy: str,
+    *,
+    waiting: Callable[[float, str], None] | None = None,
+) -> Iterator[None]:
     """An exclusive `flock` on `path` (released by the kernel when the holder dies, so never
-    stale), its holder written to `<path>.owner`. Waits up to `timeout_s`, then raises a
-    DllmError that starts with `busy` and names the holder."""
+    stale), its holder written to `<path>.owner`. Waits up to `timeout_s` (telling
+    `waiting(timeout_s, holder)` first, when it has to wait), then raises a DllmError that
+    starts with `busy` and names the holder."""
     path.parent.mkdir(parents=True, exist_ok=True)
     owner = path.with_name(f"{path.name}.owner")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        if not _flock(fd, timeout_s):
-            try:
-                holder = owner.read_text().strip() or "unknown"
-            except OSError:  # released (and its owner file removed) since the last try
-                holder = "unknown"
+        taken = _flock(fd, 0)
+        if not taken and waiting is not None and timeout_s > 0:
+            waiting(timeout_s, _holder(owner))
+        if not taken and not _flock(fd, timeout_s):
+            holder = _holder(owner)
             raise DllmError(
                 f"{busy} ({holder}); waited {timeout_s:g} s for {path}",
                 hint="wait for it to finish and run the command again (or raise --lock-timeout)",
@@ -729,6 +741,22 @@ def file_lock(path: Path, timeout_s: float, busy: str) -> Iterator[None]:
             owner.unlink(missing_ok=True)
     finally:
         os.close(fd)  # releases the lock
+
+
+def _holder(owner: Path) -> str:
+    try:
+        return owner.read_text().strip() or "unknown"
+    except OSError:  # released (and its owner file removed) since the last try
+        return "unknown"
+
+
+def _say_waiting(timeout_s: float, holder: str) -> None:
+    print(
+        f"dllm: waiting up to {timeout_s:g} s for another bundle operation to finish ({holder}; "
+        "--lock-timeout sets how long)",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _flock(fd: int, timeout_s: float) -> bool:
