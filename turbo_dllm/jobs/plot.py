@@ -84,6 +84,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path | None = None) -> list[Path]:
             continue
         figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
         legend = False
+        entries: list[tuple[Any, str]] = []  # (line, its legend text)
         for index, (run_label, records, points) in enumerate(curves):
             if not points:
                 continue
@@ -98,24 +99,37 @@ def plot_runs(run_dirs: list[Path], out_dir: Path | None = None) -> list[Path]:
                 color=colour,
                 label=run_label if several else None,
             )[0]
+            if several:
+                entries.append((line, run_label))
             held_out = [(r["step"], r["eval_loss"]) for r in records if _number(r.get("eval_loss"))]
             if key == "loss" and held_out:  # the evaluations (`eval:`) beside the training loss
                 xs, ys = zip(*held_out, strict=True)
                 if several:  # the run's colour, dashed
                     line.set_label(f"{run_label} (training)")
-                    axes.plot(
+                    dashed = axes.plot(
                         xs, ys, linewidth=1.5, marker="o", linestyle="--", color=colour,
                         label=f"{run_label} (held-out)",
-                    )  # fmt: skip
+                    )[0]  # fmt: skip
+                    entries[-1:] = [(line, line.get_label()), (dashed, dashed.get_label())]
                 else:
                     line.set_label("training")
-                    axes.plot(xs, ys, linewidth=1.5, marker="o", label="held-out (eval_loss)")
+                    held = axes.plot(
+                        xs, ys, linewidth=1.5, marker="o", label="held-out (eval_loss)"
+                    )[0]
+                    entries += [(line, "training"), (held, "held-out (eval_loss)")]
                 legend = True
+        # Run names are text, as written: handed to legend() with their lines (an automatic
+        # legend leaves out a label that starts with "_", a run dir _base), and not read as
+        # mathtext (a run dir "lr $1e-3$" lost its dollars; one "a $\x$" ended the plot with
+        # matplotlib's ParseFatalException traceback).
         if several or legend:
-            axes.legend()
+            shown = axes.legend([line for line, _ in entries], [text for _, text in entries])
+            for text in shown.get_texts():
+                text.set_parse_math(False)
         axes.set_xlabel("step")
         axes.set_ylabel(label)
-        axes.set_title(f"{' vs '.join(labels) if several else run_dirs[0].name}: {label}")
+        title = f"{' vs '.join(labels) if several else run_dirs[0].name}: {label}"
+        axes.set_title(title, parse_math=False)
         axes.grid(alpha=0.3)
         figure.tight_layout()
         path = out_dir / name
