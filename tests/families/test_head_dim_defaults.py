@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from turbo_dllm.families.base import HEAD_DIM_DEFAULTS
+from turbo_dllm.families.base import HEAD_DIM_DEFAULTS, KEY_DEFAULTS
 from turbo_dllm.registry import get_family
 
 transformers = pytest.importorskip("transformers")
@@ -122,3 +122,75 @@ def test_a_null_head_dim_derives_where_transformers_takes_null_and_is_refused_el
         _transformers_head_dim("qwen3", qwen3)
     with pytest.raises(DllmError, match="head_dim is null, which a qwen3 config does not take"):
         get_family("qwen3").read_config(dict(qwen3))
+
+
+def _field_default(cls, key):
+    fields = {f.name: f for f in dataclasses.fields(cls)} if dataclasses.is_dataclass(cls) else {}
+    if key in fields:
+        return fields[key].default
+    return inspect.signature(cls.__init__).parameters[key].default
+
+
+@pytest.mark.parametrize("model_type", sorted(KEY_DEFAULTS))
+def test_the_key_defaults_are_the_installed_transformers(model_type):
+    cls = _text_config_class(model_type)
+    assert {key: _field_default(cls, key) for key in KEY_DEFAULTS[model_type]} == (
+        KEY_DEFAULTS[model_type]
+    )
+
+
+# (family, model_type, the text config's heads: a multiple of the
+# model_type's num_key_value_heads default)
+_MINIMAL = [
+    ("causal_lm", "llama", 4),
+    ("causal_lm", "qwen2", 32),
+    ("qwen3", "qwen3", 32),
+    ("qwen3_8", "qwen3_5_text", 8),
+    ("diffusion_gemma", "diffusion_gemma", 8),
+]
+_COMPARED = (
+    "num_key_value_heads",
+    "head_dim",
+    "max_position_embeddings",
+    "linear_conv_kernel_dim",
+    "linear_key_head_dim",
+    "linear_value_head_dim",
+    "linear_num_key_heads",
+    "linear_num_value_heads",
+)
+
+
+@pytest.mark.parametrize("family,model_type,heads", _MINIMAL)
+def test_a_config_with_only_the_required_keys_reads_as_transformers_reads_it(
+    family, model_type, heads
+):
+    """Each key a config.json may leave out takes transformers' default for that model: a
+    Qwen3 without num_key_value_heads has 32 (Qwen3Config's), not num_attention_heads; a
+    Qwen3.5 without the linear-attention sizes Qwen3_5TextConfig's (they were required)."""
+    sizes = dict(vocab_size=64, hidden_size=128, intermediate_size=96, num_hidden_layers=6)
+    sizes["num_attention_heads"] = heads
+    if family == "diffusion_gemma":
+        sizes |= dict(num_experts=4, top_k_experts=2, moe_intermediate_size=32)
+        hf = {"model_type": model_type, "text_config": sizes}
+    else:
+        hf = {"model_type": model_type, **sizes}
+    ours = get_family(family).read_config(json.loads(json.dumps(hf)))
+    cls = transformers.AutoConfig.for_model(model_type).__class__
+    theirs = cls(**{k: v for k, v in hf.items() if k != "model_type"})
+    values = (getattr(theirs, "text_config", None) or theirs).to_dict()
+    values.setdefault("head_dim", values["hidden_size"] // heads)  # Qwen2's attention derives it
+    compared = [key for key in _COMPARED if hasattr(ours, key)]
+    assert {k: getattr(ours, k) for k in compared} == {k: values[k] for k in compared}
+
+
+def test_an_absent_kv_head_count_that_cannot_group_the_heads_says_where_it_comes_from():
+    from turbo_dllm.errors import DllmError
+
+    hf = {"model_type": "qwen3", "vocab_size": 64, "hidden_size": 64, "intermediate_size": 96}
+    hf |= {"num_hidden_layers": 2, "num_attention_heads": 4}
+    with pytest.raises(DllmError, match="num_key_value_heads is absent, so transformers takes "):
+        get_family("qwen3").read_config(hf)
+    assert (
+        get_family("qwen3").read_config({**hf, "num_key_value_heads": None}).num_key_value_heads
+        == 4
+    )

@@ -47,6 +47,9 @@ __all__ = [
     "derived_head_dim",
     "head_dim_for",
     "HEAD_DIM_DEFAULTS",
+    "KEY_DEFAULTS",
+    "key_default",
+    "kv_heads_for",
     "hf_config_errors",
     "json_type_problems",
     "raise_on_json_types",
@@ -728,6 +731,54 @@ HEAD_DIM_DEFAULTS: dict[str, int | None] = {
     "ministral3": 128,
     "nemotron_labs_diffusion": 128,
 }
+
+
+# transformers' defaults, by model_type, for other keys a config.json may lack where they
+# differ between models (num_key_value_heads: LlamaConfig's None is num_attention_heads, but
+# Qwen2Config / Qwen3Config default to 32), as its config classes declare them: read only where
+# the key is absent (a null num_key_value_heads is num_attention_heads in every family).
+# tests/families/test_head_dim_defaults.py holds it to the installed transformers.
+KEY_DEFAULTS: dict[str, dict[str, int]] = {
+    "llama": {"max_position_embeddings": 2048},
+    "qwen2": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "qwen3": {"num_key_value_heads": 32, "max_position_embeddings": 32768},
+    "qwen3_5_text": {
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 32768,
+        "linear_conv_kernel_dim": 4,
+        "linear_key_head_dim": 128,
+        "linear_value_head_dim": 128,
+        "linear_num_key_heads": 16,
+        "linear_num_value_heads": 32,
+    },
+    "diffusion_gemma": {"num_key_value_heads": 4, "max_position_embeddings": 131_072},
+}
+KEY_DEFAULTS["qwen3_5"] = KEY_DEFAULTS["qwen3_5_text"]
+
+
+def kv_heads_for(config: Mapping[str, Any], model_type: str, heads: int) -> int:
+    """A config.json's `num_key_value_heads`; null: `heads` (every family); absent: the
+    model_type's transformers default (`KEY_DEFAULTS`), else `heads` (Llama). An absent one
+    whose default does not divide the heads is refused here, saying where the number comes
+    from (transformers would build a model whose heads do not group)."""
+    if "num_key_value_heads" in config:
+        value = config["num_key_value_heads"]
+        return heads if value is None else int(value)
+    default = KEY_DEFAULTS.get(model_type, {}).get("num_key_value_heads")
+    if default is None:
+        return heads
+    if heads > 0 and heads % default:
+        raise ValueError(
+            f"num_key_value_heads is absent, so transformers takes {model_type}'s default, "
+            f"{default}, and num_attention_heads ({heads}) is not a multiple of it: give the "
+            "model's num_key_value_heads"
+        )
+    return default
+
+
+def key_default(model_type: str, key: str, fallback: int) -> int:
+    """`key`'s transformers default for `model_type` (`KEY_DEFAULTS`), else `fallback`."""
+    return KEY_DEFAULTS.get(model_type, {}).get(key, fallback)
 
 
 def head_dim_for(config: Mapping[str, Any], model_type: str, hidden_size: int, heads: int) -> int:

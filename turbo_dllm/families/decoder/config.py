@@ -18,6 +18,8 @@ from turbo_dllm.families.base import (
     head_dim_for,
     hf_config_errors,
     json_type_problems,
+    key_default,
+    kv_heads_for,
     no_attention_dropout,
     number_problems,
     raise_if_unusable,
@@ -257,12 +259,17 @@ class DecoderConfig:
                 intermediate_size=int(hf["intermediate_size"]),
                 num_hidden_layers=int(hf["num_hidden_layers"]),
                 num_attention_heads=heads,
-                num_key_value_heads=_or_default(hf.get("num_key_value_heads"), heads),
+                num_key_value_heads=kv_heads_for(hf, str(model_type), heads),
                 head_dim=head_dim_for(hf, str(model_type), hidden, heads),
                 rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                 rope_theta=rope_theta,
                 rope_scaling=scaling,
-                max_position_embeddings=int(hf.get("max_position_embeddings", 4096)),
+                max_position_embeddings=int(
+                    hf.get(
+                        "max_position_embeddings",
+                        key_default(str(model_type), "max_position_embeddings", 4096),
+                    )
+                ),
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 # Qwen2 always biases q/k/v (and never o); Llama/Qwen3 follow attention_bias.
                 qkv_bias=True if model_type == "qwen2" else attention_bias,
@@ -373,12 +380,6 @@ class DecoderConfig:
             body -= 6.0 * (self.layer_matmul_params - kv) * (stream_tokens - tokens)
             attention -= per_pair * (pairs - last_pairs)
         return body + head + attention
-
-
-def _or_default(value: Any, default: int) -> int:
-    """A config.json count, or `default` where it is absent or null (never where it is 0:
-    that is a value, which the size checks refuse)."""
-    return default if value is None else int(value)
 
 
 def rope_scaling_problems(

@@ -21,6 +21,7 @@ from turbo_dllm.families.base import (
     head_dim_for,
     hf_config_errors,
     json_type_problems,
+    kv_heads_for,
     no_attention_dropout,
     number_problems,
     raise_if_unusable,
@@ -407,11 +408,7 @@ class DiffusionGemmaConfig:
         ):
             layers = int(text["num_hidden_layers"])
             heads = int(text["num_attention_heads"])
-            kv = (
-                heads
-                if text.get("num_key_value_heads") is None
-                else int(text["num_key_value_heads"])
-            )
+            kv = kv_heads_for(text, "diffusion_gemma", heads)
             head_dim = head_dim_for(text, "diffusion_gemma", int(text["hidden_size"]), heads)
             # num_hidden_layers keeps the model's first layers (`cut_layer_list`), and the
             # per_layer_config entries of those layers

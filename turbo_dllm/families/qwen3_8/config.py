@@ -17,17 +17,19 @@ from typing import Any
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
     DECODER_SIZES,
+    KEY_DEFAULTS,
     decoder_shape_problems,
     head_dim_for,
     hf_config_errors,
     json_type_problems,
+    kv_heads_for,
     no_attention_dropout,
     number_problems,
     raise_if_unusable,
     raise_on_json_types,
 )
 from turbo_dllm.families.decoder.config import JSON_KINDS as DECODER_KINDS
-from turbo_dllm.families.decoder.config import _or_default, _token_ids, cut_layer_list
+from turbo_dllm.families.decoder.config import _token_ids, cut_layer_list
 
 __all__ = [
     "CONFIG_KEYS",
@@ -92,6 +94,9 @@ def _hybrid(layers: int, every: int = 4) -> list[str]:
     return ["full_attention" if (i + 1) % every == 0 else "linear_attention" for i in range(layers)]
 
 
+# transformers' Qwen3_5TextConfig defaults of the keys a config.json may lack.
+_DEFAULTS = KEY_DEFAULTS["qwen3_5_text"]
+
 # The JSON type of each config.json key `from_hf_dict` reads (`json_type_problems`).
 JSON_KINDS = {
     **{k: v for k, v in DECODER_KINDS.items() if k not in ("mlp_bias", "use_sliding_window")},
@@ -102,7 +107,7 @@ JSON_KINDS = {
             "linear_key_head_dim",
             "linear_value_head_dim",
         ),
-        "int!",
+        "int",
     ),
     "linear_conv_kernel_dim": "int",
     "full_attention_interval": "int?",
@@ -401,13 +406,23 @@ class Qwen38Config:
                 num_hidden_layers=layers,
                 layer_types=tuple(str(kind) for kind in layer_types),
                 num_attention_heads=heads,
-                num_key_value_heads=_or_default(text.get("num_key_value_heads"), heads),
+                num_key_value_heads=kv_heads_for(text, "qwen3_5_text", heads),
                 head_dim=head_dim_for(text, "qwen3_5_text", int(text["hidden_size"]), heads),
-                linear_num_key_heads=int(text["linear_num_key_heads"]),
-                linear_num_value_heads=int(text["linear_num_value_heads"]),
-                linear_key_head_dim=int(text["linear_key_head_dim"]),
-                linear_value_head_dim=int(text["linear_value_head_dim"]),
-                linear_conv_kernel_dim=int(text.get("linear_conv_kernel_dim", 4)),
+                linear_num_key_heads=int(
+                    text.get("linear_num_key_heads", _DEFAULTS["linear_num_key_heads"])
+                ),
+                linear_num_value_heads=int(
+                    text.get("linear_num_value_heads", _DEFAULTS["linear_num_value_heads"])
+                ),
+                linear_key_head_dim=int(
+                    text.get("linear_key_head_dim", _DEFAULTS["linear_key_head_dim"])
+                ),
+                linear_value_head_dim=int(
+                    text.get("linear_value_head_dim", _DEFAULTS["linear_value_head_dim"])
+                ),
+                linear_conv_kernel_dim=int(
+                    text.get("linear_conv_kernel_dim", _DEFAULTS["linear_conv_kernel_dim"])
+                ),
                 rms_norm_eps=float(text.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(rope.get("rope_theta", text.get("rope_theta", 10000.0))),
                 partial_rotary_factor=float(
@@ -418,7 +433,9 @@ class Qwen38Config:
                     if rope.get("mrope_section") is None
                     else tuple(int(x) for x in rope["mrope_section"])
                 ),
-                max_position_embeddings=int(text.get("max_position_embeddings", 32768)),
+                max_position_embeddings=int(
+                    text.get("max_position_embeddings", _DEFAULTS["max_position_embeddings"])
+                ),
                 tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
                 attention_bias=bool(text.get("attention_bias", False)),
                 hidden_act=str(text.get("hidden_act") or "silu"),
