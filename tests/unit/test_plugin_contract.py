@@ -285,3 +285,30 @@ def test_dllm_config_validate_reports_a_reader_of_the_wrong_type_at_its_field(tm
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert "model.from_config: model family 'dict_reader' (plugin dict-reader 0.4" in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("signature", "passed"),
+    [
+        ("spec, mask_token_id", None),  # the contract before vocab_size: called without it
+        ("spec, mask_token_id, vocab_size=None", 50),
+        ("spec, mask_token_id, **options", 50),
+    ],
+)
+def test_an_objective_build_gets_vocab_size_only_where_it_takes_it(
+    tmp_path, monkeypatch, signature, passed
+):
+    """Objective.build always passed vocab_size=, so a plugin objective written to the
+    documented two-argument build(spec, mask_token_id) failed with a TypeError at its first
+    run (found by the architecture audit)."""
+    from turbo_dllm.families.base import Objective
+
+    name = f"objective_plugin_{len(signature)}"
+    (tmp_path / f"{name}.py").write_text(
+        f"def build({signature}):\n"
+        "    return spec, mask_token_id, locals().get('vocab_size', "
+        "locals().get('options', {}).get('vocab_size'))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    objective = Objective("plugged", "an objective from a plugin", name)
+    assert objective.build("spec", 7, vocab_size=50) == ("spec", 7, passed)

@@ -428,7 +428,10 @@ def _described(value: Any) -> str:
 
 @dataclass(frozen=True)
 class Objective:
-    """One training objective; its module has `build(objective_spec, mask_token_id)`."""
+    """One training objective; its module has `build(objective_spec, mask_token_id,
+    vocab_size=None)` (the model's vocabulary, for objectives that draw tokens from it); a
+    plugin's `build(objective_spec, mask_token_id)`, the contract before vocab_size, still
+    serves and is called without it."""
 
     name: str
     summary: str
@@ -438,9 +441,23 @@ class Objective:
     stream_block_size: int | None = None
 
     def build(self, spec: Any, mask_token_id: int, vocab_size: int | None = None) -> Any:
-        return importlib.import_module(self.runtime_module).build(
-            spec, mask_token_id, vocab_size=vocab_size
-        )
+        build = importlib.import_module(self.runtime_module).build
+        if _accepts_keyword(build, "vocab_size"):
+            return build(spec, mask_token_id, vocab_size=vocab_size)
+        return build(spec, mask_token_id)
+
+
+def _accepts_keyword(function: Callable, name: str) -> bool:
+    """Whether `function` takes `name=` (a parameter of that name, or **kwargs)."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin): pass it, as before
+        return True
+    return any(
+        p.kind == p.VAR_KEYWORD
+        or (p.name == name and p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+        for p in parameters
+    )
 
 
 def import_failure(error: BaseException) -> str | None:
