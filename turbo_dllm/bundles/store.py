@@ -427,6 +427,59 @@ class BundleStore:
                 problems.append(f"{relative}: not part of the bundle")
         return problems
 
+    def leftovers(self) -> list[Leftover]:
+        """What operations killed outright left (staging and trash folders, half-made links,
+        `.part` downloads), with sizes and what removes them; none while an operation holds the
+        lock (its folders are in use). Reads only: works on a read-only home."""
+        if self._lock_held_by_another():
+            return []
+        sweep = (
+            "the next `dllm bundle install` (or rollback, deactivate, uninstall) removes it; "
+            "deleting it by hand is safe while no bundle command runs"
+        )
+        found = []
+        for folder, pattern in ((self.store_dir, ".*"), (self.staging_dir, "*"), (self.root, ".*")):
+            if not folder.is_dir():
+                continue
+            for path in sorted(folder.glob(pattern)):
+                if folder == self.root and not path.name.startswith((".active.", ".previous.")):
+                    continue
+                what = (
+                    "an unpack a killed install left"
+                    if path.name.startswith(".staging-") or folder == self.staging_dir
+                    else "a copy a killed command was replacing or removing"
+                    if path.name.startswith(".trash-")
+                    else "a half-made link a killed command left"
+                )
+                found.append(Leftover(path, _size_of(path), what, sweep))
+        if self.downloads_dir.is_dir():
+            for path in sorted(self.downloads_dir.glob("*.part")):
+                sha = path.name.removesuffix(".part")
+                fix = (
+                    f"the `dllm bundle install` of bundle {sha[:12]} resumes it; delete it to "
+                    "free its space if you will not install that bundle"
+                )
+                found.append(Leftover(path, _size_of(path), "a partial download", fix))
+        return found
+
+    def _lock_held_by_another(self) -> bool:
+        """Whether a bundle command holds the lock now (a shared lock cannot be had at once)."""
+        import fcntl
+
+        try:
+            fd = os.open(self.lock_path, os.O_RDONLY)
+        except OSError:  # no lock file: no command ever ran (or it cannot be read)
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+            return False
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
+        finally:
+            os.close(fd)  # releases the shared lock
+
     # --- changing (callers hold the lock) ---------------------------------------------------
     @contextlib.contextmanager
     def locked(self, timeout_s: float = DEFAULT_LOCK_TIMEOUT_S) -> Iterator[None]:
@@ -782,6 +835,28 @@ def remove_tree(path: Path) -> None:
         import shutil
 
         shutil.rmtree(path, ignore_errors=True)
+
+
+class Leftover(NamedTuple):
+    """A file or folder in the store that a killed operation left, and what removes it."""
+
+    path: Path
+    bytes: int
+    what: str
+    fix: str
+
+    def to_json(self) -> dict:
+        return {"path": str(self.path), "bytes": self.bytes, "what": self.what, "fix": self.fix}
+
+
+def _size_of(path: Path) -> int:
+    """Bytes of the file, or of the files under the folder (links not followed)."""
+    try:
+        if path.is_symlink() or not path.is_dir():
+            return path.lstat().st_size if not path.is_symlink() else 0
+        return sum(p.lstat().st_size for p in path.rglob("*") if p.is_file() and not p.is_symlink())
+    except OSError:
+        return 0
 
 
 class StoreUnwritable(DllmError):

@@ -591,6 +591,7 @@ def _status(args) -> int:
                 "fits_host": bool(active) and not differences,
                 "differences": differences,
                 "host": host.summary(),
+                "leftovers": [item.to_json() for item in store.leftovers()],
             }
         )
         return 0
@@ -610,7 +611,19 @@ def _status(args) -> int:
         print(f"fix: {store.repair_hint(previous.sha256)}", file=sys.stderr)
     else:
         print(f"previous  {previous.bundle_id if previous else 'none'}")
+    _print_leftovers(store, sys.stdout)
     return 0
+
+
+def _print_leftovers(store, out) -> None:
+    """What killed operations left in the store (`status`: on stdout, `verify`: on stderr, a
+    note beside its report), each with its fix on stderr."""
+    from turbo_dllm.fsutil import human_size
+
+    for item in store.leftovers():
+        shown = item.path.relative_to(store.root)
+        print(f"leftover  {shown} ({human_size(item.bytes)}): {item.what}", file=out)
+        print(f"fix {shown}: {item.fix}", file=sys.stderr)
 
 
 def _status_json(store, entry) -> dict | None:
@@ -657,6 +670,7 @@ def _verify(args) -> int:
                 print(f"      {problem}")
         for name, fix in fixes.items():
             print(f"fix {name}: {fix}", file=sys.stderr)
+        _print_leftovers(store, sys.stderr)
     return 0 if ok else 1
 
 
