@@ -766,7 +766,9 @@ def materialize(job: PreparedJob) -> None:
         ) from None
     written: list[Path] = []
     try:
-        spec_text = yaml.safe_dump(job.manifest.spec, sort_keys=False).encode()
+        # UTF-8 as written (a run dir "runs/数据 é" read "runs/\u6570\u636E \xE9" in the file)
+        spec_text = yaml.safe_dump(job.manifest.spec, sort_keys=False, allow_unicode=True)
+        spec_text = spec_text.encode()
         spec_path = run_dir / SPEC_NAME
         try:
             written.append(write_exclusive(spec_path, spec_text))
