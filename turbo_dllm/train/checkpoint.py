@@ -234,6 +234,11 @@ def _complete_steps(directory: Path) -> list[Path]:
     return [found[step] for step in sorted(found)]
 
 
+def _step_of(path: Path) -> int:
+    """The step of a `step_<N>` (or `.old-step_<N>`) folder."""
+    return int(path.name.rsplit("_", 1)[1])
+
+
 def find_latest(directory: str | Path) -> Path | None:
     """The complete checkpoint with the highest step in `directory`, if any."""
     steps = _complete_steps(Path(directory))
@@ -242,7 +247,7 @@ def find_latest(directory: str | Path) -> Path | None:
 
 def steps_after(directory: str | Path, step: int) -> list[Path]:
     """The complete checkpoints in `directory` of a step after `step`, by step."""
-    return [p for p in _complete_steps(Path(directory)) if int(p.name.rsplit("_", 1)[1]) > step]
+    return [p for p in _complete_steps(Path(directory)) if _step_of(p) > step]
 
 
 def resolve_checkpoint(path: str | Path) -> Path:
@@ -556,7 +561,7 @@ class Checkpointer:
                 failure = self._unwritable(final, error)
             else:
                 try:
-                    self._prune()
+                    self._prune(step)
                 except Exception as error:
                     failure = self._unprunable(final, error)
         self._agree(failure, tmp)
@@ -617,10 +622,14 @@ class Checkpointer:
         hint = f"fix the cause (checkpoint.keep_last is {self.keep_last}); {self._then()}"
         return self.rank, what, _reason(error), hint
 
-    def _prune(self) -> None:
+    def _prune(self, saved: int) -> None:
+        """Keep the newest `keep_last` complete steps up to the one just saved (`saved`). Steps
+        after it (a rewind's older timeline, each replaced as the run saves its step) are not
+        counted: with them, a rewind with a smaller keep_last pruned the step it had just saved."""
         # Renamed out of sight first: a prune killed midway leaves a temp folder (swept below on
         # the next save), never a `step_N` with its checkpoint.json but some shards gone.
-        for old in _complete_steps(self.directory)[: -self.keep_last]:
+        upto = [p for p in _complete_steps(self.directory) if _step_of(p) <= saved]
+        for old in upto[: -self.keep_last]:
             doomed = old.with_name(f".tmp-step_pruned-{old.name}")
             shutil.rmtree(doomed, ignore_errors=True)
             os.replace(old, doomed)
