@@ -216,11 +216,12 @@ def _cut(text: str, start: int) -> str:
 
 
 def _text(value, *, quoted: bool = False) -> str:
-    """A value as a cell: `-` for none, a string as it is (`quoted`: as JSON), else JSON."""
+    """A value as a cell: `-` for none, a string as it is (`quoted`: as JSON), else JSON, its
+    text as written (an argv list with a run dir "runs/é" read "runs/\\u00e9")."""
     import json
 
     if value is None:
         return "-"
     if isinstance(value, str) and not quoted:
         return value
-    return json.dumps(value, sort_keys=True)
+    return json.dumps(value, sort_keys=True, ensure_ascii=False)
