@@ -495,6 +495,7 @@ class BundleStore:
                         timeout_s,
                         "another bundle operation is running",
                         waiting=_say_waiting,
+                        owner_optional=True,
                     )
                 )
             except OSError as error:
@@ -769,11 +770,14 @@ def file_lock(
     busy: str,
     *,
     waiting: Callable[[float, str], None] | None = None,
+    owner_optional: bool = False,
 ) -> Iterator[None]:
     """An exclusive `flock` on `path` (released by the kernel when the holder dies, so never
     stale), its holder written to `<path>.owner`. Waits up to `timeout_s` (telling
     `waiting(timeout_s, holder)` first, when it has to wait), then raises a DllmError that
-    starts with `busy` and names the holder."""
+    starts with `busy` and names the holder. `owner_optional`: on a full disk (or quota) the
+    lock is taken without the owner file (a waiting command then names the holder "unknown"),
+    so that a command that frees space can run."""
     path.parent.mkdir(parents=True, exist_ok=True)
     owner = path.with_name(f"{path.name}.owner")
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -787,7 +791,12 @@ def file_lock(
                 f"{busy} ({holder}); waited {timeout_s:g} s for {path}",
                 hint="wait for it to finish and run the command again (or raise --lock-timeout)",
             )
-        owner.write_text(f"pid {os.getpid()} since {_now()}\n")
+        try:
+            owner.write_text(f"pid {os.getpid()} since {_now()}\n")
+        except OSError as error:
+            if not owner_optional or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            owner.unlink(missing_ok=True)  # not another holder's pid, left by a killed one
         try:
             yield
         finally:
