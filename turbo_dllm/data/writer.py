@@ -4,7 +4,9 @@ Arrays are streamed into a staging folder next to the target (same filesystem), 
 go; the manifest is written last, then the folder is renamed into place. Replacing an existing
 artifact moves it to a backup first and deletes the backup only after the new one is in place.
 A lock (under DLLM_HOME) serialises jobs writing the same target, which also makes it safe to
-clean up what a killed job left behind: stale staging folders, and backups. A job SIGKILLed
+clean up what a killed job left behind: backups, and staging folders (named by host and process,
+so a job of another DLLM_HOME, which the lock does not hold back, keeps its own while it runs; the
+one of the two that finishes second publishes over the other's artifact only with overwrite). A job SIGKILLed
 between its two renames leaves the output path empty and the previous artifact in its backup
 (`.NAME.backup-*`): readers name it with the `mv` that restores it (`restore_hint`), and the next
 job writing that output restores it first, before anything else (a backup is never deleted while
@@ -14,10 +16,12 @@ refuses the artifact now there, with it it replaces it once the new one is compl
 
 from __future__ import annotations
 
+import errno
 import glob
 import hashlib
 import json
 import os
+import re
 import shlex
 import shutil
 import sys
@@ -28,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import fsync_dir, make_temp_dir
+from turbo_dllm.fsutil import fsync_dir, make_temp_dir, owned_prefix, sweep_orphans
 
 __all__ = [
     "ArrayWriter",
@@ -172,6 +176,16 @@ def check_target(target: Path, overwrite: bool) -> None:
         )
 
 
+def _written_meanwhile(target: Path) -> None:
+    """Refuse to publish over what appeared at `target` while this job ran (another job writing
+    the same output, not serialised with this one: another DLLM_HOME, another host)."""
+    check_target(target, overwrite=True)  # a folder of someone else's is named as such
+    raise DllmError(
+        f"output {str(target)!r} already exists: it was written while this job ran",
+        hint="set output.overwrite: true (or --set output.overwrite=true) to replace it",
+    )
+
+
 def _file_in_the_way(target: Path) -> Path | None:
     """The nearest existing folder of `target` when it is no folder (a file), else None."""
     for parent in target.parents:
@@ -253,11 +267,27 @@ def restore_hint(target: str | Path) -> tuple[str, str] | None:
     return said, how
 
 
+# The staging folder's name after `.NAME.staging-`: this host, the writing process, a random part
+# (`owned_prefix`); an older turbo-dllm's had the random part alone.
+_OWNED = re.compile(r"^.+-\d+-[0-9a-f]{12}$")
+
+
+def _staging_prefix(target: Path) -> str:
+    return f".{target.name}.staging-"
+
+
 def _recover(target: Path) -> Path | None:
-    """Clean up after a job that was killed (we hold the lock, so none is running); the backup
-    restored to `target` where one was killed between its two renames, else None."""
-    for stale in target.parent.glob(f".{glob.escape(target.name)}.staging-*"):
-        shutil.rmtree(stale, ignore_errors=True)
+    """Clean up after a job that was killed; the backup restored to `target` where one was
+    killed between its two renames, else None.
+
+    A staging folder is removed once its process is gone (this host's; another host's stays):
+    the lock serialises only jobs that share DLLM_HOME, and one with another DLLM_HOME (another
+    user, a node-local home) writing the same output lost its staging folder mid-job."""
+    prefix = _staging_prefix(target)
+    sweep_orphans(target.parent, prefix)
+    for stale in target.parent.glob(f"{glob.escape(prefix)}*"):
+        if not _OWNED.match(stale.name[len(prefix) :]):  # an older turbo-dllm's, killed
+            shutil.rmtree(stale, ignore_errors=True)
     backups = _backups(target)
     restored = None
     if backups and _stands_empty(target):
@@ -307,7 +337,7 @@ def staged_artifact(target: Path, overwrite: bool) -> Iterator[Path]:
             )
         check_target(target, overwrite)
         try:
-            staging = make_temp_dir(target.parent, f".{target.name}.staging-")
+            staging = make_temp_dir(target.parent, owned_prefix(_staging_prefix(target)))
         except OSError as error:
             raise DllmError(
                 f"cannot write next to output path {_shown(target)}: {error.strerror}",
@@ -315,20 +345,27 @@ def staged_artifact(target: Path, overwrite: bool) -> Iterator[Path]:
             ) from None
         try:
             yield staging
-            _publish(staging, target)
+            _publish(staging, target, overwrite)
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
 
 
-def _publish(staging: Path, target: Path) -> None:
+def _publish(staging: Path, target: Path, overwrite: bool) -> None:
     # Every file was synced as it was finished; the staging folder's entries are too, before
     # the rename, and the rename itself after it: a power loss leaves the old state or the new.
     fsync_dir(staging)
     if not target.exists():
-        os.rename(staging, target)
-        fsync_dir(target.parent)
-        return
+        try:
+            os.rename(staging, target)
+        except OSError as error:  # a folder with files in it, made there since the check
+            if error.errno not in (errno.ENOTEMPTY, errno.EEXIST):
+                raise
+        else:
+            fsync_dir(target.parent)
+            return
+    if not overwrite:  # no job of this DLLM_HOME wrote it (the lock): one of another did
+        _written_meanwhile(target)
     check_target(target, overwrite=True)
     backup = make_temp_dir(target.parent, f".{target.name}.backup-")
     os.rmdir(backup)
