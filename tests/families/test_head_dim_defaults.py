@@ -194,3 +194,12 @@ def test_an_absent_kv_head_count_that_cannot_group_the_heads_says_where_it_comes
         get_family("qwen3").read_config({**hf, "num_key_value_heads": None}).num_key_value_heads
         == 4
     )
+
+
+def test_nemotron_keeps_its_own_max_position_default_through_the_llama_view():
+    """nemotron_diffusion is read through the decoder as a llama config; an absent
+    max_position_embeddings took LlamaConfig's 2048 there once KEY_DEFAULTS held it, not the
+    family's 4096 (its remote-code config class is no LlamaConfig)."""
+    hf = json.loads(json.dumps(get_family("nemotron_diffusion").presets["tiny"]))
+    del hf["max_position_embeddings"]
+    assert get_family("nemotron_diffusion").read_config(hf).max_position_embeddings == 4096

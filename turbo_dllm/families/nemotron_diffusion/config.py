@@ -174,7 +174,9 @@ class NemotronConfig(DecoderConfig):
                 f"(supported: {', '.join((*SUPPORTED_ROPE_TYPES, 'yarn'))})",
                 hint="override rope_parameters in config.json with a supported type",
             )
-        decoder_view = {**hf, "model_type": "llama"}
+        # (read as a llama's, but an absent max_position_embeddings keeps this family's 4096,
+        # not LlamaConfig's 2048)
+        decoder_view = {"max_position_embeddings": 4096, **hf, "model_type": "llama"}
         if rope_type == "yarn" or "llama_4_scaling_beta" in rope:  # read below, not by the decoder
             theta = rope.get("rope_theta", hf.get("rope_theta", 10000.0))
             decoder_view.pop("rope_scaling", None)
