@@ -98,10 +98,10 @@ def _list(args) -> int:
                 r.replay_of or "-",
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:  # plain columns: never truncated, easy to grep
         print(
-            "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+            "  ".join(_pad(cell, width) for cell, width in zip(row, widths, strict=True)).rstrip()
         )
     return 0
 
@@ -165,9 +165,9 @@ def _diff(args) -> int:
         if items:
             rows.append((f"# {name}", "", ""))
             rows += [(i.field, *_cells(i.recorded, i.current)) for i in items]
-    widths = [max(len(row[i]) for row in rows) for i in range(2)]
+    widths = [max(_width(row[i]) for row in rows) for i in range(2)]
     for field, left, right in rows:
-        print(f"{field.ljust(widths[0])}  {left.ljust(widths[1])}  {right}".rstrip())
+        print(f"{_pad(field, widths[0])}  {_pad(left, widths[1])}  {right}".rstrip())
     if not groups["inputs"]:
         print("inputs (host, packages, bundle, data, code): identical")
     return 0
@@ -190,6 +190,21 @@ def _root(args) -> str:
 
 
 _CELL = 72  # characters of a value in `dllm run diff`'s table
+
+
+def _width(text: str) -> int:
+    """The columns `text` takes on a terminal: a wide character (数据, a CJK run dir) takes two,
+    a combining mark none. Padded by its length, a row with one pushed its next columns out."""
+    import unicodedata
+
+    return sum(
+        0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
+        for c in text
+    )
+
+
+def _pad(text: str, width: int) -> str:
+    return text + " " * (width - _width(text))
 
 
 def _cells(left, right) -> tuple[str, str]:
