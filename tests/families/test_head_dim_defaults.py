@@ -203,3 +203,20 @@ def test_nemotron_keeps_its_own_max_position_default_through_the_llama_view():
     hf = json.loads(json.dumps(get_family("nemotron_diffusion").presets["tiny"]))
     del hf["max_position_embeddings"]
     assert get_family("nemotron_diffusion").read_config(hf).max_position_embeddings == 4096
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen2", "qwen3"])
+def test_mlp_bias_builds_mlp_biases_only_where_transformers_does(model_type):
+    """A qwen2 / qwen3 config.json with mlp_bias: true built MLP biases here, which
+    transformers' Qwen2MLP / Qwen3MLP never have (they ignore the key): another model, whose
+    folder's weights lack them."""
+    import importlib
+
+    sizes = dict(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1)
+    sizes |= dict(num_attention_heads=2, num_key_value_heads=1, head_dim=16, mlp_bias=True)
+    family = "qwen3" if model_type == "qwen3" else "causal_lm"
+    ours = get_family(family).read_config({"model_type": model_type, **sizes})
+    config = transformers.AutoConfig.for_model(model_type, **sizes)
+    module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
+    mlp = getattr(module, f"{config.__class__.__name__.removesuffix('Config')}MLP")(config)
+    assert ours.mlp_bias == (mlp.gate_proj.bias is not None)

@@ -274,7 +274,9 @@ class DecoderConfig:
                 # Qwen2 always biases q/k/v (and never o); Llama/Qwen3 follow attention_bias.
                 qkv_bias=True if model_type == "qwen2" else attention_bias,
                 o_bias=False if model_type == "qwen2" else attention_bias,
-                mlp_bias=bool(hf.get("mlp_bias", False)),
+                # Llama's MLP follows mlp_bias; Qwen2's and Qwen3's never have biases (their
+                # transformers classes ignore the key)
+                mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias", False)),
                 qk_norm=model_type == "qwen3",
                 hidden_act=str(hf.get("hidden_act") or hf.get("hidden_activation") or "silu"),
                 initializer_range=float(hf.get("initializer_range", 0.02)),
