@@ -3,19 +3,65 @@
 The step runs in a child process (`dllm train`, under torchrun when the topology needs several
 ranks) whose DLLM_COMPILE_CACHE points at an empty folder, so the pack holds exactly what this
 recipe compiles and nothing else the user's cache happens to have.
+
+The folder (`warm_folder`: a run dir and the caches) is named by host and process and removed on
+the way out, SIGTERM included (`dllm cache pack` unwinds on it); one whose pack was killed
+outright (SIGKILL, out of memory) is removed by the next `--warm` on that host. The step dies
+with its pack (PR_SET_PDEATHSIG): it trained on, orphaned, holding its GPU for minutes and
+writing a checkpoint of the model into a folder nothing would remove.
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["warm_caches"]
+__all__ = ["warm_caches", "warm_folder"]
+
+_WARM = "dllm-warm-"
+
+
+@contextmanager
+def warm_folder() -> Iterator[Path]:
+    """A scratch folder for the warm-up step in TMPDIR, removed on exit; first the ones packs
+    killed outright on this host left."""
+    from turbo_dllm.fsutil import owned_prefix, sweep_orphans
+
+    scratch = Path(tempfile.gettempdir())
+    sweep_orphans(scratch, _WARM)
+    with tempfile.TemporaryDirectory(prefix=owned_prefix(_WARM)) as tmp:
+        yield Path(tmp)
+
+
+def _command(args: list[str], world_size: int) -> list[str]:
+    """The warm-up step's command line: `dllm train ARGS`, under torchrun for several ranks."""
+    if world_size > 1:
+        return [
+            sys.executable, "-m", "torch.distributed.run", "--standalone",
+            f"--nproc-per-node={world_size}", "-m", "turbo_dllm", *args,
+        ]  # fmt: skip
+    return [sys.executable, "-m", "turbo_dllm", *args]
+
+
+def _dies_with_parent() -> None:
+    """In the step's process, before exec: SIGKILL it when the pack ends (Linux)."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
 
 
 def warm_caches(config: Path, overrides: list[str], root: Path, world_size: int) -> Path:
@@ -25,18 +71,12 @@ def warm_caches(config: Path, overrides: list[str], root: Path, world_size: int)
     step = ["train", "--config", str(config)]
     for override in [*overrides, "training.steps=1", "scheduler.warmup_steps=0"]:
         step += ["--set", override]
-    args = [*step, "--run-dir", str(root / "run")]
-    if world_size > 1:
-        command = [
-            sys.executable, "-m", "torch.distributed.run", "--standalone",
-            f"--nproc-per-node={world_size}", "-m", "turbo_dllm", *args,
-        ]  # fmt: skip
-    else:
-        command = [sys.executable, "-m", "turbo_dllm", *args]
+    command = _command([*step, "--run-dir", str(root / "run")], world_size)
     env = {**os.environ, "DLLM_COMPILE_CACHE": str(root / "cache")}
     for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
         env.pop(variable, None)  # ours, fresh: not the user's
-    proc = subprocess.run(command, env=env, stdout=sys.stderr)
+    # An exception here (Ctrl-C, SIGTERM's unwinding) kills the step before `root` goes.
+    proc = subprocess.run(command, env=env, stdout=sys.stderr, preexec_fn=_dies_with_parent)
     if proc.returncode != 0:
         # The step's own command, quoted: the hint named only training.steps=1, so it dropped
         # the user's --set overrides and failed on any spec with a warm-up ("scheduler.

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-import tempfile
 from pathlib import Path
 
 from turbo_dllm.cli._output import add_overrides, check_overrides_have_config, emit_json, group
@@ -118,10 +117,13 @@ def _pack(args) -> int:
                 "--warm runs the spec's first step: pass --config F",
                 hint="dllm cache pack --config train.yaml --warm --out DIR",
             )
-        from turbo_dllm.cache.warm import warm_caches
+        from turbo_dllm.cache.warm import warm_caches, warm_folder
+        from turbo_dllm.sigterm import unwinding_on_sigterm
 
-        with tempfile.TemporaryDirectory(prefix="dllm-warm-") as tmp:
-            folder = warm_caches(args.config, args.overrides, Path(tmp), spec.topology.world_size)
+        # SIGTERM (`timeout`, a scheduler's limit) unwinds: the step is killed and the folder
+        # (a run dir with a checkpoint of the model, and the caches) removed.
+        with unwinding_on_sigterm(), warm_folder() as tmp:
+            folder = warm_caches(args.config, args.overrides, tmp, spec.topology.world_size)
             path, manifest = make_pack(
                 {"inductor": folder / "inductor", "triton": folder / "triton"},
                 args.out,
