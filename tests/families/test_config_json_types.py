@@ -126,3 +126,46 @@ def test_nemotron_and_dflash_name_their_own_keys(cli, tmp_path):
     message = caught.value.message
     assert "drafter config.json's num_hidden_layers is null; it must be an integer" in message
     assert 'drafter config.json\'s dflash_config.mask_token_id is the string "10"' in message
+
+
+def test_a_drafter_config_without_a_mask_token_or_with_bad_layer_ids_names_the_key():
+    """It said "drafter config.json has a bad value: int() argument must be ... not
+    'NoneType'" (no mask token anywhere) and "invalid literal for int() with base 10: 'a'",
+    with the hint "or set it with model.config_overrides", which model.family dflash refuses."""
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.families.dflash.config import DFlashConfig
+
+    drafter = DFlashConfig(
+        vocab_size=11,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        target_hidden_size=8,
+        num_target_layers=3,
+        target_layer_ids=(0, 2),
+        block_size=4,
+        mask_token_id=10,
+    ).to_hf_dict()
+    drafter["dflash_config"].pop("mask_token_id")
+    drafter.pop("mask_token_id", None)
+    with pytest.raises(DllmError, match="drafter config.json lacks the field 'mask_token_id'"):
+        DFlashConfig.from_hf_dict(json.loads(json.dumps(drafter)))
+    drafter["dflash_config"].update(mask_token_id=10, target_layer_ids=["a"])
+    with pytest.raises(DllmError) as caught:
+        DFlashConfig.from_hf_dict(drafter)
+    assert (
+        'dflash_config.target_layer_ids is ["a"]; it must be a list of integers'
+        in caught.value.message
+    )
+    drafter["dflash_config"]["target_layer_ids"] = [0, 2]
+    drafter.update(model_type="llama", num_attention_heads=3)  # 8 / 3: no head size
+    del drafter["head_dim"]
+    with pytest.raises(DllmError, match="not a multiple of num_attention_heads") as caught:
+        DFlashConfig.from_hf_dict(drafter)
+    assert caught.value.hint == (
+        "fix that value in the drafter's config.json (model.family dflash takes no "
+        "model.config_overrides)"
+    )

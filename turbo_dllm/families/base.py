@@ -581,9 +581,15 @@ def hf_cache_argument(forward: Callable[..., Any]) -> str:
 
 
 @contextmanager
-def hf_config_errors(*, missing_hint: str, what: str = "config.json") -> Iterator[None]:
+def hf_config_errors(
+    *,
+    missing_hint: str,
+    what: str = "config.json",
+    fix: str | None = None,
+) -> Iterator[None]:
     """Around a config reader's `cls(...)` from a config.json dict: a missing key or a value of
-    the wrong type becomes one DllmError naming the field or the value."""
+    the wrong type becomes one DllmError naming the field or the value (`fix`: its hint; a
+    family that takes no model.config_overrides says so)."""
     try:
         yield
     except KeyError as missing:
@@ -591,13 +597,13 @@ def hf_config_errors(*, missing_hint: str, what: str = "config.json") -> Iterato
     except (TypeError, ValueError, ArithmeticError) as error:
         raise DllmError(
             f"{what} has a bad value: {error}",
-            hint="fix that value in config.json, or set it with model.config_overrides",
+            hint=fix or "fix that value in config.json, or set it with model.config_overrides",
         ) from None
 
 
 # What a config.json key must hold, for `json_type_problems`: "int" (a JSON integer; 4.0 too),
 # "real" (any JSON number), "flag" (true or false), "text" (a string), "ids" (a token id or a
-# list of them); a trailing "?" allows null (the reader's default), a trailing "!" marks a key
+# list of them), "ints" (a list of integers), "object", "list"; a trailing "?" allows null (the reader's default), a trailing "!" marks a key
 # the reader requires (no default: removing it is no fix).
 _KIND_WORDS = {
     "int": "an integer",
@@ -607,6 +613,7 @@ _KIND_WORDS = {
     "ids": "a token id or a list of them",
     "object": "an object ({...})",
     "list": "a list ([...])",
+    "ints": "a list of integers",
 }
 
 
@@ -619,6 +626,8 @@ def _of_kind(value: Any, kind: str) -> bool:
         return isinstance(value, (int, float))
     if kind == "text":
         return isinstance(value, str)
+    if kind == "ints":
+        return isinstance(value, list) and all(_of_kind(v, "int") for v in value)
     if kind in ("object", "list"):
         return isinstance(value, dict if kind == "object" else list)
     if kind == "ids":

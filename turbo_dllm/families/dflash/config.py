@@ -54,13 +54,13 @@ _LAYER_KINDS = {
 _ROOT_KINDS = {
     **dict.fromkeys(("target_hidden_size", "num_target_layers", "block_size"), "int?"),
     "mask_token_id": "int?",
-    **dict.fromkeys(("aux_hidden_state_layer_ids", "target_layer_ids"), "list"),
+    **dict.fromkeys(("aux_hidden_state_layer_ids", "target_layer_ids"), "ints"),
     **dict.fromkeys(("sample_from_anchor", "tie_word_embeddings"), "flag"),
     "transformer_layer_config": "object?",
     "dflash_config": "object?",
 }
 _DFLASH_KINDS = {
-    "target_layer_ids": "list",
+    "target_layer_ids": "ints",
     "block_size": "int?",
     "mask_token_id": "int?",
     **dict.fromkeys(
@@ -253,6 +253,8 @@ class DFlashConfig:
         with hf_config_errors(
             missing_hint="a DFlash drafter config has the layer keys, block_size and dflash_config",
             what="drafter config.json",
+            fix="fix that value in the drafter's config.json (model.family dflash takes no "
+            "model.config_overrides)",
         ):
             if "aux_hidden_state_layer_ids" in hf:
                 ids = [int(i) - 1 for i in hf["aux_hidden_state_layer_ids"]]
@@ -283,7 +285,7 @@ class DFlashConfig:
                 target_layers_recorded=bool(hf.get("num_target_layers")),
                 target_layer_ids=tuple(ids),
                 block_size=int(hf.get("block_size") or dflash["block_size"]),
-                mask_token_id=int(dflash.get("mask_token_id", hf.get("mask_token_id"))),
+                mask_token_id=int(_mask_token_id(hf, dflash)),
                 sample_from_anchor=bool(hf.get("sample_from_anchor", False)),
                 rms_norm_eps=float(layer.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(rope.get("rope_theta", layer.get("rope_theta", 10000.0))),
@@ -432,6 +434,15 @@ class DFlashConfig:
         head = 4.0 * self.vocab_size * self.hidden_size * scored_tokens  # no head gradient
         attention = 12.0 * self.head_dim * self.num_attention_heads * self.num_hidden_layers * pairs
         return body + head + attention
+
+
+def _mask_token_id(hf: dict[str, Any], dflash: dict[str, Any]) -> Any:
+    """The drafter's mask token: `dflash_config.mask_token_id`, else the root's; a KeyError
+    (hf_config_errors: "lacks the field") where neither has one."""
+    for config in (dflash, hf):
+        if config.get("mask_token_id") is not None:
+            return config["mask_token_id"]
+    raise KeyError("mask_token_id")
 
 
 def _dflash2_fields(dflash: dict[str, Any]) -> dict[str, Any]:

@@ -135,7 +135,7 @@ def _json_type_problems(hf: dict[str, Any]) -> list[str]:
         if isinstance(rope, dict) and (not prefix or "rope_parameters" not in hf):
             problems += json_type_problems(
                 rope,
-                {"rope_theta": "real", "partial_rotary_factor": "real", "mrope_section": "list?"},
+                {"rope_theta": "real", "partial_rotary_factor": "real", "mrope_section": "ints?"},
                 prefix=f"{prefix}rope_parameters.",
             )
     return problems
