@@ -196,15 +196,6 @@ def _option_words(flag: str, value: str) -> list[str]:
     return [f"{flag}={value}"] if value.startswith("-") else [flag, value]
 
 
-def _path_word(path) -> str:
-    """A path as a word of a command line the user pastes: quoted, and a relative one that
-    starts with "-" as ./-r1, which no command reads as an option."""
-    import shlex
-
-    text = str(path)
-    return shlex.quote("./" + text if text.startswith("-") else text)
-
-
 def _replay_conflicts(args) -> list[str]:
     """Flags that would change a recorded job (a replay keeps its spec and layout). A layout
     flag given with the value the run recorded changes nothing and is taken: an explicit
@@ -355,9 +346,11 @@ def _changed_replay_hint(manifest: str, conflicts: list[str]) -> str:
     refused as a launch into the recorded run)."""
     from pathlib import Path
 
+    from turbo_dllm.cli._output import shell_path
+
     folder = Path(manifest) if Path(manifest).is_dir() else Path(manifest).parent
     spec = folder / "spec.yaml"  # launcher.SPEC_NAME
-    config = _path_word(spec) if spec.is_file() else "F"
+    config = shell_path(spec) if spec.is_file() else "F"
     changes = " ".join(f"{flag} ..." for flag in conflicts)
     return (
         f"launch its spec with the new settings, as a new run: dllm launch --config {config} "
