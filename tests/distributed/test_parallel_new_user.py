@@ -4,38 +4,16 @@ about a topology that cannot run, and the fix each gives."""
 from __future__ import annotations
 
 import json
-import textwrap
 
 import pytest
 
-SPEC = """
-launch:
-  seed: 0
-model:
-  family: qwen3
-  from_config: tiny
-objective:
-  name: block_diffusion
-  block_size: 16
-data:
-  synthetic:
-    num_sequences: 32
-    vocab_size: 256
-  seq_len: 128
-training:
-  micro_batch_size: 2
-  steps: 2
-scheduler:
-  warmup_steps: 1
-"""
+from tests.jobs import conftest as jobs
 
-
-@pytest.fixture
-def spec_file(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    path = tmp_path / "train.yaml"
-    path.write_text(textwrap.dedent(SPEC))
-    return path
+# The job tests' small qwen3 RunSpec (tests/jobs/conftest.py), written into a fresh working
+# folder; its sequences are made 128 tokens long here, the length the refusals below count from.
+workdir = jobs.workdir
+spec_file = jobs.spec_file
+SEQ = ("--set", "data.seq_len=128")
 
 
 def _checks(result) -> dict[str, dict]:
@@ -48,7 +26,15 @@ def test_doctor_judges_a_process_count_in_its_world_size_check(cli, spec_file):
     with the fix `dllm config validate --config ...` (which says the file is valid), and the
     world size check said it had not run."""
     result = cli(
-        "doctor", "--config", "train.yaml", "--set", "topology.cp=2", "--world-size", "3", "--json"
+        "doctor",
+        "--config",
+        "train.yaml",
+        *SEQ,
+        "--set",
+        "topology.cp=2",
+        "--world-size",
+        "3",
+        "--json",
     )
     assert result.code == 1
     checks = _checks(result)
@@ -68,6 +54,7 @@ def test_a_huge_process_count_is_refused_at_once(cli_process, spec_file):
         "launch",
         "--config",
         "train.yaml",
+        *SEQ,
         "--set",
         "topology.cp=2",
         "--nproc-per-node",
@@ -131,10 +118,10 @@ def test_a_refused_topology_names_a_change_that_validates(cli, spec_file, refuse
     'needs at least 16 blocks, got 8', 'ep is not supported here: expert parallelism needs a
     mixture-of-experts family'."""
     sets = [arg for value in refused for arg in ("--set", value)]
-    result = cli("config", "validate", "--config", "train.yaml", *sets)
+    result = cli("config", "validate", "--config", "train.yaml", *SEQ, *sets)
     assert result.code == 2
     assert names in result.err, result.err
-    fixed = cli("config", "validate", "--config", "train.yaml", *sets, "--set", change)
+    fixed = cli("config", "validate", "--config", "train.yaml", *SEQ, *sets, "--set", change)
     assert fixed.code == 0, fixed.err
 
 
@@ -142,7 +129,15 @@ def test_sp_on_a_family_without_it_is_one_problem(cli, spec_file):
     """diffusion_gemma refuses sp: one problem, not that one and 'sequence parallelism needs
     topology.tp > 1' besides (tp is refused there too)."""
     result = cli(
-        "config", "validate", "--config", "train.yaml", "--set", *GEMMA, "--set", "topology.sp=true"
+        "config",
+        "validate",
+        "--config",
+        "train.yaml",
+        *SEQ,
+        "--set",
+        *GEMMA,
+        "--set",
+        "topology.sp=true",
     )
     assert result.code == 2
     assert "has 1 problem:" in result.err and "set topology.sp: false" in result.err
@@ -152,7 +147,9 @@ def test_tp_with_ep_on_a_family_without_tp_is_one_problem(cli, spec_file):
     """diffusion_gemma has ep, not tp: tp 2 with ep 2 is the tp refusal alone. It was that and
     'ep combines with dp, fsdp, cp and bp (tp = 1)' at topology.ep besides."""
     sets = ("--set", *GEMMA, "--set", "topology.tp=2", "--set", "topology.ep=2")
-    result = cli("config", "validate", "--config", "train.yaml", *sets, "--set", "topology.dp=2")
+    result = cli(
+        "config", "validate", "--config", "train.yaml", *SEQ, *sets, "--set", "topology.dp=2"
+    )
     assert result.code == 2
     assert "has 1 problem:" in result.err and "topology.tp: tp is not supported" in result.err
 
@@ -190,6 +187,7 @@ def test_a_huge_tp_is_refused_at_once(cli_process, spec_file):
         "validate",
         "--config",
         "train.yaml",
+        *SEQ,
         "--set",
         f"topology.tp={2**40 + 1}",
         cwd=spec_file.parent,
@@ -209,7 +207,14 @@ def test_the_sp_share_rule_is_quick_at_the_longest_sequence(cli_process, spec_fi
     )
     args = [arg for value in sets for arg in ("--set", value)]
     result = cli_process(
-        "config", "validate", "--config", "train.yaml", *args, cwd=spec_file.parent, timeout=60
+        "config",
+        "validate",
+        "--config",
+        "train.yaml",
+        *SEQ,
+        *args,
+        cwd=spec_file.parent,
+        timeout=60,
     )
     assert result.code == 2, result.err
     assert "hold 5592392, 4893343, 4194294 tokens (block size 1)" in result.err
