@@ -18,6 +18,7 @@ from pathlib import Path
 
 __all__ = [
     "file_mode",
+    "flock_holder",
     "fsync_dir",
     "make_temp_dir",
     "make_temp_file",
@@ -197,3 +198,26 @@ def human_size(count: int) -> str:
             break
         value, unit = value / 1024, bigger
     return f"{value:.1f} {unit}"
+
+
+def flock_holder(fd: int) -> int | None:
+    """The pid that holds a `flock` on the file (or folder) `fd` opens, from /proc/locks (None:
+    unknown: none, or not Linux)."""
+    st = os.fstat(fd)
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:  # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF" ("->" waits)
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK" or "->" in fields:
+            continue
+        try:
+            parts = fields[5].split(":")
+            major, minor, inode = int(parts[0], 16), int(parts[1], 16), int(parts[2])
+            pid = int(fields[4])
+        except (ValueError, IndexError):
+            continue
+        if (major, minor, inode) == (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino):
+            return pid
+    return None

@@ -1,20 +1,23 @@
-"""Two `dllm data prepare` jobs writing one output that the DLLM_HOME lock does not serialise
-(another user's or a node-local DLLM_HOME, another host): the second's clean-up removed the
-first's staging folder while it was written (the first then failed with 'No such file ...
-check free space'), and a job without output.overwrite replaced an artifact the other
-published while it ran."""
+"""Two `dllm data prepare` jobs writing one output. Ones that the DLLM_HOME lock does not
+serialise (another user's or a node-local DLLM_HOME, another host): the second's clean-up
+removed the first's staging folder while it was written (the first then failed with 'No such
+file ... check free space'), and a job without output.overwrite replaced an artifact the other
+published while it ran. Ones that share it: the second waited without a word for as long as
+the first ran."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import sys
+import threading
 
 import pytest
 
 from tests.data.helpers import leftovers, prepare_config, write_config, write_jsonl
 from turbo_dllm.data.artifact import verify
-from turbo_dllm.data.writer import staged_artifact
+from turbo_dllm.data.writer import _lock_for, staged_artifact
 from turbo_dllm.errors import DllmError
 
 
@@ -54,3 +57,55 @@ def test_an_artifact_written_while_the_job_ran_is_not_replaced_without_overwrite
             (staging / "manifest.json").write_text("{}")
     assert verify(out).fingerprint == other.fingerprint
     assert leftovers(tmp_path) == []
+
+
+HOLDER = (
+    "import fcntl, os, sys\n"
+    "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)\n"
+    "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+    "print('HELD', flush=True)\n"
+    "sys.stdin.read()\n"
+)
+
+
+def test_a_job_waiting_for_another_writing_the_output_says_so(tmp_path):
+    write_jsonl(tmp_path / "data.jsonl", [{"text": "one"}])
+    config = write_config(tmp_path)
+    out = (tmp_path / "out").resolve()
+    lock = _lock_for(out).lock_file  # the lock another job writing `out` holds
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, lock],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    job = None
+    try:
+        assert holder.stdout.readline() == "HELD\n"
+        job = subprocess.Popen(
+            [sys.executable, "-m", "turbo_dllm", "data", "prepare", "--config", str(config)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        watchdog = threading.Timer(120, job.kill)
+        watchdog.start()
+        try:
+            said = next((line for line in job.stderr if "waiting" in line), "")
+        finally:
+            watchdog.cancel()
+        assert said == (
+            f"dllm: waiting for another `dllm data prepare` writing {out} (pid {holder.pid}) "
+            "to finish\n"
+        )
+        assert job.poll() is None and not out.exists()
+        holder.stdin.close()  # the other job ends
+        holder.wait(timeout=60)
+        _, err = job.communicate(timeout=120)
+        assert job.returncode == 0, err
+        assert verify(out).num_sequences == 1
+    finally:
+        for process in (holder, job):
+            if process is not None and process.poll() is None:
+                process.kill()
+                process.wait()

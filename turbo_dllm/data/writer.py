@@ -32,7 +32,13 @@ from pathlib import Path
 import numpy as np
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import fsync_dir, make_temp_dir, owned_prefix, sweep_orphans
+from turbo_dllm.fsutil import (
+    flock_holder,
+    fsync_dir,
+    make_temp_dir,
+    owned_prefix,
+    sweep_orphans,
+)
 
 __all__ = [
     "ArrayWriter",
@@ -212,6 +218,38 @@ def _lock_for(target: Path):
     return FileLock(str(locks / f"data-{key}.lock"))
 
 
+@contextmanager
+def _held(lock, target: Path) -> Iterator[None]:
+    """Hold `lock`; where another job holds it, say so (and which process) before waiting: a
+    second prepare to one output sat silent for as long as the first ran."""
+    from filelock import Timeout
+
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        by = ""
+        try:
+            fd = os.open(lock.lock_file, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            pass
+        else:
+            try:
+                holder = flock_holder(fd)
+            finally:
+                os.close(fd)
+            by = f" (pid {holder})" if holder else ""
+        print(
+            f"dllm: waiting for another `dllm data prepare` writing {target}{by} to finish",
+            file=sys.stderr,
+            flush=True,
+        )
+        lock.acquire()
+    try:
+        yield
+    finally:
+        lock.release()
+
+
 def _backups(target: Path) -> list[Path]:
     """The backups a job replacing `target` made (`.NAME.backup-*` beside it), oldest first."""
     name = glob.escape(target.name)  # `out[v2]` or `out*` as a pattern matches others' leftovers
@@ -318,7 +356,7 @@ def staged_artifact(target: Path, overwrite: bool) -> Iterator[Path]:
             f"cannot create the folder of output path {_shown(target)}: {error.strerror}",
             hint="choose an output.path in a folder you can write",
         ) from None
-    with _lock_for(target):
+    with _held(_lock_for(target), target):
         restored = _recover(target)
         if restored is not None:
             if not overwrite:

@@ -35,7 +35,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from turbo_dllm.errors import DllmError, describe_validation_error
-from turbo_dllm.fsutil import fsync_dir, write_atomic
+from turbo_dllm.fsutil import flock_holder, fsync_dir, write_atomic
 from turbo_dllm.train.metrics import METRICS_NAME
 
 __all__ = [
@@ -350,28 +350,6 @@ def _has_errno(error: BaseException | None, *codes: int) -> bool:
     return False
 
 
-def _lock_holder(fd: int) -> int | None:
-    """The pid that holds a `flock` on the file `fd` opens, from /proc/locks (None: unknown)."""
-    st = os.fstat(fd)
-    try:
-        lines = Path("/proc/locks").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:  # "1: FLOCK  ADVISORY  WRITE 4242 08:01:1234 0 EOF" ("->" waits)
-        fields = line.split()
-        if len(fields) < 6 or fields[1] != "FLOCK" or "->" in fields:
-            continue
-        try:
-            parts = fields[5].split(":")
-            major, minor, inode = int(parts[0], 16), int(parts[1], 16), int(parts[2])
-            pid = int(fields[4])
-        except (ValueError, IndexError):
-            continue
-        if (major, minor, inode) == (os.major(st.st_dev), os.minor(st.st_dev), st.st_ino):
-            return pid
-    return None
-
-
 def _settle_asides(directory: Path) -> None:
     """Finish what an interrupted `_replace` left (rank 0, before a save): an aside copy whose
     `step_<N>` is complete is stale and goes; one that is the only complete copy of its step
@@ -469,7 +447,7 @@ class Checkpointer:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _lock_holder(fd)
+            holder = flock_holder(fd)
             os.close(fd)
             by = f" (pid {holder})" if holder else ""
             raise DllmError(
