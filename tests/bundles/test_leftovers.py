@@ -46,6 +46,14 @@ def test_status_and_verify_name_a_killed_installs_leftovers_and_their_fix(cli):
     assert all(item["bytes"] and item["fix"] for item in as_json["leftovers"])
 
 
+def test_a_trash_copy_is_said_to_be_put_back_where_a_link_needs_it(cli):
+    store = BundleStore()
+    (store.store_dir / f".trash-{SHA}-0123456789ab").mkdir(parents=True)
+    status = cli("bundle", "status")
+    assert f"leftover  store/.trash-{SHA}-0123456789ab (0 bytes): a copy" in status.out
+    assert "or puts it back where `active` or `previous` needs it" in status.err
+
+
 def test_an_operation_in_progress_is_no_leftover(cli):
     store = _leave_what_a_killed_install_leaves()
     with file_lock(store.lock_path, 0, "an install in progress"):

@@ -451,7 +451,15 @@ class BundleStore:
                     if path.name.startswith(".trash-")
                     else "a half-made link a killed command left"
                 )
-                found.append(Leftover(path, _size_of(path), what, sweep))
+                fix = (
+                    sweep.replace(
+                        "removes it",
+                        "removes it (or puts it back where `active` or `previous` needs it)",
+                    )
+                    if path.name.startswith(".trash-")
+                    else sweep
+                )
+                found.append(Leftover(path, _size_of(path), what, fix))
         if self.downloads_dir.is_dir():
             for path in sorted(self.downloads_dir.glob("*.part")):
                 sha = path.name.removesuffix(".part")
