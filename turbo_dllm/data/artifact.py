@@ -243,7 +243,7 @@ def read_manifest(path: str | Path, prepare: str | None = None) -> DataManifest:
     is missing."""
     manifest_path = _manifest_path(path)
     if not manifest_path.is_file():
-        from turbo_dllm.data.writer import restore_hint
+        from turbo_dllm.data.writer import restore_hint, staging_note
 
         what = "no data artifact at" if Path(path).exists() else "data artifact not found:"
         message = f"{what} {str(path)!r} (no {MANIFEST})"
@@ -252,6 +252,9 @@ def read_manifest(path: str | Path, prepare: str | None = None) -> DataManifest:
         if (backup := restore_hint(path)) is not None:
             said, how = backup
             message, hint = f"{message}; {said}", f"{how}; or {hint}"
+        elif (note := staging_note(folder)) is not None:
+            said, how = note
+            message, hint = f"{message}; {said}", f"{how}; {hint}"
         raise DllmError(message, hint=hint)
     try:
         with open(manifest_path, "rb") as handle:

@@ -46,6 +46,7 @@ __all__ = [
     "leftover_backup",
     "restore_hint",
     "staged_artifact",
+    "staging_note",
     "write_json",
 ]
 
@@ -312,6 +313,54 @@ _OWNED = re.compile(r"^.+-\d+-[0-9a-f]{12}$")
 
 def _staging_prefix(target: Path) -> str:
     return f".{target.name}.staging-"
+
+
+def staging_note(target: str | Path) -> tuple[str, str] | None:
+    """What the staging folders beside `target` say about its absence, and what to do: a
+    `dllm data prepare` writing it now (wait for it), or one killed mid-write (its folder left,
+    with its size, and the `rm` that frees it); None where there are none."""
+    from turbo_dllm.fsutil import human_size
+
+    try:
+        target = Path(target).resolve()
+        prefix = _staging_prefix(target)
+        found = sorted(target.parent.glob(f"{glob.escape(prefix)}*"))
+    except (OSError, RuntimeError):
+        return None
+    host, said, todo = os.uname().nodename, [], []
+    for folder in found:
+        rest = folder.name[len(prefix) :]
+        where, pid = rest.rsplit("-", 2)[:2] if _OWNED.match(rest) else (None, "0")
+        if where is not None and (where != host or _alive(int(pid))):
+            on = "" if where == host else f" on host {where}"
+            said.append(f"a `dllm data prepare`{on} (pid {pid}) is writing it ({folder})")
+            todo.append("wait for that prepare to finish")
+            continue
+        try:
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        except OSError:
+            size = 0
+        said.append(
+            f"a `dllm data prepare` writing it was killed before it finished and left its "
+            f"staging folder {folder} ({human_size(size)})"
+        )
+        todo.append(
+            f"`rm -r {shlex.quote(str(folder))}` frees its space (the next prepare to "
+            "this output removes it too)"
+        )
+    if not said:
+        return None
+    return "; ".join(said), "; ".join(dict.fromkeys(todo))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True  # another user's
+    return True
 
 
 def _recover(target: Path) -> Path | None:
