@@ -7,6 +7,7 @@ temporary name and are renamed once their hash matches.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import shutil
 import sys
@@ -18,8 +19,8 @@ from urllib.parse import unquote, urljoin, urlparse
 from packaging.utils import canonicalize_name
 
 from turbo_dllm.envs.manifest import EnvManifest, Index, Pin, WheelFile
-from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import sha256_file
+from turbo_dllm.errors import DllmError, os_error_hint
+from turbo_dllm.fsutil import mounted_at, sha256_file
 from turbo_dllm.mirror.layout import wheel_project
 
 __all__ = ["LocalWheels", "WheelSource", "download_wheel", "scan_wheels"]
@@ -109,6 +110,30 @@ class _TooLarge(Exception):
     pass
 
 
+# Writing the download failed for this machine's reason (not the index's): every URL would.
+_DISK_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EROFS}
+_FORBIDDEN = {errno.EACCES, errno.EPERM}
+
+
+def _cannot_write(error: BaseException, partial: Path) -> bool:
+    import requests
+
+    if not isinstance(error, OSError) or isinstance(error, requests.RequestException):
+        return False
+    return error.errno in _DISK_FULL or (
+        error.errno in _FORBIDDEN and error.filename in (str(partial), partial)
+    )
+
+
+def _write_error(error: OSError, partial: Path) -> DllmError:
+    fix = os_error_hint(error.errno or 0) or "check that folder"
+    return DllmError(
+        f"cannot write {partial}: {error.strerror}; the mirror was not made",
+        hint=f"{fix} ({partial.parent}'s file system is mounted at {mounted_at(partial.parent)}; "
+        "the wheels downloaded whole so far are kept: the same command resumes from them)",
+    )
+
+
 def download_wheel(urls: list[str], wheel: WheelFile, dest: Path) -> Path:
     """Fetch the first URL whose bytes hash to `wheel.sha256` into `dest/filename`."""
     import requests
@@ -135,6 +160,9 @@ def download_wheel(urls: list[str], wheel: WheelFile, dest: Path) -> Path:
                             handle.write(block)
                             digest.update(block)
         except (OSError, requests.RequestException, _TooLarge) as error:
+            if _cannot_write(error, partial):  # the next URL would meet the same disk
+                partial.unlink(missing_ok=True)
+                raise _write_error(error, partial) from None
             problems.append(f"{url}: {error}")
             partial.unlink(missing_ok=True)
             continue
