@@ -154,9 +154,13 @@ def _unavailable(kind: str, name: str, available: Mapping[str, Any]) -> DllmErro
     )
 
 
-def families_reading(model_type: Any) -> list[str]:
-    """The families whose config reader accepts a Hugging Face `model_type`."""
-    return [f.name for f in FAMILIES.values() if model_type in f.model_types]
+def families_reading(model_type: Any, config: dict[str, Any] | None = None) -> list[str]:
+    """The families whose config reader accepts a Hugging Face `model_type`; given that
+    model's config.json (`config`), those that can train it (`Family.reads`: a plain qwen3
+    folder is no DFlash drafter's), where any can."""
+    named = [f for f in FAMILIES.values() if model_type in f.model_types]
+    able = [f for f in named if config is not None and f.reads(config)]
+    return [f.name for f in able or named]
 
 
 def resolve_model_config(model: Any) -> FamilyConfig:
@@ -213,7 +217,7 @@ def _family_config(family: Family, model: Any) -> Any:
                 "the folder the model was saved to",
                 model_type=None,
             ) from None
-        readers = error.readers or families_reading(model_type)
+        readers = error.readers or families_reading(model_type, error.config)
         hint = (
             f"set model.family to {' or '.join(readers)}"
             if readers

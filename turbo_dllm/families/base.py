@@ -112,11 +112,14 @@ class FamilyMismatch(DllmError):
         *,
         model_type: Any = None,
         readers: list[str] | None = None,
+        config: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message, hint)
         self.model_type = model_type
-        # The families that read that model's config.json (`Family.reads`), where known.
+        # The families that read that model's config.json, where the raiser knows them; else
+        # the registry asks each family (`Family.reads`) about `config`, that config.json.
         self.readers = readers
+        self.config = config
 
 
 class ModelMisfit(DllmError):
@@ -316,14 +319,12 @@ class Family:
                     config["rope_parameters"] = {**rope, key: value}
         model_type = hf.get("model_type")
         if model_type not in self.model_types:
-            from turbo_dllm.registry import FAMILIES
-
             raise FamilyMismatch(
                 f"{where} is a {model_type!r} model, which model.family {self.name!r} does not "
                 f"read (it reads {', '.join(self.model_types)})",
                 hint="set model.family to the family of that model",
                 model_type=model_type,
-                readers=[family.name for family in FAMILIES.values() if family.reads(hf)],
+                config=hf,
             )
         # Our attention applies no dropout, in every family: a config.json asking for it would
         # train another model than transformers would (a plugin's reader need not check it).
