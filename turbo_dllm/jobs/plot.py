@@ -61,7 +61,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path | None = None) -> list[Path]:
     if out_dir:
         out_dir = Path(out_dir)
     elif several:
-        out_dir = run_dirs[0] / "plots" / ("vs-" + "-".join(labels[1:]).replace("/", "_"))
+        out_dir = run_dirs[0] / "plots" / compare_folder_name(labels[1:])
     else:
         out_dir = run_dirs[0] / "plots"
     try:
@@ -150,6 +150,35 @@ def plot_runs(run_dirs: list[Path], out_dir: Path | None = None) -> list[Path]:
             "else, or every value is NaN",
         )
     return written
+
+
+# The longest file name most file systems take (NAME_MAX, in bytes).
+NAME_MAX = 255
+
+
+def compare_folder_name(others: list[str]) -> str:
+    """`vs-<other runs>`, the folder of several runs' plots beside the first run's. One name
+    over NAME_MAX bytes (twelve runs of default ids, or a few long or non-ASCII names) could not
+    be made ("File name too long"): it keeps the runs that fit, whole, then says how many more
+    and a digest of them all, so that another set of runs gets another folder."""
+    import hashlib
+
+    words = [label.replace("/", "_") for label in others]
+    name = "vs-" + "-".join(words)
+    if len(name.encode()) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256("\0".join(others).encode(errors="surrogateescape")).hexdigest()[:12]
+    kept: list[str] = []
+    for count, word in enumerate(words):
+        tail = f"-and-{len(words) - count - 1}-more-{digest}"
+        if len(("vs-" + "-".join([*kept, word]) + tail).encode()) > NAME_MAX:
+            break
+        kept.append(word)
+    if not kept:  # one name too long by itself: as much of it as fits
+        tail = f"-and-{len(words) - 1}-more-{digest}"
+        room = NAME_MAX - len(("vs-" + tail).encode())
+        kept = [words[0].encode()[:room].decode(errors="ignore")]
+    return "vs-" + "-".join(kept) + f"-and-{len(words) - len(kept)}-more-{digest}"
 
 
 def run_labels(run_dirs: list[Path]) -> list[str]:
