@@ -101,6 +101,12 @@ def _drafter_config() -> dict:
         ("qwen3_8", lambda: dict(get_family("qwen3").presets["tiny"]), "causal_lm or qwen3"),
         ("qwen3_8", _drafter_config, "dflash"),
         ("qwen3", _drafter_config, "dflash"),
+        # a value the qwen3 reader refuses: still a qwen3 folder, still no drafter
+        (
+            "qwen3_8",
+            lambda: {**get_family("qwen3").presets["tiny"], "num_hidden_layers": None},
+            "causal_lm or qwen3",
+        ),
     ],
 )
 def test_a_wrong_family_is_told_only_the_families_that_train_that_folder(

@@ -208,16 +208,19 @@ class Family:
 
     def reads(self, hf: Mapping[str, Any]) -> bool:
         """Whether this family can train the model of config.json `hf`: its model_type is one
-        this family reads and its config reader takes it (a DFlash drafter's config says
-        "qwen3" too, and a plain Qwen3 folder is no drafter)."""
+        this family reads and its config reader does not refuse it as another kind of model
+        (a FamilyMismatch: a DFlash drafter's config says "qwen3" too, and a plain Qwen3
+        folder is no drafter). A value the reader refuses is fixable in that config.json: the
+        family still trains that kind of folder."""
         if hf.get("model_type") not in self.model_types:
             return False
         try:
             self.read_config(json.loads(json.dumps(hf)))
-        except Exception as error:  # a plugin's reader may raise anything on a config it refuses
+        except FamilyMismatch:
+            return False
+        except Exception as error:  # a plugin's reader may raise anything on a bad value
             if import_failure(error) is None:  # Ctrl-C, SIGTERM
                 raise
-            return False
         return True
 
     def input_problems(self, spec: Any) -> list[tuple[str, str]]:

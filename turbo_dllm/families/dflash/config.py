@@ -27,6 +27,7 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.base import (
+    FamilyMismatch,
     decoder_shape_problems,
     head_dim_for,
     hf_config_errors,
@@ -231,11 +232,12 @@ class DFlashConfig:
                 f"{architecture} drafters are not available in this version",
                 hint=f"this version reads {', '.join(ARCHITECTURES)}",
             )
-        if architecture not in ARCHITECTURES:
-            raise DllmError(
+        if architecture not in ARCHITECTURES:  # (a FamilyMismatch: dflash does not train it)
+            raise FamilyMismatch(
                 f"config.json is not a DFlash drafter (architectures: {architectures!r})",
                 hint="model.family dflash reads DFlashDraftModel folders; a target model is "
                 "named by model.dflash.target",
+                model_type=hf.get("model_type"),
             )
         problems = json_type_problems(hf, _ROOT_KINDS)
         nested = isinstance(hf.get("transformer_layer_config"), dict)
