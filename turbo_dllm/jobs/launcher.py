@@ -102,7 +102,41 @@ def prepare_launch(
     spec, plan = _compile(spec, options, host, run_dir, explicit, source=str(config))
     _check_artifact(spec, config)
     manifest = build_manifest(spec, plan, argv, fingerprint)
+    _refuse_paths_that_are_not_utf8(manifest)
     return PreparedJob(spec=spec, plan=plan, manifest=manifest, source=str(config), host=host)
+
+
+def _refuse_paths_that_are_not_utf8(manifest: RunManifest) -> None:
+    """A path whose name is not UTF-8 (a folder named in Latin-1, `caf\\xe9`: Python reads its
+    byte as a lone surrogate) cannot be written into the run's records, which are UTF-8 JSON and
+    YAML. The launch wrote them anyway, escaped, and every worker then refused its own manifest
+    ("unable to parse raw data as a unicode string"): a failed run dir left behind."""
+    found: list[str] = []
+
+    def walk(value: Any, where: str) -> None:
+        if isinstance(value, str):
+            try:
+                value.encode("utf-8")
+            except UnicodeEncodeError:
+                found.append(f"{where or 'argv'}: {value!r}")
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{where}.{key}" if where else str(key))
+        elif isinstance(value, list):
+            for index, item in enumerate(value):
+                walk(item, f"{where}[{index}]")
+
+    record = manifest.model_dump(mode="json")
+    walk(record["spec"], "spec")  # every path of the run (its run dir: launch.run_dir)
+    walk(record["plan"]["cwd"], "plan.cwd")  # the folder the launch ran in
+    walk((record.get("replay_of") or {}).get("manifest"), "replay_of.manifest")
+    if found:
+        raise DllmError(
+            "these paths are not valid UTF-8, which the run's records (manifest.json, "
+            "spec.yaml) are written in:\n" + "\n".join(f"  - {line}" for line in found[:8]),
+            hint="rename the folders to UTF-8 names (convmv -f latin1 -t utf8 -r --notest DIR "
+            "does it) or choose others (--run-dir, the spec's paths)",
+        )
 
 
 def _refuse_a_manifest_as_config(config: Path) -> None:
@@ -214,6 +248,7 @@ def prepare_replay(
         drift=drift,
     )
     manifest = current.model_copy(update={"replay_of": replay_of})
+    _refuse_paths_that_are_not_utf8(manifest)
     return PreparedJob(
         spec=spec, plan=plan, manifest=manifest, source=str(path), host=host, drift=drift
     )
