@@ -60,3 +60,16 @@ def test_dollar_and_underscore_run_names_are_drawn_as_written(cli, tmp_path, dra
     single = cli("run", "plot", _run(tmp_path, "lr $1e-3$", [3.0]))
     assert single.code == 0, single.err
     assert drawn[-1][0].startswith("lr $1e-3$: ") and not drawn[-1][2]
+
+
+def test_a_run_dir_whose_name_is_not_utf8_is_plotted(tmp_path, drawn):
+    import os
+
+    from turbo_dllm.jobs.plot import plot_runs
+
+    run = _run(tmp_path, os.fsdecode(b"caf\xe9"), [3.0, 2.5])  # a Latin-1 name
+    other = _run(tmp_path, "b", [3.1, 2.4])
+    assert plot_runs([run])  # matplotlib's TypeError traceback before
+    assert drawn[-1][0] == "caf\ufffd: loss"
+    assert plot_runs([other, run])
+    assert drawn[-1][1] == ["b", "caf\ufffd"]

@@ -123,13 +123,15 @@ def plot_runs(run_dirs: list[Path], out_dir: Path | None = None) -> list[Path]:
         # mathtext (a run dir "lr $1e-3$" lost its dollars; one "a $\x$" ended the plot with
         # matplotlib's ParseFatalException traceback).
         if several or legend:
-            shown = axes.legend([line for line, _ in entries], [text for _, text in entries])
+            shown = axes.legend(
+                [line for line, _ in entries], [_drawable(text) for _, text in entries]
+            )
             for text in shown.get_texts():
                 text.set_parse_math(False)
         axes.set_xlabel("step")
         axes.set_ylabel(label)
         title = f"{' vs '.join(labels) if several else run_dirs[0].name}: {label}"
-        axes.set_title(title, parse_math=False)
+        axes.set_title(_drawable(title), parse_math=False)
         axes.grid(alpha=0.3)
         figure.tight_layout()
         path = out_dir / name
@@ -165,20 +167,29 @@ def compare_folder_name(others: list[str]) -> str:
 
     words = [label.replace("/", "_") for label in others]
     name = "vs-" + "-".join(words)
-    if len(name.encode()) <= NAME_MAX:
+    if len(os.fsencode(name)) <= NAME_MAX:  # a name's bytes on disk (a Latin-1 one's too)
         return name
-    digest = hashlib.sha256("\0".join(others).encode(errors="surrogateescape")).hexdigest()[:12]
+    digest = hashlib.sha256(os.fsencode("\0".join(others))).hexdigest()[:12]
     kept: list[str] = []
     for count, word in enumerate(words):
         tail = f"-and-{len(words) - count - 1}-more-{digest}"
-        if len(("vs-" + "-".join([*kept, word]) + tail).encode()) > NAME_MAX:
+        if len(os.fsencode("vs-" + "-".join([*kept, word]) + tail)) > NAME_MAX:
             break
         kept.append(word)
     if not kept:  # one name too long by itself: as much of it as fits
         tail = f"-and-{len(words) - 1}-more-{digest}"
-        room = NAME_MAX - len(("vs-" + tail).encode())
-        kept = [words[0].encode()[:room].decode(errors="ignore")]
+        first = words[0]
+        while len(os.fsencode("vs-" + first + tail)) > NAME_MAX:
+            first = first[:-1]
+        kept = [first]
     return "vs-" + "-".join(kept) + f"-and-{len(words) - len(kept)}-more-{digest}"
+
+
+def _drawable(text: str) -> str:
+    """`text` as matplotlib can draw it: a byte of a name that is not UTF-8 (a Latin-1 run dir
+    `caf\\xe9`, a lone surrogate to Python) as U+FFFD; matplotlib's font code ended the plot with
+    a TypeError traceback on it."""
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def run_labels(run_dirs: list[Path]) -> list[str]:
