@@ -220,3 +220,15 @@ def test_mlp_bias_builds_mlp_biases_only_where_transformers_does(model_type):
     module = importlib.import_module(f"transformers.models.{model_type}.modeling_{model_type}")
     mlp = getattr(module, f"{config.__class__.__name__.removesuffix('Config')}MLP")(config)
     assert ours.mlp_bias == (mlp.gate_proj.bias is not None)
+
+
+def test_hidden_act_swish_is_silu_as_in_transformers():
+    """transformers' ACT2FN["swish"] is SiLU; a config.json saying swish was refused
+    ("hidden_act 'swish' is not supported")."""
+    import torch
+    from transformers.activations import ACT2FN
+
+    assert isinstance(ACT2FN["swish"], torch.nn.SiLU)
+    for family in ("qwen3", "qwen3_8"):
+        hf = json.loads(json.dumps(get_family(family).presets["tiny"]))
+        assert get_family(family).read_config({**hf, "hidden_act": "swish"}).hidden_act == "silu"

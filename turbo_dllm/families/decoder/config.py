@@ -45,6 +45,8 @@ _ROPE_SCALING_KEYS = {
 }
 # The MLP activations of HF configs (`hidden_act`) the decoder implements (model.ACTIVATIONS).
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")
+# Other names transformers' ACT2FN gives one of them ("swish" is nn.SiLU): read as that one.
+ACTIVATION_ALIASES = {"swish": "silu"}
 
 # HF config.json dicts (only the fields we read). Real shapes from the published Qwen3 configs.
 PRESETS: dict[str, dict[str, Any]] = {
@@ -252,6 +254,7 @@ class DecoderConfig:
             rope.pop("type", None)
             scaling = rope if rope.get("rope_type", "default") != "default" else None
             attention_bias = bool(hf.get("attention_bias", False))
+            act = str(hf.get("hidden_act") or hf.get("hidden_activation") or "silu")
             return cls(
                 model_type=str(model_type),
                 vocab_size=int(hf["vocab_size"]),
@@ -278,7 +281,7 @@ class DecoderConfig:
                 # transformers classes ignore the key)
                 mlp_bias=model_type == "llama" and bool(hf.get("mlp_bias", False)),
                 qk_norm=model_type == "qwen3",
-                hidden_act=str(hf.get("hidden_act") or hf.get("hidden_activation") or "silu"),
+                hidden_act=ACTIVATION_ALIASES.get(act, act),
                 initializer_range=float(hf.get("initializer_range", 0.02)),
                 bos_token_id=_token_ids(hf.get("bos_token_id")),
                 eos_token_id=_token_ids(hf.get("eos_token_id"), several=True),

@@ -28,8 +28,8 @@ from turbo_dllm.families.base import (
     raise_if_unusable,
     raise_on_json_types,
 )
+from turbo_dllm.families.decoder.config import ACTIVATION_ALIASES, _token_ids, cut_layer_list
 from turbo_dllm.families.decoder.config import JSON_KINDS as DECODER_KINDS
-from turbo_dllm.families.decoder.config import _token_ids, cut_layer_list
 
 __all__ = [
     "CONFIG_KEYS",
@@ -398,6 +398,7 @@ class Qwen38Config:
                     hint="set rope_parameters.rope_type to default in config.json",
                 )
             layer_types = _layer_types(text, layers)
+            act = str(text.get("hidden_act") or "silu")
             return cls(
                 model_type="qwen3_5_text",
                 vocab_size=int(text["vocab_size"]),
@@ -438,7 +439,7 @@ class Qwen38Config:
                 ),
                 tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
                 attention_bias=bool(text.get("attention_bias", False)),
-                hidden_act=str(text.get("hidden_act") or "silu"),
+                hidden_act=ACTIVATION_ALIASES.get(act, act),
                 initializer_range=float(text.get("initializer_range", 0.02)),
                 mask_token_id=(
                     None if text.get("mask_token_id") is None else int(text["mask_token_id"])
