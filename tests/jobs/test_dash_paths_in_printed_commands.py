@@ -47,3 +47,18 @@ def test_a_refused_replay_names_a_dash_spec_path_that_parses(cli, workdir):
     command = hint.replace("--set ...", "--set training.steps=3").replace("NEW_DIR", "new")
     assert command.startswith("dllm launch --config ./-r1/spec.yaml ")
     assert cli(*shlex.split(command)[1:], "--dry-run").code == 0
+
+
+def test_a_runspec_given_as_manifest_is_named_as_a_config_that_parses(cli, workdir):
+    (workdir / "-t.yaml").write_text(textwrap.dedent(SMALL_SPEC))
+    refused = cli("launch", "--manifest=-t.yaml")
+    assert refused.code == 2
+    assert "pass it as --config ./-t.yaml;" in refused.err, refused.err
+    assert cli("launch", "--config", "./-t.yaml", "--dry-run").code == 0
+
+
+def test_the_launcher_quotes_a_dash_path_as_a_word_that_parses():
+    from turbo_dllm.jobs.launcher import _q
+
+    assert _q("-r1/spec.yaml") == "./-r1/spec.yaml"
+    assert _q("/abs/-r1 x/spec.yaml") == "'/abs/-r1 x/spec.yaml'"

@@ -730,8 +730,10 @@ def _run_files(run_dir: Path) -> list[str]:
 
 
 def _q(path: str | Path) -> str:
-    """A path as a word of a command line the user pastes (a run dir may hold a space)."""
-    return shlex.quote(str(path))
+    """A path as a word of a command line the user pastes (a run dir may hold a space); a
+    relative one that starts with "-" as ./-r1, which no command reads as an option."""
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
 
 
 def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = False) -> str:

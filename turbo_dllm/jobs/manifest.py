@@ -232,7 +232,7 @@ def read_manifest(path: str | Path) -> RunManifest:
         raise DllmError(
             f"{str(path)!r} is a YAML file, not a run manifest (the manifest.json `dllm launch` "
             "writes into a run dir)",
-            hint=f"to launch that RunSpec, pass it as --config {shlex.quote(str(path))}; to "
+            hint=f"to launch that RunSpec, pass it as --config {_config_word(path)}; to "
             "replay a run, pass its runs/<id>/manifest.json (see `dllm run list`)",
         ) from None
     except (OSError, UnicodeDecodeError, RecursionError) as error:
@@ -331,6 +331,13 @@ def write_exclusive(path: Path, data: bytes) -> Path:
                 ) from None
             os.replace(tmp, path)
     return path
+
+
+def _config_word(path: Path) -> str:
+    """`path` as the pasted word after --config: quoted, and ./-t.yaml for one that starts
+    with "-" (`--config -t.yaml` reads as a missing value)."""
+    text = str(path)
+    return shlex.quote(f"./{text}" if text.startswith("-") else text)
 
 
 def _show(value: Any) -> str:
