@@ -162,3 +162,27 @@ def test_doctor_reads_a_dflash_target_s_weight_files(cli, tmp_path):
     assert check["status"] == "fail", check
     assert check["detail"] == f"model.dflash.target: no safetensors weights in '{target}'"
     assert "model.safetensors.index.json" in check["fix"]
+
+
+def test_a_shape_mismatch_names_the_config_keys_the_folder_left_out(tmp_path):
+    """A config.json without head_dim takes transformers' default for qwen3 (128), which is not
+    this model's 16: the weights then "do not match config.json" and nothing said why. The hint
+    names the key left out and the value taken; an absent tie_word_embeddings is said as absent,
+    not as "says false"."""
+    hf_folder(tmp_path, tie_word_embeddings=False)
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["head_dim"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DllmError) as refused:
+        ours(tmp_path)
+    assert "the model expects" in refused.value.message
+    assert "it leaves out head_dim" in refused.value.hint
+    assert "head_dim 128" in refused.value.hint
+
+    hf_folder(tmp_path)  # tied: no lm_head in the folder
+    config = json.loads((tmp_path / "config.json").read_text())
+    del config["tie_word_embeddings"]
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    with pytest.raises(DllmError) as refused:
+        ours(tmp_path)
+    assert "leaves out tie_word_embeddings" in refused.value.message

@@ -233,7 +233,7 @@ def load_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
             for name in names:
                 param = wanted[name]
                 tensor = _read_tensor(handle, file, stored[name])
-                _check_shape(name, tuple(tensor.shape), param, file)
+                _check_shape(name, tuple(tensor.shape), param, file, config, folder)
                 _fill(param, tensor.to(device=_param_device(param), dtype=param.dtype))
 
 
@@ -247,7 +247,8 @@ def check_hf_weights(model: nn.Module, config, folder: str | Path) -> None:
     for file, names in by_file.items():
         with _open_safetensors(file) as handle:
             for name in names:
-                _check_shape(name, _stored_shape(handle, file, stored[name]), wanted[name], file)
+                shape = _stored_shape(handle, file, stored[name])
+                _check_shape(name, shape, wanted[name], file, config, folder)
 
 
 def _weights_in(model: nn.Module, config, folder: Path):
@@ -280,13 +281,51 @@ def _weights_in(model: nn.Module, config, folder: Path):
     return wanted, stored, by_file
 
 
-def _check_shape(name: str, shape: tuple[int, ...], param, file: Path) -> None:
-    if shape != tuple(param.shape):
-        raise DllmError(
-            f"weight {name!r} has shape {shape} in {file.name}, "
-            f"the model expects {tuple(param.shape)}",
-            hint="config.json does not match the weights",
+# The config.json keys a weight's shape follows: where the file leaves one out, the model took
+# the default transformers gives that model type, which may not be the model's own value.
+_SHAPE_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "vocab_size",
+)
+
+
+def _config_keys(folder: Path) -> set[str] | None:
+    """The keys `folder`'s config.json (and its text_config) sets; None where it is unreadable."""
+    try:
+        document = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(document, dict):
+        return None
+    text = document.get("text_config")
+    return {*document, *(text if isinstance(text, dict) else ())}
+
+
+def _check_shape(name: str, shape: tuple[int, ...], param, file: Path, config, folder) -> None:
+    if shape == tuple(param.shape):
+        return
+    hint = "config.json does not match the weights"
+    keys = _config_keys(Path(folder)) if folder is not None else None
+    absent = [
+        key
+        for key in _SHAPE_KEYS
+        if keys is not None and key not in keys and isinstance(getattr(config, key, None), int)
+    ]
+    if absent:
+        taken = ", ".join(f"{key} {getattr(config, key)}" for key in absent)
+        hint = (
+            f"{hint}: it leaves out {' and '.join(absent)}, so the model took transformers' "
+            f"default for its model_type ({taken}); write the model's own values into "
+            "config.json"
         )
+    raise DllmError(
+        f"weight {name!r} has shape {shape} in {file.name}, the model expects {tuple(param.shape)}",
+        hint=hint,
+    )
 
 
 def _stored_shape(handle, file: Path, name: str) -> tuple[int, ...]:
@@ -306,10 +345,15 @@ def _refuse_an_untied_head_the_folder_lacks(missing, config, folder: Path) -> No
     "does config.json match the weights": transformers would load it with a random head."""
     if missing != [_HEAD] or getattr(config, "tie_word_embeddings", True):
         return
+    keys = _config_keys(folder)
+    says = (
+        "leaves out tie_word_embeddings, which for its model_type means false"
+        if keys is not None and "tie_word_embeddings" not in keys
+        else "says tie_word_embeddings: false"
+    )
     raise DllmError(
-        f"{str(folder)!r} holds no {_HEAD} (the output head), and its config.json says "
-        "tie_word_embeddings: false (a head of its own): a folder of a model whose head is its "
-        "embedding says true",
+        f"{str(folder)!r} holds no {_HEAD} (the output head), and its config.json {says} (a "
+        "head of its own): a folder of a model whose head is its embedding says true",
         hint="if the model ties its head to the embeddings, set tie_word_embeddings: true in "
         "config.json (or model.config_overrides: {tie_word_embeddings: true}); else the "
         "folder is incomplete: copy or save it again with its head",
