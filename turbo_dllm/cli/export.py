@@ -48,9 +48,17 @@ def _export(args) -> int:
     from turbo_dllm.train.checkpoint import resolve_checkpoint
     from turbo_dllm.train.export import export_checkpoint
 
-    # A run dir or checkpoints/ folder exports its newest complete step: say which one it was.
-    source = resolve_checkpoint(args.checkpoint)
-    out = export_checkpoint(source, args.out, dtype=args.dtype, max_shard_size=args.max_shard_size)
+    # A run dir or checkpoints/ folder exports its newest complete step: say which one it was
+    # (the one read: a run training into the folder may prune the newest while it is read).
+    read: list = []
+    out = export_checkpoint(
+        args.checkpoint,
+        args.out,
+        dtype=args.dtype,
+        max_shard_size=args.max_shard_size,
+        read=read,
+    )
+    source = read[0] if read else resolve_checkpoint(args.checkpoint)
     if args.json:
         files = sorted(p.name for p in out.iterdir())
         emit_json({"out": str(out), "checkpoint": str(source), "files": files})

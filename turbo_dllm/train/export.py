@@ -69,11 +69,14 @@ def export_checkpoint(
     *,
     finish: Callable[[Path], None] | None = None,
     max_shard_size: int | str | None = None,
+    read: list[Path] | None = None,
 ) -> Path:
     """Write `checkpoint`'s model to `out` in the HF layout; returns `out`. `finish(folder)`
     adds files to the folder before it is renamed into place (`dllm dflash export`'s record).
     Weights past `max_shard_size` bytes (default: transformers' 50GB) are split into shards
-    (`save_hf`)."""
+    (`save_hf`). `read`, where given, receives the step folder exported (a `checkpoints/`
+    folder or run dir: its newest complete step, a newer one where a run training into it pruned
+    that one while it was read)."""
     import torch
 
     from turbo_dllm.registry import get_family
@@ -90,19 +93,30 @@ def export_checkpoint(
         DEFAULT_MAX_SHARD_SIZE if max_shard_size is None else max_shard_size
     )
 
-    checkpoint, out = resolve_checkpoint(checkpoint), Path(out)  # a checkpoints/ folder: its newest
-    meta = read_meta(checkpoint)
-    check_out_folder(out, "the export", example="hf")
-    name = dtype or meta.param_dtype
-    if name not in ("float32", "bfloat16"):
-        raise DllmError(f"unknown dtype {name!r}", hint="use float32 or bfloat16")
-    # Checkpoints written before the registry name no family: the decoder read them all.
-    family = get_family(meta.family or "causal_lm")
-    config = family.read_config(meta.model)
-    model = allocate(family.runtime().build_model(config, None), torch.device("cpu"))
-    external = set(getattr(model, "external_weights", ()))  # not in checkpoints, not exported
-    state = {"model": {k: v for k, v in model.state_dict().items() if k not in external}}
-    load_tensors(state, checkpoint)
+    given, out = checkpoint, Path(out)
+    checkpoint = resolve_checkpoint(given)  # a checkpoints/ folder: its newest
+    for attempt in range(_PRUNED_RETRIES + 1):
+        was_there = (checkpoint / "checkpoint.json").is_file()
+        try:
+            meta = read_meta(checkpoint)
+            check_out_folder(out, "the export", example="hf")
+            name = dtype or meta.param_dtype
+            if name not in ("float32", "bfloat16"):
+                raise DllmError(f"unknown dtype {name!r}", hint="use float32 or bfloat16")
+            # Checkpoints written before the registry name no family: the decoder read them all.
+            family = get_family(meta.family or "causal_lm")
+            config = family.read_config(meta.model)
+            model = allocate(family.runtime().build_model(config, None), torch.device("cpu"))
+            external = set(getattr(model, "external_weights", ()))  # not exported
+            state = {"model": {k: v for k, v in model.state_dict().items() if k not in external}}
+            load_tensors(state, checkpoint)
+            break
+        except DllmError:
+            if not was_there or checkpoint.exists():
+                raise  # not there to begin with, or still there: damaged, or another problem
+            checkpoint = _pruned_meanwhile(given, checkpoint, attempt < _PRUNED_RETRIES)
+    if read is not None:
+        read.append(checkpoint)
     missing, _ = model.load_state_dict(state["model"], strict=not external)
     if set(missing) - external:
         raise DllmError(
@@ -142,6 +156,43 @@ def export_checkpoint(
                 shutil.rmtree(staging, ignore_errors=True)
             raise
     return out
+
+
+# How many newer steps an export takes, each pruned while it was read, before it gives up.
+_PRUNED_RETRIES = 5
+
+
+def _pruned_meanwhile(given: str | Path, read: Path, again: bool) -> Path:
+    """The step to read instead of `read`, which was complete when its read began and is gone
+    now: a run training into its folder pruned it (checkpoint.keep_last). Where `given` names
+    the folder or its run, their newest complete step, said in a note; where it named that step
+    itself, an error saying what happened. (A `dllm export` of a running run failed, as a
+    damaged checkpoint or one that does not exist, whenever the run saved and pruned while it
+    read the step.)"""
+    from turbo_dllm.train.checkpoint import resolve_checkpoint
+
+    newer = resolve_checkpoint(given)
+    if not again:  # pruned every time: the run saves faster than a step is read
+        raise DllmError(
+            f"the checkpoint {str(read)!r} was removed while it was read, as were the "
+            f"{_PRUNED_RETRIES} before it (a run training into {read.parent} pruned each: "
+            "checkpoint.keep_last)",
+            hint="stop that run first, or export from a copy of a step_<N> folder",
+        )
+    if newer != read and (newer / "checkpoint.json").is_file():
+        print(
+            f"note: {read.name} was removed while it was read (a run training into "
+            f"{read.parent} pruned it: checkpoint.keep_last); exporting {newer.name}",
+            file=sys.stderr,
+            flush=True,
+        )
+        return newer
+    raise DllmError(
+        f"the checkpoint {str(read)!r} was removed while it was read (a run training into "
+        f"{read.parent} pruned it: checkpoint.keep_last)",
+        hint=f"export the newest step instead: --checkpoint {read.parent} takes it (or stop "
+        "that run first)",
+    ) from None
 
 
 def _write_folder(staging, meta, model, config, tensors, dtype, shard_bytes, finish) -> None:
