@@ -39,6 +39,7 @@ from turbo_dllm.fsutil import (
     owned_prefix,
     sweep_orphans,
 )
+from turbo_dllm.sigterm import signals_deferred
 
 __all__ = [
     "ArrayWriter",
@@ -456,11 +457,15 @@ def _publish(staging: Path, target: Path, overwrite: bool) -> None:
     check_target(target, overwrite=True)
     backup = make_temp_dir(target.parent, f".{target.name}.backup-")
     os.rmdir(backup)
-    os.rename(target, backup)
-    try:
-        os.rename(staging, target)
-    except BaseException:
-        os.rename(backup, target)
-        raise
-    fsync_dir(target.parent)
-    shutil.rmtree(backup, ignore_errors=True)
+    # Ctrl-C or SIGTERM between the two renames raised there: the old artifact was left in its
+    # backup, the output empty, and the complete new one deleted with the staging folder. Held
+    # now, it takes effect once the new one is in and the backup gone.
+    with signals_deferred():
+        os.rename(target, backup)
+        try:
+            os.rename(staging, target)
+        except BaseException:
+            os.rename(backup, target)
+            raise
+        fsync_dir(target.parent)
+        shutil.rmtree(backup, ignore_errors=True)
