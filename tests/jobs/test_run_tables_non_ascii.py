@@ -47,3 +47,12 @@ def test_list_and_diff_align_columns_after_wide_characters(cli, spec_file, workd
     rows = [line for line in cli("run", "diff", "数据", "ab").out.splitlines() if "# " not in line]
     starts = {tuple(_columns(line)[:3]) for line in rows if len(_columns(line)) >= 3}
     assert len(starts) == 1, rows
+
+
+def test_a_control_character_in_a_run_name_keeps_its_row_on_one_line(cli, spec_file, workdir):
+    name = "a\nb\tc\x1b[31md"
+    result = cli("launch", "--config", spec_file, "--backend", "slurm", "--run-dir", "runs/x")
+    assert result.code == 0, result.err
+    (workdir / "runs" / "x").rename(workdir / "runs" / name)  # a SLURM run dir takes no \n
+    listed = cli("run", "list").out.splitlines()
+    assert len(listed) == 2 and listed[1].startswith("a\\nb\\tc\\x1b[31md  "), listed

@@ -98,6 +98,7 @@ def _list(args) -> int:
                 r.replay_of or "-",
             )
         )
+    rows = [tuple(_visible(cell) for cell in row) for row in rows]
     widths = [max(_width(row[i]) for row in rows) for i in range(len(rows[0]))]
     for row in rows:  # plain columns: never truncated, easy to grep
         print(
@@ -165,6 +166,7 @@ def _diff(args) -> int:
         if items:
             rows.append((f"# {name}", "", ""))
             rows += [(i.field, *_cells(i.recorded, i.current)) for i in items]
+    rows = [tuple(_visible(cell) for cell in row) for row in rows]
     widths = [max(_width(row[i]) for row in rows) for i in range(2)]
     for field, left, right in rows:
         print(f"{_pad(field, widths[0])}  {_pad(left, widths[1])}  {right}".rstrip())
@@ -201,6 +203,17 @@ def _width(text: str) -> int:
         0 if unicodedata.combining(c) else 2 if unicodedata.east_asian_width(c) in "WF" else 1
         for c in text
     )
+
+
+def _visible(text: str) -> str:
+    """A cell on one line, as it reads: a control character in a name (a run dir with a line
+    break or a tab split its row; an escape sequence recoloured the terminal) as Python writes
+    it in a string, `\\n`, `\\t`, `\\x1b`."""
+    import unicodedata
+
+    if not any(unicodedata.category(c) == "Cc" for c in text):
+        return text
+    return "".join(repr(c)[1:-1] if unicodedata.category(c) == "Cc" else c for c in text)
 
 
 def _pad(text: str, width: int) -> str:
