@@ -81,3 +81,15 @@ def test_a_torchrun_of_another_count_is_told_so(cli, spec_file, monkeypatch):
         "needs 2 processes (dp*fsdp*max(cp,bp)*tp = 2*1*1*1 = 2); torchrun started 3",
         "--nproc-per-node 2 -m turbo_dllm train",
     )
+
+
+def test_paths_that_start_with_a_dash_paste_as_paths(cli, spec_file, workdir):
+    """`--config -c.yaml --run-dir -x` in the printed commands read as options when pasted
+    (found by the odd-paths audit); they are printed as ./-c.yaml and ./-x."""
+    (workdir / "-c.yaml").write_text(spec_file.read_text())
+    result = cli("train", "--config=-c.yaml", "--run-dir=-x", "--set", "topology.dp=2")
+    assert_user_error(
+        result,
+        "dllm launch --config ./-c.yaml --set topology.dp=2 --run-dir ./-x ",
+        "turbo_dllm train --config ./-c.yaml --set topology.dp=2 --run-dir ./-x",
+    )

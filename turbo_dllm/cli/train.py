@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 
-from turbo_dllm.cli._output import add_overrides
+from turbo_dllm.cli._output import add_overrides, shell_path
 
 
 def register(subparsers) -> None:
@@ -113,10 +113,10 @@ def _check_process_count(spec, world: int, args) -> None:
         raise DllmError(
             f"{message}. {run}", hint="; or ".join(ways) + " (the spec's fields need no change)"
         )
-    config = shlex.quote(str(args.config))
+    config = shell_path(args.config)
     more = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
     if args.run_dir is not None:
-        more += f" --run-dir {shlex.quote(args.run_dir)}"
+        more += f" --run-dir {shell_path(args.run_dir)}"
     fit = _fit_to(spec.topology, world)
     if need == 1:
         raise DllmError(
@@ -330,7 +330,8 @@ def _check_recorded_spec(spec, run_dir) -> bool:
         )
         raise DllmError(
             f"{run_dir} holds a run recorded by `dllm launch` with another spec ({shown})",
-            hint=f"resume it with the spec its manifest records (--config {run_dir / 'spec.yaml'}, "
+            hint="resume it with the spec its manifest records (--config "
+            f"{shell_path(run_dir / 'spec.yaml')}, "
             "no --set; undo any edit of that file: the fields above), or train into a new run dir",
         )
     if manifest.data is not None and spec.data.artifact is not None:
