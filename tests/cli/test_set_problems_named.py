@@ -32,3 +32,33 @@ def test_a_problem_made_by_set_names_it(cli, tmp_path, monkeypatch):
             # written in the file: no (from --set)
             "  - training.stepz: unknown key; did you mean 'steps'?\n",
         )
+
+
+def test_a_set_value_yaml_reads_as_a_mapping_or_list_says_so(cli, tmp_path, monkeypatch):
+    """`--set 'launch.name=v1: final'` said only "Input should be a valid string (from --set)":
+    YAML had read the value as a mapping (`- x` and `[x]` as lists). The problem says what YAML
+    made of it and how to quote it (found by the odd-paths audit)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.yaml").write_text(SPEC)
+    result = cli("config", "validate", "--config", "train.yaml", "--set", "launch.name=v1: final")
+    assert_user_error(
+        result,
+        "  - launch.name: Input should be a valid string (from --set); YAML read 'v1: final' "
+        "as a mapping: to keep it as text, quote it: --set 'launch.name=\"v1: final\"'",
+    )
+    result = cli("config", "validate", "--config", "train.yaml", "--set", "launch.name=- x")
+    assert_user_error(result, "YAML read '- x' as a list")
+    # the quoted value the hint gives is valid
+    result = cli("config", "validate", "--config", "train.yaml", "--set", 'launch.name="v1: final"')
+    assert result.code == 0, result.err
+    assert "name: 'v1: final'" in result.out
+
+
+def test_config_validate_prints_non_ascii_values_as_written(cli, tmp_path, monkeypatch):
+    """The resolved spec printed 'caf\\xE9 \\u6570\\u636E' for `café 数据` (found by the
+    odd-paths audit)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.yaml").write_text(SPEC)
+    result = cli("config", "validate", "--config", "train.yaml", "--set", "launch.name=café 数据")
+    assert result.code == 0, result.err
+    assert "name: café 数据" in result.out

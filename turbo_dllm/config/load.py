@@ -201,19 +201,40 @@ def _from_the_command_line(message: str, overrides: list[str]) -> str:
     """A validation report whose problems a `--set` made say so (`  - training.steps: ... (got
     'abc') (from --set)`): the report is headed by the file's name, where a user looked for a
     value they had typed on the command line."""
-    keys = {".".join(p.strip() for p in item.partition("=")[0].split(".")) for item in overrides}
+    keys = {}  # key -> what YAML made of its value, where that is a mapping or a list
+    for item in overrides:
+        key, _, raw = item.partition("=")
+        key = ".".join(p.strip() for p in key.split("."))
+        keys[key] = _collection(raw, key)
     lines = []
     for line in message.split("\n"):
         path, colon, rest = line.partition(": ")
         field = path.removeprefix("  - ")
-        if (
-            colon
-            and path.startswith("  - ")
-            and any(field == key or field.startswith((f"{key}.", f"{key}[")) for key in keys)
-        ):
-            line = f"{line} (from --set)"
+        if colon and path.startswith("  - "):
+            for key, kind in keys.items():
+                if field == key or field.startswith((f"{key}.", f"{key}[")):
+                    line = f"{line} (from --set)"
+                    if kind is not None and field == key:
+                        line += f"; {kind}"
+                    break
         lines.append(line)
     return "\n".join(lines)
+
+
+def _collection(raw: str, key: str) -> str | None:
+    """Where YAML reads a `--set` value as a mapping or a list (`v1: final`, `- x`, `[x]`),
+    what it did and how to keep the text (a field wanting text then says only "should be a
+    valid string"); else None."""
+    try:
+        value = parse_yaml(raw, f"--set {key}", key=key) if raw.strip() else ""
+    except (yaml.YAMLError, DllmError):
+        return None
+    if not isinstance(value, (dict, list)):
+        return None
+    kind = "a mapping" if isinstance(value, dict) else "a list"
+    quoted = '"' + raw.strip().replace("\\", "\\\\").replace('"', '\\"') + '"'
+    how = f"--set '{key}={quoted}'" if "'" not in raw else "YAML double quotes around it"
+    return f"YAML read {_shorten(raw.strip())!r} as {kind}: to keep it as text, quote it: {how}"
 
 
 # The RunSpec fields that name files (`resolve_paths`).
