@@ -18,6 +18,7 @@ from turbo_dllm.envs.targets import auto_target, manifest_dirs
 from turbo_dllm.errors import DllmError
 
 __all__ = [
+    "COMPARE_WITH_ANOTHER",
     "RECORDED_MANIFEST",
     "SYNCED_COPY",
     "available_targets",
@@ -28,6 +29,9 @@ __all__ = [
 
 RECORDED_MANIFEST = "dllm-env-manifest.toml"
 SYNCED_COPY = "synced copy"  # how environment_manifest names a venv's own copy as the origin
+# The end of the hint on a damaged synced copy: `dllm env check` has these flags, `dllm doctor`
+# has not (its environment check says `dllm env check --target NAME` instead).
+COMPARE_WITH_ANOTHER = "pass --target/--manifest to compare with another manifest"
 
 
 def available_targets(mirror=None) -> dict[str, str]:
@@ -144,11 +148,12 @@ def environment_manifest(
             except DllmError as error:  # its hint would be the packaged manifests' (re-lock)
                 raise DllmError(
                     error.message,
+                    # The command alone between backquotes: pasted, it runs (it was followed
+                    # by "; --target NAME where ...", which bash ran as a command too).
                     hint=f"it is the copy `dllm env sync` left in {venv} (damaged or edited): "
-                    f"sync again to rewrite it (dllm env sync --venv {shlex.quote(str(venv))}; --target "
-                    "NAME where "
-                    "auto picks another), "
-                    "or pass --target/--manifest to compare with another manifest",
+                    f"sync again to rewrite it: `dllm env sync --venv {shlex.quote(str(venv))}` "
+                    "(add --target NAME where auto picks another), "
+                    f"or {COMPARE_WITH_ANOTHER}",
                 ) from None
     manifest = select_manifest(target, mirror=mirror, manifest_file=manifest_file)
     origin = (

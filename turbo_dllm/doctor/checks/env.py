@@ -20,7 +20,7 @@ def environment_manifest(ctx: DoctorContext) -> CheckResult:
     from turbo_dllm.envs.check import compare, drift_fixes
     from turbo_dllm.envs.incomplete import refuse_incomplete
     from turbo_dllm.envs.inventory import inspect_environment
-    from turbo_dllm.envs.select import SYNCED_COPY, recorded_manifest_path
+    from turbo_dllm.envs.select import COMPARE_WITH_ANOTHER, SYNCED_COPY, recorded_manifest_path
     from turbo_dllm.envs.select import environment_manifest as find_manifest
 
     bad = "fail" if ctx.prod else "warn"
@@ -41,6 +41,11 @@ def environment_manifest(ctx: DoctorContext) -> CheckResult:
                 "a venv made by dllm env sync --target NAME --venv .venv is checked against "
                 "it" + fix.removeprefix("pass --target NAME")
             )
+        # (a damaged synced copy's hint ends so; doctor has neither flag)
+        fix = fix.replace(
+            COMPARE_WITH_ANOTHER,
+            "compare with another manifest: dllm env check --target NAME (or --manifest FILE)",
+        )
         return CheckResult(
             NAME,
             bad,
