@@ -91,6 +91,16 @@ def _command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentP
     return parser
 
 
+def _keep_undecodable_bytes() -> None:
+    """A path that is not UTF-8 (a folder named in Latin-1) reaches Python as text holding
+    surrogates; a stdout with strict errors (PYTHONIOENCODING=utf-8:strict, some locales)
+    ended the command with a UnicodeEncodeError traceback where it printed one. Such text is
+    written back as the bytes it came from, as `ls` shows them."""
+    for stream in (sys.stdout, sys.stderr):
+        if getattr(stream, "errors", None) == "strict" and hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="surrogateescape")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     global STARTED_UNDER
     argv_from_process = argv is None
@@ -100,6 +110,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from turbo_dllm.cli._output import emit_json_error, reset_json
 
     reset_json()
+    _keep_undecodable_bytes()
     _Parser.json_errors = "--json" in argv
     parser = build_parser(only=argv[0] if argv and _is_command(argv[0]) else None)
     args, unknown = parser.parse_known_args(argv)
