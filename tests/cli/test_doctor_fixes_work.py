@@ -41,3 +41,35 @@ def test_a_damaged_synced_copy_s_fix_names_only_commands_and_flags_that_exist(
     assert "dllm env check --target NAME (or --manifest FILE)" in result.fix
     for argv in commands:
         _parses(argv)
+
+
+def _spec(artifact, eval_artifact=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(
+        launch=SimpleNamespace(kind="smoke"),
+        data=SimpleNamespace(artifact=str(artifact)),
+        eval=SimpleNamespace(artifact=str(eval_artifact), interval=10) if eval_artifact else None,
+    )
+
+
+def test_an_artifact_path_that_is_a_file_fails_with_a_fix_that_is_not_prepare(tmp_path):
+    """data.artifact naming a file (or a path through one) warned 'has not been prepared yet'
+    (ready, exit 0) with a `dllm data prepare ... --set output.overwrite=true` fix that prepare
+    refuses ('exists and is not a folder'); eval.artifact alike (a failure, same fix)."""
+    from turbo_dllm.doctor.checks import data
+
+    in_the_way = tmp_path / "corpus.jsonl"
+    in_the_way.write_text("{}\n")
+    for artifact in (in_the_way, in_the_way / "prepared"):
+        ctx = DoctorContext(spec=_spec(artifact, eval_artifact=artifact))
+        for result in (data.data_artifact(ctx), data.eval_data(ctx)):
+            assert result.status == "fail", result
+            assert "dllm data prepare" not in result.fix
+            assert f"move the file {in_the_way} out of the way" in result.fix
+            assert "not prepared" not in result.detail and "is a file" in result.detail
+    in_the_way.unlink()  # the fix, followed: now it is an artifact to prepare there
+    ctx = DoctorContext(spec=_spec(in_the_way, eval_artifact=in_the_way))
+    assert data.data_artifact(ctx).status == "warn"
+    assert "dllm data prepare" in data.data_artifact(ctx).fix
+    assert "has not been prepared yet" in data.eval_data(ctx).detail

@@ -74,6 +74,23 @@ def _prepare_fix(ctx: DoctorContext, artifact: Path) -> str:
     return f"{command} (then {check})"
 
 
+def _file_in_the_way(name: str, field: str, path: str) -> CheckResult | None:
+    """A failure where a file stands at the artifact's path or on the way to it: no artifact can
+    be prepared there (prepare refuses: "exists and is not a folder"), so it is not merely "not
+    prepared yet", and the prepare fix would not work."""
+    from turbo_dllm.doctor.folders import folder_problem
+
+    problem = folder_problem(path)
+    if problem is None or problem.blocker is None:  # read-only is fine: an artifact is read
+        return None
+    return CheckResult(
+        name,
+        "fail",
+        f"{field} {path}: {problem.detail}, so no data artifact can be there",
+        fix=problem.fix(f"set {field}"),
+    )
+
+
 @register_check(order=300)
 def data_artifact(ctx: DoctorContext) -> CheckResult:
     name = "data artifact"
@@ -86,6 +103,9 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
 
     folder = Path(path)
     manifest = folder / "manifest.json"
+    blocked = _file_in_the_way(name, "data.artifact", path)
+    if blocked is not None:
+        return blocked
     if not manifest.exists() and _holds_other_files(folder):
         return CheckResult(
             name,
@@ -177,6 +197,9 @@ def eval_data(ctx: DoctorContext) -> CheckResult:
 
     path = ctx.spec.eval.artifact
     folder = Path(path)
+    blocked = _file_in_the_way(name, "eval.artifact", path)
+    if blocked is not None:
+        return blocked
     if not (folder / "manifest.json").exists():
         # a failure, not data.artifact's warning: nothing else stops `dllm launch` from
         # recording and starting a run that stops before its first step
