@@ -67,6 +67,19 @@ def test_a_run_stopped_by_its_time_budget_reads_stopped_with_its_resume_command(
     run = _listed(cli)
     assert (run["status"], run["steps_done"], run["resumed"]) == ("stopped", 2, True), run
     assert run["resume_command"] == command, run
+    stopped = (run_dir / "result.json").read_text()
+
+    # Resumed until the budget runs out at the last step: that run is finished, and says so
+    # (it said "not finished: step 4 of 4 saved").
+    for _ in range(2):
+        resume = cli(*words[2:])
+        assert resume.code == 0, resume.err
+    said = resume.err + resume.out
+    assert "done: 4 steps" in said and "not finished" not in said, said
+    assert "stopping after step 4" not in said, said
+    run = _listed(cli)
+    assert (run["status"], run["steps_done"]) == ("ok", 4), run
+    (run_dir / "result.json").write_text(json.dumps(json.loads(stopped)))
 
     # A SIGTERM stop reads the same way, with its own cause.
     result = json.loads((run_dir / "result.json").read_text())

@@ -960,6 +960,8 @@ class Trainer:
                     last_saved = done
             else:
                 waiting = queued
+            if stop == Stop.TIME_LIMIT and done == self.total_steps and left_off is None:
+                stop = Stop.NONE  # the time budget ran out at the last step: finished all the same
             if stop:
                 cause = "SIGTERM received" if stop == Stop.SIGTERM else f"{stop.cause} reached"
                 note = f"; {left_off}" if left_off else ""
