@@ -73,3 +73,27 @@ def test_an_artifact_path_that_is_a_file_fails_with_a_fix_that_is_not_prepare(tm
     assert data.data_artifact(ctx).status == "warn"
     assert "dllm data prepare" in data.data_artifact(ctx).fix
     assert "has not been prepared yet" in data.eval_data(ctx).detail
+
+
+def test_a_misspelt_override_variable_is_named_with_the_one_meant(monkeypatch):
+    """DLLM_OVERRIDE_GPU=sm90 (for ..._GPUS) was ignored without a word: the fingerprint check
+    passed on the real host, and a login node seemed checked for its GPU nodes."""
+    from turbo_dllm.doctor.checks import host_bundles
+
+    for name in list(__import__("os").environ):
+        if name.startswith("DLLM_OVERRIDE_"):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("DLLM_OVERRIDE_GPU", "sm90")
+    result = host_bundles.host_fingerprint(DoctorContext())
+    assert result.status == "warn" and "DLLM_OVERRIDE_GPU: no such" in result.detail
+    assert "`unset DLLM_OVERRIDE_GPU`" in result.fix
+    assert "`export DLLM_OVERRIDE_GPUS=sm90`" in result.fix
+    # the fix, followed: the override is read, and its own fix names the variable to unset
+    monkeypatch.delenv("DLLM_OVERRIDE_GPU")
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "sm90")
+    result = host_bundles.host_fingerprint(DoctorContext())
+    assert result.status == "warn" and "1x sm90 (overridden: gpus)" in result.detail
+    assert result.fix == "unset DLLM_OVERRIDE_GPUS to check the real host"
+    monkeypatch.delenv("DLLM_OVERRIDE_GPUS")
+    assert host_bundles.host_fingerprint(DoctorContext()).status in ("pass", "warn")
+    assert "overridden" not in host_bundles.host_fingerprint(DoctorContext()).detail

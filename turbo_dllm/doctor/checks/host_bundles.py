@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shlex
+
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
 from turbo_dllm.doctor.host import host_fingerprint as _fingerprint
 from turbo_dllm.errors import DllmError
@@ -22,12 +25,28 @@ def host_fingerprint(ctx: DoctorContext) -> CheckResult:
     detail = fingerprint.summary()
     if fingerprint.driver:
         detail += f", driver {fingerprint.driver}"
+    unknown = _unknown_overrides()
+    if unknown:  # a misspelt name: the fingerprint ignores it, without a word
+        from turbo_dllm.host.fingerprint import OVERRIDE_VARIABLES
+
+        meant = _meant(unknown)
+        return CheckResult(
+            "fingerprint",
+            "warn",
+            f"{detail}; {', '.join(unknown)}: no such DLLM_OVERRIDE_* variable (ignored)",
+            fix=f"`unset {' '.join(unknown)}`"
+            + (f", and `export {' '.join(meant)}` if that is the variable meant" if meant else "")
+            + f" (dllm reads {', '.join(OVERRIDE_VARIABLES)})",
+        )
     if fingerprint.overrides:
+        from turbo_dllm.host.fingerprint import OVERRIDE_VARIABLES
+
+        set_here = [name for name in OVERRIDE_VARIABLES if name in os.environ]
         return CheckResult(
             "fingerprint",
             "warn",
             f"{detail} (overridden: {', '.join(fingerprint.overrides)})",
-            fix="unset the DLLM_OVERRIDE_* variables to check the real host",
+            fix=f"unset {' '.join(set_here)} to check the real host",
         )
     if fingerprint.notes:
         return CheckResult(
@@ -37,6 +56,32 @@ def host_fingerprint(ctx: DoctorContext) -> CheckResult:
             fix="check the NVIDIA driver (`nvidia-smi` must work) and the torch installation",
         )
     return CheckResult("fingerprint", "pass", detail)
+
+
+def _unknown_overrides() -> list[str]:
+    """The DLLM_OVERRIDE_* variables set here that the fingerprint does not read."""
+    from turbo_dllm.host.fingerprint import OVERRIDE_VARIABLES
+
+    return sorted(
+        name
+        for name in os.environ
+        if name.startswith("DLLM_OVERRIDE_") and name not in OVERRIDE_VARIABLES
+    )
+
+
+def _meant(unknown: list[str]) -> list[str]:
+    """`NAME=value` of the variable each unknown one was likely meant to be (..._GPU: _GPUS),
+    where that one is not set already."""
+    import difflib
+
+    from turbo_dllm.host.fingerprint import OVERRIDE_VARIABLES
+
+    meant: dict[str, str] = {}
+    for name in unknown:
+        close = difflib.get_close_matches(name, list(OVERRIDE_VARIABLES), n=1, cutoff=0.8)
+        if close and close[0] not in os.environ:
+            meant.setdefault(close[0], os.environ[name])
+    return [f"{name}={shlex.quote(value)}" for name, value in meant.items()]
 
 
 @register_check(order=110)
