@@ -97,3 +97,28 @@ def test_a_misspelt_override_variable_is_named_with_the_one_meant(monkeypatch):
     monkeypatch.delenv("DLLM_OVERRIDE_GPUS")
     assert host_bundles.host_fingerprint(DoctorContext()).status in ("pass", "warn")
     assert "overridden" not in host_bundles.host_fingerprint(DoctorContext()).detail
+
+
+def test_a_model_folder_that_does_not_load_is_the_model_check_s_failure_only(cli, tmp_path):
+    """model.path without config.json failed 'data fit' too, with the fix 'change those RunSpec
+    fields or prepare the data again to match': preparing the data again changes nothing."""
+    import json
+
+    project = tmp_path / "p"
+    assert cli("init", project).code == 0
+    assert cli("data", "prepare", "--config", project / "prepare.yaml").code == 0
+    result = cli(
+        "doctor",
+        "--config",
+        project / "train.yaml",
+        "--set",
+        f"model.path={tmp_path / 'no model'}",
+        "--set",
+        "model.from_config=null",
+        "--json",
+    )
+    assert result.code == 1
+    checks = {c["name"]: c for c in json.loads(result.out)["checks"]}
+    assert checks["model"]["status"] == "fail" and "config.json" in checks["model"]["fix"]
+    assert checks["data fit"]["status"] == "pass", checks["data fit"]
+    assert "see the model check" in checks["data fit"]["detail"]
