@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.dflash.conftest import one_thread
 from tests.dflash.helpers import drafter_document, stdlib_artifact, train_target
 from tests.helpers import assert_user_error
 from turbo_dllm.families.dflash.features import read_features_manifest
@@ -22,10 +23,19 @@ from turbo_dllm.jobs import provenance
 from turbo_dllm.jobs.manifest import RunManifest, write_manifest
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _one_thread():
+    """torch at one intra-op thread here, as in tests/dflash (whose conftest says why)."""
+    with one_thread():
+        yield
+
+
 @pytest.fixture(scope="module")
-def world(tmp_path_factory):
+def world(tmp_path_factory, _one_thread):
+    """A 2-step target and its data: two stdlib sources (about 70 rows) are enough for feature
+    artifacts whose shards differ (8 and 4 rows a shard), and each row is one target forward."""
     root = tmp_path_factory.mktemp("drafter-world")
-    artifact = stdlib_artifact(root)
+    artifact = stdlib_artifact(root, files=("keyword.py", "bisect.py"))
     return {"artifact": artifact, "target": train_target(artifact, root, steps=2)}
 
 
