@@ -361,6 +361,10 @@ _INHERITED: ChunkProcessor | None = None  # set in the parent just before a fork
 
 def _init_worker(config: WorkerConfig) -> None:
     global _WORKER
+    # A prepare killed outright (SIGKILL, out of memory) left its workers tokenizing on, each
+    # printing a BrokenPipeError traceback into the user's terminal as it handed back a chunk:
+    # Linux now ends a worker with its parent.
+    _end_with(os.getppid())
     # Ctrl-C reaches the whole process group: the parent turns it into `dllm: interrupted` and
     # terminates the pool; a worker of its own would print a KeyboardInterrupt traceback.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -379,6 +383,21 @@ def _init_worker(config: WorkerConfig) -> None:
     _WORKER = inherited if inherited is not None and inherited.config == config else None
     if _WORKER is None:
         _WORKER = ChunkProcessor(config)
+
+
+def _end_with(parent: int) -> None:
+    """Ask Linux to SIGKILL this worker when its parent (`parent`, the prepare) ends; where it
+    ended already, end now."""
+    if sys.platform != "linux":
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 # Blocked while the pool starts its workers, until each has set its own dispositions: one that
