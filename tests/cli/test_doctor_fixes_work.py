@@ -122,3 +122,38 @@ def test_a_model_folder_that_does_not_load_is_the_model_check_s_failure_only(cli
     assert checks["model"]["status"] == "fail" and "config.json" in checks["model"]["fix"]
     assert checks["data fit"]["status"] == "pass", checks["data fit"]
     assert "see the model check" in checks["data fit"]["detail"]
+
+
+def test_an_incomplete_venv_s_fix_is_the_sync_that_was_killed(cli, tmp_path, monkeypatch):
+    """The fix read 'run that `dllm env sync ... --venv V` again': pasted, argparse refused the
+    literal '...' (exit 2). The mark now keeps the sync's own line, absolute, and the fix of
+    `dllm env check` and `dllm doctor` is that line."""
+    from pathlib import Path
+
+    from turbo_dllm.doctor.checks import env as env_check
+    from turbo_dllm.envs import sync
+    from turbo_dllm.envs.incomplete import SyncMark
+    from turbo_dllm.errors import DllmError
+
+    seen = {}
+
+    def killed(manifest, venv, **kwargs):  # the sync dies once its mark is placed
+        seen["command"] = kwargs["command"]
+        Path(venv).mkdir()
+        mark = SyncMark.place(
+            Path(venv), created=True, target=manifest.target, command=seen["command"]
+        )
+        mark.close()  # its lock goes with the process; the mark stays
+        raise DllmError("stopped here")
+
+    monkeypatch.setattr(sync, "sync_environment", killed)
+    monkeypatch.chdir(tmp_path)
+    assert cli("env", "sync", "--target", "cpu-x86_64", "--venv", "my venv").code == 2
+    venv = tmp_path / "my venv"
+    expected = ["dllm", "env", "sync", "--target", "cpu-x86_64", "--venv", str(venv)]
+    assert shlex.split(seen["command"]) == expected
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    result = env_check.environment_manifest(DoctorContext())
+    assert result.status == "fail" and "incomplete venv" in result.detail
+    assert _commands(result.fix)[0] == expected, result.fix
+    _parses(_commands(result.fix)[0])

@@ -91,7 +91,8 @@ def test_a_sync_killed_midway_leaves_a_venv_check_refuses_and_the_next_sync_repa
             f"{venv} is an incomplete venv: the `dllm env sync` "
             f"{'creating' if work == 'create' else 'updating'} it",
             "did not finish",
-            f"hint: run that `dllm env sync ... --venv {venv}` again",
+            # the killed sync's own line (was 'run that `dllm env sync ... --venv V` again')
+            f"hint: run `dllm env sync --manifest {manifest_file} --venv {venv}` again",
         )
         from turbo_dllm.doctor import DoctorContext
         from turbo_dllm.doctor.checks import env as env_check

@@ -320,6 +320,28 @@ def _write_manifest(args, manifest) -> int:
     return 0
 
 
+def _sync_command(args, target: str) -> str:
+    """This sync as a line that does it again from any folder: the venv's mark keeps it, and
+    a sync that is killed is then finished by pasting it (`envs.incomplete`)."""
+    import shlex
+
+    def absolute(path: str) -> str:
+        return path if "://" in path else str(Path(path).absolute())
+
+    words = ["dllm", "env", "sync"]
+    if args.manifest:
+        words += ["--manifest", absolute(args.manifest)]
+    else:
+        words += ["--target", target]
+    if args.mirror:
+        words += ["--mirror", absolute(args.mirror)] + (["--offline"] if args.offline else [])
+    if args.python:
+        words += ["--python", absolute(args.python) if "/" in args.python else args.python]
+    if args.system_site_packages:
+        words.append("--system-site-packages")
+    return shlex.join([*words, "--venv", str(Path(args.venv).absolute())])
+
+
 def _sync(args) -> int:
     from turbo_dllm.envs.select import select_manifest
     from turbo_dllm.envs.sync import sync_environment
@@ -333,6 +355,7 @@ def _sync(args) -> int:
         mirror=mirror,
         offline=args.offline,
         system_site_packages=args.system_site_packages,
+        command=_sync_command(args, manifest.target),
     )
     if args.json:
         emit_json(

@@ -44,6 +44,7 @@ class Interrupted:
     target: str | None
     pid: int | None
     started: str | None
+    command: str | None = None  # the `dllm env sync ...` line that sync ran, where it said
 
 
 class SyncMark:
@@ -54,7 +55,9 @@ class SyncMark:
         self.fd = fd
 
     @classmethod
-    def place(cls, venv: Path, *, created: bool, target: str) -> SyncMark:
+    def place(
+        cls, venv: Path, *, created: bool, target: str, command: str | None = None
+    ) -> SyncMark:
         path = venv / MARK
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
@@ -69,6 +72,7 @@ class SyncMark:
                 "target": target,
                 "pid": os.getpid(),
                 "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+                "command": command,  # run again, it finishes the job (refuse_incomplete)
             }
             os.ftruncate(fd, 0)
             os.pwrite(fd, (json.dumps(record) + "\n").encode(), 0)
@@ -130,6 +134,7 @@ def interrupted_sync(venv: str | Path) -> Interrupted | None:
         os.close(fd)
     record = _read(path)
     target, pid, started = record.get("target"), record.get("pid"), record.get("started")
+    command = record.get("command")
     return Interrupted(
         # Unreadable (edited, torn): taken for an update, so that no sync ever removes a venv
         # it cannot tell it made.
@@ -137,6 +142,7 @@ def interrupted_sync(venv: str | Path) -> Interrupted | None:
         target=target if isinstance(target, str) else None,
         pid=pid if isinstance(pid, int) else None,
         started=started if isinstance(started, str) else None,
+        command=command if isinstance(command, str) and command.startswith("dllm ") else None,
     )
 
 
@@ -150,10 +156,17 @@ def refuse_incomplete(venv: str | Path) -> None:
     when = f" (started {state.started}, pid {state.pid})" if state.started and state.pid else ""
     synced = f" (it was syncing manifest {state.target})" if state.target else ""
     venv_arg = shlex.quote(str(venv))
+    # The command as that sync was run (its source and venv, absolute), so that it pastes; a mark
+    # of an older dllm does not say it.
+    again = (
+        f"run `{state.command}` again"
+        if state.command
+        else f"run that `dllm env sync ... --venv {venv_arg}` again{synced}"
+    )
     raise DllmError(
         f"{venv} is an incomplete venv: the `dllm env sync` {what} it{when} did not finish (it was "
         f"killed, or its machine went down): {Path(venv) / MARK} is its mark",
-        hint=f"run that `dllm env sync ... --venv {venv_arg}` again{synced}: it "
+        hint=f"{again}: it "
         + (
             "removes the incomplete venv and creates it anew"
             if state.created

@@ -317,7 +317,10 @@ def sync_environment(
     mirror=None,
     offline: bool = False,
     system_site_packages: bool | None = None,
+    command: str | None = None,
 ) -> SyncResult:
+    """`command`: this sync as a `dllm env sync ...` line, kept in the venv's mark while it runs
+    (a sync that is killed leaves it: the fix of `dllm env check` and `dllm doctor` names it)."""
     venv = Path(venv).absolute()
     foreign = _foreign_platform(manifest)
     if foreign:
@@ -352,10 +355,10 @@ def sync_environment(
         try:
             if fresh:  # marked before uv writes anything
                 venv.mkdir(parents=True, exist_ok=True)
-                mark = SyncMark.place(venv, created=True, target=manifest.target)
+                mark = SyncMark.place(venv, created=True, target=manifest.target, command=command)
             created = _prepare_venv(manifest, venv, python, system_site_packages)
             if mark is None:  # an existing venv, checked: marked before it is changed
-                mark = SyncMark.place(venv, created=False, target=manifest.target)
+                mark = SyncMark.place(venv, created=False, target=manifest.target, command=command)
             result = _install(
                 manifest, venv, created, mirror, source_args, project, reinstall=left is not None
             )
