@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -70,3 +71,14 @@ def test_validate_names_a_killed_prepare_s_staging_folder_and_a_running_one(tmp_
     finally:
         running.kill()
         running.wait()
+    # Another host's: its process cannot be asked, and was said to be writing it for ever.
+    shutil.rmtree(writing)
+    elsewhere = tmp_path / ".out2.staging-other-node-7-0123456789ab"
+    elsewhere.mkdir()
+    outcome = cli("data", "validate", str(tmp_path / "out2"))
+    assert_user_error(
+        outcome,
+        f"a `dllm data prepare` on host other-node (pid 7) is writing it, or was killed there "
+        f"({elsewhere})",
+        f"where it is gone, `rm -r {shlex.quote(str(elsewhere))}` frees its space",
+    )

@@ -332,9 +332,18 @@ def staging_note(target: str | Path) -> tuple[str, str] | None:
     for folder in found:
         rest = folder.name[len(prefix) :]
         where, pid = rest.rsplit("-", 2)[:2] if _OWNED.match(rest) else (None, "0")
-        if where is not None and (where != host or _alive(int(pid))):
-            on = "" if where == host else f" on host {where}"
-            said.append(f"a `dllm data prepare`{on} (pid {pid}) is writing it ({folder})")
+        if where is not None and where != host:  # its process cannot be asked from here
+            said.append(
+                f"a `dllm data prepare` on host {where} (pid {pid}) is writing it, or was killed "
+                f"there ({folder})"
+            )
+            todo.append(
+                f"wait for that prepare to finish; where it is gone, `rm -r "
+                f"{shlex.quote(str(folder))}` frees its space (a prepare on {where} removes it too)"
+            )
+            continue
+        if where is not None and _alive(int(pid)):
+            said.append(f"a `dllm data prepare` (pid {pid}) is writing it ({folder})")
             todo.append("wait for that prepare to finish")
             continue
         try:
