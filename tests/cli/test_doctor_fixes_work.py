@@ -157,3 +157,25 @@ def test_an_incomplete_venv_s_fix_is_the_sync_that_was_killed(cli, tmp_path, mon
     assert result.status == "fail" and "incomplete venv" in result.detail
     assert _commands(result.fix)[0] == expected, result.fix
     _parses(_commands(result.fix)[0])
+
+
+def test_without_torch_the_fix_syncs_this_venv_not_a_new_one_named_venv(tmp_path, monkeypatch):
+    """In a venv without torch the pinned fix was `dllm env sync --venv .venv`: run where doctor
+    ran, it made another venv there and left this one without torch. A synced venv (uv made it:
+    no pip in it) is told to sync its own manifest copy; another venv is named by its path."""
+    from turbo_dllm.doctor.checks import portable
+
+    venv = tmp_path / "my venv"
+    venv.mkdir()
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setattr(sys, "base_prefix", str(tmp_path / "base"))
+    result = portable.torch_import(DoctorContext())
+    assert result.status == "fail"
+    assert f"pinned: dllm env sync --venv {shlex.quote(str(venv))}" in result.fix
+    assert "--venv .venv" not in result.fix
+    (venv / "dllm-env-manifest.toml").write_text("")
+    fix = portable.torch_import(DoctorContext()).fix
+    copy = shlex.quote(str(venv / "dllm-env-manifest.toml"))
+    assert fix.startswith(f"dllm env sync --manifest {copy} --venv {shlex.quote(str(venv))} ")
+    _parses(shlex.split(fix.split(" (")[0]))

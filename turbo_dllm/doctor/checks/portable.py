@@ -36,16 +36,34 @@ def torch_import(ctx: DoctorContext) -> CheckResult:
     try:
         import torch
     except Exception as error:  # any import failure is what this check reports
-        return CheckResult(
-            "torch",
-            "fail",
-            f"import torch failed: {error}",
-            fix="pip install torch --index-url https://download.pytorch.org/whl/cpu (the CPU "
-            "build; plain `pip install torch` is the CUDA one), or the CUDA build for your "
-            "driver; pinned: dllm env sync --venv .venv",
-        )
+        return CheckResult("torch", "fail", f"import torch failed: {error}", fix=_torch_fix())
     cuda = torch.version.cuda or "cpu"
     return CheckResult("torch", "pass", f"torch {torch.__version__} ({cuda})")
+
+
+def _torch_fix() -> str:
+    """How to install torch into this environment: a venv `dllm env sync` made gets its pinned
+    torch back from the manifest it was synced to (uv made it: it has no pip); another venv is
+    named as the one to sync (it was `--venv .venv`, wherever doctor ran: a new venv there)."""
+    from turbo_dllm.envs.select import recorded_manifest_path
+
+    venv = shlex.quote(sys.prefix)
+    copy = recorded_manifest_path(sys.prefix)
+    if sys.prefix != sys.base_prefix and copy.is_file():
+        return (
+            f"dllm env sync --manifest {shlex.quote(str(copy))} --venv {venv} (reinstalls the "
+            "torch this venv was synced with)"
+        )
+    pinned = (
+        f"dllm env sync --venv {venv}"
+        if sys.prefix != sys.base_prefix
+        else ("dllm env sync --venv .venv")
+    )
+    return (
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu (the CPU build; "
+        "plain `pip install torch` is the CUDA one), or the CUDA build for your driver; "
+        f"pinned: {pinned}"
+    )
 
 
 @register_check(order=30)
