@@ -179,3 +179,21 @@ def test_without_torch_the_fix_syncs_this_venv_not_a_new_one_named_venv(tmp_path
     copy = shlex.quote(str(venv / "dllm-env-manifest.toml"))
     assert fix.startswith(f"dllm env sync --manifest {copy} --venv {shlex.quote(str(venv))} ")
     _parses(shlex.split(fix.split(" (")[0]))
+
+
+def test_outside_a_venv_the_fix_pastes_whole_and_installs_the_cpu_torch_first(monkeypatch):
+    """The fix ended its command with '(torch first: docs/install.md), or pinned: ...': pasted
+    whole, bash stopped at the parenthesis; pasted up to it, pip installed PyPI's CUDA torch."""
+    import subprocess
+
+    from turbo_dllm.doctor.checks import portable
+
+    monkeypatch.setattr(sys, "base_prefix", sys.prefix)
+    monkeypatch.delenv("CONDA_PREFIX", raising=False)
+    fix = portable.venv_isolation(DoctorContext()).fix
+    syntax = subprocess.run(["bash", "-n", "-c", fix], capture_output=True, text=True)
+    assert syntax.returncode == 0, syntax.stderr
+    command = fix.split("#")[0]
+    torch = command.index("pip install torch --index-url https://download.pytorch.org/whl/cpu")
+    assert torch < command.index("pip install 'turbo-dllm[data,env]'")
+    assert "dllm env sync --venv .venv" in fix

@@ -77,9 +77,13 @@ def venv_isolation(ctx: DoctorContext) -> CheckResult:
         status,
         f"running in the system interpreter {sys.prefix}",
         # The venv needs dllm itself: activated without it, `dllm` is still this interpreter's.
-        fix="python3 -m venv .venv && . .venv/bin/activate && pip install 'turbo-dllm[data,env]' "
-        "(torch first: docs/install.md), or pinned: dllm env sync --venv .venv, then install "
-        "turbo-dllm into it and activate it",
+        # torch's CPU build first, in the command (a note after it read "(torch first", which
+        # pasted was a syntax error, and without it pip pulls PyPI's CUDA torch); the rest is a
+        # shell comment, so the whole line pastes.
+        fix="python3 -m venv .venv && . .venv/bin/activate && pip install torch --index-url "
+        "https://download.pytorch.org/whl/cpu && pip install 'turbo-dllm[data,env]'   # the CPU "
+        "torch (a CUDA build: docs/install.md); or pinned: dllm env sync --venv .venv, then "
+        "install turbo-dllm into it and activate it",
     )
 
 
