@@ -441,3 +441,29 @@ def test_doctor_warns_of_a_file_its_artifact_s_manifest_does_not_list(cli, proje
     assert f"rm {extra}" in check["fix"] and "dllm data prepare" in check["fix"]
     extra.unlink()
     assert _doctor_data_check(cli, project / "train.yaml")["status"] == "pass"
+
+
+def test_a_project_whose_folder_name_is_not_utf8_prepares(tmp_path):
+    """`dllm init $'lat\\xe9n'` and a prepare in it ended with a UnicodeEncodeError traceback:
+    the output's lock key encoded its path as UTF-8 (found by the odd-paths audit). Real
+    processes: their stdout writes such a name back as its bytes."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    folder = os.fsencode(tmp_path) + b"/lat\xe9n"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    for argv, cwd in (
+        ([b"init", folder], tmp_path),
+        ([b"data", b"prepare", b"--config", b"prepare.yaml"], folder),
+    ):
+        proc = subprocess.run(
+            [sys.executable, "-m", "turbo_dllm", *argv],
+            cwd=cwd,
+            env=env,
+            capture_output=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stderr.decode(errors="replace")
+    assert os.path.isdir(folder + b"/data")

@@ -110,7 +110,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     from turbo_dllm.cli._output import emit_json_error, reset_json
 
     reset_json()
-    _keep_undecodable_bytes()
+    if argv_from_process:  # the process's own streams; a caller passing argv owns its streams
+        _keep_undecodable_bytes()
     _Parser.json_errors = "--json" in argv
     parser = build_parser(only=argv[0] if argv and _is_command(argv[0]) else None)
     args, unknown = parser.parse_known_args(argv)

@@ -216,7 +216,7 @@ def _lock_for(target: Path):
 
     locks = dllm_home() / "locks"
     locks.mkdir(parents=True, exist_ok=True)
-    key = hashlib.sha256(str(target).encode("utf-8")).hexdigest()[:24]
+    key = hashlib.sha256(os.fsencode(target)).hexdigest()[:24]  # a name may not be UTF-8
     return FileLock(str(locks / f"data-{key}.lock"))
 
 
