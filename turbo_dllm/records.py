@@ -14,7 +14,8 @@ the schema, and construction validates them, like a frozen pydantic model with `
   or raises ValueError;
 - `_problems()` yields cross-field problems once every field is valid;
 - records are keyword-only and immutable, compare by value, and `model_validate(dict)` refuses
-  unknown and missing keys. Every problem is collected into one `RecordError` whose text is
+  unknown and missing keys (a `format` field is required there even where it has a default:
+  the default serves code that builds a record, never a file that lacks it). Every problem is collected into one `RecordError` whose text is
   `location: message; ...` (`bundles.0.sha256: ...`).
 
 Records speak the part of pydantic's API their callers use (`model_validate`,
@@ -139,10 +140,12 @@ class Record:
             raise RecordError([("", f"expected an object, got {_show(data)}")])
         values, problems = _convert(cls, data)
         problems += [(str(key), "unknown field") for key in data if key not in cls._fields]
+        # A file's `format` is what says which document it is: read back, it must be there even
+        # where the class defaults it (for code that builds one).
         problems += [
             (name, "field required")
             for name in cls._fields
-            if name not in data and name not in cls._defaults
+            if name not in data and (name not in cls._defaults or name == "format")
         ]
         if problems:
             raise RecordError(problems)

@@ -7,6 +7,7 @@ import pytest
 from turbo_dllm.bundles.catalog import (
     Catalog,
     CatalogEntry,
+    ReleasePin,
     ReleasesLock,
     dump_catalog,
     parse_catalog,
@@ -110,7 +111,7 @@ def test_several_matches_is_an_error_unless_a_target_is_named():
 
 
 def test_trust_rules():
-    lock = ReleasesLock.model_validate({"releases": {"v1": {"catalog_sha256": "a" * 64}}})
+    lock = ReleasesLock(releases={"v1": ReleasePin(catalog_sha256="a" * 64)})
     assert trusted_catalog_sha256("v1", lock, None) == "a" * 64
     assert trusted_catalog_sha256("v1", lock, "A" * 64) == "a" * 64
     assert trusted_catalog_sha256("v2", lock, "b" * 64) == "b" * 64

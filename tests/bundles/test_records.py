@@ -131,9 +131,10 @@ def test_keyword_construction_validates_and_applies_defaults():
     lock = ReleasesLock(releases={"v1": ReleasePin(catalog_sha256="b" * 64)})
     assert lock.format == "turbo_dllm.releases.v1"
     assert ReleasesLock().releases == {} and ReleasesLock().releases is not lock.releases
-    assert ReleasesLock.model_validate({"releases": {"v1": {"catalog_sha256": "b" * 64}}}) == lock
+    read = {"format": lock.format, "releases": {"v1": {"catalog_sha256": "b" * 64}}}
+    assert ReleasesLock.model_validate(read) == lock
     with pytest.raises(RecordError, match=r"releases\.v1\.catalog_sha256: "):
-        ReleasesLock.model_validate({"releases": {"v1": {"catalog_sha256": "short"}}})
+        ReleasesLock.model_validate({**read, "releases": {"v1": {"catalog_sha256": "short"}}})
     with pytest.raises(TypeError, match="unknown fields"):
         ReleasePin(catalog_sha256="b" * 64, note="x")  # type: ignore[call-arg]
     with pytest.raises(RecordError, match="not a plain relative path"):
