@@ -72,7 +72,7 @@ def patches(fault):
         "prepare": (checkpoint, "_settle_asides", lambda d: fail(errno.EACCES, str(d))),
         "metadata": (checkpoint, "write_atomic", lambda p, data: fail(errno.EIO, str(p))),
         "rename": (checkpoint, "_replace", lambda new, final: fail(errno.EACCES, str(final))),
-        "prune": (Checkpointer, "_prune", lambda self: fail(errno.EACCES, str(self.directory))),
+        "prune": (Checkpointer, "_prune", lambda self, saved: fail(errno.EACCES, str(self.directory))),
     }[fault]
 
 def scenario(fault, failing):
