@@ -197,3 +197,57 @@ def test_outside_a_venv_the_fix_pastes_whole_and_installs_the_cpu_torch_first(mo
     torch = command.index("pip install torch --index-url https://download.pytorch.org/whl/cpu")
     assert torch < command.index("pip install 'turbo-dllm[data,env]'")
     assert "dllm env sync --venv .venv" in fix
+
+
+def test_without_torch_doctor_reports_every_check_instead_of_a_traceback(
+    cli, tmp_path, monkeypatch
+):
+    """In a venv whose torch is gone, `dllm doctor --config` ended in a traceback from the
+    compile cache check's `import torch` (no report, no JSON); a check that needs torch is now
+    'not checked' under its own name, and the torch check says how to get torch back."""
+    import json
+
+    project = tmp_path / "p"
+    assert cli("init", project).code == 0
+    monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    result = cli("doctor", "--config", project / "train.yaml", "--json")
+    assert result.code == 1, result.err
+    checks = {c["name"]: c for c in json.loads(result.out)["checks"]}
+    assert checks["torch"]["status"] == "fail"
+    cache = checks["compile cache"]
+    assert cache["status"] == "warn" and cache["detail"].startswith("not checked: it needs torch")
+    assert "the torch check's fix" in cache["fix"]
+    # the name a check that could not run is reported under is the one it reports itself
+    from turbo_dllm.doctor import _REGISTRY, _check_name, run_checks
+
+    monkeypatch.delitem(sys.modules, "torch")
+    ran = [r.name for r in run_checks(DoctorContext()).results]
+    assert ran == [_check_name(f) for _, _, f in sorted(_REGISTRY, key=lambda i: (i[0], i[1]))]
+
+
+def test_without_torch_the_bundle_checks_say_torch_not_another_bundle(monkeypatch):
+    """With torch gone the active bundle 'does not fit this host: torch: host none', and the fix
+    was to install or build another bundle: a build needs torch (it stopped in a traceback), and
+    any bundle differs from a host without torch."""
+    from types import SimpleNamespace
+
+    from turbo_dllm.bundles import store
+    from turbo_dllm.doctor.checks import host_bundles
+    from turbo_dllm.host import collect_fingerprint
+
+    real = collect_fingerprint(apply_overrides=False)
+    without = real.__class__(**{**real.__dict__, "torch": None, "torch_cuda": None})
+    bundle = SimpleNamespace(
+        bundle_id="b",
+        short_sha="0" * 12,
+        target=SimpleNamespace(differences=lambda fp: ["torch: host none, bundle torch2.13"]),
+    )
+    monkeypatch.setattr(store, "active_bundle", lambda: bundle)
+    ctx = DoctorContext(extras={"fingerprint": without})
+    for check in (host_bundles.kernel_bundle, host_bundles.kernels_for_spec):
+        result = check(ctx)
+        assert result.status == "warn" and "does not fit this host" in result.detail
+        assert result.fix.startswith("install torch first"), result.fix
+        assert "dllm bundle install" not in result.fix
+    ctx = DoctorContext(extras={"fingerprint": real})  # torch there: another bundle it is
+    assert "dllm bundle install" in host_bundles.kernel_bundle(ctx).fix

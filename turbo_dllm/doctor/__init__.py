@@ -82,13 +82,17 @@ class Report:
 
 CheckFunction = Callable[[DoctorContext], "CheckResult | list[CheckResult]"]
 _REGISTRY: list[tuple[int, str, CheckFunction]] = []
+_NAMES: dict[CheckFunction, str] = {}
 
 
-def register_check(order: int) -> Callable[[CheckFunction], CheckFunction]:
-    """Register a check; lower `order` runs (and prints) first."""
+def register_check(order: int, name: str | None = None) -> Callable[[CheckFunction], CheckFunction]:
+    """Register a check; lower `order` runs (and prints) first. `name`: the name it reports
+    under, where that is not its function's with spaces (said for a check that could not run)."""
 
     def decorate(func: CheckFunction) -> CheckFunction:
         _REGISTRY.append((order, f"{func.__module__}.{func.__qualname__}", func))
+        if name is not None:
+            _NAMES[func] = name
         return func
 
     return decorate
@@ -105,6 +109,29 @@ def run_checks(context: DoctorContext) -> Report:
     _load_check_modules()
     results: list[CheckResult] = []
     for _, _, func in sorted(_REGISTRY, key=lambda item: (item[0], item[1])):
-        outcome = func(context)
+        try:
+            outcome = func(context)
+        except ImportError as error:
+            # A check that needs torch where torch does not import (the torch check says why,
+            # with its fix): not checked, said as such, not a traceback that ends the report.
+            if not _is_torch(error):
+                raise
+            outcome = CheckResult(
+                _check_name(func),
+                "warn",
+                f"not checked: it needs torch, which does not import ({error})",
+                fix="install torch first (the torch check's fix), then run dllm doctor again",
+            )
         results.extend(outcome if isinstance(outcome, list) else [outcome])
     return Report(results)
+
+
+def _is_torch(error: ImportError) -> bool:
+    name = error.name or ""
+    return name == "torch" or name.startswith("torch.")
+
+
+def _check_name(func: CheckFunction) -> str:
+    """The name a check reports under, for one that could not run: register_check's `name`,
+    else its function's ("compile_cache": "compile cache")."""
+    return _NAMES.get(func) or func.__name__.replace("_", " ")

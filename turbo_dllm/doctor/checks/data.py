@@ -153,7 +153,7 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
     )
 
 
-@register_check(order=310)
+@register_check(order=310, name="data fit")
 def data_fits_run(ctx: DoctorContext) -> CheckResult:
     name = "data fit"
     manifest = ctx.extras.get("data_manifest")
@@ -195,7 +195,7 @@ def data_fits_run(ctx: DoctorContext) -> CheckResult:
     )
 
 
-@register_check(order=320)
+@register_check(order=320, name="held-out data")
 def eval_data(ctx: DoctorContext) -> CheckResult:
     """The held-out artifact (`eval.artifact`): prepared, readable, and fitting the run and the
     training data (`data.compat.eval_artifact_problems`, what the trainer refuses)."""

@@ -15,7 +15,7 @@ from turbo_dllm.errors import DllmError
 NAME = "environment"
 
 
-@register_check(order=200)
+@register_check(order=200, name="environment")
 def environment_manifest(ctx: DoctorContext) -> CheckResult:
     from turbo_dllm.envs.check import compare, drift_fixes
     from turbo_dllm.envs.incomplete import refuse_incomplete

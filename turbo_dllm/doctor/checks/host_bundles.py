@@ -14,7 +14,7 @@ def _wants(ctx: DoctorContext) -> str | None:
     return ctx.spec.kernels if ctx.spec is not None else None
 
 
-@register_check(order=100)
+@register_check(order=100, name="fingerprint")
 def host_fingerprint(ctx: DoctorContext) -> CheckResult:
     try:
         fingerprint = _fingerprint(ctx)
@@ -137,7 +137,7 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
             "fail" if wants_native else "warn",
             f"{bundle.bundle_id} ({bundle.short_sha}) does not fit this host: "
             + "; ".join(map(str, differences)),
-            fix=_install_fix(),
+            fix=_no_torch_fix(fingerprint) or _install_fix(),
         )
     return CheckResult("kernel bundle", "pass", f"{bundle.bundle_id} ({bundle.short_sha}) active")
 
@@ -156,6 +156,17 @@ def _install_fix() -> str:
     )
 
 
+def _no_torch_fix(fingerprint) -> str | None:
+    """Where torch is missing every bundle differs from this host in its torch: installing or
+    building another (the install fix) cannot help (a build needs torch too); torch does."""
+    if fingerprint.torch is not None or "torch" in fingerprint.overrides:
+        return None
+    return (
+        "install torch first (the torch check's fix): the bundle is matched to the torch it was "
+        "built for, and fits again once that torch is back"
+    )
+
+
 def _blocked_store() -> tuple[str, str] | None:
     """(detail, fix) where a file is in the way of the bundle store's folders."""
     from turbo_dllm.bundles.store import BundleStore
@@ -168,7 +179,7 @@ def _blocked_store() -> tuple[str, str] | None:
     return f"{store}: {problem.detail}", problem.fix("set DLLM_HOME")
 
 
-@register_check(order=120)
+@register_check(order=120, name="kernels")
 def kernels_for_spec(ctx: DoctorContext) -> CheckResult:
     """Load the kernels the config asks for (or, without a config, the active bundle's). With
     DLLM_OVERRIDE_* (a login node checking for its compute nodes) the bundle's target is only
@@ -193,7 +204,7 @@ def kernels_for_spec(ctx: DoctorContext) -> CheckResult:
                 "warn",
                 f"not loaded: the active bundle {bundle.bundle_id} ({bundle.short_sha}) does "
                 "not fit this host: " + "; ".join(map(str, differences)),
-                fix=_install_fix(),
+                fix=_no_torch_fix(_fingerprint(ctx)) or _install_fix(),
             )
         kind = "native"
     try:

@@ -37,7 +37,7 @@ def _nproc_per_node(ctx: DoctorContext) -> int | None:
     return ctx.spec.topology.world_size if ctx.spec is not None else None
 
 
-@register_check(order=400)
+@register_check(order=400, name="world size")
 def topology_world_size(ctx: DoctorContext) -> CheckResult:
     name = "world size"
     if ctx.spec is None:
@@ -69,7 +69,7 @@ def topology_world_size(ctx: DoctorContext) -> CheckResult:
     return CheckResult(name, "pass", f"{product} = the launch's {world} processes")
 
 
-@register_check(order=410)
+@register_check(order=410, name="gpus")
 def gpus_for_processes(ctx: DoctorContext) -> CheckResult:
     name = "gpus"
     plan = _plan(ctx)
@@ -122,7 +122,7 @@ class GpuProcess:
 UNSEEN_USE_MIB = 2048.0
 
 
-@register_check(order=420)
+@register_check(order=420, name="busy gpus")
 def free_gpus(ctx: DoctorContext) -> CheckResult:
     name = "busy gpus"
     plan = _plan(ctx)
@@ -152,7 +152,7 @@ def free_gpus(ctx: DoctorContext) -> CheckResult:
     return CheckResult(name, "pass", f"the {nproc} GPU(s) this launch uses are free")
 
 
-@register_check(order=430)
+@register_check(order=430, name="rendezvous")
 def rendezvous_port(ctx: DoctorContext) -> CheckResult:
     name = "rendezvous"
     plan = _plan(ctx)

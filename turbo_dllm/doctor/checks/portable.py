@@ -18,7 +18,7 @@ MIN_FREE_BYTES = 2 * 1024**3  # less is a warning
 FULL_BYTES = 1024**2  # less is a full disk: a failure
 
 
-@register_check(order=10)
+@register_check(order=10, name="python")
 def python_version(ctx: DoctorContext) -> CheckResult:
     version = ".".join(map(str, sys.version_info[:3]))
     if sys.version_info[:2] < MIN_PYTHON:
@@ -31,7 +31,7 @@ def python_version(ctx: DoctorContext) -> CheckResult:
     return CheckResult("python", "pass", f"Python {version} at {sys.executable}")
 
 
-@register_check(order=20)
+@register_check(order=20, name="torch")
 def torch_import(ctx: DoctorContext) -> CheckResult:
     try:
         import torch
@@ -66,7 +66,7 @@ def _torch_fix() -> str:
     )
 
 
-@register_check(order=30)
+@register_check(order=30, name="venv")
 def venv_isolation(ctx: DoctorContext) -> CheckResult:
     in_venv = sys.prefix != sys.base_prefix or "CONDA_PREFIX" in os.environ
     if in_venv:
@@ -159,7 +159,7 @@ def checkpoint_dir(ctx: DoctorContext) -> CheckResult:
     return CheckResult(name, "pass", f"checkpoints go to {ctx.spec.checkpoint.dir}")
 
 
-@register_check(order=50)
+@register_check(order=50, name="disk")
 def disk_space(ctx: DoctorContext) -> CheckResult:
     """Free space on each file system a run writes to: DLLM_HOME's (bundles, compile caches),
     the run dir's and checkpoint.dir's. A full one fails: its first write would."""
@@ -195,7 +195,7 @@ def disk_space(ctx: DoctorContext) -> CheckResult:
     return CheckResult("disk", "fail" if full else "warn", detail, fix=fix)
 
 
-@register_check(order=60)
+@register_check(order=60, name="config")
 def config_validity(ctx: DoctorContext) -> CheckResult:
     if ctx.config_path is None:
         return CheckResult("config", "pass", "no config given (pass --config to check one)")

@@ -128,7 +128,7 @@ def _can_load(ctx: DoctorContext) -> bool:
     return torch.cuda.is_available() and not overridden
 
 
-@register_check(order=452)
+@register_check(order=452, name="attention merge")
 def partial_merge(ctx: DoctorContext) -> CheckResult:
     """Block parallelism merges two attention partials per layer: on GPUs, use the native op."""
     from turbo_dllm.train.parallel.merge_advice import slow_merge_warning
@@ -161,7 +161,7 @@ def _device(ctx: DoctorContext) -> str:
     return "cuda" if host_view(ctx).gpus else "cpu"
 
 
-@register_check(order=455)
+@register_check(order=455, name="model")
 def model_source(ctx: DoctorContext) -> CheckResult:
     name = "model"
     if ctx.spec is None:
@@ -301,7 +301,7 @@ def compile_packs(ctx: DoctorContext) -> CheckResult:
     return CheckResult(name, "pass", f"{len(packs)} installed, their files in place")
 
 
-@register_check(order=460)
+@register_check(order=460, name="wandb")
 def wandb_installed(ctx: DoctorContext) -> CheckResult:
     name = "wandb"
     if ctx.spec is None or ctx.spec.logging.wandb is None:
