@@ -56,6 +56,28 @@ def make_temp_dir(folder: str | Path, prefix: str) -> Path:
     raise FileExistsError(f"no free temporary name in {folder}")
 
 
+# What `owned_prefix` and `make_temp_dir` add to a working folder's name at most: a host name
+# (64 bytes), a pid, two dashes and 12 hex digits.
+_OWNED_BYTES = 64 + 10 + 2 + 12
+
+
+def working_name(name: str, tag: str) -> str:
+    """`.<name><tag>`, the hidden working folder's name prefix beside `name` (`.out.partial-`),
+    with `name` cut so that the whole folder name fits a file name's 255 bytes: an `--out` of a
+    legal 240-byte name failed with "File name too long" for its working folder. A cut name ends
+    with `~` and 8 hex digits of the whole one's digest, so two long names stay apart."""
+    room = 255 - _OWNED_BYTES - len(os.fsencode(f".{tag}"))
+    raw = os.fsencode(name)
+    if len(raw) <= room:
+        return f".{name}{tag}"
+    import hashlib
+
+    cut = name
+    while len(os.fsencode(cut)) > room - 9:  # by characters: a multi-byte one stays whole
+        cut = cut[:-1]
+    return f".{cut}~{hashlib.sha256(raw).hexdigest()[:8]}{tag}"
+
+
 def owned_prefix(name: str) -> str:
     """The name prefix of a working folder this process owns: `name`, then this host and
     process id, so `sweep_orphans` can tell a killed process's leftovers from a running one's."""

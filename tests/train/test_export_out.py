@@ -24,6 +24,13 @@ def test_an_empty_current_folder_as_out_is_refused_by_name(cli, tmp_path, monkey
     result = cli("export", "--checkpoint", tmp_path / "run", "--out", "hf")  # inside it: fine
     assert result.code == 0, result.err
     assert (here / "sub" / "hf" / "model.safetensors").is_file()
+    # A legal 240-byte name: its hidden working folder beside it (`.NAME.partial-<host>-...`)
+    # went past 255 bytes and the export failed "File name too long" (the odd-paths audit).
+    long = tmp_path / ("数" * 80)
+    result = cli("export", "--checkpoint", tmp_path / "run", "--out", long)
+    assert result.code == 0, result.err
+    assert (long / "model.safetensors").is_file()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".")) == []
 
 
 def test_an_out_under_a_file_is_named_as_the_user_gave_it(cli, tmp_path):
@@ -53,3 +60,15 @@ def test_an_exported_folder_given_as_a_checkpoint_is_named_as_a_model_folder(tmp
         "model.path (a new run), or pass a checkpoints/step_<N> folder written by `dllm train`, "
         "its checkpoints/ folder or its run dir",
     )
+
+
+def test_working_names_fit_a_file_name_and_keep_long_names_apart():
+    import os
+
+    from turbo_dllm.fsutil import owned_prefix, working_name
+
+    assert working_name("hf", ".partial-") == ".hf.partial-"
+    a, b = (working_name(c * 250, ".partial-") for c in "ab")
+    assert a != b and a.endswith(".partial-") and "~" in a
+    for name in (a, b, working_name("数" * 85, ".staging-")):
+        assert len(os.fsencode(owned_prefix(name) + "0" * 12)) <= 255, name

@@ -313,7 +313,9 @@ _OWNED = re.compile(r"^.+-\d+-[0-9a-f]{12}$")
 
 
 def _staging_prefix(target: Path) -> str:
-    return f".{target.name}.staging-"
+    from turbo_dllm.fsutil import working_name
+
+    return working_name(target.name, ".staging-")
 
 
 def staging_note(target: str | Path) -> tuple[str, str] | None:

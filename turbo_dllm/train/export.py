@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import fsync_dir, make_temp_dir, owned_prefix, sweep_orphans
+from turbo_dllm.fsutil import fsync_dir, make_temp_dir, owned_prefix, sweep_orphans, working_name
 from turbo_dllm.sigterm import unwinding_on_sigterm
 
 __all__ = ["check_out_folder", "export_checkpoint", "export_sources"]
@@ -139,7 +139,7 @@ def export_checkpoint(
             # A name of its own: a second export to the same --out used to share `.<out>.partial`
             # and delete the first's folder while it was written (then rename it half-made).
             # Its host and pid tell a killed export's leftover (model-sized) from a running one's.
-            partial = f".{out.name}.partial-"
+            partial = working_name(out.name, ".partial-")
             sweep_orphans(out.parent, partial)
             staging = make_temp_dir(out.parent, owned_prefix(partial))
             _write_folder(staging, meta, model, config, tensors, name, shard_bytes, finish)
