@@ -251,3 +251,23 @@ def test_without_torch_the_bundle_checks_say_torch_not_another_bundle(monkeypatc
         assert "dllm bundle install" not in result.fix
     ctx = DoctorContext(extras={"fingerprint": real})  # torch there: another bundle it is
     assert "dllm bundle install" in host_bundles.kernel_bundle(ctx).fix
+
+
+def test_a_read_only_mount_is_said_as_such_not_as_permission_denied(tmp_path, monkeypatch):
+    """On a read-only mount os.access fails (EROFS) even for root: the run dir and checkpoint
+    dir checks said 'not writable (permission denied)' (chmod does not help), and the cache dir
+    check quoted the write test's '[Errno 30] Read-only file system: .../.dllm-write-test-x'."""
+    import os
+
+    from turbo_dllm.doctor import folders
+    from turbo_dllm.doctor.checks import portable
+
+    monkeypatch.setattr(folders, "_mount_of", lambda folder: (tmp_path, "ext4", True))
+    monkeypatch.setattr(os, "access", lambda *args, **kwargs: False)  # as on that mount
+    problem = folders.folder_problem(tmp_path / "runs")
+    assert problem.detail == f"{tmp_path} is on a read-only file system (mounted at {tmp_path})"
+    monkeypatch.setenv("DLLM_HOME", str(tmp_path / "home"))
+    result = portable.cache_dir(DoctorContext())
+    assert result.status == "fail" and "read-only file system" in result.detail
+    assert result.fix == "set DLLM_HOME to a folder you can write"
+    assert not (tmp_path / "home").exists()

@@ -52,13 +52,14 @@ def folder_problem(target: str | Path) -> FolderProblem | None:
     if nearest is None:
         return None
     where = "it" if nearest == target else str(nearest)
-    if not os.access(nearest, os.W_OK | os.X_OK):
-        return FolderProblem(f"{where} is not writable (permission denied)")
-    # root passes os.access everywhere: a read-only mount, or a kernel file system (/proc,
-    # /sys) where no folder can be made, is said as such (it was "/proc is full, 0 bytes free")
+    # A read-only mount first: os.access fails there too (EROFS), and "permission denied" sent
+    # the user to chmod. Root passes os.access elsewhere: a kernel file system (/proc, /sys)
+    # where no folder can be made is said as such (it was "/proc is full, 0 bytes free").
     mount, kind, read_only = _mount_of(nearest)
     if read_only:
         return FolderProblem(f"{where} is on a read-only file system (mounted at {mount})")
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        return FolderProblem(f"{where} is not writable (permission denied)")
     if kind in _KERNEL_FILE_SYSTEMS:
         on = "is" if nearest == mount else f"is on {mount},"
         return FolderProblem(

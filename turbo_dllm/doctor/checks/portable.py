@@ -100,8 +100,11 @@ def _writable(path: Path) -> str | None:
 @register_check(order=40)
 def cache_dir(ctx: DoctorContext) -> CheckResult:
     home = dllm_home()
+    # What is in the way, said as such: a file (mkdir would say "File exists"), a read-only
+    # mount or a kernel file system (the write test said "[Errno 30] ..." or "[Errno 2] No such
+    # file or directory" of /proc/x), a folder without write permission.
     problem = folder_problem(home)
-    if problem is not None and problem.blocker is not None:  # mkdir would say "File exists"
+    if problem is not None:
         return CheckResult(
             "cache dir", "fail", f"{home}: {problem.detail}", fix=problem.fix("set DLLM_HOME")
         )
