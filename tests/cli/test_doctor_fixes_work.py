@@ -271,3 +271,33 @@ def test_a_read_only_mount_is_said_as_such_not_as_permission_denied(tmp_path, mo
     assert result.status == "fail" and "read-only file system" in result.detail
     assert result.fix == "set DLLM_HOME to a folder you can write"
     assert not (tmp_path / "home").exists()
+
+
+def test_the_attention_merge_fix_installs_a_bundle_in_a_way_that_works(monkeypatch):
+    """bp > 1 with reference kernels on GPUs: the fix was 'set `kernels: native` after `dllm
+    bundle install --auto`', which stops at 'no bundle index given' without DLLM_BUNDLE_INDEX;
+    and it asked for an install where a fitting bundle was active already."""
+    from types import SimpleNamespace
+
+    from turbo_dllm.bundles import store
+    from turbo_dllm.doctor.checks import train
+    from turbo_dllm.host import collect_fingerprint
+
+    monkeypatch.delenv("DLLM_BUNDLE_INDEX", raising=False)
+    spec = SimpleNamespace(
+        topology=SimpleNamespace(bp=2),
+        kernels="reference",
+        model=SimpleNamespace(attention="reference"),
+    )
+    extras = {"job_plan": SimpleNamespace(device="cuda"), "fingerprint": collect_fingerprint()}
+    monkeypatch.setattr(store, "active_bundle", lambda: None)
+    result = train.partial_merge(DoctorContext(spec=spec, extras=dict(extras)))
+    assert result.status == "warn"
+    assert "dllm bundle install --auto`" not in result.fix
+    command = result.fix.split("installed: ", 1)[1].split("#")[0]
+    assert "--index URL" in command
+    _parses(shlex.split(command.replace("URL", "https://example.invalid/dllm")))
+    fitting = SimpleNamespace(bundle_id="b1", target=SimpleNamespace(differences=lambda fp: []))
+    monkeypatch.setattr(store, "active_bundle", lambda: fitting)
+    result = train.partial_merge(DoctorContext(spec=spec, extras=dict(extras)))
+    assert result.fix == "set `kernels: native` (the active bundle b1 fits this host)"

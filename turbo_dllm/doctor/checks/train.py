@@ -144,9 +144,24 @@ def partial_merge(ctx: DoctorContext) -> CheckResult:
         return CheckResult(
             name, "pass", f"kernels: {spec.kernels}, attention: {spec.model.attention}"
         )
-    return CheckResult(
-        name, "warn", problem, fix="set `kernels: native` after `dllm bundle install --auto`"
-    )
+    return CheckResult(name, "warn", problem, fix=_native_merge_fix(ctx))
+
+
+def _native_merge_fix(ctx: DoctorContext) -> str:
+    """`kernels: native`, with the install command where no active bundle fits (it was "after
+    `dllm bundle install --auto`", which stops at "no bundle index given" where
+    DLLM_BUNDLE_INDEX is not set: the install fix names --index URL, or building here)."""
+    from turbo_dllm.bundles.store import active_bundle
+    from turbo_dllm.doctor.checks.host_bundles import _install_fix
+
+    try:
+        bundle = active_bundle()
+        fits = bundle is not None and not bundle.target.differences(host_fingerprint(ctx))
+    except DllmError:  # a damaged store, a bad override: their own checks say so
+        fits = False
+    if fits:
+        return f"set `kernels: native` (the active bundle {bundle.bundle_id} fits this host)"
+    return f"set `kernels: native` once a bundle is installed: {_install_fix()}"
 
 
 def _device(ctx: DoctorContext) -> str:
