@@ -301,3 +301,46 @@ def test_the_attention_merge_fix_installs_a_bundle_in_a_way_that_works(monkeypat
     monkeypatch.setattr(store, "active_bundle", lambda: fitting)
     result = train.partial_merge(DoctorContext(spec=spec, extras=dict(extras)))
     assert result.fix == "set `kernels: native` (the active bundle b1 fits this host)"
+
+
+def test_a_venv_of_another_python_is_remade_from_a_manifest_that_is_still_there(tmp_path):
+    """A synced venv of another Python: the fix was 'remove V, then dllm env sync --manifest
+    V/dllm-env-manifest.toml --venv V --python pythonX.Y', and removing V removed that manifest.
+    The fix, run in bash (a stand-in `dllm` that reads its --manifest), now works."""
+    import subprocess
+
+    from tests.envs.test_manifest import manifest
+    from turbo_dllm.envs.check import compare, drift_fixes
+    from turbo_dllm.envs.inventory import Environment, Installed
+
+    venv = tmp_path / "my venv"
+    venv.mkdir()
+    copy = venv / "dllm-env-manifest.toml"
+    copy.write_text("the manifest\n")
+    env = Environment(
+        python="3.12",
+        executable=str(venv / "bin/python"),
+        prefix=str(venv),
+        base_prefix="/usr",
+        distributions=(Installed("torch", "2.13.0+cpu", str(venv / "lib")),),
+    )
+    wanted = manifest()
+    (fix,) = drift_fixes(
+        wanted, compare(wanted, env), env, sync_source=f"--manifest {shlex.quote(str(copy))}"
+    )
+    command = re.findall(r"`([^`]*)`", fix)[-1]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "dllm").write_text(
+        '#!/bin/sh\nwhile [ "$1" != --manifest ]; do shift; done\ncat "$2"\n'
+    )
+    (bin_dir / "dllm").chmod(0o755)
+    ran = subprocess.run(
+        ["bash", "-c", command],
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    assert ran.returncode == 0 and ran.stdout == "the manifest\n", (command, ran.stderr)
+    assert not venv.exists()  # made anew by the sync
+    assert f"--venv {shlex.quote(str(venv))} --python python3.11" in command

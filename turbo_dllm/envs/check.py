@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import shlex
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 
 from packaging.version import InvalidVersion, Version
 
@@ -142,6 +143,15 @@ def compare(manifest: EnvManifest, environment: Environment) -> Drift:
     return drift
 
 
+def _manifest_inside(sync_source: str, venv) -> Path | None:
+    """The `--manifest FILE` of `sync_source` where that file lies inside `venv` (its copy)."""
+    words = shlex.split(sync_source)
+    if len(words) != 2 or words[0] != "--manifest":
+        return None
+    file = Path(words[1])
+    return file if Path(venv) in file.parents else None
+
+
 def drift_fixes(
     manifest: EnvManifest, drift: Drift, environment: Environment, *, sync_source: str
 ) -> list[str]:
@@ -161,6 +171,18 @@ def drift_fixes(
     sync = f"dllm env sync {sync_source} --venv {shlex.quote(str(venv))}"
     if any(m.name == "python" for m in drift.mismatched):
         python = f"python{manifest.python}"
+        inside = _manifest_inside(sync_source, venv) if environment.is_venv else None
+        if inside is not None:
+            # The venv's own copy goes with the venv: removed first, the sync that followed
+            # named a file that was no longer there. Kept beside the venv, it is still there.
+            saved = shlex.quote(f"{Path(venv)}.{inside.name}")
+            where = shlex.quote(str(venv))
+            return [
+                f"{venv} runs Python {environment.python} and sync keeps a venv's Python: make "
+                "it anew, keeping its manifest (removing the venv removes the copy in it): "
+                f"`cp {shlex.quote(str(inside))} {saved} && rm -r {where} && dllm env sync "
+                f"--manifest {saved} --venv {where} --python {python}`"
+            ]
         if environment.is_venv:
             return [
                 f"{venv} runs Python {environment.python} and sync keeps a venv's Python: remove "
