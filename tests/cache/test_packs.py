@@ -426,9 +426,10 @@ def test_an_interrupted_install_leaves_nothing_behind(cli, tmp_path, monkeypatch
     assert cli("cache", "list").out.startswith("no compile-cache packs installed")
 
     assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 6
-    before = (_cache_files(), cli("cache", "list", "--json").out)
-    victim = before[0][0]
+    files = _cache_files()
+    victim = files[0]
     victim.unlink()  # installing again has one file to add: interrupt that install too
+    before = (files, cli("cache", "list", "--json").out)
     with monkeypatch.context() as patch:
         _interrupt_after(patch, 1)
         assert cli("cache", "install", path).code == 130
@@ -460,12 +461,18 @@ def test_a_killed_install_is_accounted_for_and_the_next_one_completes_it(cli, tm
     env = clean_env(DLLM_HOME=os.environ["DLLM_HOME"], PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, "-c", program, str(path)], env=env, timeout=300)
     assert proc.returncode == -signal.SIGKILL
-    assert path.name in cli("cache", "list").out
+    # listed, and not as if installed whole (it read "6 files" like a complete one)
+    listed = cli("cache", "list")
+    assert path.name in listed.out and "INCOMPLETE: 4 of 6 files missing" in listed.out
+    assert f"dllm cache install {path}" in listed.err
+    (entry,) = json.loads(cli("cache", "list", "--json").out)["installed"]
+    assert entry["missing"] == 4
     verified = cli("cache", "verify")
     assert verified.code == 1 and verified.out.count(": missing") == 4
 
     again = json.loads(cli("cache", "install", path, "--json").out)
     assert again["added"] == 4 and cli("cache", "verify").code == 0
+    assert "INCOMPLETE" not in cli("cache", "list").out
     assert [p.name for p in _cache_files()] == [f"c{i}.py" for i in range(6)]  # staging swept
     assert "6 files deleted" in cli("cache", "remove", path.name).out
     assert _cache_files() == []
@@ -1283,7 +1290,9 @@ def test_a_read_only_home_is_named_and_an_intact_install_needs_no_lock(cli, tmp_
         assert_user_error(result, f"cannot take the compile-cache packs' lock {lock}: Read-only "
                           "file system; nothing was changed", "hint: that file system is "
                           "read-only: point DLLM_HOME at a folder you can write")  # fmt: skip
-    assert _cache_files() == before[0][1:] and cli("cache", "list").out == before[1]
+    assert _cache_files() == before[0][1:]
+    listed = cli("cache", "list").out  # the same record, now one file short in the cache
+    assert listed == before[1].replace("\n", "  INCOMPLETE: 1 of 6 files missing or changed\n", 1)
     assert json.loads(cli("cache", "install", path, "--json").out)["added"] == 1
 
 

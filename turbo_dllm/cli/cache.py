@@ -185,13 +185,13 @@ def _list(args) -> int:
         available_packs,
         installed_packs,
         pack_folders,
+        verify_pack,
     )
+    from turbo_dllm.cli._output import shell_path
     from turbo_dllm.errors import DllmError
 
     check_overrides_have_config(args)
     if args.config and not args.available:  # else --config would be ignored without a word
-        from turbo_dllm.cli._output import shell_path
-
         # Quoted, with the --set values given: `--config my run.yaml` named two files.
         sets = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
         raise DllmError(
@@ -199,6 +199,9 @@ def _list(args) -> int:
             hint=f"dllm cache list --available --config {shell_path(args.config)}{sets}",
         )
     packs = installed_packs()
+    # Files of each pack not in the cache (sizes only, as doctor checks): an install killed
+    # while moving them leaves its record, which read as a whole pack installed.
+    missing = {p.sha256: len(verify_pack(p, hashes=False)) for p in packs}
     offered = []
     if args.available:
         from turbo_dllm.host import collect_fingerprint
@@ -208,7 +211,7 @@ def _list(args) -> int:
     if args.json:
         emit_json(
             {
-                "installed": [p.to_json() for p in packs],
+                "installed": [{**p.to_json(), "missing": missing[p.sha256]} for p in packs],
                 "available": [
                     {
                         "path": str(o.path),
@@ -224,10 +227,19 @@ def _list(args) -> int:
     if not packs:
         print("no compile-cache packs installed")
     for pack in packs:
+        files, gone = len(pack.manifest.files), missing[pack.sha256]
+        state = f"  INCOMPLETE: {gone} of {files} files missing or changed" if gone else ""
         print(
-            f"{pack.short_sha}  {pack.manifest.key.label()}  {len(pack.manifest.files)} files  "
-            f"{pack.installed_at}  {pack.manifest.file_name}"
+            f"{pack.short_sha}  {pack.manifest.key.label()}  {files} files  "
+            f"{pack.installed_at}  {pack.manifest.file_name}{state}"
         )
+        if gone:
+            print(
+                f"fix {pack.short_sha}: an install stopped partway, or the cache lost them: "
+                f"dllm cache install {shell_path(pack.source)} puts them back (dllm cache "
+                "verify names them)",
+                file=sys.stderr,
+            )
     if args.available and not offered:
         folders = (
             ", ".join(map(str, pack_folders()))
