@@ -227,6 +227,15 @@ def test_resume_from_another_runs_checkpoint_below_the_folders_newest_is_refused
     assert "holds checkpoints after step 2 (step_00000004): each is replaced" in (
         capsys.readouterr().err
     )
+    # A rewind that ends before the old run's later step leaves it the folder's newest: the
+    # closing line said only "done: 3 steps, checkpoint in F" (the crash audit).
+    assert train(tiny_spec(*ARGS, "training.steps=3", f"checkpoint.resume={earlier}"), run) == 0
+    said = capsys.readouterr()
+    assert (
+        "still holds the earlier run's later steps (step_00000004): `resume: auto` and `dllm "
+        "export` take step_00000004, not this run's step 3"
+    ) in said.err + said.out
+    assert str(run / "checkpoints/step_00000003") in said.err + said.out
 
 
 def test_a_restart_of_a_run_resumed_from_a_path_goes_on_from_its_own_later_steps(

@@ -981,7 +981,24 @@ class Trainer:
             )
         else:
             print0(env, f"done: {last_saved} steps, checkpoint in {self.checkpoint_dir}")
+            self._note_later_steps(last_saved)
         return 0
+
+    def _note_later_steps(self, last_saved: int) -> None:
+        """A rewound run that ended before the old run's later steps leaves them in the folder,
+        where `resume: auto` and `dllm export` take the newest: "done ... checkpoint in F" read
+        as if this run's last step were F's checkpoint."""
+        later = steps_after(self.checkpoint_dir, last_saved)
+        if later:
+            names = ", ".join(p.name for p in later)
+            print0(
+                self.env,
+                f"note: {self.checkpoint_dir} still holds the earlier run's later steps "
+                f"({names}): `resume: auto` and `dllm export` take {later[-1].name}, not this "
+                f"run's step {last_saved}; remove them (or pass --checkpoint "
+                f"{shlex.quote(str(self.checkpoint_dir / f'step_{last_saved:08d}'))} to dllm export) "
+                "to use this run's",
+            )
 
 
 def _setting_change(name: str, saved, now) -> str:
