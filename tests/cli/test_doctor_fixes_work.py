@@ -344,3 +344,25 @@ def test_a_venv_of_another_python_is_remade_from_a_manifest_that_is_still_there(
     assert ran.returncode == 0 and ran.stdout == "the manifest\n", (command, ran.stderr)
     assert not venv.exists()  # made anew by the sync
     assert f"--venv {shlex.quote(str(venv))} --python python3.11" in command
+
+
+def test_a_config_file_that_does_not_parse_gets_the_loader_s_fix(cli, tmp_path, monkeypatch):
+    """A YAML syntax error, a key written twice or a file that is not UTF-8 named no field, yet
+    the fix read 'edit the fields named above'; the loader's own hint (what `dllm config
+    validate` prints) is the fix now, with the validate line to check it again."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "twice.yaml").write_text("model: {family: qwen3}\nmodel: {family: llama}\n")
+    (tmp_path / "latin1.yaml").write_bytes("launch: {name: caf\xe9}\n".encode("latin-1"))
+    for name, hint in (
+        ("twice.yaml", "write model: once"),
+        ("latin1.yaml", "save the file as UTF-8"),
+    ):
+        validated = cli("config", "validate", "--config", name)
+        assert validated.code == 2 and f"hint: {hint}" in validated.err
+        result = cli("doctor", "--config", name, "--json")
+        check = {c["name"]: c for c in json.loads(result.out)["checks"]}["config"]
+        assert check["status"] == "fail" and check["fix"].startswith(hint), check
+        assert "fields named above" not in check["fix"]
+        assert _commands(check["fix"]) == [["dllm", "config", "validate", "--config", name]]

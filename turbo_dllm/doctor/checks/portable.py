@@ -209,6 +209,16 @@ def config_validity(ctx: DoctorContext) -> CheckResult:
     ):
         # no file to edit (not there, a folder): the loader's hint says what to pass instead
         return CheckResult("config", "fail", ctx.config_error, fix=ctx.config_hint)
+    if ctx.config_error and ctx.config_hint and "`dllm config schema`" not in ctx.config_hint:
+        # A problem of the file, not of fields (YAML syntax, not UTF-8, a key written twice):
+        # the loader's own hint says what to change ("edit the fields named above" named none).
+        return CheckResult(
+            "config",
+            "fail",
+            ctx.config_error,
+            fix=f"{ctx.config_hint}; then check it again with "
+            f"`dllm config validate{ctx.config_args()}`",
+        )
     if ctx.config_error:
         return CheckResult(
             "config",
