@@ -227,9 +227,8 @@ def test_starter_project_trains_on_its_prepared_artifact(cli, tmp_path):
         "--set",
         "training.steps=36",  # the shipped 60 learn more; 36 end at about half the first loss
         "--set",
-        # Two sequences a step, not the shipped four: a quarter of the step time on CPU (the
-        # 512 x 512 attention of four rows outgrows the cache) and the same learning, last-5 /
-        # first-3 = 0.49 (four: 0.50).
+        # Two sequences a step, not the shipped four: half the tokens a step, the same
+        # learning (last-5 / first-3 = 0.49; four: 0.50).
         "training.micro_batch_size=2",
         "--set",
         "logging.console=false",
