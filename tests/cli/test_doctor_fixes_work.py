@@ -366,3 +366,30 @@ def test_a_config_file_that_does_not_parse_gets_the_loader_s_fix(cli, tmp_path, 
         assert check["status"] == "fail" and check["fix"].startswith(hint), check
         assert "fields named above" not in check["fix"]
         assert _commands(check["fix"]) == [["dllm", "config", "validate", "--config", name]]
+
+
+def test_busy_gpus_fix_names_the_free_ones(monkeypatch):
+    """GPU 0 in use by another process: the fix read 'pick free GPUs with CUDA_VISIBLE_DEVICES'
+    and named none, though nvidia-smi had said GPU 1 was free."""
+    from types import SimpleNamespace
+
+    from turbo_dllm.doctor.checks import launch
+
+    answers = {
+        "--query-gpu=index,uuid,memory.used": [["0", "GPU-a", "30000"], ["1", "GPU-b", "0"]],
+        "--query-compute-apps=gpu_uuid,pid,used_memory": [["GPU-a", "4242", "30000"]],
+        "--query-gpu=index": [["0"], ["1"]],
+    }
+    monkeypatch.setattr(launch, "_smi", lambda query: answers[query])
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    host = SimpleNamespace(gpus=["sm90", "sm90"], cpu_count=16)
+    result = launch.free_gpus(DoctorContext(world_size=1, extras={"host_view": host}))
+    assert result.status == "fail" and "GPU 0: pid 4242" in result.detail
+    assert result.fix.endswith("use free GPUs: export CUDA_VISIBLE_DEVICES=1")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")  # the fix, followed
+    assert launch.free_gpus(DoctorContext(world_size=1, extras={"host_view": host})).status == (
+        "pass"
+    )
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    result = launch.free_gpus(DoctorContext(world_size=2, extras={"host_view": host}))
+    assert result.fix == "stop those processes: only 1 GPU(s) are free (1), for 2 process(es)"

@@ -147,7 +147,7 @@ def free_gpus(ctx: DoctorContext) -> CheckResult:
             name,
             "fail",
             f"GPUs this launch needs are in use: {detail}",
-            fix="stop those processes, or pick free GPUs with CUDA_VISIBLE_DEVICES",
+            fix=_free_gpus_fix(processes, nproc),
         )
     return CheckResult(name, "pass", f"the {nproc} GPU(s) this launch uses are free")
 
@@ -175,6 +175,24 @@ def rendezvous_port(ctx: DoctorContext) -> CheckResult:
             fix="choose a free port with --master-port (or --rdzv-endpoint HOST:PORT)",
         )
     return CheckResult(name, "pass", f"{rdzv.kind} rendezvous at {rdzv.endpoint}: port is free")
+
+
+def _free_gpus_fix(processes: list[GpuProcess], nproc: int) -> str:
+    """Stop the users, or the CUDA_VISIBLE_DEVICES that picks free GPUs, by index (it read
+    "pick free GPUs with CUDA_VISIBLE_DEVICES", naming none, where nvidia-smi had said which)."""
+    rows = _smi("--query-gpu=index") or []
+    indices = sorted({int(row[0]) for row in rows if row and row[0].isdigit()})
+    used = {p.gpu_index for p in processes if p.pid != os.getpid()}
+    free = [index for index in indices if index not in used]
+    if len(free) >= nproc:
+        chosen = ",".join(map(str, free[:nproc]))
+        return f"stop those processes, or use free GPUs: export CUDA_VISIBLE_DEVICES={chosen}"
+    if free:
+        return (
+            f"stop those processes: only {len(free)} GPU(s) are free "
+            f"({', '.join(map(str, free))}), for {nproc} process(es)"
+        )
+    return "stop those processes: no GPU here is free"
 
 
 # --- probes -----------------------------------------------------------------------------------
