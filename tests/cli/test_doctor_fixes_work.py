@@ -392,4 +392,8 @@ def test_busy_gpus_fix_names_the_free_ones(monkeypatch):
     )
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     result = launch.free_gpus(DoctorContext(world_size=2, extras={"host_view": host}))
-    assert result.fix == "stop those processes: only 1 GPU(s) are free (1), for 2 process(es)"
+    assert result.fix == (
+        "stop those processes; only 1 GPU(s) are free for 2 process(es): to launch on those, "
+        "export CUDA_VISIBLE_DEVICES=1 and `dllm launch --nproc-per-node 1` with a topology to "
+        "match"
+    )

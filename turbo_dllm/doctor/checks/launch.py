@@ -189,8 +189,9 @@ def _free_gpus_fix(processes: list[GpuProcess], nproc: int) -> str:
         return f"stop those processes, or use free GPUs: export CUDA_VISIBLE_DEVICES={chosen}"
     if free:
         return (
-            f"stop those processes: only {len(free)} GPU(s) are free "
-            f"({', '.join(map(str, free))}), for {nproc} process(es)"
+            f"stop those processes; only {len(free)} GPU(s) are free for {nproc} process(es): "
+            f"to launch on those, export CUDA_VISIBLE_DEVICES={','.join(map(str, free))} and "
+            f"`dllm launch --nproc-per-node {len(free)}` with a topology to match"
         )
     return "stop those processes: no GPU here is free"
 
