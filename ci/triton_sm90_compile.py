@@ -133,11 +133,18 @@ def register_use(cubin: bytes) -> str:
         usage = subprocess.run(
             [tool, "--dump-resource-usage", handle.name], capture_output=True, text=True
         ).stdout
-        sass = subprocess.run([tool, "-sass", handle.name], capture_output=True, text=True).stdout
-    found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    if not found:
-        return ""
-    stores, loads = len(re.findall(r"\bSTL", sass)), len(re.findall(r"\bLDL", sass))
+        found = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+        if not found:
+            return ""
+        stores = loads = 0
+        # Spill stores and loads (STL/LDL) use local memory: a kernel with no stack and no local
+        # memory has none, and its disassembly (seconds a cubin) is not needed to say so.
+        local = re.search(r"LOCAL:(\d+)", usage)
+        if int(found[2]) or local is None or int(local[1]):
+            sass = subprocess.run(
+                [tool, "-sass", handle.name], capture_output=True, text=True
+            ).stdout
+            stores, loads = len(re.findall(r"\bSTL", sass)), len(re.findall(r"\bLDL", sass))
     return f" regs {found[1]} stack {found[2]:>4} spills {stores}/{loads}"
 
 

@@ -65,3 +65,38 @@ def test_gluon_kernels_compile_for_sm90(head_dim):
         names = [line[6:34].strip() for line in lines]
         assert names == expected[kernel], done.stdout
         assert all(" ok " in line for line in lines), done.stdout
+
+
+def test_register_use_disassembles_only_a_kernel_with_local_memory(monkeypatch):
+    """Spill stores and loads (STL/LDL) live in local memory: a cubin whose resource usage shows
+    no stack and no local memory is reported 0/0 spills without `cuobjdump -sass` (2-3 s a
+    cubin, run for each of the ~40 variants above), and one with local memory is disassembled
+    and counted."""
+    import importlib.util
+
+    import triton
+
+    spec = importlib.util.spec_from_file_location("triton_sm90_compile", SCRIPT)
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    tool = Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump"
+    if not tool.is_file():
+        pytest.skip("this Triton wheel ships no cuobjdump")
+    usage = {"local": "REG:168 STACK:0 SHARED:1024 LOCAL:0 CONSTANT[0]:784"}
+    calls = []
+
+    def run(command, **kwargs):
+        calls.append(command[1])
+        out = (
+            usage["local"] if command[1] == "--dump-resource-usage" else "STL [R1]\nLDL R2\nLDL R3"
+        )
+        return subprocess.CompletedProcess(command, 0, stdout=out, stderr="")
+
+    monkeypatch.setattr(subprocess, "run", run)
+    assert script.register_use(b"cubin") == " regs 168 stack    0 spills 0/0"
+    assert calls == ["--dump-resource-usage"]
+    usage["local"] = "REG:255 STACK:0 SHARED:1024 LOCAL:16 CONSTANT[0]:784"
+    assert script.register_use(b"cubin") == " regs 255 stack    0 spills 1/2"
+    usage["local"] = "REG:255 STACK:8 SHARED:1024 LOCAL:0 CONSTANT[0]:784"
+    assert script.register_use(b"cubin") == " regs 255 stack    8 spills 1/2"
+    assert calls == ["--dump-resource-usage"] + ["--dump-resource-usage", "-sass"] * 2
