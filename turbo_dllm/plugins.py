@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 from turbo_dllm.families.base import AXES, Family, Objective, import_failure
 
-__all__ = ["GROUPS", "TORCH_AT_IMPORT", "Plugins", "load_plugins"]
+__all__ = ["GROUPS", "TORCH_AT_IMPORT", "Plugins", "load_plugins", "unreadable_packages"]
 
 GROUPS = {"family": "turbo_dllm.families", "objective": "turbo_dllm.objectives"}
 
@@ -103,6 +103,26 @@ def load_plugins(
             plugins.warnings.pop(("family", name), None)
             plugins.problems["family"][name] = f"{plugins.sources.pop(('family', name))}: {why}"
     return plugins
+
+
+def unreadable_packages() -> list[str]:
+    """The installed packages whose entry_points.txt cannot be parsed (a line without `=`),
+    each as "NAME VERSION (PATH)". One such file ends importlib.metadata's listing of every
+    package's entry points, so every program that lists them (pydantic at its first model, our
+    plugin loading) fails on it with a TypeError far from the cause."""
+    from importlib.metadata import distributions
+
+    broken = []
+    for dist in distributions():
+        try:
+            dist.entry_points  # noqa: B018 - parsed on access
+        except Exception as error:  # whatever the parser raised on that file
+            where = getattr(dist, "_path", None)
+            file = f"{where}/entry_points.txt" if where is not None else "entry_points.txt"
+            broken.append(
+                f"{dist.metadata['Name']} {dist.version} ({file}: {type(error).__name__}: {error})"
+            )
+    return broken
 
 
 def _load(point, kind: str, kind_type: type) -> tuple[object, str | None]:

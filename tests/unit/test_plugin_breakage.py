@@ -328,3 +328,26 @@ Path(sys.argv[2]).write_text(
 )
 sys.exit(code)
 """
+
+
+def test_a_package_with_a_malformed_entry_points_file_is_named(tmp_path):
+    """An installed package whose entry_points.txt has a line without `=` ended every command
+    that reads a RunSpec with a TypeError from deep in importlib.metadata (pydantic lists the
+    entry points at its first model, as our plugin loading does): no word of which package
+    (found by the doctor audit). The command names it and the fix, exit 2."""
+    info = tmp_path / "site" / "x-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: x\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[turbo_dllm.families]\nmy_lm\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "turbo_dllm", "config", "schema"],
+        env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "site"), str(REPO)])},
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert f"x 1.0 ({info}/entry_points.txt: TypeError" in proc.stderr
+    assert "hint: reinstall that package (pip install --force-reinstall NAME)" in proc.stderr

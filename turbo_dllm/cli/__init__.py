@@ -91,6 +91,19 @@ def _command_parser(parser: argparse.ArgumentParser, args) -> argparse.ArgumentP
     return parser
 
 
+def _broken_package_metadata(error: BaseException) -> list[str]:
+    """The packages whose entry_points.txt cannot be parsed, where `error` was raised while
+    importlib.metadata parsed one (else nothing: `error` is not about package metadata)."""
+    import traceback
+
+    frames = traceback.extract_tb(error.__traceback__)
+    if not any("importlib/metadata" in frame.filename.replace(os.sep, "/") for frame in frames):
+        return []
+    from turbo_dllm.plugins import unreadable_packages
+
+    return unreadable_packages()
+
+
 def _keep_undecodable_bytes() -> None:
     """A path that is not UTF-8 (a folder named in Latin-1) reaches Python as text holding
     surrogates; a stdout with strict errors (PYTHONIOENCODING=utf-8:strict, some locales)
@@ -165,6 +178,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The file system said no (permission denied, a path through a file, a full disk) where
         # no command foresaw it: the user's to fix, so a message naming the path, not a traceback.
         message, hint = describe_os_error(error)
+        print_error(message, hint)
+        if getattr(args, "json", False):
+            emit_json_error(message, hint)
+        return 2
+    except Exception as error:
+        broken = _broken_package_metadata(error)
+        if not broken:
+            raise  # a bug: its traceback
+        message = (
+            "installed package metadata cannot be read, so nothing that lists entry points "
+            f"(pydantic, dllm's plugins) can start: {'; '.join(broken)}"
+        )
+        hint = (
+            "reinstall that package (pip install --force-reinstall NAME) or uninstall it; each "
+            "line of an entry_points.txt section is `name = module:attribute`"
+        )
         print_error(message, hint)
         if getattr(args, "json", False):
             emit_json_error(message, hint)
