@@ -225,7 +225,11 @@ def _check_file(
     else:
         return
     command = (store or BundleStore()).reinstall_command(bundle.sha256) or install_command()
-    raise DllmError(f"{path} {problem}", hint=f"dllm bundle verify; then {command}")
+    # The command alone, to paste ("dllm bundle verify; then CMD" stopped bash at `then`).
+    raise DllmError(
+        f"{path} {problem}",
+        hint=f"install the bundle again: {command} (dllm bundle verify names every damaged file)",
+    )
 
 
 def seed_compiled_kernels(name: str, store: BundleStore | None = None) -> int:
