@@ -55,3 +55,20 @@ def test_a_failed_compile_is_said_once_with_one_hint(cli_process, tmp_path):
         "hint: run again with --verbose for the compiler output; check that the C++ compiler "
         "(and nvcc) match torch's requirements"
     ], result.err
+
+
+def test_a_build_without_torch_says_so(cli, tmp_path, monkeypatch):
+    """`dllm bundle install --auto --build missing` (or `bundle build`) in a venv without torch
+    ended in a ModuleNotFoundError traceback (found by the doctor audit)."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "torch", None)  # `import torch` raises ImportError
+    out = tmp_path / "out"
+    result = cli("bundle", "build", "--out", out)
+    assert_user_error(
+        result,
+        "building a bundle compiles against the running torch, and this Python",
+        "cannot import it",
+        "hint: install torch into this environment first",
+    )
+    assert not out.exists()

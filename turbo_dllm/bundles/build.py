@@ -15,6 +15,7 @@ published entry: rebuild here, compare with the catalog's sha256.
 from __future__ import annotations
 
 import shutil
+import sys
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,7 +76,15 @@ def build_bundle(
         )
     chosen = [load_native_op(name) for name in names]
 
-    import torch  # the build uses the running torch; import it so the fingerprint is exact
+    try:
+        import torch  # the build uses the running torch; import it so the fingerprint is exact
+    except ImportError as error:  # `--build missing` in a venv without torch: not a traceback
+        raise DllmError(
+            f"building a bundle compiles against the running torch, and this Python "
+            f"({sys.executable}) cannot import it ({error})",
+            hint="install torch into this environment first (the version the bundle is for), "
+            "or install a bundle built elsewhere: dllm bundle install --auto",
+        ) from None
 
     from turbo_dllm.bundles.compile import check_ninja_paths, namespace_for, run_compile_subprocess
 
