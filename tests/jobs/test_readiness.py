@@ -111,7 +111,13 @@ def test_launch_refuses_a_checkpoint_dir_through_a_file(cli, spec_file, workdir)
     (workdir / "file").write_text("")
     result = cli("launch", "--config", spec_file, "--set", f"checkpoint.dir={workdir}/file/c")
     assert_user_error(
-        result, "not ready to launch", "checkpoint dir:", f"goes through {workdir / 'file'}"
+        result,
+        "not ready to launch",
+        "checkpoint dir:",
+        f"goes through {workdir / 'file'}",
+        # the doctor line as typed, to paste (it read "`dllm doctor --config F`")
+        f"hint: fix the checks above, then launch again (dllm doctor --config {spec_file} "
+        f"--set checkpoint.dir={workdir}/file/c runs this host's checks without launching)",
     )
     assert not (workdir / "runs").exists()
 

@@ -329,7 +329,7 @@ def _launch(args) -> int:
         raise DllmError(
             "not ready to launch:\n"
             + "\n".join(f"  - {r.name}: {r.detail}\n    fix: {r.fix}" for r in failed),
-            hint="fix the checks above (`dllm doctor --config F` shows them all)",
+            hint=_not_ready_hint(args),
         )
     _print_warnings(report)
     made_run_dir = not job.run_dir.exists()
@@ -338,6 +338,24 @@ def _launch(args) -> int:
     code = launcher.start(job, submit=args.submit, made_run_dir=made_run_dir)
     _print_end(job, code, args.submit)
     return code
+
+
+def _not_ready_hint(args) -> str:
+    """What to do about failed readiness checks: fix them and launch again; where the launch
+    read a spec file, the doctor line that checks it without launching, as pasteable (it read
+    "`dllm doctor --config F`", a placeholder)."""
+    import shlex
+
+    from turbo_dllm.cli._output import shell_path
+
+    hint = "fix the checks above, then launch again"
+    if not args.config:
+        return hint
+    sets = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
+    return (
+        f"{hint} (dllm doctor --config {shell_path(args.config)}{sets} runs this host's "
+        "checks without launching)"
+    )
 
 
 def _changed_replay_hint(manifest: str, conflicts: list[str]) -> str:
