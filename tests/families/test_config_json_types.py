@@ -104,20 +104,7 @@ def test_nemotron_and_dflash_name_their_own_keys(cli, tmp_path):
         result, 'config.json\'s qk_norm is the string "true"; it must be true or false'
     )
 
-    drafter = DFlashConfig(
-        vocab_size=11,
-        hidden_size=8,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=4,
-        target_hidden_size=8,
-        num_target_layers=3,
-        target_layer_ids=(0, 2),
-        block_size=4,
-        mask_token_id=10,
-    ).to_hf_dict()
+    drafter = _drafter_dict()
     assert DFlashConfig.from_hf_dict(drafter).num_hidden_layers == 2
     drafter["num_hidden_layers"] = None
     drafter["dflash_config"]["mask_token_id"] = "10"
@@ -135,20 +122,7 @@ def test_a_drafter_config_without_a_mask_token_or_with_bad_layer_ids_names_the_k
     from turbo_dllm.errors import DllmError
     from turbo_dllm.families.dflash.config import DFlashConfig
 
-    drafter = DFlashConfig(
-        vocab_size=11,
-        hidden_size=8,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=4,
-        target_hidden_size=8,
-        num_target_layers=3,
-        target_layer_ids=(0, 2),
-        block_size=4,
-        mask_token_id=10,
-    ).to_hf_dict()
+    drafter = _drafter_dict()
     drafter["dflash_config"].pop("mask_token_id")
     drafter.pop("mask_token_id", None)
     with pytest.raises(DllmError, match="drafter config.json lacks the field 'mask_token_id'"):
@@ -169,3 +143,23 @@ def test_a_drafter_config_without_a_mask_token_or_with_bad_layer_ids_names_the_k
         "fix that value in the drafter's config.json (model.family dflash takes no "
         "model.config_overrides)"
     )
+
+
+def _drafter_dict() -> dict:
+    """A tiny DFlash drafter's config.json, as the export writes it."""
+    from turbo_dllm.families.dflash.config import DFlashConfig
+
+    return DFlashConfig(
+        vocab_size=11,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        target_hidden_size=8,
+        num_target_layers=3,
+        target_layer_ids=(0, 2),
+        block_size=4,
+        mask_token_id=10,
+    ).to_hf_dict()

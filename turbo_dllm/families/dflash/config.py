@@ -36,22 +36,11 @@ from turbo_dllm.families.base import (
     raise_if_unusable,
     raise_on_json_types,
 )
+from turbo_dllm.families.decoder.config import JSON_KINDS as DECODER_KINDS
 
 # The JSON type of each key `from_hf_dict` reads (`json_type_problems`): the layer's (in
 # `transformer_layer_config` or at the root), the root's and `dflash_config`'s.
-_LAYER_KINDS = {
-    **dict.fromkeys(
-        ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers"), "int!"
-    ),
-    "num_attention_heads": "int!",
-    "num_key_value_heads": "int?",
-    "head_dim": "int?",
-    "max_position_embeddings": "int",
-    **dict.fromkeys(("rms_norm_eps", "rope_theta", "initializer_range"), "real"),
-    "hidden_act": "text?",
-    "rope_parameters": "object?",
-    "rope_scaling": "object?",
-}
+_LAYER_KINDS = {**DECODER_KINDS, "rope_scaling": "object?"}  # a Qwen3 decoder layer's keys
 _ROOT_KINDS = {
     **dict.fromkeys(("target_hidden_size", "num_target_layers", "block_size"), "int?"),
     "mask_token_id": "int?",
