@@ -910,3 +910,34 @@ def test_create_refuses_a_release_it_cannot_carry_before_downloading_wheels(
         create_mirror(plan, add_release=add_release)
     assert fetched == []
     assert list((tmp_path / "out").iterdir()) == []  # no staging folder, no kept downloads
+
+
+def test_a_disk_that_fills_while_the_mirror_is_written_is_named_with_the_size(
+    tmp_path, wheels, cli, monkeypatch
+):
+    """A full disk while `dllm mirror create` wrote its staging folder said "No space left on
+    device" naming a file inside that folder, deleted by then, and no size (found by the bundle
+    crash audit). It names the mirror, what was written, and the file system's free space."""
+    import errno
+
+    from turbo_dllm.mirror import create, release
+
+    monkeypatch.setattr(release, "add_release", lambda plan, staging: None)  # wheels only
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device", "/gone/.x.partial-1/MIRROR.json")
+
+    monkeypatch.setattr(create, "_carry_packs", full)  # the step after the wheels are in
+    manifest_file = tmp_path / "m.toml"
+    manifest_file.write_text(dump_manifest(manifest_for(wheels, "dllm_fixture_a")))
+    dest = tmp_path / "m"
+    result = cli("mirror", "create", dest, "--release", "v0", "--manifest", manifest_file,
+                 "--wheels-from", wheels)  # fmt: skip
+    assert_user_error(
+        result,
+        f"the disk filled while the mirror {dest} was written (",
+        "written by then); the staging folder was removed and nothing was kept",
+        "hint: the mirror needs more than ",
+    )
+    assert "/gone/" not in result.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.toml", wheels.name]  # nothing else

@@ -13,6 +13,7 @@ which outlives a create that fails or is stopped: run again, it resumes from the
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -24,7 +25,7 @@ from turbo_dllm import __version__
 from turbo_dllm.bundles.archive import make_output_dir
 from turbo_dllm.envs.manifest import EnvManifest, dump_manifest
 from turbo_dllm.errors import DllmError
-from turbo_dllm.fsutil import make_temp_dir, sha256_file
+from turbo_dllm.fsutil import human_size, make_temp_dir, mounted_at, sha256_file, working_name
 from turbo_dllm.mirror.layout import (
     MIRROR_FILE,
     FileKind,
@@ -214,7 +215,7 @@ def create_mirror(plan: MirrorPlan, add_release=None) -> MirrorIndex:
 
 
 def _partial_prefix(dest: Path) -> str:
-    return f".{dest.name}.partial-"
+    return working_name(dest.name, ".partial-")  # a long DIR name still fits a file name
 
 
 def _hold(folder: Path) -> int:
@@ -308,6 +309,17 @@ def _create(plan: MirrorPlan, dest: Path, add_release) -> MirrorIndex:
         else:
             staging.rename(dest)
         done = True
+    except OSError as error:
+        if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise
+        # It named a file in the staging folder, gone by the time it was read, and no size.
+        written = sum(p.stat().st_size for p in staging.rglob("*") if p.is_file())
+        raise DllmError(
+            f"the disk filled while the mirror {dest} was written ({human_size(written)} "
+            "written by then); the staging folder was removed and nothing was kept",
+            hint=f"the mirror needs more than {human_size(written)} free on "
+            f"{mounted_at(dest.parent)}: free space there, or pass a DIR on a larger disk",
+        ) from None
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         os.close(held)
