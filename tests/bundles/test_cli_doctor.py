@@ -438,3 +438,21 @@ def test_empty_store_next_command_names_an_index(cli, monkeypatch):
     assert f"({install_command()})" in cli("bundle", "status").out
     monkeypatch.setenv("DLLM_BUNDLE_INDEX", "http://127.0.0.1:9/dllm")
     assert cli("bundle", "list").out.strip().endswith("--auto)")  # pasted, it reads the index
+
+
+def test_publish_onto_a_disk_without_room_writes_nothing(cli, cpu_bundle, tmp_path, monkeypatch):
+    """Publishing onto a disk with less room than the archives copied until it was full,
+    printed the raw OS error of its temporary file and left an empty `bundles/` folder (found by
+    the bundle crash audit). It is refused first, naming the sizes."""
+    from turbo_dllm import fsutil
+
+    monkeypatch.setattr(fsutil, "file_system", lambda path: (Path("/mnt/small"), 1024))
+    mirror = tmp_path / "m"
+    result = cli("bundle", "publish", cpu_bundle.archive, "--release", "v1", "--mirror", mirror)
+    assert_user_error(
+        result,
+        "the archives to publish hold ",
+        "(mounted at /mnt/small) has 1.0 KiB free; nothing was written",
+        "hint: free space there, or publish into a --mirror on a larger disk",
+    )
+    assert not mirror.exists()

@@ -115,6 +115,7 @@ def publish(
     parse_catalog(data, str(catalog_file))
     if check_catalog is not None:
         check_catalog(sha256_bytes(data))
+    _check_room(mirror, copies)
     make_output_dir(mirror)
     for archive, dest in copies:
         _copy_immutable(archive, dest)
@@ -161,6 +162,22 @@ def _checked_entry(archive: Path) -> CatalogEntry:
         size=archive.stat().st_size,
         sha256=sha256_file(archive),
     )
+
+
+def _check_room(mirror: Path, copies: list[tuple[Path, Path]]) -> None:
+    """Refuse, before anything is made, a publish whose archives do not fit the mirror's file
+    system: the copy failed midway with the raw OS error of its temporary file and left an
+    empty `bundles/` folder (found by the bundle crash audit)."""
+    from turbo_dllm.fsutil import file_system, human_size
+
+    need = sum(archive.stat().st_size for archive, _ in copies)
+    mount, free = file_system(mirror)
+    if free is not None and need > free:
+        raise DllmError(
+            f"the archives to publish hold {human_size(need)}, and the file system of "
+            f"{mirror} (mounted at {mount}) has {human_size(free)} free; nothing was written",
+            hint="free space there, or publish into a --mirror on a larger disk",
+        )
 
 
 def _copy_immutable(source: Path, dest: Path) -> None:
