@@ -28,6 +28,20 @@ def pytest_collection_modifyitems(config, items):
 _PROCESS_CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def session_home(tmp_path_factory):
+    """A DLLM_HOME for what runs before `isolated_home`: module-scoped fixtures (a run trained
+    once per module) ran with the user's own home and wrote compile caches into it."""
+    home = tmp_path_factory.mktemp("dllm-session-home")
+    before = os.environ.get("DLLM_HOME")
+    os.environ["DLLM_HOME"] = str(home)
+    yield home
+    if before is None:
+        os.environ.pop("DLLM_HOME", None)
+    else:
+        os.environ["DLLM_HOME"] = before
+
+
 @pytest.fixture(autouse=True)
 def isolated_home(tmp_path_factory, monkeypatch):
     home = tmp_path_factory.mktemp("dllm-home")
