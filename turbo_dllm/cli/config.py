@@ -36,7 +36,7 @@ def _validate(args) -> int:
         emit_json(resolved)
     else:
         print(f"# {args.config}: valid", file=sys.stderr)
-        print(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True), end="")
+        print(yaml.safe_dump(resolved, sort_keys=False, allow_unicode=True, width=1 << 20), end="")
     return 0
 
 

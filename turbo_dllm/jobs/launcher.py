@@ -803,8 +803,11 @@ def materialize(job: PreparedJob) -> None:
         ) from None
     written: list[Path] = []
     try:
-        # UTF-8 as written (a run dir "runs/数据 é" read "runs/\u6570\u636E \xE9" in the file)
-        spec_text = yaml.safe_dump(job.manifest.spec, sort_keys=False, allow_unicode=True)
+        # UTF-8 as written (a run dir "runs/数据 é" read "runs/\u6570\u636E \xE9" in the file),
+        # one line a value (YAML folded a long path with spaces over two lines at 80 columns)
+        spec_text = yaml.safe_dump(
+            job.manifest.spec, sort_keys=False, allow_unicode=True, width=1 << 20
+        )
         spec_text = spec_text.encode()
         spec_path = run_dir / SPEC_NAME
         try:
