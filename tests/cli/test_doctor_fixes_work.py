@@ -190,6 +190,7 @@ def test_outside_a_venv_the_fix_pastes_whole_and_installs_the_cpu_torch_first(mo
 
     monkeypatch.setattr(sys, "base_prefix", sys.prefix)
     monkeypatch.delenv("CONDA_PREFIX", raising=False)
+    monkeypatch.setattr(portable, "_nvidia_driver", lambda: False)  # a host without a GPU
     fix = portable.venv_isolation(DoctorContext()).fix
     syntax = subprocess.run(["bash", "-n", "-c", fix], capture_output=True, text=True)
     assert syntax.returncode == 0, syntax.stderr
@@ -197,6 +198,10 @@ def test_outside_a_venv_the_fix_pastes_whole_and_installs_the_cpu_torch_first(mo
     torch = command.index("pip install torch --index-url https://download.pytorch.org/whl/cpu")
     assert torch < command.index("pip install 'turbo-dllm[data,env]'")
     assert "dllm env sync --venv .venv" in fix
+    # On a host with an NVIDIA driver it is PyPI's CUDA torch (it offered the CPU build there)
+    monkeypatch.setattr(portable, "_nvidia_driver", lambda: True)
+    command = portable.venv_isolation(DoctorContext()).fix.split("#")[0]
+    assert "&& pip install torch && pip install 'turbo-dllm[data,env]'" in command
 
 
 def test_without_torch_doctor_reports_every_check_instead_of_a_traceback(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import sys
 import tempfile
 from pathlib import Path
@@ -77,14 +78,26 @@ def venv_isolation(ctx: DoctorContext) -> CheckResult:
         status,
         f"running in the system interpreter {sys.prefix}",
         # The venv needs dllm itself: activated without it, `dllm` is still this interpreter's.
-        # torch's CPU build first, in the command (a note after it read "(torch first", which
-        # pasted was a syntax error, and without it pip pulls PyPI's CUDA torch); the rest is a
-        # shell comment, so the whole line pastes.
-        fix="python3 -m venv .venv && . .venv/bin/activate && pip install torch --index-url "
-        "https://download.pytorch.org/whl/cpu && pip install 'turbo-dllm[data,env]'   # the CPU "
-        "torch (a CUDA build: docs/install.md); or pinned: dllm env sync --venv .venv, then "
-        "install turbo-dllm into it and activate it",
+        # torch first, in the command (a note after it read "(torch first", which pasted was a
+        # syntax error): the CUDA build (PyPI's) on a host with an NVIDIA driver, else the CPU
+        # one (PyPI's would pull gigabytes of CUDA libraries); the rest is a shell comment, so
+        # the whole line pastes.
+        fix=f"python3 -m venv .venv && . .venv/bin/activate && {_torch_install()} && pip "
+        "install 'turbo-dllm[data,env]'   # torch for this host (another build: docs/install.md); "
+        "or pinned: dllm env sync --venv .venv, then install turbo-dllm into it and activate it",
     )
+
+
+def _torch_install() -> str:
+    """The pip line for the torch this host can use: PyPI's (CUDA) where an NVIDIA driver is
+    loaded, the CPU build elsewhere (doctor's venv fix offered the CPU build to GPU hosts)."""
+    if _nvidia_driver():
+        return "pip install torch"
+    return "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+
+
+def _nvidia_driver() -> bool:
+    return Path("/proc/driver/nvidia").exists() or shutil.which("nvidia-smi") is not None
 
 
 def _writable(path: Path) -> str | None:
