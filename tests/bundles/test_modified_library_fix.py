@@ -44,7 +44,7 @@ def test_the_fix_for_a_changed_library_names_where_the_bundle_came_from(
     assert caught.value.hint == fix
 
     # ... and it works: the command as printed puts the bundle's files back
-    command = fix.split("then ", 1)[1]
+    command = fix.removeprefix("install the bundle again: ").split(" (dllm bundle verify", 1)[0]
     words = shlex.split(command)
     assert words[:3] == ["dllm", "bundle", "install"]
     result = cli(*words[1:])
