@@ -212,6 +212,8 @@ def test_without_torch_doctor_reports_every_check_instead_of_a_traceback(
     'not checked' under its own name, and the torch check says how to get torch back."""
     import json
 
+    import torch
+
     project = tmp_path / "p"
     assert cli("init", project).code == 0
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
@@ -225,7 +227,9 @@ def test_without_torch_doctor_reports_every_check_instead_of_a_traceback(
     # the name a check that could not run is reported under is the one it reports itself
     from turbo_dllm.doctor import _REGISTRY, _check_name, run_checks
 
-    monkeypatch.delitem(sys.modules, "torch")
+    # torch back as it was: deleting the entry made the next `import torch` load a second torch
+    # over the first one's submodules, which broke every later test of the session
+    monkeypatch.setitem(sys.modules, "torch", torch)
     ran = [r.name for r in run_checks(DoctorContext()).results]
     assert ran == [_check_name(f) for _, _, f in sorted(_REGISTRY, key=lambda i: (i[0], i[1]))]
 
