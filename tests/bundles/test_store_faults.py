@@ -50,8 +50,11 @@ def test_a_full_disk_while_unpacking_is_a_disk_error_not_a_rejected_archive(
     assert ".staging-" not in result.err
     assert f"cannot write into the bundle store {store.store_dir}" in result.err
     assert "the store's file system is mounted at" in result.err and " free" in result.err
-    assert_previous_still_active(installed)
-    assert list(BundleStore().downloads_dir.iterdir()) == []  # and no staging (checked above)
+    assert_previous_still_active(installed)  # and no staging left
+    # The archive's bytes verified: they are kept for the next run (not downloaded again).
+    entry = bundle_b[2]
+    assert [p.name for p in store.downloads_dir.iterdir()] == [f"{entry.sha256}.part"]
+    assert "the verified download is kept" in result.err
 
 
 def test_a_full_disk_while_recording_the_install_names_the_store(

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import BinaryIO, TypeVar
 
-from turbo_dllm.bundles.archive import DISK_HINTS, BundleRejected, NoRoom
+from turbo_dllm.bundles.archive import DISK_HINTS, BundleRejected, DiskWriteError, NoRoom
 from turbo_dllm.bundles.sources import (
     CHUNK,
     DEADLINE_VARIABLE,
@@ -111,8 +111,9 @@ def download_unpacked(
     the bytes first (the mirror served other bytes: that is the error to report). When the
     bytes match and `unpack` refused them, its error is raised. The `.part` file is removed
     whatever happens, except when the transfer itself did not finish (the next command resumes
-    it) and when `unpack` raised `NoRoom` for verified bytes (the next command, once there is
-    room, unpacks the kept file without downloading it again).
+    it) and when `unpack` raised `NoRoom` or `DiskWriteError` for verified bytes (a disk that
+    is or became full, a quota: the next command, once there is room, unpacks the kept file
+    without downloading it again).
     """
     part = dest_dir / f"{sha256}.part"
     result = _fetch(source, path, unpack, sha256, size, dest_dir, retries, backoff_s, progress)
@@ -192,7 +193,10 @@ def _fetch(
                 hint="the mirror's copy is corrupt or was tampered with; re-publish it or use "
                 "another mirror",
             )
-        if isinstance(refusal, NoRoom):  # verified bytes, no room to unpack them: keep them
+        if isinstance(refusal, (NoRoom, DiskWriteError)):
+            # Verified bytes this machine could not unpack (no room, a disk that filled from
+            # elsewhere, a quota): the fault is not the archive's, so they are kept for the
+            # next run to unpack without downloading them again.
             raise refusal
         if refusal is not None:  # the pinned bytes themselves are refused
             part.unlink()

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import NamedTuple
 
-from turbo_dllm.bundles.archive import BundleRejected, NoRoom, extract_stream
+from turbo_dllm.bundles.archive import BundleRejected, DiskWriteError, NoRoom, extract_stream
 from turbo_dllm.bundles.catalog import (
     MAX_CATALOG_BYTES,
     Catalog,
@@ -209,14 +209,20 @@ def run_install(
                     # only once the archive matched the catalog's sha256, so its files need no
                     # second hash.
                     remove_tree(folder)
-                    return extract_stream(
-                        stream,
-                        folder,
-                        label=entry.file,
-                        archive_size=entry.size,
-                        check_files=False,
-                        room=room.check_unpack,
-                    )
+                    try:
+                        return extract_stream(
+                            stream,
+                            folder,
+                            label=entry.file,
+                            archive_size=entry.size,
+                            check_files=False,
+                            room=room.check_unpack,
+                        )
+                    except DiskWriteError:
+                        # The disk filled while unpacking: give back what was unpacked, so
+                        # the rest of the download still has room in `.part`.
+                        remove_tree(folder)
+                        raise
 
                 try:
                     manifest = download_unpacked(
@@ -232,6 +238,10 @@ def run_install(
                     )
                 except NoRoom as error:  # the archive verified: say so with today's free space
                     raise room.unpack_error(error.needed) from None
+                except DiskWriteError as error:  # verified too, and kept (see `_Room.kept`)
+                    raise store.write_error(
+                        error.errno or 0, entry.file, kept=room.kept()
+                    ) from None
                 # From here on Ctrl-C or SIGTERM waits until the bundle is in the store and
                 # active: an interrupted install changed nothing, or it finished.
                 held.enter_context(signals_deferred())
@@ -297,6 +307,19 @@ class _Room:
             need += self._left_to_download()
         if free is not None and need > free:
             raise NoRoom(f"{self.entry.file} needs {need} bytes free", None, manifest.total_size)
+
+    def kept(self) -> str | None:
+        """What the hint of a failed unpack says of the verified download it kept."""
+        try:
+            whole = self.part.stat().st_size == self.entry.size
+        except OSError:
+            whole = False
+        if not whole:
+            return None
+        return (
+            f"the verified download is kept ({self.part}): once there is room, the same "
+            "command unpacks it without downloading it again"
+        )
 
     def unpack_error(self, needed: int) -> DllmError:
         mount, free = file_system(self.store.store_dir)

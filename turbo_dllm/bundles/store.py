@@ -534,21 +534,24 @@ class BundleStore:
         try:
             yield
         except DiskWriteError as error:
-            raise self._write_error(error.errno or 0, label) from None
+            raise self.write_error(error.errno or 0, label) from None
         except OSError as error:
             inside = error.filename and str(error.filename).startswith(str(self.root))
             if error.errno not in DISK_HINTS or not inside:
                 raise
-            raise self._write_error(error.errno, label) from None
+            raise self.write_error(error.errno, label) from None
 
-    def _write_error(self, code: int, label: str) -> DllmError:
+    def write_error(self, code: int, label: str, *, kept: str | None = None) -> DllmError:
+        """The error for a failed write into the store while `label` was installed (`code`:
+        its errno); `kept`, when given, says what of the install was kept for the next run."""
         where = self.store_dir if self.store_dir.exists() else self.root
         fix = DISK_HINTS.get(code, "check that folder")
         moves = "" if "DLLM_HOME" in fix else "; DLLM_HOME moves the store"
         return DllmError(
             f"cannot write into the bundle store {where} while installing {label}: "
             f"{os.strerror(code)}; nothing was installed",
-            hint=f"{fix} (the store's file system is mounted at {mounted_at(where)}{moves})",
+            hint=f"{fix} (the store's file system is mounted at {mounted_at(where)}{moves})"
+            + (f"; {kept}" if kept else ""),
         )
 
     @contextlib.contextmanager

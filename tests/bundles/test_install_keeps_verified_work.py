@@ -1,0 +1,69 @@
+"""What an install that stopped part way has already verified is not thrown away.
+
+A disk that fills from elsewhere while the archive unpacks (the room check had passed) deleted
+the verified download, so the next run downloaded the whole archive again. The `.part` file is
+now kept, the hint says so, and the same command run again hashes it again (nothing unverified
+is trusted) and unpacks it without a request for the archive."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+from tests.adversarial.hostile import published, tiny_bundle
+from tests.bundles.server import MirrorServer
+from tests.helpers import assert_user_error
+from turbo_dllm.bundles import archive
+from turbo_dllm.bundles.store import BundleStore
+
+
+@pytest.fixture
+def served(tmp_path):
+    """A small bundle (two files: the second is unpacked last) published and served on
+    127.0.0.1: (server, catalog sha256, entry)."""
+    bundle = tiny_bundle(tmp_path, {"lib/a.so": os.urandom(64 * 1024), "lib/z.so": b"\0" * 4096})
+    mirror, catalog_sha, entry = published(tmp_path, bundle)
+    with MirrorServer(mirror) as server:
+        yield server, catalog_sha, entry
+
+
+def _command(server, catalog_sha) -> list[str]:
+    return [
+        "bundle", "install", "--release", "v-adv", "--auto", "--index", server.url,
+        "--catalog-sha256", catalog_sha, "--retries", "0",
+    ]  # fmt: skip
+
+
+def _archive_requests(server) -> int:
+    return sum("/bundles/" in path for path, _ in server.state.requests)
+
+
+def test_a_disk_that_fills_while_unpacking_keeps_the_verified_download(cli, served, monkeypatch):
+    server, catalog_sha, entry = served
+    real_open = open
+
+    def fills_up(path, mode="r", *args, **kwargs):
+        if "x" in mode and str(path).endswith("z.so"):  # another program took the last bytes
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    with monkeypatch.context() as full:
+        full.setattr(archive, "open", fills_up, raising=False)
+        result = cli(*_command(server, catalog_sha))
+    assert_user_error(result, "No space left on device", "nothing was installed")
+    store = BundleStore()
+    part = store.downloads_dir / f"{entry.sha256}.part"
+    assert "the verified download is kept" in result.err and str(part) in result.err, result.err
+    assert "without downloading it again" in result.err
+    assert part.stat().st_size == entry.size
+    assert store.installed() == [] and store.active() is None
+    assert [p.name for p in store.store_dir.iterdir()] == []  # its partial unpack is gone
+
+    requests = _archive_requests(server)
+    result = cli(*_command(server, catalog_sha))
+    assert result.code == 0, result.err
+    assert _archive_requests(server) == requests  # unpacked from the kept file
+    assert BundleStore().active().sha256 == entry.sha256
+    assert not part.exists()
