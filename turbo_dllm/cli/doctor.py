@@ -13,7 +13,12 @@ from turbo_dllm.cli._output import (
     emit_json,
 )
 
-_STYLE = {"pass": "[green]pass[/]", "warn": "[yellow]warn[/]", "fail": "[red]FAIL[/]"}
+_STYLE = {
+    "pass": "[green]pass[/]",
+    "warn": "[yellow]warn[/]",
+    "fail": "[red]FAIL[/]",
+    "skip": "[dim]skip[/]",  # not checked; another check says why
+}
 
 
 def register(subparsers) -> None:

@@ -16,7 +16,9 @@ from typing import Any, Literal
 
 __all__ = ["CheckResult", "DoctorContext", "Report", "register_check", "run_checks"]
 
-Status = Literal["pass", "warn", "fail"]
+# skip: not checked, because what the check needs is missing for a reason another check reports
+# (a RunSpec that did not load: the config check fails with the fix). Never changes readiness.
+Status = Literal["pass", "warn", "fail", "skip"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +29,7 @@ class CheckResult:
     fix: str | None = None
 
     def __post_init__(self) -> None:
-        if self.status != "pass" and not self.fix:
+        if self.status in ("warn", "fail") and not self.fix:
             raise ValueError(f"check {self.name!r} reported {self.status} without a fix line")
 
 
@@ -52,12 +54,17 @@ class DoctorContext:
         args = f" --config {shlex.quote(str(self.config_path))}"
         return args + "".join(f" --set {shlex.quote(o)}" for o in self.overrides)
 
-    def without_spec(self, what: str) -> str:
-        """The detail of a check that needs the RunSpec where there is none: not given, or
-        given and not loaded (the config check says why)."""
+    def without_spec(self, name: str, what: str) -> CheckResult:
+        """The result of a check that needs the RunSpec where there is none: given and not
+        loaded, a skip (the config check fails, saying why); not given, a pass of the host-only
+        report that says how to check it."""
         if self.config_path is not None:
-            return f"not checked: the RunSpec did not load (see the config check) ({what})"
-        return f"no RunSpec given (pass --config to check {what})"
+            return CheckResult(
+                name,
+                "skip",
+                f"not checked: the RunSpec did not load (see the config check) ({what})",
+            )
+        return CheckResult(name, "pass", f"no RunSpec given (pass --config to check {what})")
 
     @property
     def prod(self) -> bool:

@@ -95,7 +95,7 @@ def _file_in_the_way(name: str, field: str, path: str) -> CheckResult | None:
 def data_artifact(ctx: DoctorContext) -> CheckResult:
     name = "data artifact"
     if ctx.spec is None:
-        return CheckResult(name, "pass", ctx.without_spec("its data"))
+        return ctx.without_spec(name, "its data")
     path = _artifact(ctx)
     if path is None:
         return CheckResult(name, "pass", "synthetic data (no artifact needed)")
@@ -157,9 +157,15 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
 def data_fits_run(ctx: DoctorContext) -> CheckResult:
     name = "data fit"
     manifest = ctx.extras.get("data_manifest")
+    if ctx.spec is None:
+        return ctx.without_spec(name, "its data against the model")
     if manifest is None:
-        detail = "synthetic data" if ctx.spec is not None and _artifact(ctx) is None else "skipped"
-        return CheckResult(name, "pass", f"{detail} (nothing to compare)")
+        if _artifact(ctx) is None:
+            return CheckResult(name, "pass", "synthetic data (nothing to compare)")
+        # the data artifact check failed or warned, with its fix: nothing was compared
+        return CheckResult(
+            name, "skip", "not checked: no data artifact to compare (see the data artifact check)"
+        )
     from turbo_dllm.data.compat import artifact_problems
     from turbo_dllm.registry import get_family
 
@@ -201,7 +207,7 @@ def eval_data(ctx: DoctorContext) -> CheckResult:
     training data (`data.compat.eval_artifact_problems`, what the trainer refuses)."""
     name = "held-out data"
     if ctx.spec is None:
-        return CheckResult(name, "pass", ctx.without_spec("its held-out data"))
+        return ctx.without_spec(name, "its held-out data")
     if ctx.spec.eval is None:
         return CheckResult(name, "pass", "no held-out evaluation (eval: unset)")
     from turbo_dllm.data.artifact import DataArtifact

@@ -192,6 +192,8 @@ def kernels_for_spec(ctx: DoctorContext) -> CheckResult:
         try:
             bundle = active_bundle()
             if bundle is None:
+                if ctx.config_path is not None:  # (it said "pass --config" to one that did)
+                    return ctx.without_spec("kernels", "the kernels it asks for")
                 return CheckResult(
                     "kernels", "pass", "no bundle to load (pass --config to check one)"
                 )

@@ -41,7 +41,7 @@ def _nproc_per_node(ctx: DoctorContext) -> int | None:
 def topology_world_size(ctx: DoctorContext) -> CheckResult:
     name = "world size"
     if ctx.spec is None:
-        return CheckResult(name, "pass", ctx.without_spec("a launch"))
+        return ctx.without_spec(name, "a launch")
     topo = ctx.spec.topology
     product = topo.layout.describe()
     plan = _plan(ctx)

@@ -165,7 +165,7 @@ def checkpoint_dir(ctx: DoctorContext) -> CheckResult:
     """checkpoint.dir is first written after the first steps: a file in its way is said now."""
     name = "checkpoint dir"
     if ctx.spec is None:
-        return CheckResult(name, "pass", ctx.without_spec("its folder"))
+        return ctx.without_spec(name, "its folder")
     run = ctx.run_dir or (Path(ctx.spec.launch.run_dir) if ctx.spec.launch.run_dir else None)
     problem = checkpoint_dir_problem(ctx.spec, run)
     if problem is not None:

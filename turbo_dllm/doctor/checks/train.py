@@ -20,7 +20,7 @@ __all__: list[str] = []
 
 
 def _no_spec(name: str, ctx: DoctorContext) -> CheckResult:
-    return CheckResult(name, "pass", ctx.without_spec("the trainer"))
+    return ctx.without_spec(name, "the trainer")
 
 
 @register_check(order=450)
@@ -319,7 +319,9 @@ def compile_packs(ctx: DoctorContext) -> CheckResult:
 @register_check(order=460, name="wandb")
 def wandb_installed(ctx: DoctorContext) -> CheckResult:
     name = "wandb"
-    if ctx.spec is None or ctx.spec.logging.wandb is None:
+    if ctx.spec is None:  # (was "W&B logging is off" for a RunSpec that asks for it)
+        return ctx.without_spec(name, "its W&B logging")
+    if ctx.spec.logging.wandb is None:
         return CheckResult(name, "pass", "W&B logging is off")
     import importlib.util
 
