@@ -3,12 +3,17 @@
 A disk that fills from elsewhere while the archive unpacks (the room check had passed) deleted
 the verified download, so the next run downloaded the whole archive again. The `.part` file is
 now kept, the hint says so, and the same command run again hashes it again (nothing unverified
-is trusted) and unpacks it without a request for the archive."""
+is trusted) and unpacks it without a request for the archive. So does a process killed
+(SIGKILL) between the end of the download and the rename into the store, which lost the
+verified download as well: the `.part` file is deleted only once the bundle is in the store."""
 
 from __future__ import annotations
 
 import errno
 import os
+import signal
+import subprocess
+import sys
 
 import pytest
 
@@ -66,4 +71,60 @@ def test_a_disk_that_fills_while_unpacking_keeps_the_verified_download(cli, serv
     assert result.code == 0, result.err
     assert _archive_requests(server) == requests  # unpacked from the kept file
     assert BundleStore().active().sha256 == entry.sha256
+    assert not part.exists()
+
+
+# A real `dllm bundle install` process killed with SIGKILL once the archive has arrived and
+# verified, just before its unpacked folder is renamed into the store.
+KILLED_BEFORE_THE_RENAME = """
+import os, signal, sys
+from turbo_dllm.bundles.store import BundleStore
+def killed(self, *args, **kwargs):
+    os.kill(os.getpid(), signal.SIGKILL)
+BundleStore.add_extracted = killed
+from turbo_dllm.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _killed_before_the_rename(server, catalog_sha, entry):
+    process = subprocess.run(
+        [sys.executable, "-c", KILLED_BEFORE_THE_RENAME, *_command(server, catalog_sha)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert process.returncode == -signal.SIGKILL, process.stderr
+    store = BundleStore()
+    part = store.downloads_dir / f"{entry.sha256}.part"
+    assert part.stat().st_size == entry.size  # the finished download is still there
+    assert store.installed() == [] and store.active() is None
+    return part
+
+
+def test_a_kill_after_the_download_leaves_it_for_the_next_run(cli, served):
+    server, catalog_sha, entry = served
+    part = _killed_before_the_rename(server, catalog_sha, entry)
+    requests = _archive_requests(server)
+    result = cli(*_command(server, catalog_sha))
+    assert result.code == 0, result.err
+    assert _archive_requests(server) == requests  # hashed again and unpacked, not downloaded
+    store = BundleStore()
+    assert store.active().sha256 == entry.sha256 and store.verify(store.active()) == []
+    assert not part.exists()
+    assert [p.name for p in store.store_dir.iterdir()] == [entry.sha256]  # staging swept
+
+
+def test_a_changed_leftover_is_not_trusted(cli, served):
+    """The kept file is hashed again: one changed since (same size, other bytes) is deleted
+    and the archive downloaded again from byte 0, even with --retries 0."""
+    server, catalog_sha, entry = served
+    part = _killed_before_the_rename(server, catalog_sha, entry)
+    data = bytearray(part.read_bytes())
+    data[-100] ^= 0xFF
+    part.write_bytes(bytes(data))
+    requests = _archive_requests(server)
+    result = cli(*_command(server, catalog_sha))
+    assert result.code == 0, result.err
+    assert _archive_requests(server) == requests + 1
+    store = BundleStore()
+    assert store.active().sha256 == entry.sha256 and store.verify(store.active()) == []
     assert not part.exists()

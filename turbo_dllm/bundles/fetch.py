@@ -103,6 +103,7 @@ def download_unpacked(
     retries: int = 4,
     backoff_s: float = 0.5,
     progress: Progress | None = None,
+    keep_verified: bool = False,
 ) -> T:
     """`download` and `unpack` in one pass: `unpack(stream)` reads the archive's bytes as they
     arrive (once per attempt: a retried transfer starts it again from byte 0, the kept bytes
@@ -113,11 +114,14 @@ def download_unpacked(
     whatever happens, except when the transfer itself did not finish (the next command resumes
     it) and when `unpack` raised `NoRoom` or `DiskWriteError` for verified bytes (a disk that
     is or became full, a quota: the next command, once there is room, unpacks the kept file
-    without downloading it again).
+    without downloading it again). `keep_verified`: the verified `.part` file is kept on
+    success too, for the caller to delete once it has put `unpack`'s result in place (a process
+    killed before then leaves the next run bytes to verify again instead of a new download).
     """
     part = dest_dir / f"{sha256}.part"
     result = _fetch(source, path, unpack, sha256, size, dest_dir, retries, backoff_s, progress)
-    part.unlink(missing_ok=True)
+    if not keep_verified:
+        part.unlink(missing_ok=True)
     return result
 
 
@@ -140,12 +144,18 @@ def _fetch(
     deadline = transfer_deadline()
     last_error = "no attempt made"
     fresh_restart_done = False
-    for attempt in range(retries + 1):
-        if attempt:
-            pause = backoff_s * 2 ** (attempt - 1)
-            if time.monotonic() + pause >= deadline.at:
-                break
-            time.sleep(pause)
+    restart_now = False  # the clean restart after a resumed mismatch: no retry of its own
+    attempt = 0  # attempts made
+    while restart_now or attempt <= retries:
+        if restart_now:
+            restart_now = False
+        else:
+            if attempt:
+                pause = backoff_s * 2 ** (attempt - 1)
+                if time.monotonic() + pause >= deadline.at:
+                    break
+                time.sleep(pause)
+            attempt += 1
         have = part.stat().st_size if part.exists() else 0
         if have > size:
             part.unlink()
@@ -184,7 +194,9 @@ def _fetch(
         if actual != sha256:
             part.unlink()
             if transfer.resumed and not fresh_restart_done:
-                fresh_restart_done = True
+                # The kept bytes may be the bad ones (a file changed since, a killed run's):
+                # start again from byte 0 at once, whatever --retries says.
+                fresh_restart_done = restart_now = True
                 last_error = "sha256 mismatch after resuming"
                 continue
             raise BundleRejected(

@@ -5,8 +5,10 @@
 in one pass: each block goes to the sha256, the resumable `.part` file and the safe extractor,
 which unpacks it into a private staging folder as it arrives. Only when the whole archive
 matched the catalog's sha256 is the staging folder renamed into the store and `active` swapped;
-on a mismatch or any error the staging folder and the `.part` file are deleted and nothing is
-installed.
+on a mismatch or any refusal of the bytes the staging folder and the `.part` file are deleted
+and nothing is installed. A verified `.part` file is deleted only once the bundle is in the
+store: a process killed before then (SIGKILL, the OOM killer) leaves it for the same command to
+hash again and unpack, without downloading it again.
 
 Verify before activate: bytes a mirror sent reach zstd and tarfile before their hash is known,
 so the extractor trusts nothing (tar headers bounded, regular files with plain paths listed in
@@ -235,6 +237,7 @@ def run_install(
                         retries=retries,
                         backoff_s=backoff_s,
                         progress=progress,
+                        keep_verified=True,  # deleted below, once the bundle is in the store
                     )
                 except NoRoom as error:  # the archive verified: say so with today's free space
                     raise room.unpack_error(error.needed) from None
@@ -261,6 +264,9 @@ def run_install(
                 )
         with signals_deferred():
             store.make_active(bundle)
+        # Kept until the bundle was in the store: a process killed before then left the verified
+        # archive for the next run to hash again and unpack, not to download again.
+        (store.downloads_dir / f"{entry.sha256}.part").unlink(missing_ok=True)
     already = reused and previous is not None and previous.sha256 == bundle.sha256
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None
