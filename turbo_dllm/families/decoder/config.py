@@ -33,15 +33,34 @@ __all__ = [
     "DecoderConfig",
     "cut_layer_list",
     "rope_scaling_problems",
+    "rope_type_problems",
     "tensor_parallel_problems",
 ]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3")
-SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
-# The `rope_scaling` keys each scaled RoPE type reads (model.rope_inv_freq), all positive.
+SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+# transformers' RoPE types whose frequencies follow each sequence's length at run time: a
+# training step's packed stream is no sequence of its own, so they are not trained.
+_RUNTIME_ROPE_TYPES = ("dynamic", "longrope")
+# The `rope_scaling` keys each scaled RoPE type reads (model.rope_frequencies), all positive.
 _ROPE_SCALING_KEYS = {
     "linear": ("factor",),
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    "yarn": ("factor", "original_max_position_embeddings"),
+}
+# The keys a type reads where present (transformers' optional ones): "number" finite and >= 0,
+# "positive" > 0, "flag" true or false. A null one is read as transformers reads it: YaRN takes
+# a null (or zero) beta or mscale, or a null attention_factor, as absent, and a null truncate as
+# false.
+_ROPE_OPTIONAL_KEYS = {
+    "yarn": {
+        "beta_fast": "number",
+        "beta_slow": "number",
+        "mscale": "number",
+        "mscale_all_dim": "number",
+        "attention_factor": "positive",
+        "truncate": "flag",
+    },
 }
 # The MLP activations of HF configs (`hidden_act`) the decoder implements (model.ACTIVATIONS).
 ACTIVATIONS = ("silu", "gelu", "gelu_pytorch_tanh", "gelu_new", "relu")
@@ -194,12 +213,7 @@ class DecoderConfig:
         problems += decoder_shape_problems(self)
         if self.head_dim % 2:
             problems.append(f"head_dim must be even for RoPE (got {self.head_dim})")
-        rope_type = (self.rope_scaling or {}).get("rope_type", "default")
-        if rope_type not in SUPPORTED_ROPE_TYPES:
-            problems.append(
-                f"rope type {rope_type!r} is not supported "
-                f"(supported: {', '.join(SUPPORTED_ROPE_TYPES)})"
-            )
+        problems += rope_type_problems(self.rope_scaling, SUPPORTED_ROPE_TYPES)
         problems += rope_scaling_problems(self.rope_scaling)
         if self.hidden_act not in ACTIVATIONS:
             problems.append(
@@ -387,19 +401,48 @@ class DecoderConfig:
         return body + head + attention
 
 
+def rope_type_problems(scaling: dict[str, Any] | None, supported: tuple[str, ...]) -> list[str]:
+    """Why `scaling`'s rope_type is not one of `supported` (the family's), naming them; a type
+    whose frequencies follow the sequence length at run time says so."""
+    rope_type = (scaling or {}).get("rope_type", "default")
+    if rope_type in supported:
+        return []
+    why = (
+        ": its frequencies follow each sequence's length at run time, and a training step's "
+        "packed stream is no one sequence"
+        if rope_type in _RUNTIME_ROPE_TYPES
+        else ""
+    )
+    return [f"rope type {rope_type!r} is not supported{why} (supported: {', '.join(supported)})"]
+
+
 def rope_scaling_problems(
     scaling: dict[str, Any] | None, keys: dict[str, tuple[str, ...]] = _ROPE_SCALING_KEYS
 ) -> list[str]:
     """Why a scaled RoPE (`keys`: the keys each type reads) cannot scale: a key it reads missing
-    or not a positive number (a zero factor divides the frequencies by zero: the loss is NaN)."""
+    or not a positive number (a zero factor divides the frequencies by zero: the loss is NaN),
+    or an optional key it reads (`_ROPE_OPTIONAL_KEYS`) of the wrong kind."""
     scaling = scaling or {}
-    names = keys.get(scaling.get("rope_type", "default"), ())
+    rope_type = scaling.get("rope_type", "default")
+    names = keys.get(rope_type, ())
     missing = [n for n in names if n not in scaling]
     found = [f"rope_scaling lacks {n!r}" for n in missing]
     found += [
         f"rope_scaling.{p}"
         for p in number_problems(scaling, tuple(n for n in names if n not in missing))
     ]
+    for name, kind in _ROPE_OPTIONAL_KEYS.get(rope_type, {}).items():
+        value = scaling.get(name)
+        if value is None:  # absent, or null (read as transformers reads it)
+            continue
+        if kind == "flag":
+            if not isinstance(value, bool):
+                found.append(f"rope_scaling.{name} must be true or false (got {value!r})")
+        else:
+            zero = kind == "number"
+            found += [
+                f"rope_scaling.{p}" for p in number_problems({name: value}, (name,), zero=zero)
+            ]
     low, high = scaling.get("low_freq_factor"), scaling.get("high_freq_factor")
     if not found and low is not None and high is not None and low == high:
         found.append(f"rope_scaling.low_freq_factor and high_freq_factor must differ (both {low})")

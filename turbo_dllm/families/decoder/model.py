@@ -13,7 +13,7 @@ Positions are explicit: the block-diffusion stream [x_t ; x_0] reuses positions 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -29,8 +29,9 @@ __all__ = [
     "DecoderLM",
     "DecoderLayer",
     "RMSNorm",
+    "cos_sin",
     "rope_cos_sin",
-    "rope_inv_freq",
+    "rope_frequencies",
 ]
 
 
@@ -84,16 +85,20 @@ class RMSNorm(nn.Module):
         return _RMSNorm.apply(x, self.weight, self.eps)
 
 
-def rope_inv_freq(config: DecoderConfig, device: torch.device | None = None) -> torch.Tensor:
-    """RoPE inverse frequencies, with linear or Llama-3 scaling when the config asks."""
-    dim = config.head_dim
+def rope_frequencies(
+    dim: int, theta: float, scaling: Mapping[str, Any] | None = None, device=None
+) -> tuple[torch.Tensor, float]:
+    """RoPE's inverse frequencies for `dim` rotated dims, and the factor cos/sin are multiplied
+    by (YaRN's attention factor; 1 for the others), as transformers' `ROPE_INIT_FUNCTIONS`
+    compute them for `scaling`'s rope_type: default, linear, llama3 or yarn."""
     exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
-    inv_freq = 1.0 / (config.rope_theta**exponent)
-    scaling = config.rope_scaling or {}
+    wavelength = theta**exponent  # (over 2 pi)
+    inv_freq = 1.0 / wavelength
+    scaling = scaling or {}
     kind = scaling.get("rope_type", "default")
     if kind == "linear":
-        inv_freq = inv_freq / float(scaling["factor"])
-    elif kind == "llama3":
+        return inv_freq / float(scaling["factor"]), 1.0
+    if kind == "llama3":
         factor = float(scaling["factor"])
         low, high = float(scaling["low_freq_factor"]), float(scaling["high_freq_factor"])
         old_len = float(scaling["original_max_position_embeddings"])
@@ -102,18 +107,67 @@ def rope_inv_freq(config: DecoderConfig, device: torch.device | None = None) -> 
         smooth = (old_len / wavelen - low) / (high - low)
         smoothed = (1 - smooth) * scaled / factor + smooth * scaled
         medium = (wavelen >= old_len / high) & (wavelen <= old_len / low)
-        inv_freq = torch.where(medium, smoothed, scaled)
-    return inv_freq
+        return torch.where(medium, smoothed, scaled), 1.0
+    if kind == "yarn":
+        return _yarn(wavelength, dim, theta, scaling)
+    return inv_freq, 1.0
+
+
+def _yarn(
+    wavelength: torch.Tensor, dim: int, theta: float, scaling: Mapping[str, Any]
+) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071): the frequencies blended between interpolation (divided by
+    `factor`) and extrapolation by a linear ramp over the dims, and the attention factor."""
+    factor = float(scaling["factor"])
+    original = float(scaling["original_max_position_embeddings"])
+
+    def mscale(m: float = 1.0) -> float:
+        return 1.0 if factor <= 1 else 0.1 * m * math.log(factor) + 1.0
+
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = mscale(m) / mscale(m_all) if m and m_all else mscale()
+
+    def correction_dim(rotations: float) -> float:
+        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(theta))
+
+    # (a missing, null or zero beta is the paper's default, as transformers reads it)
+    low = correction_dim(float(scaling.get("beta_fast") or 32))
+    high = correction_dim(float(scaling.get("beta_slow") or 1))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001
+    device = wavelength.device
+    ramp = (torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low)
+    extrapolate = 1 - ramp.clamp(0, 1)
+    interpolated, extrapolated = 1.0 / (factor * wavelength), 1.0 / wavelength
+    return interpolated * (1 - extrapolate) + extrapolated * extrapolate, float(attention)
 
 
 def rope_cos_sin(
     config: DecoderConfig, positions: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables (..., S, D) for integer `positions` (S,) or (B, S); float32 math."""
-    inv_freq = rope_inv_freq(config, positions.device)
+    """cos/sin tables (..., S, D) for integer `positions` (S,) or (B, S); float32 math, YaRN's
+    attention factor applied."""
+    inv_freq, attention = rope_frequencies(
+        config.head_dim, config.rope_theta, config.rope_scaling, positions.device
+    )
+    return cos_sin(inv_freq, attention, positions, dtype)
+
+
+def cos_sin(
+    inv_freq: torch.Tensor, attention: float, positions: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin (..., S, 2 x len(inv_freq)) of `positions`, times `attention` (float32 math)."""
     freqs = positions.float()[..., None] * inv_freq
     emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    cos, sin = emb.cos(), emb.sin()
+    if attention != 1.0:
+        cos, sin = cos * attention, sin * attention
+    return cos.to(dtype), sin.to(dtype)
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,7 @@ from turbo_dllm.families.decoder.config import (
     SUPPORTED_ROPE_TYPES,
     DecoderConfig,
     rope_scaling_problems,
+    rope_type_problems,
 )
 
 __all__ = ["CONFIG_KEYS", "MODEL_TYPES", "PARADIGMS", "PRESETS", "NemotronConfig"]
@@ -125,9 +126,9 @@ class NemotronConfig(DecoderConfig):
                 f"dlm_paradigm {self.dlm_paradigm!r} is not one this version trains "
                 f"({', '.join(PARADIGMS)})"
             )
-        # YaRN's keys (model.yarn_inv_freq), which the decoder view leaves out.
-        yarn = {"yarn": ("factor", "original_max_position_embeddings")}
-        problems += rope_scaling_problems(self.rope_scaling, yarn)
+        # YaRN's keys (decoder.model.rope_frequencies), which the decoder view leaves out.
+        if self.is_yarn:
+            problems += rope_scaling_problems(self.rope_scaling)
         if self.block_size is not None and self.block_size <= 0:
             problems.append(f"block_size must be positive (got {self.block_size})")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
@@ -168,10 +169,10 @@ class NemotronConfig(DecoderConfig):
             )
         rope = dict(rope)
         rope_type = rope.get("rope_type", rope.get("type", "default"))
-        if rope_type not in (*SUPPORTED_ROPE_TYPES, "yarn"):
+        unsupported = rope_type_problems({"rope_type": rope_type}, SUPPORTED_ROPE_TYPES)
+        if unsupported:
             raise DllmError(
-                f"RoPE type {rope_type!r} is not supported for nemotron_diffusion "
-                f"(supported: {', '.join((*SUPPORTED_ROPE_TYPES, 'yarn'))})",
+                f"nemotron_diffusion: {unsupported[0]}",
                 hint="override rope_parameters in config.json with a supported type",
             )
         # (read as a llama's, but an absent max_position_embeddings keeps this family's 4096,

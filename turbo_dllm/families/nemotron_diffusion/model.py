@@ -10,7 +10,6 @@ is not built (its weights are not read).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +23,8 @@ from turbo_dllm.families.decoder.model import (
     DecoderLM,
     RMSNorm,
     _apply_rope,
-    rope_inv_freq,
+    cos_sin,
+    rope_frequencies,
 )
 from turbo_dllm.families.nemotron_diffusion.config import NemotronConfig
 
@@ -41,54 +41,18 @@ class Rotary:
     q_scale: torch.Tensor | None
 
 
-def yarn_inv_freq(config: NemotronConfig, device=None) -> tuple[torch.Tensor, float]:
-    """YaRN (arXiv 2309.00071): inverse frequencies blended between interpolation and
-    extrapolation by a linear ramp over the dims, and the attention factor for cos/sin."""
-    scaling, dim, base = config.rope_scaling, config.head_dim, config.rope_theta
-    factor = float(scaling["factor"])
-    original = float(scaling["original_max_position_embeddings"])
-
-    def mscale(scale: float, m: float = 1.0) -> float:
-        return 1.0 if scale <= 1 else 0.1 * m * math.log(scale) + 1.0
-
-    attention = scaling.get("attention_factor")
-    if attention is None:
-        m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
-        attention = mscale(factor, m) / mscale(factor, m_all) if m and m_all else mscale(factor)
-
-    def correction_dim(rotations: float) -> float:
-        return dim * math.log(original / (rotations * 2 * math.pi)) / (2 * math.log(base))
-
-    low = correction_dim(float(scaling.get("beta_fast") or 32))
-    high = correction_dim(float(scaling.get("beta_slow") or 1))
-    if scaling.get("truncate", True):
-        low, high = math.floor(low), math.ceil(high)
-    low, high = max(low, 0), min(high, dim - 1)
-    if low == high:
-        high += 0.001
-    ramp = (
-        (torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low)
-    ).clamp(0, 1)
-    freqs = base ** (torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
-    extrapolate = 1 - ramp
-    inv_freq = (1.0 / (factor * freqs)) * (1 - extrapolate) + (1.0 / freqs) * extrapolate
-    return inv_freq, float(attention)
-
-
 def rotary(config: NemotronConfig, positions: torch.Tensor, dtype: torch.dtype) -> Rotary:
-    if config.is_yarn:
-        inv_freq, attention = yarn_inv_freq(config, positions.device)
-    else:
-        inv_freq, attention = rope_inv_freq(config, positions.device), 1.0
-    freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
+    inv_freq, attention = rope_frequencies(
+        config.head_dim, config.rope_theta, config.rope_scaling, positions.device
+    )
+    cos, sin = cos_sin(inv_freq, attention, positions, dtype)
     scaling = config.rope_scaling or {}
     q_scale = None
     beta = scaling.get("llama_4_scaling_beta")
     if beta is not None:  # 1 + beta log(1 + floor(pos / original)), per position
         original = float(scaling["original_max_position_embeddings"])
         q_scale = (1 + beta * torch.log1p(torch.floor(positions.float() / original))).to(dtype)
-    return Rotary((emb.cos() * attention).to(dtype), (emb.sin() * attention).to(dtype), q_scale)
+    return Rotary(cos, sin, q_scale)
 
 
 class NemotronBody(DecoderBody):
