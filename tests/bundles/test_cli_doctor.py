@@ -394,20 +394,28 @@ def test_doctor_prints_each_fix_on_one_line_to_paste(cli, tmp_path, monkeypatch)
     assert f"      fix: {fix}\n" in text.out, text.out
 
 
-def test_doctor_config_fix_for_a_config_that_is_no_file(cli, tmp_path):
+def test_doctor_given_a_config_path_that_is_no_file_is_an_error(cli, tmp_path):
     """A config that is not there (or a folder) read "edit the fields named above in
-    nope.yaml": there are no fields; the loader's own hint says what to do."""
-    checks = {c["name"]: c for c in json.loads(
-        cli("doctor", "--config", tmp_path / "nope.yaml", "--json").out
-    )["checks"]}  # fmt: skip
-    assert checks["config"]["status"] == "fail"
-    assert checks["config"]["fix"] == "check the path, or create one with `dllm init DIR`"
+    nope.yaml": there are no fields; then it was a failed config check under a report of the
+    host, exit 1. A path that holds nothing to check is bad input (README's CLI contract), as
+    `dllm config validate` and `dllm launch` say it: exit 2, the loader's message naming the
+    path and its hint, and under --json one error object."""
+    missing = tmp_path / "nope.yaml"
+    result = cli("doctor", "--config", missing)
+    assert_user_error(
+        result, f"config file not found: '{missing}'", "hint: check the path, or create one"
+    )
+    assert result.out == ""  # no report of the host
+    result = cli("doctor", "--config", missing, "--json")
+    assert_user_error(result, f"config file not found: '{missing}'")
+    assert json.loads(result.out) == {
+        "error": f"config file not found: '{missing}'",
+        "hint": "check the path, or create one with `dllm init DIR`",
+    }
     cli("init", tmp_path / "p")
-    checks = {c["name"]: c for c in json.loads(
-        cli("doctor", "--config", tmp_path / "p", "--json").out
-    )["checks"]}  # fmt: skip
-    assert checks["config"]["detail"] == f"{tmp_path / 'p'} is a folder, not a config file"
-    assert str(tmp_path / "p" / "train.yaml") in checks["config"]["fix"]
+    result = cli("doctor", "--config", tmp_path / "p", "--json")
+    assert_user_error(result, f"{tmp_path / 'p'} is a folder, not a config file")
+    assert str(tmp_path / "p" / "train.yaml") in json.loads(result.out)["hint"]
 
 
 def test_doctor_install_fix_works_without_an_index_variable(cli, tmp_path, monkeypatch):

@@ -39,7 +39,8 @@ def register(subparsers) -> None:
 def build_context(
     config: str | None, world_size: int | None = None, overrides: list[str] | None = None
 ):
-    """Parse the config for the checks; a bad config is a failed check, not a crash."""
+    """Parse the config for the checks; a bad config is a failed check, not a crash (a path
+    that holds no file to check is an error: exit 2)."""
     from turbo_dllm.config.load import load_runspec, read_yaml
     from turbo_dllm.data.spec import check_not_a_prepare_spec
     from turbo_dllm.doctor import DoctorContext
@@ -53,7 +54,14 @@ def build_context(
     if config:
         try:
             document = read_yaml(config)
-        except Exception:  # unreadable, not YAML: load_runspec reports it as it always does
+        except DllmError:
+            if not Path(config).is_file():
+                # Not there, a folder, a device: a path that holds nothing to check is bad
+                # input (exit 2, as `dllm config validate` and `dllm launch` say it), not a
+                # report of this host with a failed config check (exit 1).
+                raise
+            document = None  # not UTF-8, not YAML: load_runspec reports it as it always does
+        except Exception:
             document = None
         try:
             # A prepare.yaml (beside train.yaml in a starter project) is said as such, not as
