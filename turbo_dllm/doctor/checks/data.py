@@ -136,6 +136,8 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
     # validate's check of the files the manifest does not list (no hashing here): a warning,
     # they change neither training (the loader reads the listed files) nor an export (it copies
     # the listed tokenizer files only)
+    # the manifest is read: the data fit check compares it with the run, whatever the warning
+    ctx.extras["data_manifest"] = artifact.manifest
     unlisted, removal = unlisted_problems(artifact.root, artifact.manifest)
     if unlisted:
         return CheckResult(
@@ -144,7 +146,6 @@ def data_artifact(ctx: DoctorContext) -> CheckResult:
             f"{path} holds what its manifest does not list: " + "; ".join(unlisted),
             fix=f"{removal}, or prepare it again: {_prepare_fix(ctx, folder)}",
         )
-    ctx.extras["data_manifest"] = artifact.manifest
     m = artifact.manifest
     return CheckResult(
         name,
