@@ -1405,4 +1405,5 @@ def test_verify_json_names_each_failing_packs_fix(cli, tmp_path):
     path.rename(tmp_path / "elsewhere.tar.zst")
     next(p for p in _cache_files() if p.name == "c1.py").unlink()
     moved = json.loads(cli("cache", "verify", "--json").out)["fixes"][sha[:12]]
-    assert f"dllm cache install PACK (its file, {path.name}, is no longer at" in moved
+    assert f"its pack file {path.name} is gone from" in moved
+    assert moved.startswith(f"remove it: dllm cache remove {sha[:12]} ")  # runs as printed

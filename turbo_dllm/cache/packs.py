@@ -71,6 +71,7 @@ __all__ = [
     "read_pack_manifest",
     "remove_damaged_record",
     "remove_pack",
+    "pack_copy",
     "repair_hint",
     "verify_pack",
     "verify_pack_archive",
@@ -1027,21 +1028,38 @@ def verify_pack(pack: InstalledPack, *, hashes: bool = True) -> list[str]:
 
 def repair_hint(pack: InstalledPack) -> str:
     """The fix for a pack `verify_pack` found problems with, as commands for this pack: install
-    it again from the file it was installed from (that puts back the files it added), or remove
-    it (the cache then compiles those entries again)."""
+    it again (that puts back the files it added) from the file it was installed from, or a
+    copy on offer (`pack_folders`) when that file is gone; or remove it (the cache then
+    compiles those entries again). With no copy to install, removing it comes first: a
+    command naming a file that is gone would not run."""
     import shlex
 
-    source = Path(pack.source)
-    install = (
-        f"dllm cache install {shlex.quote(str(source))}"
-        if source.is_file()
-        else f"dllm cache install PACK (its file, {pack.manifest.file_name}, is no longer at "
-        f"{shlex.quote(str(source))})"
-    )
+    remove = f"dllm cache remove {pack.short_sha}"
+    copy = pack_copy(pack)
+    if copy is not None:
+        return (
+            f"install it again: dllm cache install {shlex.quote(str(copy))} puts back the files "
+            f"it added; or remove it: {remove}"
+        )
     return (
-        f"install it again: {install} puts back the files it added; or remove it: "
-        f"dllm cache remove {pack.short_sha}"
+        f"remove it: {remove} (the runs compile the missing entries again); its pack file "
+        f"{pack.manifest.file_name} is gone from {shlex.quote(str(Path(pack.source).parent))}: "
+        "to put the files back instead, install a copy of it with dllm cache install FILE"
     )
+
+
+def pack_copy(pack: InstalledPack) -> Path | None:
+    """A file to install `pack` again from: the one it was installed from, or, when that is
+    gone, a file of the same name on offer ($DLLM_PACK_PATH, a local mirror's `packs/`; the
+    name carries the pack's content digest, and install verifies it anyway). None: neither."""
+    source = Path(pack.source)
+    if source.is_file():
+        return source
+    for folder in pack_folders():
+        offered = folder / pack.manifest.file_name
+        if offered.is_file():
+            return offered.absolute()  # a command that runs from any folder
+    return None
 
 
 def remove_pack(pack: InstalledPack) -> int:

@@ -185,6 +185,7 @@ def _list(args) -> int:
         available_packs,
         installed_packs,
         pack_folders,
+        repair_hint,
         verify_pack,
     )
     from turbo_dllm.cli._output import shell_path
@@ -236,8 +237,7 @@ def _list(args) -> int:
         if gone:
             print(
                 f"fix {pack.short_sha}: an install stopped partway, or the cache lost them: "
-                f"dllm cache install {shell_path(pack.source)} puts them back (dllm cache "
-                "verify names them)",
+                f"{repair_hint(pack)} (dllm cache verify names the files)",
                 file=sys.stderr,
             )
     if args.available and not offered:
