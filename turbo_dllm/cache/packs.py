@@ -1099,6 +1099,12 @@ def remove_pack(pack: InstalledPack) -> int:
     for sha256, members in handed.items():  # before this record goes: never owned by none
         _add_to_record(sha256, members)
     (_records_dir() / f"{pack.sha256}.json").unlink(missing_ok=True)
+    # The staging folder of an install killed partway holds the files it had not moved yet
+    # (hidden, and swept only by the next install): removing its pack takes them too.
+    if pack.caches:
+        root = Path(next(iter(pack.caches.values()))).parent
+        if root.is_dir():
+            _sweep_staging(root)
     return removed
 
 
