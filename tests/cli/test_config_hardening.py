@@ -81,13 +81,13 @@ def test_validate_refuses_a_config_override_training_refuses(
     assert "Traceback" not in result.err
 
 
-def test_validate_refuses_scaled_rope_for_qwen3_8(cli, tmp_path):
+def test_validate_refuses_run_time_rope_for_qwen3_8(cli, tmp_path):
     hf = json.loads(json.dumps(QWEN38_PRESETS["tiny"]))
-    hf["rope_parameters"]["rope_type"] = "yarn"
+    hf["rope_parameters"].update(rope_type="dynamic", factor=2.0)
     model = write_json(tmp_path / "config.json", hf)
     config = runspec(tmp_path, family="qwen3_8", objective="fast_dllm_v2", from_config=model)
     assert_user_error(
-        validate(cli, config), "model.from_config:", "rope_type yarn is not supported"
+        validate(cli, config), "model.from_config:", "rope type 'dynamic' is not supported"
     )
 
 

@@ -269,16 +269,46 @@ def test_fla_on_hopper_with_a_miscompiling_triton_is_refused_before_training():
 @pytest.mark.parametrize(
     "rope",
     [
-        {"rope_type": "linear", "factor": 4.0, "partial_rotary_factor": 0.5},
-        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+        {"rope_type": "linear", "factor": 4.0},
+        # positions 0..39 run past the original 16
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
+        {
+            "rope_type": "yarn",
+            "factor": 8.0,
+            "original_max_position_embeddings": 16,
+            "attention_factor": 1.3,
+            "beta_fast": 8.0,
+            "truncate": False,
+        },
     ],
 )
-def test_scaled_rope_is_refused_not_trained_as_plain(tmp_path, rope):
-    """transformers scales these positions; the model here has only plain RoPE, so it loaded
-    such a folder silently and its logits differed from Qwen3_5ForCausalLM's."""
-    hf_model(rope_parameters={"rope_theta": 10000.0, **rope}).save_pretrained(tmp_path)
-    with pytest.raises(DllmError, match=f"rope_type {rope['rope_type']} is not supported"):
-        get_family("qwen3_8").resolve_config(path=str(tmp_path), from_config=None)
+def test_scaled_rope_logits_equal_transformers(tmp_path, rope):
+    """transformers' Qwen3_5TextRotaryEmbedding scales the rotated dims' frequencies (and YaRN's
+    cos/sin by its attention factor); such a folder was refused, and before that trained as
+    plain RoPE."""
+    rope = {"rope_theta": 10000.0, "partial_rotary_factor": 0.5, **rope}
+    hf = hf_model(rope_parameters=rope)
+    hf.save_pretrained(tmp_path)
+    model = ours(tmp_path)
+    assert model.config.rope_scaling["rope_type"] == rope["rope_type"]
+    ids = torch.randint(0, VOCAB, (2, 40))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(ids, torch.arange(40)), hf(input_ids=ids).logits, atol=2e-5, rtol=1e-4
+        )
+    written = model.config.to_hf_dict()
+    assert {k: written["rope_parameters"][k] for k in rope} == rope  # the export keeps it
+    assert type(model.config).from_hf_dict(written).rope_scaling == model.config.rope_scaling
+
+
+def test_run_time_rope_types_are_refused():
+    """dynamic's frequencies follow the sequence length at run time: not trained."""
+    from turbo_dllm.families.qwen3_8.config import PRESETS, Qwen38Config
+
+    hf = json.loads(json.dumps(PRESETS["tiny"]))
+    hf["rope_parameters"].update(rope_type="dynamic", factor=2.0)
+    with pytest.raises(DllmError, match="rope type 'dynamic' is not supported: its frequencies"):
+        Qwen38Config.from_hf_dict(hf)
 
 
 def test_a_zero_full_attention_interval_is_a_user_error():

@@ -28,7 +28,14 @@ from turbo_dllm.families.base import (
     raise_if_unusable,
     raise_on_json_types,
 )
-from turbo_dllm.families.decoder.config import ACTIVATION_ALIASES, _token_ids, cut_layer_list
+from turbo_dllm.families.decoder.config import (
+    ACTIVATION_ALIASES,
+    SUPPORTED_ROPE_TYPES,
+    _token_ids,
+    cut_layer_list,
+    rope_scaling_problems,
+    rope_type_problems,
+)
 from turbo_dllm.families.decoder.config import JSON_KINDS as DECODER_KINDS
 
 __all__ = [
@@ -118,6 +125,16 @@ JSON_KINDS = {
     "dllm_mask_token_original_vocab_size": "int?",
     "dllm_mask_token_migration_version": "int?",
 }
+
+
+# `rope_parameters` keys of the rotated dims and the multimodal layout, not of a scaled type.
+_ROPE_LAYOUT_KEYS = (
+    "type",
+    "rope_theta",
+    "partial_rotary_factor",
+    "mrope_section",
+    "mrope_interleaved",
+)
 
 
 def _json_type_problems(hf: dict[str, Any]) -> list[str]:
@@ -275,6 +292,9 @@ class Qwen38Config:
     partial_rotary_factor: float = 0.25
     # The source's (kept where it fits `rotary_dim`); None: derived (`mrope_section_for`).
     mrope_section: tuple[int, ...] | None = None
+    # A scaled RoPE's `rope_parameters` keys (rope_type and what it reads; the decoder's types,
+    # computed by decoder.model.rope_frequencies on the rotated dims); None: default RoPE.
+    rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 32768
     tie_word_embeddings: bool = False
     attention_bias: bool = False
@@ -321,6 +341,8 @@ class Qwen38Config:
         ):
             problems.append("linear_num_value_heads must be a multiple of linear_num_key_heads")
         problems += number_problems(self, ("partial_rotary_factor",), at_most=1.0)
+        problems += rope_type_problems(self.rope_scaling, SUPPORTED_ROPE_TYPES)
+        problems += rope_scaling_problems(self.rope_scaling)
         if self.rotary_dim % 2 or self.rotary_dim <= 0:
             problems.append(
                 f"head_dim x partial_rotary_factor = {self.rotary_dim} must be a positive even number"
@@ -387,16 +409,13 @@ class Qwen38Config:
             heads = int(text["num_attention_heads"])
             rope = dict(text.get("rope_parameters") or {})
             legacy = text.get("rope_scaling")
-            scaled = {
-                str(r.get("rope_type", r.get("type", "default")))
-                for r in (rope, legacy if isinstance(legacy, dict) else {})
-            } - {"default"}
-            if scaled:  # transformers would scale the positions; the model here does not
-                raise DllmError(
-                    f"rope_type {', '.join(sorted(scaled))} is not supported (only 'default' "
-                    "RoPE, as the published Qwen3.5 / Qwen3.8 configs use)",
-                    hint="set rope_parameters.rope_type to default in config.json",
-                )
+            if isinstance(legacy, dict):  # (4.x's key: transformers merges it in)
+                rope.update(legacy)
+                if "type" in legacy and "rope_type" not in legacy:
+                    rope["rope_type"] = legacy["type"]
+            rope.setdefault("rope_type", "default")
+            # What a scaled type reads (the rest: the rotated dims and the multimodal layout)
+            scaling = {k: v for k, v in rope.items() if k not in _ROPE_LAYOUT_KEYS}
             layer_types = _layer_types(text, layers)
             act = str(text.get("hidden_act") or "silu")
             return cls(
@@ -434,6 +453,7 @@ class Qwen38Config:
                     if rope.get("mrope_section") is None
                     else tuple(int(x) for x in rope["mrope_section"])
                 ),
+                rope_scaling=scaling if scaling["rope_type"] != "default" else None,
                 max_position_embeddings=int(
                     text.get("max_position_embeddings", _DEFAULTS["max_position_embeddings"])
                 ),
@@ -474,6 +494,7 @@ class Qwen38Config:
             "rms_norm_eps": self.rms_norm_eps,
             "rope_parameters": {
                 "rope_type": "default",
+                **(self.rope_scaling or {}),
                 "rope_theta": self.rope_theta,
                 "partial_rotary_factor": self.partial_rotary_factor,
                 "mrope_section": list(self.export_mrope_section),

@@ -32,7 +32,7 @@ from torch.distributed.tensor import DTensor, Partial
 from torch.utils.checkpoint import checkpoint
 
 from turbo_dllm.errors import DllmError
-from turbo_dllm.families.decoder.model import MLP
+from turbo_dllm.families.decoder.model import MLP, cos_sin, rope_frequencies
 from turbo_dllm.families.qwen3_8.config import Qwen38Config
 from turbo_dllm.families.qwen3_8.gated_delta import KERNELS, gated_delta_rule
 from turbo_dllm.families.qwen3_8.norms import gated_rms_norm, zero_centered_rms_norm
@@ -109,13 +109,12 @@ def rope_cos_sin(
     config: Qwen38Config, positions: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin (S, rotary_dim) of the rotated dims. Text positions are equal in all three mRoPE
-    streams, so the interleaved sections collapse to plain RoPE on those dims."""
-    dim = config.rotary_dim
-    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).float() / dim
-    inv_freq = 1.0 / (config.rope_theta**exponent)
-    freqs = positions.float()[..., None] * inv_freq
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    streams, so the interleaved sections collapse to plain RoPE on those dims (a scaled RoPE's
+    frequencies and attention factor as the decoder computes them, as transformers does)."""
+    inv_freq, attention = rope_frequencies(
+        config.rotary_dim, config.rope_theta, config.rope_scaling, positions.device
+    )
+    return cos_sin(inv_freq, attention, positions, dtype)
 
 
 def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
