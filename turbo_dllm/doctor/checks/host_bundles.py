@@ -84,18 +84,36 @@ def _meant(unknown: list[str]) -> list[str]:
     return [f"{name}={shlex.quote(value)}" for name, value in meant.items()]
 
 
+def _bundle_asked_for(ctx: DoctorContext) -> str | None:
+    """What in the RunSpec needs an active bundle that fits: `kernels: native`, or
+    `model.attention: turbo` on GPUs (its op comes from the bundle unless `kernels: jit`; on a
+    host without GPUs no bundle helps, the attention backend check says so). It said "not
+    needed for `kernels: reference`" where the attention backend check failed for no bundle."""
+    if ctx.spec is None:
+        return None
+    if ctx.spec.kernels == "native":
+        return "`kernels: native`"
+    if ctx.spec.model.attention == "turbo" and ctx.spec.kernels != "jit":
+        from turbo_dllm.doctor.checks.train import turbo_on_gpus
+
+        if turbo_on_gpus(ctx):
+            return "`model.attention: turbo`"
+    return None
+
+
 @register_check(order=110)
 def kernel_bundle(ctx: DoctorContext) -> CheckResult:
     from turbo_dllm.bundles.store import active_bundle
 
-    wants_native = _wants(ctx) == "native"
+    asked = _bundle_asked_for(ctx)
+    wants_bundle = asked is not None
     try:
         bundle = active_bundle()
         fingerprint = _fingerprint(ctx)
     except DllmError as error:
         return CheckResult(
             "kernel bundle",
-            "fail" if wants_native else "warn",
+            "fail" if wants_bundle else "warn",
             error.message,
             fix=error.hint or _install_fix(),
         )
@@ -104,7 +122,7 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
         if blocked is not None:  # `dllm bundle install` could not make the store there
             return CheckResult(
                 "kernel bundle",
-                "fail" if wants_native else "warn",
+                "fail" if wants_bundle else "warn",
                 f"none installed, and none can be: {blocked[0]}",
                 fix=blocked[1],
             )
@@ -112,8 +130,8 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
 
         # `dllm bundle deactivate` keeps the bundle installed: say so, and how to re-activate it
         inactive = inactive_bundles(fingerprint=fingerprint)
-        if wants_native:
-            asks = "but the config asks for `kernels: native`"
+        if wants_bundle:
+            asks = f"but the config asks for {asked}"
             if inactive is None:
                 return CheckResult(
                     "kernel bundle", "fail", f"none installed, {asks}", fix=_install_fix()
@@ -134,12 +152,18 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
     if differences:
         return CheckResult(
             "kernel bundle",
-            "fail" if wants_native else "warn",
+            "fail" if wants_bundle else "warn",
             f"{bundle.bundle_id} ({bundle.short_sha}) does not fit this host: "
             + "; ".join(map(str, differences)),
             fix=_no_torch_fix(fingerprint) or _install_fix(),
         )
     return CheckResult("kernel bundle", "pass", f"{bundle.bundle_id} ({bundle.short_sha}) active")
+
+
+_INDEX_NOTE = (
+    "URL: your release server, or --mirror DIR; without one, build it here: dllm bundle install "
+    "--auto --build missing"
+)
 
 
 def _install_fix() -> str:
@@ -150,10 +174,23 @@ def _install_fix() -> str:
     command = install_command()
     if not command.endswith("--index URL"):
         return command
-    return (
-        f"{command}   # URL: your release server, or --mirror DIR; without one, build it "
-        "here: dllm bundle install --auto --build missing"
-    )
+    return f"{command}   # {_INDEX_NOTE}"
+
+
+def explain_index(hint: str) -> str:
+    """A kernel loader's hint with the install command in it (`... --auto --index URL   # or
+    set ...`), with what URL is and building here as the way without one, as the kernel
+    bundle check's fix says: pasted as it was, `--index URL` fetched from "URL"."""
+    from turbo_dllm.kernels.loader import install_command
+
+    command = install_command()
+    if not command.endswith("--index URL") or command not in hint or _INDEX_NOTE in hint:
+        return hint
+    head, _, tail = hint.partition(command)
+    tail = tail.strip()
+    if tail.startswith("#"):  # the hint's own comment goes on after the note
+        return f"{head}{command}   # {_INDEX_NOTE}; {tail.lstrip('# ')}"
+    return f"{head}{command}   # {_INDEX_NOTE}" + (f" {tail}" if tail else "")
 
 
 def _no_torch_fix(fingerprint) -> str | None:
@@ -216,7 +253,7 @@ def kernels_for_spec(ctx: DoctorContext) -> CheckResult:
     except DllmError as error:
         status = "fail" if ctx.spec is not None else "warn"
         return CheckResult(
-            "kernels", status, error.message, fix=error.hint or "see docs/bundles.md"
+            "kernels", status, error.message, fix=explain_index(error.hint or "see docs/bundles.md")
         )
     if overridden:
         detail += " (the DLLM_OVERRIDE_* host; not loaded into this one)"

@@ -16,7 +16,7 @@ from turbo_dllm.doctor.host import host_fingerprint
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import human_count
 
-__all__: list[str] = []
+__all__ = ["turbo_on_gpus"]
 
 
 def _no_spec(name: str, ctx: DoctorContext) -> CheckResult:
@@ -82,19 +82,23 @@ def linear_attention(ctx: DoctorContext) -> CheckResult:
     return CheckResult(name, "pass", f"fla {version} on {torch.cuda.get_device_name(0)}")
 
 
-def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:
-    """turbo: our Triton op from a bundle that fits this host (no fallback to flex)."""
+def turbo_on_gpus(ctx: DoctorContext) -> bool:
+    """Whether `model.attention: turbo` would run on CUDA GPUs: the SLURM job's nodes', else
+    this host's (or, with DLLM_OVERRIDE_GPUS, the host they describe)."""
     import torch
-
-    from turbo_dllm.kernels.readiness import require_attention_kernels
 
     slurm = _slurm_plan(ctx)
     if slurm is not None:
-        on_gpus = slurm.device == "cuda"  # its nodes' GPUs, not this login node's
-    else:  # this host's (or, with DLLM_OVERRIDE_GPUS, the host they describe)
-        local = ctx.spec.kernels != "jit" or torch.cuda.is_available()
-        on_gpus = _device(ctx) == "cuda" and local
-    if not on_gpus:  # a bundle would not help (a CPU bundle has no turbo kernels)
+        return slurm.device == "cuda"  # its nodes' GPUs, not this login node's
+    local = ctx.spec.kernels != "jit" or torch.cuda.is_available()
+    return _device(ctx) == "cuda" and local
+
+
+def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:
+    """turbo: our Triton op from a bundle that fits this host (no fallback to flex)."""
+    from turbo_dllm.kernels.readiness import require_attention_kernels
+
+    if not turbo_on_gpus(ctx):  # a bundle would not help (a CPU bundle has no turbo kernels)
         return CheckResult(
             name,
             "fail",
@@ -108,7 +112,10 @@ def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:
             ctx.spec, load=_can_load(ctx), fingerprint=host_fingerprint(ctx)
         )
     except DllmError as error:
-        return CheckResult(name, "fail", error.message, fix=error.hint or "see docs/bundles.md")
+        from turbo_dllm.doctor.checks.host_bundles import explain_index
+
+        fix = explain_index(error.hint or "see docs/bundles.md")
+        return CheckResult(name, "fail", error.message, fix=fix)
     return CheckResult(name, "pass", detail)
 
 
