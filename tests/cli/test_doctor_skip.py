@@ -83,3 +83,17 @@ def test_a_runspec_that_loads_has_no_skipped_check_and_a_skip_alone_is_ready(cli
     assert checks["data fit"]["status"] == "skip" and checks["data fit"]["fix"] is None
     assert code == human.code == 0 and report["ready"] is True
     assert "\nready\n" in "\n" + human.out
+
+
+def test_a_dllm_home_through_a_file_fails_the_cache_dir_check_alone(cli, tmp_path, monkeypatch):
+    """The compile packs check failed too, with "move that file aside; the packs installed
+    before have to be installed again": none was installed, none is lost; the cache dir
+    check's failure says what is wrong and its fix."""
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("DLLM_HOME", str(tmp_path / "afile" / "home"))
+    result = cli("doctor", "--json")
+    checks = {c["name"]: c for c in json.loads(result.out)["checks"]}
+    assert result.code == 1 and checks["cache dir"]["status"] == "fail"
+    assert f"move the file {tmp_path / 'afile'} out of the way" in checks["cache dir"]["fix"]
+    packs = checks["compile packs"]
+    assert packs["status"] == "skip" and "see the cache dir check" in packs["detail"], packs

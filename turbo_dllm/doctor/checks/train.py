@@ -307,6 +307,18 @@ def compile_packs(ctx: DoctorContext) -> CheckResult:
     try:
         packs = installed_packs()
     except DllmError as error:
+        from turbo_dllm.doctor.folders import folder_problem
+        from turbo_dllm.paths import dllm_home
+
+        home = folder_problem(dllm_home())
+        if home is not None and home.blocker is not None:
+            # A file in DLLM_HOME's way: no pack record is damaged or lost ("move that file
+            # aside; the packs installed before have to be installed again" was no fix).
+            return CheckResult(
+                name,
+                "skip",
+                "not checked: DLLM_HOME cannot hold them (see the cache dir check)",
+            )
         return CheckResult(name, "fail", error.message, fix=error.hint)
     if not packs:
         return CheckResult(name, "pass", "none installed")
