@@ -196,6 +196,17 @@ def model_source(ctx: DoctorContext) -> CheckResult:
     try:
         config = resolve_model_config(model)
     except DllmError as error:
+        if model.path is not None and not Path(model.path).exists():
+            # (it said "model folder config not found: '<path>/config.json'", of a folder
+            # that is not there at all)
+            folder = shlex.quote(str(model.path))
+            return CheckResult(
+                name,
+                "fail",
+                f"model.path {model.path}: no such folder",
+                fix=f"put the Hugging Face checkpoint (config.json and its safetensors "
+                f"weights) in {folder}, or set model.path to the folder that holds it",
+            )
         return CheckResult(
             name, "fail", error.message, fix=error.hint or "fix model.* in the RunSpec"
         )

@@ -1,0 +1,26 @@
+"""doctor's model check for a model.path that is not there: it said "model folder config not
+found: '<path>/config.json'" (fix: "point model.path at a Hugging Face folder holding
+config.json"), of a folder that does not exist at all."""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from tests.train.util import write_config
+
+
+def test_a_missing_model_folder_is_named_as_missing(cli, tmp_path):
+    folder = tmp_path / "weights dir" / "qwen"
+    config = write_config(tmp_path / "train.yaml", f"model.path={folder}", "model.from_config=null")
+    result = cli("doctor", "--config", config, "--json")
+    model = {c["name"]: c for c in json.loads(result.out)["checks"]}["model"]
+    assert result.code == 1 and model["status"] == "fail"
+    assert model["detail"] == f"model.path {folder}: no such folder"
+    assert f"in {shlex.quote(str(folder))}, or set model.path" in model["fix"]
+    folder.mkdir(parents=True)  # there, but no config.json: the loader's own message
+    model = {c["name"]: c for c in json.loads(cli("doctor", "--config", config, "--json").out)[
+        "checks"
+    ]}["model"]  # fmt: skip
+    assert model["status"] == "fail" and "config.json" in model["detail"], model
+    assert "no such folder" not in model["detail"]
