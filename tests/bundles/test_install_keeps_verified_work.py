@@ -128,3 +128,51 @@ def test_a_changed_leftover_is_not_trusted(cli, served):
     store = BundleStore()
     assert store.active().sha256 == entry.sha256 and store.verify(store.active()) == []
     assert not part.exists()
+
+
+class _FillsUp:
+    """The `.part` file on a disk that another program fills once `room` bytes are written."""
+
+    def __init__(self, out, room: int) -> None:
+        self._out, self._room = out, room
+
+    def write(self, block) -> int:
+        left = self._room - self._out.tell()
+        if len(block) > left:  # what fits is written, then the disk is full
+            self._out.write(block[: max(left, 0)])
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._out.name)
+        return self._out.write(block)
+
+    def __getattr__(self, name):
+        return getattr(self._out, name)
+
+
+def test_a_disk_that_fills_while_downloading_says_the_part_is_kept(cli, served, monkeypatch):
+    """It said only "cannot write <sha>.part: No space left on device": not that nothing was
+    installed, where the disk is, nor that the bytes already downloaded are kept and resumed."""
+    from turbo_dllm.bundles import fetch
+
+    server, catalog_sha, entry = served
+    real_open = fetch._Transfer._open
+
+    def filling(self, pool):
+        real_open(self, pool)
+        self._out = _FillsUp(self._out, 20_000)
+
+    with monkeypatch.context() as full:
+        full.setattr(fetch._Transfer, "_open", filling)
+        result = cli(*_command(server, catalog_sha))
+    assert_user_error(result, "No space left on device", "nothing was installed", "disk is full")
+    store = BundleStore()
+    part = store.downloads_dir / f"{entry.sha256}.part"
+    kept = part.stat().st_size
+    assert 0 < kept <= 20_000
+    assert f"the partial download is kept ({kept} of {entry.size} bytes" in result.err, result.err
+    assert "the same command resumes it" in result.err
+    assert f"cannot write into the bundle store {store.downloads_dir} " in result.err
+    assert "the store's file system is mounted at" in result.err  # where to free space
+
+    result = cli(*_command(server, catalog_sha))
+    assert result.code == 0, result.err
+    assert server.state.requests[-1][1] == f"bytes={kept}-"  # resumed, not started over
+    assert BundleStore().active().sha256 == entry.sha256

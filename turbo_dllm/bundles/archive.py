@@ -67,9 +67,11 @@ class DiskWriteError(DllmError):
     folder that is deleted by the time this is shown, so callers that own that folder (the
     bundle store) report the folder they own and its file system instead."""
 
-    def __init__(self, message: str, hint: str | None, errno_: int | None) -> None:
+    def __init__(
+        self, message: str, hint: str | None, errno_: int | None, path: Path | None = None
+    ) -> None:
         super().__init__(message, hint)
-        self.errno = errno_
+        self.errno, self.path = errno_, path
 
 
 class NoRoom(DllmError):

@@ -408,10 +408,11 @@ class _Sink:
             try:
                 self._out.write(block)
             except OSError as error:
-                raise DllmError(
-                    f"cannot write {self._part}: {error.strerror}",
-                    hint=DISK_HINTS.get(error.errno, "check that folder and its free space"),
-                ) from None
+                message = f"cannot write {self._part}: {error.strerror}"
+                if error.errno in DISK_HINTS:  # this machine's fault (an install says where)
+                    hint = DISK_HINTS[error.errno]
+                    raise DiskWriteError(message, hint, error.errno, self._part) from None
+                raise DllmError(message, hint="check that folder and its free space") from None
 
     def _hash(self, block: bytes | memoryview) -> None:
         self._digest.update(block)

@@ -241,9 +241,12 @@ def run_install(
                     )
                 except NoRoom as error:  # the archive verified: say so with today's free space
                     raise room.unpack_error(error.needed) from None
-                except DiskWriteError as error:  # verified too, and kept (see `_Room.kept`)
+                except DiskWriteError as error:  # writing `.part` or the files: what is kept
                     raise store.write_error(
-                        error.errno or 0, entry.file, kept=room.kept()
+                        error.errno or 0,
+                        entry.file,
+                        kept=room.kept(),
+                        folder=store.downloads_dir if error.path == room.part else None,
                     ) from None
                 # From here on Ctrl-C or SIGTERM waits until the bundle is in the store and
                 # active: an interrupted install changed nothing, or it finished.
@@ -315,17 +318,24 @@ class _Room:
             raise NoRoom(f"{self.entry.file} needs {need} bytes free", None, manifest.total_size)
 
     def kept(self) -> str | None:
-        """What the hint of a failed unpack says of the verified download it kept."""
+        """What the hint of an install stopped by a disk error says of the download it kept:
+        the whole archive (a disk error while unpacking is raised only once its bytes
+        verified), or the bytes a disk error while downloading left for the next run to resume."""
         try:
-            whole = self.part.stat().st_size == self.entry.size
+            have = self.part.stat().st_size
         except OSError:
-            whole = False
-        if not whole:
             return None
-        return (
-            f"the verified download is kept ({self.part}): once there is room, the same "
-            "command unpacks it without downloading it again"
-        )
+        if have == self.entry.size:
+            return (
+                f"the verified download is kept ({self.part}): once there is room, the same "
+                "command unpacks it without downloading it again"
+            )
+        if 0 < have < self.entry.size:
+            return (
+                f"the partial download is kept ({have} of {self.entry.size} bytes, {self.part}): "
+                "the same command resumes it"
+            )
+        return None
 
     def unpack_error(self, needed: int) -> DllmError:
         mount, free = file_system(self.store.store_dir)

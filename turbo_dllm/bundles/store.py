@@ -541,10 +541,13 @@ class BundleStore:
                 raise
             raise self.write_error(error.errno, label) from None
 
-    def write_error(self, code: int, label: str, *, kept: str | None = None) -> DllmError:
+    def write_error(
+        self, code: int, label: str, *, kept: str | None = None, folder: Path | None = None
+    ) -> DllmError:
         """The error for a failed write into the store while `label` was installed (`code`:
-        its errno); `kept`, when given, says what of the install was kept for the next run."""
-        where = self.store_dir if self.store_dir.exists() else self.root
+        its errno); `kept`, when given, says what of the install was kept for the next run;
+        `folder`: the store's folder that was written (default: `store/`)."""
+        where = folder or (self.store_dir if self.store_dir.exists() else self.root)
         fix = DISK_HINTS.get(code, "check that folder")
         moves = "" if "DLLM_HOME" in fix else "; DLLM_HOME moves the store"
         return DllmError(
