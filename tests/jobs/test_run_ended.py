@@ -17,6 +17,9 @@ def test_list_and_show_say_when_a_run_ended_and_whether_a_resume_ended_it(cli, s
     show = cli("run", "show", "r").out
     assert f"\nended        exit status 0 at {launched['finished_at']}\n" in show, show
 
+    # A run that finished keeps its records (test_train_finished_run.py); one whose launch
+    # left no result (killed after its last step) is resumed, and the resume's result is its own.
+    (run_dir / "result.json").unlink()
     resume = cli("train", "--config", run_dir / "spec.yaml", "--run-dir", run_dir)
     assert resume.code == 0, resume.err
     resumed = json.loads((run_dir / "result.json").read_text())

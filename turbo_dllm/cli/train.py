@@ -244,6 +244,8 @@ def _attempt(spec, run_dir, train) -> int:
 
     main = os.environ.get("RANK", "0") == "0"
     backend = "local" if os.environ.get("WORLD_SIZE", "1") == "1" else "torchrun"
+    if _finished(run_dir, main):
+        return 0
     if main:
         # Rank 0 only: the other ranks of a torchrun'd resume would read rank 0's own record
         # (torchrun stops them when rank 0 is refused).
@@ -265,6 +267,38 @@ def _attempt(spec, run_dir, train) -> int:
             write_result(run_dir, code, started, backend, resumed_by="dllm train")
         if main:
             end_launcher(run_dir, interrupted=interrupted)
+
+
+def _finished(run_dir, main: bool) -> bool:
+    """Whether the recorded run finished (exit status 0 at its last step): then there is nothing
+    to resume, and its records stay as they are. A `dllm train` of a finished run removed the
+    launch's result.json and wrote its own, so the run read as ended by a resume that trained
+    nothing, at the time of that resume. Every rank reads the same files and none of them changes
+    anything here, so all ranks decide alike."""
+    from shlex import quote
+
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.jobs.launcher import _complete
+    from turbo_dllm.jobs.manifest import MANIFEST_NAME
+    from turbo_dllm.jobs.runs import summarize
+
+    try:
+        run = summarize(run_dir, ask_slurm=False)
+    except DllmError:  # a damaged record: the resume writes its own in its place
+        return False
+    if not _complete(run):
+        return False
+    if main:
+        import sys
+
+        print(
+            f"nothing to do: run {run.run_id} finished at {run.finished_at} (step "
+            f"{run.steps_done}/{run.steps_total}); its records are left as they are. The same "
+            f"job again, into a new run dir: dllm launch --manifest "
+            f"{quote(str(run_dir / MANIFEST_NAME))}",
+            file=sys.stderr,
+        )
+    return True
 
 
 # What `dllm run list` calls a run that something still trains (or SLURM still holds).
