@@ -68,6 +68,9 @@ AXES = ("fsdp", "cp", "bp", "tp", "sp", "ep")
 RUNTIME_FUNCTIONS = ("build_model", "layers", "check_tensor_parallel", "apply_tensor_parallel")
 # `model.config_overrides` keys a flat `rope_parameters` holds too (it wins over the root key).
 _ROPE_KEYS = ("rope_theta", "partial_rotary_factor")
+# `model.config_overrides` keys a multimodal config's root governs (transformers' composite
+# model reads them there, not in `text_config`): set at the root too.
+_ROOT_KEYS = ("tie_word_embeddings",)
 # Real-valued keys a config.json may still spell as an integer (Qwen3's `rope_theta: 1000000`).
 _REAL_KEYS = (*_ROPE_KEYS, "rms_norm_eps", "initializer_range")
 # Keys a config.json holds as an object or a list: an override sets them whole, never from a
@@ -308,10 +311,11 @@ class Family:
         for key, value in (overrides or {}).items():
             value = _override_value(key, value, _current_value(key, hf, text))
             # A multimodal config keeps its text model in `text_config`, which its reader reads
-            # first: a key there changes there (and at the root only where the root has it too).
+            # first: a key there changes there (and at the root only where the root has it too,
+            # or governs it).
             if text is not None and key in text:
                 text[key] = value
-            if text is None or key not in text or key in hf:
+            if text is None or key not in text or key in hf or key in _ROOT_KEYS:
                 hf[key] = value
             if key not in _ROPE_KEYS:
                 continue

@@ -400,6 +400,12 @@ class Qwen38Config:
             # Root keys (overrides, the mask token, tying) win over the nested defaults.
             text = {**nested, **{k: v for k, v in hf.items() if k not in ("text_config",)}}
             text.pop("vision_config", None)
+            # Tying is the root's alone, as Qwen3_5ForConditionalGeneration (the model such a
+            # folder is saved from) reads it: Qwen3_5Config's own field, false where absent,
+            # whatever text_config says. A root without it and a text_config saying true is
+            # an untied model whose folder holds lm_head.weight (transformers' text model, told
+            # to tie, keeps that head too, the two weights differing).
+            text["tie_word_embeddings"] = hf.get("tie_word_embeddings", False)
         no_attention_dropout(text)
         raise_on_json_types(_json_type_problems(hf))
         with hf_config_errors(
