@@ -467,3 +467,20 @@ def test_a_project_whose_folder_name_is_not_utf8_prepares(tmp_path):
         )
         assert proc.returncode == 0, proc.stderr.decode(errors="replace")
     assert os.path.isdir(folder + b"/data")
+
+
+def test_a_missing_source_path_from_set_is_told_against_the_current_folder(
+    cli, project, tmp_path, monkeypatch
+):
+    """The hint said only that prepare.yaml's paths are relative to its folder: a `--set` path,
+    taken against the current folder, sent the user to look beside prepare.yaml."""
+    monkeypatch.chdir(tmp_path)
+    result = cli(
+        "data", "prepare", "--config", project / "prepare.yaml",
+        "--set", "source.paths=[data/train.jsonl]", "--set", "output.path=out",
+    )  # fmt: skip
+    assert_user_error(
+        result,
+        f"file not found: '{tmp_path / 'data' / 'train.jsonl'}'",
+        "one given with --set against the current folder",
+    )

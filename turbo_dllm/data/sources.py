@@ -242,7 +242,10 @@ def expand_paths(
             what = "no file matches" if glob.has_magic(pattern) else "file not found:"
             raise DllmError(
                 f"{what} {_shown(pattern)}",
-                hint="paths in prepare.yaml are relative to the file's folder",
+                # The path may come from --set, taken against the current folder: "relative to
+                # the file's folder" sent the user to look in the wrong place.
+                hint="a path written in prepare.yaml is taken against that file's folder, one "
+                "given with --set against the current folder; fix it, or the command's folder",
             )
         for path in matches:
             if path not in seen:
