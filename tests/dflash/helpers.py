@@ -138,3 +138,26 @@ def tiny_qwen3_config(vocab_size: int = 64):
         num_key_value_heads=2,
         head_dim=8,
     )
+
+
+def tiny_drafter_config(**overrides: Any):
+    """A DFlashConfig of 2 tiny layers (vocab 11, hidden 8, 2 query / 1 key-value heads of 4)
+    reading layers 0 and 2 of a 3-layer target, block 4, mask id 10; `overrides` replace
+    fields (`architecture="DFlash2DraftModel"` and its fields for a DFlash2 drafter)."""
+    from turbo_dllm.families.dflash.config import DFlashConfig
+
+    fields: dict[str, Any] = dict(
+        vocab_size=11,
+        hidden_size=8,
+        intermediate_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=4,
+        target_hidden_size=8,
+        num_target_layers=3,
+        target_layer_ids=(0, 2),
+        block_size=4,
+        mask_token_id=10,
+    )
+    return DFlashConfig(**{**fields, **overrides})

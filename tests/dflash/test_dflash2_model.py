@@ -7,6 +7,7 @@ import dataclasses
 
 import torch
 
+from tests.dflash.helpers import tiny_drafter_config
 from turbo_dllm.families.dflash.config import DFlashConfig
 from turbo_dllm.families.dflash.model import (
     DFlash2Drafter,
@@ -17,19 +18,7 @@ from turbo_dllm.families.dflash.model import (
 from turbo_dllm.families.dflash.plan import draft_attention_mask
 from turbo_dllm.train.weights import init_weights
 
-TINY2 = DFlashConfig(
-    vocab_size=11,
-    hidden_size=8,
-    intermediate_size=16,
-    num_hidden_layers=2,
-    num_attention_heads=2,
-    num_key_value_heads=1,
-    head_dim=4,
-    target_hidden_size=8,
-    num_target_layers=3,
-    target_layer_ids=(0, 2),
-    block_size=4,
-    mask_token_id=10,
+TINY2 = tiny_drafter_config(
     architecture="DFlash2DraftModel",
     conv_kernel_size=3,
     conv_group_size=2,

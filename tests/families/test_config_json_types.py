@@ -10,6 +10,7 @@ import json
 import pytest
 import yaml
 
+from tests.dflash.helpers import tiny_drafter_config
 from tests.helpers import assert_user_error
 from turbo_dllm.registry import get_family
 
@@ -147,19 +148,4 @@ def test_a_drafter_config_without_a_mask_token_or_with_bad_layer_ids_names_the_k
 
 def _drafter_dict() -> dict:
     """A tiny DFlash drafter's config.json, as the export writes it."""
-    from turbo_dllm.families.dflash.config import DFlashConfig
-
-    return DFlashConfig(
-        vocab_size=11,
-        hidden_size=8,
-        intermediate_size=16,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=4,
-        target_hidden_size=8,
-        num_target_layers=3,
-        target_layer_ids=(0, 2),
-        block_size=4,
-        mask_token_id=10,
-    ).to_hf_dict()
+    return tiny_drafter_config().to_hf_dict()

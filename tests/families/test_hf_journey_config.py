@@ -8,8 +8,21 @@ import json
 import pytest
 import yaml
 
+from tests.dflash.helpers import tiny_drafter_config
 from tests.helpers import assert_user_error
 from turbo_dllm.registry import get_family
+
+
+def _validate(cli, tmp_path, family: str, folder, *, block_size: int = 8):
+    """`dllm config validate` of a spec training the model `folder` under `family` on synthetic
+    data (written to tmp_path/train.yaml)."""
+    spec = {
+        "model": {"family": family, "path": str(folder)},
+        "objective": {"name": "block_diffusion", "block_size": block_size},
+        "data": {"synthetic": {"num_sequences": 8, "vocab_size": 64}, "seq_len": 64},
+    }
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(spec))
+    return cli("config", "validate", "--config", tmp_path / "train.yaml")
 
 
 @pytest.mark.parametrize(
@@ -23,19 +36,13 @@ def test_a_config_json_without_model_type_says_to_add_it(cli, tmp_path, family, 
     preset = dict(get_family(family).presets["tiny"])
     own = preset.pop("model_type")
     (folder / "config.json").write_text(json.dumps(preset))
-    spec = {
-        "model": {"family": family, "path": str(folder)},
-        "objective": {"name": "block_diffusion", "block_size": 8},
-        "data": {"synthetic": {"num_sequences": 8, "vocab_size": 64}, "seq_len": 64},
-    }
-    (tmp_path / "train.yaml").write_text(yaml.safe_dump(spec))
-    result = cli("config", "validate", "--config", tmp_path / "train.yaml")
+    result = _validate(cli, tmp_path, family, folder)
     assert_user_error(result, "model.family:", f"'{folder}' names no model_type in its config.json")
     assert f'add "model_type": {model_type} to that config.json' in result.err
     assert "None" not in result.err, result.err
     # the fix, written as the message says, validates
     (folder / "config.json").write_text(json.dumps({**preset, "model_type": own}))
-    assert cli("config", "validate", "--config", tmp_path / "train.yaml").code == 0
+    assert _validate(cli, tmp_path, family, folder).code == 0
 
 
 def test_a_diffusion_gemma_config_json_without_text_config_says_so(cli, tmp_path):
@@ -46,13 +53,7 @@ def test_a_diffusion_gemma_config_json_without_text_config_says_so(cli, tmp_path
     preset = dict(get_family("diffusion_gemma").presets["tiny"])
     del preset["text_config"]
     (folder / "config.json").write_text(json.dumps(preset))
-    spec = {
-        "model": {"family": "diffusion_gemma", "path": str(folder)},
-        "objective": {"name": "block_diffusion", "block_size": 16},
-        "data": {"synthetic": {"num_sequences": 8, "vocab_size": 64}, "seq_len": 64},
-    }
-    (tmp_path / "train.yaml").write_text(yaml.safe_dump(spec))
-    result = cli("config", "validate", "--config", tmp_path / "train.yaml")
+    result = _validate(cli, tmp_path, "diffusion_gemma", folder, block_size=16)
     assert_user_error(result, "model.path: config.json has no text_config")
     assert "lacks the field" not in result.err
 
@@ -77,15 +78,11 @@ def test_a_config_json_that_is_not_json_is_refused_at_start_with_its_fix(tmp_pat
 
 
 def _drafter_config() -> dict:
-    from turbo_dllm.families.dflash.config import DFlashConfig
-
-    return DFlashConfig(
+    return tiny_drafter_config(
         vocab_size=512,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=1,
-        num_attention_heads=2,
-        num_key_value_heads=1,
         head_dim=32,
         target_hidden_size=64,
         num_target_layers=2,
@@ -119,11 +116,5 @@ def test_a_wrong_family_is_told_only_the_families_that_train_that_folder(
     folder = tmp_path / "model"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(config()))
-    spec = {
-        "model": {"family": family, "path": str(folder)},
-        "objective": {"name": "block_diffusion", "block_size": 8},
-        "data": {"synthetic": {"num_sequences": 8, "vocab_size": 64}, "seq_len": 64},
-    }
-    (tmp_path / "train.yaml").write_text(yaml.safe_dump(spec))
-    result = cli("config", "validate", "--config", tmp_path / "train.yaml")
+    result = _validate(cli, tmp_path, family, folder)
     assert_user_error(result, "model.family: ", f"; set model.family to {readers}\n")
