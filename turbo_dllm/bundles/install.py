@@ -53,7 +53,13 @@ from turbo_dllm.bundles.resolve import (
     Resolution,
     select_bundle,
 )
-from turbo_dllm.bundles.sources import INDEX_VARIABLE, Source, open_source
+from turbo_dllm.bundles.sources import (
+    INDEX_VARIABLE,
+    NotFound,
+    Source,
+    index_root_hint,
+    open_source,
+)
 from turbo_dllm.bundles.store import (
     DEFAULT_LOCK_TIMEOUT_S,
     BundleStore,
@@ -152,9 +158,9 @@ def plan_install(
     except BundleRejected:
         raise
     except DllmError as error:  # missing or unreachable: nothing published can be read
-        raise BundleUnavailable(
-            error.message, hint=f"{error.hint or 'check the index'}; {BUILD_MISSING_HINT}"
-        ) from None
+        inside = index_root_hint(source.location) if isinstance(error, NotFound) else None
+        fix = inside or error.hint or "check the index"
+        raise BundleUnavailable(error.message, hint=f"{fix}; {BUILD_MISSING_HINT}") from None
     actual = sha256_bytes(data)
     if actual != expected:
         pinned_by = "--catalog-sha256" if catalog_sha256 else "releases.lock"

@@ -13,6 +13,7 @@ applies and the install should not pay for importing `requests` or `http.client`
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -39,6 +40,7 @@ __all__ = [
     "Opened",
     "Source",
     "TransientError",
+    "index_root_hint",
     "offline_requested",
     "open_source",
     "transfer_deadline",
@@ -562,6 +564,30 @@ def offline_requested(flag: bool = False) -> bool:
     return flag or text in _OFFLINE_ON
 
 
+# The end of a location that names something inside an index rather than the index: its
+# releases/ folder, a release's folder or catalog, its bundles/ folder or an archive in it.
+_INSIDE_INDEX = re.compile(
+    r"/(?:releases(?:/[^/?#]+(?:/catalog\.toml)?)?|bundles(?:/[^/?#]+\.tar\.zst)?)/*$"
+)
+
+
+def index_root_hint(location: str) -> str | None:
+    """For an index `location` where nothing was found: when it names a folder or file inside
+    an index (`.../releases/v1/catalog.toml`, `.../bundles`), the index to pass instead, as
+    the option and value to paste; None otherwise."""
+    import shlex
+
+    match = _INSIDE_INDEX.search(location)
+    root = location[: match.start()] if match else ""
+    if not root or root.endswith(":/"):
+        return None
+    flag = "--index" if "://" in root and not root.startswith("file:") else "--mirror"
+    return (
+        f"the index is the folder that holds releases/ and bundles/; if that is {root}, pass "
+        f"{flag} {shlex.quote(root)}"
+    )
+
+
 def open_source(location: str | None, *, offline: bool = False) -> Source:
     """`--index URL` / `--mirror PATH`, else $DLLM_BUNDLE_INDEX; `offline` refuses the network."""
     location = location or os.environ.get(INDEX_VARIABLE)
@@ -570,7 +596,13 @@ def open_source(location: str | None, *, offline: bool = False) -> Source:
             "no bundle index given",
             hint=f"pass --index URL or --mirror PATH, or set {INDEX_VARIABLE}",
         )
-    where = parse_location(location, "bundle source")
+    try:
+        where = parse_location(location, "bundle source")
+    except DllmError as error:  # a catalog's path given as the mirror folder, say
+        inside = index_root_hint(location)
+        if inside is None:
+            raise
+        raise DllmError(error.message, hint=inside) from None
     # read for a folder too: DLLM_OFFLINE=maybe passed with --mirror DIR, then failed later
     offline = offline_requested(offline)
     if where.folder is not None:
