@@ -129,6 +129,16 @@ def cache_dir(ctx: DoctorContext) -> CheckResult:
             f"{home} is not writable: {error}",
             fix="set DLLM_HOME to a writable folder",
         )
+    if not home.is_absolute():
+        # (it passed "rel is writable": each folder dllm then runs from has a home of its own,
+        # its bundles and compile caches not found from another one)
+        return CheckResult(
+            "cache dir",
+            "warn",
+            f"DLLM_HOME={str(home)!r} is a relative path: it is {home.absolute()} from this folder "
+            "only, and each folder dllm runs from gets a home of its own",
+            fix=f"export DLLM_HOME={shlex.quote(str(home.absolute()))}",
+        )
     return CheckResult("cache dir", "pass", f"{home} is writable")
 
 
