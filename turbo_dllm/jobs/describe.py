@@ -41,8 +41,12 @@ def describe_plan(plan: JobPlan) -> list[str]:
             f"cpus-per-task={job.cpus_per_task}"
         )
     if plan.ranks:
+        # In the mesh's order: a manifest stores each rank's coords with sorted keys, so
+        # `dllm run show` listed them alphabetically, unlike the dry run of the same plan.
+        axes = [axis.name for axis in plan.mesh]
         for role in plan.ranks[:MAX_RANKS_SHOWN]:
-            coords = " ".join(f"{k}{v}" for k, v in role.coords.items())
+            names = sorted(role.coords, key=lambda k: axes.index(k) if k in axes else len(axes))
+            coords = " ".join(f"{k}{role.coords[k]}" for k in names)
             lines.append(
                 f"rank {role.rank:<7} node {role.node_rank} local {role.local_rank}  {coords}"
             )
