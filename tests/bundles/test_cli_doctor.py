@@ -418,6 +418,15 @@ def test_doctor_given_a_config_path_that_is_no_file_is_an_error(cli, tmp_path):
     assert str(tmp_path / "p" / "train.yaml") in json.loads(result.out)["hint"]
 
 
+def test_doctor_given_an_empty_config_is_an_error(cli):
+    """`dllm doctor --config "$SPEC"` with SPEC unset read as no --config: the host alone was
+    checked and reported "ready", exit 0; `dllm launch` refuses it so."""
+    for empty in ("", " "):
+        result = cli("doctor", "--config", empty, "--json")
+        assert_user_error(result, "--config is empty (an unset shell variable?)")
+        assert json.loads(result.out)["hint"].startswith("pass the RunSpec to check")
+
+
 def test_doctor_install_fix_works_without_an_index_variable(cli, tmp_path, monkeypatch):
     """The kernel bundle check's fix, `dllm bundle install --release vX --auto`, stopped at
     "no bundle index given" when pasted on a host without DLLM_BUNDLE_INDEX."""

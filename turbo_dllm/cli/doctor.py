@@ -89,6 +89,15 @@ def build_context(
 def _doctor(args) -> int:
     from turbo_dllm.doctor import run_checks
 
+    if args.config is not None and not args.config.strip():
+        from turbo_dllm.errors import DllmError
+
+        # `--config "$SPEC"` with SPEC unset: read as no --config, it reported the host "ready"
+        raise DllmError(
+            "--config is empty (an unset shell variable?)",
+            hint="pass the RunSpec to check (--config train.yaml), or leave --config out to "
+            "check this host alone",
+        )
     check_world_size(args.world_size)  # was checked as if it made sense
     check_overrides_have_config(args)  # a run's --set without its RunSpec checked nothing
     report = run_checks(build_context(args.config, args.world_size, args.overrides))
