@@ -3,6 +3,8 @@ the RoPE types training cannot reproduce are refused naming what is supported.""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -86,6 +88,36 @@ def test_yarn_logits_equal_transformers(tmp_path, model_type, rope_scaling):
         )
 
 
+@pytest.mark.parametrize("model_type,rope_type", [("qwen3", "yarn"), ("llama", "llama3")])
+def test_a_config_without_the_original_length_reads_as_transformers_reads_it(
+    tmp_path, model_type, rope_type
+):
+    """transformers' config takes `original_max_position_embeddings` from
+    `max_position_embeddings` (64 here) when a config.json leaves it out; it was refused."""
+    rope = {"rope_type": rope_type, "factor": 4.0}
+    if rope_type == "llama3":
+        rope.update(low_freq_factor=1.0, high_freq_factor=4.0)
+    _hf_model(model_type, {**rope, "original_max_position_embeddings": 64}).save_pretrained(
+        tmp_path
+    )
+    path = tmp_path / "config.json"
+    written = json.loads(path.read_text())
+    del written["rope_parameters"]["original_max_position_embeddings"]
+    path.write_text(json.dumps(written))
+    hf = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    assert hf.config.rope_parameters["original_max_position_embeddings"] == 64
+    config = get_family("causal_lm").resolve_config(path=str(tmp_path), from_config=None)
+    assert config.rope_scaling["original_max_position_embeddings"] == 64
+    ours = materialize(
+        build_model(config, _causal), torch.device("cpu"), seed=0, weights_from=str(tmp_path)
+    ).eval()
+    ids = torch.randint(0, VOCAB, (2, LENGTH))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ours(ids, torch.arange(LENGTH)), hf(input_ids=ids).logits, atol=2e-5, rtol=1e-4
+        )
+
+
 def _config(**rope) -> dict:
     return {
         **get_family("causal_lm").presets["tiny"],
@@ -97,10 +129,7 @@ def _config(**rope) -> dict:
 @pytest.mark.parametrize(
     "rope,needle",
     [
-        (
-            {"rope_type": "yarn", "factor": 4.0},
-            "rope_scaling lacks 'original_max_position_embeddings'",
-        ),
+        ({"rope_type": "yarn"}, "rope_scaling lacks 'factor'"),
         ({**QWEN3_PUBLISHED, "factor": 0}, "rope_scaling.factor must be a finite number > 0"),
         ({**QWEN3_PUBLISHED, "beta_fast": "32"}, "rope_scaling.beta_fast must be a finite number"),
         ({**QWEN3_PUBLISHED, "mscale": -1.0}, "rope_scaling.mscale must be a finite number >= 0"),
@@ -132,3 +161,15 @@ def test_run_time_rope_types_are_refused_naming_the_supported_ones(rope):
     assert f"rope type {rope['rope_type']!r} is not supported" in message
     assert "follow each sequence's length at run time" in message
     assert "(supported: default, linear, llama3, yarn)" in message
+
+
+def test_qwen3_8_takes_the_original_length_as_transformers_does():
+    """The Qwen3.8 reader fills a yarn RoPE's original length as Qwen3_5TextConfig does."""
+    from turbo_dllm.families.qwen3_8.config import PRESETS, Qwen38Config
+
+    tiny = {**PRESETS["tiny"], "max_position_embeddings": 256}
+    rope = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6, "partial_rotary_factor": 0.25}
+    ours = Qwen38Config.from_hf_dict({**tiny, "rope_parameters": rope})
+    theirs = transformers.Qwen3_5TextConfig(rope_parameters=dict(rope), max_position_embeddings=256)
+    assert theirs.rope_parameters["original_max_position_embeddings"] == 256
+    assert ours.rope_scaling["original_max_position_embeddings"] == 256

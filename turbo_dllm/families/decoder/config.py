@@ -33,6 +33,7 @@ __all__ = [
     "DecoderConfig",
     "cut_layer_list",
     "rope_scaling_problems",
+    "with_original_length",
     "rope_type_problems",
     "tensor_parallel_problems",
 ]
@@ -48,6 +49,9 @@ _ROPE_SCALING_KEYS = {
     "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
     "yarn": ("factor", "original_max_position_embeddings"),
 }
+# The scaled types whose `original_max_position_embeddings` transformers' config takes from
+# `max_position_embeddings` when a config.json leaves it out (`with_original_length`).
+_ORIGINAL_LENGTH_TYPES = ("llama3", "yarn")
 # The keys a type reads where present (transformers' optional ones): "number" finite and >= 0,
 # "positive" > 0, "flag" true or false. A null one is read as transformers reads it: YaRN takes
 # a null (or zero) beta or mscale, or a null attention_factor, as absent, and a null truncate as
@@ -266,6 +270,12 @@ class DecoderConfig:
                     rope["rope_type"] = legacy_scaling["type"]
             rope_theta = float(rope.pop("rope_theta", hf.get("rope_theta", 10000.0)))
             rope.pop("type", None)
+            max_positions = int(
+                hf.get(
+                    "max_position_embeddings",
+                    key_default(str(model_type), "max_position_embeddings", 4096),
+                )
+            )
             scaling = rope if rope.get("rope_type", "default") != "default" else None
             attention_bias = bool(hf.get("attention_bias", False))
             act = str(hf.get("hidden_act") or hf.get("hidden_activation") or "silu")
@@ -280,13 +290,8 @@ class DecoderConfig:
                 head_dim=head_dim_for(hf, str(model_type), hidden, heads),
                 rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
                 rope_theta=rope_theta,
-                rope_scaling=scaling,
-                max_position_embeddings=int(
-                    hf.get(
-                        "max_position_embeddings",
-                        key_default(str(model_type), "max_position_embeddings", 4096),
-                    )
-                ),
+                rope_scaling=with_original_length(scaling, max_positions),
+                max_position_embeddings=max_positions,
                 tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
                 # Qwen2 always biases q/k/v (and never o); Llama/Qwen3 follow attention_bias.
                 qkv_bias=True if model_type == "qwen2" else attention_bias,
@@ -414,6 +419,17 @@ def rope_type_problems(scaling: dict[str, Any] | None, supported: tuple[str, ...
         else ""
     )
     return [f"rope type {rope_type!r} is not supported{why} (supported: {', '.join(supported)})"]
+
+
+def with_original_length(scaling: dict[str, Any] | None, max_positions: int) -> dict | None:
+    """`scaling` as transformers' config reads it: a llama3 or yarn RoPE without
+    `original_max_position_embeddings` takes the config's `max_position_embeddings` (it warns;
+    the published configs that leave the key out mean their own context length)."""
+    if not scaling or scaling.get("rope_type") not in _ORIGINAL_LENGTH_TYPES:
+        return scaling
+    if "original_max_position_embeddings" in scaling:
+        return scaling
+    return {**scaling, "original_max_position_embeddings": max_positions}
 
 
 def rope_scaling_problems(

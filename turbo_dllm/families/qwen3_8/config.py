@@ -35,6 +35,7 @@ from turbo_dllm.families.decoder.config import (
     cut_layer_list,
     rope_scaling_problems,
     rope_type_problems,
+    with_original_length,
 )
 from turbo_dllm.families.decoder.config import JSON_KINDS as DECODER_KINDS
 
@@ -423,6 +424,9 @@ class Qwen38Config:
             # What a scaled type reads (the rest: the rotated dims and the multimodal layout)
             scaling = {k: v for k, v in rope.items() if k not in _ROPE_LAYOUT_KEYS}
             layer_types = _layer_types(text, layers)
+            max_positions = int(
+                text.get("max_position_embeddings", _DEFAULTS["max_position_embeddings"])
+            )
             act = str(text.get("hidden_act") or "silu")
             return cls(
                 model_type="qwen3_5_text",
@@ -459,10 +463,12 @@ class Qwen38Config:
                     if rope.get("mrope_section") is None
                     else tuple(int(x) for x in rope["mrope_section"])
                 ),
-                rope_scaling=scaling if scaling["rope_type"] != "default" else None,
-                max_position_embeddings=int(
-                    text.get("max_position_embeddings", _DEFAULTS["max_position_embeddings"])
+                rope_scaling=(
+                    with_original_length(scaling, max_positions)
+                    if scaling["rope_type"] != "default"
+                    else None
                 ),
+                max_position_embeddings=max_positions,
                 tie_word_embeddings=bool(text.get("tie_word_embeddings", False)),
                 attention_bias=bool(text.get("attention_bias", False)),
                 hidden_act=ACTIVATION_ALIASES.get(act, act),
