@@ -100,6 +100,12 @@ def _doctor(args) -> int:
         )
     check_world_size(args.world_size)  # was checked as if it made sense
     check_overrides_have_config(args)  # a run's --set without its RunSpec checked nothing
+    if args.overrides:
+        from turbo_dllm.config.load import apply_overrides
+
+        # A --set that is no KEY=VALUE is a bad option (exit 2, as config validate and launch
+        # say it), not a failed config check whose fix repeated it.
+        apply_overrides({}, args.overrides)
     report = run_checks(build_context(args.config, args.world_size, args.overrides))
     if args.json:
         emit_json(report.to_json())
