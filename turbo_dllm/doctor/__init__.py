@@ -17,7 +17,8 @@ from typing import Any, Literal
 __all__ = ["CheckResult", "DoctorContext", "Report", "register_check", "run_checks"]
 
 # skip: not checked, because what the check needs is missing for a reason another check reports
-# (a RunSpec that did not load: the config check fails with the fix). Never changes readiness.
+# with the fix (a RunSpec that did not load: the config check; torch that does not import: the
+# torch check). Never changes readiness on its own.
 Status = Literal["pass", "warn", "fail", "skip"]
 
 
@@ -125,9 +126,9 @@ def run_checks(context: DoctorContext) -> Report:
                 raise
             outcome = CheckResult(
                 _check_name(func),
-                "warn",
-                f"not checked: it needs torch, which does not import ({error})",
-                fix="install torch first (the torch check's fix), then run dllm doctor again",
+                "skip",
+                f"not checked: it needs torch, which does not import (see the torch check) "
+                f"({error})",
             )
         results.extend(outcome if isinstance(outcome, list) else [outcome])
     return Report(results)
