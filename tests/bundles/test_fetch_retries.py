@@ -90,3 +90,15 @@ def test_the_help_says_retries_rule_the_catalog_too(cli):
     """The help says --retries is each download's, the catalog's too."""
     shown = cli("bundle", "install", "--help")
     assert "the catalog's and the bundle's" in " ".join(shown.out.split())
+
+
+def test_a_catalog_the_server_fails_to_serve_blames_the_server(cli, mirror):
+    """Every attempt answered HTTP 503: the hint said "check the index URL and your
+    connection", neither of which was wrong (the server answered). It says the server failed
+    now, with the status's reason."""
+    root, catalog_sha = mirror
+    with flaky(root, catalog=2) as server:
+        result = install_cli(cli, server.url, catalog_sha, 1)
+    assert_user_error(result, "after 2 attempts: HTTP 503 Service Unavailable")
+    hint = result.err.split("hint: ", 1)[1]
+    assert "the server answered with an error" in hint and "your connection" not in hint

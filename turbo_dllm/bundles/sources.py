@@ -38,6 +38,7 @@ __all__ = [
     "NotFound",
     "OFFLINE_VARIABLE",
     "Opened",
+    "ServerFailed",
     "Source",
     "TransientError",
     "index_root_hint",
@@ -70,6 +71,11 @@ class NotFound(DllmError):
 class TransientError(Exception):
     """A failure worth retrying (connection reset, truncated body, 5xx); its message does not
     name the URL, which whoever reports it puts in front."""
+
+
+class ServerFailed(TransientError):
+    """The server answered with an error status worth retrying (5xx, 408, 429): it works,
+    but cannot serve the file now; the URL and the connection are fine."""
 
 
 class DeadlineExceeded(DllmError):
@@ -206,7 +212,10 @@ class Source:
                 if attempt == retries:  # the attempts ran out: said so, whatever time is left
                     raise DllmError(
                         f"cannot fetch {self.url(path)} after {attempts_text(retries + 1)}: {error}",
-                        hint="check the index URL and your connection, then retry",
+                        hint="the server answered with an error (it is failing or overloaded): "
+                        "retry later, or use another mirror"
+                        if isinstance(error, ServerFailed)
+                        else "check the index URL and your connection, then retry",
                     ) from None
                 if time.monotonic() + backoff_s * 2**attempt > deadline.at:
                     raise _fetch_deadline(
@@ -377,7 +386,7 @@ class _HttpSource(Source):
             return self.open(path, 0, deadline, pool)
         if status in (408, 429) or status >= 500:
             response.close()
-            raise TransientError(f"HTTP {status}")
+            raise ServerFailed(f"HTTP {status} {response.reason}".rstrip())
         if status == 404:
             response.close()
             raise NotFound(
