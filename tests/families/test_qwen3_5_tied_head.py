@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from turbo_dllm.errors import DllmError
 from turbo_dllm.families.qwen3_8.runtime import build_model
 from turbo_dllm.registry import get_family
 from turbo_dllm.train.weights import materialize
@@ -111,3 +112,31 @@ def test_a_tying_override_reaches_the_root(tmp_path):
         path=None, from_config=str(folder), overrides={"tie_word_embeddings": True}
     )
     assert tied.tie_word_embeddings is True
+
+
+def test_a_folder_tied_only_in_its_text_config_is_told_the_root_decides(tmp_path):
+    """A tied folder (no lm_head.weight) whose root lost tie_word_embeddings while its
+    text_config says true: the refusal said "says tie_word_embeddings: false" (it read the
+    text_config's keys as the root's); it names the root and the text_config's unread value."""
+    config = transformers.Qwen3_5Config(
+        text_config={**TEXT, "tie_word_embeddings": True},
+        vision_config=VISION,
+        tie_word_embeddings=True,
+    )
+    transformers.Qwen3_5ForConditionalGeneration(config).save_pretrained(tmp_path)
+    saved = json.loads((tmp_path / "config.json").read_text())
+    del saved["tie_word_embeddings"]
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    ours_config = get_family("qwen3_8").resolve_config(path=str(tmp_path), from_config=None)
+    with pytest.raises(DllmError) as refused:
+        materialize(
+            build_model(ours_config, _causal),
+            torch.device("cpu"),
+            seed=0,
+            weights_from=str(tmp_path),
+        )
+    message = refused.value.message
+    assert "leaves out tie_word_embeddings at its root" in message
+    assert "text_config's value does not tie" in message
+    assert "says tie_word_embeddings: false" not in message
+    assert "tie_word_embeddings: true" in refused.value.hint

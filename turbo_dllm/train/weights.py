@@ -293,13 +293,19 @@ _SHAPE_KEYS = (
 )
 
 
-def _config_keys(folder: Path) -> set[str] | None:
-    """The keys `folder`'s config.json (and its text_config) sets; None where it is unreadable."""
+def _config_document(folder: Path) -> dict | None:
+    """`folder`'s config.json as a dict; None where it is unreadable."""
     try:
         document = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    if not isinstance(document, dict):
+    return document if isinstance(document, dict) else None
+
+
+def _config_keys(folder: Path) -> set[str] | None:
+    """The keys `folder`'s config.json (and its text_config) sets; None where it is unreadable."""
+    document = _config_document(folder)
+    if document is None:
         return None
     text = document.get("text_config")
     return {*document, *(text if isinstance(text, dict) else ())}
@@ -345,11 +351,19 @@ def _refuse_an_untied_head_the_folder_lacks(missing, config, folder: Path) -> No
     "does config.json match the weights": transformers would load it with a random head."""
     if missing != [_HEAD] or getattr(config, "tie_word_embeddings", True):
         return
-    keys = _config_keys(folder)
+    # Only the root's key ties the head (a multimodal folder's text_config says nothing here:
+    # transformers' Qwen3_5ForConditionalGeneration reads the root alone).
+    document = _config_document(folder)
+    text = document.get("text_config") if document is not None else None
     says = (
-        "leaves out tie_word_embeddings, which for its model_type means false"
-        if keys is not None and "tie_word_embeddings" not in keys
-        else "says tie_word_embeddings: false"
+        "says tie_word_embeddings: false"
+        if document is None or "tie_word_embeddings" in document
+        else "leaves out tie_word_embeddings at its root, which for its model_type means false"
+        + (
+            " (its text_config's value does not tie the model's head)"
+            if isinstance(text, dict) and "tie_word_embeddings" in text
+            else ""
+        )
     )
     raise DllmError(
         f"{str(folder)!r} holds no {_HEAD} (the output head), and its config.json {says} (a "
