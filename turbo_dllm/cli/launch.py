@@ -75,7 +75,11 @@ def register(subparsers) -> None:
         "for more nodes once MIN have joined; torchrun's default is 30 s)",
     )
     where = p.add_argument_group("run dir")
-    where.add_argument("--run-dir", default=None, help="exactly this run dir (must be new)")
+    where.add_argument(
+        "--run-dir",
+        default=None,
+        help="exactly this run dir: a new folder, or one that holds no run",
+    )
     where.add_argument(
         "--run-root",
         default=None,
