@@ -343,6 +343,11 @@ def test_doctor_reports_a_bad_override_in_its_check_and_goes_on(cli, tmp_path, m
     assert checks["kernels"]["status"] == "pass"  # reference kernels need no host
     assert checks["gpus"]["status"] == "pass"  # judged on the real host
     assert checks["attention merge"]["status"] == "pass"
+    # The checks that compare with the fingerprint are skips naming the fingerprint check: they
+    # repeated its failure as warnings (the kernel bundle's, the environment's)
+    for name in ("kernel bundle", "environment"):
+        assert checks[name]["status"] == "skip", checks[name]
+        assert "(see the fingerprint check)" in checks[name]["detail"]
     text = cli("doctor")
     assert text.code == 1 and "not ready" in text.out and "Traceback" not in text.err
 

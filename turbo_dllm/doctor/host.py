@@ -11,7 +11,7 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["host_fingerprint", "host_view"]
+__all__ = ["host_fingerprint", "host_view", "unreadable_fingerprint"]
 
 
 def host_fingerprint(ctx: Any):
@@ -46,3 +46,23 @@ def host_view(ctx: Any):
             fingerprint = collect_fingerprint(apply_overrides=False)
         view = ctx.extras["host_view"] = HostView.from_fingerprint(fingerprint)
     return view
+
+
+def unreadable_fingerprint(ctx: Any, name: str, caused: DllmError | None = None):
+    """The skip of check `name`, which compares with this host's fingerprint, where a bad
+    DLLM_OVERRIDE_* value keeps it from being read (the fingerprint check fails, with the fix;
+    repeated as this check's warning, it said the same problem twice), else None. `caused`:
+    the error the check met, skipped only where it is that fingerprint's."""
+    try:
+        host_fingerprint(ctx)
+    except DllmError as error:
+        if caused is not None and error.message not in caused.message:
+            return None
+        from turbo_dllm.doctor import CheckResult
+
+        return CheckResult(
+            name,
+            "skip",
+            "not checked: this host's fingerprint cannot be read (see the fingerprint check)",
+        )
+    return None

@@ -10,6 +10,7 @@ import shlex
 import sys
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
+from turbo_dllm.doctor.host import unreadable_fingerprint
 from turbo_dllm.errors import DllmError
 
 NAME = "environment"
@@ -31,6 +32,10 @@ def environment_manifest(ctx: DoctorContext) -> CheckResult:
     try:
         manifest, origin = find_manifest()
     except DllmError as error:
+        # chosen by this host's fingerprint, unreadable: the fingerprint check says so
+        skipped = unreadable_fingerprint(ctx, NAME, caused=error)
+        if skipped is not None:
+            return skipped
         # The reasons follow on indented lines ("  cpu-x86_64: gpus: host sm80, ..."): keep them
         # (the first line alone ends in a colon), on the one line a check has.
         lines = [line.strip() for line in error.message.splitlines() if line.strip()]

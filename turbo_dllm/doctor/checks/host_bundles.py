@@ -7,6 +7,7 @@ import shlex
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
 from turbo_dllm.doctor.host import host_fingerprint as _fingerprint
+from turbo_dllm.doctor.host import unreadable_fingerprint
 from turbo_dllm.errors import DllmError
 
 
@@ -109,7 +110,6 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
     wants_bundle = asked is not None
     try:
         bundle = active_bundle()
-        fingerprint = _fingerprint(ctx)
     except DllmError as error:
         return CheckResult(
             "kernel bundle",
@@ -117,6 +117,10 @@ def kernel_bundle(ctx: DoctorContext) -> CheckResult:
             error.message,
             fix=error.hint or _install_fix(),
         )
+    skipped = unreadable_fingerprint(ctx, "kernel bundle")
+    if skipped is not None:
+        return skipped
+    fingerprint = _fingerprint(ctx)
     if bundle is None:
         blocked = _blocked_store()
         if blocked is not None:  # `dllm bundle install` could not make the store there
@@ -234,6 +238,9 @@ def kernels_for_spec(ctx: DoctorContext) -> CheckResult:
                 return CheckResult(
                     "kernels", "pass", "no bundle to load (pass --config to check one)"
                 )
+            skipped = unreadable_fingerprint(ctx, "kernels")
+            if skipped is not None:
+                return skipped
             differences = bundle.target.differences(_fingerprint(ctx))
         except DllmError as error:
             return CheckResult("kernels", "warn", error.message, fix=error.hint or "reinstall")
@@ -246,6 +253,10 @@ def kernels_for_spec(ctx: DoctorContext) -> CheckResult:
                 fix=_no_torch_fix(_fingerprint(ctx)) or _install_fix(),
             )
         kind = "native"
+    if kind == "native":
+        skipped = unreadable_fingerprint(ctx, "kernels")
+        if skipped is not None:
+            return skipped
     try:
         fingerprint = _fingerprint(ctx) if kind == "native" else None
         overridden = fingerprint is not None and bool(fingerprint.overrides)
