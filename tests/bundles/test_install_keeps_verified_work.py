@@ -176,3 +176,40 @@ def test_a_disk_that_fills_while_downloading_says_the_part_is_kept(cli, served, 
     assert result.code == 0, result.err
     assert server.state.requests[-1][1] == f"bytes={kept}-"  # resumed, not started over
     assert BundleStore().active().sha256 == entry.sha256
+
+
+KILLED_AFTER_THE_RENAME = """
+import os, signal, sys
+from turbo_dllm.bundles.store import BundleStore
+real = BundleStore.add_extracted
+def killed(self, *args, **kwargs):
+    real(self, *args, **kwargs)
+    os.kill(os.getpid(), signal.SIGKILL)
+BundleStore.add_extracted = killed
+from turbo_dllm.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_download_whose_bundle_is_in_the_store_is_not_called_partial(cli, served):
+    """Killed just after the rename into the store: the `.part` file is a download of a bundle
+    that is installed. `status` called it "a partial download" that the install "resumes",
+    and only an install of that bundle removed it; it says what it is now, and the next
+    bundle command removes it."""
+    server, catalog_sha, entry = served
+    process = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_THE_RENAME, *_command(server, catalog_sha)],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert process.returncode == -signal.SIGKILL, process.stderr
+    store = BundleStore()
+    part = store.downloads_dir / f"{entry.sha256}.part"
+    assert [b.sha256 for b in store.installed()] == [entry.sha256] and part.exists()
+    status = cli("bundle", "status")
+    assert f"downloads/{part.name}" in status.out
+    assert "a download of a bundle that is installed" in status.out, status.out
+    assert "partial" not in status.out and "resumes it" not in status.err
+    with store.locked(0):  # what every bundle command that changes the store does first
+        pass
+    assert not part.exists()
+    assert store.installed()[0].sha256 == entry.sha256

@@ -271,10 +271,12 @@ def run_install(
                         catalog_sha256=plan.catalog_sha256,
                     ),
                 )
+                # Kept until the bundle was in the store: a process killed before then left the
+                # verified archive for the next run to hash again and unpack, not to download.
+                room.part.unlink(missing_ok=True)
         with signals_deferred():
             store.make_active(bundle)
-        # Kept until the bundle was in the store: a process killed before then left the verified
-        # archive for the next run to hash again and unpack, not to download again.
+        # (A copy already in the store: a download a killed install left is not needed.)
         (store.downloads_dir / f"{entry.sha256}.part").unlink(missing_ok=True)
     already = reused and previous is not None and previous.sha256 == bundle.sha256
     if previous is not None and previous.sha256 == bundle.sha256:

@@ -460,15 +460,33 @@ class BundleStore:
                     else sweep
                 )
                 found.append(Leftover(path, _size_of(path), what, fix))
-        if self.downloads_dir.is_dir():
-            for path in sorted(self.downloads_dir.glob("*.part")):
-                sha = path.name.removesuffix(".part")
+        for path in self._downloads():
+            sha = path.name.removesuffix(".part")
+            if self._installed_whole(sha):
+                what, fix = "a download of a bundle that is installed", sweep
+            else:
+                what = "a partial download"
                 fix = (
                     f"the `dllm bundle install` of bundle {sha[:12]} resumes it; delete it to "
                     "free its space if you will not install that bundle"
                 )
-                found.append(Leftover(path, _size_of(path), "a partial download", fix))
+            found.append(Leftover(path, _size_of(path), what, fix))
         return found
+
+    def _downloads(self) -> list[Path]:
+        """The `.part` files in `downloads/`."""
+        try:
+            return sorted(self.downloads_dir.glob("*.part"))
+        except OSError:
+            return []
+
+    def _installed_whole(self, sha256: str) -> bool:
+        """Whether store entry `sha256` is a complete bundle (its records read): its download
+        is no longer needed (a process killed between the rename into the store and deleting
+        the `.part` file left it)."""
+        return _SHA256.fullmatch(sha256) is not None and isinstance(
+            self._read(sha256), InstalledBundle
+        )
 
     def _lock_held_by_another(self) -> bool:
         """Whether a bundle command holds the lock now (a shared lock cannot be had at once)."""
@@ -515,8 +533,8 @@ class BundleStore:
 
     def _sweep_staging(self) -> None:
         """Repair and remove what killed operations left: a store entry `active` or `previous`
-        points at that is only in the trash is put back; then staging/trash folders and
-        half-made symlinks are removed."""
+        points at that is only in the trash is put back; then staging/trash folders, half-made
+        symlinks and the downloads of bundles that are in the store are removed."""
         self._restore_trash()
         for folder, pattern in ((self.staging_dir, "*"), (self.store_dir, ".*")):
             if folder.is_dir():
@@ -524,6 +542,9 @@ class BundleStore:
                     remove_tree(path)
         for pattern in (".active.*", ".previous.*"):
             for path in self.root.glob(pattern):
+                path.unlink(missing_ok=True)
+        for path in self._downloads():
+            if self._installed_whole(path.name.removesuffix(".part")):
                 path.unlink(missing_ok=True)
 
     @contextlib.contextmanager
