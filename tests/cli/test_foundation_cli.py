@@ -78,6 +78,23 @@ def test_yaml_syntax_error_names_line(cli, tmp_path):
     )
 
 
+def test_yaml_syntax_error_names_where_an_unclosed_bracket_or_quote_began(cli, tmp_path):
+    """PyYAML marks the end of the file (line 3 of a 2-line file): the error named only that
+    line, and the hint said to check it; it now names where the `[` or quote was opened."""
+    config = write(tmp_path / "bad.yaml", "training:\n  steps: [1, 2\n")
+    assert_user_error(
+        cli("config", "validate", "--config", config),
+        "bad.yaml:3:1: expected ',' or ']', but got '<stream end>' (while parsing a flow "
+        "sequence at line 2, column 10)",
+        "from line 2, column 10 to that line",
+    )
+    config = write(tmp_path / "quote.yaml", 'launch:\n  name: "abc\nmodel: {}\n')
+    assert_user_error(
+        cli("config", "validate", "--config", config),
+        "(while scanning a quoted scalar at line 2, column 9)",
+    )
+
+
 def test_top_level_must_be_mapping(cli, tmp_path):
     config = write(tmp_path / "list.yaml", "- 1\n- 2\n")
     assert_user_error(cli("config", "validate", "--config", config), "mapping")

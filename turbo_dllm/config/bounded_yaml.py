@@ -254,10 +254,16 @@ def parse_yaml(text: str, source: str, *, key: str | None = None) -> Any:
         tab = _a_tab(text, mark, problem)
         if tab is not None:
             raise DllmError(f"YAML syntax error at {where}: {tab[0]}", hint=tab[1]) from None
-        raise DllmError(
-            f"YAML syntax error at {where}: {problem}",
-            hint="check indentation and quoting on that line",
-        ) from None
+        # Where the construct the problem is in began (an unclosed `[` or quote): the problem's
+        # own mark is often past it, at the end of the file ("got '<stream end>'" on a line the
+        # file does not have), so "check that line" sent the user to nothing.
+        context, opened = getattr(error, "context", None), getattr(error, "context_mark", None)
+        hint = "check indentation and quoting on that line"
+        if context and opened is not None and mark is not None and opened.line != mark.line:
+            began = f"line {opened.line + 1}, column {opened.column + 1}"
+            problem = f"{problem} ({context} at {began})"
+            hint = f"check indentation, brackets and quoting from {began} to that line"
+        raise DllmError(f"YAML syntax error at {where}: {problem}", hint=hint) from None
     finally:
         if loader is not None:
             loader.dispose()
