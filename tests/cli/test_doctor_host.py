@@ -19,3 +19,33 @@ def test_a_relative_dllm_home_is_a_warning_with_the_absolute_export(cli, tmp_pat
     monkeypatch.setenv("DLLM_HOME", str(tmp_path / "rel home"))  # the fix, applied
     result = cli("doctor", "--json")
     assert {c["name"]: c for c in json.loads(result.out)["checks"]}["cache dir"]["status"] == "pass"
+
+
+def test_a_run_dir_that_holds_a_run_fails_as_launch_refuses_it(cli, tmp_path, monkeypatch):
+    """launch.run_dir naming the folder of an earlier run (the same spec launched again): doctor
+    passed "runs go under <it>" and reported ready; `dllm launch` then refused it."""
+    monkeypatch.chdir(tmp_path)
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        "model: {family: qwen3, from_config: tiny}\n"
+        "data: {synthetic: {}, seq_len: 64}\n"
+        "training: {steps: 10}\nlaunch: {run_dir: held run}\n"
+    )
+    checks = {
+        c["name"]: c for c in json.loads(cli("doctor", "--config", config, "--json").out)["checks"]
+    }
+    assert checks["run dir"] == {
+        "name": "run dir",
+        "status": "pass",
+        "detail": f"the run goes to {tmp_path / 'held run'} (launch.run_dir)",
+        "fix": None,
+    }
+    (tmp_path / "held run").mkdir()
+    (tmp_path / "held run" / "manifest.json").write_text("{}")
+    result = cli("doctor", "--config", config, "--json")
+    check = {c["name"]: c for c in json.loads(result.out)["checks"]}["run dir"]
+    assert result.code == 1 and check["status"] == "fail", check
+    assert "already holds a run" in check["detail"]
+    assert f"dllm run show {shlex.quote(str(tmp_path / 'held run'))}" in check["fix"]
+    launch = cli("launch", "--config", config, "--dry-run")
+    assert launch.code == 2 and "already holds a run" in launch.err  # what doctor now foretells

@@ -167,6 +167,20 @@ def run_dir(ctx: DoctorContext) -> CheckResult:
             f"cannot create runs under {target}: {problem.detail}",
             fix=problem.fix(choose),
         )
+    if ctx.run_dir is None and ctx.spec is not None and ctx.spec.launch.run_dir:
+        # The run dir itself, not a root: `dllm launch` refuses one that holds a run (a second
+        # launch of the same spec), which was reported ready ("runs go under" it).
+        if (target / "manifest.json").exists():
+            return CheckResult(
+                "run dir",
+                "fail",
+                f"launch.run_dir {target} already holds a run (its manifest.json): `dllm "
+                "launch` does not write into another run's dir",
+                fix="set launch.run_dir to a new folder, or leave it unset for a fresh "
+                f"runs/<stamp>-<id> on each launch; dllm run show {shlex.quote(str(target))} "
+                "shows that run",
+            )
+        return CheckResult("run dir", "pass", f"the run goes to {target} (launch.run_dir)")
     return CheckResult("run dir", "pass", f"runs go under {target}")
 
 
