@@ -198,3 +198,37 @@ def test_a_rollback_killed_midway_keeps_both_bundles(
     assert code == 0, err
     assert store.active().sha256 == installed.sha256
     assert store.previous().sha256 == entry.sha256
+
+
+@pytest.mark.parametrize("where", ["between-links", "after-exchange"])
+def test_an_activation_killed_midway_leaves_a_whole_one(
+    cli,
+    bundle_b,  # noqa: F811 - the fixture's value
+    installed,
+    tmp_path,
+    where,
+):
+    """Installing B over the active A wrote `previous` (A) and then `active` (B): killed between
+    the two, both named A, B was installed but not active, and `dllm bundle rollback` then
+    "rolled back" to A, the active one. It swaps the links in one step now, and a kill right
+    after the swap is completed by the next reader: B active, A previous."""
+    if not exchange_works(tmp_path):
+        pytest.skip("this file system has no renameat2(RENAME_EXCHANGE)")
+    b_mirror, b_catalog, entry = bundle_b
+    command = ("bundle", "install", "--release", "v-b", "--auto", "--mirror", b_mirror,
+               "--catalog-sha256", b_catalog)  # fmt: skip
+    paused, code, err = run_child(where, *command)
+    store = BundleStore()
+    if where == "between-links":
+        assert not paused, (
+            f"killed between the links: active {store.active().short_sha}, "
+            f"previous {store.previous().short_sha}"
+        )
+        assert code == 0, err
+    else:
+        assert paused and code == -signal.SIGKILL, err
+    assert store.active().sha256 == entry.sha256
+    assert store.previous().sha256 == installed.sha256
+    assert not [p for p in store.root.iterdir() if p.name.startswith(".")]
+    rolled = cli("bundle", "rollback")
+    assert rolled.code == 0 and store.active().sha256 == installed.sha256, rolled.err

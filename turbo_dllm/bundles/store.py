@@ -11,8 +11,9 @@
 A bundle becomes visible only by renaming its finished staging folder into place, and becomes
 active only by renaming a new symlink over `active`; a process killed at any point leaves the
 previous bundle active and no partial state visible. A damaged copy is replaced by a new one in
-one atomic exchange (Linux `renameat2(RENAME_EXCHANGE)`), and rollback swaps `active` and
-`previous` the same way; where that call is missing (another OS, a file system without it) the
+one atomic exchange (Linux `renameat2(RENAME_EXCHANGE)`), rollback swaps `active` and
+`previous` the same way, and activation exchanges a new link with `active` before the old one
+becomes `previous` (`_swap_active`); where that call is missing (another OS, a file system without it) the
 old copy goes to `store/.trash-<sha256>-<random>` first, and a process killed before the new
 copy took its place leaves `active` pointing at nothing only until the next bundle command (or
 reader of `active`) puts that copy back.
@@ -299,6 +300,8 @@ class BundleStore:
     def _link(self, name: str) -> str | None:
         """The sha256 a store link (`active`, `previous`) points at, if any. A link to an entry
         that a killed replacement left only in the trash puts that entry back first."""
+        if name == "previous" and self._activation_left():
+            self._repair_unlocked()
         sha = self._pointed(name)
         if sha is None:
             return None
@@ -314,6 +317,14 @@ class BundleStore:
             return None
         sha = Path(target).name
         return sha if _SHA256.fullmatch(sha) else None
+
+    def _activation_left(self) -> bool:
+        """Whether an activation's link (`_swap_active`) is still there: one killed after its
+        exchange, whose `previous` is yet to be written."""
+        try:
+            return any(self.root.glob(".active.*.*"))
+        except OSError:
+            return False
 
     def _trash_of(self, sha256: str) -> list[Path]:
         """The trash copies of store entry `sha256` (see `_replace_entry`)."""
@@ -338,12 +349,13 @@ class BundleStore:
         return restored
 
     def _repair_unlocked(self) -> None:
-        """`_restore_trash` for a reader: only when the lock is free at once (a holder may be
-        between the two renames right now) and the home writable; otherwise left to the next
-        bundle command, which does it first."""
+        """`_restore_trash` and `_finish_activation` for a reader: only when the lock is free
+        at once (a holder may be between the two renames right now) and the home writable;
+        otherwise left to the next bundle command, which does it first."""
         try:
             with file_lock(self.lock_path, 0, "another bundle operation is running"):
                 self._restore_trash()
+                self._finish_activation()
         except (OSError, DllmError):
             pass
 
@@ -536,6 +548,7 @@ class BundleStore:
         points at that is only in the trash is put back; then staging/trash folders, half-made
         symlinks and the downloads of bundles that are in the store are removed."""
         self._restore_trash()
+        self._finish_activation()
         for folder, pattern in ((self.staging_dir, "*"), (self.store_dir, ".*")):
             if folder.is_dir():
                 for path in folder.glob(pattern):
@@ -664,11 +677,49 @@ class BundleStore:
         current = self._link("active")
         if current is None and self._link("previous") == bundle.sha256:
             os.replace(self.root / "previous", self.root / "active")
-        elif current != bundle.sha256:
-            if current:
+        elif current != bundle.sha256 and not (current and self._swap_active(bundle.sha256)):
+            if current:  # (no exchange on this system: two steps)
                 self._set_link("previous", current)
             self._set_link("active", bundle.sha256)
         return bundle
+
+    def _swap_active(self, sha256: str) -> bool:
+        """Point `active` at store entry `sha256` and `previous` at the one `active` named, the
+        first in one atomic step: a new link `.active.<sha256>.<random>` to the entry trades
+        places with `active` (so it then points at the bundle that was active), then is renamed
+        over `previous`. Two links written one after the other left both naming the old bundle
+        when killed between them. A process killed after the exchange leaves the new bundle
+        active and that link, which `_finish_activation` renames over `previous` (the next
+        bundle command, or reader of `previous`). False where the system has no exchange
+        (nothing changed)."""
+        pending = self.root / f".active.{sha256}.{os.urandom(6).hex()}"
+        os.symlink(f"store/{sha256}", pending)
+        try:
+            swapped = exchange(pending, self.root / "active")
+        except OSError:
+            pending.unlink(missing_ok=True)
+            raise
+        if not swapped:
+            pending.unlink()
+            return False
+        os.replace(pending, self.root / "previous")
+        return True
+
+    def _finish_activation(self) -> None:
+        """Complete an activation a killed process left after its exchange (`_swap_active`):
+        its link names the bundle `active` points at and points at another, the one to be
+        `previous`. Callers hold the lock."""
+        active = self._pointed("active")
+        for path in self.root.glob(".active.*.*"):
+            parts = path.name.split(".")  # "", "active", sha256, random
+            if len(parts) != 4 or active is None or parts[2] != active:
+                continue  # killed before the exchange: only swept
+            try:
+                before = Path(os.readlink(path)).name
+            except OSError:
+                continue
+            if before != active and _SHA256.fullmatch(before):
+                os.replace(path, self.root / "previous")
 
     def deactivate(self) -> InstalledBundle | DamagedBundle | None:
         """Make no bundle active: `active` becomes `previous` in one rename (a process killed at
