@@ -71,6 +71,18 @@ def test_missing_file(cli, tmp_path):
     assert_user_error(cli("config", "validate", "--config", tmp_path / "nope.yaml"), "not found")
 
 
+def test_a_missing_config_names_a_yaml_file_of_a_close_name(cli, tmp_path):
+    """`--config train.yml` beside a train.yaml got "check the path" only."""
+    write(tmp_path / "train.yaml", "launch: {seed: 5}\n")
+    for typo in ("train.yml", "trian.yaml"):
+        result = cli("config", "validate", "--config", tmp_path / typo)
+        assert_user_error(
+            result, "config file not found", f"did you mean {tmp_path / 'train.yaml'}?"
+        )
+    result = cli("config", "validate", "--config", tmp_path / "other.yaml")
+    assert_user_error(result, "config file not found", "check the path, or create one")
+
+
 def test_yaml_syntax_error_names_line(cli, tmp_path):
     config = write(tmp_path / "bad.yaml", "training:\n  steps: [1, 2\n")
     assert_user_error(

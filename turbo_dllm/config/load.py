@@ -56,7 +56,7 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     except FileNotFoundError:
         raise DllmError(
             f"config file not found: {str(path)!r}",
-            hint="check the path, or create one with `dllm init DIR`",
+            hint=_nearest_config(path) or "check the path, or create one with `dllm init DIR`",
         ) from None
     except IsADirectoryError:
         raise _a_folder(path) from None
@@ -75,6 +75,26 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
             "in a RunSpec; `source:`, `packing:` in a prepare.yaml), its fields indented below",
         )
     return document
+
+
+def _nearest_config(path: Path) -> str | None:
+    """ "did you mean train.yaml?" where the missing file's folder holds a YAML file of a name
+    close to it (`train.yml`, `trian.yaml`); None where none is."""
+    import difflib
+    import shlex
+
+    try:
+        names = [
+            entry.name
+            for entry in path.parent.iterdir()
+            if entry.suffix in (".yaml", ".yml") and entry.is_file()
+        ]
+    except OSError:
+        return None
+    match = difflib.get_close_matches(path.name, sorted(names), n=1, cutoff=0.75)
+    if not match:
+        return None
+    return f"did you mean {shlex.quote(str(path.with_name(match[0])))}?"
 
 
 def _a_folder(path: Path) -> DllmError:
