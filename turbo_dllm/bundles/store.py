@@ -63,6 +63,7 @@ RECORD_NAME = "install.json"
 DEFAULT_LOCK_TIMEOUT_S = 60.0
 LOCK_POLL_S = 0.05
 _SHA256 = re.compile(r"[0-9a-f]{64}")
+_TRASH = re.compile(r"\.trash-([0-9a-f]{64})-[0-9a-f]+")
 
 
 class InstallRecord(Record):
@@ -136,6 +137,9 @@ class DamagedBundle(NamedTuple):
 class BundleStore:
     def __init__(self, root: Path | None = None) -> None:
         self.root = root or dllm_home() / "bundles"
+        # Store entries whose trash copy (a removal or replacement a killed command left) the
+        # last sweep deleted: `uninstall` run again after a kill finishes with them.
+        self._swept: dict[str, InstalledBundle | DamagedBundle] = {}
 
     # --- layout -----------------------------------------------------------------------------
     @property
@@ -552,6 +556,9 @@ class BundleStore:
         for folder, pattern in ((self.staging_dir, "*"), (self.store_dir, ".*")):
             if folder.is_dir():
                 for path in folder.glob(pattern):
+                    trashed = _TRASH.fullmatch(path.name)
+                    if trashed and not (self.store_dir / trashed[1]).exists():
+                        self._swept[trashed[1]] = self._trashed(trashed[1], path)
                     remove_tree(path)
         for pattern in (".active.*", ".previous.*"):
             for path in self.root.glob(pattern):
@@ -761,9 +768,31 @@ class BundleStore:
             self._set_link("previous", current)
         return bundle
 
+    def _trashed(self, sha256: str, path: Path) -> InstalledBundle | DamagedBundle:
+        """What the trash copy `path` of store entry `sha256` was, read before it is deleted."""
+        try:
+            manifest = BundleManifest.model_validate_json((path / MANIFEST_NAME).read_bytes())
+            record = InstallRecord.model_validate_json((path / RECORD_NAME).read_bytes())
+        except (OSError, RecordError):
+            return DamagedBundle(sha256, self.store_dir / sha256, "partly deleted already")
+        return InstalledBundle(sha256, self.store_dir / sha256, manifest, record)
+
     def uninstall(self, ident: str) -> InstalledBundle | DamagedBundle:
-        """Remove an inactive store entry, a damaged one too (what verify reports FAIL)."""
-        bundle = self.find_entry(ident)
+        """Remove an inactive store entry, a damaged one too (what verify reports FAIL). One
+        whose removal a killed command began (its trash copy, which this command's lock just
+        swept) is returned as removed: running the killed uninstall again finishes it."""
+        try:
+            bundle = self.find_entry(ident)
+        except DllmError:
+            finished = [
+                entry
+                for sha, entry in self._swept.items()
+                if (len(ident) >= 6 and sha.startswith(ident.lower()))
+                or (isinstance(entry, InstalledBundle) and entry.bundle_id == ident)
+            ]
+            if len(finished) != 1:
+                raise
+            return finished[0]
         if self._link("active") == bundle.sha256:
             what = (
                 f"bundle {bundle.bundle_id}"
