@@ -157,6 +157,32 @@ def test_without_torch_the_fix_names_the_cpu_build_index(monkeypatch):
     from turbo_dllm.doctor.checks import portable
 
     monkeypatch.setitem(sys.modules, "torch", None)  # import torch raises ImportError
+    monkeypatch.setattr(portable, "_nvidia_driver", lambda: False)  # a host without a GPU
     result = portable.torch_import(DoctorContext())
     assert result.status == "fail"
     assert "--index-url https://download.pytorch.org/whl/cpu" in result.fix
+
+
+def test_without_torch_the_fix_installs_the_torch_this_host_can_use(monkeypatch):
+    """The fix read 'pip install torch --index-url .../cpu (the CPU build; ...), or the CUDA
+    build for your driver': on a GPU host the command given installed a torch without CUDA, and
+    pasted whole the line was a bash syntax error. It is now PyPI's (CUDA) torch where an NVIDIA
+    driver is loaded, into this interpreter's environment, and the rest a shell comment."""
+    import shlex
+    import subprocess
+    import sys
+
+    from turbo_dllm.doctor.checks import portable
+
+    monkeypatch.setitem(sys.modules, "torch", None)
+    python = shlex.quote(sys.executable)
+    for driver, command in (
+        (True, f"{python} -m pip install torch"),
+        (False, f"{python} -m pip install torch --index-url https://download.pytorch.org/whl/cpu"),
+    ):
+        monkeypatch.setattr(portable, "_nvidia_driver", lambda driver=driver: driver)
+        fix = portable.torch_import(DoctorContext()).fix
+        assert fix.split("   #")[0] == command, fix
+        syntax = subprocess.run(["bash", "-n", "-c", fix], capture_output=True, text=True)
+        assert syntax.returncode == 0, syntax.stderr
+        assert "pinned: dllm env sync --venv" in fix

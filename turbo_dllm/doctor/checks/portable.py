@@ -60,10 +60,17 @@ def _torch_fix() -> str:
         if sys.prefix != sys.base_prefix
         else ("dllm env sync --venv .venv")
     )
+    # The torch this host can use (it was the CPU build first on every host: pasted on a GPU
+    # host, a torch without CUDA), into this interpreter's environment whether it is activated
+    # or not; the rest is a shell comment, so the whole line pastes.
+    build = (
+        "PyPI's CUDA build, for this host's NVIDIA driver"
+        if _nvidia_driver()
+        else "the CPU build (plain `pip install torch` is PyPI's CUDA one)"
+    )
     return (
-        "pip install torch --index-url https://download.pytorch.org/whl/cpu (the CPU build; "
-        "plain `pip install torch` is the CUDA one), or the CUDA build for your driver; "
-        f"pinned: {pinned}"
+        f"{shlex.quote(sys.executable)} -m {_torch_install()}   # {build}; another build: "
+        f"docs/install.md; pinned: {pinned}"
     )
 
 
