@@ -298,6 +298,9 @@ def test_dllm_train_resumes_a_recorded_run_only_with_its_spec(cli, spec_file, wo
     assert_user_error(
         other, "recorded by `dllm launch` with another spec", "training.steps: 4 -> 6", "spec.yaml"
     )
+    # Only what differs: not the run dir, which the spec's hash leaves out (it read
+    # "launch.run_dir: '<run dir>' -> None" beside the real change).
+    assert "launch.run_dir" not in other.err, other.err
     assert not (run_dir / "metrics.jsonl").exists()
     # its own spec.yaml, edited: the refusal names the edit (the hint pointed at that file)
     recorded = (run_dir / "spec.yaml").read_text()

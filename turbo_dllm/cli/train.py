@@ -356,8 +356,13 @@ def _check_recorded_spec(spec, run_dir) -> bool:
     if manifest.spec_sha256 != spec_sha256(current):
         from turbo_dllm.jobs.drift import flat_diff
 
+        # Not launch.run_dir, which the hash leaves out (where a run is written is not what it
+        # computes): it was listed as a change beside the real ones, `'/x/runs/k' -> None` for
+        # the train.yaml the run was launched from.
         changed = [
-            f"{d.field}: {d.recorded!r} -> {d.current!r}" for d in flat_diff(manifest.spec, current)
+            f"{d.field}: {d.recorded!r} -> {d.current!r}"
+            for d in flat_diff(manifest.spec, current)
+            if d.field != "launch.run_dir"
         ]
         shown = "; ".join(changed[:5]) + (
             f"; and {len(changed) - 5} more" if len(changed) > 5 else ""
