@@ -8,7 +8,8 @@ DIR and renamed into place, so DIR is either the old mirror or the complete new 
 holds an flock on its staging folder, so the next create of DIR removes the one a killed create
 left (SIGTERM unwinds and removes its own) and leaves a running one's alone. Downloaded
 wheels go through `.DIR.downloads` (each under its name only once its sha256 is the manifest's),
-which outlives a create that fails or is stopped: run again, it resumes from them.
+as do the release's bundle archives (`bundles/`, see `release.add_release`), which outlives a
+create that fails or is stopped: run again, it resumes from them.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from turbo_dllm.mirror.layout import (
 from turbo_dllm.mirror.wheels import LocalWheels, WheelSource, download_wheel, scan_wheels
 from turbo_dllm.sigterm import unwinding_on_sigterm
 
-__all__ = ["MirrorPlan", "create_mirror", "downloads_folder"]
+__all__ = ["MirrorPlan", "create_mirror", "downloads_folder", "place"]
 
 
 @dataclass
@@ -76,7 +77,7 @@ def _downloaded(folder: Path, wheel) -> Path | None:
     return None
 
 
-def _place(source: Path, target: Path) -> None:
+def place(source: Path, target: Path) -> None:
     """`source` at `target`: a hard link where the file system allows (no second copy of
     gigabytes of wheels), else a copy."""
     try:
@@ -119,7 +120,7 @@ def _collect_wheels(
                         fetched = download_wheel(urls, wheel, downloads)
                     else:
                         _say(f"downloaded before: {wheel.filename}")
-                    _place(fetched, wheels_dir / wheel.filename)
+                    place(fetched, wheels_dir / wheel.filename)
                     collected[wheel.filename] = wheel.sha256
                     have = 1
                     break
@@ -342,7 +343,9 @@ def _check_still_replaceable(plan: MirrorPlan, dest: Path) -> None:
 
 def _settle_downloads(downloads: Path, done: bool) -> None:
     """Remove the downloads folder once the mirror is in place; after a failure or a stop keep
-    the wheels that were downloaded whole and checked (never a `.part`), and say so."""
+    the wheels that were downloaded whole and checked (never a `.part`) and the release's
+    bundle downloads (`bundles/`: whole archives and `<sha256>.part` files, both hashed again
+    when the next create uses them), and say so."""
     if not downloads.is_dir():
         return
     if done:
@@ -350,14 +353,17 @@ def _settle_downloads(downloads: Path, done: bool) -> None:
         return
     for partial in downloads.glob(".*.part"):
         partial.unlink(missing_ok=True)
-    kept = sorted(downloads.glob("*.whl"))
-    if not kept:
+    wheels = sorted(downloads.glob("*.whl"))
+    bundles = sorted(downloads.glob("bundles/*"))
+    if not wheels and not bundles:
         shutil.rmtree(downloads, ignore_errors=True)
         return
-    _say(
-        f"kept {len(kept)} downloaded wheel{'' if len(kept) == 1 else 's'} in {downloads}: the "
-        "same command again resumes from them"
-    )
+    kept = [
+        f"{len(found)} downloaded {what}{'' if len(found) == 1 else 's'}"
+        for found, what in ((wheels, "wheel"), (bundles, "bundle"))
+        if found
+    ]
+    _say(f"kept {' and '.join(kept)} in {downloads}: the same command again resumes from them")
 
 
 def _replace_folder(new: Path, dest: Path) -> None:

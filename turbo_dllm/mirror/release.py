@@ -86,8 +86,12 @@ def add_release(plan, staging: Path) -> None:
         )
     (staging / relative).parent.mkdir(parents=True, exist_ok=True)
     (staging / relative).write_bytes(data)
+    from turbo_dllm.mirror.create import downloads_folder, place
+
     bundles_dir = staging / "bundles"
-    downloads = staging / ".downloads"
+    # Next to DIR, not in staging: a create that fails or is stopped keeps what it downloaded
+    # (a `.part` to resume, or whole archives, hashed again when used).
+    downloads = downloads_folder(plan.dest.absolute()) / "bundles"
     for manifest in plan.manifests:
         entry = next((e for e in catalog.bundles if str(e.target) == manifest.bundle_target), None)
         if entry is None:
@@ -109,8 +113,4 @@ def add_release(plan, staging: Path) -> None:
             dest_dir=downloads,
         )
         bundles_dir.mkdir(exist_ok=True)
-        archive.replace(dest)
-    if downloads.exists():
-        for leftover in downloads.iterdir():
-            leftover.unlink()
-        downloads.rmdir()
+        place(archive, dest)  # the download stays until the mirror is in place
