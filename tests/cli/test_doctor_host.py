@@ -49,3 +49,36 @@ def test_a_run_dir_that_holds_a_run_fails_as_launch_refuses_it(cli, tmp_path, mo
     assert f"dllm run show {shlex.quote(str(tmp_path / 'held run'))}" in check["fix"]
     launch = cli("launch", "--config", config, "--dry-run")
     assert launch.code == 2 and "already holds a run" in launch.err  # what doctor now foretells
+
+
+def test_flex_is_judged_on_the_gpus_the_overrides_describe(cli, tmp_path, monkeypatch):
+    """A login node checking for its compute nodes (DLLM_OVERRIDE_GPUS, docs/bundles.md): the
+    attention backend check failed flex for "no CUDA GPU" in this process, while the other checks
+    judged the host described; the compile cache check said "nothing compiles (CPU ...)" of a
+    GPU run, whose cache its own torch keys. Where the overrides describe no GPU, flex fails."""
+    import torch
+
+    if torch.cuda.is_available():
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a login node
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        "model: {family: qwen3, from_config: tiny, attention: flex}\n"
+        "data: {synthetic: {}, seq_len: 64}\ntraining: {steps: 10}\n"
+    )
+
+    def checks():
+        report = json.loads(cli("doctor", "--config", config, "--json").out)
+        return {c["name"]: c for c in report["checks"]}
+
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "sm90,sm90")
+    found = checks()
+    assert found["attention backend"]["status"] == "pass", found["attention backend"]
+    assert (
+        found["attention backend"]["detail"] == "flex on the 2 GPU(s) DLLM_OVERRIDE_GPUS describes"
+    )
+    assert found["compile cache"]["status"] == "skip", found["compile cache"]
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "none")
+    found = checks()
+    assert found["attention backend"]["status"] == "fail"
+    assert "DLLM_OVERRIDE_GPUS describes a host without one" in found["attention backend"]["detail"]
+    assert found["compile cache"]["status"] == "pass"

@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
-from turbo_dllm.doctor.host import host_fingerprint
+from turbo_dllm.doctor.host import host_fingerprint, host_view
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import human_count
 
@@ -38,6 +38,21 @@ def attention_backend(ctx: DoctorContext) -> CheckResult:
     slurm = _slurm_plan(ctx)
     if slurm is not None and slurm.device == "cuda":  # its nodes' GPUs, not this login node's
         return CheckResult(name, "pass", "flex on the SLURM job's GPUs")
+    if slurm is None and _gpus_overridden(ctx):
+        # A login node checking for its compute nodes: their GPUs, not this process's (flex
+        # failed for "no CUDA GPU" here, while the other checks judged the host described).
+        gpus = host_view(ctx).gpus
+        if gpus:
+            return CheckResult(
+                name, "pass", f"flex on the {len(gpus)} GPU(s) DLLM_OVERRIDE_GPUS describes"
+            )
+        return CheckResult(
+            name,
+            "fail",
+            "flex needs a CUDA GPU, and DLLM_OVERRIDE_GPUS describes a host without one",
+            fix="set model.attention: reference for CPU runs, or DLLM_OVERRIDE_GPUS to the GPUs "
+            "the run gets",
+        )
     if slurm is not None or not torch.cuda.is_available():
         return CheckResult(
             name,
@@ -117,6 +132,14 @@ def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:
         fix = explain_index(error.hint or "see docs/bundles.md")
         return CheckResult(name, "fail", error.message, fix=fix)
     return CheckResult(name, "pass", detail)
+
+
+def _gpus_overridden(ctx: DoctorContext) -> bool:
+    """Whether DLLM_OVERRIDE_GPUS (read) describes the GPUs of the host the run goes to."""
+    try:
+        return "gpus" in host_fingerprint(ctx).overrides
+    except DllmError:  # unreadable: the fingerprint check says so; judged on this host
+        return False
 
 
 def _slurm_plan(ctx: DoctorContext):
@@ -264,6 +287,15 @@ def compile_cache(ctx: DoctorContext) -> CheckResult:
         return _no_spec(name, ctx)
     import torch
 
+    if _gpus_overridden(ctx) and bool(host_view(ctx).gpus) != torch.cuda.is_available():
+        # GPUs described for another host (a login node's check): its cache is keyed by its
+        # own torch, not this process's ("nothing compiles (CPU...)" was said of a GPU run)
+        return CheckResult(
+            name,
+            "skip",
+            "not checked: DLLM_OVERRIDE_GPUS describes another host, whose own torch keys its "
+            "compile cache (see the fingerprint check)",
+        )
     if not (ctx.spec.training.compile or torch.cuda.is_available()):
         return CheckResult(name, "pass", "nothing compiles (CPU, training.compile: false)")
     from turbo_dllm.train.compile_cache import (
