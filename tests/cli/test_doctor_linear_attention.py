@@ -80,3 +80,23 @@ def test_a_slurm_login_node_checks_the_package_not_its_own_gpus(monkeypatch):
     present = _check(_fla_spec(), job)
     assert present.status == "pass", present.detail
     assert "on the SLURM job's GPUs" in present.detail
+
+
+def test_a_login_node_with_overridden_gpus_checks_the_package_not_its_own_gpus(monkeypatch):
+    """DLLM_OVERRIDE_GPUS describes the compute nodes (docs/bundles.md): fla failed for "CUDA
+    GPUs only" in this process, while the other checks judged the host described. The package
+    is checked, the GPUs are the described ones; described without GPUs, it fails."""
+    from turbo_dllm.doctor.host import host_fingerprint
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)  # a login node
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "sm90,sm90")
+    context = DoctorContext(spec=_fla_spec())
+    host_fingerprint(context)  # read before find_spec is faked below
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object())  # installed
+    present = train_checks.linear_attention(context)
+    assert present.status == "pass", present.detail
+    assert "on the 2 GPU(s) DLLM_OVERRIDE_GPUS describes" in present.detail
+    monkeypatch.setenv("DLLM_OVERRIDE_GPUS", "none")
+    context = DoctorContext(spec=_fla_spec())
+    none = train_checks.linear_attention(context)
+    assert none.status == "fail" and "describes a host without one" in none.detail

@@ -80,8 +80,20 @@ def linear_attention(ctx: DoctorContext) -> CheckResult:
 
     slurm = _slurm_plan(ctx)
     on_job_gpus = slurm is not None and slurm.device == "cuda"  # not this login node's
+    # DLLM_OVERRIDE_GPUS: the GPUs of the host the run goes to, not this process's (a login
+    # node was failed for "CUDA GPUs only" while the other checks judged the host described)
+    described = None if slurm is not None or not _gpus_overridden(ctx) else host_view(ctx).gpus
+    if described is not None and not described:
+        return CheckResult(
+            name,
+            "fail",
+            "model.linear_attention 'fla' runs on CUDA GPUs only, and DLLM_OVERRIDE_GPUS "
+            "describes a host without one",
+            fix="set model.linear_attention: torch for CPU runs, or DLLM_OVERRIDE_GPUS to the "
+            "GPUs the run gets",
+        )
     try:
-        check_fla_usable(cuda=not on_job_gpus)
+        check_fla_usable(cuda=not on_job_gpus and described is None)
     except DllmError as error:
         return CheckResult(name, "fail", error.message, fix=error.hint)
     import importlib.metadata
@@ -92,6 +104,12 @@ def linear_attention(ctx: DoctorContext) -> CheckResult:
         version = "(version unknown)"
     if on_job_gpus:
         return CheckResult(name, "pass", f"fla {version}, on the SLURM job's GPUs")
+    if described:
+        return CheckResult(
+            name,
+            "pass",
+            f"fla {version}, on the {len(described)} GPU(s) DLLM_OVERRIDE_GPUS describes",
+        )
     import torch
 
     return CheckResult(name, "pass", f"fla {version} on {torch.cuda.get_device_name(0)}")
