@@ -76,6 +76,9 @@ def _train(args) -> int:
         code = 1
         try:
             code = train(spec, run_dir)
+        except KeyboardInterrupt:
+            _interrupted(args, spec, run_dir, world)
+            raise
         finally:
             # A run refused before it wrote anything (no weights in model.path, flex on CPU,
             # wandb missing) left its new run dir behind, empty: a fresh stamped one per attempt.
@@ -232,6 +235,7 @@ def _attempt(spec, run_dir, train) -> int:
     (rank 0 of a torchrun'd `dllm train`); an interrupted attempt, like an interrupted launch,
     leaves none."""
     import os
+    import sys
 
     from turbo_dllm.errors import DllmError
     from turbo_dllm.jobs.result import (
@@ -261,12 +265,40 @@ def _attempt(spec, run_dir, train) -> int:
         raise
     except KeyboardInterrupt:
         writes, interrupted = False, True
+        if main:
+            from turbo_dllm.jobs.manifest import read_manifest
+            from turbo_dllm.jobs.runs import resume_way
+
+            with contextlib.suppress(DllmError):
+                way = resume_way(read_manifest(run_dir), run_dir)
+                print(f"dllm: stopped by Ctrl-C (no result); {way}", file=sys.stderr, flush=True)
         raise
     finally:
         if writes:
             write_result(run_dir, code, started, backend, resumed_by="dllm train")
         if main:
             end_launcher(run_dir, interrupted=interrupted)
+
+
+def _interrupted(args, spec, run_dir, world: int) -> None:
+    """After Ctrl-C, the command that goes on: it said only `dllm: interrupted`, and the same
+    `dllm train --config F` without --run-dir starts a new runs/<stamp> instead of resuming the
+    one it stopped. One process only (a torchrun'd rank's line would not start the others)."""
+    import shlex
+    import sys
+    from pathlib import Path
+
+    if world != 1:
+        return
+    folder = Path(spec.checkpoint.dir or Path(run_dir) / "checkpoints")
+    try:
+        saved = any(p.is_file() for p in folder.glob("step_*/checkpoint.json"))
+    except OSError:
+        saved = True
+    more = "".join(f" --set {shlex.quote(o)}" for o in args.overrides)
+    command = f"dllm train --config {shell_path(args.config)}{more} --run-dir {shell_path(run_dir)}"
+    where = "from its last checkpoint" if saved else "(it saved no checkpoint yet: from step 1)"
+    print(f"dllm: continue it {where} with: {command}", file=sys.stderr, flush=True)
 
 
 def _finished(run_dir, main: bool) -> bool:

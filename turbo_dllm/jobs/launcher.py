@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import shlex
+import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -913,6 +914,16 @@ def start(job: PreparedJob, *, submit: bool = False, made_run_dir: bool = False)
         return _run_workers(job, started)
     except KeyboardInterrupt:
         interrupted = True  # `dllm run list`: interrupted, not died
+        # Where it goes on from: a Ctrl-C said only `dllm: interrupted`, though a time budget
+        # or a SIGTERM names the command; the line was left for `dllm run show` to find.
+        from turbo_dllm.jobs.runs import resume_way
+
+        print(
+            f"dllm: run {job.plan.run_id} stopped by Ctrl-C (no result); "
+            f"{resume_way(job.manifest, job.run_dir)}",
+            file=sys.stderr,
+            flush=True,
+        )
         raise
     finally:
         # However start() ends (a result, an error, Ctrl-C): this launch no longer runs the
