@@ -11,7 +11,7 @@ from typing import Any
 
 from turbo_dllm.errors import DllmError
 
-__all__ = ["host_fingerprint", "host_view", "unreadable_fingerprint"]
+__all__ = ["gpus_overridden", "host_fingerprint", "host_view", "unreadable_fingerprint"]
 
 
 def host_fingerprint(ctx: Any):
@@ -29,6 +29,15 @@ def host_fingerprint(ctx: Any):
     if isinstance(found, DllmError):
         raise found
     return found
+
+
+def gpus_overridden(ctx: Any) -> bool:
+    """Whether DLLM_OVERRIDE_GPUS (read) describes the GPUs of the host the run goes to (a login
+    node checking for its compute nodes), not this process's; False where it cannot be read."""
+    try:
+        return "gpus" in host_fingerprint(ctx).overrides
+    except DllmError:  # the fingerprint check says so; judged on this host
+        return False
 
 
 def host_view(ctx: Any):

@@ -12,7 +12,7 @@ import shlex
 from pathlib import Path
 
 from turbo_dllm.doctor import CheckResult, DoctorContext, register_check
-from turbo_dllm.doctor.host import host_fingerprint, host_view
+from turbo_dllm.doctor.host import gpus_overridden, host_fingerprint, host_view
 from turbo_dllm.errors import DllmError
 from turbo_dllm.fsutil import human_count
 
@@ -38,7 +38,7 @@ def attention_backend(ctx: DoctorContext) -> CheckResult:
     slurm = _slurm_plan(ctx)
     if slurm is not None and slurm.device == "cuda":  # its nodes' GPUs, not this login node's
         return CheckResult(name, "pass", "flex on the SLURM job's GPUs")
-    if slurm is None and _gpus_overridden(ctx):
+    if slurm is None and gpus_overridden(ctx):
         # A login node checking for its compute nodes: their GPUs, not this process's (flex
         # failed for "no CUDA GPU" here, while the other checks judged the host described).
         gpus = host_view(ctx).gpus
@@ -82,7 +82,7 @@ def linear_attention(ctx: DoctorContext) -> CheckResult:
     on_job_gpus = slurm is not None and slurm.device == "cuda"  # not this login node's
     # DLLM_OVERRIDE_GPUS: the GPUs of the host the run goes to, not this process's (a login
     # node was failed for "CUDA GPUs only" while the other checks judged the host described)
-    described = None if slurm is not None or not _gpus_overridden(ctx) else host_view(ctx).gpus
+    described = None if slurm is not None or not gpus_overridden(ctx) else host_view(ctx).gpus
     if described is not None and not described:
         return CheckResult(
             name,
@@ -150,14 +150,6 @@ def _turbo_attention(ctx: DoctorContext, name: str) -> CheckResult:
         fix = explain_index(error.hint or "see docs/bundles.md")
         return CheckResult(name, "fail", error.message, fix=fix)
     return CheckResult(name, "pass", detail)
-
-
-def _gpus_overridden(ctx: DoctorContext) -> bool:
-    """Whether DLLM_OVERRIDE_GPUS (read) describes the GPUs of the host the run goes to."""
-    try:
-        return "gpus" in host_fingerprint(ctx).overrides
-    except DllmError:  # unreadable: the fingerprint check says so; judged on this host
-        return False
 
 
 def _slurm_plan(ctx: DoctorContext):
@@ -305,7 +297,7 @@ def compile_cache(ctx: DoctorContext) -> CheckResult:
         return _no_spec(name, ctx)
     import torch
 
-    if _gpus_overridden(ctx) and bool(host_view(ctx).gpus) != torch.cuda.is_available():
+    if gpus_overridden(ctx) and bool(host_view(ctx).gpus) != torch.cuda.is_available():
         # GPUs described for another host (a login node's check): its cache is keyed by its
         # own torch, not this process's ("nothing compiles (CPU...)" was said of a GPU run)
         return CheckResult(
