@@ -82,3 +82,28 @@ def test_flex_is_judged_on_the_gpus_the_overrides_describe(cli, tmp_path, monkey
     assert found["attention backend"]["status"] == "fail"
     assert "DLLM_OVERRIDE_GPUS describes a host without one" in found["attention backend"]["detail"]
     assert found["compile cache"]["status"] == "pass"
+
+
+def test_a_run_manifest_given_as_the_config_is_named_as_one(cli, tmp_path, monkeypatch):
+    """`dllm doctor --config runs/<id>/manifest.json` read the manifest as a RunSpec ('format:
+    unknown key', 'run_id: unknown key'); `dllm launch` says what it is. The fix checks the
+    spec that run recorded, which then passes (outside that run's dir)."""
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "r 1"
+    run.mkdir(parents=True)
+    (run / "manifest.json").write_text('{"format": "turbo_dllm.run_manifest.v1", "run_id": "r"}')
+    (run / "spec.yaml").write_text(
+        "model: {family: qwen3, from_config: tiny}\ndata: {synthetic: {}, seq_len: 64}\n"
+        f"training: {{steps: 10}}\nlaunch: {{run_dir: '{run}'}}\n"
+    )
+    result = cli("doctor", "--config", "runs/r 1/manifest.json", "--json")
+    config = {c["name"]: c for c in json.loads(result.out)["checks"]}["config"]
+    assert result.code == 1 and config["status"] == "fail"
+    assert config["detail"] == "runs/r 1/manifest.json is a run manifest, not a RunSpec"
+    assert "unknown key" not in config["detail"]
+    command = config["fix"].split(": ", 1)[1].split(";")[0]
+    assert command == "dllm doctor --config 'runs/r 1/spec.yaml' --set launch.run_dir=null"
+    assert "dllm launch --manifest 'runs/r 1/manifest.json' replays that run" in config["fix"]
+    fixed = cli(*shlex.split(command)[1:], "--json")
+    checks = {c["name"]: c for c in json.loads(fixed.out)["checks"]}
+    assert checks["config"]["status"] == checks["run dir"]["status"] == "pass", checks

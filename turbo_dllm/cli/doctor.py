@@ -72,6 +72,7 @@ def build_context(
                 hint="pass the RunSpec (train.yaml) to `dllm doctor --config`; a prepare config "
                 f"is checked by running it: dllm data prepare --config {shlex.quote(config)}",
             )
+            _not_a_run_manifest(document, Path(config))
         except DllmError as error:
             context.config_error, context.config_hint = error.message, error.hint
             context.config_hint_fixes = True
@@ -84,6 +85,26 @@ def build_context(
         except DllmError as error:
             context.config_error, context.config_hint = error.message, error.hint
     return context
+
+
+def _not_a_run_manifest(document, config: Path) -> None:
+    """A run's manifest.json given for its RunSpec: said as such, with the spec that run
+    recorded beside it (it was read as a RunSpec: 'format: unknown key', 'run_id: ...')."""
+    from turbo_dllm.errors import DllmError
+    from turbo_dllm.jobs.manifest import FORMAT
+
+    if not isinstance(document, dict) or document.get("format") != FORMAT:
+        return
+    spec = config.parent / "spec.yaml"  # what `dllm launch` wrote beside it
+    replay = f"dllm launch --manifest {shlex.quote(str(config))} replays that run"
+    # Its launch.run_dir is that run's dir, which a launch of it refuses: checked without it.
+    raise DllmError(
+        f"{config} is a run manifest, not a RunSpec",
+        hint=f"check the spec that run recorded, in a new run dir: dllm doctor --config "
+        f"{shlex.quote(str(spec))} --set launch.run_dir=null; {replay}"
+        if spec.is_file()
+        else f"pass the RunSpec (train.yaml); {replay}",
+    )
 
 
 def _doctor(args) -> int:
