@@ -207,7 +207,7 @@ def _nothing_to_plot(run_dir: Path) -> DllmError:
     a readable record ("missing or empty" was said of a file whose every line was damaged), or
     its records carry no step."""
     path = run_dir / METRICS_NAME
-    hint = "plots need at least one logged step; check logging.jsonl in the spec"
+    hint = _no_steps_hint(run_dir)
     if not path.is_file():
         return DllmError(f"{run_dir} has no metrics yet ({METRICS_NAME} is missing)", hint=hint)
     try:
@@ -229,6 +229,31 @@ def _nothing_to_plot(run_dir: Path) -> DllmError:
         hint="the trainer writes a record with its step at every logging step; this file was "
         "written by something else",
     )
+
+
+def _no_steps_hint(run_dir: Path) -> str:
+    """Why a run has logged no step, where its manifest tells: a SLURM script never submitted
+    (the hint said to check logging.jsonl, of a run that had not run), or a spec that logs
+    none (`logging.jsonl: false`)."""
+    import shlex
+
+    hint = "plots need at least one logged step; check logging.jsonl in the spec"
+    try:
+        from turbo_dllm.jobs.manifest import read_manifest
+        from turbo_dllm.jobs.runs import summarize
+
+        manifest = read_manifest(run_dir)
+        run = summarize(run_dir, manifest, ask_slurm=False)
+    except (DllmError, OSError):  # no manifest (a `dllm train --run-dir` run), or damaged
+        return hint
+    if run.status == "not submitted" and manifest.plan.slurm is not None:
+        return (
+            f"it has not run: its SLURM script was never submitted (sbatch "
+            f"{shlex.quote(manifest.plan.slurm.script)}); plot it once it has logged a step"
+        )
+    if manifest.spec.get("logging", {}).get("jsonl") is False:
+        return "its spec has logging.jsonl: false, so it writes no metrics.jsonl to plot"
+    return hint
 
 
 def _last_per_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
