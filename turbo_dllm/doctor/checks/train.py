@@ -229,16 +229,24 @@ def model_source(ctx: DoctorContext) -> CheckResult:
     try:
         config = resolve_model_config(model)
     except DllmError as error:
-        if model.path is not None and not Path(model.path).exists():
+        if model.path is not None and not Path(model.path).is_dir():
             # (it said "model folder config not found: '<path>/config.json'", of a folder
-            # that is not there at all)
-            folder = shlex.quote(str(model.path))
+            # that is not there at all; of a file, "cannot read '<file>/config.json': [Errno
+            # 20] Not a directory")
+            checkpoint = "the Hugging Face checkpoint (config.json and its safetensors weights)"
+            if Path(model.path).exists():
+                return CheckResult(
+                    name,
+                    "fail",
+                    f"model.path {model.path}: a file, not a folder",
+                    fix=f"set model.path to the folder that holds {checkpoint}",
+                )
             return CheckResult(
                 name,
                 "fail",
                 f"model.path {model.path}: no such folder",
-                fix=f"put the Hugging Face checkpoint (config.json and its safetensors "
-                f"weights) in {folder}, or set model.path to the folder that holds it",
+                fix=f"put {checkpoint} in {shlex.quote(str(model.path))}, or set model.path to "
+                "the folder that holds it",
             )
         return CheckResult(
             name, "fail", error.message, fix=error.hint or "fix model.* in the RunSpec"
