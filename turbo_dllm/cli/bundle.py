@@ -4,6 +4,7 @@ rollback | deactivate`."""
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 from turbo_dllm import __version__
@@ -373,6 +374,7 @@ def _install(args) -> int:
     store = BundleStore()
     store.check_folders()  # a file in the way of the store: said before any download or build
     before = store.active_sha256()
+    started = time.time()
     # SIGTERM (`kill`, `timeout`, a scheduler) unwinds like Ctrl-C: the staging folder goes and
     # the lock is released; the renames that install and activate wait for neither
     # (`run_install`). One line then says what the interruption left.
@@ -380,7 +382,7 @@ def _install(args) -> int:
         try:
             return _install_planned(args, target)
         except (KeyboardInterrupt, Terminated) as stop:
-            print(_interrupted(store, stop, before), file=sys.stderr, flush=True)
+            print(_interrupted(store, stop, before, started), file=sys.stderr, flush=True)
             if isinstance(stop, KeyboardInterrupt):
                 return 130  # as `dllm: interrupted`
             raise  # and the process ends by SIGTERM, as it would have (exit status 143)
@@ -400,10 +402,11 @@ def _active_label(store) -> tuple[str | None, str]:
     return sha, f"{bundle.bundle_id} ({sha[:12]})" if bundle is not None else sha[:12]
 
 
-def _interrupted(store, stop: BaseException, before: str | None) -> str:
+def _interrupted(store, stop: BaseException, before: str | None, started: float) -> str:
     """What an install stopped by Ctrl-C or SIGTERM left: nothing changed (the usual case),
     or, when the signal came while the bundle was being put in place (which it waits for),
-    the bundle it activated."""
+    the bundle it activated. A partial download is said to be kept only when this install
+    wrote to it (written since `started`): another bundle's, left long ago, is not this one's."""
     by = "Ctrl-C" if isinstance(stop, KeyboardInterrupt) else "SIGTERM"
     now, label = _active_label(store)
     if now != before and now is not None:
@@ -415,7 +418,7 @@ def _interrupted(store, stop: BaseException, before: str | None) -> str:
     parts = list(store.downloads_dir.glob("*.part")) if store.downloads_dir.is_dir() else []
     kept = (
         "; the partial download is kept: the same command resumes it"
-        if any(p.stat().st_size for p in parts)
+        if any(p.stat().st_size and p.stat().st_mtime >= started - 1 for p in parts)
         else ""
     )
     return f"dllm: bundle install interrupted by {by}: nothing changed ({active}){kept}"
