@@ -25,10 +25,11 @@ def test_a_changed_replay_names_the_launch_that_runs_the_change(cli, spec_file, 
         result,
         "a replay runs the recorded job; --set would change it\n",
         f"hint: launch its spec with the new settings, as a new run: dllm launch --config "
-        f"{workdir / 'a' / 'spec.yaml'} --set ... --run-dir NEW_DIR\n",
+        f"{workdir / 'a' / 'spec.yaml'} --set training.steps=3 --run-dir NEW_DIR\n",
     )
+    # The changes as given (it read `--set ...`, to be filled in again): only NEW_DIR to pick.
     hint = result.err.split("as a new run: ")[1].strip()
-    hint = hint.replace("--set ...", "--set training.steps=3").replace("NEW_DIR", "b")
+    hint = hint.replace("NEW_DIR", "b")
     words = shlex.split(hint)
     assert words[:2] == ["dllm", "launch"], words
     changed = cli(*words[1:], "--dry-run", "--json")

@@ -306,7 +306,7 @@ def _launch(args) -> int:
         if conflicts:
             raise DllmError(
                 f"a replay runs the recorded job; {', '.join(conflicts)} would change it",
-                hint=_changed_replay_hint(args.manifest, conflicts),
+                hint=_changed_replay_hint(args.manifest, conflicts, argv),
             )
         job = launcher.prepare_replay(args.manifest, options, argv, allow_drift=args.allow_drift)
         if args.submit and job.plan.backend != "slurm":
@@ -362,10 +362,12 @@ def _not_ready_hint(args) -> str:
     )
 
 
-def _changed_replay_hint(manifest: str, conflicts: list[str]) -> str:
+def _changed_replay_hint(manifest: str, conflicts: list[str], argv: list[str]) -> str:
     """How to run the recorded job with changes: its spec.yaml as a new run. That spec names
     the run's own dir (launch.run_dir), so the launch needs a new --run-dir (without one it is
-    refused as a launch into the recorded run)."""
+    refused as a launch into the recorded run). The changes are the ones given, as they were
+    given (`--set training.steps=5`, not `--set ...`), so the line needs only NEW_DIR."""
+    import shlex
     from pathlib import Path
 
     from turbo_dllm.cli._output import shell_path
@@ -373,7 +375,15 @@ def _changed_replay_hint(manifest: str, conflicts: list[str]) -> str:
     folder = Path(manifest) if Path(manifest).is_dir() else Path(manifest).parent
     spec = folder / "spec.yaml"  # launcher.SPEC_NAME
     config = shell_path(spec) if spec.is_file() else "F"
-    changes = " ".join(f"{flag} ..." for flag in conflicts)
+    words, given, at = argv[2:], [], 0
+    while at < len(words):  # _canonical_argv: `--flag value` or `--flag=value`; two switches
+        word = words[at]
+        one = "=" in word or word in ("--allow-drift", "--submit")
+        option = words[at : at + (1 if one else 2)]
+        if word.split("=", 1)[0] in conflicts:
+            given += option
+        at += len(option)
+    changes = shlex.join(given) if given else " ".join(f"{flag} ..." for flag in conflicts)
     return (
         f"launch its spec with the new settings, as a new run: dllm launch --config {config} "
         f"{changes} --run-dir NEW_DIR"
