@@ -7,6 +7,7 @@ that removes the incomplete entry; each runs as printed."""
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import shutil
@@ -65,6 +66,9 @@ def test_with_the_pack_file_gone_the_fix_removes_the_incomplete_entry(cli, tmp_p
     assert command[:3] == ["dllm", "cache", "remove"], command
     verified = cli("cache", "verify")
     assert verified.code == 1 and _fix_command(verified.err, sha) == command
+    # --json carries the same fix (it had only the count of missing files)
+    (entry,) = json.loads(cli("cache", "list", "--json").out)["installed"]
+    assert entry["missing"] == 4 and f"remove it: {shlex.join(command)} " in entry["fix"]
 
     removed = cli(*command[1:])
     assert removed.code == 0 and "2 files deleted" in removed.out, removed.err

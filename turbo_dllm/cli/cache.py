@@ -212,7 +212,14 @@ def _list(args) -> int:
     if args.json:
         emit_json(
             {
-                "installed": [{**p.to_json(), "missing": missing[p.sha256]} for p in packs],
+                "installed": [
+                    {
+                        **p.to_json(),
+                        "missing": missing[p.sha256],
+                        **({"fix": repair_hint(p)} if missing[p.sha256] else {}),
+                    }
+                    for p in packs
+                ],
                 "available": [
                     {
                         "path": str(o.path),
