@@ -107,3 +107,20 @@ def test_a_run_manifest_given_as_the_config_is_named_as_one(cli, tmp_path, monke
     fixed = cli(*shlex.split(command)[1:], "--json")
     checks = {c["name"]: c for c in json.loads(fixed.out)["checks"]}
     assert checks["config"]["status"] == checks["run dir"]["status"] == "pass", checks
+
+
+def test_checkpoints_under_a_run_dir_that_cannot_be_made_are_not_a_pass(cli, tmp_path):
+    """The run dir check failed (a file on its path) and the checkpoint dir check passed
+    "<run dir>/checkpoints (checkpoint.dir unset)", a folder inside it."""
+    (tmp_path / "afile").write_text("x")
+    config = tmp_path / "train.yaml"
+    config.write_text(
+        "model: {family: qwen3, from_config: tiny}\ndata: {synthetic: {}, seq_len: 64}\n"
+        f"training: {{steps: 10}}\nlaunch: {{run_dir: '{tmp_path / 'afile' / 'r'}'}}\n"
+    )
+    checks = {
+        c["name"]: c for c in json.loads(cli("doctor", "--config", config, "--json").out)["checks"]
+    }
+    assert checks["run dir"]["status"] == "fail"
+    assert checks["checkpoint dir"]["status"] == "skip", checks["checkpoint dir"]
+    assert "see the run dir check" in checks["checkpoint dir"]["detail"]

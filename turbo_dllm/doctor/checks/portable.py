@@ -202,6 +202,15 @@ def checkpoint_dir(ctx: DoctorContext) -> CheckResult:
     if problem is not None:
         return CheckResult(name, "fail", problem[0], fix=problem[1])
     if ctx.spec.checkpoint.dir is None:
+        if folder_problem(_run_target(ctx)[0]) is not None:
+            # under a run dir that cannot be made: not a pass (the run dir check fails, with
+            # its fix)
+            return CheckResult(
+                name,
+                "skip",
+                "not checked: <run dir>/checkpoints, in a run dir that cannot be made (see the "
+                "run dir check)",
+            )
         return CheckResult(name, "pass", "<run dir>/checkpoints (checkpoint.dir unset)")
     return CheckResult(name, "pass", f"checkpoints go to {ctx.spec.checkpoint.dir}")
 
