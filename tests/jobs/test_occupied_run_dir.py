@@ -105,6 +105,13 @@ def test_a_launch_into_a_finished_run_is_refused_and_touches_nothing(runs, cli, 
         f"dllm run show {root / 'done'}",
     )
     assert "dllm train" not in result.err  # a finished run has nothing to continue
+    # ... but it can train on, as a new run from its last checkpoint: the line as printed, with
+    # N and NEW_DIR filled in, is a launch that plans it.
+    more = result.err.split("more steps, as a new run from its last checkpoint: ")[1]
+    more = more.split("\n")[0].replace("training.steps=N", "training.steps=6")
+    planned = cli(*shlex.split(more.replace("NEW_DIR", str(root / "more")))[1:], "--dry-run")
+    assert planned.code == 0, planned.err
+    assert f"--set checkpoint.resume={root / 'done'} " in more
     # No plan, no start line that would fail (--json: only the error object).
     printed = set(json.loads(result.out)) if "--json" in dry else result.out
     assert printed == ({"error", "hint"} if "--json" in dry else "")

@@ -760,6 +760,15 @@ def _occupied_by_a_recorded_run(run_dir: Path, *, replay: bool, joining: bool = 
             again += " --run-dir DIR, on every node (DIR: a new folder on shared storage)"
         ways.append(again)
     complete = _complete(run)
+    if complete and not replay and not joining and not recorded.plan.multi_node:
+        if recorded.plan.slurm is None:
+            # More steps of a finished run: a new run from its last checkpoint (its own dir
+            # takes none; its spec.yaml names that dir, hence --run-dir).
+            spec = _q(run_dir / SPEC_NAME)
+            ways.append(
+                f"more steps, as a new run from its last checkpoint: dllm launch --config {spec} "
+                f"--set checkpoint.resume={_q(run_dir)} --set training.steps=N --run-dir NEW_DIR"
+            )
     # A run that ended with 0 short of its last step stopped at training.max_duration_s.
     if run.status not in _NOTHING_TO_CONTINUE or (run.status == "ok" and not complete):
         # Its own script submitted again for a SLURM job (which records itself as the run's
