@@ -245,6 +245,14 @@ def run_install(
                         progress=progress,
                         keep_verified=True,  # deleted below, once the bundle is in the store
                     )
+                except NotFound as error:  # the catalog was there, so the index is right
+                    raise BundleUnavailable(
+                        f"{error.message}: the release's catalog lists it, but the index does "
+                        "not hold it",
+                        hint="the index is incomplete (a copy or sync that stopped?): copy its "
+                        "bundles/ again whole (`dllm mirror verify DIR` checks a mirror), or use "
+                        f"another index; {BUILD_MISSING_HINT}",
+                    ) from None
                 except NoRoom as error:  # the archive verified: say so with today's free space
                     raise room.unpack_error(error.needed) from None
                 except DiskWriteError as error:  # writing `.part` or the files: what is kept

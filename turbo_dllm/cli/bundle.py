@@ -450,13 +450,18 @@ def _install_planned(args, target) -> int:
             print(f"would install {plan.entry.file} ({plan.entry.size} bytes)")
         return 0
     bar, update = _progress()
-    if bar is not None:
-        with bar:
-            result = run_install(
-                plan, lock_timeout_s=args.lock_timeout, retries=args.retries, progress=update
-            )
-    else:
-        result = run_install(plan, lock_timeout_s=args.lock_timeout, retries=args.retries)
+    try:
+        if bar is not None:
+            with bar:
+                result = run_install(
+                    plan, lock_timeout_s=args.lock_timeout, retries=args.retries, progress=update
+                )
+        else:
+            result = run_install(plan, lock_timeout_s=args.lock_timeout, retries=args.retries)
+    except BundleUnavailable as error:  # the catalog lists an archive the index lacks
+        if args.build != "missing":
+            raise
+        return _build_missing(args, error)
     if args.json:
         emit_json(
             {
