@@ -20,6 +20,8 @@ from turbo_dllm.errors import DllmError
 __all__ = ["require_attention_kernels", "require_kernels"]
 
 TURBO_OP = "block_diffusion_attention"
+# The op `kernels: native` serves the trainer (kernels.merge_attention_partials).
+MERGE_OP = "merge_attention_partials"
 
 
 def _kind(spec_or_kind: Any) -> str:
@@ -73,7 +75,9 @@ def require_kernels(spec_or_kind: Any, *, load: bool = False, fingerprint=None) 
             hint=install_command(),
         )
     if load:
-        loaded = [load_bundle_op(op.name) for op in bundle.manifest.ops]
+        # The trainer's op first (a bundle without it cannot serve the run), then the rest.
+        wanted = dict.fromkeys((MERGE_OP, *(op.name for op in bundle.manifest.ops)))
+        loaded = [load_bundle_op(name) for name in wanted]
         names = ", ".join(op.name for op in loaded)
         return f"loaded {names} from {bundle.bundle_id} ({bundle.short_sha})"
     return f"{bundle.bundle_id} ({bundle.short_sha}) fits this host"
