@@ -62,3 +62,25 @@ def test_a_failed_create_keeps_the_bundles_it_downloaded(
     assert verify_mirror(dest).ok
     assert (dest / "bundles" / entry.file).stat().st_size == entry.size
     assert not kept.exists()  # done with once the mirror is in place
+
+
+def test_a_source_whose_catalog_lists_a_missing_bundle_says_it_is_incomplete(
+    tmp_path,
+    wheels,  # noqa: F811 - the fixture's value
+):
+    """The catalog was found, so `--from` and the release are right; the hint said to check
+    them ("check the mirror folder and the release name")."""
+    index_root, catalog_sha, entry = published(
+        tmp_path, tiny_bundle(tmp_path, {"lib/a.so": os.urandom(500)})
+    )
+    (index_root / "bundles" / entry.file).unlink()
+    manifest = manifest_for(wheels, "dllm_fixture_a").model_copy(
+        update={"bundle_target": str(entry.target)}
+    )
+    plan = MirrorPlan(
+        tmp_path / "out", "v-adv", [manifest], wheels_from=wheels,
+        bundles_from=str(index_root), catalog_sha256=catalog_sha,
+    )  # fmt: skip
+    with pytest.raises(DllmError, match="the release's catalog lists it") as caught:
+        create_mirror(plan, add_release)
+    assert "release name" not in caught.value.hint and "incomplete" in caught.value.hint

@@ -61,6 +61,7 @@ def add_release(plan, staging: Path) -> None:
         trusted_catalog_sha256,
     )
     from turbo_dllm.bundles.fetch import INDEX_VARIABLE, download, open_source
+    from turbo_dllm.bundles.sources import NotFound
 
     if not plan.bundles_from and not os.environ.get(INDEX_VARIABLE):
         raise DllmError(
@@ -105,12 +106,20 @@ def add_release(plan, staging: Path) -> None:
         if dest.exists():
             continue
         print(f"fetching {entry.file}", file=sys.stderr)
-        archive = download(
-            source,
-            f"bundles/{entry.file}",
-            sha256=entry.sha256,
-            size=entry.size,
-            dest_dir=downloads,
-        )
+        try:
+            archive = download(
+                source,
+                f"bundles/{entry.file}",
+                sha256=entry.sha256,
+                size=entry.size,
+                dest_dir=downloads,
+            )
+        except NotFound as error:  # the catalog was there: --from and the release are right
+            raise DllmError(
+                f"{error.message}: the release's catalog lists it, but {source.location} does "
+                "not hold it",
+                hint="that index is incomplete (a copy or sync that stopped?): copy its bundles/ "
+                "again whole, or pass another --from",
+            ) from None
         bundles_dir.mkdir(exist_ok=True)
         place(archive, dest)  # the download stays until the mirror is in place
