@@ -301,6 +301,12 @@ def test_dllm_train_resumes_a_recorded_run_only_with_its_spec(cli, spec_file, wo
     # Only what differs: not the run dir, which the spec's hash leaves out (it read
     # "launch.run_dir: '<run dir>' -> None" beside the real change).
     assert "launch.run_dir" not in other.err, other.err
+    # The changed spec as a new run goes on from this run's checkpoint ("train into a new run
+    # dir" alone started it over).
+    assert (
+        f"or train into a new run dir from its last checkpoint: dllm train --config {spec_file} "
+        f"--set training.steps=6 --set checkpoint.resume={run_dir} --run-dir NEW_DIR"
+    ) in other.err, other.err
     assert not (run_dir / "metrics.jsonl").exists()
     # its own spec.yaml, edited: the refusal names the edit (the hint pointed at that file)
     recorded = (run_dir / "spec.yaml").read_text()

@@ -72,7 +72,7 @@ def _train(args) -> int:
     _check_checkpoint_dir(spec, run_dir)  # before the run dir exists, and any step
     made = not run_dir.exists()
     _make_run_dir(run_dir)
-    if not _check_recorded_spec(spec, run_dir):
+    if not _check_recorded_spec(spec, run_dir, args):
         code = 1
         try:
             code = train(spec, run_dir)
@@ -301,6 +301,24 @@ def _interrupted(args, spec, run_dir, world: int) -> None:
     print(f"dllm: continue it {where} with: {command}", file=sys.stderr, flush=True)
 
 
+def _from_its_checkpoint(run_dir, args) -> str:
+    """The changed spec as a new run from the recorded run's last checkpoint: "train into a new
+    run dir" alone started it over (a new run dir has no checkpoint), so more steps of a
+    finished run, say, were not what it trained."""
+    import shlex
+
+    if args is None:
+        return ""
+    given = list(args.overrides)
+    if not any(o.split("=", 1)[0].strip() == "checkpoint.resume" for o in given):
+        given.append(f"checkpoint.resume={run_dir}")
+    sets = "".join(f" --set {shlex.quote(o)}" for o in given)
+    return (
+        f" from its last checkpoint: dllm train --config {shell_path(args.config)}{sets} "
+        "--run-dir NEW_DIR"
+    )
+
+
 def _finished(run_dir, main: bool) -> bool:
     """Whether the recorded run finished (exit status 0 at its last step): then there is nothing
     to resume, and its records stay as they are. A `dllm train` of a finished run removed the
@@ -373,7 +391,7 @@ def _refuse_a_live_run(run_dir) -> None:
     )
 
 
-def _check_recorded_spec(spec, run_dir) -> bool:
+def _check_recorded_spec(spec, run_dir, args=None) -> bool:
     """A run dir that `dllm launch` recorded resumes only with the spec its manifest holds:
     another one would append steps the manifest does not describe (`dllm run list`: 9/6).
     True: `run_dir` is such a run."""
@@ -403,7 +421,8 @@ def _check_recorded_spec(spec, run_dir) -> bool:
             f"{run_dir} holds a run recorded by `dllm launch` with another spec ({shown})",
             hint="resume it with the spec its manifest records (--config "
             f"{shell_path(run_dir / 'spec.yaml')}, "
-            "no --set; undo any edit of that file: the fields above), or train into a new run dir",
+            "no --set; undo any edit of that file: the fields above), or train into a new run "
+            f"dir{_from_its_checkpoint(run_dir, args)}",
         )
     if manifest.data is not None and spec.data.artifact is not None:
         # The same path with other content (prepared again): the resumed loader would walk
