@@ -238,7 +238,11 @@ def _check_backend_options(options: LaunchOptions, backend: str) -> None:
         raise DllmError(
             "the local backend runs one process in this one, which has no use for "
             f"{', '.join(given)} (where processes meet)",
-            hint="use --backend torchrun (or leave --backend at auto), or drop them",
+            # Auto chose local (one process; --master-port and --rdzv-id alone do not make it
+            # torchrun): "or leave --backend at auto" was no way on, it is at auto.
+            hint="use --backend torchrun"
+            + (" (or leave --backend at auto)" if options.backend != "auto" else "")
+            + ", or drop them",
         )
     if given:
         raise DllmError(
