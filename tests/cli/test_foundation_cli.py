@@ -405,6 +405,15 @@ def test_init_next_steps_paste_into_bash(cli, tmp_path, monkeypatch):
     )
 
 
+def test_init_of_the_current_folder_prints_no_cd(cli, tmp_path, monkeypatch):
+    """`dllm init .` printed `cd .` as its first next step."""
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    result = cli("init", ".")
+    assert result.code == 0, result.err
+    assert "\nnext:\n  dllm data prepare --config prepare.yaml\n" in result.out, result.out
+
+
 def test_init_and_recipe_copy_refuse_an_empty_path(cli, tmp_path, monkeypatch):
     """`dllm init ""` (an unset shell variable) wrote the project into the working folder and
     printed `cd ` as its next step; `dllm recipe copy NAME ""` wrote into it too."""

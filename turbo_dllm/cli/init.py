@@ -14,14 +14,19 @@ def register(subparsers) -> None:
 
 
 def _init(args) -> int:
+    from pathlib import Path
+
     from turbo_dllm.cli._output import shell_path
     from turbo_dllm.project_init import init_project
 
     for path in init_project(args.directory):
         print(f"created {path}")
-    # Pasted into a shell whatever the folder's name (`cd my project`, `cd -x`: shell_path).
+    # Pasted into a shell whatever the folder's name (`cd my project`, `cd -x`: shell_path);
+    # no `cd .` for a project made in the current folder.
+    here = Path(args.directory).resolve() == Path.cwd().resolve()
+    cd = "" if here else f"\n  cd {shell_path(args.directory)}"
     print(
-        f"\nnext:\n  cd {shell_path(args.directory)}\n  dllm data prepare --config prepare.yaml\n"
+        f"\nnext:{cd}\n  dllm data prepare --config prepare.yaml\n"
         "  dllm doctor --config train.yaml\n  dllm launch --config train.yaml"
     )
     return 0
