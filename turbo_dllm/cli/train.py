@@ -341,8 +341,9 @@ def _finished(run_dir, main: bool) -> bool:
     if main:
         import sys
 
+        at = f" at {run.finished_at}" if run.finished_at else ""
         print(
-            f"nothing to do: run {run.run_id} finished at {run.finished_at} (step "
+            f"nothing to do: run {run.run_id} finished{at} (step "
             f"{run.steps_done}/{run.steps_total}); its records are left as they are. The same "
             f"job again, into a new run dir: dllm launch --manifest "
             f"{quote(str(run_dir / MANIFEST_NAME))}",
