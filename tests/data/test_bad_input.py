@@ -100,6 +100,23 @@ def test_parquet_with_one_of_two_fields_lists_all_its_columns(cli, tmp_path):
     _prepare_fails(cli, config, "missing field 'answr'", "keys: answer, id, question")
 
 
+def test_a_misspelt_records_field_is_named_as_the_likely_fix(cli, tmp_path):
+    """`records.field: txt` over records holding `text`: the hint said only "fix that record"
+    (every record lacks it); it names the spec field and the close key."""
+    write_jsonl(tmp_path / "data.jsonl", [{"meta": {"body": "b"}}])
+    config = write_config(tmp_path, records={"kind": "text", "field": "meta.bdy"})
+    _prepare_fails(
+        cli, config, "missing field 'meta.bdy'", "did you mean records.field: meta.body?"
+    )
+    write_jsonl(tmp_path / "data.jsonl", [{"question": "q", "answer": "a"}])
+    records = {"kind": "prompt_completion", "prompt_field": "question", "completion_field": "answr"}
+    config = write_config(tmp_path, records=records)
+    _prepare_fails(cli, config, "did you mean records.completion_field: answer?")
+    config = write_config(tmp_path, records={"kind": "text", "field": "zzz"})
+    result = _prepare_fails(cli, config, "missing field 'zzz'", "hint: fix that record")
+    assert "did you mean" not in result.err
+
+
 def test_empty_result_is_an_error(cli, tmp_path):
     (tmp_path / "data.jsonl").write_text('{"text": ""}\n\n')
     _prepare_fails(cli, write_config(tmp_path), "no documents")

@@ -9,6 +9,7 @@ leaves no artifact and the previous one (if any) untouched.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import time
@@ -374,7 +375,33 @@ def _bad_record_hint(spec: PrepareSpec, result: ChunkResult) -> str:
             "under source.unit: document each file is one document, read whole: cut the file "
             "into smaller ones, or set source.unit: line (one document per line)" + skip
         )
+    if result.error_reason == "missing_field" and (named := _misnamed_field(spec, result.error)):
+        return named + "; else fix that record" + skip
     return "fix that record" + skip
+
+
+_MISSING_FIELD = re.compile(r"missing field '([^']+)': .* has no '([^']+)' \(keys: ([^)]*)\)")
+
+
+def _misnamed_field(spec: PrepareSpec, error: str | None) -> str | None:
+    """A records field that names a key the record lacks, where the record has one of a close
+    name (`records.field: txt`, the records holding `text`): most likely the spec's misspelling,
+    not every record's fault, yet the hint said only "fix that record"."""
+    import difflib
+
+    found = _MISSING_FIELD.search(error or "")
+    if found is None:
+        return None
+    path, part, keys = found.groups()
+    records = spec.record_spec
+    names = [n for n, v in records.model_dump().items() if n != "kind" and v == path]
+    close = difflib.get_close_matches(part, [k.strip() for k in keys.split(",")], n=1)
+    if not names or not close:
+        return None
+    fixed = ".".join([*path.split(".")[:-1], close[0]]) if path.endswith(part) else None
+    if fixed is None:
+        return None
+    return f"did you mean records.{names[0]}: {fixed}? (the record has {close[0]!r})"
 
 
 def _format_counts(counts: dict[str, int]) -> str:
