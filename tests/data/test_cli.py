@@ -484,3 +484,18 @@ def test_a_missing_source_path_from_set_is_told_against_the_current_folder(
         f"file not found: '{tmp_path / 'data' / 'train.jsonl'}'",
         "one given with --set against the current folder",
     )
+
+
+def test_a_seq_len_misfit_names_the_seq_len_that_fits(cli, project):
+    """The hint said "change the spec, or prepare the data again": it now gives the change, as
+    a flag that fits the artifact (a recipe at 128 beside the starter's 256-token artifact)."""
+    assert cli("data", "prepare", "--config", project / "prepare.yaml").code == 0
+    spec = ("--config", project / "train.yaml")
+    for command in (("launch", *spec, "--dry-run"), ("train", *spec)):
+        result = cli(*command, "--set", "data.seq_len=128")
+        assert_user_error(
+            result,
+            "data.seq_len: 128, but the artifact holds sequences of 256 tokens",
+            "change the spec (--set data.seq_len=256 fits the artifact)",
+        )
+    assert cli("launch", *spec, "--dry-run", "--set", "data.seq_len=256").code == 0
