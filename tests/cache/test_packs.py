@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import shlex
 import subprocess
 import sys
 import tarfile
@@ -951,7 +952,8 @@ def test_doctor_fails_on_a_damaged_pack_record_and_warns_of_missing_files(cli, t
         return {c["name"]: c for c in json.loads(result.out)["checks"]}["compile packs"]
 
     assert check()["status"] == "pass" and check()["detail"] == "none installed"
-    installed = json.loads(cli("cache", "install", _small_pack(tmp_path), "--json").out)
+    pack_file = _small_pack(tmp_path)
+    installed = json.loads(cli("cache", "install", pack_file, "--json").out)
     assert check()["detail"] == "1 installed, their files in place"
     home = Path(os.environ["DLLM_HOME"])
     record = next(home.glob(f"compile-packs/installed/{installed['sha256']}.json"))
@@ -962,7 +964,14 @@ def test_doctor_fails_on_a_damaged_pack_record_and_warns_of_missing_files(cli, t
     gone.unlink()
     missing = check()
     assert missing["status"] == "warn" and "(1 files)" in missing["detail"]
-    assert "dllm cache verify" in missing["fix"]
+    assert "dllm cache verify" in missing["detail"]
+    # The fix names this pack's own commands (it said "dllm cache install PACK"), and they run.
+    install = f"dllm cache install {shlex.quote(str(pack_file))}"
+    assert f"install it again: {install} puts back" in missing["fix"]
+    assert f"dllm cache remove {installed['sha256'][:12]}" in missing["fix"]
+    assert cli(*shlex.split(install)[1:]).code == 0
+    assert check()["detail"] == "1 installed, their files in place"
+    gone.unlink()
     record.write_text("{")
     damaged = check()
     assert damaged["status"] == "fail" and "is damaged" in damaged["detail"]

@@ -362,7 +362,7 @@ def compile_cache(ctx: DoctorContext) -> CheckResult:
 def compile_packs(ctx: DoctorContext) -> CheckResult:
     """The installed compile-cache packs' records can be read, and their files are still in
     the cache (present and of their recorded size: `dllm cache verify` hashes them too)."""
-    from turbo_dllm.cache.packs import installed_packs, verify_pack
+    from turbo_dllm.cache.packs import installed_packs, repair_hint, verify_pack
 
     name = "compile packs"
     try:
@@ -383,15 +383,19 @@ def compile_packs(ctx: DoctorContext) -> CheckResult:
         return CheckResult(name, "fail", error.message, fix=error.hint)
     if not packs:
         return CheckResult(name, "pass", "none installed")
-    gone = {pack.short_sha: n for pack in packs if (n := len(verify_pack(pack, hashes=False)))}
+    gone = [(pack, n) for pack in packs if (n := len(verify_pack(pack, hashes=False)))]
     if gone:
-        which = ", ".join(f"{sha} ({n} files)" for sha, n in gone.items())
+        which = ", ".join(f"{pack.short_sha} ({n} files)" for pack, n in gone)
+        # Each pack's own commands (the file it came from may be gone: `repair_hint` knows).
+        fixes = [repair_hint(pack) for pack, _ in gone]
+        if len(gone) > 1:
+            fixes = [f"{pack.short_sha}: {repair_hint(pack)}" for pack, _ in gone]
         return CheckResult(
             name,
             "warn",
-            f"files of installed packs are missing or changed in the cache: {which}",
-            fix="dllm cache verify names them; dllm cache install PACK puts them back, or "
-            "dllm cache remove ID",
+            f"files of installed packs are missing or changed in the cache: {which} "
+            "(dllm cache verify names them)",
+            fix="; ".join(fixes),
         )
     return CheckResult(name, "pass", f"{len(packs)} installed, their files in place")
 
