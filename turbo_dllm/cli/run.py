@@ -45,9 +45,11 @@ def register(subparsers) -> None:
 def _list(args) -> int:
     from pathlib import Path
 
+    from turbo_dllm.cli._output import shell_path
     from turbo_dllm.jobs.runs import (
         DEFAULT_ROOT,
         check_root,
+        data_artifacts,
         list_runs,
         unreadable_runs,
         unrecorded_runs,
@@ -81,6 +83,17 @@ def _list(args) -> int:
         )
     if not runs:
         print(f"no recorded runs under {root}/ (start one with `dllm launch --config F`)")
+        if (Path(root) / "manifest.json").is_file():  # --root runs/<id>: a run dir itself
+            print(
+                f"{root} is a run dir itself, not a folder of runs: dllm run show {shell_path(root)}"
+                f" (its folder: --root {shell_path(Path(root).absolute().parent)})"
+            )
+        artifacts = data_artifacts(root)
+        if artifacts:
+            print(
+                "data artifacts, not runs (`dllm data inspect`): "
+                + ", ".join(p.name for p in artifacts)
+            )
         return 0
     rows = [("run", "name", "created", "layout", "steps", "loss", "status", "replay of")]
     for r in runs:

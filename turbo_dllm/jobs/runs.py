@@ -278,8 +278,27 @@ def unrecorded_runs(root: str | Path = DEFAULT_ROOT) -> list[Path]:
 def unreadable_runs(root: str | Path, listed: list[RunSummary]) -> list[Path]:
     """Run dirs under `root` that `list_runs` could not read (a torn or edited manifest, or
     result / launcher / SLURM record): named by `dllm run list`, not left out without a word."""
-    paths = {run.path for run in listed}
+    paths = {run.path for run in listed} | set(data_artifacts(root))
     return sorted(p.parent for p in Path(root).glob(f"*/{MANIFEST_NAME}") if p.parent not in paths)
+
+
+def data_artifacts(root: str | Path) -> list[Path]:
+    """Folders under `root` that are data artifacts (`dllm data prepare`'s manifest.json), not
+    runs: `dllm run list --root data` named them runs "with a record that cannot be read"."""
+    import json
+
+    found = []
+    for path in sorted(Path(root).glob(f"*/{MANIFEST_NAME}")):
+        try:
+            with open(path, "rb") as handle:
+                text = handle.read(1 << 22)
+            # only what could be one: a run's torn or nested-too-deep record stays unreadable
+            document = json.loads(text) if b'"turbo_dllm.data.v1"' in text else None
+        except (OSError, ValueError, RecursionError):
+            continue
+        if isinstance(document, dict) and document.get("format") == "turbo_dllm.data.v1":
+            found.append(path.parent)
+    return found
 
 
 def list_runs(root: str | Path = DEFAULT_ROOT) -> list[RunSummary]:
