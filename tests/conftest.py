@@ -23,6 +23,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_collection_finish(session):
+    """Start the long child processes the selected modules declared (tests/prefetch.py)."""
+    if session.config.option.collectonly:
+        return
+    from tests import prefetch
+
+    modules = {getattr(getattr(item, "module", None), "__name__", None) for item in session.items}
+    prefetch.start(modules, session.config._tmp_path_factory.mktemp("prefetch"))
+
+
+def pytest_sessionfinish(session):
+    from tests import prefetch
+
+    prefetch.stop()
+
+
 # Set in os.environ by a training process (train/compile_cache.use_compile_cache) to its home's
 # compile cache: a test that trains in-process must not hand its cache folders to the next test.
 _PROCESS_CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")

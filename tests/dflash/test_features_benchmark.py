@@ -5,24 +5,26 @@ thread) writes the same features, and the JSON says how fast each was."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
+from tests import prefetch
+
 ROOT = Path(__file__).resolve().parents[2]
 
+# Started with the session (tests/prefetch.py), on the core the other tests leave idle.
+prefetch.declare(
+    "dflash features benchmark",
+    [sys.executable, str(ROOT / "benchmarks" / "dflash_features.py"), "--tiny",
+     "--batch-rows", "4", "--work", "{work}/work", "--out", "{work}/features.json"],
+    env={"OMP_NUM_THREADS": "1"}, timeout=300,
+)  # fmt: skip
 
-def test_the_tiny_features_benchmark_compares_batched_rows_with_one_row(tmp_path):
-    out = tmp_path / "features.json"
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "dflash_features.py"), "--tiny",
-         "--batch-rows", "4", "--work", str(tmp_path / "work"), "--out", str(out)],
-        capture_output=True, text=True, timeout=300,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
-    )  # fmt: skip
+
+def test_the_tiny_features_benchmark_compares_batched_rows_with_one_row():
+    proc, work = prefetch.result("dflash features benchmark")
     assert proc.returncode == 0, proc.stderr[-3000:]
-    result = json.loads(out.read_text())
+    result = json.loads((work / "features.json").read_text())
     assert result["device"] == "cpu" and result["rows"] >= 64 and result["seq_len"] == 128
     names = ["one row, inline writes", "batch, inline writes", "batch, writer thread"]
     assert list(result["seconds"]) == names and result["batch_rows"] == 4

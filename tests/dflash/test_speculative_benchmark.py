@@ -4,33 +4,36 @@ target, both drafters, evaluation) runs on CPU and reports lossless decoding for
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import prefetch
 from turbo_dllm.train.schedules import lr_multiplier
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
-    out = tmp_path / "spec.json"
-    # One intra-op thread, as the other tests' subprocesses: on a 2-core host shared with other
-    # processes two threads' spin-waits made its untimed parts (the target's 40 steps, the
-    # warm-ups, the evaluation) 4-7x slower, and its timed drafters 10x fewer steps.
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(ROOT / "benchmarks" / "speculative.py"), "--tiny",
-         "--work", str(tmp_path / "work"), "--out", str(out),
-         "--dflash-variants", "greedy-ce,plain,greedy-ce-half-anchors,dflash2-dpace",
-         "--dflash-warmup", "on", "--drafter-seconds", "2",
-         # not first, the constant drafter is still the one named `autoregressive`
-         "--ar-variants", "constant-quarter,constant,cosine"],
-        capture_output=True, text=True, timeout=600, env=env,
-    )  # fmt: skip
+# One intra-op thread, as the other tests' subprocesses: on a 2-core host shared with other
+# processes two threads' spin-waits made its untimed parts (the target's 40 steps, the warm-ups,
+# the evaluation) 4-7x slower, and its timed drafters 10x fewer steps. Started with the session
+# (tests/prefetch.py), on the core the other tests leave idle.
+prefetch.declare(
+    "speculative benchmark",
+    [sys.executable, str(ROOT / "benchmarks" / "speculative.py"), "--tiny",
+     "--work", "{work}/work", "--out", "{work}/spec.json",
+     "--dflash-variants", "greedy-ce,plain,greedy-ce-half-anchors,dflash2-dpace",
+     "--dflash-warmup", "on", "--drafter-seconds", "2",
+     # not first, the constant drafter is still the one named `autoregressive`
+     "--ar-variants", "constant-quarter,constant,cosine"],
+    env={"OMP_NUM_THREADS": "1"}, timeout=600,
+)  # fmt: skip
+
+
+def test_the_tiny_speculative_benchmark_runs_end_to_end():
+    proc, work = prefetch.result("speculative benchmark")
+    out = work / "spec.json"
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     assert result["training"]["target"]["steps"] == 40  # --target-steps, capped for --tiny
@@ -45,7 +48,7 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     # the cosine AR drafter decays over the steps its time holds at the constant one's rate
     cosine = [
         json.loads(line)
-        for line in (tmp_path / "work" / "ar-run-cosine" / "metrics.jsonl").read_text().splitlines()
+        for line in (work / "work" / "ar-run-cosine" / "metrics.jsonl").read_text().splitlines()
     ]
     # How far it gets in its 2 s depends on the host's load (a loaded host may not leave the
     # warmup): what is asserted is the schedule every logged step followed, which decays to
@@ -83,7 +86,7 @@ def test_the_tiny_speculative_benchmark_runs_end_to_end(tmp_path):
     warmup = result["dflash_warmup_s"]
     assert set(warmup) == {"DFlashDraftModel", "DFlash2DraftModel"} and min(warmup.values()) > 0
     for run in ("dflash-warmup-run", "dflash-warmup-run-DFlash2DraftModel"):
-        assert (tmp_path / "work" / run / "metrics.jsonl").read_text().count("\n") == 3
+        assert (work / "work" / run / "metrics.jsonl").read_text().count("\n") == 3
     # each drafter's own parameters (a DFlash drafter's leave out the target's embeddings and
     # head); DFlash2 adds its convolutions and candidate selector to the same layers
     params = {name: record["params"] for name, record in result["training"].items()}

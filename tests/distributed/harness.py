@@ -91,6 +91,60 @@ def _run_batch(batch: dict, tmp_path_factory, name: str) -> dict[str, dict[int, 
     return found
 
 
+# The shared run, in a child process started with the session (tests/distributed/conftest.py)
+# on the core the other tests leave idle (tests/prefetch.py).
+SHARED_KEY = "distributed shared cases"
+_CHILD = "import sys; from tests.distributed import harness; harness.run_shared(sys.argv[1:])"
+
+
+def shared_command(modules: list[str]) -> list[str]:
+    """The child that runs `modules`' declared cases and writes what `_run_batch` found."""
+    return [sys.executable, "-c", _CHILD, "{work}", *modules]
+
+
+class _Folders:
+    """tmp_path_factory's mktemp, in a folder of the child's own."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def mktemp(self, name: str) -> Path:
+        folder = self.root / name
+        folder.mkdir(parents=True)
+        return folder
+
+
+def run_shared(argv: list[str]) -> None:
+    """The child's side: import the modules (they declare their cases), run them all."""
+    import importlib
+
+    work, modules = Path(argv[0]), argv[1:]
+    for name in modules:
+        importlib.import_module(name)
+    batch = {
+        prefix: (run_case, cases)
+        for prefix, (module, run_case, cases) in _DECLARED.items()
+        if module in modules
+    }
+    found = _run_batch(batch, _Folders(work / "runs"), "shared")
+    (work / "found.json").write_text(json.dumps(found))
+
+
+def _shared(batch: dict, tmp_path_factory) -> dict[str, dict[int, dict]]:
+    """The shared run's results: the background child's where it ran this batch, else a run
+    now. Raises where the run failed."""
+    from tests import prefetch
+
+    if prefetch.started(SHARED_KEY):
+        done, work = prefetch.result(SHARED_KEY)
+        if done.returncode:
+            raise RuntimeError(f"the shared run failed:\n{done.stderr[-3000:]}")
+        found = json.loads((work / "found.json").read_text())
+        if set(found) == set(batch):  # JSON keys are strings: the world sizes back to ints
+            return {p: {int(w): e for w, e in worlds.items()} for p, worlds in found.items()}
+    return _run_batch(batch, tmp_path_factory, "shared")
+
+
 def errors_per_world(run_case, cases, tmp_path_factory, prefix: str) -> dict[int, dict]:
     """For each world size in `cases` (world -> [(name, *params)]), run every case on that many
     processes as run_case(world, name, *params) (a module-level function); rank 0's results,
@@ -110,7 +164,7 @@ def errors_per_world(run_case, cases, tmp_path_factory, prefix: str) -> dict[int
                 batch[other] = (other_case, other_cases)
     if len(batch) > 1:
         try:
-            found = _run_batch(batch, tmp_path_factory, "shared")
+            found = _shared(batch, tmp_path_factory)
         except Exception:
             _shared_failed = True
         else:

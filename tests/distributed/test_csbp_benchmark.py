@@ -4,27 +4,33 @@ per part) and writes the JSON it promises."""
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests import prefetch
+
 SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "context_parallel.py"
 
 
+_COMMON = [sys.executable, str(SCRIPT), "--tiny", "--out", "{work}/cp.json"]
+# The throughput part, then a search capped at its start (one probe per GPU count) merged into
+# the same JSON; started with the session (tests/prefetch.py), on the core the other tests
+# leave idle.
+prefetch.declare(
+    "context parallel benchmark",
+    [*_COMMON, "--parts", "throughput", "--modes", "csbp", "--seq-lens", "128"],
+    [*_COMMON, "--parts", "search", "--search-start", "128", "--search-max", "128"],
+    timeout=300,
+)
+
+
 @pytest.mark.slow
-def test_tiny_benchmark_smoke(tmp_path):
-    out = tmp_path / "cp.json"
-    common = [sys.executable, str(SCRIPT), "--tiny", "--out", str(out)]
-    throughput = [*common, "--parts", "throughput", "--modes", "csbp", "--seq-lens", "128"]
-    proc = subprocess.run(throughput, capture_output=True, text=True, timeout=300)
+def test_tiny_benchmark_smoke():
+    proc, work = prefetch.result("context parallel benchmark")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    # A search capped at its start: one probe per GPU count, merged into the same JSON.
-    search = [*common, "--parts", "search", "--search-start", "128", "--search-max", "128"]
-    proc = subprocess.run(search, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    result = json.loads(out.read_text())
+    result = json.loads((work / "cp.json").read_text())
     (row,) = result["throughput"]
     assert (row["mode"], row["gpus"], row["status"]) == ("csbp", 2, "ok"), row
     assert row["tokens_per_s"] > 0 and row["peak_gb_per_gpu"] > 0

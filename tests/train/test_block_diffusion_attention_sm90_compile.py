@@ -15,20 +15,33 @@ from pathlib import Path
 
 import pytest
 
+from tests import prefetch
+
 pytest.importorskip("triton")
 
 SCRIPT = Path(__file__).resolve().parents[2] / "ci" / "triton_sm90_compile.py"
 
 
-def _compile(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=600
-    )
+# Each compile this module checks, started with the session (tests/prefetch.py): minutes of
+# ptxas in all, on the core the other tests leave idle.
+COMPILES = {
+    "defaults 64": ("--defaults", "--head-dim", "64"),
+    "defaults 128": ("--defaults", "--head-dim", "128"),
+    "over smem": ("--head-dim", "128", "--only", "runs 128x128 w8 s3"),
+    "gluon 64": ("--head-dim", "64", "--only", "gluon"),
+    "gluon 128": ("--head-dim", "128", "--only", "gluon"),
+}
+for _name, _args in COMPILES.items():
+    prefetch.declare(f"sm90 {_name}", [sys.executable, str(SCRIPT), *_args], timeout=600)
+
+
+def _compile(name: str) -> subprocess.CompletedProcess:
+    return prefetch.result(f"sm90 {name}")[0]
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_default_configs_compile_for_sm90(head_dim):
-    done = _compile("--defaults", "--head-dim", str(head_dim))
+    done = _compile(f"defaults {head_dim}")
     assert done.returncode == 0, done.stdout + done.stderr
     lines = [line for line in done.stdout.splitlines() if " default " in line]
     assert [line.split()[0] for line in lines] == ["fwd", "dkdv", "dq"], done.stdout
@@ -38,7 +51,7 @@ def test_default_configs_compile_for_sm90(head_dim):
 def test_a_config_over_sm90_shared_memory_fails():
     """dQ at 128 x 128 in 3 stages asks ~262 KB (it failed at launch on the H200); the forward's
     variant of the same name fits (229,400 of the 232,448 bytes an sm90 block may use)."""
-    done = _compile("--head-dim", "128", "--only", "runs 128x128 w8 s3")
+    done = _compile("over smem")
     assert done.returncode == 1, done.stdout + done.stderr
     rows = {line.split()[0]: line for line in done.stdout.splitlines() if "128x128" in line}
     assert " ok " in rows["fwd"], done.stdout
@@ -51,7 +64,7 @@ def test_gluon_kernels_compile_for_sm90(head_dim):
     this compile is what the CPU suite can check of them) at every ring depth the sweep times,
     each also split, dK/dV also with dQ fused, under this host's Triton (the GPU host runs 3.6, this one
     may run a later one: the kernels must build in both)."""
-    done = _compile("--head-dim", str(head_dim), "--only", "gluon")
+    done = _compile(f"gluon {head_dim}")
     assert done.returncode == 0, done.stdout + done.stderr
     tests = ["test: gluon dkdv", "test: gluon dkdv dq fused", "test: gluon dkdv split",
              "test: gluon dkdv head-major", "test: gluon dkdv chunks 3", "test: gluon backward",

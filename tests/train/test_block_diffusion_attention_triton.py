@@ -16,11 +16,13 @@ Triton (it reads bf16 bits as another format), while fp16 exercises the same cod
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 import torch
 
-from tests.helpers import run_in_triton_interpreter
+from tests import prefetch
+from tests.helpers import ROOT
 
 CHILD = r"""
 import json, sys, torch
@@ -243,12 +245,22 @@ TOLERANCE = 1e-2  # fp16 inputs, fp32 accumulation: the kernels and the referenc
 MODES = ("none", "variants", "relabelled", "trainer", "compiled")
 
 
+# Every mode's results from one child process (each start imports torch and Triton and sets
+# the interpreter up, several seconds apiece on 2 cores), started with the session
+# (tests/prefetch.py): about a minute of interpreting, on the core the other tests leave idle.
+prefetch.declare(
+    "triton interpreter",
+    [sys.executable, "-c", CHILD, *MODES],
+    env={"TRITON_INTERPRET": "1", "PYTHONPATH": str(ROOT)},
+    timeout=900,
+)
+
+
 @pytest.fixture(scope="module")
 def children() -> dict[str, list[dict]]:
-    """Every mode's results from one child process: each start imports torch and Triton and
-    sets the interpreter up, several seconds apiece on 2 cores."""
-    stdout = run_in_triton_interpreter(CHILD, *MODES, timeout=900)
-    return json.loads(stdout.strip().splitlines()[-1])
+    done, _ = prefetch.result("triton interpreter")
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ import pytest
 from tests.helpers import wait_for_file
 from tests.train.util import tiny_spec
 from turbo_dllm.errors import DllmError
-from turbo_dllm.train import export, weights
+from turbo_dllm.train import weights
 from turbo_dllm.train.entry import train
 from turbo_dllm.train.export import export_checkpoint
 
