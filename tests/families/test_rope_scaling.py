@@ -47,6 +47,18 @@ def _hf_model(model_type: str, rope_scaling: dict):
     return transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape)).eval()
 
 
+def _assert_same_logits(config, folder, hf) -> None:
+    """Our model of `folder` (built from `config`) gives `hf`'s logits."""
+    ours = materialize(
+        build_model(config, _causal), torch.device("cpu"), seed=0, weights_from=str(folder)
+    ).eval()
+    ids = torch.randint(0, VOCAB, (2, LENGTH))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            ours(ids, torch.arange(LENGTH)), hf(input_ids=ids).logits, atol=2e-5, rtol=1e-4
+        )
+
+
 @pytest.mark.parametrize(
     "model_type,rope_scaling",
     [
@@ -78,14 +90,7 @@ def test_yarn_logits_equal_transformers(tmp_path, model_type, rope_scaling):
     assert {k: written[k] for k in rope_scaling if k != "type"} == {
         k: v for k, v in rope_scaling.items() if k != "type"
     }
-    ours = materialize(
-        build_model(config, _causal), torch.device("cpu"), seed=0, weights_from=str(tmp_path)
-    ).eval()
-    ids = torch.randint(0, VOCAB, (2, LENGTH))
-    with torch.no_grad():
-        torch.testing.assert_close(
-            ours(ids, torch.arange(LENGTH)), hf(input_ids=ids).logits, atol=2e-5, rtol=1e-4
-        )
+    _assert_same_logits(config, tmp_path, hf)
 
 
 @pytest.mark.parametrize("model_type,rope_type", [("qwen3", "yarn"), ("llama", "llama3")])
@@ -108,14 +113,7 @@ def test_a_config_without_the_original_length_reads_as_transformers_reads_it(
     assert hf.config.rope_parameters["original_max_position_embeddings"] == 64
     config = get_family("causal_lm").resolve_config(path=str(tmp_path), from_config=None)
     assert config.rope_scaling["original_max_position_embeddings"] == 64
-    ours = materialize(
-        build_model(config, _causal), torch.device("cpu"), seed=0, weights_from=str(tmp_path)
-    ).eval()
-    ids = torch.randint(0, VOCAB, (2, LENGTH))
-    with torch.no_grad():
-        torch.testing.assert_close(
-            ours(ids, torch.arange(LENGTH)), hf(input_ids=ids).logits, atol=2e-5, rtol=1e-4
-        )
+    _assert_same_logits(config, tmp_path, hf)
 
 
 def _config(**rope) -> dict:
