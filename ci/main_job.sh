@@ -10,7 +10,7 @@ cd "$PROJECT"
 dllm config validate --config train.yaml > /dev/null
 dllm doctor --config train.yaml
 dllm data prepare --config prepare.yaml
-# Compile the RunSpec into a job, write runs/first/manifest.json, train on CPU (~2 minutes).
+# Compile the RunSpec into a job, write runs/first/manifest.json, train on CPU (~15-20 s on 2 cores).
 dllm launch --config train.yaml --run-dir runs/first
 dllm run plot runs/first
 echo
