@@ -5,6 +5,8 @@ read as before."""
 
 from __future__ import annotations
 
+import yaml
+
 from tests.helpers import assert_user_error
 
 SPEC = """\
@@ -62,3 +64,30 @@ def test_config_validate_prints_non_ascii_values_as_written(cli, tmp_path, monke
     result = cli("config", "validate", "--config", "train.yaml", "--set", "launch.name=café 数据")
     assert result.code == 0, result.err
     assert "name: café 数据" in result.out
+
+
+def test_a_cross_field_problem_names_the_set_that_took_part(cli, tmp_path, monkeypatch):
+    """`--set training.steps=3` against the starter's `warmup_steps: 5` said only
+    "scheduler.warmup_steps: 5 exceeds training.steps (3)": the 3 is in no file. The --set that
+    took part is named; one that did not (launch.name) is not, nor is a problem at the --set's
+    own field marked otherwise than `(from --set)`."""
+    monkeypatch.chdir(tmp_path)
+    assert cli("init", "p").code == 0
+    result = cli(
+        "config", "validate", "--config", "p/train.yaml",
+        "--set", "training.steps=3", "--set", "launch.name=x",
+    )  # fmt: skip
+    assert_user_error(
+        result,
+        "p/train.yaml has 1 problem:\n"
+        "  - scheduler.warmup_steps: 5 exceeds training.steps (3) (from --set training.steps=3)\n",
+    )
+    result = cli("config", "validate", "--config", "p/train.yaml", "--set", "launch.name=x")
+    assert result.code == 0, result.err
+    steps = yaml.safe_load((tmp_path / "p/train.yaml").read_text())["training"]["steps"]
+    result = cli(
+        "config", "validate", "--config", "p/train.yaml", "--set", "scheduler.warmup_steps=999"
+    )
+    assert_user_error(
+        result, f"  - scheduler.warmup_steps: 999 exceeds training.steps ({steps}) (from --set)\n"
+    )

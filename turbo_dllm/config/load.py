@@ -202,19 +202,85 @@ def load_model(model: type[M], document: Any, source: str) -> M:
 def load_runspec(
     path: str | Path, overrides: list[str] | None = None, world_size: int | None = None
 ):
-    from turbo_dllm.config.runspec import RunSpec
     from turbo_dllm.config.validate import check
 
-    document = apply_overrides(read_yaml(path), overrides or [])
-    # a --set path is the shell's, one written in the file the file's (`resolve_paths`)
-    command_line_paths(document, overrides or [], _PATH_FIELDS, Path.cwd(), _names_a_file)
+    written = read_yaml(path)
     try:
-        spec = load_model(RunSpec, document, str(path))
+        spec = _runspec(written, path, overrides or [])
     except DllmError as error:
         message = _from_the_command_line(error.message, overrides or [])
         raise DllmError(message, hint=error.hint) from None
-    spec = resolve_paths(spec, Path(path).resolve().parent)
-    return check(spec, world_size=world_size, source=str(path))
+    try:
+        return check(spec, world_size=world_size, source=str(path))
+    except DllmError as error:
+        if not overrides:
+            raise
+        message = _sets_that_took_part(error.message, written, path, overrides, world_size)
+        raise DllmError(message, hint=error.hint) from None
+
+
+def _runspec(written: dict[str, Any], path: str | Path, overrides: list[str]):
+    """The RunSpec of the file's document `written` with `overrides` applied, its paths
+    absolute; not yet checked across fields (`validate.check`)."""
+    from turbo_dllm.config.runspec import RunSpec
+
+    document = apply_overrides(written, overrides)
+    # a --set path is the shell's, one written in the file the file's (`resolve_paths`)
+    command_line_paths(document, overrides, _PATH_FIELDS, Path.cwd(), _names_a_file)
+    spec = load_model(RunSpec, document, str(path))
+    return resolve_paths(spec, Path(path).resolve().parent)
+
+
+def _sets_that_took_part(
+    message: str,
+    written: dict[str, Any],
+    path: str | Path,
+    overrides: list[str],
+    world_size: int | None,
+) -> str:
+    """A cross-field report (`validate.check`) with each problem a `--set` took part in marked:
+    `  - scheduler.warmup_steps: 5 exceeds training.steps (3) (from --set training.steps=3)`.
+    The problem sits at a field of the file, so without the mark a user looked in the file for
+    the 3. A --set took part where the problem's line is not there (or reads otherwise) once
+    that --set is left out; where the spec does not load without it, where the line names its
+    key. A problem at the --set's own field says only `(from --set)`, as a single-field one."""
+    import re
+
+    from turbo_dllm.config.validate import problems
+
+    by_key: dict[str, list[str]] = {}  # key -> its --set items, as typed
+    for item in overrides:
+        key = ".".join(part.strip() for part in item.partition("=")[0].split("."))
+        by_key.setdefault(key, []).append(item)
+    without: dict[str, set[str] | None] = {}  # key -> the problem lines with its --set left out
+    for key, items in by_key.items():
+        others = [item for item in overrides if item not in items]
+        try:
+            spec = _runspec(written, path, others)
+            without[key] = {f"  - {p}" for p in problems(spec, world_size)}
+        except (DllmError, OSError):
+            without[key] = None
+    lines = []
+    for line in message.split("\n"):
+        field, colon, _ = line.removeprefix("  - ").partition(": ")
+        if line.startswith("  - ") and colon:
+            own = [k for k in by_key if field == k or field.startswith((f"{k}.", f"{k}["))]
+            took_part = [
+                item
+                for key, items in by_key.items()
+                if (
+                    line not in without[key]
+                    if without[key] is not None
+                    else re.search(rf"(?<![\w.]){re.escape(key)}(?!\w)", line)
+                )
+                for item in items
+            ]
+            if own:
+                line += " (from --set)"
+            elif took_part:
+                line += " (from " + " and ".join(f"--set {_shorten(i)}" for i in took_part) + ")"
+        lines.append(line)
+    return "\n".join(lines)
 
 
 def _from_the_command_line(message: str, overrides: list[str]) -> str:
