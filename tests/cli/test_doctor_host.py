@@ -17,6 +17,27 @@ def test_a_relative_dllm_home_is_a_warning_with_the_absolute_export(cli, tmp_pat
     assert check["detail"].startswith("DLLM_HOME='rel home' is a relative path")
     assert check["fix"] == f"export DLLM_HOME={shlex.quote(str(tmp_path / 'rel home'))}"
     monkeypatch.setenv("DLLM_HOME", str(tmp_path / "rel home"))  # the fix, applied
+    (tmp_path / "rel home").mkdir()
+    result = cli("doctor", "--json")
+    assert {c["name"]: c for c in json.loads(result.out)["checks"]}["cache dir"]["status"] == "pass"
+
+
+def test_a_dllm_home_that_does_not_exist_is_a_warning_and_is_not_made(cli, tmp_path, monkeypatch):
+    """A misspelt DLLM_HOME passed as "<it> is writable": doctor's write test had made the
+    folder, so the typo became a new, empty home (no bundles, no compile packs) without a word."""
+    (tmp_path / "dllm-home").mkdir()
+    typo = tmp_path / "dllm-hom"
+    monkeypatch.setenv("DLLM_HOME", str(typo))
+    result = cli("doctor", "--json")
+    check = {c["name"]: c for c in json.loads(result.out)["checks"]}["cache dir"]
+    assert result.code == 0 and check["status"] == "warn", check
+    assert check["detail"].startswith(f"{typo} (DLLM_HOME) does not exist yet: the first command")
+    assert check["fix"] == (
+        f"export DLLM_HOME={shlex.quote(str(tmp_path / 'dllm-home'))} if you meant it; else check "
+        f"the spelling of DLLM_HOME; if this is the home you want, mkdir -p {shlex.quote(str(typo))}"
+    )
+    assert not typo.exists()
+    typo.mkdir()  # the fix's second branch, applied
     result = cli("doctor", "--json")
     assert {c["name"]: c for c in json.loads(result.out)["checks"]}["cache dir"]["status"] == "pass"
 

@@ -108,8 +108,8 @@ def _nvidia_driver() -> bool:
 
 
 def _writable(path: Path) -> str | None:
+    """Why no file can be made in the folder `path` (which exists), or None."""
     try:
-        path.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=path, prefix=".dllm-write-test-"):
             pass
     except OSError as error:
@@ -128,7 +128,7 @@ def cache_dir(ctx: DoctorContext) -> CheckResult:
         return CheckResult(
             "cache dir", "fail", f"{home}: {problem.detail}", fix=problem.fix("set DLLM_HOME")
         )
-    error = _writable(home)
+    error = _writable(home) if home.exists() else None
     if error:
         return CheckResult(
             "cache dir",
@@ -146,7 +146,41 @@ def cache_dir(ctx: DoctorContext) -> CheckResult:
             "only, and each folder dllm runs from gets a home of its own",
             fix=f"export DLLM_HOME={shlex.quote(str(home.absolute()))}",
         )
+    if not home.exists():
+        # Not made here: the write test made it, so a misspelt DLLM_HOME became a new, empty
+        # home (no bundles, no compile packs) without a word. folder_problem found the folder
+        # above it writable.
+        if not os.environ.get("DLLM_HOME"):  # the platform's own, on a fresh install
+            return CheckResult(
+                "cache dir",
+                "pass",
+                f"{home} does not exist yet; the first command that needs it creates it",
+            )
+        near = _nearest_folder(home)
+        return CheckResult(
+            "cache dir",
+            "warn",
+            f"{home} (DLLM_HOME) does not exist yet: the first command that needs it creates "
+            "it, so a misspelt DLLM_HOME would become a new, empty home without a word",
+            fix=(
+                f"export DLLM_HOME={shlex.quote(str(near))} if you meant it; else " if near else ""
+            )
+            + f"check the spelling of DLLM_HOME; if this is the home you want, mkdir -p "
+            f"{shlex.quote(str(home))}",
+        )
     return CheckResult("cache dir", "pass", f"{home} is writable")
+
+
+def _nearest_folder(path: Path) -> Path | None:
+    """The folder beside `path` whose name is closest to its own (a DLLM_HOME typo), or None."""
+    import difflib
+
+    try:
+        names = [p.name for p in path.parent.iterdir() if p.is_dir()]
+    except OSError:
+        return None
+    found = difflib.get_close_matches(path.name, names, n=1, cutoff=0.75)
+    return path.parent / found[0] if found else None
 
 
 def _run_target(ctx: DoctorContext) -> tuple[Path, str]:
