@@ -6,8 +6,9 @@ limits how many responses are cut), `throttle_bps` (slow bundle downloads to a c
 killed-install test), `fail_status` (answer bundle requests with this HTTP status, `fail_times`
 times), `ranges = False` (ignore Range headers, like a server without range support),
 `wrong_range = True` (answer every bundle request with 206 and a Content-Range one byte later
-than asked), `catalog_failures` (answer that many release-catalog requests with HTTP 503). Every
-request is logged as (path, Range header).
+than asked), `catalog_failures` (answer that many release-catalog requests with HTTP 503),
+`require_query` (answer HTTP 403 to a request whose query string is not this one, like a
+token-authenticated mirror). Every request is logged as (path, Range header).
 """
 
 from __future__ import annotations
@@ -28,6 +29,9 @@ class _Handler(SimpleHTTPRequestHandler):
     def do_GET(self):
         state = self.server.state
         state.requests.append((self.path, self.headers.get("Range")))
+        if state.require_query is not None and self.path.partition("?")[2] != state.require_query:
+            self.send_error(403)
+            return
         path = Path(self.translate_path(self.path))
         if self.path.endswith("catalog.toml") and state.catalog_failures > 0:
             state.catalog_failures -= 1
@@ -99,6 +103,7 @@ class _State:
         self.fail_status: int | None = None
         self.fail_times: int = -1  # -1: every request
         self.catalog_failures: int = 0
+        self.require_query: str | None = None
 
 
 class _Server(ThreadingHTTPServer):

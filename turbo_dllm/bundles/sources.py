@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse, urlsplit, urlunsplit
 
 from turbo_dllm import __version__
 from turbo_dllm.bundles.archive import BundleRejected
@@ -44,6 +44,7 @@ __all__ = [
     "index_root_hint",
     "offline_requested",
     "open_source",
+    "redact_url",
     "transfer_deadline",
 ]
 
@@ -225,6 +226,31 @@ class Source:
         raise AssertionError("unreachable")
 
 
+HIDDEN = "***"
+HIDDEN_NOTE = (
+    f"the index URL's query values (a token) are shown as {HIDDEN} and stored nowhere: put "
+    f"yours in place of {HIDDEN}, or pass the --index (or set {INDEX_VARIABLE}) you used"
+)
+
+
+def redact_url(url: str) -> str:
+    """`url` as it may be shown or stored: each query value (a bare query item whole) and a
+    password replaced by `***`. Tokens of authenticated or signed mirrors travel in these."""
+    parts = urlsplit(url)
+    if not parts.query and parts.password is None:
+        return url
+    netloc = parts.netloc
+    if parts.password is not None:
+        user, _, host = netloc.rpartition("@")
+        netloc = f"{user.partition(':')[0]}:{HIDDEN}@{host}"
+    return urlunsplit((parts.scheme, netloc, parts.path, _redact_query(parts.query), ""))
+
+
+def _redact_query(query: str) -> str:
+    items = (item.partition("=") for item in query.split("&") if item)
+    return "&".join(f"{key}={HIDDEN}" if sep else HIDDEN for key, sep, _ in items)
+
+
 def attempts_text(count: int) -> str:
     """`count` attempts, said: "1 attempt", "3 attempts"."""
     return f"{count} attempt{'s' if count != 1 else ''}"
@@ -302,14 +328,57 @@ class _HttpSource(Source):
     plain_socket = False
 
     def __init__(self, base_url: str, offline: bool = False) -> None:
-        self.location = base_url.rstrip("/")
+        # A query (`?token=...` of an authenticated or signed mirror) goes with every request,
+        # after the file's path; its values are secrets, so `location` and `url` (what
+        # messages and install.json show) hide them, and so does every message (`_hide`).
+        parts = urlsplit(base_url)
+        self._base = urlunsplit((parts.scheme, parts.netloc, parts.path.rstrip("/"), "", ""))
+        self._query = parts.query
+        self.location = redact_url(self._base + (f"?{parts.query}" if parts.query else ""))
+        self._secrets = sorted(
+            {
+                text
+                for item in parts.query.split("&")
+                for value in (item.partition("=")[2] if "=" in item else item,)
+                for text in (value, unquote(value), unquote(value.replace("+", " ")))
+                if len(text) >= 3
+            }
+            | ({parts.password, unquote(parts.password)} if parts.password else set()),
+            key=len,
+            reverse=True,
+        )
         self.offline = offline
         self._session = None
+
+    def url(self, path: str) -> str:
+        return redact_url(self._request_url(path))
+
+    def _request_url(self, path: str) -> str:
+        """The URL requested for `path`: its path joined onto the index's, the query kept."""
+        return f"{self._base}/{path}" + (f"?{self._query}" if self._query else "")
+
+    def _hide(self, text: str) -> str:
+        """`text` (a message) with the index URL's secrets replaced by `***`."""
+        if self._query:
+            text = text.replace(self._query, _redact_query(self._query))
+        for secret in self._secrets:
+            text = text.replace(secret, HIDDEN)
+        return text
 
     def _get(
         self, url: str, headers: dict[str, str], deadline: float | None, pool: BufferPool | None
     ) -> _Response:
-        """One request, redirects not followed."""
+        """One request, redirects not followed; its errors hide the index's secrets."""
+        try:
+            return self._get_one(url, headers, deadline, pool)
+        except TransientError as error:
+            raise type(error)(self._hide(str(error))) from None
+        except DllmError as error:
+            raise type(error)(self._hide(error.message), hint=error.hint) from None
+
+    def _get_one(
+        self, url: str, headers: dict[str, str], deadline: float | None, pool: BufferPool | None
+    ) -> _Response:
         parts = urlparse(url)
         if self.plain_socket and parts.scheme == "http" and parts.hostname in _LOOPBACK:
             return _loopback_get(url, headers, deadline, pool)
@@ -325,7 +394,7 @@ class _HttpSource(Source):
         self, url: str, headers: dict[str, str], deadline: float | None, pool: BufferPool | None
     ) -> _Response:
         """`_get`, following redirects."""
-        first = url
+        first = shown = self._hide(redact_url(url))
         for _ in range(MAX_REDIRECTS + 1):
             response = self._get(url, headers, deadline, pool)
             if response.status not in _REDIRECTS:
@@ -334,12 +403,13 @@ class _HttpSource(Source):
             response.close()
             if not location:
                 raise DllmError(
-                    f"{url}: HTTP {response.status} {response.reason} without a Location",
+                    f"{shown}: HTTP {response.status} {response.reason} without a Location",
                     hint="the server's redirect is broken; use the final URL as --index",
                 )
             url = self._redirect_target(url, location)
+            shown = self._hide(redact_url(url))
         raise DllmError(
-            f"{first}: more than {MAX_REDIRECTS} redirects (the last to {url})",
+            f"{first}: more than {MAX_REDIRECTS} redirects (the last to {shown})",
             hint="the server redirects in a loop; pass the final URL of the index as --index",
         )
 
@@ -348,14 +418,15 @@ class _HttpSource(Source):
 
         target = urljoin(url, location)
         parts = urlparse(target)
+        url, shown = self._hide(redact_url(url)), self._hide(redact_url(target))
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise DllmError(
-                f"{url} redirects to {target[:200]!r}, not an http(s) URL",
+                f"{url} redirects to {shown[:200]!r}, not an http(s) URL",
                 hint="pass the index's real URL as --index (or a mirror folder as --mirror)",
             )
         if self.offline and parts.hostname not in _LOOPBACK:
             raise DllmError(
-                f"offline mode: {url} redirects to {target[:200]}; refusing to contact "
+                f"offline mode: {url} redirects to {shown[:200]}; refusing to contact "
                 f"{parts.hostname!r}",
                 hint="serve the mirror on this machine without redirects, or use a mirror "
                 f"folder (--mirror DIR); or drop --offline / unset {OFFLINE_VARIABLE}",
@@ -372,8 +443,8 @@ class _HttpSource(Source):
         headers = {"Accept-Encoding": "identity", "User-Agent": f"turbo-dllm/{__version__}"}
         if offset:
             headers["Range"] = f"bytes={offset}-"
-        url = self.url(path)
-        response = self._request(url, headers, deadline, pool)
+        url = self.url(path)  # shown in messages: the query's values hidden
+        response = self._request(self._request_url(path), headers, deadline, pool)
         status = response.status
         content_range = response.header("Content-Range") if status == 206 else ""
         if offset and (
@@ -423,7 +494,17 @@ class _HttpSource(Source):
             total = int(size) if size.isdigit() else None
         elif response.header("Content-Length").isdigit():
             total = int(response.header("Content-Length"))
-        return Opened(_until(deadline, url, response.chunks), total, start, response.close)
+        chunks = self._hiding(response.chunks)
+        return Opened(_until(deadline, url, chunks), total, start, response.close)
+
+    def _hiding(self, chunks: Iterator[bytes | memoryview]) -> Iterator[bytes | memoryview]:
+        """`chunks`, their errors' messages with the index's secrets hidden."""
+        try:
+            yield from chunks
+        except TransientError as error:
+            raise type(error)(self._hide(str(error))) from None
+        except DllmError as error:
+            raise type(error)(self._hide(error.message), hint=error.hint) from None
 
 
 def _until(
@@ -586,14 +667,17 @@ def index_root_hint(location: str) -> str | None:
     the option and value to paste; None otherwise."""
     import shlex
 
-    match = _INSIDE_INDEX.search(location)
-    root = location[: match.start()] if match else ""
+    path, _, query = location.partition("?")  # a query goes with the index (see redact_url)
+    match = _INSIDE_INDEX.search(path)
+    root = path[: match.start()] if match else ""
     if not root or root.endswith(":/"):
         return None
     flag = "--index" if "://" in root and not root.startswith("file:") else "--mirror"
+    root += f"/?{query}" if query else ""
+    hidden = f" ({HIDDEN_NOTE})" if HIDDEN in query else ""
     return (
         f"the index is the folder that holds releases/ and bundles/; if that is {root}, pass "
-        f"{flag} {shlex.quote(root)}"
+        f"{flag} {shlex.quote(root)}{hidden}"
     )
 
 

@@ -226,6 +226,10 @@ class BundleStore:
         else:
             made_active = "" if active else "; it becomes the active bundle"
             again = f"install it again: `{command}` (replaces the damaged copy{made_active})"
+            from turbo_dllm.bundles.sources import HIDDEN, HIDDEN_NOTE
+
+            if HIDDEN in command:
+                again += f" ({HIDDEN_NOTE})"
         return f"{again}, or {remove} {sha256[:12]}`"
 
     def _can_roll_back(self) -> bool:
@@ -252,6 +256,8 @@ class BundleStore:
             return None
         root = source.rsplit(marker, 1)[0] or "/"
         where = "--index" if "://" in root else "--mirror"
+        query = source.rpartition("?")[2] if where == "--index" and "?" in source else ""
+        root += f"/?{query}" if query else ""  # its values recorded hidden (sources.redact_url)
         try:  # the target it was installed for: --auto could pick another bundle
             manifest = BundleManifest.model_validate_json((path / MANIFEST_NAME).read_bytes())
             choice = f"--target {manifest.target}"
