@@ -407,3 +407,29 @@ def test_busy_gpus_fix_names_the_free_ones(monkeypatch):
         "export CUDA_VISIBLE_DEVICES=1 and `dllm launch --nproc-per-node 1` with a topology to "
         "match"
     )
+
+
+def test_the_data_check_s_validate_keeps_doctor_s_set_values(cli, tmp_path, monkeypatch):
+    """The fix said 'then dllm data validate X --config F' after `dllm doctor --config F --set
+    data.seq_len=128`: without the --set it checked the file's run (seq_len 256), which the
+    artifact fits, and passed where doctor's data fit fails. It now carries doctor's --set
+    values (`dllm data validate` takes them), and fails as doctor does."""
+    import json
+
+    monkeypatch.chdir(tmp_path)
+    assert cli("init", "p").code == 0
+    doctor = ("doctor", "--config", "p/train.yaml", "--set", "data.seq_len=128", "--json")
+    checks = {c["name"]: c for c in json.loads(cli(*doctor).out)["checks"]}
+    fix = checks["data artifact"]["fix"]
+    assert fix == (
+        "dllm data prepare --config p/prepare.yaml (then dllm data validate p/data/prepared "
+        "--config p/train.yaml --set data.seq_len=128)"
+    ), fix
+    prepare, validate = (shlex.split(part) for part in fix.removesuffix(")").split(" (then "))
+    assert cli(*prepare[1:]).code == 0
+    checks = {c["name"]: c for c in json.loads(cli(*doctor).out)["checks"]}
+    assert checks["data fit"]["status"] == "fail", checks["data fit"]
+    result = cli(*validate[1:])
+    assert result.code == 1, (result.out, result.err)
+    assert "does not fit p/train.yaml with its --set values:\n  - data.seq_len" in result.out
+    assert cli(*validate[1:-2]).code == 0  # the file's own run: the artifact fits it

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import sys
 
-from turbo_dllm.cli._output import add_overrides, emit_json, emit_schema, group
+from turbo_dllm.cli._output import (
+    add_overrides,
+    check_overrides_have_config,
+    emit_json,
+    emit_schema,
+    group,
+)
 
 
 def register(subparsers) -> None:
@@ -20,12 +26,14 @@ def register(subparsers) -> None:
         "validate",
         help="recompute hashes and fingerprint; with --config, check against a RunSpec",
         description="Recompute an artifact's hashes and fingerprint and check its structure; "
-        "with --config, check that it fits a RunSpec. Exit status: 0 every check passed, 1 a "
-        "check failed (the artifact is damaged, or does not fit --config), 2 bad input (no "
-        "artifact at that path, a --config that does not load).",
+        "with --config (and its --set values, as `dllm launch` takes them), check that it fits "
+        "a RunSpec. Exit status: 0 every check passed, 1 a check failed (the artifact is "
+        "damaged, or does not fit --config), 2 bad input (no artifact at that path, a --config "
+        "that does not load).",
     )
     p.add_argument("artifact", help="artifact folder")
     p.add_argument("--config", help="RunSpec (train.yaml) the artifact must fit")
+    add_overrides(p, "data.seq_len=512")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
     p.set_defaults(func=_validate)
 
@@ -134,6 +142,7 @@ def _validate(args) -> int:
     path, a RunSpec that does not load), as every `dllm` error."""
     from turbo_dllm.data.artifact import ArtifactDamaged, verify
 
+    check_overrides_have_config(args)
     try:
         manifest = verify(args.artifact)
     except ArtifactDamaged as damaged:
@@ -145,14 +154,15 @@ def _validate(args) -> int:
         from turbo_dllm.data.spec import check_not_a_prepare_spec
 
         check_not_a_prepare_spec(read_yaml(args.config), args.config)
-        spec = load_runspec(args.config)
+        spec = load_runspec(args.config, args.overrides)
         found = artifact_problems(manifest, spec)
         found += _family_problems(spec, args.artifact)
         if found:
             lines = "\n".join(f"  - {p}" for p in found)
+            sets = " with its --set values" if args.overrides else ""
             return _validate_failed(
                 args,
-                f"data artifact {args.artifact!r} does not fit {args.config}:\n{lines}",
+                f"data artifact {args.artifact!r} does not fit {args.config}{sets}:\n{lines}",
                 found,
                 "change the RunSpec fields above, or prepare the data again to match",
             )

@@ -66,11 +66,14 @@ def prepare_command(config_path: Path | None, artifact: Path) -> str:
 
 def _prepare_fix(ctx: DoctorContext, artifact: Path) -> str:
     """The command that (re)writes `artifact` (only where a check fails: it reads the YAML files
-    beside the RunSpec), then the one that checks it."""
+    beside the RunSpec), then the one that checks it against the run doctor checked: its
+    --config with doctor's --set values (without them it checked the file's run, which a
+    `--set data.seq_len=...` had changed)."""
     command = prepare_command(ctx.config_path, artifact).replace("`", "")
     check = f"dllm data validate {_shown(artifact)}"
     if ctx.config_path is not None:
         check += f" --config {_shown(ctx.config_path)}"
+        check += "".join(f" --set {shlex.quote(o)}" for o in ctx.overrides)
     return f"{command} (then {check})"
 
 
