@@ -114,6 +114,22 @@ def _keep_undecodable_bytes() -> None:
             stream.reconfigure(errors="surrogateescape")
 
 
+def _current_folder_gone() -> tuple[str, str] | None:
+    """The error (message, hint) of a current folder that was deleted (or moved) while the
+    shell sat in it, else None. Every relative path is taken against it, and importing torch
+    there ended the process in MKL's 'oneMKL FATAL ERROR: Cannot load libtorch_cpu.so', exit
+    2 with no word from dllm; said before any command starts."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        was = os.environ.get("PWD")
+        return (
+            "the current folder no longer exists" + (f" ({was})" if was else ""),
+            "cd to an existing folder and run the command again",
+        )
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     global STARTED_UNDER
     argv_from_process = argv is None
@@ -140,6 +156,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if func is None:
         # A command group given without its subcommand prints that group's help.
         (getattr(args, "group_parser", None) or parser).print_help(sys.stderr)
+        return 2
+    gone = _current_folder_gone()
+    if gone is not None:
+        print_error(*gone)
+        if getattr(args, "json", False):
+            emit_json_error(*gone)
         return 2
     if argv_from_process:
         # The `dllm` process itself (not a caller passing argv, such as a test): what start-up
