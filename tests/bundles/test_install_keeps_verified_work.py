@@ -213,3 +213,39 @@ def test_a_download_whose_bundle_is_in_the_store_is_not_called_partial(cli, serv
         pass
     assert not part.exists()
     assert store.installed()[0].sha256 == entry.sha256
+
+
+def test_status_calls_a_kept_verified_download_verified_not_partial(cli, served, monkeypatch):
+    """The whole archive, verified, kept after the disk filled while unpacking: `status` called
+    it "a partial download" that the install "resumes". It says now that it is complete and
+    verified (from a mark written at verification, not by hashing it on every call); a file
+    changed since is called partial again, and the install hashes it again whatever the mark."""
+    server, catalog_sha, entry = served
+    real_open = open
+
+    def fills_up(path, mode="r", *args, **kwargs):
+        if "x" in mode and str(path).endswith("z.so"):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        return real_open(path, mode, *args, **kwargs)
+
+    with monkeypatch.context() as full:
+        full.setattr(archive, "open", fills_up, raising=False)
+        assert cli(*_command(server, catalog_sha)).code == 2
+    part = BundleStore().downloads_dir / f"{entry.sha256}.part"
+    status = cli("bundle", "status")
+    line = next(t for t in status.out.splitlines() if part.name in t)
+    assert "a complete, verified download" in line and "partial" not in line, status.out
+    assert "unpacks it without downloading it again" in status.err, status.err
+    assert "resumes it" not in status.err
+
+    data = bytearray(part.read_bytes())
+    data[-100] ^= 0xFF
+    part.write_bytes(bytes(data))  # changed since it was verified
+    os.utime(part, ns=(part.stat().st_atime_ns, part.stat().st_mtime_ns + 5_000_000_000))
+    status = cli("bundle", "status")
+    assert "a partial download" in status.out, status.out
+    requests = _archive_requests(server)
+    result = cli(*_command(server, catalog_sha))
+    assert result.code == 0, result.err
+    assert _archive_requests(server) == requests + 1  # not trusted: downloaded again
+    assert list(part.parent.iterdir()) == []  # neither the download nor its mark is left

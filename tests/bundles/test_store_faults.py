@@ -53,7 +53,10 @@ def test_a_full_disk_while_unpacking_is_a_disk_error_not_a_rejected_archive(
     assert_previous_still_active(installed)  # and no staging left
     # The archive's bytes verified: they are kept for the next run (not downloaded again).
     entry = bundle_b[2]
-    assert [p.name for p in store.downloads_dir.iterdir()] == [f"{entry.sha256}.part"]
+    assert sorted(p.name for p in store.downloads_dir.iterdir()) == [
+        f"{entry.sha256}.part",
+        f"{entry.sha256}.part.verified",  # what `status` reads to call it verified
+    ]
     assert "the verified download is kept" in result.err
 
 

@@ -21,6 +21,7 @@ sizes and files, nothing written outside its folder); see docs/bundles.md.
 from __future__ import annotations
 
 import hashlib
+import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -48,6 +49,8 @@ __all__ = [
     "Progress",
     "download",
     "download_unpacked",
+    "drop_download",
+    "marked_verified",
     "open_source",
 ]
 
@@ -83,7 +86,39 @@ def download(
         done.replace(part)  # a finished download is a complete partial one: verified again below
     _fetch(source, path, None, sha256, size, dest_dir, retries, backoff_s, progress)
     part.replace(done)
+    _mark(part).unlink(missing_ok=True)
     return done
+
+
+def _mark(part: Path) -> Path:
+    return part.with_name(part.name + ".verified")
+
+
+def _mark_verified(part: Path) -> None:
+    """Say that `part` holds the whole archive, its sha256 matched: an empty mark next to it
+    with the same modification time (any later write to `part` changes its own). Only `status`
+    reads it (`marked_verified`), to name the file without hashing it; an install hashes the
+    file again whatever the mark says. Not writing it (a full disk) loses only that label."""
+    mark = _mark(part)
+    try:
+        mark.touch()
+        os.utime(mark, ns=(part.stat().st_atime_ns, part.stat().st_mtime_ns))
+    except OSError:
+        mark.unlink(missing_ok=True)
+
+
+def marked_verified(part: Path) -> bool:
+    """Whether `part` was verified whole and has not been written since (see `_mark_verified`)."""
+    try:
+        return _mark(part).stat().st_mtime_ns == part.stat().st_mtime_ns
+    except OSError:
+        return False
+
+
+def drop_download(part: Path) -> None:
+    """Delete a `.part` download and its verified mark, if there."""
+    part.unlink(missing_ok=True)
+    _mark(part).unlink(missing_ok=True)
 
 
 PINNED_REFUSED_HINT = (
@@ -121,7 +156,7 @@ def download_unpacked(
     part = dest_dir / f"{sha256}.part"
     result = _fetch(source, path, unpack, sha256, size, dest_dir, retries, backoff_s, progress)
     if not keep_verified:
-        part.unlink(missing_ok=True)
+        drop_download(part)
     return result
 
 
@@ -140,6 +175,7 @@ def _fetch(
     verified archive; returns what `unpack` made of it (None without `unpack`)."""
     dest_dir.mkdir(parents=True, exist_ok=True)
     part = dest_dir / f"{sha256}.part"
+    _mark(part).unlink(missing_ok=True)  # what this run verifies it marks again
     url = source.url(path)
     deadline = transfer_deadline()
     last_error = "no attempt made"
@@ -183,7 +219,7 @@ def _fetch(
         except DeadlineExceeded:
             break
         except BundleRejected:
-            part.unlink(missing_ok=True)
+            drop_download(part)
             raise
         finally:
             transfer.close()
@@ -205,13 +241,14 @@ def _fetch(
                 hint="the mirror's copy is corrupt or was tampered with; re-publish it or use "
                 "another mirror",
             )
+        _mark_verified(part)
         if isinstance(refusal, (NoRoom, DiskWriteError)):
             # Verified bytes this machine could not unpack (no room, a disk that filled from
             # elsewhere, a quota): the fault is not the archive's, so they are kept for the
             # next run to unpack without downloading them again.
             raise refusal
         if refusal is not None:  # the pinned bytes themselves are refused
-            part.unlink()
+            drop_download(part)
             if isinstance(refusal, BundleRejected):
                 # Another copy or a new download would be the same bytes: only the publisher
                 # can mend what the archive's own hint tells its maker to do.

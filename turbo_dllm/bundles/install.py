@@ -45,7 +45,7 @@ from turbo_dllm.bundles.catalog import (
     sha256_bytes,
     trusted_catalog_sha256,
 )
-from turbo_dllm.bundles.fetch import ArchiveStream, Progress, download_unpacked
+from turbo_dllm.bundles.fetch import ArchiveStream, Progress, download_unpacked, drop_download
 from turbo_dllm.bundles.manifest import BundleManifest
 from turbo_dllm.bundles.resolve import (
     BUILD_MISSING_HINT,
@@ -281,11 +281,11 @@ def run_install(
                 )
                 # Kept until the bundle was in the store: a process killed before then left the
                 # verified archive for the next run to hash again and unpack, not to download.
-                room.part.unlink(missing_ok=True)
+                drop_download(room.part)
         with signals_deferred():
             store.make_active(bundle)
         # (A copy already in the store: a download a killed install left is not needed.)
-        (store.downloads_dir / f"{entry.sha256}.part").unlink(missing_ok=True)
+        drop_download(store.downloads_dir / f"{entry.sha256}.part")
     already = reused and previous is not None and previous.sha256 == bundle.sha256
     if previous is not None and previous.sha256 == bundle.sha256:
         previous = None

@@ -4,6 +4,7 @@
       store/<archive sha256>/     one verified, read-only bundle (bundle.json, install.json, lib/)
       store/.staging-<random>/    an extraction in progress (swept by the next locked operation)
       downloads/<sha256>.part     partial downloads, resumed by the next attempt
+      downloads/<sha256>.part.verified   says its .part was verified whole (fetch.marked_verified)
       active -> store/<sha256>    the bundle the kernel loader uses (none: `dllm bundle deactivate`)
       previous -> store/<sha256>  what `dllm bundle rollback` returns to
       install.lock                serializes installs, uninstalls, rollbacks and deactivations
@@ -482,10 +483,19 @@ class BundleStore:
                     else sweep
                 )
                 found.append(Leftover(path, _size_of(path), what, fix))
+        from turbo_dllm.bundles.fetch import marked_verified
+
         for path in self._downloads():
             sha = path.name.removesuffix(".part")
             if self._installed_whole(sha):
                 what, fix = "a download of a bundle that is installed", sweep
+            elif marked_verified(path):  # kept after a full disk or a kill before the rename
+                what = "a complete, verified download"
+                fix = (
+                    f"the `dllm bundle install` of bundle {sha[:12]} unpacks it without "
+                    "downloading it again (it hashes it again first); delete it to free its "
+                    "space if you will not install that bundle"
+                )
             else:
                 what = "a partial download"
                 fix = (
@@ -569,9 +579,15 @@ class BundleStore:
         for pattern in (".active.*", ".previous.*"):
             for path in self.root.glob(pattern):
                 path.unlink(missing_ok=True)
+        from turbo_dllm.bundles.fetch import drop_download
+
         for path in self._downloads():
             if self._installed_whole(path.name.removesuffix(".part")):
-                path.unlink(missing_ok=True)
+                drop_download(path)
+        with contextlib.suppress(OSError):  # verified marks whose download is gone
+            for mark in self.downloads_dir.glob("*.part.verified"):
+                if not mark.with_suffix("").exists():
+                    mark.unlink(missing_ok=True)
 
     @contextlib.contextmanager
     def writing(self, label: str) -> Iterator[None]:
