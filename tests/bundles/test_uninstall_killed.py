@@ -1,7 +1,10 @@
 """`dllm bundle uninstall` killed (SIGKILL) while it deleted the bundle's files: the bundle is out
 of the store (moved to a trash folder first), and the next bundle command deletes the rest. Run
 again, as a user does with a command that did not finish, it said "no installed bundle" and
-exited 2; it now finishes the removal and says the bundle is uninstalled."""
+exited 2; it now finishes the removal and says the bundle is uninstalled. When another bundle
+command ran in between (an install, a rollback), that command's sweep deleted the rest and the
+uninstall run again said "no installed bundle" (exit 2): the sweep now notes what it finished
+(`uninstalled/<sha256>.json`), and the uninstall run again says it was already removed."""
 
 from __future__ import annotations
 
@@ -9,6 +12,8 @@ import os
 import signal
 import subprocess
 import sys
+
+import pytest
 
 from tests.adversarial.hostile import tiny_bundle
 from turbo_dllm.bundles.publish import publish
@@ -28,7 +33,8 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_an_uninstall_run_again_after_a_kill_finishes_it(cli, tmp_path):
+@pytest.mark.parametrize("between", [None, "install", "rollback"])
+def test_an_uninstall_run_again_after_a_kill_finishes_it(cli, tmp_path, between):
     mirror = tmp_path / "mirror"
     published = []
     for version in ("0.1.1", "0.1.2"):
@@ -49,8 +55,23 @@ def test_an_uninstall_run_again_after_a_kill_finishes_it(cli, tmp_path):
     store = BundleStore()
     assert [b.sha256 for b in store.installed()] == [published[1].added[0].sha256]
 
+    if between == "install":  # the active bundle's release again: changes nothing but sweeps
+        result = published[1]
+        assert cli(
+            "bundle", "install", "--release", "v-0.1.2", "--auto", "--mirror", mirror,
+            "--catalog-sha256", result.catalog_sha256,
+        ).code == 0  # fmt: skip
+    elif between == "rollback":  # refused (no previous bundle), after its lock's sweep
+        assert cli("bundle", "rollback").code != 0
+    if between:
+        assert not [p for p in store.store_dir.iterdir() if p.name.startswith(".trash-")]
+
     again = cli("bundle", "uninstall", first[:12])
     assert again.code == 0, again.err
     assert again.out.startswith("uninstalled 0.1.1-") and first[:12] in again.out
+    if between:
+        assert "already removed" in again.out, again.out
+    # said once: run a third time, it is simply not installed
+    assert cli("bundle", "uninstall", first[:12]).code == 2
     assert [p.name for p in store.store_dir.iterdir()] == [published[1].added[0].sha256]
     assert store.active().sha256 == published[1].added[0].sha256

@@ -5,6 +5,7 @@
       store/.staging-<random>/    an extraction in progress (swept by the next locked operation)
       downloads/<sha256>.part     partial downloads, resumed by the next attempt
       downloads/<sha256>.part.verified   says its .part was verified whole (fetch.marked_verified)
+      uninstalled/<sha256>/       records of a removal a killed uninstall began and a sweep finished
       active -> store/<sha256>    the bundle the kernel loader uses (none: `dllm bundle deactivate`)
       previous -> store/<sha256>  what `dllm bundle rollback` returns to
       install.lock                serializes installs, uninstalls, rollbacks and deactivations
@@ -141,6 +142,8 @@ class BundleStore:
         # Store entries whose trash copy (a removal or replacement a killed command left) the
         # last sweep deleted: `uninstall` run again after a kill finishes with them.
         self._swept: dict[str, InstalledBundle | DamagedBundle] = {}
+        # Set by `uninstall` when the bundle it names was removed by an earlier command's sweep.
+        self.removed_earlier = False
 
     # --- layout -----------------------------------------------------------------------------
     @property
@@ -156,6 +159,13 @@ class BundleStore:
     @property
     def downloads_dir(self) -> Path:
         return self.root / "downloads"
+
+    @property
+    def uninstalled_dir(self) -> Path:
+        """Notes of removals a killed `uninstall` began and a later command's sweep finished
+        (`uninstalled/<sha256>/`: the bundle's bundle.json and install.json), read and deleted
+        by that uninstall run again."""
+        return self.root / "uninstalled"
 
     @property
     def lock_path(self) -> Path:
@@ -575,6 +585,7 @@ class BundleStore:
                     trashed = _TRASH.fullmatch(path.name)
                     if trashed and not (self.store_dir / trashed[1]).exists():
                         self._swept[trashed[1]] = self._trashed(trashed[1], path)
+                        self._note_uninstalled(trashed[1], path)
                     remove_tree(path)
         for pattern in (".active.*", ".previous.*"):
             for path in self.root.glob(pattern):
@@ -790,6 +801,24 @@ class BundleStore:
             self._set_link("previous", current)
         return bundle
 
+    def _note_uninstalled(self, sha256: str, trash: Path) -> None:
+        """Before the sweep deletes `trash`, the copy a killed uninstall of `sha256` left (no
+        store entry and no link names it), note its records, so that uninstall run again after
+        another command (an install, a rollback) says it was removed rather than "no installed
+        bundle". A note that cannot be written (a full disk) loses only that message."""
+        import shutil
+
+        if _SHA256.fullmatch(sha256) is None:
+            return
+        note = self.uninstalled_dir / sha256
+        try:
+            note.mkdir(parents=True, exist_ok=True)
+            for name in (MANIFEST_NAME, RECORD_NAME):
+                with contextlib.suppress(FileNotFoundError):
+                    shutil.copyfile(trash / name, note / name)
+        except OSError:
+            remove_tree(note)
+
     def _trashed(self, sha256: str, path: Path) -> InstalledBundle | DamagedBundle:
         """What the trash copy `path` of store entry `sha256` was, read before it is deleted."""
         try:
@@ -806,15 +835,11 @@ class BundleStore:
         try:
             bundle = self.find_entry(ident)
         except DllmError:
-            finished = [
-                entry
-                for sha, entry in self._swept.items()
-                if (len(ident) >= 6 and sha.startswith(ident.lower()))
-                or (isinstance(entry, InstalledBundle) and entry.bundle_id == ident)
-            ]
-            if len(finished) != 1:
+            finished = self._finished_removal(ident)
+            if finished is None:
                 raise
-            return finished[0]
+            return finished
+        remove_tree(self.uninstalled_dir / bundle.sha256)  # a note from an earlier removal
         if self._link("active") == bundle.sha256:
             what = (
                 f"bundle {bundle.bundle_id}"
@@ -833,6 +858,30 @@ class BundleStore:
         os.replace(bundle.path, trash)
         remove_tree(trash)
         return bundle
+
+    def _finished_removal(self, ident: str) -> InstalledBundle | DamagedBundle | None:
+        """The store entry `ident` names whose removal a killed uninstall began and a sweep
+        finished: this command's (`_swept`), or an earlier command's (its note, deleted once
+        read: said once, like the uninstall it finishes; `removed_earlier` set)."""
+
+        def names(sha: str, entry: InstalledBundle | DamagedBundle) -> bool:
+            return (len(ident) >= 6 and sha.startswith(ident.lower())) or (
+                isinstance(entry, InstalledBundle) and entry.bundle_id == ident
+            )
+
+        noted = {}
+        with contextlib.suppress(OSError):
+            for note in self.uninstalled_dir.iterdir():
+                if _SHA256.fullmatch(note.name):
+                    noted[note.name] = self._trashed(note.name, note)
+        swept = [entry for sha, entry in self._swept.items() if names(sha, entry)]
+        earlier = [entry for sha, entry in noted.items() if names(sha, entry)]
+        found = swept or earlier
+        if len({entry.sha256 for entry in found}) != 1:
+            return None
+        self.removed_earlier = not swept
+        remove_tree(self.uninstalled_dir / found[0].sha256)
+        return found[0]
 
     def _set_link(self, name: str, sha256: str) -> None:
         tmp = self.root / f".{name}.{os.urandom(6).hex()}"

@@ -689,10 +689,15 @@ def _uninstall(args) -> int:
     store = BundleStore()
     with store.locked(args.lock_timeout):
         removed = store.uninstall(args.bundle)
+    earlier = (
+        " (already removed: a bundle command run after the killed uninstall finished it)"
+        if store.removed_earlier
+        else ""
+    )
     if isinstance(removed, InstalledBundle):
-        print(f"uninstalled {removed.bundle_id} ({removed.short_sha})")
+        print(f"uninstalled {removed.bundle_id} ({removed.short_sha}){earlier}")
     else:
-        print(f"uninstalled damaged store entry {removed.short_sha} ({removed.problem})")
+        print(f"uninstalled damaged store entry {removed.short_sha} ({removed.problem}){earlier}")
     return 0
 
 
