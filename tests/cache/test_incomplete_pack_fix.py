@@ -16,20 +16,7 @@ import subprocess
 import sys
 
 from tests.cache.conftest import clean_env
-from tests.cache.test_packs import ROOT, _cache_files, _small_pack
-
-KILLED_AFTER_TWO_FILES = (
-    "import os, signal, sys\n"
-    "real, done = os.rename, []\n"
-    "def rename(*args):\n"
-    "    real(*args)\n"
-    "    done.append(args)\n"
-    "    if len(done) == 2:\n"
-    "        os.kill(os.getpid(), signal.SIGKILL)\n"
-    "os.rename = rename\n"
-    "from turbo_dllm.cli import main\n"
-    "main(['cache', 'install', sys.argv[1]])\n"
-)
+from tests.cache.test_packs import KILLED_AFTER_TWO_FILES, ROOT, _cache_files, _small_pack
 
 
 def _half_installed(tmp_path):

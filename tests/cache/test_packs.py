@@ -440,6 +440,21 @@ def test_an_interrupted_install_leaves_nothing_behind(cli, tmp_path, monkeypatch
     assert _cache_files() == []
 
 
+# `dllm cache install PACK` killed (SIGKILL) right after it moved its second file into the cache.
+KILLED_AFTER_TWO_FILES = (
+    "import os, signal, sys\n"
+    "real, done = os.rename, []\n"
+    "def rename(*args):\n"
+    "    real(*args)\n"
+    "    done.append(args)\n"
+    "    if len(done) == 2:\n"
+    "        os.kill(os.getpid(), signal.SIGKILL)\n"
+    "os.rename = rename\n"
+    "from turbo_dllm.cli import main\n"
+    "main(['cache', 'install', sys.argv[1]])\n"
+)
+
+
 def test_a_killed_install_is_accounted_for_and_the_next_one_completes_it(cli, tmp_path):
     """A process killed while moving files leaves them under a record (not loose in the cache):
     `verify` names what is missing, installing again adds the rest and sweeps the dead
@@ -447,20 +462,10 @@ def test_a_killed_install_is_accounted_for_and_the_next_one_completes_it(cli, tm
     import signal
 
     path = _small_pack(tmp_path)
-    program = (
-        "import os, signal, sys\n"
-        "real, done = os.rename, []\n"
-        "def rename(*args):\n"
-        "    real(*args)\n"
-        "    done.append(args)\n"
-        "    if len(done) == 2:\n"
-        "        os.kill(os.getpid(), signal.SIGKILL)\n"
-        "os.rename = rename\n"
-        "from turbo_dllm.cli import main\n"
-        "main(['cache', 'install', sys.argv[1]])\n"
-    )
     env = clean_env(DLLM_HOME=os.environ["DLLM_HOME"], PYTHONPATH=str(ROOT))
-    proc = subprocess.run([sys.executable, "-c", program, str(path)], env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILLED_AFTER_TWO_FILES, str(path)], env=env, timeout=300
+    )
     assert proc.returncode == -signal.SIGKILL
     # listed, and not as if installed whole (it read "6 files" like a complete one)
     listed = cli("cache", "list")

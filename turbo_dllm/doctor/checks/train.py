@@ -389,7 +389,7 @@ def compile_packs(ctx: DoctorContext) -> CheckResult:
         # Each pack's own commands (the file it came from may be gone: `repair_hint` knows).
         fixes = [repair_hint(pack) for pack, _ in gone]
         if len(gone) > 1:
-            fixes = [f"{pack.short_sha}: {repair_hint(pack)}" for pack, _ in gone]
+            fixes = [f"{pack.short_sha}: {fix}" for (pack, _), fix in zip(gone, fixes, strict=True)]
         return CheckResult(
             name,
             "warn",
