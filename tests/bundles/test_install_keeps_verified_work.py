@@ -87,14 +87,20 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def _killed_before_the_rename(server, catalog_sha, entry):
+def _killed(program: str, server, catalog_sha, entry):
+    """The install run by `program`, which kills itself (SIGKILL): the store and the bundle's
+    `.part` download path."""
     process = subprocess.run(
-        [sys.executable, "-c", KILLED_BEFORE_THE_RENAME, *_command(server, catalog_sha)],
+        [sys.executable, "-c", program, *_command(server, catalog_sha)],
         capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert process.returncode == -signal.SIGKILL, process.stderr
     store = BundleStore()
-    part = store.downloads_dir / f"{entry.sha256}.part"
+    return store, store.downloads_dir / f"{entry.sha256}.part"
+
+
+def _killed_before_the_rename(server, catalog_sha, entry):
+    store, part = _killed(KILLED_BEFORE_THE_RENAME, server, catalog_sha, entry)
     assert part.stat().st_size == entry.size  # the finished download is still there
     assert store.installed() == [] and store.active() is None
     return part
@@ -197,13 +203,7 @@ def test_a_download_whose_bundle_is_in_the_store_is_not_called_partial(cli, serv
     and only an install of that bundle removed it; it says what it is now, and the next
     bundle command removes it."""
     server, catalog_sha, entry = served
-    process = subprocess.run(
-        [sys.executable, "-c", KILLED_AFTER_THE_RENAME, *_command(server, catalog_sha)],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert process.returncode == -signal.SIGKILL, process.stderr
-    store = BundleStore()
-    part = store.downloads_dir / f"{entry.sha256}.part"
+    store, part = _killed(KILLED_AFTER_THE_RENAME, server, catalog_sha, entry)
     assert [b.sha256 for b in store.installed()] == [entry.sha256] and part.exists()
     status = cli("bundle", "status")
     assert f"downloads/{part.name}" in status.out
