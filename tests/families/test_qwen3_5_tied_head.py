@@ -7,8 +7,8 @@ import json
 
 import pytest
 import torch
-import torch.nn.functional as F
 
+from tests.train.test_qwen3_8_model import HF_SHAPE, VOCAB, causal
 from turbo_dllm.errors import DllmError
 from turbo_dllm.families.qwen3_8.runtime import build_model
 from turbo_dllm.registry import get_family
@@ -16,23 +16,8 @@ from turbo_dllm.train.weights import materialize
 
 transformers = pytest.importorskip("transformers")
 
-VOCAB = 97
-TEXT = dict(
-    vocab_size=VOCAB,
-    hidden_size=48,
-    intermediate_size=80,
-    num_hidden_layers=2,
-    layer_types=["linear_attention", "full_attention"],
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,
-    linear_key_head_dim=8,
-    linear_value_head_dim=12,
-    max_position_embeddings=256,
-    rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "partial_rotary_factor": 0.5},
-)
+# The text model of tests/train/test_qwen3_8_model.py, two layers (one of each kind).
+TEXT = {**HF_SHAPE, "num_hidden_layers": 2, "layer_types": ["linear_attention", "full_attention"]}
 VISION = dict(
     depth=1,
     hidden_size=16,
@@ -43,12 +28,6 @@ VISION = dict(
     spatial_merge_size=1,
     temporal_patch_size=1,
 )
-
-
-def _causal(q, k, v, mask):
-    return F.scaled_dot_product_attention(
-        q, k, v, is_causal=True, enable_gqa=q.shape[1] != k.shape[1]
-    )
 
 
 @pytest.mark.parametrize(
@@ -81,7 +60,7 @@ def test_multimodal_head_ties_as_transformers_reads_the_folder(tmp_path, root, t
     ours_config = get_family("qwen3_8").resolve_config(path=str(tmp_path), from_config=None)
     assert ours_config.tie_word_embeddings is tied
     ours = materialize(
-        build_model(ours_config, _causal), torch.device("cpu"), seed=0, weights_from=str(tmp_path)
+        build_model(ours_config, causal), torch.device("cpu"), seed=0, weights_from=str(tmp_path)
     ).eval()
     head, embed = ours.lm_head.weight, ours.model.embed_tokens.weight
     assert (head is embed) is tied
@@ -130,7 +109,7 @@ def test_a_folder_tied_only_in_its_text_config_is_told_the_root_decides(tmp_path
     ours_config = get_family("qwen3_8").resolve_config(path=str(tmp_path), from_config=None)
     with pytest.raises(DllmError) as refused:
         materialize(
-            build_model(ours_config, _causal),
+            build_model(ours_config, causal),
             torch.device("cpu"),
             seed=0,
             weights_from=str(tmp_path),
